@@ -1,0 +1,110 @@
+# Stoker build. `make` builds build/stoker, build/libstoker.{a,so} and the unit
+# tests; `make SAN=1` builds the same with ASan and UBSan into build-asan/;
+# `make fuzz` builds the libFuzzer targets with clang into build-fuzz/.
+
+CC ?= cc
+SAN ?= 0
+ifeq ($(SAN),1)
+B ?= build-asan
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+OPT := -O1
+else
+B ?= build
+SANFLAGS :=
+OPT := -O2
+endif
+
+PKGS := fuse3 liburing lmdb libisal libxxhash
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS := -std=gnu11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -Wshadow \
+	-Wstrict-prototypes -Wformat=2 -fvisibility=hidden -fPIC -pthread \
+	-D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
+LDFLAGS := -pthread $(SANFLAGS)
+LIBS := $(PKG_LIBS) -lm
+
+CORE_SRC := $(wildcard src/common/*.c src/proto/*.c src/net/*.c)
+CLIENT_SRC := $(wildcard src/client/*.c)
+MGMTD_SRC := $(wildcard src/mgmtd/*.c)
+META_SRC := $(wildcard src/meta/*.c)
+STORAGE_SRC := $(wildcard src/storage/*.c)
+SERVER_SRC := $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
+CLI_SRC := $(wildcard src/cli/*.c)
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+TOOL_SRC := $(wildcard tests/tools/*.c)
+
+obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
+CORE_OBJ := $(call obj,$(CORE_SRC))
+CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
+MGMTD_OBJ := $(call obj,$(MGMTD_SRC))
+META_OBJ := $(call obj,$(META_SRC))
+STORAGE_OBJ := $(call obj,$(STORAGE_SRC))
+SERVER_OBJ := $(call obj,$(SERVER_SRC))
+CLI_OBJ := $(call obj,$(CLI_SRC))
+UNIT_BIN := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
+TOOL_BIN := $(patsubst tests/tools/%.c,$(B)/tests/%,$(TOOL_SRC))
+
+all: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so $(UNIT_BIN) $(TOOL_BIN)
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/stoker: $(CLI_OBJ) $(SERVER_OBJ) $(CLIENT_OBJ) $(CORE_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(B)/libstoker.a: $(CLIENT_OBJ) $(CORE_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/libstoker.so: $(CLIENT_OBJ) $(CORE_OBJ)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libstoker.so.0 -o $@ $^ $(LIBS)
+
+# Unit tests link only the module they test (test_meta_*: meta, test_storage_*: storage,
+# test_mgmtd_*: mgmtd, others: the core and the client library).
+$(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+
+$(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(MGMTD_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+
+$(B)/tests/test_mgmtd_%: tests/unit/test_mgmtd_%.c $(MGMTD_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+
+$(B)/tests/test_%: tests/unit/test_%.c $(CLIENT_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+
+$(B)/tests/%: tests/tools/%.c $(CLIENT_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+
+# libFuzzer targets (clang only).
+FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_BIN := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
+FUZZ_LIB_SRC := $(CORE_SRC) $(wildcard src/meta/*.c src/storage/*.c src/mgmtd/*.c)
+fuzz: $(FUZZ_BIN)
+build-fuzz/%: tests/fuzz/%.c $(CORE_SRC)
+	@mkdir -p build-fuzz
+	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc \
+		$(PKG_CFLAGS) -o $@ $^ $(PKG_LIBS) -lm
+
+unit: $(UNIT_BIN)
+	@pass=0; fail=0; skip=0; \
+	for t in $(UNIT_BIN); do \
+		$$t >$$t.log 2>&1; rc=$$?; \
+		if [ $$rc = 0 ]; then pass=$$((pass+1)); echo "PASS $$t"; \
+		elif [ $$rc = 77 ]; then skip=$$((skip+1)); echo "SKIP $$t"; \
+		else fail=$$((fail+1)); echo "FAIL $$t (exit $$rc)"; tail -20 $$t.log; fi; \
+	done; \
+	echo "unit: $$pass passed, $$fail failed, $$skip skipped"; [ $$fail = 0 ]
+
+clean:
+	rm -rf build build-asan build-fuzz
+
+.PHONY: all unit fuzz clean
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,255 @@
+/*
+ * Helpers every module uses. Nothing here allocates except stk_mkdir_p's path copy
+ * on the stack.
+ */
+#include "util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <isa-l/crc.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t stk_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void stk_wall_time(int64_t *sec, uint32_t *nsec)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	*sec = ts.tv_sec;
+	*nsec = (uint32_t)ts.tv_nsec;
+}
+
+uint32_t stk_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+	/* ISA-L's crc32_iscsi takes and returns the inverted form; hide that here. */
+	return ~crc32_iscsi((unsigned char *)buf, (int)len, ~crc);
+}
+
+int stk_parse_u64(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+
+	if (!s || !*s || !isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno == ERANGE)
+		return -ERANGE;
+	if (*end)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+int stk_parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	unsigned long long v;
+	uint64_t mul = 1;
+
+	if (!s || !*s || !isdigit((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno == ERANGE)
+		return -ERANGE;
+	switch (tolower((unsigned char)*end)) {
+	case 0:
+		break;
+	case 'k':
+		mul = 1ull << 10;
+		break;
+	case 'm':
+		mul = 1ull << 20;
+		break;
+	case 'g':
+		mul = 1ull << 30;
+		break;
+	case 't':
+		mul = 1ull << 40;
+		break;
+	default:
+		return -EINVAL;
+	}
+	if (*end) {
+		end++;
+		if (*end == 'i' || *end == 'I')
+			end++;
+		if (*end == 'b' || *end == 'B')
+			end++;
+		if (*end)
+			return -EINVAL;
+	}
+	if (v > UINT64_MAX / mul)
+		return -ERANGE;
+	*out = v * mul;
+	return 0;
+}
+
+char *stk_format_size(uint64_t bytes, char *buf, size_t len)
+{
+	static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	double v = (double)bytes;
+	size_t u = 0;
+
+	while (v >= 1024 && u + 1 < STK_ARRAY_SIZE(units)) {
+		v /= 1024;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+	else
+		snprintf(buf, len, "%.1f %s", v, units[u]);
+	return buf;
+}
+
+int stk_parse_hostport(const char *addr, char *host, size_t hostlen, uint16_t *port)
+{
+	const char *colon, *hstart = addr;
+	size_t hlen;
+	uint64_t p;
+
+	if (!addr)
+		return -EINVAL;
+	if (addr[0] == '[') {
+		const char *rb = strchr(addr, ']');
+		if (!rb || rb[1] != ':')
+			return -EINVAL;
+		hstart = addr + 1;
+		hlen = (size_t)(rb - hstart);
+		colon = rb + 1;
+	} else {
+		colon = strrchr(addr, ':');
+		if (!colon)
+			return -EINVAL;
+		hlen = (size_t)(colon - addr);
+	}
+	if (hlen == 0 || hlen >= hostlen)
+		return -EINVAL;
+	if (stk_parse_u64(colon + 1, &p) || p == 0 || p > 65535)
+		return -EINVAL;
+	memcpy(host, hstart, hlen);
+	host[hlen] = 0;
+	*port = (uint16_t)p;
+	return 0;
+}
+
+int stk_strlcpy(char *dst, const char *src, size_t size)
+{
+	size_t n = strlen(src);
+
+	if (size == 0)
+		return -ENAMETOOLONG;
+	if (n >= size) {
+		memcpy(dst, src, size - 1);
+		dst[size - 1] = 0;
+		return -ENAMETOOLONG;
+	}
+	memcpy(dst, src, n + 1);
+	return 0;
+}
+
+int stk_write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = write(fd, p, len);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+long stk_read_full(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = read(fd, p + got, len - got);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (long)got;
+}
+
+long stk_pread_full(int fd, void *buf, size_t len, uint64_t off)
+{
+	char *p = buf;
+	size_t got = 0;
+
+	while (got < len) {
+		ssize_t n = pread(fd, p + got, len - got, (off_t)(off + got));
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (long)got;
+}
+
+int stk_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+	const char *p = buf;
+
+	while (len) {
+		ssize_t n = pwrite(fd, p, len, (off_t)off);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += n;
+		off += (uint64_t)n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+int stk_mkdir_p(const char *path, unsigned mode)
+{
+	char buf[PATH_MAX];
+	size_t i, n = strlen(path);
+
+	if (n == 0 || n >= sizeof(buf))
+		return -ENAMETOOLONG;
+	memcpy(buf, path, n + 1);
+	for (i = 1; i <= n; i++) {
+		if (buf[i] != '/' && buf[i] != 0)
+			continue;
+		char c = buf[i];
+		buf[i] = 0;
+		if (mkdir(buf, mode) < 0 && errno != EEXIST)
+			return -errno;
+		buf[i] = c;
+	}
+	return 0;
+}

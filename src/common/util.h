@@ -1,0 +1,51 @@
+/*
+ * Small helpers shared by every module: time, checked number parsing, byte sizes,
+ * address parsing and CRC32C.
+ */
+#ifndef STK_UTIL_H
+#define STK_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STK_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define STK_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define STK_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define STK_DIV_ROUND_UP(a, b) (((a) + (b)-1) / (b))
+
+/* Monotonic clock in nanoseconds. */
+uint64_t stk_now_ns(void);
+/* Wall clock, split into seconds and nanoseconds. */
+void stk_wall_time(int64_t *sec, uint32_t *nsec);
+
+/* CRC32C (Castagnoli), computed with ISA-L. crc is the running value, 0 to start. */
+uint32_t stk_crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* Parses a decimal unsigned number; 0 or -EINVAL / -ERANGE. */
+int stk_parse_u64(const char *s, uint64_t *out);
+/* Parses "123", "4k", "1M", "2GiB" (binary units); 0 or -EINVAL. */
+int stk_parse_size(const char *s, uint64_t *out);
+/* Formats a byte count as "1.5 GiB" into buf. Returns buf. */
+char *stk_format_size(uint64_t bytes, char *buf, size_t len);
+
+/*
+ * Splits "HOST:PORT" (HOST may be "[v6]") into host and port. host must hold
+ * hostlen bytes. 0, or -EINVAL for a malformed address.
+ */
+int stk_parse_hostport(const char *addr, char *host, size_t hostlen, uint16_t *port);
+
+/* Bounded string copy that always terminates; returns -ENAMETOOLONG if truncated. */
+int stk_strlcpy(char *dst, const char *src, size_t size);
+
+/* Writes all of buf to fd, retrying on EINTR and short writes. 0 or -errno. */
+int stk_write_all(int fd, const void *buf, size_t len);
+/* Reads exactly len bytes unless EOF comes first; returns bytes read or -errno. */
+long stk_read_full(int fd, void *buf, size_t len);
+/* pread/pwrite loops: all bytes or -errno; pread returns bytes read (short at EOF). */
+long stk_pread_full(int fd, void *buf, size_t len, uint64_t off);
+int stk_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+
+/* mkdir -p; 0 or -errno. */
+int stk_mkdir_p(const char *path, unsigned mode);
+
+#endif

@@ -1,0 +1,59 @@
+/*
+ * The node agent: how a meta or storage daemon joins the cluster.
+ *
+ * stk_agent_start() registers the node with mgmtd (retrying until mgmtd answers
+ * or the daemon is stopped), then runs a thread that heartbeats every second with
+ * fresh target figures and re-fetches the routing table whenever mgmtd reports a
+ * newer version. If mgmtd forgets the node (NOENT), the agent registers again.
+ *
+ * The daemon reads the routing table with stk_agent_routing_get(), which returns
+ * a reference-counted snapshot that stays valid until stk_agent_routing_put();
+ * any thread may call these.
+ */
+#ifndef STK_AGENT_H
+#define STK_AGENT_H
+
+#include <stdint.h>
+
+#include "../proto/msg.h"
+
+struct stk_agent;
+
+/* Fills up to max target records (capacity, used, chunks, path, id). Returns the count. */
+typedef uint32_t (*stk_agent_targets_fn)(void *ctx, struct stk_msg_target_info *out, uint32_t max);
+
+struct stk_agent_opts {
+	size_t size; /* sizeof(struct stk_agent_opts) */
+	const char *mgmtd; /* "HOST:PORT" */
+	uint8_t role; /* STK_ROLE_META or STK_ROLE_STORAGE */
+	const char *addr; /* the address this node serves on */
+	uint32_t node_id; /* the id it had before, or 0 for a new node */
+	stk_agent_targets_fn targets; /* NULL for a node without targets */
+	void *ctx;
+};
+
+/*
+ * Registers and starts heartbeating. On success *node_id is the node's id and, if
+ * target_ids is not NULL, target_ids[i] is the id of the i-th target that
+ * opts->targets reported (which the daemon persists next to the target's data).
+ * 0, -EINTR (stopped while waiting for mgmtd), or -errno.
+ */
+int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, uint32_t *node_id,
+		    uint32_t *target_ids, uint32_t max_targets);
+void stk_agent_stop(struct stk_agent *a);
+
+struct stk_routing_ref {
+	struct stk_routing rt;
+	int refs; /* owned by the agent */
+};
+
+/* The newest routing table; never NULL after a successful start. */
+struct stk_routing_ref *stk_agent_routing_get(struct stk_agent *a);
+void stk_agent_routing_put(struct stk_agent *a, struct stk_routing_ref *r);
+/* Fetches the routing table now (after a peer said STALE_ROUTING). 0 or -errno. */
+int stk_agent_routing_refresh(struct stk_agent *a);
+
+/* One-shot fetch from mgmtd, for tools. Fills *rt (free with stk_routing_free). */
+int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt);
+
+#endif

@@ -1,0 +1,30 @@
+/*
+ * mgmtd, the cluster manager: registry of nodes and targets, heartbeats, the
+ * target state machine, and the versioned routing table (chain table and metadata
+ * shard map). In embedded mode its state is a file under data_dir, replaced
+ * atomically (write, fsync, rename) on every change; cluster mode (etcd) comes
+ * later behind the same interface.
+ *
+ * Chains: each new storage target gets a new chain whose only target it is (chain
+ * length 1, the replication factor on one machine). Chains are numbered from 1 and
+ * never renumbered. A node that misses heartbeats for heartbeat_timeout_ms is
+ * OFFLINE and its targets OFFLINE; the routing version is bumped on every change
+ * a client or server must see.
+ */
+#ifndef STK_MGMTD_H
+#define STK_MGMTD_H
+
+#include <stddef.h>
+
+struct stk_mgmtd_opts {
+	size_t size; /* sizeof(struct stk_mgmtd_opts) */
+	const char *listen; /* "HOST:PORT" */
+	const char *data_dir; /* state lives in data_dir/mgmtd.state */
+	unsigned heartbeat_timeout_ms; /* 0 = 10000 */
+	const char *ready_file; /* if set, written with the bound address once serving */
+};
+
+/* Serves until SIGINT/SIGTERM (see common/daemon.h). 0 or -errno (logged). */
+int stk_mgmtd_run(const struct stk_mgmtd_opts *opts);
+
+#endif

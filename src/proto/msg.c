@@ -1,0 +1,284 @@
+/*
+ * Encoders and decoders generated from the field lists in msg.h, plus the nested
+ * types (cred, layout, attr) and the routing table, which has arrays.
+ */
+#include "msg.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void stk_cred_enc(struct stk_wbuf *w, const struct stk_cred *c)
+{
+	uint8_t n = c->ngroups > STK_MAX_GROUPS ? STK_MAX_GROUPS : c->ngroups;
+
+	stk_put_u32(w, c->uid);
+	stk_put_u32(w, c->gid);
+	stk_put_u8(w, n);
+	for (uint8_t i = 0; i < n; i++)
+		stk_put_u32(w, c->groups[i]);
+}
+
+void stk_cred_dec(struct stk_rbuf *r, struct stk_cred *c)
+{
+	c->uid = stk_get_u32(r);
+	c->gid = stk_get_u32(r);
+	c->ngroups = stk_get_u8(r);
+	if (c->ngroups > STK_MAX_GROUPS) {
+		r->err = -EBADMSG;
+		c->ngroups = 0;
+		return;
+	}
+	for (uint8_t i = 0; i < c->ngroups; i++)
+		c->groups[i] = stk_get_u32(r);
+}
+
+void stk_layout_enc(struct stk_wbuf *w, const struct stk_layout *l)
+{
+	stk_put_u32(w, l->chunk_size);
+	stk_put_u32(w, l->stripe);
+	stk_put_u32(w, l->nchains);
+	stk_put_u32(w, l->start);
+	stk_put_u64(w, l->seed);
+}
+
+void stk_layout_dec(struct stk_rbuf *r, struct stk_layout *l)
+{
+	l->chunk_size = stk_get_u32(r);
+	l->stripe = stk_get_u32(r);
+	l->nchains = stk_get_u32(r);
+	l->start = stk_get_u32(r);
+	l->seed = stk_get_u64(r);
+}
+
+void stk_attr_enc(struct stk_wbuf *w, const struct stk_attr *a)
+{
+	stk_put_u64(w, a->ino);
+	stk_put_u32(w, a->mode);
+	stk_put_u32(w, a->nlink);
+	stk_put_u32(w, a->uid);
+	stk_put_u32(w, a->gid);
+	stk_put_u64(w, a->size);
+	stk_put_i64(w, a->atime_sec);
+	stk_put_u32(w, a->atime_nsec);
+	stk_put_i64(w, a->mtime_sec);
+	stk_put_u32(w, a->mtime_nsec);
+	stk_put_i64(w, a->ctime_sec);
+	stk_put_u32(w, a->ctime_nsec);
+	stk_put_u64(w, a->blocks);
+	stk_layout_enc(w, &a->layout);
+}
+
+void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
+{
+	a->ino = stk_get_u64(r);
+	a->mode = stk_get_u32(r);
+	a->nlink = stk_get_u32(r);
+	a->uid = stk_get_u32(r);
+	a->gid = stk_get_u32(r);
+	a->size = stk_get_u64(r);
+	a->atime_sec = stk_get_i64(r);
+	a->atime_nsec = stk_get_u32(r);
+	a->mtime_sec = stk_get_i64(r);
+	a->mtime_nsec = stk_get_u32(r);
+	a->ctime_sec = stk_get_i64(r);
+	a->ctime_nsec = stk_get_u32(r);
+	a->blocks = stk_get_u64(r);
+	stk_layout_dec(r, &a->layout);
+}
+
+#define STK_FENC_u8(w, v) stk_put_u8(w, v)
+#define STK_FENC_u16(w, v) stk_put_u16(w, v)
+#define STK_FENC_u32(w, v) stk_put_u32(w, v)
+#define STK_FENC_u64(w, v) stk_put_u64(w, v)
+#define STK_FENC_i64(w, v) stk_put_i64(w, v)
+#define STK_FENC_name(w, v) stk_put_str(w, v)
+#define STK_FENC_path(w, v) stk_put_str(w, v)
+#define STK_FENC_addr(w, v) stk_put_str(w, v)
+#define STK_FENC_cred(w, v) stk_cred_enc(w, &(v))
+#define STK_FENC_layout(w, v) stk_layout_enc(w, &(v))
+#define STK_FENC_attr(w, v) stk_attr_enc(w, &(v))
+#define STK_FENC(type, n) STK_FENC_##type(w, m->n);
+
+#define STK_FDEC_u8(r, v) v = stk_get_u8(r)
+#define STK_FDEC_u16(r, v) v = stk_get_u16(r)
+#define STK_FDEC_u32(r, v) v = stk_get_u32(r)
+#define STK_FDEC_u64(r, v) v = stk_get_u64(r)
+#define STK_FDEC_i64(r, v) v = stk_get_i64(r)
+#define STK_FDEC_name(r, v) stk_get_str(r, v, sizeof(v))
+#define STK_FDEC_path(r, v) stk_get_str(r, v, sizeof(v))
+#define STK_FDEC_addr(r, v) stk_get_str(r, v, sizeof(v))
+#define STK_FDEC_cred(r, v) stk_cred_dec(r, &(v))
+#define STK_FDEC_layout(r, v) stk_layout_dec(r, &(v))
+#define STK_FDEC_attr(r, v) stk_attr_dec(r, &(v))
+#define STK_FDEC(type, n) STK_FDEC_##type(r, m->n);
+
+#define STK_MSG_IMPL(sname, LIST)                                                     \
+	int stk_msg_##sname##_enc(struct stk_wbuf *w, const struct stk_msg_##sname *m) \
+	{                                                                              \
+		(void)m;                                                               \
+		LIST(STK_FENC)                                                         \
+		return w->err;                                                         \
+	}                                                                              \
+	int stk_msg_##sname##_dec(struct stk_rbuf *r, struct stk_msg_##sname *m)       \
+	{                                                                              \
+		memset(m, 0, sizeof(*m));                                              \
+		LIST(STK_FDEC)                                                         \
+		return r->err;                                                         \
+	}
+STK_MSG_LIST(STK_MSG_IMPL)
+#undef STK_MSG_IMPL
+
+int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
+{
+	stk_put_u64(w, rt->version);
+	stk_put_u32(w, rt->nnodes);
+	stk_put_u32(w, rt->ntargets);
+	stk_put_u32(w, rt->nchains);
+	stk_put_u32(w, rt->nshards);
+	for (uint32_t i = 0; i < rt->nnodes; i++) {
+		const struct stk_rt_node *n = &rt->nodes[i];
+		stk_put_u32(w, n->id);
+		stk_put_u8(w, n->role);
+		stk_put_u8(w, n->state);
+		stk_put_str(w, n->addr);
+		stk_put_u64(w, n->last_seen_ms);
+	}
+	for (uint32_t i = 0; i < rt->ntargets; i++) {
+		const struct stk_rt_target *t = &rt->targets[i];
+		stk_put_u32(w, t->id);
+		stk_put_u32(w, t->node_id);
+		stk_put_u8(w, t->state);
+		stk_put_u64(w, t->capacity);
+		stk_put_u64(w, t->used);
+		stk_put_u64(w, t->chunks);
+		stk_put_str(w, t->path);
+	}
+	for (uint32_t i = 0; i < rt->nchains; i++) {
+		const struct stk_rt_chain *c = &rt->chains[i];
+		uint8_t n = c->ntargets > STK_MAX_REPLICAS ? STK_MAX_REPLICAS : c->ntargets;
+		stk_put_u32(w, c->id);
+		stk_put_u32(w, c->version);
+		stk_put_u8(w, n);
+		for (uint8_t j = 0; j < n; j++)
+			stk_put_u32(w, c->targets[j]);
+	}
+	for (uint32_t i = 0; i < rt->nshards; i++) {
+		stk_put_u32(w, rt->shards[i].id);
+		stk_put_u32(w, rt->shards[i].node_id);
+	}
+	return w->err;
+}
+
+void stk_routing_free(struct stk_routing *rt)
+{
+	free(rt->nodes);
+	free(rt->targets);
+	free(rt->chains);
+	free(rt->shards);
+	memset(rt, 0, sizeof(*rt));
+}
+
+/* Each array element needs at least this many payload bytes: bounds allocation. */
+#define STK_RT_MIN_NODE 16
+#define STK_RT_MIN_TARGET 35
+#define STK_RT_MIN_CHAIN 9
+#define STK_RT_MIN_SHARD 8
+
+int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
+{
+	size_t left;
+
+	memset(rt, 0, sizeof(*rt));
+	rt->version = stk_get_u64(r);
+	rt->nnodes = stk_get_u32(r);
+	rt->ntargets = stk_get_u32(r);
+	rt->nchains = stk_get_u32(r);
+	rt->nshards = stk_get_u32(r);
+	if (r->err)
+		goto bad;
+	left = r->len - r->off;
+	/* Refuse counts the payload could not possibly hold before allocating. */
+	if ((uint64_t)rt->nnodes * STK_RT_MIN_NODE + (uint64_t)rt->ntargets * STK_RT_MIN_TARGET +
+		    (uint64_t)rt->nchains * STK_RT_MIN_CHAIN +
+		    (uint64_t)rt->nshards * STK_RT_MIN_SHARD >
+	    left)
+		goto bad;
+	rt->nodes = calloc(rt->nnodes ? rt->nnodes : 1, sizeof(*rt->nodes));
+	rt->targets = calloc(rt->ntargets ? rt->ntargets : 1, sizeof(*rt->targets));
+	rt->chains = calloc(rt->nchains ? rt->nchains : 1, sizeof(*rt->chains));
+	rt->shards = calloc(rt->nshards ? rt->nshards : 1, sizeof(*rt->shards));
+	if (!rt->nodes || !rt->targets || !rt->chains || !rt->shards) {
+		stk_routing_free(rt);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < rt->nnodes; i++) {
+		struct stk_rt_node *n = &rt->nodes[i];
+		n->id = stk_get_u32(r);
+		n->role = stk_get_u8(r);
+		n->state = stk_get_u8(r);
+		stk_get_str(r, n->addr, sizeof(n->addr));
+		n->last_seen_ms = stk_get_u64(r);
+	}
+	for (uint32_t i = 0; i < rt->ntargets; i++) {
+		struct stk_rt_target *t = &rt->targets[i];
+		t->id = stk_get_u32(r);
+		t->node_id = stk_get_u32(r);
+		t->state = stk_get_u8(r);
+		t->capacity = stk_get_u64(r);
+		t->used = stk_get_u64(r);
+		t->chunks = stk_get_u64(r);
+		stk_get_str(r, t->path, sizeof(t->path));
+	}
+	for (uint32_t i = 0; i < rt->nchains; i++) {
+		struct stk_rt_chain *c = &rt->chains[i];
+		c->id = stk_get_u32(r);
+		c->version = stk_get_u32(r);
+		c->ntargets = stk_get_u8(r);
+		if (c->ntargets > STK_MAX_REPLICAS) {
+			r->err = -EBADMSG;
+			break;
+		}
+		for (uint8_t j = 0; j < c->ntargets; j++)
+			c->targets[j] = stk_get_u32(r);
+	}
+	for (uint32_t i = 0; i < rt->nshards; i++) {
+		rt->shards[i].id = stk_get_u32(r);
+		rt->shards[i].node_id = stk_get_u32(r);
+	}
+	if (r->err) {
+		stk_routing_free(rt);
+		goto bad;
+	}
+	return 0;
+bad:
+	memset(rt, 0, sizeof(*rt));
+	r->err = -EBADMSG;
+	return -EBADMSG;
+}
+
+const struct stk_rt_node *stk_routing_node(const struct stk_routing *rt, uint32_t id)
+{
+	for (uint32_t i = 0; i < rt->nnodes; i++)
+		if (rt->nodes[i].id == id)
+			return &rt->nodes[i];
+	return NULL;
+}
+
+const struct stk_rt_target *stk_routing_target(const struct stk_routing *rt, uint32_t id)
+{
+	for (uint32_t i = 0; i < rt->ntargets; i++)
+		if (rt->targets[i].id == id)
+			return &rt->targets[i];
+	return NULL;
+}
+
+const struct stk_rt_chain *stk_routing_chain(const struct stk_routing *rt, uint32_t id)
+{
+	/* Chains are kept sorted and numbered from 1, so this is usually a direct hit. */
+	if (id >= 1 && id <= rt->nchains && rt->chains[id - 1].id == id)
+		return &rt->chains[id - 1];
+	for (uint32_t i = 0; i < rt->nchains; i++)
+		if (rt->chains[i].id == id)
+			return &rt->chains[i];
+	return NULL;
+}

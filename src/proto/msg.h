@@ -1,0 +1,279 @@
+/*
+ * Message layouts: one field list per message, from which the C struct, its
+ * encoder and its decoder are generated, so the layout on the wire, the struct a
+ * handler sees and this documentation can never disagree.
+ *
+ * Field types and their wire form:
+ *   u8 u16 u32 u64 i64   little-endian integers
+ *   name                  string of at most STK_NAME_MAX (255) bytes   (u16 len + bytes)
+ *   path                  string of at most STK_PATH_MAX (4095) bytes  (u16 len + bytes)
+ *   addr                  string of at most 63 bytes, "HOST:PORT"
+ *   cred                  u32 uid, u32 gid, u8 ngroups, ngroups x u32 (at most 32)
+ *   layout                u32 chunk_size, u32 stripe, u32 nchains, u32 start, u64 seed
+ *   attr                  u64 ino, u32 mode, u32 nlink, u32 uid, u32 gid, u64 size,
+ *                         i64+u32 atime, mtime, ctime (sec, nsec), u64 blocks, layout
+ *
+ * stk_msg_X_enc() appends the fields to a writer; stk_msg_X_dec() reads them from a
+ * reader. Both return 0 or the codec's latched error; a decoder does not require the
+ * payload to end after its fields (variable-length arrays may follow, see wire.h):
+ * the handler calls stk_rbuf_finish() when it has read everything.
+ */
+#ifndef STK_PROTO_MSG_H
+#define STK_PROTO_MSG_H
+
+#include <stdint.h>
+
+#include "codec.h"
+
+#define STK_NAME_MAX 255
+#define STK_PATH_MAX 4095
+#define STK_ADDR_MAX 64
+#define STK_MAX_GROUPS 32
+#define STK_MAX_REPLICAS 8
+
+#define STK_ROOT_INO 1ull
+
+enum stk_role { STK_ROLE_MGMTD = 1, STK_ROLE_META = 2, STK_ROLE_STORAGE = 3, STK_ROLE_CLIENT = 4 };
+
+struct stk_cred {
+	uint32_t uid;
+	uint32_t gid;
+	uint8_t ngroups;
+	uint32_t groups[STK_MAX_GROUPS];
+};
+
+/*
+ * File layout: chunks of chunk_size bytes striped round-robin over `stripe` chains
+ * chosen among the first `nchains` chains of the chain table (the count when the
+ * file was created, so that adding chains never moves old files' chunks), starting
+ * at `start` in the permutation that `seed` gives. See common/layout.h.
+ */
+struct stk_layout {
+	uint32_t chunk_size;
+	uint32_t stripe;
+	uint32_t nchains;
+	uint32_t start;
+	uint64_t seed;
+};
+
+struct stk_attr {
+	uint64_t ino;
+	uint32_t mode; /* S_IFMT type bits and permission bits */
+	uint32_t nlink;
+	uint32_t uid;
+	uint32_t gid;
+	uint64_t size;
+	int64_t atime_sec;
+	uint32_t atime_nsec;
+	int64_t mtime_sec;
+	uint32_t mtime_nsec;
+	int64_t ctime_sec;
+	uint32_t ctime_nsec;
+	uint64_t blocks; /* 512-byte blocks, approximate for files */
+	struct stk_layout layout; /* zero for non-files */
+};
+
+/* Flags and masks carried in messages. */
+#define STK_CREATE_EXCL 0x1u
+
+#define STK_RENAME_NOREPLACE 0x1u /* same values as RENAME_NOREPLACE / RENAME_EXCHANGE */
+#define STK_RENAME_EXCHANGE 0x2u
+
+#define STK_SETATTR_MODE 0x1u
+#define STK_SETATTR_UID 0x2u
+#define STK_SETATTR_GID 0x4u
+#define STK_SETATTR_SIZE 0x8u
+#define STK_SETATTR_ATIME 0x10u
+#define STK_SETATTR_MTIME 0x20u
+#define STK_SETATTR_ATIME_NOW 0x40u
+#define STK_SETATTR_MTIME_NOW 0x80u
+
+#define STK_WRITE_SYNC 0x1u
+
+enum stk_node_state { STK_NODE_ONLINE = 1, STK_NODE_OFFLINE = 2 };
+enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARGET_FULL = 3 };
+
+/* ---- field lists ---- */
+
+#define STK_MSG_NONE(F)
+
+/* One storage target, as a node reports it (follows mgmt_register_req / heartbeat). */
+#define STK_MSG_TARGET_INFO(F) \
+	F(u32, target_id) F(u64, capacity) F(u64, used) F(u64, chunks) F(path, path)
+
+#define STK_MSG_MGMT_REGISTER_REQ(F) \
+	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets)
+#define STK_MSG_MGMT_REGISTER_RESP(F) F(u32, node_id) F(u32, ntargets)
+#define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets)
+#define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version)
+#define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
+
+#define STK_MSG_META_LOOKUP_REQ(F) F(cred, cred) F(u64, parent) F(name, name)
+#define STK_MSG_META_INO_REQ(F) F(cred, cred) F(u64, ino)
+#define STK_MSG_META_NAME_REQ(F) F(cred, cred) F(u64, parent) F(name, name)
+#define STK_MSG_META_ATTR_RESP(F) F(attr, attr)
+#define STK_MSG_META_SETATTR_REQ(F)                                                        \
+	F(cred, cred) F(u64, ino) F(u32, valid) F(u32, mode) F(u32, uid) F(u32, gid)       \
+	F(u64, size) F(i64, atime_sec) F(u32, atime_nsec) F(i64, mtime_sec)                \
+	F(u32, mtime_nsec)
+#define STK_MSG_META_CREATE_REQ(F) \
+	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags) F(layout, layout)
+#define STK_MSG_META_CREATE_RESP(F) F(attr, attr) F(u8, created)
+#define STK_MSG_META_MKDIR_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(u32, mode)
+#define STK_MSG_META_RENAME_REQ(F)                                                        \
+	F(cred, cred) F(u64, src_parent) F(name, src_name) F(u64, dst_parent)              \
+	F(name, dst_name) F(u32, flags)
+#define STK_MSG_META_RENAME_RESP(F) F(u8, replaced) F(attr, attr)
+#define STK_MSG_META_LINK_REQ(F) F(cred, cred) F(u64, ino) F(u64, parent) F(name, name)
+#define STK_MSG_META_SYMLINK_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(path, target)
+#define STK_MSG_META_READLINK_RESP(F) F(path, target)
+#define STK_MSG_META_READDIR_REQ(F) F(cred, cred) F(u64, ino) F(u64, cookie) F(u32, max_entries)
+#define STK_MSG_META_READDIR_RESP(F) F(u8, eof) F(u32, n)
+/* One directory entry (follows meta_readdir_resp). mode carries only the type bits. */
+#define STK_MSG_DIRENT(F) F(u64, ino) F(u32, mode) F(u64, next_cookie) F(name, name)
+#define STK_MSG_META_STATFS_RESP(F) F(u64, files)
+#define STK_MSG_META_EXTEND_REQ(F) \
+	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)
+
+/* chain_ver lets storage answer STALE_ROUTING to a client with an old chain table. */
+#define STK_MSG_STOR_WRITE_REQ(F)                                                          \
+	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx) F(u32, chunk_size) \
+	F(u32, offset) F(u32, length) F(u32, flags) F(u32, data_crc)
+#define STK_MSG_STOR_WRITE_RESP(F) F(u32, chunk_len)
+#define STK_MSG_STOR_READ_REQ(F)                                                           \
+	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx) F(u32, offset)    \
+	F(u32, length)
+/* data_crc: CRC32C of the bulk, computed from the stored (verified) bytes. */
+#define STK_MSG_STOR_READ_RESP(F) F(u32, data_crc)
+#define STK_MSG_STOR_TRUNCATE_REQ(F) \
+	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)
+#define STK_MSG_STOR_SYNC_REQ(F) F(u32, chain_id)
+
+/* Every message: (struct name, field list). */
+#define STK_MSG_LIST(X)                                           \
+	X(target_info, STK_MSG_TARGET_INFO)                       \
+	X(mgmt_register_req, STK_MSG_MGMT_REGISTER_REQ)           \
+	X(mgmt_register_resp, STK_MSG_MGMT_REGISTER_RESP)         \
+	X(mgmt_heartbeat_req, STK_MSG_MGMT_HEARTBEAT_REQ)         \
+	X(mgmt_heartbeat_resp, STK_MSG_MGMT_HEARTBEAT_RESP)       \
+	X(mgmt_get_routing_req, STK_MSG_MGMT_GET_ROUTING_REQ)     \
+	X(meta_lookup_req, STK_MSG_META_LOOKUP_REQ)               \
+	X(meta_ino_req, STK_MSG_META_INO_REQ)                     \
+	X(meta_name_req, STK_MSG_META_NAME_REQ)                   \
+	X(meta_attr_resp, STK_MSG_META_ATTR_RESP)                 \
+	X(meta_setattr_req, STK_MSG_META_SETATTR_REQ)             \
+	X(meta_create_req, STK_MSG_META_CREATE_REQ)               \
+	X(meta_create_resp, STK_MSG_META_CREATE_RESP)             \
+	X(meta_mkdir_req, STK_MSG_META_MKDIR_REQ)                 \
+	X(meta_rename_req, STK_MSG_META_RENAME_REQ)               \
+	X(meta_rename_resp, STK_MSG_META_RENAME_RESP)             \
+	X(meta_link_req, STK_MSG_META_LINK_REQ)                   \
+	X(meta_symlink_req, STK_MSG_META_SYMLINK_REQ)             \
+	X(meta_readlink_resp, STK_MSG_META_READLINK_RESP)         \
+	X(meta_readdir_req, STK_MSG_META_READDIR_REQ)             \
+	X(meta_readdir_resp, STK_MSG_META_READDIR_RESP)           \
+	X(dirent, STK_MSG_DIRENT)                                 \
+	X(meta_statfs_resp, STK_MSG_META_STATFS_RESP)             \
+	X(meta_extend_req, STK_MSG_META_EXTEND_REQ)               \
+	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \
+	X(stor_write_resp, STK_MSG_STOR_WRITE_RESP)               \
+	X(stor_read_req, STK_MSG_STOR_READ_REQ)                   \
+	X(stor_read_resp, STK_MSG_STOR_READ_RESP)                 \
+	X(stor_truncate_req, STK_MSG_STOR_TRUNCATE_REQ)           \
+	X(stor_sync_req, STK_MSG_STOR_SYNC_REQ)
+
+/* ---- generated structs and codecs ---- */
+
+#define STK_FDECL_u8(n) uint8_t n;
+#define STK_FDECL_u16(n) uint16_t n;
+#define STK_FDECL_u32(n) uint32_t n;
+#define STK_FDECL_u64(n) uint64_t n;
+#define STK_FDECL_i64(n) int64_t n;
+#define STK_FDECL_name(n) char n[STK_NAME_MAX + 1];
+#define STK_FDECL_path(n) char n[STK_PATH_MAX + 1];
+#define STK_FDECL_addr(n) char n[STK_ADDR_MAX];
+#define STK_FDECL_cred(n) struct stk_cred n;
+#define STK_FDECL_layout(n) struct stk_layout n;
+#define STK_FDECL_attr(n) struct stk_attr n;
+#define STK_FDECL(type, n) STK_FDECL_##type(n)
+
+#define STK_MSG_STRUCT(sname, LIST) \
+	struct stk_msg_##sname {    \
+		char unused_;       \
+		LIST(STK_FDECL)     \
+	};
+STK_MSG_LIST(STK_MSG_STRUCT)
+#undef STK_MSG_STRUCT
+
+#define STK_MSG_PROTOS(sname, LIST)                                              \
+	int stk_msg_##sname##_enc(struct stk_wbuf *w, const struct stk_msg_##sname *m); \
+	int stk_msg_##sname##_dec(struct stk_rbuf *r, struct stk_msg_##sname *m);
+STK_MSG_LIST(STK_MSG_PROTOS)
+#undef STK_MSG_PROTOS
+
+void stk_cred_enc(struct stk_wbuf *w, const struct stk_cred *c);
+void stk_cred_dec(struct stk_rbuf *r, struct stk_cred *c);
+void stk_layout_enc(struct stk_wbuf *w, const struct stk_layout *l);
+void stk_layout_dec(struct stk_rbuf *r, struct stk_layout *l);
+void stk_attr_enc(struct stk_wbuf *w, const struct stk_attr *a);
+void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a);
+
+/* ---- the routing table (reply of MGMT_GET_ROUTING) ---- */
+
+struct stk_rt_node {
+	uint32_t id;
+	uint8_t role; /* enum stk_role */
+	uint8_t state; /* enum stk_node_state */
+	char addr[STK_ADDR_MAX];
+	uint64_t last_seen_ms; /* milliseconds since the node's last heartbeat */
+};
+
+struct stk_rt_target {
+	uint32_t id;
+	uint32_t node_id;
+	uint8_t state; /* enum stk_target_state */
+	uint64_t capacity;
+	uint64_t used;
+	uint64_t chunks;
+	char path[STK_PATH_MAX + 1];
+};
+
+struct stk_rt_chain {
+	uint32_t id; /* chains are numbered 1..n; a file's layout uses ids 1..layout.nchains */
+	uint32_t version; /* bumped whenever the chain's target list changes */
+	uint8_t ntargets; /* head first */
+	uint32_t targets[STK_MAX_REPLICAS];
+};
+
+struct stk_rt_shard {
+	uint32_t id;
+	uint32_t node_id; /* the meta node that serves the shard */
+};
+
+/*
+ * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
+ * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms;
+ * target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, path;
+ * chain: u32 id, u32 version, u8 ntargets, ntargets x u32; shard: u32 id, u32 node_id.
+ * When the requester's known_version equals version all counts are 0.
+ */
+struct stk_routing {
+	uint64_t version;
+	uint32_t nnodes, ntargets, nchains, nshards;
+	struct stk_rt_node *nodes;
+	struct stk_rt_target *targets;
+	struct stk_rt_chain *chains;
+	struct stk_rt_shard *shards;
+};
+
+/* 0 or -EMSGSIZE. */
+int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt);
+/* Allocates the arrays (free with stk_routing_free). 0, -EBADMSG or -ENOMEM. */
+int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt);
+void stk_routing_free(struct stk_routing *rt);
+/* Lookups by id; NULL if absent. */
+const struct stk_rt_node *stk_routing_node(const struct stk_routing *rt, uint32_t id);
+const struct stk_rt_target *stk_routing_target(const struct stk_routing *rt, uint32_t id);
+const struct stk_rt_chain *stk_routing_chain(const struct stk_routing *rt, uint32_t id);
+
+#endif

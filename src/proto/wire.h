@@ -1,0 +1,129 @@
+/*
+ * The Stoker wire protocol: frames, opcodes and the layout of every message.
+ *
+ * A frame is a fixed 40-byte header, then `payload_len` bytes of payload (the
+ * message fields, encoded with codec.h), then `bulk_len` bytes of bulk data (file
+ * bytes, moved straight between the socket and the caller's buffer). All integers
+ * are little-endian.
+ *
+ *   offset size field
+ *        0    4 magic        0x314B5453 ("STK1")
+ *        4    2 version      STK_WIRE_VERSION; a peer answers a newer one with NOTSUP
+ *        6    2 opcode       enum stk_opcode
+ *        8    4 flags        STK_FRAME_REPLY on replies
+ *       12    4 status       enum stk_status on replies, 0 on requests
+ *       16    8 request id   chosen by the sender of a request, echoed by the reply
+ *       24    4 payload_len  at most STK_MAX_PAYLOAD
+ *       28    4 bulk_len     at most STK_MAX_BULK
+ *       32    4 checksum     CRC32C of payload then bulk
+ *       36    4 reserved     0
+ *
+ * A frame whose magic, version, lengths or checksum are wrong is malformed: the
+ * receiver logs it and closes that connection, and nothing else. A reply whose
+ * status is not OK carries an empty payload and no bulk unless the message says
+ * otherwise.
+ *
+ * The message layouts are the field lists in msg.h; the opcode table below names
+ * each request and reply message and says what it does.
+ */
+#ifndef STK_PROTO_WIRE_H
+#define STK_PROTO_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define STK_WIRE_MAGIC 0x314B5453u
+#define STK_WIRE_VERSION 1
+#define STK_FRAME_HDR_LEN 40
+#define STK_MAX_PAYLOAD (1u << 20)
+#define STK_MAX_BULK ((64u << 20) + 4096)
+#define STK_FRAME_REPLY 0x1u
+
+/*
+ * The opcode table: X(NAME, code, request message, reply message, what it does).
+ * Message names refer to the field lists in msg.h ("none" is an empty payload).
+ * Mgmtd opcodes are 1-31, meta 32-63, storage 64-95.
+ */
+#define STK_OPCODE_TABLE(X)                                                                        \
+	/* A node announces itself and its targets; mgmtd assigns ids to new ones and places    \
+	 * new targets in the chain table. Followed in the request by `ntargets` target       \
+	 * records (stk_msg_target_info); the reply is followed by `ntargets` u32 ids, in the  \
+	 * request's order. */                                                                  \
+	X(MGMT_REGISTER, 1, mgmt_register_req, mgmt_register_resp, "register a node")             \
+	/* Liveness and capacity, every second. The request is followed by `ntargets` target    \
+	 * records. NOENT means mgmtd does not know the node: register again. */                \
+	X(MGMT_HEARTBEAT, 2, mgmt_heartbeat_req, mgmt_heartbeat_resp, "node heartbeat")            \
+	/* The routing table (nodes, targets, chains, shards); see stk_routing_encode(). If     \
+	 * the caller's known_version is current the reply has only the header fields. */       \
+	X(MGMT_GET_ROUTING, 3, mgmt_get_routing_req, routing, "fetch routing table")              \
+	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
+	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
+	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
+	 * here; the client truncates the chunks on storage itself. */                         \
+	X(META_SETATTR, 34, meta_setattr_req, meta_attr_resp, "change attributes")                 \
+	/* Creates a regular file, or with STK_CREATE_EXCL unset returns the existing one    \
+	 * (created = 0). A zero layout takes the parent directory's defaults. */           \
+	X(META_CREATE, 35, meta_create_req, meta_create_resp, "create a file")                     \
+	X(META_MKDIR, 36, meta_mkdir_req, meta_attr_resp, "create a directory")                    \
+	/* Removes a name. The reply is the inode's attributes after the unlink: when nlink  \
+	 * is 0 the caller removes the file's chunks from storage. */                         \
+	X(META_UNLINK, 37, meta_name_req, meta_attr_resp, "remove a file name")                    \
+	X(META_RMDIR, 38, meta_name_req, none, "remove an empty directory")                        \
+	/* Atomic rename with STK_RENAME_NOREPLACE / STK_RENAME_EXCHANGE. When a file was    \
+	 * replaced, `replaced` is 1 and `attr` is its attributes after losing the name. */     \
+	X(META_RENAME, 39, meta_rename_req, meta_rename_resp, "rename")                            \
+	X(META_LINK, 40, meta_link_req, meta_attr_resp, "hard link")                               \
+	X(META_SYMLINK, 41, meta_symlink_req, meta_attr_resp, "create a symlink")                  \
+	X(META_READLINK, 42, meta_ino_req, meta_readlink_resp, "read a symlink")                   \
+	/* Entries after `cookie` (0 = from the start), at most max_entries. The reply is    \
+	 * followed by `n` stk_dirent records (stk_dirent_encode). Cookies stay valid while   \
+	 * entries are added and removed. */                                                    \
+	X(META_READDIR, 43, meta_readdir_req, meta_readdir_resp, "list a directory")               \
+	X(META_STATFS, 44, none, meta_statfs_resp, "namespace totals")                             \
+	/* size = max(size, new size), mtime/ctime set: what a writer reports on flush. */  \
+	X(META_EXTEND, 45, meta_extend_req, meta_attr_resp, "grow a file after writes")            \
+	/* Everything acknowledged so far is on stable storage when this returns. */             \
+	X(META_SYNC, 46, none, none, "flush the namespace to disk")                                \
+	/* Writes `length` bytes of bulk at `offset` in a chunk. data_crc is the CRC32C of the   \
+	 * bulk. STK_WRITE_SYNC makes the chunk durable before the reply. */                   \
+	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
+	/* Reads up to `length` bytes; the bulk of the reply is shorter where the chunk ends  \
+	 * (a missing chunk reads as 0 bytes: the client knows the file size and fills    \
+	 * zeros). A block whose checksum fails gives IO, never data. */                      \
+	X(STOR_READ, 65, stor_read_req, stor_read_resp, "read from a chunk")                       \
+	/* Drops the inode's chunks past `size` on this chain's target, cutting the last     \
+	 * one; size 0 removes them all. */                                                    \
+	X(STOR_TRUNCATE, 66, stor_truncate_req, none, "truncate a file's chunks")                  \
+	/* Everything written to the chain's target so far is on stable storage. */             \
+	X(STOR_SYNC, 67, stor_sync_req, none, "flush a target")
+
+enum stk_opcode {
+#define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,
+	STK_OPCODE_TABLE(STK_OPCODE_ENUM)
+#undef STK_OPCODE_ENUM
+};
+
+struct stk_frame_hdr {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t opcode;
+	uint32_t flags;
+	uint32_t status;
+	uint64_t req_id;
+	uint32_t payload_len;
+	uint32_t bulk_len;
+	uint32_t checksum;
+	uint32_t reserved;
+};
+
+/* Writes the header into out[STK_FRAME_HDR_LEN]. */
+void stk_hdr_encode(const struct stk_frame_hdr *h, uint8_t *out);
+/*
+ * Parses and checks a header: magic, lengths within limits. A version other than
+ * STK_WIRE_VERSION is returned as parsed (the caller answers NOTSUP). 0 or -EBADMSG.
+ */
+int stk_hdr_decode(const uint8_t *in, struct stk_frame_hdr *h);
+/* "META_LOOKUP", or "UNKNOWN" for a code not in the table. */
+const char *stk_opcode_name(uint16_t opcode);
+
+#endif
