@@ -1,0 +1,321 @@
+/*
+ * The client handle: finding the cluster, keeping the routing table, and calling
+ * meta with retries.
+ *
+ * Routing is fetched from mgmtd at connect time and again whenever a server
+ * answers STALE_ROUTING or a node cannot be reached; readers take a read lock on
+ * it only long enough to copy out an address. Transport failures (a daemon being
+ * restarted, a reset connection) are retried with backoff for retry_ms
+ * (STOKER_RETRY_MS, default 15 s) before the caller sees -EIO, so a cluster that
+ * comes back within that window is invisible to the program using it.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../proto/status.h"
+
+#define STK_RESP_SMALL 8192
+
+const char *stk_strerror(int err)
+{
+	const char *s;
+
+	if (err < 0)
+		err = -err;
+	s = strerrordesc_np(err);
+	return s ? s : "Unknown error";
+}
+
+static int is_transport_error(int rc)
+{
+	switch (rc) {
+	case -ECONNREFUSED:
+	case -ECONNRESET:
+	case -EPIPE:
+	case -ETIMEDOUT:
+	case -ENOTCONN:
+	case -EHOSTUNREACH:
+	case -ECONNABORTED:
+	case -EBADMSG: /* a malformed reply: the connection was dropped */
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/* Parses "stk://HOST:PORT", "stk://HOST:PORT/..." or "HOST:PORT" into addr. */
+int stk_client_parse_cluster(const char *s, char *addr, size_t len)
+{
+	const char *p = s, *end;
+	char host[256];
+	uint16_t port;
+
+	if (strncmp(p, "stk://", 6) == 0)
+		p += 6;
+	end = strchr(p, '/');
+	if (!end)
+		end = p + strlen(p);
+	if ((size_t)(end - p) >= len)
+		return -EINVAL;
+	memcpy(addr, p, (size_t)(end - p));
+	addr[end - p] = 0;
+	return stk_parse_hostport(addr, host, sizeof(host), &port);
+}
+
+/* The default cluster: $STOKER_CLUSTER, else the one `stoker up` recorded. */
+int stk_client_default_cluster(char *addr, size_t len)
+{
+	const char *env = getenv("STOKER_CLUSTER");
+	char path[128], buf[256];
+	FILE *f;
+	size_t n;
+
+	if (env && *env)
+		return stk_client_parse_cluster(env, addr, len);
+	snprintf(path, sizeof(path), "/tmp/stoker-%u/cluster", (unsigned)getuid());
+	f = fopen(path, "r");
+	if (!f)
+		return -ENOENT;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+		buf[--n] = 0;
+	return stk_client_parse_cluster(buf, addr, len);
+}
+
+int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_client **out)
+{
+	struct stk_client *c;
+	const char *e;
+	uint64_t v;
+	int rc;
+
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	rc = cluster ? stk_client_parse_cluster(cluster, c->mgmtd, sizeof(c->mgmtd))
+		     : stk_client_default_cluster(c->mgmtd, sizeof(c->mgmtd));
+	if (rc)
+		goto out_free;
+	if (opts) {
+		size_t n = opts->size < sizeof(c->opts) ? opts->size : sizeof(c->opts);
+		memcpy(&c->opts, opts, n);
+	}
+	c->opts.size = sizeof(c->opts);
+	if (!c->opts.conns_per_node)
+		c->opts.conns_per_node = 16;
+	if (!c->opts.write_buffer)
+		c->opts.write_buffer = 4u << 20;
+	c->cred.uid = (opts && opts->size >= sizeof(*opts) && (opts->uid || opts->gid))
+			      ? (uint32_t)opts->uid
+			      : (uint32_t)geteuid();
+	c->cred.gid = (opts && opts->size >= sizeof(*opts) && (opts->uid || opts->gid))
+			      ? (uint32_t)opts->gid
+			      : (uint32_t)getegid();
+	if (c->cred.uid == (uint32_t)geteuid()) {
+		gid_t groups[STK_MAX_GROUPS];
+		int ng = getgroups(STK_MAX_GROUPS, groups);
+		for (int i = 0; i < ng; i++)
+			c->cred.groups[c->cred.ngroups++] = (uint32_t)groups[i];
+	}
+	c->retry_ms = 15000;
+	e = getenv("STOKER_RETRY_MS");
+	if (e && stk_parse_u64(e, &v) == 0 && v < 3600000)
+		c->retry_ms = (unsigned)v;
+	pthread_rwlock_init(&c->rt_lock, NULL);
+	rc = stk_pool_create(c->opts.conns_per_node, &c->pool);
+	if (rc)
+		goto out_lock;
+	rc = stk_client_refresh_routing(c);
+	if (rc)
+		goto out_pool;
+	*out = c;
+	return 0;
+out_pool:
+	stk_pool_destroy(c->pool);
+out_lock:
+	pthread_rwlock_destroy(&c->rt_lock);
+out_free:
+	free(c);
+	return rc;
+}
+
+void stk_disconnect(stk_client *c)
+{
+	if (!c)
+		return;
+	stk_pool_destroy(c->pool);
+	stk_routing_free(&c->rt);
+	pthread_rwlock_destroy(&c->rt_lock);
+	free(c);
+}
+
+const char *stk_cluster_addr(const stk_client *c)
+{
+	return c->mgmtd;
+}
+
+void stk_after_fork(stk_client *c)
+{
+	/* The idle connections are shared with the parent: drop them, never use them. */
+	stk_pool_flush(c->pool);
+	pthread_rwlock_init(&c->rt_lock, NULL);
+}
+
+int stk_client_refresh_routing(struct stk_client *c)
+{
+	uint8_t req[16];
+	struct stk_wbuf w;
+	struct stk_msg_mgmt_get_routing_req m = {.known_version = 0};
+	struct stk_routing rt;
+	struct stk_conn *conn;
+	struct stk_rbuf r;
+	size_t cap = STK_MAX_PAYLOAD;
+	void *resp;
+	int rc;
+
+	resp = malloc(cap);
+	if (!resp)
+		return -ENOMEM;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_mgmt_get_routing_req_enc(&w, &m);
+	rc = stk_pool_get(c->pool, c->mgmtd, &conn);
+	if (rc)
+		goto out;
+	struct stk_rpc rpc = {.opcode = STK_OP_MGMT_GET_ROUTING,
+			      .req = req,
+			      .req_len = w.len,
+			      .resp = resp,
+			      .resp_cap = cap};
+	rc = stk_rpc_call(conn, &rpc);
+	stk_pool_put(c->pool, conn);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	rc = stk_routing_decode(&r, &rt);
+	if (rc == 0 && stk_rbuf_finish(&r))
+		rc = -EPROTO;
+	if (rc) {
+		rc = -EPROTO;
+		goto out;
+	}
+	pthread_rwlock_wrlock(&c->rt_lock);
+	stk_routing_free(&c->rt);
+	c->rt = rt;
+	pthread_rwlock_unlock(&c->rt_lock);
+out:
+	free(resp);
+	return rc;
+}
+
+/* The address of the meta node serving shard 1. */
+static int meta_addr(struct stk_client *c, char *addr)
+{
+	int rc = -ENOTCONN;
+
+	pthread_rwlock_rdlock(&c->rt_lock);
+	for (uint32_t i = 0; i < c->rt.nshards; i++) {
+		const struct stk_rt_node *n = stk_routing_node(&c->rt, c->rt.shards[i].node_id);
+		if (n) {
+			memcpy(addr, n->addr, STK_ADDR_MAX);
+			rc = 0;
+			break;
+		}
+	}
+	pthread_rwlock_unlock(&c->rt_lock);
+	return rc;
+}
+
+int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req, size_t req_len,
+			 void *resp, size_t resp_cap, size_t *resp_len)
+{
+	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
+	unsigned backoff_ms = 20;
+	char addr[STK_ADDR_MAX];
+	int rc;
+
+	for (;;) {
+		struct stk_conn *conn = NULL;
+		struct stk_rpc rpc = {.opcode = opcode,
+				      .req = req,
+				      .req_len = req_len,
+				      .resp = resp,
+				      .resp_cap = resp_cap};
+
+		rc = meta_addr(c, addr);
+		if (rc == 0)
+			rc = stk_pool_get(c->pool, addr, &conn);
+		if (rc == 0) {
+			rc = stk_rpc_send(conn, &rpc);
+			if (rc == 0)
+				rc = stk_rpc_recv(conn, &rpc);
+			stk_pool_put(c->pool, conn);
+			if (rc == 0) {
+				if (resp_len)
+					*resp_len = rpc.resp_len;
+				return stk_status_to_errno(rpc.status);
+			}
+		}
+		if (!is_transport_error(rc) || stk_now_ns() > deadline)
+			break;
+		usleep(backoff_ms * 1000);
+		if (backoff_ms < 500)
+			backoff_ms *= 2;
+		stk_pool_flush(c->pool);
+		stk_client_refresh_routing(c);
+	}
+	if (is_transport_error(rc)) {
+		stk_debug("meta call %s failed: %s", stk_opcode_name(opcode), stk_strerror(rc));
+		return -EIO;
+	}
+	return rc;
+}
+
+int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
+			      size_t req_len, struct stk_attr *attr)
+{
+	uint8_t resp[STK_RESP_SMALL];
+	struct stk_msg_meta_attr_resp m;
+	struct stk_rbuf r;
+	size_t len = 0;
+	int rc;
+
+	rc = stk_client_meta_call(c, opcode, req, req_len, resp, sizeof(resp), &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, len);
+	if (stk_msg_meta_attr_resp_dec(&r, &m) || stk_rbuf_finish(&r))
+		return -EIO;
+	if (attr)
+		*attr = m.attr;
+	return 0;
+}
+
+void stk_attr_to_stat(const struct stk_attr *a, struct stat *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->st_ino = a->ino;
+	st->st_mode = a->mode;
+	st->st_nlink = a->nlink;
+	st->st_uid = a->uid;
+	st->st_gid = a->gid;
+	st->st_size = (off_t)a->size;
+	st->st_blksize = a->layout.chunk_size ? a->layout.chunk_size : 4096;
+	st->st_blocks = (blkcnt_t)(a->blocks ? a->blocks : (a->size + 511) / 512);
+	st->st_atim.tv_sec = a->atime_sec;
+	st->st_atim.tv_nsec = a->atime_nsec;
+	st->st_mtim.tv_sec = a->mtime_sec;
+	st->st_mtim.tv_nsec = a->mtime_nsec;
+	st->st_ctim.tv_sec = a->ctime_sec;
+	st->st_ctim.tv_nsec = a->ctime_nsec;
+	st->st_dev = 0x57c0;
+}

@@ -1,0 +1,104 @@
+/*
+ * Internals of libstoker shared by its files: the client handle, the RPC helpers
+ * that add routing, retries and error translation on top of the transport, and
+ * the striped I/O engine.
+ *
+ * client.c     connecting, the routing table, calls to mgmtd and meta
+ * namespace.c  path resolution and the path operations
+ * file.c       open files: buffering, read, write, fsync, truncate
+ * io.c         one striped read or write fanned out over chains in parallel
+ */
+#ifndef STK_CLIENT_INTERNAL_H
+#define STK_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "stoker/stoker.h"
+
+#include "../net/net.h"
+#include "../proto/msg.h"
+#include "../proto/wire.h"
+
+struct stk_client {
+	char mgmtd[STK_ADDR_MAX];
+	struct stk_pool *pool;
+	struct stk_client_opts opts;
+	struct stk_cred cred;
+	unsigned retry_ms; /* how long transport failures are retried before -EIO */
+	pthread_rwlock_t rt_lock; /* protects rt */
+	struct stk_routing rt;
+};
+
+/* "stk://HOST:PORT[/...]" or "HOST:PORT" to "HOST:PORT". 0 or -EINVAL. */
+int stk_client_parse_cluster(const char *s, char *addr, size_t len);
+/* $STOKER_CLUSTER, else the cluster `stoker up` recorded. 0, -ENOENT or -EINVAL. */
+int stk_client_default_cluster(char *addr, size_t len);
+
+/* Fetches the routing table from mgmtd and installs it. 0 or -errno. */
+int stk_client_refresh_routing(struct stk_client *c);
+
+/*
+ * A metadata call: encodes nothing itself; req/req_len is the encoded request,
+ * the reply payload lands in resp (resp_cap bytes, *resp_len set). Transport
+ * failures are retried (with a routing refresh) for up to retry_ms, then -EIO.
+ * Returns 0 or the reply's status as -errno.
+ */
+int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req, size_t req_len,
+			 void *resp, size_t resp_cap, size_t *resp_len);
+
+/* Encode-and-call helpers for the common reply shape (an stk_attr). */
+int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
+			      size_t req_len, struct stk_attr *attr);
+
+/* Removes a file's chunks from every chain of its layout (after the last unlink). */
+int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a);
+/* Truncates a file's chunks on every chain of its layout to size. */
+int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size);
+
+/* Fills st from an attr. */
+void stk_attr_to_stat(const struct stk_attr *a, struct stat *st);
+
+/*
+ * Path resolution. Walks path from the root with META_LOOKUP, following symlinks
+ * in intermediate components (and in the last one if follow is set). On success
+ * *attr is the inode the path names. -ENOENT, -ENOTDIR, -ELOOP, -ENAMETOOLONG,
+ * -EACCES.
+ */
+int stk_client_resolve(struct stk_client *c, const char *path, int follow, struct stk_attr *attr);
+/*
+ * Resolves all but the last component: *parent is the directory, name its last
+ * component (a buffer of STK_NAME_MAX + 1). The path "/" has no last component:
+ * -EINVAL (-EBUSY for rename/rmdir of the root is the caller's call).
+ */
+int stk_client_resolve_parent(struct stk_client *c, const char *path, struct stk_attr *parent,
+			      char *name);
+
+/* ---- the striped I/O engine ---- */
+
+/* One contiguous piece of a request that falls in one chunk. */
+struct stk_io_piece {
+	uint32_t chain_id;
+	uint32_t chunk_idx;
+	uint32_t offset; /* within the chunk */
+	uint32_t length;
+	char *buf; /* where the bytes come from or go to */
+	uint32_t done; /* bytes actually read (short at the end of a chunk) */
+	int rc;
+};
+
+#define STK_IO_WRITE 1
+#define STK_IO_READ 2
+
+/*
+ * Runs pieces of one file's I/O in parallel over their chains, at most `window`
+ * in flight, retrying transport failures and stale routing. flags: STK_WRITE_SYNC
+ * for writes. Returns 0 if every piece succeeded, else the first error (-errno).
+ */
+int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layout *l,
+	       struct stk_io_piece *pieces, unsigned n, uint32_t flags);
+
+/* Sends STOR_SYNC to the given chain. 0 or -errno. */
+int stk_io_sync_chain(struct stk_client *c, uint32_t chain_id);
+
+#endif

@@ -1,0 +1,531 @@
+/*
+ * Open files: write-back buffering, striped reads and writes, and the durability
+ * points (fsync, close).
+ *
+ * A handle buffers one contiguous dirty range (write_buffer bytes, 4 MiB by
+ * default); a write that does not extend it, or does not fit, flushes it first,
+ * and a write as large as the buffer goes straight to storage. Reads flush the
+ * buffer first so a handle always reads its own writes. The file size is known
+ * to the handle and reported to meta (META_EXTEND) at fsync and close, which is
+ * what gives close-to-open consistency: another client's open after our close
+ * sees the size and the data.
+ *
+ * Durability: writes sent without STK_WRITE_SYNC leave their chains "unsynced";
+ * fsync and close send the final buffer with STK_WRITE_SYNC, then STOR_SYNC to
+ * every chain still unsynced, then META_EXTEND and META_SYNC, and only then
+ * return.
+ *
+ * Locking: f->lock protects the buffer, the position, the size and the unsynced
+ * set. Reads hold it only to flush and read the size, so many threads can pread
+ * one handle in parallel.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../common/layout.h"
+#include "../common/util.h"
+
+struct stk_file {
+	struct stk_client *c;
+	pthread_mutex_t lock;
+	struct stk_attr attr; /* as of open; attr.size is not kept current, size is */
+	uint32_t chains[STK_MAX_STRIPE];
+	int accmode; /* O_RDONLY, O_WRONLY, O_RDWR */
+	int append;
+	int is_dir;
+	uint64_t pos;
+	uint64_t size;
+	int size_dirty; /* size/mtime to report to meta */
+	char *wbuf;
+	size_t wcap;
+	uint64_t woff;
+	size_t wlen;
+	uint8_t unsynced[STK_MAX_STRIPE]; /* by stripe index */
+	int any_unsynced;
+};
+
+int stk_client_setattr_size(struct stk_client *c, uint64_t ino, uint64_t size,
+			    struct stk_attr *out);
+
+#define STK_MAX_FILE_SIZE ((uint64_t)UINT32_MAX * STK_MIN_CHUNK_SIZE)
+
+/* Builds per-chunk pieces for [off, off+len). Returns the count or -ENOMEM. */
+static int make_pieces(struct stk_file *f, char *buf, size_t len, uint64_t off,
+		       struct stk_io_piece **out, struct stk_io_piece *stackp, unsigned stackn)
+{
+	uint64_t cs = f->attr.layout.chunk_size;
+	unsigned n = (unsigned)((off + len - 1) / cs - off / cs + 1);
+	struct stk_io_piece *p = n <= stackn ? stackp : malloc(sizeof(*p) * n);
+	unsigned i = 0;
+
+	if (!p)
+		return -ENOMEM;
+	while (len) {
+		uint64_t idx = off / cs;
+		uint32_t in = (uint32_t)(off % cs);
+		uint32_t take = (uint32_t)STK_MIN((uint64_t)len, cs - in);
+
+		p[i].chain_id = stk_layout_chunk_chain(&f->attr.layout, f->chains, idx);
+		p[i].chunk_idx = (uint32_t)idx;
+		p[i].offset = in;
+		p[i].length = take;
+		p[i].buf = buf;
+		p[i].done = 0;
+		i++;
+		buf += take;
+		off += take;
+		len -= take;
+	}
+	*out = p;
+	return (int)i;
+}
+
+static int write_through(struct stk_file *f, const char *buf, size_t len, uint64_t off,
+			 uint32_t flags)
+{
+	struct stk_io_piece stackp[8], *p;
+	int n, rc;
+
+	if (len == 0)
+		return 0;
+	n = make_pieces(f, (char *)buf, len, off, &p, stackp, 8);
+	if (n < 0)
+		return n;
+	rc = stk_io_run(f->c, STK_IO_WRITE, f->attr.ino, &f->attr.layout, p, (unsigned)n, flags);
+	if (!(flags & STK_WRITE_SYNC)) {
+		for (int i = 0; i < n; i++) {
+			f->unsynced[p[i].chunk_idx % f->attr.layout.stripe] = 1;
+			f->any_unsynced = 1;
+		}
+	}
+	if (p != stackp)
+		free(p);
+	return rc;
+}
+
+/* Sends the buffered range. Called with f->lock held. */
+static int flush_buffer(struct stk_file *f, uint32_t flags)
+{
+	int rc;
+
+	if (!f->wlen)
+		return 0;
+	rc = write_through(f, f->wbuf, f->wlen, f->woff, flags);
+	f->wlen = 0;
+	return rc;
+}
+
+static int may_access(const struct stk_client *c, const struct stk_attr *a, int want)
+{
+	unsigned bits;
+
+	if (c->cred.uid == 0)
+		return 0;
+	if (a->uid == c->cred.uid)
+		bits = (a->mode >> 6) & 7;
+	else {
+		int in_group = a->gid == c->cred.gid;
+		for (unsigned i = 0; i < c->cred.ngroups && !in_group; i++)
+			in_group = a->gid == c->cred.groups[i];
+		bits = in_group ? (a->mode >> 3) & 7 : a->mode & 7;
+	}
+	return (bits & (unsigned)want) == (unsigned)want ? 0 : -EACCES;
+}
+
+static int create_file(struct stk_client *c, const char *path, int flags, mode_t mode,
+		       struct stk_attr *a)
+{
+	struct stk_msg_meta_create_req m;
+	struct stk_msg_meta_create_resp rm;
+	struct stk_attr parent;
+	uint8_t req[512], resp[512];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
+	int rc;
+
+	memset(&m, 0, sizeof(m));
+	rc = stk_client_resolve_parent(c, path, &parent, m.name);
+	if (rc)
+		return rc == -EINVAL ? -EISDIR : rc;
+	m.cred = c->cred;
+	m.parent = parent.ino;
+	m.mode = (mode & 07777) | S_IFREG;
+	m.flags = (flags & O_EXCL) ? STK_CREATE_EXCL : 0;
+	if (c->opts.chunk_size || c->opts.stripe) {
+		uint32_t nchains;
+		pthread_rwlock_rdlock(&c->rt_lock);
+		nchains = c->rt.nchains;
+		pthread_rwlock_unlock(&c->rt_lock);
+		if (nchains)
+			stk_layout_make(&m.layout,
+					c->opts.chunk_size ? c->opts.chunk_size
+							   : STK_DEFAULT_CHUNK_SIZE,
+					c->opts.stripe ? c->opts.stripe : STK_MIN(nchains, 16u),
+					nchains, stk_now_ns() ^ parent.ino);
+	}
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_create_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_CREATE, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rlen);
+	if (stk_msg_meta_create_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+		return -EIO;
+	*a = rm.attr;
+	if (S_ISLNK(a->mode)) /* O_CREAT on a symlink opens its target */
+		return stk_client_resolve(c, path, 1, a);
+	if (!rm.created) {
+		int want = 0;
+		if ((flags & O_ACCMODE) != O_WRONLY)
+			want |= 4;
+		if ((flags & O_ACCMODE) != O_RDONLY)
+			want |= 2;
+		if (S_ISDIR(a->mode) && (flags & O_ACCMODE) != O_RDONLY)
+			return -EISDIR;
+		return may_access(c, a, want);
+	}
+	return 0;
+}
+
+int stk_open(stk_client *c, const char *path, int flags, mode_t mode, stk_file **out)
+{
+	struct stk_file *f;
+	struct stk_attr a;
+	int acc = flags & O_ACCMODE, rc;
+
+	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
+		return -EINVAL;
+	if (flags & O_CREAT) {
+		rc = create_file(c, path, flags, mode, &a);
+		if (rc)
+			return rc;
+	} else {
+		int want = (acc == O_RDONLY ? 4 : acc == O_WRONLY ? 2 : 6);
+		rc = stk_client_resolve(c, path, 1, &a);
+		if (rc)
+			return rc;
+		if (S_ISDIR(a.mode) && acc != O_RDONLY)
+			return -EISDIR;
+		rc = may_access(c, &a, want);
+		if (rc)
+			return rc;
+	}
+	if (!S_ISREG(a.mode) && !S_ISDIR(a.mode))
+		return -EINVAL;
+	if (S_ISREG(a.mode) && stk_layout_check(&a.layout))
+		return -EIO;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return -ENOMEM;
+	f->c = c;
+	f->attr = a;
+	f->accmode = acc;
+	f->append = !!(flags & O_APPEND);
+	f->is_dir = S_ISDIR(a.mode);
+	f->size = a.size;
+	pthread_mutex_init(&f->lock, NULL);
+	if (!f->is_dir)
+		stk_layout_chains(&a.layout, f->chains);
+	if ((flags & O_TRUNC) && acc != O_RDONLY && !f->is_dir) {
+		if (a.size) {
+			rc = stk_client_setattr_size(c, a.ino, 0, NULL);
+			if (rc == 0)
+				rc = stk_client_truncate_data(c, &a, 0);
+			if (rc)
+				goto out;
+		}
+		f->size = 0;
+		f->size_dirty = 1;
+	}
+	if (acc != O_RDONLY && !f->is_dir) {
+		f->wcap = c->opts.write_buffer;
+		f->wbuf = malloc(f->wcap);
+		if (!f->wbuf) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	*out = f;
+	return 0;
+out:
+	pthread_mutex_destroy(&f->lock);
+	free(f);
+	return rc;
+}
+
+/* Makes everything written durable and records the size. Called with f->lock held. */
+static int sync_locked(struct stk_file *f)
+{
+	struct stk_client *c = f->c;
+	int rc, first = 0;
+
+	rc = flush_buffer(f, STK_WRITE_SYNC);
+	if (rc)
+		first = rc;
+	if (f->any_unsynced) {
+		for (uint32_t i = 0; i < f->attr.layout.stripe; i++) {
+			if (!f->unsynced[i])
+				continue;
+			rc = stk_io_sync_chain(c, f->chains[i]);
+			if (rc && !first)
+				first = rc;
+			f->unsynced[i] = 0;
+		}
+		f->any_unsynced = 0;
+	}
+	if (f->size_dirty) {
+		struct stk_msg_meta_extend_req m;
+		uint8_t req[256];
+		struct stk_wbuf w;
+
+		memset(&m, 0, sizeof(m));
+		m.cred = c->cred;
+		m.ino = f->attr.ino;
+		m.size = f->size;
+		stk_wall_time(&m.mtime_sec, &m.mtime_nsec);
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_extend_req_enc(&w, &m);
+		rc = stk_client_meta_attr_call(c, STK_OP_META_EXTEND, req, w.len, NULL);
+		if (rc && !first)
+			first = rc;
+		if (!rc)
+			f->size_dirty = 0;
+	}
+	rc = stk_client_meta_call(c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL);
+	if (rc && !first)
+		first = rc;
+	return first;
+}
+
+int stk_fsync(stk_file *f)
+{
+	int rc;
+
+	if (f->is_dir || f->accmode == O_RDONLY)
+		return 0;
+	pthread_mutex_lock(&f->lock);
+	rc = sync_locked(f);
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+int stk_close(stk_file *f)
+{
+	int rc = 0;
+
+	if (!f)
+		return -EBADF;
+	if (!f->is_dir && f->accmode != O_RDONLY &&
+	    (f->wlen || f->any_unsynced || f->size_dirty)) {
+		pthread_mutex_lock(&f->lock);
+		rc = sync_locked(f);
+		pthread_mutex_unlock(&f->lock);
+	}
+	pthread_mutex_destroy(&f->lock);
+	free(f->wbuf);
+	free(f);
+	return rc;
+}
+
+static ssize_t pwrite_locked(struct stk_file *f, const void *buf, size_t len, uint64_t off)
+{
+	int rc;
+
+	if (off + len < off || off + len > STK_MAX_FILE_SIZE)
+		return -EFBIG;
+	if (len == 0)
+		return 0;
+	if (f->wlen && (off != f->woff + f->wlen || f->wlen + len > f->wcap)) {
+		rc = flush_buffer(f, 0);
+		if (rc)
+			return rc;
+	}
+	if (len >= f->wcap) {
+		rc = write_through(f, buf, len, off, 0);
+		if (rc)
+			return rc;
+	} else {
+		if (!f->wlen)
+			f->woff = off;
+		memcpy(f->wbuf + f->wlen, buf, len);
+		f->wlen += len;
+	}
+	if (off + len > f->size)
+		f->size = off + len;
+	f->size_dirty = 1;
+	return (ssize_t)len;
+}
+
+ssize_t stk_pwrite(stk_file *f, const void *buf, size_t len, off_t off)
+{
+	ssize_t rc;
+
+	if (f->is_dir)
+		return -EISDIR;
+	if (f->accmode == O_RDONLY)
+		return -EBADF;
+	if (off < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	/* POSIX leaves pwrite on O_APPEND to the OS; Linux appends, and so do we. */
+	rc = pwrite_locked(f, buf, len, f->append ? f->size : (uint64_t)off);
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+ssize_t stk_write(stk_file *f, const void *buf, size_t len)
+{
+	ssize_t rc;
+
+	if (f->is_dir)
+		return -EISDIR;
+	if (f->accmode == O_RDONLY)
+		return -EBADF;
+	pthread_mutex_lock(&f->lock);
+	if (f->append)
+		f->pos = f->size;
+	rc = pwrite_locked(f, buf, len, f->pos);
+	if (rc > 0)
+		f->pos += (uint64_t)rc;
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+ssize_t stk_pread(stk_file *f, void *buf, size_t len, off_t off)
+{
+	struct stk_io_piece stackp[16], *p;
+	uint64_t size;
+	int n, rc;
+
+	if (f->is_dir)
+		return -EISDIR;
+	if (f->accmode == O_WRONLY)
+		return -EBADF;
+	if (off < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	rc = flush_buffer(f, 0);
+	size = f->size;
+	pthread_mutex_unlock(&f->lock);
+	if (rc)
+		return rc;
+	if ((uint64_t)off >= size || len == 0)
+		return 0;
+	if (len > size - (uint64_t)off)
+		len = (size_t)(size - (uint64_t)off);
+	n = make_pieces(f, buf, len, (uint64_t)off, &p, stackp, 16);
+	if (n < 0)
+		return n;
+	rc = stk_io_run(f->c, STK_IO_READ, f->attr.ino, &f->attr.layout, p, (unsigned)n, 0);
+	if (rc == 0) {
+		/* Holes and the unwritten tail of a chunk read as zeros. */
+		for (int i = 0; i < n; i++)
+			if (p[i].done < p[i].length)
+				memset(p[i].buf + p[i].done, 0, p[i].length - p[i].done);
+	}
+	if (p != stackp)
+		free(p);
+	return rc ? rc : (ssize_t)len;
+}
+
+ssize_t stk_read(stk_file *f, void *buf, size_t len)
+{
+	ssize_t rc;
+	uint64_t pos;
+
+	/* The position is read and advanced under the lock; the I/O runs outside it. */
+	pthread_mutex_lock(&f->lock);
+	pos = f->pos;
+	pthread_mutex_unlock(&f->lock);
+	rc = stk_pread(f, buf, len, (off_t)pos);
+	if (rc > 0) {
+		pthread_mutex_lock(&f->lock);
+		f->pos = pos + (uint64_t)rc;
+		pthread_mutex_unlock(&f->lock);
+	}
+	return rc;
+}
+
+off_t stk_lseek(stk_file *f, off_t off, int whence)
+{
+	int64_t base;
+	off_t rc;
+
+	pthread_mutex_lock(&f->lock);
+	switch (whence) {
+	case SEEK_SET:
+		base = 0;
+		break;
+	case SEEK_CUR:
+		base = (int64_t)f->pos;
+		break;
+	case SEEK_END:
+		base = (int64_t)f->size;
+		break;
+	default:
+		pthread_mutex_unlock(&f->lock);
+		return -EINVAL;
+	}
+	if (base + off < 0) {
+		rc = -EINVAL;
+	} else {
+		f->pos = (uint64_t)(base + off);
+		rc = (off_t)f->pos;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+int stk_ftruncate(stk_file *f, off_t size)
+{
+	int rc;
+
+	if (f->is_dir)
+		return -EISDIR;
+	if (f->accmode == O_RDONLY)
+		return -EBADF;
+	if (size < 0)
+		return -EINVAL;
+	pthread_mutex_lock(&f->lock);
+	rc = flush_buffer(f, 0);
+	if (rc == 0)
+		rc = stk_client_setattr_size(f->c, f->attr.ino, (uint64_t)size, NULL);
+	if (rc == 0 && (uint64_t)size < f->size)
+		rc = stk_client_truncate_data(f->c, &f->attr, (uint64_t)size);
+	if (rc == 0) {
+		f->size = (uint64_t)size;
+		f->size_dirty = 1;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+int stk_fstat(stk_file *f, struct stat *st)
+{
+	struct stk_msg_meta_ino_req m;
+	struct stk_attr a;
+	uint8_t req[256];
+	struct stk_wbuf w;
+	int rc;
+
+	memset(&m, 0, sizeof(m));
+	m.cred = f->c->cred;
+	m.ino = f->attr.ino;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &m);
+	rc = stk_client_meta_attr_call(f->c, STK_OP_META_GETATTR, req, w.len, &a);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&f->lock);
+	if (f->size_dirty)
+		a.size = f->size;
+	pthread_mutex_unlock(&f->lock);
+	stk_attr_to_stat(&a, st);
+	return 0;
+}

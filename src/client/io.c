@@ -1,0 +1,292 @@
+/*
+ * The striped I/O engine: one read or write of a file, cut into per-chunk pieces,
+ * sent to the pieces' chains in parallel.
+ *
+ * Parallelism without threads: for a window of pieces, the engine takes one
+ * pooled connection per piece (to the head of the piece's chain), sends every
+ * request, then collects every reply. Storage serves each connection on its own
+ * thread, so a 16 MiB read over 16 chains runs 16 chunk reads at once. Read
+ * replies land straight in the caller's buffer (the transport's bulk), so data is
+ * copied once, from the socket.
+ *
+ * Failures: a piece that meets a transport error or STALE_ROUTING is retried
+ * after a routing refresh, with backoff, until the client's retry window ends;
+ * then the call returns -EIO. Any other status (ENOSPC, EIO from a checksum) is
+ * final and returned as is.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/layout.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../proto/status.h"
+
+#define STK_IO_WINDOW 32
+#define STK_IO_REQ_MAX 128
+
+struct inflight {
+	struct stk_io_piece *p;
+	struct stk_conn *conn;
+	struct stk_rpc rpc;
+	uint8_t req[STK_IO_REQ_MAX];
+	uint8_t resp[64];
+	int rc;
+};
+
+/* Head node address and chain version for a chain. -ESTALE if the table lacks it. */
+static int chain_head(struct stk_client *c, uint32_t chain_id, char *addr, uint32_t *ver)
+{
+	const struct stk_rt_chain *ch;
+	const struct stk_rt_target *t;
+	const struct stk_rt_node *n;
+	int rc = -ESTALE;
+
+	pthread_rwlock_rdlock(&c->rt_lock);
+	ch = stk_routing_chain(&c->rt, chain_id);
+	if (ch && ch->ntargets) {
+		t = stk_routing_target(&c->rt, ch->targets[0]);
+		n = t ? stk_routing_node(&c->rt, t->node_id) : NULL;
+		if (n) {
+			memcpy(addr, n->addr, STK_ADDR_MAX);
+			*ver = ch->version;
+			rc = 0;
+		}
+	}
+	pthread_rwlock_unlock(&c->rt_lock);
+	return rc;
+}
+
+static int retryable(int rc)
+{
+	switch (rc) {
+	case -ESTALE:
+	case -ECONNREFUSED:
+	case -ECONNRESET:
+	case -EPIPE:
+	case -ETIMEDOUT:
+	case -ENOTCONN:
+	case -EHOSTUNREACH:
+	case -ECONNABORTED:
+	case -EBADMSG:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64_t ino,
+			const struct stk_layout *l, uint32_t flags)
+{
+	struct stk_io_piece *p = f->p;
+	char addr[STK_ADDR_MAX];
+	struct stk_wbuf w;
+	uint32_t ver = 0;
+
+	f->conn = NULL;
+	f->rc = chain_head(c, p->chain_id, addr, &ver);
+	if (f->rc)
+		return;
+	stk_wbuf_init(&w, f->req, sizeof(f->req));
+	memset(&f->rpc, 0, sizeof(f->rpc));
+	if (op == STK_IO_WRITE) {
+		struct stk_msg_stor_write_req m = {.chain_id = p->chain_id,
+						   .chain_ver = ver,
+						   .ino = ino,
+						   .chunk_idx = p->chunk_idx,
+						   .chunk_size = l->chunk_size,
+						   .offset = p->offset,
+						   .length = p->length,
+						   .flags = flags,
+						   .data_crc = stk_crc32c(0, p->buf, p->length)};
+		stk_msg_stor_write_req_enc(&w, &m);
+		f->rpc.opcode = STK_OP_STOR_WRITE;
+		f->rpc.bulk_out = p->buf;
+		f->rpc.bulk_out_len = p->length;
+	} else {
+		struct stk_msg_stor_read_req m = {.chain_id = p->chain_id,
+						  .chain_ver = ver,
+						  .ino = ino,
+						  .chunk_idx = p->chunk_idx,
+						  .offset = p->offset,
+						  .length = p->length};
+		stk_msg_stor_read_req_enc(&w, &m);
+		f->rpc.opcode = STK_OP_STOR_READ;
+		f->rpc.bulk_in = p->buf;
+		f->rpc.bulk_in_cap = p->length;
+	}
+	f->rpc.req = f->req;
+	f->rpc.req_len = w.len;
+	f->rpc.resp = f->resp;
+	f->rpc.resp_cap = sizeof(f->resp);
+	f->rc = stk_pool_get(c->pool, addr, &f->conn);
+	if (f->rc)
+		return;
+	f->rc = stk_rpc_send(f->conn, &f->rpc);
+}
+
+static void finish_piece(struct stk_client *c, struct inflight *f, int op)
+{
+	struct stk_io_piece *p = f->p;
+
+	if (f->rc == 0)
+		f->rc = stk_rpc_recv(f->conn, &f->rpc);
+	if (f->conn)
+		stk_pool_put(c->pool, f->conn);
+	f->conn = NULL;
+	if (f->rc == 0)
+		f->rc = stk_status_to_errno(f->rpc.status);
+	if (f->rc == 0 && op == STK_IO_READ)
+		p->done = (uint32_t)f->rpc.bulk_in_len;
+	else if (f->rc == 0)
+		p->done = p->length;
+	p->rc = f->rc;
+}
+
+int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layout *l,
+	       struct stk_io_piece *pieces, unsigned n, uint32_t flags)
+{
+	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
+	unsigned backoff_ms = 20, left = n;
+	struct inflight *fl;
+	int first_err = 0;
+
+	fl = malloc(sizeof(*fl) * (n < STK_IO_WINDOW ? n : STK_IO_WINDOW));
+	if (!fl)
+		return -ENOMEM;
+	for (unsigned i = 0; i < n; i++)
+		pieces[i].rc = 1; /* pending */
+	while (left) {
+		unsigned k = 0, retry = 0;
+
+		for (unsigned i = 0; i < n && k < STK_IO_WINDOW; i++) {
+			if (pieces[i].rc != 1)
+				continue;
+			fl[k].p = &pieces[i];
+			start_piece(c, &fl[k], op, ino, l, flags);
+			k++;
+		}
+		for (unsigned j = 0; j < k; j++) {
+			finish_piece(c, &fl[j], op);
+			if (fl[j].rc && retryable(fl[j].rc) && stk_now_ns() < deadline) {
+				fl[j].p->rc = 1;
+				retry++;
+				continue;
+			}
+			left--;
+			if (fl[j].rc && !first_err) {
+				first_err = retryable(fl[j].rc) ? -EIO : fl[j].rc;
+				stk_debug("%s of ino %llx chunk %u on chain %u failed: %s",
+					  op == STK_IO_WRITE ? "write" : "read",
+					  (unsigned long long)ino, fl[j].p->chunk_idx,
+					  fl[j].p->chain_id, stk_strerror(fl[j].rc));
+			}
+		}
+		if (first_err)
+			break;
+		if (retry) {
+			usleep(backoff_ms * 1000);
+			if (backoff_ms < 500)
+				backoff_ms *= 2;
+			stk_pool_flush(c->pool);
+			stk_client_refresh_routing(c);
+		}
+	}
+	free(fl);
+	return first_err;
+}
+
+/* Encodes a chain request for the chain's current version into w. */
+typedef void (*chain_enc_fn)(const void *msg, uint32_t chain_ver, struct stk_wbuf *w);
+
+static void enc_sync(const void *msg, uint32_t ver, struct stk_wbuf *w)
+{
+	(void)ver;
+	stk_msg_stor_sync_req_enc(w, msg);
+}
+
+static void enc_truncate(const void *msg, uint32_t ver, struct stk_wbuf *w)
+{
+	struct stk_msg_stor_truncate_req m = *(const struct stk_msg_stor_truncate_req *)msg;
+	m.chain_ver = ver;
+	stk_msg_stor_truncate_req_enc(w, &m);
+}
+
+/* One small request to a chain's head, retried like the pieces of stk_io_run. */
+static int chain_op(struct stk_client *c, uint16_t opcode, chain_enc_fn enc, const void *msg,
+		    uint32_t chain_id)
+{
+	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
+	unsigned backoff_ms = 20;
+	char addr[STK_ADDR_MAX];
+	uint8_t req[STK_IO_REQ_MAX], resp[64];
+	uint32_t ver = 0;
+	int rc;
+
+	for (;;) {
+		struct stk_conn *conn = NULL;
+		struct stk_wbuf w;
+		struct stk_rpc rpc = {.opcode = opcode, .req = req, .resp = resp,
+				      .resp_cap = sizeof(resp)};
+
+		rc = chain_head(c, chain_id, addr, &ver);
+		if (rc == 0) {
+			stk_wbuf_init(&w, req, sizeof(req));
+			enc(msg, ver, &w);
+			rpc.req_len = w.len;
+			rc = stk_pool_get(c->pool, addr, &conn);
+		}
+		if (rc == 0) {
+			rc = stk_rpc_call(conn, &rpc);
+			stk_pool_put(c->pool, conn);
+		}
+		if (!retryable(rc) || stk_now_ns() > deadline)
+			break;
+		usleep(backoff_ms * 1000);
+		if (backoff_ms < 500)
+			backoff_ms *= 2;
+		stk_pool_flush(c->pool);
+		stk_client_refresh_routing(c);
+	}
+	return retryable(rc) ? -EIO : rc;
+}
+
+int stk_io_sync_chain(struct stk_client *c, uint32_t chain_id)
+{
+	struct stk_msg_stor_sync_req m = {.chain_id = chain_id};
+
+	return chain_op(c, STK_OP_STOR_SYNC, enc_sync, &m, chain_id);
+}
+
+int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size)
+{
+	uint32_t chains[STK_MAX_STRIPE];
+	int first = 0;
+
+	if (stk_layout_check(&a->layout))
+		return -EIO;
+	stk_layout_chains(&a->layout, chains);
+	for (uint32_t i = 0; i < a->layout.stripe; i++) {
+		struct stk_msg_stor_truncate_req m = {.chain_id = chains[i],
+						      .ino = a->ino,
+						      .size = size,
+						      .chunk_size = a->layout.chunk_size};
+		int rc = chain_op(c, STK_OP_STOR_TRUNCATE, enc_truncate, &m, chains[i]);
+		if (rc && !first)
+			first = rc;
+	}
+	return first;
+}
+
+int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
+{
+	int rc = stk_client_truncate_data(c, a, 0);
+	if (rc)
+		stk_warn("could not remove the data of ino %llx: %s (space is leaked until fsck)",
+			 (unsigned long long)a->ino, stk_strerror(rc));
+	return rc;
+}

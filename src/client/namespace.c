@@ -1,0 +1,709 @@
+/*
+ * Paths and the operations on them.
+ *
+ * A path is resolved from the root one component at a time with META_LOOKUP (no
+ * dentry cache yet: each component is one round trip to meta). "." and ".." are
+ * handled here: ".." goes back to the previous directory of the walk, and at the
+ * root stays there, as in the kernel. Symlinks met in the middle of a path are
+ * followed, relative ones from the directory that holds them, at most 40 times
+ * (-ELOOP after).
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <linux/fs.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../common/layout.h"
+#include "../common/util.h"
+
+#define STK_MAX_SYMLINKS 40
+#define STK_MAX_DEPTH 256
+
+struct walk {
+	struct stk_attr stack[STK_MAX_DEPTH]; /* directories from the root down */
+	unsigned depth; /* stack[depth - 1] is the current directory */
+	unsigned links; /* symlinks followed so far */
+};
+
+static int lookup(struct stk_client *c, uint64_t parent, const char *name, struct stk_attr *a)
+{
+	uint8_t req[512];
+	struct stk_wbuf w;
+	struct stk_msg_meta_lookup_req m;
+
+	memset(&m, 0, sizeof(m));
+	m.cred = c->cred;
+	m.parent = parent;
+	if (stk_strlcpy(m.name, name, sizeof(m.name)))
+		return -ENAMETOOLONG;
+	stk_wbuf_init(&w, req, sizeof(req));
+	if (stk_msg_meta_lookup_req_enc(&w, &m))
+		return -ENAMETOOLONG;
+	return stk_client_meta_attr_call(c, STK_OP_META_LOOKUP, req, w.len, a);
+}
+
+static int getattr(struct stk_client *c, uint64_t ino, struct stk_attr *a)
+{
+	uint8_t req[256];
+	struct stk_wbuf w;
+	struct stk_msg_meta_ino_req m;
+
+	memset(&m, 0, sizeof(m));
+	m.cred = c->cred;
+	m.ino = ino;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_GETATTR, req, w.len, a);
+}
+
+static int readlink_ino(struct stk_client *c, uint64_t ino, char *target, size_t len)
+{
+	uint8_t req[256], resp[STK_PATH_MAX + 64];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	struct stk_msg_meta_ino_req m;
+	struct stk_msg_meta_readlink_resp *rm;
+	size_t rlen = 0;
+	int rc;
+
+	memset(&m, 0, sizeof(m));
+	m.cred = c->cred;
+	m.ino = ino;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_READLINK, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc)
+		return rc;
+	rm = malloc(sizeof(*rm));
+	if (!rm)
+		return -ENOMEM;
+	stk_rbuf_init(&r, resp, rlen);
+	if (stk_msg_meta_readlink_resp_dec(&r, rm) || stk_rbuf_finish(&r))
+		rc = -EIO;
+	else
+		rc = stk_strlcpy(target, rm->target, len);
+	free(rm);
+	return rc;
+}
+
+static int walk_root(struct stk_client *c, struct walk *wk)
+{
+	wk->depth = 1;
+	return getattr(c, STK_ROOT_INO, &wk->stack[0]);
+}
+
+/*
+ * Walks `path` from the walk's current directory. When `last` is not NULL the final
+ * component is not looked up but copied there (for create-like operations), and
+ * the walk ends at its parent. Otherwise the final inode is pushed on the stack
+ * (a non-directory too), following a final symlink only if `follow`.
+ */
+static int walk_path(struct stk_client *c, struct walk *wk, const char *path, int follow,
+		     char *last, int *pushed_final)
+{
+	const char *p = path;
+	int rc;
+
+	if (strlen(path) > STK_PATH_MAX)
+		return -ENAMETOOLONG;
+	if (*p == '/') {
+		rc = walk_root(c, wk);
+		if (rc)
+			return rc;
+	}
+	if (last)
+		last[0] = 0;
+	*pushed_final = 0;
+	while (*p) {
+		char name[STK_NAME_MAX + 1];
+		const char *end;
+		size_t n;
+		int final;
+		struct stk_attr a;
+
+		while (*p == '/')
+			p++;
+		if (!*p)
+			break;
+		end = strchr(p, '/');
+		n = end ? (size_t)(end - p) : strlen(p);
+		if (n > STK_NAME_MAX)
+			return -ENAMETOOLONG;
+		memcpy(name, p, n);
+		name[n] = 0;
+		p += n;
+		final = 1;
+		for (const char *q = p; *q; q++)
+			if (*q != '/') {
+				final = 0;
+				break;
+			}
+		if (*pushed_final) {
+			/* a previous component was a non-directory */
+			return -ENOTDIR;
+		}
+		if (!S_ISDIR(wk->stack[wk->depth - 1].mode))
+			return -ENOTDIR;
+		if (final && last && strcmp(name, ".") != 0 && strcmp(name, "..") != 0) {
+			memcpy(last, name, n + 1);
+			return 0;
+		}
+		if (strcmp(name, ".") == 0)
+			continue;
+		if (strcmp(name, "..") == 0) {
+			if (wk->depth > 1)
+				wk->depth--;
+			continue;
+		}
+		rc = lookup(c, wk->stack[wk->depth - 1].ino, name, &a);
+		if (rc)
+			return rc;
+		if (S_ISLNK(a.mode) && (!final || follow)) {
+			char *target;
+			if (++wk->links > STK_MAX_SYMLINKS)
+				return -ELOOP;
+			target = malloc(STK_PATH_MAX + 1);
+			if (!target)
+				return -ENOMEM;
+			rc = readlink_ino(c, a.ino, target, STK_PATH_MAX + 1);
+			if (rc == 0) {
+				int inner_final = 0;
+				/* The link's target is walked from the link's directory. */
+				rc = walk_path(c, wk, target, 1, NULL, &inner_final);
+				if (rc == 0 && inner_final && !final &&
+				    !S_ISDIR(wk->stack[wk->depth - 1].mode))
+					rc = -ENOTDIR;
+				if (rc == 0 && inner_final && !final)
+					*pushed_final = 0; /* a directory: keep walking from it */
+				else if (rc == 0 && inner_final)
+					*pushed_final = 1;
+			}
+			free(target);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (wk->depth >= STK_MAX_DEPTH)
+			return -ENAMETOOLONG;
+		wk->stack[wk->depth++] = a;
+		if (!S_ISDIR(a.mode))
+			*pushed_final = 1;
+	}
+	return 0;
+}
+
+int stk_client_resolve(struct stk_client *c, const char *path, int follow, struct stk_attr *attr)
+{
+	struct walk *wk;
+	int rc, fin = 0;
+
+	if (!path || path[0] != '/')
+		return -EINVAL;
+	wk = malloc(sizeof(*wk));
+	if (!wk)
+		return -ENOMEM;
+	wk->links = 0;
+	rc = walk_path(c, wk, path, follow, NULL, &fin);
+	if (rc == 0) {
+		/* "a/file/" names a directory: a trailing slash on a file is ENOTDIR */
+		size_t n = strlen(path);
+		if (n > 1 && path[n - 1] == '/' && !S_ISDIR(wk->stack[wk->depth - 1].mode))
+			rc = -ENOTDIR;
+		else
+			*attr = wk->stack[wk->depth - 1];
+	}
+	free(wk);
+	return rc;
+}
+
+int stk_client_resolve_parent(struct stk_client *c, const char *path, struct stk_attr *parent,
+			      char *name)
+{
+	struct walk *wk;
+	int rc, fin = 0;
+
+	if (!path || path[0] != '/')
+		return -EINVAL;
+	wk = malloc(sizeof(*wk));
+	if (!wk)
+		return -ENOMEM;
+	wk->links = 0;
+	rc = walk_path(c, wk, path, 0, name, &fin);
+	if (rc == 0 && name[0] == 0)
+		rc = -EINVAL; /* "/" or a path ending in "." or ".." has no last name */
+	if (rc == 0 && !S_ISDIR(wk->stack[wk->depth - 1].mode))
+		rc = -ENOTDIR;
+	if (rc == 0)
+		*parent = wk->stack[wk->depth - 1];
+	free(wk);
+	return rc;
+}
+
+int stk_stat(stk_client *c, const char *path, struct stat *st)
+{
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 0, &a);
+	if (rc == 0)
+		stk_attr_to_stat(&a, st);
+	return rc;
+}
+
+int stk_mkdir(stk_client *c, const char *path, mode_t mode)
+{
+	struct stk_msg_meta_mkdir_req m;
+	struct stk_attr parent;
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc;
+
+	memset(&m, 0, sizeof(m));
+	rc = stk_client_resolve_parent(c, path, &parent, m.name);
+	if (rc)
+		return rc == -EINVAL ? -EEXIST : rc;
+	m.cred = c->cred;
+	m.parent = parent.ino;
+	m.mode = (mode & 07777) | S_IFDIR;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_mkdir_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_MKDIR, req, w.len, NULL);
+}
+
+static int name_call(stk_client *c, uint16_t op, const char *path, struct stk_attr *after)
+{
+	struct stk_msg_meta_name_req m;
+	struct stk_attr parent;
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc;
+
+	memset(&m, 0, sizeof(m));
+	rc = stk_client_resolve_parent(c, path, &parent, m.name);
+	if (rc)
+		return rc;
+	m.cred = c->cred;
+	m.parent = parent.ino;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_name_req_enc(&w, &m);
+	if (op == STK_OP_META_RMDIR)
+		return stk_client_meta_call(c, op, req, w.len, NULL, 0, NULL);
+	return stk_client_meta_attr_call(c, op, req, w.len, after);
+}
+
+int stk_rmdir(stk_client *c, const char *path)
+{
+	int rc = name_call(c, STK_OP_META_RMDIR, path, NULL);
+	return rc == -EINVAL && strcmp(path, "/") == 0 ? -EBUSY : rc;
+}
+
+int stk_unlink(stk_client *c, const char *path)
+{
+	struct stk_attr after;
+	int rc = name_call(c, STK_OP_META_UNLINK, path, &after);
+
+	if (rc)
+		return rc;
+	if (after.nlink == 0 && S_ISREG(after.mode))
+		stk_client_remove_data(c, &after);
+	return 0;
+}
+
+int stk_rename(stk_client *c, const char *from, const char *to, unsigned flags)
+{
+	struct stk_msg_meta_rename_req m;
+	struct stk_msg_meta_rename_resp rm;
+	struct stk_attr sp, dp;
+	uint8_t req[1024], resp[1024];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
+	int rc;
+
+	memset(&m, 0, sizeof(m));
+	rc = stk_client_resolve_parent(c, from, &sp, m.src_name);
+	if (rc)
+		return rc == -EINVAL ? -EBUSY : rc;
+	rc = stk_client_resolve_parent(c, to, &dp, m.dst_name);
+	if (rc)
+		return rc == -EINVAL ? -EBUSY : rc;
+	m.cred = c->cred;
+	m.src_parent = sp.ino;
+	m.dst_parent = dp.ino;
+	m.flags = (flags & RENAME_NOREPLACE ? STK_RENAME_NOREPLACE : 0) |
+		  (flags & RENAME_EXCHANGE ? STK_RENAME_EXCHANGE : 0);
+	if (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE))
+		return -EINVAL;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_rename_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_RENAME, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rlen);
+	if (stk_msg_meta_rename_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+		return -EIO;
+	if (rm.replaced && rm.attr.nlink == 0 && S_ISREG(rm.attr.mode))
+		stk_client_remove_data(c, &rm.attr);
+	return 0;
+}
+
+int stk_symlink(stk_client *c, const char *target, const char *linkpath)
+{
+	struct stk_msg_meta_symlink_req *m;
+	struct stk_attr parent;
+	uint8_t *req;
+	struct stk_wbuf w;
+	int rc;
+
+	if (strlen(target) > STK_PATH_MAX)
+		return -ENAMETOOLONG;
+	if (!*target)
+		return -ENOENT;
+	m = calloc(1, sizeof(*m));
+	req = malloc(STK_PATH_MAX + 1024);
+	if (!m || !req) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = stk_client_resolve_parent(c, linkpath, &parent, m->name);
+	if (rc) {
+		rc = rc == -EINVAL ? -EEXIST : rc;
+		goto out;
+	}
+	m->cred = c->cred;
+	m->parent = parent.ino;
+	memcpy(m->target, target, strlen(target) + 1);
+	stk_wbuf_init(&w, req, STK_PATH_MAX + 1024);
+	stk_msg_meta_symlink_req_enc(&w, m);
+	rc = stk_client_meta_attr_call(c, STK_OP_META_SYMLINK, req, w.len, NULL);
+out:
+	free(m);
+	free(req);
+	return rc;
+}
+
+ssize_t stk_readlink(stk_client *c, const char *path, char *buf, size_t size)
+{
+	char *target;
+	struct stk_attr a;
+	size_t n;
+	int rc;
+
+	rc = stk_client_resolve(c, path, 0, &a);
+	if (rc)
+		return rc;
+	if (!S_ISLNK(a.mode))
+		return -EINVAL;
+	target = malloc(STK_PATH_MAX + 1);
+	if (!target)
+		return -ENOMEM;
+	rc = readlink_ino(c, a.ino, target, STK_PATH_MAX + 1);
+	if (rc) {
+		free(target);
+		return rc;
+	}
+	n = strlen(target);
+	if (size) {
+		size_t k = n < size - 1 ? n : size - 1;
+		memcpy(buf, target, k);
+		buf[k] = 0;
+	}
+	free(target);
+	return (ssize_t)n;
+}
+
+int stk_link(stk_client *c, const char *oldpath, const char *newpath)
+{
+	struct stk_msg_meta_link_req m;
+	struct stk_attr src, parent;
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc;
+
+	rc = stk_client_resolve(c, oldpath, 0, &src);
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	rc = stk_client_resolve_parent(c, newpath, &parent, m.name);
+	if (rc)
+		return rc == -EINVAL ? -EEXIST : rc;
+	m.cred = c->cred;
+	m.ino = src.ino;
+	m.parent = parent.ino;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_link_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_LINK, req, w.len, NULL);
+}
+
+/* Sends a SETATTR for ino with the fields in m (cred and ino filled here). */
+static int setattr_ino(stk_client *c, uint64_t ino, struct stk_msg_meta_setattr_req *m,
+		       struct stk_attr *out)
+{
+	uint8_t req[512];
+	struct stk_wbuf w;
+
+	m->cred = c->cred;
+	m->ino = ino;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_setattr_req_enc(&w, m);
+	return stk_client_meta_attr_call(c, STK_OP_META_SETATTR, req, w.len, out);
+}
+
+int stk_client_setattr_size(struct stk_client *c, uint64_t ino, uint64_t size,
+			    struct stk_attr *out);
+int stk_client_setattr_size(struct stk_client *c, uint64_t ino, uint64_t size,
+			    struct stk_attr *out)
+{
+	struct stk_msg_meta_setattr_req m;
+
+	memset(&m, 0, sizeof(m));
+	m.valid = STK_SETATTR_SIZE;
+	m.size = size;
+	return setattr_ino(c, ino, &m, out);
+}
+
+int stk_chmod(stk_client *c, const char *path, mode_t mode)
+{
+	struct stk_msg_meta_setattr_req m;
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 1, &a);
+
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	m.valid = STK_SETATTR_MODE;
+	m.mode = mode & 07777;
+	return setattr_ino(c, a.ino, &m, NULL);
+}
+
+int stk_chown(stk_client *c, const char *path, uid_t uid, gid_t gid)
+{
+	struct stk_msg_meta_setattr_req m;
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 1, &a);
+
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	if (uid != (uid_t)-1) {
+		m.valid |= STK_SETATTR_UID;
+		m.uid = uid;
+	}
+	if (gid != (gid_t)-1) {
+		m.valid |= STK_SETATTR_GID;
+		m.gid = gid;
+	}
+	if (!m.valid)
+		return 0;
+	return setattr_ino(c, a.ino, &m, NULL);
+}
+
+int stk_utimens(stk_client *c, const char *path, const struct timespec times[2])
+{
+	struct stk_msg_meta_setattr_req m;
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 1, &a);
+
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	if (!times) {
+		m.valid = STK_SETATTR_ATIME_NOW | STK_SETATTR_MTIME_NOW;
+	} else {
+		if (times[0].tv_nsec == UTIME_NOW)
+			m.valid |= STK_SETATTR_ATIME_NOW;
+		else if (times[0].tv_nsec != UTIME_OMIT) {
+			if (times[0].tv_nsec < 0 || times[0].tv_nsec >= 1000000000)
+				return -EINVAL;
+			m.valid |= STK_SETATTR_ATIME;
+			m.atime_sec = times[0].tv_sec;
+			m.atime_nsec = (uint32_t)times[0].tv_nsec;
+		}
+		if (times[1].tv_nsec == UTIME_NOW)
+			m.valid |= STK_SETATTR_MTIME_NOW;
+		else if (times[1].tv_nsec != UTIME_OMIT) {
+			if (times[1].tv_nsec < 0 || times[1].tv_nsec >= 1000000000)
+				return -EINVAL;
+			m.valid |= STK_SETATTR_MTIME;
+			m.mtime_sec = times[1].tv_sec;
+			m.mtime_nsec = (uint32_t)times[1].tv_nsec;
+		}
+	}
+	if (!m.valid)
+		return 0;
+	return setattr_ino(c, a.ino, &m, NULL);
+}
+
+int stk_truncate(stk_client *c, const char *path, off_t size)
+{
+	struct stk_attr a;
+	int rc;
+
+	if (size < 0)
+		return -EINVAL;
+	rc = stk_client_resolve(c, path, 1, &a);
+	if (rc)
+		return rc;
+	if (S_ISDIR(a.mode))
+		return -EISDIR;
+	if (!S_ISREG(a.mode))
+		return -EINVAL;
+	rc = stk_client_setattr_size(c, a.ino, (uint64_t)size, NULL);
+	if (rc)
+		return rc;
+	if ((uint64_t)size < a.size)
+		rc = stk_client_truncate_data(c, &a, (uint64_t)size);
+	return rc;
+}
+
+int stk_statfs(stk_client *c, struct statvfs *st)
+{
+	uint8_t resp[64];
+	struct stk_msg_meta_statfs_resp m;
+	struct stk_rbuf r;
+	uint64_t cap = 0, used = 0;
+	size_t len = 0;
+	int rc;
+
+	rc = stk_client_refresh_routing(c);
+	if (rc)
+		return rc == -EPROTO ? -EIO : rc;
+	rc = stk_client_meta_call(c, STK_OP_META_STATFS, NULL, 0, resp, sizeof(resp), &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, len);
+	if (stk_msg_meta_statfs_resp_dec(&r, &m) || stk_rbuf_finish(&r))
+		return -EIO;
+	pthread_rwlock_rdlock(&c->rt_lock);
+	for (uint32_t i = 0; i < c->rt.ntargets; i++) {
+		cap += c->rt.targets[i].capacity;
+		used += c->rt.targets[i].used;
+	}
+	pthread_rwlock_unlock(&c->rt_lock);
+	memset(st, 0, sizeof(*st));
+	st->f_bsize = 4096;
+	st->f_frsize = 4096;
+	st->f_blocks = cap / 4096;
+	st->f_bfree = (cap > used ? cap - used : 0) / 4096;
+	st->f_bavail = st->f_bfree;
+	st->f_files = m.files + st->f_bfree; /* inodes are not a fixed pool */
+	st->f_ffree = st->f_bfree;
+	st->f_favail = st->f_bfree;
+	st->f_namemax = STK_NAME_MAX;
+	return 0;
+}
+
+/* ---- directories ---- */
+
+#define STK_READDIR_BATCH 512
+
+struct stk_dir {
+	struct stk_client *c;
+	uint64_t ino;
+	uint64_t cookie;
+	int eof;
+	unsigned n, pos;
+	struct stk_msg_dirent *ents; /* the current batch */
+};
+
+int stk_opendir(stk_client *c, const char *path, stk_dir **out)
+{
+	struct stk_attr a;
+	struct stk_dir *d;
+	int rc;
+
+	rc = stk_client_resolve(c, path, 1, &a);
+	if (rc)
+		return rc;
+	if (!S_ISDIR(a.mode))
+		return -ENOTDIR;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	d->ents = calloc(STK_READDIR_BATCH, sizeof(*d->ents));
+	if (!d->ents) {
+		free(d);
+		return -ENOMEM;
+	}
+	d->c = c;
+	d->ino = a.ino;
+	*out = d;
+	return 0;
+}
+
+static int fetch_batch(struct stk_dir *d)
+{
+	struct stk_msg_meta_readdir_req m;
+	struct stk_msg_meta_readdir_resp rm;
+	uint8_t req[256];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t cap = STK_MAX_PAYLOAD, len = 0;
+	uint8_t *resp;
+	int rc;
+
+	resp = malloc(cap);
+	if (!resp)
+		return -ENOMEM;
+	memset(&m, 0, sizeof(m));
+	m.cred = d->c->cred;
+	m.ino = d->ino;
+	m.cookie = d->cookie;
+	m.max_entries = STK_READDIR_BATCH;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_readdir_req_enc(&w, &m);
+	rc = stk_client_meta_call(d->c, STK_OP_META_READDIR, req, w.len, resp, cap, &len);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, len);
+	stk_msg_meta_readdir_resp_dec(&r, &rm);
+	if (r.err || rm.n > STK_READDIR_BATCH) {
+		rc = -EIO;
+		goto out;
+	}
+	for (uint32_t i = 0; i < rm.n; i++)
+		stk_msg_dirent_dec(&r, &d->ents[i]);
+	if (stk_rbuf_finish(&r)) {
+		rc = -EIO;
+		goto out;
+	}
+	d->n = rm.n;
+	d->pos = 0;
+	d->eof = rm.eof || rm.n == 0;
+	if (rm.n)
+		d->cookie = d->ents[rm.n - 1].next_cookie;
+out:
+	free(resp);
+	return rc;
+}
+
+int stk_readdir(stk_dir *d, struct dirent *ent)
+{
+	const struct stk_msg_dirent *e;
+	int rc;
+
+	while (d->pos >= d->n) {
+		if (d->eof)
+			return 0;
+		rc = fetch_batch(d);
+		if (rc)
+			return rc;
+	}
+	e = &d->ents[d->pos++];
+	memset(ent, 0, sizeof(*ent));
+	ent->d_ino = e->ino;
+	ent->d_off = (off_t)e->next_cookie;
+	ent->d_type = (unsigned char)IFTODT(e->mode);
+	ent->d_reclen = sizeof(*ent);
+	memcpy(ent->d_name, e->name, strlen(e->name) + 1);
+	return 1;
+}
+
+void stk_closedir(stk_dir *d)
+{
+	if (!d)
+		return;
+	free(d->ents);
+	free(d);
+}
