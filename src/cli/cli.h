@@ -1,0 +1,73 @@
+/*
+ * The `stoker` command line: shared helpers for the subcommand files.
+ *
+ * main.c    the command table, dispatch and help
+ * up.c      `up`, `down` and the role commands (mgmtd, meta, storage)
+ * data.c    data commands over libstoker (ls, stat, put, get, cat, mkdir, rm, mv)
+ * status.c  `status`
+ * bench.c   `bench`
+ */
+#ifndef STK_CLI_H
+#define STK_CLI_H
+
+#include "stoker/stoker.h"
+
+/* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
+#define STK_CLI_COMMANDS(X)                                                                     \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--targets N]",                   \
+	  "start a one-machine cluster (mgmtd, meta, storage) with its data in DIR")             \
+	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
+	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--config FILE]",                   \
+	  "run the cluster manager")                                                            \
+	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR --data DIR [--config FILE]",         \
+	  "run a metadata server")                                                              \
+	X(storage, cmd_storage,                                                                 \
+	  "storage --listen ADDR --mgmtd ADDR --data DIR --target DIR... [--config FILE]",      \
+	  "run a storage server with one or more targets")                                      \
+	X(status, cmd_status, "status [--cluster ADDR]",                                        \
+	  "nodes, targets, chains and the metadata shard map")                                  \
+	X(ls, cmd_ls, "ls [-l] PATH...", "list directories")                                    \
+	X(stat, cmd_stat, "stat PATH...", "show a file's attributes and layout")                \
+	X(put, cmd_put, "put SRC DST", "copy a local file (or - for stdin) into Stoker")         \
+	X(get, cmd_get, "get SRC DST", "copy a file out of Stoker (DST - for stdout)")           \
+	X(cat, cmd_cat, "cat PATH...", "print files")                                           \
+	X(mkdir, cmd_mkdir, "mkdir [-p] PATH...", "make directories")                           \
+	X(rm, cmd_rm, "rm [-r] [-f] PATH...", "remove files (and directories with -r)")         \
+	X(mv, cmd_mv, "mv SRC DST", "rename or move")                                           \
+	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH]",             \
+	  "measure throughput, IOPS and latency")                                               \
+	X(version, cmd_version, "version", "print the version")
+
+#define STK_CLI_DECL(name, fn, usage, what) int fn(int argc, char **argv);
+STK_CLI_COMMANDS(STK_CLI_DECL)
+#undef STK_CLI_DECL
+
+#define STOKER_VERSION "0.1.0"
+
+/* Prints "stoker CMD: message" to stderr. */
+void cli_err(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints the usage line of a command to stderr and returns 2. */
+int cli_usage(const char *cmd);
+
+/*
+ * Splits a user path into a cluster address and a path inside it:
+ * "stk://HOST:PORT/a/b" gives cluster "HOST:PORT" and "/a/b"; a plain "/a/b" or
+ * "a/b" gives cluster NULL (the default) and "/a/b". path must hold 4097 bytes.
+ */
+int cli_split(const char *arg, char *cluster, size_t clen, char *path, size_t plen);
+
+/*
+ * Connects to the cluster an argument names (or the default). Keeps one client per
+ * address for the life of the command. Prints a clear error and returns NULL on
+ * failure.
+ */
+stk_client *cli_connect(const char *cmd, const char *cluster);
+void cli_disconnect_all(void);
+
+/* Reads "key = value" lines from a config file and turns them into --key value args. */
+int cli_config_args(const char *file, int *argc, char ***argv);
+
+/* The folder `stoker up` records the local cluster in: /tmp/stoker-UID. */
+void cli_runtime_dir(char *buf, size_t len);
+
+#endif

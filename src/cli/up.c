@@ -1,0 +1,702 @@
+/*
+ * `stoker up` / `stoker down` and the role commands.
+ *
+ * `up` is a small supervisor: it starts mgmtd, meta and storage as child processes
+ * of this same binary (so every node talks to every other over TCP, as on real
+ * hosts), waits until the cluster serves (a storage node with all its targets in
+ * the chain table and a meta node owning the shard map), records the cluster's
+ * address for the data commands, and then restarts any daemon that dies until it
+ * is told to stop. With --daemon it detaches and reports readiness to the shell
+ * that started it through a pipe.
+ *
+ * Layout of DIR: mgmtd/ (cluster state), meta/ (LMDB), storage/ (node id),
+ * targets/0..N-1 (chunks), log/ROLE.log, up.pid, cluster (the mgmtd address).
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <arpa/inet.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../meta/meta.h"
+#include "../mgmtd/agent.h"
+#include "../mgmtd/mgmtd.h"
+#include "../storage/storage.h"
+
+/* ---- role commands ---- */
+
+/* Applies --config FILE (anywhere in argv) by splicing its settings in front. */
+static int apply_config(const char *cmd, int *argc, char ***argv)
+{
+	for (int i = 1; i < *argc; i++) {
+		if (strcmp((*argv)[i], "--config") == 0 && i + 1 < *argc) {
+			const char *file = (*argv)[i + 1];
+			int rc;
+			/* remove the two words, then splice the file in */
+			for (int j = i; j + 2 <= *argc; j++)
+				(*argv)[j] = (*argv)[j + 2];
+			*argc -= 2;
+			rc = cli_config_args(file, argc, argv);
+			if (rc) {
+				cli_err(cmd, "cannot read config %s: %s", file, stk_strerror(rc));
+				return rc;
+			}
+			return 0;
+		}
+	}
+	return 0;
+}
+
+enum { OPT_LISTEN = 1000, OPT_MGMTD, OPT_DATA, OPT_TARGET, OPT_CHUNK, OPT_STRIPE, OPT_HBTO };
+
+static const struct option role_opts[] = {
+	{"listen", required_argument, NULL, OPT_LISTEN},
+	{"mgmtd", required_argument, NULL, OPT_MGMTD},
+	{"data", required_argument, NULL, OPT_DATA},
+	{"target", required_argument, NULL, OPT_TARGET},
+	{"chunk-size", required_argument, NULL, OPT_CHUNK},
+	{"stripe", required_argument, NULL, OPT_STRIPE},
+	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
+	{NULL, 0, NULL, 0},
+};
+
+struct role_args {
+	const char *listen, *mgmtd, *data;
+	const char *targets[64];
+	unsigned ntargets;
+	uint64_t chunk_size, stripe, hbto;
+};
+
+static int parse_role(const char *cmd, int argc, char **argv, struct role_args *a)
+{
+	int c;
+
+	if (apply_config(cmd, &argc, &argv))
+		return 2;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", role_opts, NULL)) != -1) {
+		switch (c) {
+		case OPT_LISTEN:
+			a->listen = optarg;
+			break;
+		case OPT_MGMTD:
+			a->mgmtd = optarg;
+			break;
+		case OPT_DATA:
+			a->data = optarg;
+			break;
+		case OPT_TARGET:
+			if (a->ntargets >= STK_ARRAY_SIZE(a->targets)) {
+				cli_err(cmd, "at most %zu targets", STK_ARRAY_SIZE(a->targets));
+				return 2;
+			}
+			a->targets[a->ntargets++] = optarg;
+			break;
+		case OPT_CHUNK:
+			if (stk_parse_size(optarg, &a->chunk_size)) {
+				cli_err(cmd, "bad --chunk-size '%s'", optarg);
+				return 2;
+			}
+			break;
+		case OPT_STRIPE:
+			if (stk_parse_u64(optarg, &a->stripe) || a->stripe > 256) {
+				cli_err(cmd, "bad --stripe '%s'", optarg);
+				return 2;
+			}
+			break;
+		case OPT_HBTO:
+			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
+				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
+				return 2;
+			}
+			break;
+		default:
+			return cli_usage(cmd);
+		}
+	}
+	if (optind < argc) {
+		cli_err(cmd, "unexpected argument '%s'", argv[optind]);
+		return cli_usage(cmd);
+	}
+	if (!a->data) {
+		cli_err(cmd, "--data DIR is required");
+		return cli_usage(cmd);
+	}
+	if (!a->mgmtd)
+		a->mgmtd = "127.0.0.1:9400";
+	return 0;
+}
+
+int cmd_mgmtd(int argc, char **argv)
+{
+	struct role_args a = {0};
+	struct stk_mgmtd_opts o = {.size = sizeof(o)};
+	int rc = parse_role("mgmtd", argc, argv, &a);
+
+	if (rc)
+		return rc;
+	o.listen = a.listen ? a.listen : "127.0.0.1:9400";
+	o.data_dir = a.data;
+	o.heartbeat_timeout_ms = (unsigned)a.hbto;
+	return stk_mgmtd_run(&o) ? 1 : 0;
+}
+
+int cmd_meta(int argc, char **argv)
+{
+	struct role_args a = {0};
+	struct stk_meta_opts o = {.size = sizeof(o)};
+	int rc = parse_role("meta", argc, argv, &a);
+
+	if (rc)
+		return rc;
+	o.listen = a.listen ? a.listen : "127.0.0.1:9401";
+	o.mgmtd = a.mgmtd;
+	o.data_dir = a.data;
+	o.default_chunk_size = (uint32_t)a.chunk_size;
+	o.default_stripe = (uint32_t)a.stripe;
+	return stk_meta_run(&o) ? 1 : 0;
+}
+
+int cmd_storage(int argc, char **argv)
+{
+	struct role_args a = {0};
+	struct stk_storage_opts o = {.size = sizeof(o)};
+	int rc = parse_role("storage", argc, argv, &a);
+
+	if (rc)
+		return rc;
+	if (!a.ntargets) {
+		cli_err("storage", "at least one --target DIR is required");
+		return 2;
+	}
+	o.listen = a.listen ? a.listen : "127.0.0.1:9402";
+	o.mgmtd = a.mgmtd;
+	o.data_dir = a.data;
+	o.targets = a.targets;
+	o.ntargets = a.ntargets;
+	return stk_storage_run(&o) ? 1 : 0;
+}
+
+/* ---- up ---- */
+
+#define NROLES 3
+static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
+
+struct up {
+	char data[PATH_MAX];
+	char host[64];
+	unsigned port;
+	unsigned ntargets;
+	char addr[NROLES][80];
+	pid_t pid[NROLES];
+	unsigned restarts[NROLES];
+	time_t last_start[NROLES];
+	char exe[PATH_MAX];
+};
+
+static volatile sig_atomic_t up_stop;
+
+static void up_on_signal(int sig)
+{
+	(void)sig;
+	up_stop = 1;
+}
+
+static int port_free(const char *host, unsigned port)
+{
+	struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int fd, one = 1, rc = 0;
+
+	if (inet_pton(AF_INET, host, &sin.sin_addr) != 1)
+		return 0; /* not an IPv4 literal: let the daemon report */
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (fd < 0)
+		return 0;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+static pid_t spawn_role(struct up *u, int r)
+{
+	char logpath[PATH_MAX + 32], datadir[PATH_MAX + 32], mgmtd[80];
+	char *args[16 + 2 * 64];
+	char tdirs[64][PATH_MAX + 32];
+	int n = 0, fd;
+	pid_t pid;
+
+	snprintf(logpath, sizeof(logpath), "%s/log/%s.log", u->data, role_names[r]);
+	snprintf(datadir, sizeof(datadir), "%s/%s", u->data, role_names[r]);
+	snprintf(mgmtd, sizeof(mgmtd), "%s", u->addr[0]);
+	args[n++] = "stoker";
+	args[n++] = (char *)role_names[r];
+	args[n++] = "--listen";
+	args[n++] = u->addr[r];
+	args[n++] = "--data";
+	args[n++] = datadir;
+	if (r > 0) {
+		args[n++] = "--mgmtd";
+		args[n++] = mgmtd;
+	}
+	if (r == 2) {
+		for (unsigned i = 0; i < u->ntargets && i < 64; i++) {
+			snprintf(tdirs[i], sizeof(tdirs[i]), "%s/targets/%u", u->data, i);
+			args[n++] = "--target";
+			args[n++] = tdirs[i];
+		}
+	}
+	args[n] = NULL;
+	pid = fork();
+	if (pid != 0)
+		return pid;
+	fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (fd >= 0) {
+		dup2(fd, 1);
+		dup2(fd, 2);
+	}
+	fd = open("/dev/null", O_RDONLY);
+	if (fd >= 0)
+		dup2(fd, 0);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	/* A daemon of its own process group: a Ctrl-C reaches `up`, which stops it in order. */
+	setpgid(0, 0);
+	execv(u->exe, args);
+	_exit(127);
+}
+
+static void print_log_tail(const struct up *u, int r)
+{
+	char path[PATH_MAX + 32], line[1024];
+	long pos;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/log/%s.log", u->data, role_names[r]);
+	f = fopen(path, "r");
+	if (!f)
+		return;
+	fseek(f, 0, SEEK_END);
+	pos = ftell(f);
+	fseek(f, pos > 2000 ? pos - 2000 : 0, SEEK_SET);
+	fprintf(stderr, "--- last lines of %s ---\n", path);
+	if (pos > 2000 && !fgets(line, sizeof(line), f)) /* skip a partial line */
+		line[0] = 0;
+	while (fgets(line, sizeof(line), f))
+		fputs(line, stderr);
+	fclose(f);
+}
+
+/* 1 when the routing table shows the whole cluster serving. */
+static int cluster_ready(const struct up *u)
+{
+	struct stk_routing rt;
+	unsigned serving = 0;
+	int meta_ok = 0, ok;
+
+	if (stk_mgmt_fetch_routing(u->addr[0], &rt))
+		return 0;
+	for (uint32_t i = 0; i < rt.ntargets; i++)
+		if (rt.targets[i].state == STK_TARGET_SERVING)
+			serving++;
+	for (uint32_t i = 0; i < rt.nshards; i++) {
+		const struct stk_rt_node *n = stk_routing_node(&rt, rt.shards[i].node_id);
+		if (n && n->state == STK_NODE_ONLINE)
+			meta_ok = 1;
+	}
+	ok = meta_ok && serving >= u->ntargets && rt.nchains >= u->ntargets;
+	stk_routing_free(&rt);
+	return ok;
+}
+
+static void stop_children(struct up *u)
+{
+	/* storage and meta first, mgmtd last, each given 10 s to flush and exit */
+	for (int r = NROLES - 1; r >= 0; r--) {
+		if (u->pid[r] <= 0)
+			continue;
+		kill(u->pid[r], SIGTERM);
+		for (int i = 0; i < 100; i++) {
+			if (waitpid(u->pid[r], NULL, WNOHANG) == u->pid[r]) {
+				u->pid[r] = 0;
+				break;
+			}
+			usleep(100000);
+		}
+		if (u->pid[r] > 0) {
+			fprintf(stderr, "stoker up: %s did not stop in 10 s; killing it\n",
+				role_names[r]);
+			kill(u->pid[r], SIGKILL);
+			waitpid(u->pid[r], NULL, 0);
+			u->pid[r] = 0;
+		}
+	}
+}
+
+static void write_file(const char *path, const char *content)
+{
+	char tmp[PATH_MAX + 16];
+	FILE *f;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "w");
+	if (!f)
+		return;
+	fputs(content, f);
+	fclose(f);
+	rename(tmp, path);
+}
+
+static void record_cluster(const struct up *u, int on)
+{
+	char dir[64], path[128], buf[128], line[128];
+	FILE *f;
+
+	cli_runtime_dir(dir, sizeof(dir));
+	snprintf(path, sizeof(path), "%s/cluster", dir);
+	snprintf(line, sizeof(line), "stk://%s\n", u->addr[0]);
+	if (on) {
+		mkdir(dir, 0700);
+		write_file(path, line);
+		return;
+	}
+	/* Remove the record only if it still names this cluster. */
+	f = fopen(path, "r");
+	if (!f)
+		return;
+	if (fgets(buf, sizeof(buf), f) && strcmp(buf, line) == 0)
+		unlink(path);
+	fclose(f);
+}
+
+static int supervise(struct up *u, int ready_fd)
+{
+	uint64_t deadline = stk_now_ns() + 60ull * 1000000000ull;
+	char msg[512];
+	int ready = 0;
+
+	for (int r = 0; r < NROLES; r++) {
+		u->pid[r] = spawn_role(u, r);
+		u->last_start[r] = time(NULL);
+		if (u->pid[r] < 0) {
+			snprintf(msg, sizeof(msg), "cannot start %s: %s\n", role_names[r],
+				 strerror(errno));
+			goto fail;
+		}
+	}
+	while (!up_stop) {
+		for (int r = 0; r < NROLES; r++) {
+			int st;
+			if (u->pid[r] <= 0 || waitpid(u->pid[r], &st, WNOHANG) != u->pid[r])
+				continue;
+			u->pid[r] = 0;
+			if (!ready) {
+				snprintf(msg, sizeof(msg), "%s exited during start-up (%s %d); see %s/log/%s.log\n",
+					 role_names[r], WIFEXITED(st) ? "status" : "signal",
+					 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), u->data,
+					 role_names[r]);
+				print_log_tail(u, r);
+				goto fail;
+			}
+			fprintf(stderr, "%s exited (%s %d); restarting it\n", role_names[r],
+				WIFEXITED(st) ? "status" : "signal",
+				WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+			if (time(NULL) - u->last_start[r] < 2)
+				sleep(1); /* don't spin on a daemon that dies at once */
+			u->pid[r] = spawn_role(u, r);
+			u->last_start[r] = time(NULL);
+			u->restarts[r]++;
+		}
+		if (!ready) {
+			if (cluster_ready(u)) {
+				char line[256];
+				ready = 1;
+				record_cluster(u, 1);
+				snprintf(line, sizeof(line), "stk://%s\n", u->addr[0]);
+				{
+					char p[PATH_MAX + 16];
+					snprintf(p, sizeof(p), "%s/cluster", u->data);
+					write_file(p, line);
+				}
+				snprintf(msg, sizeof(msg),
+					 "ok Stoker is up: cluster stk://%s (mgmtd %s, meta %s, storage %s, "
+					 "%u targets), data in %s\n",
+					 u->addr[0], u->addr[0], u->addr[1], u->addr[2], u->ntargets,
+					 u->data);
+				if (ready_fd >= 0) {
+					stk_write_all(ready_fd, msg, strlen(msg));
+					close(ready_fd);
+					ready_fd = -1;
+				} else {
+					fputs(msg + 3, stdout);
+					printf("Ctrl-C stops it.\n");
+					fflush(stdout);
+				}
+			} else if (stk_now_ns() > deadline) {
+				snprintf(msg, sizeof(msg),
+					 "the cluster did not become ready in 60 s; see %s/log/\n",
+					 u->data);
+				for (int r = 0; r < NROLES; r++)
+					print_log_tail(u, r);
+				goto fail;
+			}
+		}
+		usleep(ready ? 200000 : 50000);
+	}
+	stop_children(u);
+	record_cluster(u, 0);
+	return 0;
+fail:
+	stop_children(u);
+	if (ready_fd >= 0) {
+		char err[600];
+		snprintf(err, sizeof(err), "error %s", msg);
+		stk_write_all(ready_fd, err, strlen(err));
+		close(ready_fd);
+	} else {
+		fprintf(stderr, "stoker up: %s", msg);
+	}
+	return 1;
+}
+
+static const struct option up_opts[] = {
+	{"data", required_argument, NULL, 'd'},  {"daemon", no_argument, NULL, 'D'},
+	{"port", required_argument, NULL, 'p'},  {"host", required_argument, NULL, 'H'},
+	{"targets", required_argument, NULL, 't'}, {NULL, 0, NULL, 0},
+};
+
+int cmd_up(int argc, char **argv)
+{
+	struct up *u = calloc(1, sizeof(*u));
+	const char *data = NULL;
+	int daemon_mode = 0, c, lockfd = -1, rc = 1;
+	uint64_t v;
+	char path[PATH_MAX + 32];
+	struct sigaction sa;
+
+	if (!u)
+		return 1;
+	stk_strlcpy(u->host, "127.0.0.1", sizeof(u->host));
+	u->port = 9400;
+	u->ntargets = 4;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "", up_opts, NULL)) != -1) {
+		switch (c) {
+		case 'd':
+			data = optarg;
+			break;
+		case 'D':
+			daemon_mode = 1;
+			break;
+		case 'p':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > 65533) {
+				cli_err("up", "bad --port '%s'", optarg);
+				goto out;
+			}
+			u->port = (unsigned)v;
+			break;
+		case 'H':
+			if (stk_strlcpy(u->host, optarg, sizeof(u->host))) {
+				cli_err("up", "--host too long");
+				goto out;
+			}
+			break;
+		case 't':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > 64) {
+				cli_err("up", "--targets must be 1..64");
+				goto out;
+			}
+			u->ntargets = (unsigned)v;
+			break;
+		default:
+			rc = cli_usage("up");
+			goto out;
+		}
+	}
+	if (!data || optind < argc) {
+		cli_err("up", "--data DIR is required");
+		rc = cli_usage("up");
+		goto out;
+	}
+	if (stk_mkdir_p(data, 0755) || !realpath(data, u->data)) {
+		cli_err("up", "cannot create %s: %s", data, strerror(errno));
+		goto out;
+	}
+	if (readlink("/proc/self/exe", u->exe, sizeof(u->exe) - 1) < 0) {
+		cli_err("up", "cannot find my own executable: %s", strerror(errno));
+		goto out;
+	}
+	snprintf(path, sizeof(path), "%s/log", u->data);
+	stk_mkdir_p(path, 0755);
+	for (unsigned i = 0; i < u->ntargets; i++) {
+		snprintf(path, sizeof(path), "%s/targets/%u", u->data, i);
+		if (stk_mkdir_p(path, 0755)) {
+			cli_err("up", "cannot create %s: %s", path, strerror(errno));
+			goto out;
+		}
+	}
+	snprintf(path, sizeof(path), "%s/up.pid", u->data);
+	lockfd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (lockfd < 0 || flock(lockfd, LOCK_EX | LOCK_NB) < 0) {
+		char buf[32] = "?";
+		if (lockfd >= 0 && pread(lockfd, buf, sizeof(buf) - 1, 0) > 0)
+			buf[strcspn(buf, "\n")] = 0;
+		cli_err("up", "a cluster is already running on %s (pid %s); stop it with "
+			      "`stoker down --data %s`",
+			u->data, buf, u->data);
+		goto out;
+	}
+	for (int r = 0; r < NROLES; r++) {
+		int e;
+		snprintf(u->addr[r], sizeof(u->addr[r]), "%s:%u", u->host, u->port + (unsigned)r);
+		e = port_free(u->host, u->port + (unsigned)r);
+		if (e) {
+			cli_err("up", "cannot use port %u on %s for %s: %s; free it or choose other "
+				      "ports with --port BASE (uses BASE..BASE+2)",
+				u->port + (unsigned)r, u->host, role_names[r], strerror(-e));
+			goto out;
+		}
+	}
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = up_on_signal;
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	if (daemon_mode) {
+		int pfd[2];
+		char buf[600];
+		long n;
+		pid_t pid;
+
+		if (pipe(pfd) < 0)
+			goto out;
+		fflush(NULL);
+		pid = fork();
+		if (pid < 0)
+			goto out;
+		if (pid > 0) {
+			close(pfd[1]);
+			n = stk_read_full(pfd[0], buf, sizeof(buf) - 1);
+			buf[n > 0 ? n : 0] = 0;
+			if (strncmp(buf, "ok ", 3) == 0) {
+				fputs(buf + 3, stdout);
+				printf("Stop it with: stoker down --data %s\n", u->data);
+				rc = 0;
+			} else {
+				fprintf(stderr, "stoker up: %s", n > 6 ? buf + 6 : "failed to start\n");
+				rc = 1;
+			}
+			goto out_parent;
+		}
+		close(pfd[0]);
+		setsid();
+		{
+			int fd = open("/dev/null", O_RDWR);
+			snprintf(path, sizeof(path), "%s/log/up.log", u->data);
+			int lfd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+			if (fd >= 0)
+				dup2(fd, 0);
+			if (lfd >= 0) {
+				dup2(lfd, 1);
+				dup2(lfd, 2);
+			}
+		}
+		snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+		if (ftruncate(lockfd, 0) == 0)
+			pwrite(lockfd, buf, strlen(buf), 0);
+		rc = supervise(u, pfd[1]);
+		goto out;
+	}
+	{
+		char buf[32];
+		snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
+		if (ftruncate(lockfd, 0) == 0 && pwrite(lockfd, buf, strlen(buf), 0) < 0)
+			stk_warn("cannot write %s/up.pid", u->data);
+	}
+	rc = supervise(u, -1);
+out:
+	if (lockfd >= 0) {
+		snprintf(path, sizeof(path), "%s/up.pid", u->data);
+		unlink(path);
+	}
+out_parent:
+	if (lockfd >= 0)
+		close(lockfd);
+	free(u);
+	return rc;
+}
+
+int cmd_down(int argc, char **argv)
+{
+	const char *data = NULL;
+	char path[PATH_MAX + 32], buf[32];
+	uint64_t pid;
+	int fd;
+	long n;
+
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--data") == 0 && i + 1 < argc)
+			data = argv[++i];
+		else
+			return cli_usage("down");
+	}
+	if (!data) {
+		cli_err("down", "--data DIR is required");
+		return cli_usage("down");
+	}
+	snprintf(path, sizeof(path), "%s/up.pid", data);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		cli_err("down", "no cluster is running on %s", data);
+		return 1;
+	}
+	/* If nobody holds the lock, the supervisor is gone. */
+	if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+		close(fd);
+		unlink(path);
+		cli_err("down", "no cluster is running on %s", data);
+		return 1;
+	}
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	buf[n > 0 ? n : 0] = 0;
+	buf[strcspn(buf, "\n")] = 0;
+	if (stk_parse_u64(buf, &pid) || pid < 2) {
+		cli_err("down", "%s holds no pid", path);
+		return 1;
+	}
+	if (kill((pid_t)pid, SIGTERM) < 0) {
+		cli_err("down", "cannot signal pid %llu: %s", (unsigned long long)pid,
+			strerror(errno));
+		return 1;
+	}
+	for (int i = 0; i < 600; i++) {
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			break;
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+			close(fd);
+			break;
+		}
+		close(fd);
+		usleep(100000);
+	}
+	printf("Stoker on %s is down.\n", data);
+	return 0;
+}
