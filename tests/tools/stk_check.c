@@ -1,0 +1,576 @@
+/*
+ * stk_check: the C test client the integration tests drive. Each subcommand does
+ * one thing through libstoker (or a raw socket) and exits 0 when what it saw is
+ * what it expected, 1 otherwise, printing why.
+ *
+ *   write   CLUSTER PATH SIZE SEED [BS]   write a deterministic pattern, close
+ *   verify  CLUSTER PATH SIZE SEED        read it back whole and at random offsets
+ *   api     CLUSTER DIR                   every API call and its errors
+ *   concurrent CLUSTER DIR THREADS SIZE   writers to different files at once, verified
+ *   ackloop CLUSTER DIR                   write+fsync files forever, print "ACK name size seed"
+ *   fill    CLUSTER PATH                  write until ENOSPC; prints the bytes acknowledged
+ *   frames  HOST:PORT                     malformed frames on raw sockets; server survives
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "stoker/stoker.h"
+
+#include "common/layout.h"
+#include "common/util.h"
+#include "net/net.h"
+#include "proto/codec.h"
+#include "proto/wire.h"
+
+static int failures;
+#define CHECK(cond)                                                                        \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+			failures++;                                                        \
+		}                                                                          \
+	} while (0)
+#define CHECK_RC(expr, want)                                                               \
+	do {                                                                               \
+		long _rc = (long)(expr);                                                   \
+		if (_rc != (long)(want)) {                                                 \
+			fprintf(stderr, "%s:%d: %s returned %ld (%s), wanted %ld\n", __FILE__, \
+				__LINE__, #expr, _rc, _rc < 0 ? stk_strerror((int)_rc) : "",  \
+				(long)(want));                                             \
+			failures++;                                                        \
+		}                                                                          \
+	} while (0)
+
+/* The byte pattern: 8 bytes at a time from splitmix64 of (seed, offset / 8). */
+static void pattern(uint64_t seed, uint64_t off, char *buf, size_t len)
+{
+	while (len) {
+		uint64_t word_idx = off / 8, st = (seed << 40) ^ word_idx ^ 0x5bd1e995ull;
+		uint64_t v = stk_splitmix64(&st);
+		size_t in = off % 8, take = STK_MIN(len, 8 - in);
+		memcpy(buf, (char *)&v + in, take);
+		buf += take;
+		off += take;
+		len -= take;
+	}
+}
+
+static stk_client *connect_or_die(const char *cluster)
+{
+	stk_client *c;
+	int rc = stk_connect(cluster, NULL, &c);
+	if (rc) {
+		fprintf(stderr, "connect %s: %s\n", cluster, stk_strerror(rc));
+		exit(1);
+	}
+	return c;
+}
+
+static int write_file(stk_client *c, const char *path, uint64_t size, uint64_t seed, size_t bs)
+{
+	stk_file *f;
+	char *buf = malloc(bs);
+	uint64_t off = 0;
+	int rc;
+
+	if (!buf)
+		return -ENOMEM;
+	rc = stk_open(c, path, O_WRONLY | O_CREAT | O_TRUNC, 0644, &f);
+	if (rc) {
+		free(buf);
+		return rc;
+	}
+	while (off < size) {
+		size_t n = (size_t)STK_MIN((uint64_t)bs, size - off);
+		pattern(seed, off, buf, n);
+		ssize_t w = stk_write(f, buf, n);
+		if (w < 0) {
+			stk_close(f);
+			free(buf);
+			return (int)w;
+		}
+		off += n;
+	}
+	rc = stk_close(f);
+	free(buf);
+	return rc;
+}
+
+static int verify_file(stk_client *c, const char *path, uint64_t size, uint64_t seed)
+{
+	size_t bs = 4 << 20;
+	char *buf = malloc(bs), *want = malloc(bs);
+	struct stat st;
+	stk_file *f;
+	uint64_t off = 0, rs = seed;
+	int rc, bad = 0;
+
+	if (!buf || !want)
+		return -ENOMEM;
+	rc = stk_open(c, path, O_RDONLY, 0, &f);
+	if (rc)
+		goto out;
+	rc = stk_fstat(f, &st);
+	if (rc == 0 && (uint64_t)st.st_size != size) {
+		fprintf(stderr, "%s: size %lld, expected %llu\n", path, (long long)st.st_size,
+			(unsigned long long)size);
+		bad = 1;
+	}
+	while (rc == 0 && off < size) {
+		size_t n = (size_t)STK_MIN((uint64_t)bs, size - off);
+		ssize_t r = stk_read(f, buf, n);
+		if (r < 0) {
+			rc = (int)r;
+			break;
+		}
+		pattern(seed, off, want, n);
+		if ((size_t)r != n || memcmp(buf, want, n) != 0) {
+			fprintf(stderr, "%s: mismatch in [%llu, %llu) (read %zd)\n", path,
+				(unsigned long long)off, (unsigned long long)(off + n), r);
+			bad = 1;
+			break;
+		}
+		off += n;
+	}
+	/* random reads straddling chunk boundaries */
+	for (int i = 0; rc == 0 && !bad && size && i < 64; i++) {
+		uint64_t o = stk_splitmix64(&rs) % size;
+		size_t n = (size_t)STK_MIN(size - o, 1 + stk_splitmix64(&rs) % (3u << 20));
+		ssize_t r = stk_pread(f, buf, n, (off_t)o);
+		pattern(seed, o, want, n);
+		if (r != (ssize_t)n || memcmp(buf, want, n) != 0) {
+			fprintf(stderr, "%s: random read at %llu+%zu wrong (%zd)\n", path,
+				(unsigned long long)o, n, r);
+			bad = 1;
+		}
+	}
+	if (rc == 0) {
+		char one;
+		CHECK_RC(stk_pread(f, &one, 1, (off_t)size), 0);
+	}
+	stk_close(f);
+out:
+	free(buf);
+	free(want);
+	if (rc)
+		fprintf(stderr, "%s: %s\n", path, stk_strerror(rc));
+	return rc ? rc : bad ? -EIO : 0;
+}
+
+static int cmd_write(int argc, char **argv)
+{
+	uint64_t size, seed, bs = 1 << 20;
+	if (argc < 5 || stk_parse_size(argv[3], &size) || stk_parse_u64(argv[4], &seed) ||
+	    (argc > 5 && stk_parse_size(argv[5], &bs)) || bs == 0)
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	int rc = write_file(c, argv[2], size, seed, (size_t)bs);
+	if (rc)
+		fprintf(stderr, "write %s: %s\n", argv[2], stk_strerror(rc));
+	stk_disconnect(c);
+	return rc ? 1 : 0;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+	uint64_t size, seed;
+	if (argc < 5 || stk_parse_size(argv[3], &size) || stk_parse_u64(argv[4], &seed))
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	int rc = verify_file(c, argv[2], size, seed);
+	stk_disconnect(c);
+	return rc ? 1 : 0;
+}
+
+static void join(char *out, size_t len, const char *dir, const char *name)
+{
+	snprintf(out, len, "%s/%s", dir, name);
+}
+
+static int cmd_api(int argc, char **argv)
+{
+	char p[4200], q[4200], r[4200], buf[8192];
+	struct stat st;
+	stk_file *f, *g;
+	stk_dir *d;
+	struct dirent de;
+	struct statvfs sv;
+	stk_client *c;
+
+	if (argc < 3)
+		return 2;
+	c = connect_or_die(argv[1]);
+	const char *dir = argv[2];
+	CHECK_RC(stk_mkdir(c, dir, 0755), 0);
+	CHECK_RC(stk_mkdir(c, dir, 0755), -EEXIST);
+	CHECK_RC(stk_stat(c, dir, &st), 0);
+	CHECK(S_ISDIR(st.st_mode));
+
+	/* open flags */
+	join(p, sizeof(p), dir, "a");
+	CHECK_RC(stk_open(c, p, O_RDONLY, 0, &f), -ENOENT);
+	CHECK_RC(stk_open(c, p, O_RDWR | O_CREAT | O_EXCL, 0640, &f), 0);
+	CHECK_RC(stk_open(c, p, O_RDWR | O_CREAT | O_EXCL, 0640, &g), -EEXIST);
+	CHECK_RC(stk_write(f, "hello", 5), 5);
+	CHECK_RC(stk_pwrite(f, "world", 5, 10), 5); /* hole at 5..10 */
+	CHECK_RC(stk_pread(f, buf, sizeof(buf), 0), 15);
+	CHECK(memcmp(buf, "hello\0\0\0\0\0world", 15) == 0);
+	CHECK_RC(stk_fsync(f), 0);
+	CHECK_RC(stk_fstat(f, &st), 0);
+	CHECK(st.st_size == 15 && (st.st_mode & 0777) == 0640 && S_ISREG(st.st_mode));
+	CHECK_RC(stk_lseek(f, 0, SEEK_END), 15);
+	CHECK_RC(stk_lseek(f, -1, SEEK_SET), -EINVAL);
+	CHECK_RC(stk_ftruncate(f, 3), 0);
+	CHECK_RC(stk_pread(f, buf, sizeof(buf), 0), 3);
+	CHECK_RC(stk_ftruncate(f, 100), 0);
+	CHECK_RC(stk_pread(f, buf, sizeof(buf), 0), 100);
+	CHECK(memcmp(buf, "hel", 3) == 0 && buf[3] == 0 && buf[50] == 0 && buf[99] == 0);
+	CHECK_RC(stk_close(f), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(st.st_size == 100);
+
+	CHECK_RC(stk_open(c, p, O_RDONLY, 0, &f), 0);
+	CHECK_RC(stk_write(f, "x", 1), -EBADF);
+	CHECK_RC(stk_close(f), 0);
+	CHECK_RC(stk_open(c, p, O_WRONLY, 0, &f), 0);
+	CHECK_RC(stk_read(f, buf, 1), -EBADF);
+	CHECK_RC(stk_close(f), 0);
+
+	/* O_TRUNC and O_APPEND */
+	CHECK_RC(stk_open(c, p, O_WRONLY | O_TRUNC, 0, &f), 0);
+	CHECK_RC(stk_write(f, "abc", 3), 3);
+	CHECK_RC(stk_close(f), 0);
+	CHECK_RC(stk_open(c, p, O_WRONLY | O_APPEND, 0, &f), 0);
+	CHECK_RC(stk_write(f, "def", 3), 3);
+	CHECK_RC(stk_close(f), 0);
+	CHECK_RC(stk_open(c, p, O_RDONLY, 0, &f), 0);
+	CHECK_RC(stk_read(f, buf, sizeof(buf)), 6);
+	CHECK(memcmp(buf, "abcdef", 6) == 0);
+	CHECK_RC(stk_read(f, buf, sizeof(buf)), 0);
+	CHECK_RC(stk_close(f), 0);
+
+	/* directories as files */
+	CHECK_RC(stk_open(c, dir, O_WRONLY, 0, &f), -EISDIR);
+	join(q, sizeof(q), p, "under-a-file");
+	CHECK_RC(stk_open(c, q, O_RDWR | O_CREAT, 0644, &f), -ENOTDIR);
+	CHECK_RC(stk_mkdir(c, q, 0755), -ENOTDIR);
+
+	/* names */
+	memset(buf, 'n', 255);
+	buf[255] = 0;
+	join(q, sizeof(q), dir, buf);
+	CHECK_RC(stk_open(c, q, O_RDWR | O_CREAT, 0644, &f), 0);
+	if (failures == 0)
+		stk_close(f);
+	CHECK_RC(stk_unlink(c, q), 0);
+	memset(buf, 'n', 256);
+	buf[256] = 0;
+	join(q, sizeof(q), dir, buf);
+	CHECK_RC(stk_open(c, q, O_RDWR | O_CREAT, 0644, &f), -ENAMETOOLONG);
+	join(q, sizeof(q), dir, "sp ace\tand\xff\x01bytes");
+	CHECK_RC(stk_mkdir(c, q, 0700), 0);
+	CHECK_RC(stk_rmdir(c, q), 0);
+
+	/* rename */
+	join(q, sizeof(q), dir, "b");
+	CHECK_RC(stk_rename(c, p, q, 0), 0);
+	CHECK_RC(stk_stat(c, p, &st), -ENOENT);
+	CHECK_RC(stk_stat(c, q, &st), 0);
+	CHECK(st.st_size == 6);
+	join(r, sizeof(r), dir, "c");
+	CHECK_RC(write_file(c, r, 1000, 7, 4096), 0);
+	CHECK_RC(stk_rename(c, r, q, RENAME_NOREPLACE), -EEXIST);
+	CHECK_RC(stk_rename(c, r, q, 0), 0); /* replaces b; b's data is removed */
+	CHECK_RC(verify_file(c, q, 1000, 7), 0);
+	CHECK_RC(write_file(c, r, 2000, 8, 4096), 0);
+	CHECK_RC(stk_rename(c, r, q, RENAME_EXCHANGE), 0);
+	CHECK_RC(verify_file(c, q, 2000, 8), 0);
+	CHECK_RC(verify_file(c, r, 1000, 7), 0);
+	join(p, sizeof(p), dir, "sub");
+	CHECK_RC(stk_mkdir(c, p, 0755), 0);
+	join(r, sizeof(r), p, "inner");
+	CHECK_RC(stk_mkdir(c, r, 0755), 0);
+	CHECK_RC(stk_rename(c, p, r, 0), -EINVAL); /* into its own subtree */
+	CHECK_RC(stk_rmdir(c, p), -ENOTEMPTY);
+	CHECK_RC(stk_rmdir(c, r), 0);
+
+	/* links */
+	join(r, sizeof(r), dir, "hard");
+	CHECK_RC(stk_link(c, q, r), 0);
+	CHECK_RC(stk_stat(c, q, &st), 0);
+	CHECK(st.st_nlink == 2);
+	CHECK_RC(stk_unlink(c, q), 0);
+	CHECK_RC(verify_file(c, r, 2000, 8), 0); /* the data lives while a link does */
+	CHECK_RC(stk_link(c, p, q), -EPERM);
+	join(q, sizeof(q), dir, "sym");
+	CHECK_RC(stk_symlink(c, "hard", q), 0);
+	CHECK_RC(stk_readlink(c, q, buf, sizeof(buf)), 4);
+	CHECK(strcmp(buf, "hard") == 0);
+	CHECK_RC(stk_stat(c, q, &st), 0);
+	CHECK(S_ISLNK(st.st_mode));
+	CHECK_RC(stk_open(c, q, O_RDONLY, 0, &f), 0); /* follows the link */
+	if (failures == 0) {
+		CHECK_RC(stk_read(f, buf, 10), 10);
+		stk_close(f);
+	}
+	CHECK_RC(stk_readlink(c, r, buf, sizeof(buf)), -EINVAL);
+	join(p, sizeof(p), dir, "loop");
+	CHECK_RC(stk_symlink(c, "loop", p), 0);
+	CHECK_RC(stk_open(c, p, O_RDONLY, 0, &f), -ELOOP);
+
+	/* attributes */
+	CHECK_RC(stk_chmod(c, r, 0600), 0);
+	CHECK_RC(stk_stat(c, r, &st), 0);
+	CHECK((st.st_mode & 07777) == 0600);
+	struct timespec ts[2] = {{.tv_sec = 1000, .tv_nsec = 5}, {.tv_sec = 2000, .tv_nsec = 7}};
+	CHECK_RC(stk_utimens(c, r, ts), 0);
+	CHECK_RC(stk_stat(c, r, &st), 0);
+	CHECK(st.st_atim.tv_sec == 1000 && st.st_mtim.tv_sec == 2000 && st.st_mtim.tv_nsec == 7);
+	ts[0].tv_nsec = UTIME_OMIT;
+	ts[1].tv_nsec = UTIME_NOW;
+	CHECK_RC(stk_utimens(c, r, ts), 0);
+	CHECK_RC(stk_stat(c, r, &st), 0);
+	CHECK(st.st_atim.tv_sec == 1000 && st.st_mtim.tv_sec > 2000);
+	CHECK_RC(stk_chown(c, r, 1234, 5678), 0); /* run as root */
+	CHECK_RC(stk_stat(c, r, &st), 0);
+	CHECK(st.st_uid == 1234 && st.st_gid == 5678);
+	CHECK_RC(stk_truncate(c, r, 10), 0);
+	CHECK_RC(verify_file(c, r, 10, 8), 0);
+
+	/* listing */
+	int n = 0, seen_hard = 0;
+	CHECK_RC(stk_opendir(c, dir, &d), 0);
+	if (d) {
+		int rc;
+		while ((rc = stk_readdir(d, &de)) == 1) {
+			n++;
+			if (strcmp(de.d_name, "hard") == 0)
+				seen_hard = de.d_type == DT_REG;
+		}
+		CHECK_RC(rc, 0);
+		stk_closedir(d);
+	}
+	CHECK(seen_hard);
+	CHECK(n == 5); /* c, hard, sym, sub, loop */
+	CHECK_RC(stk_opendir(c, r, &d), -ENOTDIR);
+	CHECK_RC(stk_statfs(c, &sv), 0);
+	CHECK(sv.f_blocks > 0 && sv.f_namemax == 255);
+
+	/* paths */
+	snprintf(p, sizeof(p), "%s/./sub/../hard", dir);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK_RC(stk_stat(c, "relative", &st), -EINVAL);
+	CHECK_RC(stk_rmdir(c, "/"), -EBUSY);
+
+	stk_disconnect(c);
+	if (failures)
+		fprintf(stderr, "api: %d failures\n", failures);
+	else
+		printf("api: ok\n");
+	return failures ? 1 : 0;
+}
+
+struct conc_arg {
+	stk_client *c;
+	char path[4200];
+	uint64_t size, seed;
+	int rc;
+};
+
+static void *conc_writer(void *p)
+{
+	struct conc_arg *a = p;
+	a->rc = write_file(a->c, a->path, a->size, a->seed, 256 << 10);
+	return NULL;
+}
+
+static int cmd_concurrent(int argc, char **argv)
+{
+	uint64_t nt, size;
+	if (argc < 5 || stk_parse_u64(argv[3], &nt) || nt < 1 || nt > 64 ||
+	    stk_parse_size(argv[4], &size))
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	struct conc_arg a[64];
+	pthread_t t[64];
+	stk_mkdir(c, argv[2], 0755);
+	for (uint64_t i = 0; i < nt; i++) {
+		a[i].c = c;
+		snprintf(a[i].path, sizeof(a[i].path), "%s/w%llu", argv[2], (unsigned long long)i);
+		a[i].size = size + i * 4097;
+		a[i].seed = 100 + i;
+		pthread_create(&t[i], NULL, conc_writer, &a[i]);
+	}
+	for (uint64_t i = 0; i < nt; i++) {
+		pthread_join(t[i], NULL);
+		CHECK_RC(a[i].rc, 0);
+	}
+	for (uint64_t i = 0; i < nt; i++)
+		CHECK_RC(verify_file(c, a[i].path, a[i].size, a[i].seed), 0);
+	stk_disconnect(c);
+	if (!failures)
+		printf("concurrent: %llu writers ok\n", (unsigned long long)nt);
+	return failures ? 1 : 0;
+}
+
+static int cmd_ackloop(int argc, char **argv)
+{
+	if (argc < 3)
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	stk_mkdir(c, argv[2], 0755);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	for (uint64_t i = 0;; i++) {
+		char p[4200];
+		uint64_t size = (i * 7919) % (3u << 20) + 1;
+		snprintf(p, sizeof(p), "%s/f%llu", argv[2], (unsigned long long)i);
+		int rc = write_file(c, p, size, i + 1, 256 << 10);
+		if (rc) {
+			fprintf(stderr, "ackloop: %s: %s\n", p, stk_strerror(rc));
+			return 1;
+		}
+		printf("ACK %s %llu %llu\n", p, (unsigned long long)size,
+		       (unsigned long long)(i + 1));
+	}
+}
+
+static int cmd_fill(int argc, char **argv)
+{
+	if (argc < 3)
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	stk_file *f;
+	char *buf = malloc(1 << 20);
+	uint64_t acked = 0;
+	int rc = stk_open(c, argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0644, &f);
+	if (rc || !buf) {
+		fprintf(stderr, "fill: open: %s\n", stk_strerror(rc));
+		return 1;
+	}
+	for (;;) {
+		pattern(9, acked, buf, 1 << 20);
+		ssize_t w = stk_write(f, buf, 1 << 20);
+		if (w < 0) {
+			rc = (int)w;
+			break;
+		}
+		rc = stk_fsync(f);
+		if (rc)
+			break;
+		acked += 1 << 20;
+	}
+	stk_close(f);
+	printf("%s %llu\n", rc == -ENOSPC ? "ENOSPC" : stk_strerror(rc),
+	       (unsigned long long)acked);
+	stk_disconnect(c);
+	free(buf);
+	return rc == -ENOSPC ? 0 : 1;
+}
+
+/* Sends raw bytes on a fresh connection and checks the server closes it. */
+static int raw_send_expect_close(const char *addr, const void *bytes, size_t len)
+{
+	struct stk_conn *conn;
+	char host[64];
+	uint16_t port;
+	struct sockaddr_in sin = {.sin_family = AF_INET};
+	int fd, rc;
+	char tmp[64];
+
+	if (stk_parse_hostport(addr, host, sizeof(host), &port))
+		return -EINVAL;
+	(void)conn;
+	sin.sin_port = htons(port);
+	sin.sin_addr.s_addr = htonl(0x7f000001);
+	fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (connect(fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
+		close(fd);
+		return -errno;
+	}
+	struct timeval tv = {.tv_sec = 5};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	stk_write_all(fd, bytes, len);
+	shutdown(fd, SHUT_WR);
+	rc = (int)recv(fd, tmp, sizeof(tmp), 0); /* 0: closed by the server */
+	close(fd);
+	return rc;
+}
+
+static int server_answers(const char *addr)
+{
+	struct stk_conn *conn;
+	uint8_t resp[1 << 16];
+	struct stk_rpc rpc = {.opcode = 0xfff0, .resp = resp, .resp_cap = sizeof(resp)};
+	int rc = stk_conn_connect(addr, 2000, &conn);
+	if (rc)
+		return rc;
+	rc = stk_rpc_call(conn, &rpc); /* an unknown opcode gets a status, not a hang-up */
+	stk_conn_close(conn);
+	return rc;
+}
+
+static int cmd_frames(int argc, char **argv)
+{
+	uint8_t f[STK_FRAME_HDR_LEN + 64];
+	struct stk_frame_hdr h = {.magic = STK_WIRE_MAGIC, .version = STK_WIRE_VERSION,
+				  .opcode = STK_OP_META_GETATTR};
+
+	if (argc < 2)
+		return 2;
+	CHECK_RC(server_answers(argv[1]), -ENOSYS);
+	/* garbage */
+	memset(f, 0xee, sizeof(f));
+	CHECK_RC(raw_send_expect_close(argv[1], f, sizeof(f)), 0);
+	/* a payload length beyond the limit */
+	h.payload_len = 0x7fffffff;
+	stk_hdr_encode(&h, f);
+	CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN), 0);
+	/* a bad checksum */
+	h.payload_len = 8;
+	h.checksum = 1;
+	stk_hdr_encode(&h, f);
+	memset(f + STK_FRAME_HDR_LEN, 0, 8);
+	CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN + 8), 0);
+	/* a truncated frame: the peer hangs up mid-payload */
+	h.payload_len = 64;
+	stk_hdr_encode(&h, f);
+	CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN + 10), 0);
+	/* the server still serves */
+	CHECK_RC(server_answers(argv[1]), -ENOSYS);
+	if (!failures)
+		printf("frames: ok\n");
+	return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct {
+		const char *name;
+		int (*fn)(int, char **);
+	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
+		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
+		    {"frames", cmd_frames}};
+
+	if (argc < 2) {
+		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
+		return 2;
+	}
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+		if (strcmp(argv[1], cmds[i].name) == 0) {
+			int rc = cmds[i].fn(argc - 1, argv + 1);
+			if (rc == 2)
+				fprintf(stderr, "stk_check %s: bad arguments\n", argv[1]);
+			return rc;
+		}
+	fprintf(stderr, "stk_check: unknown command %s\n", argv[1]);
+	return 2;
+}
