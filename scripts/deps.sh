@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what building and testing Stoker needs on Debian 12, and nothing else.
+# Skips apt entirely when every package is already there (fast, works offline).
+set -euo pipefail
+PKGS=(make gcc clang libclang-rt-14-dev pkg-config
+      libfuse3-dev fuse3 liburing-dev liblmdb-dev libisal-dev libxxhash-dev
+      python3 python3-pytest procps util-linux)
+missing=()
+for p in "${PKGS[@]}"; do
+	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+	SUDO=""
+	[ "$(id -u)" = 0 ] || SUDO="sudo"
+	echo "installing: ${missing[*]}"
+	$SUDO apt-get update -q
+	DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+fi

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every test: unit tests (plain and ASan/UBSan builds), the fuzzers for a
+# bounded time, and the integration tests (real clusters, real processes), the
+# core of them again against the sanitizer build. Ends with one summary line.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh || exit 1
+JOBS=$(nproc)
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+fail=0
+step() { echo; echo "=== $*"; }
+
+step "build (release, ASan/UBSan, fuzzers)"
+make -j"$JOBS" >/dev/null || { echo "build failed"; make 2>&1 | tail -30; exit 1; }
+make -j"$JOBS" SAN=1 >/dev/null || { echo "ASan build failed"; make SAN=1 2>&1 | tail -30; exit 1; }
+make -j"$JOBS" fuzz >/dev/null || { echo "fuzz build failed"; exit 1; }
+
+step "unit tests"
+make unit || fail=1
+step "unit tests under ASan/UBSan"
+ASAN_OPTIONS=detect_leaks=1 make SAN=1 unit || fail=1
+
+step "fuzzing (${FUZZ_SECONDS}s per target)"
+for f in build-fuzz/fuzz_*; do
+	mkdir -p "build-fuzz/corpus-$(basename "$f")"
+	if "$f" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 \
+		"build-fuzz/corpus-$(basename "$f")" >"build-fuzz/$(basename "$f").log" 2>&1; then
+		echo "PASS $f ($(grep -c . "build-fuzz/$(basename "$f").log") log lines)"
+	else
+		echo "FAIL $f"; tail -40 "build-fuzz/$(basename "$f").log"; fail=1
+	fi
+done
+
+step "integration tests"
+/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration -x --junitxml=build/integration.xml
+rc=$?; [ $rc = 0 ] || fail=1
+
+step "integration tests against the ASan/UBSan build"
+STOKER_BUILD=build-asan ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration \
+	-k "api or frames or round_trip or restart or concurrent or corrupted" \
+	--junitxml=build-asan/integration.xml
+rc=$?; [ $rc = 0 ] || fail=1
+
+echo
+if [ $fail = 0 ]; then echo "all tests passed"; else echo "SOME TESTS FAILED"; fi
+exit $fail

@@ -1,0 +1,177 @@
+"""Fixtures for Stoker's integration tests: real clusters of real processes.
+
+Every test that needs a cluster gets one started with `stoker up --daemon` in a
+temporary folder, on its own ports, and stopped (`stoker down`) afterwards. The
+binaries come from $STOKER_BUILD (default: build/ at the repository root), so the
+same tests run against the sanitizer build with STOKER_BUILD=build-asan.
+"""
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.join(ROOT, os.environ.get("STOKER_BUILD", "build"))
+STOKER = os.path.join(BUILD, "stoker")
+CHECK = os.path.join(BUILD, "tests", "stk_check")
+
+
+def port_free(port):
+    for p in (port, port + 1, port + 2):
+        s = socket.socket()
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
+
+
+def pick_ports():
+    for _ in range(200):
+        base = random.randrange(20000, 60000, 3)
+        if port_free(base):
+            return base
+    raise RuntimeError("no free ports")
+
+
+def run(args, check=True, input=None, timeout=300, env=None):
+    p = subprocess.run(args, input=input, capture_output=True, timeout=timeout, env=env)
+    if check and p.returncode != 0:
+        raise AssertionError(
+            "%s exited %d\nstdout: %s\nstderr: %s"
+            % (" ".join(map(str, args)), p.returncode, p.stdout.decode(errors="replace")[-3000:],
+               p.stderr.decode(errors="replace")[-3000:]))
+    return p
+
+
+class Cluster:
+    def __init__(self, data, port, targets=4):
+        self.data = str(data)
+        self.port = port
+        self.targets = targets
+        self.addr = "127.0.0.1:%d" % port
+        self.url = "stk://" + self.addr
+        self.up_proc = None
+
+    def start(self):
+        p = run([STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
+                 "--targets", str(self.targets)], check=False, timeout=120)
+        if p.returncode != 0:
+            raise AssertionError("stoker up failed: %s\n%s" % (p.stderr.decode(), self.logs()))
+        return p
+
+    def stop(self):
+        run([STOKER, "down", "--data", self.data], check=False, timeout=60)
+
+    def sanitizer_reports(self):
+        """Lines where ASan or UBSan reported a bug in a daemon (sanitizer builds)."""
+        bad = []
+        logdir = os.path.join(self.data, "log")
+        if os.path.isdir(logdir):
+            for name in os.listdir(logdir):
+                with open(os.path.join(logdir, name), errors="replace") as f:
+                    for line in f:
+                        if "ERROR: AddressSanitizer" in line or "runtime error:" in line or \
+                                "ERROR: LeakSanitizer" in line:
+                            bad.append("%s: %s" % (name, line.strip()))
+        return bad
+
+    def logs(self):
+        out = []
+        logdir = os.path.join(self.data, "log")
+        if os.path.isdir(logdir):
+            for name in sorted(os.listdir(logdir)):
+                with open(os.path.join(logdir, name), errors="replace") as f:
+                    out.append("--- %s ---\n%s" % (name, f.read()[-4000:]))
+        return "\n".join(out)
+
+    def pids(self):
+        """The daemons' pids by role, from /proc (children of the supervisor)."""
+        res = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if len(argv) > 4 and argv[1] in (b"mgmtd", b"meta", b"storage") and \
+                    self.data.encode() in b" ".join(argv):
+                res[argv[1].decode()] = int(pid)
+        return res
+
+    def cli(self, *args, check=True, input=None, timeout=300):
+        return run([STOKER] + list(args), check=check, input=input, timeout=timeout,
+                   env=dict(os.environ, STOKER_CLUSTER=self.url))
+
+    def check(self, *args, check=True, timeout=600):
+        return run([CHECK, args[0], self.url] + list(args[1:]), check=check, timeout=timeout)
+
+    def target_dirs(self):
+        return [os.path.join(self.data, "targets", str(i)) for i in range(self.targets)]
+
+    def chunk_files(self):
+        out = []
+        for t in self.target_dirs():
+            for dirpath, _, files in os.walk(os.path.join(t, "chunks")):
+                out += [os.path.join(dirpath, f) for f in files if ".tmp" not in f]
+        return out
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path / "stk", pick_ports())
+    c.start()
+    yield c
+    c.stop()
+    assert not c.sanitizer_reports(), c.logs()
+
+
+@pytest.fixture
+def make_cluster(tmp_path):
+    made = []
+
+    def make(name="stk", targets=4, start=True):
+        c = Cluster(tmp_path / name, pick_ports(), targets)
+        made.append(c)
+        if start:
+            c.start()
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+    for c in made:
+        assert not c.sanitizer_reports(), c.logs()
+
+
+@pytest.fixture
+def rand_file(tmp_path):
+    def make(size, name=None, seed=1):
+        path = tmp_path / (name or "f-%d-%d.bin" % (size, seed))
+        with open(path, "wb") as f:
+            left = size
+            g = random.Random(seed)
+            while left:
+                n = min(left, 1 << 20)
+                f.write(g.randbytes(n))
+                left -= n
+        return path
+    return make
+
+
+def have_root():
+    return os.geteuid() == 0
+
+
+needs_root = pytest.mark.skipif(not have_root(), reason="needs root (tmpfs mounts)")
+
+__all__ = ["Cluster", "run", "STOKER", "CHECK", "needs_root", "shutil", "time"]

@@ -1,0 +1,118 @@
+"""The one-machine cluster as a user meets it: up, down, status, ports, restarts,
+roles run alone from a config file."""
+import os
+import socket
+import subprocess
+import time
+
+from conftest import STOKER, Cluster, pick_ports, run
+
+
+def test_up_status_down(cluster):
+    out = cluster.cli("status").stdout.decode()
+    assert "routing version" in out
+    assert out.count("serving") == 4
+    assert "meta" in out and "storage" in out
+    # 4 chains, one target each
+    chains = out.split("Chains")[1].split("Metadata")[0].strip().splitlines()[1:]
+    assert len(chains) == 4
+    shards = out.split("Metadata shards")[1].strip().splitlines()[1:]
+    assert len(shards) == 1
+
+
+def test_second_up_on_same_dir_is_refused(cluster):
+    p = run([STOKER, "up", "--data", cluster.data, "--daemon", "--port", str(pick_ports())],
+            check=False)
+    assert p.returncode != 0
+    assert b"already running" in p.stderr
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    port = pick_ports()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port + 1))
+    s.listen(1)
+    try:
+        p = run([STOKER, "up", "--data", str(tmp_path / "d"), "--daemon", "--port", str(port)],
+                check=False)
+        assert p.returncode != 0
+        assert b"port %d" % (port + 1) in p.stderr
+        assert b"meta" in p.stderr
+    finally:
+        s.close()
+
+
+def test_restart_finds_data(make_cluster, rand_file):
+    c = make_cluster()
+    src = rand_file(3 << 20)
+    c.cli("mkdir", "-p", "/keep/deep")
+    c.cli("put", str(src), "/keep/deep/file.bin")
+    c.stop()
+    assert not c.pids()
+    c.start()
+    got = c.cli("cat", "/keep/deep/file.bin").stdout
+    assert got == src.read_bytes()
+    # a file created after the restart gets a fresh inode, nothing is reused
+    c.cli("put", str(src), "/keep/second.bin")
+    assert c.cli("cat", "/keep/second.bin").stdout == src.read_bytes()
+    ls = c.cli("ls", "/keep").stdout.decode().split()
+    assert sorted(ls) == ["deep", "second.bin"]
+
+
+def test_default_cluster_is_the_one_up_started(make_cluster, tmp_path):
+    c = make_cluster()
+    env = dict(os.environ)
+    env.pop("STOKER_CLUSTER", None)
+    src = tmp_path / "x.txt"
+    src.write_bytes(b"plain paths work\n")
+    run([STOKER, "put", str(src), "/plain.txt"], env=env)
+    p = run([STOKER, "cat", "/plain.txt"], env=env)
+    assert p.stdout == b"plain paths work\n"
+    # and the stk:// form reaches the same file
+    p = run([STOKER, "cat", c.url + "/plain.txt"], env=env)
+    assert p.stdout == b"plain paths work\n"
+
+
+def test_unreachable_cluster_is_a_clear_error():
+    p = run([STOKER, "ls", "stk://127.0.0.1:1/"], check=False)
+    assert p.returncode == 1
+    assert b"cannot reach the cluster" in p.stderr
+
+
+def test_roles_alone_from_config_files(tmp_path):
+    """Each role as it runs on its own host: separate processes, config files."""
+    base = pick_ports()
+    procs = []
+    cfg = {}
+    for role, extra in (("mgmtd", ""), ("meta", "mgmtd = 127.0.0.1:%d\n" % base),
+                        ("storage", "mgmtd = 127.0.0.1:%d\ntarget = %s\ntarget = %s\n" % (
+                            base, tmp_path / "t0", tmp_path / "t1"))):
+        port = base + {"mgmtd": 0, "meta": 1, "storage": 2}[role]
+        path = tmp_path / ("%s.conf" % role)
+        path.write_text("# %s\nlisten = 127.0.0.1:%d\ndata = %s\n%s" % (
+            role, port, tmp_path / role, extra))
+        cfg[role] = path
+    try:
+        for role in ("mgmtd", "meta", "storage"):
+            log = open(tmp_path / ("%s.log" % role), "w")
+            procs.append(subprocess.Popen([STOKER, role, "--config", str(cfg[role])],
+                                          stdout=log, stderr=log))
+        addr = "stk://127.0.0.1:%d" % base
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            p = run([STOKER, "status", "--cluster", addr], check=False)
+            if p.returncode == 0 and p.stdout.count(b"serving") == 2 and \
+                    b"Metadata shards\n  SHARD  META NODE\n  1" in p.stdout:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("cluster of separate roles did not come up")
+        env = dict(os.environ, STOKER_CLUSTER=addr)
+        run([STOKER, "put", "-", "/hello"], input=b"roles", env=env)
+        assert run([STOKER, "cat", "/hello"], env=env).stdout == b"roles"
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            assert p.wait(timeout=20) == 0

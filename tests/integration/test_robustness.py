@@ -1,0 +1,107 @@
+"""What must survive: kill -9, corruption, a full disk, hostile frames."""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CHECK, needs_root, run
+
+MiB = 1 << 20
+
+
+def test_kill9_everything_loses_no_acknowledged_data(make_cluster):
+    c = make_cluster()
+    writer = subprocess.Popen([CHECK, "ackloop", c.url, "/ack"], stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
+    time.sleep(4)
+    pids = c.pids()
+    assert set(pids) == {"mgmtd", "meta", "storage"}
+    # kill the supervisor first so nothing is restarted, then every daemon at once
+    up_pid = int(open(os.path.join(c.data, "up.pid")).read())
+    os.kill(up_pid, signal.SIGKILL)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    writer.kill()
+    out, _ = writer.communicate()
+    acked = [l.split() for l in out.decode().splitlines() if l.startswith("ACK ")]
+    assert len(acked) >= 3, "the writer acknowledged too little to test anything"
+    time.sleep(0.5)
+    c.start()
+    for _, path, size, seed in acked:
+        c.check("verify", path, size, seed)
+    # the file being written when the lights went out is whole or absent: never
+    # a half-written chunk that fails its checksum
+    names = c.cli("ls", "/ack").stdout.decode().split()
+    for n in names:
+        c.cli("cat", "/ack/" + n)
+
+
+def test_kill9_of_storage_under_load_recovers(cluster):
+    """A daemon killed mid-write is restarted by `stoker up`; the client's retries
+    carry the write through."""
+    writer = subprocess.Popen([CHECK, "write", cluster.url, "/under-load.bin", str(200 * MiB),
+                               "5", str(MiB)], stderr=subprocess.PIPE)
+    time.sleep(0.5)
+    os.kill(cluster.pids()["storage"], signal.SIGKILL)
+    _, err = writer.communicate(timeout=120)
+    assert writer.returncode == 0, err
+    cluster.check("verify", "/under-load.bin", str(200 * MiB), "5")
+
+
+def test_corrupted_chunk_is_detected_not_returned(cluster, rand_file, tmp_path):
+    src = rand_file(2 * MiB)
+    cluster.cli("put", str(src), "/victim.bin")
+    chunks = sorted(cluster.chunk_files())
+    assert len(chunks) == 2
+    victim = chunks[0]
+    with open(victim, "r+b") as f:
+        f.seek(os.path.getsize(victim) - 1000)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x40]))
+    p = cluster.cli("get", "/victim.bin", str(tmp_path / "out"), check=False)
+    assert p.returncode == 1
+    assert b"Input/output error" in p.stderr
+    assert not (tmp_path / "out").exists()
+    log = open(os.path.join(cluster.data, "log", "storage.log")).read()
+    assert "checksum mismatch" in log
+    assert os.path.basename(victim) in log or "chunk" in log
+
+
+@needs_root
+def test_full_disk_gives_enospc_and_keeps_data(make_cluster, tmp_path, rand_file):
+    c = make_cluster("full", targets=2, start=False)
+    mounted = []
+    try:
+        for t in c.target_dirs():
+            os.makedirs(t, exist_ok=True)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", t], check=True)
+            mounted.append(t)
+        c.start()
+        keep = rand_file(3 * MiB, seed=11)
+        c.cli("put", str(keep), "/keep.bin")
+        p = c.check("fill", "/filler.bin", check=False, timeout=300)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.startswith(b"ENOSPC")
+        assert c.cli("cat", "/keep.bin").stdout == keep.read_bytes()
+        # the acknowledged part of the filler is intact too
+        acked = int(p.stdout.split()[1])
+        assert acked > 0
+        c.cli("rm", "/filler.bin")
+        c.cli("put", str(keep), "/after.bin")  # space is usable again
+        assert c.cli("cat", "/after.bin").stdout == keep.read_bytes()
+    finally:
+        c.stop()
+        for t in mounted:
+            subprocess.run(["umount", "-l", t])
+
+
+@pytest.mark.parametrize("role", ["mgmtd", "meta", "storage"])
+def test_malformed_frames_close_only_that_connection(cluster, role):
+    port = cluster.port + {"mgmtd": 0, "meta": 1, "storage": 2}[role]
+    run([CHECK, "frames", "127.0.0.1:%d" % port])
+    # and the cluster still works
+    cluster.cli("put", "-", "/still-alive", input=b"ok")
+    assert cluster.cli("cat", "/still-alive").stdout == b"ok"
