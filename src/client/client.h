@@ -68,7 +68,9 @@ void stk_attr_to_stat(const struct stk_attr *a, struct stat *st);
 int stk_client_resolve(struct stk_client *c, const char *path, int follow, struct stk_attr *attr);
 /*
  * Resolves all but the last component: *parent is the directory, name its last
- * component (a buffer of STK_NAME_MAX + 1). The path "/" has no last component:
+ * component (a buffer of STK_NAME_MAX + 1). Of *parent only ino and the type bits
+ * are certain (the root's other attributes are not fetched). The path "/" has no
+ * last component:
  * -EINVAL (-EBUSY for rename/rmdir of the root is the caller's call).
  */
 int stk_client_resolve_parent(struct stk_client *c, const char *path, struct stk_attr *parent,

@@ -26,6 +26,7 @@ struct walk {
 	struct stk_attr stack[STK_MAX_DEPTH]; /* directories from the root down */
 	unsigned depth; /* stack[depth - 1] is the current directory */
 	unsigned links; /* symlinks followed so far */
+	int root_synthetic; /* stack[0] holds only the root's ino and type */
 };
 
 static int lookup(struct stk_client *c, uint64_t parent, const char *name, struct stk_attr *a)
@@ -89,9 +90,28 @@ static int readlink_ino(struct stk_client *c, uint64_t ino, char *target, size_t
 	return rc;
 }
 
+/*
+ * Starts a walk at the root. Its attributes are not fetched: lookups below it only
+ * need its inode number and that it is a directory (meta checks permissions
+ * itself), which saves a round trip per path. A walk that ends on the root
+ * fetches the real attributes (see finish_root).
+ */
 static int walk_root(struct stk_client *c, struct walk *wk)
 {
+	(void)c;
+	memset(&wk->stack[0], 0, sizeof(wk->stack[0]));
+	wk->stack[0].ino = STK_ROOT_INO;
+	wk->stack[0].mode = S_IFDIR | 0755;
+	wk->root_synthetic = 1;
 	wk->depth = 1;
+	return 0;
+}
+
+static int finish_root(struct stk_client *c, struct walk *wk)
+{
+	if (wk->depth != 1 || !wk->root_synthetic)
+		return 0;
+	wk->root_synthetic = 0;
 	return getattr(c, STK_ROOT_INO, &wk->stack[0]);
 }
 
@@ -207,6 +227,8 @@ int stk_client_resolve(struct stk_client *c, const char *path, int follow, struc
 		return -ENOMEM;
 	wk->links = 0;
 	rc = walk_path(c, wk, path, follow, NULL, &fin);
+	if (rc == 0)
+		rc = finish_root(c, wk);
 	if (rc == 0) {
 		/* "a/file/" names a directory: a trailing slash on a file is ENOTDIR */
 		size_t n = strlen(path);

@@ -6,6 +6,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <isa-l/crc.h>
 #include <limits.h>
 #include <stdio.h>
@@ -252,4 +253,54 @@ int stk_mkdir_p(const char *path, unsigned mode)
 		buf[i] = c;
 	}
 	return 0;
+}
+
+int stk_fsync_parent(const char *path)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	size_t n;
+	int fd, rc = 0;
+
+	if (!slash) {
+		dir[0] = '.';
+		dir[1] = 0;
+	} else {
+		n = slash == path ? 1 : (size_t)(slash - path);
+		if (n >= sizeof(dir))
+			return -ENAMETOOLONG;
+		memcpy(dir, path, n);
+		dir[n] = 0;
+	}
+	fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+int stk_write_file_atomic(const char *path, const void *buf, size_t len)
+{
+	char tmp[PATH_MAX];
+	int fd, rc;
+
+	if ((size_t)snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= sizeof(tmp))
+		return -ENAMETOOLONG;
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	rc = stk_write_all(fd, buf, len);
+	if (rc == 0 && fsync(fd) < 0)
+		rc = -errno;
+	if (close(fd) < 0 && rc == 0)
+		rc = -errno;
+	if (rc == 0 && rename(tmp, path) < 0)
+		rc = -errno;
+	if (rc) {
+		unlink(tmp);
+		return rc;
+	}
+	return stk_fsync_parent(path);
 }

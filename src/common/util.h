@@ -48,4 +48,14 @@ int stk_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
 /* mkdir -p; 0 or -errno. */
 int stk_mkdir_p(const char *path, unsigned mode);
 
+/* fsync of the folder holding path (after a rename or create in it). 0 or -errno. */
+int stk_fsync_parent(const char *path);
+
+/*
+ * Replaces the file at path with buf atomically and durably: writes path.tmp,
+ * fsyncs it, renames it over path and fsyncs the folder. On error the old file is
+ * intact and the temporary file removed. 0 or -errno.
+ */
+int stk_write_file_atomic(const char *path, const void *buf, size_t len);
+
 #endif
