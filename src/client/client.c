@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/layout.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../proto/status.h"
@@ -298,6 +299,34 @@ int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void 
 	if (attr)
 		*attr = m.attr;
 	return 0;
+}
+
+int stk_strlcpy_name(char *dst, const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n == 0 || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return -EINVAL;
+	if (n > STK_NAME_MAX)
+		return -ENAMETOOLONG;
+	memcpy(dst, name, n + 1);
+	return 0;
+}
+
+void stk_client_new_layout(struct stk_client *c, uint64_t parent, struct stk_layout *l)
+{
+	uint32_t nchains;
+
+	memset(l, 0, sizeof(*l));
+	if (!c->opts.chunk_size && !c->opts.stripe)
+		return;
+	pthread_rwlock_rdlock(&c->rt_lock);
+	nchains = c->rt.nchains;
+	pthread_rwlock_unlock(&c->rt_lock);
+	if (nchains)
+		stk_layout_make(l, c->opts.chunk_size ? c->opts.chunk_size : STK_DEFAULT_CHUNK_SIZE,
+				c->opts.stripe ? c->opts.stripe : STK_MIN(nchains, 16u), nchains,
+				stk_now_ns() ^ parent);
 }
 
 void stk_attr_to_stat(const struct stk_attr *a, struct stat *st)

@@ -56,6 +56,19 @@ int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a);
 /* Truncates a file's chunks on every chain of its layout to size. */
 int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size);
 
+/*
+ * Copies a file name into dst (STK_NAME_MAX + 1 bytes): -ENAMETOOLONG past 255
+ * bytes, -EINVAL for "", "." , ".." or a name holding '/'.
+ */
+int stk_strlcpy_name(char *dst, const char *name);
+
+/*
+ * The layout a new file in directory `parent` asks for: zero (the directory's
+ * default, chosen by meta) unless the client was connected with a chunk size or
+ * stripe of its own.
+ */
+void stk_client_new_layout(struct stk_client *c, uint64_t parent, struct stk_layout *l);
+
 /* Fills st from an attr. */
 void stk_attr_to_stat(const struct stk_attr *a, struct stat *st);
 

@@ -20,6 +20,7 @@
  * one handle in parallel.
  */
 #include "client.h"
+#include "inode.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -49,8 +50,6 @@ struct stk_file {
 	int any_unsynced;
 };
 
-int stk_client_setattr_size(struct stk_client *c, uint64_t ino, uint64_t size,
-			    struct stk_attr *out);
 
 #define STK_MAX_FILE_SIZE ((uint64_t)UINT32_MAX * STK_MIN_CHUNK_SIZE)
 
@@ -140,47 +139,19 @@ static int may_access(const struct stk_client *c, const struct stk_attr *a, int 
 static int create_file(struct stk_client *c, const char *path, int flags, mode_t mode,
 		       struct stk_attr *a)
 {
-	struct stk_msg_meta_create_req m;
-	struct stk_msg_meta_create_resp rm;
+	char name[STK_NAME_MAX + 1];
 	struct stk_attr parent;
-	uint8_t req[512], resp[512];
-	struct stk_wbuf w;
-	struct stk_rbuf r;
-	size_t rlen = 0;
-	int rc;
+	int created = 0, rc;
 
-	memset(&m, 0, sizeof(m));
-	rc = stk_client_resolve_parent(c, path, &parent, m.name);
+	rc = stk_client_resolve_parent(c, path, &parent, name);
 	if (rc)
 		return rc == -EINVAL ? -EISDIR : rc;
-	m.cred = c->cred;
-	m.parent = parent.ino;
-	m.mode = (mode & 07777) | S_IFREG;
-	m.flags = (flags & O_EXCL) ? STK_CREATE_EXCL : 0;
-	if (c->opts.chunk_size || c->opts.stripe) {
-		uint32_t nchains;
-		pthread_rwlock_rdlock(&c->rt_lock);
-		nchains = c->rt.nchains;
-		pthread_rwlock_unlock(&c->rt_lock);
-		if (nchains)
-			stk_layout_make(&m.layout,
-					c->opts.chunk_size ? c->opts.chunk_size
-							   : STK_DEFAULT_CHUNK_SIZE,
-					c->opts.stripe ? c->opts.stripe : STK_MIN(nchains, 16u),
-					nchains, stk_now_ns() ^ parent.ino);
-	}
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_create_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, STK_OP_META_CREATE, req, w.len, resp, sizeof(resp), &rlen);
+	rc = stk_ino_create(c, NULL, parent.ino, name, mode, !!(flags & O_EXCL), a, &created);
 	if (rc)
 		return rc;
-	stk_rbuf_init(&r, resp, rlen);
-	if (stk_msg_meta_create_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
-		return -EIO;
-	*a = rm.attr;
 	if (S_ISLNK(a->mode)) /* O_CREAT on a symlink opens its target */
 		return stk_client_resolve(c, path, 1, a);
-	if (!rm.created) {
+	if (!created) {
 		int want = 0;
 		if ((flags & O_ACCMODE) != O_WRONLY)
 			want |= 4;
@@ -193,50 +164,32 @@ static int create_file(struct stk_client *c, const char *path, int flags, mode_t
 	return 0;
 }
 
-int stk_open(stk_client *c, const char *path, int flags, mode_t mode, stk_file **out)
+/* Opens a handle on an inode whose attributes are known. */
+static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, stk_file **out)
 {
 	struct stk_file *f;
-	struct stk_attr a;
 	int acc = flags & O_ACCMODE, rc;
 
-	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
+	if (!S_ISREG(a->mode) && !S_ISDIR(a->mode))
 		return -EINVAL;
-	if (flags & O_CREAT) {
-		rc = create_file(c, path, flags, mode, &a);
-		if (rc)
-			return rc;
-	} else {
-		int want = (acc == O_RDONLY ? 4 : acc == O_WRONLY ? 2 : 6);
-		rc = stk_client_resolve(c, path, 1, &a);
-		if (rc)
-			return rc;
-		if (S_ISDIR(a.mode) && acc != O_RDONLY)
-			return -EISDIR;
-		rc = may_access(c, &a, want);
-		if (rc)
-			return rc;
-	}
-	if (!S_ISREG(a.mode) && !S_ISDIR(a.mode))
-		return -EINVAL;
-	if (S_ISREG(a.mode) && stk_layout_check(&a.layout))
+	if (S_ISREG(a->mode) && stk_layout_check(&a->layout))
 		return -EIO;
 	f = calloc(1, sizeof(*f));
 	if (!f)
 		return -ENOMEM;
 	f->c = c;
-	f->attr = a;
+	f->attr = *a;
 	f->accmode = acc;
 	f->append = !!(flags & O_APPEND);
-	f->is_dir = S_ISDIR(a.mode);
-	f->size = a.size;
+	f->is_dir = S_ISDIR(a->mode);
+	f->size = a->size;
 	pthread_mutex_init(&f->lock, NULL);
 	if (!f->is_dir)
-		stk_layout_chains(&a.layout, f->chains);
+		stk_layout_chains(&a->layout, f->chains);
 	if ((flags & O_TRUNC) && acc != O_RDONLY && !f->is_dir) {
-		if (a.size) {
-			rc = stk_client_setattr_size(c, a.ino, 0, NULL);
-			if (rc == 0)
-				rc = stk_client_truncate_data(c, &a, 0);
+		if (a->size) {
+			struct stk_attr v = {.size = 0};
+			rc = stk_ino_setattr(c, NULL, a->ino, STK_SETATTR_SIZE, &v, NULL);
 			if (rc)
 				goto out;
 		}
@@ -257,6 +210,49 @@ out:
 	pthread_mutex_destroy(&f->lock);
 	free(f);
 	return rc;
+}
+
+int stk_ino_open(stk_client *c, const struct stk_cred *cred, const struct stk_attr *attr,
+		 int flags, stk_file **out)
+{
+	int acc = flags & O_ACCMODE;
+
+	(void)cred;
+	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
+		return -EINVAL;
+	if (S_ISDIR(attr->mode) && acc != O_RDONLY)
+		return -EISDIR;
+	return open_attr(c, attr, flags, out);
+}
+
+uint64_t stk_file_ino(const stk_file *f)
+{
+	return f->attr.ino;
+}
+
+int stk_open(stk_client *c, const char *path, int flags, mode_t mode, stk_file **out)
+{
+	struct stk_attr a;
+	int acc = flags & O_ACCMODE, rc;
+
+	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
+		return -EINVAL;
+	if (flags & O_CREAT) {
+		rc = create_file(c, path, flags, mode, &a);
+		if (rc)
+			return rc;
+	} else {
+		int want = (acc == O_RDONLY ? 4 : acc == O_WRONLY ? 2 : 6);
+		rc = stk_client_resolve(c, path, 1, &a);
+		if (rc)
+			return rc;
+		if (S_ISDIR(a.mode) && acc != O_RDONLY)
+			return -EISDIR;
+		rc = may_access(c, &a, want);
+		if (rc)
+			return rc;
+	}
+	return open_attr(c, &a, flags, out);
 }
 
 /* Makes everything written durable and records the size. Called with f->lock held. */
@@ -494,8 +490,11 @@ int stk_ftruncate(stk_file *f, off_t size)
 		return -EINVAL;
 	pthread_mutex_lock(&f->lock);
 	rc = flush_buffer(f, 0);
-	if (rc == 0)
-		rc = stk_client_setattr_size(f->c, f->attr.ino, (uint64_t)size, NULL);
+	if (rc == 0) {
+		struct stk_attr v = {.size = (uint64_t)size};
+		rc = stk_ino_setattr(f->c, NULL, f->attr.ino, STK_SETATTR_SIZE, &v, NULL);
+	}
+	/* Chunks this handle wrote past meta's idea of the size are cut here too. */
 	if (rc == 0 && (uint64_t)size < f->size)
 		rc = stk_client_truncate_data(f->c, &f->attr, (uint64_t)size);
 	if (rc == 0) {

@@ -9,6 +9,7 @@
  * (-ELOOP after).
  */
 #include "client.h"
+#include "inode.h"
 
 #include <errno.h>
 #include <linux/fs.h>
@@ -28,67 +29,6 @@ struct walk {
 	unsigned links; /* symlinks followed so far */
 	int root_synthetic; /* stack[0] holds only the root's ino and type */
 };
-
-static int lookup(struct stk_client *c, uint64_t parent, const char *name, struct stk_attr *a)
-{
-	uint8_t req[512];
-	struct stk_wbuf w;
-	struct stk_msg_meta_lookup_req m;
-
-	memset(&m, 0, sizeof(m));
-	m.cred = c->cred;
-	m.parent = parent;
-	if (stk_strlcpy(m.name, name, sizeof(m.name)))
-		return -ENAMETOOLONG;
-	stk_wbuf_init(&w, req, sizeof(req));
-	if (stk_msg_meta_lookup_req_enc(&w, &m))
-		return -ENAMETOOLONG;
-	return stk_client_meta_attr_call(c, STK_OP_META_LOOKUP, req, w.len, a);
-}
-
-static int getattr(struct stk_client *c, uint64_t ino, struct stk_attr *a)
-{
-	uint8_t req[256];
-	struct stk_wbuf w;
-	struct stk_msg_meta_ino_req m;
-
-	memset(&m, 0, sizeof(m));
-	m.cred = c->cred;
-	m.ino = ino;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_ino_req_enc(&w, &m);
-	return stk_client_meta_attr_call(c, STK_OP_META_GETATTR, req, w.len, a);
-}
-
-static int readlink_ino(struct stk_client *c, uint64_t ino, char *target, size_t len)
-{
-	uint8_t req[256], resp[STK_PATH_MAX + 64];
-	struct stk_wbuf w;
-	struct stk_rbuf r;
-	struct stk_msg_meta_ino_req m;
-	struct stk_msg_meta_readlink_resp *rm;
-	size_t rlen = 0;
-	int rc;
-
-	memset(&m, 0, sizeof(m));
-	m.cred = c->cred;
-	m.ino = ino;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_ino_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, STK_OP_META_READLINK, req, w.len, resp, sizeof(resp), &rlen);
-	if (rc)
-		return rc;
-	rm = malloc(sizeof(*rm));
-	if (!rm)
-		return -ENOMEM;
-	stk_rbuf_init(&r, resp, rlen);
-	if (stk_msg_meta_readlink_resp_dec(&r, rm) || stk_rbuf_finish(&r))
-		rc = -EIO;
-	else
-		rc = stk_strlcpy(target, rm->target, len);
-	free(rm);
-	return rc;
-}
 
 /*
  * Starts a walk at the root. Its attributes are not fetched: lookups below it only
@@ -112,7 +52,7 @@ static int finish_root(struct stk_client *c, struct walk *wk)
 	if (wk->depth != 1 || !wk->root_synthetic)
 		return 0;
 	wk->root_synthetic = 0;
-	return getattr(c, STK_ROOT_INO, &wk->stack[0]);
+	return stk_ino_getattr(c, NULL, STK_ROOT_INO, &wk->stack[0]);
 }
 
 /*
@@ -178,7 +118,7 @@ static int walk_path(struct stk_client *c, struct walk *wk, const char *path, in
 				wk->depth--;
 			continue;
 		}
-		rc = lookup(c, wk->stack[wk->depth - 1].ino, name, &a);
+		rc = stk_ino_lookup(c, NULL, wk->stack[wk->depth - 1].ino, name, &a);
 		if (rc)
 			return rc;
 		if (S_ISLNK(a.mode) && (!final || follow)) {
@@ -188,7 +128,7 @@ static int walk_path(struct stk_client *c, struct walk *wk, const char *path, in
 			target = malloc(STK_PATH_MAX + 1);
 			if (!target)
 				return -ENOMEM;
-			rc = readlink_ino(c, a.ino, target, STK_PATH_MAX + 1);
+			rc = stk_ino_readlink(c, NULL, a.ino, target, STK_PATH_MAX + 1);
 			if (rc == 0) {
 				int inner_final = 0;
 				/* The link's target is walked from the link's directory. */
@@ -275,134 +215,65 @@ int stk_stat(stk_client *c, const char *path, struct stat *st)
 
 int stk_mkdir(stk_client *c, const char *path, mode_t mode)
 {
-	struct stk_msg_meta_mkdir_req m;
+	char name[STK_NAME_MAX + 1];
 	struct stk_attr parent;
-	uint8_t req[512];
-	struct stk_wbuf w;
-	int rc;
+	int rc = stk_client_resolve_parent(c, path, &parent, name);
 
-	memset(&m, 0, sizeof(m));
-	rc = stk_client_resolve_parent(c, path, &parent, m.name);
 	if (rc)
 		return rc == -EINVAL ? -EEXIST : rc;
-	m.cred = c->cred;
-	m.parent = parent.ino;
-	m.mode = (mode & 07777) | S_IFDIR;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_mkdir_req_enc(&w, &m);
-	return stk_client_meta_attr_call(c, STK_OP_META_MKDIR, req, w.len, NULL);
-}
-
-static int name_call(stk_client *c, uint16_t op, const char *path, struct stk_attr *after)
-{
-	struct stk_msg_meta_name_req m;
-	struct stk_attr parent;
-	uint8_t req[512];
-	struct stk_wbuf w;
-	int rc;
-
-	memset(&m, 0, sizeof(m));
-	rc = stk_client_resolve_parent(c, path, &parent, m.name);
-	if (rc)
-		return rc;
-	m.cred = c->cred;
-	m.parent = parent.ino;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_name_req_enc(&w, &m);
-	if (op == STK_OP_META_RMDIR)
-		return stk_client_meta_call(c, op, req, w.len, NULL, 0, NULL);
-	return stk_client_meta_attr_call(c, op, req, w.len, after);
+	return stk_ino_mkdir(c, NULL, parent.ino, name, mode, NULL);
 }
 
 int stk_rmdir(stk_client *c, const char *path)
 {
-	int rc = name_call(c, STK_OP_META_RMDIR, path, NULL);
-	return rc == -EINVAL && strcmp(path, "/") == 0 ? -EBUSY : rc;
+	char name[STK_NAME_MAX + 1];
+	struct stk_attr parent;
+	int rc = stk_client_resolve_parent(c, path, &parent, name);
+
+	if (rc)
+		return rc == -EINVAL ? (strcmp(path, "/") == 0 ? -EBUSY : -EINVAL) : rc;
+	return stk_ino_rmdir(c, NULL, parent.ino, name);
 }
 
 int stk_unlink(stk_client *c, const char *path)
 {
-	struct stk_attr after;
-	int rc = name_call(c, STK_OP_META_UNLINK, path, &after);
+	char name[STK_NAME_MAX + 1];
+	struct stk_attr parent;
+	int rc = stk_client_resolve_parent(c, path, &parent, name);
 
 	if (rc)
-		return rc;
-	if (after.nlink == 0 && S_ISREG(after.mode))
-		stk_client_remove_data(c, &after);
-	return 0;
+		return rc == -EINVAL ? -EISDIR : rc;
+	return stk_ino_unlink(c, NULL, parent.ino, name);
 }
 
 int stk_rename(stk_client *c, const char *from, const char *to, unsigned flags)
 {
-	struct stk_msg_meta_rename_req m;
-	struct stk_msg_meta_rename_resp rm;
+	char sname[STK_NAME_MAX + 1], dname[STK_NAME_MAX + 1];
 	struct stk_attr sp, dp;
-	uint8_t req[1024], resp[1024];
-	struct stk_wbuf w;
-	struct stk_rbuf r;
-	size_t rlen = 0;
 	int rc;
 
-	memset(&m, 0, sizeof(m));
-	rc = stk_client_resolve_parent(c, from, &sp, m.src_name);
-	if (rc)
-		return rc == -EINVAL ? -EBUSY : rc;
-	rc = stk_client_resolve_parent(c, to, &dp, m.dst_name);
-	if (rc)
-		return rc == -EINVAL ? -EBUSY : rc;
-	m.cred = c->cred;
-	m.src_parent = sp.ino;
-	m.dst_parent = dp.ino;
-	m.flags = (flags & RENAME_NOREPLACE ? STK_RENAME_NOREPLACE : 0) |
-		  (flags & RENAME_EXCHANGE ? STK_RENAME_EXCHANGE : 0);
 	if (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE))
 		return -EINVAL;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_rename_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, STK_OP_META_RENAME, req, w.len, resp, sizeof(resp), &rlen);
+	rc = stk_client_resolve_parent(c, from, &sp, sname);
 	if (rc)
-		return rc;
-	stk_rbuf_init(&r, resp, rlen);
-	if (stk_msg_meta_rename_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
-		return -EIO;
-	if (rm.replaced && rm.attr.nlink == 0 && S_ISREG(rm.attr.mode))
-		stk_client_remove_data(c, &rm.attr);
-	return 0;
+		return rc == -EINVAL ? -EBUSY : rc;
+	rc = stk_client_resolve_parent(c, to, &dp, dname);
+	if (rc)
+		return rc == -EINVAL ? -EBUSY : rc;
+	return stk_ino_rename(c, NULL, sp.ino, sname, dp.ino, dname,
+			      (flags & RENAME_NOREPLACE ? STK_RENAME_NOREPLACE : 0) |
+				      (flags & RENAME_EXCHANGE ? STK_RENAME_EXCHANGE : 0));
 }
 
 int stk_symlink(stk_client *c, const char *target, const char *linkpath)
 {
-	struct stk_msg_meta_symlink_req *m;
+	char name[STK_NAME_MAX + 1];
 	struct stk_attr parent;
-	uint8_t *req;
-	struct stk_wbuf w;
-	int rc;
+	int rc = stk_client_resolve_parent(c, linkpath, &parent, name);
 
-	if (strlen(target) > STK_PATH_MAX)
-		return -ENAMETOOLONG;
-	if (!*target)
-		return -ENOENT;
-	m = calloc(1, sizeof(*m));
-	req = malloc(STK_PATH_MAX + 1024);
-	if (!m || !req) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	rc = stk_client_resolve_parent(c, linkpath, &parent, m->name);
-	if (rc) {
-		rc = rc == -EINVAL ? -EEXIST : rc;
-		goto out;
-	}
-	m->cred = c->cred;
-	m->parent = parent.ino;
-	memcpy(m->target, target, strlen(target) + 1);
-	stk_wbuf_init(&w, req, STK_PATH_MAX + 1024);
-	stk_msg_meta_symlink_req_enc(&w, m);
-	rc = stk_client_meta_attr_call(c, STK_OP_META_SYMLINK, req, w.len, NULL);
-out:
-	free(m);
-	free(req);
-	return rc;
+	if (rc)
+		return rc == -EINVAL ? -EEXIST : rc;
+	return stk_ino_symlink(c, NULL, parent.ino, name, target, NULL);
 }
 
 ssize_t stk_readlink(stk_client *c, const char *path, char *buf, size_t size)
@@ -420,7 +291,7 @@ ssize_t stk_readlink(stk_client *c, const char *path, char *buf, size_t size)
 	target = malloc(STK_PATH_MAX + 1);
 	if (!target)
 		return -ENOMEM;
-	rc = readlink_ino(c, a.ino, target, STK_PATH_MAX + 1);
+	rc = stk_ino_readlink(c, NULL, a.ino, target, STK_PATH_MAX + 1);
 	if (rc) {
 		free(target);
 		return rc;
@@ -437,146 +308,85 @@ ssize_t stk_readlink(stk_client *c, const char *path, char *buf, size_t size)
 
 int stk_link(stk_client *c, const char *oldpath, const char *newpath)
 {
-	struct stk_msg_meta_link_req m;
+	char name[STK_NAME_MAX + 1];
 	struct stk_attr src, parent;
-	uint8_t req[512];
-	struct stk_wbuf w;
 	int rc;
 
 	rc = stk_client_resolve(c, oldpath, 0, &src);
 	if (rc)
 		return rc;
-	memset(&m, 0, sizeof(m));
-	rc = stk_client_resolve_parent(c, newpath, &parent, m.name);
+	rc = stk_client_resolve_parent(c, newpath, &parent, name);
 	if (rc)
 		return rc == -EINVAL ? -EEXIST : rc;
-	m.cred = c->cred;
-	m.ino = src.ino;
-	m.parent = parent.ino;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_link_req_enc(&w, &m);
-	return stk_client_meta_attr_call(c, STK_OP_META_LINK, req, w.len, NULL);
+	return stk_ino_link(c, NULL, src.ino, parent.ino, name, NULL);
 }
 
-/* Sends a SETATTR for ino with the fields in m (cred and ino filled here). */
-static int setattr_ino(stk_client *c, uint64_t ino, struct stk_msg_meta_setattr_req *m,
-		       struct stk_attr *out)
+/* Resolves path (following a final symlink) and changes what valid names. */
+static int setattr_path(stk_client *c, const char *path, uint32_t valid, const struct stk_attr *v)
 {
-	uint8_t req[512];
-	struct stk_wbuf w;
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 1, &a);
 
-	m->cred = c->cred;
-	m->ino = ino;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_setattr_req_enc(&w, m);
-	return stk_client_meta_attr_call(c, STK_OP_META_SETATTR, req, w.len, out);
-}
-
-int stk_client_setattr_size(struct stk_client *c, uint64_t ino, uint64_t size,
-			    struct stk_attr *out);
-int stk_client_setattr_size(struct stk_client *c, uint64_t ino, uint64_t size,
-			    struct stk_attr *out)
-{
-	struct stk_msg_meta_setattr_req m;
-
-	memset(&m, 0, sizeof(m));
-	m.valid = STK_SETATTR_SIZE;
-	m.size = size;
-	return setattr_ino(c, ino, &m, out);
+	if (rc)
+		return rc;
+	if (!valid)
+		return 0;
+	return stk_ino_setattr(c, NULL, a.ino, valid, v, NULL);
 }
 
 int stk_chmod(stk_client *c, const char *path, mode_t mode)
 {
-	struct stk_msg_meta_setattr_req m;
-	struct stk_attr a;
-	int rc = stk_client_resolve(c, path, 1, &a);
-
-	if (rc)
-		return rc;
-	memset(&m, 0, sizeof(m));
-	m.valid = STK_SETATTR_MODE;
-	m.mode = mode & 07777;
-	return setattr_ino(c, a.ino, &m, NULL);
+	struct stk_attr v = {.mode = mode & 07777};
+	return setattr_path(c, path, STK_SETATTR_MODE, &v);
 }
 
 int stk_chown(stk_client *c, const char *path, uid_t uid, gid_t gid)
 {
-	struct stk_msg_meta_setattr_req m;
-	struct stk_attr a;
-	int rc = stk_client_resolve(c, path, 1, &a);
+	struct stk_attr v = {.uid = uid, .gid = gid};
+	uint32_t valid = (uid != (uid_t)-1 ? STK_SETATTR_UID : 0) |
+			 (gid != (gid_t)-1 ? STK_SETATTR_GID : 0);
+	return setattr_path(c, path, valid, &v);
+}
 
-	if (rc)
-		return rc;
-	memset(&m, 0, sizeof(m));
-	if (uid != (uid_t)-1) {
-		m.valid |= STK_SETATTR_UID;
-		m.uid = uid;
+/* One of utimens' two times into valid bits and v. -EINVAL for a bad nsec. */
+static int time_arg(const struct timespec *t, uint32_t set, uint32_t now, uint32_t *valid,
+		    int64_t *sec, uint32_t *nsec)
+{
+	if (t->tv_nsec == UTIME_NOW) {
+		*valid |= now;
+	} else if (t->tv_nsec != UTIME_OMIT) {
+		if (t->tv_nsec < 0 || t->tv_nsec >= 1000000000)
+			return -EINVAL;
+		*valid |= set;
+		*sec = t->tv_sec;
+		*nsec = (uint32_t)t->tv_nsec;
 	}
-	if (gid != (gid_t)-1) {
-		m.valid |= STK_SETATTR_GID;
-		m.gid = gid;
-	}
-	if (!m.valid)
-		return 0;
-	return setattr_ino(c, a.ino, &m, NULL);
+	return 0;
 }
 
 int stk_utimens(stk_client *c, const char *path, const struct timespec times[2])
 {
-	struct stk_msg_meta_setattr_req m;
-	struct stk_attr a;
-	int rc = stk_client_resolve(c, path, 1, &a);
+	struct stk_attr v = {0};
+	uint32_t valid = 0;
 
-	if (rc)
-		return rc;
-	memset(&m, 0, sizeof(m));
 	if (!times) {
-		m.valid = STK_SETATTR_ATIME_NOW | STK_SETATTR_MTIME_NOW;
-	} else {
-		if (times[0].tv_nsec == UTIME_NOW)
-			m.valid |= STK_SETATTR_ATIME_NOW;
-		else if (times[0].tv_nsec != UTIME_OMIT) {
-			if (times[0].tv_nsec < 0 || times[0].tv_nsec >= 1000000000)
-				return -EINVAL;
-			m.valid |= STK_SETATTR_ATIME;
-			m.atime_sec = times[0].tv_sec;
-			m.atime_nsec = (uint32_t)times[0].tv_nsec;
-		}
-		if (times[1].tv_nsec == UTIME_NOW)
-			m.valid |= STK_SETATTR_MTIME_NOW;
-		else if (times[1].tv_nsec != UTIME_OMIT) {
-			if (times[1].tv_nsec < 0 || times[1].tv_nsec >= 1000000000)
-				return -EINVAL;
-			m.valid |= STK_SETATTR_MTIME;
-			m.mtime_sec = times[1].tv_sec;
-			m.mtime_nsec = (uint32_t)times[1].tv_nsec;
-		}
+		valid = STK_SETATTR_ATIME_NOW | STK_SETATTR_MTIME_NOW;
+	} else if (time_arg(&times[0], STK_SETATTR_ATIME, STK_SETATTR_ATIME_NOW, &valid,
+			    &v.atime_sec, &v.atime_nsec) ||
+		   time_arg(&times[1], STK_SETATTR_MTIME, STK_SETATTR_MTIME_NOW, &valid,
+			    &v.mtime_sec, &v.mtime_nsec)) {
+		return -EINVAL;
 	}
-	if (!m.valid)
-		return 0;
-	return setattr_ino(c, a.ino, &m, NULL);
+	return setattr_path(c, path, valid, &v);
 }
 
 int stk_truncate(stk_client *c, const char *path, off_t size)
 {
-	struct stk_attr a;
-	int rc;
+	struct stk_attr v = {.size = (uint64_t)size};
 
 	if (size < 0)
 		return -EINVAL;
-	rc = stk_client_resolve(c, path, 1, &a);
-	if (rc)
-		return rc;
-	if (S_ISDIR(a.mode))
-		return -EISDIR;
-	if (!S_ISREG(a.mode))
-		return -EINVAL;
-	rc = stk_client_setattr_size(c, a.ino, (uint64_t)size, NULL);
-	if (rc)
-		return rc;
-	if ((uint64_t)size < a.size)
-		rc = stk_client_truncate_data(c, &a, (uint64_t)size);
-	return rc;
+	return setattr_path(c, path, STK_SETATTR_SIZE, &v);
 }
 
 int stk_statfs(stk_client *c, struct statvfs *st)
@@ -656,48 +466,18 @@ int stk_opendir(stk_client *c, const char *path, stk_dir **out)
 
 static int fetch_batch(struct stk_dir *d)
 {
-	struct stk_msg_meta_readdir_req m;
-	struct stk_msg_meta_readdir_resp rm;
-	uint8_t req[256];
-	struct stk_wbuf w;
-	struct stk_rbuf r;
-	size_t cap = STK_MAX_PAYLOAD, len = 0;
-	uint8_t *resp;
-	int rc;
+	uint32_t n = 0;
+	int eof = 0, rc;
 
-	resp = malloc(cap);
-	if (!resp)
-		return -ENOMEM;
-	memset(&m, 0, sizeof(m));
-	m.cred = d->c->cred;
-	m.ino = d->ino;
-	m.cookie = d->cookie;
-	m.max_entries = STK_READDIR_BATCH;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_readdir_req_enc(&w, &m);
-	rc = stk_client_meta_call(d->c, STK_OP_META_READDIR, req, w.len, resp, cap, &len);
+	rc = stk_ino_readdir(d->c, NULL, d->ino, d->cookie, STK_READDIR_BATCH, d->ents, &n, &eof);
 	if (rc)
-		goto out;
-	stk_rbuf_init(&r, resp, len);
-	stk_msg_meta_readdir_resp_dec(&r, &rm);
-	if (r.err || rm.n > STK_READDIR_BATCH) {
-		rc = -EIO;
-		goto out;
-	}
-	for (uint32_t i = 0; i < rm.n; i++)
-		stk_msg_dirent_dec(&r, &d->ents[i]);
-	if (stk_rbuf_finish(&r)) {
-		rc = -EIO;
-		goto out;
-	}
-	d->n = rm.n;
+		return rc;
+	d->n = n;
 	d->pos = 0;
-	d->eof = rm.eof || rm.n == 0;
-	if (rm.n)
-		d->cookie = d->ents[rm.n - 1].next_cookie;
-out:
-	free(resp);
-	return rc;
+	d->eof = eof;
+	if (n)
+		d->cookie = d->ents[n - 1].next_cookie;
+	return 0;
 }
 
 int stk_readdir(stk_dir *d, struct dirent *ent)

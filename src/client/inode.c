@@ -1,0 +1,311 @@
+/*
+ * Metadata calls by inode number: encode the request, call meta (with the
+ * client's retries), decode the reply. The path operations (namespace.c) and the
+ * FUSE daemon are both built on these.
+ */
+#include "inode.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../common/util.h"
+#include "client.h"
+
+#define CRED(c, cred) ((cred) ? *(cred) : (c)->cred)
+
+static int name_ok(const char *name, char *dst)
+{
+	return stk_strlcpy_name(dst, name);
+}
+
+int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		   struct stk_attr *out)
+{
+	struct stk_msg_meta_lookup_req m = {.cred = CRED(c, cred), .parent = parent};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc = name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_lookup_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_LOOKUP, req, w.len, out);
+}
+
+int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, struct stk_attr *out)
+{
+	struct stk_msg_meta_ino_req m = {.cred = CRED(c, cred), .ino = ino};
+	uint8_t req[256];
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_GETATTR, req, w.len, out);
+}
+
+int stk_ino_setattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint32_t valid,
+		    const struct stk_attr *v, struct stk_attr *out)
+{
+	struct stk_msg_meta_setattr_req m = {.cred = CRED(c, cred), .ino = ino, .valid = valid};
+	struct stk_attr before, after;
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc;
+
+	if (v) {
+		m.mode = v->mode & 07777;
+		m.uid = v->uid;
+		m.gid = v->gid;
+		m.size = v->size;
+		m.atime_sec = v->atime_sec;
+		m.atime_nsec = v->atime_nsec;
+		m.mtime_sec = v->mtime_sec;
+		m.mtime_nsec = v->mtime_nsec;
+	}
+	if (valid & STK_SETATTR_SIZE) {
+		rc = stk_ino_getattr(c, cred, ino, &before);
+		if (rc)
+			return rc;
+		if (S_ISDIR(before.mode))
+			return -EISDIR;
+		if (!S_ISREG(before.mode))
+			return -EINVAL;
+	}
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_setattr_req_enc(&w, &m);
+	rc = stk_client_meta_attr_call(c, STK_OP_META_SETATTR, req, w.len, &after);
+	if (rc)
+		return rc;
+	if ((valid & STK_SETATTR_SIZE) && m.size < before.size) {
+		rc = stk_client_truncate_data(c, &after, m.size);
+		if (rc)
+			return rc;
+	}
+	if (out)
+		*out = after;
+	return 0;
+}
+
+int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		   uint32_t mode, int excl, struct stk_attr *out, int *created)
+{
+	struct stk_msg_meta_create_req m = {.cred = CRED(c, cred), .parent = parent};
+	struct stk_msg_meta_create_resp rm;
+	uint8_t req[512], resp[512];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
+	int rc = name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	m.mode = (mode & 07777) | S_IFREG;
+	m.flags = excl ? STK_CREATE_EXCL : 0;
+	stk_client_new_layout(c, parent, &m.layout);
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_create_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_CREATE, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rlen);
+	if (stk_msg_meta_create_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+		return -EIO;
+	if (out)
+		*out = rm.attr;
+	if (created)
+		*created = rm.created;
+	return 0;
+}
+
+int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		  uint32_t mode, struct stk_attr *out)
+{
+	struct stk_msg_meta_mkdir_req m = {.cred = CRED(c, cred), .parent = parent};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc = name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	m.mode = (mode & 07777) | S_IFDIR;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_mkdir_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_MKDIR, req, w.len, out);
+}
+
+static int name_req(stk_client *c, const struct stk_cred *cred, uint16_t op, uint64_t parent,
+		    const char *name, struct stk_attr *after)
+{
+	struct stk_msg_meta_name_req m = {.cred = CRED(c, cred), .parent = parent};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc = name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_name_req_enc(&w, &m);
+	if (!after)
+		return stk_client_meta_call(c, op, req, w.len, NULL, 0, NULL);
+	return stk_client_meta_attr_call(c, op, req, w.len, after);
+}
+
+int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name)
+{
+	struct stk_attr after;
+	int rc = name_req(c, cred, STK_OP_META_UNLINK, parent, name, &after);
+
+	if (rc == 0 && after.nlink == 0 && S_ISREG(after.mode))
+		stk_client_remove_data(c, &after);
+	return rc;
+}
+
+int stk_ino_rmdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name)
+{
+	return name_req(c, cred, STK_OP_META_RMDIR, parent, name, NULL);
+}
+
+int stk_ino_rename(stk_client *c, const struct stk_cred *cred, uint64_t src_parent,
+		   const char *src_name, uint64_t dst_parent, const char *dst_name, uint32_t flags)
+{
+	struct stk_msg_meta_rename_req m = {.cred = CRED(c, cred),
+					    .src_parent = src_parent,
+					    .dst_parent = dst_parent,
+					    .flags = flags};
+	struct stk_msg_meta_rename_resp rm;
+	uint8_t req[1024], resp[1024];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
+	int rc;
+
+	if ((rc = name_ok(src_name, m.src_name)) || (rc = name_ok(dst_name, m.dst_name)))
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_rename_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_RENAME, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rlen);
+	if (stk_msg_meta_rename_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+		return -EIO;
+	if (rm.replaced && rm.attr.nlink == 0 && S_ISREG(rm.attr.mode))
+		stk_client_remove_data(c, &rm.attr);
+	return 0;
+}
+
+int stk_ino_link(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint64_t parent,
+		 const char *name, struct stk_attr *out)
+{
+	struct stk_msg_meta_link_req m = {.cred = CRED(c, cred), .ino = ino, .parent = parent};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc = name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_link_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_LINK, req, w.len, out);
+}
+
+int stk_ino_symlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		    const char *target, struct stk_attr *out)
+{
+	struct stk_msg_meta_symlink_req *m;
+	uint8_t *req;
+	struct stk_wbuf w;
+	int rc;
+
+	if (!*target)
+		return -ENOENT;
+	if (strlen(target) > STK_PATH_MAX)
+		return -ENAMETOOLONG;
+	m = calloc(1, sizeof(*m));
+	req = malloc(STK_PATH_MAX + 1024);
+	rc = (!m || !req) ? -ENOMEM : name_ok(name, m->name);
+	if (rc)
+		goto out;
+	m->cred = CRED(c, cred);
+	m->parent = parent;
+	memcpy(m->target, target, strlen(target) + 1);
+	stk_wbuf_init(&w, req, STK_PATH_MAX + 1024);
+	stk_msg_meta_symlink_req_enc(&w, m);
+	rc = stk_client_meta_attr_call(c, STK_OP_META_SYMLINK, req, w.len, out);
+out:
+	free(m);
+	free(req);
+	return rc;
+}
+
+int stk_ino_readlink(stk_client *c, const struct stk_cred *cred, uint64_t ino, char *buf,
+		     size_t len)
+{
+	struct stk_msg_meta_ino_req m = {.cred = CRED(c, cred), .ino = ino};
+	struct stk_msg_meta_readlink_resp *rm;
+	uint8_t req[256], resp[STK_PATH_MAX + 64];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_READLINK, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc)
+		return rc;
+	rm = malloc(sizeof(*rm));
+	if (!rm)
+		return -ENOMEM;
+	stk_rbuf_init(&r, resp, rlen);
+	if (stk_msg_meta_readlink_resp_dec(&r, rm) || stk_rbuf_finish(&r))
+		rc = -EIO;
+	else
+		rc = stk_strlcpy(buf, rm->target, len);
+	free(rm);
+	return rc;
+}
+
+int stk_ino_readdir(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint64_t cookie,
+		    uint32_t max, struct stk_msg_dirent *ents, uint32_t *n, int *eof)
+{
+	struct stk_msg_meta_readdir_req m = {.cred = CRED(c, cred),
+					     .ino = ino,
+					     .cookie = cookie,
+					     .max_entries = max};
+	struct stk_msg_meta_readdir_resp rm;
+	uint8_t req[256], *resp;
+	size_t cap = STK_MAX_PAYLOAD, len = 0;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	resp = malloc(cap);
+	if (!resp)
+		return -ENOMEM;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_readdir_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_READDIR, req, w.len, resp, cap, &len);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, len);
+	stk_msg_meta_readdir_resp_dec(&r, &rm);
+	if (r.err || rm.n > max) {
+		rc = -EIO;
+		goto out;
+	}
+	for (uint32_t i = 0; i < rm.n; i++)
+		stk_msg_dirent_dec(&r, &ents[i]);
+	if (stk_rbuf_finish(&r)) {
+		rc = -EIO;
+		goto out;
+	}
+	*n = rm.n;
+	*eof = rm.eof || rm.n == 0;
+out:
+	free(resp);
+	return rc;
+}

@@ -1,0 +1,68 @@
+/*
+ * The inode-level client API: metadata calls by inode number, as the FUSE daemon
+ * and the gateways need them (the kernel hands FUSE inode numbers, not paths).
+ * The path API of stoker.h is built on these.
+ *
+ * Each call takes the credentials to act with (NULL = the client's own), so that
+ * a FUSE daemon serving many users sends each caller's uid, gid and groups and
+ * meta enforces permissions for the right person.
+ *
+ * Returns 0 or -errno as the namesake POSIX call would; transport failures are
+ * retried for the client's retry window, then -EIO. Safe from any thread.
+ */
+#ifndef STK_CLIENT_INODE_H
+#define STK_CLIENT_INODE_H
+
+#include <stdint.h>
+
+#include "stoker/stoker.h"
+
+#include "../proto/msg.h"
+
+int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		   struct stk_attr *out);
+int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, struct stk_attr *out);
+/*
+ * Changes what `valid` names (STK_SETATTR_*), taking values from `v` (mode, uid,
+ * gid, size, atime, mtime). A size change also truncates the chunks on storage.
+ */
+int stk_ino_setattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint32_t valid,
+		    const struct stk_attr *v, struct stk_attr *out);
+/*
+ * Creates a regular file (excl: fail with -EEXIST if the name exists; else an
+ * existing entry is returned with *created = 0). mode carries permission bits.
+ */
+int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		   uint32_t mode, int excl, struct stk_attr *out, int *created);
+int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		  uint32_t mode, struct stk_attr *out);
+/* Removes a name; removes the file's chunks when it was the last link. */
+int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name);
+int stk_ino_rmdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name);
+/* flags: STK_RENAME_NOREPLACE / STK_RENAME_EXCHANGE. */
+int stk_ino_rename(stk_client *c, const struct stk_cred *cred, uint64_t src_parent,
+		   const char *src_name, uint64_t dst_parent, const char *dst_name, uint32_t flags);
+int stk_ino_link(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint64_t parent,
+		 const char *name, struct stk_attr *out);
+int stk_ino_symlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		    const char *target, struct stk_attr *out);
+/* Copies the target (NUL-terminated) into buf of len bytes; -ENAMETOOLONG if short. */
+int stk_ino_readlink(stk_client *c, const struct stk_cred *cred, uint64_t ino, char *buf,
+		     size_t len);
+/*
+ * Lists up to max entries after `cookie` into ents (which holds max). Sets *n and
+ * *eof. Each entry's next_cookie resumes after it.
+ */
+int stk_ino_readdir(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint64_t cookie,
+		    uint32_t max, struct stk_msg_dirent *ents, uint32_t *n, int *eof);
+/*
+ * Opens a handle on a regular file whose attributes the caller has (from lookup or
+ * create). flags: O_RDONLY / O_WRONLY / O_RDWR, O_APPEND, O_TRUNC. No permission
+ * check is made here: the caller (the kernel, for FUSE) has done it.
+ */
+int stk_ino_open(stk_client *c, const struct stk_cred *cred, const struct stk_attr *attr,
+		 int flags, stk_file **out);
+/* The inode a handle is open on. */
+uint64_t stk_file_ino(const stk_file *f);
+
+#endif
