@@ -30,7 +30,7 @@ MGMTD_SRC := $(wildcard src/mgmtd/*.c)
 META_SRC := $(wildcard src/meta/*.c)
 STORAGE_SRC := $(wildcard src/storage/*.c)
 SERVER_SRC := $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
-CLI_SRC := $(wildcard src/cli/*.c)
+CLI_SRC := $(wildcard src/cli/*.c src/fuse/*.c)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 TOOL_SRC := $(wildcard tests/tools/*.c)
 
