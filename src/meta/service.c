@@ -1,0 +1,577 @@
+/*
+ * The meta daemon: the namespace store (store.h) behind the RPC server.
+ *
+ * stk_meta_run() opens the store in data_dir/meta/, binds the listening socket,
+ * joins the cluster through the node agent (which registers with mgmtd and keeps
+ * the routing table fresh), and serves until SIGINT/SIGTERM. The server runs each
+ * connection on its own thread; the store is safe for that, so a handler is
+ * nothing but decode, one store call, encode.
+ *
+ * Every handler follows the same shape: decode the request with its generated
+ * stk_msg_*_dec(), insist that it consumed the whole payload (a malformed request
+ * is -EBADMSG to the client and a warning in the log, and the connection stays
+ * open), call the store with the caller's credentials, and encode the reply. An
+ * error is returned as -errno; the server turns it into a wire status.
+ *
+ * Durability: the store commits without fsync, so an acknowledged change is in
+ * the page cache and survives kill -9 of this process; a background thread
+ * flushes to disk every second, and META_SYNC (and shutdown) flush at once.
+ *
+ * New files get their layout here, not in the store: the number of chains comes
+ * from the current routing table, which only this layer knows.
+ */
+#include "meta.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/daemon.h"
+#include "../common/layout.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../mgmtd/agent.h"
+#include "../net/net.h"
+#include "../proto/msg.h"
+#include "store.h"
+
+#define SYNC_INTERVAL_MS 1000
+/* A client retrying creates on a cluster without storage must not flood the log. */
+#define NO_STORAGE_LOG_INTERVAL_NS (10ull * 1000000000ull)
+#define DEFAULT_MAX_STRIPE 16
+
+struct meta {
+	struct stk_meta_store *store;
+	struct stk_agent *agent; /* set before the server starts serving */
+	uint32_t chunk_size;
+	uint32_t stripe; /* 0: min(nchains, DEFAULT_MAX_STRIPE) */
+};
+
+typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
+
+/* ---- request helpers ---- */
+
+/* The decoder's verdict, plus the rule that a request must end where its fields do. */
+static int decoded(struct stk_rpc_req *req, int rc)
+{
+	if (rc == 0)
+		rc = stk_rbuf_finish(&req->payload);
+	if (rc) {
+		stk_warn("%s from %s: malformed request (%u bytes)",
+			 stk_opcode_name(req->hdr.opcode), req->peer, req->hdr.payload_len);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+static int reply_attr(struct stk_rpc_resp *resp, const struct stk_attr *a)
+{
+	struct stk_msg_meta_attr_resp r;
+
+	memset(&r, 0, sizeof(r));
+	r.attr = *a;
+	return stk_msg_meta_attr_resp_enc(&resp->payload, &r);
+}
+
+/* Default placement for new files, from the newest routing table. */
+static void placement_get(struct meta *m, struct stk_meta_placement *pl)
+{
+	struct stk_routing_ref *ref = m->agent ? stk_agent_routing_get(m->agent) : NULL;
+
+	pl->nchains = ref ? ref->rt.nchains : 0;
+	if (ref)
+		stk_agent_routing_put(m->agent, ref);
+	pl->chunk_size = m->chunk_size;
+	pl->stripe = m->stripe ? m->stripe : STK_MIN(pl->nchains, DEFAULT_MAX_STRIPE);
+}
+
+static void warn_no_storage(const char *name)
+{
+	static _Atomic uint64_t last_ns;
+	uint64_t now = stk_now_ns(), last = last_ns;
+
+	if (last && now - last < NO_STORAGE_LOG_INTERVAL_NS)
+		return;
+	if (atomic_compare_exchange_strong(&last_ns, &last, now))
+		stk_warn("cannot create '%s': no storage targets registered", name);
+}
+
+/* ---- handlers, one per opcode ---- */
+
+static int op_lookup(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_lookup_req q;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_lookup_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_getattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_ino_req q;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_ino_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_store_getattr(m->store, &q.cred, q.ino, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_setattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_setattr_req q;
+	struct stk_meta_sattr sa;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_setattr_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	sa.valid = q.valid;
+	sa.mode = q.mode;
+	sa.uid = q.uid;
+	sa.gid = q.gid;
+	sa.size = q.size;
+	sa.atime_sec = q.atime_sec;
+	sa.atime_nsec = q.atime_nsec;
+	sa.mtime_sec = q.mtime_sec;
+	sa.mtime_nsec = q.mtime_nsec;
+	rc = stk_meta_store_setattr(m->store, &q.cred, q.ino, &sa, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_create_req q;
+	struct stk_msg_meta_create_resp r;
+	struct stk_meta_placement pl;
+	int created, rc;
+
+	rc = decoded(req, stk_msg_meta_create_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	placement_get(m, &pl);
+	rc = stk_meta_store_create(m->store, &q.cred, q.parent, q.name, q.mode, q.flags, &q.layout,
+				   &pl, &r.attr, &created);
+	/* Storage may have registered since the agent's last refresh: ask mgmtd once. */
+	if (rc == -ENOSPC && pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0) {
+		placement_get(m, &pl);
+		if (pl.nchains)
+			rc = stk_meta_store_create(m->store, &q.cred, q.parent, q.name, q.mode,
+						   q.flags, &q.layout, &pl, &r.attr, &created);
+	}
+	if (rc == -ENOSPC && pl.nchains == 0)
+		warn_no_storage(q.name);
+	if (rc)
+		return rc;
+	r.created = (uint8_t)created;
+	return stk_msg_meta_create_resp_enc(&resp->payload, &r);
+}
+
+static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_mkdir_req q;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_mkdir_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_store_mkdir(m->store, &q.cred, q.parent, q.name, q.mode, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_name_req q;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_store_unlink(m->store, &q.cred, q.parent, q.name, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_name_req q;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
+	return rc ? rc : stk_meta_store_rmdir(m->store, &q.cred, q.parent, q.name);
+}
+
+static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_rename_req q;
+	struct stk_msg_meta_rename_resp r;
+	int replaced, rc;
+
+	rc = decoded(req, stk_msg_meta_rename_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	rc = stk_meta_store_rename(m->store, &q.cred, q.src_parent, q.src_name, q.dst_parent,
+				   q.dst_name, q.flags, &replaced, &r.attr);
+	if (rc)
+		return rc;
+	r.replaced = (uint8_t)replaced;
+	return stk_msg_meta_rename_resp_enc(&resp->payload, &r);
+}
+
+static int op_link(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_link_req q;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_link_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_symlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_symlink_req q;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_symlink_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_store_symlink(m->store, &q.cred, q.parent, q.name, q.target, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_readlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_ino_req q;
+	struct stk_msg_meta_readlink_resp r;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_ino_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	rc = stk_meta_store_readlink(m->store, &q.cred, q.ino, r.target, sizeof(r.target));
+	return rc ? rc : stk_msg_meta_readlink_resp_enc(&resp->payload, &r);
+}
+
+/* Encodes directory entries into the reply until it is full. */
+struct dirent_sink {
+	struct stk_wbuf *w;
+	uint32_t n;
+};
+
+static int dirent_put(void *ctx, const struct stk_msg_dirent *d)
+{
+	struct dirent_sink *s = ctx;
+	/* ino, mode, next_cookie, then the name as u16 length + bytes */
+	size_t need = 8 + 4 + 8 + 2 + strlen(d->name);
+
+	if (need > s->w->cap - s->w->len)
+		return 1; /* the reply is full: the client resumes from the last cookie */
+	s->n++;
+	return stk_msg_dirent_enc(s->w, d);
+}
+
+/*
+ * The reply header (eof, n) precedes the entries but is known only after them:
+ * it is encoded once as a placeholder to reserve its bytes, then again over them.
+ */
+static int op_readdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_readdir_req q;
+	struct stk_msg_meta_readdir_resp r;
+	struct dirent_sink sink = {&resp->payload, 0};
+	struct stk_wbuf hdr;
+	size_t at = resp->payload.len, hdr_len;
+	int eof, rc;
+
+	rc = decoded(req, stk_msg_meta_readdir_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	rc = stk_msg_meta_readdir_resp_enc(&resp->payload, &r);
+	if (rc)
+		return rc;
+	hdr_len = resp->payload.len - at;
+	rc = stk_meta_store_readdir(m->store, &q.cred, q.ino, q.cookie, q.max_entries, dirent_put,
+				    &sink, &eof);
+	if (rc)
+		return rc;
+	if (sink.n == 0 && !eof)
+		return -EMSGSIZE; /* cannot happen: one entry always fits in an empty reply */
+	r.eof = (uint8_t)eof;
+	r.n = sink.n;
+	stk_wbuf_init(&hdr, resp->payload.p + at, hdr_len);
+	return stk_msg_meta_readdir_resp_enc(&hdr, &r);
+}
+
+static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_statfs_resp r;
+	int rc;
+
+	rc = decoded(req, 0);
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	rc = stk_meta_store_statfs(m->store, &r.files);
+	return rc ? rc : stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
+}
+
+static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_extend_req q;
+	struct stk_attr a;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_extend_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_store_extend(m->store, &q.cred, q.ino, q.size, q.mtime_sec,
+					   q.mtime_nsec, &a);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
+static int op_sync(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	int rc = decoded(req, 0);
+
+	return rc ? rc : stk_meta_store_sync(m->store);
+}
+
+/*
+ * Handlers by opcode; the opcodes themselves are declared once, in proto/wire.h.
+ * Kept out of clang-format, which would pack two entries to a line.
+ */
+/* clang-format off */
+static const meta_op_fn meta_ops[] = {
+	[STK_OP_META_LOOKUP] = op_lookup,
+	[STK_OP_META_GETATTR] = op_getattr,
+	[STK_OP_META_SETATTR] = op_setattr,
+	[STK_OP_META_CREATE] = op_create,
+	[STK_OP_META_MKDIR] = op_mkdir,
+	[STK_OP_META_UNLINK] = op_unlink,
+	[STK_OP_META_RMDIR] = op_rmdir,
+	[STK_OP_META_RENAME] = op_rename,
+	[STK_OP_META_LINK] = op_link,
+	[STK_OP_META_SYMLINK] = op_symlink,
+	[STK_OP_META_READLINK] = op_readlink,
+	[STK_OP_META_READDIR] = op_readdir,
+	[STK_OP_META_STATFS] = op_statfs,
+	[STK_OP_META_EXTEND] = op_extend,
+	[STK_OP_META_SYNC] = op_sync,
+};
+/* clang-format on */
+
+static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	uint16_t opcode = req->hdr.opcode;
+	int rc;
+
+	if (opcode >= STK_ARRAY_SIZE(meta_ops) || !meta_ops[opcode]) {
+		stk_debug("opcode %u (%s) from %s: not served here", opcode,
+			  stk_opcode_name(opcode), req->peer);
+		return -ENOSYS;
+	}
+	rc = meta_ops[opcode](ctx, req, resp);
+	stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, rc ? strerror(-rc) : "ok");
+	return rc;
+}
+
+/* ---- the daemon ---- */
+
+/* The node id this meta node had before, from dir/node.id; 0 for a new node. */
+static uint32_t node_id_load(const char *dir)
+{
+	char path[PATH_MAX], buf[32];
+	uint64_t v;
+	long n;
+	int fd;
+
+	if (snprintf(path, sizeof(path), "%s/node.id", dir) >= (int)sizeof(path))
+		return 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = stk_read_full(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n < 0)
+		n = 0;
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' '))
+		n--;
+	buf[n] = 0;
+	if (stk_parse_u64(buf, &v) || v == 0 || v > UINT32_MAX) {
+		stk_warn("ignoring malformed %s", path);
+		return 0;
+	}
+	return (uint32_t)v;
+}
+
+/* Writes dir/node.id atomically: a crash leaves the old file or the new one. */
+static int node_id_save(const char *dir, uint32_t id)
+{
+	char path[PATH_MAX], tmp[PATH_MAX], buf[16];
+	int fd, len, rc;
+
+	if (snprintf(path, sizeof(path), "%s/node.id", dir) >= (int)sizeof(path) ||
+	    snprintf(tmp, sizeof(tmp), "%s/node.id.tmp", dir) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	len = snprintf(buf, sizeof(buf), "%u\n", id);
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -errno;
+	rc = stk_write_all(fd, buf, (size_t)len);
+	if (rc == 0 && fsync(fd) < 0)
+		rc = -errno;
+	close(fd);
+	if (rc == 0 && rename(tmp, path) < 0)
+		rc = -errno;
+	if (rc)
+		unlink(tmp);
+	return rc;
+}
+
+static void *syncer_main(void *arg)
+{
+	struct meta *m = arg;
+
+	while (!stk_daemon_sleep_ms(SYNC_INTERVAL_MS))
+		stk_meta_store_sync(m->store);
+	return NULL;
+}
+
+static int server_open(struct meta *m, const char *listen, struct stk_server **out)
+{
+	struct stk_server_opts so;
+	int rc;
+
+	memset(&so, 0, sizeof(so));
+	so.size = sizeof(so);
+	so.listen = listen;
+	so.handler = meta_handle;
+	so.ctx = m;
+	rc = stk_server_create(&so, out);
+	if (rc)
+		stk_error("cannot listen on %s: %s", listen,
+			  rc == -EADDRINUSE ? "address already in use" : strerror(-rc));
+	return rc;
+}
+
+static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const char *dir,
+		      const char *addr)
+{
+	struct stk_agent_opts ao;
+	uint32_t node_id = 0;
+	int rc;
+
+	memset(&ao, 0, sizeof(ao));
+	ao.size = sizeof(ao);
+	ao.mgmtd = opts->mgmtd;
+	ao.role = STK_ROLE_META;
+	ao.addr = addr;
+	ao.node_id = node_id_load(dir);
+	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
+	if (rc) {
+		if (rc != -EINTR)
+			stk_error("cannot join the cluster through mgmtd at %s: %s", opts->mgmtd,
+				  strerror(-rc));
+		return rc;
+	}
+	if (node_id != ao.node_id) {
+		rc = node_id_save(dir, node_id);
+		if (rc)
+			stk_warn("cannot save the node id in %s: %s", dir, strerror(-rc));
+	}
+	stk_info("serving the namespace on %s as node %u", addr, node_id);
+	return 0;
+}
+
+static int check_opts(const struct stk_meta_opts *opts)
+{
+	struct stk_layout l = {.stripe = 1, .nchains = 1};
+
+	if (!opts || opts->size < sizeof(*opts) || !opts->listen || !opts->mgmtd || !opts->data_dir)
+		return -EINVAL;
+	l.chunk_size = opts->default_chunk_size ? opts->default_chunk_size : STK_DEFAULT_CHUNK_SIZE;
+	if (stk_layout_check(&l)) {
+		stk_error("chunk size %u is not a power of two from 64 KiB to 64 MiB",
+			  opts->default_chunk_size);
+		return -EINVAL;
+	}
+	if (opts->default_stripe > STK_MAX_STRIPE) {
+		stk_error("stripe %u is over the limit of %u", opts->default_stripe,
+			  STK_MAX_STRIPE);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+int stk_meta_run(const struct stk_meta_opts *opts)
+{
+	struct stk_meta_store_opts so;
+	struct stk_server *srv = NULL;
+	struct meta m;
+	char dir[PATH_MAX];
+	pthread_t syncer;
+	int syncing = 0, rc;
+
+	stk_daemon_init("meta");
+	rc = check_opts(opts);
+	if (rc)
+		return rc;
+	memset(&m, 0, sizeof(m));
+	m.chunk_size = opts->default_chunk_size ? opts->default_chunk_size : STK_DEFAULT_CHUNK_SIZE;
+	m.stripe = opts->default_stripe;
+	if (snprintf(dir, sizeof(dir), "%s/meta", opts->data_dir) >= (int)sizeof(dir))
+		return -ENAMETOOLONG;
+	memset(&so, 0, sizeof(so));
+	so.size = sizeof(so);
+	so.dir = dir;
+	so.map_size = opts->map_size;
+	rc = stk_meta_store_open(&so, &m.store);
+	if (rc)
+		return rc;
+	rc = server_open(&m, opts->listen, &srv);
+	if (rc)
+		goto out;
+	rc = agent_open(&m, opts, dir, stk_server_addr(srv));
+	if (rc)
+		goto out;
+	rc = -pthread_create(&syncer, NULL, syncer_main, &m);
+	if (rc)
+		goto out;
+	syncing = 1;
+	stk_daemon_set_server(srv);
+	rc = stk_server_run(srv);
+	stk_daemon_set_server(NULL);
+out:
+	if (rc == -EINTR && stk_daemon_stopping())
+		rc = 0; /* stopped while waiting for mgmtd */
+	if (syncing) {
+		stk_daemon_request_stop(); /* also when the server failed: the syncer must end */
+		pthread_join(syncer, NULL);
+	}
+	/* The server first: its handlers read the agent's routing table until they end. */
+	if (srv)
+		stk_server_destroy(srv);
+	if (m.agent)
+		stk_agent_stop(m.agent);
+	stk_meta_store_sync(m.store);
+	stk_meta_store_close(m.store);
+	stk_info("stopped");
+	return rc;
+}

@@ -1,0 +1,1457 @@
+/*
+ * The namespace store on LMDB. store.h describes the records and the rules; this
+ * file is organised bottom-up:
+ *
+ *   1. the LMDB plumbing: error mapping, one `struct op` per call wrapping its
+ *      transaction, the caller's credentials and the time the call began (so
+ *      that every timestamp one call sets is the same);
+ *   2. record codecs: inode records go through the bounds-checked codec of
+ *      proto/codec.h, like wire messages, so a corrupt record is an -EIO and
+ *      never a read past the value LMDB handed us;
+ *   3. permission checks;
+ *   4. the operations, each a short function over those helpers; rename, the
+ *      one with many cases, is split into its checks, a move and an exchange.
+ *
+ * Every operation loads the records it needs into local structs, changes them
+ * and writes them back before committing. LMDB invalidates pointers into the map
+ * after a write in the same transaction, so nothing keeps an MDB_val across a put.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../common/layout.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../proto/codec.h"
+
+#define INODE_FORMAT 1
+#define INODE_REC_MAX 128 /* format byte + attr (100 bytes) + parent */
+#define DENTRY_KEY_MAX (16 + STK_NAME_MAX)
+#define DEFAULT_MAP_SIZE (64ull << 30)
+/* Reader slots bound concurrent read transactions (one per server thread at most). */
+#define MAX_READERS 1024
+/* A parent chain deeper than this can only be a cycle in a corrupt store. */
+#define MAX_DEPTH 65536
+#define DIR_SIZE 4096
+#define MAY_R 4u
+#define MAY_W 2u
+#define MAY_X 1u
+
+static const char NEXT_INO_KEY[] = "next_ino";
+
+struct stk_meta_store {
+	MDB_env *env;
+	MDB_dbi inodes;
+	MDB_dbi dentries;
+	MDB_dbi links;
+	MDB_dbi sys;
+};
+
+/* An inode as the operations see it: its attributes and, for a directory, its parent. */
+struct inode {
+	struct stk_attr a;
+	uint64_t parent;
+};
+
+struct dentry {
+	uint64_t ino;
+	uint32_t type;
+};
+
+/* One call: its transaction, who asks, and when. */
+struct op {
+	struct stk_meta_store *st;
+	MDB_txn *txn;
+	const struct stk_cred *cred;
+	int rdonly;
+	int64_t now_sec;
+	uint32_t now_nsec;
+};
+
+/* ---- LMDB plumbing ---- */
+
+static int lmdb_err(int rc, const char *what)
+{
+	switch (rc) {
+	case MDB_SUCCESS:
+		return 0;
+	case MDB_NOTFOUND:
+		return -ENOENT;
+	case MDB_MAP_FULL:
+	case MDB_TXN_FULL:
+		stk_warn("meta store: %s: %s", what, mdb_strerror(rc));
+		return -ENOSPC;
+	case MDB_READERS_FULL:
+		return -EAGAIN;
+	}
+	if (rc > 0) /* LMDB passes system errors through as positive errno values */
+		return -rc;
+	stk_error("meta store: %s: %s", what, mdb_strerror(rc));
+	return -EIO;
+}
+
+static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cred *cred,
+		    int rdonly)
+{
+	o->st = st;
+	o->cred = cred;
+	o->rdonly = rdonly;
+	o->txn = NULL;
+	stk_wall_time(&o->now_sec, &o->now_nsec);
+	return lmdb_err(mdb_txn_begin(st->env, NULL, rdonly ? MDB_RDONLY : 0, &o->txn),
+			"begin transaction");
+}
+
+/* Commits a write transaction that succeeded; aborts everything else. Returns the outcome. */
+static int op_end(struct op *o, int rc)
+{
+	if (rc || o->rdonly) {
+		mdb_txn_abort(o->txn);
+		return rc;
+	}
+	return lmdb_err(mdb_txn_commit(o->txn), "commit");
+}
+
+static int is_root(const struct op *o)
+{
+	return o->cred->uid == 0;
+}
+
+/* ---- keys and records ---- */
+
+static void be64_put(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		p[i] = (uint8_t)(v >> (56 - 8 * i));
+}
+
+static uint64_t be64_get(const uint8_t *p)
+{
+	uint64_t v = 0;
+
+	for (int i = 0; i < 8; i++)
+		v = (v << 8) | p[i];
+	return v;
+}
+
+/* Capped below 2^64 - 1 so that the cookie after an entry (hash + 1) is never 0. */
+static uint64_t name_hash(const char *name, size_t len)
+{
+	uint64_t h = XXH64(name, len, 0);
+
+	return h == UINT64_MAX ? h - 1 : h;
+}
+
+/* k must hold DENTRY_KEY_MAX bytes; name is a checked name. Returns the key length. */
+static size_t dentry_key(uint8_t *k, uint64_t parent, const char *name)
+{
+	size_t len = strlen(name);
+
+	be64_put(k, parent);
+	be64_put(k + 8, name_hash(name, len));
+	memcpy(k + 16, name, len);
+	return 16 + len;
+}
+
+static void times_now(const struct op *o, int64_t *sec, uint32_t *nsec)
+{
+	*sec = o->now_sec;
+	*nsec = o->now_nsec;
+}
+
+static void set_ctime(const struct op *o, struct stk_attr *a)
+{
+	times_now(o, &a->ctime_sec, &a->ctime_nsec);
+}
+
+/* A directory whose entries changed. */
+static void touch_dir(const struct op *o, struct inode *dir)
+{
+	times_now(o, &dir->a.mtime_sec, &dir->a.mtime_nsec);
+	set_ctime(o, &dir->a);
+}
+
+static uint64_t blocks_of(uint64_t size)
+{
+	return size / 512 + (size % 512 != 0);
+}
+
+static int inode_decode(uint64_t ino, const MDB_val *v, struct inode *n)
+{
+	struct stk_rbuf r;
+	uint8_t fmt;
+
+	stk_rbuf_init(&r, v->mv_data, v->mv_size);
+	fmt = stk_get_u8(&r);
+	stk_attr_dec(&r, &n->a);
+	n->parent = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r) || fmt != INODE_FORMAT || n->a.ino != ino) {
+		stk_error("meta store: inode %llu: corrupt record", (unsigned long long)ino);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int inode_get(struct op *o, uint64_t ino, struct inode *n)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	int rc;
+
+	be64_put(k, ino);
+	rc = mdb_get(o->txn, o->st->inodes, &key, &val);
+	if (rc)
+		return lmdb_err(rc, "read inode");
+	return inode_decode(ino, &val, n);
+}
+
+/* For an inode a directory entry names: its absence is corruption, not ENOENT. */
+static int inode_get_named(struct op *o, uint64_t ino, struct inode *n)
+{
+	int rc = inode_get(o, ino, n);
+
+	if (rc == -ENOENT) {
+		stk_error("meta store: an entry names missing inode %llu", (unsigned long long)ino);
+		rc = -EIO;
+	}
+	return rc;
+}
+
+static int inode_put(struct op *o, const struct inode *n)
+{
+	uint8_t k[8], buf[INODE_REC_MAX];
+	MDB_val key = {sizeof(k), k}, val;
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u8(&w, INODE_FORMAT);
+	stk_attr_enc(&w, &n->a);
+	stk_put_u64(&w, n->parent);
+	if (w.err)
+		return -EIO;
+	be64_put(k, n->a.ino);
+	val.mv_size = w.len;
+	val.mv_data = buf;
+	return lmdb_err(mdb_put(o->txn, o->st->inodes, &key, &val, 0), "write inode");
+}
+
+/* Drops an inode that lost its last name, with its symlink target if it has one. */
+static int inode_del(struct op *o, const struct inode *n)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k};
+	int rc;
+
+	be64_put(k, n->a.ino);
+	rc = lmdb_err(mdb_del(o->txn, o->st->inodes, &key, NULL), "delete inode");
+	if (rc == 0 && S_ISLNK(n->a.mode)) {
+		rc = lmdb_err(mdb_del(o->txn, o->st->links, &key, NULL), "delete symlink");
+		if (rc == -ENOENT)
+			rc = 0;
+	}
+	return rc;
+}
+
+static int dentry_get(struct op *o, uint64_t parent, const char *name, struct dentry *d)
+{
+	uint8_t k[DENTRY_KEY_MAX];
+	MDB_val key, val;
+	struct stk_rbuf r;
+	int rc;
+
+	key.mv_data = k;
+	key.mv_size = dentry_key(k, parent, name);
+	rc = mdb_get(o->txn, o->st->dentries, &key, &val);
+	if (rc)
+		return lmdb_err(rc, "read entry");
+	stk_rbuf_init(&r, val.mv_data, val.mv_size);
+	d->ino = stk_get_u64(&r);
+	d->type = stk_get_u32(&r);
+	if (stk_rbuf_finish(&r)) {
+		stk_error("meta store: entry '%s' in %llu: corrupt record", name,
+			  (unsigned long long)parent);
+		return -EIO;
+	}
+	return 0;
+}
+
+/* Adds or overwrites an entry. */
+static int dentry_put(struct op *o, uint64_t parent, const char *name, uint64_t ino, uint32_t mode)
+{
+	uint8_t k[DENTRY_KEY_MAX], v[12];
+	MDB_val key, val = {sizeof(v), v};
+	struct stk_wbuf w;
+
+	key.mv_data = k;
+	key.mv_size = dentry_key(k, parent, name);
+	stk_wbuf_init(&w, v, sizeof(v));
+	stk_put_u64(&w, ino);
+	stk_put_u32(&w, mode & S_IFMT);
+	return lmdb_err(mdb_put(o->txn, o->st->dentries, &key, &val, 0), "write entry");
+}
+
+static int dentry_del(struct op *o, uint64_t parent, const char *name)
+{
+	uint8_t k[DENTRY_KEY_MAX];
+	MDB_val key;
+
+	key.mv_data = k;
+	key.mv_size = dentry_key(k, parent, name);
+	return lmdb_err(mdb_del(o->txn, o->st->dentries, &key, NULL), "delete entry");
+}
+
+/* 1 if directory ino has no entries, 0 if it has, or -errno. */
+static int dir_is_empty(struct op *o, uint64_t ino)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *c;
+	int rc;
+
+	be64_put(k, ino);
+	rc = mdb_cursor_open(o->txn, o->st->dentries, &c);
+	if (rc)
+		return lmdb_err(rc, "open cursor");
+	rc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE);
+	if (rc == MDB_NOTFOUND)
+		rc = 1;
+	else if (rc == 0)
+		rc = !(key.mv_size >= 8 && be64_get(key.mv_data) == ino);
+	else
+		rc = lmdb_err(rc, "read entry");
+	mdb_cursor_close(c);
+	return rc;
+}
+
+/* Hands out the next inode number, from the counter in `sys`. */
+static int ino_alloc(struct op *o, uint64_t *ino)
+{
+	MDB_val key = {sizeof(NEXT_INO_KEY) - 1, (void *)NEXT_INO_KEY}, val;
+	uint8_t buf[8];
+	struct stk_rbuf r;
+	struct stk_wbuf w;
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->sys, &key, &val);
+	if (rc)
+		return rc == MDB_NOTFOUND ? -EIO : lmdb_err(rc, "read inode counter");
+	stk_rbuf_init(&r, val.mv_data, val.mv_size);
+	*ino = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r) || *ino <= STK_ROOT_INO) {
+		stk_error("meta store: corrupt inode counter");
+		return -EIO;
+	}
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u64(&w, *ino + 1);
+	val.mv_size = w.len;
+	val.mv_data = buf;
+	return lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write inode counter");
+}
+
+/* ---- names and permissions ---- */
+
+static int is_dot_or_dotdot(const char *name)
+{
+	return name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0));
+}
+
+static int check_name(const char *name)
+{
+	size_t len = strnlen(name, STK_NAME_MAX + 1);
+
+	if (len == 0 || is_dot_or_dotdot(name) || memchr(name, '/', len))
+		return -EINVAL;
+	if (len > STK_NAME_MAX)
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+static int in_group(const struct stk_cred *c, uint32_t gid)
+{
+	unsigned n = STK_MIN(c->ngroups, STK_MAX_GROUPS);
+
+	if (c->gid == gid)
+		return 1;
+	for (unsigned i = 0; i < n; i++)
+		if (c->groups[i] == gid)
+			return 1;
+	return 0;
+}
+
+/* The rwx check: mask is a set of MAY_* bits. Root passes. */
+static int may(const struct op *o, const struct stk_attr *a, unsigned mask)
+{
+	unsigned bits;
+
+	if (is_root(o))
+		return 0;
+	if (o->cred->uid == a->uid)
+		bits = (a->mode >> 6) & 7;
+	else if (in_group(o->cred, a->gid))
+		bits = (a->mode >> 3) & 7;
+	else
+		bits = a->mode & 7;
+	return (bits & mask) == mask ? 0 : -EACCES;
+}
+
+static int is_owner(const struct op *o, const struct stk_attr *a)
+{
+	return is_root(o) || o->cred->uid == a->uid;
+}
+
+/* In a sticky directory only the entry's owner, the directory's owner or root may remove it. */
+static int sticky_ok(const struct op *o, const struct inode *dir, const struct inode *victim)
+{
+	if (!(dir->a.mode & S_ISVTX) || is_owner(o, &victim->a) || is_owner(o, &dir->a))
+		return 0;
+	return -EPERM;
+}
+
+/* Loads directory ino and checks the caller may do `mask` in it. */
+static int dir_get(struct op *o, uint64_t ino, unsigned mask, struct inode *dir)
+{
+	int rc = inode_get(o, ino, dir);
+
+	if (rc)
+		return rc;
+	if (!S_ISDIR(dir->a.mode))
+		return -ENOTDIR;
+	return may(o, &dir->a, mask);
+}
+
+/* Loads the inode that `name` in dir names. */
+static int child_get(struct op *o, const struct inode *dir, const char *name, struct inode *n)
+{
+	struct dentry d;
+	int rc = dentry_get(o, dir->a.ino, name, &d);
+
+	if (rc)
+		return rc;
+	return inode_get_named(o, d.ino, n);
+}
+
+/* -EEXIST if dir already has `name`. */
+static int name_free(struct op *o, const struct inode *dir, const char *name)
+{
+	struct dentry d;
+	int rc = dentry_get(o, dir->a.ino, name, &d);
+
+	if (rc == 0)
+		return -EEXIST;
+	return rc == -ENOENT ? 0 : rc;
+}
+
+/* ---- new inodes and entries ---- */
+
+/*
+ * Fills a new inode owned by the caller. A setgid directory passes on its group,
+ * and its setgid bit to subdirectories; a non-root caller outside the resulting
+ * group cannot make a setgid file.
+ */
+static int inode_new(struct op *o, const struct inode *dir, uint32_t mode, struct inode *n)
+{
+	int rc;
+
+	memset(n, 0, sizeof(*n));
+	rc = ino_alloc(o, &n->a.ino);
+	if (rc)
+		return rc;
+	n->a.uid = o->cred->uid;
+	n->a.gid = o->cred->gid;
+	if (dir->a.mode & S_ISGID) {
+		n->a.gid = dir->a.gid;
+		if (S_ISDIR(mode))
+			mode |= S_ISGID;
+	}
+	if (!S_ISDIR(mode) && (mode & S_ISGID) && !is_root(o) && !in_group(o->cred, n->a.gid))
+		mode &= ~(uint32_t)S_ISGID;
+	n->a.mode = mode;
+	n->a.nlink = 1;
+	times_now(o, &n->a.atime_sec, &n->a.atime_nsec);
+	times_now(o, &n->a.mtime_sec, &n->a.mtime_nsec);
+	set_ctime(o, &n->a);
+	return 0;
+}
+
+/* Writes new inode n and its entry `name` in dir, and updates dir. */
+static int entry_add(struct op *o, struct inode *dir, const char *name, const struct inode *n)
+{
+	int rc;
+
+	if (S_ISDIR(n->a.mode)) {
+		if (dir->a.nlink == UINT32_MAX)
+			return -EMLINK;
+		dir->a.nlink++;
+	}
+	rc = inode_put(o, n);
+	if (rc == 0)
+		rc = dentry_put(o, dir->a.ino, name, n->a.ino, n->a.mode);
+	if (rc == 0) {
+		touch_dir(o, dir);
+		rc = inode_put(o, dir);
+	}
+	return rc;
+}
+
+/* One name of n is gone: nlink drops, and the record goes with the last name. */
+static int inode_unref(struct op *o, struct inode *n)
+{
+	if (n->a.nlink > 0)
+		n->a.nlink--;
+	set_ctime(o, &n->a);
+	return n->a.nlink ? inode_put(o, n) : inode_del(o, n);
+}
+
+/* ---- open, close, sync ---- */
+
+static int root_create(struct op *o)
+{
+	MDB_val key = {sizeof(NEXT_INO_KEY) - 1, (void *)NEXT_INO_KEY}, val;
+	struct inode root;
+	uint8_t buf[8];
+	struct stk_wbuf w;
+	int rc;
+
+	memset(&root, 0, sizeof(root));
+	root.a.ino = STK_ROOT_INO;
+	root.a.mode = S_IFDIR | 0755;
+	root.a.nlink = 2;
+	root.a.uid = (uint32_t)geteuid();
+	root.a.gid = (uint32_t)getegid();
+	root.a.size = DIR_SIZE;
+	root.a.blocks = blocks_of(DIR_SIZE);
+	times_now(o, &root.a.atime_sec, &root.a.atime_nsec);
+	times_now(o, &root.a.mtime_sec, &root.a.mtime_nsec);
+	set_ctime(o, &root.a);
+	root.parent = STK_ROOT_INO;
+	rc = inode_put(o, &root);
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u64(&w, STK_ROOT_INO + 1);
+	val.mv_size = w.len;
+	val.mv_data = buf;
+	return lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write inode counter");
+}
+
+/* Opens the tables and makes the root directory of a new store. */
+static int store_init(struct stk_meta_store *st)
+{
+	static const struct stk_cred root_cred;
+	struct inode root;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = mdb_dbi_open(o.txn, "inodes", MDB_CREATE, &st->inodes);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "dentries", MDB_CREATE, &st->dentries);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "links", MDB_CREATE, &st->links);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "sys", MDB_CREATE, &st->sys);
+	rc = lmdb_err(rc, "open tables");
+	if (rc)
+		goto out;
+	rc = inode_get(&o, STK_ROOT_INO, &root);
+	if (rc == -ENOENT)
+		rc = root_create(&o);
+out:
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out)
+{
+	struct stk_meta_store *st;
+	int rc;
+
+	if (!opts || opts->size < sizeof(*opts) || !opts->dir || !out)
+		return -EINVAL;
+	rc = stk_mkdir_p(opts->dir, 0700);
+	if (rc) {
+		stk_error("cannot create %s: %s", opts->dir, strerror(-rc));
+		return rc;
+	}
+	st = calloc(1, sizeof(*st));
+	if (!st)
+		return -ENOMEM;
+	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
+	if (rc)
+		goto out;
+	mdb_env_set_maxdbs(st->env, 4);
+	mdb_env_set_maxreaders(st->env, MAX_READERS);
+	rc = mdb_env_set_mapsize(st->env, opts->map_size ? opts->map_size : DEFAULT_MAP_SIZE);
+	if (rc == 0)
+		rc = mdb_env_open(st->env, opts->dir, MDB_NOSYNC | MDB_NOTLS, 0600);
+	if (rc) {
+		stk_error("cannot open the namespace in %s: %s", opts->dir, mdb_strerror(rc));
+		rc = rc > 0 ? -rc : -EIO;
+		goto out;
+	}
+	rc = store_init(st);
+	if (rc)
+		goto out;
+	*out = st;
+	return 0;
+out:
+	if (st->env)
+		mdb_env_close(st->env);
+	free(st);
+	return rc;
+}
+
+void stk_meta_store_close(struct stk_meta_store *st)
+{
+	if (!st)
+		return;
+	mdb_env_close(st->env);
+	free(st);
+}
+
+int stk_meta_store_sync(struct stk_meta_store *st)
+{
+	int rc = mdb_env_sync(st->env, 1);
+
+	if (rc) {
+		stk_error("meta store: sync: %s", mdb_strerror(rc));
+		return -EIO;
+	}
+	return 0;
+}
+
+/* ---- reading ---- */
+
+int stk_meta_store_lookup(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, struct stk_attr *out)
+{
+	struct inode dir, n;
+	struct op o;
+	int rc;
+
+	if (!is_dot_or_dotdot(name)) {
+		rc = check_name(name);
+		if (rc)
+			return rc;
+	}
+	rc = op_begin(&o, st, cred, 1);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc)
+		goto out;
+	if (strcmp(name, ".") == 0)
+		n = dir;
+	else if (strcmp(name, "..") == 0)
+		rc = inode_get_named(&o, dir.parent, &n);
+	else
+		rc = child_get(&o, &dir, name, &n);
+	if (rc == 0)
+		*out = n.a;
+out:
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_getattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			   struct stk_attr *out)
+{
+	struct inode n;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0)
+		*out = n.a;
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_readlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			    char *buf, size_t len)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	struct inode n;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc)
+		goto out;
+	if (!S_ISLNK(n.a.mode)) {
+		rc = -EINVAL;
+		goto out;
+	}
+	be64_put(k, ino);
+	rc = mdb_get(o.txn, st->links, &key, &val);
+	if (rc) {
+		rc = rc == MDB_NOTFOUND ? -EIO : lmdb_err(rc, "read symlink");
+		goto out;
+	}
+	if (val.mv_size >= len) {
+		rc = -ERANGE;
+		goto out;
+	}
+	memcpy(buf, val.mv_data, val.mv_size);
+	buf[val.mv_size] = 0;
+out:
+	return op_end(&o, rc);
+}
+
+/* Fills d from one dentries record of directory ino. -EIO if the record is corrupt. */
+static int dirent_decode(uint64_t ino, const MDB_val *key, const MDB_val *val,
+			 struct stk_msg_dirent *d)
+{
+	const uint8_t *kp = key->mv_data;
+	struct stk_rbuf r;
+
+	if (key->mv_size <= 16 || key->mv_size > DENTRY_KEY_MAX)
+		goto bad;
+	stk_rbuf_init(&r, val->mv_data, val->mv_size);
+	d->ino = stk_get_u64(&r);
+	d->mode = stk_get_u32(&r);
+	if (stk_rbuf_finish(&r))
+		goto bad;
+	d->next_cookie = be64_get(kp + 8) + 1;
+	memcpy(d->name, kp + 16, key->mv_size - 16);
+	d->name[key->mv_size - 16] = 0;
+	return 0;
+bad:
+	stk_error("meta store: directory %llu: corrupt entry", (unsigned long long)ino);
+	return -EIO;
+}
+
+/*
+ * Walks the entries of directory ino from key (ino, cookie). Returns 0 with *eof
+ * set when the directory's entries ran out, 0 with *eof clear when the limit or
+ * the callback stopped it, or -errno.
+ */
+static int readdir_walk(struct op *o, uint64_t ino, uint64_t cookie, uint32_t max,
+			stk_meta_dirent_fn fn, void *ctx, int *eof)
+{
+	uint8_t k[16];
+	MDB_val key = {sizeof(k), k}, val;
+	struct stk_msg_dirent d;
+	MDB_cursor *c;
+	uint32_t n = 0;
+	int rc;
+
+	*eof = 0;
+	be64_put(k, ino);
+	be64_put(k + 8, cookie);
+	rc = mdb_cursor_open(o->txn, o->st->dentries, &c);
+	if (rc)
+		return lmdb_err(rc, "open cursor");
+	memset(&d, 0, sizeof(d));
+	for (rc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE); rc == 0;
+	     rc = mdb_cursor_get(c, &key, &val, MDB_NEXT)) {
+		if (key.mv_size < 8 || be64_get(key.mv_data) != ino)
+			break; /* past the directory's last entry */
+		if (max && n == max)
+			goto out;
+		rc = dirent_decode(ino, &key, &val, &d);
+		if (rc == 0)
+			rc = fn(ctx, &d);
+		if (rc)
+			goto out;
+		n++;
+	}
+	if (rc == 0 || rc == MDB_NOTFOUND) {
+		*eof = 1;
+		rc = 0;
+	} else {
+		rc = lmdb_err(rc, "read entry");
+	}
+out:
+	mdb_cursor_close(c);
+	return rc > 0 ? 0 : rc; /* a callback's stop is not an error */
+}
+
+int stk_meta_store_readdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			   uint64_t cookie, uint32_t max_entries, stk_meta_dirent_fn fn, void *ctx,
+			   int *eof)
+{
+	struct inode dir;
+	struct op o;
+	int rc;
+
+	*eof = 0;
+	rc = op_begin(&o, st, cred, 1);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, ino, MAY_R, &dir);
+	if (rc == 0)
+		rc = readdir_walk(&o, ino, cookie, max_entries, fn, ctx, eof);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_statfs(struct stk_meta_store *st, uint64_t *files)
+{
+	static const struct stk_cred root_cred;
+	MDB_stat ms;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = lmdb_err(mdb_stat(o.txn, st->inodes, &ms), "stat");
+	if (rc == 0)
+		*files = ms.ms_entries;
+	return op_end(&o, rc);
+}
+
+/* ---- attributes ---- */
+
+static int setattr_check(const struct op *o, const struct inode *n, const struct stk_meta_sattr *sa)
+{
+	const uint32_t known = STK_SETATTR_MODE | STK_SETATTR_UID | STK_SETATTR_GID |
+			       STK_SETATTR_SIZE | STK_SETATTR_ATIME | STK_SETATTR_MTIME |
+			       STK_SETATTR_ATIME_NOW | STK_SETATTR_MTIME_NOW;
+	const uint32_t v = sa->valid;
+	int rc;
+
+	if ((v & ~known) || ((v & STK_SETATTR_ATIME) && sa->atime_nsec >= 1000000000u) ||
+	    ((v & STK_SETATTR_MTIME) && sa->mtime_nsec >= 1000000000u))
+		return -EINVAL;
+	if ((v & STK_SETATTR_MODE) && !is_owner(o, &n->a))
+		return -EPERM;
+	if ((v & STK_SETATTR_UID) && !is_root(o) && !(is_owner(o, &n->a) && sa->uid == n->a.uid))
+		return -EPERM;
+	if ((v & STK_SETATTR_GID) && !is_root(o) &&
+	    !(is_owner(o, &n->a) && (sa->gid == n->a.gid || in_group(o->cred, sa->gid))))
+		return -EPERM;
+	if (v & STK_SETATTR_SIZE) {
+		if (S_ISDIR(n->a.mode))
+			return -EISDIR;
+		if (!S_ISREG(n->a.mode))
+			return -EINVAL;
+		rc = may(o, &n->a, MAY_W);
+		if (rc)
+			return rc;
+	}
+	/* Explicit times need ownership; "now" is also allowed to anyone who may write. */
+	if (((v & STK_SETATTR_ATIME) && !(v & STK_SETATTR_ATIME_NOW)) ||
+	    ((v & STK_SETATTR_MTIME) && !(v & STK_SETATTR_MTIME_NOW)))
+		if (!is_owner(o, &n->a))
+			return -EPERM;
+	if ((v & (STK_SETATTR_ATIME_NOW | STK_SETATTR_MTIME_NOW)) && !is_owner(o, &n->a))
+		return may(o, &n->a, MAY_W);
+	return 0;
+}
+
+static void setattr_apply(const struct op *o, struct inode *n, const struct stk_meta_sattr *sa)
+{
+	const uint32_t v = sa->valid;
+	struct stk_attr *a = &n->a;
+
+	if (v & STK_SETATTR_UID)
+		a->uid = sa->uid;
+	if (v & STK_SETATTR_GID)
+		a->gid = sa->gid;
+	if ((v & (STK_SETATTR_UID | STK_SETATTR_GID)) && !S_ISDIR(a->mode)) {
+		a->mode &= ~(uint32_t)S_ISUID;
+		if (a->mode & S_IXGRP)
+			a->mode &= ~(uint32_t)S_ISGID;
+	}
+	if (v & STK_SETATTR_MODE) {
+		uint32_t mode = sa->mode & 07777;
+
+		if (!is_root(o) && !in_group(o->cred, a->gid))
+			mode &= ~(uint32_t)S_ISGID;
+		a->mode = (a->mode & S_IFMT) | mode;
+	}
+	if ((v & STK_SETATTR_SIZE) && sa->size != a->size) {
+		a->size = sa->size;
+		a->blocks = blocks_of(a->size);
+		times_now(o, &a->mtime_sec, &a->mtime_nsec);
+	}
+	if (v & STK_SETATTR_ATIME_NOW) {
+		times_now(o, &a->atime_sec, &a->atime_nsec);
+	} else if (v & STK_SETATTR_ATIME) {
+		a->atime_sec = sa->atime_sec;
+		a->atime_nsec = sa->atime_nsec;
+	}
+	if (v & STK_SETATTR_MTIME_NOW) {
+		times_now(o, &a->mtime_sec, &a->mtime_nsec);
+	} else if (v & STK_SETATTR_MTIME) {
+		a->mtime_sec = sa->mtime_sec;
+		a->mtime_nsec = sa->mtime_nsec;
+	}
+	set_ctime(o, a);
+}
+
+int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			   const struct stk_meta_sattr *sa, struct stk_attr *out)
+{
+	struct inode n;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0)
+		rc = setattr_check(&o, &n, sa);
+	if (rc == 0) {
+		setattr_apply(&o, &n, sa);
+		rc = inode_put(&o, &n);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			  uint64_t new_size, int64_t mtime_sec, uint32_t mtime_nsec,
+			  struct stk_attr *out)
+{
+	struct inode n;
+	struct op o;
+	int rc;
+
+	if (mtime_nsec >= 1000000000u)
+		return -EINVAL;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc)
+		goto out;
+	if (!S_ISREG(n.a.mode)) {
+		rc = S_ISDIR(n.a.mode) ? -EISDIR : -EINVAL;
+		goto out;
+	}
+	if (new_size > n.a.size) {
+		n.a.size = new_size;
+		n.a.blocks = blocks_of(new_size);
+	}
+	if (mtime_sec == 0 && mtime_nsec == 0) {
+		times_now(&o, &n.a.mtime_sec, &n.a.mtime_nsec);
+	} else {
+		n.a.mtime_sec = mtime_sec;
+		n.a.mtime_nsec = mtime_nsec;
+	}
+	set_ctime(&o, &n.a);
+	rc = inode_put(&o, &n);
+out:
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+/* ---- creating ---- */
+
+static int layout_is_zero(const struct stk_layout *l)
+{
+	return !l->chunk_size && !l->stripe && !l->nchains && !l->start && !l->seed;
+}
+
+/* The layout of new file ino: the requested one, or one made from the placement defaults. */
+static int layout_choose(const struct op *o, uint64_t ino, const struct stk_layout *req,
+			 const struct stk_meta_placement *pl, struct stk_layout *out)
+{
+	uint64_t entropy;
+
+	if (req && !layout_is_zero(req)) {
+		*out = *req;
+		return 0; /* checked before the transaction began */
+	}
+	if (pl->nchains == 0)
+		return -ENOSPC;
+	/* Inode numbers are sequential; the clock makes two stores' files differ too. */
+	entropy = (ino * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)o->now_sec << 32) ^ o->now_nsec;
+	stk_layout_make(out, pl->chunk_size ? pl->chunk_size : STK_DEFAULT_CHUNK_SIZE, pl->stripe,
+			pl->nchains, entropy);
+	return 0;
+}
+
+/* create without EXCL on an existing name: that inode, unless it is a directory. */
+static int create_existing(struct op *o, const struct inode *dir, const char *name, uint32_t flags,
+			   struct inode *n)
+{
+	int rc = child_get(o, dir, name, n);
+
+	if (rc)
+		return rc;
+	if (flags & STK_CREATE_EXCL)
+		return -EEXIST;
+	return S_ISDIR(n->a.mode) ? -EISDIR : 0;
+}
+
+int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, uint32_t mode, uint32_t flags,
+			  const struct stk_layout *layout, const struct stk_meta_placement *pl,
+			  struct stk_attr *out, int *created)
+{
+	struct inode dir, n;
+	int made = 0, rc;
+	struct op o;
+
+	*created = 0;
+	rc = check_name(name);
+	if (rc)
+		return rc;
+	if (flags & ~STK_CREATE_EXCL)
+		return -EINVAL;
+	if (layout && !layout_is_zero(layout) &&
+	    (stk_layout_check(layout) || layout->nchains > pl->nchains))
+		return -EINVAL;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc)
+		goto out;
+	rc = name_free(&o, &dir, name);
+	if (rc == -EEXIST) {
+		rc = create_existing(&o, &dir, name, flags, &n);
+		goto out;
+	}
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0)
+		rc = inode_new(&o, &dir, S_IFREG | (mode & 07777), &n);
+	if (rc == 0)
+		rc = layout_choose(&o, n.a.ino, layout, pl, &n.a.layout);
+	if (rc == 0) {
+		rc = entry_add(&o, &dir, name, &n);
+		made = 1;
+	}
+out:
+	rc = op_end(&o, rc);
+	if (rc == 0) {
+		*out = n.a;
+		*created = made;
+	}
+	return rc;
+}
+
+int stk_meta_store_mkdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			 const char *name, uint32_t mode, struct stk_attr *out)
+{
+	struct inode dir, n;
+	struct op o;
+	int rc;
+
+	rc = check_name(name);
+	if (rc)
+		return rc;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, name);
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0)
+		rc = inode_new(&o, &dir, S_IFDIR | (mode & 01777), &n);
+	if (rc == 0) {
+		n.a.nlink = 2;
+		n.a.size = DIR_SIZE;
+		n.a.blocks = blocks_of(DIR_SIZE);
+		n.parent = parent;
+		rc = entry_add(&o, &dir, name, &n);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_symlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			   const char *name, const char *target, struct stk_attr *out)
+{
+	size_t tlen = strnlen(target, STK_PATH_MAX + 1);
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val = {tlen, (void *)target};
+	struct inode dir, n;
+	struct op o;
+	int rc;
+
+	if (tlen == 0)
+		return -ENOENT;
+	if (tlen > STK_PATH_MAX)
+		return -ENAMETOOLONG;
+	rc = check_name(name);
+	if (rc)
+		return rc;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, name);
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0)
+		rc = inode_new(&o, &dir, S_IFLNK | 0777, &n);
+	if (rc == 0) {
+		n.a.size = tlen;
+		be64_put(k, n.a.ino);
+		rc = lmdb_err(mdb_put(o.txn, st->links, &key, &val, 0), "write symlink");
+	}
+	if (rc == 0)
+		rc = entry_add(&o, &dir, name, &n);
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_link(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			uint64_t parent, const char *name, struct stk_attr *out)
+{
+	struct inode dir, n;
+	struct op o;
+	int rc;
+
+	rc = check_name(name);
+	if (rc)
+		return rc;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0 && S_ISDIR(n.a.mode))
+		rc = -EPERM;
+	if (rc == 0)
+		rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, name);
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0 && n.a.nlink == UINT32_MAX)
+		rc = -EMLINK;
+	if (rc)
+		goto out;
+	n.a.nlink++;
+	set_ctime(&o, &n.a);
+	rc = inode_put(&o, &n);
+	if (rc == 0)
+		rc = dentry_put(&o, parent, name, ino, n.a.mode);
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+out:
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+/* ---- removing ---- */
+
+/*
+ * Loads the parent and the inode `name` names for a removal, in Linux's order of
+ * checks: search to find it, then write on the parent, then the sticky rule.
+ */
+static int victim_get(struct op *o, uint64_t parent, const char *name, struct inode *dir,
+		      struct inode *n)
+{
+	int rc = dir_get(o, parent, MAY_X, dir);
+
+	if (rc == 0)
+		rc = child_get(o, dir, name, n);
+	if (rc == 0)
+		rc = may(o, &dir->a, MAY_W | MAY_X);
+	if (rc == 0)
+		rc = sticky_ok(o, dir, n);
+	return rc;
+}
+
+int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, struct stk_attr *out)
+{
+	struct inode dir, n;
+	struct op o;
+	int rc;
+
+	rc = check_name(name);
+	if (rc)
+		return rc;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = victim_get(&o, parent, name, &dir, &n);
+	if (rc == 0 && S_ISDIR(n.a.mode))
+		rc = -EISDIR;
+	if (rc == 0)
+		rc = dentry_del(&o, parent, name);
+	if (rc == 0)
+		rc = inode_unref(&o, &n);
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			 const char *name)
+{
+	struct inode dir, n;
+	struct op o;
+	int rc;
+
+	rc = check_name(name);
+	if (rc)
+		return rc;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = victim_get(&o, parent, name, &dir, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0) {
+		rc = dir_is_empty(&o, n.a.ino);
+		rc = rc == 1 ? 0 : rc == 0 ? -ENOTEMPTY : rc;
+	}
+	if (rc == 0)
+		rc = dentry_del(&o, parent, name);
+	if (rc == 0)
+		rc = inode_del(&o, &n);
+	if (rc == 0) {
+		dir.a.nlink--;
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	return op_end(&o, rc);
+}
+
+/* ---- rename ---- */
+
+/* Everything one rename works on. dp points at sp when both names share a directory. */
+struct rename_ctx {
+	struct inode sp, dp_buf, *dp;
+	struct inode src, dst;
+	int have_dst;
+	const char *src_name, *dst_name;
+	uint32_t flags;
+};
+
+/* -EINVAL if `anc` is dir or one of its ancestors, found by following parent pointers. */
+static int check_not_ancestor(struct op *o, uint64_t anc, uint64_t dir)
+{
+	struct inode n;
+	uint64_t cur = dir;
+	int rc;
+
+	for (unsigned depth = 0; depth < MAX_DEPTH; depth++) {
+		if (cur == anc)
+			return -EINVAL;
+		if (cur == STK_ROOT_INO)
+			return 0;
+		rc = inode_get_named(o, cur, &n);
+		if (rc)
+			return rc;
+		cur = n.parent;
+	}
+	stk_error("meta store: directory %llu: parent chain too deep or cyclic",
+		  (unsigned long long)dir);
+	return -EIO;
+}
+
+/* A directory that changes parent needs write on itself (its ".." changes) and no loop. */
+static int check_dir_move(struct op *o, const struct inode *d, uint64_t new_parent)
+{
+	int rc = may(o, &d->a, MAY_W);
+
+	return rc ? rc : check_not_ancestor(o, d->a.ino, new_parent);
+}
+
+/* The POSIX rules for a rename that replaces an existing target. */
+static int check_replace(struct op *o, const struct rename_ctx *r)
+{
+	int rc;
+
+	if (S_ISDIR(r->src.a.mode) && !S_ISDIR(r->dst.a.mode))
+		return -ENOTDIR;
+	if (!S_ISDIR(r->src.a.mode) && S_ISDIR(r->dst.a.mode))
+		return -EISDIR;
+	if (S_ISDIR(r->dst.a.mode)) {
+		rc = dir_is_empty(o, r->dst.a.ino);
+		return rc == 1 ? 0 : rc == 0 ? -ENOTEMPTY : rc;
+	}
+	return 0;
+}
+
+/* Loads both parents and both names and runs every check; changes nothing. */
+static int rename_prepare(struct op *o, struct rename_ctx *r, uint64_t src_parent,
+			  uint64_t dst_parent)
+{
+	int moved = src_parent != dst_parent, rc;
+
+	rc = victim_get(o, src_parent, r->src_name, &r->sp, &r->src);
+	if (rc)
+		return rc;
+	r->dp = &r->sp;
+	if (moved) {
+		r->dp = &r->dp_buf;
+		rc = dir_get(o, dst_parent, MAY_W | MAY_X, r->dp);
+		if (rc)
+			return rc;
+	}
+	rc = child_get(o, r->dp, r->dst_name, &r->dst);
+	if (rc && rc != -ENOENT)
+		return rc;
+	r->have_dst = rc == 0;
+	if (!r->have_dst && (r->flags & STK_RENAME_EXCHANGE))
+		return -ENOENT;
+	if (r->have_dst && (r->flags & STK_RENAME_NOREPLACE))
+		return -EEXIST;
+	if (r->have_dst && r->dst.a.ino == r->src.a.ino)
+		return 0; /* two names of one inode: rename does nothing */
+	if (r->have_dst) {
+		rc = sticky_ok(o, r->dp, &r->dst);
+		if (rc)
+			return rc;
+	}
+	if (moved && S_ISDIR(r->src.a.mode)) {
+		rc = check_dir_move(o, &r->src, dst_parent);
+		if (rc)
+			return rc;
+	}
+	if (!r->have_dst)
+		return 0;
+	if (r->flags & STK_RENAME_EXCHANGE)
+		return moved && S_ISDIR(r->dst.a.mode) ? check_dir_move(o, &r->dst, src_parent) : 0;
+	return check_replace(o, r);
+}
+
+/* Moves a directory's subdirectory count from one parent to the other. */
+static int move_subdir(struct inode *d, struct inode *from, struct inode *to)
+{
+	if (from == to)
+		return 0;
+	if (to->a.nlink == UINT32_MAX)
+		return -EMLINK;
+	from->a.nlink--;
+	to->a.nlink++;
+	d->parent = to->a.ino;
+	return 0;
+}
+
+static int rename_write_parents(struct op *o, struct rename_ctx *r)
+{
+	int rc;
+
+	touch_dir(o, &r->sp);
+	rc = inode_put(o, &r->sp);
+	if (rc == 0 && r->dp != &r->sp) {
+		touch_dir(o, r->dp);
+		rc = inode_put(o, r->dp);
+	}
+	return rc;
+}
+
+/* src takes dst's name, replacing the target if there is one. */
+static int rename_move(struct op *o, struct rename_ctx *r, int *replaced)
+{
+	int rc;
+
+	if (S_ISDIR(r->src.a.mode)) {
+		if (r->have_dst)
+			r->dp->a.nlink--; /* the empty directory src replaces */
+		rc = move_subdir(&r->src, &r->sp, r->dp);
+		if (rc)
+			return rc;
+	}
+	rc = dentry_del(o, r->sp.a.ino, r->src_name);
+	if (rc == 0)
+		rc = dentry_put(o, r->dp->a.ino, r->dst_name, r->src.a.ino, r->src.a.mode);
+	if (rc == 0 && r->have_dst && S_ISDIR(r->dst.a.mode))
+		rc = inode_del(o, &r->dst);
+	if (rc == 0 && r->have_dst && !S_ISDIR(r->dst.a.mode)) {
+		rc = inode_unref(o, &r->dst);
+		*replaced = 1;
+	}
+	set_ctime(o, &r->src.a);
+	if (rc == 0)
+		rc = inode_put(o, &r->src);
+	return rc ? rc : rename_write_parents(o, r);
+}
+
+/* The two names swap inodes. */
+static int rename_exchange(struct op *o, struct rename_ctx *r)
+{
+	int rc = 0;
+
+	if (S_ISDIR(r->src.a.mode))
+		rc = move_subdir(&r->src, &r->sp, r->dp);
+	if (rc == 0 && S_ISDIR(r->dst.a.mode))
+		rc = move_subdir(&r->dst, r->dp, &r->sp);
+	if (rc == 0)
+		rc = dentry_put(o, r->sp.a.ino, r->src_name, r->dst.a.ino, r->dst.a.mode);
+	if (rc == 0)
+		rc = dentry_put(o, r->dp->a.ino, r->dst_name, r->src.a.ino, r->src.a.mode);
+	set_ctime(o, &r->src.a);
+	set_ctime(o, &r->dst.a);
+	if (rc == 0)
+		rc = inode_put(o, &r->src);
+	if (rc == 0)
+		rc = inode_put(o, &r->dst);
+	return rc ? rc : rename_write_parents(o, r);
+}
+
+int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred,
+			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			  const char *dst_name, uint32_t flags, int *replaced, struct stk_attr *out)
+{
+	const uint32_t both = STK_RENAME_NOREPLACE | STK_RENAME_EXCHANGE;
+	struct rename_ctx r;
+	int rep = 0, rc;
+	struct op o;
+
+	*replaced = 0;
+	memset(out, 0, sizeof(*out));
+	if ((flags & ~both) || flags == both)
+		return -EINVAL;
+	rc = check_name(src_name);
+	if (rc == 0)
+		rc = check_name(dst_name);
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	r.src_name = src_name;
+	r.dst_name = dst_name;
+	r.flags = flags;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = rename_prepare(&o, &r, src_parent, dst_parent);
+	if (rc || (r.have_dst && r.dst.a.ino == r.src.a.ino))
+		goto out;
+	if (flags & STK_RENAME_EXCHANGE)
+		rc = rename_exchange(&o, &r);
+	else
+		rc = rename_move(&o, &r, &rep);
+out:
+	rc = op_end(&o, rc);
+	if (rc == 0 && rep) {
+		*replaced = 1;
+		*out = r.dst.a;
+	}
+	return rc;
+}

@@ -1,0 +1,227 @@
+/*
+ * The namespace store: inodes, directory entries and symlink targets of one meta
+ * shard, kept in an LMDB environment.
+ *
+ * Every operation below is one LMDB transaction (a write transaction for those
+ * that change something), so each is atomic and, once it returns 0, visible to
+ * every later call from any thread. The environment is opened with MDB_NOSYNC:
+ * a commit reaches the page cache, which survives kill -9 of the daemon but not a
+ * power cut; stk_meta_store_sync() flushes to stable storage, and the daemon calls
+ * it on META_SYNC and once a second. The store knows nothing of the network, the
+ * routing table or the agent, so its unit test drives it directly.
+ *
+ * Records (all keys big-endian so that LMDB's byte order is numeric order):
+ *   inodes    u64 ino -> u8 format (1), attr (codec.h form), u64 parent
+ *             (the parent of a directory, so that rename can refuse to move a
+ *             directory into its own subtree; 0 for other inodes)
+ *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
+ *   links     u64 ino -> symlink target bytes
+ *   sys       "next_ino" -> u64, the next inode number to hand out
+ *
+ * Readdir order is dentry key order, that is by name hash within a directory.
+ * The cookie that follows an entry is its hash + 1, and a listing resumes at the
+ * first entry whose hash is at least the cookie, so cookies stay valid while
+ * entries are added and removed. Known limit: two names of one directory with the
+ * same 64-bit hash share a cookie, and a listing that stops between them skips
+ * the second. Hashes are capped at 2^64 - 2 so that a cookie is never 0.
+ *
+ * Permissions follow POSIX from the caller's struct stk_cred; uid 0 bypasses the
+ * rwx checks (but not the type checks). Search permission is needed on each
+ * directory an operation looks through, write and search on a directory whose
+ * entries change; a sticky directory lets only the owner of the entry or of the
+ * directory (or root) remove or rename it. See each function for the rest.
+ *
+ * Errors: every function returns 0 or -errno. Besides those listed per function:
+ * -EIO for a corrupt record or an LMDB failure (logged), -ENOSPC when the LMDB map
+ * is full, -EAGAIN when every reader slot is taken, -ENOMEM.
+ *
+ * Threads: a store may be used from any number of threads at once; write
+ * transactions are serialised by LMDB, readers never wait.
+ */
+#ifndef STK_META_STORE_H
+#define STK_META_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../proto/msg.h"
+
+struct stk_meta_store;
+
+struct stk_meta_store_opts {
+	size_t size;	   /* sizeof(struct stk_meta_store_opts) */
+	const char *dir;   /* the LMDB environment's folder, created if missing */
+	uint64_t map_size; /* LMDB map size, 0 = 64 GiB */
+};
+
+/*
+ * Opens (creating on first use) the store in opts->dir. A new store gets the root
+ * directory, inode STK_ROOT_INO, mode 0755, owned by the effective uid and gid of
+ * the calling process. 0, -EINVAL, or -errno from creating the folder or opening
+ * the environment (-EBUSY / -EAGAIN when another process holds it incompatibly).
+ */
+int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out);
+/* Closes the store. Every other call on it must have returned. Does not sync. */
+void stk_meta_store_close(struct stk_meta_store *st);
+/* Everything committed so far is on stable storage when this returns. 0 or -EIO. */
+int stk_meta_store_sync(struct stk_meta_store *st);
+
+/*
+ * Names in every call below are NUL-terminated: 1 to STK_NAME_MAX bytes, no '/',
+ * neither "." nor ".." (-EINVAL, -ENAMETOOLONG). An inode or directory that does
+ * not exist is -ENOENT; a parent that is not a directory is -ENOTDIR; a missing
+ * permission is -EACCES (rwx bits) or -EPERM (ownership rules).
+ */
+
+/*
+ * Attributes of `name` in directory `parent` (search permission on parent). Here
+ * only, "." is the directory itself and ".." its parent (the root's is itself).
+ */
+int stk_meta_store_lookup(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, struct stk_attr *out);
+/* Attributes of an inode. No permission is needed (the caller found it by lookup). */
+int stk_meta_store_getattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			   struct stk_attr *out);
+
+/* What stk_meta_store_setattr changes: the fields named in `valid` (STK_SETATTR_*). */
+struct stk_meta_sattr {
+	uint32_t valid;
+	uint32_t mode; /* permission bits (07777); the type bits are ignored */
+	uint32_t uid;
+	uint32_t gid;
+	uint64_t size;
+	int64_t atime_sec;
+	uint32_t atime_nsec;
+	int64_t mtime_sec;
+	uint32_t mtime_nsec;
+};
+
+/*
+ * Changes attributes and sets ctime; *out is the result. Rules:
+ * - mode: the owner or root (-EPERM); a non-root caller outside the file's group
+ *   loses S_ISGID.
+ * - uid: root only (-EPERM), except that the owner may "change" it to itself.
+ * - gid: root, or the owner to a group it is in (-EPERM).
+ * - a change of uid or gid clears S_ISUID, and S_ISGID when group-executable, of
+ *   a non-directory (as Linux's chown does).
+ * - size: regular files only (-EISDIR for a directory, -EINVAL otherwise), write
+ *   permission (-EACCES); a size change also sets mtime unless one is given.
+ * - explicit atime / mtime: the owner or root (-EPERM); *_NOW: also anyone with
+ *   write permission (-EACCES). Nanoseconds of 1e9 or more: -EINVAL.
+ * Unknown bits in valid: -EINVAL. Nothing is changed unless every check passes.
+ */
+int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			   const struct stk_meta_sattr *sa, struct stk_attr *out);
+
+/*
+ * Where a new file's data goes when the request names no layout: chunks of
+ * chunk_size over `stripe` chains among the `nchains` chains of the current
+ * routing table. nchains 0 means no storage target exists yet.
+ */
+struct stk_meta_placement {
+	uint32_t chunk_size;
+	uint32_t stripe;
+	uint32_t nchains;
+};
+
+/*
+ * Creates regular file `name` in `parent` with permission bits mode & 07777,
+ * owned by the caller (the group of a setgid parent). layout is the requested
+ * layout: all zero for one made from *pl, otherwise it must pass
+ * stk_layout_check() and name no more than pl->nchains chains (-EINVAL). A zero
+ * layout with pl->nchains == 0 is -ENOSPC.
+ * If the name exists: with STK_CREATE_EXCL, -EEXIST; without it, *out is the
+ * existing inode and *created 0, or -EISDIR if it is a directory. Only search
+ * permission on parent is needed to find an existing file; write too to create.
+ */
+int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, uint32_t mode, uint32_t flags,
+			  const struct stk_layout *layout, const struct stk_meta_placement *pl,
+			  struct stk_attr *out, int *created);
+/*
+ * Creates directory `name` with mode & 01777 (plus S_ISGID and the group of a
+ * setgid parent). -EEXIST if the name exists; -EMLINK if parent has too many
+ * subdirectories.
+ */
+int stk_meta_store_mkdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			 const char *name, uint32_t mode, struct stk_attr *out);
+/*
+ * Removes a non-directory name (-EISDIR for a directory). *out is the inode after:
+ * when out->nlink is 0 its record is gone and the caller removes a regular
+ * file's chunks. Sticky parent: only the owner of the file or of parent, or root
+ * (-EPERM).
+ */
+int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, struct stk_attr *out);
+/* Removes an empty directory: -ENOTDIR, -ENOTEMPTY, sticky rule as unlink. */
+int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			 const char *name);
+/*
+ * Atomically renames src_parent/src_name to dst_parent/dst_name. flags:
+ * STK_RENAME_NOREPLACE (-EEXIST if the target exists) or STK_RENAME_EXCHANGE (swap
+ * two existing names, -ENOENT if the target is missing); both, or others: -EINVAL.
+ * Replacing an existing target follows POSIX: a non-directory over a directory
+ * -EISDIR, a directory over a non-directory -ENOTDIR, a directory over a
+ * non-empty one -ENOTEMPTY. Moving a directory into its own subtree: -EINVAL.
+ * Two names of the same inode: nothing happens, 0. Needs write and search on both
+ * parents, write on a directory that changes parent (its ".." changes), and the
+ * sticky rule on both names.
+ * When a non-directory target was replaced, *replaced is 1 and *out its inode
+ * after losing the name (nlink 0: the caller removes a regular file's chunks);
+ * otherwise *replaced is 0 and *out zeroed.
+ */
+int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred,
+			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			  const char *dst_name, uint32_t flags, int *replaced,
+			  struct stk_attr *out);
+/*
+ * Adds name `name` in `parent` for inode ino: -EPERM for a directory, -EEXIST,
+ * -EMLINK at 2^32 - 1 links. *out is the inode after (nlink incremented).
+ */
+int stk_meta_store_link(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			uint64_t parent, const char *name, struct stk_attr *out);
+/*
+ * Creates symlink `name` -> target (1 to STK_PATH_MAX bytes; empty: -ENOENT,
+ * longer: -ENAMETOOLONG). Mode 0777, size the target's length.
+ */
+int stk_meta_store_symlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			   const char *name, const char *target, struct stk_attr *out);
+/*
+ * Copies the target of symlink ino, NUL-terminated, into buf (len bytes; at least
+ * STK_PATH_MAX + 1 always suffices; -ERANGE if it does not fit). -EINVAL if ino
+ * is not a symlink.
+ */
+int stk_meta_store_readlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			    char *buf, size_t len);
+
+/*
+ * One directory entry handed to a readdir callback: ino, type bits in mode, the
+ * cookie that resumes after it, and the name (valid during the call only).
+ * Returns 0 to go on, 1 to stop before this entry (it is not consumed: the
+ * listing is not at its end), or -errno to fail the readdir with that error.
+ */
+typedef int (*stk_meta_dirent_fn)(void *ctx, const struct stk_msg_dirent *d);
+
+/*
+ * Lists directory ino from `cookie` (0 = the start), calling fn for at most
+ * max_entries entries (0 = no limit but the callback's). *eof is 1 when the
+ * listing reached the directory's end. Needs read permission on ino. "." and ".."
+ * are not stored and not listed.
+ */
+int stk_meta_store_readdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			   uint64_t cookie, uint32_t max_entries, stk_meta_dirent_fn fn, void *ctx,
+			   int *eof);
+/* The number of inodes in the store. */
+int stk_meta_store_statfs(struct stk_meta_store *st, uint64_t *files);
+/*
+ * What a writer reports after writing: size = max(size, new_size), mtime set to
+ * the given time (now if both fields are 0), ctime to now. Regular files only
+ * (-EISDIR, -EINVAL). No permission check: write access was checked when the
+ * writer opened the file, and a file may be written through a descriptor after
+ * its mode stops allowing it.
+ */
+int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			  uint64_t new_size, int64_t mtime_sec, uint32_t mtime_nsec,
+			  struct stk_attr *out);
+
+#endif

@@ -1,0 +1,929 @@
+/*
+ * Unit test of the namespace store (src/meta/store.h), driven directly with no
+ * network: every operation and the errors store.h promises, directory link
+ * counts, rename's POSIX cases, permission checks for non-root callers,
+ * readdir over 20,000 entries with entries removed in the middle of the listing,
+ * concurrent creates from several threads, and a reopen that must find
+ * everything again.
+ *
+ * Exit status: 0 pass, 1 fail, 77 skip (no temporary folder).
+ */
+#include <errno.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/layout.h"
+#include "meta/store.h"
+
+static int failures;
+
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
+			failures++;                                                                \
+		}                                                                                  \
+	} while (0)
+
+#define CHECK_RC(expr, want)                                                                       \
+	do {                                                                                       \
+		int rc_ = (expr), want_ = (want);                                                  \
+		if (rc_ != want_) {                                                                \
+			fprintf(stderr, "%s:%d: %s = %d (%s), want %d (%s)\n", __FILE__, __LINE__, \
+				#expr, rc_, strerror(-rc_), want_, strerror(-want_));              \
+			failures++;                                                                \
+		}                                                                                  \
+	} while (0)
+
+static struct stk_meta_store *st;
+static char tmpdir[] = "/tmp/stk_meta_store_XXXXXX";
+
+static const struct stk_cred ROOT = {.uid = 0, .gid = 0};
+static const struct stk_cred ALICE = {.uid = 1001, .gid = 1001, .ngroups = 1, .groups = {2001}};
+static const struct stk_cred BOB = {.uid = 1002, .gid = 1002};
+static const struct stk_meta_placement PL4 = {.chunk_size = 1u << 20, .stripe = 4, .nchains = 4};
+static const struct stk_meta_placement PL0 = {0};
+static const struct stk_layout ZERO_LAYOUT = {0};
+
+/* ---- helpers: each checks that the setup step itself worked ---- */
+
+static struct stk_attr attr_of(uint64_t ino)
+{
+	struct stk_attr a;
+
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, ino, &a), 0);
+	return a;
+}
+
+static uint64_t mkdir_as(const struct stk_cred *c, uint64_t parent, const char *name, uint32_t mode)
+{
+	struct stk_attr a;
+
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_mkdir(st, c, parent, name, mode, &a), 0);
+	return a.ino;
+}
+
+static uint64_t create_as(const struct stk_cred *c, uint64_t parent, const char *name)
+{
+	struct stk_attr a;
+	int created = 0;
+
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_create(st, c, parent, name, 0644, STK_CREATE_EXCL, &ZERO_LAYOUT,
+				       &PL4, &a, &created),
+		 0);
+	CHECK(created == 1);
+	return a.ino;
+}
+
+static uint64_t ino_of(uint64_t parent, const char *name)
+{
+	struct stk_attr a;
+
+	memset(&a, 0, sizeof(a));
+	if (stk_meta_store_lookup(st, &ROOT, parent, name, &a))
+		return 0;
+	return a.ino;
+}
+
+static int setattr_as(const struct stk_cred *c, uint64_t ino, uint32_t valid,
+		      struct stk_meta_sattr sa)
+{
+	struct stk_attr a;
+
+	sa.valid = valid;
+	return stk_meta_store_setattr(st, c, ino, &sa, &a);
+}
+
+static int rename_as(const struct stk_cred *c, uint64_t sp, const char *sn, uint64_t dp,
+		     const char *dn, uint32_t flags)
+{
+	struct stk_attr a;
+	int replaced;
+
+	return stk_meta_store_rename(st, c, sp, sn, dp, dn, flags, &replaced, &a);
+}
+
+static int open_store(void)
+{
+	struct stk_meta_store_opts o = {.size = sizeof(o), .dir = tmpdir, .map_size = 1ull << 30};
+
+	return stk_meta_store_open(&o, &st);
+}
+
+/* ---- the tests ---- */
+
+static void test_root(void)
+{
+	struct stk_attr a = attr_of(STK_ROOT_INO), b;
+
+	CHECK(S_ISDIR(a.mode) && (a.mode & 07777) == 0755);
+	CHECK(a.uid == geteuid() && a.gid == getegid());
+	CHECK(a.nlink == 2);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, ".", &b), 0);
+	CHECK(b.ino == STK_ROOT_INO);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, "..", &b), 0);
+	CHECK(b.ino == STK_ROOT_INO);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, 999999, &b), -ENOENT);
+}
+
+static void test_names(void)
+{
+	char longname[STK_NAME_MAX + 2];
+	struct stk_attr a;
+
+	memset(longname, 'x', sizeof(longname));
+	longname[STK_NAME_MAX + 1] = 0;
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, STK_ROOT_INO, "", 0755, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, STK_ROOT_INO, ".", 0755, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, STK_ROOT_INO, "..", 0755, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, STK_ROOT_INO, "a/b", 0755, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, STK_ROOT_INO, longname, 0755, &a), -ENAMETOOLONG);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, longname, &a), -ENAMETOOLONG);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, "x/y", &a), -EINVAL);
+	longname[STK_NAME_MAX] = 0; /* exactly 255 bytes is fine */
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, STK_ROOT_INO, longname, 0755, &a), 0);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, longname), 0);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, "."), -EINVAL);
+}
+
+static void test_create(void)
+{
+	struct stk_layout want = {
+	    .chunk_size = 4u << 20, .stripe = 2, .nchains = 4, .start = 1, .seed = 12345};
+	struct stk_layout bad = want;
+	struct stk_meta_placement wide = {.chunk_size = 0, .stripe = 16, .nchains = 4};
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr a, b;
+	uint64_t d, f;
+	int created;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "cr", 0755);
+	CHECK_RC(setattr_as(&ROOT, d, STK_SETATTR_MTIME, sa), 0); /* mtime 0 */
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "f", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT, &PL4,
+				       &a, &created),
+		 0);
+	CHECK(created == 1 && S_ISREG(a.mode) && (a.mode & 07777) == 0644 && a.nlink == 1);
+	CHECK(a.size == 0 && a.uid == 0 && a.gid == 0);
+	CHECK(a.layout.chunk_size == 1u << 20 && a.layout.stripe == 4 && a.layout.nchains == 4);
+	CHECK(stk_layout_check(&a.layout) == 0);
+	CHECK(attr_of(d).mtime_sec > 0);
+	f = a.ino;
+
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "f", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT, &PL4,
+				       &b, &created),
+		 -EEXIST);
+	CHECK_RC(
+	    stk_meta_store_create(st, &ROOT, d, "f", 0600, 0, &ZERO_LAYOUT, &PL4, &b, &created), 0);
+	CHECK(created == 0 && b.ino == f && (b.mode & 07777) == 0644);
+	/* an existing file needs no storage, even when none exists */
+	CHECK_RC(
+	    stk_meta_store_create(st, &ROOT, d, "f", 0644, 0, &ZERO_LAYOUT, &PL0, &b, &created), 0);
+	CHECK_RC(
+	    stk_meta_store_create(st, &ROOT, d, "g", 0644, 0, &ZERO_LAYOUT, &PL0, &b, &created),
+	    -ENOSPC);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, d, "g", &b), -ENOENT);
+
+	mkdir_as(&ROOT, d, "sub", 0755);
+	CHECK_RC(
+	    stk_meta_store_create(st, &ROOT, d, "sub", 0644, 0, &ZERO_LAYOUT, &PL4, &b, &created),
+	    -EISDIR);
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "sub", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT,
+				       &PL4, &b, &created),
+		 -EEXIST);
+	CHECK_RC(
+	    stk_meta_store_create(st, &ROOT, f, "x", 0644, 0, &ZERO_LAYOUT, &PL4, &b, &created),
+	    -ENOTDIR);
+	CHECK_RC(stk_meta_store_create(st, &ROOT, 777777, "x", 0644, 0, &ZERO_LAYOUT, &PL4, &b,
+				       &created),
+		 -ENOENT);
+	CHECK_RC(
+	    stk_meta_store_create(st, &ROOT, d, "x", 0644, 0x10, &ZERO_LAYOUT, &PL4, &b, &created),
+	    -EINVAL);
+
+	/* a requested layout is checked, and stored as given */
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "lay", 0644, 0, &want, &PL4, &b, &created), 0);
+	CHECK(memcmp(&b.layout, &want, sizeof(want)) == 0);
+	a = attr_of(b.ino);
+	CHECK(memcmp(&a.layout, &want, sizeof(want)) == 0);
+	bad.chunk_size = 1000;
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "bad1", 0644, 0, &bad, &PL4, &b, &created),
+		 -EINVAL);
+	bad = want;
+	bad.nchains = 8; /* more chains than exist */
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "bad2", 0644, 0, &bad, &PL4, &b, &created),
+		 -EINVAL);
+	bad = want;
+	bad.start = 4;
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "bad3", 0644, 0, &bad, &PL4, &b, &created),
+		 -EINVAL);
+
+	/* defaults: chunk size 1 MiB, stripe clamped to the chains there are */
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "wide", 0644, 0, NULL, &wide, &b, &created),
+		 0);
+	CHECK(b.layout.chunk_size == STK_DEFAULT_CHUNK_SIZE && b.layout.stripe == 4);
+	/* type bits in the requested mode are ignored: it is a regular file */
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "typed", S_IFDIR | 0640, 0, NULL, &PL4, &b,
+				       &created),
+		 0);
+	CHECK(S_ISREG(b.mode) && (b.mode & 07777) == 0640);
+}
+
+static void test_mkdir_rmdir(void)
+{
+	uint32_t root_links = attr_of(STK_ROOT_INO).nlink;
+	struct stk_attr a;
+	uint64_t d, sub;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "md", 0750);
+	a = attr_of(d);
+	CHECK(S_ISDIR(a.mode) && (a.mode & 07777) == 0750 && a.nlink == 2);
+	CHECK(attr_of(STK_ROOT_INO).nlink == root_links + 1);
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, STK_ROOT_INO, "md", 0755, &a), -EEXIST);
+	sub = mkdir_as(&ROOT, d, "sub", 0755);
+	CHECK(attr_of(d).nlink == 3);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, sub, "..", &a), 0);
+	CHECK(a.ino == d);
+	create_as(&ROOT, d, "file");
+	CHECK(attr_of(d).nlink == 3); /* files do not count */
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, "md"), -ENOTEMPTY);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, d, "file"), -ENOTDIR);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, d, "nothing"), -ENOENT);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, d, "sub"), 0);
+	CHECK(attr_of(d).nlink == 2);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, sub, &a), -ENOENT);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "file", &a), 0);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, "md"), 0);
+	CHECK(attr_of(STK_ROOT_INO).nlink == root_links);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, "md", &a), -ENOENT);
+	/* the setuid/setgid bits of mkdir's mode are ignored, the sticky bit kept */
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "md2", 07777);
+	CHECK((attr_of(d).mode & 07777) == 01777);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, "md2"), 0);
+}
+
+static void test_link_unlink(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "ln", 0755);
+	uint64_t f = create_as(&ROOT, d, "f"), sub = mkdir_as(&ROOT, d, "sub", 0755);
+	struct stk_attr a;
+
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, d, "g", &a), 0);
+	CHECK(a.ino == f && a.nlink == 2);
+	CHECK(ino_of(d, "g") == f);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, sub, d, "sub2", &a), -EPERM);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, d, "sub", &a), -EEXIST);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, 888888, d, "h", &a), -ENOENT);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, f, "h", &a), -ENOTDIR);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f", &a), 0);
+	CHECK(a.ino == f && a.nlink == 1);
+	CHECK(attr_of(f).nlink == 1);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "g", &a), 0);
+	CHECK(a.ino == f && a.nlink == 0);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, f, &a), -ENOENT);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "g", &a), -ENOENT);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "sub", &a), -EISDIR);
+}
+
+static void test_symlink(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "sl", 0755), f = create_as(&ROOT, d, "f");
+	char buf[STK_PATH_MAX + 1], longt[STK_PATH_MAX + 2];
+	struct stk_attr a;
+	uint64_t files0, files1;
+
+	CHECK_RC(stk_meta_store_statfs(st, &files0), 0);
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, d, "s", "target/path", &a), 0);
+	CHECK(S_ISLNK(a.mode) && (a.mode & 07777) == 0777 && a.size == 11 && a.nlink == 1);
+	CHECK_RC(stk_meta_store_statfs(st, &files1), 0);
+	CHECK(files1 == files0 + 1);
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, a.ino, buf, sizeof(buf)), 0);
+	CHECK(strcmp(buf, "target/path") == 0);
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, a.ino, buf, 5), -ERANGE);
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, f, buf, sizeof(buf)), -EINVAL);
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, 777777, buf, sizeof(buf)), -ENOENT);
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, d, "e", "", &a), -ENOENT);
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, d, "s", "x", &a), -EEXIST);
+	memset(longt, 'a', sizeof(longt));
+	longt[STK_PATH_MAX + 1] = 0;
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, d, "l", longt, &a), -ENAMETOOLONG);
+	longt[STK_PATH_MAX] = 0;
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, d, "l", longt, &a), 0);
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, a.ino, buf, sizeof(buf)), 0);
+	CHECK(strlen(buf) == STK_PATH_MAX);
+	/* a hard link to a symlink keeps the target; the last unlink drops it */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, ino_of(d, "s"), d, "s2", &a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "s", &a), 0);
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, a.ino, buf, sizeof(buf)), 0);
+	CHECK(strcmp(buf, "target/path") == 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "s2", &a), 0);
+	CHECK(a.nlink == 0);
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, a.ino, buf, sizeof(buf)), -ENOENT);
+}
+
+static void test_setattr_extend(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "sa", 0755), f = create_as(&ROOT, d, "f");
+	uint64_t s;
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr a, before;
+
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, d, "s", "f", &a), 0);
+	s = a.ino;
+	sa.mode = 0600;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_MODE, sa), 0);
+	CHECK(attr_of(f).mode == (S_IFREG | 0600));
+	sa.uid = 5;
+	sa.gid = 6;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_UID | STK_SETATTR_GID, sa), 0);
+	a = attr_of(f);
+	CHECK(a.uid == 5 && a.gid == 6);
+
+	/* truncate: size, blocks, and mtime follow */
+	sa.mtime_sec = 100;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_MTIME, sa), 0);
+	sa.size = 1000;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	a = attr_of(f);
+	CHECK(a.size == 1000 && a.blocks == 2 && a.mtime_sec > 100);
+	CHECK_RC(setattr_as(&ROOT, d, STK_SETATTR_SIZE, sa), -EISDIR);
+	CHECK_RC(setattr_as(&ROOT, s, STK_SETATTR_SIZE, sa), -EINVAL);
+
+	/* explicit times, then "now" */
+	sa.atime_sec = 1000;
+	sa.atime_nsec = 5;
+	sa.mtime_sec = 2000;
+	sa.mtime_nsec = 6;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_ATIME | STK_SETATTR_MTIME, sa), 0);
+	a = attr_of(f);
+	CHECK(a.atime_sec == 1000 && a.atime_nsec == 5 && a.mtime_sec == 2000 && a.mtime_nsec == 6);
+	CHECK(a.ctime_sec > 2000);
+	CHECK_RC(setattr_as(&ROOT, f,
+			    STK_SETATTR_ATIME | STK_SETATTR_MTIME | STK_SETATTR_ATIME_NOW |
+				STK_SETATTR_MTIME_NOW,
+			    sa),
+		 0);
+	a = attr_of(f);
+	CHECK(a.atime_sec > 1000 && a.mtime_sec > 2000);
+	sa.mtime_nsec = 1000000000;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_MTIME, sa), -EINVAL);
+	CHECK_RC(setattr_as(&ROOT, f, 0x1000, sa), -EINVAL);
+	CHECK_RC(setattr_as(&ROOT, 999999, STK_SETATTR_MODE, sa), -ENOENT);
+
+	/* chown of a non-directory drops setuid, and setgid when group-executable */
+	sa.mode = 06755;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_MODE, sa), 0);
+	sa.uid = 7;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_UID, sa), 0);
+	CHECK((attr_of(f).mode & 07777) == 0755);
+	sa.mode = 02745; /* setgid without group exec: mandatory-locking mark, kept */
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_MODE, sa), 0);
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_UID, sa), 0);
+	CHECK((attr_of(f).mode & 07777) == 02745);
+
+	/* extend: size only grows; mtime as given, or now */
+	before = attr_of(f);
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, f, 5000, 3000, 7, &a), 0);
+	CHECK(a.size == 5000 && a.blocks == 10 && a.mtime_sec == 3000 && a.mtime_nsec == 7);
+	CHECK(a.ctime_sec >= before.ctime_sec);
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, f, 10, 0, 0, &a), 0);
+	CHECK(a.size == 5000 && a.mtime_sec > 3000);
+	CHECK(attr_of(f).size == 5000);
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, d, 10, 0, 0, &a), -EISDIR);
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, s, 10, 0, 0, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, 999999, 10, 0, 0, &a), -ENOENT);
+}
+
+static void test_rename(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "rn", 0755);
+	uint64_t d1 = mkdir_as(&ROOT, d, "d1", 0755), d2 = mkdir_as(&ROOT, d, "d2", 0755);
+	uint64_t a, x, y, sub, t, u, e;
+	struct stk_attr at;
+	int replaced;
+
+	/* plain renames, in one directory and across two */
+	a = create_as(&ROOT, d1, "a");
+	CHECK_RC(rename_as(&ROOT, d1, "a", d1, "b", 0), 0);
+	CHECK(ino_of(d1, "a") == 0 && ino_of(d1, "b") == a);
+	CHECK_RC(rename_as(&ROOT, d1, "b", d2, "b", 0), 0);
+	CHECK(ino_of(d1, "b") == 0 && ino_of(d2, "b") == a);
+	CHECK_RC(rename_as(&ROOT, d1, "missing", d2, "c", 0), -ENOENT);
+	CHECK_RC(rename_as(&ROOT, d1, "b", 123456, "c", 0), -ENOENT);
+
+	/* over a file: replaced, and its attributes after */
+	x = create_as(&ROOT, d1, "x");
+	y = create_as(&ROOT, d1, "y");
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d1, "x", d1, "y", 0, &replaced, &at), 0);
+	CHECK(replaced == 1 && at.ino == y && at.nlink == 0);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, y, &at), -ENOENT);
+	CHECK(ino_of(d1, "y") == x && ino_of(d1, "x") == 0);
+	y = create_as(&ROOT, d1, "y2");
+	CHECK_RC(stk_meta_store_link(st, &ROOT, y, d1, "y3", &at), 0);
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d1, "y", d1, "y2", 0, &replaced, &at), 0);
+	CHECK(replaced == 1 && at.ino == y && at.nlink == 1);
+	CHECK(attr_of(y).nlink == 1);
+
+	/* type rules */
+	sub = mkdir_as(&ROOT, d1, "sub", 0755);
+	mkdir_as(&ROOT, d1, "full", 0755);
+	create_as(&ROOT, ino_of(d1, "full"), "inside");
+	CHECK_RC(rename_as(&ROOT, d1, "y2", d1, "sub", 0), -EISDIR);
+	CHECK_RC(rename_as(&ROOT, d1, "sub", d1, "y2", 0), -ENOTDIR);
+	CHECK_RC(rename_as(&ROOT, d1, "sub", d1, "full", 0), -ENOTEMPTY);
+	mkdir_as(&ROOT, d2, "empty", 0755);
+	CHECK(attr_of(d1).nlink == 4 && attr_of(d2).nlink == 3);
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d1, "sub", d2, "empty", 0, &replaced, &at), 0);
+	CHECK(replaced == 0);
+	CHECK(ino_of(d2, "empty") == sub && ino_of(d1, "sub") == 0);
+	CHECK(attr_of(d1).nlink == 3 && attr_of(d2).nlink == 3);
+	CHECK(ino_of(sub, "..") == d2);
+	/* a directory over an empty one in the same parent */
+	mkdir_as(&ROOT, d2, "e2", 0755);
+	CHECK(attr_of(d2).nlink == 4);
+	CHECK_RC(rename_as(&ROOT, d2, "empty", d2, "e2", 0), 0);
+	CHECK(attr_of(d2).nlink == 3 && ino_of(d2, "e2") == sub);
+	/* a directory to a new name in another parent */
+	CHECK_RC(rename_as(&ROOT, d2, "e2", d1, "moved", 0), 0);
+	CHECK(attr_of(d1).nlink == 4 && attr_of(d2).nlink == 2);
+	CHECK(ino_of(sub, "..") == d1);
+
+	/* NOREPLACE, EXCHANGE, bad flags */
+	CHECK_RC(rename_as(&ROOT, d1, "y2", d1, "moved", STK_RENAME_NOREPLACE), -EEXIST);
+	CHECK_RC(rename_as(&ROOT, d1, "y2", d1, "fresh", STK_RENAME_NOREPLACE), 0);
+	CHECK_RC(rename_as(&ROOT, d1, "fresh", d2, "none", STK_RENAME_EXCHANGE), -ENOENT);
+	CHECK_RC(
+	    rename_as(&ROOT, d1, "fresh", d2, "none", STK_RENAME_EXCHANGE | STK_RENAME_NOREPLACE),
+	    -EINVAL);
+	CHECK_RC(rename_as(&ROOT, d1, "fresh", d2, "none", 0x8), -EINVAL);
+	/* exchange a file in d2 with a directory in d1: link counts and ".." follow */
+	e = create_as(&ROOT, d2, "efile");
+	CHECK(attr_of(d1).nlink == 4 && attr_of(d2).nlink == 2);
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d1, "moved", d2, "efile", STK_RENAME_EXCHANGE,
+				       &replaced, &at),
+		 0);
+	CHECK(replaced == 0);
+	CHECK(ino_of(d1, "moved") == e && ino_of(d2, "efile") == sub);
+	CHECK(attr_of(d1).nlink == 3 && attr_of(d2).nlink == 3);
+	CHECK(ino_of(sub, "..") == d2);
+
+	/* a directory cannot move into its own subtree */
+	t = mkdir_as(&ROOT, d, "t", 0755);
+	u = mkdir_as(&ROOT, t, "u", 0755);
+	create_as(&ROOT, u, "uf");
+	CHECK_RC(rename_as(&ROOT, d, "t", u, "t", 0), -EINVAL);
+	CHECK_RC(rename_as(&ROOT, d, "t", t, "t2", 0), -EINVAL);
+	CHECK_RC(rename_as(&ROOT, d, "t", u, "uf", STK_RENAME_EXCHANGE), -EINVAL);
+	CHECK_RC(rename_as(&ROOT, u, "uf", d, "t", STK_RENAME_EXCHANGE), -EINVAL);
+	CHECK(ino_of(d, "t") == t && ino_of(t, "u") == u);
+	/* onto its own ancestor: that ancestor is not empty */
+	CHECK_RC(rename_as(&ROOT, t, "u", d, "t", 0), -ENOTEMPTY);
+
+	/* two names of one inode, or one name onto itself: nothing happens */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, e, d1, "e2", &at), 0);
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d1, "moved", d1, "e2", 0, &replaced, &at), 0);
+	CHECK(replaced == 0 && ino_of(d1, "moved") == e && ino_of(d1, "e2") == e);
+	CHECK(attr_of(e).nlink == 2);
+	CHECK_RC(rename_as(&ROOT, d1, "moved", d1, "moved", 0), 0);
+	CHECK(ino_of(d1, "moved") == e);
+	CHECK_RC(rename_as(&ROOT, d1, "moved", d1, "moved", STK_RENAME_NOREPLACE), -EEXIST);
+	CHECK_RC(rename_as(&ROOT, d1, ".", d1, "z", 0), -EINVAL);
+}
+
+static void test_permissions(void)
+{
+	uint64_t p, priv, f, tmp, af, bf, ast, sg, a1, a2, rd;
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr a;
+	int created, eof;
+
+	p = mkdir_as(&ROOT, STK_ROOT_INO, "perm", 0755);
+	CHECK_RC(stk_meta_store_create(st, &ALICE, p, "f", 0644, 0, NULL, &PL4, &a, &created),
+		 -EACCES);
+	CHECK_RC(stk_meta_store_mkdir(st, &ALICE, p, "d", 0755, &a), -EACCES);
+	CHECK_RC(stk_meta_store_lookup(st, &ALICE, p, "nothing", &a), -ENOENT);
+	sa.mode = 0777;
+	CHECK_RC(setattr_as(&ALICE, p, STK_SETATTR_MODE, sa), -EPERM);
+	CHECK_RC(setattr_as(&ROOT, p, STK_SETATTR_MODE, sa), 0);
+	f = create_as(&ALICE, p, "f");
+	a = attr_of(f);
+	CHECK(a.uid == 1001 && a.gid == 1001);
+
+	/* search and read permission on directories */
+	priv = mkdir_as(&ROOT, p, "priv", 0700);
+	create_as(&ROOT, priv, "secret");
+	CHECK_RC(stk_meta_store_lookup(st, &ALICE, priv, "secret", &a), -EACCES);
+	CHECK_RC(stk_meta_store_readdir(st, &ALICE, priv, 0, 0, NULL, NULL, &eof), -EACCES);
+	CHECK_RC(stk_meta_store_mkdir(st, &ALICE, priv, "x", 0755, &a), -EACCES);
+	CHECK_RC(stk_meta_store_link(st, &ALICE, f, priv, "x", &a), -EACCES);
+	CHECK_RC(stk_meta_store_unlink(st, &ALICE, priv, "secret", &a), -EACCES);
+	sa.mode = 0711; /* search but no read */
+	CHECK_RC(setattr_as(&ROOT, priv, STK_SETATTR_MODE, sa), 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ALICE, priv, "secret", &a), 0);
+	CHECK_RC(stk_meta_store_readdir(st, &ALICE, priv, 0, 0, NULL, NULL, &eof), -EACCES);
+	CHECK_RC(stk_meta_store_unlink(st, &ALICE, priv, "secret", &a), -EACCES);
+
+	/* chmod by the owner only; chown by root only; chgrp to one's own groups */
+	sa.mode = 0640;
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_MODE, sa), -EPERM);
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_MODE, sa), 0);
+	sa.uid = 1002;
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_UID, sa), -EPERM);
+	sa.uid = 1001;
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_UID, sa), 0);
+	sa.gid = 2001;
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_GID, sa), 0);
+	CHECK(attr_of(f).gid == 2001);
+	sa.gid = 3000;
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_GID, sa), -EPERM);
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_GID, sa), -EPERM);
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_GID, sa), 0);
+	/* the owner outside the file's group cannot set setgid */
+	sa.mode = 02755;
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_MODE, sa), 0);
+	CHECK((attr_of(f).mode & 07777) == 0755);
+
+	/* truncate needs write; explicit times need ownership; "now" needs write */
+	sa.mode = 0644;
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_MODE, sa), 0);
+	sa.size = 10;
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_SIZE, sa), -EACCES);
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_SIZE, sa), 0);
+	sa.mtime_sec = 5;
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_MTIME, sa), -EPERM);
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_MTIME | STK_SETATTR_MTIME_NOW, sa), -EACCES);
+	sa.mode = 0666;
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_MODE, sa), 0);
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_MTIME | STK_SETATTR_MTIME_NOW, sa), 0);
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_ATIME_NOW, sa), 0);
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_MTIME, sa), -EPERM);
+	CHECK_RC(setattr_as(&ALICE, f, STK_SETATTR_MTIME, sa), 0);
+
+	/* sticky directory: only the entry's owner, the directory's owner, or root */
+	tmp = mkdir_as(&ROOT, p, "tmp", 01777);
+	af = create_as(&ALICE, tmp, "af");
+	bf = create_as(&BOB, tmp, "bf");
+	CHECK_RC(stk_meta_store_unlink(st, &BOB, tmp, "af", &a), -EPERM);
+	CHECK_RC(rename_as(&BOB, tmp, "af", tmp, "taken", 0), -EPERM);
+	CHECK_RC(rename_as(&BOB, tmp, "bf", tmp, "af", 0), -EPERM);
+	CHECK_RC(rename_as(&BOB, tmp, "bf", tmp, "bf2", 0), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ALICE, tmp, "af", &a), 0);
+	CHECK(a.ino == af && a.nlink == 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, tmp, "bf2", &a), 0);
+	CHECK(a.ino == bf);
+	ast = mkdir_as(&ALICE, p, "ast", 01777);
+	create_as(&BOB, ast, "bobs");
+	CHECK_RC(stk_meta_store_unlink(st, &ALICE, ast, "bobs", &a), 0);
+	/* in a plain writable directory anyone with write may remove */
+	create_as(&ALICE, p, "plain");
+	CHECK_RC(stk_meta_store_unlink(st, &BOB, p, "plain", &a), 0);
+
+	/* setgid directory: its group passes on, and its setgid bit to subdirectories */
+	sg = mkdir_as(&ROOT, p, "sg", 0777);
+	sa.mode = 02777;
+	sa.gid = 4000;
+	CHECK_RC(setattr_as(&ROOT, sg, STK_SETATTR_MODE | STK_SETATTR_GID, sa), 0);
+	CHECK(attr_of(sg).mode == (S_IFDIR | 02777));
+	a = attr_of(create_as(&ALICE, sg, "file"));
+	CHECK(a.gid == 4000 && a.uid == 1001 && !(a.mode & S_ISGID));
+	a = attr_of(mkdir_as(&ALICE, sg, "sub", 0755));
+	CHECK(a.gid == 4000 && (a.mode & 07777) == 02755);
+	CHECK_RC(stk_meta_store_symlink(st, &ALICE, sg, "ln", "file", &a), 0);
+	CHECK(a.gid == 4000 && a.uid == 1001);
+	/* a setgid file the caller's groups do not cover loses the bit */
+	CHECK_RC(stk_meta_store_create(st, &ALICE, sg, "sgf", 02755, 0, NULL, &PL4, &a, &created),
+		 0);
+	CHECK((a.mode & 07777) == 0755);
+	CHECK_RC(stk_meta_store_create(st, &ALICE, p, "sgf", 02755, 0, NULL, &PL4, &a, &created),
+		 0);
+	CHECK((a.mode & 07777) == 02755);
+
+	/* moving a directory to another parent needs write on it (its ".." changes) */
+	a1 = mkdir_as(&ALICE, p, "a1", 0755);
+	a2 = mkdir_as(&ALICE, p, "a2", 0755);
+	rd = mkdir_as(&ROOT, a1, "rd", 0755);
+	CHECK_RC(rename_as(&ALICE, a1, "rd", a2, "rd", 0), -EACCES);
+	CHECK_RC(rename_as(&ALICE, a1, "rd", a1, "rd2", 0), 0); /* same parent: fine */
+	CHECK(ino_of(a1, "rd2") == rd);
+	CHECK_RC(rename_as(&BOB, a1, "rd2", a1, "rd3", 0), -EACCES); /* no write on a1 */
+	CHECK_RC(rename_as(&ROOT, a1, "rd2", a2, "rd", 0), 0);
+	CHECK(ino_of(a2, "rd") == rd);
+}
+
+/* ---- readdir ---- */
+
+#define BIG_N 20000
+#define BIG_ADDED 300
+
+struct listing {
+	int seen[BIG_N];
+	int added[BIG_ADDED];
+	int bad;	     /* entries with an unexpected name or type */
+	uint32_t n;	     /* entries in this call */
+	uint32_t stop_after; /* the callback says "full" after this many (0: never) */
+	uint64_t last_cookie;
+	char last_name[STK_NAME_MAX + 1];
+};
+
+static int collect(void *ctx, const struct stk_msg_dirent *d)
+{
+	struct listing *l = ctx;
+	unsigned idx;
+	char tail;
+
+	if (l->stop_after && l->n == l->stop_after)
+		return 1;
+	if (sscanf(d->name, "f%5u%c", &idx, &tail) == 1 && idx < BIG_N)
+		l->seen[idx]++;
+	else if (sscanf(d->name, "n%5u%c", &idx, &tail) == 1 && idx < BIG_ADDED)
+		l->added[idx]++;
+	else
+		l->bad++;
+	if (d->mode != S_IFREG || d->ino == 0 || d->next_cookie == 0)
+		l->bad++;
+	l->n++;
+	l->last_cookie = d->next_cookie;
+	snprintf(l->last_name, sizeof(l->last_name), "%s", d->name);
+	return 0;
+}
+
+static void big_name(char *buf, size_t len, char prefix, unsigned i)
+{
+	snprintf(buf, len, "%c%05u", prefix, i);
+}
+
+static uint64_t big_fill(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "big", 0755);
+	char name[16];
+
+	for (unsigned i = 0; i < BIG_N; i++) {
+		big_name(name, sizeof(name), 'f', i);
+		create_as(&ROOT, d, name);
+	}
+	return d;
+}
+
+/* Lists d to the end from cookie, 1000 entries per call. Returns the number of calls. */
+static int big_list_rest(uint64_t d, uint64_t cookie, struct listing *l)
+{
+	int calls = 0, eof = 0;
+
+	while (!eof && calls < 1000) {
+		l->n = 0;
+		CHECK_RC(stk_meta_store_readdir(st, &ROOT, d, cookie, 1000, collect, l, &eof), 0);
+		CHECK(l->n <= 1000);
+		CHECK(eof || l->n == 1000);
+		cookie = l->last_cookie;
+		calls++;
+	}
+	CHECK(eof);
+	return calls;
+}
+
+static void test_readdir_big(struct listing *l, uint64_t *dir_out)
+{
+	static char removed_unseen[BIG_N];
+	uint64_t d = big_fill(), cookie;
+	unsigned removed = 0, nrm_seen = 0;
+	char name[16];
+	struct stk_attr a;
+	int eof;
+
+	*dir_out = d;
+	memset(l, 0, sizeof(*l));
+	memset(removed_unseen, 0, sizeof(removed_unseen));
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, d, 0, 1000, collect, l, &eof), 0);
+	CHECK(l->n == 1000 && !eof);
+	cookie = l->last_cookie;
+
+	/* the entry the listing resumes after goes first, then more on both sides */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, l->last_name, &a), 0);
+	for (unsigned i = 0; i < BIG_N && (removed < 500 || nrm_seen < 500); i++) {
+		big_name(name, sizeof(name), 'f', i);
+		if (l->seen[i] && nrm_seen < 500 && strcmp(name, l->last_name) != 0) {
+			CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, name, &a), 0);
+			nrm_seen++;
+		} else if (!l->seen[i] && removed < 500) {
+			CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, name, &a), 0);
+			removed_unseen[i] = 1;
+			removed++;
+		}
+	}
+	for (unsigned i = 0; i < BIG_ADDED; i++) {
+		big_name(name, sizeof(name), 'n', i);
+		create_as(&ROOT, d, name);
+	}
+	CHECK(big_list_rest(d, cookie, l) >= 18);
+
+	for (unsigned i = 0; i < BIG_N; i++) {
+		if (removed_unseen[i])
+			CHECK(l->seen[i] == 0);
+		else
+			CHECK(l->seen[i] == 1);
+	}
+	for (unsigned i = 0; i < BIG_ADDED; i++)
+		CHECK(l->added[i] <= 1);
+	CHECK(l->bad == 0);
+
+	/* a full listing now sees exactly what is there */
+	memset(l, 0, sizeof(*l));
+	big_list_rest(d, 0, l);
+	for (unsigned i = 0; i < BIG_N; i++) {
+		big_name(name, sizeof(name), 'f', i);
+		CHECK(l->seen[i] == (ino_of(d, name) != 0));
+	}
+	for (unsigned i = 0; i < BIG_ADDED; i++)
+		CHECK(l->added[i] == 1);
+	CHECK(l->bad == 0);
+}
+
+static void test_readdir_small(void)
+{
+	static struct listing l;
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "rd", 0755), f;
+	char name[16];
+	int eof;
+
+	memset(&l, 0, sizeof(l));
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, d, 0, 10, collect, &l, &eof), 0);
+	CHECK(eof && l.n == 0);
+	for (unsigned i = 0; i < 25; i++) {
+		big_name(name, sizeof(name), 'f', i);
+		create_as(&ROOT, d, name);
+	}
+	/* the callback may stop the listing: that entry is not consumed */
+	l.stop_after = 10;
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, d, 0, 0, collect, &l, &eof), 0);
+	CHECK(!eof && l.n == 10);
+	l.stop_after = 0;
+	l.n = 0;
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, d, l.last_cookie, 0, collect, &l, &eof), 0);
+	CHECK(eof && l.n == 15);
+	for (unsigned i = 0; i < 25; i++)
+		CHECK(l.seen[i] == 1);
+	/* exactly max entries left: the listing cannot know it ended */
+	memset(&l, 0, sizeof(l));
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, d, 0, 25, collect, &l, &eof), 0);
+	CHECK(l.n == 25);
+	l.n = 0;
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, d, l.last_cookie, 25, collect, &l, &eof), 0);
+	CHECK(eof && l.n == 0);
+	f = ino_of(d, "f00000");
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, f, 0, 10, collect, &l, &eof), -ENOTDIR);
+	CHECK_RC(stk_meta_store_readdir(st, &ROOT, 987654, 0, 10, collect, &l, &eof), -ENOENT);
+}
+
+/* ---- concurrency ---- */
+
+#define THREADS 4
+#define PER_THREAD 300
+
+struct worker {
+	pthread_t tid;
+	unsigned id;
+	uint64_t dir;
+	int errors;
+};
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct stk_attr a;
+	char name[32];
+	int created;
+
+	for (unsigned i = 0; i < PER_THREAD; i++) {
+		snprintf(name, sizeof(name), "t%u-%u", w->id, i);
+		if (stk_meta_store_create(st, &ROOT, w->dir, name, 0644, STK_CREATE_EXCL, NULL,
+					  &PL4, &a, &created) ||
+		    stk_meta_store_lookup(st, &ROOT, w->dir, name, &a))
+			w->errors++;
+		snprintf(name, sizeof(name), "d%u-%u", w->id, i);
+		if (i % 10 == 0 && stk_meta_store_mkdir(st, &ROOT, w->dir, name, 0755, &a))
+			w->errors++;
+	}
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	struct worker w[THREADS];
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "thr", 0755), files0, files1;
+
+	CHECK_RC(stk_meta_store_statfs(st, &files0), 0);
+	for (unsigned i = 0; i < THREADS; i++) {
+		w[i].id = i;
+		w[i].dir = d;
+		w[i].errors = 0;
+		CHECK(pthread_create(&w[i].tid, NULL, worker_main, &w[i]) == 0);
+	}
+	for (unsigned i = 0; i < THREADS; i++) {
+		pthread_join(w[i].tid, NULL);
+		CHECK(w[i].errors == 0);
+	}
+	CHECK_RC(stk_meta_store_statfs(st, &files1), 0);
+	CHECK(files1 == files0 + THREADS * (PER_THREAD + PER_THREAD / 10));
+	CHECK(attr_of(d).nlink == 2 + THREADS * (PER_THREAD / 10));
+}
+
+/* ---- reopen ---- */
+
+static int same_attr(const struct stk_attr *x, const struct stk_attr *y)
+{
+	return x->ino == y->ino && x->mode == y->mode && x->nlink == y->nlink && x->uid == y->uid &&
+	       x->gid == y->gid && x->size == y->size && x->mtime_sec == y->mtime_sec &&
+	       x->mtime_nsec == y->mtime_nsec && x->ctime_sec == y->ctime_sec &&
+	       x->atime_sec == y->atime_sec && x->blocks == y->blocks &&
+	       memcmp(&x->layout, &y->layout, sizeof(x->layout)) == 0;
+}
+
+static void test_reopen(uint64_t big, struct listing *l)
+{
+	uint64_t files0, files1, max_ino = 0, n;
+	struct stk_attr root0, big0, lay0, a;
+	char buf[STK_PATH_MAX + 1];
+	uint64_t cr = ino_of(STK_ROOT_INO, "cr");
+
+	root0 = attr_of(STK_ROOT_INO);
+	big0 = attr_of(big);
+	lay0 = attr_of(ino_of(cr, "lay"));
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, cr, "keep", "/some/where", &a), 0);
+	max_ino = a.ino;
+	CHECK_RC(stk_meta_store_statfs(st, &files0), 0);
+	CHECK_RC(stk_meta_store_sync(st), 0);
+	stk_meta_store_close(st);
+	st = NULL;
+
+	CHECK_RC(open_store(), 0);
+	if (!st)
+		return;
+	a = attr_of(STK_ROOT_INO);
+	CHECK(same_attr(&a, &root0));
+	a = attr_of(big);
+	CHECK(same_attr(&a, &big0));
+	a = attr_of(ino_of(cr, "lay"));
+	CHECK(same_attr(&a, &lay0));
+	CHECK_RC(stk_meta_store_readlink(st, &ROOT, ino_of(cr, "keep"), buf, sizeof(buf)), 0);
+	CHECK(strcmp(buf, "/some/where") == 0);
+	CHECK_RC(stk_meta_store_statfs(st, &files1), 0);
+	CHECK(files1 == files0);
+	n = create_as(&ROOT, cr, "after_reopen");
+	CHECK(n > max_ino);
+	memset(l, 0, sizeof(*l));
+	big_list_rest(big, 0, l);
+	CHECK(l->bad == 0 && l->added[0] == 1 && l->added[BIG_ADDED - 1] == 1);
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	return remove(path);
+}
+
+int main(void)
+{
+	static struct listing listing;
+	uint64_t big = 0;
+
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 77;
+	}
+	if (open_store()) {
+		fprintf(stderr, "cannot open a store in %s\n", tmpdir);
+		nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+		return 1;
+	}
+	test_root();
+	test_names();
+	test_create();
+	test_mkdir_rmdir();
+	test_link_unlink();
+	test_symlink();
+	test_setattr_extend();
+	test_rename();
+	test_permissions();
+	test_readdir_small();
+	test_readdir_big(&listing, &big);
+	test_threads();
+	test_reopen(big, &listing);
+	if (st)
+		stk_meta_store_close(st);
+	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+	if (failures) {
+		fprintf(stderr, "test_meta_store: %d checks failed\n", failures);
+		return 1;
+	}
+	printf("test_meta_store: ok\n");
+	return 0;
+}
