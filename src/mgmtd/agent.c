@@ -1,0 +1,555 @@
+/*
+ * The node agent: registration, heartbeats and the routing snapshot of a meta or
+ * storage daemon (see agent.h).
+ *
+ * All talk with mgmtd goes through one connection guarded by call_lock: mgmtd is
+ * asked a few things a second at most, so there is nothing to gain from more. A
+ * call that fails in transport reconnects once and retries (mgmtd may have
+ * restarted since the connection was made); anything else is reported.
+ *
+ * The routing table is published as a reference-counted snapshot: readers take a
+ * reference under `lock`, use the table without any lock, and drop it; a refresh
+ * swaps in a new snapshot and the old one is freed when its last reader lets go.
+ * Many request threads may ask for a refresh at once (every client with a stale
+ * table sends them); fetches are numbered as they start, so a thread that finds,
+ * once it gets its turn, that a fetch which started after its request has already
+ * finished, skips its own.
+ */
+#include "agent.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/daemon.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../net/net.h"
+#include "../proto/status.h"
+
+#define AGENT_CONNECT_TIMEOUT_MS 2000
+#define AGENT_RETRY_MS 200
+#define AGENT_HEARTBEAT_MS 1000
+#define AGENT_MAX_TARGETS 1024
+
+struct stk_agent {
+	char mgmtd[STK_ADDR_MAX];
+	char addr[STK_ADDR_MAX];
+	uint8_t role;
+	stk_agent_targets_fn targets;
+	void *ctx;
+
+	pthread_mutex_t call_lock; /* protects conn, buf, resp, tinfo, tids, ntids, node_id */
+	struct stk_conn *conn;
+	uint8_t *buf;			   /* STK_MAX_PAYLOAD: requests are built here */
+	uint8_t *resp;			   /* STK_MAX_PAYLOAD: replies land here */
+	struct stk_msg_target_info *tinfo; /* AGENT_MAX_TARGETS records; NULL without targets */
+	uint32_t *tids;			   /* ids mgmtd gave the targets, by report position */
+	uint32_t ntids;
+	uint32_t node_id;
+
+	pthread_mutex_t lock;	     /* protects cur, its refs, stop, fetch_started, fetch_done */
+	struct stk_routing_ref *cur; /* replaced under both locks, so either one may read it */
+	uint64_t fetch_started;	     /* fetches started so far (each one's number) */
+	uint64_t fetch_done;	     /* number of the last fetch that succeeded */
+	int stop;
+	pthread_t hb_thread;
+};
+
+/*
+ * One request/reply with mgmtd. Call with call_lock held. *answered is set when
+ * mgmtd replied (whatever the status): the caller tells "mgmtd said no" from
+ * "mgmtd is unreachable". Returns 0 or -errno (a transport error or the status).
+ */
+static int agent_call(struct stk_agent *a, uint16_t op, size_t req_len, size_t *resp_len,
+		      int *answered)
+{
+	struct stk_rpc rpc;
+	int rc = 0;
+
+	*answered = 0;
+	for (int attempt = 0; attempt < 2; attempt++) {
+		if (a->conn && stk_conn_broken(a->conn)) {
+			stk_conn_close(a->conn);
+			a->conn = NULL;
+		}
+		if (!a->conn) {
+			rc = stk_conn_connect(a->mgmtd, AGENT_CONNECT_TIMEOUT_MS, &a->conn);
+			if (rc) {
+				a->conn = NULL;
+				return rc;
+			}
+		}
+		memset(&rpc, 0, sizeof(rpc));
+		rpc.opcode = op;
+		rpc.req = a->buf;
+		rpc.req_len = req_len;
+		rpc.resp = a->resp;
+		rpc.resp_cap = STK_MAX_PAYLOAD;
+		rc = stk_rpc_send(a->conn, &rpc);
+		if (rc == 0)
+			rc = stk_rpc_recv(a->conn, &rpc);
+		if (rc == 0) {
+			*answered = 1;
+			*resp_len = rpc.resp_len;
+			return stk_status_to_errno(rpc.status);
+		}
+	}
+	return rc;
+}
+
+/* Asks the daemon for its targets, filling in the ids mgmtd gave them earlier. */
+static uint32_t collect_targets(struct stk_agent *a)
+{
+	uint32_t n;
+
+	if (!a->targets)
+		return 0;
+	n = a->targets(a->ctx, a->tinfo, AGENT_MAX_TARGETS);
+	if (n > AGENT_MAX_TARGETS)
+		n = AGENT_MAX_TARGETS;
+	for (uint32_t i = 0; i < n && i < a->ntids; i++)
+		if (a->tinfo[i].target_id == 0)
+			a->tinfo[i].target_id = a->tids[i];
+	return n;
+}
+
+/* MGMT_REGISTER. Call with call_lock held. */
+static int do_register(struct stk_agent *a, int *answered)
+{
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_msg_mgmt_register_resp rp;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t resp_len = 0;
+	uint32_t n;
+	int rc;
+
+	n = collect_targets(a);
+	memset(&rq, 0, sizeof(rq));
+	rq.node_id = a->node_id;
+	rq.role = a->role;
+	stk_strlcpy(rq.addr, a->addr, sizeof(rq.addr));
+	rq.ntargets = n;
+	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
+	stk_msg_mgmt_register_req_enc(&w, &rq);
+	for (uint32_t i = 0; i < n; i++)
+		stk_msg_target_info_enc(&w, &a->tinfo[i]);
+	if (w.err)
+		return w.err;
+	rc = agent_call(a, STK_OP_MGMT_REGISTER, w.len, &resp_len, answered);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, a->resp, resp_len);
+	if (stk_msg_mgmt_register_resp_dec(&r, &rp) || rp.ntargets != n || rp.node_id == 0)
+		return -EBADMSG;
+	for (uint32_t i = 0; i < n; i++)
+		a->tids[i] = stk_get_u32(&r);
+	if (stk_rbuf_finish(&r))
+		return -EBADMSG;
+	a->ntids = n;
+	if (a->node_id && a->node_id != rp.node_id)
+		stk_warn("mgmtd did not know node %u: registered as node %u", a->node_id,
+			 rp.node_id);
+	a->node_id = rp.node_id;
+	return 0;
+}
+
+/* Fetches the routing table newer than `known` from mgmtd. Call with call_lock held. */
+static int fetch_routing(struct stk_agent *a, uint64_t known, struct stk_routing *rt, int *answered)
+{
+	struct stk_msg_mgmt_get_routing_req rq = {.known_version = known};
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t resp_len = 0;
+	int rc;
+
+	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
+	rc = stk_msg_mgmt_get_routing_req_enc(&w, &rq);
+	if (rc)
+		return rc;
+	rc = agent_call(a, STK_OP_MGMT_GET_ROUTING, w.len, &resp_len, answered);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, a->resp, resp_len);
+	rc = stk_routing_decode(&r, rt);
+	if (rc)
+		return rc;
+	if (stk_rbuf_finish(&r)) {
+		stk_routing_free(rt);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+static void ref_drop(struct stk_agent *a, struct stk_routing_ref *ref)
+{
+	int last;
+
+	if (!ref)
+		return;
+	pthread_mutex_lock(&a->lock);
+	last = --ref->refs == 0;
+	pthread_mutex_unlock(&a->lock);
+	if (last) {
+		stk_routing_free(&ref->rt);
+		free(ref);
+	}
+}
+
+/*
+ * Fetches the routing table and publishes it if it is newer; with `full`, the
+ * whole table whatever version we hold. Call with call_lock held. 0 or -errno.
+ */
+static int fetch_and_publish(struct stk_agent *a, int full, int *answered)
+{
+	struct stk_routing_ref *ref, *old;
+	uint64_t known = 0, seq;
+	int rc;
+
+	pthread_mutex_lock(&a->lock);
+	if (a->cur && !full)
+		known = a->cur->rt.version;
+	seq = ++a->fetch_started;
+	pthread_mutex_unlock(&a->lock);
+	ref = calloc(1, sizeof(*ref));
+	if (!ref)
+		return -ENOMEM;
+	rc = fetch_routing(a, known, &ref->rt, answered);
+	if (rc) {
+		free(ref);
+		return rc;
+	}
+	/* An unchanged table comes back as a bare header: keep the one we hold. */
+	if (a->cur && known && ref->rt.version == known) {
+		stk_routing_free(&ref->rt);
+		free(ref);
+		pthread_mutex_lock(&a->lock);
+		a->fetch_done = seq;
+		pthread_mutex_unlock(&a->lock);
+		return 0;
+	}
+	ref->refs = 1;
+	pthread_mutex_lock(&a->lock);
+	old = a->cur;
+	a->cur = ref;
+	a->fetch_done = seq;
+	pthread_mutex_unlock(&a->lock);
+	stk_debug("routing version %llu: %u nodes, %u targets, %u chains",
+		  (unsigned long long)ref->rt.version, ref->rt.nnodes, ref->rt.ntargets,
+		  ref->rt.nchains);
+	ref_drop(a, old);
+	return 0;
+}
+
+static int refresh_locked(struct stk_agent *a, int *answered)
+{
+	return fetch_and_publish(a, 0, answered);
+}
+
+/* MGMT_HEARTBEAT; *version is mgmtd's routing version. Call with call_lock held. */
+static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
+{
+	struct stk_msg_mgmt_heartbeat_req rq;
+	struct stk_msg_mgmt_heartbeat_resp rp;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t resp_len = 0;
+	uint32_t n;
+	int rc;
+
+	n = collect_targets(a);
+	rq.node_id = a->node_id;
+	rq.ntargets = n;
+	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
+	stk_msg_mgmt_heartbeat_req_enc(&w, &rq);
+	for (uint32_t i = 0; i < n; i++)
+		stk_msg_target_info_enc(&w, &a->tinfo[i]);
+	if (w.err)
+		return w.err;
+	rc = agent_call(a, STK_OP_MGMT_HEARTBEAT, w.len, &resp_len, answered);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, a->resp, resp_len);
+	if (stk_msg_mgmt_heartbeat_resp_dec(&r, &rp) || stk_rbuf_finish(&r))
+		return -EBADMSG;
+	*version = rp.routing_version;
+	return 0;
+}
+
+static int agent_stopping(struct stk_agent *a)
+{
+	int stop;
+
+	pthread_mutex_lock(&a->lock);
+	stop = a->stop;
+	pthread_mutex_unlock(&a->lock);
+	return stop || stk_daemon_stopping();
+}
+
+/* Sleeps ms in short slices so that both a daemon stop and stk_agent_stop wake it. */
+static int agent_sleep(struct stk_agent *a, unsigned ms)
+{
+	while (ms > 0) {
+		unsigned slice = ms < 100 ? ms : 100;
+
+		if (agent_stopping(a) || stk_daemon_sleep_ms(slice))
+			return 1;
+		ms -= slice;
+	}
+	return agent_stopping(a);
+}
+
+static void heartbeat_once(struct stk_agent *a, int *reachable)
+{
+	uint64_t version = 0, held = 0;
+	int answered = 0, rc;
+
+	pthread_mutex_lock(&a->call_lock);
+	rc = do_heartbeat(a, &version, &answered);
+	if (rc == -ENOENT) {
+		stk_warn("mgmtd does not know node %u: registering again", a->node_id);
+		rc = do_register(a, &answered);
+		/* mgmtd's state was reset: its versions are not comparable with ours. */
+		if (rc == 0)
+			rc = fetch_and_publish(a, 1, &answered);
+	} else if (rc == 0) {
+		pthread_mutex_lock(&a->lock);
+		held = a->cur->rt.version;
+		pthread_mutex_unlock(&a->lock);
+		if (version != held)
+			rc = refresh_locked(a, &answered);
+	}
+	pthread_mutex_unlock(&a->call_lock);
+
+	/* Report reachability changes once, not every second. */
+	if (!answered && *reachable) {
+		stk_warn("mgmtd at %s unreachable: %s", a->mgmtd, strerror(-rc));
+		*reachable = 0;
+	} else if (answered && !*reachable) {
+		stk_info("mgmtd at %s reachable again", a->mgmtd);
+		*reachable = 1;
+	} else if (answered && rc) {
+		stk_warn("heartbeat to mgmtd at %s: %s", a->mgmtd, strerror(-rc));
+	}
+}
+
+static void *heartbeat_thread(void *arg)
+{
+	struct stk_agent *a = arg;
+	int reachable = 1;
+
+	while (!agent_sleep(a, AGENT_HEARTBEAT_MS))
+		heartbeat_once(a, &reachable);
+	return NULL;
+}
+
+static void agent_free(struct stk_agent *a)
+{
+	if (!a)
+		return;
+	if (a->conn)
+		stk_conn_close(a->conn);
+	if (a->cur) {
+		stk_routing_free(&a->cur->rt);
+		free(a->cur);
+	}
+	free(a->buf);
+	free(a->resp);
+	free(a->tinfo);
+	free(a->tids);
+	pthread_mutex_destroy(&a->call_lock);
+	pthread_mutex_destroy(&a->lock);
+	free(a);
+}
+
+/*
+ * Runs step until mgmtd answers, retrying every AGENT_RETRY_MS while it is
+ * unreachable. -EINTR if the daemon stops first.
+ */
+static int until_answered(struct stk_agent *a, int (*step)(struct stk_agent *, int *),
+			  const char *what)
+{
+	int answered = 0, logged = 0, rc;
+
+	for (;;) {
+		pthread_mutex_lock(&a->call_lock);
+		rc = step(a, &answered);
+		pthread_mutex_unlock(&a->call_lock);
+		if (answered ||
+		    (rc && rc != -ECONNREFUSED && rc != -ETIMEDOUT && rc != -EHOSTUNREACH &&
+		     rc != -ECONNRESET && rc != -EPIPE && rc != -ENETUNREACH && rc != -ENOTCONN))
+			return rc;
+		if (!logged) {
+			stk_info("waiting for mgmtd at %s to %s: %s", a->mgmtd, what,
+				 strerror(-rc));
+			logged = 1;
+		}
+		if (agent_sleep(a, AGENT_RETRY_MS))
+			return -EINTR;
+	}
+}
+
+int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, uint32_t *node_id,
+		    uint32_t *target_ids, uint32_t max_targets)
+{
+	struct stk_agent *a;
+	int rc;
+
+	if (!opts || opts->size < sizeof(*opts) || !opts->mgmtd || !opts->addr ||
+	    (opts->role != STK_ROLE_META && opts->role != STK_ROLE_STORAGE))
+		return -EINVAL;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	pthread_mutex_init(&a->call_lock, NULL);
+	pthread_mutex_init(&a->lock, NULL);
+	rc = -EINVAL;
+	if (stk_strlcpy(a->mgmtd, opts->mgmtd, sizeof(a->mgmtd)) ||
+	    stk_strlcpy(a->addr, opts->addr, sizeof(a->addr)))
+		goto out;
+	a->role = opts->role;
+	a->targets = opts->targets;
+	a->ctx = opts->ctx;
+	a->node_id = opts->node_id;
+	rc = -ENOMEM;
+	a->buf = malloc(STK_MAX_PAYLOAD);
+	a->resp = malloc(STK_MAX_PAYLOAD);
+	if (!a->buf || !a->resp)
+		goto out;
+	if (a->targets) {
+		a->tinfo = calloc(AGENT_MAX_TARGETS, sizeof(*a->tinfo));
+		a->tids = calloc(AGENT_MAX_TARGETS, sizeof(*a->tids));
+		if (!a->tinfo || !a->tids)
+			goto out;
+	}
+
+	rc = until_answered(a, do_register, "register");
+	if (rc) {
+		if (rc != -EINTR)
+			stk_error("registration with mgmtd at %s failed: %s", a->mgmtd,
+				  strerror(-rc));
+		goto out;
+	}
+	rc = until_answered(a, refresh_locked, "send the routing table");
+	if (rc) {
+		if (rc != -EINTR)
+			stk_error("cannot fetch the routing table from %s: %s", a->mgmtd,
+				  strerror(-rc));
+		goto out;
+	}
+	rc = -pthread_create(&a->hb_thread, NULL, heartbeat_thread, a);
+	if (rc)
+		goto out;
+	stk_info("registered with mgmtd at %s as node %u (routing version %llu)", a->mgmtd,
+		 a->node_id, (unsigned long long)a->cur->rt.version);
+	*node_id = a->node_id;
+	if (target_ids)
+		for (uint32_t i = 0; i < max_targets; i++)
+			target_ids[i] = i < a->ntids ? a->tids[i] : 0;
+	*out = a;
+	return 0;
+out:
+	agent_free(a);
+	return rc;
+}
+
+void stk_agent_stop(struct stk_agent *a)
+{
+	if (!a)
+		return;
+	pthread_mutex_lock(&a->lock);
+	a->stop = 1;
+	pthread_mutex_unlock(&a->lock);
+	pthread_join(a->hb_thread, NULL);
+	/* Readers must have dropped their references before the daemon stops the agent. */
+	pthread_mutex_lock(&a->lock);
+	if (a->cur && a->cur->refs > 1)
+		stk_warn("agent stopped with %d routing references still held", a->cur->refs - 1);
+	pthread_mutex_unlock(&a->lock);
+	agent_free(a);
+}
+
+struct stk_routing_ref *stk_agent_routing_get(struct stk_agent *a)
+{
+	struct stk_routing_ref *r;
+
+	pthread_mutex_lock(&a->lock);
+	r = a->cur;
+	r->refs++;
+	pthread_mutex_unlock(&a->lock);
+	return r;
+}
+
+void stk_agent_routing_put(struct stk_agent *a, struct stk_routing_ref *r)
+{
+	ref_drop(a, r);
+}
+
+int stk_agent_routing_refresh(struct stk_agent *a)
+{
+	uint64_t started;
+	int answered = 0, rc = 0;
+
+	pthread_mutex_lock(&a->lock);
+	started = a->fetch_started;
+	pthread_mutex_unlock(&a->lock);
+	pthread_mutex_lock(&a->call_lock);
+	/* A fetch that began after this call did finish while it waited: new enough. */
+	pthread_mutex_lock(&a->lock);
+	if (a->fetch_done > started) {
+		pthread_mutex_unlock(&a->lock);
+		goto out;
+	}
+	pthread_mutex_unlock(&a->lock);
+	rc = refresh_locked(a, &answered);
+out:
+	pthread_mutex_unlock(&a->call_lock);
+	return rc;
+}
+
+int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt)
+{
+	struct stk_msg_mgmt_get_routing_req rq = {.known_version = 0};
+	uint8_t req[16];
+	uint8_t *resp = NULL;
+	struct stk_conn *c = NULL;
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	memset(rt, 0, sizeof(*rt));
+	stk_wbuf_init(&w, req, sizeof(req));
+	rc = stk_msg_mgmt_get_routing_req_enc(&w, &rq);
+	if (rc)
+		return rc;
+	resp = malloc(STK_MAX_PAYLOAD);
+	if (!resp)
+		return -ENOMEM;
+	rc = stk_conn_connect(mgmtd, AGENT_CONNECT_TIMEOUT_MS, &c);
+	if (rc) {
+		c = NULL;
+		goto out;
+	}
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_MGMT_GET_ROUTING;
+	rpc.req = req;
+	rpc.req_len = w.len;
+	rpc.resp = resp;
+	rpc.resp_cap = STK_MAX_PAYLOAD;
+	rc = stk_rpc_call(c, &rpc);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	rc = stk_routing_decode(&r, rt);
+	if (rc == 0 && stk_rbuf_finish(&r)) {
+		stk_routing_free(rt);
+		rc = -EBADMSG;
+	}
+out:
+	stk_conn_close(c);
+	free(resp);
+	return rc;
+}

@@ -1,0 +1,316 @@
+/*
+ * mgmtd, embedded mode: the RPC layer over the cluster state of state.c.
+ *
+ * Three requests (MGMT_REGISTER, MGMT_HEARTBEAT, MGMT_GET_ROUTING) and one
+ * background thread that marks silent nodes OFFLINE. mgmtd is not on the data
+ * path: each node talks to it once a second, so one mutex around the state is
+ * plenty, and every change that must survive a restart is saved to
+ * data_dir/mgmtd.state before the reply goes out (the file is replaced atomically,
+ * so a crash leaves either the old state or the new one). A node is only told its
+ * id once that id is on disk, so ids are never handed out twice.
+ */
+#include "mgmtd.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../common/daemon.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../net/net.h"
+#include "../proto/msg.h"
+#include "state.h"
+
+#define MGMTD_DEFAULT_HB_TIMEOUT_MS 10000u
+/* Smallest encoded target record: u32 + 3 x u64 + an empty string. */
+#define TARGET_INFO_MIN 30
+
+struct mgmtd {
+	pthread_mutex_t lock; /* protects st and stop */
+	pthread_cond_t wake;  /* wakes the expiry thread to stop; CLOCK_MONOTONIC */
+	struct stk_mgmt_state st;
+	int stop;
+	uint64_t timeout_ns;
+	char state_path[PATH_MAX];
+};
+
+/* Saves the state if it changed. Called with m->lock held. */
+static int persist(struct mgmtd *m)
+{
+	int rc;
+
+	if (!m->st.dirty)
+		return 0;
+	rc = stk_mgmt_state_save(&m->st, m->state_path);
+	if (rc)
+		stk_error("cannot save %s: %s", m->state_path, strerror(-rc));
+	return rc;
+}
+
+/* Reads `n` target records following a request's fields into a new array. */
+static int decode_targets(struct stk_rbuf *r, uint32_t n, struct stk_msg_target_info **out)
+{
+	struct stk_msg_target_info *t;
+	int rc = 0;
+
+	*out = NULL;
+	if ((uint64_t)n * TARGET_INFO_MIN > r->len - r->off)
+		return -EBADMSG;
+	if (n > STK_MGMT_MAX_NODE_TARGETS)
+		return -EINVAL;
+	t = calloc(n ? n : 1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n && rc == 0; i++)
+		rc = stk_msg_target_info_dec(r, &t[i]);
+	if (rc == 0)
+		rc = stk_rbuf_finish(r);
+	if (rc) {
+		free(t);
+		return -EBADMSG;
+	}
+	*out = t;
+	return 0;
+}
+
+static int handle_register(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_msg_mgmt_register_resp rp;
+	struct stk_msg_target_info *tgts = NULL;
+	uint32_t *ids = NULL;
+	int rc;
+
+	if (stk_msg_mgmt_register_req_dec(&req->payload, &rq))
+		return -EBADMSG;
+	rc = decode_targets(&req->payload, rq.ntargets, &tgts);
+	if (rc)
+		return rc;
+	rc = -ENOMEM;
+	ids = calloc(rq.ntargets ? rq.ntargets : 1, sizeof(*ids));
+	if (!ids)
+		goto out;
+	pthread_mutex_lock(&m->lock);
+	rc =
+	    stk_mgmt_state_register(&m->st, &rq, tgts, rq.ntargets, stk_now_ns(), &rp.node_id, ids);
+	if (rc == 0)
+		rc = persist(m);
+	pthread_mutex_unlock(&m->lock);
+	if (rc) {
+		stk_warn("registration from %s (%s) refused: %s", req->peer, rq.addr,
+			 strerror(-rc));
+		goto out;
+	}
+	rp.ntargets = rq.ntargets;
+	stk_msg_mgmt_register_resp_enc(&resp->payload, &rp);
+	for (uint32_t i = 0; i < rq.ntargets; i++)
+		stk_put_u32(&resp->payload, ids[i]);
+	rc = resp->payload.err;
+out:
+	free(ids);
+	free(tgts);
+	return rc;
+}
+
+static int handle_heartbeat(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_heartbeat_req rq;
+	struct stk_msg_mgmt_heartbeat_resp rp;
+	struct stk_msg_target_info *tgts = NULL;
+	int rc;
+
+	if (stk_msg_mgmt_heartbeat_req_dec(&req->payload, &rq))
+		return -EBADMSG;
+	rc = decode_targets(&req->payload, rq.ntargets, &tgts);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&m->lock);
+	rc = stk_mgmt_state_heartbeat(&m->st, rq.node_id, tgts, rq.ntargets, stk_now_ns());
+	if (rc == 0)
+		persist(m); /* a failed save is logged; the node is alive all the same */
+	rp.routing_version = m->st.version;
+	pthread_mutex_unlock(&m->lock);
+	if (rc == 0)
+		rc = stk_msg_mgmt_heartbeat_resp_enc(&resp->payload, &rp);
+	free(tgts);
+	return rc;
+}
+
+static int handle_get_routing(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_get_routing_req rq;
+	int rc;
+
+	if (stk_msg_mgmt_get_routing_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = stk_mgmt_state_encode_routing(&m->st, rq.known_version, stk_now_ns(), &resp->payload);
+	pthread_mutex_unlock(&m->lock);
+	if (rc == -EMSGSIZE)
+		stk_error("routing table does not fit in one reply (%u bytes at most)",
+			  STK_MAX_PAYLOAD);
+	return rc;
+}
+
+static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct mgmtd *m = ctx;
+
+	switch (req->hdr.opcode) {
+	case STK_OP_MGMT_REGISTER:
+		return handle_register(m, req, resp);
+	case STK_OP_MGMT_HEARTBEAT:
+		return handle_heartbeat(m, req, resp);
+	case STK_OP_MGMT_GET_ROUTING:
+		return handle_get_routing(m, req, resp);
+	default:
+		return -ENOSYS;
+	}
+}
+
+/* Marks silent nodes OFFLINE, checking a few times per timeout. */
+static void *expiry_thread(void *arg)
+{
+	struct mgmtd *m = arg;
+	uint64_t period_ns = m->timeout_ns / 4;
+	struct timespec ts;
+
+	if (period_ns > 1000000000ull)
+		period_ns = 1000000000ull;
+	if (period_ns < 50000000ull)
+		period_ns = 50000000ull;
+	pthread_mutex_lock(&m->lock);
+	while (!m->stop) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += (long)(period_ns % 1000000000ull);
+		ts.tv_sec +=
+		    (time_t)(period_ns / 1000000000ull + (uint64_t)ts.tv_nsec / 1000000000);
+		ts.tv_nsec %= 1000000000;
+		pthread_cond_timedwait(&m->wake, &m->lock, &ts);
+		if (m->stop)
+			break;
+		if (stk_mgmt_state_expire(&m->st, stk_now_ns(), m->timeout_ns))
+			persist(m);
+	}
+	pthread_mutex_unlock(&m->lock);
+	return NULL;
+}
+
+static void log_listen_error(const char *addr, int rc)
+{
+	if (rc == -EADDRINUSE)
+		stk_error("cannot listen on %s: address already in use", addr);
+	else
+		stk_error("cannot listen on %s: %s", addr, strerror(-rc));
+}
+
+int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
+{
+	struct stk_server_opts so;
+	struct stk_server *srv = NULL;
+	struct mgmtd *m;
+	pthread_condattr_t ca;
+	pthread_t expiry;
+	int expiry_started = 0;
+	int rc;
+
+	stk_daemon_init("mgmtd");
+	if (!opts || opts->size < sizeof(*opts) || !opts->listen || !opts->data_dir) {
+		stk_error("mgmtd: missing options (listen address and data folder are required)");
+		return -EINVAL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	pthread_mutex_init(&m->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&m->wake, &ca);
+	pthread_condattr_destroy(&ca);
+	stk_mgmt_state_init(&m->st);
+	m->timeout_ns = (uint64_t)(opts->heartbeat_timeout_ms ? opts->heartbeat_timeout_ms
+							      : MGMTD_DEFAULT_HB_TIMEOUT_MS) *
+			1000000ull;
+
+	rc = stk_mkdir_p(opts->data_dir, 0755);
+	if (rc) {
+		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
+		goto out;
+	}
+	if ((size_t)snprintf(m->state_path, sizeof(m->state_path), "%s/mgmtd.state",
+			     opts->data_dir) >= sizeof(m->state_path)) {
+		rc = -ENAMETOOLONG;
+		stk_error("data folder path too long: %s", opts->data_dir);
+		goto out;
+	}
+	rc = stk_mgmt_state_load(&m->st, m->state_path, stk_now_ns());
+	if (rc == -ENOENT) {
+		stk_info("no state in %s: starting a new cluster", m->state_path);
+		m->st.dirty = 1;
+	} else if (rc) {
+		stk_error("cannot load %s: %s%s", m->state_path, strerror(-rc),
+			  rc == -EBADMSG ? " (corrupt; move it away to start a new cluster)" : "");
+		goto out;
+	}
+	rc = persist(m);
+	if (rc)
+		goto out;
+
+	memset(&so, 0, sizeof(so));
+	so.size = sizeof(so);
+	so.listen = opts->listen;
+	so.handler = mgmtd_handle;
+	so.ctx = m;
+	rc = stk_server_create(&so, &srv);
+	if (rc) {
+		log_listen_error(opts->listen, rc);
+		srv = NULL;
+		goto out;
+	}
+	rc = -pthread_create(&expiry, NULL, expiry_thread, m);
+	if (rc) {
+		stk_error("cannot start the heartbeat checker: %s", strerror(-rc));
+		goto out;
+	}
+	expiry_started = 1;
+	stk_daemon_set_server(srv);
+	if (opts->ready_file) {
+		const char *addr = stk_server_addr(srv);
+		rc = stk_write_file_atomic(opts->ready_file, addr, strlen(addr));
+		if (rc) {
+			stk_error("cannot write %s: %s", opts->ready_file, strerror(-rc));
+			goto out;
+		}
+	}
+	stk_info("mgmtd serving on %s (routing version %llu: %u nodes, %u targets, %u chains)",
+		 stk_server_addr(srv), (unsigned long long)m->st.version, m->st.nnodes,
+		 m->st.ntargets, m->st.nchains);
+	rc = stk_server_run(srv);
+	if (rc)
+		stk_error("mgmtd: serving failed: %s", strerror(-rc));
+	else
+		stk_info("mgmtd stopping");
+out:
+	stk_daemon_set_server(NULL);
+	if (expiry_started) {
+		pthread_mutex_lock(&m->lock);
+		m->stop = 1;
+		pthread_cond_signal(&m->wake);
+		pthread_mutex_unlock(&m->lock);
+		pthread_join(expiry, NULL);
+	}
+	/* Connection threads use m until the server is destroyed. */
+	stk_server_destroy(srv);
+	if (m->st.dirty)
+		persist(m);
+	stk_mgmt_state_free(&m->st);
+	pthread_cond_destroy(&m->wake);
+	pthread_mutex_destroy(&m->lock);
+	free(m);
+	return rc;
+}

@@ -1,0 +1,661 @@
+/*
+ * mgmtd's cluster state and the rules that change it (see state.h).
+ *
+ * The tables are plain arrays searched linearly: a cluster has at most a few
+ * thousand nodes and targets, mgmtd is not on the data path, and arrays make the
+ * state file and the routing reply straightforward to produce. Targets and chains
+ * are stored in their wire types (stk_rt_target, stk_rt_chain) so that the routing
+ * reply is encoded straight from the tables by stk_routing_encode(), the one
+ * encoder of that message.
+ *
+ * Every mutating call first checks its input and reserves the memory it may need,
+ * and only then changes anything, so an error leaves the state as it was.
+ */
+#include "state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/log.h"
+#include "../common/util.h"
+
+#define STATE_MAGIC 0x4D4B5453u /* "STKM" */
+#define STATE_FORMAT 1
+#define STATE_MAX_FILE (256u << 20)
+
+#define STATE_HDR_LEN 40 /* magic through nchains */
+
+/* Smallest encoded size of each record in the state file: bounds counts read back. */
+#define STATE_MIN_NODE 16
+#define STATE_MIN_TARGET 35
+#define STATE_MIN_CHAIN 9
+
+const char *stk_mgmt_role_name(uint8_t role)
+{
+	switch (role) {
+	case STK_ROLE_MGMTD:
+		return "mgmtd";
+	case STK_ROLE_META:
+		return "meta";
+	case STK_ROLE_STORAGE:
+		return "storage";
+	case STK_ROLE_CLIENT:
+		return "client";
+	default:
+		return "unknown";
+	}
+}
+
+void stk_mgmt_state_init(struct stk_mgmt_state *st)
+{
+	int64_t sec;
+	uint32_t nsec;
+
+	memset(st, 0, sizeof(*st));
+	/*
+	 * A new state's version starts from the clock, not at 1: a node or client may
+	 * still hold a table from a state that was lost, and if the new state counted
+	 * up to the same number they would take the new table for the one they hold.
+	 * 2^16 versions per millisecond leave room for any number of changes.
+	 */
+	stk_wall_time(&sec, &nsec);
+	st->version = ((uint64_t)sec * 1000 + nsec / 1000000) << 16;
+	if (st->version == 0)
+		st->version = 1;
+	st->next_node_id = 1;
+	st->next_target_id = 1;
+}
+
+void stk_mgmt_state_free(struct stk_mgmt_state *st)
+{
+	free(st->nodes);
+	free(st->targets);
+	free(st->chains);
+	memset(st, 0, sizeof(*st));
+}
+
+static void bump(struct stk_mgmt_state *st)
+{
+	st->version++;
+	st->dirty = 1;
+}
+
+/* Grows *arr (of *cap elements of size sz) to hold at least want elements. */
+static int reserve(void **arr, uint32_t *cap, uint32_t want, size_t sz)
+{
+	uint32_t ncap;
+	void *n;
+
+	if (want <= *cap)
+		return 0;
+	ncap = *cap ? *cap : 8;
+	while (ncap < want)
+		ncap *= 2;
+	n = realloc(*arr, (size_t)ncap * sz);
+	if (!n)
+		return -ENOMEM;
+	*arr = n;
+	*cap = ncap;
+	return 0;
+}
+
+struct stk_mgmt_node *stk_mgmt_state_node(const struct stk_mgmt_state *st, uint32_t id)
+{
+	for (uint32_t i = 0; i < st->nnodes; i++)
+		if (st->nodes[i].id == id)
+			return &st->nodes[i];
+	return NULL;
+}
+
+struct stk_rt_target *stk_mgmt_state_target(const struct stk_mgmt_state *st, uint32_t id)
+{
+	for (uint32_t i = 0; i < st->ntargets; i++)
+		if (st->targets[i].id == id)
+			return &st->targets[i];
+	return NULL;
+}
+
+static int target_has_chain(const struct stk_mgmt_state *st, uint32_t tid)
+{
+	for (uint32_t i = 0; i < st->nchains; i++)
+		for (uint8_t j = 0; j < st->chains[i].ntargets; j++)
+			if (st->chains[i].targets[j] == tid)
+				return 1;
+	return 0;
+}
+
+/*
+ * Gives target tid a chain of length 1. Chains are created with their target, so
+ * chain n holds target n unless ids drifted apart; when mgmtd lost its state and
+ * targets come back in any order, keeping that pairing rebuilds the chain table
+ * files were laid out on, instead of pointing their chain ids at other targets.
+ * So: fill chain tid if it exists and is empty; if it lies at most
+ * STK_MGMT_MAX_CHAIN_GAP past the end, add empty chains up to it (they are filled
+ * as their targets return); otherwise append. Capacity was reserved by the caller.
+ */
+static void add_chain(struct stk_mgmt_state *st, uint32_t tid)
+{
+	struct stk_rt_chain *c;
+
+	if (tid >= 1 && tid <= st->nchains && st->chains[tid - 1].ntargets == 0) {
+		c = &st->chains[tid - 1];
+		c->version++;
+	} else {
+		if (tid > st->nchains + 1 && tid - st->nchains <= STK_MGMT_MAX_CHAIN_GAP &&
+		    tid <= st->cap_chains) {
+			while (st->nchains + 1 < tid) {
+				c = &st->chains[st->nchains];
+				memset(c, 0, sizeof(*c));
+				c->id = ++st->nchains;
+				c->version = 1;
+				stk_warn("chain %u is empty until target %u registers", c->id,
+					 c->id);
+			}
+		}
+		c = &st->chains[st->nchains];
+		memset(c, 0, sizeof(*c));
+		c->id = ++st->nchains;
+		c->version = 1;
+	}
+	c->ntargets = 1;
+	c->targets[0] = tid;
+	stk_info("chain %u holds target %u", c->id, tid);
+}
+
+/* How many chains registering these targets may need (see add_chain). */
+static uint32_t chains_needed(const struct stk_mgmt_state *st,
+			      const struct stk_msg_target_info *tgts, uint32_t n)
+{
+	uint32_t want = st->nchains + n;
+
+	for (uint32_t i = 0; i <= n; i++) {
+		/* Each reported id, and the ids new targets will get from next_target_id. */
+		uint32_t tid = i < n ? tgts[i].target_id : st->next_target_id + n;
+
+		if (tid > st->nchains && tid - st->nchains <= STK_MGMT_MAX_CHAIN_GAP &&
+		    tid + n > want)
+			want = tid + n;
+	}
+	return want;
+}
+
+static void set_figures(struct stk_rt_target *t, const struct stk_msg_target_info *ti)
+{
+	t->capacity = ti->capacity;
+	t->used = ti->used;
+	t->chunks = ti->chunks;
+}
+
+static int check_register(const struct stk_msg_mgmt_register_req *req,
+			  const struct stk_msg_target_info *tgts, uint32_t n)
+{
+	if (req->role != STK_ROLE_META && req->role != STK_ROLE_STORAGE)
+		return -EINVAL;
+	if (req->addr[0] == 0 || n > STK_MGMT_MAX_NODE_TARGETS)
+		return -EINVAL;
+	if (req->role != STK_ROLE_STORAGE && n > 0)
+		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++) {
+		if (tgts[i].target_id == 0)
+			continue;
+		for (uint32_t j = i + 1; j < n; j++)
+			if (tgts[j].target_id == tgts[i].target_id)
+				return -EINVAL;
+	}
+	return 0;
+}
+
+/* Registers one target record of node `node_id`; returns its id. */
+static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
+				const struct stk_msg_target_info *ti)
+{
+	struct stk_rt_target *t = ti->target_id ? stk_mgmt_state_target(st, ti->target_id) : NULL;
+	uint32_t tid = ti->target_id;
+
+	if (!t) {
+		if (tid == 0) {
+			tid = st->next_target_id++;
+		} else {
+			stk_warn("target %u (%s) is unknown to mgmtd: taking it as is", tid,
+				 ti->path);
+			if (tid >= st->next_target_id)
+				st->next_target_id = tid + 1;
+		}
+		t = &st->targets[st->ntargets++];
+		memset(t, 0, sizeof(*t));
+		t->id = tid;
+		t->node_id = node_id;
+		t->state = STK_TARGET_SERVING;
+		stk_strlcpy(t->path, ti->path, sizeof(t->path));
+		set_figures(t, ti);
+		stk_info("target %u (%s) on node %u is SERVING", tid, ti->path, node_id);
+		bump(st);
+	} else {
+		if (t->node_id != node_id || t->state != STK_TARGET_SERVING ||
+		    strcmp(t->path, ti->path) != 0) {
+			stk_info("target %u (%s) on node %u is SERVING", tid, ti->path, node_id);
+			bump(st);
+		}
+		t->node_id = node_id;
+		t->state = STK_TARGET_SERVING;
+		stk_strlcpy(t->path, ti->path, sizeof(t->path));
+		set_figures(t, ti);
+	}
+	if (!target_has_chain(st, tid)) {
+		add_chain(st, tid);
+		bump(st);
+	}
+	return tid;
+}
+
+int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt_register_req *req,
+			    const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns,
+			    uint32_t *node_id, uint32_t *ids)
+{
+	struct stk_mgmt_node *node = NULL;
+	struct stk_mgmt_node *owner;
+	uint32_t nid = 0;
+	int64_t sec;
+	uint32_t nsec;
+	int rc;
+
+	rc = check_register(req, tgts, n);
+	if (rc)
+		return rc;
+	if (reserve((void **)&st->nodes, &st->cap_nodes, st->nnodes + 1, sizeof(*st->nodes)) ||
+	    reserve((void **)&st->targets, &st->cap_targets, st->ntargets + n,
+		    sizeof(*st->targets)) ||
+	    reserve((void **)&st->chains, &st->cap_chains, chains_needed(st, tgts, n),
+		    sizeof(*st->chains)))
+		return -ENOMEM;
+
+	if (req->node_id)
+		node = stk_mgmt_state_node(st, req->node_id);
+	if (node && node->role != req->role) {
+		stk_warn("node %u registers as %s but was %s: giving it a new id", req->node_id,
+			 stk_mgmt_role_name(req->role), stk_mgmt_role_name(node->role));
+		node = NULL;
+	}
+	if (!node) {
+		node = &st->nodes[st->nnodes++];
+		memset(node, 0, sizeof(*node));
+		if (req->node_id && !stk_mgmt_state_node(st, req->node_id)) {
+			/*
+			 * mgmtd lost its state and the node kept its id: keep it too. Handing
+			 * out a new id instead would let the next node that re-registers with
+			 * that id take over this node's entry and targets.
+			 */
+			node->id = req->node_id;
+			if (node->id >= st->next_node_id)
+				st->next_node_id = node->id + 1;
+			stk_warn("node %u (%s, %s) is unknown to mgmtd: taking its id as is",
+				 node->id, stk_mgmt_role_name(req->role), req->addr);
+		} else {
+			node->id = st->next_node_id++;
+			stk_info("node %u (%s, %s) registered as a new node", node->id,
+				 stk_mgmt_role_name(req->role), req->addr);
+		}
+		node->role = req->role;
+		node->state = STK_NODE_ONLINE;
+		stk_strlcpy(node->addr, req->addr, sizeof(node->addr));
+		bump(st);
+	} else {
+		if (node->state != STK_NODE_ONLINE || strcmp(node->addr, req->addr) != 0) {
+			stk_info("node %u (%s, %s) registered again: ONLINE", node->id,
+				 stk_mgmt_role_name(node->role), req->addr);
+			bump(st);
+		}
+		node->state = STK_NODE_ONLINE;
+		stk_strlcpy(node->addr, req->addr, sizeof(node->addr));
+	}
+	node->last_hb_ns = now_ns;
+	stk_wall_time(&sec, &nsec);
+	node->last_hb_wall_ms = sec * 1000 + nsec / 1000000;
+	nid = node->id;
+
+	for (uint32_t i = 0; i < n; i++)
+		ids[i] = register_target(st, nid, &tgts[i]);
+
+	/* The node declares all its targets: any it no longer reports is gone. */
+	for (uint32_t i = 0; i < st->ntargets; i++) {
+		struct stk_rt_target *t = &st->targets[i];
+		int listed = 0;
+
+		if (t->node_id != nid || t->state == STK_TARGET_OFFLINE)
+			continue;
+		for (uint32_t j = 0; j < n && !listed; j++)
+			listed = ids[j] == t->id;
+		if (!listed) {
+			stk_warn("target %u (%s) is no longer reported by node %u: OFFLINE", t->id,
+				 t->path, nid);
+			t->state = STK_TARGET_OFFLINE;
+			bump(st);
+		}
+	}
+
+	if (req->role == STK_ROLE_META && st->shard1_node != nid) {
+		owner = st->shard1_node ? stk_mgmt_state_node(st, st->shard1_node) : NULL;
+		if (!owner || owner->state == STK_NODE_OFFLINE) {
+			stk_info("shard 1 is now served by meta node %u (%s)", nid, req->addr);
+			st->shard1_node = nid;
+			bump(st);
+		}
+	}
+	*node_id = nid;
+	return 0;
+}
+
+int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
+			     const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns)
+{
+	struct stk_mgmt_node *node = stk_mgmt_state_node(st, node_id);
+	int back;
+	int64_t sec;
+	uint32_t nsec;
+
+	if (!node)
+		return -ENOENT;
+	back = node->state != STK_NODE_ONLINE;
+	if (back) {
+		stk_info("node %u (%s, %s) is back: ONLINE", node->id,
+			 stk_mgmt_role_name(node->role), node->addr);
+		node->state = STK_NODE_ONLINE;
+		bump(st);
+	}
+	node->last_hb_ns = now_ns;
+	stk_wall_time(&sec, &nsec);
+	node->last_hb_wall_ms = sec * 1000 + nsec / 1000000;
+	for (uint32_t i = 0; i < n; i++) {
+		struct stk_rt_target *t = stk_mgmt_state_target(st, tgts[i].target_id);
+
+		if (!t || t->node_id != node_id)
+			continue;
+		set_figures(t, &tgts[i]);
+		if (back && t->state != STK_TARGET_SERVING) {
+			stk_info("target %u (%s) is SERVING again", t->id, t->path);
+			t->state = STK_TARGET_SERVING;
+			bump(st);
+		}
+	}
+	return 0;
+}
+
+unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t timeout_ns)
+{
+	unsigned count = 0;
+
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		struct stk_mgmt_node *node = &st->nodes[i];
+
+		if (node->state != STK_NODE_ONLINE || now_ns < node->last_hb_ns ||
+		    now_ns - node->last_hb_ns <= timeout_ns)
+			continue;
+		stk_warn("node %u (%s, %s) sent no heartbeat for %llu ms: OFFLINE", node->id,
+			 stk_mgmt_role_name(node->role), node->addr,
+			 (unsigned long long)((now_ns - node->last_hb_ns) / 1000000));
+		node->state = STK_NODE_OFFLINE;
+		for (uint32_t j = 0; j < st->ntargets; j++) {
+			struct stk_rt_target *t = &st->targets[j];
+			if (t->node_id == node->id && t->state != STK_TARGET_OFFLINE) {
+				stk_warn("target %u (%s) is OFFLINE", t->id, t->path);
+				t->state = STK_TARGET_OFFLINE;
+			}
+		}
+		bump(st);
+		count++;
+	}
+	return count;
+}
+
+int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t known_version,
+				  uint64_t now_ns, struct stk_wbuf *w)
+{
+	struct stk_rt_shard shard = {.id = 1, .node_id = st->shard1_node};
+	struct stk_routing rt;
+	int rc;
+
+	memset(&rt, 0, sizeof(rt));
+	rt.version = st->version;
+	if (known_version == st->version)
+		return stk_routing_encode(w, &rt);
+	rt.nodes = calloc(st->nnodes ? st->nnodes : 1, sizeof(*rt.nodes));
+	if (!rt.nodes)
+		return -ENOMEM;
+	rt.nnodes = st->nnodes;
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		const struct stk_mgmt_node *n = &st->nodes[i];
+		struct stk_rt_node *o = &rt.nodes[i];
+
+		o->id = n->id;
+		o->role = n->role;
+		o->state = n->state;
+		memcpy(o->addr, n->addr, sizeof(o->addr));
+		o->last_seen_ms = now_ns > n->last_hb_ns ? (now_ns - n->last_hb_ns) / 1000000 : 0;
+	}
+	/* The tables are kept in their wire types, so they are encoded in place. */
+	rt.targets = st->targets;
+	rt.ntargets = st->ntargets;
+	rt.chains = st->chains;
+	rt.nchains = st->nchains;
+	rt.shards = &shard;
+	rt.nshards = st->shard1_node ? 1 : 0;
+	rc = stk_routing_encode(w, &rt);
+	free(rt.nodes);
+	return rc;
+}
+
+/* ---- persistence ---- */
+
+static size_t state_size(const struct stk_mgmt_state *st)
+{
+	size_t sz = STATE_HDR_LEN + 4; /* header fields and the trailing CRC */
+
+	for (uint32_t i = 0; i < st->nnodes; i++)
+		sz += STATE_MIN_NODE + strlen(st->nodes[i].addr);
+	for (uint32_t i = 0; i < st->ntargets; i++)
+		sz += STATE_MIN_TARGET + strlen(st->targets[i].path);
+	for (uint32_t i = 0; i < st->nchains; i++)
+		sz += STATE_MIN_CHAIN + 4u * st->chains[i].ntargets;
+	return sz;
+}
+
+int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path)
+{
+	size_t cap = state_size(st);
+	struct stk_wbuf w;
+	uint8_t *buf;
+	int rc;
+
+	buf = malloc(cap);
+	if (!buf)
+		return -ENOMEM;
+	stk_wbuf_init(&w, buf, cap);
+	stk_put_u32(&w, STATE_MAGIC);
+	stk_put_u32(&w, STATE_FORMAT);
+	stk_put_u64(&w, st->version);
+	stk_put_u32(&w, st->next_node_id);
+	stk_put_u32(&w, st->next_target_id);
+	stk_put_u32(&w, st->shard1_node);
+	stk_put_u32(&w, st->nnodes);
+	stk_put_u32(&w, st->ntargets);
+	stk_put_u32(&w, st->nchains);
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		const struct stk_mgmt_node *n = &st->nodes[i];
+		stk_put_u32(&w, n->id);
+		stk_put_u8(&w, n->role);
+		stk_put_u8(&w, n->state);
+		stk_put_str(&w, n->addr);
+		stk_put_i64(&w, n->last_hb_wall_ms);
+	}
+	for (uint32_t i = 0; i < st->ntargets; i++) {
+		const struct stk_rt_target *t = &st->targets[i];
+		stk_put_u32(&w, t->id);
+		stk_put_u32(&w, t->node_id);
+		stk_put_u8(&w, t->state);
+		stk_put_u64(&w, t->capacity);
+		stk_put_u64(&w, t->used);
+		stk_put_u64(&w, t->chunks);
+		stk_put_str(&w, t->path);
+	}
+	for (uint32_t i = 0; i < st->nchains; i++) {
+		const struct stk_rt_chain *c = &st->chains[i];
+		stk_put_u32(&w, c->id);
+		stk_put_u32(&w, c->version);
+		stk_put_u8(&w, c->ntargets);
+		for (uint8_t j = 0; j < c->ntargets; j++)
+			stk_put_u32(&w, c->targets[j]);
+	}
+	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
+	rc = w.err;
+	if (rc)
+		goto out;
+	rc = stk_write_file_atomic(path, buf, w.len);
+	if (rc == 0)
+		st->dirty = 0;
+out:
+	free(buf);
+	return rc;
+}
+
+/* Reads the whole file into a new buffer. */
+static int read_file(const char *path, uint8_t **out, size_t *len)
+{
+	struct stat sb;
+	uint8_t *buf = NULL;
+	long got;
+	int fd, rc;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, &sb) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	rc = -EBADMSG;
+	if (sb.st_size < 8 || (uint64_t)sb.st_size > STATE_MAX_FILE)
+		goto out;
+	rc = -ENOMEM;
+	buf = malloc((size_t)sb.st_size);
+	if (!buf)
+		goto out;
+	got = stk_read_full(fd, buf, (size_t)sb.st_size);
+	if (got < 0) {
+		rc = (int)got;
+		goto out;
+	}
+	rc = -EBADMSG;
+	if ((size_t)got != (size_t)sb.st_size)
+		goto out;
+	*out = buf;
+	*len = (size_t)got;
+	buf = NULL;
+	rc = 0;
+out:
+	free(buf);
+	close(fd);
+	return rc;
+}
+
+static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t now_ns)
+{
+	uint32_t nn, nt, nc;
+
+	if (stk_get_u32(r) != STATE_MAGIC || stk_get_u32(r) != STATE_FORMAT)
+		return -EBADMSG;
+	st->version = stk_get_u64(r);
+	st->next_node_id = stk_get_u32(r);
+	st->next_target_id = stk_get_u32(r);
+	st->shard1_node = stk_get_u32(r);
+	nn = stk_get_u32(r);
+	nt = stk_get_u32(r);
+	nc = stk_get_u32(r);
+	if (r->err)
+		return -EBADMSG;
+	if ((uint64_t)nn * STATE_MIN_NODE + (uint64_t)nt * STATE_MIN_TARGET +
+		(uint64_t)nc * STATE_MIN_CHAIN >
+	    r->len - r->off)
+		return -EBADMSG;
+	if (reserve((void **)&st->nodes, &st->cap_nodes, nn, sizeof(*st->nodes)) ||
+	    reserve((void **)&st->targets, &st->cap_targets, nt, sizeof(*st->targets)) ||
+	    reserve((void **)&st->chains, &st->cap_chains, nc, sizeof(*st->chains)))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < nn; i++) {
+		struct stk_mgmt_node *n = &st->nodes[i];
+		memset(n, 0, sizeof(*n));
+		n->id = stk_get_u32(r);
+		n->role = stk_get_u8(r);
+		n->state = stk_get_u8(r);
+		stk_get_str(r, n->addr, sizeof(n->addr));
+		n->last_hb_wall_ms = stk_get_i64(r);
+		n->last_hb_ns = now_ns;
+		if (n->state != STK_NODE_ONLINE && n->state != STK_NODE_OFFLINE)
+			return -EBADMSG;
+	}
+	st->nnodes = nn;
+	for (uint32_t i = 0; i < nt; i++) {
+		struct stk_rt_target *t = &st->targets[i];
+		memset(t, 0, sizeof(*t));
+		t->id = stk_get_u32(r);
+		t->node_id = stk_get_u32(r);
+		t->state = stk_get_u8(r);
+		t->capacity = stk_get_u64(r);
+		t->used = stk_get_u64(r);
+		t->chunks = stk_get_u64(r);
+		stk_get_str(r, t->path, sizeof(t->path));
+	}
+	st->ntargets = nt;
+	for (uint32_t i = 0; i < nc; i++) {
+		struct stk_rt_chain *c = &st->chains[i];
+		memset(c, 0, sizeof(*c));
+		c->id = stk_get_u32(r);
+		c->version = stk_get_u32(r);
+		c->ntargets = stk_get_u8(r);
+		/* Chains are numbered densely from 1; lookups rely on chains[i].id == i + 1. */
+		if (c->ntargets > STK_MAX_REPLICAS || c->id != i + 1)
+			return -EBADMSG;
+		for (uint8_t j = 0; j < c->ntargets; j++)
+			c->targets[j] = stk_get_u32(r);
+	}
+	st->nchains = nc;
+	if (r->err || st->version == 0 || st->next_node_id == 0 || st->next_target_id == 0)
+		return -EBADMSG;
+	return 0;
+}
+
+int stk_mgmt_state_load(struct stk_mgmt_state *st, const char *path, uint64_t now_ns)
+{
+	struct stk_mgmt_state fresh;
+	struct stk_rbuf r;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	uint32_t crc;
+	int rc;
+
+	rc = read_file(path, &buf, &len);
+	if (rc)
+		return rc;
+	stk_mgmt_state_init(&fresh);
+	rc = -EBADMSG;
+	stk_rbuf_init(&r, buf + len - 4, 4);
+	crc = stk_get_u32(&r);
+	if (crc != stk_crc32c(0, buf, len - 4))
+		goto out;
+	stk_rbuf_init(&r, buf, len - 4);
+	rc = decode_state(&r, &fresh, now_ns);
+	if (rc == 0)
+		rc = stk_rbuf_finish(&r);
+	if (rc)
+		goto out;
+	stk_mgmt_state_free(st);
+	*st = fresh;
+	stk_mgmt_state_init(&fresh);
+out:
+	stk_mgmt_state_free(&fresh);
+	free(buf);
+	return rc;
+}

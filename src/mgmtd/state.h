@@ -1,0 +1,126 @@
+/*
+ * mgmtd's cluster state: the registry of nodes and targets, the chain table, the
+ * metadata shard map and the routing version, with the rules that change them.
+ *
+ * This module is pure bookkeeping: no sockets, no threads, no clock of its own
+ * (callers pass the monotonic time), so the unit test drives it directly and
+ * mgmtd.c stays a thin RPC layer. It is not thread-safe: mgmtd holds one mutex
+ * around every call.
+ *
+ * The routing version is bumped on every change a server or client must see (a
+ * node or target appearing, changing address or state, a chain created, a shard
+ * moved); capacity figures are refreshed by heartbeats without a bump. Every
+ * change that must survive a restart sets `dirty`; the caller then saves the state
+ * with stk_mgmt_state_save(), which replaces the file atomically.
+ *
+ * State file format (little-endian, written with the codec helpers):
+ *   u32 magic "STKM", u32 format version, u64 routing version,
+ *   u32 next_node_id, u32 next_target_id, u32 shard1_node,
+ *   u32 nnodes, u32 ntargets, u32 nchains,
+ *   node:   u32 id, u8 role, u8 state, str addr, i64 last heartbeat (wall-clock ms)
+ *   target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, str path
+ *   chain:  u32 id, u32 version, u8 ntargets, ntargets x u32
+ *   u32 CRC32C of everything before it.
+ */
+#ifndef STK_MGMTD_STATE_H
+#define STK_MGMTD_STATE_H
+
+#include <stdint.h>
+
+#include "../proto/msg.h"
+
+/* Most targets one node may report (a bound on what a request may make mgmtd allocate). */
+#define STK_MGMT_MAX_NODE_TARGETS 1024
+/* Most empty chains one returning target may make mgmtd add (see register). */
+#define STK_MGMT_MAX_CHAIN_GAP 4096
+
+struct stk_mgmt_node {
+	uint32_t id;
+	uint8_t role;  /* enum stk_role */
+	uint8_t state; /* enum stk_node_state */
+	char addr[STK_ADDR_MAX];
+	uint64_t last_hb_ns;	 /* monotonic time of the last register or heartbeat */
+	int64_t last_hb_wall_ms; /* the same instant in wall-clock ms, for the state file */
+};
+
+struct stk_mgmt_state {
+	uint64_t version; /* routing version, never 0 */
+	uint32_t next_node_id;
+	uint32_t next_target_id;
+	uint32_t shard1_node; /* the meta node serving shard 1, 0 if none yet */
+	uint32_t nnodes, ntargets, nchains;
+	uint32_t cap_nodes, cap_targets, cap_chains;
+	struct stk_mgmt_node *nodes;
+	struct stk_rt_target *targets;
+	struct stk_rt_chain *chains; /* chains[i].id == i + 1 */
+	int dirty;		     /* something changed since the last save */
+};
+
+/* A fresh, empty state. Its version comes from the clock, so never repeats an old one. */
+void stk_mgmt_state_init(struct stk_mgmt_state *st);
+void stk_mgmt_state_free(struct stk_mgmt_state *st);
+
+/*
+ * MGMT_REGISTER. req names the node (node_id 0 for a new one) and `n` target
+ * records (storage only). On success *node_id is the node's id and ids[i] the id of
+ * tgts[i] (ids must hold n entries). Rules:
+ * - node_id 0, or a known id under another role, gets a new id; a known id keeps
+ *   it and comes back ONLINE; an unknown non-zero id (mgmtd lost its state) is
+ *   taken as is, so that nodes re-registering after a loss keep distinct ids.
+ * - a target with id 0 gets a new id and a new chain of length 1; a known id comes
+ *   back SERVING; an unknown non-zero id (mgmtd lost its state) is taken as is and
+ *   given a chain if none holds it: chain number `id` where possible, since chains
+ *   are created with their targets and files name chains by number (empty chains
+ *   may be added to get there). The node's targets not in the list go OFFLINE.
+ * - a meta node takes shard 1 if it has no owner or its owner is OFFLINE.
+ * 0, -EINVAL (bad role, empty address, targets on a meta node, a target id twice,
+ * too many targets) or -ENOMEM. On error nothing is changed.
+ */
+int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt_register_req *req,
+			    const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns,
+			    uint32_t *node_id, uint32_t *ids);
+
+/*
+ * MGMT_HEARTBEAT: refreshes the node's last heartbeat and the figures of the
+ * targets it reports (unknown target ids and targets of other nodes are ignored).
+ * A node that was OFFLINE comes back ONLINE, and the targets it reports SERVING.
+ * 0 or -ENOENT (node unknown: it must register again).
+ */
+int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
+			     const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns);
+
+/*
+ * Marks ONLINE nodes silent for more than timeout_ns OFFLINE, with their targets,
+ * logging each. Returns how many nodes went OFFLINE.
+ */
+unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t timeout_ns);
+
+/*
+ * Encodes the MGMT_GET_ROUTING reply: only the header (all counts 0) if
+ * known_version is current, else the whole table with last_seen_ms relative to
+ * now_ns. 0, -EMSGSIZE (table larger than the writer) or -ENOMEM.
+ */
+int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t known_version,
+				  uint64_t now_ns, struct stk_wbuf *w);
+
+/* Lookups; NULL if absent. Pointers stay valid until the next change. */
+struct stk_mgmt_node *stk_mgmt_state_node(const struct stk_mgmt_state *st, uint32_t id);
+struct stk_rt_target *stk_mgmt_state_target(const struct stk_mgmt_state *st, uint32_t id);
+
+/*
+ * Writes the state to path atomically: path.tmp, fsync, rename, fsync of the
+ * folder. Clears dirty on success. 0 or -errno (the old file is then intact).
+ */
+int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path);
+
+/*
+ * Loads a state saved by stk_mgmt_state_save into st (which must be initialised;
+ * it is replaced). Every node gets a fresh heartbeat at now_ns, so that nodes have
+ * a full timeout to report after mgmtd restarts. 0, -ENOENT (no file: st is left
+ * fresh), -EBADMSG (corrupt or unknown format), -ENOMEM or -errno from reading.
+ */
+int stk_mgmt_state_load(struct stk_mgmt_state *st, const char *path, uint64_t now_ns);
+
+const char *stk_mgmt_role_name(uint8_t role);
+
+#endif

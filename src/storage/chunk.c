@@ -1,0 +1,949 @@
+/*
+ * The chunk store: one file per chunk, copy-on-write updates, a CRC32C per 4 KiB
+ * block (format in chunk.h).
+ *
+ * Why a file per chunk and copy-on-write: a rename is the one atomic update a
+ * POSIX file system offers, so writing the whole new chunk beside the old one and
+ * renaming it over makes every update all-or-nothing without a journal of our own.
+ * The price is that a small write into a large chunk rewrites the chunk; clients
+ * send whole or large pieces of chunks, and the write-back buffering of the client
+ * library exists to keep it so. Blocks a write does not touch keep their stored
+ * CRCs, so a corrupt block stays detectable instead of being re-checksummed, and a
+ * block that a write only partly covers is verified before its old bytes are
+ * merged.
+ *
+ * All paths are relative to a descriptor of the target folder (openat and
+ * friends), which keeps them short and immune to the folder being renamed.
+ *
+ * Each thread owns two buffers, grown on demand and kept until it exits (a
+ * pthread key frees them): one for a chunk being built (header + data), one for a
+ * chunk header being read. Nothing is allocated per I/O once they are warm.
+ *
+ * Not done yet: a cache of open descriptors (every read opens and closes its
+ * chunk file), io_uring, and reflink copies of the unchanged part of a chunk.
+ */
+#include "chunk.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "../common/layout.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../proto/codec.h"
+#include "../proto/msg.h"
+
+#define CHUNK_MAGIC 0x434B5453u /* "STKC" */
+#define HDR_FIXED 32u		/* header bytes before the block CRCs */
+#define HDR_MIN 4096u
+#define MAX_BLOCKS (STK_MAX_CHUNK_SIZE / STK_CHUNK_BLOCK)
+#define LOCK_STRIPES 1024u
+#define REL_MAX 96 /* "chunks/ff/<16 hex>/<10 digits>.tmp.<10 digits>" and then some */
+
+struct stk_chunk_store {
+	char dir[PATH_MAX]; /* absolute path of the target folder */
+	int dirfd;
+	uint32_t id;			     /* atomic: set once registration is done */
+	uint64_t nchunks;		     /* atomic */
+	pthread_mutex_t locks[LOCK_STRIPES]; /* serialise updates of one (ino, idx) */
+};
+
+/* A parsed chunk header. crcs points into the buffer the header was read into. */
+struct chunk_hdr {
+	uint32_t hdr_len;
+	uint32_t data_len;
+	uint32_t nblocks;
+	const uint8_t *crcs;
+};
+
+/* ---- per-thread buffers ---- */
+
+struct chunk_tls {
+	uint8_t *buf; /* a chunk being built: header then data */
+	size_t buf_cap;
+	uint8_t *hdr; /* a chunk header being read */
+	size_t hdr_cap;
+};
+
+static pthread_key_t g_tls_key;
+static pthread_once_t g_tls_once = PTHREAD_ONCE_INIT;
+static int g_tls_ok;
+
+static void tls_free(void *p)
+{
+	struct chunk_tls *t = p;
+
+	free(t->buf);
+	free(t->hdr);
+	free(t);
+}
+
+static void tls_init(void)
+{
+	g_tls_ok = pthread_key_create(&g_tls_key, tls_free) == 0;
+}
+
+static struct chunk_tls *tls_get(void)
+{
+	struct chunk_tls *t;
+
+	pthread_once(&g_tls_once, tls_init);
+	if (!g_tls_ok)
+		return NULL;
+	t = pthread_getspecific(g_tls_key);
+	if (!t) {
+		t = calloc(1, sizeof(*t));
+		if (!t || pthread_setspecific(g_tls_key, t)) {
+			free(t);
+			return NULL;
+		}
+	}
+	return t;
+}
+
+/* Makes *buf hold at least want bytes (4 KiB aligned, ready for O_DIRECT later). */
+static int tls_grow(uint8_t **buf, size_t *cap, size_t want)
+{
+	uint8_t *n;
+	size_t ncap;
+
+	if (want <= *cap)
+		return 0;
+	ncap = STK_MAX(want, (size_t)64 << 10);
+	ncap = (ncap + 4095) & ~(size_t)4095;
+	n = aligned_alloc(4096, ncap);
+	if (!n)
+		return -ENOMEM;
+	free(*buf);
+	*buf = n;
+	*cap = ncap;
+	return 0;
+}
+
+/* ---- small helpers ---- */
+
+static uint32_t le32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint32_t hdr_size(uint32_t nblocks)
+{
+	uint32_t need = HDR_FIXED + 4 * nblocks + 4;
+
+	return (need + HDR_MIN - 1) / HDR_MIN * HDR_MIN;
+}
+
+static uint32_t target_id(const struct stk_chunk_store *cs)
+{
+	return __atomic_load_n(&cs->id, __ATOMIC_RELAXED);
+}
+
+static pthread_mutex_t *stripe(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	uint64_t h = ino * 0x9E3779B97F4A7C15ull ^ ((uint64_t)idx * 0xBF58476D1CE4E5B9ull);
+
+	h ^= h >> 29;
+	return &cs->locks[h % LOCK_STRIPES];
+}
+
+static void rel_dir(char *out, size_t len, uint64_t ino)
+{
+	snprintf(out, len, "chunks/%02x/%llx", (unsigned)(ino & 0xff), (unsigned long long)ino);
+}
+
+static void rel_chunk(char *out, size_t len, uint64_t ino, uint32_t idx)
+{
+	snprintf(out, len, "chunks/%02x/%llx/%u", (unsigned)(ino & 0xff), (unsigned long long)ino,
+		 idx);
+}
+
+static int fsync_at(int dirfd, const char *rel)
+{
+	int fd = openat(dirfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	int rc = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		rc = -errno;
+	close(fd);
+	return rc;
+}
+
+/* A full disk and an exhausted quota are the same thing to a writer. */
+static int space_err(int rc)
+{
+	return rc == -EDQUOT ? -ENOSPC : rc;
+}
+
+/* ---- headers ---- */
+
+static int hdr_corrupt(const struct stk_chunk_store *cs, const char *rel, uint64_t ino,
+		       uint32_t idx, const char *why)
+{
+	stk_error("corrupt chunk header: target %u ino 0x%llx chunk %u (%s/%s): %s", target_id(cs),
+		  (unsigned long long)ino, idx, cs->dir, rel, why);
+	return -EIO;
+}
+
+/*
+ * Reads and checks the header of an open chunk file into the thread's header
+ * buffer. 0, -EIO (corrupt, logged), -ENOMEM or -errno.
+ */
+static int read_hdr(struct stk_chunk_store *cs, struct chunk_tls *t, int fd, const char *rel,
+		    uint64_t ino, uint32_t idx, struct chunk_hdr *h)
+{
+	struct stk_rbuf r;
+	uint32_t magic, format, crc_off;
+	uint64_t hino;
+	uint32_t hidx;
+	long got;
+	int rc;
+
+	rc = tls_grow(&t->hdr, &t->hdr_cap, HDR_MIN);
+	if (rc)
+		return rc;
+	got = stk_pread_full(fd, t->hdr, HDR_MIN, 0);
+	if (got < 0)
+		return (int)got;
+	if (got < (long)HDR_MIN)
+		return hdr_corrupt(cs, rel, ino, idx, "file shorter than a header");
+	stk_rbuf_init(&r, t->hdr, HDR_FIXED);
+	magic = stk_get_u32(&r);
+	format = stk_get_u16(&r);
+	stk_get_u16(&r);
+	h->hdr_len = stk_get_u32(&r);
+	h->data_len = stk_get_u32(&r);
+	hino = stk_get_u64(&r);
+	hidx = stk_get_u32(&r);
+	h->nblocks = stk_get_u32(&r);
+	if (magic != CHUNK_MAGIC)
+		return hdr_corrupt(cs, rel, ino, idx, "bad magic");
+	if (format != STK_CHUNK_FORMAT)
+		return hdr_corrupt(cs, rel, ino, idx, "unknown format version");
+	if (h->data_len > STK_MAX_CHUNK_SIZE ||
+	    h->nblocks != STK_DIV_ROUND_UP(h->data_len, STK_CHUNK_BLOCK) ||
+	    h->hdr_len != hdr_size(h->nblocks))
+		return hdr_corrupt(cs, rel, ino, idx, "inconsistent lengths");
+	if (h->hdr_len > HDR_MIN) {
+		rc = tls_grow(&t->hdr, &t->hdr_cap, h->hdr_len);
+		if (rc)
+			return rc;
+		/* tls_grow does not keep the contents: read the whole header again. */
+		got = stk_pread_full(fd, t->hdr, h->hdr_len, 0);
+		if (got < 0)
+			return (int)got;
+		if (got < (long)h->hdr_len)
+			return hdr_corrupt(cs, rel, ino, idx, "file shorter than its header");
+	}
+	crc_off = HDR_FIXED + 4 * h->nblocks;
+	if (le32(t->hdr + crc_off) != stk_crc32c(0, t->hdr, crc_off))
+		return hdr_corrupt(cs, rel, ino, idx, "header checksum mismatch");
+	if (hino != ino || hidx != idx)
+		return hdr_corrupt(cs, rel, ino, idx, "header names another chunk");
+	h->crcs = t->hdr + HDR_FIXED;
+	return 0;
+}
+
+/* Encodes a header for data_len bytes whose block CRCs are already at buf + HDR_FIXED. */
+static void build_hdr(uint8_t *buf, uint32_t hdr_len, uint64_t ino, uint32_t idx, uint32_t data_len,
+		      uint32_t nblocks)
+{
+	struct stk_wbuf w;
+	uint32_t crc_off = HDR_FIXED + 4 * nblocks;
+
+	stk_wbuf_init(&w, buf, HDR_FIXED);
+	stk_put_u32(&w, CHUNK_MAGIC);
+	stk_put_u16(&w, STK_CHUNK_FORMAT);
+	stk_put_u16(&w, 0);
+	stk_put_u32(&w, hdr_len);
+	stk_put_u32(&w, data_len);
+	stk_put_u64(&w, ino);
+	stk_put_u32(&w, idx);
+	stk_put_u32(&w, nblocks);
+	stk_wbuf_init(&w, buf + crc_off, hdr_len - crc_off);
+	stk_put_u32(&w, stk_crc32c(0, buf, crc_off));
+	memset(buf + crc_off + 4, 0, hdr_len - crc_off - 4);
+}
+
+static void put_crc(uint8_t *buf, uint32_t b, uint32_t crc)
+{
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, buf + HDR_FIXED + 4 * b, 4);
+	stk_put_u32(&w, crc);
+}
+
+static void log_mismatch(const struct stk_chunk_store *cs, const char *rel, uint64_t ino,
+			 uint32_t idx, uint32_t block)
+{
+	stk_error("checksum mismatch: target %u ino 0x%llx chunk %u block %u (%s/%s): refusing to "
+		  "return data",
+		  target_id(cs), (unsigned long long)ino, idx, block, cs->dir, rel);
+}
+
+/* ---- copy-on-write update ---- */
+
+/*
+ * What an update does to a chunk: overlay `len` bytes of `data` at `off` (a write),
+ * or, when cut is set, shorten the chunk to cut_len bytes (a truncate).
+ */
+struct chunk_update {
+	uint32_t off, len;
+	const uint8_t *data;
+	int cut;
+	uint32_t cut_len;
+	uint32_t flags;
+	uint32_t chunk_size;
+};
+
+/* Does the update overlay bytes of [bs, be)? */
+static int overlaps(const struct chunk_update *u, uint32_t bs, uint32_t be)
+{
+	return !u->cut && u->len && u->off < be && (uint64_t)u->off + u->len > bs;
+}
+
+/* Does the update overlay all of [bs, be)? */
+static int covers(const struct chunk_update *u, uint32_t bs, uint32_t be)
+{
+	return !u->cut && u->off <= bs && (uint64_t)u->off + u->len >= be;
+}
+
+/* Creates the temporary file, making the inode's folders if they are missing. */
+static int create_tmp(struct stk_chunk_store *cs, const char *tmp, uint64_t ino, int *made_dirs)
+{
+	char rel[REL_MAX];
+	int fd, rc;
+
+	fd = openat(cs->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd >= 0 || errno != ENOENT)
+		return fd >= 0 ? fd : -errno;
+	snprintf(rel, sizeof(rel), "chunks/%02x", (unsigned)(ino & 0xff));
+	if (mkdirat(cs->dirfd, rel, 0755) == 0)
+		*made_dirs = 2;
+	else if (errno != EEXIST)
+		return -errno;
+	rel_dir(rel, sizeof(rel), ino);
+	if (mkdirat(cs->dirfd, rel, 0755) == 0) {
+		if (!*made_dirs)
+			*made_dirs = 1;
+	} else if (errno != EEXIST) {
+		return -errno;
+	}
+	fd = openat(cs->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	rc = fd >= 0 ? fd : -errno;
+	return rc;
+}
+
+/* Makes the rename and any new folders durable. */
+static int sync_dirs(struct stk_chunk_store *cs, uint64_t ino, int made_dirs)
+{
+	char rel[REL_MAX];
+	int rc;
+
+	rel_dir(rel, sizeof(rel), ino);
+	rc = fsync_at(cs->dirfd, rel);
+	if (rc == 0 && made_dirs) {
+		snprintf(rel, sizeof(rel), "chunks/%02x", (unsigned)(ino & 0xff));
+		rc = fsync_at(cs->dirfd, rel);
+	}
+	if (rc == 0 && made_dirs == 2)
+		rc = fsync_at(cs->dirfd, "chunks");
+	return rc;
+}
+
+/*
+ * Applies u to chunk (ino, idx). Call with the chunk's stripe lock held.
+ * *new_len_out is the chunk's length afterwards.
+ */
+static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			const struct chunk_update *u, uint32_t *new_len_out)
+{
+	struct chunk_tls *t = tls_get();
+	char rel[REL_MAX], tmp[REL_MAX + 32];
+	struct chunk_hdr oh = {0};
+	uint32_t old_len = 0, new_len, nblocks, hdr_len, have = 0;
+	uint8_t *data;
+	int fd = -1, tfd = -1, exists = 0, need_old, made_dirs = 0, rc;
+
+	if (!t)
+		return -ENOMEM;
+	rel_chunk(rel, sizeof(rel), ino, idx);
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 && errno != ENOENT)
+		return -errno;
+	if (fd >= 0) {
+		exists = 1;
+		rc = read_hdr(cs, t, fd, rel, ino, idx, &oh);
+		if (rc == -EIO && !u->cut && u->off == 0 && u->len == u->chunk_size) {
+			/* The whole chunk is being replaced: nothing of the old one is needed. */
+			stk_warn("rewriting chunk ino 0x%llx idx %u of target %u whole over a "
+				 "corrupt one",
+				 (unsigned long long)ino, idx, target_id(cs));
+			close(fd);
+			fd = -1;
+		} else if (rc) {
+			goto out;
+		} else {
+			old_len = oh.data_len;
+		}
+	}
+
+	if (u->cut)
+		new_len = STK_MIN(u->cut_len, old_len);
+	else
+		new_len = STK_MAX(old_len, u->off + u->len);
+	if (new_len == old_len && (u->cut || u->len == 0)) {
+		rc = 0; /* nothing changes */
+		goto out;
+	}
+	nblocks = STK_DIV_ROUND_UP(new_len, STK_CHUNK_BLOCK);
+	hdr_len = hdr_size(nblocks);
+	rc = tls_grow(&t->buf, &t->buf_cap, (size_t)hdr_len + (size_t)nblocks * STK_CHUNK_BLOCK);
+	if (rc)
+		goto out;
+	data = t->buf + hdr_len;
+
+	/* The old bytes are needed unless this write replaces all of them. */
+	need_old = fd >= 0 && old_len > 0 && !covers(u, 0, old_len);
+	if (need_old) {
+		uint32_t want = STK_MIN(old_len, nblocks * STK_CHUNK_BLOCK);
+		long got = stk_pread_full(fd, data, want, oh.hdr_len);
+
+		if (got < 0) {
+			rc = (int)got;
+			goto out;
+		}
+		if ((uint32_t)got != want) {
+			rc = hdr_corrupt(cs, rel, ino, idx, "file shorter than its header says");
+			goto out;
+		}
+		have = want;
+	}
+	memset(data + have, 0, (size_t)nblocks * STK_CHUNK_BLOCK - have);
+
+	/*
+	 * Blocks whose bytes and length do not change keep their stored CRC. Any other
+	 * block that keeps some old bytes is verified before they are merged.
+	 */
+	for (uint32_t b = 0; b < nblocks; b++) {
+		uint32_t bs = b * STK_CHUNK_BLOCK;
+		uint32_t new_be = STK_MIN(bs + STK_CHUNK_BLOCK, new_len);
+		uint32_t old_be = STK_MIN(bs + STK_CHUNK_BLOCK, old_len);
+
+		if (!need_old || bs >= old_len)
+			continue;
+		if (!overlaps(u, bs, new_be) && new_be == old_be) {
+			put_crc(t->buf, b, le32(oh.crcs + 4 * b));
+			continue;
+		}
+		if (covers(u, bs, STK_MIN(new_be, old_be)))
+			continue; /* no old byte of this block survives */
+		if (stk_crc32c(0, data + bs, old_be - bs) != le32(oh.crcs + 4 * b)) {
+			log_mismatch(cs, rel, ino, idx, b);
+			rc = -EIO;
+			goto out;
+		}
+	}
+	if (!u->cut && u->len)
+		memcpy(data + u->off, u->data, u->len);
+	for (uint32_t b = 0; b < nblocks; b++) {
+		uint32_t bs = b * STK_CHUNK_BLOCK;
+		uint32_t new_be = STK_MIN(bs + STK_CHUNK_BLOCK, new_len);
+		uint32_t old_be = STK_MIN(bs + STK_CHUNK_BLOCK, old_len);
+
+		if (need_old && bs < old_len && !overlaps(u, bs, new_be) && new_be == old_be)
+			continue; /* kept above */
+		put_crc(t->buf, b, stk_crc32c(0, data + bs, new_be - bs));
+	}
+	build_hdr(t->buf, hdr_len, ino, idx, new_len, nblocks);
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", rel, (int)gettid());
+	tfd = create_tmp(cs, tmp, ino, &made_dirs);
+	if (tfd < 0) {
+		rc = space_err(tfd);
+		tfd = -1;
+		goto out;
+	}
+	rc = stk_pwrite_all(tfd, t->buf, (size_t)hdr_len + new_len, 0);
+	if (rc == 0 && (u->flags & STK_WRITE_SYNC) && fdatasync(tfd) < 0)
+		rc = -errno;
+	if (close(tfd) < 0 && rc == 0)
+		rc = -errno;
+	tfd = -1;
+	if (rc == 0 && renameat(cs->dirfd, tmp, cs->dirfd, rel) < 0)
+		rc = -errno;
+	if (rc) {
+		unlinkat(cs->dirfd, tmp, 0);
+		rc = space_err(rc);
+		goto out;
+	}
+	if (!exists)
+		__atomic_add_fetch(&cs->nchunks, 1, __ATOMIC_RELAXED);
+	if (u->flags & STK_WRITE_SYNC)
+		rc = sync_dirs(cs, ino, made_dirs);
+out:
+	if (rc == 0)
+		*new_len_out = new_len;
+	if (fd >= 0)
+		close(fd);
+	return rc;
+}
+
+int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t chunk_size,
+		    uint32_t off, const void *data, uint32_t len, uint32_t flags,
+		    uint32_t *chunk_len)
+{
+	struct chunk_update u = {
+	    .off = off, .len = len, .data = data, .flags = flags, .chunk_size = chunk_size};
+	pthread_mutex_t *lk;
+	int rc;
+
+	if (chunk_size == 0 || chunk_size > STK_MAX_CHUNK_SIZE ||
+	    (uint64_t)off + len > chunk_size || (len && !data))
+		return -EINVAL;
+	lk = stripe(cs, ino, idx);
+	pthread_mutex_lock(lk);
+	rc = chunk_update(cs, ino, idx, &u, chunk_len);
+	pthread_mutex_unlock(lk);
+	return rc;
+}
+
+/* ---- reads ---- */
+
+/* preadv until every byte of iov arrived or EOF. Bytes read or -errno. */
+static long preadv_full(int fd, struct iovec *iov, int n, uint64_t off)
+{
+	long total = 0;
+
+	while (n > 0) {
+		ssize_t r = preadv(fd, iov, n, (off_t)off);
+
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (r == 0)
+			break;
+		total += r;
+		off += (uint64_t)r;
+		while (n > 0 && (size_t)r >= iov->iov_len) {
+			r -= (ssize_t)iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n > 0) {
+			iov->iov_base = (char *)iov->iov_base + r;
+			iov->iov_len -= (size_t)r;
+		}
+	}
+	return total;
+}
+
+/*
+ * The bytes [rs, re) of a chunk, read into three pieces: [rs, off) into head,
+ * [off, end) into the caller's buffer, [end, re) into tail. This CRCs the part of
+ * [lo, hi) that they hold, so blocks are checked without copying the caller's
+ * bytes anywhere.
+ */
+struct read_span {
+	uint32_t rs, off, end, re;
+	const uint8_t *head, *mid, *tail;
+};
+
+static uint32_t span_crc(const struct read_span *s, uint32_t lo, uint32_t hi)
+{
+	uint32_t crc = 0, a, b;
+
+	a = STK_MAX(lo, s->rs);
+	b = STK_MIN(hi, s->off);
+	if (a < b)
+		crc = stk_crc32c(crc, s->head + (a - s->rs), b - a);
+	a = STK_MAX(lo, s->off);
+	b = STK_MIN(hi, s->end);
+	if (a < b)
+		crc = stk_crc32c(crc, s->mid + (a - s->off), b - a);
+	a = STK_MAX(lo, s->end);
+	b = STK_MIN(hi, s->re);
+	if (a < b)
+		crc = stk_crc32c(crc, s->tail + (a - s->end), b - a);
+	return crc;
+}
+
+long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off, void *buf,
+		    uint32_t len)
+{
+	struct chunk_tls *t = tls_get();
+	uint8_t head[STK_CHUNK_BLOCK], tail[STK_CHUNK_BLOCK];
+	char rel[REL_MAX];
+	struct chunk_hdr h;
+	struct read_span s;
+	struct iovec iov[3];
+	long got, rc;
+	int fd, n = 0;
+
+	if (!t)
+		return -ENOMEM;
+	if (len == 0)
+		return 0;
+	rel_chunk(rel, sizeof(rel), ino, idx);
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	rc = read_hdr(cs, t, fd, rel, ino, idx, &h);
+	if (rc)
+		goto out;
+	if (off >= h.data_len) {
+		rc = 0;
+		goto out;
+	}
+	s.off = off;
+	s.end = (uint32_t)STK_MIN((uint64_t)off + len, h.data_len);
+	s.rs = off / STK_CHUNK_BLOCK * STK_CHUNK_BLOCK;
+	s.re = STK_MIN(STK_DIV_ROUND_UP(s.end, STK_CHUNK_BLOCK) * STK_CHUNK_BLOCK, h.data_len);
+	s.head = head;
+	s.mid = buf;
+	s.tail = tail;
+	if (s.off > s.rs) {
+		iov[n].iov_base = head;
+		iov[n++].iov_len = s.off - s.rs;
+	}
+	iov[n].iov_base = buf;
+	iov[n++].iov_len = s.end - s.off;
+	if (s.re > s.end) {
+		iov[n].iov_base = tail;
+		iov[n++].iov_len = s.re - s.end;
+	}
+	got = preadv_full(fd, iov, n, (uint64_t)h.hdr_len + s.rs);
+	if (got < 0) {
+		rc = got;
+		goto fail;
+	}
+	if ((uint32_t)got != s.re - s.rs) {
+		rc = hdr_corrupt(cs, rel, ino, idx, "file shorter than its header says");
+		goto fail;
+	}
+	for (uint32_t bs = s.rs; bs < s.re; bs += STK_CHUNK_BLOCK) {
+		uint32_t b = bs / STK_CHUNK_BLOCK;
+		uint32_t be = STK_MIN(bs + STK_CHUNK_BLOCK, h.data_len);
+
+		if (span_crc(&s, bs, be) != le32(h.crcs + 4 * b)) {
+			log_mismatch(cs, rel, ino, idx, b);
+			rc = -EIO;
+			goto fail;
+		}
+	}
+	rc = s.end - s.off;
+	goto out;
+fail:
+	memset(buf, 0, s.end - s.off);
+out:
+	close(fd);
+	return rc;
+}
+
+/* ---- truncate ---- */
+
+/* Reads the chunk indexes present in the inode's folder. *out is malloc'd. */
+static int list_chunks(int dfd, uint32_t **out, size_t *count)
+{
+	uint32_t *idx = NULL, *n;
+	size_t cnt = 0, cap = 0;
+	struct dirent *de;
+	DIR *d;
+	int fd, rc = 0;
+
+	*out = NULL;
+	*count = 0;
+	fd = dup(dfd);
+	if (fd < 0)
+		return -errno;
+	d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -errno;
+	}
+	while ((de = readdir(d))) {
+		uint64_t v;
+
+		/* Names other than plain numbers are "." "..", and in-flight temp files. */
+		if (stk_parse_u64(de->d_name, &v) || v > UINT32_MAX)
+			continue;
+		if (cnt == cap) {
+			cap = cap ? cap * 2 : 64;
+			n = realloc(idx, cap * sizeof(*idx));
+			if (!n) {
+				rc = -ENOMEM;
+				goto out;
+			}
+			idx = n;
+		}
+		idx[cnt++] = (uint32_t)v;
+	}
+out:
+	closedir(d);
+	if (rc) {
+		free(idx);
+		return rc;
+	}
+	*out = idx;
+	*count = cnt;
+	return 0;
+}
+
+int stk_chunk_truncate(struct stk_chunk_store *cs, uint64_t ino, uint64_t size, uint32_t chunk_size)
+{
+	char dir[REL_MAX], rel[REL_MAX];
+	uint32_t *idx = NULL;
+	size_t cnt = 0;
+	uint64_t last;
+	int dfd, rc, changed = 0;
+
+	if (chunk_size == 0 || chunk_size > STK_MAX_CHUNK_SIZE)
+		return -EINVAL;
+	last = size ? (size - 1) / chunk_size : 0;
+	rel_dir(dir, sizeof(dir), ino);
+	dfd = openat(cs->dirfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	rc = list_chunks(dfd, &idx, &cnt);
+	if (rc)
+		goto out;
+	for (size_t i = 0; i < cnt && rc == 0; i++) {
+		pthread_mutex_t *lk = stripe(cs, ino, idx[i]);
+
+		pthread_mutex_lock(lk);
+		if ((uint64_t)idx[i] * chunk_size >= size) {
+			rel_chunk(rel, sizeof(rel), ino, idx[i]);
+			if (unlinkat(cs->dirfd, rel, 0) == 0) {
+				__atomic_sub_fetch(&cs->nchunks, 1, __ATOMIC_RELAXED);
+				changed = 1;
+			} else if (errno != ENOENT) {
+				rc = -errno;
+			}
+		} else if (idx[i] == last) {
+			struct chunk_update u = {.cut = 1,
+						 .cut_len = (uint32_t)(size - last * chunk_size),
+						 .chunk_size = chunk_size};
+			uint32_t len;
+
+			rc = chunk_update(cs, ino, idx[i], &u, &len);
+			changed = 1;
+		}
+		pthread_mutex_unlock(lk);
+	}
+	if (rc)
+		goto out;
+	if (size == 0) {
+		/* A write racing with this one may have put a chunk back: keep the folder then. */
+		if (unlinkat(cs->dirfd, dir, AT_REMOVEDIR) == 0) {
+			snprintf(rel, sizeof(rel), "chunks/%02x", (unsigned)(ino & 0xff));
+			rc = fsync_at(cs->dirfd, rel);
+			goto out;
+		}
+		if (errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT) {
+			rc = -errno;
+			goto out;
+		}
+	}
+	if (changed && fsync(dfd) < 0)
+		rc = -errno;
+out:
+	free(idx);
+	close(dfd);
+	return rc;
+}
+
+/* ---- the store ---- */
+
+/*
+ * Walks chunks/<xx>/<ino>/: counts chunk files and removes temporary files that a
+ * crash left behind (an update that never reached its rename).
+ */
+static int scan(struct stk_chunk_store *cs)
+{
+	DIR *top = NULL, *mid = NULL, *leaf = NULL;
+	struct dirent *a, *b, *c;
+	uint64_t count = 0, removed = 0;
+	int fd, rc = 0;
+
+	fd = openat(cs->dirfd, "chunks", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || !(top = fdopendir(fd))) {
+		rc = -errno;
+		if (fd >= 0)
+			close(fd);
+		return rc;
+	}
+	while ((a = readdir(top))) {
+		if (a->d_name[0] == '.')
+			continue;
+		fd = openat(dirfd(top), a->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0 || !(mid = fdopendir(fd))) {
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		while ((b = readdir(mid))) {
+			if (b->d_name[0] == '.')
+				continue;
+			fd = openat(dirfd(mid), b->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			if (fd < 0 || !(leaf = fdopendir(fd))) {
+				if (fd >= 0)
+					close(fd);
+				continue;
+			}
+			while ((c = readdir(leaf))) {
+				uint64_t v;
+
+				if (c->d_name[0] == '.')
+					continue;
+				if (strstr(c->d_name, ".tmp.")) {
+					if (unlinkat(dirfd(leaf), c->d_name, 0) == 0)
+						removed++;
+				} else if (stk_parse_u64(c->d_name, &v) == 0) {
+					count++;
+				}
+			}
+			closedir(leaf);
+		}
+		closedir(mid);
+	}
+	closedir(top);
+	cs->nchunks = count;
+	if (removed)
+		stk_info("%s: removed %llu unfinished chunk updates", cs->dir,
+			 (unsigned long long)removed);
+	return 0;
+}
+
+static int read_id(struct stk_chunk_store *cs)
+{
+	char buf[32];
+	uint64_t v;
+	long got;
+	int fd;
+
+	fd = openat(cs->dirfd, "target.id", O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	got = stk_read_full(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (got < 0)
+		return (int)got;
+	buf[got] = 0;
+	while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == ' '))
+		buf[--got] = 0;
+	if (stk_parse_u64(buf, &v) || v == 0 || v > UINT32_MAX) {
+		stk_error("%s/target.id is unreadable: refusing to guess the target's id", cs->dir);
+		return -EBADMSG;
+	}
+	cs->id = (uint32_t)v;
+	return 0;
+}
+
+int stk_chunk_store_open(const char *dir, struct stk_chunk_store **out)
+{
+	struct stk_chunk_store *cs;
+	int rc;
+
+	cs = calloc(1, sizeof(*cs));
+	if (!cs)
+		return -ENOMEM;
+	cs->dirfd = -1;
+	for (unsigned i = 0; i < LOCK_STRIPES; i++)
+		pthread_mutex_init(&cs->locks[i], NULL);
+	rc = stk_mkdir_p(dir, 0755);
+	if (rc)
+		goto out;
+	if (!realpath(dir, cs->dir)) {
+		rc = -errno;
+		goto out;
+	}
+	cs->dirfd = open(cs->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (cs->dirfd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (mkdirat(cs->dirfd, "chunks", 0755) < 0 && errno != EEXIST) {
+		rc = -errno;
+		goto out;
+	}
+	rc = read_id(cs);
+	if (rc)
+		goto out;
+	rc = scan(cs);
+	if (rc)
+		goto out;
+	*out = cs;
+	return 0;
+out:
+	stk_chunk_store_close(cs);
+	return rc;
+}
+
+void stk_chunk_store_close(struct stk_chunk_store *cs)
+{
+	if (!cs)
+		return;
+	if (cs->dirfd >= 0)
+		close(cs->dirfd);
+	for (unsigned i = 0; i < LOCK_STRIPES; i++)
+		pthread_mutex_destroy(&cs->locks[i]);
+	free(cs);
+}
+
+const char *stk_chunk_store_path(const struct stk_chunk_store *cs)
+{
+	return cs->dir;
+}
+
+uint32_t stk_chunk_store_id(const struct stk_chunk_store *cs)
+{
+	return target_id(cs);
+}
+
+int stk_chunk_store_set_id(struct stk_chunk_store *cs, uint32_t id)
+{
+	char path[PATH_MAX], buf[16];
+	int n, rc;
+
+	if (id == 0)
+		return -EINVAL;
+	if ((size_t)snprintf(path, sizeof(path), "%s/target.id", cs->dir) >= sizeof(path))
+		return -ENAMETOOLONG;
+	n = snprintf(buf, sizeof(buf), "%u\n", id);
+	rc = stk_write_file_atomic(path, buf, (size_t)n);
+	if (rc == 0)
+		__atomic_store_n(&cs->id, id, __ATOMIC_RELAXED);
+	return rc;
+}
+
+int stk_chunk_store_stat(struct stk_chunk_store *cs, uint64_t *capacity, uint64_t *used,
+			 uint64_t *chunks)
+{
+	struct statvfs sv;
+
+	if (fstatvfs(cs->dirfd, &sv) < 0)
+		return -errno;
+	*capacity = (uint64_t)sv.f_blocks * sv.f_frsize;
+	*used = (uint64_t)(sv.f_blocks - sv.f_bfree) * sv.f_frsize;
+	*chunks = __atomic_load_n(&cs->nchunks, __ATOMIC_RELAXED);
+	return 0;
+}
+
+int stk_chunk_store_sync(struct stk_chunk_store *cs)
+{
+	return syncfs(cs->dirfd) < 0 ? -errno : 0;
+}

@@ -1,0 +1,98 @@
+/*
+ * The chunk store of one storage target: a folder holding a file per chunk.
+ *
+ * Layout of a target folder:
+ *
+ *   TARGET/target.id                       the target's id, once mgmtd gave it one
+ *   TARGET/chunks/<ino % 256, 2 hex digits>/<ino, hex>/<chunk index, decimal>
+ *
+ * A chunk file is a header of hdr_len bytes (4 KiB, growing in 4 KiB steps for
+ * chunks of more than about 1000 blocks) followed by the chunk's data_len bytes.
+ * The header (little-endian) holds:
+ *
+ *   offset size field
+ *        0    4 magic         "STKC"
+ *        4    2 format        STK_CHUNK_FORMAT
+ *        6    2 reserved      0
+ *        8    4 hdr_len       multiple of 4096: where the data starts
+ *       12    4 data_len      bytes of data
+ *       16    8 ino
+ *       24    4 chunk index
+ *       28    4 nblocks       ceil(data_len / 4096)
+ *       32 4*nb block CRCs    CRC32C of each 4 KiB data block (the last one short)
+ *  32+4*nb    4 header CRC    CRC32C of the bytes before it
+ *
+ * Writes are copy-on-write: the new chunk is written whole to a temporary file in
+ * the same folder and renamed over the old one, so a crash or a full disk leaves
+ * the old chunk or the new one, never a mix. Every block is checked against its
+ * CRC when read, and when a partial write merges new bytes into it; a block that
+ * fails is reported as -EIO and its bytes never leave this module.
+ *
+ * Thread rules: a store may be used from any number of threads. Writes and
+ * truncates of one chunk are serialised by a striped lock table; reads take no
+ * lock (a rename is atomic, so a reader sees the old file or the new one).
+ * Each thread keeps its own I/O buffers, so steady-state I/O allocates nothing.
+ */
+#ifndef STK_STORAGE_CHUNK_H
+#define STK_STORAGE_CHUNK_H
+
+#include <stdint.h>
+
+#define STK_CHUNK_FORMAT 1
+#define STK_CHUNK_BLOCK 4096u
+
+struct stk_chunk_store;
+
+/*
+ * Opens (creating if needed) the target folder dir: makes dir/chunks, reads
+ * dir/target.id if present, removes temporary files a crash left behind and counts
+ * the chunks. 0, -EBADMSG (target.id unreadable), -ENOMEM or -errno.
+ */
+int stk_chunk_store_open(const char *dir, struct stk_chunk_store **out);
+/* Closes the store; no call on it may be in progress. */
+void stk_chunk_store_close(struct stk_chunk_store *cs);
+
+/* The folder's absolute path. Valid until close. */
+const char *stk_chunk_store_path(const struct stk_chunk_store *cs);
+/* The target id (0 until one is set or read from target.id). Any thread. */
+uint32_t stk_chunk_store_id(const struct stk_chunk_store *cs);
+/* Records the target id, writing target.id atomically and durably. 0 or -errno. */
+int stk_chunk_store_set_id(struct stk_chunk_store *cs, uint32_t id);
+
+/* Capacity and used bytes of the file system under the folder, and the chunk count. */
+int stk_chunk_store_stat(struct stk_chunk_store *cs, uint64_t *capacity, uint64_t *used,
+			 uint64_t *chunks);
+/* Everything written so far is on stable storage (syncfs). 0 or -errno. */
+int stk_chunk_store_sync(struct stk_chunk_store *cs);
+
+/*
+ * Writes len bytes at off into chunk idx of inode ino, growing it as needed (a gap
+ * between the old end and off reads as zeros). off + len must not exceed
+ * chunk_size (at most 64 MiB). With STK_WRITE_SYNC the chunk is durable when this
+ * returns. *chunk_len is the chunk's length afterwards.
+ * 0, -EINVAL, -ENOSPC (disk full or quota: the old chunk is intact), -EIO (the old
+ * chunk is corrupt where this write would have kept its bytes) or -errno.
+ */
+int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t chunk_size,
+		    uint32_t off, const void *data, uint32_t len, uint32_t flags,
+		    uint32_t *chunk_len);
+
+/*
+ * Reads up to len bytes at off from chunk idx of inode ino into buf. Returns the
+ * number of bytes read: 0 for a missing chunk or at or past its end, fewer than len
+ * where the chunk ends. -EIO if a checksum fails (logged; buf is zeroed, never
+ * filled with the bad bytes), or -errno.
+ */
+long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off, void *buf,
+		    uint32_t len);
+
+/*
+ * Cuts inode ino to size bytes, for a file laid out in chunks of chunk_size:
+ * removes the chunks that start at or past size and shortens the one that
+ * straddles it. Size 0 removes the inode's folder. Durable when it returns.
+ * 0, -EINVAL, -EIO (the cut chunk is corrupt), -ENOSPC or -errno.
+ */
+int stk_chunk_truncate(struct stk_chunk_store *cs, uint64_t ino, uint64_t size,
+		       uint32_t chunk_size);
+
+#endif

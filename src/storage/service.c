@@ -1,0 +1,392 @@
+/*
+ * The storage daemon: opens its target folders, registers them with mgmtd through
+ * the node agent, and serves STOR_* requests on them.
+ *
+ * A request names a chain and the chain version the client routed with; the node
+ * serves it on the chain's head target, which must be one of its own. When the
+ * client's table and ours disagree, the side that is behind must refresh: if the
+ * client knows a chain we do not, or a newer version of it, or names a head we do
+ * not hold, our table may be the stale one, so it is refreshed once and the
+ * request looked up again; otherwise the client gets STALE_ROUTING and refreshes
+ * its own.
+ *
+ * Each request runs on its connection's thread (net.h), so a handler may block on
+ * disk; the chunk store does the I/O with that thread's buffers.
+ */
+#include "storage.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/daemon.h"
+#include "../common/layout.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../mgmtd/agent.h"
+#include "../net/net.h"
+#include "../proto/msg.h"
+#include "chunk.h"
+
+struct storage {
+	struct stk_chunk_store **stores; /* one per target folder, in the order given */
+	unsigned nstores;
+	struct stk_agent *agent;
+};
+
+/* The agent's view of our targets: ids, figures and paths, for register and heartbeats. */
+static uint32_t report_targets(void *ctx, struct stk_msg_target_info *out, uint32_t max)
+{
+	struct storage *s = ctx;
+	uint32_t n = 0;
+
+	for (unsigned i = 0; i < s->nstores && n < max; i++, n++) {
+		struct stk_chunk_store *cs = s->stores[i];
+		struct stk_msg_target_info *t = &out[n];
+
+		memset(t, 0, sizeof(*t));
+		t->target_id = stk_chunk_store_id(cs);
+		if (stk_chunk_store_stat(cs, &t->capacity, &t->used, &t->chunks))
+			t->capacity = t->used = 0;
+		stk_strlcpy(t->path, stk_chunk_store_path(cs), sizeof(t->path));
+	}
+	return n;
+}
+
+static struct stk_chunk_store *local_target(struct storage *s, uint32_t target_id)
+{
+	for (unsigned i = 0; i < s->nstores; i++)
+		if (target_id && stk_chunk_store_id(s->stores[i]) == target_id)
+			return s->stores[i];
+	return NULL;
+}
+
+/*
+ * Finds the target that serves chain_id here. With check_ver, the client's chain
+ * version must match ours. 0 or -ESTALE.
+ */
+static int route(struct storage *s, uint32_t chain_id, int check_ver, uint32_t chain_ver,
+		 struct stk_chunk_store **out)
+{
+	for (int attempt = 0;; attempt++) {
+		struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
+		const struct stk_rt_chain *c = stk_routing_chain(&ref->rt, chain_id);
+		struct stk_chunk_store *cs = NULL;
+		int ours_behind;
+
+		if (!c || c->ntargets == 0) {
+			ours_behind = 1;
+		} else if (check_ver && c->version != chain_ver) {
+			ours_behind = chain_ver > c->version;
+		} else {
+			cs = local_target(s, c->targets[0]);
+			ours_behind = !cs;
+		}
+		stk_agent_routing_put(s->agent, ref);
+		if (cs) {
+			*out = cs;
+			return 0;
+		}
+		if (!ours_behind || attempt > 0)
+			return -ESTALE;
+		stk_agent_routing_refresh(s->agent);
+	}
+}
+
+static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_stor_write_req rq;
+	struct stk_msg_stor_write_resp rp;
+	struct stk_chunk_store *cs;
+	int rc;
+
+	if (stk_msg_stor_write_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	if (rq.length != req->bulk_len)
+		return -EBADMSG;
+	if (rq.flags & ~STK_WRITE_SYNC)
+		return -EINVAL;
+	if (stk_crc32c(0, req->bulk, rq.length) != rq.data_crc) {
+		stk_warn("write from %s: data checksum mismatch (ino 0x%llx chunk %u): refused",
+			 req->peer, (unsigned long long)rq.ino, rq.chunk_idx);
+		return -EBADMSG;
+	}
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	if (rc)
+		return rc;
+	rc = stk_chunk_write(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
+			     rq.length, rq.flags, &rp.chunk_len);
+	if (rc)
+		return rc;
+	return stk_msg_stor_write_resp_enc(&resp->payload, &rp);
+}
+
+static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_stor_read_req rq;
+	struct stk_msg_stor_read_resp rp;
+	struct stk_chunk_store *cs;
+	void *buf;
+	long n;
+	int rc;
+
+	if (stk_msg_stor_read_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	if (rq.length > STK_MAX_CHUNK_SIZE)
+		return -EINVAL;
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	if (rc)
+		return rc;
+	buf = stk_rpc_resp_bulk_buf(resp, rq.length ? rq.length : 1);
+	if (!buf)
+		return -ENOMEM;
+	n = stk_chunk_read(cs, rq.ino, rq.chunk_idx, rq.offset, buf, rq.length);
+	if (n < 0)
+		return (int)n;
+	rp.data_crc = stk_crc32c(0, buf, (size_t)n);
+	resp->bulk = buf;
+	resp->bulk_len = (uint32_t)n;
+	return stk_msg_stor_read_resp_enc(&resp->payload, &rp);
+}
+
+static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
+{
+	struct stk_msg_stor_truncate_req rq;
+	struct stk_chunk_store *cs;
+	int rc;
+
+	if (stk_msg_stor_truncate_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	if (rc)
+		return rc;
+	return stk_chunk_truncate(cs, rq.ino, rq.size, rq.chunk_size);
+}
+
+static int handle_sync(struct storage *s, struct stk_rpc_req *req)
+{
+	struct stk_msg_stor_sync_req rq;
+	struct stk_chunk_store *cs;
+	int rc;
+
+	if (stk_msg_stor_sync_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	rc = route(s, rq.chain_id, 0, 0, &cs);
+	if (rc)
+		return rc;
+	return stk_chunk_store_sync(cs);
+}
+
+static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct storage *s = ctx;
+
+	switch (req->hdr.opcode) {
+	case STK_OP_STOR_WRITE:
+		return handle_write(s, req, resp);
+	case STK_OP_STOR_READ:
+		return handle_read(s, req, resp);
+	case STK_OP_STOR_TRUNCATE:
+		return handle_truncate(s, req);
+	case STK_OP_STOR_SYNC:
+		return handle_sync(s, req);
+	default:
+		return -ENOSYS;
+	}
+}
+
+/* ---- startup ---- */
+
+/* Reads data_dir/node.id; *id stays 0 if there is none. */
+static int read_node_id(const char *path, uint32_t *id)
+{
+	char buf[32];
+	uint64_t v;
+	long got;
+	int fd;
+
+	*id = 0;
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	got = stk_read_full(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (got < 0)
+		return (int)got;
+	buf[got] = 0;
+	while (got > 0 && (buf[got - 1] == '\n' || buf[got - 1] == ' '))
+		buf[--got] = 0;
+	if (stk_parse_u64(buf, &v) || v == 0 || v > UINT32_MAX)
+		return -EBADMSG;
+	*id = (uint32_t)v;
+	return 0;
+}
+
+static int write_node_id(const char *path, uint32_t id)
+{
+	char buf[16];
+	int n = snprintf(buf, sizeof(buf), "%u\n", id);
+
+	return stk_write_file_atomic(path, buf, (size_t)n);
+}
+
+/* Opens every target folder; refuses the same folder or target id twice. */
+static int open_targets(struct storage *s, const struct stk_storage_opts *opts)
+{
+	int rc;
+
+	s->stores = calloc(opts->ntargets, sizeof(*s->stores));
+	if (!s->stores)
+		return -ENOMEM;
+	for (unsigned i = 0; i < opts->ntargets; i++) {
+		struct stk_chunk_store *cs;
+
+		rc = stk_chunk_store_open(opts->targets[i], &cs);
+		if (rc) {
+			stk_error("cannot open target folder %s: %s", opts->targets[i],
+				  strerror(-rc));
+			return rc;
+		}
+		s->stores[s->nstores++] = cs;
+		for (unsigned j = 0; j < i; j++) {
+			struct stk_chunk_store *o = s->stores[j];
+			uint32_t id = stk_chunk_store_id(cs);
+
+			if (strcmp(stk_chunk_store_path(o), stk_chunk_store_path(cs)) == 0 ||
+			    (id && stk_chunk_store_id(o) == id)) {
+				stk_error("target folders %s and %s are the same target",
+					  stk_chunk_store_path(o), stk_chunk_store_path(cs));
+				return -EINVAL;
+			}
+		}
+	}
+	return 0;
+}
+
+static void log_listen_error(const char *addr, int rc)
+{
+	if (rc == -EADDRINUSE)
+		stk_error("cannot listen on %s: address already in use", addr);
+	else
+		stk_error("cannot listen on %s: %s", addr, strerror(-rc));
+}
+
+int stk_storage_run(const struct stk_storage_opts *opts)
+{
+	struct stk_agent_opts ao;
+	struct stk_server_opts so;
+	struct stk_server *srv = NULL;
+	struct storage *s;
+	char node_path[PATH_MAX];
+	uint32_t node_id = 0, *ids = NULL;
+	int rc;
+
+	stk_daemon_init("storage");
+	if (!opts || opts->size < sizeof(*opts) || !opts->listen || !opts->mgmtd ||
+	    !opts->data_dir || !opts->targets || opts->ntargets == 0) {
+		stk_error("storage: missing options (listen and mgmtd addresses, a data folder "
+			  "and at least one target folder are required)");
+		return -EINVAL;
+	}
+	s = calloc(1, sizeof(*s));
+	ids = calloc(opts->ntargets, sizeof(*ids));
+	if (!s || !ids) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = stk_mkdir_p(opts->data_dir, 0755);
+	if (rc) {
+		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
+		goto out;
+	}
+	if ((size_t)snprintf(node_path, sizeof(node_path), "%s/node.id", opts->data_dir) >=
+	    sizeof(node_path)) {
+		rc = -ENAMETOOLONG;
+		goto out;
+	}
+	rc = read_node_id(node_path, &node_id);
+	if (rc) {
+		stk_error("cannot read %s: %s", node_path, strerror(-rc));
+		goto out;
+	}
+	rc = open_targets(s, opts);
+	if (rc)
+		goto out;
+
+	memset(&so, 0, sizeof(so));
+	so.size = sizeof(so);
+	so.listen = opts->listen;
+	so.handler = storage_handle;
+	so.ctx = s;
+	rc = stk_server_create(&so, &srv);
+	if (rc) {
+		log_listen_error(opts->listen, rc);
+		srv = NULL;
+		goto out;
+	}
+	/* Registered before the agent blocks on mgmtd, so a stop signal ends the wait too. */
+	stk_daemon_set_server(srv);
+
+	memset(&ao, 0, sizeof(ao));
+	ao.size = sizeof(ao);
+	ao.mgmtd = opts->mgmtd;
+	ao.role = STK_ROLE_STORAGE;
+	ao.addr = stk_server_addr(srv);
+	ao.node_id = node_id;
+	ao.targets = report_targets;
+	ao.ctx = s;
+	rc = stk_agent_start(&ao, &s->agent, &node_id, ids, opts->ntargets);
+	if (rc) {
+		s->agent = NULL;
+		if (rc == -EINTR)
+			rc = 0; /* stopped before serving */
+		goto out;
+	}
+	rc = write_node_id(node_path, node_id);
+	if (rc) {
+		stk_error("cannot write %s: %s", node_path, strerror(-rc));
+		goto out;
+	}
+	for (unsigned i = 0; i < s->nstores; i++) {
+		if (ids[i] == stk_chunk_store_id(s->stores[i]))
+			continue;
+		rc = stk_chunk_store_set_id(s->stores[i], ids[i]);
+		if (rc) {
+			stk_error("cannot write %s/target.id: %s",
+				  stk_chunk_store_path(s->stores[i]), strerror(-rc));
+			goto out;
+		}
+	}
+	for (unsigned i = 0; i < s->nstores; i++) {
+		uint64_t cap = 0, used = 0, chunks = 0;
+		char cb[32];
+
+		stk_chunk_store_stat(s->stores[i], &cap, &used, &chunks);
+		stk_info("target %u: %s (%llu chunks, %s)", stk_chunk_store_id(s->stores[i]),
+			 stk_chunk_store_path(s->stores[i]), (unsigned long long)chunks,
+			 stk_format_size(cap, cb, sizeof(cb)));
+	}
+	stk_info("storage node %u serving on %s", node_id, stk_server_addr(srv));
+	rc = stk_server_run(srv);
+	if (rc)
+		stk_error("storage: serving failed: %s", strerror(-rc));
+	else
+		stk_info("storage stopping");
+out:
+	stk_daemon_set_server(NULL);
+	/* Request threads use the agent and the stores until the server is gone. */
+	stk_server_destroy(srv);
+	if (s) {
+		stk_agent_stop(s->agent);
+		for (unsigned i = 0; i < s->nstores; i++)
+			stk_chunk_store_close(s->stores[i]);
+		free(s->stores);
+	}
+	free(s);
+	free(ids);
+	return rc;
+}

@@ -1,0 +1,381 @@
+/*
+ * Unit test of mgmtd's cluster state (src/mgmtd/state.c): registration of nodes
+ * and targets, chain creation, the shard map, heartbeats, OFFLINE transitions and
+ * the routing version, the routing reply, and the state file's round trip and
+ * corruption checks. Time is passed in, so nothing here sleeps.
+ * Exit 0 pass, 1 fail.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "mgmtd/state.h"
+#include "proto/msg.h"
+
+#define CHECK(c)                                                                                   \
+	do {                                                                                       \
+		if (!(c)) {                                                                        \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
+			return 1;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+#define SEC 1000000000ull
+#define TIMEOUT (10 * SEC)
+
+static struct stk_msg_mgmt_register_req req(uint32_t node_id, uint8_t role, const char *addr,
+					    uint32_t ntargets)
+{
+	struct stk_msg_mgmt_register_req r;
+
+	memset(&r, 0, sizeof(r));
+	r.node_id = node_id;
+	r.role = role;
+	stk_strlcpy(r.addr, addr, sizeof(r.addr));
+	r.ntargets = ntargets;
+	return r;
+}
+
+static void tinfo(struct stk_msg_target_info *t, uint32_t id, const char *path, uint64_t used)
+{
+	memset(t, 0, sizeof(*t));
+	t->target_id = id;
+	t->capacity = 1000;
+	t->used = used;
+	t->chunks = used / 10;
+	stk_strlcpy(t->path, path, sizeof(t->path));
+}
+
+/* Encodes the routing reply and decodes it as a client would. */
+static int routing(struct stk_mgmt_state *st, uint64_t known, uint64_t now, struct stk_routing *rt)
+{
+	static uint8_t buf[1 << 16];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	rc = stk_mgmt_state_encode_routing(st, known, now, &w);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, buf, w.len);
+	rc = stk_routing_decode(&r, rt);
+	if (rc == 0 && stk_rbuf_finish(&r)) {
+		stk_routing_free(rt);
+		return -EBADMSG;
+	}
+	return rc;
+}
+
+static int test_registration(struct stk_mgmt_state *st)
+{
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_msg_target_info t[3];
+	uint32_t node, ids[3];
+	uint64_t v;
+
+	/* A new storage node with two new targets: ids, a chain each. */
+	rq = req(0, STK_ROLE_STORAGE, "127.0.0.1:9500", 2);
+	tinfo(&t[0], 0, "/data/t0", 100);
+	tinfo(&t[1], 0, "/data/t1", 200);
+	v = st->version;
+	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 1 * SEC, &node, ids) == 0);
+	CHECK(node == 1 && ids[0] == 1 && ids[1] == 2);
+	CHECK(st->version > v && st->dirty);
+	CHECK(st->nchains == 2);
+	CHECK(st->chains[0].id == 1 && st->chains[0].ntargets == 1 &&
+	      st->chains[0].targets[0] == 1 && st->chains[0].version == 1);
+	CHECK(st->chains[1].id == 2 && st->chains[1].targets[0] == 2);
+	CHECK(stk_mgmt_state_target(st, 2)->used == 200);
+	CHECK(stk_mgmt_state_target(st, 2)->state == STK_TARGET_SERVING);
+
+	/* Re-registering with the same ids changes nothing visible. */
+	rq.node_id = node;
+	tinfo(&t[0], 1, "/data/t0", 150);
+	tinfo(&t[1], 2, "/data/t1", 250);
+	v = st->version;
+	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == 0);
+	CHECK(node == 1 && ids[0] == 1 && ids[1] == 2);
+	CHECK(st->version == v);
+	CHECK(st->nchains == 2 && st->ntargets == 2);
+	CHECK(stk_mgmt_state_target(st, 1)->used == 150);
+
+	/* A meta node takes shard 1; a second one does not while the first is ONLINE. */
+	rq = req(0, STK_ROLE_META, "127.0.0.1:9600", 0);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	CHECK(node == 2 && st->shard1_node == 2);
+	rq = req(0, STK_ROLE_META, "127.0.0.1:9601", 0);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	CHECK(node == 3 && st->shard1_node == 2);
+
+	/*
+	 * An unknown node id (mgmtd lost its state) is taken as is, and new ids continue
+	 * after it; a known id under another role gets a new one.
+	 */
+	rq = req(77, STK_ROLE_STORAGE, "127.0.0.1:9501", 0);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	CHECK(node == 77 && st->next_node_id == 78);
+	rq = req(2, STK_ROLE_STORAGE, "127.0.0.1:9502", 0);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	CHECK(node == 78);
+
+	/*
+	 * A target id mgmtd does not know (lost state) is taken as is, on chain number
+	 * 7 as it was created; chains 3 to 6 wait empty for their targets.
+	 */
+	rq = req(77, STK_ROLE_STORAGE, "127.0.0.1:9501", 1);
+	tinfo(&t[0], 7, "/data/t7", 10);
+	CHECK(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == 0);
+	CHECK(node == 77 && ids[0] == 7);
+	CHECK(st->nchains == 7 && st->chains[6].id == 7 && st->chains[6].targets[0] == 7);
+	CHECK(st->chains[2].id == 3 && st->chains[2].ntargets == 0);
+	CHECK(st->next_target_id == 8);
+	/* ... and the next new target does not collide with it. */
+	tinfo(&t[1], 0, "/data/t8", 10);
+	rq.ntargets = 2;
+	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == 0);
+	CHECK(ids[0] == 7 && ids[1] == 8 && st->nchains == 8 && st->chains[7].targets[0] == 8);
+
+	/* A node that stops reporting a target: that target goes OFFLINE. */
+	rq.ntargets = 1;
+	v = st->version;
+	CHECK(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == 0);
+	CHECK(stk_mgmt_state_target(st, 8)->state == STK_TARGET_OFFLINE);
+	CHECK(st->version > v);
+
+	/* Refused: bad role, empty address, targets on meta, a target id twice. */
+	v = st->version;
+	rq = req(0, STK_ROLE_CLIENT, "x:1", 0);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == -EINVAL);
+	rq = req(0, STK_ROLE_STORAGE, "", 0);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == -EINVAL);
+	rq = req(0, STK_ROLE_META, "x:1", 1);
+	CHECK(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == -EINVAL);
+	rq = req(1, STK_ROLE_STORAGE, "127.0.0.1:9500", 2);
+	tinfo(&t[0], 1, "/data/t0", 1);
+	tinfo(&t[1], 1, "/data/t1", 1);
+	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == -EINVAL);
+	CHECK(st->version == v && st->nnodes == 5);
+	return 0;
+}
+
+static int test_liveness(struct stk_mgmt_state *st)
+{
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_msg_target_info t[2];
+	uint32_t node, ids[2];
+	uint64_t v;
+
+	/* Nodes 3, 77, 78 heartbeat at 12 s; node 1 at 3 s; node 2 (shard owner) not at all. */
+	CHECK(stk_mgmt_state_heartbeat(st, 3, NULL, 0, 12 * SEC) == 0);
+	CHECK(stk_mgmt_state_heartbeat(st, 77, NULL, 0, 12 * SEC) == 0);
+	CHECK(stk_mgmt_state_heartbeat(st, 78, NULL, 0, 12 * SEC) == 0);
+	CHECK(stk_mgmt_state_heartbeat(st, 99, NULL, 0, 12 * SEC) == -ENOENT);
+
+	/* Capacity changes do not bump the version. */
+	tinfo(&t[0], 1, "/data/t0", 500);
+	tinfo(&t[1], 2, "/data/t1", 600);
+	v = st->version;
+	CHECK(stk_mgmt_state_heartbeat(st, 1, t, 2, 3 * SEC) == 0);
+	CHECK(st->version == v);
+	CHECK(stk_mgmt_state_target(st, 1)->used == 500);
+
+	/* 10 s of silence is tolerated, a little more is not. Node 2 was last heard at 2 s. */
+	CHECK(stk_mgmt_state_expire(st, 12 * SEC, TIMEOUT) == 0);
+	CHECK(stk_mgmt_state_expire(st, 12 * SEC + 1, TIMEOUT) == 1);
+	CHECK(st->version > v);
+	CHECK(stk_mgmt_state_node(st, 2)->state == STK_NODE_OFFLINE);
+	CHECK(stk_mgmt_state_node(st, 1)->state == STK_NODE_ONLINE);
+	CHECK(stk_mgmt_state_target(st, 1)->state == STK_TARGET_SERVING);
+	/* Node 1 (last heard at 3 s) goes OFFLINE with its targets. */
+	CHECK(stk_mgmt_state_expire(st, 13 * SEC + 1, TIMEOUT) == 1);
+	CHECK(stk_mgmt_state_node(st, 1)->state == STK_NODE_OFFLINE);
+	CHECK(stk_mgmt_state_target(st, 1)->state == STK_TARGET_OFFLINE);
+	CHECK(stk_mgmt_state_target(st, 2)->state == STK_TARGET_OFFLINE);
+	CHECK(stk_mgmt_state_target(st, 7)->state == STK_TARGET_SERVING);
+	CHECK(stk_mgmt_state_node(st, 3)->state == STK_NODE_ONLINE);
+	CHECK(stk_mgmt_state_expire(st, 14 * SEC, TIMEOUT) == 0); /* already OFFLINE */
+
+	/* A heartbeat brings node 1 and the targets it reports back. */
+	v = st->version;
+	CHECK(stk_mgmt_state_heartbeat(st, 1, t, 2, 15 * SEC) == 0);
+	CHECK(st->version > v);
+	CHECK(stk_mgmt_state_node(st, 1)->state == STK_NODE_ONLINE);
+	CHECK(stk_mgmt_state_target(st, 1)->state == STK_TARGET_SERVING);
+	CHECK(stk_mgmt_state_target(st, 2)->state == STK_TARGET_SERVING);
+
+	/* The shard owner is OFFLINE: the next meta node to register takes shard 1. */
+	rq = req(3, STK_ROLE_META, "127.0.0.1:9601", 0);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
+	CHECK(node == 3 && st->shard1_node == 3);
+	return 0;
+}
+
+static int test_routing(struct stk_mgmt_state *st)
+{
+	struct stk_routing rt;
+	const struct stk_rt_chain *c;
+	const struct stk_rt_node *n;
+
+	CHECK(routing(st, st->version, 16 * SEC, &rt) == 0);
+	CHECK(rt.version == st->version && rt.nnodes == 0 && rt.nchains == 0 && rt.ntargets == 0);
+	stk_routing_free(&rt);
+
+	CHECK(routing(st, 0, 16 * SEC, &rt) == 0);
+	CHECK(rt.version == st->version);
+	CHECK(rt.nnodes == 5 && rt.ntargets == 4 && rt.nchains == 8 && rt.nshards == 1);
+	CHECK(rt.shards[0].id == 1 && rt.shards[0].node_id == 3);
+	c = stk_routing_chain(&rt, 7);
+	CHECK(c && c->ntargets == 1 && c->targets[0] == 7);
+	c = stk_routing_chain(&rt, 3);
+	CHECK(c && c->ntargets == 0);
+	n = stk_routing_node(&rt, 1);
+	CHECK(n && n->state == STK_NODE_ONLINE && n->last_seen_ms == 1000);
+	CHECK(strcmp(n->addr, "127.0.0.1:9500") == 0 && n->role == STK_ROLE_STORAGE);
+	CHECK(stk_routing_target(&rt, 2)->used == 600);
+	CHECK(strcmp(stk_routing_target(&rt, 7)->path, "/data/t7") == 0);
+	stk_routing_free(&rt);
+	return 0;
+}
+
+static int test_persistence(struct stk_mgmt_state *st)
+{
+	char dir[] = "/tmp/stk-test-mgmtd-XXXXXX", path[128], tmp[160];
+	struct stk_mgmt_state ld;
+	uint8_t b;
+	int fd, rc = 1;
+
+	CHECK(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	stk_mgmt_state_init(&ld);
+	if (stk_mgmt_state_load(&ld, path, 0) != -ENOENT || ld.nnodes != 0)
+		goto out;
+	if (stk_mgmt_state_save(st, path) || st->dirty || access(tmp, F_OK) == 0)
+		goto out;
+	if (stk_mgmt_state_load(&ld, path, 100 * SEC))
+		goto out;
+	if (ld.version != st->version || ld.next_node_id != st->next_node_id ||
+	    ld.next_target_id != st->next_target_id || ld.shard1_node != st->shard1_node ||
+	    ld.nnodes != st->nnodes || ld.ntargets != st->ntargets || ld.nchains != st->nchains)
+		goto out;
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		const struct stk_mgmt_node *a = &st->nodes[i], *c = &ld.nodes[i];
+		if (a->id != c->id || a->role != c->role || a->state != c->state ||
+		    strcmp(a->addr, c->addr) || c->last_hb_ns != 100 * SEC)
+			goto out;
+	}
+	for (uint32_t i = 0; i < st->ntargets; i++)
+		if (memcmp(&st->targets[i], &ld.targets[i], sizeof(st->targets[i])) != 0)
+			goto out;
+	for (uint32_t i = 0; i < st->nchains; i++)
+		if (memcmp(&st->chains[i], &ld.chains[i], sizeof(st->chains[i])) != 0)
+			goto out;
+	/* A loaded state keeps working: new ids continue after the old ones. */
+	{
+		struct stk_msg_mgmt_register_req rq = req(0, STK_ROLE_STORAGE, "h:1", 1);
+		struct stk_msg_target_info t;
+		uint32_t node, id;
+
+		tinfo(&t, 0, "/x", 0);
+		if (stk_mgmt_state_register(&ld, &rq, &t, 1, 100 * SEC, &node, &id) || node != 79 ||
+		    id != 9 || ld.nchains != 9 || ld.chains[8].targets[0] != 9)
+			goto out;
+	}
+	/* One flipped byte anywhere makes the file refused. */
+	fd = open(path, O_RDWR);
+	if (fd < 0 || pread(fd, &b, 1, 40) != 1)
+		goto out;
+	b ^= 1;
+	if (pwrite(fd, &b, 1, 40) != 1)
+		goto out;
+	close(fd);
+	if (stk_mgmt_state_load(&ld, path, 0) != -EBADMSG || ld.nnodes != 6)
+		goto out;
+	/* So does a truncated one. */
+	if (truncate(path, 30) || stk_mgmt_state_load(&ld, path, 0) != -EBADMSG)
+		goto out;
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "persistence round trip failed\n");
+	stk_mgmt_state_free(&ld);
+	unlink(path);
+	unlink(tmp);
+	rmdir(dir);
+	return rc;
+}
+
+/* mgmtd lost its state: two storage nodes come back with their old ids and targets. */
+static int test_lost_state(void)
+{
+	struct stk_mgmt_state st;
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_msg_target_info t[2];
+	uint32_t node, ids[2];
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	rq = req(2, STK_ROLE_STORAGE, "10.0.0.2:9500", 1);
+	tinfo(&t[0], 2, "/b", 0);
+	if (stk_mgmt_state_register(&st, &rq, t, 1, SEC, &node, ids) || node != 2 || ids[0] != 2)
+		goto out;
+	rq = req(1, STK_ROLE_STORAGE, "10.0.0.1:9500", 1);
+	tinfo(&t[0], 1, "/a", 0);
+	if (stk_mgmt_state_register(&st, &rq, t, 1, SEC, &node, ids) || node != 1 || ids[0] != 1)
+		goto out;
+	if (st.nnodes != 2 || stk_mgmt_state_target(&st, 1)->node_id != 1 ||
+	    stk_mgmt_state_target(&st, 2)->node_id != 2)
+		goto out;
+	/* Chain n holds target n again, whatever order the targets came back in. */
+	if (st.nchains != 2 || st.chains[0].targets[0] != 1 || st.chains[1].targets[0] != 2 ||
+	    st.chains[0].ntargets != 1 || st.chains[0].version != 2)
+		goto out;
+	/* A new node and a new target get ids after every id seen. */
+	rq = req(0, STK_ROLE_STORAGE, "10.0.0.3:9500", 1);
+	tinfo(&t[0], 0, "/c", 0);
+	if (stk_mgmt_state_register(&st, &rq, t, 1, SEC, &node, ids) || node != 3 || ids[0] != 3 ||
+	    st.nchains != 3 || st.chains[2].targets[0] != 3)
+		goto out;
+	/* A target id far past the table is not worth thousands of empty chains. */
+	rq = req(3, STK_ROLE_STORAGE, "10.0.0.3:9500", 2);
+	tinfo(&t[0], 3, "/c", 0);
+	tinfo(&t[1], 1000000, "/d", 0);
+	if (stk_mgmt_state_register(&st, &rq, t, 2, SEC, &node, ids) || ids[1] != 1000000 ||
+	    st.nchains != 4 || st.chains[3].targets[0] != 1000000 || st.next_target_id != 1000001)
+		goto out;
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "lost-state registration failed\n");
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
+int main(void)
+{
+	struct stk_mgmt_state st;
+	int rc;
+
+	stk_mgmt_state_init(&st);
+	{
+		/* Two fresh states never start at the same version (see state_init). */
+		struct stk_mgmt_state other;
+		usleep(2000);
+		stk_mgmt_state_init(&other);
+		if (other.version == st.version) {
+			fprintf(stderr, "fresh states share a version\n");
+			return 1;
+		}
+	}
+	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
+	     test_persistence(&st) || test_lost_state();
+	stk_mgmt_state_free(&st);
+	if (rc == 0)
+		printf("test_mgmtd_state: all passed\n");
+	return rc ? 1 : 0;
+}

@@ -1,0 +1,504 @@
+/*
+ * Unit test of the chunk store (src/storage/chunk.c), driven directly without a
+ * network: round trips at offsets straddling blocks, partial overwrites against a
+ * model, holes, short reads, truncate, corruption detection, a full file system,
+ * concurrent writers, and reopening a target.
+ *
+ * The full-disk case mounts a 2 MiB tmpfs and so needs root; without it that case
+ * is skipped and the rest still runs. Exit 0 pass, 1 fail, 77 skip.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/layout.h"
+#include "common/util.h"
+#include "proto/msg.h"
+#include "storage/chunk.h"
+
+#define CHECK(c)                                                                                   \
+	do {                                                                                       \
+		if (!(c)) {                                                                        \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
+			return 1;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+#define CHUNK (256u << 10)
+
+static char g_root[256];
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb;
+	(void)flag;
+	(void)ftw;
+	remove(path);
+	return 0;
+}
+
+static void rm_rf(const char *path)
+{
+	nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
+}
+
+static uint64_t g_rng = 42;
+
+static uint32_t rnd(uint32_t n)
+{
+	return (uint32_t)(stk_splitmix64(&g_rng) % n);
+}
+
+static void fill(uint8_t *p, size_t n, uint8_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(seed + i * 7 + (i >> 12));
+}
+
+static int file_path(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, char *out, size_t len)
+{
+	return snprintf(out, len, "%s/chunks/%02x/%llx/%u", stk_chunk_store_path(cs),
+			(unsigned)(ino & 0xff), (unsigned long long)ino, idx) >= (int)len;
+}
+
+static int exists(const char *p)
+{
+	struct stat sb;
+	return stat(p, &sb) == 0;
+}
+
+static uint64_t nchunks(struct stk_chunk_store *cs)
+{
+	uint64_t cap, used, n = 0;
+	stk_chunk_store_stat(cs, &cap, &used, &n);
+	return n;
+}
+
+static int test_round_trip(struct stk_chunk_store *cs)
+{
+	static uint8_t w[20000], r[CHUNK];
+	uint32_t len = 0;
+
+	fill(w, sizeof(w), 1);
+	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, 3000, w, 10000, 0, &len) == 0);
+	CHECK(len == 13000);
+	/* The whole chunk: a hole of zeros, then the data, then the end. */
+	CHECK(stk_chunk_read(cs, 0x10, 0, 0, r, CHUNK) == 13000);
+	for (int i = 0; i < 3000; i++)
+		CHECK(r[i] == 0);
+	CHECK(memcmp(r + 3000, w, 10000) == 0);
+	/* Reads that start and end inside blocks, and one inside a single block. */
+	CHECK(stk_chunk_read(cs, 0x10, 0, 4095, r, 2) == 2);
+	CHECK(r[0] == w[1095] && r[1] == w[1096]);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 5000, r, 7000) == 7000);
+	CHECK(memcmp(r, w + 2000, 7000) == 0);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 8192, r, 4096) == 4096);
+	CHECK(memcmp(r, w + 5192, 4096) == 0);
+	/* Short read at the end, nothing past it, missing chunks read as 0 bytes. */
+	CHECK(stk_chunk_read(cs, 0x10, 0, 12900, r, 8192) == 100);
+	CHECK(memcmp(r, w + 9900, 100) == 0);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 13000, r, 10) == 0);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 200000, r, 10) == 0);
+	CHECK(stk_chunk_read(cs, 0x10, 1, 0, r, 10) == 0);
+	CHECK(stk_chunk_read(cs, 0x11, 0, 0, r, 10) == 0);
+	/* A write past the chunk size is refused. */
+	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, CHUNK - 10, w, 11, 0, &len) == -EINVAL);
+	CHECK(stk_chunk_write(cs, 0x10, 0, 0, 0, w, 1, 0, &len) == -EINVAL);
+	/* A hole in a new chunk. */
+	CHECK(stk_chunk_write(cs, 0x12, 3, CHUNK, 100000, w, 50, STK_WRITE_SYNC, &len) == 0);
+	CHECK(len == 100050);
+	CHECK(stk_chunk_read(cs, 0x12, 3, 0, r, CHUNK) == 100050);
+	for (int i = 0; i < 100000; i++)
+		CHECK(r[i] == 0);
+	CHECK(memcmp(r + 100000, w, 50) == 0);
+	return 0;
+}
+
+/* Random partial overwrites and extensions, compared with a model after each. */
+static int test_model(struct stk_chunk_store *cs)
+{
+	static uint8_t model[CHUNK], w[CHUNK], r[CHUNK];
+	uint32_t mlen = 0, len = 0;
+
+	memset(model, 0, sizeof(model));
+	for (int it = 0; it < 300; it++) {
+		uint32_t off = rnd(CHUNK), n = rnd(it % 10 == 0 ? CHUNK : 20000) + 1;
+		uint32_t ro, rl;
+		long got;
+
+		if (it % 50 == 0)
+			off = 0, n = CHUNK; /* an occasional whole-chunk write */
+		if (off + n > CHUNK)
+			n = CHUNK - off;
+		fill(w, n, (uint8_t)it);
+		CHECK(stk_chunk_write(cs, 0x20, 5, CHUNK, off, w, n, 0, &len) == 0);
+		memcpy(model + off, w, n);
+		if (off + n > mlen)
+			mlen = off + n;
+		CHECK(len == mlen);
+		CHECK(stk_chunk_read(cs, 0x20, 5, 0, r, CHUNK) == (long)mlen);
+		CHECK(memcmp(r, model, mlen) == 0);
+		ro = rnd(mlen + 100);
+		rl = rnd(30000) + 1;
+		got = stk_chunk_read(cs, 0x20, 5, ro, r, rl);
+		if (ro >= mlen)
+			CHECK(got == 0);
+		else
+			CHECK(got == (long)STK_MIN(rl, mlen - ro));
+		if (got > 0)
+			CHECK(memcmp(r, model + ro, (size_t)got) == 0);
+	}
+	return 0;
+}
+
+static int test_truncate(struct stk_chunk_store *cs)
+{
+	static uint8_t w[CHUNK], r[CHUNK];
+	const uint32_t cs64 = 64u << 10;
+	char p[512];
+	uint64_t before;
+	uint32_t len;
+
+	fill(w, sizeof(w), 9);
+	before = nchunks(cs);
+	for (uint32_t i = 0; i < 4; i++)
+		CHECK(stk_chunk_write(cs, 0x130, i, cs64, 0, w + i * 100, cs64, 0, &len) == 0);
+	CHECK(nchunks(cs) == before + 4);
+	/* Cut inside chunk 1 (not on a block boundary): chunks 2 and 3 go. */
+	CHECK(stk_chunk_truncate(cs, 0x130, cs64 + 5000, cs64) == 0);
+	CHECK(nchunks(cs) == before + 2);
+	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64) == cs64);
+	CHECK(memcmp(r, w, cs64) == 0);
+	CHECK(stk_chunk_read(cs, 0x130, 1, 0, r, cs64) == 5000);
+	CHECK(memcmp(r, w + 100, 5000) == 0);
+	CHECK(stk_chunk_read(cs, 0x130, 2, 0, r, cs64) == 0);
+	CHECK(stk_chunk_read(cs, 0x130, 3, 0, r, cs64) == 0);
+	/* Growing after a cut reads zeros where the old bytes were. */
+	CHECK(stk_chunk_write(cs, 0x130, 1, cs64, 9000, w, 10, 0, &len) == 0);
+	CHECK(len == 9010);
+	CHECK(stk_chunk_read(cs, 0x130, 1, 4990, r, 4020) == 4020);
+	CHECK(memcmp(r, w + 100 + 4990, 10) == 0);
+	for (int i = 10; i < 4010; i++)
+		CHECK(r[i] == 0);
+	/* Cut on a chunk boundary, then a no-op larger size, then everything. */
+	CHECK(stk_chunk_truncate(cs, 0x130, cs64, cs64) == 0);
+	CHECK(nchunks(cs) == before + 1);
+	CHECK(stk_chunk_truncate(cs, 0x130, 10 * (uint64_t)cs64, cs64) == 0);
+	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64) == cs64);
+	CHECK(stk_chunk_truncate(cs, 0x130, 0, cs64) == 0);
+	CHECK(nchunks(cs) == before);
+	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64) == 0);
+	file_path(cs, 0x130, 0, p, sizeof(p));
+	*strrchr(p, '/') = 0;
+	CHECK(!exists(p)); /* the inode's folder is gone */
+	CHECK(stk_chunk_truncate(cs, 0x130, 0, cs64) == 0);
+	CHECK(stk_chunk_truncate(cs, 0x130, 0, 0) == -EINVAL);
+	return 0;
+}
+
+static int flip_byte(const char *path, off_t off)
+{
+	uint8_t b;
+	int fd = open(path, O_RDWR);
+
+	if (fd < 0 || pread(fd, &b, 1, off) != 1)
+		return -1;
+	b ^= 0x40;
+	if (pwrite(fd, &b, 1, off) != 1)
+		return -1;
+	return close(fd);
+}
+
+/* Runs a read with stderr captured into log (to check the error line). */
+static long read_capturing(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off,
+			   void *buf, uint32_t len, char *log, size_t loglen)
+{
+	char tmpl[] = "/tmp/stk-test-log-XXXXXX";
+	int fd = mkstemp(tmpl), saved = dup(2);
+	long rc, n;
+
+	fflush(stderr);
+	dup2(fd, 2);
+	rc = stk_chunk_read(cs, ino, idx, off, buf, len);
+	dup2(saved, 2);
+	close(saved);
+	n = pread(fd, log, loglen - 1, 0);
+	log[n > 0 ? n : 0] = 0;
+	close(fd);
+	unlink(tmpl);
+	return rc;
+}
+
+static int test_corruption(struct stk_chunk_store *cs)
+{
+	static uint8_t w[CHUNK], r[CHUNK];
+	char p[512], log[2048], want[256];
+	uint32_t len;
+	long rc;
+
+	fill(w, sizeof(w), 3);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 20000, 0, &len) == 0);
+	file_path(cs, 0x1a, 7, p, sizeof(p));
+	/* Flip one byte in data block 2 (header is 4 KiB). */
+	CHECK(flip_byte(p, 4096 + 2 * 4096 + 123) == 0);
+	memset(r, 0xee, sizeof(r));
+	rc = read_capturing(cs, 0x1a, 7, 0, r, CHUNK, log, sizeof(log));
+	CHECK(rc == -EIO);
+	for (int i = 0; i < 20000; i++)
+		CHECK(r[i] == 0); /* the bytes never reach the caller */
+	snprintf(want, sizeof(want), "checksum mismatch: target %u ino 0x1a chunk 7 block 2 (",
+		 stk_chunk_store_id(cs));
+	CHECK(strstr(log, want) != NULL);
+	CHECK(strstr(log, "refusing to return data") != NULL);
+	/* Blocks around it still read. */
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 8192) == 8192);
+	CHECK(memcmp(r, w, 8192) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 12288, r, 4096) == 4096);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192 + 4000, r, 200) == -EIO);
+	/* A write that keeps bytes of the bad block refuses to launder them. */
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8200, w, 10, 0, &len) == -EIO);
+	/* A write elsewhere keeps the bad block's stored CRC: still detected after. */
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 100, 0, &len) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192, r, 4096) == -EIO);
+	/* Overwriting the whole bad block repairs it. */
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8192, w + 8192, 4096, 0, &len) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK) == 20000);
+	CHECK(memcmp(r, w, 20000) == 0);
+
+	/* A damaged header: -EIO for reads and partial writes; a whole-chunk write repairs. */
+	CHECK(flip_byte(p, 14) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100) == -EIO);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 10, 0, &len) == -EIO);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, CHUNK, 0, &len) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK) == CHUNK);
+	CHECK(memcmp(r, w, CHUNK) == 0);
+	/* A file cut short. */
+	CHECK(truncate(p, 4096 + 1000) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100) == -EIO);
+	CHECK(stk_chunk_truncate(cs, 0x1a, 0, CHUNK) == 0);
+	return 0;
+}
+
+/* Writes until the file system is full; returns how many writes succeeded. */
+static int fill_up(struct stk_chunk_store *cs, const uint8_t *w)
+{
+	static const uint32_t sizes[] = {CHUNK, 64u << 10, 4u << 10, 1};
+	uint32_t idx = 100, len;
+	int rc;
+
+	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+		for (;;) {
+			rc = stk_chunk_write(cs, 0x77, idx, CHUNK, 0, w, sizes[s], 0, &len);
+			if (rc == -ENOSPC)
+				break;
+			if (rc)
+				return rc;
+			idx++;
+		}
+	}
+	return 0;
+}
+
+static int count_tmp_files(const char *dir)
+{
+	char cmd[600];
+	FILE *f;
+	int n = -1;
+
+	snprintf(cmd, sizeof(cmd), "find '%s' -name '*.tmp.*' | wc -l", dir);
+	f = popen(cmd, "r");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%d", &n) != 1)
+		n = -1;
+	pclose(f);
+	return n;
+}
+
+static int test_enospc(void)
+{
+	static uint8_t w[CHUNK], w2[CHUNK], r[CHUNK];
+	struct stk_chunk_store *cs = NULL;
+	char mnt[300];
+	uint32_t len;
+	int rc = 1;
+
+	if (geteuid() != 0) {
+		fprintf(stderr, "SKIP full-disk case: not root\n");
+		return 0;
+	}
+	snprintf(mnt, sizeof(mnt), "%s/small", g_root);
+	if (mkdir(mnt, 0755) || mount("tmpfs", mnt, "tmpfs", 0, "size=2m")) {
+		fprintf(stderr, "SKIP full-disk case: cannot mount tmpfs: %s\n", strerror(errno));
+		return 0;
+	}
+	fill(w, sizeof(w), 5);
+	fill(w2, sizeof(w2), 6);
+	if (stk_chunk_store_open(mnt, &cs)) {
+		fprintf(stderr, "cannot open store on tmpfs\n");
+		goto out;
+	}
+	rc = stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w, 200000, STK_WRITE_SYNC, &len);
+	if (rc == 0)
+		rc = fill_up(cs, w);
+	if (rc) {
+		fprintf(stderr, "filling the file system failed: %s\n", strerror(-rc));
+		rc = 1;
+		goto out;
+	}
+	rc = 1;
+	/* The overwrite needs room for a new copy: it must fail and leave the old one. */
+	if (stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, STK_WRITE_SYNC, &len) != -ENOSPC ||
+	    stk_chunk_write(cs, 0x55, 0, CHUNK, 100, w2, 10, 0, &len) != -ENOSPC ||
+	    stk_chunk_write(cs, 0x56, 0, CHUNK, 0, w2, 100000, 0, &len) != -ENOSPC) {
+		fprintf(stderr, "writes on a full file system did not give ENOSPC\n");
+		goto out;
+	}
+	if (stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK) != 200000 || memcmp(r, w, 200000) != 0) {
+		fprintf(stderr, "old chunk not intact after ENOSPC\n");
+		goto out;
+	}
+	if (count_tmp_files(mnt) != 0) {
+		fprintf(stderr, "temporary files left behind after ENOSPC\n");
+		goto out;
+	}
+	/* Space freed: writes work again. */
+	if (stk_chunk_truncate(cs, 0x77, 0, CHUNK) ||
+	    stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, 0, &len) ||
+	    stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK) != 200000 || memcmp(r, w2, 200000) != 0) {
+		fprintf(stderr, "writes after freeing space failed\n");
+		goto out;
+	}
+	rc = 0;
+out:
+	stk_chunk_store_close(cs);
+	umount2(mnt, MNT_DETACH);
+	return rc;
+}
+
+struct writer_arg {
+	struct stk_chunk_store *cs;
+	const uint8_t *w;
+	int id;
+	int rc;
+};
+
+/* Each writer owns every 4th 4 KiB piece of one chunk and writes its pieces in turn. */
+static void *writer(void *p)
+{
+	struct writer_arg *a = p;
+	uint32_t len;
+
+	for (uint32_t off = (uint32_t)a->id * 4096; off < CHUNK; off += 4 * 4096) {
+		a->rc = stk_chunk_write(a->cs, 0x99, 1, CHUNK, off, a->w + off, 4096, 0, &len);
+		if (a->rc)
+			break;
+	}
+	return NULL;
+}
+
+static int test_concurrent(struct stk_chunk_store *cs)
+{
+	static uint8_t w[CHUNK], r[CHUNK];
+	struct writer_arg args[4];
+	pthread_t th[4];
+
+	fill(w, sizeof(w), 11);
+	for (int i = 0; i < 4; i++) {
+		args[i] = (struct writer_arg){.cs = cs, .w = w, .id = i};
+		CHECK(pthread_create(&th[i], NULL, writer, &args[i]) == 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		CHECK(args[i].rc == 0);
+	}
+	CHECK(stk_chunk_read(cs, 0x99, 1, 0, r, CHUNK) == CHUNK);
+	CHECK(memcmp(r, w, CHUNK) == 0);
+	return 0;
+}
+
+/* A chunk larger than 1 MiB has a header of more than one 4 KiB block. */
+static int test_big_chunk(struct stk_chunk_store *cs)
+{
+	const uint32_t big = 8u << 20;
+	uint8_t *w = malloc(big), *r = malloc(big);
+	char p[512];
+	struct stat sb;
+	uint32_t len;
+	int ok;
+
+	CHECK(w && r);
+	fill(w, big, 13);
+	ok = stk_chunk_write(cs, 0xb16, 0, big, 0, w, big, 0, &len) == 0 && len == big &&
+	     stk_chunk_read(cs, 0xb16, 0, 0, r, big) == (long)big && memcmp(r, w, big) == 0 &&
+	     stk_chunk_write(cs, 0xb16, 0, big, big - 5000, w, 100, 0, &len) == 0 &&
+	     stk_chunk_read(cs, 0xb16, 0, big - 5000, r, 100) == 100 && memcmp(r, w, 100) == 0;
+	file_path(cs, 0xb16, 0, p, sizeof(p));
+	ok = ok && stat(p, &sb) == 0 && sb.st_size == (off_t)(3 * 4096 + big);
+	ok = ok && stk_chunk_truncate(cs, 0xb16, 0, big) == 0;
+	free(w);
+	free(r);
+	CHECK(ok);
+	return 0;
+}
+
+static int test_reopen(const char *dir, struct stk_chunk_store **csp)
+{
+	struct stk_chunk_store *cs = *csp;
+	uint64_t n = nchunks(cs);
+	char p[512], tmp[600];
+	uint8_t r[16];
+	int fd;
+
+	CHECK(n > 0);
+	CHECK(stk_chunk_store_set_id(cs, 3) == 0);
+	/* A temporary file a crash left behind. */
+	file_path(cs, 0x10, 0, p, sizeof(p));
+	snprintf(tmp, sizeof(tmp), "%s.tmp.12345", p);
+	fd = open(tmp, O_CREAT | O_WRONLY, 0644);
+	CHECK(fd >= 0);
+	close(fd);
+	stk_chunk_store_close(cs);
+	*csp = NULL;
+	CHECK(stk_chunk_store_open(dir, csp) == 0);
+	cs = *csp;
+	CHECK(nchunks(cs) == n);
+	CHECK(stk_chunk_store_id(cs) == 3);
+	CHECK(!exists(tmp));
+	CHECK(stk_chunk_read(cs, 0x10, 0, 3000, r, 16) == 16);
+	return 0;
+}
+
+int main(void)
+{
+	struct stk_chunk_store *cs = NULL;
+	char dir[300];
+	int rc = 1;
+
+	snprintf(g_root, sizeof(g_root), "/tmp/stk-test-chunk-XXXXXX");
+	if (!mkdtemp(g_root)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	snprintf(dir, sizeof(dir), "%s/target", g_root);
+	if (stk_chunk_store_open(dir, &cs)) {
+		fprintf(stderr, "cannot open store\n");
+		goto out;
+	}
+	if (test_round_trip(cs) || test_model(cs) || test_truncate(cs) || test_corruption(cs) ||
+	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_enospc())
+		goto out;
+	rc = 0;
+	printf("test_storage_chunk: all passed\n");
+out:
+	stk_chunk_store_close(cs);
+	rm_rf(g_root);
+	return rc;
+}
