@@ -584,7 +584,7 @@ int cmd_up(int argc, char **argv)
 		long n;
 		pid_t pid;
 
-		if (pipe(pfd) < 0)
+		if (pipe2(pfd, O_CLOEXEC) < 0)
 			goto out;
 		fflush(NULL);
 		pid = fork();
@@ -615,7 +615,10 @@ int cmd_up(int argc, char **argv)
 			if (lfd >= 0) {
 				dup2(lfd, 1);
 				dup2(lfd, 2);
+				close(lfd);
 			}
+			if (fd > 2)
+				close(fd);
 		}
 		snprintf(buf, sizeof(buf), "%d\n", (int)getpid());
 		if (ftruncate(lockfd, 0) == 0)
