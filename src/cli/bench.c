@@ -491,12 +491,12 @@ int cmd_bench(int argc, char **argv)
 		       (unsigned long long)b.files, (unsigned long long)b.small,
 		       b.drop ? "true" : "false");
 	} else {
-		char s1[32], s2[32];
+		char s1[32], s2[32], s3[32];
 		printf("stoker bench: %u threads, big file %s in %s blocks, %llu small files of %s, "
 		       "cache %s\n",
 		       b.threads, stk_format_size(b.size, s1, sizeof(s1)),
 		       stk_format_size(b.block, s2, sizeof(s2)), (unsigned long long)b.files,
-		       stk_format_size(b.small, s1, sizeof(s1)),
+		       stk_format_size(b.small, s3, sizeof(s3)),
 		       b.drop ? "dropped before reads" : "warm (not root, or --no-drop-caches)");
 		printf("+------------------+---------------------+--------------+--------------+\n"
 		       "| %-16s | %-19s | %-12s | %-12s |\n"

@@ -144,7 +144,8 @@ static int verify_file(stk_client *c, const char *path, uint64_t size, uint64_t 
 	/* random reads straddling chunk boundaries */
 	for (int i = 0; rc == 0 && !bad && size && i < 64; i++) {
 		uint64_t o = stk_splitmix64(&rs) % size;
-		size_t n = (size_t)STK_MIN(size - o, 1 + stk_splitmix64(&rs) % (3u << 20));
+		uint64_t want_len = 1 + stk_splitmix64(&rs) % (3u << 20); /* STK_MIN evaluates twice */
+		size_t n = (size_t)STK_MIN(size - o, want_len);
 		ssize_t r = stk_pread(f, buf, n, (off_t)o);
 		pattern(seed, o, want, n);
 		if (r != (ssize_t)n || memcmp(buf, want, n) != 0) {
