@@ -202,6 +202,7 @@ struct up {
 	char host[64];
 	unsigned port;
 	unsigned ntargets;
+	char chunk_size[32], stripe[32]; /* passed to meta as its defaults when set */
 	char addr[NROLES][80];
 	pid_t pid[NROLES];
 	unsigned restarts[NROLES];
@@ -254,6 +255,14 @@ static pid_t spawn_role(struct up *u, int r)
 	if (r > 0) {
 		args[n++] = "--mgmtd";
 		args[n++] = mgmtd;
+	}
+	if (r == 1 && u->chunk_size[0]) {
+		args[n++] = "--chunk-size";
+		args[n++] = u->chunk_size;
+	}
+	if (r == 1 && u->stripe[0]) {
+		args[n++] = "--stripe";
+		args[n++] = u->stripe;
 	}
 	if (r == 2) {
 		for (unsigned i = 0; i < u->ntargets && i < 64; i++) {
@@ -478,7 +487,8 @@ fail:
 static const struct option up_opts[] = {
 	{"data", required_argument, NULL, 'd'},  {"daemon", no_argument, NULL, 'D'},
 	{"port", required_argument, NULL, 'p'},  {"host", required_argument, NULL, 'H'},
-	{"targets", required_argument, NULL, 't'}, {NULL, 0, NULL, 0},
+	{"targets", required_argument, NULL, 't'}, {"chunk-size", required_argument, NULL, 'c'},
+	{"stripe", required_argument, NULL, 's'},  {NULL, 0, NULL, 0},
 };
 
 int cmd_up(int argc, char **argv)
@@ -523,6 +533,21 @@ int cmd_up(int argc, char **argv)
 				goto out;
 			}
 			u->ntargets = (unsigned)v;
+			break;
+		case 'c':
+			if (stk_parse_size(optarg, &v) || v < (64u << 10) || v > (64u << 20) ||
+			    (v & (v - 1))) {
+				cli_err("up", "--chunk-size must be a power of two from 64K to 64M");
+				goto out;
+			}
+			snprintf(u->chunk_size, sizeof(u->chunk_size), "%llu", (unsigned long long)v);
+			break;
+		case 's':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > 256) {
+				cli_err("up", "--stripe must be 1..256");
+				goto out;
+			}
+			snprintf(u->stripe, sizeof(u->stripe), "%llu", (unsigned long long)v);
 			break;
 		default:
 			rc = cli_usage("up");
