@@ -33,10 +33,52 @@ struct inflight {
 	struct stk_io_piece *p;
 	struct stk_conn *conn;
 	struct stk_rpc rpc;
-	uint8_t req[STK_IO_REQ_MAX];
-	uint8_t resp[64];
+	uint8_t *req; /* fixed fields + block checksums of a write */
+	uint8_t *resp; /* fixed fields + block checksums of a read */
+	size_t cap; /* of each of req and resp */
 	int rc;
 };
+
+/* Request and reply room for a piece of len bytes: the fields and its checksums. */
+static size_t piece_msg_cap(uint32_t len)
+{
+	return STK_IO_REQ_MAX + 4 * (size_t)stk_crc_blocks(len);
+}
+
+/* Appends the block checksums of buf to a request. */
+static void put_crcs(struct stk_wbuf *w, const char *buf, uint32_t len)
+{
+	for (uint32_t off = 0; off < len; off += STK_CRC_BLOCK)
+		stk_put_u32(w, stk_crc32c(0, buf + off, STK_MIN(STK_CRC_BLOCK, len - off)));
+}
+
+/*
+ * Checks a read reply: its checksums must cover the bulk exactly, and each block
+ * must match. Bytes that fail are never handed to the caller.
+ */
+static int check_read_reply(struct inflight *f)
+{
+	struct stk_msg_stor_read_resp m;
+	const char *data = f->p->buf;
+	size_t len = f->rpc.bulk_in_len;
+	struct stk_rbuf r;
+
+	stk_rbuf_init(&r, f->resp, f->rpc.resp_len);
+	if (stk_msg_stor_read_resp_dec(&r, &m) || m.ncrcs != stk_crc_blocks(len))
+		return -EBADMSG;
+	for (size_t off = 0; off < len; off += STK_CRC_BLOCK) {
+		uint32_t want = stk_get_u32(&r);
+		if (r.err)
+			return -EBADMSG;
+		if (stk_crc32c(0, data + off, STK_MIN(STK_CRC_BLOCK, len - off)) != want) {
+			stk_error("checksum mismatch in data from %s (chunk %u, block %zu): "
+				  "refusing it",
+				  stk_conn_addr(f->conn), f->p->chunk_idx, off / STK_CRC_BLOCK);
+			return -EIO;
+		}
+	}
+	return stk_rbuf_finish(&r) ? -EBADMSG : 0;
+}
 
 /* Head node address and chain version for a chain. -ESTALE if the table lacks it. */
 static int chain_head(struct stk_client *c, uint32_t chain_id, char *addr, uint32_t *ver)
@@ -91,8 +133,9 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 	f->rc = chain_head(c, p->chain_id, addr, &ver);
 	if (f->rc)
 		return;
-	stk_wbuf_init(&w, f->req, sizeof(f->req));
+	stk_wbuf_init(&w, f->req, f->cap);
 	memset(&f->rpc, 0, sizeof(f->rpc));
+	f->rpc.frame_flags = STK_FRAME_BULK_SELF;
 	if (op == STK_IO_WRITE) {
 		struct stk_msg_stor_write_req m = {.chain_id = p->chain_id,
 						   .chain_ver = ver,
@@ -102,8 +145,9 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 						   .offset = p->offset,
 						   .length = p->length,
 						   .flags = flags,
-						   .data_crc = stk_crc32c(0, p->buf, p->length)};
+						   .ncrcs = stk_crc_blocks(p->length)};
 		stk_msg_stor_write_req_enc(&w, &m);
+		put_crcs(&w, p->buf, p->length);
 		f->rpc.opcode = STK_OP_STOR_WRITE;
 		f->rpc.bulk_out = p->buf;
 		f->rpc.bulk_out_len = p->length;
@@ -122,7 +166,7 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 	f->rpc.req = f->req;
 	f->rpc.req_len = w.len;
 	f->rpc.resp = f->resp;
-	f->rpc.resp_cap = sizeof(f->resp);
+	f->rpc.resp_cap = f->cap;
 	f->rc = stk_pool_get(c->pool, addr, &f->conn);
 	if (f->rc)
 		return;
@@ -135,11 +179,13 @@ static void finish_piece(struct stk_client *c, struct inflight *f, int op)
 
 	if (f->rc == 0)
 		f->rc = stk_rpc_recv(f->conn, &f->rpc);
+	if (f->rc == 0)
+		f->rc = stk_status_to_errno(f->rpc.status);
+	if (f->rc == 0 && op == STK_IO_READ)
+		f->rc = check_read_reply(f);
 	if (f->conn)
 		stk_pool_put(c->pool, f->conn);
 	f->conn = NULL;
-	if (f->rc == 0)
-		f->rc = stk_status_to_errno(f->rpc.status);
 	if (f->rc == 0 && op == STK_IO_READ)
 		p->done = (uint32_t)f->rpc.bulk_in_len;
 	else if (f->rc == 0)
@@ -155,9 +201,23 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 	struct inflight *fl;
 	int first_err = 0;
 
-	fl = malloc(sizeof(*fl) * (n < STK_IO_WINDOW ? n : STK_IO_WINDOW));
+	unsigned nfl = n < STK_IO_WINDOW ? n : STK_IO_WINDOW;
+	uint32_t maxlen = 0;
+	uint8_t *arena;
+	size_t cap;
+
+	for (unsigned i = 0; i < n; i++)
+		maxlen = STK_MAX(maxlen, pieces[i].length);
+	cap = piece_msg_cap(maxlen);
+	fl = malloc(sizeof(*fl) * nfl + 2 * cap * nfl);
 	if (!fl)
 		return -ENOMEM;
+	arena = (uint8_t *)(fl + nfl);
+	for (unsigned i = 0; i < nfl; i++) {
+		fl[i].req = arena + 2 * cap * i;
+		fl[i].resp = fl[i].req + cap;
+		fl[i].cap = cap;
+	}
 	for (unsigned i = 0; i < n; i++)
 		pieces[i].rc = 1; /* pending */
 	while (left) {

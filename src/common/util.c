@@ -37,6 +37,32 @@ uint32_t stk_crc32c(uint32_t crc, const void *buf, size_t len)
 	return ~crc32_iscsi((unsigned char *)buf, (int)len, ~crc);
 }
 
+void stk_crc32c_blocks(const void *buf, size_t len, size_t block, uint32_t *out)
+{
+	const uint8_t *p = buf;
+
+	for (size_t i = 0; len; i++) {
+		size_t n = len < block ? len : block;
+		out[i] = stk_crc32c(0, p, n);
+		p += n;
+		len -= n;
+	}
+}
+
+long stk_crc32c_blocks_check(const void *buf, size_t len, size_t block, const uint32_t *crcs)
+{
+	const uint8_t *p = buf;
+
+	for (size_t i = 0; len; i++) {
+		size_t n = len < block ? len : block;
+		if (stk_crc32c(0, p, n) != crcs[i])
+			return (long)i;
+		p += n;
+		len -= n;
+	}
+	return -1;
+}
+
 int stk_parse_u64(const char *s, uint64_t *out)
 {
 	char *end;

@@ -21,6 +21,14 @@ void stk_wall_time(int64_t *sec, uint32_t *nsec);
 /* CRC32C (Castagnoli), computed with ISA-L. crc is the running value, 0 to start. */
 uint32_t stk_crc32c(uint32_t crc, const void *buf, size_t len);
 
+/*
+ * CRC32C of each `block`-byte piece of buf (the last may be shorter) into out,
+ * which holds (len + block - 1) / block values.
+ */
+void stk_crc32c_blocks(const void *buf, size_t len, size_t block, uint32_t *out);
+/* Index of the first piece whose CRC32C differs from crcs, or -1 if all match. */
+long stk_crc32c_blocks_check(const void *buf, size_t len, size_t block, const uint32_t *crcs);
+
 /* Parses a decimal unsigned number; 0 or -EINVAL / -ERANGE. */
 int stk_parse_u64(const char *s, uint64_t *out);
 /* Parses "123", "4k", "1M", "2GiB" (binary units); 0 or -EINVAL. */

@@ -215,7 +215,7 @@ static int send_frame(int fd, struct stk_frame_hdr *h, const void *payload, cons
 
 	if (h->payload_len)
 		crc = stk_crc32c(crc, payload, h->payload_len);
-	if (h->bulk_len)
+	if (h->bulk_len && !(h->flags & STK_FRAME_BULK_SELF))
 		crc = stk_crc32c(crc, bulk, h->bulk_len);
 	h->checksum = crc;
 	h->magic = STK_WIRE_MAGIC;
@@ -246,6 +246,7 @@ int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc)
 		return -EMSGSIZE;
 	memset(&h, 0, sizeof(h));
 	h.opcode = rpc->opcode;
+	h.flags = rpc->frame_flags & STK_FRAME_BULK_SELF;
 	h.req_id = rpc->req_id = c->next_req_id++;
 	h.payload_len = (uint32_t)rpc->req_len;
 	h.bulk_len = (uint32_t)rpc->bulk_out_len;
@@ -273,6 +274,8 @@ int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc)
 	if (stk_hdr_decode(hb, &h) || !(h.flags & STK_FRAME_REPLY) || h.req_id != rpc->req_id ||
 	    h.opcode != rpc->opcode)
 		goto broken;
+	if ((h.flags & STK_FRAME_BULK_SELF) && !(rpc->frame_flags & STK_FRAME_BULK_SELF))
+		goto broken; /* nobody would check that bulk */
 	rc = -EMSGSIZE;
 	if (h.payload_len > rpc->resp_cap || h.bulk_len > rpc->bulk_in_cap)
 		goto broken;
@@ -282,7 +285,7 @@ int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc)
 		goto broken;
 	if (h.payload_len)
 		crc = stk_crc32c(crc, rpc->resp, h.payload_len);
-	if (h.bulk_len)
+	if (h.bulk_len && !(h.flags & STK_FRAME_BULK_SELF))
 		crc = stk_crc32c(crc, rpc->bulk_in, h.bulk_len);
 	if (crc != h.checksum) {
 		stk_warn("checksum mismatch in reply from %s (%s): dropping connection", c->addr,
@@ -593,7 +596,7 @@ static void serve_conn(struct srv_conn *sc)
 			break;
 		if (h.payload_len)
 			crc = stk_crc32c(crc, in, h.payload_len);
-		if (h.bulk_len)
+		if (h.bulk_len && !(h.flags & STK_FRAME_BULK_SELF))
 			crc = stk_crc32c(crc, inbulk, h.bulk_len);
 		if (crc != h.checksum) {
 			stk_warn("frame checksum mismatch from %s (%s): closing connection", sc->peer,
@@ -607,6 +610,7 @@ static void serve_conn(struct srv_conn *sc)
 		stk_wbuf_init(&resp.payload, out, STK_MAX_PAYLOAD);
 		resp.bulk = NULL;
 		resp.bulk_len = 0;
+		resp.frame_flags = 0;
 		if (h.version != STK_WIRE_VERSION) {
 			rc = -EOPNOTSUPP;
 		} else {
@@ -626,6 +630,7 @@ static void serve_conn(struct srv_conn *sc)
 		} else {
 			rh.payload_len = (uint32_t)resp.payload.len;
 			rh.bulk_len = resp.bulk_len;
+			rh.flags |= resp.frame_flags & STK_FRAME_BULK_SELF;
 		}
 		if (send_frame(sc->fd, &rh, out, resp.bulk))
 			break;

@@ -56,6 +56,12 @@ struct stk_rpc {
 	size_t bulk_in_len;
 	uint32_t status; /* wire status of the reply */
 	uint64_t req_id;
+	/*
+	 * STK_FRAME_BULK_SELF: set by the caller to send a request whose message carries
+	 * its own bulk checksums, and to accept a reply that does (the caller must then
+	 * verify the reply's bulk itself; any other reply with the flag is malformed).
+	 */
+	uint32_t frame_flags;
 };
 
 /* Sends the request. 0, or -errno (the connection is then broken). */
@@ -86,7 +92,7 @@ void stk_pool_flush(struct stk_pool *p);
 /* ---- server ---- */
 
 struct stk_rpc_req {
-	struct stk_frame_hdr hdr;
+	struct stk_frame_hdr hdr; /* hdr.flags & STK_FRAME_BULK_SELF: bulk not yet verified */
 	struct stk_rbuf payload; /* decode the request from here */
 	const uint8_t *bulk; /* valid until the handler returns */
 	uint32_t bulk_len;
@@ -97,6 +103,7 @@ struct stk_rpc_resp {
 	struct stk_wbuf payload; /* encode the reply here (STK_MAX_PAYLOAD bytes) */
 	const void *bulk; /* reply bulk, must stay valid until the handler returns */
 	uint32_t bulk_len;
+	uint32_t frame_flags; /* STK_FRAME_BULK_SELF if the payload checksums the bulk */
 	/* private: per-connection bulk buffer */
 	void *bulk_buf_;
 	size_t bulk_cap_;

@@ -90,6 +90,13 @@ struct stk_attr {
 
 #define STK_WRITE_SYNC 0x1u
 
+/* Data is checksummed in blocks of this size, on the wire and on disk. */
+#define STK_CRC_BLOCK 4096u
+static inline uint32_t stk_crc_blocks(uint64_t len)
+{
+	return (uint32_t)((len + STK_CRC_BLOCK - 1) / STK_CRC_BLOCK);
+}
+
 enum stk_node_state { STK_NODE_ONLINE = 1, STK_NODE_OFFLINE = 2 };
 enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARGET_FULL = 3 };
 
@@ -135,16 +142,25 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_META_EXTEND_REQ(F) \
 	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)
 
-/* chain_ver lets storage answer STALE_ROUTING to a client with an old chain table. */
+/*
+ * chain_ver lets storage answer STALE_ROUTING to a client with an old chain table.
+ * Data checksums: the frame of a STOR_WRITE request and of a STOR_READ reply carries
+ * STK_FRAME_BULK_SELF (its checksum covers the payload only) and the message is
+ * followed by `ncrcs` u32 values, the CRC32C of each STK_CRC_BLOCK-byte piece of the
+ * bulk from its first byte (the last piece may be shorter); ncrcs must equal
+ * stk_crc_blocks(length). The bytes are checksummed once by whoever produced them
+ * and verified by whoever receives them, and the same values become the chunk's
+ * stored block checksums when the write is block-aligned.
+ */
 #define STK_MSG_STOR_WRITE_REQ(F)                                                          \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx) F(u32, chunk_size) \
-	F(u32, offset) F(u32, length) F(u32, flags) F(u32, data_crc)
+	F(u32, offset) F(u32, length) F(u32, flags) F(u32, ncrcs)
 #define STK_MSG_STOR_WRITE_RESP(F) F(u32, chunk_len)
 #define STK_MSG_STOR_READ_REQ(F)                                                           \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx) F(u32, offset)    \
 	F(u32, length)
-/* data_crc: CRC32C of the bulk, computed from the stored (verified) bytes. */
-#define STK_MSG_STOR_READ_RESP(F) F(u32, data_crc)
+/* Followed by ncrcs block checksums of the bulk (see STOR_WRITE). */
+#define STK_MSG_STOR_READ_RESP(F) F(u32, ncrcs)
 #define STK_MSG_STOR_TRUNCATE_REQ(F) \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)
 #define STK_MSG_STOR_SYNC_REQ(F) F(u32, chain_id)

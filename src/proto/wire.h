@@ -10,12 +10,13 @@
  *        0    4 magic        0x314B5453 ("STK1")
  *        4    2 version      STK_WIRE_VERSION; a peer answers a newer one with NOTSUP
  *        6    2 opcode       enum stk_opcode
- *        8    4 flags        STK_FRAME_REPLY on replies
+ *        8    4 flags        STK_FRAME_REPLY on replies; STK_FRAME_BULK_SELF when
+ *                            the message checksums its own bulk (STOR_WRITE, STOR_READ)
  *       12    4 status       enum stk_status on replies, 0 on requests
  *       16    8 request id   chosen by the sender of a request, echoed by the reply
  *       24    4 payload_len  at most STK_MAX_PAYLOAD
  *       28    4 bulk_len     at most STK_MAX_BULK
- *       32    4 checksum     CRC32C of payload then bulk
+ *       32    4 checksum     CRC32C of payload then bulk (payload only with BULK_SELF)
  *       36    4 reserved     0
  *
  * A frame whose magic, version, lengths or checksum are wrong is malformed: the
@@ -38,6 +39,8 @@
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
 #define STK_FRAME_REPLY 0x1u
+/* The checksum covers the payload only; the message carries the bulk's checksums. */
+#define STK_FRAME_BULK_SELF 0x2u
 
 /*
  * The opcode table: X(NAME, code, request message, reply message, what it does).
@@ -84,8 +87,8 @@
 	X(META_EXTEND, 45, meta_extend_req, meta_attr_resp, "grow a file after writes")            \
 	/* Everything acknowledged so far is on stable storage when this returns. */             \
 	X(META_SYNC, 46, none, none, "flush the namespace to disk")                                \
-	/* Writes `length` bytes of bulk at `offset` in a chunk. data_crc is the CRC32C of the   \
-	 * bulk. STK_WRITE_SYNC makes the chunk durable before the reply. */                   \
+	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
+	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
 	/* Reads up to `length` bytes; the bulk of the reply is shorter where the chunk ends  \
 	 * (a missing chunk reads as 0 bytes: the client knows the file size and fills    \

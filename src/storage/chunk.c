@@ -306,7 +306,27 @@ struct chunk_update {
 	uint32_t cut_len;
 	uint32_t flags;
 	uint32_t chunk_size;
+	const uint32_t *crcs; /* CRC32C of each STK_CHUNK_BLOCK piece of data, or NULL */
 };
+
+/*
+ * The caller's checksum for block [bs, be) of the new chunk, if the update's data
+ * covers exactly that block from a block boundary: then no byte needs hashing again.
+ */
+static int given_crc(const struct chunk_update *u, uint32_t bs, uint32_t be, uint32_t *crc)
+{
+	uint32_t i, piece_end;
+
+	if (!u->crcs || u->cut || u->off % STK_CHUNK_BLOCK || bs < u->off ||
+	    (uint64_t)u->off + u->len <= bs)
+		return 0;
+	i = (bs - u->off) / STK_CHUNK_BLOCK;
+	piece_end = STK_MIN(bs + STK_CHUNK_BLOCK, u->off + u->len);
+	if (piece_end != be)
+		return 0;
+	*crc = u->crcs[i];
+	return 1;
+}
 
 /* Does the update overlay bytes of [bs, be)? */
 static int overlaps(const struct chunk_update *u, uint32_t bs, uint32_t be)
@@ -463,9 +483,13 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 		uint32_t new_be = STK_MIN(bs + STK_CHUNK_BLOCK, new_len);
 		uint32_t old_be = STK_MIN(bs + STK_CHUNK_BLOCK, old_len);
 
+		uint32_t crc;
+
 		if (need_old && bs < old_len && !overlaps(u, bs, new_be) && new_be == old_be)
 			continue; /* kept above */
-		put_crc(t->buf, b, stk_crc32c(0, data + bs, new_be - bs));
+		if (!given_crc(u, bs, new_be, &crc))
+			crc = stk_crc32c(0, data + bs, new_be - bs);
+		put_crc(t->buf, b, crc);
 	}
 	build_hdr(t->buf, hdr_len, ino, idx, new_len, nblocks);
 
@@ -502,11 +526,15 @@ out:
 }
 
 int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t chunk_size,
-		    uint32_t off, const void *data, uint32_t len, uint32_t flags,
-		    uint32_t *chunk_len)
+		    uint32_t off, const void *data, uint32_t len, const uint32_t *crcs,
+		    uint32_t flags, uint32_t *chunk_len)
 {
-	struct chunk_update u = {
-	    .off = off, .len = len, .data = data, .flags = flags, .chunk_size = chunk_size};
+	struct chunk_update u = {.off = off,
+				 .len = len,
+				 .data = data,
+				 .flags = flags,
+				 .chunk_size = chunk_size,
+				 .crcs = crcs};
 	pthread_mutex_t *lk;
 	int rc;
 
@@ -583,7 +611,7 @@ static uint32_t span_crc(const struct read_span *s, uint32_t lo, uint32_t hi)
 }
 
 long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off, void *buf,
-		    uint32_t len)
+		    uint32_t len, uint32_t *crcs)
 {
 	struct chunk_tls *t = tls_get();
 	uint8_t head[STK_CHUNK_BLOCK], tail[STK_CHUNK_BLOCK];
@@ -644,7 +672,17 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 			rc = -EIO;
 			goto fail;
 		}
+		/* An aligned read hands out the verified block checksums as they are. */
+		if (crcs && s.off == s.rs) {
+			uint32_t piece_end = STK_MIN(bs + STK_CHUNK_BLOCK, s.end);
+			crcs[(bs - s.rs) / STK_CHUNK_BLOCK] =
+				piece_end == be ? le32(h.crcs + 4 * b)
+						: stk_crc32c(0, (uint8_t *)buf + (bs - s.off),
+							     piece_end - bs);
+		}
 	}
+	if (crcs && s.off != s.rs)
+		stk_crc32c_blocks(buf, s.end - s.off, STK_CHUNK_BLOCK, crcs);
 	rc = s.end - s.off;
 	goto out;
 fail:

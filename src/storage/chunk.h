@@ -69,22 +69,28 @@ int stk_chunk_store_sync(struct stk_chunk_store *cs);
  * Writes len bytes at off into chunk idx of inode ino, growing it as needed (a gap
  * between the old end and off reads as zeros). off + len must not exceed
  * chunk_size (at most 64 MiB). With STK_WRITE_SYNC the chunk is durable when this
- * returns. *chunk_len is the chunk's length afterwards.
+ * returns. *chunk_len is the chunk's length afterwards. crcs, if not NULL, holds
+ * the CRC32C of each STK_CHUNK_BLOCK-byte piece of data (already verified by the
+ * caller); where a piece is exactly one block of the chunk, its value is stored
+ * without hashing the bytes again.
  * 0, -EINVAL, -ENOSPC (disk full or quota: the old chunk is intact), -EIO (the old
  * chunk is corrupt where this write would have kept its bytes) or -errno.
  */
 int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t chunk_size,
-		    uint32_t off, const void *data, uint32_t len, uint32_t flags,
-		    uint32_t *chunk_len);
+		    uint32_t off, const void *data, uint32_t len, const uint32_t *crcs,
+		    uint32_t flags, uint32_t *chunk_len);
 
 /*
  * Reads up to len bytes at off from chunk idx of inode ino into buf. Returns the
  * number of bytes read: 0 for a missing chunk or at or past its end, fewer than len
  * where the chunk ends. -EIO if a checksum fails (logged; buf is zeroed, never
- * filled with the bad bytes), or -errno.
+ * filled with the bad bytes), or -errno. crcs, if not NULL (room for
+ * stk_crc_blocks(len) values), receives the CRC32C of each STK_CHUNK_BLOCK-byte
+ * piece of what was read, from buf's first byte: for a block-aligned read these
+ * are the stored checksums, which cost nothing more.
  */
 long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off, void *buf,
-		    uint32_t len);
+		    uint32_t len, uint32_t *crcs);
 
 /*
  * Cuts inode ino to size bytes, for a file laid out in chunks of chunk_size:

@@ -97,29 +97,41 @@ static int route(struct storage *s, uint32_t chain_id, int check_ver, uint32_t c
 	}
 }
 
+/* Block checksums of one request or reply: at most a 64 MiB chunk's worth. */
+#define STK_MAX_CRCS (STK_MAX_CHUNK_SIZE / STK_CRC_BLOCK)
+static __thread uint32_t tls_crcs[STK_MAX_CRCS];
+
 static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_write_req rq;
 	struct stk_msg_stor_write_resp rp;
 	struct stk_chunk_store *cs;
+	long bad;
 	int rc;
 
-	if (stk_msg_stor_write_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+	if (stk_msg_stor_write_req_dec(&req->payload, &rq))
 		return -EBADMSG;
-	if (rq.length != req->bulk_len)
+	if (rq.length != req->bulk_len || rq.length > STK_MAX_CHUNK_SIZE ||
+	    rq.ncrcs != stk_crc_blocks(rq.length))
+		return -EBADMSG;
+	for (uint32_t i = 0; i < rq.ncrcs; i++)
+		tls_crcs[i] = stk_get_u32(&req->payload);
+	if (stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
 	if (rq.flags & ~STK_WRITE_SYNC)
 		return -EINVAL;
-	if (stk_crc32c(0, req->bulk, rq.length) != rq.data_crc) {
-		stk_warn("write from %s: data checksum mismatch (ino 0x%llx chunk %u): refused",
-			 req->peer, (unsigned long long)rq.ino, rq.chunk_idx);
+	bad = stk_crc32c_blocks_check(req->bulk, rq.length, STK_CRC_BLOCK, tls_crcs);
+	if (bad >= 0) {
+		stk_warn("write from %s: data checksum mismatch (ino 0x%llx chunk %u block %ld): "
+			 "refused",
+			 req->peer, (unsigned long long)rq.ino, rq.chunk_idx, bad);
 		return -EBADMSG;
 	}
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
 	if (rc)
 		return rc;
 	rc = stk_chunk_write(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
-			     rq.length, rq.flags, &rp.chunk_len);
+			     rq.length, tls_crcs, rq.flags, &rp.chunk_len);
 	if (rc)
 		return rc;
 	return stk_msg_stor_write_resp_enc(&resp->payload, &rp);
@@ -144,13 +156,17 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 	buf = stk_rpc_resp_bulk_buf(resp, rq.length ? rq.length : 1);
 	if (!buf)
 		return -ENOMEM;
-	n = stk_chunk_read(cs, rq.ino, rq.chunk_idx, rq.offset, buf, rq.length);
+	n = stk_chunk_read(cs, rq.ino, rq.chunk_idx, rq.offset, buf, rq.length, tls_crcs);
 	if (n < 0)
 		return (int)n;
-	rp.data_crc = stk_crc32c(0, buf, (size_t)n);
+	rp.ncrcs = stk_crc_blocks((uint64_t)n);
+	stk_msg_stor_read_resp_enc(&resp->payload, &rp);
+	for (uint32_t i = 0; i < rp.ncrcs; i++)
+		stk_put_u32(&resp->payload, tls_crcs[i]);
 	resp->bulk = buf;
 	resp->bulk_len = (uint32_t)n;
-	return stk_msg_stor_read_resp_enc(&resp->payload, &rp);
+	resp->frame_flags = STK_FRAME_BULK_SELF;
+	return resp->payload.err;
 }
 
 static int handle_truncate(struct storage *s, struct stk_rpc_req *req)

@@ -87,34 +87,34 @@ static int test_round_trip(struct stk_chunk_store *cs)
 	uint32_t len = 0;
 
 	fill(w, sizeof(w), 1);
-	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, 3000, w, 10000, 0, &len) == 0);
+	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, 3000, w, 10000, NULL, 0, &len) == 0);
 	CHECK(len == 13000);
 	/* The whole chunk: a hole of zeros, then the data, then the end. */
-	CHECK(stk_chunk_read(cs, 0x10, 0, 0, r, CHUNK) == 13000);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 0, r, CHUNK, NULL) == 13000);
 	for (int i = 0; i < 3000; i++)
 		CHECK(r[i] == 0);
 	CHECK(memcmp(r + 3000, w, 10000) == 0);
 	/* Reads that start and end inside blocks, and one inside a single block. */
-	CHECK(stk_chunk_read(cs, 0x10, 0, 4095, r, 2) == 2);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 4095, r, 2, NULL) == 2);
 	CHECK(r[0] == w[1095] && r[1] == w[1096]);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 5000, r, 7000) == 7000);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 5000, r, 7000, NULL) == 7000);
 	CHECK(memcmp(r, w + 2000, 7000) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 8192, r, 4096) == 4096);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 8192, r, 4096, NULL) == 4096);
 	CHECK(memcmp(r, w + 5192, 4096) == 0);
 	/* Short read at the end, nothing past it, missing chunks read as 0 bytes. */
-	CHECK(stk_chunk_read(cs, 0x10, 0, 12900, r, 8192) == 100);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 12900, r, 8192, NULL) == 100);
 	CHECK(memcmp(r, w + 9900, 100) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 13000, r, 10) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 200000, r, 10) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 1, 0, r, 10) == 0);
-	CHECK(stk_chunk_read(cs, 0x11, 0, 0, r, 10) == 0);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 13000, r, 10, NULL) == 0);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 200000, r, 10, NULL) == 0);
+	CHECK(stk_chunk_read(cs, 0x10, 1, 0, r, 10, NULL) == 0);
+	CHECK(stk_chunk_read(cs, 0x11, 0, 0, r, 10, NULL) == 0);
 	/* A write past the chunk size is refused. */
-	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, CHUNK - 10, w, 11, 0, &len) == -EINVAL);
-	CHECK(stk_chunk_write(cs, 0x10, 0, 0, 0, w, 1, 0, &len) == -EINVAL);
+	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, CHUNK - 10, w, 11, NULL, 0, &len) == -EINVAL);
+	CHECK(stk_chunk_write(cs, 0x10, 0, 0, 0, w, 1, NULL, 0, &len) == -EINVAL);
 	/* A hole in a new chunk. */
-	CHECK(stk_chunk_write(cs, 0x12, 3, CHUNK, 100000, w, 50, STK_WRITE_SYNC, &len) == 0);
+	CHECK(stk_chunk_write(cs, 0x12, 3, CHUNK, 100000, w, 50, NULL, STK_WRITE_SYNC, &len) == 0);
 	CHECK(len == 100050);
-	CHECK(stk_chunk_read(cs, 0x12, 3, 0, r, CHUNK) == 100050);
+	CHECK(stk_chunk_read(cs, 0x12, 3, 0, r, CHUNK, NULL) == 100050);
 	for (int i = 0; i < 100000; i++)
 		CHECK(r[i] == 0);
 	CHECK(memcmp(r + 100000, w, 50) == 0);
@@ -138,16 +138,16 @@ static int test_model(struct stk_chunk_store *cs)
 		if (off + n > CHUNK)
 			n = CHUNK - off;
 		fill(w, n, (uint8_t)it);
-		CHECK(stk_chunk_write(cs, 0x20, 5, CHUNK, off, w, n, 0, &len) == 0);
+		CHECK(stk_chunk_write(cs, 0x20, 5, CHUNK, off, w, n, NULL, 0, &len) == 0);
 		memcpy(model + off, w, n);
 		if (off + n > mlen)
 			mlen = off + n;
 		CHECK(len == mlen);
-		CHECK(stk_chunk_read(cs, 0x20, 5, 0, r, CHUNK) == (long)mlen);
+		CHECK(stk_chunk_read(cs, 0x20, 5, 0, r, CHUNK, NULL) == (long)mlen);
 		CHECK(memcmp(r, model, mlen) == 0);
 		ro = rnd(mlen + 100);
 		rl = rnd(30000) + 1;
-		got = stk_chunk_read(cs, 0x20, 5, ro, r, rl);
+		got = stk_chunk_read(cs, 0x20, 5, ro, r, rl, NULL);
 		if (ro >= mlen)
 			CHECK(got == 0);
 		else
@@ -169,21 +169,21 @@ static int test_truncate(struct stk_chunk_store *cs)
 	fill(w, sizeof(w), 9);
 	before = nchunks(cs);
 	for (uint32_t i = 0; i < 4; i++)
-		CHECK(stk_chunk_write(cs, 0x130, i, cs64, 0, w + i * 100, cs64, 0, &len) == 0);
+		CHECK(stk_chunk_write(cs, 0x130, i, cs64, 0, w + i * 100, cs64, NULL, 0, &len) == 0);
 	CHECK(nchunks(cs) == before + 4);
 	/* Cut inside chunk 1 (not on a block boundary): chunks 2 and 3 go. */
 	CHECK(stk_chunk_truncate(cs, 0x130, cs64 + 5000, cs64) == 0);
 	CHECK(nchunks(cs) == before + 2);
-	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64) == cs64);
+	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == cs64);
 	CHECK(memcmp(r, w, cs64) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 1, 0, r, cs64) == 5000);
+	CHECK(stk_chunk_read(cs, 0x130, 1, 0, r, cs64, NULL) == 5000);
 	CHECK(memcmp(r, w + 100, 5000) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 2, 0, r, cs64) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 3, 0, r, cs64) == 0);
+	CHECK(stk_chunk_read(cs, 0x130, 2, 0, r, cs64, NULL) == 0);
+	CHECK(stk_chunk_read(cs, 0x130, 3, 0, r, cs64, NULL) == 0);
 	/* Growing after a cut reads zeros where the old bytes were. */
-	CHECK(stk_chunk_write(cs, 0x130, 1, cs64, 9000, w, 10, 0, &len) == 0);
+	CHECK(stk_chunk_write(cs, 0x130, 1, cs64, 9000, w, 10, NULL, 0, &len) == 0);
 	CHECK(len == 9010);
-	CHECK(stk_chunk_read(cs, 0x130, 1, 4990, r, 4020) == 4020);
+	CHECK(stk_chunk_read(cs, 0x130, 1, 4990, r, 4020, NULL) == 4020);
 	CHECK(memcmp(r, w + 100 + 4990, 10) == 0);
 	for (int i = 10; i < 4010; i++)
 		CHECK(r[i] == 0);
@@ -191,10 +191,10 @@ static int test_truncate(struct stk_chunk_store *cs)
 	CHECK(stk_chunk_truncate(cs, 0x130, cs64, cs64) == 0);
 	CHECK(nchunks(cs) == before + 1);
 	CHECK(stk_chunk_truncate(cs, 0x130, 10 * (uint64_t)cs64, cs64) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64) == cs64);
+	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == cs64);
 	CHECK(stk_chunk_truncate(cs, 0x130, 0, cs64) == 0);
 	CHECK(nchunks(cs) == before);
-	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64) == 0);
+	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == 0);
 	file_path(cs, 0x130, 0, p, sizeof(p));
 	*strrchr(p, '/') = 0;
 	CHECK(!exists(p)); /* the inode's folder is gone */
@@ -226,7 +226,7 @@ static long read_capturing(struct stk_chunk_store *cs, uint64_t ino, uint32_t id
 
 	fflush(stderr);
 	dup2(fd, 2);
-	rc = stk_chunk_read(cs, ino, idx, off, buf, len);
+	rc = stk_chunk_read(cs, ino, idx, off, buf, len, NULL);
 	dup2(saved, 2);
 	close(saved);
 	n = pread(fd, log, loglen - 1, 0);
@@ -244,7 +244,7 @@ static int test_corruption(struct stk_chunk_store *cs)
 	long rc;
 
 	fill(w, sizeof(w), 3);
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 20000, 0, &len) == 0);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 20000, NULL, 0, &len) == 0);
 	file_path(cs, 0x1a, 7, p, sizeof(p));
 	/* Flip one byte in data block 2 (header is 4 KiB). */
 	CHECK(flip_byte(p, 4096 + 2 * 4096 + 123) == 0);
@@ -258,30 +258,30 @@ static int test_corruption(struct stk_chunk_store *cs)
 	CHECK(strstr(log, want) != NULL);
 	CHECK(strstr(log, "refusing to return data") != NULL);
 	/* Blocks around it still read. */
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 8192) == 8192);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 8192, NULL) == 8192);
 	CHECK(memcmp(r, w, 8192) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 12288, r, 4096) == 4096);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192 + 4000, r, 200) == -EIO);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 12288, r, 4096, NULL) == 4096);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192 + 4000, r, 200, NULL) == -EIO);
 	/* A write that keeps bytes of the bad block refuses to launder them. */
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8200, w, 10, 0, &len) == -EIO);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8200, w, 10, NULL, 0, &len) == -EIO);
 	/* A write elsewhere keeps the bad block's stored CRC: still detected after. */
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 100, 0, &len) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192, r, 4096) == -EIO);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 100, NULL, 0, &len) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192, r, 4096, NULL) == -EIO);
 	/* Overwriting the whole bad block repairs it. */
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8192, w + 8192, 4096, 0, &len) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK) == 20000);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8192, w + 8192, 4096, NULL, 0, &len) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK, NULL) == 20000);
 	CHECK(memcmp(r, w, 20000) == 0);
 
 	/* A damaged header: -EIO for reads and partial writes; a whole-chunk write repairs. */
 	CHECK(flip_byte(p, 14) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100) == -EIO);
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 10, 0, &len) == -EIO);
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, CHUNK, 0, &len) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK) == CHUNK);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100, NULL) == -EIO);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 10, NULL, 0, &len) == -EIO);
+	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, CHUNK, NULL, 0, &len) == 0);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK, NULL) == CHUNK);
 	CHECK(memcmp(r, w, CHUNK) == 0);
 	/* A file cut short. */
 	CHECK(truncate(p, 4096 + 1000) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100) == -EIO);
+	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100, NULL) == -EIO);
 	CHECK(stk_chunk_truncate(cs, 0x1a, 0, CHUNK) == 0);
 	return 0;
 }
@@ -295,7 +295,7 @@ static int fill_up(struct stk_chunk_store *cs, const uint8_t *w)
 
 	for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
 		for (;;) {
-			rc = stk_chunk_write(cs, 0x77, idx, CHUNK, 0, w, sizes[s], 0, &len);
+			rc = stk_chunk_write(cs, 0x77, idx, CHUNK, 0, w, sizes[s], NULL, 0, &len);
 			if (rc == -ENOSPC)
 				break;
 			if (rc)
@@ -345,7 +345,7 @@ static int test_enospc(void)
 		fprintf(stderr, "cannot open store on tmpfs\n");
 		goto out;
 	}
-	rc = stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w, 200000, STK_WRITE_SYNC, &len);
+	rc = stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w, 200000, NULL, STK_WRITE_SYNC, &len);
 	if (rc == 0)
 		rc = fill_up(cs, w);
 	if (rc) {
@@ -355,13 +355,13 @@ static int test_enospc(void)
 	}
 	rc = 1;
 	/* The overwrite needs room for a new copy: it must fail and leave the old one. */
-	if (stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, STK_WRITE_SYNC, &len) != -ENOSPC ||
-	    stk_chunk_write(cs, 0x55, 0, CHUNK, 100, w2, 10, 0, &len) != -ENOSPC ||
-	    stk_chunk_write(cs, 0x56, 0, CHUNK, 0, w2, 100000, 0, &len) != -ENOSPC) {
+	if (stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, NULL, STK_WRITE_SYNC, &len) != -ENOSPC ||
+	    stk_chunk_write(cs, 0x55, 0, CHUNK, 100, w2, 10, NULL, 0, &len) != -ENOSPC ||
+	    stk_chunk_write(cs, 0x56, 0, CHUNK, 0, w2, 100000, NULL, 0, &len) != -ENOSPC) {
 		fprintf(stderr, "writes on a full file system did not give ENOSPC\n");
 		goto out;
 	}
-	if (stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK) != 200000 || memcmp(r, w, 200000) != 0) {
+	if (stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK, NULL) != 200000 || memcmp(r, w, 200000) != 0) {
 		fprintf(stderr, "old chunk not intact after ENOSPC\n");
 		goto out;
 	}
@@ -371,8 +371,8 @@ static int test_enospc(void)
 	}
 	/* Space freed: writes work again. */
 	if (stk_chunk_truncate(cs, 0x77, 0, CHUNK) ||
-	    stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, 0, &len) ||
-	    stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK) != 200000 || memcmp(r, w2, 200000) != 0) {
+	    stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, NULL, 0, &len) ||
+	    stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK, NULL) != 200000 || memcmp(r, w2, 200000) != 0) {
 		fprintf(stderr, "writes after freeing space failed\n");
 		goto out;
 	}
@@ -397,7 +397,7 @@ static void *writer(void *p)
 	uint32_t len;
 
 	for (uint32_t off = (uint32_t)a->id * 4096; off < CHUNK; off += 4 * 4096) {
-		a->rc = stk_chunk_write(a->cs, 0x99, 1, CHUNK, off, a->w + off, 4096, 0, &len);
+		a->rc = stk_chunk_write(a->cs, 0x99, 1, CHUNK, off, a->w + off, 4096, NULL, 0, &len);
 		if (a->rc)
 			break;
 	}
@@ -419,7 +419,7 @@ static int test_concurrent(struct stk_chunk_store *cs)
 		pthread_join(th[i], NULL);
 		CHECK(args[i].rc == 0);
 	}
-	CHECK(stk_chunk_read(cs, 0x99, 1, 0, r, CHUNK) == CHUNK);
+	CHECK(stk_chunk_read(cs, 0x99, 1, 0, r, CHUNK, NULL) == CHUNK);
 	CHECK(memcmp(r, w, CHUNK) == 0);
 	return 0;
 }
@@ -436,10 +436,10 @@ static int test_big_chunk(struct stk_chunk_store *cs)
 
 	CHECK(w && r);
 	fill(w, big, 13);
-	ok = stk_chunk_write(cs, 0xb16, 0, big, 0, w, big, 0, &len) == 0 && len == big &&
-	     stk_chunk_read(cs, 0xb16, 0, 0, r, big) == (long)big && memcmp(r, w, big) == 0 &&
-	     stk_chunk_write(cs, 0xb16, 0, big, big - 5000, w, 100, 0, &len) == 0 &&
-	     stk_chunk_read(cs, 0xb16, 0, big - 5000, r, 100) == 100 && memcmp(r, w, 100) == 0;
+	ok = stk_chunk_write(cs, 0xb16, 0, big, 0, w, big, NULL, 0, &len) == 0 && len == big &&
+	     stk_chunk_read(cs, 0xb16, 0, 0, r, big, NULL) == (long)big && memcmp(r, w, big) == 0 &&
+	     stk_chunk_write(cs, 0xb16, 0, big, big - 5000, w, 100, NULL, 0, &len) == 0 &&
+	     stk_chunk_read(cs, 0xb16, 0, big - 5000, r, 100, NULL) == 100 && memcmp(r, w, 100) == 0;
 	file_path(cs, 0xb16, 0, p, sizeof(p));
 	ok = ok && stat(p, &sb) == 0 && sb.st_size == (off_t)(3 * 4096 + big);
 	ok = ok && stk_chunk_truncate(cs, 0xb16, 0, big) == 0;
@@ -472,7 +472,7 @@ static int test_reopen(const char *dir, struct stk_chunk_store **csp)
 	CHECK(nchunks(cs) == n);
 	CHECK(stk_chunk_store_id(cs) == 3);
 	CHECK(!exists(tmp));
-	CHECK(stk_chunk_read(cs, 0x10, 0, 3000, r, 16) == 16);
+	CHECK(stk_chunk_read(cs, 0x10, 0, 3000, r, 16, NULL) == 16);
 	return 0;
 }
 
