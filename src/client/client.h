@@ -104,6 +104,7 @@ struct stk_io_piece {
 
 #define STK_IO_WRITE 1
 #define STK_IO_READ 2
+#define STK_IO_PREFETCH 3 /* a hint per piece (chunk_idx); failures are ignored */
 
 /*
  * Runs pieces of one file's I/O in parallel over their chains, at most `window`

@@ -48,7 +48,53 @@ struct stk_file {
 	size_t wlen;
 	uint8_t unsynced[STK_MAX_STRIPE]; /* by stripe index */
 	int any_unsynced;
+	uint64_t seq_next; /* where a sequential reader's next read starts */
+	uint64_t ra_end; /* chunks below this offset have been prefetched */
 };
+
+/* Read-ahead for a sequential reader: twice the request, within these bounds. */
+#define STK_RA_MIN (8ull << 20)
+#define STK_RA_MAX (64ull << 20)
+
+/*
+ * Decides, under f->lock, whether a read of [off, off+len) continues a sequential
+ * stream, and if so which range to prefetch past it. Returns 1 with the range set.
+ */
+static int readahead_range(struct stk_file *f, uint64_t off, uint64_t len, uint64_t size,
+			   uint64_t *from, uint64_t *to)
+{
+	uint64_t ra, end = off + len;
+	int seq = off == f->seq_next;
+
+	f->seq_next = end;
+	if (!seq)
+		return 0;
+	ra = STK_MIN(STK_MAX(2 * len, STK_RA_MIN), STK_RA_MAX);
+	*from = STK_MAX(f->ra_end, end);
+	*to = STK_MIN(end + ra, size);
+	if (*from >= *to)
+		return 0;
+	/* Whole chunks only, and not the one this read already covers. */
+	f->ra_end = *to;
+	return 1;
+}
+
+/* Sends a prefetch hint for each chunk that [from, to) touches. */
+static void prefetch(struct stk_file *f, uint64_t from, uint64_t to)
+{
+	uint64_t cs = f->attr.layout.chunk_size;
+	uint64_t first = (from + cs - 1) / cs, last = (to - 1) / cs;
+	struct stk_io_piece p[64];
+	unsigned n = 0;
+
+	for (uint64_t i = first; i <= last && n < STK_ARRAY_SIZE(p); i++, n++) {
+		memset(&p[n], 0, sizeof(p[n]));
+		p[n].chain_id = stk_layout_chunk_chain(&f->attr.layout, f->chains, i);
+		p[n].chunk_idx = (uint32_t)i;
+	}
+	if (n)
+		stk_io_run(f->c, STK_IO_PREFETCH, f->attr.ino, &f->attr.layout, p, n, 0);
+}
 
 
 #define STK_MAX_FILE_SIZE ((uint64_t)UINT32_MAX * STK_MIN_CHUNK_SIZE)
@@ -405,16 +451,23 @@ ssize_t stk_pread(stk_file *f, void *buf, size_t len, off_t off)
 		return -EBADF;
 	if (off < 0)
 		return -EINVAL;
+	uint64_t ra_from = 0, ra_to = 0;
+	int ra;
+
 	pthread_mutex_lock(&f->lock);
 	rc = flush_buffer(f, 0);
 	size = f->size;
+	if (rc == 0 && (uint64_t)off < size && len > size - (uint64_t)off)
+		len = (size_t)(size - (uint64_t)off);
+	ra = rc == 0 && (uint64_t)off < size && len &&
+	     readahead_range(f, (uint64_t)off, len, size, &ra_from, &ra_to);
 	pthread_mutex_unlock(&f->lock);
 	if (rc)
 		return rc;
 	if ((uint64_t)off >= size || len == 0)
 		return 0;
-	if (len > size - (uint64_t)off)
-		len = (size_t)(size - (uint64_t)off);
+	if (ra)
+		prefetch(f, ra_from, ra_to);
 	n = make_pieces(f, buf, len, (uint64_t)off, &p, stackp, 16);
 	if (n < 0)
 		return n;

@@ -151,6 +151,14 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 		f->rpc.opcode = STK_OP_STOR_WRITE;
 		f->rpc.bulk_out = p->buf;
 		f->rpc.bulk_out_len = p->length;
+	} else if (op == STK_IO_PREFETCH) {
+		struct stk_msg_stor_prefetch_req m = {.chain_id = p->chain_id,
+						      .chain_ver = ver,
+						      .ino = ino,
+						      .chunk_idx = p->chunk_idx};
+		stk_msg_stor_prefetch_req_enc(&w, &m);
+		f->rpc.opcode = STK_OP_STOR_PREFETCH;
+		f->rpc.frame_flags = 0;
 	} else {
 		struct stk_msg_stor_read_req m = {.chain_id = p->chain_id,
 						  .chain_ver = ver,
@@ -232,6 +240,8 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 		}
 		for (unsigned j = 0; j < k; j++) {
 			finish_piece(c, &fl[j], op);
+			if (op == STK_IO_PREFETCH)
+				fl[j].rc = 0; /* a hint: never retried, never an error */
 			if (fl[j].rc && retryable(fl[j].rc) && stk_now_ns() < deadline) {
 				fl[j].p->rc = 1;
 				retry++;

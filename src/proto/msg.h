@@ -164,6 +164,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_STOR_TRUNCATE_REQ(F) \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)
 #define STK_MSG_STOR_SYNC_REQ(F) F(u32, chain_id)
+#define STK_MSG_STOR_PREFETCH_REQ(F) \
+	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx)
 
 /* Every message: (struct name, field list). */
 #define STK_MSG_LIST(X)                                           \
@@ -196,7 +198,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(stor_read_req, STK_MSG_STOR_READ_REQ)                   \
 	X(stor_read_resp, STK_MSG_STOR_READ_RESP)                 \
 	X(stor_truncate_req, STK_MSG_STOR_TRUNCATE_REQ)           \
-	X(stor_sync_req, STK_MSG_STOR_SYNC_REQ)
+	X(stor_sync_req, STK_MSG_STOR_SYNC_REQ)                   \
+	X(stor_prefetch_req, STK_MSG_STOR_PREFETCH_REQ)
 
 /* ---- generated structs and codecs ---- */
 

@@ -98,7 +98,10 @@
 	 * one; size 0 removes them all. */                                                    \
 	X(STOR_TRUNCATE, 66, stor_truncate_req, none, "truncate a file's chunks")                  \
 	/* Everything written to the chain's target so far is on stable storage. */             \
-	X(STOR_SYNC, 67, stor_sync_req, none, "flush a target")
+	X(STOR_SYNC, 67, stor_sync_req, none, "flush a target")                                    \
+	/* A hint: start reading the chunk into the node's cache and reply at once (a    \
+	 * sequential reader asks for the chunks it will want next). Always OK. */        \
+	X(STOR_PREFETCH, 68, stor_prefetch_req, none, "warm a chunk into cache")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

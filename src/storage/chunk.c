@@ -692,6 +692,21 @@ out:
 	return rc;
 }
 
+int stk_chunk_prefetch(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	char rel[REL_MAX];
+	int fd, rc = 0;
+
+	rel_chunk(rel, sizeof(rel), ino, idx);
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	/* WILLNEED queues the readahead and returns; the read that follows finds it. */
+	rc = -posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+	close(fd);
+	return rc;
+}
+
 /* ---- truncate ---- */
 
 /* Reads the chunk indexes present in the inode's folder. *out is malloc'd. */

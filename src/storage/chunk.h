@@ -93,6 +93,12 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 		    uint32_t len, uint32_t *crcs);
 
 /*
+ * Asks the kernel to start reading chunk idx of inode ino into the page cache and
+ * returns without waiting for it. A missing chunk is not an error. 0 or -errno.
+ */
+int stk_chunk_prefetch(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx);
+
+/*
  * Cuts inode ino to size bytes, for a file laid out in chunks of chunk_size:
  * removes the chunks that start at or past size and shortens the one that
  * straddles it. Size 0 removes the inode's folder. Durable when it returns.

@@ -169,6 +169,19 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 	return resp->payload.err;
 }
 
+static int handle_prefetch(struct storage *s, struct stk_rpc_req *req)
+{
+	struct stk_msg_stor_prefetch_req rq;
+	struct stk_chunk_store *cs;
+
+	if (stk_msg_stor_prefetch_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	if (route(s, rq.chain_id, 1, rq.chain_ver, &cs))
+		return 0; /* a hint for a chain we do not serve is simply dropped */
+	stk_chunk_prefetch(cs, rq.ino, rq.chunk_idx);
+	return 0;
+}
+
 static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_truncate_req rq;
@@ -210,6 +223,8 @@ static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_res
 		return handle_truncate(s, req);
 	case STK_OP_STOR_SYNC:
 		return handle_sync(s, req);
+	case STK_OP_STOR_PREFETCH:
+		return handle_prefetch(s, req);
 	default:
 		return -ENOSYS;
 	}
