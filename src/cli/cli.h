@@ -6,6 +6,7 @@
  * data.c    data commands over libstoker (ls, stat, put, get, cat, mkdir, rm, mv)
  * status.c  `status`
  * bench.c   `bench`
+ * ../fuse/  `mount` and `umount` (the FUSE daemon)
  */
 #ifndef STK_CLI_H
 #define STK_CLI_H
@@ -34,6 +35,10 @@
 	X(mkdir, cmd_mkdir, "mkdir [-p] PATH...", "make directories")                           \
 	X(rm, cmd_rm, "rm [-r] [-f] PATH...", "remove files (and directories with -r)")         \
 	X(mv, cmd_mv, "mv SRC DST", "rename or move")                                           \
+	X(mount, cmd_mount, "mount stk://HOST:PORT[/DIR] MOUNTPOINT [-f] [-o OPT,...]",           \
+	  "mount the cluster (or DIR in it) with FUSE; options in docs/mount.md")                \
+	X(umount, cmd_umount, "umount [-l] MOUNTPOINT",                                         \
+	  "unmount and wait for the mount daemon to flush and exit (-l: detach now)")            \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH]",             \
 	  "measure throughput, IOPS and latency")                                               \
 	X(version, cmd_version, "version", "print the version")

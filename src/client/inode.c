@@ -153,10 +153,16 @@ static int name_req(stk_client *c, const struct stk_cred *cred, uint16_t op, uin
 	return stk_client_meta_attr_call(c, op, req, w.len, after);
 }
 
+int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+			const char *name, struct stk_attr *after)
+{
+	return name_req(c, cred, STK_OP_META_UNLINK, parent, name, after);
+}
+
 int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name)
 {
 	struct stk_attr after;
-	int rc = name_req(c, cred, STK_OP_META_UNLINK, parent, name, &after);
+	int rc = stk_ino_unlink_keep(c, cred, parent, name, &after);
 
 	if (rc == 0 && after.nlink == 0 && S_ISREG(after.mode))
 		stk_client_remove_data(c, &after);
@@ -171,6 +177,19 @@ int stk_ino_rmdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 int stk_ino_rename(stk_client *c, const struct stk_cred *cred, uint64_t src_parent,
 		   const char *src_name, uint64_t dst_parent, const char *dst_name, uint32_t flags)
 {
+	struct stk_attr replaced;
+	int rc = stk_ino_rename_keep(c, cred, src_parent, src_name, dst_parent, dst_name, flags,
+				     &replaced);
+
+	if (rc == 0 && replaced.ino && replaced.nlink == 0 && S_ISREG(replaced.mode))
+		stk_client_remove_data(c, &replaced);
+	return rc;
+}
+
+int stk_ino_rename_keep(stk_client *c, const struct stk_cred *cred, uint64_t src_parent,
+			const char *src_name, uint64_t dst_parent, const char *dst_name,
+			uint32_t flags, struct stk_attr *replaced)
+{
 	struct stk_msg_meta_rename_req m = {.cred = CRED(c, cred),
 					    .src_parent = src_parent,
 					    .dst_parent = dst_parent,
@@ -182,6 +201,7 @@ int stk_ino_rename(stk_client *c, const struct stk_cred *cred, uint64_t src_pare
 	size_t rlen = 0;
 	int rc;
 
+	memset(replaced, 0, sizeof(*replaced));
 	if ((rc = name_ok(src_name, m.src_name)) || (rc = name_ok(dst_name, m.dst_name)))
 		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
@@ -192,8 +212,8 @@ int stk_ino_rename(stk_client *c, const struct stk_cred *cred, uint64_t src_pare
 	stk_rbuf_init(&r, resp, rlen);
 	if (stk_msg_meta_rename_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
 		return -EIO;
-	if (rm.replaced && rm.attr.nlink == 0 && S_ISREG(rm.attr.mode))
-		stk_client_remove_data(c, &rm.attr);
+	if (rm.replaced)
+		*replaced = rm.attr;
 	return 0;
 }
 

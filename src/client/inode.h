@@ -38,10 +38,27 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 		  uint32_t mode, struct stk_attr *out);
 /* Removes a name; removes the file's chunks when it was the last link. */
 int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name);
+/*
+ * As stk_ino_unlink, but leaves the chunks in place: *after is the inode as the
+ * unlink left it, and when its nlink is 0 (a regular file's last link) the caller
+ * removes the data with stk_client_remove_data once it no longer needs it. The
+ * FUSE daemon uses this to keep a file that is unlinked while open readable
+ * until its last handle closes.
+ */
+int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+			const char *name, struct stk_attr *after);
 int stk_ino_rmdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name);
 /* flags: STK_RENAME_NOREPLACE / STK_RENAME_EXCHANGE. */
 int stk_ino_rename(stk_client *c, const struct stk_cred *cred, uint64_t src_parent,
 		   const char *src_name, uint64_t dst_parent, const char *dst_name, uint32_t flags);
+/*
+ * As stk_ino_rename, but a file the rename replaced keeps its chunks: *replaced is
+ * its inode (ino 0 when nothing was replaced), to be handled as after
+ * stk_ino_unlink_keep.
+ */
+int stk_ino_rename_keep(stk_client *c, const struct stk_cred *cred, uint64_t src_parent,
+			const char *src_name, uint64_t dst_parent, const char *dst_name,
+			uint32_t flags, struct stk_attr *replaced);
 int stk_ino_link(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint64_t parent,
 		 const char *name, struct stk_attr *out);
 int stk_ino_symlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,

@@ -21,7 +21,8 @@ CHECK = os.path.join(BUILD, "tests", "stk_check")
 
 
 def port_free(port):
-    for p in (port, port + 1, port + 2):
+    # BASE..BASE+2 for the daemons, BASE+10..BASE+12 for their metrics (`stoker up`)
+    for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -174,4 +175,99 @@ def have_root():
 
 needs_root = pytest.mark.skipif(not have_root(), reason="needs root (tmpfs mounts)")
 
-__all__ = ["Cluster", "run", "STOKER", "CHECK", "needs_root", "shutil", "time"]
+
+def have_fuse():
+    return have_root() and os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
+
+
+needs_fuse = pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
+
+
+class Mount:
+    """A `stoker mount` of a cluster (or of a folder in it) on a temporary folder.
+
+    Each mount logs to its own file, which teardown scans for sanitizer reports."""
+
+    def __init__(self, cluster, path, sub="", opts=()):
+        self.cluster = cluster
+        self.path = str(path)
+        self.sub = sub
+        self.opts = list(opts)
+        self.logfile = self.path + ".log"
+
+    def start(self, check=True):
+        os.makedirs(self.path, exist_ok=True)
+        opts = ",".join(["log=" + self.logfile] + self.opts)
+        p = run([STOKER, "mount", self.cluster.url + self.sub, self.path, "-o", opts],
+                check=False, timeout=90)
+        if check and p.returncode != 0:
+            raise AssertionError("stoker mount failed (%d): %s\n%s" % (
+                p.returncode, p.stderr.decode(errors="replace"), self.log()))
+        return p
+
+    def mounted(self):
+        with open("/proc/self/mountinfo") as f:
+            return any(l.split()[4] == self.path for l in f)
+
+    def pid(self):
+        """The mount daemon's pid, from the file it records for `stoker umount`."""
+        dev = os.stat(self.path).st_dev
+        name = "/tmp/stoker-%d/mount-%d:%d.pid" % (os.getuid(), os.major(dev), os.minor(dev))
+        with open(name) as f:
+            return int(f.read().split()[0])
+
+    def stop(self):
+        if self.mounted():
+            p = run([STOKER, "umount", self.path], check=False, timeout=120)
+            if p.returncode != 0 and self.mounted():
+                run(["umount", "-l", self.path], check=False)
+
+    def log(self):
+        try:
+            with open(self.logfile, errors="replace") as f:
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def sanitizer_reports(self):
+        return [l for l in self.log().splitlines()
+                if "ERROR: AddressSanitizer" in l or "runtime error:" in l or
+                "ERROR: LeakSanitizer" in l]
+
+
+@pytest.fixture
+def mount(cluster, tmp_path):
+    """The cluster of the `cluster` fixture, mounted on tmp_path/mnt; unmounted at teardown."""
+    if not have_fuse():
+        pytest.skip("needs root, /dev/fuse and fusermount3")
+    m = Mount(cluster, tmp_path / "mnt")
+    m.start()
+    yield m
+    m.stop()
+    assert not m.sanitizer_reports(), m.log()
+
+
+@pytest.fixture
+def make_mount(tmp_path):
+    """make(cluster, name, sub="", opts=()) mounts more; all unmounted at teardown.
+    Ask for it after the cluster fixtures, so that mounts go before their clusters."""
+    if not have_fuse():
+        pytest.skip("needs root, /dev/fuse and fusermount3")
+    made = []
+
+    def make(cluster, name="mnt", sub="", opts=(), start=True):
+        m = Mount(cluster, tmp_path / name, sub, opts)
+        made.append(m)
+        if start:
+            m.start()
+        return m
+
+    yield make
+    for m in reversed(made):
+        m.stop()
+    for m in made:
+        assert not m.sanitizer_reports(), m.log()
+
+
+__all__ = ["Cluster", "Mount", "run", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
+           "time"]

@@ -1,0 +1,175 @@
+/*
+ * The FUSE daemon behind `stoker mount`, shared between its files.
+ *
+ * mount.c  `stoker mount` and `stoker umount`: options, the checks made before
+ *          mounting, daemonizing, the session and its threads, unmounting
+ * ops.c    the low-level operations: each turns one kernel request into
+ *          libstoker calls and replies exactly once
+ * table.c  the open-file table: per inode, the handles open in this mount and
+ *          the attributes seen at the last open
+ *
+ * Inode numbers are Stoker's. The kernel's node id is the Stoker inode number,
+ * except that the mounted directory is node 1 (FUSE_ROOT_ID): when a
+ * subdirectory R is mounted, node 1 means R and node R means the cluster root
+ * (which cannot appear below R), so the mapping is a swap and needs no table.
+ * Nothing is remembered per lookup, so forget has nothing to do.
+ *
+ * Why an open-file table at all: libstoker buffers writes in a handle, and a
+ * handle reads its own buffered writes but no other handle's. The kernel keeps
+ * one page cache per inode for all its file descriptors, so within one mount a
+ * read through any descriptor must see a write through any other. So all the
+ * descriptors of an inode that is being written share one read-write libstoker
+ * handle (node->wf), and reads through a read-only handle use it while it
+ * exists. libstoker also tells meta the new size only at fsync and close, so
+ * every attribute we reply with is overlaid with the size the shared handle's
+ * writes reached. The table remembers each file's mtime and size at its last
+ * open, so that an open of an unchanged file keeps the kernel's page cache
+ * (keep_cache), and it keeps a file unlinked while open in this mount readable
+ * until its last close.
+ */
+#ifndef STK_FUSE_FS_H
+#define STK_FUSE_FS_H
+
+#define FUSE_USE_VERSION 312
+
+#include <fuse_lowlevel.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "stoker/stoker.h"
+
+#include "../proto/msg.h"
+
+/* Largest read and write request: the kernel's max_read and max_write. */
+#define STK_FUSE_IO_MAX (1u << 20)
+
+/* `stoker mount -o ...`; the defaults are set by stk_fuse_opts_default. */
+struct stk_fuse_opts {
+	double attr_timeout; /* seconds the kernel may cache attributes */
+	double entry_timeout; /* seconds it may cache a name */
+	double negative_timeout; /* seconds it may cache "no such name" */
+	uint64_t readahead; /* bytes of kernel readahead per file */
+	unsigned max_threads; /* request threads at most */
+	int writeback; /* kernel write-back cache */
+	int allow_other; /* users other than the mounter may enter */
+	int ro; /* read-only mount */
+	int nonempty; /* allow mounting over a non-empty folder */
+	int foreground; /* -f: no fork, log to stderr */
+	int debug; /* libfuse prints every request (with -f) */
+	char log[PATH_MAX]; /* daemon log file; "" = the runtime folder's */
+};
+
+void stk_fuse_opts_default(struct stk_fuse_opts *o);
+
+/*
+ * One open file (fi->fh). Created by open/create, freed by release; the kernel
+ * sends nothing on a handle after its release. All fields are fixed at open.
+ */
+struct stk_fuse_fh {
+	struct stk_fuse_node *node; /* the inode's table entry, alive while we are */
+	struct stk_fuse_fh *next; /* in node->handles (table lock) */
+	stk_file *priv; /* a read-only handle of our own, when not using node->wf */
+	int writable;
+	int uses_wf; /* holds a reference on node->wf */
+};
+
+/*
+ * One inode in the table. ino, next, nopen, handles, seen, mtime, size, orphan
+ * and attr are protected by the table lock; wf and wf_refs by the node's own
+ * lock (taken after the table lock, never before it); the three counters are
+ * atomic. A node lives while nopen > 0, so a handle may use its node unlocked.
+ */
+struct stk_fuse_node {
+	uint64_t ino;
+	struct stk_fuse_node *next; /* hash chain */
+	unsigned nopen; /* handles open */
+	struct stk_fuse_fh *handles;
+	int seen; /* mtime and size below are from the last open */
+	int64_t mtime_sec;
+	uint32_t mtime_nsec;
+	uint64_t size;
+	int orphan; /* unlinked while open: attr is all that is left of it */
+	struct stk_attr attr;
+	pthread_mutex_t lock;
+	stk_file *wf; /* the shared read-write handle while a writable handle is open */
+	unsigned wf_refs; /* handles, and reads in progress, using wf */
+	_Atomic uint64_t wsize; /* the file size as writes through wf left it */
+	_Atomic uint64_t wgen; /* bumped by every change made through wf */
+	_Atomic uint64_t synced; /* wgen as of the last successful fsync of wf */
+};
+
+struct stk_fuse_table {
+	pthread_mutex_t lock;
+	struct stk_fuse_node **buckets;
+	size_t nbuckets;
+	size_t count; /* nodes, open or remembered */
+};
+
+int stk_fuse_table_init(struct stk_fuse_table *t);
+/* Frees every node; the handles must have been closed (stk_fuse_table_drain). */
+void stk_fuse_table_destroy(struct stk_fuse_table *t);
+/*
+ * Enters a new handle on inode a->ino, whose attributes a were just fetched
+ * (fh->writable set). Sets *keep_cache when the kernel's cached pages are still
+ * right: the file's mtime and size are what they were at its previous open in
+ * this mount, or this mount is writing it (the kernel's cache then holds what
+ * meta does not know yet). 0 or -ENOMEM.
+ */
+int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const struct stk_attr *a,
+			int trunc, int *keep_cache);
+/*
+ * Removes a handle (its libstoker handles already closed). Returns 1 with
+ * *orphan filled when it was the last handle on a file unlinked while open: the
+ * caller then removes the file's data.
+ */
+int stk_fuse_table_release(struct stk_fuse_table *t, struct stk_fuse_fh *fh,
+			   struct stk_attr *orphan);
+/*
+ * Pins the node of inode ino, if this mount has it open, so that it stays while
+ * the caller uses its shared handle without a file handle of its own (truncate
+ * by name). NULL if the inode is not open here. stk_fuse_table_unpin drops the
+ * pin (removing an orphan's data if the pin was the last to hold it).
+ */
+struct stk_fuse_node *stk_fuse_table_pin(struct stk_fuse_table *t, uint64_t ino);
+void stk_fuse_table_unpin(struct stk_fuse_table *t, struct stk_fuse_node *n, stk_client *c);
+/*
+ * Overlays what this mount knows and meta does not yet: the size that writes not
+ * yet fsynced reached.
+ */
+void stk_fuse_table_overlay(struct stk_fuse_table *t, struct stk_attr *a);
+/*
+ * A file's last link went (a is its inode with nlink 0). If it is open in this
+ * mount, it becomes an orphan and 0 is returned: its data goes at the last
+ * close. Otherwise -ENOENT: the caller removes the data now.
+ */
+int stk_fuse_table_orphan(struct stk_fuse_table *t, const struct stk_attr *a);
+/* The attributes of an orphan, for getattr on its open handles. 0 or -ENOENT. */
+int stk_fuse_table_orphan_attr(struct stk_fuse_table *t, uint64_t ino, struct stk_attr *a);
+/*
+ * At unmount: closes every handle the kernel did not release (flushing what
+ * they buffered) and removes the data of orphans. Returns the count closed.
+ * No request may run any more.
+ */
+unsigned stk_fuse_table_drain(struct stk_fuse_table *t, stk_client *c);
+
+/* The mount: the session's userdata. */
+struct stk_fuse {
+	stk_client *c;
+	struct fuse_session *se;
+	uint64_t root_ino; /* the Stoker inode mounted as FUSE_ROOT_ID */
+	struct stk_fuse_opts o;
+	struct stk_fuse_table tab;
+	pthread_key_t rbuf_key; /* per-thread read buffer of STK_FUSE_IO_MAX bytes */
+	int rbuf_key_ok;
+};
+
+/* Sets up fs->tab and the per-thread buffers. 0 or -errno. */
+int stk_fuse_fs_init(struct stk_fuse *fs);
+/* Closes what is left open and frees what stk_fuse_fs_init made. */
+void stk_fuse_fs_fini(struct stk_fuse *fs);
+/* The operations table for fuse_session_new. */
+const struct fuse_lowlevel_ops *stk_fuse_ops(void);
+
+#endif

@@ -1,0 +1,1074 @@
+/*
+ * The FUSE low-level operations: each callback turns one kernel request into
+ * libstoker calls and replies exactly once, with fuse_reply_err(req, -rc) for
+ * every libstoker error. The reply is where the request ends; nothing touches
+ * req after it.
+ *
+ * Credentials: metadata calls carry the caller's uid, gid and supplementary
+ * groups, so meta enforces permissions for the right person. The kernel checks
+ * them first too (the mount always has default_permissions). Reading the groups
+ * costs a read of /proc/PID/status, so it is skipped for root, whom meta never
+ * refuses, and for calls meta does not check (getattr, readlink).
+ *
+ * Data: read and write go straight to stk_pread / stk_pwrite; reads land in a
+ * per-thread buffer of max_read bytes, so the data path allocates nothing. While
+ * any descriptor writes an inode, all its descriptors share one read-write
+ * libstoker handle (fs.h says why); a read-only open of a file nobody here
+ * writes gets a handle of its own, opened on fresh attributes. libstoker buffers
+ * writes; flush (every close(2)) and fsync make them durable and record the
+ * size in meta, which gives close-to-open consistency: close returns only when
+ * another client's open will see the data, and close reports a failed
+ * write-back. Release only closes handles.
+ *
+ * Page cache: an open keeps the kernel's cached pages (keep_cache) when the
+ * file's mtime and size are what they were at its last open in this mount, or
+ * when this mount is writing the file (the cache then holds the newest bytes);
+ * otherwise the pages and the cached attributes are dropped, so an open after
+ * another client's close reads the new data even within attr_timeout.
+ *
+ * Directories: the kernel's directory offsets are positions in this handle's
+ * listing (0 ".", 1 "..", 2 + i the i-th entry); the handle keeps the meta
+ * cookie each position resumes from, so a listing resumes and seeks exactly even
+ * though meta's cookies are 64-bit hashes that do not fit a signed offset.
+ * readdirplus costs one getattr per entry: it is what `ls -l` needs anyway, and
+ * the kernel asks for it only when the names are looked up after a listing.
+ */
+#include "fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../client/client.h"
+#include "../client/inode.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../proto/wire.h"
+
+/* Directory entries fetched from meta per round trip. */
+#define STK_FUSE_DIR_BATCH 256u
+
+/* One open directory (fi->fh of opendir). lock serializes its readdirs. */
+struct stk_fuse_dh {
+	pthread_mutex_t lock;
+	uint64_t ino; /* Stoker inode */
+	uint64_t *cookies; /* cookies[i]: meta cookie that lists from entry i */
+	size_t ncookies, cookie_cap;
+	struct stk_msg_dirent *ents; /* the batch last fetched */
+	size_t start; /* its first entry's index */
+	uint32_t n;
+	int eof; /* the batch ends the directory */
+	int have; /* a batch is loaded */
+};
+
+static struct stk_fuse *fs_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static struct stk_fuse_fh *fh_of(const struct fuse_file_info *fi)
+{
+	return (struct stk_fuse_fh *)(uintptr_t)fi->fh;
+}
+
+/* Kernel node id <-> Stoker inode: the mounted directory and node 1 swap places. */
+static uint64_t ino_swap(const struct stk_fuse *fs, uint64_t ino)
+{
+	if (ino == FUSE_ROOT_ID)
+		return fs->root_ino;
+	if (ino == fs->root_ino)
+		return FUSE_ROOT_ID;
+	return ino;
+}
+
+static void reply_err(fuse_req_t req, int rc)
+{
+	/* libstoker returns -errno; anything else would be a bug, reported as EIO. */
+	fuse_reply_err(req, rc <= 0 && rc > -4096 ? -rc : EIO);
+}
+
+static void req_cred(fuse_req_t req, struct stk_cred *cr, int groups)
+{
+	const struct fuse_ctx *ctx = fuse_req_ctx(req);
+	gid_t g[STK_MAX_GROUPS];
+	int n;
+
+	memset(cr, 0, sizeof(*cr));
+	cr->uid = (uint32_t)ctx->uid;
+	cr->gid = (uint32_t)ctx->gid;
+	if (!groups || ctx->uid == 0)
+		return;
+	n = fuse_req_getgroups(req, STK_MAX_GROUPS, g);
+	if (n > (int)STK_MAX_GROUPS)
+		n = STK_MAX_GROUPS; /* the first 32 were filled; meta takes no more */
+	for (int i = 0; i < n; i++)
+		cr->groups[i] = (uint32_t)g[i];
+	cr->ngroups = (uint8_t)(n > 0 ? n : 0);
+}
+
+static char *thread_buf(struct stk_fuse *fs)
+{
+	char *b = pthread_getspecific(fs->rbuf_key);
+
+	if (!b) {
+		b = malloc(STK_FUSE_IO_MAX);
+		if (b && pthread_setspecific(fs->rbuf_key, b)) {
+			free(b);
+			b = NULL;
+		}
+	}
+	return b;
+}
+
+static void attr_stat(struct stk_fuse *fs, struct stk_attr *a, struct stat *st)
+{
+	stk_fuse_table_overlay(&fs->tab, a);
+	stk_attr_to_stat(a, st);
+}
+
+static void fill_entry(struct stk_fuse *fs, struct stk_attr *a, struct fuse_entry_param *e)
+{
+	memset(e, 0, sizeof(*e));
+	e->ino = ino_swap(fs, a->ino);
+	e->attr_timeout = fs->o.attr_timeout;
+	e->entry_timeout = fs->o.entry_timeout;
+	attr_stat(fs, a, &e->attr);
+}
+
+static void reply_entry(fuse_req_t req, struct stk_fuse *fs, struct stk_attr *a)
+{
+	struct fuse_entry_param e;
+
+	fill_entry(fs, a, &e);
+	fuse_reply_entry(req, &e);
+}
+
+/* A file's last link went: its data goes now, or at its last close in this mount. */
+static void drop_data(struct stk_fuse *fs, const struct stk_attr *a)
+{
+	if (a->ino == 0 || a->nlink != 0 || !S_ISREG(a->mode))
+		return;
+	if (stk_fuse_table_orphan(&fs->tab, a) == 0)
+		return;
+	stk_client_remove_data(fs->c, a);
+}
+
+/* Records a change made through n->wf: the new end of file (or the size, if set). */
+static void note_change(struct stk_fuse_node *n, uint64_t end, int set)
+{
+	uint64_t cur = atomic_load(&n->wsize);
+
+	if (set)
+		atomic_store(&n->wsize, end);
+	else
+		while (end > cur && !atomic_compare_exchange_weak(&n->wsize, &cur, end))
+			;
+	/* After the size, so an overlay that sees the change sees the size too. */
+	atomic_fetch_add(&n->wgen, 1);
+}
+
+/*
+ * The libstoker handle a read through fh uses, with a reference when it is the
+ * shared one and fh holds none (put it back with wf_put).
+ */
+static stk_file *read_handle(struct stk_fuse_fh *fh, int *ref)
+{
+	struct stk_fuse_node *n = fh->node;
+	stk_file *f;
+
+	*ref = 0;
+	if (fh->uses_wf)
+		return n->wf; /* ours holds it open */
+	pthread_mutex_lock(&n->lock);
+	if (n->wf) {
+		f = n->wf;
+		n->wf_refs++;
+		*ref = 1;
+	} else {
+		f = fh->priv;
+	}
+	pthread_mutex_unlock(&n->lock);
+	return f;
+}
+
+/*
+ * Drops a reference on the shared handle; the last one closes it, under the
+ * node's lock so that no open sees meta before the close recorded the size.
+ */
+static void wf_put(struct stk_fuse *fs, struct stk_fuse_node *n)
+{
+	struct stk_attr a;
+	uint64_t g;
+	int rc = 0;
+
+	pthread_mutex_lock(&n->lock);
+	if (--n->wf_refs == 0) {
+		g = atomic_load(&n->wgen);
+		rc = stk_close(n->wf);
+		n->wf = NULL;
+		/* Whatever the outcome, meta now has all it will get. */
+		atomic_store(&n->synced, g);
+	}
+	pthread_mutex_unlock(&n->lock);
+	/* After the node lock: the table lock is never taken inside it. */
+	if (rc && !(rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, n->ino, &a) == 0))
+		stk_error("closing inode %llu: %s (data written since the last flush may be lost)",
+			  (unsigned long long)n->ino, stk_strerror(rc));
+}
+
+/* Makes what was written to fh's inode durable and its size known to meta. */
+static int sync_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
+{
+	struct stk_fuse_node *n = fh->node;
+	struct stk_attr a;
+	uint64_t g;
+	int rc;
+
+	if (!fh->writable)
+		return 0;
+	g = atomic_load(&n->wgen);
+	if (g == atomic_load(&n->synced))
+		return 0;
+	rc = stk_fsync(n->wf);
+	/* An orphan's data is durable; only its size has no inode left to go to. */
+	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, n->ino, &a) == 0)
+		rc = 0;
+	if (rc == 0) {
+		/* Only forward: a concurrent fsync may have covered a later generation. */
+		uint64_t cur = atomic_load(&n->synced);
+		while (cur < g && !atomic_compare_exchange_weak(&n->synced, &cur, g))
+			;
+	}
+	return rc;
+}
+
+/* ---- the session ---- */
+
+static void op_init(void *userdata, struct fuse_conn_info *conn)
+{
+	struct stk_fuse *fs = userdata;
+	unsigned want = FUSE_CAP_ASYNC_READ | FUSE_CAP_ATOMIC_O_TRUNC | FUSE_CAP_AUTO_INVAL_DATA |
+			FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
+
+	conn->want |= want & conn->capable;
+	if (fs->o.writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
+		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
+	else
+		conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+	if (fs->o.writeback && !(conn->capable & FUSE_CAP_WRITEBACK_CACHE))
+		stk_warn("the kernel offers no write-back cache; writing through");
+	conn->max_write = STK_FUSE_IO_MAX;
+	conn->max_read = STK_FUSE_IO_MAX;
+	/* The kernel only lets us lower it here; mount.c raises it through sysfs. */
+	if (fs->o.readahead < conn->max_readahead)
+		conn->max_readahead = (unsigned)fs->o.readahead;
+	/* Room for a whole readahead window of 1 MiB reads in flight. */
+	conn->max_background = 64;
+	conn->congestion_threshold = 48;
+	conn->time_gran = 1;
+}
+
+/* ---- names and attributes ---- */
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	req_cred(req, &cr, 1);
+	rc = stk_ino_lookup(fs->c, &cr, ino_swap(fs, parent), name, &a);
+	if (rc == -ENOENT && fs->o.negative_timeout > 0) {
+		struct fuse_entry_param e;
+		memset(&e, 0, sizeof(e));
+		e.entry_timeout = fs->o.negative_timeout;
+		fuse_reply_entry(req, &e);
+		return;
+	}
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	reply_entry(req, fs, &a);
+}
+
+static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+	uint64_t sino = ino_swap(fs, ino);
+	struct stk_cred cr;
+	struct stk_attr a;
+	struct stat st;
+	int rc;
+
+	req_cred(req, &cr, 0);
+	rc = stk_ino_getattr(fs->c, &cr, sino, &a);
+	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, &a) == 0)
+		rc = 0; /* unlinked, still open here */
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	attr_stat(fs, &a, &st);
+	fuse_reply_attr(req, &st, fs->o.attr_timeout);
+}
+
+/* Truncates through the open handle when there is one, so its buffer and size agree. */
+static int set_size(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t ino,
+		    struct stk_fuse_fh *fh, uint64_t size)
+{
+	struct stk_fuse_node *n = NULL;
+	stk_file *wf = NULL;
+	struct stk_attr v;
+	int rc;
+
+	if (fh && fh->writable) {
+		rc = stk_ftruncate(fh->node->wf, (off_t)size);
+		if (rc == 0)
+			note_change(fh->node, size, 1);
+		return rc;
+	}
+	/* By name, while a descriptor here writes it: its buffer must be cut too. */
+	n = stk_fuse_table_pin(&fs->tab, ino);
+	if (n) {
+		pthread_mutex_lock(&n->lock);
+		if (n->wf)
+			n->wf_refs++;
+		wf = n->wf;
+		pthread_mutex_unlock(&n->lock);
+	}
+	if (wf) {
+		/* The kernel checked write permission on the file; the handle acts as us. */
+		rc = stk_ftruncate(wf, (off_t)size);
+		if (rc == 0)
+			note_change(n, size, 1);
+		wf_put(fs, n);
+	} else {
+		memset(&v, 0, sizeof(v));
+		v.size = size;
+		rc = stk_ino_setattr(fs->c, cr, ino, STK_SETATTR_SIZE, &v, NULL);
+	}
+	if (n)
+		stk_fuse_table_unpin(&fs->tab, n, fs->c);
+	return rc;
+}
+
+/* 1 if mode is ino's mode with only set-uid and set-gid taken away. */
+static int kills_privs(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t ino,
+		       uint32_t mode)
+{
+	struct stk_attr a;
+
+	if (stk_ino_getattr(fs->c, cr, ino, &a))
+		return 0;
+	return (a.mode & 07777) != mode && ((a.mode & 07777) & ~(uint32_t)(S_ISUID | S_ISGID)) ==
+						       (mode & ~(uint32_t)(S_ISUID | S_ISGID)) &&
+	       !(mode & ~a.mode & 07777);
+}
+
+static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to_set,
+		       struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_fh *fh = fi ? fh_of(fi) : NULL;
+	uint64_t sino = ino_swap(fs, ino);
+	struct stk_attr v, out;
+	struct stk_cred cr;
+	struct stat st;
+	uint32_t valid = 0;
+	int rc;
+
+	req_cred(req, &cr, 1);
+	memset(&v, 0, sizeof(v));
+	if (to_set & FUSE_SET_ATTR_MODE) {
+		valid |= STK_SETATTR_MODE;
+		v.mode = attr->st_mode & 07777;
+	}
+	if (to_set & FUSE_SET_ATTR_UID) {
+		valid |= STK_SETATTR_UID;
+		v.uid = (uint32_t)attr->st_uid;
+	}
+	if (to_set & FUSE_SET_ATTR_GID) {
+		valid |= STK_SETATTR_GID;
+		v.gid = (uint32_t)attr->st_gid;
+	}
+	if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
+		valid |= STK_SETATTR_ATIME_NOW;
+	} else if (to_set & FUSE_SET_ATTR_ATIME) {
+		valid |= STK_SETATTR_ATIME;
+		v.atime_sec = attr->st_atim.tv_sec;
+		v.atime_nsec = (uint32_t)attr->st_atim.tv_nsec;
+	}
+	if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
+		valid |= STK_SETATTR_MTIME_NOW;
+	} else if (to_set & FUSE_SET_ATTR_MTIME) {
+		valid |= STK_SETATTR_MTIME;
+		v.mtime_sec = attr->st_mtim.tv_sec;
+		v.mtime_nsec = (uint32_t)attr->st_mtim.tv_nsec;
+	}
+	if (to_set & FUSE_SET_ATTR_SIZE) {
+		if (attr->st_size < 0) {
+			reply_err(req, -EINVAL);
+			return;
+		}
+		rc = set_size(fs, &cr, sino, fh, (uint64_t)attr->st_size);
+		if (rc) {
+			reply_err(req, rc);
+			return;
+		}
+	}
+	/* FUSE_SET_ATTR_CTIME needs nothing: meta sets ctime on every change. */
+	if (valid)
+		rc = stk_ino_setattr(fs->c, &cr, sino, valid, &v, &out);
+	else
+		rc = stk_ino_getattr(fs->c, &cr, sino, &out);
+	if (rc == -EPERM && valid == STK_SETATTR_MODE && kills_privs(fs, &cr, sino, v.mode))
+		/* A write by someone else clears set-uid/set-gid: the kernel asks it of us in
+		 * their name, and Linux allows it to anyone who may write. */
+		rc = stk_ino_setattr(fs->c, NULL, sino, valid, &v, &out);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	attr_stat(fs, &out, &st);
+	fuse_reply_attr(req, &st, fs->o.attr_timeout);
+}
+
+static void op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+	struct stk_fuse *fs = fs_of(req);
+	char buf[STK_PATH_MAX + 1];
+	struct stk_cred cr;
+	int rc;
+
+	req_cred(req, &cr, 0);
+	rc = stk_ino_readlink(fs->c, &cr, ino_swap(fs, ino), buf, sizeof(buf));
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	fuse_reply_readlink(req, buf);
+}
+
+static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	/* Stoker stores regular files, folders and symlinks; no devices, FIFOs or sockets. */
+	if (!S_ISREG(mode)) {
+		reply_err(req, -EPERM);
+		return;
+	}
+	req_cred(req, &cr, 1);
+	rc = stk_ino_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, 1, &a, NULL);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	reply_entry(req, fs, &a);
+}
+
+static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	req_cred(req, &cr, 1);
+	rc = stk_ino_mkdir(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, &a);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	reply_entry(req, fs, &a);
+}
+
+static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	struct stk_attr after;
+	int rc;
+
+	req_cred(req, &cr, 1);
+	rc = stk_ino_unlink_keep(fs->c, &cr, ino_swap(fs, parent), name, &after);
+	if (rc == 0)
+		drop_data(fs, &after);
+	reply_err(req, rc);
+}
+
+static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+
+	req_cred(req, &cr, 1);
+	reply_err(req, stk_ino_rmdir(fs->c, &cr, ino_swap(fs, parent), name));
+}
+
+static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	req_cred(req, &cr, 1);
+	rc = stk_ino_symlink(fs->c, &cr, ino_swap(fs, parent), name, link, &a);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	reply_entry(req, fs, &a);
+}
+
+static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+		      const char *newname, unsigned int flags)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_attr replaced;
+	struct stk_cred cr;
+	int rc;
+
+	/* NOREPLACE and EXCHANGE have Stoker's values; WHITEOUT is overlayfs's business. */
+	if (flags & ~(STK_RENAME_NOREPLACE | STK_RENAME_EXCHANGE)) {
+		reply_err(req, -EINVAL);
+		return;
+	}
+	req_cred(req, &cr, 1);
+	rc = stk_ino_rename_keep(fs->c, &cr, ino_swap(fs, parent), name, ino_swap(fs, newparent),
+				 newname, flags, &replaced);
+	if (rc == 0)
+		drop_data(fs, &replaced);
+	reply_err(req, rc);
+}
+
+static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	req_cred(req, &cr, 1);
+	rc = stk_ino_link(fs->c, &cr, ino_swap(fs, ino), ino_swap(fs, newparent), newname, &a);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	reply_entry(req, fs, &a);
+}
+
+static void op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct statvfs st;
+	int rc = stk_statfs(fs->c, &st);
+
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	fuse_reply_statfs(req, &st);
+}
+
+/* ---- files ---- */
+
+/* Gives fh its libstoker handle: the shared one, or one of its own. */
+static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
+		     struct stk_fuse_fh *fh, int trunc)
+{
+	struct stk_fuse_node *n = fh->node;
+	int rc = 0;
+
+	pthread_mutex_lock(&n->lock);
+	if (fh->writable || n->wf) {
+		if (!n->wf) {
+			rc = stk_ino_open(fs->c, cr, a, O_RDWR | (trunc ? O_TRUNC : 0), &n->wf);
+			if (rc == 0) {
+				atomic_store(&n->wsize, trunc ? 0 : a->size);
+				atomic_store(&n->synced, atomic_load(&n->wgen));
+				if (trunc)
+					note_change(n, 0, 1); /* a change to record at close */
+			}
+		} else if (trunc) {
+			rc = stk_ftruncate(n->wf, 0);
+			if (rc == 0)
+				note_change(n, 0, 1);
+		}
+		if (rc == 0) {
+			n->wf_refs++;
+			fh->uses_wf = 1;
+		}
+	}
+	pthread_mutex_unlock(&n->lock);
+	if (rc == 0 && !fh->uses_wf)
+		rc = stk_ino_open(fs->c, cr, a, O_RDONLY, &fh->priv);
+	return rc;
+}
+
+static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
+{
+	struct stk_attr orphan;
+
+	if (fh->uses_wf)
+		wf_put(fs, fh->node);
+	if (fh->priv)
+		stk_close(fh->priv); /* read-only: nothing to lose */
+	if (stk_fuse_table_release(&fs->tab, fh, &orphan))
+		stk_client_remove_data(fs->c, &orphan);
+	free(fh);
+}
+
+/* Opens a regular file whose attributes a were just fetched; sets fi. */
+static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
+		   struct fuse_file_info *fi)
+{
+	int acc = fi->flags & O_ACCMODE;
+	int trunc = (fi->flags & O_TRUNC) && acc != O_RDONLY;
+	struct stk_fuse_fh *fh;
+	int keep = 0, rc;
+
+	/* O_APPEND needs nothing: the kernel places appends itself, under the inode lock. */
+	if (!S_ISREG(a->mode))
+		return S_ISDIR(a->mode) ? -EISDIR : -EINVAL;
+	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
+		return -EINVAL;
+	fh = calloc(1, sizeof(*fh));
+	if (!fh)
+		return -ENOMEM;
+	fh->writable = acc != O_RDONLY;
+	if ((fi->flags & O_TRUNC) && acc == O_RDONLY && a->size) {
+		/* Linux truncates then too; the kernel has checked write permission. */
+		rc = set_size(fs, cr, a->ino, NULL, 0);
+		if (rc) {
+			free(fh);
+			return rc;
+		}
+		trunc = 1;
+	}
+	rc = stk_fuse_table_open(&fs->tab, fh, a, trunc, &keep);
+	if (rc) {
+		free(fh);
+		return rc;
+	}
+	rc = fh_attach(fs, cr, a, fh, trunc);
+	if (rc) {
+		release_fh(fs, fh);
+		return rc;
+	}
+	fi->fh = (uintptr_t)fh;
+	fi->keep_cache = keep;
+	if (!keep)
+		/* The kernel's attributes may predate another client's close: drop them, so
+		 * the first read fetches the size this open saw. */
+		fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, a->ino), -1, 0);
+	return 0;
+}
+
+static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	req_cred(req, &cr, 0);
+	/* Fresh attributes: the size and layout this handle works with (close-to-open). */
+	rc = stk_ino_getattr(fs->c, &cr, ino_swap(fs, ino), &a);
+	if (rc == 0)
+		rc = open_fh(fs, &cr, &a, fi);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	if (fuse_reply_open(req, fi))
+		release_fh(fs, fh_of(fi)); /* interrupted: the kernel will not release it */
+}
+
+static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode,
+		      struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct fuse_entry_param e;
+	struct stk_cred cr;
+	struct stk_attr a;
+	int created = 0, rc;
+
+	req_cred(req, &cr, 1);
+	rc = stk_ino_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777,
+			    !!(fi->flags & O_EXCL), &a, &created);
+	/* A name that appeared since the kernel's lookup: only a file may be opened. */
+	if (rc == 0 && !created && !S_ISREG(a.mode))
+		rc = S_ISDIR(a.mode) ? -EISDIR : -EEXIST;
+	if (rc == 0)
+		rc = open_fh(fs, &cr, &a, fi);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	fill_entry(fs, &a, &e);
+	if (fuse_reply_create(req, &e, fi))
+		release_fh(fs, fh_of(fi));
+}
+
+static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		    struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_fh *fh = fh_of(fi);
+	char *buf = NULL, *own = NULL;
+	stk_file *f;
+	ssize_t n;
+	int ref;
+
+	if (size <= STK_FUSE_IO_MAX)
+		buf = thread_buf(fs);
+	if (!buf)
+		buf = own = malloc(size ? size : 1);
+	if (!buf) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	f = read_handle(fh, &ref);
+	n = stk_pread(f, buf, size, off);
+	if (ref)
+		wf_put(fs, fh->node);
+	if (n < 0)
+		reply_err(req, (int)n);
+	else
+		fuse_reply_buf(req, buf, (size_t)n);
+	free(own);
+}
+
+static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
+		     struct fuse_file_info *fi)
+{
+	struct stk_fuse_fh *fh = fh_of(fi);
+	ssize_t n;
+
+	if (!fh->writable) {
+		reply_err(req, -EBADF);
+		return;
+	}
+	n = stk_pwrite(fh->node->wf, buf, size, off);
+	if (n < 0) {
+		reply_err(req, (int)n);
+		return;
+	}
+	note_change(fh->node, (uint64_t)off + (uint64_t)n, 0);
+	fuse_reply_write(req, (size_t)n);
+}
+
+static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	reply_err(req, sync_fh(fs_of(req), fh_of(fi)));
+}
+
+static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	release_fh(fs_of(req), fh_of(fi));
+	fuse_reply_err(req, 0);
+}
+
+static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	reply_err(req, sync_fh(fs_of(req), fh_of(fi)));
+}
+
+static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
+			 struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_fh *fh = fh_of(fi);
+	uint64_t sino = ino_swap(fs, ino);
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	/* Storage allocates chunks as they are written: only growing the size means anything. */
+	if (mode & ~FALLOC_FL_KEEP_SIZE) {
+		reply_err(req, -EOPNOTSUPP);
+		return;
+	}
+	if (off < 0 || len <= 0) {
+		reply_err(req, -EINVAL);
+		return;
+	}
+	if (off > INT64_MAX - len) {
+		reply_err(req, -EFBIG);
+		return;
+	}
+	if (mode & FALLOC_FL_KEEP_SIZE) {
+		reply_err(req, 0);
+		return;
+	}
+	req_cred(req, &cr, 1);
+	rc = stk_ino_getattr(fs->c, &cr, sino, &a);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	stk_fuse_table_overlay(&fs->tab, &a);
+	if ((uint64_t)(off + len) <= a.size) {
+		reply_err(req, 0);
+		return;
+	}
+	reply_err(req, set_size(fs, &cr, sino, fh, (uint64_t)(off + len)));
+}
+
+/* ---- directories ---- */
+
+static void op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_dh *dh = calloc(1, sizeof(*dh));
+
+	if (!dh) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	dh->ino = ino_swap(fs, ino);
+	dh->cookie_cap = 64;
+	dh->cookies = malloc(dh->cookie_cap * sizeof(*dh->cookies));
+	if (!dh->cookies) {
+		free(dh);
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	dh->cookies[0] = 0; /* entry 0 lists from the start */
+	dh->ncookies = 1;
+	pthread_mutex_init(&dh->lock, NULL);
+	fi->fh = (uintptr_t)dh;
+	if (fuse_reply_open(req, fi)) {
+		pthread_mutex_destroy(&dh->lock);
+		free(dh->cookies);
+		free(dh);
+	}
+}
+
+static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+	struct stk_fuse_dh *dh = (struct stk_fuse_dh *)(uintptr_t)fi->fh;
+
+	pthread_mutex_destroy(&dh->lock);
+	free(dh->cookies);
+	free(dh->ents);
+	free(dh);
+	fuse_reply_err(req, 0);
+}
+
+/*
+ * Makes entry idx of the listing available in dh->ents. 1 if it is, 0 past the
+ * end, or -errno. Called with dh->lock held.
+ */
+static int dir_fill(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_fuse_dh *dh,
+		    size_t idx)
+{
+	uint32_t n = 0;
+	int eof = 0, rc;
+
+	if (dh->have && idx >= dh->start && idx < dh->start + dh->n)
+		return 1;
+	if (dh->have && idx == dh->start + dh->n && dh->eof)
+		return 0;
+	if (idx >= dh->ncookies)
+		return 0; /* an offset this handle never gave out */
+	if (!dh->ents) {
+		dh->ents = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->ents));
+		if (!dh->ents)
+			return -ENOMEM;
+	}
+	dh->have = 0;
+	rc = stk_ino_readdir(fs->c, cr, dh->ino, dh->cookies[idx], STK_FUSE_DIR_BATCH, dh->ents, &n,
+			     &eof);
+	if (rc)
+		return rc;
+	if (dh->ncookies + n > dh->cookie_cap) {
+		size_t cap = dh->cookie_cap;
+		uint64_t *c;
+		while (cap < dh->ncookies + n)
+			cap *= 2;
+		c = realloc(dh->cookies, cap * sizeof(*c));
+		if (!c)
+			return -ENOMEM;
+		dh->cookies = c;
+		dh->cookie_cap = cap;
+	}
+	for (uint32_t k = 0; k < n; k++)
+		if (idx + k + 1 == dh->ncookies)
+			dh->cookies[dh->ncookies++] = dh->ents[k].next_cookie;
+	dh->start = idx;
+	dh->n = n;
+	dh->eof = eof;
+	dh->have = 1;
+	return n ? 1 : 0;
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi, int plus)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_dh *dh = (struct stk_fuse_dh *)(uintptr_t)fi->fh;
+	char *buf = thread_buf(fs);
+	struct stk_cred cr;
+	size_t used = 0;
+	int rc = 0;
+
+	if (!buf) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	if (off < 0) {
+		reply_err(req, -EINVAL);
+		return;
+	}
+	if (size > STK_FUSE_IO_MAX)
+		size = STK_FUSE_IO_MAX;
+	req_cred(req, &cr, 1);
+	pthread_mutex_lock(&dh->lock);
+	for (uint64_t pos = (uint64_t)off;; pos++) {
+		struct fuse_entry_param e;
+		const char *name;
+		size_t need;
+
+		memset(&e, 0, sizeof(e));
+		if (pos < 2) {
+			/* ".." gets the folder's own number: the kernel answers ".." itself. */
+			name = pos ? ".." : ".";
+			e.attr.st_ino = dh->ino;
+			e.attr.st_mode = S_IFDIR;
+		} else {
+			const struct stk_msg_dirent *d;
+			rc = dir_fill(fs, &cr, dh, pos - 2);
+			if (rc <= 0)
+				break;
+			d = &dh->ents[pos - 2 - dh->start];
+			name = d->name;
+			e.attr.st_ino = d->ino;
+			e.attr.st_mode = d->mode & S_IFMT;
+			if (plus) {
+				struct stk_attr a;
+				int grc = stk_ino_getattr(fs->c, &cr, d->ino, &a);
+				if (grc == -ENOENT)
+					continue; /* removed since it was listed */
+				if (grc == 0)
+					fill_entry(fs, &a, &e);
+				/* else e.ino stays 0: the name is listed, looked up later */
+			}
+		}
+		if (plus)
+			need = fuse_add_direntry_plus(req, buf + used, size - used, name, &e,
+						      (off_t)(pos + 1));
+		else
+			need = fuse_add_direntry(req, buf + used, size - used, name, &e.attr,
+						 (off_t)(pos + 1));
+		if (need > size - used)
+			break;
+		used += need;
+	}
+	pthread_mutex_unlock(&dh->lock);
+	if (rc < 0 && used == 0) {
+		reply_err(req, rc);
+		return;
+	}
+	fuse_reply_buf(req, buf, used);
+}
+
+static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+		       struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, fi, 0);
+}
+
+static void op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+			   struct fuse_file_info *fi)
+{
+	do_readdir(req, ino, size, off, fi, 1);
+}
+
+static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+	struct stk_fuse *fs = fs_of(req);
+
+	/* Namespace changes are committed when they return; META_SYNC forces them to disk. */
+	reply_err(req, stk_client_meta_call(fs->c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL));
+}
+
+/*
+ * Not here, so the kernel answers by itself: forget (nothing to forget), access
+ * (default_permissions), xattrs (EOPNOTSUPP), POSIX and flock locks (local to
+ * this mount), ioctl, poll, bmap, lseek (SEEK_DATA/SEEK_HOLE as generic),
+ * copy_file_range (read and write).
+ */
+static const struct fuse_lowlevel_ops ops = {
+	.init = op_init,
+	.lookup = op_lookup,
+	.getattr = op_getattr,
+	.setattr = op_setattr,
+	.readlink = op_readlink,
+	.mknod = op_mknod,
+	.mkdir = op_mkdir,
+	.unlink = op_unlink,
+	.rmdir = op_rmdir,
+	.symlink = op_symlink,
+	.rename = op_rename,
+	.link = op_link,
+	.open = op_open,
+	.read = op_read,
+	.write = op_write,
+	.flush = op_flush,
+	.release = op_release,
+	.fsync = op_fsync,
+	.opendir = op_opendir,
+	.readdir = op_readdir,
+	.readdirplus = op_readdirplus,
+	.releasedir = op_releasedir,
+	.fsyncdir = op_fsyncdir,
+	.statfs = op_statfs,
+	.create = op_create,
+	.fallocate = op_fallocate,
+};
+
+const struct fuse_lowlevel_ops *stk_fuse_ops(void)
+{
+	return &ops;
+}
+
+int stk_fuse_fs_init(struct stk_fuse *fs)
+{
+	int rc = stk_fuse_table_init(&fs->tab);
+
+	if (rc)
+		return rc;
+	rc = -pthread_key_create(&fs->rbuf_key, free);
+	if (rc) {
+		stk_fuse_table_destroy(&fs->tab);
+		return rc;
+	}
+	fs->rbuf_key_ok = 1;
+	return 0;
+}
+
+void stk_fuse_fs_fini(struct stk_fuse *fs)
+{
+	unsigned n = stk_fuse_table_drain(&fs->tab, fs->c);
+
+	if (n)
+		stk_info("closed %u file(s) the kernel left open at unmount", n);
+	stk_fuse_table_destroy(&fs->tab);
+	if (fs->rbuf_key_ok) {
+		free(pthread_getspecific(fs->rbuf_key));
+		pthread_setspecific(fs->rbuf_key, NULL);
+		pthread_key_delete(fs->rbuf_key);
+		fs->rbuf_key_ok = 0;
+	}
+}

@@ -1,0 +1,633 @@
+"""The POSIX mount (`stoker mount`, FUSE): real programs and system calls through it,
+checked against what the native client sees, with the errno each misuse must give.
+
+Runs as root (FUSE mounts, a non-root caller through setuid); skipped otherwise."""
+import ctypes
+import errno
+import hashlib
+import os
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import Mount, STOKER, needs_fuse, pick_ports, run
+
+pytestmark = needs_fuse
+
+MiB = 1 << 20
+NOBODY = 65534
+PY = "/usr/bin/python3"
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(MiB)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def tool_sha256(path):
+    return run(["sha256sum", str(path)]).stdout.split()[0].decode()
+
+
+def errno_of(fn, *args):
+    try:
+        fn(*args)
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def process_gone(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(") ", 1)[1][0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def wait_for(cond, timeout=5.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+# ---- data round trips with real programs ----
+
+SIZES = [0, 1, 4095, 4096, MiB - 1, MiB, MiB + 1, 4 * MiB + 123, 17 * MiB - 5, 50 * MiB + 7]
+
+
+def test_round_trip_cp_cat_sha256(cluster, mount, rand_file, tmp_path):
+    for size in SIZES:
+        src = rand_file(size, seed=size)
+        dst = os.path.join(mount.path, "f-%d" % size)
+        run(["cp", str(src), dst])
+        want = sha256(src)
+        assert os.stat(dst).st_size == size
+        assert tool_sha256(dst) == want, size
+        # what the native client reads is what went through the mount
+        native = cluster.cli("cat", "/f-%d" % size).stdout
+        assert len(native) == size and hashlib.sha256(native).hexdigest() == want, size
+        out = tmp_path / "out"
+        with open(out, "wb") as f:
+            subprocess.run(["cat", dst], stdout=f, check=True)
+        assert sha256(out) == want, size
+
+
+def test_round_trip_dd_and_native_writes(cluster, mount, rand_file, tmp_path):
+    size = 20 * MiB + 12345
+    src = rand_file(size, seed=7)
+    dst = os.path.join(mount.path, "dd.bin")
+    # 64 KiB blocks: many writes per chunk, none aligned to the 1 MiB chunks at the end
+    run(["dd", "if=%s" % src, "of=%s" % dst, "bs=65536", "conv=fsync", "status=none"])
+    assert hashlib.sha256(cluster.cli("cat", "/dd.bin").stdout).hexdigest() == sha256(src)
+    out = tmp_path / "dd.out"
+    run(["dd", "if=%s" % dst, "of=%s" % out, "bs=1M", "status=none"])
+    assert sha256(out) == sha256(src)
+    # written by the native client, read through the mount
+    src2 = rand_file(9 * MiB + 1, seed=8)
+    cluster.cli("put", str(src2), "/native.bin")
+    assert tool_sha256(os.path.join(mount.path, "native.bin")) == sha256(src2)
+
+
+def test_write_back_cache_round_trip(cluster, make_mount, rand_file):
+    m = make_mount(cluster, "wb", opts=["writeback"])
+    src = rand_file(6 * MiB + 3, seed=9)
+    dst = os.path.join(m.path, "wb.bin")
+    run(["cp", str(src), dst])
+    assert hashlib.sha256(cluster.cli("cat", "/wb.bin").stdout).hexdigest() == sha256(src)
+    # partial overwrites and appends through the kernel's page cache
+    with open(dst, "r+b") as f:
+        f.seek(MiB - 2)
+        f.write(b"abcd")
+    with open(dst, "ab") as f:
+        f.write(b"tail")
+    want = bytearray(open(src, "rb").read())
+    want[MiB - 2:MiB + 2] = b"abcd"
+    want += b"tail"
+    assert cluster.cli("cat", "/wb.bin").stdout == bytes(want)
+
+
+# ---- namespace semantics and errno ----
+
+def test_create_exclusive_and_names(mount):
+    p = os.path.join(mount.path, "x")
+    os.close(os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640))
+    assert errno_of(os.open, p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640) == errno.EEXIST
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o640
+    assert errno_of(os.open, os.path.join(mount.path, "n" * 256),
+                    os.O_CREAT | os.O_WRONLY) == errno.ENAMETOOLONG
+    assert errno_of(os.open, os.path.join(mount.path, "missing"), os.O_RDONLY) == errno.ENOENT
+    os.mkdir(os.path.join(mount.path, "d"))
+    assert errno_of(os.mkdir, os.path.join(mount.path, "d")) == errno.EEXIST
+    assert errno_of(os.open, os.path.join(mount.path, "d"), os.O_WRONLY) == errno.EISDIR
+    assert errno_of(os.rmdir, p) == errno.ENOTDIR
+    assert errno_of(os.unlink, os.path.join(mount.path, "d")) == errno.EISDIR
+    assert errno_of(os.open, os.path.join(p, "under-a-file"), os.O_CREAT | os.O_WRONLY) == \
+        errno.ENOTDIR
+
+
+def test_rmdir_and_rename_rules(cluster, mount):
+    d = os.path.join(mount.path, "d")
+    os.makedirs(os.path.join(d, "sub"))
+    with open(os.path.join(d, "f"), "w") as f:
+        f.write("f")
+    assert errno_of(os.rmdir, d) == errno.ENOTEMPTY
+    assert errno_of(os.rename, d, os.path.join(d, "sub", "x")) == errno.EINVAL
+    # rename over a non-empty folder fails; over a file, atomically replaces
+    os.mkdir(os.path.join(mount.path, "e"))
+    assert errno_of(os.rename, os.path.join(mount.path, "e"), d) == errno.ENOTEMPTY
+    with open(os.path.join(mount.path, "g"), "w") as f:
+        f.write("g")
+    os.rename(os.path.join(mount.path, "g"), os.path.join(d, "f"))
+    assert open(os.path.join(d, "f")).read() == "g"
+    assert cluster.cli("cat", "/d/f").stdout == b"g"
+    assert not os.path.exists(os.path.join(mount.path, "g"))
+    os.rmdir(os.path.join(d, "sub"))
+    os.unlink(os.path.join(d, "f"))
+    os.rmdir(d)
+    assert cluster.cli("ls", "/d", check=False).returncode == 1
+
+
+def renameat2(src, dst, flags):
+    libc = ctypes.CDLL(None, use_errno=True)
+    if not hasattr(libc, "renameat2"):
+        pytest.skip("no renameat2 in libc")
+    AT_FDCWD = -100
+    rc = libc.renameat2(AT_FDCWD, src.encode(), AT_FDCWD, dst.encode(), flags)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def test_rename_noreplace_and_exchange(cluster, mount):
+    a, b = os.path.join(mount.path, "a"), os.path.join(mount.path, "b")
+    for p, s in ((a, "A"), (b, "B")):
+        with open(p, "w") as f:
+            f.write(s)
+    assert renameat2(a, b, 1) == errno.EEXIST  # RENAME_NOREPLACE
+    assert open(a).read() == "A" and open(b).read() == "B"
+    assert renameat2(a, b, 2) == 0  # RENAME_EXCHANGE
+    assert open(a).read() == "B" and open(b).read() == "A"
+    assert cluster.cli("cat", "/a").stdout == b"B"
+    assert renameat2(a, os.path.join(mount.path, "c"), 1) == 0
+    assert open(os.path.join(mount.path, "c")).read() == "B"
+    assert renameat2(b, os.path.join(mount.path, "c"), 4) == errno.EINVAL  # RENAME_WHITEOUT
+
+
+def test_truncate_up_and_down_reads_zeros(cluster, mount):
+    p = os.path.join(mount.path, "t")
+    with open(p, "wb") as f:
+        f.write(b"a" * 100)
+    os.truncate(p, 3 * MiB + 5)
+    d = open(p, "rb").read()
+    assert d == b"a" * 100 + bytes(3 * MiB + 5 - 100)
+    os.truncate(p, 50)
+    assert open(p, "rb").read() == b"a" * 50
+    os.truncate(p, 2 * MiB)  # the old bytes past 50 must not come back
+    assert open(p, "rb").read() == b"a" * 50 + bytes(2 * MiB - 50)
+    assert cluster.cli("cat", "/t").stdout == b"a" * 50 + bytes(2 * MiB - 50)
+    # ftruncate on a handle that has buffered writes
+    fd = os.open(p, os.O_RDWR)
+    os.pwrite(fd, b"z" * 1000, 0)
+    os.ftruncate(fd, 10)
+    assert os.fstat(fd).st_size == 10
+    os.close(fd)
+    assert open(p, "rb").read() == b"z" * 10
+    assert cluster.cli("cat", "/t").stdout == b"z" * 10
+    # O_TRUNC on open
+    with open(p, "wb") as f:
+        f.write(b"new")
+    assert open(p, "rb").read() == b"new"
+    # truncate by name while a descriptor still buffers writes past the new size
+    fd = os.open(p, os.O_WRONLY)
+    os.write(fd, b"q" * 5000)
+    os.truncate(p, 100)
+    assert os.stat(p).st_size == 100
+    os.close(fd)
+    assert os.stat(p).st_size == 100 and open(p, "rb").read() == b"q" * 100
+    assert cluster.cli("cat", "/t").stdout == b"q" * 100
+
+
+def test_pwrite_at_offsets_and_size_while_open(cluster, mount):
+    p = os.path.join(mount.path, "p")
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o644)
+    os.pwrite(fd, b"XYZ", 5 * MiB)
+    os.pwrite(fd, b"abc", 10)
+    os.pwrite(fd, b"M" * 4096, MiB - 2048)  # across a chunk boundary
+    # before any close: the size is what was written, through the fd and by name
+    assert os.fstat(fd).st_size == 5 * MiB + 3
+    assert os.stat(p).st_size == 5 * MiB + 3
+    assert os.pread(fd, 3, 5 * MiB) == b"XYZ"
+    assert os.pread(fd, 13, 0) == bytes(10) + b"abc"
+    os.close(fd)
+    data = cluster.cli("cat", "/p").stdout
+    assert len(data) == 5 * MiB + 3
+    assert data[10:13] == b"abc" and data[5 * MiB:] == b"XYZ"
+    assert data[MiB - 2048:MiB + 2048] == b"M" * 4096
+    assert data[13:MiB - 2048] == bytes(MiB - 2048 - 13)
+    # appends from two descriptors in one mount interleave, never overwrite
+    q = os.path.join(mount.path, "log")
+    f1 = os.open(q, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+    f2 = os.open(q, os.O_WRONLY | os.O_APPEND)
+    for i in range(5):
+        os.write(f1, b"1%d" % i)
+        os.write(f2, b"2%d" % i)
+    os.close(f1)
+    os.close(f2)
+    assert open(q, "rb").read() == b"".join(b"1%d2%d" % (i, i) for i in range(5))
+
+
+def test_read_after_write_across_descriptors(cluster, mount):
+    """One mount is one client: a write through one descriptor is seen by every other
+    at once, before any close, as on a local file system."""
+    p = os.path.join(mount.path, "shared-fd")
+    open(p, "w").close()
+    r0 = os.open(p, os.O_RDONLY)  # opened before anyone writes
+    w = os.open(p, os.O_WRONLY)
+    os.write(w, b"first line\n")  # a partial page, still in the writer's buffer
+    r = os.open(p, os.O_RDONLY)
+    assert os.read(r, 100) == b"first line\n"
+    # drop the kernel's cached pages, so that the reads below come from the daemon
+    os.posix_fadvise(r0, 0, 0, os.POSIX_FADV_DONTNEED)
+    assert os.read(r0, 100) == b"first line\n"
+    os.write(w, b"second\n")
+    assert os.pread(r, 100, 0) == b"first line\nsecond\n"
+    r2 = os.open(p, os.O_RDONLY)  # opened after the writes, before the close
+    assert os.fstat(r2).st_size == 18 and os.read(r2, 100) == b"first line\nsecond\n"
+    os.pwrite(w, b"X" * 3 * MiB, MiB)  # a large write, partly straight to storage
+    os.posix_fadvise(r0, 0, 0, os.POSIX_FADV_DONTNEED)
+    assert os.pread(r2, 4, 3 * MiB) == b"XXXX" and os.fstat(r).st_size == 4 * MiB
+    assert os.pread(r0, 4, 4 * MiB - 4) == b"XXXX"
+    # fsync through the writer makes it durable and visible to the native client
+    os.fsync(w)
+    assert len(cluster.cli("cat", "/shared-fd").stdout) == 4 * MiB
+    for fd in (w, r, r2, r0):
+        os.close(fd)
+    assert open(p, "rb").read(18) == b"first line\nsecond\n"
+
+
+STRESS_SCRIPT = r"""
+import os, random, sys
+path, i, n, reg, bs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), 65536
+r = random.Random(i)
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+offs = list(range(0, reg, bs))
+r.shuffle(offs)
+for k, o in enumerate(offs):
+    os.pwrite(fd, bytes([65 + i]) * bs, i * reg + o)
+    if k % 5 == 0:  # another writer's block: not yet written, or all of it
+        j = r.randrange(n)
+        d = os.pread(fd, bs, j * reg + r.randrange(0, reg, bs))
+        assert d in (b"", bytes(bs), bytes([65 + j]) * bs), (j, d[:8])
+    if k % 7 == 0:
+        os.fsync(fd)
+os.close(fd)
+"""
+
+
+def test_concurrent_writers_one_file(cluster, mount):
+    """Processes writing and reading one file through one mount at once (they share
+    its buffered handle): every byte lands, nothing is torn or lost."""
+    p = os.path.join(mount.path, "shared.bin")
+    n, reg = 6, MiB
+    procs = [subprocess.Popen([PY, "-c", STRESS_SCRIPT, p, str(i), str(n), str(reg)],
+                              stderr=subprocess.PIPE) for i in range(n)]
+    for pr in procs:
+        _, err = pr.communicate(timeout=120)
+        assert pr.returncode == 0, err.decode()
+    want = b"".join(bytes([65 + i]) * reg for i in range(n))
+    assert os.stat(p).st_size == n * reg
+    assert open(p, "rb").read() == want
+    assert cluster.cli("cat", "/shared.bin").stdout == want
+
+
+def test_hard_links_and_symlinks(cluster, mount):
+    p = os.path.join(mount.path, "orig")
+    with open(p, "w") as f:
+        f.write("linked")
+    os.mkdir(os.path.join(mount.path, "d"))
+    q = os.path.join(mount.path, "d", "other")
+    os.link(p, q)
+    assert os.stat(p).st_nlink == 2 and os.stat(q).st_nlink == 2
+    assert os.stat(p).st_ino == os.stat(q).st_ino
+    os.unlink(p)
+    assert os.stat(q).st_nlink == 1 and open(q).read() == "linked"
+    assert "Links: 1" in cluster.cli("stat", "/d/other").stdout.decode()
+    assert errno_of(os.link, os.path.join(mount.path, "d"), os.path.join(mount.path, "dl")) \
+        == errno.EPERM
+    # symlinks: relative and absolute targets, lstat, dangling
+    s = os.path.join(mount.path, "s")
+    os.symlink("d/other", s)
+    assert os.readlink(s) == "d/other"
+    assert os.lstat(s).st_size == len("d/other") and stat.S_ISLNK(os.lstat(s).st_mode)
+    assert open(s).read() == "linked"
+    os.symlink("/nowhere/at/all", os.path.join(mount.path, "dangling"))
+    assert os.readlink(os.path.join(mount.path, "dangling")) == "/nowhere/at/all"
+    assert errno_of(os.stat, os.path.join(mount.path, "dangling")) == errno.ENOENT
+    assert "-> d/other" in cluster.cli("ls", "-l", "/").stdout.decode()
+    assert errno_of(os.symlink, "x", s) == errno.EEXIST
+
+
+def test_chmod_chown_utime(cluster, mount):
+    p = os.path.join(mount.path, "m")
+    with open(p, "w") as f:
+        f.write("m")
+    os.chmod(p, 0o4751)
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o4751
+    os.chown(p, 1234, 5678)
+    st = os.stat(p)
+    assert (st.st_uid, st.st_gid) == (1234, 5678)
+    os.utime(p, ns=(1_000_000_123, 2_000_000_456))
+    st = os.stat(p)
+    assert st.st_atime_ns == 1_000_000_123 and st.st_mtime_ns == 2_000_000_456
+    out = cluster.cli("stat", "/m").stdout.decode()
+    assert "Uid: 1234" in out and "Gid: 5678" in out and "Modify: 2.000000456" in out
+    before = time.time_ns()
+    os.utime(p)  # UTIME_NOW
+    assert os.stat(p).st_mtime_ns >= before - 2_000_000_000
+    # directories too, and ctime moves on every change
+    d = os.path.join(mount.path, "dir")
+    os.mkdir(d, 0o700)
+    ctime = os.stat(d).st_ctime_ns
+    time.sleep(0.01)
+    os.chmod(d, 0o755)
+    assert stat.S_IMODE(os.stat(d).st_mode) == 0o755 and os.stat(d).st_ctime_ns > ctime
+
+
+def test_statfs_and_unsupported(mount):
+    v = os.statvfs(mount.path)
+    assert v.f_bsize > 0 and v.f_blocks > 0 and v.f_bavail <= v.f_blocks
+    assert v.f_namemax == 255
+    df = run(["df", "-P", mount.path]).stdout.decode()
+    assert mount.path in df and "stk://" in df
+    p = os.path.join(mount.path, "f")
+    open(p, "w").close()
+    # not in this phase: each gives a clean error, not a crash or a silent success
+    assert errno_of(os.mkfifo, os.path.join(mount.path, "fifo")) == errno.EPERM
+    assert errno_of(os.setxattr, p, "user.k", b"v") in (errno.ENOTSUP, errno.EOPNOTSUPP)
+    assert errno_of(os.getxattr, p, "user.k") in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA)
+    # fallocate grows the size (mode 0); punching holes is refused
+    fd = os.open(p, os.O_RDWR)
+    os.posix_fallocate(fd, 0, 3 * 4096)
+    assert os.fstat(fd).st_size == 3 * 4096
+    os.close(fd)
+    assert os.stat(p).st_size == 3 * 4096 and open(p, "rb").read() == bytes(3 * 4096)
+
+
+def test_readdir_10000_entries(cluster, mount):
+    d = os.path.join(mount.path, "many")
+    os.mkdir(d)
+    names = set("f%05d" % i for i in range(10000))
+    for n in names:
+        os.close(os.open(os.path.join(d, n), os.O_CREAT | os.O_WRONLY, 0o644))
+    os.mkdir(os.path.join(d, "sub"))
+    listed = os.listdir(d)
+    assert len(listed) == len(set(listed)) == 10001
+    assert set(listed) == names | {"sub"}
+    kinds = {e.name: e.is_dir() for e in os.scandir(d)}
+    assert kinds["sub"] and not kinds["f00042"]
+    # `ls -l` uses readdirplus and then stats every entry
+    lines = run(["ls", "-la", d]).stdout.decode().splitlines()
+    assert len(lines) == 10001 + 3  # "total", ".", ".."
+    assert len(cluster.cli("ls", "/many").stdout.split()) == 10001
+    # entries removed between two listings disappear
+    for i in range(0, 10000, 2):
+        os.unlink(os.path.join(d, "f%05d" % i))
+    assert len(os.listdir(d)) == 5001
+
+
+def test_two_mounts_close_to_open(cluster, make_mount):
+    m1 = make_mount(cluster, "m1")
+    m2 = make_mount(cluster, "m2")
+    a, b = os.path.join(m1.path, "shared"), os.path.join(m2.path, "shared")
+    with open(a, "wb") as f:
+        f.write(b"v1" * 1000)
+    assert open(b, "rb").read() == b"v1" * 1000  # b now has it in its page cache
+    with open(a, "wb") as f:
+        f.write(b"version-2" * 3000)
+    assert open(b, "rb").read() == b"version-2" * 3000  # grown: open sees the new size
+    with open(a, "r+b") as f:
+        f.write(b"XX")
+    assert open(b, "rb").read(4) == b"XXrs"  # same size, new bytes: the cache is dropped
+    # a reader that stays open keeps its view until it reopens; a new open sees the write
+    with open(b, "rb") as reader:
+        with open(a, "ab") as f:
+            f.write(b"more")
+        with open(b, "rb") as again:
+            assert again.read()[-4:] == b"more"
+        reader.read()
+    # renames and unlinks show within the attribute timeout (1 s)
+    os.rename(a, a + ".new")
+    assert wait_for(lambda: not os.path.exists(b), 3)
+    assert open(b + ".new", "rb").read(2) == b"XX"
+    os.unlink(b + ".new")
+    # m1 still caches the name, but an open asks meta: gone at once
+    assert errno_of(open, a + ".new", "rb") == errno.ENOENT
+    assert wait_for(lambda: not os.path.exists(a + ".new"), 3)
+    os.mkdir(os.path.join(m2.path, "fromb"))
+    assert wait_for(lambda: os.path.isdir(os.path.join(m1.path, "fromb")), 3)
+
+
+def as_nobody():
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+NOBODY_SCRIPT = r"""
+import errno, os, sys
+root = sys.argv[1]
+def try_(fn, *a):
+    try:
+        fn(*a)
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(try_(lambda: open(os.path.join(root, "rootdir", "f"), "w")))
+print(try_(os.mkdir, os.path.join(root, "rootdir", "d")))
+print(try_(os.unlink, os.path.join(root, "rootdir", "owned")))
+print(try_(lambda: open(os.path.join(root, "rootdir", "owned"), "a")))
+print(try_(lambda: open(os.path.join(root, "rootdir", "owned")).read()))
+print(try_(lambda: open(os.path.join(root, "pub", "mine"), "w").write("n")))
+print(try_(os.chmod, os.path.join(root, "rootdir", "owned"), 0o777))
+print(try_(os.listdir, os.path.join(root, "private")))
+print(try_(lambda: open(os.path.join(root, "pub", "suid"), "a").write("by nobody")))
+"""
+
+
+def test_non_root_gets_eacces(cluster, make_mount, tmp_path):
+    # pytest's tmp_path is 0700: nobody could not even reach a mount under it
+    where = tempfile.mkdtemp(prefix="stoker-test-mnt-")
+    try:
+        m = make_mount(cluster, where, opts=["allow_other"], start=False)
+        m.logfile = str(tmp_path / "mount.log")
+        m.start()
+        check_non_root(cluster, m)
+    finally:
+        Mount(cluster, where).stop()
+        os.rmdir(where)
+
+
+def check_non_root(cluster, m):
+    os.mkdir(os.path.join(m.path, "rootdir"), 0o755)
+    with open(os.path.join(m.path, "rootdir", "owned"), "w") as f:
+        f.write("root's")
+    os.chmod(os.path.join(m.path, "rootdir", "owned"), 0o644)
+    os.mkdir(os.path.join(m.path, "pub"))
+    os.chmod(os.path.join(m.path, "pub"), 0o777)
+    os.mkdir(os.path.join(m.path, "private"), 0o700)
+    suid = os.path.join(m.path, "pub", "suid")
+    open(suid, "w").close()
+    os.chmod(suid, 0o4777)
+    p = subprocess.run([PY, "-c", NOBODY_SCRIPT, m.path], preexec_fn=as_nobody,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.decode().split() == ["EACCES", "EACCES", "EACCES", "EACCES", "ok", "ok",
+                                         "EPERM", "EACCES", "ok"]
+    # a write by someone else drops set-uid, as on any Linux file system
+    assert stat.S_IMODE(os.stat(suid).st_mode) == 0o777
+    assert open(suid).read() == "by nobody"
+    st = os.stat(os.path.join(m.path, "pub", "mine"))
+    assert (st.st_uid, st.st_gid) == (NOBODY, NOBODY)
+    assert "Uid: %d" % NOBODY in cluster.cli("stat", "/pub/mine").stdout.decode()
+    assert not os.path.exists(os.path.join(m.path, "rootdir", "f"))
+
+
+def test_read_only_and_subdir_mounts(cluster, make_mount):
+    cluster.cli("mkdir", "-p", "/proj/data")
+    cluster.cli("put", "-", "/proj/data/x", input=b"in the subdir")
+    sub = make_mount(cluster, "sub", sub="/proj")
+    assert sorted(os.listdir(sub.path)) == ["data"]
+    assert open(os.path.join(sub.path, "data", "x")).read() == "in the subdir"
+    with open(os.path.join(sub.path, "new"), "w") as f:
+        f.write("made in the subdir mount")
+    assert cluster.cli("cat", "/proj/new").stdout == b"made in the subdir mount"
+    os.rename(os.path.join(sub.path, "new"), os.path.join(sub.path, "data", "moved"))
+    assert cluster.cli("cat", "/proj/data/moved").stdout == b"made in the subdir mount"
+    assert os.stat(sub.path).st_ino != 1  # the subdir's own inode, not the cluster root
+    ro = make_mount(cluster, "ro", opts=["ro"])
+    assert open(os.path.join(ro.path, "proj", "data", "x")).read() == "in the subdir"
+    assert errno_of(lambda: open(os.path.join(ro.path, "w"), "w")) == errno.EROFS
+    assert errno_of(os.mkdir, os.path.join(ro.path, "w")) == errno.EROFS
+    assert errno_of(os.unlink, os.path.join(ro.path, "proj", "data", "x")) == errno.EROFS
+
+
+def test_unlink_and_replace_while_open(cluster, mount):
+    p = os.path.join(mount.path, "tmpfile")
+    fd = os.open(p, os.O_CREAT | os.O_RDWR, 0o600)
+    os.write(fd, b"s" * (3 * MiB))
+    os.fsync(fd)
+    chunks = len(cluster.chunk_files())
+    assert chunks >= 3
+    os.unlink(p)
+    assert not os.path.exists(p)
+    assert os.fstat(fd).st_nlink == 0 and os.fstat(fd).st_size == 3 * MiB
+    assert os.pread(fd, 4, 2 * MiB) == b"ssss"
+    os.pwrite(fd, b"after", 0)
+    assert os.pread(fd, 5, 0) == b"after"
+    os.close(fd)  # the last close removes the data
+    assert wait_for(lambda: len(cluster.chunk_files()) <= chunks - 3, 5)
+    # write-then-rename over a file a reader holds: the reader keeps the old bytes
+    q = os.path.join(mount.path, "ckpt")
+    with open(q, "wb") as f:
+        f.write(b"old" * 1000)
+    reader = open(q, "rb")
+    with open(q + ".tmp", "wb") as f:
+        f.write(b"new" * 1000)
+    os.rename(q + ".tmp", q)
+    assert reader.read() == b"old" * 1000
+    reader.close()
+    assert open(q, "rb").read() == b"new" * 1000
+
+
+# ---- mounting and unmounting ----
+
+def test_mount_errors(cluster, tmp_path):
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "something").write_text("x")
+    cluster.cli("put", "-", "/afile", input=b"x")
+
+    def mount(url, mp, *extra):
+        p = run([STOKER, "mount", url, str(mp)] + list(extra), check=False, timeout=60)
+        return p.returncode, p.stderr.decode()
+
+    rc, err = mount(cluster.url, tmp_path / "missing")
+    assert rc != 0 and "missing: No such file or directory" in err
+    rc, err = mount(cluster.url, full)
+    assert rc != 0 and "not empty" in err and "nonempty" in err
+    rc, err = mount(cluster.url, tmp_path / "full" / "something")
+    assert rc != 0 and "Not a directory" in err
+    rc, err = mount("stk://127.0.0.1:%d" % pick_ports(), empty)
+    assert rc != 0 and "cannot reach the cluster" in err
+    rc, err = mount(cluster.url + "/nope", empty)
+    assert rc != 0 and "/nope: No such file or directory in the cluster" in err
+    rc, err = mount(cluster.url + "/afile", empty)
+    assert rc != 0 and "/afile: Not a directory" in err
+    rc, err = mount(cluster.url, empty, "-o", "no_such_option")
+    assert rc != 0 and "unknown option" in err
+    rc, err = mount(cluster.url, empty, "-o", "attr_timeout=soon")
+    assert rc != 0 and "attr_timeout" in err
+    assert os.listdir(empty) == [] and not Mount(cluster, empty).mounted()
+    # -o nonempty mounts over the non-empty folder
+    m = Mount(cluster, full, opts=["nonempty"])
+    m.start()
+    try:
+        assert m.mounted() and "something" not in os.listdir(full)
+    finally:
+        m.stop()
+    assert os.listdir(full) == ["something"]
+    p = run([STOKER, "umount", str(empty)], check=False)
+    assert p.returncode != 0 and b"not mounted" in p.stderr
+
+
+def test_umount_flushes_waits_and_refuses_when_busy(cluster, make_mount):
+    m = make_mount(cluster, "m")
+    pid = m.pid()
+    # a writer that has not closed yet holds the mount busy
+    holder = subprocess.Popen([PY, "-c", "import sys, time\n"
+                               "f = open(sys.argv[1], 'wb'); f.write(b'w' * 3000000); "
+                               "f.flush(); print('ready', flush=True); sys.stdin.read(); "
+                               "f.close()", os.path.join(m.path, "held")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"ready\n"
+    p = run([STOKER, "umount", m.path], check=False)
+    assert p.returncode != 0 and b"busy" in p.stderr and m.mounted()
+    holder.communicate(b"", timeout=60)
+    assert holder.returncode == 0
+    run([STOKER, "umount", m.path])
+    # umount returns only once the daemon has exited
+    assert not m.mounted()
+    assert process_gone(pid)
+    assert cluster.cli("cat", "/held").stdout == b"w" * 3000000
+    # and the mount point can be mounted again
+    m.start()
+    assert open(os.path.join(m.path, "held"), "rb").read(1) == b"w"
+
+
+def test_kill9_daemon_then_umount_clears_the_mount(cluster, make_mount):
+    m = make_mount(cluster, "m")
+    with open(os.path.join(m.path, "before"), "w") as f:
+        f.write("durable at close")
+    os.kill(m.pid(), signal.SIGKILL)
+    assert wait_for(lambda: errno_of(os.stat, m.path) == errno.ENOTCONN, 5)
+    p = run([STOKER, "mount", cluster.url, m.path], check=False)
+    assert p.returncode != 0 and b"stoker umount" in p.stderr
+    run([STOKER, "umount", m.path])
+    assert not m.mounted() and os.listdir(m.path) == []
+    assert cluster.cli("cat", "/before").stdout == b"durable at close"
+    m.start()
+    assert open(os.path.join(m.path, "before")).read() == "durable at close"
