@@ -14,7 +14,7 @@ SANFLAGS :=
 OPT := -O2
 endif
 
-PKGS := fuse3 liburing lmdb libisal libxxhash
+PKGS := fuse3 liburing lmdb libisal libxxhash libmicrohttpd
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

@@ -5,6 +5,7 @@
  * up.c      `up`, `down` and the role commands (mgmtd, meta, storage)
  * data.c    data commands over libstoker (ls, stat, put, get, cat, mkdir, rm, mv)
  * status.c  `status`
+ * top.c     `top`
  * bench.c   `bench`
  * ../fuse/  `mount` and `umount` (the FUSE daemon)
  */
@@ -15,18 +16,20 @@
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
 #define STK_CLI_COMMANDS(X)                                                                     \
-	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--targets N] [--chunk-size SIZE] [--stripe N]",                   \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics]",                   \
 	  "start a one-machine cluster (mgmtd, meta, storage) with its data in DIR")             \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
-	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--config FILE]",                   \
+	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--metrics ADDR] [--config FILE]",  \
 	  "run the cluster manager")                                                            \
-	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR --data DIR [--config FILE]",         \
+	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR --data DIR [--metrics ADDR] [--config FILE]", \
 	  "run a metadata server")                                                              \
 	X(storage, cmd_storage,                                                                 \
-	  "storage --listen ADDR --mgmtd ADDR --data DIR --target DIR... [--config FILE]",      \
+	  "storage --listen ADDR --mgmtd ADDR --data DIR --target DIR... [--metrics ADDR] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "nodes, targets, chains and the metadata shard map")                                  \
+	X(top, cmd_top, "top [--cluster stk://HOST:PORT] [--metrics ADDR,...] [--interval S] [--once]", \
+	  "live bandwidth, IOPS, p99 latency and capacity per node and target")                \
 	X(ls, cmd_ls, "ls [-l] PATH...", "list directories")                                    \
 	X(stat, cmd_stat, "stat PATH...", "show a file's attributes and layout")                \
 	X(put, cmd_put, "put SRC DST", "copy a local file (or - for stdin) into Stoker")         \
@@ -71,6 +74,12 @@ void cli_disconnect_all(void);
 
 /* Reads "key = value" lines from a config file and turns them into --key value args. */
 int cli_config_args(const char *file, int *argc, char ***argv);
+
+/*
+ * Where a daemon serves /metrics by convention: its RPC port plus this (`stoker up`
+ * gives mgmtd, meta and storage BASE+10, +11, +12); `stoker top` assumes it.
+ */
+#define STK_METRICS_PORT_OFFSET 10u
 
 /* The folder `stoker up` records the local cluster in: /tmp/stoker-UID. */
 void cli_runtime_dir(char *buf, size_t len);

@@ -62,7 +62,16 @@ static int apply_config(const char *cmd, int *argc, char ***argv)
 	return 0;
 }
 
-enum { OPT_LISTEN = 1000, OPT_MGMTD, OPT_DATA, OPT_TARGET, OPT_CHUNK, OPT_STRIPE, OPT_HBTO };
+enum {
+	OPT_LISTEN = 1000,
+	OPT_MGMTD,
+	OPT_DATA,
+	OPT_TARGET,
+	OPT_CHUNK,
+	OPT_STRIPE,
+	OPT_HBTO,
+	OPT_METRICS,
+};
 
 static const struct option role_opts[] = {
 	{"listen", required_argument, NULL, OPT_LISTEN},
@@ -72,11 +81,13 @@ static const struct option role_opts[] = {
 	{"chunk-size", required_argument, NULL, OPT_CHUNK},
 	{"stripe", required_argument, NULL, OPT_STRIPE},
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
+	{"metrics", required_argument, NULL, OPT_METRICS},
 	{NULL, 0, NULL, 0},
 };
 
 struct role_args {
 	const char *listen, *mgmtd, *data;
+	const char *metrics; /* --metrics ADDR: serve /metrics there */
 	const char *targets[64];
 	unsigned ntargets;
 	uint64_t chunk_size, stripe, hbto;
@@ -119,6 +130,9 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 				return 2;
 			}
 			break;
+		case OPT_METRICS:
+			a->metrics = optarg;
+			break;
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -153,6 +167,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.listen = a.listen ? a.listen : "127.0.0.1:9400";
 	o.data_dir = a.data;
 	o.heartbeat_timeout_ms = (unsigned)a.hbto;
+	o.metrics_listen = a.metrics;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 
@@ -169,6 +184,7 @@ int cmd_meta(int argc, char **argv)
 	o.data_dir = a.data;
 	o.default_chunk_size = (uint32_t)a.chunk_size;
 	o.default_stripe = (uint32_t)a.stripe;
+	o.metrics_listen = a.metrics;
 	return stk_meta_run(&o) ? 1 : 0;
 }
 
@@ -189,6 +205,7 @@ int cmd_storage(int argc, char **argv)
 	o.data_dir = a.data;
 	o.targets = a.targets;
 	o.ntargets = a.ntargets;
+	o.metrics_listen = a.metrics;
 	return stk_storage_run(&o) ? 1 : 0;
 }
 
@@ -204,6 +221,7 @@ struct up {
 	unsigned ntargets;
 	char chunk_size[32], stripe[32]; /* passed to meta as its defaults when set */
 	char addr[NROLES][80];
+	char metrics[NROLES][80]; /* "" with --no-metrics */
 	pid_t pid[NROLES];
 	unsigned restarts[NROLES];
 	time_t last_start[NROLES];
@@ -255,6 +273,10 @@ static pid_t spawn_role(struct up *u, int r)
 	if (r > 0) {
 		args[n++] = "--mgmtd";
 		args[n++] = mgmtd;
+	}
+	if (u->metrics[r][0]) {
+		args[n++] = "--metrics";
+		args[n++] = u->metrics[r];
 	}
 	if (r == 1 && u->chunk_size[0]) {
 		args[n++] = "--chunk-size";
@@ -443,11 +465,15 @@ static int supervise(struct up *u, int ready_fd)
 					snprintf(p, sizeof(p), "%s/cluster", u->data);
 					write_file(p, line);
 				}
+				char mline[300] = "";
+				if (u->metrics[0][0])
+					snprintf(mline, sizeof(mline), ", metrics on %s %s %s",
+						 u->metrics[0], u->metrics[1], u->metrics[2]);
 				snprintf(msg, sizeof(msg),
 					 "ok Stoker is up: cluster stk://%s (mgmtd %s, meta %s, storage %s, "
-					 "%u targets), data in %s\n",
+					 "%u targets%s), data in %s\n",
 					 u->addr[0], u->addr[0], u->addr[1], u->addr[2], u->ntargets,
-					 u->data);
+					 mline, u->data);
 				if (ready_fd >= 0) {
 					stk_write_all(ready_fd, msg, strlen(msg));
 					close(ready_fd);
@@ -488,14 +514,15 @@ static const struct option up_opts[] = {
 	{"data", required_argument, NULL, 'd'},  {"daemon", no_argument, NULL, 'D'},
 	{"port", required_argument, NULL, 'p'},  {"host", required_argument, NULL, 'H'},
 	{"targets", required_argument, NULL, 't'}, {"chunk-size", required_argument, NULL, 'c'},
-	{"stripe", required_argument, NULL, 's'},  {NULL, 0, NULL, 0},
+	{"stripe", required_argument, NULL, 's'},  {"no-metrics", no_argument, NULL, 'M'},
+	{NULL, 0, NULL, 0},
 };
 
 int cmd_up(int argc, char **argv)
 {
 	struct up *u = calloc(1, sizeof(*u));
 	const char *data = NULL;
-	int daemon_mode = 0, c, lockfd = -1, rc = 1;
+	int daemon_mode = 0, no_metrics = 0, c, lockfd = -1, locked = 0, rc = 1;
 	uint64_t v;
 	char path[PATH_MAX + 32];
 	struct sigaction sa;
@@ -513,6 +540,9 @@ int cmd_up(int argc, char **argv)
 			break;
 		case 'D':
 			daemon_mode = 1;
+			break;
+		case 'M':
+			no_metrics = 1;
 			break;
 		case 'p':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > 65533) {
@@ -554,6 +584,11 @@ int cmd_up(int argc, char **argv)
 			goto out;
 		}
 	}
+	if (!no_metrics && u->port + STK_METRICS_PORT_OFFSET + NROLES - 1 > 65535) {
+		cli_err("up", "--port too high for the metrics ports (BASE+%u..BASE+%u)",
+			STK_METRICS_PORT_OFFSET, STK_METRICS_PORT_OFFSET + NROLES - 1);
+		goto out;
+	}
 	if (!data || optind < argc) {
 		cli_err("up", "--data DIR is required");
 		rc = cli_usage("up");
@@ -587,6 +622,7 @@ int cmd_up(int argc, char **argv)
 			u->data, buf, u->data);
 		goto out;
 	}
+	locked = 1; /* from here on up.pid is ours to remove */
 	for (int r = 0; r < NROLES; r++) {
 		int e;
 		snprintf(u->addr[r], sizeof(u->addr[r]), "%s:%u", u->host, u->port + (unsigned)r);
@@ -595,6 +631,20 @@ int cmd_up(int argc, char **argv)
 			cli_err("up", "cannot use port %u on %s for %s: %s; free it or choose other "
 				      "ports with --port BASE (uses BASE..BASE+2)",
 				u->port + (unsigned)r, u->host, role_names[r], strerror(-e));
+			goto out;
+		}
+		/* Metrics on BASE+10.., the convention `stoker top` relies on. */
+		if (no_metrics)
+			continue;
+		snprintf(u->metrics[r], sizeof(u->metrics[r]), "%s:%u", u->host,
+			 u->port + STK_METRICS_PORT_OFFSET + (unsigned)r);
+		e = port_free(u->host, u->port + STK_METRICS_PORT_OFFSET + (unsigned)r);
+		if (e) {
+			cli_err("up", "cannot use port %u on %s for the metrics of %s: %s; free it, "
+				      "choose other ports with --port BASE (metrics use BASE+%u..) or "
+				      "pass --no-metrics",
+				u->port + STK_METRICS_PORT_OFFSET + (unsigned)r, u->host,
+				role_names[r], strerror(-e), STK_METRICS_PORT_OFFSET);
 			goto out;
 		}
 	}
@@ -659,7 +709,7 @@ int cmd_up(int argc, char **argv)
 	}
 	rc = supervise(u, -1);
 out:
-	if (lockfd >= 0) {
+	if (locked) {
 		snprintf(path, sizeof(path), "%s/up.pid", u->data);
 		unlink(path);
 	}

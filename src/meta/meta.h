@@ -17,6 +17,7 @@ struct stk_meta_opts {
 	uint32_t default_chunk_size; /* 0 = 1 MiB */
 	uint32_t default_stripe; /* 0 = all chains, at most 16 */
 	uint64_t map_size; /* LMDB map size, 0 = 64 GiB */
+	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
 };
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */

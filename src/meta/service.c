@@ -35,6 +35,7 @@
 #include "../common/daemon.h"
 #include "../common/layout.h"
 #include "../common/log.h"
+#include "../common/metrics.h"
 #include "../common/util.h"
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
@@ -51,6 +52,7 @@ struct meta {
 	struct stk_agent *agent; /* set before the server starts serving */
 	uint32_t chunk_size;
 	uint32_t stripe; /* 0: min(nchains, DEFAULT_MAX_STRIPE) */
+	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 };
 
 typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
@@ -464,6 +466,7 @@ static int server_open(struct meta *m, const char *listen, struct stk_server **o
 	so.listen = listen;
 	so.handler = meta_handle;
 	so.ctx = m;
+	so.metrics = m->rpc_metrics;
 	rc = stk_server_create(&so, out);
 	if (rc)
 		stk_error("cannot listen on %s: %s", listen,
@@ -524,6 +527,7 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 {
 	struct stk_meta_store_opts so;
 	struct stk_server *srv = NULL;
+	struct stk_metrics_http *mh = NULL;
 	struct meta m;
 	char dir[PATH_MAX];
 	pthread_t syncer;
@@ -545,6 +549,16 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	rc = stk_meta_store_open(&so, &m.store);
 	if (rc)
 		return rc;
+	if (opts->metrics_listen) {
+		rc = stk_metrics_http_start(opts->metrics_listen, "meta", &mh);
+		if (!rc)
+			rc = stk_metrics_rpc_create(32, 63, &m.rpc_metrics);
+		if (rc) {
+			stk_error("cannot serve metrics on %s: %s", opts->metrics_listen,
+				  strerror(-rc));
+			goto out;
+		}
+	}
 	rc = server_open(&m, opts->listen, &srv);
 	if (rc)
 		goto out;
@@ -565,9 +579,11 @@ out:
 		stk_daemon_request_stop(); /* also when the server failed: the syncer must end */
 		pthread_join(syncer, NULL);
 	}
+	stk_metrics_http_stop(mh);
 	/* The server first: its handlers read the agent's routing table until they end. */
 	if (srv)
 		stk_server_destroy(srv);
+	stk_metrics_ops_destroy(m.rpc_metrics);
 	if (m.agent)
 		stk_agent_stop(m.agent);
 	stk_meta_store_sync(m.store);

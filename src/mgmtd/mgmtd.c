@@ -21,9 +21,11 @@
 
 #include "../common/daemon.h"
 #include "../common/log.h"
+#include "../common/metrics.h"
 #include "../common/util.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "metrics.h"
 #include "state.h"
 
 #define MGMTD_DEFAULT_HB_TIMEOUT_MS 10000u
@@ -213,6 +215,9 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 {
 	struct stk_server_opts so;
 	struct stk_server *srv = NULL;
+	struct stk_metrics_http *mh = NULL;
+	struct stk_metrics_ops *rpcm = NULL;
+	struct stk_mgmtd_metrics *mm = NULL;
 	struct mgmtd *m;
 	pthread_condattr_t ca;
 	pthread_t expiry;
@@ -260,12 +265,25 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	rc = persist(m);
 	if (rc)
 		goto out;
+	if (opts->metrics_listen) {
+		rc = stk_metrics_http_start(opts->metrics_listen, "mgmtd", &mh);
+		if (!rc)
+			rc = stk_metrics_rpc_create(1, 31, &rpcm);
+		if (!rc)
+			rc = stk_mgmtd_metrics_create(&m->lock, &m->st, &mm);
+		if (rc) {
+			stk_error("cannot serve metrics on %s: %s", opts->metrics_listen,
+				  strerror(-rc));
+			goto out;
+		}
+	}
 
 	memset(&so, 0, sizeof(so));
 	so.size = sizeof(so);
 	so.listen = opts->listen;
 	so.handler = mgmtd_handle;
 	so.ctx = m;
+	so.metrics = rpcm;
 	rc = stk_server_create(&so, &srv);
 	if (rc) {
 		log_listen_error(opts->listen, rc);
@@ -297,6 +315,8 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		stk_info("mgmtd stopping");
 out:
 	stk_daemon_set_server(NULL);
+	stk_metrics_http_stop(mh); /* no scrape reads the state after this */
+	stk_mgmtd_metrics_destroy(mm);
 	if (expiry_started) {
 		pthread_mutex_lock(&m->lock);
 		m->stop = 1;
@@ -306,6 +326,7 @@ out:
 	}
 	/* Connection threads use m until the server is destroyed. */
 	stk_server_destroy(srv);
+	stk_metrics_ops_destroy(rpcm);
 	if (m->st.dirty)
 		persist(m);
 	stk_mgmt_state_free(&m->st);

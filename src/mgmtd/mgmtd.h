@@ -22,6 +22,7 @@ struct stk_mgmtd_opts {
 	const char *data_dir; /* state lives in data_dir/mgmtd.state */
 	unsigned heartbeat_timeout_ms; /* 0 = 10000 */
 	const char *ready_file; /* if set, written with the bound address once serving */
+	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
 };
 
 /* Serves until SIGINT/SIGTERM (see common/daemon.h). 0 or -errno (logged). */

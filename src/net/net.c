@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "../common/log.h"
+#include "../common/metrics.h"
 #include "../common/util.h"
 #include "../proto/msg.h"
 #include "../proto/status.h"
@@ -427,6 +428,19 @@ void stk_pool_put(struct stk_pool *p, struct stk_conn *c)
 		stk_conn_close(c);
 }
 
+void stk_pool_after_fork(struct stk_pool *p)
+{
+	/*
+	 * Another thread of the parent may have held the lock at fork(): the child's copy
+	 * would stay locked forever, so it is made anew. The idle connections' sockets
+	 * are shared with the parent; closing the child's descriptors leaves the
+	 * parent's connections intact. Connections other threads had checked out are
+	 * simply forgotten (their threads do not exist in the child).
+	 */
+	pthread_mutex_init(&p->lock, NULL);
+	stk_pool_flush(p);
+}
+
 /* ---- server ---- */
 
 struct srv_conn {
@@ -443,6 +457,7 @@ struct stk_server {
 	stk_rpc_handler_fn handler;
 	void *ctx;
 	unsigned max_conns;
+	struct stk_metrics_ops *metrics; /* NULL: not counted */
 	pthread_mutex_t lock; /* protects conns, nconns */
 	pthread_cond_t idle; /* signalled when nconns drops to 0 */
 	struct srv_conn *conns;
@@ -535,6 +550,7 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	s->handler = opts->handler;
 	s->ctx = opts->ctx;
 	s->max_conns = opts->max_conns ? opts->max_conns : 1024;
+	s->metrics = opts->metrics;
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->idle, NULL);
 	*out = s;
@@ -562,12 +578,14 @@ static void serve_conn(struct srv_conn *sc)
 	struct stk_frame_hdr h, rh;
 	int rc;
 
+	stk_metrics_ops_conn(s->metrics, 1);
 	out = malloc(STK_MAX_PAYLOAD);
 	if (!out)
 		goto done;
 	for (;;) {
 		uint32_t crc = 0;
 		struct stk_rpc_req req;
+		uint64_t t0;
 
 		rc = recv_all(sc->fd, hb, sizeof(hb));
 		if (rc)
@@ -611,6 +629,7 @@ static void serve_conn(struct srv_conn *sc)
 		resp.bulk = NULL;
 		resp.bulk_len = 0;
 		resp.frame_flags = 0;
+		t0 = stk_metrics_ops_begin(s->metrics, h.opcode);
 		if (h.version != STK_WIRE_VERSION) {
 			rc = -EOPNOTSUPP;
 		} else {
@@ -632,10 +651,15 @@ static void serve_conn(struct srv_conn *sc)
 			rh.bulk_len = resp.bulk_len;
 			rh.flags |= resp.frame_flags & STK_FRAME_BULK_SELF;
 		}
-		if (send_frame(sc->fd, &rh, out, resp.bulk))
+		rc = send_frame(sc->fd, &rh, out, resp.bulk);
+		stk_metrics_ops_end(s->metrics, h.opcode, t0, stk_status_to_errno(rh.status),
+				    STK_FRAME_HDR_LEN + (uint64_t)h.payload_len + h.bulk_len,
+				    STK_FRAME_HDR_LEN + (uint64_t)rh.payload_len + rh.bulk_len);
+		if (rc)
 			break;
 	}
 done:
+	stk_metrics_ops_conn(s->metrics, -1);
 	free(in);
 	free(inbulk);
 	free(out);

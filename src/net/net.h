@@ -88,6 +88,12 @@ int stk_pool_get(struct stk_pool *p, const char *addr, struct stk_conn **out);
 void stk_pool_put(struct stk_pool *p, struct stk_conn *c);
 /* Closes every idle connection (after fork, or when a peer is known to be gone). */
 void stk_pool_flush(struct stk_pool *p);
+/*
+ * In a child after fork(): re-creates the pool's lock (which a parent thread may
+ * have held) and drops the idle connections, which the parent keeps using. Only
+ * the forking thread exists then, so this is safe without the lock.
+ */
+void stk_pool_after_fork(struct stk_pool *p);
 
 /* ---- server ---- */
 
@@ -123,12 +129,19 @@ void *stk_rpc_resp_bulk_buf(struct stk_rpc_resp *resp, size_t len);
  */
 typedef int (*stk_rpc_handler_fn)(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
 
+struct stk_metrics_ops;
+
 struct stk_server_opts {
 	size_t size; /* sizeof(struct stk_server_opts) */
 	const char *listen; /* "HOST:PORT"; port 0 picks a free port */
 	stk_rpc_handler_fn handler;
 	void *ctx;
 	unsigned max_conns; /* 0 = 1024 */
+	/*
+	 * Optional: counts every request (opcode, status, bytes, latency) and connection
+	 * into this set (common/metrics.h, stk_metrics_rpc_create). Must outlive the server.
+	 */
+	struct stk_metrics_ops *metrics;
 };
 
 struct stk_server;

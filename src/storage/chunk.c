@@ -55,6 +55,7 @@ struct stk_chunk_store {
 	int dirfd;
 	uint32_t id;			     /* atomic: set once registration is done */
 	uint64_t nchunks;		     /* atomic */
+	uint64_t ncorrupt;		     /* atomic: corrupt blocks and headers found */
 	pthread_mutex_t locks[LOCK_STRIPES]; /* serialise updates of one (ino, idx) */
 };
 
@@ -189,9 +190,10 @@ static int space_err(int rc)
 
 /* ---- headers ---- */
 
-static int hdr_corrupt(const struct stk_chunk_store *cs, const char *rel, uint64_t ino,
+static int hdr_corrupt(struct stk_chunk_store *cs, const char *rel, uint64_t ino,
 		       uint32_t idx, const char *why)
 {
+	__atomic_fetch_add(&cs->ncorrupt, 1, __ATOMIC_RELAXED);
 	stk_error("corrupt chunk header: target %u ino 0x%llx chunk %u (%s/%s): %s", target_id(cs),
 		  (unsigned long long)ino, idx, cs->dir, rel, why);
 	return -EIO;
@@ -285,9 +287,10 @@ static void put_crc(uint8_t *buf, uint32_t b, uint32_t crc)
 	stk_put_u32(&w, crc);
 }
 
-static void log_mismatch(const struct stk_chunk_store *cs, const char *rel, uint64_t ino,
+static void log_mismatch(struct stk_chunk_store *cs, const char *rel, uint64_t ino,
 			 uint32_t idx, uint32_t block)
 {
+	__atomic_fetch_add(&cs->ncorrupt, 1, __ATOMIC_RELAXED);
 	stk_error("checksum mismatch: target %u ino 0x%llx chunk %u block %u (%s/%s): refusing to "
 		  "return data",
 		  target_id(cs), (unsigned long long)ino, idx, block, cs->dir, rel);
@@ -994,6 +997,11 @@ int stk_chunk_store_stat(struct stk_chunk_store *cs, uint64_t *capacity, uint64_
 	*used = (uint64_t)(sv.f_blocks - sv.f_bfree) * sv.f_frsize;
 	*chunks = __atomic_load_n(&cs->nchunks, __ATOMIC_RELAXED);
 	return 0;
+}
+
+uint64_t stk_chunk_store_corrupt_count(const struct stk_chunk_store *cs)
+{
+	return __atomic_load_n(&cs->ncorrupt, __ATOMIC_RELAXED);
 }
 
 int stk_chunk_store_sync(struct stk_chunk_store *cs)

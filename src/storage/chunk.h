@@ -62,6 +62,11 @@ int stk_chunk_store_set_id(struct stk_chunk_store *cs, uint32_t id);
 /* Capacity and used bytes of the file system under the folder, and the chunk count. */
 int stk_chunk_store_stat(struct stk_chunk_store *cs, uint64_t *capacity, uint64_t *used,
 			 uint64_t *chunks);
+/*
+ * Corrupt blocks and chunk headers found (checksum or consistency check failed)
+ * since the store was opened. Any thread.
+ */
+uint64_t stk_chunk_store_corrupt_count(const struct stk_chunk_store *cs);
 /* Everything written so far is on stable storage (syncfs). 0 or -errno. */
 int stk_chunk_store_sync(struct stk_chunk_store *cs);
 

@@ -26,16 +26,19 @@
 #include "../common/daemon.h"
 #include "../common/layout.h"
 #include "../common/log.h"
+#include "../common/metrics.h"
 #include "../common/util.h"
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
 #include "chunk.h"
+#include "metrics.h"
 
 struct storage {
 	struct stk_chunk_store **stores; /* one per target folder, in the order given */
 	unsigned nstores;
 	struct stk_agent *agent;
+	struct stk_storage_metrics *metrics; /* NULL without --metrics */
 };
 
 /* The agent's view of our targets: ids, figures and paths, for register and heartbeats. */
@@ -106,6 +109,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	struct stk_msg_stor_write_req rq;
 	struct stk_msg_stor_write_resp rp;
 	struct stk_chunk_store *cs;
+	uint64_t t0;
 	long bad;
 	int rc;
 
@@ -130,8 +134,10 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
 	if (rc)
 		return rc;
+	t0 = stk_storage_metrics_begin(s->metrics, cs);
 	rc = stk_chunk_write(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
 			     rq.length, tls_crcs, rq.flags, &rp.chunk_len);
+	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
 	if (rc)
 		return rc;
 	return stk_msg_stor_write_resp_enc(&resp->payload, &rp);
@@ -142,6 +148,7 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 	struct stk_msg_stor_read_req rq;
 	struct stk_msg_stor_read_resp rp;
 	struct stk_chunk_store *cs;
+	uint64_t t0;
 	void *buf;
 	long n;
 	int rc;
@@ -156,7 +163,9 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 	buf = stk_rpc_resp_bulk_buf(resp, rq.length ? rq.length : 1);
 	if (!buf)
 		return -ENOMEM;
+	t0 = stk_storage_metrics_begin(s->metrics, cs);
 	n = stk_chunk_read(cs, rq.ino, rq.chunk_idx, rq.offset, buf, rq.length, tls_crcs);
+	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_READ, t0, n, n > 0 ? (uint64_t)n : 0);
 	if (n < 0)
 		return (int)n;
 	rp.ncrcs = stk_crc_blocks((uint64_t)n);
@@ -311,6 +320,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	struct stk_agent_opts ao;
 	struct stk_server_opts so;
 	struct stk_server *srv = NULL;
+	struct stk_metrics_http *mh = NULL;
+	struct stk_metrics_ops *rpcm = NULL;
 	struct storage *s;
 	char node_path[PATH_MAX];
 	uint32_t node_id = 0, *ids = NULL;
@@ -347,12 +358,23 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	rc = open_targets(s, opts);
 	if (rc)
 		goto out;
+	if (opts->metrics_listen) {
+		rc = stk_metrics_http_start(opts->metrics_listen, "storage", &mh);
+		if (!rc)
+			rc = stk_metrics_rpc_create(64, 95, &rpcm);
+		if (rc) {
+			stk_error("cannot serve metrics on %s: %s", opts->metrics_listen,
+				  strerror(-rc));
+			goto out;
+		}
+	}
 
 	memset(&so, 0, sizeof(so));
 	so.size = sizeof(so);
 	so.listen = opts->listen;
 	so.handler = storage_handle;
 	so.ctx = s;
+	so.metrics = rpcm;
 	rc = stk_server_create(&so, &srv);
 	if (rc) {
 		log_listen_error(opts->listen, rc);
@@ -392,6 +414,11 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 			goto out;
 		}
 	}
+	/* Per-target series are named by target id, known from here on. */
+	if (mh && (rc = stk_storage_metrics_create(s->stores, s->nstores, &s->metrics))) {
+		stk_error("cannot set up target metrics: %s", strerror(-rc));
+		goto out;
+	}
 	for (unsigned i = 0; i < s->nstores; i++) {
 		uint64_t cap = 0, used = 0, chunks = 0;
 		char cb[32];
@@ -401,7 +428,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 			 stk_chunk_store_path(s->stores[i]), (unsigned long long)chunks,
 			 stk_format_size(cap, cb, sizeof(cb)));
 	}
-	stk_info("storage node %u serving on %s", node_id, stk_server_addr(srv));
+	stk_info("storage node %u serving on %s%s%s", node_id, stk_server_addr(srv),
+		 mh ? ", metrics on " : "", mh ? stk_metrics_http_addr(mh) : "");
 	rc = stk_server_run(srv);
 	if (rc)
 		stk_error("storage: serving failed: %s", strerror(-rc));
@@ -409,9 +437,12 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		stk_info("storage stopping");
 out:
 	stk_daemon_set_server(NULL);
+	stk_metrics_http_stop(mh); /* no scrape reads the stores after this */
 	/* Request threads use the agent and the stores until the server is gone. */
 	stk_server_destroy(srv);
+	stk_metrics_ops_destroy(rpcm);
 	if (s) {
+		stk_storage_metrics_destroy(s->metrics);
 		stk_agent_stop(s->agent);
 		for (unsigned i = 0; i < s->nstores; i++)
 			stk_chunk_store_close(s->stores[i]);

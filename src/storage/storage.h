@@ -16,6 +16,7 @@ struct stk_storage_opts {
 	const char *data_dir; /* node state (node id) lives here */
 	const char **targets; /* target folders; created if missing */
 	unsigned ntargets;
+	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
 };
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */

@@ -25,6 +25,10 @@ def test_second_up_on_same_dir_is_refused(cluster):
             check=False)
     assert p.returncode != 0
     assert b"already running" in p.stderr
+    # the refused start must leave the running cluster's records alone
+    assert os.path.exists(os.path.join(cluster.data, "up.pid"))
+    cluster.stop()
+    assert not cluster.pids()
 
 
 def test_port_in_use_is_a_clear_error(tmp_path):

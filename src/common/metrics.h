@@ -1,0 +1,282 @@
+/*
+ * Metrics: counters, gauges and latency histograms, counted on the hot path
+ * without a lock shared across threads, and served to Prometheus.
+ *
+ * Every metric family is declared once, in STK_METRICS_TABLE below: its name,
+ * type, label names and help text. The exposition output, the reference in
+ * docs/metrics.md (tests/unit/test_metrics --doc writes it, and the unit test
+ * fails when the file disagrees) and the enum callers name families by all come
+ * from that one table.
+ *
+ * A *series* is a family plus values for its labels (op="STOR_READ"). A caller
+ * registers a series once, with stk_metric_series(), and keeps the handle it gets;
+ * counting through a handle is then a few plain stores into memory that only the
+ * calling thread writes:
+ *
+ *   - Each thread that counts gets a shard: a table of 64-bit slots, allocated in
+ *     pages on first use and linked into a global list under the registry mutex,
+ *     which is taken only then, when the thread exits and when a scrape reads.
+ *   - stk_metric_add() adds to the calling thread's slot. Only that thread writes
+ *     it; a scrape reads it with a relaxed atomic load, so the sum it sees is
+ *     exact at some instant for each slot and never goes backwards.
+ *   - When a thread exits, its slots are added into a "retired" table under the
+ *     mutex and the shard unlinked in the same critical section, so a counter
+ *     never drops across scrapes when connection threads come and go.
+ *   - A scrape sums retired + every live shard, slot by slot.
+ *
+ * Gauges that are read rather than counted (capacity, the cluster's node count,
+ * resident memory) are set at scrape time by *collectors*, callbacks registered
+ * with stk_metrics_collector_add() that run just before the families are
+ * written. A gauge may also be moved up and down with stk_metric_add() (requests
+ * in flight): shards then hold signed deltas whose sum is the value.
+ *
+ * Histograms have fixed buckets in 1-2-5 steps from 10 us to 10 s (19 bounds and
+ * +Inf), fine enough for p50/p95/p99 with histogram_quantile(); each bucket is a
+ * slot, so an observation is one bucket search and two stores. `_count` is the
+ * sum of the buckets of the same snapshot, so it always equals the +Inf bucket.
+ *
+ * Thread rules: every function here may be called from any thread. Handles stay
+ * valid for the life of the process (series are never removed). A handle of 0 is
+ * a series that counts nothing: callers with metrics off pass 0 or NULL and pay
+ * one branch.
+ *
+ * For the FUSE daemon and the gateways: call stk_metrics_http_start() with the
+ * address from your --metrics option, create a stk_metrics_ops set with
+ * stk_metrics_ops_create("fuse", op_names, n, &ops), and bracket each operation
+ * with stk_metrics_ops_begin()/stk_metrics_ops_end(). That gives the
+ * stoker_client_* families below, process and host metrics, /metrics and /healthz.
+ * See docs/metrics.md.
+ */
+#ifndef STK_METRICS_H
+#define STK_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * The metric families: X(ID, TYPE, name, "label,names", "help").
+ * TYPE is COUNTER, GAUGE or HISTOGRAM. Names follow Prometheus conventions:
+ * stoker_ prefix, base units, _total on counters.
+ */
+#define STK_METRICS_TABLE(X)                                                                       \
+	/* ---- every server: per RPC opcode (net/net.c counts around each handler) ---- */        \
+	X(RPC_REQUESTS, COUNTER, "stoker_rpc_requests_total", "op",                                \
+	  "RPC requests served, by opcode.")                                                       \
+	X(RPC_ERRORS, COUNTER, "stoker_rpc_errors_total", "op,status",                             \
+	  "RPC requests answered with an error, by opcode and wire status.")                       \
+	X(RPC_RECEIVED_BYTES, COUNTER, "stoker_rpc_received_bytes_total", "op",                    \
+	  "Bytes of RPC requests received: frame header, payload and bulk.")                       \
+	X(RPC_SENT_BYTES, COUNTER, "stoker_rpc_sent_bytes_total", "op",                            \
+	  "Bytes of RPC replies sent: frame header, payload and bulk.")                            \
+	X(RPC_DURATION, HISTOGRAM, "stoker_rpc_duration_seconds", "op",                            \
+	  "Time from a request fully received to its reply written to the socket.")                \
+	X(RPC_INFLIGHT, GAUGE, "stoker_rpc_inflight_requests", "",                                 \
+	  "RPC requests being handled now.")                                                       \
+	X(RPC_CONNECTIONS, GAUGE, "stoker_rpc_connections", "", "Open client connections.")        \
+	X(RPC_CONNECTIONS_OPENED, COUNTER, "stoker_rpc_connections_opened_total", "",              \
+	  "Client connections accepted.")                                                          \
+	/* ---- client-side daemons (mount, gateways): per file-system call or request ---- */     \
+	X(CLIENT_OPS, COUNTER, "stoker_client_ops_total", "frontend,op",                           \
+	  "Operations served by a client-side daemon, by frontend and operation.")                 \
+	X(CLIENT_ERRORS, COUNTER, "stoker_client_errors_total", "frontend,op,error",               \
+	  "Operations that failed, by frontend, operation and error (errno name).")                \
+	X(CLIENT_READ_BYTES, COUNTER, "stoker_client_read_bytes_total", "frontend,op",             \
+	  "Bytes handed back to callers (reads, downloads).")                                      \
+	X(CLIENT_WRITE_BYTES, COUNTER, "stoker_client_write_bytes_total", "frontend,op",           \
+	  "Bytes taken from callers (writes, uploads).")                                           \
+	X(CLIENT_DURATION, HISTOGRAM, "stoker_client_op_duration_seconds", "frontend,op",          \
+	  "Time each operation took, from its arrival to its reply.")                              \
+	X(CLIENT_INFLIGHT, GAUGE, "stoker_client_inflight_ops", "frontend",                        \
+	  "Operations being served now.")                                                          \
+	X(CLIENT_CONNECTIONS, GAUGE, "stoker_client_connections", "frontend",                      \
+	  "Open connections of a gateway's clients.")                                              \
+	X(CLIENT_CONNECTIONS_OPENED, COUNTER, "stoker_client_connections_opened_total",            \
+	  "frontend", "Connections a gateway accepted.")                                           \
+	/* ---- storage: per target ---- */                                                        \
+	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
+	  "Size of the file system under the target folder.")                                      \
+	X(TARGET_USED, GAUGE, "stoker_target_used_bytes", "target",                                \
+	  "Bytes used on the file system under the target folder.")                                \
+	X(TARGET_FREE, GAUGE, "stoker_target_free_bytes", "target",                                \
+	  "Capacity minus used bytes of the target.")                                              \
+	X(TARGET_CHUNKS, GAUGE, "stoker_target_chunks", "target", "Chunks stored on the target.")  \
+	X(TARGET_READ_BYTES, COUNTER, "stoker_target_read_bytes_total", "target",                  \
+	  "Bytes read from the target's chunks and sent to clients.")                              \
+	X(TARGET_WRITE_BYTES, COUNTER, "stoker_target_write_bytes_total", "target",                \
+	  "Bytes clients wrote into the target's chunks.")                                         \
+	X(TARGET_READS, COUNTER, "stoker_target_reads_total", "target",                            \
+	  "Chunk reads served by the target.")                                                     \
+	X(TARGET_WRITES, COUNTER, "stoker_target_writes_total", "target",                          \
+	  "Chunk writes served by the target.")                                                    \
+	X(TARGET_IO_ERRORS, COUNTER, "stoker_target_io_errors_total", "target,op",                 \
+	  "Chunk reads or writes that failed on the target (any error but a full disk).")          \
+	X(TARGET_CHECKSUM_ERRORS, COUNTER, "stoker_target_checksum_errors_total", "target",        \
+	  "Chunk blocks or headers found corrupt (checksum or consistency check failed).")         \
+	X(TARGET_INFLIGHT, GAUGE, "stoker_target_inflight_requests", "target",                     \
+	  "Chunk reads and writes in progress on the target (its queue depth).")                   \
+	X(TARGET_IO_DURATION, HISTOGRAM, "stoker_target_io_duration_seconds", "target,op",         \
+	  "Time a chunk read or write took on the target, disk and checksums included.")           \
+	X(DEVICE_SMART_HEALTHY, GAUGE, "stoker_device_smart_healthy", "target,device",             \
+	  "1 if smartctl says the target's device passes its health check, else 0. Absent "        \
+	  "when smartctl or the device's health is not available.")                                \
+	X(DEVICE_TEMPERATURE, GAUGE, "stoker_device_temperature_celsius", "target,device",         \
+	  "Temperature of the target's device, from smartctl. Absent when unknown.")               \
+	X(DEVICE_WEAR, GAUGE, "stoker_device_wear_ratio", "target,device",                         \
+	  "Share of the device's rated endurance used (NVMe percentage used / 100). Absent "       \
+	  "when unknown.")                                                                         \
+	X(DEVICE_MEDIA_ERRORS, COUNTER, "stoker_device_media_errors_total", "target,device",       \
+	  "Media and data integrity errors the device reports (NVMe). Absent when unknown.")       \
+	/* ---- mgmtd: the cluster ---- */                                                         \
+	X(CLUSTER_NODES, GAUGE, "stoker_cluster_nodes", "role,state",                              \
+	  "Nodes registered with mgmtd, by role and state.")                                       \
+	X(CLUSTER_TARGETS, GAUGE, "stoker_cluster_targets", "state",                               \
+	  "Storage targets registered with mgmtd, by state.")                                      \
+	X(CLUSTER_CHAINS, GAUGE, "stoker_cluster_chains", "", "Chains in the chain table.")        \
+	X(CLUSTER_ROUTING_VERSION, GAUGE, "stoker_cluster_routing_version", "",                    \
+	  "Version of the routing table (chain table and shard map).")                             \
+	X(CLUSTER_ROUTING_CHANGES, COUNTER, "stoker_cluster_routing_changes_total", "",            \
+	  "Routing version bumps since this mgmtd started.")                                       \
+	X(CLUSTER_CAPACITY, GAUGE, "stoker_cluster_capacity_bytes", "",                            \
+	  "Capacity of all targets, as their nodes last reported it.")                             \
+	X(CLUSTER_USED, GAUGE, "stoker_cluster_used_bytes", "",                                    \
+	  "Used bytes of all targets, as their nodes last reported it.")                           \
+	X(CLUSTER_NODE_ONLINE, GAUGE, "stoker_cluster_node_online", "node,role",                   \
+	  "1 while the node heartbeats, 0 once mgmtd has marked it offline.")                      \
+	X(CLUSTER_TARGET_SERVING, GAUGE, "stoker_cluster_target_serving", "target,node",           \
+	  "1 while the target is serving, 0 when offline or full.")                                \
+	/* ---- every process ---- */                                                              \
+	X(BUILD_INFO, GAUGE, "stoker_build_info", "role,version",                                  \
+	  "Always 1; the labels say which daemon and version this is.")                            \
+	X(PROCESS_CPU, COUNTER, "stoker_process_cpu_seconds_total", "",                            \
+	  "User and system CPU time the process used.")                                            \
+	X(PROCESS_RSS, GAUGE, "stoker_process_resident_memory_bytes", "",                          \
+	  "Resident memory of the process.")                                                       \
+	X(PROCESS_FDS, GAUGE, "stoker_process_open_fds", "", "Open file descriptors.")             \
+	X(PROCESS_MAX_FDS, GAUGE, "stoker_process_max_fds", "", "Limit on open file descriptors.") \
+	X(PROCESS_THREADS, GAUGE, "stoker_process_threads", "", "Threads of the process.")         \
+	X(PROCESS_START, GAUGE, "stoker_process_start_time_seconds", "",                           \
+	  "When the process started, in seconds since the Unix epoch.")                            \
+	/* ---- the host's network (/proc/net/snmp, /proc/net/netstat) ---- */                     \
+	X(HOST_TCP_RETRANS, COUNTER, "stoker_host_tcp_retransmitted_segments_total", "",           \
+	  "TCP segments the host retransmitted (Tcp RetransSegs).")                                \
+	X(HOST_TCP_IN_ERRORS, COUNTER, "stoker_host_tcp_in_errors_total", "",                      \
+	  "TCP segments the host received in error (Tcp InErrs).")                                 \
+	X(HOST_TCP_DROPS, COUNTER, "stoker_host_tcp_drops_total", "reason",                        \
+	  "TCP connections or segments the host dropped: listen queue overflows and drops, "       \
+	  "backlog drops (TcpExt).")
+
+enum stk_metric_type { STK_METRIC_COUNTER, STK_METRIC_GAUGE, STK_METRIC_HISTOGRAM };
+
+enum stk_metric_family {
+#define STK_METRIC_ENUM(id, type, name, labels, help) STK_M_##id,
+	STK_METRICS_TABLE(STK_METRIC_ENUM)
+#undef STK_METRIC_ENUM
+	    STK_M__COUNT
+};
+
+/* Histogram bounds: 1-2-5 steps from 10 us to 10 s, then +Inf. */
+#define STK_METRIC_BUCKETS 19
+
+/* A series handle; 0 counts nothing. */
+typedef uint32_t stk_metric_t;
+
+/*
+ * Finds or creates the series of family f whose labels have the given values, in
+ * the order of the family's label names (values may be NULL for a family without
+ * labels). Values are escaped as the text format requires. Takes the registry
+ * mutex: call it at setup, not per request. 0, -EINVAL (a value is missing or f
+ * out of range), -ENOSPC (too many series) or -ENOMEM; *out is then 0.
+ */
+int stk_metric_series(enum stk_metric_family f, const char *const *values, stk_metric_t *out);
+
+/* Adds delta (negative only for gauges) to the calling thread's shard. */
+void stk_metric_add(stk_metric_t s, int64_t delta);
+/* Records one observation of ns nanoseconds in a histogram series. */
+void stk_metric_observe_ns(stk_metric_t s, uint64_t ns);
+/*
+ * Sets a gauge (or a counter read from elsewhere, such as /proc) to v. The value
+ * shown is the set value plus whatever stk_metric_add() added. set_int keeps all 64
+ * bits of an integer (routing versions).
+ */
+void stk_metric_set(stk_metric_t s, double v);
+void stk_metric_set_int(stk_metric_t s, int64_t v);
+
+/*
+ * Collectors: fn(ctx) runs at every scrape, before the families are written, on
+ * the scraping thread, one scrape at a time. It sets gauges and may register
+ * series. _add: 0 or -ENOMEM. _remove waits for a scrape in progress to finish, so
+ * that ctx may be freed when it returns.
+ */
+typedef void (*stk_metrics_collect_fn)(void *ctx);
+int stk_metrics_collector_add(stk_metrics_collect_fn fn, void *ctx);
+void stk_metrics_collector_remove(stk_metrics_collect_fn fn, void *ctx);
+
+/*
+ * The Prometheus text exposition (format 0.0.4) of every family that has series,
+ * after running the collectors. *out is malloc'ed, NUL-terminated, owned by the
+ * caller. 0 or -ENOMEM.
+ */
+int stk_metrics_render(char **out, size_t *len);
+
+/* The reference table of every family, in Markdown (for docs/metrics.md). 0 or -ENOMEM. */
+int stk_metrics_doc(char **out, size_t *len);
+
+/* ---- per-operation counting ---- */
+
+/*
+ * A set of operations counted together: requests, errors by kind, bytes in and
+ * out, a latency histogram per operation, requests in flight and connections.
+ * Series are registered when the set is created, so they show from the start.
+ */
+struct stk_metrics_ops;
+
+/*
+ * For an RPC server: operations are wire opcodes (stoker_rpc_* families), named
+ * by the opcode table, errors by wire status. Opcodes of the table in [lo, hi] are
+ * registered now, any other on first use. 0 or -ENOMEM.
+ */
+int stk_metrics_rpc_create(uint16_t lo, uint16_t hi, struct stk_metrics_ops **out);
+
+/*
+ * For a client-side daemon (stoker_client_* families, label frontend="fuse"):
+ * operations are 0..nops-1, named ops[i] (copied). Errors are named by errno
+ * ("ENOENT"). 0, -EINVAL or -ENOMEM.
+ */
+int stk_metrics_ops_create(const char *frontend, const char *const *ops, unsigned nops,
+			   struct stk_metrics_ops **out);
+
+/* Frees the set; nothing may be counting through it any more. NULL is fine. */
+void stk_metrics_ops_destroy(struct stk_metrics_ops *m);
+
+/*
+ * Brackets one operation: _begin counts it in flight and returns the start time
+ * to give to _end. _end records it: err is 0 or -errno, in_bytes what the caller
+ * sent (request bytes, data written), out_bytes what it got back. m may be NULL
+ * (then both do nothing). An op out of range is counted as op 0 for RPC
+ * ("UNKNOWN") and dropped otherwise.
+ */
+uint64_t stk_metrics_ops_begin(struct stk_metrics_ops *m, unsigned op);
+void stk_metrics_ops_end(struct stk_metrics_ops *m, unsigned op, uint64_t t0, int err,
+			 uint64_t in_bytes, uint64_t out_bytes);
+
+/* A connection opened (+1) or closed (-1). m may be NULL. */
+void stk_metrics_ops_conn(struct stk_metrics_ops *m, int delta);
+
+/* ---- the HTTP endpoint ---- */
+
+struct stk_metrics_http;
+
+/*
+ * Serves GET /metrics (the exposition above) and GET /healthz ("ok") on listen,
+ * "HOST:PORT" (port 0 picks a free one), from a thread of its own; also registers
+ * the process and host collectors and stoker_build_info{role}. One per process.
+ * 0, -EINVAL (malformed address), -EADDRINUSE, -EALREADY (already started), -ENOMEM
+ * or -errno.
+ */
+int stk_metrics_http_start(const char *listen, const char *role, struct stk_metrics_http **out);
+/* The bound "HOST:PORT". Valid until stop. */
+const char *stk_metrics_http_addr(const struct stk_metrics_http *h);
+/* Stops serving and waits for a scrape in progress. NULL is fine. */
+void stk_metrics_http_stop(struct stk_metrics_http *h);
+
+#endif

@@ -1,0 +1,150 @@
+/*
+ * mgmtd's cluster metrics (see metrics.h).
+ *
+ * Everything here is read, not counted: at each scrape the collector walks the
+ * node, target and chain tables under mgmtd's lock and sets gauges. Per-node and
+ * per-target series are registered as nodes and targets appear (they are never
+ * removed from mgmtd's state, so neither are their series), and named by id, not
+ * address, so that a node that moves keeps its series.
+ *
+ * The routing version is a clock-derived 64-bit number that a Prometheus float
+ * cannot hold exactly, so bumps are also counted (stoker_cluster_routing_changes_total),
+ * which changes() and increase() handle.
+ */
+#include "metrics.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "../common/metrics.h"
+
+#define NROLES 2  /* meta, storage */
+#define NSTATES 3 /* serving, offline, full */
+
+struct stk_mgmtd_metrics {
+	pthread_mutex_t *lock;
+	const struct stk_mgmt_state *st;
+	stk_metric_t nodes[NROLES][2]; /* [role][online, offline] */
+	stk_metric_t targets[NSTATES];
+	stk_metric_t chains, version, changes, capacity, used;
+	uint64_t last_version; /* under the scrape serialisation of the registry */
+	uint64_t nchanges;
+};
+
+static const uint8_t roles[NROLES] = {STK_ROLE_META, STK_ROLE_STORAGE};
+static const uint8_t tstates[NSTATES] = {STK_TARGET_SERVING, STK_TARGET_OFFLINE, STK_TARGET_FULL};
+static const char *const tstate_names[NSTATES] = {"serving", "offline", "full"};
+
+static int role_index(uint8_t role)
+{
+	for (int i = 0; i < NROLES; i++)
+		if (roles[i] == role)
+			return i;
+	return -1;
+}
+
+static void collect(void *ctx)
+{
+	struct stk_mgmtd_metrics *mm = ctx;
+	const struct stk_mgmt_state *st = mm->st;
+	int64_t nodes[NROLES][2] = {{0}}, targets[NSTATES] = {0};
+	uint64_t cap = 0, used = 0;
+
+	pthread_mutex_lock(mm->lock);
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		const struct stk_mgmt_node *n = &st->nodes[i];
+		int r = role_index(n->role), online = n->state == STK_NODE_ONLINE;
+		char id[16];
+		const char *v[2] = {id, stk_mgmt_role_name(n->role)};
+		stk_metric_t s;
+
+		if (r >= 0)
+			nodes[r][online ? 0 : 1]++;
+		snprintf(id, sizeof(id), "%u", n->id);
+		if (stk_metric_series(STK_M_CLUSTER_NODE_ONLINE, v, &s) == 0)
+			stk_metric_set_int(s, online);
+	}
+	for (uint32_t i = 0; i < st->ntargets; i++) {
+		const struct stk_rt_target *t = &st->targets[i];
+		char id[16], node[16];
+		const char *v[2] = {id, node};
+		stk_metric_t s;
+
+		for (int k = 0; k < NSTATES; k++)
+			if (tstates[k] == t->state)
+				targets[k]++;
+		cap += t->capacity;
+		used += t->used;
+		snprintf(id, sizeof(id), "%u", t->id);
+		snprintf(node, sizeof(node), "%u", t->node_id);
+		if (stk_metric_series(STK_M_CLUSTER_TARGET_SERVING, v, &s) == 0)
+			stk_metric_set_int(s, t->state == STK_TARGET_SERVING);
+	}
+	if (st->version > mm->last_version) {
+		mm->nchanges += st->version - mm->last_version;
+		mm->last_version = st->version;
+	}
+	stk_metric_set_int(mm->chains, st->nchains);
+	stk_metric_set_int(mm->version, (int64_t)st->version);
+	pthread_mutex_unlock(mm->lock);
+
+	stk_metric_set_int(mm->changes, (int64_t)mm->nchanges);
+	stk_metric_set_int(mm->capacity, (int64_t)cap);
+	stk_metric_set_int(mm->used, (int64_t)used);
+	for (int r = 0; r < NROLES; r++)
+		for (int o = 0; o < 2; o++)
+			stk_metric_set_int(mm->nodes[r][o], nodes[r][o]);
+	for (int k = 0; k < NSTATES; k++)
+		stk_metric_set_int(mm->targets[k], targets[k]);
+}
+
+int stk_mgmtd_metrics_create(pthread_mutex_t *lock, const struct stk_mgmt_state *st,
+			     struct stk_mgmtd_metrics **out)
+{
+	struct stk_mgmtd_metrics *mm = calloc(1, sizeof(*mm));
+	int rc = 0;
+
+	*out = NULL;
+	if (!mm)
+		return -ENOMEM;
+	mm->lock = lock;
+	mm->st = st;
+	/* Every role and state from the start, at zero: "no node offline" is a 0, not a gap. */
+	for (int r = 0; r < NROLES && !rc; r++) {
+		const char *on[2] = {stk_mgmt_role_name(roles[r]), "online"};
+		const char *off[2] = {stk_mgmt_role_name(roles[r]), "offline"};
+		rc = stk_metric_series(STK_M_CLUSTER_NODES, on, &mm->nodes[r][0]);
+		rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_NODES, off, &mm->nodes[r][1]);
+	}
+	for (int k = 0; k < NSTATES && !rc; k++) {
+		const char *v[1] = {tstate_names[k]};
+		rc = stk_metric_series(STK_M_CLUSTER_TARGETS, v, &mm->targets[k]);
+	}
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_CHAINS, NULL, &mm->chains);
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_ROUTING_VERSION, NULL, &mm->version);
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_ROUTING_CHANGES, NULL, &mm->changes);
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_CAPACITY, NULL, &mm->capacity);
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_USED, NULL, &mm->used);
+	if (rc)
+		goto out;
+	pthread_mutex_lock(lock);
+	mm->last_version = st->version;
+	pthread_mutex_unlock(lock);
+	rc = stk_metrics_collector_add(collect, mm);
+	if (rc)
+		goto out;
+	*out = mm;
+	return 0;
+out:
+	free(mm);
+	return rc;
+}
+
+void stk_mgmtd_metrics_destroy(struct stk_mgmtd_metrics *mm)
+{
+	if (!mm)
+		return;
+	stk_metrics_collector_remove(collect, mm);
+	free(mm);
+}

@@ -1,0 +1,409 @@
+"""Metrics: every daemon's /metrics, a real Prometheus scraping a cluster, `stoker top`,
+and the alert rules in deploy/prometheus.
+
+`stoker up` serves the metrics of mgmtd, meta and storage on BASE+10, +11 and +12.
+promtool and prometheus come from Debian's `prometheus` package; the tests that need
+them are skipped without it.
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, STOKER, Cluster, pick_ports, run
+
+PROMTOOL = shutil.which("promtool")
+PROMETHEUS = shutil.which("prometheus")
+DEPLOY = os.path.join(ROOT, "deploy", "prometheus")
+ROLES = ("mgmtd", "meta", "storage")
+
+needs_promtool = pytest.mark.skipif(not PROMTOOL, reason="needs promtool (Debian: prometheus)")
+needs_prometheus = pytest.mark.skipif(not PROMETHEUS, reason="needs prometheus (Debian package)")
+
+
+def maddr(cluster, role):
+    return "127.0.0.1:%d" % (cluster.port + 10 + ROLES.index(role))
+
+
+def http(addr, path="/metrics"):
+    with urllib.request.urlopen("http://%s%s" % (addr, path), timeout=10) as r:
+        return r.status, r.headers.get("Content-Type"), r.read().decode()
+
+
+SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse(text):
+    """{(name, ((label, value), ...)): value} and {family: type}."""
+    samples, types = {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, typ = line.split(" ", 3)
+            types[name] = typ
+            continue
+        if not line or line.startswith("#"):
+            continue
+        m = SAMPLE.match(line)
+        assert m, "malformed sample line: %r" % line
+        labels = tuple(sorted(LABEL.findall(m.group(2) or "")))
+        samples[(m.group(1), labels)] = float(m.group(3))
+    return samples, types
+
+
+def scrape(cluster, role):
+    return parse(http(maddr(cluster, role))[2])
+
+
+def total(samples, name, **want):
+    return sum(v for (n, labels), v in samples.items()
+               if n == name and all(dict(labels).get(k) == w for k, w in want.items()))
+
+
+def family_of(name, types):
+    """The family a sample belongs to and its type (histogram samples have suffixes)."""
+    if name in types:
+        return name, types[name]
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and types.get(name[:-len(suffix)]) == "histogram":
+            return name[:-len(suffix)], "histogram"
+    return name, None
+
+
+def check_histograms(samples, types):
+    """_count equals the +Inf bucket, and buckets grow with le, for every series."""
+    series = {}
+    for (name, labels), v in samples.items():
+        fam, typ = family_of(name, types)
+        if typ != "histogram" or not name.endswith("_bucket"):
+            continue
+        d = dict(labels)
+        le = d.pop("le")
+        series.setdefault((fam, tuple(sorted(d.items()))), []).append(
+            (float("inf") if le == "+Inf" else float(le), v))
+    assert series, "no histogram series"
+    for (fam, labels), buckets in series.items():
+        buckets.sort()
+        counts = [c for _, c in buckets]
+        assert counts == sorted(counts), (fam, labels, buckets)
+        assert buckets[-1][0] == float("inf"), (fam, labels)
+        assert samples[(fam + "_count", labels)] == buckets[-1][1], (fam, labels)
+        assert samples[(fam + "_sum", labels)] >= 0
+    return len(series)
+
+
+def test_every_daemon_serves_valid_metrics(cluster):
+    for role in ROLES:
+        status, ctype, text = http(maddr(cluster, role))
+        assert status == 200
+        assert ctype.startswith("text/plain; version=0.0.4"), ctype
+        samples, types = parse(text)
+        assert total(samples, "stoker_build_info", role=role) == 1, role
+        assert total(samples, "stoker_process_resident_memory_bytes") > 0
+        assert total(samples, "stoker_process_open_fds") > 0
+        assert ("stoker_rpc_requests_total", ()) not in samples  # always labelled by op
+        assert any(n == "stoker_rpc_requests_total" for n, _ in samples), role
+        for name in {n for n, _ in samples}:
+            assert name.startswith("stoker_"), name
+            fam, typ = family_of(name, types)
+            assert typ, "sample %s has no TYPE" % name
+            if typ == "counter":
+                assert fam.endswith("_total"), fam
+        status, _, body = http(maddr(cluster, role), "/healthz")
+        assert status == 200 and body == "ok\n"
+        if PROMTOOL:
+            p = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(),
+                               capture_output=True, timeout=60)
+            assert p.returncode == 0, (role, p.stdout.decode(), p.stderr.decode())
+    with pytest.raises(urllib.error.HTTPError) as e:
+        http(maddr(cluster, "meta"), "/nope")
+    assert e.value.code == 404
+
+
+def test_cluster_and_target_figures(cluster):
+    m, _ = scrape(cluster, "mgmtd")
+    assert total(m, "stoker_cluster_nodes", role="meta", state="online") == 1
+    assert total(m, "stoker_cluster_nodes", role="storage", state="online") == 1
+    assert total(m, "stoker_cluster_nodes", state="offline") == 0
+    assert total(m, "stoker_cluster_targets", state="serving") == cluster.targets
+    assert total(m, "stoker_cluster_target_serving") == cluster.targets
+    assert total(m, "stoker_cluster_chains") >= cluster.targets
+    assert total(m, "stoker_cluster_capacity_bytes") > 0
+    assert total(m, "stoker_cluster_routing_version") > 0
+    s, _ = scrape(cluster, "storage")
+    for t in range(1, cluster.targets + 1):
+        cap = total(s, "stoker_target_capacity_bytes", target=str(t))
+        used = total(s, "stoker_target_used_bytes", target=str(t))
+        free = total(s, "stoker_target_free_bytes", target=str(t))
+        assert cap > 0 and cap == used + free, t
+        assert ("stoker_target_checksum_errors_total", (("target", str(t)),)) in s
+        assert ("stoker_target_inflight_requests", (("target", str(t)),)) in s
+    # No smartctl here or no real device: device health is absent, never a zero.
+    if not shutil.which("smartctl"):
+        assert not any(n.startswith("stoker_device_") for n, _ in s)
+    assert total(s, "stoker_host_tcp_retransmitted_segments_total") >= 0
+
+
+def test_written_bytes_show_in_storage_counters(cluster, rand_file, tmp_path):
+    size = (3 << 20) + 12345
+    src = rand_file(size)
+    before, _ = scrape(cluster, "storage")
+    cluster.cli("put", str(src), "/counted.bin")
+    after, _ = scrape(cluster, "storage")
+    written = total(after, "stoker_target_write_bytes_total") - \
+        total(before, "stoker_target_write_bytes_total")
+    assert written == size
+    assert total(after, "stoker_target_writes_total") > total(before, "stoker_target_writes_total")
+    assert total(after, "stoker_rpc_requests_total", op="STOR_WRITE") >= \
+        total(before, "stoker_rpc_requests_total", op="STOR_WRITE") + 4
+    assert total(after, "stoker_rpc_received_bytes_total", op="STOR_WRITE") - \
+        total(before, "stoker_rpc_received_bytes_total", op="STOR_WRITE") > size
+    cluster.cli("get", "/counted.bin", str(tmp_path / "back.bin"))
+    again, _ = scrape(cluster, "storage")
+    assert total(again, "stoker_target_read_bytes_total") - \
+        total(after, "stoker_target_read_bytes_total") >= size
+    meta, _ = scrape(cluster, "meta")
+    assert total(meta, "stoker_rpc_requests_total", op="META_CREATE") >= 1
+    # a failed lookup is an error by status
+    cluster.cli("stat", "/does-not-exist", check=False)
+    meta, _ = scrape(cluster, "meta")
+    assert total(meta, "stoker_rpc_errors_total", op="META_LOOKUP", status="NOENT") >= 1
+
+
+def test_counters_never_go_backwards(cluster, rand_file, tmp_path):
+    """Scrapes taken while clients come and go (connection threads exit)."""
+    src = rand_file(1 << 20)
+    stop = threading.Event()
+    errors = []
+
+    def load():
+        i = 0
+        while not stop.is_set():
+            try:
+                cluster.cli("put", str(src), "/load-%d.bin" % (i % 4))
+                cluster.cli("get", "/load-%d.bin" % (i % 4), str(tmp_path / "out.bin"))
+            except Exception as e:  # reported after the scrapes
+                errors.append(e)
+                return
+            i += 1
+
+    t = threading.Thread(target=load)
+    t.start()
+    try:
+        prev = {role: scrape(cluster, role) for role in ROLES}
+        nhist = 0
+        for _ in range(12):
+            time.sleep(0.25)
+            for role in ROLES:
+                cur, types = scrape(cluster, role)
+                nhist += check_histograms(cur, types)
+                psamples, _ = prev[role]
+                for key, v in psamples.items():
+                    fam, typ = family_of(key[0], types)
+                    if typ in ("counter", "histogram") and key in cur:
+                        assert cur[key] >= v, (role, key, v, cur[key])
+                prev[role] = (cur, types)
+        assert nhist > 0
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors
+    s, _ = prev["storage"]
+    assert total(s, "stoker_rpc_connections_opened_total") > 4
+    assert total(s, "stoker_target_write_bytes_total") >= 1 << 20
+
+
+FAKE_SMARTCTL = """#!/bin/sh
+# A stand-in for smartctl: healthy NVMe figures for any device, or nothing at all.
+case "$*" in *--json*/dev/*) ;; *) exit 1 ;; esac
+[ "$FAKE_SMART_FAIL" = 1 ] && exit 2
+cat <<'JSON'
+{"smartctl": {"exit_status": 0}, "smart_status": {"passed": true},
+ "nvme_smart_health_information_log": {"temperature": 40, "percentage_used": 3, "media_errors": 0},
+ "temperature": {"current": 40}}
+JSON
+"""
+
+
+def device_figures(cluster):
+    s, _ = scrape(cluster, "storage")
+    return {k: v for k, v in s.items() if k[0].startswith("stoker_device_")}
+
+
+def test_device_health_from_smartctl(make_cluster, tmp_path, monkeypatch):
+    """SMART figures appear when smartctl answers, and stay absent (not zero) when not."""
+    fake = tmp_path / "smartctl"
+    fake.write_text(FAKE_SMARTCTL)
+    fake.chmod(0o755)
+    st = os.stat(tmp_path)
+    if os.major(st.st_dev) == 0 or \
+            not os.path.exists("/sys/dev/block/%d:%d" % (os.major(st.st_dev), os.minor(st.st_dev))):
+        pytest.skip("the test folder is not on a block device")
+    monkeypatch.setenv("STOKER_SMARTCTL", str(fake))
+    ok = make_cluster("smart", targets=2)
+    monkeypatch.setenv("FAKE_SMART_FAIL", "1")
+    failing = make_cluster("nosmart", targets=1)
+    figs = wait_for("SMART figures", lambda: device_figures(ok), timeout=30)
+    healthy = {dict(k[1])["target"]: v for k, v in figs.items()
+               if k[0] == "stoker_device_smart_healthy"}
+    assert healthy == {"1": 1, "2": 1}, figs
+    assert all(dict(k[1])["device"].startswith("/dev/") for k in figs)
+    assert total(figs, "stoker_device_temperature_celsius") == 80
+    assert total(figs, "stoker_device_wear_ratio") == pytest.approx(0.06)
+    assert ("stoker_device_media_errors_total",) == tuple(
+        {k[0] for k in figs if k[0].endswith("_total")})
+    time.sleep(1)  # the failing cluster's checker has run by now too
+    assert device_figures(failing) == {}
+
+
+def test_top_once(cluster, rand_file):
+    cluster.cli("put", str(rand_file(1 << 20)), "/top.bin")
+    p = cluster.cli("top", "--once", "--interval", "0.5")
+    out = p.stdout.decode()
+    for role in ROLES:
+        assert maddr(cluster, role) in out, out
+        assert role in out
+    assert out.count(" target ") == cluster.targets, out
+    assert "cluster" in out and "READ" in out and "R-P99" in out
+    p = cluster.cli("top", "--once", "--metrics",
+                    "%s,%s" % (maddr(cluster, "storage"), maddr(cluster, "meta")))
+    out = p.stdout.decode()
+    assert "storage" in out and "meta" in out and maddr(cluster, "mgmtd") not in out, out
+    p = cluster.cli("top", "--once", "--metrics", "127.0.0.1:9", check=False)
+    assert p.returncode == 1 and b"unreachable" in p.stdout
+
+
+def test_no_metrics_and_bad_metrics_address(tmp_path):
+    c = Cluster(tmp_path / "nm", pick_ports(), targets=1)
+    p = run([STOKER, "up", "--data", c.data, "--daemon", "--port", str(c.port), "--targets", "1",
+             "--no-metrics"], check=False, timeout=120)
+    try:
+        assert p.returncode == 0, p.stderr.decode() + c.logs()
+        assert b"metrics on" not in p.stdout
+        with pytest.raises(OSError):
+            http(maddr(c, "storage"))
+    finally:
+        c.stop()
+    # a daemon asked to serve metrics where it cannot refuses to start, and says why
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        p = run([STOKER, "mgmtd", "--listen", "127.0.0.1:0", "--data", str(tmp_path / "m"),
+                 "--metrics", "127.0.0.1:%d" % busy.getsockname()[1]], check=False, timeout=30)
+        assert p.returncode != 0
+        assert b"cannot serve metrics" in p.stderr, p.stderr
+    finally:
+        busy.close()
+
+
+@needs_promtool
+def test_alert_rules():
+    p = subprocess.run([PROMTOOL, "check", "rules", "alerts.yml"], cwd=DEPLOY,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    p = subprocess.run([PROMTOOL, "test", "rules", "alerts_test.yml"], cwd=DEPLOY,
+                       capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    p = subprocess.run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=DEPLOY,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def prom_query(port, q):
+    url = "http://127.0.0.1:%d/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": q}))
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def wait_for(what, fn, timeout=60):
+    deadline = time.time() + timeout
+    last = None
+    while time.time() < deadline:
+        last = fn()
+        if last:
+            return last
+        time.sleep(0.25)
+    raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
+
+
+@needs_prometheus
+def test_prometheus_scrapes_the_cluster(cluster, rand_file, tmp_path):
+    port = free_port()
+    shutil.copy(os.path.join(DEPLOY, "alerts.yml"), tmp_path / "alerts.yml")
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text("""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - alerts.yml
+scrape_configs:
+  - job_name: stoker
+    static_configs:
+      - targets: [%s]
+""" % ", ".join("'%s'" % maddr(cluster, r) for r in ROLES))
+    log = open(tmp_path / "prometheus.log", "wb")
+    prom = subprocess.Popen([PROMETHEUS, "--config.file=%s" % cfg,
+                             "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
+                             "--web.listen-address=127.0.0.1:%d" % port],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        def ready():
+            try:
+                return http("127.0.0.1:%d" % port, "/-/ready")[0] == 200
+            except OSError:
+                return False
+        wait_for("prometheus to start", ready)
+        wait_for("three stoker targets up", lambda: len(
+            [r for r in prom_query(port, 'up{job="stoker"} == 1')]) == 3)
+
+        # What storage says now, and Prometheus caught up with it...
+        now, _ = scrape(cluster, "storage")
+        b0 = total(now, "stoker_target_write_bytes_total")
+        q = 'sum(stoker_target_write_bytes_total{job="stoker"})'
+
+        def value():
+            res = prom_query(port, q)
+            return float(res[0]["value"][1]) if res else None
+        wait_for("prometheus to see %d bytes" % b0, lambda: value() == b0)
+        # ...then the bytes this test writes, through PromQL.
+        size = (2 << 20) + 777
+        cluster.cli("put", str(rand_file(size, seed=7)), "/prom.bin")
+        got = wait_for("prometheus to see the new bytes", lambda: value() == b0 + size and value())
+        assert got == b0 + size
+        # the rates and quantiles an operator graphs evaluate, and the rules loaded
+        res = prom_query(port, 'histogram_quantile(0.99, sum by (le) '
+                         '(rate(stoker_target_io_duration_seconds_bucket{op="write"}[1m])))')
+        assert res and float(res[0]["value"][1]) > 0
+        with urllib.request.urlopen("http://127.0.0.1:%d/api/v1/rules" % port, timeout=10) as r:
+            rules = json.load(r)["data"]["groups"]
+        names = {rule["name"] for g in rules for rule in g["rules"]}
+        assert {"StokerTargetCapacityHigh", "StokerReadLatencyHigh", "StokerTargetOffline",
+                "StokerChecksumErrors", "StokerNodeOffline"} <= names
+        assert all(rule["health"] == "ok" for g in rules for rule in g["rules"]), rules
+    finally:
+        prom.terminate()
+        try:
+            prom.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            prom.kill()
+            prom.wait()
+        log.close()
