@@ -220,6 +220,7 @@ struct up {
 	unsigned port;
 	unsigned ntargets;
 	char chunk_size[32], stripe[32]; /* passed to meta as its defaults when set */
+	char mount[PATH_MAX]; /* --mount: where to mount the cluster once it serves */
 	char addr[NROLES][80];
 	char metrics[NROLES][80]; /* "" with --no-metrics */
 	pid_t pid[NROLES];
@@ -416,6 +417,48 @@ static void record_cluster(const struct up *u, int on)
 	fclose(f);
 }
 
+/*
+ * Runs `stoker ARGS...` (this binary) and waits for it: used for `mount`, which
+ * returns once the mount answers and leaves its daemon running, and `umount`.
+ * Returns its exit status, or -1 if it could not run.
+ */
+static int run_self(const struct up *u, char *const args[])
+{
+	int st;
+	pid_t pid = fork();
+
+	if (pid < 0)
+		return -1;
+	if (pid == 0) {
+		signal(SIGINT, SIG_DFL);
+		signal(SIGTERM, SIG_DFL);
+		execv(u->exe, args);
+		_exit(127);
+	}
+	while (waitpid(pid, &st, 0) < 0)
+		if (errno != EINTR)
+			return -1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int mount_cluster(const struct up *u)
+{
+	char url[128];
+	char *args[] = {"stoker", "mount", url, (char *)u->mount, NULL};
+
+	snprintf(url, sizeof(url), "stk://%s", u->addr[0]);
+	return run_self(u, args);
+}
+
+static void umount_cluster(const struct up *u)
+{
+	char *args[] = {"stoker", "umount", (char *)u->mount, NULL};
+
+	if (u->mount[0] && run_self(u, args) != 0)
+		fprintf(stderr, "stoker up: could not unmount %s; `stoker umount -l %s` clears it\n",
+			u->mount, u->mount);
+}
+
 static int supervise(struct up *u, int ready_fd)
 {
 	uint64_t deadline = stk_now_ns() + 60ull * 1000000000ull;
@@ -465,15 +508,22 @@ static int supervise(struct up *u, int ready_fd)
 					snprintf(p, sizeof(p), "%s/cluster", u->data);
 					write_file(p, line);
 				}
+				if (u->mount[0] && mount_cluster(u) != 0) {
+					snprintf(msg, sizeof(msg),
+						 "the cluster serves, but mounting it on %s failed "
+						 "(`stoker mount` said why, above or in %s/log/up.log)\n",
+						 u->mount, u->data);
+					goto fail;
+				}
 				char mline[300] = "";
 				if (u->metrics[0][0])
 					snprintf(mline, sizeof(mline), ", metrics on %s %s %s",
 						 u->metrics[0], u->metrics[1], u->metrics[2]);
 				snprintf(msg, sizeof(msg),
 					 "ok Stoker is up: cluster stk://%s (mgmtd %s, meta %s, storage %s, "
-					 "%u targets%s), data in %s\n",
+					 "%u targets%s), data in %s%s%s\n",
 					 u->addr[0], u->addr[0], u->addr[1], u->addr[2], u->ntargets,
-					 mline, u->data);
+					 mline, u->data, u->mount[0] ? ", mounted on " : "", u->mount);
 				if (ready_fd >= 0) {
 					stk_write_all(ready_fd, msg, strlen(msg));
 					close(ready_fd);
@@ -494,6 +544,8 @@ static int supervise(struct up *u, int ready_fd)
 		}
 		usleep(ready ? 200000 : 50000);
 	}
+	if (ready)
+		umount_cluster(u); /* flush what the mount buffers while the cluster still serves */
 	stop_children(u);
 	record_cluster(u, 0);
 	return 0;
@@ -515,7 +567,7 @@ static const struct option up_opts[] = {
 	{"port", required_argument, NULL, 'p'},  {"host", required_argument, NULL, 'H'},
 	{"targets", required_argument, NULL, 't'}, {"chunk-size", required_argument, NULL, 'c'},
 	{"stripe", required_argument, NULL, 's'},  {"no-metrics", no_argument, NULL, 'M'},
-	{NULL, 0, NULL, 0},
+	{"mount", required_argument, NULL, 'm'},   {NULL, 0, NULL, 0},
 };
 
 int cmd_up(int argc, char **argv)
@@ -571,6 +623,12 @@ int cmd_up(int argc, char **argv)
 				goto out;
 			}
 			snprintf(u->chunk_size, sizeof(u->chunk_size), "%llu", (unsigned long long)v);
+			break;
+		case 'm':
+			if (!realpath(optarg, u->mount)) {
+				cli_err("up", "--mount %s: %s", optarg, strerror(errno));
+				goto out;
+			}
 			break;
 		case 's':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > 256) {

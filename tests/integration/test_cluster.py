@@ -120,3 +120,28 @@ def test_roles_alone_from_config_files(tmp_path):
             p.terminate()
         for p in procs:
             assert p.wait(timeout=20) == 0
+
+
+def test_up_mounts_and_down_unmounts(tmp_path):
+    from conftest import have_fuse
+    if not have_fuse():
+        import pytest
+        pytest.skip("needs root, /dev/fuse and fusermount3")
+    port = pick_ports()
+    data, mnt = tmp_path / "d", tmp_path / "mnt"
+    mnt.mkdir()
+    p = run([STOKER, "up", "--data", str(data), "--daemon", "--port", str(port),
+             "--mount", str(mnt)], check=False, timeout=120)
+    try:
+        assert p.returncode == 0, p.stderr
+        assert b"mounted on " + str(mnt).encode() in p.stdout
+        (mnt / "through-the-mount.txt").write_bytes(b"hello mount")
+        env = dict(os.environ, STOKER_CLUSTER="stk://127.0.0.1:%d" % port)
+        assert run([STOKER, "cat", "/through-the-mount.txt"], env=env).stdout == b"hello mount"
+    finally:
+        run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
+    with open("/proc/self/mountinfo") as f:
+        assert not any(l.split()[4] == str(mnt) for l in f)
+    p = run([STOKER, "up", "--data", str(tmp_path / "e"), "--daemon", "--port", str(port),
+             "--mount", str(tmp_path / "missing")], check=False)
+    assert p.returncode != 0 and b"missing" in p.stderr
