@@ -14,7 +14,7 @@ SANFLAGS :=
 OPT := -O2
 endif
 
-PKGS := fuse3 liburing lmdb libisal libxxhash libmicrohttpd
+PKGS := fuse3 liburing lmdb libisal libxxhash libmicrohttpd openssl expat
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -30,7 +30,7 @@ MGMTD_SRC := $(wildcard src/mgmtd/*.c)
 META_SRC := $(wildcard src/meta/*.c)
 STORAGE_SRC := $(wildcard src/storage/*.c)
 SERVER_SRC := $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
-CLI_SRC := $(wildcard src/cli/*.c src/fuse/*.c)
+CLI_SRC := $(wildcard src/cli/*.c src/fuse/*.c src/gateway/*.c)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 TOOL_SRC := $(wildcard tests/tools/*.c)
 
@@ -88,6 +88,8 @@ FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
 
 fuzz: $(FUZZ_BIN)
+# fuzz_s3 also takes the gateway's parsers, which need nothing beyond the core.
+build-fuzz/fuzz_s3: src/gateway/s3_parse.c
 build-fuzz/%: tests/fuzz/%.c $(CORE_SRC)
 	@mkdir -p build-fuzz
 	clang -std=gnu11 -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc \

@@ -8,6 +8,7 @@
  * top.c     `top`
  * bench.c   `bench`
  * ../fuse/  `mount` and `umount` (the FUSE daemon)
+ * ../gateway/  `gateway s3` (the S3 gateway)
  */
 #ifndef STK_CLI_H
 #define STK_CLI_H
@@ -42,6 +43,10 @@
 	  "mount the cluster (or DIR in it) with FUSE; options in docs/mount.md")                \
 	X(umount, cmd_umount, "umount [-l] MOUNTPOINT",                                         \
 	  "unmount and wait for the mount daemon to flush and exit (-l: detach now)")            \
+	X(gateway, cmd_gateway,                                                                 \
+	  "gateway s3 --cluster stk://HOST:PORT --listen ADDR:PORT [--tls-cert F --tls-key F] "  \
+	  "[--keys FILE] [--root /DIR] [--region R] [--threads N]",                              \
+	  "serve the namespace over the S3 API (docs/s3.md)")                                    \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH]",             \
 	  "measure throughput, IOPS and latency")                                               \
 	X(version, cmd_version, "version", "print the version")

@@ -1,0 +1,383 @@
+/*
+ * `stoker gateway s3`: serves a cluster's namespace (or a folder of it) over the
+ * S3 API until SIGINT or SIGTERM.
+ *
+ * Everything that can be wrong with the command line is found before the server
+ * starts, each with one clear line: the options, the access keys (a file of
+ * "ACCESS_KEY SECRET" lines, or STOKER_S3_ACCESS_KEY / STOKER_S3_SECRET_KEY;
+ * without keys the gateway refuses to start rather than serve anonymously), the
+ * TLS files, the cluster and the root folder. Then it runs in the foreground,
+ * logging to stderr; `stoker up --s3` runs this same function.
+ */
+#include "s3.h"
+
+#include "../cli/cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <openssl/crypto.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/daemon.h"
+#include "../common/log.h"
+#include "../common/util.h"
+
+#define GW_PEM_MAX (1u << 20)
+#define GW_KEYS_MAX 4096
+#define GW_SWEEP_EVERY_S 3600 /* how often leftovers of dead gateways are looked for */
+
+/* Reads a whole small file (a PEM) into a NUL-terminated malloc'ed string. */
+static int read_small_file(const char *path, char **out)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf = NULL;
+	size_t n = 0;
+	int rc = 0;
+
+	if (!f)
+		return -errno;
+	buf = malloc(GW_PEM_MAX + 1);
+	if (!buf) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	n = fread(buf, 1, GW_PEM_MAX + 1, f);
+	if (ferror(f)) {
+		rc = -EIO;
+		goto out;
+	}
+	if (n > GW_PEM_MAX) {
+		rc = -EFBIG;
+		goto out;
+	}
+	buf[n] = 0;
+	*out = buf;
+	buf = NULL;
+out:
+	free(buf);
+	fclose(f);
+	return rc;
+}
+
+static int key_field_ok(const char *s, size_t n)
+{
+	if (n == 0 || n > 128)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] <= ' ' || (unsigned char)s[i] >= 0x7f)
+			return 0;
+	return 1;
+}
+
+static int add_key(struct stk_s3_gw *gw, const char *id, size_t idn, const char *secret, size_t sn)
+{
+	struct stk_s3_key *k;
+
+	if (!key_field_ok(id, idn) || !key_field_ok(secret, sn))
+		return -EINVAL;
+	if (gw->nkeys == GW_KEYS_MAX)
+		return -E2BIG;
+	k = realloc(gw->keys, (gw->nkeys + 1) * sizeof(*k));
+	if (!k)
+		return -ENOMEM;
+	gw->keys = k;
+	k = &gw->keys[gw->nkeys++];
+	memcpy(k->id, id, idn);
+	k->id[idn] = 0;
+	memcpy(k->secret, secret, sn);
+	k->secret[sn] = 0;
+	return 0;
+}
+
+/* "ACCESS_KEY SECRET" per line; blank lines and '#' comments are skipped. */
+static int load_keys(const char *cmd, struct stk_s3_gw *gw, const char *path)
+{
+	char *text = NULL, *p, *line_end;
+	unsigned lineno = 0;
+	struct stat st;
+	int rc;
+
+	rc = read_small_file(path, &text);
+	if (rc) {
+		cli_err(cmd, "--keys %s: %s", path, stk_strerror(rc));
+		return rc;
+	}
+	if (stat(path, &st) == 0 && (st.st_mode & 077))
+		stk_warn("s3: %s is readable by others; secrets belong in a 0600 file", path);
+	for (p = text; *p; p = line_end) {
+		const char *f[3];
+		size_t fl[3];
+		int nf = 0;
+		char *q;
+
+		lineno++;
+		line_end = strchr(p, '\n');
+		if (line_end)
+			*line_end++ = 0;
+		else
+			line_end = p + strlen(p);
+		q = p;
+		while (nf < 3) {
+			while (*q == ' ' || *q == '\t' || *q == '\r')
+				q++;
+			if (!*q || *q == '#')
+				break;
+			f[nf] = q;
+			while (*q && *q != ' ' && *q != '\t' && *q != '\r')
+				q++;
+			fl[nf] = (size_t)(q - f[nf]);
+			nf++;
+		}
+		if (nf == 0)
+			continue;
+		if (nf != 2 || (rc = add_key(gw, f[0], fl[0], f[1], fl[1])) != 0) {
+			cli_err(cmd,
+				"--keys %s:%u: expected \"ACCESS_KEY SECRET\" (printable, at "
+				"most 128 bytes each)",
+				path, lineno);
+			rc = -EINVAL;
+			break;
+		}
+	}
+	OPENSSL_cleanse(text, strlen(text));
+	free(text);
+	return rc;
+}
+
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	/* every client connection is a descriptor: take what the hard limit allows */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+static const struct option g_opts[] = {
+    {"cluster", required_argument, NULL, 'c'},
+    {"listen", required_argument, NULL, 'l'},
+    {"tls-cert", required_argument, NULL, 'C'},
+    {"tls-key", required_argument, NULL, 'K'},
+    {"keys", required_argument, NULL, 'k'},
+    {"root", required_argument, NULL, 'r'},
+    {"region", required_argument, NULL, 'R'},
+    {"threads", required_argument, NULL, 't'},
+    {"max-conns", required_argument, NULL, 'm'},
+    {"timeout", required_argument, NULL, 'T'},
+    {"io-size", required_argument, NULL, 'i'},
+    {"sweep-age", required_argument, NULL, 'a'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static int parse_uint(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t hi,
+		      uint64_t *out, int size)
+{
+	int rc = size ? stk_parse_size(v, out) : stk_parse_u64(v, out);
+
+	if (rc || *out < lo || *out > hi) {
+		cli_err(cmd, "--%s %s: expected %s from %llu to %llu", opt, v,
+			size ? "a size" : "a number", (unsigned long long)lo,
+			(unsigned long long)hi);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int gateway_s3(int argc, char **argv)
+{
+	const char *cmd = "gateway";
+	const char *cluster = NULL, *listen = "127.0.0.1:9000", *cert_path = NULL;
+	const char *key_path = NULL, *keys_path = NULL, *root = "/", *region = "us-east-1";
+	uint64_t threads = 16, max_conns = 4096, timeout = 60, io_size = 4u << 20;
+	uint64_t sweep_age = 24 * 3600, next_sweep = 0;
+	struct stk_s3_server_opts so;
+	struct stk_s3_server *srv = NULL;
+	struct stk_s3_gw gw;
+	struct stat st;
+	char *cert = NULL, *key = NULL;
+	int c, rc, ret = 1;
+
+	memset(&gw, 0, sizeof(gw));
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "h", g_opts, NULL)) != -1) {
+		switch (c) {
+		case 'c':
+			cluster = optarg;
+			break;
+		case 'l':
+			listen = optarg;
+			break;
+		case 'C':
+			cert_path = optarg;
+			break;
+		case 'K':
+			key_path = optarg;
+			break;
+		case 'k':
+			keys_path = optarg;
+			break;
+		case 'r':
+			root = optarg;
+			break;
+		case 'R':
+			region = optarg;
+			break;
+		case 't':
+			if (parse_uint(cmd, "threads", optarg, 1, 1024, &threads, 0))
+				return 2;
+			break;
+		case 'm':
+			if (parse_uint(cmd, "max-conns", optarg, 1, 1000000, &max_conns, 0))
+				return 2;
+			break;
+		case 'T':
+			if (parse_uint(cmd, "timeout", optarg, 1, 86400, &timeout, 0))
+				return 2;
+			break;
+		case 'i':
+			if (parse_uint(cmd, "io-size", optarg, 64u << 10, 64u << 20, &io_size, 1))
+				return 2;
+			break;
+		case 'a':
+			if (parse_uint(cmd, "sweep-age", optarg, 1, 365 * 86400, &sweep_age, 0))
+				return 2;
+			break;
+		default:
+			return cli_usage(cmd);
+		}
+	}
+	if (optind != argc)
+		return cli_usage(cmd);
+	if ((cert_path != NULL) != (key_path != NULL)) {
+		cli_err(cmd, "--tls-cert and --tls-key go together");
+		return 2;
+	}
+	if (strlen(region) >= sizeof(gw.region) || !*region) {
+		cli_err(cmd, "--region %s: too long", region);
+		return 2;
+	}
+	if (root[0] != '/' || strlen(root) >= sizeof(gw.root)) {
+		cli_err(cmd, "--root %s: expected an absolute path in the cluster", root);
+		return 2;
+	}
+	snprintf(gw.region, sizeof(gw.region), "%s", region);
+	gw.io_size = (size_t)io_size;
+	gw.skew_s = 15 * 60;
+	pthread_mutex_init(&gw.open.lock, NULL);
+	pthread_mutex_init(&gw.bcache.lock, NULL);
+
+	if (keys_path) {
+		if (load_keys(cmd, &gw, keys_path))
+			goto out;
+	} else {
+		const char *id = getenv("STOKER_S3_ACCESS_KEY"),
+			   *sec = getenv("STOKER_S3_SECRET_KEY");
+		if (id && sec && add_key(&gw, id, strlen(id), sec, strlen(sec))) {
+			cli_err(cmd,
+				"STOKER_S3_ACCESS_KEY / STOKER_S3_SECRET_KEY: printable, at most "
+				"128 bytes each");
+			goto out;
+		}
+	}
+	if (!gw.nkeys) {
+		cli_err(cmd,
+			"no access keys: give --keys FILE (lines \"ACCESS_KEY SECRET\") or set "
+			"STOKER_S3_ACCESS_KEY and STOKER_S3_SECRET_KEY");
+		goto out;
+	}
+	if (cert_path) {
+		rc = read_small_file(cert_path, &cert);
+		if (rc) {
+			cli_err(cmd, "--tls-cert %s: %s", cert_path, stk_strerror(rc));
+			goto out;
+		}
+		rc = read_small_file(key_path, &key);
+		if (rc) {
+			cli_err(cmd, "--tls-key %s: %s", key_path, stk_strerror(rc));
+			goto out;
+		}
+	}
+
+	stk_daemon_init("s3");
+	rc = stk_connect(cluster, NULL, &gw.c);
+	if (rc) {
+		cli_err(cmd, "cluster %s: %s", cluster ? cluster : "(default)", stk_strerror(rc));
+		goto out;
+	}
+	rc = stk_stat(gw.c, root, &st);
+	if (!rc && !S_ISDIR(st.st_mode))
+		rc = -ENOTDIR;
+	if (rc) {
+		cli_err(cmd, "--root %s: %s", root, stk_strerror(rc));
+		goto out;
+	}
+	gw.root_ino = (uint64_t)st.st_ino;
+	snprintf(gw.root, sizeof(gw.root), "%s", strcmp(root, "/") ? root : "");
+
+	raise_fd_limit();
+	memset(&so, 0, sizeof(so));
+	so.listen = listen;
+	so.tls_cert_pem = cert;
+	so.tls_key_pem = key;
+	so.threads = (unsigned)threads;
+	so.max_conns = (unsigned)max_conns;
+	so.timeout_s = (unsigned)timeout;
+	rc = stk_s3_server_start(&gw, &so, &srv);
+	if (rc) {
+		cli_err(cmd, "--listen %s: %s", listen,
+			rc == -EADDRINUSE ? "cannot listen there (in use, or a bad TLS certificate "
+					    "or key)"
+			: rc == -ENOTSUP  ? "this libmicrohttpd has no TLS"
+					  : stk_strerror(rc));
+		goto out;
+	}
+	stk_info("s3 gateway: serving %s%s over %s on port %u (%u threads, %u keys)",
+		 stk_cluster_addr(gw.c), root, cert ? "https" : "http", stk_s3_server_port(srv),
+		 so.threads, gw.nkeys);
+	while (!stk_daemon_stopping()) {
+		if (stk_now_ns() >= next_sweep) {
+			rc = stk_s3_sweep(&gw, (int64_t)sweep_age);
+			if (rc > 0)
+				stk_info("s3 gateway: removed %d temporary files older than %llu s",
+					 rc, (unsigned long long)sweep_age);
+			next_sweep = stk_now_ns() + GW_SWEEP_EVERY_S * 1000000000ull;
+		}
+		stk_daemon_sleep_ms(1000);
+	}
+	stk_info("s3 gateway: stopping");
+	ret = 0;
+out:
+	stk_s3_server_stop(srv);
+	if (gw.c)
+		stk_disconnect(gw.c);
+	if (gw.keys) {
+		OPENSSL_cleanse(gw.keys, gw.nkeys * sizeof(*gw.keys));
+		free(gw.keys);
+	}
+	free(cert);
+	if (key) {
+		OPENSSL_cleanse(key, strlen(key));
+		free(key);
+	}
+	pthread_mutex_destroy(&gw.open.lock);
+	pthread_mutex_destroy(&gw.bcache.lock);
+	return ret;
+}
+
+int cmd_gateway(int argc, char **argv)
+{
+	if (argc < 2 || strcmp(argv[1], "s3") != 0) {
+		if (argc >= 2 && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)
+			cli_err("gateway", "unknown gateway \"%s\" (there is: s3)", argv[1]);
+		return cli_usage("gateway");
+	}
+	return gateway_s3(argc - 1, argv + 1);
+}
