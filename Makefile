@@ -45,7 +45,7 @@ CLI_OBJ := $(call obj,$(CLI_SRC))
 UNIT_BIN := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 TOOL_BIN := $(patsubst tests/tools/%.c,$(B)/tests/%,$(TOOL_SRC))
 
-all: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so $(UNIT_BIN) $(TOOL_BIN)
+all: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so $(UNIT_BIN) $(TOOL_BIN) python
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -83,6 +83,25 @@ $(B)/tests/%: tests/tools/%.c $(CLIENT_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
 
+# The Python package (docs/python.md): the _stoker extension, with libstoker linked
+# in, and the pure-Python modules, in $(B)/python (PYTHONPATH=$(B)/python). Built for
+# Debian's /usr/bin/python3, whatever python3 comes first on PATH.
+PY_CONFIG ?= /usr/bin/python3-config
+PY_INC := $(shell $(PY_CONFIG) --includes 2>/dev/null)
+PY_EXT := $(shell $(PY_CONFIG) --extension-suffix 2>/dev/null)
+PY_MOD := $(patsubst python/%,$(B)/python/%,$(wildcard python/stoker/*.py))
+PY_SO := $(B)/python/stoker/_stoker$(PY_EXT)
+
+python: $(PY_SO) $(PY_MOD)
+
+$(PY_SO): python/stoker/_stoker.c $(CLIENT_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(PY_INC) -fno-strict-aliasing -shared -o $@ $^ $(LDFLAGS) $(LIBS)
+
+$(B)/python/stoker/%.py: python/stoker/%.py
+	@mkdir -p $(dir $@)
+	cp $< $@
+
 # libFuzzer targets (clang only).
 FUZZ_SRC := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_BIN := $(patsubst tests/fuzz/%.c,build-fuzz/%,$(FUZZ_SRC))
@@ -108,5 +127,5 @@ unit: $(UNIT_BIN)
 clean:
 	rm -rf build build-asan build-fuzz
 
-.PHONY: all unit fuzz clean
+.PHONY: all unit fuzz clean python
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -133,6 +133,131 @@ STK_API void stk_closedir(stk_dir *d);
 /* "No such file or directory", ...: strerror for -errno values, thread-safe. */
 STK_API const char *stk_strerror(int err);
 
+/*
+ * The file's size as this handle knows it: the size at open, grown or cut by the
+ * handle's own writes and truncates. Makes no call to the cluster (stk_fstat does).
+ * Safe from any thread while f is open.
+ */
+STK_API uint64_t stk_file_size(stk_file *f);
+
+/*
+ * Batched asynchronous I/O: submit many reads (and writes) in one call, reap their
+ * completions later. This is the data loader's path: a batch of 400 samples is one
+ * submit and a few reaps, and the library keeps a bounded number of chunk requests
+ * on the wire at once, spread over the files' chains and over one pooled
+ * connection per request in flight.
+ *
+ * A stk_batch owns a fixed table of request slots (queue_depth) and a few engine
+ * threads that take submitted requests in order, cut them into per-chunk pieces and
+ * run at most max_inflight pieces at once. Nothing is allocated per request.
+ *
+ * The contract, as SPDK's: every request stk_batch_submit accepts completes exactly
+ * once, through stk_batch_reap, with its user_data and its result (the bytes read or
+ * written, or -errno); a request it does not accept never completes. Errors of one
+ * request (a file not open for reading, a checksum failure) are its own and never
+ * affect the others.
+ *
+ * Ownership and lifetime: the caller owns every buffer and every stk_file named in
+ * a request; both must stay valid, and the buffer untouched, from submit until the
+ * request's completion is reaped (or stk_batch_destroy returns). The library keeps
+ * no pointer to a request array after stk_batch_submit returns.
+ *
+ * Threads: submit, reap and register may be called from any threads at once; in
+ * the usual use one thread submits and reaps. A batch does not survive fork(): its
+ * engine threads are the parent's; a child must create its own (after
+ * stk_after_fork on the client), and must not call stk_batch_destroy on the
+ * parent's batch.
+ */
+typedef struct stk_batch stk_batch;
+
+/* Options for stk_batch_create. Set size = sizeof(struct stk_batch_opts); zero means default. */
+struct stk_batch_opts {
+	size_t size;
+	unsigned max_inflight; /* chunk requests on the wire at once; default 64, at most 1024 */
+	unsigned queue_depth; /* requests submitted and not yet reaped; default 4096 */
+	unsigned threads; /* engine threads; default 2, at most 16 */
+};
+
+#define STK_BATCH_READ 0
+#define STK_BATCH_WRITE 1
+
+/*
+ * One request. Reads and writes may be mixed in one submit. A request first sends
+ * its file's write buffer, so it sees (or follows) the handle's own earlier writes.
+ * A read is clamped to the size the handle knows (stk_file_size). A write goes to
+ * storage directly at `offset` (O_APPEND handles are refused) and, like any write,
+ * is durable once stk_fsync or stk_close of its file returns. Requests on one file
+ * may run in any order and at once: do not overlap a write with another request.
+ */
+struct stk_batch_req {
+	int op; /* STK_BATCH_READ or STK_BATCH_WRITE */
+	stk_file *file; /* open for reading (reads) or writing (writes) */
+	uint64_t offset;
+	void *buf; /* len bytes: filled by a read, sent by a write */
+	size_t len;
+	uint64_t user_data; /* handed back in the completion, never looked at */
+};
+
+/* The completion of one request. */
+struct stk_completion {
+	uint64_t user_data;
+	/*
+	 * Reads: the bytes read, short only at the end of the file (0 at or past it;
+	 * holes read as zeros). Writes: len. Or -errno: -EBADF (file NULL or not open
+	 * for that), -EISDIR, -EINVAL (op unknown, buf NULL with len > 0, a write to an
+	 * O_APPEND handle), -EFAULT (buf outside every registered buffer, when any are
+	 * registered), -EFBIG, -EIO (checksum failure, storage unreachable), -ENOSPC,
+	 * -ECANCELED (still queued when the batch was destroyed; never reaped).
+	 */
+	int64_t result;
+};
+
+/*
+ * Creates a batch on client c; opts may be NULL. On success *out is a batch to
+ * release with stk_batch_destroy, before stk_disconnect(c). For full use of
+ * max_inflight, connect c with conns_per_node at least max_inflight, or the pool
+ * reopens connections beyond conns_per_node for each window.
+ * Errors: -EINVAL (opts out of range), -ENOMEM, -EAGAIN (no thread could start).
+ */
+STK_API int stk_batch_create(stk_client *c, const struct stk_batch_opts *opts, stk_batch **out);
+/*
+ * Registers [buf, buf+len) as a buffer requests will read into or write from, once,
+ * before the I/O (a transport with memory registration, such as RDMA, pins it
+ * here). Once any buffer is registered, a request whose buffer is not inside a
+ * registered one completes with -EFAULT. Registrations last until destroy.
+ * Returns the buffer's index (0, 1, ...) or -EINVAL (NULL or empty), -ENOSPC (64
+ * buffers already registered).
+ */
+STK_API int stk_batch_register(stk_batch *b, void *buf, size_t len);
+/*
+ * Submits n requests (copied; reqs may be reused on return). Returns how many were
+ * accepted, from the front: fewer than n only when queue_depth requests are
+ * outstanding (submitted, not reaped); those not accepted never complete. Returns
+ * -EAGAIN when n > 0 and none fit, -EINVAL for reqs NULL with n > 0, -ESHUTDOWN
+ * once stk_batch_destroy has begun. Never blocks on I/O.
+ */
+STK_API int stk_batch_submit(stk_batch *b, const struct stk_batch_req *reqs, unsigned n);
+/* One read, as stk_batch_submit of one request. 0, -EAGAIN, -ESHUTDOWN. */
+STK_API int stk_batch_read(stk_batch *b, stk_file *f, uint64_t off, size_t len, void *buf,
+			   uint64_t user_data);
+/*
+ * Reaps up to max completions into out, oldest first, waiting until at least
+ * min_wait are ready (min_wait is capped at the number outstanding, so UINT_MAX
+ * waits for everything submitted) or timeout_ms pass (-1: no limit, 0: do not
+ * wait). Returns the number reaped (0 when none were ready in time) or -EINVAL
+ * (out NULL with max > 0). Each completion is reaped exactly once.
+ */
+STK_API int stk_batch_reap(stk_batch *b, struct stk_completion *out, unsigned max,
+			   unsigned min_wait, int timeout_ms);
+/* Requests submitted and not yet reaped. */
+STK_API unsigned stk_batch_outstanding(stk_batch *b);
+/*
+ * Destroys the batch: requests still queued are cancelled, those on the wire are
+ * waited for; unreaped completions are dropped. When it returns, no buffer or file
+ * named in a request is used any more. NULL is a no-op.
+ */
+STK_API void stk_batch_destroy(stk_batch *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -371,6 +371,8 @@ int cmd_bench(int argc, char **argv)
 	uint64_t v;
 	int c, rc = 0;
 
+	if (argc > 1 && strcmp(argv[1], "loader") == 0)
+		return cmd_bench_loader(argc - 1, argv + 1); /* bench_loader.c */
 	memset(&b, 0, sizeof(b));
 	b.threads = 4;
 	b.size = 1ull << 30;

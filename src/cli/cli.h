@@ -7,6 +7,9 @@
  * status.c  `status`
  * top.c     `top`
  * bench.c   `bench`
+ * pack.c    `pack` (shards: shard.c; local-or-Stoker files: fsio.c)
+ * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
+ * bench_loader.c `bench loader` (dispatched from bench.c)
  * ../fuse/  `mount` and `umount` (the FUSE daemon)
  * ../gateway/  `gateway s3` (the S3 gateway)
  */
@@ -47,13 +50,20 @@
 	  "gateway s3 --cluster stk://HOST:PORT --listen ADDR:PORT [--tls-cert F --tls-key F] "  \
 	  "[--keys FILE] [--root /DIR] [--region R] [--threads N]",                              \
 	  "serve the namespace over the S3 API (docs/s3.md)")                                    \
-	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH]",             \
-	  "measure throughput, IOPS and latency")                                               \
+	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH] | bench loader [--preset image|segmentation] PATH", \
+	  "measure throughput, IOPS and latency; `bench loader`: accelerators kept busy (MLPerf Storage)") \
+	X(pack, cmd_pack, "pack SRC DST [--shard-size SIZE]",                                   \
+	  "pack the files under SRC into shards in DST (stk://HOST:PORT/dir, stk:///dir or local)") \
+	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \
+	  "finish the uploads of local-first checkpoints a crash interrupted (docs/python.md)")  \
 	X(version, cmd_version, "version", "print the version")
 
 #define STK_CLI_DECL(name, fn, usage, what) int fn(int argc, char **argv);
 STK_CLI_COMMANDS(STK_CLI_DECL)
 #undef STK_CLI_DECL
+
+/* `stoker bench loader ...` (bench_loader.c), dispatched from cmd_bench. */
+int cmd_bench_loader(int argc, char **argv);
 
 #define STOKER_VERSION "0.1.0"
 

@@ -167,8 +167,12 @@ const char *stk_cluster_addr(const stk_client *c)
 
 void stk_after_fork(stk_client *c)
 {
-	/* The idle connections are shared with the parent: drop them, never use them. */
-	stk_pool_flush(c->pool);
+	/*
+	 * The idle connections are shared with the parent: drop them, never use them.
+	 * Locks another parent thread held at fork() would stay held in the child, so
+	 * the pool's lock and the routing lock are made anew.
+	 */
+	stk_pool_after_fork(c->pool);
 	pthread_rwlock_init(&c->rt_lock, NULL);
 }
 

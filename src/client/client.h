@@ -114,6 +114,59 @@ struct stk_io_piece {
 int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layout *l,
 	       struct stk_io_piece *pieces, unsigned n, uint32_t flags);
 
+/*
+ * A piece of some file's I/O, carrying its own operation, inode and layout, for
+ * stk_io_run_multi (the batch engine runs pieces of many files at once).
+ */
+struct stk_io_piece_ex {
+	struct stk_io_piece p;
+	int op; /* STK_IO_READ or STK_IO_WRITE */
+	uint64_t ino;
+	const struct stk_layout *layout; /* must stay valid during the call */
+	uint32_t flags; /* STK_WRITE_SYNC for writes */
+};
+
+/* Reusable memory for stk_io_run_multi; zero-initialise, free with stk_io_scratch_free. */
+struct stk_io_scratch {
+	void *mem;
+	size_t cap;
+};
+void stk_io_scratch_free(struct stk_io_scratch *s);
+
+/*
+ * Runs pieces of many files in parallel over their chains, at most `window` (0:
+ * the default of stk_io_run) in flight, with the retries of stk_io_run. Unlike
+ * stk_io_run a failed piece does not stop the others: every piece ends with its
+ * own p.rc (0 or -errno, -EIO once retries ran out) and p.done. scratch may be
+ * NULL (memory is then allocated per call). Returns 0 if every piece succeeded,
+ * else the first error; -ENOMEM (then no piece ran and each p.rc is -ENOMEM).
+ */
+int stk_io_run_multi(struct stk_client *c, struct stk_io_piece_ex *pieces, unsigned n,
+		     unsigned window, struct stk_io_scratch *scratch);
+
+/* ---- what the batch engine (batch.c) needs of an open file (file.c) ---- */
+
+/* What a batched request needs to cut itself into pieces; valid while f is open. */
+struct stk_file_io {
+	uint64_t ino;
+	const struct stk_layout *layout;
+	const uint32_t *chains;
+};
+
+/*
+ * Prepares a batched request of f: checks f may do `op` (STK_IO_READ or
+ * STK_IO_WRITE), sends f's write buffer (so the request sees, or follows, the
+ * handle's own writes), and for a read clamps *len to the file size. 0, or
+ * -EBADF, -EISDIR, -EINVAL (write to an O_APPEND handle), -EFBIG, or the flush's
+ * error.
+ */
+int stk_file_io_prep(stk_file *f, int op, uint64_t off, size_t *len, struct stk_file_io *io);
+/*
+ * Records a batched write of [off, off+len) that reached storage: the size grows,
+ * the chains it touched are synced at the next fsync or close.
+ */
+void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len);
+
 /* Sends STOR_SYNC to the given chain. 0 or -errno. */
 int stk_io_sync_chain(struct stk_client *c, uint32_t chain_id);
 

@@ -581,3 +581,55 @@ int stk_fstat(stk_file *f, struct stat *st)
 	stk_attr_to_stat(&a, st);
 	return 0;
 }
+
+/* ---- for the batch engine (batch.c) ---- */
+
+int stk_file_io_prep(stk_file *f, int op, uint64_t off, size_t *len, struct stk_file_io *io)
+{
+	int rc;
+
+	if (f->is_dir)
+		return -EISDIR;
+	if (op == STK_IO_READ ? f->accmode == O_WRONLY : f->accmode == O_RDONLY)
+		return -EBADF;
+	if (op == STK_IO_WRITE && f->append)
+		return -EINVAL;
+	if (op == STK_IO_WRITE && (off + *len < off || off + *len > STK_MAX_FILE_SIZE))
+		return -EFBIG;
+	pthread_mutex_lock(&f->lock);
+	rc = flush_buffer(f, 0);
+	if (rc == 0 && op == STK_IO_READ)
+		*len = off >= f->size ? 0 : (size_t)STK_MIN((uint64_t)*len, f->size - off);
+	pthread_mutex_unlock(&f->lock);
+	io->ino = f->attr.ino;
+	io->layout = &f->attr.layout;
+	io->chains = f->chains;
+	return rc;
+}
+
+void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len)
+{
+	uint64_t cs = f->attr.layout.chunk_size;
+
+	if (len == 0)
+		return;
+	pthread_mutex_lock(&f->lock);
+	for (uint64_t i = off / cs; i <= (off + len - 1) / cs && i < off / cs + f->attr.layout.stripe;
+	     i++)
+		f->unsynced[i % f->attr.layout.stripe] = 1;
+	f->any_unsynced = 1;
+	if (off + len > f->size)
+		f->size = off + len;
+	f->size_dirty = 1;
+	pthread_mutex_unlock(&f->lock);
+}
+
+uint64_t stk_file_size(stk_file *f)
+{
+	uint64_t size;
+
+	pthread_mutex_lock(&f->lock);
+	size = f->size;
+	pthread_mutex_unlock(&f->lock);
+	return size;
+}

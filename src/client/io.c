@@ -270,6 +270,109 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 	return first_err;
 }
 
+void stk_io_scratch_free(struct stk_io_scratch *s)
+{
+	free(s->mem);
+	s->mem = NULL;
+	s->cap = 0;
+}
+
+/*
+ * The batch engine's runner: as stk_io_run, but each piece names its own file and
+ * operation, and a piece's failure is its own (the others carry on), since the
+ * pieces belong to requests that complete independently.
+ */
+int stk_io_run_multi(struct stk_client *c, struct stk_io_piece_ex *px, unsigned n,
+		     unsigned window, struct stk_io_scratch *scratch)
+{
+	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
+	unsigned backoff_ms = 20, left = n, nfl;
+	struct inflight *fl;
+	uint32_t maxlen = 0;
+	int first_err = 0;
+	uint8_t *arena;
+	size_t cap, need;
+	void *mem;
+
+	if (n == 0)
+		return 0;
+	if (window == 0)
+		window = STK_IO_WINDOW;
+	nfl = STK_MIN(n, window);
+	for (unsigned i = 0; i < n; i++)
+		maxlen = STK_MAX(maxlen, px[i].p.length);
+	cap = piece_msg_cap(maxlen);
+	need = sizeof(*fl) * nfl + 2 * cap * nfl;
+	if (scratch && scratch->cap >= need) {
+		mem = scratch->mem;
+	} else {
+		mem = malloc(need);
+		if (!mem) {
+			for (unsigned i = 0; i < n; i++)
+				px[i].p.rc = -ENOMEM;
+			return -ENOMEM;
+		}
+		if (scratch) {
+			free(scratch->mem);
+			scratch->mem = mem;
+			scratch->cap = need;
+		}
+	}
+	fl = mem;
+	arena = (uint8_t *)(fl + nfl);
+	for (unsigned i = 0; i < nfl; i++) {
+		fl[i].req = arena + 2 * cap * i;
+		fl[i].resp = fl[i].req + cap;
+		fl[i].cap = cap;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		px[i].p.rc = 1; /* pending */
+		px[i].p.done = 0;
+	}
+	while (left) {
+		unsigned k = 0, retry = 0;
+
+		for (unsigned i = 0; i < n && k < nfl; i++) {
+			if (px[i].p.rc != 1)
+				continue;
+			fl[k].p = &px[i].p;
+			start_piece(c, &fl[k], px[i].op, px[i].ino, px[i].layout, px[i].flags);
+			k++;
+		}
+		for (unsigned j = 0; j < k; j++) {
+			/* p is the first member of its stk_io_piece_ex */
+			const struct stk_io_piece_ex *x = (const struct stk_io_piece_ex *)fl[j].p;
+
+			finish_piece(c, &fl[j], x->op);
+			if (fl[j].rc && retryable(fl[j].rc) && stk_now_ns() < deadline) {
+				fl[j].p->rc = 1;
+				retry++;
+				continue;
+			}
+			left--;
+			if (fl[j].rc) {
+				fl[j].p->rc = retryable(fl[j].rc) ? -EIO : fl[j].rc;
+				if (!first_err)
+					first_err = fl[j].p->rc;
+				stk_debug("batched %s of ino %llx chunk %u on chain %u failed: %s",
+					  x->op == STK_IO_WRITE ? "write" : "read",
+					  (unsigned long long)x->ino, fl[j].p->chunk_idx,
+					  fl[j].p->chain_id, stk_strerror(fl[j].rc));
+			}
+		}
+		if (retry) {
+			usleep(backoff_ms * 1000);
+			if (backoff_ms < 500)
+				backoff_ms *= 2;
+			stk_pool_flush(c->pool);
+			stk_client_refresh_routing(c);
+		}
+	}
+	if (!scratch)
+		free(mem);
+	return first_err;
+}
+
 /* Encodes a chain request for the chain's current version into w. */
 typedef void (*chain_enc_fn)(const void *msg, uint32_t chain_ver, struct stk_wbuf *w);
 

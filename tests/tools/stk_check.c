@@ -10,9 +10,12 @@
  *   ackloop CLUSTER DIR                   write+fsync files forever, print "ACK name size seed"
  *   fill    CLUSTER PATH                  write until ENOSPC; prints the bytes acknowledged
  *   frames  HOST:PORT                     malformed frames on raw sockets; server survives
+ *   batch   CLUSTER DIR                   batched reads and writes (stk_batch_*): every
+ *                                         completion once, right bytes, right errors
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/fs.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -555,6 +558,270 @@ static int cmd_frames(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* ---- batch: the batched asynchronous API ---- */
+
+#define BATCH_FILES 12
+
+static const uint64_t batch_sizes[BATCH_FILES] = {
+	0, 1, 4095, 16384, 65536, (1u << 20) - 1, (1u << 20) + 3, 3u << 20 | 12345,
+	100000, 2u << 20, 777, (5u << 20) + 1};
+
+/*
+ * Random reads of the files through one batch: each completes exactly once, with
+ * the bytes the pattern says, and the buffer past the result untouched.
+ */
+static void batch_random_reads(stk_client *c, stk_file **files, const struct stk_batch_opts *o,
+			       unsigned nreq, uint64_t seed)
+{
+	const size_t maxlen = 3u << 20, slot_len = maxlen + 64;
+	unsigned nslots = 64, submitted = 0, reaped = 0;
+	char *arena = malloc(slot_len * nslots), *want = malloc(maxlen);
+	struct {
+		unsigned file;
+		uint64_t off;
+		size_t len;
+		int busy;
+	} *meta = calloc(nslots, sizeof(*meta));
+	uint8_t *seen = calloc(nreq, 1);
+	unsigned *slot_of = calloc(nreq, sizeof(unsigned));
+	struct stk_completion comp[32];
+	stk_batch *b;
+	uint64_t rs = seed;
+
+	CHECK_RC(stk_batch_create(c, o, &b), 0);
+	if (failures || !arena || !want || !meta || !seen || !slot_of)
+		return;
+	CHECK(stk_batch_register(b, arena, slot_len * nslots) == 0);
+	while (reaped < nreq) {
+		/* Fill free slots with new requests, then reap what is ready. */
+		for (unsigned s = 0; s < nslots && submitted < nreq; s++) {
+			struct stk_batch_req r;
+			uint64_t size;
+
+			if (meta[s].busy)
+				continue;
+			meta[s].file = (unsigned)(stk_splitmix64(&rs) % BATCH_FILES);
+			size = batch_sizes[meta[s].file];
+			meta[s].off = stk_splitmix64(&rs) % (size + 8192);
+			meta[s].len = (size_t)(stk_splitmix64(&rs) % 5 == 0
+						       ? stk_splitmix64(&rs) % maxlen
+						       : stk_splitmix64(&rs) % 40000);
+			meta[s].busy = 1;
+			memset(arena + s * slot_len, 0xa5, slot_len);
+			r = (struct stk_batch_req){.op = STK_BATCH_READ,
+						   .file = files[meta[s].file],
+						   .offset = meta[s].off,
+						   .buf = arena + s * slot_len,
+						   .len = meta[s].len,
+						   .user_data = submitted};
+			slot_of[submitted] = s;
+			int k = stk_batch_submit(b, &r, 1);
+			if (k == -EAGAIN) { /* queue_depth reached: reap first */
+				meta[s].busy = 0;
+				break;
+			}
+			CHECK_RC(k, 1);
+			submitted++;
+		}
+		int n = stk_batch_reap(b, comp, 32, 1, 30000);
+		CHECK(n > 0);
+		if (n <= 0)
+			break;
+		for (int i = 0; i < n; i++) {
+			uint64_t id = comp[i].user_data;
+			unsigned s;
+			uint64_t size, expect;
+			char *got;
+
+			CHECK(id < submitted);
+			if (id >= submitted)
+				continue;
+			CHECK(!seen[id]);
+			seen[id] = 1;
+			reaped++;
+			s = slot_of[id];
+			size = batch_sizes[meta[s].file];
+			expect = meta[s].off >= size ? 0 : STK_MIN((uint64_t)meta[s].len, size - meta[s].off);
+			got = arena + s * slot_len;
+			if (comp[i].result != (int64_t)expect) {
+				fprintf(stderr, "batch read file %u at %llu+%zu: %lld, wanted %llu\n",
+					meta[s].file, (unsigned long long)meta[s].off, meta[s].len,
+					(long long)comp[i].result, (unsigned long long)expect);
+				failures++;
+			} else {
+				pattern(100 + meta[s].file, meta[s].off, want, expect);
+				CHECK(memcmp(got, want, expect) == 0);
+				for (size_t k = expect; k < meta[s].len + 64 && k < slot_len; k++)
+					if ((uint8_t)got[k] != 0xa5) {
+						fprintf(stderr, "batch read wrote past its result\n");
+						failures++;
+						break;
+					}
+			}
+			meta[s].busy = 0;
+		}
+	}
+	CHECK_RC(stk_batch_outstanding(b), 0);
+	CHECK_RC(stk_batch_reap(b, comp, 32, 1, 0), 0);
+	stk_batch_destroy(b);
+	free(arena);
+	free(want);
+	free(meta);
+	free(seen);
+	free(slot_of);
+}
+
+static int cmd_batch(int argc, char **argv)
+{
+	char path[512];
+	stk_file *files[BATCH_FILES], *wf = NULL, *rf = NULL;
+	struct stk_completion comp[64];
+	stk_batch *b = NULL;
+	char buf[4096], other[64];
+	int n;
+
+	if (argc < 3)
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	CHECK_RC(stk_mkdir(c, argv[2], 0755), 0);
+	for (unsigned i = 0; i < BATCH_FILES; i++) {
+		snprintf(path, sizeof(path), "%s/f%u", argv[2], i);
+		CHECK_RC(write_file(c, path, batch_sizes[i], 100 + i, 1 << 20), 0);
+		CHECK_RC(stk_open(c, path, O_RDONLY, 0, &files[i]), 0);
+	}
+	if (failures)
+		return 1;
+
+	/* Wide and narrow windows: large reads are cut over many windows in the latter. */
+	struct stk_batch_opts wide = {.size = sizeof(wide)};
+	struct stk_batch_opts narrow = {.size = sizeof(narrow), .max_inflight = 2, .threads = 2,
+					.queue_depth = 8};
+	struct stk_batch_opts one = {.size = sizeof(one), .max_inflight = 1, .threads = 1};
+	batch_random_reads(c, files, &wide, 3000, 1);
+	batch_random_reads(c, files, &narrow, 400, 2);
+	batch_random_reads(c, files, &one, 200, 3);
+
+	/* Errors of one request are its own; submit and reap check their arguments. */
+	CHECK_RC(stk_batch_create(c, NULL, &b), 0);
+	snprintf(path, sizeof(path), "%s/w", argv[2]);
+	CHECK_RC(stk_open(c, path, O_WRONLY | O_CREAT | O_TRUNC, 0644, &wf), 0);
+	CHECK_RC(stk_open(c, argv[2], O_RDONLY, 0, &rf), 0); /* a directory */
+	struct stk_batch_req bad[] = {
+		{.op = STK_BATCH_READ, .file = wf, .offset = 0, .buf = buf, .len = 10, .user_data = 1},
+		{.op = STK_BATCH_READ, .file = NULL, .buf = buf, .len = 10, .user_data = 2},
+		{.op = 7, .file = files[3], .buf = buf, .len = 10, .user_data = 3},
+		{.op = STK_BATCH_READ, .file = files[3], .buf = NULL, .len = 10, .user_data = 4},
+		{.op = STK_BATCH_READ, .file = files[3], .offset = 1u << 30, .buf = buf, .len = 10,
+		 .user_data = 5},
+		{.op = STK_BATCH_READ, .file = files[3], .offset = 16380, .buf = buf, .len = 100,
+		 .user_data = 6},
+		{.op = STK_BATCH_WRITE, .file = files[3], .buf = buf, .len = 10, .user_data = 7},
+		{.op = STK_BATCH_READ, .file = rf, .buf = buf, .len = 10, .user_data = 8},
+		{.op = STK_BATCH_READ, .file = files[3], .buf = buf, .len = 0, .user_data = 9},
+	};
+	const int64_t bad_want[] = {-EBADF, -EBADF, -EINVAL, -EINVAL, 0, 4, -EBADF, -EISDIR, 0};
+	CHECK_RC(stk_batch_submit(b, bad, STK_ARRAY_SIZE(bad)), STK_ARRAY_SIZE(bad));
+	n = stk_batch_reap(b, comp, 64, UINT_MAX, 30000);
+	CHECK_RC(n, STK_ARRAY_SIZE(bad));
+	for (int i = 0; i < n; i++) {
+		uint64_t id = comp[i].user_data;
+		CHECK(id >= 1 && id <= STK_ARRAY_SIZE(bad));
+		if (id >= 1 && id <= STK_ARRAY_SIZE(bad) && comp[i].result != bad_want[id - 1]) {
+			fprintf(stderr, "batch error case %llu: %lld, wanted %lld\n",
+				(unsigned long long)id, (long long)comp[i].result,
+				(long long)bad_want[id - 1]);
+			failures++;
+		}
+	}
+	CHECK_RC(stk_batch_submit(b, NULL, 3), -EINVAL);
+	CHECK_RC(stk_batch_submit(b, bad, 0), 0);
+	CHECK_RC(stk_batch_reap(b, NULL, 3, 1, 0), -EINVAL);
+	CHECK_RC(stk_batch_reap(b, comp, 64, 1, 0), 0); /* nothing outstanding: no wait */
+	CHECK_RC(stk_batch_reap(b, comp, 64, UINT_MAX, -1), 0);
+	/* Once a buffer is registered, others are refused. */
+	CHECK_RC(stk_batch_register(b, NULL, 10), -EINVAL);
+	CHECK_RC(stk_batch_register(b, buf, sizeof(buf)), 0);
+	CHECK_RC(stk_batch_read(b, files[3], 0, 64, other, 11), 0);
+	CHECK_RC(stk_batch_read(b, files[3], 0, sizeof(buf) + 1, buf, 12), 0);
+	CHECK_RC(stk_batch_read(b, files[3], 0, sizeof(buf), buf, 13), 0);
+	n = stk_batch_reap(b, comp, 64, 3, 30000);
+	CHECK_RC(n, 3);
+	for (int i = 0; i < n; i++)
+		CHECK_RC(comp[i].result, comp[i].user_data == 13 ? (int64_t)sizeof(buf) : -EFAULT);
+	stk_batch_destroy(b);
+
+	/* Batched writes: scattered pieces, then read back whole. */
+	{
+		const uint64_t size = (4u << 20) + 777;
+		const size_t piece = 300000;
+		unsigned np = (unsigned)((size + piece - 1) / piece), got = 0;
+		char *data = malloc(size);
+		struct stk_batch_opts wo = {.size = sizeof(wo), .queue_depth = 4};
+
+		CHECK_RC(stk_batch_create(c, &wo, &b), 0);
+		pattern(555, 0, data, size);
+		for (unsigned i = 0; i < np;) {
+			/* Submit back to front, a few at a time as the queue allows. */
+			unsigned j = np - 1 - i;
+			uint64_t off = (uint64_t)j * piece;
+			struct stk_batch_req r = {.op = STK_BATCH_WRITE,
+						  .file = wf,
+						  .offset = off,
+						  .buf = data + off,
+						  .len = (size_t)STK_MIN((uint64_t)piece, size - off),
+						  .user_data = j};
+			n = stk_batch_submit(b, &r, 1);
+			if (n == -EAGAIN) {
+				int k = stk_batch_reap(b, comp, 64, 1, 30000);
+				CHECK(k > 0);
+				for (int q = 0; q < k; q++)
+					CHECK_RC(comp[q].result,
+						 STK_MIN((uint64_t)piece, size - comp[q].user_data * piece));
+				got += (unsigned)(k > 0 ? k : 0);
+				if (k <= 0)
+					break;
+				continue;
+			}
+			CHECK_RC(n, 1);
+			i++;
+		}
+		while (got < np) {
+			int k = stk_batch_reap(b, comp, 64, UINT_MAX, 30000);
+			CHECK(k > 0);
+			if (k <= 0)
+				break;
+			for (int q = 0; q < k; q++)
+				CHECK_RC(comp[q].result,
+					 STK_MIN((uint64_t)piece, size - comp[q].user_data * piece));
+			got += (unsigned)k;
+		}
+		CHECK_RC(got, np);
+		stk_batch_destroy(b);
+		CHECK_RC(stk_close(wf), 0);
+		wf = NULL;
+		CHECK_RC(verify_file(c, path, size, 555), 0);
+		free(data);
+	}
+
+	/* Destroying a batch with requests queued and on the wire. */
+	{
+		char *big = malloc(64u << 20);
+		CHECK_RC(stk_batch_create(c, NULL, &b), 0);
+		for (unsigned i = 0; i < 64; i++)
+			stk_batch_read(b, files[11], 0, 1u << 20, big + ((size_t)i << 20), i);
+		stk_batch_destroy(b);
+		free(big);
+	}
+
+	for (unsigned i = 0; i < BATCH_FILES; i++)
+		stk_close(files[i]);
+	stk_close(rf);
+	stk_disconnect(c);
+	if (!failures)
+		printf("batch: ok\n");
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -562,7 +829,7 @@ int main(int argc, char **argv)
 		int (*fn)(int, char **);
 	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
-		    {"frames", cmd_frames}};
+		    {"frames", cmd_frames}, {"batch", cmd_batch}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
