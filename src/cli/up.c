@@ -221,6 +221,8 @@ struct up {
 	unsigned ntargets;
 	char chunk_size[32], stripe[32]; /* passed to meta as its defaults when set */
 	char mount[PATH_MAX]; /* --mount: where to mount the cluster once it serves */
+	unsigned s3_port; /* --s3: serve the S3 gateway on this port once it serves */
+	pid_t s3_pid;
 	char addr[NROLES][80];
 	char metrics[NROLES][80]; /* "" with --no-metrics */
 	pid_t pid[NROLES];
@@ -459,6 +461,90 @@ static void umount_cluster(const struct up *u)
 			u->mount, u->mount);
 }
 
+/*
+ * The S3 gateway's keys: $STOKER_S3_ACCESS_KEY/SECRET when set (the gateway reads
+ * them itself), else DIR/s3.keys, made once with a random key pair.
+ */
+static int s3_keys(const struct up *u, char *path, size_t len)
+{
+	unsigned char rnd[30];
+	char line[128];
+	FILE *f;
+	int fd;
+
+	snprintf(path, len, "%s/s3.keys", u->data);
+	if (access(path, R_OK) == 0)
+		return 0;
+	fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || stk_read_full(fd, rnd, sizeof(rnd)) != (long)sizeof(rnd)) {
+		if (fd >= 0)
+			close(fd);
+		return -EIO;
+	}
+	close(fd);
+	char *q = line;
+	q += snprintf(q, 8, "STK");
+	for (int i = 0; i < 10; i++)
+		q += snprintf(q, 3, "%02X", rnd[i]);
+	*q++ = ' ';
+	for (int i = 10; i < 30; i++)
+		q += snprintf(q, 3, "%02x", rnd[i]);
+	*q++ = '\n';
+	*q = 0;
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	f = fdopen(fd, "w");
+	if (!f) {
+		close(fd);
+		return -EIO;
+	}
+	fputs(line, f);
+	return fclose(f) ? -EIO : 0;
+}
+
+static pid_t spawn_s3(struct up *u)
+{
+	char url[128], listen[96], keys[PATH_MAX + 16], logpath[PATH_MAX + 32];
+	char *args[] = {"stoker", "gateway", "s3", "--cluster", url, "--listen", listen,
+			"--keys", keys, NULL};
+	pid_t pid;
+	int fd;
+
+	snprintf(url, sizeof(url), "stk://%s", u->addr[0]);
+	snprintf(listen, sizeof(listen), "%s:%u", u->host, u->s3_port);
+	if (getenv("STOKER_S3_ACCESS_KEY") && getenv("STOKER_S3_SECRET_KEY"))
+		args[7] = NULL; /* the gateway takes the environment's keys */
+	else if (s3_keys(u, keys, sizeof(keys)))
+		return -1;
+	snprintf(logpath, sizeof(logpath), "%s/log/s3.log", u->data);
+	pid = fork();
+	if (pid != 0)
+		return pid;
+	fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (fd >= 0) {
+		dup2(fd, 1);
+		dup2(fd, 2);
+	}
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	setpgid(0, 0);
+	execv(u->exe, args);
+	_exit(127);
+}
+
+static void stop_s3(struct up *u)
+{
+	if (u->s3_pid <= 0)
+		return;
+	kill(u->s3_pid, SIGTERM);
+	for (int i = 0; i < 100 && waitpid(u->s3_pid, NULL, WNOHANG) != u->s3_pid; i++)
+		usleep(100000);
+	kill(u->s3_pid, SIGKILL);
+	waitpid(u->s3_pid, NULL, WNOHANG);
+	u->s3_pid = 0;
+}
+
 static int supervise(struct up *u, int ready_fd)
 {
 	uint64_t deadline = stk_now_ns() + 60ull * 1000000000ull;
@@ -497,6 +583,14 @@ static int supervise(struct up *u, int ready_fd)
 			u->last_start[r] = time(NULL);
 			u->restarts[r]++;
 		}
+		if (u->s3_pid > 0) {
+			int st;
+			if (waitpid(u->s3_pid, &st, WNOHANG) == u->s3_pid) {
+				fprintf(stderr, "the S3 gateway exited; restarting it (see log/s3.log)\n");
+				sleep(1);
+				u->s3_pid = spawn_s3(u);
+			}
+		}
 		if (!ready) {
 			if (cluster_ready(u)) {
 				char line[256];
@@ -515,15 +609,31 @@ static int supervise(struct up *u, int ready_fd)
 						 u->mount, u->data);
 					goto fail;
 				}
-				char mline[300] = "";
+				if (u->s3_port) {
+					u->s3_pid = spawn_s3(u);
+					if (u->s3_pid < 0) {
+						snprintf(msg, sizeof(msg),
+							 "cannot start the S3 gateway: no keys\n");
+						goto fail;
+					}
+				}
+				char mline[300] = "", s3line[PATH_MAX + 96] = "";
+				if (u->s3_port)
+					snprintf(s3line, sizeof(s3line),
+						 ", S3 on http://%s:%u (keys: %s)", u->host,
+						 u->s3_port,
+						 getenv("STOKER_S3_ACCESS_KEY")
+							 ? "$STOKER_S3_ACCESS_KEY"
+							 : "DATA/s3.keys");
 				if (u->metrics[0][0])
 					snprintf(mline, sizeof(mline), ", metrics on %s %s %s",
 						 u->metrics[0], u->metrics[1], u->metrics[2]);
 				snprintf(msg, sizeof(msg),
 					 "ok Stoker is up: cluster stk://%s (mgmtd %s, meta %s, storage %s, "
-					 "%u targets%s), data in %s%s%s\n",
+					 "%u targets%s), data in %s%s%s%s\n",
 					 u->addr[0], u->addr[0], u->addr[1], u->addr[2], u->ntargets,
-					 mline, u->data, u->mount[0] ? ", mounted on " : "", u->mount);
+					 mline, u->data, u->mount[0] ? ", mounted on " : "", u->mount,
+					 s3line);
 				if (ready_fd >= 0) {
 					stk_write_all(ready_fd, msg, strlen(msg));
 					close(ready_fd);
@@ -544,12 +654,14 @@ static int supervise(struct up *u, int ready_fd)
 		}
 		usleep(ready ? 200000 : 50000);
 	}
+	stop_s3(u);
 	if (ready)
 		umount_cluster(u); /* flush what the mount buffers while the cluster still serves */
 	stop_children(u);
 	record_cluster(u, 0);
 	return 0;
 fail:
+	stop_s3(u);
 	stop_children(u);
 	if (ready_fd >= 0) {
 		char err[600];
@@ -567,7 +679,8 @@ static const struct option up_opts[] = {
 	{"port", required_argument, NULL, 'p'},  {"host", required_argument, NULL, 'H'},
 	{"targets", required_argument, NULL, 't'}, {"chunk-size", required_argument, NULL, 'c'},
 	{"stripe", required_argument, NULL, 's'},  {"no-metrics", no_argument, NULL, 'M'},
-	{"mount", required_argument, NULL, 'm'},   {NULL, 0, NULL, 0},
+	{"mount", required_argument, NULL, 'm'},   {"s3", required_argument, NULL, '3'},
+	{NULL, 0, NULL, 0},
 };
 
 int cmd_up(int argc, char **argv)
@@ -623,6 +736,13 @@ int cmd_up(int argc, char **argv)
 				goto out;
 			}
 			snprintf(u->chunk_size, sizeof(u->chunk_size), "%llu", (unsigned long long)v);
+			break;
+		case '3':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > 65535) {
+				cli_err("up", "bad --s3 port '%s'", optarg);
+				goto out;
+			}
+			u->s3_port = (unsigned)v;
 			break;
 		case 'm':
 			if (!realpath(optarg, u->mount)) {
@@ -703,6 +823,14 @@ int cmd_up(int argc, char **argv)
 				      "pass --no-metrics",
 				u->port + STK_METRICS_PORT_OFFSET + (unsigned)r, u->host,
 				role_names[r], strerror(-e), STK_METRICS_PORT_OFFSET);
+			goto out;
+		}
+	}
+	if (u->s3_port) {
+		int e = port_free(u->host, u->s3_port);
+		if (e) {
+			cli_err("up", "cannot use port %u on %s for the S3 gateway: %s", u->s3_port,
+				u->host, strerror(-e));
 			goto out;
 		}
 	}

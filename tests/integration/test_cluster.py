@@ -145,3 +145,35 @@ def test_up_mounts_and_down_unmounts(tmp_path):
     p = run([STOKER, "up", "--data", str(tmp_path / "e"), "--daemon", "--port", str(port),
              "--mount", str(tmp_path / "missing")], check=False)
     assert p.returncode != 0 and b"missing" in p.stderr
+
+
+def test_up_serves_s3(tmp_path):
+    import boto3
+    from botocore.config import Config
+    port, s3port = pick_ports(), pick_ports() + 20
+    data = tmp_path / "d"
+    p = run([STOKER, "up", "--data", str(data), "--daemon", "--port", str(port),
+             "--s3", str(s3port)], check=False, timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("STOKER_S3")})
+    try:
+        assert p.returncode == 0, p.stderr
+        assert b"S3 on http://127.0.0.1:%d" % s3port in p.stdout
+        key, secret = (data / "s3.keys").read_text().split()
+        env = dict(os.environ, STOKER_CLUSTER="stk://127.0.0.1:%d" % port)
+        run([STOKER, "mkdir", "/bucket"], env=env)
+        run([STOKER, "put", "-", "/bucket/obj.txt"], input=b"via the cli", env=env)
+        s3 = boto3.client("s3", endpoint_url="http://127.0.0.1:%d" % s3port,
+                          aws_access_key_id=key, aws_secret_access_key=secret,
+                          region_name="us-east-1", config=Config(retries={"max_attempts": 10}))
+        deadline = time.time() + 20
+        while True:
+            try:
+                body = s3.get_object(Bucket="bucket", Key="obj.txt")["Body"].read()
+                break
+            except Exception:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert body == b"via the cli"
+    finally:
+        run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
