@@ -38,7 +38,7 @@ rc=$?; [ $rc = 0 ] || fail=1
 step "integration tests against the ASan/UBSan build"
 STOKER_BUILD=build-asan ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration \
-	-k "api or frames or round_trip or restart or concurrent or corrupted or mount or metrics" \
+	-k "api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch" \
 	--junitxml=build-asan/integration.xml
 rc=$?; [ $rc = 0 ] || fail=1
 
