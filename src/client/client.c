@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "../common/layout.h"
+#include "../storage/chunk.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../proto/status.h"
@@ -133,6 +134,9 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	if (e && stk_parse_u64(e, &v) == 0 && v < 3600000)
 		c->retry_ms = (unsigned)v;
 	pthread_rwlock_init(&c->rt_lock, NULL);
+	pthread_mutex_init(&c->local_lock, NULL);
+	e = getenv("STOKER_SHORT_CIRCUIT");
+	c->short_circuit = !(e && strcmp(e, "0") == 0);
 	rc = stk_pool_create(c->opts.conns_per_node, &c->pool);
 	if (rc)
 		goto out_lock;
@@ -155,6 +159,9 @@ void stk_disconnect(stk_client *c)
 	if (!c)
 		return;
 	stk_pool_destroy(c->pool);
+	for (unsigned i = 0; i < c->nlocals; i++)
+		stk_chunk_store_close(c->locals[i].cs);
+	free(c->locals);
 	stk_routing_free(&c->rt);
 	pthread_rwlock_destroy(&c->rt_lock);
 	free(c);
@@ -174,6 +181,7 @@ void stk_after_fork(stk_client *c)
 	 */
 	stk_pool_after_fork(c->pool);
 	pthread_rwlock_init(&c->rt_lock, NULL);
+	pthread_mutex_init(&c->local_lock, NULL);
 }
 
 int stk_client_refresh_routing(struct stk_client *c)

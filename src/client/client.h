@@ -20,6 +20,12 @@
 #include "../proto/msg.h"
 #include "../proto/wire.h"
 
+/* A target of this machine the client reads directly (short-circuit reads). */
+struct stk_local_target {
+	uint32_t id;
+	struct stk_chunk_store *cs; /* NULL: tried, not readable from here */
+};
+
 struct stk_client {
 	char mgmtd[STK_ADDR_MAX];
 	struct stk_pool *pool;
@@ -28,6 +34,10 @@ struct stk_client {
 	unsigned retry_ms; /* how long transport failures are retried before -EIO */
 	pthread_rwlock_t rt_lock; /* protects rt */
 	struct stk_routing rt;
+	int short_circuit; /* STOKER_SHORT_CIRCUIT=0 turns local chunk reads off */
+	pthread_mutex_t local_lock; /* protects locals, nlocals */
+	struct stk_local_target *locals;
+	unsigned nlocals;
 };
 
 /* "stk://HOST:PORT[/...]" or "HOST:PORT" to "HOST:PORT". 0 or -EINVAL. */

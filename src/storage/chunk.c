@@ -949,6 +949,34 @@ out:
 	return rc;
 }
 
+int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
+				struct stk_chunk_store **out)
+{
+	struct stk_chunk_store *cs;
+	int rc;
+
+	cs = calloc(1, sizeof(*cs));
+	if (!cs)
+		return -ENOMEM;
+	for (unsigned i = 0; i < LOCK_STRIPES; i++)
+		pthread_mutex_init(&cs->locks[i], NULL);
+	cs->dirfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (cs->dirfd < 0 || stk_strlcpy(cs->dir, dir, sizeof(cs->dir))) {
+		rc = cs->dirfd < 0 ? -errno : -ENAMETOOLONG;
+		goto out;
+	}
+	rc = read_id(cs);
+	if (rc == 0 && cs->id != expect_id)
+		rc = -ESTALE; /* same path, another target: not the one the routing names */
+	if (rc)
+		goto out;
+	*out = cs;
+	return 0;
+out:
+	stk_chunk_store_close(cs);
+	return rc;
+}
+
 void stk_chunk_store_close(struct stk_chunk_store *cs)
 {
 	if (!cs)

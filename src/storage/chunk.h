@@ -71,6 +71,15 @@ uint64_t stk_chunk_store_corrupt_count(const struct stk_chunk_store *cs);
 int stk_chunk_store_sync(struct stk_chunk_store *cs);
 
 /*
+ * Opens an existing target folder for reading only, as a client on the storage
+ * node does for short-circuit reads: no folder is made, nothing is scanned, and
+ * the folder's target.id must be expect_id (-ESTALE otherwise). Only
+ * stk_chunk_read and stk_chunk_store_close may be used on the result.
+ */
+int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
+				struct stk_chunk_store **out);
+
+/*
  * Writes len bytes at off into chunk idx of inode ino, growing it as needed (a gap
  * between the old end and off reads as zeros). off + len must not exceed
  * chunk_size (at most 64 MiB). With STK_WRITE_SYNC the chunk is durable when this
