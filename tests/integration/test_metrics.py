@@ -152,7 +152,7 @@ def test_cluster_and_target_figures(cluster):
     assert total(s, "stoker_host_tcp_retransmitted_segments_total") >= 0
 
 
-def test_written_bytes_show_in_storage_counters(cluster, rand_file, tmp_path):
+def test_written_bytes_show_in_storage_counters(cluster, rand_file, tmp_path, monkeypatch):
     size = (3 << 20) + 12345
     src = rand_file(size)
     before, _ = scrape(cluster, "storage")
@@ -166,6 +166,8 @@ def test_written_bytes_show_in_storage_counters(cluster, rand_file, tmp_path):
         total(before, "stoker_rpc_requests_total", op="STOR_WRITE") + 4
     assert total(after, "stoker_rpc_received_bytes_total", op="STOR_WRITE") - \
         total(before, "stoker_rpc_received_bytes_total", op="STOR_WRITE") > size
+    # through the storage node: a short-circuit read would not be counted there
+    monkeypatch.setenv("STOKER_SHORT_CIRCUIT", "0")
     cluster.cli("get", "/counted.bin", str(tmp_path / "back.bin"))
     again, _ = scrape(cluster, "storage")
     assert total(again, "stoker_target_read_bytes_total") - \
