@@ -246,8 +246,11 @@ def test_closed_client(cluster):
     assert c2.closed
 
 
-def test_gil_released_while_storage_is_stopped(cluster, client):
+def test_gil_released_while_storage_is_stopped(cluster, monkeypatch):
     """A read blocked on a stopped storage daemon must not hold the GIL."""
+    # reads must cross the network to block: a short-circuit read would not wait
+    monkeypatch.setenv("STOKER_SHORT_CIRCUIT", "0")
+    client = stoker.connect(cluster.url)
     data = pattern(2 * MiB, 3)
     client.write_file("/gil.bin", data)
     f = client.open("/gil.bin")
@@ -273,6 +276,7 @@ def test_gil_released_while_storage_is_stopped(cluster, client):
     t.join(60)
     bt.join(60)
     f.close()
+    client.close()
     assert got["b"] == data and got["batch"] == [data[:10]]
 
 
