@@ -1043,26 +1043,47 @@ out:
 	return rc;
 }
 
+/*
+ * The common start of mkdir and symlink: checks the name, begins a write
+ * transaction and, in directory `parent` (search and write permission, the name
+ * not taken), allocates the new inode *n of `mode`. Returns -errno when the
+ * transaction could not begin (there is nothing to end); otherwise 0, with *step
+ * the result of the steps after it, and the caller ends the transaction with
+ * op_end().
+ */
+static int new_entry_begin(struct op *o, struct stk_meta_store *st, const struct stk_cred *cred,
+			   uint64_t parent, const char *name, uint32_t mode, struct inode *dir,
+			   struct inode *n, int *step)
+{
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	rc = op_begin(o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(o, parent, MAY_X, dir);
+	if (rc == 0)
+		rc = name_free(o, dir, name);
+	if (rc == 0)
+		rc = may(o, &dir->a, MAY_W | MAY_X);
+	if (rc == 0)
+		rc = inode_new(o, dir, mode, n);
+	*step = rc;
+	return 0;
+}
+
 int stk_meta_store_mkdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			 const char *name, uint32_t mode, struct stk_attr *out)
 {
 	struct inode dir, n;
 	struct op o;
-	int rc;
+	int rc, step;
 
-	rc = check_name(name);
+	rc = new_entry_begin(&o, st, cred, parent, name, S_IFDIR | (mode & 01777), &dir, &n, &step);
 	if (rc)
 		return rc;
-	rc = op_begin(&o, st, cred, 0);
-	if (rc)
-		return rc;
-	rc = dir_get(&o, parent, MAY_X, &dir);
-	if (rc == 0)
-		rc = name_free(&o, &dir, name);
-	if (rc == 0)
-		rc = may(&o, &dir.a, MAY_W | MAY_X);
-	if (rc == 0)
-		rc = inode_new(&o, &dir, S_IFDIR | (mode & 01777), &n);
+	rc = step;
 	if (rc == 0) {
 		n.a.nlink = 2;
 		n.a.size = DIR_SIZE;
@@ -1084,25 +1105,16 @@ int stk_meta_store_symlink(struct stk_meta_store *st, const struct stk_cred *cre
 	MDB_val key = {sizeof(k), k}, val = {tlen, (void *)target};
 	struct inode dir, n;
 	struct op o;
-	int rc;
+	int rc, step;
 
 	if (tlen == 0)
 		return -ENOENT;
 	if (tlen > STK_PATH_MAX)
 		return -ENAMETOOLONG;
-	rc = check_name(name);
+	rc = new_entry_begin(&o, st, cred, parent, name, S_IFLNK | 0777, &dir, &n, &step);
 	if (rc)
 		return rc;
-	rc = op_begin(&o, st, cred, 0);
-	if (rc)
-		return rc;
-	rc = dir_get(&o, parent, MAY_X, &dir);
-	if (rc == 0)
-		rc = name_free(&o, &dir, name);
-	if (rc == 0)
-		rc = may(&o, &dir.a, MAY_W | MAY_X);
-	if (rc == 0)
-		rc = inode_new(&o, &dir, S_IFLNK | 0777, &n);
+	rc = step;
 	if (rc == 0) {
 		n.a.size = tlen;
 		be64_put(k, n.a.ino);
