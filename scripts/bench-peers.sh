@@ -80,7 +80,7 @@ for metric, by in vals.items():
     if "stoker" not in by:
         continue
     s = by["stoker"]
-    low = metric.endswith(("_us", "_ms", "_s")) or "wait" in metric
+    low = metric.endswith(("_us", "_ms")) or metric in ("W6_wait_s", "total_runtime_s")
     peers = [by[p] for p in ("gluster", "moosefs") if p in by and by[p] > 0]
     best = (min(peers) if low else max(peers)) if peers else None
     loc = by.get("local")
