@@ -48,7 +48,7 @@
 	  "unmount and wait for the mount daemon to flush and exit (-l: detach now)")            \
 	X(gateway, cmd_gateway,                                                                 \
 	  "gateway s3 --cluster stk://HOST:PORT --listen ADDR:PORT [--tls-cert F --tls-key F] "  \
-	  "[--keys FILE] [--root /DIR] [--region R] [--threads N]",                              \
+	  "[--keys FILE] [--root /DIR] [--region R] [--threads N] [--domain D] [--metrics A:P]", \
 	  "serve the namespace over the S3 API (docs/s3.md)")                                    \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH] | bench loader [--preset image|segmentation] PATH", \
 	  "measure throughput, IOPS and latency; `bench loader`: accelerators kept busy (MLPerf Storage)") \

@@ -223,6 +223,7 @@ struct up {
 	char mount[PATH_MAX]; /* --mount: where to mount the cluster once it serves */
 	unsigned s3_port; /* --s3: serve the S3 gateway on this port once it serves */
 	pid_t s3_pid;
+	char s3_metrics[80]; /* the gateway's metrics on BASE+13; "" with --no-metrics */
 	char addr[NROLES][80];
 	char metrics[NROLES][80]; /* "" with --no-metrics */
 	pid_t pid[NROLES];
@@ -507,14 +508,19 @@ static pid_t spawn_s3(struct up *u)
 {
 	char url[128], listen[96], keys[PATH_MAX + 16], logpath[PATH_MAX + 32];
 	char *args[] = {"stoker", "gateway", "s3", "--cluster", url, "--listen", listen,
-			"--keys", keys, NULL};
+			"--metrics", u->s3_metrics, "--keys", keys, NULL};
 	pid_t pid;
 	int fd;
 
 	snprintf(url, sizeof(url), "stk://%s", u->addr[0]);
 	snprintf(listen, sizeof(listen), "%s:%u", u->host, u->s3_port);
+	if (!u->s3_metrics[0]) { /* --no-metrics: drop the pair, keep the keys */
+		args[7] = args[9];
+		args[8] = args[10];
+		args[9] = NULL;
+	}
 	if (getenv("STOKER_S3_ACCESS_KEY") && getenv("STOKER_S3_SECRET_KEY"))
-		args[7] = NULL; /* the gateway takes the environment's keys */
+		args[u->s3_metrics[0] ? 9 : 7] = NULL; /* the gateway takes the environment's keys */
 	else if (s3_keys(u, keys, sizeof(keys)))
 		return -1;
 	snprintf(logpath, sizeof(logpath), "%s/log/s3.log", u->data);
@@ -620,11 +626,13 @@ static int supervise(struct up *u, int ready_fd)
 				char mline[300] = "", s3line[PATH_MAX + 96] = "";
 				if (u->s3_port)
 					snprintf(s3line, sizeof(s3line),
-						 ", S3 on http://%s:%u (keys: %s)", u->host,
+						 ", S3 on http://%s:%u (keys: %s%s%s)", u->host,
 						 u->s3_port,
 						 getenv("STOKER_S3_ACCESS_KEY")
 							 ? "$STOKER_S3_ACCESS_KEY"
-							 : "DATA/s3.keys");
+							 : "DATA/s3.keys",
+						 u->s3_metrics[0] ? ", metrics on " : "",
+						 u->s3_metrics);
 				if (u->metrics[0][0])
 					snprintf(mline, sizeof(mline), ", metrics on %s %s %s",
 						 u->metrics[0], u->metrics[1], u->metrics[2]);
@@ -832,6 +840,19 @@ int cmd_up(int argc, char **argv)
 			cli_err("up", "cannot use port %u on %s for the S3 gateway: %s", u->s3_port,
 				u->host, strerror(-e));
 			goto out;
+		}
+		/* the gateway's metrics follow the daemons': BASE+13 */
+		if (!no_metrics) {
+			unsigned mp = u->port + STK_METRICS_PORT_OFFSET + NROLES;
+			e = mp > 65535 ? -ERANGE : port_free(u->host, mp);
+			if (e) {
+				cli_err("up", "cannot use port %u on %s for the S3 gateway's metrics: "
+					      "%s; choose other ports with --port BASE or pass "
+					      "--no-metrics",
+					mp, u->host, strerror(-e));
+				goto out;
+			}
+			snprintf(u->s3_metrics, sizeof(u->s3_metrics), "%s:%u", u->host, mp);
 		}
 	}
 	memset(&sa, 0, sizeof(sa));

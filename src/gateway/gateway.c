@@ -25,6 +25,7 @@
 
 #include "../common/daemon.h"
 #include "../common/log.h"
+#include "../common/metrics.h"
 #include "../common/util.h"
 
 #define GW_PEM_MAX (1u << 20)
@@ -160,6 +161,20 @@ static void raise_fd_limit(void)
 	}
 }
 
+/* A --domain: a DNS name (letters, digits, '-', '.'), not starting or ending with '.'. */
+static int domain_ok(const char *d)
+{
+	size_t n = strlen(d);
+
+	if (n == 0 || n > 253 || d[0] == '.' || d[n - 1] == '.')
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if (!((d[i] >= 'a' && d[i] <= 'z') || (d[i] >= 'A' && d[i] <= 'Z') ||
+		      (d[i] >= '0' && d[i] <= '9') || d[i] == '-' || d[i] == '.'))
+			return 0;
+	return 1;
+}
+
 static const struct option g_opts[] = {
     {"cluster", required_argument, NULL, 'c'},
     {"listen", required_argument, NULL, 'l'},
@@ -173,6 +188,8 @@ static const struct option g_opts[] = {
     {"timeout", required_argument, NULL, 'T'},
     {"io-size", required_argument, NULL, 'i'},
     {"sweep-age", required_argument, NULL, 'a'},
+    {"domain", required_argument, NULL, 'D'},
+    {"metrics", required_argument, NULL, 'M'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -196,6 +213,8 @@ static int gateway_s3(int argc, char **argv)
 	const char *cmd = "gateway";
 	const char *cluster = NULL, *listen = "127.0.0.1:9000", *cert_path = NULL;
 	const char *key_path = NULL, *keys_path = NULL, *root = "/", *region = "us-east-1";
+	const char *metrics = NULL;
+	struct stk_metrics_http *mh = NULL;
 	uint64_t threads = 16, max_conns = 4096, timeout = 60, io_size = 4u << 20;
 	uint64_t sweep_age = 24 * 3600, next_sweep = 0;
 	struct stk_s3_server_opts so;
@@ -249,6 +268,23 @@ static int gateway_s3(int argc, char **argv)
 		case 'a':
 			if (parse_uint(cmd, "sweep-age", optarg, 1, 365 * 86400, &sweep_age, 0))
 				return 2;
+			break;
+		case 'D':
+			if (!domain_ok(optarg)) {
+				cli_err(cmd,
+					"--domain %s: expected a host name such as s3.example.com "
+					"(no port, no scheme)",
+					optarg);
+				return 2;
+			}
+			if (gw.ndomains == STK_S3_DOMAINS_MAX) {
+				cli_err(cmd, "--domain: at most %u", STK_S3_DOMAINS_MAX);
+				return 2;
+			}
+			gw.domains[gw.ndomains++] = optarg;
+			break;
+		case 'M':
+			metrics = optarg;
 			break;
 		default:
 			return cli_usage(cmd);
@@ -323,6 +359,13 @@ static int gateway_s3(int argc, char **argv)
 	snprintf(gw.root, sizeof(gw.root), "%s", strcmp(root, "/") ? root : "");
 
 	raise_fd_limit();
+	if (metrics) {
+		rc = stk_metrics_http_start(metrics, "s3", &mh);
+		if (rc) {
+			cli_err(cmd, "--metrics %s: %s", metrics, stk_strerror(rc));
+			goto out;
+		}
+	}
 	memset(&so, 0, sizeof(so));
 	so.listen = listen;
 	so.tls_cert_pem = cert;
@@ -330,6 +373,7 @@ static int gateway_s3(int argc, char **argv)
 	so.threads = (unsigned)threads;
 	so.max_conns = (unsigned)max_conns;
 	so.timeout_s = (unsigned)timeout;
+	so.metrics = mh != NULL;
 	rc = stk_s3_server_start(&gw, &so, &srv);
 	if (rc) {
 		cli_err(cmd, "--listen %s: %s", listen,
@@ -342,6 +386,10 @@ static int gateway_s3(int argc, char **argv)
 	stk_info("s3 gateway: serving %s%s over %s on port %u (%u threads, %u keys)",
 		 stk_cluster_addr(gw.c), root, cert ? "https" : "http", stk_s3_server_port(srv),
 		 so.threads, gw.nkeys);
+	for (unsigned i = 0; i < gw.ndomains; i++)
+		stk_info("s3 gateway: virtual-hosted style for BUCKET.%s", gw.domains[i]);
+	if (mh)
+		stk_info("s3 gateway: metrics on http://%s/metrics", stk_metrics_http_addr(mh));
 	while (!stk_daemon_stopping()) {
 		if (stk_now_ns() >= next_sweep) {
 			rc = stk_s3_sweep(&gw, (int64_t)sweep_age);
@@ -356,6 +404,7 @@ static int gateway_s3(int argc, char **argv)
 	ret = 0;
 out:
 	stk_s3_server_stop(srv);
+	stk_metrics_http_stop(mh);
 	if (gw.c)
 		stk_disconnect(gw.c);
 	if (gw.keys) {

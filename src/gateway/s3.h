@@ -46,6 +46,7 @@
 #define STK_S3_MIN_PART_SIZE (5ull << 20)   /* every part but the last, as S3 */
 #define STK_S3_MAX_OBJECT_SIZE (5ull << 40) /* 5 TiB, as S3 */
 #define STK_S3_EMPTY_MD5 "d41d8cd98f00b204e9800998ecf8427e"
+#define STK_S3_DOMAINS_MAX 8 /* --domain options */
 
 /*
  * Every S3 error the gateway answers, declared once: the enum, the codes, the
@@ -123,6 +124,7 @@ enum stk_s3_err {
 #define STK_S3_ERR_ENUM(name, code, status, msg) STK_S3_ERR_##name,
 	STK_S3_ERRORS(STK_S3_ERR_ENUM)
 #undef STK_S3_ERR_ENUM
+	    STK_S3_ERR__COUNT
 };
 
 const char *stk_s3_err_code(enum stk_s3_err e);
@@ -188,6 +190,8 @@ struct stk_s3_gw {
 	unsigned skew_s; /* allowed clock difference for signed requests */
 	struct stk_s3_open_table open;
 	struct stk_s3_bcache bcache;
+	const char *domains[STK_S3_DOMAINS_MAX]; /* --domain: virtual-hosted style under these */
+	unsigned ndomains;
 };
 
 /* The access key's secret, or NULL. */
@@ -405,6 +409,7 @@ enum stk_s3_op {
 #define STK_S3_OP_ENUM(name, str, body) STK_S3_OP_##name,
 	STK_S3_OPS(STK_S3_OP_ENUM)
 #undef STK_S3_OP_ENUM
+	    STK_S3_OP__COUNT
 };
 
 enum stk_s3_body { STK_S3_BODY_NONE, STK_S3_BODY_XML, STK_S3_BODY_FILE };
@@ -468,6 +473,8 @@ struct stk_s3_req {
 	void *ck_md;	   /* EVP_MD_CTX for the SHA checksums */
 	char ck_want[100]; /* base64, from a header or a trailer */
 	uint64_t started_ns;
+	uint64_t sent_len;	 /* bytes of a buffered response body handed over */
+	enum stk_s3_err resp_err; /* what was answered, for the metrics */
 };
 
 /* A request header by name (case-insensitive), or NULL. */
@@ -500,6 +507,7 @@ struct stk_s3_server_opts {
 	unsigned threads;
 	unsigned max_conns;
 	unsigned timeout_s;
+	int metrics; /* count requests in the stoker_client_* families (frontend "s3") */
 };
 int stk_s3_server_start(struct stk_s3_gw *gw, const struct stk_s3_server_opts *o,
 			struct stk_s3_server **out);

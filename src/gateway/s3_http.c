@@ -34,6 +34,15 @@
  * A GET streams its file from a content-reader callback, reading io_size bytes at
  * a time into libmicrohttpd's buffer: memory per GET is one buffer, whatever the
  * object's size.
+ *
+ * With --domain, a Host header "BUCKET.DOMAIN" names the bucket (virtual-hosted
+ * style) and the whole path is the key; SigV4 signs path and Host as sent either way.
+ * With --metrics, every request is counted when it ends (completed), in the
+ * stoker_client_* families with frontend="s3": by operation ("Unknown" when refused
+ * before it was routed), errors by S3 error code or by how the request ended
+ * (RequestTimeout, ConnectionClosed, BadRequest), body bytes in and out, time from
+ * the request line to the last byte sent, and connections from libmicrohttpd's
+ * connection notifications.
  */
 #include "s3.h"
 
@@ -55,6 +64,7 @@
 #include <time.h>
 
 #include "../common/log.h"
+#include "../common/metrics.h"
 #include "../common/util.h"
 
 #define STK_S3_EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
@@ -70,11 +80,19 @@ static const char *const g_ck_names[CK_COUNT] = {NULL, "x-amz-checksum-crc32",
 						 "x-amz-checksum-sha256"};
 enum { PH_NEW, PH_BODY, PH_DONE };
 
+/* What a request can end in besides an S3 error, for stoker_client_errors_total. */
+enum { END_TIMEOUT = STK_S3_ERR__COUNT, END_CLOSED, END_REFUSED, END__COUNT };
+static const char *const g_end_names[] = {"RequestTimeout", "ConnectionClosed", "BadRequest"};
+
 struct stk_s3_server {
 	struct MHD_Daemon *d;
 	struct stk_s3_gw *gw;
 	unsigned port;
 	char *cert, *key; /* PEM, kept for the daemon's life */
+	/* metrics (all 0 / NULL when off): requests, bytes, latency, connections */
+	struct stk_metrics_ops *m;
+	stk_metric_t read_bytes[STK_S3_OP__COUNT];	/* streamed GET bodies, as sent */
+	stk_metric_t errs[STK_S3_OP__COUNT][END__COUNT]; /* atomic, registered on first use */
 };
 
 /* ---- request helpers for s3_ops.c ---- */
@@ -501,6 +519,7 @@ static enum stk_s3_err finish_body(struct stk_s3_req *r)
  */
 struct fbody {
 	struct stk_s3_gw *gw;
+	stk_metric_t sent; /* counts the bytes handed to libmicrohttpd */
 	stk_file *f;
 	uint64_t off, len;
 	size_t block;
@@ -567,6 +586,8 @@ static ssize_t file_reader(void *cls, uint64_t pos, char *buf, size_t max)
 	if (!b->ahead) {
 		n = b->len - pos < max ? (size_t)(b->len - pos) : max;
 		r = stk_pread(b->f, buf, n, (off_t)(b->off + pos));
+		if (r > 0)
+			stk_metric_add(b->sent, r);
 		return r > 0 ? r : read_error(b, pos, r);
 	}
 	pthread_mutex_lock(&b->lock);
@@ -587,6 +608,7 @@ static ssize_t file_reader(void *cls, uint64_t pos, char *buf, size_t max)
 		pthread_cond_broadcast(&b->cv);
 	}
 	pthread_mutex_unlock(&b->lock);
+	stk_metric_add(b->sent, (int64_t)n);
 	return (ssize_t)n;
 }
 
@@ -609,7 +631,7 @@ static void file_free(void *cls)
 }
 
 /* Takes r->file over into a body; NULL when out of memory (the file is released). */
-static struct fbody *fbody_create(struct stk_s3_req *r)
+static struct fbody *fbody_create(struct stk_s3_req *r, stk_metric_t sent)
 {
 	struct fbody *b = calloc(1, sizeof(*b));
 
@@ -619,6 +641,7 @@ static struct fbody *fbody_create(struct stk_s3_req *r)
 		return NULL;
 	}
 	b->gw = r->gw;
+	b->sent = sent;
 	b->f = r->file;
 	b->off = r->file_off;
 	b->len = r->file_len;
@@ -672,7 +695,7 @@ static void error_body(struct stk_s3_req *r, enum stk_s3_err e)
 	stk_s3_buf_str(b, "<HostId>stoker</HostId></Error>");
 }
 
-static enum MHD_Result respond(struct stk_s3_req *r, enum stk_s3_err e)
+static enum MHD_Result respond(struct stk_s3_server *s, struct stk_s3_req *r, enum stk_s3_err e)
 {
 	struct MHD_Connection *conn = r->conn;
 	struct MHD_Response *resp;
@@ -681,6 +704,7 @@ static enum MHD_Result respond(struct stk_s3_req *r, enum stk_s3_err e)
 	enum MHD_Result ret;
 
 	r->phase = PH_DONE;
+	r->resp_err = e;
 	if (e) {
 		status = stk_s3_err_status(e);
 		if (e != STK_S3_ERR_NOT_MODIFIED && !head) {
@@ -705,7 +729,7 @@ static enum MHD_Result respond(struct stk_s3_req *r, enum stk_s3_err e)
 	}
 	if (!e && r->file) {
 		size_t block = r->file_len < r->gw->io_size ? (size_t)r->file_len : r->gw->io_size;
-		struct fbody *fb = fbody_create(r);
+		struct fbody *fb = fbody_create(r, s->read_bytes[r->op]);
 		if (!fb)
 			return MHD_NO;
 		resp = MHD_create_response_from_callback(fb->len, block < 4096 ? 4096 : block,
@@ -718,6 +742,7 @@ static enum MHD_Result respond(struct stk_s3_req *r, enum stk_s3_err e)
 		/* HEAD announces the object's length; the reader never runs */
 		resp = MHD_create_response_from_callback(r->head_len, 4096, no_reader, NULL, NULL);
 	} else {
+		r->sent_len = r->out.len;
 		resp = MHD_create_response_from_buffer(r->out.len, r->out.p ? r->out.p : (void *)"",
 						       r->out.p ? MHD_RESPMEM_MUST_FREE
 								: MHD_RESPMEM_PERSISTENT);
@@ -761,6 +786,7 @@ static void *uri_log(void *cls, const char *uri, struct MHD_Connection *conn)
 		return NULL;
 	r->gw = s->gw;
 	r->started_ns = stk_now_ns();
+	stk_metrics_ops_begin(s->m, STK_S3_OP_NONE); /* in flight until completed() */
 	stk_s3_random_hex(r->reqid, 8);
 	stk_s3_buf_init(&r->out, STK_S3_OUT_LIMIT);
 	stk_s3_buf_init(&r->hdrs, 64u << 10);
@@ -777,6 +803,23 @@ static enum stk_s3_err start(struct stk_s3_req *r)
 		return r->target_rc == -E2BIG
 			   ? fail(r, STK_S3_ERR_INVALID_URI, "The URI is too long.")
 			   : STK_S3_ERR_INVALID_URI;
+	if (r->gw->ndomains) {
+		/* virtual-hosted style: the bucket is in the Host header, the key is the
+		 * whole path; SigV4 still signs the path and Host as sent */
+		const char *host = stk_s3_req_header(r, "host");
+		char bucket[STK_S3_BUCKET_MAX + 1];
+		int rc = host ? stk_s3_host_bucket(host, strlen(host), r->gw->domains,
+						   r->gw->ndomains, bucket, sizeof(bucket))
+			      : 0;
+
+		if (rc == 1 && stk_s3_bucket_check(bucket))
+			rc = -EINVAL; /* a name no bucket can have: say so, not NoSuchBucket */
+		if (rc < 0)
+			return fail(r, STK_S3_ERR_INVALID_BUCKET_NAME,
+				    "The bucket named in the Host header is not valid.");
+		if (rc == 1)
+			stk_s3_target_set_bucket(&r->t, bucket);
+	}
 	e = authenticate(r);
 	if (e)
 		return e;
@@ -795,10 +838,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			       const char *method, const char *version, const char *upload_data,
 			       size_t *upload_data_size, void **con_cls)
 {
+	struct stk_s3_server *s = cls;
 	struct stk_s3_req *r = *con_cls;
 	enum stk_s3_err e;
 
-	(void)cls;
 	(void)url;
 	(void)version;
 	if (!r)
@@ -809,7 +852,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		r->phase = PH_BODY;
 		e = start(r);
 		if (e || stk_s3_op_body(r->op) == STK_S3_BODY_NONE)
-			return respond(r, e);
+			return respond(s, r, e);
 		return MHD_YES;
 	}
 	if (r->phase == PH_DONE)
@@ -825,18 +868,59 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 		e = finish_body(r);
 	if (!e)
 		e = stk_s3_op_finish(r);
-	return respond(r, e);
+	return respond(s, r, e);
+}
+
+/* The error series of op, registered the first time it is needed. */
+static stk_metric_t err_series(struct stk_s3_server *s, enum stk_s3_op op, unsigned end)
+{
+	stk_metric_t *slot = &s->errs[op][end], h = __atomic_load_n(slot, __ATOMIC_RELAXED);
+	const char *v[3];
+
+	if (h || !s->m)
+		return h;
+	v[0] = "s3";
+	v[1] = op == STK_S3_OP_NONE ? "Unknown" : stk_s3_op_name(op);
+	v[2] = end < STK_S3_ERR__COUNT ? stk_s3_err_code((enum stk_s3_err)end)
+				       : g_end_names[end - STK_S3_ERR__COUNT];
+	if (stk_metric_series(STK_M_CLIENT_ERRORS, v, &h))
+		return 0;
+	__atomic_store_n(slot, h, __ATOMIC_RELAXED);
+	return h;
+}
+
+/* Counts a request that ended: its operation, S3 error or how it ended, bytes, time. */
+static void count_request(struct stk_s3_server *s, struct stk_s3_req *r,
+			  enum MHD_RequestTerminationCode toe)
+{
+	unsigned end = 0;
+
+	if (!s->m)
+		return;
+	if (r->phase == PH_DONE && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+		end = r->resp_err;
+	else if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED)
+		end = END_TIMEOUT;
+	else if (r->phase == PH_NEW && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+		end = END_REFUSED; /* answered by libmicrohttpd itself (431, 400) */
+	else if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+		end = END_CLOSED;
+	/* the operation's own ops_begin was counted as op NONE: in flight is per frontend */
+	stk_metrics_ops_end(s->m, r->op, r->started_ns, 0, r->raw_len, r->sent_len);
+	if (end)
+		stk_metric_add(err_series(s, r->op, end), 1);
 }
 
 static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 		      enum MHD_RequestTerminationCode toe)
 {
+	struct stk_s3_server *s = cls;
 	struct stk_s3_req *r = *con_cls;
 
-	(void)cls;
 	(void)conn;
 	if (!r)
 		return;
+	count_request(s, r, toe);
 	if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && r->phase == PH_BODY)
 		stk_info("s3 %s %s %s: client went away after %llu body bytes; nothing stored",
 			 r->reqid, r->method ? r->method : "-", r->t.path,
@@ -869,7 +953,33 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 	stk_debug("s3 http: %s", line);
 }
 
+static void conn_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
+			enum MHD_ConnectionNotificationCode toe)
+{
+	struct stk_s3_server *s = cls;
+
+	(void)conn;
+	(void)socket_context;
+	stk_metrics_ops_conn(s->m, toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
 /* ---- the server ---- */
+
+/* stoker_client_* series for every operation, so that they show from the start. */
+static int metrics_create(struct stk_s3_server *s)
+{
+	const char *names[STK_S3_OP__COUNT];
+	int rc;
+
+	for (unsigned i = 0; i < STK_S3_OP__COUNT; i++)
+		names[i] = i == STK_S3_OP_NONE ? "Unknown" : stk_s3_op_name((enum stk_s3_op)i);
+	rc = stk_metrics_ops_create("s3", names, STK_S3_OP__COUNT, &s->m);
+	for (unsigned i = 0; !rc && i < STK_S3_OP__COUNT; i++) {
+		const char *v[2] = {"s3", names[i]};
+		rc = stk_metric_series(STK_M_CLIENT_READ_BYTES, v, &s->read_bytes[i]);
+	}
+	return rc;
+}
 
 static int resolve_listen(const char *listen, struct sockaddr_storage *ss, int *v6)
 {
@@ -927,6 +1037,11 @@ int stk_s3_server_start(struct stk_s3_gw *gw, const struct stk_s3_server_opts *o
 	if (!s)
 		return -ENOMEM;
 	s->gw = gw;
+	if (o->metrics) {
+		rc = metrics_create(s);
+		if (rc)
+			goto fail;
+	}
 	if (v6)
 		flags |= MHD_USE_IPv6;
 	/* the logger first, so that libmicrohttpd's own messages about later options
@@ -943,6 +1058,7 @@ int stk_s3_server_start(struct stk_s3_gw *gw, const struct stk_s3_server_opts *o
 	    (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT, STK_S3_CONN_MEMORY, NULL};
 	opts[n++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)uri_log, s};
 	opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)completed, s};
+	opts[n++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)conn_notify, s};
 	if (o->tls_cert_pem) {
 		s->cert = strdup(o->tls_cert_pem);
 		s->key = strdup(o->tls_key_pem);
@@ -966,6 +1082,7 @@ int stk_s3_server_start(struct stk_s3_gw *gw, const struct stk_s3_server_opts *o
 	*out = s;
 	return 0;
 fail:
+	stk_metrics_ops_destroy(s->m);
 	free(s->cert);
 	free(s->key);
 	free(s);
@@ -982,6 +1099,7 @@ void stk_s3_server_stop(struct stk_s3_server *s)
 	if (!s)
 		return;
 	MHD_stop_daemon(s->d);
+	stk_metrics_ops_destroy(s->m);
 	if (s->key)
 		OPENSSL_cleanse(s->key, strlen(s->key));
 	free(s->cert);

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 /* ---- growable output buffer ---- */
@@ -288,6 +289,58 @@ int stk_s3_target_parse(const char *raw, size_t len, struct stk_s3_target *t)
 		t->nparams++;
 		p = pe + 1;
 	}
+	return 0;
+}
+
+int stk_s3_host_bucket(const char *host, size_t n, const char *const *domains,
+		       unsigned ndomains, char *bucket, size_t bucket_len)
+{
+	size_t hn = n;
+
+	if (n == 0 || host[0] == '[')
+		return 0; /* no Host, or an IPv6 literal */
+	/* the port: the digits after the last ':' */
+	for (size_t i = n; i > 0; i--) {
+		if (host[i - 1] == ':') {
+			hn = i - 1;
+			break;
+		}
+		if (host[i - 1] < '0' || host[i - 1] > '9')
+			break;
+	}
+	if (hn && host[hn - 1] == '.')
+		hn--; /* "bucket.example.com." is the same name, fully qualified */
+	for (unsigned d = 0; d < ndomains; d++) {
+		size_t dn = strlen(domains[d]), bn;
+
+		if (dn == 0 || hn <= dn + 1 || host[hn - dn - 1] != '.' ||
+		    strncasecmp(host + hn - dn, domains[d], dn) != 0)
+			continue;
+		bn = hn - dn - 1;
+		for (size_t i = 0; i < bn; i++)
+			if ((unsigned char)host[i] <= ' ' || (unsigned char)host[i] >= 0x7f ||
+			    host[i] == '/' || host[i] == ':')
+				return -EINVAL;
+		if (bn > STK_S3_BUCKET_MAX)
+			return -ENAMETOOLONG;
+		if (bn + 1 > bucket_len)
+			return -E2BIG;
+		memcpy(bucket, host, bn);
+		bucket[bn] = 0;
+		return 1;
+	}
+	return 0;
+}
+
+int stk_s3_target_set_bucket(struct stk_s3_target *t, const char *bucket)
+{
+	size_t n = strlen(bucket);
+
+	if (n > STK_S3_BUCKET_MAX)
+		return -ENAMETOOLONG;
+	memcpy(t->bucket, bucket, n + 1);
+	t->bucket_too_long = 0;
+	t->key = t->path[0] == '/' ? t->path + 1 : t->path;
 	return 0;
 }
 

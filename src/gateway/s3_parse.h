@@ -11,7 +11,8 @@
  * where a function says so; all of it is safe from any thread.
  *
  * What is here, in the order of a request's life:
- *   request target   the raw "/path?query" split, percent-decoded, bucket and key
+ *   request target   the raw "/path?query" split, percent-decoded, bucket and key;
+ *                    the bucket of a virtual-hosted-style Host header
  *   names            bucket names, object keys (no "..", no empty segment, no NUL,
  *                    no reserved ".stoker-" first segment), multipart upload ids
  *   SigV4            Authorization header and presigned-query parsing, canonical
@@ -107,6 +108,24 @@ struct stk_s3_target {
 int stk_s3_target_parse(const char *raw, size_t len, struct stk_s3_target *t);
 /* The decoded value of the first parameter named name, or NULL. */
 const char *stk_s3_param(const struct stk_s3_target *t, const char *name);
+
+/*
+ * Virtual-hosted-style addressing: when the Host header (host[0..n), with or
+ * without ":port") is "BUCKET.DOMAIN" for one of the ndomains configured
+ * domains (compared without case), copies BUCKET into bucket (bucket_len bytes
+ * with the NUL) and returns 1. 0 when the host is not under any domain, is a
+ * domain itself or an IP literal: the request is path-style. -EINVAL for an
+ * empty or malformed host part, -ENAMETOOLONG for a BUCKET over 63 bytes.
+ * BUCKET is returned as sent (lower case is for stk_s3_bucket_check to demand).
+ */
+int stk_s3_host_bucket(const char *host, size_t n, const char *const *domains,
+		       unsigned ndomains, char *bucket, size_t bucket_len);
+/*
+ * Makes a parsed path-style target virtual-hosted: the bucket is the given one
+ * and the key the whole path after its leading '/'. path is left as sent, which
+ * is what SigV4 signs. -ENAMETOOLONG for a bucket over 63 bytes.
+ */
+int stk_s3_target_set_bucket(struct stk_s3_target *t, const char *bucket);
 
 /* Decodes %XX escapes of in[0..n) into out (outlen bytes with the NUL). plus: '+'
  * is a space. -EINVAL for a bad escape or a NUL byte, -E2BIG when out is short. */

@@ -89,8 +89,18 @@ static void fuzz_target(const uint8_t *p, size_t n)
 	if (split > n)
 		split = n;
 	if (stk_s3_target_parse((const char *)p, split, t) == 0) {
+		static const char *const domains[] = {"s3.example.com", "localhost"};
+		char vb[STK_S3_BUCKET_MAX + 1];
+
 		check_key(t->key);
 		(void)stk_s3_bucket_check(t->bucket);
+		/* the rest of the input as a Host header, virtual-hosted style */
+		if (stk_s3_host_bucket((const char *)p + split, n - split, domains, 2, vb,
+				       sizeof(vb)) == 1) {
+			CHECK(strlen(vb) <= STK_S3_BUCKET_MAX && stk_s3_target_set_bucket(t, vb) == 0);
+			check_key(t->key);
+			(void)stk_s3_bucket_check(t->bucket);
+		}
 		for (unsigned i = 0; i < t->nparams; i++) {
 			(void)stk_s3_param(t, t->params[i].name);
 			(void)stk_s3_upload_id_check(t->params[i].value);

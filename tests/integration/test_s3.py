@@ -992,3 +992,257 @@ def test_tls(cluster, tmp_path):
         assert answered is None, answered
     finally:
         g.stop()
+
+
+# ---- virtual-hosted style ----
+
+VDOMAIN = "s3.stoker.test"  # no DNS: the test process resolves it (and BUCKET.it) itself
+
+
+@pytest.fixture
+def vhost(cluster, tmp_path, monkeypatch):
+    """A gateway serving BUCKET.s3.stoker.test, and getaddrinfo in this process
+    answering loopback for those names (only they: everything else resolves as usual)."""
+    real = socket.getaddrinfo
+
+    def fake(host, *a, **kw):
+        if isinstance(host, str) and (host == VDOMAIN or host.endswith("." + VDOMAIN)):
+            host = "127.0.0.1"
+        return real(host, *a, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    g = Gateway(cluster, tmp_path, extra=["--domain", VDOMAIN, "--domain", "other.test"])
+    yield g
+    g.stop()
+
+
+def vclient(g):
+    return boto3.client(
+        "s3", endpoint_url="http://%s:%d" % (VDOMAIN, g.port), aws_access_key_id=AK,
+        aws_secret_access_key=SK, region_name="us-east-1",
+        config=Config(s3={"addressing_style": "virtual"}, retries={"max_attempts": 1},
+                      signature_version="s3v4"))
+
+
+def vraw(g, method, host, path, body=b""):
+    """A signed request with the given Host header, over a connection to loopback."""
+    headers = {"host": host}
+    headers.update(sigv4(method, path, (), headers, hashlib.sha256(body).hexdigest(), AK,
+                         SK)[0])
+    conn = http.client.HTTPConnection("127.0.0.1", g.port, timeout=30)
+    try:
+        conn.request(method, urllib.parse.quote(path, safe="/~"), body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def test_virtual_hosted_style(vhost, cluster):
+    sent = []
+    v = vclient(vhost)
+    v.meta.events.register("before-send.s3",
+                           lambda request, **kw: sent.append(
+                               urllib.parse.urlsplit(request.url).netloc))
+    v.create_bucket(Bucket="vbucket")
+    body = os.urandom(300000)
+    v.put_object(Bucket="vbucket", Key="dir/obj.bin", Body=body, Metadata={"k": "v"})
+    # boto3 really put the bucket in the Host header, and SigV4 signed that
+    assert sent == ["vbucket.%s:%d" % (VDOMAIN, vhost.port)] * 2, sent
+    got = v.get_object(Bucket="vbucket", Key="dir/obj.bin")
+    assert got["Body"].read() == body and got["Metadata"] == {"k": "v"}
+    assert got["ETag"] == md5(body)
+    assert v.get_object(Bucket="vbucket", Key="dir/obj.bin", Range="bytes=10-19")[
+        "Body"].read() == body[10:20]
+    listing = v.list_objects_v2(Bucket="vbucket", Prefix="dir/")
+    assert [o["Key"] for o in listing["Contents"]] == ["dir/obj.bin"]
+    assert [b["Name"] for b in v.list_buckets()["Buckets"]] == ["vbucket"]  # Host: the domain
+    v.head_bucket(Bucket="vbucket")
+    # the same object path-style, through the IP address, and as a file
+    assert vhost.client().get_object(Bucket="vbucket", Key="dir/obj.bin")["Body"].read() == body
+    assert cluster.cli("cat", "/vbucket/dir/obj.bin").stdout == body
+    # copy and multipart, virtual style
+    v.copy_object(Bucket="vbucket", Key="copy", CopySource={"Bucket": "vbucket",
+                                                             "Key": "dir/obj.bin"})
+    assert v.get_object(Bucket="vbucket", Key="copy")["Body"].read() == body
+    up = v.create_multipart_upload(Bucket="vbucket", Key="mp")["UploadId"]
+    etag = v.upload_part(Bucket="vbucket", Key="mp", UploadId=up, PartNumber=1,
+                         Body=b"part one")["ETag"]
+    v.complete_multipart_upload(Bucket="vbucket", Key="mp", UploadId=up, MultipartUpload={
+        "Parts": [{"PartNumber": 1, "ETag": etag}]})
+    assert v.get_object(Bucket="vbucket", Key="mp")["Body"].read() == b"part one"
+    # a presigned URL for BUCKET.domain works when fetched with that Host
+    url = urllib.parse.urlsplit(v.generate_presigned_url(
+        "get_object", Params={"Bucket": "vbucket", "Key": "dir/obj.bin"}, ExpiresIn=300))
+    assert url.netloc == "vbucket.%s:%d" % (VDOMAIN, vhost.port)
+    conn = http.client.HTTPConnection("127.0.0.1", vhost.port, timeout=30)
+    conn.request("GET", url.path + "?" + url.query, headers={"Host": url.netloc})
+    r = conn.getresponse()
+    assert r.status == 200 and r.read() == body
+    conn.close()
+    # the second domain, a fully qualified Host, and upper case in the domain part
+    assert vraw(vhost, "GET", "vbucket.other.test:%d" % vhost.port, "/copy") == (200, body)
+    assert vraw(vhost, "GET", "vbucket.S3.Stoker.Test.", "/copy") == (200, body)
+    # a Host that is not under a domain is path-style
+    st, b = vraw(vhost, "GET", "vbucket.elsewhere.test", "/vbucket/copy")
+    assert (st, b) == (200, body)
+    # bad bucket names in the Host header
+    st, b = vraw(vhost, "GET", "Bad_Name!.%s" % VDOMAIN, "/k")
+    assert st == 400 and xml_code(b) == "InvalidBucketName", b
+    st, b = vraw(vhost, "GET", "%s.%s" % ("b" * 64, VDOMAIN), "/k")
+    assert st == 400 and xml_code(b) == "InvalidBucketName", b
+    st, b = vraw(vhost, "GET", "nosuch.%s" % VDOMAIN, "/k")
+    assert st == 404 and xml_code(b) == "NoSuchBucket", b
+    # a signature over a different Host does not pass
+    headers = {"host": "vbucket.%s" % VDOMAIN}
+    headers.update(sigv4("GET", "/copy", (), headers, EMPTY_SHA, AK, SK)[0])
+    headers["host"] = "otherbucket.%s" % VDOMAIN
+    conn = http.client.HTTPConnection("127.0.0.1", vhost.port, timeout=30)
+    conn.request("GET", "/copy", headers=headers)
+    r = conn.getresponse()
+    assert r.status == 403 and xml_code(r.read()) == "SignatureDoesNotMatch"
+    conn.close()
+    v.delete_object(Bucket="vbucket", Key="copy")
+    with pytest.raises(ClientError) as e:
+        v.head_object(Bucket="vbucket", Key="copy")
+    assert code(e)[1] == 404
+
+
+def test_domain_option_checked(cluster, tmp_path):
+    for bad in ("http://s3.example.com", "s3.example.com:9000", ".example.com", ""):
+        p = run([STOKER, "gateway", "s3", "--cluster", cluster.url, "--domain", bad],
+                check=False, timeout=60, env=dict(os.environ, STOKER_S3_ACCESS_KEY=AK,
+                                                  STOKER_S3_SECRET_KEY=SK))
+        assert p.returncode == 2 and b"--domain" in p.stderr, (bad, p.stderr)
+
+
+# ---- metrics ----
+
+PROMTOOL = shutil.which("promtool")
+
+
+def scrape(addr, path="/metrics"):
+    with urllib.request.urlopen("http://%s%s" % (addr, path), timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+def samples(text):
+    """{(name, frozenset(labels)): value} of a Prometheus text exposition."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        name, _, labels = head.partition("{")
+        pairs = frozenset(tuple(kv.split("=", 1)) for kv in
+                          labels.rstrip("}").replace('"', "").split(",") if kv)
+        out[(name, pairs)] = float(value)
+    return out
+
+
+def metric(m, name, **want):
+    want = {k: str(v) for k, v in want.items()}
+    return sum(v for (n, labels), v in m.items()
+               if n == name and all(dict(labels).get(k) == w for k, w in want.items()))
+
+
+def wait_metric(addr, name, cond, **want):
+    """Scrapes until cond(value) holds (a request is counted when it has ended, just
+    after the client has its answer); returns the last scrape."""
+    deadline = time.time() + 30
+    while True:
+        m = samples(scrape(addr)[1])
+        if cond(metric(m, name, **want)) or time.time() > deadline:
+            return m
+        time.sleep(0.1)
+
+
+def test_metrics(cluster, tmp_path):
+    maddr = "127.0.0.1:%d" % free_port()
+    g = Gateway(cluster, tmp_path, extra=["--metrics", maddr])
+    try:
+        s3 = g.client()
+        s3.create_bucket(Bucket="bkt")
+        body = os.urandom(100000)
+        s3.put_object(Bucket="bkt", Key="obj", Body=body)
+        for _ in range(3):
+            assert s3.get_object(Bucket="bkt", Key="obj")["Body"].read() == body
+        with pytest.raises(ClientError):
+            s3.get_object(Bucket="bkt", Key="missing")
+        with pytest.raises(ClientError):
+            g.client(sk="wrong").list_buckets()
+        with pytest.raises(ClientError):
+            g.client(ak="AKIDUNKNOWN").list_buckets()
+        # a request that never finishes its headers, closed by the client
+        s = socket.create_connection(("127.0.0.1", g.port))
+        s.sendall(b"GET /bkt/obj HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.2)
+        s.close()
+        m = wait_metric(maddr, "stoker_client_errors_total", lambda v: v >= 1,
+                        frontend="s3", error="ConnectionClosed")
+        f = dict(frontend="s3")
+        assert metric(m, "stoker_client_ops_total", op="CreateBucket", **f) == 1
+        assert metric(m, "stoker_client_ops_total", op="PutObject", **f) == 1
+        assert metric(m, "stoker_client_ops_total", op="GetObject", **f) == 4
+        assert metric(m, "stoker_client_ops_total", op="DeleteObject", **f) == 0  # shown at 0
+        assert metric(m, "stoker_client_errors_total", op="GetObject", error="NoSuchKey",
+                      **f) == 1
+        assert metric(m, "stoker_client_errors_total", error="SignatureDoesNotMatch", **f) == 1
+        assert metric(m, "stoker_client_errors_total", error="InvalidAccessKeyId", **f) == 1
+        assert metric(m, "stoker_client_errors_total", error="ConnectionClosed", **f) == 1
+        assert metric(m, "stoker_client_errors_total", op="PutObject", **f) == 0
+        assert metric(m, "stoker_client_write_bytes_total", op="PutObject", **f) >= len(body)
+        assert metric(m, "stoker_client_read_bytes_total", op="GetObject",
+                      **f) >= 3 * len(body)
+        assert metric(m, "stoker_client_op_duration_seconds_count", op="GetObject", **f) == 4
+        assert metric(m, "stoker_client_op_duration_seconds_bucket", op="GetObject", le="+Inf",
+                      **f) == 4
+        assert metric(m, "stoker_client_connections_opened_total", **f) >= 5
+        held = [socket.create_connection(("127.0.0.1", g.port)) for _ in range(3)]
+        m = wait_metric(maddr, "stoker_client_connections", lambda v: v >= 3, **f)
+        assert metric(m, "stoker_client_connections", **f) >= 3
+        for h in held:
+            h.close()
+        assert metric(m, "stoker_build_info", role="s3") == 1
+        m = wait_metric(maddr, "stoker_client_inflight_ops", lambda v: v == 0, **f)
+        assert metric(m, "stoker_client_inflight_ops", **f) == 0
+        status, text = scrape(maddr)
+        assert status == 200
+        assert scrape(maddr, "/healthz") == (200, "ok\n")
+        if PROMTOOL:
+            p = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(),
+                               capture_output=True, timeout=60)
+            assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    finally:
+        g.stop()
+    p = run([STOKER, "gateway", "s3", "--cluster", cluster.url, "--keys", str(g.keys),
+             "--listen", "127.0.0.1:%d" % free_port(), "--metrics", "nonsense"],
+            check=False, timeout=60)
+    assert p.returncode != 0 and b"--metrics nonsense" in p.stderr, p.stderr
+
+
+def test_up_s3_metrics_port(tmp_path):
+    from conftest import pick_ports
+    port = pick_ports()
+    s3port = free_port()
+    data = tmp_path / "d"
+    p = run([STOKER, "up", "--data", str(data), "--daemon", "--port", str(port),
+             "--s3", str(s3port)], check=False, timeout=120,
+            env={k: v for k, v in os.environ.items() if not k.startswith("STOKER_S3")})
+    try:
+        assert p.returncode == 0, p.stderr
+        maddr = "127.0.0.1:%d" % (port + 13)
+        assert ("metrics on %s" % maddr).encode() in p.stdout, p.stdout
+        deadline = time.time() + 30
+        while True:
+            try:
+                status, text = scrape(maddr)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.2)
+        assert status == 200 and 'stoker_build_info{role="s3"' in text
+        assert 'stoker_client_ops_total{frontend="s3",op="GetObject"}' in text
+    finally:
+        run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
