@@ -258,6 +258,50 @@ STK_API unsigned stk_batch_outstanding(stk_batch *b);
  */
 STK_API void stk_batch_destroy(stk_batch *b);
 
+/*
+ * Advisory locks, held across every client of the cluster (they live in meta):
+ * flock-style whole-file locks and POSIX record locks over byte ranges, as
+ * flock(2) and fcntl(2) F_SETLK define them. flock and POSIX locks do not
+ * conflict with each other. A lock belongs to (this client, owner): owner 0
+ * means the handle f itself; a caller mapping processes or file descriptions
+ * onto one client (the FUSE daemon) passes its own ids. Setting over an owner's
+ * own locks replaces them, splitting and merging ranges as POSIX says. Locks go
+ * when unlocked, when stk_close closes the handle they were taken through with
+ * owner 0, when the client disconnects, and when the client dies and its session
+ * lease (10 s by default) runs out. They do not survive a restart of meta.
+ */
+#define STK_LOCK_POSIX 0
+#define STK_LOCK_FLOCK 1
+#define STK_LOCK_RD 1
+#define STK_LOCK_WR 2
+#define STK_LOCK_UN 3
+#define STK_LOCK_EOF UINT64_MAX
+
+struct stk_lock_range {
+	int type; /* STK_LOCK_RD (shared), STK_LOCK_WR (exclusive), STK_LOCK_UN */
+	uint64_t start; /* first byte; ignored for STK_LOCK_FLOCK (always the whole file) */
+	uint64_t end; /* last byte, inclusive; STK_LOCK_EOF: to the end of file */
+	uint32_t pid; /* the holder's pid, reported to stk_lock_test callers (0: unknown) */
+};
+
+/*
+ * Sets or removes a lock on f's file. kind: STK_LOCK_POSIX or STK_LOCK_FLOCK.
+ * wait 0: a conflicting lock of another owner gives -EAGAIN at once; wait 1:
+ * retries (polling meta with backoff) until granted, or -EINTR when a signal
+ * handler interrupts the wait. No deadlock detection: two owners waiting on each
+ * other wait until one is interrupted. Errors: -EAGAIN, -EINTR, -EINVAL (bad
+ * kind, type, or start > end), -EBADF (a directory), -ENOSYS (meta too old), -EIO.
+ * Safe from any thread.
+ */
+STK_API int stk_lock(stk_file *f, int kind, const struct stk_lock_range *r, uint64_t owner,
+		     int wait);
+/*
+ * F_GETLK: would r (type RD or WR) be granted to owner now? On return *r is the
+ * first conflicting lock (its type, range and holder's pid), or r->type is
+ * STK_LOCK_UN when there is none. 0 or the errors of stk_lock.
+ */
+STK_API int stk_lock_test(stk_file *f, int kind, struct stk_lock_range *r, uint64_t owner);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,6 +10,7 @@
  * comes back within that window is invisible to the program using it.
  */
 #include "client.h"
+#include "session.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -141,11 +142,14 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	if (rc)
 		goto out_lock;
 	rc = stk_client_refresh_routing(c);
+	if (rc == 0)
+		rc = stk_session_create(c);
 	if (rc)
 		goto out_pool;
 	*out = c;
 	return 0;
 out_pool:
+	stk_routing_free(&c->rt);
 	stk_pool_destroy(c->pool);
 out_lock:
 	pthread_rwlock_destroy(&c->rt_lock);
@@ -158,6 +162,7 @@ void stk_disconnect(stk_client *c)
 {
 	if (!c)
 		return;
+	stk_session_destroy(c); /* first: it still talks to meta */
 	stk_pool_destroy(c->pool);
 	for (unsigned i = 0; i < c->nlocals; i++)
 		stk_chunk_store_close(c->locals[i].cs);
@@ -182,6 +187,7 @@ void stk_after_fork(stk_client *c)
 	stk_pool_after_fork(c->pool);
 	pthread_rwlock_init(&c->rt_lock, NULL);
 	pthread_mutex_init(&c->local_lock, NULL);
+	stk_session_after_fork(c);
 }
 
 int stk_client_refresh_routing(struct stk_client *c)

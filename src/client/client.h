@@ -38,6 +38,7 @@ struct stk_client {
 	pthread_mutex_t local_lock; /* protects locals, nlocals */
 	struct stk_local_target *locals;
 	unsigned nlocals;
+	struct stk_session *sess; /* the session with meta (session.c) */
 };
 
 /* "stk://HOST:PORT[/...]" or "HOST:PORT" to "HOST:PORT". 0 or -EINVAL. */

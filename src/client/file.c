@@ -21,8 +21,11 @@
  */
 #include "client.h"
 #include "inode.h"
+#include "session.h"
 
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +53,8 @@ struct stk_file {
 	int any_unsynced;
 	uint64_t seq_next; /* where a sequential reader's next read starts */
 	uint64_t ra_end; /* chunks below this offset have been prefetched */
+	int registered; /* an open reference in the client's session (session.c) */
+	_Atomic int locked; /* stk_lock was called with owner 0 */
 };
 
 /* Read-ahead for a sequential reader: twice the request, within these bounds. */
@@ -250,6 +255,15 @@ static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, 
 			goto out;
 		}
 	}
+	if (!f->is_dir) {
+		/* Meta keeps the file while it is open here, even when its last name goes. */
+		rc = stk_session_open(c, a->ino);
+		if (rc) {
+			free(f->wbuf);
+			goto out;
+		}
+		f->registered = 1;
+	}
 	*out = f;
 	return 0;
 out:
@@ -369,10 +383,44 @@ int stk_close(stk_file *f)
 		rc = sync_locked(f);
 		pthread_mutex_unlock(&f->lock);
 	}
+	if (atomic_load(&f->locked)) {
+		struct stk_lock_range un = {.type = STK_LOCK_UN, .end = STK_LOCK_EOF};
+		stk_ino_lock(f->c, f->attr.ino, STK_LOCK_POSIX, &un, (uint64_t)(uintptr_t)f, 0, NULL,
+			     NULL);
+		stk_ino_lock(f->c, f->attr.ino, STK_LOCK_FLOCK, &un, (uint64_t)(uintptr_t)f, 0, NULL,
+			     NULL);
+	}
+	/* Last: the data and size above are in place before meta may drop an orphan. */
+	if (f->registered)
+		stk_session_close(f->c, f->attr.ino);
 	pthread_mutex_destroy(&f->lock);
 	free(f->wbuf);
 	free(f);
 	return rc;
+}
+
+int stk_lock(stk_file *f, int kind, const struct stk_lock_range *r, uint64_t owner, int wait)
+{
+	if (!f || !r)
+		return -EINVAL;
+	if (f->is_dir)
+		return -EBADF;
+	if (owner == 0) {
+		owner = (uint64_t)(uintptr_t)f;
+		atomic_store(&f->locked, 1);
+	}
+	return stk_ino_lock(f->c, f->attr.ino, kind, r, owner, wait, NULL, NULL);
+}
+
+int stk_lock_test(stk_file *f, int kind, struct stk_lock_range *r, uint64_t owner)
+{
+	if (!f || !r)
+		return -EINVAL;
+	if (f->is_dir)
+		return -EBADF;
+	if (owner == 0)
+		owner = (uint64_t)(uintptr_t)f;
+	return stk_ino_lock_test(f->c, f->attr.ino, kind, r, owner);
 }
 
 static ssize_t pwrite_locked(struct stk_file *f, const void *buf, size_t len, uint64_t off)

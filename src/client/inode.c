@@ -156,7 +156,29 @@ static int name_req(stk_client *c, const struct stk_cred *cred, uint16_t op, uin
 int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 			const char *name, struct stk_attr *after)
 {
-	return name_req(c, cred, STK_OP_META_UNLINK, parent, name, after);
+	struct stk_msg_meta_name_req m = {.cred = CRED(c, cred), .parent = parent};
+	struct stk_msg_meta_unlink_resp rm;
+	uint8_t req[512], resp[1024];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
+	int rc = name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_name_req_enc(&w, &m);
+	rc = stk_client_meta_call(c, STK_OP_META_UNLINK, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rlen);
+	if (stk_msg_meta_unlink_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+		return -EIO;
+	*after = rm.attr;
+	/* Open somewhere: meta keeps the file and removes its data at the last close. */
+	if (rm.orphaned)
+		after->ino = 0;
+	return 0;
 }
 
 int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name)
@@ -164,7 +186,7 @@ int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	struct stk_attr after;
 	int rc = stk_ino_unlink_keep(c, cred, parent, name, &after);
 
-	if (rc == 0 && after.nlink == 0 && S_ISREG(after.mode))
+	if (rc == 0 && after.ino && after.nlink == 0 && S_ISREG(after.mode))
 		stk_client_remove_data(c, &after);
 	return rc;
 }
@@ -212,7 +234,7 @@ int stk_ino_rename_keep(stk_client *c, const struct stk_cred *cred, uint64_t src
 	stk_rbuf_init(&r, resp, rlen);
 	if (stk_msg_meta_rename_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
 		return -EIO;
-	if (rm.replaced)
+	if (rm.replaced && !rm.orphaned)
 		*replaced = rm.attr;
 	return 0;
 }

@@ -43,7 +43,9 @@ int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
  * unlink left it, and when its nlink is 0 (a regular file's last link) the caller
  * removes the data with stk_client_remove_data once it no longer needs it. The
  * FUSE daemon uses this to keep a file that is unlinked while open readable
- * until its last handle closes.
+ * until its last handle closes. When some client (this one included) has the
+ * file open, meta keeps it as an orphan and removes its data itself at the last
+ * close: *after then has ino 0, and there is nothing for the caller to do.
  */
 int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 			const char *name, struct stk_attr *after);

@@ -172,4 +172,16 @@ void stk_fuse_fs_fini(struct stk_fuse *fs);
 /* The operations table for fuse_session_new. */
 const struct fuse_lowlevel_ops *stk_fuse_ops(void);
 
+/*
+ * Locks (locks.c): the getlk, setlk and flock callbacks, and the hooks flush
+ * (POSIX locks of fi->lock_owner go) and release (the flock lock goes when
+ * fi->flock_release) call before they free anything. Each callback replies.
+ */
+void stk_fuse_getlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock);
+void stk_fuse_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock,
+		    int sleep);
+void stk_fuse_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op);
+void stk_fuse_locks_flush(struct stk_fuse *fs, struct fuse_file_info *fi);
+void stk_fuse_locks_release(struct stk_fuse *fs, struct fuse_file_info *fi);
+
 #endif

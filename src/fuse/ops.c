@@ -770,11 +770,13 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 
 static void op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	stk_fuse_locks_flush(fs_of(req), fi);
 	reply_err(req, sync_fh(fs_of(req), fh_of(fi)));
 }
 
 static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
+	stk_fuse_locks_release(fs_of(req), fi);
 	release_fh(fs_of(req), fh_of(fi));
 	fuse_reply_err(req, 0);
 }
@@ -1005,8 +1007,8 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 
 /*
  * Not here, so the kernel answers by itself: forget (nothing to forget), access
- * (default_permissions), xattrs (EOPNOTSUPP), POSIX and flock locks (local to
- * this mount), ioctl, poll, bmap, lseek (SEEK_DATA/SEEK_HOLE as generic),
+ * (default_permissions), xattrs (EOPNOTSUPP), ioctl, poll, bmap,
+ * lseek (SEEK_DATA/SEEK_HOLE as generic),
  * copy_file_range (read and write).
  */
 static const struct fuse_lowlevel_ops ops = {
@@ -1036,6 +1038,9 @@ static const struct fuse_lowlevel_ops ops = {
 	.statfs = op_statfs,
 	.create = op_create,
 	.fallocate = op_fallocate,
+	.getlk = stk_fuse_getlk, /* locks.c: across every client, held in meta */
+	.setlk = stk_fuse_setlk,
+	.flock = stk_fuse_flock,
 };
 
 const struct fuse_lowlevel_ops *stk_fuse_ops(void)

@@ -40,6 +40,7 @@
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "session.h"
 #include "store.h"
 
 #define SYNC_INTERVAL_MS 1000
@@ -53,6 +54,7 @@ struct meta {
 	uint32_t chunk_size;
 	uint32_t stripe; /* 0: min(nchains, DEFAULT_MAX_STRIPE) */
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
+	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 };
 
 typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
@@ -194,16 +196,29 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	return rc ? rc : reply_attr(resp, &a);
 }
 
+/* Whether a file that just lost its last name became an orphan (sessions held). */
+static uint8_t orphaned(struct meta *m, const struct stk_attr *a)
+{
+	return a->ino && a->nlink == 0 && S_ISREG(a->mode) &&
+	       stk_meta_sessions_is_open(m->sessions, a->ino);
+}
+
 static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_name_req q;
-	struct stk_attr a;
+	struct stk_msg_meta_unlink_resp r;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	stk_meta_sessions_hold(m->sessions);
+	rc = stk_meta_store_unlink(m->store, &q.cred, q.parent, q.name, &r.attr);
 	if (rc == 0)
-		rc = stk_meta_store_unlink(m->store, &q.cred, q.parent, q.name, &a);
-	return rc ? rc : reply_attr(resp, &a);
+		r.orphaned = orphaned(m, &r.attr);
+	stk_meta_sessions_release(m->sessions);
+	return rc ? rc : stk_msg_meta_unlink_resp_enc(&resp->payload, &r);
 }
 
 static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -225,8 +240,12 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	stk_meta_sessions_hold(m->sessions);
 	rc = stk_meta_store_rename(m->store, &q.cred, q.src_parent, q.src_name, q.dst_parent,
 				   q.dst_name, q.flags, &replaced, &r.attr);
+	if (rc == 0 && replaced)
+		r.orphaned = orphaned(m, &r.attr);
+	stk_meta_sessions_release(m->sessions);
 	if (rc)
 		return rc;
 	r.replaced = (uint8_t)replaced;
@@ -355,6 +374,100 @@ static int op_sync(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	return rc ? rc : stk_meta_store_sync(m->store);
 }
 
+/* ---- sessions, open references and locks (session.c, locks.c) ---- */
+
+static int op_session(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_session_req q;
+	struct stk_msg_meta_session_resp r;
+	int known = 0, rc;
+
+	rc = decoded(req, stk_msg_meta_session_req_dec(&req->payload, &q));
+	if (rc == 0)
+		rc = stk_meta_sessions_renew(m->sessions, q.session, &known);
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	r.lease_ms = stk_meta_sessions_lease_ms(m->sessions);
+	r.known = (uint8_t)known;
+	if (!known)
+		stk_debug("session %016llx from %s (pid %u) opened", (unsigned long long)q.session,
+			  req->peer, q.pid);
+	return stk_msg_meta_session_resp_enc(&resp->payload, &r);
+}
+
+static int op_session_end(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_session_req q;
+	int rc;
+
+	(void)resp;
+	rc = decoded(req, stk_msg_meta_session_req_dec(&req->payload, &q));
+	if (rc == 0 && q.session == 0)
+		rc = -EINVAL;
+	if (rc == 0)
+		stk_meta_sessions_end(m->sessions, q.session);
+	return rc;
+}
+
+static int op_open(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_open_req q;
+	int rc;
+
+	(void)resp;
+	rc = decoded(req, stk_msg_meta_open_req_dec(&req->payload, &q));
+	return rc ? rc : stk_meta_sessions_open(m->sessions, q.session, q.ino, q.count, q.set);
+}
+
+static int op_close(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_open_req q;
+	int rc;
+
+	(void)resp;
+	rc = decoded(req, stk_msg_meta_open_req_dec(&req->payload, &q));
+	return rc ? rc : stk_meta_sessions_close(m->sessions, q.session, q.ino, q.count);
+}
+
+static int op_lock(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_lock_req q;
+	struct stk_msg_meta_lock_resp r;
+	struct stk_lock want, c;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_lock_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.session == 0 || q.start > q.end ||
+	    (q.kind != STK_LOCK_POSIX && q.kind != STK_LOCK_FLOCK) ||
+	    (q.type != STK_LOCK_RD && q.type != STK_LOCK_WR && q.type != STK_LOCK_UN) ||
+	    (q.test && q.type == STK_LOCK_UN))
+		return -EINVAL;
+	memset(&want, 0, sizeof(want));
+	want.session = q.session;
+	want.owner = q.owner;
+	want.kind = q.kind;
+	want.type = q.type;
+	want.start = q.start;
+	want.end = q.end;
+	want.pid = q.pid;
+	memset(&c, 0, sizeof(c));
+	rc = stk_meta_sessions_lock(m->sessions, q.ino, &want, q.test, &c);
+	if (rc < 0)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	r.type = STK_LOCK_UN;
+	if (q.test && rc == 1) {
+		r.type = c.type;
+		r.start = c.start;
+		r.end = c.end;
+		r.pid = c.pid;
+	}
+	return stk_msg_meta_lock_resp_enc(&resp->payload, &r);
+}
+
 /*
  * Handlers by opcode; the opcodes themselves are declared once, in proto/wire.h.
  * Kept out of clang-format, which would pack two entries to a line.
@@ -376,6 +489,11 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_STATFS] = op_statfs,
 	[STK_OP_META_EXTEND] = op_extend,
 	[STK_OP_META_SYNC] = op_sync,
+	[STK_OP_META_SESSION] = op_session,
+	[STK_OP_META_SESSION_END] = op_session_end,
+	[STK_OP_META_OPEN] = op_open,
+	[STK_OP_META_CLOSE] = op_close,
+	[STK_OP_META_LOCK] = op_lock,
 };
 /* clang-format on */
 
@@ -549,6 +667,9 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	rc = stk_meta_store_open(&so, &m.store);
 	if (rc)
 		return rc;
+	rc = stk_meta_sessions_create(m.store, 0, &m.sessions);
+	if (rc)
+		goto out;
 	if (opts->metrics_listen) {
 		rc = stk_metrics_http_start(opts->metrics_listen, "meta", &mh);
 		if (!rc)
@@ -563,6 +684,9 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	if (rc)
 		goto out;
 	rc = agent_open(&m, opts, dir, stk_server_addr(srv));
+	if (rc)
+		goto out;
+	rc = stk_meta_sessions_start(m.sessions, m.agent);
 	if (rc)
 		goto out;
 	rc = -pthread_create(&syncer, NULL, syncer_main, &m);
@@ -584,6 +708,8 @@ out:
 	if (srv)
 		stk_server_destroy(srv);
 	stk_metrics_ops_destroy(m.rpc_metrics);
+	/* Before the agent: the reaper reads its routing table. */
+	stk_meta_sessions_destroy(m.sessions);
 	if (m.agent)
 		stk_agent_stop(m.agent);
 	stk_meta_store_sync(m.store);

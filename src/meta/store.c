@@ -52,6 +52,8 @@ struct stk_meta_store {
 	MDB_dbi dentries;
 	MDB_dbi links;
 	MDB_dbi sys;
+	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
+	void *open_ctx;
 };
 
 /* An inode as the operations see it: its attributes and, for a directory, its parent. */
@@ -500,13 +502,27 @@ static int entry_add(struct op *o, struct inode *dir, const char *name, const st
 	return rc;
 }
 
-/* One name of n is gone: nlink drops, and the record goes with the last name. */
+static int orphan_put(struct op *o, uint64_t ino);
+
+/*
+ * One name of n is gone: nlink drops, and the record goes with the last name,
+ * unless a client session has the file open: then it stays, with nlink 0, and is
+ * recorded as an orphan (see stk_meta_store_set_open_hook).
+ */
 static int inode_unref(struct op *o, struct inode *n)
 {
+	int rc;
+
 	if (n->a.nlink > 0)
 		n->a.nlink--;
 	set_ctime(o, &n->a);
-	return n->a.nlink ? inode_put(o, n) : inode_del(o, n);
+	if (n->a.nlink)
+		return inode_put(o, n);
+	if (S_ISREG(n->a.mode) && o->st->open_fn && o->st->open_fn(o->st->open_ctx, n->a.ino)) {
+		rc = inode_put(o, n);
+		return rc ? rc : orphan_put(o, n->a.ino);
+	}
+	return inode_del(o, n);
 }
 
 /* ---- open, close, sync ---- */
@@ -1466,4 +1482,87 @@ out:
 		*out = r.dst.a;
 	}
 	return rc;
+}
+
+/* ---- orphans: files without a name that a session still holds open ---- */
+
+/* Orphans are keys "orphan" + be64 ino in the sys table, with an empty value. */
+static const char ORPHAN_PREFIX[] = "orphan";
+#define ORPHAN_KEY_LEN (sizeof(ORPHAN_PREFIX) - 1 + 8)
+
+static void orphan_key(uint8_t *k, uint64_t ino)
+{
+	memcpy(k, ORPHAN_PREFIX, sizeof(ORPHAN_PREFIX) - 1);
+	be64_put(k + sizeof(ORPHAN_PREFIX) - 1, ino);
+}
+
+static int orphan_put(struct op *o, uint64_t ino)
+{
+	uint8_t k[ORPHAN_KEY_LEN];
+	MDB_val key = {sizeof(k), k}, val = {0, k};
+
+	orphan_key(k, ino);
+	return lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write orphan");
+}
+
+void stk_meta_store_set_open_hook(struct stk_meta_store *st, stk_meta_open_fn fn, void *ctx)
+{
+	st->open_fn = fn;
+	st->open_ctx = ctx;
+}
+
+int stk_meta_store_orphans(struct stk_meta_store *st, uint64_t *inos, size_t max, size_t *n)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[ORPHAN_KEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	orphan_key(k, 0);
+	rc = lmdb_err(mdb_cursor_open(o.txn, st->sys, &cur), "open cursor");
+	if (rc)
+		goto out;
+	for (mrc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0 && *n < max;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		if (key.mv_size != ORPHAN_KEY_LEN ||
+		    memcmp(key.mv_data, ORPHAN_PREFIX, sizeof(ORPHAN_PREFIX) - 1))
+			break;
+		inos[(*n)++] = be64_get((const uint8_t *)key.mv_data + sizeof(ORPHAN_PREFIX) - 1);
+	}
+	if (mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "list orphans");
+out:
+	if (cur)
+		mdb_cursor_close(cur);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[ORPHAN_KEY_LEN];
+	MDB_val key = {sizeof(k), k};
+	struct inode n;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	orphan_key(k, ino);
+	rc = lmdb_err(mdb_del(o.txn, st->sys, &key, NULL), "delete orphan");
+	if (rc == 0) {
+		rc = inode_get(&o, ino, &n);
+		if (rc == 0 && n.a.nlink == 0)
+			rc = inode_del(&o, &n);
+		else if (rc == -ENOENT)
+			rc = 0;
+	}
+	return op_end(&o, rc);
 }

@@ -16,7 +16,8 @@
  *             directory into its own subtree; 0 for other inodes)
  *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
  *   links     u64 ino -> symlink target bytes
- *   sys       "next_ino" -> u64, the next inode number to hand out
+ *   sys       "next_ino" -> u64, the next inode number to hand out;
+ *             "orphan" + u64 ino -> empty, for each orphan (see below)
  *
  * Readdir order is dentry key order, that is by name hash within a directory.
  * The cookie that follows an entry is its hash + 1, and a listing resumes at the
@@ -223,5 +224,24 @@ int stk_meta_store_statfs(struct stk_meta_store *st, uint64_t *files);
 int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			  uint64_t new_size, int64_t mtime_sec, uint32_t mtime_nsec,
 			  struct stk_attr *out);
+
+/*
+ * Orphans: a regular file whose last name goes (unlink, rename over it) while
+ * the hook says it is open (returns 1) keeps its inode record, with nlink 0, and
+ * an orphan record ("orphan" + be64 ino in sys), in the same transaction; its
+ * attributes stay readable by getattr and writable by extend. The hook runs
+ * inside the write transaction and must not call the store. Set it once, before
+ * any other thread uses the store; NULL (the default) drops such files at once.
+ */
+typedef int (*stk_meta_open_fn)(void *ctx, uint64_t ino);
+void stk_meta_store_set_open_hook(struct stk_meta_store *st, stk_meta_open_fn fn, void *ctx);
+/* Up to max orphan inode numbers, in numeric order; *n is how many. */
+int stk_meta_store_orphans(struct stk_meta_store *st, uint64_t *inos, size_t max, size_t *n);
+/*
+ * Forgets orphan ino: its record goes, and its inode too if it still has no name
+ * (a hard link may have given it one back). The caller removed its chunks first.
+ * -ENOENT if ino is not an orphan.
+ */
+int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino);
 
 #endif

@@ -130,7 +130,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_META_RENAME_REQ(F)                                                        \
 	F(cred, cred) F(u64, src_parent) F(name, src_name) F(u64, dst_parent)              \
 	F(name, dst_name) F(u32, flags)
-#define STK_MSG_META_RENAME_RESP(F) F(u8, replaced) F(attr, attr)
+#define STK_MSG_META_RENAME_RESP(F) F(u8, replaced) F(attr, attr) F(u8, orphaned)
+#define STK_MSG_META_UNLINK_RESP(F) F(attr, attr) F(u8, orphaned)
 #define STK_MSG_META_LINK_REQ(F) F(cred, cred) F(u64, ino) F(u64, parent) F(name, name)
 #define STK_MSG_META_SYMLINK_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(path, target)
 #define STK_MSG_META_READLINK_RESP(F) F(path, target)
@@ -141,6 +142,20 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_META_STATFS_RESP(F) F(u64, files)
 #define STK_MSG_META_EXTEND_REQ(F) \
 	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)
+/* Sessions and locks (see src/meta/session.h and locks.h). pid: the client process. */
+#define STK_MSG_META_SESSION_REQ(F) F(u64, session) F(u32, pid)
+#define STK_MSG_META_SESSION_RESP(F) F(u32, lease_ms) F(u8, known)
+/* set 1 (META_OPEN only): the session holds exactly count references (re-registration). */
+#define STK_MSG_META_OPEN_REQ(F) F(u64, session) F(u64, ino) F(u32, count) F(u8, set)
+/*
+ * kind: 0 POSIX record lock, 1 flock (whole file); type: 1 read (shared), 2 write
+ * (exclusive), 3 unlock; [start, end] inclusive, end 2^64-1 = to the end of file.
+ * The reply: the conflicting lock of a test (type 3 when none), with its holder's pid.
+ */
+#define STK_MSG_META_LOCK_REQ(F)                                                           \
+	F(u64, session) F(u64, ino) F(u64, owner) F(u8, kind) F(u8, type) F(u8, test)      \
+	F(u64, start) F(u64, end) F(u32, pid)
+#define STK_MSG_META_LOCK_RESP(F) F(u8, type) F(u64, start) F(u64, end) F(u32, pid)
 
 /*
  * chain_ver lets storage answer STALE_ROUTING to a client with an old chain table.
@@ -185,6 +200,7 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(meta_mkdir_req, STK_MSG_META_MKDIR_REQ)                 \
 	X(meta_rename_req, STK_MSG_META_RENAME_REQ)               \
 	X(meta_rename_resp, STK_MSG_META_RENAME_RESP)             \
+	X(meta_unlink_resp, STK_MSG_META_UNLINK_RESP)             \
 	X(meta_link_req, STK_MSG_META_LINK_REQ)                   \
 	X(meta_symlink_req, STK_MSG_META_SYMLINK_REQ)             \
 	X(meta_readlink_resp, STK_MSG_META_READLINK_RESP)         \
@@ -193,6 +209,11 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(dirent, STK_MSG_DIRENT)                                 \
 	X(meta_statfs_resp, STK_MSG_META_STATFS_RESP)             \
 	X(meta_extend_req, STK_MSG_META_EXTEND_REQ)               \
+	X(meta_session_req, STK_MSG_META_SESSION_REQ)             \
+	X(meta_session_resp, STK_MSG_META_SESSION_RESP)           \
+	X(meta_open_req, STK_MSG_META_OPEN_REQ)                   \
+	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
+	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \
 	X(stor_write_resp, STK_MSG_STOR_WRITE_RESP)               \
 	X(stor_read_req, STK_MSG_STOR_READ_REQ)                   \

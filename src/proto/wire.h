@@ -69,11 +69,13 @@
 	X(META_CREATE, 35, meta_create_req, meta_create_resp, "create a file")                     \
 	X(META_MKDIR, 36, meta_mkdir_req, meta_attr_resp, "create a directory")                    \
 	/* Removes a name. The reply is the inode's attributes after the unlink: when nlink  \
-	 * is 0 the caller removes the file's chunks from storage. */                         \
-	X(META_UNLINK, 37, meta_name_req, meta_attr_resp, "remove a file name")                    \
+	 * is 0 and orphaned is 0 the caller removes the file's chunks from storage; with    \
+	 * orphaned 1 a session still has it open and meta removes them at the last close. */ \
+	X(META_UNLINK, 37, meta_name_req, meta_unlink_resp, "remove a file name")                  \
 	X(META_RMDIR, 38, meta_name_req, none, "remove an empty directory")                        \
 	/* Atomic rename with STK_RENAME_NOREPLACE / STK_RENAME_EXCHANGE. When a file was    \
-	 * replaced, `replaced` is 1 and `attr` is its attributes after losing the name. */     \
+	 * replaced, `replaced` is 1 and `attr` is its attributes after losing the name;     \
+	 * `orphaned` as for META_UNLINK. */                                                   \
 	X(META_RENAME, 39, meta_rename_req, meta_rename_resp, "rename")                            \
 	X(META_LINK, 40, meta_link_req, meta_attr_resp, "hard link")                               \
 	X(META_SYMLINK, 41, meta_symlink_req, meta_attr_resp, "create a symlink")                  \
@@ -87,6 +89,24 @@
 	X(META_EXTEND, 45, meta_extend_req, meta_attr_resp, "grow a file after writes")            \
 	/* Everything acknowledged so far is on stable storage when this returns. */             \
 	X(META_SYNC, 46, none, none, "flush the namespace to disk")                                \
+	/* Client sessions (53-63). A client names its session with a random id; this       \
+	 * creates or renews it. Its open files and locks last while it is renewed within   \
+	 * lease_ms (the reply); known 0: meta did not know it (new, or meta restarted),   \
+	 * and the client registers its open files again (META_OPEN with their counts). */ \
+	X(META_SESSION, 53, meta_session_req, meta_session_resp, "open or renew a session")       \
+	/* The client goes away: its open references and locks are dropped at once. */        \
+	X(META_SESSION_END, 54, meta_session_req, none, "end a session")                       \
+	/* `count` more references of the session on a file, which then outlives its last     \
+	 * name (an orphan) until the last reference goes. NOENT: no such inode (or an      \
+	 * orphan no one holds any more). */                                                   \
+	X(META_OPEN, 55, meta_open_req, none, "register open references")                      \
+	/* Drops `count` references; the last one of an orphan removes it and its data. */     \
+	X(META_CLOSE, 56, meta_open_req, none, "drop open references")                         \
+	/* Tests (test = 1), sets or removes (type STK_LOCK_UN) an flock or POSIX lock of      \
+	 * (session, owner). A conflict gives AGAIN on a set; a test replies with the first \
+	 * conflicting lock, or type UN when there is none. Blocking sets are the client's  \
+	 * retries. */                                                                         \
+	X(META_LOCK, 57, meta_lock_req, meta_lock_resp, "advisory lock")                       \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \

@@ -1,0 +1,55 @@
+/*
+ * The client's session with meta (session.c) and its advisory locks (locks.c).
+ *
+ * Every stk_client has one session: a random 64-bit id that meta learns from
+ * the first request naming it. Once the client opens a regular file, a
+ * background thread renews the session every quarter of meta's lease (10 s by
+ * default, STOKER_SESSION_LEASE_MS on meta), and keeps the list of the inodes it
+ * holds open with their counts, so that after a meta restart ("session
+ * unknown") it registers them again. stk_disconnect ends the session, dropping
+ * its open references and locks at once; a client that dies loses them when the
+ * lease runs out.
+ *
+ * A meta that does not serve sessions (ENOSYS) turns them off for the client:
+ * files then keep the old behaviour (data removed at the last unlink) and lock
+ * calls fail with -ENOSYS.
+ */
+#ifndef STK_CLIENT_SESSION_H
+#define STK_CLIENT_SESSION_H
+
+#include <stdint.h>
+
+#include "stoker/stoker.h"
+
+struct stk_session;
+
+/* At connect: allocates the session (no thread, no request yet). 0 or -ENOMEM. */
+int stk_session_create(stk_client *c);
+/* At disconnect: stops the renewal thread and ends the session on meta. */
+void stk_session_destroy(stk_client *c);
+/* In a child after fork(): a new session of its own, holding nothing. */
+void stk_session_after_fork(stk_client *c);
+/*
+ * The session id, starting the renewal thread on first use. 0 if sessions are
+ * off (meta said ENOSYS).
+ */
+uint64_t stk_session_id(stk_client *c);
+/* Registers one open reference on ino. 0, -ENOENT (gone), -EIO. */
+int stk_session_open(stk_client *c, uint64_t ino);
+/* Drops one reference (the last of an unnamed file lets meta remove it). */
+void stk_session_close(stk_client *c, uint64_t ino);
+
+/*
+ * A lock call for the FUSE daemon and stk_lock: kind STK_LOCK_POSIX / FLOCK,
+ * r->type STK_LOCK_RD / WR / UN over [r->start, r->end]. With wait, a conflict
+ * is retried with backoff (10 ms doubling to 250 ms) until granted, or until
+ * cancelled(ctx) returns nonzero or a signal interrupts the sleep: -EINTR.
+ * Without wait, a conflict is -EAGAIN. 0, -EAGAIN, -EINTR, -EINVAL, -ENOSYS, -EIO.
+ */
+int stk_ino_lock(stk_client *c, uint64_t ino, int kind, const struct stk_lock_range *r,
+		 uint64_t owner, int wait, int (*cancelled)(void *), void *ctx);
+/* F_GETLK: *r becomes the first conflicting lock, or r->type STK_LOCK_UN. */
+int stk_ino_lock_test(stk_client *c, uint64_t ino, int kind, struct stk_lock_range *r,
+		      uint64_t owner);
+
+#endif

@@ -1,0 +1,212 @@
+/*
+ * flock and POSIX record locks through the mount, held in meta so that they
+ * hold across every mount and client of the cluster (client/session.h).
+ *
+ * The kernel hands every lock request of a file to us once the daemon offers
+ * getlk/setlk/flock (libfuse then asks for FUSE_CAP_POSIX_LOCKS and
+ * FUSE_CAP_FLOCK_LOCKS). The owner of a POSIX lock is the kernel's lock owner
+ * id (one per process's file table), that of an flock lock the id of the open
+ * file description; both are only unique within this mount, which is what the
+ * session part of meta's owner key takes care of.
+ *
+ * A blocking request (F_SETLKW, flock without LOCK_NB) is retried with backoff
+ * in the FUSE thread that received it, and ends with EINTR once the kernel
+ * interrupts it (the waiter got a signal): libfuse marks the request and the
+ * next retry sees it. Locks are released by the kernel's own requests: unlock,
+ * the flush that comes with every close (POSIX locks of that lock owner; we
+ * send it to meta only for inodes this mount has locked), and the release of
+ * the last descriptor of a file description (flock). A killed mount releases
+ * them through its session's lease.
+ */
+#include "fs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+
+#include "../client/session.h"
+#include "../common/log.h"
+
+/* Inodes this mount has taken POSIX locks on, so that a flush knows to unlock. */
+static pthread_mutex_t locked_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t *locked_inos;
+static size_t nlocked, cap_locked;
+
+static void note_locked(uint64_t ino)
+{
+	pthread_mutex_lock(&locked_mu);
+	for (size_t i = 0; i < nlocked; i++)
+		if (locked_inos[i] == ino)
+			goto out;
+	if (nlocked == cap_locked) {
+		size_t cap = cap_locked ? 2 * cap_locked : 16;
+		uint64_t *p = realloc(locked_inos, cap * sizeof(*p));
+		if (!p)
+			goto out; /* the lock then waits for its owner's unlock or the session */
+		locked_inos = p;
+		cap_locked = cap;
+	}
+	locked_inos[nlocked++] = ino;
+out:
+	pthread_mutex_unlock(&locked_mu);
+}
+
+static int was_locked(uint64_t ino)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&locked_mu);
+	for (size_t i = 0; i < nlocked && !found; i++)
+		found = locked_inos[i] == ino;
+	pthread_mutex_unlock(&locked_mu);
+	return found;
+}
+
+static struct stk_fuse *fs_of(fuse_req_t req)
+{
+	return fuse_req_userdata(req);
+}
+
+static uint64_t ino_of(struct fuse_file_info *fi)
+{
+	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->node->ino;
+}
+
+static void reply_err(fuse_req_t req, int rc)
+{
+	fuse_reply_err(req, rc <= 0 && rc > -4096 ? -rc : EIO);
+}
+
+static int interrupted(void *req)
+{
+	return fuse_req_interrupted(req);
+}
+
+/* struct flock (l_whence is SEEK_SET from libfuse) to an inclusive range. */
+static int range_of(const struct flock *l, struct stk_lock_range *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->type = l->l_type == F_RDLCK ? STK_LOCK_RD : l->l_type == F_WRLCK ? STK_LOCK_WR
+									  : STK_LOCK_UN;
+	if (l->l_start < 0)
+		return -EINVAL;
+	r->start = (uint64_t)l->l_start;
+	if (l->l_len == 0) {
+		r->end = STK_LOCK_EOF;
+	} else if (l->l_len > 0) {
+		if ((uint64_t)l->l_len - 1 > STK_LOCK_EOF - r->start)
+			return -EINVAL;
+		r->end = r->start + (uint64_t)l->l_len - 1;
+	} else {
+		if ((uint64_t)-l->l_len > r->start)
+			return -EINVAL;
+		r->end = r->start - 1;
+		r->start -= (uint64_t)-l->l_len;
+	}
+	r->pid = l->l_pid > 0 ? (uint32_t)l->l_pid : 0;
+	return 0;
+}
+
+void stk_fuse_getlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock)
+{
+	struct stk_lock_range r;
+	int rc;
+
+	(void)ino;
+	rc = range_of(lock, &r);
+	if (rc == 0 && r.type == STK_LOCK_UN)
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = stk_ino_lock_test(fs_of(req)->c, ino_of(fi), STK_LOCK_POSIX, &r, fi->lock_owner);
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	if (r.type == STK_LOCK_UN) {
+		lock->l_type = F_UNLCK;
+	} else {
+		lock->l_type = r.type == STK_LOCK_RD ? F_RDLCK : F_WRLCK;
+		lock->l_whence = SEEK_SET;
+		lock->l_start = (off_t)r.start;
+		lock->l_len = r.end == STK_LOCK_EOF ? 0 : (off_t)(r.end - r.start + 1);
+		lock->l_pid = (pid_t)r.pid;
+	}
+	fuse_reply_lock(req, lock);
+}
+
+void stk_fuse_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock,
+		    int sleep)
+{
+	struct stk_lock_range r;
+	uint64_t sino = ino_of(fi);
+	int rc;
+
+	(void)ino;
+	rc = range_of(lock, &r);
+	if (rc == 0 && r.type != STK_LOCK_UN)
+		note_locked(sino);
+	if (rc == 0)
+		rc = stk_ino_lock(fs_of(req)->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, sleep,
+				  interrupted, req);
+	reply_err(req, rc);
+}
+
+void stk_fuse_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op)
+{
+	struct stk_lock_range r = {.end = STK_LOCK_EOF};
+	int rc;
+
+	(void)ino;
+	switch (op & ~LOCK_NB) {
+	case LOCK_SH:
+		r.type = STK_LOCK_RD;
+		break;
+	case LOCK_EX:
+		r.type = STK_LOCK_WR;
+		break;
+	case LOCK_UN:
+		r.type = STK_LOCK_UN;
+		break;
+	default:
+		reply_err(req, -EINVAL);
+		return;
+	}
+	r.pid = (uint32_t)fuse_req_ctx(req)->pid;
+	rc = stk_ino_lock(fs_of(req)->c, ino_of(fi), STK_LOCK_FLOCK, &r, fi->lock_owner,
+			  !(op & LOCK_NB), interrupted, req);
+	/* flock(2) says EWOULDBLOCK, which is EAGAIN on Linux. */
+	reply_err(req, rc);
+}
+
+void stk_fuse_locks_flush(struct stk_fuse *fs, struct fuse_file_info *fi)
+{
+	struct stk_lock_range r = {.type = STK_LOCK_UN, .end = STK_LOCK_EOF};
+	uint64_t sino = ino_of(fi);
+	int rc;
+
+	if (!was_locked(sino))
+		return;
+	rc = stk_ino_lock(fs->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, 0, NULL, NULL);
+	if (rc)
+		stk_warn("releasing POSIX locks on inode %llu at close: %s",
+			 (unsigned long long)sino, stk_strerror(rc));
+}
+
+void stk_fuse_locks_release(struct stk_fuse *fs, struct fuse_file_info *fi)
+{
+	struct stk_lock_range r = {.type = STK_LOCK_UN, .end = STK_LOCK_EOF};
+	uint64_t sino;
+	int rc;
+
+	if (!fi->flock_release)
+		return;
+	sino = ino_of(fi);
+	rc = stk_ino_lock(fs->c, sino, STK_LOCK_FLOCK, &r, fi->lock_owner, 0, NULL, NULL);
+	if (rc)
+		stk_warn("releasing the flock lock on inode %llu: %s", (unsigned long long)sino,
+			 stk_strerror(rc));
+}

@@ -1,0 +1,148 @@
+"""Unlink (or rename over) a file that another client holds open: the holder
+keeps reading and writing the original bytes through its descriptor, and the
+file's chunks are removed only when its last reference goes (close, or the
+holder's session lease running out after its mount daemon is killed). A meta
+restart in between loses nothing."""
+import os
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import needs_fuse
+
+PY = "/usr/bin/python3"
+LEASE_MS = 2000
+SIZE = 3 * (1 << 20) + 12345
+
+# Holds argv[1] open for reading until stdin closes; says "open" once it has it.
+HOLD = r"""
+import sys
+f = open(sys.argv[1], "rb")
+print("open", flush=True)
+sys.stdin.read()
+"""
+
+
+def wait_until(cond, timeout=60, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+@pytest.fixture
+def two_mounts(monkeypatch, make_cluster, make_mount):
+    monkeypatch.setenv("STOKER_SESSION_LEASE_MS", str(LEASE_MS))
+    c = make_cluster()
+    a = make_mount(c, "a")
+    b = make_mount(c, "b")
+    return c, a, b
+
+
+def write_file(path, seed=1):
+    data = random.Random(seed).randbytes(SIZE)
+    with open(path, "wb") as f:
+        f.write(data)
+    return data
+
+
+@needs_fuse
+@pytest.mark.parametrize("how", ["unlink", "rename"])
+def test_open_file_outlives_its_name_on_another_mount(two_mounts, how):
+    c, a, b = two_mounts
+    data = write_file(os.path.join(a.path, "f"))
+    before = len(c.chunk_files())
+    assert before > 0
+    f = open(os.path.join(a.path, "f"), "r+b")
+    try:
+        if how == "unlink":
+            os.unlink(os.path.join(b.path, "f"))
+        else:
+            with open(os.path.join(b.path, "new"), "wb") as g:
+                g.write(b"the new file")
+            os.replace(os.path.join(b.path, "new"), os.path.join(b.path, "f"))
+            with open(os.path.join(b.path, "f"), "rb") as g:
+                assert g.read() == b"the new file"
+        assert os.path.exists(os.path.join(b.path, "f")) == (how == "rename")
+        # The holder still reads every original byte, from storage, not a cache.
+        f.seek(0)
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        assert f.read() == data
+        assert os.fstat(f.fileno()).st_size == SIZE
+        assert os.fstat(f.fileno()).st_nlink == 0
+        f.seek(SIZE)
+        f.write(b"tail")
+        f.flush()
+        os.fsync(f.fileno())
+        f.seek(0)
+        assert f.read() == data + b"tail"
+        assert len(c.chunk_files()) >= before
+    finally:
+        f.close()
+    extra = 1 if how == "rename" else 0  # the new file's one chunk
+    wait_until(lambda: len(c.chunk_files()) == extra, what="the orphan's chunks to go")
+
+
+@needs_fuse
+def test_unlink_through_the_holding_mount(two_mounts):
+    c, a, b = two_mounts
+    data = write_file(os.path.join(a.path, "f"))
+    f = open(os.path.join(a.path, "f"), "rb")
+    try:
+        os.unlink(os.path.join(a.path, "f"))
+        # Another mount opened it before: it sees the same orphan through its handle.
+        assert f.read() == data
+    finally:
+        f.close()
+    wait_until(lambda: not c.chunk_files(), what="the orphan's chunks to go")
+
+
+@needs_fuse
+def test_orphan_reaped_when_holder_mount_dies(two_mounts):
+    c, a, b = two_mounts
+    write_file(os.path.join(a.path, "f"))
+    p = subprocess.Popen([PY, "-c", HOLD, os.path.join(a.path, "f")], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"open\n"
+        os.unlink(os.path.join(b.path, "f"))
+        assert c.chunk_files()
+        os.kill(a.pid(), signal.SIGKILL)
+        wait_until(lambda: not c.chunk_files(), timeout=90,
+                   what="the killed mount's lease to run out and the orphan to go")
+    finally:
+        p.kill()
+        p.wait()
+        subprocess.run(["umount", "-l", a.path], check=False)
+
+
+@needs_fuse
+def test_orphan_survives_meta_restart(two_mounts):
+    c, a, b = two_mounts
+    data = write_file(os.path.join(a.path, "f"))
+    f = open(os.path.join(a.path, "f"), "rb")
+    try:
+        os.unlink(os.path.join(b.path, "f"))
+        n = len(c.chunk_files())
+        meta = c.pids()["meta"]
+        os.kill(meta, signal.SIGKILL)
+        wait_until(lambda: c.pids().get("meta", meta) != meta, timeout=120,
+                   what="stoker up to restart meta")
+        # meta serves again (a namespace call through B answers) ...
+        wait_until(lambda: os.path.isdir(os.path.join(b.path, ".")) and
+                   open(os.path.join(b.path, "probe"), "wb").close() is None, timeout=120,
+                   what="meta to serve again")
+        # ... and keeps the orphan past a lease and its margin: the holder's session
+        # registered it again.
+        time.sleep(LEASE_MS / 1000 * 2 + 3)
+        assert len(c.chunk_files()) == n
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        assert f.read() == data
+    finally:
+        f.close()
+    wait_until(lambda: not c.chunk_files(), what="the orphan's chunks to go after close")
