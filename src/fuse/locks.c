@@ -111,6 +111,21 @@ static int range_of(const struct flock *l, struct stk_lock_range *r)
 	return 0;
 }
 
+/*
+ * Replies to a granted lock. When the kernel no longer waits for the answer (the
+ * waiter died while we polled), nobody would ever unlock it: give it back.
+ */
+static void reply_granted(struct stk_fuse *fs, fuse_req_t req, uint64_t sino, int kind,
+			  const struct stk_lock_range *r, uint64_t owner)
+{
+	struct stk_lock_range un = *r;
+
+	if (fuse_reply_err(req, 0) == 0)
+		return;
+	un.type = STK_LOCK_UN;
+	stk_ino_lock(fs->c, sino, kind, &un, owner, 0, NULL, NULL);
+}
+
 void stk_fuse_getlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock)
 {
 	struct stk_lock_range r;
@@ -152,7 +167,10 @@ void stk_fuse_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, s
 	if (rc == 0)
 		rc = stk_ino_lock(fs_of(req)->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, sleep,
 				  interrupted, req);
-	reply_err(req, rc);
+	if (rc == 0 && r.type != STK_LOCK_UN)
+		reply_granted(fs_of(req), req, sino, STK_LOCK_POSIX, &r, fi->lock_owner);
+	else
+		reply_err(req, rc);
 }
 
 void stk_fuse_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op)
@@ -179,7 +197,10 @@ void stk_fuse_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, i
 	rc = stk_ino_lock(fs_of(req)->c, ino_of(fi), STK_LOCK_FLOCK, &r, fi->lock_owner,
 			  !(op & LOCK_NB), interrupted, req);
 	/* flock(2) says EWOULDBLOCK, which is EAGAIN on Linux. */
-	reply_err(req, rc);
+	if (rc == 0 && r.type != STK_LOCK_UN)
+		reply_granted(fs_of(req), req, ino_of(fi), STK_LOCK_FLOCK, &r, fi->lock_owner);
+	else
+		reply_err(req, rc);
 }
 
 void stk_fuse_locks_flush(struct stk_fuse *fs, struct fuse_file_info *fi)
