@@ -1246,3 +1246,222 @@ def test_up_s3_metrics_port(tmp_path):
         assert 'stoker_client_ops_total{frontend="s3",op="GetObject"}' in text
     finally:
         run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
+
+
+# ---- thousands of connections ----
+
+def test_thousands_of_connections(cluster, tmp_path):
+    """2,500 connections at once: idle ones, slow-loris headers, stalled PUT bodies and
+    GETs whose reader never reads. Live clients are served correctly while all of them
+    are held, and the gateway's timeout then frees every one (and the stalled PUTs'
+    temporary files)."""
+    import resource
+    n_idle, n_loris, n_body, n_noread = 1200, 700, 300, 300
+    total_held = n_idle + n_loris + n_body + n_noread
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = total_held + 1000
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(want, hard), max(want, hard)))
+        except (ValueError, OSError):
+            pytest.skip("cannot raise RLIMIT_NOFILE to %d" % want)
+    maddr = "127.0.0.1:%d" % free_port()
+    timeout = 20  # long enough for the live phase on a loaded machine, under ASan
+    g = Gateway(cluster, tmp_path, extra=["--metrics", maddr, "--timeout", str(timeout),
+                                          "--threads", "8"])
+    held = []
+    try:
+        s3 = g.client()
+        s3.create_bucket(Bucket="bkt")
+        big = os.urandom(8 * MiB)  # more than the socket buffers hold
+        s3.put_object(Bucket="bkt", Key="big", Body=big)
+
+        def connect():
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", g.port))
+            held.append(s)
+            return s
+
+        for _ in range(n_idle):
+            connect()
+        for i in range(n_loris):  # the request line and part of the headers, then nothing
+            connect().sendall(b"GET /bkt/big HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow-%d: a" % i)
+        for i in range(n_body):  # signed PUT headers and a few bytes of a 1 MiB body
+            s = connect()
+            s.sendall(put_headers(g, "/bkt/stalled-%d" % i, MiB) + b"x" * 1000)
+        get = ("GET /bkt/big HTTP/1.1\r\n" + "".join(
+            "%s: %s\r\n" % kv for kv in dict(
+                {"host": "127.0.0.1:%d" % g.port},
+                **sigv4("GET", "/bkt/big", (), {"host": "127.0.0.1:%d" % g.port}, EMPTY_SHA,
+                        AK, SK)[0]).items()) + "\r\n").encode()
+        for _ in range(n_noread):  # a GET of 8 MiB whose client reads nothing
+            connect().sendall(get)
+        m = wait_metric(maddr, "stoker_client_connections", lambda v: v >= total_held,
+                        frontend="s3")
+        assert metric(m, "stoker_client_connections", frontend="s3") >= total_held, \
+            "the gateway did not accept them all:\n" + g.log()
+
+        # live clients, while all of those are held
+        errors = []
+
+        def live(t):
+            try:
+                c = g.client()
+                for i in range(10):
+                    data = os.urandom(1000 + 977 * i + t)
+                    c.put_object(Bucket="bkt", Key="live/%d/%d" % (t, i), Body=data)
+                    got = c.get_object(Bucket="bkt", Key="live/%d/%d" % (t, i))["Body"].read()
+                    assert got == data
+                assert c.get_object(Bucket="bkt", Key="big", Range="bytes=1000-1999")[
+                    "Body"].read() == big[1000:2000]
+                keys = [o["Key"] for o in c.list_objects_v2(
+                    Bucket="bkt", Prefix="live/%d/" % t)["Contents"]]
+                assert len(keys) == 10
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=live, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        # served while they were held: none of them has timed out yet
+        m = samples(scrape(maddr)[1])
+        assert metric(m, "stoker_client_errors_total", frontend="s3",
+                      error="RequestTimeout") == 0, "live phase outlasted --timeout"
+        assert metric(m, "stoker_client_connections", frontend="s3") >= total_held
+
+        # the gateway frees them: each connection is closed by the timeout
+        m = wait_metric(maddr, "stoker_client_connections", lambda v: v < 50, frontend="s3")
+        assert metric(m, "stoker_client_connections", frontend="s3") < 50
+        for s in held[:n_idle:50] + held[n_idle:n_idle + n_loris:50] + \
+                held[n_idle + n_loris:n_idle + n_loris + n_body:50]:
+            s.settimeout(30)
+            try:
+                data = s.recv(65536)
+                while data:  # an error answer may come first; then the close
+                    data = s.recv(65536)
+            except ConnectionResetError:
+                pass
+        assert metric(m, "stoker_client_errors_total", frontend="s3",
+                      error="RequestTimeout") >= n_loris + n_body
+        # the stalled PUTs left nothing, and the gateway serves on
+        deadline = time.time() + 30
+        while cluster.cli("ls", "/bkt/.stoker-upload").stdout.strip() and time.time() < deadline:
+            time.sleep(0.2)
+        assert cluster.cli("ls", "/bkt/.stoker-upload").stdout.strip() == b""
+        with pytest.raises(ClientError) as e:
+            s3.head_object(Bucket="bkt", Key="stalled-0")
+        assert code(e)[1] == 404
+        assert s3.get_object(Bucket="bkt", Key="live/0/0")["Body"].read()
+    finally:
+        for s in held:
+            s.close()
+        g.stop()
+
+
+# ---- curl, and bodies that disagree with their Content-Length ----
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl(gateway, s3, cluster, tmp_path):
+    s3.create_bucket(Bucket="bkt")
+    src = tmp_path / "up.bin"
+    data = os.urandom(3 * MiB + 5)
+    src.write_bytes(data)
+    base = gateway.endpoint + "/bkt/"
+    curl = ["curl", "-sS", "--aws-sigv4", "aws:amz:us-east-1:s3", "--user", "%s:%s" % (AK, SK),
+            "-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD", "--max-time", "120"]
+    p = run(curl + ["-f", "-T", str(src), "-H", "Content-Type: image/x-test",
+                    "-H", "x-amz-meta-from: curl", base + "from-curl.bin"])
+    assert cluster.cli("cat", "/bkt/from-curl.bin").stdout == data
+    head = s3.head_object(Bucket="bkt", Key="from-curl.bin")
+    assert head["ContentType"] == "image/x-test" and head["Metadata"] == {"from": "curl"}
+    assert head["ETag"] == md5(data)
+    p = run(curl + ["-f", base + "from-curl.bin"])
+    assert p.stdout == data
+    p = run(curl + ["-f", "-r", "100-199", base + "from-curl.bin"])
+    assert p.stdout == data[100:200]
+    p = run(curl + ["-w", "%{http_code}", "-o", "/dev/null", base + "nope"])
+    assert p.stdout == b"404"
+    p = run(curl + [base + "nope"])
+    assert xml_code(p.stdout) == "NoSuchKey"
+    p = run(curl[:4] + ["--user", "%s:wrong" % AK, base + "from-curl.bin"])
+    assert xml_code(p.stdout) == "SignatureDoesNotMatch"
+    p = run(curl + ["-f", "-X", "DELETE", base + "from-curl.bin"])
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket="bkt", Key="from-curl.bin")
+    assert code(e)[1] == 404
+
+
+def test_body_longer_or_shorter_than_content_length(gateway, s3, cluster):
+    s3.create_bucket(Bucket="bkt")
+    # longer: the object is the first Content-Length bytes; the rest is the next
+    # "request", which is garbage and answered with an error on that connection
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.sendall(put_headers(gateway, "/bkt/long", 10) + b"0123456789EXTRA BYTES\r\n\r\n")
+    sock.settimeout(30)
+    got = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    except (socket.timeout, ConnectionResetError):
+        pass
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 200"), got
+    assert s3.get_object(Bucket="bkt", Key="long")["Body"].read() == b"0123456789"
+    assert b"HTTP/1.1 400" in got[12:], got  # the extra bytes, refused
+    # shorter, and the client then waits: the --timeout (5 s here) closes it, nothing
+    # is stored, and the connection's wait costs nobody else anything
+    sock = socket.create_connection(("127.0.0.1", gateway.port))
+    sock.sendall(put_headers(gateway, "/bkt/short", 1000) + b"x" * 400)
+    assert s3.get_object(Bucket="bkt", Key="long")["Body"].read() == b"0123456789"
+    sock.settimeout(60)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    sock.close()
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket="bkt", Key="short")
+    assert code(e)[1] == 404
+    deadline = time.time() + 30
+    while cluster.cli("ls", "/bkt/.stoker-upload").stdout.strip() and time.time() < deadline:
+        time.sleep(0.2)
+    assert cluster.cli("ls", "/bkt/.stoker-upload").stdout.strip() == b""
+    # a signed payload shorter than the signature says is refused, not stored
+    body = b"a" * 100
+    st, _, b = gateway.raw("PUT", "/bkt/sig", body=body,
+                           payload_hash=hashlib.sha256(body + b"more").hexdigest())
+    assert st == 400 and xml_code(b) == "XAmzContentSHA256Mismatch", b
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket="bkt", Key="sig")
+    assert code(e)[1] == 404
+
+
+def test_oversized_headers_refused(gateway, s3):
+    s3.create_bucket(Bucket="bkt")
+    s3.put_object(Bucket="bkt", Key="k", Body=b"fine")
+    for req in (b"GET /bkt/k HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300000 + b"\r\n\r\n",
+                b"GET /bkt/k HTTP/1.1\r\nHost: x\r\n" +
+                b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(4000)) + b"\r\n"):
+        sock = socket.create_connection(("127.0.0.1", gateway.port))
+        sock.settimeout(30)
+        try:
+            sock.sendall(req)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            status = sock.recv(64)
+        except ConnectionResetError:
+            status = b""
+        sock.close()
+        # libmicrohttpd answers 431 before any handler runs (or resets a sender that
+        # keeps pushing); either way nothing of it reached the S3 code
+        assert status.startswith(b"HTTP/1.1 431") or status == b"", status
+    assert s3.get_object(Bucket="bkt", Key="k")["Body"].read() == b"fine"
