@@ -589,6 +589,8 @@ int stk_s3_obj_open(struct stk_s3_gw *gw, const struct stk_s3_obj *o, stk_file *
 	e->refs++;
 	pthread_mutex_unlock(&gw->open.lock);
 	rc = stk_ino_open(gw->c, NULL, &o->attr, O_RDONLY, out);
+	if (rc == -ENOENT && o->parent_ino)
+		rc = -ESTALE; /* the file was replaced or deleted since the lookup: look again */
 	if (!rc && o->parent_ino) {
 		/* A replace that ran between the caller's lookup and our registration
 		 * may have removed the data already: the file we hold must still be the
