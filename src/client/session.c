@@ -2,11 +2,17 @@
  * The client's session with meta (session.h): the id, the renewal thread, and
  * the open references it registers.
  *
- * Opens and closes take `reg` for reading around their change to the list and
- * their request; the renewal thread takes it for writing when meta did not know
- * the session, so that it registers the list again (each inode with META_OPEN
- * set = 1, the exact count) while no open or close is in flight. A close
- * therefore never races a re-registration into a wrong count.
+ * An open takes `reg` for reading around its META_OPEN and its change to the
+ * list; the renewal thread takes it for writing when meta did not know the
+ * session, so that it registers the list again (each inode with META_OPEN set =
+ * 1, the exact count) while no open is in flight.
+ *
+ * A close does not wait for meta: it takes the inode off the list and queues the
+ * reference, and the renewal thread, woken at once, sends the queued closes
+ * (same inodes merged). Meta's count is therefore never below the real one,
+ * only above it for a moment. A re-registration copies the list and empties the
+ * queue in one step under `mu`, and the same thread sends both in order, so a
+ * queued close is neither lost nor counted twice.
  */
 #include "session.h"
 
@@ -40,8 +46,11 @@ struct stk_session {
 	int stop;
 	pthread_t thr;
 	uint32_t renew_ms;
+	uint64_t next_renew_ns;
 	struct open_ent *opens;
 	size_t n, cap;
+	struct open_ent *closing; /* queued META_CLOSEs */
+	size_t nclosing, cap_closing;
 };
 
 static uint64_t new_id(void)
@@ -114,17 +123,56 @@ static int call_open(stk_client *c, uint16_t op, uint64_t id, uint64_t ino, uint
 	return stk_client_meta_call(c, op, req, w.len, NULL, 0, NULL);
 }
 
+/* Takes a copy of a list under mu (NULL, 0 when empty or out of memory). */
+static struct open_ent *copy_list(const struct open_ent *l, size_t n, size_t *out_n)
+{
+	struct open_ent *p = n ? malloc(n * sizeof(*p)) : NULL;
+
+	*out_n = p ? n : 0;
+	if (p)
+		memcpy(p, l, n * sizeof(*p));
+	return p;
+}
+
 /* After "session unknown": every open inode again, with its exact count. */
 static void reregister(stk_client *c, struct stk_session *s)
 {
+	struct open_ent *l;
+	size_t n;
+
 	pthread_rwlock_wrlock(&s->reg);
-	for (size_t i = 0; i < s->n; i++) {
-		int rc = call_open(c, STK_OP_META_OPEN, s->id, s->opens[i].ino, s->opens[i].count, 1);
+	pthread_mutex_lock(&s->mu);
+	l = copy_list(s->opens, s->n, &n);
+	s->nclosing = 0; /* the counts below already leave them out */
+	pthread_mutex_unlock(&s->mu);
+	for (size_t i = 0; i < n; i++) {
+		int rc = call_open(c, STK_OP_META_OPEN, s->id, l[i].ino, l[i].count, 1);
 		if (rc && rc != -ENOENT)
 			stk_warn("session: cannot register open inode %llu again: %s",
-				 (unsigned long long)s->opens[i].ino, stk_strerror(rc));
+				 (unsigned long long)l[i].ino, stk_strerror(rc));
 	}
 	pthread_rwlock_unlock(&s->reg);
+	free(l);
+}
+
+/* Sends the queued closes. */
+static void send_closes(stk_client *c, struct stk_session *s)
+{
+	struct open_ent *l;
+	size_t n;
+
+	pthread_mutex_lock(&s->mu);
+	l = copy_list(s->closing, s->nclosing, &n);
+	if (l)
+		s->nclosing = 0;
+	pthread_mutex_unlock(&s->mu);
+	for (size_t i = 0; i < n; i++) {
+		int rc = call_open(c, STK_OP_META_CLOSE, s->id, l[i].ino, l[i].count, 0);
+		if (rc)
+			stk_debug("session: close of inode %llu: %s (meta drops it with the session)",
+				  (unsigned long long)l[i].ino, stk_strerror(rc));
+	}
+	free(l);
 }
 
 static void *renew_main(void *arg)
@@ -137,25 +185,33 @@ static void *renew_main(void *arg)
 		struct timespec ts;
 		uint32_t lease = 0;
 		int known = 1, rc;
+		uint64_t due;
 
-		pthread_mutex_unlock(&s->mu);
-		rc = call_session(c, STK_OP_META_SESSION, s->id, &lease, &known);
-		if (rc == 0 && !known && s->n)
-			reregister(c, s);
-		pthread_mutex_lock(&s->mu);
-		if (rc == 0 && lease)
-			s->renew_ms = lease / 4 > MIN_RENEW_MS ? lease / 4 : MIN_RENEW_MS;
-		else if (rc)
-			stk_debug("session renewal: %s", stk_strerror(rc));
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		ts.tv_sec += s->renew_ms / 1000;
-		ts.tv_nsec += (long)(s->renew_ms % 1000) * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
+		if (stk_now_ns() >= s->next_renew_ns) {
+			pthread_mutex_unlock(&s->mu);
+			rc = call_session(c, STK_OP_META_SESSION, s->id, &lease, &known);
+			if (rc == 0 && !known)
+				reregister(c, s);
+			pthread_mutex_lock(&s->mu);
+			if (rc == 0 && lease)
+				s->renew_ms = lease / 4 > MIN_RENEW_MS ? lease / 4 : MIN_RENEW_MS;
+			else if (rc)
+				stk_debug("session renewal: %s", stk_strerror(rc));
+			s->next_renew_ns = stk_now_ns() + (uint64_t)s->renew_ms * 1000000ull;
 		}
-		if (!s->stop)
-			pthread_cond_timedwait(&s->wake, &s->mu, &ts);
+		if (s->nclosing) {
+			pthread_mutex_unlock(&s->mu);
+			send_closes(c, s);
+			pthread_mutex_lock(&s->mu);
+			continue;
+		}
+		if (s->stop)
+			break;
+		/* Both clocks are CLOCK_MONOTONIC: wait until the next renewal is due. */
+		due = s->next_renew_ns;
+		ts.tv_sec = (time_t)(due / 1000000000ull);
+		ts.tv_nsec = (long)(due % 1000000000ull);
+		pthread_cond_timedwait(&s->wake, &s->mu, &ts);
 	}
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
@@ -234,26 +290,38 @@ int stk_session_open(stk_client *c, uint64_t ino)
 void stk_session_close(stk_client *c, uint64_t ino)
 {
 	struct stk_session *s = c->sess;
-	size_t i;
-	int held = 0, rc;
+	size_t i, j;
 
-	pthread_rwlock_rdlock(&s->reg);
 	pthread_mutex_lock(&s->mu);
 	for (i = 0; i < s->n && s->opens[i].ino != ino; i++)
 		;
-	if (i < s->n) {
-		held = 1;
-		if (--s->opens[i].count == 0)
-			s->opens[i] = s->opens[--s->n];
+	if (i == s->n)
+		goto out; /* not registered (sessions off, or opened before a fork) */
+	if (--s->opens[i].count == 0)
+		s->opens[i] = s->opens[--s->n];
+	for (j = 0; j < s->nclosing && s->closing[j].ino != ino; j++)
+		;
+	if (j < s->nclosing) {
+		s->closing[j].count++;
+	} else {
+		if (s->nclosing == s->cap_closing) {
+			size_t cap = s->cap_closing ? 2 * s->cap_closing : 16;
+			struct open_ent *p = realloc(s->closing, cap * sizeof(*p));
+			if (!p) {
+				/* Meta keeps the reference until the session ends: only late. */
+				stk_warn("session: out of memory queueing the close of inode %llu",
+					 (unsigned long long)ino);
+				goto out;
+			}
+			s->closing = p;
+			s->cap_closing = cap;
+		}
+		s->closing[s->nclosing].ino = ino;
+		s->closing[s->nclosing++].count = 1;
 	}
+	pthread_cond_signal(&s->wake);
+out:
 	pthread_mutex_unlock(&s->mu);
-	if (held) {
-		rc = call_open(c, STK_OP_META_CLOSE, s->id, ino, 1, 0);
-		if (rc)
-			stk_debug("session: close of inode %llu: %s (meta drops it with the session)",
-				  (unsigned long long)ino, stk_strerror(rc));
-	}
-	pthread_rwlock_unlock(&s->reg);
 }
 
 void stk_session_destroy(stk_client *c)
@@ -274,6 +342,7 @@ void stk_session_destroy(stk_client *c)
 			call_session(c, STK_OP_META_SESSION_END, s->id, &lease, &known);
 	}
 	free(s->opens);
+	free(s->closing); /* META_SESSION_END dropped them */
 	pthread_cond_destroy(&s->wake);
 	pthread_mutex_destroy(&s->mu);
 	pthread_rwlock_destroy(&s->reg);
@@ -291,5 +360,7 @@ void stk_session_after_fork(stk_client *c)
 	s->running = 0;
 	s->stop = 0;
 	s->n = 0;
+	s->nclosing = 0;
 	s->renew_ms = FIRST_RENEW_MS;
+	s->next_renew_ns = 0;
 }

@@ -36,7 +36,10 @@ void stk_session_after_fork(stk_client *c);
 uint64_t stk_session_id(stk_client *c);
 /* Registers one open reference on ino. 0, -ENOENT (gone), -EIO. */
 int stk_session_open(stk_client *c, uint64_t ino);
-/* Drops one reference (the last of an unnamed file lets meta remove it). */
+/*
+ * Drops one reference (the last of an unnamed file lets meta remove it). Does not
+ * wait: the renewal thread sends it at once, merged with other queued closes.
+ */
 void stk_session_close(stk_client *c, uint64_t ino);
 
 /*
