@@ -44,8 +44,8 @@ def on_usr1(sig, frame):
 signal.signal(signal.SIGUSR1, on_usr1)
 path, mode = sys.argv[1], sys.argv[2]
 f = open(path, "r+b")
-print("waiting", flush=True)
 try:
+    print("waiting", flush=True)
     if mode == "flock":
         fcntl.flock(f, fcntl.LOCK_EX)
     else:
@@ -231,7 +231,8 @@ def test_signal_interrupts_waiter(two_mounts, mode):
     w = spawn(WAIT, os.path.join(b.path, "f"), mode)
     try:
         assert w.stdout.readline() == b"waiting\n"
-        time.sleep(0.5)  # let it reach the blocking call; harmless if it is late
+        # A signal before the call reaches the daemon interrupts it just the same.
+        time.sleep(0.5)
         w.send_signal(signal.SIGUSR1)
         assert w.stdout.readline() == b"eintr\n"
         assert w.wait(timeout=60) == 0
