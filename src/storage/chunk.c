@@ -19,8 +19,11 @@
  * pthread key frees them): one for a chunk being built (header + data), one for a
  * chunk header being read. Nothing is allocated per I/O once they are warm.
  *
- * Not done yet: a cache of open descriptors (every read opens and closes its
- * chunk file), io_uring, and reflink copies of the unchanged part of a chunk.
+ * Reads go through a cache of open chunk files with their checked headers (see
+ * "the cache of open chunk files" below), so a read of a chunk read before costs
+ * an fstat and the preadv of its bytes.
+ *
+ * Not done yet: io_uring, and reflink copies of the unchanged part of a chunk.
  */
 #include "chunk.h"
 
@@ -32,9 +35,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/layout.h"
@@ -48,6 +53,10 @@
 #define HDR_MIN 4096u
 #define MAX_BLOCKS (STK_MAX_CHUNK_SIZE / STK_CHUNK_BLOCK)
 #define LOCK_STRIPES 1024u
+#define FDC_LOCKS 64u
+#define FDC_SETTLE_MS 100
+#define FDC_SERVER 4096u /* cached chunk files of a storage node's target */
+#define FDC_READER 256u /* of a short-circuit reader's target */
 #define REL_MAX 96 /* "chunks/ff/<16 hex>/<10 digits>.tmp.<10 digits>" and then some */
 
 struct stk_chunk_store {
@@ -57,6 +66,10 @@ struct stk_chunk_store {
 	uint64_t nchunks;		     /* atomic */
 	uint64_t ncorrupt;		     /* atomic: corrupt blocks and headers found */
 	pthread_mutex_t locks[LOCK_STRIPES]; /* serialise updates of one (ino, idx) */
+	struct fd_ent **fdc;		     /* the cache of open chunk files: fdc_n slots */
+	unsigned fdc_n;
+	int fdc_ok;
+	pthread_mutex_t fdc_locks[FDC_LOCKS];
 };
 
 /* A parsed chunk header. crcs points into the buffer the header was read into. */
@@ -256,6 +269,204 @@ static int read_hdr(struct stk_chunk_store *cs, struct chunk_tls *t, int fd, con
 		return hdr_corrupt(cs, rel, ino, idx, "header names another chunk");
 	h->crcs = t->hdr + HDR_FIXED;
 	return 0;
+}
+
+/* ---- the cache of open chunk files ---- */
+
+/*
+ * A chunk file a reader opened, kept open with its checked header so that the
+ * next read of the chunk costs an fstat instead of an openat, a header read and
+ * a header CRC. Updates never change a chunk file in place (they rename a new one
+ * over it, or unlink it), so an entry is valid while its file keeps a link and its
+ * ctime and size are those seen when it was opened; a file changed in place by
+ * something else (a tool, a damaged disk) changes its ctime and is opened again.
+ * Data blocks are still checked against the CRCs on every read.
+ *
+ * A file whose ctime is younger than FDC_SETTLE_MS is read through an entry used
+ * once and not cached (see settled()).
+ *
+ * The table is direct-mapped (a newcomer evicts the entry in its slot) and
+ * reference-counted: the slot holds one reference, each reader one while it
+ * reads, and the last one closes the descriptor, so a descriptor is never closed
+ * (and its number reused) under a reader.
+ */
+struct fd_ent {
+	uint64_t ino;
+	uint32_t idx;
+	int fd;
+	unsigned refs; /* under the slot's lock */
+	uint32_t hdr_len, data_len, nblocks;
+	struct timespec ctime;
+	off_t size;
+	uint8_t crcs[]; /* 4 * nblocks, little-endian as on disk */
+};
+
+static uint64_t fdc_hash(uint64_t ino, uint32_t idx)
+{
+	uint64_t h = ino * 0x9E3779B97F4A7C15ull ^ ((uint64_t)idx * 0xBF58476D1CE4E5B9ull);
+
+	return h ^ (h >> 31);
+}
+
+static pthread_mutex_t *fdc_lock(struct stk_chunk_store *cs, unsigned slot)
+{
+	return &cs->fdc_locks[slot % FDC_LOCKS];
+}
+
+/*
+ * File times tick coarsely (a few ms), so a change in place within the tick of
+ * the last one would leave ctime as it was. A file is cached only once its ctime
+ * is FDC_SETTLE_MS old: any later change then gets a later ctime.
+ */
+static int settled(const struct timespec *ctime)
+{
+	struct timespec now;
+	int64_t age_ns;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	age_ns = ((int64_t)now.tv_sec - (int64_t)ctime->tv_sec) * 1000000000 +
+		 ((int64_t)now.tv_nsec - (int64_t)ctime->tv_nsec);
+	return age_ns >= (int64_t)FDC_SETTLE_MS * 1000000;
+}
+
+/* Sizes the cache: want entries, at most an eighth of the descriptors allowed. */
+static int fdc_init(struct stk_chunk_store *cs, unsigned want)
+{
+	struct rlimit rl;
+	uint64_t max = 64;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		max = STK_MAX((uint64_t)rl.rlim_cur / 8, max);
+	else
+		max = want;
+	cs->fdc_n = (unsigned)STK_MIN((uint64_t)want, max);
+	cs->fdc = calloc(cs->fdc_n, sizeof(*cs->fdc));
+	if (!cs->fdc)
+		return -ENOMEM;
+	for (unsigned i = 0; i < FDC_LOCKS; i++)
+		pthread_mutex_init(&cs->fdc_locks[i], NULL);
+	cs->fdc_ok = 1;
+	return 0;
+}
+
+static void fdc_put(struct stk_chunk_store *cs, struct fd_ent *e)
+{
+	pthread_mutex_t *lk;
+	int last;
+
+	if (!e)
+		return;
+	lk = fdc_lock(cs, (unsigned)(fdc_hash(e->ino, e->idx) % cs->fdc_n));
+	pthread_mutex_lock(lk);
+	last = --e->refs == 0;
+	pthread_mutex_unlock(lk);
+	if (last) {
+		close(e->fd);
+		free(e);
+	}
+}
+
+/* Takes the slot's entry out if it is e (or, e NULL, if it is chunk ino/idx). */
+static void fdc_drop(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, struct fd_ent *e)
+{
+	unsigned slot;
+	struct fd_ent *old = NULL;
+
+	if (!cs->fdc_ok)
+		return;
+	slot = (unsigned)(fdc_hash(ino, idx) % cs->fdc_n);
+	pthread_mutex_lock(fdc_lock(cs, slot));
+	if (cs->fdc[slot] && (e ? cs->fdc[slot] == e
+				: cs->fdc[slot]->ino == ino && cs->fdc[slot]->idx == idx)) {
+		old = cs->fdc[slot];
+		cs->fdc[slot] = NULL;
+	}
+	pthread_mutex_unlock(fdc_lock(cs, slot));
+	fdc_put(cs, old);
+}
+
+/*
+ * The open chunk file ino/idx, from the cache or opened now (and cached). *out is
+ * NULL for a missing chunk. Release with fdc_put. 0, -EIO (corrupt header) or
+ * -errno.
+ */
+static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, const char *rel, uint64_t ino,
+		   uint32_t idx, struct fd_ent **out)
+{
+	unsigned slot = (unsigned)(fdc_hash(ino, idx) % cs->fdc_n);
+	struct fd_ent *e, *old;
+	struct chunk_hdr h;
+	struct stat st;
+	int fd, rc;
+
+	*out = NULL;
+	pthread_mutex_lock(fdc_lock(cs, slot));
+	e = cs->fdc[slot];
+	if (e && e->ino == ino && e->idx == idx)
+		e->refs++;
+	else
+		e = NULL;
+	pthread_mutex_unlock(fdc_lock(cs, slot));
+	if (e) {
+		if (fstat(e->fd, &st) == 0 && st.st_nlink > 0 && st.st_size == e->size &&
+		    st.st_ctim.tv_sec == e->ctime.tv_sec && st.st_ctim.tv_nsec == e->ctime.tv_nsec) {
+			*out = e;
+			return 0;
+		}
+		fdc_drop(cs, ino, idx, e); /* replaced, removed or changed: open it again */
+		fdc_put(cs, e);
+	}
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (fstat(fd, &st) < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	rc = read_hdr(cs, t, fd, rel, ino, idx, &h);
+	if (rc)
+		goto fail;
+	e = malloc(sizeof(*e) + 4 * (size_t)h.nblocks);
+	if (!e) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	e->ino = ino;
+	e->idx = idx;
+	e->fd = fd;
+	e->refs = 2; /* the slot's and the caller's */
+	e->hdr_len = h.hdr_len;
+	e->data_len = h.data_len;
+	e->nblocks = h.nblocks;
+	e->ctime = st.st_ctim;
+	e->size = st.st_size;
+	memcpy(e->crcs, h.crcs, 4 * (size_t)h.nblocks);
+	if (!settled(&st.st_ctim)) {
+		e->refs = 1; /* used once, not cached */
+		*out = e;
+		return 0;
+	}
+	pthread_mutex_lock(fdc_lock(cs, slot));
+	old = cs->fdc[slot];
+	cs->fdc[slot] = e;
+	pthread_mutex_unlock(fdc_lock(cs, slot));
+	fdc_put(cs, old);
+	*out = e;
+	return 0;
+fail:
+	close(fd);
+	return rc;
+}
+
+static void fdc_free(struct stk_chunk_store *cs)
+{
+	if (!cs->fdc_ok)
+		return;
+	for (unsigned i = 0; i < cs->fdc_n; i++)
+		fdc_put(cs, cs->fdc[i]);
+	for (unsigned i = 0; i < FDC_LOCKS; i++)
+		pthread_mutex_destroy(&cs->fdc_locks[i]);
+	free(cs->fdc);
 }
 
 /* Encodes a header for data_len bytes whose block CRCs are already at buf + HDR_FIXED. */
@@ -511,6 +722,8 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	tfd = -1;
 	if (rc == 0 && renameat(cs->dirfd, tmp, cs->dirfd, rel) < 0)
 		rc = -errno;
+	if (rc == 0)
+		fdc_drop(cs, ino, idx, NULL); /* the old file's space goes now, not at eviction */
 	if (rc) {
 		unlinkat(cs->dirfd, tmp, 0);
 		rc = space_err(rc);
@@ -619,6 +832,7 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	struct chunk_tls *t = tls_get();
 	uint8_t head[STK_CHUNK_BLOCK], tail[STK_CHUNK_BLOCK];
 	char rel[REL_MAX];
+	struct fd_ent *e = NULL;
 	struct chunk_hdr h;
 	struct read_span s;
 	struct iovec iov[3];
@@ -630,12 +844,14 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	if (len == 0)
 		return 0;
 	rel_chunk(rel, sizeof(rel), ino, idx);
-	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
-	rc = read_hdr(cs, t, fd, rel, ino, idx, &h);
-	if (rc)
-		goto out;
+	rc = fdc_get(cs, t, rel, ino, idx, &e);
+	if (rc || !e)
+		return rc;
+	fd = e->fd;
+	h.hdr_len = e->hdr_len;
+	h.data_len = e->data_len;
+	h.nblocks = e->nblocks;
+	h.crcs = e->crcs;
 	if (off >= h.data_len) {
 		rc = 0;
 		goto out;
@@ -690,23 +906,39 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	goto out;
 fail:
 	memset(buf, 0, s.end - s.off);
+	fdc_drop(cs, ino, idx, e); /* a bad file is opened afresh next time */
 out:
-	close(fd);
+	fdc_put(cs, e);
 	return rc;
 }
 
 int stk_chunk_prefetch(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
 {
-	char rel[REL_MAX];
-	int fd, rc = 0;
+	return stk_chunk_advise(cs, ino, idx, 0, 0);
+}
 
+int stk_chunk_advise(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off,
+		     uint32_t len)
+{
+	struct chunk_tls *t = tls_get();
+	struct fd_ent *e = NULL;
+	char rel[REL_MAX];
+	int rc;
+
+	if (!t)
+		return -ENOMEM;
 	rel_chunk(rel, sizeof(rel), ino, idx);
-	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
+	/* Opening it through the cache leaves it open for the read that follows. */
+	rc = fdc_get(cs, t, rel, ino, idx, &e);
+	if (rc || !e)
+		return rc == -EIO ? 0 : rc; /* a corrupt chunk is the read's to report */
 	/* WILLNEED queues the readahead and returns; the read that follows finds it. */
-	rc = -posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
-	close(fd);
+	if (len == 0)
+		rc = -posix_fadvise(e->fd, 0, 0, POSIX_FADV_WILLNEED);
+	else if (off < e->data_len)
+		rc = -posix_fadvise(e->fd, (off_t)e->hdr_len + off,
+				    (off_t)STK_MIN(len, e->data_len - off), POSIX_FADV_WILLNEED);
+	fdc_put(cs, e);
 	return rc;
 }
 
@@ -784,6 +1016,7 @@ int stk_chunk_truncate(struct stk_chunk_store *cs, uint64_t ino, uint64_t size, 
 		if ((uint64_t)idx[i] * chunk_size >= size) {
 			rel_chunk(rel, sizeof(rel), ino, idx[i]);
 			if (unlinkat(cs->dirfd, rel, 0) == 0) {
+				fdc_drop(cs, ino, idx[i], NULL);
 				__atomic_sub_fetch(&cs->nchunks, 1, __ATOMIC_RELAXED);
 				changed = 1;
 			} else if (errno != ENOENT) {
@@ -937,6 +1170,8 @@ int stk_chunk_store_open(const char *dir, struct stk_chunk_store **out)
 		goto out;
 	}
 	rc = read_id(cs);
+	if (rc == 0)
+		rc = fdc_init(cs, FDC_SERVER);
 	if (rc)
 		goto out;
 	rc = scan(cs);
@@ -968,6 +1203,8 @@ int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
 	rc = read_id(cs);
 	if (rc == 0 && cs->id != expect_id)
 		rc = -ESTALE; /* same path, another target: not the one the routing names */
+	if (rc == 0)
+		rc = fdc_init(cs, FDC_READER);
 	if (rc)
 		goto out;
 	*out = cs;
@@ -981,6 +1218,7 @@ void stk_chunk_store_close(struct stk_chunk_store *cs)
 {
 	if (!cs)
 		return;
+	fdc_free(cs);
 	if (cs->dirfd >= 0)
 		close(cs->dirfd);
 	for (unsigned i = 0; i < LOCK_STRIPES; i++)

@@ -111,6 +111,9 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
  * returns without waiting for it. A missing chunk is not an error. 0 or -errno.
  */
 int stk_chunk_prefetch(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx);
+/* As stk_chunk_prefetch, for the bytes [off, off + len) of the chunk's data only. */
+int stk_chunk_advise(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off,
+		     uint32_t len);
 
 /*
  * Cuts inode ino to size bytes, for a file laid out in chunks of chunk_size:

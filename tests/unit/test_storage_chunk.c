@@ -2,7 +2,7 @@
  * Unit test of the chunk store (src/storage/chunk.c), driven directly without a
  * network: round trips at offsets straddling blocks, partial overwrites against a
  * model, holes, short reads, truncate, corruption detection, a full file system,
- * concurrent writers, and reopening a target.
+ * concurrent writers, reopening a target, and the cache of open chunk files.
  *
  * The full-disk case mounts a 2 MiB tmpfs and so needs root; without it that case
  * is skipped and the rest still runs. Exit 0 pass, 1 fail, 77 skip.
@@ -476,6 +476,100 @@ static int test_reopen(const char *dir, struct stk_chunk_store **csp)
 	return 0;
 }
 
+/*
+ * The cache of open chunk files: a second store opened as a short-circuit reader
+ * (as a client on the node does) and the store itself must both see every change
+ * made after they cached a chunk: a copy-on-write overwrite, a truncate, an unlink
+ * and recreate, a change in place; and more chunks than the cache holds.
+ */
+static int read_all(struct stk_chunk_store *cs, struct stk_chunk_store *rd, uint64_t ino,
+		    uint32_t idx, const uint8_t *want, long len)
+{
+	static uint8_t r[CHUNK];
+
+	CHECK(stk_chunk_read(cs, ino, idx, 0, r, CHUNK, NULL) == len);
+	CHECK(memcmp(r, want, (size_t)len) == 0);
+	CHECK(stk_chunk_read(rd, ino, idx, 0, r, CHUNK, NULL) == len);
+	CHECK(memcmp(r, want, (size_t)len) == 0);
+	return 0;
+}
+
+/* Past the window in which a fresh file is not cached (FDC_SETTLE_MS in chunk.c). */
+static void settle(void)
+{
+	usleep(150 * 1000);
+}
+
+static int test_fd_cache(const char *dir, struct stk_chunk_store *cs)
+{
+	static uint8_t a[CHUNK], b[CHUNK], c[CHUNK], r[CHUNK];
+	struct stk_chunk_store *rd = NULL;
+	uint64_t ino = 0x2b;
+	char p[512];
+	uint32_t len;
+
+	fill(a, sizeof(a), 11);
+	fill(b, sizeof(b), 12);
+	fill(c, sizeof(c), 13);
+	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs) + 1, &rd) == -ESTALE);
+	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, a, CHUNK, NULL, 0, &len) == 0);
+	settle();
+	CHECK(read_all(cs, rd, ino, 3, a, CHUNK) == 0); /* cached now */
+	CHECK(read_all(cs, rd, ino, 3, a, CHUNK) == 0);
+	/* Overwritten (copy-on-write: a new file renamed over the cached one). */
+	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, b, CHUNK, NULL, 0, &len) == 0);
+	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	settle();
+	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	/* A partial overwrite. */
+	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 5000, c, 100, NULL, 0, &len) == 0);
+	memcpy(b + 5000, c, 100);
+	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	settle();
+	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	/* Truncated: the chunk is cut, then removed. */
+	CHECK(stk_chunk_truncate(cs, ino, 3ull * CHUNK + 7000, CHUNK) == 0);
+	CHECK(read_all(cs, rd, ino, 3, b, 7000) == 0);
+	settle();
+	CHECK(read_all(cs, rd, ino, 3, b, 7000) == 0);
+	CHECK(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
+	CHECK(stk_chunk_read(cs, ino, 3, 0, r, CHUNK, NULL) == 0);
+	CHECK(stk_chunk_read(rd, ino, 3, 0, r, CHUNK, NULL) == 0);
+	/* Unlinked and made again: the new bytes. */
+	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, a, CHUNK, NULL, 0, &len) == 0);
+	settle();
+	CHECK(read_all(cs, rd, ino, 3, a, CHUNK) == 0);
+	CHECK(file_path(cs, ino, 3, p, sizeof(p)) == 0);
+	CHECK(unlink(p) == 0);
+	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, c, 9000, NULL, 0, &len) == 0);
+	CHECK(read_all(cs, rd, ino, 3, c, 9000) == 0);
+	settle();
+	CHECK(read_all(cs, rd, ino, 3, c, 9000) == 0);
+	/* Changed in place behind the store's back: the damaged header is seen. */
+	CHECK(flip_byte(p, 14) == 0);
+	CHECK(stk_chunk_read(rd, ino, 3, 0, r, 100, NULL) == -EIO);
+	CHECK(stk_chunk_read(cs, ino, 3, 0, r, 100, NULL) == -EIO);
+	CHECK(flip_byte(p, 14) == 0);
+	CHECK(stk_chunk_read(rd, ino, 3, 0, r, 9000, NULL) == 9000);
+	CHECK(memcmp(r, c, 9000) == 0);
+	/* More chunks than a reader caches, read twice: every one its own bytes. */
+	for (uint32_t i = 0; i < 600; i++) {
+		fill(r, 4096, (uint8_t)i);
+		CHECK(stk_chunk_write(cs, ino + 1, i, CHUNK, 0, r, 4096, NULL, 0, &len) == 0);
+	}
+	settle();
+	for (int pass = 0; pass < 2; pass++)
+		for (uint32_t i = 0; i < 600; i++) {
+			fill(a, 4096, (uint8_t)i);
+			CHECK(read_all(cs, rd, ino + 1, i, a, 4096) == 0);
+		}
+	CHECK(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
+	CHECK(stk_chunk_truncate(cs, ino + 1, 0, CHUNK) == 0);
+	stk_chunk_store_close(rd);
+	return 0;
+}
+
 int main(void)
 {
 	struct stk_chunk_store *cs = NULL;
@@ -493,7 +587,7 @@ int main(void)
 		goto out;
 	}
 	if (test_round_trip(cs) || test_model(cs) || test_truncate(cs) || test_corruption(cs) ||
-	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_enospc())
+	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_fd_cache(dir, cs) || test_enospc())
 		goto out;
 	rc = 0;
 	printf("test_storage_chunk: all passed\n");
