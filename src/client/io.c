@@ -167,6 +167,27 @@ static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_
 	return cs;
 }
 
+/*
+ * The local reads of a window run one after the other in this thread; so that a
+ * cold read still keeps the disk busy with all of them at once, the window's
+ * large local pieces are first handed to the kernel's read-ahead
+ * (POSIX_FADV_WILLNEED, which queues the reads and returns), and each read then
+ * finds its pages arriving or arrived. Small pieces (a data loader's samples) skip
+ * it: for them the extra call costs more than it saves.
+ */
+#define STK_IO_ADVISE_MIN (128u << 10)
+
+static void advise_local(struct stk_client *c, uint64_t ino, const struct stk_io_piece *p)
+{
+	struct stk_chunk_store *cs;
+
+	if (p->length < STK_IO_ADVISE_MIN)
+		return;
+	cs = local_store(c, p->chain_id);
+	if (cs)
+		stk_chunk_advise(cs, ino, p->chunk_idx, p->offset, p->length);
+}
+
 static int retryable(int rc)
 {
 	switch (rc) {
@@ -317,6 +338,10 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 	while (left) {
 		unsigned k = 0, retry = 0;
 
+		if (op == STK_IO_READ)
+			for (unsigned i = 0, m = 0; i < n && m < STK_IO_WINDOW; i++)
+				if (pieces[i].rc == 1 && m++ > 0)
+					advise_local(c, ino, &pieces[i]); /* not the first: read now */
 		for (unsigned i = 0; i < n && k < STK_IO_WINDOW; i++) {
 			if (pieces[i].rc != 1)
 				continue;
@@ -418,6 +443,9 @@ int stk_io_run_multi(struct stk_client *c, struct stk_io_piece_ex *px, unsigned 
 	while (left) {
 		unsigned k = 0, retry = 0;
 
+		for (unsigned i = 0, m = 0; i < n && m < nfl; i++)
+			if (px[i].p.rc == 1 && px[i].op == STK_IO_READ && m++ > 0)
+				advise_local(c, px[i].ino, &px[i].p);
 		for (unsigned i = 0; i < n && k < nfl; i++) {
 			if (px[i].p.rc != 1)
 				continue;
