@@ -446,10 +446,15 @@ static int run_self(const struct up *u, char *const args[])
 
 static int mount_cluster(const struct up *u)
 {
-	char url[128];
-	char *args[] = {"stoker", "mount", url, (char *)u->mount, NULL};
+	char url[128], opt[128];
+	char *args[] = {"stoker", "mount", url, (char *)u->mount, "-o", opt, NULL};
 
 	snprintf(url, sizeof(url), "stk://%s", u->addr[0]);
+	/* the mount's metrics follow the gateway's: BASE+14 (docs/metrics.md) */
+	snprintf(opt, sizeof(opt), "metrics=%s:%u", u->host,
+		 u->port + STK_METRICS_PORT_OFFSET + NROLES + 1);
+	if (!u->metrics[0][0])
+		args[4] = NULL;
 	return run_self(u, args);
 }
 

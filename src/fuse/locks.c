@@ -19,6 +19,7 @@
  * them through its session's lease.
  */
 #include "fs.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -78,6 +79,7 @@ static uint64_t ino_of(struct fuse_file_info *fi)
 
 static void reply_err(fuse_req_t req, int rc)
 {
+	stk_fuse_metrics_error(rc <= 0 && rc > -4096 ? rc : -EIO);
 	fuse_reply_err(req, rc <= 0 && rc > -4096 ? -rc : EIO);
 }
 

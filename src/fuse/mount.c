@@ -20,6 +20,7 @@
  * buffered is durable. A mount whose daemon died (kill -9) is detached.
  */
 #include "fs.h"
+#include "metrics.h"
 
 #include "../cli/cli.h"
 
@@ -102,6 +103,12 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 			return 0;
 		}
 		cli_err("mount", "-o max_threads needs a number from 1 to 1024");
+		return -EINVAL;
+	}
+	if (strcmp(key, "metrics") == 0) {
+		if (stk_fuse_metrics_opt(val) == 0)
+			return 0;
+		cli_err("mount", "-o metrics needs HOST:PORT, e.g. metrics=127.0.0.1:9114");
 		return -EINVAL;
 	}
 	if (strcmp(key, "log") == 0) {
@@ -341,6 +348,7 @@ static int run_daemon(struct stk_fuse *fs, const char *mp, const char *fsname, i
 	int tid_ok = 0, mounted = 0, status = 1, rc;
 	struct stat st;
 	unsigned threads;
+	const struct fuse_lowlevel_ops *ops;
 
 	stk_log_set_role("mount");
 	if (opt_escape(opts, sizeof(opts), fsname)) {
@@ -360,7 +368,10 @@ static int run_daemon(struct stk_fuse *fs, const char *mp, const char *fsname, i
 		cli_err("mount", "%s", stk_strerror(rc));
 		goto out;
 	}
-	fs->se = fuse_session_new(&args, stk_fuse_ops(), sizeof(struct fuse_lowlevel_ops), fs);
+	ops = stk_fuse_metrics_start(stk_fuse_ops());
+	if (!ops)
+		goto out_fs;
+	fs->se = fuse_session_new(&args, ops, sizeof(struct fuse_lowlevel_ops), fs);
 	if (!fs->se) {
 		cli_err("mount", "cannot start a FUSE session (see above)");
 		goto out_fs;
@@ -428,6 +439,7 @@ out_session:
 out_fs:
 	stk_fuse_fs_fini(fs);
 out:
+	stk_fuse_metrics_stop();
 	if (!r.ok)
 		report(ready_fd, "error\n"); /* ready_fd is closed only once ok was sent */
 	if (cfg)

@@ -34,6 +34,7 @@
  * the kernel asks for it only when the names are looked up after a listing.
  */
 #include "fs.h"
+#include "metrics.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -87,6 +88,7 @@ static uint64_t ino_swap(const struct stk_fuse *fs, uint64_t ino)
 static void reply_err(fuse_req_t req, int rc)
 {
 	/* libstoker returns -errno; anything else would be a bug, reported as EIO. */
+	stk_fuse_metrics_error(rc <= 0 && rc > -4096 ? rc : -EIO);
 	fuse_reply_err(req, rc <= 0 && rc > -4096 ? -rc : EIO);
 }
 
@@ -744,8 +746,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		wf_put(fs, fh->node);
 	if (n < 0)
 		reply_err(req, (int)n);
-	else
+	else {
+		stk_fuse_metrics_bytes((uint64_t)n);
 		fuse_reply_buf(req, buf, (size_t)n);
+	}
 	free(own);
 }
 
@@ -765,6 +769,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		return;
 	}
 	note_change(fh->node, (uint64_t)off + (uint64_t)n, 0);
+	stk_fuse_metrics_bytes((uint64_t)n);
 	fuse_reply_write(req, (size_t)n);
 }
 

@@ -409,3 +409,80 @@ scrape_configs:
             prom.kill()
             prom.wait()
         log.close()
+
+
+def test_mount_serves_metrics(cluster, make_mount):
+    """`stoker mount -o metrics=ADDR`: per-call counts, errors by errno name, bytes
+    read and written and latency histograms of the FUSE daemon; valid exposition,
+    counters that never go backwards."""
+    addr = "127.0.0.1:%d" % free_port()
+    m = make_mount(cluster, opts=["metrics=" + addr])
+    status, ctype, text = http(addr)
+    assert status == 200 and ctype.startswith("text/plain; version=0.0.4"), ctype
+    first, types = parse(text)
+    assert total(first, "stoker_build_info", role="mount") == 1
+    assert http(addr, "/healthz")[2] == "ok\n"
+
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    path = os.path.join(m.path, "f.bin")
+    with open(path, "wb") as f:
+        f.write(data)
+    with open(path, "rb") as f:
+        assert f.read() == data
+    assert not os.path.exists(os.path.join(m.path, "no-such-file"))
+    os.listdir(m.path)
+
+    text = http(addr)[2]
+    second, types = parse(text)
+    fuse = {"frontend": "fuse"}
+    assert total(second, "stoker_client_write_bytes_total", op="write", **fuse) == len(data)
+    # The kernel may read ahead past what we asked, never less than the file.
+    assert total(second, "stoker_client_read_bytes_total", op="read", **fuse) >= len(data)
+    for op in ("lookup", "create", "write", "flush", "release", "opendir", "readdir",
+               "read", "open"):
+        if op == "readdir" and total(second, "stoker_client_ops_total", op="readdirplus"):
+            continue
+        assert total(second, "stoker_client_ops_total", op=op, **fuse) >= 1, op
+    assert total(second, "stoker_client_errors_total", op="lookup", error="ENOENT",
+                 **fuse) >= 1
+    writes = total(second, "stoker_client_ops_total", op="write", **fuse)
+    assert total(second, "stoker_client_op_duration_seconds_count", op="write",
+                 **fuse) == writes
+    assert check_histograms(second, types) > 0
+    for key, v in first.items():
+        if family_of(key[0], types)[1] == "counter" and key in second:
+            assert second[key] >= v, key
+    if PROMTOOL:
+        p = subprocess.run([PROMTOOL, "check", "metrics"], input=text.encode(),
+                           capture_output=True, timeout=60)
+        assert p.returncode == 0, (p.stdout.decode(), p.stderr.decode())
+
+
+def test_mount_bad_metrics_address(cluster, make_mount):
+    m = make_mount(cluster, opts=["metrics="], start=False)
+    p = m.start(check=False)
+    assert p.returncode != 0 and b"-o metrics needs HOST:PORT" in p.stderr
+    assert not m.mounted()
+    m = make_mount(cluster, name="mnt2", opts=["metrics=999.1.1.1:x"], start=False)
+    p = m.start(check=False)
+    assert p.returncode != 0 and not m.mounted()
+    assert b"metrics" in p.stderr, p.stderr
+
+
+def test_up_mount_serves_metrics_on_base_plus_14(tmp_path):
+    from conftest import have_fuse
+    if not have_fuse():
+        pytest.skip("needs root, /dev/fuse and fusermount3")
+    port = pick_ports()
+    data, mnt = tmp_path / "d", tmp_path / "mnt"
+    mnt.mkdir()
+    p = run([STOKER, "up", "--data", str(data), "--daemon", "--port", str(port),
+             "--mount", str(mnt)], check=False, timeout=120)
+    try:
+        assert p.returncode == 0, p.stderr
+        (mnt / "x").write_bytes(b"y" * 4096)
+        samples, _ = parse(http("127.0.0.1:%d" % (port + 14))[2])
+        assert total(samples, "stoker_build_info", role="mount") == 1
+        assert total(samples, "stoker_client_write_bytes_total", frontend="fuse") == 4096
+    finally:
+        run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
