@@ -32,7 +32,7 @@
 	  "run a storage server with one or more targets")                                      \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "nodes, targets, chains and the metadata shard map")                                  \
-	X(top, cmd_top, "top [--cluster stk://HOST:PORT] [--metrics ADDR,...] [--interval S] [--once]", \
+	X(top, cmd_top, "top [--cluster stk://HOST:PORT] [--metrics ADDR,...] [--mount ADDR,...] [--interval S] [--once]", \
 	  "live bandwidth, IOPS, p99 latency and capacity per node and target")                \
 	X(ls, cmd_ls, "ls [-l] PATH...", "list directories")                                    \
 	X(stat, cmd_stat, "stat PATH...", "show a file's attributes and layout")                \

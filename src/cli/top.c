@@ -13,7 +13,11 @@
  * mgmtd itself), each at its RPC port + STK_METRICS_PORT_OFFSET, the convention
  * `stoker up` follows; --metrics ADDR,... names them instead (their roles then
  * come from stoker_build_info). Nodes do not report their metrics address to
- * mgmtd, which keeps the registration message unchanged.
+ * mgmtd, which keeps the registration message unchanged. --mount ADDR,... adds
+ * client-side daemons (a mount's -o metrics, a gateway's --metrics): their rows
+ * show what that client read and wrote, its read and write calls per second and
+ * their p99, and all its calls per second and their p99 in the RPC columns; they
+ * are not added into the cluster line, which counts what the servers did.
  *
  * The HTTP client is a few lines over a blocking socket: HTTP/1.0, one request
  * per connection, read to EOF. The exposition parser reads only what top needs:
@@ -579,6 +583,22 @@ static const char *target_path(const struct top *t, const char *id)
 	return "";
 }
 
+/* A client-side daemon's figures (stoker_client_*): what it read and wrote. */
+static void client_row(const struct scrape *a, const struct scrape *b, struct row *r)
+{
+	struct filt rd = {{"op", NULL}, {"read", NULL}};
+	struct filt wr = {{"op", NULL}, {"write", NULL}};
+
+	r->rbw = rate(a, b, "stoker_client_read_bytes_total", NULL);
+	r->wbw = rate(a, b, "stoker_client_write_bytes_total", NULL);
+	r->riops = rate(a, b, "stoker_client_ops_total", &rd);
+	r->wiops = rate(a, b, "stoker_client_ops_total", &wr);
+	r->rp99 = quantile(a, b, "stoker_client_op_duration_seconds", &rd, 0.99);
+	r->wp99 = quantile(a, b, "stoker_client_op_duration_seconds", &wr, 0.99);
+	r->rpc = rate(a, b, "stoker_client_ops_total", NULL);
+	r->rpcp99 = quantile(a, b, "stoker_client_op_duration_seconds", NULL, 0.99);
+}
+
 /* A storage node's figures (target NULL: all its targets) or one target's. */
 static void storage_row(const struct scrape *a, const struct scrape *b, const char *target,
 			struct row *r)
@@ -632,6 +652,10 @@ static int show(struct top *t, double interval)
 		if (n->err || !a->text || !b->text)
 			continue;
 		ok++;
+		if (has(b, "stoker_client_ops_total")) {
+			client_row(a, b, r);
+			continue;
+		}
 		if (has(b, "stoker_target_capacity_bytes")) {
 			storage_row(a, b, NULL, r);
 			cl.rbw += r->rbw;
@@ -716,7 +740,7 @@ static void nap(double interval)
 int cmd_top(int argc, char **argv)
 {
 	struct top *t = calloc(1, sizeof(*t));
-	const char *cluster = NULL, *list = NULL;
+	const char *cluster = NULL, *list = NULL, *mounts = NULL;
 	double interval = 1.0;
 	int once = 0, rc = 1, tty = isatty(1);
 	struct sigaction sa;
@@ -728,6 +752,8 @@ int cmd_top(int argc, char **argv)
 			cluster = argv[++i];
 		} else if (strcmp(argv[i], "--metrics") == 0 && i + 1 < argc) {
 			list = argv[++i];
+		} else if (strcmp(argv[i], "--mount") == 0 && i + 1 < argc) {
+			mounts = argv[++i];
 		} else if (strcmp(argv[i], "--interval") == 0 && i + 1 < argc) {
 			char *end;
 			interval = strtod(argv[++i], &end);
@@ -743,14 +769,16 @@ int cmd_top(int argc, char **argv)
 			goto out;
 		}
 	}
-	if (list) {
-		const char *p = list;
+	if (list)
 		t->fixed = 1;
-		while (*p) {
+	for (int pass = 0; pass < 2; pass++) {
+		const char *p = pass ? mounts : list;
+		const char *opt = pass ? "--mount" : "--metrics";
+		while (p && *p) {
 			size_t l = strcspn(p, ",");
 			char a[80];
 			if (l == 0 || l >= sizeof(a)) {
-				cli_err("top", "bad --metrics list '%s'", list);
+				cli_err("top", "bad %s list '%s'", opt, pass ? mounts : list);
 				rc = 2;
 				goto out;
 			}

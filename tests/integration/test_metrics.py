@@ -486,3 +486,31 @@ def test_up_mount_serves_metrics_on_base_plus_14(tmp_path):
         assert total(samples, "stoker_client_write_bytes_total", frontend="fuse") == 4096
     finally:
         run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
+
+
+def test_top_once_shows_the_mount(cluster, make_mount):
+    """`stoker top --mount ADDR` adds the mount's own row (role mount) while it writes."""
+    addr = "127.0.0.1:%d" % free_port()
+    m = make_mount(cluster, opts=["metrics=" + addr])
+    stop = threading.Event()
+
+    def writer():
+        with open(os.path.join(m.path, "top.bin"), "wb") as f:
+            while not stop.is_set():
+                f.write(b"z" * 65536)
+                f.flush()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        p = cluster.cli("top", "--once", "--interval", "1", "--mount", addr)
+    finally:
+        stop.set()
+        t.join(timeout=60)
+    out = p.stdout.decode()
+    rows = [l for l in out.splitlines() if addr in l]
+    assert len(rows) == 1 and " mount " in rows[0], out
+    assert "unreachable" not in rows[0] and "waiting" not in rows[0], out
+    assert maddr(cluster, "storage") in out
+    p = cluster.cli("top", "--once", "--mount", ",", check=False)
+    assert p.returncode == 2 and b"bad --mount list" in p.stderr
