@@ -120,6 +120,22 @@ STK_API int stk_chown(stk_client *c, const char *path, uid_t uid, gid_t gid); /*
 STK_API int stk_utimens(stk_client *c, const char *path, const struct timespec times[2]);
 /* Capacity from the storage targets, file count from meta. */
 STK_API int stk_statfs(stk_client *c, struct statvfs *st);
+/*
+ * Extended attributes of the file at path (symlinks followed), as setxattr(2) and
+ * its siblings: name with its namespace ("user.", "trusted." and "security."
+ * for root; "system.", POSIX ACLs, gives -EOPNOTSUPP), 1 to 255 bytes (-ERANGE);
+ * values up to 64 KiB (-E2BIG). flags: 0, XATTR_CREATE (-EEXIST if present) or
+ * XATTR_REPLACE (-ENODATA if absent). get and list return the length of the value
+ * (of the NUL-separated list of names) and copy it when size > 0 (-ERANGE if it is
+ * longer); size 0 asks only the length. A missing attribute is -ENODATA. user.*
+ * needs read permission to get, write to set or remove. Any thread.
+ */
+STK_API int stk_setxattr(stk_client *c, const char *path, const char *name, const void *value,
+			 size_t size, int flags);
+STK_API ssize_t stk_getxattr(stk_client *c, const char *path, const char *name, void *value,
+			     size_t size);
+STK_API ssize_t stk_listxattr(stk_client *c, const char *path, char *list, size_t size);
+STK_API int stk_removexattr(stk_client *c, const char *path, const char *name);
 
 /*
  * Directory listing. stk_readdir returns 1 with *ent filled (d_name, d_ino,

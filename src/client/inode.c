@@ -351,3 +351,165 @@ out:
 	free(resp);
 	return rc;
 }
+
+/* ---- extended attributes ---- */
+
+static int xattr_name_ok(const char *name, char *dst)
+{
+	size_t n = strlen(name);
+
+	if (n == 0 || n > STK_NAME_MAX)
+		return -ERANGE;
+	memcpy(dst, name, n + 1);
+	return 0;
+}
+
+int stk_ino_setxattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, const char *name,
+		     const void *value, size_t size, uint32_t flags)
+{
+	struct stk_msg_meta_setxattr_req m = {.cred = CRED(c, cred), .ino = ino, .flags = flags};
+	size_t cap = 1024 + size;
+	struct stk_wbuf w;
+	uint8_t *req;
+	int rc = xattr_name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	if (size > STK_XATTR_SIZE_MAX)
+		return -E2BIG;
+	if (size && !value)
+		return -EFAULT;
+	req = malloc(cap);
+	if (!req)
+		return -ENOMEM;
+	m.size = (uint32_t)size;
+	stk_wbuf_init(&w, req, cap);
+	stk_msg_meta_setxattr_req_enc(&w, &m);
+	if (size)
+		stk_put_bytes(&w, value, size);
+	rc = w.err ? -EIO : stk_client_meta_call(c, STK_OP_META_SETXATTR, req, w.len, NULL, 0,
+						   NULL);
+	free(req);
+	return rc;
+}
+
+/* The GETXATTR / LISTXATTR reply: the length, and the bytes when size > 0. */
+static long xattr_reply(stk_client *c, uint16_t op, const void *req, size_t req_len, void *buf,
+			size_t size)
+{
+	struct stk_msg_meta_xattr_resp rm;
+	size_t cap = 64 + size, rlen = 0;
+	struct stk_rbuf r;
+	uint8_t *resp;
+	long rc;
+
+	resp = malloc(cap);
+	if (!resp)
+		return -ENOMEM;
+	rc = stk_client_meta_call(c, op, req, req_len, resp, cap, &rlen);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, rlen);
+	rc = -EIO;
+	if (stk_msg_meta_xattr_resp_dec(&r, &rm))
+		goto out;
+	if (size) {
+		const uint8_t *p = rm.size <= size ? stk_rbuf_take(&r, rm.size) : NULL;
+
+		if (!p)
+			goto out;
+		memcpy(buf, p, rm.size);
+	}
+	if (stk_rbuf_finish(&r))
+		goto out;
+	rc = (long)rm.size;
+out:
+	free(resp);
+	return rc;
+}
+
+long stk_ino_getxattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, const char *name,
+		      void *buf, size_t size)
+{
+	struct stk_msg_meta_getxattr_req m = {.cred = CRED(c, cred), .ino = ino};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc = xattr_name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	if (size > STK_XATTR_SIZE_MAX)
+		size = STK_XATTR_SIZE_MAX;
+	m.size = (uint32_t)size;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_getxattr_req_enc(&w, &m);
+	return xattr_reply(c, STK_OP_META_GETXATTR, req, w.len, buf, size);
+}
+
+long stk_ino_listxattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, char *buf,
+		       size_t size)
+{
+	struct stk_msg_meta_listxattr_req m = {.cred = CRED(c, cred), .ino = ino};
+	uint8_t req[256];
+	struct stk_wbuf w;
+
+	if (size > STK_XATTR_SIZE_MAX)
+		size = STK_XATTR_SIZE_MAX;
+	m.size = (uint32_t)size;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_listxattr_req_enc(&w, &m);
+	return xattr_reply(c, STK_OP_META_LISTXATTR, req, w.len, buf, size);
+}
+
+int stk_ino_removexattr(stk_client *c, const struct stk_cred *cred, uint64_t ino,
+			const char *name)
+{
+	struct stk_msg_meta_xattr_name_req m = {.cred = CRED(c, cred), .ino = ino};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc = xattr_name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_xattr_name_req_enc(&w, &m);
+	return stk_client_meta_call(c, STK_OP_META_REMOVEXATTR, req, w.len, NULL, 0, NULL);
+}
+
+/* ---- the path-level calls of stoker.h (symlinks followed, as setxattr(2)) ---- */
+
+int stk_setxattr(stk_client *c, const char *path, const char *name, const void *value,
+		 size_t size, int flags)
+{
+	struct stk_attr a;
+	int rc;
+
+	if (flags & ~(int)(STK_XATTR_CREATE | STK_XATTR_REPLACE))
+		return -EINVAL;
+	rc = stk_client_resolve(c, path, 1, &a);
+	return rc ? rc : stk_ino_setxattr(c, NULL, a.ino, name, value, size, (uint32_t)flags);
+}
+
+ssize_t stk_getxattr(stk_client *c, const char *path, const char *name, void *value, size_t size)
+{
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 1, &a);
+
+	return rc ? rc : stk_ino_getxattr(c, NULL, a.ino, name, value, size);
+}
+
+ssize_t stk_listxattr(stk_client *c, const char *path, char *list, size_t size)
+{
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 1, &a);
+
+	return rc ? rc : stk_ino_listxattr(c, NULL, a.ino, list, size);
+}
+
+int stk_removexattr(stk_client *c, const char *path, const char *name)
+{
+	struct stk_attr a;
+	int rc = stk_client_resolve(c, path, 1, &a);
+
+	return rc ? rc : stk_ino_removexattr(c, NULL, a.ino, name);
+}

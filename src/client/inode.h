@@ -81,6 +81,21 @@ int stk_ino_readdir(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
  */
 int stk_ino_open(stk_client *c, const struct stk_cred *cred, const struct stk_attr *attr,
 		 int flags, stk_file **out);
+/*
+ * Extended attributes (meta's rules: src/meta/store.h). name: the full name, 1 to
+ * 255 bytes (-ERANGE otherwise). setxattr: size at most STK_XATTR_SIZE_MAX (-E2BIG),
+ * flags STK_XATTR_CREATE / STK_XATTR_REPLACE. getxattr and listxattr return the
+ * length of the value (of the NUL-separated name list) and copy it into buf when
+ * size > 0 (-ERANGE if it is longer than size); size 0 only asks the length.
+ */
+int stk_ino_setxattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, const char *name,
+		     const void *value, size_t size, uint32_t flags);
+long stk_ino_getxattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, const char *name,
+		      void *buf, size_t size);
+long stk_ino_listxattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, char *buf,
+		       size_t size);
+int stk_ino_removexattr(stk_client *c, const struct stk_cred *cred, uint64_t ino,
+			const char *name);
 /* The inode a handle is open on. */
 uint64_t stk_file_ino(const stk_file *f);
 

@@ -1010,9 +1010,80 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 	reply_err(req, stk_client_meta_call(fs->c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL));
 }
 
+/* ---- extended attributes (kept in meta, which checks the namespace rules) ---- */
+
+static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value,
+			size_t size, int flags)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+
+	req_cred(req, &cr, 1);
+	reply_err(req, stk_ino_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size,
+					(uint32_t)flags));
+}
+
+/* getxattr and listxattr: size 0 asks the length; otherwise the bytes, or ERANGE. */
+static void reply_xattr(fuse_req_t req, long rc, const char *buf, size_t size)
+{
+	if (rc < 0)
+		reply_err(req, (int)rc);
+	else if (size == 0)
+		fuse_reply_xattr(req, (size_t)rc);
+	else
+		fuse_reply_buf(req, buf, (size_t)rc);
+}
+
+static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	char *buf = NULL;
+	long rc;
+
+	if (size > STK_XATTR_SIZE_MAX)
+		size = STK_XATTR_SIZE_MAX;
+	if (size && !(buf = malloc(size))) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	req_cred(req, &cr, 1);
+	rc = stk_ino_getxattr(fs->c, &cr, ino_swap(fs, ino), name, buf, size);
+	reply_xattr(req, rc, buf, size);
+	free(buf);
+}
+
+static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+	char *buf = NULL;
+	long rc;
+
+	if (size > STK_XATTR_SIZE_MAX)
+		size = STK_XATTR_SIZE_MAX;
+	if (size && !(buf = malloc(size))) {
+		reply_err(req, -ENOMEM);
+		return;
+	}
+	req_cred(req, &cr, 1);
+	rc = stk_ino_listxattr(fs->c, &cr, ino_swap(fs, ino), buf, size);
+	reply_xattr(req, rc, buf, size);
+	free(buf);
+}
+
+static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_cred cr;
+
+	req_cred(req, &cr, 1);
+	reply_err(req, stk_ino_removexattr(fs->c, &cr, ino_swap(fs, ino), name));
+}
+
 /*
  * Not here, so the kernel answers by itself: forget (nothing to forget), access
- * (default_permissions), xattrs (EOPNOTSUPP), ioctl, poll, bmap,
+ * (default_permissions), ioctl, poll, bmap,
  * lseek (SEEK_DATA/SEEK_HOLE as generic),
  * copy_file_range (read and write).
  */
@@ -1043,6 +1114,10 @@ static const struct fuse_lowlevel_ops ops = {
 	.statfs = op_statfs,
 	.create = op_create,
 	.fallocate = op_fallocate,
+	.setxattr = op_setxattr,
+	.getxattr = op_getxattr,
+	.listxattr = op_listxattr,
+	.removexattr = op_removexattr,
 	.getlk = stk_fuse_getlk, /* locks.c: across every client, held in meta */
 	.setlk = stk_fuse_setlk,
 	.flock = stk_fuse_flock,

@@ -28,6 +28,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -374,6 +375,91 @@ static int op_sync(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	return rc ? rc : stk_meta_store_sync(m->store);
 }
 
+/* ---- extended attributes ---- */
+
+static int op_setxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_setxattr_req q;
+	const uint8_t *value = NULL;
+	int rc;
+
+	(void)resp;
+	rc = stk_msg_meta_setxattr_req_dec(&req->payload, &q);
+	if (rc == 0 && q.size > STK_XATTR_SIZE_MAX)
+		return -E2BIG;
+	if (rc == 0 && q.size)
+		value = stk_rbuf_take(&req->payload, q.size);
+	rc = decoded(req, rc ? rc : req->payload.err);
+	return rc ? rc
+		  : stk_meta_store_setxattr(m->store, &q.cred, q.ino, q.name, value, q.size,
+					    q.flags);
+}
+
+/* The reply of GETXATTR and LISTXATTR: the length, then the bytes unless only it was asked. */
+static int reply_xattr(struct stk_rpc_resp *resp, const uint8_t *buf, size_t len, int with_bytes)
+{
+	struct stk_msg_meta_xattr_resp r = {.size = (uint32_t)len};
+	int rc = stk_msg_meta_xattr_resp_enc(&resp->payload, &r);
+
+	if (rc == 0 && with_bytes)
+		stk_put_bytes(&resp->payload, buf, len);
+	return resp->payload.err;
+}
+
+static int op_getxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_getxattr_req q;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_getxattr_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.size > STK_XATTR_SIZE_MAX)
+		q.size = STK_XATTR_SIZE_MAX; /* as Linux: no value is longer */
+	if (q.size && !(buf = malloc(q.size)))
+		return -ENOMEM;
+	rc = stk_meta_store_getxattr(m->store, &q.cred, q.ino, q.name, buf, q.size, &len);
+	if (rc == 0)
+		rc = reply_xattr(resp, buf, len, q.size != 0);
+	free(buf);
+	return rc;
+}
+
+static int op_listxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_listxattr_req q;
+	char *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_listxattr_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.size > STK_XATTR_SIZE_MAX)
+		q.size = STK_XATTR_SIZE_MAX;
+	if (q.size && !(buf = malloc(q.size)))
+		return -ENOMEM;
+	rc = stk_meta_store_listxattr(m->store, &q.cred, q.ino, buf, q.size, &len);
+	if (rc == -ERANGE && q.size == STK_XATTR_SIZE_MAX)
+		rc = -E2BIG; /* no buffer could hold the list */
+	if (rc == 0)
+		rc = reply_xattr(resp, (const uint8_t *)buf, len, q.size != 0);
+	free(buf);
+	return rc;
+}
+
+static int op_removexattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_xattr_name_req q;
+	int rc;
+
+	(void)resp;
+	rc = decoded(req, stk_msg_meta_xattr_name_req_dec(&req->payload, &q));
+	return rc ? rc : stk_meta_store_removexattr(m->store, &q.cred, q.ino, q.name);
+}
+
 /* ---- sessions, open references and locks (session.c, locks.c) ---- */
 
 static int op_session(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -489,6 +575,10 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_STATFS] = op_statfs,
 	[STK_OP_META_EXTEND] = op_extend,
 	[STK_OP_META_SYNC] = op_sync,
+	[STK_OP_META_SETXATTR] = op_setxattr,
+	[STK_OP_META_GETXATTR] = op_getxattr,
+	[STK_OP_META_LISTXATTR] = op_listxattr,
+	[STK_OP_META_REMOVEXATTR] = op_removexattr,
 	[STK_OP_META_SESSION] = op_session,
 	[STK_OP_META_SESSION_END] = op_session_end,
 	[STK_OP_META_OPEN] = op_open,

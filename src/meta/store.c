@@ -52,6 +52,7 @@ struct stk_meta_store {
 	MDB_dbi dentries;
 	MDB_dbi links;
 	MDB_dbi sys;
+	MDB_dbi xattrs;
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
 };
@@ -244,7 +245,9 @@ static int inode_put(struct op *o, const struct inode *n)
 	return lmdb_err(mdb_put(o->txn, o->st->inodes, &key, &val, 0), "write inode");
 }
 
-/* Drops an inode that lost its last name, with its symlink target if it has one. */
+static int xattrs_del_all(struct op *o, uint64_t ino);
+
+/* Drops an inode that lost its last name, with its symlink target and xattrs. */
 static int inode_del(struct op *o, const struct inode *n)
 {
 	uint8_t k[8];
@@ -253,6 +256,8 @@ static int inode_del(struct op *o, const struct inode *n)
 
 	be64_put(k, n->a.ino);
 	rc = lmdb_err(mdb_del(o->txn, o->st->inodes, &key, NULL), "delete inode");
+	if (rc == 0)
+		rc = xattrs_del_all(o, n->a.ino);
 	if (rc == 0 && S_ISLNK(n->a.mode)) {
 		rc = lmdb_err(mdb_del(o->txn, o->st->links, &key, NULL), "delete symlink");
 		if (rc == -ENOENT)
@@ -575,6 +580,8 @@ static int store_init(struct stk_meta_store *st)
 		rc = mdb_dbi_open(o.txn, "links", MDB_CREATE, &st->links);
 	if (rc == 0)
 		rc = mdb_dbi_open(o.txn, "sys", MDB_CREATE, &st->sys);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "xattrs", MDB_CREATE, &st->xattrs);
 	rc = lmdb_err(rc, "open tables");
 	if (rc)
 		goto out;
@@ -603,7 +610,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
 	if (rc)
 		goto out;
-	mdb_env_set_maxdbs(st->env, 4);
+	mdb_env_set_maxdbs(st->env, 5);
 	mdb_env_set_maxreaders(st->env, MAX_READERS);
 	rc = mdb_env_set_mapsize(st->env, opts->map_size ? opts->map_size : DEFAULT_MAP_SIZE);
 	if (rc == 0)
@@ -1564,5 +1571,276 @@ int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
 		else if (rc == -ENOENT)
 			rc = 0;
 	}
+	return op_end(&o, rc);
+}
+
+/* ---- extended attributes ---- */
+
+/*
+ * One record per attribute: key be64 ino + the full name (with its namespace
+ * prefix), value the bytes. The checks follow Linux's xattr_permission() and the
+ * capability rules for security.*: see store.h.
+ */
+#define XATTR_KEY_MAX (8 + STK_NAME_MAX)
+
+enum xattr_ns { XNS_USER, XNS_TRUSTED, XNS_SECURITY };
+
+static int xattr_ns_of(const char *name, enum xattr_ns *ns)
+{
+	size_t len = strnlen(name, STK_NAME_MAX + 1);
+
+	if (len == 0 || len > STK_NAME_MAX)
+		return -ERANGE;
+	if (strncmp(name, "user.", 5) == 0 && len > 5)
+		*ns = XNS_USER;
+	else if (strncmp(name, "trusted.", 8) == 0 && len > 8)
+		*ns = XNS_TRUSTED;
+	else if (strncmp(name, "security.", 9) == 0 && len > 9)
+		*ns = XNS_SECURITY;
+	else
+		return -EOPNOTSUPP; /* system.* (POSIX ACLs), unknown or bare prefixes */
+	return 0;
+}
+
+static size_t xattr_key(uint8_t *k, uint64_t ino, const char *name)
+{
+	size_t len = strlen(name);
+
+	be64_put(k, ino);
+	memcpy(k + 8, name, len);
+	return 8 + len;
+}
+
+/* Loads inode ino and checks that the caller may read (write = 0) or change `name`. */
+static int xattr_access(struct op *o, uint64_t ino, const char *name, int write, struct inode *n)
+{
+	enum xattr_ns ns;
+	int rc = xattr_ns_of(name, &ns);
+
+	if (rc == 0)
+		rc = inode_get(o, ino, n);
+	if (rc)
+		return rc;
+	switch (ns) {
+	case XNS_TRUSTED:
+		if (!is_root(o))
+			return write ? -EPERM : -ENODATA;
+		return 0;
+	case XNS_SECURITY:
+		return write && !is_root(o) ? -EPERM : 0;
+	case XNS_USER:
+		break;
+	}
+	if (!S_ISREG(n->a.mode) && !S_ISDIR(n->a.mode))
+		return write ? -EPERM : -ENODATA;
+	if (write && S_ISDIR(n->a.mode) && (n->a.mode & S_ISVTX) && !is_owner(o, &n->a))
+		return -EPERM;
+	return may(o, &n->a, write ? MAY_W : MAY_R);
+}
+
+/*
+ * Walks the xattrs of ino in key order: fn gets each name (key bytes after the
+ * inode number, not NUL-terminated) and its value's length. fn returns 0 to go on,
+ * or -errno to stop with it.
+ */
+typedef int (*xattr_fn)(struct op *o, MDB_cursor *c, const MDB_val *key, const MDB_val *val,
+			void *ctx);
+
+static int xattrs_walk(struct op *o, uint64_t ino, xattr_fn fn, void *ctx)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *c;
+	int rc, mrc;
+
+	be64_put(k, ino);
+	rc = lmdb_err(mdb_cursor_open(o->txn, o->st->xattrs, &c), "open cursor");
+	if (rc)
+		return rc;
+	for (mrc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(c, &key, &val, MDB_NEXT)) {
+		if (key.mv_size <= 8 || be64_get(key.mv_data) != ino)
+			break;
+		rc = fn(o, c, &key, &val, ctx);
+		if (rc)
+			break;
+	}
+	if (rc == 0 && mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "read xattr");
+	mdb_cursor_close(c);
+	return rc;
+}
+
+static int xattr_del_one(struct op *o, MDB_cursor *c, const MDB_val *key, const MDB_val *val,
+			 void *ctx)
+{
+	(void)key;
+	(void)val;
+	(void)ctx;
+	(void)o;
+	return lmdb_err(mdb_cursor_del(c, 0), "delete xattr");
+}
+
+static int xattrs_del_all(struct op *o, uint64_t ino)
+{
+	return xattrs_walk(o, ino, xattr_del_one, NULL);
+}
+
+/* Listing: names of the namespaces the caller may see, each NUL-terminated. */
+struct xattr_list {
+	char *buf;
+	size_t cap;
+	size_t len;
+};
+
+static int xattr_list_one(struct op *o, MDB_cursor *c, const MDB_val *key, const MDB_val *val,
+			  void *ctx)
+{
+	struct xattr_list *l = ctx;
+	const char *name = (const char *)key->mv_data + 8;
+	size_t nlen = key->mv_size - 8;
+
+	(void)c;
+	(void)val;
+	if (nlen > STK_NAME_MAX)
+		return -EIO;
+	if (!is_root(o) && nlen >= 8 && memcmp(name, "trusted.", 8) == 0)
+		return 0;
+	if (l->buf && l->len + nlen + 1 <= l->cap) {
+		memcpy(l->buf + l->len, name, nlen);
+		l->buf[l->len + nlen] = 0;
+	}
+	l->len += nlen + 1;
+	return 0;
+}
+
+int stk_meta_store_setxattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			    const char *name, const void *value, size_t size, uint32_t flags)
+{
+	uint8_t k[XATTR_KEY_MAX];
+	MDB_val key = {0, k}, val;
+	struct xattr_list l = {NULL, 0, 0};
+	struct inode n;
+	struct op o;
+	int rc, exists;
+
+	if (flags & ~(STK_XATTR_CREATE | STK_XATTR_REPLACE))
+		return -EINVAL;
+	if (size > STK_XATTR_SIZE_MAX)
+		return -E2BIG;
+	if (size && !value)
+		return -EINVAL;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = xattr_access(&o, ino, name, 1, &n);
+	if (rc)
+		goto out;
+	key.mv_size = xattr_key(k, ino, name);
+	rc = mdb_get(o.txn, st->xattrs, &key, &val);
+	exists = rc == 0;
+	rc = rc == MDB_NOTFOUND ? 0 : lmdb_err(rc, "read xattr");
+	if (rc == 0 && exists && (flags & STK_XATTR_CREATE))
+		rc = -EEXIST;
+	if (rc == 0 && !exists && (flags & STK_XATTR_REPLACE))
+		rc = -ENODATA;
+	/* listxattr must be able to return every name: the names' total is bounded. */
+	if (rc == 0 && !exists) {
+		rc = xattrs_walk(&o, ino, xattr_list_one, &l);
+		if (rc == 0 && l.len + strlen(name) + 1 > STK_XATTR_SIZE_MAX)
+			rc = -ENOSPC;
+	}
+	if (rc)
+		goto out;
+	val.mv_size = size;
+	val.mv_data = size ? (void *)value : k; /* LMDB wants a pointer even for 0 bytes */
+	rc = lmdb_err(mdb_put(o.txn, st->xattrs, &key, &val, 0), "write xattr");
+	if (rc == 0) {
+		set_ctime(&o, &n.a);
+		rc = inode_put(&o, &n);
+	}
+out:
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_getxattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			    const char *name, void *buf, size_t cap, size_t *len)
+{
+	uint8_t k[XATTR_KEY_MAX];
+	MDB_val key = {0, k}, val;
+	struct inode n;
+	struct op o;
+	int rc;
+
+	*len = 0;
+	rc = op_begin(&o, st, cred, 1);
+	if (rc)
+		return rc;
+	rc = xattr_access(&o, ino, name, 0, &n);
+	if (rc)
+		goto out;
+	key.mv_size = xattr_key(k, ino, name);
+	rc = mdb_get(o.txn, st->xattrs, &key, &val);
+	if (rc) {
+		rc = rc == MDB_NOTFOUND ? -ENODATA : lmdb_err(rc, "read xattr");
+		goto out;
+	}
+	*len = val.mv_size;
+	if (cap == 0)
+		goto out;
+	if (val.mv_size > cap)
+		rc = -ERANGE;
+	else if (val.mv_size)
+		memcpy(buf, val.mv_data, val.mv_size);
+out:
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_listxattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			     char *buf, size_t cap, size_t *len)
+{
+	struct xattr_list l = {cap ? buf : NULL, cap, 0};
+	struct inode n;
+	struct op o;
+	int rc;
+
+	*len = 0;
+	rc = op_begin(&o, st, cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0)
+		rc = xattrs_walk(&o, ino, xattr_list_one, &l);
+	if (rc == 0) {
+		*len = l.len;
+		if (cap && l.len > cap)
+			rc = -ERANGE;
+	}
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_removexattr(struct stk_meta_store *st, const struct stk_cred *cred,
+			       uint64_t ino, const char *name)
+{
+	uint8_t k[XATTR_KEY_MAX];
+	MDB_val key = {0, k};
+	struct inode n;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = xattr_access(&o, ino, name, 1, &n);
+	if (rc)
+		goto out;
+	key.mv_size = xattr_key(k, ino, name);
+	rc = mdb_del(o.txn, st->xattrs, &key, NULL);
+	rc = rc == MDB_NOTFOUND ? -ENODATA : lmdb_err(rc, "delete xattr");
+	if (rc == 0) {
+		set_ctime(&o, &n.a);
+		rc = inode_put(&o, &n);
+	}
+out:
 	return op_end(&o, rc);
 }

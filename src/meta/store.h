@@ -16,6 +16,7 @@
  *             directory into its own subtree; 0 for other inodes)
  *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
  *   links     u64 ino -> symlink target bytes
+ *   xattrs    u64 ino, name bytes -> value bytes (extended attributes)
  *   sys       "next_ino" -> u64, the next inode number to hand out;
  *             "orphan" + u64 ino -> empty, for each orphan (see below)
  *
@@ -224,6 +225,46 @@ int stk_meta_store_statfs(struct stk_meta_store *st, uint64_t *files);
 int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			  uint64_t new_size, int64_t mtime_sec, uint32_t mtime_nsec,
 			  struct stk_attr *out);
+
+/*
+ * Extended attributes, kept per inode (records "xattrs": be64 ino + name -> value)
+ * and removed with the inode. `name` is the full name with its namespace prefix,
+ * 1 to STK_NAME_MAX bytes (-ERANGE otherwise, as Linux). Namespaces, with Linux's
+ * rules:
+ *   user.*      read permission on the inode to get, write to set or remove
+ *               (-EACCES); only regular files and directories have them (others:
+ *               -EPERM to set or remove, -ENODATA to get); in a sticky directory
+ *               only its owner or root may set or remove them (-EPERM);
+ *   trusted.*   root only: -EPERM to set or remove, -ENODATA to get, and left out
+ *               of other callers' lists;
+ *   security.*  anyone may get; root only may set or remove (-EPERM);
+ *   system.* (POSIX ACLs) and any other prefix: -EOPNOTSUPP.
+ * Setting or removing one sets the inode's ctime.
+ */
+/*
+ * Sets `name` to size bytes of value (at most STK_XATTR_SIZE_MAX, -E2BIG). flags:
+ * STK_XATTR_CREATE (-EEXIST if it exists) or STK_XATTR_REPLACE (-ENODATA if not);
+ * other bits -EINVAL. A new name that would make the inode's name list longer
+ * than STK_XATTR_SIZE_MAX bytes: -ENOSPC.
+ */
+int stk_meta_store_setxattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			    const char *name, const void *value, size_t size, uint32_t flags);
+/*
+ * *len is the value's length; with cap > 0 the value is copied into buf, or
+ * -ERANGE when it is longer than cap. -ENODATA if the inode has no such attribute.
+ */
+int stk_meta_store_getxattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			    const char *name, void *buf, size_t cap, size_t *len);
+/*
+ * The names the caller may see, each NUL-terminated, in key order: *len is their
+ * total length, copied into buf when cap > 0 (-ERANGE if it does not fit). As on
+ * Linux, listing needs no permission on the inode.
+ */
+int stk_meta_store_listxattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			     char *buf, size_t cap, size_t *len);
+/* Removes `name`: -ENODATA if absent. */
+int stk_meta_store_removexattr(struct stk_meta_store *st, const struct stk_cred *cred,
+			       uint64_t ino, const char *name);
 
 /*
  * Orphans: a regular file whose last name goes (unlink, rename over it) while

@@ -90,6 +90,10 @@ struct stk_attr {
 
 #define STK_WRITE_SYNC 0x1u
 
+#define STK_XATTR_CREATE 0x1u /* same values as XATTR_CREATE / XATTR_REPLACE */
+#define STK_XATTR_REPLACE 0x2u
+#define STK_XATTR_SIZE_MAX 65536u /* a value, and the list of one inode's names */
+
 /* Data is checksummed in blocks of this size, on the wire and on disk. */
 #define STK_CRC_BLOCK 4096u
 static inline uint32_t stk_crc_blocks(uint64_t len)
@@ -142,6 +146,13 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_META_STATFS_RESP(F) F(u64, files)
 #define STK_MSG_META_EXTEND_REQ(F) \
 	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)
+/* Extended attributes: value bytes follow setxattr_req and xattr_resp (wire.h). */
+#define STK_MSG_META_SETXATTR_REQ(F) \
+	F(cred, cred) F(u64, ino) F(name, name) F(u32, flags) F(u32, size)
+#define STK_MSG_META_GETXATTR_REQ(F) F(cred, cred) F(u64, ino) F(name, name) F(u32, size)
+#define STK_MSG_META_LISTXATTR_REQ(F) F(cred, cred) F(u64, ino) F(u32, size)
+#define STK_MSG_META_XATTR_NAME_REQ(F) F(cred, cred) F(u64, ino) F(name, name)
+#define STK_MSG_META_XATTR_RESP(F) F(u32, size)
 /* Sessions and locks (see src/meta/session.h and locks.h). pid: the client process. */
 #define STK_MSG_META_SESSION_REQ(F) F(u64, session) F(u32, pid)
 #define STK_MSG_META_SESSION_RESP(F) F(u32, lease_ms) F(u8, known)
@@ -209,6 +220,11 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(dirent, STK_MSG_DIRENT)                                 \
 	X(meta_statfs_resp, STK_MSG_META_STATFS_RESP)             \
 	X(meta_extend_req, STK_MSG_META_EXTEND_REQ)               \
+	X(meta_setxattr_req, STK_MSG_META_SETXATTR_REQ)           \
+	X(meta_getxattr_req, STK_MSG_META_GETXATTR_REQ)           \
+	X(meta_listxattr_req, STK_MSG_META_LISTXATTR_REQ)         \
+	X(meta_xattr_name_req, STK_MSG_META_XATTR_NAME_REQ)       \
+	X(meta_xattr_resp, STK_MSG_META_XATTR_RESP)               \
 	X(meta_session_req, STK_MSG_META_SESSION_REQ)             \
 	X(meta_session_resp, STK_MSG_META_SESSION_RESP)           \
 	X(meta_open_req, STK_MSG_META_OPEN_REQ)                   \

@@ -47,7 +47,8 @@
 	X(NOSYS, 27, ENOSYS)                         \
 	X(ROFS, 28, EROFS)                           \
 	X(DQUOT, 29, EDQUOT)                         \
-	X(BADF, 30, EBADF)
+	X(BADF, 30, EBADF)                           \
+	X(TOOBIG, 31, E2BIG)
 
 enum stk_status {
 #define STK_STATUS_ENUM(name, code, err) STK_ST_##name = code,

@@ -89,6 +89,19 @@
 	X(META_EXTEND, 45, meta_extend_req, meta_attr_resp, "grow a file after writes")            \
 	/* Everything acknowledged so far is on stable storage when this returns. */             \
 	X(META_SYNC, 46, none, none, "flush the namespace to disk")                                \
+	/* Extended attributes (47-50). `name` carries its namespace prefix ("user.",      \
+	 * "trusted.", "security."; "system." gives NOTSUP). SETXATTR: the request is       \
+	 * followed by `size` bytes of value (at most 64 KiB); flags XATTR_CREATE (1: EXIST  \
+	 * if present) or XATTR_REPLACE (2: NODATA if absent). */                             \
+	X(META_SETXATTR, 47, meta_setxattr_req, none, "set an extended attribute")             \
+	/* `size`: the caller's buffer; 0 asks only for the length. The reply's `size` is    \
+	 * the value's length, followed by the value unless the request's size was 0.      \
+	 * RANGE when the value is longer than a non-zero size; NODATA when absent. */       \
+	X(META_GETXATTR, 48, meta_getxattr_req, meta_xattr_resp, "read an extended attribute") \
+	/* The names, each NUL-terminated, as the reply's `size` bytes after it (the same    \
+	 * rules for `size` as GETXATTR). trusted.* names are listed to root only. */        \
+	X(META_LISTXATTR, 49, meta_listxattr_req, meta_xattr_resp, "list extended attributes") \
+	X(META_REMOVEXATTR, 50, meta_xattr_name_req, none, "remove an extended attribute")     \
 	/* Client sessions (53-63). A client names its session with a random id; this       \
 	 * creates or renews it. Its open files and locks last while it is renewed within   \
 	 * lease_ms (the reply); known 0: meta did not know it (new, or meta restarted),   \

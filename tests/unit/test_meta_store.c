@@ -890,6 +890,88 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 	return remove(path);
 }
 
+/* Extended attributes: flags, sizes, namespaces and permissions, removal with the inode. */
+static void test_xattrs(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "xd", 0777);
+	uint64_t f = create_as(&ALICE, d, "xf");
+	char buf[STK_XATTR_SIZE_MAX + 1], name[STK_NAME_MAX + 2];
+	struct stk_attr a, b;
+	size_t len = 0;
+	uint64_t s;
+
+	a = attr_of(f);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "user.k", "v1", 2, 0), 0);
+	b = attr_of(f);
+	CHECK(b.ctime_sec > a.ctime_sec || (b.ctime_sec == a.ctime_sec && b.ctime_nsec >= a.ctime_nsec));
+	CHECK_RC(stk_meta_store_getxattr(st, &ALICE, f, "user.k", NULL, 0, &len), 0);
+	CHECK(len == 2);
+	CHECK_RC(stk_meta_store_getxattr(st, &ALICE, f, "user.k", buf, 1, &len), -ERANGE);
+	CHECK_RC(stk_meta_store_getxattr(st, &ALICE, f, "user.k", buf, sizeof(buf), &len), 0);
+	CHECK(len == 2 && memcmp(buf, "v1", 2) == 0);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "user.k", "x", 1, STK_XATTR_CREATE),
+		 -EEXIST);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "user.n", "x", 1, STK_XATTR_REPLACE),
+		 -ENODATA);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "user.k", "x", 1, 4), -EINVAL);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "user.e", NULL, 0, STK_XATTR_CREATE), 0);
+	CHECK_RC(stk_meta_store_getxattr(st, &ALICE, f, "user.e", buf, 8, &len), 0);
+	CHECK(len == 0);
+	CHECK_RC(stk_meta_store_getxattr(st, &ALICE, f, "user.none", buf, 8, &len), -ENODATA);
+	CHECK_RC(stk_meta_store_listxattr(st, &ALICE, f, NULL, 0, &len), 0);
+	CHECK(len == sizeof("user.e") + sizeof("user.k"));
+	CHECK_RC(stk_meta_store_listxattr(st, &ALICE, f, buf, 3, &len), -ERANGE);
+	CHECK_RC(stk_meta_store_listxattr(st, &ALICE, f, buf, sizeof(buf), &len), 0);
+	CHECK(len == 14 && memcmp(buf, "user.e\0user.k\0", 14) == 0);
+	/* limits */
+	memset(buf, 'v', sizeof(buf));
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "user.big", buf, STK_XATTR_SIZE_MAX, 0), 0);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "user.big", buf, STK_XATTR_SIZE_MAX + 1, 0),
+		 -E2BIG);
+	memcpy(name, "user.", 5);
+	memset(name + 5, 'n', sizeof(name) - 6);
+	name[sizeof(name) - 1] = 0; /* 256 bytes */
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, name, "v", 1, 0), -ERANGE);
+	name[sizeof(name) - 2] = 0; /* 255 bytes */
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, name, "v", 1, 0), 0);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "", "v", 1, 0), -ERANGE);
+	/* namespaces */
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, f, "system.posix_acl_access", "v", 1, 0),
+		 -EOPNOTSUPP);
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, f, "user.", "v", 1, 0), -EOPNOTSUPP);
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "trusted.t", "v", 1, 0), -EPERM);
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, f, "trusted.t", "v", 1, 0), 0);
+	CHECK_RC(stk_meta_store_getxattr(st, &ALICE, f, "trusted.t", buf, 8, &len), -ENODATA);
+	CHECK_RC(stk_meta_store_getxattr(st, &ROOT, f, "trusted.t", buf, 8, &len), 0);
+	CHECK_RC(stk_meta_store_listxattr(st, &ALICE, f, NULL, 0, &len), 0);
+	CHECK_RC(stk_meta_store_listxattr(st, &ROOT, f, NULL, 0, &s), 0);
+	CHECK(s == len + sizeof("trusted.t"));
+	CHECK_RC(stk_meta_store_setxattr(st, &ALICE, f, "security.s", "v", 1, 0), -EPERM);
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, f, "security.s", "v", 1, 0), 0);
+	CHECK_RC(stk_meta_store_getxattr(st, &BOB, f, "security.s", buf, 8, &len), 0);
+	/* user.*: read permission to get, write to set (the file is 0644 Alice's) */
+	CHECK_RC(stk_meta_store_getxattr(st, &BOB, f, "user.k", buf, 8, &len), 0);
+	CHECK_RC(stk_meta_store_setxattr(st, &BOB, f, "user.k", "b", 1, 0), -EACCES);
+	CHECK_RC(stk_meta_store_removexattr(st, &BOB, f, "user.k"), -EACCES);
+	/* symlinks have no user.* attributes */
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, d, "xl", "xf", &a), 0);
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, a.ino, "user.k", "v", 1, 0), -EPERM);
+	CHECK_RC(stk_meta_store_getxattr(st, &ROOT, a.ino, "user.k", buf, 8, &len), -ENODATA);
+	/* removal, and all of them go with the inode */
+	CHECK_RC(stk_meta_store_removexattr(st, &ALICE, f, "user.k"), 0);
+	CHECK_RC(stk_meta_store_removexattr(st, &ALICE, f, "user.k"), -ENODATA);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "xf", &a), 0);
+	CHECK(a.nlink == 0);
+	CHECK_RC(stk_meta_store_listxattr(st, &ROOT, f, NULL, 0, &len), -ENOENT);
+	f = create_as(&ROOT, d, "xf2");
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, f, "user.d", "v", 1, 0), 0);
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, d, "user.d", "v", 1, 0), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "xf2", &a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "xl", &a), 0);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, "xd"), 0);
+	CHECK_RC(stk_meta_store_getxattr(st, &ROOT, d, "user.d", buf, 8, &len), -ENOENT);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -914,6 +996,7 @@ int main(void)
 	test_rename();
 	test_permissions();
 	test_readdir_small();
+	test_xattrs();
 	test_readdir_big(&listing, &big);
 	test_threads();
 	test_reopen(big, &listing);
