@@ -73,6 +73,7 @@ struct stk_fuse_fh {
 	stk_file *priv; /* a read-only handle of our own, when not using node->wf */
 	int writable;
 	int uses_wf; /* holds a reference on node->wf */
+	uint64_t flock_owner; /* owner of this open's flock locks: unique in this mount's life */
 };
 
 /*

@@ -9,6 +9,13 @@
  * file description; both are only unique within this mount, which is what the
  * session part of meta's owner key takes care of.
  *
+ * flock locks are not keyed by the kernel's id, though: that id is the address
+ * of the kernel's struct file, and the release that drops a closed file's flock
+ * locks travels in the background, so it may reach us after the same address
+ * was handed to a new open that took the lock again; the late release would
+ * then drop the new holder's lock and let a third process in. Each open handle
+ * carries an owner number of its own instead (fh->flock_owner), never reused.
+ *
  * A blocking request (F_SETLKW, flock without LOCK_NB) is retried with backoff
  * in the FUSE thread that received it, and ends with EINTR once the kernel
  * interrupts it (the waiter got a signal): libfuse marks the request and the
@@ -75,6 +82,11 @@ static struct stk_fuse *fs_of(fuse_req_t req)
 static uint64_t ino_of(struct fuse_file_info *fi)
 {
 	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->node->ino;
+}
+
+static uint64_t flock_owner_of(struct fuse_file_info *fi)
+{
+	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->flock_owner;
 }
 
 static void reply_err(fuse_req_t req, int rc)
@@ -196,11 +208,11 @@ void stk_fuse_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, i
 		return;
 	}
 	r.pid = (uint32_t)fuse_req_ctx(req)->pid;
-	rc = stk_ino_lock(fs_of(req)->c, ino_of(fi), STK_LOCK_FLOCK, &r, fi->lock_owner,
+	rc = stk_ino_lock(fs_of(req)->c, ino_of(fi), STK_LOCK_FLOCK, &r, flock_owner_of(fi),
 			  !(op & LOCK_NB), interrupted, req);
 	/* flock(2) says EWOULDBLOCK, which is EAGAIN on Linux. */
 	if (rc == 0 && r.type != STK_LOCK_UN)
-		reply_granted(fs_of(req), req, ino_of(fi), STK_LOCK_FLOCK, &r, fi->lock_owner);
+		reply_granted(fs_of(req), req, ino_of(fi), STK_LOCK_FLOCK, &r, flock_owner_of(fi));
 	else
 		reply_err(req, rc);
 }
@@ -228,7 +240,7 @@ void stk_fuse_locks_release(struct stk_fuse *fs, struct fuse_file_info *fi)
 	if (!fi->flock_release)
 		return;
 	sino = ino_of(fi);
-	rc = stk_ino_lock(fs->c, sino, STK_LOCK_FLOCK, &r, fi->lock_owner, 0, NULL, NULL);
+	rc = stk_ino_lock(fs->c, sino, STK_LOCK_FLOCK, &r, flock_owner_of(fi), 0, NULL, NULL);
 	if (rc)
 		stk_warn("releasing the flock lock on inode %llu: %s", (unsigned long long)sino,
 			 stk_strerror(rc));

@@ -630,6 +630,9 @@ static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 	free(fh);
 }
 
+/* The last flock owner handed out (fs.h, locks.c). */
+static uint64_t next_flock_owner;
+
 /* Opens a regular file whose attributes a were just fetched; sets fi. */
 static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
 		   struct fuse_file_info *fi)
@@ -648,6 +651,7 @@ static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct 
 	if (!fh)
 		return -ENOMEM;
 	fh->writable = acc != O_RDONLY;
+	fh->flock_owner = __atomic_add_fetch(&next_flock_owner, 1, __ATOMIC_RELAXED);
 	if ((fi->flags & O_TRUNC) && acc == O_RDONLY && a->size) {
 		/* Linux truncates then too; the kernel has checked write permission. */
 		rc = set_size(fs, cr, a->ino, NULL, 0);
