@@ -432,17 +432,30 @@ def test_mount_serves_metrics(cluster, make_mount):
     assert not os.path.exists(os.path.join(m.path, "no-such-file"))
     os.listdir(m.path)
 
-    text = http(addr)[2]
-    second, types = parse(text)
     fuse = {"frontend": "fuse"}
+    calls = ("lookup", "create", "write", "flush", "release", "opendir", "readdir", "read",
+             "open")
+
+    def counted(snap, op):
+        if op == "readdir" and total(snap, "stoker_client_ops_total", op="readdirplus"):
+            op = "readdirplus"
+        return total(snap, "stoker_client_ops_total", op=op, **fuse)
+
+    # A call is counted just after its reply reaches the kernel (release even after
+    # close(2) returns), so a scrape right after the calls may run ahead of the last
+    # few counts by a moment: scrape until they are all in, for at most 10 s.
+    deadline = time.time() + 10
+    while True:
+        text = http(addr)[2]
+        second, types = parse(text)
+        if all(counted(second, op) >= 1 for op in calls) or time.time() > deadline:
+            break
+        time.sleep(0.1)
     assert total(second, "stoker_client_write_bytes_total", op="write", **fuse) == len(data)
     # The kernel may read ahead past what we asked, never less than the file.
     assert total(second, "stoker_client_read_bytes_total", op="read", **fuse) >= len(data)
-    for op in ("lookup", "create", "write", "flush", "release", "opendir", "readdir",
-               "read", "open"):
-        if op == "readdir" and total(second, "stoker_client_ops_total", op="readdirplus"):
-            continue
-        assert total(second, "stoker_client_ops_total", op=op, **fuse) >= 1, op
+    for op in calls:
+        assert counted(second, op) >= 1, op
     assert total(second, "stoker_client_errors_total", op="lookup", error="ENOENT",
                  **fuse) >= 1
     writes = total(second, "stoker_client_ops_total", op="write", **fuse)
