@@ -52,7 +52,15 @@ struct stk_client_opts {
 	uint32_t stripe; /* stripe count for new files; default: the directory's default */
 	uint32_t chunk_size; /* chunk size for new files; default 1 MiB */
 	int uid, gid; /* credentials sent with metadata calls; default: the process's */
+	/*
+	 * How long, in ms, a call retries an unreachable cluster (a daemon restarting,
+	 * a reset connection) before it fails with -EIO; default $STOKER_RETRY_MS, else
+	 * 15 s. STK_RETRY_FOREVER: never give up (calls block until the cluster is back).
+	 */
+	uint32_t retry_ms;
 };
+
+#define STK_RETRY_FOREVER 0xffffffffu
 
 /*
  * Connects to the cluster whose mgmtd is at `cluster`: "stk://HOST:PORT" or

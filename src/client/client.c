@@ -13,6 +13,7 @@
 #include "session.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,10 @@
 #include "../proto/status.h"
 
 #define STK_RESP_SMALL 8192
+
+/* The opts size a caller must have passed for field f to be there (opts grow at the end). */
+#define STK_OPTS_HAVE(f)                                                                           \
+	(offsetof(struct stk_client_opts, f) + sizeof(((struct stk_client_opts *)0)->f))
 
 const char *stk_strerror(int err)
 {
@@ -118,10 +123,10 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 		c->opts.conns_per_node = 16;
 	if (!c->opts.write_buffer)
 		c->opts.write_buffer = 4u << 20;
-	c->cred.uid = (opts && opts->size >= sizeof(*opts) && (opts->uid || opts->gid))
+	c->cred.uid = (opts && opts->size >= STK_OPTS_HAVE(gid) && (opts->uid || opts->gid))
 			      ? (uint32_t)opts->uid
 			      : (uint32_t)geteuid();
-	c->cred.gid = (opts && opts->size >= sizeof(*opts) && (opts->uid || opts->gid))
+	c->cred.gid = (opts && opts->size >= STK_OPTS_HAVE(gid) && (opts->uid || opts->gid))
 			      ? (uint32_t)opts->gid
 			      : (uint32_t)getegid();
 	if (c->cred.uid == (uint32_t)geteuid()) {
@@ -134,6 +139,8 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	e = getenv("STOKER_RETRY_MS");
 	if (e && stk_parse_u64(e, &v) == 0 && v < 3600000)
 		c->retry_ms = (unsigned)v;
+	if (opts && opts->size >= STK_OPTS_HAVE(retry_ms) && opts->retry_ms)
+		c->retry_ms = opts->retry_ms;
 	pthread_rwlock_init(&c->rt_lock, NULL);
 	pthread_mutex_init(&c->local_lock, NULL);
 	e = getenv("STOKER_SHORT_CIRCUIT");

@@ -52,6 +52,7 @@ struct stk_fuse_opts {
 	double negative_timeout; /* seconds it may cache "no such name" */
 	uint64_t readahead; /* bytes of kernel readahead per file */
 	unsigned max_threads; /* request threads at most */
+	uint32_t timeout_ms; /* retry an unreachable cluster this long, then EIO; 0 = default */
 	int writeback; /* kernel write-back cache */
 	int allow_other; /* users other than the mounter may enter */
 	int ro; /* read-only mount */

@@ -89,6 +89,20 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		cli_err("mount", "-o %s needs seconds from 0 to 86400, e.g. %s=1.0", key, key);
 		return -EINVAL;
 	}
+	if (strcmp(key, "timeout") == 0) {
+		double t;
+
+		if (parse_seconds(val, &t) == 0) {
+			/* 0: a hard mount, calls wait for the cluster however long it takes */
+			o->timeout_ms = t == 0 ? STK_RETRY_FOREVER : (uint32_t)(t * 1000.0 + 0.5);
+			if (o->timeout_ms == 0)
+				o->timeout_ms = 1;
+			return 0;
+		}
+		cli_err("mount", "-o timeout needs seconds from 0 (wait forever) to 86400, e.g. "
+				 "timeout=60");
+		return -EINVAL;
+	}
 	if (strcmp(key, "readahead") == 0) {
 		if (val && stk_parse_size(val, &v) == 0 && v <= (1ull << 30)) {
 			o->readahead = v;
@@ -606,6 +620,7 @@ int cmd_mount(int argc, char **argv)
 	memset(&copts, 0, sizeof(copts));
 	copts.size = sizeof(copts);
 	copts.conns_per_node = 64; /* as many as request threads may use at once */
+	copts.retry_ms = o.timeout_ms; /* 0: the library's default */
 	rc = stk_connect(cluster[0] ? cluster : NULL, &copts, &c);
 	if (rc == -ENOENT && !cluster[0]) {
 		cli_err("mount", "no cluster given: use stk://HOST:PORT[/dir], set STOKER_CLUSTER, "
