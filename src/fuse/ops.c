@@ -8,7 +8,8 @@
  * groups, so meta enforces permissions for the right person. The kernel checks
  * them first too (the mount always has default_permissions). Reading the groups
  * costs a read of /proc/PID/status, so it is skipped for root, whom meta never
- * refuses, and for calls meta does not check (getattr, readlink).
+ * refuses, and for calls meta does not check (getattr, readlink, and an open
+ * that does not truncate).
  *
  * Data: read and write go straight to stk_pread / stk_pwrite; reads land in a
  * per-thread buffer of max_read bytes, so the data path allocates nothing. While
@@ -687,7 +688,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	struct stk_attr a;
 	int rc;
 
-	req_cred(req, &cr, 0);
+	/* O_TRUNC of a read-only open truncates through meta in the caller's name, and
+	 * the caller may hold write permission only through a supplementary group. */
+	req_cred(req, &cr, !!(fi->flags & O_TRUNC));
 	/* Fresh attributes: the size and layout this handle works with (close-to-open). */
 	rc = stk_ino_getattr(fs->c, &cr, ino_swap(fs, ino), &a);
 	if (rc == 0)

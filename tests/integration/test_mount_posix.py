@@ -176,3 +176,204 @@ def test_xattr_across_two_mounts(cluster, make_mount):
     assert os.getxattr(pa, "user.v") == b"from-b"
     os.removexattr(pa, "user.v")
     assert errno_of(os.getxattr, pb, "user.v") == errno.ENODATA
+
+
+# ---- permissions as non-root users, with their supplementary groups ----
+
+ALICE, BOB = 1001, 1002  # uids (and primary gids) no test machine gives meaning to
+TEAM, OTHER = 2000, 3000  # a group alice is in, one she is not
+
+
+def as_user(uid, gid, groups=(), umask=None):
+    """A preexec_fn that becomes uid:gid with exactly these supplementary groups."""
+    def become():
+        os.setgroups(list(groups))
+        os.setgid(gid)
+        os.setuid(uid)
+        if umask is not None:
+            os.umask(umask)
+    return become
+
+
+def run_as(user, script, *args):
+    """Runs a Python script as user (as_user's arguments); returns its stdout lines."""
+    r = subprocess.run([PY, "-c", script] + list(args), preexec_fn=as_user(*user),
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout.decode().split()
+
+
+@pytest.fixture
+def pub_mount(cluster, make_mount, tmp_path):
+    """A mount with allow_other on a folder everyone can reach (tmp_path is 0700)."""
+    where = tempfile.mkdtemp(prefix="stoker-test-mnt-")
+    os.chmod(where, 0o755)
+    try:
+        m = make_mount(cluster, where, opts=["allow_other"], start=False)
+        m.logfile = str(tmp_path / "mount.log")
+        m.start()
+        yield m
+    finally:
+        Mount(cluster, where).stop()
+        os.rmdir(where)
+
+
+# Each script prints one word per check: "ok" or the errno's name.
+SCRIPT_HEAD = r"""
+import errno, os, sys
+m = sys.argv[1]
+def t(fn, *a):
+    try:
+        fn(*a)
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def touch(p, mode=0o666):
+    os.close(os.open(p, os.O_CREAT | os.O_WRONLY, mode))
+"""
+
+STICKY_ALICE = SCRIPT_HEAD + r"""
+touch(os.path.join(m, "sticky", "alices"))
+touch(os.path.join(m, "sticky", "alices2"))
+print("ok")
+"""
+
+STICKY_BOB = SCRIPT_HEAD + r"""
+s = os.path.join(m, "sticky")
+touch(os.path.join(s, "bobs"))
+print(t(os.unlink, os.path.join(s, "alices")))                              # EPERM
+print(t(os.rename, os.path.join(s, "alices"), os.path.join(s, "taken")))   # EPERM
+print(t(os.rename, os.path.join(s, "bobs"), os.path.join(s, "alices")))    # EPERM: over hers
+print(t(os.rename, os.path.join(s, "alices"), os.path.join(m, "pub", "x")))  # EPERM
+print(t(os.unlink, os.path.join(s, "bobs")))                               # ok: his own
+print(t(os.rename, os.path.join(s, "nobody-has-this"), os.path.join(s, "y")))  # ENOENT
+"""
+
+
+def test_sticky_directory(pub_mount):
+    m = pub_mount.path
+    s = os.path.join(m, "sticky")
+    os.mkdir(s)
+    os.chmod(s, 0o1777)
+    os.mkdir(os.path.join(m, "pub"))
+    os.chmod(os.path.join(m, "pub"), 0o777)
+    assert run_as((ALICE, ALICE), STICKY_ALICE, m) == ["ok"]
+    assert run_as((BOB, BOB), STICKY_BOB, m) == ["EPERM", "EPERM", "EPERM", "EPERM", "ok",
+                                                "ENOENT"]
+    assert sorted(os.listdir(s)) == ["alices", "alices2"]
+    # her own files she may remove; the folder's owner (root) too
+    assert run_as((ALICE, ALICE), SCRIPT_HEAD + r"""
+print(t(os.rename, os.path.join(m, "sticky", "alices2"), os.path.join(m, "sticky", "moved")))
+print(t(os.unlink, os.path.join(m, "sticky", "moved")))
+""", m) == ["ok", "ok"]
+    os.unlink(os.path.join(s, "alices"))
+    assert os.listdir(s) == []
+
+
+SETGID_SCRIPT = SCRIPT_HEAD + r"""
+d = os.path.join(m, "shared")
+touch(os.path.join(d, "f"), 0o666)
+os.mkdir(os.path.join(d, "sub"), 0o777)
+touch(os.path.join(d, "sub", "g"), 0o666)
+os.mkdir(os.path.join(m, "plain", "mine"), 0o777)
+touch(os.path.join(m, "plain", "mine", "h"), 0o666)
+for p in ("shared/f", "shared/sub", "shared/sub/g", "plain/mine", "plain/mine/h"):
+    st = os.stat(os.path.join(m, p))
+    print("%s:%d:%o" % (p, st.st_gid, st.st_mode & 0o7777))
+"""
+
+
+def test_setgid_directory_and_umask(pub_mount):
+    m = pub_mount.path
+    d = os.path.join(m, "shared")
+    os.mkdir(d)
+    os.chown(d, 0, TEAM)
+    os.chmod(d, 0o2775)
+    plain = os.path.join(m, "plain")
+    os.mkdir(plain)
+    os.chmod(plain, 0o777)
+    out = run_as((ALICE, ALICE, [TEAM], 0o027), SETGID_SCRIPT, m)
+    # in a set-gid folder new entries take its group, and new folders stay set-gid;
+    # elsewhere they take the creator's; umask 027 masks every create
+    assert out == ["shared/f:%d:640" % TEAM, "shared/sub:%d:2750" % TEAM,
+                   "shared/sub/g:%d:640" % TEAM,
+                   "plain/mine:%d:750" % ALICE, "plain/mine/h:%d:640" % ALICE]
+    assert os.stat(os.path.join(d, "f")).st_uid == ALICE
+    # umask 0 keeps the mode asked for
+    out = run_as((ALICE, ALICE, [], 0), SCRIPT_HEAD + r"""
+touch(os.path.join(m, "plain", "u0"), 0o666)
+os.mkdir(os.path.join(m, "plain", "d0"), 0o777)
+print("%o %o" % (os.stat(os.path.join(m, "plain", "u0")).st_mode & 0o777,
+                 os.stat(os.path.join(m, "plain", "d0")).st_mode & 0o777))
+""", m)
+    assert out == ["666", "777"]
+
+
+GROUP_SCRIPT = SCRIPT_HEAD + r"""
+g = os.path.join(m, "team")
+f = os.path.join(g, "f")
+print(t(os.listdir, g))
+print(t(lambda: open(f, "rb").read()))
+print(t(lambda: open(f, "ab").write(b"+")))
+print(t(lambda: os.close(os.open(os.path.join(g, "new"), os.O_CREAT | os.O_WRONLY, 0o644))))
+# O_RDONLY|O_TRUNC truncates (Linux does), with write permission from the group
+print(t(lambda: os.close(os.open(os.path.join(g, "t1"), os.O_RDONLY | os.O_TRUNC))))
+print(t(lambda: os.close(os.open(os.path.join(g, "t2"), os.O_WRONLY | os.O_TRUNC))))
+print(t(os.truncate, os.path.join(g, "t3"), 1))
+print(t(os.unlink, os.path.join(g, "new")))
+"""
+
+
+def test_access_through_supplementary_group(pub_mount):
+    m = pub_mount.path
+    g = os.path.join(m, "team")
+    os.mkdir(g)
+    os.chown(g, 0, TEAM)
+    os.chmod(g, 0o770)
+    for name in ("f", "t1", "t2", "t3"):
+        with open(os.path.join(g, name), "wb") as f:
+            f.write(b"team data")
+        os.chown(os.path.join(g, name), 0, TEAM)
+        os.chmod(os.path.join(g, name), 0o660)
+    # alice is in the group only as a supplementary one
+    assert run_as((ALICE, ALICE, [OTHER, TEAM]), GROUP_SCRIPT, m) == ["ok"] * 8
+    assert open(os.path.join(g, "f"), "rb").read() == b"team data+"
+    for name, size in (("t1", 0), ("t2", 0), ("t3", 1)):
+        assert os.stat(os.path.join(g, name)).st_size == size, name
+    # bob, in other groups only, is refused everything
+    assert run_as((BOB, BOB, [OTHER]), GROUP_SCRIPT, m) == ["EACCES"] * 8
+    # and alice without the group too
+    assert run_as((ALICE, ALICE, []), GROUP_SCRIPT, m) == ["EACCES"] * 8
+
+
+CHOWN_SCRIPT = SCRIPT_HEAD + r"""
+p = os.path.join(m, "pub", "mine")
+touch(p, 0o644)
+print(t(os.chown, p, BOB_UID, -1))         # EPERM: giving a file away is root's
+print(t(os.chown, p, os.getuid(), -1))     # ok: to oneself is a no-op
+print(t(os.chown, p, -1, TEAM_GID))        # ok: a group of one's own
+print(os.stat(p).st_gid)
+print(t(os.chown, p, -1, OTHER_GID))       # EPERM: a group one is not in
+print(t(os.chown, os.path.join(m, "rootfile"), -1, TEAM_GID))  # EPERM: not the owner
+print(t(os.chmod, os.path.join(m, "rootfile"), 0o777))        # EPERM
+print(os.stat(p).st_gid)
+"""
+
+
+def test_chown_and_chgrp_as_non_root(pub_mount):
+    m = pub_mount.path
+    os.mkdir(os.path.join(m, "pub"))
+    os.chmod(os.path.join(m, "pub"), 0o777)
+    open(os.path.join(m, "rootfile"), "w").close()
+    script = CHOWN_SCRIPT.replace("BOB_UID", str(BOB)).replace("TEAM_GID", str(TEAM)) \
+        .replace("OTHER_GID", str(OTHER))
+    assert run_as((ALICE, ALICE, [TEAM]), script, m) == \
+        ["EPERM", "ok", "ok", str(TEAM), "EPERM", "EPERM", "EPERM", str(TEAM)]
+    st = os.stat(os.path.join(m, "pub", "mine"))
+    assert (st.st_uid, st.st_gid) == (ALICE, TEAM)
+    st = os.stat(os.path.join(m, "rootfile"))
+    assert (st.st_uid, st.st_gid) == (0, 0)
+    # root may give anything away
+    os.chown(os.path.join(m, "pub", "mine"), BOB, OTHER)
+    st = os.stat(os.path.join(m, "pub", "mine"))
+    assert (st.st_uid, st.st_gid) == (BOB, OTHER)
