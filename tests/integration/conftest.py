@@ -22,8 +22,8 @@ CHECK = os.path.join(BUILD, "tests", "stk_check")
 
 def port_free(port):
     # BASE..BASE+2 for the daemons, BASE+10..BASE+12 for their metrics (`stoker up`),
-    # BASE+14 for a mount's
-    for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 14):
+    # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's
+    for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 13, port + 14):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
