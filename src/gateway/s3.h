@@ -13,16 +13,21 @@
  * (keys may not start with ".stoker-"):
  *   .stoker-upload/     temporary files of PUTs, copies and Completes in flight;
  *                       each is renamed over its key when whole and durable
- *   .stoker-meta/KEY    the object's metadata record (ETag, Content-Type,
- *                       x-amz-meta-*), stored as the target of a symlink so that
- *                       it lives wholly in the metadata service: one lookup and one
- *                       readlink, no storage I/O. The record names the inode, size
- *                       and mtime of the file it describes; a file changed through
- *                       the mount or libstoker no longer matches and is served
- *                       with a fallback ETag instead of a wrong one.
+ *   .stoker-meta/KEY    records of objects written by gateways before records
+ *                       moved into extended attributes (symlink targets); read
+ *                       only as a fallback, removed with their objects.
  *   .stoker-multipart/ID/  one directory per multipart upload: "info" (a record
- *                       with the key and headers), part files "pNNNNN" and their
- *                       records "pNNNNN.m".
+ *                       with the key and headers) and part files "pNNNNN" (older
+ *                       gateways left part records "pNNNNN.m" beside them).
+ *
+ * An object's metadata record (ETag, Content-Type, x-amz-meta-*) is the extended
+ * attribute STK_S3_XATTR of its file, set on the temporary file before the rename
+ * that publishes it: the rename makes the bytes and the record visible together,
+ * so a reader, a failed rename or two racing PUTs can never pair one PUT's bytes
+ * with another's record. It lives in the metadata service (no storage I/O). The
+ * record names the inode, size and mtime of the file it describes; a file changed
+ * through the mount or libstoker no longer matches and is served with a fallback
+ * ETag instead of a wrong one.
  *
  * Threads: requests run on libmicrohttpd's thread pool and call libstoker, which
  * is safe from any thread; the only shared mutable state is the table of files
@@ -43,6 +48,8 @@
 #define STK_S3_UPLOAD_DIR ".stoker-upload"
 #define STK_S3_META_DIR ".stoker-meta"
 #define STK_S3_MPU_DIR ".stoker-multipart"
+#define STK_S3_TRASH_PREFIX ".stoker-deleted-" /* a bucket's folders while it is deleted */
+#define STK_S3_XATTR "user.stoker.s3"         /* an object's record, on its file */
 #define STK_S3_MIN_PART_SIZE (5ull << 20)   /* every part but the last, as S3 */
 #define STK_S3_MAX_OBJECT_SIZE (5ull << 40) /* 5 TiB, as S3 */
 #define STK_S3_EMPTY_MD5 "d41d8cd98f00b204e9800998ecf8427e"

@@ -8,16 +8,21 @@
  * saves a metadata round trip per segment per step compared with the path API.
  *
  * Atomicity comes from rename. An object is written to a temporary file in
- * BUCKET/.stoker-upload, closed (close is durable in libstoker), described by a
- * record, and renamed over its key: a reader opens the old file or the new one,
- * never a half-written one. A file replaced or deleted while a GET of this
+ * BUCKET/.stoker-upload, closed (close is durable in libstoker), given its record
+ * as an extended attribute, and renamed over its key: a reader opens the old file
+ * with its record or the new one with its own, never a half-written one nor one
+ * file with the other's record. A file replaced or deleted while a GET of this
  * gateway still reads it keeps its data until that GET ends (the open table);
  * rename_keep / unlink_keep leave the data to us for that reason.
  *
- * Records are symlink targets (see s3.h): written as a symlink in .stoker-upload
- * and renamed into .stoker-meta/KEY, so they too change atomically. A record is
- * trusted only while the inode, size and mtime it names match the file; anything
- * else (a file rewritten through the mount) gets the fallback ETag.
+ * A record is trusted only while the inode, size and mtime it names match the
+ * file; anything else (a file rewritten through the mount) gets the fallback
+ * ETag. Objects written by older gateways have their record as a symlink target
+ * at .stoker-meta/KEY instead; it is read when the file has no attribute.
+ *
+ * Deleting a bucket moves its hidden folders out of it and removes the bucket
+ * folder before destroying them, so a PUT that lands meanwhile makes the delete
+ * fail with everything intact instead of losing uploads in flight.
  *
  * Listing walks folders and sorts each one's entries the way S3 sorts keys: a
  * folder "a" sorts as "a/", which makes a depth-first walk produce keys in byte
@@ -96,12 +101,11 @@ static int segment(const char *p, size_t n, char *name)
 /*
  * Walks the folders of key from dir: all segments but the last (or all of them
  * when the key ends in '/', leaving *last ""). With create, missing folders are
- * made; with `replace` too, a non-folder in the way is removed first (used in the
- * .stoker-meta tree, where such a thing is a stale record). *parent is the last
- * folder reached. Depth is bounded by the key length (at most 512 segments).
+ * made. *parent is the last folder reached. Depth is bounded by the key length
+ * (at most 512 segments).
  */
 static int walk_parent(struct stk_s3_gw *gw, const struct stk_attr *dir, const char *key,
-		       int create, int replace, struct stk_attr *parent, char *last)
+		       int create, struct stk_attr *parent, char *last)
 {
 	const char *p = key;
 	struct stk_attr cur = *dir;
@@ -122,11 +126,6 @@ static int walk_parent(struct stk_s3_gw *gw, const struct stk_attr *dir, const c
 			return -EINVAL;
 		if (create) {
 			rc = ensure_dir(gw, cur.ino, name, &cur);
-			if (rc == -ENOTDIR && replace) {
-				rc = stk_ino_unlink(gw->c, NULL, cur.ino, name);
-				if (!rc || rc == -ENOENT)
-					rc = ensure_dir(gw, cur.ino, name, &cur);
-			}
 		} else {
 			struct stk_attr next;
 			rc = lookup(gw, cur.ino, name, &next);
@@ -181,26 +180,32 @@ static int read_record_at(struct stk_s3_gw *gw, uint64_t dir, const char *name,
 	return stk_s3_record_decode(buf, strlen(buf), r);
 }
 
-/* Writes a record as symlink `name` in dir through a temporary symlink in tmpdir. */
-static int write_record_at(struct stk_s3_gw *gw, uint64_t tmpdir, uint64_t dir, const char *name,
-			   const struct stk_s3_record *r)
+/*
+ * The record kept in the file's own extended attribute STK_S3_XATTR. Set on the
+ * temporary file before the rename that publishes it, so the bytes and their
+ * record appear (and are replaced) together. -ENODATA when the file has none.
+ */
+static int xattr_record_get(struct stk_s3_gw *gw, uint64_t ino, struct stk_s3_record *r)
 {
-	char buf[STK_S3_RECORD_MAX + 1], tmp[40];
-	struct stk_attr a;
-	int rc;
+	char buf[STK_S3_RECORD_MAX + 1];
+	long n = stk_ino_getxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, sizeof(buf) - 1);
 
-	rc = stk_s3_record_encode(r, buf, sizeof(buf));
-	if (rc < 0)
-		return rc;
-	tmp[0] = 'r';
-	stk_s3_random_hex(tmp + 1, 16);
-	rc = stk_ino_symlink(gw->c, NULL, tmpdir, tmp, buf, &a);
-	if (rc)
-		return rc;
-	rc = stk_ino_rename(gw->c, NULL, tmpdir, tmp, dir, name, 0);
-	if (rc)
-		stk_ino_unlink(gw->c, NULL, tmpdir, tmp);
-	return rc;
+	if (n == -ERANGE)
+		return -EINVAL; /* longer than any record we write: not ours */
+	if (n < 0)
+		return (int)n;
+	buf[n] = 0;
+	return stk_s3_record_decode(buf, (size_t)n, r);
+}
+
+static int xattr_record_set(struct stk_s3_gw *gw, uint64_t ino, const struct stk_s3_record *r)
+{
+	char buf[STK_S3_RECORD_MAX + 1];
+	int n = stk_s3_record_encode(r, buf, sizeof(buf));
+
+	if (n < 0)
+		return n;
+	return stk_ino_setxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, (size_t)n, 0);
 }
 
 /* ---- the bucket cache ---- */
@@ -661,10 +666,25 @@ static int read_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, cons
 	rc = hidden_dir(gw, bucket, STK_S3_DIR_META, 0, &meta);
 	if (rc)
 		return rc;
-	rc = walk_parent(gw, &meta, key, 0, 0, &parent, last);
+	rc = walk_parent(gw, &meta, key, 0, &parent, last);
 	if (rc)
 		return rc == -ENOTDIR ? -ENOENT : rc;
 	return read_record_at(gw, parent.ino, last, r);
+}
+
+/*
+ * The record of the object file a at key: its extended attribute, else (only for a
+ * file that has none: written by an older gateway, or natively) the old record in
+ * .stoker-meta. The caller checks that it matches a.
+ */
+static int object_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
+			 const struct stk_attr *a, struct stk_s3_record *r)
+{
+	int rc = xattr_record_get(gw, a->ino, r);
+
+	if (rc == -ENODATA)
+		rc = read_record(gw, bucket, key, r);
+	return rc;
 }
 
 int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
@@ -678,7 +698,7 @@ int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_attr *bucket, const c
 	rc = stk_s3_key_check(key);
 	if (rc)
 		return rc;
-	rc = walk_parent(gw, bucket, key, 0, 0, &parent, last);
+	rc = walk_parent(gw, bucket, key, 0, &parent, last);
 	if (rc)
 		return rc == -ENOTDIR ? -ENOENT : rc;
 	if (!last[0]) { /* "a/b/": the folder itself */
@@ -694,7 +714,8 @@ int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_attr *bucket, const c
 		return -ENOENT;
 	o->parent_ino = parent.ino;
 	snprintf(o->name, sizeof(o->name), "%s", last);
-	if (read_record(gw, bucket, key, &o->rec) == 0 && record_matches(&o->rec, &o->attr))
+	if (object_record(gw, bucket, key, &o->attr, &o->rec) == 0 &&
+	    record_matches(&o->rec, &o->attr))
 		o->have_rec = 1;
 	if (o->have_rec)
 		snprintf(o->etag, sizeof(o->etag), "%s", o->rec.etag);
@@ -744,7 +765,7 @@ static void remove_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, c
 
 	if (hidden_dir(gw, bucket, STK_S3_DIR_META, 0, &meta))
 		return;
-	if (walk_parent(gw, &meta, key, 0, 0, &parent, last) || !last[0])
+	if (walk_parent(gw, &meta, key, 0, &parent, last) || !last[0])
 		return;
 	if (stk_ino_unlink(gw->c, NULL, parent.ino, last) == 0)
 		prune(gw, &meta, key);
@@ -759,7 +780,7 @@ int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_attr *bucket, const
 	rc = stk_s3_key_check(key);
 	if (rc)
 		return rc;
-	rc = walk_parent(gw, bucket, key, 0, 0, &parent, last);
+	rc = walk_parent(gw, bucket, key, 0, &parent, last);
 	if (rc == -ENOENT || rc == -ENOTDIR)
 		return 0;
 	if (rc)
@@ -794,7 +815,7 @@ int stk_s3_mkdir_marker(struct stk_s3_gw *gw, const struct stk_attr *bucket, con
 
 	if (rc)
 		return rc;
-	return walk_parent(gw, bucket, key, 1, 0, &parent, last);
+	return walk_parent(gw, bucket, key, 1, &parent, last);
 }
 
 /* ---- temporary files and commits ---- */
@@ -872,55 +893,18 @@ void stk_s3_tmp_discard(struct stk_s3_gw *gw, struct stk_s3_tmp *t)
 	}
 }
 
-/* Removes whatever .stoker-meta holds at key's place (a stale folder of records). */
-static void clear_records(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key)
-{
-	struct stk_attr meta, parent;
-	char last[STK_NAME_MAX + 1];
-
-	if (hidden_dir(gw, bucket, STK_S3_DIR_META, 0, &meta) ||
-	    walk_parent(gw, &meta, key, 0, 0, &parent, last) || !last[0])
-		return;
-	rm_rf(gw, parent.ino, last, 0);
-}
-
-/* Stores rec as the record of key (rec's identity fields already set). */
-static int put_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
-		      const struct stk_s3_record *rec)
-{
-	struct stk_attr meta, mparent, up, a;
-	char mlast[STK_NAME_MAX + 1], buf[STK_S3_RECORD_MAX + 1];
-	int rc;
-
-	rc = hidden_dir(gw, bucket, STK_S3_DIR_META, 1, &meta);
-	if (!rc)
-		rc = walk_parent(gw, &meta, key, 1, 1, &mparent, mlast);
-	if (!rc && !mlast[0])
-		rc = -EINVAL;
-	if (rc)
-		return rc;
-	/* No record yet (a new key): made in place, one round trip; symlink creation
-	 * is atomic, so a reader sees no record or all of it. */
-	rc = stk_s3_record_encode(rec, buf, sizeof(buf));
-	if (rc < 0)
-		return rc;
-	rc = stk_ino_symlink(gw->c, NULL, mparent.ino, mlast, buf, &a);
-	if (rc != -EEXIST)
-		return rc;
-	rc = hidden_dir(gw, bucket, STK_S3_DIR_UPLOAD, 1, &up);
-	if (!rc)
-		rc = write_record_at(gw, up.ino, mparent.ino, mlast, rec);
-	return rc;
-}
-
 int stk_s3_obj_put_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
 			  const struct stk_attr *a, struct stk_s3_record *rec)
 {
+	(void)bucket;
+	(void)key;
 	rec->ino = a->ino;
 	rec->size = a->size;
 	rec->mtime_sec = a->mtime_sec;
 	rec->mtime_nsec = a->mtime_nsec;
-	return put_record(gw, bucket, key, rec);
+	/* Setting an attribute changes the ctime only, so the record still matches;
+	 * if the key was replaced meanwhile, this lands on the old file, harmlessly. */
+	return xattr_record_set(gw, a->ino, rec);
 }
 
 int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_attr *bucket, struct stk_s3_tmp *t,
@@ -928,39 +912,29 @@ int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_attr *bucket, struc
 {
 	struct stk_attr parent, replaced;
 	char last[STK_NAME_MAX + 1];
-	int rc = 0;
+	int rc;
 
 	rec->ino = t->attr.ino;
 	rec->size = t->attr.size;
 	rec->mtime_sec = t->attr.mtime_sec;
 	rec->mtime_nsec = t->attr.mtime_nsec;
+	/* The record goes on the temporary file first: the rename below then publishes
+	 * the bytes and their record in one step, and a rename that fails leaves the
+	 * old object and its record untouched. */
+	rc = xattr_record_set(gw, t->attr.ino, rec);
+	if (rc)
+		return rc;
 	for (int tries = 0; tries < STK_S3_COMMIT_TRIES; tries++) {
-		rc = walk_parent(gw, bucket, key, 1, 0, &parent, last);
+		rc = walk_parent(gw, bucket, key, 1, &parent, last);
 		if (rc)
 			return rc; /* -ENOTDIR: a folder of the key is an object */
 		if (!last[0])
 			return -EINVAL;
-		/* A folder where the object goes holds the records of its objects in the
-		 * same place of .stoker-meta: storing the record there fails first
-		 * (-EISDIR or -ENOTEMPTY), before anything is replaced. */
-		rc = put_record(gw, bucket, key, rec);
-		if (rc == -EISDIR || rc == -ENOTEMPTY) {
-			struct stk_attr cur;
-			if (lookup(gw, parent.ino, last, &cur) == 0 && S_ISDIR(cur.mode))
-				return -EISDIR;
-			/* records of objects removed through another client, in a folder
-			 * that no longer exists: clear them and try again */
-			clear_records(gw, bucket, key);
-			continue;
-		}
-		if (rc == -ENOENT)
-			continue; /* a folder went away under us: walk again */
-		if (rc)
-			return rc;
+		/* a folder at the key fails the rename with -EISDIR, replacing nothing */
 		rc = stk_ino_rename_keep(gw->c, NULL, t->dir_ino, t->name, parent.ino, last, 0,
 					 &replaced);
 		if (rc == -ENOENT)
-			continue;
+			continue; /* a folder went away under us (a delete pruned it): walk again */
 		if (rc)
 			return rc;
 		t->name[0] = 0;
@@ -1079,8 +1053,13 @@ static int push(struct lw *w, const char *k, size_t kl, int is_prefix, const str
 			snprintf(it->etag, sizeof(it->etag), "\"%s\"", STK_S3_EMPTY_MD5);
 		} else {
 			struct stk_s3_record r;
-			if (w->o->want_etag && meta_ino &&
-			    read_record_at(w->gw, meta_ino, name, &r) == 0 && record_matches(&r, a))
+			int rc = -ENODATA;
+			if (w->o->want_etag) {
+				rc = xattr_record_get(w->gw, a->ino, &r);
+				if (rc == -ENODATA && meta_ino) /* an older gateway's record */
+					rc = read_record_at(w->gw, meta_ino, name, &r);
+			}
+			if (rc == 0 && record_matches(&r, a))
 				snprintf(it->etag, sizeof(it->etag), "%s", r.etag);
 			else
 				stk_s3_fallback_etag(a, it->etag, sizeof(it->etag));
@@ -1321,7 +1300,7 @@ int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_attr *dir, struct
 {
 	struct stk_s3_record r;
 	struct stk_attr old;
-	char pname[16], rname[24];
+	char pname[16];
 	int rc;
 
 	memset(&r, 0, sizeof(r));
@@ -1331,8 +1310,9 @@ int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_attr *dir, struct
 	r.mtime_nsec = t->attr.mtime_nsec;
 	snprintf(r.etag, sizeof(r.etag), "\"%s\"", md5_hex);
 	snprintf(pname, sizeof(pname), "p%05u", number);
-	snprintf(rname, sizeof(rname), "p%05u.m", number);
-	rc = write_record_at(gw, dir->ino, dir->ino, rname, &r);
+	/* on the part's file before the rename, as for objects: two uploads of one
+	 * part number cannot leave one's bytes with the other's ETag */
+	rc = xattr_record_set(gw, t->attr.ino, &r);
 	if (rc)
 		return rc;
 	rc = stk_ino_rename_keep(gw->c, NULL, t->dir_ino, t->name, dir->ino, pname, 0, &old);
@@ -1356,7 +1336,9 @@ int stk_s3_mpu_part(struct stk_s3_gw *gw, const struct stk_attr *dir, unsigned n
 	rc = lookup(gw, dir->ino, pname, &out->attr);
 	if (rc)
 		return rc;
-	rc = read_record_at(gw, dir->ino, rname, &r);
+	rc = xattr_record_get(gw, out->attr.ino, &r);
+	if (rc == -ENODATA) /* a part staged by an older gateway */
+		rc = read_record_at(gw, dir->ino, rname, &r);
 	if (rc || !record_matches(&r, &out->attr))
 		return -ENOENT; /* being replaced right now, or a leftover */
 	out->number = number;

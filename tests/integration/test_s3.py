@@ -798,6 +798,44 @@ def test_overwrite_is_atomic_for_readers(s3):
     assert reads[0] > 0
 
 
+def test_concurrent_puts_keep_bytes_and_record_together(s3):
+    """Racing PUTs to one key: whoever wins, its bytes come with its own ETag and
+    metadata (a record written apart from the rename could pair A's bytes with
+    B's record, which then matches no file and loses the ETag and metadata)."""
+    s3.create_bucket(Bucket="bkt")
+    c2 = s3  # boto3 clients are thread-safe
+    for rnd in range(6):
+        bodies = {w: (b"%s-%d-" % (w.encode(), rnd)) * (1000 + 7 * i)
+                  for i, w in enumerate(["alpha", "beta", "gamma", "delta"])}
+        go, errs = threading.Barrier(len(bodies)), []
+
+        def put(w):
+            try:
+                go.wait()
+                c2.put_object(Bucket="bkt", Key="race/k", Body=bodies[w],
+                              ContentType="text/x-" + w, Metadata={"who": w})
+            except Exception as e:  # noqa: BLE001
+                errs.append(repr(e))
+
+        ts = [threading.Thread(target=put, args=(w,)) for w in bodies]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not errs, errs
+        o = s3.get_object(Bucket="bkt", Key="race/k")
+        body = o["Body"].read()
+        who = o["Metadata"].get("who")
+        assert who in bodies, (rnd, o["Metadata"], o["ETag"])
+        assert body == bodies[who], (rnd, who)
+        assert o["ETag"] == md5(body), (rnd, who, o["ETag"])
+        assert o["ContentType"] == "text/x-" + who
+        head = s3.head_object(Bucket="bkt", Key="race/k")
+        assert (head["ETag"], head["Metadata"]) == (o["ETag"], {"who": who})
+        listed = s3.list_objects_v2(Bucket="bkt", Prefix="race/")["Contents"]
+        assert [(c["Key"], c["ETag"]) for c in listed] == [("race/k", md5(body))]
+
+
 # ---- objects and files are one ----
 
 def test_objects_are_files(s3, cluster, tmp_path):
