@@ -949,6 +949,13 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		size = STK_FUSE_IO_MAX;
 	req_cred(req, &cr, 1);
 	pthread_mutex_lock(&dh->lock);
+	if (off == 0) {
+		/* The start of a listing, or rewinddir: POSIX wants the directory as it is
+		 * now, not the batch fetched before, and earlier offsets need not survive
+		 * a rewind, so the positions are counted afresh. */
+		dh->have = 0;
+		dh->ncookies = 1;
+	}
 	for (uint64_t pos = (uint64_t)off;; pos++) {
 		struct fuse_entry_param e;
 		const char *name;

@@ -1,8 +1,10 @@
-"""POSIX semantics of the mount beyond test_mount.py: extended attributes, as root,
-as a non-root caller and across two mounts, each checked against the expected
-result and errno.
+"""POSIX semantics of the mount beyond test_mount.py: extended attributes, permissions
+as non-root users with supplementary groups, directory listings (rewinddir,
+telldir/seekdir, changes during a listing), names and path lengths, mmap, and
+the smaller calls, each checked against the expected result and errno.
 
 Runs as root (FUSE mounts, a non-root caller through setuid); skipped otherwise."""
+import ctypes
 import errno
 import os
 import subprocess
@@ -377,3 +379,144 @@ def test_chown_and_chgrp_as_non_root(pub_mount):
     os.chown(os.path.join(m, "pub", "mine"), BOB, OTHER)
     st = os.stat(os.path.join(m, "pub", "mine"))
     assert (st.st_uid, st.st_gid) == (BOB, OTHER)
+
+
+# ---- directory listings: rewinddir, telldir/seekdir, changes during a listing ----
+
+class Dirent(ctypes.Structure):
+    # glibc's struct dirent on 64-bit Linux (the same as dirent64)
+    _fields_ = [("d_ino", ctypes.c_uint64), ("d_off", ctypes.c_int64),
+                ("d_reclen", ctypes.c_ushort), ("d_type", ctypes.c_ubyte),
+                ("d_name", ctypes.c_char * 256)]
+
+
+class Dir:
+    """libc's opendir/readdir/telldir/seekdir/rewinddir, which Python does not expose."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.opendir.restype = ctypes.c_void_p
+    libc.opendir.argtypes = [ctypes.c_char_p]
+    libc.readdir.restype = ctypes.POINTER(Dirent)
+    libc.readdir.argtypes = [ctypes.c_void_p]
+    libc.telldir.restype = ctypes.c_long
+    libc.telldir.argtypes = [ctypes.c_void_p]
+    libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+    libc.rewinddir.argtypes = [ctypes.c_void_p]
+    libc.closedir.argtypes = [ctypes.c_void_p]
+
+    def __init__(self, path):
+        self.d = self.libc.opendir(os.fsencode(path))
+        assert self.d, os.strerror(ctypes.get_errno())
+
+    def next(self):
+        """The next name other than . and .., or None at the end."""
+        while True:
+            ctypes.set_errno(0)
+            e = self.libc.readdir(self.d)
+            if not e:
+                assert ctypes.get_errno() == 0, os.strerror(ctypes.get_errno())
+                return None
+            name = e.contents.d_name
+            if name not in (b".", b".."):
+                return name
+
+    def take(self, n):
+        out = []
+        while len(out) < n:
+            name = self.next()
+            if name is None:
+                break
+            out.append(name)
+        return out
+
+    def rest(self):
+        return self.take(1 << 30)
+
+    def tell(self):
+        return self.libc.telldir(self.d)
+
+    def seek(self, loc):
+        self.libc.seekdir(self.d, loc)
+
+    def rewind(self):
+        self.libc.rewinddir(self.d)
+
+    def close(self):
+        self.libc.closedir(self.d)
+
+
+def make_files(d, names):
+    for n in names:
+        os.close(os.open(os.path.join(d, n), os.O_CREAT | os.O_WRONLY, 0o644))
+
+
+def test_rewinddir_sees_new_entries(mount):
+    d = os.path.join(mount.path, "small")
+    os.mkdir(d)
+    make_files(d, ["a", "b", "c"])
+    h = Dir(d)
+    try:
+        assert sorted(h.rest()) == [b"a", b"b", b"c"]
+        make_files(d, ["new"])
+        os.unlink(os.path.join(d, "a"))
+        h.rewind()  # POSIX: the listing now shows the folder as it is
+        assert sorted(h.rest()) == [b"b", b"c", b"new"]
+        # a rewind in the middle of a listing too
+        h.rewind()
+        h.take(1)
+        make_files(d, ["newer"])
+        h.rewind()
+        assert sorted(h.rest()) == [b"b", b"c", b"new", b"newer"]
+    finally:
+        h.close()
+
+
+def test_telldir_seekdir_resume_exactly(mount):
+    d = os.path.join(mount.path, "big")
+    os.mkdir(d)
+    # more than one batch from meta (256) and more than one getdents buffer
+    make_files(d, ["entry-%04d-%s" % (i, "x" * 40) for i in range(1500)])
+    h = Dir(d)
+    try:
+        marks = []
+        listing = []
+        while True:
+            marks.append((h.tell(), len(listing)))
+            batch = h.take(97)
+            listing += batch
+            if len(batch) < 97:
+                break
+        assert len(listing) == len(set(listing)) == 1500
+        # back to every mark, in a shuffled order: the same names follow
+        for loc, at in marks[::-3] + marks[1::3]:
+            h.seek(loc)
+            assert h.take(5) == listing[at:at + 5], at
+        h.seek(marks[3][0])
+        assert h.rest() == listing[marks[3][1]:]
+    finally:
+        h.close()
+
+
+def test_listing_while_entries_come_and_go(mount):
+    d = os.path.join(mount.path, "busy")
+    os.mkdir(d)
+    stay = set(b"stay-%05d" % i for i in range(3000))
+    gone = [b"gone-%05d" % i for i in range(1500)]
+    make_files(d, [n.decode() for n in stay] + [n.decode() for n in gone])
+    h = Dir(d)
+    try:
+        seen = h.take(1000)
+        # while the listing is open: half the removable entries go, new ones come
+        for n in gone[::2]:
+            os.unlink(os.path.join(d, n.decode()))
+        make_files(d, ["new-%05d" % i for i in range(1500)])
+        seen += h.take(1000)
+        for n in gone[1::2]:
+            os.unlink(os.path.join(d, n.decode()))
+        seen += h.rest()
+    finally:
+        h.close()
+    # every entry there the whole time shows exactly once; nothing shows twice
+    assert len(seen) == len(set(seen))
+    assert stay <= set(seen)
+    assert set(seen) <= stay | set(gone) | set(b"new-%05d" % i for i in range(1500))
+    assert len(os.listdir(d)) == 4500
