@@ -145,9 +145,12 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	pthread_mutex_init(&c->local_lock, NULL);
 	e = getenv("STOKER_SHORT_CIRCUIT");
 	c->short_circuit = !(e && strcmp(e, "0") == 0);
-	rc = stk_pool_create(c->opts.conns_per_node, &c->pool);
+	rc = stk_reaper_create(c);
 	if (rc)
 		goto out_lock;
+	rc = stk_pool_create(c->opts.conns_per_node, &c->pool);
+	if (rc)
+		goto out_reaper;
 	rc = stk_client_refresh_routing(c);
 	if (rc == 0)
 		rc = stk_session_create(c);
@@ -158,6 +161,8 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 out_pool:
 	stk_routing_free(&c->rt);
 	stk_pool_destroy(c->pool);
+out_reaper:
+	stk_reaper_destroy(c);
 out_lock:
 	pthread_rwlock_destroy(&c->rt_lock);
 out_free:
@@ -169,7 +174,8 @@ void stk_disconnect(stk_client *c)
 {
 	if (!c)
 		return;
-	stk_session_destroy(c); /* first: it still talks to meta */
+	stk_reaper_destroy(c); /* first: it removes what is queued, over the pool */
+	stk_session_destroy(c); /* then: it still talks to meta */
 	stk_pool_destroy(c->pool);
 	for (unsigned i = 0; i < c->nlocals; i++)
 		stk_chunk_store_close(c->locals[i].cs);
@@ -195,6 +201,7 @@ void stk_after_fork(stk_client *c)
 	pthread_rwlock_init(&c->rt_lock, NULL);
 	pthread_mutex_init(&c->local_lock, NULL);
 	stk_session_after_fork(c);
+	stk_reaper_after_fork(c);
 }
 
 int stk_client_refresh_routing(struct stk_client *c)

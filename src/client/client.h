@@ -7,6 +7,7 @@
  * namespace.c  path resolution and the path operations
  * file.c       open files: buffering, read, write, fsync, truncate
  * io.c         one striped read or write fanned out over chains in parallel
+ * reaper.c     the chunks of removed files, removed in the background
  */
 #ifndef STK_CLIENT_INTERNAL_H
 #define STK_CLIENT_INTERNAL_H
@@ -39,6 +40,7 @@ struct stk_client {
 	struct stk_local_target *locals;
 	unsigned nlocals;
 	struct stk_session *sess; /* the session with meta (session.c) */
+	struct stk_reaper *reaper; /* background removal of gone files' chunks (reaper.c) */
 };
 
 /* "stk://HOST:PORT[/...]" or "HOST:PORT" to "HOST:PORT". 0 or -EINVAL. */
@@ -62,8 +64,18 @@ int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req,
 int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
 			      size_t req_len, struct stk_attr *attr);
 
-/* Removes a file's chunks from every chain of its layout (after the last unlink). */
+/*
+ * Removes a file's chunks from every chain of its layout (after the last unlink),
+ * in the background (reaper.c): returns 0 once queued, or the result of removing
+ * them itself when the queue is full. A failure is logged: the space is leaked.
+ */
 int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a);
+/* The reaper's life: created by stk_connect, drained and freed by stk_disconnect. */
+int stk_reaper_create(struct stk_client *c);
+void stk_reaper_destroy(struct stk_client *c);
+void stk_reaper_after_fork(struct stk_client *c);
+/* Waits until every removal queued so far is done (tests, tools). */
+void stk_reaper_wait(struct stk_client *c);
 /* Truncates a file's chunks on every chain of its layout to size. */
 int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size);
 

@@ -568,12 +568,3 @@ int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uin
 	}
 	return first;
 }
-
-int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
-{
-	int rc = stk_client_truncate_data(c, a, 0);
-	if (rc)
-		stk_warn("could not remove the data of ino %llx: %s (space is leaked until fsck)",
-			 (unsigned long long)a->ino, stk_strerror(rc));
-	return rc;
-}

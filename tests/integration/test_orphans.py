@@ -146,3 +146,32 @@ def test_orphan_survives_meta_restart(two_mounts):
     finally:
         f.close()
     wait_until(lambda: not c.chunk_files(), what="the orphan's chunks to go after close")
+
+
+@needs_fuse
+def test_removed_files_chunks_go_in_the_background(cluster, make_mount):
+    """A file's chunks are removed after its unlink returns, by the client's reaper:
+    they all go, also those still queued when the mount is unmounted at once, and
+    files that stay keep every byte."""
+    m = make_mount(cluster, "reap")
+    keep = os.urandom(SIZE)
+    with open(os.path.join(m.path, "keep.bin"), "wb") as f:
+        f.write(keep)
+    kept = len(cluster.chunk_files())
+    for i in range(40):
+        with open(os.path.join(m.path, "gone%d" % i), "wb") as f:
+            f.write(os.urandom(1 << 20))
+    os.mkdir(os.path.join(m.path, "d"))
+    with open(os.path.join(m.path, "d", "replaced"), "wb") as f:
+        f.write(os.urandom(2 << 20))
+    with open(os.path.join(m.path, "d", "new"), "wb") as f:
+        f.write(b"new")
+    assert len(cluster.chunk_files()) == kept + 40 + 2 + 1
+    for i in range(40):
+        os.unlink(os.path.join(m.path, "gone%d" % i))
+    os.rename(os.path.join(m.path, "d", "new"), os.path.join(m.path, "d", "replaced"))
+    m.stop()  # at once: what the reaper has not done yet is done before the daemon exits
+    assert not m.mounted()
+    assert len(cluster.chunk_files()) == kept + 1
+    assert cluster.cli("cat", "/keep.bin").stdout == keep
+    assert cluster.cli("cat", "/d/replaced").stdout == b"new"

@@ -1,0 +1,169 @@
+/*
+ * The reaper: removes the chunks of files that are gone (last unlink, replaced by
+ * a rename, an orphan's last close) in the background.
+ *
+ * Why: removing a file's data is one STOR_TRUNCATE per chain of its layout, sent
+ * one after the other; done inside unlink(2) it made an unlink through the mount
+ * cost seven round trips where the namespace change costs one. Nothing waits on
+ * the removal: meta has already forgotten the inode, inode numbers are never
+ * reused, so no new file can meet the old chunks. The caller hands a copy of the
+ * inode's attributes to stk_client_remove_data() and returns.
+ *
+ * One worker thread per client, started on the first removal, drains a bounded
+ * queue. When the queue is full the caller removes the data itself: a burst of
+ * unlinks slows down instead of growing memory. stk_disconnect() drains what is
+ * left before it closes the connections, so a CLI command or a mount that exits
+ * cleanly leaves no chunks behind; a crash loses the queue, and those chunks stay
+ * on the targets until an fsck collects them (as a crash in the middle of a
+ * synchronous removal did before). At disconnect a removal retries an
+ * unreachable cluster for at most 15 s, so a hard mount (retry forever) whose
+ * cluster is gone still unmounts.
+ *
+ * After fork() the child has no worker; its copy of the queue belongs to the
+ * parent, which removes those files, so the child starts with an empty one.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/log.h"
+#include "client.h"
+
+#define STK_REAPER_MAX 4096u /* queued removals at most */
+#define STK_REAPER_CLOSE_RETRY_MS 15000u
+
+struct stk_reaper {
+	pthread_mutex_t lock;
+	pthread_cond_t cond; /* work queued, or stopping */
+	pthread_cond_t idle; /* the queue ran empty */
+	struct stk_attr *q; /* ring of cap entries */
+	unsigned head, count, cap;
+	int busy; /* the worker is removing one it took off the queue */
+	int stopping;
+	int running; /* the worker thread exists */
+	pthread_t thread;
+};
+
+static int remove_now(struct stk_client *c, const struct stk_attr *a)
+{
+	int rc = stk_client_truncate_data(c, a, 0);
+
+	if (rc)
+		stk_warn("could not remove the data of ino %llx: %s (space is leaked until fsck)",
+			 (unsigned long long)a->ino, stk_strerror(rc));
+	return rc;
+}
+
+static void *reaper_main(void *arg)
+{
+	struct stk_client *c = arg;
+	struct stk_reaper *r = c->reaper;
+	struct stk_attr a;
+
+	pthread_mutex_lock(&r->lock);
+	for (;;) {
+		while (!r->count && !r->stopping)
+			pthread_cond_wait(&r->cond, &r->lock);
+		if (!r->count)
+			break; /* stopping, and nothing left */
+		a = r->q[r->head];
+		r->head = (r->head + 1) % r->cap;
+		r->count--;
+		r->busy = 1;
+		pthread_mutex_unlock(&r->lock);
+		remove_now(c, &a);
+		pthread_mutex_lock(&r->lock);
+		r->busy = 0;
+		if (!r->count)
+			pthread_cond_broadcast(&r->idle);
+	}
+	pthread_cond_broadcast(&r->idle);
+	pthread_mutex_unlock(&r->lock);
+	return NULL;
+}
+
+int stk_reaper_create(struct stk_client *c)
+{
+	struct stk_reaper *r = calloc(1, sizeof(*r));
+
+	if (!r)
+		return -ENOMEM;
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->cond, NULL);
+	pthread_cond_init(&r->idle, NULL);
+	c->reaper = r;
+	return 0;
+}
+
+int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
+{
+	struct stk_reaper *r = c->reaper;
+
+	pthread_mutex_lock(&r->lock);
+	if (r->stopping)
+		goto sync;
+	if (!r->q) {
+		r->q = malloc(STK_REAPER_MAX * sizeof(*r->q));
+		if (!r->q)
+			goto sync;
+		r->cap = STK_REAPER_MAX;
+	}
+	if (r->count == r->cap)
+		goto sync;
+	if (!r->running) {
+		if (pthread_create(&r->thread, NULL, reaper_main, c) != 0)
+			goto sync;
+		r->running = 1;
+	}
+	r->q[(r->head + r->count) % r->cap] = *a;
+	r->count++;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+	return 0;
+sync:
+	pthread_mutex_unlock(&r->lock);
+	return remove_now(c, a);
+}
+
+void stk_reaper_wait(struct stk_client *c)
+{
+	struct stk_reaper *r = c->reaper;
+
+	pthread_mutex_lock(&r->lock);
+	while (r->running && (r->count || r->busy))
+		pthread_cond_wait(&r->idle, &r->lock);
+	pthread_mutex_unlock(&r->lock);
+}
+
+void stk_reaper_destroy(struct stk_client *c)
+{
+	struct stk_reaper *r = c->reaper;
+
+	if (!r)
+		return;
+	if (c->retry_ms > STK_REAPER_CLOSE_RETRY_MS)
+		c->retry_ms = STK_REAPER_CLOSE_RETRY_MS; /* nobody else calls out any more */
+	pthread_mutex_lock(&r->lock);
+	r->stopping = 1;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+	if (r->running)
+		pthread_join(r->thread, NULL);
+	pthread_cond_destroy(&r->idle);
+	pthread_cond_destroy(&r->cond);
+	pthread_mutex_destroy(&r->lock);
+	free(r->q);
+	free(r);
+	c->reaper = NULL;
+}
+
+void stk_reaper_after_fork(struct stk_client *c)
+{
+	struct stk_reaper *r = c->reaper;
+
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->cond, NULL);
+	pthread_cond_init(&r->idle, NULL);
+	r->head = r->count = 0;
+	r->busy = r->stopping = r->running = 0;
+}
