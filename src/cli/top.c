@@ -258,10 +258,14 @@ static int label(const char *labels, const char *key, char *out, size_t len)
 	return -ENOENT;
 }
 
-/* Which series of a family to add up: those whose labels k[i] equal v[i] (unset k: any). */
+/*
+ * Which series of a family to add up: those whose labels k[i] equal v[i] (unset k:
+ * any), and, when ops is set, whose op label is one of ops (NULL-terminated).
+ */
 struct filt {
 	const char *k[2];
 	const char *v[2];
+	const char *const *ops;
 };
 
 static int matches(const struct sample *s, const char *name, const struct filt *f)
@@ -274,6 +278,16 @@ static int matches(const struct sample *s, const char *name, const struct filt *
 		if (f->k[i] &&
 		    (label(s->labels, f->k[i], buf, sizeof(buf)) || strcmp(buf, f->v[i]) != 0))
 			return 0;
+	if (f && f->ops) {
+		const char *const *op;
+
+		if (label(s->labels, "op", buf, sizeof(buf)))
+			return 0;
+		for (op = f->ops; *op && strcmp(*op, buf) != 0; op++)
+			;
+		if (!*op)
+			return 0;
+	}
 	return 1;
 }
 
@@ -583,11 +597,21 @@ static const char *target_path(const struct top *t, const char *id)
 	return "";
 }
 
+/*
+ * The operations of client-side daemons that move file data, by the op label each
+ * frontend counts them under: the mount's read and write calls, the S3 gateway's
+ * downloads and uploads. A frontend has none of the others' names, so one list
+ * serves them all. Listings, heads and server-side copies are not data I/O; they
+ * show in the RPC/s columns with every other call.
+ */
+static const char *const client_read_ops[] = {"read", "GetObject", NULL};
+static const char *const client_write_ops[] = {"write", "PutObject", "UploadPart", NULL};
+
 /* A client-side daemon's figures (stoker_client_*): what it read and wrote. */
 static void client_row(const struct scrape *a, const struct scrape *b, struct row *r)
 {
-	struct filt rd = {{"op", NULL}, {"read", NULL}};
-	struct filt wr = {{"op", NULL}, {"write", NULL}};
+	struct filt rd = {.ops = client_read_ops};
+	struct filt wr = {.ops = client_write_ops};
 
 	r->rbw = rate(a, b, "stoker_client_read_bytes_total", NULL);
 	r->wbw = rate(a, b, "stoker_client_write_bytes_total", NULL);
@@ -604,9 +628,9 @@ static void storage_row(const struct scrape *a, const struct scrape *b, const ch
 			struct row *r)
 {
 	const char *tk = target ? "target" : NULL;
-	struct filt all = {{tk, NULL}, {target, NULL}};
-	struct filt rd = {{"op", tk}, {"read", target}};
-	struct filt wr = {{"op", tk}, {"write", target}};
+	struct filt all = {{tk, NULL}, {target, NULL}, NULL};
+	struct filt rd = {{"op", tk}, {"read", target}, NULL};
+	struct filt wr = {{"op", tk}, {"write", target}, NULL};
 
 	r->rbw = rate(a, b, "stoker_target_read_bytes_total", &all);
 	r->wbw = rate(a, b, "stoker_target_write_bytes_total", &all);

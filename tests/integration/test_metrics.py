@@ -527,3 +527,63 @@ def test_top_once_shows_the_mount(cluster, make_mount):
     assert maddr(cluster, "storage") in out
     p = cluster.cli("top", "--once", "--mount", ",", check=False)
     assert p.returncode == 2 and b"bad --mount list" in p.stderr
+
+
+def test_top_once_shows_a_gateways_reads_and_writes(tmp_path):
+    """A gateway's row counts its S3 data operations (GetObject, PutObject, UploadPart)
+    as reads and writes: IOPS and a p99, not 0 and '-' (its ops are not named read and
+    write as the mount's are)."""
+    boto3 = pytest.importorskip("boto3")
+    from botocore.config import Config
+    port, s3port = pick_ports(), free_port()
+    data = tmp_path / "d"
+    ak, sk = "AKIDTOPTEST", "top-secret"
+    env = dict(os.environ, STOKER_S3_ACCESS_KEY=ak, STOKER_S3_SECRET_KEY=sk)
+    p = run([STOKER, "up", "--data", str(data), "--daemon", "--port", str(port),
+             "--targets", "1", "--s3", str(s3port)], check=False, timeout=120, env=env)
+    gw = "127.0.0.1:%d" % (port + 13)
+    stop = threading.Event()
+    errors = []
+    try:
+        assert p.returncode == 0, p.stderr
+        s3 = boto3.client("s3", endpoint_url="http://127.0.0.1:%d" % s3port,
+                          aws_access_key_id=ak, aws_secret_access_key=sk,
+                          region_name="us-east-1",
+                          config=Config(s3={"addressing_style": "path"},
+                                        retries={"max_attempts": 1}))
+        wait_for("the gateway's metrics", lambda: "stoker_client_ops_total" in http(gw)[2],
+                 timeout=30)
+        wait_for("the gateway", lambda: s3.create_bucket(Bucket="top") and True, timeout=30)
+        body = os.urandom(64 << 10)
+
+        def load():
+            try:
+                while not stop.is_set():
+                    s3.put_object(Bucket="top", Key="k", Body=body)
+                    assert s3.get_object(Bucket="top", Key="k")["Body"].read() == body
+            except Exception as e:  # reported after top
+                errors.append(e)
+
+        t = threading.Thread(target=load)
+        t.start()
+        try:
+            time.sleep(0.5)
+            p = run([STOKER, "top", "--once", "--interval", "1", "--cluster",
+                     "stk://127.0.0.1:%d" % port, "--mount", gw], check=False)
+        finally:
+            stop.set()
+            t.join(timeout=60)
+        assert not errors, errors
+        out = p.stdout.decode()
+        assert p.returncode == 0, out + p.stderr.decode()
+        rows = [l for l in out.splitlines() if gw in l]
+        assert len(rows) == 1 and " s3 " in rows[0], out
+        # NAME ROLE ADDR READ WRITE R-IOPS W-IOPS R-P99 W-P99 ...: the byte rates are
+        # two words each ("1.2 MiB/s"), the latencies too ("3.10 ms")
+        cols = rows[0].split()
+        riops, wiops = float(cols[7].rstrip("k")), float(cols[8].rstrip("k"))
+        assert riops > 0 and wiops > 0, out
+        assert cols[9] != "-" and cols[11] != "-", out
+    finally:
+        stop.set()
+        run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
