@@ -80,6 +80,16 @@ static void collect(void *ctx)
 		snprintf(node, sizeof(node), "%u", t->node_id);
 		if (stk_metric_series(STK_M_CLUSTER_TARGET_SERVING, v, &s) == 0)
 			stk_metric_set_int(s, t->state == STK_TARGET_SERVING);
+		/*
+		 * Every state, 1 for the one it is in: "offline" alerts must not fire for a
+		 * target that is only full, which target_serving cannot tell apart.
+		 */
+		for (int k = 0; k < NSTATES; k++) {
+			const char *sv[3] = {id, node, tstate_names[k]};
+
+			if (stk_metric_series(STK_M_CLUSTER_TARGET_STATE, sv, &s) == 0)
+				stk_metric_set_int(s, t->state == tstates[k]);
+		}
 	}
 	if (st->version > mm->last_version) {
 		mm->nchanges += st->version - mm->last_version;

@@ -307,17 +307,35 @@ def test_no_metrics_and_bad_metrics_address(tmp_path):
         busy.close()
 
 
-@needs_promtool
 def test_alert_rules():
-    p = subprocess.run([PROMTOOL, "check", "rules", "alerts.yml"], cwd=DEPLOY,
-                       capture_output=True, timeout=60)
+    p = promtool("check", "rules", "alerts.yml", cwd=DEPLOY)
     assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
-    p = subprocess.run([PROMTOOL, "test", "rules", "alerts_test.yml"], cwd=DEPLOY,
-                       capture_output=True, timeout=120)
+    p = promtool("test", "rules", "alerts_test.yml", cwd=DEPLOY)
     assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
-    p = subprocess.run([PROMTOOL, "check", "config", "prometheus.yml"], cwd=DEPLOY,
-                       capture_output=True, timeout=60)
+    p = promtool("check", "config", "prometheus.yml", cwd=DEPLOY)
     assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+
+
+def test_scrape_config_lists_every_daemon():
+    """deploy/prometheus/prometheus.yml scrapes each daemon `stoker up` starts, at the
+    ports docs/metrics.md gives (BASE+10..+14 of the default 9400)."""
+    with open(os.path.join(DEPLOY, "prometheus.yml")) as f:
+        cfg = f.read()
+    jobs, job = {}, None
+    for line in cfg.splitlines():
+        m = re.match(r"\s*- job_name:\s*(\S+)", line)
+        if m:
+            job = m.group(1)
+        m = re.match(r"\s*- (127\.0\.0\.1:\d+)", line)
+        if m and job:
+            jobs.setdefault(job, []).append(m.group(1))
+    assert jobs == {"stoker": ["127.0.0.1:9410", "127.0.0.1:9411", "127.0.0.1:9412"],
+                    "stoker-s3": ["127.0.0.1:9413"],
+                    "stoker-mount": ["127.0.0.1:9414"]}, jobs
+    with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
+        doc = f.read()
+    for job, port in (("stoker-s3", "BASE+13"), ("stoker-mount", "BASE+14")):
+        assert job in doc and port in doc, job
 
 
 def free_port():
