@@ -9,6 +9,7 @@ import errno
 import os
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -520,3 +521,40 @@ def test_listing_while_entries_come_and_go(mount):
     assert stay <= set(seen)
     assert set(seen) <= stay | set(gone) | set(b"new-%05d" % i for i in range(1500))
     assert len(os.listdir(d)) == 4500
+
+
+def test_readdir_100000_entries(cluster, mount):
+    """A folder of 100,000 entries, made by 8 threads through the mount, listed whole:
+    each name once, by listdir, scandir and a resumed libc listing."""
+    import concurrent.futures
+    d = os.path.join(mount.path, "huge")
+    os.mkdir(d)
+    n = 100000
+    t0 = time.time()
+
+    def make(lo):
+        for i in range(lo, min(lo + 1000, n)):
+            os.close(os.open(os.path.join(d, "f%06d" % i), os.O_CREAT | os.O_WRONLY, 0o644))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        list(ex.map(make, range(0, n, 1000)))
+    made = time.time() - t0
+    t0 = time.time()
+    listed = os.listdir(d)
+    listing = time.time() - t0
+    print("100,000 creates %.1f s, listdir %.1f s" % (made, listing))
+    assert len(listed) == len(set(listed)) == n
+    assert set(listed) == set("f%06d" % i for i in range(n))
+    # readdirplus, as `ls -l` and scandir with is_file use it
+    assert sum(1 for e in os.scandir(d) if e.is_file()) == n
+    # a listing resumed from a telldir taken deep into it
+    h = Dir(d)
+    try:
+        h.take(70000)
+        loc = h.tell()
+        tail = h.rest()
+        assert len(tail) == n - 70000
+        h.seek(loc)
+        assert h.take(100) == tail[:100]
+    finally:
+        h.close()
