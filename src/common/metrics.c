@@ -101,6 +101,7 @@ static struct {
 	uint64_t *retired[MAX_PAGES]; /* sums of exited threads, under lock */
 	uint64_t *ivals[MAX_PAGES];   /* stk_metric_set_int values (atomic) */
 	uint64_t *dvals[MAX_PAGES];   /* stk_metric_set values, double bits (atomic) */
+	uint8_t *hidden[MAX_PAGES];   /* stk_metric_hide flags (atomic) */
 	pthread_mutex_t scrape_lock;
 	struct collector *collectors; /* under scrape_lock */
 } g = {.lock = PTHREAD_MUTEX_INITIALIZER, .scrape_lock = PTHREAD_MUTEX_INITIALIZER};
@@ -243,6 +244,14 @@ void stk_metric_set_int(stk_metric_t s, int64_t v)
 			 __ATOMIC_RELAXED);
 }
 
+void stk_metric_hide(stk_metric_t s, int hidden)
+{
+	if (!s || s > MAX_SLOTS)
+		return;
+	__atomic_store_n(&g.hidden[(s - 1) / PAGE_SLOTS][(s - 1) % PAGE_SLOTS], hidden ? 1 : 0,
+			 __ATOMIC_RELAXED);
+}
+
 /* ---- registration ---- */
 
 /* A growable text buffer; err latches the first allocation failure. */
@@ -341,7 +350,9 @@ static int pages_cover(uint32_t end)
 			g.ivals[p] = calloc(PAGE_SLOTS, sizeof(uint64_t));
 		if (!g.dvals[p])
 			g.dvals[p] = calloc(PAGE_SLOTS, sizeof(uint64_t));
-		if (!g.retired[p] || !g.ivals[p] || !g.dvals[p])
+		if (!g.hidden[p])
+			g.hidden[p] = calloc(PAGE_SLOTS, sizeof(uint8_t));
+		if (!g.retired[p] || !g.ivals[p] || !g.dvals[p] || !g.hidden[p])
 			return -ENOMEM;
 	}
 	return 0;
@@ -447,6 +458,12 @@ static uint64_t slot_sum(uint32_t idx)
 	return v;
 }
 
+static int series_hidden(const struct series *s)
+{
+	return __atomic_load_n(&g.hidden[s->slot / PAGE_SLOTS][s->slot % PAGE_SLOTS],
+			       __ATOMIC_RELAXED);
+}
+
 static const char *type_name(enum stk_metric_type t)
 {
 	return t == STK_METRIC_COUNTER ? "counter" : t == STK_METRIC_GAUGE ? "gauge" : "histogram";
@@ -501,11 +518,18 @@ int stk_metrics_render(char **out, size_t *len)
 	tb_printf(&b, "%s", "");
 	for (unsigned f = 0; f < STK_M__COUNT; f++) {
 		const struct family_def *fd = &families[f];
-		if (!g.head[f])
+		struct series *s;
+
+		/* A family whose series are all hidden is left out whole, header and all. */
+		for (s = g.head[f]; s && series_hidden(s); s = s->next)
+			;
+		if (!s)
 			continue;
 		tb_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", fd->name, fd->help, fd->name,
 			  type_name(fd->type));
-		for (struct series *s = g.head[f]; s; s = s->next) {
+		for (; s; s = s->next) {
+			if (series_hidden(s))
+				continue;
 			if (fd->type == STK_METRIC_HISTOGRAM)
 				render_histogram(&b, fd, s);
 			else

@@ -205,6 +205,15 @@ void stk_metric_set(stk_metric_t s, double v);
 void stk_metric_set_int(stk_metric_t s, int64_t v);
 
 /*
+ * Hides a series from the exposition (hidden 1) or shows it again (0); a family
+ * with every series hidden is left out. For figures that can become unknown after
+ * being known (a device's health once smartctl stops answering): series are never
+ * removed, and a stale value must not stand in for "unknown". Counting and setting
+ * go on while hidden; show the series again only after setting a fresh value.
+ */
+void stk_metric_hide(stk_metric_t s, int hidden);
+
+/*
  * Collectors: fn(ctx) runs at every scrape, before the families are written, on
  * the scraping thread, one scrape at a time. It sets gauges and may register
  * series. _add: 0 or -ENOMEM. _remove waits for a scrape in progress to finish, so

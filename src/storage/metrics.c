@@ -298,20 +298,57 @@ static int run_smartctl(const char *exe, const char *dev, char *out, size_t cap)
 	return 0;
 }
 
+/* One figure: set and shown when smartctl gave it this round, hidden when not. */
+static void smart_figure(enum stk_metric_family f, const char *const *labels, stk_metric_t *h,
+			 int has, int64_t ival, double dval, int is_int)
+{
+	if (!has) {
+		stk_metric_hide(*h, 1); /* a handle of 0 (never known) is a no-op */
+		return;
+	}
+	if (!*h && stk_metric_series(f, labels, h))
+		return;
+	if (is_int)
+		stk_metric_set_int(*h, ival);
+	else
+		stk_metric_set(*h, dval);
+	stk_metric_hide(*h, 0);
+}
+
+/*
+ * Publishes this round's answer about t's device; s NULL when smartctl gave none.
+ * A figure missing from this answer is hidden rather than left at its last value:
+ * a device that stopped answering must read as unknown, not as healthy at the
+ * temperature it had an hour ago.
+ */
 static void smart_publish(struct target_metrics *t, const struct stk_smart *s)
 {
+	static const struct stk_smart none;
 	const char *v[2] = {t->id, t->device};
 
-	if (s->has_passed &&
-	    (t->healthy || !stk_metric_series(STK_M_DEVICE_SMART_HEALTHY, v, &t->healthy)))
-		stk_metric_set_int(t->healthy, s->passed);
-	if (s->has_temp && (t->temp || !stk_metric_series(STK_M_DEVICE_TEMPERATURE, v, &t->temp)))
-		stk_metric_set(t->temp, s->temp_c);
-	if (s->has_wear && (t->wear || !stk_metric_series(STK_M_DEVICE_WEAR, v, &t->wear)))
-		stk_metric_set(t->wear, s->wear);
-	if (s->has_media_errors &&
-	    (t->media || !stk_metric_series(STK_M_DEVICE_MEDIA_ERRORS, v, &t->media)))
-		stk_metric_set_int(t->media, (int64_t)s->media_errors);
+	if (!s)
+		s = &none;
+	smart_figure(STK_M_DEVICE_SMART_HEALTHY, v, &t->healthy, s->has_passed, s->passed, 0, 1);
+	smart_figure(STK_M_DEVICE_TEMPERATURE, v, &t->temp, s->has_temp, 0, s->temp_c, 0);
+	smart_figure(STK_M_DEVICE_WEAR, v, &t->wear, s->has_wear, 0, s->wear, 0);
+	smart_figure(STK_M_DEVICE_MEDIA_ERRORS, v, &t->media, s->has_media_errors,
+		     (int64_t)s->media_errors, 0, 1);
+}
+
+int stk_storage_metrics_smart_apply(struct stk_storage_metrics *m, unsigned i, const char *device,
+				    const struct stk_smart *s)
+{
+	struct target_metrics *t;
+
+	if (!m || i >= m->n)
+		return -EINVAL;
+	t = &m->t[i];
+	if (device && !t->device[0])
+		stk_strlcpy(t->device, device, sizeof(t->device));
+	if (!t->device[0])
+		return -EINVAL;
+	smart_publish(t, s);
+	return 0;
 }
 
 static void smart_round(struct stk_storage_metrics *m, char *buf, struct stk_smart *res, int *ok)
@@ -336,8 +373,7 @@ static void smart_round(struct stk_storage_metrics *m, char *buf, struct stk_sma
 			if (!ok[i])
 				stk_debug("smartctl gave no health figures for %s", t->device);
 		}
-		if (ok[i])
-			smart_publish(t, &res[i]);
+		smart_publish(t, ok[i] ? &res[i] : NULL);
 	}
 }
 

@@ -9,7 +9,8 @@
  * chunk store. Device health: a background thread asks `smartctl --json` about
  * each target's block device every few minutes when smartctl is installed and the
  * target sits on a real device; until an answer comes, and forever where none
- * can, the stoker_device_* series do not exist (absent, never a false zero).
+ * can, the stoker_device_* series do not exist (absent, never a false zero), and
+ * when a later round gets no answer they are hidden again (never a stale value).
  *
  * Thread rules: begin/end from any request thread; create and destroy from the
  * daemon's main thread, destroy only once no request can be counting.
@@ -56,5 +57,18 @@ struct stk_smart {
 
 /* Reads the figures above out of smartctl's JSON. 0, or -ENOENT if it holds none. */
 int stk_smart_parse(const char *json, struct stk_smart *out);
+
+/*
+ * What the SMART checker does with one answer about target i (in the order the
+ * stores were given to create) on device (kept the first time; NULL keeps the one
+ * found at create): shows and sets the figures s has, hides those it lacks, and
+ * with s NULL (smartctl failed or said nothing usable) hides every
+ * stoker_device_* series of the target, so that a value once known never stands
+ * in for "unknown". The checker thread calls it; tests call it on metrics created
+ * with STOKER_SMARTCTL="" (no checker thread). 0, or -EINVAL (i out of range, no
+ * device).
+ */
+int stk_storage_metrics_smart_apply(struct stk_storage_metrics *m, unsigned i, const char *device,
+				    const struct stk_smart *s);
 
 #endif

@@ -2,7 +2,8 @@
  * Unit test of storage metrics (storage/metrics.h): the reading of smartctl's JSON
  * (NVMe, ATA, a failing device, output with no health in it), and per-target
  * counting on real chunk stores: bytes, operations, errors, queue depth, latency,
- * and the figures the collector reads at scrape time.
+ * and the figures the collector reads at scrape time; device health that goes
+ * from known to unknown is hidden, not left stale.
  */
 #include <errno.h>
 #include <ftw.h>
@@ -76,6 +77,52 @@ static double sample(const char *text, const char *series)
 	return -1;
 }
 
+/*
+ * Device health once known, then unknown: a round in which smartctl gives nothing
+ * must take the figures away, not leave the last ones standing; a round that gives
+ * fewer figures hides the missing ones.
+ */
+static void test_smart_absent(struct stk_storage_metrics *m)
+{
+	static const char healthy[] = "stoker_device_smart_healthy{target=\"11\",device=\"/dev/fk\"}";
+	static const char temp[] = "stoker_device_temperature_celsius{target=\"11\",device=\"/dev/fk\"}";
+	static const char wear[] = "stoker_device_wear_ratio{target=\"11\",device=\"/dev/fk\"}";
+	struct stk_smart s;
+	char *text;
+	size_t tlen;
+
+	CHECK(stk_metrics_render(&text, &tlen) == 0);
+	CHECK(strstr(text, "stoker_device_") == NULL); /* never known: absent */
+	free(text);
+
+	CHECK(stk_smart_parse(nvme, &s) == 0);
+	CHECK(stk_storage_metrics_smart_apply(m, 0, "/dev/fk", &s) == 0);
+	CHECK(stk_metrics_render(&text, &tlen) == 0);
+	CHECK(sample(text, healthy) == 1);
+	CHECK(sample(text, temp) == 41);
+	CHECK(sample(text, wear) > 0.069);
+	free(text);
+
+	/* smartctl fails: every figure goes, headers too */
+	CHECK(stk_storage_metrics_smart_apply(m, 0, NULL, NULL) == 0);
+	CHECK(stk_metrics_render(&text, &tlen) == 0);
+	CHECK(strstr(text, "stoker_device_") == NULL);
+	free(text);
+
+	/* an answer without wear or media errors: those stay hidden, the rest is fresh */
+	CHECK(stk_smart_parse(ata, &s) == 0);
+	CHECK(stk_storage_metrics_smart_apply(m, 0, NULL, &s) == 0);
+	CHECK(stk_metrics_render(&text, &tlen) == 0);
+	CHECK(sample(text, healthy) == 0);
+	CHECK(sample(text, temp) == 38);
+	CHECK(strstr(text, "stoker_device_wear_ratio") == NULL);
+	CHECK(strstr(text, "stoker_device_media_errors_total") == NULL);
+	free(text);
+
+	CHECK(stk_storage_metrics_smart_apply(m, 5, "/dev/fk", &s) == -EINVAL);
+	CHECK(stk_storage_metrics_smart_apply(m, 1, NULL, &s) == -EINVAL); /* no device */
+}
+
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
 	(void)st;
@@ -108,6 +155,8 @@ static void test_targets(void)
 		goto out;
 	CHECK(stk_chunk_store_set_id(cs[0], 11) == 0);
 	CHECK(stk_chunk_store_set_id(cs[1], 12) == 0);
+	/* No SMART checker thread: test_smart_absent() plays its part. */
+	setenv("STOKER_SMARTCTL", "", 1);
 	CHECK(stk_storage_metrics_create(cs, 2, &m) == 0);
 	memset(data, 'x', sizeof(data));
 
@@ -163,6 +212,7 @@ static void test_targets(void)
 		CHECK(sample(text, "stoker_target_checksum_errors_total{target=\"11\"}") == 1);
 		free(text);
 	}
+	test_smart_absent(m);
 out:
 	stk_storage_metrics_destroy(m);
 	for (int i = 0; i < 2; i++)
