@@ -831,11 +831,16 @@ out:
 
 static enum stk_s3_err commit_err(struct stk_s3_req *r, int rc)
 {
+	struct stk_attr gone;
+
 	if (rc == -EISDIR)
 		return fail(r, STK_S3_ERR_KEY_CONFLICT,
 			    "The key names a folder that holds objects.");
 	if (rc == -ENOTDIR)
 		return fail(r, STK_S3_ERR_KEY_CONFLICT, "A folder of the key is an object.");
+	if (rc == -ENOENT && stk_s3_bucket_lookup(r->gw, r->t.bucket, &gone) == -ENOENT)
+		return fail(r, STK_S3_ERR_NO_SUCH_BUCKET,
+			    "The bucket was deleted while the object was being written.");
 	return store_err(r, "commit", rc);
 }
 
@@ -858,7 +863,7 @@ static enum stk_s3_err finish_put(struct stk_s3_req *r)
 
 	rc = stk_s3_tmp_finish(r->gw, &r->tmp);
 	if (rc)
-		return store_err(r, "close", rc);
+		return rc == -ENOENT ? commit_err(r, rc) : store_err(r, "close", rc);
 	snprintf(r->rec.etag, sizeof(r->rec.etag), "\"%s\"", r->body_md5);
 	rc = stk_s3_tmp_commit(r->gw, &r->bucket, &r->tmp, r->t.key, &r->rec);
 	if (rc)

@@ -471,12 +471,49 @@ static int rm_rf(struct stk_s3_gw *gw, uint64_t parent, const char *name, int de
 	return rc == -ENOENT ? 0 : rc;
 }
 
-int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket)
+/*
+ * Moves every entry of folder src into folder dst (by name); used to put a
+ * bucket's hidden folders back when its delete fails. An entry whose name dst
+ * already has (a folder the gateway made again meanwhile) is merged into it the
+ * same way, one level down; what still collides stays in src.
+ */
+static void move_entries(struct stk_s3_gw *gw, uint64_t src, uint64_t dst, int depth)
 {
-	struct stk_attr b;
 	struct dent *d;
 	unsigned n;
-	int rc;
+
+	if (read_dir(gw, src, 1, 0, &d, &n))
+		return;
+	for (unsigned i = 0; i < n; i++) {
+		struct stk_attr there;
+		int rc = stk_ino_rename(gw->c, NULL, src, d[i].name, dst, d[i].name, 0);
+		if ((rc == -ENOTEMPTY || rc == -EEXIST) && d[i].dir && depth < 2 &&
+		    lookup(gw, dst, d[i].name, &there) == 0 && S_ISDIR(there.mode))
+			move_entries(gw, d[i].ino, there.ino, depth + 1);
+	}
+	dents_free(d, n);
+}
+
+/*
+ * The bucket's hidden folders (temporary files of PUTs in flight, multipart
+ * uploads, old records) go with it, but nothing may be destroyed before the
+ * bucket is known to be empty: a PUT can land between any check and the rmdir.
+ * So they are first moved out, into a folder STK_S3_TRASH_PREFIX + random in the
+ * root; then the bucket folder is removed, which succeeds only if it is truly
+ * empty; only then is the moved folder destroyed. If the rmdir fails (an object
+ * or folder appeared), everything is moved back and the answer is -ENOTEMPTY with
+ * nothing lost. A PUT whose temporary file was moved meanwhile still commits by
+ * inode into the bucket (making the rmdir fail) or, once the bucket is gone,
+ * fails; it never reports success for an object that was removed.
+ */
+int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket)
+{
+	char tname[sizeof(STK_S3_TRASH_PREFIX) + 32];
+	struct stk_attr b, trash = {0};
+	struct dent *d = NULL;
+	unsigned n = 0;
+	size_t tl = strlen(STK_S3_TRASH_PREFIX);
+	int rc, have_trash = 0;
 
 	bcache_forget(gw, bucket);
 	rc = stk_s3_bucket_lookup(gw, bucket, &b);
@@ -488,16 +525,39 @@ int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket)
 		return rc;
 	for (unsigned i = 0; i < n; i++)
 		if (!reserved_name(d[i].name)) {
-			dents_free(d, n);
-			return -ENOTEMPTY;
+			rc = -ENOTEMPTY;
+			goto out;
 		}
-	/* Only the gateway's folders remain: records of nothing, temporary files of
-	 * PUTs that never finished and uncompleted uploads, all of which go with it. */
-	for (unsigned i = 0; i < n && !rc; i++)
-		rc = rm_rf(gw, b.ino, d[i].name, 0);
-	dents_free(d, n);
+	if (n) {
+		memcpy(tname, STK_S3_TRASH_PREFIX, tl);
+		stk_s3_random_hex(tname + tl, 8);
+		rc = stk_ino_mkdir(gw->c, NULL, gw->root_ino, tname, 0700, &trash);
+		if (rc)
+			goto out;
+		have_trash = 1;
+	}
+	for (unsigned i = 0; i < n; i++) {
+		rc = stk_ino_rename(gw->c, NULL, b.ino, d[i].name, trash.ino, d[i].name, 0);
+		if (rc == -ENOENT)
+			rc = 0; /* removed meanwhile (a sweep, an abort) */
+		if (rc)
+			break;
+	}
 	if (!rc)
 		rc = stk_ino_rmdir(gw->c, NULL, gw->root_ino, bucket);
+	if (rc && have_trash) {
+		/* not empty after all (or a move failed): put everything back */
+		move_entries(gw, trash.ino, b.ino, 0);
+		if (stk_ino_rmdir(gw->c, NULL, gw->root_ino, tname))
+			stk_warn("s3: bucket %s: could not put back all of %s", bucket, tname);
+		have_trash = 0;
+	}
+	bcache_forget(gw, bucket);
+out:
+	if (have_trash && rm_rf(gw, gw->root_ino, tname, 0))
+		stk_warn("s3: bucket %s deleted, but %s remains (removed by the sweep)", bucket,
+			 tname);
+	dents_free(d, n);
 	return rc;
 }
 
@@ -980,6 +1040,14 @@ int stk_s3_sweep(struct stk_s3_gw *gw, int64_t max_age_s)
 	for (unsigned i = 0; i < nb; i++) {
 		struct stk_attr up;
 
+		if (buckets[i].dir &&
+		    strncmp(buckets[i].name, STK_S3_TRASH_PREFIX, strlen(STK_S3_TRASH_PREFIX)) == 0) {
+			/* the folders of a bucket whose delete a dead gateway left half done */
+			if (stk_ino_getattr(gw->c, NULL, buckets[i].ino, &up) == 0 &&
+			    up.mtime_sec < cutoff && rm_rf(gw, gw->root_ino, buckets[i].name, 0) == 0)
+				removed++;
+			continue;
+		}
 		if (!buckets[i].dir || stk_s3_bucket_check(buckets[i].name) ||
 		    lookup(gw, buckets[i].ino, STK_S3_UPLOAD_DIR, &up) || !S_ISDIR(up.mode) ||
 		    read_dir(gw, up.ino, 1, 0, &d, &n))

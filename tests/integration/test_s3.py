@@ -836,6 +836,96 @@ def test_concurrent_puts_keep_bytes_and_record_together(s3):
         assert [(c["Key"], c["ETag"]) for c in listed] == [("race/k", md5(body))]
 
 
+def read_response(sock):
+    """Status and body of one HTTP/1.1 response with a Content-Length."""
+    sock.settimeout(30)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = 0
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        if k.strip().lower() == "content-length":
+            length = int(v)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return int(lines[0].split()[1]), body
+
+
+def test_delete_bucket_racing_a_put_loses_nothing(gateway, s3, cluster):
+    """A PUT that lands while DeleteBucket runs: either the bucket is deleted and
+    the PUT failed, or the delete answers BucketNotEmpty and the object, its
+    metadata and every multipart upload in flight are intact. (Removing the hidden
+    folders before knowing that the bucket could go destroyed the uploads.)"""
+    outcomes = set()
+    # delay: how long after the delete is sent the PUT's last byte goes (< 0: before)
+    for rnd, delay in enumerate([-0.05, -0.01, -0.003, 0.0, 0.003, 0.01, 0.03, 0.1]):
+        bucket = "race%d" % rnd
+        s3.create_bucket(Bucket=bucket)
+        uploads = sorted(s3.create_multipart_upload(Bucket=bucket, Key="up/%02d" % i)
+                         ["UploadId"] for i in range(60))
+        body = b"the object %d " % rnd * 1000
+        sock = socket.create_connection(("127.0.0.1", gateway.port))
+        path = "/%s/k" % bucket
+        hdrs = {"host": "127.0.0.1:%d" % gateway.port, "content-length": str(len(body)),
+                "x-amz-meta-round": str(rnd)}
+        hdrs.update(sigv4("PUT", path, (), hdrs, "UNSIGNED-PAYLOAD", AK, SK)[0])
+        sock.sendall(("PUT %s HTTP/1.1\r\n" % path +
+                      "".join("%s: %s\r\n" % kv for kv in hdrs.items()) +
+                      "\r\n").encode() + body[:-1])
+        time.sleep(0.2)  # the PUT's temporary file exists
+        res = {}
+
+        def delete():
+            try:
+                s3.delete_bucket(Bucket=bucket)
+                res["delete"] = "ok"
+            except ClientError as e:
+                res["delete"] = e.response["Error"]["Code"]
+
+        t = threading.Thread(target=delete)
+        if delay < 0:
+            sock.sendall(body[-1:])
+            time.sleep(-delay)
+            t.start()
+        else:
+            t.start()
+            time.sleep(delay)
+            sock.sendall(body[-1:])
+        put_status, put_body = read_response(sock)
+        sock.close()
+        t.join()
+        outcomes.add((res["delete"], put_status))
+        if res["delete"] == "ok":
+            assert put_status != 200, (rnd, "the PUT succeeded into a deleted bucket")
+            assert (put_status, xml_code(put_body)) == (404, "NoSuchBucket"), put_body
+            with pytest.raises(ClientError) as ei:
+                s3.head_bucket(Bucket=bucket)
+            assert code(ei)[1] == 404
+            assert bucket.encode() not in cluster.cli("ls", "/").stdout
+        else:
+            assert res["delete"] == "BucketNotEmpty", res
+            assert put_status == 200, (rnd, put_status, put_body)
+            o = s3.get_object(Bucket=bucket, Key="k")
+            assert o["Body"].read() == body and o["ETag"] == md5(body)
+            assert o["Metadata"] == {"round": str(rnd)}
+            got = s3.list_multipart_uploads(Bucket=bucket)
+            assert sorted(u["UploadId"] for u in got.get("Uploads", [])) == uploads, rnd
+            listed = s3.list_objects_v2(Bucket=bucket)
+            assert [c["Key"] for c in listed["Contents"]] == ["k"]
+    # no folder of a deleted bucket is left in the root
+    assert not [n for n in cluster.cli("ls", "/").stdout.split() if n.startswith(b".stoker")]
+    print("outcomes", sorted(outcomes))
+
+
 # ---- objects and files are one ----
 
 def test_objects_are_files(s3, cluster, tmp_path):
