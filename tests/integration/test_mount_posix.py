@@ -558,3 +558,109 @@ def test_readdir_100000_entries(cluster, mount):
         assert h.take(100) == tail[:100]
     finally:
         h.close()
+
+
+# ---- names and paths ----
+
+def test_name_length_limits(cluster, mount):
+    m = mount.path
+    n255, n256 = "n" * 255, "n" * 256
+    utf8 = "é" * 127 + "x"  # 255 bytes, 128 characters
+    for name in (n255, utf8):
+        p = os.path.join(m, name)
+        with open(p, "w") as f:
+            f.write("long")
+        assert os.stat(p).st_size == 4
+        assert name in os.listdir(m)
+        os.rename(p, p[:-1] + "Z")
+        assert open(p[:-1] + "Z").read() == "long"
+        os.unlink(p[:-1] + "Z")
+    os.mkdir(os.path.join(m, n255))
+    os.symlink(n255, os.path.join(m, "s" * 255))
+    os.link(os.path.join(m, "s" * 255), os.path.join(m, "l" * 255), follow_symlinks=False)
+    assert os.readlink(os.path.join(m, "l" * 255)) == n255
+    assert cluster.cli("stat", "/" + n255).returncode == 0
+    # one byte more is ENAMETOOLONG, for every call that makes or finds a name
+    p256 = os.path.join(m, n256)
+    assert errno_of(os.open, p256, os.O_CREAT | os.O_WRONLY) == errno.ENAMETOOLONG
+    assert errno_of(os.mkdir, p256) == errno.ENAMETOOLONG
+    assert errno_of(os.symlink, "x", p256) == errno.ENAMETOOLONG
+    assert errno_of(os.link, os.path.join(m, "s" * 255), p256) == errno.ENAMETOOLONG
+    assert errno_of(os.rename, os.path.join(m, n255), p256) == errno.ENAMETOOLONG
+    assert errno_of(os.stat, p256) == errno.ENAMETOOLONG
+    assert errno_of(os.stat, os.path.join(m, "é" * 128)) == errno.ENAMETOOLONG  # 256 bytes
+    assert os.path.isdir(os.path.join(m, n255))
+
+
+def test_path_length_limits(mount):
+    """Paths to 4095 bytes (PATH_MAX with its NUL) by nesting; longer ones only by
+    walking from an open folder, as on any Linux file system."""
+    base = os.path.join(mount.path, "deep")
+    os.mkdir(base)
+    path = base
+    while len(path) + 1 + 200 + 1 + 200 < 4095:
+        path = os.path.join(path, "d" * 200)
+        os.mkdir(path)
+    leaf = os.path.join(path, "f" * (4095 - len(path) - 1))
+    assert len(leaf) == 4095 and len(os.path.basename(leaf)) <= 255
+    with open(leaf, "w") as f:
+        f.write("at the bottom")
+    assert open(leaf).read() == "at the bottom"
+    assert os.stat(leaf).st_size == 13
+    os.rename(leaf, leaf[:-1] + "g")
+    assert os.path.exists(leaf[:-1] + "g")
+    too_long = leaf[:-1] + "gh"
+    assert len(too_long) == 4096
+    assert errno_of(os.stat, too_long) == errno.ENAMETOOLONG
+    assert errno_of(os.open, too_long, os.O_CREAT | os.O_WRONLY) == errno.ENAMETOOLONG
+    assert errno_of(os.mkdir, too_long) == errno.ENAMETOOLONG
+    # the tree goes on below through relative names: the limit is the kernel's on a
+    # path argument, not the depth Stoker can hold
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(10):
+            os.mkdir("e" * 200, dir_fd=fd)
+            nfd = os.open("e" * 200, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        os.close(os.open("bottom", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd))
+        assert os.listdir(fd) == ["bottom"]
+    finally:
+        os.close(fd)
+    # and the whole tree goes away
+    subprocess.run(["rm", "-rf", base], check=True, timeout=120)
+    assert not os.path.exists(base)
+
+
+ODD_NAMES = [b"new\nline", b"\xff\xfe not utf-8", b"back\\slash", b" lead and trail ",
+             "名前 ünïcödé 🚀".encode(), b"\x01\x1f\x7f", b"-dash", b"*?[glob]", b"'\"quotes\"'",
+             b".hidden", b"...", b"tab\there", b"%s%n", b"\xc3\x28"]
+
+
+def test_any_byte_but_slash_and_nul_in_names(cluster, mount):
+    m = os.fsencode(mount.path)
+    for i, name in enumerate(ODD_NAMES):
+        p = os.path.join(m, name)
+        with open(p, "wb") as f:
+            f.write(b"%d" % i)
+        os.mkdir(os.path.join(m, b"dir-" + name))
+    listed = os.listdir(m)
+    assert sorted(listed) == sorted(ODD_NAMES + [b"dir-" + n for n in ODD_NAMES])
+    assert sorted(e.name for e in os.scandir(m) if e.is_file()) == sorted(ODD_NAMES)
+    for i, name in enumerate(ODD_NAMES):
+        p = os.path.join(m, name)
+        assert os.stat(p).st_size == len(b"%d" % i)
+        # into a folder with an odd name, under another odd name, and back
+        q = os.path.join(m, b"dir-" + name, name + b".moved")
+        os.rename(p, q)
+        assert open(q, "rb").read() == b"%d" % i
+        assert os.listdir(os.path.join(m, b"dir-" + name)) == [name + b".moved"]
+        os.rename(q, p)
+    # the native client sees the same bytes
+    assert cluster.cli("cat", "/" + "名前 ünïcödé 🚀").stdout == b"4"
+    with pytest.raises(ValueError):  # NUL cannot even be passed
+        os.stat(os.path.join(m, b"a\0b"))
+    for name in ODD_NAMES:
+        os.unlink(os.path.join(m, name))
+        os.rmdir(os.path.join(m, b"dir-" + name))
+    assert os.listdir(m) == []
