@@ -36,11 +36,12 @@ step "integration tests"
 rc=$?; [ $rc = 0 ] || fail=1
 
 step "integration tests against the ASan/UBSan build"
+# The 100,000-entry listing runs in the first pass only (a minute of creates, meta-bound).
 # This pass also turns short-circuit reads off, so that reads cross the network as
 # they do between machines (on one machine the client reads chunk files itself).
 STOKER_BUILD=build-asan STOKER_SHORT_CIRCUIT=0 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration \
-	-k "api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch or locks or orphans" \
+	-k "(api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch or locks or orphans) and not 100000" \
 	--junitxml=build-asan/integration.xml
 rc=$?; [ $rc = 0 ] || fail=1
 
