@@ -7,6 +7,7 @@ Runs as root (FUSE mounts, a non-root caller through setuid); skipped otherwise.
 import ctypes
 import errno
 import os
+import stat
 import subprocess
 import tempfile
 import time
@@ -19,6 +20,7 @@ pytestmark = needs_fuse
 
 NOBODY = 65534
 PY = "/usr/bin/python3"
+MiB = 1 << 20
 
 
 def errno_of(fn, *args):
@@ -664,3 +666,266 @@ def test_any_byte_but_slash_and_nul_in_names(cluster, mount):
         os.unlink(os.path.join(m, name))
         os.rmdir(os.path.join(m, b"dir-" + name))
     assert os.listdir(m) == []
+
+
+# ---- mmap ----
+
+def test_mmap_shared_read_and_write(cluster, make_mount):
+    import mmap
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    pa, pb = os.path.join(a.path, "mapped"), os.path.join(b.path, "mapped")
+    data = bytes(range(256)) * 8192 + b"tail"  # 2 MiB + 4: two chunks and a bit
+    with open(pa, "wb") as f:
+        f.write(data)
+    # a shared read mapping sees the file's bytes, through either mount
+    for p in (pa, pb):
+        with open(p, "rb") as f:
+            with mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ) as mm:
+                assert len(mm) == len(data)
+                assert mm[:256] == bytes(range(256)) and mm[-4:] == b"tail"
+                assert mm[:] == data
+    # a shared write mapping: its changes reach the file, and the other mount
+    with open(pa, "r+b") as f:
+        with mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED) as mm:
+            mm[0:5] = b"HELLO"
+            mm[(1 << 20) + 10:(1 << 20) + 15] = b"WORLD"  # in the second chunk
+            mm.flush()  # msync(MS_SYNC)
+    want = bytearray(data)
+    want[0:5] = b"HELLO"
+    want[(1 << 20) + 10:(1 << 20) + 15] = b"WORLD"
+    assert open(pb, "rb").read() == want
+    assert cluster.cli("cat", "/mapped").stdout == want
+    # stores after the descriptor is closed still land, at msync and munmap
+    fd = os.open(pa, os.O_RDWR)
+    mm = mmap.mmap(fd, 0, mmap.MAP_SHARED)
+    os.close(fd)
+    mm[-4:] = b"TAIL"
+    mm.flush()
+    mm.close()
+    want[-4:] = b"TAIL"
+    assert open(pb, "rb").read() == want
+    # a writable shared mapping of a read-only descriptor is EACCES, as everywhere
+    with open(pa, "rb") as f:
+        with pytest.raises(PermissionError):
+            mmap.mmap(f.fileno(), 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    # a private mapping's stores stay private
+    with open(pa, "rb") as f:
+        with mmap.mmap(f.fileno(), 0, mmap.MAP_PRIVATE,
+                       mmap.PROT_READ | mmap.PROT_WRITE) as mm:
+            mm[0:5] = b"xxxxx"
+    assert open(pa, "rb").read(5) == b"HELLO"
+
+
+# ---- the smaller calls ----
+
+def wait_for(cond, timeout=5.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def test_fdatasync_and_ftruncate_up(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    pa, pb = os.path.join(a.path, "f"), os.path.join(b.path, "f")
+    fd = os.open(pa, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        os.write(fd, b"synced")
+        os.fdatasync(fd)
+        # durable and sized in meta while still open: another client's open reads it
+        assert open(pb, "rb").read() == b"synced"
+        os.ftruncate(fd, 3 * MiB + 7)  # up, past a chunk boundary
+        assert os.fstat(fd).st_size == 3 * MiB + 7
+        assert os.pread(fd, 64, 3 * MiB - 8) == bytes(15)  # to the end
+        os.pwrite(fd, b"end", 3 * MiB + 4)
+        os.fsync(fd)
+        got = open(pb, "rb").read()
+        assert len(got) == 3 * MiB + 7 and got[:6] == b"synced" and got[-3:] == b"end"
+        assert got[6:-3] == bytes(3 * MiB - 2)
+    finally:
+        os.close(fd)
+
+
+def fallocate(fd, mode, off, length):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    rc = libc.fallocate(fd, mode, off, length)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE, FALLOC_FL_COLLAPSE_RANGE = 0x01, 0x02, 0x08
+FALLOC_FL_ZERO_RANGE, FALLOC_FL_INSERT_RANGE = 0x10, 0x20
+
+
+def test_fallocate_modes(mount):
+    p = os.path.join(mount.path, "f")
+    with open(p, "wb") as f:
+        f.write(b"x" * 8192)
+    fd = os.open(p, os.O_RDWR)
+    try:
+        # holes and ranges are not supported: refused, and the data is untouched
+        assert fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == \
+            errno.EOPNOTSUPP
+        assert fallocate(fd, FALLOC_FL_ZERO_RANGE, 0, 4096) == errno.EOPNOTSUPP
+        assert fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, 0, 4096) == errno.EOPNOTSUPP
+        assert fallocate(fd, FALLOC_FL_INSERT_RANGE, 0, 4096) == errno.EOPNOTSUPP
+        assert os.pread(fd, 8192, 0) == b"x" * 8192
+        # KEEP_SIZE alone succeeds and changes nothing; mode 0 grows the file
+        assert fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 1 << 20) == 0
+        assert os.fstat(fd).st_size == 8192
+        assert fallocate(fd, 0, 4096, 12288) == 0
+        assert os.fstat(fd).st_size == 16384
+        assert fallocate(fd, 0, 0, 100) == 0  # inside the file: nothing to do
+        assert os.fstat(fd).st_size == 16384
+        assert fallocate(fd, 0, -1, 10) == errno.EINVAL
+        assert fallocate(fd, 0, 0, 0) == errno.EINVAL
+    finally:
+        os.close(fd)
+    assert open(p, "rb").read() == b"x" * 8192 + bytes(8192)
+
+
+def test_directory_renames(cluster, mount):
+    m = mount.path
+    for d in ("a/x/inner", "b", "c/empty", "c/full/thing", "e1/one", "e2/two"):
+        os.makedirs(os.path.join(m, d))
+    with open(os.path.join(m, "a/x/inner/f"), "w") as f:
+        f.write("moved along")
+    with open(os.path.join(m, "file"), "w") as f:
+        f.write("file")
+    # across folders, with everything under it
+    os.rename(os.path.join(m, "a/x"), os.path.join(m, "b/y"))
+    assert open(os.path.join(m, "b/y/inner/f")).read() == "moved along"
+    assert os.listdir(os.path.join(m, "a")) == []
+    assert cluster.cli("cat", "/b/y/inner/f").stdout == b"moved along"
+    # over an empty folder: replaces it; over a non-empty one: ENOTEMPTY
+    os.rename(os.path.join(m, "b/y"), os.path.join(m, "c/empty"))
+    assert open(os.path.join(m, "c/empty/inner/f")).read() == "moved along"
+    assert sorted(os.listdir(os.path.join(m, "b"))) == []
+    assert errno_of(os.rename, os.path.join(m, "c/empty"), os.path.join(m, "c/full")) == \
+        errno.ENOTEMPTY
+    # folder over a file, file over a folder
+    assert errno_of(os.rename, os.path.join(m, "c/empty"), os.path.join(m, "file")) == \
+        errno.ENOTDIR
+    assert errno_of(os.rename, os.path.join(m, "file"), os.path.join(m, "b")) == errno.EISDIR
+    # into its own subtree
+    assert errno_of(os.rename, os.path.join(m, "c"), os.path.join(m, "c/empty/inner/c")) == \
+        errno.EINVAL
+    # RENAME_EXCHANGE of two folders in different parents, and of a folder and a file
+    exchange = 2
+    assert renameat2(os.path.join(m, "e1/one"), os.path.join(m, "e2/two"), exchange) == 0
+    os.close(os.open(os.path.join(m, "e1/one/in-old-two"), os.O_CREAT | os.O_WRONLY))
+    assert os.listdir(os.path.join(m, "e2/two")) == []
+    assert renameat2(os.path.join(m, "e1/one"), os.path.join(m, "e2/two"), exchange) == 0
+    assert os.listdir(os.path.join(m, "e2/two")) == ["in-old-two"]
+    assert renameat2(os.path.join(m, "e1/one"), os.path.join(m, "file"), exchange) == 0
+    assert os.path.isdir(os.path.join(m, "file")) and os.path.isfile(os.path.join(m, "e1/one"))
+    assert open(os.path.join(m, "e1/one")).read() == "file"
+    assert renameat2(os.path.join(m, "e1/one"), os.path.join(m, "e1/missing"), exchange) == \
+        errno.ENOENT
+
+
+def renameat2(src, dst, flags):
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = libc.renameat2(-100, os.fsencode(src), -100, os.fsencode(dst), flags)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def test_chmod_seen_by_another_mount_within_attr_timeout(cluster, make_mount):
+    a = make_mount(cluster, "a", opts=["attr_timeout=0.5"])
+    b = make_mount(cluster, "b", opts=["attr_timeout=0.5"])
+    pa, pb = os.path.join(a.path, "f"), os.path.join(b.path, "f")
+    open(pa, "w").close()
+    os.chmod(pa, 0o600)
+    assert wait_for(lambda: stat.S_IMODE(os.stat(pb).st_mode) == 0o600, 3)
+    assert stat.S_IMODE(os.stat(pb).st_mode) == 0o600  # b has it cached now
+    t0 = time.time()
+    os.chmod(pa, 0o751)
+    assert wait_for(lambda: stat.S_IMODE(os.stat(pb).st_mode) == 0o751, 3)
+    assert time.time() - t0 < 0.5 + 0.5  # the attribute timeout, plus slack
+    os.chown(pb, 1234, 5678)
+    assert wait_for(lambda: (os.stat(pa).st_uid, os.stat(pa).st_gid) == (1234, 5678), 3)
+
+
+UTIME_NOW, UTIME_OMIT = (1 << 30) - 1, (1 << 30) - 2
+
+
+def utimensat(path, atime, mtime):
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    ts = (Timespec * 2)(Timespec(*atime), Timespec(*mtime))
+    rc = libc.utimensat(-100, os.fsencode(path), ts, 0)
+    return 0 if rc == 0 else ctypes.get_errno()
+
+
+def test_utimens_omit_and_now(mount):
+    p = os.path.join(mount.path, "f")
+    open(p, "w").close()
+    os.utime(p, ns=(1_000_000_001, 2_000_000_002))
+    assert utimensat(p, (5, UTIME_OMIT), (7, 700)) == 0  # atime kept, mtime set
+    st = os.stat(p)
+    assert (st.st_atime_ns, st.st_mtime_ns) == (1_000_000_001, 7_000_000_700)
+    assert utimensat(p, (9, 900), (0, UTIME_OMIT)) == 0  # mtime kept, atime set
+    st = os.stat(p)
+    assert (st.st_atime_ns, st.st_mtime_ns) == (9_000_000_900, 7_000_000_700)
+    ctime = st.st_ctime_ns
+    time.sleep(0.01)
+    assert utimensat(p, (0, UTIME_NOW), (0, UTIME_OMIT)) == 0
+    st = os.stat(p)
+    assert st.st_atime_ns > 9_000_000_900 and st.st_mtime_ns == 7_000_000_700
+    assert st.st_ctime_ns >= ctime
+    assert utimensat(p, (0, UTIME_OMIT), (0, UTIME_OMIT)) == 0  # nothing to do
+    assert os.stat(p).st_mtime_ns == 7_000_000_700
+    assert utimensat(p, (0, 2_000_000_000), (0, 0)) == errno.EINVAL  # nsec out of range
+
+
+def test_parent_times_change_on_create_and_unlink(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b", opts=["attr_timeout=0.2"])
+    d = os.path.join(a.path, "d")
+    os.mkdir(d)
+
+    def times(path):
+        st = os.stat(path)
+        return st.st_mtime_ns, st.st_ctime_ns
+
+    for change in (lambda: open(os.path.join(d, "f"), "w").close(),
+                   lambda: os.mkdir(os.path.join(d, "sub")),
+                   lambda: os.rename(os.path.join(d, "f"), os.path.join(d, "g")),
+                   lambda: os.unlink(os.path.join(d, "g")),
+                   lambda: os.rmdir(os.path.join(d, "sub"))):
+        before = times(d)
+        seen_b = times(os.path.join(b.path, "d"))
+        time.sleep(0.02)
+        change()
+        after = times(d)
+        assert after[0] > before[0] and after[1] > before[1]
+        # and the other client sees the new times once its cache expires
+        assert wait_for(lambda: times(os.path.join(b.path, "d")) == after, 3), seen_b
+    # a file's own ctime moves with its link count
+    p = os.path.join(d, "h")
+    open(p, "w").close()
+    c0 = os.stat(p).st_ctime_ns
+    time.sleep(0.02)
+    os.link(p, p + "2")
+    assert os.stat(p).st_ctime_ns > c0 and os.stat(p).st_nlink == 2
+
+
+def test_fusermount_u_unmounts_and_flushes(cluster, make_mount):
+    m = make_mount(cluster, "m")
+    pid = m.pid()
+    with open(os.path.join(m.path, "f"), "wb") as f:
+        f.write(b"written before fusermount -u")
+    subprocess.run(["fusermount3", "-u", m.path], check=True, timeout=60)
+    assert not m.mounted()
+    # the daemon notices, flushes and exits
+    assert wait_for(lambda: not os.path.exists("/proc/%d" % pid) or
+                    open("/proc/%d/stat" % pid).read().rsplit(") ", 1)[1][0] in "ZX", 15)
+    assert cluster.cli("cat", "/f").stdout == b"written before fusermount -u"
+    # and the folder mounts again
+    m.start()
+    assert open(os.path.join(m.path, "f"), "rb").read() == b"written before fusermount -u"
