@@ -638,6 +638,16 @@ static void storage_row(const struct scrape *a, const struct scrape *b, const ch
 	r->wiops = rate(a, b, "stoker_target_writes_total", &all);
 	r->rp99 = quantile(a, b, "stoker_target_io_duration_seconds", &rd, 0.99);
 	r->wp99 = quantile(a, b, "stoker_target_io_duration_seconds", &wr, 0.99);
+	/*
+	 * A node's capacity from its own total, which counts a file system that several
+	 * targets share once; the sum of its targets' figures would count it per target
+	 * (a node without that total, an older one, gets the sum).
+	 */
+	if (!target && has(b, "stoker_node_capacity_bytes")) {
+		r->used = sum(b, "stoker_node_used_bytes", NULL);
+		r->cap = sum(b, "stoker_node_capacity_bytes", NULL);
+		return;
+	}
 	r->used = sum(b, "stoker_target_used_bytes", &all);
 	r->cap = sum(b, "stoker_target_capacity_bytes", &all);
 }

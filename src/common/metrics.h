@@ -94,9 +94,16 @@
 	  "frontend", "Connections a gateway accepted.")                                           \
 	/* ---- storage: per target ---- */                                                        \
 	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
-	  "Size of the file system under the target folder.")                                      \
+	  "Size of the file system under the target folder (targets sharing a file system "      \
+	  "each report all of it: add up stoker_node_capacity_bytes instead).")                    \
 	X(TARGET_USED, GAUGE, "stoker_target_used_bytes", "target",                                \
 	  "Bytes used on the file system under the target folder.")                                \
+	X(NODE_CAPACITY, GAUGE, "stoker_node_capacity_bytes", "",                                  \
+	  "Size of the file systems under this storage node's targets, each file system "         \
+	  "counted once however many targets it holds.")                                           \
+	X(NODE_USED, GAUGE, "stoker_node_used_bytes", "",                                          \
+	  "Bytes used on the file systems under this storage node's targets, each counted "       \
+	  "once.")                                                                                 \
 	X(TARGET_FREE, GAUGE, "stoker_target_free_bytes", "target",                                \
 	  "Capacity minus used bytes of the target.")                                              \
 	X(TARGET_CHUNKS, GAUGE, "stoker_target_chunks", "target", "Chunks stored on the target.")  \
@@ -137,9 +144,11 @@
 	X(CLUSTER_ROUTING_CHANGES, COUNTER, "stoker_cluster_routing_changes_total", "",            \
 	  "Routing version bumps since this mgmtd started.")                                       \
 	X(CLUSTER_CAPACITY, GAUGE, "stoker_cluster_capacity_bytes", "",                            \
-	  "Capacity of all targets, as their nodes last reported it.")                             \
+	  "Capacity of all targets, as their nodes last reported it; targets of a node on "       \
+	  "mgmtd's host that share a file system count it once.")                                  \
 	X(CLUSTER_USED, GAUGE, "stoker_cluster_used_bytes", "",                                    \
-	  "Used bytes of all targets, as their nodes last reported it.")                           \
+	  "Used bytes of all targets, as their nodes last reported it, deduplicated as "          \
+	  "stoker_cluster_capacity_bytes is.")                                                     \
 	X(CLUSTER_NODE_ONLINE, GAUGE, "stoker_cluster_node_online", "node,role",                   \
 	  "1 while the node heartbeats, 0 once mgmtd has marked it offline.")                      \
 	X(CLUSTER_TARGET_SERVING, GAUGE, "stoker_cluster_target_serving", "target,node",           \

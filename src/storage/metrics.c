@@ -51,6 +51,8 @@ struct target_metrics {
 struct stk_storage_metrics {
 	struct target_metrics *t;
 	unsigned n;
+	stk_metric_t node_capacity, node_used;
+	dev_t *seen; /* n entries: the collector's scratch for file systems already counted */
 	const char *smartctl; /* NULL: not installed */
 	pthread_t smart_thread;
 	int smart_started;
@@ -97,13 +99,24 @@ void stk_storage_metrics_end(struct stk_storage_metrics *m, const struct stk_chu
 
 /* ---- scrape-time figures ---- */
 
+/*
+ * Per target, each figure is the statvfs of its folder, so targets that share a
+ * file system (the folders of `stoker up`, or several per disk) each report the
+ * whole of it. The node's totals count each file system once, told apart by the
+ * st_dev of the target folders: a sum of the per-target figures would count one
+ * disk N times. (A folder that cannot be stat'ed counts as a file system of its own.)
+ */
 static void collect(void *ctx)
 {
 	struct stk_storage_metrics *m = ctx;
+	uint64_t ncap = 0, nused = 0;
+	unsigned nseen = 0;
 
 	for (unsigned i = 0; i < m->n; i++) {
 		struct target_metrics *t = &m->t[i];
 		uint64_t cap, used, chunks;
+		struct stat st;
+		int first = 1;
 
 		/* The store is only read here; the cast is for its statvfs. */
 		if (stk_chunk_store_stat((struct stk_chunk_store *)t->cs, &cap, &used, &chunks) ==
@@ -112,9 +125,21 @@ static void collect(void *ctx)
 			stk_metric_set_int(t->used, (int64_t)used);
 			stk_metric_set_int(t->free_bytes, (int64_t)(cap > used ? cap - used : 0));
 			stk_metric_set_int(t->chunks, (int64_t)chunks);
+			if (stat(stk_chunk_store_path(t->cs), &st) == 0) {
+				for (unsigned j = 0; j < nseen && first; j++)
+					first = m->seen[j] != st.st_dev;
+				if (first)
+					m->seen[nseen++] = st.st_dev;
+			}
+			if (first) {
+				ncap += cap;
+				nused += used;
+			}
 		}
 		stk_metric_set_int(t->csum, (int64_t)stk_chunk_store_corrupt_count(t->cs));
 	}
+	stk_metric_set_int(m->node_capacity, (int64_t)ncap);
+	stk_metric_set_int(m->node_used, (int64_t)nused);
 }
 
 /* ---- SMART ---- */
@@ -447,9 +472,14 @@ int stk_storage_metrics_create(struct stk_chunk_store *const *stores, unsigned n
 	pthread_cond_init(&m->wake, &ca);
 	pthread_condattr_destroy(&ca);
 	m->t = calloc(n ? n : 1, sizeof(*m->t));
-	if (!m->t)
+	m->seen = calloc(n ? n : 1, sizeof(*m->seen));
+	if (!m->t || !m->seen)
 		goto out;
 	m->n = n;
+	rc = stk_metric_series(STK_M_NODE_CAPACITY, NULL, &m->node_capacity);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_USED, NULL, &m->node_used);
+	if (rc)
+		goto out;
 	m->smartctl = find_smartctl();
 	for (unsigned i = 0; i < n; i++) {
 		struct target_metrics *t = &m->t[i];
@@ -478,6 +508,7 @@ int stk_storage_metrics_create(struct stk_chunk_store *const *stores, unsigned n
 	return 0;
 out:
 	free(m->t);
+	free(m->seen);
 	pthread_cond_destroy(&m->wake);
 	pthread_mutex_destroy(&m->lock);
 	free(m);
@@ -499,5 +530,6 @@ void stk_storage_metrics_destroy(struct stk_storage_metrics *m)
 	pthread_cond_destroy(&m->wake);
 	pthread_mutex_destroy(&m->lock);
 	free(m->t);
+	free(m->seen);
 	free(m);
 }

@@ -153,6 +153,12 @@ def test_cluster_and_target_figures(cluster):
         assert cap > 0 and cap == used + free, t
         assert ("stoker_target_checksum_errors_total", (("target", str(t)),)) in s
         assert ("stoker_target_inflight_requests", (("target", str(t)),)) in s
+    # The targets of `stoker up` share the data folder's file system: the node's and
+    # the cluster's totals count it once, not once per target.
+    assert total(s, "stoker_node_capacity_bytes") == cap
+    assert 0 < total(s, "stoker_node_used_bytes") <= cap
+    assert total(m, "stoker_cluster_capacity_bytes") == cap
+    assert 0 < total(m, "stoker_cluster_used_bytes") <= cap
     # No smartctl here or no real device: device health is absent, never a zero.
     if not shutil.which("smartctl"):
         assert not any(n.startswith("stoker_device_") for n, _ in s)
@@ -287,6 +293,11 @@ def test_top_once(cluster, rand_file):
         assert role in out
     assert out.count(" target ") == cluster.targets, out
     assert "cluster" in out and "READ" in out and "R-P99" in out
+    # one file system under all four targets: the cluster's capacity is one target's
+    sizes = {l.split()[0] if not l.startswith(" ") else "target":
+             re.search(r"% of (.*)$", l).group(1) for l in out.splitlines()
+             if re.search(r"% of ", l)}
+    assert sizes["cluster"] == sizes["target"], out
     p = cluster.cli("top", "--once", "--metrics",
                     "%s,%s" % (maddr(cluster, "storage"), maddr(cluster, "meta")))
     out = p.stdout.decode()

@@ -192,6 +192,12 @@ static void test_targets(void)
 	      1);
 	CHECK(sample(text, "stoker_target_chunks{target=\"11\"}") == 1);
 	CHECK(sample(text, "stoker_target_capacity_bytes{target=\"11\"}") > 0);
+	/* both targets sit on one file system: the node counts it once, not twice */
+	CHECK(sample(text, "stoker_node_capacity_bytes") ==
+	      sample(text, "stoker_target_capacity_bytes{target=\"12\"}"));
+	CHECK(sample(text, "stoker_node_capacity_bytes") ==
+	      sample(text, "stoker_target_capacity_bytes{target=\"11\"}"));
+	CHECK(sample(text, "stoker_node_used_bytes") > 0);
 	CHECK(sample(text, "stoker_target_checksum_errors_total{target=\"11\"}") == 0);
 	free(text);
 
