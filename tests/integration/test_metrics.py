@@ -626,3 +626,71 @@ def test_top_once_shows_a_gateways_reads_and_writes(tmp_path):
     finally:
         stop.set()
         run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
+
+
+def test_a_stopped_storage_node_goes_offline_in_mgmtds_gauges(tmp_path):
+    """Kill a storage daemon: within the heartbeat timeout mgmtd's gauges say so
+    (node online 0, its targets not serving and in state offline, the counts by
+    state). Roles run as separate processes here, since `stoker up`'s supervisor
+    would restart the daemon at once."""
+    port, mport = free_port(), free_port()
+    mgmtd_addr, maddr_m = "127.0.0.1:%d" % port, "127.0.0.1:%d" % mport
+    procs = []
+
+    def spawn(name, *args):
+        log = open(tmp_path / (name + ".log"), "wb")
+        p = subprocess.Popen([STOKER] + list(args), stdout=log, stderr=subprocess.STDOUT)
+        procs.append((p, log))
+        return p
+
+    try:
+        spawn("mgmtd", "mgmtd", "--listen", mgmtd_addr, "--data", str(tmp_path / "m"),
+              "--metrics", maddr_m, "--heartbeat-timeout-ms", "2000")
+        wait_for("mgmtd's metrics", lambda: _try_scrape(maddr_m), timeout=30)
+        storage = spawn("storage", "storage", "--listen", "127.0.0.1:%d" % free_port(),
+                        "--mgmtd", mgmtd_addr, "--data", str(tmp_path / "s"),
+                        "--target", str(tmp_path / "s" / "t0"),
+                        "--target", str(tmp_path / "s" / "t1"))
+
+        def serving():
+            m = _try_scrape(maddr_m)
+            return m and total(m, "stoker_cluster_target_serving") == 2 and m
+        m = wait_for("two serving targets", serving, timeout=30)
+        assert total(m, "stoker_cluster_node_online", role="storage") == 1
+        assert total(m, "stoker_cluster_target_state", state="serving") == 2
+        assert total(m, "stoker_cluster_target_state", state="offline") == 0
+        # two target folders on one file system: mgmtd counts it once
+        assert total(m, "stoker_cluster_capacity_bytes") == \
+            os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize
+
+        storage.kill()
+        storage.wait()
+        t0 = time.time()
+
+        def offline():
+            m = _try_scrape(maddr_m)
+            return m and total(m, "stoker_cluster_node_online", role="storage") == 0 and m
+        m = wait_for("the node offline", offline, timeout=15)
+        # heartbeat timeout 2 s, checked by mgmtd about once a second
+        assert time.time() - t0 < 10
+        assert total(m, "stoker_cluster_nodes", role="storage", state="offline") == 1
+        assert total(m, "stoker_cluster_target_serving") == 0
+        assert total(m, "stoker_cluster_target_state", state="offline") == 2
+        assert total(m, "stoker_cluster_targets", state="offline") == 2
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            log.close()
+
+
+def _try_scrape(addr):
+    try:
+        return parse(http(addr)[2])[0]
+    except OSError:
+        return None
