@@ -589,8 +589,28 @@ struct op_series {
 	int ready; /* atomic: the handles above are set */
 };
 
+/* A client host's series (stk_metrics_ops_client). */
+struct client_series {
+	char host[48]; /* an IPv6 address in text is at most 45 characters */
+	stk_metric_t req, in, out;
+};
+
+/*
+ * The hosts of an RPC set. Entries below n are complete and never change: n is
+ * published with a release store after the entry is written, under lock, so that
+ * readers scan without it. `other` is registered when the table first overflows.
+ */
+struct client_table {
+	pthread_mutex_t lock; /* adding an entry or `other` */
+	unsigned n;	      /* atomic */
+	int other_ready;      /* atomic */
+	struct client_series other;
+	struct client_series ent[STK_METRICS_MAX_CLIENTS];
+};
+
 struct stk_metrics_ops {
 	int rpc;
+	struct client_table *clients; /* RPC sets only */
 	char *frontend;
 	char **names; /* client sets: the op names */
 	unsigned nops, nerrs;
@@ -684,6 +704,11 @@ int stk_metrics_rpc_create(uint16_t lo, uint16_t hi, struct stk_metrics_ops **ou
 	rc = ops_alloc(m, NULL);
 	if (rc)
 		goto out;
+	rc = -ENOMEM;
+	m->clients = calloc(1, sizeof(*m->clients));
+	if (!m->clients)
+		goto out;
+	pthread_mutex_init(&m->clients->lock, NULL);
 		/* This server's opcodes show from the start, at zero, so rate() has a first sample.
 		 */
 #define STK_RPC_PREREGISTER(name, code, req, resp, what)                                           \
@@ -759,6 +784,9 @@ void stk_metrics_ops_destroy(struct stk_metrics_ops *m)
 	free(m->frontend);
 	free(m->ops);
 	free(m->errs);
+	if (m->clients)
+		pthread_mutex_destroy(&m->clients->lock);
+	free(m->clients);
 	free(m);
 }
 
@@ -840,4 +868,103 @@ void stk_metrics_ops_conn(struct stk_metrics_ops *m, int delta)
 	stk_metric_add(m->conns, delta);
 	if (delta > 0)
 		stk_metric_add(m->opened, delta);
+}
+
+/* ---- per client host ---- */
+
+/* Registers the three series of host into cs. 0 or -errno (cs is then unusable). */
+static int client_register(struct client_series *cs, const char *host)
+{
+	const char *v[1] = {host};
+	int rc;
+
+	stk_strlcpy(cs->host, host, sizeof(cs->host));
+	rc = stk_metric_series(STK_M_RPC_CLIENT_REQUESTS, v, &cs->req);
+	rc = rc ? rc : stk_metric_series(STK_M_RPC_CLIENT_RECEIVED_BYTES, v, &cs->in);
+	rc = rc ? rc : stk_metric_series(STK_M_RPC_CLIENT_SENT_BYTES, v, &cs->out);
+	return rc;
+}
+
+/* host's entry, added if there is room, else `other`; NULL if registration failed. */
+static const struct client_series *client_find(struct client_table *ct, const char *host)
+{
+	const struct client_series *e = NULL;
+	unsigned n = __atomic_load_n(&ct->n, __ATOMIC_ACQUIRE), i;
+
+	for (i = 0; i < n; i++)
+		if (strcmp(ct->ent[i].host, host) == 0)
+			return &ct->ent[i];
+	if (n == STK_METRICS_MAX_CLIENTS && __atomic_load_n(&ct->other_ready, __ATOMIC_ACQUIRE))
+		return &ct->other;
+	pthread_mutex_lock(&ct->lock);
+	/* Another thread may have added it, or filled the table, since the scan. */
+	for (; i < ct->n; i++)
+		if (strcmp(ct->ent[i].host, host) == 0) {
+			e = &ct->ent[i];
+			goto out;
+		}
+	if (ct->n < STK_METRICS_MAX_CLIENTS) {
+		if (client_register(&ct->ent[ct->n], host) == 0) {
+			e = &ct->ent[ct->n];
+			__atomic_store_n(&ct->n, ct->n + 1, __ATOMIC_RELEASE);
+		}
+		goto out;
+	}
+	if (!ct->other_ready) {
+		if (client_register(&ct->other, "other"))
+			goto out;
+		__atomic_store_n(&ct->other_ready, 1, __ATOMIC_RELEASE);
+	}
+	e = &ct->other;
+out:
+	pthread_mutex_unlock(&ct->lock);
+	return e;
+}
+
+/*
+ * The calling thread's last peer and its series. net.c serves a connection on one
+ * thread, so this hits on every request after a connection's first.
+ */
+static __thread struct {
+	const struct client_table *ct;
+	char peer[64];
+	const struct client_series *e;
+} tls_client;
+
+void stk_metrics_ops_client(struct stk_metrics_ops *m, const char *peer, uint64_t in_bytes,
+			    uint64_t out_bytes)
+{
+	const struct client_series *e;
+
+	if (!m || !m->clients || !peer)
+		return;
+	if (tls_client.ct == m->clients && strcmp(tls_client.peer, peer) == 0) {
+		e = tls_client.e;
+	} else {
+		char host[48];
+		const char *h = peer, *end;
+
+		/* "[V6]:PORT" or "V4:PORT": the address without the port (and brackets) */
+		if (*h == '[') {
+			h++;
+			end = strchr(h, ']');
+		} else {
+			end = strrchr(h, ':');
+		}
+		if (!end)
+			end = h + strlen(h);
+		if ((size_t)(end - h) >= sizeof(host) || end == h)
+			snprintf(host, sizeof(host), "unknown");
+		else
+			snprintf(host, sizeof(host), "%.*s", (int)(end - h), h);
+		e = client_find(m->clients, host);
+		if (!e)
+			return;
+		tls_client.ct = m->clients;
+		stk_strlcpy(tls_client.peer, peer, sizeof(tls_client.peer));
+		tls_client.e = e;
+	}
+	stk_metric_add(e->req, 1);
+	stk_metric_add(e->in, (int64_t)in_bytes);
+	stk_metric_add(e->out, (int64_t)out_bytes);
 }

@@ -75,6 +75,14 @@
 	X(RPC_CONNECTIONS, GAUGE, "stoker_rpc_connections", "", "Open client connections.")        \
 	X(RPC_CONNECTIONS_OPENED, COUNTER, "stoker_rpc_connections_opened_total", "",              \
 	  "Client connections accepted.")                                                          \
+	/* ---- meta and storage: per client host (stk_metrics_ops_client) ---- */                \
+	X(RPC_CLIENT_REQUESTS, COUNTER, "stoker_rpc_client_requests_total", "client",              \
+	  "RPC requests served, by client host (its IP address; the first 64 hosts seen, the "    \
+	  "rest as \"other\").")                                                                  \
+	X(RPC_CLIENT_RECEIVED_BYTES, COUNTER, "stoker_rpc_client_received_bytes_total", "client",  \
+	  "Bytes of RPC requests received from each client host: frame header, payload, bulk.")   \
+	X(RPC_CLIENT_SENT_BYTES, COUNTER, "stoker_rpc_client_sent_bytes_total", "client",          \
+	  "Bytes of RPC replies sent to each client host (a storage node's reads show here).")     \
 	/* ---- client-side daemons (mount, gateways): per file-system call or request ---- */     \
 	X(CLIENT_OPS, COUNTER, "stoker_client_ops_total", "frontend,op",                           \
 	  "Operations served by a client-side daemon, by frontend and operation.")                 \
@@ -282,6 +290,23 @@ void stk_metrics_ops_end(struct stk_metrics_ops *m, unsigned op, uint64_t t0, in
 
 /* A connection opened (+1) or closed (-1). m may be NULL. */
 void stk_metrics_ops_conn(struct stk_metrics_ops *m, int delta);
+
+/* Client hosts an RPC set names in the stoker_rpc_client_* families; the rest are "other". */
+#define STK_METRICS_MAX_CLIENTS 64
+
+/*
+ * Counts one request of an RPC set by client host: peer is the "HOST:PORT" (or
+ * "[V6]:PORT") of the connection, as net.h gives it to handlers, and the series
+ * are labelled with HOST. The first STK_METRICS_MAX_CLIENTS hosts seen get series
+ * of their own, kept for the life of the process; later ones are added into
+ * client="other", so a port scan cannot grow the exposition without bound.
+ * in_bytes and out_bytes are the request's and the reply's sizes as net.c counts
+ * them. Hot path: a compare with the calling thread's last peer and stores into
+ * its own slots; the first request of a new host takes a mutex once (never
+ * after the table is full). m NULL or a client-side set: nothing.
+ */
+void stk_metrics_ops_client(struct stk_metrics_ops *m, const char *peer, uint64_t in_bytes,
+			    uint64_t out_bytes);
 
 /* ---- the HTTP endpoint ---- */
 

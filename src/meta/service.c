@@ -599,6 +599,11 @@ static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *
 	}
 	rc = meta_ops[opcode](ctx, req, resp);
 	stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, rc ? strerror(-rc) : "ok");
+	/* Sizes as net.c counts them: a failed request is answered with a bare header. */
+	stk_metrics_ops_client(((struct meta *)ctx)->rpc_metrics, req->peer,
+			       STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len,
+			       STK_FRAME_HDR_LEN +
+				   (rc ? 0 : (uint64_t)resp->payload.len + resp->bulk_len));
 	return rc;
 }
 

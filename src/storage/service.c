@@ -39,6 +39,7 @@ struct storage {
 	unsigned nstores;
 	struct stk_agent *agent;
 	struct stk_storage_metrics *metrics; /* NULL without --metrics */
+	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics; for per-client counts */
 };
 
 /* The agent's view of our targets: ids, figures and paths, for register and heartbeats. */
@@ -219,10 +220,8 @@ static int handle_sync(struct storage *s, struct stk_rpc_req *req)
 	return stk_chunk_store_sync(cs);
 }
 
-static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
-	struct storage *s = ctx;
-
 	switch (req->hdr.opcode) {
 	case STK_OP_STOR_WRITE:
 		return handle_write(s, req, resp);
@@ -237,6 +236,19 @@ static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_res
 	default:
 		return -ENOSYS;
 	}
+}
+
+static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct storage *s = ctx;
+	int rc = storage_dispatch(s, req, resp);
+
+	/* Sizes as net.c counts them: a failed request is answered with a bare header. */
+	stk_metrics_ops_client(s->rpc_metrics, req->peer,
+			       STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len,
+			       STK_FRAME_HDR_LEN +
+				   (rc ? 0 : (uint64_t)resp->payload.len + resp->bulk_len));
+	return rc;
 }
 
 /* ---- startup ---- */
@@ -375,6 +387,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	so.handler = storage_handle;
 	so.ctx = s;
 	so.metrics = rpcm;
+	s->rpc_metrics = rpcm;
 	rc = stk_server_create(&so, &srv);
 	if (rc) {
 		log_listen_error(opts->listen, rc);

@@ -190,8 +190,14 @@ def test_written_bytes_show_in_storage_counters(cluster, rand_file, tmp_path, mo
     again, _ = scrape(cluster, "storage")
     assert total(again, "stoker_target_read_bytes_total") - \
         total(after, "stoker_target_read_bytes_total") >= size
+    # ... and under the address of the client that read it (this host, over loopback)
+    assert total(again, "stoker_rpc_client_sent_bytes_total", client="127.0.0.1") - \
+        total(after, "stoker_rpc_client_sent_bytes_total", client="127.0.0.1") >= size
+    assert total(after, "stoker_rpc_client_received_bytes_total", client="127.0.0.1") > size
+    assert total(again, "stoker_rpc_client_requests_total", client="other") == 0
     meta, _ = scrape(cluster, "meta")
     assert total(meta, "stoker_rpc_requests_total", op="META_CREATE") >= 1
+    assert total(meta, "stoker_rpc_client_requests_total", client="127.0.0.1") >= 1
     # a failed lookup is an error by status
     cluster.cli("stat", "/does-not-exist", check=False)
     meta, _ = scrape(cluster, "meta")

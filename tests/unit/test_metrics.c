@@ -372,6 +372,70 @@ static void test_doc(void)
 	free(doc);
 }
 
+/* Counted from several threads at once, each a connection from its own host. */
+static void *client_counter(void *arg)
+{
+	struct stk_metrics_ops *m = arg;
+
+	for (int i = 0; i < 1000; i++) {
+		stk_metrics_ops_client(m, "10.9.9.9:4000", 100, 10);
+		stk_metrics_ops_client(m, "[fd00::9]:4001", 1, 2);
+	}
+	return NULL;
+}
+
+/*
+ * Per-client counts: by host (port dropped, IPv6 unbracketed), across threads,
+ * and bounded: hosts past STK_METRICS_MAX_CLIENTS go into client="other".
+ */
+static void test_clients(void)
+{
+	struct stk_metrics_ops *m, *fuse;
+	static const char *const ops[] = {"read"};
+	pthread_t th[4];
+	char peer[64], *t;
+	int named = 0;
+
+	CHECK(stk_metrics_rpc_create(64, 95, &m) == 0);
+	CHECK(stk_metrics_ops_create("fuse", ops, 1, &fuse) == 0);
+	stk_metrics_ops_client(fuse, "10.1.1.1:1", 1, 1); /* not an RPC set: nothing */
+	stk_metrics_ops_client(NULL, "10.1.1.1:1", 1, 1);
+	stk_metrics_ops_client(m, "192.0.2.7:5000", 60, 4140);
+	stk_metrics_ops_client(m, "192.0.2.7:5001", 40, 40); /* another connection, same host */
+	for (int i = 0; i < 4; i++)
+		CHECK(pthread_create(&th[i], NULL, client_counter, m) == 0);
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	t = scrape();
+	CHECK(sample(t, "stoker_rpc_client_requests_total{client=\"192.0.2.7\"}") == 2);
+	CHECK(sample(t, "stoker_rpc_client_received_bytes_total{client=\"192.0.2.7\"}") == 100);
+	CHECK(sample(t, "stoker_rpc_client_sent_bytes_total{client=\"192.0.2.7\"}") == 4180);
+	CHECK(sample(t, "stoker_rpc_client_requests_total{client=\"10.9.9.9\"}") == 4000);
+	CHECK(sample(t, "stoker_rpc_client_received_bytes_total{client=\"10.9.9.9\"}") == 400000);
+	CHECK(sample(t, "stoker_rpc_client_sent_bytes_total{client=\"fd00::9\"}") == 8000);
+	CHECK(sample(t, "stoker_rpc_client_requests_total{client=\"10.1.1.1\"}") == -1);
+	CHECK(sample(t, "stoker_rpc_client_requests_total{client=\"other\"}") == -1);
+	free(t);
+
+	/* fill the table: 3 hosts so far, so 61 more get names and the rest are "other" */
+	for (int i = 0; i < STK_METRICS_MAX_CLIENTS + 10; i++) {
+		snprintf(peer, sizeof(peer), "198.51.100.%d:9", i);
+		stk_metrics_ops_client(m, peer, 1, 1);
+	}
+	t = scrape();
+	for (int i = 0; i < STK_METRICS_MAX_CLIENTS + 10; i++) {
+		char series[96];
+		snprintf(series, sizeof(series),
+			 "stoker_rpc_client_requests_total{client=\"198.51.100.%d\"}", i);
+		named += sample(t, series) == 1;
+	}
+	CHECK(named == STK_METRICS_MAX_CLIENTS - 3);
+	CHECK(sample(t, "stoker_rpc_client_requests_total{client=\"other\"}") == 13);
+	free(t);
+	stk_metrics_ops_destroy(fuse);
+	stk_metrics_ops_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "--doc") == 0) {
@@ -387,6 +451,7 @@ int main(int argc, char **argv)
 	test_histogram();
 	test_values();
 	test_ops();
+	test_clients();
 	test_collectors();
 	test_http();
 	test_doc();
