@@ -742,8 +742,11 @@ static int object_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, co
 {
 	int rc = xattr_record_get(gw, a->ino, r);
 
-	if (rc == -ENODATA)
+	if (rc == -ENODATA) {
 		rc = read_record(gw, bucket, key, r);
+		if (rc == -ENOENT)
+			rc = -ENODATA; /* no record at all; -ENOENT means the file is gone */
+	}
 	return rc;
 }
 
@@ -767,15 +770,22 @@ int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_attr *bucket, const c
 		snprintf(o->etag, sizeof(o->etag), "\"%s\"", STK_S3_EMPTY_MD5);
 		return 0;
 	}
-	rc = lookup(gw, parent.ino, last, &o->attr);
-	if (rc)
-		return rc;
-	if (!S_ISREG(o->attr.mode))
-		return -ENOENT;
+	for (int tries = 0;; tries++) {
+		rc = lookup(gw, parent.ino, last, &o->attr);
+		if (rc)
+			return rc;
+		if (!S_ISREG(o->attr.mode))
+			return -ENOENT;
+		rc = object_record(gw, bucket, key, &o->attr, &o->rec);
+		/* -ENOENT: the file was replaced (or deleted) after the lookup, so its
+		 * record went with it; the key's current file has its own: look again,
+		 * rather than answer the old file with no record (a fallback ETag) */
+		if (rc != -ENOENT || tries == STK_S3_COMMIT_TRIES)
+			break;
+	}
 	o->parent_ino = parent.ino;
 	snprintf(o->name, sizeof(o->name), "%s", last);
-	if (object_record(gw, bucket, key, &o->attr, &o->rec) == 0 &&
-	    record_matches(&o->rec, &o->attr))
+	if (rc == 0 && record_matches(&o->rec, &o->attr))
 		o->have_rec = 1;
 	if (o->have_rec)
 		snprintf(o->etag, sizeof(o->etag), "%s", o->rec.etag);
