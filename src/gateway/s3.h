@@ -48,12 +48,15 @@
 #define STK_S3_UPLOAD_DIR ".stoker-upload"
 #define STK_S3_META_DIR ".stoker-meta"
 #define STK_S3_MPU_DIR ".stoker-multipart"
-#define STK_S3_TRASH_PREFIX ".stoker-deleted-" /* a bucket's folders while it is deleted */
-#define STK_S3_XATTR "user.stoker.s3"         /* an object's record, on its file */
 #define STK_S3_MIN_PART_SIZE (5ull << 20)   /* every part but the last, as S3 */
 #define STK_S3_MAX_OBJECT_SIZE (5ull << 40) /* 5 TiB, as S3 */
 #define STK_S3_EMPTY_MD5 "d41d8cd98f00b204e9800998ecf8427e"
 #define STK_S3_DOMAINS_MAX 8 /* --domain options */
+
+/* An object's record, in its file's extended attributes (see above). */
+#define STK_S3_XATTR "user.stoker.s3"
+/* In the root: the hidden folders of a bucket being deleted (stk_s3_bucket_delete). */
+#define STK_S3_TRASH_PREFIX ".stoker-deleted-"
 
 /*
  * Every S3 error the gateway answers, declared once: the enum, the codes, the
@@ -92,6 +95,8 @@
 	X(INVALID_RANGE, "InvalidRange", 416, "The requested range is not satisfiable")            \
 	X(INVALID_REQUEST, "InvalidRequest", 400, "Invalid Request.")                              \
 	X(INVALID_URI, "InvalidURI", 400, "Couldn't parse the specified URI.")                     \
+	X(NUL_IN_NAME, "InvalidArgument", 400,                                                     \
+	  "Object keys, bucket names and parameters may not contain a NUL character.")             \
 	X(KEY_CONFLICT, "KeyConflict", 409,                                                        \
 	  "The key names a folder, or a folder in it names an object: on Stoker a key cannot be "  \
 	  "both.")                                                                                 \

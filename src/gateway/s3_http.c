@@ -799,10 +799,14 @@ static enum stk_s3_err start(struct stk_s3_req *r)
 {
 	enum stk_s3_err e;
 
+	/* Refused before authentication, as S3 refuses a URI it cannot parse: the
+	 * answer says nothing about the keys or the data. */
+	if (r->target_rc == -E2BIG)
+		return fail(r, STK_S3_ERR_INVALID_URI, "The URI is too long.");
+	if (r->target_rc == -EILSEQ)
+		return STK_S3_ERR_NUL_IN_NAME;
 	if (r->target_rc)
-		return r->target_rc == -E2BIG
-			   ? fail(r, STK_S3_ERR_INVALID_URI, "The URI is too long.")
-			   : STK_S3_ERR_INVALID_URI;
+		return STK_S3_ERR_INVALID_URI;
 	if (r->gw->ndomains) {
 		/* virtual-hosted style: the bucket is in the Host header, the key is the
 		 * whole path; SigV4 still signs the path and Host as sent */

@@ -950,8 +950,14 @@ static enum stk_s3_err copy_source(struct stk_s3_req *r, char *bucket, char *key
 	n = q ? (size_t)(q - v) : strlen(v);
 	if (q && strcmp(q + 11, "null") != 0)
 		return fail(r, STK_S3_ERR_NOT_IMPLEMENTED, "Stoker keeps no object versions.");
-	if (stk_s3_uri_decode(v, n, 0, buf, sizeof(buf), &n))
+	switch (stk_s3_uri_decode(v, n, 0, buf, sizeof(buf), &n)) {
+	case 0:
+		break;
+	case -EILSEQ:
+		return STK_S3_ERR_NUL_IN_NAME;
+	default:
 		goto bad;
+	}
 	v = buf[0] == '/' ? buf + 1 : buf;
 	slash = strchr(v, '/');
 	if (!slash || (size_t)(slash - v) > STK_S3_BUCKET_MAX)

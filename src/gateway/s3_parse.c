@@ -206,7 +206,7 @@ int stk_s3_uri_decode(const char *in, size_t n, int plus, char *out, size_t outl
 			ch = ' ';
 		}
 		if (ch == 0)
-			return -EINVAL;
+			return -EILSEQ; /* no name can hold it: refused as such, not as garbage */
 		if (o + 1 >= outlen)
 			return -E2BIG;
 		out[o++] = (char)ch;

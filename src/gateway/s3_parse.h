@@ -102,8 +102,9 @@ struct stk_s3_target {
 /*
  * Parses an origin-form target "/path[?query]" of len bytes. Percent escapes are
  * decoded in the path and in parameter names and values ('+' in the query means a
- * space, as clients encode it). -EINVAL: not starting with '/', a bad escape, a
- * %00, too many parameters; -E2BIG: longer than STK_S3_URI_MAX.
+ * space, as clients encode it). -EINVAL: not starting with '/', a bad escape,
+ * too many parameters; -EILSEQ: a %00 (in the path or a parameter); -E2BIG:
+ * longer than STK_S3_URI_MAX.
  */
 int stk_s3_target_parse(const char *raw, size_t len, struct stk_s3_target *t);
 /* The decoded value of the first parameter named name, or NULL. */
@@ -128,7 +129,8 @@ int stk_s3_host_bucket(const char *host, size_t n, const char *const *domains,
 int stk_s3_target_set_bucket(struct stk_s3_target *t, const char *bucket);
 
 /* Decodes %XX escapes of in[0..n) into out (outlen bytes with the NUL). plus: '+'
- * is a space. -EINVAL for a bad escape or a NUL byte, -E2BIG when out is short. */
+ * is a space. -EINVAL for a bad escape, -EILSEQ for a NUL byte (%00), -E2BIG when
+ * out is short. */
 int stk_s3_uri_decode(const char *in, size_t n, int plus, char *out, size_t outlen, size_t *outn);
 
 /* ---- names ---- */

@@ -1050,11 +1050,12 @@ int stk_s3_sweep(struct stk_s3_gw *gw, int64_t max_age_s)
 	for (unsigned i = 0; i < nb; i++) {
 		struct stk_attr up;
 
-		if (buckets[i].dir &&
-		    strncmp(buckets[i].name, STK_S3_TRASH_PREFIX, strlen(STK_S3_TRASH_PREFIX)) == 0) {
+		if (buckets[i].dir && strncmp(buckets[i].name, STK_S3_TRASH_PREFIX,
+					      strlen(STK_S3_TRASH_PREFIX)) == 0) {
 			/* the folders of a bucket whose delete a dead gateway left half done */
 			if (stk_ino_getattr(gw->c, NULL, buckets[i].ino, &up) == 0 &&
-			    up.mtime_sec < cutoff && rm_rf(gw, gw->root_ino, buckets[i].name, 0) == 0)
+			    up.mtime_sec < cutoff &&
+			    rm_rf(gw, gw->root_ino, buckets[i].name, 0) == 0)
 				removed++;
 			continue;
 		}
