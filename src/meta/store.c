@@ -847,6 +847,10 @@ static int setattr_check(const struct op *o, const struct inode *n, const struct
 	const uint32_t v = sa->valid;
 	int rc;
 
+	/* A read needs no permission here: the client checked it at open, and a
+	 * client's credentials are its own word anyway. */
+	if (v == STK_SETATTR_ATIME_READ)
+		return 0;
 	if ((v & ~known) || ((v & STK_SETATTR_ATIME) && sa->atime_nsec >= 1000000000u) ||
 	    ((v & STK_SETATTR_MTIME) && sa->mtime_nsec >= 1000000000u))
 		return -EINVAL;
@@ -917,6 +921,24 @@ static void setattr_apply(const struct op *o, struct inode *n, const struct stk_
 	set_ctime(o, a);
 }
 
+/* 1 if a <= b, comparing (sec, nsec) pairs. */
+static int time_le(int64_t as, uint32_t an, int64_t bs, uint32_t bn)
+{
+	return as < bs || (as == bs && an <= bn);
+}
+
+/*
+ * relatime (Linux's rule): a read moves atime only when atime is not after mtime
+ * or ctime (the first read since a change), or is a day old. So a file read over
+ * and over costs one write a day, and "read since written?" still has an answer.
+ */
+static int atime_due(const struct op *o, const struct stk_attr *a)
+{
+	return time_le(a->atime_sec, a->atime_nsec, a->mtime_sec, a->mtime_nsec) ||
+	       time_le(a->atime_sec, a->atime_nsec, a->ctime_sec, a->ctime_nsec) ||
+	       o->now_sec - a->atime_sec >= 24 * 3600;
+}
+
 int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			   const struct stk_meta_sattr *sa, struct stk_attr *out)
 {
@@ -930,7 +952,14 @@ int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cre
 	rc = inode_get(&o, ino, &n);
 	if (rc == 0)
 		rc = setattr_check(&o, &n, sa);
-	if (rc == 0) {
+	if (rc == 0 && sa->valid == STK_SETATTR_ATIME_READ) {
+		/* Not a change of the inode's status: ctime stays, and nothing is
+		 * written when atime is not due. */
+		if (atime_due(&o, &n.a)) {
+			times_now(&o, &n.a.atime_sec, &n.a.atime_nsec);
+			rc = inode_put(&o, &n);
+		}
+	} else if (rc == 0) {
 		setattr_apply(&o, &n, sa);
 		rc = inode_put(&o, &n);
 	}

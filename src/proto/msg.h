@@ -87,6 +87,12 @@ struct stk_attr {
 #define STK_SETATTR_MTIME 0x20u
 #define STK_SETATTR_ATIME_NOW 0x40u
 #define STK_SETATTR_MTIME_NOW 0x80u
+/*
+ * Alone, never with another bit: the file was read, so atime moves to now if
+ * relatime's rule says it is due (atime not after mtime or ctime, or a day old);
+ * ctime does not move. The mount sends it once per open that reads.
+ */
+#define STK_SETATTR_ATIME_READ 0x100u
 
 #define STK_WRITE_SYNC 0x1u
 

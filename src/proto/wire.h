@@ -62,7 +62,8 @@
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
-	 * here; the client truncates the chunks on storage itself. */                         \
+	 * here; the client truncates the chunks on storage itself. STK_SETATTR_ATIME_READ  \
+	 * alone records a read (relatime). */                                              \
 	X(META_SETATTR, 34, meta_setattr_req, meta_attr_resp, "change attributes")                 \
 	/* Creates a regular file, or with STK_CREATE_EXCL unset returns the existing one    \
 	 * (created = 0). A zero layout takes the parent directory's defaults. */           \

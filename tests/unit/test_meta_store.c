@@ -328,6 +328,40 @@ static void test_symlink(void)
 	CHECK_RC(stk_meta_store_readlink(st, &ROOT, a.ino, buf, sizeof(buf)), -ENOENT);
 }
 
+/* A read's atime under relatime: moves once after a change, not again, never ctime. */
+static void test_setattr_atime_read(void)
+{
+	uint64_t f = create_as(&ROOT, STK_ROOT_INO, "relatime");
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr before, a;
+
+	before = attr_of(f); /* just made: atime == mtime, so the first read is due */
+	usleep(2000);
+	CHECK_RC(setattr_as(&BOB, f, STK_SETATTR_ATIME_READ, sa), 0); /* anyone who read it */
+	a = attr_of(f);
+	CHECK(a.atime_sec > before.atime_sec ||
+	      (a.atime_sec == before.atime_sec && a.atime_nsec > before.atime_nsec));
+	CHECK(a.ctime_sec == before.ctime_sec && a.ctime_nsec == before.ctime_nsec);
+	CHECK(a.mtime_sec == before.mtime_sec && a.mtime_nsec == before.mtime_nsec);
+	/* read again before any change: not due, nothing moves */
+	before = a;
+	usleep(2000);
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_ATIME_READ, sa), 0);
+	a = attr_of(f);
+	CHECK(a.atime_sec == before.atime_sec && a.atime_nsec == before.atime_nsec);
+	/* a change (here an mtime after atime) makes the next read due again */
+	sa.mtime_sec = a.atime_sec + 10;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_MTIME, sa), 0);
+	before = attr_of(f);
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_ATIME_READ, sa), 0);
+	a = attr_of(f);
+	CHECK(a.atime_sec != before.atime_sec || a.atime_nsec != before.atime_nsec);
+	CHECK(a.ctime_sec == before.ctime_sec && a.ctime_nsec == before.ctime_nsec);
+	/* only alone */
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_ATIME_READ | STK_SETATTR_MODE, sa), -EINVAL);
+	CHECK_RC(setattr_as(&ROOT, 999999, STK_SETATTR_ATIME_READ, sa), -ENOENT);
+}
+
 static void test_setattr_extend(void)
 {
 	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "sa", 0755), f = create_as(&ROOT, d, "f");
@@ -993,6 +1027,7 @@ int main(void)
 	test_link_unlink();
 	test_symlink();
 	test_setattr_extend();
+	test_setattr_atime_read();
 	test_rename();
 	test_permissions();
 	test_readdir_small();
