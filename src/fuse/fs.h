@@ -57,6 +57,7 @@ struct stk_fuse_opts {
 	int allow_other; /* users other than the mounter may enter */
 	int ro; /* read-only mount */
 	int nonempty; /* allow mounting over a non-empty folder */
+	int noatime; /* reads never move atime (default: relatime) */
 	int foreground; /* -f: no fork, log to stderr */
 	int debug; /* libfuse prints every request (with -f) */
 	char log[PATH_MAX]; /* daemon log file; "" = the runtime folder's */
@@ -66,7 +67,8 @@ void stk_fuse_opts_default(struct stk_fuse_opts *o);
 
 /*
  * One open file (fi->fh). Created by open/create, freed by release; the kernel
- * sends nothing on a handle after its release. All fields are fixed at open.
+ * sends nothing on a handle after its release. All fields but atime_due are
+ * fixed at open.
  */
 struct stk_fuse_fh {
 	struct stk_fuse_node *node; /* the inode's table entry, alive while we are */
@@ -75,6 +77,7 @@ struct stk_fuse_fh {
 	int writable;
 	int uses_wf; /* holds a reference on node->wf */
 	uint64_t flock_owner; /* owner of this open's flock locks: unique in this mount's life */
+	_Atomic int atime_due; /* relatime: the first read records itself in meta, then 0 */
 };
 
 /*

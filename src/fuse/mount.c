@@ -145,6 +145,10 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		o->ro = 0;
 	else if (strcmp(key, "nonempty") == 0)
 		o->nonempty = 1;
+	else if (strcmp(key, "noatime") == 0)
+		o->noatime = 1;
+	else if (strcmp(key, "relatime") == 0)
+		o->noatime = 0;
 	else if (strcmp(key, "debug") == 0)
 		o->debug = 1;
 	else {

@@ -21,6 +21,13 @@
  * another client's open will see the data, and close reports a failed
  * write-back. Release only closes handles.
  *
+ * atime (relatime, unless -o noatime): an open whose attributes say the next read
+ * is due to move atime (atime not after mtime or ctime, or a day old) marks its
+ * handle; the first read through it, after replying, asks meta to record the read
+ * (STK_SETATTR_ATIME_READ, which leaves ctime alone and rechecks the rule). So a
+ * read costs meta at most one call per open, and none for a file read again
+ * before it changes. Reads the kernel answers from its page cache never reach us.
+ *
  * Page cache: an open keeps the kernel's cached pages (keep_cache) when the
  * file's mtime and size are what they were at its last open in this mount, or
  * when this mount is writing the file (the cache then holds the newest bytes);
@@ -634,6 +641,38 @@ static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 /* The last flock owner handed out (fs.h, locks.c). */
 static uint64_t next_flock_owner;
 
+/* relatime's rule, as meta applies it: would a read now move a's atime? */
+static int atime_due(const struct stk_fuse *fs, const struct stk_attr *a)
+{
+	int64_t now;
+	uint32_t nsec;
+
+	if (fs->o.noatime || fs->o.ro)
+		return 0;
+	stk_wall_time(&now, &nsec);
+	return a->atime_sec < a->mtime_sec ||
+	       (a->atime_sec == a->mtime_sec && a->atime_nsec <= a->mtime_nsec) ||
+	       a->atime_sec < a->ctime_sec ||
+	       (a->atime_sec == a->ctime_sec && a->atime_nsec <= a->ctime_nsec) ||
+	       now - a->atime_sec >= 24 * 3600;
+}
+
+/* The first read through fh since its open: record it in meta, then drop the
+ * kernel's attributes so stat shows the new atime. Errors only cost an atime. */
+static void note_read(struct stk_fuse *fs, struct stk_fuse_fh *fh)
+{
+	uint64_t ino = fh->node->ino;
+	int rc;
+
+	if (!atomic_exchange(&fh->atime_due, 0))
+		return;
+	rc = stk_ino_setattr(fs->c, NULL, ino, STK_SETATTR_ATIME_READ, NULL, NULL);
+	if (rc == 0)
+		fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, ino), -1, 0);
+	else if (rc != -ENOENT)
+		stk_debug("atime of inode %llu: %s", (unsigned long long)ino, stk_strerror(rc));
+}
+
 /* Opens a regular file whose attributes a were just fetched; sets fi. */
 static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
 		   struct fuse_file_info *fi)
@@ -653,6 +692,7 @@ static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct 
 		return -ENOMEM;
 	fh->writable = acc != O_RDONLY;
 	fh->flock_owner = __atomic_add_fetch(&next_flock_owner, 1, __ATOMIC_RELAXED);
+	atomic_init(&fh->atime_due, acc != O_WRONLY && atime_due(fs, a));
 	if ((fi->flags & O_TRUNC) && acc == O_RDONLY && a->size) {
 		/* Linux truncates then too; the kernel has checked write permission. */
 		rc = set_size(fs, cr, a->ino, NULL, 0);
@@ -758,6 +798,9 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		fuse_reply_buf(req, buf, (size_t)n);
 	}
 	free(own);
+	/* After the reply, so that the reader does not wait for it. */
+	if (n > 0 && atomic_load_explicit(&fh->atime_due, memory_order_relaxed))
+		note_read(fs, fh);
 }
 
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,

@@ -929,3 +929,43 @@ def test_fusermount_u_unmounts_and_flushes(cluster, make_mount):
     # and the folder mounts again
     m.start()
     assert open(os.path.join(m.path, "f"), "rb").read() == b"written before fusermount -u"
+
+
+def test_relatime(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    c = make_mount(cluster, "c", opts=["noatime"])
+    pa, pb, pc = (os.path.join(m.path, "f") for m in (a, b, c))
+    with open(pa, "wb") as f:
+        f.write(b"read me" * 1000)
+    os.utime(pa, ns=(1_000_000_000, 2_000_000_000))  # atime before mtime: a read is due
+    st0 = os.stat(pa)
+    # through the noatime mount: reads leave atime alone
+    assert open(pc, "rb").read(4) == b"read"
+    assert os.stat(pa).st_atime_ns == 1_000_000_000
+    # through a relatime mount: the first read moves atime to now, and not ctime
+    before = time.time_ns()
+    assert open(pb, "rb").read(4) == b"read"
+    st = os.stat(pb)  # at once: the mount dropped its cached attributes
+    assert st.st_atime_ns >= before - 2_000_000_000
+    assert st.st_ctime_ns == st0.st_ctime_ns and st.st_mtime_ns == 2_000_000_000
+    assert wait_for(lambda: os.stat(pa).st_atime_ns == st.st_atime_ns, 3)
+    # read again before any change: not due, atime stays (through another mount too)
+    time.sleep(0.02)
+    assert open(pa, "rb").read() == b"read me" * 1000
+    with open(pb, "rb") as f:
+        f.read()
+    assert os.stat(pb).st_atime_ns == st.st_atime_ns
+    # after a write, the next read moves it again
+    time.sleep(0.02)
+    with open(pa, "ab") as f:
+        f.write(b"more")
+    assert wait_for(lambda: os.stat(pb).st_mtime_ns > st.st_atime_ns, 3)
+    assert open(pb, "rb").read()[-4:] == b"more"
+    assert os.stat(pb).st_atime_ns >= os.stat(pb).st_mtime_ns
+    # writes alone never move it, and a read-only descriptor's open alone neither
+    at = os.stat(pb).st_atime_ns
+    os.close(os.open(pb, os.O_RDONLY))
+    with open(pb, "ab") as f:
+        f.write(b"x")
+    assert os.stat(pb).st_atime_ns == at
