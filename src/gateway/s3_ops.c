@@ -1512,8 +1512,8 @@ static enum stk_s3_err op_list_uploads(struct stk_s3_req *r)
 	long max = param_uint(r, "max-uploads", 1000, 1000);
 	struct stk_s3_buf *b = &r->out;
 	struct stk_s3_upload_ent *u;
-	unsigned n, shown = 0, last = 0;
-	int truncated = 0, rc, enc;
+	unsigned n, shown = 0, last = 0, um_at = 0;
+	int truncated = 0, rc, enc, have_um = 0;
 	char last_cp[STK_S3_KEY_MAX + 1] = "";
 	enum stk_s3_err e;
 
@@ -1531,6 +1531,16 @@ static enum stk_s3_err op_list_uploads(struct stk_s3_req *r)
 	rc = stk_s3_mpu_list(r->gw, &r->bucket, &u, &n);
 	if (rc)
 		return store_err(r, "list uploads", rc);
+	/* Uploads of one key are listed by initiation time, not by ID: the marker
+	 * upload is found by position, so that the next page starts right after it.
+	 * An ID that is not there (aborted since) falls back to S3's rule: the key's
+	 * uploads with greater IDs. */
+	for (unsigned i = 0; um && *um && *km && i < n; i++)
+		if (!strcmp(u[i].key, km) && !strcmp(u[i].id, um)) {
+			um_at = i;
+			have_um = 1;
+			break;
+		}
 	xml_open(r, "ListMultipartUploadsResult");
 	stk_s3_buf_elem(b, "Bucket", r->t.bucket);
 	put_key(b, "KeyMarker", km, enc);
@@ -1549,12 +1559,20 @@ static enum stk_s3_err op_list_uploads(struct stk_s3_req *r)
 			const char *d;
 			if (strncmp(u[i].key, prefix, strlen(prefix)) != 0)
 				continue;
-			if (c < 0 || (c == 0 && (!um || !*um || strcmp(u[i].id, um) <= 0)))
+			if (c < 0)
+				continue;
+			if (c == 0 &&
+			    (!um || !*um || (have_um ? i <= um_at : strcmp(u[i].id, um) <= 0)))
 				continue;
 			d = delim ? strstr(u[i].key + strlen(prefix), delim) : NULL;
 			if (d) {
 				size_t cl = (size_t)(d - u[i].key) + strlen(delim);
+				int cm = strncmp(u[i].key, km, cl);
 				if (strlen(last_cp) == cl && !strncmp(last_cp, u[i].key, cl))
+					continue;
+				/* a common prefix up to the key marker was on an earlier page
+				 * (the marker is a key inside it, or the prefix itself) */
+				if (*km && cm <= 0)
 					continue;
 				if (shown == (unsigned)max) {
 					truncated = 1;

@@ -375,6 +375,137 @@ def test_list_objects_order_and_pages(s3):
     assert not [k for k in list_all_v2(s3)[0] if "stoker" in k]
 
 
+def list_all_v1(s3, page=None, **kw):
+    """Every key and common prefix of a v1 listing, page by page as S3 documents
+    it: the next marker is NextMarker, or without a delimiter the last key."""
+    keys, prefixes, marker = [], [], None
+    for _ in range(100):
+        args = dict(kw)
+        if page:
+            args["MaxKeys"] = page
+        if marker:
+            args["Marker"] = marker
+        r = s3.list_objects(Bucket="bkt", **args)
+        # encoded as S3 encodes it (encoding-type=url); botocore leaves v1's
+        # Prefix undecoded (boto/boto3#3534)
+        assert urllib.parse.unquote(r.get("Prefix", "")) == kw.get("Prefix", "")
+        assert r.get("Marker", "") == (marker or "")
+        got = [c["Key"] for c in r.get("Contents", [])]
+        cps = [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+        assert all(k.startswith(kw.get("Prefix", "")) for k in got + cps), (got, cps)
+        if page:
+            assert len(got) + len(cps) <= page
+        keys += got
+        prefixes += cps
+        if not r["IsTruncated"]:
+            return keys, prefixes
+        marker = r.get("NextMarker") or got[-1]
+    raise AssertionError("listing does not end")
+
+
+def test_list_objects_v1_prefix(s3):
+    s3.create_bucket(Bucket="bkt")
+    put_keys(s3, "bkt", KEYS)
+    want = sorted(KEYS, key=lambda k: k.encode())
+    for page in (None, 1, 2, 5):
+        assert list_all_v1(s3, page) == (want, [])
+        assert list_all_v1(s3, page, Prefix="a/") == (["a/b", "a/c/d", "a/c/e"], [])
+        assert list_all_v1(s3, page, Prefix="a") == ([k for k in want if k.startswith("a")],
+                                                     [])
+        assert list_all_v1(s3, page, Prefix="a/c/") == (["a/c/d", "a/c/e"], [])
+        assert list_all_v1(s3, page, Prefix="a/c/d") == (["a/c/d"], [])
+        assert list_all_v1(s3, page, Prefix="a/c/d/") == ([], [])
+        assert list_all_v1(s3, page, Prefix="nothing") == ([], [])
+        assert list_all_v1(s3, page, Prefix="caf\u00e9") == (["caf\u00e9"], [])
+        assert list_all_v1(s3, page, Prefix="a/", Delimiter="/") == (["a/b"], ["a/c/"])
+        assert list_all_v1(s3, page, Prefix="a", Delimiter="/") == \
+            (["a-", "a.b", "a0"], ["a/", "ab/"])
+        assert list_all_v1(s3, page, Prefix="b", Delimiter="/") == (["b."], ["b/"])
+        assert list_all_v1(s3, page, Delimiter="/") == \
+            ([k for k in want if "/" not in k], ["a/", "ab/", "b/", "zz/"])
+    # a marker before, inside and after the prefix
+    r = s3.list_objects(Bucket="bkt", Prefix="a/", Marker="a/b")
+    assert [c["Key"] for c in r["Contents"]] == ["a/c/d", "a/c/e"]
+    r = s3.list_objects(Bucket="bkt", Prefix="a/", Marker="a")
+    assert [c["Key"] for c in r["Contents"]] == ["a/b", "a/c/d", "a/c/e"]
+    r = s3.list_objects(Bucket="bkt", Prefix="a/", Marker="a0")
+    assert "Contents" not in r and not r["IsTruncated"]
+    # a common prefix as the marker: nothing under it comes again
+    r = s3.list_objects(Bucket="bkt", Prefix="a", Delimiter="/", Marker="a/")
+    assert [c["Key"] for c in r["Contents"]] == ["a0"]
+    assert [p["Prefix"] for p in r["CommonPrefixes"]] == ["ab/"]
+    r = s3.list_objects(Bucket="bkt", Prefix="a/", Delimiter="/", MaxKeys=1)
+    assert [c["Key"] for c in r["Contents"]] == ["a/b"] and r["IsTruncated"]
+    assert r["NextMarker"] == "a/b"
+
+
+def list_all_uploads(s3, page=None, **kw):
+    """(key, upload id) of every upload and the common prefixes, page by page with
+    NextKeyMarker / NextUploadIdMarker."""
+    ups, prefixes, km, um = [], [], None, None
+    for _ in range(100):
+        args = dict(kw)
+        if page:
+            args["MaxUploads"] = page
+        if km is not None:
+            args["KeyMarker"] = km
+            args["UploadIdMarker"] = um
+        r = s3.list_multipart_uploads(Bucket="bkt", **args)
+        got = [(u["Key"], u["UploadId"]) for u in r.get("Uploads", [])]
+        cps = [p["Prefix"] for p in r.get("CommonPrefixes", [])]
+        assert r.get("Prefix", "") == kw.get("Prefix", "")
+        if page:
+            assert len(got) + len(cps) <= page
+            assert r["MaxUploads"] == page
+        ups += got
+        prefixes += cps
+        if not r["IsTruncated"]:
+            return ups, prefixes
+        km, um = r["NextKeyMarker"], r["NextUploadIdMarker"]
+    raise AssertionError("listing does not end")
+
+
+def test_list_multipart_uploads(s3):
+    s3.create_bucket(Bucket="bkt")
+    keys = ["a/1", "a/2", "a.x", "b", "b/c/d", "b/c/e", "c d", "z"]
+    ids = {k: s3.create_multipart_upload(Bucket="bkt", Key=k)["UploadId"] for k in keys}
+    # two more uploads of "a/2", initiated later and with a smaller ID than the
+    # first: S3 lists one key's uploads by initiation time, so paging must not skip
+    # them by comparing IDs
+    time.sleep(1.1)
+    while True:
+        later = s3.create_multipart_upload(Bucket="bkt", Key="a/2")["UploadId"]
+        if later < ids["a/2"]:
+            break
+        s3.abort_multipart_upload(Bucket="bkt", Key="a/2", UploadId=later)
+    a2 = [ids["a/2"], later]
+    every = [("a.x", ids["a.x"]), ("a/1", ids["a/1"])] + [("a/2", i) for i in a2] + \
+        [(k, ids[k]) for k in ["b", "b/c/d", "b/c/e", "c d", "z"]]
+    for page in (None, 1, 2, 3):
+        assert list_all_uploads(s3, page) == (every, [])
+        assert list_all_uploads(s3, page, Prefix="a/") == (every[1:4], [])
+        assert list_all_uploads(s3, page, Prefix="b/c/") == (every[5:7], [])
+        assert list_all_uploads(s3, page, Prefix="nothing") == ([], [])
+        assert list_all_uploads(s3, page, Delimiter="/") == \
+            ([every[0], every[4], every[7], every[8]], ["a/", "b/"])
+        assert list_all_uploads(s3, page, Prefix="b", Delimiter="/") == \
+            ([every[4]], ["b/"])
+        assert list_all_uploads(s3, page, Prefix="b/", Delimiter="/") == ([], ["b/c/"])
+        assert list_all_uploads(s3, page, Prefix="a/", Delimiter="/") == (every[1:4], [])
+    # key-marker alone: keys after it; with upload-id-marker: that key's later uploads too
+    r = s3.list_multipart_uploads(Bucket="bkt", KeyMarker="a/2")
+    assert [u["Key"] for u in r["Uploads"]] == ["b", "b/c/d", "b/c/e", "c d", "z"]
+    r = s3.list_multipart_uploads(Bucket="bkt", KeyMarker="a/2", UploadIdMarker=a2[0])
+    assert [(u["Key"], u["UploadId"]) for u in r["Uploads"]][:2] == [("a/2", a2[1]),
+                                                                     ("b", ids["b"])]
+    assert r["KeyMarker"] == "a/2" and r["UploadIdMarker"] == a2[0]
+    r = s3.list_multipart_uploads(Bucket="bkt", KeyMarker="b/", Delimiter="/")
+    assert [u["Key"] for u in r["Uploads"]] == ["c d", "z"] and "CommonPrefixes" not in r
+    r = s3.list_multipart_uploads(Bucket="bkt", MaxUploads=2)
+    assert r["IsTruncated"] and (r["NextKeyMarker"], r["NextUploadIdMarker"]) == every[1]
+    assert [u["Initiated"] for u in r["Uploads"]] == sorted(u["Initiated"] for u in r["Uploads"])
+
+
 def test_folder_markers(s3, cluster):
     s3.create_bucket(Bucket="bkt")
     s3.put_object(Bucket="bkt", Key="empty/dir/", Body=b"")
