@@ -1142,6 +1142,51 @@ def test_objects_are_files(s3, cluster, tmp_path):
     assert s3.get_object(Bucket="bkt", Key="gone")["Body"].read() == b"now an object"
 
 
+def test_objects_are_files_through_the_mount(gateway, s3, mount):
+    """The same bytes through `stoker mount` and through S3, both ways."""
+    s3.create_bucket(Bucket="bkt")
+    mnt = mount.path
+    # a file written through the mount is an object
+    data = os.urandom(3 * MiB + 5)
+    os.makedirs(os.path.join(mnt, "bkt", "from", "mount"))
+    with open(os.path.join(mnt, "bkt", "from", "mount", "f.bin"), "wb") as f:
+        f.write(data)
+    o = s3.get_object(Bucket="bkt", Key="from/mount/f.bin")
+    assert o["Body"].read() == data and o["ContentLength"] == len(data)
+    etag = o["ETag"]
+    assert s3.head_object(Bucket="bkt", Key="from/mount/f.bin")["ETag"] == etag
+    listed = s3.list_objects_v2(Bucket="bkt")["Contents"]
+    assert [(c["Key"], c["Size"], c["ETag"]) for c in listed] == \
+        [("from/mount/f.bin", len(data), etag)]
+    r = s3.get_object(Bucket="bkt", Key="from/mount/f.bin", Range="bytes=1000-1999")
+    assert r["Body"].read() == data[1000:2000]
+    # an object PUT is a file with the same bytes, its record in an xattr
+    body = os.urandom(MiB + 7)
+    s3.put_object(Bucket="bkt", Key="put/obj.bin", Body=body, Metadata={"k": "v"})
+    path = os.path.join(mnt, "bkt", "put", "obj.bin")
+    with open(path, "rb") as f:
+        assert f.read() == body
+    assert os.path.getsize(path) == len(body)
+    assert hashlib.md5(body).hexdigest().encode() in os.getxattr(path, "user.stoker.s3")
+    # changed in place through the mount: S3 serves the new bytes, not the old ETag
+    with open(path, "r+b") as f:
+        f.seek(10)
+        f.write(b"changed")
+    o = s3.get_object(Bucket="bkt", Key="put/obj.bin")
+    assert o["Body"].read() == body[:10] + b"changed" + body[17:]
+    assert o["ETag"] != md5(body) and o["Metadata"] == {}
+    # renamed and removed through the mount
+    os.rename(path, os.path.join(mnt, "bkt", "put", "moved.bin"))
+    assert s3.get_object(Bucket="bkt", Key="put/moved.bin")["Body"].read()[:10] == body[:10]
+    with pytest.raises(ClientError) as e:
+        s3.head_object(Bucket="bkt", Key="put/obj.bin")
+    assert code(e)[1] == 404
+    os.remove(os.path.join(mnt, "bkt", "from", "mount", "f.bin"))
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket="bkt", Key="from/mount/f.bin")
+    assert code(e) == ("NoSuchKey", 404)
+
+
 def test_root_subdir(cluster, tmp_path):
     cluster.cli("mkdir", "-p", "/tenants/one")
     g = Gateway(cluster, tmp_path, extra=["--root", "/tenants/one"])
