@@ -75,12 +75,12 @@
 	X(RPC_CONNECTIONS, GAUGE, "stoker_rpc_connections", "", "Open client connections.")        \
 	X(RPC_CONNECTIONS_OPENED, COUNTER, "stoker_rpc_connections_opened_total", "",              \
 	  "Client connections accepted.")                                                          \
-	/* ---- meta and storage: per client host (stk_metrics_ops_client) ---- */                \
+	/* ---- meta and storage: per client host (stk_metrics_ops_client) ---- */                 \
 	X(RPC_CLIENT_REQUESTS, COUNTER, "stoker_rpc_client_requests_total", "client",              \
-	  "RPC requests served, by client host (its IP address; the first 64 hosts seen, the "    \
-	  "rest as \"other\").")                                                                  \
+	  "RPC requests served, by client host (its IP address; the first 64 hosts seen, the "     \
+	  "rest as \"other\").")                                                                   \
 	X(RPC_CLIENT_RECEIVED_BYTES, COUNTER, "stoker_rpc_client_received_bytes_total", "client",  \
-	  "Bytes of RPC requests received from each client host: frame header, payload, bulk.")   \
+	  "Bytes of RPC requests received from each client host: frame header, payload, bulk.")    \
 	X(RPC_CLIENT_SENT_BYTES, COUNTER, "stoker_rpc_client_sent_bytes_total", "client",          \
 	  "Bytes of RPC replies sent to each client host (a storage node's reads show here).")     \
 	/* ---- client-side daemons (mount, gateways): per file-system call or request ---- */     \
@@ -102,15 +102,15 @@
 	  "frontend", "Connections a gateway accepted.")                                           \
 	/* ---- storage: per target ---- */                                                        \
 	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
-	  "Size of the file system under the target folder (targets sharing a file system "      \
+	  "Size of the file system under the target folder (targets sharing a file system "        \
 	  "each report all of it: add up stoker_node_capacity_bytes instead).")                    \
 	X(TARGET_USED, GAUGE, "stoker_target_used_bytes", "target",                                \
 	  "Bytes used on the file system under the target folder.")                                \
 	X(NODE_CAPACITY, GAUGE, "stoker_node_capacity_bytes", "",                                  \
-	  "Size of the file systems under this storage node's targets, each file system "         \
+	  "Size of the file systems under this storage node's targets, each file system "          \
 	  "counted once however many targets it holds.")                                           \
 	X(NODE_USED, GAUGE, "stoker_node_used_bytes", "",                                          \
-	  "Bytes used on the file systems under this storage node's targets, each counted "       \
+	  "Bytes used on the file systems under this storage node's targets, each counted "        \
 	  "once.")                                                                                 \
 	X(TARGET_FREE, GAUGE, "stoker_target_free_bytes", "target",                                \
 	  "Capacity minus used bytes of the target.")                                              \
@@ -152,10 +152,10 @@
 	X(CLUSTER_ROUTING_CHANGES, COUNTER, "stoker_cluster_routing_changes_total", "",            \
 	  "Routing version bumps since this mgmtd started.")                                       \
 	X(CLUSTER_CAPACITY, GAUGE, "stoker_cluster_capacity_bytes", "",                            \
-	  "Capacity of all targets, as their nodes last reported it; targets of a node on "       \
+	  "Capacity of all targets, as their nodes last reported it; targets of a node on "        \
 	  "mgmtd's host that share a file system count it once.")                                  \
 	X(CLUSTER_USED, GAUGE, "stoker_cluster_used_bytes", "",                                    \
-	  "Used bytes of all targets, as their nodes last reported it, deduplicated as "          \
+	  "Used bytes of all targets, as their nodes last reported it, deduplicated as "           \
 	  "stoker_cluster_capacity_bytes is.")                                                     \
 	X(CLUSTER_NODE_ONLINE, GAUGE, "stoker_cluster_node_online", "node,role",                   \
 	  "1 while the node heartbeats, 0 once mgmtd has marked it offline.")                      \

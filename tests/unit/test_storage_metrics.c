@@ -18,12 +18,12 @@
 #include "storage/metrics.h"
 
 static int failures;
-#define CHECK(cond)                                                                              \
-	do {                                                                                     \
-		if (!(cond)) {                                                                   \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                              \
-		}                                                                                \
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
+			failures++;                                                                \
+		}                                                                                  \
 	} while (0)
 
 /* Trimmed from `smartctl --json -H -A /dev/nvme0n1` (smartmontools 7.3). */
@@ -84,8 +84,10 @@ static double sample(const char *text, const char *series)
  */
 static void test_smart_absent(struct stk_storage_metrics *m)
 {
-	static const char healthy[] = "stoker_device_smart_healthy{target=\"11\",device=\"/dev/fk\"}";
-	static const char temp[] = "stoker_device_temperature_celsius{target=\"11\",device=\"/dev/fk\"}";
+	static const char healthy[] =
+	    "stoker_device_smart_healthy{target=\"11\",device=\"/dev/fk\"}";
+	static const char temp[] =
+	    "stoker_device_temperature_celsius{target=\"11\",device=\"/dev/fk\"}";
 	static const char wear[] = "stoker_device_wear_ratio{target=\"11\",device=\"/dev/fk\"}";
 	struct stk_smart s;
 	char *text;
