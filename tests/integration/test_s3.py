@@ -646,6 +646,20 @@ def test_multipart_small_part_copy_and_abort(s3):
                              CopySource={"Bucket": "bkt", "Key": "src"},
                              CopySourceRange="bytes=100-199")
     assert c2["CopyPartResult"]["ETag"] == md5(src[100:200])
+    # a range past the source's end is refused, not clamped; malformed ones too
+    for rng, msg in [("bytes=100-%d" % (6 * MiB), "source object of size: %d" % (6 * MiB)),
+                     ("bytes=%d-%d" % (6 * MiB, 6 * MiB), "of size"),
+                     ("bytes=5-2", "bytes=first-last"), ("bytes=-5", "bytes=first-last"),
+                     ("bytes=5-", "bytes=first-last"), ("bytes=0-1,3-4", "bytes=first-last"),
+                     ("0-1", "bytes=first-last"), ("bytes=0-99999999999999999999", "first-last")]:
+        with pytest.raises(ClientError) as e:
+            s3.upload_part_copy(Bucket="bkt", Key="k", UploadId=uid, PartNumber=3,
+                                CopySource={"Bucket": "bkt", "Key": "src"},
+                                CopySourceRange=rng)
+        assert code(e) == ("InvalidArgument", 400), rng
+        assert msg in e.value.response["Error"]["Message"], (rng, e.value.response)
+    assert [p["PartNumber"] for p in s3.list_parts(Bucket="bkt", Key="k",
+                                                   UploadId=uid)["Parts"]] == [1, 2]
     s3.complete_multipart_upload(Bucket="bkt", Key="k", UploadId=uid, MultipartUpload={
         "Parts": [{"PartNumber": 1, "ETag": c1["CopyPartResult"]["ETag"]},
                   {"PartNumber": 2, "ETag": c2["CopyPartResult"]["ETag"]}]})
