@@ -1228,39 +1228,6 @@ static enum stk_s3_err finish_part(struct stk_s3_req *r)
 	return STK_S3_OK;
 }
 
-/*
- * x-amz-copy-source-range, which S3 reads strictly: exactly "bytes=FIRST-LAST"
- * with FIRST <= LAST (-EINVAL otherwise), and LAST inside the source of size bytes
- * (-ERANGE otherwise; never clamped as a GET's Range is).
- */
-static int copy_range(const char *v, uint64_t size, uint64_t *off, uint64_t *len)
-{
-	uint64_t n[2] = {0, 0};
-	const char *p = v;
-
-	if (strncmp(p, "bytes=", 6) != 0)
-		return -EINVAL;
-	p += 6;
-	for (int i = 0; i < 2; i++) {
-		const char *start = p;
-		for (; *p >= '0' && *p <= '9'; p++) {
-			if (p - start >= 19)
-				return -EINVAL; /* past any object's size, and uint64_t's */
-			n[i] = n[i] * 10 + (uint64_t)(*p - '0');
-		}
-		if (p == start || *p != (i == 0 ? '-' : '\0'))
-			return -EINVAL;
-		p++;
-	}
-	if (n[0] > n[1])
-		return -EINVAL;
-	if (n[1] >= size)
-		return -ERANGE;
-	*off = n[0];
-	*len = n[1] - n[0] + 1;
-	return 0;
-}
-
 static enum stk_s3_err op_upload_part_copy(struct stk_s3_req *r)
 {
 	struct stk_s3_obj *so = malloc(sizeof(*so));
@@ -1286,7 +1253,7 @@ static enum stk_s3_err op_upload_part_copy(struct stk_s3_req *r)
 	}
 	len = so->attr.size;
 	if (range) {
-		rc = copy_range(range, so->attr.size, &off, &len);
+		rc = stk_s3_copy_range_parse(range, so->attr.size, &off, &len);
 		if (rc == -ERANGE) {
 			/* not clamped as a GET's Range is: S3 refuses such a part */
 			e = fail(r, STK_S3_ERR_INVALID_ARGUMENT,

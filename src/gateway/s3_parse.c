@@ -1105,6 +1105,34 @@ static int u64_digits(const char **p, uint64_t *out)
 	return n ? 0 : -EINVAL;
 }
 
+int stk_s3_copy_range_parse(const char *v, uint64_t size, uint64_t *off, uint64_t *len)
+{
+	uint64_t n[2] = {0, 0};
+	const char *p = v;
+
+	if (strncmp(p, "bytes=", 6) != 0)
+		return -EINVAL;
+	p += 6;
+	for (int i = 0; i < 2; i++) {
+		const char *start = p;
+		for (; *p >= '0' && *p <= '9'; p++) {
+			if (p - start >= 19)
+				return -EINVAL; /* past any object's size, and uint64_t's */
+			n[i] = n[i] * 10 + (uint64_t)(*p - '0');
+		}
+		if (p == start || *p != (i == 0 ? '-' : '\0'))
+			return -EINVAL;
+		p++;
+	}
+	if (n[0] > n[1])
+		return -EINVAL;
+	if (n[1] >= size)
+		return -ERANGE;
+	*off = n[0];
+	*len = n[1] - n[0] + 1;
+	return 0;
+}
+
 int stk_s3_range_parse(const char *v, uint64_t size, uint64_t *off, uint64_t *len)
 {
 	const char *p = v;

@@ -255,6 +255,13 @@ void stk_s3_iso_date(int64_t t, char *out, size_t len);
  * unsatisfiable (416).
  */
 int stk_s3_range_parse(const char *v, uint64_t size, uint64_t *off, uint64_t *len);
+/*
+ * x-amz-copy-source-range (UploadPartCopy), read as strictly as S3 does: exactly
+ * "bytes=FIRST-LAST" with FIRST <= LAST, else -EINVAL; -ERANGE when LAST is not
+ * inside the source of size bytes (never clamped, unlike a GET's Range). 0 with
+ * *off and *len set otherwise.
+ */
+int stk_s3_copy_range_parse(const char *v, uint64_t size, uint64_t *off, uint64_t *len);
 /* 1 when the entity-tag list v ("*", or quoted tags, W/ allowed) holds etag. */
 int stk_s3_etag_match(const char *v, const char *etag);
 

@@ -7,9 +7,11 @@
  * parser; the rest is what a client would send. Besides crashes, overreads
  * (ASan) and undefined behaviour (UBSan), it checks properties: a record that
  * decodes re-encodes to a record that decodes the same, base64 round-trips,
- * an accepted key has no "..", empty or over-long segment, and a satisfiable
- * range lies inside the object.
+ * an accepted key has no "..", empty or over-long segment, a satisfiable range
+ * (Range or x-amz-copy-source-range) lies inside the object, and a NUL is
+ * reported as such only when the input has one.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,6 +277,8 @@ static void fuzz_conditions(const uint8_t *p, size_t n)
 	}
 	if (stk_s3_range_parse(s, size, &off, &len) == 0)
 		CHECK(len >= 1 && off < size && off + len <= size);
+	if (stk_s3_copy_range_parse(s, size, &off, &len) == 0)
+		CHECK(len >= 1 && off < size && off + len <= size && strncmp(s, "bytes=", 6) == 0);
 	(void)stk_s3_etag_match(s, "\"d41d8cd98f00b204e9800998ecf8427e\"");
 	free(s);
 }
@@ -301,11 +305,15 @@ static void fuzz_decode_key(const uint8_t *p, size_t n)
 	char out[STK_S3_URI_MAX + 1];
 	size_t on;
 
-	if (stk_s3_uri_decode((const char *)p, n, p && n && (p[0] & 1), out, sizeof(out), &on) ==
-	    0) {
+	int rc = stk_s3_uri_decode((const char *)p, n, p && n && (p[0] & 1), out, sizeof(out), &on);
+
+	if (rc == 0) {
 		CHECK(on == strlen(out));
 		check_key(out);
 	}
+	/* a NUL is refused as such only when the input holds one, raw or as %00 */
+	if (rc == -EILSEQ)
+		CHECK(memchr(p, 0, n) || memmem(p, n, "%00", 3));
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
