@@ -657,15 +657,15 @@ static int atime_due(const struct stk_fuse *fs, const struct stk_attr *a)
 	       now - a->atime_sec >= 24 * 3600;
 }
 
-/* The first read through fh since its open: record it in meta, then drop the
- * kernel's attributes so stat shows the new atime. Errors only cost an atime. */
-static void note_read(struct stk_fuse *fs, struct stk_fuse_fh *fh)
+/*
+ * The first read through a handle since its open (of Stoker inode ino): record it
+ * in meta, then drop the kernel's attributes so stat shows the new atime. Errors
+ * only cost an atime.
+ */
+static void note_read(struct stk_fuse *fs, uint64_t ino)
 {
-	uint64_t ino = fh->node->ino;
 	int rc;
 
-	if (!atomic_exchange(&fh->atime_due, 0))
-		return;
 	rc = stk_ino_setattr(fs->c, NULL, ino, STK_SETATTR_ATIME_READ, NULL, NULL);
 	if (rc == 0)
 		fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, ino), -1, 0);
@@ -775,6 +775,7 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_fh *fh = fh_of(fi);
 	char *buf = NULL, *own = NULL;
+	uint64_t atime_ino = 0;
 	stk_file *f;
 	ssize_t n;
 	int ref;
@@ -791,6 +792,10 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	n = stk_pread(f, buf, size, off);
 	if (ref)
 		wf_put(fs, fh->node);
+	/* Decided now: once we reply, the kernel may release fh and its node. */
+	if (n > 0 && atomic_load_explicit(&fh->atime_due, memory_order_relaxed) &&
+	    atomic_exchange(&fh->atime_due, 0))
+		atime_ino = fh->node->ino;
 	if (n < 0)
 		reply_err(req, (int)n);
 	else {
@@ -799,8 +804,8 @@ static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	}
 	free(own);
 	/* After the reply, so that the reader does not wait for it. */
-	if (n > 0 && atomic_load_explicit(&fh->atime_due, memory_order_relaxed))
-		note_read(fs, fh);
+	if (atime_ino)
+		note_read(fs, atime_ino);
 }
 
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,
