@@ -314,6 +314,22 @@ static enum stk_s3_err collect_meta(struct stk_s3_req *r, struct stk_s3_record *
 }
 
 /* Emits the stored "name: value" lines of a record as response headers. */
+/*
+ * Whether a header name read back from a record is one the gateway stores. The
+ * record is an extended attribute that anyone who may write the file through the
+ * mount can also write: a forged one must not add Content-Length, Set-Cookie or
+ * any other header to a response.
+ */
+static int stored_name(const char *name)
+{
+	if (strncmp(name, "x-amz-meta-", 11) == 0)
+		return 1;
+	for (size_t i = 0; i < STK_ARRAY_SIZE(g_stored_headers); i++)
+		if (strcmp(name, g_stored_headers[i]) == 0)
+			return 1;
+	return 0;
+}
+
 static void emit_stored(struct stk_s3_req *r, const struct stk_s3_record *rec, int skip_overridden)
 {
 	const char *p = rec->headers, *end = rec->headers + rec->headers_len;
@@ -339,7 +355,7 @@ static void emit_stored(struct stk_s3_req *r, const struct stk_s3_record *rec, i
 			memcpy(value, colon + 1, vn);
 			value[vn] = 0;
 			snprintf(q, sizeof(q), "response-%s", name);
-			if (!skip_overridden || !stk_s3_param(&r->t, q))
+			if (stored_name(name) && (!skip_overridden || !stk_s3_param(&r->t, q)))
 				stk_s3_resp_header(r, name, value);
 		}
 		p = nl + 1;

@@ -1181,7 +1181,17 @@ def test_objects_are_files_through_the_mount(gateway, s3, mount):
     with open(path, "rb") as f:
         assert f.read() == body
     assert os.path.getsize(path) == len(body)
-    assert hashlib.md5(body).hexdigest().encode() in os.getxattr(path, "user.stoker.s3")
+    rec = os.getxattr(path, "user.stoker.s3")
+    assert hashlib.md5(body).hexdigest().encode() in rec
+    # anyone who may write the file may write that attribute too: a forged record
+    # brings at most metadata, never other response headers
+    os.setxattr(path, "user.stoker.s3", rec + b"set-cookie: evil=1\ncontent-length: 3\n"
+                b"x-amz-meta-added: yes\n")
+    st, h, got = gateway.raw("GET", "/bkt/put/obj.bin")
+    assert st == 200 and got == body, (st, len(got))
+    h = {k.lower(): v for k, v in h.items()}
+    assert h["x-amz-meta-added"] == "yes" and h["x-amz-meta-k"] == "v"
+    assert "set-cookie" not in h and h["content-length"] == str(len(body))
     # changed in place through the mount: S3 serves the new bytes, not the old ETag
     with open(path, "r+b") as f:
         f.seek(10)
