@@ -37,7 +37,7 @@
 #define STK_S3_URI_MAX 8192	  /* the raw request target */
 #define STK_S3_PARAMS_MAX 32	  /* query parameters in one request */
 #define STK_S3_USER_META_MAX 2048 /* x-amz-meta-* names and values, S3's limit */
-#define STK_S3_RECORD_MAX 4095	  /* a stored metadata record (a symlink target) */
+#define STK_S3_RECORD_MAX 4095	  /* a stored metadata record (xattr value or symlink) */
 #define STK_S3_ETAG_MAX 80	  /* with quotes: "32 hex" or "32 hex-N" */
 #define STK_S3_UPLOAD_ID_LEN 32	  /* hex characters */
 #define STK_S3_CHUNK_LINE_MAX 512 /* one aws-chunked header or trailer line */
