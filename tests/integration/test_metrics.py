@@ -384,12 +384,17 @@ def prom_query(port, q):
 
 
 def wait_for(what, fn, timeout=60):
+    """Until fn() is true; an OSError (nothing listening yet) counts as not yet."""
     deadline = time.time() + timeout
     last = None
     while time.time() < deadline:
-        last = fn()
-        if last:
-            return last
+        try:
+            last = fn()
+        except OSError as e:
+            last = e
+        else:
+            if last:
+                return last
         time.sleep(0.25)
     raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
 
@@ -598,7 +603,15 @@ def test_top_once_shows_a_gateways_reads_and_writes(tmp_path):
                                         retries={"max_attempts": 1}))
         wait_for("the gateway's metrics", lambda: "stoker_client_ops_total" in http(gw)[2],
                  timeout=30)
-        wait_for("the gateway", lambda: s3.create_bucket(Bucket="top") and True, timeout=30)
+        def bucket_made():
+            try:
+                return s3.create_bucket(Bucket="top") and True
+            except Exception as e:  # not listening yet: botocore's own errors
+                if "BucketAlreadyOwnedByYou" in str(e):
+                    return True
+                return False
+
+        wait_for("the gateway", bucket_made, timeout=30)
         body = os.urandom(64 << 10)
 
         def load():
