@@ -187,21 +187,29 @@ static int may_access(const struct stk_client *c, const struct stk_attr *a, int 
 	return (bits & (unsigned)want) == (unsigned)want ? 0 : -EACCES;
 }
 
+/*
+ * O_CREAT: creates or finds the file and, when it is a regular file, registers it
+ * for this client's session in the same request. On 0 with *registered 1 the
+ * caller owns that reference; on an error none is left registered.
+ */
 static int create_file(struct stk_client *c, const char *path, int flags, mode_t mode,
-		       struct stk_attr *a)
+		       struct stk_attr *a, int *registered)
 {
 	char name[STK_NAME_MAX + 1];
 	struct stk_attr parent;
 	int created = 0, rc;
 
+	*registered = 0;
 	rc = stk_client_resolve_parent(c, path, &parent, name);
 	if (rc)
 		return rc == -EINVAL ? -EISDIR : rc;
-	rc = stk_ino_create(c, NULL, parent.ino, name, mode, !!(flags & O_EXCL), a, &created);
+	rc = stk_ino_create_open(c, NULL, parent.ino, name, mode, !!(flags & O_EXCL), a,
+				 &created);
 	if (rc)
 		return rc;
 	if (S_ISLNK(a->mode)) /* O_CREAT on a symlink opens its target */
 		return stk_client_resolve(c, path, 1, a);
+	*registered = S_ISREG(a->mode);
 	if (!created) {
 		int want = 0;
 		if ((flags & O_ACCMODE) != O_WRONLY)
@@ -209,25 +217,41 @@ static int create_file(struct stk_client *c, const char *path, int flags, mode_t
 		if ((flags & O_ACCMODE) != O_RDONLY)
 			want |= 2;
 		if (S_ISDIR(a->mode) && (flags & O_ACCMODE) != O_RDONLY)
-			return -EISDIR;
-		return may_access(c, a, want);
+			rc = -EISDIR;
+		else
+			rc = may_access(c, a, want);
 	}
-	return 0;
+	if (rc && *registered) {
+		stk_ino_unregister(c, a->ino);
+		*registered = 0;
+	}
+	return rc;
 }
 
-/* Opens a handle on an inode whose attributes are known. */
-static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, stk_file **out)
+/*
+ * Opens a handle on an inode whose attributes are known. registered: the caller
+ * holds an open reference on it, which the handle takes over (and drops on
+ * failure); otherwise a regular file is registered here.
+ */
+static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, int registered,
+		     stk_file **out)
 {
 	struct stk_file *f;
 	int acc = flags & O_ACCMODE, rc;
 
-	if (!S_ISREG(a->mode) && !S_ISDIR(a->mode))
-		return -EINVAL;
-	if (S_ISREG(a->mode) && stk_layout_check(&a->layout))
-		return -EIO;
+	if (!S_ISREG(a->mode) && !S_ISDIR(a->mode)) {
+		rc = -EINVAL;
+		goto fail;
+	}
+	if (S_ISREG(a->mode) && stk_layout_check(&a->layout)) {
+		rc = -EIO;
+		goto fail;
+	}
 	f = calloc(1, sizeof(*f));
-	if (!f)
-		return -ENOMEM;
+	if (!f) {
+		rc = -ENOMEM;
+		goto fail;
+	}
 	f->c = c;
 	f->attr = *a;
 	f->accmode = acc;
@@ -255,34 +279,75 @@ static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, 
 			goto out;
 		}
 	}
-	if (!f->is_dir) {
+	if (!f->is_dir && !registered) {
 		/* Meta keeps the file while it is open here, even when its last name goes. */
-		rc = stk_session_open(c, a->ino);
-		if (rc) {
+		rc = stk_session_open(c, a->ino, NULL);
+		if (rc < 0) {
 			free(f->wbuf);
 			goto out;
 		}
-		f->registered = 1;
 	}
+	f->registered = !f->is_dir;
+	if (f->is_dir && registered)
+		stk_session_close(c, a->ino);
 	*out = f;
 	return 0;
 out:
 	pthread_mutex_destroy(&f->lock);
 	free(f);
+fail:
+	if (registered)
+		stk_session_close(c, a->ino);
+	return rc;
+}
+
+static int ino_open(stk_client *c, const struct stk_attr *attr, int flags, int registered,
+		    stk_file **out)
+{
+	int acc = flags & O_ACCMODE, rc = 0;
+
+	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
+		rc = -EINVAL;
+	else if (S_ISDIR(attr->mode) && acc != O_RDONLY)
+		rc = -EISDIR;
+	if (rc == 0)
+		return open_attr(c, attr, flags, registered, out);
+	if (registered)
+		stk_session_close(c, attr->ino);
 	return rc;
 }
 
 int stk_ino_open(stk_client *c, const struct stk_cred *cred, const struct stk_attr *attr,
 		 int flags, stk_file **out)
 {
-	int acc = flags & O_ACCMODE;
-
 	(void)cred;
-	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
-		return -EINVAL;
-	if (S_ISDIR(attr->mode) && acc != O_RDONLY)
-		return -EISDIR;
-	return open_attr(c, attr, flags, out);
+	return ino_open(c, attr, flags, 0, out);
+}
+
+int stk_ino_open_registered(stk_client *c, const struct stk_cred *cred,
+			    const struct stk_attr *attr, int flags, stk_file **out)
+{
+	(void)cred;
+	return ino_open(c, attr, flags, 1, out);
+}
+
+int stk_ino_open_attr(stk_client *c, const struct stk_cred *cred, uint64_t ino,
+		      struct stk_attr *out)
+{
+	int rc = stk_session_open(c, ino, out);
+
+	if (rc != 0)
+		return rc < 0 ? rc : 0;
+	/* No attributes came with it (sessions off, an older meta): ask for them. */
+	rc = stk_ino_getattr(c, cred, ino, out);
+	if (rc)
+		stk_session_close(c, ino);
+	return rc;
+}
+
+void stk_ino_unregister(stk_client *c, uint64_t ino)
+{
+	stk_session_close(c, ino);
 }
 
 uint64_t stk_file_ino(const stk_file *f)
@@ -293,12 +358,13 @@ uint64_t stk_file_ino(const stk_file *f)
 int stk_open(stk_client *c, const char *path, int flags, mode_t mode, stk_file **out)
 {
 	struct stk_attr a;
-	int acc = flags & O_ACCMODE, rc;
+	int acc = flags & O_ACCMODE, registered = 0, rc;
 
 	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
 		return -EINVAL;
 	if (flags & O_CREAT) {
-		rc = create_file(c, path, flags, mode, &a);
+		/* One round trip creates (or finds) and registers the file. */
+		rc = create_file(c, path, flags, mode, &a, &registered);
 		if (rc)
 			return rc;
 	} else {
@@ -312,7 +378,7 @@ int stk_open(stk_client *c, const char *path, int flags, mode_t mode, stk_file *
 		if (rc)
 			return rc;
 	}
-	return open_attr(c, &a, flags, out);
+	return open_attr(c, &a, flags, registered, out);
 }
 
 /* Makes everything written durable and records the size. Called with f->lock held. */

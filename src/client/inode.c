@@ -12,6 +12,7 @@
 
 #include "../common/util.h"
 #include "client.h"
+#include "session.h"
 
 #define CRED(c, cred) ((cred) ? *(cred) : (c)->cred)
 
@@ -89,10 +90,13 @@ int stk_ino_setattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
 	return 0;
 }
 
-int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
-		   uint32_t mode, int excl, struct stk_attr *out, int *created)
+/* META_CREATE naming `session` (0: none); *opened: meta registered the file for it. */
+static int create_call(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+		       const char *name, uint32_t mode, int excl, uint64_t session,
+		       struct stk_attr *out, int *created, int *opened)
 {
-	struct stk_msg_meta_create_req m = {.cred = CRED(c, cred), .parent = parent};
+	struct stk_msg_meta_create_req m = {.cred = CRED(c, cred), .parent = parent,
+					    .session = session};
 	struct stk_msg_meta_create_resp rm;
 	uint8_t req[512], resp[512];
 	struct stk_wbuf w;
@@ -100,6 +104,7 @@ int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	size_t rlen = 0;
 	int rc = name_ok(name, m.name);
 
+	*opened = 0;
 	if (rc)
 		return rc;
 	m.mode = (mode & 07777) | S_IFREG;
@@ -112,12 +117,54 @@ int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 		return rc;
 	stk_rbuf_init(&r, resp, rlen);
 	if (stk_msg_meta_create_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
-		return -EIO;
-	if (out)
-		*out = rm.attr;
-	if (created)
-		*created = rm.created;
+		return -EIO; /* with the session: meta registered the file, and keeps it until
+				the session ends, as it would with a reply lost on the way */
+	*out = rm.attr;
+	*created = rm.created;
+	*opened = rm.opened && session && S_ISREG(rm.attr.mode);
 	return 0;
+}
+
+int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		   uint32_t mode, int excl, struct stk_attr *out, int *created)
+{
+	struct stk_attr a;
+	int cr = 0, opened, rc;
+
+	rc = create_call(c, cred, parent, name, mode, excl, 0, &a, &cr, &opened);
+	if (rc)
+		return rc;
+	if (out)
+		*out = a;
+	if (created)
+		*created = cr;
+	return 0;
+}
+
+int stk_ino_create_open(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+			const char *name, uint32_t mode, int excl, struct stk_attr *out,
+			int *created)
+{
+	uint64_t id = stk_session_reg_begin(c);
+	int opened = 0, rc;
+
+	rc = create_call(c, cred, parent, name, mode, excl, id, out, created, &opened);
+	if (rc == -EBADMSG && id) {
+		/* A meta from before META_CREATE carried a session: register apart. */
+		id = 0;
+		rc = create_call(c, cred, parent, name, mode, excl, 0, out, created, &opened);
+	}
+	if (rc) {
+		stk_session_reg_end(c, 0, 0);
+		return rc;
+	}
+	rc = stk_session_reg_end(c, id, opened ? out->ino : 0);
+	if (rc || opened || !S_ISREG(out->mode))
+		return rc;
+	/* Not registered with the create (sessions off, meta out of memory, an older
+	 * meta): register now, which is a no-op when sessions are off. */
+	rc = stk_session_open(c, out->ino, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,

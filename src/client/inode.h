@@ -34,6 +34,16 @@ int stk_ino_setattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
  */
 int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		   uint32_t mode, int excl, struct stk_attr *out, int *created);
+/*
+ * As stk_ino_create, and when it returns 0 with a regular file in *out, the caller
+ * holds one open reference of the client's session on it, registered by the same
+ * META_CREATE (no unlink comes between), to hand to stk_ino_open_registered or
+ * drop with stk_ino_unregister. Anything else (a directory or symlink met without
+ * excl, an error) holds none.
+ */
+int stk_ino_create_open(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+			const char *name, uint32_t mode, int excl, struct stk_attr *out,
+			int *created);
 int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		  uint32_t mode, struct stk_attr *out);
 /* Removes a name; removes the file's chunks when it was the last link. */
@@ -81,6 +91,26 @@ int stk_ino_readdir(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
  */
 int stk_ino_open(stk_client *c, const struct stk_cred *cred, const struct stk_attr *attr,
 		 int flags, stk_file **out);
+/*
+ * The first half of an open by inode, for a caller that needs fresh attributes
+ * before it opens (the FUSE daemon: close-to-open, keep_cache): registers one open
+ * reference of the client's session on ino and fills *out with the attributes meta
+ * read with it, in one META_OPEN (a META_GETATTR with cred follows only when
+ * sessions are off or meta sends no attributes). On 0 the caller holds the
+ * reference: stk_ino_open_registered takes it over, stk_ino_unregister drops it.
+ * -ENOENT: no such inode (or an orphan no one holds); nothing is then registered.
+ */
+int stk_ino_open_attr(stk_client *c, const struct stk_cred *cred, uint64_t ino,
+		      struct stk_attr *out);
+/*
+ * As stk_ino_open, on a regular file whose reference the caller holds
+ * (stk_ino_open_attr, stk_ino_create_open): the handle takes it over and drops it
+ * at stk_close. It is taken over on failure too (and dropped then).
+ */
+int stk_ino_open_registered(stk_client *c, const struct stk_cred *cred,
+			    const struct stk_attr *attr, int flags, stk_file **out);
+/* Drops a reference held from stk_ino_open_attr or stk_ino_create_open. Does not wait. */
+void stk_ino_unregister(stk_client *c, uint64_t ino);
 /*
  * Extended attributes (meta's rules: src/meta/store.h). name: the full name, 1 to
  * 255 bytes (-ERANGE otherwise). setxattr: size at most STK_XATTR_SIZE_MAX (-E2BIG),

@@ -2,8 +2,8 @@
  * The client's session with meta (session.h): the id, the renewal thread, and
  * the open references it registers.
  *
- * An open takes `reg` for reading around its META_OPEN and its change to the
- * list; the renewal thread takes it for writing when meta did not know the
+ * An open takes `reg` for reading around its META_OPEN (or META_CREATE with the
+ * session) and its change to the list; the renewal thread takes it for writing when meta did not know the
  * session, so that it registers the list again (each inode with META_OPEN set =
  * 1, the exact count) while no open is in flight.
  *
@@ -111,16 +111,36 @@ static int call_session(stk_client *c, uint16_t op, uint64_t id, uint32_t *lease
 	return 0;
 }
 
-static int call_open(stk_client *c, uint16_t op, uint64_t id, uint64_t ino, uint32_t count, int set)
+/*
+ * META_OPEN or META_CLOSE. For META_OPEN, *attr (if not NULL) becomes the attributes
+ * meta read with the registration and *have_attr 1; 0 when the reply has none (a
+ * meta from before they were added to it: the reference is registered all the same).
+ */
+static int call_open(stk_client *c, uint16_t op, uint64_t id, uint64_t ino, uint32_t count, int set,
+		     struct stk_attr *attr, int *have_attr)
 {
 	struct stk_msg_meta_open_req m = {.session = id, .ino = ino, .count = count,
 					  .set = (uint8_t)set};
-	uint8_t req[64];
+	struct stk_msg_meta_attr_resp ar;
+	uint8_t req[64], resp[256];
 	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t len = 0;
+	int rc;
 
+	if (have_attr)
+		*have_attr = 0;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_open_req_enc(&w, &m);
-	return stk_client_meta_call(c, op, req, w.len, NULL, 0, NULL);
+	rc = stk_client_meta_call(c, op, req, w.len, resp, sizeof(resp), &len);
+	if (rc || !attr || len == 0)
+		return rc;
+	stk_rbuf_init(&r, resp, len);
+	if (stk_msg_meta_attr_resp_dec(&r, &ar) || stk_rbuf_finish(&r))
+		return 0; /* registered; the caller fetches the attributes itself */
+	*attr = ar.attr;
+	*have_attr = 1;
+	return 0;
 }
 
 /* Takes a copy of a list under mu (NULL, 0 when empty or out of memory). */
@@ -146,7 +166,7 @@ static void reregister(stk_client *c, struct stk_session *s)
 	s->nclosing = 0; /* the counts below already leave them out */
 	pthread_mutex_unlock(&s->mu);
 	for (size_t i = 0; i < n; i++) {
-		int rc = call_open(c, STK_OP_META_OPEN, s->id, l[i].ino, l[i].count, 1);
+		int rc = call_open(c, STK_OP_META_OPEN, s->id, l[i].ino, l[i].count, 1, NULL, NULL);
 		if (rc && rc != -ENOENT)
 			stk_warn("session: cannot register open inode %llu again: %s",
 				 (unsigned long long)l[i].ino, stk_strerror(rc));
@@ -167,7 +187,7 @@ static void send_closes(stk_client *c, struct stk_session *s)
 		s->nclosing = 0;
 	pthread_mutex_unlock(&s->mu);
 	for (size_t i = 0; i < n; i++) {
-		int rc = call_open(c, STK_OP_META_CLOSE, s->id, l[i].ino, l[i].count, 0);
+		int rc = call_open(c, STK_OP_META_CLOSE, s->id, l[i].ino, l[i].count, 0, NULL, NULL);
 		if (rc)
 			stk_debug("session: close of inode %llu: %s (meta drops it with the session)",
 				  (unsigned long long)l[i].ino, stk_strerror(rc));
@@ -243,48 +263,70 @@ static void turn_off(struct stk_session *s)
 	pthread_mutex_unlock(&s->mu);
 }
 
-int stk_session_open(stk_client *c, uint64_t ino)
+uint64_t stk_session_reg_begin(stk_client *c)
+{
+	uint64_t id = stk_session_id(c);
+
+	pthread_rwlock_rdlock(&c->sess->reg);
+	return id;
+}
+
+int stk_session_reg_end(stk_client *c, uint64_t id, uint64_t ino)
 {
 	struct stk_session *s = c->sess;
-	uint64_t id = stk_session_id(c);
-	int rc;
+	size_t i;
+	int rc = 0;
 
-	if (!id)
-		return 0;
-	pthread_rwlock_rdlock(&s->reg);
-	rc = call_open(c, STK_OP_META_OPEN, id, ino, 1, 0);
-	if (rc == -ENOSYS) {
-		turn_off(s);
-		rc = 0;
-	} else if (rc == 0) {
-		size_t i;
-		pthread_mutex_lock(&s->mu);
-		for (i = 0; i < s->n && s->opens[i].ino != ino; i++)
-			;
-		if (i < s->n) {
-			s->opens[i].count++;
-		} else {
-			if (s->n == s->cap) {
-				size_t cap = s->cap ? 2 * s->cap : 16;
-				struct open_ent *p = realloc(s->opens, cap * sizeof(*p));
-				if (!p)
-					rc = -ENOMEM;
-				else {
-					s->opens = p;
-					s->cap = cap;
-				}
-			}
-			if (rc == 0) {
-				s->opens[s->n].ino = ino;
-				s->opens[s->n++].count = 1;
+	if (!id || !ino)
+		goto out;
+	pthread_mutex_lock(&s->mu);
+	for (i = 0; i < s->n && s->opens[i].ino != ino; i++)
+		;
+	if (i < s->n) {
+		s->opens[i].count++;
+	} else {
+		if (s->n == s->cap) {
+			size_t cap = s->cap ? 2 * s->cap : 16;
+			struct open_ent *p = realloc(s->opens, cap * sizeof(*p));
+			if (!p)
+				rc = -ENOMEM;
+			else {
+				s->opens = p;
+				s->cap = cap;
 			}
 		}
-		pthread_mutex_unlock(&s->mu);
-		if (rc)
-			call_open(c, STK_OP_META_CLOSE, id, ino, 1, 0);
+		if (rc == 0) {
+			s->opens[s->n].ino = ino;
+			s->opens[s->n++].count = 1;
+		}
 	}
+	pthread_mutex_unlock(&s->mu);
+	if (rc)
+		call_open(c, STK_OP_META_CLOSE, id, ino, 1, 0, NULL, NULL);
+out:
 	pthread_rwlock_unlock(&s->reg);
 	return rc;
+}
+
+int stk_session_open(stk_client *c, uint64_t ino, struct stk_attr *attr)
+{
+	uint64_t id = stk_session_reg_begin(c);
+	int have = 0, rc = 0;
+
+	if (id) {
+		rc = call_open(c, STK_OP_META_OPEN, id, ino, 1, 0, attr, &have);
+		if (rc == -ENOSYS) {
+			turn_off(c->sess);
+			id = 0;
+			rc = 0;
+		}
+	}
+	if (rc) {
+		stk_session_reg_end(c, 0, ino); /* nothing was registered */
+		return rc;
+	}
+	rc = stk_session_reg_end(c, id, ino);
+	return rc ? rc : have;
 }
 
 void stk_session_close(stk_client *c, uint64_t ino)

@@ -21,6 +21,8 @@
 
 #include "stoker/stoker.h"
 
+#include "../proto/msg.h"
+
 struct stk_session;
 
 /* At connect: allocates the session (no thread, no request yet). 0 or -ENOMEM. */
@@ -34,8 +36,24 @@ void stk_session_after_fork(stk_client *c);
  * off (meta said ENOSYS).
  */
 uint64_t stk_session_id(stk_client *c);
-/* Registers one open reference on ino. 0, -ENOENT (gone), -EIO. */
-int stk_session_open(stk_client *c, uint64_t ino);
+/*
+ * Registers one open reference on ino (META_OPEN). With attr, returns 1 with *attr
+ * the inode's attributes as meta read them with the registration (no unlink came
+ * between), or 0 when there are none (sessions off, or a meta that does not send
+ * them): the caller then fetches them itself. -ENOENT (gone, nothing registered),
+ * -ENOMEM, -EIO.
+ */
+int stk_session_open(stk_client *c, uint64_t ino, struct stk_attr *attr);
+/*
+ * Around a request that registers an open reference as a side effect (META_CREATE
+ * with a session): reg_begin returns the session id to send (0: sessions off) and
+ * holds off a re-registration (after a meta restart) until reg_end, which records
+ * the reference meta added on ino (ino 0: none was). Every reg_begin is followed
+ * by one reg_end with the same id. reg_end: 0, or -ENOMEM (the reference is then
+ * dropped on meta again).
+ */
+uint64_t stk_session_reg_begin(stk_client *c);
+int stk_session_reg_end(stk_client *c, uint64_t id, uint64_t ino);
 /*
  * Drops one reference (the last of an unnamed file lets meta remove it). Does not
  * wait: the renewal thread sends it at once, merged with other queued closes.

@@ -156,32 +156,52 @@ static int op_setattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	return rc ? rc : reply_attr(resp, &a);
 }
 
+/*
+ * The store's create and, for a session, the open reference on the file it returns,
+ * under the sessions mutex as unlink takes it, so that no unlink falls between the
+ * two. A reference that cannot be added leaves opened 0: the client then sends
+ * META_OPEN itself.
+ */
+static int create_open(struct meta *m, const struct stk_msg_meta_create_req *q,
+		       const struct stk_meta_placement *pl, struct stk_msg_meta_create_resp *r)
+{
+	int created = 0, rc;
+
+	if (q->session)
+		stk_meta_sessions_hold(m->sessions);
+	rc = stk_meta_store_create(m->store, &q->cred, q->parent, q->name, q->mode, q->flags,
+				   &q->layout, pl, &r->attr, &created);
+	r->created = (uint8_t)created;
+	if (rc == 0 && q->session && S_ISREG(r->attr.mode))
+		r->opened = stk_meta_sessions_open_held(m->sessions, q->session, r->attr.ino) == 0;
+	if (q->session)
+		stk_meta_sessions_release(m->sessions);
+	return rc;
+}
+
 static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_create_req q;
 	struct stk_msg_meta_create_resp r;
 	struct stk_meta_placement pl;
-	int created, rc;
+	int rc;
 
 	rc = decoded(req, stk_msg_meta_create_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
 	placement_get(m, &pl);
-	rc = stk_meta_store_create(m->store, &q.cred, q.parent, q.name, q.mode, q.flags, &q.layout,
-				   &pl, &r.attr, &created);
+	rc = create_open(m, &q, &pl, &r);
 	/* Storage may have registered since the agent's last refresh: ask mgmtd once. */
 	if (rc == -ENOSPC && pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0) {
 		placement_get(m, &pl);
 		if (pl.nchains)
-			rc = stk_meta_store_create(m->store, &q.cred, q.parent, q.name, q.mode,
-						   q.flags, &q.layout, &pl, &r.attr, &created);
+			rc = create_open(m, &q, &pl, &r);
 	}
 	if (rc == -ENOSPC && pl.nchains == 0)
 		warn_no_storage(q.name);
 	if (rc)
 		return rc;
-	r.created = (uint8_t)created;
 	return stk_msg_meta_create_resp_enc(&resp->payload, &r);
 }
 
@@ -496,14 +516,17 @@ static int op_session_end(struct meta *m, struct stk_rpc_req *req, struct stk_rp
 	return rc;
 }
 
+/* The reply carries the attributes read with the registration (what an open needs). */
 static int op_open(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_open_req q;
+	struct stk_attr a;
 	int rc;
 
-	(void)resp;
 	rc = decoded(req, stk_msg_meta_open_req_dec(&req->payload, &q));
-	return rc ? rc : stk_meta_sessions_open(m->sessions, q.session, q.ino, q.count, q.set);
+	if (rc == 0)
+		rc = stk_meta_sessions_open(m->sessions, q.session, q.ino, q.count, q.set, &a);
+	return rc ? rc : reply_attr(resp, &a);
 }
 
 static int op_close(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)

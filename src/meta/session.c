@@ -264,11 +264,35 @@ void stk_meta_sessions_end(struct stk_meta_sessions *s, uint64_t session)
 	pthread_mutex_unlock(&s->mu);
 }
 
+/* With the mutex held: count more references of session on ino (exactly count with set). */
+static int oref_add(struct stk_meta_sessions *s, uint64_t session, uint64_t ino, uint32_t count,
+		    int set)
+{
+	struct oref **p = oref_slot(s, ino, session), *r;
+
+	if (*p) {
+		if (set)
+			(*p)->count = count;
+		else if ((*p)->count + count < (*p)->count)
+			(*p)->count = UINT32_MAX;
+		else
+			(*p)->count += count;
+		return 0;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->ino = ino;
+	r->session = session;
+	r->count = count;
+	*p = r;
+	return 0;
+}
+
 int stk_meta_sessions_open(struct stk_meta_sessions *s, uint64_t session, uint64_t ino,
-			   uint32_t count, int set)
+			   uint32_t count, int set, struct stk_attr *out)
 {
 	struct stk_attr a;
-	struct oref **p, *r;
 	int rc;
 
 	if (count == 0)
@@ -289,28 +313,20 @@ int stk_meta_sessions_open(struct stk_meta_sessions *s, uint64_t session, uint64
 		rc = -ENOENT;
 		goto out;
 	}
-	p = oref_slot(s, ino, session);
-	if (*p) {
-		if (set)
-			(*p)->count = count;
-		else if ((*p)->count + count < (*p)->count)
-			(*p)->count = UINT32_MAX;
-		else
-			(*p)->count += count;
-		goto out;
-	}
-	r = calloc(1, sizeof(*r));
-	if (!r) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	r->ino = ino;
-	r->session = session;
-	r->count = count;
-	*p = r;
+	rc = oref_add(s, session, ino, count, set);
+	/* Read under the mutex, as the reference was added: no unlink came in between. */
+	if (rc == 0 && out)
+		*out = a;
 out:
 	pthread_mutex_unlock(&s->mu);
 	return rc;
+}
+
+int stk_meta_sessions_open_held(struct stk_meta_sessions *s, uint64_t session, uint64_t ino)
+{
+	int rc = touch(s, session, NULL);
+
+	return rc ? rc : oref_add(s, session, ino, 1, 0);
 }
 
 int stk_meta_sessions_close(struct stk_meta_sessions *s, uint64_t session, uint64_t ino,

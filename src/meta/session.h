@@ -21,7 +21,8 @@
  * Threads: every function may be called from any thread; one mutex guards the
  * tables. stk_meta_sessions_hold/release bracket the store calls whose outcome
  * depends on whether a file is open (unlink, rename), so that no META_OPEN slips
- * in between the check and the commit; the store's open hook is
+ * in between the check and the commit, and a create that registers the file it
+ * returns (so that no unlink slips in between); the store's open hook is
  * stk_meta_sessions_is_open, which expects that mutex held.
  */
 #ifndef STK_META_SESSION_H
@@ -58,11 +59,19 @@ void stk_meta_sessions_end(struct stk_meta_sessions *s, uint64_t session);
 /*
  * Adds count references of session on ino, which must exist: with a name, or an
  * orphan someone still holds (-ENOENT otherwise); with set, the session then holds
- * exactly count (a client registering again after a restart). 0, -ENOENT,
- * -EINVAL, -ENOMEM.
+ * exactly count (a client registering again after a restart). *out (if not NULL)
+ * becomes the inode's attributes, read under the mutex with the registration, so
+ * that no unlink falls between them. On an error nothing is registered and *out
+ * is untouched. 0, -ENOENT, -EINVAL, -ENOMEM.
  */
 int stk_meta_sessions_open(struct stk_meta_sessions *s, uint64_t session, uint64_t ino,
-			   uint32_t count, int set);
+			   uint32_t count, int set, struct stk_attr *out);
+/*
+ * With the mutex held (stk_meta_sessions_hold), adds one reference of session on
+ * ino, which the caller has just created or found by name under the same hold
+ * (META_CREATE). 0, -EINVAL (session 0), -ENOMEM.
+ */
+int stk_meta_sessions_open_held(struct stk_meta_sessions *s, uint64_t session, uint64_t ino);
 /* Drops count references (fewer if it holds fewer); the last one of an orphan reaps it. */
 int stk_meta_sessions_close(struct stk_meta_sessions *s, uint64_t session, uint64_t ino,
 			    uint32_t count);

@@ -133,9 +133,15 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	F(cred, cred) F(u64, ino) F(u32, valid) F(u32, mode) F(u32, uid) F(u32, gid)       \
 	F(u64, size) F(i64, atime_sec) F(u32, atime_nsec) F(i64, mtime_sec)                \
 	F(u32, mtime_nsec)
-#define STK_MSG_META_CREATE_REQ(F) \
-	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags) F(layout, layout)
-#define STK_MSG_META_CREATE_RESP(F) F(attr, attr) F(u8, created)
+/*
+ * session: the caller's session (0 = none), which then holds one open reference on
+ * the file returned, as after META_OPEN; the reply's `opened` says whether it does
+ * (never for a non-file, nor without a session).
+ */
+#define STK_MSG_META_CREATE_REQ(F)                                                         \
+	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags) F(layout, layout) \
+	F(u64, session)
+#define STK_MSG_META_CREATE_RESP(F) F(attr, attr) F(u8, created) F(u8, opened)
 #define STK_MSG_META_MKDIR_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(u32, mode)
 #define STK_MSG_META_RENAME_REQ(F)                                                        \
 	F(cred, cred) F(u64, src_parent) F(name, src_name) F(u64, dst_parent)              \
@@ -162,7 +168,10 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 /* Sessions and locks (see src/meta/session.h and locks.h). pid: the client process. */
 #define STK_MSG_META_SESSION_REQ(F) F(u64, session) F(u32, pid)
 #define STK_MSG_META_SESSION_RESP(F) F(u32, lease_ms) F(u8, known)
-/* set 1 (META_OPEN only): the session holds exactly count references (re-registration). */
+/*
+ * set 1 (META_OPEN only): the session holds exactly count references (re-registration).
+ * META_OPEN replies with meta_attr_resp, the inode as of the registration.
+ */
 #define STK_MSG_META_OPEN_REQ(F) F(u64, session) F(u64, ino) F(u32, count) F(u8, set)
 /*
  * kind: 0 POSIX record lock, 1 flock (whole file); type: 1 read (shared), 2 write

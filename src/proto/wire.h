@@ -66,7 +66,9 @@
 	 * alone records a read (relatime). */                                              \
 	X(META_SETATTR, 34, meta_setattr_req, meta_attr_resp, "change attributes")                 \
 	/* Creates a regular file, or with STK_CREATE_EXCL unset returns the existing one    \
-	 * (created = 0). A zero layout takes the parent directory's defaults. */           \
+	 * (created = 0). A zero layout takes the parent directory's defaults. With a        \
+	 * session, a regular file returned is also open for it as after META_OPEN          \
+	 * (opened = 1), in the same step: no unlink comes between the two. */              \
 	X(META_CREATE, 35, meta_create_req, meta_create_resp, "create a file")                     \
 	X(META_MKDIR, 36, meta_mkdir_req, meta_attr_resp, "create a directory")                    \
 	/* Removes a name. The reply is the inode's attributes after the unlink: when nlink  \
@@ -111,9 +113,11 @@
 	/* The client goes away: its open references and locks are dropped at once. */        \
 	X(META_SESSION_END, 54, meta_session_req, none, "end a session")                       \
 	/* `count` more references of the session on a file, which then outlives its last     \
-	 * name (an orphan) until the last reference goes. NOENT: no such inode (or an      \
-	 * orphan no one holds any more). */                                                   \
-	X(META_OPEN, 55, meta_open_req, none, "register open references")                      \
+	 * name (an orphan) until the last reference goes. The reply is the inode's          \
+	 * attributes as of the registration (no unlink comes between them), so an open     \
+	 * needs no META_GETATTR. NOENT: no such inode (or an orphan no one holds any        \
+	 * more), and nothing is registered. */                                                \
+	X(META_OPEN, 55, meta_open_req, meta_attr_resp, "register open references")            \
 	/* Drops `count` references; the last one of an orphan removes it and its data. */     \
 	X(META_CLOSE, 56, meta_open_req, none, "drop open references")                         \
 	/* Tests (test = 1), sets or removes (type STK_LOCK_UN) an flock or POSIX lock of      \
