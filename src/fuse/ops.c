@@ -592,9 +592,25 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 
 /* ---- files ---- */
 
-/* Gives fh its libstoker handle: the shared one, or one of its own. */
+/*
+ * A libstoker handle on a, taking over the open reference the caller registered
+ * (stk_ino_open_attr, stk_ino_create_open) if *registered, which is then cleared.
+ */
+static int ino_open(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
+		    int flags, int *registered, stk_file **f)
+{
+	if (!*registered)
+		return stk_ino_open(fs->c, cr, a, flags, f);
+	*registered = 0;
+	return stk_ino_open_registered(fs->c, cr, a, flags, f);
+}
+
+/*
+ * Gives fh its libstoker handle: the shared one, or one of its own. A new handle
+ * takes over the caller's reference (*registered); the shared one has its own.
+ */
 static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
-		     struct stk_fuse_fh *fh, int trunc)
+		     struct stk_fuse_fh *fh, int trunc, int *registered)
 {
 	struct stk_fuse_node *n = fh->node;
 	int rc = 0;
@@ -602,7 +618,8 @@ static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struc
 	pthread_mutex_lock(&n->lock);
 	if (fh->writable || n->wf) {
 		if (!n->wf) {
-			rc = stk_ino_open(fs->c, cr, a, O_RDWR | (trunc ? O_TRUNC : 0), &n->wf);
+			rc = ino_open(fs, cr, a, O_RDWR | (trunc ? O_TRUNC : 0), registered,
+				      &n->wf);
 			if (rc == 0) {
 				atomic_store(&n->wsize, trunc ? 0 : a->size);
 				atomic_store(&n->synced, atomic_load(&n->wgen));
@@ -621,7 +638,7 @@ static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struc
 	}
 	pthread_mutex_unlock(&n->lock);
 	if (rc == 0 && !fh->uses_wf)
-		rc = stk_ino_open(fs->c, cr, a, O_RDONLY, &fh->priv);
+		rc = ino_open(fs, cr, a, O_RDONLY, registered, &fh->priv);
 	return rc;
 }
 
@@ -673,43 +690,55 @@ static void note_read(struct stk_fuse *fs, uint64_t ino)
 		stk_debug("atime of inode %llu: %s", (unsigned long long)ino, stk_strerror(rc));
 }
 
-/* Opens a regular file whose attributes a were just fetched; sets fi. */
+/*
+ * Opens a regular file whose attributes a were just fetched with the registration
+ * of an open reference, which this takes over (a handle of its own keeps it; else,
+ * and on failure, it is dropped); sets fi.
+ */
 static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
 		   struct fuse_file_info *fi)
 {
 	int acc = fi->flags & O_ACCMODE;
 	int trunc = (fi->flags & O_TRUNC) && acc != O_RDONLY;
-	struct stk_fuse_fh *fh;
-	int keep = 0, rc;
+	struct stk_fuse_fh *fh = NULL;
+	int keep = 0, registered = 1, rc;
 
 	/* O_APPEND needs nothing: the kernel places appends itself, under the inode lock. */
-	if (!S_ISREG(a->mode))
-		return S_ISDIR(a->mode) ? -EISDIR : -EINVAL;
+	if (!S_ISREG(a->mode)) {
+		rc = S_ISDIR(a->mode) ? -EISDIR : -EINVAL;
+		goto out;
+	}
+	rc = -EINVAL;
 	if (acc != O_RDONLY && acc != O_WRONLY && acc != O_RDWR)
-		return -EINVAL;
+		goto out;
+	rc = -ENOMEM;
 	fh = calloc(1, sizeof(*fh));
 	if (!fh)
-		return -ENOMEM;
+		goto out;
 	fh->writable = acc != O_RDONLY;
 	fh->flock_owner = __atomic_add_fetch(&next_flock_owner, 1, __ATOMIC_RELAXED);
 	atomic_init(&fh->atime_due, acc != O_WRONLY && atime_due(fs, a));
 	if ((fi->flags & O_TRUNC) && acc == O_RDONLY && a->size) {
 		/* Linux truncates then too; the kernel has checked write permission. */
 		rc = set_size(fs, cr, a->ino, NULL, 0);
-		if (rc) {
-			free(fh);
-			return rc;
-		}
+		if (rc)
+			goto out;
 		trunc = 1;
 	}
 	rc = stk_fuse_table_open(&fs->tab, fh, a, trunc, &keep);
-	if (rc) {
-		free(fh);
-		return rc;
-	}
-	rc = fh_attach(fs, cr, a, fh, trunc);
+	if (rc)
+		goto out;
+	rc = fh_attach(fs, cr, a, fh, trunc, &registered);
 	if (rc) {
 		release_fh(fs, fh);
+		fh = NULL;
+	}
+out:
+	/* Not taken over (the shared handle holds its own, or a failure): drop it. */
+	if (registered)
+		stk_ino_unregister(fs->c, a->ino);
+	if (rc) {
+		free(fh);
 		return rc;
 	}
 	fi->fh = (uintptr_t)fh;
@@ -731,8 +760,11 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	/* O_TRUNC of a read-only open truncates through meta in the caller's name, and
 	 * the caller may hold write permission only through a supplementary group. */
 	req_cred(req, &cr, !!(fi->flags & O_TRUNC));
-	/* Fresh attributes: the size and layout this handle works with (close-to-open). */
-	rc = stk_ino_getattr(fs->c, &cr, ino_swap(fs, ino), &a);
+	/*
+	 * Fresh attributes, the size and layout this handle works with (close-to-open),
+	 * come with the registration of the open reference, in one round trip.
+	 */
+	rc = stk_ino_open_attr(fs->c, &cr, ino_swap(fs, ino), &a);
 	if (rc == 0)
 		rc = open_fh(fs, &cr, &a, fi);
 	if (rc) {
@@ -753,9 +785,11 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	int created = 0, rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777,
-			    !!(fi->flags & O_EXCL), &a, &created);
-	/* A name that appeared since the kernel's lookup: only a file may be opened. */
+	/* Registers the open reference of a regular file it returns, in the same call. */
+	rc = stk_ino_create_open(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777,
+				 !!(fi->flags & O_EXCL), &a, &created);
+	/* A name that appeared since the kernel's lookup: only a file may be opened
+	 * (and only a file was registered). */
 	if (rc == 0 && !created && !S_ISREG(a.mode))
 		rc = S_ISDIR(a.mode) ? -EISDIR : -EEXIST;
 	if (rc == 0)

@@ -631,3 +631,54 @@ def test_kill9_daemon_then_umount_clears_the_mount(cluster, make_mount):
     assert cluster.cli("cat", "/before").stdout == b"durable at close"
     m.start()
     assert open(os.path.join(m.path, "before")).read() == "durable at close"
+
+
+def test_open_and_create_cost_one_meta_call(cluster, make_mount):
+    """Round trips to meta, counted by meta's /metrics: an open through the mount is
+    one META_OPEN, which registers the open reference and brings the fresh
+    attributes (no META_GETATTR); a create is one META_CREATE, which registers it
+    too (no META_OPEN)."""
+    import re
+    import urllib.request
+
+    def counts():
+        url = "http://127.0.0.1:%d/metrics" % (cluster.port + 11)
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        out = {}
+        for m in re.finditer(r'^stoker_rpc_requests_total\{[^}]*op="(\w+)"[^}]*\}\s+(\S+)$',
+                             text, re.M):
+            out[m.group(1)] = out.get(m.group(1), 0) + float(m.group(2))
+        return out
+
+    def delta(before, after, op):
+        return int(after.get(op, 0) - before.get(op, 0))
+
+    # Long cache timeouts: the kernel asks nothing but the opens themselves.
+    m = make_mount(cluster, opts=["attr_timeout=600", "entry_timeout=600", "noatime"])
+    n = 50
+    data = os.urandom(16384)
+    path = os.path.join(m.path, "f")
+    with open(path, "wb") as f:
+        f.write(data)
+    for _ in range(2):  # the kernel learns the name and size; the session is renewed
+        with open(path, "rb") as f:
+            assert f.read() == data
+    time.sleep(0.5)
+    before = counts()
+    for _ in range(n):
+        with open(path, "rb") as f:
+            assert f.read() == data
+    after = counts()
+    assert delta(before, after, "META_OPEN") == n
+    assert delta(before, after, "META_GETATTR") == 0
+    assert delta(before, after, "META_LOOKUP") == 0
+
+    os.mkdir(os.path.join(m.path, "d"))
+    before = counts()
+    for i in range(n):
+        with open(os.path.join(m.path, "d", "new%d" % i), "wb"):
+            pass
+    after = counts()
+    assert delta(before, after, "META_CREATE") == n
+    assert delta(before, after, "META_OPEN") == 0

@@ -175,3 +175,46 @@ def test_removed_files_chunks_go_in_the_background(cluster, make_mount):
     assert len(cluster.chunk_files()) == kept + 1
     assert cluster.cli("cat", "/keep.bin").stdout == keep
     assert cluster.cli("cat", "/d/replaced").stdout == b"new"
+
+
+@needs_fuse
+def test_open_racing_unlink_from_another_mount(two_mounts):
+    """An open through A registers its reference and reads the attributes in one
+    step (META_OPEN), while B unlinks the name: whichever comes first, an open that
+    succeeds reads every byte, and no reference is left behind (all chunks go)."""
+    import threading
+    c, a, b = two_mounts
+    data = random.Random(7).randbytes(3 * (1 << 16) + 999)
+    opened = gone = 0
+    for i in range(150):
+        name = "race%d" % i
+        with open(os.path.join(b.path, name), "wb") as f:  # A has no cached pages
+            f.write(data)
+        if i % 2:
+            os.stat(os.path.join(a.path, name))  # A's kernel knows the name: open by inode
+        go = threading.Barrier(2)
+        got = {}
+
+        def opener():
+            go.wait()
+            try:
+                with open(os.path.join(a.path, name), "rb") as f:
+                    time.sleep(0.001 * (i % 3))
+                    got["data"] = f.read()
+            except FileNotFoundError:
+                got["data"] = None
+
+        t = threading.Thread(target=opener)
+        t.start()
+        go.wait()
+        if i % 5:
+            time.sleep(0.0005 * (i % 4))
+        os.unlink(os.path.join(b.path, name))
+        t.join()
+        if got["data"] is None:
+            gone += 1
+        else:
+            assert got["data"] == data, "open %d read %d bytes" % (i, len(got["data"]))
+            opened += 1
+    assert opened > 0
+    wait_until(lambda: not c.chunk_files(), what="every raced file's chunks to go")
