@@ -43,6 +43,7 @@
 struct sess {
 	uint64_t id;
 	uint64_t last_ns;
+	int renewed; /* META_SESSION has named it (see touch) */
 	struct sess *next;
 };
 
@@ -109,7 +110,13 @@ int stk_meta_sessions_is_open(void *ctx, uint64_t ino)
 	return 0;
 }
 
-/* With the mutex held. */
+/*
+ * With the mutex held: creates or renews session id. known is given by META_SESSION
+ * only, and says 0 for a session it has not named before, also one that another
+ * request (META_OPEN, META_CREATE, ...) created: after a meta restart, an open that
+ * comes before the client's renewal must not hide the restart from it, or the
+ * files it held before would never be registered again.
+ */
 static int touch(struct stk_meta_sessions *s, uint64_t id, int *known)
 {
 	struct sess **p, *n;
@@ -119,8 +126,10 @@ static int touch(struct stk_meta_sessions *s, uint64_t id, int *known)
 	p = sess_slot(s, id);
 	if (*p) {
 		(*p)->last_ns = stk_now_ns();
-		if (known)
-			*known = 1;
+		if (known) {
+			*known = (*p)->renewed;
+			(*p)->renewed = 1;
+		}
 		return 0;
 	}
 	n = calloc(1, sizeof(*n));
@@ -128,6 +137,7 @@ static int touch(struct stk_meta_sessions *s, uint64_t id, int *known)
 		return -ENOMEM;
 	n->id = id;
 	n->last_ns = stk_now_ns();
+	n->renewed = known != NULL;
 	*p = n;
 	if (known)
 		*known = 0;

@@ -52,7 +52,11 @@ void stk_meta_sessions_release(struct stk_meta_sessions *s);
 /* With the mutex held: 1 if some session has ino open. */
 int stk_meta_sessions_is_open(void *s, uint64_t ino);
 
-/* Creates or renews a session; *known 0 if it was new. 0 or -ENOMEM, -EINVAL (id 0). */
+/*
+ * Creates or renews a session; *known 0 if it was new, or named before only by
+ * other requests (an open after a restart: the client must register again what
+ * it held). 0 or -ENOMEM, -EINVAL (id 0).
+ */
 int stk_meta_sessions_renew(struct stk_meta_sessions *s, uint64_t session, int *known);
 /* Ends a session: references and locks go at once. */
 void stk_meta_sessions_end(struct stk_meta_sessions *s, uint64_t session);

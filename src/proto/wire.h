@@ -107,8 +107,9 @@
 	X(META_REMOVEXATTR, 50, meta_xattr_name_req, none, "remove an extended attribute")     \
 	/* Client sessions (53-63). A client names its session with a random id; this       \
 	 * creates or renews it. Its open files and locks last while it is renewed within   \
-	 * lease_ms (the reply); known 0: meta did not know it (new, or meta restarted),   \
-	 * and the client registers its open files again (META_OPEN with their counts). */ \
+	 * lease_ms (the reply); known 0: meta did not know it (new, or meta restarted,    \
+	 * also when another request named it first), and the client registers its open  \
+	 * files again (META_OPEN with their counts). */                                     \
 	X(META_SESSION, 53, meta_session_req, meta_session_resp, "open or renew a session")       \
 	/* The client goes away: its open references and locks are dropped at once. */        \
 	X(META_SESSION_END, 54, meta_session_req, none, "end a session")                       \
