@@ -1100,8 +1100,10 @@ static int cmp_n(const char *k, size_t kl, const char *s)
 	return kl < sl ? -1 : kl > sl ? 1 : 0;
 }
 
+/* Adds key k[0..kl): a common prefix, or an object of attributes a and record rec
+ * (NULL: none that matches, so the fallback ETag). */
 static int push(struct lw *w, const char *k, size_t kl, int is_prefix, const struct stk_attr *a,
-		uint64_t meta_ino, const char *name)
+		const struct stk_s3_record *rec)
 {
 	struct stk_s3_list *l = w->out;
 	struct stk_s3_list_item *it;
@@ -1130,22 +1132,46 @@ static int push(struct lw *w, const char *k, size_t kl, int is_prefix, const str
 		it->mtime = a->mtime_sec;
 		if (!S_ISREG(a->mode)) {
 			snprintf(it->etag, sizeof(it->etag), "\"%s\"", STK_S3_EMPTY_MD5);
+		} else if (rec) {
+			snprintf(it->etag, sizeof(it->etag), "%s", rec->etag);
 		} else {
-			struct stk_s3_record r;
-			int rc = -ENODATA;
-			if (w->o->want_etag) {
-				rc = xattr_record_get(w->gw, a->ino, &r);
-				if (rc == -ENODATA && meta_ino) /* an older gateway's record */
-					rc = read_record_at(w->gw, meta_ino, name, &r);
-			}
-			if (rc == 0 && record_matches(&r, a))
-				snprintf(it->etag, sizeof(it->etag), "%s", r.etag);
-			else
-				stk_s3_fallback_etag(a, it->etag, sizeof(it->etag));
+			stk_s3_fallback_etag(a, it->etag, sizeof(it->etag));
 		}
 	}
 	l->n++;
 	return 0;
+}
+
+/*
+ * Adds the file entry e of folder dir as key k[0..kl), with its record. The entry
+ * comes from readdir: if the file was replaced since, its record went with it
+ * (getxattr -ENOENT), so the name is looked up again rather than listing the old
+ * file with a fallback ETag. Not inlined: the record is large and walk_dir recurses.
+ */
+__attribute__((noinline)) static int push_file(struct lw *w, const char *k, size_t kl, uint64_t dir,
+					       const struct dent *e, uint64_t meta_ino)
+{
+	struct stk_s3_record r;
+	struct stk_attr a;
+	int have = 0;
+
+	if (stk_ino_getattr(w->gw->c, NULL, e->ino, &a))
+		return 0; /* removed while listing */
+	for (int tries = 0; S_ISREG(a.mode) && w->o->want_etag; tries++) {
+		int rc = xattr_record_get(w->gw, a.ino, &r);
+		if (rc == -ENODATA && meta_ino && /* an older gateway's record */
+		    read_record_at(w->gw, meta_ino, e->name, &r) == 0)
+			rc = 0;
+		if (rc != -ENOENT || tries == 2) {
+			have = rc == 0 && record_matches(&r, &a);
+			break;
+		}
+		if (lookup(w->gw, dir, e->name, &a))
+			return 0; /* deleted since */
+	}
+	if (!S_ISREG(a.mode))
+		return 0; /* replaced by a folder while listing */
+	return push(w, k, kl, 0, &a, have ? &r : NULL);
 }
 
 /* A common prefix k[0..cl): returned once, and only after the start key. */
@@ -1159,7 +1185,7 @@ static int push_prefix(struct lw *w, const char *k, size_t cl)
 		return 0;
 	memcpy(w->last_cp, k, cl);
 	w->last_cp[cl] = 0;
-	return push(w, k, cl, 1, NULL, 0, NULL);
+	return push(w, k, cl, 1, NULL, NULL);
 }
 
 /* Where the delimiter first occurs in k after the prefix: the common prefix's
@@ -1198,7 +1224,7 @@ static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino,
 				struct stk_attr a = *dir;
 				if (!a.mtime_sec)
 					stk_ino_getattr(w->gw->c, NULL, dir->ino, &a);
-				rc = push(w, k, klen, 0, &a, 0, NULL);
+				rc = push(w, k, klen, 0, &a, NULL);
 			}
 		}
 	}
@@ -1240,8 +1266,6 @@ static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino,
 			}
 			rc = walk_dir(w, &a, sub_meta, kl);
 		} else {
-			struct stk_attr a;
-
 			if (kl < w->plen || memcmp(k, prefix, w->plen) != 0)
 				continue;
 			cl = rollup(w, k, kl);
@@ -1251,9 +1275,7 @@ static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino,
 			}
 			if (after && *after && strcmp(k, after) <= 0)
 				continue;
-			if (stk_ino_getattr(w->gw->c, NULL, e->ino, &a) || !S_ISREG(a.mode))
-				continue; /* removed or replaced while listing */
-			rc = push(w, k, kl, 0, &a, meta_ino, e->name);
+			rc = push_file(w, k, kl, dir->ino, e, meta_ino);
 		}
 	}
 	dents_free(d, n);
