@@ -218,3 +218,50 @@ def test_open_racing_unlink_from_another_mount(two_mounts):
             opened += 1
     assert opened > 0
     wait_until(lambda: not c.chunk_files(), what="every raced file's chunks to go")
+
+
+@needs_fuse
+def test_orphan_survives_meta_restart_with_opens_racing_the_renewal(two_mounts):
+    """As above, but the holder's mount keeps opening another file while meta
+    restarts, so that an open (not the session renewal) is likely the first request
+    the new meta sees from it: meta must still tell the mount, at its renewal, that
+    it lost the session, so that the mount registers the orphan it holds again."""
+    import threading
+    c, a, b = two_mounts
+    data = write_file(os.path.join(a.path, "f"))
+    with open(os.path.join(a.path, "g"), "wb") as g:
+        g.write(b"g")
+    f = open(os.path.join(a.path, "f"), "rb")
+    stop = threading.Event()
+
+    def opener():
+        while not stop.is_set():
+            try:
+                with open(os.path.join(a.path, "g"), "rb") as g:
+                    g.read()
+            except OSError:
+                pass
+
+    threads = [threading.Thread(target=opener) for _ in range(4)]
+    try:
+        os.unlink(os.path.join(b.path, "f"))
+        n = len(c.chunk_files())
+        for t in threads:
+            t.start()
+        meta = c.pids()["meta"]
+        os.kill(meta, signal.SIGKILL)
+        wait_until(lambda: c.pids().get("meta", meta) != meta, timeout=120,
+                   what="stoker up to restart meta")
+        wait_until(lambda: open(os.path.join(b.path, "probe"), "wb").close() is None,
+                   timeout=120, what="meta to serve again")
+        time.sleep(LEASE_MS / 1000 * 2 + 3)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert len(c.chunk_files()) == n
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        assert f.read() == data
+    finally:
+        stop.set()
+        f.close()
+    wait_until(lambda: len(c.chunk_files()) == 1, what="the orphan's chunks to go after close")
