@@ -203,8 +203,7 @@ static int create_file(struct stk_client *c, const char *path, int flags, mode_t
 	rc = stk_client_resolve_parent(c, path, &parent, name);
 	if (rc)
 		return rc == -EINVAL ? -EISDIR : rc;
-	rc = stk_ino_create_open(c, NULL, parent.ino, name, mode, !!(flags & O_EXCL), a,
-				 &created);
+	rc = stk_ino_create_open(c, NULL, parent.ino, name, mode, !!(flags & O_EXCL), a, &created);
 	if (rc)
 		return rc;
 	if (S_ISLNK(a->mode)) /* O_CREAT on a symlink opens its target */
@@ -324,8 +323,8 @@ int stk_ino_open(stk_client *c, const struct stk_cred *cred, const struct stk_at
 	return ino_open(c, attr, flags, 0, out);
 }
 
-int stk_ino_open_registered(stk_client *c, const struct stk_cred *cred,
-			    const struct stk_attr *attr, int flags, stk_file **out)
+int stk_ino_open_registered(stk_client *c, const struct stk_cred *cred, const struct stk_attr *attr,
+			    int flags, stk_file **out)
 {
 	(void)cred;
 	return ino_open(c, attr, flags, 1, out);

@@ -95,8 +95,8 @@ static int create_call(stk_client *c, const struct stk_cred *cred, uint64_t pare
 		       const char *name, uint32_t mode, int excl, uint64_t session,
 		       struct stk_attr *out, int *created, int *opened)
 {
-	struct stk_msg_meta_create_req m = {.cred = CRED(c, cred), .parent = parent,
-					    .session = session};
+	struct stk_msg_meta_create_req m = {
+	    .cred = CRED(c, cred), .parent = parent, .session = session};
 	struct stk_msg_meta_create_resp rm;
 	uint8_t req[512], resp[512];
 	struct stk_wbuf w;

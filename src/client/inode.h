@@ -107,8 +107,8 @@ int stk_ino_open_attr(stk_client *c, const struct stk_cred *cred, uint64_t ino,
  * (stk_ino_open_attr, stk_ino_create_open): the handle takes it over and drops it
  * at stk_close. It is taken over on failure too (and dropped then).
  */
-int stk_ino_open_registered(stk_client *c, const struct stk_cred *cred,
-			    const struct stk_attr *attr, int flags, stk_file **out);
+int stk_ino_open_registered(stk_client *c, const struct stk_cred *cred, const struct stk_attr *attr,
+			    int flags, stk_file **out);
 /* Drops a reference held from stk_ino_open_attr or stk_ino_create_open. Does not wait. */
 void stk_ino_unregister(stk_client *c, uint64_t ino);
 /*

@@ -3,9 +3,9 @@
  * the open references it registers.
  *
  * An open takes `reg` for reading around its META_OPEN (or META_CREATE with the
- * session) and its change to the list; the renewal thread takes it for writing when meta did not know the
- * session, so that it registers the list again (each inode with META_OPEN set =
- * 1, the exact count) while no open is in flight.
+ * session) and its change to the list; the renewal thread takes it for writing
+ * when meta did not know the session, so that it registers the list again (each
+ * inode with META_OPEN set = 1, the exact count) while no open is in flight.
  *
  * A close does not wait for meta: it takes the inode off the list and queues the
  * reference, and the renewal thread, woken at once, sends the queued closes
@@ -187,7 +187,8 @@ static void send_closes(stk_client *c, struct stk_session *s)
 		s->nclosing = 0;
 	pthread_mutex_unlock(&s->mu);
 	for (size_t i = 0; i < n; i++) {
-		int rc = call_open(c, STK_OP_META_CLOSE, s->id, l[i].ino, l[i].count, 0, NULL, NULL);
+		int rc =
+		    call_open(c, STK_OP_META_CLOSE, s->id, l[i].ino, l[i].count, 0, NULL, NULL);
 		if (rc)
 			stk_debug("session: close of inode %llu: %s (meta drops it with the session)",
 				  (unsigned long long)l[i].ino, stk_strerror(rc));

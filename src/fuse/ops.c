@@ -618,8 +618,8 @@ static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struc
 	pthread_mutex_lock(&n->lock);
 	if (fh->writable || n->wf) {
 		if (!n->wf) {
-			rc = ino_open(fs, cr, a, O_RDWR | (trunc ? O_TRUNC : 0), registered,
-				      &n->wf);
+			rc =
+			    ino_open(fs, cr, a, O_RDWR | (trunc ? O_TRUNC : 0), registered, &n->wf);
 			if (rc == 0) {
 				atomic_store(&n->wsize, trunc ? 0 : a->size);
 				atomic_store(&n->synced, atomic_load(&n->wgen));
