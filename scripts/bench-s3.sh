@@ -54,6 +54,16 @@ t0=$(now); $S cat /bench/s3.bin >/dev/null; t1=$(now)
 native_get=$(mbps "$BYTES" "$t0" "$t1")
 t0=$(now); "${CURL[@]}" "$EP/bench/s3.bin" -o /dev/null; t1=$(now)
 s3_get=$(mbps "$BYTES" "$t0" "$t1")
+# the same again from the disk: the page cache dropped before each (root only)
+cold_native_get=- cold_s3_get=-
+if [ "$(id -u)" = 0 ]; then
+	sync; echo 3 >/proc/sys/vm/drop_caches
+	t0=$(now); $S cat /bench/s3.bin >/dev/null; t1=$(now)
+	cold_native_get=$(mbps "$BYTES" "$t0" "$t1")
+	sync; echo 3 >/proc/sys/vm/drop_caches
+	t0=$(now); "${CURL[@]}" "$EP/bench/s3.bin" -o /dev/null; t1=$(now)
+	cold_s3_get=$(mbps "$BYTES" "$t0" "$t1")
+fi
 cmp <($S cat /bench/s3.bin) "$DIR/big.bin"
 t0=$(now); /usr/bin/aws --endpoint-url "$EP" s3 cp --only-show-errors "$DIR/big.bin" s3://bench/aws.bin; t1=$(now)
 aws_put=$(mbps "$BYTES" "$t0" "$t1")
@@ -122,12 +132,13 @@ bench=$($S bench --threads 8 --size 64M --files "$FILES" --small-size 16k /nativ
 lib_small_put=$(echo "$bench" | awk -F'|' '/small write/ { split($3, a, " "); print a[1] }')
 lib_small_get=$(echo "$bench" | awk -F'|' '/small read/ { split($3, a, " "); print a[1] }')
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b > 0) printf "%.2f", a / b; else print "-" }'; }
 echo
 echo "| workload | S3 gateway | native | ratio |"
 echo "|---|---|---|---|"
 echo "| PUT ${SIZE_MB} MiB, one stream (curl) vs \`stoker put\` | $s3_put MB/s | $native_put MB/s | $(ratio "$s3_put" "$native_put") |"
 echo "| GET ${SIZE_MB} MiB, one stream (curl) vs \`stoker cat\` | $s3_get MB/s | $native_get MB/s | $(ratio "$s3_get" "$native_get") |"
+echo "| GET ${SIZE_MB} MiB, cold cache, one stream (curl) vs \`stoker cat\` | $cold_s3_get MB/s | $cold_native_get MB/s | $(ratio "$cold_s3_get" "$cold_native_get") |"
 echo "| PUT ${SIZE_MB} MiB, \`aws s3 cp\` (multipart) vs \`stoker put\` | $aws_put MB/s | $native_put MB/s | $(ratio "$aws_put" "$native_put") |"
 echo "| GET ${SIZE_MB} MiB, \`aws s3 cp\` vs \`stoker cat\` | $aws_get MB/s | $native_get MB/s | $(ratio "$aws_get" "$native_get") |"
 echo "| PUT 16 KiB x $FILES, 8 clients vs 8 \`stoker put\` loops | $s3_small_put req/s | $cli_small_put files/s | $(ratio "$s3_small_put" "$cli_small_put") |"
