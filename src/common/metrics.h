@@ -176,6 +176,8 @@
 	X(PROCESS_THREADS, GAUGE, "stoker_process_threads", "", "Threads of the process.")         \
 	X(PROCESS_START, GAUGE, "stoker_process_start_time_seconds", "",                           \
 	  "When the process started, in seconds since the Unix epoch.")                            \
+	X(PROCESS_LOOP_CALLBACK, HISTOGRAM, "stoker_process_loop_callback_seconds", "loop",        \
+	  "Time one callback held an event-loop thread (what that loop's next iteration waited).") \
 	/* ---- the host's network (/proc/net/snmp, /proc/net/netstat) ---- */                     \
 	X(HOST_TCP_RETRANS, COUNTER, "stoker_host_tcp_retransmitted_segments_total", "",           \
 	  "TCP segments the host retransmitted (Tcp RetransSegs).")                                \

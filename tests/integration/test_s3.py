@@ -1596,6 +1596,14 @@ def test_metrics(cluster, tmp_path):
         for h in held:
             h.close()
         assert metric(m, "stoker_build_info", role="s3") == 1
+        # Every request ran at least one callback on a loop thread, and a streamed GET
+        # body more; each is one observation, none longer than the whole test.
+        loop = {"loop": "s3-http"}
+        calls = metric(m, "stoker_process_loop_callback_seconds_count", **loop)
+        assert calls >= metric(m, "stoker_client_ops_total", **f), calls
+        assert metric(m, "stoker_process_loop_callback_seconds_bucket", le="+Inf",
+                      **loop) == calls
+        assert 0 < metric(m, "stoker_process_loop_callback_seconds_sum", **loop) < 300
         m = wait_metric(maddr, "stoker_client_inflight_ops", lambda v: v == 0, **f)
         assert metric(m, "stoker_client_inflight_ops", **f) == 0
         status, text = scrape(maddr)
