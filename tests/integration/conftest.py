@@ -270,5 +270,24 @@ def make_mount(tmp_path):
         assert not m.sanitizer_reports(), m.log()
 
 
-__all__ = ["Cluster", "Mount", "run", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
+def errno_of(fn, *args):
+    """The errno fn(*args) fails with, 0 when it succeeds."""
+    try:
+        fn(*args)
+    except OSError as e:
+        return e.errno
+    return 0
+
+
+def wait_until(cond, timeout=60, what="condition"):
+    """Polls cond() every 0.1 s until it is true; fails the test after timeout s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for " + what)
+
+
+__all__ = ["Cluster", "Mount", "run", "errno_of", "wait_until", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
            "time"]

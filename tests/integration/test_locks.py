@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 
 PY = "/usr/bin/python3"
 LEASE_MS = 3000
@@ -97,15 +97,6 @@ def try_lock(path, mode, start=0, length=0):
             assert e.errno in (11, 13), e  # EAGAIN (EACCES is allowed by POSIX)
             return False
         return True
-
-
-def wait_until(cond, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for " + what)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import Mount, STOKER, needs_fuse, pick_ports, run
+from conftest import Mount, STOKER, errno_of, needs_fuse, pick_ports, run
 
 pytestmark = needs_fuse
 
@@ -35,14 +35,6 @@ def sha256(path):
 
 def tool_sha256(path):
     return run(["sha256sum", str(path)]).stdout.split()[0].decode()
-
-
-def errno_of(fn, *args):
-    try:
-        fn(*args)
-    except OSError as e:
-        return e.errno
-    return 0
 
 
 def process_gone(pid):

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from conftest import needs_fuse
+from conftest import errno_of, needs_fuse, wait_until
 
 MiB = 1 << 20
 
@@ -20,15 +20,6 @@ MiB = 1 << 20
 def drop_caches():
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
-
-
-def wait_until(cond, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for " + what)
 
 
 def kill_cluster(c):
@@ -39,14 +30,6 @@ def kill_cluster(c):
     for pid in pids.values():
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not c.pids(), 30, "the daemons to go")
-
-
-def errno_of(fn, *args):
-    try:
-        fn(*args)
-    except OSError as e:
-        return e.errno
-    return 0
 
 
 def read_file(path):

@@ -14,21 +14,13 @@ import time
 
 import pytest
 
-from conftest import Mount, needs_fuse
+from conftest import Mount, errno_of, needs_fuse
 
 pytestmark = needs_fuse
 
 NOBODY = 65534
 PY = "/usr/bin/python3"
 MiB = 1 << 20
-
-
-def errno_of(fn, *args):
-    try:
-        fn(*args)
-    except OSError as e:
-        return e.errno
-    return 0
 
 
 def as_nobody():

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import needs_fuse
+from conftest import needs_fuse, wait_until
 
 PY = "/usr/bin/python3"
 LEASE_MS = 2000
@@ -24,15 +24,6 @@ f = open(sys.argv[1], "rb")
 print("open", flush=True)
 sys.stdin.read()
 """
-
-
-def wait_until(cond, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out waiting for " + what)
 
 
 @pytest.fixture
