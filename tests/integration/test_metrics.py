@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -310,6 +311,40 @@ def test_top_once(cluster, rand_file):
     assert "storage" in out and "meta" in out and maddr(cluster, "mgmtd") not in out, out
     p = cluster.cli("top", "--once", "--metrics", "127.0.0.1:9", check=False)
     assert p.returncode == 1 and b"unreachable" in p.stdout
+
+
+def test_top_live_view_refreshes_until_interrupted(cluster, rand_file):
+    """Without --once, on a terminal: a new frame each interval, the screen cleared
+    before each, until SIGINT ends it with status 0."""
+    import pty
+    import select
+    master, slave = pty.openpty()
+    p = subprocess.Popen([STOKER, "top", "--cluster", cluster.url, "--interval", "0.3"],
+                         stdin=slave, stdout=slave, stderr=subprocess.PIPE, close_fds=True)
+    os.close(slave)
+    out = b""
+    try:
+        cluster.cli("put", str(rand_file(4 << 20)), "/live.bin")
+        deadline = time.time() + 30
+        while out.count(b"stoker top ") < 4 and time.time() < deadline:
+            r, _, _ = select.select([master], [], [], 0.5)
+            if r:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:  # the pty closed: top is gone
+                    break
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=30) == 0, p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(master)
+    frames = out.count(b"stoker top ")
+    assert frames >= 4, out[-2000:]
+    assert out.count(b"\033[H\033[2J") >= frames - 1, out[-2000:]
+    for role in ROLES:
+        assert maddr(cluster, role).encode() in out
 
 
 def test_no_metrics_and_bad_metrics_address(tmp_path):
