@@ -270,6 +270,16 @@ def make_mount(tmp_path):
         assert not m.sanitizer_reports(), m.log()
 
 
+NOBODY = 65534
+
+
+def as_nobody():
+    """preexec_fn: the child runs as nobody, with no supplementary groups."""
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
 def errno_of(fn, *args):
     """The errno fn(*args) fails with, 0 when it succeeds."""
     try:
@@ -289,5 +299,5 @@ def wait_until(cond, timeout=60, what="condition"):
     raise AssertionError("timed out waiting for " + what)
 
 
-__all__ = ["Cluster", "Mount", "run", "errno_of", "wait_until", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
+__all__ = ["Cluster", "Mount", "run", "errno_of", "wait_until", "NOBODY", "as_nobody", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
            "time"]

@@ -14,12 +14,11 @@ import time
 
 import pytest
 
-from conftest import Mount, STOKER, errno_of, needs_fuse, pick_ports, run
+from conftest import NOBODY, Mount, STOKER, as_nobody, errno_of, needs_fuse, pick_ports, run
 
 pytestmark = needs_fuse
 
 MiB = 1 << 20
-NOBODY = 65534
 PY = "/usr/bin/python3"
 
 
@@ -427,12 +426,6 @@ def test_two_mounts_close_to_open(cluster, make_mount):
     assert wait_for(lambda: not os.path.exists(a + ".new"), 3)
     os.mkdir(os.path.join(m2.path, "fromb"))
     assert wait_for(lambda: os.path.isdir(os.path.join(m1.path, "fromb")), 3)
-
-
-def as_nobody():
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
 
 
 NOBODY_SCRIPT = r"""

@@ -14,19 +14,12 @@ import time
 
 import pytest
 
-from conftest import Mount, errno_of, needs_fuse
+from conftest import NOBODY, Mount, as_nobody, errno_of, needs_fuse
 
 pytestmark = needs_fuse
 
-NOBODY = 65534
 PY = "/usr/bin/python3"
 MiB = 1 << 20
-
-
-def as_nobody():
-    os.setgroups([])
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
 
 
 def test_xattr_set_get_list_remove(mount):
