@@ -658,7 +658,7 @@ static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 /* The last flock owner handed out (fs.h, locks.c). */
 static uint64_t next_flock_owner;
 
-/* relatime's rule, as meta applies it: would a read now move a's atime? */
+/* Would a read now move a's atime (relatime, msg.h)? Meta decides again. */
 static int atime_due(const struct stk_fuse *fs, const struct stk_attr *a)
 {
 	int64_t now;
@@ -667,11 +667,7 @@ static int atime_due(const struct stk_fuse *fs, const struct stk_attr *a)
 	if (fs->o.noatime || fs->o.ro)
 		return 0;
 	stk_wall_time(&now, &nsec);
-	return a->atime_sec < a->mtime_sec ||
-	       (a->atime_sec == a->mtime_sec && a->atime_nsec <= a->mtime_nsec) ||
-	       a->atime_sec < a->ctime_sec ||
-	       (a->atime_sec == a->ctime_sec && a->atime_nsec <= a->ctime_nsec) ||
-	       now - a->atime_sec >= 24 * 3600;
+	return stk_attr_atime_due(a, now);
 }
 
 /*

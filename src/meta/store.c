@@ -921,24 +921,6 @@ static void setattr_apply(const struct op *o, struct inode *n, const struct stk_
 	set_ctime(o, a);
 }
 
-/* 1 if a <= b, comparing (sec, nsec) pairs. */
-static int time_le(int64_t as, uint32_t an, int64_t bs, uint32_t bn)
-{
-	return as < bs || (as == bs && an <= bn);
-}
-
-/*
- * relatime (Linux's rule): a read moves atime only when atime is not after mtime
- * or ctime (the first read since a change), or is a day old. So a file read over
- * and over costs one write a day, and "read since written?" still has an answer.
- */
-static int atime_due(const struct op *o, const struct stk_attr *a)
-{
-	return time_le(a->atime_sec, a->atime_nsec, a->mtime_sec, a->mtime_nsec) ||
-	       time_le(a->atime_sec, a->atime_nsec, a->ctime_sec, a->ctime_nsec) ||
-	       o->now_sec - a->atime_sec >= 24 * 3600;
-}
-
 int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			   const struct stk_meta_sattr *sa, struct stk_attr *out)
 {
@@ -955,7 +937,7 @@ int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cre
 	if (rc == 0 && sa->valid == STK_SETATTR_ATIME_READ) {
 		/* Not a change of the inode's status: ctime stays, and nothing is
 		 * written when atime is not due. */
-		if (atime_due(&o, &n.a)) {
+		if (stk_attr_atime_due(&n.a, o.now_sec)) { /* relatime */
 			times_now(&o, &n.a.atime_sec, &n.a.atime_nsec);
 			rc = inode_put(&o, &n);
 		}

@@ -73,6 +73,20 @@ struct stk_attr {
 	struct stk_layout layout; /* zero for non-files */
 };
 
+/*
+ * relatime (Linux's rule): would a read at now_sec move a's atime? Only when atime
+ * is not after mtime or ctime (the first read since a change), or is a day old. Meta
+ * applies it when it records a read; the mount checks it first to skip the call.
+ */
+static inline int stk_attr_atime_due(const struct stk_attr *a, int64_t now_sec)
+{
+	return a->atime_sec < a->mtime_sec ||
+	       (a->atime_sec == a->mtime_sec && a->atime_nsec <= a->mtime_nsec) ||
+	       a->atime_sec < a->ctime_sec ||
+	       (a->atime_sec == a->ctime_sec && a->atime_nsec <= a->ctime_nsec) ||
+	       now_sec - a->atime_sec >= 24 * 3600;
+}
+
 /* Flags and masks carried in messages. */
 #define STK_CREATE_EXCL 0x1u
 
