@@ -189,6 +189,12 @@ int stk_file_io_prep(stk_file *f, int op, uint64_t off, size_t *len, struct stk_
  * the chains it touched are synced at the next fsync or close.
  */
 void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len);
+/*
+ * Sets the size a read-only handle reads up to: the FUSE daemon's read-only
+ * handles learn what writes through the same mount made of the file since they
+ * opened. A handle that writes keeps its own (-EBADF).
+ */
+int stk_file_set_read_size(stk_file *f, uint64_t size);
 
 /* Sends STOR_SYNC to the given chain. 0 or -errno. */
 int stk_io_sync_chain(struct stk_client *c, uint32_t chain_id);

@@ -203,7 +203,8 @@ static int create_file(struct stk_client *c, const char *path, int flags, mode_t
 	rc = stk_client_resolve_parent(c, path, &parent, name);
 	if (rc)
 		return rc == -EINVAL ? -EISDIR : rc;
-	rc = stk_ino_create_open(c, NULL, parent.ino, name, mode, !!(flags & O_EXCL), a, &created);
+	rc = stk_ino_create_open(c, NULL, parent.ino, name, mode, !!(flags & O_EXCL), a, &created,
+				 NULL);
 	if (rc)
 		return rc;
 	if (S_ISLNK(a->mode)) /* O_CREAT on a symlink opens its target */
@@ -735,6 +736,16 @@ void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len)
 		f->size = off + len;
 	f->size_dirty = 1;
 	pthread_mutex_unlock(&f->lock);
+}
+
+int stk_file_set_read_size(stk_file *f, uint64_t size)
+{
+	if (f->accmode != O_RDONLY)
+		return -EBADF;
+	pthread_mutex_lock(&f->lock);
+	f->size = size;
+	pthread_mutex_unlock(&f->lock);
+	return 0;
 }
 
 uint64_t stk_file_size(stk_file *f)

@@ -93,7 +93,7 @@ int stk_ino_setattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
 /* META_CREATE naming `session` (0: none); *opened: meta registered the file for it. */
 static int create_call(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 		       const char *name, uint32_t mode, int excl, uint64_t session,
-		       struct stk_attr *out, int *created, int *opened)
+		       struct stk_attr *out, int *created, int *opened, struct stk_attr *dir)
 {
 	struct stk_msg_meta_create_req m = {
 	    .cred = CRED(c, cred), .parent = parent, .session = session};
@@ -122,6 +122,8 @@ static int create_call(stk_client *c, const struct stk_cred *cred, uint64_t pare
 	*out = rm.attr;
 	*created = rm.created;
 	*opened = rm.opened && session && S_ISREG(rm.attr.mode);
+	if (dir)
+		*dir = rm.dir;
 	return 0;
 }
 
@@ -131,7 +133,7 @@ int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	struct stk_attr a;
 	int cr = 0, opened, rc;
 
-	rc = create_call(c, cred, parent, name, mode, excl, 0, &a, &cr, &opened);
+	rc = create_call(c, cred, parent, name, mode, excl, 0, &a, &cr, &opened, NULL);
 	if (rc)
 		return rc;
 	if (out)
@@ -143,16 +145,18 @@ int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 
 int stk_ino_create_open(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 			const char *name, uint32_t mode, int excl, struct stk_attr *out,
-			int *created)
+			int *created, struct stk_attr *dir)
 {
 	uint64_t id = stk_session_reg_begin(c);
 	int opened = 0, rc;
 
-	rc = create_call(c, cred, parent, name, mode, excl, id, out, created, &opened);
+	if (dir)
+		dir->ino = 0;
+	rc = create_call(c, cred, parent, name, mode, excl, id, out, created, &opened, dir);
 	if (rc == -EBADMSG && id) {
 		/* A meta from before META_CREATE carried a session: register apart. */
 		id = 0;
-		rc = create_call(c, cred, parent, name, mode, excl, 0, out, created, &opened);
+		rc = create_call(c, cred, parent, name, mode, excl, 0, out, created, &opened, dir);
 	}
 	if (rc) {
 		stk_session_reg_end(c, 0, 0);
@@ -201,7 +205,7 @@ static int name_req(stk_client *c, const struct stk_cred *cred, uint16_t op, uin
 }
 
 int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t parent,
-			const char *name, struct stk_attr *after)
+			const char *name, struct stk_attr *after, struct stk_attr *dir)
 {
 	struct stk_msg_meta_name_req m = {.cred = CRED(c, cred), .parent = parent};
 	struct stk_msg_meta_unlink_resp rm;
@@ -225,13 +229,15 @@ int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t par
 	/* Open somewhere: meta keeps the file and removes its data at the last close. */
 	if (rm.orphaned)
 		after->ino = 0;
+	if (dir)
+		*dir = rm.dir;
 	return 0;
 }
 
 int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name)
 {
 	struct stk_attr after;
-	int rc = stk_ino_unlink_keep(c, cred, parent, name, &after);
+	int rc = stk_ino_unlink_keep(c, cred, parent, name, &after, NULL);
 
 	if (rc == 0 && after.ino && after.nlink == 0 && S_ISREG(after.mode))
 		stk_client_remove_data(c, &after);

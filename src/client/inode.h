@@ -39,11 +39,12 @@ int stk_ino_create(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
  * holds one open reference of the client's session on it, registered by the same
  * META_CREATE (no unlink comes between), to hand to stk_ino_open_registered or
  * drop with stk_ino_unregister. Anything else (a directory or symlink met without
- * excl, an error) holds none.
+ * excl, an error) holds none. *dir (if not NULL) becomes the parent folder's
+ * attributes just after the create, or has ino 0 when meta did not send them.
  */
 int stk_ino_create_open(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 			const char *name, uint32_t mode, int excl, struct stk_attr *out,
-			int *created);
+			int *created, struct stk_attr *dir);
 int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		  uint32_t mode, struct stk_attr *out);
 /* Removes a name; removes the file's chunks when it was the last link. */
@@ -55,10 +56,11 @@ int stk_ino_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
  * FUSE daemon uses this to keep a file that is unlinked while open readable
  * until its last handle closes. When some client (this one included) has the
  * file open, meta keeps it as an orphan and removes its data itself at the last
- * close: *after then has ino 0, and there is nothing for the caller to do.
+ * close: *after then has ino 0, and there is nothing for the caller to do. *dir
+ * (if not NULL) is as for stk_ino_create_open.
  */
 int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t parent,
-			const char *name, struct stk_attr *after);
+			const char *name, struct stk_attr *after, struct stk_attr *dir);
 int stk_ino_rmdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name);
 /* flags: STK_RENAME_NOREPLACE / STK_RENAME_EXCHANGE. */
 int stk_ino_rename(stk_client *c, const struct stk_cred *cred, uint64_t src_parent,

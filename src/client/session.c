@@ -8,9 +8,10 @@
  * inode with META_OPEN set = 1, the exact count) while no open is in flight.
  *
  * A close does not wait for meta: it takes the inode off the list and queues the
- * reference, and the renewal thread, woken at once, sends the queued closes
- * (same inodes merged). Meta's count is therefore never below the real one,
- * only above it for a moment. A re-registration copies the list and empties the
+ * reference, and the renewal thread, woken at once, lets closes gather for
+ * CLOSES_GATHER_MS and sends them all in one META_CLOSES (same inodes merged).
+ * Meta's count is therefore never below the real one, only above it for a
+ * moment. Reads to record in atime (relatime) share the queue and the message. A re-registration copies the list and empties the
  * queue in one step under `mu`, and the same thread sends both in order, so a
  * queued close is neither lost nor counted twice.
  */
@@ -27,13 +28,18 @@
 #include "../common/log.h"
 #include "../common/util.h"
 #include "client.h"
+#include "inode.h"
 
 #define FIRST_RENEW_MS 1000u
 #define MIN_RENEW_MS 100u
+/* How long queued closes wait for company; more than this many go at once. */
+#define CLOSES_GATHER_MS 2u
+#define CLOSES_GATHER_MAX 256u
 
 struct open_ent {
 	uint64_t ino;
 	uint32_t count;
+	uint8_t read; /* queued only: a read to record (STK_REF_READ) */
 };
 
 struct stk_session {
@@ -51,6 +57,7 @@ struct stk_session {
 	size_t n, cap;
 	struct open_ent *closing; /* queued META_CLOSEs */
 	size_t nclosing, cap_closing;
+	int no_closes; /* meta has no META_CLOSES: one META_CLOSE each (renewal thread only) */
 };
 
 static uint64_t new_id(void)
@@ -175,7 +182,35 @@ static void reregister(stk_client *c, struct stk_session *s)
 	free(l);
 }
 
-/* Sends the queued closes. */
+/* One META_CLOSES of n (at most STK_CLOSES_MAX) references. */
+static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, size_t n)
+{
+	struct stk_msg_meta_closes_req m = {.session = id, .n = (uint32_t)n};
+	size_t cap = 16 + n * 16; /* the header is 12 bytes, a record 13 */
+	uint8_t *req = malloc(cap);
+	struct stk_wbuf w;
+	int rc;
+
+	if (!req)
+		return -ENOMEM;
+	stk_wbuf_init(&w, req, cap);
+	stk_msg_meta_closes_req_enc(&w, &m);
+	for (size_t i = 0; i < n; i++) {
+		struct stk_msg_open_ref r = {
+		    .ino = l[i].ino, .count = l[i].count, .flags = l[i].read ? STK_REF_READ : 0};
+		stk_msg_open_ref_enc(&w, &r);
+	}
+	if (w.err) {
+		free(req);
+		stk_error("session: cannot encode %zu closes: %s", n, stk_strerror(w.err));
+		return w.err;
+	}
+	rc = stk_client_meta_call(c, STK_OP_META_CLOSES, req, w.len, NULL, 0, NULL);
+	free(req);
+	return rc;
+}
+
+/* Sends the queued closes: in META_CLOSES, or one by one to a meta without it. */
 static void send_closes(stk_client *c, struct stk_session *s)
 {
 	struct open_ent *l;
@@ -186,12 +221,28 @@ static void send_closes(stk_client *c, struct stk_session *s)
 	if (l)
 		s->nclosing = 0;
 	pthread_mutex_unlock(&s->mu);
-	for (size_t i = 0; i < n; i++) {
-		int rc =
-		    call_open(c, STK_OP_META_CLOSE, s->id, l[i].ino, l[i].count, 0, NULL, NULL);
-		if (rc)
-			stk_debug("session: close of inode %llu: %s (meta drops it with the session)",
-				  (unsigned long long)l[i].ino, stk_strerror(rc));
+	for (size_t i = 0; i < n; i += STK_CLOSES_MAX) {
+		size_t k = n - i < STK_CLOSES_MAX ? n - i : STK_CLOSES_MAX;
+		int rc = s->no_closes ? -ENOSYS : call_closes(c, s->id, l + i, k);
+
+		if (rc == -ENOSYS)
+			s->no_closes = 1;
+		else if (rc)
+			stk_debug("session: closing %zu inodes: %s (meta drops them with the session)",
+				  k, stk_strerror(rc));
+		for (size_t j = i; rc == -ENOSYS && j < i + k; j++) {
+			int r = 0;
+
+			if (l[j].read)
+				stk_ino_setattr(c, NULL, l[j].ino, STK_SETATTR_ATIME_READ, NULL, NULL);
+			if (l[j].count)
+				r = call_open(c, STK_OP_META_CLOSE, s->id, l[j].ino, l[j].count, 0,
+					      NULL, NULL);
+			if (r)
+				stk_debug("session: close of inode %llu: %s (meta drops it with "
+					  "the session)",
+					  (unsigned long long)l[j].ino, stk_strerror(r));
+		}
 	}
 	free(l);
 }
@@ -221,7 +272,10 @@ static void *renew_main(void *arg)
 			s->next_renew_ns = stk_now_ns() + (uint64_t)s->renew_ms * 1000000ull;
 		}
 		if (s->nclosing) {
+			int gather = s->nclosing < CLOSES_GATHER_MAX && !s->stop;
 			pthread_mutex_unlock(&s->mu);
+			if (gather)
+				usleep(CLOSES_GATHER_MS * 1000);
 			send_closes(c, s);
 			pthread_mutex_lock(&s->mu);
 			continue;
@@ -330,10 +384,36 @@ int stk_session_open(stk_client *c, uint64_t ino, struct stk_attr *attr)
 	return rc ? rc : have;
 }
 
+/* Queues `count` closes of ino and, if read, a read to record; under mu. 0 if out of memory. */
+static int queue(struct stk_session *s, uint64_t ino, uint32_t count, int read)
+{
+	size_t j;
+
+	for (j = 0; j < s->nclosing && s->closing[j].ino != ino; j++)
+		;
+	if (j == s->nclosing) {
+		if (s->nclosing == s->cap_closing) {
+			size_t cap = s->cap_closing ? 2 * s->cap_closing : 16;
+			struct open_ent *p = realloc(s->closing, cap * sizeof(*p));
+			if (!p)
+				return 0;
+			s->closing = p;
+			s->cap_closing = cap;
+		}
+		memset(&s->closing[j], 0, sizeof(s->closing[j]));
+		s->closing[j].ino = ino;
+		s->nclosing++;
+	}
+	s->closing[j].count += count;
+	s->closing[j].read |= (uint8_t)read;
+	pthread_cond_signal(&s->wake);
+	return 1;
+}
+
 void stk_session_close(stk_client *c, uint64_t ino)
 {
 	struct stk_session *s = c->sess;
-	size_t i, j;
+	size_t i;
 
 	pthread_mutex_lock(&s->mu);
 	for (i = 0; i < s->n && s->opens[i].ino != ino; i++)
@@ -342,29 +422,24 @@ void stk_session_close(stk_client *c, uint64_t ino)
 		goto out; /* not registered (sessions off, or opened before a fork) */
 	if (--s->opens[i].count == 0)
 		s->opens[i] = s->opens[--s->n];
-	for (j = 0; j < s->nclosing && s->closing[j].ino != ino; j++)
-		;
-	if (j < s->nclosing) {
-		s->closing[j].count++;
-	} else {
-		if (s->nclosing == s->cap_closing) {
-			size_t cap = s->cap_closing ? 2 * s->cap_closing : 16;
-			struct open_ent *p = realloc(s->closing, cap * sizeof(*p));
-			if (!p) {
-				/* Meta keeps the reference until the session ends: only late. */
-				stk_warn("session: out of memory queueing the close of inode %llu",
-					 (unsigned long long)ino);
-				goto out;
-			}
-			s->closing = p;
-			s->cap_closing = cap;
-		}
-		s->closing[s->nclosing].ino = ino;
-		s->closing[s->nclosing++].count = 1;
-	}
-	pthread_cond_signal(&s->wake);
+	/* Out of memory, meta keeps the reference until the session ends: only late. */
+	if (!queue(s, ino, 1, 0))
+		stk_warn("session: out of memory queueing the close of inode %llu",
+			 (unsigned long long)ino);
 out:
 	pthread_mutex_unlock(&s->mu);
+}
+
+int stk_session_note_read(stk_client *c, uint64_t ino)
+{
+	struct stk_session *s = c->sess;
+	int rc = -ENOSYS;
+
+	pthread_mutex_lock(&s->mu);
+	if (s->running && !s->off && !s->no_closes)
+		rc = queue(s, ino, 0, 1) ? 0 : -ENOMEM;
+	pthread_mutex_unlock(&s->mu);
+	return rc;
 }
 
 void stk_session_destroy(stk_client *c)

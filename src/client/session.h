@@ -59,6 +59,13 @@ int stk_session_reg_end(stk_client *c, uint64_t id, uint64_t ino);
  * wait: the renewal thread sends it at once, merged with other queued closes.
  */
 void stk_session_close(stk_client *c, uint64_t ino);
+/*
+ * Queues a read of ino for meta to record in its atime (relatime), sent with the
+ * queued closes within a few milliseconds. 0, or -ENOSYS when there is no queue
+ * (sessions off or not started, or a meta without META_CLOSES) or -ENOMEM: the
+ * caller then sends META_SETATTR with STK_SETATTR_ATIME_READ itself.
+ */
+int stk_session_note_read(stk_client *c, uint64_t ino);
 
 /*
  * A lock call for the FUSE daemon and stk_lock: kind STK_LOCK_POSIX / FLOCK,

@@ -7,6 +7,7 @@
  *          libstoker calls and replies exactly once
  * table.c  the open-file table: per inode, the handles open in this mount and
  *          the attributes seen at the last open
+ * attrcache.c attributes the mount holds for the getattr after the kernel dropped them
  *
  * Inode numbers are Stoker's. The kernel's node id is the Stoker inode number,
  * except that the mounted directory is node 1 (FUSE_ROOT_ID): when a
@@ -77,6 +78,7 @@ struct stk_fuse_fh {
 	int writable;
 	int uses_wf; /* holds a reference on node->wf */
 	uint64_t flock_owner; /* owner of this open's flock locks: unique in this mount's life */
+	uint64_t seen_wgen; /* node->wgen as priv's read size last followed it */
 	_Atomic int atime_due; /* relatime: the first read records itself in meta, then 0 */
 };
 
@@ -159,6 +161,56 @@ int stk_fuse_table_orphan_attr(struct stk_fuse_table *t, uint64_t ino, struct st
  */
 unsigned stk_fuse_table_drain(struct stk_fuse_table *t, stk_client *c);
 
+/*
+ * Why a cache of attributes (attrcache.c): the kernel forgets a folder's
+ * attributes whenever an entry in it changes, and default_permissions then asks
+ * for them again (a META_GETATTR) before the next create or unlink in it may go
+ * ahead; and an open that may not keep the kernel's view of a file drops it, so
+ * the first read asks again. Meta sends the folder's attributes with the reply
+ * of the create or unlink, and the file's with the open, so such a getattr within
+ * attr_timeout is answered here: what the kernel's own cache would have answered
+ * had it not dropped them.
+ */
+#define STK_FUSE_ACACHE_SLOTS 64u
+
+struct stk_fuse_acache_slot {
+	struct stk_attr a; /* a.ino 0: empty */
+	uint64_t until_ns; /* answered until then (stk_now_ns) */
+	uint64_t gen; /* bumped whenever the slot is dropped or cleared */
+	uint64_t files_gen; /* a once-entry: the cache's files_gen at the put */
+	int once; /* a file's, answered once */
+};
+
+struct stk_fuse_acache {
+	pthread_mutex_t lock;
+	uint64_t ttl_ns; /* attr_timeout; 0 = the cache is off */
+	uint64_t files_gen; /* bumped by stk_fuse_acache_forget_files */
+	struct stk_fuse_acache_slot slot[STK_FUSE_ACACHE_SLOTS];
+};
+
+/* Read before the call whose reply is put: a put after a change since is dropped. */
+struct stk_fuse_acache_tok {
+	uint64_t gen, files_gen;
+};
+
+void stk_fuse_acache_init(struct stk_fuse_acache *d, double ttl_s);
+void stk_fuse_acache_destroy(struct stk_fuse_acache *d);
+struct stk_fuse_acache_tok stk_fuse_acache_begin(struct stk_fuse_acache *d, uint64_t ino);
+/* Keeps folder a's attributes (sent with a create or an unlink in it). */
+void stk_fuse_acache_put_dir(struct stk_fuse_acache *d, const struct stk_attr *a,
+			     struct stk_fuse_acache_tok t);
+/* Keeps file a's attributes (fetched by an open) for one getattr. */
+void stk_fuse_acache_put_once(struct stk_fuse_acache *d, const struct stk_attr *a,
+			      struct stk_fuse_acache_tok t);
+/* Inode ino's attributes if kept and not older than attr_timeout: 0, else -ENOENT. */
+int stk_fuse_acache_get(struct stk_fuse_acache *d, uint64_t ino, struct stk_attr *a);
+/* Forgets inode ino: this mount may have changed its attributes. */
+void stk_fuse_acache_drop(struct stk_fuse_acache *d, uint64_t ino);
+/* Forgets every file (an unlink changed some file's link count). */
+void stk_fuse_acache_forget_files(struct stk_fuse_acache *d);
+/* Forgets everything: this mount changed folders in a way the cache does not follow. */
+void stk_fuse_acache_clear(struct stk_fuse_acache *d);
+
 /* The mount: the session's userdata. */
 struct stk_fuse {
 	stk_client *c;
@@ -166,6 +218,7 @@ struct stk_fuse {
 	uint64_t root_ino; /* the Stoker inode mounted as FUSE_ROOT_ID */
 	struct stk_fuse_opts o;
 	struct stk_fuse_table tab;
+	struct stk_fuse_acache acache;
 	pthread_key_t rbuf_key; /* per-thread read buffer of STK_FUSE_IO_MAX bytes */
 	int rbuf_key_ok;
 };

@@ -23,10 +23,11 @@
  *
  * atime (relatime, unless -o noatime): an open whose attributes say the next read
  * is due to move atime (atime not after mtime or ctime, or a day old) marks its
- * handle; the first read through it, after replying, asks meta to record the read
- * (STK_SETATTR_ATIME_READ, which leaves ctime alone and rechecks the rule). So a
- * read costs meta at most one call per open, and none for a file read again
- * before it changes. Reads the kernel answers from its page cache never reach us.
+ * handle; the first read through it, after replying, queues the read for meta to
+ * record (STK_REF_READ, sent with the session's queued closes in one META_CLOSES
+ * within a few milliseconds; meta leaves ctime alone and rechecks the rule). So a
+ * read costs meta no call of its own, and nothing for a file read again before it
+ * changes. Reads the kernel answers from its page cache never reach us.
  *
  * Page cache: an open keeps the kernel's cached pages (keep_cache) when the
  * file's mtime and size are what they were at its last open in this mount, or
@@ -53,6 +54,7 @@
 
 #include "../client/client.h"
 #include "../client/inode.h"
+#include "../client/session.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../proto/wire.h"
@@ -198,7 +200,12 @@ static stk_file *read_handle(struct stk_fuse_fh *fh, int *ref)
 		n->wf_refs++;
 		*ref = 1;
 	} else {
+		uint64_t g = atomic_load(&n->wgen);
 		f = fh->priv;
+		/* Written through this mount since it opened: read what the writes left,
+		 * as a local file system would (wsize is final once wf is gone). */
+		if (g != fh->seen_wgen && stk_file_set_read_size(f, atomic_load(&n->wsize)) == 0)
+			fh->seen_wgen = g;
 	}
 	pthread_mutex_unlock(&n->lock);
 	return f;
@@ -239,6 +246,7 @@ static int sync_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 
 	if (!fh->writable)
 		return 0;
+	stk_fuse_acache_drop(&fs->acache, n->ino); /* meta's size and mtime may move */
 	g = atomic_load(&n->wgen);
 	if (g == atomic_load(&n->synced))
 		return 0;
@@ -316,7 +324,10 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	int rc;
 
 	req_cred(req, &cr, 0);
-	rc = stk_ino_getattr(fs->c, &cr, sino, &a);
+	/* A folder this mount just created or removed a name in: meta sent its attributes. */
+	rc = stk_fuse_acache_get(&fs->acache, sino, &a);
+	if (rc)
+		rc = stk_ino_getattr(fs->c, &cr, sino, &a);
 	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, &a) == 0)
 		rc = 0; /* unlinked, still open here */
 	if (rc) {
@@ -440,6 +451,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		/* A write by someone else clears set-uid/set-gid: the kernel asks it of us in
 		 * their name, and Linux allows it to anyone who may write. */
 		rc = stk_ino_setattr(fs->c, NULL, sino, valid, &v, &out);
+	stk_fuse_acache_drop(&fs->acache, sino);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -478,6 +490,7 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	}
 	req_cred(req, &cr, 1);
 	rc = stk_ino_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, 1, &a, NULL);
+	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -494,6 +507,7 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 
 	req_cred(req, &cr, 1);
 	rc = stk_ino_mkdir(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, &a);
+	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -504,14 +518,18 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, ino_swap(fs, parent));
+	struct stk_attr after, dir;
 	struct stk_cred cr;
-	struct stk_attr after;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_unlink_keep(fs->c, &cr, ino_swap(fs, parent), name, &after);
-	if (rc == 0)
+	rc = stk_ino_unlink_keep(fs->c, &cr, ino_swap(fs, parent), name, &after, &dir);
+	stk_fuse_acache_forget_files(&fs->acache); /* a link count went down */
+	if (rc == 0) {
 		drop_data(fs, &after);
+		stk_fuse_acache_put_dir(&fs->acache, &dir, tok);
+	}
 	reply_err(req, rc);
 }
 
@@ -519,9 +537,12 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_cred cr;
+	int rc;
 
 	req_cred(req, &cr, 1);
-	reply_err(req, stk_ino_rmdir(fs->c, &cr, ino_swap(fs, parent), name));
+	rc = stk_ino_rmdir(fs->c, &cr, ino_swap(fs, parent), name);
+	stk_fuse_acache_clear(&fs->acache);
+	reply_err(req, rc);
 }
 
 static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
@@ -533,6 +554,7 @@ static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, cons
 
 	req_cred(req, &cr, 1);
 	rc = stk_ino_symlink(fs->c, &cr, ino_swap(fs, parent), name, link, &a);
+	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -556,6 +578,7 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 	req_cred(req, &cr, 1);
 	rc = stk_ino_rename_keep(fs->c, &cr, ino_swap(fs, parent), name, ino_swap(fs, newparent),
 				 newname, flags, &replaced);
+	stk_fuse_acache_clear(&fs->acache);
 	if (rc == 0)
 		drop_data(fs, &replaced);
 	reply_err(req, rc);
@@ -570,6 +593,7 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 
 	req_cred(req, &cr, 1);
 	rc = stk_ino_link(fs->c, &cr, ino_swap(fs, ino), ino_swap(fs, newparent), newname, &a);
+	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -635,6 +659,8 @@ static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struc
 			n->wf_refs++;
 			fh->uses_wf = 1;
 		}
+	} else {
+		fh->seen_wgen = atomic_load(&n->wgen); /* a's size is as of this */
 	}
 	pthread_mutex_unlock(&n->lock);
 	if (rc == 0 && !fh->uses_wf)
@@ -646,8 +672,10 @@ static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 {
 	struct stk_attr orphan;
 
-	if (fh->uses_wf)
+	if (fh->uses_wf) {
 		wf_put(fs, fh->node);
+		stk_fuse_acache_drop(&fs->acache, fh->node->ino);
+	}
 	if (fh->priv)
 		stk_close(fh->priv); /* read-only: nothing to lose */
 	if (stk_fuse_table_release(&fs->tab, fh, &orphan))
@@ -671,14 +699,17 @@ static int atime_due(const struct stk_fuse *fs, const struct stk_attr *a)
 }
 
 /*
- * The first read through a handle since its open (of Stoker inode ino): record it
- * in meta, then drop the kernel's attributes so stat shows the new atime. Errors
- * only cost an atime.
+ * The first read through a handle since its open (of Stoker inode ino): queued for
+ * meta with the session's closes (stat shows it once the kernel's attributes
+ * expire), or, without that queue, recorded now and the kernel's attributes
+ * dropped so stat shows the new atime. Errors only cost an atime.
  */
 static void note_read(struct stk_fuse *fs, uint64_t ino)
 {
 	int rc;
 
+	if (stk_session_note_read(fs->c, ino) == 0)
+		return;
 	rc = stk_ino_setattr(fs->c, NULL, ino, STK_SETATTR_ATIME_READ, NULL, NULL);
 	if (rc == 0)
 		fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, ino), -1, 0);
@@ -712,6 +743,8 @@ static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct 
 	if (!fh)
 		goto out;
 	fh->writable = acc != O_RDONLY;
+	if (fh->writable)
+		stk_fuse_acache_drop(&fs->acache, a->ino); /* writes may come */
 	fh->flock_owner = __atomic_add_fetch(&next_flock_owner, 1, __ATOMIC_RELAXED);
 	atomic_init(&fh->atime_due, acc != O_WRONLY && atime_due(fs, a));
 	if ((fi->flags & O_TRUNC) && acc == O_RDONLY && a->size) {
@@ -749,6 +782,7 @@ out:
 static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, ino_swap(fs, ino));
 	struct stk_cred cr;
 	struct stk_attr a;
 	int rc;
@@ -767,6 +801,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 		reply_err(req, rc);
 		return;
 	}
+	/* The kernel's attributes were dropped (open_fh) and the first read asks again:
+	 * these are the ones to answer, unless this mount writes the file. */
+	if (!fi->keep_cache && fh_of(fi)->priv)
+		stk_fuse_acache_put_once(&fs->acache, &a, tok);
 	if (fuse_reply_open(req, fi))
 		release_fh(fs, fh_of(fi)); /* interrupted: the kernel will not release it */
 }
@@ -775,15 +813,18 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		      struct fuse_file_info *fi)
 {
 	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, ino_swap(fs, parent));
 	struct fuse_entry_param e;
+	struct stk_attr a, dir;
 	struct stk_cred cr;
-	struct stk_attr a;
 	int created = 0, rc;
 
 	req_cred(req, &cr, 1);
 	/* Registers the open reference of a regular file it returns, in the same call. */
 	rc = stk_ino_create_open(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777,
-				 !!(fi->flags & O_EXCL), &a, &created);
+				 !!(fi->flags & O_EXCL), &a, &created, &dir);
+	if (rc == 0 && created)
+		stk_fuse_acache_put_dir(&fs->acache, &dir, tok);
 	/* A name that appeared since the kernel's lookup: only a file may be opened
 	 * (and only a file was registered). */
 	if (rc == 0 && !created && !S_ISREG(a.mode))
@@ -1109,10 +1150,12 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_cred cr;
+	int rc;
 
 	req_cred(req, &cr, 1);
-	reply_err(req, stk_ino_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size,
-					(uint32_t)flags));
+	rc = stk_ino_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size, (uint32_t)flags);
+	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
+	reply_err(req, rc);
 }
 
 /* getxattr and listxattr: size 0 asks the length; otherwise the bytes, or ERANGE. */
@@ -1168,9 +1211,12 @@ static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_cred cr;
+	int rc;
 
 	req_cred(req, &cr, 1);
-	reply_err(req, stk_ino_removexattr(fs->c, &cr, ino_swap(fs, ino), name));
+	rc = stk_ino_removexattr(fs->c, &cr, ino_swap(fs, ino), name);
+	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
+	reply_err(req, rc);
 }
 
 /*
@@ -1231,6 +1277,7 @@ int stk_fuse_fs_init(struct stk_fuse *fs)
 		stk_fuse_table_destroy(&fs->tab);
 		return rc;
 	}
+	stk_fuse_acache_init(&fs->acache, fs->o.attr_timeout);
 	fs->rbuf_key_ok = 1;
 	return 0;
 }
@@ -1242,6 +1289,7 @@ void stk_fuse_fs_fini(struct stk_fuse *fs)
 	if (n)
 		stk_info("closed %u file(s) the kernel left open at unmount", n);
 	stk_fuse_table_destroy(&fs->tab);
+	stk_fuse_acache_destroy(&fs->acache);
 	if (fs->rbuf_key_ok) {
 		free(pthread_getspecific(fs->rbuf_key));
 		pthread_setspecific(fs->rbuf_key, NULL);

@@ -866,7 +866,7 @@ int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_attr *bucket, const
 	}
 	if (rc)
 		return rc;
-	rc = stk_ino_unlink_keep(gw->c, NULL, parent.ino, last, &after);
+	rc = stk_ino_unlink_keep(gw->c, NULL, parent.ino, last, &after, NULL);
 	if (rc == -ENOENT)
 		return 0;
 	if (rc)

@@ -157,6 +157,18 @@ static int op_setattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 }
 
 /*
+ * The attributes of folder `dir` after a change in it, for the reply (see
+ * META_CREATE in msg.h): read in a transaction of their own, so they may be newer
+ * than the change, never older. Left zero (ino 0) if they cannot be read.
+ */
+static void dir_after(struct meta *m, const struct stk_cred *cred, uint64_t dir,
+		      struct stk_attr *out)
+{
+	if (stk_meta_store_getattr(m->store, cred, dir, out))
+		memset(out, 0, sizeof(*out));
+}
+
+/*
  * The store's create and, for a session, the open reference on the file it returns,
  * under the sessions mutex as unlink takes it, so that no unlink falls between the
  * two. A reference that cannot be added leaves opened 0: the client then sends
@@ -202,6 +214,7 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		warn_no_storage(q.name);
 	if (rc)
 		return rc;
+	dir_after(m, &q.cred, q.parent, &r.dir);
 	return stk_msg_meta_create_resp_enc(&resp->payload, &r);
 }
 
@@ -239,7 +252,10 @@ static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc == 0)
 		r.orphaned = orphaned(m, &r.attr);
 	stk_meta_sessions_release(m->sessions);
-	return rc ? rc : stk_msg_meta_unlink_resp_enc(&resp->payload, &r);
+	if (rc)
+		return rc;
+	dir_after(m, &q.cred, q.parent, &r.dir);
+	return stk_msg_meta_unlink_resp_enc(&resp->payload, &r);
 }
 
 static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -539,6 +555,45 @@ static int op_close(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	return rc ? rc : stk_meta_sessions_close(m->sessions, q.session, q.ino, q.count);
 }
 
+static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_closes_req q;
+	struct stk_msg_open_ref *refs;
+	int first = 0, rc;
+
+	(void)resp;
+	rc = stk_msg_meta_closes_req_dec(&req->payload, &q);
+	if (rc == 0 && q.n > STK_CLOSES_MAX)
+		rc = -EBADMSG;
+	refs = rc == 0 && q.n ? calloc(q.n, sizeof(*refs)) : NULL;
+	if (rc == 0 && q.n && !refs)
+		return -ENOMEM;
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++)
+		rc = stk_msg_open_ref_dec(&req->payload, &refs[i]);
+	/* All of it decoded before anything is dropped: a malformed request drops none. */
+	rc = decoded(req, rc);
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		/* ATIME_READ checks no permission (a read was allowed at open); any will do. */
+		const struct stk_cred anyone = {0};
+		const struct stk_meta_sattr read = {.valid = STK_SETATTR_ATIME_READ};
+		struct stk_attr a;
+		int r = 0, c = 0;
+
+		/* Before the close, which may remove an orphan; a file gone misses nothing. */
+		if (refs[i].flags & STK_REF_READ) {
+			r = stk_meta_store_setattr(m->store, &anyone, refs[i].ino, &read, &a);
+			r = r == -ENOENT ? 0 : r;
+		}
+		if (refs[i].count)
+			c = stk_meta_sessions_close(m->sessions, q.session, refs[i].ino,
+						    refs[i].count);
+		if (!first)
+			first = r ? r : c;
+	}
+	free(refs);
+	return rc ? rc : first;
+}
+
 static int op_lock(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_lock_req q;
@@ -607,6 +662,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_OPEN] = op_open,
 	[STK_OP_META_CLOSE] = op_close,
 	[STK_OP_META_LOCK] = op_lock,
+	[STK_OP_META_CLOSES] = op_closes,
 };
 /* clang-format on */
 

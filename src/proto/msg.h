@@ -150,18 +150,20 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 /*
  * session: the caller's session (0 = none), which then holds one open reference on
  * the file returned, as after META_OPEN; the reply's `opened` says whether it does
- * (never for a non-file, nor without a session).
+ * (never for a non-file, nor without a session). The replies of create and unlink
+ * carry `dir`, the parent folder's attributes just after the change (ino 0 when
+ * meta could not read them), so that a client need not ask for them again.
  */
 #define STK_MSG_META_CREATE_REQ(F)                                                         \
 	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags) F(layout, layout) \
 	F(u64, session)
-#define STK_MSG_META_CREATE_RESP(F) F(attr, attr) F(u8, created) F(u8, opened)
+#define STK_MSG_META_CREATE_RESP(F) F(attr, attr) F(u8, created) F(u8, opened) F(attr, dir)
 #define STK_MSG_META_MKDIR_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(u32, mode)
 #define STK_MSG_META_RENAME_REQ(F)                                                        \
 	F(cred, cred) F(u64, src_parent) F(name, src_name) F(u64, dst_parent)              \
 	F(name, dst_name) F(u32, flags)
 #define STK_MSG_META_RENAME_RESP(F) F(u8, replaced) F(attr, attr) F(u8, orphaned)
-#define STK_MSG_META_UNLINK_RESP(F) F(attr, attr) F(u8, orphaned)
+#define STK_MSG_META_UNLINK_RESP(F) F(attr, attr) F(u8, orphaned) F(attr, dir)
 #define STK_MSG_META_LINK_REQ(F) F(cred, cred) F(u64, ino) F(u64, parent) F(name, name)
 #define STK_MSG_META_SYMLINK_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(path, target)
 #define STK_MSG_META_READLINK_RESP(F) F(path, target)
@@ -187,6 +189,15 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
  * META_OPEN replies with meta_attr_resp, the inode as of the registration.
  */
 #define STK_MSG_META_OPEN_REQ(F) F(u64, session) F(u64, ino) F(u32, count) F(u8, set)
+/*
+ * META_CLOSES: n open_ref records follow (n <= STK_CLOSES_MAX). Each drops `count`
+ * references (0: none) and, with STK_REF_READ in flags, first records a read of the
+ * file as META_SETATTR with STK_SETATTR_ATIME_READ does (relatime).
+ */
+#define STK_MSG_META_CLOSES_REQ(F) F(u64, session) F(u32, n)
+#define STK_MSG_OPEN_REF(F) F(u64, ino) F(u32, count) F(u8, flags)
+#define STK_CLOSES_MAX 1024u
+#define STK_REF_READ 1u
 /*
  * kind: 0 POSIX record lock, 1 flock (whole file); type: 1 read (shared), 2 write
  * (exclusive), 3 unlock; [start, end] inclusive, end 2^64-1 = to the end of file.
@@ -257,6 +268,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(meta_session_req, STK_MSG_META_SESSION_REQ)             \
 	X(meta_session_resp, STK_MSG_META_SESSION_RESP)           \
 	X(meta_open_req, STK_MSG_META_OPEN_REQ)                   \
+	X(meta_closes_req, STK_MSG_META_CLOSES_REQ)               \
+	X(open_ref, STK_MSG_OPEN_REF)                             \
 	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \

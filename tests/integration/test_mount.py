@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import NOBODY, Mount, STOKER, as_nobody, errno_of, needs_fuse, pick_ports, run
+from conftest import NOBODY, Mount, STOKER, as_nobody, errno_of, needs_fuse, pick_ports, run, wait_until
 
 pytestmark = needs_fuse
 
@@ -618,26 +618,33 @@ def test_kill9_daemon_then_umount_clears_the_mount(cluster, make_mount):
     assert open(os.path.join(m.path, "before")).read() == "durable at close"
 
 
+def meta_counts(cluster):
+    """Requests meta served, per op, from its /metrics (BASE+11)."""
+    import re
+    import urllib.request
+
+    url = "http://127.0.0.1:%d/metrics" % (cluster.port + 11)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for m in re.finditer(r'^stoker_rpc_requests_total\{[^}]*op="(\w+)"[^}]*\}\s+(\S+)$',
+                         text, re.M):
+        out[m.group(1)] = out.get(m.group(1), 0) + float(m.group(2))
+    return out
+
+
+def delta(before, after, op):
+    return int(after.get(op, 0) - before.get(op, 0))
+
+
 def test_open_and_create_cost_one_meta_call(cluster, make_mount):
     """Round trips to meta, counted by meta's /metrics: an open through the mount is
     one META_OPEN, which registers the open reference and brings the fresh
     attributes (no META_GETATTR); a create is one META_CREATE, which registers it
     too (no META_OPEN)."""
-    import re
-    import urllib.request
 
     def counts():
-        url = "http://127.0.0.1:%d/metrics" % (cluster.port + 11)
-        with urllib.request.urlopen(url, timeout=10) as r:
-            text = r.read().decode()
-        out = {}
-        for m in re.finditer(r'^stoker_rpc_requests_total\{[^}]*op="(\w+)"[^}]*\}\s+(\S+)$',
-                             text, re.M):
-            out[m.group(1)] = out.get(m.group(1), 0) + float(m.group(2))
-        return out
-
-    def delta(before, after, op):
-        return int(after.get(op, 0) - before.get(op, 0))
+        return meta_counts(cluster)
 
     # Long cache timeouts: the kernel asks nothing but the opens themselves.
     m = make_mount(cluster, opts=["attr_timeout=600", "entry_timeout=600", "noatime"])
@@ -670,3 +677,80 @@ def test_open_and_create_cost_one_meta_call(cluster, make_mount):
     after = counts()
     assert delta(before, after, "META_CREATE") == n
     assert delta(before, after, "META_OPEN") <= 2
+
+
+def test_metadata_round_trips_with_default_options(cluster, make_mount):
+    """With the default options (1 s caches, relatime): a create is a META_LOOKUP and a
+    META_CREATE, an unlink a META_LOOKUP and a META_UNLINK, with no META_GETATTR of
+    the folder (meta sends its attributes with the reply); a read of a fresh file is a
+    META_LOOKUP and a META_OPEN, with no META_GETATTR for the size and no META_SETATTR
+    for atime: closes and reads to record go in batches (META_CLOSES). And what the
+    mount answers from those replies is right: the folder's times as another mount
+    sees them, after creates and after a rename, and a file's size after a write."""
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b", opts=["attr_timeout=0", "entry_timeout=0"])
+    n = 40
+    d = os.path.join(a.path, "d")
+    os.mkdir(d)
+    os.stat(d)
+    time.sleep(0.3)
+    before = meta_counts(cluster)
+    for i in range(n):
+        os.close(os.open(os.path.join(d, "e%d" % i), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    after = meta_counts(cluster)
+    assert delta(before, after, "META_CREATE") == n
+    assert delta(before, after, "META_GETATTR") <= 2  # the kernel revalidating the root
+    assert delta(before, after, "META_LOOKUP") <= n + 2
+    # The folder's times as the creates left them: what a mount with no cache sees.
+    da, db = os.stat(d), os.stat(os.path.join(b.path, "d"))
+    assert (da.st_mtime_ns, da.st_ctime_ns, da.st_nlink) == \
+        (db.st_mtime_ns, db.st_ctime_ns, db.st_nlink)
+    # A rename in it moves them again; the mount must not answer the create's.
+    time.sleep(0.01)
+    os.rename(os.path.join(d, "e0"), os.path.join(d, "renamed"))
+    created = da.st_mtime_ns
+    da, db = os.stat(d), os.stat(os.path.join(b.path, "d"))
+    assert da.st_mtime_ns == db.st_mtime_ns and da.st_mtime_ns > created
+    os.rename(os.path.join(d, "renamed"), os.path.join(d, "e0"))
+
+    time.sleep(0.3)
+    before = meta_counts(cluster)
+    for i in range(n):
+        os.unlink(os.path.join(d, "e%d" % i))
+    after = meta_counts(cluster)
+    assert delta(before, after, "META_UNLINK") == n
+    assert delta(before, after, "META_GETATTR") <= 2
+    assert os.listdir(d) == [] and os.listdir(os.path.join(b.path, "d")) == []
+
+    # Fresh files read once: atime is due on each.
+    data = [os.urandom(16384) for _ in range(n)]
+    for i in range(n):
+        with open(os.path.join(d, "f%d" % i), "wb") as f:
+            f.write(data[i])
+    time.sleep(1.2)  # the kernel's names and attributes expire
+    t0 = time.time_ns()
+    before = meta_counts(cluster)
+    for i in range(n):
+        with open(os.path.join(d, "f%d" % i), "rb") as f:
+            assert f.read() == data[i]
+    after = meta_counts(cluster)
+    assert delta(before, after, "META_OPEN") == n
+    assert delta(before, after, "META_GETATTR") <= 2
+    assert delta(before, after, "META_SETATTR") == 0
+    assert delta(before, after, "META_CLOSE") == 0
+    # The reads and closes reach meta in batches, a moment later.
+    wait_until(lambda: all(os.stat(os.path.join(b.path, "d", "f%d" % i)).st_atime_ns
+                           >= t0 - 2_000_000_000 for i in range(n)), 5, "the reads' atime")
+    closes = delta(before, meta_counts(cluster), "META_CLOSES")
+    assert 1 <= closes <= n
+
+    # A read-only open keeps the attributes it fetched for the first read's getattr;
+    # a write through the same mount in between must not leave them to be answered.
+    p = os.path.join(d, "f0")
+    with open(p, "rb") as r:
+        with open(p, "ab") as w:
+            w.write(b"more")
+        assert os.fstat(r.fileno()).st_size == 16384 + 4
+        assert r.read() == data[0] + b"more"
+    assert os.stat(p).st_size == 16384 + 4
+
