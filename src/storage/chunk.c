@@ -554,6 +554,33 @@ static int covers(const struct chunk_update *u, uint32_t bs, uint32_t be)
 	return !u->cut && u->off <= bs && (uint64_t)u->off + u->len >= be;
 }
 
+/* pwritev until every byte of iov is written. 0 or -errno. iov is consumed. */
+static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
+{
+	while (n > 0) {
+		ssize_t put = pwritev(fd, iov, n, (off_t)off);
+
+		if (put < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (put == 0)
+			return -EIO;
+		off += (uint64_t)put;
+		while (n > 0 && (size_t)put >= iov->iov_len) {
+			put -= (ssize_t)iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n > 0) {
+			iov->iov_base = (char *)iov->iov_base + put;
+			iov->iov_len -= (size_t)put;
+		}
+	}
+	return 0;
+}
+
 /* Creates the temporary file, making the inode's folders if they are missing. */
 static int create_tmp(struct stk_chunk_store *cs, const char *tmp, uint64_t ino, int *made_dirs)
 {
@@ -608,8 +635,9 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	char rel[REL_MAX], tmp[REL_MAX + 32];
 	struct chunk_hdr oh = {0};
 	uint32_t old_len = 0, new_len, nblocks, hdr_len, have = 0;
-	uint8_t *data;
-	int fd = -1, tfd = -1, exists = 0, need_old, made_dirs = 0, rc;
+	const uint8_t *data;
+	uint8_t *stage;
+	int fd = -1, tfd = -1, exists = 0, need_old, direct, made_dirs = 0, rc;
 
 	if (!t)
 		return -ENOMEM;
@@ -644,16 +672,25 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	}
 	nblocks = STK_DIV_ROUND_UP(new_len, STK_CHUNK_BLOCK);
 	hdr_len = hdr_size(nblocks);
-	rc = tls_grow(&t->buf, &t->buf_cap, (size_t)hdr_len + (size_t)nblocks * STK_CHUNK_BLOCK);
-	if (rc)
-		goto out;
-	data = t->buf + hdr_len;
-
 	/* The old bytes are needed unless this write replaces all of them. */
 	need_old = fd >= 0 && old_len > 0 && !covers(u, 0, old_len);
+	/*
+	 * A write that replaces every old byte from the chunk's first one (a new
+	 * chunk written whole, as a checkpoint's are) is not staged: the file is
+	 * written from the header and the caller's bytes with one pwritev. Any other
+	 * update builds the new chunk in the thread's buffer.
+	 */
+	direct = !need_old && !u->cut && u->off == 0;
+	rc = tls_grow(&t->buf, &t->buf_cap,
+		      (size_t)hdr_len + (direct ? 0 : (size_t)nblocks * STK_CHUNK_BLOCK));
+	if (rc)
+		goto out;
+	stage = t->buf + hdr_len;
+	data = direct ? u->data : stage;
+
 	if (need_old) {
 		uint32_t want = STK_MIN(old_len, nblocks * STK_CHUNK_BLOCK);
-		long got = stk_pread_full(fd, data, want, oh.hdr_len);
+		long got = stk_pread_full(fd, stage, want, oh.hdr_len);
 
 		if (got < 0) {
 			rc = (int)got;
@@ -665,7 +702,8 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 		}
 		have = want;
 	}
-	memset(data + have, 0, (size_t)nblocks * STK_CHUNK_BLOCK - have);
+	if (!direct)
+		memset(stage + have, 0, (size_t)nblocks * STK_CHUNK_BLOCK - have);
 
 	/*
 	 * Blocks whose bytes and length do not change keep their stored CRC. Any other
@@ -684,14 +722,14 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 		}
 		if (covers(u, bs, STK_MIN(new_be, old_be)))
 			continue; /* no old byte of this block survives */
-		if (stk_crc32c(0, data + bs, old_be - bs) != le32(oh.crcs + 4 * b)) {
+		if (stk_crc32c(0, stage + bs, old_be - bs) != le32(oh.crcs + 4 * b)) {
 			log_mismatch(cs, rel, ino, idx, b);
 			rc = -EIO;
 			goto out;
 		}
 	}
-	if (!u->cut && u->len)
-		memcpy(data + u->off, u->data, u->len);
+	if (!direct && !u->cut && u->len)
+		memcpy(stage + u->off, u->data, u->len);
 	for (uint32_t b = 0; b < nblocks; b++) {
 		uint32_t bs = b * STK_CHUNK_BLOCK;
 		uint32_t new_be = STK_MIN(bs + STK_CHUNK_BLOCK, new_len);
@@ -714,7 +752,13 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 		tfd = -1;
 		goto out;
 	}
-	rc = stk_pwrite_all(tfd, t->buf, (size_t)hdr_len + new_len, 0);
+	if (direct) {
+		struct iovec iov[2] = {{t->buf, hdr_len}, {(void *)data, new_len}};
+
+		rc = pwritev_all(tfd, iov, 2, 0);
+	} else {
+		rc = stk_pwrite_all(tfd, t->buf, (size_t)hdr_len + new_len, 0);
+	}
 	if (rc == 0 && (u->flags & STK_WRITE_SYNC) && fdatasync(tfd) < 0)
 		rc = -errno;
 	if (close(tfd) < 0 && rc == 0)
