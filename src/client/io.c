@@ -336,35 +336,56 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 	for (unsigned i = 0; i < n; i++)
 		pieces[i].rc = 1; /* pending */
 	while (left) {
-		unsigned k = 0, retry = 0;
+		unsigned k = 0, retry = 0, next = 0, busy;
 
 		if (op == STK_IO_READ)
 			for (unsigned i = 0, m = 0; i < n && m < STK_IO_WINDOW; i++)
 				if (pieces[i].rc == 1 && m++ > 0)
 					advise_local(c, ino, &pieces[i]); /* not the first: read now */
-		for (unsigned i = 0; i < n && k < STK_IO_WINDOW; i++) {
-			if (pieces[i].rc != 1)
+		for (; next < n && k < STK_IO_WINDOW; next++) {
+			if (pieces[next].rc != 1)
 				continue;
-			fl[k].p = &pieces[i];
+			fl[k].p = &pieces[next];
 			start_piece(c, &fl[k], op, ino, l, flags);
 			k++;
 		}
-		for (unsigned j = 0; j < k; j++) {
+		/*
+		 * Slots are finished in the order their pieces were sent. A write's slot
+		 * takes the next piece as soon as it is free (a sliding window): the
+		 * storage nodes store the window's last pieces while this thread already
+		 * hashes and sends the next ones, instead of both waiting for each other
+		 * at the end of every window. A piece to retry waits for the next pass.
+		 */
+		busy = k;
+		for (unsigned j = 0; busy; j = (j + 1) % k) {
+			if (!fl[j].p)
+				continue;
 			finish_piece(c, &fl[j], op);
 			if (op == STK_IO_PREFETCH)
 				fl[j].rc = 0; /* a hint: never retried, never an error */
 			if (fl[j].rc && retryable(fl[j].rc) && stk_now_ns() < deadline) {
 				fl[j].p->rc = 1;
 				retry++;
-				continue;
+			} else {
+				left--;
+				if (fl[j].rc && !first_err) {
+					first_err = retryable(fl[j].rc) ? -EIO : fl[j].rc;
+					stk_debug("%s of ino %llx chunk %u on chain %u failed: %s",
+						  op == STK_IO_WRITE ? "write" : "read",
+						  (unsigned long long)ino, fl[j].p->chunk_idx,
+						  fl[j].p->chain_id, stk_strerror(fl[j].rc));
+				}
 			}
-			left--;
-			if (fl[j].rc && !first_err) {
-				first_err = retryable(fl[j].rc) ? -EIO : fl[j].rc;
-				stk_debug("%s of ino %llx chunk %u on chain %u failed: %s",
-					  op == STK_IO_WRITE ? "write" : "read",
-					  (unsigned long long)ino, fl[j].p->chunk_idx,
-					  fl[j].p->chain_id, stk_strerror(fl[j].rc));
+			fl[j].p = NULL;
+			busy--;
+			if (op != STK_IO_WRITE || first_err)
+				continue;
+			while (next < n && pieces[next].rc != 1)
+				next++;
+			if (next < n) {
+				fl[j].p = &pieces[next++];
+				start_piece(c, &fl[j], op, ino, l, flags);
+				busy++;
 			}
 		}
 		if (first_err)
