@@ -5,8 +5,9 @@
     state = ckpt.load("stk://HOST:PORT/run1/model.pt", map_location="cpu")
 
 save() serialises with torch.save straight into a new file next to the target,
-PATH.tmp-HOST-PID-RANDOM, in large writes (64 MiB, striped over the file's chains
-in parallel, the next one filled while the last one is on the wire), closes it
+PATH.tmp-HOST-PID-RANDOM, in large writes (each tensor's bytes as torch.save hands
+them over, without a copy, small records gathered into 64 MiB; striped over the
+file's chains in parallel, sent by a thread while torch.save goes on), closes it
 (which returns only once every byte is on stable storage of every replica), then
 renames it over PATH. Rename is atomic, so a reader opening PATH sees the old
 checkpoint or the new one, never a partial one, even if the writer is killed
@@ -128,49 +129,88 @@ def _retire(c, name):
 
 
 class _Writer:
-    """A write-only stream for torch.save: gathers writes into WRITE_SIZE buffers and
-    sends each full one on a background thread while the next fills."""
+    """A write-only stream for torch.save, writing f in order from one background
+    thread, so that torch.save goes on serialising while earlier bytes are on the
+    wire.
+
+    Small writes are gathered into WRITE_SIZE buffers (two, used in turn). A write
+    of at least WRITE_SIZE is not copied: a bytes object (what torch.save hands over
+    for each tensor's storage) cannot change, so it is sent from where it lies,
+    later, by the thread; any other buffer (a memoryview valid only during the call)
+    is sent from the calling thread before write returns. At most two writes wait
+    for or are on the wire at once."""
 
     def __init__(self, f, size=WRITE_SIZE):
         self.f = f
         self.size = size
-        self.bufs = [bytearray(size), bytearray(size)]
-        self.cur = 0
+        self.spare = [bytearray(size), bytearray(size)]
+        self.buf = None         # the buffer being filled
         self.n = 0
         self.pos = 0
-        self.err = None
+        self.err = None         # the first failure of the thread, raised by the next call
+        self.todo = queue.Queue(maxsize=1)    # (data, nbytes, buffer to give back or None)
+        self.back = queue.Queue()             # buffers sent, free again
         self.thread = None
 
-    def _send(self, buf, n):
-        try:
-            self.f.write(memoryview(buf)[:n])
-        except BaseException as e:  # noqa: B902 - handed to the saving thread
-            self.err = e
+    def _run(self):
+        while True:
+            item = self.todo.get()
+            if item is None:
+                self.todo.task_done()
+                return
+            data, n, spare = item
+            if self.err is None:
+                try:
+                    self.f.write(memoryview(data)[:n])
+                except BaseException as e:  # noqa: B902 - handed to the saving thread
+                    self.err = e
+            if spare is not None:
+                self.back.put(spare)
+            del data, item
+            self.todo.task_done()
 
-    def _wait(self):
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
+    def _queue(self, data, n, spare):
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="stoker-checkpoint-write",
+                                           daemon=True)
+            self.thread.start()
+        self.todo.put((data, n, spare))
+
+    def _check(self):
         if self.err is not None:
             raise self.err
 
-    def _flush_async(self):
-        self._wait()
-        self.thread = threading.Thread(target=self._send, args=(self.bufs[self.cur], self.n))
-        self.thread.start()
-        self.cur ^= 1
-        self.n = 0
+    def _flush(self):
+        if self.n:
+            self._queue(self.buf, self.n, self.buf)
+            self.buf = None
+            self.n = 0
+
+    def _drain(self):
+        self.todo.join()
+        self._check()
 
     def write(self, b):
+        self._check()
         mv = memoryview(b).cast("B")
-        total = len(mv)
-        while len(mv):
-            take = min(len(mv), self.size - self.n)
-            self.bufs[self.cur][self.n:self.n + take] = mv[:take]
-            self.n += take
-            mv = mv[take:]
-            if self.n == self.size:
-                self._flush_async()
+        total = mv.nbytes
+        if total >= self.size:
+            self._flush()
+            if type(b) is bytes:
+                self._queue(b, total, None)
+            else:
+                self._drain()
+                self.f.write(mv)
+        else:
+            while len(mv):
+                if self.buf is None:
+                    self.buf = self.spare.pop() if self.spare else self.back.get()
+                take = min(len(mv), self.size - self.n)
+                self.buf[self.n:self.n + take] = mv[:take]
+                self.n += take
+                mv = mv[take:]
+                if self.n == self.size:
+                    self._flush()
         self.pos += total
         return total
 
@@ -180,13 +220,22 @@ class _Writer:
     def flush(self):
         pass
 
+    def _stop(self):
+        if self.thread is not None:
+            self.todo.put(None)
+            self.thread.join()
+            self.thread = None
+
     def finish(self):
-        self._wait()
-        if self.n:
-            self._send(self.bufs[self.cur], self.n)
-            self.n = 0
-            if self.err is not None:
-                raise self.err
+        """Sends what is left; returns once every byte was written (or raises)."""
+        self._check()
+        self._flush()
+        self._stop()
+        self._check()
+
+    def abort(self):
+        """Ends the thread without raising; what it had queued is still written."""
+        self._stop()
 
 
 def _save_to(c, path, write_fn):
@@ -197,8 +246,8 @@ def _save_to(c, path, write_fn):
     readers that opened it before the swap; it is removed RETIRE_GRACE later."""
     tmp = _tmp_name(path)
     f = c.open(tmp, "xb")
+    w = _Writer(f)
     try:
-        w = _Writer(f)
         write_fn(w)
         w.finish()
         f.close()       # durable on every replica before it has a name readers use
@@ -210,6 +259,7 @@ def _save_to(c, path, write_fn):
             _retire(c, tmp)         # tmp now names the old checkpoint
             return
     except BaseException:
+        w.abort()
         try:
             f.close()
         except OSError:
