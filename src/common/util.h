@@ -26,6 +26,21 @@ uint32_t stk_crc32c(uint32_t crc, const void *buf, size_t len);
  * which holds (len + block - 1) / block values.
  */
 void stk_crc32c_blocks(const void *buf, size_t len, size_t block, uint32_t *out);
+/* A block for stk_crc32c_copy_blocks: its bytes are read at src and stored at dst. */
+struct stk_crc_copy {
+	void *dst;
+	const void *src;
+};
+/*
+ * Copies n blocks of `block` bytes (a multiple of 8), each from v[i].src to
+ * v[i].dst (no two overlapping), and sets out[i] to the CRC32C of the bytes
+ * stored at v[i].dst, read once from src: the checksum is of what was copied even
+ * if src changes meanwhile. On x86-64 with SSE4.2 three blocks are hashed side by
+ * side with the crc32 instruction as they are copied, so that for bytes that come
+ * from memory the checksum costs little more than the copy; elsewhere each block
+ * is copied, then hashed from the copy.
+ */
+void stk_crc32c_copy_blocks(const struct stk_crc_copy *v, size_t n, size_t block, uint32_t *out);
 /* Index of the first piece whose CRC32C differs from crcs, or -1 if all match. */
 long stk_crc32c_blocks_check(const void *buf, size_t len, size_t block, const uint32_t *crcs);
 

@@ -21,7 +21,9 @@
  *
  * Reads go through a cache of open chunk files with their checked headers (see
  * "the cache of open chunk files" below), so a read of a chunk read before costs
- * an fstat and the preadv of its bytes.
+ * an fstat and the preadv of its bytes; a short-circuit reader's read of bytes in
+ * the page cache costs an fstat, a cachestat and one pass that copies the bytes
+ * out of a map of the file and checks their CRCs.
  *
  * Not done yet: io_uring, and reflink copies of the unchanged part of a chunk.
  */
@@ -35,9 +37,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,7 +60,7 @@
 #define FDC_LOCKS 64u
 #define FDC_SETTLE_MS 100
 #define FDC_SERVER 4096u /* cached chunk files of a storage node's target */
-#define FDC_READER 256u /* of a short-circuit reader's target */
+#define FDC_READER 1024u /* of a short-circuit reader's target */
 #define REL_MAX 96 /* "chunks/ff/<16 hex>/<10 digits>.tmp.<10 digits>" and then some */
 #define WRITE_BEHIND_MIN (512u << 10) /* see chunk_update */
 
@@ -70,7 +74,9 @@ struct stk_chunk_store {
 	struct fd_ent **fdc;		     /* the cache of open chunk files: fdc_n slots */
 	unsigned fdc_n;
 	int fdc_ok;
+	int reader;	     /* opened by stk_chunk_store_open_reader: map cached files */
 	pthread_mutex_t fdc_locks[FDC_LOCKS];
+	uint64_t fdc_ticks[FDC_LOCKS]; /* each under its lock: a clock for the sets' LRU */
 };
 
 /* A parsed chunk header. crcs points into the buffer the header was read into. */
@@ -286,16 +292,32 @@ static int read_hdr(struct stk_chunk_store *cs, struct chunk_tls *t, int fd, con
  * A file whose ctime is younger than FDC_SETTLE_MS is read through an entry used
  * once and not cached (see settled()).
  *
- * The table is direct-mapped (a newcomer evicts the entry in its slot) and
- * reference-counted: the slot holds one reference, each reader one while it
- * reads, and the last one closes the descriptor, so a descriptor is never closed
- * (and its number reused) under a reader.
+ * The table is set-associative: a chunk hashes to a set of FDC_WAYS slots under
+ * one lock, and a newcomer takes a free slot of its set or the one used least
+ * recently. (A direct-mapped table evicted a third of a data set of half as many
+ * chunks as slots, over and over, since two chunks of one slot alternate.)
+ * Entries are reference-counted: the slot holds one reference, each reader one
+ * while it reads, and the last one closes the descriptor, so a descriptor is
+ * never closed (and its number reused) under a reader.
+ *
+ * A short-circuit reader's entries also map their file (read-only, shared), so
+ * that a read copies the bytes out of the page cache itself and checks their
+ * CRCs in the same pass (stk_crc32c_copy_blocks) instead of a preadv that copies
+ * them and a second pass that hashes the copy. Only pages already in the page
+ * cache are read through the map (mincore says so first): a page that would come
+ * from the disk goes through preadv, which returns an I/O error as EIO where a
+ * mapping would raise SIGBUS. The storage node itself keeps reading with preadv.
  */
+#define FDC_WAYS 4u
+
 struct fd_ent {
 	uint64_t ino;
 	uint32_t idx;
 	int fd;
-	unsigned refs; /* under the slot's lock */
+	unsigned refs;	  /* under the set's lock */
+	uint64_t used;	  /* under the set's lock: its clock (fdc_tick) at the last use */
+	const uint8_t *map; /* the whole file, or NULL: read with preadv */
+	size_t map_len;
 	uint32_t hdr_len, data_len, nblocks;
 	struct timespec ctime;
 	off_t size;
@@ -309,9 +331,21 @@ static uint64_t fdc_hash(uint64_t ino, uint32_t idx)
 	return h ^ (h >> 31);
 }
 
-static pthread_mutex_t *fdc_lock(struct stk_chunk_store *cs, unsigned slot)
+/* The first slot of the set of chunk ino/idx. */
+static unsigned fdc_set(const struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
 {
-	return &cs->fdc_locks[slot % FDC_LOCKS];
+	return (unsigned)(fdc_hash(ino, idx) % (cs->fdc_n / FDC_WAYS)) * FDC_WAYS;
+}
+
+static pthread_mutex_t *fdc_lock(struct stk_chunk_store *cs, unsigned set)
+{
+	return &cs->fdc_locks[(set / FDC_WAYS) % FDC_LOCKS];
+}
+
+/* The next tick of the clock of set's lock, which the caller holds. */
+static uint64_t fdc_tick(struct stk_chunk_store *cs, unsigned set)
+{
+	return ++cs->fdc_ticks[(set / FDC_WAYS) % FDC_LOCKS];
 }
 
 /*
@@ -340,7 +374,7 @@ static int fdc_init(struct stk_chunk_store *cs, unsigned want)
 		max = STK_MAX((uint64_t)rl.rlim_cur / 8, max);
 	else
 		max = want;
-	cs->fdc_n = (unsigned)STK_MIN((uint64_t)want, max);
+	cs->fdc_n = (unsigned)STK_MIN((uint64_t)want, max) / FDC_WAYS * FDC_WAYS;
 	cs->fdc = calloc(cs->fdc_n, sizeof(*cs->fdc));
 	if (!cs->fdc)
 		return -ENOMEM;
@@ -357,57 +391,112 @@ static void fdc_put(struct stk_chunk_store *cs, struct fd_ent *e)
 
 	if (!e)
 		return;
-	lk = fdc_lock(cs, (unsigned)(fdc_hash(e->ino, e->idx) % cs->fdc_n));
+	lk = fdc_lock(cs, fdc_set(cs, e->ino, e->idx));
 	pthread_mutex_lock(lk);
 	last = --e->refs == 0;
 	pthread_mutex_unlock(lk);
 	if (last) {
+		if (e->map)
+			munmap((void *)e->map, e->map_len);
 		close(e->fd);
 		free(e);
 	}
 }
 
-/* Takes the slot's entry out if it is e (or, e NULL, if it is chunk ino/idx). */
+/* Takes the cached entry of chunk ino/idx out if it is e (or, e NULL, whichever it is). */
 static void fdc_drop(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, struct fd_ent *e)
 {
-	unsigned slot;
 	struct fd_ent *old = NULL;
+	unsigned set;
 
 	if (!cs->fdc_ok)
 		return;
-	slot = (unsigned)(fdc_hash(ino, idx) % cs->fdc_n);
-	pthread_mutex_lock(fdc_lock(cs, slot));
-	if (cs->fdc[slot] && (e ? cs->fdc[slot] == e
-				: cs->fdc[slot]->ino == ino && cs->fdc[slot]->idx == idx)) {
-		old = cs->fdc[slot];
-		cs->fdc[slot] = NULL;
+	set = fdc_set(cs, ino, idx);
+	pthread_mutex_lock(fdc_lock(cs, set));
+	for (unsigned w = set; w < set + FDC_WAYS; w++) {
+		struct fd_ent *c = cs->fdc[w];
+
+		if (c && (e ? c == e : c->ino == ino && c->idx == idx)) {
+			old = c;
+			cs->fdc[w] = NULL;
+			break;
+		}
 	}
-	pthread_mutex_unlock(fdc_lock(cs, slot));
+	pthread_mutex_unlock(fdc_lock(cs, set));
+	fdc_put(cs, old);
+}
+
+/* Puts e (holding a reference for its slot) in its set; the entry it replaces is released. */
+static void fdc_insert(struct stk_chunk_store *cs, struct fd_ent *e)
+{
+	unsigned set = fdc_set(cs, e->ino, e->idx), victim = set;
+	struct fd_ent *old;
+
+	pthread_mutex_lock(fdc_lock(cs, set));
+	e->used = fdc_tick(cs, set);
+	for (unsigned w = set; w < set + FDC_WAYS; w++) {
+		struct fd_ent *c = cs->fdc[w];
+
+		if (c && c->ino == e->ino && c->idx == e->idx) {
+			victim = w; /* another thread's opening of the same chunk */
+			break;
+		}
+		if (!c)
+			victim = w;
+		else if (cs->fdc[victim] && c->used < cs->fdc[victim]->used)
+			victim = w;
+	}
+	old = cs->fdc[victim];
+	cs->fdc[victim] = e;
+	pthread_mutex_unlock(fdc_lock(cs, set));
 	fdc_put(cs, old);
 }
 
 /*
- * The open chunk file ino/idx, from the cache or opened now (and cached). *out is
- * NULL for a missing chunk. Release with fdc_put. 0, -EIO (corrupt header) or
- * -errno.
+ * Maps e's file for a short-circuit reader; on any failure e stays unmapped and
+ * is read with preadv.
  */
-static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, const char *rel, uint64_t ino,
+static void fdc_map(struct stk_chunk_store *cs, struct fd_ent *e)
+{
+	size_t len = (size_t)e->hdr_len + e->data_len;
+	void *m;
+
+	if (!cs->reader || e->data_len == 0 || (uint64_t)e->size < len)
+		return;
+	m = mmap(NULL, len, PROT_READ, MAP_SHARED, e->fd, 0);
+	if (m == MAP_FAILED)
+		return;
+	e->map = m;
+	e->map_len = len;
+}
+
+/*
+ * The open chunk file ino/idx, from the cache or opened now (and cached). *out is
+ * NULL for a missing chunk. rel is formatted (the chunk's path) only when the
+ * file is opened. Release with fdc_put. 0, -EIO (corrupt header) or -errno.
+ */
+static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, char *rel, uint64_t ino,
 		   uint32_t idx, struct fd_ent **out)
 {
-	unsigned slot = (unsigned)(fdc_hash(ino, idx) % cs->fdc_n);
-	struct fd_ent *e, *old;
+	unsigned set = fdc_set(cs, ino, idx);
+	struct fd_ent *e = NULL;
 	struct chunk_hdr h;
 	struct stat st;
 	int fd, rc;
 
 	*out = NULL;
-	pthread_mutex_lock(fdc_lock(cs, slot));
-	e = cs->fdc[slot];
-	if (e && e->ino == ino && e->idx == idx)
-		e->refs++;
-	else
-		e = NULL;
-	pthread_mutex_unlock(fdc_lock(cs, slot));
+	pthread_mutex_lock(fdc_lock(cs, set));
+	for (unsigned w = set; w < set + FDC_WAYS; w++) {
+		struct fd_ent *c = cs->fdc[w];
+
+		if (c && c->ino == ino && c->idx == idx) {
+			e = c;
+			e->refs++;
+			e->used = fdc_tick(cs, set);
+			break;
+		}
+	}
+	pthread_mutex_unlock(fdc_lock(cs, set));
 	if (e) {
 		if (fstat(e->fd, &st) == 0 && st.st_nlink > 0 && st.st_size == e->size &&
 		    st.st_ctim.tv_sec == e->ctime.tv_sec && st.st_ctim.tv_nsec == e->ctime.tv_nsec) {
@@ -417,6 +506,7 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, const char *
 		fdc_drop(cs, ino, idx, e); /* replaced, removed or changed: open it again */
 		fdc_put(cs, e);
 	}
+	rel_chunk(rel, REL_MAX, ino, idx);
 	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return errno == ENOENT ? 0 : -errno;
@@ -436,6 +526,8 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, const char *
 	e->idx = idx;
 	e->fd = fd;
 	e->refs = 2; /* the slot's and the caller's */
+	e->map = NULL;
+	e->map_len = 0;
 	e->hdr_len = h.hdr_len;
 	e->data_len = h.data_len;
 	e->nblocks = h.nblocks;
@@ -447,11 +539,8 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, const char *
 		*out = e;
 		return 0;
 	}
-	pthread_mutex_lock(fdc_lock(cs, slot));
-	old = cs->fdc[slot];
-	cs->fdc[slot] = e;
-	pthread_mutex_unlock(fdc_lock(cs, slot));
-	fdc_put(cs, old);
+	fdc_map(cs, e);
+	fdc_insert(cs, e);
 	*out = e;
 	return 0;
 fail:
@@ -470,7 +559,6 @@ static void fdc_free(struct stk_chunk_store *cs)
 	free(cs->fdc);
 }
 
-/* Encodes a header for data_len bytes whose block CRCs are already at buf + HDR_FIXED. */
 static void build_hdr(uint8_t *buf, uint32_t hdr_len, uint64_t ino, uint32_t idx, uint32_t data_len,
 		      uint32_t nblocks)
 {
@@ -884,6 +972,121 @@ static uint32_t span_crc(const struct read_span *s, uint32_t lo, uint32_t hi)
 	return crc;
 }
 
+/*
+ * Are the data bytes [off, off + len) of e all in the page cache? A read through
+ * the map touches only such pages, so it never waits on the disk nor meets an
+ * I/O error there (which would be SIGBUS). cachestat(2) (Linux 6.5) answers from
+ * the file's page cache alone; mincore(2), its fallback, walks the process's page
+ * tables under the lock that mmap and page faults take, and threads queue on it.
+ */
+#ifndef SYS_cachestat
+#define SYS_cachestat 451 /* the same number on every architecture */
+#endif
+struct cachestat_range {
+	uint64_t off, len;
+};
+struct cachestat {
+	uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+static int g_no_cachestat; /* atomic: the kernel has no cachestat */
+
+static int resident(const struct fd_ent *e, uint32_t off, uint32_t len)
+{
+	uint64_t psz = (uint64_t)sysconf(_SC_PAGESIZE);
+	uint64_t start = (uint64_t)e->hdr_len + off, first = start / psz;
+	uint64_t npages = (start + len - 1) / psz - first + 1;
+	unsigned char vec[256];
+
+	if (!__atomic_load_n(&g_no_cachestat, __ATOMIC_RELAXED)) {
+		struct cachestat_range r = {.off = start, .len = len};
+		struct cachestat st;
+
+		if (syscall(SYS_cachestat, e->fd, &r, &st, 0) == 0)
+			return st.nr_cache >= npages;
+		if (errno != ENOSYS)
+			return 0;
+		__atomic_store_n(&g_no_cachestat, 1, __ATOMIC_RELAXED);
+	}
+	for (uint64_t p = first; p < first + npages;) {
+		uint64_t n = STK_MIN(first + npages - p, sizeof(vec));
+
+		if (mincore((void *)(e->map + p * psz), n * psz, vec) < 0)
+			return 0;
+		for (uint64_t i = 0; i < n; i++)
+			if (!(vec[i] & 1))
+				return 0;
+		p += n;
+	}
+	return 1;
+}
+
+#define MAP_RUN 48u /* blocks copied and hashed per call */
+
+/* Copies the part of block [bs, be) that falls in [off, end) from its copy at part. */
+static void copy_part(const struct read_span *s, uint32_t bs, uint32_t be, const uint8_t *part,
+		      uint8_t *buf)
+{
+	uint32_t a = STK_MAX(bs, s->off), z = STK_MIN(be, s->end);
+
+	memcpy(buf + (a - s->off), part + (a - bs), z - a);
+}
+
+/*
+ * The read of s through e's map: every block of [rs, re) checked, the bytes of
+ * [off, end) copied to buf. Every block is copied and hashed in one pass
+ * (stk_crc32c_copy_blocks): a block wholly inside [off, end) straight into buf,
+ * one the read covers in part (the first, the last) into a block of its own on
+ * the stack, from which its part is copied once it checked out; so the bytes
+ * checked are the bytes handed out. 0, or the index of the first bad block plus
+ * one.
+ */
+static uint32_t read_mapped(const struct fd_ent *e, const struct read_span *s, uint8_t *buf)
+{
+	const uint8_t *data = e->map + e->hdr_len;
+	uint8_t head[STK_CHUNK_BLOCK], tail[STK_CHUNK_BLOCK];
+	struct stk_crc_copy v[MAP_RUN];
+	uint32_t got[MAP_RUN];
+	uint32_t bs = s->rs, head_be = 0, tail_bs = UINT32_MAX, end_full;
+
+	/* The chunk's last block may be short: it is done alone, after the others. */
+	end_full = s->re / STK_CHUNK_BLOCK * STK_CHUNK_BLOCK;
+	while (bs < end_full) {
+		uint32_t b0 = bs / STK_CHUNK_BLOCK, n = 0;
+
+		for (; n < MAP_RUN && bs < end_full; n++, bs += STK_CHUNK_BLOCK) {
+			uint32_t be = bs + STK_CHUNK_BLOCK;
+
+			v[n].src = data + bs;
+			if (bs < s->off || (be > s->end && bs == s->rs)) {
+				v[n].dst = head;
+				head_be = be;
+			} else if (be > s->end) {
+				v[n].dst = tail;
+				tail_bs = bs;
+			} else {
+				v[n].dst = buf + (bs - s->off);
+			}
+		}
+		stk_crc32c_copy_blocks(v, n, STK_CHUNK_BLOCK, got);
+		for (uint32_t i = 0; i < n; i++)
+			if (got[i] != le32(e->crcs + 4 * (b0 + i)))
+				return b0 + i + 1;
+	}
+	if (end_full < s->re) {
+		uint32_t b = end_full / STK_CHUNK_BLOCK, len = s->re - end_full;
+
+		memcpy(tail, data + end_full, len);
+		if (stk_crc32c(0, tail, len) != le32(e->crcs + 4 * b))
+			return b + 1;
+		tail_bs = end_full;
+	}
+	if (head_be)
+		copy_part(s, s->rs, head_be, head, buf);
+	if (tail_bs != UINT32_MAX && tail_bs >= head_be)
+		copy_part(s, tail_bs, STK_MIN(tail_bs + STK_CHUNK_BLOCK, s->re), tail, buf);
+	return 0;
+}
+
 long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off, void *buf,
 		    uint32_t len, uint32_t *crcs)
 {
@@ -901,7 +1104,6 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 		return -ENOMEM;
 	if (len == 0)
 		return 0;
-	rel_chunk(rel, sizeof(rel), ino, idx);
 	rc = fdc_get(cs, t, rel, ino, idx, &e);
 	if (rc || !e)
 		return rc;
@@ -918,6 +1120,18 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	s.end = (uint32_t)STK_MIN((uint64_t)off + len, h.data_len);
 	s.rs = off / STK_CHUNK_BLOCK * STK_CHUNK_BLOCK;
 	s.re = STK_MIN(STK_DIV_ROUND_UP(s.end, STK_CHUNK_BLOCK) * STK_CHUNK_BLOCK, h.data_len);
+	if (e->map && !crcs && resident(e, s.rs, s.re - s.rs)) {
+		uint32_t bad = read_mapped(e, &s, buf);
+
+		if (bad) {
+			rel_chunk(rel, sizeof(rel), ino, idx);
+			log_mismatch(cs, rel, ino, idx, bad - 1);
+			rc = -EIO;
+			goto fail;
+		}
+		rc = s.end - s.off;
+		goto out;
+	}
 	s.head = head;
 	s.mid = buf;
 	s.tail = tail;
@@ -936,6 +1150,7 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 		rc = got;
 		goto fail;
 	}
+	rel_chunk(rel, sizeof(rel), ino, idx); /* for the messages below */
 	if ((uint32_t)got != s.re - s.rs) {
 		rc = hdr_corrupt(cs, rel, ino, idx, "file shorter than its header says");
 		goto fail;
@@ -985,7 +1200,6 @@ int stk_chunk_advise(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uin
 
 	if (!t)
 		return -ENOMEM;
-	rel_chunk(rel, sizeof(rel), ino, idx);
 	/* Opening it through the cache leaves it open for the read that follows. */
 	rc = fdc_get(cs, t, rel, ino, idx, &e);
 	if (rc || !e)
@@ -1263,6 +1477,7 @@ int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
 		rc = -ESTALE; /* same path, another target: not the one the routing names */
 	if (rc == 0)
 		rc = fdc_init(cs, FDC_READER);
+	cs->reader = 1;
 	if (rc)
 		goto out;
 	*out = cs;

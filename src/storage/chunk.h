@@ -74,7 +74,11 @@ int stk_chunk_store_sync(struct stk_chunk_store *cs);
  * Opens an existing target folder for reading only, as a client on the storage
  * node does for short-circuit reads: no folder is made, nothing is scanned, and
  * the folder's target.id must be expect_id (-ESTALE otherwise). Only
- * stk_chunk_read and stk_chunk_store_close may be used on the result.
+ * stk_chunk_read and stk_chunk_store_close may be used on the result. Such a
+ * store maps the chunk files it keeps open (read-only, shared) and reads bytes
+ * already in the page cache through the map, checking each block as it copies
+ * it; other reads use preadv. It holds up to 1024 files open (fewer when
+ * RLIMIT_NOFILE is under 8192: an eighth of it) and their maps until closed.
  */
 int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
 				struct stk_chunk_store **out);

@@ -570,6 +570,128 @@ static int test_fd_cache(const char *dir, struct stk_chunk_store *cs)
 	return 0;
 }
 
+/*
+ * A short-circuit reader reads a settled, cached chunk through its map: reads at
+ * every kind of offset and length (block-aligned or not, a short last block,
+ * past the end) return the chunk's bytes; the same reads with the file's pages
+ * dropped from the page cache go through preadv and return the same; a data
+ * byte changed in place is caught on both paths (-EIO, the buffer zeroed) while
+ * reads of the other blocks go on. Also stk_crc32c_copy_blocks against
+ * stk_crc32c_blocks.
+ */
+static int drop_cache(const char *path)
+{
+	int fd = open(path, O_RDONLY), rc;
+
+	if (fd < 0)
+		return -1;
+	rc = fsync(fd) || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	close(fd);
+	return rc;
+}
+
+static int mapped_reads(struct stk_chunk_store *rd, uint64_t ino, const uint8_t *want, uint32_t len)
+{
+	static uint8_t r[CHUNK + 8192];
+	static const uint32_t offs[] = {0, 1, 4095, 4096, 4097, 8191, 12288, 20000};
+	static const uint32_t lens[] = {1, 100, 4095, 4096, 4097, 12288, 12289, 65536, CHUNK};
+
+	for (size_t i = 0; i < STK_ARRAY_SIZE(offs); i++)
+		for (size_t j = 0; j < STK_ARRAY_SIZE(lens); j++) {
+			uint32_t o = offs[i], l = lens[j];
+			long exp = o >= len ? 0 : (long)STK_MIN(l, len - o);
+
+			memset(r, 0xee, l + 1);
+			CHECK(stk_chunk_read(rd, ino, 0, o, r, l, NULL) == exp);
+			CHECK(exp == 0 || memcmp(r, want + o, (size_t)exp) == 0);
+			CHECK(r[exp] == 0xee || (uint32_t)exp == l);
+		}
+	for (int k = 0; k < 200; k++) {
+		uint32_t o = rnd(len), l = 1 + rnd(len - o);
+
+		CHECK(stk_chunk_read(rd, ino, 0, o, r, l, NULL) == (long)l);
+		CHECK(memcmp(r, want + o, l) == 0);
+	}
+	/* the chunk's last (short) block, alone and with the one before */
+	CHECK(stk_chunk_read(rd, ino, 0, len - 10, r, 100, NULL) == 10);
+	CHECK(memcmp(r, want + len - 10, 10) == 0);
+	CHECK(stk_chunk_read(rd, ino, 0, len / 4096 * 4096 - 4096, r, CHUNK, NULL) ==
+	      (long)(len - (len / 4096 * 4096 - 4096)));
+	CHECK(memcmp(r, want + len / 4096 * 4096 - 4096, len - (len / 4096 * 4096 - 4096)) == 0);
+	return 0;
+}
+
+static int test_mapped(const char *dir, struct stk_chunk_store *cs)
+{
+	static uint8_t a[CHUNK], r[CHUNK], x[CHUNK];
+	static uint32_t c1[CHUNK / 4096 + 1], c2[CHUNK / 4096 + 1];
+	const uint32_t len = CHUNK - 3000; /* a short last block */
+	struct stk_chunk_store *rd = NULL;
+	uint64_t ino = 0x3c;
+	char log[4096], p[512];
+	uint32_t got;
+	long hdr;
+
+	for (uint32_t n = 0; n <= 40; n++) {
+		struct stk_crc_copy v[40];
+
+		fill(a, n * 4096, (uint8_t)n);
+		stk_crc32c_blocks(a, n * 4096, 4096, c1);
+		memset(x, 0, sizeof(x));
+		for (uint32_t i = 0; i < n; i++) /* blocks in reverse order */
+			v[i] = (struct stk_crc_copy){.dst = x + (n - 1 - i) * 4096, .src = a + i * 4096};
+		stk_crc32c_copy_blocks(v, n, 4096, c2);
+		for (uint32_t i = 0; i < n; i++) {
+			CHECK(c2[i] == c1[i]);
+			CHECK(memcmp(x + (n - 1 - i) * 4096, a + i * 4096, 4096) == 0);
+		}
+		CHECK(x[n * 4096] == 0);
+	}
+	fill(a, sizeof(a), 21);
+	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+	CHECK(stk_chunk_write(cs, ino, 0, CHUNK, 0, a, len, NULL, 0, &got) == 0);
+	CHECK(file_path(cs, ino, 0, p, sizeof(p)) == 0);
+	settle();
+	CHECK(mapped_reads(rd, ino, a, len) == 0); /* opened, mapped and cached */
+	CHECK(mapped_reads(rd, ino, a, len) == 0);
+	/*
+	 * Out of the page cache (a mapped page is not dropped: the reader is closed
+	 * first): the first read finds the pages missing and takes preadv, which
+	 * brings them back for the reads after it.
+	 */
+	stk_chunk_store_close(rd);
+	CHECK(drop_cache(p) == 0);
+	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+	CHECK(mapped_reads(rd, ino, a, len) == 0);
+	/* A data byte of block 5 changed in place; the header is 4 KiB here. */
+	hdr = 4096;
+	CHECK(flip_byte(p, hdr + 5 * 4096 + 7) == 0);
+	settle(); /* so that the reopened file is cached and mapped again */
+	for (int pass = 0; pass < 2; pass++) {
+		memset(r, 0x55, sizeof(r));
+		CHECK(read_capturing(rd, ino, 0, 5 * 4096 - 10, r, 30, log, sizeof(log)) == -EIO);
+		CHECK(strstr(log, "block 5") != NULL);
+		for (int i = 0; i < 30; i++)
+			CHECK(r[i] == 0);
+		CHECK(read_capturing(rd, ino, 0, 1000, r, 3 * 4096, log, sizeof(log)) == 3 * 4096);
+		CHECK(memcmp(r, a + 1000, 3 * 4096) == 0);
+		CHECK(read_capturing(rd, ino, 0, 0, r, CHUNK, log, sizeof(log)) == -EIO);
+		CHECK(stk_chunk_read(rd, ino, 0, 6 * 4096, r, 8192, NULL) == 8192);
+		CHECK(memcmp(r, a + 6 * 4096, 8192) == 0);
+		/* the second pass, out of the page cache, reads with preadv */
+		stk_chunk_store_close(rd);
+		CHECK(drop_cache(p) == 0);
+		CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+	}
+	CHECK(flip_byte(p, hdr + 5 * 4096 + 7) == 0);
+	settle();
+	CHECK(mapped_reads(rd, ino, a, len) == 0);
+	CHECK(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
+	CHECK(stk_chunk_read(rd, ino, 0, 0, r, CHUNK, NULL) == 0);
+	stk_chunk_store_close(rd);
+	return 0;
+}
+
 int main(void)
 {
 	struct stk_chunk_store *cs = NULL;
@@ -587,7 +709,8 @@ int main(void)
 		goto out;
 	}
 	if (test_round_trip(cs) || test_model(cs) || test_truncate(cs) || test_corruption(cs) ||
-	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_fd_cache(dir, cs) || test_enospc())
+	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_fd_cache(dir, cs) ||
+	    test_mapped(dir, cs) || test_enospc())
 		goto out;
 	rc = 0;
 	printf("test_storage_chunk: all passed\n");
