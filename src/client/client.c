@@ -179,7 +179,6 @@ void stk_disconnect(stk_client *c)
 	stk_pool_destroy(c->pool);
 	for (unsigned i = 0; i < c->nlocals; i++)
 		stk_chunk_store_close(c->locals[i].cs);
-	free(c->locals);
 	stk_routing_free(&c->rt);
 	pthread_rwlock_destroy(&c->rt_lock);
 	free(c);

@@ -22,6 +22,7 @@
 #include "../proto/wire.h"
 
 /* A target of this machine the client reads directly (short-circuit reads). */
+#define STK_MAX_LOCAL_TARGETS 64
 struct stk_local_target {
 	uint32_t id;
 	struct stk_chunk_store *cs; /* NULL: tried, not readable from here */
@@ -36,8 +37,14 @@ struct stk_client {
 	pthread_rwlock_t rt_lock; /* protects rt */
 	struct stk_routing rt;
 	int short_circuit; /* STOKER_SHORT_CIRCUIT=0 turns local chunk reads off */
-	pthread_mutex_t local_lock; /* protects locals, nlocals */
-	struct stk_local_target *locals;
+	/*
+	 * The targets of this machine met so far. Entries are only added, under
+	 * local_lock, each published by a release store of nlocals; readers scan the
+	 * first nlocals (acquire load) without the lock. Past STK_MAX_LOCAL_TARGETS
+	 * targets, the others are read over the network.
+	 */
+	pthread_mutex_t local_lock;
+	struct stk_local_target locals[STK_MAX_LOCAL_TARGETS];
 	unsigned nlocals;
 	struct stk_session *sess; /* the session with meta (session.c) */
 	struct stk_reaper *reaper; /* background removal of gone files' chunks (reaper.c) */

@@ -128,7 +128,7 @@ static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_
 	char path[STK_PATH_MAX + 1];
 	struct stk_chunk_store *cs = NULL;
 	uint32_t tid = 0;
-	unsigned i;
+	unsigned i, nl;
 
 	if (!c->short_circuit)
 		return NULL;
@@ -138,28 +138,33 @@ static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_
 		t = stk_routing_target(&c->rt, ch->targets[0]);
 		n = t ? stk_routing_node(&c->rt, t->node_id) : NULL;
 	}
-	if (t && n && t->state == STK_TARGET_SERVING && loopback_addr(n->addr)) {
+	if (t && n && t->state == STK_TARGET_SERVING && loopback_addr(n->addr))
 		tid = t->id;
-		memcpy(path, t->path, sizeof(path));
-	}
 	pthread_rwlock_unlock(&c->rt_lock);
 	if (!tid)
+		return NULL;
+	/* Targets met before: no lock (locals only grows; nlocals is published last). */
+	nl = __atomic_load_n(&c->nlocals, __ATOMIC_ACQUIRE);
+	for (i = 0; i < nl; i++)
+		if (c->locals[i].id == tid)
+			return c->locals[i].cs;
+	/* A target met first: its folder from the routing table, opened once. */
+	pthread_rwlock_rdlock(&c->rt_lock);
+	t = stk_routing_target(&c->rt, tid);
+	if (t)
+		memcpy(path, t->path, sizeof(path));
+	pthread_rwlock_unlock(&c->rt_lock);
+	if (!t)
 		return NULL;
 	pthread_mutex_lock(&c->local_lock);
 	for (i = 0; i < c->nlocals; i++)
 		if (c->locals[i].id == tid)
 			break;
-	if (i == c->nlocals) {
-		struct stk_local_target *nl =
-			realloc(c->locals, (c->nlocals + 1) * sizeof(*c->locals));
-		if (nl) {
-			c->locals = nl;
-			nl[i].id = tid;
-			nl[i].cs = NULL;
-			if (stk_chunk_store_open_reader(path, tid, &nl[i].cs))
-				nl[i].cs = NULL;
-			c->nlocals++;
-		}
+	if (i == c->nlocals && i < STK_MAX_LOCAL_TARGETS) {
+		c->locals[i].id = tid;
+		if (stk_chunk_store_open_reader(path, tid, &c->locals[i].cs))
+			c->locals[i].cs = NULL;
+		__atomic_store_n(&c->nlocals, i + 1, __ATOMIC_RELEASE);
 	}
 	if (i < c->nlocals)
 		cs = c->locals[i].cs;
