@@ -105,6 +105,14 @@ struct stk_fuse_node {
 	_Atomic uint64_t wsize; /* the file size as writes through wf left it */
 	_Atomic uint64_t wgen; /* bumped by every change made through wf */
 	_Atomic uint64_t synced; /* wgen as of the last successful fsync of wf */
+	/*
+	 * The kernel asks for security.capability before every write (to clear it): the
+	 * file has none until this stk_now_ns, as learnt from meta or from its create
+	 * here (at most attr_timeout ago). xattr_gen: bumped by this mount's setxattr
+	 * and removexattr, under lock with nocap_until.
+	 */
+	uint64_t nocap_until;
+	uint64_t xattr_gen;
 };
 
 struct stk_fuse_table {

@@ -614,6 +614,37 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 	fuse_reply_statfs(req, &st);
 }
 
+/* ---- what the mount knows of a file's xattrs ---- */
+
+/* The ttl of what this mount learnt of a file's xattrs: attr_timeout. */
+static uint64_t xattr_ttl_ns(const struct stk_fuse *fs)
+{
+	return fs->o.attr_timeout > 0 ? (uint64_t)(fs->o.attr_timeout * 1e9) : 0;
+}
+
+/* Notes that file n has no security.capability, as of xattr generation gen. */
+static void note_nocap(struct stk_fuse *fs, struct stk_fuse_node *n, uint64_t gen)
+{
+	pthread_mutex_lock(&n->lock);
+	if (n->xattr_gen == gen)
+		n->nocap_until = stk_now_ns() + xattr_ttl_ns(fs);
+	pthread_mutex_unlock(&n->lock);
+}
+
+/* This mount changes an xattr of ino: forget what it knew of them. */
+static void xattrs_changed(struct stk_fuse *fs, uint64_t ino)
+{
+	struct stk_fuse_node *n = stk_fuse_table_pin(&fs->tab, ino);
+
+	if (!n)
+		return;
+	pthread_mutex_lock(&n->lock);
+	n->xattr_gen++;
+	n->nocap_until = 0;
+	pthread_mutex_unlock(&n->lock);
+	stk_fuse_table_unpin(&fs->tab, n, fs->c);
+}
+
 /* ---- files ---- */
 
 /*
@@ -835,6 +866,8 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		reply_err(req, rc);
 		return;
 	}
+	if (created) /* a new file has no xattrs: its writes need not ask */
+		note_nocap(fs, fh_of(fi)->node, fh_of(fi)->node->xattr_gen);
 	fill_entry(fs, &a, &e);
 	if (fuse_reply_create(req, &e, fi))
 		release_fh(fs, fh_of(fi));
@@ -1153,7 +1186,9 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 	int rc;
 
 	req_cred(req, &cr, 1);
+	xattrs_changed(fs, ino_swap(fs, ino));
 	rc = stk_ino_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size, (uint32_t)flags);
+	xattrs_changed(fs, ino_swap(fs, ino));
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
 	reply_err(req, rc);
 }
@@ -1172,18 +1207,40 @@ static void reply_xattr(fuse_req_t req, long rc, const char *buf, size_t size)
 static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
 	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_node *n = NULL;
+	uint64_t gen = 0;
 	struct stk_cred cr;
 	char *buf = NULL;
 	long rc;
 
+	/* Asked before every write of an open file: answered here while known. */
+	if (strcmp(name, "security.capability") == 0 &&
+	    (n = stk_fuse_table_pin(&fs->tab, ino_swap(fs, ino)))) {
+		int none;
+
+		pthread_mutex_lock(&n->lock);
+		none = stk_now_ns() < n->nocap_until;
+		gen = n->xattr_gen;
+		pthread_mutex_unlock(&n->lock);
+		if (none) {
+			stk_fuse_table_unpin(&fs->tab, n, fs->c);
+			reply_err(req, -ENODATA);
+			return;
+		}
+	}
 	if (size > STK_XATTR_SIZE_MAX)
 		size = STK_XATTR_SIZE_MAX;
 	if (size && !(buf = malloc(size))) {
-		reply_err(req, -ENOMEM);
-		return;
+		rc = -ENOMEM;
+		goto out;
 	}
 	req_cred(req, &cr, 1);
 	rc = stk_ino_getxattr(fs->c, &cr, ino_swap(fs, ino), name, buf, size);
+	if (rc == -ENODATA && n)
+		note_nocap(fs, n, gen);
+out:
+	if (n)
+		stk_fuse_table_unpin(&fs->tab, n, fs->c);
 	reply_xattr(req, rc, buf, size);
 	free(buf);
 }
@@ -1214,7 +1271,9 @@ static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	int rc;
 
 	req_cred(req, &cr, 1);
+	xattrs_changed(fs, ino_swap(fs, ino));
 	rc = stk_ino_removexattr(fs->c, &cr, ino_swap(fs, ino), name);
+	xattrs_changed(fs, ino_swap(fs, ino));
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
 	reply_err(req, rc);
 }

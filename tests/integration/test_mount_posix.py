@@ -168,6 +168,34 @@ def test_xattr_across_two_mounts(cluster, make_mount):
     assert errno_of(os.getxattr, pb, "user.v") == errno.ENODATA
 
 
+def test_write_clears_file_capabilities(cluster, make_mount):
+    """A write removes security.capability, as on a local file system, even though the
+    mount answers the kernel's question before each write from what it knows: a new
+    file has none, and a file whose capability was set through this mount (or
+    another, once attr_timeout passed) is asked about again."""
+    import struct
+    caps = struct.pack("<5I", 0x02000000, 1 << 10, 0, 0, 0)  # v2: cap_net_bind_service
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    pa, pb = (os.path.join(m.path, "capped") for m in (a, b))
+    with open(pa, "wb") as f:
+        for _ in range(20):  # a new file: no meta call per write (see test_mount.py)
+            f.write(b"x" * 4096)
+            f.flush()
+        os.setxattr(pa, "security.capability", caps)
+        assert os.getxattr(pb, "security.capability") == caps
+        f.write(b"y")  # through the same descriptor, right after the set
+        f.flush()
+    assert errno_of(os.getxattr, pb, "security.capability") == errno.ENODATA
+    # Set through another mount: seen by this one's writes after attr_timeout (1 s).
+    os.setxattr(pb, "security.capability", caps)
+    time.sleep(1.1)
+    with open(pa, "ab") as f:
+        f.write(b"z")
+    assert errno_of(os.getxattr, pb, "security.capability") == errno.ENODATA
+    assert open(pb, "rb").read() == b"x" * 4096 * 20 + b"yz"
+
+
 # ---- permissions as non-root users, with their supplementary groups ----
 
 ALICE, BOB = 1001, 1002  # uids (and primary gids) no test machine gives meaning to
