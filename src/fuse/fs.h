@@ -113,6 +113,7 @@ struct stk_fuse_node {
 	 */
 	uint64_t nocap_until;
 	uint64_t xattr_gen;
+	_Atomic int posix_locked; /* a POSIX lock was taken through this mount: flushes unlock */
 };
 
 struct stk_fuse_table {

@@ -21,7 +21,8 @@
  * interrupts it (the waiter got a signal): libfuse marks the request and the
  * next retry sees it. Locks are released by the kernel's own requests: unlock,
  * the flush that comes with every close (POSIX locks of that lock owner; we
- * send it to meta only for inodes this mount has locked), and the release of
+ * send it to meta only for files this mount has POSIX-locked since their table
+ * node was made, node->posix_locked), and the release of
  * the last descriptor of a file description (flock). A killed mount releases
  * them through its session's lease.
  */
@@ -39,41 +40,6 @@
 #include "../client/session.h"
 #include "../common/log.h"
 
-/* Inodes this mount has taken POSIX locks on, so that a flush knows to unlock. */
-static pthread_mutex_t locked_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t *locked_inos;
-static size_t nlocked, cap_locked;
-
-static void note_locked(uint64_t ino)
-{
-	pthread_mutex_lock(&locked_mu);
-	for (size_t i = 0; i < nlocked; i++)
-		if (locked_inos[i] == ino)
-			goto out;
-	if (nlocked == cap_locked) {
-		size_t cap = cap_locked ? 2 * cap_locked : 16;
-		uint64_t *p = realloc(locked_inos, cap * sizeof(*p));
-		if (!p)
-			goto out; /* the lock then waits for its owner's unlock or the session */
-		locked_inos = p;
-		cap_locked = cap;
-	}
-	locked_inos[nlocked++] = ino;
-out:
-	pthread_mutex_unlock(&locked_mu);
-}
-
-static int was_locked(uint64_t ino)
-{
-	int found = 0;
-
-	pthread_mutex_lock(&locked_mu);
-	for (size_t i = 0; i < nlocked && !found; i++)
-		found = locked_inos[i] == ino;
-	pthread_mutex_unlock(&locked_mu);
-	return found;
-}
-
 static struct stk_fuse *fs_of(fuse_req_t req)
 {
 	return fuse_req_userdata(req);
@@ -82,6 +48,12 @@ static struct stk_fuse *fs_of(fuse_req_t req)
 static uint64_t ino_of(struct fuse_file_info *fi)
 {
 	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->node->ino;
+}
+
+/* The file's table node: alive while fi is open. */
+static struct stk_fuse_node *node_of(struct fuse_file_info *fi)
+{
+	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->node;
 }
 
 static uint64_t flock_owner_of(struct fuse_file_info *fi)
@@ -177,7 +149,7 @@ void stk_fuse_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, s
 	(void)ino;
 	rc = range_of(lock, &r);
 	if (rc == 0 && r.type != STK_LOCK_UN)
-		note_locked(sino);
+		atomic_store(&node_of(fi)->posix_locked, 1);
 	if (rc == 0)
 		rc = stk_ino_lock(fs_of(req)->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, sleep,
 				  interrupted, req);
@@ -223,7 +195,7 @@ void stk_fuse_locks_flush(struct stk_fuse *fs, struct fuse_file_info *fi)
 	uint64_t sino = ino_of(fi);
 	int rc;
 
-	if (!was_locked(sino))
+	if (!atomic_load(&node_of(fi)->posix_locked))
 		return;
 	rc = stk_ino_lock(fs->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, 0, NULL, NULL);
 	if (rc)
