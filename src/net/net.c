@@ -602,11 +602,17 @@ static void serve_conn(struct srv_conn *sc)
 			in_cap = h.payload_len;
 		}
 		if (h.bulk_len > inbulk_cap) {
-			uint8_t *n = realloc(inbulk, h.bulk_len);
+			/*
+			 * Page-aligned, whole pages: a handler may hand the bulk to the disk
+			 * as it is (the chunk store writes whole chunks with O_DIRECT).
+			 */
+			size_t cap = ((size_t)h.bulk_len + 4095) & ~(size_t)4095;
+			uint8_t *n = aligned_alloc(4096, cap);
 			if (!n)
 				break;
+			free(inbulk);
 			inbulk = n;
-			inbulk_cap = h.bulk_len;
+			inbulk_cap = cap;
 		}
 		if (h.payload_len && recv_all(sc->fd, in, h.payload_len))
 			break;
@@ -631,6 +637,12 @@ static void serve_conn(struct srv_conn *sc)
 		resp.frame_flags = 0;
 		t0 = stk_metrics_ops_begin(s->metrics, h.opcode);
 		if (h.version != STK_WIRE_VERSION) {
+			static atomic_int told;
+			if (!atomic_exchange(&told, 1))
+				stk_warn("%s speaks wire protocol version %u, this daemon %u: its "
+					 "requests are refused (run one Stoker version across the "
+					 "cluster and its clients)",
+					 sc->peer, h.version, STK_WIRE_VERSION);
 			rc = -EOPNOTSUPP;
 		} else {
 			req.hdr = h;
