@@ -25,6 +25,9 @@
  * the page cache costs an fstat, a cachestat and one pass that copies the bytes
  * out of a map of the file and checks their CRCs.
  *
+ * A write that replaces a chunk whole skips that buffer: the new file is written
+ * from the request's own bytes, large ones with O_DIRECT (see chunk_update).
+ *
  * Not done yet: io_uring, and reflink copies of the unchanged part of a chunk.
  */
 #include "chunk.h"
@@ -62,7 +65,7 @@
 #define FDC_SERVER 4096u /* cached chunk files of a storage node's target */
 #define FDC_READER 1024u /* of a short-circuit reader's target */
 #define REL_MAX 96 /* "chunks/ff/<16 hex>/<10 digits>.tmp.<10 digits>" and then some */
-#define WRITE_BEHIND_MIN (512u << 10) /* see chunk_update */
+#define LARGE_WRITE_MIN (512u << 10) /* uncached or written behind: see chunk_update */
 
 struct stk_chunk_store {
 	char dir[PATH_MAX]; /* absolute path of the target folder */
@@ -670,6 +673,15 @@ static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
 	return 0;
 }
 
+/*
+ * May a chunk's data (len bytes, after a header of whole pages) go to the disk
+ * with O_DIRECT? Large writes of whole pages from a page-aligned buffer only.
+ */
+static int odirect_ok(const void *data, uint32_t len)
+{
+	return len >= LARGE_WRITE_MIN && len % 4096 == 0 && ((uintptr_t)data & 4095) == 0;
+}
+
 /* Creates the temporary file, making the inode's folders if they are missing. */
 static int create_tmp(struct stk_chunk_store *cs, const char *tmp, uint64_t ino, int *made_dirs)
 {
@@ -726,7 +738,7 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	uint32_t old_len = 0, new_len, nblocks, hdr_len, have = 0;
 	const uint8_t *data;
 	uint8_t *stage;
-	int fd = -1, tfd = -1, exists = 0, need_old, direct, made_dirs = 0, rc;
+	int fd = -1, tfd = -1, exists = 0, need_old, direct, uncached = 0, made_dirs = 0, rc;
 
 	if (!t)
 		return -ENOMEM;
@@ -766,8 +778,12 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	/*
 	 * A write that replaces every old byte from the chunk's first one (a new
 	 * chunk written whole, as a checkpoint's are) is not staged: the file is
-	 * written from the header and the caller's bytes with one pwritev. Any other
-	 * update builds the new chunk in the thread's buffer.
+	 * written from the header and the caller's bytes with one pwritev, and when
+	 * it is large and page-aligned, with O_DIRECT, past the page cache: a stream
+	 * of large writes is read back later if at all, and copying it into the page
+	 * cache (and flushing it from there at fsync) costs more CPU than the rest
+	 * of its way through the node. Any other update builds the new chunk in the
+	 * thread's buffer.
 	 */
 	direct = !need_old && !u->cut && u->off == 0;
 	rc = tls_grow(&t->buf, &t->buf_cap,
@@ -844,14 +860,25 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	if (direct) {
 		struct iovec iov[2] = {{t->buf, hdr_len}, {(void *)data, new_len}};
 
-		rc = pwritev_all(tfd, iov, 2, 0);
+		rc = -EINVAL;
+		if (odirect_ok(data, new_len) && fcntl(tfd, F_SETFL, O_DIRECT) == 0) {
+			rc = pwritev_all(tfd, iov, 2, 0);
+			uncached = rc == 0;
+			if (rc == -EINVAL) /* the file system or device wants another alignment */
+				fcntl(tfd, F_SETFL, 0);
+		}
+		if (rc == -EINVAL) {
+			iov[0] = (struct iovec){t->buf, hdr_len};
+			iov[1] = (struct iovec){(void *)data, new_len};
+			rc = pwritev_all(tfd, iov, 2, 0);
+		}
 	} else {
 		rc = stk_pwrite_all(tfd, t->buf, (size_t)hdr_len + new_len, 0);
 	}
 	if (rc == 0 && (u->flags & STK_WRITE_SYNC)) {
 		if (fdatasync(tfd) < 0)
 			rc = -errno;
-	} else if (rc == 0 && u->len >= WRITE_BEHIND_MIN) {
+	} else if (rc == 0 && !uncached && u->len >= LARGE_WRITE_MIN) {
 		/*
 		 * Write-behind: a large write that is not synced now starts its way to
 		 * the disk at once (the kernel queues it and returns), so that a stream

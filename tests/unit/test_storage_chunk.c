@@ -122,6 +122,57 @@ static int test_round_trip(struct stk_chunk_store *cs)
 }
 
 /* Random partial overwrites and extensions, compared with a model after each. */
+/*
+ * Whole-chunk writes, the checkpoint case: page-aligned large ones go to the disk
+ * uncached (O_DIRECT), others through the page cache; any of them is read back
+ * whole, replaced whole, and merged with a later partial write.
+ */
+static int test_whole_chunks(struct stk_chunk_store *cs)
+{
+	const uint32_t big = 1u << 20;
+	uint8_t *w = aligned_alloc(4096, big + 8192), *r = malloc(big);
+	uint32_t *crcs = malloc(sizeof(*crcs) * (big / STK_CHUNK_BLOCK));
+	uint32_t len = 0;
+	char path[512];
+	struct stat st;
+	int rc = 1;
+
+	if (!w || !r || !crcs)
+		goto out;
+	/* aligned, with the caller's CRCs, then replaced whole */
+	for (uint8_t seed = 20; seed < 22; seed++) {
+		fill(w, big, seed);
+		stk_crc32c_blocks(w, big, STK_CHUNK_BLOCK, crcs);
+		CHECK(stk_chunk_write(cs, 0x70, 0, big, 0, w, big, crcs, 0, &len) == 0);
+		CHECK(len == big);
+		CHECK(stk_chunk_read(cs, 0x70, 0, 0, r, big, NULL) == (long)big);
+		CHECK(memcmp(r, w, big) == 0);
+	}
+	CHECK(file_path(cs, 0x70, 0, path, sizeof(path)) == 0 && stat(path, &st) == 0);
+	CHECK(st.st_size == 4096 + (off_t)big);
+	/* a partial write keeps the rest of the uncached chunk */
+	fill(w + big, 5000, 22);
+	CHECK(stk_chunk_write(cs, 0x70, 0, big, 7000, w + big, 5000, NULL, 0, &len) == 0);
+	memcpy(w + 7000, w + big, 5000);
+	CHECK(stk_chunk_read(cs, 0x70, 0, 0, r, big, NULL) == (long)big);
+	CHECK(memcmp(r, w, big) == 0);
+	/* unaligned, and not whole pages: through the page cache, no CRCs given */
+	fill(w, big, 23);
+	CHECK(stk_chunk_write(cs, 0x71, 0, big, 0, w + 16, big - 16, NULL, 0, &len) == 0);
+	CHECK(len == big - 16);
+	CHECK(stk_chunk_read(cs, 0x71, 0, 0, r, big, NULL) == (long)(big - 16));
+	CHECK(memcmp(r, w + 16, big - 16) == 0);
+	CHECK(stk_chunk_write(cs, 0x71, 1, big, 0, w, big - 100, NULL, STK_WRITE_SYNC, &len) == 0);
+	CHECK(stk_chunk_read(cs, 0x71, 1, 0, r, big, NULL) == (long)(big - 100));
+	CHECK(memcmp(r, w, big - 100) == 0);
+	rc = 0;
+out:
+	free(w);
+	free(r);
+	free(crcs);
+	return rc;
+}
+
 static int test_model(struct stk_chunk_store *cs)
 {
 	static uint8_t model[CHUNK], w[CHUNK], r[CHUNK];
@@ -708,7 +759,7 @@ int main(void)
 		fprintf(stderr, "cannot open store\n");
 		goto out;
 	}
-	if (test_round_trip(cs) || test_model(cs) || test_truncate(cs) || test_corruption(cs) ||
+	if (test_round_trip(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) || test_corruption(cs) ||
 	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_fd_cache(dir, cs) ||
 	    test_mapped(dir, cs) || test_enospc())
 		goto out;
