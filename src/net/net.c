@@ -637,12 +637,6 @@ static void serve_conn(struct srv_conn *sc)
 		resp.frame_flags = 0;
 		t0 = stk_metrics_ops_begin(s->metrics, h.opcode);
 		if (h.version != STK_WIRE_VERSION) {
-			static atomic_int told;
-			if (!atomic_exchange(&told, 1))
-				stk_warn("%s speaks wire protocol version %u, this daemon %u: its "
-					 "requests are refused (run one Stoker version across the "
-					 "cluster and its clients)",
-					 sc->peer, h.version, STK_WIRE_VERSION);
 			rc = -EOPNOTSUPP;
 		} else {
 			req.hdr = h;
