@@ -19,6 +19,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -637,6 +638,12 @@ static void serve_conn(struct srv_conn *sc)
 		resp.frame_flags = 0;
 		t0 = stk_metrics_ops_begin(s->metrics, h.opcode);
 		if (h.version != STK_WIRE_VERSION) {
+			static atomic_int told;
+			if (!atomic_exchange(&told, 1))
+				stk_warn("%s speaks wire protocol version %u, this daemon %u: its "
+					 "requests are refused (run one Stoker version across the "
+					 "cluster and its clients)",
+					 sc->peer, h.version, STK_WIRE_VERSION);
 			rc = -EOPNOTSUPP;
 		} else {
 			req.hdr = h;

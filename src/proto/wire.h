@@ -34,7 +34,12 @@
 #include <stdint.h>
 
 #define STK_WIRE_MAGIC 0x314B5453u
-#define STK_WIRE_VERSION 1
+/*
+ * 2: META_CREATE and META_UNLINK replies carry the folder's attributes, META_OPEN's
+ * reply the inode's, META_CLOSES. Daemons and clients of another version refuse
+ * each other's requests (NOTSUP) rather than misread them.
+ */
+#define STK_WIRE_VERSION 2
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)

@@ -33,6 +33,7 @@
 #include "net/net.h"
 #include "proto/codec.h"
 #include "proto/wire.h"
+#include "proto/status.h"
 
 static int failures;
 #define CHECK(cond)                                                                        \
@@ -480,19 +481,20 @@ static int cmd_fill(int argc, char **argv)
 	return rc == -ENOSPC ? 0 : 1;
 }
 
-/* Sends raw bytes on a fresh connection and checks the server closes it. */
-static int raw_send_expect_close(const char *addr, const void *bytes, size_t len)
+/*
+ * Sends raw bytes on a fresh connection, then reads what comes back into out (up
+ * to cap bytes, MSG_WAITALL): the count read, 0 when the server closed it (EOF or
+ * a reset: our bytes were unread), or -errno.
+ */
+static int raw_exchange(const char *addr, const void *bytes, size_t len, void *out, size_t cap)
 {
-	struct stk_conn *conn;
 	char host[64];
 	uint16_t port;
 	struct sockaddr_in sin = {.sin_family = AF_INET};
 	int fd, rc;
-	char tmp[64];
 
 	if (stk_parse_hostport(addr, host, sizeof(host), &port))
 		return -EINVAL;
-	(void)conn;
 	sin.sin_port = htons(port);
 	sin.sin_addr.s_addr = htonl(0x7f000001);
 	fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -504,12 +506,19 @@ static int raw_send_expect_close(const char *addr, const void *bytes, size_t len
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	stk_write_all(fd, bytes, len);
 	shutdown(fd, SHUT_WR);
-	/* The server closing shows as EOF, or as a reset when our bytes were unread. */
-	rc = (int)recv(fd, tmp, sizeof(tmp), 0);
+	rc = (int)recv(fd, out, cap, MSG_WAITALL);
 	if (rc < 0)
 		rc = errno == ECONNRESET ? 0 : -errno;
 	close(fd);
 	return rc;
+}
+
+/* Sends raw bytes on a fresh connection and checks the server closes it. */
+static int raw_send_expect_close(const char *addr, const void *bytes, size_t len)
+{
+	char tmp[64];
+
+	return raw_exchange(addr, bytes, len, tmp, sizeof(tmp));
 }
 
 static int server_answers(const char *addr)
@@ -551,6 +560,27 @@ static int cmd_frames(int argc, char **argv)
 	h.payload_len = 64;
 	stk_hdr_encode(&h, f);
 	CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN + 10), 0);
+	/* another protocol version: refused with NOTSUP, not misread, and the
+	 * connection stays usable for a frame of the right one */
+	{
+		uint8_t two[2 * STK_FRAME_HDR_LEN], reply[STK_FRAME_HDR_LEN];
+		struct stk_frame_hdr r;
+
+		memset(&h, 0, sizeof(h));
+		h.magic = STK_WIRE_MAGIC;
+		h.version = STK_WIRE_VERSION - 1;
+		h.opcode = STK_OP_META_STATFS;
+		stk_hdr_encode(&h, two);
+		h.version = STK_WIRE_VERSION + 1;
+		stk_hdr_encode(&h, two + STK_FRAME_HDR_LEN);
+		for (int i = 0; i < 2; i++) {
+			CHECK_RC(raw_exchange(argv[1], two + i * STK_FRAME_HDR_LEN, STK_FRAME_HDR_LEN,
+					      reply, sizeof(reply)),
+				 (int)sizeof(reply));
+			CHECK_RC(stk_hdr_decode(reply, &r), 0);
+			CHECK(r.status == STK_ST_NOTSUP && (r.flags & STK_FRAME_REPLY));
+		}
+	}
 	/* the server still serves */
 	CHECK_RC(server_answers(argv[1]), -ENOSYS);
 	if (!failures)
