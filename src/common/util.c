@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -395,4 +396,17 @@ int stk_write_file_atomic(const char *path, const void *buf, size_t len)
 		return rc;
 	}
 	return stk_fsync_parent(path);
+}
+
+void stk_iov_advance(struct iovec **iov, int *n, size_t done)
+{
+	while (*n > 0 && done >= (*iov)->iov_len) {
+		done -= (*iov)->iov_len;
+		(*iov)++;
+		(*n)--;
+	}
+	if (*n > 0) {
+		(*iov)->iov_base = (char *)(*iov)->iov_base + done;
+		(*iov)->iov_len -= done;
+	}
 }

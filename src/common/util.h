@@ -41,6 +41,13 @@ struct stk_crc_copy {
  * is copied, then hashed from the copy.
  */
 void stk_crc32c_copy_blocks(const struct stk_crc_copy *v, size_t n, size_t block, uint32_t *out);
+struct iovec;
+/*
+ * Steps past `done` bytes that a readv/writev-like call moved out of the *n entries
+ * at *iov: entries it moved whole are dropped, one it moved in part is trimmed in
+ * place (its base and length change). done must not exceed the entries' total.
+ */
+void stk_iov_advance(struct iovec **iov, int *n, size_t done);
 /* Index of the first piece whose CRC32C differs from crcs, or -1 if all match. */
 long stk_crc32c_blocks_check(const void *buf, size_t len, size_t block, const uint32_t *crcs);
 

@@ -175,15 +175,7 @@ static int send_iov(int fd, struct iovec *iov, int n)
 				continue;
 			return errno == EAGAIN ? -ETIMEDOUT : -errno;
 		}
-		while (n > 0 && (size_t)w >= iov->iov_len) {
-			w -= (ssize_t)iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n > 0) {
-			iov->iov_base = (char *)iov->iov_base + w;
-			iov->iov_len -= (size_t)w;
-		}
+		stk_iov_advance(&iov, &n, (size_t)w);
 	}
 	return 0;
 }

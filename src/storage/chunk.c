@@ -660,15 +660,7 @@ static int pwritev_all(int fd, struct iovec *iov, int n, uint64_t off)
 		if (put == 0)
 			return -EIO;
 		off += (uint64_t)put;
-		while (n > 0 && (size_t)put >= iov->iov_len) {
-			put -= (ssize_t)iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n > 0) {
-			iov->iov_base = (char *)iov->iov_base + put;
-			iov->iov_len -= (size_t)put;
-		}
+		stk_iov_advance(&iov, &n, (size_t)put);
 	}
 	return 0;
 }
@@ -956,15 +948,7 @@ static long preadv_full(int fd, struct iovec *iov, int n, uint64_t off)
 			break;
 		total += r;
 		off += (uint64_t)r;
-		while (n > 0 && (size_t)r >= iov->iov_len) {
-			r -= (ssize_t)iov->iov_len;
-			iov++;
-			n--;
-		}
-		if (n > 0) {
-			iov->iov_base = (char *)iov->iov_base + r;
-			iov->iov_len -= (size_t)r;
-		}
+		stk_iov_advance(&iov, &n, (size_t)r);
 	}
 	return total;
 }
