@@ -70,6 +70,7 @@ struct lb {
 	uint64_t *perm; /* the samples in a shuffled order */
 	uint64_t n;	/* samples */
 	uint64_t max_len;
+	char *mem[2 * LB_MAX_ACCEL]; /* the accelerators' batch buffers (batch_mem) */
 };
 
 /* ---- one accelerator and its loader ---- */
@@ -305,7 +306,6 @@ static void accel_free(struct accel *a)
 	for (int i = 0; i < 2; i++) {
 		free(a->bb[i].idx);
 		free(a->bb[i].dst);
-		free(a->bb[i].mem);
 	}
 	free(a->readers);
 	stk_batch_destroy(a->batch);
@@ -314,6 +314,28 @@ static void accel_free(struct accel *a)
 	pthread_mutex_destroy(&a->rlock);
 	pthread_cond_destroy(&a->rgo);
 	pthread_cond_destroy(&a->rdone);
+}
+
+/*
+ * Batch buffer k, the same one in every trial. Written when first made, outside
+ * the timed steps: a framework reuses its batch buffers, and the first touch of
+ * fresh memory (a page fault and a clear per page, far slower on a VM whose host
+ * has not backed the page yet) would otherwise weigh on whichever loader ran
+ * first. Not with zeros: the compiler makes malloc + memset(0) a calloc, which
+ * touches nothing.
+ */
+static char *batch_mem(struct lb *lb, unsigned k)
+{
+	size_t len = lb->batch * lb->max_len;
+
+	if (k >= 2 * LB_MAX_ACCEL)
+		return NULL;
+	if (!lb->mem[k]) {
+		lb->mem[k] = malloc(len);
+		if (lb->mem[k])
+			memset(lb->mem[k], 0xA5, len);
+	}
+	return lb->mem[k];
 }
 
 static int accel_init(struct lb *lb, struct accel *a, unsigned id, unsigned n)
@@ -331,18 +353,9 @@ static int accel_init(struct lb *lb, struct accel *a, unsigned id, unsigned n)
 		struct batchbuf *b = &a->bb[i];
 		b->idx = calloc(lb->batch, sizeof(*b->idx));
 		b->dst = calloc(lb->batch, sizeof(*b->dst));
-		b->mem = malloc(lb->batch * lb->max_len);
+		b->mem = batch_mem(lb, 2 * id + (unsigned)i);
 		if (!b->idx || !b->dst || !b->mem)
 			return -ENOMEM;
-		/*
-		 * Touched now, outside the timed steps: a framework reuses its batch
-		 * buffers, and the first touch of fresh memory (a page fault and a
-		 * clear per page, far slower on a VM whose host has not backed the
-		 * page yet) would otherwise weigh on whichever loader ran first. Not
-		 * with zeros: the compiler makes malloc + memset(0) a calloc, which
-		 * touches nothing.
-		 */
-		memset(b->mem, 0xA5, lb->batch * lb->max_len);
 		for (uint64_t j = 0; j < lb->batch; j++)
 			b->dst[j] = b->mem + j * lb->max_len;
 	}
@@ -815,6 +828,8 @@ int cmd_bench_loader(int argc, char **argv)
 			       stk_format_size(lb.sample_size, sz, sizeof(sz)));
 		rc = generate(&lb);
 		if (rc == 0) {
+			/* On the disk before the trials: write-back must not run during them. */
+			sync();
 			for (unsigned i = 0; i < lb.nfiles; i++)
 				cli_fs_close(&lb.files[i]);
 			free(lb.files);
@@ -930,6 +945,8 @@ int cmd_bench_loader(int argc, char **argv)
 	free(lb.files);
 	free(lb.samples);
 	free(lb.perm);
+	for (unsigned k = 0; k < 2 * LB_MAX_ACCEL; k++)
+		free(lb.mem[k]);
 	cli_fs_release(&lb.fs);
 	return rc ? 1 : 0;
 bad:
