@@ -6,13 +6,15 @@
 # saved. Starts its own cluster with its data under WORK (default /tmp/stoker-bench-
 # training), the local copies beside it.
 #
-#   scripts/bench-training.sh [WORK]        CKPT_GIB=2 STEPS=12 to change the sizes
+#   scripts/bench-training.sh [WORK]        CKPT_GIB=2 STEPS=12 ROUNDS=3 to change the sizes
+# (ROUNDS: loader benchmarks per preset, Stoker and local in turn; the median counts)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 WORK=${1:-/tmp/stoker-bench-training}
 CKPT_GIB=${CKPT_GIB:-2}
 STEPS=${STEPS:-12}
+ROUNDS=${ROUNDS:-3}
 PY=/usr/bin/python3
 export PYTHONPATH=$ROOT/build/python
 STOKER=$ROOT/build/stoker
@@ -32,13 +34,22 @@ loader() { # PATH ARGS... -> one JSON line
 field() { $PY -c "import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])" "$1" "$2"; }
 
 echo "== stoker bench loader (AU-90 accelerators; samples/s and MB/s at that count)"
+echo "   $ROUNDS rounds, Stoker and local in turn; the median count of each"
+median() { printf '%s\n' "$@" | sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 for preset in image segmentation; do
-	s=$(loader "stk:///$preset" --preset "$preset")
-	l=$(loader "$WORK/local/$preset" --preset "$preset")
-	printf "%-13s stoker %3s (%8.0f samples/s %7.0f MB/s)   local %3s (%8.0f samples/s %7.0f MB/s)\n" \
-		"$preset" "$(field "$s" au90_accelerators)" "$(field "$s" samples_per_s)" \
-		"$(field "$s" mb_per_s)" "$(field "$l" au90_accelerators)" \
-		"$(field "$l" samples_per_s)" "$(field "$l" mb_per_s)"
+	sc=() lc=()
+	for r in $(seq "$ROUNDS"); do
+		s=$(loader "stk:///$preset" --preset "$preset")
+		l=$(loader "$WORK/local/$preset" --preset "$preset")
+		printf "%-13s round %d: stoker %3s (%8.0f samples/s %7.0f MB/s)   local %3s (%8.0f samples/s %7.0f MB/s)\n" \
+			"$preset" "$r" "$(field "$s" au90_accelerators)" "$(field "$s" samples_per_s)" \
+			"$(field "$s" mb_per_s)" "$(field "$l" au90_accelerators)" \
+			"$(field "$l" samples_per_s)" "$(field "$l" mb_per_s)"
+		sc+=("$(field "$s" au90_accelerators)") lc+=("$(field "$l" au90_accelerators)")
+	done
+	ms=$(median "${sc[@]}") ml=$(median "${lc[@]}")
+	printf "%-13s median:  stoker %3s   local %3s   ratio %s\n" "$preset" "$ms" "$ml" \
+		"$(awk -v s="$ms" -v l="$ml" 'BEGIN {printf "%.2f", l ? s / l : 0}')"
 done
 
 echo "== 16 KiB samples at random, flat out (batches of 256; stoker: one stk_batch; local: 8 threads of pread)"
