@@ -161,6 +161,32 @@ static struct open_ent *copy_list(const struct open_ent *l, size_t n, size_t *ou
 	return p;
 }
 
+/*
+ * Under mu, before reregister sends the counts of s->opens: the queued closes of
+ * files still open here are left out of those counts already and go; the closes
+ * of files closed since stay queued, since "session unknown" does not always mean
+ * that meta lost the references (a session an open made first is unknown to its
+ * first renewal), and on a meta that did lose them the close is a no-op. Reads to
+ * record stay too.
+ */
+static void keep_closes(struct stk_session *s)
+{
+	size_t keep = 0;
+
+	for (size_t j = 0; j < s->nclosing; j++) {
+		struct open_ent e = s->closing[j];
+		size_t i;
+
+		for (i = 0; i < s->n && s->opens[i].ino != e.ino; i++)
+			;
+		if (i < s->n)
+			e.count = 0;
+		if (e.count || e.read)
+			s->closing[keep++] = e;
+	}
+	s->nclosing = keep;
+}
+
 /* After "session unknown": every open inode again, with its exact count. */
 static void reregister(stk_client *c, struct stk_session *s)
 {
@@ -170,7 +196,7 @@ static void reregister(stk_client *c, struct stk_session *s)
 	pthread_rwlock_wrlock(&s->reg);
 	pthread_mutex_lock(&s->mu);
 	l = copy_list(s->opens, s->n, &n);
-	s->nclosing = 0; /* the counts below already leave them out */
+	keep_closes(s);
 	pthread_mutex_unlock(&s->mu);
 	for (size_t i = 0; i < n; i++) {
 		int rc = call_open(c, STK_OP_META_OPEN, s->id, l[i].ino, l[i].count, 1, NULL, NULL);
