@@ -45,15 +45,15 @@ static struct stk_fuse *fs_of(fuse_req_t req)
 	return fuse_req_userdata(req);
 }
 
-static uint64_t ino_of(struct fuse_file_info *fi)
-{
-	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->node->ino;
-}
-
 /* The file's table node: alive while fi is open. */
 static struct stk_fuse_node *node_of(struct fuse_file_info *fi)
 {
 	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->node;
+}
+
+static uint64_t ino_of(struct fuse_file_info *fi)
+{
+	return node_of(fi)->ino;
 }
 
 static uint64_t flock_owner_of(struct fuse_file_info *fi)

@@ -1186,9 +1186,8 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 	int rc;
 
 	req_cred(req, &cr, 1);
-	xattrs_changed(fs, ino_swap(fs, ino));
 	rc = stk_ino_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size, (uint32_t)flags);
-	xattrs_changed(fs, ino_swap(fs, ino));
+	xattrs_changed(fs, ino_swap(fs, ino)); /* after: a getxattr meanwhile notes nothing */
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
 	reply_err(req, rc);
 }
@@ -1271,9 +1270,8 @@ static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	int rc;
 
 	req_cred(req, &cr, 1);
-	xattrs_changed(fs, ino_swap(fs, ino));
 	rc = stk_ino_removexattr(fs->c, &cr, ino_swap(fs, ino), name);
-	xattrs_changed(fs, ino_swap(fs, ino));
+	xattrs_changed(fs, ino_swap(fs, ino)); /* after: a getxattr meanwhile notes nothing */
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
 	reply_err(req, rc);
 }
