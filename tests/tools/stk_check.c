@@ -560,8 +560,7 @@ static int cmd_frames(int argc, char **argv)
 	h.payload_len = 64;
 	stk_hdr_encode(&h, f);
 	CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN + 10), 0);
-	/* another protocol version: refused with NOTSUP, not misread, and the
-	 * connection stays usable for a frame of the right one */
+	/* another protocol version, one lower and one higher: answered NOTSUP, not misread */
 	{
 		uint8_t two[2 * STK_FRAME_HDR_LEN], reply[STK_FRAME_HDR_LEN];
 		struct stk_frame_hdr r;
