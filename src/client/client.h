@@ -83,6 +83,11 @@ void stk_reaper_destroy(struct stk_client *c);
 void stk_reaper_after_fork(struct stk_client *c);
 /* Waits until every removal queued so far is done (tests, tools). */
 void stk_reaper_wait(struct stk_client *c);
+/*
+ * Removes the chunks of n files at once: one STOR_TRUNCATES per chain for all of
+ * them (the reaper's batches). The first error, after trying every file.
+ */
+int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, size_t n);
 /* Truncates a file's chunks on every chain of its layout to size. */
 int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size);
 

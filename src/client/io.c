@@ -529,17 +529,25 @@ static void enc_truncate(const void *msg, uint32_t ver, struct stk_wbuf *w)
 	stk_msg_stor_truncate_req_enc(w, &m);
 }
 
-/* One small request to a chain's head, retried like the pieces of stk_io_run. */
-static int chain_op(struct stk_client *c, uint16_t opcode, chain_enc_fn enc, const void *msg,
-		    uint32_t chain_id)
+/*
+ * One request to a chain's head, retried like the pieces of stk_io_run; its
+ * encoding takes at most req_max bytes.
+ */
+static int chain_op_sized(struct stk_client *c, uint16_t opcode, chain_enc_fn enc,
+			  const void *msg, uint32_t chain_id, size_t req_max)
 {
 	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
 	unsigned backoff_ms = 20;
 	char addr[STK_ADDR_MAX];
-	uint8_t req[STK_IO_REQ_MAX], resp[64];
+	uint8_t small[STK_IO_REQ_MAX], resp[64];
+	uint8_t *req = req_max > sizeof(small) ? malloc(req_max) : small;
 	uint32_t ver = 0;
 	int rc;
 
+	if (!req)
+		return -ENOMEM;
+	if (req == small)
+		req_max = sizeof(small);
 	for (;;) {
 		struct stk_conn *conn = NULL;
 		struct stk_wbuf w;
@@ -548,10 +556,10 @@ static int chain_op(struct stk_client *c, uint16_t opcode, chain_enc_fn enc, con
 
 		rc = chain_head(c, chain_id, addr, &ver);
 		if (rc == 0) {
-			stk_wbuf_init(&w, req, sizeof(req));
+			stk_wbuf_init(&w, req, req_max);
 			enc(msg, ver, &w);
 			rpc.req_len = w.len;
-			rc = stk_pool_get(c->pool, addr, &conn);
+			rc = w.err ? w.err : stk_pool_get(c->pool, addr, &conn);
 		}
 		if (rc == 0) {
 			rc = stk_rpc_call(conn, &rpc);
@@ -565,7 +573,16 @@ static int chain_op(struct stk_client *c, uint16_t opcode, chain_enc_fn enc, con
 		stk_pool_flush(c->pool);
 		stk_client_refresh_routing(c);
 	}
+	if (req != small)
+		free(req);
 	return retryable(rc) ? -EIO : rc;
+}
+
+/* One small request to a chain's head. */
+static int chain_op(struct stk_client *c, uint16_t opcode, chain_enc_fn enc, const void *msg,
+		    uint32_t chain_id)
+{
+	return chain_op_sized(c, opcode, enc, msg, chain_id, STK_IO_REQ_MAX);
 }
 
 int stk_io_sync_chain(struct stk_client *c, uint32_t chain_id)
@@ -592,5 +609,104 @@ int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uin
 		if (rc && !first)
 			first = rc;
 	}
+	return first;
+}
+
+/* The truncations of one chain for STOR_TRUNCATES. */
+struct trunc_batch {
+	uint32_t chain_id;
+	uint32_t n;
+	const struct stk_msg_trunc_rec *recs;
+};
+
+static void enc_truncates(const void *msg, uint32_t ver, struct stk_wbuf *w)
+{
+	const struct trunc_batch *b = msg;
+	struct stk_msg_stor_truncates_req m = {.chain_id = b->chain_id, .chain_ver = ver,
+					       .n = b->n};
+
+	stk_msg_stor_truncates_req_enc(w, &m);
+	for (uint32_t i = 0; i < b->n; i++)
+		stk_msg_trunc_rec_enc(w, &b->recs[i]);
+}
+
+/* A file's truncation on one chain, sorted by chain to cut the batches. */
+struct chain_rec {
+	uint32_t chain_id;
+	struct stk_msg_trunc_rec rec;
+};
+
+static int chain_rec_cmp(const void *a, const void *b)
+{
+	const struct chain_rec *x = a, *y = b;
+
+	return (x->chain_id > y->chain_id) - (x->chain_id < y->chain_id);
+}
+
+/* One chain's records: STOR_TRUNCATES, or one STOR_TRUNCATE each for a storage without it. */
+static int truncate_on_chain(struct stk_client *c, uint32_t chain_id,
+			     const struct stk_msg_trunc_rec *recs, uint32_t n)
+{
+	struct trunc_batch b = {.chain_id = chain_id, .n = n, .recs = recs};
+	/* 12 bytes of header, 20 a record, and slack */
+	int rc = chain_op_sized(c, STK_OP_STOR_TRUNCATES, enc_truncates, &b, chain_id,
+				32 + (size_t)n * 20);
+
+	if (rc != -ENOSYS)
+		return rc;
+	rc = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct stk_msg_stor_truncate_req m = {.chain_id = chain_id,
+						      .ino = recs[i].ino,
+						      .size = recs[i].size,
+						      .chunk_size = recs[i].chunk_size};
+		int r = chain_op(c, STK_OP_STOR_TRUNCATE, enc_truncate, &m, chain_id);
+
+		if (r && !rc)
+			rc = r;
+	}
+	return rc;
+}
+
+int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, size_t n)
+{
+	struct chain_rec *l = calloc(n ? n * STK_MAX_STRIPE : 1, sizeof(*l));
+	struct stk_msg_trunc_rec *recs = calloc(STK_TRUNCATES_MAX, sizeof(*recs));
+	uint32_t chains[STK_MAX_STRIPE];
+	size_t cnt = 0;
+	int first = 0;
+
+	if (!l || !recs) {
+		free(l);
+		free(recs);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (stk_layout_check(&a[i].layout)) {
+			first = first ? first : -EIO;
+			continue;
+		}
+		stk_layout_chains(&a[i].layout, chains);
+		for (uint32_t k = 0; k < a[i].layout.stripe; k++)
+			l[cnt++] = (struct chain_rec){
+			    .chain_id = chains[k],
+			    .rec = {.ino = a[i].ino, .chunk_size = a[i].layout.chunk_size}};
+	}
+	qsort(l, cnt, sizeof(*l), chain_rec_cmp);
+	for (size_t i = 0; i < cnt;) {
+		uint32_t m = 0;
+		int rc;
+
+		while (i + m < cnt && m < STK_TRUNCATES_MAX && l[i + m].chain_id == l[i].chain_id) {
+			recs[m] = l[i + m].rec;
+			m++;
+		}
+		rc = truncate_on_chain(c, l[i].chain_id, recs, m);
+		if (rc && !first)
+			first = rc;
+		i += m;
+	}
+	free(l);
+	free(recs);
 	return first;
 }

@@ -229,6 +229,13 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_STOR_READ_RESP(F) F(u32, ncrcs)
 #define STK_MSG_STOR_TRUNCATE_REQ(F) \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)
+/*
+ * STOR_TRUNCATES: n trunc_rec records follow (n <= STK_TRUNCATES_MAX), each done as
+ * a STOR_TRUNCATE of that inode on this chain.
+ */
+#define STK_MSG_STOR_TRUNCATES_REQ(F) F(u32, chain_id) F(u32, chain_ver) F(u32, n)
+#define STK_MSG_TRUNC_REC(F) F(u64, ino) F(u64, size) F(u32, chunk_size)
+#define STK_TRUNCATES_MAX 256u
 #define STK_MSG_STOR_SYNC_REQ(F) F(u32, chain_id)
 #define STK_MSG_STOR_PREFETCH_REQ(F) \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx)
@@ -277,6 +284,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(stor_read_req, STK_MSG_STOR_READ_REQ)                   \
 	X(stor_read_resp, STK_MSG_STOR_READ_RESP)                 \
 	X(stor_truncate_req, STK_MSG_STOR_TRUNCATE_REQ)           \
+	X(stor_truncates_req, STK_MSG_STOR_TRUNCATES_REQ)         \
+	X(trunc_rec, STK_MSG_TRUNC_REC)                           \
 	X(stor_sync_req, STK_MSG_STOR_SYNC_REQ)                   \
 	X(stor_prefetch_req, STK_MSG_STOR_PREFETCH_REQ)
 

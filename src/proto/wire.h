@@ -150,7 +150,11 @@
 	X(STOR_SYNC, 67, stor_sync_req, none, "flush a target")                                    \
 	/* A hint: start reading the chunk into the node's cache and reply at once (a    \
 	 * sequential reader asks for the chunks it will want next). Always OK. */        \
-	X(STOR_PREFETCH, 68, stor_prefetch_req, none, "warm a chunk into cache")
+	X(STOR_PREFETCH, 68, stor_prefetch_req, none, "warm a chunk into cache")                  \
+	/* STOR_TRUNCATE for several files of one chain at once (the client's reaper   \
+	 * removing many unlinked files): each record is tried; the first error is the  \
+	 * reply. A malformed request truncates nothing. */                                   \
+	X(STOR_TRUNCATES, 69, stor_truncates_req, none, "truncate several files' chunks")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

@@ -206,6 +206,39 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 	return stk_chunk_truncate(cs, rq.ino, rq.size, rq.chunk_size);
 }
 
+static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
+{
+	struct stk_msg_stor_truncates_req rq;
+	struct stk_msg_trunc_rec *recs = NULL;
+	struct stk_chunk_store *cs;
+	int first = 0, rc;
+
+	rc = stk_msg_stor_truncates_req_dec(&req->payload, &rq);
+	if (rc == 0 && rq.n > STK_TRUNCATES_MAX)
+		rc = -EBADMSG;
+	if (rc == 0 && rq.n) {
+		recs = calloc(rq.n, sizeof(*recs));
+		if (!recs)
+			return -ENOMEM;
+	}
+	for (uint32_t i = 0; rc == 0 && i < rq.n; i++)
+		rc = stk_msg_trunc_rec_dec(&req->payload, &recs[i]);
+	/* All of it decoded before anything goes: a malformed request truncates nothing. */
+	if (rc || stk_rbuf_finish(&req->payload)) {
+		free(recs);
+		return -EBADMSG;
+	}
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	for (uint32_t i = 0; rc == 0 && i < rq.n; i++) {
+		int r = stk_chunk_truncate(cs, recs[i].ino, recs[i].size, recs[i].chunk_size);
+
+		if (r && !first)
+			first = r;
+	}
+	free(recs);
+	return rc ? rc : first;
+}
+
 static int handle_sync(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_sync_req rq;
@@ -229,6 +262,8 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 		return handle_read(s, req, resp);
 	case STK_OP_STOR_TRUNCATE:
 		return handle_truncate(s, req);
+	case STK_OP_STOR_TRUNCATES:
+		return handle_truncates(s, req);
 	case STK_OP_STOR_SYNC:
 		return handle_sync(s, req);
 	case STK_OP_STOR_PREFETCH:

@@ -7,7 +7,9 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
+import urllib.request
 
 import pytest
 
@@ -166,6 +168,47 @@ def test_removed_files_chunks_go_in_the_background(cluster, make_mount):
     assert len(cluster.chunk_files()) == kept + 1
     assert cluster.cli("cat", "/keep.bin").stdout == keep
     assert cluster.cli("cat", "/d/replaced").stdout == b"new"
+
+
+def storage_requests(cluster, op):
+    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (cluster.port + 12)).read()
+    want = 'stoker_rpc_requests_total{op="%s"} ' % op
+    for line in body.decode().splitlines():
+        if line.startswith(want):
+            return int(float(line[len(want):]))
+    return 0
+
+
+@needs_fuse
+def test_removals_reach_storage_in_batches(cluster, make_mount):
+    """Files unlinked in a burst have their chunks removed by one STOR_TRUNCATES per
+    chain for many of them: fewer requests than one per file and chain, every
+    chunk of theirs gone, the files that stay whole."""
+    m = make_mount(cluster, "batch")
+    keep = os.urandom(SIZE)
+    with open(os.path.join(m.path, "keep.bin"), "wb") as f:
+        f.write(keep)
+    kept = len(cluster.chunk_files())
+    nfiles, nchains = 64, 4  # `stoker up` makes four chains
+    for i in range(nfiles):
+        with open(os.path.join(m.path, "gone%d" % i), "wb") as f:
+            f.write(os.urandom(1000 + i))
+    assert len(cluster.chunk_files()) == kept + nfiles
+    single, batched = (storage_requests(cluster, op) for op in ("STOR_TRUNCATE", "STOR_TRUNCATES"))
+    threads = [threading.Thread(target=lambda t=t: [os.unlink(os.path.join(m.path, "gone%d" % i))
+                                                    for i in range(t, nfiles, 4)])
+               for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wait_until(lambda: len(cluster.chunk_files()) == kept, 30, "the removed files' chunks to go")
+    single = storage_requests(cluster, "STOR_TRUNCATE") - single
+    batched = storage_requests(cluster, "STOR_TRUNCATES") - batched
+    assert batched >= 1
+    assert single + batched < nfiles * nchains
+    with open(os.path.join(m.path, "keep.bin"), "rb") as f:
+        assert f.read() == keep
 
 
 @needs_fuse

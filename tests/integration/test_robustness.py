@@ -98,6 +98,17 @@ def test_full_disk_gives_enospc_and_keeps_data(make_cluster, tmp_path, rand_file
             subprocess.run(["umount", "-l", t])
 
 
+def test_malformed_truncates_truncate_nothing(cluster):
+    """A STOR_TRUNCATES with too many records, fewer than it says, one cut short or
+    bytes after the last is refused whole: the file it names keeps its data."""
+    data = os.urandom(5 * MiB + 123)
+    cluster.cli("put", "-", "/victim", input=data)
+    stat = cluster.cli("stat", "/victim").stdout.decode()
+    ino = stat.split("Inode:")[1].split()[0]
+    run([CHECK, "truncates", "127.0.0.1:%d" % (cluster.port + 2), ino])
+    assert cluster.cli("cat", "/victim").stdout == data
+
+
 @pytest.mark.parametrize("role", ["mgmtd", "meta", "storage"])
 def test_malformed_frames_close_only_that_connection(cluster, role):
     port = cluster.port + {"mgmtd": 0, "meta": 1, "storage": 2}[role]

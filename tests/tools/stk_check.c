@@ -10,6 +10,8 @@
  *   ackloop CLUSTER DIR                   write+fsync files forever, print "ACK name size seed"
  *   fill    CLUSTER PATH                  write until ENOSPC; prints the bytes acknowledged
  *   frames  HOST:PORT                     malformed frames on raw sockets; server survives
+ *   truncates HOST:PORT INO               malformed STOR_TRUNCATES naming INO to a storage
+ *                                         node: each refused (EBADMSG), nothing truncated
  *   batch   CLUSTER DIR                   batched reads and writes (stk_batch_*): every
  *                                         completion once, right bytes, right errors
  */
@@ -32,6 +34,7 @@
 #include "common/util.h"
 #include "net/net.h"
 #include "proto/codec.h"
+#include "proto/msg.h"
 #include "proto/wire.h"
 #include "proto/status.h"
 
@@ -587,6 +590,59 @@ static int cmd_frames(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* Sends one STOR_TRUNCATES of n records, header saying hdr_n, and extra trailing bytes. */
+static int send_truncates(const char *addr, uint32_t hdr_n, uint64_t ino, uint32_t n,
+			  uint32_t extra)
+{
+	static uint8_t req[64 + 20 * (STK_TRUNCATES_MAX + 1)];
+	struct stk_msg_stor_truncates_req m = {.chain_id = 1, .chain_ver = 1, .n = hdr_n};
+	struct stk_msg_trunc_rec r = {.ino = ino, .size = 0, .chunk_size = 1u << 20};
+	uint8_t resp[64];
+	struct stk_rpc rpc = {.opcode = STK_OP_STOR_TRUNCATES, .req = req, .resp = resp,
+			      .resp_cap = sizeof(resp)};
+	struct stk_conn *conn;
+	struct stk_wbuf w;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_stor_truncates_req_enc(&w, &m);
+	for (uint32_t i = 0; i < n; i++)
+		stk_msg_trunc_rec_enc(&w, &r);
+	for (uint32_t i = 0; i < extra; i++)
+		stk_put_u8(&w, 0x5a);
+	if (w.err)
+		return w.err;
+	rpc.req_len = w.len;
+	rc = stk_conn_connect(addr, 2000, &conn);
+	if (rc)
+		return rc;
+	rc = stk_rpc_call(conn, &rpc);
+	stk_conn_close(conn);
+	return rc;
+}
+
+static int cmd_truncates(int argc, char **argv)
+{
+	uint64_t ino;
+
+	if (argc < 3 || stk_parse_u64(argv[2], &ino))
+		return 2;
+	/* more records than allowed, all of them there */
+	CHECK_RC(send_truncates(argv[1], STK_TRUNCATES_MAX + 1, ino, STK_TRUNCATES_MAX + 1, 0),
+		 -EBADMSG);
+	/* the header says two, one follows: the one there is not done either */
+	CHECK_RC(send_truncates(argv[1], 2, ino, 1, 0), -EBADMSG);
+	/* a record cut short */
+	CHECK_RC(send_truncates(argv[1], 1, ino, 0, 7), -EBADMSG);
+	/* bytes past the last record */
+	CHECK_RC(send_truncates(argv[1], 1, ino, 1, 1), -EBADMSG);
+	/* and the node still serves */
+	CHECK_RC(server_answers(argv[1]), -ENOSYS);
+	if (!failures)
+		printf("truncates: ok\n");
+	return failures ? 1 : 0;
+}
+
 /* ---- batch: the batched asynchronous API ---- */
 
 #define BATCH_FILES 12
@@ -858,7 +914,7 @@ int main(int argc, char **argv)
 		int (*fn)(int, char **);
 	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
-		    {"frames", cmd_frames}, {"batch", cmd_batch}};
+		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"batch", cmd_batch}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
