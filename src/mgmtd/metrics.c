@@ -7,14 +7,9 @@
  * removed from mgmtd's state, so neither are their series), and named by id, not
  * address, so that a node that moves keeps its series.
  *
- * Capacity totals: each target reports the statvfs of its folder, so targets
- * that share a file system each report the whole of it. Where mgmtd can see the
- * folders itself, on a node that registered with a loopback address (so runs on
- * this host: `stoker up`, where every target of the data folder shares one disk),
- * it counts each file system once, by the st_dev of the folder. Other nodes'
- * targets are added as reported: the heartbeat carries no file-system id (the
- * storage node's own stoker_node_capacity_bytes is deduplicated for every node).
- * The stat calls run after mgmtd's lock is released, on copies of the paths.
+ * Capacity totals: the sums of what the targets report. A storage node already
+ * splits a file system that several of its targets share among them (storage's
+ * report_targets), so each disk counts once.
  *
  * The routing version is a clock-derived 64-bit number that a Prometheus float
  * cannot hold exactly, so bumps are also counted (stoker_cluster_routing_changes_total),
@@ -26,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "../common/metrics.h"
 
@@ -55,67 +49,14 @@ static int role_index(uint8_t role)
 	return -1;
 }
 
-/* A target of a node on this host: its figures and folder, for deduplication. */
-struct local_target {
-	uint64_t cap, used;
-	char *path;
-};
-
-/* "127.x.x.x:PORT", "[::1]:PORT" or "localhost:PORT": a node on mgmtd's own host. */
-static int addr_is_loopback(const char *addr)
-{
-	return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "[::1]:", 6) == 0 ||
-	       strncmp(addr, "localhost:", 10) == 0;
-}
-
-static const struct stk_mgmt_node *node_by_id(const struct stk_mgmt_state *st, uint32_t id)
-{
-	for (uint32_t i = 0; i < st->nnodes; i++)
-		if (st->nodes[i].id == id)
-			return &st->nodes[i];
-	return NULL;
-}
-
-/*
- * Adds the local targets' figures to *cap and *used, each file system once (by
- * st_dev); a folder that cannot be stat'ed counts alone. Frees the paths.
- */
-static void add_local(struct local_target *lt, uint32_t n, uint64_t *cap, uint64_t *used)
-{
-	dev_t *seen = calloc(n ? n : 1, sizeof(*seen));
-	uint32_t nseen = 0;
-
-	for (uint32_t i = 0; i < n; i++) {
-		struct stat sb;
-		int first = 1;
-
-		if (seen && lt[i].path && stat(lt[i].path, &sb) == 0) {
-			for (uint32_t j = 0; j < nseen && first; j++)
-				first = seen[j] != sb.st_dev;
-			if (first)
-				seen[nseen++] = sb.st_dev;
-		}
-		if (first) {
-			*cap += lt[i].cap;
-			*used += lt[i].used;
-		}
-		free(lt[i].path);
-	}
-	free(seen);
-}
-
 static void collect(void *ctx)
 {
 	struct stk_mgmtd_metrics *mm = ctx;
 	const struct stk_mgmt_state *st = mm->st;
 	int64_t nodes[NROLES][2] = {{0}}, targets[NSTATES] = {0};
 	uint64_t cap = 0, used = 0;
-	struct local_target *lt;
-	uint32_t nlocal = 0;
 
 	pthread_mutex_lock(mm->lock);
-	/* Out of memory: every target is added as reported, as for remote nodes. */
-	lt = calloc(st->ntargets ? st->ntargets : 1, sizeof(*lt));
 	for (uint32_t i = 0; i < st->nnodes; i++) {
 		const struct stk_mgmt_node *n = &st->nodes[i];
 		int r = role_index(n->role), online = n->state == STK_NODE_ONLINE;
@@ -135,19 +76,11 @@ static void collect(void *ctx)
 		const char *v[2] = {id, node};
 		stk_metric_t s;
 
-		const struct stk_mgmt_node *n = node_by_id(st, t->node_id);
-
 		for (int k = 0; k < NSTATES; k++)
 			if (tstates[k] == t->state)
 				targets[k]++;
-		if (lt && n && addr_is_loopback(n->addr)) {
-			lt[nlocal].cap = t->capacity;
-			lt[nlocal].used = t->used;
-			lt[nlocal++].path = strdup(t->path);
-		} else {
-			cap += t->capacity;
-			used += t->used;
-		}
+		cap += t->capacity;
+		used += t->used;
 		snprintf(id, sizeof(id), "%u", t->id);
 		snprintf(node, sizeof(node), "%u", t->node_id);
 		if (stk_metric_series(STK_M_CLUSTER_TARGET_SERVING, v, &s) == 0)
@@ -170,10 +103,6 @@ static void collect(void *ctx)
 	stk_metric_set_int(mm->chains, st->nchains);
 	stk_metric_set_int(mm->version, (int64_t)st->version);
 	pthread_mutex_unlock(mm->lock);
-
-	if (lt)
-		add_local(lt, nlocal, &cap, &used);
-	free(lt);
 	stk_metric_set_int(mm->changes, (int64_t)mm->nchanges);
 	stk_metric_set_int(mm->capacity, (int64_t)cap);
 	stk_metric_set_int(mm->used, (int64_t)used);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../common/daemon.h"
@@ -42,22 +43,53 @@ struct storage {
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics; for per-client counts */
 };
 
-/* The agent's view of our targets: ids, figures and paths, for register and heartbeats. */
+/*
+ * The agent's view of our targets: ids, figures and paths, for register and
+ * heartbeats. Targets whose folders share a file system (the four of `stoker up`,
+ * or several per disk) split its capacity and use evenly, the first taking the
+ * remainder, so that whoever adds the targets up (a mount's statfs, `stoker
+ * status`, mgmtd's cluster totals) counts each disk once. A folder that cannot be
+ * stat'ed counts as a file system of its own.
+ */
 static uint32_t report_targets(void *ctx, struct stk_msg_target_info *out, uint32_t max)
 {
 	struct storage *s = ctx;
-	uint32_t n = 0;
+	uint32_t n = STK_MIN(s->nstores, max);
+	dev_t *dev = calloc(n ? n : 1, sizeof(*dev));
 
-	for (unsigned i = 0; i < s->nstores && n < max; i++, n++) {
+	for (uint32_t i = 0; i < n; i++) {
 		struct stk_chunk_store *cs = s->stores[i];
-		struct stk_msg_target_info *t = &out[n];
+		struct stk_msg_target_info *t = &out[i];
+		struct stat st;
 
 		memset(t, 0, sizeof(*t));
 		t->target_id = stk_chunk_store_id(cs);
 		if (stk_chunk_store_stat(cs, &t->capacity, &t->used, &t->chunks))
 			t->capacity = t->used = 0;
 		stk_strlcpy(t->path, stk_chunk_store_path(cs), sizeof(t->path));
+		if (dev)
+			dev[i] = stat(t->path, &st) == 0 ? st.st_dev : (dev_t)-1 - i;
 	}
+	for (uint32_t i = 0; dev && i < n; i++) {
+		uint64_t cap = out[i].capacity, used = out[i].used;
+		uint32_t k = 0, rank = 0, j;
+
+		for (j = 0; j < i && dev[j] != dev[i]; j++)
+			;
+		if (j < i)
+			continue; /* done with the first of its file system */
+		for (j = i; j < n; j++)
+			k += dev[j] == dev[i];
+		/* the first one's figures, read at one instant, shared out */
+		for (j = i; j < n && k > 1; j++) {
+			if (dev[j] != dev[i])
+				continue;
+			out[j].capacity = cap / k + (rank == 0 ? cap % k : 0);
+			out[j].used = used / k + (rank == 0 ? used % k : 0);
+			rank++;
+		}
+	}
+	free(dev);
 	return n;
 }
 

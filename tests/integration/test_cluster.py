@@ -8,6 +8,14 @@ import time
 from conftest import STOKER, Cluster, pick_ports, run
 
 
+def size_words(n):
+    """A byte count as `stoker status` prints it: "252.0 GiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return ["%d" % n, unit] if unit == "B" else ["%.1f" % n, unit]
+        n /= 1024
+
+
 def test_up_status_down(cluster):
     out = cluster.cli("status").stdout.decode()
     assert "routing version" in out
@@ -18,6 +26,10 @@ def test_up_status_down(cluster):
     assert len(chains) == 4
     shards = out.split("Metadata shards")[1].strip().splitlines()[1:]
     assert len(shards) == 1
+    # The targets share the data folder's disk: each shows a quarter, the total it once.
+    disk = os.statvfs(cluster.data)
+    total = [l for l in out.splitlines() if l.strip().startswith("total")][0]
+    assert total.split()[1:3] == size_words(disk.f_blocks * disk.f_frsize), (total, out)
 
 
 def test_second_up_on_same_dir_is_refused(cluster):

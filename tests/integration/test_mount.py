@@ -357,6 +357,11 @@ def test_chmod_chown_utime(cluster, mount):
 def test_statfs_and_unsupported(mount):
     v = os.statvfs(mount.path)
     assert v.f_bsize > 0 and v.f_blocks > 0 and v.f_bavail <= v.f_blocks
+    # The four targets of `stoker up` share the data folder's disk: df counts it once.
+    disk = os.statvfs(mount.cluster.data)
+    assert abs(v.f_blocks * v.f_frsize - disk.f_blocks * disk.f_frsize) < 4 * v.f_frsize
+    used, disk_used = ((x.f_blocks - x.f_bfree) * x.f_frsize for x in (v, disk))
+    assert abs(used - disk_used) < max(256 << 20, disk_used // 50), (used, disk_used)
     assert v.f_namemax == 255
     df = run(["df", "-P", mount.path]).stdout.decode()
     assert mount.path in df and "stk://" in df
