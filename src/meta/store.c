@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <lmdb.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -55,6 +56,15 @@ struct stk_meta_store {
 	MDB_dbi xattrs;
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
+	/*
+	 * Group commit of stk_meta_store_sync: commits counts the committed write
+	 * transactions (atomic); synced, under sync_mu, how many of them the last
+	 * sync covered. A caller whose commits a sync begun since already covers
+	 * returns without one of its own, so concurrent closes share a flush.
+	 */
+	uint64_t commits;
+	pthread_mutex_t sync_mu;
+	uint64_t synced;
 };
 
 /* An inode as the operations see it: its attributes and, for a directory, its parent. */
@@ -119,7 +129,10 @@ static int op_end(struct op *o, int rc)
 		mdb_txn_abort(o->txn);
 		return rc;
 	}
-	return lmdb_err(mdb_txn_commit(o->txn), "commit");
+	rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
+	if (rc == 0)
+		__atomic_add_fetch(&o->st->commits, 1, __ATOMIC_RELEASE);
+	return rc;
 }
 
 static int is_root(const struct op *o)
@@ -607,6 +620,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	st = calloc(1, sizeof(*st));
 	if (!st)
 		return -ENOMEM;
+	pthread_mutex_init(&st->sync_mu, NULL);
 	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
 	if (rc)
 		goto out;
@@ -628,6 +642,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 out:
 	if (st->env)
 		mdb_env_close(st->env);
+	pthread_mutex_destroy(&st->sync_mu);
 	free(st);
 	return rc;
 }
@@ -637,13 +652,24 @@ void stk_meta_store_close(struct stk_meta_store *st)
 	if (!st)
 		return;
 	mdb_env_close(st->env);
+	pthread_mutex_destroy(&st->sync_mu);
 	free(st);
 }
 
 int stk_meta_store_sync(struct stk_meta_store *st)
 {
-	int rc = mdb_env_sync(st->env, 1);
+	uint64_t want = __atomic_load_n(&st->commits, __ATOMIC_ACQUIRE), upto;
+	int rc = 0;
 
+	pthread_mutex_lock(&st->sync_mu);
+	if (st->synced < want) {
+		/* every commit counted here ended before the flush begins */
+		upto = __atomic_load_n(&st->commits, __ATOMIC_ACQUIRE);
+		rc = mdb_env_sync(st->env, 1);
+		if (rc == 0)
+			st->synced = upto;
+	}
+	pthread_mutex_unlock(&st->sync_mu);
 	if (rc) {
 		stk_error("meta store: sync: %s", mdb_strerror(rc));
 		return -EIO;
