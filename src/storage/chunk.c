@@ -319,8 +319,13 @@ struct fd_ent {
 	int fd;
 	unsigned refs;	  /* under the set's lock */
 	uint64_t used;	  /* under the set's lock: its clock (fdc_tick) at the last use */
-	const uint8_t *map; /* the whole file, or NULL: read with preadv */
-	size_t map_len;
+	/*
+	 * The whole file, mapped by the first short-circuit read that finds its bytes
+	 * in the page cache (fdc_map), or NULL: read with preadv. Set once, atomically.
+	 */
+	const uint8_t *map;
+	size_t map_len; /* what map covers, or would */
+	int mappable; /* cached (settled) in a reader's store: worth a map */
 	uint32_t hdr_len, data_len, nblocks;
 	struct timespec ctime;
 	off_t size;
@@ -456,21 +461,27 @@ static void fdc_insert(struct stk_chunk_store *cs, struct fd_ent *e)
 }
 
 /*
- * Maps e's file for a short-circuit reader; on any failure e stays unmapped and
- * is read with preadv.
+ * e's map, made now if it has none: threads may race to it, one map stays. NULL
+ * when e is not worth one (not cached, empty, a reader-less store) or mmap fails:
+ * e is then read with preadv. A cold chunk read once is never mapped; the first
+ * read that finds its bytes cached maps it (mmap and munmap per file cost more
+ * than the preadv they would replace).
  */
-static void fdc_map(struct stk_chunk_store *cs, struct fd_ent *e)
+static const uint8_t *fdc_map(struct fd_ent *e)
 {
-	size_t len = (size_t)e->hdr_len + e->data_len;
-	void *m;
+	const uint8_t *m = __atomic_load_n(&e->map, __ATOMIC_ACQUIRE), *none = NULL;
+	void *p;
 
-	if (!cs->reader || e->data_len == 0 || (uint64_t)e->size < len)
-		return;
-	m = mmap(NULL, len, PROT_READ, MAP_SHARED, e->fd, 0);
-	if (m == MAP_FAILED)
-		return;
-	e->map = m;
-	e->map_len = len;
+	if (m || !e->mappable)
+		return m;
+	p = mmap(NULL, e->map_len, PROT_READ, MAP_SHARED, e->fd, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	if (__atomic_compare_exchange_n(&e->map, &none, (const uint8_t *)p, 0, __ATOMIC_ACQ_REL,
+					__ATOMIC_ACQUIRE))
+		return p;
+	munmap(p, e->map_len); /* another thread's map won */
+	return none;
 }
 
 /*
@@ -530,7 +541,8 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, char *rel, u
 	e->fd = fd;
 	e->refs = 2; /* the slot's and the caller's */
 	e->map = NULL;
-	e->map_len = 0;
+	e->map_len = (size_t)h.hdr_len + h.data_len;
+	e->mappable = 0;
 	e->hdr_len = h.hdr_len;
 	e->data_len = h.data_len;
 	e->nblocks = h.nblocks;
@@ -542,7 +554,7 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, char *rel, u
 		*out = e;
 		return 0;
 	}
-	fdc_map(cs, e);
+	e->mappable = cs->reader && e->data_len > 0 && (uint64_t)e->size >= e->map_len;
 	fdc_insert(cs, e);
 	*out = e;
 	return 0;
@@ -988,7 +1000,8 @@ static uint32_t span_crc(const struct read_span *s, uint32_t lo, uint32_t hi)
  * the map touches only such pages, so it never waits on the disk nor meets an
  * I/O error there (which would be SIGBUS). cachestat(2) (Linux 6.5) answers from
  * the file's page cache alone; mincore(2), its fallback, walks the process's page
- * tables under the lock that mmap and page faults take, and threads queue on it.
+ * tables under the lock that mmap and page faults take, and threads queue on it,
+ * and needs e's map (without one the answer is no).
  */
 #ifndef SYS_cachestat
 #define SYS_cachestat 451 /* the same number on every architecture */
@@ -1001,7 +1014,7 @@ struct cachestat {
 };
 static int g_no_cachestat; /* atomic: the kernel has no cachestat */
 
-static int resident(const struct fd_ent *e, uint32_t off, uint32_t len)
+static int resident(const struct fd_ent *e, const uint8_t *map, uint32_t off, uint32_t len)
 {
 	uint64_t psz = (uint64_t)sysconf(_SC_PAGESIZE);
 	uint64_t start = (uint64_t)e->hdr_len + off, first = start / psz;
@@ -1021,7 +1034,7 @@ static int resident(const struct fd_ent *e, uint32_t off, uint32_t len)
 	for (uint64_t p = first; p < first + npages;) {
 		uint64_t n = STK_MIN(first + npages - p, sizeof(vec));
 
-		if (mincore((void *)(e->map + p * psz), n * psz, vec) < 0)
+		if (!map || mincore((void *)(map + p * psz), n * psz, vec) < 0)
 			return 0;
 		for (uint64_t i = 0; i < n; i++)
 			if (!(vec[i] & 1))
@@ -1051,9 +1064,10 @@ static void copy_part(const struct read_span *s, uint32_t bs, uint32_t be, const
  * checked are the bytes handed out. 0, or the index of the first bad block plus
  * one.
  */
-static uint32_t read_mapped(const struct fd_ent *e, const struct read_span *s, uint8_t *buf)
+static uint32_t read_mapped(const struct fd_ent *e, const uint8_t *map, const struct read_span *s,
+			    uint8_t *buf)
 {
-	const uint8_t *data = e->map + e->hdr_len;
+	const uint8_t *data = map + e->hdr_len;
 	uint8_t head[STK_CHUNK_BLOCK], tail[STK_CHUNK_BLOCK];
 	struct stk_crc_copy v[MAP_RUN];
 	uint32_t got[MAP_RUN];
@@ -1108,8 +1122,9 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	struct chunk_hdr h;
 	struct read_span s;
 	struct iovec iov[3];
+	const uint8_t *map;
 	long got, rc;
-	int fd, n = 0;
+	int fd, n = 0, hot = 0;
 
 	if (!t)
 		return -ENOMEM;
@@ -1131,8 +1146,17 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	s.end = (uint32_t)STK_MIN((uint64_t)off + len, h.data_len);
 	s.rs = off / STK_CHUNK_BLOCK * STK_CHUNK_BLOCK;
 	s.re = STK_MIN(STK_DIV_ROUND_UP(s.end, STK_CHUNK_BLOCK) * STK_CHUNK_BLOCK, h.data_len);
-	if (e->map && !crcs && resident(e, s.rs, s.re - s.rs)) {
-		uint32_t bad = read_mapped(e, &s, buf);
+	map = NULL;
+	if (e->mappable && !crcs) {
+		map = __atomic_load_n(&e->map, __ATOMIC_ACQUIRE);
+		if (!map && __atomic_load_n(&g_no_cachestat, __ATOMIC_RELAXED))
+			map = fdc_map(e); /* mincore asks about pages through the map */
+		hot = resident(e, map, s.rs, s.re - s.rs);
+		if (hot && !map)
+			map = fdc_map(e); /* cached bytes: worth a map from now on */
+	}
+	if (hot && map) {
+		uint32_t bad = read_mapped(e, map, &s, buf);
 
 		if (bad) {
 			rel_chunk(rel, sizeof(rel), ino, idx);
