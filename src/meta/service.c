@@ -555,11 +555,28 @@ static int op_close(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	return rc ? rc : stk_meta_sessions_close(m->sessions, q.session, q.ino, q.count);
 }
 
+/* The reads to record among a META_CLOSES's records, in one transaction: 0 or an error. */
+static int record_reads(struct meta *m, const struct stk_msg_open_ref *refs, uint32_t n)
+{
+	uint64_t *inos = malloc((n ? n : 1) * sizeof(*inos));
+	size_t k = 0;
+	int rc;
+
+	if (!inos)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++)
+		if (refs[i].flags & STK_REF_READ)
+			inos[k++] = refs[i].ino;
+	rc = k ? stk_meta_store_record_reads(m->store, inos, k) : 0;
+	free(inos);
+	return rc;
+}
+
 static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_closes_req q;
 	struct stk_msg_open_ref *refs;
-	int first = 0, rc;
+	int first = 0, batch, rc;
 
 	(void)resp;
 	rc = stk_msg_meta_closes_req_dec(&req->payload, &q);
@@ -572,6 +589,11 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		rc = stk_msg_open_ref_dec(&req->payload, &refs[i]);
 	/* All of it decoded before anything is dropped: a malformed request drops none. */
 	rc = decoded(req, rc);
+	/*
+	 * The reads first, all in one transaction (before the closes, which may remove
+	 * an orphan; a file gone misses nothing); if that fails, one by one below.
+	 */
+	batch = rc == 0 ? record_reads(m, refs, q.n) : -EINVAL;
 	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
 		/* ATIME_READ checks no permission (a read was allowed at open); any will do. */
 		const struct stk_cred anyone = {0};
@@ -579,8 +601,7 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		struct stk_attr a;
 		int r = 0, c = 0;
 
-		/* Before the close, which may remove an orphan; a file gone misses nothing. */
-		if (refs[i].flags & STK_REF_READ) {
+		if (batch && (refs[i].flags & STK_REF_READ)) {
 			r = stk_meta_store_setattr(m->store, &anyone, refs[i].ino, &read, &a);
 			r = r == -ENOENT ? 0 : r;
 		}

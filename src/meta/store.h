@@ -116,6 +116,13 @@ int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cre
 			   const struct stk_meta_sattr *sa, struct stk_attr *out);
 
 /*
+ * Records a read of each of the n inodes as STK_SETATTR_ATIME_READ does (atime to
+ * now where relatime says it is due), all in one transaction: what META_CLOSES
+ * carries. An inode that is gone is skipped. Any other error changes nothing.
+ */
+int stk_meta_store_record_reads(struct stk_meta_store *st, const uint64_t *inos, size_t n);
+
+/*
  * Where a new file's data goes when the request names no layout: chunks of
  * chunk_size over `stripe` chains among the `nchains` chains of the current
  * routing table. nchains 0 means no storage target exists yet.

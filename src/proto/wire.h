@@ -132,9 +132,9 @@
 	 * retries. */                                                                         \
 	X(META_LOCK, 57, meta_lock_req, meta_lock_resp, "advisory lock")                       \
 	/* META_CLOSE for several files at once (`n` open_ref records follow), and the     \
-	 * reads to record (relatime): what a client's queue holds. Each record is done as  \
-	 * META_SETATTR ATIME_READ then META_CLOSE; the first error is the reply, after     \
-	 * all of them were tried. */                                                        \
+	 * reads to record (relatime): what a client's queue holds. The reads go first, in \
+	 * one transaction (each as META_SETATTR ATIME_READ; one by one if that fails),    \
+	 * then each META_CLOSE; the first error is the reply, after all were tried. */     \
 	X(META_CLOSES, 58, meta_closes_req, none, "drop open references, record reads")       \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
