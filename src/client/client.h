@@ -85,7 +85,9 @@ void stk_reaper_after_fork(struct stk_client *c);
 void stk_reaper_wait(struct stk_client *c);
 /*
  * Removes the chunks of n files at once: one STOR_TRUNCATES per chain for all of
- * them (the reaper's batches). The first error, after trying every file.
+ * them (the reaper's batches). a is only read. 0, or the first error after every
+ * file was tried: -EIO (a bad layout, or the cluster unreachable past the retry
+ * time), -ENOMEM, or what storage answered.
  */
 int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, size_t n);
 /* Truncates a file's chunks on every chain of its layout to size. */

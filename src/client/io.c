@@ -612,11 +612,17 @@ int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uin
 	return first;
 }
 
+/* A file's truncation on one chain; sorted by chain, a run of them is one STOR_TRUNCATES. */
+struct chain_rec {
+	uint32_t chain_id;
+	struct stk_msg_trunc_rec rec;
+};
+
 /* The truncations of one chain for STOR_TRUNCATES. */
 struct trunc_batch {
 	uint32_t chain_id;
 	uint32_t n;
-	const struct stk_msg_trunc_rec *recs;
+	const struct chain_rec *l;
 };
 
 static void enc_truncates(const void *msg, uint32_t ver, struct stk_wbuf *w)
@@ -627,14 +633,8 @@ static void enc_truncates(const void *msg, uint32_t ver, struct stk_wbuf *w)
 
 	stk_msg_stor_truncates_req_enc(w, &m);
 	for (uint32_t i = 0; i < b->n; i++)
-		stk_msg_trunc_rec_enc(w, &b->recs[i]);
+		stk_msg_trunc_rec_enc(w, &b->l[i].rec);
 }
-
-/* A file's truncation on one chain, sorted by chain to cut the batches. */
-struct chain_rec {
-	uint32_t chain_id;
-	struct stk_msg_trunc_rec rec;
-};
 
 static int chain_rec_cmp(const void *a, const void *b)
 {
@@ -644,23 +644,22 @@ static int chain_rec_cmp(const void *a, const void *b)
 }
 
 /* One chain's records: STOR_TRUNCATES, or one STOR_TRUNCATE each for a storage without it. */
-static int truncate_on_chain(struct stk_client *c, uint32_t chain_id,
-			     const struct stk_msg_trunc_rec *recs, uint32_t n)
+static int truncate_on_chain(struct stk_client *c, const struct chain_rec *l, uint32_t n)
 {
-	struct trunc_batch b = {.chain_id = chain_id, .n = n, .recs = recs};
+	struct trunc_batch b = {.chain_id = l[0].chain_id, .n = n, .l = l};
 	/* 12 bytes of header, 20 a record, and slack */
-	int rc = chain_op_sized(c, STK_OP_STOR_TRUNCATES, enc_truncates, &b, chain_id,
+	int rc = chain_op_sized(c, STK_OP_STOR_TRUNCATES, enc_truncates, &b, b.chain_id,
 				32 + (size_t)n * 20);
 
 	if (rc != -ENOSYS)
 		return rc;
 	rc = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		struct stk_msg_stor_truncate_req m = {.chain_id = chain_id,
-						      .ino = recs[i].ino,
-						      .size = recs[i].size,
-						      .chunk_size = recs[i].chunk_size};
-		int r = chain_op(c, STK_OP_STOR_TRUNCATE, enc_truncate, &m, chain_id);
+		struct stk_msg_stor_truncate_req m = {.chain_id = b.chain_id,
+						      .ino = l[i].rec.ino,
+						      .size = l[i].rec.size,
+						      .chunk_size = l[i].rec.chunk_size};
+		int r = chain_op(c, STK_OP_STOR_TRUNCATE, enc_truncate, &m, b.chain_id);
 
 		if (r && !rc)
 			rc = r;
@@ -670,17 +669,17 @@ static int truncate_on_chain(struct stk_client *c, uint32_t chain_id,
 
 int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, size_t n)
 {
-	struct chain_rec *l = calloc(n ? n * STK_MAX_STRIPE : 1, sizeof(*l));
-	struct stk_msg_trunc_rec *recs = calloc(STK_TRUNCATES_MAX, sizeof(*recs));
 	uint32_t chains[STK_MAX_STRIPE];
+	struct chain_rec *l;
 	size_t cnt = 0;
 	int first = 0;
 
-	if (!l || !recs) {
-		free(l);
-		free(recs);
+	for (size_t i = 0; i < n; i++)
+		cnt += stk_layout_check(&a[i].layout) ? 0 : a[i].layout.stripe;
+	l = malloc((cnt ? cnt : 1) * sizeof(*l));
+	if (!l)
 		return -ENOMEM;
-	}
+	cnt = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (stk_layout_check(&a[i].layout)) {
 			first = first ? first : -EIO;
@@ -697,16 +696,13 @@ int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, 
 		uint32_t m = 0;
 		int rc;
 
-		while (i + m < cnt && m < STK_TRUNCATES_MAX && l[i + m].chain_id == l[i].chain_id) {
-			recs[m] = l[i + m].rec;
+		while (i + m < cnt && m < STK_TRUNCATES_MAX && l[i + m].chain_id == l[i].chain_id)
 			m++;
-		}
-		rc = truncate_on_chain(c, l[i].chain_id, recs, m);
+		rc = truncate_on_chain(c, &l[i], m);
 		if (rc && !first)
 			first = rc;
 		i += m;
 	}
 	free(l);
-	free(recs);
 	return first;
 }

@@ -50,25 +50,16 @@ struct stk_reaper {
 	pthread_t thread;
 };
 
-static int remove_now(struct stk_client *c, const struct stk_attr *a)
+/* Removes the data of n files: one STOR_TRUNCATES per chain for all of them. */
+static int remove_now(struct stk_client *c, const struct stk_attr *a, unsigned n)
 {
-	int rc = stk_client_truncate_data(c, a, 0);
+	int rc = stk_client_remove_data_many(c, a, n);
 
 	if (rc)
-		stk_warn("could not remove the data of ino %llx: %s (space is leaked until fsck)",
-			 (unsigned long long)a->ino, stk_strerror(rc));
-	return rc;
-}
-
-/* What the worker takes off the queue at once: one STOR_TRUNCATES per chain for all. */
-static void remove_batch(struct stk_client *c, const struct stk_attr *a, unsigned n)
-{
-	int rc = n == 1 ? stk_client_truncate_data(c, a, 0) : stk_client_remove_data_many(c, a, n);
-
-	if (rc)
-		stk_warn("could not remove the data of %u files (ino %llx first): %s (space is "
+		stk_warn("could not remove the data of %u file%s (ino %llx first): %s (space is "
 			 "leaked until fsck)",
-			 n, (unsigned long long)a[0].ino, stk_strerror(rc));
+			 n, n == 1 ? "" : "s", (unsigned long long)a[0].ino, stk_strerror(rc));
+	return rc;
 }
 
 static void *reaper_main(void *arg)
@@ -99,7 +90,7 @@ static void *reaper_main(void *arg)
 		}
 		r->busy = 1;
 		pthread_mutex_unlock(&r->lock);
-		remove_batch(c, batch, n);
+		remove_now(c, batch, n);
 		pthread_mutex_lock(&r->lock);
 		r->busy = 0;
 		if (!r->count)
@@ -152,7 +143,7 @@ int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
 	return 0;
 sync:
 	pthread_mutex_unlock(&r->lock);
-	return remove_now(c, a);
+	return remove_now(c, a, 1);
 }
 
 void stk_reaper_wait(struct stk_client *c)
