@@ -947,6 +947,18 @@ static void setattr_apply(const struct op *o, struct inode *n, const struct stk_
 	set_ctime(o, a);
 }
 
+/*
+ * A read of n (relatime): atime to now where it is due. Not a change of the
+ * inode's status: ctime stays, and nothing is written when atime is not due.
+ */
+static int record_read(struct op *o, struct inode *n)
+{
+	if (!stk_attr_atime_due(&n->a, o->now_sec))
+		return 0;
+	times_now(o, &n->a.atime_sec, &n->a.atime_nsec);
+	return inode_put(o, n);
+}
+
 int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			   const struct stk_meta_sattr *sa, struct stk_attr *out)
 {
@@ -961,12 +973,7 @@ int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cre
 	if (rc == 0)
 		rc = setattr_check(&o, &n, sa);
 	if (rc == 0 && sa->valid == STK_SETATTR_ATIME_READ) {
-		/* Not a change of the inode's status: ctime stays, and nothing is
-		 * written when atime is not due. */
-		if (stk_attr_atime_due(&n.a, o.now_sec)) { /* relatime */
-			times_now(&o, &n.a.atime_sec, &n.a.atime_nsec);
-			rc = inode_put(&o, &n);
-		}
+		rc = record_read(&o, &n);
 	} else if (rc == 0) {
 		setattr_apply(&o, &n, sa);
 		rc = inode_put(&o, &n);
@@ -992,12 +999,8 @@ int stk_meta_store_record_reads(struct stk_meta_store *st, const uint64_t *inos,
 			rc = 0; /* gone since: nothing to record */
 			continue;
 		}
-		/* Not a change of the inode's status: ctime stays, and nothing is written
-		 * when atime is not due (relatime). */
-		if (rc == 0 && stk_attr_atime_due(&nd.a, o.now_sec)) {
-			times_now(&o, &nd.a.atime_sec, &nd.a.atime_nsec);
-			rc = inode_put(&o, &nd);
-		}
+		if (rc == 0)
+			rc = record_read(&o, &nd);
 	}
 	return o.txn ? op_end(&o, rc) : rc;
 }

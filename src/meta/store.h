@@ -118,7 +118,8 @@ int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cre
 /*
  * Records a read of each of the n inodes as STK_SETATTR_ATIME_READ does (atime to
  * now where relatime says it is due), all in one transaction: what META_CLOSES
- * carries. An inode that is gone is skipped. Any other error changes nothing.
+ * carries. inos is only read. An inode that is gone is skipped. Any other error
+ * (-ENOSPC: the store is full, -EIO) changes nothing.
  */
 int stk_meta_store_record_reads(struct stk_meta_store *st, const uint64_t *inos, size_t n);
 
