@@ -9,11 +9,11 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 
 from conftest import needs_fuse, wait_until
+from test_metrics import scrape, total
 
 PY = "/usr/bin/python3"
 LEASE_MS = 2000
@@ -171,12 +171,8 @@ def test_removed_files_chunks_go_in_the_background(cluster, make_mount):
 
 
 def storage_requests(cluster, op):
-    body = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (cluster.port + 12)).read()
-    want = 'stoker_rpc_requests_total{op="%s"} ' % op
-    for line in body.decode().splitlines():
-        if line.startswith(want):
-            return int(float(line[len(want):]))
-    return 0
+    samples, _ = scrape(cluster, "storage")
+    return int(total(samples, "stoker_rpc_requests_total", op=op))
 
 
 @needs_fuse
