@@ -100,6 +100,19 @@
 	  "Open connections of a gateway's clients.")                                              \
 	X(CLIENT_CONNECTIONS_OPENED, COUNTER, "stoker_client_connections_opened_total",            \
 	  "frontend", "Connections a gateway accepted.")                                           \
+	X(CLIENT_LOOKUP_CACHE, COUNTER, "stoker_client_lookup_cache_total", "frontend,result",      \
+	  "The lookup cache: lookups it answered (result hit) or sent to meta (miss), the "        \
+	  "folders and inodes meta revoked (revoked), and whole resets (reset).")                  \
+	/* ---- meta: the leases of clients' lookup caches ---- */                                  \
+	X(META_LEASE_HOLDERS, GAUGE, "stoker_meta_lease_holders", "",                              \
+	  "Clients with a watch open for their lookup caches.")                                    \
+	X(META_LEASES, GAUGE, "stoker_meta_leases", "",                                            \
+	  "Leases on folders and inodes held by clients' lookup caches.")                          \
+	X(META_LEASE_REVOCATIONS, COUNTER, "stoker_meta_lease_revocations_total", "",              \
+	  "Leases revoked because their folder or inode changed.")                                 \
+	X(META_LEASE_RESETS, COUNTER, "stoker_meta_lease_resets_total", "",                        \
+	  "Clients whose leases all went at once: a revocation not acknowledged in time, or "      \
+	  "too many waiting.")                                                                     \
 	/* ---- storage: per target ---- */                                                        \
 	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
 	  "Size of the file system under the target folder (targets sharing a file system "        \

@@ -41,6 +41,7 @@
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "leases.h"
 #include "session.h"
 #include "store.h"
 
@@ -56,6 +57,8 @@ struct meta {
 	uint32_t stripe; /* 0: min(nchains, DEFAULT_MAX_STRIPE) */
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
+	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
+	stk_metric_t lease_series[4]; /* holders, leases, revocations, resets */
 };
 
 typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
@@ -82,6 +85,47 @@ static int reply_attr(struct stk_rpc_resp *resp, const struct stk_attr *a)
 	memset(&r, 0, sizeof(r));
 	r.attr = *a;
 	return stk_msg_meta_attr_resp_enc(&resp->payload, &r);
+}
+
+/*
+ * The names or attributes of inos changed (committed): other clients' cached
+ * answers about them go before the change is answered (leases.h). Inode 0 is skipped.
+ */
+static void changed(struct meta *m, const struct stk_rpc_req *req, uint64_t a, uint64_t b)
+{
+	uint64_t inos[2];
+	size_t n = 0;
+
+	if (a)
+		inos[n++] = a;
+	if (b && b != a)
+		inos[n++] = b;
+	stk_meta_leases_changed(m->leases, req->hdr.origin, inos, n);
+}
+
+/* At each scrape (with --metrics): the lease table's counts. */
+static void collect_leases(void *ctx)
+{
+	struct meta *m = ctx;
+	struct stk_meta_leases_stats st;
+
+	stk_meta_leases_stats(m->leases, &st);
+	stk_metric_set_int(m->lease_series[0], (int64_t)st.holders);
+	stk_metric_set_int(m->lease_series[1], (int64_t)st.grants);
+	stk_metric_set_int(m->lease_series[2], (int64_t)st.revokes);
+	stk_metric_set_int(m->lease_series[3], (int64_t)st.resets);
+}
+
+static int leases_metrics(struct meta *m)
+{
+	static const enum stk_metric_family f[4] = {STK_M_META_LEASE_HOLDERS, STK_M_META_LEASES,
+						     STK_M_META_LEASE_REVOCATIONS,
+						     STK_M_META_LEASE_RESETS};
+	int rc = 0;
+
+	for (int i = 0; i < 4 && !rc; i++)
+		rc = stk_metric_series(f[i], NULL, &m->lease_series[i]);
+	return rc ? rc : stk_metrics_collector_add(collect_leases, m);
 }
 
 /* Default placement for new files, from the newest routing table. */
@@ -121,6 +165,46 @@ static int op_lookup(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	return rc ? rc : reply_attr(resp, &a);
 }
 
+/*
+ * A lookup whose answer the origin may cache. The leases come before the reads they
+ * cover: the folder's before the name is looked up, the inode's before it is read
+ * again for the reply, so a change committed after a read always finds its lease.
+ */
+static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_lookup_req q;
+	struct stk_msg_meta_lookup_cache_resp r;
+	uint32_t holder = req->hdr.origin;
+	int dots, rc;
+
+	rc = decoded(req, stk_msg_meta_lookup_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	dots = strcmp(q.name, ".") == 0 || strcmp(q.name, "..") == 0;
+	r.leased = holder && !dots && stk_meta_leases_grant(m->leases, holder, q.parent);
+	rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr);
+	if (rc == 0 && r.leased) {
+		uint64_t ino = r.attr.ino;
+
+		r.leased = stk_meta_leases_grant(m->leases, holder, ino);
+		rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr);
+		if (rc == 0 && r.attr.ino != ino)
+			r.leased = 0; /* renamed over in between: answer, but not for keeps */
+	}
+	if (rc == -ENOENT) {
+		memset(&r.attr, 0, sizeof(r.attr));
+		rc = 0;
+	} else if (rc == 0) {
+		r.found = 1;
+	}
+	if (rc)
+		return rc;
+	if (r.leased && stk_meta_store_getattr(m->store, &q.cred, q.parent, &r.dir))
+		r.leased = 0;
+	return stk_msg_meta_lookup_cache_resp_enc(&resp->payload, &r);
+}
+
 static int op_getattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_ino_req q;
@@ -153,7 +237,10 @@ static int op_setattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	sa.mtime_sec = q.mtime_sec;
 	sa.mtime_nsec = q.mtime_nsec;
 	rc = stk_meta_store_setattr(m->store, &q.cred, q.ino, &sa, &a);
-	return rc ? rc : reply_attr(resp, &a);
+	if (rc)
+		return rc;
+	changed(m, req, q.ino, 0);
+	return reply_attr(resp, &a);
 }
 
 /*
@@ -202,6 +289,8 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	/* Leased to the origin as a lookup would be: the folder before the change. */
+	r.leased = req->hdr.origin && stk_meta_leases_grant(m->leases, req->hdr.origin, q.parent);
 	placement_get(m, &pl);
 	rc = create_open(m, &q, &pl, &r);
 	/* Storage may have registered since the agent's last refresh: ask mgmtd once. */
@@ -214,7 +303,19 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		warn_no_storage(q.name);
 	if (rc)
 		return rc;
+	if (r.created)
+		changed(m, req, q.parent, 0);
+	if (r.leased) {
+		/* The inode's lease, then its attributes read again under it. */
+		struct stk_attr a;
+
+		r.leased = stk_meta_leases_grant(m->leases, req->hdr.origin, r.attr.ino) &&
+			   stk_meta_store_getattr(m->store, &q.cred, r.attr.ino, &a) == 0;
+		if (r.leased)
+			r.attr = a;
+	}
 	dir_after(m, &q.cred, q.parent, &r.dir);
+	r.leased = r.leased && r.dir.ino;
 	return stk_msg_meta_create_resp_enc(&resp->payload, &r);
 }
 
@@ -227,7 +328,10 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	rc = decoded(req, stk_msg_meta_mkdir_req_dec(&req->payload, &q));
 	if (rc == 0)
 		rc = stk_meta_store_mkdir(m->store, &q.cred, q.parent, q.name, q.mode, &a);
-	return rc ? rc : reply_attr(resp, &a);
+	if (rc)
+		return rc;
+	changed(m, req, q.parent, 0);
+	return reply_attr(resp, &a);
 }
 
 /* Whether a file that just lost its last name became an orphan (sessions held). */
@@ -254,6 +358,7 @@ static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	stk_meta_sessions_release(m->sessions);
 	if (rc)
 		return rc;
+	changed(m, req, q.parent, r.attr.ino);
 	dir_after(m, &q.cred, q.parent, &r.dir);
 	return stk_msg_meta_unlink_resp_enc(&resp->payload, &r);
 }
@@ -264,7 +369,11 @@ static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
-	return rc ? rc : stk_meta_store_rmdir(m->store, &q.cred, q.parent, q.name);
+	if (rc == 0)
+		rc = stk_meta_store_rmdir(m->store, &q.cred, q.parent, q.name);
+	if (rc == 0)
+		changed(m, req, q.parent, 0);
+	return rc;
 }
 
 static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -286,6 +395,19 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	r.replaced = (uint8_t)replaced;
+	changed(m, req, q.src_parent, q.dst_parent);
+	{
+		/* The inode moved (its ctime, a folder's ".."), and the one replaced. */
+		const struct stk_cred root = {0};
+		struct stk_attr moved;
+
+		if (stk_meta_store_lookup(m->store, &root, q.dst_parent, q.dst_name, &moved))
+			moved.ino = 0;
+		changed(m, req, moved.ino, replaced ? r.attr.ino : 0);
+		if ((q.flags & STK_RENAME_EXCHANGE) &&
+		    stk_meta_store_lookup(m->store, &root, q.src_parent, q.src_name, &moved) == 0)
+			changed(m, req, moved.ino, 0);
+	}
 	return stk_msg_meta_rename_resp_enc(&resp->payload, &r);
 }
 
@@ -298,7 +420,10 @@ static int op_link(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	rc = decoded(req, stk_msg_meta_link_req_dec(&req->payload, &q));
 	if (rc == 0)
 		rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
-	return rc ? rc : reply_attr(resp, &a);
+	if (rc)
+		return rc;
+	changed(m, req, q.parent, q.ino);
+	return reply_attr(resp, &a);
 }
 
 static int op_symlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -310,7 +435,10 @@ static int op_symlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	rc = decoded(req, stk_msg_meta_symlink_req_dec(&req->payload, &q));
 	if (rc == 0)
 		rc = stk_meta_store_symlink(m->store, &q.cred, q.parent, q.name, q.target, &a);
-	return rc ? rc : reply_attr(resp, &a);
+	if (rc)
+		return rc;
+	changed(m, req, q.parent, 0);
+	return reply_attr(resp, &a);
 }
 
 static int op_readlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -401,7 +529,10 @@ static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc == 0)
 		rc = stk_meta_store_extend(m->store, &q.cred, q.ino, q.size, q.mtime_sec,
 					   q.mtime_nsec, &a);
-	return rc ? rc : reply_attr(resp, &a);
+	if (rc)
+		return rc;
+	changed(m, req, q.ino, 0);
+	return reply_attr(resp, &a);
 }
 
 static int op_sync(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -426,9 +557,12 @@ static int op_setxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 	if (rc == 0 && q.size)
 		value = stk_rbuf_take(&req->payload, q.size);
 	rc = decoded(req, rc ? rc : req->payload.err);
-	return rc ? rc
-		  : stk_meta_store_setxattr(m->store, &q.cred, q.ino, q.name, value, q.size,
-					    q.flags);
+	if (rc == 0)
+		rc = stk_meta_store_setxattr(m->store, &q.cred, q.ino, q.name, value, q.size,
+					     q.flags);
+	if (rc == 0)
+		changed(m, req, q.ino, 0); /* its ctime */
+	return rc;
 }
 
 /* The reply of GETXATTR and LISTXATTR: the length, then the bytes unless only it was asked. */
@@ -493,7 +627,11 @@ static int op_removexattr(struct meta *m, struct stk_rpc_req *req, struct stk_rp
 
 	(void)resp;
 	rc = decoded(req, stk_msg_meta_xattr_name_req_dec(&req->payload, &q));
-	return rc ? rc : stk_meta_store_removexattr(m->store, &q.cred, q.ino, q.name);
+	if (rc == 0)
+		rc = stk_meta_store_removexattr(m->store, &q.cred, q.ino, q.name);
+	if (rc == 0)
+		changed(m, req, q.ino, 0);
+	return rc;
 }
 
 /* ---- sessions, open references and locks (session.c, locks.c) ---- */
@@ -527,8 +665,10 @@ static int op_session_end(struct meta *m, struct stk_rpc_req *req, struct stk_rp
 	rc = decoded(req, stk_msg_meta_session_req_dec(&req->payload, &q));
 	if (rc == 0 && q.session == 0)
 		rc = -EINVAL;
-	if (rc == 0)
+	if (rc == 0) {
 		stk_meta_sessions_end(m->sessions, q.session);
+		stk_meta_leases_end_session(m->leases, q.session);
+	}
 	return rc;
 }
 
@@ -610,9 +750,44 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 						    refs[i].count);
 		if (!first)
 			first = r ? r : c;
+		if (refs[i].flags & STK_REF_READ)
+			changed(m, req, refs[i].ino, 0); /* its atime, when that was due */
 	}
 	free(refs);
 	return rc ? rc : first;
+}
+
+/* The long poll of a cache holder (leases.h). */
+static int op_watch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_watch_req q;
+	struct stk_msg_meta_watch_resp r;
+	uint64_t *inos;
+	uint32_t n = 0;
+	int reset = 0, rc;
+
+	rc = decoded(req, stk_msg_meta_watch_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	inos = malloc(STK_WATCH_RECS_MAX * sizeof(*inos));
+	if (!inos)
+		return -ENOMEM;
+	memset(&r, 0, sizeof(r));
+	r.holder = q.holder;
+	rc = stk_meta_leases_watch(m->leases, q.session, &r.holder, q.acked, q.wait_ms, inos,
+				   STK_WATCH_RECS_MAX, &n, &r.seq, &reset);
+	if (rc == 0) {
+		r.reset = (uint8_t)reset;
+		r.n = n;
+		rc = stk_msg_meta_watch_resp_enc(&resp->payload, &r);
+		for (uint32_t i = 0; rc == 0 && i < n; i++) {
+			struct stk_msg_watch_rec rec = {.ino = inos[i]};
+
+			rc = stk_msg_watch_rec_enc(&resp->payload, &rec);
+		}
+	}
+	free(inos);
+	return rc;
 }
 
 static int op_lock(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -684,6 +859,8 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_CLOSE] = op_close,
 	[STK_OP_META_LOCK] = op_lock,
 	[STK_OP_META_CLOSES] = op_closes,
+	[STK_OP_META_WATCH] = op_watch,
+	[STK_OP_META_LOOKUP_CACHE] = op_lookup_cache,
 };
 /* clang-format on */
 
@@ -863,12 +1040,16 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	if (rc)
 		return rc;
 	rc = stk_meta_sessions_create(m.store, 0, &m.sessions);
+	if (rc == 0)
+		rc = stk_meta_leases_create(&m.leases);
 	if (rc)
 		goto out;
 	if (opts->metrics_listen) {
 		rc = stk_metrics_http_start(opts->metrics_listen, "meta", &mh);
 		if (!rc)
 			rc = stk_metrics_rpc_create(32, 63, &m.rpc_metrics);
+		if (!rc)
+			rc = leases_metrics(&m);
 		if (rc) {
 			stk_error("cannot serve metrics on %s: %s", opts->metrics_listen,
 				  strerror(-rc));
@@ -899,12 +1080,15 @@ out:
 		pthread_join(syncer, NULL);
 	}
 	stk_metrics_http_stop(mh);
+	if (mh)
+		stk_metrics_collector_remove(collect_leases, &m);
 	/* The server first: its handlers read the agent's routing table until they end. */
 	if (srv)
 		stk_server_destroy(srv);
 	stk_metrics_ops_destroy(m.rpc_metrics);
 	/* Before the agent: the reaper reads its routing table. */
 	stk_meta_sessions_destroy(m.sessions);
+	stk_meta_leases_destroy(m.leases);
 	if (m.agent)
 		stk_agent_stop(m.agent);
 	stk_meta_store_sync(m.store);

@@ -244,6 +244,7 @@ int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc)
 	h.req_id = rpc->req_id = c->next_req_id++;
 	h.payload_len = (uint32_t)rpc->req_len;
 	h.bulk_len = (uint32_t)rpc->bulk_out_len;
+	h.origin = rpc->origin;
 	rc = send_frame(c->fd, &h, rpc->req, rpc->bulk_out);
 	if (rc)
 		c->broken = 1;

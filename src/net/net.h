@@ -62,6 +62,7 @@ struct stk_rpc {
 	 * verify the reply's bulk itself; any other reply with the flag is malformed).
 	 */
 	uint32_t frame_flags;
+	uint32_t origin; /* the header's origin (wire.h): a meta request's cache holder id */
 };
 
 /* Sends the request. 0, or -errno (the connection is then broken). */

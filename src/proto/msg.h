@@ -152,12 +152,15 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
  * the file returned, as after META_OPEN; the reply's `opened` says whether it does
  * (never for a non-file, nor without a session). The replies of create and unlink
  * carry `dir`, the parent folder's attributes just after the change (ino 0 when
- * meta could not read them), so that a client need not ask for them again.
+ * meta could not read them), so that a client need not ask for them again. With an
+ * origin in the frame, `leased` 1 says that the name's entry (attr) and the folder
+ * are leased to it as after META_LOOKUP_CACHE (meta/leases.h).
  */
 #define STK_MSG_META_CREATE_REQ(F)                                                         \
 	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags) F(layout, layout) \
 	F(u64, session)
-#define STK_MSG_META_CREATE_RESP(F) F(attr, attr) F(u8, created) F(u8, opened) F(attr, dir)
+#define STK_MSG_META_CREATE_RESP(F) \
+	F(attr, attr) F(u8, created) F(u8, opened) F(attr, dir) F(u8, leased)
 #define STK_MSG_META_MKDIR_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(u32, mode)
 #define STK_MSG_META_RENAME_REQ(F)                                                        \
 	F(cred, cred) F(u64, src_parent) F(name, src_name) F(u64, dst_parent)              \
@@ -195,6 +198,23 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
  * file as META_SETATTR with STK_SETATTR_ATIME_READ does (relatime).
  */
 #define STK_MSG_META_CLOSES_REQ(F) F(u64, session) F(u32, n)
+/*
+ * Cache leases (src/meta/leases.h). META_WATCH: holder 0 registers; records up to
+ * `acked` are done; meta holds the request up to wait_ms for records. The reply:
+ * the holder's id (a new one with reset 1: forget everything cached), seq (the
+ * next `acked`), then n watch_rec records, each an inode whose names and
+ * attributes must be looked up again.
+ */
+#define STK_MSG_META_WATCH_REQ(F) F(u64, session) F(u32, holder) F(u64, acked) F(u32, wait_ms)
+#define STK_MSG_META_WATCH_RESP(F) F(u32, holder) F(u64, seq) F(u8, reset) F(u32, n)
+#define STK_MSG_WATCH_REC(F) F(u64, ino)
+#define STK_WATCH_RECS_MAX 4096u /* records in one META_WATCH reply */
+/*
+ * META_LOOKUP_CACHE's reply: found 0 (no such name: attr is zero), leased 1 when the
+ * answer (found or not) may be cached until a record names the folder or the inode,
+ * dir the folder's attributes (for the search permission of cached answers).
+ */
+#define STK_MSG_META_LOOKUP_CACHE_RESP(F) F(u8, found) F(u8, leased) F(attr, attr) F(attr, dir)
 #define STK_MSG_OPEN_REF(F) F(u64, ino) F(u32, count) F(u8, flags)
 #define STK_CLOSES_MAX 1024u
 #define STK_REF_READ 1u
@@ -277,6 +297,10 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(meta_open_req, STK_MSG_META_OPEN_REQ)                   \
 	X(meta_closes_req, STK_MSG_META_CLOSES_REQ)               \
 	X(open_ref, STK_MSG_OPEN_REF)                             \
+	X(meta_watch_req, STK_MSG_META_WATCH_REQ)                 \
+	X(meta_watch_resp, STK_MSG_META_WATCH_RESP)               \
+	X(watch_rec, STK_MSG_WATCH_REC)                           \
+	X(meta_lookup_cache_resp, STK_MSG_META_LOOKUP_CACHE_RESP) \
 	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \

@@ -19,7 +19,7 @@ void stk_hdr_encode(const struct stk_frame_hdr *h, uint8_t *out)
 	stk_put_u32(&w, h->payload_len);
 	stk_put_u32(&w, h->bulk_len);
 	stk_put_u32(&w, h->checksum);
-	stk_put_u32(&w, h->reserved);
+	stk_put_u32(&w, h->origin);
 }
 
 int stk_hdr_decode(const uint8_t *in, struct stk_frame_hdr *h)
@@ -36,7 +36,7 @@ int stk_hdr_decode(const uint8_t *in, struct stk_frame_hdr *h)
 	h->payload_len = stk_get_u32(&r);
 	h->bulk_len = stk_get_u32(&r);
 	h->checksum = stk_get_u32(&r);
-	h->reserved = stk_get_u32(&r);
+	h->origin = stk_get_u32(&r);
 	if (stk_rbuf_finish(&r))
 		return -EBADMSG;
 	if (h->magic != STK_WIRE_MAGIC || h->version == 0)

@@ -17,7 +17,8 @@
  *       24    4 payload_len  at most STK_MAX_PAYLOAD
  *       28    4 bulk_len     at most STK_MAX_BULK
  *       32    4 checksum     CRC32C of payload then bulk (payload only with BULK_SELF)
- *       36    4 reserved     0
+ *       36    4 origin       requests to meta: the sender's cache holder id
+ *                            (src/meta/leases.h), 0 for none; 0 otherwise
  *
  * A frame whose magic, version, lengths or checksum are wrong is malformed: the
  * receiver logs it and closes that connection, and nothing else. A reply whose
@@ -36,10 +37,11 @@
 #define STK_WIRE_MAGIC 0x314B5453u
 /*
  * 2: META_CREATE and META_UNLINK replies carry the folder's attributes, META_OPEN's
- * reply the inode's, META_CLOSES. Daemons and clients of another version refuse
- * each other's requests (NOTSUP) rather than misread them.
+ * reply the inode's, META_CLOSES. 3: cache leases (the header's origin, META_WATCH,
+ * META_LOOKUP_CACHE, META_CREATE's `leased`). Daemons and clients of another version
+ * refuse each other's requests (NOTSUP) rather than misread them.
  */
-#define STK_WIRE_VERSION 2
+#define STK_WIRE_VERSION 3
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
@@ -136,6 +138,13 @@
 	 * one transaction (each as META_SETATTR ATIME_READ; one by one if that fails),    \
 	 * then each META_CLOSE; the first error is the reply, after all were tried. */     \
 	X(META_CLOSES, 58, meta_closes_req, none, "drop open references, record reads")       \
+	/* The revocations of a cache holder's leases: a long poll (msg.h, meta/leases.h). \
+	 * AGAIN: no holder slot free (the client then caches nothing). */                  \
+	X(META_WATCH, 59, meta_watch_req, meta_watch_resp, "wait for cache revocations")     \
+	/* META_LOOKUP that also leases the answer to the header's origin holder, found or \
+	 * not (NOENT is a reply with found 0, not a status). */                            \
+	X(META_LOOKUP_CACHE, 60, meta_lookup_req, meta_lookup_cache_resp,                    \
+	  "look a name up, leased for the client's cache")                                   \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
@@ -172,7 +181,7 @@ struct stk_frame_hdr {
 	uint32_t payload_len;
 	uint32_t bulk_len;
 	uint32_t checksum;
-	uint32_t reserved;
+	uint32_t origin;
 };
 
 /* Writes the header into out[STK_FRAME_HDR_LEN]. */

@@ -109,6 +109,16 @@ def test_malformed_truncates_truncate_nothing(cluster):
     assert cluster.cli("cat", "/victim").stdout == data
 
 
+def test_hostile_watches_are_contained(cluster):
+    """META_WATCH with session 0, another session's holder id, an acknowledgement of
+    records never sent, a wait of 49 days; META_LOOKUP_CACHE for a holder that does
+    not exist: refused or contained, and meta still serves."""
+    out = run([CHECK, "watch", "127.0.0.1:%d" % (cluster.port + 1)])
+    assert out.stdout.strip() == b"watch: ok"
+    cluster.cli("put", "-", "/still-alive", input=b"ok")
+    assert cluster.cli("cat", "/still-alive").stdout == b"ok"
+
+
 @pytest.mark.parametrize("role", ["mgmtd", "meta", "storage"])
 def test_malformed_frames_close_only_that_connection(cluster, role):
     port = cluster.port + {"mgmtd": 0, "meta": 1, "storage": 2}[role]

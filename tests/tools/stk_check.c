@@ -14,6 +14,8 @@
  *                                         node: each refused (EBADMSG), nothing truncated
  *   batch   CLUSTER DIR                   batched reads and writes (stk_batch_*): every
  *                                         completion once, right bytes, right errors
+ *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE to meta:
+ *                                         refused or contained, meta still serves
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -643,6 +645,98 @@ static int cmd_truncates(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* ---- watch: hostile cache-lease requests to meta ---- */
+
+/* One META_WATCH; the reply's holder, reset flag, seq and record count. */
+static int send_watch(struct stk_conn *conn, uint64_t session, uint32_t holder, uint64_t acked,
+		      uint32_t wait_ms, struct stk_msg_meta_watch_resp *out)
+{
+	struct stk_msg_meta_watch_req m = {
+	    .session = session, .holder = holder, .acked = acked, .wait_ms = wait_ms};
+	static uint8_t resp[64 + 8 * STK_WATCH_RECS_MAX];
+	uint8_t req[64];
+	struct stk_rpc rpc = {.opcode = STK_OP_META_WATCH, .req = req, .resp = resp,
+			      .resp_cap = sizeof(resp)};
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_watch_req_enc(&w, &m);
+	rpc.req_len = w.len;
+	rc = stk_rpc_call(conn, &rpc);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	return stk_msg_meta_watch_resp_dec(&r, out) ? -EBADMSG : 0;
+}
+
+/* META_LOOKUP_CACHE of name in the root under origin; *leased as replied. */
+static int send_lookup_cache(struct stk_conn *conn, uint32_t origin, const char *name,
+			     int *found, int *leased)
+{
+	struct stk_msg_meta_lookup_req m = {.parent = STK_ROOT_INO};
+	struct stk_msg_meta_lookup_cache_resp rm;
+	uint8_t req[512], resp[1024];
+	struct stk_rpc rpc = {.opcode = STK_OP_META_LOOKUP_CACHE, .req = req, .resp = resp,
+			      .resp_cap = sizeof(resp), .origin = origin};
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	snprintf(m.name, sizeof(m.name), "%s", name);
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_lookup_req_enc(&w, &m);
+	rpc.req_len = w.len;
+	rc = stk_rpc_call(conn, &rpc);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_meta_lookup_cache_resp_dec(&r, &rm))
+		return -EBADMSG;
+	*found = rm.found;
+	*leased = rm.leased;
+	return 0;
+}
+
+static int cmd_watch(int argc, char **argv)
+{
+	struct stk_msg_meta_watch_resp a, b, x;
+	struct stk_conn *conn;
+	uint64_t t0;
+	int found = -1, leased = -1;
+
+	if (argc < 2)
+		return 2;
+	CHECK_RC(stk_conn_connect(argv[1], 2000, &conn), 0);
+	if (failures)
+		return 1;
+	/* session 0 is refused */
+	CHECK_RC(send_watch(conn, 0, 0, 0, 0, &x), -EINVAL);
+	/* two holders; claiming the other's id under another session gets a new one */
+	CHECK_RC(send_watch(conn, 0x1111, 0, 0, 0, &a), 0);
+	CHECK_RC(send_watch(conn, 0x2222, 0, 0, 0, &b), 0);
+	CHECK(a.holder && b.holder && a.holder != b.holder && a.reset && b.reset);
+	CHECK_RC(send_watch(conn, 0x3333, a.holder, 0, 0, &x), 0);
+	CHECK(x.holder != a.holder && x.reset);
+	/* an acknowledgement of records never sent, and a wait far too long: capped */
+	t0 = stk_now_ns();
+	CHECK_RC(send_watch(conn, 0x1111, a.holder, 1ull << 60, 0xffffffffu, &x), 0);
+	CHECK(x.holder == a.holder && !x.reset && x.n == 0);
+	CHECK(stk_now_ns() - t0 < 3000000000ull);
+	/* a lookup leased to a holder that does not exist is answered, not leased */
+	CHECK_RC(send_lookup_cache(conn, 0x7fffffff, "nothing-here", &found, &leased), 0);
+	CHECK(found == 0 && leased == 0);
+	CHECK_RC(send_lookup_cache(conn, a.holder, "nothing-here", &found, &leased), 0);
+	CHECK(found == 0 && leased == 1);
+	stk_conn_close(conn);
+	/* and meta still serves */
+	CHECK_RC(server_answers(argv[1]), -ENOSYS);
+	if (!failures)
+		printf("watch: ok\n");
+	return failures ? 1 : 0;
+}
+
 /* ---- batch: the batched asynchronous API ---- */
 
 #define BATCH_FILES 12
@@ -914,7 +1008,8 @@ int main(int argc, char **argv)
 		int (*fn)(int, char **);
 	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
-		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"batch", cmd_batch}};
+		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"batch", cmd_batch},
+		    {"watch", cmd_watch}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");

@@ -1,0 +1,86 @@
+/*
+ * Cache leases of a meta node: which client may answer which lookups itself, and
+ * the revocations that keep those answers right.
+ *
+ * A client that wants to cache lookups opens a watch (META_WATCH, a long poll on a
+ * connection of its own) and becomes a holder with a 32-bit id that is never
+ * reused. Its lookups (META_LOOKUP_CACHE) are then granted a lease on the folder
+ * (its names, present or absent) and on the inode found (its attributes), for
+ * STK_LEASE_GRANT_MS. Every change meta makes to an inode's names or attributes
+ * calls stk_meta_leases_changed, which queues the inode for every holder with a
+ * lease on it (but the holder that made the change, the request's origin, which
+ * forgets its own copies itself), wakes their watches, and waits until each has
+ * acknowledged (its next watch names the record as done) before the change is
+ * answered. So once a change is answered no other client answers from before it.
+ *
+ * A holder that stops polling is not waited for forever: a client trusts its
+ * cache only until STK_LEASE_VALID_MS after it sent the watch that meta last
+ * answered, and meta waits for it no longer than that after it received that
+ * watch (plus a margin). Such a holder is reset: its leases go, and its next
+ * watch tells it to forget everything. A holder silent for much longer is
+ * forgotten altogether; a meta restart forgets every holder, and a client whose
+ * watch connection breaks forgets its cache at once.
+ *
+ * Threads: every function may be called from any thread; one mutex guards all.
+ * stk_meta_leases_watch and stk_meta_leases_changed block (the watch for at most
+ * its wait, a change for at most the validity above); neither holds anything of
+ * the store while it waits.
+ */
+#ifndef STK_META_LEASES_H
+#define STK_META_LEASES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct stk_meta_leases;
+
+#define STK_LEASE_GRANT_MS 30000u   /* how long a lease lasts without a change */
+#define STK_LEASE_VALID_MS 2000u    /* a client's trust after its last answered watch */
+#define STK_LEASE_WAIT_MAX_MS 1000u /* the longest a watch is held open empty */
+#define STK_LEASE_HOLDERS_MAX 1024u
+#define STK_LEASE_GRANTS_MAX (1u << 20) /* beyond: lookups are answered without a lease */
+
+/* 0 or -ENOMEM. */
+int stk_meta_leases_create(struct stk_meta_leases **out);
+/* Wakes every waiting watch and change and frees everything; nothing may call in after. */
+void stk_meta_leases_destroy(struct stk_meta_leases *l);
+
+/*
+ * One watch of session's holder *holder (0: a new holder, whose id is returned in
+ * *holder): records up to `acked` are done. Waits up to wait_ms (at most
+ * STK_LEASE_WAIT_MAX_MS) for records, then returns up to `max` of them in inos[]
+ * (*n), *seq the number of the last one returned (the next `acked`). *reset 1: the
+ * holder was unknown or reset; the client must forget everything it cached, and
+ * *holder is a new id. 0, -EINVAL (session 0), -EAGAIN (no free holder slot),
+ * -ESHUTDOWN (meta stopping).
+ */
+int stk_meta_leases_watch(struct stk_meta_leases *l, uint64_t session, uint32_t *holder,
+			  uint64_t acked, uint32_t wait_ms, uint64_t *inos, uint32_t max,
+			  uint32_t *n, uint64_t *seq, int *reset);
+
+/*
+ * Grants holder a lease on ino. Must come before the store is read for the answer,
+ * so that a change committed after the read finds the lease. 1 granted, 0 not (no
+ * such holder, or the table is full).
+ */
+int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t ino);
+
+/*
+ * The names or attributes of inos[0..n) changed (committed). Queues them for every
+ * other holder of a lease on one, whose leases on them end, and returns once each
+ * has acknowledged or run out of time (then it is reset). origin: the holder that
+ * made the change (0: none), whose leases stay.
+ */
+void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
+			     size_t n);
+
+/* The session ended: its holders go (their waiters stop waiting for them). */
+void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session);
+
+/* Counts for /metrics and tests. */
+struct stk_meta_leases_stats {
+	uint64_t holders, grants, revokes, resets;
+};
+void stk_meta_leases_stats(struct stk_meta_leases *l, struct stk_meta_leases_stats *out);
+
+#endif
