@@ -10,6 +10,7 @@
  * comes back within that window is invisible to the program using it.
  */
 #include "client.h"
+#include "lcache.h"
 #include "session.h"
 
 #include <errno.h>
@@ -175,7 +176,9 @@ void stk_disconnect(stk_client *c)
 	if (!c)
 		return;
 	stk_reaper_destroy(c); /* first: it removes what is queued, over the pool */
-	stk_session_destroy(c); /* then: it still talks to meta */
+	stk_lcache_stop(c);
+	stk_session_destroy(c); /* then: it still talks to meta; wakes the parked watch */
+	stk_lcache_destroy(c);
 	stk_pool_destroy(c->pool);
 	for (unsigned i = 0; i < c->nlocals; i++)
 		stk_chunk_store_close(c->locals[i].cs);
@@ -201,6 +204,7 @@ void stk_after_fork(stk_client *c)
 	pthread_mutex_init(&c->local_lock, NULL);
 	stk_session_after_fork(c);
 	stk_reaper_after_fork(c);
+	stk_lcache_after_fork(c);
 }
 
 int stk_client_refresh_routing(struct stk_client *c)
@@ -250,7 +254,7 @@ out:
 }
 
 /* The address of the meta node serving shard 1. */
-static int meta_addr(struct stk_client *c, char *addr)
+int stk_client_meta_addr(struct stk_client *c, char *addr)
 {
 	int rc = -ENOTCONN;
 
@@ -270,6 +274,13 @@ static int meta_addr(struct stk_client *c, char *addr)
 int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req, size_t req_len,
 			 void *resp, size_t resp_cap, size_t *resp_len)
 {
+	return stk_client_meta_call_from(c, 0, opcode, req, req_len, resp, resp_cap, resp_len);
+}
+
+int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t opcode,
+			      const void *req, size_t req_len, void *resp, size_t resp_cap,
+			      size_t *resp_len)
+{
 	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
 	unsigned backoff_ms = 20;
 	char addr[STK_ADDR_MAX];
@@ -281,9 +292,10 @@ int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req,
 				      .req = req,
 				      .req_len = req_len,
 				      .resp = resp,
-				      .resp_cap = resp_cap};
+				      .resp_cap = resp_cap,
+				      .origin = origin};
 
-		rc = meta_addr(c, addr);
+		rc = stk_client_meta_addr(c, addr);
 		if (rc == 0)
 			rc = stk_pool_get(c->pool, addr, &conn);
 		if (rc == 0) {
@@ -312,8 +324,8 @@ int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req,
 	return rc;
 }
 
-int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
-			      size_t req_len, struct stk_attr *attr)
+static int attr_call(struct stk_client *c, uint32_t origin, uint16_t opcode, const void *req,
+		     size_t req_len, struct stk_attr *attr)
 {
 	uint8_t resp[STK_RESP_SMALL];
 	struct stk_msg_meta_attr_resp m;
@@ -321,7 +333,7 @@ int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void 
 	size_t len = 0;
 	int rc;
 
-	rc = stk_client_meta_call(c, opcode, req, req_len, resp, sizeof(resp), &len);
+	rc = stk_client_meta_call_from(c, origin, opcode, req, req_len, resp, sizeof(resp), &len);
 	if (rc)
 		return rc;
 	stk_rbuf_init(&r, resp, len);
@@ -330,6 +342,28 @@ int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void 
 	if (attr)
 		*attr = m.attr;
 	return 0;
+}
+
+int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
+			      size_t req_len, struct stk_attr *attr)
+{
+	return attr_call(c, 0, opcode, req, req_len, attr);
+}
+
+int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t opcode,
+				  const void *req, size_t req_len, struct stk_attr *attr)
+{
+	struct stk_lcache_tok tok;
+	struct stk_attr a;
+	int rc;
+
+	tok = stk_lcache_begin(c);
+	rc = attr_call(c, tok.holder, opcode, req, req_len, &a);
+	/* Forgets ino (lookups that raced with the change lose); keeps its entry up to date. */
+	stk_lcache_updated(c, tok, ino, rc == 0 ? &a : NULL);
+	if (rc == 0 && attr)
+		*attr = a;
+	return rc;
 }
 
 int stk_strlcpy_name(char *dst, const char *name)

@@ -48,6 +48,7 @@ struct stk_client {
 	unsigned nlocals;
 	struct stk_session *sess; /* the session with meta (session.c) */
 	struct stk_reaper *reaper; /* background removal of gone files' chunks (reaper.c) */
+	struct stk_lcache *lc; /* the lookup cache (lcache.c), NULL when off */
 };
 
 /* "stk://HOST:PORT[/...]" or "HOST:PORT" to "HOST:PORT". 0 or -EINVAL. */
@@ -67,9 +68,25 @@ int stk_client_refresh_routing(struct stk_client *c);
 int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req, size_t req_len,
 			 void *resp, size_t resp_cap, size_t *resp_len);
 
+/*
+ * stk_client_meta_call with the frame's origin set: a change this client forgets
+ * from its lookup cache itself (lcache.h), 0 for none.
+ */
+int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t opcode,
+			      const void *req, size_t req_len, void *resp, size_t resp_cap,
+			      size_t *resp_len);
+/* The address of meta from the routing table. 0 or -ENOTCONN (none known). */
+int stk_client_meta_addr(struct stk_client *c, char *addr);
+
 /* Encode-and-call helpers for the common reply shape (an stk_attr). */
 int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
 			      size_t req_len, struct stk_attr *attr);
+/*
+ * The same for a change of inode ino's attributes (META_SETATTR, META_EXTEND) sent
+ * with this client's origin: the lookup cache forgets ino itself, before and after.
+ */
+int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t opcode,
+				  const void *req, size_t req_len, struct stk_attr *attr);
 
 /*
  * Removes a file's chunks from every chain of its layout (after the last unlink),

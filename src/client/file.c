@@ -413,7 +413,7 @@ static int sync_locked(struct stk_file *f)
 		stk_wall_time(&m.mtime_sec, &m.mtime_nsec);
 		stk_wbuf_init(&w, req, sizeof(req));
 		stk_msg_meta_extend_req_enc(&w, &m);
-		rc = stk_client_meta_attr_call(c, STK_OP_META_EXTEND, req, w.len, NULL);
+		rc = stk_client_meta_attr_call_own(c, m.ino, STK_OP_META_EXTEND, req, w.len, NULL);
 		if (rc && !first)
 			first = rc;
 		if (!rc)

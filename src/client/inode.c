@@ -12,6 +12,7 @@
 
 #include "../common/util.h"
 #include "client.h"
+#include "lcache.h"
 #include "session.h"
 
 #define CRED(c, cred) ((cred) ? *(cred) : (c)->cred)
@@ -19,6 +20,38 @@
 static int name_ok(const char *name, char *dst)
 {
 	return stk_strlcpy_name(dst, name);
+}
+
+/*
+ * The lookup as META_LOOKUP_CACHE, its answer kept in the lookup cache when meta
+ * leased it. -ENOSYS: not asked (no trusted watch, or a meta without leases): the
+ * caller sends a plain META_LOOKUP.
+ */
+static int lookup_cached(stk_client *c, uint64_t parent, const char *name, const void *req,
+			 size_t req_len, struct stk_attr *out)
+{
+	struct stk_lcache_tok tok = stk_lcache_begin(c);
+	struct stk_msg_meta_lookup_cache_resp rm;
+	uint8_t resp[1024];
+	struct stk_rbuf r;
+	size_t len = 0;
+	int rc;
+
+	if (!tok.holder)
+		return -ENOSYS;
+	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_LOOKUP_CACHE, req, req_len, resp,
+				       sizeof(resp), &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, len);
+	if (stk_msg_meta_lookup_cache_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+		return -EIO;
+	if (rm.leased)
+		stk_lcache_put(c, tok, parent, name, rm.found, &rm.attr, &rm.dir);
+	if (!rm.found)
+		return -ENOENT;
+	*out = rm.attr;
+	return 0;
 }
 
 int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
@@ -31,8 +64,13 @@ int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 
 	if (rc)
 		return rc;
+	if (stk_lcache_get(c, cred, parent, name, out, &rc))
+		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_lookup_req_enc(&w, &m);
+	rc = lookup_cached(c, parent, name, req, w.len, out);
+	if (rc != -ENOSYS)
+		return rc;
 	return stk_client_meta_attr_call(c, STK_OP_META_LOOKUP, req, w.len, out);
 }
 
@@ -77,7 +115,7 @@ int stk_ino_setattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
 	}
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_setattr_req_enc(&w, &m);
-	rc = stk_client_meta_attr_call(c, STK_OP_META_SETATTR, req, w.len, &after);
+	rc = stk_client_meta_attr_call_own(c, ino, STK_OP_META_SETATTR, req, w.len, &after);
 	if (rc)
 		return rc;
 	if ((valid & STK_SETATTR_SIZE) && m.size < before.size) {
@@ -97,7 +135,8 @@ static int create_call(stk_client *c, const struct stk_cred *cred, uint64_t pare
 {
 	struct stk_msg_meta_create_req m = {
 	    .cred = CRED(c, cred), .parent = parent, .session = session};
-	struct stk_msg_meta_create_resp rm;
+	struct stk_msg_meta_create_resp rm = {0};
+	struct stk_lcache_tok tok;
 	uint8_t req[512], resp[512];
 	struct stk_wbuf w;
 	struct stk_rbuf r;
@@ -112,13 +151,24 @@ static int create_call(stk_client *c, const struct stk_cred *cred, uint64_t pare
 	stk_client_new_layout(c, parent, &m.layout);
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_create_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, STK_OP_META_CREATE, req, w.len, resp, sizeof(resp), &rlen);
+	/*
+	 * The name changes: this client forgets it itself after the reply (a lookup that
+	 * raced with the create then loses its answer), so meta need not tell it; the
+	 * new entry is kept as a lookup's answer would be. Until the reply, answering
+	 * from before the create is right: it has not happened yet for anyone.
+	 */
+	tok = stk_lcache_begin(c);
+	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_CREATE, req, w.len, resp,
+				       sizeof(resp), &rlen);
+	if (rc == 0) {
+		stk_rbuf_init(&r, resp, rlen);
+		if (stk_msg_meta_create_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+			rc = -EIO; /* with the session: meta registered the file, and keeps it
+				      until the session ends, as with a reply lost on the way */
+	}
+	stk_lcache_changed(c, tok, parent, name, rc == 0 && rm.leased, &rm.attr, &rm.dir);
 	if (rc)
 		return rc;
-	stk_rbuf_init(&r, resp, rlen);
-	if (stk_msg_meta_create_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
-		return -EIO; /* with the session: meta registered the file, and keeps it until
-				the session ends, as it would with a reply lost on the way */
 	*out = rm.attr;
 	*created = rm.created;
 	*opened = rm.opened && session && S_ISREG(rm.attr.mode);
@@ -219,12 +269,17 @@ int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t par
 		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_name_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, STK_OP_META_UNLINK, req, w.len, resp, sizeof(resp), &rlen);
+	rc = stk_client_meta_call_from(c, stk_lcache_origin(c), STK_OP_META_UNLINK, req, w.len,
+				       resp, sizeof(resp), &rlen);
+	if (rc == 0) {
+		stk_rbuf_init(&r, resp, rlen);
+		if (stk_msg_meta_unlink_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+			rc = -EIO;
+	}
+	/* As in create_call; and the inode's link count, under its other names. */
+	stk_lcache_forget_name(c, parent, m.name, rc == 0 ? rm.attr.ino : 0);
 	if (rc)
 		return rc;
-	stk_rbuf_init(&r, resp, rlen);
-	if (stk_msg_meta_unlink_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
-		return -EIO;
 	*after = rm.attr;
 	/* Open somewhere: meta keeps the file and removes its data at the last close. */
 	if (rm.orphaned)

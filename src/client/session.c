@@ -15,6 +15,7 @@
  * queue in one step under `mu`, and the same thread sends both in order, so a
  * queued close is neither lost nor counted twice.
  */
+#include "lcache.h"
 #include "session.h"
 
 #include <errno.h>
@@ -213,6 +214,7 @@ static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, siz
 {
 	struct stk_msg_meta_closes_req m = {.session = id, .n = (uint32_t)n};
 	size_t cap = 16 + n * 16; /* the header is 12 bytes, a record 13 */
+	struct stk_lcache_tok tok;
 	uint8_t *req = malloc(cap);
 	struct stk_wbuf w;
 	int rc;
@@ -231,7 +233,13 @@ static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, siz
 		stk_error("session: cannot encode %zu closes: %s", n, stk_strerror(w.err));
 		return w.err;
 	}
-	rc = stk_client_meta_call(c, STK_OP_META_CLOSES, req, w.len, NULL, 0, NULL);
+	/* The reads change atimes: this client forgets those itself (lcache.h). */
+	tok = stk_lcache_begin(c);
+	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_CLOSES, req, w.len, NULL, 0,
+				       NULL);
+	for (size_t i = 0; i < n; i++)
+		if (l[i].read)
+			stk_lcache_updated(c, tok, l[i].ino, NULL);
 	free(req);
 	return rc;
 }

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "../cli/cli.h"
+#include "../client/lcache.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
@@ -215,8 +216,44 @@ const struct fuse_lowlevel_ops *stk_fuse_metrics_start(const struct fuse_lowleve
 	return &wrapped;
 }
 
+static stk_metric_t cache_series[4];
+static stk_client *cache_client;
+
+static void collect_cache(void *ctx)
+{
+	struct stk_lcache_stats st;
+
+	(void)ctx;
+	stk_lcache_stats(cache_client, &st);
+	stk_metric_set_int(cache_series[0], (int64_t)st.hits);
+	stk_metric_set_int(cache_series[1], (int64_t)st.misses);
+	stk_metric_set_int(cache_series[2], (int64_t)st.revoked);
+	stk_metric_set_int(cache_series[3], (int64_t)st.resets);
+}
+
+void stk_fuse_metrics_cache(stk_client *c)
+{
+	static const char *const results[4] = {"hit", "miss", "revoked", "reset"};
+	int rc = 0;
+
+	if (!http)
+		return;
+	for (int i = 0; i < 4 && !rc; i++) {
+		const char *v[2] = {"fuse", results[i]};
+
+		rc = stk_metric_series(STK_M_CLIENT_LOOKUP_CACHE, v, &cache_series[i]);
+	}
+	cache_client = c;
+	if (rc || stk_metrics_collector_add(collect_cache, NULL))
+		stk_warn("metrics: the lookup cache is not counted");
+}
+
 void stk_fuse_metrics_stop(void)
 {
+	if (cache_client) {
+		stk_metrics_collector_remove(collect_cache, NULL);
+		cache_client = NULL;
+	}
 	stk_metrics_http_stop(http);
 	http = NULL;
 	/* The ops set stays: a request thread of the finished loop may still hold it. */

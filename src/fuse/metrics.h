@@ -11,6 +11,8 @@
 #include <fuse_lowlevel.h>
 #include <stdint.h>
 
+#include "stoker/stoker.h"
+
 /* -o metrics=VAL: remembers the address. 0, or -EINVAL (empty or too long). */
 int stk_fuse_metrics_opt(const char *val);
 
@@ -21,6 +23,11 @@ int stk_fuse_metrics_opt(const char *val);
  * printing why when the endpoint cannot start.
  */
 const struct fuse_lowlevel_ops *stk_fuse_metrics_start(const struct fuse_lowlevel_ops *inner);
+/*
+ * With -o metrics, once connected: counts c's lookup cache (lcache.h) as
+ * stoker_client_lookup_cache_total at every scrape. c must outlive the endpoint.
+ */
+void stk_fuse_metrics_cache(stk_client *c);
 /* After the session loop: stops the endpoint. */
 void stk_fuse_metrics_stop(void);
 

@@ -389,6 +389,7 @@ static int run_daemon(struct stk_fuse *fs, const char *mp, const char *fsname, i
 	ops = stk_fuse_metrics_start(stk_fuse_ops());
 	if (!ops)
 		goto out_fs;
+	stk_fuse_metrics_cache(fs->c);
 	fs->se = fuse_session_new(&args, ops, sizeof(struct fuse_lowlevel_ops), fs);
 	if (!fs->se) {
 		cli_err("mount", "cannot start a FUSE session (see above)");

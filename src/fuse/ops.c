@@ -54,6 +54,7 @@
 
 #include "../client/client.h"
 #include "../client/inode.h"
+#include "../client/lcache.h"
 #include "../client/session.h"
 #include "../common/log.h"
 #include "../common/util.h"
@@ -272,6 +273,9 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 			FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
 
 	conn->want |= want & conn->capable;
+	/* Here, in the process that serves the mount (not before it went to the background). */
+	if (stk_lcache_start(fs->c))
+		stk_warn("no lookup cache: every lookup goes to meta");
 	if (fs->o.writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
 		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
 	else

@@ -436,6 +436,89 @@ def test_two_mounts_close_to_open(cluster, make_mount):
     assert wait_for(lambda: os.path.isdir(os.path.join(m1.path, "fromb")), 3)
 
 
+def lookups_at_meta(cluster):
+    from test_metrics import scrape, total
+    samples, _ = scrape(cluster, "meta")
+    return sum(total(samples, "stoker_rpc_requests_total", op=op)
+               for op in ("META_LOOKUP", "META_LOOKUP_CACHE"))
+
+
+def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
+    # No kernel caching of names or attributes: every stat reaches the mount's own
+    # lookup cache, which must never answer from before a change another mount made.
+    nocache = ["entry_timeout=0", "attr_timeout=0"]
+    m1 = make_mount(cluster, "m1", opts=nocache)
+    m2 = make_mount(cluster, "m2", opts=nocache)
+    os.mkdir(os.path.join(m1.path, "d"))
+    a = lambda n: os.path.join(m1.path, "d", n)
+    b = lambda n: os.path.join(m2.path, "d", n)
+    with open(b("f"), "wb") as f:
+        f.write(b"x" * 10)
+    assert os.stat(a("f")).st_size == 10
+    # answered by m1 itself now: repeated stats do not reach meta
+    before = lookups_at_meta(cluster)
+    for _ in range(50):
+        assert os.stat(a("f")).st_size == 10
+    assert lookups_at_meta(cluster) - before < 10
+    # every change through m2 is seen through m1 at once, no waiting
+    os.chmod(b("f"), 0o600)
+    assert stat.S_IMODE(os.stat(a("f")).st_mode) == 0o600
+    with open(b("f"), "ab") as f:
+        f.write(b"y" * 5)
+    assert os.stat(a("f")).st_size == 15
+    assert errno_of(os.stat, a("g")) == errno.ENOENT  # a cached "no such name"
+    open(b("g"), "wb").close()
+    assert os.stat(a("g")).st_size == 0
+    os.rename(b("g"), b("h"))
+    assert errno_of(os.stat, a("g")) == errno.ENOENT and os.path.exists(a("h"))
+    os.link(b("h"), b("h2"))
+    assert os.stat(a("h")).st_nlink == 2
+    os.unlink(b("h"))
+    assert errno_of(os.stat, a("h")) == errno.ENOENT and os.stat(a("h2")).st_nlink == 1
+    os.mkdir(b("sub"))
+    assert os.path.isdir(a("sub"))
+    os.rmdir(b("sub"))
+    assert errno_of(os.stat, a("sub")) == errno.ENOENT
+    # and m1's own changes show in m1 at once too
+    os.unlink(a("f"))
+    assert errno_of(os.stat, a("f")) == errno.ENOENT
+    assert errno_of(os.stat, b("f")) == errno.ENOENT
+    # search permission is checked on cached answers as meta checks it
+    os.chmod(os.path.join(m2.path, "d"), 0o700)
+    out = run(["setpriv", "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups",
+               "/usr/bin/python3", "-c",
+               "import os,sys\ntry:\n os.stat(sys.argv[1]); print('ok')\n"
+               "except OSError as e: print(e.errno)", a("h2")], check=False)
+    assert out.stdout.decode().strip() == str(errno.EACCES), out
+
+
+def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
+    # A mount killed while it holds leases must not hold up others' changes for long.
+    nocache = ["entry_timeout=0", "attr_timeout=0"]
+    m1 = make_mount(cluster, "m1", opts=nocache)
+    m2 = make_mount(cluster, "m2", opts=nocache)
+    for i in range(20):
+        open(os.path.join(m2.path, "f%d" % i), "wb").close()
+    for i in range(20):
+        os.stat(os.path.join(m1.path, "f%d" % i))
+    pid = m1.pid()
+    os.kill(pid, signal.SIGSTOP)  # alive, holding leases, acknowledging nothing
+    try:
+        t0 = time.monotonic()
+        os.unlink(os.path.join(m2.path, "f0"))
+        waited = time.monotonic() - t0
+        assert 1.5 < waited < 10, waited  # meta waited out m1's trust, then went on
+        t0 = time.monotonic()
+        os.unlink(os.path.join(m2.path, "f1"))
+        assert time.monotonic() - t0 < 1.5  # m1's cache was reset: no waiting again
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # m1 stopped trusting its cache while stopped: it sees the changes at once
+    assert not os.path.exists(os.path.join(m1.path, "f0"))
+    assert not os.path.exists(os.path.join(m1.path, "f1"))
+    assert os.path.exists(os.path.join(m1.path, "f2"))
+
+
 NOBODY_SCRIPT = r"""
 import errno, os, sys
 root = sys.argv[1]

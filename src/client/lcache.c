@@ -1,0 +1,526 @@
+/*
+ * The lookup cache and its watch thread (lcache.h says what it promises).
+ *
+ * Entries sit in a direct-mapped table by hash of (folder, name); a newer answer
+ * evicts what was in its slot. Names of LC_NAME bytes or more, "." and ".." are
+ * never cached. One mutex guards the table, the generations and the watch state:
+ * each section under it is a few loads and a compare.
+ */
+#include "lcache.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../meta/leases.h"
+#include "../net/net.h"
+#include "../proto/wire.h"
+#include "client.h"
+#include "session.h"
+
+#define LC_SLOTS (1u << 16)
+#define LC_NAME 48
+#define LC_GENS (1u << 20) /* 4 MiB: few inodes share a generation */
+#define LC_LOG 256u /* forgets remembered, so that a lookup in flight can tell if one hit it */
+#define LOG_NAME 0x80000000u /* a log entry naming a slot (a name), not a generation */
+#define LOG_ALL 0xffffffffu
+#define WATCH_WAIT_MS 500u
+#define TRUST_NS ((STK_LEASE_VALID_MS - 100ull) * 1000000ull)
+#define KEEP_NS ((STK_LEASE_GRANT_MS - 1000ull) * 1000000ull)
+
+struct lc_ent {
+	uint64_t parent;
+	uint64_t epoch;
+	uint64_t expires_ns;
+	uint32_t pgen, cgen;
+	uint8_t used, found;
+	char name[LC_NAME];
+	uint32_t dmode, duid, dgid; /* the folder's, for the search permission */
+	struct stk_attr attr;
+};
+
+struct stk_lcache {
+	pthread_mutex_t mu;
+	uint64_t epoch; /* bumped when everything goes (reset, broken watch) */
+	uint64_t rev;	/* counts revocations and forgets; log[rev % LC_LOG] says what each hit */
+	uint32_t log[LC_LOG];
+	uint64_t trust_until_ns;
+	uint32_t holder; /* 0: no watch answered */
+	int stop, off, have_thread;
+	pthread_t thr;
+	struct stk_lcache_stats st;
+	uint32_t gen[LC_GENS];
+	uint32_t by_ino[LC_SLOTS]; /* a hint: the slot last filled with the inode's entry */
+	struct lc_ent e[LC_SLOTS];
+};
+
+static uint32_t gen_of(uint64_t ino)
+{
+	return (uint32_t)((ino * 0x9e3779b97f4a7c15ull) >> 40) & (LC_GENS - 1);
+}
+
+static uint32_t slot_of(uint64_t parent, const char *name)
+{
+	uint64_t h = parent * 0x100000001b3ull ^ 0xcbf29ce484222325ull;
+
+	for (; *name; name++)
+		h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
+	return (uint32_t)(h ^ (h >> 29)) & (LC_SLOTS - 1);
+}
+
+static uint32_t ino_slot(uint64_t ino)
+{
+	return (uint32_t)((ino * 0xff51afd7ed558ccdull) >> 32) & (LC_SLOTS - 1);
+}
+
+static int cacheable(const char *name)
+{
+	size_t n = strlen(name);
+
+	return n > 0 && n < LC_NAME && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+/* With the mutex: everything cached goes; trust ends until the next answered watch. */
+static void drop_all(struct stk_lcache *l)
+{
+	l->epoch++;
+	l->rev++;
+	l->log[l->rev % LC_LOG] = LOG_ALL;
+	l->trust_until_ns = 0;
+	l->holder = 0;
+	l->st.resets++;
+}
+
+static int in_group(const struct stk_cred *cr, uint32_t gid)
+{
+	if (cr->gid == gid)
+		return 1;
+	for (unsigned i = 0; i < cr->ngroups && i < STK_MAX_GROUPS; i++)
+		if (cr->groups[i] == gid)
+			return 1;
+	return 0;
+}
+
+/* Search (x) permission on the folder, as meta checks it. */
+static int may_search(const struct stk_cred *cr, const struct lc_ent *e)
+{
+	unsigned bits;
+
+	if (cr->uid == 0)
+		return 1;
+	if (cr->uid == e->duid)
+		bits = e->dmode >> 6;
+	else if (in_group(cr, e->dgid))
+		bits = e->dmode >> 3;
+	else
+		bits = e->dmode;
+	return bits & 1;
+}
+
+int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		   struct stk_attr *out, int *rc)
+{
+	struct stk_lcache *l = c->lc;
+	const struct stk_cred *cr = cred ? cred : &c->cred;
+	struct lc_ent *e;
+	uint64_t now;
+	int hit = 0;
+
+	if (!l || l->off || !cacheable(name))
+		return 0;
+	now = stk_now_ns();
+	e = &l->e[slot_of(parent, name)];
+	pthread_mutex_lock(&l->mu);
+	if (e->used && e->parent == parent && now < l->trust_until_ns && e->epoch == l->epoch &&
+	    now < e->expires_ns && e->pgen == l->gen[gen_of(parent)] &&
+	    (!e->found || e->cgen == l->gen[gen_of(e->attr.ino)]) && strcmp(e->name, name) == 0) {
+		hit = 1;
+		if (!may_search(cr, e)) {
+			*rc = -EACCES;
+		} else if (!e->found) {
+			*rc = -ENOENT;
+		} else {
+			*rc = 0;
+			*out = e->attr;
+		}
+	}
+	if (hit)
+		l->st.hits++;
+	else
+		l->st.misses++;
+	pthread_mutex_unlock(&l->mu);
+	return hit;
+}
+
+struct stk_lcache_tok stk_lcache_begin(stk_client *c)
+{
+	struct stk_lcache *l = c->lc;
+	struct stk_lcache_tok t = {0};
+
+	if (!l || l->off)
+		return t;
+	t.t_ns = stk_now_ns();
+	pthread_mutex_lock(&l->mu);
+	t.epoch = l->epoch;
+	t.rev = l->rev;
+	t.holder = t.t_ns < l->trust_until_ns ? l->holder : 0;
+	pthread_mutex_unlock(&l->mu);
+	return t;
+}
+
+/* With the mutex. */
+static void bump(struct stk_lcache *l, uint64_t ino)
+{
+	l->gen[gen_of(ino)]++;
+	l->rev++;
+	l->log[l->rev % LC_LOG] = gen_of(ino);
+}
+
+/*
+ * With the mutex: did a forget or revocation since tok touch the folder's names,
+ * this name, or the inode (ino 0: not known)? Too long ago to tell counts as yes.
+ */
+static int touched(const struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t parent,
+		   const char *name, uint64_t ino)
+{
+	uint32_t p = gen_of(parent), n = LOG_NAME | slot_of(parent, name);
+	uint32_t i = ino ? gen_of(ino) : LOG_ALL;
+
+	if (tok.epoch != l->epoch || l->rev - tok.rev >= LC_LOG)
+		return 1;
+	for (uint64_t r = tok.rev + 1; r <= l->rev; r++) {
+		uint32_t v = l->log[r % LC_LOG];
+
+		if (v == p || v == n || v == i || v == LOG_ALL)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * With the mutex: this client changed what parent's name names; nothing else in the
+ * folder changed. Lookups in flight lose their answers (rev).
+ */
+static void forget_name(struct stk_lcache *l, uint64_t parent, const char *name)
+{
+	uint32_t slot = slot_of(parent, name);
+	struct lc_ent *e = &l->e[slot];
+
+	if (e->used && e->parent == parent && strcmp(e->name, name) == 0)
+		e->used = 0;
+	l->rev++;
+	l->log[l->rev % LC_LOG] = LOG_NAME | slot;
+}
+
+/* With the mutex: keeps the answer (ok: nothing touched it since tok). */
+static void put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t parent,
+		       const char *name, int found, const struct stk_attr *attr,
+		       const struct stk_attr *dir, int ok)
+{
+	struct lc_ent *e = &l->e[slot_of(parent, name)];
+
+	if (ok && tok.holder && cacheable(name) && tok.epoch == l->epoch &&
+	    tok.holder == l->holder) {
+		e->used = 1;
+		e->parent = parent;
+		e->epoch = tok.epoch;
+		e->expires_ns = tok.t_ns + KEEP_NS;
+		e->pgen = l->gen[gen_of(parent)];
+		e->found = (uint8_t)(found != 0);
+		if (found) {
+			e->attr = *attr;
+			e->cgen = l->gen[gen_of(attr->ino)];
+			l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
+		}
+		e->dmode = dir->mode;
+		e->duid = dir->uid;
+		e->dgid = dir->gid;
+		memcpy(e->name, name, strlen(name) + 1);
+	}
+}
+
+void stk_lcache_put(stk_client *c, struct stk_lcache_tok tok, uint64_t parent, const char *name,
+		    int found, const struct stk_attr *attr, const struct stk_attr *dir)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l || l->off)
+		return;
+	pthread_mutex_lock(&l->mu);
+	put_locked(l, tok, parent, name, found, attr, dir,
+		   !touched(l, tok, parent, name, found ? attr->ino : 0));
+	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t parent, const char *name,
+			int leased, const struct stk_attr *attr, const struct stk_attr *dir)
+{
+	struct stk_lcache *l = c->lc;
+	int ok;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	/* Before this client's own forget, which the entry then comes after. */
+	ok = leased && !l->off && !touched(l, tok, parent, name, attr->ino);
+	forget_name(l, parent, name);
+	put_locked(l, tok, parent, name, 1, attr, dir, ok);
+	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	forget_name(l, parent, name);
+	if (ino)
+		bump(l, ino);
+	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_lcache_updated(stk_client *c, struct stk_lcache_tok tok, uint64_t ino,
+			const struct stk_attr *attr)
+{
+	struct stk_lcache *l = c->lc;
+	struct lc_ent *e;
+	uint32_t was;
+	int ok;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	ok = attr && attr->ino == ino && !l->off && !touched(l, tok, 0, "", ino);
+	was = l->gen[gen_of(ino)];
+	bump(l, ino);
+	e = &l->e[l->by_ino[ino_slot(ino)]];
+	if (ok && e->used && e->found && e->attr.ino == ino && e->epoch == l->epoch &&
+	    e->cgen == was && e->pgen == l->gen[gen_of(e->parent)]) {
+		e->attr = *attr;
+		e->cgen = l->gen[gen_of(ino)];
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
+uint32_t stk_lcache_origin(stk_client *c)
+{
+	struct stk_lcache *l = c->lc;
+	uint32_t h;
+
+	if (!l || l->off)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	h = l->holder;
+	pthread_mutex_unlock(&l->mu);
+	return h;
+}
+
+void stk_lcache_stats(stk_client *c, struct stk_lcache_stats *out)
+{
+	struct stk_lcache *l = c->lc;
+
+	memset(out, 0, sizeof(*out));
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	*out = l->st;
+	pthread_mutex_unlock(&l->mu);
+}
+
+/* ---- the watch ---- */
+
+static int stopping(struct stk_lcache *l)
+{
+	int s;
+
+	pthread_mutex_lock(&l->mu);
+	s = l->stop;
+	pthread_mutex_unlock(&l->mu);
+	return s;
+}
+
+/* Sleeps ms in short steps, waking early when the client goes. */
+static void nap(struct stk_lcache *l, unsigned ms)
+{
+	for (unsigned t = 0; t < ms && !stopping(l); t += 50)
+		usleep(50000);
+}
+
+/*
+ * One watch: sends it on conn, applies the reply. 0, -ENOSYS (meta has no leases),
+ * or another -errno (the connection is then to be dropped).
+ */
+static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, uint32_t *holder,
+		      uint64_t *acked, uint8_t *resp, size_t cap)
+{
+	struct stk_lcache *l = c->lc;
+	struct stk_msg_meta_watch_req q = {
+	    .session = session, .holder = *holder, .acked = *acked, .wait_ms = WATCH_WAIT_MS};
+	struct stk_msg_meta_watch_resp r;
+	uint8_t req[64];
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	uint64_t sent;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_watch_req_enc(&w, &q);
+	struct stk_rpc rpc = {.opcode = STK_OP_META_WATCH,
+			      .req = req,
+			      .req_len = w.len,
+			      .resp = resp,
+			      .resp_cap = cap};
+	sent = stk_now_ns();
+	rc = stk_rpc_call(conn, &rpc);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&rb, resp, rpc.resp_len);
+	if (stk_msg_meta_watch_resp_dec(&rb, &r) || r.n > STK_WATCH_RECS_MAX)
+		return -EBADMSG;
+	pthread_mutex_lock(&l->mu);
+	if (r.reset || r.holder != *holder)
+		drop_all(l);
+	for (uint32_t i = 0; i < r.n; i++) {
+		struct stk_msg_watch_rec rec;
+
+		if (stk_msg_watch_rec_dec(&rb, &rec)) {
+			drop_all(l); /* cut short: trust nothing */
+			pthread_mutex_unlock(&l->mu);
+			return -EBADMSG;
+		}
+		bump(l, rec.ino);
+		l->st.revoked++;
+	}
+	if (stk_rbuf_finish(&rb)) {
+		drop_all(l);
+		pthread_mutex_unlock(&l->mu);
+		return -EBADMSG;
+	}
+	*acked = r.seq;
+	*holder = r.holder;
+	l->holder = r.holder;
+	l->trust_until_ns = sent + TRUST_NS;
+	pthread_mutex_unlock(&l->mu);
+	return 0;
+}
+
+static void *watch_main(void *arg)
+{
+	stk_client *c = arg;
+	struct stk_lcache *l = c->lc;
+	size_t cap = 64 + (size_t)STK_WATCH_RECS_MAX * 8;
+	uint8_t *resp = malloc(cap);
+	struct stk_conn *conn = NULL;
+	uint64_t acked = 0;
+	uint32_t holder = 0; /* kept across reconnects: meta may still know it */
+
+	while (resp && !stopping(l)) {
+		uint64_t session = stk_session_id(c);
+		char addr[STK_ADDR_MAX];
+		int rc;
+
+		if (!session) {
+			rc = -ENOSYS; /* sessions off: no leases either */
+		} else if (!conn) {
+			rc = stk_client_meta_addr(c, addr);
+			if (rc == 0)
+				rc = stk_conn_connect(addr, 1000, &conn);
+			if (rc) {
+				conn = NULL;
+				nap(l, 200);
+				continue;
+			}
+			rc = watch_once(c, conn, session, &holder, &acked, resp, cap);
+		} else {
+			rc = watch_once(c, conn, session, &holder, &acked, resp, cap);
+		}
+		if (rc == -ENOSYS) {
+			stk_debug("meta keeps no leases: lookups are not cached");
+			pthread_mutex_lock(&l->mu);
+			drop_all(l);
+			l->off = 1;
+			pthread_mutex_unlock(&l->mu);
+			break;
+		}
+		if (rc) {
+			pthread_mutex_lock(&l->mu);
+			drop_all(l);
+			pthread_mutex_unlock(&l->mu);
+			if (conn && stk_conn_broken(conn)) {
+				stk_conn_close(conn);
+				conn = NULL;
+			}
+			nap(l, rc == -EAGAIN ? 1000 : 100);
+		}
+	}
+	if (conn)
+		stk_conn_close(conn);
+	free(resp);
+	return NULL;
+}
+
+int stk_lcache_start(stk_client *c)
+{
+	struct stk_lcache *l;
+	const char *e = getenv("STOKER_LOOKUP_CACHE");
+
+	if (c->lc || (e && strcmp(e, "0") == 0))
+		return 0;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	pthread_mutex_init(&l->mu, NULL);
+	c->lc = l;
+	if (pthread_create(&l->thr, NULL, watch_main, c)) {
+		c->lc = NULL;
+		pthread_mutex_destroy(&l->mu);
+		free(l);
+		return -EAGAIN;
+	}
+	l->have_thread = 1;
+	return 0;
+}
+
+void stk_lcache_stop(stk_client *c)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	l->stop = 1;
+	drop_all(l);
+	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_lcache_destroy(stk_client *c)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l)
+		return;
+	if (l->have_thread)
+		pthread_join(l->thr, NULL);
+	c->lc = NULL;
+	pthread_mutex_destroy(&l->mu);
+	free(l);
+}
+
+void stk_lcache_after_fork(stk_client *c)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l)
+		return;
+	pthread_mutex_init(&l->mu, NULL);
+	l->have_thread = 0;
+	l->off = 1;
+	drop_all(l);
+}

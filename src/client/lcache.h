@@ -1,0 +1,97 @@
+/*
+ * The client's lookup cache: answers (folder, name) -> inode and attributes, and
+ * "no such name", without a round trip to meta, for as long as meta's lease on
+ * the answer holds (src/meta/leases.h).
+ *
+ * A background thread keeps a watch open on meta (META_WATCH): every inode it
+ * names drops whatever the cache holds about it (as a folder: its names; as an
+ * inode: its attributes). Meta answers a change only after every other client
+ * with a lease on what it touched has acknowledged that, so a cached answer is
+ * never older than the last change anyone was answered. The cache is trusted
+ * only while the watch is answered within STK_LEASE_VALID_MS of being sent;
+ * a broken watch, or a reset from meta, empties it.
+ *
+ * Changes this client makes itself are sent with its holder id as the frame's
+ * origin; meta then leaves this client out of the revocations and the client
+ * forgets what the change touched itself, after the reply, at the same instant as
+ * it keeps the new state when it can (stk_lcache_changed, _updated). Until then
+ * answering from before the change is right: it has not happened yet. Requests
+ * without the origin are revoked like anyone's.
+ *
+ * Invalidation is by inode: the cache keeps a generation per hash of an inode, an
+ * entry remembers those of its folder and inode, and a revocation bumps them. A
+ * lookup's reply is kept only if no revocation at all came between its request
+ * and its reply (stk_lcache_begin/put).
+ *
+ * Off unless stk_lcache_start is called (the mount does; STOKER_LOOKUP_CACHE=0
+ * keeps it off), and off for good against a meta without META_WATCH or without
+ * sessions. Threads: every function may be called from any thread.
+ */
+#ifndef STK_CLIENT_LCACHE_H
+#define STK_CLIENT_LCACHE_H
+
+#include <stdint.h>
+
+#include "stoker/stoker.h"
+
+#include "../proto/msg.h"
+
+struct stk_lcache;
+
+/* Starts the cache and its watch thread. 0, or -errno (the client then goes without). */
+int stk_lcache_start(stk_client *c);
+/* At disconnect, before the session ends: the watch thread stops at its next wake. */
+void stk_lcache_stop(stk_client *c);
+/* At disconnect, after the session ended (which wakes a parked watch): joins and frees. */
+void stk_lcache_destroy(stk_client *c);
+/* In a child after fork(): no thread there; the cache is off in the child. */
+void stk_lcache_after_fork(stk_client *c);
+
+struct stk_lcache_tok {
+	uint64_t epoch, rev, t_ns;
+	uint32_t holder; /* 0: not trusted now, do not ask for a lease */
+};
+
+/*
+ * A cached answer for cred: 1 with *rc 0 (*out the inode's attributes) or -ENOENT
+ * or -EACCES (no search permission on the folder), 0 when there is none to trust.
+ */
+int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		   struct stk_attr *out, int *rc);
+/* Before a lookup that may be cached: the state its answer must still match. */
+struct stk_lcache_tok stk_lcache_begin(stk_client *c);
+/* Keeps a leased answer (found 0: no such name), unless anything was revoked since tok. */
+void stk_lcache_put(stk_client *c, struct stk_lcache_tok tok, uint64_t parent, const char *name,
+		    int found, const struct stk_attr *attr, const struct stk_attr *dir);
+/*
+ * After this client created `name` in parent (tok taken before the request):
+ * forgets the name (lookups that raced with the create lose their answers)
+ * and, at the same instant, keeps the new entry (attr, dir) if meta leased it
+ * (leased 1) and nothing was revoked or forgotten since tok. attr and dir may be
+ * NULL when leased is 0.
+ */
+void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t parent, const char *name,
+			int leased, const struct stk_attr *attr, const struct stk_attr *dir);
+/*
+ * This client created or removed parent's `name` (nothing else in the folder
+ * changed) and changed inode ino's attributes (0: none): forget those.
+ */
+void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino);
+/*
+ * After this client changed inode ino's attributes (tok taken before the request):
+ * forgets ino (lookups that raced with the change lose) and, at the same instant, puts attr (the
+ * reply's; NULL when the change failed) into ino's cached entry if nothing else
+ * touched ino since tok, so that the entry outlives this client's own writes.
+ */
+void stk_lcache_updated(stk_client *c, struct stk_lcache_tok tok, uint64_t ino,
+			const struct stk_attr *attr);
+/* The origin for a change this client forgets itself; 0 when the cache is off. */
+uint32_t stk_lcache_origin(stk_client *c);
+
+/* Counts for the mount's /metrics and tests. */
+struct stk_lcache_stats {
+	uint64_t hits, misses, revoked, resets;
+};
+void stk_lcache_stats(stk_client *c, struct stk_lcache_stats *out);
+
+#endif
