@@ -225,8 +225,12 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 		  uint32_t mode, struct stk_attr *out)
 {
 	struct stk_msg_meta_mkdir_req m = {.cred = CRED(c, cred), .parent = parent};
-	uint8_t req[512];
+	struct stk_msg_meta_mkdir_resp rm = {0};
+	struct stk_lcache_tok tok;
+	uint8_t req[512], resp[1024];
 	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
 	int rc = name_ok(name, m.name);
 
 	if (rc)
@@ -234,7 +238,23 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	m.mode = (mode & 07777) | S_IFDIR;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_mkdir_req_enc(&w, &m);
-	return stk_client_meta_attr_call(c, STK_OP_META_MKDIR, req, w.len, out);
+	/* As in create_call; a new folder is empty, so its names are all known here. */
+	tok = stk_lcache_begin(c);
+	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_MKDIR, req, w.len, resp,
+				       sizeof(resp), &rlen);
+	if (rc == 0) {
+		stk_rbuf_init(&r, resp, rlen);
+		if (stk_msg_meta_mkdir_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
+			rc = -EIO;
+	}
+	stk_lcache_changed(c, tok, parent, name, rc == 0 && rm.leased, &rm.attr, &rm.dir);
+	if (rc)
+		return rc;
+	if (rm.leased && rm.empty)
+		stk_lcache_complete(c, tok, &rm.attr);
+	if (out)
+		*out = rm.attr;
+	return 0;
 }
 
 static int name_req(stk_client *c, const struct stk_cred *cred, uint16_t op, uint64_t parent,
@@ -277,7 +297,7 @@ int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t par
 			rc = -EIO;
 	}
 	/* As in create_call; and the inode's link count, under its other names. */
-	stk_lcache_forget_name(c, parent, m.name, rc == 0 ? rm.attr.ino : 0);
+	stk_lcache_forget_name(c, parent, m.name, rc == 0 ? rm.attr.ino : 0, rc != 0);
 	if (rc)
 		return rc;
 	*after = rm.attr;

@@ -1,10 +1,15 @@
 /*
  * The lookup cache and its watch thread (lcache.h says what it promises).
  *
- * Entries sit in a direct-mapped table by hash of (folder, name); a newer answer
- * evicts what was in its slot. Names of LC_NAME bytes or more, "." and ".." are
- * never cached. One mutex guards the table, the generations and the watch state:
- * each section under it is a few loads and a compare.
+ * Entries sit in a table of sets of LC_WAYS by hash of (folder, name); a new
+ * answer takes its own slot, else a stale one, else a "no such name", else the
+ * set's next victim. Names of LC_NAME bytes or more, "." and ".." are never
+ * cached. A folder this client made (empty, leased) is *complete*: every name in
+ * it is in the table, so a name not there does not exist, until anything about
+ * the folder is revoked or forgotten, a create in it is not kept, or one of its
+ * names is given up for another entry. One mutex guards the table, the
+ * generations and the watch state: each section under it is a few loads and a
+ * compare.
  */
 #include "lcache.h"
 
@@ -26,6 +31,8 @@
 #define LC_SLOTS (1u << 16)
 #define LC_NAME 48
 #define LC_GENS (1u << 20) /* 4 MiB: few inodes share a generation */
+#define LC_WAYS 4u	   /* entries per set */
+#define LC_DIRS 4096u	   /* records of folders whose every name is known here */
 #define LC_LOG 256u /* forgets remembered, so that a lookup in flight can tell if one hit it */
 #define LOG_NAME 0x80000000u /* a log entry naming a slot (a name), not a generation */
 #define LOG_ALL 0xffffffffu
@@ -44,6 +51,13 @@ struct lc_ent {
 	struct stk_attr attr;
 };
 
+/* A folder whose every name is in the table (it was made empty here, and kept). */
+struct lc_dir {
+	uint64_t ino, epoch, expires_ns;
+	uint32_t gen; /* its generation then: any revocation or forget of it ends this */
+	uint32_t mode, uid, gid;
+};
+
 struct stk_lcache {
 	pthread_mutex_t mu;
 	uint64_t epoch; /* bumped when everything goes (reset, broken watch) */
@@ -56,7 +70,9 @@ struct stk_lcache {
 	struct stk_lcache_stats st;
 	uint32_t gen[LC_GENS];
 	uint32_t by_ino[LC_SLOTS]; /* a hint: the slot last filled with the inode's entry */
+	unsigned victim;	   /* the way a full set gives up next */
 	struct lc_ent e[LC_SLOTS];
+	struct lc_dir d[LC_DIRS];
 };
 
 static uint32_t gen_of(uint64_t ino)
@@ -64,18 +80,24 @@ static uint32_t gen_of(uint64_t ino)
 	return (uint32_t)((ino * 0x9e3779b97f4a7c15ull) >> 40) & (LC_GENS - 1);
 }
 
-static uint32_t slot_of(uint64_t parent, const char *name)
+/* The first slot of the set (parent, name) lives in. */
+static uint32_t set_of(uint64_t parent, const char *name)
 {
 	uint64_t h = parent * 0x100000001b3ull ^ 0xcbf29ce484222325ull;
 
 	for (; *name; name++)
 		h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
-	return (uint32_t)(h ^ (h >> 29)) & (LC_SLOTS - 1);
+	return (uint32_t)(h ^ (h >> 29)) & (LC_SLOTS - LC_WAYS);
 }
 
 static uint32_t ino_slot(uint64_t ino)
 {
 	return (uint32_t)((ino * 0xff51afd7ed558ccdull) >> 32) & (LC_SLOTS - 1);
+}
+
+static uint32_t dir_slot(uint64_t ino)
+{
+	return (uint32_t)((ino * 0xc4ceb9fe1a85ec53ull) >> 32) & (LC_DIRS - 1);
 }
 
 static int cacheable(const char *name)
@@ -106,20 +128,59 @@ static int in_group(const struct stk_cred *cr, uint32_t gid)
 	return 0;
 }
 
-/* Search (x) permission on the folder, as meta checks it. */
-static int may_search(const struct stk_cred *cr, const struct lc_ent *e)
+/* Search (x) permission on a folder of that mode and owner, as meta checks it. */
+static int may_search(const struct stk_cred *cr, uint32_t mode, uint32_t uid, uint32_t gid)
 {
 	unsigned bits;
 
 	if (cr->uid == 0)
 		return 1;
-	if (cr->uid == e->duid)
-		bits = e->dmode >> 6;
-	else if (in_group(cr, e->dgid))
-		bits = e->dmode >> 3;
+	if (cr->uid == uid)
+		bits = mode >> 6;
+	else if (in_group(cr, gid))
+		bits = mode >> 3;
 	else
-		bits = e->dmode;
+		bits = mode;
 	return bits & 1;
+}
+
+/* With the mutex: e may be answered from now. */
+static int ent_valid(const struct stk_lcache *l, const struct lc_ent *e, uint64_t now)
+{
+	return e->used && e->epoch == l->epoch && now < e->expires_ns &&
+	       e->pgen == l->gen[gen_of(e->parent)] &&
+	       (!e->found || e->cgen == l->gen[gen_of(e->attr.ino)]);
+}
+
+/* With the mutex: the entry of (parent, name), valid or not, or NULL. */
+static struct lc_ent *ent_find(struct stk_lcache *l, uint64_t parent, const char *name)
+{
+	struct lc_ent *set = &l->e[set_of(parent, name)];
+
+	for (unsigned w = 0; w < LC_WAYS; w++)
+		if (set[w].used && set[w].parent == parent && strcmp(set[w].name, name) == 0)
+			return &set[w];
+	return NULL;
+}
+
+/* With the mutex: folder ino's record if every name in it is known here, or NULL. */
+static struct lc_dir *dir_complete(struct stk_lcache *l, uint64_t ino, uint64_t now)
+{
+	struct lc_dir *d = &l->d[dir_slot(ino)];
+
+	return d->ino == ino && d->epoch == l->epoch && now < d->expires_ns &&
+		       d->gen == l->gen[gen_of(ino)]
+		   ? d
+		   : NULL;
+}
+
+/* With the mutex: a name of folder ino is no longer known here. */
+static void dir_incomplete(struct stk_lcache *l, uint64_t ino)
+{
+	struct lc_dir *d = &l->d[dir_slot(ino)];
+
+	if (d->ino == ino)
+		d->ino = 0;
 }
 
 int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
@@ -128,27 +189,33 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	struct stk_lcache *l = c->lc;
 	const struct stk_cred *cr = cred ? cred : &c->cred;
 	struct lc_ent *e;
+	struct lc_dir *d;
 	uint64_t now;
 	int hit = 0;
 
 	if (!l || l->off || !cacheable(name))
 		return 0;
 	now = stk_now_ns();
-	e = &l->e[slot_of(parent, name)];
 	pthread_mutex_lock(&l->mu);
-	if (e->used && e->parent == parent && now < l->trust_until_ns && e->epoch == l->epoch &&
-	    now < e->expires_ns && e->pgen == l->gen[gen_of(parent)] &&
-	    (!e->found || e->cgen == l->gen[gen_of(e->attr.ino)]) && strcmp(e->name, name) == 0) {
+	if (now >= l->trust_until_ns)
+		goto out;
+	e = ent_find(l, parent, name);
+	if (e && ent_valid(l, e, now)) {
 		hit = 1;
-		if (!may_search(cr, e)) {
+		if (!may_search(cr, e->dmode, e->duid, e->dgid))
 			*rc = -EACCES;
-		} else if (!e->found) {
+		else if (!e->found)
 			*rc = -ENOENT;
-		} else {
+		else {
 			*rc = 0;
 			*out = e->attr;
 		}
+	} else if (!e && (d = dir_complete(l, parent, now))) {
+		/* Not among the folder's names, all of which are known here. */
+		hit = 1;
+		*rc = may_search(cr, d->mode, d->uid, d->gid) ? -ENOENT : -EACCES;
 	}
+out:
 	if (hit)
 		l->st.hits++;
 	else
@@ -188,7 +255,7 @@ static void bump(struct stk_lcache *l, uint64_t ino)
 static int touched(const struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t parent,
 		   const char *name, uint64_t ino)
 {
-	uint32_t p = gen_of(parent), n = LOG_NAME | slot_of(parent, name);
+	uint32_t p = gen_of(parent), n = LOG_NAME | set_of(parent, name);
 	uint32_t i = ino ? gen_of(ino) : LOG_ALL;
 
 	if (tok.epoch != l->epoch || l->rev - tok.rev >= LC_LOG)
@@ -204,44 +271,78 @@ static int touched(const struct stk_lcache *l, struct stk_lcache_tok tok, uint64
 
 /*
  * With the mutex: this client changed what parent's name names; nothing else in the
- * folder changed. Lookups in flight lose their answers (rev).
+ * folder changed. Lookups in flight lose their answers (the log). failed: the
+ * change may not have happened, so the name's state is unknown here.
  */
-static void forget_name(struct stk_lcache *l, uint64_t parent, const char *name)
+static void forget_name(struct stk_lcache *l, uint64_t parent, const char *name, int failed)
 {
-	uint32_t slot = slot_of(parent, name);
-	struct lc_ent *e = &l->e[slot];
+	struct lc_ent *e = ent_find(l, parent, name);
 
-	if (e->used && e->parent == parent && strcmp(e->name, name) == 0)
+	if (e)
 		e->used = 0;
+	if (failed)
+		dir_incomplete(l, parent);
 	l->rev++;
-	l->log[l->rev % LC_LOG] = LOG_NAME | slot;
+	l->log[l->rev % LC_LOG] = LOG_NAME | set_of(parent, name);
 }
 
-/* With the mutex: keeps the answer (ok: nothing touched it since tok). */
-static void put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t parent,
-		       const char *name, int found, const struct stk_attr *attr,
-		       const struct stk_attr *dir, int ok)
+/*
+ * With the mutex: the slot for (parent, name): its own, else a free or stale one,
+ * else a "no such name", else the set's next victim. A name given up takes its
+ * folder's completeness with it.
+ */
+static struct lc_ent *ent_slot(struct stk_lcache *l, uint64_t parent, const char *name,
+			       uint64_t now)
 {
-	struct lc_ent *e = &l->e[slot_of(parent, name)];
+	struct lc_ent *set = &l->e[set_of(parent, name)], *e = ent_find(l, parent, name);
 
-	if (ok && tok.holder && cacheable(name) && tok.epoch == l->epoch &&
-	    tok.holder == l->holder) {
-		e->used = 1;
-		e->parent = parent;
-		e->epoch = tok.epoch;
-		e->expires_ns = tok.t_ns + KEEP_NS;
-		e->pgen = l->gen[gen_of(parent)];
-		e->found = (uint8_t)(found != 0);
-		if (found) {
-			e->attr = *attr;
-			e->cgen = l->gen[gen_of(attr->ino)];
-			l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
-		}
-		e->dmode = dir->mode;
-		e->duid = dir->uid;
-		e->dgid = dir->gid;
-		memcpy(e->name, name, strlen(name) + 1);
+	for (unsigned w = 0; !e && w < LC_WAYS; w++)
+		if (!ent_valid(l, &set[w], now))
+			e = &set[w];
+	for (unsigned w = 0; !e && w < LC_WAYS; w++)
+		if (!set[w].found)
+			e = &set[w];
+	if (!e)
+		e = &set[l->victim++ % LC_WAYS];
+	/* A name given up may be one of a folder all of whose names were known here. */
+	if (e->used && e->found && (e->parent != parent || strcmp(e->name, name) != 0))
+		dir_incomplete(l, e->parent);
+	return e;
+}
+
+/* With the mutex: keeps the answer if ok (nothing touched it since tok); 1 if kept. */
+static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t parent,
+		      const char *name, int found, const struct stk_attr *attr,
+		      const struct stk_attr *dir, int ok)
+{
+	uint64_t now = stk_now_ns();
+	struct lc_dir *d;
+	struct lc_ent *e;
+
+	if (!ok || !tok.holder || !cacheable(name) || tok.epoch != l->epoch ||
+	    tok.holder != l->holder)
+		return 0;
+	e = ent_slot(l, parent, name, now);
+	e->used = 1;
+	e->parent = parent;
+	e->epoch = tok.epoch;
+	e->expires_ns = tok.t_ns + KEEP_NS;
+	e->pgen = l->gen[gen_of(parent)];
+	e->found = (uint8_t)(found != 0);
+	if (found) {
+		e->attr = *attr;
+		e->cgen = l->gen[gen_of(attr->ino)];
+		l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
 	}
+	e->dmode = dir->mode;
+	e->duid = dir->uid;
+	e->dgid = dir->gid;
+	memcpy(e->name, name, strlen(name) + 1);
+	/* The folder's lease was renewed with this answer. */
+	d = dir_complete(l, parent, now);
+	if (d && d->expires_ns < e->expires_ns)
+		d->expires_ns = e->expires_ns;
+	return 1;
 }
 
 void stk_lcache_put(stk_client *c, struct stk_lcache_tok tok, uint64_t parent, const char *name,
@@ -268,19 +369,44 @@ void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t paren
 	pthread_mutex_lock(&l->mu);
 	/* Before this client's own forget, which the entry then comes after. */
 	ok = leased && !l->off && !touched(l, tok, parent, name, attr->ino);
-	forget_name(l, parent, name);
-	put_locked(l, tok, parent, name, 1, attr, dir, ok);
+	forget_name(l, parent, name, 0);
+	/* A name made and not kept here: the folder's names are not all known any more. */
+	if (!put_locked(l, tok, parent, name, 1, attr, dir, ok))
+		dir_incomplete(l, parent);
 	pthread_mutex_unlock(&l->mu);
 }
 
-void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino)
+void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct stk_attr *dir)
+{
+	struct stk_lcache *l = c->lc;
+	struct lc_dir *d;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	if (!l->off && tok.holder && tok.holder == l->holder &&
+	    !touched(l, tok, dir->ino, "", dir->ino)) {
+		d = &l->d[dir_slot(dir->ino)];
+		d->ino = dir->ino;
+		d->epoch = tok.epoch;
+		d->gen = l->gen[gen_of(dir->ino)];
+		d->expires_ns = tok.t_ns + KEEP_NS;
+		d->mode = dir->mode;
+		d->uid = dir->uid;
+		d->gid = dir->gid;
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino,
+			    int failed)
 {
 	struct stk_lcache *l = c->lc;
 
 	if (!l)
 		return;
 	pthread_mutex_lock(&l->mu);
-	forget_name(l, parent, name);
+	forget_name(l, parent, name, failed);
 	if (ino)
 		bump(l, ino);
 	pthread_mutex_unlock(&l->mu);

@@ -74,9 +74,18 @@ void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t paren
 			int leased, const struct stk_attr *attr, const struct stk_attr *dir);
 /*
  * This client created or removed parent's `name` (nothing else in the folder
- * changed) and changed inode ino's attributes (0: none): forget those.
+ * changed) and changed inode ino's attributes (0: none): forget those. failed 1:
+ * the change failed or its outcome is unknown.
  */
-void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino);
+void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino,
+			    int failed);
+/*
+ * After this client made folder dir (tok taken before the request) and meta said it
+ * was empty under a lease: every name in it is known here from now (lookups of
+ * other names are answered "no such name" without meta) until anything about the
+ * folder is revoked or forgotten, or one of its names goes from the cache.
+ */
+void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct stk_attr *dir);
 /*
  * After this client changed inode ino's attributes (tok taken before the request):
  * forgets ino (lookups that raced with the change lose) and, at the same instant, puts attr (the

@@ -319,19 +319,53 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	return stk_msg_meta_create_resp_enc(&resp->payload, &r);
 }
 
+static int count_entry(void *ctx, const struct stk_msg_dirent *d)
+{
+	(void)d;
+	++*(int *)ctx;
+	return 0;
+}
+
+/* Whether folder ino has no names (read as root: existence, not permission). */
+static int dir_empty(struct meta *m, uint64_t ino)
+{
+	const struct stk_cred root = {0};
+	int n = 0, eof = 0;
+
+	return stk_meta_store_readdir(m->store, &root, ino, 0, 1, count_entry, &n, &eof) == 0 &&
+	       n == 0 && eof;
+}
+
 static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_mkdir_req q;
-	struct stk_attr a;
+	struct stk_msg_meta_mkdir_resp r;
+	uint32_t origin = req->hdr.origin;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_mkdir_req_dec(&req->payload, &q));
-	if (rc == 0)
-		rc = stk_meta_store_mkdir(m->store, &q.cred, q.parent, q.name, q.mode, &a);
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	/* Leased as a create is; the new folder too, then read again under its lease. */
+	r.leased = origin && stk_meta_leases_grant(m->leases, origin, q.parent);
+	rc = stk_meta_store_mkdir(m->store, &q.cred, q.parent, q.name, q.mode, &r.attr);
 	if (rc)
 		return rc;
 	changed(m, req, q.parent, 0);
-	return reply_attr(resp, &a);
+	if (r.leased) {
+		struct stk_attr a;
+
+		r.leased = stk_meta_leases_grant(m->leases, origin, r.attr.ino) &&
+			   stk_meta_store_getattr(m->store, &q.cred, r.attr.ino, &a) == 0;
+		if (r.leased) {
+			r.attr = a;
+			r.empty = (uint8_t)dir_empty(m, a.ino);
+		}
+	}
+	dir_after(m, &q.cred, q.parent, &r.dir);
+	r.leased = r.leased && r.dir.ino;
+	return stk_msg_meta_mkdir_resp_enc(&resp->payload, &r);
 }
 
 /* Whether a file that just lost its last name became an orphan (sessions held). */

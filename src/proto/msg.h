@@ -162,6 +162,12 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_META_CREATE_RESP(F) \
 	F(attr, attr) F(u8, created) F(u8, opened) F(attr, dir) F(u8, leased)
 #define STK_MSG_META_MKDIR_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(u32, mode)
+/*
+ * attr: the new folder. With an origin in the frame, leased 1 as for META_CREATE (the
+ * name's entry and the new folder leased to it), and empty 1 when the folder had
+ * no names when read under its lease; dir: the parent's attributes.
+ */
+#define STK_MSG_META_MKDIR_RESP(F) F(attr, attr) F(u8, leased) F(u8, empty) F(attr, dir)
 #define STK_MSG_META_RENAME_REQ(F)                                                        \
 	F(cred, cred) F(u64, src_parent) F(name, src_name) F(u64, dst_parent)              \
 	F(name, dst_name) F(u32, flags)
@@ -276,6 +282,7 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(meta_create_req, STK_MSG_META_CREATE_REQ)               \
 	X(meta_create_resp, STK_MSG_META_CREATE_RESP)             \
 	X(meta_mkdir_req, STK_MSG_META_MKDIR_REQ)                 \
+	X(meta_mkdir_resp, STK_MSG_META_MKDIR_RESP)               \
 	X(meta_rename_req, STK_MSG_META_RENAME_REQ)               \
 	X(meta_rename_resp, STK_MSG_META_RENAME_RESP)             \
 	X(meta_unlink_resp, STK_MSG_META_UNLINK_RESP)             \

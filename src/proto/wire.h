@@ -77,7 +77,8 @@
 	 * session, a regular file returned is also open for it as after META_OPEN          \
 	 * (opened = 1), in the same step: no unlink comes between the two. */              \
 	X(META_CREATE, 35, meta_create_req, meta_create_resp, "create a file")                     \
-	X(META_MKDIR, 36, meta_mkdir_req, meta_attr_resp, "create a directory")                    \
+	/* With an origin in the frame, leased as META_CREATE is (msg.h). */                     \
+	X(META_MKDIR, 36, meta_mkdir_req, meta_mkdir_resp, "create a directory")                   \
 	/* Removes a name. The reply is the inode's attributes after the unlink: when nlink  \
 	 * is 0 and orphaned is 0 the caller removes the file's chunks from storage; with    \
 	 * orphaned 1 a session still has it open and meta removes them at the last close. */ \

@@ -479,6 +479,20 @@ def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
     assert os.path.isdir(a("sub"))
     os.rmdir(b("sub"))
     assert errno_of(os.stat, a("sub")) == errno.ENOENT
+    # a folder made through m1 is known whole there: names not in it are answered
+    # without meta, until m2 adds one, which m1 then sees at once
+    os.mkdir(a("new"))
+    open(a("new/mine"), "wb").close()
+    before = lookups_at_meta(cluster)
+    for i in range(50):
+        assert errno_of(os.stat, a("new/none%d" % i)) == errno.ENOENT
+    assert os.path.exists(a("new/mine"))
+    assert lookups_at_meta(cluster) - before < 10
+    open(b("new/theirs"), "wb").close()
+    assert os.path.exists(a("new/theirs")) and os.path.exists(a("new/mine"))
+    os.unlink(a("new/mine"))
+    assert errno_of(os.stat, a("new/mine")) == errno.ENOENT
+    assert errno_of(os.stat, b("new/mine")) == errno.ENOENT
     # and m1's own changes show in m1 at once too
     os.unlink(a("f"))
     assert errno_of(os.stat, a("f")) == errno.ENOENT
