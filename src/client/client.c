@@ -357,7 +357,7 @@ int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t o
 	struct stk_attr a;
 	int rc;
 
-	tok = stk_lcache_begin(c);
+	tok = stk_lcache_begin_change(c, 0, NULL, ino);
 	rc = attr_call(c, tok.holder, opcode, req, req_len, &a);
 	/* Forgets ino (lookups that raced with the change lose); keeps its entry up to date. */
 	stk_lcache_updated(c, tok, ino, rc == 0 ? &a : NULL);

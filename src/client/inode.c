@@ -157,7 +157,7 @@ static int create_call(stk_client *c, const struct stk_cred *cred, uint64_t pare
 	 * new entry is kept as a lookup's answer would be. Until the reply, answering
 	 * from before the create is right: it has not happened yet for anyone.
 	 */
-	tok = stk_lcache_begin(c);
+	tok = stk_lcache_begin_change(c, parent, m.name, 0);
 	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_CREATE, req, w.len, resp,
 				       sizeof(resp), &rlen);
 	if (rc == 0) {
@@ -239,7 +239,7 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_mkdir_req_enc(&w, &m);
 	/* As in create_call; a new folder is empty, so its names are all known here. */
-	tok = stk_lcache_begin(c);
+	tok = stk_lcache_begin_change(c, parent, m.name, 0);
 	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_MKDIR, req, w.len, resp,
 				       sizeof(resp), &rlen);
 	if (rc == 0) {
@@ -279,6 +279,7 @@ int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t par
 {
 	struct stk_msg_meta_name_req m = {.cred = CRED(c, cred), .parent = parent};
 	struct stk_msg_meta_unlink_resp rm;
+	struct stk_lcache_tok tok;
 	uint8_t req[512], resp[1024];
 	struct stk_wbuf w;
 	struct stk_rbuf r;
@@ -289,15 +290,16 @@ int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t par
 		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_name_req_enc(&w, &m);
-	rc = stk_client_meta_call_from(c, stk_lcache_origin(c), STK_OP_META_UNLINK, req, w.len,
-				       resp, sizeof(resp), &rlen);
+	tok = stk_lcache_begin_change(c, parent, m.name, 0);
+	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_UNLINK, req, w.len, resp,
+				       sizeof(resp), &rlen);
 	if (rc == 0) {
 		stk_rbuf_init(&r, resp, rlen);
 		if (stk_msg_meta_unlink_resp_dec(&r, &rm) || stk_rbuf_finish(&r))
 			rc = -EIO;
 	}
 	/* As in create_call; and the inode's link count, under its other names. */
-	stk_lcache_forget_name(c, parent, m.name, rc == 0 ? rm.attr.ino : 0, rc != 0);
+	stk_lcache_forget_name(c, tok, parent, m.name, rc == 0 ? rm.attr.ino : 0, rc != 0);
 	if (rc)
 		return rc;
 	*after = rm.attr;

@@ -33,6 +33,7 @@
 #define LC_GENS (1u << 20) /* 4 MiB: few inodes share a generation */
 #define LC_WAYS 4u	   /* entries per set */
 #define LC_DIRS 4096u	   /* records of folders whose every name is known here */
+#define LC_PEND 64u /* this client's own changes in flight, tracked by key */
 #define LC_LOG 256u /* forgets remembered, so that a lookup in flight can tell if one hit it */
 #define LOG_NAME 0x80000000u /* a log entry naming a slot (a name), not a generation */
 #define LOG_ALL 0xffffffffu
@@ -71,6 +72,11 @@ struct stk_lcache {
 	uint32_t gen[LC_GENS];
 	uint32_t by_ino[LC_SLOTS]; /* a hint: the slot last filled with the inode's entry */
 	unsigned victim;	   /* the way a full set gives up next */
+	/* Keys (as in log[]) of this client's own changes in flight, and how many each. */
+	struct {
+		uint32_t key, count;
+	} pend[LC_PEND];
+	uint32_t pend_over; /* changes in flight that found pend[] full: nothing is used */
 	struct lc_ent e[LC_SLOTS];
 	struct lc_dir d[LC_DIRS];
 };
@@ -183,6 +189,57 @@ static void dir_incomplete(struct stk_lcache *l, uint64_t ino)
 		d->ino = 0;
 }
 
+/* With the mutex: is a change of this client's to key in flight? */
+static int pending(const struct stk_lcache *l, uint32_t key)
+{
+	if (l->pend_over)
+		return 1;
+	for (unsigned i = 0; i < LC_PEND; i++)
+		if (l->pend[i].count && l->pend[i].key == key)
+			return 1;
+	return 0;
+}
+
+static void pend_add(struct stk_lcache *l, uint32_t key)
+{
+	unsigned i, free_slot = LC_PEND;
+
+	for (i = 0; i < LC_PEND; i++) {
+		if (l->pend[i].count && l->pend[i].key == key) {
+			l->pend[i].count++;
+			return;
+		}
+		if (!l->pend[i].count && free_slot == LC_PEND)
+			free_slot = i;
+	}
+	if (free_slot == LC_PEND) {
+		l->pend_over++;
+		return;
+	}
+	l->pend[free_slot].key = key;
+	l->pend[free_slot].count = 1;
+}
+
+static void pend_del(struct stk_lcache *l, uint32_t key)
+{
+	for (unsigned i = 0; i < LC_PEND; i++)
+		if (l->pend[i].count && l->pend[i].key == key) {
+			l->pend[i].count--;
+			return;
+		}
+	if (l->pend_over)
+		l->pend_over--;
+}
+
+/* With the mutex: the change tok was begun for is over; its keys are free again. */
+static void pend_done(struct stk_lcache *l, struct stk_lcache_tok *tok)
+{
+	for (unsigned i = 0; i < 2; i++)
+		if (tok->pend[i] != LOG_ALL)
+			pend_del(l, tok->pend[i]);
+	tok->pend[0] = tok->pend[1] = LOG_ALL;
+}
+
 int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		   struct stk_attr *out, int *rc)
 {
@@ -199,7 +256,12 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	pthread_mutex_lock(&l->mu);
 	if (now >= l->trust_until_ns)
 		goto out;
+	/* A change of this client's to the name or the inode is in flight: ask meta. */
+	if (pending(l, LOG_NAME | set_of(parent, name)))
+		goto out;
 	e = ent_find(l, parent, name);
+	if (e && e->found && pending(l, gen_of(e->attr.ino)))
+		goto out;
 	if (e && ent_valid(l, e, now)) {
 		hit = 1;
 		if (!may_search(cr, e->dmode, e->duid, e->dgid))
@@ -227,7 +289,7 @@ out:
 struct stk_lcache_tok stk_lcache_begin(stk_client *c)
 {
 	struct stk_lcache *l = c->lc;
-	struct stk_lcache_tok t = {0};
+	struct stk_lcache_tok t = {.pend = {LOG_ALL, LOG_ALL}};
 
 	if (!l || l->off)
 		return t;
@@ -236,6 +298,27 @@ struct stk_lcache_tok stk_lcache_begin(stk_client *c)
 	t.epoch = l->epoch;
 	t.rev = l->rev;
 	t.holder = t.t_ns < l->trust_until_ns ? l->holder : 0;
+	pthread_mutex_unlock(&l->mu);
+	return t;
+}
+
+struct stk_lcache_tok stk_lcache_begin_change(stk_client *c, uint64_t parent, const char *name,
+					      uint64_t ino)
+{
+	struct stk_lcache *l = c->lc;
+	struct stk_lcache_tok t = stk_lcache_begin(c);
+
+	if (!l)
+		return t;
+	pthread_mutex_lock(&l->mu);
+	if (name) {
+		t.pend[0] = LOG_NAME | set_of(parent, name);
+		pend_add(l, t.pend[0]);
+	}
+	if (ino) {
+		t.pend[1] = gen_of(ino);
+		pend_add(l, t.pend[1]);
+	}
 	pthread_mutex_unlock(&l->mu);
 	return t;
 }
@@ -320,7 +403,8 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 	struct lc_ent *e;
 
 	if (!ok || !tok.holder || !cacheable(name) || tok.epoch != l->epoch ||
-	    tok.holder != l->holder)
+	    tok.holder != l->holder || pending(l, LOG_NAME | set_of(parent, name)) ||
+	    (found && pending(l, gen_of(attr->ino))))
 		return 0;
 	e = ent_slot(l, parent, name, now);
 	e->used = 1;
@@ -370,6 +454,7 @@ void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t paren
 	/* Before this client's own forget, which the entry then comes after. */
 	ok = leased && !l->off && !touched(l, tok, parent, name, attr->ino);
 	forget_name(l, parent, name, 0);
+	pend_done(l, &tok);
 	/* A name made and not kept here: the folder's names are not all known any more. */
 	if (!put_locked(l, tok, parent, name, 1, attr, dir, ok))
 		dir_incomplete(l, parent);
@@ -398,8 +483,8 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 	pthread_mutex_unlock(&l->mu);
 }
 
-void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino,
-			    int failed)
+void stk_lcache_forget_name(stk_client *c, struct stk_lcache_tok tok, uint64_t parent,
+			    const char *name, uint64_t ino, int failed)
 {
 	struct stk_lcache *l = c->lc;
 
@@ -409,6 +494,7 @@ void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, ui
 	forget_name(l, parent, name, failed);
 	if (ino)
 		bump(l, ino);
+	pend_done(l, &tok);
 	pthread_mutex_unlock(&l->mu);
 }
 
@@ -426,6 +512,7 @@ void stk_lcache_updated(stk_client *c, struct stk_lcache_tok tok, uint64_t ino,
 	ok = attr && attr->ino == ino && !l->off && !touched(l, tok, 0, "", ino);
 	was = l->gen[gen_of(ino)];
 	bump(l, ino);
+	pend_done(l, &tok);
 	e = &l->e[l->by_ino[ino_slot(ino)]];
 	if (ok && e->used && e->found && e->attr.ino == ino && e->epoch == l->epoch &&
 	    e->cgen == was && e->pgen == l->gen[gen_of(e->parent)]) {

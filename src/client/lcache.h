@@ -49,7 +49,8 @@ void stk_lcache_after_fork(stk_client *c);
 
 struct stk_lcache_tok {
 	uint64_t epoch, rev, t_ns;
-	uint32_t holder; /* 0: not trusted now, do not ask for a lease */
+	uint32_t holder;  /* 0: not trusted now, do not ask for a lease */
+	uint32_t pend[2]; /* a change's keys in flight (stk_lcache_begin_change) */
 };
 
 /*
@@ -60,6 +61,16 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 		   struct stk_attr *out, int *rc);
 /* Before a lookup that may be cached: the state its answer must still match. */
 struct stk_lcache_tok stk_lcache_begin(stk_client *c);
+/*
+ * Before a change of this client's to parent's `name` (NULL: none) or to inode ino's
+ * attributes (0: none): as stk_lcache_begin, and until the call that ends it
+ * (stk_lcache_changed, _updated or _forget_name with this tok, exactly one) the
+ * cache answers nothing about them and keeps no answer about them, so that no
+ * thread of this client sees the change from meta and then the old state from
+ * here.
+ */
+struct stk_lcache_tok stk_lcache_begin_change(stk_client *c, uint64_t parent, const char *name,
+					      uint64_t ino);
 /* Keeps a leased answer (found 0: no such name), unless anything was revoked since tok. */
 void stk_lcache_put(stk_client *c, struct stk_lcache_tok tok, uint64_t parent, const char *name,
 		    int found, const struct stk_attr *attr, const struct stk_attr *dir);
@@ -77,8 +88,8 @@ void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t paren
  * changed) and changed inode ino's attributes (0: none): forget those. failed 1:
  * the change failed or its outcome is unknown.
  */
-void stk_lcache_forget_name(stk_client *c, uint64_t parent, const char *name, uint64_t ino,
-			    int failed);
+void stk_lcache_forget_name(stk_client *c, struct stk_lcache_tok tok, uint64_t parent,
+			    const char *name, uint64_t ino, int failed);
 /*
  * After this client made folder dir (tok taken before the request) and meta said it
  * was empty under a lease: every name in it is known here from now (lookups of

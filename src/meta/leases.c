@@ -27,6 +27,7 @@
 
 #define SLOT_BITS 10u
 #define GRANT_BUCKETS (1u << 16)
+#define BUSY_BUCKETS 1024u
 #define QUEUE_MAX 65536u /* records a holder may lag behind before it is reset */
 #define MARGIN_NS (500ull * 1000000ull)
 #define FORGET_NS (60ull * 1000000000ull) /* a holder silent this long is forgotten */
@@ -40,6 +41,13 @@ struct grant {
 	uint64_t expires_ns;
 	uint32_t holder;
 	struct grant *next;
+};
+
+/* An inode a change is being made to: no lease on it until the change ends. */
+struct busy {
+	uint64_t ino;
+	uint32_t count; /* changes to it in progress */
+	struct busy *next;
 };
 
 struct holder {
@@ -62,6 +70,8 @@ struct stk_meta_leases {
 	struct stk_meta_leases_stats st;
 	struct holder h[STK_LEASE_HOLDERS_MAX];
 	struct grant *b[GRANT_BUCKETS];
+	struct busy *busy[BUSY_BUCKETS];
+	uint64_t busy_all; /* changes whose inodes could not be marked: no lease at all */
 };
 
 static uint32_t bucket_of(uint64_t ino)
@@ -188,6 +198,14 @@ void stk_meta_leases_destroy(struct stk_meta_leases *l)
 			free(g);
 		}
 	}
+	for (uint32_t i = 0; i < BUSY_BUCKETS; i++) {
+		while (l->busy[i]) {
+			struct busy *b = l->busy[i];
+
+			l->busy[i] = b->next;
+			free(b);
+		}
+	}
 	for (uint32_t i = 0; i < STK_LEASE_HOLDERS_MAX; i++) {
 		free(l->h[i].q);
 		pthread_cond_destroy(&l->h[i].wake);
@@ -285,6 +303,20 @@ int stk_meta_leases_watch(struct stk_meta_leases *l, uint64_t session, uint32_t 
 	return 0;
 }
 
+static struct busy **busy_slot(struct stk_meta_leases *l, uint64_t ino)
+{
+	struct busy **pp = &l->busy[bucket_of(ino) & (BUSY_BUCKETS - 1)];
+
+	while (*pp && (*pp)->ino != ino)
+		pp = &(*pp)->next;
+	return pp;
+}
+
+static int busy_find(struct stk_meta_leases *l, uint64_t ino)
+{
+	return *busy_slot(l, ino) != NULL;
+}
+
 int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t ino)
 {
 	uint64_t now = stk_now_ns();
@@ -295,7 +327,7 @@ int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t i
 
 	pthread_mutex_lock(&l->mu);
 	h = holder_get(l, holder);
-	if (!h || h->reset)
+	if (!h || h->reset || l->busy_all || busy_find(l, ino))
 		goto out;
 	for (g = l->b[b]; g; g = g->next)
 		if (g->ino == ino && g->holder == holder)
@@ -336,8 +368,12 @@ static void enqueue(struct stk_meta_leases *l, struct holder *h, uint64_t ino)
 	pthread_cond_signal(&h->wake);
 }
 
-void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
-			     size_t n)
+/*
+ * Marks inos busy (busy 1: no lease granted until stk_meta_leases_end), revokes
+ * the others' leases on them and waits for the acknowledgements.
+ */
+static void revoke(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos, size_t n,
+		   int busy)
 {
 	struct {
 		uint32_t slot, id;
@@ -348,6 +384,16 @@ void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const u
 	struct timespec ts;
 
 	pthread_mutex_lock(&l->mu);
+	for (size_t i = 0; busy && i < n; i++) {
+		struct busy **bp = busy_slot(l, inos[i]);
+
+		if (!*bp && (*bp = calloc(1, sizeof(**bp))))
+			(*bp)->ino = inos[i];
+		if (*bp)
+			(*bp)->count++;
+		else
+			l->busy_all++; /* out of memory: no lease at all until the end */
+	}
 	for (size_t i = 0; i < n; i++) {
 		struct grant **pp = &l->b[bucket_of(inos[i])];
 
@@ -412,6 +458,35 @@ void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const u
 		pthread_cond_timedwait(&l->acked, &l->mu, &ts);
 	}
 	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_meta_leases_begin(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
+			   size_t n)
+{
+	revoke(l, origin, inos, n, 1);
+}
+
+void stk_meta_leases_end(struct stk_meta_leases *l, const uint64_t *inos, size_t n)
+{
+	pthread_mutex_lock(&l->mu);
+	for (size_t i = 0; i < n; i++) {
+		struct busy **bp = busy_slot(l, inos[i]), *b = *bp;
+
+		if (!b) {
+			if (l->busy_all) /* its begin ran out of memory */
+				l->busy_all--;
+		} else if (--b->count == 0) {
+			*bp = b->next;
+			free(b);
+		}
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
+			     size_t n)
+{
+	revoke(l, origin, inos, n, 0);
 }
 
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session)

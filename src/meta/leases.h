@@ -7,11 +7,12 @@
  * reused. Its lookups (META_LOOKUP_CACHE) are then granted a lease on the folder
  * (its names, present or absent) and on the inode found (its attributes), for
  * STK_LEASE_GRANT_MS. Every change meta makes to an inode's names or attributes
- * calls stk_meta_leases_changed, which queues the inode for every holder with a
- * lease on it (but the holder that made the change, the request's origin, which
- * forgets its own copies itself), wakes their watches, and waits until each has
- * acknowledged (its next watch names the record as done) before the change is
- * answered. So once a change is answered no other client answers from before it.
+ * is bracketed by stk_meta_leases_begin and _end: begin stops new leases on the
+ * inode, queues it for every holder with a lease on it (but the holder that made
+ * the change, the request's origin, which forgets its own copies itself), wakes
+ * their watches, and waits until each has acknowledged (its next watch names the
+ * record as done); the change is committed after that. So no client answers from
+ * before a change once anyone can see it.
  *
  * A holder that stops polling is not waited for forever: a client trusts its
  * cache only until STK_LEASE_VALID_MS after it sent the watch that meta last
@@ -22,9 +23,9 @@
  * watch connection breaks forgets its cache at once.
  *
  * Threads: every function may be called from any thread; one mutex guards all.
- * stk_meta_leases_watch and stk_meta_leases_changed block (the watch for at most
- * its wait, a change for at most the validity above); neither holds anything of
- * the store while it waits.
+ * stk_meta_leases_watch, _begin and _changed block (the watch for at most its wait,
+ * a change for at most the validity above); callers hold nothing of the store or
+ * the sessions while they wait.
  */
 #ifndef STK_META_LEASES_H
 #define STK_META_LEASES_H
@@ -66,11 +67,18 @@ int stk_meta_leases_watch(struct stk_meta_leases *l, uint64_t session, uint32_t 
 int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t ino);
 
 /*
- * The names or attributes of inos[0..n) changed (committed). Queues them for every
- * other holder of a lease on one, whose leases on them end, and returns once each
- * has acknowledged or run out of time (then it is reset). origin: the holder that
- * made the change (0: none), whose leases stay.
+ * Before a change to the names or attributes of inos[0..n) is committed: from now
+ * until stk_meta_leases_end no lease on them is granted, and every holder's lease on
+ * them but the origin's (0: none; it forgets its copies itself, and its leases stay)
+ * is revoked: queued for its watch, and this returns once each has acknowledged or
+ * run out of time (then it is reset). So when the change becomes visible, no other
+ * client can still answer from before it.
  */
+void stk_meta_leases_begin(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
+			   size_t n);
+/* After the change (committed or failed): leases on inos may be granted again. */
+void stk_meta_leases_end(struct stk_meta_leases *l, const uint64_t *inos, size_t n);
+/* begin and end at once: for an inode found changed only after the commit. */
 void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
 			     size_t n);
 

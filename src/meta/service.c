@@ -88,19 +88,57 @@ static int reply_attr(struct stk_rpc_resp *resp, const struct stk_attr *a)
 }
 
 /*
- * The names or attributes of inos changed (committed): other clients' cached
- * answers about them go before the change is answered (leases.h). Inode 0 is skipped.
+ * A change to the names or attributes of up to four inodes (0: none): between
+ * change_begin and change_end no lease on them is granted, and change_begin
+ * returns once every other client's cached answers about them are gone, so the
+ * commit in between is never seen next to an answer from before it (leases.h).
+ * change_begin must not be called with the sessions mutex or a store transaction
+ * held: it waits for other clients.
  */
-static void changed(struct meta *m, const struct stk_rpc_req *req, uint64_t a, uint64_t b)
-{
-	uint64_t inos[2];
-	size_t n = 0;
+struct change {
+	uint64_t inos[4];
+	size_t n;
+};
 
-	if (a)
-		inos[n++] = a;
-	if (b && b != a)
-		inos[n++] = b;
-	stk_meta_leases_changed(m->leases, req->hdr.origin, inos, n);
+static void change_add(struct change *ch, uint64_t ino)
+{
+	for (size_t i = 0; i < ch->n; i++)
+		if (ch->inos[i] == ino)
+			return;
+	if (ino)
+		ch->inos[ch->n++] = ino;
+}
+
+static void change_begin(struct meta *m, const struct stk_rpc_req *req, struct change *ch,
+			 uint64_t a, uint64_t b, uint64_t c, uint64_t d)
+{
+	ch->n = 0;
+	change_add(ch, a);
+	change_add(ch, b);
+	change_add(ch, c);
+	change_add(ch, d);
+	stk_meta_leases_begin(m->leases, req->hdr.origin, ch->inos, ch->n);
+}
+
+static void change_end(struct meta *m, const struct change *ch)
+{
+	stk_meta_leases_end(m->leases, ch->inos, ch->n);
+}
+
+/* An inode found changed only after the commit (a name raced to another inode). */
+static void changed_late(struct meta *m, const struct stk_rpc_req *req, uint64_t ino)
+{
+	if (ino)
+		stk_meta_leases_changed(m->leases, req->hdr.origin, &ino, 1);
+}
+
+/* The inode parent's name names now (0: none), read as root. */
+static uint64_t named(struct meta *m, uint64_t parent, const char *name)
+{
+	const struct stk_cred root = {0};
+	struct stk_attr a;
+
+	return stk_meta_store_lookup(m->store, &root, parent, name, &a) ? 0 : a.ino;
 }
 
 /* At each scrape (with --metrics): the lease table's counts. */
@@ -222,6 +260,7 @@ static int op_setattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	struct stk_msg_meta_setattr_req q;
 	struct stk_meta_sattr sa;
 	struct stk_attr a;
+	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_setattr_req_dec(&req->payload, &q));
@@ -236,11 +275,10 @@ static int op_setattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	sa.atime_nsec = q.atime_nsec;
 	sa.mtime_sec = q.mtime_sec;
 	sa.mtime_nsec = q.mtime_nsec;
+	change_begin(m, req, &ch, q.ino, 0, 0, 0);
 	rc = stk_meta_store_setattr(m->store, &q.cred, q.ino, &sa, &a);
-	if (rc)
-		return rc;
-	changed(m, req, q.ino, 0);
-	return reply_attr(resp, &a);
+	change_end(m, &ch);
+	return rc ? rc : reply_attr(resp, &a);
 }
 
 /*
@@ -283,6 +321,7 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	struct stk_msg_meta_create_req q;
 	struct stk_msg_meta_create_resp r;
 	struct stk_meta_placement pl;
+	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_create_req_dec(&req->payload, &q));
@@ -291,6 +330,7 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	memset(&r, 0, sizeof(r));
 	/* Leased to the origin as a lookup would be: the folder before the change. */
 	r.leased = req->hdr.origin && stk_meta_leases_grant(m->leases, req->hdr.origin, q.parent);
+	change_begin(m, req, &ch, q.parent, 0, 0, 0);
 	placement_get(m, &pl);
 	rc = create_open(m, &q, &pl, &r);
 	/* Storage may have registered since the agent's last refresh: ask mgmtd once. */
@@ -299,12 +339,11 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		if (pl.nchains)
 			rc = create_open(m, &q, &pl, &r);
 	}
+	change_end(m, &ch);
 	if (rc == -ENOSPC && pl.nchains == 0)
 		warn_no_storage(q.name);
 	if (rc)
 		return rc;
-	if (r.created)
-		changed(m, req, q.parent, 0);
 	if (r.leased) {
 		/* The inode's lease, then its attributes read again under it. */
 		struct stk_attr a;
@@ -341,6 +380,7 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	struct stk_msg_meta_mkdir_req q;
 	struct stk_msg_meta_mkdir_resp r;
 	uint32_t origin = req->hdr.origin;
+	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_mkdir_req_dec(&req->payload, &q));
@@ -349,10 +389,11 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	memset(&r, 0, sizeof(r));
 	/* Leased as a create is; the new folder too, then read again under its lease. */
 	r.leased = origin && stk_meta_leases_grant(m->leases, origin, q.parent);
+	change_begin(m, req, &ch, q.parent, 0, 0, 0);
 	rc = stk_meta_store_mkdir(m->store, &q.cred, q.parent, q.name, q.mode, &r.attr);
+	change_end(m, &ch);
 	if (rc)
 		return rc;
-	changed(m, req, q.parent, 0);
 	if (r.leased) {
 		struct stk_attr a;
 
@@ -379,20 +420,26 @@ static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 {
 	struct stk_msg_meta_name_req q;
 	struct stk_msg_meta_unlink_resp r;
+	struct change ch;
+	uint64_t victim;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	victim = named(m, q.parent, q.name); /* its link count changes too */
+	change_begin(m, req, &ch, q.parent, victim, 0, 0);
 	stk_meta_sessions_hold(m->sessions);
 	rc = stk_meta_store_unlink(m->store, &q.cred, q.parent, q.name, &r.attr);
 	if (rc == 0)
 		r.orphaned = orphaned(m, &r.attr);
 	stk_meta_sessions_release(m->sessions);
+	change_end(m, &ch);
 	if (rc)
 		return rc;
-	changed(m, req, q.parent, r.attr.ino);
+	if (r.attr.ino != victim)
+		changed_late(m, req, r.attr.ino);
 	dir_after(m, &q.cred, q.parent, &r.dir);
 	return stk_msg_meta_unlink_resp_enc(&resp->payload, &r);
 }
@@ -400,13 +447,15 @@ static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_name_req q;
+	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
-	if (rc == 0)
-		rc = stk_meta_store_rmdir(m->store, &q.cred, q.parent, q.name);
-	if (rc == 0)
-		changed(m, req, q.parent, 0);
+	if (rc)
+		return rc;
+	change_begin(m, req, &ch, q.parent, 0, 0, 0);
+	rc = stk_meta_store_rmdir(m->store, &q.cred, q.parent, q.name);
+	change_end(m, &ch);
 	return rc;
 }
 
@@ -414,33 +463,36 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 {
 	struct stk_msg_meta_rename_req q;
 	struct stk_msg_meta_rename_resp r;
+	uint64_t moved, over;
+	struct change ch;
 	int replaced, rc;
 
 	rc = decoded(req, stk_msg_meta_rename_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	/* Both folders, the inode moved (its ctime, a folder's ".."), the one replaced. */
+	moved = named(m, q.src_parent, q.src_name);
+	over = named(m, q.dst_parent, q.dst_name);
+	change_begin(m, req, &ch, q.src_parent, q.dst_parent, moved, over);
 	stk_meta_sessions_hold(m->sessions);
 	rc = stk_meta_store_rename(m->store, &q.cred, q.src_parent, q.src_name, q.dst_parent,
 				   q.dst_name, q.flags, &replaced, &r.attr);
 	if (rc == 0 && replaced)
 		r.orphaned = orphaned(m, &r.attr);
 	stk_meta_sessions_release(m->sessions);
+	change_end(m, &ch);
 	if (rc)
 		return rc;
 	r.replaced = (uint8_t)replaced;
-	changed(m, req, q.src_parent, q.dst_parent);
+	/* Names that raced to other inodes between the look and the commit. */
+	if (replaced && r.attr.ino != over && r.attr.ino != moved)
+		changed_late(m, req, r.attr.ino);
 	{
-		/* The inode moved (its ctime, a folder's ".."), and the one replaced. */
-		const struct stk_cred root = {0};
-		struct stk_attr moved;
+		uint64_t now = named(m, q.dst_parent, q.dst_name);
 
-		if (stk_meta_store_lookup(m->store, &root, q.dst_parent, q.dst_name, &moved))
-			moved.ino = 0;
-		changed(m, req, moved.ino, replaced ? r.attr.ino : 0);
-		if ((q.flags & STK_RENAME_EXCHANGE) &&
-		    stk_meta_store_lookup(m->store, &root, q.src_parent, q.src_name, &moved) == 0)
-			changed(m, req, moved.ino, 0);
+		if (now != moved && now != over)
+			changed_late(m, req, now);
 	}
 	return stk_msg_meta_rename_resp_enc(&resp->payload, &r);
 }
@@ -449,30 +501,32 @@ static int op_link(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 {
 	struct stk_msg_meta_link_req q;
 	struct stk_attr a;
+	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_link_req_dec(&req->payload, &q));
-	if (rc == 0)
-		rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
 	if (rc)
 		return rc;
-	changed(m, req, q.parent, q.ino);
-	return reply_attr(resp, &a);
+	change_begin(m, req, &ch, q.parent, q.ino, 0, 0);
+	rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
+	change_end(m, &ch);
+	return rc ? rc : reply_attr(resp, &a);
 }
 
 static int op_symlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_symlink_req q;
 	struct stk_attr a;
+	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_symlink_req_dec(&req->payload, &q));
-	if (rc == 0)
-		rc = stk_meta_store_symlink(m->store, &q.cred, q.parent, q.name, q.target, &a);
 	if (rc)
 		return rc;
-	changed(m, req, q.parent, 0);
-	return reply_attr(resp, &a);
+	change_begin(m, req, &ch, q.parent, 0, 0, 0);
+	rc = stk_meta_store_symlink(m->store, &q.cred, q.parent, q.name, q.target, &a);
+	change_end(m, &ch);
+	return rc ? rc : reply_attr(resp, &a);
 }
 
 static int op_readlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -557,16 +611,17 @@ static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 {
 	struct stk_msg_meta_extend_req q;
 	struct stk_attr a;
+	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_extend_req_dec(&req->payload, &q));
-	if (rc == 0)
-		rc = stk_meta_store_extend(m->store, &q.cred, q.ino, q.size, q.mtime_sec,
-					   q.mtime_nsec, &a);
 	if (rc)
 		return rc;
-	changed(m, req, q.ino, 0);
-	return reply_attr(resp, &a);
+	change_begin(m, req, &ch, q.ino, 0, 0, 0);
+	rc = stk_meta_store_extend(m->store, &q.cred, q.ino, q.size, q.mtime_sec, q.mtime_nsec,
+				   &a);
+	change_end(m, &ch);
+	return rc ? rc : reply_attr(resp, &a);
 }
 
 static int op_sync(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -582,6 +637,7 @@ static int op_setxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 {
 	struct stk_msg_meta_setxattr_req q;
 	const uint8_t *value = NULL;
+	struct change ch;
 	int rc;
 
 	(void)resp;
@@ -591,11 +647,11 @@ static int op_setxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 	if (rc == 0 && q.size)
 		value = stk_rbuf_take(&req->payload, q.size);
 	rc = decoded(req, rc ? rc : req->payload.err);
-	if (rc == 0)
-		rc = stk_meta_store_setxattr(m->store, &q.cred, q.ino, q.name, value, q.size,
-					     q.flags);
-	if (rc == 0)
-		changed(m, req, q.ino, 0); /* its ctime */
+	if (rc)
+		return rc;
+	change_begin(m, req, &ch, q.ino, 0, 0, 0); /* its ctime */
+	rc = stk_meta_store_setxattr(m->store, &q.cred, q.ino, q.name, value, q.size, q.flags);
+	change_end(m, &ch);
 	return rc;
 }
 
@@ -657,14 +713,16 @@ static int op_listxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_
 static int op_removexattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_xattr_name_req q;
+	struct change ch;
 	int rc;
 
 	(void)resp;
 	rc = decoded(req, stk_msg_meta_xattr_name_req_dec(&req->payload, &q));
-	if (rc == 0)
-		rc = stk_meta_store_removexattr(m->store, &q.cred, q.ino, q.name);
-	if (rc == 0)
-		changed(m, req, q.ino, 0);
+	if (rc)
+		return rc;
+	change_begin(m, req, &ch, q.ino, 0, 0, 0);
+	rc = stk_meta_store_removexattr(m->store, &q.cred, q.ino, q.name);
+	change_end(m, &ch);
 	return rc;
 }
 
@@ -729,27 +787,24 @@ static int op_close(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	return rc ? rc : stk_meta_sessions_close(m->sessions, q.session, q.ino, q.count);
 }
 
-/* The reads to record among a META_CLOSES's records, in one transaction: 0 or an error. */
-static int record_reads(struct meta *m, const struct stk_msg_open_ref *refs, uint32_t n)
+/* The inodes of the reads to record among a META_CLOSES's records: *k of them, or NULL. */
+static uint64_t *reads_of(const struct stk_msg_open_ref *refs, uint32_t n, size_t *k)
 {
 	uint64_t *inos = malloc((n ? n : 1) * sizeof(*inos));
-	size_t k = 0;
-	int rc;
 
-	if (!inos)
-		return -ENOMEM;
-	for (uint32_t i = 0; i < n; i++)
+	*k = 0;
+	for (uint32_t i = 0; inos && i < n; i++)
 		if (refs[i].flags & STK_REF_READ)
-			inos[k++] = refs[i].ino;
-	rc = k ? stk_meta_store_record_reads(m->store, inos, k) : 0;
-	free(inos);
-	return rc;
+			inos[(*k)++] = refs[i].ino;
+	return inos;
 }
 
 static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_closes_req q;
 	struct stk_msg_open_ref *refs;
+	uint64_t *reads = NULL;
+	size_t nreads = 0;
 	int first = 0, batch, rc;
 
 	(void)resp;
@@ -764,10 +819,20 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	/* All of it decoded before anything is dropped: a malformed request drops none. */
 	rc = decoded(req, rc);
 	/*
-	 * The reads first, all in one transaction (before the closes, which may remove
-	 * an orphan; a file gone misses nothing); if that fails, one by one below.
+	 * The reads first (atimes: a change of their attributes, leases.h), all in one
+	 * transaction (before the closes, which may remove an orphan; a file gone misses
+	 * nothing); if that fails, one by one below.
 	 */
-	batch = rc == 0 ? record_reads(m, refs, q.n) : -EINVAL;
+	if (rc == 0) {
+		reads = reads_of(refs, q.n, &nreads);
+		if (!reads) {
+			free(refs);
+			return -ENOMEM;
+		}
+		stk_meta_leases_begin(m->leases, req->hdr.origin, reads, nreads);
+	}
+	batch = rc == 0 && nreads ? stk_meta_store_record_reads(m->store, reads, nreads)
+				  : rc == 0 ? 0 : -EINVAL;
 	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
 		/* ATIME_READ checks no permission (a read was allowed at open); any will do. */
 		const struct stk_cred anyone = {0};
@@ -784,9 +849,10 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 						    refs[i].count);
 		if (!first)
 			first = r ? r : c;
-		if (refs[i].flags & STK_REF_READ)
-			changed(m, req, refs[i].ino, 0); /* its atime, when that was due */
 	}
+	if (reads)
+		stk_meta_leases_end(m->leases, reads, nreads);
+	free(reads);
 	free(refs);
 	return rc ? rc : first;
 }

@@ -4,8 +4,9 @@
  * skips the holder that made it (whose lease stays), and does not wait for a
  * holder without a lease; a holder that stops watching holds a change up no longer
  * than its trust plus the margin, and is then reset (its next watch says so, under
- * a new id, and its old leases are gone); an ended session's holder is waited for
- * no more; a watch with nothing to deliver returns after its wait.
+ * a new id, and its old leases are gone); no lease is granted on an inode while a
+ * change to it is being made; an ended session's holder is waited for no more; a
+ * watch with nothing to deliver returns after its wait.
  *
  * Exit status: 0 pass, 1 fail.
  */
@@ -152,6 +153,16 @@ int main(void)
 	t0 = stk_now_ns();
 	stk_meta_leases_changed(l, 0, &(uint64_t){11}, 1);
 	CHECK(since(t0) < 0.05);
+
+	/* while a change is being made, no lease is granted on what it changes */
+	stk_meta_leases_begin(l, 0, &(uint64_t){30}, 1);
+	CHECK(stk_meta_leases_grant(l, a.holder, 30) == 0);
+	CHECK(stk_meta_leases_grant(l, a.holder, 31) == 1);
+	stk_meta_leases_begin(l, 0, &(uint64_t){30}, 1); /* two at once */
+	stk_meta_leases_end(l, &(uint64_t){30}, 1);
+	CHECK(stk_meta_leases_grant(l, a.holder, 30) == 0);
+	stk_meta_leases_end(l, &(uint64_t){30}, 1);
+	CHECK(stk_meta_leases_grant(l, a.holder, 30) == 1);
 
 	/* an ended session is waited for no more */
 	CHECK(stk_meta_leases_grant(l, b.holder, 20) == 1);
