@@ -23,7 +23,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../client/lcache.h"
 #include "../common/daemon.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
@@ -349,9 +348,6 @@ static int gateway_s3(int argc, char **argv)
 		cli_err(cmd, "cluster %s: %s", cluster ? cluster : "(default)", stk_strerror(rc));
 		goto out;
 	}
-	/* Lookups from memory where meta's leases allow: every request walks its key. */
-	if (stk_lcache_start(gw.c))
-		stk_warn("no lookup cache: every lookup goes to meta");
 	rc = stk_stat(gw.c, root, &st);
 	if (!rc && !S_ISDIR(st.st_mode))
 		rc = -ENOTDIR;
