@@ -38,7 +38,9 @@
 
 struct stk_lcache;
 
-/* Starts the cache and its watch thread. 0, or -errno (the client then goes without). */
+/* Starts the cache and its watch thread (freed by stk_lcache_destroy). 0 (also when
+ * STOKER_LOOKUP_CACHE=0 keeps it off), -ENOMEM or -EAGAIN (no thread): the client
+ * then goes without. */
 int stk_lcache_start(stk_client *c);
 /* At disconnect, before the session ends: the watch thread stops at its next wake. */
 void stk_lcache_stop(stk_client *c);
