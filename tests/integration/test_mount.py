@@ -443,6 +443,12 @@ def lookups_at_meta(cluster):
                for op in ("META_LOOKUP", "META_LOOKUP_CACHE"))
 
 
+def lease_holders(cluster):
+    from test_metrics import scrape, total
+    samples, _ = scrape(cluster, "meta")
+    return total(samples, "stoker_meta_lease_holders")
+
+
 def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
     # No kernel caching of names or attributes: every stat reaches the mount's own
     # lookup cache, which must never answer from before a change another mount made.
@@ -511,6 +517,9 @@ def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
     nocache = ["entry_timeout=0", "attr_timeout=0"]
     m1 = make_mount(cluster, "m1", opts=nocache)
     m2 = make_mount(cluster, "m2", opts=nocache)
+    # Both watches answered, so m1's lookups below take leases (on a loaded machine a
+    # mount's first watch can come after them, and nothing would wait).
+    wait_until(lambda: lease_holders(cluster) >= 2, 30, "both mounts' watches")
     for i in range(20):
         open(os.path.join(m2.path, "f%d" % i), "wb").close()
     for i in range(20):
