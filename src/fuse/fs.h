@@ -56,6 +56,7 @@ struct stk_fuse_opts {
 	uint32_t timeout_ms; /* retry an unreachable cluster this long, then EIO; 0 = default */
 	int writeback; /* kernel write-back cache */
 	int allow_other; /* users other than the mounter may enter */
+	int kernel_perms; /* -o default_permissions even where mount.c would leave it out */
 	int ro; /* read-only mount */
 	int nonempty; /* allow mounting over a non-empty folder */
 	int noatime; /* reads never move atime (default: relatime) */

@@ -139,6 +139,8 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		o->writeback = 1;
 	else if (strcmp(key, "allow_other") == 0)
 		o->allow_other = 1;
+	else if (strcmp(key, "default_permissions") == 0)
+		o->kernel_perms = 1;
 	else if (strcmp(key, "ro") == 0)
 		o->ro = 1;
 	else if (strcmp(key, "rw") == 0)
@@ -156,6 +158,21 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		return -EINVAL;
 	}
 	return 0;
+}
+
+/*
+ * Whether the kernel checks permissions too (default_permissions). Meta checks
+ * every call with the caller's credentials either way, and the mount answers
+ * access(2) itself (ops.c). The kernel's check costs a GETATTR of a folder after
+ * every change in it (the kernel drops a folder's attributes when its entries
+ * change), so a create is five requests instead of four. It is left out only
+ * when nobody but root can enter: mounted by root without allow_other, where
+ * every caller passes every rwx check and the kernel itself still refuses to
+ * execute a file with no x bit. -o default_permissions keeps it regardless.
+ */
+static int kernel_perms(const struct stk_fuse_opts *o)
+{
+	return o->kernel_perms || o->allow_other || getuid() != 0 || geteuid() != 0;
 }
 
 /* Parses "a,b=1,c". 0 or -EINVAL. */
@@ -374,7 +391,8 @@ static int run_daemon(struct stk_fuse *fs, const char *mp, const char *fsname, i
 		goto out;
 	}
 	snprintf(opts + strlen(opts), sizeof(opts) - strlen(opts),
-		 ",subtype=stoker,default_permissions,max_read=%u%s%s", STK_FUSE_IO_MAX,
+		 ",subtype=stoker%s,max_read=%u%s%s",
+		 kernel_perms(&fs->o) ? ",default_permissions" : "", STK_FUSE_IO_MAX,
 		 fs->o.allow_other ? ",allow_other" : "", fs->o.ro ? ",ro" : "");
 	if (fuse_opt_add_arg(&args, "stoker") || fuse_opt_add_arg(&args, "-o") ||
 	    fuse_opt_add_arg(&args, opts) || (fs->o.debug && fuse_opt_add_arg(&args, "-d"))) {

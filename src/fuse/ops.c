@@ -6,7 +6,9 @@
  *
  * Credentials: metadata calls carry the caller's uid, gid and supplementary
  * groups, so meta enforces permissions for the right person. The kernel checks
- * them first too (the mount always has default_permissions). Reading the groups
+ * them first too where the mount has default_permissions (mount.c says when it
+ * has not: only root can enter); access(2) and chdir are answered here then
+ * (op_access). Reading the groups
  * costs a read of /proc/PID/status, so it is skipped for root, whom meta never
  * refuses, and for calls meta does not check (getattr, readlink, and an open
  * that does not truncate).
@@ -340,6 +342,50 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	}
 	attr_stat(fs, &a, &st);
 	fuse_reply_attr(req, &st, fs->o.attr_timeout);
+}
+
+static int cred_in_group(const struct stk_cred *cr, uint32_t gid)
+{
+	if (cr->gid == gid)
+		return 1;
+	for (unsigned i = 0; i < cr->ngroups && i < STK_MAX_GROUPS; i++)
+		if (cr->groups[i] == gid)
+			return 1;
+	return 0;
+}
+
+/*
+ * access(2) and chdir. The kernel asks only when the mount has no
+ * default_permissions (otherwise it decides from its cached attributes): the
+ * caller's rights on fresh attributes, as POSIX and meta rule them. Root passes
+ * everything but execute of a non-folder with no x bit at all.
+ */
+static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
+{
+	struct stk_fuse *fs = fs_of(req);
+	uint64_t sino = ino_swap(fs, ino);
+	unsigned want = (unsigned)mask & (R_OK | W_OK | X_OK), bits;
+	struct stk_cred cr;
+	struct stk_attr a;
+	int rc;
+
+	req_cred(req, &cr, 1);
+	rc = stk_ino_getattr(fs->c, &cr, sino, &a);
+	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, &a) == 0)
+		rc = 0; /* unlinked, still open here */
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	if (cr.uid == 0)
+		bits = S_ISDIR(a.mode) || (a.mode & 0111) ? 7 : 6;
+	else if (cr.uid == a.uid)
+		bits = (a.mode >> 6) & 7;
+	else if (cred_in_group(&cr, a.gid))
+		bits = (a.mode >> 3) & 7;
+	else
+		bits = a.mode & 7;
+	reply_err(req, (bits & want) == want ? 0 : -EACCES);
 }
 
 /* Truncates through the open handle when there is one, so its buffer and size agree. */
@@ -1281,8 +1327,8 @@ static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 }
 
 /*
- * Not here, so the kernel answers by itself: forget (nothing to forget), access
- * (default_permissions), ioctl, poll, bmap,
+ * Not here, so the kernel answers by itself: forget (nothing to forget), ioctl,
+ * poll, bmap,
  * lseek (SEEK_DATA/SEEK_HOLE as generic),
  * copy_file_range (read and write).
  */
@@ -1290,6 +1336,7 @@ static const struct fuse_lowlevel_ops ops = {
 	.init = op_init,
 	.lookup = op_lookup,
 	.getattr = op_getattr,
+	.access = op_access,
 	.setattr = op_setattr,
 	.readlink = op_readlink,
 	.mknod = op_mknod,

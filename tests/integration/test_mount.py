@@ -576,7 +576,52 @@ def test_non_root_gets_eacces(cluster, make_mount, tmp_path):
         os.rmdir(where)
 
 
+def mount_options(path):
+    """The options the kernel shows for the mount at path, from /proc/mounts."""
+    for line in open("/proc/mounts"):
+        f = line.split()
+        if f[1] == str(path):
+            return f[3].split(",")
+    raise AssertionError("%s is not mounted" % path)
+
+
+def test_root_only_mount_leaves_permissions_to_meta(cluster, make_mount):
+    """Mounted by root without allow_other, only root can enter, so the kernel's own
+    permission check (default_permissions) is left out: it would cost a GETATTR of
+    the folder after each create or unlink in it. access(2) and chdir are then
+    answered by the mount, with root's rules: everything but execute of a file with
+    no x bit. -o default_permissions keeps the kernel's check; allow_other implies it."""
+    m = make_mount(cluster)
+    assert "default_permissions" not in mount_options(m.path)
+    k = make_mount(cluster, "k", opts=["default_permissions"])
+    assert "default_permissions" in mount_options(k.path)
+    for mp in (m, k):
+        f = os.path.join(mp.path, "f")
+        with open(f, "w") as out:
+            out.write("#!/bin/sh\necho ran\n")
+        os.chmod(f, 0o644)
+        assert os.access(f, os.R_OK | os.W_OK) and not os.access(f, os.X_OK)
+        # the kernel refuses to run it either way
+        assert errno_of(lambda: subprocess.run([f], capture_output=True)) == errno.EACCES
+        os.chmod(f, 0o744)
+        assert os.access(f, os.X_OK)
+        assert subprocess.run([f], capture_output=True, timeout=30).stdout == b"ran\n"
+        d = os.path.join(mp.path, "locked")
+        os.mkdir(d, 0o000)
+        assert os.access(d, os.R_OK | os.W_OK | os.X_OK)
+        assert subprocess.run(["pwd"], cwd=d, capture_output=True, timeout=30).returncode == 0
+        with open(os.path.join(d, "inside"), "w") as out:
+            out.write("root passes")
+        assert os.listdir(d) == ["inside"]
+        assert not os.access(os.path.join(mp.path, "missing"), os.R_OK)
+        os.unlink(f)
+        os.unlink(os.path.join(d, "inside"))
+        os.rmdir(d)
+
+
 def check_non_root(cluster, m):
+    # others can enter: the kernel checks permissions too
+    assert "default_permissions" in mount_options(m.path)
     os.mkdir(os.path.join(m.path, "rootdir"), 0o755)
     with open(os.path.join(m.path, "rootdir", "owned"), "w") as f:
         f.write("root's")
