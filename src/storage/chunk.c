@@ -66,6 +66,7 @@
 #define FDC_READER 1024u /* of a short-circuit reader's target */
 #define REL_MAX 96 /* "chunks/ff/<16 hex>/<10 digits>.tmp.<10 digits>" and then some */
 #define LARGE_WRITE_MIN (512u << 10) /* uncached or written behind: see chunk_update */
+#define SMALL_CHUNK (132u << 10) /* a chunk file read whole when first opened: see fdc_get */
 
 struct stk_chunk_store {
 	char dir[PATH_MAX]; /* absolute path of the target folder */
@@ -528,6 +529,14 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, char *rel, u
 		rc = -errno;
 		goto fail;
 	}
+	/*
+	 * A small chunk (a small file's) is read whole right after: ask for all of it
+	 * now, so that a cold one costs one disk read. Else the header's read brings
+	 * 16 KiB (the kernel's first readahead) and the bytes after it a second read.
+	 * Pages already cached cost no I/O; failure costs only that.
+	 */
+	if (st.st_size <= (off_t)SMALL_CHUNK)
+		(void)posix_fadvise(fd, 0, st.st_size, POSIX_FADV_WILLNEED);
 	rc = read_hdr(cs, t, fd, rel, ino, idx, &h);
 	if (rc)
 		goto fail;
