@@ -57,6 +57,7 @@ struct stk_fuse_opts {
 	int writeback; /* kernel write-back cache */
 	int allow_other; /* users other than the mounter may enter */
 	int kernel_perms; /* -o default_permissions even where mount.c would leave it out */
+	int uring; /* -o uring: requests through io_uring queues per CPU (uring.c) */
 	int ro; /* read-only mount */
 	int nonempty; /* allow mounting over a non-empty folder */
 	int noatime; /* reads never move atime (default: relatime) */
@@ -231,7 +232,21 @@ struct stk_fuse {
 	struct stk_fuse_acache acache;
 	pthread_key_t rbuf_key; /* per-thread read buffer of STK_FUSE_IO_MAX bytes */
 	int rbuf_key_ok;
+	struct stk_fuse_uring *uring; /* -o uring, once set up; else NULL */
 };
+
+/*
+ * FUSE over io_uring (uring.c). setup: after the session is mounted and before
+ * its loop; takes the session's /dev/fuse reads and writes (0, -ENOMEM, -EIO).
+ * start: from the init callback; its threads register once INIT is answered.
+ * stop: after the loop ended; joins and frees. Any failure leaves /dev/fuse
+ * serving every request, as without the option.
+ */
+int stk_fuse_uring_setup(struct stk_fuse *fs);
+int stk_fuse_uring_start(struct stk_fuse *fs);
+void stk_fuse_uring_stop(struct stk_fuse *fs);
+/* Once the daemon logs to its file: "io_uring: serving ..." is said there (once). */
+void stk_fuse_uring_announce(struct stk_fuse *fs);
 
 /* Sets up fs->tab and the per-thread buffers. 0 or -errno. */
 int stk_fuse_fs_init(struct stk_fuse *fs);

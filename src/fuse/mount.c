@@ -55,6 +55,7 @@ void stk_fuse_opts_default(struct stk_fuse_opts *o)
 	o->entry_timeout = 1.0;
 	o->negative_timeout = 0.0;
 	o->readahead = 16u << 20;
+	o->uring = 1;
 }
 
 /* ---- options ---- */
@@ -141,6 +142,10 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		o->allow_other = 1;
 	else if (strcmp(key, "default_permissions") == 0)
 		o->kernel_perms = 1;
+	else if (strcmp(key, "uring") == 0)
+		o->uring = 1;
+	else if (strcmp(key, "nouring") == 0)
+		o->uring = 0;
 	else if (strcmp(key, "ro") == 0)
 		o->ro = 1;
 	else if (strcmp(key, "rw") == 0)
@@ -173,6 +178,38 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 static int kernel_perms(const struct stk_fuse_opts *o)
 {
 	return o->kernel_perms || o->allow_other || getuid() != 0 || geteuid() != 0;
+}
+
+/*
+ * The kernel offers FUSE over io_uring (uring.c) only while this module setting
+ * is on, and decides when it sends INIT, so before the mount. Root turns it on
+ * (it only lets FUSE servers that ask for io_uring have it); anyone else uses it
+ * if it is on. 1 if on.
+ */
+static int enable_uring(void)
+{
+	const char *p = "/sys/module/fuse/parameters/enable_uring";
+	char v = 0;
+	int fd = open(p, O_RDONLY | O_CLOEXEC), on;
+
+	if (fd < 0) {
+		stk_debug("io_uring: %s: %s (a kernel before 6.14)", p, strerror(errno));
+		return 0;
+	}
+	on = read(fd, &v, 1) == 1 && v == 'Y';
+	close(fd);
+	if (on || geteuid() != 0)
+		return on;
+	fd = open(p, O_WRONLY | O_CLOEXEC);
+	if (fd >= 0 && write(fd, "1", 1) == 1)
+		on = 1;
+	else
+		stk_info("io_uring: cannot turn on %s: %s", p, strerror(errno));
+	if (fd >= 0)
+		close(fd);
+	if (on)
+		stk_info("io_uring: turned on %s", p);
+	return on;
 }
 
 /* Parses "a,b=1,c". 0 or -EINVAL. */
@@ -352,6 +389,7 @@ static void *ready_thread(void *arg)
 	}
 	stk_info("mounted %s on %s (%s)", stk_cluster_addr(r->fs->c), r->mp,
 		 r->fs->o.writeback ? "write-back cache" : "write-through");
+	stk_fuse_uring_announce(r->fs);
 	return NULL;
 }
 
@@ -422,6 +460,8 @@ static int run_daemon(struct stk_fuse *fs, const char *mp, const char *fsname, i
 		goto out_signals;
 	}
 	r.before = st.st_dev;
+	if (fs->o.uring && !enable_uring())
+		fs->o.uring = 0; /* before the mount: the kernel offers it in INIT or not */
 	if (fuse_session_mount(fs->se, mp)) {
 		cli_err("mount", "cannot mount on %s (see above; a user other than root needs "
 			       "read-write access to /dev/fuse)",
@@ -429,6 +469,12 @@ static int run_daemon(struct stk_fuse *fs, const char *mp, const char *fsname, i
 		goto out_signals;
 	}
 	mounted = 1;
+	if (fs->o.uring) {
+		rc = stk_fuse_uring_setup(fs);
+		if (rc)
+			stk_warn("io_uring: cannot set up (%s); serving through /dev/fuse",
+				 stk_strerror(rc));
+	}
 	if (pthread_create(&tid, NULL, ready_thread, &r)) {
 		cli_err("mount", "cannot start a thread");
 		goto out_unmount;
@@ -453,6 +499,7 @@ static int run_daemon(struct stk_fuse *fs, const char *mp, const char *fsname, i
 	if (rc < 0)
 		stk_error("session loop: %s", stk_strerror(rc));
 out_unmount:
+	stk_fuse_uring_stop(fs); /* before the session goes: its threads use it */
 	if (tid_ok) {
 		pthread_join(tid, NULL);
 		if (!r.ok)

@@ -293,6 +293,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	conn->max_background = 64;
 	conn->congestion_threshold = 48;
 	conn->time_gran = 1;
+	stk_fuse_uring_start(fs);
 }
 
 /* ---- names and attributes ---- */

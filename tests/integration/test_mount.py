@@ -619,6 +619,64 @@ def test_root_only_mount_leaves_permissions_to_meta(cluster, make_mount):
         os.rmdir(d)
 
 
+URING_PARAM = "/sys/module/fuse/parameters/enable_uring"
+
+
+def test_requests_come_through_io_uring_per_cpu(cluster, make_mount):
+    """On a kernel with FUSE over io_uring (6.14+) a root mount turns it on and serves
+    requests from threads pinned to each CPU, so a caller and the thread serving it
+    share a CPU; -o nouring keeps /dev/fuse. Both see the same bytes, 1 MiB reads and
+    writes included, from threads on every CPU."""
+    if not os.path.exists(URING_PARAM):
+        pytest.skip("this kernel has no FUSE over io_uring")
+    u = make_mount(cluster, "u")
+    n = make_mount(cluster, "n", opts=["nouring"])
+    assert open(URING_PARAM).read().strip() == "Y"
+    cpus = sorted(os.sched_getaffinity(0))
+    data = {c: os.urandom(3 * MiB + c) for c in cpus}
+    errors = []
+
+    def work(c):
+        try:
+            os.sched_setaffinity(0, {c})  # this thread only
+            for i in range(20):
+                with open(os.path.join(u.path, "c%d-%d" % (c, i)), "wb") as f:
+                    f.write(data[c][:4096 * i])
+            with open(os.path.join(u.path, "big%d" % c), "wb") as f:
+                f.write(data[c])
+            with open(os.path.join(n.path, "big%d" % c), "rb") as f:
+                assert f.read() == data[c]
+            with open(os.path.join(n.path, "back%d" % c), "wb") as f:
+                f.write(data[c][::-1])
+            with open(os.path.join(u.path, "back%d" % c), "rb") as f:
+                assert f.read() == data[c][::-1]
+            for i in range(20):
+                p = os.path.join(u.path, "c%d-%d" % (c, i))
+                assert os.stat(p).st_size == 4096 * i
+                os.unlink(p)
+        except BaseException as e:  # reported below, from the test's thread
+            errors.append(e)
+
+    import threading
+    ts = [threading.Thread(target=work, args=(c,)) for c in cpus]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert "io_uring: serving requests through" in u.log(), u.log()
+    assert "io_uring: serving" not in n.log(), n.log()
+    # a thread of u's daemon is pinned to each CPU
+    pinned = set()
+    for tid in os.listdir("/proc/%d/task" % u.pid()):
+        with open("/proc/%d/task/%s/status" % (u.pid(), tid)) as f:
+            allowed = [l.split()[1] for l in f if l.startswith("Cpus_allowed_list:")][0]
+        if allowed.isdigit():
+            pinned.add(int(allowed))
+    assert set(cpus) <= pinned, pinned
+    assert sorted(os.listdir(u.path)) == sorted(os.listdir(n.path))
+
+
 def check_non_root(cluster, m):
     # others can enter: the kernel checks permissions too
     assert "default_permissions" in mount_options(m.path)
