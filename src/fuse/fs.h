@@ -245,6 +245,12 @@ struct stk_fuse {
 int stk_fuse_uring_setup(struct stk_fuse *fs);
 int stk_fuse_uring_start(struct stk_fuse *fs);
 void stk_fuse_uring_stop(struct stk_fuse *fs);
+/*
+ * On a ring thread serving a request without a payload (a read): a buffer of len
+ * bytes that is the entry's own payload buffer, so a reply made from it is not
+ * copied again. NULL elsewhere, or if len is larger. Valid until the reply.
+ */
+void *stk_fuse_uring_buf(size_t len);
 /* Once the daemon logs to its file: "io_uring: serving ..." is said there (once). */
 void stk_fuse_uring_announce(struct stk_fuse *fs);
 

@@ -126,6 +126,7 @@ struct stk_fuse_uring {
 };
 
 static struct stk_fuse_uring *g_u; /* the custom io's userdata is the session's */
+static __thread struct uthread *g_self; /* the ring thread this is, if one */
 
 static void inflight_put(struct stk_fuse_uring *u, uint64_t unique, struct uthread *t)
 {
@@ -252,7 +253,9 @@ static ssize_t put_reply(struct uthread *t, const struct iovec *iov, int count)
 	} else {
 		n = 0;
 		for (int i = 1; i < count; i++) {
-			memcpy(dst + n, iov[i].iov_base, iov[i].iov_len);
+			/* bytes read straight into the payload (stk_fuse_uring_buf) stay */
+			if (iov[i].iov_base != dst + n)
+				memmove(dst + n, iov[i].iov_base, iov[i].iov_len);
 			n += iov[i].iov_len;
 		}
 	}
@@ -324,6 +327,16 @@ static void announce(struct stk_fuse_uring *u)
 			 u->nthreads);
 }
 
+void *stk_fuse_uring_buf(size_t len)
+{
+	struct uthread *t = g_self;
+
+	/* Only a request with no payload of its own leaves the payload buffer free. */
+	if (!t || !t->in_serve || t->req_psz || len > PAYLOAD)
+		return NULL;
+	return t->buf + LEAD;
+}
+
 void stk_fuse_uring_announce(struct stk_fuse *fs)
 {
 	if (!fs->uring)
@@ -382,6 +395,7 @@ static void *thread_main(void *arg)
 	cpu_set_t set;
 	int rc, told = 0;
 
+	g_self = t;
 	CPU_ZERO(&set);
 	CPU_SET(t->qid, &set);
 	/* fails for an offline CPU: that thread then runs anywhere */
