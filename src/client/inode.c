@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 
 #include "../common/util.h"
+#include "../proto/status.h"
 #include "client.h"
 #include "lcache.h"
 #include "session.h"
@@ -83,6 +84,63 @@ int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, st
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_ino_req_enc(&w, &m);
 	return stk_client_meta_attr_call(c, STK_OP_META_GETATTR, req, w.len, out);
+}
+
+int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
+		     struct stk_attr *out, int *rcs)
+{
+	struct stk_msg_meta_getattrs_req m = {.cred = CRED(c, cred), .n = n};
+	struct stk_msg_meta_getattrs_resp rm;
+	size_t req_cap = 512 + (size_t)n * 8, resp_cap = 64 + (size_t)n * 160, len = 0;
+	uint8_t *req, *resp;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	if (n == 0)
+		return 0;
+	if (n > STK_GETATTRS_MAX)
+		return -EINVAL;
+	req = malloc(req_cap);
+	resp = malloc(resp_cap);
+	if (!req || !resp) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	stk_wbuf_init(&w, req, req_cap);
+	stk_msg_meta_getattrs_req_enc(&w, &m);
+	for (uint32_t i = 0; i < n; i++) {
+		struct stk_msg_getattrs_rec g = {.ino = inos[i]};
+		stk_msg_getattrs_rec_enc(&w, &g);
+	}
+	if (w.err) {
+		rc = -EINVAL;
+		goto out;
+	}
+	rc = stk_client_meta_call(c, STK_OP_META_GETATTRS, req, w.len, resp, resp_cap, &len);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, len);
+	stk_msg_meta_getattrs_resp_dec(&r, &rm);
+	if (r.err || rm.n != n) {
+		rc = -EIO;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct stk_msg_attr_rec rec;
+		stk_msg_attr_rec_dec(&r, &rec);
+		rcs[i] = stk_status_to_errno(rec.status);
+		if (rcs[i] == 0 && rec.attr.ino != inos[i])
+			rcs[i] = -EIO; /* an answer for another inode: trust none of it */
+		if (rcs[i] == 0)
+			out[i] = rec.attr;
+	}
+	if (stk_rbuf_finish(&r))
+		rc = -EIO;
+out:
+	free(req);
+	free(resp);
+	return rc;
 }
 
 int stk_ino_setattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint32_t valid,

@@ -23,6 +23,14 @@ int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 		   struct stk_attr *out);
 int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, struct stk_attr *out);
 /*
+ * Attributes of n inodes (at most STK_GETATTRS_MAX) in one call to meta, as of one
+ * moment: rcs[i] is 0 with out[i] filled, or -errno for that inode alone (-ENOENT:
+ * gone). Returns 0, or -errno when none came back (-ENOSYS from a meta without
+ * META_GETATTRS: the caller asks one by one).
+ */
+int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
+		     struct stk_attr *out, int *rcs);
+/*
  * Changes what `valid` names (STK_SETATTR_*), taking values from `v` (mode, uid,
  * gid, size, atime, mtime). A size change also truncates the chunks on storage.
  */

@@ -41,8 +41,9 @@
  * listing (0 ".", 1 "..", 2 + i the i-th entry); the handle keeps the meta
  * cookie each position resumes from, so a listing resumes and seeks exactly even
  * though meta's cookies are 64-bit hashes that do not fit a signed offset.
- * readdirplus costs one getattr per entry: it is what `ls -l` needs anyway, and
- * the kernel asks for it only when the names are looked up after a listing.
+ * readdirplus asks meta for the attributes of a whole batch of names in one call
+ * (META_GETATTRS), as `ls -l` needs them; the kernel asks for it at the start of a
+ * listing and when the names are looked up after one.
  */
 #include "fs.h"
 #include "metrics.h"
@@ -64,6 +65,8 @@
 
 /* Directory entries fetched from meta per round trip. */
 #define STK_FUSE_DIR_BATCH 256u
+/* How long a batch's attributes serve readdirplus before they are asked for again. */
+#define STK_FUSE_PLUS_FRESH_NS 100000000ull
 
 /* One open directory (fi->fh of opendir). lock serializes its readdirs. */
 struct stk_fuse_dh {
@@ -76,6 +79,13 @@ struct stk_fuse_dh {
 	uint32_t n;
 	int eof; /* the batch ends the directory */
 	int have; /* a batch is loaded */
+	/* readdirplus: the batch's attributes, fetched together (one META_GETATTRS) for
+	 * entries attrs_from.. of the batch at attrs_ns; attr_rcs[k] 0 or -errno. */
+	struct stk_attr *attrs;
+	int *attr_rcs;
+	uint32_t attrs_from;
+	int attrs_have;
+	uint64_t attrs_ns;
 };
 
 static struct stk_fuse *fs_of(fuse_req_t req)
@@ -1174,6 +1184,8 @@ static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
 	pthread_mutex_destroy(&dh->lock);
 	free(dh->cookies);
 	free(dh->ents);
+	free(dh->attrs);
+	free(dh->attr_rcs);
 	free(dh);
 	fuse_reply_err(req, 0);
 }
@@ -1200,6 +1212,7 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
 			return -ENOMEM;
 	}
 	dh->have = 0;
+	dh->attrs_have = 0;
 	rc = stk_ino_readdir(fs->c, cr, dh->ino, dh->cookies[idx], STK_FUSE_DIR_BATCH, dh->ents, &n,
 			     &eof);
 	if (rc)
@@ -1223,6 +1236,41 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
 	dh->eof = eof;
 	dh->have = 1;
 	return n ? 1 : 0;
+}
+
+/*
+ * Attributes of entry k of the loaded batch, for readdirplus: 0 with *a, or -errno.
+ * The batch's entries from k on are asked for in one META_GETATTRS, then reused
+ * while they are fresh (a listing is read a page at a time); a meta without it is
+ * asked one by one. Called with dh->lock held.
+ */
+static int dir_attr(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_fuse_dh *dh,
+		    uint32_t k, struct stk_attr *a)
+{
+	uint64_t now = stk_now_ns(), inos[STK_FUSE_DIR_BATCH];
+	uint32_t n = dh->n - k;
+	int rc;
+
+	if (dh->attrs_have && k >= dh->attrs_from && now - dh->attrs_ns < STK_FUSE_PLUS_FRESH_NS) {
+		*a = dh->attrs[k];
+		return dh->attr_rcs[k];
+	}
+	if (!dh->attrs) {
+		dh->attrs = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->attrs));
+		dh->attr_rcs = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->attr_rcs));
+	}
+	if (!dh->attrs || !dh->attr_rcs || n == 0)
+		return stk_ino_getattr(fs->c, cr, dh->ents[k].ino, a);
+	for (uint32_t i = 0; i < n; i++)
+		inos[i] = dh->ents[k + i].ino;
+	rc = stk_ino_getattrs(fs->c, cr, inos, n, dh->attrs + k, dh->attr_rcs + k);
+	if (rc)
+		return stk_ino_getattr(fs->c, cr, dh->ents[k].ino, a);
+	dh->attrs_have = 1;
+	dh->attrs_from = k;
+	dh->attrs_ns = now;
+	*a = dh->attrs[k];
+	return dh->attr_rcs[k];
 }
 
 static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -1276,7 +1324,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			e.attr.st_mode = d->mode & S_IFMT;
 			if (plus) {
 				struct stk_attr a;
-				int grc = stk_ino_getattr(fs->c, &cr, d->ino, &a);
+				int grc = dir_attr(fs, &cr, dh, (uint32_t)(pos - 2 - dh->start), &a);
 				if (grc == -ENOENT)
 					continue; /* removed since it was listed */
 				if (grc == 0)

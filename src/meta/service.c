@@ -41,6 +41,7 @@
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "../proto/status.h"
 #include "leases.h"
 #include "session.h"
 #include "store.h"
@@ -253,6 +254,55 @@ static int op_getattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	if (rc == 0)
 		rc = stk_meta_store_getattr(m->store, &q.cred, q.ino, &a);
 	return rc ? rc : reply_attr(resp, &a);
+}
+
+/* Several inodes' attributes, each with its own status, in the request's order. */
+static int op_getattrs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_getattrs_req q;
+	struct stk_msg_meta_getattrs_resp r;
+	struct stk_msg_getattrs_rec g;
+	struct stk_msg_attr_rec rec;
+	struct stk_attr *attrs = NULL;
+	uint64_t *inos = NULL;
+	int *rcs = NULL, rc;
+
+	rc = stk_msg_meta_getattrs_req_dec(&req->payload, &q);
+	if (rc == 0 && (q.n == 0 || q.n > STK_GETATTRS_MAX))
+		rc = -EBADMSG;
+	if (rc == 0) {
+		inos = calloc(q.n, sizeof(*inos));
+		attrs = calloc(q.n, sizeof(*attrs));
+		rcs = calloc(q.n, sizeof(*rcs));
+		if (!inos || !attrs || !rcs) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		rc = stk_msg_getattrs_rec_dec(&req->payload, &g);
+		if (rc == 0)
+			inos[i] = g.ino;
+	}
+	rc = decoded(req, rc);
+	if (rc == 0)
+		rc = stk_meta_store_getattrs(m->store, &q.cred, inos, q.n, attrs, rcs);
+	if (rc)
+		goto out;
+	r.n = q.n;
+	rc = stk_msg_meta_getattrs_resp_enc(&resp->payload, &r);
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		memset(&rec, 0, sizeof(rec));
+		rec.status = stk_status_from_errno(rcs[i]);
+		if (rcs[i] == 0)
+			rec.attr = attrs[i];
+		rc = stk_msg_attr_rec_enc(&resp->payload, &rec);
+	}
+out:
+	free(inos);
+	free(attrs);
+	free(rcs);
+	return rc;
 }
 
 static int op_setattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -961,6 +1011,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_CLOSES] = op_closes,
 	[STK_OP_META_WATCH] = op_watch,
 	[STK_OP_META_LOOKUP_CACHE] = op_lookup_cache,
+	[STK_OP_META_GETATTRS] = op_getattrs,
 };
 /* clang-format on */
 

@@ -725,6 +725,24 @@ int stk_meta_store_getattr(struct stk_meta_store *st, const struct stk_cred *cre
 	return op_end(&o, rc);
 }
 
+int stk_meta_store_getattrs(struct stk_meta_store *st, const struct stk_cred *cred,
+			    const uint64_t *inos, uint32_t n, struct stk_attr *out, int *rcs)
+{
+	struct inode node;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, cred, 1);
+	if (rc)
+		return rc;
+	for (uint32_t i = 0; i < n; i++) {
+		rcs[i] = inode_get(&o, inos[i], &node);
+		if (rcs[i] == 0)
+			out[i] = node.a;
+	}
+	return op_end(&o, 0);
+}
+
 int stk_meta_store_readlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			    char *buf, size_t len)
 {

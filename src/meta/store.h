@@ -84,6 +84,13 @@ int stk_meta_store_lookup(struct stk_meta_store *st, const struct stk_cred *cred
 /* Attributes of an inode. No permission is needed (the caller found it by lookup). */
 int stk_meta_store_getattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			   struct stk_attr *out);
+/*
+ * Attributes of n inodes, as of one moment (one read transaction): rcs[i] is 0 with
+ * out[i] filled, or -ENOENT (or another -errno) for that inode alone. Returns 0, or
+ * -errno when none could be read.
+ */
+int stk_meta_store_getattrs(struct stk_meta_store *st, const struct stk_cred *cred,
+			    const uint64_t *inos, uint32_t n, struct stk_attr *out, int *rcs);
 
 /* What stk_meta_store_setattr changes: the fields named in `valid` (STK_SETATTR_*). */
 struct stk_meta_sattr {

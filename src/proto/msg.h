@@ -221,6 +221,12 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
  * dir the folder's attributes (for the search permission of cached answers).
  */
 #define STK_MSG_META_LOOKUP_CACHE_RESP(F) F(u8, found) F(u8, leased) F(attr, attr) F(attr, dir)
+/* META_GETATTRS: n getattrs_rec follow the request, n attr_rec the reply (wire.h). */
+#define STK_MSG_META_GETATTRS_REQ(F) F(cred, cred) F(u32, n)
+#define STK_MSG_META_GETATTRS_RESP(F) F(u32, n)
+#define STK_MSG_GETATTRS_REC(F) F(u64, ino)
+#define STK_MSG_ATTR_REC(F) F(u32, status) F(attr, attr)
+#define STK_GETATTRS_MAX 1024u
 #define STK_MSG_OPEN_REF(F) F(u64, ino) F(u32, count) F(u8, flags)
 #define STK_CLOSES_MAX 1024u
 #define STK_REF_READ 1u
@@ -308,6 +314,10 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(meta_watch_resp, STK_MSG_META_WATCH_RESP)               \
 	X(watch_rec, STK_MSG_WATCH_REC)                           \
 	X(meta_lookup_cache_resp, STK_MSG_META_LOOKUP_CACHE_RESP) \
+	X(meta_getattrs_req, STK_MSG_META_GETATTRS_REQ)           \
+	X(meta_getattrs_resp, STK_MSG_META_GETATTRS_RESP)         \
+	X(getattrs_rec, STK_MSG_GETATTRS_REC)                     \
+	X(attr_rec, STK_MSG_ATTR_REC)                             \
 	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \

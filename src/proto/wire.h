@@ -146,6 +146,11 @@
 	 * not (NOENT is a reply with found 0, not a status). */                            \
 	X(META_LOOKUP_CACHE, 60, meta_lookup_req, meta_lookup_cache_resp,                    \
 	  "look a name up, leased for the client's cache")                                   \
+	/* META_GETATTR for up to STK_GETATTRS_MAX inodes, in one read transaction: the     \
+	 * request is followed by `n` getattrs_rec (inode numbers), the reply by `n`        \
+	 * attr_rec in the same order, each with its own status (NOENT for one gone). What  \
+	 * a mount's readdirplus asks for a listing's batch of names. */                    \
+	X(META_GETATTRS, 61, meta_getattrs_req, meta_getattrs_resp, "attributes of several inodes") \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \

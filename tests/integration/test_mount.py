@@ -896,6 +896,44 @@ def test_open_and_create_cost_one_meta_call(cluster, make_mount):
     assert delta(before, after, "META_OPEN") <= 2
 
 
+def test_ls_l_asks_meta_for_attributes_in_batches(cluster, make_mount):
+    """`ls -l` of a folder a mount has not seen: the kernel lists it with readdirplus,
+    whose names' attributes come from meta a batch at a time (META_GETATTRS), not one
+    META_GETATTR or META_LOOKUP per name; each name has its own size, mode and owner,
+    and a name removed through another mount after the listing is not shown."""
+    w = make_mount(cluster, "writer")
+    d = os.path.join(w.path, "many")
+    os.mkdir(d)
+    n = 600
+    for i in range(n):
+        p = os.path.join(d, "f%04d" % i)
+        with open(p, "wb") as f:
+            f.write(b"x" * (i % 97))
+        os.chmod(p, 0o600 + (i % 8))
+        if i % 5 == 0:
+            os.chown(p, 1000 + i, 2000 + i)
+    r = make_mount(cluster, "reader")
+    before = meta_counts(cluster)
+    seen = {}
+    for e in os.scandir(os.path.join(r.path, "many")):
+        st = e.stat(follow_symlinks=False)
+        seen[e.name] = (st.st_size, st.st_mode & 0o7777, st.st_uid, st.st_gid)
+    after = meta_counts(cluster)
+    want = {"f%04d" % i: (i % 97, 0o600 + (i % 8), 1000 + i if i % 5 == 0 else 0,
+                          2000 + i if i % 5 == 0 else 0) for i in range(n)}
+    assert seen == want
+    asked = delta(before, after, "META_GETATTRS")
+    assert 1 <= asked <= n // 20
+    assert delta(before, after, "META_GETATTR") + delta(before, after, "META_LOOKUP") < n // 10
+    lines = run(["ls", "-ln", os.path.join(r.path, "many")]).stdout.decode().splitlines()
+    assert len(lines) == n + 1
+    # Gone through the writer before the reader lists: not shown, the rest are.
+    os.unlink(os.path.join(d, "f0007"))
+    time.sleep(1.2)  # the reader's entry and attribute caches (1 s) run out
+    names = run(["ls", "-l", os.path.join(r.path, "many")]).stdout.decode()
+    assert " f0007\n" not in names and " f0008\n" in names
+
+
 def test_metadata_round_trips_with_default_options(cluster, make_mount):
     """With the default options (1 s caches, relatime): a create is a META_LOOKUP and a
     META_CREATE, an unlink a META_LOOKUP and a META_UNLINK, with no META_GETATTR of

@@ -387,6 +387,28 @@ static void test_record_reads(void)
 	CHECK_RC(stk_meta_store_record_reads(st, inos, 0), 0);
 }
 
+static void test_getattrs(void)
+{
+	uint64_t f = create_as(&ROOT, STK_ROOT_INO, "ga1"), g = create_as(&ROOT, STK_ROOT_INO, "ga2");
+	uint64_t inos[4] = {f, 999999, STK_ROOT_INO, g};
+	struct stk_attr out[4], one;
+	int rcs[4];
+
+	memset(out, 0, sizeof(out));
+	CHECK_RC(stk_meta_store_getattrs(st, &ROOT, inos, 4, out, rcs), 0);
+	CHECK_RC(rcs[0], 0);
+	CHECK_RC(rcs[1], -ENOENT);
+	CHECK_RC(rcs[2], 0);
+	CHECK_RC(rcs[3], 0);
+	one = attr_of(f);
+	CHECK(out[0].ino == f && out[0].mode == one.mode && out[0].nlink == one.nlink &&
+	      out[0].size == one.size && out[0].mtime_sec == one.mtime_sec &&
+	      out[0].mtime_nsec == one.mtime_nsec && out[0].layout.seed == one.layout.seed);
+	CHECK(out[2].ino == STK_ROOT_INO && S_ISDIR(out[2].mode));
+	CHECK(out[3].ino == g && S_ISREG(out[3].mode));
+	CHECK_RC(stk_meta_store_getattrs(st, &ROOT, inos, 0, out, rcs), 0);
+}
+
 static void test_setattr_extend(void)
 {
 	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "sa", 0755), f = create_as(&ROOT, d, "f");
@@ -1054,6 +1076,7 @@ int main(void)
 	test_setattr_extend();
 	test_setattr_atime_read();
 	test_record_reads();
+	test_getattrs();
 	test_rename();
 	test_permissions();
 	test_readdir_small();
