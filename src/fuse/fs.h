@@ -251,6 +251,8 @@ void stk_fuse_uring_stop(struct stk_fuse *fs);
  * copied again. NULL elsewhere, or if len is larger. Valid until the reply.
  */
 void *stk_fuse_uring_buf(size_t len);
+/* On a ring thread: on 1, lets it run on any CPU; on 0, pins it to its queue's again. */
+void stk_fuse_uring_roam(int on);
 /* Once the daemon logs to its file: "io_uring: serving ..." is said there (once). */
 void stk_fuse_uring_announce(struct stk_fuse *fs);
 

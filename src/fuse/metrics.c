@@ -94,7 +94,6 @@ static struct stk_metrics_http *http;
 /* The outcome of the call this thread is in: set at the reply. */
 static __thread int tls_err;
 static __thread uint64_t tls_bytes;
-static __thread int tls_deferred; /* the call is counted by whoever finishes it */
 
 int stk_fuse_metrics_opt(const char *val)
 {
@@ -117,7 +116,6 @@ static uint64_t call_begin(enum fuse_call c)
 {
 	tls_err = 0;
 	tls_bytes = 0;
-	tls_deferred = 0;
 	return stk_metrics_ops_begin(calls, c);
 }
 
@@ -125,25 +123,7 @@ static void call_end(enum fuse_call c, uint64_t t0)
 {
 	uint64_t in = c == FC_write ? tls_bytes : 0, out = c == FC_read ? tls_bytes : 0;
 
-	if (tls_deferred)
-		return;
 	stk_metrics_ops_end(calls, c, t0, tls_err, in, out);
-}
-
-void stk_fuse_metrics_defer(void)
-{
-	tls_deferred = 1;
-}
-
-uint64_t stk_fuse_metrics_read_begin(void)
-{
-	return calls ? call_begin(FC_read) : 0;
-}
-
-void stk_fuse_metrics_read_end(uint64_t t0)
-{
-	if (calls)
-		call_end(FC_read, t0);
 }
 
 /* One wrapper: W(call, (parameters), (arguments)). */

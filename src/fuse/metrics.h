@@ -28,14 +28,6 @@ const struct fuse_lowlevel_ops *stk_fuse_metrics_start(const struct fuse_lowleve
  * stoker_client_lookup_cache_total at every scrape. c must outlive the endpoint.
  */
 void stk_fuse_metrics_cache(stk_client *c);
-/*
- * A read handed to another thread: defer, on the thread that got it, keeps its
- * wrapper from counting it; read_begin and read_end, on the thread that finishes
- * it (and replies between them), count it there. No-ops without -o metrics.
- */
-void stk_fuse_metrics_defer(void);
-uint64_t stk_fuse_metrics_read_begin(void);
-void stk_fuse_metrics_read_end(uint64_t t0);
 /* After the session loop: stops the endpoint. */
 void stk_fuse_metrics_stop(void);
 

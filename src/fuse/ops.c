@@ -972,100 +972,22 @@ static void do_read(fuse_req_t req, struct stk_fuse_fh *fh, size_t size, off_t o
 		note_read(fs, atime_ino);
 }
 
-/*
- * Large reads that came through an io_uring queue are done by a few unpinned
- * threads: a ring thread runs on its caller's CPU (uring.c), and a stream of
- * 1 MiB reads would keep all the work of one reader on one CPU. A read's bytes
- * land in the ring entry's own buffer all the same. The kernel releases the
- * handle only after its reads are answered.
- */
 #define BIG_READ (256u << 10)
-#define BIG_READERS 4
-
-struct big_read {
-	fuse_req_t req;
-	struct stk_fuse_fh *fh;
-	size_t size;
-	off_t off;
-	char *buf;
-	struct big_read *next;
-};
-
-static pthread_mutex_t br_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t br_cv = PTHREAD_COND_INITIALIZER;
-static struct big_read *br_head, *br_tail;
-static int br_threads; /* under br_mu: started (they live as long as the process) */
-
-static void *big_reader(void *arg)
-{
-	(void)arg;
-	for (;;) {
-		struct big_read *b;
-		uint64_t t0;
-
-		pthread_mutex_lock(&br_mu);
-		while (!br_head)
-			pthread_cond_wait(&br_cv, &br_mu);
-		b = br_head;
-		br_head = b->next;
-		if (!br_head)
-			br_tail = NULL;
-		pthread_mutex_unlock(&br_mu);
-		t0 = stk_fuse_metrics_read_begin();
-		do_read(b->req, b->fh, b->size, b->off, b->buf);
-		stk_fuse_metrics_read_end(t0);
-		free(b);
-	}
-	return NULL;
-}
-
-/* Hands the read to a big reader; 0 if it could not (the caller reads). */
-static int hand_off(fuse_req_t req, struct stk_fuse_fh *fh, size_t size, off_t off, char *buf)
-{
-	struct big_read *b = malloc(sizeof(*b));
-	pthread_attr_t at;
-	pthread_t tid;
-
-	if (!b)
-		return 0;
-	*b = (struct big_read){.req = req, .fh = fh, .size = size, .off = off, .buf = buf};
-	pthread_mutex_lock(&br_mu);
-	while (br_threads < BIG_READERS) {
-		int ok = pthread_attr_init(&at) == 0;
-		if (ok) {
-			pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-			ok = pthread_create(&tid, &at, big_reader, NULL) == 0;
-			pthread_attr_destroy(&at);
-		}
-		if (!ok)
-			break;
-		br_threads++;
-	}
-	if (!br_threads) {
-		pthread_mutex_unlock(&br_mu);
-		free(b);
-		return 0;
-	}
-	if (br_tail)
-		br_tail->next = b;
-	else
-		br_head = b;
-	br_tail = b;
-	pthread_cond_signal(&br_cv);
-	pthread_mutex_unlock(&br_mu);
-	stk_fuse_metrics_defer();
-	return 1;
-}
 
 static void op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		    struct fuse_file_info *fi)
 {
 	/* On a ring thread: the ring's own buffer, so the reply is not copied again. */
 	char *buf = stk_fuse_uring_buf(size);
+	/* A ring thread runs on its caller's CPU; a stream of large reads would keep all
+	 * the work of one reader there, so it may run anywhere while it reads. */
+	int roam = buf && size >= BIG_READ;
 
-	if (buf && size >= BIG_READ && hand_off(req, fh_of(fi), size, off, buf))
-		return;
+	if (roam)
+		stk_fuse_uring_roam(1);
 	do_read(req, fh_of(fi), size, off, buf);
+	if (roam)
+		stk_fuse_uring_roam(0);
 }
 
 static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t size, off_t off,

@@ -337,6 +337,24 @@ void *stk_fuse_uring_buf(size_t len)
 	return t->buf + LEAD;
 }
 
+void stk_fuse_uring_roam(int on)
+{
+	struct uthread *t = g_self;
+	cpu_set_t set;
+
+	if (!t)
+		return;
+	CPU_ZERO(&set);
+	if (on) {
+		long n = sysconf(_SC_NPROCESSORS_CONF);
+		for (long i = 0; i < n && i < CPU_SETSIZE; i++)
+			CPU_SET(i, &set);
+	} else {
+		CPU_SET(t->qid, &set);
+	}
+	(void)pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+}
+
 void stk_fuse_uring_announce(struct stk_fuse *fs)
 {
 	if (!fs->uring)
