@@ -10,6 +10,13 @@
  * Files (put_once at a read-only open): answered once, to the getattr of the
  * first read, and forgotten as soon as anything in this mount may change them.
  *
+ * Told (fs.h): what the kernel was last told of a file, so that an open that finds
+ * the same attributes at meta need not drop the kernel's. A note is refused when
+ * any change by this mount came after its call began (the kernel may then hold
+ * that change's answer instead), and forgotten when two answers differ (the
+ * kernel may hold either), at a drop of its inode, at a clear and after an
+ * unlink elsewhere (forget_files).
+ *
  * Every other change this mount makes empties the cache (mkdir, rmdir, rename,
  * link, symlink, mknod: they may change two folders or a link count), forgets the
  * files (unlink: a link count), or drops that inode (setattr, xattrs, a writable
@@ -19,6 +26,7 @@
 #include "fs.h"
 
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -34,11 +42,66 @@ void stk_fuse_acache_init(struct stk_fuse_acache *d, double ttl_s)
 	memset(d, 0, sizeof(*d));
 	pthread_mutex_init(&d->lock, NULL);
 	d->ttl_ns = ttl_s > 0 ? (uint64_t)(ttl_s * 1e9) : 0;
+	if (d->ttl_ns)
+		d->told = calloc(STK_FUSE_TOLD_SLOTS, sizeof(*d->told)); /* NULL: none kept */
 }
 
 void stk_fuse_acache_destroy(struct stk_fuse_acache *d)
 {
 	pthread_mutex_destroy(&d->lock);
+	free(d->told);
+	d->told = NULL;
+}
+
+static struct stk_fuse_told *told_slot(struct stk_fuse_acache *d, uint64_t ino)
+{
+	return &d->told[(size_t)((ino * 0x9e3779b97f4a7c15ull) >> 32) % STK_FUSE_TOLD_SLOTS];
+}
+
+static int told_is(const struct stk_fuse_told *s, const struct stk_attr *a)
+{
+	return s->size == a->size && s->mtime_sec == a->mtime_sec &&
+	       s->mtime_nsec == a->mtime_nsec && s->ctime_sec == a->ctime_sec &&
+	       s->ctime_nsec == a->ctime_nsec;
+}
+
+void stk_fuse_acache_told(struct stk_fuse_acache *d, const struct stk_attr *a,
+			  struct stk_fuse_acache_tok t)
+{
+	struct stk_fuse_told *s;
+
+	if (!d->told || !a->ino || !S_ISREG(a->mode))
+		return;
+	pthread_mutex_lock(&d->lock);
+	s = told_slot(d, a->ino);
+	if (t.any_gen != d->any_gen ||
+	    (s->ino == a->ino && s->files_gen == d->files_gen && !told_is(s, a))) {
+		if (s->ino == a->ino)
+			memset(s, 0, sizeof(*s));
+	} else {
+		*s = (struct stk_fuse_told){.ino = a->ino,
+					    .size = a->size,
+					    .files_gen = d->files_gen,
+					    .mtime_sec = a->mtime_sec,
+					    .ctime_sec = a->ctime_sec,
+					    .mtime_nsec = a->mtime_nsec,
+					    .ctime_nsec = a->ctime_nsec};
+	}
+	pthread_mutex_unlock(&d->lock);
+}
+
+int stk_fuse_acache_told_same(struct stk_fuse_acache *d, const struct stk_attr *a)
+{
+	struct stk_fuse_told *s;
+	int same;
+
+	if (!d->told || !a->ino)
+		return 0;
+	pthread_mutex_lock(&d->lock);
+	s = told_slot(d, a->ino);
+	same = s->ino == a->ino && s->files_gen == d->files_gen && told_is(s, a);
+	pthread_mutex_unlock(&d->lock);
+	return same;
 }
 
 struct stk_fuse_acache_tok stk_fuse_acache_begin(struct stk_fuse_acache *d, uint64_t ino)
@@ -48,6 +111,7 @@ struct stk_fuse_acache_tok stk_fuse_acache_begin(struct stk_fuse_acache *d, uint
 	pthread_mutex_lock(&d->lock);
 	t.gen = d->slot[slot_of(ino)].gen;
 	t.files_gen = d->files_gen;
+	t.any_gen = d->any_gen;
 	pthread_mutex_unlock(&d->lock);
 	return t;
 }
@@ -126,6 +190,9 @@ void stk_fuse_acache_drop(struct stk_fuse_acache *d, uint64_t ino)
 	if (s->a.ino == ino)
 		slot_empty(s);
 	s->gen++;
+	d->any_gen++;
+	if (d->told && told_slot(d, ino)->ino == ino)
+		memset(told_slot(d, ino), 0, sizeof(struct stk_fuse_told));
 	pthread_mutex_unlock(&d->lock);
 }
 
@@ -135,6 +202,7 @@ void stk_fuse_acache_forget_files(struct stk_fuse_acache *d)
 		return;
 	pthread_mutex_lock(&d->lock);
 	d->files_gen++;
+	d->any_gen++;
 	pthread_mutex_unlock(&d->lock);
 }
 
@@ -147,5 +215,8 @@ void stk_fuse_acache_clear(struct stk_fuse_acache *d)
 		slot_empty(&d->slot[i]);
 		d->slot[i].gen++;
 	}
+	d->any_gen++;
+	if (d->told)
+		memset(d->told, 0, STK_FUSE_TOLD_SLOTS * sizeof(*d->told));
 	pthread_mutex_unlock(&d->lock);
 }

@@ -192,16 +192,32 @@ struct stk_fuse_acache_slot {
 	int once; /* a file's, answered once */
 };
 
+/*
+ * What the mount last told the kernel of a file (lookup, getattr, readdirplus),
+ * kept only while every answer since agreed: an open that finds meta's fresh
+ * attributes equal to these leaves the kernel's copy alone instead of dropping it
+ * (which costs the first read a getattr). Direct-mapped; ino 0: empty.
+ */
+#define STK_FUSE_TOLD_SLOTS 1024u
+
+struct stk_fuse_told {
+	uint64_t ino, size, files_gen;
+	int64_t mtime_sec, ctime_sec;
+	uint32_t mtime_nsec, ctime_nsec;
+};
+
 struct stk_fuse_acache {
 	pthread_mutex_t lock;
 	uint64_t ttl_ns; /* attr_timeout; 0 = the cache is off */
 	uint64_t files_gen; /* bumped by stk_fuse_acache_forget_files */
+	uint64_t any_gen; /* bumped by every drop, forget and clear */
 	struct stk_fuse_acache_slot slot[STK_FUSE_ACACHE_SLOTS];
+	struct stk_fuse_told *told; /* STK_FUSE_TOLD_SLOTS, or NULL: not kept */
 };
 
 /* Read before the call whose reply is put: a put after a change since is dropped. */
 struct stk_fuse_acache_tok {
-	uint64_t gen, files_gen;
+	uint64_t gen, files_gen, any_gen;
 };
 
 void stk_fuse_acache_init(struct stk_fuse_acache *d, double ttl_s);
@@ -215,6 +231,15 @@ void stk_fuse_acache_put_once(struct stk_fuse_acache *d, const struct stk_attr *
 			      struct stk_fuse_acache_tok t);
 /* Inode ino's attributes if kept and not older than attr_timeout: 0, else -ENOENT. */
 int stk_fuse_acache_get(struct stk_fuse_acache *d, uint64_t ino, struct stk_attr *a);
+/*
+ * Notes file a's attributes as told to the kernel by a reply to a call that began
+ * at t (any change by this mount since then, or a different answer since the last
+ * one, and nothing is kept for it).
+ */
+void stk_fuse_acache_told(struct stk_fuse_acache *d, const struct stk_attr *a,
+			  struct stk_fuse_acache_tok t);
+/* 1 if the kernel was told exactly a's size, mtime and ctime for a->ino; else 0. */
+int stk_fuse_acache_told_same(struct stk_fuse_acache *d, const struct stk_attr *a);
 /* Forgets inode ino: this mount may have changed its attributes. */
 void stk_fuse_acache_drop(struct stk_fuse_acache *d, uint64_t ino);
 /* Forgets every file (an unlink changed some file's link count). */

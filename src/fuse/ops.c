@@ -86,6 +86,7 @@ struct stk_fuse_dh {
 	uint32_t attrs_from;
 	int attrs_have;
 	uint64_t attrs_ns;
+	struct stk_fuse_acache_tok attrs_tok; /* taken before they were asked for */
 };
 
 static struct stk_fuse *fs_of(fuse_req_t req)
@@ -311,6 +312,7 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, 0);
 	struct stk_cred cr;
 	struct stk_attr a;
 	int rc;
@@ -328,6 +330,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		reply_err(req, rc);
 		return;
 	}
+	stk_fuse_acache_told(&fs->acache, &a, tok);
 	reply_entry(req, fs, &a);
 }
 
@@ -335,6 +338,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
 	struct stk_fuse *fs = fs_of(req);
 	uint64_t sino = ino_swap(fs, ino);
+	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, sino);
 	struct stk_cred cr;
 	struct stk_attr a;
 	struct stat st;
@@ -351,6 +355,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		reply_err(req, rc);
 		return;
 	}
+	stk_fuse_acache_told(&fs->acache, &a, tok);
 	attr_stat(fs, &a, &st);
 	fuse_reply_attr(req, &st, fs->o.attr_timeout);
 }
@@ -864,7 +869,8 @@ out:
 	}
 	fi->fh = (uintptr_t)fh;
 	fi->keep_cache = keep;
-	if (!keep)
+	/* Kept when the kernel was told these very attributes (attrcache.c, told). */
+	if (!keep && !stk_fuse_acache_told_same(&fs->acache, a))
 		/* The kernel's attributes may predate another client's close: drop them, so
 		 * the first read fetches the size this open saw. */
 		fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, a->ino), -1, 0);
@@ -1167,7 +1173,7 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
  * asked one by one. Called with dh->lock held.
  */
 static int dir_attr(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_fuse_dh *dh,
-		    uint32_t k, struct stk_attr *a)
+		    uint32_t k, struct stk_attr *a, struct stk_fuse_acache_tok *tok)
 {
 	uint64_t now = stk_now_ns(), inos[STK_FUSE_DIR_BATCH];
 	uint32_t n = dh->n - k;
@@ -1175,8 +1181,10 @@ static int dir_attr(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
 
 	if (dh->attrs_have && k >= dh->attrs_from && now - dh->attrs_ns < STK_FUSE_PLUS_FRESH_NS) {
 		*a = dh->attrs[k];
+		*tok = dh->attrs_tok;
 		return dh->attr_rcs[k];
 	}
+	*tok = stk_fuse_acache_begin(&fs->acache, 0);
 	if (!dh->attrs) {
 		dh->attrs = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->attrs));
 		dh->attr_rcs = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->attr_rcs));
@@ -1191,6 +1199,7 @@ static int dir_attr(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
 	dh->attrs_have = 1;
 	dh->attrs_from = k;
 	dh->attrs_ns = now;
+	dh->attrs_tok = *tok;
 	*a = dh->attrs[k];
 	return dh->attr_rcs[k];
 }
@@ -1245,12 +1254,16 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			e.attr.st_ino = d->ino;
 			e.attr.st_mode = d->mode & S_IFMT;
 			if (plus) {
+				struct stk_fuse_acache_tok tok;
 				struct stk_attr a;
-				int grc = dir_attr(fs, &cr, dh, (uint32_t)(pos - 2 - dh->start), &a);
+				int grc = dir_attr(fs, &cr, dh, (uint32_t)(pos - 2 - dh->start), &a,
+						   &tok);
 				if (grc == -ENOENT)
 					continue; /* removed since it was listed */
-				if (grc == 0)
+				if (grc == 0) {
+					stk_fuse_acache_told(&fs->acache, &a, tok);
 					fill_entry(fs, &a, &e);
+				}
 				/* else e.ino stays 0: the name is listed, looked up later */
 			}
 		}

@@ -556,6 +556,44 @@ def test_mount_serves_metrics(cluster, make_mount):
     assert p.returncode == 0, (p.stdout.decode(), p.stderr.decode())
 
 
+def test_open_keeps_the_attributes_the_kernel_was_told(cluster, make_mount):
+    """A file the kernel has just looked up, opened read-only: meta's fresh attributes
+    at the open are those the kernel was told at the lookup, so its copy stays and
+    the first read asks no getattr (counted by the mount's /metrics). After another
+    mount rewrote the file, the open finds them changed, drops the kernel's copy, and
+    the read sees the new bytes and size."""
+    w = make_mount(cluster, "writer")
+    addr = "127.0.0.1:%d" % free_port()
+    r = make_mount(cluster, "reader", opts=["metrics=" + addr])
+    fuse = {"frontend": "fuse"}
+    n = 30
+    datas = [os.urandom(1000 + 37 * i) for i in range(n)]
+    os.mkdir(os.path.join(w.path, "d"))
+    for i, data in enumerate(datas):
+        with open(os.path.join(w.path, "d", "f%d" % i), "wb") as f:
+            f.write(data)
+    os.listdir(os.path.join(r.path, "d"))
+    before = parse(http(addr)[2])[0]
+    for i, data in enumerate(datas):
+        with open(os.path.join(r.path, "d", "f%d" % i), "rb") as f:
+            assert f.read() == data
+    after = parse(http(addr)[2])[0]
+    opens = total(after, "stoker_client_ops_total", op="open", **fuse) - \
+        total(before, "stoker_client_ops_total", op="open", **fuse)
+    getattrs = total(after, "stoker_client_ops_total", op="getattr", **fuse) - \
+        total(before, "stoker_client_ops_total", op="getattr", **fuse)
+    assert opens == n
+    assert getattrs <= 2  # a stray one: the kernel revalidating the folder
+    # rewritten elsewhere, longer, then the same length with other bytes
+    p = os.path.join(r.path, "d", "f0")
+    for new in (os.urandom(5000), os.urandom(5000)):
+        with open(os.path.join(w.path, "d", "f0"), "wb") as f:
+            f.write(new)
+        with open(p, "rb") as f:
+            assert f.read() == new
+        assert os.stat(p).st_size == len(new)
+
+
 def test_mount_bad_metrics_address(cluster, make_mount):
     m = make_mount(cluster, opts=["metrics="], start=False)
     p = m.start(check=False)
