@@ -563,7 +563,11 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, char *rel, u
 		*out = e;
 		return 0;
 	}
-	e->mappable = cs->reader && e->data_len > 0 && (uint64_t)e->size >= e->map_len;
+	/* A small chunk is not mapped: it is read whole with one preadv, where a map
+	 * costs an mmap and, when its entry goes, an munmap that stops every CPU the
+	 * reader's threads ran on (a TLB shootdown). */
+	e->mappable = cs->reader && e->data_len > 0 && (uint64_t)e->size >= e->map_len &&
+		      e->map_len > SMALL_CHUNK;
 	fdc_insert(cs, e);
 	*out = e;
 	return 0;
