@@ -503,6 +503,10 @@ def test_list_multipart_uploads(s3):
     assert [u["Key"] for u in r["Uploads"]] == ["c d", "z"] and "CommonPrefixes" not in r
     r = s3.list_multipart_uploads(Bucket="bkt", MaxUploads=2)
     assert r["IsTruncated"] and (r["NextKeyMarker"], r["NextUploadIdMarker"]) == every[1]
+    assert [(u["Key"], u["UploadId"]) for u in r["Uploads"]] == every[:2]
+    # one key's uploads by initiation time (keys in key order: their times may go back)
+    r = s3.list_multipart_uploads(Bucket="bkt", Prefix="a/2")
+    assert [u["UploadId"] for u in r["Uploads"]] == a2
     assert [u["Initiated"] for u in r["Uploads"]] == sorted(u["Initiated"] for u in r["Uploads"])
 
 
