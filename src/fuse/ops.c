@@ -313,6 +313,7 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, 0);
+	struct fuse_entry_param e;
 	struct stk_cred cr;
 	struct stk_attr a;
 	int rc;
@@ -320,7 +321,6 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	req_cred(req, &cr, 1);
 	rc = stk_ino_lookup(fs->c, &cr, ino_swap(fs, parent), name, &a);
 	if (rc == -ENOENT && fs->o.negative_timeout > 0) {
-		struct fuse_entry_param e;
 		memset(&e, 0, sizeof(e));
 		e.entry_timeout = fs->o.negative_timeout;
 		fuse_reply_entry(req, &e);
@@ -330,8 +330,9 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		reply_err(req, rc);
 		return;
 	}
-	stk_fuse_acache_told(&fs->acache, &a, tok);
-	reply_entry(req, fs, &a);
+	fill_entry(fs, &a, &e);
+	if (fuse_reply_entry(req, &e) == 0)
+		stk_fuse_acache_told(&fs->acache, &a, tok);
 }
 
 static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -355,9 +356,9 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		reply_err(req, rc);
 		return;
 	}
-	stk_fuse_acache_told(&fs->acache, &a, tok);
 	attr_stat(fs, &a, &st);
-	fuse_reply_attr(req, &st, fs->o.attr_timeout);
+	if (fuse_reply_attr(req, &st, fs->o.attr_timeout) == 0)
+		stk_fuse_acache_told(&fs->acache, &a, tok);
 }
 
 static int cred_in_group(const struct stk_cred *cr, uint32_t gid)
@@ -1210,8 +1211,12 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_dh *dh = (struct stk_fuse_dh *)(uintptr_t)fi->fh;
 	char *buf = thread_buf(fs);
+	struct {
+		struct stk_attr a;
+		struct stk_fuse_acache_tok tok;
+	} tolds[128];
+	size_t used = 0, ntold = 0;
 	struct stk_cred cr;
-	size_t used = 0;
 	int rc = 0;
 
 	if (!buf) {
@@ -1235,8 +1240,11 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	}
 	for (uint64_t pos = (uint64_t)off;; pos++) {
 		struct fuse_entry_param e;
+		struct stk_fuse_acache_tok tok;
+		struct stk_attr a;
 		const char *name;
 		size_t need;
+		int told = 0;
 
 		memset(&e, 0, sizeof(e));
 		if (pos < 2) {
@@ -1254,15 +1262,13 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			e.attr.st_ino = d->ino;
 			e.attr.st_mode = d->mode & S_IFMT;
 			if (plus) {
-				struct stk_fuse_acache_tok tok;
-				struct stk_attr a;
 				int grc = dir_attr(fs, &cr, dh, (uint32_t)(pos - 2 - dh->start), &a,
 						   &tok);
 				if (grc == -ENOENT)
 					continue; /* removed since it was listed */
 				if (grc == 0) {
-					stk_fuse_acache_told(&fs->acache, &a, tok);
 					fill_entry(fs, &a, &e);
+					told = 1;
 				}
 				/* else e.ino stays 0: the name is listed, looked up later */
 			}
@@ -1276,13 +1282,20 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 		if (need > size - used)
 			break;
 		used += need;
+		if (told && ntold < STK_ARRAY_SIZE(tolds)) {
+			tolds[ntold].a = a;
+			tolds[ntold++].tok = tok;
+		}
 	}
 	pthread_mutex_unlock(&dh->lock);
 	if (rc < 0 && used == 0) {
 		reply_err(req, rc);
 		return;
 	}
-	fuse_reply_buf(req, buf, used);
+	/* What the kernel was told, once it was (attrcache.c); the rest are not noted. */
+	if (fuse_reply_buf(req, buf, used) == 0)
+		for (size_t i = 0; i < ntold; i++)
+			stk_fuse_acache_told(&fs->acache, &tolds[i].a, tolds[i].tok);
 }
 
 static void op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
