@@ -6,8 +6,10 @@
  * set's next victim. Names of LC_NAME bytes or more, "." and ".." are never
  * cached. A folder this client made (empty, leased) is *complete*: every name in
  * it is in the table, so a name not there does not exist, until anything about
- * the folder is revoked or forgotten, a create in it is not kept, or one of its
- * names is given up for another entry. One mutex guards the table, the
+ * the folder is revoked or forgotten. Its names that leave the table (a create in
+ * it not kept, a name given up for another entry) go into a small Bloom filter of
+ * the folder's: a lookup of a name that may be one of them goes to meta, and past
+ * LC_LOST_MAX of them the folder is no longer complete. One mutex guards the table, the
  * generations and the watch state: each section under it is a few loads and a
  * compare.
  */
@@ -31,8 +33,10 @@
 #define LC_SLOTS (1u << 16)
 #define LC_NAME 48
 #define LC_GENS (1u << 20) /* 4 MiB: few inodes share a generation */
-#define LC_WAYS 4u	   /* entries per set */
+#define LC_WAYS 8u	   /* entries per set */
 #define LC_DIRS 4096u	   /* records of folders whose every name is known here */
+#define LC_LOST_BITS 512u /* per complete folder: its names not in the table */
+#define LC_LOST_MAX 64u	   /* ... at most (then 5% of other names would be asked of meta) */
 #define LC_PEND 64u /* this client's own changes in flight, tracked by key */
 #define LC_LOG 256u /* forgets remembered, so that a lookup in flight can tell if one hit it */
 #define LOG_NAME 0x80000000u /* a log entry naming a slot (a name), not a generation */
@@ -57,6 +61,11 @@ struct lc_dir {
 	uint64_t ino, epoch, expires_ns;
 	uint32_t gen; /* its generation then: any revocation or forget of it ends this */
 	uint32_t mode, uid, gid;
+	/* Names of it not in the table any more (given up for other entries, or made
+	 * and not kept): a Bloom filter of their hashes, two bits each; past
+	 * LC_LOST_MAX of them the folder is no longer complete. */
+	uint64_t lost[LC_LOST_BITS / 64];
+	uint32_t nlost;
 };
 
 struct stk_lcache {
@@ -87,13 +96,18 @@ static uint32_t gen_of(uint64_t ino)
 }
 
 /* The first slot of the set (parent, name) lives in. */
-static uint32_t set_of(uint64_t parent, const char *name)
+static uint64_t key_hash(uint64_t parent, const char *name)
 {
 	uint64_t h = parent * 0x100000001b3ull ^ 0xcbf29ce484222325ull;
 
 	for (; *name; name++)
 		h = (h ^ (uint8_t)*name) * 0x100000001b3ull;
-	return (uint32_t)(h ^ (h >> 29)) & (LC_SLOTS - LC_WAYS);
+	return h ^ (h >> 29);
+}
+
+static uint32_t set_of(uint64_t parent, const char *name)
+{
+	return (uint32_t)key_hash(parent, name) & (LC_SLOTS - LC_WAYS);
 }
 
 static uint32_t ino_slot(uint64_t ino)
@@ -180,13 +194,44 @@ static struct lc_dir *dir_complete(struct stk_lcache *l, uint64_t ino, uint64_t 
 		   : NULL;
 }
 
-/* With the mutex: a name of folder ino is no longer known here. */
-static void dir_incomplete(struct stk_lcache *l, uint64_t ino)
+/* The two bits of a name in its folder's lost filter. */
+static void lost_bits(uint64_t parent, const char *name, unsigned *a, unsigned *b)
+{
+	uint64_t h = key_hash(parent, name) * 0x9e3779b97f4a7c15ull;
+
+	*a = (unsigned)(h >> 40) % LC_LOST_BITS;
+	*b = (unsigned)(h >> 20) % LC_LOST_BITS;
+}
+
+/* With the mutex: parent's name may be one of its names no longer in the table. */
+static int dir_maybe_lost(const struct lc_dir *d, uint64_t parent, const char *name)
+{
+	unsigned a, b;
+
+	lost_bits(parent, name, &a, &b);
+	return (d->lost[a / 64] >> (a % 64) & 1) && (d->lost[b / 64] >> (b % 64) & 1);
+}
+
+/*
+ * With the mutex: folder ino's name is not in the table (given up, or its state
+ * unknown here): lookups of it go to meta while the folder stays complete for
+ * its other names, up to LC_LOST_MAX such names.
+ */
+static void dir_lose(struct stk_lcache *l, uint64_t ino, const char *name)
 {
 	struct lc_dir *d = &l->d[dir_slot(ino)];
+	unsigned a, b;
 
-	if (d->ino == ino)
-		d->ino = 0;
+	if (d->ino != ino)
+		return;
+	if (d->nlost >= LC_LOST_MAX) {
+		d->ino = 0; /* no longer complete */
+		return;
+	}
+	lost_bits(ino, name, &a, &b);
+	d->lost[a / 64] |= 1ull << (a % 64);
+	d->lost[b / 64] |= 1ull << (b % 64);
+	d->nlost++;
 }
 
 /* With the mutex: is a change of this client's to key in flight? */
@@ -272,7 +317,7 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 			*rc = 0;
 			*out = e->attr;
 		}
-	} else if (!e && (d = dir_complete(l, parent, now))) {
+	} else if (!e && (d = dir_complete(l, parent, now)) && !dir_maybe_lost(d, parent, name)) {
 		/* Not among the folder's names, all of which are known here. */
 		hit = 1;
 		*rc = may_search(cr, d->mode, d->uid, d->gid) ? -ENOENT : -EACCES;
@@ -364,7 +409,7 @@ static void forget_name(struct stk_lcache *l, uint64_t parent, const char *name,
 	if (e)
 		e->used = 0;
 	if (failed)
-		dir_incomplete(l, parent);
+		dir_lose(l, parent, name);
 	l->rev++;
 	l->log[l->rev % LC_LOG] = LOG_NAME | set_of(parent, name);
 }
@@ -389,7 +434,7 @@ static struct lc_ent *ent_slot(struct stk_lcache *l, uint64_t parent, const char
 		e = &set[l->victim++ % LC_WAYS];
 	/* A name given up may be one of a folder all of whose names were known here. */
 	if (e->used && e->found && (e->parent != parent || strcmp(e->name, name) != 0))
-		dir_incomplete(l, e->parent);
+		dir_lose(l, e->parent, e->name);
 	return e;
 }
 
@@ -457,7 +502,7 @@ void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t paren
 	pend_done(l, &tok);
 	/* A name made and not kept here: the folder's names are not all known any more. */
 	if (!put_locked(l, tok, parent, name, 1, attr, dir, ok))
-		dir_incomplete(l, parent);
+		dir_lose(l, parent, name);
 	pthread_mutex_unlock(&l->mu);
 }
 
@@ -479,6 +524,8 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		d->mode = dir->mode;
 		d->uid = dir->uid;
 		d->gid = dir->gid;
+		memset(d->lost, 0, sizeof(d->lost));
+		d->nlost = 0;
 	}
 	pthread_mutex_unlock(&l->mu);
 }

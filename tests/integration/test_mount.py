@@ -934,6 +934,28 @@ def test_ls_l_asks_meta_for_attributes_in_batches(cluster, make_mount):
     assert " f0007\n" not in names and " f0008\n" in names
 
 
+def test_a_big_folder_this_mount_made_stays_known(cluster, make_mount):
+    """A folder the mount made is known name by name in its lookup cache, so "no
+    such name" needs no round trip to meta. With more names than the cache's sets
+    hold evenly, some are given up for others: those are remembered as such (and
+    looked up at meta, found), while other absent names are still answered here."""
+    m = make_mount(cluster, opts=["entry_timeout=0", "attr_timeout=0"])
+    d = os.path.join(m.path, "big")
+    os.mkdir(d)
+    n = 12000
+    for i in range(n):
+        os.close(os.open(os.path.join(d, "file-%06d" % i), os.O_CREAT | os.O_WRONLY, 0o644))
+    before = meta_counts(cluster)
+    for i in range(n):  # every name is found, those given up too
+        assert stat.S_ISREG(os.stat(os.path.join(d, "file-%06d" % i)).st_mode)
+    absent = 2000
+    for i in range(absent):
+        assert not os.path.exists(os.path.join(d, "none-%06d" % i))
+    after = meta_counts(cluster)
+    asked = delta(before, after, "META_LOOKUP") + delta(before, after, "META_LOOKUP_CACHE")
+    assert asked < (n + absent) // 10, asked
+
+
 def test_metadata_round_trips_with_default_options(cluster, make_mount):
     """With the default options (1 s caches, relatime): a create is a META_LOOKUP and a
     META_CREATE, an unlink a META_LOOKUP and a META_UNLINK, with no META_GETATTR of
