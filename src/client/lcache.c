@@ -415,15 +415,19 @@ static void forget_name(struct stk_lcache *l, uint64_t parent, const char *name,
 }
 
 /*
- * With the mutex: the slot for (parent, name): its own, else a free or stale one,
- * else a "no such name", else the set's next victim. A name given up takes its
- * folder's completeness with it.
+ * With the mutex: the slot for (parent, name): its own, else a free one, else a
+ * stale one, else a "no such name", else the set's next victim. A name given up
+ * is lost to its complete folder (dir_lose).
  */
 static struct lc_ent *ent_slot(struct stk_lcache *l, uint64_t parent, const char *name,
 			       uint64_t now)
 {
 	struct lc_ent *set = &l->e[set_of(parent, name)], *e = ent_find(l, parent, name);
 
+	/* A free slot before a stale entry: a stale name of a complete folder is lost. */
+	for (unsigned w = 0; !e && w < LC_WAYS; w++)
+		if (!set[w].used)
+			e = &set[w];
 	for (unsigned w = 0; !e && w < LC_WAYS; w++)
 		if (!ent_valid(l, &set[w], now))
 			e = &set[w];
