@@ -346,9 +346,8 @@ void stk_fuse_uring_roam(int on)
 		return;
 	CPU_ZERO(&set);
 	if (on) {
-		long n = sysconf(_SC_NPROCESSORS_CONF);
-		for (long i = 0; i < n && i < CPU_SETSIZE; i++)
-			CPU_SET(i, &set);
+		for (unsigned i = 0; i < g_u->nq && i < CPU_SETSIZE; i++)
+			CPU_SET(i, &set); /* every possible CPU */
 	} else {
 		CPU_SET(t->qid, &set);
 	}
