@@ -378,6 +378,16 @@ int stk_strlcpy_name(char *dst, const char *name)
 	return 0;
 }
 
+int stk_cred_in_group(const struct stk_cred *cr, uint32_t gid)
+{
+	if (cr->gid == gid)
+		return 1;
+	for (unsigned i = 0; i < cr->ngroups && i < STK_MAX_GROUPS; i++)
+		if (cr->groups[i] == gid)
+			return 1;
+	return 0;
+}
+
 void stk_client_new_layout(struct stk_client *c, uint64_t parent, struct stk_layout *l)
 {
 	uint32_t nchains;

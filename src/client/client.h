@@ -115,6 +115,8 @@ int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uin
  * bytes, -EINVAL for "", "." , ".." or a name holding '/'.
  */
 int stk_strlcpy_name(char *dst, const char *name);
+/* 1 if cr's primary or a supplementary group is gid. */
+int stk_cred_in_group(const struct stk_cred *cr, uint32_t gid);
 
 /*
  * The layout a new file in directory `parent` asks for: zero (the directory's

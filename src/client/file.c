@@ -178,12 +178,10 @@ static int may_access(const struct stk_client *c, const struct stk_attr *a, int 
 		return 0;
 	if (a->uid == c->cred.uid)
 		bits = (a->mode >> 6) & 7;
-	else {
-		int in_group = a->gid == c->cred.gid;
-		for (unsigned i = 0; i < c->cred.ngroups && !in_group; i++)
-			in_group = a->gid == c->cred.groups[i];
-		bits = in_group ? (a->mode >> 3) & 7 : a->mode & 7;
-	}
+	else if (stk_cred_in_group(&c->cred, a->gid))
+		bits = (a->mode >> 3) & 7;
+	else
+		bits = a->mode & 7;
 	return (bits & (unsigned)want) == (unsigned)want ? 0 : -EACCES;
 }
 

@@ -138,16 +138,6 @@ static void drop_all(struct stk_lcache *l)
 	l->st.resets++;
 }
 
-static int in_group(const struct stk_cred *cr, uint32_t gid)
-{
-	if (cr->gid == gid)
-		return 1;
-	for (unsigned i = 0; i < cr->ngroups && i < STK_MAX_GROUPS; i++)
-		if (cr->groups[i] == gid)
-			return 1;
-	return 0;
-}
-
 /* Search (x) permission on a folder of that mode and owner, as meta checks it. */
 static int may_search(const struct stk_cred *cr, uint32_t mode, uint32_t uid, uint32_t gid)
 {
@@ -157,7 +147,7 @@ static int may_search(const struct stk_cred *cr, uint32_t mode, uint32_t uid, ui
 		return 1;
 	if (cr->uid == uid)
 		bits = mode >> 6;
-	else if (in_group(cr, gid))
+	else if (stk_cred_in_group(cr, gid))
 		bits = mode >> 3;
 	else
 		bits = mode;

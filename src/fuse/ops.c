@@ -335,6 +335,18 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		stk_fuse_acache_told(&fs->acache, &a, tok);
 }
 
+/* Inode sino's attributes from meta, or from this mount's table when it is
+ * unlinked and still open here. */
+static int fresh_attr(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t sino,
+		      struct stk_attr *a)
+{
+	int rc = stk_ino_getattr(fs->c, cr, sino, a);
+
+	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, a) == 0)
+		rc = 0;
+	return rc;
+}
+
 static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct stk_fuse *fs = fs_of(req);
@@ -349,9 +361,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	/* A folder this mount just created or removed a name in: meta sent its attributes. */
 	rc = stk_fuse_acache_get(&fs->acache, sino, &a);
 	if (rc)
-		rc = stk_ino_getattr(fs->c, &cr, sino, &a);
-	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, &a) == 0)
-		rc = 0; /* unlinked, still open here */
+		rc = fresh_attr(fs, &cr, sino, &a);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -359,16 +369,6 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	attr_stat(fs, &a, &st);
 	if (fuse_reply_attr(req, &st, fs->o.attr_timeout) == 0)
 		stk_fuse_acache_told(&fs->acache, &a, tok);
-}
-
-static int cred_in_group(const struct stk_cred *cr, uint32_t gid)
-{
-	if (cr->gid == gid)
-		return 1;
-	for (unsigned i = 0; i < cr->ngroups && i < STK_MAX_GROUPS; i++)
-		if (cr->groups[i] == gid)
-			return 1;
-	return 0;
 }
 
 /*
@@ -387,9 +387,7 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_getattr(fs->c, &cr, sino, &a);
-	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, &a) == 0)
-		rc = 0; /* unlinked, still open here */
+	rc = fresh_attr(fs, &cr, sino, &a);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -398,7 +396,7 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 		bits = S_ISDIR(a.mode) || (a.mode & 0111) ? 7 : 6;
 	else if (cr.uid == a.uid)
 		bits = (a.mode >> 6) & 7;
-	else if (cred_in_group(&cr, a.gid))
+	else if (stk_cred_in_group(&cr, a.gid))
 		bits = (a.mode >> 3) & 7;
 	else
 		bits = a.mode & 7;
