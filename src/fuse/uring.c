@@ -90,7 +90,6 @@ struct out_hdr {
 #define LEAD (sizeof(struct in_hdr) + URING_OP_SZ) /* room before the payload */
 #define PAYLOAD (STK_FUSE_IO_MAX + (64u << 10))
 #define STASH (68u << 10) /* the largest reply to a request with a payload (an xattr) */
-#define INFLIGHT 1024u /* slots of the unique -> entry table, a power of 2 */
 
 struct uthread {
 	struct stk_fuse_uring *u;
@@ -102,6 +101,7 @@ struct uthread {
 	struct req_header *hdr;
 	uint8_t *buf; /* LEAD bytes, then the payload the kernel fills */
 	struct iovec iov[2];
+	uint64_t cur; /* atomic: the unique of the request it serves, until replied (0) */
 	/* Under mu: the request being served and its reply (put_reply says how). */
 	pthread_mutex_t mu;
 	int in_serve, pending, reply_stashed;
@@ -121,61 +121,31 @@ struct stk_fuse_uring {
 	int offered, init_done, stop;
 	int serving; /* atomic: a request came through a ring */
 	int announce, told; /* atomic: the log is in place; it was said */
-	struct uthread *inflight[INFLIGHT]; /* by unique, open addressing; under mu */
-	uint64_t inflight_key[INFLIGHT];
 };
 
 static struct stk_fuse_uring *g_u; /* the custom io's userdata is the session's */
 static __thread struct uthread *g_self; /* the ring thread this is, if one */
 
-static void inflight_put(struct stk_fuse_uring *u, uint64_t unique, struct uthread *t)
+/*
+ * Claims the entry whose request a reply answers: most often the thread replying
+ * serves it itself; a reply made elsewhere (a lock granted later) looks through
+ * every entry. NULL: none has it (a request that came through /dev/fuse).
+ */
+static struct uthread *claim(struct stk_fuse_uring *u, uint64_t unique)
 {
-	pthread_mutex_lock(&u->mu);
-	for (unsigned i = 0; i < INFLIGHT; i++) {
-		unsigned s = (unsigned)(unique + i) & (INFLIGHT - 1);
-		if (!u->inflight[s]) {
-			u->inflight[s] = t;
-			u->inflight_key[s] = unique;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&u->mu);
-}
+	struct uthread *t = g_self;
+	uint64_t want = unique;
 
-static struct uthread *inflight_take(struct stk_fuse_uring *u, uint64_t unique)
-{
-	struct uthread *t = NULL;
-
-	pthread_mutex_lock(&u->mu);
-	for (unsigned i = 0; i < INFLIGHT; i++) {
-		unsigned s = (unsigned)(unique + i) & (INFLIGHT - 1);
-		if (u->inflight[s] && u->inflight_key[s] == unique) {
-			t = u->inflight[s];
-			u->inflight[s] = NULL;
-			/* keep the probe chain whole: re-place the ones after it */
-			for (unsigned j = 1; j < INFLIGHT; j++) {
-				unsigned k = (s + j) & (INFLIGHT - 1);
-				struct uthread *m = u->inflight[k];
-				uint64_t key = u->inflight_key[k];
-				if (!m)
-					break;
-				u->inflight[k] = NULL;
-				for (unsigned q = 0; q < INFLIGHT; q++) {
-					unsigned r = (unsigned)(key + q) & (INFLIGHT - 1);
-					if (!u->inflight[r]) {
-						u->inflight[r] = m;
-						u->inflight_key[r] = key;
-						break;
-					}
-				}
-			}
-			break;
-		}
-		if (!u->inflight[s])
-			break;
+	if (t && __atomic_compare_exchange_n(&t->cur, &want, 0, 0, __ATOMIC_ACQ_REL,
+					     __ATOMIC_ACQUIRE))
+		return t;
+	for (unsigned i = 0; i < u->nthreads; i++) {
+		want = unique;
+		if (__atomic_compare_exchange_n(&u->th[i].cur, &want, 0, 0, __ATOMIC_ACQ_REL,
+						__ATOMIC_ACQUIRE))
+			return &u->th[i];
 	}
-	pthread_mutex_unlock(&u->mu);
-	return t;
+	return NULL;
 }
 
 /* Queues a uring command for t's entry (REGISTER or COMMIT_AND_FETCH); 0 or -errno. */
@@ -291,7 +261,7 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 			pthread_mutex_unlock(&u->mu);
 			return r;
 		}
-		t = inflight_take(u, oh->unique);
+		t = claim(u, oh->unique);
 		if (t)
 			return put_reply(t, iov, count);
 	}
@@ -391,7 +361,7 @@ static void serve(struct uthread *t)
 	t->in_serve = 1;
 	t->req_psz = psz;
 	pthread_mutex_unlock(&t->mu);
-	inflight_put(t->u, ih->unique, t);
+	__atomic_store_n(&t->cur, ih->unique, __ATOMIC_RELEASE);
 	memset(&fb, 0, sizeof(fb));
 	fb.mem = start;
 	fb.size = ih->len;
