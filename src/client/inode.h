@@ -24,9 +24,10 @@ int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, struct stk_attr *out);
 /*
  * Attributes of n inodes (at most STK_GETATTRS_MAX) in one call to meta, as of one
- * moment: rcs[i] is 0 with out[i] filled, or -errno for that inode alone (-ENOENT:
- * gone). Returns 0, or -errno when none came back (-ENOSYS from a meta without
- * META_GETATTRS: the caller asks one by one).
+ * moment, into the caller's arrays out and rcs of n each (nothing is kept): rcs[i]
+ * is 0 with out[i] filled, or -errno for that inode alone (-ENOENT: gone). Returns
+ * 0; -EINVAL for n over the limit, -ENOMEM, -EIO for a malformed reply, the call's
+ * -errno (-ENOSYS from a meta without META_GETATTRS: the caller asks one by one).
  */
 int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
 		     struct stk_attr *out, int *rcs);

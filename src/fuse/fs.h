@@ -258,6 +258,7 @@ struct stk_fuse {
 	pthread_key_t rbuf_key; /* per-thread read buffer of STK_FUSE_IO_MAX bytes */
 	int rbuf_key_ok;
 	struct stk_fuse_uring *uring; /* -o uring, once set up; else NULL */
+	int no_getattrs; /* atomic: meta answered META_GETATTRS with ENOSYS */
 };
 
 /*

@@ -1188,11 +1188,14 @@ static int dir_attr(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
 		dh->attrs = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->attrs));
 		dh->attr_rcs = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->attr_rcs));
 	}
-	if (!dh->attrs || !dh->attr_rcs || n == 0)
+	if (!dh->attrs || !dh->attr_rcs || n == 0 ||
+	    __atomic_load_n(&fs->no_getattrs, __ATOMIC_RELAXED))
 		return stk_ino_getattr(fs->c, cr, dh->ents[k].ino, a);
 	for (uint32_t i = 0; i < n; i++)
 		inos[i] = dh->ents[k + i].ino;
 	rc = stk_ino_getattrs(fs->c, cr, inos, n, dh->attrs + k, dh->attr_rcs + k);
+	if (rc == -ENOSYS) /* an older meta: one by one from now on */
+		__atomic_store_n(&fs->no_getattrs, 1, __ATOMIC_RELAXED);
 	if (rc)
 		return stk_ino_getattr(fs->c, cr, dh->ents[k].ino, a);
 	dh->attrs_have = 1;

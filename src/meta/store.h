@@ -85,9 +85,10 @@ int stk_meta_store_lookup(struct stk_meta_store *st, const struct stk_cred *cred
 int stk_meta_store_getattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			   struct stk_attr *out);
 /*
- * Attributes of n inodes, as of one moment (one read transaction): rcs[i] is 0 with
- * out[i] filled, or -ENOENT (or another -errno) for that inode alone. Returns 0, or
- * -errno when none could be read.
+ * Attributes of n inodes, as of one moment (one read transaction), into the
+ * caller's arrays out and rcs of n each: rcs[i] is 0 with out[i] filled, or -ENOENT
+ * (-EIO for a corrupt record) for that inode alone. Returns 0, or the -errno of
+ * the transaction when none could be read.
  */
 int stk_meta_store_getattrs(struct stk_meta_store *st, const struct stk_cred *cred,
 			    const uint64_t *inos, uint32_t n, struct stk_attr *out, int *rcs);
