@@ -332,8 +332,12 @@ int stk_ino_open_registered(stk_client *c, const struct stk_cred *cred, const st
 int stk_ino_open_attr(stk_client *c, const struct stk_cred *cred, uint64_t ino,
 		      struct stk_attr *out)
 {
-	int rc = stk_session_open(c, ino, out);
+	int rc;
 
+	/* The cache's leased attributes are as fresh as meta's: no round trip. */
+	if (stk_session_open_cached(c, ino, out))
+		return 0;
+	rc = stk_session_open(c, ino, out);
 	if (rc != 0)
 		return rc < 0 ? rc : 0;
 	/* No attributes came with it (sessions off, an older meta): ask for them. */

@@ -348,6 +348,8 @@ int stk_ino_unlink_keep(stk_client *c, const struct stk_cred *cred, uint64_t par
 		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_name_req_enc(&w, &m);
+	/* The last name may go: meta must know of every open here first. */
+	stk_session_sync_opens(c);
 	tok = stk_lcache_begin_change(c, parent, m.name, 0);
 	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_UNLINK, req, w.len, resp,
 				       sizeof(resp), &rlen);
@@ -416,6 +418,7 @@ int stk_ino_rename_keep(stk_client *c, const struct stk_cred *cred, uint64_t src
 		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_rename_req_enc(&w, &m);
+	stk_session_sync_opens(c); /* as in an unlink: the name replaced may be the last */
 	rc = stk_client_meta_call(c, STK_OP_META_RENAME, req, w.len, resp, sizeof(resp), &rlen);
 	if (rc)
 		return rc;

@@ -321,6 +321,28 @@ out:
 	return hit;
 }
 
+int stk_lcache_get_ino(stk_client *c, uint64_t ino, struct stk_attr *out)
+{
+	struct stk_lcache *l = c->lc;
+	const struct lc_ent *e;
+	uint64_t now;
+	int hit = 0;
+
+	if (!l || l->off || !ino)
+		return 0;
+	now = stk_now_ns();
+	pthread_mutex_lock(&l->mu);
+	e = &l->e[l->by_ino[ino_slot(ino)]];
+	/* The hint may name a slot given to another entry since: it must be ino's. */
+	if (now < l->trust_until_ns && e->used && e->found && e->attr.ino == ino &&
+	    !pending(l, gen_of(ino)) && ent_valid(l, e, now)) {
+		*out = e->attr;
+		hit = 1;
+	}
+	pthread_mutex_unlock(&l->mu);
+	return hit;
+}
+
 struct stk_lcache_tok stk_lcache_begin(stk_client *c)
 {
 	struct stk_lcache *l = c->lc;
@@ -662,6 +684,10 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	l->holder = r.holder;
 	l->trust_until_ns = sent + TRUST_NS;
 	pthread_mutex_unlock(&l->mu);
+	/* Before the next watch acknowledges these: a change meta waits to make may
+	 * remove a file opened here on a lease, so meta must know of that open. */
+	if (r.n || r.reset)
+		stk_session_sync_opens(c);
 	return 0;
 }
 
@@ -707,6 +733,7 @@ static void *watch_main(void *arg)
 			pthread_mutex_lock(&l->mu);
 			drop_all(l);
 			pthread_mutex_unlock(&l->mu);
+			stk_session_sync_opens(c); /* no lease protects them now */
 			if (conn && stk_conn_broken(conn)) {
 				stk_conn_close(conn);
 				conn = NULL;

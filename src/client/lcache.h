@@ -61,6 +61,12 @@ struct stk_lcache_tok {
  */
 int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		   struct stk_attr *out, int *rc);
+/*
+ * Inode ino's attributes as a cached lookup answered them, under a lease on the
+ * inode that still holds: 1 (*out filled), or 0 when there are none to trust. No
+ * permission is checked (an open by inode: the kernel has checked).
+ */
+int stk_lcache_get_ino(stk_client *c, uint64_t ino, struct stk_attr *out);
 /* Before a lookup that may be cached: the state its answer must still match. */
 struct stk_lcache_tok stk_lcache_begin(stk_client *c);
 /*

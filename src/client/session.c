@@ -11,9 +11,25 @@
  * reference, and the renewal thread, woken at once, lets closes gather for
  * CLOSES_GATHER_MS and sends them all in one META_CLOSES (same inodes merged).
  * Meta's count is therefore never below the real one, only above it for a
- * moment. Reads to record in atime (relatime) share the queue and the message. A re-registration copies the list and empties the
- * queue in one step under `mu`, and the same thread sends both in order, so a
- * queued close is neither lost nor counted twice.
+ * moment. Reads to record in atime (relatime) share the queue and the message. A
+ * re-registration copies the list and empties the queue in one step under `mu`,
+ * and the same thread sends both in order, so a queued close is neither lost nor
+ * counted twice.
+ *
+ * An open of a file whose attributes the lookup cache holds under a lease is
+ * registered here only (`unsent`), and sent after OPENS_GATHER_MS, unless its
+ * close comes first: then neither goes. What could remove the file while meta
+ * does not know of the open is a change to its names, and each such change
+ * sends the opens not yet sent first: one of another client's is revoked here
+ * before meta makes it (the watch sends them before it acknowledges), and this
+ * client's own unlinks and renames send them before they go
+ * (stk_session_sync_opens). `remove_seq` orders an open against those: an open
+ * that checked the cache before a sync began and counts itself after it goes to
+ * meta itself instead. One send of opens at a time (`flush_mu`), so that a
+ * sync also waits for opens already on their way. A close of an inode whose
+ * opens are on their way waits for them (`late`), so that it never reaches meta
+ * before its open; closes never wait for `flush_mu` (a watch may, and a send of
+ * closes may wait at meta for another client's watch).
  */
 #include "lcache.h"
 #include "session.h"
@@ -36,16 +52,23 @@
 /* How long queued closes wait for company; more than this many go at once. */
 #define CLOSES_GATHER_MS 2u
 #define CLOSES_GATHER_MAX 256u
+/* How long an open registered here only waits for its close before meta learns it. */
+#define OPENS_GATHER_MS 10u
 
 struct open_ent {
 	uint64_t ino;
 	uint32_t count;
-	uint8_t read; /* queued only: a read to record (STK_REF_READ) */
+	uint32_t unsent; /* opens only: of count, those meta does not know of yet */
+	uint32_t sending; /* opens only: on their way to meta (the entry stays) */
+	uint32_t late;	  /* opens only: closes held until those arrive */
+	uint32_t seen;	 /* opens only: the renewal thread's look that first saw them unsent */
+	uint8_t read;	 /* queued only: a read to record (STK_REF_READ) */
 };
 
 struct stk_session {
-	pthread_rwlock_t reg; /* see above */
-	pthread_mutex_t mu; /* everything below */
+	pthread_rwlock_t reg;	  /* see above */
+	pthread_mutex_t flush_mu; /* see above; before reg and mu */
+	pthread_mutex_t mu;	  /* everything below */
 	pthread_cond_t wake;
 	uint64_t id;
 	int off; /* meta answered ENOSYS */
@@ -56,6 +79,10 @@ struct stk_session {
 	uint64_t next_renew_ns;
 	struct open_ent *opens;
 	size_t n, cap;
+	size_t nunsent;		  /* entries of opens with unsent > 0 */
+	uint64_t unsent_due_ns;	  /* when the oldest of them goes */
+	uint64_t remove_seq;	  /* syncs begun (stk_session_sync_opens) */
+	uint32_t look;		  /* the renewal thread's looks at unsent opens (send_opens) */
 	struct open_ent *closing; /* queued META_CLOSEs */
 	size_t nclosing, cap_closing;
 	int no_closes; /* meta has no META_CLOSES: one META_CLOSE each (renewal thread only) */
@@ -76,6 +103,7 @@ static void init_locks(struct stk_session *s)
 	pthread_condattr_t ca;
 
 	pthread_rwlock_init(&s->reg, NULL);
+	pthread_mutex_init(&s->flush_mu, NULL);
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -197,6 +225,11 @@ static void reregister(stk_client *c, struct stk_session *s)
 	pthread_rwlock_wrlock(&s->reg);
 	pthread_mutex_lock(&s->mu);
 	l = copy_list(s->opens, s->n, &n);
+	if (l) { /* the exact counts go, those not sent yet with them */
+		for (size_t i = 0; i < s->n; i++)
+			s->opens[i].unsent = 0;
+		s->nunsent = 0;
+	}
 	keep_closes(s);
 	pthread_mutex_unlock(&s->mu);
 	for (size_t i = 0; i < n; i++) {
@@ -281,6 +314,114 @@ static void send_closes(stk_client *c, struct stk_session *s)
 	free(l);
 }
 
+/* Under mu: the entry of ino in opens, or NULL. */
+static struct open_ent *open_find(struct stk_session *s, uint64_t ino)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (s->opens[i].ino == ino)
+			return &s->opens[i];
+	return NULL;
+}
+
+static int queue(struct stk_session *s, uint64_t ino, uint32_t count, int read);
+
+/* Under mu: e goes from the list when nothing holds it any more. */
+static void open_drop_if_done(struct stk_session *s, struct open_ent *e)
+{
+	if (!e->count && !e->sending)
+		*e = s->opens[--s->n];
+}
+
+/*
+ * Under mu: k opens of e's inode were sent (rc: how meta answered). Their held
+ * closes go now; if meta refused them (the client was cut off past its lease and
+ * the file went), those closes are dropped and the handles still open are
+ * counted no more.
+ */
+static void opens_sent(struct stk_session *s, struct open_ent *e, uint32_t k, int rc)
+{
+	uint32_t closed = e->late < k ? e->late : k;
+
+	e->sending -= k;
+	if (rc) {
+		stk_warn("session: the open of inode %llu reached meta late (%s): reads of it fail",
+			 (unsigned long long)e->ino, stk_strerror(rc));
+		e->late -= closed;
+		k -= closed;
+		e->count -= k < e->count ? k : e->count;
+		if (e->unsent > e->count) {
+			e->unsent = e->count;
+			if (!e->unsent)
+				s->nunsent--;
+		}
+	} else if (e->late && !e->sending) {
+		if (!queue(s, e->ino, e->late, 0))
+			stk_warn("session: out of memory queueing the close of inode %llu",
+				 (unsigned long long)e->ino);
+		e->late = 0;
+	}
+	open_drop_if_done(s, e);
+}
+
+/*
+ * Sends the opens registered here only (all: every one there is when this is
+ * called, and maybe later ones; else those that an earlier such call saw, the
+ * others marked seen), after any flush already under way: they are at meta (or
+ * refused) when this returns.
+ */
+static void send_opens(stk_client *c, struct stk_session *s, int all)
+{
+	size_t passes;
+	uint32_t look;
+
+	pthread_mutex_lock(&s->flush_mu);
+	pthread_rwlock_rdlock(&s->reg);
+	pthread_mutex_lock(&s->mu);
+	look = all ? 0 : ++s->look ? s->look : ++s->look; /* 0 is "all" */
+	/* Entries move while the lock is let go: each pass looks from the start. */
+	passes = s->nunsent / 32 + 1;
+	while (s->nunsent && passes--) {
+		struct open_ent b[32];
+		size_t k = 0;
+
+		for (size_t i = 0; i < s->n && k < STK_ARRAY_SIZE(b); i++) {
+			struct open_ent *e = &s->opens[i];
+
+			if (!e->unsent)
+				continue;
+			if (look && (!e->seen || e->seen == look)) {
+				e->seen = look; /* sent by a later look */
+				continue;
+			}
+			b[k] = *e;
+			b[k++].count = e->unsent;
+			e->sending += e->unsent;
+			e->unsent = 0;
+			s->nunsent--;
+		}
+		if (!k)
+			break;
+		pthread_mutex_unlock(&s->mu);
+		for (size_t j = 0; j < k; j++) {
+			int rc = call_open(c, STK_OP_META_OPEN, s->id, b[j].ino, b[j].count, 0,
+					   NULL, NULL);
+			struct open_ent *e;
+
+			pthread_mutex_lock(&s->mu);
+			e = open_find(s, b[j].ino); /* kept while sending */
+			if (e)
+				opens_sent(s, e, b[j].count, rc);
+			pthread_mutex_unlock(&s->mu);
+		}
+		pthread_mutex_lock(&s->mu);
+	}
+	if (s->nunsent)
+		s->unsent_due_ns = stk_now_ns() + OPENS_GATHER_MS * 1000000ull;
+	pthread_mutex_unlock(&s->mu);
+	pthread_rwlock_unlock(&s->reg);
+	pthread_mutex_unlock(&s->flush_mu);
+}
+
 static void *renew_main(void *arg)
 {
 	stk_client *c = arg;
@@ -305,6 +446,12 @@ static void *renew_main(void *arg)
 				stk_debug("session renewal: %s", stk_strerror(rc));
 			s->next_renew_ns = stk_now_ns() + (uint64_t)s->renew_ms * 1000000ull;
 		}
+		if (s->nunsent && stk_now_ns() >= s->unsent_due_ns) {
+			pthread_mutex_unlock(&s->mu);
+			send_opens(c, s, 0);
+			pthread_mutex_lock(&s->mu);
+			continue;
+		}
 		if (s->nclosing) {
 			int gather = s->nclosing < CLOSES_GATHER_MAX && !s->stop;
 			pthread_mutex_unlock(&s->mu);
@@ -318,6 +465,8 @@ static void *renew_main(void *arg)
 			break;
 		/* Both clocks are CLOCK_MONOTONIC: wait until the next renewal is due. */
 		due = s->next_renew_ns;
+		if (s->nunsent && s->unsent_due_ns < due)
+			due = s->unsent_due_ns;
 		ts.tv_sec = (time_t)(due / 1000000000ull);
 		ts.tv_nsec = (long)(due % 1000000000ull);
 		pthread_cond_timedwait(&s->wake, &s->mu, &ts);
@@ -352,6 +501,35 @@ static void turn_off(struct stk_session *s)
 	pthread_mutex_unlock(&s->mu);
 }
 
+/* Under mu: one more open of ino (unsent: meta does not know of it yet). 0 or -ENOMEM. */
+static int open_add(struct stk_session *s, uint64_t ino, int unsent)
+{
+	struct open_ent *e = open_find(s, ino);
+
+	if (!e) {
+		if (s->n == s->cap) {
+			size_t cap = s->cap ? 2 * s->cap : 16;
+			struct open_ent *p = realloc(s->opens, cap * sizeof(*p));
+
+			if (!p)
+				return -ENOMEM;
+			s->opens = p;
+			s->cap = cap;
+		}
+		e = &s->opens[s->n++];
+		memset(e, 0, sizeof(*e));
+		e->ino = ino;
+	}
+	e->count++;
+	if (unsent && e->unsent == 0)
+		e->seen = 0; /* not seen yet */
+	if (unsent && e->unsent++ == 0 && s->nunsent++ == 0) {
+		s->unsent_due_ns = stk_now_ns() + OPENS_GATHER_MS * 1000000ull;
+		pthread_cond_signal(&s->wake);
+	}
+	return 0;
+}
+
 uint64_t stk_session_reg_begin(stk_client *c)
 {
 	uint64_t id = stk_session_id(c);
@@ -363,32 +541,12 @@ uint64_t stk_session_reg_begin(stk_client *c)
 int stk_session_reg_end(stk_client *c, uint64_t id, uint64_t ino)
 {
 	struct stk_session *s = c->sess;
-	size_t i;
 	int rc = 0;
 
 	if (!id || !ino)
 		goto out;
 	pthread_mutex_lock(&s->mu);
-	for (i = 0; i < s->n && s->opens[i].ino != ino; i++)
-		;
-	if (i < s->n) {
-		s->opens[i].count++;
-	} else {
-		if (s->n == s->cap) {
-			size_t cap = s->cap ? 2 * s->cap : 16;
-			struct open_ent *p = realloc(s->opens, cap * sizeof(*p));
-			if (!p)
-				rc = -ENOMEM;
-			else {
-				s->opens = p;
-				s->cap = cap;
-			}
-		}
-		if (rc == 0) {
-			s->opens[s->n].ino = ino;
-			s->opens[s->n++].count = 1;
-		}
-	}
+	rc = open_add(s, ino, 0);
 	pthread_mutex_unlock(&s->mu);
 	if (rc)
 		call_open(c, STK_OP_META_CLOSE, id, ino, 1, 0, NULL, NULL);
@@ -416,6 +574,39 @@ int stk_session_open(stk_client *c, uint64_t ino, struct stk_attr *attr)
 	}
 	rc = stk_session_reg_end(c, id, ino);
 	return rc ? rc : have;
+}
+
+int stk_session_open_cached(stk_client *c, uint64_t ino, struct stk_attr *attr)
+{
+	struct stk_session *s = c->sess;
+	uint64_t seq;
+	int rc;
+
+	if (!stk_session_id(c))
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	seq = s->remove_seq;
+	pthread_mutex_unlock(&s->mu);
+	if (!stk_lcache_get_ino(c, ino, attr))
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	/* A sync began since the cache answered: it may have missed this open. */
+	rc = s->remove_seq == seq && !s->stop ? open_add(s, ino, 1) : -EAGAIN;
+	pthread_mutex_unlock(&s->mu);
+	return rc == 0;
+}
+
+void stk_session_sync_opens(stk_client *c)
+{
+	struct stk_session *s = c->sess;
+
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->mu);
+	s->remove_seq++;
+	pthread_mutex_unlock(&s->mu);
+	/* Also waits for a flush under way: what it took is then at meta. */
+	send_opens(c, s, 1);
 }
 
 /* Queues `count` closes of ino and, if read, a read to record; under mu. 0 if out of memory. */
@@ -447,15 +638,25 @@ static int queue(struct stk_session *s, uint64_t ino, uint32_t count, int read)
 void stk_session_close(stk_client *c, uint64_t ino)
 {
 	struct stk_session *s = c->sess;
-	size_t i;
+	struct open_ent *e;
 
 	pthread_mutex_lock(&s->mu);
-	for (i = 0; i < s->n && s->opens[i].ino != ino; i++)
-		;
-	if (i == s->n)
+	e = open_find(s, ino);
+	if (!e || !e->count)
 		goto out; /* not registered (sessions off, or opened before a fork) */
-	if (--s->opens[i].count == 0)
-		s->opens[i] = s->opens[--s->n];
+	e->count--;
+	if (e->unsent) {
+		/* Meta never heard of one of them: neither goes. */
+		if (--e->unsent == 0)
+			s->nunsent--;
+		open_drop_if_done(s, e);
+		goto out;
+	}
+	if (e->sending) {
+		e->late++; /* after its open (opens_sent) */
+		goto out;
+	}
+	open_drop_if_done(s, e);
 	/* Out of memory, meta keeps the reference until the session ends: only late. */
 	if (!queue(s, ino, 1, 0))
 		stk_warn("session: out of memory queueing the close of inode %llu",
@@ -497,6 +698,7 @@ void stk_session_destroy(stk_client *c)
 	free(s->closing); /* META_SESSION_END dropped them */
 	pthread_cond_destroy(&s->wake);
 	pthread_mutex_destroy(&s->mu);
+	pthread_mutex_destroy(&s->flush_mu);
 	pthread_rwlock_destroy(&s->reg);
 	free(s);
 	c->sess = NULL;
@@ -512,6 +714,7 @@ void stk_session_after_fork(stk_client *c)
 	s->running = 0;
 	s->stop = 0;
 	s->n = 0;
+	s->nunsent = 0;
 	s->nclosing = 0;
 	s->renew_ms = FIRST_RENEW_MS;
 	s->next_renew_ns = 0;

@@ -45,6 +45,21 @@ uint64_t stk_session_id(stk_client *c);
  */
 int stk_session_open(stk_client *c, uint64_t ino, struct stk_attr *attr);
 /*
+ * As stk_session_open without a round trip, when this client's lookup cache holds
+ * ino's attributes under a lease (*attr): the reference is registered here and
+ * meta learns it within a few milliseconds, unless it is dropped first (then
+ * meta never does), and always before a change that could remove the file
+ * (session.c). 1 registered, 0 not (nothing cached, sessions off, a sync under
+ * way, out of memory): the caller registers through meta.
+ */
+int stk_session_open_cached(stk_client *c, uint64_t ino, struct stk_attr *attr);
+/*
+ * Before this client unlinks or renames anything, and before its watch
+ * acknowledges a revocation: every reference registered here is sent to meta
+ * first (waits for them).
+ */
+void stk_session_sync_opens(stk_client *c);
+/*
  * Around a request that registers an open reference as a side effect (META_CREATE
  * with a session): reg_begin returns the session id to send (0: sessions off) and
  * holds off a re-registration (after a meta restart) until reg_end, which records

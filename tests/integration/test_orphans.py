@@ -295,3 +295,49 @@ def test_orphan_survives_meta_restart_with_opens_racing_the_renewal(two_mounts):
         stop.set()
         f.close()
     wait_until(lambda: len(c.chunk_files()) == 1, what="the orphan's chunks to go after close")
+
+
+@needs_fuse
+def test_an_open_on_a_lease_is_at_meta_before_any_unlink(two_mounts):
+    """An open through A of a file whose attributes A's lookup cache holds under a
+    lease does not wait for meta: the open reference is sent a few milliseconds
+    later, or never when the close comes first. An unlink or a rename over the name
+    right after such an open, through B (meta revokes A's lease first, and A sends
+    the reference before it acknowledges) or through A itself (sent before the
+    unlink), still leaves every byte readable through the open descriptor; and no
+    reference is left behind: once all is closed and removed, every chunk goes."""
+    from test_mount import delta, meta_counts
+    c, a, b = two_mounts
+    data = random.Random(5).randbytes(3 * (1 << 16) + 999)
+    quiet = os.path.join(a.path, "quiet")
+    with open(quiet, "wb") as f:
+        f.write(data)
+    time.sleep(0.2)
+    before = meta_counts(c)
+    for _ in range(30):  # no read: no atime to record, which would drop the lease
+        os.close(os.open(quiet, os.O_RDONLY))
+    time.sleep(0.2)
+    assert delta(before, meta_counts(c), "META_OPEN") == 0
+    for i in range(24):
+        how = ("unlink B", "unlink A", "rename over B", "rename over A")[i % 4]
+        name = "held%d" % i
+        with open(os.path.join(a.path, name), "wb") as f:  # A holds the entry leased
+            f.write(data)
+        if how.startswith("rename"):
+            with open(os.path.join(b.path, name + ".new"), "wb") as f:
+                f.write(b"new")
+        time.sleep(0.02 * (i % 3))  # sometimes the reference would have gone by itself
+        f = open(os.path.join(a.path, name), "rb")
+        try:
+            mnt = b if how.endswith("B") else a
+            if how.startswith("unlink"):
+                os.unlink(os.path.join(mnt.path, name))
+            else:
+                os.rename(os.path.join(mnt.path, name + ".new"), os.path.join(mnt.path, name))
+            time.sleep(0.05)  # meta would have removed the data by now
+            assert f.read() == data, "%s: %s" % (name, how)
+        finally:
+            f.close()
+    for mnt_name in os.listdir(a.path):
+        os.unlink(os.path.join(a.path, mnt_name))
+    wait_until(lambda: not c.chunk_files(), what="every chunk to go (no reference left)")
