@@ -177,8 +177,9 @@ void stk_disconnect(stk_client *c)
 		return;
 	stk_reaper_destroy(c); /* first: it removes what is queued, over the pool */
 	stk_lcache_stop(c);
-	stk_session_destroy(c); /* then: it still talks to meta; wakes the parked watch */
+	stk_session_end(c); /* then: it still talks to meta; wakes the parked watch */
 	stk_lcache_destroy(c);
+	stk_session_destroy(c); /* after the watch, which calls into it */
 	stk_pool_destroy(c->pool);
 	for (unsigned i = 0; i < c->nlocals; i++)
 		stk_chunk_store_close(c->locals[i].cs);

@@ -600,11 +600,18 @@ void stk_session_sync_opens(stk_client *c)
 {
 	struct stk_session *s = c->sess;
 
+	int ended;
+
 	if (!s)
 		return;
 	pthread_mutex_lock(&s->mu);
 	s->remove_seq++;
+	ended = s->stop;
 	pthread_mutex_unlock(&s->mu);
+	/* Ended: META_SESSION_END dropped every reference (and an open now would start
+	 * the session again at meta). */
+	if (ended)
+		return;
 	/* Also waits for a flush under way: what it took is then at meta. */
 	send_opens(c, s, 1);
 }
@@ -677,23 +684,33 @@ int stk_session_note_read(stk_client *c, uint64_t ino)
 	return rc;
 }
 
-void stk_session_destroy(stk_client *c)
+void stk_session_end(stk_client *c)
 {
 	struct stk_session *s = c->sess;
 	uint32_t lease;
-	int known;
+	int known, ending;
 
 	if (!s)
 		return;
 	pthread_mutex_lock(&s->mu);
+	ending = !s->stop;
 	s->stop = 1;
 	pthread_cond_signal(&s->wake);
 	pthread_mutex_unlock(&s->mu);
-	if (s->running) {
+	if (ending && s->running) {
 		pthread_join(s->thr, NULL);
 		if (!s->off)
 			call_session(c, STK_OP_META_SESSION_END, s->id, &lease, &known);
 	}
+}
+
+void stk_session_destroy(stk_client *c)
+{
+	struct stk_session *s = c->sess;
+
+	if (!s)
+		return;
+	stk_session_end(c);
 	free(s->opens);
 	free(s->closing); /* META_SESSION_END dropped them */
 	pthread_cond_destroy(&s->wake);

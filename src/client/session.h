@@ -27,7 +27,13 @@ struct stk_session;
 
 /* At connect: allocates the session (no thread, no request yet). 0 or -ENOMEM. */
 int stk_session_create(stk_client *c);
-/* At disconnect: stops the renewal thread and ends the session on meta. */
+/*
+ * At disconnect: stops the renewal thread and ends the session on meta (its
+ * references and locks go); later calls of the session's functions are no-ops.
+ */
+void stk_session_end(stk_client *c);
+/* After stk_session_end and once no other thread calls in (the lookup cache's watch
+ * is joined): frees it (ending it first if need be). */
 void stk_session_destroy(stk_client *c);
 /* In a child after fork(): a new session of its own, holding nothing. */
 void stk_session_after_fork(stk_client *c);

@@ -8,6 +8,7 @@ same tests run against the sanitizer build with STOKER_BUILD=build-asan.
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -177,6 +178,20 @@ def have_root():
 needs_root = pytest.mark.skipif(not have_root(), reason="needs root (tmpfs mounts)")
 
 
+def gone(pid, timeout):
+    """Waits up to timeout s for process pid to exit (a zombie counts as gone)."""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def have_fuse():
     return have_root() and os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
 
@@ -217,11 +232,21 @@ class Mount:
         with open(name) as f:
             return int(f.read().split()[0])
 
+    lingered = None
+
     def stop(self):
+        """Unmounts; the daemon must then exit (else self.lingered, and it is killed)."""
         if self.mounted():
+            try:
+                pid = self.pid()
+            except (OSError, ValueError):
+                pid = None
             p = run([STOKER, "umount", self.path], check=False, timeout=120)
             if p.returncode != 0 and self.mounted():
                 run(["umount", "-l", self.path], check=False)
+            if pid and not gone(pid, 60):
+                self.lingered = "mount daemon %d still running after its umount" % pid
+                os.kill(pid, signal.SIGKILL)
 
     def log(self):
         try:
@@ -246,6 +271,7 @@ def mount(cluster, tmp_path):
     yield m
     m.stop()
     assert not m.sanitizer_reports(), m.log()
+    assert not m.lingered, m.lingered + "\n" + m.log()
 
 
 @pytest.fixture
@@ -268,6 +294,7 @@ def make_mount(tmp_path):
         m.stop()
     for m in made:
         assert not m.sanitizer_reports(), m.log()
+        assert not m.lingered, m.lingered + "\n" + m.log()
 
 
 NOBODY = 65534
