@@ -691,6 +691,14 @@ int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, 
 			    .chain_id = chains[k],
 			    .rec = {.ino = a[i].ino, .chunk_size = a[i].layout.chunk_size}};
 	}
+	/* The short-circuit reader's open chunk files of these go first: held open (and
+	 * mapped) they would keep the space and slow every later read of this process. */
+	for (size_t i = 0; i < n; i++) {
+		uint32_t nl = __atomic_load_n(&c->nlocals, __ATOMIC_ACQUIRE);
+
+		for (uint32_t j = 0; a[i].size && j < nl; j++)
+			stk_chunk_store_forget(c->locals[j].cs, a[i].ino);
+	}
 	qsort(l, cnt, sizeof(*l), chain_rec_cmp);
 	for (size_t i = 0; i < cnt;) {
 		uint32_t m = 0;

@@ -435,6 +435,26 @@ static void fdc_drop(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, str
 	fdc_put(cs, old);
 }
 
+void stk_chunk_store_forget(struct stk_chunk_store *cs, uint64_t ino)
+{
+	if (!cs || !cs->fdc_ok)
+		return;
+	for (unsigned set = 0; set < cs->fdc_n; set += FDC_WAYS) {
+		struct fd_ent *gone[FDC_WAYS];
+		unsigned n = 0;
+
+		pthread_mutex_lock(fdc_lock(cs, set));
+		for (unsigned w = set; w < set + FDC_WAYS; w++)
+			if (cs->fdc[w] && cs->fdc[w]->ino == ino) {
+				gone[n++] = cs->fdc[w];
+				cs->fdc[w] = NULL;
+			}
+		pthread_mutex_unlock(fdc_lock(cs, set));
+		while (n)
+			fdc_put(cs, gone[--n]);
+	}
+}
+
 /* Puts e (holding a reference for its slot) in its set; the entry it replaces is released. */
 static void fdc_insert(struct stk_chunk_store *cs, struct fd_ent *e)
 {

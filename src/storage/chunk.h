@@ -84,6 +84,14 @@ int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
 				struct stk_chunk_store **out);
 
 /*
+ * Closes (and unmaps) the chunk files of inode ino this store keeps open, so that
+ * the space of a removed file goes at once and its maps stop weighing on the
+ * process (a reader keeps up to 1024, each mapped, until they are evicted).
+ * Looks at every cached file: for inodes that had data.
+ */
+void stk_chunk_store_forget(struct stk_chunk_store *cs, uint64_t ino);
+
+/*
  * Writes len bytes at off into chunk idx of inode ino, growing it as needed (a gap
  * between the old end and off reads as zeros). off + len must not exceed
  * chunk_size (at most 64 MiB). With STK_WRITE_SYNC the chunk is durable when this

@@ -4,6 +4,7 @@ must read the new bytes after an overwrite (copy-on-write renames a new chunk fi
 over the cached one), a partial overwrite, a truncate, and an unlink followed by a
 new file under the same name, through plain reads and read_batch, with
 short-circuit reads on and off (then it is the storage daemon's cache)."""
+import os
 import time
 
 import numpy as np
@@ -99,3 +100,47 @@ def test_overwrite_by_another_client_is_seen(cluster, monkeypatch):
     finally:
         reader.close()
         writer.close()
+
+
+def chunk_files_held(data):
+    """Chunk files under data that this process holds open or mapped (also deleted ones)."""
+    held = set()
+    for d in ("/proc/self/fd", "/proc/self/map_files"):
+        for name in os.listdir(d):
+            try:
+                target = os.readlink(os.path.join(d, name))
+            except OSError:
+                continue
+            if target.startswith(data) and "/chunks/" in target:
+                held.add(target.replace(" (deleted)", ""))
+    return held
+
+
+def test_an_unlinked_file_leaves_no_chunk_file_open(cluster, monkeypatch):
+    """A client that read a file through its chunk files and then removed it keeps
+    none of them open or mapped: else their space stays taken until the cache
+    evicts them (up to 1024), and their maps slow every later read of the process."""
+    monkeypatch.setenv("STOKER_SHORT_CIRCUIT", "1")
+    c = stoker.connect(cluster.url)
+    try:
+        a, b = pattern(9 * MiB, 7), pattern(3 * MiB, 8)
+        c.write_file("/big.bin", a)
+        c.write_file("/kept.bin", b)
+        settle()
+        check(c, "/big.bin", a)
+        check(c, "/kept.bin", b)
+        both = chunk_files_held(cluster.data)
+        assert len(both) >= 3, both  # read through cached chunk files
+        before = set(cluster.chunk_files())
+        c.unlink("/big.bin")
+        deadline = time.time() + 30
+        while set(cluster.chunk_files()) >= before and time.time() < deadline:
+            time.sleep(0.1)
+        removed = before - set(cluster.chunk_files())
+        assert removed, "no chunk file of /big.bin was removed within 30 s"
+        held = chunk_files_held(cluster.data)
+        assert not held & removed, held & removed
+        assert held, "the kept file's chunk files went too"
+        check(c, "/kept.bin", b)
+    finally:
+        c.close()
