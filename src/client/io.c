@@ -237,6 +237,18 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 			return;
 		}
 	}
+	if (op == STK_IO_PREFETCH) {
+		/* A chunk this client reads itself is advised here: no request, and the
+		 * file it opens stays in the cache for the read that follows. */
+		struct stk_chunk_store *cs = local_store(c, p->chain_id);
+
+		if (cs) {
+			(void)stk_chunk_prefetch(cs, ino, p->chunk_idx);
+			f->local = 1;
+			f->rc = 0;
+			return;
+		}
+	}
 	f->rc = chain_head(c, p->chain_id, addr, &ver);
 	if (f->rc)
 		return;

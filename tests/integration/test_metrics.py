@@ -205,6 +205,28 @@ def test_written_bytes_show_in_storage_counters(cluster, rand_file, tmp_path, mo
     assert total(meta, "stoker_rpc_errors_total", op="META_LOOKUP", status="NOENT") >= 1
 
 
+def test_read_ahead_of_local_chunks_asks_the_storage_node_nothing(cluster, rand_file, tmp_path,
+                                                                monkeypatch):
+    """A sequential read prefetches the chunks ahead of it. A client that reads a
+    chunk from its own disk advises the kernel itself; one that reads through the
+    storage node sends it the hint (STOR_PREFETCH)."""
+    src = rand_file(24 << 20)
+    cluster.cli("put", str(src), "/ahead.bin")
+
+    def prefetches():
+        return total(scrape(cluster, "storage")[0], "stoker_rpc_requests_total", op="STOR_PREFETCH")
+
+    base = prefetches()
+    monkeypatch.setenv("STOKER_SHORT_CIRCUIT", "1")
+    cluster.cli("get", "/ahead.bin", str(tmp_path / "a.bin"))
+    assert (tmp_path / "a.bin").read_bytes() == src.read_bytes()
+    assert prefetches() == base
+    monkeypatch.setenv("STOKER_SHORT_CIRCUIT", "0")
+    cluster.cli("get", "/ahead.bin", str(tmp_path / "b.bin"))
+    assert (tmp_path / "b.bin").read_bytes() == src.read_bytes()
+    assert prefetches() > base
+
+
 def test_counters_never_go_backwards(cluster, rand_file, tmp_path):
     """Scrapes taken while clients come and go (connection threads exit)."""
     src = rand_file(1 << 20)
