@@ -247,33 +247,61 @@ static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, siz
 {
 	struct stk_msg_meta_closes_req m = {.session = id, .n = (uint32_t)n};
 	size_t cap = 16 + n * 16; /* the header is 12 bytes, a record 13 */
+	size_t resp_cap = 64 + n * 160, len = 0, k = 0;
+	struct stk_msg_meta_closes_resp rm = {0};
 	struct stk_lcache_tok tok;
-	uint8_t *req = malloc(cap);
+	uint8_t *req = malloc(cap), *resp = malloc(resp_cap);
 	struct stk_wbuf w;
-	int rc;
+	struct stk_rbuf rb;
+	int rc, bad = 0;
 
-	if (!req)
+	if (!req || !resp) {
+		free(req);
+		free(resp);
 		return -ENOMEM;
+	}
 	stk_wbuf_init(&w, req, cap);
 	stk_msg_meta_closes_req_enc(&w, &m);
 	for (size_t i = 0; i < n; i++) {
 		struct stk_msg_open_ref r = {
-		    .ino = l[i].ino, .count = l[i].count, .flags = l[i].read ? STK_REF_READ : 0};
+		    .ino = l[i].ino,
+		    .count = l[i].count,
+		    .flags = l[i].read ? STK_REF_READ | STK_REF_ATTR : 0};
 		stk_msg_open_ref_enc(&w, &r);
 	}
 	if (w.err) {
 		free(req);
+		free(resp);
 		stk_error("session: cannot encode %zu closes: %s", n, stk_strerror(w.err));
 		return w.err;
 	}
-	/* The reads change atimes: this client forgets those itself (lcache.h). */
+	/*
+	 * The reads change atimes: this client forgets those itself (lcache.h), and
+	 * keeps what meta says each read left (a reply from an older meta says nothing:
+	 * they are looked up again).
+	 */
 	tok = stk_lcache_begin(c);
-	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_CLOSES, req, w.len, NULL, 0,
-				       NULL);
-	for (size_t i = 0; i < n; i++)
-		if (l[i].read)
-			stk_lcache_updated(c, tok, l[i].ino, NULL);
+	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_CLOSES, req, w.len, resp,
+				       resp_cap, &len);
+	stk_rbuf_init(&rb, resp, rc == 0 ? len : 0);
+	if (rc == 0 && len)
+		stk_msg_meta_closes_resp_dec(&rb, &rm);
+	for (size_t i = 0; i < n; i++) {
+		struct stk_msg_attr_rec rec;
+		int keep = 0;
+
+		if (!l[i].read)
+			continue;
+		if (k++ < rm.n && !rb.err && !bad) {
+			stk_msg_attr_rec_dec(&rb, &rec);
+			/* An answer for another inode: trust none of it from there on. */
+			bad = rb.err || (rec.status == 0 && rec.attr.ino != l[i].ino);
+			keep = !bad && rec.status == 0;
+		}
+		stk_lcache_updated(c, tok, l[i].ino, keep ? &rec.attr : NULL);
+	}
 	free(req);
+	free(resp);
 	return rc;
 }
 

@@ -851,13 +851,16 @@ static uint64_t *reads_of(const struct stk_msg_open_ref *refs, uint32_t n, size_
 
 static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
+	/* ATIME_READ checks no permission (a read was allowed at open); any will do. */
+	const struct stk_cred anyone = {0};
 	struct stk_msg_meta_closes_req q;
+	struct stk_msg_meta_closes_resp out = {0};
 	struct stk_msg_open_ref *refs;
+	struct stk_attr *attrs = NULL;
 	uint64_t *reads = NULL;
-	size_t nreads = 0;
-	int first = 0, batch, rc;
+	size_t nreads = 0, k = 0;
+	int first = 0, want = 0, batch, rc, *rcs = NULL;
 
-	(void)resp;
 	rc = stk_msg_meta_closes_req_dec(&req->payload, &q);
 	if (rc == 0 && q.n > STK_CLOSES_MAX)
 		rc = -EBADMSG;
@@ -883,17 +886,33 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	}
 	batch = rc == 0 && nreads ? stk_meta_store_record_reads(m->store, reads, nreads)
 				  : rc == 0 ? 0 : -EINVAL;
+	/* What the reads left, for the client's cache (it forgets its own changes):
+	 * read after the commit, so never older than it. None if memory is short. */
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++)
+		want |= (refs[i].flags & STK_REF_ATTR) != 0;
+	if (rc == 0 && nreads && want) {
+		attrs = calloc(nreads, sizeof(*attrs));
+		rcs = calloc(nreads, sizeof(*rcs));
+		if (attrs && rcs && batch == 0 &&
+		    stk_meta_store_getattrs(m->store, &anyone, reads, (uint32_t)nreads, attrs, rcs))
+			for (size_t i = 0; i < nreads; i++)
+				rcs[i] = -EIO;
+	}
 	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
-		/* ATIME_READ checks no permission (a read was allowed at open); any will do. */
-		const struct stk_cred anyone = {0};
 		const struct stk_meta_sattr read = {.valid = STK_SETATTR_ATIME_READ};
 		struct stk_attr a;
 		int r = 0, c = 0;
 
 		if (batch && (refs[i].flags & STK_REF_READ)) {
 			r = stk_meta_store_setattr(m->store, &anyone, refs[i].ino, &read, &a);
+			if (attrs && rcs) {
+				attrs[k] = a;
+				rcs[k] = r;
+			}
 			r = r == -ENOENT ? 0 : r;
 		}
+		if (refs[i].flags & STK_REF_READ)
+			k++;
 		if (refs[i].count)
 			c = stk_meta_sessions_close(m->sessions, q.session, refs[i].ino,
 						    refs[i].count);
@@ -902,6 +921,21 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	}
 	if (reads)
 		stk_meta_leases_end(m->leases, reads, nreads);
+	if (rc == 0 && first == 0 && want) {
+		out.n = attrs && rcs ? (uint32_t)nreads : 0;
+		rc = stk_msg_meta_closes_resp_enc(&resp->payload, &out);
+		for (uint32_t i = 0; rc == 0 && i < out.n; i++) {
+			struct stk_msg_attr_rec rec;
+
+			memset(&rec, 0, sizeof(rec));
+			rec.status = stk_status_from_errno(rcs[i]);
+			if (rcs[i] == 0)
+				rec.attr = attrs[i];
+			rc = stk_msg_attr_rec_enc(&resp->payload, &rec);
+		}
+	}
+	free(attrs);
+	free(rcs);
 	free(reads);
 	free(refs);
 	return rc ? rc : first;

@@ -201,9 +201,14 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 /*
  * META_CLOSES: n open_ref records follow (n <= STK_CLOSES_MAX). Each drops `count`
  * references (0: none) and, with STK_REF_READ in flags, first records a read of the
- * file as META_SETATTR with STK_SETATTR_ATIME_READ does (relatime).
+ * file as META_SETATTR with STK_SETATTR_ATIME_READ does (relatime). When a record
+ * has STK_REF_ATTR too, the reply is n attr_rec, the attributes each recorded read
+ * left, in the order of the records with STK_REF_READ (n 0, or the empty reply of
+ * an older meta: none given), so that the client's lookup cache keeps them
+ * instead of asking again; else it is empty (what older clients expect).
  */
 #define STK_MSG_META_CLOSES_REQ(F) F(u64, session) F(u32, n)
+#define STK_MSG_META_CLOSES_RESP(F) F(u32, n)
 /*
  * Cache leases (src/meta/leases.h). META_WATCH: holder 0 registers; records up to
  * `acked` are done; meta holds the request up to wait_ms for records. The reply:
@@ -230,6 +235,7 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_OPEN_REF(F) F(u64, ino) F(u32, count) F(u8, flags)
 #define STK_CLOSES_MAX 1024u
 #define STK_REF_READ 1u
+#define STK_REF_ATTR 2u
 /*
  * kind: 0 POSIX record lock, 1 flock (whole file); type: 1 read (shared), 2 write
  * (exclusive), 3 unlock; [start, end] inclusive, end 2^64-1 = to the end of file.
@@ -309,6 +315,7 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(meta_session_resp, STK_MSG_META_SESSION_RESP)           \
 	X(meta_open_req, STK_MSG_META_OPEN_REQ)                   \
 	X(meta_closes_req, STK_MSG_META_CLOSES_REQ)               \
+	X(meta_closes_resp, STK_MSG_META_CLOSES_RESP)             \
 	X(open_ref, STK_MSG_OPEN_REF)                             \
 	X(meta_watch_req, STK_MSG_META_WATCH_REQ)                 \
 	X(meta_watch_resp, STK_MSG_META_WATCH_RESP)               \
