@@ -906,8 +906,9 @@ static int op_closes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		if (batch && (refs[i].flags & STK_REF_READ)) {
 			r = stk_meta_store_setattr(m->store, &anyone, refs[i].ino, &read, &a);
 			if (attrs && rcs) {
-				attrs[k] = a;
 				rcs[k] = r;
+				if (r == 0)
+					attrs[k] = a;
 			}
 			r = r == -ENOENT ? 0 : r;
 		}
