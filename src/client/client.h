@@ -38,6 +38,12 @@ struct stk_client {
 	struct stk_routing rt;
 	int short_circuit; /* STOKER_SHORT_CIRCUIT=0 turns local chunk reads off */
 	/*
+	 * Sequential readers read local chunks past the page cache (STK_READ_STREAM).
+	 * Set by the mount, whose kernel caches what it reads, before its first read;
+	 * a library client reads through the page cache, its only cache.
+	 */
+	int direct_streams;
+	/*
 	 * The targets of this machine met so far. Entries are only added, under
 	 * local_lock, each published by a release store of nlocals; readers scan the
 	 * first nlocals (acquire load) without the lock. Past STK_MAX_LOCAL_TARGETS
@@ -161,6 +167,11 @@ struct stk_io_piece {
 #define STK_IO_WRITE 1
 #define STK_IO_READ 2
 #define STK_IO_PREFETCH 3 /* a hint per piece (chunk_idx); failures are ignored */
+/*
+ * Reads and prefetches of a sequential stream of a client with direct_streams:
+ * local chunks are read with stk_chunk_read_stream and not advised. Never sent.
+ */
+#define STK_READ_STREAM 0x100u
 
 /*
  * Runs pieces of one file's I/O in parallel over their chains, at most `window`

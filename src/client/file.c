@@ -22,6 +22,7 @@
 #include "client.h"
 #include "inode.h"
 #include "session.h"
+#include "../storage/chunk.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -85,7 +86,7 @@ static int readahead_range(struct stk_file *f, uint64_t off, uint64_t len, uint6
 }
 
 /* Sends a prefetch hint for each chunk that [from, to) touches. */
-static void prefetch(struct stk_file *f, uint64_t from, uint64_t to)
+static void prefetch(struct stk_file *f, uint64_t from, uint64_t to, uint32_t flags)
 {
 	uint64_t cs = f->attr.layout.chunk_size;
 	uint64_t first = (from + cs - 1) / cs, last = (to - 1) / cs;
@@ -98,7 +99,7 @@ static void prefetch(struct stk_file *f, uint64_t from, uint64_t to)
 		p[n].chunk_idx = (uint32_t)i;
 	}
 	if (n)
-		stk_io_run(f->c, STK_IO_PREFETCH, f->attr.ino, &f->attr.layout, p, n, 0);
+		stk_io_run(f->c, STK_IO_PREFETCH, f->attr.ino, &f->attr.layout, p, n, flags);
 }
 
 
@@ -568,13 +569,15 @@ ssize_t stk_pread(stk_file *f, void *buf, size_t len, off_t off)
 	if (off < 0)
 		return -EINVAL;
 	uint64_t ra_from = 0, ra_to = 0;
-	int ra;
+	uint32_t flags;
+	int ra, seq;
 
 	pthread_mutex_lock(&f->lock);
 	rc = flush_buffer(f, 0);
 	size = f->size;
 	if (rc == 0 && (uint64_t)off < size && len > size - (uint64_t)off)
 		len = (size_t)(size - (uint64_t)off);
+	seq = rc == 0 && (uint64_t)off < size && len && (uint64_t)off == f->seq_next;
 	ra = rc == 0 && (uint64_t)off < size && len &&
 	     readahead_range(f, (uint64_t)off, len, size, &ra_from, &ra_to);
 	pthread_mutex_unlock(&f->lock);
@@ -582,12 +585,18 @@ ssize_t stk_pread(stk_file *f, void *buf, size_t len, off_t off)
 		return rc;
 	if ((uint64_t)off >= size || len == 0)
 		return 0;
+	/*
+	 * A stream of a mount: its kernel caches what it reads (client.h). A large
+	 * read there is the kernel's read-ahead, so a stream, even when the requests
+	 * of several threads reach us out of order.
+	 */
+	flags = f->c->direct_streams && (seq || len >= STK_STREAM_MIN) ? STK_READ_STREAM : 0;
 	if (ra)
-		prefetch(f, ra_from, ra_to);
+		prefetch(f, ra_from, ra_to, flags);
 	n = make_pieces(f, buf, len, (uint64_t)off, &p, stackp, 16);
 	if (n < 0)
 		return n;
-	rc = stk_io_run(f->c, STK_IO_READ, f->attr.ino, &f->attr.layout, p, (unsigned)n, 0);
+	rc = stk_io_run(f->c, STK_IO_READ, f->attr.ino, &f->attr.layout, p, (unsigned)n, flags);
 	if (rc == 0) {
 		/* Holes and the unwritten tail of a chunk read as zeros. */
 		for (int i = 0; i < n; i++)

@@ -223,9 +223,12 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 	f->local = 0;
 	if (op == STK_IO_READ) {
 		struct stk_chunk_store *cs = local_store(c, p->chain_id);
-		long got = cs ? stk_chunk_read(cs, ino, p->chunk_idx, p->offset, p->buf, p->length,
-					       NULL)
-			      : -ENOENT;
+		long got = !cs ? -ENOENT
+			   : flags & STK_READ_STREAM
+			       ? stk_chunk_read_stream(cs, ino, p->chunk_idx, p->offset, p->buf,
+						       p->length)
+			       : stk_chunk_read(cs, ino, p->chunk_idx, p->offset, p->buf, p->length,
+						NULL);
 		/*
 		 * Any failure, a checksum mismatch too, goes the network way: the storage
 		 * node then sees it, logs and counts it, and answers EIO itself.
@@ -243,7 +246,9 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 		struct stk_chunk_store *cs = local_store(c, p->chain_id);
 
 		if (cs) {
-			(void)stk_chunk_prefetch(cs, ino, p->chunk_idx);
+			/* A stream reads it past the page cache: nothing to advise. */
+			if (!(flags & STK_READ_STREAM))
+				(void)stk_chunk_prefetch(cs, ino, p->chunk_idx);
 			f->local = 1;
 			f->rc = 0;
 			return;
@@ -355,7 +360,7 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 	while (left) {
 		unsigned k = 0, retry = 0, next = 0, busy;
 
-		if (op == STK_IO_READ)
+		if (op == STK_IO_READ && !(flags & STK_READ_STREAM)) /* a stream skips the cache */
 			for (unsigned i = 0, m = 0; i < n && m < STK_IO_WINDOW; i++)
 				if (pieces[i].rc == 1 && m++ > 0)
 					advise_local(c, ino, &pieces[i]); /* not the first: read now */

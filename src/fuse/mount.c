@@ -702,6 +702,9 @@ int cmd_mount(int argc, char **argv)
 			cluster[0] ? cluster : "(default)", stk_strerror(rc));
 		return 1;
 	}
+	/* The kernel's page cache keeps what is read; STOKER_DIRECT_STREAMS=0: not. */
+	c->direct_streams = !(getenv("STOKER_DIRECT_STREAMS") &&
+			      strcmp(getenv("STOKER_DIRECT_STREAMS"), "0") == 0);
 	rc = stk_client_resolve(c, sub, 1, &root);
 	if (rc == 0 && !S_ISDIR(root.mode))
 		rc = -ENOTDIR;

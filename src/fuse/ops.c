@@ -140,7 +140,7 @@ static char *thread_buf(struct stk_fuse *fs)
 	char *b = pthread_getspecific(fs->rbuf_key);
 
 	if (!b) {
-		b = malloc(STK_FUSE_IO_MAX);
+		b = aligned_alloc(4096, STK_FUSE_IO_MAX); /* for O_DIRECT reads of streams */
 		if (b && pthread_setspecific(fs->rbuf_key, b)) {
 			free(b);
 			b = NULL;

@@ -79,6 +79,7 @@ struct stk_chunk_store {
 	unsigned fdc_n;
 	int fdc_ok;
 	int reader;	     /* opened by stk_chunk_store_open_reader: map cached files */
+	int no_direct;	     /* atomic: O_DIRECT failed here, streams read through the cache */
 	pthread_mutex_t fdc_locks[FDC_LOCKS];
 	uint64_t fdc_ticks[FDC_LOCKS]; /* each under its lock: a clock for the sets' LRU */
 };
@@ -327,6 +328,7 @@ struct fd_ent {
 	const uint8_t *map;
 	size_t map_len; /* what map covers, or would */
 	int mappable; /* cached (settled) in a reader's store: worth a map */
+	int dfd; /* atomic: the same file opened O_DIRECT for streams, or -1; set once */
 	uint32_t hdr_len, data_len, nblocks;
 	struct timespec ctime;
 	off_t size;
@@ -373,14 +375,17 @@ static int settled(const struct timespec *ctime)
 	return age_ns >= (int64_t)FDC_SETTLE_MS * 1000000;
 }
 
-/* Sizes the cache: want entries, at most an eighth of the descriptors allowed. */
-static int fdc_init(struct stk_chunk_store *cs, unsigned want)
+/*
+ * Sizes the cache: want entries, at most an eighth of the descriptors allowed (a
+ * sixteenth for a reader's, whose entries may hold two each: fdc_direct).
+ */
+static int fdc_init(struct stk_chunk_store *cs, unsigned want, unsigned share)
 {
 	struct rlimit rl;
 	uint64_t max = 64;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-		max = STK_MAX((uint64_t)rl.rlim_cur / 8, max);
+		max = STK_MAX((uint64_t)rl.rlim_cur / share, max);
 	else
 		max = want;
 	cs->fdc_n = (unsigned)STK_MIN((uint64_t)want, max) / FDC_WAYS * FDC_WAYS;
@@ -407,6 +412,8 @@ static void fdc_put(struct stk_chunk_store *cs, struct fd_ent *e)
 	if (last) {
 		if (e->map)
 			munmap((void *)e->map, e->map_len);
+		if (e->dfd >= 0)
+			close(e->dfd);
 		close(e->fd);
 		free(e);
 	}
@@ -572,6 +579,7 @@ static int fdc_get(struct stk_chunk_store *cs, struct chunk_tls *t, char *rel, u
 	e->map = NULL;
 	e->map_len = (size_t)h.hdr_len + h.data_len;
 	e->mappable = 0;
+	e->dfd = -1;
 	e->hdr_len = h.hdr_len;
 	e->data_len = h.data_len;
 	e->nblocks = h.nblocks;
@@ -1253,6 +1261,91 @@ out:
 	return rc;
 }
 
+/*
+ * e's file opened O_DIRECT (kept with e), or -1 when this store cannot (the file
+ * system refuses O_DIRECT, or the name now holds another file: a buffered read
+ * then opens it afresh).
+ */
+static int fdc_direct(struct stk_chunk_store *cs, struct fd_ent *e, const char *rel)
+{
+	int fd = __atomic_load_n(&e->dfd, __ATOMIC_ACQUIRE), none = -1;
+	struct stat a, b;
+
+	if (fd >= 0 || __atomic_load_n(&cs->no_direct, __ATOMIC_RELAXED))
+		return fd;
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (fd < 0) {
+		if (errno == EINVAL)
+			__atomic_store_n(&cs->no_direct, 1, __ATOMIC_RELAXED);
+		return -1;
+	}
+	if (fstat(fd, &a) < 0 || fstat(e->fd, &b) < 0 || a.st_ino != b.st_ino ||
+	    a.st_dev != b.st_dev) {
+		close(fd);
+		return -1;
+	}
+	if (__atomic_compare_exchange_n(&e->dfd, &none, fd, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return fd;
+	close(fd); /* another thread's won */
+	return none;
+}
+
+long stk_chunk_read_stream(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off,
+			   void *buf, uint32_t len)
+{
+	struct chunk_tls *t = tls_get();
+	struct fd_ent *e = NULL;
+	char rel[REL_MAX];
+	uint32_t end, want;
+	long got, rc;
+	int dfd;
+
+	if (!t)
+		return -ENOMEM;
+	if (!cs->reader || len < STK_STREAM_MIN || off % STK_CHUNK_BLOCK ||
+	    len % STK_CHUNK_BLOCK || (uintptr_t)buf % STK_CHUNK_BLOCK ||
+	    __atomic_load_n(&cs->no_direct, __ATOMIC_RELAXED))
+		return stk_chunk_read(cs, ino, idx, off, buf, len, NULL);
+	rc = fdc_get(cs, t, rel, ino, idx, &e);
+	if (rc || !e)
+		return rc;
+	if (off >= e->data_len) {
+		rc = 0;
+		goto out;
+	}
+	end = (uint32_t)STK_MIN((uint64_t)off + len, e->data_len);
+	want = STK_DIV_ROUND_UP(end - off, STK_CHUNK_BLOCK) * STK_CHUNK_BLOCK;
+	rel_chunk(rel, sizeof(rel), ino, idx);
+	dfd = e->hdr_len % STK_CHUNK_BLOCK ? -1 : fdc_direct(cs, e, rel);
+	got = -1;
+	if (dfd >= 0) {
+		struct iovec iov = {.iov_base = buf, .iov_len = want};
+
+		got = preadv_full(dfd, &iov, 1, (uint64_t)e->hdr_len + off);
+		if (got == -EINVAL) /* alignment this file system refuses: not again */
+			__atomic_store_n(&cs->no_direct, 1, __ATOMIC_RELAXED);
+	}
+	if (got < (long)(end - off)) { /* no direct read: the buffered one says why */
+		fdc_put(cs, e);
+		return stk_chunk_read(cs, ino, idx, off, buf, len, NULL);
+	}
+	for (uint32_t bs = off; bs < end; bs += STK_CHUNK_BLOCK) {
+		uint32_t b = bs / STK_CHUNK_BLOCK, be = STK_MIN(bs + STK_CHUNK_BLOCK, e->data_len);
+
+		if (stk_crc32c(0, (uint8_t *)buf + (bs - off), be - bs) != le32(e->crcs + 4 * b)) {
+			log_mismatch(cs, rel, ino, idx, b);
+			memset(buf, 0, end - off);
+			fdc_drop(cs, ino, idx, e); /* a bad file is opened afresh next time */
+			rc = -EIO;
+			goto out;
+		}
+	}
+	rc = end - off;
+out:
+	fdc_put(cs, e);
+	return rc;
+}
+
 int stk_chunk_prefetch(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
 {
 	return stk_chunk_advise(cs, ino, idx, 0, 0);
@@ -1511,7 +1604,7 @@ int stk_chunk_store_open(const char *dir, struct stk_chunk_store **out)
 	}
 	rc = read_id(cs);
 	if (rc == 0)
-		rc = fdc_init(cs, FDC_SERVER);
+		rc = fdc_init(cs, FDC_SERVER, 8);
 	if (rc)
 		goto out;
 	rc = scan(cs);
@@ -1544,7 +1637,7 @@ int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
 	if (rc == 0 && cs->id != expect_id)
 		rc = -ESTALE; /* same path, another target: not the one the routing names */
 	if (rc == 0)
-		rc = fdc_init(cs, FDC_READER);
+		rc = fdc_init(cs, FDC_READER, 16);
 	cs->reader = 1;
 	if (rc)
 		goto out;

@@ -84,6 +84,18 @@ int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
 				struct stk_chunk_store **out);
 
 /*
+ * As stk_chunk_read (no crcs), for a sequential reader whose bytes the kernel
+ * caches above it (the mount): an aligned read of STK_STREAM_MIN bytes or more
+ * goes from the disk straight into buf (O_DIRECT, through a second descriptor
+ * kept with the cached file), so the chunk file's pages are neither filled nor
+ * copied; each block is checked against its CRC as stk_chunk_read does. Any other
+ * read, a file system without O_DIRECT, or a short read goes the buffered way.
+ */
+#define STK_STREAM_MIN (256u << 10)
+long stk_chunk_read_stream(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off,
+			   void *buf, uint32_t len);
+
+/*
  * Closes (and unmaps) the chunk files of inode ino this store keeps open, so that
  * the space of a removed file goes at once and its maps stop weighing on the
  * process (a reader keeps up to 1024, each mapped, until they are evicted).

@@ -126,3 +126,57 @@ def test_malformed_frames_close_only_that_connection(cluster, role):
     # and the cluster still works
     cluster.cli("put", "-", "/still-alive", input=b"ok")
     assert cluster.cli("cat", "/still-alive").stdout == b"ok"
+
+
+@needs_root
+def test_a_stream_through_the_mount_checks_every_block_it_reads_past_the_cache(
+        cluster, make_mount):
+    """The mount reads a sequential stream's local chunks with O_DIRECT, straight into
+    its reply (its kernel caches the bytes): the bytes must be the file's, and a
+    block that no longer matches its checksum must fail the read, not be returned."""
+    data = os.urandom(6 * MiB + 12345)
+    cluster.cli("put", "-", "/stream.bin", input=data)
+    time.sleep(0.3)  # chunk files 100 ms old are kept open (FDC_SETTLE_MS): seen below
+    m = make_mount(cluster, "m")
+    path = os.path.join(m.path, "stream.bin")
+
+    def read_all():
+        out = bytearray()
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                b = f.read(MiB)
+                if not b:
+                    return bytes(out)
+                out += b
+
+    assert read_all() == data
+    pid = m.pid()
+    direct = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+            flags = open("/proc/%d/fdinfo/%s" % (pid, fd)).read().split("flags:")[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if target.startswith(cluster.data) and "/chunks/" in target and \
+                int(flags, 8) & os.O_DIRECT:
+            direct += 1
+    assert direct >= 3, "no chunk file read with O_DIRECT"
+    # a byte of chunk 3 flipped on disk: the kernel's copy of the file goes too
+    victim = [p for p in cluster.chunk_files() if p.endswith("/3")]
+    assert len(victim) == 1, victim
+    with open(victim[0], "r+b") as f:
+        f.seek(os.path.getsize(victim[0]) - 5000)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x10]))
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+    with open(path, "rb", buffering=0) as f:
+        assert f.read(3 * MiB) == data[:3 * MiB]
+        with pytest.raises(OSError) as e:
+            while f.read(MiB):
+                pass
+    assert e.value.errno == 5  # EIO
+    log = open(os.path.join(cluster.data, "log", "storage.log")).read()
+    assert "checksum mismatch" in log
