@@ -712,9 +712,11 @@ int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, 
 	 * mapped) they would keep the space and slow every later read of this process. */
 	for (size_t i = 0; i < n; i++) {
 		uint32_t nl = __atomic_load_n(&c->nlocals, __ATOMIC_ACQUIRE);
+		uint64_t cs = a[i].layout.chunk_size;
+		uint64_t nchunks = cs ? (a[i].size + cs - 1) / cs : 0;
 
-		for (uint32_t j = 0; a[i].size && j < nl; j++)
-			stk_chunk_store_forget(c->locals[j].cs, a[i].ino);
+		for (uint32_t j = 0; nchunks && j < nl; j++)
+			stk_chunk_store_forget(c->locals[j].cs, a[i].ino, nchunks);
 	}
 	qsort(l, cnt, sizeof(*l), chain_rec_cmp);
 	for (size_t i = 0; i < cnt;) {

@@ -442,24 +442,34 @@ static void fdc_drop(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, str
 	fdc_put(cs, old);
 }
 
-void stk_chunk_store_forget(struct stk_chunk_store *cs, uint64_t ino)
+/* Takes every cached entry of ino out of the set starting at slot set, and releases them. */
+static void fdc_forget_set(struct stk_chunk_store *cs, unsigned set, uint64_t ino)
 {
-	if (!cs || !cs->fdc_ok)
-		return;
-	for (unsigned set = 0; set < cs->fdc_n; set += FDC_WAYS) {
-		struct fd_ent *gone[FDC_WAYS];
-		unsigned n = 0;
+	struct fd_ent *gone[FDC_WAYS];
+	unsigned n = 0;
 
-		pthread_mutex_lock(fdc_lock(cs, set));
-		for (unsigned w = set; w < set + FDC_WAYS; w++)
-			if (cs->fdc[w] && cs->fdc[w]->ino == ino) {
-				gone[n++] = cs->fdc[w];
-				cs->fdc[w] = NULL;
-			}
-		pthread_mutex_unlock(fdc_lock(cs, set));
-		while (n)
-			fdc_put(cs, gone[--n]);
-	}
+	pthread_mutex_lock(fdc_lock(cs, set));
+	for (unsigned w = set; w < set + FDC_WAYS; w++)
+		if (cs->fdc[w] && cs->fdc[w]->ino == ino) {
+			gone[n++] = cs->fdc[w];
+			cs->fdc[w] = NULL;
+		}
+	pthread_mutex_unlock(fdc_lock(cs, set));
+	while (n)
+		fdc_put(cs, gone[--n]);
+}
+
+void stk_chunk_store_forget(struct stk_chunk_store *cs, uint64_t ino, uint64_t nchunks)
+{
+	if (!cs || !cs->fdc_ok || !nchunks)
+		return;
+	/* Few chunks: only their sets; many: every set once. */
+	if (nchunks < cs->fdc_n / FDC_WAYS)
+		for (uint64_t idx = 0; idx < nchunks; idx++)
+			fdc_forget_set(cs, fdc_set(cs, ino, (uint32_t)idx), ino);
+	else
+		for (unsigned set = 0; set < cs->fdc_n; set += FDC_WAYS)
+			fdc_forget_set(cs, set, ino);
 }
 
 /* Puts e (holding a reference for its slot) in its set; the entry it replaces is released. */

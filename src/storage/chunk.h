@@ -99,9 +99,10 @@ long stk_chunk_read_stream(struct stk_chunk_store *cs, uint64_t ino, uint32_t id
  * Closes (and unmaps) the chunk files of inode ino this store keeps open, so that
  * the space of a removed file goes at once and its maps stop weighing on the
  * process (a reader keeps up to 1024, each mapped, until they are evicted).
- * Looks at every cached file: for inodes that had data.
+ * nchunks: how many chunks the file had (its size over its chunk size, rounded
+ * up); only those are looked for. A reader still in one closes it when done.
  */
-void stk_chunk_store_forget(struct stk_chunk_store *cs, uint64_t ino);
+void stk_chunk_store_forget(struct stk_chunk_store *cs, uint64_t ino, uint64_t nchunks);
 
 /*
  * Writes len bytes at off into chunk idx of inode ino, growing it as needed (a gap
