@@ -627,7 +627,6 @@ int stk_session_open_cached(stk_client *c, uint64_t ino, struct stk_attr *attr)
 void stk_session_sync_opens(stk_client *c)
 {
 	struct stk_session *s = c->sess;
-
 	int ended;
 
 	if (!s)

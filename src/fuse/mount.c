@@ -602,7 +602,7 @@ int cmd_mount(int argc, char **argv)
 	struct stk_attr root;
 	struct stat st;
 	stk_client *c = NULL;
-	const char *url, *mparg;
+	const char *url, *mparg, *direct;
 	int pfd[2] = {-1, -1}, rc, status = 1;
 	pid_t pid;
 
@@ -703,8 +703,8 @@ int cmd_mount(int argc, char **argv)
 		return 1;
 	}
 	/* The kernel's page cache keeps what is read; STOKER_DIRECT_STREAMS=0: not. */
-	c->direct_streams = !(getenv("STOKER_DIRECT_STREAMS") &&
-			      strcmp(getenv("STOKER_DIRECT_STREAMS"), "0") == 0);
+	direct = getenv("STOKER_DIRECT_STREAMS");
+	c->direct_streams = !(direct && strcmp(direct, "0") == 0);
 	rc = stk_client_resolve(c, sub, 1, &root);
 	if (rc == 0 && !S_ISDIR(root.mode))
 		rc = -ENOTDIR;
