@@ -41,7 +41,7 @@ step "integration tests against the ASan/UBSan build"
 # they do between machines (on one machine the client reads chunk files itself).
 STOKER_BUILD=build-asan STOKER_SHORT_CIRCUIT=0 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration \
-	-k "(api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch or locks or orphans) and not 100000" \
+	-k "(api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch or locks or orphans or full_metadata) and not 100000" \
 	--junitxml=build-asan/integration.xml
 rc=$?; [ $rc = 0 ] || fail=1
 

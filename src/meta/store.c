@@ -12,6 +12,23 @@
  *   4. the operations, each a short function over those helpers; rename, the
  *      one with many cases, is split into its checks, a move and an exchange.
  *
+ * The map is never larger than what fallocate allocated for the file: it starts
+ * at the file's size and grows a RESERVE_STEP at a time (map_grow) when fewer
+ * than RESERVE_MIN bytes are left past LMDB's last page. So a commit never writes
+ * where the disk has no room: a write that ran out of room half-way is EIO to
+ * LMDB, and a writable map (MDB_WRITEMAP) would die of SIGBUS there. When the
+ * disk cannot give more, LMDB reuses the pages removals freed and, when none is
+ * left, fails the write with MDB_MAP_FULL (ENOSPC); nothing committed is lost.
+ * Growing remaps, which no transaction may see: every transaction (and a sync)
+ * holds map_lock for reading, a growth holds it for writing. A file system
+ * without fallocate gets the plain 64 GiB map.
+ *
+ * Commits write their pages with pwrite, not through a writable map: that saved
+ * a third of this daemon's CPU for a create of an empty file, but every sync then
+ * write-protected the pages again (a TLB flush on every CPU) and the next commit
+ * faulted on each, and a durable close syncs: 16 KiB files written by 8 threads,
+ * 850-985 files/s with pwrite, 594-624 with the writable map.
+ *
  * Every operation loads the records it needs into local structs, changes them
  * and writes them back before committing. LMDB invalidates pointers into the map
  * after a write in the same transaction, so nothing keeps an MDB_val across a put.
@@ -19,7 +36,9 @@
 #include "store.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lmdb.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +55,13 @@
 #define INODE_REC_MAX 128 /* format byte + attr (100 bytes) + parent */
 #define DENTRY_KEY_MAX (16 + STK_NAME_MAX)
 #define DEFAULT_MAP_SIZE (64ull << 30)
+/*
+ * The map grows when fewer than RESERVE_MIN bytes are left past LMDB's last page
+ * (more than one transaction adds: a META_CLOSES of STK_CLOSES_MAX records
+ * dirties a few thousand pages at most), by RESERVE_STEP at a time.
+ */
+#define RESERVE_MIN (16ull << 20)
+#define RESERVE_STEP (32ull << 20)
 /* Reader slots bound concurrent read transactions (one per server thread at most). */
 #define MAX_READERS 1024
 /* A parent chain deeper than this can only be a cycle in a corrupt store. */
@@ -65,6 +91,17 @@ struct stk_meta_store {
 	uint64_t commits;
 	pthread_mutex_t sync_mu;
 	uint64_t synced;
+	/*
+	 * The allocated map: its file, LMDB's page size, the map's size (all of it
+	 * allocated; changed under map_lock held for writing) and how far it may
+	 * grow. map_lock is held for reading by every transaction.
+	 */
+	int allocated;
+	int fd;
+	uint64_t psize;
+	uint64_t map_size;
+	uint64_t map_max;
+	pthread_rwlock_t map_lock;
 };
 
 /* An inode as the operations see it: its attributes and, for a directory, its parent. */
@@ -110,16 +147,88 @@ static int lmdb_err(int rc, const char *what)
 	return -EIO;
 }
 
+/* With map_lock held: bytes of the map in use, LMDB's pages up to the last one committed. */
+static uint64_t map_used(struct stk_meta_store *st)
+{
+	MDB_envinfo info;
+
+	mdb_env_info(st->env, &info);
+	return ((uint64_t)info.me_last_pgno + 1) * st->psize;
+}
+
+static uint64_t round_up_mib(uint64_t v)
+{
+	return (v + (1ull << 20) - 1) & ~((1ull << 20) - 1);
+}
+
+/* Allocates the file up to size bytes. 0 or -errno. */
+static int allocate_to(struct stk_meta_store *st, uint64_t size)
+{
+	if (size <= st->map_size)
+		return 0;
+	if (fallocate(st->fd, 0, (off_t)st->map_size, (off_t)(size - st->map_size)) < 0)
+		return -errno;
+	return 0;
+}
+
+/*
+ * Without map_lock: waits for every transaction to end, then allocates a
+ * RESERVE_STEP more past the last page (RESERVE_MIN when the disk has no more)
+ * and maps it. A disk that cannot give even that is logged once per episode;
+ * the writes go on in the pages LMDB can reuse.
+ */
+static void map_grow(struct stk_meta_store *st)
+{
+	static int warned;
+	uint64_t used, want;
+	int rc;
+
+	pthread_rwlock_wrlock(&st->map_lock);
+	used = map_used(st);
+	if (used + RESERVE_MIN <= st->map_size || st->map_size >= st->map_max)
+		goto out;
+	want = STK_MIN(round_up_mib(used + RESERVE_STEP), st->map_max);
+	rc = allocate_to(st, want);
+	if (rc == -ENOSPC || rc == -EDQUOT) {
+		want = STK_MIN(round_up_mib(used + RESERVE_MIN), st->map_max);
+		rc = allocate_to(st, want);
+	}
+	if (rc == 0)
+		rc = lmdb_err(mdb_env_set_mapsize(st->env, want), "grow the map");
+	if (rc) {
+		if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+			stk_warn("meta store: cannot grow the namespace to %llu MiB: %s",
+				 (unsigned long long)(want >> 20), strerror(-rc));
+		goto out;
+	}
+	__atomic_store_n(&warned, 0, __ATOMIC_RELAXED);
+	st->map_size = want;
+out:
+	pthread_rwlock_unlock(&st->map_lock);
+}
+
 static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cred *cred,
 		    int rdonly)
 {
+	int rc;
+
 	o->st = st;
 	o->cred = cred;
 	o->rdonly = rdonly;
 	o->txn = NULL;
 	stk_wall_time(&o->now_sec, &o->now_nsec);
-	return lmdb_err(mdb_txn_begin(st->env, NULL, rdonly ? MDB_RDONLY : 0, &o->txn),
-			"begin transaction");
+	pthread_rwlock_rdlock(&st->map_lock);
+	if (!rdonly && st->allocated && map_used(st) + RESERVE_MIN > st->map_size &&
+	    st->map_size < st->map_max) {
+		pthread_rwlock_unlock(&st->map_lock);
+		map_grow(st);
+		pthread_rwlock_rdlock(&st->map_lock);
+	}
+	rc = lmdb_err(mdb_txn_begin(st->env, NULL, rdonly ? MDB_RDONLY : 0, &o->txn),
+		      "begin transaction");
+	if (rc)
+		pthread_rwlock_unlock(&st->map_lock);
+	return rc;
 }
 
 /* Commits a write transaction that succeeded; aborts everything else. Returns the outcome. */
@@ -127,9 +236,11 @@ static int op_end(struct op *o, int rc)
 {
 	if (rc || o->rdonly) {
 		mdb_txn_abort(o->txn);
+		pthread_rwlock_unlock(&o->st->map_lock);
 		return rc;
 	}
 	rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
+	pthread_rwlock_unlock(&o->st->map_lock);
 	if (rc == 0)
 		__atomic_add_fetch(&o->st->commits, 1, __ATOMIC_RELEASE);
 	return rc;
@@ -605,8 +716,77 @@ out:
 	return op_end(&o, rc);
 }
 
+/* Whether files in dir can be allocated ahead (fallocate), which the allocated map needs. */
+static int can_allocate(const char *dir)
+{
+	char path[4096];
+	int fd, ok;
+
+	if (snprintf(path, sizeof(path), "%s/.allocate-probe", dir) >= (int)sizeof(path))
+		return 0;
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return 0;
+	ok = fallocate(fd, 0, 0, 4096) == 0 || errno == ENOSPC || errno == EDQUOT;
+	close(fd);
+	unlink(path);
+	return ok;
+}
+
+/*
+ * Opens the environment in dir; with allocated, maps only the allocated file:
+ * its size (every byte of it allocated now) or RESERVE_STEP, whichever is more,
+ * then grows it when the data is already close to its end. -errno on failure.
+ */
+static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
+{
+	char path[4096];
+	struct stat sb;
+	uint64_t size = RESERVE_STEP;
+	MDB_stat ms;
+	int rc;
+
+	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
+	if (rc)
+		return rc;
+	mdb_env_set_maxdbs(st->env, 5);
+	mdb_env_set_maxreaders(st->env, MAX_READERS);
+	if (allocated && snprintf(path, sizeof(path), "%s/data.mdb", dir) < (int)sizeof(path) &&
+	    stat(path, &sb) == 0)
+		size = STK_MAX(size, round_up_mib((uint64_t)sb.st_size));
+	size = allocated ? STK_MIN(size, st->map_max) : st->map_max;
+	rc = mdb_env_set_mapsize(st->env, size);
+	if (rc == 0)
+		rc = mdb_env_open(st->env, dir, MDB_NOSYNC | MDB_NOTLS, 0600);
+	if (rc) {
+		stk_error("cannot open the namespace in %s: %s", dir, mdb_strerror(rc));
+		rc = rc > 0 ? -rc : -EIO;
+		goto fail;
+	}
+	st->allocated = allocated;
+	if (!allocated)
+		return 0;
+	rc = lmdb_err(mdb_env_get_fd(st->env, &st->fd), "file");
+	if (rc == 0)
+		rc = lmdb_err(mdb_env_stat(st->env, &ms), "stat");
+	if (rc == 0 && fallocate(st->fd, 0, 0, (off_t)size) < 0)
+		rc = -errno;
+	if (rc)
+		goto fail;
+	st->psize = ms.ms_psize;
+	st->map_size = size;
+	if (map_used(st) + RESERVE_MIN > st->map_size)
+		map_grow(st);
+	return 0;
+fail:
+	mdb_env_close(st->env);
+	st->env = NULL;
+	return rc;
+}
+
 int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out)
 {
+	pthread_rwlockattr_t ra;
 	struct stk_meta_store *st;
 	int rc;
 
@@ -621,20 +801,25 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	if (!st)
 		return -ENOMEM;
 	pthread_mutex_init(&st->sync_mu, NULL);
-	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
-	if (rc)
-		goto out;
-	mdb_env_set_maxdbs(st->env, 5);
-	mdb_env_set_maxreaders(st->env, MAX_READERS);
-	rc = mdb_env_set_mapsize(st->env, opts->map_size ? opts->map_size : DEFAULT_MAP_SIZE);
-	if (rc == 0)
-		rc = mdb_env_open(st->env, opts->dir, MDB_NOSYNC | MDB_NOTLS, 0600);
-	if (rc) {
-		stk_error("cannot open the namespace in %s: %s", opts->dir, mdb_strerror(rc));
-		rc = rc > 0 ? -rc : -EIO;
-		goto out;
+	/* a growth waiting for the map must not wait behind a stream of new readers */
+	pthread_rwlockattr_init(&ra);
+	pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&st->map_lock, &ra);
+	pthread_rwlockattr_destroy(&ra);
+	st->map_max = opts->map_size ? opts->map_size : DEFAULT_MAP_SIZE;
+	if (can_allocate(opts->dir)) {
+		rc = env_open(st, opts->dir, 1);
+		if (rc == -ENOSPC || rc == -EDQUOT || rc == -EOPNOTSUPP) {
+			stk_warn("meta store: cannot allocate the namespace's file in %s (%s); "
+				 "a full disk there will fail writes with EIO", opts->dir,
+				 strerror(-rc));
+			rc = env_open(st, opts->dir, 0);
+		}
+	} else {
+		rc = env_open(st, opts->dir, 0);
 	}
-	rc = store_init(st);
+	if (rc == 0)
+		rc = store_init(st);
 	if (rc)
 		goto out;
 	*out = st;
@@ -642,6 +827,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 out:
 	if (st->env)
 		mdb_env_close(st->env);
+	pthread_rwlock_destroy(&st->map_lock);
 	pthread_mutex_destroy(&st->sync_mu);
 	free(st);
 	return rc;
@@ -652,6 +838,7 @@ void stk_meta_store_close(struct stk_meta_store *st)
 	if (!st)
 		return;
 	mdb_env_close(st->env);
+	pthread_rwlock_destroy(&st->map_lock);
 	pthread_mutex_destroy(&st->sync_mu);
 	free(st);
 }
@@ -665,7 +852,9 @@ int stk_meta_store_sync(struct stk_meta_store *st)
 	if (st->synced < want) {
 		/* every commit counted here ended before the flush begins */
 		upto = __atomic_load_n(&st->commits, __ATOMIC_ACQUIRE);
+		pthread_rwlock_rdlock(&st->map_lock);
 		rc = mdb_env_sync(st->env, 1);
+		pthread_rwlock_unlock(&st->map_lock);
 		if (rc == 0)
 			st->synced = upto;
 	}

@@ -1,4 +1,5 @@
 """What must survive: kill -9, corruption, a full disk, hostile frames."""
+import errno
 import os
 import signal
 import subprocess
@@ -96,6 +97,57 @@ def test_full_disk_gives_enospc_and_keeps_data(make_cluster, tmp_path, rand_file
         c.stop()
         for t in mounted:
             subprocess.run(["umount", "-l", t])
+
+
+@needs_root
+def test_a_full_metadata_disk_gives_enospc_and_keeps_the_namespace(make_cluster, make_mount):
+    """The namespace's map only covers what its disk allocated: on a full disk meta
+    refuses writes with ENOSPC (not EIO from a write that stopped half-way), keeps
+    every acknowledged change, reuses what removals free, and opens again after a
+    restart."""
+    c = make_cluster("metafull", targets=1, start=False)
+    meta_dir = os.path.join(c.data, "meta")
+    os.makedirs(meta_dir)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=56m", "tmpfs", meta_dir], check=True)
+    m = None
+    try:
+        c.start()
+        m = make_mount(c)
+        pid = c.pids()["meta"]
+        pad = os.urandom(60000)
+        made, err = [], None
+        for i in range(3000):
+            p = os.path.join(m.path, "f%04d" % i)
+            try:
+                os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o644))
+                os.setxattr(p, "user.pad", bytes([i % 256]) + pad)
+            except OSError as e:
+                err = e
+                break
+            made.append(p)
+        assert err is not None and err.errno == errno.ENOSPC, err
+        assert len(made) > 600, "the map never grew past its first 32 MiB"
+        assert c.pids()["meta"] == pid
+        for i, p in enumerate(made):
+            assert os.getxattr(p, "user.pad") == bytes([i % 256]) + pad
+        for p in made[:200]:
+            os.unlink(p)
+        after = os.path.join(m.path, "after")
+        os.close(os.open(after, os.O_CREAT | os.O_WRONLY, 0o644))
+        os.setxattr(after, "user.pad", pad)
+        assert os.path.getsize(os.path.join(meta_dir, "meta", "data.mdb")) <= 56 * MiB
+        m.stop()
+        c.stop()
+        c.start()
+        m.start()
+        assert os.getxattr(after, "user.pad") == pad
+        assert os.getxattr(made[-1], "user.pad") == bytes([(len(made) - 1) % 256]) + pad
+        assert "cannot grow the namespace" in c.logs()
+    finally:
+        if m:
+            m.stop()
+        c.stop()
+        subprocess.run(["umount", "-l", meta_dir])
 
 
 def test_malformed_truncates_truncate_nothing(cluster):
