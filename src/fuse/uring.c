@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/log.h"
@@ -49,7 +50,9 @@
 #define URING_OP_SZ 128
 #define FUSE_OVER_IO_URING_FLAGS2 (1u << 9) /* (1ULL << 41) in flags2 */
 #define INIT_EXT (1u << 30)
+#define OP_FORGET 2
 #define OP_INIT 26
+#define OP_BATCH_FORGET 42
 #define CMD_REGISTER 1
 #define CMD_COMMIT_AND_FETCH 2
 
@@ -90,6 +93,14 @@ struct out_hdr {
 #define LEAD (sizeof(struct in_hdr) + URING_OP_SZ) /* room before the payload */
 #define PAYLOAD (STK_FUSE_IO_MAX + (64u << 10))
 #define STASH (68u << 10) /* the largest reply to a request with a payload (an xattr) */
+/*
+ * How long a /dev/fuse reader waits after a forget, while rings serve. The kernel
+ * sends one FORGET per evicted inode when a reader waits and one BATCH_FORGET of
+ * all pending ones otherwise; an unlink evicts its inode, and waking a reader per
+ * unlink cost a context switch per file (W4 unlink). Only forgets, interrupts and
+ * notifications come this way then, none of them waiting on the pause.
+ */
+#define FORGET_PAUSE_NS 5000000L
 
 struct uthread {
 	struct stk_fuse_uring *u;
@@ -271,10 +282,18 @@ static ssize_t io_writev(int fd, struct iovec *iov, int count, void *userdata)
 
 static ssize_t io_read(int fd, void *buf, size_t len, void *userdata)
 {
+	static __thread int forgot; /* this reader's last request was a forget */
 	struct stk_fuse_uring *u = g_u;
-	ssize_t r = read(fd, buf, len);
 	const struct in_hdr *ih = buf;
+	ssize_t r;
 
+	if (forgot && u && __atomic_load_n(&u->serving, __ATOMIC_RELAXED)) {
+		struct timespec ts = {0, FORGET_PAUSE_NS};
+		nanosleep(&ts, NULL);
+	}
+	r = read(fd, buf, len);
+	forgot = r >= (ssize_t)sizeof(*ih) &&
+		 (ih->opcode == OP_FORGET || ih->opcode == OP_BATCH_FORGET);
 	if (u && r >= (ssize_t)(sizeof(*ih) + 16) && ih->opcode == OP_INIT) {
 		/* fuse_init_in: major, minor, max_readahead, flags, then flags2 (7.36) */
 		const uint32_t *w = (const uint32_t *)(ih + 1);
