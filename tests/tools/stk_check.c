@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <linux/fs.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -487,16 +488,18 @@ static int cmd_fill(int argc, char **argv)
 }
 
 /*
- * Sends raw bytes on a fresh connection, then reads what comes back into out (up
- * to cap bytes, MSG_WAITALL): the count read, 0 when the server closed it (EOF or
- * a reset: our bytes were unread), or -errno.
+ * Sends raw bytes on a fresh connection, `step` at a time with a pause between,
+ * then reads what comes back into out (up to cap bytes, MSG_WAITALL): the count
+ * read, 0 when the server closed it (EOF or a reset: our bytes were unread), or
+ * -errno.
  */
-static int raw_exchange(const char *addr, const void *bytes, size_t len, void *out, size_t cap)
+static int raw_exchange_paced(const char *addr, const uint8_t *bytes, size_t len, size_t step,
+			      void *out, size_t cap)
 {
 	char host[64];
 	uint16_t port;
 	struct sockaddr_in sin = {.sin_family = AF_INET};
-	int fd, rc;
+	int fd, rc, one = 1;
 
 	if (stk_parse_hostport(addr, host, sizeof(host), &port))
 		return -EINVAL;
@@ -509,13 +512,24 @@ static int raw_exchange(const char *addr, const void *bytes, size_t len, void *o
 	}
 	struct timeval tv = {.tv_sec = 5};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	stk_write_all(fd, bytes, len);
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	for (size_t off = 0; off < len; off += step) {
+		stk_write_all(fd, bytes + off, STK_MIN(step, len - off));
+		if (off + step < len)
+			usleep(2000);
+	}
 	shutdown(fd, SHUT_WR);
 	rc = (int)recv(fd, out, cap, MSG_WAITALL);
 	if (rc < 0)
 		rc = errno == ECONNRESET ? 0 : -errno;
 	close(fd);
 	return rc;
+}
+
+/* raw_exchange_paced, all the bytes at once. */
+static int raw_exchange(const char *addr, const void *bytes, size_t len, void *out, size_t cap)
+{
+	return raw_exchange_paced(addr, bytes, len, len ? len : 1, out, cap);
 }
 
 /* Sends raw bytes on a fresh connection and checks the server closes it. */
@@ -583,6 +597,43 @@ static int cmd_frames(int argc, char **argv)
 				 (int)sizeof(reply));
 			CHECK_RC(stk_hdr_decode(reply, &r), 0);
 			CHECK(r.status == STK_ST_NOTSUP && (r.flags & STK_FRAME_REPLY));
+		}
+	}
+	/*
+	 * Three frames in one write, then the same bytes a few at a time: each is
+	 * answered, in order (the server reads ahead and keeps what is past a frame).
+	 */
+	for (int pace = 0; pace < 2; pace++) {
+		uint8_t three[3 * STK_FRAME_HDR_LEN + 8 + 100], reply[3 * STK_FRAME_HDR_LEN];
+		size_t off = 0, len;
+		struct stk_frame_hdr r;
+
+		for (uint32_t i = 0; i < 3; i++) {
+			uint32_t plen = i == 1 ? 8 : i == 2 ? 100 : 0;
+
+			memset(&h, 0, sizeof(h));
+			h.magic = STK_WIRE_MAGIC;
+			h.version = STK_WIRE_VERSION;
+			h.opcode = (uint16_t)(0xfff0 + i);
+			h.req_id = 7 + i;
+			h.payload_len = plen;
+			memset(three + off + STK_FRAME_HDR_LEN, (int)i + 1, plen);
+			h.checksum = stk_crc32c(0, three + off + STK_FRAME_HDR_LEN, plen);
+			stk_hdr_encode(&h, three + off);
+			off += STK_FRAME_HDR_LEN + plen;
+		}
+		len = off;
+		if (pace) {
+			CHECK_RC(raw_exchange_paced(argv[1], three, len, 7, reply, sizeof(reply)),
+				 (int)sizeof(reply));
+		} else {
+			CHECK_RC(raw_exchange(argv[1], three, len, reply, sizeof(reply)),
+				 (int)sizeof(reply));
+		}
+		for (uint32_t i = 0; i < 3; i++) {
+			CHECK_RC(stk_hdr_decode(reply + i * STK_FRAME_HDR_LEN, &r), 0);
+			CHECK(r.req_id == 7 + i && r.opcode == 0xfff0 + i &&
+			      (r.flags & STK_FRAME_REPLY) && r.status != STK_ST_OK);
 		}
 	}
 	/* the server still serves */
