@@ -27,7 +27,7 @@
  * a third of this daemon's CPU for a create of an empty file, but every sync then
  * write-protected the pages again (a TLB flush on every CPU) and the next commit
  * faulted on each, and a durable close syncs: 16 KiB files written by 8 threads,
- * 850-985 files/s with pwrite, 594-624 with the writable map.
+ * 854-985 files/s with pwrite, 594-624 with the writable map.
  *
  * Every operation loads the records it needs into local structs, changes them
  * and writes them back before committing. LMDB invalidates pointers into the map
