@@ -19,9 +19,9 @@
  * LMDB, and a writable map (MDB_WRITEMAP) would die of SIGBUS there. When the
  * disk cannot give more, LMDB reuses the pages removals freed and, when none is
  * left, fails the write with MDB_MAP_FULL (ENOSPC); nothing committed is lost.
- * Growing remaps, which no transaction may see: every transaction (and a sync)
- * holds map_lock for reading, a growth holds it for writing. A file system
- * without fallocate gets the plain 64 GiB map.
+ * Growing remaps, which no transaction may see: every transaction holds
+ * map_lock for reading, a growth holds it for writing. A file system
+ * without fallocate (env_open's first one fails) gets the plain 64 GiB map.
  *
  * Commits write their pages with pwrite, not through a writable map: that saved
  * a third of this daemon's CPU for a create of an empty file, but every sync then
@@ -716,23 +716,6 @@ out:
 	return op_end(&o, rc);
 }
 
-/* Whether files in dir can be allocated ahead (fallocate), which the allocated map needs. */
-static int can_allocate(const char *dir)
-{
-	char path[4096];
-	int fd, ok;
-
-	if (snprintf(path, sizeof(path), "%s/.allocate-probe", dir) >= (int)sizeof(path))
-		return 0;
-	fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return 0;
-	ok = fallocate(fd, 0, 0, 4096) == 0 || errno == ENOSPC || errno == EDQUOT;
-	close(fd);
-	unlink(path);
-	return ok;
-}
-
 /*
  * Opens the environment in dir; with allocated, maps only the allocated file:
  * its size (every byte of it allocated now) or RESERVE_STEP, whichever is more,
@@ -769,8 +752,9 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	rc = lmdb_err(mdb_env_get_fd(st->env, &st->fd), "file");
 	if (rc == 0)
 		rc = lmdb_err(mdb_env_stat(st->env, &ms), "stat");
-	if (rc == 0 && fallocate(st->fd, 0, 0, (off_t)size) < 0)
-		rc = -errno;
+	st->map_size = 0;
+	if (rc == 0)
+		rc = allocate_to(st, size); /* every byte, the file's own too */
 	if (rc)
 		goto fail;
 	st->psize = ms.ms_psize;
@@ -807,15 +791,10 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	pthread_rwlock_init(&st->map_lock, &ra);
 	pthread_rwlockattr_destroy(&ra);
 	st->map_max = opts->map_size ? opts->map_size : DEFAULT_MAP_SIZE;
-	if (can_allocate(opts->dir)) {
-		rc = env_open(st, opts->dir, 1);
-		if (rc == -ENOSPC || rc == -EDQUOT || rc == -EOPNOTSUPP) {
-			stk_warn("meta store: cannot allocate the namespace's file in %s (%s); "
-				 "a full disk there will fail writes with EIO", opts->dir,
-				 strerror(-rc));
-			rc = env_open(st, opts->dir, 0);
-		}
-	} else {
+	rc = env_open(st, opts->dir, 1);
+	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EOPNOTSUPP) {
+		stk_warn("meta store: cannot allocate the namespace's file in %s (%s); "
+			 "a full disk there will fail writes with EIO", opts->dir, strerror(-rc));
 		rc = env_open(st, opts->dir, 0);
 	}
 	if (rc == 0)
@@ -852,9 +831,7 @@ int stk_meta_store_sync(struct stk_meta_store *st)
 	if (st->synced < want) {
 		/* every commit counted here ended before the flush begins */
 		upto = __atomic_load_n(&st->commits, __ATOMIC_ACQUIRE);
-		pthread_rwlock_rdlock(&st->map_lock);
-		rc = mdb_env_sync(st->env, 1);
-		pthread_rwlock_unlock(&st->map_lock);
+		rc = mdb_env_sync(st->env, 1); /* fdatasync: the map is not written */
 		if (rc == 0)
 			st->synced = upto;
 	}
