@@ -529,7 +529,7 @@ static int raw_exchange_paced(const char *addr, const uint8_t *bytes, size_t len
 /* raw_exchange_paced, all the bytes at once. */
 static int raw_exchange(const char *addr, const void *bytes, size_t len, void *out, size_t cap)
 {
-	return raw_exchange_paced(addr, bytes, len, len ? len : 1, out, cap);
+	return raw_exchange_paced(addr, bytes, len, len, out, cap);
 }
 
 /* Sends raw bytes on a fresh connection and checks the server closes it. */
@@ -600,8 +600,8 @@ static int cmd_frames(int argc, char **argv)
 		}
 	}
 	/*
-	 * Three frames in one write, then the same bytes a few at a time: each is
-	 * answered, in order (the server reads ahead and keeps what is past a frame).
+	 * Three frames in one write, then the same bytes a few at a time (a header
+	 * split across reads): each is answered, in order.
 	 */
 	for (int pace = 0; pace < 2; pace++) {
 		uint8_t three[3 * STK_FRAME_HDR_LEN + 8 + 100], reply[3 * STK_FRAME_HDR_LEN];
