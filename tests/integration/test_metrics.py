@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, STOKER, Cluster, pick_ports, run
+from conftest import ROOT, STOKER, Cluster, pick_ports, run, wait_until
 
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
@@ -146,6 +146,11 @@ def test_cluster_and_target_figures(cluster):
     assert total(m, "stoker_cluster_chains") >= cluster.targets
     assert total(m, "stoker_cluster_capacity_bytes") > 0
     assert total(m, "stoker_cluster_routing_version") > 0
+    # The storage daemon names its targets' series once mgmtd gave it their ids,
+    # which may be a moment after mgmtd counts them as serving.
+    wait_until(lambda: all(total(scrape(cluster, "storage")[0], "stoker_target_capacity_bytes",
+                                 target=str(t)) > 0 for t in range(1, cluster.targets + 1)),
+               timeout=20, what="the storage daemon's target series")
     s, _ = scrape(cluster, "storage")
     for t in range(1, cluster.targets + 1):
         cap = total(s, "stoker_target_capacity_bytes", target=str(t))
