@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(make gcc clang libclang-rt-14-dev pkg-config
       libfuse3-dev fuse3 liburing-dev liblmdb-dev libisal-dev libxxhash-dev
       libssl-dev libexpat1-dev awscli python3-boto3 s3cmd
-      python3 python3-pytest procps util-linux curl openssl
+      python3 python3-pytest python3-pytest-xdist procps util-linux curl openssl
       python3-dev python3-numpy python3-torch python3-filelock
       libmicrohttpd-dev prometheus)
 missing=()

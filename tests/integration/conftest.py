@@ -37,8 +37,18 @@ def port_free(port):
 
 
 def pick_ports():
+    # Under pytest-xdist (scripts/test.sh runs tests in parallel) each worker draws
+    # from its own band, so that two workers never pick overlapping ports between a
+    # check here and their daemons binding them.
+    lo, hi = 20000, 60000
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
+        band = (hi - lo) // count
+        lo += int(worker[2:]) % count * band
+        hi = lo + band - 40  # room for base+20 (an S3 port) and its neighbours
     for _ in range(200):
-        base = random.randrange(20000, 60000, 3)
+        base = random.randrange(lo, hi, 3)
         if port_free(base):
             return base
     raise RuntimeError("no free ports")
