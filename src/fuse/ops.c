@@ -816,10 +816,11 @@ static void note_read(struct stk_fuse *fs, uint64_t ino)
 /*
  * Opens a regular file whose attributes a were just fetched with the registration
  * of an open reference, which this takes over (a handle of its own keeps it; else,
- * and on failure, it is dropped); sets fi.
+ * and on failure, it is dropped); sets fi. created: the file was made by this very
+ * request, so the kernel holds nothing of it yet.
  */
 static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
-		   struct fuse_file_info *fi)
+		   struct fuse_file_info *fi, int created)
 {
 	int acc = fi->flags & O_ACCMODE;
 	int trunc = (fi->flags & O_TRUNC) && acc != O_RDONLY;
@@ -868,8 +869,9 @@ out:
 	}
 	fi->fh = (uintptr_t)fh;
 	fi->keep_cache = keep;
-	/* Kept when the kernel was told these very attributes (attrcache.c, told). */
-	if (!keep && !stk_fuse_acache_told_same(&fs->acache, a))
+	/* Kept when the kernel was told these very attributes (attrcache.c, told), and
+	 * nothing to drop for a file just made (the kernel would answer ENOENT). */
+	if (!keep && !created && !stk_fuse_acache_told_same(&fs->acache, a))
 		/* The kernel's attributes may predate another client's close: drop them, so
 		 * the first read fetches the size this open saw. */
 		fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, a->ino), -1, 0);
@@ -893,7 +895,7 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 */
 	rc = stk_ino_open_attr(fs->c, &cr, ino_swap(fs, ino), &a);
 	if (rc == 0)
-		rc = open_fh(fs, &cr, &a, fi);
+		rc = open_fh(fs, &cr, &a, fi, 0);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -927,7 +929,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	if (rc == 0 && !created && !S_ISREG(a.mode))
 		rc = S_ISDIR(a.mode) ? -EISDIR : -EEXIST;
 	if (rc == 0)
-		rc = open_fh(fs, &cr, &a, fi);
+		rc = open_fh(fs, &cr, &a, fi, created);
 	if (rc) {
 		reply_err(req, rc);
 		return;
