@@ -36,11 +36,28 @@ def port_free(port):
     return True
 
 
+def port_range():
+    """Where tests take their ports: outside the kernel's range for the local ends of
+    outgoing connections, which could take a port between the check here and a
+    daemon's bind (then `stoker up` fails: address in use)."""
+    lo, hi = 20000, 60000
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            elo, ehi = map(int, f.read().split())
+        if elo - 100 - 12000 >= 6000:
+            lo, hi = 12000, elo - 100
+        elif 65000 - (ehi + 100) >= 6000:
+            lo, hi = ehi + 100, 65000
+    except (OSError, ValueError):
+        pass
+    return lo, hi
+
+
 def pick_ports():
     # Under pytest-xdist (scripts/test.sh runs tests in parallel) each worker draws
     # from its own band, so that two workers never pick overlapping ports between a
     # check here and their daemons binding them.
-    lo, hi = 20000, 60000
+    lo, hi = port_range()
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
     if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
@@ -49,9 +66,22 @@ def pick_ports():
         hi = lo + band - 40  # room for base+20 (an S3 port) and its neighbours
     for _ in range(200):
         base = random.randrange(lo, hi, 3)
+        # Not near one handed out already: its daemons may not have bound it yet.
+        if any(abs(base - g) < 24 for g in _given):
+            continue
         if port_free(base):
+            _given.append(base)
+            del _given[:-64]
             return base
     raise RuntimeError("no free ports")
+
+
+_given = []
+
+
+def free_port():
+    """One free port for a daemon of a test's own, drawn as pick_ports draws."""
+    return pick_ports()
 
 
 def run(args, check=True, input=None, timeout=300, env=None):
@@ -336,5 +366,5 @@ def wait_until(cond, timeout=60, what="condition"):
     raise AssertionError("timed out waiting for " + what)
 
 
-__all__ = ["Cluster", "Mount", "run", "errno_of", "wait_until", "NOBODY", "as_nobody", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
+__all__ = ["free_port", "pick_ports", "Cluster", "Mount", "run", "errno_of", "wait_until", "NOBODY", "as_nobody", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
            "time"]

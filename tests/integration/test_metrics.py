@@ -21,7 +21,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, STOKER, Cluster, pick_ports, run, wait_until
+from conftest import ROOT, STOKER, Cluster, free_port, pick_ports, run, wait_until
 
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
@@ -427,14 +427,6 @@ def test_scrape_config_lists_every_daemon():
         doc = f.read()
     for job, port in (("stoker-s3", "BASE+13"), ("stoker-mount", "BASE+14")):
         assert job in doc and port in doc, job
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def prom_query(port, q):

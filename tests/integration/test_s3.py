@@ -22,7 +22,7 @@ import zlib
 
 import pytest
 
-from conftest import STOKER, run
+from conftest import STOKER, free_port, run
 
 boto3 = pytest.importorskip("boto3")
 import botocore  # noqa: E402
@@ -34,14 +34,6 @@ AK, SK = "AKIDSTOKERTEST", "s3cr3t/with+odd=chars"
 AK2, SK2 = "AKIDSECOND", "another-secret"
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 AWS = "/usr/bin/aws"  # Debian's awscli, whatever comes first on PATH
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Gateway:
