@@ -449,6 +449,12 @@ def lease_holders(cluster):
     return total(samples, "stoker_meta_lease_holders")
 
 
+def meta_leases(cluster):
+    from test_metrics import scrape, total
+    samples, _ = scrape(cluster, "meta")
+    return total(samples, "stoker_meta_leases")
+
+
 def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
     # No kernel caching of names or attributes: every stat reaches the mount's own
     # lookup cache, which must never answer from before a change another mount made.
@@ -522,8 +528,17 @@ def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
     wait_until(lambda: lease_holders(cluster) >= 2, 30, "both mounts' watches")
     for i in range(20):
         open(os.path.join(m2.path, "f%d" % i), "wb").close()
-    for i in range(20):
-        os.stat(os.path.join(m1.path, "f%d" % i))
+    before = meta_leases(cluster)
+
+    def m1_leased():
+        # A lookup m1 sends while it does not trust its cache (a watch answered late
+        # on a loaded machine) takes no lease: look again until meta holds m1's
+        # leases on the 20 inodes and their folder.
+        for i in range(20):
+            os.stat(os.path.join(m1.path, "f%d" % i))
+        return meta_leases(cluster) >= before + 21
+
+    wait_until(m1_leased, 30, "m1's leases")
     pid = m1.pid()
     os.kill(pid, signal.SIGSTOP)  # alive, holding leases, acknowledging nothing
     try:
