@@ -41,20 +41,27 @@ for pf in "${fuzz_pids[@]}"; do
 	fi
 done
 
+# One pass: the tests three at a time, then those marked `serial` (they time
+# something against the clock) one by one. $1: the build folder for its report.
+integration() {
+	local out=$1; shift
+	/usr/bin/python3 -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" tests/integration \
+		-m "not serial" --junitxml="$out/integration.xml" "$@" || return 1
+	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration \
+		-m serial --junitxml="$out/integration-serial.xml" "$@"
+}
+
 step "integration tests"
-/usr/bin/python3 -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" tests/integration -x \
-	--junitxml=build/integration.xml
-rc=$?; [ $rc = 0 ] || fail=1
+integration build -x || fail=1
 
 step "integration tests against the ASan/UBSan build"
 # The 100,000-entry listing runs in the first pass only (a minute of creates, meta-bound).
 # This pass also turns short-circuit reads off, so that reads cross the network as
 # they do between machines (on one machine the client reads chunk files itself).
 STOKER_BUILD=build-asan STOKER_SHORT_CIRCUIT=0 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
-	/usr/bin/python3 -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" tests/integration \
+	integration build-asan \
 	-k "(api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch or locks or orphans or full_metadata) and not 100000" \
-	--junitxml=build-asan/integration.xml
-rc=$?; [ $rc = 0 ] || fail=1
+	|| fail=1
 
 echo
 if [ $fail = 0 ]; then echo "all tests passed"; else echo "SOME TESTS FAILED"; fi

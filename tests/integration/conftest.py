@@ -21,6 +21,12 @@ STOKER = os.path.join(BUILD, "stoker")
 CHECK = os.path.join(BUILD, "tests", "stk_check")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "serial: times something against the clock; scripts/test.sh runs these "
+        "one at a time after the others, not beside them on a loaded machine")
+
+
 def port_free(port):
     # BASE..BASE+2 for the daemons, BASE+10..BASE+12 for their metrics (`stoker up`),
     # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's

@@ -518,6 +518,7 @@ def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
     assert out.stdout.decode().strip() == str(errno.EACCES), out
 
 
+@pytest.mark.serial
 def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
     # A mount killed while it holds leases must not hold up others' changes for long.
     nocache = ["entry_timeout=0", "attr_timeout=0"]

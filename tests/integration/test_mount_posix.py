@@ -847,6 +847,7 @@ def renameat2(src, dst, flags):
     return 0 if rc == 0 else ctypes.get_errno()
 
 
+@pytest.mark.serial
 def test_chmod_seen_by_another_mount_within_attr_timeout(cluster, make_mount):
     a = make_mount(cluster, "a", opts=["attr_timeout=0.5"])
     b = make_mount(cluster, "b", opts=["attr_timeout=0.5"])
