@@ -42,7 +42,8 @@ for pf in "${fuzz_pids[@]}"; do
 done
 
 # One pass: the tests three at a time, then those marked `serial` (they time
-# something against the clock) one by one. $1: the build folder for its report.
+# something against the clock, or use the default cluster) one by one. $1: the build
+# folder for its report.
 integration() {
 	local out=$1; shift
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" tests/integration \

@@ -23,8 +23,9 @@ CHECK = os.path.join(BUILD, "tests", "stk_check")
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "serial: times something against the clock; scripts/test.sh runs these "
-        "one at a time after the others, not beside them on a loaded machine")
+        "markers", "serial: times something against the clock, or relies on what is one per "
+        "machine (the default cluster); scripts/test.sh runs these one at a time after the "
+        "others, not beside them")
 
 
 def port_free(port):

@@ -5,6 +5,8 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 from conftest import STOKER, Cluster, pick_ports, run
 
 
@@ -76,6 +78,9 @@ def test_restart_finds_data(make_cluster, rand_file):
     assert sorted(ls) == ["deep", "second.bin"]
 
 
+# serial: every `stoker up` records itself as this machine's default cluster
+# (/tmp/stoker-UID/cluster), so an up beside it would take its plain paths.
+@pytest.mark.serial
 def test_default_cluster_is_the_one_up_started(make_cluster, tmp_path):
     c = make_cluster()
     env = dict(os.environ)
