@@ -9,7 +9,10 @@
  * the folder is revoked or forgotten. Its names that leave the table (a create in
  * it not kept, a name given up for another entry) go into a small Bloom filter of
  * the folder's: a lookup of a name that may be one of them goes to meta, and past
- * LC_LOST_MAX of them the folder is no longer complete. One mutex guards the table, the
+ * LC_LOST_MAX of them the folder is no longer complete. A name this client creates or
+ * removes changes its folder's times and link count too: an attribute generation
+ * (agen) of the folder's, bumped then, ends the folder's own entry and nothing else
+ * (a bump of its generation would also end its names). One mutex guards the table, the
  * generations and the watch state: each section under it is a few loads and a
  * compare.
  */
@@ -39,7 +42,9 @@
 #define LC_LOST_MAX 64u	   /* ... at most (then 5% of other names would be asked of meta) */
 #define LC_PEND 64u /* this client's own changes in flight, tracked by key */
 #define LC_LOG 256u /* forgets remembered, so that a lookup in flight can tell if one hit it */
+#define LC_AGENS (1u << 16) /* attribute generations: see agen below */
 #define LOG_NAME 0x80000000u /* a log entry naming a slot (a name), not a generation */
+#define LOG_ATTR 0x40000000u /* a log entry naming an attribute generation */
 #define LOG_ALL 0xffffffffu
 #define WATCH_WAIT_MS 500u
 #define TRUST_NS ((STK_LEASE_VALID_MS - 100ull) * 1000000ull)
@@ -49,7 +54,7 @@ struct lc_ent {
 	uint64_t parent;
 	uint64_t epoch;
 	uint64_t expires_ns;
-	uint32_t pgen, cgen;
+	uint32_t pgen, cgen, agen;
 	uint8_t used, found;
 	char name[LC_NAME];
 	uint32_t dmode, duid, dgid; /* the folder's, for the search permission */
@@ -79,6 +84,12 @@ struct stk_lcache {
 	pthread_t thr;
 	struct stk_lcache_stats st;
 	uint32_t gen[LC_GENS];
+	/*
+	 * Of an inode's attributes alone, by hash: bumped when this client changed a name
+	 * in a folder (its times and link count change, but none of its names but that
+	 * one), so that the folder's own entry goes without its names or completeness.
+	 */
+	uint32_t agen[LC_AGENS];
 	uint32_t by_ino[LC_SLOTS]; /* a hint: the slot last filled with the inode's entry */
 	unsigned victim;	   /* the way a full set gives up next */
 	/* Keys (as in log[]) of this client's own changes in flight, and how many each. */
@@ -108,6 +119,11 @@ static uint64_t key_hash(uint64_t parent, const char *name)
 static uint32_t set_of(uint64_t parent, const char *name)
 {
 	return (uint32_t)key_hash(parent, name) & (LC_SLOTS - LC_WAYS);
+}
+
+static uint32_t agen_of(uint64_t ino)
+{
+	return (uint32_t)((ino * 0xd6e8feb86659fd93ull) >> 40) & (LC_AGENS - 1);
 }
 
 static uint32_t ino_slot(uint64_t ino)
@@ -159,7 +175,8 @@ static int ent_valid(const struct stk_lcache *l, const struct lc_ent *e, uint64_
 {
 	return e->used && e->epoch == l->epoch && now < e->expires_ns &&
 	       e->pgen == l->gen[gen_of(e->parent)] &&
-	       (!e->found || e->cgen == l->gen[gen_of(e->attr.ino)]);
+	       (!e->found || (e->cgen == l->gen[gen_of(e->attr.ino)] &&
+			      e->agen == l->agen[agen_of(e->attr.ino)]));
 }
 
 /* With the mutex: the entry of (parent, name), valid or not, or NULL. */
@@ -396,14 +413,14 @@ static int touched(const struct stk_lcache *l, struct stk_lcache_tok tok, uint64
 		   const char *name, uint64_t ino)
 {
 	uint32_t p = gen_of(parent), n = LOG_NAME | set_of(parent, name);
-	uint32_t i = ino ? gen_of(ino) : LOG_ALL;
+	uint32_t i = ino ? gen_of(ino) : LOG_ALL, a = ino ? LOG_ATTR | agen_of(ino) : LOG_ALL;
 
 	if (tok.epoch != l->epoch || l->rev - tok.rev >= LC_LOG)
 		return 1;
 	for (uint64_t r = tok.rev + 1; r <= l->rev; r++) {
 		uint32_t v = l->log[r % LC_LOG];
 
-		if (v == p || v == n || v == i || v == LOG_ALL)
+		if (v == p || v == n || v == i || v == a || v == LOG_ALL)
 			return 1;
 	}
 	return 0;
@@ -424,6 +441,11 @@ static void forget_name(struct stk_lcache *l, uint64_t parent, const char *name,
 		dir_lose(l, parent, name);
 	l->rev++;
 	l->log[l->rev % LC_LOG] = LOG_NAME | set_of(parent, name);
+	/* The folder's times (and, for a folder made or removed, its link count) changed:
+	 * its own entry goes, and lookups of it in flight lose their answers. */
+	l->agen[agen_of(parent)]++;
+	l->rev++;
+	l->log[l->rev % LC_LOG] = LOG_ATTR | agen_of(parent);
 }
 
 /*
@@ -477,6 +499,7 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 	if (found) {
 		e->attr = *attr;
 		e->cgen = l->gen[gen_of(attr->ino)];
+		e->agen = l->agen[agen_of(attr->ino)];
 		l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
 	}
 	e->dmode = dir->mode;

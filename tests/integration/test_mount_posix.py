@@ -897,6 +897,27 @@ def test_utimens_omit_and_now(mount):
     assert utimensat(p, (0, 2_000_000_000), (0, 0)) == errno.EINVAL  # nsec out of range
 
 
+def test_a_folders_times_and_links_stay_right_once_the_kernel_asks_again(cluster, make_mount):
+    # The kernel forgets its copy of a folder's entry after entry_timeout and looks the
+    # folder up again; the mount's lookup cache must not answer that with the folder's
+    # times and link count from before this mount's own changes in it.
+    m = make_mount(cluster, "m", opts=["entry_timeout=0.3", "attr_timeout=0.3"])
+    d = os.path.join(m.path, "d")
+    os.mkdir(d)
+    os.stat(d)  # cached here, with its lease
+    for change, links in ((lambda: open(os.path.join(d, "f"), "w").close(), 2),
+                          (lambda: os.mkdir(os.path.join(d, "sub")), 3),
+                          (lambda: os.unlink(os.path.join(d, "f")), 3),
+                          (lambda: os.rmdir(os.path.join(d, "sub")), 2)):
+        time.sleep(0.02)
+        change()
+        now = os.stat(d)
+        time.sleep(0.8)  # the kernel's entry and attributes expire: it asks again
+        later = os.stat(d)
+        assert (later.st_mtime_ns, later.st_ctime_ns) == (now.st_mtime_ns, now.st_ctime_ns)
+        assert now.st_nlink == later.st_nlink == links
+
+
 def test_parent_times_change_on_create_and_unlink(cluster, make_mount):
     a = make_mount(cluster, "a")
     b = make_mount(cluster, "b", opts=["attr_timeout=0.2"])
