@@ -360,6 +360,10 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	req_cred(req, &cr, 0);
 	/* A folder this mount just created or removed a name in: meta sent its attributes. */
 	rc = stk_fuse_acache_get(&fs->acache, sino, &a);
+	/* Else the lookup cache's, under a lease on the inode, as a lookup would answer
+	 * (a change anyone makes to them is revoked here before it is visible). */
+	if (rc && stk_lcache_get_ino(fs->c, sino, &a))
+		rc = 0;
 	if (rc)
 		rc = fresh_attr(fs, &cr, sino, &a);
 	if (rc) {

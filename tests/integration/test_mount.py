@@ -518,6 +518,57 @@ def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
     assert out.stdout.decode().strip() == str(errno.EACCES), out
 
 
+def getattrs_at_meta(cluster):
+    from test_metrics import scrape, total
+    samples, _ = scrape(cluster, "meta")
+    return total(samples, "stoker_rpc_requests_total", op="META_GETATTR")
+
+
+def test_getattr_answers_from_the_lookup_cache_and_sees_every_change(cluster, make_mount):
+    # m1 keeps names in the kernel but no attributes: every stat is a GETATTR, which
+    # m1 answers from its lookup cache under a lease on the inode, and must never
+    # answer from before a change another mount made.
+    m1 = make_mount(cluster, "m1", opts=["entry_timeout=60", "attr_timeout=0"])
+    m2 = make_mount(cluster, "m2", opts=["entry_timeout=0", "attr_timeout=0"])
+    wait_until(lambda: lease_holders(cluster) >= 2, 30, "both mounts' watches")
+    a, b = os.path.join(m1.path, "f"), os.path.join(m2.path, "f")
+    with open(b, "wb") as f:
+        f.write(b"x" * 10)
+
+    def served_by_m1():
+        before = getattrs_at_meta(cluster)
+        for _ in range(20):
+            assert os.stat(a).st_size == 10
+        if getattrs_at_meta(cluster) - before < 5:
+            return True
+        # The lookup went while a loaded machine answered m1's watch late, so it took
+        # no lease: drop the kernel's names, so that the next round looks it up again.
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("2")
+        return False
+
+    wait_until(served_by_m1, 30, "m1 answering stat itself")
+    fd = os.open(a, os.O_RDONLY)
+    try:
+        os.chmod(b, 0o600)
+        assert stat.S_IMODE(os.stat(a).st_mode) == 0o600
+        with open(b, "ab") as f:
+            f.write(b"y" * 5)
+        assert os.stat(a).st_size == 15 and os.fstat(fd).st_size == 15
+        os.truncate(b, 3)
+        assert os.fstat(fd).st_size == 3
+        os.utime(b, (1000000000, 1200000000))
+        assert os.stat(a).st_mtime == 1200000000
+        os.link(b, b + "2")
+        assert os.fstat(fd).st_nlink == 2
+        os.unlink(b)
+        os.unlink(b + "2")
+        assert os.fstat(fd).st_nlink == 0  # open in m1: still there, with no name
+        assert os.read(fd, 10) == b"xxx"
+    finally:
+        os.close(fd)
+
+
 @pytest.mark.serial
 def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
     # A mount killed while it holds leases must not hold up others' changes for long.
