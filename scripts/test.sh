@@ -43,17 +43,20 @@ done
 
 # One pass: the tests three at a time, then those marked `serial` (they time
 # something against the clock, or use the default cluster) one by one. $1: the build
-# folder for its report.
+# folder for its report. No -x: a failure stops nothing, so the report names every
+# failing test (and no worker is stopped in the middle of a test, cluster running).
 integration() {
-	local out=$1; shift
+	local out=$1 rc=0
+	shift
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" tests/integration \
-		-m "not serial" --junitxml="$out/integration.xml" "$@" || return 1
+		-m "not serial" --junitxml="$out/integration.xml" "$@" || rc=1
 	/usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration \
-		-m serial --junitxml="$out/integration-serial.xml" "$@"
+		-m serial --junitxml="$out/integration-serial.xml" "$@" || rc=1
+	return $rc
 }
 
 step "integration tests"
-integration build -x || fail=1
+integration build || fail=1
 
 step "integration tests against the ASan/UBSan build"
 # The 100,000-entry listing runs in the first pass only (a minute of creates, meta-bound).
