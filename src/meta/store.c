@@ -38,8 +38,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <lmdb.h>
-#include <stdio.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -102,6 +102,7 @@ struct stk_meta_store {
 	uint64_t map_size;
 	uint64_t map_max;
 	pthread_rwlock_t map_lock;
+	int grow_warned; /* atomic: "cannot grow" logged, and no growth since */
 };
 
 /* An inode as the operations see it: its attributes and, for a directory, its parent. */
@@ -179,7 +180,6 @@ static int allocate_to(struct stk_meta_store *st, uint64_t size)
  */
 static void map_grow(struct stk_meta_store *st)
 {
-	static int warned;
 	uint64_t used, want;
 	int rc;
 
@@ -196,12 +196,12 @@ static void map_grow(struct stk_meta_store *st)
 	if (rc == 0)
 		rc = lmdb_err(mdb_env_set_mapsize(st->env, want), "grow the map");
 	if (rc) {
-		if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		if (!__atomic_exchange_n(&st->grow_warned, 1, __ATOMIC_RELAXED))
 			stk_warn("meta store: cannot grow the namespace to %llu MiB: %s",
 				 (unsigned long long)(want >> 20), strerror(-rc));
 		goto out;
 	}
-	__atomic_store_n(&warned, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->grow_warned, 0, __ATOMIC_RELAXED);
 	st->map_size = want;
 out:
 	pthread_rwlock_unlock(&st->map_lock);
