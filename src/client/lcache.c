@@ -405,6 +405,14 @@ static void bump(struct stk_lcache *l, uint64_t ino)
 	l->log[l->rev % LC_LOG] = gen_of(ino);
 }
 
+/* As bump, for inode ino's attributes alone (agen): its entry goes, not its names. */
+static void bump_attrs(struct stk_lcache *l, uint64_t ino)
+{
+	l->agen[agen_of(ino)]++;
+	l->rev++;
+	l->log[l->rev % LC_LOG] = LOG_ATTR | agen_of(ino);
+}
+
 /*
  * With the mutex: did a forget or revocation since tok touch the folder's names,
  * this name, or the inode (ino 0: not known)? Too long ago to tell counts as yes.
@@ -443,9 +451,7 @@ static void forget_name(struct stk_lcache *l, uint64_t parent, const char *name,
 	l->log[l->rev % LC_LOG] = LOG_NAME | set_of(parent, name);
 	/* The folder's times (and, for a folder made or removed, its link count) changed:
 	 * its own entry goes, and lookups of it in flight lose their answers. */
-	l->agen[agen_of(parent)]++;
-	l->rev++;
-	l->log[l->rev % LC_LOG] = LOG_ATTR | agen_of(parent);
+	bump_attrs(l, parent);
 }
 
 /*
