@@ -623,13 +623,9 @@ static int cmd_frames(int argc, char **argv)
 			off += STK_FRAME_HDR_LEN + plen;
 		}
 		len = off;
-		if (pace) {
-			CHECK_RC(raw_exchange_paced(argv[1], three, len, 7, reply, sizeof(reply)),
-				 (int)sizeof(reply));
-		} else {
-			CHECK_RC(raw_exchange(argv[1], three, len, reply, sizeof(reply)),
-				 (int)sizeof(reply));
-		}
+		CHECK_RC(raw_exchange_paced(argv[1], three, len, pace ? 7 : len, reply,
+					    sizeof(reply)),
+			 (int)sizeof(reply));
 		for (uint32_t i = 0; i < 3; i++) {
 			CHECK_RC(stk_hdr_decode(reply + i * STK_FRAME_HDR_LEN, &r), 0);
 			CHECK(r.req_id == 7 + i && r.opcode == 0xfff0 + i &&
