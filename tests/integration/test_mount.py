@@ -436,23 +436,20 @@ def test_two_mounts_close_to_open(cluster, make_mount):
     assert wait_for(lambda: os.path.isdir(os.path.join(m1.path, "fromb")), 3)
 
 
-def lookups_at_meta(cluster):
+def meta_figure(cluster, name, **labels):
+    """The sum of meta's samples of name with these labels, scraped now."""
     from test_metrics import scrape, total
     samples, _ = scrape(cluster, "meta")
-    return sum(total(samples, "stoker_rpc_requests_total", op=op)
+    return total(samples, name, **labels)
+
+
+def lookups_at_meta(cluster):
+    return sum(meta_figure(cluster, "stoker_rpc_requests_total", op=op)
                for op in ("META_LOOKUP", "META_LOOKUP_CACHE"))
 
 
 def lease_holders(cluster):
-    from test_metrics import scrape, total
-    samples, _ = scrape(cluster, "meta")
-    return total(samples, "stoker_meta_lease_holders")
-
-
-def meta_leases(cluster):
-    from test_metrics import scrape, total
-    samples, _ = scrape(cluster, "meta")
-    return total(samples, "stoker_meta_leases")
+    return meta_figure(cluster, "stoker_meta_lease_holders")
 
 
 def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
@@ -518,12 +515,6 @@ def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
     assert out.stdout.decode().strip() == str(errno.EACCES), out
 
 
-def getattrs_at_meta(cluster):
-    from test_metrics import scrape, total
-    samples, _ = scrape(cluster, "meta")
-    return total(samples, "stoker_rpc_requests_total", op="META_GETATTR")
-
-
 def test_getattr_answers_from_the_lookup_cache_and_sees_every_change(cluster, make_mount):
     # m1 keeps names in the kernel but no attributes: every stat is a GETATTR, which
     # m1 answers from its lookup cache under a lease on the inode, and must never
@@ -536,10 +527,11 @@ def test_getattr_answers_from_the_lookup_cache_and_sees_every_change(cluster, ma
         f.write(b"x" * 10)
 
     def served_by_m1():
-        before = getattrs_at_meta(cluster)
+        getattrs = lambda: meta_figure(cluster, "stoker_rpc_requests_total", op="META_GETATTR")
+        before = getattrs()
         for _ in range(20):
             assert os.stat(a).st_size == 10
-        if getattrs_at_meta(cluster) - before < 5:
+        if getattrs() - before < 5:
             return True
         # The lookup went while a loaded machine answered m1's watch late, so it took
         # no lease: drop the kernel's names, so that the next round looks it up again.
@@ -580,7 +572,7 @@ def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
     wait_until(lambda: lease_holders(cluster) >= 2, 30, "both mounts' watches")
     for i in range(20):
         open(os.path.join(m2.path, "f%d" % i), "wb").close()
-    before = meta_leases(cluster)
+    before = meta_figure(cluster, "stoker_meta_leases")
 
     def m1_leased():
         # A lookup m1 sends while it does not trust its cache (a watch answered late
@@ -588,7 +580,7 @@ def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
         # leases on the 20 inodes and their folder.
         for i in range(20):
             os.stat(os.path.join(m1.path, "f%d" % i))
-        return meta_leases(cluster) >= before + 21
+        return meta_figure(cluster, "stoker_meta_leases") >= before + 21
 
     wait_until(m1_leased, 30, "m1's leases")
     pid = m1.pid()
