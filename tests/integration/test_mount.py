@@ -75,6 +75,70 @@ def test_round_trip_cp_cat_sha256(cluster, mount, rand_file, tmp_path):
         assert sha256(out) == want, size
 
 
+def read_in_mib(path):
+    """The file read the way a sequential reader does: 1 MiB at a time."""
+    out = bytearray()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(MiB)
+            if not b:
+                return bytes(out)
+            out += b
+
+
+def drop_page_cache():
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def test_cold_sequential_reads_are_whole_and_checked(cluster, mount, rand_file):
+    """A cold sequential read goes from the chunk files straight into the reply, the
+    header and the data of each chunk in one direct read: every size comes back
+    whole, and a flipped bit in a chunk's data or header is EIO, never other bytes."""
+    sizes = [MiB, 2 * MiB + 4096, 3 * MiB + 1000, 1000, 300 * 1024 + 1]
+    want = {}
+    for size in sizes:
+        src = rand_file(size, seed=size + 7)
+        cluster.cli("put", str(src), "/cold-%d" % size)
+        want[size] = src.read_bytes()
+    for _ in range(2):  # cold, then whatever the first read left behind
+        drop_page_cache()
+        for size in sizes:
+            got = read_in_mib(os.path.join(mount.path, "cold-%d" % size))
+            assert got == want[size], size
+
+    def chunk_of(name, idx):
+        ino = os.stat(os.path.join(mount.path, name)).st_ino
+        found = [c for c in cluster.chunk_files()
+                 if os.path.basename(c) == str(idx) and os.path.basename(os.path.dirname(c)) == "%x" % ino]
+        assert len(found) == 1, (name, idx, found)
+        return found[0]
+
+    def flip(path, at):
+        with open(path, "r+b") as f:
+            f.seek(at)
+            b = f.read(1)
+            f.seek(at)
+            f.write(bytes([b[0] ^ 0x40]))
+
+    data_victim = chunk_of("cold-%d" % (3 * MiB + 1000), 1)
+    flip(data_victim, os.path.getsize(data_victim) - 5000)  # a data block
+    head_victim = chunk_of("cold-%d" % (2 * MiB + 4096), 0)
+    flip(head_victim, 40)  # the header's CRC of the first block
+    drop_page_cache()
+    for name in ("cold-%d" % (3 * MiB + 1000), "cold-%d" % (2 * MiB + 4096)):
+        with pytest.raises(OSError) as e:
+            read_in_mib(os.path.join(mount.path, name))
+        assert e.value.errno == errno.EIO, name
+    # what the flips did not touch still reads
+    drop_page_cache()
+    with open(os.path.join(mount.path, "cold-%d" % (3 * MiB + 1000)), "rb", buffering=0) as f:
+        assert f.read(MiB) == want[3 * MiB + 1000][:MiB]
+    assert read_in_mib(os.path.join(mount.path, "cold-%d" % MiB)) == want[MiB]
+    log = open(os.path.join(cluster.data, "log", "storage.log")).read()
+    assert "checksum mismatch" in log
+
+
 def test_round_trip_dd_and_native_writes(cluster, mount, rand_file, tmp_path):
     size = 20 * MiB + 12345
     src = rand_file(size, seed=7)
