@@ -113,6 +113,11 @@
 	X(META_LEASE_RESETS, COUNTER, "stoker_meta_lease_resets_total", "",                        \
 	  "Clients whose leases all went at once: a revocation not acknowledged in time, or "      \
 	  "too many waiting.")                                                                     \
+	X(META_DELEGATIONS, GAUGE, "stoker_meta_delegations", "",                                  \
+	  "Folders delegated to the client that made them, which answers creates and unlinks "     \
+	  "in them itself.")                                                                       \
+	X(META_DELEGATION_RECALLS, COUNTER, "stoker_meta_delegation_recalls_total", "",            \
+	  "Delegated folders recalled because another client read or changed them.")               \
 	/* ---- storage: per target ---- */                                                        \
 	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
 	  "Size of the file system under the target folder (targets sharing a file system "        \

@@ -13,6 +13,15 @@
  * inode for each live holder but the origin, and waits on one condition variable
  * (broadcast at every acknowledgement, reset and end) until every holder it queued
  * for has acknowledged, gone, or passed its deadline.
+ *
+ * Delegations: a third chained hash, ino -> holder, with a count read without the
+ * mutex so that reads skip everything while there are none. A recall (by a change
+ * or a read of someone else) does not remove the entry at once: it queues the
+ * inode for the holder once, marks the entry recalling with the record's number,
+ * and whoever comes next for the same inode waits for that same record; the entry
+ * goes when the record is acknowledged (or the holder goes, taking all its
+ * entries with it). So no reader slips in between the recall and the holder's
+ * names reaching the store.
  */
 #include "leases.h"
 
@@ -28,6 +37,7 @@
 #define SLOT_BITS 10u
 #define GRANT_BUCKETS (1u << 16)
 #define BUSY_BUCKETS 1024u
+#define DELEG_BUCKETS 4096u
 #define QUEUE_MAX 65536u /* records a holder may lag behind before it is reset */
 #define MARGIN_NS (500ull * 1000000ull)
 #define FORGET_NS (60ull * 1000000000ull) /* a holder silent this long is forgotten */
@@ -50,8 +60,18 @@ struct busy {
 	struct busy *next;
 };
 
+/* A delegated folder. */
+struct deleg {
+	uint64_t ino;
+	uint32_t holder;
+	int recalling; /* queued for the holder as record seq: goes once that is acked */
+	uint64_t seq;
+	struct deleg *next;
+};
+
 struct holder {
-	uint32_t id; /* 0: free slot */
+	uint32_t id;	  /* 0: free slot */
+	uint32_t ndelegs; /* entries in the delegation table */
 	uint64_t session;
 	uint64_t acked; /* records up to here are done */
 	uint64_t *q;	/* records acked + 1 .. acked + qlen */
@@ -72,6 +92,17 @@ struct stk_meta_leases {
 	struct grant *b[GRANT_BUCKETS];
 	struct busy *busy[BUSY_BUCKETS];
 	uint64_t busy_all; /* changes whose inodes could not be marked: no lease at all */
+	struct deleg *d[DELEG_BUCKETS];
+	uint32_t ndelegs; /* written under mu, read without it (atomic) */
+};
+
+/* Whom a change or recall waits for, and for which record of each. */
+struct waits {
+	uint32_t n;
+	struct {
+		uint32_t slot, id;
+		uint64_t seq;
+	} w[STK_LEASE_HOLDERS_MAX];
 };
 
 static uint32_t bucket_of(uint64_t ino)
@@ -107,9 +138,48 @@ static uint32_t new_id(struct stk_meta_leases *l, uint32_t slot)
 	return (l->round << SLOT_BITS) | slot;
 }
 
+static struct deleg **deleg_slot(struct stk_meta_leases *l, uint64_t ino)
+{
+	struct deleg **pp = &l->d[bucket_of(ino) & (DELEG_BUCKETS - 1)];
+
+	while (*pp && (*pp)->ino != ino)
+		pp = &(*pp)->next;
+	return pp;
+}
+
+/* Removes the entry *pp points at. */
+static void deleg_remove(struct stk_meta_leases *l, struct deleg **pp)
+{
+	struct deleg *d = *pp;
+	struct holder *h = &l->h[d->holder & (STK_LEASE_HOLDERS_MAX - 1)];
+
+	*pp = d->next;
+	if (h->id == d->holder && h->ndelegs)
+		h->ndelegs--;
+	__atomic_store_n(&l->ndelegs, l->ndelegs - 1, __ATOMIC_RELEASE);
+	free(d);
+}
+
+/* Before h's id changes or goes: its delegations go with it. */
+static void delegs_drop(struct stk_meta_leases *l, struct holder *h)
+{
+	for (uint32_t i = 0; h->ndelegs && i < DELEG_BUCKETS; i++) {
+		struct deleg **pp = &l->d[i];
+
+		while (*pp) {
+			if ((*pp)->holder == h->id)
+				deleg_remove(l, pp);
+			else
+				pp = &(*pp)->next;
+		}
+	}
+	h->ndelegs = 0;
+}
+
 /* Drops the holder's queue and gives it a new id: its grants die, its waiters stop. */
 static void holder_reset(struct stk_meta_leases *l, struct holder *h)
 {
+	delegs_drop(l, h);
 	h->id = new_id(l, (uint32_t)(h - l->h));
 	h->acked = 0;
 	h->qlen = 0;
@@ -121,6 +191,7 @@ static void holder_reset(struct stk_meta_leases *l, struct holder *h)
 
 static void holder_free(struct stk_meta_leases *l, struct holder *h)
 {
+	delegs_drop(l, h);
 	h->id = 0;
 	h->session = 0;
 	h->qlen = 0;
@@ -206,6 +277,14 @@ void stk_meta_leases_destroy(struct stk_meta_leases *l)
 			free(b);
 		}
 	}
+	for (uint32_t i = 0; i < DELEG_BUCKETS; i++) {
+		while (l->d[i]) {
+			struct deleg *d = l->d[i];
+
+			l->d[i] = d->next;
+			free(d);
+		}
+	}
 	for (uint32_t i = 0; i < STK_LEASE_HOLDERS_MAX; i++) {
 		free(l->h[i].q);
 		pthread_cond_destroy(&l->h[i].wake);
@@ -228,6 +307,7 @@ static struct holder *holder_new(struct stk_meta_leases *l, uint64_t session)
 		h->acked = 0;
 		h->qlen = 0;
 		h->reset = 0;
+		h->ndelegs = 0;
 		l->st.holders++;
 		return h;
 	}
@@ -317,6 +397,17 @@ static int busy_find(struct stk_meta_leases *l, uint64_t ino)
 	return *busy_slot(l, ino) != NULL;
 }
 
+/* Whether ino is delegated to a holder other than `holder` (recalled or not). */
+static int delegated_elsewhere(struct stk_meta_leases *l, uint32_t holder, uint64_t ino)
+{
+	struct deleg *d;
+
+	if (l->ndelegs == 0)
+		return 0;
+	d = *deleg_slot(l, ino);
+	return d && d->holder != holder;
+}
+
 int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t ino)
 {
 	uint64_t now = stk_now_ns();
@@ -327,7 +418,9 @@ int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t i
 
 	pthread_mutex_lock(&l->mu);
 	h = holder_get(l, holder);
-	if (!h || h->reset || l->busy_all || busy_find(l, ino))
+	/* A delegated folder is its holder's alone: another's lease would go stale unseen. */
+	if (!h || h->reset || l->busy_all || busy_find(l, ino) ||
+	    delegated_elsewhere(l, holder, ino))
 		goto out;
 	for (g = l->b[b]; g; g = g->next)
 		if (g->ino == ino && g->holder == holder)
@@ -368,22 +461,117 @@ static void enqueue(struct stk_meta_leases *l, struct holder *h, uint64_t ino)
 	pthread_cond_signal(&h->wake);
 }
 
+/* Waits for h's record seq (and for those before it). */
+static void wait_add(struct stk_meta_leases *l, struct waits *ws, struct holder *h, uint64_t seq)
+{
+	uint32_t k, slot = (uint32_t)(h - l->h);
+
+	for (k = 0; k < ws->n && ws->w[k].slot != slot; k++)
+		;
+	if (k == ws->n) {
+		ws->w[k].slot = slot;
+		ws->w[k].id = h->id;
+		ws->w[k].seq = 0;
+		ws->n++;
+	}
+	if (seq > ws->w[k].seq)
+		ws->w[k].seq = seq;
+}
+
+/*
+ * With mu held: until each holder in ws has acknowledged its record, gone, or
+ * passed its deadline (then it is reset).
+ */
+static void wait_all(struct stk_meta_leases *l, struct waits *ws)
+{
+	struct timespec ts;
+
+	while (ws->n) {
+		uint64_t next = UINT64_MAX, now = stk_now_ns();
+
+		for (uint32_t k = 0; k < ws->n;) {
+			struct holder *h = &l->h[ws->w[k].slot];
+			uint64_t deadline = h->last_ns + STK_LEASE_VALID_MS * MS + MARGIN_NS;
+
+			if (h->id != ws->w[k].id || h->reset || h->acked >= ws->w[k].seq) {
+				ws->w[k] = ws->w[--ws->n];
+				continue;
+			}
+			if (now >= deadline) {
+				stk_warn("cache holder %u (session %016llx) did not acknowledge a "
+					 "change in time; its cache is reset",
+					 h->id, (unsigned long long)h->session);
+				holder_reset(l, h);
+				ws->w[k] = ws->w[--ws->n];
+				continue;
+			}
+			next = deadline < next ? deadline : next;
+			k++;
+		}
+		if (!ws->n)
+			break;
+		abstime_in(&ts, next - now);
+		pthread_cond_timedwait(&l->acked, &l->mu, &ts);
+	}
+}
+
+/*
+ * Recalls ino's delegation, if it has one that is not `keep`'s: queues the inode
+ * for its holder (once for all recallers) and adds the wait for that record. The
+ * holder's id, or 0 if nothing is to be waited for.
+ */
+static uint32_t deleg_recall(struct stk_meta_leases *l, uint32_t keep, uint64_t ino,
+			     struct waits *ws)
+{
+	struct deleg **pp = deleg_slot(l, ino), *d = *pp;
+	struct holder *h;
+
+	if (!d || d->holder == keep)
+		return 0;
+	h = holder_get(l, d->holder);
+	if (!h || h->reset) {
+		deleg_remove(l, pp); /* cannot be: a holder's entries go with it */
+		return 0;
+	}
+	if (!d->recalling) {
+		enqueue(l, h, ino);
+		if (h->reset)
+			return 0; /* too far behind: reset, its entries gone with it */
+		d->recalling = 1;
+		d->seq = h->acked + h->qlen;
+		l->st.recalls++;
+	}
+	wait_add(l, ws, h, d->seq);
+	return d->holder;
+}
+
+/* After the wait: the entries of inos whose recall was acknowledged go. */
+static void deleg_settle(struct stk_meta_leases *l, const uint64_t *inos, size_t n)
+{
+	for (size_t i = 0; l->ndelegs && i < n; i++) {
+		struct deleg **pp = deleg_slot(l, inos[i]), *d = *pp;
+		struct holder *h;
+
+		if (!d || !d->recalling)
+			continue;
+		h = holder_get(l, d->holder);
+		if (!h || h->reset || h->acked >= d->seq)
+			deleg_remove(l, pp);
+	}
+}
+
 /*
  * Marks inos busy (busy 1: no lease granted until stk_meta_leases_end), revokes
- * the others' leases on them and waits for the acknowledgements.
+ * the others' leases and delegations on them and waits for the acknowledgements.
  */
 static void revoke(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos, size_t n,
 		   int busy)
 {
-	struct {
-		uint32_t slot, id;
-		uint64_t seq;
-	} w[STK_LEASE_HOLDERS_MAX]; /* whom to wait for, and for which record */
-	uint32_t nw = 0;
+	struct waits ws; /* whom to wait for, and for which record */
 	uint64_t now = stk_now_ns();
-	struct timespec ts;
 
 	pthread_mutex_lock(&l->mu);
+	ws.n = 0;
 	for (size_t i = 0; busy && i < n; i++) {
 		struct busy **bp = busy_slot(l, inos[i]);
 
@@ -396,11 +584,12 @@ static void revoke(struct stk_meta_leases *l, uint32_t origin, const uint64_t *i
 	}
 	for (size_t i = 0; i < n; i++) {
 		struct grant **pp = &l->b[bucket_of(inos[i])];
+		/* The holder whose recall of inos[i] is queued: its lease goes with it. */
+		uint32_t recalled = l->ndelegs ? deleg_recall(l, origin, inos[i], &ws) : 0;
 
 		while (*pp) {
 			struct grant *g = *pp;
 			struct holder *h = NULL;
-			uint32_t k, s;
 
 			if (g->ino != inos[i] || g->holder == origin) {
 				/* The origin's lease stays: it forgot its copies itself. */
@@ -409,54 +598,19 @@ static void revoke(struct stk_meta_leases *l, uint32_t origin, const uint64_t *i
 			}
 			*pp = g->next;
 			l->ngrants--;
-			if (grant_live(l, g, now))
+			if (grant_live(l, g, now) && g->holder != recalled)
 				h = holder_get(l, g->holder);
 			free(g);
 			if (!h)
 				continue;
 			enqueue(l, h, inos[i]);
-			if (h->reset)
-				continue; /* too far behind: reset, nothing to wait for */
-			s = (uint32_t)(h - l->h);
-			for (k = 0; k < nw && w[k].slot != s; k++)
-				;
-			if (k == nw) {
-				w[nw].slot = s;
-				w[nw].id = h->id;
-				nw++;
-			}
-			w[k].seq = h->acked + h->qlen;
+			if (!h->reset) /* else too far behind: reset, nothing to wait for */
+				wait_add(l, &ws, h, h->acked + h->qlen);
 		}
 	}
 	l->st.grants = l->ngrants;
-	while (nw) {
-		uint64_t next = UINT64_MAX;
-
-		now = stk_now_ns();
-		for (uint32_t k = 0; k < nw;) {
-			struct holder *h = &l->h[w[k].slot];
-			uint64_t deadline = h->last_ns + STK_LEASE_VALID_MS * MS + MARGIN_NS;
-
-			if (h->id != w[k].id || h->reset || h->acked >= w[k].seq) {
-				w[k] = w[--nw];
-				continue;
-			}
-			if (now >= deadline) {
-				stk_warn("cache holder %u (session %016llx) did not acknowledge a "
-					 "change in time; its cache is reset",
-					 h->id, (unsigned long long)h->session);
-				holder_reset(l, h);
-				w[k] = w[--nw];
-				continue;
-			}
-			next = deadline < next ? deadline : next;
-			k++;
-		}
-		if (!nw)
-			break;
-		abstime_in(&ts, next - now);
-		pthread_cond_timedwait(&l->acked, &l->mu, &ts);
-	}
+	wait_all(l, &ws);
+	deleg_settle(l, inos, n);
 	pthread_mutex_unlock(&l->mu);
 }
 
@@ -489,6 +643,82 @@ void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const u
 	revoke(l, origin, inos, n, 0);
 }
 
+int stk_meta_leases_delegate(struct stk_meta_leases *l, uint32_t holder, uint64_t ino)
+{
+	uint64_t now = stk_now_ns();
+	struct deleg **pp, *d;
+	struct holder *h;
+	struct grant *g;
+	int rc = 0;
+
+	pthread_mutex_lock(&l->mu);
+	h = holder_get(l, holder);
+	if (!h || h->reset || l->busy_all || busy_find(l, ino))
+		goto out;
+	pp = deleg_slot(l, ino);
+	if (*pp) {
+		rc = (*pp)->holder == holder && !(*pp)->recalling;
+		goto out;
+	}
+	if (l->ndelegs >= STK_LEASE_DELEGATIONS_MAX)
+		goto out;
+	/* Another holder's lease on it could not be kept true without asking meta. */
+	for (g = l->b[bucket_of(ino)]; g; g = g->next)
+		if (g->ino == ino && g->holder != holder && grant_live(l, g, now))
+			goto out;
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		goto out;
+	d->ino = ino;
+	d->holder = holder;
+	*pp = d;
+	h->ndelegs++;
+	__atomic_store_n(&l->ndelegs, l->ndelegs + 1, __ATOMIC_RELEASE);
+	rc = 1;
+out:
+	pthread_mutex_unlock(&l->mu);
+	return rc;
+}
+
+int stk_meta_leases_recall(struct stk_meta_leases *l, uint32_t requester, const uint64_t *inos,
+			   size_t n)
+{
+	struct waits ws;
+	int recalled = 0;
+
+	/* The common case, no folder delegated anywhere: no lock. */
+	if (__atomic_load_n(&l->ndelegs, __ATOMIC_ACQUIRE) == 0)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	ws.n = 0;
+	for (size_t i = 0; l->ndelegs && i < n; i++) {
+		struct deleg *d = *deleg_slot(l, inos[i]);
+
+		if (!d || d->holder == requester)
+			continue;
+		recalled++;
+		deleg_recall(l, requester, inos[i], &ws);
+	}
+	wait_all(l, &ws);
+	if (recalled)
+		deleg_settle(l, inos, n);
+	pthread_mutex_unlock(&l->mu);
+	return recalled;
+}
+
+void stk_meta_leases_undelegate(struct stk_meta_leases *l, uint64_t ino)
+{
+	struct deleg **pp;
+
+	if (__atomic_load_n(&l->ndelegs, __ATOMIC_ACQUIRE) == 0)
+		return;
+	pthread_mutex_lock(&l->mu);
+	pp = deleg_slot(l, ino);
+	if (*pp)
+		deleg_remove(l, pp);
+	pthread_mutex_unlock(&l->mu);
+}
+
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session)
 {
 	pthread_mutex_lock(&l->mu);
@@ -503,5 +733,6 @@ void stk_meta_leases_stats(struct stk_meta_leases *l, struct stk_meta_leases_sta
 	pthread_mutex_lock(&l->mu);
 	*out = l->st;
 	out->grants = l->ngrants;
+	out->delegations = l->ndelegs;
 	pthread_mutex_unlock(&l->mu);
 }

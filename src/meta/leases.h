@@ -22,10 +22,23 @@
  * forgotten altogether; a meta restart forgets every holder, and a client whose
  * watch connection breaks forgets its cache at once.
  *
+ * Delegations: a folder a holder made itself (META_MKDIR with STK_MKDIR_DELEGATE)
+ * may be delegated to it: until meta recalls it, no one else reads or changes the
+ * folder, so the holder answers creates and unlinks of files in it by itself and
+ * sends them later (META_NAMES). A delegated folder has exactly one holder, and
+ * no other holder has a lease on it meanwhile. A change by anyone else (begin,
+ * changed) and a read by anyone else (stk_meta_leases_recall) recall it: the
+ * folder is queued for the holder's watch as a revocation is, and the caller
+ * waits as a change does. The holder, when its watch brings any record, first
+ * sends every name it has not sent yet and only then acknowledges; so once the
+ * recall returns, the store holds all the holder did in the folder. Until then
+ * every other reader and changer of the folder waits for the same record. A
+ * holder's delegations go with it (reset, end of its session, forgotten).
+ *
  * Threads: every function may be called from any thread; one mutex guards all.
- * stk_meta_leases_watch, _begin and _changed block (the watch for at most its wait,
- * a change for at most the validity above); callers hold nothing of the store or
- * the sessions while they wait.
+ * stk_meta_leases_watch, _begin, _changed and _recall block (the watch for at most
+ * its wait, a change or a recall for at most the validity above); callers hold
+ * nothing of the store or the sessions while they wait.
  */
 #ifndef STK_META_LEASES_H
 #define STK_META_LEASES_H
@@ -39,7 +52,8 @@ struct stk_meta_leases;
 #define STK_LEASE_VALID_MS 2000u    /* a client's trust after its last answered watch */
 #define STK_LEASE_WAIT_MAX_MS 1000u /* the longest a watch is held open empty */
 #define STK_LEASE_HOLDERS_MAX 1024u
-#define STK_LEASE_GRANTS_MAX (1u << 20) /* beyond: lookups are answered without a lease */
+#define STK_LEASE_GRANTS_MAX (1u << 20)	     /* beyond: lookups are answered without a lease */
+#define STK_LEASE_DELEGATIONS_MAX (1u << 16) /* beyond: new folders are not delegated */
 
 /* 0 or -ENOMEM. */
 int stk_meta_leases_create(struct stk_meta_leases **out);
@@ -72,7 +86,9 @@ int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t i
  * them but the origin's (0: none; it forgets its copies itself, and its leases stay)
  * is revoked: queued for its watch, and this returns once each has acknowledged or
  * run out of time (then it is reset). So when the change becomes visible, no other
- * client can still answer from before it.
+ * client can still answer from before it. An inode delegated to a holder other
+ * than the origin is recalled the same way, with or without a lease of that
+ * holder on it; one delegated to the origin stays delegated.
  */
 void stk_meta_leases_begin(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
 			   size_t n);
@@ -82,12 +98,49 @@ void stk_meta_leases_end(struct stk_meta_leases *l, const uint64_t *inos, size_t
 void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
 			     size_t n);
 
+/*
+ * Delegates folder ino to holder (see the top of this file); call it once the
+ * folder is made and found empty under holder's lease, before the reply. 1
+ * delegated (or already delegated to holder), 0 not: no such holder or it is
+ * being reset, the table holds STK_LEASE_DELEGATIONS_MAX, ino is delegated to
+ * another holder or being changed, or another holder has a lease on it.
+ * From now on stk_meta_leases_grant gives no other holder a lease on ino.
+ */
+int stk_meta_leases_delegate(struct stk_meta_leases *l, uint32_t holder, uint64_t ino);
+
+/*
+ * Before a read of inos[0..n) for requester (a holder, or 0 for a client without a
+ * watch): each one delegated to another holder is recalled (the delegation goes,
+ * the ino is queued for that holder), and this returns once each such holder has
+ * acknowledged or run out of time (then it is reset), so the store then holds
+ * everything the holders did in those folders. Leases are not touched (a read
+ * changes nothing others cached), nor inodes delegated to requester itself.
+ * Without any delegation this takes no lock. Returns how many of inos were
+ * delegated to another holder (0: nothing was waited for); the caller reads again
+ * what it read before such a recall.
+ */
+int stk_meta_leases_recall(struct stk_meta_leases *l, uint32_t requester, const uint64_t *inos,
+			   size_t n);
+
+/*
+ * The delegation of folder ino goes, with nothing recalled: for a folder known gone
+ * (its holder removed it, or renamed another over it, keeping its delegation), or
+ * one whose holder has not been told of it yet (the reply of its META_MKDIR is not
+ * sent). Any other would leave its holder answering alone while others read and
+ * change it. Takes no lock without delegations.
+ */
+void stk_meta_leases_undelegate(struct stk_meta_leases *l, uint64_t ino);
+
 /* The session ended: its holders go (their waiters stop waiting for them). */
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session);
 
-/* Counts for /metrics and tests. */
+/*
+ * Counts for /metrics and tests: holders, grants and delegations now; revokes
+ * (records queued for a revocation), resets and recalls (delegations recalled by a
+ * change or read by someone else) since create.
+ */
 struct stk_meta_leases_stats {
-	uint64_t holders, grants, revokes, resets;
+	uint64_t holders, grants, revokes, resets, delegations, recalls;
 };
 void stk_meta_leases_stats(struct stk_meta_leases *l, struct stk_meta_leases_stats *out);
 

@@ -59,7 +59,7 @@ struct meta {
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
-	stk_metric_t lease_series[4]; /* holders, leases, revocations, resets */
+	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
 };
 
 typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
@@ -133,6 +133,18 @@ static void changed_late(struct meta *m, const struct stk_rpc_req *req, uint64_t
 		stk_meta_leases_changed(m->leases, req->hdr.origin, &ino, 1);
 }
 
+/*
+ * Before a read for the origin of what inos name (a folder's names or an inode's
+ * attributes): folders delegated to another client are recalled, so the store
+ * holds what that client did in them (leases.h). Returns how many were; the
+ * caller reads again what it read before such a recall. Costs nothing while no
+ * folder is delegated.
+ */
+static int recall(struct meta *m, const struct stk_rpc_req *req, const uint64_t *inos, size_t n)
+{
+	return stk_meta_leases_recall(m->leases, req->hdr.origin, inos, n);
+}
+
 /* The inode parent's name names now (0: none), read as root. */
 static uint64_t named(struct meta *m, uint64_t parent, const char *name)
 {
@@ -140,6 +152,19 @@ static uint64_t named(struct meta *m, uint64_t parent, const char *name)
 	struct stk_attr a;
 
 	return stk_meta_store_lookup(m->store, &root, parent, name, &a) ? 0 : a.ino;
+}
+
+/*
+ * After a change that may have removed folder ino: if it is gone, so is any
+ * delegation of it (its holder's, which a change by the holder itself leaves).
+ */
+static void forget_if_gone(struct meta *m, uint64_t ino)
+{
+	const struct stk_cred root = {0};
+	struct stk_attr a;
+
+	if (ino && stk_meta_store_getattr(m->store, &root, ino, &a) == -ENOENT)
+		stk_meta_leases_undelegate(m->leases, ino);
 }
 
 /* At each scrape (with --metrics): the lease table's counts. */
@@ -153,16 +178,22 @@ static void collect_leases(void *ctx)
 	stk_metric_set_int(m->lease_series[1], (int64_t)st.grants);
 	stk_metric_set_int(m->lease_series[2], (int64_t)st.revokes);
 	stk_metric_set_int(m->lease_series[3], (int64_t)st.resets);
+	stk_metric_set_int(m->lease_series[4], (int64_t)st.delegations);
+	stk_metric_set_int(m->lease_series[5], (int64_t)st.recalls);
 }
 
 static int leases_metrics(struct meta *m)
 {
-	static const enum stk_metric_family f[4] = {STK_M_META_LEASE_HOLDERS, STK_M_META_LEASES,
-						     STK_M_META_LEASE_REVOCATIONS,
-						     STK_M_META_LEASE_RESETS};
+	/* In lease_series' order, as collect_leases sets them. */
+	static const enum stk_metric_family f[] = {
+	    STK_M_META_LEASE_HOLDERS, STK_M_META_LEASES,      STK_M_META_LEASE_REVOCATIONS,
+	    STK_M_META_LEASE_RESETS,  STK_M_META_DELEGATIONS, STK_M_META_DELEGATION_RECALLS,
+	};
 	int rc = 0;
 
-	for (int i = 0; i < 4 && !rc; i++)
+	_Static_assert(STK_ARRAY_SIZE(f) == STK_ARRAY_SIZE(((struct meta *)0)->lease_series),
+		       "a series per family");
+	for (size_t i = 0; i < STK_ARRAY_SIZE(f) && !rc; i++)
 		rc = stk_metric_series(f[i], NULL, &m->lease_series[i]);
 	return rc ? rc : stk_metrics_collector_add(collect_leases, m);
 }
@@ -199,7 +230,12 @@ static int op_lookup(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_lookup_req_dec(&req->payload, &q));
-	if (rc == 0)
+	if (rc)
+		return rc;
+	recall(m, req, &q.parent, 1);
+	rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a);
+	/* The inode found may be a folder delegated elsewhere: its attributes too. */
+	if (rc == 0 && recall(m, req, &a.ino, 1))
 		rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a);
 	return rc ? rc : reply_attr(resp, &a);
 }
@@ -208,6 +244,8 @@ static int op_lookup(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
  * A lookup whose answer the origin may cache. The leases come before the reads they
  * cover: the folder's before the name is looked up, the inode's before it is read
  * again for the reply, so a change committed after a read always finds its lease.
+ * Recalls come before the leases (no lease is granted on a folder delegated to
+ * someone else).
  */
 static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -221,13 +259,19 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 		return rc;
 	memset(&r, 0, sizeof(r));
 	dots = strcmp(q.name, ".") == 0 || strcmp(q.name, "..") == 0;
+	recall(m, req, &q.parent, 1);
 	r.leased = holder && !dots && stk_meta_leases_grant(m->leases, holder, q.parent);
 	rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr);
-	if (rc == 0 && r.leased) {
+	if (rc == 0) {
 		uint64_t ino = r.attr.ino;
+		int again = recall(m, req, &ino, 1);
 
-		r.leased = stk_meta_leases_grant(m->leases, holder, ino);
-		rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr);
+		if (r.leased) {
+			r.leased = stk_meta_leases_grant(m->leases, holder, ino);
+			again = 1;
+		}
+		if (again)
+			rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr);
 		if (rc == 0 && r.attr.ino != ino)
 			r.leased = 0; /* renamed over in between: answer, but not for keeps */
 	}
@@ -251,8 +295,10 @@ static int op_getattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_ino_req_dec(&req->payload, &q));
-	if (rc == 0)
-		rc = stk_meta_store_getattr(m->store, &q.cred, q.ino, &a);
+	if (rc)
+		return rc;
+	recall(m, req, &q.ino, 1);
+	rc = stk_meta_store_getattr(m->store, &q.cred, q.ino, &a);
 	return rc ? rc : reply_attr(resp, &a);
 }
 
@@ -285,8 +331,10 @@ static int op_getattrs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 			inos[i] = g.ino;
 	}
 	rc = decoded(req, rc);
-	if (rc == 0)
+	if (rc == 0) {
+		recall(m, req, inos, q.n); /* all first, then one read of all */
 		rc = stk_meta_store_getattrs(m->store, &q.cred, inos, q.n, attrs, rcs);
+	}
 	if (rc)
 		goto out;
 	r.n = q.n;
@@ -350,14 +398,15 @@ static void dir_after(struct meta *m, const struct stk_cred *cred, uint64_t dir,
  * META_OPEN itself.
  */
 static int create_open(struct meta *m, const struct stk_msg_meta_create_req *q,
-		       const struct stk_meta_placement *pl, struct stk_msg_meta_create_resp *r)
+		       const struct stk_meta_placement *pl, const struct stk_meta_create_as *as,
+		       struct stk_msg_meta_create_resp *r)
 {
 	int created = 0, rc;
 
 	if (q->session)
 		stk_meta_sessions_hold(m->sessions);
-	rc = stk_meta_store_create(m->store, &q->cred, q->parent, q->name, q->mode, q->flags,
-				   &q->layout, pl, &r->attr, &created);
+	rc = stk_meta_store_create_as(m->store, &q->cred, q->parent, q->name, q->mode, q->flags,
+				      &q->layout, pl, as, &r->attr, &created);
 	r->created = (uint8_t)created;
 	if (rc == 0 && q->session && S_ISREG(r->attr.mode))
 		r->opened = stk_meta_sessions_open_held(m->sessions, q->session, r->attr.ino) == 0;
@@ -366,12 +415,39 @@ static int create_open(struct meta *m, const struct stk_msg_meta_create_req *q,
 	return rc;
 }
 
+/*
+ * What a create changes, for META_CREATE and each create of a META_NAMES: the
+ * store's create (with *as, the client's number and times; NULL: meta's) as the
+ * change of the parent, the layout from the routing table. *r's attr, created and
+ * opened are filled.
+ */
+static int create_file(struct meta *m, const struct stk_rpc_req *req,
+		       const struct stk_msg_meta_create_req *q, const struct stk_meta_create_as *as,
+		       struct stk_msg_meta_create_resp *r)
+{
+	struct stk_meta_placement pl;
+	struct change ch;
+	int rc;
+
+	change_begin(m, req, &ch, q->parent, 0, 0, 0);
+	placement_get(m, &pl);
+	rc = create_open(m, q, &pl, as, r);
+	/* Storage may have registered since the agent's last refresh: ask mgmtd once. */
+	if (rc == -ENOSPC && pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0) {
+		placement_get(m, &pl);
+		if (pl.nchains)
+			rc = create_open(m, q, &pl, as, r);
+	}
+	change_end(m, &ch);
+	if (rc == -ENOSPC && pl.nchains == 0)
+		warn_no_storage(q->name);
+	return rc;
+}
+
 static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_create_req q;
 	struct stk_msg_meta_create_resp r;
-	struct stk_meta_placement pl;
-	struct change ch;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_create_req_dec(&req->payload, &q));
@@ -380,18 +456,7 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	memset(&r, 0, sizeof(r));
 	/* Leased to the origin as a lookup would be: the folder before the change. */
 	r.leased = req->hdr.origin && stk_meta_leases_grant(m->leases, req->hdr.origin, q.parent);
-	change_begin(m, req, &ch, q.parent, 0, 0, 0);
-	placement_get(m, &pl);
-	rc = create_open(m, &q, &pl, &r);
-	/* Storage may have registered since the agent's last refresh: ask mgmtd once. */
-	if (rc == -ENOSPC && pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0) {
-		placement_get(m, &pl);
-		if (pl.nchains)
-			rc = create_open(m, &q, &pl, &r);
-	}
-	change_end(m, &ch);
-	if (rc == -ENOSPC && pl.nchains == 0)
-		warn_no_storage(q.name);
+	rc = create_file(m, req, &q, NULL, &r);
 	if (rc)
 		return rc;
 	if (r.leased) {
@@ -456,6 +521,20 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	}
 	dir_after(m, &q.cred, q.parent, &r.dir);
 	r.leased = r.leased && r.dir.ino;
+	/*
+	 * Only a folder the origin holds leased and saw empty: what it then answers by
+	 * itself starts from the truth. The table refuses while another holder has a
+	 * lease on it or a change to it is in progress; once delegated, a change by
+	 * anyone else recalls it. A change committed between the look above and the
+	 * delegation is what is left: the folder is looked at again, and a delegation
+	 * its holder has not been told of yet simply goes.
+	 */
+	if ((q.flags & STK_MKDIR_DELEGATE) && origin && r.leased && r.empty &&
+	    stk_meta_leases_delegate(m->leases, origin, r.attr.ino)) {
+		r.delegated = (uint8_t)dir_empty(m, r.attr.ino);
+		if (!r.delegated)
+			stk_meta_leases_undelegate(m->leases, r.attr.ino);
+	}
 	return stk_msg_meta_mkdir_resp_enc(&resp->payload, &r);
 }
 
@@ -466,30 +545,48 @@ static uint8_t orphaned(struct meta *m, const struct stk_attr *a)
 	       stk_meta_sessions_is_open(m->sessions, a->ino);
 }
 
+/*
+ * What an unlink changes, for META_UNLINK and each unlink of a META_NAMES: `name`
+ * in parent goes, if it holds inode ino (0: any; else -ENOENT, nothing removed),
+ * as the change of the parent and of the inode; *attr is the inode after and
+ * *orph whether it became an orphan.
+ */
+static int unlink_name(struct meta *m, const struct stk_rpc_req *req, const struct stk_cred *cred,
+		       uint64_t parent, const char *name, uint64_t ino, struct stk_attr *attr,
+		       uint8_t *orph)
+{
+	struct change ch;
+	uint64_t victim;
+	int rc;
+
+	victim = named(m, parent, name); /* its link count changes too */
+	if (ino && victim != ino)
+		return -ENOENT; /* checked again in the store's transaction */
+	change_begin(m, req, &ch, parent, victim, 0, 0);
+	stk_meta_sessions_hold(m->sessions);
+	rc = stk_meta_store_unlink_ino(m->store, cred, parent, name, ino, attr);
+	if (rc == 0)
+		*orph = orphaned(m, attr);
+	stk_meta_sessions_release(m->sessions);
+	change_end(m, &ch);
+	if (rc == 0 && attr->ino != victim)
+		changed_late(m, req, attr->ino);
+	return rc;
+}
+
 static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_name_req q;
 	struct stk_msg_meta_unlink_resp r;
-	struct change ch;
-	uint64_t victim;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
-	victim = named(m, q.parent, q.name); /* its link count changes too */
-	change_begin(m, req, &ch, q.parent, victim, 0, 0);
-	stk_meta_sessions_hold(m->sessions);
-	rc = stk_meta_store_unlink(m->store, &q.cred, q.parent, q.name, &r.attr);
-	if (rc == 0)
-		r.orphaned = orphaned(m, &r.attr);
-	stk_meta_sessions_release(m->sessions);
-	change_end(m, &ch);
+	rc = unlink_name(m, req, &q.cred, q.parent, q.name, 0, &r.attr, &r.orphaned);
 	if (rc)
 		return rc;
-	if (r.attr.ino != victim)
-		changed_late(m, req, r.attr.ino);
 	dir_after(m, &q.cred, q.parent, &r.dir);
 	return stk_msg_meta_unlink_resp_enc(&resp->payload, &r);
 }
@@ -498,14 +595,22 @@ static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 {
 	struct stk_msg_meta_name_req q;
 	struct change ch;
+	uint64_t victim;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_name_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
-	change_begin(m, req, &ch, q.parent, 0, 0, 0);
+	/*
+	 * The folder removed too: whether it is empty is its names' business, and a
+	 * client it is delegated to may have names in it meta has not seen yet.
+	 */
+	victim = named(m, q.parent, q.name);
+	change_begin(m, req, &ch, q.parent, victim, 0, 0);
 	rc = stk_meta_store_rmdir(m->store, &q.cred, q.parent, q.name);
 	change_end(m, &ch);
+	if (rc == 0)
+		forget_if_gone(m, victim);
 	return rc;
 }
 
@@ -535,6 +640,8 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	r.replaced = (uint8_t)replaced;
+	if (over != moved && !(q.flags & STK_RENAME_EXCHANGE))
+		forget_if_gone(m, over); /* an empty folder renamed over */
 	/* Names that raced to other inodes between the look and the commit. */
 	if (replaced && r.attr.ino != over && r.attr.ino != moved)
 		changed_late(m, req, r.attr.ino);
@@ -627,6 +734,7 @@ static int op_readdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	rc = decoded(req, stk_msg_meta_readdir_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
+	recall(m, req, &q.ino, 1);
 	memset(&r, 0, sizeof(r));
 	rc = stk_msg_meta_readdir_resp_enc(&resp->payload, &r);
 	if (rc)
@@ -730,6 +838,7 @@ static int op_getxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 		q.size = STK_XATTR_SIZE_MAX; /* as Linux: no value is longer */
 	if (q.size && !(buf = malloc(q.size)))
 		return -ENOMEM;
+	recall(m, req, &q.ino, 1);
 	rc = stk_meta_store_getxattr(m->store, &q.cred, q.ino, q.name, buf, q.size, &len);
 	if (rc == 0)
 		rc = reply_xattr(resp, buf, len, q.size != 0);
@@ -751,6 +860,7 @@ static int op_listxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_
 		q.size = STK_XATTR_SIZE_MAX;
 	if (q.size && !(buf = malloc(q.size)))
 		return -ENOMEM;
+	recall(m, req, &q.ino, 1);
 	rc = stk_meta_store_listxattr(m->store, &q.cred, q.ino, buf, q.size, &len);
 	if (rc == -ERANGE && q.size == STK_XATTR_SIZE_MAX)
 		rc = -E2BIG; /* no buffer could hold the list */
@@ -975,6 +1085,109 @@ static int op_watch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	return rc;
 }
 
+/* ---- delegated folders (leases.h): what their holders answered themselves ---- */
+
+static int op_inos(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_inos_req q;
+	struct stk_msg_meta_inos_resp r;
+	struct stk_meta_placement pl;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_inos_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.count == 0 || q.count > STK_INOS_MAX)
+		return -EINVAL;
+	memset(&r, 0, sizeof(r));
+	rc = stk_meta_store_reserve_inos(m->store, q.count, &r.first);
+	if (rc)
+		return rc;
+	r.count = q.count;
+	/* How new files are laid out now, for the caller's own creates (storage may
+	 * have registered since the agent's last refresh, as in create_file). */
+	placement_get(m, &pl);
+	if (pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0)
+		placement_get(m, &pl);
+	r.chunk_size = pl.chunk_size ? pl.chunk_size : STK_DEFAULT_CHUNK_SIZE;
+	r.stripe = pl.stripe;
+	r.nchains = pl.nchains;
+	return stk_msg_meta_inos_resp_enc(&resp->payload, &r);
+}
+
+/* One record of a META_NAMES, applied as META_CREATE (EXCL) or META_UNLINK would be. */
+static int name_apply(struct meta *m, const struct stk_rpc_req *req,
+		      const struct stk_msg_name_rec *rec, struct stk_msg_name_res *res)
+{
+	struct stk_msg_meta_create_req q;
+	struct stk_msg_meta_create_resp r;
+	struct stk_meta_create_as as;
+	int rc;
+
+	if (rec->op == STK_NAME_UNLINK)
+		return unlink_name(m, req, &rec->cred, rec->parent, rec->name, rec->ino, &res->attr,
+				   &res->orphaned);
+	if (rec->op != STK_NAME_CREATE)
+		return -EINVAL;
+	/* No session: the holder registers its opens itself, as after META_OPEN. */
+	memset(&q, 0, sizeof(q));
+	q.cred = rec->cred;
+	q.parent = rec->parent;
+	memcpy(q.name, rec->name, sizeof(q.name));
+	q.mode = rec->mode;
+	q.flags = STK_CREATE_EXCL;
+	/* The holder's own layout: it may have written by it (checked in the store). */
+	q.layout = rec->layout;
+	memset(&as, 0, sizeof(as));
+	as.ino = rec->ino;
+	as.time_sec = rec->time_sec;
+	as.time_nsec = rec->time_nsec;
+	memset(&r, 0, sizeof(r));
+	rc = create_file(m, req, &q, &as, &r);
+	if (rc == 0)
+		res->attr = r.attr;
+	return rc;
+}
+
+/*
+ * A delegated folder's holder sends the creates and unlinks it answered itself,
+ * each applied on its own, in order, as the origin's change (its leases stay);
+ * a record's failure is its status alone. The records are all decoded before any
+ * is applied: a malformed request applies none.
+ */
+static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_names_req q;
+	struct stk_msg_meta_names_resp r;
+	struct stk_msg_name_rec *recs = NULL;
+	struct stk_msg_name_res res;
+	int rc;
+
+	rc = stk_msg_meta_names_req_dec(&req->payload, &q);
+	if (rc == 0 && q.n > STK_NAMES_MAX)
+		return -EINVAL;
+	if (rc == 0 && q.n && !(recs = calloc(q.n, sizeof(*recs))))
+		return -ENOMEM;
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++)
+		rc = stk_msg_name_rec_dec(&req->payload, &recs[i]);
+	rc = decoded(req, rc);
+	if (rc)
+		goto out;
+	memset(&r, 0, sizeof(r));
+	r.n = q.n;
+	rc = stk_msg_meta_names_resp_enc(&resp->payload, &r);
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		memset(&res, 0, sizeof(res));
+		res.status = stk_status_from_errno(name_apply(m, req, &recs[i], &res));
+		if (res.status != STK_ST_OK)
+			memset(&res.attr, 0, sizeof(res.attr));
+		rc = stk_msg_name_res_enc(&resp->payload, &res);
+	}
+out:
+	free(recs);
+	return rc;
+}
+
 static int op_lock(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_lock_req q;
@@ -1047,6 +1260,8 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_WATCH] = op_watch,
 	[STK_OP_META_LOOKUP_CACHE] = op_lookup_cache,
 	[STK_OP_META_GETATTRS] = op_getattrs,
+	[STK_OP_META_INOS] = op_inos,
+	[STK_OP_META_NAMES] = op_names,
 };
 /* clang-format on */
 

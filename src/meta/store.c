@@ -124,6 +124,12 @@ struct op {
 	int rdonly;
 	int64_t now_sec;
 	uint32_t now_nsec;
+	/*
+	 * now is a time a client chose (stk_meta_store_create_as), not the clock: a
+	 * directory's times only move forward to it, as a later change may have set
+	 * them already.
+	 */
+	int chosen_time;
 };
 
 /* ---- LMDB plumbing ---- */
@@ -216,6 +222,7 @@ static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cr
 	o->cred = cred;
 	o->rdonly = rdonly;
 	o->txn = NULL;
+	o->chosen_time = 0;
 	stk_wall_time(&o->now_sec, &o->now_nsec);
 	pthread_rwlock_rdlock(&st->map_lock);
 	if (!rdonly && st->allocated && map_used(st) + RESERVE_MIN > st->map_size &&
@@ -298,11 +305,20 @@ static void set_ctime(const struct op *o, struct stk_attr *a)
 	times_now(o, &a->ctime_sec, &a->ctime_nsec);
 }
 
+static int time_before(int64_t sec, uint32_t nsec, int64_t than_sec, uint32_t than_nsec)
+{
+	return sec < than_sec || (sec == than_sec && nsec < than_nsec);
+}
+
 /* A directory whose entries changed. */
 static void touch_dir(const struct op *o, struct inode *dir)
 {
-	times_now(o, &dir->a.mtime_sec, &dir->a.mtime_nsec);
-	set_ctime(o, &dir->a);
+	struct stk_attr *a = &dir->a;
+
+	if (!o->chosen_time || time_before(a->mtime_sec, a->mtime_nsec, o->now_sec, o->now_nsec))
+		times_now(o, &a->mtime_sec, &a->mtime_nsec);
+	if (!o->chosen_time || time_before(a->ctime_sec, a->ctime_nsec, o->now_sec, o->now_nsec))
+		set_ctime(o, a);
 }
 
 static uint64_t blocks_of(uint64_t size)
@@ -461,29 +477,68 @@ static int dir_is_empty(struct op *o, uint64_t ino)
 	return rc;
 }
 
-/* Hands out the next inode number, from the counter in `sys`. */
-static int ino_alloc(struct op *o, uint64_t *ino)
+/* The inode counter in `sys`: the next number to hand out. */
+static int ino_next_get(struct op *o, uint64_t *next)
 {
 	MDB_val key = {sizeof(NEXT_INO_KEY) - 1, (void *)NEXT_INO_KEY}, val;
-	uint8_t buf[8];
 	struct stk_rbuf r;
-	struct stk_wbuf w;
 	int rc;
 
 	rc = mdb_get(o->txn, o->st->sys, &key, &val);
 	if (rc)
 		return rc == MDB_NOTFOUND ? -EIO : lmdb_err(rc, "read inode counter");
 	stk_rbuf_init(&r, val.mv_data, val.mv_size);
-	*ino = stk_get_u64(&r);
-	if (stk_rbuf_finish(&r) || *ino <= STK_ROOT_INO) {
+	*next = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r) || *next <= STK_ROOT_INO) {
 		stk_error("meta store: corrupt inode counter");
 		return -EIO;
 	}
+	return 0;
+}
+
+static int ino_next_put(struct op *o, uint64_t next)
+{
+	MDB_val key = {sizeof(NEXT_INO_KEY) - 1, (void *)NEXT_INO_KEY}, val;
+	uint8_t buf[8];
+	struct stk_wbuf w;
+
 	stk_wbuf_init(&w, buf, sizeof(buf));
-	stk_put_u64(&w, *ino + 1);
+	stk_put_u64(&w, next);
 	val.mv_size = w.len;
 	val.mv_data = buf;
 	return lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write inode counter");
+}
+
+/* Hands out the next inode number, from the counter in `sys`. */
+static int ino_alloc(struct op *o, uint64_t *ino)
+{
+	int rc = ino_next_get(o, ino);
+
+	if (rc == 0 && *ino == UINT64_MAX)
+		rc = -ENOSPC; /* out of numbers: cannot happen by creating files */
+	return rc ? rc : ino_next_put(o, *ino + 1);
+}
+
+/*
+ * Takes number ino, which a caller chose among those it reserved: -EINVAL if the
+ * counter never handed it out (so inode_new could still give it to another file),
+ * -EEXIST if an inode has it.
+ */
+static int ino_claim(struct op *o, uint64_t ino)
+{
+	struct inode old;
+	uint64_t next;
+	int rc;
+
+	rc = ino_next_get(o, &next);
+	if (rc)
+		return rc;
+	if (ino <= STK_ROOT_INO || ino >= next)
+		return -EINVAL;
+	rc = inode_get(o, ino, &old);
+	if (rc == 0)
+		return -EEXIST;
+	return rc == -ENOENT ? 0 : rc;
 }
 
 /* ---- names and permissions ---- */
@@ -582,16 +637,23 @@ static int name_free(struct op *o, const struct inode *dir, const char *name)
 /* ---- new inodes and entries ---- */
 
 /*
- * Fills a new inode owned by the caller. A setgid directory passes on its group,
- * and its setgid bit to subdirectories; a non-root caller outside the resulting
- * group cannot make a setgid file.
+ * Fills a new inode owned by the caller, numbered ino (0: the next number; else
+ * one ino_claim accepts). A setgid directory passes on its group, and its setgid
+ * bit to subdirectories; a non-root caller outside the resulting group cannot make
+ * a setgid file.
  */
-static int inode_new(struct op *o, const struct inode *dir, uint32_t mode, struct inode *n)
+static int inode_new(struct op *o, const struct inode *dir, uint32_t mode, uint64_t ino,
+		     struct inode *n)
 {
 	int rc;
 
 	memset(n, 0, sizeof(*n));
-	rc = ino_alloc(o, &n->a.ino);
+	if (ino) {
+		rc = ino_claim(o, ino);
+		n->a.ino = ino;
+	} else {
+		rc = ino_alloc(o, &n->a.ino);
+	}
 	if (rc)
 		return rc;
 	n->a.uid = o->cred->uid;
@@ -658,10 +720,7 @@ static int inode_unref(struct op *o, struct inode *n)
 
 static int root_create(struct op *o)
 {
-	MDB_val key = {sizeof(NEXT_INO_KEY) - 1, (void *)NEXT_INO_KEY}, val;
 	struct inode root;
-	uint8_t buf[8];
-	struct stk_wbuf w;
 	int rc;
 
 	memset(&root, 0, sizeof(root));
@@ -677,13 +736,7 @@ static int root_create(struct op *o)
 	set_ctime(o, &root.a);
 	root.parent = STK_ROOT_INO;
 	rc = inode_put(o, &root);
-	if (rc)
-		return rc;
-	stk_wbuf_init(&w, buf, sizeof(buf));
-	stk_put_u64(&w, STK_ROOT_INO + 1);
-	val.mv_size = w.len;
-	val.mv_data = buf;
-	return lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write inode counter");
+	return rc ? rc : ino_next_put(o, STK_ROOT_INO + 1);
 }
 
 /* Opens the tables and makes the root directory of a new store. */
@@ -1267,10 +1320,11 @@ static int create_existing(struct op *o, const struct inode *dir, const char *na
 	return S_ISDIR(n->a.mode) ? -EISDIR : 0;
 }
 
-int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
-			  const char *name, uint32_t mode, uint32_t flags,
-			  const struct stk_layout *layout, const struct stk_meta_placement *pl,
-			  struct stk_attr *out, int *created)
+int stk_meta_store_create_as(struct stk_meta_store *st, const struct stk_cred *cred,
+			     uint64_t parent, const char *name, uint32_t mode, uint32_t flags,
+			     const struct stk_layout *layout, const struct stk_meta_placement *pl,
+			     const struct stk_meta_create_as *as, struct stk_attr *out,
+			     int *created)
 {
 	struct inode dir, n;
 	int made = 0, rc;
@@ -1285,9 +1339,17 @@ int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred
 	if (layout && !layout_is_zero(layout) &&
 	    (stk_layout_check(layout) || layout->nchains > pl->nchains))
 		return -EINVAL;
+	if (as && as->time_nsec >= 1000000000u)
+		return -EINVAL;
 	rc = op_begin(&o, st, cred, 0);
 	if (rc)
 		return rc;
+	if (as && (as->time_sec || as->time_nsec)) {
+		/* The file's times and its folder's (never backwards) are the client's. */
+		o.now_sec = as->time_sec;
+		o.now_nsec = as->time_nsec;
+		o.chosen_time = 1;
+	}
 	rc = dir_get(&o, parent, MAY_X, &dir);
 	if (rc)
 		goto out;
@@ -1299,7 +1361,7 @@ int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred
 	if (rc == 0)
 		rc = may(&o, &dir.a, MAY_W | MAY_X);
 	if (rc == 0)
-		rc = inode_new(&o, &dir, S_IFREG | (mode & 07777), &n);
+		rc = inode_new(&o, &dir, S_IFREG | (mode & 07777), as ? as->ino : 0, &n);
 	if (rc == 0)
 		rc = layout_choose(&o, n.a.ino, layout, pl, &n.a.layout);
 	if (rc == 0) {
@@ -1312,6 +1374,38 @@ out:
 		*out = n.a;
 		*created = made;
 	}
+	return rc;
+}
+
+int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, uint32_t mode, uint32_t flags,
+			  const struct stk_layout *layout, const struct stk_meta_placement *pl,
+			  struct stk_attr *out, int *created)
+{
+	return stk_meta_store_create_as(st, cred, parent, name, mode, flags, layout, pl, NULL, out,
+					created);
+}
+
+int stk_meta_store_reserve_inos(struct stk_meta_store *st, uint32_t count, uint64_t *first)
+{
+	static const struct stk_cred root_cred;
+	uint64_t next = 0;
+	struct op o;
+	int rc;
+
+	if (count == 0)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = ino_next_get(&o, &next);
+	if (rc == 0 && next > UINT64_MAX - count)
+		rc = -ENOSPC;
+	if (rc == 0)
+		rc = ino_next_put(&o, next + count);
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*first = next;
 	return rc;
 }
 
@@ -1340,7 +1434,7 @@ static int new_entry_begin(struct op *o, struct stk_meta_store *st, const struct
 	if (rc == 0)
 		rc = may(o, &dir->a, MAY_W | MAY_X);
 	if (rc == 0)
-		rc = inode_new(o, dir, mode, n);
+		rc = inode_new(o, dir, mode, 0, n);
 	*step = rc;
 	return 0;
 }
@@ -1462,8 +1556,8 @@ static int victim_get(struct op *o, uint64_t parent, const char *name, struct in
 	return rc;
 }
 
-int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
-			  const char *name, struct stk_attr *out)
+int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t parent, const char *name, uint64_t ino, struct stk_attr *out)
 {
 	struct inode dir, n;
 	struct op o;
@@ -1476,6 +1570,8 @@ int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred
 	if (rc)
 		return rc;
 	rc = victim_get(&o, parent, name, &dir, &n);
+	if (rc == 0 && ino && n.a.ino != ino)
+		rc = -ENOENT;
 	if (rc == 0 && S_ISDIR(n.a.mode))
 		rc = -EISDIR;
 	if (rc == 0)
@@ -1490,6 +1586,12 @@ int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred
 	if (rc == 0)
 		*out = n.a;
 	return rc;
+}
+
+int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, struct stk_attr *out)
+{
+	return stk_meta_store_unlink_ino(st, cred, parent, name, 0, out);
 }
 
 int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,

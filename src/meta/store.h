@@ -17,7 +17,8 @@
  *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
  *   links     u64 ino -> symlink target bytes
  *   xattrs    u64 ino, name bytes -> value bytes (extended attributes)
- *   sys       "next_ino" -> u64, the next inode number to hand out;
+ *   sys       "next_ino" -> u64, the next inode number to hand out (every
+ *             number below it was given to an inode or reserved by a client);
  *             "orphan" + u64 ino -> empty, for each orphan (see below)
  *
  * Readdir order is dentry key order, that is by name hash within a directory.
@@ -156,6 +157,40 @@ int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred
 			  const char *name, uint32_t mode, uint32_t flags,
 			  const struct stk_layout *layout, const struct stk_meta_placement *pl,
 			  struct stk_attr *out, int *created);
+
+/*
+ * What a client that answered a create itself (a delegated folder's holder,
+ * META_NAMES) already told its callers about the file: its number and its times.
+ */
+struct stk_meta_create_as {
+	uint64_t ino;	    /* 0: the next number, as stk_meta_store_create */
+	int64_t time_sec;   /* atime, mtime and ctime of the file; 0 and 0: now */
+	uint32_t time_nsec; /* below 1e9 (-EINVAL) */
+};
+
+/*
+ * stk_meta_store_create, but a new file (not an existing one found without
+ * STK_CREATE_EXCL) takes its number and times from *as (NULL: exactly
+ * stk_meta_store_create). as->ino must be a number stk_meta_store_reserve_inos
+ * handed out, else -EINVAL, that no inode has, else -EEXIST. With a time given,
+ * the parent's mtime and ctime become that time too, unless they are later
+ * already: a client's clock never moves a folder's times backwards. Every other
+ * rule (permissions, EXCL, the group of a setgid parent, mode bits, the layout,
+ * link counts) is stk_meta_store_create's.
+ */
+int stk_meta_store_create_as(struct stk_meta_store *st, const struct stk_cred *cred,
+			     uint64_t parent, const char *name, uint32_t mode, uint32_t flags,
+			     const struct stk_layout *layout, const struct stk_meta_placement *pl,
+			     const struct stk_meta_create_as *as, struct stk_attr *out,
+			     int *created);
+
+/*
+ * Reserves count (at least 1, else -EINVAL) inode numbers: *first is the first of
+ * [first, first + count), which no create gives out any more (only
+ * stk_meta_store_create_as, to a caller that names one). One write transaction;
+ * -ENOSPC when the numbers run out.
+ */
+int stk_meta_store_reserve_inos(struct stk_meta_store *st, uint32_t count, uint64_t *first);
 /*
  * Creates directory `name` with mode & 01777 (plus S_ISGID and the group of a
  * setgid parent). -EEXIST if the name exists; -EMLINK if parent has too many
@@ -171,6 +206,14 @@ int stk_meta_store_mkdir(struct stk_meta_store *st, const struct stk_cred *cred,
  */
 int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, struct stk_attr *out);
+/*
+ * stk_meta_store_unlink, but only if `name` holds inode ino (0: any): a name that
+ * holds another inode is -ENOENT and nothing changes (checked in the same
+ * transaction, after the search permission that finds it).
+ */
+int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t parent, const char *name, uint64_t ino,
+			      struct stk_attr *out);
 /* Removes an empty directory: -ENOTDIR, -ENOTEMPTY, sticky rule as unlink. */
 int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			 const char *name);

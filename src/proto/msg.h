@@ -161,13 +161,20 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	F(u64, session)
 #define STK_MSG_META_CREATE_RESP(F) \
 	F(attr, attr) F(u8, created) F(u8, opened) F(attr, dir) F(u8, leased)
-#define STK_MSG_META_MKDIR_REQ(F) F(cred, cred) F(u64, parent) F(name, name) F(u32, mode)
+/* flags: STK_MKDIR_DELEGATE asks for the new folder to be delegated to the origin. */
+#define STK_MSG_META_MKDIR_REQ(F) \
+	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags)
+#define STK_MKDIR_DELEGATE 0x1u
 /*
  * attr: the new folder. With an origin in the frame, leased 1 as for META_CREATE (the
  * name's entry and the new folder leased to it), and empty 1 when the folder had
- * no names when read under its lease; dir: the parent's attributes.
+ * no names when read under its lease; dir: the parent's attributes. delegated 1: the
+ * folder is delegated to the origin (meta/leases.h): until a revocation of it reaches
+ * the origin's watch, no one else reads or changes it, and the origin may answer
+ * creates and unlinks of files in it itself, sending them later with META_NAMES.
  */
-#define STK_MSG_META_MKDIR_RESP(F) F(attr, attr) F(u8, leased) F(u8, empty) F(attr, dir)
+#define STK_MSG_META_MKDIR_RESP(F) \
+	F(attr, attr) F(u8, leased) F(u8, empty) F(attr, dir) F(u8, delegated)
 #define STK_MSG_META_RENAME_REQ(F)                                                        \
 	F(cred, cred) F(u64, src_parent) F(name, src_name) F(u64, dst_parent)              \
 	F(name, dst_name) F(u32, flags)
@@ -232,6 +239,41 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_GETATTRS_REC(F) F(u64, ino)
 #define STK_MSG_ATTR_REC(F) F(u32, status) F(attr, attr)
 #define STK_GETATTRS_MAX 1024u
+/*
+ * META_INOS: count numbers reserved from first on, and the placement meta gives new
+ * files now (chunk_size, stripe, nchains as stk_layout_make takes them), so that
+ * the caller can lay its creates out itself.
+ */
+#define STK_MSG_META_INOS_REQ(F) F(u32, count)
+#define STK_MSG_META_INOS_RESP(F) \
+	F(u64, first) F(u32, count) F(u32, chunk_size) F(u32, stripe) F(u32, nchains)
+#define STK_INOS_MAX 65536u
+/*
+ * META_NAMES: n name_rec follow the request (n <= STK_NAMES_MAX), n name_res the
+ * reply. Each record is applied on its own, in order, as the origin's change (its
+ * leases stay, as for META_CREATE): a failed one fails alone.
+ *   op STK_NAME_CREATE: a regular file `name` in `parent` as META_CREATE with
+ *     STK_CREATE_EXCL would make it (permission bits mode & 07777, owner from cred,
+ *     the group of a setgid parent), but numbered `ino`, a number META_INOS
+ *     reserved, laid out as `layout` (which the client may have written data by:
+ *     one that fails stk_layout_check or names more chains than there are is
+ *     INVAL, never replaced), and with atime, mtime and ctime at time_sec/nsec
+ *     (what the client told its callers). A number already in use is EXIST.
+ *   op STK_NAME_UNLINK: META_UNLINK of `name` in `parent`; ino, when not 0, must be
+ *     the inode the name holds (else NOENT, nothing removed).
+ * name_res: the status of the record and, for a create, the new file's attributes;
+ * for an unlink, the inode's after it, with orphaned as META_UNLINK's (the caller
+ * removes the chunks of an inode left with nlink 0 and orphaned 0).
+ */
+#define STK_MSG_META_NAMES_REQ(F) F(u32, n)
+#define STK_MSG_META_NAMES_RESP(F) F(u32, n)
+#define STK_MSG_NAME_REC(F)                                                                \
+	F(u8, op) F(cred, cred) F(u64, parent) F(name, name) F(u64, ino) F(u32, mode)      \
+	F(i64, time_sec) F(u32, time_nsec) F(layout, layout)
+#define STK_MSG_NAME_RES(F) F(u32, status) F(attr, attr) F(u8, orphaned)
+#define STK_NAMES_MAX 256u
+#define STK_NAME_CREATE 1u
+#define STK_NAME_UNLINK 2u
 #define STK_MSG_OPEN_REF(F) F(u64, ino) F(u32, count) F(u8, flags)
 #define STK_CLOSES_MAX 1024u
 #define STK_REF_READ 1u
@@ -325,6 +367,12 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(meta_getattrs_resp, STK_MSG_META_GETATTRS_RESP)         \
 	X(getattrs_rec, STK_MSG_GETATTRS_REC)                     \
 	X(attr_rec, STK_MSG_ATTR_REC)                             \
+	X(meta_inos_req, STK_MSG_META_INOS_REQ)                   \
+	X(meta_inos_resp, STK_MSG_META_INOS_RESP)                 \
+	X(meta_names_req, STK_MSG_META_NAMES_REQ)                 \
+	X(meta_names_resp, STK_MSG_META_NAMES_RESP)               \
+	X(name_rec, STK_MSG_NAME_REC)                             \
+	X(name_res, STK_MSG_NAME_RES)                             \
 	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \

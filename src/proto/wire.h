@@ -38,10 +38,11 @@
 /*
  * 2: META_CREATE and META_UNLINK replies carry the folder's attributes, META_OPEN's
  * reply the inode's, META_CLOSES. 3: cache leases (the header's origin, META_WATCH,
- * META_LOOKUP_CACHE, META_CREATE's `leased`). Daemons and clients of another version
+ * META_LOOKUP_CACHE, META_CREATE's `leased`). 4: delegated folders (META_MKDIR's flags
+ * and `delegated`, META_INOS, META_NAMES). Daemons and clients of another version
  * refuse each other's requests (NOTSUP) rather than misread them.
  */
-#define STK_WIRE_VERSION 3
+#define STK_WIRE_VERSION 4
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
@@ -151,6 +152,12 @@
 	 * attr_rec in the same order, each with its own status (NOENT for one gone). What  \
 	 * a mount's readdirplus asks for a listing's batch of names. */                    \
 	X(META_GETATTRS, 61, meta_getattrs_req, meta_getattrs_resp, "attributes of several inodes") \
+	/* Reserves `count` inode numbers (at most STK_INOS_MAX) for the caller's creates in \
+	 * META_NAMES: [first, first + count) is never given to another file. */              \
+	X(META_INOS, 62, meta_inos_req, meta_inos_resp, "reserve inode numbers")              \
+	/* A delegated folder's holder sends what it answered itself: n name_rec follow the \
+	 * request, n name_res the reply, in order, each applied alone (msg.h). */            \
+	X(META_NAMES, 63, meta_names_req, meta_names_resp, "apply a client's creates and unlinks") \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \

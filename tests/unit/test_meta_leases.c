@@ -6,7 +6,13 @@
  * than its trust plus the margin, and is then reset (its next watch says so, under
  * a new id, and its old leases are gone); no lease is granted on an inode while a
  * change to it is being made; an ended session's holder is waited for no more; a
- * watch with nothing to deliver returns after its wait.
+ * watch with nothing to deliver returns after its wait. Delegations: a folder is
+ * delegated to one holder only, and no other gets a lease on it; a read or change
+ * by anyone else recalls it (queued for the holder, waited for until it
+ * acknowledges, even without a lease of the holder on it), every reader of it
+ * waiting for the same record; the holder's own reads and changes keep it; reads
+ * recall nothing but delegations; delegations go with their folder and with their
+ * holder's session.
  *
  * Exit status: 0 pass, 1 fail.
  */
@@ -73,6 +79,161 @@ static void *watch_loop(void *arg)
 static double since(uint64_t t0)
 {
 	return (double)(stk_now_ns() - t0) / 1e9;
+}
+
+static int seen(struct watcher *w, uint64_t ino)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&w->mu);
+	for (uint32_t i = 0; i < w->nseen; i++)
+		found |= w->seen[i] == ino;
+	pthread_mutex_unlock(&w->mu);
+	return found;
+}
+
+/* A recall in a thread of its own: what it returned, and when it did. */
+struct recaller {
+	struct stk_meta_leases *l;
+	uint32_t requester;
+	uint64_t ino;
+	int rc, done;
+};
+
+static void *recall_main(void *arg)
+{
+	struct recaller *r = arg;
+
+	r->rc = stk_meta_leases_recall(r->l, r->requester, &r->ino, 1);
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static void test_delegations(struct stk_meta_leases *l)
+{
+	struct watcher c = {.l = l, .session = 0xc}, d = {.l = l, .session = 0xd};
+	struct stk_meta_leases_stats st0, st;
+	struct recaller r1, r2;
+	pthread_t tc, t1, t2;
+	uint64_t t0;
+
+	pthread_mutex_init(&c.mu, NULL);
+	pthread_mutex_init(&d.mu, NULL);
+	CHECK(watch(&c, 0) == 0 && watch(&d, 0) == 0);
+	stk_meta_leases_stats(l, &st0);
+	CHECK(st0.delegations == 0);
+
+	/* nothing delegated: a recall returns at once */
+	t0 = stk_now_ns();
+	CHECK(stk_meta_leases_recall(l, 0, &(uint64_t){100}, 1) == 0);
+	CHECK(since(t0) < 0.05);
+
+	/* one holder per folder; no holder, no delegation */
+	CHECK(stk_meta_leases_grant(l, c.holder, 100) == 1);
+	CHECK(stk_meta_leases_delegate(l, c.holder, 100) == 1);
+	CHECK(stk_meta_leases_delegate(l, c.holder, 100) == 1); /* again: still its */
+	CHECK(stk_meta_leases_delegate(l, d.holder, 100) == 0);
+	CHECK(stk_meta_leases_delegate(l, 12345, 101) == 0);
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 1);
+	/* no one else gets a lease on it; its holder does */
+	CHECK(stk_meta_leases_grant(l, d.holder, 100) == 0);
+	CHECK(stk_meta_leases_grant(l, c.holder, 100) == 1);
+	/* not delegated where another holder has a lease, nor while a change is made */
+	CHECK(stk_meta_leases_grant(l, d.holder, 102) == 1);
+	CHECK(stk_meta_leases_delegate(l, c.holder, 102) == 0);
+	stk_meta_leases_begin(l, 0, &(uint64_t){103}, 1);
+	CHECK(stk_meta_leases_delegate(l, c.holder, 103) == 0);
+	stk_meta_leases_end(l, &(uint64_t){103}, 1);
+
+	/* the holder's own reads and changes keep it, and queue nothing */
+	t0 = stk_now_ns();
+	CHECK(stk_meta_leases_recall(l, c.holder, &(uint64_t){100}, 1) == 0);
+	stk_meta_leases_begin(l, c.holder, &(uint64_t){100}, 1);
+	stk_meta_leases_end(l, &(uint64_t){100}, 1);
+	CHECK(since(t0) < 0.05);
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 1 && st.recalls == st0.recalls);
+	CHECK(watch(&c, 0) == 0 && c.nseen == 0);
+
+	/* a read by someone else recalls it: c is told, and acknowledges, before it returns */
+	pthread_create(&tc, NULL, watch_loop, &c);
+	t0 = stk_now_ns();
+	CHECK(stk_meta_leases_recall(l, d.holder, &(uint64_t){100}, 1) == 1);
+	CHECK(seen(&c, 100));
+	CHECK(since(t0) < 1.0);
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 0 && st.recalls == st0.recalls + 1);
+	/* gone: the next read does not wait, and d may lease it now */
+	CHECK(stk_meta_leases_recall(l, d.holder, &(uint64_t){100}, 1) == 0);
+	CHECK(stk_meta_leases_grant(l, d.holder, 100) == 1);
+
+	/* a read recalls delegations only: c's lease on 104 stays, unrevoked */
+	CHECK(stk_meta_leases_grant(l, c.holder, 104) == 1);
+	CHECK(stk_meta_leases_recall(l, 0, (uint64_t[]){104, 105}, 2) == 0);
+	CHECK(!seen(&c, 104));
+
+	/* a change by another origin recalls a delegation with no lease of its holder on it */
+	CHECK(stk_meta_leases_delegate(l, c.holder, 200) == 1);
+	t0 = stk_now_ns();
+	stk_meta_leases_begin(l, d.holder, &(uint64_t){200}, 1);
+	CHECK(seen(&c, 200));
+	CHECK(since(t0) < 1.0);
+	stk_meta_leases_end(l, &(uint64_t){200}, 1);
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 0 && st.recalls == st0.recalls + 2);
+	__atomic_store_n(&c.stop, 1, __ATOMIC_RELEASE);
+	pthread_join(tc, NULL);
+	c.stop = 0;
+
+	/*
+	 * While c has not acknowledged a recall, every other reader waits for the same
+	 * record: a second recall finds the folder being recalled, and returns with
+	 * the first once c acknowledges.
+	 */
+	CHECK(stk_meta_leases_delegate(l, c.holder, 300) == 1);
+	r1 = (struct recaller){.l = l, .requester = d.holder, .ino = 300};
+	r2 = (struct recaller){.l = l, .requester = 0, .ino = 300};
+	pthread_create(&t1, NULL, recall_main, &r1);
+	usleep(100 * 1000);
+	pthread_create(&t2, NULL, recall_main, &r2);
+	usleep(100 * 1000);
+	CHECK(!__atomic_load_n(&r1.done, __ATOMIC_ACQUIRE));
+	CHECK(!__atomic_load_n(&r2.done, __ATOMIC_ACQUIRE));
+	c.nseen = 0;
+	CHECK(watch(&c, 0) == 0 && c.nseen == 1 && c.seen[0] == 300); /* delivered, not acked */
+	usleep(50 * 1000);
+	CHECK(!__atomic_load_n(&r1.done, __ATOMIC_ACQUIRE));
+	CHECK(watch(&c, 0) == 0); /* acknowledged */
+	pthread_join(t1, NULL);
+	pthread_join(t2, NULL);
+	CHECK(r1.rc == 1 && r2.rc == 1);
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 0 && st.recalls == st0.recalls + 3); /* one recall, two readers */
+
+	/* a folder gone takes its delegation with it, nothing recalled */
+	CHECK(stk_meta_leases_delegate(l, c.holder, 310) == 1);
+	stk_meta_leases_undelegate(l, 310);
+	stk_meta_leases_undelegate(l, 311); /* never delegated: nothing */
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 0 && st.recalls == st0.recalls + 3);
+	CHECK(stk_meta_leases_recall(l, d.holder, &(uint64_t){310}, 1) == 0);
+
+	/* a holder's delegations end with its session */
+	CHECK(stk_meta_leases_delegate(l, c.holder, 400) == 1);
+	CHECK(stk_meta_leases_delegate(l, c.holder, 401) == 1);
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 2);
+	stk_meta_leases_end_session(l, c.session);
+	stk_meta_leases_stats(l, &st);
+	CHECK(st.delegations == 0);
+	t0 = stk_now_ns();
+	CHECK(stk_meta_leases_recall(l, d.holder, (uint64_t[]){400, 401}, 2) == 0);
+	stk_meta_leases_begin(l, d.holder, &(uint64_t){401}, 1);
+	stk_meta_leases_end(l, &(uint64_t){401}, 1);
+	CHECK(since(t0) < 0.05);
+	CHECK(stk_meta_leases_delegate(l, c.holder, 402) == 0); /* its holder is gone */
+	stk_meta_leases_end_session(l, d.session);
 }
 
 int main(void)
@@ -172,6 +333,8 @@ int main(void)
 	CHECK(since(t0) < 0.05);
 	stk_meta_leases_stats(l, &st);
 	CHECK(st.holders == 1);
+
+	test_delegations(l);
 
 	stk_meta_leases_destroy(l);
 	if (failures) {

@@ -3,8 +3,9 @@
  * network: every operation and the errors store.h promises, directory link
  * counts, rename's POSIX cases, permission checks for non-root callers,
  * readdir over 20,000 entries with entries removed in the middle of the listing,
- * concurrent creates from several threads, and a reopen that must find
- * everything again.
+ * concurrent creates from several threads, reserved inode numbers and creates that
+ * name one (a delegated folder's names), and a reopen that must find everything
+ * again.
  *
  * Exit status: 0 pass, 1 fail, 77 skip (no temporary folder).
  */
@@ -926,7 +927,7 @@ static int same_attr(const struct stk_attr *x, const struct stk_attr *y)
 	       memcmp(&x->layout, &y->layout, sizeof(x->layout)) == 0;
 }
 
-static void test_reopen(uint64_t big, struct listing *l)
+static void test_reopen(uint64_t big, struct listing *l, uint64_t reserved)
 {
 	uint64_t files0, files1, max_ino = 0, n;
 	struct stk_attr root0, big0, lay0, a;
@@ -957,10 +958,135 @@ static void test_reopen(uint64_t big, struct listing *l)
 	CHECK_RC(stk_meta_store_statfs(st, &files1), 0);
 	CHECK(files1 == files0);
 	n = create_as(&ROOT, cr, "after_reopen");
-	CHECK(n > max_ino);
+	CHECK(n > max_ino && n >= reserved); /* reservations are persisted */
 	memset(l, 0, sizeof(*l));
 	big_list_rest(big, 0, l);
 	CHECK(l->bad == 0 && l->added[0] == 1 && l->added[BIG_ADDED - 1] == 1);
+}
+
+/*
+ * What a delegated folder's holder sends (META_INOS, META_NAMES): numbers reserved
+ * are never allocated; a create names one of them and its times; an unlink names
+ * the inode it expects. Returns the end of the last reservation, for test_reopen.
+ */
+static uint64_t test_reserved_inos(void)
+{
+	struct stk_meta_create_as as = {0};
+	struct stk_attr a, dir0, dir1;
+	uint64_t d, first = 0, second = 0, plain, sg;
+	int created = 0;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "deleg", 0777);
+	CHECK_RC(stk_meta_store_reserve_inos(st, 0, &first), -EINVAL);
+	CHECK_RC(stk_meta_store_reserve_inos(st, 10, &first), 0);
+	CHECK(first > d);
+	CHECK_RC(stk_meta_store_reserve_inos(st, 5, &second), 0);
+	CHECK(second == first + 10);
+	/* an ordinary create skips every reserved number */
+	plain = create_as(&ROOT, d, "plain");
+	CHECK(plain >= second + 5);
+
+	/* a reserved number, with the client's times: older than the folder's */
+	dir0 = attr_of(d);
+	as.ino = first + 3;
+	as.time_sec = 1000000;
+	as.time_nsec = 5;
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_create_as(st, &ALICE, d, "mine", 0640, STK_CREATE_EXCL, NULL, &PL4,
+					  &as, &a, &created),
+		 0);
+	CHECK(created == 1 && a.ino == first + 3 && a.nlink == 1);
+	CHECK(a.mode == (S_IFREG | 0640) && a.uid == ALICE.uid && a.gid == ALICE.gid);
+	CHECK(a.atime_sec == 1000000 && a.atime_nsec == 5);
+	CHECK(a.mtime_sec == 1000000 && a.mtime_nsec == 5);
+	CHECK(a.ctime_sec == 1000000 && a.ctime_nsec == 5);
+	CHECK(a.layout.nchains == 4 && a.layout.stripe == 4);
+	CHECK(ino_of(d, "mine") == first + 3);
+	a = attr_of(first + 3);
+	CHECK(a.mtime_sec == 1000000 && a.ctime_sec == 1000000);
+	/* the folder's times do not go back to the client's */
+	dir1 = attr_of(d);
+	CHECK(dir1.mtime_sec == dir0.mtime_sec && dir1.mtime_nsec == dir0.mtime_nsec);
+	CHECK(dir1.ctime_sec == dir0.ctime_sec && dir1.ctime_nsec == dir0.ctime_nsec);
+	CHECK(dir1.nlink == dir0.nlink);
+
+	/* a later time than the folder's becomes the folder's too */
+	as.ino = first + 4;
+	as.time_sec = dir0.mtime_sec + 1000;
+	as.time_nsec = 7;
+	CHECK_RC(stk_meta_store_create_as(st, &ROOT, d, "later", 0644, STK_CREATE_EXCL, NULL, &PL4,
+					  &as, &a, &created),
+		 0);
+	dir1 = attr_of(d);
+	CHECK(dir1.mtime_sec == as.time_sec && dir1.mtime_nsec == 7);
+	CHECK(dir1.ctime_sec == as.time_sec && dir1.ctime_nsec == 7);
+
+	/* a number in use, one never reserved, the root's, a taken name, bad nanoseconds */
+	{
+		const struct {
+			uint64_t ino;
+			uint32_t nsec;
+			const char *name;
+			int rc;
+		} bad[] = {
+		    {first + 3, 0, "again", -EEXIST},		/* a number in use */
+		    {plain, 0, "again", -EEXIST},		/* one meta gave out itself */
+		    {plain + 1000, 0, "again", -EINVAL},	/* never reserved */
+		    {STK_ROOT_INO, 0, "again", -EINVAL},	/* the root's */
+		    {first + 5, 0, "mine", -EEXIST},		/* a taken name */
+		    {first + 5, 1000000000u, "again", -EINVAL}, /* bad nanoseconds */
+		};
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			as.ino = bad[i].ino;
+			as.time_sec = bad[i].nsec ? 1 : 0;
+			as.time_nsec = bad[i].nsec;
+			CHECK_RC(stk_meta_store_create_as(st, &ROOT, d, bad[i].name, 0644,
+							  STK_CREATE_EXCL, NULL, &PL4, &as, &a,
+							  &created),
+				 bad[i].rc);
+		}
+	}
+	CHECK(ino_of(d, "again") == 0);
+	/* no time: now, as an ordinary create */
+	as.time_sec = 0;
+	as.time_nsec = 0;
+	CHECK_RC(stk_meta_store_create_as(st, &ROOT, d, "now", 0644, STK_CREATE_EXCL, NULL, &PL4,
+					  &as, &a, &created),
+		 0);
+	CHECK(a.ino == first + 5 && a.mtime_sec >= dir0.mtime_sec);
+	/* the permission checks of a create: BOB may not write in a 0755 folder */
+	sg = mkdir_as(&ROOT, d, "sg", 0755);
+	as.ino = first + 6;
+	CHECK_RC(stk_meta_store_create_as(st, &BOB, sg, "x", 0644, STK_CREATE_EXCL, NULL, &PL4, &as,
+					  &a, &created),
+		 -EACCES);
+	/* and the group of a setgid folder */
+	{
+		struct stk_meta_sattr sa = {.mode = 02777, .gid = 4000};
+
+		CHECK_RC(setattr_as(&ROOT, sg, STK_SETATTR_MODE | STK_SETATTR_GID, sa), 0);
+	}
+	CHECK_RC(stk_meta_store_create_as(st, &BOB, sg, "x", 02644, STK_CREATE_EXCL, NULL, &PL4,
+					  &as, &a, &created),
+		 0);
+	CHECK(a.ino == first + 6 && a.gid == 4000 && a.uid == BOB.uid && !(a.mode & S_ISGID));
+	/* the number went to one file only: asking again is EEXIST */
+	CHECK_RC(stk_meta_store_create_as(st, &BOB, sg, "y", 0644, STK_CREATE_EXCL, NULL, &PL4, &as,
+					  &a, &created),
+		 -EEXIST);
+
+	/* an unlink that names the inode it expects */
+	CHECK_RC(stk_meta_store_unlink_ino(st, &ROOT, d, "mine", first + 4, &a), -ENOENT);
+	CHECK(ino_of(d, "mine") == first + 3);
+	CHECK_RC(stk_meta_store_unlink_ino(st, &ROOT, d, "mine", first + 3, &a), 0);
+	CHECK(a.ino == first + 3 && a.nlink == 0);
+	CHECK(ino_of(d, "mine") == 0);
+	CHECK_RC(stk_meta_store_unlink_ino(st, &ROOT, d, "later", 0, &a), 0);
+	CHECK_RC(stk_meta_store_unlink_ino(st, &ROOT, d, "gone", first + 4, &a), -ENOENT);
+	/* a number whose file is gone is still not handed out by an ordinary create */
+	CHECK(create_as(&ROOT, d, "plain2") > plain);
+	return second + 5;
 }
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -1056,7 +1182,7 @@ static void test_xattrs(void)
 int main(void)
 {
 	static struct listing listing;
-	uint64_t big = 0;
+	uint64_t big = 0, reserved;
 
 	if (!mkdtemp(tmpdir)) {
 		perror("mkdtemp");
@@ -1081,9 +1207,10 @@ int main(void)
 	test_permissions();
 	test_readdir_small();
 	test_xattrs();
+	reserved = test_reserved_inos();
 	test_readdir_big(&listing, &big);
 	test_threads();
-	test_reopen(big, &listing);
+	test_reopen(big, &listing, reserved);
 	if (st)
 		stk_meta_store_close(st);
 	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
