@@ -10,6 +10,7 @@
  * comes back within that window is invisible to the program using it.
  */
 #include "client.h"
+#include "behind.h"
 #include "lcache.h"
 #include "session.h"
 
@@ -175,7 +176,8 @@ void stk_disconnect(stk_client *c)
 {
 	if (!c)
 		return;
-	stk_reaper_destroy(c); /* first: it removes what is queued, over the pool */
+	stk_behind_destroy(c); /* first: what it answered goes to meta, and its unlinks' chunks */
+	stk_reaper_destroy(c); /* then: it removes what is queued, over the pool */
 	stk_lcache_stop(c);
 	stk_session_end(c); /* then: it still talks to meta; wakes the parked watch */
 	stk_lcache_destroy(c);
@@ -205,6 +207,7 @@ void stk_after_fork(stk_client *c)
 	pthread_mutex_init(&c->local_lock, NULL);
 	stk_session_after_fork(c);
 	stk_reaper_after_fork(c);
+	stk_behind_after_fork(c);
 	stk_lcache_after_fork(c);
 }
 
@@ -286,6 +289,12 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 	unsigned backoff_ms = 20;
 	char addr[STK_ADDR_MAX];
 	int rc;
+
+	/* Meta sees this client's calls in order: what was answered here goes first. */
+	if (opcode != STK_OP_META_NAMES && opcode != STK_OP_META_INOS &&
+	    opcode != STK_OP_META_WATCH && opcode != STK_OP_META_SESSION &&
+	    opcode != STK_OP_META_SESSION_END && stk_behind_queued(c))
+		stk_behind_send(c);
 
 	for (;;) {
 		struct stk_conn *conn = NULL;

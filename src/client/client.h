@@ -55,6 +55,7 @@ struct stk_client {
 	struct stk_session *sess; /* the session with meta (session.c) */
 	struct stk_reaper *reaper; /* background removal of gone files' chunks (reaper.c) */
 	struct stk_lcache *lc; /* the lookup cache (lcache.c), NULL when off */
+	struct stk_behind *behind; /* write-behind of names (behind.c), NULL when off */
 };
 
 /* "stk://HOST:PORT[/...]" or "HOST:PORT" to "HOST:PORT". 0 or -EINVAL. */

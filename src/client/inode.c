@@ -294,10 +294,13 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	if (rc)
 		return rc;
 	m.mode = (mode & 07777) | S_IFDIR;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_mkdir_req_enc(&w, &m);
 	/* As in create_call; a new folder is empty, so its names are all known here. */
 	tok = stk_lcache_begin_change(c, parent, m.name, 0);
+	/* ... and with write-behind on, its creates and unlinks may be answered here. */
+	if (tok.holder && c->behind)
+		m.flags = STK_MKDIR_DELEGATE;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_mkdir_req_enc(&w, &m);
 	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_MKDIR, req, w.len, resp,
 				       sizeof(resp), &rlen);
 	if (rc == 0) {
@@ -309,7 +312,7 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	if (rc)
 		return rc;
 	if (rm.leased && rm.empty)
-		stk_lcache_complete(c, tok, &rm.attr);
+		stk_lcache_complete(c, tok, &rm.attr, rm.delegated);
 	if (out)
 		*out = rm.attr;
 	return 0;

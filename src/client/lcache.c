@@ -30,6 +30,7 @@
 #include "../meta/leases.h"
 #include "../net/net.h"
 #include "../proto/wire.h"
+#include "behind.h"
 #include "client.h"
 #include "session.h"
 
@@ -49,6 +50,8 @@
 #define WATCH_WAIT_MS 500u
 #define TRUST_NS ((STK_LEASE_VALID_MS - 100ull) * 1000000ull)
 #define KEEP_NS ((STK_LEASE_GRANT_MS - 1000ull) * 1000000ull)
+/* What is answered in a delegated folder reaches meta well within this (behind.c). */
+#define BEHIND_MARGIN_NS (500ull * 1000000ull)
 
 struct lc_ent {
 	uint64_t parent;
@@ -71,6 +74,8 @@ struct lc_dir {
 	 * LC_LOST_MAX of them the folder is no longer complete. */
 	uint64_t lost[LC_LOST_BITS / 64];
 	uint32_t nlost;
+	/* Delegated to this client (behind.h): its creates and unlinks may be answered here. */
+	uint8_t delegated;
 };
 
 struct stk_lcache {
@@ -551,7 +556,8 @@ void stk_lcache_changed(stk_client *c, struct stk_lcache_tok tok, uint64_t paren
 	pthread_mutex_unlock(&l->mu);
 }
 
-void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct stk_attr *dir)
+void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct stk_attr *dir,
+			 int delegated)
 {
 	struct stk_lcache *l = c->lc;
 	struct lc_dir *d;
@@ -571,7 +577,115 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		d->gid = dir->gid;
 		memset(d->lost, 0, sizeof(d->lost));
 		d->nlost = 0;
+		d->delegated = (uint8_t)(delegated != 0);
 	}
+	pthread_mutex_unlock(&l->mu);
+}
+
+/*
+ * With the mutex: parent's record if it is complete and delegated here, trusted for
+ * long enough that what is answered now reaches meta before the trust ends, and no
+ * change of this client's to its `name` is in flight.
+ */
+static struct lc_dir *dir_delegated(struct stk_lcache *l, uint64_t parent, const char *name,
+				    uint64_t now)
+{
+	struct lc_dir *d;
+
+	if (l->off || now + BEHIND_MARGIN_NS >= l->trust_until_ns ||
+	    pending(l, LOG_NAME | set_of(parent, name)))
+		return NULL;
+	d = dir_complete(l, parent, now);
+	return d && d->delegated && now + BEHIND_MARGIN_NS < d->expires_ns ? d : NULL;
+}
+
+int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uint32_t *dmode,
+			   uint32_t *dgid)
+{
+	struct stk_lcache *l = c->lc;
+	struct lc_dir *d;
+	struct lc_ent *e;
+	uint64_t now;
+	int ok = 0;
+
+	if (!l || !cacheable(name))
+		return 0;
+	now = stk_now_ns();
+	pthread_mutex_lock(&l->mu);
+	d = dir_delegated(l, parent, name, now);
+	if (d && !dir_maybe_lost(d, parent, name)) {
+		e = ent_find(l, parent, name);
+		ok = !e || (!e->found && ent_valid(l, e, now));
+		*dmode = d->mode;
+		*dgid = d->gid;
+	}
+	pthread_mutex_unlock(&l->mu);
+	return ok;
+}
+
+void stk_lcache_behind_made(stk_client *c, uint64_t parent, const char *name,
+			    const struct stk_attr *attr)
+{
+	struct stk_lcache *l = c->lc;
+	uint64_t now = stk_now_ns();
+	struct lc_dir *d;
+	struct lc_ent *e;
+
+	pthread_mutex_lock(&l->mu);
+	/* Lookups of the name in flight lose their answers; the folder's times changed. */
+	forget_name(l, parent, name, 0);
+	d = dir_complete(l, parent, now);
+	if (d) {
+		e = ent_slot(l, parent, name, now);
+		e->used = 1;
+		e->parent = parent;
+		e->epoch = l->epoch;
+		e->expires_ns = d->expires_ns;
+		e->pgen = l->gen[gen_of(parent)];
+		e->found = 1;
+		e->attr = *attr;
+		e->cgen = l->gen[gen_of(attr->ino)];
+		e->agen = l->agen[agen_of(attr->ino)];
+		l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
+		e->dmode = d->mode;
+		e->duid = d->uid;
+		e->dgid = d->gid;
+		memcpy(e->name, name, strlen(name) + 1);
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
+int stk_lcache_behind_victim(stk_client *c, uint64_t parent, const char *name,
+			     struct stk_attr *out)
+{
+	struct stk_lcache *l = c->lc;
+	struct lc_ent *e;
+	uint64_t now;
+	int ok = 0;
+
+	if (!l || !cacheable(name))
+		return 0;
+	now = stk_now_ns();
+	pthread_mutex_lock(&l->mu);
+	if (dir_delegated(l, parent, name, now)) {
+		e = ent_find(l, parent, name);
+		ok = e && e->found && ent_valid(l, e, now) && S_ISREG(e->attr.mode) &&
+		     e->attr.nlink == 1 && !pending(l, gen_of(e->attr.ino));
+		if (ok)
+			*out = e->attr;
+	}
+	pthread_mutex_unlock(&l->mu);
+	return ok;
+}
+
+void stk_lcache_behind_gone(stk_client *c, uint64_t parent, const char *name, uint64_t ino)
+{
+	struct stk_lcache *l = c->lc;
+
+	pthread_mutex_lock(&l->mu);
+	/* Out of the table but not lost: the folder's names are all known still. */
+	forget_name(l, parent, name, 0);
+	bump(l, ino);
 	pthread_mutex_unlock(&l->mu);
 }
 
@@ -689,6 +803,8 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	stk_rbuf_init(&rb, resp, rpc.resp_len);
 	if (stk_msg_meta_watch_resp_dec(&rb, &r) || r.n > STK_WATCH_RECS_MAX)
 		return -EBADMSG;
+	/* No create or unlink is answered in a folder while its revocation lands. */
+	stk_behind_gate_close(c);
 	pthread_mutex_lock(&l->mu);
 	if (r.reset || r.holder != *holder)
 		drop_all(l);
@@ -698,6 +814,7 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 		if (stk_msg_watch_rec_dec(&rb, &rec)) {
 			drop_all(l); /* cut short: trust nothing */
 			pthread_mutex_unlock(&l->mu);
+			stk_behind_gate_open(c);
 			return -EBADMSG;
 		}
 		bump(l, rec.ino);
@@ -706,6 +823,7 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	if (stk_rbuf_finish(&rb)) {
 		drop_all(l);
 		pthread_mutex_unlock(&l->mu);
+		stk_behind_gate_open(c);
 		return -EBADMSG;
 	}
 	*acked = r.seq;
@@ -713,10 +831,14 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	l->holder = r.holder;
 	l->trust_until_ns = sent + TRUST_NS;
 	pthread_mutex_unlock(&l->mu);
-	/* Before the next watch acknowledges these: a change meta waits to make may
-	 * remove a file opened here on a lease, so meta must know of that open. */
-	if (r.n || r.reset)
+	stk_behind_gate_open(c);
+	/* Before the next watch acknowledges these: what was answered here in a
+	 * delegated folder goes to meta first (behind.h), and a change meta waits to
+	 * make may remove a file opened here on a lease, so meta must know of that open. */
+	if (r.n || r.reset) {
+		(void)stk_behind_flush(c);
 		stk_session_sync_opens(c);
+	}
 	return 0;
 }
 

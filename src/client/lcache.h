@@ -103,8 +103,24 @@ void stk_lcache_forget_name(stk_client *c, struct stk_lcache_tok tok, uint64_t p
  * was empty under a lease: every name in it is known here from now (lookups of
  * other names are answered "no such name" without meta) until anything about the
  * folder is revoked or forgotten, or one of its names goes from the cache.
+ * delegated: meta delegated it to this client too (behind.h).
  */
-void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct stk_attr *dir);
+void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct stk_attr *dir,
+			 int delegated);
+/*
+ * Write-behind (behind.h), under its gate. _free: 1 when parent is complete and
+ * delegated here and `name` is not in it (*dmode, *dgid: the folder's mode and
+ * group). _made: the new file is parent's `name` from now. _victim: 1 when parent
+ * is delegated here and `name` is a regular file with one link (*out). _gone: the
+ * name is no longer there (its folder stays complete).
+ */
+int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uint32_t *dmode,
+			   uint32_t *dgid);
+void stk_lcache_behind_made(stk_client *c, uint64_t parent, const char *name,
+			    const struct stk_attr *attr);
+int stk_lcache_behind_victim(stk_client *c, uint64_t parent, const char *name,
+			     struct stk_attr *out);
+void stk_lcache_behind_gone(stk_client *c, uint64_t parent, const char *name, uint64_t ino);
 /*
  * After this client changed inode ino's attributes (tok taken before the request):
  * forgets ino (lookups that raced with the change lose) and, at the same instant, puts attr (the

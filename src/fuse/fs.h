@@ -61,6 +61,7 @@ struct stk_fuse_opts {
 	int ro; /* read-only mount */
 	int nonempty; /* allow mounting over a non-empty folder */
 	int noatime; /* reads never move atime (default: relatime) */
+	int writebehind; /* creates and unlinks in delegated folders answered here (default on) */
 	int foreground; /* -f: no fork, log to stderr */
 	int debug; /* libfuse prints every request (with -f) */
 	char log[PATH_MAX]; /* daemon log file; "" = the runtime folder's */
@@ -116,6 +117,9 @@ struct stk_fuse_node {
 	uint64_t nocap_until;
 	uint64_t xattr_gen;
 	_Atomic int posix_locked; /* a POSIX lock was taken through this mount: flushes unlock */
+	/* Created here in a delegated folder (client/behind.h): its first write sends
+	 * the queue first, so that no byte reaches storage before meta has the file. */
+	_Atomic int behind;
 };
 
 struct stk_fuse_table {
@@ -144,6 +148,8 @@ int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const 
  */
 int stk_fuse_table_release(struct stk_fuse_table *t, struct stk_fuse_fh *fh,
 			   struct stk_attr *orphan);
+/* Whether any handle of Stoker inode ino is open through this mount. */
+int stk_fuse_table_is_open(struct stk_fuse_table *t, uint64_t ino);
 /*
  * Pins the node of inode ino, if this mount has it open, so that it stays while
  * the caller uses its shared handle without a file handle of its own (truncate

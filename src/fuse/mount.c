@@ -56,6 +56,7 @@ void stk_fuse_opts_default(struct stk_fuse_opts *o)
 	o->negative_timeout = 0.0;
 	o->readahead = 16u << 20;
 	o->uring = 1;
+	o->writebehind = 1;
 }
 
 /* ---- options ---- */
@@ -156,6 +157,10 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		o->noatime = 1;
 	else if (strcmp(key, "relatime") == 0)
 		o->noatime = 0;
+	else if (strcmp(key, "writebehind") == 0)
+		o->writebehind = 1;
+	else if (strcmp(key, "nowritebehind") == 0)
+		o->writebehind = 0;
 	else if (strcmp(key, "debug") == 0)
 		o->debug = 1;
 	else {

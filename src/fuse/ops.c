@@ -55,6 +55,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../client/behind.h"
 #include "../client/client.h"
 #include "../client/inode.h"
 #include "../client/lcache.h"
@@ -289,6 +290,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 	/* Here, in the process that serves the mount (not before it went to the background). */
 	if (stk_lcache_start(fs->c))
 		stk_warn("no lookup cache: every lookup goes to meta");
+	else if (fs->o.writebehind && !fs->o.ro && stk_behind_start(fs->c))
+		stk_warn("no write-behind: every create and unlink waits for meta");
 	if (fs->o.writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
 		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
 	else
@@ -584,15 +587,31 @@ static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	reply_entry(req, fs, &a);
 }
 
+/* Whether this mount has Stoker inode ino open (then an unlink goes through meta). */
+static int open_here(void *ctx, uint64_t ino)
+{
+	struct stk_fuse *fs = ctx;
+
+	return stk_fuse_table_is_open(&fs->tab, ino);
+}
+
 static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, ino_swap(fs, parent));
 	struct stk_attr after, dir;
 	struct stk_cred cr;
+	uint64_t gone;
 	int rc;
 
 	req_cred(req, &cr, 1);
+	/* In a folder delegated here, a file nobody here has open: answered here. */
+	if (stk_behind_unlink(fs->c, &cr, ino_swap(fs, parent), name, open_here, fs, &gone) == 0) {
+		stk_fuse_acache_drop(&fs->acache, ino_swap(fs, parent));
+		stk_fuse_acache_drop(&fs->acache, gone);
+		reply_err(req, 0);
+		return;
+	}
 	rc = stk_ino_unlink_keep(fs->c, &cr, ino_swap(fs, parent), name, &after, &dir);
 	stk_fuse_acache_forget_files(&fs->acache); /* a link count went down */
 	if (rc == 0) {
@@ -923,6 +942,27 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	int created = 0, rc;
 
 	req_cred(req, &cr, 1);
+	/* In a folder delegated here: answered here, meta told a moment later. */
+	if (stk_behind_create(fs->c, &cr, ino_swap(fs, parent), name, mode, &a) == 0) {
+		stk_fuse_acache_drop(&fs->acache, ino_swap(fs, parent));
+		/* The open reference as a leased open's: meta learns it after the create. */
+		if (!stk_session_open_cached(fs->c, a.ino, &dir))
+			rc = stk_session_open(fs->c, a.ino, NULL);
+		else
+			rc = 0;
+		created = 1;
+		if (rc >= 0 && open_fh(fs, &cr, &a, fi, created) == 0) {
+			atomic_store(&fh_of(fi)->node->behind, 1);
+			note_nocap(fs, fh_of(fi)->node, fh_of(fi)->node->xattr_gen);
+			fill_entry(fs, &a, &e);
+			if (fuse_reply_create(req, &e, fi))
+				release_fh(fs, fh_of(fi));
+			return;
+		}
+		/* The file exists here now: say so rather than make it again. */
+		reply_err(req, rc < 0 ? rc : -EIO);
+		return;
+	}
 	/* Registers the open reference of a regular file it returns, in the same call. */
 	rc = stk_ino_create_open(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777,
 				 !!(fi->flags & O_EXCL), &a, &created, &dir);
@@ -1011,6 +1051,16 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 		reply_err(req, -EBADF);
 		return;
 	}
+	/* A file created here: meta has it before any of its bytes reach storage. */
+	if (atomic_load(&fh->node->behind)) {
+		int rc = stk_behind_settle(fs_of(req)->c, fh->node->ino);
+
+		if (rc) {
+			reply_err(req, rc);
+			return;
+		}
+		atomic_store(&fh->node->behind, 0);
+	}
 	n = stk_pwrite(fh->node->wf, buf, size, off);
 	if (n < 0) {
 		reply_err(req, (int)n);
@@ -1036,7 +1086,18 @@ static void op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 
 static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-	reply_err(req, sync_fh(fs_of(req), fh_of(fi)));
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_fh *fh = fh_of(fi);
+	int rc, behind = 0;
+
+	/* A file created here (client/behind.h): its create is durable too. */
+	if (atomic_load(&fh->node->behind) || stk_behind_queued(fs->c)) {
+		behind = stk_behind_flush(fs->c);
+		if (!behind)
+			behind = stk_client_meta_call(fs->c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL);
+	}
+	rc = sync_fh(fs, fh);
+	reply_err(req, rc ? rc : behind);
 }
 
 static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len,
@@ -1321,8 +1382,12 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 {
 	struct stk_fuse *fs = fs_of(req);
 
-	/* Namespace changes are committed when they return; META_SYNC forces them to disk. */
-	reply_err(req, stk_client_meta_call(fs->c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL));
+	/* Namespace changes are committed when they return (those answered here once
+	 * sent: client/behind.h); META_SYNC forces them to disk. */
+	int behind = stk_behind_flush(fs->c);
+	int rc = stk_client_meta_call(fs->c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL);
+
+	reply_err(req, rc ? rc : behind);
 }
 
 /* ---- extended attributes (kept in meta, which checks the namespace rules) ---- */

@@ -176,6 +176,18 @@ int stk_fuse_table_release(struct stk_fuse_table *t, struct stk_fuse_fh *fh,
 	return last_orphan;
 }
 
+int stk_fuse_table_is_open(struct stk_fuse_table *t, uint64_t ino)
+{
+	struct stk_fuse_node *n;
+	int open;
+
+	pthread_mutex_lock(&t->lock);
+	n = find(t, ino);
+	open = n && n->nopen > 0;
+	pthread_mutex_unlock(&t->lock);
+	return open;
+}
+
 struct stk_fuse_node *stk_fuse_table_pin(struct stk_fuse_table *t, uint64_t ino)
 {
 	struct stk_fuse_node *n;

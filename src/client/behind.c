@@ -1,0 +1,532 @@
+/*
+ * Write-behind of names in delegated folders (behind.h says what it promises).
+ *
+ * The queue: records in the order they were answered, appended under `mu`. One
+ * sender at a time (`send_mu`) takes everything queued and sends it in batches of
+ * STK_NAMES_MAX, so records reach meta in order; whoever must see the queue at
+ * meta (a flush) takes `send_mu` after its records were queued, which it gets
+ * only once a sender that took them is done. The thread sends what gathered for
+ * GATHER_US after the first record, and keeps the reserve of inode numbers full.
+ *
+ * The gate: a create or unlink answered here holds it shared from its check of the
+ * folder to its record; the watch holds it exclusive while it applies revocations.
+ * So a revocation is either applied before a check (which then fails) or after
+ * the record is queued (which the watch's flush then sends before it acknowledges).
+ */
+#include "behind.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/layout.h"
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../proto/status.h"
+#include "../proto/wire.h"
+#include "client.h"
+#include "lcache.h"
+
+#define GATHER_US 1000u	  /* how long the thread lets records gather before it sends */
+#define QUEUE_MAX 8192u	  /* queued records past which answers here wait for the thread */
+#define INOS_GRAB 4096u	  /* inode numbers reserved at a time */
+#define INOS_LOW 1024u	  /* the thread reserves more below this many */
+#define RESP_CAP (256u << 10)
+#define PLACEMENT_RETRY_NS (100ull * 1000000ull)
+#define FAILED_KEEP 64u	  /* refused creates remembered for their files' first writes */
+
+struct inos {
+	uint64_t next, end; /* [next, end) reserved and unused */
+};
+
+struct stk_behind {
+	pthread_mutex_t mu;
+	pthread_cond_t wake; /* the thread: records queued, numbers low, stop */
+	pthread_cond_t room; /* answers waiting for the queue to shrink */
+	pthread_rwlock_t gate;
+	pthread_mutex_t send_mu; /* one sender at a time, in order */
+	struct stk_msg_name_rec *q;
+	unsigned n;
+	_Atomic unsigned queued; /* n, read without mu */
+	struct inos cur, spare;	 /* numbers used now, and the next reserve */
+	uint32_t chunk_size, stripe, nchains; /* meta's placement, with the last reserve */
+	int want_inos; /* the thread should reserve */
+	int no_inos;   /* meta cannot (an older one): nothing is answered here */
+	uint64_t asked_ns; /* when numbers were last asked for because of no placement */
+	int err;	/* the first refusal not yet reported */
+	uint64_t failed[FAILED_KEEP]; /* the last creates meta refused (stk_behind_settle) */
+	unsigned nfailed;
+	int stop;
+	pthread_t thr;
+	int have_thread;
+	struct stk_behind_stats st;
+	/* The sender's buffers (under send_mu). */
+	struct stk_msg_name_rec *batch;
+	uint8_t *req, *resp;
+	size_t req_cap;
+};
+
+/* ---- sending ---- */
+
+/* Meta's answer to one record, with send_mu. */
+static void settle(stk_client *c, struct stk_behind *b, const struct stk_msg_name_rec *m,
+		   const struct stk_msg_name_res *r)
+{
+	int rc = r->status ? stk_status_to_errno(r->status) : 0;
+
+	if (rc) {
+		stk_error("write-behind: meta refused the %s of '%s' in folder 0x%llx (inode 0x%llx): "
+			  "%s; the %s it was told about is undone",
+			  m->op == STK_NAME_CREATE ? "create" : "unlink", m->name,
+			  (unsigned long long)m->parent, (unsigned long long)m->ino, stk_strerror(rc),
+			  m->op == STK_NAME_CREATE ? "file the application" : "removal the application");
+		pthread_mutex_lock(&b->mu);
+		b->st.failed++;
+		if (!b->err)
+			b->err = -EIO;
+		if (m->op == STK_NAME_CREATE)
+			b->failed[b->nfailed++ % FAILED_KEEP] = m->ino;
+		pthread_mutex_unlock(&b->mu);
+		return;
+	}
+	/* A removed file nobody holds open: its chunks go, as after META_UNLINK. */
+	if (m->op == STK_NAME_UNLINK && r->attr.nlink == 0 && !r->orphaned && S_ISREG(r->attr.mode))
+		stk_client_remove_data(c, &r->attr);
+}
+
+/* Sends batch[0..n) as one META_NAMES, with send_mu. 0 or -errno (all unsent). */
+static int send_batch(stk_client *c, struct stk_behind *b, unsigned n)
+{
+	struct stk_msg_meta_names_req q = {.n = n};
+	struct stk_msg_meta_names_resp rr;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t rlen = 0;
+	int rc;
+
+	stk_wbuf_init(&w, b->req, b->req_cap);
+	stk_msg_meta_names_req_enc(&w, &q);
+	for (unsigned i = 0; i < n; i++)
+		stk_msg_name_rec_enc(&w, &b->batch[i]);
+	if (w.err)
+		return -EMSGSIZE;
+	rc = stk_client_meta_call_from(c, stk_lcache_origin(c), STK_OP_META_NAMES, b->req, w.len,
+				       b->resp, RESP_CAP, &rlen);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, b->resp, rlen);
+	if (stk_msg_meta_names_resp_dec(&r, &rr) || rr.n != n)
+		return -EPROTO;
+	for (unsigned i = 0; i < n; i++) {
+		struct stk_msg_name_res res;
+
+		if (stk_msg_name_res_dec(&r, &res))
+			return -EPROTO;
+		settle(c, b, &b->batch[i], &res);
+	}
+	pthread_mutex_lock(&b->mu);
+	b->st.batches++;
+	pthread_mutex_unlock(&b->mu);
+	return 0;
+}
+
+/*
+ * Sends everything queued, in order, with send_mu. A batch meta did not take (it is
+ * down) is tried again until the client's retries give up; then its records are
+ * lost, and said so.
+ */
+static void send_all(stk_client *c, struct stk_behind *b)
+{
+	for (;;) {
+		unsigned n;
+		int rc;
+
+		pthread_mutex_lock(&b->mu);
+		n = STK_MIN(b->n, STK_NAMES_MAX);
+		memcpy(b->batch, b->q, n * sizeof(*b->q));
+		pthread_mutex_unlock(&b->mu);
+		if (!n)
+			return;
+		rc = send_batch(c, b, n);
+		if (rc == -EIO || rc == -ENOTCONN) /* meta away past the retries: once more */
+			rc = send_batch(c, b, n);
+		if (rc) {
+			stk_error("write-behind: %u creates and unlinks could not reach meta: %s; "
+				  "they are lost",
+				  n, stk_strerror(rc));
+		}
+		pthread_mutex_lock(&b->mu);
+		if (rc) {
+			b->st.failed += n;
+			if (!b->err)
+				b->err = -EIO;
+			for (unsigned i = 0; i < n; i++)
+				if (b->batch[i].op == STK_NAME_CREATE)
+					b->failed[b->nfailed++ % FAILED_KEEP] = b->batch[i].ino;
+		}
+		memmove(b->q, b->q + n, (b->n - n) * sizeof(*b->q));
+		b->n -= n;
+		atomic_store(&b->queued, b->n);
+		pthread_cond_broadcast(&b->room);
+		pthread_mutex_unlock(&b->mu);
+	}
+}
+
+/* Reserves inode numbers into b->spare (the thread, without mu). */
+static void reserve(stk_client *c, struct stk_behind *b)
+{
+	struct stk_msg_meta_inos_req q = {.count = INOS_GRAB};
+	struct stk_msg_meta_inos_resp r;
+	uint8_t req[32], resp[64];
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	size_t rlen = 0;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_inos_req_enc(&w, &q);
+	rc = stk_client_meta_call(c, STK_OP_META_INOS, req, w.len, resp, sizeof(resp), &rlen);
+	if (rc == 0) {
+		stk_rbuf_init(&rb, resp, rlen);
+		if (stk_msg_meta_inos_resp_dec(&rb, &r) || stk_rbuf_finish(&rb) || !r.count ||
+		    r.first + r.count < r.first)
+			rc = -EPROTO;
+	}
+	pthread_mutex_lock(&b->mu);
+	b->want_inos = 0;
+	if (rc == 0) {
+		b->spare.next = r.first;
+		b->spare.end = r.first + r.count;
+		b->chunk_size = r.chunk_size;
+		b->stripe = r.stripe;
+		b->nchains = r.nchains;
+	} else if (rc == -EOPNOTSUPP || rc == -ENOSYS || rc == -EPROTO) {
+		b->no_inos = 1;
+		stk_warn("write-behind: meta cannot reserve inode numbers (%s): off",
+			 stk_strerror(rc));
+	} else {
+		stk_debug("write-behind: no inode numbers from meta: %s", stk_strerror(rc));
+	}
+	pthread_mutex_unlock(&b->mu);
+}
+
+static void *behind_main(void *arg)
+{
+	stk_client *c = arg;
+	struct stk_behind *b = c->behind;
+
+	pthread_mutex_lock(&b->mu);
+	while (!b->stop) {
+		if (!b->n && !b->want_inos) {
+			pthread_cond_wait(&b->wake, &b->mu);
+			continue;
+		}
+		if (b->want_inos) {
+			pthread_mutex_unlock(&b->mu);
+			reserve(c, b);
+			pthread_mutex_lock(&b->mu);
+			if (!b->spare.next)
+				b->want_inos = 0; /* failed: the next use asks again */
+			continue;
+		}
+		/* Let the others of a burst join the first record. */
+		if (b->n < STK_NAMES_MAX) {
+			pthread_mutex_unlock(&b->mu);
+			usleep(GATHER_US);
+			pthread_mutex_lock(&b->mu);
+		}
+		pthread_mutex_unlock(&b->mu);
+		pthread_mutex_lock(&b->send_mu);
+		send_all(c, b);
+		pthread_mutex_unlock(&b->send_mu);
+		pthread_mutex_lock(&b->mu);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return NULL;
+}
+
+/* ---- the API ---- */
+
+/* Frees b (its locks too once made: inited). */
+static void behind_free(struct stk_behind *b, int inited)
+{
+	if (inited) {
+		pthread_mutex_destroy(&b->mu);
+		pthread_cond_destroy(&b->wake);
+		pthread_cond_destroy(&b->room);
+		pthread_rwlock_destroy(&b->gate);
+		pthread_mutex_destroy(&b->send_mu);
+	}
+	free(b->q);
+	free(b->batch);
+	free(b->req);
+	free(b->resp);
+	free(b);
+}
+
+int stk_behind_start(stk_client *c)
+{
+	struct stk_behind *b;
+	const char *env = getenv("STOKER_WRITE_BEHIND");
+
+	if ((env && strcmp(env, "0") == 0) || !c->lc || c->behind)
+		return 0;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	b->q = calloc(QUEUE_MAX, sizeof(*b->q));
+	b->batch = calloc(STK_NAMES_MAX, sizeof(*b->batch));
+	b->req_cap = (size_t)STK_NAMES_MAX * sizeof(struct stk_msg_name_rec) + 64;
+	b->req = malloc(b->req_cap);
+	b->resp = malloc(RESP_CAP);
+	if (!b->q || !b->batch || !b->req || !b->resp)
+		goto fail;
+	pthread_mutex_init(&b->mu, NULL);
+	pthread_cond_init(&b->wake, NULL);
+	pthread_cond_init(&b->room, NULL);
+	pthread_rwlock_init(&b->gate, NULL);
+	pthread_mutex_init(&b->send_mu, NULL);
+	b->want_inos = 1;
+	c->behind = b;
+	if (pthread_create(&b->thr, NULL, behind_main, c)) {
+		c->behind = NULL;
+		behind_free(b, 1);
+		return -EAGAIN;
+	}
+	b->have_thread = 1;
+	return 0;
+fail:
+	behind_free(b, 0);
+	return -ENOMEM;
+}
+
+void stk_behind_destroy(stk_client *c)
+{
+	struct stk_behind *b = c->behind;
+
+	if (!b)
+		return;
+	if (b->have_thread) {
+		(void)stk_behind_flush(c);
+		pthread_mutex_lock(&b->mu);
+		b->stop = 1;
+		pthread_cond_broadcast(&b->wake);
+		pthread_mutex_unlock(&b->mu);
+		pthread_join(b->thr, NULL);
+	}
+	c->behind = NULL;
+	behind_free(b, 1);
+}
+
+void stk_behind_after_fork(stk_client *c)
+{
+	/* The parent's thread and queue are the parent's: the child answers nothing here. */
+	c->behind = NULL;
+}
+
+int stk_behind_queued(stk_client *c)
+{
+	return c->behind && atomic_load(&c->behind->queued) != 0;
+}
+
+void stk_behind_send(stk_client *c)
+{
+	struct stk_behind *b = c->behind;
+
+	if (!b)
+		return;
+	pthread_mutex_lock(&b->send_mu);
+	send_all(c, b);
+	pthread_mutex_unlock(&b->send_mu);
+}
+
+int stk_behind_settle(stk_client *c, uint64_t ino)
+{
+	struct stk_behind *b = c->behind;
+	int rc = 0;
+
+	if (!b)
+		return 0;
+	stk_behind_send(c);
+	pthread_mutex_lock(&b->mu);
+	for (unsigned i = 0; i < FAILED_KEEP && i < b->nfailed; i++)
+		if (b->failed[i] == ino)
+			rc = -EIO;
+	pthread_mutex_unlock(&b->mu);
+	return rc;
+}
+
+int stk_behind_flush(stk_client *c)
+{
+	struct stk_behind *b = c->behind;
+	int err;
+
+	if (!b)
+		return 0;
+	stk_behind_send(c);
+	pthread_mutex_lock(&b->mu);
+	err = b->err;
+	b->err = 0;
+	pthread_mutex_unlock(&b->mu);
+	return err;
+}
+
+void stk_behind_gate_close(stk_client *c)
+{
+	if (c->behind)
+		pthread_rwlock_wrlock(&c->behind->gate);
+}
+
+void stk_behind_gate_open(stk_client *c)
+{
+	if (c->behind)
+		pthread_rwlock_unlock(&c->behind->gate);
+}
+
+/* With mu: room for one more record (waits for the thread when the queue is full). */
+static int make_room(struct stk_behind *b)
+{
+	while (b->n >= QUEUE_MAX && !b->stop) {
+		pthread_cond_signal(&b->wake);
+		pthread_cond_wait(&b->room, &b->mu);
+	}
+	return b->stop ? -EAGAIN : 0;
+}
+
+/* With mu: the next inode number, or 0 when none is reserved (the thread is asked). */
+static uint64_t take_ino(struct stk_behind *b)
+{
+	if (b->cur.next == b->cur.end) {
+		b->cur = b->spare;
+		memset(&b->spare, 0, sizeof(b->spare));
+	}
+	if (!b->spare.next && !b->want_inos && !b->no_inos &&
+	    (b->cur.next == b->cur.end || b->cur.end - b->cur.next < INOS_LOW)) {
+		b->want_inos = 1;
+		pthread_cond_signal(&b->wake);
+	}
+	return b->cur.next < b->cur.end ? b->cur.next++ : 0;
+}
+
+static void queue(struct stk_behind *b, const struct stk_msg_name_rec *m)
+{
+	b->q[b->n++] = *m;
+	atomic_store(&b->queued, b->n);
+	if (b->n == 1 || b->n == STK_NAMES_MAX)
+		pthread_cond_signal(&b->wake);
+}
+
+int stk_behind_create(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+		      const char *name, uint32_t mode, struct stk_attr *out)
+{
+	struct stk_behind *b = c->behind;
+	struct stk_msg_name_rec m;
+	uint32_t dmode = 0, dgid = 0;
+	uint64_t entropy;
+	int rc = -EAGAIN;
+
+	if (!b || strlen(name) > STK_NAME_MAX)
+		return -EAGAIN;
+	pthread_rwlock_rdlock(&b->gate);
+	if (!stk_lcache_behind_free(c, parent, name, &dmode, &dgid))
+		goto out;
+	memset(&m, 0, sizeof(m));
+	memset(out, 0, sizeof(*out));
+	pthread_mutex_lock(&b->mu);
+	if (!b->nchains && !b->want_inos && !b->no_inos &&
+	    stk_now_ns() - b->asked_ns > PLACEMENT_RETRY_NS) {
+		/* No storage when numbers were last reserved: ask again, now and then. */
+		b->want_inos = 1;
+		b->asked_ns = stk_now_ns();
+		pthread_cond_signal(&b->wake);
+	}
+	if (make_room(b) || !b->nchains || !(out->ino = take_ino(b))) {
+		pthread_mutex_unlock(&b->mu);
+		goto out;
+	}
+	if (getrandom(&entropy, sizeof(entropy), GRND_NONBLOCK) != (ssize_t)sizeof(entropy))
+		entropy = out->ino * 0x9E3779B97F4A7C15ull ^ stk_now_ns();
+	stk_layout_make(&out->layout, b->chunk_size ? b->chunk_size : STK_DEFAULT_CHUNK_SIZE,
+			b->stripe, b->nchains, entropy);
+	/* As meta makes it (store.c inode_new): the owner, a setgid folder's group. */
+	out->uid = cred->uid;
+	out->gid = (dmode & S_ISGID) ? dgid : cred->gid;
+	mode &= 07777;
+	if ((mode & S_ISGID) && cred->uid != 0 && !stk_cred_in_group(cred, out->gid))
+		mode &= ~(uint32_t)S_ISGID;
+	out->mode = S_IFREG | mode;
+	out->nlink = 1;
+	stk_wall_time(&out->mtime_sec, &out->mtime_nsec);
+	out->atime_sec = out->ctime_sec = out->mtime_sec;
+	out->atime_nsec = out->ctime_nsec = out->mtime_nsec;
+	m.op = STK_NAME_CREATE;
+	m.cred = *cred;
+	m.parent = parent;
+	memcpy(m.name, name, strlen(name) + 1);
+	m.ino = out->ino;
+	m.mode = mode;
+	m.time_sec = out->mtime_sec;
+	m.time_nsec = out->mtime_nsec;
+	m.layout = out->layout;
+	queue(b, &m);
+	b->st.creates++;
+	pthread_mutex_unlock(&b->mu);
+	stk_lcache_behind_made(c, parent, name, out);
+	rc = 0;
+out:
+	pthread_rwlock_unlock(&b->gate);
+	return rc;
+}
+
+int stk_behind_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+		      const char *name, int (*busy)(void *ctx, uint64_t ino), void *ctx,
+		      uint64_t *ino_out)
+{
+	struct stk_behind *b = c->behind;
+	struct stk_msg_name_rec m;
+	struct stk_attr a;
+	int rc = -EAGAIN;
+
+	if (!b || strlen(name) > STK_NAME_MAX)
+		return -EAGAIN;
+	pthread_rwlock_rdlock(&b->gate);
+	if (!stk_lcache_behind_victim(c, parent, name, &a) || (busy && busy(ctx, a.ino)))
+		goto out;
+	memset(&m, 0, sizeof(m));
+	m.op = STK_NAME_UNLINK;
+	m.cred = *cred;
+	m.parent = parent;
+	memcpy(m.name, name, strlen(name) + 1);
+	m.ino = a.ino;
+	pthread_mutex_lock(&b->mu);
+	if (make_room(b)) {
+		pthread_mutex_unlock(&b->mu);
+		goto out;
+	}
+	queue(b, &m);
+	b->st.unlinks++;
+	pthread_mutex_unlock(&b->mu);
+	stk_lcache_behind_gone(c, parent, name, a.ino);
+	*ino_out = a.ino;
+	rc = 0;
+out:
+	pthread_rwlock_unlock(&b->gate);
+	return rc;
+}
+
+void stk_behind_stats(stk_client *c, struct stk_behind_stats *out)
+{
+	struct stk_behind *b = c->behind;
+
+	memset(out, 0, sizeof(*out));
+	if (!b)
+		return;
+	pthread_mutex_lock(&b->mu);
+	*out = b->st;
+	pthread_mutex_unlock(&b->mu);
+}

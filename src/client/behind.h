@@ -1,0 +1,84 @@
+/*
+ * Write-behind of names in delegated folders.
+ *
+ * A folder this client made with a delegation (META_MKDIR with STK_MKDIR_DELEGATE,
+ * meta/leases.h) is its own until meta revokes it: nobody else reads or changes it
+ * before this client's watch has acknowledged a revocation of it. While the lookup
+ * cache holds it complete and delegated (lcache.h), creates and unlinks of regular
+ * files in it are answered here, at once, and queued; a thread sends the queue to
+ * meta in batches (META_NAMES) a millisecond or two later. What keeps that right:
+ *
+ *   - Nobody else sees the folder before the queue reached meta: a revocation of
+ *     it waits for this client's acknowledgement, and the watch sends the queue
+ *     before it acknowledges (stk_behind_gate_* around the revocations, then
+ *     stk_behind_flush).
+ *   - This client sees its own changes in order: every other call it makes to meta
+ *     sends the queue first (stk_client_meta_call_from), so meta never gets a write,
+ *     an open, a rename or a listing before the creates and unlinks that came
+ *     before it. A file answered here is laid out here too (META_INOS gives the
+ *     numbers and the placement), and its first write sends the queue first, so no
+ *     byte reaches storage under a layout meta did not take.
+ *   - A record meta refuses (it should not: the folder was this client's) is
+ *     logged as an error and fails the next fsync, syncfs or flush of the mount.
+ *
+ * What it costs: the numbers of a client that dies with records queued are lost
+ * with them, like the data of a write-back cache (fsync makes them durable, as it
+ * does data). Off unless stk_behind_start is called (the mount does, unless
+ * -o nowritebehind or STOKER_WRITE_BEHIND=0).
+ */
+#ifndef STK_CLIENT_BEHIND_H
+#define STK_CLIENT_BEHIND_H
+
+#include <stdint.h>
+
+#include "stoker/stoker.h"
+
+#include "../proto/msg.h"
+
+struct stk_behind;
+
+/* Starts the queue and its thread (needs the lookup cache on). 0, -ENOMEM or -EAGAIN. */
+int stk_behind_start(stk_client *c);
+/* At disconnect: sends what is queued, stops the thread and frees. */
+void stk_behind_destroy(stk_client *c);
+/* In a child after fork(): no thread there; nothing is answered here in the child. */
+void stk_behind_after_fork(stk_client *c);
+
+/*
+ * Creates regular file `name` (permission bits mode & 07777) in parent if parent is
+ * delegated here and the name is known to be free: *out is the new file, already in
+ * the lookup cache. 0, or -EAGAIN: not here (the caller asks meta).
+ */
+int stk_behind_create(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+		      const char *name, uint32_t mode, struct stk_attr *out);
+/*
+ * Removes `name` from parent if parent is delegated here and the name is a regular
+ * file with one link that busy(ctx, ino) says nobody here has open: 0 (*ino_out
+ * the inode), or -EAGAIN: not here (the caller asks meta).
+ */
+int stk_behind_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+		      const char *name, int (*busy)(void *ctx, uint64_t ino), void *ctx,
+		      uint64_t *ino_out);
+/* Sends everything queued so far and waits for meta's answers. */
+void stk_behind_send(stk_client *c);
+/* As stk_behind_send; 0, or -EIO when a record was refused or lost since the last
+ * call (each is logged when it happens). */
+int stk_behind_flush(stk_client *c);
+/*
+ * Before the first write to inode ino, created here: sends the queue. 0, or -EIO
+ * when meta refused ino's create (its bytes would belong to no file).
+ */
+int stk_behind_settle(stk_client *c, uint64_t ino);
+/* Whether anything is queued (a cheap look, for the callers that must flush first). */
+int stk_behind_queued(stk_client *c);
+/* Around the watch's revocations: no answer is made here meanwhile. */
+void stk_behind_gate_close(stk_client *c);
+void stk_behind_gate_open(stk_client *c);
+
+/* Counts for the mount's /metrics and tests. */
+struct stk_behind_stats {
+	uint64_t creates, unlinks, batches, failed;
+};
+void stk_behind_stats(stk_client *c, struct stk_behind_stats *out);
+
+#endif

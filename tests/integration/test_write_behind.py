@@ -1,0 +1,170 @@
+"""Write-behind of names in delegated folders (src/client/behind.h, docs/mount.md):
+a mount answers creates and unlinks in a folder it made itself and tells meta a
+moment later. Whatever another client does with the folder (list it, stat it,
+look a name up, create the same name, the native client) sees every change the
+mount answered before; the mount's own calls see them in order; fsync makes them
+durable. Runs as root (FUSE mounts)."""
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import needs_fuse, wait_until
+from test_mount import meta_figure
+
+pytestmark = needs_fuse
+
+
+def at_meta(cluster, op):
+    return meta_figure(cluster, "stoker_rpc_requests_total", op=op)
+
+
+def touch(path):
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+
+
+def test_creates_and_unlinks_are_answered_by_the_mount_and_seen_by_the_other(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    da, db = os.path.join(a.path, "d"), os.path.join(b.path, "d")
+    os.mkdir(da)
+    creates = at_meta(cluster, "META_CREATE")
+    names = ["f%03d" % i for i in range(200)]
+    for n in names:
+        touch(os.path.join(da, n))
+    for n in names[::2]:
+        os.unlink(os.path.join(da, n))
+    # none of them asked meta one by one: they went in batches
+    assert at_meta(cluster, "META_CREATE") == creates
+    assert at_meta(cluster, "META_NAMES") >= 1
+    # the other mount lists the folder at once, with every change in it
+    assert sorted(os.listdir(db)) == names[1::2]
+    assert os.path.isfile(os.path.join(db, "f001"))
+    assert not os.path.exists(os.path.join(db, "f000"))
+    # and the folder is the other's too now: a create through a is meta's business again
+    touch(os.path.join(da, "after"))
+    assert at_meta(cluster, "META_CREATE") == creates + 1
+    assert os.path.exists(os.path.join(db, "after"))
+
+
+def test_a_lookup_stat_or_create_by_another_client_sees_the_mounts_names(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    for sub in ("s1", "s2", "s3", "s4"):
+        os.mkdir(os.path.join(a.path, sub))
+    # a name looked up through the other mount
+    touch(os.path.join(a.path, "s1", "x"))
+    assert os.stat(os.path.join(b.path, "s1", "x")).st_size == 0
+    # the folder's own attributes: its link count and times include the create
+    before = time.time()
+    touch(os.path.join(a.path, "s2", "x"))
+    st = os.stat(os.path.join(b.path, "s2"))
+    assert st.st_mtime >= before - 1
+    # the same name made through the other mount: EEXIST, as if a had been meta
+    touch(os.path.join(a.path, "s3", "x"))
+    with pytest.raises(FileExistsError):
+        touch(os.path.join(b.path, "s3", "x"))
+    # the native client (no cache of its own) sees it too
+    touch(os.path.join(a.path, "s4", "native"))
+    assert cluster.cli("ls", "/s4").stdout.split() == [b"native"]
+
+
+def test_written_files_reach_storage_only_once_meta_has_them(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    os.mkdir(os.path.join(a.path, "w"))
+    payload = os.urandom(3 * (1 << 20) + 123)
+    with open(os.path.join(a.path, "w", "data"), "wb") as f:
+        f.write(payload)
+    assert open(os.path.join(b.path, "w", "data"), "rb").read() == payload
+    assert cluster.cli("cat", "/w/data").stdout == payload
+    # unlinked while open: stays readable through its descriptor (meta is asked)
+    p = os.path.join(a.path, "w", "open")
+    with open(p, "wb") as f:
+        f.write(b"kept")
+    fd = os.open(p, os.O_RDONLY)
+    os.unlink(p)
+    assert os.pread(fd, 4, 0) == b"kept"
+    os.close(fd)
+    assert not os.path.exists(os.path.join(b.path, "w", "open"))
+
+
+def test_unlinked_files_give_their_space_back(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    os.mkdir(os.path.join(a.path, "u"))
+    for i in range(20):
+        with open(os.path.join(a.path, "u", "f%d" % i), "wb") as f:
+            f.write(b"z" * 300000)
+    wait_until(lambda: len(cluster.chunk_files()) == 20, 10, "the 20 chunks to be written")
+    for i in range(20):
+        os.unlink(os.path.join(a.path, "u", "f%d" % i))
+    wait_until(lambda: not cluster.chunk_files(), 20, "the chunks of unlinked files to go")
+    assert os.listdir(os.path.join(a.path, "u")) == []
+
+
+def test_fsync_of_the_folder_makes_them_durable_past_a_killed_mount(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    d = os.path.join(a.path, "dur")
+    os.mkdir(d)
+    for i in range(50):
+        touch(os.path.join(d, "k%02d" % i))
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(fd)
+    os.close(fd)
+    os.kill(a.pid(), signal.SIGKILL)
+    wait_until(lambda: len(cluster.cli("ls", "/dur").stdout.split()) == 50, 10,
+               "the 50 names to be at meta after the mount died")
+
+
+def test_off_with_nowritebehind(cluster, make_mount):
+    a = make_mount(cluster, "a", opts=("nowritebehind",))
+    os.mkdir(os.path.join(a.path, "sync"))
+    creates = at_meta(cluster, "META_CREATE")
+    for i in range(10):
+        touch(os.path.join(a.path, "sync", "f%d" % i))
+    assert at_meta(cluster, "META_CREATE") == creates + 10
+    assert at_meta(cluster, "META_NAMES") == 0
+
+
+def test_many_threads_in_many_folders_then_another_mount(cluster, make_mount):
+    """W4's shape: 4 threads, a folder each, create then stat then unlink half."""
+    import threading
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    dirs = [os.path.join(a.path, "t%d" % i) for i in range(4)]
+    for d in dirs:
+        os.mkdir(d)
+    errs = []
+
+    def work(d):
+        try:
+            for j in range(1500):
+                touch(os.path.join(d, "e%05d" % j))
+            for j in range(1500):
+                os.stat(os.path.join(d, "e%05d" % j))
+            for j in range(0, 1500, 2):
+                os.unlink(os.path.join(d, "e%05d" % j))
+        except OSError as e:
+            errs.append(e)
+
+    th = [threading.Thread(target=work, args=(d,)) for d in dirs]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert not errs, errs
+    for i in range(4):
+        listed = os.listdir(os.path.join(b.path, "t%d" % i))
+        assert sorted(listed) == ["e%05d" % j for j in range(1, 1500, 2)]
+
+
+def test_a_clean_unmount_sends_what_it_answered(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    os.mkdir(os.path.join(a.path, "um"))
+    for i in range(300):
+        touch(os.path.join(a.path, "um", "n%03d" % i))
+    os.unlink(os.path.join(a.path, "um", "n000"))
+    a.stop()
+    listed = cluster.cli("ls", "/um").stdout.split()
+    assert sorted(listed) == [b"n%03d" % i for i in range(1, 300)]
