@@ -1115,76 +1115,135 @@ static int op_inos(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	return stk_msg_meta_inos_resp_enc(&resp->payload, &r);
 }
 
-/* One record of a META_NAMES, applied as META_CREATE (EXCL) or META_UNLINK would be. */
-static int name_apply(struct meta *m, const struct stk_rpc_req *req,
-		      const struct stk_msg_name_rec *rec, struct stk_msg_name_res *res)
-{
-	struct stk_msg_meta_create_req q;
-	struct stk_msg_meta_create_resp r;
-	struct stk_meta_create_as as;
-	int rc;
+/*
+ * A delegated folder's holder sends the creates and unlinks it answered itself, each
+ * applied as META_CREATE (EXCL, no session: the holder registers its opens itself)
+ * or META_UNLINK would apply it, in order, as the origin's change (its leases
+ * stay); a record's failure is its status alone. The records are all decoded
+ * before any is applied: a malformed request applies none.
+ *
+ * All of them go in one transaction (stk_meta_store_batch_begin), each record a
+ * child of it, so a batch costs one commit instead of one per record: first every
+ * record's revocations (change_begin waits for other clients, so it comes before
+ * anything is held), then the sessions' mutex if there are unlinks (an unlink's
+ * orphan check needs it, and it is taken before the store everywhere), the batch,
+ * and the ends of the changes only after the commit, so that no lease is granted
+ * on what the batch changed before it is visible.
+ */
+struct name_job {
+	struct change ch;
+	uint64_t victim;
+	int began, rc;
+	struct stk_msg_name_res res;
+};
 
-	if (rec->op == STK_NAME_UNLINK)
-		return unlink_name(m, req, &rec->cred, rec->parent, rec->name, rec->ino, &res->attr,
-				   &res->orphaned);
-	if (rec->op != STK_NAME_CREATE)
-		return -EINVAL;
-	/* No session: the holder registers its opens itself, as after META_OPEN. */
-	memset(&q, 0, sizeof(q));
-	q.cred = rec->cred;
-	q.parent = rec->parent;
-	memcpy(q.name, rec->name, sizeof(q.name));
-	q.mode = rec->mode;
-	q.flags = STK_CREATE_EXCL;
-	/* The holder's own layout: it may have written by it (checked in the store). */
-	q.layout = rec->layout;
-	memset(&as, 0, sizeof(as));
-	as.ino = rec->ino;
-	as.time_sec = rec->time_sec;
-	as.time_nsec = rec->time_nsec;
-	memset(&r, 0, sizeof(r));
-	rc = create_file(m, req, &q, &as, &r);
-	if (rc == 0)
-		res->attr = r.attr;
-	return rc;
+static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs,
+			struct name_job *jobs, uint32_t n, const struct stk_meta_placement *pl)
+{
+	int brc = stk_meta_store_batch_begin(m->store);
+
+	for (uint32_t i = 0; i < n; i++) {
+		const struct stk_msg_name_rec *rec = &recs[i];
+		struct name_job *j = &jobs[i];
+		struct stk_meta_create_as as = {.ino = rec->ino,
+						.time_sec = rec->time_sec,
+						.time_nsec = rec->time_nsec};
+		int created = 0;
+
+		if (j->rc)
+			continue;
+		if (brc)
+			j->rc = brc;
+		else if (rec->op == STK_NAME_CREATE)
+			/* The holder's own layout: it may have written by it (checked there). */
+			j->rc = stk_meta_store_create_as(m->store, &rec->cred, rec->parent, rec->name,
+							 rec->mode, STK_CREATE_EXCL, &rec->layout, pl,
+							 &as, &j->res.attr, &created);
+		else
+			j->rc = stk_meta_store_unlink_ino(m->store, &rec->cred, rec->parent,
+							  rec->name, rec->ino, &j->res.attr);
+		if (j->rc == 0 && rec->op == STK_NAME_UNLINK)
+			j->res.orphaned = orphaned(m, &j->res.attr);
+	}
+	if (brc)
+		return;
+	brc = stk_meta_store_batch_end(m->store, 0);
+	for (uint32_t i = 0; brc && i < n; i++)
+		if (jobs[i].rc == 0)
+			jobs[i].rc = brc; /* the commit failed: none of them happened */
 }
 
-/*
- * A delegated folder's holder sends the creates and unlinks it answered itself,
- * each applied on its own, in order, as the origin's change (its leases stay);
- * a record's failure is its status alone. The records are all decoded before any
- * is applied: a malformed request applies none.
- */
 static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_names_req q;
 	struct stk_msg_meta_names_resp r;
 	struct stk_msg_name_rec *recs = NULL;
-	struct stk_msg_name_res res;
+	struct stk_meta_placement pl;
+	struct name_job *jobs = NULL;
+	uint32_t unlinks = 0;
 	int rc;
 
 	rc = stk_msg_meta_names_req_dec(&req->payload, &q);
 	if (rc == 0 && q.n > STK_NAMES_MAX)
 		return -EINVAL;
-	if (rc == 0 && q.n && !(recs = calloc(q.n, sizeof(*recs))))
-		return -ENOMEM;
+	if (rc == 0 && q.n &&
+	    (!(recs = calloc(q.n, sizeof(*recs))) || !(jobs = calloc(q.n, sizeof(*jobs))))) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	for (uint32_t i = 0; rc == 0 && i < q.n; i++)
 		rc = stk_msg_name_rec_dec(&req->payload, &recs[i]);
 	rc = decoded(req, rc);
 	if (rc)
 		goto out;
+	placement_get(m, &pl);
+	/* Storage may have registered since the agent's last refresh (as in create_file). */
+	if (pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0)
+		placement_get(m, &pl);
+	for (uint32_t i = 0; i < q.n; i++) {
+		struct name_job *j = &jobs[i];
+
+		if (recs[i].op == STK_NAME_UNLINK) {
+			j->victim = named(m, recs[i].parent, recs[i].name); /* its links change */
+			if (recs[i].ino && j->victim != recs[i].ino) {
+				j->rc = -ENOENT; /* checked again in the store's transaction */
+				continue;
+			}
+			unlinks++;
+		} else if (recs[i].op != STK_NAME_CREATE) {
+			j->rc = -EINVAL;
+			continue;
+		}
+		change_begin(m, req, &j->ch, recs[i].parent, j->victim, 0, 0);
+		j->began = 1;
+	}
+	if (unlinks)
+		stk_meta_sessions_hold(m->sessions);
+	names_apply(m, recs, jobs, q.n, &pl);
+	if (unlinks)
+		stk_meta_sessions_release(m->sessions);
+	for (uint32_t i = 0; i < q.n; i++) {
+		struct name_job *j = &jobs[i];
+
+		if (j->began)
+			change_end(m, &j->ch);
+		if (j->rc == 0 && recs[i].op == STK_NAME_UNLINK && j->res.attr.ino != j->victim)
+			changed_late(m, req, j->res.attr.ino);
+	}
 	memset(&r, 0, sizeof(r));
 	r.n = q.n;
 	rc = stk_msg_meta_names_resp_enc(&resp->payload, &r);
 	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
-		memset(&res, 0, sizeof(res));
-		res.status = stk_status_from_errno(name_apply(m, req, &recs[i], &res));
-		if (res.status != STK_ST_OK)
-			memset(&res.attr, 0, sizeof(res.attr));
-		rc = stk_msg_name_res_enc(&resp->payload, &res);
+		struct stk_msg_name_res *res = &jobs[i].res;
+
+		res->status = stk_status_from_errno(jobs[i].rc);
+		if (jobs[i].rc)
+			memset(&res->attr, 0, sizeof(res->attr));
+		rc = stk_msg_name_res_enc(&resp->payload, res);
 	}
 out:
 	free(recs);
+	free(jobs);
 	return rc;
 }
 

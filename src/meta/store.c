@@ -130,7 +130,17 @@ struct op {
 	 * them already.
 	 */
 	int chosen_time;
+	int nested; /* a child of this thread's batch (stk_meta_store_batch_begin) */
 };
+
+/*
+ * This thread's batch: every operation of the store in it is a child transaction
+ * of one write transaction, committed once at the end (stk_meta_store_batch_end).
+ */
+static __thread struct {
+	struct stk_meta_store *st;
+	MDB_txn *txn;
+} batch;
 
 /* ---- LMDB plumbing ---- */
 
@@ -223,7 +233,12 @@ static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cr
 	o->rdonly = rdonly;
 	o->txn = NULL;
 	o->chosen_time = 0;
+	o->nested = batch.st == st && batch.txn;
 	stk_wall_time(&o->now_sec, &o->now_nsec);
+	/* In a batch: a child of its transaction, which holds the map's lock already.
+	 * A read is a child too: this thread may have no other transaction. */
+	if (o->nested)
+		return lmdb_err(mdb_txn_begin(st->env, batch.txn, 0, &o->txn), "begin transaction");
 	pthread_rwlock_rdlock(&st->map_lock);
 	if (!rdonly && st->allocated && map_used(st) + RESERVE_MIN > st->map_size &&
 	    st->map_size < st->map_max) {
@@ -241,6 +256,13 @@ static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cr
 /* Commits a write transaction that succeeded; aborts everything else. Returns the outcome. */
 static int op_end(struct op *o, int rc)
 {
+	if (o->nested) {
+		if (rc || o->rdonly) {
+			mdb_txn_abort(o->txn);
+			return rc;
+		}
+		return lmdb_err(mdb_txn_commit(o->txn), "commit");
+	}
 	if (rc || o->rdonly) {
 		mdb_txn_abort(o->txn);
 		pthread_rwlock_unlock(&o->st->map_lock);
@@ -251,6 +273,32 @@ static int op_end(struct op *o, int rc)
 	if (rc == 0)
 		__atomic_add_fetch(&o->st->commits, 1, __ATOMIC_RELEASE);
 	return rc;
+}
+
+int stk_meta_store_batch_begin(struct stk_meta_store *st)
+{
+	struct op o;
+	int rc;
+
+	if (batch.txn)
+		return -EBUSY;
+	rc = op_begin(&o, st, NULL, 0);
+	if (rc)
+		return rc;
+	batch.st = st;
+	batch.txn = o.txn;
+	return 0;
+}
+
+int stk_meta_store_batch_end(struct stk_meta_store *st, int rc)
+{
+	struct op o = {.st = st, .txn = batch.txn};
+
+	if (batch.st != st || !batch.txn)
+		return -EINVAL;
+	batch.st = NULL;
+	batch.txn = NULL;
+	return op_end(&o, rc);
 }
 
 static int is_root(const struct op *o)

@@ -344,4 +344,15 @@ int stk_meta_store_orphans(struct stk_meta_store *st, uint64_t *inos, size_t max
  */
 int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino);
 
+/*
+ * A batch of changes in one write transaction: between begin and end, every call of
+ * this thread into the store runs as a child transaction of the batch's (its own
+ * failure undoes it alone) and nothing is visible to others or written out until
+ * stk_meta_store_batch_end(st, 0) commits them all at once (rc != 0: none). Other
+ * writers wait meanwhile: keep a batch short, and wait for nothing inside it.
+ * 0 or -errno; end returns the commit's outcome.
+ */
+int stk_meta_store_batch_begin(struct stk_meta_store *st);
+int stk_meta_store_batch_end(struct stk_meta_store *st, int rc);
+
 #endif

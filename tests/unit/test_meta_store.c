@@ -1179,6 +1179,37 @@ static void test_xattrs(void)
 	CHECK_RC(stk_meta_store_getxattr(st, &ROOT, d, "user.d", buf, 8, &len), -ENOENT);
 }
 
+/*
+ * A batch: its operations are children of one transaction; a failed one undoes
+ * itself alone, the rest are committed together; a batch ended with an error
+ * leaves nothing; reads in it see its own changes.
+ */
+static void test_batch(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "batch", 0755), f;
+	struct stk_attr a;
+	int created = 0;
+
+	CHECK(create_as(&ROOT, d, "before") != 0);
+	CHECK_RC(stk_meta_store_batch_begin(st), 0);
+	CHECK_RC(stk_meta_store_batch_begin(st), -EBUSY);
+	f = create_as(&ROOT, d, "one");
+	CHECK(f != 0 && ino_of(d, "one") == f);
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "before", 0644, STK_CREATE_EXCL, NULL, &PL4, &a,
+				       &created),
+		 -EEXIST);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "before", &a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "nothere", &a), -ENOENT);
+	CHECK_RC(stk_meta_store_batch_end(st, 0), 0);
+	CHECK(ino_of(d, "one") == f && ino_of(d, "before") == 0);
+
+	CHECK_RC(stk_meta_store_batch_begin(st), 0);
+	CHECK(create_as(&ROOT, d, "two") != 0);
+	CHECK_RC(stk_meta_store_batch_end(st, -EIO), -EIO);
+	CHECK(ino_of(d, "two") == 0);
+	CHECK_RC(stk_meta_store_batch_end(st, 0), -EINVAL);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -1208,6 +1239,7 @@ int main(void)
 	test_readdir_small();
 	test_xattrs();
 	reserved = test_reserved_inos();
+	test_batch();
 	test_readdir_big(&listing, &big);
 	test_threads();
 	test_reopen(big, &listing, reserved);
