@@ -103,6 +103,10 @@
 	X(CLIENT_LOOKUP_CACHE, COUNTER, "stoker_client_lookup_cache_total", "frontend,result",      \
 	  "The lookup cache: lookups it answered (result hit) or sent to meta (miss), the "        \
 	  "folders and inodes meta revoked (revoked), and whole resets (reset).")                  \
+	X(CLIENT_WRITE_BEHIND, COUNTER, "stoker_client_write_behind_total", "frontend,result",      \
+	  "Write-behind of names in delegated folders: creates and unlinks answered by the "      \
+	  "client (create, unlink), batches sent to meta (batch), and records meta refused "      \
+	  "or that never reached it (failed).")                                                   \
 	/* ---- meta: the leases of clients' lookup caches ---- */                                  \
 	X(META_LEASE_HOLDERS, GAUGE, "stoker_meta_lease_holders", "",                              \
 	  "Clients with a watch open for their lookup caches.")                                    \

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "../cli/cli.h"
+#include "../client/behind.h"
 #include "../client/lcache.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
@@ -216,12 +217,13 @@ const struct fuse_lowlevel_ops *stk_fuse_metrics_start(const struct fuse_lowleve
 	return &wrapped;
 }
 
-static stk_metric_t cache_series[4];
+static stk_metric_t cache_series[8];
 static stk_client *cache_client;
 
 static void collect_cache(void *ctx)
 {
 	struct stk_lcache_stats st;
+	struct stk_behind_stats bs;
 
 	(void)ctx;
 	stk_lcache_stats(cache_client, &st);
@@ -229,19 +231,26 @@ static void collect_cache(void *ctx)
 	stk_metric_set_int(cache_series[1], (int64_t)st.misses);
 	stk_metric_set_int(cache_series[2], (int64_t)st.revoked);
 	stk_metric_set_int(cache_series[3], (int64_t)st.resets);
+	stk_behind_stats(cache_client, &bs);
+	stk_metric_set_int(cache_series[4], (int64_t)bs.creates);
+	stk_metric_set_int(cache_series[5], (int64_t)bs.unlinks);
+	stk_metric_set_int(cache_series[6], (int64_t)bs.batches);
+	stk_metric_set_int(cache_series[7], (int64_t)bs.failed);
 }
 
 void stk_fuse_metrics_cache(stk_client *c)
 {
-	static const char *const results[4] = {"hit", "miss", "revoked", "reset"};
+	static const char *const results[8] = {"hit",	 "miss",   "revoked", "reset",
+					       "create", "unlink", "batch",   "failed"};
 	int rc = 0;
 
 	if (!http)
 		return;
-	for (int i = 0; i < 4 && !rc; i++) {
+	for (int i = 0; i < 8 && !rc; i++) {
 		const char *v[2] = {"fuse", results[i]};
 
-		rc = stk_metric_series(STK_M_CLIENT_LOOKUP_CACHE, v, &cache_series[i]);
+		rc = stk_metric_series(i < 4 ? STK_M_CLIENT_LOOKUP_CACHE : STK_M_CLIENT_WRITE_BEHIND, v,
+				       &cache_series[i]);
 	}
 	cache_client = c;
 	if (rc || stk_metrics_collector_add(collect_cache, NULL))
