@@ -1011,7 +1011,12 @@ def test_open_and_create_cost_one_meta_call(cluster, make_mount, monkeypatch):
                 assert f.read() == data
         time.sleep(0.1)  # an open reference left unsent would go within 20 ms
         after = counts()
-        assert delta(before, after, "META_OPEN") == n * per_open, mnt.path
+        if per_open:
+            assert delta(before, after, "META_OPEN") == n * per_open, mnt.path
+        else:
+            # An open that outlives the 10 ms its reference waits before it is sent
+            # (a slow sanitizer run) is sent: a stray one, not one per open.
+            assert delta(before, after, "META_OPEN") <= 2, mnt.path
         # Per open, none (one each before META_OPEN brought the attributes). A stray
         # one or two may come from elsewhere on a slow (sanitizer) run: the kernel
         # revalidating the root, the session's renewal.
