@@ -1173,6 +1173,17 @@ static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs,
 			jobs[i].rc = brc; /* the commit failed: none of them happened */
 }
 
+/* Whether a record before recs[i] creates parent's `name` as inode ino. */
+static int made_before(const struct stk_msg_name_rec *recs, uint32_t i, uint64_t parent,
+		       const char *name, uint64_t ino)
+{
+	while (i--)
+		if (recs[i].op == STK_NAME_CREATE && recs[i].ino == ino && recs[i].parent == parent &&
+		    strcmp(recs[i].name, name) == 0)
+			return 1;
+	return 0;
+}
+
 static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_names_req q;
@@ -1205,6 +1216,9 @@ static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 
 		if (recs[i].op == STK_NAME_UNLINK) {
 			j->victim = named(m, recs[i].parent, recs[i].name); /* its links change */
+			if (recs[i].ino && j->victim != recs[i].ino &&
+			    made_before(recs, i, recs[i].parent, recs[i].name, recs[i].ino))
+				j->victim = recs[i].ino; /* new: nobody else has seen it */
 			if (recs[i].ino && j->victim != recs[i].ino) {
 				j->rc = -ENOENT; /* checked again in the store's transaction */
 				continue;

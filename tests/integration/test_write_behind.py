@@ -168,3 +168,23 @@ def test_a_clean_unmount_sends_what_it_answered(cluster, make_mount):
     a.stop()
     listed = cluster.cli("ls", "/um").stdout.split()
     assert sorted(listed) == [b"n%03d" % i for i in range(1, 300)]
+
+
+def test_a_name_made_and_removed_in_one_batch(cluster, make_mount):
+    """Creates and unlinks of the same names a moment apart reach meta in the same
+    batch: each unlink removes what the create before it made."""
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    d = os.path.join(a.path, "churn")
+    os.mkdir(d)
+    for i in range(300):
+        touch(os.path.join(d, "x%d" % i))
+        if i % 3:
+            os.unlink(os.path.join(d, "x%d" % i))
+    for _ in range(100):  # one name made and removed over and over
+        touch(os.path.join(d, "again"))
+        os.unlink(os.path.join(d, "again"))
+    touch(os.path.join(d, "again"))
+    left = sorted(os.listdir(os.path.join(b.path, "churn")))
+    assert left == sorted(["x%d" % i for i in range(0, 300, 3)] + ["again"])
+    assert "refused" not in a.log() and "lost" not in a.log(), a.log()
