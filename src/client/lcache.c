@@ -34,7 +34,7 @@
 #include "client.h"
 #include "session.h"
 
-#define LC_SLOTS (1u << 16)
+#define LC_SLOTS (1u << 17) /* 28 MiB of entries: tens of thousands of names without overflow */
 #define LC_NAME 48
 #define LC_GENS (1u << 20) /* 4 MiB: few inodes share a generation */
 #define LC_WAYS 8u	   /* entries per set */
@@ -76,6 +76,11 @@ struct lc_dir {
 	uint32_t nlost;
 	/* Delegated to this client (behind.h): its creates and unlinks may be answered here. */
 	uint8_t delegated;
+	/*
+	 * More than LC_LOST_MAX names lost: no longer complete, but a delegated folder
+	 * keeps its record, so that names still in the table may be unlinked here.
+	 */
+	uint8_t partial;
 };
 
 struct stk_lcache {
@@ -195,8 +200,8 @@ static struct lc_ent *ent_find(struct stk_lcache *l, uint64_t parent, const char
 	return NULL;
 }
 
-/* With the mutex: folder ino's record if every name in it is known here, or NULL. */
-static struct lc_dir *dir_complete(struct stk_lcache *l, uint64_t ino, uint64_t now)
+/* With the mutex: folder ino's record while it holds (complete or partial), or NULL. */
+static struct lc_dir *dir_record(struct stk_lcache *l, uint64_t ino, uint64_t now)
 {
 	struct lc_dir *d = &l->d[dir_slot(ino)];
 
@@ -204,6 +209,14 @@ static struct lc_dir *dir_complete(struct stk_lcache *l, uint64_t ino, uint64_t 
 		       d->gen == l->gen[gen_of(ino)]
 		   ? d
 		   : NULL;
+}
+
+/* With the mutex: folder ino's record if every name in it is known here, or NULL. */
+static struct lc_dir *dir_complete(struct stk_lcache *l, uint64_t ino, uint64_t now)
+{
+	struct lc_dir *d = dir_record(l, ino, now);
+
+	return d && !d->partial ? d : NULL;
 }
 
 /* The two bits of a name in its folder's lost filter. */
@@ -237,7 +250,10 @@ static void dir_lose(struct stk_lcache *l, uint64_t ino, const char *name)
 	if (d->ino != ino)
 		return;
 	if (d->nlost >= LC_LOST_MAX) {
-		d->ino = 0; /* no longer complete */
+		if (d->delegated)
+			d->partial = 1;
+		else
+			d->ino = 0; /* no longer complete */
 		return;
 	}
 	lost_bits(ino, name, &a, &b);
@@ -518,7 +534,7 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 	e->dgid = dir->gid;
 	memcpy(e->name, name, strlen(name) + 1);
 	/* The folder's lease was renewed with this answer. */
-	d = dir_complete(l, parent, now);
+	d = dir_record(l, parent, now);
 	if (d && d->expires_ns < e->expires_ns)
 		d->expires_ns = e->expires_ns;
 	return 1;
@@ -578,6 +594,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		memset(d->lost, 0, sizeof(d->lost));
 		d->nlost = 0;
 		d->delegated = (uint8_t)(delegated != 0);
+		d->partial = 0;
 	}
 	pthread_mutex_unlock(&l->mu);
 }
@@ -595,7 +612,7 @@ static struct lc_dir *dir_delegated(struct stk_lcache *l, uint64_t parent, const
 	if (l->off || now + BEHIND_MARGIN_NS >= l->trust_until_ns ||
 	    pending(l, LOG_NAME | set_of(parent, name)))
 		return NULL;
-	d = dir_complete(l, parent, now);
+	d = dir_record(l, parent, now);
 	return d && d->delegated && now + BEHIND_MARGIN_NS < d->expires_ns ? d : NULL;
 }
 
@@ -613,7 +630,8 @@ int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uin
 	now = stk_now_ns();
 	pthread_mutex_lock(&l->mu);
 	d = dir_delegated(l, parent, name, now);
-	if (d && !dir_maybe_lost(d, parent, name)) {
+	/* A name is free only where every name is known. */
+	if (d && !d->partial && !dir_maybe_lost(d, parent, name)) {
 		e = ent_find(l, parent, name);
 		ok = !e || (!e->found && ent_valid(l, e, now));
 		*dmode = d->mode;
@@ -634,7 +652,7 @@ void stk_lcache_behind_made(stk_client *c, uint64_t parent, const char *name,
 	pthread_mutex_lock(&l->mu);
 	/* Lookups of the name in flight lose their answers; the folder's times changed. */
 	forget_name(l, parent, name, 0);
-	d = dir_complete(l, parent, now);
+	d = dir_record(l, parent, now);
 	if (d) {
 		e = ent_slot(l, parent, name, now);
 		e->used = 1;
