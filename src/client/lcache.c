@@ -503,6 +503,29 @@ static struct lc_ent *ent_slot(struct stk_lcache *l, uint64_t parent, const char
 	return e;
 }
 
+/* With the mutex: e becomes parent's `name`, found as attr (NULL: no such name). */
+static void ent_fill(struct stk_lcache *l, struct lc_ent *e, uint64_t parent, const char *name,
+		     uint64_t epoch, uint64_t expires_ns, const struct stk_attr *attr, uint32_t dmode,
+		     uint32_t duid, uint32_t dgid)
+{
+	e->used = 1;
+	e->parent = parent;
+	e->epoch = epoch;
+	e->expires_ns = expires_ns;
+	e->pgen = l->gen[gen_of(parent)];
+	e->found = attr != NULL;
+	if (attr) {
+		e->attr = *attr;
+		e->cgen = l->gen[gen_of(attr->ino)];
+		e->agen = l->agen[agen_of(attr->ino)];
+		l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
+	}
+	e->dmode = dmode;
+	e->duid = duid;
+	e->dgid = dgid;
+	memcpy(e->name, name, strlen(name) + 1);
+}
+
 /* With the mutex: keeps the answer if ok (nothing touched it since tok); 1 if kept. */
 static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t parent,
 		      const char *name, int found, const struct stk_attr *attr,
@@ -517,22 +540,8 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 	    (found && pending(l, gen_of(attr->ino))))
 		return 0;
 	e = ent_slot(l, parent, name, now);
-	e->used = 1;
-	e->parent = parent;
-	e->epoch = tok.epoch;
-	e->expires_ns = tok.t_ns + KEEP_NS;
-	e->pgen = l->gen[gen_of(parent)];
-	e->found = (uint8_t)(found != 0);
-	if (found) {
-		e->attr = *attr;
-		e->cgen = l->gen[gen_of(attr->ino)];
-		e->agen = l->agen[agen_of(attr->ino)];
-		l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
-	}
-	e->dmode = dir->mode;
-	e->duid = dir->uid;
-	e->dgid = dir->gid;
-	memcpy(e->name, name, strlen(name) + 1);
+	ent_fill(l, e, parent, name, tok.epoch, tok.t_ns + KEEP_NS, found ? attr : NULL, dir->mode,
+		 dir->uid, dir->gid);
 	/* The folder's lease was renewed with this answer. */
 	d = dir_record(l, parent, now);
 	if (d && d->expires_ns < e->expires_ns)
@@ -616,6 +625,15 @@ static struct lc_dir *dir_delegated(struct stk_lcache *l, uint64_t parent, const
 	return d && d->delegated && now + BEHIND_MARGIN_NS < d->expires_ns ? d : NULL;
 }
 
+/* Takes the mutex (the caller lets it go): parent's record if delegated (dir_delegated). */
+static struct lc_dir *behind_lock(struct stk_lcache *l, uint64_t parent, const char *name,
+				  uint64_t *now)
+{
+	*now = stk_now_ns();
+	pthread_mutex_lock(&l->mu);
+	return dir_delegated(l, parent, name, *now);
+}
+
 int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uint32_t *dmode,
 			   uint32_t *dgid)
 {
@@ -627,9 +645,7 @@ int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uin
 
 	if (!l || !cacheable(name))
 		return 0;
-	now = stk_now_ns();
-	pthread_mutex_lock(&l->mu);
-	d = dir_delegated(l, parent, name, now);
+	d = behind_lock(l, parent, name, &now);
 	/* A name is free only where every name is known. */
 	if (d && !d->partial && !dir_maybe_lost(d, parent, name)) {
 		e = ent_find(l, parent, name);
@@ -655,20 +671,7 @@ void stk_lcache_behind_made(stk_client *c, uint64_t parent, const char *name,
 	d = dir_record(l, parent, now);
 	if (d) {
 		e = ent_slot(l, parent, name, now);
-		e->used = 1;
-		e->parent = parent;
-		e->epoch = l->epoch;
-		e->expires_ns = d->expires_ns;
-		e->pgen = l->gen[gen_of(parent)];
-		e->found = 1;
-		e->attr = *attr;
-		e->cgen = l->gen[gen_of(attr->ino)];
-		e->agen = l->agen[agen_of(attr->ino)];
-		l->by_ino[ino_slot(attr->ino)] = (uint32_t)(e - l->e);
-		e->dmode = d->mode;
-		e->duid = d->uid;
-		e->dgid = d->gid;
-		memcpy(e->name, name, strlen(name) + 1);
+		ent_fill(l, e, parent, name, l->epoch, d->expires_ns, attr, d->mode, d->uid, d->gid);
 	}
 	pthread_mutex_unlock(&l->mu);
 }
@@ -683,9 +686,7 @@ int stk_lcache_behind_victim(stk_client *c, uint64_t parent, const char *name,
 
 	if (!l || !cacheable(name))
 		return 0;
-	now = stk_now_ns();
-	pthread_mutex_lock(&l->mu);
-	if (dir_delegated(l, parent, name, now)) {
+	if (behind_lock(l, parent, name, &now)) {
 		e = ent_find(l, parent, name);
 		ok = e && e->found && ent_valid(l, e, now) && S_ISREG(e->attr.mode) &&
 		     e->attr.nlink == 1 && !pending(l, gen_of(e->attr.ino));

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from conftest import CHECK, needs_root, run
+from test_mount import read_in_mib
 
 MiB = 1 << 20
 
@@ -193,19 +194,9 @@ def test_a_stream_through_the_mount_checks_every_block_it_reads_past_the_cache(
     cluster.cli("put", "-", "/stream.bin", input=data)
     m = make_mount(cluster, "m")
     path = os.path.join(m.path, "stream.bin")
-
-    def read_all():
-        out = bytearray()
-        with open(path, "rb", buffering=0) as f:
-            while True:
-                b = f.read(MiB)
-                if not b:
-                    return bytes(out)
-                out += b
-
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
-    assert read_all() == data
+    assert read_in_mib(path) == data
     # the whole chunks (all but the short last one) were read past the page cache
     chunks = sorted(cluster.chunk_files())
     assert len(chunks) == 7, chunks
