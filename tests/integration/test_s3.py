@@ -1663,6 +1663,7 @@ def test_up_s3_metrics_port(tmp_path):
 
 # ---- thousands of connections ----
 
+@pytest.mark.serial  # its live phase must finish within --timeout: not beside other tests
 def test_thousands_of_connections(cluster, tmp_path):
     """2,500 connections at once: idle ones, slow-loris headers, stalled PUT bodies and
     GETs whose reader never reads. Live clients are served correctly while all of them
