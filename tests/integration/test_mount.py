@@ -1159,7 +1159,9 @@ def test_metadata_round_trips_with_default_options(cluster, make_mount):
         with open(os.path.join(d, "f%d" % i), "rb") as f:
             assert f.read() == data[i]
     after = meta_counts(cluster)
-    assert delta(before, after, "META_OPEN") == 0
+    # An open's reference goes to meta only if the file is still open 10 ms later
+    # (a loaded CI machine: a few of them), never one per open.
+    assert delta(before, after, "META_OPEN") <= n // 4
     assert delta(before, after, "META_GETATTR") <= 2
     assert delta(before, after, "META_SETATTR") == 0
     assert delta(before, after, "META_CLOSE") == 0
@@ -1179,7 +1181,7 @@ def test_metadata_round_trips_with_default_options(cluster, make_mount):
             assert f.read() == data[i]
     after = meta_counts(cluster)
     assert delta(before, after, "META_LOOKUP") + delta(before, after, "META_LOOKUP_CACHE") == 0
-    assert delta(before, after, "META_OPEN") == 0
+    assert delta(before, after, "META_OPEN") <= n // 4
     for i in range(n):
         assert os.stat(os.path.join(d, "f%d" % i)).st_atime_ns == \
             os.stat(os.path.join(b.path, "d", "f%d" % i)).st_atime_ns
