@@ -719,6 +719,19 @@ void stk_meta_leases_undelegate(struct stk_meta_leases *l, uint64_t ino)
 	pthread_mutex_unlock(&l->mu);
 }
 
+void stk_meta_leases_alive(struct stk_meta_leases *l, uint32_t holder)
+{
+	struct holder *h;
+
+	if (!holder)
+		return;
+	pthread_mutex_lock(&l->mu);
+	h = holder_get(l, holder);
+	if (h && !h->reset)
+		h->last_ns = stk_now_ns();
+	pthread_mutex_unlock(&l->mu);
+}
+
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session)
 {
 	pthread_mutex_lock(&l->mu);

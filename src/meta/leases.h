@@ -131,6 +131,14 @@ int stk_meta_leases_recall(struct stk_meta_leases *l, uint32_t requester, const 
  */
 void stk_meta_leases_undelegate(struct stk_meta_leases *l, uint64_t ino);
 
+/*
+ * The holder is at work on what it owes (it sends the names of its delegated
+ * folders, META_NAMES): the wait for its acknowledgement runs from now, as from a
+ * watch. Waiting longer than its trust lasts is always safe; a holder that flushes
+ * a long queue before it acknowledges is then not reset half-way.
+ */
+void stk_meta_leases_alive(struct stk_meta_leases *l, uint32_t holder);
+
 /* The session ended: its holders go (their waiters stop waiting for them). */
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session);
 

@@ -1207,6 +1207,8 @@ static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	rc = decoded(req, rc);
 	if (rc)
 		goto out;
+	/* Whoever waits for this holder's acknowledgement waits for these records. */
+	stk_meta_leases_alive(m->leases, req->hdr.origin);
 	placement_get(m, &pl);
 	/* Storage may have registered since the agent's last refresh (as in create_file). */
 	if (pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0)
@@ -1236,6 +1238,7 @@ static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	names_apply(m, recs, jobs, q.n, &pl);
 	if (unlinks)
 		stk_meta_sessions_release(m->sessions);
+	stk_meta_leases_alive(m->leases, req->hdr.origin);
 	for (uint32_t i = 0; i < q.n; i++) {
 		struct name_job *j = &jobs[i];
 

@@ -211,12 +211,29 @@ static void test_delegations(struct stk_meta_leases *l)
 	stk_meta_leases_stats(l, &st);
 	CHECK(st.delegations == 0 && st.recalls == st0.recalls + 3); /* one recall, two readers */
 
+	/*
+	 * A holder still sending its names (stk_meta_leases_alive, as META_NAMES does) is
+	 * waited for past its last watch's deadline (2.5 s), and not reset.
+	 */
+	CHECK(stk_meta_leases_delegate(l, c.holder, 320) == 1);
+	r1 = (struct recaller){.l = l, .requester = d.holder, .ino = 320};
+	t0 = stk_now_ns();
+	pthread_create(&t1, NULL, recall_main, &r1);
+	while (since(t0) < 3.5) {
+		stk_meta_leases_alive(l, c.holder);
+		usleep(100 * 1000);
+	}
+	CHECK(!__atomic_load_n(&r1.done, __ATOMIC_ACQUIRE));
+	CHECK(watch(&c, 0) == 0 && watch(&c, 0) == 0); /* delivered, then acknowledged */
+	pthread_join(t1, NULL);
+	CHECK(r1.rc == 1);
+
 	/* a folder gone takes its delegation with it, nothing recalled */
 	CHECK(stk_meta_leases_delegate(l, c.holder, 310) == 1);
 	stk_meta_leases_undelegate(l, 310);
 	stk_meta_leases_undelegate(l, 311); /* never delegated: nothing */
 	stk_meta_leases_stats(l, &st);
-	CHECK(st.delegations == 0 && st.recalls == st0.recalls + 3);
+	CHECK(st.delegations == 0 && st.recalls == st0.recalls + 4);
 	CHECK(stk_meta_leases_recall(l, d.holder, &(uint64_t){310}, 1) == 0);
 
 	/* a holder's delegations end with its session */
