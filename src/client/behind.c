@@ -33,7 +33,8 @@
 #include "lcache.h"
 
 #define GATHER_US 1000u	  /* how long the thread lets records gather before it sends */
-#define QUEUE_MAX 8192u	  /* queued records past which answers here wait for the thread */
+#define QUEUE_MAX 2048u	  /* queued records past which answers here wait for the thread:
+			     a watch's flush of them all stays well within meta's wait */
 #define INOS_GRAB 4096u	  /* inode numbers reserved at a time */
 #define INOS_LOW 1024u	  /* the thread reserves more below this many */
 #define RESP_CAP (256u << 10)
@@ -52,6 +53,7 @@ struct stk_behind {
 	pthread_mutex_t send_mu; /* one sender at a time, in order */
 	struct stk_msg_name_rec *q;
 	unsigned n;
+	uint64_t nqueued, nsent; /* records ever queued, and ever taken off the queue */
 	_Atomic unsigned queued; /* n, read without mu */
 	struct inos cur, spare;	 /* numbers used now, and the next reserve */
 	uint32_t chunk_size, stripe, nchains; /* meta's placement, with the last reserve */
@@ -136,18 +138,19 @@ static int send_batch(stk_client *c, struct stk_behind *b, unsigned n)
 }
 
 /*
- * Sends everything queued, in order, with send_mu. A batch meta did not take (it is
- * down) is tried again until the client's retries give up; then its records are
- * lost, and said so.
+ * Sends what is queued, in order, with send_mu, until every record queued before
+ * the `upto`th has gone (so that a flush ends even while others keep queueing). A
+ * batch meta did not take (it is down) is tried again until the client's retries
+ * give up; then its records are lost, and said so.
  */
-static void send_all(stk_client *c, struct stk_behind *b)
+static void send_upto(stk_client *c, struct stk_behind *b, uint64_t upto)
 {
 	for (;;) {
 		unsigned n;
 		int rc;
 
 		pthread_mutex_lock(&b->mu);
-		n = STK_MIN(b->n, STK_NAMES_MAX);
+		n = b->nsent < upto ? STK_MIN(b->n, STK_NAMES_MAX) : 0;
 		memcpy(b->batch, b->q, n * sizeof(*b->q));
 		pthread_mutex_unlock(&b->mu);
 		if (!n)
@@ -171,6 +174,7 @@ static void send_all(stk_client *c, struct stk_behind *b)
 		}
 		memmove(b->q, b->q + n, (b->n - n) * sizeof(*b->q));
 		b->n -= n;
+		b->nsent += n;
 		atomic_store(&b->queued, b->n);
 		pthread_cond_broadcast(&b->room);
 		pthread_mutex_unlock(&b->mu);
@@ -241,9 +245,7 @@ static void *behind_main(void *arg)
 			pthread_mutex_lock(&b->mu);
 		}
 		pthread_mutex_unlock(&b->mu);
-		pthread_mutex_lock(&b->send_mu);
-		send_all(c, b);
-		pthread_mutex_unlock(&b->send_mu);
+		stk_behind_send(c);
 		pthread_mutex_lock(&b->mu);
 	}
 	pthread_mutex_unlock(&b->mu);
@@ -337,11 +339,15 @@ int stk_behind_queued(stk_client *c)
 void stk_behind_send(stk_client *c)
 {
 	struct stk_behind *b = c->behind;
+	uint64_t upto;
 
 	if (!b)
 		return;
+	pthread_mutex_lock(&b->mu);
+	upto = b->nqueued;
+	pthread_mutex_unlock(&b->mu);
 	pthread_mutex_lock(&b->send_mu);
-	send_all(c, b);
+	send_upto(c, b, upto);
 	pthread_mutex_unlock(&b->send_mu);
 }
 
@@ -416,6 +422,7 @@ static uint64_t take_ino(struct stk_behind *b)
 static void queue(struct stk_behind *b, const struct stk_msg_name_rec *m)
 {
 	b->q[b->n++] = *m;
+	b->nqueued++;
 	atomic_store(&b->queued, b->n);
 	if (b->n == 1 || b->n == STK_NAMES_MAX)
 		pthread_cond_signal(&b->wake);
