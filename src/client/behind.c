@@ -54,6 +54,7 @@ struct stk_behind {
 	struct stk_msg_name_rec *q;
 	unsigned n;
 	uint64_t nqueued, nsent; /* records ever queued, and ever taken off the queue */
+	_Atomic unsigned urgent; /* callers waiting for send_mu, whom the thread lets go first */
 	_Atomic unsigned queued; /* n, read without mu */
 	struct inos cur, spare;	 /* numbers used now, and the next reserve */
 	uint32_t chunk_size, stripe, nchains; /* meta's placement, with the last reserve */
@@ -181,6 +182,23 @@ static void send_upto(stk_client *c, struct stk_behind *b, uint64_t upto)
 	}
 }
 
+/* Sends what is queued now; `urgent`: a caller that waits for it (not the thread). */
+static void send_now(stk_client *c, struct stk_behind *b, int urgent)
+{
+	uint64_t upto;
+
+	pthread_mutex_lock(&b->mu);
+	upto = b->nqueued;
+	pthread_mutex_unlock(&b->mu);
+	if (urgent)
+		atomic_fetch_add(&b->urgent, 1);
+	pthread_mutex_lock(&b->send_mu);
+	send_upto(c, b, upto);
+	pthread_mutex_unlock(&b->send_mu);
+	if (urgent)
+		atomic_fetch_sub(&b->urgent, 1);
+}
+
 /* Reserves inode numbers into b->spare (the thread, without mu). */
 static void reserve(stk_client *c, struct stk_behind *b)
 {
@@ -245,7 +263,11 @@ static void *behind_main(void *arg)
 			pthread_mutex_lock(&b->mu);
 		}
 		pthread_mutex_unlock(&b->mu);
-		stk_behind_send(c);
+		/* A caller waiting to send (the watch, above all) goes first: the thread
+		 * would take send_mu back before it, batch after batch. */
+		while (atomic_load(&b->urgent))
+			usleep(GATHER_US);
+		send_now(c, b, 0);
 		pthread_mutex_lock(&b->mu);
 	}
 	pthread_mutex_unlock(&b->mu);
@@ -273,6 +295,7 @@ static void behind_free(struct stk_behind *b, int inited)
 
 int stk_behind_start(stk_client *c)
 {
+	pthread_rwlockattr_t ga;
 	struct stk_behind *b;
 	const char *env = getenv("STOKER_WRITE_BEHIND");
 
@@ -291,7 +314,11 @@ int stk_behind_start(stk_client *c)
 	pthread_mutex_init(&b->mu, NULL);
 	pthread_cond_init(&b->wake, NULL);
 	pthread_cond_init(&b->room, NULL);
-	pthread_rwlock_init(&b->gate, NULL);
+	/* Writer first: the watch must not wait behind a stream of creates. */
+	pthread_rwlockattr_init(&ga);
+	pthread_rwlockattr_setkind_np(&ga, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&b->gate, &ga);
+	pthread_rwlockattr_destroy(&ga);
 	pthread_mutex_init(&b->send_mu, NULL);
 	b->want_inos = 1;
 	c->behind = b;
@@ -338,17 +365,8 @@ int stk_behind_queued(stk_client *c)
 
 void stk_behind_send(stk_client *c)
 {
-	struct stk_behind *b = c->behind;
-	uint64_t upto;
-
-	if (!b)
-		return;
-	pthread_mutex_lock(&b->mu);
-	upto = b->nqueued;
-	pthread_mutex_unlock(&b->mu);
-	pthread_mutex_lock(&b->send_mu);
-	send_upto(c, b, upto);
-	pthread_mutex_unlock(&b->send_mu);
+	if (c->behind)
+		send_now(c, c->behind, 1);
 }
 
 int stk_behind_settle(stk_client *c, uint64_t ino)
