@@ -398,15 +398,14 @@ static void dir_after(struct meta *m, const struct stk_cred *cred, uint64_t dir,
  * META_OPEN itself.
  */
 static int create_open(struct meta *m, const struct stk_msg_meta_create_req *q,
-		       const struct stk_meta_placement *pl, const struct stk_meta_create_as *as,
-		       struct stk_msg_meta_create_resp *r)
+		       const struct stk_meta_placement *pl, struct stk_msg_meta_create_resp *r)
 {
 	int created = 0, rc;
 
 	if (q->session)
 		stk_meta_sessions_hold(m->sessions);
-	rc = stk_meta_store_create_as(m->store, &q->cred, q->parent, q->name, q->mode, q->flags,
-				      &q->layout, pl, as, &r->attr, &created);
+	rc = stk_meta_store_create(m->store, &q->cred, q->parent, q->name, q->mode, q->flags,
+				   &q->layout, pl, &r->attr, &created);
 	r->created = (uint8_t)created;
 	if (rc == 0 && q->session && S_ISREG(r->attr.mode))
 		r->opened = stk_meta_sessions_open_held(m->sessions, q->session, r->attr.ino) == 0;
@@ -416,14 +415,11 @@ static int create_open(struct meta *m, const struct stk_msg_meta_create_req *q,
 }
 
 /*
- * What a create changes, for META_CREATE and each create of a META_NAMES: the
- * store's create (with *as, the client's number and times; NULL: meta's) as the
- * change of the parent, the layout from the routing table. *r's attr, created and
- * opened are filled.
+ * META_CREATE's change: the store's create as the change of the parent, the layout
+ * from the routing table. *r's attr, created and opened are filled.
  */
 static int create_file(struct meta *m, const struct stk_rpc_req *req,
-		       const struct stk_msg_meta_create_req *q, const struct stk_meta_create_as *as,
-		       struct stk_msg_meta_create_resp *r)
+		       const struct stk_msg_meta_create_req *q, struct stk_msg_meta_create_resp *r)
 {
 	struct stk_meta_placement pl;
 	struct change ch;
@@ -431,12 +427,12 @@ static int create_file(struct meta *m, const struct stk_rpc_req *req,
 
 	change_begin(m, req, &ch, q->parent, 0, 0, 0);
 	placement_get(m, &pl);
-	rc = create_open(m, q, &pl, as, r);
+	rc = create_open(m, q, &pl, r);
 	/* Storage may have registered since the agent's last refresh: ask mgmtd once. */
 	if (rc == -ENOSPC && pl.nchains == 0 && stk_agent_routing_refresh(m->agent) == 0) {
 		placement_get(m, &pl);
 		if (pl.nchains)
-			rc = create_open(m, q, &pl, as, r);
+			rc = create_open(m, q, &pl, r);
 	}
 	change_end(m, &ch);
 	if (rc == -ENOSPC && pl.nchains == 0)
@@ -456,7 +452,7 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	memset(&r, 0, sizeof(r));
 	/* Leased to the origin as a lookup would be: the folder before the change. */
 	r.leased = req->hdr.origin && stk_meta_leases_grant(m->leases, req->hdr.origin, q.parent);
-	rc = create_file(m, req, &q, NULL, &r);
+	rc = create_file(m, req, &q, &r);
 	if (rc)
 		return rc;
 	if (r.leased) {
@@ -546,25 +542,20 @@ static uint8_t orphaned(struct meta *m, const struct stk_attr *a)
 }
 
 /*
- * What an unlink changes, for META_UNLINK and each unlink of a META_NAMES: `name`
- * in parent goes, if it holds inode ino (0: any; else -ENOENT, nothing removed),
- * as the change of the parent and of the inode; *attr is the inode after and
- * *orph whether it became an orphan.
+ * META_UNLINK's change: `name` in parent goes, as the change of the parent and of
+ * the inode; *attr is the inode after and *orph whether it became an orphan.
  */
 static int unlink_name(struct meta *m, const struct stk_rpc_req *req, const struct stk_cred *cred,
-		       uint64_t parent, const char *name, uint64_t ino, struct stk_attr *attr,
-		       uint8_t *orph)
+		       uint64_t parent, const char *name, struct stk_attr *attr, uint8_t *orph)
 {
 	struct change ch;
 	uint64_t victim;
 	int rc;
 
 	victim = named(m, parent, name); /* its link count changes too */
-	if (ino && victim != ino)
-		return -ENOENT; /* checked again in the store's transaction */
 	change_begin(m, req, &ch, parent, victim, 0, 0);
 	stk_meta_sessions_hold(m->sessions);
-	rc = stk_meta_store_unlink_ino(m->store, cred, parent, name, ino, attr);
+	rc = stk_meta_store_unlink(m->store, cred, parent, name, attr);
 	if (rc == 0)
 		*orph = orphaned(m, attr);
 	stk_meta_sessions_release(m->sessions);
@@ -584,7 +575,7 @@ static int op_unlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
-	rc = unlink_name(m, req, &q.cred, q.parent, q.name, 0, &r.attr, &r.orphaned);
+	rc = unlink_name(m, req, &q.cred, q.parent, q.name, &r.attr, &r.orphaned);
 	if (rc)
 		return rc;
 	dir_after(m, &q.cred, q.parent, &r.dir);
