@@ -350,7 +350,10 @@ int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino);
  * failure undoes it alone) and nothing is visible to others or written out until
  * stk_meta_store_batch_end(st, 0) commits them all at once (rc != 0: none). Other
  * writers wait meanwhile: keep a batch short, and wait for nothing inside it.
- * 0 or -errno; end returns the commit's outcome.
+ * The batch's transaction belongs to the calling thread, from begin to end. begin:
+ * 0, -EBUSY (this thread has a batch open already) or the store's -errno (-ENOSPC,
+ * -EIO). end: the commit's outcome (0, -ENOSPC, -EIO), rc itself when rc != 0, or
+ * -EINVAL when this thread has no batch open on st.
  */
 int stk_meta_store_batch_begin(struct stk_meta_store *st);
 int stk_meta_store_batch_end(struct stk_meta_store *st, int rc);
