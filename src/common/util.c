@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -409,4 +410,59 @@ void stk_iov_advance(struct iovec **iov, int *n, size_t done)
 		(*iov)->iov_base = (char *)(*iov)->iov_base + done;
 		(*iov)->iov_len -= done;
 	}
+}
+
+/* ---- buffers for direct reads ---- */
+
+#define HUGE_SZ ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)256 << 10) /* smaller buffers are ordinary pages */
+
+/*
+ * The mapping stk_huge_alloc keeps: before bytes (lead in whole pages) ending at
+ * the boundary, then after bytes: whole huge pages, or whole pages for a small one.
+ */
+static void huge_span(size_t len, size_t lead, size_t *before, size_t *after)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	size_t rest = len > lead ? len - lead : 1;
+	size_t unit = rest >= HUGE_MIN ? HUGE_SZ : pg;
+
+	*before = (lead + pg - 1) / pg * pg;
+	*after = (rest + unit - 1) / unit * unit;
+}
+
+void *stk_huge_alloc(size_t len, size_t lead)
+{
+	size_t before, after, slack, map;
+	uint8_t *m, *at;
+
+	huge_span(len, lead, &before, &after);
+	slack = after % HUGE_SZ ? 0 : HUGE_SZ; /* room to find the boundary in */
+	map = before + after + slack;
+	m = mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	at = m + before;
+	if (slack) {
+		at += HUGE_SZ - 1;
+		at -= (uintptr_t)at % HUGE_SZ; /* before bytes or more past m */
+		/* Only [at - before, at + after) is kept. */
+		if (at - before > m)
+			munmap(m, (size_t)(at - before - m));
+		if (at + after < m + map)
+			munmap(at + after, (size_t)(m + map - (at + after)));
+		(void)madvise(at, after, MADV_HUGEPAGE); /* a hint: no huge pages is fine */
+	}
+	return at - lead;
+}
+
+void stk_huge_free(void *p, size_t len, size_t lead)
+{
+	size_t before, after;
+	uint8_t *at = (uint8_t *)p + lead;
+
+	if (!p)
+		return;
+	huge_span(len, lead, &before, &after);
+	munmap(at - before, before + after);
 }

@@ -136,14 +136,19 @@ static void req_cred(fuse_req_t req, struct stk_cred *cr, int groups)
 	cr->ngroups = (uint8_t)(n > 0 ? n : 0);
 }
 
+static void rbuf_free(void *b)
+{
+	stk_huge_free(b, STK_FUSE_IO_MAX, 0);
+}
+
 static char *thread_buf(struct stk_fuse *fs)
 {
 	char *b = pthread_getspecific(fs->rbuf_key);
 
 	if (!b) {
-		b = aligned_alloc(4096, STK_FUSE_IO_MAX); /* for O_DIRECT reads of streams */
+		b = stk_huge_alloc(STK_FUSE_IO_MAX, 0); /* for O_DIRECT reads of streams */
 		if (b && pthread_setspecific(fs->rbuf_key, b)) {
-			free(b);
+			rbuf_free(b);
 			b = NULL;
 		}
 	}
@@ -1544,7 +1549,7 @@ int stk_fuse_fs_init(struct stk_fuse *fs)
 
 	if (rc)
 		return rc;
-	rc = -pthread_key_create(&fs->rbuf_key, free);
+	rc = -pthread_key_create(&fs->rbuf_key, rbuf_free);
 	if (rc) {
 		stk_fuse_table_destroy(&fs->tab);
 		return rc;
@@ -1563,7 +1568,7 @@ void stk_fuse_fs_fini(struct stk_fuse *fs)
 	stk_fuse_table_destroy(&fs->tab);
 	stk_fuse_acache_destroy(&fs->acache);
 	if (fs->rbuf_key_ok) {
-		free(pthread_getspecific(fs->rbuf_key));
+		rbuf_free(pthread_getspecific(fs->rbuf_key));
 		pthread_setspecific(fs->rbuf_key, NULL);
 		pthread_key_delete(fs->rbuf_key);
 		fs->rbuf_key_ok = 0;

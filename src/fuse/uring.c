@@ -110,8 +110,7 @@ struct uthread {
 	pthread_t tid;
 	int qid;
 	struct req_header *hdr;
-	uint8_t *buf; /* LEAD bytes, then the payload the kernel fills (page-aligned) */
-	uint8_t *mem; /* what buf lies in */
+	uint8_t *buf; /* LEAD bytes, then the payload the kernel fills (stk_huge_alloc) */
 	struct iovec iov[2];
 	uint64_t cur; /* atomic: the unique of the request it serves, until replied (0) */
 	/* Under mu: the request being served and its reply (put_reply says how). */
@@ -544,9 +543,11 @@ int stk_fuse_uring_start(struct stk_fuse *fs)
 		pthread_mutex_init(&t->mu, NULL);
 		t->stash = malloc(STASH);
 		t->hdr = aligned_alloc(4096, sizeof(*t->hdr) + 4096 - sizeof(*t->hdr) % 4096);
-		/* The payload page-aligned: a stream's reads go into it with O_DIRECT. */
-		t->mem = aligned_alloc(4096, ((LEAD + PAYLOAD + 4095) / 4096 + 2) * 4096);
-		t->buf = t->mem ? t->mem + (4096 - LEAD % 4096) % 4096 : NULL;
+		/*
+		 * The payload on a huge page boundary: a stream's reads go into it with
+		 * O_DIRECT, one segment each (stk_huge_alloc).
+		 */
+		t->buf = stk_huge_alloc(LEAD + PAYLOAD, LEAD);
 		if (!t->hdr || !t->buf || !t->stash)
 			break;
 		/* the payload starts LEAD bytes in: the headers go right before it */
@@ -589,7 +590,7 @@ void stk_fuse_uring_stop(struct stk_fuse *fs)
 			io_uring_queue_exit(&t->ring);
 		}
 		free(t->hdr);
-		free(t->mem);
+		stk_huge_free(t->buf, LEAD + PAYLOAD, LEAD);
 		free(t->stash);
 	}
 	g_u = NULL;

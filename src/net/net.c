@@ -597,14 +597,15 @@ static void serve_conn(struct srv_conn *sc)
 		}
 		if (h.bulk_len > inbulk_cap) {
 			/*
-			 * Page-aligned, whole pages: a handler may hand the bulk to the disk
-			 * as it is (the chunk store writes whole chunks with O_DIRECT).
+			 * Page-aligned, whole pages, on huge pages where there are any: a
+			 * handler may hand the bulk to the disk as it is (the chunk store
+			 * writes whole chunks with O_DIRECT), one segment a huge page.
 			 */
 			size_t cap = ((size_t)h.bulk_len + 4095) & ~(size_t)4095;
-			uint8_t *n = aligned_alloc(4096, cap);
+			uint8_t *n = stk_huge_alloc(cap, 0);
 			if (!n)
 				break;
-			free(inbulk);
+			stk_huge_free(inbulk, inbulk_cap, 0);
 			inbulk = n;
 			inbulk_cap = cap;
 		}
@@ -667,7 +668,7 @@ static void serve_conn(struct srv_conn *sc)
 done:
 	stk_metrics_ops_conn(s->metrics, -1);
 	free(in);
-	free(inbulk);
+	stk_huge_free(inbulk, inbulk_cap, 0);
 	free(out);
 	free(resp.bulk_buf_);
 }
