@@ -145,6 +145,12 @@ static int recall(struct meta *m, const struct stk_rpc_req *req, const uint64_t 
 	return stk_meta_leases_recall(m->leases, req->hdr.origin, inos, n);
 }
 
+/*
+ * How often rmdir and rename look a name up again when it changed between the
+ * look and the commit; past that (names changing without pause) they fail EAGAIN.
+ */
+#define NAME_RACE_TRIES 100
+
 /* The inode parent's name names now (0: none), read as root. */
 static uint64_t named(struct meta *m, uint64_t parent, const char *name)
 {
@@ -594,12 +600,17 @@ static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 		return rc;
 	/*
 	 * The folder removed too: whether it is empty is its names' business, and a
-	 * client it is delegated to may have names in it meta has not seen yet.
+	 * client it is delegated to may have names in it meta has not seen yet. The
+	 * name must still hold the folder recalled when it goes (-EAGAIN: look again).
 	 */
-	victim = named(m, q.parent, q.name);
-	change_begin(m, req, &ch, q.parent, victim, 0, 0);
-	rc = stk_meta_store_rmdir(m->store, &q.cred, q.parent, q.name);
-	change_end(m, &ch);
+	for (unsigned tries = 0;; tries++) {
+		victim = named(m, q.parent, q.name);
+		change_begin(m, req, &ch, q.parent, victim, 0, 0);
+		rc = stk_meta_store_rmdir_ino(m->store, &q.cred, q.parent, q.name, victim);
+		change_end(m, &ch);
+		if (rc != -EAGAIN || tries == NAME_RACE_TRIES)
+			break;
+	}
 	if (rc == 0)
 		forget_if_gone(m, victim);
 	return rc;
@@ -617,17 +628,26 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
-	/* Both folders, the inode moved (its ctime, a folder's ".."), the one replaced. */
-	moved = named(m, q.src_parent, q.src_name);
-	over = named(m, q.dst_parent, q.dst_name);
-	change_begin(m, req, &ch, q.src_parent, q.dst_parent, moved, over);
-	stk_meta_sessions_hold(m->sessions);
-	rc = stk_meta_store_rename(m->store, &q.cred, q.src_parent, q.src_name, q.dst_parent,
-				   q.dst_name, q.flags, &replaced, &r.attr);
-	if (rc == 0 && replaced)
-		r.orphaned = orphaned(m, &r.attr);
-	stk_meta_sessions_release(m->sessions);
-	change_end(m, &ch);
+	/*
+	 * Both folders, the inode moved (its ctime, a folder's ".."), the one replaced.
+	 * Both names must still hold what was recalled when the rename commits: a
+	 * folder replaced may be delegated, with names in it meta has not seen yet.
+	 */
+	for (unsigned tries = 0;; tries++) {
+		moved = named(m, q.src_parent, q.src_name);
+		over = named(m, q.dst_parent, q.dst_name);
+		change_begin(m, req, &ch, q.src_parent, q.dst_parent, moved, over);
+		stk_meta_sessions_hold(m->sessions);
+		rc = stk_meta_store_rename_ino(m->store, &q.cred, q.src_parent, q.src_name,
+					       q.dst_parent, q.dst_name, q.flags, moved, over,
+					       &replaced, &r.attr);
+		if (rc == 0 && replaced)
+			r.orphaned = orphaned(m, &r.attr);
+		stk_meta_sessions_release(m->sessions);
+		change_end(m, &ch);
+		if (rc != -EAGAIN || tries == NAME_RACE_TRIES)
+			break;
+	}
 	if (rc)
 		return rc;
 	r.replaced = (uint8_t)replaced;

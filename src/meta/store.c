@@ -1645,7 +1645,24 @@ int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred
 int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			 const char *name)
 {
+	return stk_meta_store_rmdir_ino(st, cred, parent, name, STK_META_ANY_INO);
+}
+
+/* The inode `name` in parent holds now, 0 when none, for the _ino checks. */
+static int ino_now(struct op *o, uint64_t parent, const char *name, uint64_t *ino)
+{
+	struct dentry d;
+	int rc = dentry_get(o, parent, name, &d);
+
+	*ino = rc == 0 ? d.ino : 0;
+	return rc == -ENOENT ? 0 : rc;
+}
+
+int stk_meta_store_rmdir_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			     uint64_t parent, const char *name, uint64_t ino)
+{
 	struct inode dir, n;
+	uint64_t now;
 	struct op o;
 	int rc;
 
@@ -1655,6 +1672,13 @@ int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred,
 	rc = op_begin(&o, st, cred, 0);
 	if (rc)
 		return rc;
+	if (ino != STK_META_ANY_INO) {
+		rc = ino_now(&o, parent, name, &now);
+		if (rc == 0 && now != ino)
+			rc = -EAGAIN;
+		if (rc)
+			return op_end(&o, rc);
+	}
 	rc = victim_get(&o, parent, name, &dir, &n);
 	if (rc == 0 && !S_ISDIR(n.a.mode))
 		rc = -ENOTDIR;
@@ -1853,9 +1877,19 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
 			  const char *dst_name, uint32_t flags, int *replaced, struct stk_attr *out)
 {
+	return stk_meta_store_rename_ino(st, cred, src_parent, src_name, dst_parent, dst_name,
+					 flags, STK_META_ANY_INO, STK_META_ANY_INO, replaced, out);
+}
+
+int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			      const char *dst_name, uint32_t flags, uint64_t src_ino,
+			      uint64_t dst_ino, int *replaced, struct stk_attr *out)
+{
 	const uint32_t both = STK_RENAME_NOREPLACE | STK_RENAME_EXCHANGE;
 	struct rename_ctx r;
 	int rep = 0, rc;
+	uint64_t now;
 	struct op o;
 
 	*replaced = 0;
@@ -1874,6 +1908,18 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 	rc = op_begin(&o, st, cred, 0);
 	if (rc)
 		return rc;
+	if (src_ino != STK_META_ANY_INO) {
+		rc = ino_now(&o, src_parent, src_name, &now);
+		if (rc == 0 && now != src_ino)
+			rc = -EAGAIN;
+	}
+	if (rc == 0 && dst_ino != STK_META_ANY_INO) {
+		rc = ino_now(&o, dst_parent, dst_name, &now);
+		if (rc == 0 && now != dst_ino)
+			rc = -EAGAIN;
+	}
+	if (rc)
+		goto out;
 	rc = rename_prepare(&o, &r, src_parent, dst_parent);
 	if (rc || (r.have_dst && r.dst.a.ino == r.src.a.ino))
 		goto out;

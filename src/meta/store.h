@@ -218,6 +218,19 @@ int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *
 int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			 const char *name);
 /*
+ * "Whatever inode the name holds", for the _ino calls below; 0 there means "no
+ * inode": the name must be missing.
+ */
+#define STK_META_ANY_INO UINT64_MAX
+/*
+ * stk_meta_store_rmdir, but only if `name` holds inode ino: a name that holds
+ * another inode (or, for ino 0, any) is -EAGAIN and nothing changes. Meta looks a
+ * name up, recalls what it holds from other clients, then removes it; a name that
+ * changed in between is looked up again rather than removed unrecalled.
+ */
+int stk_meta_store_rmdir_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			     uint64_t parent, const char *name, uint64_t ino);
+/*
  * Atomically renames src_parent/src_name to dst_parent/dst_name. flags:
  * STK_RENAME_NOREPLACE (-EEXIST if the target exists) or STK_RENAME_EXCHANGE (swap
  * two existing names, -ENOENT if the target is missing); both, or others: -EINVAL.
@@ -235,6 +248,15 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
 			  const char *dst_name, uint32_t flags, int *replaced,
 			  struct stk_attr *out);
+/*
+ * stk_meta_store_rename, but only if src_name holds inode src_ino and dst_name
+ * inode dst_ino (0: missing; STK_META_ANY_INO: either, as plain rename): else
+ * -EAGAIN and nothing changes (as stk_meta_store_rmdir_ino).
+ */
+int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			      const char *dst_name, uint32_t flags, uint64_t src_ino,
+			      uint64_t dst_ino, int *replaced, struct stk_attr *out);
 /*
  * Adds name `name` in `parent` for inode ino: -EPERM for a directory, -EEXIST,
  * -EMLINK at 2^32 - 1 links. *out is the inode after (nlink incremented).

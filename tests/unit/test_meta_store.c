@@ -270,6 +270,44 @@ static void test_mkdir_rmdir(void)
 	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, "md2"), 0);
 }
 
+/*
+ * rmdir and rename only of the inodes meta looked up and recalled: a name that
+ * came to hold another inode in between is -EAGAIN and nothing changes.
+ */
+static void test_expect_ino(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "ei", 0755);
+	uint64_t a = mkdir_as(&ROOT, d, "a", 0755), b = mkdir_as(&ROOT, d, "b", 0755);
+	uint64_t f = create_as(&ROOT, d, "f");
+	struct stk_attr at;
+	int replaced;
+
+	CHECK_RC(stk_meta_store_rmdir_ino(st, &ROOT, d, "a", b), -EAGAIN);
+	CHECK_RC(stk_meta_store_rmdir_ino(st, &ROOT, d, "a", 0), -EAGAIN);
+	CHECK(ino_of(d, "a") == a);
+	CHECK_RC(stk_meta_store_rmdir_ino(st, &ROOT, d, "none", a), -EAGAIN);
+	CHECK_RC(stk_meta_store_rmdir_ino(st, &ROOT, d, "none", 0), -ENOENT);
+	CHECK_RC(stk_meta_store_rmdir_ino(st, &ROOT, d, "f", f), -ENOTDIR);
+	/* renames: the source, then the target, each checked */
+	CHECK_RC(stk_meta_store_rename_ino(st, &ROOT, d, "a", d, "b", 0, b, b, &replaced, &at),
+		 -EAGAIN);
+	CHECK_RC(stk_meta_store_rename_ino(st, &ROOT, d, "a", d, "b", 0, a, 0, &replaced, &at),
+		 -EAGAIN);
+	CHECK_RC(stk_meta_store_rename_ino(st, &ROOT, d, "a", d, "c", 0, a, b, &replaced, &at),
+		 -EAGAIN);
+	CHECK(ino_of(d, "a") == a && ino_of(d, "b") == b && ino_of(d, "c") == 0);
+	/* what was looked up is what is there: as plain rename and rmdir */
+	CHECK_RC(stk_meta_store_rename_ino(st, &ROOT, d, "a", d, "b", 0, a, b, &replaced, &at), 0);
+	CHECK(ino_of(d, "a") == 0 && ino_of(d, "b") == a);
+	CHECK_RC(stk_meta_store_rename_ino(st, &ROOT, d, "b", d, "c", 0, a, 0, &replaced, &at), 0);
+	CHECK_RC(stk_meta_store_rename_ino(st, &ROOT, d, "c", d, "b", 0, STK_META_ANY_INO,
+					   STK_META_ANY_INO, &replaced, &at),
+		 0);
+	CHECK_RC(stk_meta_store_rmdir_ino(st, &ROOT, d, "b", a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f", &at), 0);
+	CHECK_RC(stk_meta_store_rmdir_ino(st, &ROOT, STK_ROOT_INO, "ei", STK_META_ANY_INO), 0);
+}
+
 static void test_link_unlink(void)
 {
 	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "ln", 0755);
@@ -1228,6 +1266,7 @@ int main(void)
 	test_names();
 	test_create();
 	test_mkdir_rmdir();
+	test_expect_ino();
 	test_link_unlink();
 	test_symlink();
 	test_setattr_extend();
