@@ -62,6 +62,7 @@ struct stk_fuse_opts {
 	int nonempty; /* allow mounting over a non-empty folder */
 	int noatime; /* reads never move atime (default: relatime) */
 	int writebehind; /* creates and unlinks in delegated folders answered here (default on) */
+	int flush; /* -o flush: every close sends FLUSH (default: not read-only ones, see noflush) */
 	int foreground; /* -f: no fork, log to stderr */
 	int debug; /* libfuse prints every request (with -f) */
 	char log[PATH_MAX]; /* daemon log file; "" = the runtime folder's */
@@ -69,10 +70,13 @@ struct stk_fuse_opts {
 
 void stk_fuse_opts_default(struct stk_fuse_opts *o);
 
+/* The POSIX lock owners a handle opened without FLUSH has locked through (locks.c). */
+#define STK_FUSE_NOFLUSH_OWNERS 8
+
 /*
  * One open file (fi->fh). Created by open/create, freed by release; the kernel
- * sends nothing on a handle after its release. All fields but atime_due are
- * fixed at open.
+ * sends nothing on a handle after its release. All fields but atime_due and the
+ * noflush owners are fixed at open.
  */
 struct stk_fuse_fh {
 	struct stk_fuse_node *node; /* the inode's table entry, alive while we are */
@@ -83,6 +87,10 @@ struct stk_fuse_fh {
 	uint64_t flock_owner; /* owner of this open's flock locks: unique in this mount's life */
 	uint64_t seen_wgen; /* node->wgen as priv's read size last followed it */
 	_Atomic int atime_due; /* relatime: the first read records itself in meta, then 0 */
+	int noflush; /* opened with FOPEN_NOFLUSH: its closes send no FLUSH (ops.c, open_fh) */
+	/* Under locks.c's lock: who took POSIX locks through it, released at its release. */
+	uint64_t nf_owner[STK_FUSE_NOFLUSH_OWNERS];
+	unsigned nf_n;
 };
 
 /*
@@ -265,6 +273,7 @@ struct stk_fuse {
 	int rbuf_key_ok;
 	struct stk_fuse_uring *uring; /* -o uring, once set up; else NULL */
 	int no_getattrs; /* atomic: meta answered META_GETATTRS with ENOSYS */
+	_Atomic int posix_seen; /* a POSIX lock was asked for through this mount: opens flush */
 };
 
 /*

@@ -25,6 +25,15 @@
  * node was made, node->posix_locked), and the release of
  * the last descriptor of a file description (flock). A killed mount releases
  * them through its session's lease.
+ *
+ * A read-only open while this mount has never seen a POSIX lock asks the kernel
+ * for no flush at its closes (ops.c, open_fh; fs->posix_seen). POSIX locks taken
+ * through such a handle are then released at its release instead: its owners
+ * are recorded here (fh->nf_owner). The release comes with the last close of
+ * the file description, so a process that dup()ed or forked it keeps such locks
+ * until the last copy closes, and closing another descriptor of the file does
+ * not drop them; every open after the mount's first POSIX lock flushes as usual
+ * (docs/mount.md, "Locks").
  */
 #include "fs.h"
 #include "metrics.h"
@@ -45,15 +54,43 @@ static struct stk_fuse *fs_of(fuse_req_t req)
 	return fuse_req_userdata(req);
 }
 
+static struct stk_fuse_fh *fh_of(struct fuse_file_info *fi)
+{
+	return (struct stk_fuse_fh *)(uintptr_t)fi->fh;
+}
+
 /* The file's table node: alive while fi is open. */
 static struct stk_fuse_node *node_of(struct fuse_file_info *fi)
 {
-	return ((struct stk_fuse_fh *)(uintptr_t)fi->fh)->node;
+	return fh_of(fi)->node;
 }
 
 static uint64_t ino_of(struct fuse_file_info *fi)
 {
 	return node_of(fi)->ino;
+}
+
+/* Guards every handle's nf_owner and nf_n. */
+static pthread_mutex_t nf_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Records owner as holding POSIX locks through fh, a handle that sends no flush. */
+static void noflush_owner(struct stk_fuse_fh *fh, uint64_t owner)
+{
+	static int warned;
+	unsigned i;
+
+	pthread_mutex_lock(&nf_mu);
+	for (i = 0; i < fh->nf_n && fh->nf_owner[i] != owner; i++)
+		;
+	if (i == fh->nf_n && fh->nf_n < STK_FUSE_NOFLUSH_OWNERS)
+		fh->nf_owner[fh->nf_n++] = owner;
+	else if (i == fh->nf_n && !warned) {
+		warned = 1;
+		stk_warn("more than %d processes lock inode %llu through one read-only "
+			 "descriptor; the others' locks outlive its close (mount with -o flush)",
+			 STK_FUSE_NOFLUSH_OWNERS, (unsigned long long)fh->node->ino);
+	}
+	pthread_mutex_unlock(&nf_mu);
 }
 
 static uint64_t flock_owner_of(struct fuse_file_info *fi)
@@ -148,11 +185,15 @@ void stk_fuse_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, s
 
 	(void)ino;
 	rc = range_of(lock, &r);
-	if (rc == 0 && r.type != STK_LOCK_UN)
+	if (rc == 0 && r.type != STK_LOCK_UN) {
 		atomic_store(&node_of(fi)->posix_locked, 1);
+		atomic_store(&fs_of(req)->posix_seen, 1); /* later opens flush */
+	}
 	if (rc == 0)
 		rc = stk_ino_lock(fs_of(req)->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, sleep,
 				  interrupted, req);
+	if (rc == 0 && r.type != STK_LOCK_UN && fh_of(fi)->noflush)
+		noflush_owner(fh_of(fi), fi->lock_owner);
 	if (rc == 0 && r.type != STK_LOCK_UN)
 		reply_granted(fs_of(req), req, sino, STK_LOCK_POSIX, &r, fi->lock_owner);
 	else
@@ -206,12 +247,25 @@ void stk_fuse_locks_flush(struct stk_fuse *fs, struct fuse_file_info *fi)
 void stk_fuse_locks_release(struct stk_fuse *fs, struct fuse_file_info *fi)
 {
 	struct stk_lock_range r = {.type = STK_LOCK_UN, .end = STK_LOCK_EOF};
-	uint64_t sino;
+	struct stk_fuse_fh *fh = fh_of(fi);
+	uint64_t sino = ino_of(fi), owners[STK_FUSE_NOFLUSH_OWNERS];
+	unsigned n;
 	int rc;
 
+	/* A handle that sent no flush: the POSIX locks taken through it go now. */
+	pthread_mutex_lock(&nf_mu);
+	n = fh->nf_n;
+	memcpy(owners, fh->nf_owner, sizeof(owners[0]) * n);
+	fh->nf_n = 0;
+	pthread_mutex_unlock(&nf_mu);
+	for (unsigned i = 0; i < n; i++) {
+		rc = stk_ino_lock(fs->c, sino, STK_LOCK_POSIX, &r, owners[i], 0, NULL, NULL);
+		if (rc)
+			stk_warn("releasing POSIX locks on inode %llu at release: %s",
+				 (unsigned long long)sino, stk_strerror(rc));
+	}
 	if (!fi->flock_release)
 		return;
-	sino = ino_of(fi);
 	rc = stk_ino_lock(fs->c, sino, STK_LOCK_FLOCK, &r, flock_owner_of(fi), 0, NULL, NULL);
 	if (rc)
 		stk_warn("releasing the flock lock on inode %llu: %s", (unsigned long long)sino,

@@ -161,6 +161,10 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		o->writebehind = 1;
 	else if (strcmp(key, "nowritebehind") == 0)
 		o->writebehind = 0;
+	else if (strcmp(key, "flush") == 0)
+		o->flush = 1;
+	else if (strcmp(key, "noflush") == 0)
+		o->flush = 0;
 	else if (strcmp(key, "debug") == 0)
 		o->debug = 1;
 	else {

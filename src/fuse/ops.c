@@ -897,6 +897,19 @@ out:
 	}
 	fi->fh = (uintptr_t)fh;
 	fi->keep_cache = keep;
+	/*
+	 * A read-only close has nothing to flush; its FLUSH only carries the POSIX
+	 * locks of the closing process to release, and costs every small file read a
+	 * round trip (a third more files/s without, W3). So none is asked for while
+	 * this mount has never seen a POSIX lock; the locks taken through such a
+	 * handle go at its release (locks.c). The kernel ignores the flag under its
+	 * write-back cache.
+	 */
+	if (acc == O_RDONLY && !fs->o.flush && !fs->o.writeback &&
+	    !atomic_load(&fs->posix_seen)) {
+		fi->noflush = 1;
+		fh->noflush = 1;
+	}
 	/* Kept when the kernel was told these very attributes (attrcache.c, told), and
 	 * nothing to drop for a file just made (the kernel would answer ENOENT). */
 	if (!keep && !created && !stk_fuse_acache_told_same(&fs->acache, a))

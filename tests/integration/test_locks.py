@@ -4,14 +4,16 @@ their holder unlocks, closes, is killed, or its whole mount daemon dies (the
 session lease in meta runs out)."""
 import fcntl
 import os
+import re
 import signal
 import struct
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
-from conftest import needs_fuse, wait_until
+from conftest import free_port, needs_fuse, wait_until
 
 PY = "/usr/bin/python3"
 LEASE_MS = 3000
@@ -30,6 +32,20 @@ elif mode == "posix":
 elif mode == "range":
     fcntl.lockf(f, fcntl.LOCK_EX, 10, 100)  # bytes 100..109
 print("locked", flush=True)
+sys.stdin.read()
+"""
+
+# A process that takes a shared POSIX lock through a read-only descriptor, then
+# closes that descriptor (or exits) when told on stdin, and stays until stdin ends.
+HOLD_RO = r"""
+import fcntl, os, sys
+f = open(sys.argv[1], "rb")
+fcntl.lockf(f, fcntl.LOCK_SH)
+print("locked", flush=True)
+if sys.stdin.readline().strip() == "exit":
+    os._exit(0)
+f.close()
+print("closed", flush=True)
 sys.stdin.read()
 """
 
@@ -277,3 +293,61 @@ def test_python_filelock_mutual_exclusion(two_mounts):
         assert p.wait(timeout=300) == 0
     with open(os.path.join(b.path, "counter")) as f:
         assert int(f.read()) == 4 * n
+
+
+def flushes(addr):
+    """FLUSH requests the mount served, from its metrics."""
+    with urllib.request.urlopen("http://%s/metrics" % addr, timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(r'^stoker_client_ops_total\{[^}]*op="flush"[^}]*\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@needs_fuse
+def test_read_only_closes_flush_once_the_mount_has_seen_a_posix_lock(make_cluster, make_mount):
+    """A read-only close sends no FLUSH (a round trip per small file read) until the
+    mount serves its first POSIX lock; from then on every close does, so that closing
+    any descriptor of a file drops the process's locks on it as POSIX says."""
+    c = make_cluster()
+    addr = "127.0.0.1:%d" % free_port()
+    m = make_mount(c, "m", opts=["metrics=" + addr])
+    path = os.path.join(m.path, "f")
+    with open(path, "wb") as f:
+        f.write(b"x" * 4096)
+    wait_until(lambda: flushes(addr) >= 1, what="the write's flush counted")
+    time.sleep(0.3)  # counts land just after the replies
+    base = flushes(addr)
+    for _ in range(20):
+        with open(path, "rb") as f:
+            assert f.read() == b"x" * 4096
+    time.sleep(0.3)
+    assert flushes(addr) == base
+    with open(path, "r+b") as f:  # the mount's first POSIX lock
+        fcntl.lockf(f, fcntl.LOCK_EX)
+        fcntl.lockf(f, fcntl.LOCK_UN)
+    for _ in range(5):
+        with open(path, "rb") as f:
+            f.read()
+    wait_until(lambda: flushes(addr) >= base + 6, what="flushes of read-only closes")
+
+
+@needs_fuse
+@pytest.mark.parametrize("how", ["close", "exit"])
+def test_lock_through_read_only_descriptor_goes_with_it(two_mounts, how):
+    """A shared POSIX lock taken through a read-only descriptor of a mount that had
+    seen no lock before (its closes send no FLUSH) goes when that descriptor is
+    closed, or its process exits, while the process itself lives on."""
+    c, a, b = two_mounts
+    p = spawn(HOLD_RO, os.path.join(a.path, "f"))
+    try:
+        assert p.stdout.readline() == b"locked\n"
+        assert not try_lock(os.path.join(b.path, "f"), "posix")
+        assert try_lock(os.path.join(b.path, "f"), "posix-sh")
+        p.stdin.write(how.encode() + b"\n")
+        p.stdin.flush()
+        if how == "close":
+            assert p.stdout.readline() == b"closed\n"
+        wait_until(lambda: try_lock(os.path.join(b.path, "f"), "posix"),
+                   what="lock after the read-only descriptor went")
+    finally:
+        finish(p)
