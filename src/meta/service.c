@@ -1229,10 +1229,10 @@ static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 
 		if (recs[i].op == STK_NAME_UNLINK) {
 			j->victim = named(m, recs[i].parent, recs[i].name); /* its links change */
-			if (recs[i].ino && j->victim != recs[i].ino &&
+			if (j->victim != recs[i].ino &&
 			    made_before(recs, i, recs[i].parent, recs[i].name, recs[i].ino))
 				j->victim = recs[i].ino; /* new: nobody else has seen it */
-			if (recs[i].ino && j->victim != recs[i].ino) {
+			if (j->victim != recs[i].ino) {
 				j->rc = -ENOENT; /* checked again in the store's transaction */
 				continue;
 			}

@@ -1618,7 +1618,7 @@ int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *
 	if (rc)
 		return rc;
 	rc = victim_get(&o, parent, name, &dir, &n);
-	if (rc == 0 && ino && n.a.ino != ino)
+	if (rc == 0 && ino != STK_META_ANY_INO && n.a.ino != ino)
 		rc = -ENOENT;
 	if (rc == 0 && S_ISDIR(n.a.mode))
 		rc = -EISDIR;
@@ -1639,7 +1639,7 @@ int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *
 int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, struct stk_attr *out)
 {
-	return stk_meta_store_unlink_ino(st, cred, parent, name, 0, out);
+	return stk_meta_store_unlink_ino(st, cred, parent, name, STK_META_ANY_INO, out);
 }
 
 int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,

@@ -207,9 +207,15 @@ int stk_meta_store_mkdir(struct stk_meta_store *st, const struct stk_cred *cred,
 int stk_meta_store_unlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, struct stk_attr *out);
 /*
- * stk_meta_store_unlink, but only if `name` holds inode ino (0: any): a name that
- * holds another inode is -ENOENT and nothing changes (checked in the same
- * transaction, after the search permission that finds it).
+ * "Whatever inode the name holds", for the _ino calls below (unlink, rmdir,
+ * rename): they act only if the name holds the inode given, which meta looked up
+ * and recalled from other clients before the call. A name that changed in between
+ * is checked in the same transaction, after the permissions that find it.
+ */
+#define STK_META_ANY_INO UINT64_MAX
+/*
+ * stk_meta_store_unlink, but only if `name` holds inode ino (STK_META_ANY_INO:
+ * any): a name that holds another inode is -ENOENT and nothing changes.
  */
 int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred,
 			      uint64_t parent, const char *name, uint64_t ino,
@@ -218,15 +224,9 @@ int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *
 int stk_meta_store_rmdir(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			 const char *name);
 /*
- * "Whatever inode the name holds", for the _ino calls below; 0 there means "no
- * inode": the name must be missing.
- */
-#define STK_META_ANY_INO UINT64_MAX
-/*
- * stk_meta_store_rmdir, but only if `name` holds inode ino: a name that holds
- * another inode (or, for ino 0, any) is -EAGAIN and nothing changes. Meta looks a
- * name up, recalls what it holds from other clients, then removes it; a name that
- * changed in between is looked up again rather than removed unrecalled.
+ * stk_meta_store_rmdir, but only if `name` holds inode ino (0: the name must be
+ * missing; STK_META_ANY_INO: any): else -EAGAIN (meta looks it up and recalls it
+ * again) and nothing changes.
  */
 int stk_meta_store_rmdir_ino(struct stk_meta_store *st, const struct stk_cred *cred,
 			     uint64_t parent, const char *name, uint64_t ino);
@@ -250,8 +250,8 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 			  struct stk_attr *out);
 /*
  * stk_meta_store_rename, but only if src_name holds inode src_ino and dst_name
- * inode dst_ino (0: missing; STK_META_ANY_INO: either, as plain rename): else
- * -EAGAIN and nothing changes (as stk_meta_store_rmdir_ino).
+ * inode dst_ino (0: missing; STK_META_ANY_INO: any, as plain rename): else -EAGAIN
+ * and nothing changes (as stk_meta_store_rmdir_ino).
  */
 int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *cred,
 			      uint64_t src_parent, const char *src_name, uint64_t dst_parent,
