@@ -89,13 +89,15 @@ int stk_fsync_parent(const char *path);
 int stk_write_file_atomic(const char *path, const void *buf, size_t len);
 
 /*
- * A buffer for large direct reads: len bytes, the byte at lead on a 2 MiB boundary
- * and what follows it backed by transparent huge pages where the kernel gives them.
+ * A buffer for large direct reads: len bytes, page-aligned at lead; when what
+ * follows lead is 256 KiB or more, the byte at lead is on a 2 MiB boundary and
+ * what follows it is backed by transparent huge pages where the kernel gives them.
  * A direct read into ordinary memory is one segment per 4 KiB page, and a block
  * device takes only so many segments per request (254 on a virtio disk), so a
  * 1 MiB read there went as two requests; into a huge page it is one segment.
- * Without huge pages it is ordinary memory. NULL when out of memory. Freed with
- * stk_huge_free(p, len, lead).
+ * Without huge pages it is ordinary memory. The caller owns it until
+ * stk_huge_free(p, len, lead) with the same len and lead (p NULL: nothing).
+ * NULL when the memory cannot be mapped (out of memory); errno says why.
  */
 void *stk_huge_alloc(size_t len, size_t lead);
 void stk_huge_free(void *p, size_t len, size_t lead);
