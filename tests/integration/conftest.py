@@ -375,3 +375,15 @@ def wait_until(cond, timeout=60, what="condition"):
 
 __all__ = ["free_port", "pick_ports", "Cluster", "Mount", "run", "errno_of", "wait_until", "NOBODY", "as_nobody", "STOKER", "CHECK", "needs_root", "needs_fuse", "shutil",
            "time"]
+
+
+@pytest.fixture
+def role_cluster(tmp_path):
+    """A cluster started role by role on 127.0.0.1, .2, .3... (tests/integration/roles.py):
+    nothing started yet; the test adds nodes and starts them. Stopped afterwards."""
+    from roles import RoleCluster
+    rc = RoleCluster(tmp_path / "roles")
+    os.makedirs(rc.dir, exist_ok=True)
+    yield rc
+    rc.stop_all()
+    assert not rc.sanitizer_reports(), rc.logs()
