@@ -29,8 +29,8 @@
 #include "state.h"
 
 #define MGMTD_DEFAULT_HB_TIMEOUT_MS 10000u
-/* Smallest encoded target record: u32 + 3 x u64 + an empty string. */
-#define TARGET_INFO_MIN 30
+/* Smallest encoded target record: u32 + 3 x u64 + an empty string + 2 x u64. */
+#define TARGET_INFO_MIN 46
 
 struct mgmtd {
 	pthread_mutex_t lock; /* protects st and stop */

@@ -142,6 +142,7 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 		stk_put_u8(w, n->state);
 		stk_put_str(w, n->addr);
 		stk_put_u64(w, n->last_seen_ms);
+		stk_put_str(w, n->host_id);
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		const struct stk_rt_target *t = &rt->targets[i];
@@ -152,6 +153,8 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 		stk_put_u64(w, t->used);
 		stk_put_u64(w, t->chunks);
 		stk_put_str(w, t->path);
+		stk_put_u64(w, t->avail);
+		stk_put_u64(w, t->dev);
 	}
 	for (uint32_t i = 0; i < rt->nchains; i++) {
 		const struct stk_rt_chain *c = &rt->chains[i];
@@ -179,8 +182,8 @@ void stk_routing_free(struct stk_routing *rt)
 }
 
 /* Each array element needs at least this many payload bytes: bounds allocation. */
-#define STK_RT_MIN_NODE 16
-#define STK_RT_MIN_TARGET 35
+#define STK_RT_MIN_NODE 18
+#define STK_RT_MIN_TARGET 51
 #define STK_RT_MIN_CHAIN 9
 #define STK_RT_MIN_SHARD 8
 
@@ -218,6 +221,7 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 		n->state = stk_get_u8(r);
 		stk_get_str(r, n->addr, sizeof(n->addr));
 		n->last_seen_ms = stk_get_u64(r);
+		stk_get_str(r, n->host_id, sizeof(n->host_id));
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		struct stk_rt_target *t = &rt->targets[i];
@@ -228,6 +232,8 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 		t->used = stk_get_u64(r);
 		t->chunks = stk_get_u64(r);
 		stk_get_str(r, t->path, sizeof(t->path));
+		t->avail = stk_get_u64(r);
+		t->dev = stk_get_u64(r);
 	}
 	for (uint32_t i = 0; i < rt->nchains; i++) {
 		struct stk_rt_chain *c = &rt->chains[i];

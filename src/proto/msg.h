@@ -28,6 +28,7 @@
 #define STK_NAME_MAX 255
 #define STK_PATH_MAX 4095
 #define STK_ADDR_MAX 64
+#define STK_HOST_ID_MAX 64 /* a host id (common/host.h), with its NUL; an addr on the wire */
 #define STK_MAX_GROUPS 32
 #define STK_MAX_REPLICAS 8
 
@@ -128,14 +129,21 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 
 #define STK_MSG_NONE(F)
 
-/* One storage target, as a node reports it (follows mgmt_register_req / heartbeat). */
-#define STK_MSG_TARGET_INFO(F) \
-	F(u32, target_id) F(u64, capacity) F(u64, used) F(u64, chunks) F(path, path)
+/*
+ * One storage target, as a node reports it (follows mgmt_register_req / heartbeat):
+ * the statvfs figures of its folder's file system (capacity, used, avail; targets
+ * sharing a file system each report all of it) and that file system's device id
+ * (common/host.h), by which the adders count it once.
+ */
+#define STK_MSG_TARGET_INFO(F)                                                           \
+	F(u32, target_id) F(u64, capacity) F(u64, used) F(u64, chunks) F(path, path)      \
+	F(u64, avail) F(u64, dev)
 
+/* host_id: the node's host id (common/host.h), which decides short-circuit reads. */
 #define STK_MSG_MGMT_REGISTER_REQ(F) \
-	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets)
+	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets) F(addr, host_id)
 #define STK_MSG_MGMT_REGISTER_RESP(F) F(u32, node_id) F(u32, ntargets)
-#define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets)
+#define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets) F(addr, host_id)
 #define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version)
 #define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
 
@@ -429,6 +437,7 @@ struct stk_rt_node {
 	uint8_t state; /* enum stk_node_state */
 	char addr[STK_ADDR_MAX];
 	uint64_t last_seen_ms; /* milliseconds since the node's last heartbeat */
+	char host_id[STK_HOST_ID_MAX]; /* "" until the node reported one */
 };
 
 struct stk_rt_target {
@@ -439,6 +448,8 @@ struct stk_rt_target {
 	uint64_t used;
 	uint64_t chunks;
 	char path[STK_PATH_MAX + 1];
+	uint64_t avail; /* bytes an unprivileged writer can still use on its file system */
+	uint64_t dev; /* its file system's device id (common/host.h), 0 if not known yet */
 };
 
 struct stk_rt_chain {
@@ -455,8 +466,9 @@ struct stk_rt_shard {
 
 /*
  * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
- * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms;
- * target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, path;
+ * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms,
+ * host_id (an addr); target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used,
+ * u64 chunks, path, u64 avail, u64 dev;
  * chain: u32 id, u32 version, u8 ntargets, ntargets x u32; shard: u32 id, u32 node_id.
  * When the requester's known_version equals version all counts are 0.
  */

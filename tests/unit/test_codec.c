@@ -184,9 +184,11 @@ static void test_messages(void)
 static void test_routing(void)
 {
 	struct stk_rt_node nodes[2] = {{.id = 1, .role = STK_ROLE_META, .state = 1, .addr = "127.0.0.1:9401"},
-				       {.id = 2, .role = STK_ROLE_STORAGE, .state = 1, .addr = "127.0.0.1:9402"}};
+				       {.id = 2, .role = STK_ROLE_STORAGE, .state = 1, .addr = "127.0.0.1:9402",
+					.host_id = "m1:4026531840"}};
 	struct stk_rt_target targets[2] = {{.id = 1, .node_id = 2, .state = 1, .capacity = 100, .path = "/t0"},
-					   {.id = 2, .node_id = 2, .state = 1, .capacity = 100, .path = "/t1"}};
+					   {.id = 2, .node_id = 2, .state = 1, .capacity = 100, .path = "/t1",
+					    .avail = 60, .dev = 0xfeedull << 40}};
 	struct stk_rt_chain chains[2] = {{.id = 1, .version = 3, .ntargets = 1, .targets = {1}},
 					 {.id = 2, .version = 1, .ntargets = 1, .targets = {2}}};
 	struct stk_rt_shard shards[1] = {{.id = 1, .node_id = 1}};
@@ -205,6 +207,9 @@ static void test_routing(void)
 	CHECK(strcmp(back.targets[1].path, "/t1") == 0);
 	CHECK(stk_routing_chain(&back, 2)->targets[0] == 2);
 	CHECK(stk_routing_node(&back, 2) && strcmp(stk_routing_node(&back, 2)->addr, "127.0.0.1:9402") == 0);
+	CHECK(strcmp(back.nodes[1].host_id, "m1:4026531840") == 0 && back.nodes[0].host_id[0] == 0);
+	CHECK(back.targets[1].avail == 60 && back.targets[1].dev == 0xfeedull << 40);
+	CHECK(back.targets[0].avail == 0 && back.targets[0].dev == 0);
 	CHECK(stk_routing_chain(&back, 3) == NULL);
 	stk_routing_free(&back);
 
