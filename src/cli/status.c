@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "../client/client.h"
+#include "../common/host.h"
 #include "../common/util.h"
 #include "../mgmtd/agent.h"
 
@@ -41,8 +42,8 @@ int cmd_status(int argc, char **argv)
 {
 	char addr[STK_ADDR_MAX], cap[32], used[32];
 	struct stk_routing rt;
+	struct stk_space sp;
 	const char *cluster = NULL;
-	uint64_t tcap = 0, tused = 0;
 	int rc;
 
 	for (int i = 1; i < argc; i++) {
@@ -80,15 +81,24 @@ int cmd_status(int argc, char **argv)
 	       "USED", "CHUNKS", "PATH");
 	for (uint32_t i = 0; i < rt.ntargets; i++) {
 		const struct stk_rt_target *t = &rt.targets[i];
-		tcap += t->capacity;
-		tused += t->used;
 		printf("  %-4u %-5u %-8s %11s %11s %9llu  %s\n", t->id, t->node_id,
 		       target_state(t->state), stk_format_size(t->capacity, cap, sizeof(cap)),
 		       stk_format_size(t->used, used, sizeof(used)), (unsigned long long)t->chunks,
 		       t->path);
 	}
-	printf("  total %23s %11s\n", stk_format_size(tcap, cap, sizeof(cap)),
-	       stk_format_size(tused, used, sizeof(used)));
+	/*
+	 * Targets that share a file system each show all of it; the total counts each
+	 * device once, over the whole cluster, as a mount's df does.
+	 */
+	if (stk_host_space_sum(rt.targets, rt.ntargets, &sp) == 0) {
+		char avail[32];
+
+		printf("  total %23s %11s   %s available on %u device%s\n",
+		       stk_format_size(sp.capacity, cap, sizeof(cap)),
+		       stk_format_size(sp.used, used, sizeof(used)),
+		       stk_format_size(sp.avail, avail, sizeof(avail)), sp.devices,
+		       sp.devices == 1 ? "" : "s");
+	}
 	printf("\nChains\n  %-4s %-8s %s\n", "ID", "VERSION", "TARGETS (head first)");
 	for (uint32_t i = 0; i < rt.nchains; i++) {
 		const struct stk_rt_chain *c = &rt.chains[i];

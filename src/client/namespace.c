@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../common/host.h"
 #include "../common/layout.h"
 #include "../common/util.h"
 
@@ -394,7 +395,7 @@ int stk_statfs(stk_client *c, struct statvfs *st)
 	uint8_t resp[64];
 	struct stk_msg_meta_statfs_resp m;
 	struct stk_rbuf r;
-	uint64_t cap = 0, used = 0;
+	struct stk_space sp;
 	size_t len = 0;
 	int rc;
 
@@ -407,18 +408,18 @@ int stk_statfs(stk_client *c, struct statvfs *st)
 	stk_rbuf_init(&r, resp, len);
 	if (stk_msg_meta_statfs_resp_dec(&r, &m) || stk_rbuf_finish(&r))
 		return -EIO;
+	/* Each device once, however many targets (of however many nodes) share it. */
 	pthread_rwlock_rdlock(&c->rt_lock);
-	for (uint32_t i = 0; i < c->rt.ntargets; i++) {
-		cap += c->rt.targets[i].capacity;
-		used += c->rt.targets[i].used;
-	}
+	rc = stk_host_space_sum(c->rt.targets, c->rt.ntargets, &sp);
 	pthread_rwlock_unlock(&c->rt_lock);
+	if (rc)
+		return rc;
 	memset(st, 0, sizeof(*st));
 	st->f_bsize = 4096;
 	st->f_frsize = 4096;
-	st->f_blocks = cap / 4096;
-	st->f_bfree = (cap > used ? cap - used : 0) / 4096;
-	st->f_bavail = st->f_bfree;
+	st->f_blocks = sp.capacity / 4096;
+	st->f_bfree = (sp.capacity > sp.used ? sp.capacity - sp.used : 0) / 4096;
+	st->f_bavail = STK_MIN(sp.avail / 4096, st->f_bfree);
 	st->f_files = m.files + st->f_bfree; /* inodes are not a fixed pool */
 	st->f_ffree = st->f_bfree;
 	st->f_favail = st->f_bfree;

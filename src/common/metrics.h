@@ -174,11 +174,12 @@
 	X(CLUSTER_ROUTING_CHANGES, COUNTER, "stoker_cluster_routing_changes_total", "",            \
 	  "Routing version bumps since this mgmtd started.")                                       \
 	X(CLUSTER_CAPACITY, GAUGE, "stoker_cluster_capacity_bytes", "",                            \
-	  "Capacity of all targets, as their nodes last reported it; a node's targets that "       \
-	  "share a file system split it, so it counts once.")                                      \
+	  "Capacity of all targets, as their nodes last reported it, each device counted once "    \
+	  "however many targets of however many nodes share it.")                                  \
 	X(CLUSTER_USED, GAUGE, "stoker_cluster_used_bytes", "",                                    \
-	  "Used bytes of all targets, as their nodes last reported it, each file system of a "     \
-	  "node counted once.")                                                                    \
+	  "Used bytes of all targets, as their nodes last reported it, each device counted once.") \
+	X(CLUSTER_AVAILABLE, GAUGE, "stoker_cluster_available_bytes", "",                          \
+	  "Bytes that can still be written, each device counted once (what df on a mount shows).") \
 	X(CLUSTER_NODE_ONLINE, GAUGE, "stoker_cluster_node_online", "node,role",                   \
 	  "1 while the node heartbeats, 0 once mgmtd has marked it offline.")                      \
 	X(CLUSTER_TARGET_SERVING, GAUGE, "stoker_cluster_target_serving", "target,node",           \

@@ -7,9 +7,8 @@
  * removed from mgmtd's state, so neither are their series), and named by id, not
  * address, so that a node that moves keeps its series.
  *
- * Capacity totals: the sums of what the targets report. A storage node already
- * splits a file system that several of its targets share among them (storage's
- * report_targets), so each disk counts once.
+ * Capacity totals: the sums of what the targets report, each device counted once
+ * (stk_host_space_sum), however many targets of however many nodes share it.
  *
  * The routing version is a clock-derived 64-bit number that a Prometheus float
  * cannot hold exactly, so bumps are also counted (stoker_cluster_routing_changes_total),
@@ -22,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/host.h"
 #include "../common/metrics.h"
 
 #define NROLES 2  /* meta, storage */
@@ -32,7 +32,7 @@ struct stk_mgmtd_metrics {
 	const struct stk_mgmt_state *st;
 	stk_metric_t nodes[NROLES][2]; /* [role][online, offline] */
 	stk_metric_t targets[NSTATES];
-	stk_metric_t chains, version, changes, capacity, used;
+	stk_metric_t chains, version, changes, capacity, used, avail;
 	uint64_t last_version; /* under the scrape serialisation of the registry */
 	uint64_t nchanges;
 };
@@ -54,9 +54,11 @@ static void collect(void *ctx)
 	struct stk_mgmtd_metrics *mm = ctx;
 	const struct stk_mgmt_state *st = mm->st;
 	int64_t nodes[NROLES][2] = {{0}}, targets[NSTATES] = {0};
-	uint64_t cap = 0, used = 0;
+	struct stk_space sp;
+	int have_space;
 
 	pthread_mutex_lock(mm->lock);
+	have_space = stk_host_space_sum(st->targets, st->ntargets, &sp) == 0;
 	for (uint32_t i = 0; i < st->nnodes; i++) {
 		const struct stk_mgmt_node *n = &st->nodes[i];
 		int r = role_index(n->role), online = n->state == STK_NODE_ONLINE;
@@ -79,8 +81,6 @@ static void collect(void *ctx)
 		for (int k = 0; k < NSTATES; k++)
 			if (tstates[k] == t->state)
 				targets[k]++;
-		cap += t->capacity;
-		used += t->used;
 		snprintf(id, sizeof(id), "%u", t->id);
 		snprintf(node, sizeof(node), "%u", t->node_id);
 		if (stk_metric_series(STK_M_CLUSTER_TARGET_SERVING, v, &s) == 0)
@@ -104,8 +104,11 @@ static void collect(void *ctx)
 	stk_metric_set_int(mm->version, (int64_t)st->version);
 	pthread_mutex_unlock(mm->lock);
 	stk_metric_set_int(mm->changes, (int64_t)mm->nchanges);
-	stk_metric_set_int(mm->capacity, (int64_t)cap);
-	stk_metric_set_int(mm->used, (int64_t)used);
+	if (have_space) {
+		stk_metric_set_int(mm->capacity, (int64_t)sp.capacity);
+		stk_metric_set_int(mm->used, (int64_t)sp.used);
+		stk_metric_set_int(mm->avail, (int64_t)sp.avail);
+	}
 	for (int r = 0; r < NROLES; r++)
 		for (int o = 0; o < 2; o++)
 			stk_metric_set_int(mm->nodes[r][o], nodes[r][o]);
@@ -140,6 +143,7 @@ int stk_mgmtd_metrics_create(pthread_mutex_t *lock, const struct stk_mgmt_state 
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_ROUTING_CHANGES, NULL, &mm->changes);
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_CAPACITY, NULL, &mm->capacity);
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_USED, NULL, &mm->used);
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_AVAILABLE, NULL, &mm->avail);
 	if (rc)
 		goto out;
 	pthread_mutex_lock(lock);
