@@ -25,10 +25,10 @@
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
 	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--metrics ADDR] [--config FILE]",  \
 	  "run the cluster manager")                                                            \
-	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR --data DIR [--metrics ADDR] [--config FILE]", \
+	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR --data DIR [--metrics ADDR] [--host-id ID] [--config FILE]", \
 	  "run a metadata server")                                                              \
 	X(storage, cmd_storage,                                                                 \
-	  "storage --listen ADDR --mgmtd ADDR --data DIR --target DIR... [--metrics ADDR] [--config FILE]", \
+	  "storage --listen ADDR --mgmtd ADDR --data DIR --target DIR... [--metrics ADDR] [--host-id ID] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "nodes, targets, chains and the metadata shard map")                                  \

@@ -70,12 +70,16 @@ int cmd_status(int argc, char **argv)
 	}
 	printf("Cluster stk://%s   routing version %llu\n\n", addr,
 	       (unsigned long long)rt.version);
-	printf("Nodes\n  %-4s %-8s %-8s %-22s %s\n", "ID", "ROLE", "STATE", "ADDRESS", "LAST SEEN");
+	printf("Nodes\n  %-4s %-8s %-8s %-22s %-14s %s\n", "ID", "ROLE", "STATE", "ADDRESS",
+	       "LAST SEEN", "HOST");
 	for (uint32_t i = 0; i < rt.nnodes; i++) {
 		const struct stk_rt_node *n = &rt.nodes[i];
-		printf("  %-4u %-8s %-8s %-22s %.1f s ago\n", n->id, role_name(n->role),
-		       n->state == STK_NODE_ONLINE ? "online" : "offline", n->addr,
-		       (double)n->last_seen_ms / 1000.0);
+		char seen[32];
+
+		snprintf(seen, sizeof(seen), "%.1f s ago", (double)n->last_seen_ms / 1000.0);
+		printf("  %-4u %-8s %-8s %-22s %-14s %s\n", n->id, role_name(n->role),
+		       n->state == STK_NODE_ONLINE ? "online" : "offline", n->addr, seen,
+		       n->host_id[0] ? n->host_id : "-");
 	}
 	printf("\nTargets\n  %-4s %-5s %-8s %11s %11s %9s  %s\n", "ID", "NODE", "STATE", "CAPACITY",
 	       "USED", "CHUNKS", "PATH");

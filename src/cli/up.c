@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/host.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../meta/meta.h"
@@ -71,6 +72,7 @@ enum {
 	OPT_STRIPE,
 	OPT_HBTO,
 	OPT_METRICS,
+	OPT_HOST_ID,
 };
 
 static const struct option role_opts[] = {
@@ -82,12 +84,14 @@ static const struct option role_opts[] = {
 	{"stripe", required_argument, NULL, OPT_STRIPE},
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
 	{"metrics", required_argument, NULL, OPT_METRICS},
+	{"host-id", required_argument, NULL, OPT_HOST_ID},
 	{NULL, 0, NULL, 0},
 };
 
 struct role_args {
 	const char *listen, *mgmtd, *data;
 	const char *metrics; /* --metrics ADDR: serve /metrics there */
+	const char *host_id; /* --host-id ID: the host this node says it is on */
 	const char *targets[64];
 	unsigned ntargets;
 	uint64_t chunk_size, stripe, hbto;
@@ -133,6 +137,18 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 		case OPT_METRICS:
 			a->metrics = optarg;
 			break;
+		case OPT_HOST_ID: {
+			char id[STK_HOST_ID_MAX];
+
+			if (!*optarg || stk_host_id(optarg, id, sizeof(id))) {
+				cli_err(cmd,
+					"bad --host-id '%s': 1 to %d printable characters, no spaces",
+					optarg, STK_HOST_ID_MAX - 1);
+				return 2;
+			}
+			a->host_id = optarg;
+			break;
+		}
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -185,6 +201,7 @@ int cmd_meta(int argc, char **argv)
 	o.default_chunk_size = (uint32_t)a.chunk_size;
 	o.default_stripe = (uint32_t)a.stripe;
 	o.metrics_listen = a.metrics;
+	o.host_id = a.host_id;
 	return stk_meta_run(&o) ? 1 : 0;
 }
 
@@ -206,6 +223,7 @@ int cmd_storage(int argc, char **argv)
 	o.targets = a.targets;
 	o.ntargets = a.ntargets;
 	o.metrics_listen = a.metrics;
+	o.host_id = a.host_id;
 	return stk_storage_run(&o) ? 1 : 0;
 }
 

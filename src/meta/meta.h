@@ -18,6 +18,7 @@ struct stk_meta_opts {
 	uint32_t default_stripe; /* 0 = all chains, at most 16 */
 	uint64_t map_size; /* LMDB map size, 0 = 64 GiB */
 	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
+	const char *host_id; /* --host-id: the host id to report, NULL for this host's */
 };
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */

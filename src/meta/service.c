@@ -1465,6 +1465,7 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 	ao.role = STK_ROLE_META;
 	ao.addr = addr;
 	ao.node_id = node_id_load(dir);
+	ao.host_id = opts->host_id;
 	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
 	if (rc) {
 		if (rc != -EINTR)

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "../common/daemon.h"
+#include "../common/host.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../net/net.h"
@@ -36,6 +37,7 @@
 struct stk_agent {
 	char mgmtd[STK_ADDR_MAX];
 	char addr[STK_ADDR_MAX];
+	char host_id[STK_HOST_ID_MAX]; /* reported at registration and with each heartbeat */
 	uint8_t role;
 	stk_agent_targets_fn targets;
 	void *ctx;
@@ -132,6 +134,7 @@ static int do_register(struct stk_agent *a, int *answered)
 	rq.role = a->role;
 	stk_strlcpy(rq.addr, a->addr, sizeof(rq.addr));
 	rq.ntargets = n;
+	stk_strlcpy(rq.host_id, a->host_id, sizeof(rq.host_id));
 	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
 	stk_msg_mgmt_register_req_enc(&w, &rq);
 	for (uint32_t i = 0; i < n; i++)
@@ -262,6 +265,7 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 	n = collect_targets(a);
 	rq.node_id = a->node_id;
 	rq.ntargets = n;
+	stk_strlcpy(rq.host_id, a->host_id, sizeof(rq.host_id));
 	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
 	stk_msg_mgmt_heartbeat_req_enc(&w, &rq);
 	for (uint32_t i = 0; i < n; i++)
@@ -409,6 +413,12 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	if (stk_strlcpy(a->mgmtd, opts->mgmtd, sizeof(a->mgmtd)) ||
 	    stk_strlcpy(a->addr, opts->addr, sizeof(a->addr)))
 		goto out;
+	rc = stk_host_id(opts->host_id, a->host_id, sizeof(a->host_id));
+	if (rc) {
+		stk_error("bad host id '%s': at most %d printable characters, no spaces",
+			  opts->host_id, STK_HOST_ID_MAX - 1);
+		goto out;
+	}
 	a->role = opts->role;
 	a->targets = opts->targets;
 	a->ctx = opts->ctx;

@@ -30,13 +30,16 @@ struct stk_agent_opts {
 	uint32_t node_id; /* the id it had before, or 0 for a new node */
 	stk_agent_targets_fn targets; /* NULL for a node without targets */
 	void *ctx;
+	/* The host id to report (--host-id), or NULL for this host's (common/host.h). */
+	const char *host_id;
 };
 
 /*
  * Registers and starts heartbeating. On success *node_id is the node's id and, if
  * target_ids is not NULL, target_ids[i] is the id of the i-th target that
  * opts->targets reported (which the daemon persists next to the target's data).
- * 0, -EINTR (stopped while waiting for mgmtd), or -errno.
+ * 0, -EINTR (stopped while waiting for mgmtd), -EINVAL (opts->host_id is not a
+ * valid host id), or -errno.
  */
 int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, uint32_t *node_id,
 		    uint32_t *target_ids, uint32_t max_targets);

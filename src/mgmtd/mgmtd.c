@@ -134,6 +134,8 @@ static int handle_heartbeat(struct mgmtd *m, struct stk_rpc_req *req, struct stk
 	pthread_mutex_lock(&m->lock);
 	rc = stk_mgmt_state_heartbeat(&m->st, rq.node_id, tgts, rq.ntargets, stk_now_ns());
 	if (rc == 0)
+		stk_mgmt_state_set_host(&m->st, rq.node_id, rq.host_id);
+	if (rc == 0)
 		persist(m); /* a failed save is logged; the node is alive all the same */
 	rp.routing_version = m->st.version;
 	pthread_mutex_unlock(&m->lock);

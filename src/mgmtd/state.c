@@ -188,6 +188,8 @@ static void set_figures(struct stk_rt_target *t, const struct stk_msg_target_inf
 	t->capacity = ti->capacity;
 	t->used = ti->used;
 	t->chunks = ti->chunks;
+	t->avail = ti->avail;
+	t->dev = ti->dev;
 }
 
 static int check_register(const struct stk_msg_mgmt_register_req *req,
@@ -312,6 +314,7 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 		node->state = STK_NODE_ONLINE;
 		stk_strlcpy(node->addr, req->addr, sizeof(node->addr));
 	}
+	stk_mgmt_state_set_host(st, node->id, req->host_id);
 	node->last_hb_ns = now_ns;
 	stk_wall_time(&sec, &nsec);
 	node->last_hb_wall_ms = sec * 1000 + nsec / 1000000;
@@ -384,6 +387,18 @@ int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
 	return 0;
 }
 
+void stk_mgmt_state_set_host(struct stk_mgmt_state *st, uint32_t node_id, const char *host_id)
+{
+	struct stk_mgmt_node *node = stk_mgmt_state_node(st, node_id);
+
+	if (!node || strncmp(node->host_id, host_id, sizeof(node->host_id)) == 0)
+		return;
+	stk_info("node %u (%s, %s) is on host %s", node->id, stk_mgmt_role_name(node->role),
+		 node->addr, host_id[0] ? host_id : "(none)");
+	stk_strlcpy(node->host_id, host_id, sizeof(node->host_id));
+	bump(st);
+}
+
 unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t timeout_ns)
 {
 	unsigned count = 0;
@@ -434,6 +449,7 @@ int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t know
 		o->role = n->role;
 		o->state = n->state;
 		memcpy(o->addr, n->addr, sizeof(o->addr));
+		memcpy(o->host_id, n->host_id, sizeof(o->host_id));
 		o->last_seen_ms = now_ns > n->last_hb_ns ? (now_ns - n->last_hb_ns) / 1000000 : 0;
 	}
 	/* The tables are kept in their wire types, so they are encoded in place. */

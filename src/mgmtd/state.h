@@ -19,6 +19,8 @@
  *   u32 nnodes, u32 ntargets, u32 nchains,
  *   node:   u32 id, u8 role, u8 state, str addr, i64 last heartbeat (wall-clock ms)
  *   target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, str path
+ * (A target's avail and dev, and a node's host id, are not saved: heartbeats bring
+ * them within a second of a restart.)
  *   chain:  u32 id, u32 version, u8 ntargets, ntargets x u32
  *   u32 CRC32C of everything before it.
  */
@@ -41,6 +43,12 @@ struct stk_mgmt_node {
 	char addr[STK_ADDR_MAX];
 	uint64_t last_hb_ns;	 /* monotonic time of the last register or heartbeat */
 	int64_t last_hb_wall_ms; /* the same instant in wall-clock ms, for the state file */
+	/*
+	 * The node's host id (common/host.h), from its registration and heartbeats. Not
+	 * in the state file: after a restart it is "" (no short-circuit reads to the
+	 * node) until the node's first heartbeat.
+	 */
+	char host_id[STK_HOST_ID_MAX];
 };
 
 struct stk_mgmt_state {
@@ -88,6 +96,13 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
  */
 int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
 			     const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns);
+
+/*
+ * Records the host id a node reported (MGMT_REGISTER does it itself; MGMT_HEARTBEAT
+ * calls this after stk_mgmt_state_heartbeat), bumping the routing version when it
+ * changed: clients decide short-circuit reads by it. Unknown nodes are ignored.
+ */
+void stk_mgmt_state_set_host(struct stk_mgmt_state *st, uint32_t node_id, const char *host_id);
 
 /*
  * Marks ONLINE nodes silent for more than timeout_ns OFFLINE, with their targets,

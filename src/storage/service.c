@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../common/daemon.h"
+#include "../common/host.h"
 #include "../common/layout.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
@@ -45,51 +46,31 @@ struct storage {
 
 /*
  * The agent's view of our targets: ids, figures and paths, for register and
- * heartbeats. Targets whose folders share a file system (the four of `stoker up`,
- * or several per disk) split its capacity and use evenly, the first taking the
- * remainder, so that whoever adds the targets up (a mount's statfs, `stoker
- * status`, mgmtd's cluster totals) counts each disk once. A folder that cannot be
- * stat'ed counts as a file system of its own.
+ * heartbeats. Each target reports the whole of its folder's file system, and that
+ * file system's device id: targets that share one (the four of `stoker up`, several
+ * per disk, or several storage nodes on one machine) are told apart from targets on
+ * other devices by it, and whoever adds the figures up (a mount's statfs, `stoker
+ * status`, mgmtd's cluster totals: stk_host_space_sum) counts each device once, over
+ * the whole cluster. A folder that cannot be stat'ed reports zeros and device 0.
  */
 static uint32_t report_targets(void *ctx, struct stk_msg_target_info *out, uint32_t max)
 {
 	struct storage *s = ctx;
 	uint32_t n = STK_MIN(s->nstores, max);
-	dev_t *dev = calloc(n ? n : 1, sizeof(*dev));
 
 	for (uint32_t i = 0; i < n; i++) {
 		struct stk_chunk_store *cs = s->stores[i];
 		struct stk_msg_target_info *t = &out[i];
-		struct stat st;
+		uint64_t cap, used;
 
 		memset(t, 0, sizeof(*t));
 		t->target_id = stk_chunk_store_id(cs);
-		if (stk_chunk_store_stat(cs, &t->capacity, &t->used, &t->chunks))
-			t->capacity = t->used = 0;
+		if (stk_chunk_store_stat(cs, &cap, &used, &t->chunks))
+			t->chunks = 0;
 		stk_strlcpy(t->path, stk_chunk_store_path(cs), sizeof(t->path));
-		if (dev)
-			dev[i] = stat(t->path, &st) == 0 ? st.st_dev : (dev_t)-1 - i;
+		if (stk_host_fs_space(t->path, &t->capacity, &t->used, &t->avail, &t->dev))
+			t->capacity = t->used = t->avail = t->dev = 0;
 	}
-	for (uint32_t i = 0; dev && i < n; i++) {
-		uint64_t cap = out[i].capacity, used = out[i].used;
-		uint32_t k = 0, rank = 0, j;
-
-		for (j = 0; j < i && dev[j] != dev[i]; j++)
-			;
-		if (j < i)
-			continue; /* done with the first of its file system */
-		for (j = i; j < n; j++)
-			k += dev[j] == dev[i];
-		/* the first one's figures, read at one instant, shared out */
-		for (j = i; j < n && k > 1; j++) {
-			if (dev[j] != dev[i])
-				continue;
-			out[j].capacity = cap / k + (rank == 0 ? cap % k : 0);
-			out[j].used = used / k + (rank == 0 ? used % k : 0);
-			rank++;
-		}
-	}
-	free(dev);
 	return n;
 }
 
@@ -472,6 +453,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	ao.node_id = node_id;
 	ao.targets = report_targets;
 	ao.ctx = s;
+	ao.host_id = opts->host_id;
 	rc = stk_agent_start(&ao, &s->agent, &node_id, ids, opts->ntargets);
 	if (rc) {
 		s->agent = NULL;

@@ -17,6 +17,7 @@ struct stk_storage_opts {
 	const char **targets; /* target folders; created if missing */
 	unsigned ntargets;
 	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
+	const char *host_id; /* --host-id: the host id to report, NULL for this host's */
 };
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */

@@ -28,7 +28,7 @@ def test_up_status_down(cluster):
     assert len(chains) == 4
     shards = out.split("Metadata shards")[1].strip().splitlines()[1:]
     assert len(shards) == 1
-    # The targets share the data folder's disk: each shows a quarter, the total it once.
+    # The targets share the data folder's disk: each shows all of it, the total it once.
     disk = os.statvfs(cluster.data)
     total = [l for l in out.splitlines() if l.strip().startswith("total")][0]
     assert total.split()[1:3] == size_words(disk.f_blocks * disk.f_frsize), (total, out)

@@ -356,6 +356,48 @@ out:
 	return rc;
 }
 
+/* A node's host id and its targets' avail and device reach the routing table. */
+static int test_host_identity(void)
+{
+	struct stk_mgmt_state st;
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_msg_target_info t[1];
+	struct stk_routing rt;
+	uint32_t nid = 0, ids[1];
+	uint64_t v;
+	int rc = 0;
+
+	stk_mgmt_state_init(&st);
+	rq = req(0, STK_ROLE_STORAGE, "127.0.0.2:9402", 1);
+	stk_strlcpy(rq.host_id, "hostA", sizeof(rq.host_id));
+	tinfo(&t[0], 0, "/a/t0", 100);
+	t[0].avail = 700;
+	t[0].dev = 42;
+	CHECK(stk_mgmt_state_register(&st, &rq, t, 1, 1 * SEC, &nid, ids) == 0);
+	CHECK(routing(&st, 0, 1 * SEC, &rt) == 0);
+	CHECK(rt.nnodes == 1 && strcmp(rt.nodes[0].host_id, "hostA") == 0);
+	CHECK(rt.ntargets == 1 && rt.targets[0].avail == 700 && rt.targets[0].dev == 42);
+	stk_routing_free(&rt);
+	/* The same host id again: no new routing version; another one: a new version. */
+	v = st.version;
+	stk_mgmt_state_set_host(&st, nid, "hostA");
+	CHECK(st.version == v);
+	stk_mgmt_state_set_host(&st, nid, "hostB");
+	CHECK(st.version > v);
+	stk_mgmt_state_set_host(&st, nid + 100, "hostC"); /* unknown node: ignored */
+	/* Heartbeats refresh avail and dev. */
+	t[0].target_id = ids[0];
+	t[0].avail = 650;
+	t[0].dev = 43;
+	CHECK(stk_mgmt_state_heartbeat(&st, nid, t, 1, 2 * SEC) == 0);
+	CHECK(routing(&st, 0, 2 * SEC, &rt) == 0);
+	CHECK(strcmp(rt.nodes[0].host_id, "hostB") == 0);
+	CHECK(rt.targets[0].avail == 650 && rt.targets[0].dev == 43);
+	stk_routing_free(&rt);
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
 int main(void)
 {
 	struct stk_mgmt_state st;
@@ -373,7 +415,7 @@ int main(void)
 		}
 	}
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
-	     test_persistence(&st) || test_lost_state();
+	     test_persistence(&st) || test_lost_state() || test_host_identity();
 	stk_mgmt_state_free(&st);
 	if (rc == 0)
 		printf("test_mgmtd_state: all passed\n");
