@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/host.h"
 #include "../common/layout.h"
 #include "../storage/chunk.h"
 #include "../common/log.h"
@@ -147,6 +148,14 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	pthread_mutex_init(&c->local_lock, NULL);
 	e = getenv("STOKER_SHORT_CIRCUIT");
 	c->short_circuit = !(e && strcmp(e, "0") == 0);
+	e = getenv("STOKER_HOST_ID");
+	if (stk_host_id(e, c->host_id, sizeof(c->host_id))) {
+		stk_error("STOKER_HOST_ID='%s' is not a host id: at most %d printable "
+			  "characters, no spaces",
+			  e, STK_HOST_ID_MAX - 1);
+		rc = -EINVAL;
+		goto out_lock;
+	}
 	rc = stk_reaper_create(c);
 	if (rc)
 		goto out_lock;

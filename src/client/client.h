@@ -38,6 +38,12 @@ struct stk_client {
 	struct stk_routing rt;
 	int short_circuit; /* STOKER_SHORT_CIRCUIT=0 turns local chunk reads off */
 	/*
+	 * This client's host id (STOKER_HOST_ID, else this host's; common/host.h): it
+	 * reads a target's chunk files itself only when the target's node is ONLINE
+	 * with this same host id.
+	 */
+	char host_id[STK_HOST_ID_MAX];
+	/*
 	 * Sequential readers read local chunks past the page cache (STK_READ_STREAM).
 	 * Set by the mount, whose kernel caches what it reads, before its first read;
 	 * a library client reads through the page cache, its only cache.

@@ -105,20 +105,20 @@ static int chain_head(struct stk_client *c, uint32_t chain_id, char *addr, uint3
 	return rc;
 }
 
-/* Is "HOST:PORT" an address of this machine's loopback? */
-static int loopback_addr(const char *addr)
-{
-	return strncmp(addr, "127.", 4) == 0 || strncmp(addr, "localhost:", 10) == 0 ||
-	       strncmp(addr, "[::1]:", 6) == 0;
-}
-
 /*
- * Short-circuit reads: when the head of a chain is a target on this machine whose
+ * Short-circuit reads: when the head of a chain is a target on this host whose
  * folder this process can open (and whose target.id is the one the routing table
  * names), the client reads the chunk file itself, with the same checksum checks
  * the storage node makes, and no request crosses the network. Writes always go
  * to the storage node, which owns the chunk files; reads of a copy-on-write chunk
  * see the old version or the new one, never a mix.
+ *
+ * "On this host" is the node's host id (common/host.h) equal to the client's, never
+ * its address: on one machine every 127.x address is local, also that of a node in
+ * its own network namespace or one given a host id of its own to stand for another
+ * machine. And the node must be ONLINE and its target SERVING in the routing table:
+ * the files of a node known to be down are not read behind its back (its chunks
+ * may be stale once it is moved out of its chains).
  */
 static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_id)
 {
@@ -138,7 +138,8 @@ static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_
 		t = stk_routing_target(&c->rt, ch->targets[0]);
 		n = t ? stk_routing_node(&c->rt, t->node_id) : NULL;
 	}
-	if (t && n && t->state == STK_TARGET_SERVING && loopback_addr(n->addr))
+	if (t && n && t->state == STK_TARGET_SERVING && n->state == STK_NODE_ONLINE &&
+	    n->host_id[0] && strcmp(n->host_id, c->host_id) == 0)
 		tid = t->id;
 	pthread_rwlock_unlock(&c->rt_lock);
 	if (!tid)

@@ -7,10 +7,17 @@ share it (df on a mount, `stoker status` totals, mgmtd's cluster metrics).
 Nodes on this one machine are made distinct hosts with `--host-id`, a client with
 STOKER_HOST_ID."""
 import os
+import random
+import re
+import urllib.request
 
-from conftest import Mount, have_fuse, run, STOKER
+from conftest import Mount, have_fuse, run, STOKER, wait_until
 
 MiB = 1 << 20
+
+
+def pattern(size, seed):
+    return random.Random(seed).randbytes(size)
 
 
 def size_words(n):
@@ -23,6 +30,37 @@ def size_words(n):
 
 def total_line(status):
     return [l for l in status.splitlines() if l.strip().startswith("total")][0]
+
+
+def client_env(rc, host_id, retry_ms=None):
+    env = dict(rc.env(), STOKER_HOST_ID=host_id)
+    if retry_ms is not None:
+        env["STOKER_RETRY_MS"] = str(retry_ms)
+    return env
+
+
+def get(rc, path, env):
+    return run([STOKER, "get", path, "-"], check=False, env=env, timeout=120)
+
+
+def chunk_files(node):
+    return sum(len(files) for t in node.targets
+               for _, _, files in os.walk(os.path.join(t, "chunks")))
+
+
+def put_with_chunks_on(rc, node, data):
+    """Puts data into new files until one has chunks on `node` (meta may place the
+    first files on the chains it knew before the node's target came); its path."""
+    made = []
+
+    def attempt():
+        before = chunk_files(node)
+        made.append("/f%d" % len(made))
+        rc.cli("put", "-", made[-1], input=data)
+        return chunk_files(node) > before
+
+    wait_until(attempt, timeout=60, what="a file with chunks on " + node.name)
+    return made[-1]
 
 
 def test_df_counts_a_shared_device_once(role_cluster, tmp_path):
@@ -68,6 +106,69 @@ def test_df_counts_a_shared_device_once(role_cluster, tmp_path):
         assert got.f_bfree >= got.f_bavail
 
 
+def test_a_dead_node_of_another_host_is_not_read_behind_its_back(role_cluster):
+    """Two storage nodes stand for two other hosts (--host-id), the client for a
+    third. With one node killed, a read of a file with chunks on it fails (the
+    client must not read that node's chunk files from disk because its address is
+    127.0.0.x), and succeeds with the same bytes once the node is back."""
+    rc = role_cluster
+    rc.add_meta("meta1")
+    for name, host in (("st1", "test-host-a"), ("st2", "test-host-b")):
+        node = rc.add_storage(name, targets=1)
+        node.argv += ["--host-id", host]
+    rc.start_all()
+    rc.wait_serving()
+    status = rc.status()
+    assert "test-host-a" in status and "test-host-b" in status, status
+
+    data = pattern(4 * MiB + 12345, 1)
+    path = put_with_chunks_on(rc, rc.nodes["st1"], data)
+    env = client_env(rc, "test-client-host", retry_ms=1500)
+    assert get(rc, path, env).stdout == data
+
+    rc.kill("st1")
+    p = get(rc, path, env)
+    assert p.returncode != 0, "read of a dead node's chunks succeeded: %d bytes" % len(p.stdout)
+    assert b"Input/output error" in p.stderr or b"error" in p.stderr.lower(), p.stderr
+
+    rc.start("st1")
+    rc.wait_serving()
+    wait_until(lambda: get(rc, path, env).returncode == 0, timeout=60,
+               what="the read to work again")
+    assert get(rc, path, env).stdout == data
+
+
+def stor_reads(cluster):
+    url = "http://127.0.0.1:%d/metrics" % (cluster.port + 12)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    m = re.search(r'^stoker_rpc_requests_total\{op="STOR_READ"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_short_circuit_follows_the_host_id(cluster):
+    """`stoker up`: a client of this host reads chunk files itself (no STOR_READ
+    reaches the storage node); the same client claiming another host id reads
+    through the network."""
+    data = pattern(3 * MiB + 777, 2)
+    cluster.cli("put", "-", "/g", input=data)
+    env = dict(os.environ, STOKER_CLUSTER=cluster.url)
+    env.pop("STOKER_HOST_ID", None)
+    env.pop("STOKER_SHORT_CIRCUIT", None)
+
+    n0 = stor_reads(cluster)
+    p = run([STOKER, "get", "/g", "-"], env=env)
+    assert p.stdout == data
+    n1 = stor_reads(cluster)
+    assert n1 == n0, "a client of this host read through storage: %s requests" % (n1 - n0)
+
+    env["STOKER_HOST_ID"] = "test-elsewhere"
+    p = run([STOKER, "get", "/g", "-"], env=env)
+    assert p.stdout == data
+    n2 = stor_reads(cluster)
+    assert n2 >= n1 + 4, "another host's client read no chunk through storage"
+
+
 def test_bad_host_ids_are_refused(role_cluster):
     rc = role_cluster
     p = run([STOKER, "storage", "--data", os.path.join(rc.dir, "x"), "--target",
@@ -76,3 +177,6 @@ def test_bad_host_ids_are_refused(role_cluster):
     p = run([STOKER, "storage", "--data", os.path.join(rc.dir, "x"), "--target",
              os.path.join(rc.dir, "x", "t0"), "--host-id", "h" * 64], check=False)
     assert p.returncode == 2 and b"bad --host-id" in p.stderr, p.stderr
+    env = dict(os.environ, STOKER_CLUSTER=rc.url, STOKER_HOST_ID="x" * 64)
+    p = run([STOKER, "ls", "/"], check=False, env=env, timeout=60)
+    assert p.returncode != 0 and b"STOKER_HOST_ID" in p.stderr, p.stderr
