@@ -15,7 +15,11 @@ that restarts what dies) cannot stage.
     rc.stop_all()             # in teardown
 
 Every node of a test listens on the same port (its own address tells nodes apart);
-mgmtd is 127.0.0.1:PORT. Logs go to DIR/NAME.log.
+mgmtd is 127.0.0.1:PORT. Logs go to DIR/NAME.log. Each meta and storage node gets a
+host id of its own (`--host-id roles-NAME`), so that it stands for a host of its own
+and the test's clients (this machine's host id) never read its chunk files from
+disk: a killed storage node is really gone for them. Append another `--host-id` to
+node.argv before starting it to choose one.
 """
 import os
 import signal
@@ -53,7 +57,7 @@ class RoleCluster:
         data = os.path.join(self.dir, name)
         argv = [STOKER, role, "--listen", addr, "--data", data]
         if role != "mgmtd":
-            argv += ["--mgmtd", self.mgmtd_addr]
+            argv += ["--mgmtd", self.mgmtd_addr, "--host-id", "roles-" + name]
         node = Node(name, role, addr, argv + extra, os.path.join(self.dir, name + ".log"))
         node.data = data
         self.nodes[name] = node
