@@ -121,6 +121,43 @@ static inline uint32_t stk_crc_blocks(uint64_t len)
 	return (uint32_t)((len + STK_CRC_BLOCK - 1) / STK_CRC_BLOCK);
 }
 
+/*
+ * A namespace's identity: 128 random bits made when a meta store is first created
+ * (or first opened by a release that knows them), kept in that store and, once a
+ * meta node serving it has registered, in mgmtd's state for the shard. mgmtd gives
+ * a shard only to a meta whose store carries the shard's identity, and storage
+ * removes chunks only for a request carrying it (see docs/architecture.md). All
+ * zero: none (a storage node, or a shard no meta has claimed yet).
+ */
+struct stk_ns_id {
+	uint64_t hi;
+	uint64_t lo;
+};
+#define STK_NS_ID_STR 33 /* 32 hex digits and the NUL */
+
+static inline int stk_ns_id_is_zero(const struct stk_ns_id *id)
+{
+	return id->hi == 0 && id->lo == 0;
+}
+
+static inline int stk_ns_id_eq(const struct stk_ns_id *a, const struct stk_ns_id *b)
+{
+	return a->hi == b->hi && a->lo == b->lo;
+}
+
+/* Writes the id as 32 lowercase hex digits into out[STK_NS_ID_STR]; returns out. */
+static inline char *stk_ns_id_str(const struct stk_ns_id *id, char *out)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	for (int i = 0; i < 16; i++) {
+		out[i] = hex[(id->hi >> (60 - 4 * i)) & 0xf];
+		out[16 + i] = hex[(id->lo >> (60 - 4 * i)) & 0xf];
+	}
+	out[32] = 0;
+	return out;
+}
+
 enum stk_node_state { STK_NODE_ONLINE = 1, STK_NODE_OFFLINE = 2 };
 enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARGET_FULL = 3 };
 
