@@ -30,6 +30,7 @@ struct stk_agent_opts {
 	uint32_t node_id; /* the id it had before, or 0 for a new node */
 	stk_agent_targets_fn targets; /* NULL for a node without targets */
 	void *ctx;
+	struct stk_ns_id ns; /* a meta node's store identity (never zero); zero for storage */
 };
 
 /*
@@ -41,6 +42,15 @@ struct stk_agent_opts {
 int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, uint32_t *node_id,
 		    uint32_t *target_ids, uint32_t max_targets);
 void stk_agent_stop(struct stk_agent *a);
+
+/*
+ * 1 when mgmtd refused this meta node (its store is not the namespace of shard 1):
+ * it is registered, with an id, but must serve nothing. Known after a successful
+ * stk_agent_start; a later registration (mgmtd lost the node) may also set it, and
+ * then the agent logs it and asks the daemon to stop. *shard_ns: shard 1's identity
+ * as mgmtd gave it (may be NULL). Any thread.
+ */
+int stk_agent_refused(struct stk_agent *a, struct stk_ns_id *shard_ns);
 
 struct stk_routing_ref {
 	struct stk_routing rt;

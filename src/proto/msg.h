@@ -169,9 +169,16 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_TARGET_INFO(F) \
 	F(u32, target_id) F(u64, capacity) F(u64, used) F(u64, chunks) F(path, path)
 
+/*
+ * ns_hi/ns_lo: a meta node's store identity (stk_ns_id; zero from storage). The
+ * reply's `refused` 1: the node is registered (node_id is its id) but serves no
+ * shard, because its store is not the namespace shard 1 holds (shard_ns_hi/lo, the
+ * shard's identity); a meta node refused exits (src/meta/service.c).
+ */
 #define STK_MSG_MGMT_REGISTER_REQ(F) \
-	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets)
-#define STK_MSG_MGMT_REGISTER_RESP(F) F(u32, node_id) F(u32, ntargets)
+	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets) F(u64, ns_hi) F(u64, ns_lo)
+#define STK_MSG_MGMT_REGISTER_RESP(F) \
+	F(u32, node_id) F(u32, ntargets) F(u8, refused) F(u64, shard_ns_hi) F(u64, shard_ns_lo)
 #define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets)
 #define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version)
 #define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
@@ -466,6 +473,8 @@ struct stk_rt_node {
 	uint8_t state; /* enum stk_node_state */
 	char addr[STK_ADDR_MAX];
 	uint64_t last_seen_ms; /* milliseconds since the node's last heartbeat */
+	uint8_t refused; /* a meta node whose store is not its shard's: it serves nothing */
+	struct stk_ns_id ns; /* a meta node's store identity as it last registered */
 };
 
 struct stk_rt_target {
@@ -487,14 +496,16 @@ struct stk_rt_chain {
 
 struct stk_rt_shard {
 	uint32_t id;
-	uint32_t node_id; /* the meta node that serves the shard */
+	uint32_t node_id; /* the meta node that serves the shard; 0: none may now */
+	struct stk_ns_id ns; /* the namespace the shard holds (zero: not known yet) */
 };
 
 /*
  * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
- * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms;
- * target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, path;
- * chain: u32 id, u32 version, u8 ntargets, ntargets x u32; shard: u32 id, u32 node_id.
+ * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms,
+ * u8 refused, u64 ns hi, u64 ns lo; target: u32 id, u32 node_id, u8 state, u64
+ * capacity, u64 used, u64 chunks, path; chain: u32 id, u32 version, u8 ntargets,
+ * ntargets x u32; shard: u32 id, u32 node_id, u64 ns hi, u64 ns lo.
  * When the requester's known_version equals version all counts are 0.
  */
 struct stk_routing {

@@ -39,10 +39,11 @@
  * 2: META_CREATE and META_UNLINK replies carry the folder's attributes, META_OPEN's
  * reply the inode's, META_CLOSES. 3: cache leases (the header's origin, META_WATCH,
  * META_LOOKUP_CACHE, META_CREATE's `leased`). 4: delegated folders (META_MKDIR's flags
- * and `delegated`, META_INOS, META_NAMES). Daemons and clients of another version
+ * and `delegated`, META_INOS, META_NAMES). 5: namespace identities (MGMT_REGISTER's
+ * ns and refused, the routing table's node and shard ns, STOR_TRUNCATE(S)' ns). Daemons and clients of another version
  * refuse each other's requests (NOTSUP) rather than misread them.
  */
-#define STK_WIRE_VERSION 4
+#define STK_WIRE_VERSION 5
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
