@@ -766,12 +766,16 @@ static int op_readdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_statfs_resp r;
+	struct stk_ns_id ns;
 	int rc;
 
 	rc = decoded(req, 0);
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	stk_meta_store_ns_id(m->store, &ns);
+	r.ns_hi = ns.hi;
+	r.ns_lo = ns.lo;
 	rc = stk_meta_store_statfs(m->store, &r.files);
 	return rc ? rc : stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
 }

@@ -231,7 +231,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_META_READDIR_RESP(F) F(u8, eof) F(u32, n)
 /* One directory entry (follows meta_readdir_resp). mode carries only the type bits. */
 #define STK_MSG_DIRENT(F) F(u64, ino) F(u32, mode) F(u64, next_cookie) F(name, name)
-#define STK_MSG_META_STATFS_RESP(F) F(u64, files)
+/* ns_hi/ns_lo: the namespace's identity, which a client's chunk removals carry. */
+#define STK_MSG_META_STATFS_RESP(F) F(u64, files) F(u64, ns_hi) F(u64, ns_lo)
 #define STK_MSG_META_EXTEND_REQ(F) \
 	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)
 /* Extended attributes: value bytes follow setxattr_req and xattr_resp (wire.h). */
@@ -351,13 +352,22 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	F(u32, length)
 /* Followed by ncrcs block checksums of the bulk (see STOR_WRITE). */
 #define STK_MSG_STOR_READ_RESP(F) F(u32, ncrcs)
-#define STK_MSG_STOR_TRUNCATE_REQ(F) \
-	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)
+/*
+ * ns_hi/ns_lo (the fence on chunk removal): the identity of the namespace that told
+ * the sender about the inode (meta's store; a client asks meta with META_STATFS).
+ * Storage refuses (PERM) a truncation whose identity is not that of shard 1 in its
+ * routing table, so that a meta serving some other store, and its clients, cannot
+ * remove chunks of files they never knew.
+ */
+#define STK_MSG_STOR_TRUNCATE_REQ(F)                                                      \
+	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)     \
+	F(u64, ns_hi) F(u64, ns_lo)
 /*
  * STOR_TRUNCATES: n trunc_rec records follow (n <= STK_TRUNCATES_MAX), each done as
- * a STOR_TRUNCATE of that inode on this chain.
+ * a STOR_TRUNCATE of that inode on this chain; ns as for STOR_TRUNCATE.
  */
-#define STK_MSG_STOR_TRUNCATES_REQ(F) F(u32, chain_id) F(u32, chain_ver) F(u32, n)
+#define STK_MSG_STOR_TRUNCATES_REQ(F) \
+	F(u32, chain_id) F(u32, chain_ver) F(u32, n) F(u64, ns_hi) F(u64, ns_lo)
 #define STK_MSG_TRUNC_REC(F) F(u64, ino) F(u64, size) F(u32, chunk_size)
 #define STK_TRUNCATES_MAX 256u
 #define STK_MSG_STOR_SYNC_REQ(F) F(u32, chain_id)

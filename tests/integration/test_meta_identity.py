@@ -11,7 +11,7 @@ import os
 import re
 import time
 
-from conftest import STOKER, run
+from conftest import CHECK, STOKER, run
 
 
 def chunk_files(rc):
@@ -110,3 +110,29 @@ def test_second_meta_never_takes_the_namespace(role_cluster):
     with open(rc.nodes["mgmtd"].log, errors="replace") as f:
         log = f.read()
     assert "meta node %d (%s) refused" % (meta2_id, meta2.addr) in log
+
+
+def test_chunk_removal_is_fenced_by_namespace(role_cluster):
+    """Storage removes chunks only for a request naming shard 1's namespace: one
+    naming none or another (a stranger meta's client) removes nothing, while the
+    namespace's own removals still work."""
+    rc = role_cluster
+    rc.add_meta("meta1")
+    st = rc.add_storage("st1", targets=2)
+    rc.start_all()
+    rc.wait_serving()
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    rc.cli("put", "-", "/victim", input=data)
+    rc.cli("put", "-", "/gone", input=os.urandom(200000))
+    ino = rc.cli("stat", "/victim").stdout.decode().split("Inode:")[1].split()[0]
+    before = chunk_files(rc)
+    run([CHECK, "fence", st.addr, ino, "2"])
+    assert chunk_files(rc) == before
+    assert rc.cli("cat", "/victim").stdout == data
+    # The namespace's own client still removes what it unlinks.
+    rc.cli("rm", "/gone")
+    after = chunk_files(rc)
+    assert set(after) < set(before), "rm removed no chunk"
+    assert rc.cli("cat", "/victim").stdout == data
+    with open(st.log, errors="replace") as f:
+        assert "chunk removal of inode" in f.read()
