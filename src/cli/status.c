@@ -38,6 +38,62 @@ static const char *target_state(uint8_t s)
 	}
 }
 
+/*
+ * Each shard, its meta node and its namespace, and plainly when no one serves it:
+ * a shard waits for the one store that holds it (docs/architecture.md).
+ */
+static void print_shards(const struct stk_routing *rt)
+{
+	char ns[STK_NS_ID_STR];
+
+	/* The header stays as it was: scripts and tests look for it. */
+	printf("\nMetadata shards\n  %-6s %s\n", "SHARD", "META NODE");
+	for (uint32_t i = 0; i < rt->nshards; i++) {
+		const struct stk_rt_shard *sh = &rt->shards[i];
+		const struct stk_rt_node *n = stk_routing_node(rt, sh->node_id);
+
+		if (sh->node_id)
+			printf("  %-6u %-10u", sh->id, sh->node_id);
+		else
+			printf("  %-6u %-10s", sh->id, "none");
+		printf(" namespace %s\n",
+		       stk_ns_id_is_zero(&sh->ns) ? "(not known yet)" : stk_ns_id_str(&sh->ns, ns));
+		if (!n)
+			printf("  ! shard %u has no meta node: the namespace is unavailable until "
+			       "the meta node with its store registers again\n",
+			       sh->id);
+		else if (n->state != STK_NODE_ONLINE)
+			printf("  ! shard %u's meta node %u (%s) is offline: the namespace is "
+			       "unavailable until it returns\n",
+			       sh->id, n->id, n->addr);
+	}
+	if (rt->nshards == 0)
+		printf("  ! no meta node has registered yet: the namespace is unavailable\n");
+}
+
+/* Meta nodes mgmtd refused, and why: each serves nothing. */
+static void print_refused(const struct stk_routing *rt)
+{
+	char mine[STK_NS_ID_STR], want[STK_NS_ID_STR];
+	const struct stk_ns_id *shard_ns = rt->nshards ? &rt->shards[0].ns : NULL;
+	int header = 0;
+
+	for (uint32_t i = 0; i < rt->nnodes; i++) {
+		const struct stk_rt_node *n = &rt->nodes[i];
+
+		if (!n->refused)
+			continue;
+		if (!header)
+			printf("\nRefused meta nodes (they serve nothing)\n");
+		header = 1;
+		printf("  node %u (%s, %s): refused: its store is namespace %s, not shard 1's "
+		       "namespace %s\n",
+		       n->id, n->addr, n->state == STK_NODE_ONLINE ? "online" : "offline",
+		       stk_ns_id_str(&n->ns, mine),
+		       shard_ns ? stk_ns_id_str(shard_ns, want) : "(none)");
+	}
+}
+
 int cmd_status(int argc, char **argv)
 {
 	char addr[STK_ADDR_MAX], cap[32], used[32];
@@ -111,9 +167,8 @@ int cmd_status(int argc, char **argv)
 			printf(" %u", c->targets[j]);
 		printf("\n");
 	}
-	printf("\nMetadata shards\n  %-6s %s\n", "SHARD", "META NODE");
-	for (uint32_t i = 0; i < rt.nshards; i++)
-		printf("  %-6u %u\n", rt.shards[i].id, rt.shards[i].node_id);
+	print_shards(&rt);
+	print_refused(&rt);
 	stk_routing_free(&rt);
 	return 0;
 }

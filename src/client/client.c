@@ -284,6 +284,40 @@ int stk_client_meta_addr(struct stk_client *c, char *addr)
 	return rc;
 }
 
+int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out)
+{
+	struct stk_msg_meta_statfs_resp m;
+	char addr[STK_ADDR_MAX] = "";
+	uint8_t resp[64];
+	struct stk_rbuf r;
+	size_t len = 0;
+	int rc, hit = 0;
+
+	if (stk_client_meta_addr(c, addr) == 0) {
+		pthread_rwlock_rdlock(&c->rt_lock);
+		hit = !stk_ns_id_is_zero(&c->meta_ns) && strcmp(c->meta_ns_addr, addr) == 0;
+		if (hit)
+			*out = c->meta_ns;
+		pthread_rwlock_unlock(&c->rt_lock);
+		if (hit)
+			return 0;
+	}
+	rc = stk_client_meta_call(c, STK_OP_META_STATFS, NULL, 0, resp, sizeof(resp), &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, len);
+	if (stk_msg_meta_statfs_resp_dec(&r, &m) || stk_rbuf_finish(&r) ||
+	    (m.ns_hi == 0 && m.ns_lo == 0))
+		return -EIO;
+	out->hi = m.ns_hi;
+	out->lo = m.ns_lo;
+	pthread_rwlock_wrlock(&c->rt_lock);
+	c->meta_ns = *out;
+	stk_strlcpy(c->meta_ns_addr, addr, sizeof(c->meta_ns_addr));
+	pthread_rwlock_unlock(&c->rt_lock);
+	return 0;
+}
+
 int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req, size_t req_len,
 			 void *resp, size_t resp_cap, size_t *resp_len)
 {

@@ -60,6 +60,12 @@ struct stk_client {
 	unsigned nlocals;
 	struct stk_session *sess; /* the session with meta (session.c) */
 	struct stk_reaper *reaper; /* background removal of gone files' chunks (reaper.c) */
+	/*
+	 * The namespace identity of the meta at meta_ns_addr, which chunk removals carry
+	 * (stk_client_meta_ns); both under rt_lock. Zero until first asked.
+	 */
+	struct stk_ns_id meta_ns;
+	char meta_ns_addr[STK_ADDR_MAX];
 	struct stk_lcache *lc; /* the lookup cache (lcache.c), NULL when off */
 	struct stk_behind *behind; /* write-behind of names (behind.c), NULL when off */
 };
@@ -90,6 +96,14 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 			      size_t *resp_len);
 /* The address of meta from the routing table. 0 or -ENOTCONN (none known). */
 int stk_client_meta_addr(struct stk_client *c, char *addr);
+/*
+ * The namespace identity of the meta serving shard 1, as that meta tells it
+ * (META_STATFS, asked again whenever shard 1's address changes): what this
+ * client's chunk removals carry, so that storage refuses them if this client's
+ * meta is not the one holding the namespace. 0 or -errno of the call (-EIO for a
+ * reply without an identity).
+ */
+int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out);
 
 /* Encode-and-call helpers for the common reply shape (an stk_attr). */
 int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,

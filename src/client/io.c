@@ -613,16 +613,22 @@ int stk_io_sync_chain(struct stk_client *c, uint32_t chain_id)
 int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size)
 {
 	uint32_t chains[STK_MAX_STRIPE];
+	struct stk_ns_id ns;
 	int first = 0;
 
 	if (stk_layout_check(&a->layout))
 		return -EIO;
+	first = stk_client_meta_ns(c, &ns);
+	if (first)
+		return first;
 	stk_layout_chains(&a->layout, chains);
 	for (uint32_t i = 0; i < a->layout.stripe; i++) {
 		struct stk_msg_stor_truncate_req m = {.chain_id = chains[i],
 						      .ino = a->ino,
 						      .size = size,
-						      .chunk_size = a->layout.chunk_size};
+						      .chunk_size = a->layout.chunk_size,
+						      .ns_hi = ns.hi,
+						      .ns_lo = ns.lo};
 		int rc = chain_op(c, STK_OP_STOR_TRUNCATE, enc_truncate, &m, chains[i]);
 		if (rc && !first)
 			first = rc;
@@ -641,13 +647,14 @@ struct trunc_batch {
 	uint32_t chain_id;
 	uint32_t n;
 	const struct chain_rec *l;
+	struct stk_ns_id ns;
 };
 
 static void enc_truncates(const void *msg, uint32_t ver, struct stk_wbuf *w)
 {
 	const struct trunc_batch *b = msg;
 	struct stk_msg_stor_truncates_req m = {.chain_id = b->chain_id, .chain_ver = ver,
-					       .n = b->n};
+					       .n = b->n, .ns_hi = b->ns.hi, .ns_lo = b->ns.lo};
 
 	stk_msg_stor_truncates_req_enc(w, &m);
 	for (uint32_t i = 0; i < b->n; i++)
@@ -662,10 +669,11 @@ static int chain_rec_cmp(const void *a, const void *b)
 }
 
 /* One chain's records: STOR_TRUNCATES, or one STOR_TRUNCATE each for a storage without it. */
-static int truncate_on_chain(struct stk_client *c, const struct chain_rec *l, uint32_t n)
+static int truncate_on_chain(struct stk_client *c, const struct stk_ns_id *ns,
+			     const struct chain_rec *l, uint32_t n)
 {
-	struct trunc_batch b = {.chain_id = l[0].chain_id, .n = n, .l = l};
-	/* 12 bytes of header, 20 a record, and slack */
+	struct trunc_batch b = {.chain_id = l[0].chain_id, .n = n, .l = l, .ns = *ns};
+	/* 28 bytes of header, 20 a record, and slack */
 	int rc = chain_op_sized(c, STK_OP_STOR_TRUNCATES, enc_truncates, &b, b.chain_id,
 				32 + (size_t)n * 20);
 
@@ -676,7 +684,9 @@ static int truncate_on_chain(struct stk_client *c, const struct chain_rec *l, ui
 		struct stk_msg_stor_truncate_req m = {.chain_id = b.chain_id,
 						      .ino = l[i].rec.ino,
 						      .size = l[i].rec.size,
-						      .chunk_size = l[i].rec.chunk_size};
+						      .chunk_size = l[i].rec.chunk_size,
+						      .ns_hi = ns->hi,
+						      .ns_lo = ns->lo};
 		int r = chain_op(c, STK_OP_STOR_TRUNCATE, enc_truncate, &m, b.chain_id);
 
 		if (r && !rc)
@@ -689,8 +699,9 @@ int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, 
 {
 	uint32_t chains[STK_MAX_STRIPE];
 	struct chain_rec *l;
+	struct stk_ns_id ns;
 	size_t cnt = 0;
-	int first = 0;
+	int first = 0, rc0;
 
 	for (size_t i = 0; i < n; i++)
 		cnt += stk_layout_check(&a[i].layout) ? 0 : a[i].layout.stripe;
@@ -720,13 +731,19 @@ int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, 
 			stk_chunk_store_forget(c->locals[j].cs, a[i].ino, nchunks);
 	}
 	qsort(l, cnt, sizeof(*l), chain_rec_cmp);
+	/* Without the namespace's identity storage removes nothing: none is sent. */
+	rc0 = cnt ? stk_client_meta_ns(c, &ns) : 0;
+	if (rc0) {
+		free(l);
+		return rc0;
+	}
 	for (size_t i = 0; i < cnt;) {
 		uint32_t m = 0;
 		int rc;
 
 		while (i + m < cnt && m < STK_TRUNCATES_MAX && l[i + m].chain_id == l[i].chain_id)
 			m++;
-		rc = truncate_on_chain(c, &l[i], m);
+		rc = truncate_on_chain(c, &ns, &l[i], m);
 		if (rc && !first)
 			first = rc;
 		i += m;

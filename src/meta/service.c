@@ -766,12 +766,16 @@ static int op_readdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_statfs_resp r;
+	struct stk_ns_id ns;
 	int rc;
 
 	rc = decoded(req, 0);
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	stk_meta_store_ns_id(m->store, &ns);
+	r.ns_hi = ns.hi;
+	r.ns_lo = ns.lo;
 	rc = stk_meta_store_statfs(m->store, &r.files);
 	return rc ? rc : stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
 }
@@ -1455,7 +1459,9 @@ static int server_open(struct meta *m, const char *listen, struct stk_server **o
 static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const char *dir,
 		      const char *addr)
 {
+	char mine[STK_NS_ID_STR], theirs[STK_NS_ID_STR];
 	struct stk_agent_opts ao;
+	struct stk_ns_id shard_ns;
 	uint32_t node_id = 0;
 	int rc;
 
@@ -1466,6 +1472,7 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 	ao.addr = addr;
 	ao.node_id = node_id_load(dir);
 	ao.host_id = opts->host_id;
+	stk_meta_store_ns_id(m->store, &ao.ns);
 	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
 	if (rc) {
 		if (rc != -EINTR)
@@ -1478,7 +1485,21 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 		if (rc)
 			stk_warn("cannot save the node id in %s: %s", dir, strerror(-rc));
 	}
-	stk_info("serving the namespace on %s as node %u", addr, node_id);
+	if (stk_agent_refused(m->agent, &shard_ns)) {
+		/*
+		 * Exit rather than wait: a store's identity never changes, so waiting could
+		 * only end by someone moving the right store here, and a daemon that stays
+		 * up looks healthy to whoever started it. The node id is kept, so starting
+		 * it again names the same refused node in `stoker status`.
+		 */
+		stk_error("mgmtd refused this meta node (node %u): its store in %s is namespace "
+			  "%s, but shard 1 is namespace %s. It serves nothing; start meta on "
+			  "shard 1's data folder, or this folder with its own cluster",
+			  node_id, dir, stk_ns_id_str(&ao.ns, mine), stk_ns_id_str(&shard_ns, theirs));
+		return -EPERM;
+	}
+	stk_info("serving namespace %s on %s as node %u", stk_ns_id_str(&ao.ns, mine), addr,
+		 node_id);
 	return 0;
 }
 
@@ -1561,6 +1582,8 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	stk_daemon_set_server(srv);
 	rc = stk_server_run(srv);
 	stk_daemon_set_server(NULL);
+	if (rc == 0 && stk_agent_refused(m.agent, NULL))
+		rc = -EPERM; /* refused on registering again: the agent asked to stop */
 out:
 	if (rc == -EINTR && stk_daemon_stopping())
 		rc = 0; /* stopped while waiting for mgmtd */

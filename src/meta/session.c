@@ -384,12 +384,15 @@ int stk_meta_sessions_lock(struct stk_meta_sessions *s, uint64_t ino, const stru
 
 /* ---- the reaper ---- */
 
-static int truncate_chain(const struct stk_routing *rt, const struct stk_attr *a, uint32_t chain_id)
+static int truncate_chain(const struct stk_routing *rt, const struct stk_ns_id *ns,
+			  const struct stk_attr *a, uint32_t chain_id)
 {
 	struct stk_msg_stor_truncate_req m = {.chain_id = chain_id,
 					      .ino = a->ino,
 					      .size = 0,
-					      .chunk_size = a->layout.chunk_size};
+					      .chunk_size = a->layout.chunk_size,
+					      .ns_hi = ns->hi,
+					      .ns_lo = ns->lo};
 	const struct stk_rt_chain *ch = stk_routing_chain(rt, chain_id);
 	const struct stk_rt_target *t;
 	const struct stk_rt_node *n;
@@ -424,6 +427,7 @@ static int remove_chunks(struct stk_meta_sessions *s, const struct stk_attr *a)
 {
 	uint32_t chains[STK_MAX_STRIPE];
 	struct stk_routing_ref *ref;
+	struct stk_ns_id ns;
 	int rc = 0;
 
 	if (stk_layout_check(&a->layout)) {
@@ -432,9 +436,10 @@ static int remove_chunks(struct stk_meta_sessions *s, const struct stk_attr *a)
 		return 0;
 	}
 	stk_layout_chains(&a->layout, chains);
+	stk_meta_store_ns_id(s->store, &ns);
 	ref = stk_agent_routing_get(s->agent);
 	for (uint32_t i = 0; i < a->layout.stripe && rc == 0; i++)
-		rc = truncate_chain(&ref->rt, a, chains[i]);
+		rc = truncate_chain(&ref->rt, &ns, a, chains[i]);
 	stk_agent_routing_put(s->agent, ref);
 	if (rc == -ESTALE)
 		stk_agent_routing_refresh(s->agent);

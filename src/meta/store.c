@@ -42,6 +42,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -72,6 +73,7 @@
 #define MAY_X 1u
 
 static const char NEXT_INO_KEY[] = "next_ino";
+static const char NS_ID_KEY[] = "ns_id";
 
 struct stk_meta_store {
 	MDB_env *env;
@@ -80,6 +82,7 @@ struct stk_meta_store {
 	MDB_dbi links;
 	MDB_dbi sys;
 	MDB_dbi xattrs;
+	struct stk_ns_id ns_id; /* the namespace's identity, set once by store_init */
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
 	/*
@@ -787,13 +790,64 @@ static int root_create(struct op *o)
 	return rc ? rc : ino_next_put(o, STK_ROOT_INO + 1);
 }
 
-/* Opens the tables and makes the root directory of a new store. */
+/*
+ * The namespace's identity from `sys`, made now when the store has none: a new
+ * store, or one a release without identities created (which keeps its namespace
+ * and gains an identity, so that mgmtd can tell it from any other from now on).
+ * `fresh`: the store was created in this transaction (only for the log line).
+ */
+static int ns_id_load(struct op *o, int fresh)
+{
+	MDB_val key = {sizeof(NS_ID_KEY) - 1, (void *)NS_ID_KEY}, val;
+	struct stk_ns_id id;
+	char s[STK_NS_ID_STR];
+	struct stk_rbuf r;
+	struct stk_wbuf w;
+	uint8_t buf[16];
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->sys, &key, &val);
+	if (rc == 0) {
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		id.hi = stk_get_u64(&r);
+		id.lo = stk_get_u64(&r);
+		if (stk_rbuf_finish(&r) || stk_ns_id_is_zero(&id)) {
+			stk_error("meta store: corrupt namespace identity");
+			return -EIO;
+		}
+		o->st->ns_id = id;
+		return 0;
+	}
+	if (rc != MDB_NOTFOUND)
+		return lmdb_err(rc, "read namespace identity");
+	do {
+		if (getrandom(&id, sizeof(id), 0) != (ssize_t)sizeof(id))
+			return -errno;
+	} while (stk_ns_id_is_zero(&id));
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u64(&w, id.hi);
+	stk_put_u64(&w, id.lo);
+	val.mv_size = w.len;
+	val.mv_data = buf;
+	rc = lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write namespace identity");
+	if (rc)
+		return rc;
+	o->st->ns_id = id;
+	if (fresh)
+		stk_info("new namespace %s", stk_ns_id_str(&id, s));
+	else
+		stk_info("the namespace had no identity (made by an older release): it is "
+			 "namespace %s from now on", stk_ns_id_str(&id, s));
+	return 0;
+}
+
+/* Opens the tables and makes the root directory of a new store, and its identity. */
 static int store_init(struct stk_meta_store *st)
 {
 	static const struct stk_cred root_cred;
 	struct inode root;
 	struct op o;
-	int rc;
+	int fresh = 0, rc;
 
 	rc = op_begin(&o, st, &root_cred, 0);
 	if (rc)
@@ -811,10 +865,19 @@ static int store_init(struct stk_meta_store *st)
 	if (rc)
 		goto out;
 	rc = inode_get(&o, STK_ROOT_INO, &root);
-	if (rc == -ENOENT)
+	if (rc == -ENOENT) {
+		fresh = 1;
 		rc = root_create(&o);
+	}
+	if (rc == 0)
+		rc = ns_id_load(&o, fresh);
 out:
 	return op_end(&o, rc);
+}
+
+void stk_meta_store_ns_id(const struct stk_meta_store *st, struct stk_ns_id *out)
+{
+	*out = st->ns_id;
 }
 
 /*

@@ -19,7 +19,9 @@
  *   xattrs    u64 ino, name bytes -> value bytes (extended attributes)
  *   sys       "next_ino" -> u64, the next inode number to hand out (every
  *             number below it was given to an inode or reserved by a client);
- *             "orphan" + u64 ino -> empty, for each orphan (see below)
+ *             "orphan" + u64 ino -> empty, for each orphan (see below);
+ *             "ns_id" -> u64 hi, u64 lo, the namespace's identity (msg.h),
+ *             made when the store is created or first opened without one
  *
  * Readdir order is dentry key order, that is by name hash within a directory.
  * The cookie that follows an entry is its hash + 1, and a listing resumes at the
@@ -60,10 +62,16 @@ struct stk_meta_store_opts {
 /*
  * Opens (creating on first use) the store in opts->dir. A new store gets the root
  * directory, inode STK_ROOT_INO, mode 0755, owned by the effective uid and gid of
- * the calling process. 0, -EINVAL, or -errno from creating the folder or opening
+ * the calling process, and a random namespace identity (as does an older store
+ * that has none). 0, -EINVAL, or -errno from creating the folder or opening
  * the environment (-EBUSY / -EAGAIN when another process holds it incompatibly).
  */
 int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out);
+/*
+ * The namespace's identity (never zero): what the meta node registers with, so that
+ * mgmtd gives it only the shard whose data this store holds. Any thread.
+ */
+void stk_meta_store_ns_id(const struct stk_meta_store *st, struct stk_ns_id *out);
 /* Closes the store. Every other call on it must have returned. Does not sync. */
 void stk_meta_store_close(struct stk_meta_store *st);
 /* Everything committed so far is on stable storage when this returns. 0 or -EIO. */

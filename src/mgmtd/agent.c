@@ -50,6 +50,9 @@ struct stk_agent {
 	uint32_t *tids;			   /* ids mgmtd gave the targets, by report position */
 	uint32_t ntids;
 	uint32_t node_id;
+	struct stk_ns_id ns;	   /* this node's store identity (meta), zero for storage */
+	struct stk_ns_id shard_ns; /* shard 1's identity, as the last registration said */
+	int refused;		   /* the last registration was refused (see agent.h) */
 
 	pthread_mutex_t lock;	     /* protects cur, its refs, stop, fetch_started, fetch_done */
 	struct stk_routing_ref *cur; /* replaced under both locks, so either one may read it */
@@ -135,6 +138,8 @@ static int do_register(struct stk_agent *a, int *answered)
 	stk_strlcpy(rq.addr, a->addr, sizeof(rq.addr));
 	rq.ntargets = n;
 	stk_strlcpy(rq.host_id, a->host_id, sizeof(rq.host_id));
+	rq.ns_hi = a->ns.hi;
+	rq.ns_lo = a->ns.lo;
 	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
 	stk_msg_mgmt_register_req_enc(&w, &rq);
 	for (uint32_t i = 0; i < n; i++)
@@ -156,7 +161,24 @@ static int do_register(struct stk_agent *a, int *answered)
 		stk_warn("mgmtd did not know node %u: registered as node %u", a->node_id,
 			 rp.node_id);
 	a->node_id = rp.node_id;
+	pthread_mutex_lock(&a->lock);
+	a->refused = rp.refused != 0;
+	a->shard_ns.hi = rp.shard_ns_hi;
+	a->shard_ns.lo = rp.shard_ns_lo;
+	pthread_mutex_unlock(&a->lock);
 	return 0;
+}
+
+int stk_agent_refused(struct stk_agent *a, struct stk_ns_id *shard_ns)
+{
+	int refused;
+
+	pthread_mutex_lock(&a->lock);
+	refused = a->refused;
+	if (shard_ns)
+		*shard_ns = a->shard_ns;
+	pthread_mutex_unlock(&a->lock);
+	return refused;
 }
 
 /* Fetches the routing table newer than `known` from mgmtd. Call with call_lock held. */
@@ -315,6 +337,12 @@ static void heartbeat_once(struct stk_agent *a, int *reachable)
 	if (rc == -ENOENT) {
 		stk_warn("mgmtd does not know node %u: registering again", a->node_id);
 		rc = do_register(a, &answered);
+		if (rc == 0 && stk_agent_refused(a, NULL)) {
+			/* mgmtd gave shard 1 to another store meanwhile: this one must stop. */
+			stk_error("mgmtd refused this node on registering again: its store is "
+				  "not shard 1's namespace; stopping");
+			stk_daemon_request_stop();
+		}
 		/* mgmtd's state was reset: its versions are not comparable with ours. */
 		if (rc == 0)
 			rc = fetch_and_publish(a, 1, &answered);
@@ -423,6 +451,7 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	a->targets = opts->targets;
 	a->ctx = opts->ctx;
 	a->node_id = opts->node_id;
+	a->ns = opts->ns;
 	rc = -ENOMEM;
 	a->buf = malloc(STK_MAX_PAYLOAD);
 	a->resp = malloc(STK_MAX_PAYLOAD);

@@ -32,6 +32,7 @@ struct stk_agent_opts {
 	void *ctx;
 	/* The host id to report (--host-id), or NULL for this host's (common/host.h). */
 	const char *host_id;
+	struct stk_ns_id ns; /* a meta node's store identity (never zero); zero for storage */
 };
 
 /*
@@ -44,6 +45,15 @@ struct stk_agent_opts {
 int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, uint32_t *node_id,
 		    uint32_t *target_ids, uint32_t max_targets);
 void stk_agent_stop(struct stk_agent *a);
+
+/*
+ * 1 when mgmtd refused this meta node (its store is not the namespace of shard 1):
+ * it is registered, with an id, but must serve nothing. Known after a successful
+ * stk_agent_start; a later registration (mgmtd lost the node) may also set it, and
+ * then the agent logs it and asks the daemon to stop. *shard_ns: shard 1's identity
+ * as mgmtd gave it (may be NULL). Any thread.
+ */
+int stk_agent_refused(struct stk_agent *a, struct stk_ns_id *shard_ns);
 
 struct stk_routing_ref {
 	struct stk_routing rt;

@@ -85,8 +85,11 @@ static int handle_register(struct mgmtd *m, struct stk_rpc_req *req, struct stk_
 	struct stk_msg_mgmt_register_req rq;
 	struct stk_msg_mgmt_register_resp rp;
 	struct stk_msg_target_info *tgts = NULL;
+	const struct stk_mgmt_node *node;
 	uint32_t *ids = NULL;
 	int rc;
+
+	memset(&rp, 0, sizeof(rp));
 
 	if (stk_msg_mgmt_register_req_dec(&req->payload, &rq))
 		return -EBADMSG;
@@ -100,8 +103,14 @@ static int handle_register(struct mgmtd *m, struct stk_rpc_req *req, struct stk_
 	pthread_mutex_lock(&m->lock);
 	rc =
 	    stk_mgmt_state_register(&m->st, &rq, tgts, rq.ntargets, stk_now_ns(), &rp.node_id, ids);
-	if (rc == 0)
+	if (rc == 0) {
+		/* Read under the lock: the node's entry may move with the next change. */
+		node = stk_mgmt_state_node(&m->st, rp.node_id);
+		rp.refused = node ? node->refused : 0;
+		rp.shard_ns_hi = m->st.shard1_ns.hi;
+		rp.shard_ns_lo = m->st.shard1_ns.lo;
 		rc = persist(m);
+	}
 	pthread_mutex_unlock(&m->lock);
 	if (rc) {
 		stk_warn("registration from %s (%s) refused: %s", req->peer, rq.addr,

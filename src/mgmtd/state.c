@@ -24,10 +24,11 @@
 #include "../common/util.h"
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
-#define STATE_FORMAT 1
+#define STATE_FORMAT 2	/* 2: namespace identities; 1 is still read */
 #define STATE_MAX_FILE (256u << 20)
 
-#define STATE_HDR_LEN 40 /* magic through nchains */
+#define STATE_HDR_LEN 56 /* magic through nchains */
+#define STATE_NODE_IDENT 17 /* what format 2 adds to a node: refused, ns */
 
 /* Smallest encoded size of each record in the state file: bounds counts read back. */
 #define STATE_MIN_NODE 16
@@ -201,6 +202,8 @@ static int check_register(const struct stk_msg_mgmt_register_req *req,
 		return -EINVAL;
 	if (req->role != STK_ROLE_STORAGE && n > 0)
 		return -EINVAL;
+	if (req->role == STK_ROLE_META && req->ns_hi == 0 && req->ns_lo == 0)
+		return -EINVAL;
 	for (uint32_t i = 0; i < n; i++) {
 		if (tgts[i].target_id == 0)
 			continue;
@@ -254,12 +257,89 @@ static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
 	return tid;
 }
 
+static void set_refused(struct stk_mgmt_state *st, struct stk_mgmt_node *node, uint8_t refused)
+{
+	if (node->refused != refused) {
+		node->refused = refused;
+		bump(st);
+	}
+}
+
+/*
+ * Shard 1 and the meta node that just registered with store identity `ns` (the
+ * rules are in state.h). The shard only ever goes to the store that holds it: the
+ * bug this prevents is an empty store given the shard when its owner was away,
+ * which lost the namespace and let clients of the empty one remove chunks of
+ * files whose inode numbers it handed out again.
+ */
+static void assign_shard(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
+			 const struct stk_ns_id *ns)
+{
+	char have[STK_NS_ID_STR], want[STK_NS_ID_STR];
+	struct stk_mgmt_node *owner;
+
+	if (!stk_ns_id_eq(&node->ns, ns)) {
+		node->ns = *ns;
+		bump(st);
+	}
+	stk_ns_id_str(ns, have);
+	if (stk_ns_id_is_zero(&st->shard1_ns)) {
+		if (st->shard1_node == 0) {
+			stk_info("shard 1 is namespace %s, served by meta node %u (%s)", have,
+				 node->id, node->addr);
+		} else if (st->shard1_node == node->id) {
+			stk_info("shard 1's meta node %u (%s) reports its namespace: %s", node->id,
+				 node->addr, have);
+		} else {
+			/* A state saved before identities: only the owner knows which store it is. */
+			stk_warn("meta node %u (%s) waits: shard 1 stays with meta node %u until "
+				 "that node registers again",
+				 node->id, node->addr, st->shard1_node);
+			set_refused(st, node, 0);
+			return;
+		}
+		st->shard1_node = node->id;
+		st->shard1_ns = *ns;
+		set_refused(st, node, 0);
+		bump(st);
+		return;
+	}
+	stk_ns_id_str(&st->shard1_ns, want);
+	if (stk_ns_id_eq(&st->shard1_ns, ns)) {
+		set_refused(st, node, 0);
+		if (st->shard1_node == node->id)
+			return;
+		owner = st->shard1_node ? stk_mgmt_state_node(st, st->shard1_node) : NULL;
+		if (owner && owner->state == STK_NODE_ONLINE)
+			stk_warn("meta node %u (%s) registers with shard 1's store while meta node "
+				 "%u (%s) still counts as ONLINE: taking it as the same store "
+				 "restarted (never run two copies of one store)",
+				 node->id, node->addr, owner->id, owner->addr);
+		stk_info("shard 1 (namespace %s) is now served by meta node %u (%s)", want,
+			 node->id, node->addr);
+		st->shard1_node = node->id;
+		bump(st);
+		return;
+	}
+	stk_warn("meta node %u (%s) refused: its store is namespace %s, not shard 1's "
+		 "namespace %s; it serves nothing (start it on shard 1's data folder, or "
+		 "give it its own cluster)",
+		 node->id, node->addr, have, want);
+	set_refused(st, node, 1);
+	if (st->shard1_node == node->id) {
+		stk_warn("shard 1 (namespace %s) has no meta node until its store registers "
+			 "again",
+			 want);
+		st->shard1_node = 0;
+		bump(st);
+	}
+}
+
 int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt_register_req *req,
 			    const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns,
 			    uint32_t *node_id, uint32_t *ids)
 {
 	struct stk_mgmt_node *node = NULL;
-	struct stk_mgmt_node *owner;
 	uint32_t nid = 0;
 	int64_t sec;
 	uint32_t nsec;
@@ -340,14 +420,8 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 		}
 	}
 
-	if (req->role == STK_ROLE_META && st->shard1_node != nid) {
-		owner = st->shard1_node ? stk_mgmt_state_node(st, st->shard1_node) : NULL;
-		if (!owner || owner->state == STK_NODE_OFFLINE) {
-			stk_info("shard 1 is now served by meta node %u (%s)", nid, req->addr);
-			st->shard1_node = nid;
-			bump(st);
-		}
-	}
+	if (req->role == STK_ROLE_META)
+		assign_shard(st, node, &(struct stk_ns_id){.hi = req->ns_hi, .lo = req->ns_lo});
 	*node_id = nid;
 	return 0;
 }
@@ -429,7 +503,7 @@ unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint6
 int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t known_version,
 				  uint64_t now_ns, struct stk_wbuf *w)
 {
-	struct stk_rt_shard shard = {.id = 1, .node_id = st->shard1_node};
+	struct stk_rt_shard shard = {.id = 1, .node_id = st->shard1_node, .ns = st->shard1_ns};
 	struct stk_routing rt;
 	int rc;
 
@@ -451,6 +525,8 @@ int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t know
 		memcpy(o->addr, n->addr, sizeof(o->addr));
 		memcpy(o->host_id, n->host_id, sizeof(o->host_id));
 		o->last_seen_ms = now_ns > n->last_hb_ns ? (now_ns - n->last_hb_ns) / 1000000 : 0;
+		o->refused = n->refused;
+		o->ns = n->ns;
 	}
 	/* The tables are kept in their wire types, so they are encoded in place. */
 	rt.targets = st->targets;
@@ -458,7 +534,8 @@ int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t know
 	rt.chains = st->chains;
 	rt.nchains = st->nchains;
 	rt.shards = &shard;
-	rt.nshards = st->shard1_node ? 1 : 0;
+	/* A shard with an identity is listed also when it has no node: it waits for one. */
+	rt.nshards = st->shard1_node || !stk_ns_id_is_zero(&st->shard1_ns) ? 1 : 0;
 	rc = stk_routing_encode(w, &rt);
 	free(rt.nodes);
 	return rc;
@@ -471,7 +548,7 @@ static size_t state_size(const struct stk_mgmt_state *st)
 	size_t sz = STATE_HDR_LEN + 4; /* header fields and the trailing CRC */
 
 	for (uint32_t i = 0; i < st->nnodes; i++)
-		sz += STATE_MIN_NODE + strlen(st->nodes[i].addr);
+		sz += STATE_MIN_NODE + STATE_NODE_IDENT + strlen(st->nodes[i].addr);
 	for (uint32_t i = 0; i < st->ntargets; i++)
 		sz += STATE_MIN_TARGET + strlen(st->targets[i].path);
 	for (uint32_t i = 0; i < st->nchains; i++)
@@ -496,6 +573,8 @@ int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path)
 	stk_put_u32(&w, st->next_node_id);
 	stk_put_u32(&w, st->next_target_id);
 	stk_put_u32(&w, st->shard1_node);
+	stk_put_u64(&w, st->shard1_ns.hi);
+	stk_put_u64(&w, st->shard1_ns.lo);
 	stk_put_u32(&w, st->nnodes);
 	stk_put_u32(&w, st->ntargets);
 	stk_put_u32(&w, st->nchains);
@@ -506,6 +585,9 @@ int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path)
 		stk_put_u8(&w, n->state);
 		stk_put_str(&w, n->addr);
 		stk_put_i64(&w, n->last_hb_wall_ms);
+		stk_put_u8(&w, n->refused);
+		stk_put_u64(&w, n->ns.hi);
+		stk_put_u64(&w, n->ns.lo);
 	}
 	for (uint32_t i = 0; i < st->ntargets; i++) {
 		const struct stk_rt_target *t = &st->targets[i];
@@ -579,14 +661,22 @@ out:
 
 static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t now_ns)
 {
-	uint32_t nn, nt, nc;
+	uint32_t nn, nt, nc, format;
 
-	if (stk_get_u32(r) != STATE_MAGIC || stk_get_u32(r) != STATE_FORMAT)
+	if (stk_get_u32(r) != STATE_MAGIC)
+		return -EBADMSG;
+	format = stk_get_u32(r);
+	if (format != 1 && format != STATE_FORMAT)
 		return -EBADMSG;
 	st->version = stk_get_u64(r);
 	st->next_node_id = stk_get_u32(r);
 	st->next_target_id = stk_get_u32(r);
 	st->shard1_node = stk_get_u32(r);
+	/* Format 1 knew no identities: the owner gives the shard its own when it registers. */
+	if (format >= 2) {
+		st->shard1_ns.hi = stk_get_u64(r);
+		st->shard1_ns.lo = stk_get_u64(r);
+	}
 	nn = stk_get_u32(r);
 	nt = stk_get_u32(r);
 	nc = stk_get_u32(r);
@@ -608,6 +698,11 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 		n->state = stk_get_u8(r);
 		stk_get_str(r, n->addr, sizeof(n->addr));
 		n->last_hb_wall_ms = stk_get_i64(r);
+		if (format >= 2) {
+			n->refused = stk_get_u8(r);
+			n->ns.hi = stk_get_u64(r);
+			n->ns.lo = stk_get_u64(r);
+		}
 		n->last_hb_ns = now_ns;
 		if (n->state != STK_NODE_ONLINE && n->state != STK_NODE_OFFLINE)
 			return -EBADMSG;

@@ -13,11 +13,22 @@
  * change that must survive a restart sets `dirty`; the caller then saves the state
  * with stk_mgmt_state_save(), which replaces the file atomically.
  *
+ * Shard 1 and its namespace identity (msg.h, struct stk_ns_id): the first meta
+ * node to register gives the shard its identity, that of its store; from then on
+ * the shard goes only to a meta whose store has that identity (the same store
+ * restarted, at any address or node id). Any other meta is registered but
+ * refused: it serves nothing and the routing table says so. A shard whose meta is
+ * OFFLINE stays with it: until metadata is replicated, no other store holds the
+ * namespace, and an empty one in its place would lose it and let its clients
+ * delete the chunks of files it never knew.
+ *
  * State file format (little-endian, written with the codec helpers):
- *   u32 magic "STKM", u32 format version, u64 routing version,
+ *   u32 magic "STKM", u32 format version (2; 1 is still read), u64 routing version,
  *   u32 next_node_id, u32 next_target_id, u32 shard1_node,
+ *   (format 2) u64 shard 1 ns hi, u64 ns lo,
  *   u32 nnodes, u32 ntargets, u32 nchains,
- *   node:   u32 id, u8 role, u8 state, str addr, i64 last heartbeat (wall-clock ms)
+ *   node:   u32 id, u8 role, u8 state, str addr, i64 last heartbeat (wall-clock ms),
+ *           (format 2) u8 refused, u64 ns hi, u64 ns lo
  *   target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, str path
  * (A target's avail and dev, and a node's host id, are not saved: heartbeats bring
  * them within a second of a restart.)
@@ -49,13 +60,16 @@ struct stk_mgmt_node {
 	 * node) until the node's first heartbeat.
 	 */
 	char host_id[STK_HOST_ID_MAX];
+	uint8_t refused;	 /* meta: its store is not shard 1's, it serves nothing */
+	struct stk_ns_id ns;	 /* meta: its store's identity at its last register */
 };
 
 struct stk_mgmt_state {
 	uint64_t version; /* routing version, never 0 */
 	uint32_t next_node_id;
 	uint32_t next_target_id;
-	uint32_t shard1_node; /* the meta node serving shard 1, 0 if none yet */
+	uint32_t shard1_node; /* the meta node serving shard 1, 0 if none (yet, or now) */
+	struct stk_ns_id shard1_ns; /* shard 1's namespace identity, zero until known */
 	uint32_t nnodes, ntargets, nchains;
 	uint32_t cap_nodes, cap_targets, cap_chains;
 	struct stk_mgmt_node *nodes;
@@ -80,9 +94,21 @@ void stk_mgmt_state_free(struct stk_mgmt_state *st);
  *   given a chain if none holds it: chain number `id` where possible, since chains
  *   are created with their targets and files name chains by number (empty chains
  *   may be added to get there). The node's targets not in the list go OFFLINE.
- * - a meta node takes shard 1 if it has no owner or its owner is OFFLINE.
- * 0, -EINVAL (bad role, empty address, targets on a meta node, a target id twice,
- * too many targets) or -ENOMEM. On error nothing is changed.
+ * - a meta node (req->ns_hi/ns_lo: its store's identity) and shard 1:
+ *   - shard 1 has no identity and no owner (a new cluster): the node takes it and
+ *     the shard takes the node's identity;
+ *   - shard 1 has no identity but an owner (a state saved by an older release): the
+ *     owner, registering again under its id, gives the shard its identity; another
+ *     node waits, neither serving nor refused;
+ *   - shard 1 has an identity: a node with the same identity takes the shard (the
+ *     same store, restarted at any address or id, also while the old entry is
+ *     still ONLINE: one store cannot run twice); a node with another identity is
+ *     refused (node->refused, a warning logged) and, if it owned the shard, the
+ *     shard is left with no node until its store returns.
+ *   An OFFLINE owner keeps the shard: no other store may stand in for it.
+ * 0, -EINVAL (bad role, empty address, targets on a meta node, a meta node without
+ * an identity, a target id twice, too many targets) or -ENOMEM. On error nothing is
+ * changed. The caller reads node->refused for the reply.
  */
 int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt_register_req *req,
 			    const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns,

@@ -143,6 +143,9 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 		stk_put_str(w, n->addr);
 		stk_put_u64(w, n->last_seen_ms);
 		stk_put_str(w, n->host_id);
+		stk_put_u8(w, n->refused);
+		stk_put_u64(w, n->ns.hi);
+		stk_put_u64(w, n->ns.lo);
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		const struct stk_rt_target *t = &rt->targets[i];
@@ -168,6 +171,8 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 	for (uint32_t i = 0; i < rt->nshards; i++) {
 		stk_put_u32(w, rt->shards[i].id);
 		stk_put_u32(w, rt->shards[i].node_id);
+		stk_put_u64(w, rt->shards[i].ns.hi);
+		stk_put_u64(w, rt->shards[i].ns.lo);
 	}
 	return w->err;
 }
@@ -182,10 +187,10 @@ void stk_routing_free(struct stk_routing *rt)
 }
 
 /* Each array element needs at least this many payload bytes: bounds allocation. */
-#define STK_RT_MIN_NODE 18
+#define STK_RT_MIN_NODE 35
 #define STK_RT_MIN_TARGET 51
 #define STK_RT_MIN_CHAIN 9
-#define STK_RT_MIN_SHARD 8
+#define STK_RT_MIN_SHARD 24
 
 int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 {
@@ -222,6 +227,9 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 		stk_get_str(r, n->addr, sizeof(n->addr));
 		n->last_seen_ms = stk_get_u64(r);
 		stk_get_str(r, n->host_id, sizeof(n->host_id));
+		n->refused = stk_get_u8(r);
+		n->ns.hi = stk_get_u64(r);
+		n->ns.lo = stk_get_u64(r);
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		struct stk_rt_target *t = &rt->targets[i];
@@ -250,6 +258,8 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 	for (uint32_t i = 0; i < rt->nshards; i++) {
 		rt->shards[i].id = stk_get_u32(r);
 		rt->shards[i].node_id = stk_get_u32(r);
+		rt->shards[i].ns.hi = stk_get_u64(r);
+		rt->shards[i].ns.lo = stk_get_u64(r);
 	}
 	if (r->err) {
 		stk_routing_free(rt);

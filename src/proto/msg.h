@@ -122,6 +122,43 @@ static inline uint32_t stk_crc_blocks(uint64_t len)
 	return (uint32_t)((len + STK_CRC_BLOCK - 1) / STK_CRC_BLOCK);
 }
 
+/*
+ * A namespace's identity: 128 random bits made when a meta store is first created
+ * (or first opened by a release that knows them), kept in that store and, once a
+ * meta node serving it has registered, in mgmtd's state for the shard. mgmtd gives
+ * a shard only to a meta whose store carries the shard's identity, and storage
+ * removes chunks only for a request carrying it (see docs/architecture.md). All
+ * zero: none (a storage node, or a shard no meta has claimed yet).
+ */
+struct stk_ns_id {
+	uint64_t hi;
+	uint64_t lo;
+};
+#define STK_NS_ID_STR 33 /* 32 hex digits and the NUL */
+
+static inline int stk_ns_id_is_zero(const struct stk_ns_id *id)
+{
+	return id->hi == 0 && id->lo == 0;
+}
+
+static inline int stk_ns_id_eq(const struct stk_ns_id *a, const struct stk_ns_id *b)
+{
+	return a->hi == b->hi && a->lo == b->lo;
+}
+
+/* Writes the id as 32 lowercase hex digits into out[STK_NS_ID_STR]; returns out. */
+static inline char *stk_ns_id_str(const struct stk_ns_id *id, char *out)
+{
+	static const char hex[] = "0123456789abcdef";
+
+	for (int i = 0; i < 16; i++) {
+		out[i] = hex[(id->hi >> (60 - 4 * i)) & 0xf];
+		out[16 + i] = hex[(id->lo >> (60 - 4 * i)) & 0xf];
+	}
+	out[32] = 0;
+	return out;
+}
+
 enum stk_node_state { STK_NODE_ONLINE = 1, STK_NODE_OFFLINE = 2 };
 enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARGET_FULL = 3 };
 
@@ -139,10 +176,18 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	F(u32, target_id) F(u64, capacity) F(u64, used) F(u64, chunks) F(path, path)      \
 	F(u64, avail) F(u64, dev)
 
-/* host_id: the node's host id (common/host.h), which decides short-circuit reads. */
-#define STK_MSG_MGMT_REGISTER_REQ(F) \
-	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets) F(addr, host_id)
-#define STK_MSG_MGMT_REGISTER_RESP(F) F(u32, node_id) F(u32, ntargets)
+/*
+ * host_id: the node's host id (common/host.h), which decides short-circuit reads.
+ * ns_hi/ns_lo: a meta node's store identity (stk_ns_id; zero from storage). The
+ * reply's `refused` 1: the node is registered (node_id is its id) but serves no
+ * shard, because its store is not the namespace shard 1 holds (shard_ns_hi/lo, the
+ * shard's identity); a meta node refused exits (src/meta/service.c).
+ */
+#define STK_MSG_MGMT_REGISTER_REQ(F)                                                      \
+	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets) F(addr, host_id)       \
+	F(u64, ns_hi) F(u64, ns_lo)
+#define STK_MSG_MGMT_REGISTER_RESP(F) \
+	F(u32, node_id) F(u32, ntargets) F(u8, refused) F(u64, shard_ns_hi) F(u64, shard_ns_lo)
 #define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets) F(addr, host_id)
 #define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version)
 #define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
@@ -195,7 +240,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_META_READDIR_RESP(F) F(u8, eof) F(u32, n)
 /* One directory entry (follows meta_readdir_resp). mode carries only the type bits. */
 #define STK_MSG_DIRENT(F) F(u64, ino) F(u32, mode) F(u64, next_cookie) F(name, name)
-#define STK_MSG_META_STATFS_RESP(F) F(u64, files)
+/* ns_hi/ns_lo: the namespace's identity, which a client's chunk removals carry. */
+#define STK_MSG_META_STATFS_RESP(F) F(u64, files) F(u64, ns_hi) F(u64, ns_lo)
 #define STK_MSG_META_EXTEND_REQ(F) \
 	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)
 /* Extended attributes: value bytes follow setxattr_req and xattr_resp (wire.h). */
@@ -315,13 +361,22 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	F(u32, length)
 /* Followed by ncrcs block checksums of the bulk (see STOR_WRITE). */
 #define STK_MSG_STOR_READ_RESP(F) F(u32, ncrcs)
-#define STK_MSG_STOR_TRUNCATE_REQ(F) \
-	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)
+/*
+ * ns_hi/ns_lo (the fence on chunk removal): the identity of the namespace that told
+ * the sender about the inode (meta's store; a client asks meta with META_STATFS).
+ * Storage refuses (PERM) a truncation whose identity is not that of shard 1 in its
+ * routing table, so that a meta serving some other store, and its clients, cannot
+ * remove chunks of files they never knew.
+ */
+#define STK_MSG_STOR_TRUNCATE_REQ(F)                                                      \
+	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u64, size) F(u32, chunk_size)     \
+	F(u64, ns_hi) F(u64, ns_lo)
 /*
  * STOR_TRUNCATES: n trunc_rec records follow (n <= STK_TRUNCATES_MAX), each done as
- * a STOR_TRUNCATE of that inode on this chain.
+ * a STOR_TRUNCATE of that inode on this chain; ns as for STOR_TRUNCATE.
  */
-#define STK_MSG_STOR_TRUNCATES_REQ(F) F(u32, chain_id) F(u32, chain_ver) F(u32, n)
+#define STK_MSG_STOR_TRUNCATES_REQ(F) \
+	F(u32, chain_id) F(u32, chain_ver) F(u32, n) F(u64, ns_hi) F(u64, ns_lo)
 #define STK_MSG_TRUNC_REC(F) F(u64, ino) F(u64, size) F(u32, chunk_size)
 #define STK_TRUNCATES_MAX 256u
 #define STK_MSG_STOR_SYNC_REQ(F) F(u32, chain_id)
@@ -438,6 +493,8 @@ struct stk_rt_node {
 	char addr[STK_ADDR_MAX];
 	uint64_t last_seen_ms; /* milliseconds since the node's last heartbeat */
 	char host_id[STK_HOST_ID_MAX]; /* "" until the node reported one */
+	uint8_t refused; /* a meta node whose store is not its shard's: it serves nothing */
+	struct stk_ns_id ns; /* a meta node's store identity as it last registered */
 };
 
 struct stk_rt_target {
@@ -461,15 +518,17 @@ struct stk_rt_chain {
 
 struct stk_rt_shard {
 	uint32_t id;
-	uint32_t node_id; /* the meta node that serves the shard */
+	uint32_t node_id; /* the meta node that serves the shard; 0: none may now */
+	struct stk_ns_id ns; /* the namespace the shard holds (zero: not known yet) */
 };
 
 /*
  * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
  * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms,
- * host_id (an addr); target: u32 id, u32 node_id, u8 state, u64 capacity, u64 used,
- * u64 chunks, path, u64 avail, u64 dev;
- * chain: u32 id, u32 version, u8 ntargets, ntargets x u32; shard: u32 id, u32 node_id.
+ * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo; target: u32 id, u32 node_id,
+ * u8 state, u64 capacity, u64 used, u64 chunks, path, u64 avail, u64 dev;
+ * chain: u32 id, u32 version, u8 ntargets, ntargets x u32;
+ * shard: u32 id, u32 node_id, u64 ns hi, u64 ns lo.
  * When the requester's known_version equals version all counts are 0.
  */
 struct stk_routing {

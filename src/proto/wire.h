@@ -39,9 +39,10 @@
  * 2: META_CREATE and META_UNLINK replies carry the folder's attributes, META_OPEN's
  * reply the inode's, META_CLOSES. 3: cache leases (the header's origin, META_WATCH,
  * META_LOOKUP_CACHE, META_CREATE's `leased`). 4: delegated folders (META_MKDIR's flags
- * and `delegated`, META_INOS, META_NAMES). 5: host and device identity (MGMT_REGISTER's
- * and MGMT_HEARTBEAT's host_id, a target's avail and dev, in reports and the routing
- * table; common/host.h). Daemons and clients of another version
+ * and `delegated`, META_INOS, META_NAMES). 5: host, device and namespace identity
+ * (MGMT_REGISTER's and MGMT_HEARTBEAT's host_id, a target's avail and dev, in reports
+ * and the routing table, common/host.h; MGMT_REGISTER's ns and refused, the routing
+ * table's node and shard ns, STOR_TRUNCATE(S)' ns). Daemons and clients of another version
  * refuse each other's requests (NOTSUP) rather than misread them.
  */
 #define STK_WIRE_VERSION 5

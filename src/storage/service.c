@@ -205,6 +205,39 @@ static int handle_prefetch(struct storage *s, struct stk_rpc_req *req)
 	return 0;
 }
 
+/*
+ * The fence on chunk removal: a truncation must carry the identity of the namespace
+ * shard 1 holds (msg.h, STOR_TRUNCATE). Why here and not only in mgmtd: chunks are
+ * named by inode number, and a meta serving another store (an empty one, say) hands
+ * out the same numbers; whoever removes the chunks of "its" inode 3 would remove
+ * those of the real inode 3. A mismatch may be this node's table being behind (a
+ * shard that got its identity just now), so the table is fetched once more first.
+ */
+static int fence(struct storage *s, uint64_t ns_hi, uint64_t ns_lo, uint64_t ino,
+		 const char *peer)
+{
+	struct stk_ns_id got = {.hi = ns_hi, .lo = ns_lo}, want = {0, 0};
+	char a[STK_NS_ID_STR], b[STK_NS_ID_STR];
+
+	for (int attempt = 0; attempt < 2; attempt++) {
+		struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
+
+		for (uint32_t i = 0; i < ref->rt.nshards; i++)
+			if (ref->rt.shards[i].id == 1)
+				want = ref->rt.shards[i].ns;
+		stk_agent_routing_put(s->agent, ref);
+		if (!stk_ns_id_is_zero(&want) && stk_ns_id_eq(&want, &got))
+			return 0;
+		if (attempt == 0)
+			stk_agent_routing_refresh(s->agent);
+	}
+	stk_warn("chunk removal of inode %llx from %s refused: it names namespace %s, but shard "
+		 "1 is namespace %s",
+		 (unsigned long long)ino, peer, stk_ns_id_str(&got, a),
+		 stk_ns_id_is_zero(&want) ? "(not known yet)" : stk_ns_id_str(&want, b));
+	return -EPERM;
+}
+
 static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_truncate_req rq;
@@ -213,6 +246,9 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 
 	if (stk_msg_stor_truncate_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
+	rc = fence(s, rq.ns_hi, rq.ns_lo, rq.ino, req->peer);
+	if (rc)
+		return rc;
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
 	if (rc)
 		return rc;
@@ -241,7 +277,9 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 		free(recs);
 		return -EBADMSG;
 	}
-	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	rc = fence(s, rq.ns_hi, rq.ns_lo, rq.n ? recs[0].ino : 0, req->peer);
+	if (rc == 0)
+		rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
 	for (uint32_t i = 0; rc == 0 && i < rq.n; i++) {
 		int r = stk_chunk_truncate(cs, recs[i].ino, recs[i].size, recs[i].chunk_size);
 

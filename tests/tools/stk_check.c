@@ -12,6 +12,9 @@
  *   frames  HOST:PORT                     malformed frames on raw sockets; server survives
  *   truncates HOST:PORT INO               malformed STOR_TRUNCATES naming INO to a storage
  *                                         node: each refused (EBADMSG), nothing truncated
+ *   fence   HOST:PORT INO CHAINS         STOR_TRUNCATE(S) of INO on chains 1..CHAINS with
+ *                                         no and with a made-up namespace identity: each
+ *                                         refused (PERM), nothing truncated
  *   batch   CLUSTER DIR                   batched reads and writes (stk_batch_*): every
  *                                         completion once, right bytes, right errors
  *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE to meta:
@@ -670,6 +673,62 @@ static int send_truncates(const char *addr, uint32_t hdr_n, uint64_t ino, uint32
 	return rc;
 }
 
+/* One STOR_TRUNCATE (records 0) or STOR_TRUNCATES of INO to size 0 naming namespace ns. */
+static int send_fenced(const char *addr, uint32_t chain, uint64_t ino, uint32_t records,
+		       const struct stk_ns_id *ns)
+{
+	struct stk_msg_stor_truncate_req one = {.chain_id = chain, .chain_ver = 1, .ino = ino,
+						.chunk_size = 1u << 20, .ns_hi = ns->hi,
+						.ns_lo = ns->lo};
+	struct stk_msg_stor_truncates_req many = {.chain_id = chain, .chain_ver = 1, .n = records,
+						  .ns_hi = ns->hi, .ns_lo = ns->lo};
+	struct stk_msg_trunc_rec r = {.ino = ino, .size = 0, .chunk_size = 1u << 20};
+	uint8_t req[256], resp[64];
+	struct stk_rpc rpc = {.opcode = records ? STK_OP_STOR_TRUNCATES : STK_OP_STOR_TRUNCATE,
+			      .req = req, .resp = resp, .resp_cap = sizeof(resp)};
+	struct stk_conn *conn;
+	struct stk_wbuf w;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	if (records) {
+		stk_msg_stor_truncates_req_enc(&w, &many);
+		for (uint32_t i = 0; i < records; i++)
+			stk_msg_trunc_rec_enc(&w, &r);
+	} else {
+		stk_msg_stor_truncate_req_enc(&w, &one);
+	}
+	if (w.err)
+		return w.err;
+	rpc.req_len = w.len;
+	rc = stk_conn_connect(addr, 2000, &conn);
+	if (rc)
+		return rc;
+	rc = stk_rpc_call(conn, &rpc);
+	stk_conn_close(conn);
+	return rc;
+}
+
+/* The fence on chunk removal: a stranger's namespace (or none) removes nothing. */
+static int cmd_fence(int argc, char **argv)
+{
+	struct stk_ns_id none = {0, 0}, other = {0x53544b, 0x5354524e47};
+	uint64_t ino, chains;
+
+	if (argc < 4 || stk_parse_u64(argv[2], &ino) || stk_parse_u64(argv[3], &chains) ||
+	    chains == 0 || chains > 1024)
+		return 2;
+	for (uint32_t c = 1; c <= chains; c++) {
+		CHECK_RC(send_fenced(argv[1], c, ino, 0, &none), -EPERM);
+		CHECK_RC(send_fenced(argv[1], c, ino, 0, &other), -EPERM);
+		CHECK_RC(send_fenced(argv[1], c, ino, 1, &none), -EPERM);
+		CHECK_RC(send_fenced(argv[1], c, ino, 2, &other), -EPERM);
+	}
+	if (!failures)
+		printf("fence: ok\n");
+	return failures ? 1 : 0;
+}
+
 static int cmd_truncates(int argc, char **argv)
 {
 	uint64_t ino;
@@ -1055,7 +1114,7 @@ int main(int argc, char **argv)
 		int (*fn)(int, char **);
 	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
-		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"batch", cmd_batch},
+		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence}, {"batch", cmd_batch},
 		    {"watch", cmd_watch}};
 
 	if (argc < 2) {

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <ftw.h>
+#include <lmdb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -969,9 +970,12 @@ static void test_reopen(uint64_t big, struct listing *l, uint64_t reserved)
 {
 	uint64_t files0, files1, max_ino = 0, n;
 	struct stk_attr root0, big0, lay0, a;
+	struct stk_ns_id ns0, ns1;
 	char buf[STK_PATH_MAX + 1];
 	uint64_t cr = ino_of(STK_ROOT_INO, "cr");
 
+	stk_meta_store_ns_id(st, &ns0);
+	CHECK(!stk_ns_id_is_zero(&ns0));
 	root0 = attr_of(STK_ROOT_INO);
 	big0 = attr_of(big);
 	lay0 = attr_of(ino_of(cr, "lay"));
@@ -985,6 +989,8 @@ static void test_reopen(uint64_t big, struct listing *l, uint64_t reserved)
 	CHECK_RC(open_store(), 0);
 	if (!st)
 		return;
+	stk_meta_store_ns_id(st, &ns1);
+	CHECK(stk_ns_id_eq(&ns0, &ns1)); /* a store's identity never changes */
 	a = attr_of(STK_ROOT_INO);
 	CHECK(same_attr(&a, &root0));
 	a = attr_of(big);
@@ -1000,6 +1006,49 @@ static void test_reopen(uint64_t big, struct listing *l, uint64_t reserved)
 	memset(l, 0, sizeof(*l));
 	big_list_rest(big, 0, l);
 	CHECK(l->bad == 0 && l->added[0] == 1 && l->added[BIG_ADDED - 1] == 1);
+}
+
+/*
+ * A store made by a release without identities (here: this one's with the record
+ * removed) keeps its namespace and gains an identity on open, which then stays.
+ */
+static void test_identity_upgrade(void)
+{
+	struct stk_ns_id before, after, again;
+	struct stk_attr root0, a;
+	MDB_env *env = NULL;
+	MDB_txn *txn = NULL;
+	MDB_dbi dbi;
+	MDB_val key = {5, (void *)"ns_id"};
+
+	stk_meta_store_ns_id(st, &before);
+	root0 = attr_of(STK_ROOT_INO);
+	stk_meta_store_close(st);
+	st = NULL;
+	CHECK(mdb_env_create(&env) == 0);
+	mdb_env_set_maxdbs(env, 8);
+	mdb_env_set_mapsize(env, 1ull << 30);
+	CHECK(mdb_env_open(env, tmpdir, 0, 0600) == 0);
+	CHECK(mdb_txn_begin(env, NULL, 0, &txn) == 0);
+	CHECK(mdb_dbi_open(txn, "sys", 0, &dbi) == 0);
+	CHECK(mdb_del(txn, dbi, &key, NULL) == 0);
+	CHECK(mdb_txn_commit(txn) == 0);
+	mdb_env_close(env);
+
+	CHECK_RC(open_store(), 0);
+	if (!st)
+		return;
+	stk_meta_store_ns_id(st, &after);
+	CHECK(!stk_ns_id_is_zero(&after) && !stk_ns_id_eq(&before, &after));
+	a = attr_of(STK_ROOT_INO);
+	CHECK(same_attr(&a, &root0)); /* the namespace is the same one */
+	stk_meta_store_close(st);
+	st = NULL;
+	CHECK_RC(open_store(), 0);
+	if (!st)
+		return;
+	stk_meta_store_ns_id(st, &again);
+	CHECK(stk_ns_id_eq(&after, &again));
 }
 
 /*
@@ -1282,6 +1331,8 @@ int main(void)
 	test_readdir_big(&listing, &big);
 	test_threads();
 	test_reopen(big, &listing, reserved);
+	if (st)
+		test_identity_upgrade();
 	if (st)
 		stk_meta_store_close(st);
 	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);

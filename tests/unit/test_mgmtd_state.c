@@ -40,6 +40,15 @@ static struct stk_msg_mgmt_register_req req(uint32_t node_id, uint8_t role, cons
 	return r;
 }
 
+/* A meta node's registration with store identity {0, ns} (0: none, refused as malformed). */
+static struct stk_msg_mgmt_register_req meta_req(uint32_t node_id, const char *addr, uint64_t ns)
+{
+	struct stk_msg_mgmt_register_req r = req(node_id, STK_ROLE_META, addr, 0);
+
+	r.ns_lo = ns;
+	return r;
+}
+
 static void tinfo(struct stk_msg_target_info *t, uint32_t id, const char *path, uint64_t used)
 {
 	memset(t, 0, sizeof(*t));
@@ -104,13 +113,18 @@ static int test_registration(struct stk_mgmt_state *st)
 	CHECK(st->nchains == 2 && st->ntargets == 2);
 	CHECK(stk_mgmt_state_target(st, 1)->used == 150);
 
-	/* A meta node takes shard 1; a second one does not while the first is ONLINE. */
-	rq = req(0, STK_ROLE_META, "127.0.0.1:9600", 0);
+	/*
+	 * A meta node takes shard 1, which takes its store's identity; a second one with
+	 * another store is registered but refused.
+	 */
+	rq = meta_req(0, "127.0.0.1:9600", 0xA);
 	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 2 && st->shard1_node == 2);
-	rq = req(0, STK_ROLE_META, "127.0.0.1:9601", 0);
+	CHECK(node == 2 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
+	CHECK(!stk_mgmt_state_node(st, 2)->refused);
+	rq = meta_req(0, "127.0.0.1:9601", 0xB);
 	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 3 && st->shard1_node == 2);
+	CHECK(node == 3 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
+	CHECK(stk_mgmt_state_node(st, 3)->refused && stk_mgmt_state_node(st, 3)->ns.lo == 0xB);
 
 	/*
 	 * An unknown node id (mgmtd lost its state) is taken as is, and new ids continue
@@ -208,10 +222,17 @@ static int test_liveness(struct stk_mgmt_state *st)
 	CHECK(stk_mgmt_state_target(st, 1)->state == STK_TARGET_SERVING);
 	CHECK(stk_mgmt_state_target(st, 2)->state == STK_TARGET_SERVING);
 
-	/* The shard owner is OFFLINE: the next meta node to register takes shard 1. */
-	rq = req(3, STK_ROLE_META, "127.0.0.1:9601", 0);
+	/*
+	 * The shard owner is OFFLINE: a meta node with another store still does not get
+	 * shard 1 (it would serve an empty namespace in its place); the owner's store,
+	 * restarted as node 3, does.
+	 */
+	rq = meta_req(3, "127.0.0.1:9601", 0xB);
 	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
-	CHECK(node == 3 && st->shard1_node == 3);
+	CHECK(node == 3 && st->shard1_node == 2 && stk_mgmt_state_node(st, 3)->refused);
+	rq = meta_req(3, "127.0.0.1:9601", 0xA);
+	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
+	CHECK(node == 3 && st->shard1_node == 3 && !stk_mgmt_state_node(st, 3)->refused);
 	return 0;
 }
 
@@ -228,7 +249,10 @@ static int test_routing(struct stk_mgmt_state *st)
 	CHECK(routing(st, 0, 16 * SEC, &rt) == 0);
 	CHECK(rt.version == st->version);
 	CHECK(rt.nnodes == 5 && rt.ntargets == 4 && rt.nchains == 8 && rt.nshards == 1);
-	CHECK(rt.shards[0].id == 1 && rt.shards[0].node_id == 3);
+	CHECK(rt.shards[0].id == 1 && rt.shards[0].node_id == 3 && rt.shards[0].ns.lo == 0xA &&
+	      rt.shards[0].ns.hi == 0);
+	n = stk_routing_node(&rt, 3);
+	CHECK(n && !n->refused && n->ns.lo == 0xA);
 	c = stk_routing_chain(&rt, 7);
 	CHECK(c && c->ntargets == 1 && c->targets[0] == 7);
 	c = stk_routing_chain(&rt, 3);
@@ -261,12 +285,14 @@ static int test_persistence(struct stk_mgmt_state *st)
 		goto out;
 	if (ld.version != st->version || ld.next_node_id != st->next_node_id ||
 	    ld.next_target_id != st->next_target_id || ld.shard1_node != st->shard1_node ||
+	    !stk_ns_id_eq(&ld.shard1_ns, &st->shard1_ns) ||
 	    ld.nnodes != st->nnodes || ld.ntargets != st->ntargets || ld.nchains != st->nchains)
 		goto out;
 	for (uint32_t i = 0; i < st->nnodes; i++) {
 		const struct stk_mgmt_node *a = &st->nodes[i], *c = &ld.nodes[i];
 		if (a->id != c->id || a->role != c->role || a->state != c->state ||
-		    strcmp(a->addr, c->addr) || c->last_hb_ns != 100 * SEC)
+		    strcmp(a->addr, c->addr) || c->last_hb_ns != 100 * SEC ||
+		    a->refused != c->refused || !stk_ns_id_eq(&a->ns, &c->ns))
 			goto out;
 	}
 	for (uint32_t i = 0; i < st->ntargets; i++)
@@ -398,6 +424,143 @@ static int test_host_identity(void)
 	return rc;
 }
 
+/*
+ * The assignment rules of shard 1 by store identity, from a fresh state: the
+ * scenario of issue 21 (a second meta with an empty store beside the first, the
+ * first away, the second restarted) never hands the shard to the empty store.
+ */
+static int test_identity(void)
+{
+	struct stk_mgmt_state st;
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_routing rt;
+	uint32_t node, ids[1];
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	/* A meta node must say which store it has. */
+	rq = meta_req(0, "10.0.0.1:9600", 0);
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) != -EINVAL ||
+	    st.nnodes != 0)
+		goto out;
+	/* The first meta node gives shard 1 its identity; the second (empty store) is refused. */
+	rq = meta_req(0, "10.0.0.1:9600", 0x11);
+	rq.ns_hi = 0x22;
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 1 ||
+	    st.shard1_node != 1 || st.shard1_ns.hi != 0x22 || st.shard1_ns.lo != 0x11)
+		goto out;
+	rq = meta_req(0, "10.0.0.2:9600", 0x33);
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 2 ||
+	    st.shard1_node != 1 || !stk_mgmt_state_node(&st, 2)->refused)
+		goto out;
+	/* The first goes away; the second registers again: still refused, the shard waits. */
+	if (stk_mgmt_state_heartbeat(&st, 2, NULL, 0, 20 * SEC) ||
+	    stk_mgmt_state_expire(&st, 20 * SEC, TIMEOUT) != 1 ||
+	    stk_mgmt_state_node(&st, 1)->state != STK_NODE_OFFLINE)
+		goto out;
+	rq = meta_req(2, "10.0.0.2:9600", 0x33);
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 21 * SEC, &node, ids) || node != 2 ||
+	    st.shard1_node != 1 || !stk_mgmt_state_node(&st, 2)->refused)
+		goto out;
+	if (routing(&st, 0, 21 * SEC, &rt))
+		goto out;
+	if (rt.nshards != 1 || rt.shards[0].node_id != 1 || rt.shards[0].ns.lo != 0x11 ||
+	    !stk_routing_node(&rt, 2)->refused || stk_routing_node(&rt, 2)->ns.lo != 0x33 ||
+	    stk_routing_node(&rt, 1)->refused) {
+		stk_routing_free(&rt);
+		goto out;
+	}
+	stk_routing_free(&rt);
+	/* The first one's store comes back at another address without its node id. */
+	rq = meta_req(0, "10.0.0.9:9700", 0x11);
+	rq.ns_hi = 0x22;
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 22 * SEC, &node, ids) || node != 3 ||
+	    st.shard1_node != 3 || stk_mgmt_state_node(&st, 3)->refused)
+		goto out;
+	/* The owner's id with another store (its folder wiped): refused, the shard has no node. */
+	rq = meta_req(3, "10.0.0.9:9700", 0x44);
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 23 * SEC, &node, ids) || node != 3 ||
+	    st.shard1_node != 0 || !stk_mgmt_state_node(&st, 3)->refused)
+		goto out;
+	if (routing(&st, 0, 23 * SEC, &rt))
+		goto out;
+	if (rt.nshards != 1 || rt.shards[0].node_id != 0 || rt.shards[0].ns.hi != 0x22) {
+		stk_routing_free(&rt);
+		goto out;
+	}
+	stk_routing_free(&rt);
+	/* The refused node 2 is given its right store: it is no longer refused and serves. */
+	rq = meta_req(2, "10.0.0.2:9600", 0x11);
+	rq.ns_hi = 0x22;
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 24 * SEC, &node, ids) || node != 2 ||
+	    st.shard1_node != 2 || stk_mgmt_state_node(&st, 2)->refused)
+		goto out;
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "shard identity rules failed\n");
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
+/*
+ * A state file of format 1 (before identities): it loads, shard 1 keeps its owner,
+ * another meta node waits (neither serving nor refused), and the owner's first
+ * registration gives the shard its identity.
+ */
+static int test_old_format(void)
+{
+	char dir[] = "/tmp/stk-test-mgmtd-XXXXXX", path[128];
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_mgmt_state st;
+	uint8_t buf[256];
+	struct stk_wbuf w;
+	uint32_t node, ids[1];
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	CHECK(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u32(&w, 0x4D4B5453u);
+	stk_put_u32(&w, 1);    /* format */
+	stk_put_u64(&w, 1000); /* routing version */
+	stk_put_u32(&w, 3);    /* next node id */
+	stk_put_u32(&w, 1);    /* next target id */
+	stk_put_u32(&w, 1);    /* shard1_node */
+	stk_put_u32(&w, 1);    /* nnodes */
+	stk_put_u32(&w, 0);
+	stk_put_u32(&w, 0);
+	stk_put_u32(&w, 1);
+	stk_put_u8(&w, STK_ROLE_META);
+	stk_put_u8(&w, STK_NODE_ONLINE);
+	stk_put_str(&w, "10.0.0.1:9600");
+	stk_put_i64(&w, 0);
+	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
+	if (w.err || stk_write_file_atomic(path, buf, w.len))
+		goto out;
+	if (stk_mgmt_state_load(&st, path, SEC) || st.shard1_node != 1 ||
+	    !stk_ns_id_is_zero(&st.shard1_ns) || st.nnodes != 1 || st.version != 1000)
+		goto out;
+	rq = meta_req(0, "10.0.0.2:9600", 0x55);
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 3 ||
+	    st.shard1_node != 1 || stk_mgmt_state_node(&st, 3)->refused ||
+	    !stk_ns_id_is_zero(&st.shard1_ns))
+		goto out;
+	rq = meta_req(1, "10.0.0.1:9600", 0x66);
+	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 1 ||
+	    st.shard1_node != 1 || st.shard1_ns.lo != 0x66)
+		goto out;
+	rc = 0;
+out:
+	if (rc)
+		fprintf(stderr, "format 1 state file failed\n");
+	stk_mgmt_state_free(&st);
+	unlink(path);
+	rmdir(dir);
+	return rc;
+}
+
 int main(void)
 {
 	struct stk_mgmt_state st;
@@ -415,7 +578,8 @@ int main(void)
 		}
 	}
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
-	     test_persistence(&st) || test_lost_state() || test_host_identity();
+	     test_persistence(&st) || test_lost_state() || test_host_identity() ||
+	     test_identity() || test_old_format();
 	stk_mgmt_state_free(&st);
 	if (rc == 0)
 		printf("test_mgmtd_state: all passed\n");
