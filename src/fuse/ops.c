@@ -40,7 +40,7 @@
  * Stale names: a call by path on an inode meta no longer has (another client
  * renamed over the name or removed it while the kernel kept its entry) is
  * answered ESTALE, not ENOENT, so that the kernel looks the path up again
- * (by_name).
+ * (by_name); notify.c expires such entries as soon as meta revokes our lease.
  *
  * Directories: the kernel's directory offsets are positions in this handle's
  * listing (0 ".", 1 "..", 2 + i the i-th entry); the handle keeps the meta
@@ -314,10 +314,15 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 
 	conn->want |= want & conn->capable;
 	/* Here, in the process that serves the mount (not before it went to the background). */
-	if (stk_lcache_start(fs->c))
+	if (stk_lcache_start(fs->c)) {
 		stk_warn("no lookup cache: every lookup goes to meta");
-	else if (fs->o.writebehind && !fs->o.ro && stk_behind_start(fs->c))
-		stk_warn("no write-behind: every create and unlink waits for meta");
+	} else {
+		/* Its leases are what tell us that another client changed a name. */
+		if (fs->c->lc && stk_fuse_notify_start(fs))
+			stk_warn("names others change stay in the kernel up to entry_timeout");
+		if (fs->o.writebehind && !fs->o.ro && stk_behind_start(fs->c))
+			stk_warn("no write-behind: every create and unlink waits for meta");
+	}
 	if (fs->o.writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
 		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
 	else
@@ -1604,7 +1609,10 @@ int stk_fuse_fs_init(struct stk_fuse *fs)
 
 void stk_fuse_fs_fini(struct stk_fuse *fs)
 {
-	unsigned n = stk_fuse_table_drain(&fs->tab, fs->c);
+	unsigned n;
+
+	stk_fuse_notify_stop(fs);
+	n = stk_fuse_table_drain(&fs->tab, fs->c);
 
 	if (n)
 		stk_info("closed %u file(s) the kernel left open at unmount", n);

@@ -3,7 +3,7 @@ mount A replaces with rename() must see the old file or the new one, never nothi
 
 B's kernel keeps the name it looked up (entry_timeout) pointing at the inode the
 rename replaced; the mount answers that stale entry with ESTALE, so that the kernel
-looks the name up again.
+looks the name up again, and drops the kernel's entry when meta revokes its lease.
 
 Runs as root (FUSE mounts); skipped otherwise."""
 import errno
@@ -116,3 +116,25 @@ def test_rename_over_never_hides_the_name(cluster, make_mount, monkeypatch, leas
         wait_until(lambda: which_version(open(b, "rb").read()) == ROUNDS, 10,
                    "the last version on B")
 
+
+def test_revoked_name_leaves_the_kernel(cluster, make_mount):
+    """With names and attributes cached by B's kernel for 600 s, a rename over x and
+    an unlink of x on A still show on B once meta revoked B's lease: the mount drops
+    the kernel's entry then, so stat does not answer the old inode for 10 minutes."""
+    ma = make_mount(cluster, "a")
+    mb = make_mount(cluster, "b", opts=["entry_timeout=600", "attr_timeout=600"])
+    a, b = os.path.join(ma.path, "x"), os.path.join(mb.path, "x")
+    publish(a, 1)
+    wait_until(lambda: os.path.exists(b), 10, "x on B")
+    old = os.stat(b).st_ino
+    assert which_version(open(b, "rb").read()) == 1
+    publish(a, 2)
+    new = os.stat(a).st_ino
+    assert new != old
+    # stat first: an open would look the name up again by itself (ESTALE)
+    wait_until(lambda: os.stat(b).st_ino == new, 20, "B's stat of x to show the new inode")
+    assert os.stat(b).st_size == len(version(2))
+    assert which_version(open(b, "rb").read()) == 2
+    os.unlink(a)
+    wait_until(lambda: errno_of(os.stat, b) == errno.ENOENT, 20, "B's stat of x to say ENOENT")
+    assert errno_of(open, b, "rb") == errno.ENOENT
