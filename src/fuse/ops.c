@@ -138,6 +138,18 @@ static int by_name(fuse_ino_t ino, int rc)
 	return rc == -ENOENT && ino != FUSE_ROOT_ID ? -ESTALE : rc;
 }
 
+/*
+ * Whether attributes a, fetched for a call by path, are those of a file whose last
+ * name went while another client still held it open (an orphan meta keeps for a
+ * moment, or for as long as that client reads it): the kernel reached it through
+ * a stale name, as above, so the call is answered as by_name answers a gone inode.
+ * A file open in this mount is not concerned (reopened through /proc/PID/fd).
+ */
+static int stale_orphan(struct stk_fuse *fs, const struct stk_attr *a)
+{
+	return a->nlink == 0 && S_ISREG(a->mode) && !stk_fuse_table_is_open(&fs->tab, a->ino);
+}
+
 static void req_cred(fuse_req_t req, struct stk_cred *cr, int groups)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
@@ -398,8 +410,11 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	 * (a change anyone makes to them is revoked here before it is visible). */
 	if (rc && stk_lcache_get_ino(fs->c, sino, &a))
 		rc = 0;
-	if (rc)
+	if (rc) {
 		rc = fresh_attr(fs, &cr, sino, &a);
+		if (rc == 0 && !fi && stale_orphan(fs, &a))
+			rc = -ENOENT;
+	}
 	if (rc) {
 		/* fi: fstat of an open file, which meta keeps while it is open */
 		reply_err(req, fi ? rc : by_name(ino, rc));
@@ -962,6 +977,10 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * come with the registration of the open reference, in one round trip.
 	 */
 	rc = stk_ino_open_attr(fs->c, &cr, ino_swap(fs, ino), &a);
+	if (rc == 0 && stale_orphan(fs, &a)) {
+		stk_ino_unregister(fs->c, a.ino); /* the reference the call registered */
+		rc = -ENOENT;
+	}
 	if (rc) {
 		/* Renamed over or removed by another client since the kernel's lookup. */
 		reply_err(req, by_name(ino, rc));
