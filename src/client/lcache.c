@@ -44,6 +44,7 @@
 #define LC_PEND 64u /* this client's own changes in flight, tracked by key */
 #define LC_LOG 256u /* forgets remembered, so that a lookup in flight can tell if one hit it */
 #define LC_AGENS (1u << 16) /* attribute generations: see agen below */
+#define LC_REVOKED 64u /* names of revoked inodes reported per watch (stk_lcache_on_revoked) */
 #define LOG_NAME 0x80000000u /* a log entry naming a slot (a name), not a generation */
 #define LOG_ATTR 0x40000000u /* a log entry naming an attribute generation */
 #define LOG_ALL 0xffffffffu
@@ -107,6 +108,15 @@ struct stk_lcache {
 		uint32_t key, count;
 	} pend[LC_PEND];
 	uint32_t pend_over; /* changes in flight that found pend[] full: nothing is used */
+	/* stk_lcache_on_revoked: the callback, and the names of the last watch's
+	 * revocations, reported just before the watch that acknowledges them. */
+	stk_lcache_revoked_fn revoked_fn;
+	void *revoked_ctx;
+	uint32_t nrevoked;
+	struct {
+		uint64_t parent, ino;
+		char name[LC_NAME];
+	} revoked[LC_REVOKED];
 	struct lc_ent e[LC_SLOTS];
 	struct lc_dir d[LC_DIRS];
 };
@@ -747,6 +757,47 @@ void stk_lcache_updated(stk_client *c, struct stk_lcache_tok tok, uint64_t ino,
 	pthread_mutex_unlock(&l->mu);
 }
 
+void stk_lcache_on_revoked(stk_client *c, stk_lcache_revoked_fn fn, void *ctx)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	l->revoked_fn = fn;
+	l->revoked_ctx = ctx;
+	l->nrevoked = 0;
+	pthread_mutex_unlock(&l->mu);
+}
+
+/* With the mutex: remembers the name the cache last learnt for revoked inode ino. */
+static void note_revoked(struct stk_lcache *l, uint64_t ino)
+{
+	const struct lc_ent *e = &l->e[l->by_ino[ino_slot(ino)]];
+
+	/* The hint may name a slot given to another entry since: it must be ino's. */
+	if (!l->revoked_fn || l->nrevoked >= LC_REVOKED || !e->used || !e->found ||
+	    e->attr.ino != ino)
+		return;
+	/* A folder is revoked at every change of its names, which leaves its own be. */
+	if (S_ISDIR(e->attr.mode))
+		return;
+	l->revoked[l->nrevoked].parent = e->parent;
+	l->revoked[l->nrevoked].ino = ino;
+	memcpy(l->revoked[l->nrevoked].name, e->name, sizeof(e->name));
+	l->nrevoked++;
+}
+
+/* With the mutex: reports the names noted, once their revocations are being acknowledged. */
+static void report_revoked(struct stk_lcache *l)
+{
+	for (uint32_t i = 0; i < l->nrevoked; i++)
+		if (l->revoked_fn)
+			l->revoked_fn(l->revoked_ctx, l->revoked[i].parent, l->revoked[i].name,
+				      l->revoked[i].ino);
+	l->nrevoked = 0;
+}
+
 uint32_t stk_lcache_origin(stk_client *c)
 {
 	struct stk_lcache *l = c->lc;
@@ -810,6 +861,11 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_watch_req_enc(&w, &q);
+	/* This watch acknowledges the last one's revocations: meta commits those changes
+	 * once it has it, so a name dropped above from now is looked up anew soon after. */
+	pthread_mutex_lock(&l->mu);
+	report_revoked(l);
+	pthread_mutex_unlock(&l->mu);
 	struct stk_rpc rpc = {.opcode = STK_OP_META_WATCH,
 			      .req = req,
 			      .req_len = w.len,
@@ -836,6 +892,7 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 			stk_behind_gate_open(c);
 			return -EBADMSG;
 		}
+		note_revoked(l, rec.ino); /* before bump: the entry is still ino's */
 		bump(l, rec.ino);
 		l->st.revoked++;
 	}

@@ -129,6 +129,21 @@ void stk_lcache_behind_gone(stk_client *c, uint64_t parent, const char *name, ui
  */
 void stk_lcache_updated(stk_client *c, struct stk_lcache_tok tok, uint64_t ino,
 			const struct stk_attr *attr);
+/*
+ * Names whose lease another client's change revoked: fn(ctx, parent, name, ino) is
+ * called for each name the cache held for a revoked inode ino that is not a folder
+ * (the last name it learnt for it; a folder is revoked at every change of its
+ * names, which leaves its own name be), so that a cache above this one (the
+ * kernel's, in the mount) can drop it too. Called from the watch thread, with the cache's mutex held, just
+ * before the watch that acknowledges the revocation is sent (so, before meta
+ * commits the change): fn must not block and must not call into this cache. At
+ * most a few dozen per watch; names of more are not reported (the cache above must
+ * cope with a stale name anyway). fn NULL: none from now; once this returns, no
+ * call is in progress. Nothing happens while the cache is off.
+ */
+typedef void (*stk_lcache_revoked_fn)(void *ctx, uint64_t parent, const char *name, uint64_t ino);
+void stk_lcache_on_revoked(stk_client *c, stk_lcache_revoked_fn fn, void *ctx);
+
 /* The origin for a change this client forgets itself; 0 when the cache is off. */
 uint32_t stk_lcache_origin(stk_client *c);
 

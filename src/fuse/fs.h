@@ -8,6 +8,7 @@
  * table.c  the open-file table: per inode, the handles open in this mount and
  *          the attributes seen at the last open
  * attrcache.c attributes the mount holds for the getattr after the kernel dropped them
+ * notify.c the kernel's entries of names whose lease meta revoked, expired
  *
  * Inode numbers are Stoker's. The kernel's node id is the Stoker inode number,
  * except that the mounted directory is node 1 (FUSE_ROOT_ID): when a
@@ -261,6 +262,26 @@ void stk_fuse_acache_forget_files(struct stk_fuse_acache *d);
 /* Forgets everything: this mount changed folders in a way the cache does not follow. */
 void stk_fuse_acache_clear(struct stk_fuse_acache *d);
 
+/*
+ * Names whose lease meta revoked, for the kernel to look up again (notify.c): a
+ * ring of STK_FUSE_NOTIFY_Q filled by the lookup cache's watch thread and emptied
+ * by a thread of its own. All fields under mu but thr and running (start and stop
+ * only).
+ */
+#define STK_FUSE_NOTIFY_Q 256u
+
+struct stk_fuse_notify {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	pthread_t thr;
+	int running, stop;
+	unsigned head, count;
+	struct {
+		uint64_t parent; /* Stoker inode of the folder */
+		char name[64];	 /* the lookup cache keeps shorter names only */
+	} q[STK_FUSE_NOTIFY_Q];
+};
+
 /* The mount: the session's userdata. */
 struct stk_fuse {
 	stk_client *c;
@@ -274,7 +295,16 @@ struct stk_fuse {
 	struct stk_fuse_uring *uring; /* -o uring, once set up; else NULL */
 	int no_getattrs; /* atomic: meta answered META_GETATTRS with ENOSYS */
 	_Atomic int posix_seen; /* a POSIX lock was asked for through this mount: opens flush */
+	struct stk_fuse_notify notify;
 };
+
+/*
+ * notify.c. start: once the lookup cache runs and the session serves (init); 0 or
+ * -EAGAIN (no thread: stale names are still answered ESTALE). stop: before the
+ * session goes; waits for the thread.
+ */
+int stk_fuse_notify_start(struct stk_fuse *fs);
+void stk_fuse_notify_stop(struct stk_fuse *fs);
 
 /*
  * FUSE over io_uring (uring.c). setup: after the session is mounted and before

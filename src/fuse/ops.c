@@ -37,6 +37,11 @@
  * otherwise the pages and the cached attributes are dropped, so an open after
  * another client's close reads the new data even within attr_timeout.
  *
+ * Stale names: a call by path on an inode meta no longer has (another client
+ * renamed over the name or removed it while the kernel kept its entry) is
+ * answered ESTALE, not ENOENT, so that the kernel looks the path up again
+ * (by_name); notify.c expires such entries as soon as meta revokes our lease.
+ *
  * Directories: the kernel's directory offsets are positions in this handle's
  * listing (0 ".", 1 "..", 2 + i the i-th entry); the handle keeps the meta
  * cookie each position resumes from, so a listing resumes and seeks exactly even
@@ -115,6 +120,34 @@ static void reply_err(fuse_req_t req, int rc)
 	/* libstoker returns -errno; anything else would be a bug, reported as EIO. */
 	stk_fuse_metrics_error(rc <= 0 && rc > -4096 ? rc : -EIO);
 	fuse_reply_err(req, rc <= 0 && rc > -4096 ? -rc : EIO);
+}
+
+/*
+ * The error of a call on node ino that the kernel reached through a name it cached
+ * (a path walk: open, stat, access, chmod, readlink, xattrs by path), not through
+ * an open file. Meta saying the inode is gone then means that the kernel's entry
+ * is stale: another client renamed over the name or removed it while the kernel
+ * trusted the entry (entry_timeout). ESTALE makes the kernel walk the path once
+ * more with LOOKUP_REVAL, under which FUSE looks every name up again: the caller
+ * gets the file that holds the name now, or ENOENT if none does. ENOENT here would
+ * say that a name which never stopped existing is missing (write-then-rename on
+ * another mount). The mounted folder has no name to look up again.
+ */
+static int by_name(fuse_ino_t ino, int rc)
+{
+	return rc == -ENOENT && ino != FUSE_ROOT_ID ? -ESTALE : rc;
+}
+
+/*
+ * Whether attributes a, fetched for a call by path, are those of a file whose last
+ * name went while another client still held it open (an orphan meta keeps for a
+ * moment, or for as long as that client reads it): the kernel reached it through
+ * a stale name, as above, so the call is answered as by_name answers a gone inode.
+ * A file open in this mount is not concerned (reopened through /proc/PID/fd).
+ */
+static int stale_orphan(struct stk_fuse *fs, const struct stk_attr *a)
+{
+	return a->nlink == 0 && S_ISREG(a->mode) && !stk_fuse_table_is_open(&fs->tab, a->ino);
 }
 
 static void req_cred(fuse_req_t req, struct stk_cred *cr, int groups)
@@ -293,10 +326,15 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 
 	conn->want |= want & conn->capable;
 	/* Here, in the process that serves the mount (not before it went to the background). */
-	if (stk_lcache_start(fs->c))
+	if (stk_lcache_start(fs->c)) {
 		stk_warn("no lookup cache: every lookup goes to meta");
-	else if (fs->o.writebehind && !fs->o.ro && stk_behind_start(fs->c))
-		stk_warn("no write-behind: every create and unlink waits for meta");
+	} else {
+		/* Its leases are what tell us that another client changed a name. */
+		if (fs->c->lc && stk_fuse_notify_start(fs))
+			stk_warn("names others change stay in the kernel up to entry_timeout");
+		if (fs->o.writebehind && !fs->o.ro && stk_behind_start(fs->c))
+			stk_warn("no write-behind: every create and unlink waits for meta");
+	}
 	if (fs->o.writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
 		conn->want |= FUSE_CAP_WRITEBACK_CACHE;
 	else
@@ -372,10 +410,14 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	 * (a change anyone makes to them is revoked here before it is visible). */
 	if (rc && stk_lcache_get_ino(fs->c, sino, &a))
 		rc = 0;
-	if (rc)
-		rc = fresh_attr(fs, &cr, sino, &a);
 	if (rc) {
-		reply_err(req, rc);
+		rc = fresh_attr(fs, &cr, sino, &a);
+		if (rc == 0 && !fi && stale_orphan(fs, &a))
+			rc = -ENOENT;
+	}
+	if (rc) {
+		/* fi: fstat of an open file, which meta keeps while it is open */
+		reply_err(req, fi ? rc : by_name(ino, rc));
 		return;
 	}
 	attr_stat(fs, &a, &st);
@@ -401,7 +443,7 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 	req_cred(req, &cr, 1);
 	rc = fresh_attr(fs, &cr, sino, &a);
 	if (rc) {
-		reply_err(req, rc);
+		reply_err(req, by_name(ino, rc));
 		return;
 	}
 	if (cr.uid == 0)
@@ -515,7 +557,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		}
 		rc = set_size(fs, &cr, sino, fh, (uint64_t)attr->st_size);
 		if (rc) {
-			reply_err(req, rc);
+			reply_err(req, fi ? rc : by_name(ino, rc));
 			return;
 		}
 	}
@@ -530,7 +572,7 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 		rc = stk_ino_setattr(fs->c, NULL, sino, valid, &v, &out);
 	stk_fuse_acache_drop(&fs->acache, sino);
 	if (rc) {
-		reply_err(req, rc);
+		reply_err(req, fi ? rc : by_name(ino, rc));
 		return;
 	}
 	attr_stat(fs, &out, &st);
@@ -547,7 +589,7 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 	req_cred(req, &cr, 0);
 	rc = stk_ino_readlink(fs->c, &cr, ino_swap(fs, ino), buf, sizeof(buf));
 	if (rc) {
-		reply_err(req, rc);
+		reply_err(req, by_name(ino, rc));
 		return;
 	}
 	fuse_reply_readlink(req, buf);
@@ -935,8 +977,16 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * come with the registration of the open reference, in one round trip.
 	 */
 	rc = stk_ino_open_attr(fs->c, &cr, ino_swap(fs, ino), &a);
-	if (rc == 0)
-		rc = open_fh(fs, &cr, &a, fi, 0);
+	if (rc == 0 && stale_orphan(fs, &a)) {
+		stk_ino_unregister(fs->c, a.ino); /* the reference the call registered */
+		rc = -ENOENT;
+	}
+	if (rc) {
+		/* Renamed over or removed by another client since the kernel's lookup. */
+		reply_err(req, by_name(ino, rc));
+		return;
+	}
+	rc = open_fh(fs, &cr, &a, fi, 0);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -1421,7 +1471,7 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 	rc = stk_ino_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size, (uint32_t)flags);
 	xattrs_changed(fs, ino_swap(fs, ino)); /* after: a getxattr meanwhile notes nothing */
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
-	reply_err(req, rc);
+	reply_err(req, by_name(ino, rc));
 }
 
 /* getxattr and listxattr: size 0 asks the length; otherwise the bytes, or ERANGE. */
@@ -1469,6 +1519,8 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	rc = stk_ino_getxattr(fs->c, &cr, ino_swap(fs, ino), name, buf, size);
 	if (rc == -ENODATA && n)
 		note_nocap(fs, n, gen);
+	if (rc == -ENOENT)
+		rc = by_name(ino, -ENOENT);
 out:
 	if (n)
 		stk_fuse_table_unpin(&fs->tab, n, fs->c);
@@ -1491,6 +1543,8 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 	}
 	req_cred(req, &cr, 1);
 	rc = stk_ino_listxattr(fs->c, &cr, ino_swap(fs, ino), buf, size);
+	if (rc == -ENOENT)
+		rc = by_name(ino, -ENOENT);
 	reply_xattr(req, rc, buf, size);
 	free(buf);
 }
@@ -1505,7 +1559,7 @@ static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 	rc = stk_ino_removexattr(fs->c, &cr, ino_swap(fs, ino), name);
 	xattrs_changed(fs, ino_swap(fs, ino)); /* after: a getxattr meanwhile notes nothing */
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
-	reply_err(req, rc);
+	reply_err(req, by_name(ino, rc));
 }
 
 /*
@@ -1574,7 +1628,10 @@ int stk_fuse_fs_init(struct stk_fuse *fs)
 
 void stk_fuse_fs_fini(struct stk_fuse *fs)
 {
-	unsigned n = stk_fuse_table_drain(&fs->tab, fs->c);
+	unsigned n;
+
+	stk_fuse_notify_stop(fs);
+	n = stk_fuse_table_drain(&fs->tab, fs->c);
 
 	if (n)
 		stk_info("closed %u file(s) the kernel left open at unmount", n);
