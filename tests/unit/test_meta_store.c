@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <ftw.h>
+#include <lmdb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -640,6 +641,84 @@ static void test_blocks(void)
 	x = (struct stk_meta_extend){.size = 3 * MIB + 512};
 	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
 	CHECK(a.blocks == 1);
+}
+
+/* Rewrites inode ino's record in the closed store in tmpdir as format 1 (older stores). */
+static void to_format1(uint64_t ino)
+{
+	MDB_env *env = NULL;
+	MDB_txn *txn = NULL;
+	MDB_dbi dbi;
+	uint8_t k[8], rec[128];
+	MDB_val key = {sizeof(k), k}, val;
+	int rc;
+
+	for (int i = 0; i < 8; i++)
+		k[i] = (uint8_t)(ino >> (56 - 8 * i));
+	rc = mdb_env_create(&env);
+	if (rc == 0) {
+		mdb_env_set_maxdbs(env, 5);
+		mdb_env_set_mapsize(env, 1ull << 30);
+		rc = mdb_env_open(env, tmpdir, 0, 0600);
+	}
+	if (rc == 0)
+		rc = mdb_txn_begin(env, NULL, 0, &txn);
+	if (rc == 0)
+		rc = mdb_dbi_open(txn, "inodes", 0, &dbi);
+	if (rc == 0)
+		rc = mdb_get(txn, dbi, &key, &val);
+	/* format 2: u8 2, attr (100 bytes, then u64 rdev), u64 parent, u16 n, ranges */
+	CHECK(rc == 0 && val.mv_size >= 1 + 108 + 8 + 2 && ((uint8_t *)val.mv_data)[0] == 2);
+	if (rc == 0 && val.mv_size >= 1 + 108 + 8 + 2) {
+		rec[0] = 1;
+		memcpy(rec + 1, (uint8_t *)val.mv_data + 1, 100);
+		memcpy(rec + 101, (uint8_t *)val.mv_data + 109, 8);
+		val.mv_data = rec;
+		val.mv_size = 109;
+		rc = mdb_put(txn, dbi, &key, &val, 0);
+	}
+	if (txn)
+		rc = rc ? (mdb_txn_abort(txn), rc) : mdb_txn_commit(txn);
+	CHECK(rc == 0);
+	if (env)
+		mdb_env_close(env);
+}
+
+/* A store written before inode format 2 keeps working: attributes, parents, blocks. */
+static void test_format1_records(void)
+{
+	uint64_t top = mkdir_as(&ROOT, STK_ROOT_INO, "old", 0755), d = mkdir_as(&ROOT, top, "d", 0755);
+	uint64_t f = create_as(&ROOT, d, "f");
+	const uint64_t MIB = 1u << 20;
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr a, fa, da;
+
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, f, 3 * MIB + 5, 0, 0, &a), 0);
+	fa = attr_of(f);
+	da = attr_of(d);
+	CHECK_RC(stk_meta_store_sync(st), 0);
+	stk_meta_store_close(st);
+	st = NULL;
+	to_format1(f);
+	to_format1(d);
+	if (open_store()) {
+		CHECK(!"reopen after format 1 records");
+		return;
+	}
+	a = attr_of(f);
+	CHECK(a.ino == f && a.size == fa.size && a.mode == fa.mode && a.blocks == fa.blocks &&
+	      a.rdev == 0 && a.layout.chunk_size == fa.layout.chunk_size);
+	a = attr_of(d);
+	CHECK(a.ino == d && a.nlink == da.nlink && S_ISDIR(a.mode));
+	/* the folder's parent survived: it may not move into its own subtree */
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, STK_ROOT_INO, "old", d, "x", 0, &(int){0}, &a),
+		 -EINVAL);
+	/* the file counts every chunk below its size, and follows a truncate */
+	sa.size = MIB;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	sa.size = 4 * MIB;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	CHECK(attr_of(f).blocks == MIB / 512);
 }
 
 static void test_rename(void)
@@ -1405,6 +1484,7 @@ int main(void)
 	test_readdir_big(&listing, &big);
 	test_threads();
 	test_reopen(big, &listing, reserved);
+	test_format1_records();
 	if (st)
 		stk_meta_store_close(st);
 	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
