@@ -35,6 +35,8 @@
 #include "../common/layout.h"
 #include "../common/util.h"
 
+#define STK_FILE_RANGES 8
+
 struct stk_file {
 	struct stk_client *c;
 	pthread_mutex_t lock;
@@ -47,11 +49,13 @@ struct stk_file {
 	uint64_t size;
 	int size_dirty; /* size/mtime to report to meta */
 	/*
-	 * For st_blocks (META_EXTEND): the chunks written since the last report,
-	 * as one range [alloc_first, alloc_end), and the whole chunks a fallocate
-	 * removed since (first == end: none).
+	 * For st_blocks (META_EXTEND): the chunks written since the last report, as
+	 * nalloc ranges [first, end) (sorted, apart; past STK_FILE_RANGES the two
+	 * closest merge), and the whole chunks a fallocate removed since (first ==
+	 * end: none).
 	 */
-	uint32_t alloc_first, alloc_end;
+	uint32_t alloc[STK_FILE_RANGES][2];
+	unsigned nalloc;
 	uint32_t punch_first, punch_end;
 	char *wbuf;
 	size_t wcap;
@@ -146,13 +150,57 @@ static int make_pieces(struct stk_file *f, char *buf, size_t len, uint64_t off,
 /* Chunks [first, end) hold data now: the range reported grows to cover them. */
 static void written(struct stk_file *f, uint32_t first, uint32_t end)
 {
-	if (f->alloc_first == f->alloc_end) {
-		f->alloc_first = first;
-		f->alloc_end = end;
-	} else {
-		f->alloc_first = STK_MIN(f->alloc_first, first);
-		f->alloc_end = STK_MAX(f->alloc_end, end);
+	uint32_t out[STK_FILE_RANGES + 1][2];
+	unsigned i = 0, k = 0;
+
+	for (; i < f->nalloc && f->alloc[i][1] < first; i++)
+		out[k][0] = f->alloc[i][0], out[k++][1] = f->alloc[i][1];
+	for (; i < f->nalloc && f->alloc[i][0] <= end; i++) {
+		first = STK_MIN(first, f->alloc[i][0]);
+		end = STK_MAX(end, f->alloc[i][1]);
 	}
+	out[k][0] = first, out[k++][1] = end;
+	for (; i < f->nalloc; i++)
+		out[k][0] = f->alloc[i][0], out[k++][1] = f->alloc[i][1];
+	if (k > STK_FILE_RANGES) {
+		/* The two closest join: the hole between them is reported as written. */
+		unsigned best = 0;
+
+		for (unsigned j = 1; j + 1 < k; j++)
+			if (out[j + 1][0] - out[j][1] < out[best + 1][0] - out[best][1])
+				best = j;
+		out[best][1] = out[best + 1][1];
+		memmove(&out[best + 1], &out[best + 2], (k - best - 2) * sizeof(out[0]));
+		k--;
+	}
+	memcpy(f->alloc, out, k * sizeof(out[0]));
+	f->nalloc = k;
+}
+
+/*
+ * One META_EXTEND: the size and mtime, chunks [first, end) written and, when
+ * punch, the handle's punched chunks. Called with f->lock held.
+ */
+static int send_extend(struct stk_file *f, uint32_t first, uint32_t end, int punch)
+{
+	struct stk_msg_meta_extend_req m;
+	uint8_t req[256];
+	struct stk_wbuf w;
+
+	memset(&m, 0, sizeof(m));
+	m.cred = f->c->cred;
+	m.ino = f->attr.ino;
+	m.size = f->size;
+	stk_wall_time(&m.mtime_sec, &m.mtime_nsec);
+	m.alloc_first = first;
+	m.alloc_end = end;
+	if (punch) {
+		m.punch_first = f->punch_first;
+		m.punch_end = f->punch_end;
+	}
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_extend_req_enc(&w, &m);
+	return stk_client_meta_attr_call_own(f->c, m.ino, STK_OP_META_EXTEND, req, w.len, NULL);
 }
 
 static int write_through(struct stk_file *f, const char *buf, size_t len, uint64_t off,
@@ -427,27 +475,19 @@ static int sync_locked(struct stk_file *f)
 		f->any_unsynced = 0;
 	}
 	if (f->size_dirty) {
-		struct stk_msg_meta_extend_req m;
-		uint8_t req[256];
-		struct stk_wbuf w;
+		unsigned n = f->nalloc;
 
-		memset(&m, 0, sizeof(m));
-		m.cred = c->cred;
-		m.ino = f->attr.ino;
-		m.size = f->size;
-		stk_wall_time(&m.mtime_sec, &m.mtime_nsec);
-		m.alloc_first = f->alloc_first;
-		m.alloc_end = f->alloc_end;
-		m.punch_first = f->punch_first;
-		m.punch_end = f->punch_end;
-		stk_wbuf_init(&w, req, sizeof(req));
-		stk_msg_meta_extend_req_enc(&w, &m);
-		rc = stk_client_meta_attr_call_own(c, m.ino, STK_OP_META_EXTEND, req, w.len, NULL);
+		/* A range per request; the last carries the punch, which meta applies after. */
+		rc = 0;
+		for (unsigned i = 0; rc == 0 && i + 1 < n; i++)
+			rc = send_extend(f, f->alloc[i][0], f->alloc[i][1], 0);
+		if (rc == 0)
+			rc = send_extend(f, n ? f->alloc[n - 1][0] : 0, n ? f->alloc[n - 1][1] : 0, 1);
 		if (rc && !first)
 			first = rc;
 		if (!rc) {
 			f->size_dirty = 0;
-			f->alloc_first = f->alloc_end = 0;
+			f->nalloc = 0;
 			f->punch_first = f->punch_end = 0;
 		}
 	}
@@ -711,9 +751,15 @@ int stk_ftruncate(stk_file *f, off_t size)
 		f->size = (uint64_t)size;
 		f->size_dirty = 1;
 		/* Chunks cut off are no longer ours to report as written. */
-		f->alloc_end = STK_MIN(f->alloc_end, keep);
-		if (f->alloc_first >= f->alloc_end)
-			f->alloc_first = f->alloc_end = 0;
+		unsigned k = 0;
+
+		for (unsigned i = 0; i < f->nalloc; i++) {
+			uint32_t end = STK_MIN(f->alloc[i][1], keep);
+
+			if (f->alloc[i][0] < end)
+				f->alloc[k][0] = f->alloc[i][0], f->alloc[k++][1] = end;
+		}
+		f->nalloc = k;
 	}
 	pthread_mutex_unlock(&f->lock);
 	return rc;
@@ -868,6 +914,7 @@ void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len)
 	     i++)
 		f->unsynced[i % f->attr.layout.stripe] = 1;
 	f->any_unsynced = 1;
+	written(f, (uint32_t)(off / cs), (uint32_t)((off + len - 1) / cs + 1));
 	if (off + len > f->size)
 		f->size = off + len;
 	f->size_dirty = 1;

@@ -1098,6 +1098,19 @@ def test_sparse_file_du(cluster, mount):
     with open(q, "wb") as f:
         f.write(os.urandom(3 * MiB + 100))
     assert os.stat(q).st_blocks == (3 * MiB + 100 + 511) // 512
+    # data at both ends, copied in one open with holes kept: the middle counts nothing
+    with open(p, "r+b") as f:
+        f.write(b"head")
+        f.seek((1 << 30) - 4)
+        f.write(b"tail")
+    c = os.path.join(mount.path, "sparse-copy")
+    subprocess.run(["cp", "--sparse=always", p, c], check=True)
+    assert os.stat(c).st_size == 1 << 30
+    assert 3 * MiB <= os.stat(c).st_blocks * 512 <= 6 * MiB, os.stat(c).st_blocks
+    with open(c, "rb") as f:
+        assert f.read(4) == b"head"
+        f.seek((1 << 30) - 4)
+        assert f.read(4) == b"tail"
     # another client (the CLI) reads the same figure from meta
     assert "Blocks: %d" % os.stat(p).st_blocks in cluster.cli("stat", "/sparse").stdout.decode()
 

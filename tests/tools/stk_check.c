@@ -1115,6 +1115,37 @@ static int cmd_special(int argc, char **argv)
 	CHECK_RC(stk_close(f), 0);
 	CHECK_RC(stk_stat(c, p, &st), 0);
 	CHECK(st.st_size == 1ll << 30 && (uint64_t)st.st_blocks * 512 == MIB);
+	/* batched writes count too: two chunks far apart */
+	{
+		struct stk_batch_req rq[2] = {
+			{.op = STK_BATCH_WRITE, .offset = 100 * MIB, .buf = want, .len = MIB,
+			 .user_data = 1},
+			{.op = STK_BATCH_WRITE, .offset = 900 * MIB + 10, .buf = want, .len = 100,
+			 .user_data = 2}};
+		struct stk_completion comp[2];
+		stk_batch *b = NULL;
+		int got = 0;
+
+		CHECK_RC(stk_open(c, p, O_RDWR, 0, &f), 0);
+		rq[0].file = rq[1].file = f;
+		CHECK_RC(stk_batch_create(c, NULL, &b), 0);
+		CHECK_RC(stk_batch_submit(b, rq, 2), 2);
+		while (b && got < 2) {
+			int n = stk_batch_reap(b, comp, 2, 1, 30000);
+			CHECK(n > 0);
+			if (n <= 0)
+				break;
+			for (int i = 0; i < n; i++)
+				CHECK(comp[i].result > 0);
+			got += n;
+		}
+		if (b)
+			stk_batch_destroy(b);
+		CHECK_RC(stk_close(f), 0);
+		CHECK_RC(stk_stat(c, p, &st), 0);
+		/* chunks 100, 512 and 900: the hole between two writes is not counted */
+		CHECK((uint64_t)st.st_blocks * 512 == 3 * MIB);
+	}
 
 	/* punch-hole and zero-range over 4 MiB of data */
 	join(p, sizeof(p), argv[2], "holes");
