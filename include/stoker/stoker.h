@@ -108,6 +108,27 @@ STK_API off_t stk_lseek(stk_file *f, off_t off, int whence);
 /* Flushes and makes everything written so far durable. 0 or -errno. */
 STK_API int stk_fsync(stk_file *f);
 STK_API int stk_ftruncate(stk_file *f, off_t size);
+/* fallocate modes, with the values of Linux's FALLOC_FL_* (linux/falloc.h). */
+#define STK_FALLOC_KEEP_SIZE 0x01
+#define STK_FALLOC_PUNCH_HOLE 0x02
+#define STK_FALLOC_ZERO_RANGE 0x10
+/*
+ * fallocate(2) on [off, off + len) of a file open for writing:
+ * - 0: the size grows to off + len if it was smaller (the chunks are not
+ *   reserved: a later write may still get -ENOSPC); STK_FALLOC_KEEP_SIZE alone
+ *   does nothing.
+ * - STK_FALLOC_PUNCH_HOLE | STK_FALLOC_KEEP_SIZE: the range reads as zeros; the
+ *   whole chunks in it are removed from storage (st_blocks drops by them), the
+ *   partial ones at its edges get zeros written. The size stays.
+ * - STK_FALLOC_ZERO_RANGE (with or without KEEP_SIZE): as the punch, and without
+ *   KEEP_SIZE the size grows to off + len.
+ * What the handle buffered is written first; the change is durable and recorded
+ * in meta when the call returns, as after stk_fsync. Returns 0 or -errno: -EBADF
+ * (read-only handle), -EISDIR, -EINVAL (off < 0, len <= 0), -EFBIG, -EOPNOTSUPP
+ * (any other mode or combination: collapse and insert range are not supported),
+ * -EIO, -ENOSPC.
+ */
+STK_API int stk_fallocate(stk_file *f, int mode, off_t off, off_t len);
 STK_API int stk_fstat(stk_file *f, struct stat *st);
 
 /* Path operations. Errors as their POSIX namesakes. */
@@ -119,6 +140,17 @@ STK_API int stk_unlink(stk_client *c, const char *path);
 /* flags: 0, or RENAME_NOREPLACE / RENAME_EXCHANGE (linux/fs.h values). */
 STK_API int stk_rename(stk_client *c, const char *from, const char *to, unsigned flags);
 STK_API int stk_symlink(stk_client *c, const char *target, const char *linkpath);
+/*
+ * mknod(2): a fifo (S_IFIFO), a Unix socket's inode (S_IFSOCK), a character or
+ * block device (S_IFCHR, S_IFBLK: dev is its number, from makedev; root only,
+ * else -EPERM), or an empty regular file (S_IFREG or no type: an exclusive
+ * create), with permission bits mode & 07777. Such a special file is an inode
+ * only: stat, chmod, chown, link, rename, unlink and extended attributes work on
+ * it, while stk_open of it gives -EINVAL (fifos and devices are the kernel's to
+ * open, through a mount). Errors: -EEXIST, -EINVAL (another type), -EPERM, and
+ * those of stk_mkdir.
+ */
+STK_API int stk_mknod(stk_client *c, const char *path, mode_t mode, dev_t dev);
 /* Copies at most size-1 bytes and a NUL. Returns the target's full length or -errno. */
 STK_API ssize_t stk_readlink(stk_client *c, const char *path, char *buf, size_t size);
 STK_API int stk_link(stk_client *c, const char *oldpath, const char *newpath);

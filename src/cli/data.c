@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,9 +52,23 @@ static const char *base_name(const char *p)
 	return p + n;
 }
 
+/* The file type as ls(1) and stat(1) name it: its letter and its word. */
+static char type_char(mode_t m)
+{
+	return S_ISDIR(m) ? 'd' : S_ISLNK(m) ? 'l' : S_ISFIFO(m) ? 'p' : S_ISSOCK(m) ? 's'
+	       : S_ISCHR(m) ? 'c' : S_ISBLK(m) ? 'b' : '-';
+}
+
+static const char *type_name(mode_t m)
+{
+	return S_ISDIR(m) ? "directory" : S_ISLNK(m) ? "symlink" : S_ISFIFO(m) ? "fifo"
+	       : S_ISSOCK(m) ? "socket" : S_ISCHR(m) ? "character device"
+	       : S_ISBLK(m) ? "block device" : "file";
+}
+
 static void mode_string(mode_t m, char *s)
 {
-	s[0] = S_ISDIR(m) ? 'd' : S_ISLNK(m) ? 'l' : '-';
+	s[0] = type_char(m);
 	for (int i = 0; i < 9; i++)
 		s[1 + i] = (m & (1u << (8 - i))) ? "rwxrwxrwx"[i] : '-';
 	s[10] = 0;
@@ -67,9 +82,14 @@ static void print_long(const char *name, const struct stat *st, const char *link
 	mode_string(st->st_mode, ms);
 	localtime_r(&st->st_mtim.tv_sec, &tm);
 	strftime(tbuf, sizeof(tbuf), "%Y-%m-%d %H:%M", &tm);
-	printf("%s %3lu %5u %5u %12lld %s %s%s%s\n", ms, (unsigned long)st->st_nlink,
-	       (unsigned)st->st_uid, (unsigned)st->st_gid, (long long)st->st_size, tbuf, name,
-	       link ? " -> " : "", link ? link : "");
+	if (S_ISCHR(st->st_mode) || S_ISBLK(st->st_mode)) /* a device shows its number */
+		printf("%s %3lu %5u %5u %7u, %4u %s %s\n", ms, (unsigned long)st->st_nlink,
+		       (unsigned)st->st_uid, (unsigned)st->st_gid, major(st->st_rdev),
+		       minor(st->st_rdev), tbuf, name);
+	else
+		printf("%s %3lu %5u %5u %12lld %s %s%s%s\n", ms, (unsigned long)st->st_nlink,
+		       (unsigned)st->st_uid, (unsigned)st->st_gid, (long long)st->st_size, tbuf,
+		       name, link ? " -> " : "", link ? link : "");
 }
 
 int cmd_ls(int argc, char **argv)
@@ -162,13 +182,16 @@ int cmd_stat(int argc, char **argv)
 		       "Modify: %lld.%09ld  Change: %lld.%09ld  Access: %lld.%09ld\n",
 		       t.path, (long long)st.st_size,
 		       stk_format_size((uint64_t)st.st_size, size, sizeof(size)),
-		       S_ISDIR(st.st_mode) ? "directory" : S_ISLNK(st.st_mode) ? "symlink" : "file",
+		       type_name(st.st_mode),
 		       (unsigned long long)st.st_ino, (unsigned long)st.st_nlink,
 		       (unsigned)(st.st_mode & 07777), ms, (unsigned)st.st_uid, (unsigned)st.st_gid,
 		       (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec, (long long)st.st_ctim.tv_sec,
 		       st.st_ctim.tv_nsec, (long long)st.st_atim.tv_sec, st.st_atim.tv_nsec);
 		if (S_ISREG(st.st_mode))
-			printf(" Chunk: %ld bytes\n", (long)st.st_blksize);
+			printf(" Chunk: %ld bytes  Blocks: %lld\n", (long)st.st_blksize,
+			       (long long)st.st_blocks);
+		if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))
+			printf("Device: %u,%u\n", major(st.st_rdev), minor(st.st_rdev));
 	}
 	return fails ? 1 : 0;
 }

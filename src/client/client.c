@@ -467,7 +467,8 @@ void stk_attr_to_stat(const struct stk_attr *a, struct stat *st)
 	st->st_gid = a->gid;
 	st->st_size = (off_t)a->size;
 	st->st_blksize = a->layout.chunk_size ? a->layout.chunk_size : 4096;
-	st->st_blocks = (blkcnt_t)(a->blocks ? a->blocks : (a->size + 511) / 512);
+	st->st_blocks = (blkcnt_t)a->blocks; /* what is stored: a hole counts nothing */
+	st->st_rdev = (dev_t)a->rdev;
 	st->st_atim.tv_sec = a->atime_sec;
 	st->st_atim.tv_nsec = a->atime_nsec;
 	st->st_mtim.tv_sec = a->mtime_sec;

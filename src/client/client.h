@@ -136,6 +136,9 @@ void stk_reaper_wait(struct stk_client *c);
 int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, size_t n);
 /* Truncates a file's chunks on every chain of its layout to size. */
 int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size);
+/* Removes chunks [first, end) of a file from every chain of its layout (STOR_PUNCH). */
+int stk_client_punch_data(struct stk_client *c, const struct stk_attr *a, uint32_t first,
+			  uint32_t end);
 
 /*
  * Copies a file name into dst (STK_NAME_MAX + 1 bytes): -ENAMETOOLONG past 255

@@ -35,6 +35,8 @@
 #include "../common/layout.h"
 #include "../common/util.h"
 
+#define STK_FILE_RANGES 8
+
 struct stk_file {
 	struct stk_client *c;
 	pthread_mutex_t lock;
@@ -46,6 +48,15 @@ struct stk_file {
 	uint64_t pos;
 	uint64_t size;
 	int size_dirty; /* size/mtime to report to meta */
+	/*
+	 * For st_blocks (META_EXTEND): the chunks written since the last report, as
+	 * nalloc ranges [first, end) (sorted, apart; past STK_FILE_RANGES the two
+	 * closest merge), and the whole chunks a fallocate removed since (first ==
+	 * end: none).
+	 */
+	uint32_t alloc[STK_FILE_RANGES][2];
+	unsigned nalloc;
+	uint32_t punch_first, punch_end;
 	char *wbuf;
 	size_t wcap;
 	uint64_t woff;
@@ -136,6 +147,62 @@ static int make_pieces(struct stk_file *f, char *buf, size_t len, uint64_t off,
 	return (int)i;
 }
 
+/* Chunks [first, end) hold data now: the range reported grows to cover them. */
+static void written(struct stk_file *f, uint32_t first, uint32_t end)
+{
+	uint32_t out[STK_FILE_RANGES + 1][2];
+	unsigned i = 0, k = 0;
+
+	for (; i < f->nalloc && f->alloc[i][1] < first; i++)
+		out[k][0] = f->alloc[i][0], out[k++][1] = f->alloc[i][1];
+	for (; i < f->nalloc && f->alloc[i][0] <= end; i++) {
+		first = STK_MIN(first, f->alloc[i][0]);
+		end = STK_MAX(end, f->alloc[i][1]);
+	}
+	out[k][0] = first, out[k++][1] = end;
+	for (; i < f->nalloc; i++)
+		out[k][0] = f->alloc[i][0], out[k++][1] = f->alloc[i][1];
+	if (k > STK_FILE_RANGES) {
+		/* The two closest join: the hole between them is reported as written. */
+		unsigned best = 0;
+
+		for (unsigned j = 1; j + 1 < k; j++)
+			if (out[j + 1][0] - out[j][1] < out[best + 1][0] - out[best][1])
+				best = j;
+		out[best][1] = out[best + 1][1];
+		memmove(&out[best + 1], &out[best + 2], (k - best - 2) * sizeof(out[0]));
+		k--;
+	}
+	memcpy(f->alloc, out, k * sizeof(out[0]));
+	f->nalloc = k;
+}
+
+/*
+ * One META_EXTEND: the size and mtime, chunks [first, end) written and, when
+ * punch, the handle's punched chunks. Called with f->lock held.
+ */
+static int send_extend(struct stk_file *f, uint32_t first, uint32_t end, int punch)
+{
+	struct stk_msg_meta_extend_req m;
+	uint8_t req[256];
+	struct stk_wbuf w;
+
+	memset(&m, 0, sizeof(m));
+	m.cred = f->c->cred;
+	m.ino = f->attr.ino;
+	m.size = f->size;
+	stk_wall_time(&m.mtime_sec, &m.mtime_nsec);
+	m.alloc_first = first;
+	m.alloc_end = end;
+	if (punch) {
+		m.punch_first = f->punch_first;
+		m.punch_end = f->punch_end;
+	}
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_extend_req_enc(&w, &m);
+	return stk_client_meta_attr_call_own(f->c, m.ino, STK_OP_META_EXTEND, req, w.len, NULL);
+}
+
 static int write_through(struct stk_file *f, const char *buf, size_t len, uint64_t off,
 			 uint32_t flags)
 {
@@ -148,6 +215,9 @@ static int write_through(struct stk_file *f, const char *buf, size_t len, uint64
 	if (n < 0)
 		return n;
 	rc = stk_io_run(f->c, STK_IO_WRITE, f->attr.ino, &f->attr.layout, p, (unsigned)n, flags);
+	for (int i = 0; i < n; i++)
+		if (p[i].rc == 0)
+			written(f, p[i].chunk_idx, p[i].chunk_idx + 1);
 	if (!(flags & STK_WRITE_SYNC)) {
 		for (int i = 0; i < n; i++) {
 			f->unsynced[p[i].chunk_idx % f->attr.layout.stripe] = 1;
@@ -405,22 +475,21 @@ static int sync_locked(struct stk_file *f)
 		f->any_unsynced = 0;
 	}
 	if (f->size_dirty) {
-		struct stk_msg_meta_extend_req m;
-		uint8_t req[256];
-		struct stk_wbuf w;
+		unsigned n = f->nalloc;
 
-		memset(&m, 0, sizeof(m));
-		m.cred = c->cred;
-		m.ino = f->attr.ino;
-		m.size = f->size;
-		stk_wall_time(&m.mtime_sec, &m.mtime_nsec);
-		stk_wbuf_init(&w, req, sizeof(req));
-		stk_msg_meta_extend_req_enc(&w, &m);
-		rc = stk_client_meta_attr_call_own(c, m.ino, STK_OP_META_EXTEND, req, w.len, NULL);
+		/* A range per request; the last carries the punch, which meta applies after. */
+		rc = 0;
+		for (unsigned i = 0; rc == 0 && i + 1 < n; i++)
+			rc = send_extend(f, f->alloc[i][0], f->alloc[i][1], 0);
+		if (rc == 0)
+			rc = send_extend(f, n ? f->alloc[n - 1][0] : 0, n ? f->alloc[n - 1][1] : 0, 1);
 		if (rc && !first)
 			first = rc;
-		if (!rc)
+		if (!rc) {
 			f->size_dirty = 0;
+			f->nalloc = 0;
+			f->punch_first = f->punch_end = 0;
+		}
 	}
 	rc = stk_client_meta_call(c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL);
 	if (rc && !first)
@@ -676,9 +745,111 @@ int stk_ftruncate(stk_file *f, off_t size)
 	if (rc == 0 && (uint64_t)size < f->size)
 		rc = stk_client_truncate_data(f->c, &f->attr, (uint64_t)size);
 	if (rc == 0) {
+		uint64_t cs = f->attr.layout.chunk_size;
+		uint32_t keep = (uint32_t)(((uint64_t)size + cs - 1) / cs);
+
 		f->size = (uint64_t)size;
 		f->size_dirty = 1;
+		/* Chunks cut off are no longer ours to report as written. */
+		unsigned k = 0;
+
+		for (unsigned i = 0; i < f->nalloc; i++) {
+			uint32_t end = STK_MIN(f->alloc[i][1], keep);
+
+			if (f->alloc[i][0] < end)
+				f->alloc[k][0] = f->alloc[i][0], f->alloc[k++][1] = end;
+		}
+		f->nalloc = k;
 	}
+	pthread_mutex_unlock(&f->lock);
+	return rc;
+}
+
+/* Writes zeros over [from, to) of f, a chunk at most at a time. Called with f->lock held. */
+static int write_zeros(struct stk_file *f, uint64_t from, uint64_t to)
+{
+	uint64_t cs = f->attr.layout.chunk_size;
+	char *z;
+	int rc = 0;
+
+	if (from >= to)
+		return 0;
+	z = calloc(1, (size_t)STK_MIN(cs, to - from));
+	if (!z)
+		return -ENOMEM;
+	while (rc == 0 && from < to) {
+		size_t n = (size_t)STK_MIN(to - from, cs - from % cs);
+
+		rc = write_through(f, z, n, from, 0);
+		from += n;
+	}
+	free(z);
+	return rc;
+}
+
+int stk_fallocate(stk_file *f, int mode, off_t off, off_t len)
+{
+	const int known = STK_FALLOC_KEEP_SIZE | STK_FALLOC_PUNCH_HOLE | STK_FALLOC_ZERO_RANGE;
+	uint64_t start = (uint64_t)off, end = (uint64_t)off + (uint64_t)len, cs, old, zend;
+	uint64_t first, pend;
+	int rc;
+
+	if (!f)
+		return -EBADF;
+	if (f->is_dir)
+		return -EISDIR;
+	if (f->accmode == O_RDONLY)
+		return -EBADF;
+	if (off < 0 || len <= 0)
+		return -EINVAL;
+	/* Linux's rules: punch needs KEEP_SIZE, and excludes ZERO_RANGE. */
+	if ((mode & ~known) ||
+	    ((mode & STK_FALLOC_PUNCH_HOLE) &&
+	     (!(mode & STK_FALLOC_KEEP_SIZE) || (mode & STK_FALLOC_ZERO_RANGE))))
+		return -EOPNOTSUPP;
+	if (end < start || end > STK_MAX_FILE_SIZE)
+		return -EFBIG;
+	cs = f->attr.layout.chunk_size;
+	pthread_mutex_lock(&f->lock);
+	/* What this handle buffered lands first, so that it is punched or zeroed too. */
+	rc = flush_buffer(f, 0);
+	if (rc)
+		goto out;
+	old = f->size;
+	if (!(mode & (STK_FALLOC_PUNCH_HOLE | STK_FALLOC_ZERO_RANGE)))
+		goto size; /* mode 0: the size grows, the chunks come with the writes */
+	/* Past the end everything reads as zeros already; keep the end of the file. */
+	zend = STK_MIN(end, old);
+	if (start >= zend)
+		goto size;
+	/*
+	 * Whole chunks go (they read as zeros, and count no blocks); so does the chunk
+	 * at the end of the file when the range reaches it. Partial chunks at the
+	 * edges get zeros written.
+	 */
+	first = (start + cs - 1) / cs;
+	pend = zend == old ? (zend + cs - 1) / cs : zend / cs;
+	if (first < pend) {
+		rc = stk_client_punch_data(f->c, &f->attr, (uint32_t)first, (uint32_t)pend);
+		if (rc == 0)
+			rc = write_zeros(f, start, first * cs);
+		if (rc == 0)
+			rc = write_zeros(f, STK_MIN(pend * cs, zend), zend);
+		if (rc == 0) {
+			f->punch_first = (uint32_t)first;
+			f->punch_end = (uint32_t)pend;
+		}
+	} else {
+		rc = write_zeros(f, start, zend);
+	}
+	if (rc)
+		goto out;
+size:
+	if (!(mode & STK_FALLOC_KEEP_SIZE) && end > f->size)
+		f->size = end;
+	f->size_dirty = 1;
+	rc = sync_locked(f);
+out:
 	pthread_mutex_unlock(&f->lock);
 	return rc;
 }
@@ -743,6 +914,7 @@ void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len)
 	     i++)
 		f->unsynced[i % f->attr.layout.stripe] = 1;
 	f->any_unsynced = 1;
+	written(f, (uint32_t)(off / cs), (uint32_t)((off + len - 1) / cs + 1));
 	if (off + len > f->size)
 		f->size = off + len;
 	f->size_dirty = 1;

@@ -477,6 +477,22 @@ out:
 	return rc;
 }
 
+int stk_ino_mknod(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		  uint32_t mode, uint64_t rdev, struct stk_attr *out)
+{
+	struct stk_msg_meta_mknod_req m = {.cred = CRED(c, cred), .parent = parent, .mode = mode,
+					   .rdev = rdev};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	int rc = name_ok(name, m.name);
+
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_mknod_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_MKNOD, req, w.len, out);
+}
+
 int stk_ino_readlink(stk_client *c, const struct stk_cred *cred, uint64_t ino, char *buf,
 		     size_t len)
 {

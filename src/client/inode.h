@@ -86,6 +86,9 @@ int stk_ino_link(stk_client *c, const struct stk_cred *cred, uint64_t ino, uint6
 		 const char *name, struct stk_attr *out);
 int stk_ino_symlink(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		    const char *target, struct stk_attr *out);
+/* A fifo, socket or device node (META_MKNOD; S_IFREG is the caller's to create). */
+int stk_ino_mknod(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
+		  uint32_t mode, uint64_t rdev, struct stk_attr *out);
 /* Copies the target (NUL-terminated) into buf of len bytes; -ENAMETOOLONG if short. */
 int stk_ino_readlink(stk_client *c, const struct stk_cred *cred, uint64_t ino, char *buf,
 		     size_t len);

@@ -636,6 +636,35 @@ int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uin
 	return first;
 }
 
+static void enc_punch(const void *msg, uint32_t ver, struct stk_wbuf *w)
+{
+	struct stk_msg_stor_punch_req m = *(const struct stk_msg_stor_punch_req *)msg;
+	m.chain_ver = ver;
+	stk_msg_stor_punch_req_enc(w, &m);
+}
+
+int stk_client_punch_data(struct stk_client *c, const struct stk_attr *a, uint32_t first,
+			  uint32_t end)
+{
+	uint32_t chains[STK_MAX_STRIPE];
+	int first_err = 0;
+
+	if (stk_layout_check(&a->layout))
+		return -EIO;
+	stk_layout_chains(&a->layout, chains);
+	/* Each chain drops the chunks of the range it holds (the others are not there). */
+	for (uint32_t i = 0; i < a->layout.stripe; i++) {
+		struct stk_msg_stor_punch_req m = {.chain_id = chains[i],
+						   .ino = a->ino,
+						   .first = first,
+						   .end = end};
+		int rc = chain_op(c, STK_OP_STOR_PUNCH, enc_punch, &m, chains[i]);
+		if (rc && !first_err)
+			first_err = rc;
+	}
+	return first_err;
+}
+
 /* A file's truncation on one chain; sorted by chain, a run of them is one STOR_TRUNCATES. */
 struct chain_rec {
 	uint32_t chain_id;

@@ -12,6 +12,7 @@
 #include "inode.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/fs.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,6 +276,25 @@ int stk_symlink(stk_client *c, const char *target, const char *linkpath)
 	if (rc)
 		return rc == -EINVAL ? -EEXIST : rc;
 	return stk_ino_symlink(c, NULL, parent.ino, name, target, NULL);
+}
+
+int stk_mknod(stk_client *c, const char *path, mode_t mode, dev_t dev)
+{
+	char name[STK_NAME_MAX + 1];
+	struct stk_attr parent;
+	int rc;
+
+	/* As mknod(2): a regular file is an exclusive create. */
+	if ((mode & S_IFMT) == S_IFREG || (mode & S_IFMT) == 0) {
+		stk_file *f;
+
+		rc = stk_open(c, path, O_WRONLY | O_CREAT | O_EXCL, mode & 07777, &f);
+		return rc ? rc : stk_close(f);
+	}
+	rc = stk_client_resolve_parent(c, path, &parent, name);
+	if (rc)
+		return rc == -EINVAL ? -EEXIST : rc;
+	return stk_ino_mknod(c, NULL, parent.ino, name, (uint32_t)mode, (uint64_t)dev, NULL);
 }
 
 ssize_t stk_readlink(stk_client *c, const char *path, char *buf, size_t size)

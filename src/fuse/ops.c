@@ -602,13 +602,18 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	struct stk_attr a;
 	int rc;
 
-	/* Stoker stores regular files, folders and symlinks; no devices, FIFOs or sockets. */
-	if (!S_ISREG(mode)) {
-		reply_err(req, -EPERM);
-		return;
-	}
+	/*
+	 * A regular file is a create; fifos, sockets (bind(2)) and device nodes are
+	 * inodes only, kept by meta (the kernel checked CAP_MKNOD for devices). The
+	 * kernel opens fifos and devices itself, and a nodev mount refuses devices.
+	 */
 	req_cred(req, &cr, 1);
-	rc = stk_ino_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, 1, &a, NULL);
+	if (S_ISREG(mode))
+		rc = stk_ino_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, 1, &a,
+				    NULL);
+	else
+		rc = stk_ino_mknod(fs->c, &cr, ino_swap(fs, parent), name,
+				   (mode & S_IFMT) | (mode & 07777), (uint64_t)rdev, &a);
 	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
@@ -1178,6 +1183,27 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 	struct stk_attr a;
 	int rc;
 
+	/* Punch and zero go through the writable handle: it writes zeros and drops chunks. */
+	if (mode & (FALLOC_FL_PUNCH_HOLE | FALLOC_FL_ZERO_RANGE)) {
+		if (!fh->writable) {
+			reply_err(req, -EBADF);
+			return;
+		}
+		if (atomic_load(&fh->node->behind)) {
+			rc = stk_behind_settle(fs->c, fh->node->ino);
+			if (rc) {
+				reply_err(req, rc);
+				return;
+			}
+			atomic_store(&fh->node->behind, 0);
+		}
+		stk_fuse_acache_drop(&fs->acache, fh->node->ino); /* mtime and blocks move */
+		rc = stk_fallocate(fh->node->wf, mode, off, len);
+		if (rc == 0 && !(mode & FALLOC_FL_KEEP_SIZE))
+			note_change(fh->node, (uint64_t)off + (uint64_t)len, 0);
+		reply_err(req, rc);
+		return;
+	}
 	/* Storage allocates chunks as they are written: only growing the size means anything. */
 	if (mode & ~FALLOC_FL_KEEP_SIZE) {
 		reply_err(req, -EOPNOTSUPP);

@@ -231,8 +231,10 @@ void stk_fuse_table_overlay(struct stk_fuse_table *t, struct stk_attr *a)
 	}
 	pthread_mutex_unlock(&t->lock);
 	if (dirty) {
+		/* Bytes written past meta's end count; meta's figure stands for the rest. */
+		if (size > a->size)
+			a->blocks += (size - a->size + 511) / 512;
 		a->size = size;
-		a->blocks = (size + 511) / 512;
 	}
 }
 

@@ -697,6 +697,22 @@ static int op_symlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	return rc ? rc : reply_attr(resp, &a);
 }
 
+static int op_mknod(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_mknod_req q;
+	struct stk_attr a;
+	struct change ch;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_mknod_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	change_begin(m, req, &ch, q.parent, 0, 0, 0);
+	rc = stk_meta_store_mknod(m->store, &q.cred, q.parent, q.name, q.mode, q.rdev, &a);
+	change_end(m, &ch);
+	return rc ? rc : reply_attr(resp, &a);
+}
+
 static int op_readlink(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_ino_req q;
@@ -783,6 +799,7 @@ static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_extend_req q;
+	struct stk_meta_extend x;
 	struct stk_attr a;
 	struct change ch;
 	int rc;
@@ -790,9 +807,15 @@ static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	rc = decoded(req, stk_msg_meta_extend_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
+	x = (struct stk_meta_extend){.size = q.size,
+				     .mtime_sec = q.mtime_sec,
+				     .mtime_nsec = q.mtime_nsec,
+				     .alloc_first = q.alloc_first,
+				     .alloc_end = q.alloc_end,
+				     .punch_first = q.punch_first,
+				     .punch_end = q.punch_end};
 	change_begin(m, req, &ch, q.ino, 0, 0, 0);
-	rc = stk_meta_store_extend(m->store, &q.cred, q.ino, q.size, q.mtime_sec, q.mtime_nsec,
-				   &a);
+	rc = stk_meta_store_extend_alloc(m->store, &q.cred, q.ino, &x, &a);
 	change_end(m, &ch);
 	return rc ? rc : reply_attr(resp, &a);
 }
@@ -1333,6 +1356,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_RENAME] = op_rename,
 	[STK_OP_META_LINK] = op_link,
 	[STK_OP_META_SYMLINK] = op_symlink,
+	[STK_OP_META_MKNOD] = op_mknod,
 	[STK_OP_META_READLINK] = op_readlink,
 	[STK_OP_META_READDIR] = op_readdir,
 	[STK_OP_META_STATFS] = op_statfs,

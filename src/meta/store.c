@@ -52,8 +52,21 @@
 #include "../common/util.h"
 #include "../proto/codec.h"
 
-#define INODE_FORMAT 1
-#define INODE_REC_MAX 128 /* format byte + attr (100 bytes) + parent */
+/*
+ * Inode record formats: 1 is the attributes of wire version 4 (no rdev) and the
+ * parent; 2 (written since) the attributes with rdev, the parent, then u16 n and
+ * n ranges of chunks holding data (u32 first, u32 end). A format 1 record's file
+ * counts every chunk below its size as written.
+ */
+#define INODE_FORMAT_V1 1
+#define INODE_FORMAT 2
+/*
+ * Ranges of written chunks kept per file. Past this many, the two closest merge
+ * (the hole between them counts as written): st_blocks may then overstate, never
+ * understate, what a much-fragmented sparse file holds.
+ */
+#define ALLOC_RANGES_MAX 32
+#define INODE_REC_MAX (1 + 108 + 8 + 2 + ALLOC_RANGES_MAX * 8)
 #define DENTRY_KEY_MAX (16 + STK_NAME_MAX)
 #define DEFAULT_MAP_SIZE (64ull << 30)
 /*
@@ -108,10 +121,16 @@ struct stk_meta_store {
 	int grow_warned; /* atomic: "cannot grow" logged, and no growth since */
 };
 
-/* An inode as the operations see it: its attributes and, for a directory, its parent. */
+/*
+ * An inode as the operations see it: its attributes, for a directory its parent,
+ * and for a regular file the chunks that hold data: nalloc ranges [first, end),
+ * sorted, disjoint and not touching, from which a.blocks is computed.
+ */
 struct inode {
 	struct stk_attr a;
 	uint64_t parent;
+	uint32_t nalloc;
+	uint32_t alloc[ALLOC_RANGES_MAX][2];
 };
 
 struct dentry {
@@ -377,16 +396,135 @@ static uint64_t blocks_of(uint64_t size)
 	return size / 512 + (size % 512 != 0);
 }
 
+/* Chunks [0, n) hold the first `size` bytes of a file of chunks of cs bytes. */
+static uint64_t chunks_of(uint64_t size, uint32_t cs)
+{
+	return cs ? size / cs + (size % cs != 0) : 0;
+}
+
+/*
+ * st_blocks of a regular file: the bytes of its written chunks that lie below its
+ * size, in 512-byte blocks rounded up. Other inodes keep theirs.
+ */
+static void alloc_blocks(struct inode *n)
+{
+	uint64_t cs = n->a.layout.chunk_size, bytes = 0;
+
+	if (!S_ISREG(n->a.mode))
+		return;
+	for (uint32_t i = 0; i < n->nalloc; i++) {
+		uint64_t lo = n->alloc[i][0] * cs, hi = STK_MIN(n->alloc[i][1] * cs, n->a.size);
+
+		if (lo < hi)
+			bytes += hi - lo;
+	}
+	n->a.blocks = blocks_of(bytes);
+}
+
+/* Forgets chunks [first, end) (punched, or cut off by a truncate). */
+static void alloc_cut(struct inode *n, uint32_t first, uint32_t end)
+{
+	uint32_t out[ALLOC_RANGES_MAX + 1][2], k = 0;
+
+	if (first >= end)
+		return;
+	for (uint32_t i = 0; i < n->nalloc; i++) {
+		uint32_t lo = n->alloc[i][0], hi = n->alloc[i][1];
+
+		if (hi <= first || lo >= end) {
+			out[k][0] = lo, out[k++][1] = hi;
+			continue;
+		}
+		if (lo < first)
+			out[k][0] = lo, out[k++][1] = first;
+		if (hi > end)
+			out[k][0] = end, out[k++][1] = hi;
+	}
+	/* One range split in two can make one too many: merge the closest pair. */
+	if (k > ALLOC_RANGES_MAX) {
+		uint32_t best = 0;
+
+		for (uint32_t i = 1; i + 1 < k; i++)
+			if (out[i + 1][0] - out[i][1] < out[best + 1][0] - out[best][1])
+				best = i;
+		out[best][1] = out[best + 1][1];
+		memmove(&out[best + 1], &out[best + 2], (k - best - 2) * sizeof(out[0]));
+		k--;
+	}
+	memcpy(n->alloc, out, k * sizeof(out[0]));
+	n->nalloc = k;
+}
+
+/* Counts chunks [first, end) as written. */
+static void alloc_add(struct inode *n, uint32_t first, uint32_t end)
+{
+	uint32_t out[ALLOC_RANGES_MAX + 1][2], k = 0, i = 0;
+
+	if (first >= end)
+		return;
+	for (; i < n->nalloc && n->alloc[i][1] < first; i++)
+		out[k][0] = n->alloc[i][0], out[k++][1] = n->alloc[i][1];
+	/* Every range that overlaps or touches [first, end) joins it. */
+	for (; i < n->nalloc && n->alloc[i][0] <= end; i++) {
+		first = STK_MIN(first, n->alloc[i][0]);
+		end = STK_MAX(end, n->alloc[i][1]);
+	}
+	out[k][0] = first, out[k++][1] = end;
+	for (; i < n->nalloc; i++)
+		out[k][0] = n->alloc[i][0], out[k++][1] = n->alloc[i][1];
+	if (k > ALLOC_RANGES_MAX) {
+		uint32_t best = 0;
+
+		for (uint32_t j = 1; j + 1 < k; j++)
+			if (out[j + 1][0] - out[j][1] < out[best + 1][0] - out[best][1])
+				best = j;
+		out[best][1] = out[best + 1][1];
+		memmove(&out[best + 1], &out[best + 2], (k - best - 2) * sizeof(out[0]));
+		k--;
+	}
+	memcpy(n->alloc, out, k * sizeof(out[0]));
+	n->nalloc = k;
+}
+
 static int inode_decode(uint64_t ino, const MDB_val *v, struct inode *n)
 {
 	struct stk_rbuf r;
 	uint8_t fmt;
+	int bad = 0;
 
 	stk_rbuf_init(&r, v->mv_data, v->mv_size);
 	fmt = stk_get_u8(&r);
 	stk_attr_dec(&r, &n->a);
-	n->parent = stk_get_u64(&r);
-	if (stk_rbuf_finish(&r) || fmt != INODE_FORMAT || n->a.ino != ino) {
+	n->nalloc = 0;
+	if (fmt == INODE_FORMAT_V1) {
+		/*
+		 * Format 1's attributes end before rdev, so the decoder took the parent,
+		 * the record's last field, for rdev. Its file was written up to its size.
+		 */
+		n->parent = n->a.rdev;
+		n->a.rdev = 0;
+		if (S_ISREG(n->a.mode)) {
+			uint64_t c = chunks_of(n->a.size, n->a.layout.chunk_size);
+
+			if (c)
+				n->nalloc = 1, n->alloc[0][0] = 0, n->alloc[0][1] = (uint32_t)c;
+		}
+	} else {
+		uint32_t cnt;
+
+		n->parent = stk_get_u64(&r);
+		cnt = stk_get_u16(&r);
+		bad = fmt != INODE_FORMAT || cnt > ALLOC_RANGES_MAX;
+		for (uint32_t i = 0; !bad && i < cnt; i++) {
+			n->alloc[i][0] = stk_get_u32(&r);
+			n->alloc[i][1] = stk_get_u32(&r);
+			bad = n->alloc[i][0] >= n->alloc[i][1] ||
+			      (i && n->alloc[i][0] <= n->alloc[i - 1][1]);
+		}
+		if (!bad)
+			n->nalloc = cnt;
+	}
+	if (stk_rbuf_finish(&r) || bad || n->a.ino != ino) {
 		stk_error("meta store: inode %llu: corrupt record", (unsigned long long)ino);
 		return -EIO;
 	}
@@ -428,6 +566,11 @@ static int inode_put(struct op *o, const struct inode *n)
 	stk_put_u8(&w, INODE_FORMAT);
 	stk_attr_enc(&w, &n->a);
 	stk_put_u64(&w, n->parent);
+	stk_put_u16(&w, (uint16_t)n->nalloc);
+	for (uint32_t i = 0; i < n->nalloc; i++) {
+		stk_put_u32(&w, n->alloc[i][0]);
+		stk_put_u32(&w, n->alloc[i][1]);
+	}
 	if (w.err)
 		return -EIO;
 	be64_put(k, n->a.ino);
@@ -1276,8 +1419,11 @@ static void setattr_apply(const struct op *o, struct inode *n, const struct stk_
 		a->mode = (a->mode & S_IFMT) | mode;
 	}
 	if ((v & STK_SETATTR_SIZE) && sa->size != a->size) {
+		/* A cut drops the chunks past the new end; growing writes nothing. */
+		if (sa->size < a->size)
+			alloc_cut(n, (uint32_t)chunks_of(sa->size, a->layout.chunk_size), UINT32_MAX);
 		a->size = sa->size;
-		a->blocks = blocks_of(a->size);
+		alloc_blocks(n);
 		times_now(o, &a->mtime_sec, &a->mtime_nsec);
 	}
 	if (v & STK_SETATTR_ATIME_NOW) {
@@ -1357,6 +1503,20 @@ int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred
 			  uint64_t new_size, int64_t mtime_sec, uint32_t mtime_nsec,
 			  struct stk_attr *out)
 {
+	struct stk_meta_extend x = {.size = new_size,
+				    .mtime_sec = mtime_sec,
+				    .mtime_nsec = mtime_nsec,
+				    .alloc_end = UINT32_MAX};
+
+	return stk_meta_store_extend_alloc(st, cred, ino, &x, out);
+}
+
+int stk_meta_store_extend_alloc(struct stk_meta_store *st, const struct stk_cred *cred,
+				uint64_t ino, const struct stk_meta_extend *x, struct stk_attr *out)
+{
+	uint64_t new_size = x->size;
+	int64_t mtime_sec = x->mtime_sec;
+	uint32_t mtime_nsec = x->mtime_nsec;
 	struct inode n;
 	struct op o;
 	int rc;
@@ -1373,10 +1533,12 @@ int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred
 		rc = S_ISDIR(n.a.mode) ? -EISDIR : -EINVAL;
 		goto out;
 	}
-	if (new_size > n.a.size) {
+	if (new_size > n.a.size)
 		n.a.size = new_size;
-		n.a.blocks = blocks_of(new_size);
-	}
+	/* Written chunks past the end count once the size covers them. */
+	alloc_add(&n, x->alloc_first, x->alloc_end);
+	alloc_cut(&n, x->punch_first, x->punch_end);
+	alloc_blocks(&n);
 	if (mtime_sec == 0 && mtime_nsec == 0) {
 		times_now(&o, &n.a.mtime_sec, &n.a.mtime_nsec);
 	} else {
@@ -1599,6 +1761,33 @@ int stk_meta_store_symlink(struct stk_meta_store *st, const struct stk_cred *cre
 	}
 	if (rc == 0)
 		rc = entry_add(&o, &dir, name, &n);
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_mknod(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			 const char *name, uint32_t mode, uint64_t rdev, struct stk_attr *out)
+{
+	uint32_t type = mode & S_IFMT;
+	struct inode dir, n;
+	struct op o;
+	int rc, step;
+
+	if (type != S_IFIFO && type != S_IFSOCK && type != S_IFCHR && type != S_IFBLK)
+		return -EINVAL;
+	/* Linux's rule (CAP_MKNOD): only root makes device nodes. */
+	if ((type == S_IFCHR || type == S_IFBLK) && cred->uid != 0)
+		return -EPERM;
+	rc = new_entry_begin(&o, st, cred, parent, name, type | (mode & 07777), &dir, &n, &step);
+	if (rc)
+		return rc;
+	rc = step;
+	if (rc == 0) {
+		n.a.rdev = type == S_IFCHR || type == S_IFBLK ? rdev : 0;
+		rc = entry_add(&o, &dir, name, &n);
+	}
 	rc = op_end(&o, rc);
 	if (rc == 0)
 		*out = n.a;

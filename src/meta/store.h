@@ -11,9 +11,11 @@
  * routing table or the agent, so its unit test drives it directly.
  *
  * Records (all keys big-endian so that LMDB's byte order is numeric order):
- *   inodes    u64 ino -> u8 format (1), attr (codec.h form), u64 parent
+ *   inodes    u64 ino -> u8 format (2), attr (codec.h form), u64 parent
  *             (the parent of a directory, so that rename can refuse to move a
- *             directory into its own subtree; 0 for other inodes)
+ *             directory into its own subtree; 0 for other inodes), u16 n and n
+ *             ranges of written chunks (u32 first, u32 end) for st_blocks;
+ *             format 1 (older stores) ends at the parent and has no rdev
  *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
  *   links     u64 ino -> symlink target bytes
  *   xattrs    u64 ino, name bytes -> value bytes (extended attributes)
@@ -272,6 +274,15 @@ int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *
 int stk_meta_store_link(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			uint64_t parent, const char *name, struct stk_attr *out);
 /*
+ * Creates special file `name`: mode's type is S_IFIFO, S_IFSOCK, S_IFCHR or S_IFBLK
+ * (else -EINVAL), its permission bits mode & 07777 (the setgid rules of create);
+ * rdev is kept for a device (0 for the others). Device nodes need uid 0 (-EPERM),
+ * as Linux's CAP_MKNOD. -EEXIST if the name exists. Size 0, no layout; such an
+ * inode has no data (extend and a size change: -EINVAL).
+ */
+int stk_meta_store_mknod(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+			 const char *name, uint32_t mode, uint64_t rdev, struct stk_attr *out);
+/*
  * Creates symlink `name` -> target (1 to STK_PATH_MAX bytes; empty: -ENOENT,
  * longer: -ENAMETOOLONG). Mode 0777, size the target's length.
  */
@@ -314,6 +325,30 @@ int stk_meta_store_statfs(struct stk_meta_store *st, uint64_t *files);
 int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			  uint64_t new_size, int64_t mtime_sec, uint32_t mtime_nsec,
 			  struct stk_attr *out);
+
+/*
+ * Blocks: a regular file keeps the ranges of its chunks that hold data (written
+ * and not punched or cut off since), and its st_blocks is the bytes of those
+ * chunks below its size, in 512-byte blocks rounded up: a chunk that holds any
+ * byte counts whole up to the file's end (a file written from start to end gives
+ * size/512 exactly; a hole of whole chunks counts nothing). At most 32 ranges are
+ * kept; beyond, the two closest merge and the hole between them counts. A
+ * truncate forgets the chunks past the new end. A store written before this
+ * (inode format 1) counts every chunk below the size.
+ */
+struct stk_meta_extend {
+	uint64_t size;	    /* size = max(size, this) */
+	int64_t mtime_sec;  /* 0 and 0: now */
+	uint32_t mtime_nsec;
+	uint32_t alloc_first, alloc_end; /* chunks [first, end) now hold data */
+	uint32_t punch_first, punch_end; /* then: chunks [first, end) were removed */
+};
+/*
+ * stk_meta_store_extend with the chunks written and punched (first == end: none);
+ * stk_meta_store_extend itself counts every chunk as written (alloc 0 to 2^32-1).
+ */
+int stk_meta_store_extend_alloc(struct stk_meta_store *st, const struct stk_cred *cred,
+				uint64_t ino, const struct stk_meta_extend *x, struct stk_attr *out);
 
 /*
  * Extended attributes, kept per inode (records "xattrs": be64 ino + name -> value)

@@ -66,6 +66,7 @@ void stk_attr_enc(struct stk_wbuf *w, const struct stk_attr *a)
 	stk_put_u32(w, a->ctime_nsec);
 	stk_put_u64(w, a->blocks);
 	stk_layout_enc(w, &a->layout);
+	stk_put_u64(w, a->rdev);
 }
 
 void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
@@ -84,6 +85,7 @@ void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
 	a->ctime_nsec = stk_get_u32(r);
 	a->blocks = stk_get_u64(r);
 	stk_layout_dec(r, &a->layout);
+	a->rdev = stk_get_u64(r);
 }
 
 #define STK_FENC_u8(w, v) stk_put_u8(w, v)

@@ -11,7 +11,8 @@
  *   cred                  u32 uid, u32 gid, u8 ngroups, ngroups x u32 (at most 32)
  *   layout                u32 chunk_size, u32 stripe, u32 nchains, u32 start, u64 seed
  *   attr                  u64 ino, u32 mode, u32 nlink, u32 uid, u32 gid, u64 size,
- *                         i64+u32 atime, mtime, ctime (sec, nsec), u64 blocks, layout
+ *                         i64+u32 atime, mtime, ctime (sec, nsec), u64 blocks, layout,
+ *                         u64 rdev
  *
  * stk_msg_X_enc() appends the fields to a writer; stk_msg_X_dec() reads them from a
  * reader. Both return 0 or the codec's latched error; a decoder does not require the
@@ -70,8 +71,14 @@ struct stk_attr {
 	uint32_t mtime_nsec;
 	int64_t ctime_sec;
 	uint32_t ctime_nsec;
-	uint64_t blocks; /* 512-byte blocks, approximate for files */
+	/*
+	 * 512-byte blocks stored: for a regular file, each chunk that was written
+	 * (and not punched or cut off since) counts up to the file's end, so a
+	 * sparse file's holes of whole chunks count nothing (meta/store.h).
+	 */
+	uint64_t blocks;
 	struct stk_layout layout; /* zero for non-files */
+	uint64_t rdev; /* a character or block device's number (makedev), else 0 */
 };
 
 /*
@@ -242,8 +249,21 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_DIRENT(F) F(u64, ino) F(u32, mode) F(u64, next_cookie) F(name, name)
 /* ns_hi/ns_lo: the namespace's identity, which a client's chunk removals carry. */
 #define STK_MSG_META_STATFS_RESP(F) F(u64, files) F(u64, ns_hi) F(u64, ns_lo)
-#define STK_MSG_META_EXTEND_REQ(F) \
-	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)
+/*
+ * META_EXTEND: [alloc_first, alloc_end) are the chunks the writer stored data in
+ * since its last report, [punch_first, punch_end) whole chunks it removed
+ * (fallocate); meta counts the first, then forgets the second, for st_blocks.
+ * first == end: none.
+ */
+#define STK_MSG_META_EXTEND_REQ(F)                                                        \
+	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)        \
+	F(u32, alloc_first) F(u32, alloc_end) F(u32, punch_first) F(u32, punch_end)
+/*
+ * META_MKNOD: a special file (mode's type S_IFIFO, S_IFCHR, S_IFBLK or S_IFSOCK,
+ * permission bits mode & 07777); rdev is a device's number, else ignored.
+ */
+#define STK_MSG_META_MKNOD_REQ(F) \
+	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u64, rdev)
 /* Extended attributes: value bytes follow setxattr_req and xattr_resp (wire.h). */
 #define STK_MSG_META_SETXATTR_REQ(F) \
 	F(cred, cred) F(u64, ino) F(name, name) F(u32, flags) F(u32, size)
@@ -380,6 +400,9 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 #define STK_MSG_TRUNC_REC(F) F(u64, ino) F(u64, size) F(u32, chunk_size)
 #define STK_TRUNCATES_MAX 256u
 #define STK_MSG_STOR_SYNC_REQ(F) F(u32, chain_id)
+/* STOR_PUNCH: drops the inode's chunks [first, end) held on this chain's target. */
+#define STK_MSG_STOR_PUNCH_REQ(F) \
+	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, first) F(u32, end)
 #define STK_MSG_STOR_PREFETCH_REQ(F) \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx)
 
@@ -411,6 +434,7 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(dirent, STK_MSG_DIRENT)                                 \
 	X(meta_statfs_resp, STK_MSG_META_STATFS_RESP)             \
 	X(meta_extend_req, STK_MSG_META_EXTEND_REQ)               \
+	X(meta_mknod_req, STK_MSG_META_MKNOD_REQ)                 \
 	X(meta_setxattr_req, STK_MSG_META_SETXATTR_REQ)           \
 	X(meta_getxattr_req, STK_MSG_META_GETXATTR_REQ)           \
 	X(meta_listxattr_req, STK_MSG_META_LISTXATTR_REQ)         \
@@ -446,6 +470,7 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
 	X(stor_truncates_req, STK_MSG_STOR_TRUNCATES_REQ)         \
 	X(trunc_rec, STK_MSG_TRUNC_REC)                           \
 	X(stor_sync_req, STK_MSG_STOR_SYNC_REQ)                   \
+	X(stor_punch_req, STK_MSG_STOR_PUNCH_REQ)                 \
 	X(stor_prefetch_req, STK_MSG_STOR_PREFETCH_REQ)
 
 /* ---- generated structs and codecs ---- */

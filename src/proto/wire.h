@@ -42,7 +42,9 @@
  * and `delegated`, META_INOS, META_NAMES). 5: host, device and namespace identity
  * (MGMT_REGISTER's and MGMT_HEARTBEAT's host_id, a target's avail and dev, in reports
  * and the routing table, common/host.h; MGMT_REGISTER's ns and refused, the routing
- * table's node and shard ns, STOR_TRUNCATE(S)' ns). Daemons and clients of another version
+ * table's node and shard ns, STOR_TRUNCATE(S)' ns), special files (attr's rdev,
+ * META_MKNOD), allocated chunks in META_EXTEND, STOR_PUNCH. Daemons and clients of
+ * another version
  * refuse each other's requests (NOTSUP) rather than misread them.
  */
 #define STK_WIRE_VERSION 5
@@ -117,6 +119,8 @@
 	 * rules for `size` as GETXATTR). trusted.* names are listed to root only. */        \
 	X(META_LISTXATTR, 49, meta_listxattr_req, meta_xattr_resp, "list extended attributes") \
 	X(META_REMOVEXATTR, 50, meta_xattr_name_req, none, "remove an extended attribute")     \
+	/* A fifo, socket or device node (msg.h). Devices need uid 0 (PERM). */              \
+	X(META_MKNOD, 51, meta_mknod_req, meta_attr_resp, "create a special file")             \
 	/* Client sessions (53-63). A client names its session with a random id; this       \
 	 * creates or renews it. Its open files and locks last while it is renewed within   \
 	 * lease_ms (the reply); known 0: meta did not know it (new, or meta restarted,    \
@@ -179,7 +183,10 @@
 	/* STOR_TRUNCATE for several files of one chain at once (the client's reaper   \
 	 * removing many unlinked files): each record is tried; the first error is the  \
 	 * reply. A malformed request truncates nothing. */                                   \
-	X(STOR_TRUNCATES, 69, stor_truncates_req, none, "truncate several files' chunks")
+	X(STOR_TRUNCATES, 69, stor_truncates_req, none, "truncate several files' chunks")     \
+	/* Removes whole chunks of a file (fallocate's punch-hole): they read as zeros after.  \
+	 * Chunks that are not there are no error. Durable when it replies. */               \
+	X(STOR_PUNCH, 70, stor_punch_req, none, "remove chunks of a file")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

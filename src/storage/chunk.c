@@ -1602,6 +1602,45 @@ out:
 	return rc;
 }
 
+int stk_chunk_punch(struct stk_chunk_store *cs, uint64_t ino, uint32_t first, uint32_t end)
+{
+	char dir[REL_MAX], rel[REL_MAX];
+	uint32_t *idx = NULL;
+	size_t cnt = 0;
+	int dfd, rc, changed = 0;
+
+	if (first > end)
+		return -EINVAL;
+	rel_dir(dir, sizeof(dir), ino);
+	dfd = openat(cs->dirfd, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	/* The folder's listing, not the range: a punch of a huge hole costs its chunks. */
+	rc = list_chunks(dfd, &idx, &cnt);
+	for (size_t i = 0; rc == 0 && i < cnt; i++) {
+		pthread_mutex_t *lk;
+
+		if (idx[i] < first || idx[i] >= end)
+			continue;
+		lk = stripe(cs, ino, idx[i]);
+		pthread_mutex_lock(lk);
+		rel_chunk(rel, sizeof(rel), ino, idx[i]);
+		if (unlinkat(cs->dirfd, rel, 0) == 0) {
+			fdc_drop(cs, ino, idx[i], NULL);
+			__atomic_sub_fetch(&cs->nchunks, 1, __ATOMIC_RELAXED);
+			changed = 1;
+		} else if (errno != ENOENT) {
+			rc = -errno;
+		}
+		pthread_mutex_unlock(lk);
+	}
+	if (changed && fsync(dfd) < 0 && rc == 0)
+		rc = -errno;
+	free(idx);
+	close(dfd);
+	return rc;
+}
+
 /* ---- the store ---- */
 
 /*

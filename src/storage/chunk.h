@@ -148,5 +148,11 @@ int stk_chunk_advise(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uin
  */
 int stk_chunk_truncate(struct stk_chunk_store *cs, uint64_t ino, uint64_t size,
 		       uint32_t chunk_size);
+/*
+ * Removes the chunks [first, end) of inode ino that this store holds (fallocate's
+ * punch-hole): they read as missing, that is as zeros, after. Durable when it
+ * returns. 0 (also when none was there), -EINVAL (first > end) or -errno.
+ */
+int stk_chunk_punch(struct stk_chunk_store *cs, uint64_t ino, uint32_t first, uint32_t end);
 
 #endif

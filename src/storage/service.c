@@ -290,6 +290,20 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 	return rc ? rc : first;
 }
 
+static int handle_punch(struct storage *s, struct stk_rpc_req *req)
+{
+	struct stk_msg_stor_punch_req rq;
+	struct stk_chunk_store *cs;
+	int rc;
+
+	if (stk_msg_stor_punch_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	if (rc)
+		return rc;
+	return stk_chunk_punch(cs, rq.ino, rq.first, rq.end);
+}
+
 static int handle_sync(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_sync_req rq;
@@ -315,6 +329,8 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 		return handle_truncate(s, req);
 	case STK_OP_STOR_TRUNCATES:
 		return handle_truncates(s, req);
+	case STK_OP_STOR_PUNCH:
+		return handle_punch(s, req);
 	case STK_OP_STOR_SYNC:
 		return handle_sync(s, req);
 	case STK_OP_STOR_PREFETCH:

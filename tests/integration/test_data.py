@@ -105,3 +105,12 @@ def test_data_is_striped_over_targets(cluster, rand_file):
                   for t in cluster.target_dirs()]
     assert sum(per_target) == 16
     assert all(n == 4 for n in per_target), per_target
+
+
+def test_special_files_and_holes_through_libstoker(cluster):
+    """stk_mknod and stk_fallocate without a mount: fifo, socket and device inodes
+    with their type and rdev (data calls refused with EINVAL), a sparse file whose
+    st_blocks counts the 1 MiB written, punch-hole and zero-range bytes and blocks."""
+    if os.geteuid() != 0:
+        pytest.skip("device nodes need root")
+    cluster.check("special", "/special")

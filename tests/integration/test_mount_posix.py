@@ -780,10 +780,9 @@ def test_fallocate_modes(mount):
         f.write(b"x" * 8192)
     fd = os.open(p, os.O_RDWR)
     try:
-        # holes and ranges are not supported: refused, and the data is untouched
-        assert fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == \
-            errno.EOPNOTSUPP
-        assert fallocate(fd, FALLOC_FL_ZERO_RANGE, 0, 4096) == errno.EOPNOTSUPP
+        # collapse and insert are not supported: refused, and the data is untouched
+        # (punch and zero: test_fallocate_punch_and_zero_range)
+        assert fallocate(fd, FALLOC_FL_PUNCH_HOLE, 0, 4096) == errno.EOPNOTSUPP
         assert fallocate(fd, FALLOC_FL_COLLAPSE_RANGE, 0, 4096) == errno.EOPNOTSUPP
         assert fallocate(fd, FALLOC_FL_INSERT_RANGE, 0, 4096) == errno.EOPNOTSUPP
         assert os.pread(fd, 8192, 0) == b"x" * 8192
@@ -1005,3 +1004,151 @@ def test_relatime(cluster, make_mount):
     with open(pb, "ab") as f:
         f.write(b"x")
     assert os.stat(pb).st_atime_ns == at
+
+
+# ---- special files, sparse files, punch and zero (issue 21 part 6) ----
+
+def test_special_files_fifo_devices_socket(cluster, mount):
+    import socket
+    d = os.path.join(mount.path, "sp")
+    os.mkdir(d)
+    fifo, chr_, blk, sock = (os.path.join(d, n) for n in ("fifo", "null", "sda", "sock"))
+    os.mkfifo(fifo, 0o640)
+    os.mknod(chr_, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    os.mknod(blk, stat.S_IFBLK | 0o660, os.makedev(8, 1))
+    st = os.stat(fifo)
+    assert stat.S_ISFIFO(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640
+    st = os.stat(chr_)
+    assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3)
+    st = os.stat(blk)
+    assert stat.S_ISBLK(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (8, 1)
+    assert os.path.exists(fifo) and errno_of(os.mkfifo, fifo) == errno.EEXIST
+    # a fifo opens through the kernel: bytes pass between a writer and a reader
+    r = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    w = os.open(fifo, os.O_WRONLY)
+    os.write(w, b"through the fifo")
+    assert os.read(r, 100) == b"through the fifo"
+    os.close(w)
+    os.close(r)
+    # a device node on a nodev mount: present, but not openable
+    assert errno_of(os.open, chr_, os.O_RDONLY) in (errno.EACCES, errno.EPERM, errno.ENXIO)
+    # a Unix socket bound in the mount: connect and send through it
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sock)
+    srv.listen(1)
+    assert stat.S_ISSOCK(os.stat(sock).st_mode)
+    cli = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    cli.connect(sock)
+    conn, _ = srv.accept()
+    cli.sendall(b"hello socket")
+    assert conn.recv(100) == b"hello socket"
+    for s in (conn, cli, srv):
+        s.close()
+    # chmod, chown, link, rename, xattrs, unlink on them
+    os.chmod(fifo, 0o600)
+    os.chown(fifo, 1234, 5678)
+    st = os.stat(fifo)
+    assert stat.S_IMODE(st.st_mode) == 0o600 and (st.st_uid, st.st_gid) == (1234, 5678)
+    os.link(fifo, fifo + "2")
+    assert os.stat(fifo).st_nlink == 2
+    os.rename(fifo + "2", fifo + "3")
+    os.setxattr(chr_, "trusted.t", b"v")
+    assert os.getxattr(chr_, "trusted.t") == b"v"
+    os.unlink(fifo + "3")
+    assert os.stat(fifo).st_nlink == 1
+    # the CLI names the types; libstoker refuses their data with a clear error
+    ls = cluster.cli("ls", "-l", "/sp").stdout.decode()
+    kinds = {line.split()[-1]: line[0] for line in ls.splitlines() if line.strip()}
+    assert kinds == {"fifo": "p", "null": "c", "sda": "b", "sock": "s"}, ls
+    assert "character device" in cluster.cli("stat", "/sp/null").stdout.decode()
+    assert cluster.cli("cat", "/sp/fifo", check=False).returncode != 0
+    # cp -a and tar of the tree keep types and device numbers
+    subprocess.run(["cp", "-a", d, os.path.join(mount.path, "copy")], check=True)
+    subprocess.run("tar -C %s -cf - sp | tar -C %s -xf -" % (mount.path, tmp := tempfile.mkdtemp(
+        dir=mount.path)), shell=True, check=True)
+    for top in (os.path.join(mount.path, "copy"), os.path.join(tmp, "sp")):
+        for n in ("fifo", "null", "sda"):
+            a, b = os.stat(os.path.join(d, n)), os.stat(os.path.join(top, n))
+            assert stat.S_IFMT(a.st_mode) == stat.S_IFMT(b.st_mode), (top, n)
+            assert a.st_rdev == b.st_rdev and stat.S_IMODE(a.st_mode) == stat.S_IMODE(b.st_mode)
+    # all gone with rm -r
+    subprocess.run(["rm", "-r", d, os.path.join(mount.path, "copy"), tmp], check=True)
+    assert not os.path.exists(d)
+
+
+def du_bytes(p):
+    return int(subprocess.run(["du", "-B1", p], check=True,
+                              capture_output=True).stdout.split()[0])
+
+
+def test_sparse_file_du(cluster, mount):
+    p = os.path.join(mount.path, "sparse")
+    subprocess.run(["truncate", "-s", "1G", p], check=True)
+    assert os.stat(p).st_size == 1 << 30 and os.stat(p).st_blocks == 0
+    with open(p, "r+b") as f:
+        f.seek(512 * MiB)
+        f.write(os.urandom(MiB))
+    st = os.stat(p)
+    assert st.st_size == 1 << 30
+    # about 1 MiB, not 1 GiB (a written chunk counts whole)
+    assert MiB <= st.st_blocks * 512 <= 2 * MiB, st.st_blocks
+    assert MiB <= du_bytes(p) <= 2 * MiB
+    # a file written from start to end counts its size
+    q = os.path.join(mount.path, "full")
+    with open(q, "wb") as f:
+        f.write(os.urandom(3 * MiB + 100))
+    assert os.stat(q).st_blocks == (3 * MiB + 100 + 511) // 512
+    # data at both ends, copied in one open with holes kept: the middle counts nothing
+    with open(p, "r+b") as f:
+        f.write(b"head")
+        f.seek((1 << 30) - 4)
+        f.write(b"tail")
+    c = os.path.join(mount.path, "sparse-copy")
+    subprocess.run(["cp", "--sparse=always", p, c], check=True)
+    assert os.stat(c).st_size == 1 << 30
+    assert 3 * MiB <= os.stat(c).st_blocks * 512 <= 6 * MiB, os.stat(c).st_blocks
+    with open(c, "rb") as f:
+        assert f.read(4) == b"head"
+        f.seek((1 << 30) - 4)
+        assert f.read(4) == b"tail"
+    # another client (the CLI) reads the same figure from meta
+    assert "Blocks: %d" % os.stat(p).st_blocks in cluster.cli("stat", "/sparse").stdout.decode()
+
+
+def test_fallocate_punch_and_zero_range(cluster, mount):
+    p = os.path.join(mount.path, "holes")
+    data = bytearray(os.urandom(8 * MiB))
+    with open(p, "wb") as f:
+        f.write(data)
+    assert os.stat(p).st_blocks * 512 == 8 * MiB
+    fd = os.open(p, os.O_RDWR)
+    try:
+        # punch 1.5 MiB .. 5.5 MiB: chunks 2-4 go whole, the edges get zeros
+        assert fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                         MiB + MiB // 2, 4 * MiB) == 0
+        data[MiB + MiB // 2:5 * MiB + MiB // 2] = bytes(4 * MiB)
+        assert os.fstat(fd).st_size == 8 * MiB
+        assert os.pread(fd, 8 * MiB, 0) == bytes(data)
+        # zero-range inside one chunk, keeping the size
+        assert fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, 7 * MiB + 10, 1000) == 0
+        data[7 * MiB + 10:7 * MiB + 1010] = bytes(1000)
+        # zero-range past the end grows the file
+        assert fallocate(fd, FALLOC_FL_ZERO_RANGE, 8 * MiB - 4096, 8192) == 0
+        data[8 * MiB - 4096:] = bytes(4096)
+        data += bytes(4096)
+        assert os.fstat(fd).st_size == 8 * MiB + 4096
+        assert os.pread(fd, 9 * MiB, 0) == bytes(data)
+    finally:
+        os.close(fd)
+    # the punched whole chunks count no more
+    st = os.stat(p)
+    assert 5 * MiB <= st.st_blocks * 512 <= 6 * MiB, st.st_blocks
+    assert du_bytes(p) <= 6 * MiB
+    # another client reads the same bytes
+    assert cluster.cli("cat", "/holes").stdout == bytes(data)
+    # fallocate(1) from util-linux agrees
+    subprocess.run(["fallocate", "--punch-hole", "--offset", "0", "--length", str(MiB), p],
+                   check=True)
+    data[:MiB] = bytes(MiB)
+    assert open(p, "rb").read() == bytes(data)
+    assert os.stat(p).st_blocks * 512 <= 5 * MiB

@@ -19,6 +19,8 @@
  *                                         completion once, right bytes, right errors
  *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE to meta:
  *                                         refused or contained, meta still serves
+ *   special CLUSTER DIR                   stk_mknod (as root) and stk_fallocate: types,
+ *                                         rdev, errors, bytes and st_blocks after holes
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -32,6 +34,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "stoker/stoker.h"
@@ -1107,6 +1110,144 @@ static int cmd_batch(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* Special files and holes through libstoker (no mount); runs as root. */
+static int cmd_special(int argc, char **argv)
+{
+	const uint64_t MIB = 1u << 20;
+	char p[4200], q[4200], *buf, *want;
+	struct stat st;
+	stk_file *f;
+	stk_client *c;
+
+	if (argc < 3)
+		return 2;
+	c = connect_or_die(argv[1]);
+	buf = malloc(8 * MIB);
+	want = malloc(8 * MIB);
+	if (!buf || !want)
+		return 1;
+	CHECK_RC(stk_mkdir(c, argv[2], 0755), 0);
+
+	/* fifo, socket, devices, and a regular file through mknod */
+	join(p, sizeof(p), argv[2], "fifo");
+	CHECK_RC(stk_mknod(c, p, S_IFIFO | 0640, 0), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(S_ISFIFO(st.st_mode) && (st.st_mode & 07777) == 0640 && st.st_size == 0);
+	CHECK_RC(stk_mknod(c, p, S_IFIFO | 0640, 0), -EEXIST);
+	CHECK_RC(stk_open(c, p, O_RDONLY, 0, &f), -EINVAL); /* no data to read */
+	CHECK_RC(stk_open(c, p, O_WRONLY, 0, &f), -EINVAL);
+	CHECK_RC(stk_chmod(c, p, 0600), 0);
+	CHECK_RC(stk_chown(c, p, 42, 43), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK((st.st_mode & 07777) == 0600 && st.st_uid == 42 && st.st_gid == 43);
+	join(q, sizeof(q), argv[2], "fifo2");
+	CHECK_RC(stk_link(c, p, q), 0);
+	CHECK_RC(stk_rename(c, q, p, 0), 0); /* two names of one inode: nothing happens */
+	CHECK_RC(stk_unlink(c, q), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(st.st_nlink == 1);
+	join(p, sizeof(p), argv[2], "sock");
+	CHECK_RC(stk_mknod(c, p, S_IFSOCK | 0755, 0), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(S_ISSOCK(st.st_mode));
+	join(p, sizeof(p), argv[2], "tty");
+	CHECK_RC(stk_mknod(c, p, S_IFCHR | 0620, makedev(4, 1)), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(S_ISCHR(st.st_mode) && major(st.st_rdev) == 4 && minor(st.st_rdev) == 1);
+	join(p, sizeof(p), argv[2], "disk");
+	CHECK_RC(stk_mknod(c, p, S_IFBLK | 0660, makedev(259, 7)), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(S_ISBLK(st.st_mode) && major(st.st_rdev) == 259 && minor(st.st_rdev) == 7);
+	join(p, sizeof(p), argv[2], "plain");
+	CHECK_RC(stk_mknod(c, p, S_IFREG | 0644, 0), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(S_ISREG(st.st_mode) && st.st_size == 0);
+	join(p, sizeof(p), argv[2], "dir");
+	CHECK_RC(stk_mknod(c, p, S_IFDIR | 0755, 0), -EINVAL);
+
+	/* a sparse file: 1 GiB, 1 MiB written in the middle */
+	join(p, sizeof(p), argv[2], "sparse");
+	CHECK_RC(stk_open(c, p, O_RDWR | O_CREAT, 0644, &f), 0);
+	CHECK_RC(stk_ftruncate(f, 1ll << 30), 0);
+	pattern(7, 0, want, MIB);
+	CHECK_RC(stk_pwrite(f, want, MIB, 512 * MIB), (long)MIB);
+	CHECK_RC(stk_close(f), 0);
+	CHECK_RC(stk_stat(c, p, &st), 0);
+	CHECK(st.st_size == 1ll << 30 && (uint64_t)st.st_blocks * 512 == MIB);
+	/* batched writes count too: two chunks far apart */
+	{
+		struct stk_batch_req rq[2] = {
+			{.op = STK_BATCH_WRITE, .offset = 100 * MIB, .buf = want, .len = MIB,
+			 .user_data = 1},
+			{.op = STK_BATCH_WRITE, .offset = 900 * MIB + 10, .buf = want, .len = 100,
+			 .user_data = 2}};
+		struct stk_completion comp[2];
+		stk_batch *b = NULL;
+		int got = 0;
+
+		CHECK_RC(stk_open(c, p, O_RDWR, 0, &f), 0);
+		rq[0].file = rq[1].file = f;
+		CHECK_RC(stk_batch_create(c, NULL, &b), 0);
+		CHECK_RC(stk_batch_submit(b, rq, 2), 2);
+		while (b && got < 2) {
+			int n = stk_batch_reap(b, comp, 2, 1, 30000);
+			CHECK(n > 0);
+			if (n <= 0)
+				break;
+			for (int i = 0; i < n; i++)
+				CHECK(comp[i].result > 0);
+			got += n;
+		}
+		if (b)
+			stk_batch_destroy(b);
+		CHECK_RC(stk_close(f), 0);
+		CHECK_RC(stk_stat(c, p, &st), 0);
+		/* chunks 100, 512 and 900: the hole between two writes is not counted */
+		CHECK((uint64_t)st.st_blocks * 512 == 3 * MIB);
+	}
+
+	/* punch-hole and zero-range over 4 MiB of data */
+	join(p, sizeof(p), argv[2], "holes");
+	CHECK_RC(stk_open(c, p, O_RDWR | O_CREAT, 0644, &f), 0);
+	pattern(9, 0, want, 4 * MIB);
+	CHECK_RC(stk_pwrite(f, want, 4 * MIB, 0), (long)(4 * MIB));
+	CHECK_RC(stk_fallocate(f, STK_FALLOC_PUNCH_HOLE, 0, 10), -EOPNOTSUPP);
+	CHECK_RC(stk_fallocate(f, 0x08 /* COLLAPSE_RANGE */, 0, MIB), -EOPNOTSUPP);
+	CHECK_RC(stk_fallocate(f, STK_FALLOC_PUNCH_HOLE | STK_FALLOC_ZERO_RANGE |
+					  STK_FALLOC_KEEP_SIZE, 0, 10),
+		 -EOPNOTSUPP);
+	CHECK_RC(stk_fallocate(f, 0, -1, 10), -EINVAL);
+	CHECK_RC(stk_fallocate(f, 0, 0, 0), -EINVAL);
+	/* buffered bytes land first, then [1 MiB + 100, 3 MiB + 100) reads zeros */
+	CHECK_RC(stk_pwrite(f, "late", 4, 2 * MIB), 4);
+	CHECK_RC(stk_fallocate(f, STK_FALLOC_PUNCH_HOLE | STK_FALLOC_KEEP_SIZE, MIB + 100,
+			       2 * MIB),
+		 0);
+	memset(want + MIB + 100, 0, 2 * MIB);
+	CHECK_RC(stk_fallocate(f, STK_FALLOC_ZERO_RANGE, 4 * MIB - 10, MIB), 0);
+	memset(want + 4 * MIB - 10, 0, 10);
+	memset(want + 4 * MIB, 0, MIB);
+	CHECK_RC(stk_fstat(f, &st), 0);
+	CHECK(st.st_size == (off_t)(5 * MIB - 10));
+	/* chunk 2 is gone and [4 MiB, 5 MiB - 10) is a hole: chunks 0, 1 and 3 count */
+	CHECK((uint64_t)st.st_blocks * 512 == 3 * MIB);
+	CHECK_RC(stk_pread(f, buf, 8 * MIB, 0), (long)(5 * MIB - 10));
+	CHECK(memcmp(buf, want, 5 * MIB - 10) == 0);
+	CHECK_RC(stk_close(f), 0);
+	CHECK_RC(stk_open(c, p, O_RDONLY, 0, &f), 0);
+	CHECK_RC(stk_fallocate(f, STK_FALLOC_PUNCH_HOLE | STK_FALLOC_KEEP_SIZE, 0, 10), -EBADF);
+	CHECK_RC(stk_pread(f, buf, 8 * MIB, 0), (long)(5 * MIB - 10));
+	CHECK(memcmp(buf, want, 5 * MIB - 10) == 0);
+	CHECK_RC(stk_close(f), 0);
+
+	free(buf);
+	free(want);
+	stk_disconnect(c);
+	if (!failures)
+		printf("special: ok\n");
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -1114,8 +1255,8 @@ int main(int argc, char **argv)
 		int (*fn)(int, char **);
 	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
-		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence}, {"batch", cmd_batch},
-		    {"watch", cmd_watch}};
+		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
+		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");

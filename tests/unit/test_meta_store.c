@@ -473,7 +473,7 @@ static void test_setattr_extend(void)
 	sa.size = 1000;
 	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
 	a = attr_of(f);
-	CHECK(a.size == 1000 && a.blocks == 2 && a.mtime_sec > 100);
+	CHECK(a.size == 1000 && a.blocks == 0 && a.mtime_sec > 100); /* a hole: nothing stored */
 	CHECK_RC(setattr_as(&ROOT, d, STK_SETATTR_SIZE, sa), -EISDIR);
 	CHECK_RC(setattr_as(&ROOT, s, STK_SETATTR_SIZE, sa), -EINVAL);
 
@@ -520,6 +520,205 @@ static void test_setattr_extend(void)
 	CHECK_RC(stk_meta_store_extend(st, &ROOT, d, 10, 0, 0, &a), -EISDIR);
 	CHECK_RC(stk_meta_store_extend(st, &ROOT, s, 10, 0, 0, &a), -EINVAL);
 	CHECK_RC(stk_meta_store_extend(st, &ROOT, 999999, 10, 0, 0, &a), -ENOENT);
+}
+
+/* Fifos, sockets and device nodes: inodes with a type, and rdev for devices. */
+static void test_mknod(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "mk", 0777);
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr a, l;
+	char big[8];
+
+	CHECK_RC(stk_meta_store_mknod(st, &ALICE, d, "p", S_IFIFO | 0640, 77, &a), 0);
+	CHECK(a.mode == (S_IFIFO | 0640) && a.rdev == 0 && a.uid == 1001 && a.size == 0);
+	CHECK_RC(stk_meta_store_mknod(st, &ALICE, d, "s", S_IFSOCK | 0755, 0, &a), 0);
+	CHECK(attr_of(a.ino).mode == (S_IFSOCK | 0755));
+	/* devices: root only, with their number */
+	CHECK_RC(stk_meta_store_mknod(st, &ALICE, d, "c", S_IFCHR | 0600, 0x0103, &a), -EPERM);
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, d, "c", S_IFCHR | 0600, 0x0103, &a), 0);
+	CHECK(attr_of(a.ino).mode == (S_IFCHR | 0600) && attr_of(a.ino).rdev == 0x0103);
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, d, "b", S_IFBLK | 0660, 0x0801, &a), 0);
+	CHECK(attr_of(a.ino).rdev == 0x0801);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, d, "b", &l), 0);
+	CHECK(l.mode == (S_IFBLK | 0660) && l.rdev == 0x0801);
+	/* other types, names taken */
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, d, "r", S_IFREG | 0600, 0, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, d, "r", S_IFDIR | 0600, 0, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, d, "r", 0600, 0, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, d, "p", S_IFIFO | 0600, 0, &a), -EEXIST);
+	CHECK_RC(stk_meta_store_mknod(st, &BOB, mkdir_as(&ROOT, d, "ro", 0755), "p", S_IFIFO, 0, &a),
+		 -EACCES);
+	/* chmod, chown, link, rename, xattrs, unlink */
+	sa.mode = 0604;
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, d, "p", &l), 0);
+	CHECK_RC(setattr_as(&ROOT, l.ino, STK_SETATTR_MODE, sa), 0);
+	CHECK(attr_of(l.ino).mode == (S_IFIFO | 0604));
+	sa.uid = 9;
+	CHECK_RC(setattr_as(&ROOT, l.ino, STK_SETATTR_UID, sa), 0);
+	CHECK(attr_of(l.ino).uid == 9);
+	sa.size = 10;
+	CHECK_RC(setattr_as(&ROOT, l.ino, STK_SETATTR_SIZE, sa), -EINVAL);
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, l.ino, 10, 0, 0, &a), -EINVAL);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, l.ino, d, "p2", &a), 0);
+	CHECK(a.nlink == 2);
+	int replaced;
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d, "p2", d, "p3", 0, &replaced, &a), 0);
+	CHECK_RC(stk_meta_store_setxattr(st, &ROOT, l.ino, "trusted.x", "v", 1, 0), 0);
+	size_t len = 0;
+	CHECK_RC(stk_meta_store_getxattr(st, &ROOT, l.ino, "trusted.x", big, sizeof(big), &len), 0);
+	CHECK(len == 1 && big[0] == 'v');
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "p", &a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "p3", &a), 0);
+	CHECK(a.nlink == 0);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, l.ino, &a), -ENOENT);
+}
+
+/* st_blocks: the written chunks below the size, not size / 512. */
+static void test_blocks(void)
+{
+	uint64_t d = mkdir_as(&ROOT, STK_ROOT_INO, "blk", 0755), f = create_as(&ROOT, d, "f");
+	const uint64_t MIB = 1u << 20, GIB = 1ull << 30; /* PL4: chunks of 1 MiB */
+	struct stk_meta_extend x = {0};
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr a;
+
+	/* truncate -s 1G: a hole */
+	sa.size = GIB;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	CHECK(attr_of(f).size == GIB && attr_of(f).blocks == 0);
+	/* 1 MiB written at 100 MiB: one chunk */
+	x.alloc_first = 100, x.alloc_end = 101;
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.size == GIB && a.blocks == MIB / 512);
+	/* and the last chunk, and chunks 10-19 */
+	x.alloc_first = 1023, x.alloc_end = 1024;
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	x.alloc_first = 10, x.alloc_end = 20;
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == 12 * MIB / 512);
+	/* touching ranges merge; the count stays */
+	x.alloc_first = 20, x.alloc_end = 21;
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == 13 * MIB / 512);
+	/* punch chunks 12-14 and 100: they count no more */
+	x = (struct stk_meta_extend){.punch_first = 12, .punch_end = 15};
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == 10 * MIB / 512);
+	x = (struct stk_meta_extend){.punch_first = 100, .punch_end = 101};
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == 9 * MIB / 512);
+	/* written and punched in one report: the punch wins over the range that covers it */
+	x = (struct stk_meta_extend){.alloc_first = 30, .alloc_end = 40, .punch_first = 31,
+				     .punch_end = 39};
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == 11 * MIB / 512);
+	/* kept across a reopen of the store: checked by getattr */
+	CHECK(attr_of(f).blocks == 11 * MIB / 512);
+	/* a truncate forgets the chunks past the new end; growing again adds nothing */
+	sa.size = 15 * MIB + 100;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	CHECK(attr_of(f).blocks == 2 * MIB / 512 + 1); /* 10, 11, and 100 bytes of 15 */
+	sa.size = GIB;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	CHECK(attr_of(f).blocks == 3 * MIB / 512);
+	/* many scattered chunks: past 32 ranges the closest merge, never undercounting */
+	for (uint32_t i = 0; i < 40; i++) {
+		x = (struct stk_meta_extend){.alloc_first = 200 + 3 * i, .alloc_end = 201 + 3 * i};
+		CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	}
+	CHECK(a.blocks >= (3 + 40) * MIB / 512 && a.blocks <= (6 + 120) * MIB / 512);
+	/* a file written from start to end: size / 512 rounded up, as before */
+	f = create_as(&ROOT, d, "g");
+	x = (struct stk_meta_extend){.size = 5 * MIB + 1, .alloc_first = 0, .alloc_end = 6};
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == (5 * MIB + 1 + 511) / 512);
+	/* a chunk past the size counts once the size reaches it */
+	f = create_as(&ROOT, d, "h");
+	x = (struct stk_meta_extend){.size = 0, .alloc_first = 3, .alloc_end = 4};
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == 0);
+	x = (struct stk_meta_extend){.size = 3 * MIB + 512};
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK(a.blocks == 1);
+}
+
+/* Rewrites inode ino's record in the closed store in tmpdir as format 1 (older stores). */
+static void to_format1(uint64_t ino)
+{
+	MDB_env *env = NULL;
+	MDB_txn *txn = NULL;
+	MDB_dbi dbi;
+	uint8_t k[8], rec[128];
+	MDB_val key = {sizeof(k), k}, val;
+	int rc;
+
+	for (int i = 0; i < 8; i++)
+		k[i] = (uint8_t)(ino >> (56 - 8 * i));
+	rc = mdb_env_create(&env);
+	if (rc == 0) {
+		mdb_env_set_maxdbs(env, 5);
+		mdb_env_set_mapsize(env, 1ull << 30);
+		rc = mdb_env_open(env, tmpdir, 0, 0600);
+	}
+	if (rc == 0)
+		rc = mdb_txn_begin(env, NULL, 0, &txn);
+	if (rc == 0)
+		rc = mdb_dbi_open(txn, "inodes", 0, &dbi);
+	if (rc == 0)
+		rc = mdb_get(txn, dbi, &key, &val);
+	/* format 2: u8 2, attr (100 bytes, then u64 rdev), u64 parent, u16 n, ranges */
+	CHECK(rc == 0 && val.mv_size >= 1 + 108 + 8 + 2 && ((uint8_t *)val.mv_data)[0] == 2);
+	if (rc == 0 && val.mv_size >= 1 + 108 + 8 + 2) {
+		rec[0] = 1;
+		memcpy(rec + 1, (uint8_t *)val.mv_data + 1, 100);
+		memcpy(rec + 101, (uint8_t *)val.mv_data + 109, 8);
+		val.mv_data = rec;
+		val.mv_size = 109;
+		rc = mdb_put(txn, dbi, &key, &val, 0);
+	}
+	if (txn)
+		rc = rc ? (mdb_txn_abort(txn), rc) : mdb_txn_commit(txn);
+	CHECK(rc == 0);
+	if (env)
+		mdb_env_close(env);
+}
+
+/* A store written before inode format 2 keeps working: attributes, parents, blocks. */
+static void test_format1_records(void)
+{
+	uint64_t top = mkdir_as(&ROOT, STK_ROOT_INO, "old", 0755), d = mkdir_as(&ROOT, top, "d", 0755);
+	uint64_t f = create_as(&ROOT, d, "f");
+	const uint64_t MIB = 1u << 20;
+	struct stk_meta_sattr sa = {0};
+	struct stk_attr a, fa, da;
+
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, f, 3 * MIB + 5, 0, 0, &a), 0);
+	fa = attr_of(f);
+	da = attr_of(d);
+	CHECK_RC(stk_meta_store_sync(st), 0);
+	stk_meta_store_close(st);
+	st = NULL;
+	to_format1(f);
+	to_format1(d);
+	if (open_store()) {
+		CHECK(!"reopen after format 1 records");
+		return;
+	}
+	a = attr_of(f);
+	CHECK(a.ino == f && a.size == fa.size && a.mode == fa.mode && a.blocks == fa.blocks &&
+	      a.rdev == 0 && a.layout.chunk_size == fa.layout.chunk_size);
+	a = attr_of(d);
+	CHECK(a.ino == d && a.nlink == da.nlink && S_ISDIR(a.mode));
+	/* the folder's parent survived: it may not move into its own subtree */
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, STK_ROOT_INO, "old", d, "x", 0, &(int){0}, &a),
+		 -EINVAL);
+	/* the file counts every chunk below its size, and follows a truncate */
+	sa.size = MIB;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	sa.size = 4 * MIB;
+	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
+	CHECK(attr_of(f).blocks == MIB / 512);
 }
 
 static void test_rename(void)
@@ -1319,6 +1518,8 @@ int main(void)
 	test_link_unlink();
 	test_symlink();
 	test_setattr_extend();
+	test_mknod();
+	test_blocks();
 	test_setattr_atime_read();
 	test_record_reads();
 	test_getattrs();
@@ -1331,6 +1532,7 @@ int main(void)
 	test_readdir_big(&listing, &big);
 	test_threads();
 	test_reopen(big, &listing, reserved);
+	test_format1_records();
 	if (st)
 		test_identity_upgrade();
 	if (st)

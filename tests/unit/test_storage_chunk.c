@@ -254,6 +254,40 @@ static int test_truncate(struct stk_chunk_store *cs)
 	return 0;
 }
 
+/* Punch: the chunks of a range go, the others stay; missing ones are no error. */
+static int test_punch(struct stk_chunk_store *cs)
+{
+	static uint8_t w[CHUNK], r[CHUNK];
+	const uint32_t cs64 = 64u << 10;
+	uint64_t before;
+	uint32_t len;
+
+	fill(w, sizeof(w), 11);
+	before = nchunks(cs);
+	for (uint32_t i = 0; i < 6; i++)
+		CHECK(stk_chunk_write(cs, 0x140, i, cs64, 0, w + i * 100, cs64, NULL, 0, &len) == 0);
+	CHECK(stk_chunk_punch(cs, 0x140, 1, 3) == 0);
+	CHECK(nchunks(cs) == before + 4);
+	CHECK(stk_chunk_read(cs, 0x140, 1, 0, r, cs64, NULL) == 0);
+	CHECK(stk_chunk_read(cs, 0x140, 2, 0, r, cs64, NULL) == 0);
+	CHECK(stk_chunk_read(cs, 0x140, 3, 0, r, cs64, NULL) == cs64);
+	CHECK(memcmp(r, w + 300, cs64) == 0);
+	CHECK(stk_chunk_read(cs, 0x140, 0, 0, r, cs64, NULL) == cs64);
+	CHECK(memcmp(r, w, cs64) == 0);
+	CHECK(stk_chunk_punch(cs, 0x140, 1, 3) == 0); /* again: nothing there, no error */
+	CHECK(stk_chunk_punch(cs, 0x140, 5, 5) == 0); /* empty range */
+	CHECK(stk_chunk_read(cs, 0x140, 5, 0, r, cs64, NULL) == cs64);
+	CHECK(stk_chunk_punch(cs, 0x140, 4, 3) == -EINVAL);
+	CHECK(stk_chunk_punch(cs, 0x999, 0, 10) == 0); /* no such inode */
+	/* a punched chunk written again holds only the new bytes */
+	CHECK(stk_chunk_write(cs, 0x140, 2, cs64, 100, w, 10, NULL, 0, &len) == 0);
+	CHECK(len == 110);
+	CHECK(stk_chunk_punch(cs, 0x140, 0, UINT32_MAX) == 0);
+	CHECK(nchunks(cs) == before);
+	CHECK(stk_chunk_truncate(cs, 0x140, 0, cs64) == 0);
+	return 0;
+}
+
 static int flip_byte(const char *path, off_t off)
 {
 	uint8_t b;
@@ -759,7 +793,7 @@ int main(void)
 		fprintf(stderr, "cannot open store\n");
 		goto out;
 	}
-	if (test_round_trip(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) || test_corruption(cs) ||
+	if (test_round_trip(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) || test_punch(cs) || test_corruption(cs) ||
 	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_fd_cache(dir, cs) ||
 	    test_mapped(dir, cs) || test_enospc())
 		goto out;
