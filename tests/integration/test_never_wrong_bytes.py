@@ -178,13 +178,15 @@ def test_pack_fails_and_publishes_only_complete_shards(role_cluster, tmp_path):
     src = tmp_path / "samples"
     src.mkdir()
     want = {}
-    for i in range(24):
+    # 6 MiB in shards of up to 4 MiB: the first shard's data spans every chain, so
+    # it always touches the stopped node.
+    for i in range(40):
         name = "x%02d.bin" % i
         want[name] = content(name, 150000 + 1000 * i, 0)
         (src / name).write_bytes(want[name])
     env = cluster_env(rc, **CLIENT_ENV)
     with stopped(rc, "st2"):
-        p = subprocess.run([STOKER, "pack", str(src), rc.url + "/packed", "--shard-size", "1M"],
+        p = subprocess.run([STOKER, "pack", str(src), rc.url + "/packed", "--shard-size", "4M"],
                            capture_output=True, env=env, timeout=300)
     assert p.returncode != 0, p.stdout
     assert b"pack" in p.stderr, p.stderr
