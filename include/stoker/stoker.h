@@ -87,7 +87,10 @@ STK_API void stk_after_fork(stk_client *c);
  * writing), -ENOTDIR, -EACCES, -ENAMETOOLONG, -EINVAL, -ENOSPC, -EIO.
  */
 STK_API int stk_open(stk_client *c, const char *path, int flags, mode_t mode, stk_file **out);
-/* Flushes buffered writes, makes them durable, records the size, frees f (always). */
+/*
+ * Flushes buffered writes, makes them durable, records the size, frees f (always).
+ * Returns -errno when any write of the handle failed (see stk_fsync).
+ */
 STK_API int stk_close(stk_file *f);
 /*
  * Reads up to len bytes at the file position (pread: at off) into buf. Returns the
@@ -105,7 +108,15 @@ STK_API ssize_t stk_write(stk_file *f, const void *buf, size_t len);
 STK_API ssize_t stk_pwrite(stk_file *f, const void *buf, size_t len, off_t off);
 /* SEEK_SET, SEEK_CUR, SEEK_END. Returns the new position or -EINVAL. */
 STK_API off_t stk_lseek(stk_file *f, off_t off, int whence);
-/* Flushes and makes everything written so far durable. 0 or -errno. */
+/*
+ * Flushes and makes everything written so far durable. 0 or -errno.
+ * A write that did not reach storage (a buffer whose send failed, a failed
+ * write-through or sync) is never published: the size recorded in meta stops at
+ * the lowest byte storage may lack (never below the size meta had), so readers get
+ * the old bytes or the acknowledged new ones, never zeros nobody wrote. The error
+ * is sticky, as Linux's errseq: this and every later stk_fsync and stk_close of the
+ * handle return it, and reads through it stop at that size. To retry, open again.
+ */
 STK_API int stk_fsync(stk_file *f);
 STK_API int stk_ftruncate(stk_file *f, off_t size);
 /* fallocate modes, with the values of Linux's FALLOC_FL_* (linux/falloc.h). */

@@ -247,6 +247,8 @@ static void *engine_main(void *arg)
 				continue; /* only the last one can be: it carries over */
 			if (!a->err && a->op == STK_IO_WRITE)
 				stk_file_io_wrote(b->slots[a->slot].req.file, a->start, a->total);
+			else if (a->op == STK_IO_WRITE)
+				stk_file_io_failed(b->slots[a->slot].req.file, a->start, a->err);
 			b->slots[a->slot].result = a->err ? a->err : (int64_t)a->total;
 			e->done[ndone++] = a->slot;
 		}

@@ -258,6 +258,11 @@ int stk_file_io_prep(stk_file *f, int op, uint64_t off, size_t *len, struct stk_
  */
 void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len);
 /*
+ * Records a batched write from off on that failed (err): as a failed write of the
+ * handle, it is never published and every later fsync and close return err.
+ */
+void stk_file_io_failed(stk_file *f, uint64_t off, int err);
+/*
  * Sets the size a read-only handle reads up to: the FUSE daemon's read-only
  * handles learn what writes through the same mount made of the file since they
  * opened. A handle that writes keeps its own (-EBADF).

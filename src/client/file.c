@@ -15,6 +15,18 @@
  * every chain still unsynced, then META_EXTEND and META_SYNC, and only then
  * return.
  *
+ * A failed write is never published as data. Sending the buffer, a write-through
+ * or a STOR_SYNC that fails leaves bytes storage may not have (a buffer is dropped
+ * when its send fails); the handle then remembers the lowest such offset
+ * (fail_off: the write's start, or for a failed sync the lowest offset written
+ * since the last sync) and its first error (err). The size it reports to meta is
+ * capped at fail_off (never below the size meta had), so a reader sees the bytes
+ * storage acknowledged, or the old ones, never zeros nobody wrote; when nothing
+ * past meta's size was acknowledged no META_EXTEND goes at all (size and mtime
+ * stay). The error is sticky, like Linux's errseq: every later fsync and the close
+ * of the handle return it, whatever later writes do, and reads through the handle
+ * stop at the capped size. A caller that wants to retry opens a new handle.
+ *
  * Locking: f->lock protects the buffer, the position, the size and the unsynced
  * set. Reads hold it only to flush and read the size, so many threads can pread
  * one handle in parallel.
@@ -63,6 +75,10 @@ struct stk_file {
 	size_t wlen;
 	uint8_t unsynced[STK_MAX_STRIPE]; /* by stripe index */
 	int any_unsynced;
+	uint64_t unsynced_low; /* lowest offset written unsynced since the last sync; UINT64_MAX */
+	uint64_t meta_size; /* the size meta has as far as this handle knows (open, truncate, extend) */
+	uint64_t fail_off; /* lowest offset storage may not have (a write failed); UINT64_MAX */
+	int err; /* first failure of a data write or sync: sticky, every fsync and close return it */
 	uint64_t seq_next; /* where a sequential reader's next read starts */
 	uint64_t ra_end; /* chunks below this offset have been prefetched */
 	int registered; /* an open reference in the client's session (session.c) */
@@ -115,6 +131,27 @@ static void prefetch(struct stk_file *f, uint64_t from, uint64_t to, uint32_t fl
 
 
 #define STK_MAX_FILE_SIZE ((uint64_t)UINT32_MAX * STK_MIN_CHUNK_SIZE)
+
+/* Records that bytes from off on may not be on storage. Called with f->lock held. */
+static void note_failure(struct stk_file *f, uint64_t off, int rc)
+{
+	if (!f->err)
+		f->err = rc;
+	if (off < f->fail_off)
+		f->fail_off = off;
+}
+
+/*
+ * The size others may see: f->size, or when a write failed below it, the failed
+ * offset (but never below what meta had: those bytes are old ones or holes).
+ * Called with f->lock held.
+ */
+static uint64_t visible_size(const struct stk_file *f)
+{
+	if (f->fail_off >= f->size)
+		return f->size;
+	return STK_MAX(f->fail_off, STK_MIN(f->meta_size, f->size));
+}
 
 /* Builds per-chunk pieces for [off, off+len). Returns the count or -ENOMEM. */
 static int make_pieces(struct stk_file *f, char *buf, size_t len, uint64_t off,
@@ -181,7 +218,8 @@ static void written(struct stk_file *f, uint32_t first, uint32_t end)
  * One META_EXTEND: the size and mtime, chunks [first, end) written and, when
  * punch, the handle's punched chunks. Called with f->lock held.
  */
-static int send_extend(struct stk_file *f, uint32_t first, uint32_t end, int punch)
+static int send_extend(struct stk_file *f, uint64_t size, uint32_t first, uint32_t end,
+		       int punch)
 {
 	struct stk_msg_meta_extend_req m;
 	uint8_t req[256];
@@ -190,7 +228,7 @@ static int send_extend(struct stk_file *f, uint32_t first, uint32_t end, int pun
 	memset(&m, 0, sizeof(m));
 	m.cred = f->c->cred;
 	m.ino = f->attr.ino;
-	m.size = f->size;
+	m.size = size;
 	stk_wall_time(&m.mtime_sec, &m.mtime_nsec);
 	m.alloc_first = first;
 	m.alloc_end = end;
@@ -223,13 +261,21 @@ static int write_through(struct stk_file *f, const char *buf, size_t len, uint64
 			f->unsynced[p[i].chunk_idx % f->attr.layout.stripe] = 1;
 			f->any_unsynced = 1;
 		}
+		if (off < f->unsynced_low)
+			f->unsynced_low = off;
 	}
+	/* Some pieces may have landed, others not: none of it counts from off on. */
+	if (rc)
+		note_failure(f, off, rc);
 	if (p != stackp)
 		free(p);
 	return rc;
 }
 
-/* Sends the buffered range. Called with f->lock held. */
+/*
+ * Sends the buffered range. Called with f->lock held. A send that fails drops the
+ * buffer (write_through has recorded the failure, so its bytes are never published).
+ */
 static int flush_buffer(struct stk_file *f, uint32_t flags)
 {
 	int rc;
@@ -327,6 +373,9 @@ static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, 
 	f->append = !!(flags & O_APPEND);
 	f->is_dir = S_ISDIR(a->mode);
 	f->size = a->size;
+	f->meta_size = a->size;
+	f->fail_off = UINT64_MAX;
+	f->unsynced_low = UINT64_MAX;
 	pthread_mutex_init(&f->lock, NULL);
 	if (!f->is_dir)
 		stk_layout_chains(&a->layout, f->chains);
@@ -338,6 +387,7 @@ static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, 
 				goto out;
 		}
 		f->size = 0;
+		f->meta_size = 0;
 		f->size_dirty = 1;
 	}
 	if (acc != O_RDONLY && !f->is_dir) {
@@ -454,38 +504,51 @@ int stk_open(stk_client *c, const char *path, int flags, mode_t mode, stk_file *
 	return open_attr(c, &a, flags, registered, out);
 }
 
-/* Makes everything written durable and records the size. Called with f->lock held. */
+/*
+ * Makes everything written durable and records the size, only as far as storage
+ * acknowledged the bytes (the file's top comment). Returns the handle's sticky
+ * error first, else the first error of this call. Called with f->lock held.
+ */
 static int sync_locked(struct stk_file *f)
 {
 	struct stk_client *c = f->c;
 	int rc, first = 0;
 
-	rc = flush_buffer(f, STK_WRITE_SYNC);
-	if (rc)
-		first = rc;
+	flush_buffer(f, STK_WRITE_SYNC); /* a failure is in f->err */
 	if (f->any_unsynced) {
 		for (uint32_t i = 0; i < f->attr.layout.stripe; i++) {
 			if (!f->unsynced[i])
 				continue;
 			rc = stk_io_sync_chain(c, f->chains[i]);
-			if (rc && !first)
-				first = rc;
+			/* What the chain holds since its last sync may be lost: from the
+			 * lowest offset written since, nothing is known to be durable. */
+			if (rc)
+				note_failure(f, f->unsynced_low, rc);
 			f->unsynced[i] = 0;
 		}
 		f->any_unsynced = 0;
+		f->unsynced_low = UINT64_MAX;
 	}
 	if (f->size_dirty) {
 		unsigned n = f->nalloc;
+		uint64_t size = visible_size(f);
 
-		/* A range per request; the last carries the punch, which meta applies after. */
+		/* A range per request; the last carries the punch, which meta applies after.
+		 * After a failure, only a size that grows over acknowledged bytes is news;
+		 * otherwise meta keeps the old size and mtime. */
 		rc = 0;
-		for (unsigned i = 0; rc == 0 && i + 1 < n; i++)
-			rc = send_extend(f, f->alloc[i][0], f->alloc[i][1], 0);
-		if (rc == 0)
-			rc = send_extend(f, n ? f->alloc[n - 1][0] : 0, n ? f->alloc[n - 1][1] : 0, 1);
+		if (!f->err || size > f->meta_size) {
+			for (unsigned i = 0; rc == 0 && i + 1 < n; i++)
+				rc = send_extend(f, size, f->alloc[i][0], f->alloc[i][1], 0);
+			if (rc == 0)
+				rc = send_extend(f, size, n ? f->alloc[n - 1][0] : 0,
+						 n ? f->alloc[n - 1][1] : 0, 1);
+		}
 		if (rc && !first)
 			first = rc;
 		if (!rc) {
+			if (size > f->meta_size)
+				f->meta_size = size;
 			f->size_dirty = 0;
 			f->nalloc = 0;
 			f->punch_first = f->punch_end = 0;
@@ -494,7 +557,7 @@ static int sync_locked(struct stk_file *f)
 	rc = stk_client_meta_call(c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL);
 	if (rc && !first)
 		first = rc;
-	return first;
+	return f->err ? f->err : first;
 }
 
 int stk_fsync(stk_file *f)
@@ -516,7 +579,7 @@ int stk_close(stk_file *f)
 	if (!f)
 		return -EBADF;
 	if (!f->is_dir && f->accmode != O_RDONLY &&
-	    (f->wlen || f->any_unsynced || f->size_dirty)) {
+	    (f->wlen || f->any_unsynced || f->size_dirty || f->err)) {
 		pthread_mutex_lock(&f->lock);
 		rc = sync_locked(f);
 		pthread_mutex_unlock(&f->lock);
@@ -643,7 +706,7 @@ ssize_t stk_pread(stk_file *f, void *buf, size_t len, off_t off)
 
 	pthread_mutex_lock(&f->lock);
 	rc = flush_buffer(f, 0);
-	size = f->size;
+	size = visible_size(f); /* never the bytes of a failed write */
 	if (rc == 0 && (uint64_t)off < size && len > size - (uint64_t)off)
 		len = (size_t)(size - (uint64_t)off);
 	seq = rc == 0 && (uint64_t)off < size && len && (uint64_t)off == f->seq_next;
@@ -741,9 +804,16 @@ int stk_ftruncate(stk_file *f, off_t size)
 		struct stk_attr v = {.size = (uint64_t)size};
 		rc = stk_ino_setattr(f->c, NULL, f->attr.ino, STK_SETATTR_SIZE, &v, NULL);
 	}
+	if (rc == 0)
+		f->meta_size = (uint64_t)size;
 	/* Chunks this handle wrote past meta's idea of the size are cut here too. */
-	if (rc == 0 && (uint64_t)size < f->size)
+	if (rc == 0 && (uint64_t)size < f->size) {
 		rc = stk_client_truncate_data(f->c, &f->attr, (uint64_t)size);
+		/* Bytes past size may still be there: this handle never publishes them
+		 * (a write there later would leave them readable in its holes). */
+		if (rc)
+			note_failure(f, (uint64_t)size, rc);
+	}
 	if (rc == 0) {
 		uint64_t cs = f->attr.layout.chunk_size;
 		uint32_t keep = (uint32_t)(((uint64_t)size + cs - 1) / cs);
@@ -871,8 +941,8 @@ int stk_fstat(stk_file *f, struct stat *st)
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&f->lock);
-	if (f->size_dirty)
-		a.size = f->size;
+	if (f->size_dirty && visible_size(f) > a.size)
+		a.size = visible_size(f);
 	pthread_mutex_unlock(&f->lock);
 	stk_attr_to_stat(&a, st);
 	return 0;
@@ -915,9 +985,18 @@ void stk_file_io_wrote(stk_file *f, uint64_t off, size_t len)
 		f->unsynced[i % f->attr.layout.stripe] = 1;
 	f->any_unsynced = 1;
 	written(f, (uint32_t)(off / cs), (uint32_t)((off + len - 1) / cs + 1));
+	if (off < f->unsynced_low)
+		f->unsynced_low = off;
 	if (off + len > f->size)
 		f->size = off + len;
 	f->size_dirty = 1;
+	pthread_mutex_unlock(&f->lock);
+}
+
+void stk_file_io_failed(stk_file *f, uint64_t off, int err)
+{
+	pthread_mutex_lock(&f->lock);
+	note_failure(f, off, err);
 	pthread_mutex_unlock(&f->lock);
 }
 
@@ -936,7 +1015,7 @@ uint64_t stk_file_size(stk_file *f)
 	uint64_t size;
 
 	pthread_mutex_lock(&f->lock);
-	size = f->size;
+	size = visible_size(f);
 	pthread_mutex_unlock(&f->lock);
 	return size;
 }

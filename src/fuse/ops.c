@@ -284,9 +284,13 @@ static void wf_put(struct stk_fuse *fs, struct stk_fuse_node *n)
 	}
 	pthread_mutex_unlock(&n->lock);
 	/* After the node lock: the table lock is never taken inside it. */
-	if (rc && !(rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, n->ino, &a) == 0))
+	if (rc && !(rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, n->ino, &a) == 0)) {
 		stk_error("closing inode %llu: %s (data written since the last flush may be lost)",
 			  (unsigned long long)n->ino, stk_strerror(rc));
+		/* Read-only handles here read up to wsize: not over bytes never stored. */
+		if (stk_ino_getattr(fs->c, NULL, n->ino, &a) == 0)
+			atomic_store(&n->wsize, a.size); /* wf is gone: no new generation */
+	}
 }
 
 /* Makes what was written to fh's inode durable and its size known to meta. */
@@ -304,6 +308,9 @@ static int sync_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 	if (g == atomic_load(&n->synced))
 		return 0;
 	rc = stk_fsync(n->wf);
+	/* A failed write is not published (stk_fsync): nor is it read here. */
+	if (rc)
+		note_change(n, stk_file_size(n->wf), 1);
 	/* An orphan's data is durable; only its size has no inode left to go to. */
 	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, n->ino, &a) == 0)
 		rc = 0;
