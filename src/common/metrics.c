@@ -838,8 +838,26 @@ static stk_metric_t err_series(struct stk_metrics_ops *m, unsigned op, int err)
 	return h;
 }
 
-void stk_metrics_ops_end(struct stk_metrics_ops *m, unsigned op, uint64_t t0, int err,
-			 uint64_t in_bytes, uint64_t out_bytes)
+void stk_metrics_ops_answered(struct stk_metrics_ops *m, unsigned op, int err,
+			      uint64_t in_bytes, uint64_t out_bytes)
+{
+	struct op_series *o;
+
+	if (!m)
+		return;
+	o = op_get(m, &op);
+	if (!o)
+		return;
+	stk_metric_add(o->req, 1);
+	if (in_bytes)
+		stk_metric_add(o->in, (int64_t)in_bytes);
+	if (out_bytes)
+		stk_metric_add(o->out, (int64_t)out_bytes);
+	if (err)
+		stk_metric_add(err_series(m, op, err < 0 ? err : -err), 1);
+}
+
+void stk_metrics_ops_sent(struct stk_metrics_ops *m, unsigned op, uint64_t t0)
 {
 	struct op_series *o;
 	uint64_t now;
@@ -851,14 +869,14 @@ void stk_metrics_ops_end(struct stk_metrics_ops *m, unsigned op, uint64_t t0, in
 		return;
 	now = stk_now_ns();
 	stk_metric_observe_ns(o->dur, now > t0 ? now - t0 : 0);
-	stk_metric_add(o->req, 1);
-	if (in_bytes)
-		stk_metric_add(o->in, (int64_t)in_bytes);
-	if (out_bytes)
-		stk_metric_add(o->out, (int64_t)out_bytes);
-	if (err)
-		stk_metric_add(err_series(m, op, err < 0 ? err : -err), 1);
 	stk_metric_add(m->inflight, -1);
+}
+
+void stk_metrics_ops_end(struct stk_metrics_ops *m, unsigned op, uint64_t t0, int err,
+			 uint64_t in_bytes, uint64_t out_bytes)
+{
+	stk_metrics_ops_answered(m, op, err, in_bytes, out_bytes);
+	stk_metrics_ops_sent(m, op, t0);
 }
 
 void stk_metrics_ops_conn(struct stk_metrics_ops *m, int delta)

@@ -312,6 +312,14 @@ void stk_metrics_ops_destroy(struct stk_metrics_ops *m);
 uint64_t stk_metrics_ops_begin(struct stk_metrics_ops *m, unsigned op);
 void stk_metrics_ops_end(struct stk_metrics_ops *m, unsigned op, uint64_t t0, int err,
 			 uint64_t in_bytes, uint64_t out_bytes);
+/*
+ * _end in two steps, for a server: _answered counts the request, its bytes and its
+ * error before the reply goes (so whoever got the reply and scrapes next sees it),
+ * _sent records its duration and takes it out of flight once the reply is written.
+ */
+void stk_metrics_ops_answered(struct stk_metrics_ops *m, unsigned op, int err,
+			      uint64_t in_bytes, uint64_t out_bytes);
+void stk_metrics_ops_sent(struct stk_metrics_ops *m, unsigned op, uint64_t t0);
 
 /* A connection opened (+1) or closed (-1). m may be NULL. */
 void stk_metrics_ops_conn(struct stk_metrics_ops *m, int delta);

@@ -658,10 +658,13 @@ static void serve_conn(struct srv_conn *sc)
 			rh.bulk_len = resp.bulk_len;
 			rh.flags |= resp.frame_flags & STK_FRAME_BULK_SELF;
 		}
+		/* Counted before the reply leaves: whoever got the reply and scrapes the
+		 * metrics next finds the request in them. */
+		stk_metrics_ops_answered(s->metrics, h.opcode, stk_status_to_errno(rh.status),
+					 STK_FRAME_HDR_LEN + (uint64_t)h.payload_len + h.bulk_len,
+					 STK_FRAME_HDR_LEN + (uint64_t)rh.payload_len + rh.bulk_len);
 		rc = send_frame(sc->fd, &rh, out, resp.bulk);
-		stk_metrics_ops_end(s->metrics, h.opcode, t0, stk_status_to_errno(rh.status),
-				    STK_FRAME_HDR_LEN + (uint64_t)h.payload_len + h.bulk_len,
-				    STK_FRAME_HDR_LEN + (uint64_t)rh.payload_len + rh.bulk_len);
+		stk_metrics_ops_sent(s->metrics, h.opcode, t0);
 		if (rc)
 			break;
 	}
