@@ -124,6 +124,9 @@ class RoleCluster:
         while time.time() < deadline:
             out = self.status()
             if out.count("serving") >= want and "Metadata shards\n  SHARD  META NODE\n  1" in out:
+                # Meta learns the new routing table at its next heartbeat (each
+                # second): until then it places new files on the chains it knew.
+                time.sleep(1.5)
                 return out
             time.sleep(0.2)
         raise AssertionError("role cluster did not come up:\n%s\n%s" % (out, self.logs()))
