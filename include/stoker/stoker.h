@@ -47,7 +47,8 @@ typedef struct stk_dir stk_dir;
 /* Options for stk_connect. Set size = sizeof(struct stk_client_opts); zero means default. */
 struct stk_client_opts {
 	size_t size;
-	unsigned conns_per_node; /* idle connections kept per node; default 16 */
+	/* Connections per node, each carrying many requests at once; default 2. */
+	unsigned conns_per_node;
 	size_t write_buffer; /* per open file; default 4 MiB; 0 < n < chunk writes through */
 	uint32_t stripe; /* stripe count for new files; default: the directory's default */
 	uint32_t chunk_size; /* chunk size for new files; default 1 MiB */
@@ -281,9 +282,8 @@ struct stk_completion {
 
 /*
  * Creates a batch on client c; opts may be NULL. On success *out is a batch to
- * release with stk_batch_destroy, before stk_disconnect(c). For full use of
- * max_inflight, connect c with conns_per_node at least max_inflight, or the pool
- * reopens connections beyond conns_per_node for each window.
+ * release with stk_batch_destroy, before stk_disconnect(c). The requests in flight
+ * share the client's connections (each carries many at once).
  * Errors: -EINVAL (opts out of range), -ENOMEM, -EAGAIN (no thread could start).
  */
 STK_API int stk_batch_create(stk_client *c, const struct stk_batch_opts *opts, stk_batch **out);

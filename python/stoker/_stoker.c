@@ -175,8 +175,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw)
 	}
 	memset(&o, 0, sizeof(o));
 	o.size = sizeof(o);
-	/* One idle connection per batched read in flight, so windows reuse them. */
-	o.conns_per_node = conns ? conns : (inflight > 16 ? inflight : 16);
+	o.conns_per_node = conns; /* 0: the library's default */
 	o.write_buffer = (size_t)wbuf;
 	o.stripe = stripe;
 	o.chunk_size = chunk;

@@ -812,9 +812,7 @@ int cmd_bench_loader(int argc, char **argv)
 		lb.nsamples = set_n ? lb.nsamples : 40;
 	}
 	{
-		/* An idle connection for each read in flight, so none is reopened per window. */
-		struct stk_client_opts o = {.size = sizeof(o),
-					    .conns_per_node = STK_MAX(16u, lb.inflight * 2)};
+		struct stk_client_opts o = {.size = sizeof(o)};
 		if (cli_fs_resolve_opts("bench", argv[optind], &o, &lb.fs, lb.dir))
 			return 1;
 	}

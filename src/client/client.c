@@ -123,7 +123,7 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	}
 	c->opts.size = sizeof(c->opts);
 	if (!c->opts.conns_per_node)
-		c->opts.conns_per_node = 16;
+		c->opts.conns_per_node = STK_POOL_DEFAULT_CONNS;
 	if (!c->opts.write_buffer)
 		c->opts.write_buffer = 4u << 20;
 	c->cred.uid = (opts && opts->size >= STK_OPTS_HAVE(gid) && (opts->uid || opts->gid))

@@ -698,7 +698,7 @@ int cmd_mount(int argc, char **argv)
 	}
 	memset(&copts, 0, sizeof(copts));
 	copts.size = sizeof(copts);
-	copts.conns_per_node = 64; /* as many as request threads may use at once */
+	copts.conns_per_node = 4; /* request threads share them, many requests on each */
 	copts.retry_ms = o.timeout_ms; /* 0: the library's default */
 	rc = stk_connect(cluster[0] ? cluster : NULL, &copts, &c);
 	if (rc == -ENOENT && !cluster[0]) {

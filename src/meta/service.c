@@ -1473,6 +1473,13 @@ static int server_open(struct meta *m, const char *listen, struct stk_server **o
 	so.handler = meta_handle;
 	so.ctx = m;
 	so.metrics = m->rpc_metrics;
+	/*
+	 * A change may wait for cache holders' acknowledgements, which come as requests
+	 * (META_WATCH, META_NAMES) and a long poll holds its worker until it answers:
+	 * the pool grows while requests wait, as far as there could be connections.
+	 */
+	so.workers = 16;
+	so.max_workers = 1024;
 	rc = stk_server_create(&so, out);
 	if (rc)
 		stk_error("cannot listen on %s: %s", listen,

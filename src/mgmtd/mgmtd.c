@@ -295,6 +295,7 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	so.handler = mgmtd_handle;
 	so.ctx = m;
 	so.metrics = rpcm;
+	so.workers = 4; /* its handlers hold a lock and never wait on the disk for long */
 	rc = stk_server_create(&so, &srv);
 	if (rc) {
 		log_listen_error(opts->listen, rc);

@@ -1,13 +1,20 @@
 /*
- * TCP transport: connections, the RPC exchange, a connection pool and a
- * thread-per-connection server.
+ * TCP transport, client side: multiplexed connections and a pool of them.
  *
- * Why threads per connection and blocking sockets: each connection's thread does
- * the whole request (read, handle, reply), so a handler may block on disk without
- * stalling any other connection, and the client library gets parallelism by
- * opening several connections to a node. The interface (stk_rpc_*, stk_server_*)
- * hides this, so an io_uring event loop can replace the internals later without
- * touching the services.
+ * A connection carries many requests at once. Any thread may send on it (one frame
+ * at a time, under send_lock); each request waits for its own reply, matched by the
+ * request id the reply echoes. There is no reader thread: whichever waiting caller
+ * finds nobody reading becomes the reader, reads the next reply straight into the
+ * buffers of the request it answers (the caller's, so bulk data is copied once,
+ * from the socket), hands it over and reads on until its own reply has come; then
+ * another waiter takes over. Replies may come in any order.
+ *
+ * A transport failure (reset, timeout, malformed reply) breaks the connection: every
+ * request waiting on it fails with that error, and nothing is sent on it again.
+ *
+ * The pool keeps, per address, up to `conns_per_addr` connections shared by every
+ * caller: stk_pool_get hands out the one with the fewest requests waiting, opening
+ * another while all are busy and there are fewer than that.
  */
 
 #include "net.h"
@@ -19,7 +26,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,17 +35,26 @@
 #include <unistd.h>
 
 #include "../common/log.h"
-#include "../common/metrics.h"
 #include "../common/util.h"
 #include "../proto/msg.h"
 #include "../proto/status.h"
+#include "netint.h"
 
 struct stk_conn {
 	int fd;
-	int broken;
-	uint64_t next_req_id;
 	char addr[STK_ADDR_MAX];
-	struct stk_conn *next; /* pool idle list */
+	pthread_mutex_t send_lock; /* one frame at a time onto the socket */
+	pthread_mutex_t lock; /* protects everything below */
+	pthread_cond_t cond; /* a reply was handed over, the reader left, or broken */
+	int broken; /* -errno of the failure that broke it; 0 while sound */
+	int reading; /* a caller is reading replies */
+	uint64_t next_req_id;
+	struct stk_rpc *pending; /* sent, reply not yet read (through rpc->next_) */
+	unsigned npending;
+	/* The pool's (under the pool's lock): */
+	unsigned refs;
+	int retired; /* no longer handed out; closed when the last user puts it */
+	struct stk_conn *next;
 };
 
 static int rpc_timeout_ms(void)
@@ -53,7 +68,7 @@ static int rpc_timeout_ms(void)
 	return cached;
 }
 
-static int resolve(const char *addr, struct sockaddr_storage *ss, socklen_t *sslen)
+int stk_net_resolve(const char *addr, struct sockaddr_storage *ss, socklen_t *sslen)
 {
 	char host[256], port[8];
 	uint16_t p;
@@ -93,7 +108,7 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 	struct stk_conn *c;
 	int fd = -1, rc, flags;
 
-	rc = resolve(addr, &ss, &sslen);
+	rc = stk_net_resolve(addr, &ss, &sslen);
 	if (rc)
 		return rc;
 	c = calloc(1, sizeof(*c));
@@ -137,6 +152,9 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 	set_sock_opts(fd, rpc_timeout_ms());
 	c->fd = fd;
 	c->next_req_id = 1;
+	pthread_mutex_init(&c->send_lock, NULL);
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
 	*out = c;
 	return 0;
 out:
@@ -151,17 +169,61 @@ void stk_conn_close(struct stk_conn *c)
 	if (!c)
 		return;
 	close(c->fd);
+	pthread_mutex_destroy(&c->send_lock);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
 	free(c);
 }
 
 int stk_conn_broken(const struct stk_conn *c)
 {
-	return c->broken;
+	int b;
+
+	pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+	b = c->broken != 0;
+	pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
+	return b;
 }
 
 const char *stk_conn_addr(const struct stk_conn *c)
 {
 	return c->addr;
+}
+
+unsigned stk_conn_pending(const struct stk_conn *c)
+{
+	unsigned n;
+
+	pthread_mutex_lock((pthread_mutex_t *)&c->lock);
+	n = c->npending;
+	pthread_mutex_unlock((pthread_mutex_t *)&c->lock);
+	return n;
+}
+
+/* Fails every waiting request with err; the socket is shut so a blocked peer call wakes. */
+static void break_locked(struct stk_conn *c, int err)
+{
+	if (!c->broken) {
+		c->broken = err;
+		shutdown(c->fd, SHUT_RDWR);
+	}
+	for (struct stk_rpc *r = c->pending; r; r = r->next_) {
+		r->done_ = 1;
+		r->err_ = err;
+	}
+	c->pending = NULL;
+	c->npending = 0;
+	pthread_cond_broadcast(&c->cond);
+}
+
+static void unlink_locked(struct stk_conn *c, struct stk_rpc *rpc)
+{
+	for (struct stk_rpc **pp = &c->pending; *pp; pp = &(*pp)->next_)
+		if (*pp == rpc) {
+			*pp = rpc->next_;
+			c->npending--;
+			return;
+		}
 }
 
 /* Sends iov fully. 0 or -errno. */
@@ -200,11 +262,9 @@ static int recv_all(int fd, void *buf, size_t len)
 	return 0;
 }
 
-static int send_frame(int fd, struct stk_frame_hdr *h, const void *payload, const void *bulk)
+void stk_frame_seal(struct stk_frame_hdr *h, const void *payload, const void *bulk,
+		    uint8_t hb[STK_FRAME_HDR_LEN])
 {
-	uint8_t hb[STK_FRAME_HDR_LEN];
-	struct iovec iov[3];
-	int n = 1;
 	uint32_t crc = 0;
 
 	if (h->payload_len)
@@ -216,68 +276,110 @@ static int send_frame(int fd, struct stk_frame_hdr *h, const void *payload, cons
 	if (!h->version)
 		h->version = STK_WIRE_VERSION;
 	stk_hdr_encode(h, hb);
-	iov[0].iov_base = hb;
-	iov[0].iov_len = sizeof(hb);
-	if (h->payload_len) {
-		iov[n].iov_base = (void *)payload;
-		iov[n++].iov_len = h->payload_len;
-	}
-	if (h->bulk_len) {
-		iov[n].iov_base = (void *)bulk;
-		iov[n++].iov_len = h->bulk_len;
-	}
-	return send_iov(fd, iov, n);
 }
 
 int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc)
 {
+	uint8_t hb[STK_FRAME_HDR_LEN];
 	struct stk_frame_hdr h;
-	int rc;
+	struct iovec iov[3];
+	int n = 1, rc;
 
-	if (c->broken)
-		return -ENOTCONN;
 	if (rpc->req_len > STK_MAX_PAYLOAD || rpc->bulk_out_len > STK_MAX_BULK)
 		return -EMSGSIZE;
 	memset(&h, 0, sizeof(h));
 	h.opcode = rpc->opcode;
 	h.flags = rpc->frame_flags & STK_FRAME_BULK_SELF;
-	h.req_id = rpc->req_id = c->next_req_id++;
 	h.payload_len = (uint32_t)rpc->req_len;
 	h.bulk_len = (uint32_t)rpc->bulk_out_len;
 	h.origin = rpc->origin;
-	rc = send_frame(c->fd, &h, rpc->req, rpc->bulk_out);
-	if (rc)
-		c->broken = 1;
+	/* The checksums are computed outside every lock. */
+	stk_frame_seal(&h, rpc->req, rpc->bulk_out, hb);
+	iov[0].iov_base = hb;
+	iov[0].iov_len = sizeof(hb);
+	if (h.payload_len) {
+		iov[n].iov_base = (void *)rpc->req;
+		iov[n++].iov_len = h.payload_len;
+	}
+	if (h.bulk_len) {
+		iov[n].iov_base = (void *)rpc->bulk_out;
+		iov[n++].iov_len = h.bulk_len;
+	}
+	rpc->resp_len = 0;
+	rpc->bulk_in_len = 0;
+	rpc->done_ = 0;
+	rpc->err_ = 0;
+	pthread_mutex_lock(&c->send_lock);
+	pthread_mutex_lock(&c->lock);
+	if (c->broken) {
+		pthread_mutex_unlock(&c->lock);
+		pthread_mutex_unlock(&c->send_lock);
+		return -ENOTCONN;
+	}
+	/* Waiting before it is on the wire, so its reply always finds it. */
+	rpc->req_id = c->next_req_id++;
+	rpc->next_ = c->pending;
+	c->pending = rpc;
+	c->npending++;
+	pthread_mutex_unlock(&c->lock);
+	/* The id is in the header, which is not covered by the checksum. */
+	h.req_id = rpc->req_id;
+	stk_hdr_encode(&h, hb);
+	rc = send_iov(c->fd, iov, n);
+	pthread_mutex_unlock(&c->send_lock);
+	if (rc) {
+		pthread_mutex_lock(&c->lock);
+		unlink_locked(c, rpc);
+		break_locked(c, rc);
+		pthread_mutex_unlock(&c->lock);
+	}
 	return rc;
 }
 
-int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc)
+static struct stk_rpc *find_locked(struct stk_conn *c, uint64_t req_id)
+{
+	for (struct stk_rpc *r = c->pending; r; r = r->next_)
+		if (r->req_id == req_id)
+			return r;
+	return NULL;
+}
+
+/*
+ * Reads one reply into the buffers of the request it answers and hands it over.
+ * 0, or -errno for a transport failure (the caller breaks the connection). Called
+ * by the one reader, without c->lock.
+ */
+static int read_reply(struct stk_conn *c)
 {
 	uint8_t hb[STK_FRAME_HDR_LEN];
 	struct stk_frame_hdr h;
+	struct stk_rpc *rpc;
 	uint32_t crc = 0;
 	int rc;
 
-	rpc->resp_len = 0;
-	rpc->bulk_in_len = 0;
-	if (c->broken)
-		return -ENOTCONN;
 	rc = recv_all(c->fd, hb, sizeof(hb));
 	if (rc)
-		goto broken;
-	rc = -EBADMSG;
-	if (stk_hdr_decode(hb, &h) || !(h.flags & STK_FRAME_REPLY) || h.req_id != rpc->req_id ||
-	    h.opcode != rpc->opcode)
-		goto broken;
+		return rc;
+	if (stk_hdr_decode(hb, &h) || !(h.flags & STK_FRAME_REPLY))
+		return -EBADMSG;
+	pthread_mutex_lock(&c->lock);
+	rpc = find_locked(c, h.req_id);
+	pthread_mutex_unlock(&c->lock);
+	/* Until it is marked done only the reader touches a waiting request. */
+	if (!rpc || h.opcode != rpc->opcode) {
+		stk_warn("reply from %s to a request it was not sent (%s, id %llu): dropping "
+			 "connection",
+			 c->addr, stk_opcode_name(h.opcode), (unsigned long long)h.req_id);
+		return -EBADMSG;
+	}
 	if ((h.flags & STK_FRAME_BULK_SELF) && !(rpc->frame_flags & STK_FRAME_BULK_SELF))
-		goto broken; /* nobody would check that bulk */
-	rc = -EMSGSIZE;
+		return -EBADMSG; /* nobody would check that bulk */
 	if (h.payload_len > rpc->resp_cap || h.bulk_len > rpc->bulk_in_cap)
-		goto broken;
+		return -EMSGSIZE;
 	if (h.payload_len && (rc = recv_all(c->fd, rpc->resp, h.payload_len)))
-		goto broken;
+		return rc;
 	if (h.bulk_len && (rc = recv_all(c->fd, rpc->bulk_in, h.bulk_len)))
-		goto broken;
+		return rc;
 	if (h.payload_len)
 		crc = stk_crc32c(crc, rpc->resp, h.payload_len);
 	if (h.bulk_len && !(h.flags & STK_FRAME_BULK_SELF))
@@ -285,15 +387,53 @@ int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc)
 	if (crc != h.checksum) {
 		stk_warn("checksum mismatch in reply from %s (%s): dropping connection", c->addr,
 			 stk_opcode_name(h.opcode));
-		rc = -EBADMSG;
-		goto broken;
+		return -EBADMSG;
 	}
+	pthread_mutex_lock(&c->lock);
 	rpc->resp_len = h.payload_len;
 	rpc->bulk_in_len = h.bulk_len;
 	rpc->status = h.status;
+	unlink_locked(c, rpc);
+	rpc->done_ = 1;
+	rpc->err_ = 0;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
 	return 0;
-broken:
-	c->broken = 1;
+}
+
+int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc)
+{
+	int rc;
+
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		if (rpc->done_) {
+			rc = rpc->err_;
+			break;
+		}
+		if (c->broken) {
+			/* Never sent on this connection, or failed before it broke. */
+			rc = c->broken;
+			break;
+		}
+		if (c->reading) {
+			pthread_cond_wait(&c->cond, &c->lock);
+			continue;
+		}
+		c->reading = 1;
+		pthread_mutex_unlock(&c->lock);
+		rc = read_reply(c);
+		pthread_mutex_lock(&c->lock);
+		c->reading = 0;
+		if (rc)
+			break_locked(c, rc);
+		pthread_cond_broadcast(&c->cond); /* another waiter may read now */
+	}
+	pthread_mutex_unlock(&c->lock);
+	if (rc) {
+		rpc->resp_len = 0;
+		rpc->bulk_in_len = 0;
+	}
 	return rc;
 }
 
@@ -312,39 +452,49 @@ int stk_rpc_call(struct stk_conn *c, struct stk_rpc *rpc)
 
 struct pool_entry {
 	char addr[STK_ADDR_MAX];
-	struct stk_conn *idle;
-	unsigned nidle;
+	struct stk_conn *conns; /* live, shared (through conn->next) */
+	unsigned n;
 	struct pool_entry *next;
 };
 
 struct stk_pool {
-	pthread_mutex_t lock; /* protects entries and their idle lists */
+	pthread_mutex_t lock; /* protects entries, their lists and conns' refs/retired */
 	struct pool_entry *entries;
-	unsigned max_idle;
+	unsigned per_addr;
 };
 
-int stk_pool_create(unsigned max_idle, struct stk_pool **out)
+int stk_pool_create(unsigned conns_per_addr, struct stk_pool **out)
 {
 	struct stk_pool *p = calloc(1, sizeof(*p));
 	if (!p)
 		return -ENOMEM;
 	pthread_mutex_init(&p->lock, NULL);
-	p->max_idle = max_idle ? max_idle : 16;
+	p->per_addr = conns_per_addr ? conns_per_addr : STK_POOL_DEFAULT_CONNS;
 	*out = p;
 	return 0;
+}
+
+/* Takes c out of e's list; closes it at once if nobody uses it. Under p->lock. */
+static void retire_locked(struct pool_entry *e, struct stk_conn *c)
+{
+	for (struct stk_conn **pp = &e->conns; *pp; pp = &(*pp)->next)
+		if (*pp == c) {
+			*pp = c->next;
+			e->n--;
+			break;
+		}
+	c->next = NULL;
+	c->retired = 1;
+	if (c->refs == 0)
+		stk_conn_close(c);
 }
 
 void stk_pool_flush(struct stk_pool *p)
 {
 	pthread_mutex_lock(&p->lock);
-	for (struct pool_entry *e = p->entries; e; e = e->next) {
-		while (e->idle) {
-			struct stk_conn *c = e->idle;
-			e->idle = c->next;
-			stk_conn_close(c);
-		}
-		e->nidle = 0;
-	}
+	for (struct pool_entry *e = p->entries; e; e = e->next)
+		while (e->conns)
+			retire_locked(e, e->conns);
 	pthread_mutex_unlock(&p->lock);
 }
 
@@ -381,417 +531,88 @@ static struct pool_entry *pool_entry(struct stk_pool *p, const char *addr)
 int stk_pool_get(struct stk_pool *p, const char *addr, struct stk_conn **out)
 {
 	struct pool_entry *e;
-	struct stk_conn *c = NULL;
+	struct stk_conn *best = NULL, *c, *next;
+	unsigned best_n = 0;
+	int rc;
 
 	pthread_mutex_lock(&p->lock);
 	e = pool_entry(p, addr);
-	if (e && e->idle) {
-		c = e->idle;
-		e->idle = c->next;
-		e->nidle--;
+	if (!e) {
+		pthread_mutex_unlock(&p->lock);
+		return -ENOMEM;
 	}
-	pthread_mutex_unlock(&p->lock);
-	if (c) {
-		c->next = NULL;
-		*out = c;
+	for (c = e->conns; c; c = next) {
+		unsigned n;
+
+		next = c->next;
+		if (stk_conn_broken(c)) {
+			retire_locked(e, c);
+			continue;
+		}
+		n = stk_conn_pending(c);
+		if (!best || n < best_n) {
+			best = c;
+			best_n = n;
+		}
+	}
+	if (best && (best_n == 0 || e->n >= p->per_addr)) {
+		best->refs++;
+		pthread_mutex_unlock(&p->lock);
+		*out = best;
 		return 0;
 	}
-	return stk_conn_connect(addr, 5000, out);
+	pthread_mutex_unlock(&p->lock);
+	rc = stk_conn_connect(addr, 5000, &c);
+	if (rc)
+		return rc;
+	pthread_mutex_lock(&p->lock);
+	e = pool_entry(p, addr);
+	c->refs = 1;
+	if (e && e->n < p->per_addr) {
+		c->next = e->conns;
+		e->conns = c;
+		e->n++;
+	} else {
+		c->retired = 1; /* others opened theirs meanwhile: this one serves once */
+	}
+	pthread_mutex_unlock(&p->lock);
+	*out = c;
+	return 0;
 }
 
 void stk_pool_put(struct stk_pool *p, struct stk_conn *c)
 {
-	struct pool_entry *e;
-
 	if (!c)
 		return;
-	if (c->broken) {
-		stk_conn_close(c);
-		return;
-	}
 	pthread_mutex_lock(&p->lock);
-	e = pool_entry(p, c->addr);
-	if (e && e->nidle < p->max_idle) {
-		c->next = e->idle;
-		e->idle = c;
-		e->nidle++;
-		c = NULL;
+	c->refs--;
+	if (!c->retired && stk_conn_broken(c)) {
+		struct pool_entry *e = pool_entry(p, c->addr);
+
+		if (e)
+			retire_locked(e, c);
+		c = NULL; /* closed there, or by its last user */
 	}
-	pthread_mutex_unlock(&p->lock);
-	if (c)
+	if (c && c->retired && c->refs == 0)
 		stk_conn_close(c);
+	pthread_mutex_unlock(&p->lock);
 }
 
 void stk_pool_after_fork(struct stk_pool *p)
 {
 	/*
-	 * Another thread of the parent may have held the lock at fork(): the child's copy
-	 * would stay locked forever, so it is made anew. The idle connections' sockets
-	 * are shared with the parent; closing the child's descriptors leaves the
-	 * parent's connections intact. Connections other threads had checked out are
-	 * simply forgotten (their threads do not exist in the child).
+	 * Another thread of the parent may have held a lock at fork(): the child's copy
+	 * would stay locked forever, so the pool's is made anew and the connections'
+	 * are never touched. The sockets are shared with the parent, which keeps using
+	 * them: the child closes its descriptors (leaving the parent's connections
+	 * intact) and forgets the connections; their memory is the parent's image and
+	 * is not freed (a few hundred bytes each).
 	 */
 	pthread_mutex_init(&p->lock, NULL);
-	stk_pool_flush(p);
-}
-
-/* ---- server ---- */
-
-struct srv_conn {
-	struct stk_server *srv;
-	int fd;
-	char peer[STK_ADDR_MAX];
-	struct srv_conn *prev, *next; /* srv->conns, under srv->lock */
-};
-
-struct stk_server {
-	int lfd;
-	int stop_pipe[2];
-	char addr[STK_ADDR_MAX];
-	stk_rpc_handler_fn handler;
-	void *ctx;
-	unsigned max_conns;
-	struct stk_metrics_ops *metrics; /* NULL: not counted */
-	pthread_mutex_t lock; /* protects conns, nconns */
-	pthread_cond_t idle; /* signalled when nconns drops to 0 */
-	struct srv_conn *conns;
-	unsigned nconns;
-};
-
-void *stk_rpc_resp_bulk_buf(struct stk_rpc_resp *resp, size_t len)
-{
-	if (len > STK_MAX_BULK)
-		return NULL;
-	if (len > resp->bulk_cap_) {
-		void *nb = realloc(resp->bulk_buf_, len);
-		if (!nb)
-			return NULL;
-		resp->bulk_buf_ = nb;
-		resp->bulk_cap_ = len;
+	for (struct pool_entry *e = p->entries; e; e = e->next) {
+		for (struct stk_conn *c = e->conns; c; c = c->next)
+			close(c->fd);
+		e->conns = NULL;
+		e->n = 0;
 	}
-	return resp->bulk_buf_;
-}
-
-static void format_peer(const struct sockaddr_storage *ss, char *out, size_t len)
-{
-	char host[INET6_ADDRSTRLEN] = "?";
-	unsigned port = 0;
-
-	if (ss->ss_family == AF_INET) {
-		const struct sockaddr_in *a = (const void *)ss;
-		inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-		port = ntohs(a->sin_port);
-		snprintf(out, len, "%s:%u", host, port);
-	} else if (ss->ss_family == AF_INET6) {
-		const struct sockaddr_in6 *a = (const void *)ss;
-		inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-		port = ntohs(a->sin6_port);
-		snprintf(out, len, "[%s]:%u", host, port);
-	} else {
-		snprintf(out, len, "unknown");
-	}
-}
-
-int stk_server_create(const struct stk_server_opts *opts, struct stk_server **out)
-{
-	struct sockaddr_storage ss;
-	socklen_t sslen = sizeof(ss);
-	struct stk_server *s;
-	int one = 1, rc;
-
-	if (!opts || opts->size < sizeof(*opts) || !opts->handler || !opts->listen)
-		return -EINVAL;
-	/* Port 0 is allowed here (stk_parse_hostport refuses it), so parse by hand. */
-	{
-		char host[256];
-		const char *colon = strrchr(opts->listen, ':');
-		uint64_t port;
-		if (!colon || (size_t)(colon - opts->listen) >= sizeof(host) ||
-		    stk_parse_u64(colon + 1, &port) || port > 65535)
-			return -EINVAL;
-		char tmp[STK_ADDR_MAX];
-		snprintf(tmp, sizeof(tmp), "%.*s:%u", (int)(colon - opts->listen), opts->listen,
-			 port ? (unsigned)port : 1u);
-		rc = resolve(tmp, &ss, &sslen);
-		if (rc)
-			return rc;
-		if (ss.ss_family == AF_INET)
-			((struct sockaddr_in *)&ss)->sin_port = htons((uint16_t)port);
-		else
-			((struct sockaddr_in6 *)&ss)->sin6_port = htons((uint16_t)port);
-		(void)host;
-	}
-	s = calloc(1, sizeof(*s));
-	if (!s)
-		return -ENOMEM;
-	s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (s->lfd < 0) {
-		rc = -errno;
-		goto out;
-	}
-	setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(s->lfd, (struct sockaddr *)&ss, sslen) < 0 || listen(s->lfd, 512) < 0) {
-		rc = -errno;
-		goto out;
-	}
-	sslen = sizeof(ss);
-	getsockname(s->lfd, (struct sockaddr *)&ss, &sslen);
-	format_peer(&ss, s->addr, sizeof(s->addr));
-	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
-		rc = -errno;
-		goto out;
-	}
-	s->handler = opts->handler;
-	s->ctx = opts->ctx;
-	s->max_conns = opts->max_conns ? opts->max_conns : 1024;
-	s->metrics = opts->metrics;
-	pthread_mutex_init(&s->lock, NULL);
-	pthread_cond_init(&s->idle, NULL);
-	*out = s;
-	return 0;
-out:
-	if (s->lfd >= 0)
-		close(s->lfd);
-	free(s);
-	return rc;
-}
-
-const char *stk_server_addr(const struct stk_server *s)
-{
-	return s->addr;
-}
-
-/* Serves one connection until EOF, error or a malformed frame. */
-static void serve_conn(struct srv_conn *sc)
-{
-	struct stk_server *s = sc->srv;
-	uint8_t hb[STK_FRAME_HDR_LEN];
-	uint8_t *in = NULL, *inbulk = NULL, *out = NULL;
-	size_t in_cap = 0, inbulk_cap = 0;
-	struct stk_rpc_resp resp = {0};
-	struct stk_frame_hdr h, rh;
-	int rc;
-
-	stk_metrics_ops_conn(s->metrics, 1);
-	out = malloc(STK_MAX_PAYLOAD);
-	if (!out)
-		goto done;
-	for (;;) {
-		uint32_t crc = 0;
-		struct stk_rpc_req req;
-		uint64_t t0;
-
-		rc = recv_all(sc->fd, hb, sizeof(hb));
-		if (rc)
-			break; /* EOF or reset: the peer went away */
-		if (stk_hdr_decode(hb, &h) || (h.flags & STK_FRAME_REPLY)) {
-			stk_warn("malformed frame header from %s: closing connection", sc->peer);
-			break;
-		}
-		if (h.payload_len > in_cap) {
-			uint8_t *n = realloc(in, h.payload_len);
-			if (!n)
-				break;
-			in = n;
-			in_cap = h.payload_len;
-		}
-		if (h.bulk_len > inbulk_cap) {
-			/*
-			 * Page-aligned, whole pages, on huge pages where there are any: a
-			 * handler may hand the bulk to the disk as it is (the chunk store
-			 * writes whole chunks with O_DIRECT), one segment a huge page.
-			 */
-			size_t cap = ((size_t)h.bulk_len + 4095) & ~(size_t)4095;
-			uint8_t *n = stk_huge_alloc(cap, 0);
-			if (!n)
-				break;
-			stk_huge_free(inbulk, inbulk_cap, 0);
-			inbulk = n;
-			inbulk_cap = cap;
-		}
-		if (h.payload_len && recv_all(sc->fd, in, h.payload_len))
-			break;
-		if (h.bulk_len && recv_all(sc->fd, inbulk, h.bulk_len))
-			break;
-		if (h.payload_len)
-			crc = stk_crc32c(crc, in, h.payload_len);
-		if (h.bulk_len && !(h.flags & STK_FRAME_BULK_SELF))
-			crc = stk_crc32c(crc, inbulk, h.bulk_len);
-		if (crc != h.checksum) {
-			stk_warn("frame checksum mismatch from %s (%s): closing connection", sc->peer,
-				 stk_opcode_name(h.opcode));
-			break;
-		}
-		memset(&rh, 0, sizeof(rh));
-		rh.opcode = h.opcode;
-		rh.req_id = h.req_id;
-		rh.flags = STK_FRAME_REPLY;
-		stk_wbuf_init(&resp.payload, out, STK_MAX_PAYLOAD);
-		resp.bulk = NULL;
-		resp.bulk_len = 0;
-		resp.frame_flags = 0;
-		t0 = stk_metrics_ops_begin(s->metrics, h.opcode);
-		if (h.version != STK_WIRE_VERSION) {
-			static atomic_int told;
-			if (!atomic_exchange(&told, 1))
-				stk_warn("%s speaks wire protocol version %u, this daemon %u: its "
-					 "requests are refused (run one Stoker version across the "
-					 "cluster and its clients)",
-					 sc->peer, h.version, STK_WIRE_VERSION);
-			rc = -EOPNOTSUPP;
-		} else {
-			req.hdr = h;
-			stk_rbuf_init(&req.payload, in, h.payload_len);
-			req.bulk = inbulk;
-			req.bulk_len = h.bulk_len;
-			req.peer = sc->peer;
-			rc = s->handler(s->ctx, &req, &resp);
-			if (rc == 0 && resp.payload.err)
-				rc = resp.payload.err;
-		}
-		if (rc) {
-			rh.status = stk_status_from_errno(rc);
-			rh.payload_len = 0;
-			rh.bulk_len = 0;
-		} else {
-			rh.payload_len = (uint32_t)resp.payload.len;
-			rh.bulk_len = resp.bulk_len;
-			rh.flags |= resp.frame_flags & STK_FRAME_BULK_SELF;
-		}
-		/* Counted before the reply leaves: whoever got the reply and scrapes the
-		 * metrics next finds the request in them. */
-		stk_metrics_ops_answered(s->metrics, h.opcode, stk_status_to_errno(rh.status),
-					 STK_FRAME_HDR_LEN + (uint64_t)h.payload_len + h.bulk_len,
-					 STK_FRAME_HDR_LEN + (uint64_t)rh.payload_len + rh.bulk_len);
-		rc = send_frame(sc->fd, &rh, out, resp.bulk);
-		stk_metrics_ops_sent(s->metrics, h.opcode, t0);
-		if (rc)
-			break;
-	}
-done:
-	stk_metrics_ops_conn(s->metrics, -1);
-	free(in);
-	stk_huge_free(inbulk, inbulk_cap, 0);
-	free(out);
-	free(resp.bulk_buf_);
-}
-
-static void *conn_thread(void *arg)
-{
-	struct srv_conn *sc = arg;
-	struct stk_server *s = sc->srv;
-
-	serve_conn(sc);
-	pthread_mutex_lock(&s->lock);
-	if (sc->prev)
-		sc->prev->next = sc->next;
-	else
-		s->conns = sc->next;
-	if (sc->next)
-		sc->next->prev = sc->prev;
-	close(sc->fd);
-	if (--s->nconns == 0)
-		pthread_cond_broadcast(&s->idle);
-	pthread_mutex_unlock(&s->lock);
-	free(sc);
-	return NULL;
-}
-
-int stk_server_run(struct stk_server *s)
-{
-	for (;;) {
-		struct pollfd pfd[2] = {{.fd = s->lfd, .events = POLLIN},
-					{.fd = s->stop_pipe[0], .events = POLLIN}};
-		struct sockaddr_storage ss;
-		socklen_t sslen = sizeof(ss);
-		struct srv_conn *sc;
-		pthread_attr_t attr;
-		pthread_t tid;
-		int fd;
-
-		if (poll(pfd, 2, -1) < 0) {
-			if (errno == EINTR)
-				continue;
-			return -errno;
-		}
-		if (pfd[1].revents)
-			return 0;
-		if (!(pfd[0].revents & POLLIN))
-			continue;
-		fd = accept4(s->lfd, (struct sockaddr *)&ss, &sslen, SOCK_CLOEXEC);
-		if (fd < 0) {
-			if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN)
-				continue;
-			if (errno == EMFILE || errno == ENFILE) {
-				stk_warn("accept: %s; backing off", strerror(errno));
-				poll(NULL, 0, 100);
-				continue;
-			}
-			return -errno;
-		}
-		pthread_mutex_lock(&s->lock);
-		if (s->nconns >= s->max_conns) {
-			pthread_mutex_unlock(&s->lock);
-			stk_warn("connection limit (%u) reached: refusing a connection", s->max_conns);
-			close(fd);
-			continue;
-		}
-		pthread_mutex_unlock(&s->lock);
-		set_sock_opts(fd, 0);
-		sc = calloc(1, sizeof(*sc));
-		if (!sc) {
-			close(fd);
-			continue;
-		}
-		sc->srv = s;
-		sc->fd = fd;
-		format_peer(&ss, sc->peer, sizeof(sc->peer));
-		pthread_mutex_lock(&s->lock);
-		sc->next = s->conns;
-		if (s->conns)
-			s->conns->prev = sc;
-		s->conns = sc;
-		s->nconns++;
-		pthread_mutex_unlock(&s->lock);
-		pthread_attr_init(&attr);
-		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-		pthread_attr_setstacksize(&attr, 256 << 10);
-		if (pthread_create(&tid, &attr, conn_thread, sc) != 0) {
-			pthread_mutex_lock(&s->lock);
-			if (sc->next)
-				sc->next->prev = NULL;
-			s->conns = sc->next;
-			s->nconns--;
-			pthread_mutex_unlock(&s->lock);
-			close(fd);
-			free(sc);
-		}
-		pthread_attr_destroy(&attr);
-	}
-}
-
-void stk_server_stop(struct stk_server *s)
-{
-	char c = 1;
-	if (write(s->stop_pipe[1], &c, 1) < 0) {
-		/* the pipe is full: a stop is already pending */
-	}
-}
-
-void stk_server_destroy(struct stk_server *s)
-{
-	if (!s)
-		return;
-	close(s->lfd);
-	pthread_mutex_lock(&s->lock);
-	for (struct srv_conn *sc = s->conns; sc; sc = sc->next)
-		shutdown(sc->fd, SHUT_RDWR);
-	while (s->nconns)
-		pthread_cond_wait(&s->idle, &s->lock);
-	pthread_mutex_unlock(&s->lock);
-	close(s->stop_pipe[0]);
-	close(s->stop_pipe[1]);
-	pthread_mutex_destroy(&s->lock);
-	pthread_cond_destroy(&s->idle);
-	free(s);
 }

@@ -5,20 +5,24 @@
  * RDMA transport would implement the same calls. Frames are those of
  * proto/wire.h.
  *
- * Client side: a connection carries one request at a time. stk_rpc_send() and
- * stk_rpc_recv() are split so that a caller can put requests on several
- * connections first and collect the replies after, which is how the client
- * library fans one large read out over many chains without threads. Any
- * transport failure (reset, timeout, malformed reply) marks the connection broken;
- * a broken connection must be closed (stk_pool_put does that).
+ * Client side (net.c): a connection carries many requests at once, from any number
+ * of threads. stk_rpc_send() puts a request on the wire; stk_rpc_recv() waits for
+ * its reply, which may come after replies to requests sent later (they are matched
+ * by request id). The two are split so that a caller can send a window of requests
+ * (to one node or several) first and collect the replies after, which is how the
+ * client library fans one large read out over many chains without threads. Every
+ * request sent must be received (or its connection broken) before its buffers are
+ * reused. Any transport failure (reset, timeout, malformed reply) breaks the
+ * connection and fails every request waiting on it; a broken connection is closed
+ * by the pool (stk_pool_put) or by its owner (stk_conn_close).
  *
- * Server side: stk_server accepts connections and serves each on its own thread,
- * reading a frame, calling the handler and writing the reply. Every buffer a
- * connection needs is allocated once per connection and reused, so serving a
- * request allocates nothing. A malformed frame closes that connection only.
+ * Server side (server.c): a few event-loop threads own the connections and read
+ * whole frames, a pool of workers runs the handlers, the loops write the replies;
+ * see the top of server.c. A malformed frame closes that connection only.
  *
- * Thread rules: a stk_conn is used by one thread at a time. A stk_pool and a
- * stk_server may be used from any thread.
+ * Thread rules: a stk_conn, a stk_pool and a stk_server may be used from any thread;
+ * one stk_rpc is used by one thread at a time. stk_conn_close() only once nobody
+ * else uses the connection.
  */
 #ifndef STK_NET_H
 #define STK_NET_H
@@ -63,36 +67,57 @@ struct stk_rpc {
 	 */
 	uint32_t frame_flags;
 	uint32_t origin; /* the header's origin (wire.h): a meta request's cache holder id */
+	/* private: the connection's, between send and recv */
+	struct stk_rpc *next_;
+	int done_;
+	int err_;
 };
 
-/* Sends the request. 0, or -errno (the connection is then broken). */
+/*
+ * Sends the request; rpc->req_id is set. rpc, its request and its reply buffers
+ * must stay as they are until stk_rpc_recv(c, rpc) returns. 0, or -errno: -ENOTCONN
+ * (the connection is broken), -EMSGSIZE (too large to send), or a transport error
+ * (the connection is then broken); on error there is nothing to receive.
+ */
 int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc);
 /*
- * Receives the reply into rpc->resp / rpc->bulk_in. Returns 0 when a well-formed
- * reply arrived (rpc->status says how the request went), or -errno for a transport
- * failure (the connection is then broken): -EPIPE/-ECONNRESET, -ETIMEDOUT,
- * -EBADMSG (malformed reply), -EMSGSIZE (reply larger than the caller's buffers).
+ * Waits for the reply to rpc (sent on c) and has it in rpc->resp / rpc->bulk_in
+ * (this thread or another may read it off the socket). Returns 0 when a
+ * well-formed reply arrived (rpc->status says how the request went), or -errno for
+ * a transport failure (the connection is then broken): -EPIPE/-ECONNRESET,
+ * -ETIMEDOUT (no byte for STOKER_RPC_TIMEOUT_MS), -EBADMSG (malformed reply),
+ * -EMSGSIZE (a reply larger than its request's buffers).
  */
 int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc);
 /* send + recv; returns the transport error, or the reply's status as -errno. */
 int stk_rpc_call(struct stk_conn *c, struct stk_rpc *rpc);
 
+/* Requests sent on c whose replies have not been received. */
+unsigned stk_conn_pending(const struct stk_conn *c);
+
 /*
- * A pool of idle connections per address. stk_pool_get returns an idle connection
- * to addr or opens a new one; stk_pool_put returns it (or closes it if broken, or
- * if more than max_idle are already idle for that address).
+ * Shared connections per address. stk_pool_get returns a reference to the
+ * connection to addr with the fewest requests waiting, opening a new one when every
+ * one has requests waiting and there are fewer than conns_per_addr (0: the
+ * default, STK_POOL_DEFAULT_CONNS); 0, or stk_conn_connect's errors. stk_pool_put
+ * drops the reference; a broken connection is closed once its last user has put
+ * it. Callers send and receive on what they got, concurrently with others.
  */
+#define STK_POOL_DEFAULT_CONNS 2
 struct stk_pool;
-int stk_pool_create(unsigned max_idle, struct stk_pool **out);
+int stk_pool_create(unsigned conns_per_addr, struct stk_pool **out);
 void stk_pool_destroy(struct stk_pool *p);
 int stk_pool_get(struct stk_pool *p, const char *addr, struct stk_conn **out);
 void stk_pool_put(struct stk_pool *p, struct stk_conn *c);
-/* Closes every idle connection (after fork, or when a peer is known to be gone). */
+/*
+ * Retires every connection (when a peer is known to be gone or moved): later gets
+ * open new ones; each retired one closes when its last user puts it.
+ */
 void stk_pool_flush(struct stk_pool *p);
 /*
  * In a child after fork(): re-creates the pool's lock (which a parent thread may
- * have held) and drops the idle connections, which the parent keeps using. Only
- * the forking thread exists then, so this is safe without the lock.
+ * have held) and forgets every connection (closing the child's descriptors), which
+ * the parent keeps using. Only the forking thread exists then, so this is safe.
  */
 void stk_pool_after_fork(struct stk_pool *p);
 
@@ -108,17 +133,20 @@ struct stk_rpc_req {
 
 struct stk_rpc_resp {
 	struct stk_wbuf payload; /* encode the reply here (STK_MAX_PAYLOAD bytes) */
-	const void *bulk; /* reply bulk, must stay valid until the handler returns */
+	/*
+	 * Reply bulk: the reply is written after the handler returns, so this points into
+	 * stk_rpc_resp_bulk_buf() or at memory that outlives the server.
+	 */
+	const void *bulk;
 	uint32_t bulk_len;
 	uint32_t frame_flags; /* STK_FRAME_BULK_SELF if the payload checksums the bulk */
-	/* private: per-connection bulk buffer */
-	void *bulk_buf_;
-	size_t bulk_cap_;
+	void *req_; /* private: the server's request */
 };
 
 /*
- * A buffer of at least len bytes (len <= STK_MAX_BULK) owned by the connection,
- * for a handler to read data into and point resp->bulk at. NULL if out of memory.
+ * A page-aligned buffer of at least len bytes (len <= STK_MAX_BULK) that lives until
+ * the reply has been written, for a handler to read data into and point resp->bulk
+ * at. A second call replaces the first buffer. NULL if out of memory.
  */
 void *stk_rpc_resp_bulk_buf(struct stk_rpc_resp *resp, size_t len);
 
@@ -137,12 +165,31 @@ struct stk_server_opts {
 	const char *listen; /* "HOST:PORT"; port 0 picks a free port */
 	stk_rpc_handler_fn handler;
 	void *ctx;
-	unsigned max_conns; /* 0 = 1024 */
+	unsigned max_conns; /* 0 = 65536; more are accepted and closed at once */
 	/*
 	 * Optional: counts every request (opcode, status, bytes, latency) and connection
 	 * into this set (common/metrics.h, stk_metrics_rpc_create). Must outlive the server.
 	 */
 	struct stk_metrics_ops *metrics;
+	/* Event-loop threads; 0 = one per core. STOKER_NET_LOOPS overrides. */
+	unsigned loops;
+	/*
+	 * Handler threads always running (0 = 16; STOKER_NET_WORKERS overrides), and how
+	 * many there may be while requests wait for one (0 = workers: a fixed pool). A
+	 * service whose handlers wait for other requests (meta: a change waits for a
+	 * holder's acknowledgement) needs max_workers above what may wait at once.
+	 */
+	unsigned workers;
+	unsigned max_workers;
+	/* Requests read and not yet answered per connection before it is read again; 0 = 128. */
+	unsigned window;
+	/* Bytes held by all requests before no new frame is read; 0 = 1 GiB. */
+	uint64_t max_inflight_bytes;
+	/*
+	 * A connection whose reply has waited this long with no byte taken by the peer is
+	 * closed; 0 = 30000. STOKER_NET_SEND_TIMEOUT_MS overrides.
+	 */
+	unsigned send_timeout_ms;
 };
 
 struct stk_server;
@@ -153,11 +200,19 @@ struct stk_server;
 int stk_server_create(const struct stk_server_opts *opts, struct stk_server **out);
 /* The bound "HOST:PORT" (useful with port 0). Valid until destroy. */
 const char *stk_server_addr(const struct stk_server *s);
-/* Accepts and serves until stk_server_stop(). 0 or -errno. */
+/*
+ * Starts the workers and the loops, runs the first loop on the calling thread and
+ * returns once stk_server_stop() was called and every loop has stopped (replies in
+ * flight are not waited for). 0 or -errno.
+ */
 int stk_server_run(struct stk_server *s);
 /* Makes stk_server_run return. Async-signal-safe. */
 void stk_server_stop(struct stk_server *s);
-/* Closes the listener and every connection, waits for their threads. */
+/*
+ * Closes the listener, lets the workers finish the handlers they run (requests not
+ * yet started are dropped), closes every connection and frees the server. After
+ * stk_server_run() returned, or if it never ran.
+ */
 void stk_server_destroy(struct stk_server *s);
 
 #endif

@@ -20,6 +20,11 @@
  *       36    4 origin       requests to meta: the sender's cache holder id
  *                            (src/meta/leases.h), 0 for none; 0 otherwise
  *
+ * A connection carries many requests at once: a sender may send requests without
+ * waiting for replies, and a server answers each when it is done, so replies come
+ * in any order; the request id matches each to its request (ids are the sender's
+ * to choose; the client library never reuses one on a connection).
+ *
  * A frame whose magic, version, lengths or checksum are wrong is malformed: the
  * receiver logs it and closes that connection, and nothing else. A reply whose
  * status is not OK carries an empty payload and no bulk unless the message says

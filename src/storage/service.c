@@ -489,6 +489,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	so.handler = storage_handle;
 	so.ctx = s;
 	so.metrics = rpcm;
+	/* Chunk reads and writes block on the disk: this many run at once. */
+	so.workers = 32;
 	s->rpc_metrics = rpcm;
 	rc = stk_server_create(&so, &srv);
 	if (rc) {

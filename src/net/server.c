@@ -1,0 +1,1230 @@
+/*
+ * The RPC server: a few event-loop threads that own the connections, and a pool of
+ * workers that run the handlers.
+ *
+ * Why this shape: a node serving many hosts holds thousands of connections, most of
+ * them idle at any moment. A thread per connection costs a stack and a scheduler
+ * entry each; here a connection costs one small struct (struct srv_conn) and its
+ * socket, and a fixed number of loop threads (one per core by default) move every
+ * byte. Handlers may block (an LMDB write transaction, a disk read, a meta long
+ * poll), so they never run on a loop: a loop reads a whole frame straight into
+ * buffers taken from the server's pool, hands the request to a worker, and writes
+ * the reply the worker hands back. A loop never blocks and never checksums bulk.
+ *
+ * A connection carries many requests at once (up to `window`): a loop keeps reading
+ * frames while earlier ones are being served, and replies go out in the order they
+ * are ready, each with its request's id (wire.h), so a client matches them.
+ *
+ * Back-pressure: a connection with `window` requests unanswered is not read until
+ * one is answered; while the bytes held by requests of the whole server exceed
+ * `max_inflight_bytes`, no loop admits a new frame (its connection waits, parked)
+ * until replies have left. TCP then pushes back on the clients. A client that stops
+ * reading its replies is cut off once a reply has waited `send_timeout_ms` without a
+ * byte leaving; others are not held up, since nothing blocks on a socket.
+ *
+ * Threads and ownership: a connection and everything on it (its queues, its
+ * counters) belong to one loop thread; workers see only the request they run. A
+ * request goes loop -> worker queue -> worker -> the loop's completion list (a
+ * mutex-protected list and an eventfd) -> the connection's reply queue. A request
+ * holds a reference on its connection, so a connection closed while a worker runs
+ * one of its requests is freed when that request comes back.
+ *
+ * Workers: `workers` threads always; where a handler may wait for another request
+ * (a meta change waits for a cache holder's acknowledgement, which arrives as a
+ * request), the pool grows, up to `max_workers`, when a request finds no idle
+ * worker, and threads above `workers` leave after a while idle.
+ *
+ * Memory: requests (struct srv_req) and their buffers come from free lists and are
+ * returned there; buffers are kept by power-of-two size class from 64 bytes, those
+ * of 4 KiB and more page-aligned (a handler may give a write's bulk to O_DIRECT),
+ * up to a cap of cached bytes. An idle connection holds no buffer: its struct
+ * srv_conn (about 200 bytes) and its socket are all it costs.
+ */
+#include "net.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "../common/log.h"
+#include "../common/metrics.h"
+#include "../common/util.h"
+#include "../proto/msg.h"
+#include "../proto/status.h"
+#include "netint.h"
+
+#define SRV_IOV_MAX 64
+#define SRV_ACCEPT_BATCH 64
+#define SRV_TICK_MS 500
+#define SRV_SLOW_LOOP_NS (200ull * 1000 * 1000)
+#define SRV_WORKER_IDLE_NS (10ull * 1000 * 1000 * 1000)
+
+struct srv_conn;
+struct srv_loop;
+
+struct srv_req {
+	struct srv_req *next; /* worker queue, completion list or reply queue */
+	struct srv_conn *conn; /* holds a reference */
+	struct stk_frame_hdr hdr;
+	uint8_t *in; /* payload, pool buffer of in_cap bytes */
+	size_t in_cap;
+	uint8_t *bulk; /* request bulk, pool buffer */
+	size_t bulk_cap;
+	uint8_t *out; /* reply payload, pool buffer */
+	size_t out_cap;
+	void *rbulk; /* reply bulk buffer handed out by stk_rpc_resp_bulk_buf */
+	size_t rbulk_cap;
+	const void *reply_bulk; /* what the reply's bulk points at */
+	struct stk_frame_hdr rh;
+	uint8_t rhb[STK_FRAME_HDR_LEN];
+	size_t sent; /* bytes of the reply frame written so far */
+	size_t held; /* bytes counted in srv->inflight_bytes */
+	uint64_t t0; /* when it was read whole (stk_metrics_ops_begin) */
+	int begun; /* counted in flight, not yet taken out (stk_metrics_ops_sent) */
+	int close; /* the frame was malformed: close the connection, no reply */
+};
+
+struct srv_conn {
+	struct srv_loop *lp;
+	int fd;
+	int refs; /* the loop's own, plus one per request of this connection alive */
+	int closed;
+	int parked; /* waits for the server's byte budget, on lp->parked */
+	int eof; /* the peer sent all it will: answer what it asked, then close */
+	uint32_t events; /* what epoll watches now */
+	uint8_t hb[STK_FRAME_HDR_LEN];
+	size_t hb_got;
+	struct srv_req *rd; /* the request whose payload and bulk are being read */
+	size_t rd_got;
+	unsigned inflight; /* requests read and not yet answered in full */
+	struct srv_req *out_head, *out_tail; /* replies to write, in order */
+	uint64_t out_wait_ns; /* when the head reply last saw progress */
+	struct srv_conn *prev, *next; /* lp->conns */
+	struct srv_conn *park_next;
+	char peer[STK_ADDR_MAX];
+};
+
+struct srv_loop {
+	struct stk_server *srv;
+	int epfd;
+	int evfd; /* workers' completions wake the loop */
+	pthread_t tid;
+	pthread_mutex_t lock; /* protects done_head/done_tail */
+	struct srv_req *done_head, *done_tail;
+	/* Owned by the loop thread: */
+	struct srv_conn *conns;
+	struct srv_conn *parked;
+	unsigned nconns;
+	uint64_t last_tick_ns;
+};
+
+struct bufclass {
+	void *free; /* free buffers, linked through their first word */
+	size_t n;
+};
+
+#define SRV_CLASSES 22 /* 64 B << 0..21 covers STK_MAX_BULK */
+
+struct stk_server {
+	int lfd;
+	int stop_pipe[2];
+	char addr[STK_ADDR_MAX];
+	stk_rpc_handler_fn handler;
+	void *ctx;
+	unsigned max_conns;
+	unsigned window;
+	uint64_t max_inflight_bytes;
+	unsigned send_timeout_ms;
+	struct stk_metrics_ops *metrics; /* NULL: not counted */
+	stk_metric_t loop_busy; /* stoker_process_loop_callback_seconds{loop="rpc"}; 0: off */
+	atomic_uint nconns;
+	atomic_uint_fast64_t inflight_bytes;
+	atomic_int reserve_fd; /* see refuse_one() */
+
+	unsigned nloops;
+	struct srv_loop *loops;
+	int running; /* loop threads 1.. and workers started */
+
+	pthread_mutex_t wlock; /* protects everything below */
+	pthread_cond_t wcond; /* a request was queued, or stopping */
+	pthread_cond_t widle; /* a worker left */
+	struct srv_req *q_head, *q_tail;
+	unsigned nqueued;
+	unsigned workers, max_workers, nworkers, nidle;
+	int stopping;
+
+	pthread_mutex_t plock; /* protects the pools below */
+	struct srv_req *free_reqs;
+	unsigned nfree_reqs;
+	struct bufclass classes[SRV_CLASSES];
+	uint64_t cached_bytes, max_cached_bytes;
+};
+
+/* ---- pools ---- */
+
+/* Classes are 64 bytes << c; from 4 KiB up, page-aligned. */
+#define SRV_CLASS_MIN 64u
+
+static unsigned size_class(size_t len)
+{
+	unsigned c = 0;
+
+	while (((size_t)SRV_CLASS_MIN << c) < len)
+		c++;
+	return c;
+}
+
+static void *buf_alloc(size_t sz)
+{
+	if (sz >= (256u << 10))
+		return stk_huge_alloc(sz, 0);
+	return sz >= 4096 ? aligned_alloc(4096, sz) : malloc(sz);
+}
+
+static void buf_release(void *p, size_t sz)
+{
+	if (sz >= (256u << 10))
+		stk_huge_free(p, sz, 0);
+	else
+		free(p);
+}
+
+/* A page-aligned buffer of at least len bytes (its size in *cap). NULL: no memory. */
+static void *buf_get(struct stk_server *s, size_t len, size_t *cap)
+{
+	unsigned c = size_class(len);
+	size_t sz = (size_t)SRV_CLASS_MIN << c;
+	void *p = NULL;
+
+	if (c >= SRV_CLASSES)
+		return NULL;
+	pthread_mutex_lock(&s->plock);
+	if (s->classes[c].free) {
+		p = s->classes[c].free;
+		s->classes[c].free = *(void **)p;
+		s->classes[c].n--;
+		s->cached_bytes -= sz;
+	}
+	pthread_mutex_unlock(&s->plock);
+	if (!p)
+		p = buf_alloc(sz);
+	if (p)
+		*cap = sz;
+	return p;
+}
+
+static void buf_put(struct stk_server *s, void *p, size_t cap)
+{
+	unsigned c;
+
+	if (!p)
+		return;
+	c = size_class(cap);
+	pthread_mutex_lock(&s->plock);
+	if (s->cached_bytes + cap <= s->max_cached_bytes) {
+		*(void **)p = s->classes[c].free;
+		s->classes[c].free = p;
+		s->classes[c].n++;
+		s->cached_bytes += cap;
+		p = NULL;
+	}
+	pthread_mutex_unlock(&s->plock);
+	if (p)
+		buf_release(p, cap);
+}
+
+static struct srv_req *req_get(struct stk_server *s)
+{
+	struct srv_req *r;
+
+	pthread_mutex_lock(&s->plock);
+	r = s->free_reqs;
+	if (r) {
+		s->free_reqs = r->next;
+		s->nfree_reqs--;
+	}
+	pthread_mutex_unlock(&s->plock);
+	if (!r)
+		r = malloc(sizeof(*r));
+	if (r)
+		memset(r, 0, sizeof(*r));
+	return r;
+}
+
+/* Returns the request's buffers and the request itself to the pools. */
+static void req_free(struct stk_server *s, struct srv_req *r)
+{
+	if (r->begun) /* dropped before its reply left: out of flight all the same */
+		stk_metrics_ops_sent(s->metrics, r->hdr.opcode, r->t0);
+	buf_put(s, r->in, r->in_cap);
+	buf_put(s, r->bulk, r->bulk_cap);
+	buf_put(s, r->out, r->out_cap);
+	buf_put(s, r->rbulk, r->rbulk_cap);
+	if (r->held)
+		atomic_fetch_sub(&s->inflight_bytes, r->held);
+	pthread_mutex_lock(&s->plock);
+	if (s->nfree_reqs < 4096) {
+		r->next = s->free_reqs;
+		s->free_reqs = r;
+		s->nfree_reqs++;
+		r = NULL;
+	}
+	pthread_mutex_unlock(&s->plock);
+	free(r);
+}
+
+void *stk_rpc_resp_bulk_buf(struct stk_rpc_resp *resp, size_t len)
+{
+	struct srv_req *r = resp->req_;
+
+	if (len > STK_MAX_BULK)
+		return NULL;
+	if (len > r->rbulk_cap) {
+		struct stk_server *s = r->conn->lp->srv;
+		size_t cap = 0;
+		void *nb = buf_get(s, len ? len : 1, &cap);
+
+		if (!nb)
+			return NULL;
+		buf_put(s, r->rbulk, r->rbulk_cap);
+		atomic_fetch_add(&s->inflight_bytes, cap - r->rbulk_cap);
+		r->held += cap - r->rbulk_cap;
+		r->rbulk = nb;
+		r->rbulk_cap = cap;
+	}
+	return r->rbulk;
+}
+
+/* ---- connections (loop thread only) ---- */
+
+static void conn_set_events(struct srv_conn *c, uint32_t ev)
+{
+	struct epoll_event e = {.events = ev, .data.ptr = c};
+
+	if (c->closed || c->events == ev)
+		return;
+	if (epoll_ctl(c->lp->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0)
+		c->events = ev;
+}
+
+static void conn_unref(struct srv_conn *c)
+{
+	if (--c->refs > 0)
+		return;
+	free(c);
+}
+
+static void unpark(struct srv_conn *c)
+{
+	struct srv_conn **pp;
+
+	for (pp = &c->lp->parked; *pp; pp = &(*pp)->park_next)
+		if (*pp == c) {
+			*pp = c->park_next;
+			break;
+		}
+	c->parked = 0;
+	c->park_next = NULL;
+}
+
+/*
+ * Closes the connection: the socket goes, the requests not yet handed to a worker
+ * and the replies not yet written are dropped; requests with workers come back
+ * later and are dropped then.
+ */
+static void conn_close(struct srv_conn *c)
+{
+	struct stk_server *s = c->lp->srv;
+	struct srv_loop *lp = c->lp;
+
+	if (c->closed)
+		return;
+	if (c->parked)
+		unpark(c);
+	epoll_ctl(lp->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+	close(c->fd);
+	c->closed = 1;
+	if (c->rd) {
+		req_free(s, c->rd);
+		c->rd = NULL;
+		c->refs--;
+	}
+	while (c->out_head) {
+		struct srv_req *r = c->out_head;
+
+		c->out_head = r->next;
+		req_free(s, r);
+		c->refs--;
+	}
+	c->out_tail = NULL;
+	if (c->prev)
+		c->prev->next = c->next;
+	else
+		lp->conns = c->next;
+	if (c->next)
+		c->next->prev = c->prev;
+	lp->nconns--;
+	atomic_fetch_sub(&s->nconns, 1);
+	stk_metrics_ops_conn(s->metrics, -1);
+	conn_unref(c);
+}
+
+static void worker_spawn_locked(struct stk_server *s);
+
+static void dispatch(struct stk_server *s, struct srv_req *r)
+{
+	pthread_mutex_lock(&s->wlock);
+	r->next = NULL;
+	if (s->q_tail)
+		s->q_tail->next = r;
+	else
+		s->q_head = r;
+	s->q_tail = r;
+	s->nqueued++;
+	if (s->nidle < s->nqueued && s->nworkers < s->max_workers)
+		worker_spawn_locked(s);
+	pthread_cond_signal(&s->wcond);
+	pthread_mutex_unlock(&s->wlock);
+}
+
+/*
+ * Reads a frame's header, then its payload and bulk into the request, handing each
+ * whole frame to the workers; until EAGAIN, EOF, the window or the byte budget.
+ * Returns -1 if the connection was closed.
+ */
+static int conn_read(struct srv_conn *c)
+{
+	struct stk_server *s = c->lp->srv;
+	ssize_t n = 0;
+
+	while (!c->closed) {
+		if (!c->rd) {
+			struct stk_frame_hdr h;
+			struct srv_req *r;
+			uint64_t need;
+
+			if (c->inflight >= s->window) {
+				conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
+				return 0;
+			}
+			if (c->hb_got < sizeof(c->hb)) { /* else kept from a parked read */
+				n = recv(c->fd, c->hb + c->hb_got, sizeof(c->hb) - c->hb_got, 0);
+				if (n <= 0)
+					goto gone;
+				c->hb_got += (size_t)n;
+				if (c->hb_got < sizeof(c->hb))
+					continue;
+			}
+			if (stk_hdr_decode(c->hb, &h) || (h.flags & STK_FRAME_REPLY)) {
+				stk_warn("malformed frame header from %s: closing connection", c->peer);
+				conn_close(c);
+				return -1;
+			}
+			need = (uint64_t)h.payload_len + h.bulk_len;
+			if (need && atomic_load(&s->inflight_bytes) + need > s->max_inflight_bytes &&
+			    atomic_load(&s->inflight_bytes) > 0) {
+				/* Read the frame once the budget has room (the header is kept). */
+				if (!c->parked) {
+					c->parked = 1;
+					c->park_next = c->lp->parked;
+					c->lp->parked = c;
+				}
+				conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
+				return 0;
+			}
+			r = req_get(s);
+			if (!r)
+				goto nomem;
+			r->hdr = h;
+			r->conn = c;
+			c->refs++;
+			c->rd = r;
+			c->rd_got = 0;
+			c->hb_got = 0;
+			if (h.payload_len && !(r->in = buf_get(s, h.payload_len, &r->in_cap)))
+				goto nomem;
+			if (h.bulk_len && !(r->bulk = buf_get(s, h.bulk_len, &r->bulk_cap)))
+				goto nomem;
+			r->held = r->in_cap + r->bulk_cap;
+			atomic_fetch_add(&s->inflight_bytes, r->held);
+		}
+		{
+			struct srv_req *r = c->rd;
+			size_t plen = r->hdr.payload_len, blen = r->hdr.bulk_len;
+
+			if (c->rd_got < plen + blen) {
+				struct iovec iov[2];
+				int niov = 0;
+
+				if (c->rd_got < plen) {
+					iov[niov].iov_base = r->in + c->rd_got;
+					iov[niov++].iov_len = plen - c->rd_got;
+					if (blen) {
+						iov[niov].iov_base = r->bulk;
+						iov[niov++].iov_len = blen;
+					}
+				} else {
+					iov[niov].iov_base = r->bulk + (c->rd_got - plen);
+					iov[niov++].iov_len = plen + blen - c->rd_got;
+				}
+				n = readv(c->fd, iov, niov);
+				if (n <= 0)
+					goto gone;
+				c->rd_got += (size_t)n;
+				if (c->rd_got < plen + blen)
+					continue;
+			}
+			c->rd = NULL;
+			c->inflight++;
+			r->t0 = stk_metrics_ops_begin(s->metrics, r->hdr.opcode);
+			r->begun = 1;
+			dispatch(s, r);
+		}
+	}
+	return -1;
+gone:
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return 0;
+	if (n == 0 && (c->inflight || c->out_head)) {
+		/*
+		 * The peer has shut its sending side: what it asked before is still
+		 * answered, then the connection closes (a half-read frame is dropped).
+		 */
+		if (c->rd) {
+			req_free(s, c->rd);
+			c->rd = NULL;
+			c->refs--;
+		}
+		c->eof = 1;
+		conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
+		return 0;
+	}
+	/* EOF or reset: the peer went away (a half-read frame is dropped). */
+	conn_close(c);
+	return -1;
+nomem:
+	stk_warn("out of memory reading a request from %s: closing connection", c->peer);
+	conn_close(c);
+	return -1;
+}
+
+/* Writes queued replies until EAGAIN or none is left. Returns -1 if closed. */
+static int conn_write(struct srv_conn *c)
+{
+	struct stk_server *s = c->lp->srv;
+
+	while (c->out_head) {
+		struct iovec iov[SRV_IOV_MAX];
+		struct srv_req *r;
+		size_t skip = c->out_head->sent;
+		int niov = 0;
+		ssize_t n;
+
+		for (r = c->out_head; r && niov + 3 <= SRV_IOV_MAX; r = r->next) {
+			const void *part[3] = {r->rhb, r->out, r->reply_bulk};
+			size_t len[3] = {STK_FRAME_HDR_LEN, r->rh.payload_len, r->rh.bulk_len};
+
+			for (int i = 0; i < 3; i++) {
+				if (skip >= len[i]) {
+					skip -= len[i];
+					continue;
+				}
+				if (!len[i])
+					continue;
+				iov[niov].iov_base = (char *)part[i] + skip;
+				iov[niov++].iov_len = len[i] - skip;
+				skip = 0;
+			}
+		}
+		{
+			/* sendmsg, not writev: a peer gone must not raise SIGPIPE */
+			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+
+			n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+		}
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+				conn_set_events(c, c->events | EPOLLOUT);
+				return 0;
+			}
+			conn_close(c); /* reset: the peer went away */
+			return -1;
+		}
+		c->out_wait_ns = stk_now_ns();
+		while (n > 0 && c->out_head) {
+			size_t total;
+
+			r = c->out_head;
+			total = STK_FRAME_HDR_LEN + (size_t)r->rh.payload_len + r->rh.bulk_len;
+			if (r->sent + (size_t)n < total) {
+				r->sent += (size_t)n;
+				n = 0;
+				break;
+			}
+			n -= (ssize_t)(total - r->sent);
+			c->out_head = r->next;
+			if (!c->out_head)
+				c->out_tail = NULL;
+			stk_metrics_ops_sent(s->metrics, r->hdr.opcode, r->t0);
+			r->begun = 0;
+			req_free(s, r);
+			c->refs--;
+			c->inflight--;
+		}
+	}
+	if (c->eof && !c->inflight) {
+		conn_close(c);
+		return -1;
+	}
+	conn_set_events(c, (c->events & ~(uint32_t)EPOLLOUT) |
+				   (c->inflight < s->window && !c->parked && !c->eof ? EPOLLIN : 0));
+	return 0;
+}
+
+static void conn_accept(struct srv_loop *lp, int fd, const struct sockaddr_storage *ss);
+static void format_peer(const struct sockaddr_storage *ss, char *out, size_t len);
+
+/* ---- workers ---- */
+
+/* Runs one request: checks the frame, calls the handler, encodes the reply header. */
+static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
+{
+	struct stk_frame_hdr *h = &r->hdr;
+	struct stk_rpc_resp resp;
+	uint32_t crc = 0;
+	int rc;
+
+	if (h->payload_len)
+		crc = stk_crc32c(crc, r->in, h->payload_len);
+	if (h->bulk_len && !(h->flags & STK_FRAME_BULK_SELF))
+		crc = stk_crc32c(crc, r->bulk, h->bulk_len);
+	if (crc != h->checksum) {
+		stk_warn("frame checksum mismatch from %s (%s): closing connection", r->conn->peer,
+			 stk_opcode_name(h->opcode));
+		r->close = 1;
+		return;
+	}
+	memset(&resp, 0, sizeof(resp));
+	resp.req_ = r;
+	stk_wbuf_init(&resp.payload, out, STK_MAX_PAYLOAD);
+	if (h->version != STK_WIRE_VERSION) {
+		static atomic_int told;
+		if (!atomic_exchange(&told, 1))
+			stk_warn("%s speaks wire protocol version %u, this daemon %u: its "
+				 "requests are refused (run one Stoker version across the "
+				 "cluster and its clients)",
+				 r->conn->peer, h->version, STK_WIRE_VERSION);
+		rc = -EOPNOTSUPP;
+	} else {
+		struct stk_rpc_req req;
+
+		req.hdr = *h;
+		stk_rbuf_init(&req.payload, r->in, h->payload_len);
+		req.bulk = r->bulk;
+		req.bulk_len = h->bulk_len;
+		req.peer = r->conn->peer;
+		rc = s->handler(s->ctx, &req, &resp);
+		if (rc == 0 && resp.payload.err)
+			rc = resp.payload.err;
+	}
+	memset(&r->rh, 0, sizeof(r->rh));
+	r->rh.opcode = h->opcode;
+	r->rh.req_id = h->req_id;
+	r->rh.flags = STK_FRAME_REPLY;
+	if (rc == 0 && resp.payload.len &&
+	    !(r->out = buf_get(s, resp.payload.len, &r->out_cap)))
+		rc = -ENOMEM;
+	if (rc) {
+		r->rh.status = stk_status_from_errno(rc);
+	} else {
+		r->rh.payload_len = (uint32_t)resp.payload.len;
+		r->rh.bulk_len = resp.bulk_len;
+		r->rh.flags |= resp.frame_flags & STK_FRAME_BULK_SELF;
+		r->reply_bulk = resp.bulk;
+		if (resp.payload.len)
+			memcpy(r->out, out, resp.payload.len);
+	}
+	stk_frame_seal(&r->rh, r->out, r->reply_bulk, r->rhb);
+	/* Counted before the reply leaves: whoever got the reply and scrapes the metrics
+	 * next finds the request in them. */
+	stk_metrics_ops_answered(s->metrics, h->opcode, stk_status_to_errno(r->rh.status),
+				 STK_FRAME_HDR_LEN + (uint64_t)h->payload_len + h->bulk_len,
+				 STK_FRAME_HDR_LEN + (uint64_t)r->rh.payload_len + r->rh.bulk_len);
+}
+
+static void complete(struct srv_loop *lp, struct srv_req *r)
+{
+	uint64_t one = 1;
+	int wake;
+
+	r->next = NULL;
+	pthread_mutex_lock(&lp->lock);
+	wake = !lp->done_head;
+	if (lp->done_tail)
+		lp->done_tail->next = r;
+	else
+		lp->done_head = r;
+	lp->done_tail = r;
+	pthread_mutex_unlock(&lp->lock);
+	if (wake && write(lp->evfd, &one, sizeof(one)) < 0) {
+		/* the counter is already non-zero: the loop will look */
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct stk_server *s = arg;
+	uint8_t *out = malloc(STK_MAX_PAYLOAD);
+
+	pthread_mutex_lock(&s->wlock);
+	for (;;) {
+		struct srv_req *r;
+
+		while (!s->q_head && !s->stopping) {
+			struct timespec ts;
+			int rc;
+
+			s->nidle++;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += SRV_WORKER_IDLE_NS / 1000000000ull;
+			rc = pthread_cond_timedwait(&s->wcond, &s->wlock, &ts);
+			s->nidle--;
+			if (rc == ETIMEDOUT && !s->q_head && s->nworkers > s->workers)
+				goto leave;
+		}
+		if (!s->q_head)
+			goto leave; /* stopping, nothing left */
+		r = s->q_head;
+		s->q_head = r->next;
+		if (!s->q_head)
+			s->q_tail = NULL;
+		s->nqueued--;
+		pthread_mutex_unlock(&s->wlock);
+		if (!out || s->stopping) {
+			r->rh.status = stk_status_from_errno(-ENOMEM);
+			r->close = 1;
+		} else {
+			serve(s, r, out);
+		}
+		complete(r->conn->lp, r);
+		pthread_mutex_lock(&s->wlock);
+	}
+leave:
+	s->nworkers--;
+	pthread_cond_broadcast(&s->widle);
+	pthread_mutex_unlock(&s->wlock);
+	free(out);
+	return NULL;
+}
+
+static void worker_spawn_locked(struct stk_server *s)
+{
+	pthread_attr_t attr;
+	pthread_t tid;
+
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 512 << 10);
+	if (pthread_create(&tid, &attr, worker_main, s) == 0)
+		s->nworkers++;
+	else if (s->nworkers == 0)
+		stk_error("cannot start a worker thread: requests wait");
+	pthread_attr_destroy(&attr);
+}
+
+/* ---- loops ---- */
+
+/* Replies from the workers: onto their connections' queues, and out. */
+static void loop_completions(struct srv_loop *lp)
+{
+	struct stk_server *s = lp->srv;
+	struct srv_req *r;
+	uint64_t v;
+
+	if (read(lp->evfd, &v, sizeof(v)) < 0) {
+		/* nothing pending */
+	}
+	pthread_mutex_lock(&lp->lock);
+	r = lp->done_head;
+	lp->done_head = lp->done_tail = NULL;
+	pthread_mutex_unlock(&lp->lock);
+	while (r) {
+		struct srv_req *next = r->next;
+		struct srv_conn *c = r->conn;
+
+		if (c->closed) {
+			req_free(s, r);
+			conn_unref(c);
+		} else if (r->close) {
+			req_free(s, r);
+			c->refs--;
+			c->inflight--;
+			conn_close(c);
+		} else {
+			int was_empty = !c->out_head;
+
+			r->next = NULL;
+			if (c->out_tail)
+				c->out_tail->next = r;
+			else
+				c->out_head = r;
+			c->out_tail = r;
+			if (was_empty)
+				c->out_wait_ns = stk_now_ns();
+			conn_write(c);
+		}
+		r = next;
+	}
+}
+
+/* Connections that waited for the byte budget, and replies stuck on slow readers. */
+static void loop_tick(struct srv_loop *lp, uint64_t now)
+{
+	struct stk_server *s = lp->srv;
+
+	if (lp->parked && atomic_load(&s->inflight_bytes) < s->max_inflight_bytes) {
+		/* Each gets one try now; those that find the budget spent again re-park. */
+		struct srv_conn *c = lp->parked;
+
+		lp->parked = NULL;
+		while (c) {
+			struct srv_conn *next = c->park_next;
+
+			c->parked = 0;
+			c->park_next = NULL;
+			c->refs++;
+			conn_set_events(c, c->events | EPOLLIN);
+			conn_read(c);
+			conn_unref(c);
+			c = next;
+		}
+	}
+	if (now - lp->last_tick_ns < SRV_TICK_MS * 1000000ull)
+		return;
+	lp->last_tick_ns = now;
+	for (struct srv_conn *c = lp->conns, *next; c; c = next) {
+		next = c->next;
+		if (c->out_head &&
+		    now - c->out_wait_ns > (uint64_t)s->send_timeout_ms * 1000000ull) {
+			stk_warn("%s has not read its replies for %u ms: closing connection", c->peer,
+				 s->send_timeout_ms);
+			conn_close(c);
+		}
+	}
+}
+
+/*
+ * Out of descriptors: a pending connection would keep the listener readable and
+ * the loop spinning, so one descriptor is kept in reserve to accept and close it.
+ */
+static void refuse_one(struct stk_server *s)
+{
+	int fd = atomic_exchange(&s->reserve_fd, -1);
+
+	if (fd < 0)
+		return;
+	close(fd);
+	fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+	if (fd >= 0)
+		close(fd);
+	atomic_store(&s->reserve_fd, open("/dev/null", O_RDONLY | O_CLOEXEC));
+}
+
+static void loop_accept(struct srv_loop *lp)
+{
+	struct stk_server *s = lp->srv;
+
+	for (int i = 0; i < SRV_ACCEPT_BATCH; i++) {
+		struct sockaddr_storage ss;
+		socklen_t sslen = sizeof(ss);
+		int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sslen, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+		if (fd < 0) {
+			if (errno == EMFILE || errno == ENFILE) {
+				static atomic_int told;
+				if (!atomic_exchange(&told, 1))
+					stk_warn("accept: %s: refusing connections (raise the open "
+						 "files limit)", strerror(errno));
+				refuse_one(s);
+			}
+			return; /* EAGAIN: none left (another loop may have taken it) */
+		}
+		if (atomic_load(&s->nconns) >= s->max_conns) {
+			static atomic_int told;
+			if (!atomic_exchange(&told, 1))
+				stk_warn("connection limit (%u) reached: refusing connections", s->max_conns);
+			close(fd);
+			continue;
+		}
+		conn_accept(lp, fd, &ss);
+	}
+}
+
+static void conn_accept(struct srv_loop *lp, int fd, const struct sockaddr_storage *ss)
+{
+	struct stk_server *s = lp->srv;
+	struct srv_conn *c = calloc(1, sizeof(*c));
+	struct epoll_event e;
+	int one = 1;
+
+	if (!c) {
+		close(fd);
+		return;
+	}
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	c->lp = lp;
+	c->fd = fd;
+	c->refs = 1;
+	c->events = EPOLLIN;
+	format_peer(ss, c->peer, sizeof(c->peer));
+	e.events = c->events;
+	e.data.ptr = c;
+	if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+		close(fd);
+		free(c);
+		return;
+	}
+	c->next = lp->conns;
+	if (lp->conns)
+		lp->conns->prev = c;
+	lp->conns = c;
+	lp->nconns++;
+	atomic_fetch_add(&s->nconns, 1);
+	stk_metrics_ops_conn(s->metrics, 1);
+}
+
+/* Tags of the loop's own descriptors in epoll_event.data. */
+static char tag_listen, tag_stop, tag_wake;
+
+static void loop_run(struct srv_loop *lp)
+{
+	struct stk_server *s = lp->srv;
+	struct epoll_event ev[128];
+
+	lp->last_tick_ns = stk_now_ns();
+	for (;;) {
+		int n = epoll_wait(lp->epfd, ev, 128, SRV_TICK_MS);
+		uint64_t t0 = stk_now_ns(), t1;
+
+		if (n < 0 && errno != EINTR) {
+			stk_error("epoll_wait: %s", strerror(errno));
+			return;
+		}
+		for (int i = 0; i < n; i++) {
+			void *p = ev[i].data.ptr;
+			struct srv_conn *c;
+
+			if (p == &tag_stop)
+				return;
+			if (p == &tag_listen) {
+				loop_accept(lp);
+				continue;
+			}
+			if (p == &tag_wake) {
+				loop_completions(lp);
+				continue;
+			}
+			c = p;
+			c->refs++; /* stays valid through this event even if closed */
+			if (ev[i].events & (EPOLLERR | EPOLLHUP)) {
+				/* Reset, or shut both ways: no reply can reach the peer. */
+				conn_close(c);
+			} else {
+				if (ev[i].events & EPOLLOUT)
+					conn_write(c);
+				if (!c->closed && (ev[i].events & EPOLLIN))
+					conn_read(c);
+			}
+			conn_unref(c);
+		}
+		t1 = stk_now_ns();
+		loop_tick(lp, t1);
+		if (n > 0)
+			stk_metric_observe_ns(s->loop_busy, t1 - t0);
+		if (t1 - t0 > SRV_SLOW_LOOP_NS) {
+			static atomic_uint_fast64_t last;
+			if (t1 - atomic_load(&last) > 10ull * 1000000000ull) {
+				atomic_store(&last, t1);
+				stk_warn("event loop of %s took %llu ms for one round (%d events)", s->addr,
+					 (unsigned long long)((t1 - t0) / 1000000), n);
+			}
+		}
+	}
+}
+
+static void *loop_main(void *arg)
+{
+	loop_run(arg);
+	return NULL;
+}
+
+/* ---- set-up ---- */
+
+static void format_peer(const struct sockaddr_storage *ss, char *out, size_t len)
+{
+	char host[INET6_ADDRSTRLEN] = "?";
+
+	if (ss->ss_family == AF_INET) {
+		const struct sockaddr_in *a = (const void *)ss;
+		inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+		snprintf(out, len, "%s:%u", host, ntohs(a->sin_port));
+	} else if (ss->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *a = (const void *)ss;
+		inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+		snprintf(out, len, "[%s]:%u", host, ntohs(a->sin6_port));
+	} else {
+		snprintf(out, len, "unknown");
+	}
+}
+
+/* A setting from the environment, or def: STOKER_<name> overrides every server's. */
+static uint64_t env_setting(const char *name, uint64_t def, uint64_t max)
+{
+	const char *e = getenv(name);
+	uint64_t v;
+
+	if (e && stk_parse_u64(e, &v) == 0 && v > 0 && v <= max)
+		return v;
+	return def;
+}
+
+/* Lets the process hold as many descriptors as the hard limit allows. */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+static int loop_init(struct stk_server *s, struct srv_loop *lp)
+{
+	struct epoll_event e;
+
+	lp->srv = s;
+	pthread_mutex_init(&lp->lock, NULL);
+	lp->epfd = epoll_create1(EPOLL_CLOEXEC);
+	lp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (lp->epfd < 0 || lp->evfd < 0)
+		return -errno;
+	e.events = EPOLLIN | EPOLLEXCLUSIVE;
+	e.data.ptr = &tag_listen;
+	if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, s->lfd, &e) < 0)
+		return -errno;
+	e.events = EPOLLIN;
+	e.data.ptr = &tag_stop;
+	if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, s->stop_pipe[0], &e) < 0)
+		return -errno;
+	e.data.ptr = &tag_wake;
+	if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, lp->evfd, &e) < 0)
+		return -errno;
+	return 0;
+}
+
+static int parse_listen(const char *listen, struct sockaddr_storage *ss, socklen_t *sslen)
+{
+	/* Port 0 is allowed here (stk_parse_hostport refuses it), so parse by hand. */
+	const char *colon = strrchr(listen, ':');
+	char tmp[STK_ADDR_MAX];
+	uint64_t port;
+	int rc;
+
+	if (!colon || (size_t)(colon - listen) >= 256 || stk_parse_u64(colon + 1, &port) ||
+	    port > 65535)
+		return -EINVAL;
+	snprintf(tmp, sizeof(tmp), "%.*s:%u", (int)(colon - listen), listen,
+		 port ? (unsigned)port : 1u);
+	rc = stk_net_resolve(tmp, ss, sslen);
+	if (rc)
+		return rc;
+	if (ss->ss_family == AF_INET)
+		((struct sockaddr_in *)ss)->sin_port = htons((uint16_t)port);
+	else
+		((struct sockaddr_in6 *)ss)->sin6_port = htons((uint16_t)port);
+	return 0;
+}
+
+int stk_server_create(const struct stk_server_opts *opts, struct stk_server **out)
+{
+	struct sockaddr_storage ss;
+	socklen_t sslen = sizeof(ss);
+	struct stk_server *s;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int one = 1, rc;
+
+	if (!opts || opts->size < sizeof(*opts) || !opts->handler || !opts->listen)
+		return -EINVAL;
+	rc = parse_listen(opts->listen, &ss, &sslen);
+	if (rc)
+		return rc;
+	raise_nofile();
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->stop_pipe[0] = s->stop_pipe[1] = -1;
+	s->lfd = -1;
+	s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	s->handler = opts->handler;
+	s->ctx = opts->ctx;
+	s->metrics = opts->metrics;
+	s->max_conns = opts->max_conns ? opts->max_conns : 65536;
+	s->nloops = (unsigned)env_setting("STOKER_NET_LOOPS",
+					  opts->loops ? opts->loops : (ncpu > 0 ? (uint64_t)ncpu : 1), 256);
+	s->workers = (unsigned)env_setting("STOKER_NET_WORKERS", opts->workers ? opts->workers : 16,
+					   4096);
+	s->max_workers = opts->max_workers > s->workers ? opts->max_workers : s->workers;
+	s->window = opts->window ? opts->window : 128;
+	s->max_inflight_bytes = opts->max_inflight_bytes ? opts->max_inflight_bytes : (1ull << 30);
+	s->send_timeout_ms = (unsigned)env_setting(
+		"STOKER_NET_SEND_TIMEOUT_MS", opts->send_timeout_ms ? opts->send_timeout_ms : 30000,
+		86400000);
+	s->max_cached_bytes = 256ull << 20;
+	if (s->metrics) {
+		const char *v[1] = {"rpc"};
+
+		stk_metric_series(STK_M_PROCESS_LOOP_CALLBACK, v, &s->loop_busy);
+	}
+	pthread_mutex_init(&s->wlock, NULL);
+	pthread_cond_init(&s->wcond, NULL);
+	pthread_cond_init(&s->widle, NULL);
+	pthread_mutex_init(&s->plock, NULL);
+	s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (s->lfd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(s->lfd, (struct sockaddr *)&ss, sslen) < 0 || listen(s->lfd, 4096) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	sslen = sizeof(ss);
+	getsockname(s->lfd, (struct sockaddr *)&ss, &sslen);
+	format_peer(&ss, s->addr, sizeof(s->addr));
+	if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	s->loops = calloc(s->nloops, sizeof(*s->loops));
+	if (!s->loops) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (unsigned i = 0; i < s->nloops; i++)
+		s->loops[i].epfd = s->loops[i].evfd = -1;
+	for (unsigned i = 0; i < s->nloops; i++)
+		if ((rc = loop_init(s, &s->loops[i])))
+			goto out;
+	*out = s;
+	return 0;
+out:
+	stk_server_destroy(s);
+	return rc;
+}
+
+const char *stk_server_addr(const struct stk_server *s)
+{
+	return s->addr;
+}
+
+int stk_server_run(struct stk_server *s)
+{
+	unsigned started = 1;
+
+	pthread_mutex_lock(&s->wlock);
+	while (s->nworkers < s->workers) {
+		unsigned before = s->nworkers;
+
+		worker_spawn_locked(s);
+		if (s->nworkers == before)
+			break;
+	}
+	pthread_mutex_unlock(&s->wlock);
+	for (; started < s->nloops; started++)
+		if (pthread_create(&s->loops[started].tid, NULL, loop_main, &s->loops[started]))
+			break;
+	s->running = 1;
+	loop_run(&s->loops[0]);
+	for (unsigned i = 1; i < started; i++)
+		pthread_join(s->loops[i].tid, NULL);
+	return 0;
+}
+
+void stk_server_stop(struct stk_server *s)
+{
+	char c = 1;
+	if (write(s->stop_pipe[1], &c, 1) < 0) {
+		/* the pipe is full: a stop is already pending */
+	}
+}
+
+void stk_server_destroy(struct stk_server *s)
+{
+	if (!s)
+		return;
+	if (s->lfd >= 0)
+		close(s->lfd);
+	s->lfd = -1;
+	/* Workers finish what they run; what is still queued is dropped. */
+	pthread_mutex_lock(&s->wlock);
+	s->stopping = 1;
+	pthread_cond_broadcast(&s->wcond);
+	for (unsigned i = 0; s->loops && i < s->nloops; i++)
+		for (struct srv_conn *c = s->loops[i].conns; c; c = c->next)
+			shutdown(c->fd, SHUT_RDWR);
+	while (s->nworkers)
+		pthread_cond_wait(&s->widle, &s->wlock);
+	pthread_mutex_unlock(&s->wlock);
+	for (unsigned i = 0; s->loops && i < s->nloops; i++) {
+		struct srv_loop *lp = &s->loops[i];
+
+		if (lp->epfd >= 0) {
+			loop_completions(lp);
+			while (lp->conns)
+				conn_close(lp->conns);
+			close(lp->epfd);
+		}
+		if (lp->evfd >= 0)
+			close(lp->evfd);
+		pthread_mutex_destroy(&lp->lock);
+	}
+	free(s->loops);
+	if (s->reserve_fd >= 0)
+		close(s->reserve_fd);
+	if (s->stop_pipe[0] >= 0) {
+		close(s->stop_pipe[0]);
+		close(s->stop_pipe[1]);
+	}
+	while (s->free_reqs) {
+		struct srv_req *r = s->free_reqs;
+		s->free_reqs = r->next;
+		free(r);
+	}
+	for (unsigned c = 0; c < SRV_CLASSES; c++)
+		while (s->classes[c].free) {
+			void *p = s->classes[c].free;
+
+			s->classes[c].free = *(void **)p;
+			buf_release(p, (size_t)SRV_CLASS_MIN << c);
+		}
+	pthread_mutex_destroy(&s->wlock);
+	pthread_cond_destroy(&s->wcond);
+	pthread_cond_destroy(&s->widle);
+	pthread_mutex_destroy(&s->plock);
+	free(s);
+}
