@@ -3,7 +3,11 @@
  *
  * Two tables under one mutex. Holders: a fixed array of slots; a holder's id is
  * (round << 10) | slot, round counting up with every registration, so an id is
- * never reused and a stale one (a client that was reset) matches no slot. Each
+ * never reused and a stale one (a client that was reset) matches no slot. The
+ * first round is random: a table made after a meta restart must not hand a new
+ * holder the id some client's change still carries as its origin from before the
+ * restart (that change would skip the new holder's revocations), and counting
+ * from 1 again would give the first holders the very same ids. Each
  * holder has the queue of records it has not acknowledged: record seq k is
  * q[k - acked - 1]. Grants: a chained hash of (ino, holder, expiry); a grant whose
  * holder no longer has that id, or whose time is up, is dead and goes at the next
@@ -29,6 +33,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 
 #include "../common/log.h"
@@ -253,6 +258,10 @@ int stk_meta_leases_create(struct stk_meta_leases **out)
 		pthread_cond_init(&l->h[i].wake, &ca);
 	pthread_condattr_destroy(&ca);
 	l->last_sweep_ns = stk_now_ns();
+	/* Any first round (new_id wraps past the top): see the top of this file. */
+	if (getrandom(&l->round, sizeof(l->round), GRND_NONBLOCK) != (ssize_t)sizeof(l->round))
+		l->round = (uint32_t)(stk_now_ns() >> 10);
+	l->round &= (1u << (32 - SLOT_BITS)) - 1;
 	*out = l;
 	return 0;
 }

@@ -4,7 +4,8 @@
  *
  * A client that wants to cache lookups opens a watch (META_WATCH, a long poll on a
  * connection of its own) and becomes a holder with a 32-bit id that is never
- * reused. Its lookups (META_LOOKUP_CACHE) are then granted a lease on the folder
+ * reused while meta runs (and, counting from a random point, unlikely to be
+ * reused by the meta that follows a restart). Its lookups (META_LOOKUP_CACHE) are then granted a lease on the folder
  * (its names, present or absent) and on the inode found (its attributes), for
  * STK_LEASE_GRANT_MS. Every change meta makes to an inode's names or attributes
  * is bracketed by stk_meta_leases_begin and _end: begin stops new leases on the

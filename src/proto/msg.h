@@ -333,8 +333,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
  *     one that fails stk_layout_check or names more chains than there are is
  *     INVAL, never replaced), and with atime, mtime and ctime at time_sec/nsec
  *     (what the client told its callers). A number already in use is EXIST.
- *   op STK_NAME_UNLINK: META_UNLINK of `name` in `parent`; ino, when not 0, must be
- *     the inode the name holds (else NOENT, nothing removed).
+ *   op STK_NAME_UNLINK: META_UNLINK of `name` in `parent`, only if the name holds
+ *     inode `ino` (else NOENT, nothing removed; 0 is no wildcard: it never matches).
  * name_res: the status of the record and, for a create, the new file's attributes;
  * for an unlink, the inode's after it, with orphaned as META_UNLINK's (the caller
  * removes the chunks of an inode left with nlink 0 and orphaned 0).

@@ -12,7 +12,8 @@
  * acknowledges, even without a lease of the holder on it), every reader of it
  * waiting for the same record; the holder's own reads and changes keep it; reads
  * recall nothing but delegations; delegations go with their folder and with their
- * holder's session.
+ * holder's session. Holder ids of a table made after a restart do not start where
+ * the last one's did.
  *
  * Exit status: 0 pass, 1 fail.
  */
@@ -253,6 +254,38 @@ static void test_delegations(struct stk_meta_leases *l)
 	stk_meta_leases_end_session(l, d.session);
 }
 
+/*
+ * A meta restart makes a new table, and a client's change sent before the restart
+ * may reach the new one with its old holder id as origin: that id must not name
+ * another client's new holder, whose leases the change would then leave alone.
+ * The first holders of four tables (four restarts): not all the same id.
+ */
+static void test_ids_across_restarts(void)
+{
+	uint32_t ids[4];
+	int same = 1;
+
+	for (int i = 0; i < 4; i++) {
+		struct stk_meta_leases *t;
+		struct watcher w = {.session = 0xc};
+
+		ids[i] = 0;
+		if (stk_meta_leases_create(&t)) {
+			CHECK(!"cannot create a table");
+			return;
+		}
+		w.l = t;
+		pthread_mutex_init(&w.mu, NULL);
+		CHECK(watch(&w, 0) == 0 && w.holder != 0);
+		ids[i] = w.holder;
+		pthread_mutex_destroy(&w.mu);
+		stk_meta_leases_destroy(t);
+	}
+	for (int i = 1; i < 4; i++)
+		same = same && ids[i] == ids[0];
+	CHECK(!same);
+}
+
 int main(void)
 {
 	struct stk_meta_leases *l;
@@ -354,6 +387,7 @@ int main(void)
 	test_delegations(l);
 
 	stk_meta_leases_destroy(l);
+	test_ids_across_restarts();
 	if (failures) {
 		fprintf(stderr, "test_meta_leases: %d failure(s)\n", failures);
 		return 1;
