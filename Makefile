@@ -63,22 +63,24 @@ $(B)/libstoker.so: $(CLIENT_OBJ) $(CORE_OBJ)
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,libstoker.so.0 -o $@ $^ $(LIBS)
 
 # Unit tests link only the module they test (test_meta_*: meta, test_storage_*: storage,
-# test_mgmtd_*: mgmtd, others: the core and the client library).
+# test_mgmtd_*: mgmtd, others: the core and the client library). Each includes
+# tests/unit/check.h (found beside it, no -I needed) and is rebuilt when it changes.
+$(UNIT_BIN): tests/unit/check.h
 $(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
 $(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(B)/obj/src/storage/chunk.o $(MGMTD_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
 $(B)/tests/test_mgmtd_%: tests/unit/test_mgmtd_%.c $(MGMTD_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
 $(B)/tests/test_%: tests/unit/test_%.c $(CLIENT_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
 $(B)/tests/%: tests/tools/%.c $(CLIENT_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)

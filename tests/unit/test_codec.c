@@ -12,15 +12,7 @@
 #include "proto/msg.h"
 #include "proto/status.h"
 #include "proto/wire.h"
-
-static int failures;
-#define CHECK(cond)                                                                   \
-	do {                                                                          \
-		if (!(cond)) {                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
+#include "check.h"
 
 static void test_header(void)
 {
@@ -240,15 +232,10 @@ static void test_status(void)
 
 int main(void)
 {
-	test_header();
-	test_primitives();
-	test_messages();
-	test_routing();
-	test_status();
-	if (failures) {
-		fprintf(stderr, "test_codec: %d failures\n", failures);
-		return 1;
-	}
-	printf("test_codec: ok\n");
-	return 0;
+	CHECK_RUN(test_header);
+	CHECK_RUN(test_primitives);
+	CHECK_RUN(test_messages);
+	CHECK_RUN(test_routing);
+	CHECK_RUN(test_status);
+	return check_done();
 }

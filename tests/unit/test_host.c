@@ -13,15 +13,7 @@
 
 #include "common/host.h"
 #include "common/util.h"
-
-static int failures;
-#define CHECK(cond)                                                                         \
-	do {                                                                                \
-		if (!(cond)) {                                                              \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                         \
-		}                                                                           \
-	} while (0)
+#include "check.h"
 
 static struct stk_rt_target tgt(uint32_t id, uint32_t node, uint64_t dev, uint64_t cap,
 				uint64_t used, uint64_t avail)
@@ -114,10 +106,12 @@ static void test_host_id(void)
 
 static void test_fs_space(void)
 {
-	char dir[] = "/tmp/stk-test-host-XXXXXX", sub[64];
+	char dir[64] = "", sub[96];
 	uint64_t cap, used, avail, dev, cap2, used2, avail2, dev2;
 
-	CHECK(mkdtemp(dir) != NULL);
+	CHECK_RC(check_tmpdir(dir, sizeof(dir), "host"), 0);
+	if (!dir[0])
+		return;
 	snprintf(sub, sizeof(sub), "%s/t1", dir);
 	CHECK(mkdir(sub, 0755) == 0);
 	/* Two folders of one file system: one device id. */
@@ -129,19 +123,13 @@ static void test_fs_space(void)
 	CHECK(stk_host_fs_space("/proc", &cap2, &used2, &avail2, &dev2) == 0);
 	CHECK(dev2 != 0 && dev2 != dev);
 	CHECK(stk_host_fs_space("/nonexistent/stk", &cap2, &used2, &avail2, &dev2) == -ENOENT);
-	rmdir(sub);
-	rmdir(dir);
+	check_rm_rf(dir);
 }
 
 int main(void)
 {
-	test_space_sum();
-	test_host_id();
-	test_fs_space();
-	if (failures) {
-		fprintf(stderr, "test_host: %d failures\n", failures);
-		return 1;
-	}
-	printf("test_host: ok\n");
-	return 0;
+	CHECK_RUN(test_space_sum);
+	CHECK_RUN(test_host_id);
+	CHECK_RUN(test_fs_space);
+	return check_done();
 }

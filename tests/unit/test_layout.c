@@ -12,15 +12,7 @@
 
 #include "common/layout.h"
 #include "common/util.h"
-
-static int failures;
-#define CHECK(cond)                                                                   \
-	do {                                                                          \
-		if (!(cond)) {                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                   \
-		}                                                                     \
-	} while (0)
+#include "check.h"
 
 int main(void)
 {
@@ -149,10 +141,5 @@ int main(void)
 	stk_huge_free(hbuf, 1 << 20, 0);
 	free(want);
 
-	if (failures) {
-		fprintf(stderr, "test_layout: %d failures\n", failures);
-		return 1;
-	}
-	printf("test_layout: ok\n");
-	return 0;
+	return check_done();
 }

@@ -26,16 +26,7 @@
 
 #include "common/util.h"
 #include "meta/leases.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
+#include "check.h"
 
 struct watcher {
 	struct stk_meta_leases *l;
@@ -388,10 +379,5 @@ int main(void)
 
 	stk_meta_leases_destroy(l);
 	test_ids_across_restarts();
-	if (failures) {
-		fprintf(stderr, "test_meta_leases: %d failure(s)\n", failures);
-		return 1;
-	}
-	printf("test_meta_leases: ok\n");
-	return 0;
+	return check_done();
 }

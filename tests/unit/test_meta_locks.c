@@ -11,7 +11,6 @@
  * Exit status: 0 pass, 1 fail, 77 skip (no temporary folder).
  */
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,26 +19,7 @@
 
 #include "meta/locks.h"
 #include "meta/store.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
-
-#define CHECK_RC(expr, want)                                                                       \
-	do {                                                                                       \
-		int rc_ = (expr), want_ = (want);                                                  \
-		if (rc_ != want_) {                                                                \
-			fprintf(stderr, "%s:%d: %s = %d (%s), want %d (%s)\n", __FILE__, __LINE__, \
-				#expr, rc_, strerror(-rc_), want_, strerror(-want_));              \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
+#include "check.h"
 
 #define INO 42
 
@@ -95,17 +75,15 @@ static void expect(struct stk_lock_table *t, uint64_t session, size_t n, const u
 			    got[i].end == tse[3 * j + 2])
 				found = 1;
 		if (!found) {
-			fprintf(stderr, "line %d: unexpected lock type %u %llu..%llu\n", line,
-				got[i].type, (unsigned long long)got[i].start,
-				(unsigned long long)got[i].end);
-			failures++;
+			check_fail_at(__FILE__, line, "unexpected lock type %u %llu..%llu",
+				      got[i].type, (unsigned long long)got[i].start,
+				      (unsigned long long)got[i].end);
 		}
 		k++;
 	}
 	if (k != n) {
-		fprintf(stderr, "line %d: %zu locks of session %llu, want %zu\n", line, k,
-			(unsigned long long)session, n);
-		failures++;
+		check_fail_at(__FILE__, line, "%zu locks of session %llu, want %zu", k,
+			      (unsigned long long)session, n);
 	}
 }
 
@@ -232,21 +210,13 @@ static void test_bad_requests(void)
 
 /* ---- orphans in the store ---- */
 
-static char tmpdir[] = "/tmp/stk_meta_locks_XXXXXX";
+static char tmpdir[64];
 static uint64_t open_ino;
 
 static int is_open(void *ctx, uint64_t ino)
 {
 	(void)ctx;
 	return ino == open_ino;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
 }
 
 static int store_open(struct stk_meta_store **st)
@@ -269,8 +239,7 @@ static void test_orphans(void)
 	int created, replaced;
 
 	if (store_open(&st)) {
-		fprintf(stderr, "cannot open a store in %s\n", tmpdir);
-		failures++;
+		CHECK_FAIL("cannot open a store in %s", tmpdir);
 		return;
 	}
 	stk_meta_store_set_open_hook(st, is_open, NULL);
@@ -323,20 +292,19 @@ static void test_orphans(void)
 
 int main(void)
 {
-	test_split_merge();
-	test_conflicts();
-	test_flock();
-	test_bad_requests();
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
-		return 77;
+	int rc;
+
+	CHECK_RUN(test_split_merge);
+	CHECK_RUN(test_conflicts);
+	CHECK_RUN(test_flock);
+	CHECK_RUN(test_bad_requests);
+	rc = check_tmpdir(tmpdir, sizeof(tmpdir), "meta-locks");
+	if (rc) {
+		/* skip the store's part; a failure before it still fails the test */
+		fprintf(stderr, "no temporary folder: %s\n", strerror(-rc));
+		return check_failures() ? check_done() : 77;
 	}
-	test_orphans();
-	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-	if (failures) {
-		fprintf(stderr, "test_meta_locks: %d check(s) failed\n", failures);
-		return 1;
-	}
-	printf("test_meta_locks: ok\n");
-	return 0;
+	CHECK_RUN(test_orphans);
+	check_rm_rf(tmpdir);
+	return check_done();
 }

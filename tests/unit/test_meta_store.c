@@ -10,7 +10,6 @@
  * Exit status: 0 pass, 1 fail, 77 skip (no temporary folder).
  */
 #include <errno.h>
-#include <ftw.h>
 #include <lmdb.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -21,29 +20,10 @@
 
 #include "common/layout.h"
 #include "meta/store.h"
-
-static int failures;
-
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);   \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
-
-#define CHECK_RC(expr, want)                                                                       \
-	do {                                                                                       \
-		int rc_ = (expr), want_ = (want);                                                  \
-		if (rc_ != want_) {                                                                \
-			fprintf(stderr, "%s:%d: %s = %d (%s), want %d (%s)\n", __FILE__, __LINE__, \
-				#expr, rc_, strerror(-rc_), want_, strerror(-want_));              \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
+#include "check.h"
 
 static struct stk_meta_store *st;
-static char tmpdir[] = "/tmp/stk_meta_store_XXXXXX";
+static char tmpdir[64];
 
 static const struct stk_cred ROOT = {.uid = 0, .gid = 0};
 static const struct stk_cred ALICE = {.uid = 1001, .gid = 1001, .ngroups = 1, .groups = {2001}};
@@ -1375,14 +1355,6 @@ static uint64_t test_reserved_inos(void)
 	return second + 5;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	return remove(path);
-}
-
 /* Extended attributes: flags, sizes, namespaces and permissions, removal with the inode. */
 static void test_xattrs(void)
 {
@@ -1501,47 +1473,45 @@ int main(void)
 	static struct listing listing;
 	uint64_t big = 0, reserved;
 
-	if (!mkdtemp(tmpdir)) {
-		perror("mkdtemp");
+	int rc = check_tmpdir(tmpdir, sizeof(tmpdir), "meta-store");
+
+	if (rc) {
+		fprintf(stderr, "no temporary folder: %s\n", strerror(-rc));
 		return 77;
 	}
-	if (open_store()) {
-		fprintf(stderr, "cannot open a store in %s\n", tmpdir);
-		nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
+	rc = open_store();
+	if (rc) {
+		fprintf(stderr, "cannot open a store in %s: %s\n", tmpdir, strerror(-rc));
+		check_rm_rf(tmpdir);
 		return 1;
 	}
-	test_root();
-	test_names();
-	test_create();
-	test_mkdir_rmdir();
-	test_expect_ino();
-	test_link_unlink();
-	test_symlink();
-	test_setattr_extend();
-	test_mknod();
-	test_blocks();
-	test_setattr_atime_read();
-	test_record_reads();
-	test_getattrs();
-	test_rename();
-	test_permissions();
-	test_readdir_small();
-	test_xattrs();
+	CHECK_RUN(test_root);
+	CHECK_RUN(test_names);
+	CHECK_RUN(test_create);
+	CHECK_RUN(test_mkdir_rmdir);
+	CHECK_RUN(test_expect_ino);
+	CHECK_RUN(test_link_unlink);
+	CHECK_RUN(test_symlink);
+	CHECK_RUN(test_setattr_extend);
+	CHECK_RUN(test_mknod);
+	CHECK_RUN(test_blocks);
+	CHECK_RUN(test_setattr_atime_read);
+	CHECK_RUN(test_record_reads);
+	CHECK_RUN(test_getattrs);
+	CHECK_RUN(test_rename);
+	CHECK_RUN(test_permissions);
+	CHECK_RUN(test_readdir_small);
+	CHECK_RUN(test_xattrs);
 	reserved = test_reserved_inos();
-	test_batch();
+	CHECK_RUN(test_batch);
 	test_readdir_big(&listing, &big);
-	test_threads();
+	CHECK_RUN(test_threads);
 	test_reopen(big, &listing, reserved);
-	test_format1_records();
+	CHECK_RUN(test_format1_records);
 	if (st)
-		test_identity_upgrade();
+		CHECK_RUN(test_identity_upgrade);
 	if (st)
 		stk_meta_store_close(st);
-	nftw(tmpdir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
-	if (failures) {
-		fprintf(stderr, "test_meta_store: %d checks failed\n", failures);
-		return 1;
-	}
-	printf("test_meta_store: ok\n");
-	return 0;
+	check_rm_rf(tmpdir);
+	return check_done();
 }

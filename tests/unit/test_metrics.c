@@ -21,15 +21,7 @@
 #include "common/metrics.h"
 #include "common/util.h"
 #include "proto/wire.h"
-
-static int failures;
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
+#include "check.h"
 
 #define DOC_BEGIN "<!-- BEGIN GENERATED: metrics table (tests/unit/test_metrics --doc) -->\n"
 #define DOC_END "<!-- END GENERATED -->"
@@ -363,9 +355,8 @@ static void test_doc(void)
 	if (b && e) {
 		b += strlen(DOC_BEGIN);
 		if ((size_t)(e - b) != len || memcmp(b, doc, len) != 0) {
-			fprintf(stderr, "docs/metrics.md is out of date with STK_METRICS_TABLE: "
-					"regenerate it with build/tests/test_metrics --doc\n");
-			failures++;
+			CHECK_FAIL("docs/metrics.md is out of date with STK_METRICS_TABLE: "
+				   "regenerate it with build/tests/test_metrics --doc");
 		}
 	}
 	free(file);
@@ -447,18 +438,13 @@ int main(int argc, char **argv)
 		free(doc);
 		return 0;
 	}
-	test_concurrent();
-	test_histogram();
-	test_values();
-	test_ops();
-	test_clients();
-	test_collectors();
-	test_http();
-	test_doc();
-	if (failures) {
-		fprintf(stderr, "%d checks failed\n", failures);
-		return 1;
-	}
-	printf("metrics: all checks passed\n");
-	return 0;
+	CHECK_RUN(test_concurrent);
+	CHECK_RUN(test_histogram);
+	CHECK_RUN(test_values);
+	CHECK_RUN(test_ops);
+	CHECK_RUN(test_clients);
+	CHECK_RUN(test_collectors);
+	CHECK_RUN(test_http);
+	CHECK_RUN(test_doc);
+	return check_done();
 }

@@ -15,14 +15,7 @@
 #include "common/util.h"
 #include "mgmtd/state.h"
 #include "proto/msg.h"
-
-#define CHECK(c)                                                                                   \
-	do {                                                                                       \
-		if (!(c)) {                                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
-			return 1;                                                                  \
-		}                                                                                  \
-	} while (0)
+#include "check.h"
 
 #define SEC 1000000000ull
 #define TIMEOUT (10 * SEC)
@@ -92,50 +85,50 @@ static int test_registration(struct stk_mgmt_state *st)
 	tinfo(&t[0], 0, "/data/t0", 100);
 	tinfo(&t[1], 0, "/data/t1", 200);
 	v = st->version;
-	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 1 * SEC, &node, ids) == 0);
-	CHECK(node == 1 && ids[0] == 1 && ids[1] == 2);
-	CHECK(st->version > v && st->dirty);
-	CHECK(st->nchains == 2);
-	CHECK(st->chains[0].id == 1 && st->chains[0].ntargets == 1 &&
+	REQUIRE(stk_mgmt_state_register(st, &rq, t, 2, 1 * SEC, &node, ids) == 0);
+	REQUIRE(node == 1 && ids[0] == 1 && ids[1] == 2);
+	REQUIRE(st->version > v && st->dirty);
+	REQUIRE(st->nchains == 2);
+	REQUIRE(st->chains[0].id == 1 && st->chains[0].ntargets == 1 &&
 	      st->chains[0].targets[0] == 1 && st->chains[0].version == 1);
-	CHECK(st->chains[1].id == 2 && st->chains[1].targets[0] == 2);
-	CHECK(stk_mgmt_state_target(st, 2)->used == 200);
-	CHECK(stk_mgmt_state_target(st, 2)->state == STK_TARGET_SERVING);
+	REQUIRE(st->chains[1].id == 2 && st->chains[1].targets[0] == 2);
+	REQUIRE(stk_mgmt_state_target(st, 2)->used == 200);
+	REQUIRE(stk_mgmt_state_target(st, 2)->state == STK_TARGET_SERVING);
 
 	/* Re-registering with the same ids changes nothing visible. */
 	rq.node_id = node;
 	tinfo(&t[0], 1, "/data/t0", 150);
 	tinfo(&t[1], 2, "/data/t1", 250);
 	v = st->version;
-	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 1 && ids[0] == 1 && ids[1] == 2);
-	CHECK(st->version == v);
-	CHECK(st->nchains == 2 && st->ntargets == 2);
-	CHECK(stk_mgmt_state_target(st, 1)->used == 150);
+	REQUIRE(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == 0);
+	REQUIRE(node == 1 && ids[0] == 1 && ids[1] == 2);
+	REQUIRE(st->version == v);
+	REQUIRE(st->nchains == 2 && st->ntargets == 2);
+	REQUIRE(stk_mgmt_state_target(st, 1)->used == 150);
 
 	/*
 	 * A meta node takes shard 1, which takes its store's identity; a second one with
 	 * another store is registered but refused.
 	 */
 	rq = meta_req(0, "127.0.0.1:9600", 0xA);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 2 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
-	CHECK(!stk_mgmt_state_node(st, 2)->refused);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	REQUIRE(node == 2 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
+	REQUIRE(!stk_mgmt_state_node(st, 2)->refused);
 	rq = meta_req(0, "127.0.0.1:9601", 0xB);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 3 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
-	CHECK(stk_mgmt_state_node(st, 3)->refused && stk_mgmt_state_node(st, 3)->ns.lo == 0xB);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	REQUIRE(node == 3 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
+	REQUIRE(stk_mgmt_state_node(st, 3)->refused && stk_mgmt_state_node(st, 3)->ns.lo == 0xB);
 
 	/*
 	 * An unknown node id (mgmtd lost its state) is taken as is, and new ids continue
 	 * after it; a known id under another role gets a new one.
 	 */
 	rq = req(77, STK_ROLE_STORAGE, "127.0.0.1:9501", 0);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 77 && st->next_node_id == 78);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	REQUIRE(node == 77 && st->next_node_id == 78);
 	rq = req(2, STK_ROLE_STORAGE, "127.0.0.1:9502", 0);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 78);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
+	REQUIRE(node == 78);
 
 	/*
 	 * A target id mgmtd does not know (lost state) is taken as is, on chain number
@@ -143,37 +136,37 @@ static int test_registration(struct stk_mgmt_state *st)
 	 */
 	rq = req(77, STK_ROLE_STORAGE, "127.0.0.1:9501", 1);
 	tinfo(&t[0], 7, "/data/t7", 10);
-	CHECK(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == 0);
-	CHECK(node == 77 && ids[0] == 7);
-	CHECK(st->nchains == 7 && st->chains[6].id == 7 && st->chains[6].targets[0] == 7);
-	CHECK(st->chains[2].id == 3 && st->chains[2].ntargets == 0);
-	CHECK(st->next_target_id == 8);
+	REQUIRE(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == 0);
+	REQUIRE(node == 77 && ids[0] == 7);
+	REQUIRE(st->nchains == 7 && st->chains[6].id == 7 && st->chains[6].targets[0] == 7);
+	REQUIRE(st->chains[2].id == 3 && st->chains[2].ntargets == 0);
+	REQUIRE(st->next_target_id == 8);
 	/* ... and the next new target does not collide with it. */
 	tinfo(&t[1], 0, "/data/t8", 10);
 	rq.ntargets = 2;
-	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == 0);
-	CHECK(ids[0] == 7 && ids[1] == 8 && st->nchains == 8 && st->chains[7].targets[0] == 8);
+	REQUIRE(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == 0);
+	REQUIRE(ids[0] == 7 && ids[1] == 8 && st->nchains == 8 && st->chains[7].targets[0] == 8);
 
 	/* A node that stops reporting a target: that target goes OFFLINE. */
 	rq.ntargets = 1;
 	v = st->version;
-	CHECK(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == 0);
-	CHECK(stk_mgmt_state_target(st, 8)->state == STK_TARGET_OFFLINE);
-	CHECK(st->version > v);
+	REQUIRE(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == 0);
+	REQUIRE(stk_mgmt_state_target(st, 8)->state == STK_TARGET_OFFLINE);
+	REQUIRE(st->version > v);
 
 	/* Refused: bad role, empty address, targets on meta, a target id twice. */
 	v = st->version;
 	rq = req(0, STK_ROLE_CLIENT, "x:1", 0);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == -EINVAL);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == -EINVAL);
 	rq = req(0, STK_ROLE_STORAGE, "", 0);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == -EINVAL);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == -EINVAL);
 	rq = req(0, STK_ROLE_META, "x:1", 1);
-	CHECK(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == -EINVAL);
+	REQUIRE(stk_mgmt_state_register(st, &rq, t, 1, 2 * SEC, &node, ids) == -EINVAL);
 	rq = req(1, STK_ROLE_STORAGE, "127.0.0.1:9500", 2);
 	tinfo(&t[0], 1, "/data/t0", 1);
 	tinfo(&t[1], 1, "/data/t1", 1);
-	CHECK(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == -EINVAL);
-	CHECK(st->version == v && st->nnodes == 5);
+	REQUIRE(stk_mgmt_state_register(st, &rq, t, 2, 2 * SEC, &node, ids) == -EINVAL);
+	REQUIRE(st->version == v && st->nnodes == 5);
 	return 0;
 }
 
@@ -185,42 +178,42 @@ static int test_liveness(struct stk_mgmt_state *st)
 	uint64_t v;
 
 	/* Nodes 3, 77, 78 heartbeat at 12 s; node 1 at 3 s; node 2 (shard owner) not at all. */
-	CHECK(stk_mgmt_state_heartbeat(st, 3, NULL, 0, 12 * SEC) == 0);
-	CHECK(stk_mgmt_state_heartbeat(st, 77, NULL, 0, 12 * SEC) == 0);
-	CHECK(stk_mgmt_state_heartbeat(st, 78, NULL, 0, 12 * SEC) == 0);
-	CHECK(stk_mgmt_state_heartbeat(st, 99, NULL, 0, 12 * SEC) == -ENOENT);
+	REQUIRE(stk_mgmt_state_heartbeat(st, 3, NULL, 0, 12 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_heartbeat(st, 77, NULL, 0, 12 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_heartbeat(st, 78, NULL, 0, 12 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_heartbeat(st, 99, NULL, 0, 12 * SEC) == -ENOENT);
 
 	/* Capacity changes do not bump the version. */
 	tinfo(&t[0], 1, "/data/t0", 500);
 	tinfo(&t[1], 2, "/data/t1", 600);
 	v = st->version;
-	CHECK(stk_mgmt_state_heartbeat(st, 1, t, 2, 3 * SEC) == 0);
-	CHECK(st->version == v);
-	CHECK(stk_mgmt_state_target(st, 1)->used == 500);
+	REQUIRE(stk_mgmt_state_heartbeat(st, 1, t, 2, 3 * SEC) == 0);
+	REQUIRE(st->version == v);
+	REQUIRE(stk_mgmt_state_target(st, 1)->used == 500);
 
 	/* 10 s of silence is tolerated, a little more is not. Node 2 was last heard at 2 s. */
-	CHECK(stk_mgmt_state_expire(st, 12 * SEC, TIMEOUT) == 0);
-	CHECK(stk_mgmt_state_expire(st, 12 * SEC + 1, TIMEOUT) == 1);
-	CHECK(st->version > v);
-	CHECK(stk_mgmt_state_node(st, 2)->state == STK_NODE_OFFLINE);
-	CHECK(stk_mgmt_state_node(st, 1)->state == STK_NODE_ONLINE);
-	CHECK(stk_mgmt_state_target(st, 1)->state == STK_TARGET_SERVING);
+	REQUIRE(stk_mgmt_state_expire(st, 12 * SEC, TIMEOUT) == 0);
+	REQUIRE(stk_mgmt_state_expire(st, 12 * SEC + 1, TIMEOUT) == 1);
+	REQUIRE(st->version > v);
+	REQUIRE(stk_mgmt_state_node(st, 2)->state == STK_NODE_OFFLINE);
+	REQUIRE(stk_mgmt_state_node(st, 1)->state == STK_NODE_ONLINE);
+	REQUIRE(stk_mgmt_state_target(st, 1)->state == STK_TARGET_SERVING);
 	/* Node 1 (last heard at 3 s) goes OFFLINE with its targets. */
-	CHECK(stk_mgmt_state_expire(st, 13 * SEC + 1, TIMEOUT) == 1);
-	CHECK(stk_mgmt_state_node(st, 1)->state == STK_NODE_OFFLINE);
-	CHECK(stk_mgmt_state_target(st, 1)->state == STK_TARGET_OFFLINE);
-	CHECK(stk_mgmt_state_target(st, 2)->state == STK_TARGET_OFFLINE);
-	CHECK(stk_mgmt_state_target(st, 7)->state == STK_TARGET_SERVING);
-	CHECK(stk_mgmt_state_node(st, 3)->state == STK_NODE_ONLINE);
-	CHECK(stk_mgmt_state_expire(st, 14 * SEC, TIMEOUT) == 0); /* already OFFLINE */
+	REQUIRE(stk_mgmt_state_expire(st, 13 * SEC + 1, TIMEOUT) == 1);
+	REQUIRE(stk_mgmt_state_node(st, 1)->state == STK_NODE_OFFLINE);
+	REQUIRE(stk_mgmt_state_target(st, 1)->state == STK_TARGET_OFFLINE);
+	REQUIRE(stk_mgmt_state_target(st, 2)->state == STK_TARGET_OFFLINE);
+	REQUIRE(stk_mgmt_state_target(st, 7)->state == STK_TARGET_SERVING);
+	REQUIRE(stk_mgmt_state_node(st, 3)->state == STK_NODE_ONLINE);
+	REQUIRE(stk_mgmt_state_expire(st, 14 * SEC, TIMEOUT) == 0); /* already OFFLINE */
 
 	/* A heartbeat brings node 1 and the targets it reports back. */
 	v = st->version;
-	CHECK(stk_mgmt_state_heartbeat(st, 1, t, 2, 15 * SEC) == 0);
-	CHECK(st->version > v);
-	CHECK(stk_mgmt_state_node(st, 1)->state == STK_NODE_ONLINE);
-	CHECK(stk_mgmt_state_target(st, 1)->state == STK_TARGET_SERVING);
-	CHECK(stk_mgmt_state_target(st, 2)->state == STK_TARGET_SERVING);
+	REQUIRE(stk_mgmt_state_heartbeat(st, 1, t, 2, 15 * SEC) == 0);
+	REQUIRE(st->version > v);
+	REQUIRE(stk_mgmt_state_node(st, 1)->state == STK_NODE_ONLINE);
+	REQUIRE(stk_mgmt_state_target(st, 1)->state == STK_TARGET_SERVING);
+	REQUIRE(stk_mgmt_state_target(st, 2)->state == STK_TARGET_SERVING);
 
 	/*
 	 * The shard owner is OFFLINE: a meta node with another store still does not get
@@ -228,11 +221,11 @@ static int test_liveness(struct stk_mgmt_state *st)
 	 * restarted as node 3, does.
 	 */
 	rq = meta_req(3, "127.0.0.1:9601", 0xB);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
-	CHECK(node == 3 && st->shard1_node == 2 && stk_mgmt_state_node(st, 3)->refused);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
+	REQUIRE(node == 3 && st->shard1_node == 2 && stk_mgmt_state_node(st, 3)->refused);
 	rq = meta_req(3, "127.0.0.1:9601", 0xA);
-	CHECK(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
-	CHECK(node == 3 && st->shard1_node == 3 && !stk_mgmt_state_node(st, 3)->refused);
+	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
+	REQUIRE(node == 3 && st->shard1_node == 3 && !stk_mgmt_state_node(st, 3)->refused);
 	return 0;
 }
 
@@ -242,38 +235,38 @@ static int test_routing(struct stk_mgmt_state *st)
 	const struct stk_rt_chain *c;
 	const struct stk_rt_node *n;
 
-	CHECK(routing(st, st->version, 16 * SEC, &rt) == 0);
-	CHECK(rt.version == st->version && rt.nnodes == 0 && rt.nchains == 0 && rt.ntargets == 0);
+	REQUIRE(routing(st, st->version, 16 * SEC, &rt) == 0);
+	REQUIRE(rt.version == st->version && rt.nnodes == 0 && rt.nchains == 0 && rt.ntargets == 0);
 	stk_routing_free(&rt);
 
-	CHECK(routing(st, 0, 16 * SEC, &rt) == 0);
-	CHECK(rt.version == st->version);
-	CHECK(rt.nnodes == 5 && rt.ntargets == 4 && rt.nchains == 8 && rt.nshards == 1);
-	CHECK(rt.shards[0].id == 1 && rt.shards[0].node_id == 3 && rt.shards[0].ns.lo == 0xA &&
+	REQUIRE(routing(st, 0, 16 * SEC, &rt) == 0);
+	REQUIRE(rt.version == st->version);
+	REQUIRE(rt.nnodes == 5 && rt.ntargets == 4 && rt.nchains == 8 && rt.nshards == 1);
+	REQUIRE(rt.shards[0].id == 1 && rt.shards[0].node_id == 3 && rt.shards[0].ns.lo == 0xA &&
 	      rt.shards[0].ns.hi == 0);
 	n = stk_routing_node(&rt, 3);
-	CHECK(n && !n->refused && n->ns.lo == 0xA);
+	REQUIRE(n && !n->refused && n->ns.lo == 0xA);
 	c = stk_routing_chain(&rt, 7);
-	CHECK(c && c->ntargets == 1 && c->targets[0] == 7);
+	REQUIRE(c && c->ntargets == 1 && c->targets[0] == 7);
 	c = stk_routing_chain(&rt, 3);
-	CHECK(c && c->ntargets == 0);
+	REQUIRE(c && c->ntargets == 0);
 	n = stk_routing_node(&rt, 1);
-	CHECK(n && n->state == STK_NODE_ONLINE && n->last_seen_ms == 1000);
-	CHECK(strcmp(n->addr, "127.0.0.1:9500") == 0 && n->role == STK_ROLE_STORAGE);
-	CHECK(stk_routing_target(&rt, 2)->used == 600);
-	CHECK(strcmp(stk_routing_target(&rt, 7)->path, "/data/t7") == 0);
+	REQUIRE(n && n->state == STK_NODE_ONLINE && n->last_seen_ms == 1000);
+	REQUIRE(strcmp(n->addr, "127.0.0.1:9500") == 0 && n->role == STK_ROLE_STORAGE);
+	REQUIRE(stk_routing_target(&rt, 2)->used == 600);
+	REQUIRE(strcmp(stk_routing_target(&rt, 7)->path, "/data/t7") == 0);
 	stk_routing_free(&rt);
 	return 0;
 }
 
 static int test_persistence(struct stk_mgmt_state *st)
 {
-	char dir[] = "/tmp/stk-test-mgmtd-XXXXXX", path[128], tmp[160];
+	char dir[64], path[128], tmp[160];
 	struct stk_mgmt_state ld;
 	uint8_t b;
 	int fd, rc = 1;
 
-	CHECK(mkdtemp(dir));
+	REQUIRE(check_tmpdir(dir, sizeof(dir), "mgmtd") == 0);
 	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
 	stk_mgmt_state_init(&ld);
@@ -328,11 +321,9 @@ static int test_persistence(struct stk_mgmt_state *st)
 	rc = 0;
 out:
 	if (rc)
-		fprintf(stderr, "persistence round trip failed\n");
+		CHECK_FAIL("persistence round trip failed");
 	stk_mgmt_state_free(&ld);
-	unlink(path);
-	unlink(tmp);
-	rmdir(dir);
+	check_rm_rf(dir);
 	return rc;
 }
 
@@ -377,7 +368,7 @@ static int test_lost_state(void)
 	rc = 0;
 out:
 	if (rc)
-		fprintf(stderr, "lost-state registration failed\n");
+		CHECK_FAIL("lost-state registration failed");
 	stk_mgmt_state_free(&st);
 	return rc;
 }
@@ -399,26 +390,26 @@ static int test_host_identity(void)
 	tinfo(&t[0], 0, "/a/t0", 100);
 	t[0].avail = 700;
 	t[0].dev = 42;
-	CHECK(stk_mgmt_state_register(&st, &rq, t, 1, 1 * SEC, &nid, ids) == 0);
-	CHECK(routing(&st, 0, 1 * SEC, &rt) == 0);
-	CHECK(rt.nnodes == 1 && strcmp(rt.nodes[0].host_id, "hostA") == 0);
-	CHECK(rt.ntargets == 1 && rt.targets[0].avail == 700 && rt.targets[0].dev == 42);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, t, 1, 1 * SEC, &nid, ids) == 0);
+	REQUIRE(routing(&st, 0, 1 * SEC, &rt) == 0);
+	REQUIRE(rt.nnodes == 1 && strcmp(rt.nodes[0].host_id, "hostA") == 0);
+	REQUIRE(rt.ntargets == 1 && rt.targets[0].avail == 700 && rt.targets[0].dev == 42);
 	stk_routing_free(&rt);
 	/* The same host id again: no new routing version; another one: a new version. */
 	v = st.version;
 	stk_mgmt_state_set_host(&st, nid, "hostA");
-	CHECK(st.version == v);
+	REQUIRE(st.version == v);
 	stk_mgmt_state_set_host(&st, nid, "hostB");
-	CHECK(st.version > v);
+	REQUIRE(st.version > v);
 	stk_mgmt_state_set_host(&st, nid + 100, "hostC"); /* unknown node: ignored */
 	/* Heartbeats refresh avail and dev. */
 	t[0].target_id = ids[0];
 	t[0].avail = 650;
 	t[0].dev = 43;
-	CHECK(stk_mgmt_state_heartbeat(&st, nid, t, 1, 2 * SEC) == 0);
-	CHECK(routing(&st, 0, 2 * SEC, &rt) == 0);
-	CHECK(strcmp(rt.nodes[0].host_id, "hostB") == 0);
-	CHECK(rt.targets[0].avail == 650 && rt.targets[0].dev == 43);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, nid, t, 1, 2 * SEC) == 0);
+	REQUIRE(routing(&st, 0, 2 * SEC, &rt) == 0);
+	REQUIRE(strcmp(rt.nodes[0].host_id, "hostB") == 0);
+	REQUIRE(rt.targets[0].avail == 650 && rt.targets[0].dev == 43);
 	stk_routing_free(&rt);
 	stk_mgmt_state_free(&st);
 	return rc;
@@ -498,7 +489,7 @@ static int test_identity(void)
 	rc = 0;
 out:
 	if (rc)
-		fprintf(stderr, "shard identity rules failed\n");
+		CHECK_FAIL("shard identity rules failed");
 	stk_mgmt_state_free(&st);
 	return rc;
 }
@@ -510,7 +501,7 @@ out:
  */
 static int test_old_format(void)
 {
-	char dir[] = "/tmp/stk-test-mgmtd-XXXXXX", path[128];
+	char dir[64], path[128];
 	struct stk_msg_mgmt_register_req rq;
 	struct stk_mgmt_state st;
 	uint8_t buf[256];
@@ -519,7 +510,7 @@ static int test_old_format(void)
 	int rc = 1;
 
 	stk_mgmt_state_init(&st);
-	CHECK(mkdtemp(dir));
+	REQUIRE(check_tmpdir(dir, sizeof(dir), "mgmtd") == 0);
 	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
 	stk_wbuf_init(&w, buf, sizeof(buf));
 	stk_put_u32(&w, 0x4D4B5453u);
@@ -554,10 +545,9 @@ static int test_old_format(void)
 	rc = 0;
 out:
 	if (rc)
-		fprintf(stderr, "format 1 state file failed\n");
+		CHECK_FAIL("format 1 state file failed");
 	stk_mgmt_state_free(&st);
-	unlink(path);
-	rmdir(dir);
+	check_rm_rf(dir);
 	return rc;
 }
 
@@ -573,15 +563,16 @@ int main(void)
 		usleep(2000);
 		stk_mgmt_state_init(&other);
 		if (other.version == st.version) {
-			fprintf(stderr, "fresh states share a version\n");
-			return 1;
+			CHECK_FAIL("fresh states share a version");
+			return check_done();
 		}
 	}
+	/* The first four tests build on one state: the first that fails stops the run. */
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
 	     test_persistence(&st) || test_lost_state() || test_host_identity() ||
 	     test_identity() || test_old_format();
 	stk_mgmt_state_free(&st);
-	if (rc == 0)
-		printf("test_mgmtd_state: all passed\n");
-	return rc ? 1 : 0;
+	if (rc && !check_failures())
+		CHECK_FAIL("a test failed without a failed check");
+	return check_done();
 }

@@ -9,7 +9,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,32 +21,11 @@
 #include "common/util.h"
 #include "proto/msg.h"
 #include "storage/chunk.h"
-
-#define CHECK(c)                                                                                   \
-	do {                                                                                       \
-		if (!(c)) {                                                                        \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);      \
-			return 1;                                                                  \
-		}                                                                                  \
-	} while (0)
+#include "check.h"
 
 #define CHUNK (256u << 10)
 
 static char g_root[256];
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-	(void)sb;
-	(void)flag;
-	(void)ftw;
-	remove(path);
-	return 0;
-}
-
-static void rm_rf(const char *path)
-{
-	nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
 
 static uint64_t g_rng = 42;
 
@@ -87,37 +65,37 @@ static int test_round_trip(struct stk_chunk_store *cs)
 	uint32_t len = 0;
 
 	fill(w, sizeof(w), 1);
-	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, 3000, w, 10000, NULL, 0, &len) == 0);
-	CHECK(len == 13000);
+	REQUIRE(stk_chunk_write(cs, 0x10, 0, CHUNK, 3000, w, 10000, NULL, 0, &len) == 0);
+	REQUIRE(len == 13000);
 	/* The whole chunk: a hole of zeros, then the data, then the end. */
-	CHECK(stk_chunk_read(cs, 0x10, 0, 0, r, CHUNK, NULL) == 13000);
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 0, r, CHUNK, NULL) == 13000);
 	for (int i = 0; i < 3000; i++)
-		CHECK(r[i] == 0);
-	CHECK(memcmp(r + 3000, w, 10000) == 0);
+		REQUIRE(r[i] == 0);
+	REQUIRE(memcmp(r + 3000, w, 10000) == 0);
 	/* Reads that start and end inside blocks, and one inside a single block. */
-	CHECK(stk_chunk_read(cs, 0x10, 0, 4095, r, 2, NULL) == 2);
-	CHECK(r[0] == w[1095] && r[1] == w[1096]);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 5000, r, 7000, NULL) == 7000);
-	CHECK(memcmp(r, w + 2000, 7000) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 8192, r, 4096, NULL) == 4096);
-	CHECK(memcmp(r, w + 5192, 4096) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 4095, r, 2, NULL) == 2);
+	REQUIRE(r[0] == w[1095] && r[1] == w[1096]);
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 5000, r, 7000, NULL) == 7000);
+	REQUIRE(memcmp(r, w + 2000, 7000) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 8192, r, 4096, NULL) == 4096);
+	REQUIRE(memcmp(r, w + 5192, 4096) == 0);
 	/* Short read at the end, nothing past it, missing chunks read as 0 bytes. */
-	CHECK(stk_chunk_read(cs, 0x10, 0, 12900, r, 8192, NULL) == 100);
-	CHECK(memcmp(r, w + 9900, 100) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 13000, r, 10, NULL) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 0, 200000, r, 10, NULL) == 0);
-	CHECK(stk_chunk_read(cs, 0x10, 1, 0, r, 10, NULL) == 0);
-	CHECK(stk_chunk_read(cs, 0x11, 0, 0, r, 10, NULL) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 12900, r, 8192, NULL) == 100);
+	REQUIRE(memcmp(r, w + 9900, 100) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 13000, r, 10, NULL) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 200000, r, 10, NULL) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x10, 1, 0, r, 10, NULL) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x11, 0, 0, r, 10, NULL) == 0);
 	/* A write past the chunk size is refused. */
-	CHECK(stk_chunk_write(cs, 0x10, 0, CHUNK, CHUNK - 10, w, 11, NULL, 0, &len) == -EINVAL);
-	CHECK(stk_chunk_write(cs, 0x10, 0, 0, 0, w, 1, NULL, 0, &len) == -EINVAL);
+	REQUIRE(stk_chunk_write(cs, 0x10, 0, CHUNK, CHUNK - 10, w, 11, NULL, 0, &len) == -EINVAL);
+	REQUIRE(stk_chunk_write(cs, 0x10, 0, 0, 0, w, 1, NULL, 0, &len) == -EINVAL);
 	/* A hole in a new chunk. */
-	CHECK(stk_chunk_write(cs, 0x12, 3, CHUNK, 100000, w, 50, NULL, STK_WRITE_SYNC, &len) == 0);
-	CHECK(len == 100050);
-	CHECK(stk_chunk_read(cs, 0x12, 3, 0, r, CHUNK, NULL) == 100050);
+	REQUIRE(stk_chunk_write(cs, 0x12, 3, CHUNK, 100000, w, 50, NULL, STK_WRITE_SYNC, &len) == 0);
+	REQUIRE(len == 100050);
+	REQUIRE(stk_chunk_read(cs, 0x12, 3, 0, r, CHUNK, NULL) == 100050);
 	for (int i = 0; i < 100000; i++)
-		CHECK(r[i] == 0);
-	CHECK(memcmp(r + 100000, w, 50) == 0);
+		REQUIRE(r[i] == 0);
+	REQUIRE(memcmp(r + 100000, w, 50) == 0);
 	return 0;
 }
 
@@ -137,34 +115,36 @@ static int test_whole_chunks(struct stk_chunk_store *cs)
 	struct stat st;
 	int rc = 1;
 
-	if (!w || !r || !crcs)
+	if (!w || !r || !crcs) {
+		CHECK_FAIL("out of memory");
 		goto out;
+	}
 	/* aligned, with the caller's CRCs, then replaced whole */
 	for (uint8_t seed = 20; seed < 22; seed++) {
 		fill(w, big, seed);
 		stk_crc32c_blocks(w, big, STK_CHUNK_BLOCK, crcs);
-		CHECK(stk_chunk_write(cs, 0x70, 0, big, 0, w, big, crcs, 0, &len) == 0);
-		CHECK(len == big);
-		CHECK(stk_chunk_read(cs, 0x70, 0, 0, r, big, NULL) == (long)big);
-		CHECK(memcmp(r, w, big) == 0);
+		REQUIRE(stk_chunk_write(cs, 0x70, 0, big, 0, w, big, crcs, 0, &len) == 0);
+		REQUIRE(len == big);
+		REQUIRE(stk_chunk_read(cs, 0x70, 0, 0, r, big, NULL) == (long)big);
+		REQUIRE(memcmp(r, w, big) == 0);
 	}
-	CHECK(file_path(cs, 0x70, 0, path, sizeof(path)) == 0 && stat(path, &st) == 0);
-	CHECK(st.st_size == 4096 + (off_t)big);
+	REQUIRE(file_path(cs, 0x70, 0, path, sizeof(path)) == 0 && stat(path, &st) == 0);
+	REQUIRE(st.st_size == 4096 + (off_t)big);
 	/* a partial write keeps the rest of the uncached chunk */
 	fill(w + big, 5000, 22);
-	CHECK(stk_chunk_write(cs, 0x70, 0, big, 7000, w + big, 5000, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_write(cs, 0x70, 0, big, 7000, w + big, 5000, NULL, 0, &len) == 0);
 	memcpy(w + 7000, w + big, 5000);
-	CHECK(stk_chunk_read(cs, 0x70, 0, 0, r, big, NULL) == (long)big);
-	CHECK(memcmp(r, w, big) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x70, 0, 0, r, big, NULL) == (long)big);
+	REQUIRE(memcmp(r, w, big) == 0);
 	/* unaligned, and not whole pages: through the page cache, no CRCs given */
 	fill(w, big, 23);
-	CHECK(stk_chunk_write(cs, 0x71, 0, big, 0, w + 16, big - 16, NULL, 0, &len) == 0);
-	CHECK(len == big - 16);
-	CHECK(stk_chunk_read(cs, 0x71, 0, 0, r, big, NULL) == (long)(big - 16));
-	CHECK(memcmp(r, w + 16, big - 16) == 0);
-	CHECK(stk_chunk_write(cs, 0x71, 1, big, 0, w, big - 100, NULL, STK_WRITE_SYNC, &len) == 0);
-	CHECK(stk_chunk_read(cs, 0x71, 1, 0, r, big, NULL) == (long)(big - 100));
-	CHECK(memcmp(r, w, big - 100) == 0);
+	REQUIRE(stk_chunk_write(cs, 0x71, 0, big, 0, w + 16, big - 16, NULL, 0, &len) == 0);
+	REQUIRE(len == big - 16);
+	REQUIRE(stk_chunk_read(cs, 0x71, 0, 0, r, big, NULL) == (long)(big - 16));
+	REQUIRE(memcmp(r, w + 16, big - 16) == 0);
+	REQUIRE(stk_chunk_write(cs, 0x71, 1, big, 0, w, big - 100, NULL, STK_WRITE_SYNC, &len) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x71, 1, 0, r, big, NULL) == (long)(big - 100));
+	REQUIRE(memcmp(r, w, big - 100) == 0);
 	rc = 0;
 out:
 	free(w);
@@ -189,22 +169,22 @@ static int test_model(struct stk_chunk_store *cs)
 		if (off + n > CHUNK)
 			n = CHUNK - off;
 		fill(w, n, (uint8_t)it);
-		CHECK(stk_chunk_write(cs, 0x20, 5, CHUNK, off, w, n, NULL, 0, &len) == 0);
+		REQUIRE(stk_chunk_write(cs, 0x20, 5, CHUNK, off, w, n, NULL, 0, &len) == 0);
 		memcpy(model + off, w, n);
 		if (off + n > mlen)
 			mlen = off + n;
-		CHECK(len == mlen);
-		CHECK(stk_chunk_read(cs, 0x20, 5, 0, r, CHUNK, NULL) == (long)mlen);
-		CHECK(memcmp(r, model, mlen) == 0);
+		REQUIRE(len == mlen);
+		REQUIRE(stk_chunk_read(cs, 0x20, 5, 0, r, CHUNK, NULL) == (long)mlen);
+		REQUIRE(memcmp(r, model, mlen) == 0);
 		ro = rnd(mlen + 100);
 		rl = rnd(30000) + 1;
 		got = stk_chunk_read(cs, 0x20, 5, ro, r, rl, NULL);
 		if (ro >= mlen)
-			CHECK(got == 0);
+			REQUIRE(got == 0);
 		else
-			CHECK(got == (long)STK_MIN(rl, mlen - ro));
+			REQUIRE(got == (long)STK_MIN(rl, mlen - ro));
 		if (got > 0)
-			CHECK(memcmp(r, model + ro, (size_t)got) == 0);
+			REQUIRE(memcmp(r, model + ro, (size_t)got) == 0);
 	}
 	return 0;
 }
@@ -220,37 +200,37 @@ static int test_truncate(struct stk_chunk_store *cs)
 	fill(w, sizeof(w), 9);
 	before = nchunks(cs);
 	for (uint32_t i = 0; i < 4; i++)
-		CHECK(stk_chunk_write(cs, 0x130, i, cs64, 0, w + i * 100, cs64, NULL, 0, &len) == 0);
-	CHECK(nchunks(cs) == before + 4);
+		REQUIRE(stk_chunk_write(cs, 0x130, i, cs64, 0, w + i * 100, cs64, NULL, 0, &len) == 0);
+	REQUIRE(nchunks(cs) == before + 4);
 	/* Cut inside chunk 1 (not on a block boundary): chunks 2 and 3 go. */
-	CHECK(stk_chunk_truncate(cs, 0x130, cs64 + 5000, cs64) == 0);
-	CHECK(nchunks(cs) == before + 2);
-	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == cs64);
-	CHECK(memcmp(r, w, cs64) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 1, 0, r, cs64, NULL) == 5000);
-	CHECK(memcmp(r, w + 100, 5000) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 2, 0, r, cs64, NULL) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 3, 0, r, cs64, NULL) == 0);
+	REQUIRE(stk_chunk_truncate(cs, 0x130, cs64 + 5000, cs64) == 0);
+	REQUIRE(nchunks(cs) == before + 2);
+	REQUIRE(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == cs64);
+	REQUIRE(memcmp(r, w, cs64) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x130, 1, 0, r, cs64, NULL) == 5000);
+	REQUIRE(memcmp(r, w + 100, 5000) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x130, 2, 0, r, cs64, NULL) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x130, 3, 0, r, cs64, NULL) == 0);
 	/* Growing after a cut reads zeros where the old bytes were. */
-	CHECK(stk_chunk_write(cs, 0x130, 1, cs64, 9000, w, 10, NULL, 0, &len) == 0);
-	CHECK(len == 9010);
-	CHECK(stk_chunk_read(cs, 0x130, 1, 4990, r, 4020, NULL) == 4020);
-	CHECK(memcmp(r, w + 100 + 4990, 10) == 0);
+	REQUIRE(stk_chunk_write(cs, 0x130, 1, cs64, 9000, w, 10, NULL, 0, &len) == 0);
+	REQUIRE(len == 9010);
+	REQUIRE(stk_chunk_read(cs, 0x130, 1, 4990, r, 4020, NULL) == 4020);
+	REQUIRE(memcmp(r, w + 100 + 4990, 10) == 0);
 	for (int i = 10; i < 4010; i++)
-		CHECK(r[i] == 0);
+		REQUIRE(r[i] == 0);
 	/* Cut on a chunk boundary, then a no-op larger size, then everything. */
-	CHECK(stk_chunk_truncate(cs, 0x130, cs64, cs64) == 0);
-	CHECK(nchunks(cs) == before + 1);
-	CHECK(stk_chunk_truncate(cs, 0x130, 10 * (uint64_t)cs64, cs64) == 0);
-	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == cs64);
-	CHECK(stk_chunk_truncate(cs, 0x130, 0, cs64) == 0);
-	CHECK(nchunks(cs) == before);
-	CHECK(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == 0);
+	REQUIRE(stk_chunk_truncate(cs, 0x130, cs64, cs64) == 0);
+	REQUIRE(nchunks(cs) == before + 1);
+	REQUIRE(stk_chunk_truncate(cs, 0x130, 10 * (uint64_t)cs64, cs64) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == cs64);
+	REQUIRE(stk_chunk_truncate(cs, 0x130, 0, cs64) == 0);
+	REQUIRE(nchunks(cs) == before);
+	REQUIRE(stk_chunk_read(cs, 0x130, 0, 0, r, cs64, NULL) == 0);
 	file_path(cs, 0x130, 0, p, sizeof(p));
 	*strrchr(p, '/') = 0;
-	CHECK(!exists(p)); /* the inode's folder is gone */
-	CHECK(stk_chunk_truncate(cs, 0x130, 0, cs64) == 0);
-	CHECK(stk_chunk_truncate(cs, 0x130, 0, 0) == -EINVAL);
+	REQUIRE(!exists(p)); /* the inode's folder is gone */
+	REQUIRE(stk_chunk_truncate(cs, 0x130, 0, cs64) == 0);
+	REQUIRE(stk_chunk_truncate(cs, 0x130, 0, 0) == -EINVAL);
 	return 0;
 }
 
@@ -265,26 +245,26 @@ static int test_punch(struct stk_chunk_store *cs)
 	fill(w, sizeof(w), 11);
 	before = nchunks(cs);
 	for (uint32_t i = 0; i < 6; i++)
-		CHECK(stk_chunk_write(cs, 0x140, i, cs64, 0, w + i * 100, cs64, NULL, 0, &len) == 0);
-	CHECK(stk_chunk_punch(cs, 0x140, 1, 3) == 0);
-	CHECK(nchunks(cs) == before + 4);
-	CHECK(stk_chunk_read(cs, 0x140, 1, 0, r, cs64, NULL) == 0);
-	CHECK(stk_chunk_read(cs, 0x140, 2, 0, r, cs64, NULL) == 0);
-	CHECK(stk_chunk_read(cs, 0x140, 3, 0, r, cs64, NULL) == cs64);
-	CHECK(memcmp(r, w + 300, cs64) == 0);
-	CHECK(stk_chunk_read(cs, 0x140, 0, 0, r, cs64, NULL) == cs64);
-	CHECK(memcmp(r, w, cs64) == 0);
-	CHECK(stk_chunk_punch(cs, 0x140, 1, 3) == 0); /* again: nothing there, no error */
-	CHECK(stk_chunk_punch(cs, 0x140, 5, 5) == 0); /* empty range */
-	CHECK(stk_chunk_read(cs, 0x140, 5, 0, r, cs64, NULL) == cs64);
-	CHECK(stk_chunk_punch(cs, 0x140, 4, 3) == -EINVAL);
-	CHECK(stk_chunk_punch(cs, 0x999, 0, 10) == 0); /* no such inode */
+		REQUIRE(stk_chunk_write(cs, 0x140, i, cs64, 0, w + i * 100, cs64, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_punch(cs, 0x140, 1, 3) == 0);
+	REQUIRE(nchunks(cs) == before + 4);
+	REQUIRE(stk_chunk_read(cs, 0x140, 1, 0, r, cs64, NULL) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x140, 2, 0, r, cs64, NULL) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x140, 3, 0, r, cs64, NULL) == cs64);
+	REQUIRE(memcmp(r, w + 300, cs64) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x140, 0, 0, r, cs64, NULL) == cs64);
+	REQUIRE(memcmp(r, w, cs64) == 0);
+	REQUIRE(stk_chunk_punch(cs, 0x140, 1, 3) == 0); /* again: nothing there, no error */
+	REQUIRE(stk_chunk_punch(cs, 0x140, 5, 5) == 0); /* empty range */
+	REQUIRE(stk_chunk_read(cs, 0x140, 5, 0, r, cs64, NULL) == cs64);
+	REQUIRE(stk_chunk_punch(cs, 0x140, 4, 3) == -EINVAL);
+	REQUIRE(stk_chunk_punch(cs, 0x999, 0, 10) == 0); /* no such inode */
 	/* a punched chunk written again holds only the new bytes */
-	CHECK(stk_chunk_write(cs, 0x140, 2, cs64, 100, w, 10, NULL, 0, &len) == 0);
-	CHECK(len == 110);
-	CHECK(stk_chunk_punch(cs, 0x140, 0, UINT32_MAX) == 0);
-	CHECK(nchunks(cs) == before);
-	CHECK(stk_chunk_truncate(cs, 0x140, 0, cs64) == 0);
+	REQUIRE(stk_chunk_write(cs, 0x140, 2, cs64, 100, w, 10, NULL, 0, &len) == 0);
+	REQUIRE(len == 110);
+	REQUIRE(stk_chunk_punch(cs, 0x140, 0, UINT32_MAX) == 0);
+	REQUIRE(nchunks(cs) == before);
+	REQUIRE(stk_chunk_truncate(cs, 0x140, 0, cs64) == 0);
 	return 0;
 }
 
@@ -329,45 +309,45 @@ static int test_corruption(struct stk_chunk_store *cs)
 	long rc;
 
 	fill(w, sizeof(w), 3);
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 20000, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 20000, NULL, 0, &len) == 0);
 	file_path(cs, 0x1a, 7, p, sizeof(p));
 	/* Flip one byte in data block 2 (header is 4 KiB). */
-	CHECK(flip_byte(p, 4096 + 2 * 4096 + 123) == 0);
+	REQUIRE(flip_byte(p, 4096 + 2 * 4096 + 123) == 0);
 	memset(r, 0xee, sizeof(r));
 	rc = read_capturing(cs, 0x1a, 7, 0, r, CHUNK, log, sizeof(log));
-	CHECK(rc == -EIO);
+	REQUIRE(rc == -EIO);
 	for (int i = 0; i < 20000; i++)
-		CHECK(r[i] == 0); /* the bytes never reach the caller */
+		REQUIRE(r[i] == 0); /* the bytes never reach the caller */
 	snprintf(want, sizeof(want), "checksum mismatch: target %u ino 0x1a chunk 7 block 2 (",
 		 stk_chunk_store_id(cs));
-	CHECK(strstr(log, want) != NULL);
-	CHECK(strstr(log, "refusing to return data") != NULL);
+	REQUIRE(strstr(log, want) != NULL);
+	REQUIRE(strstr(log, "refusing to return data") != NULL);
 	/* Blocks around it still read. */
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 8192, NULL) == 8192);
-	CHECK(memcmp(r, w, 8192) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 12288, r, 4096, NULL) == 4096);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192 + 4000, r, 200, NULL) == -EIO);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 0, r, 8192, NULL) == 8192);
+	REQUIRE(memcmp(r, w, 8192) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 12288, r, 4096, NULL) == 4096);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 8192 + 4000, r, 200, NULL) == -EIO);
 	/* A write that keeps bytes of the bad block refuses to launder them. */
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8200, w, 10, NULL, 0, &len) == -EIO);
+	REQUIRE(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8200, w, 10, NULL, 0, &len) == -EIO);
 	/* A write elsewhere keeps the bad block's stored CRC: still detected after. */
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 100, NULL, 0, &len) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 8192, r, 4096, NULL) == -EIO);
+	REQUIRE(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 100, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 8192, r, 4096, NULL) == -EIO);
 	/* Overwriting the whole bad block repairs it. */
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8192, w + 8192, 4096, NULL, 0, &len) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK, NULL) == 20000);
-	CHECK(memcmp(r, w, 20000) == 0);
+	REQUIRE(stk_chunk_write(cs, 0x1a, 7, CHUNK, 8192, w + 8192, 4096, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK, NULL) == 20000);
+	REQUIRE(memcmp(r, w, 20000) == 0);
 
 	/* A damaged header: -EIO for reads and partial writes; a whole-chunk write repairs. */
-	CHECK(flip_byte(p, 14) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100, NULL) == -EIO);
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 10, NULL, 0, &len) == -EIO);
-	CHECK(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, CHUNK, NULL, 0, &len) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK, NULL) == CHUNK);
-	CHECK(memcmp(r, w, CHUNK) == 0);
+	REQUIRE(flip_byte(p, 14) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 0, r, 100, NULL) == -EIO);
+	REQUIRE(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, 10, NULL, 0, &len) == -EIO);
+	REQUIRE(stk_chunk_write(cs, 0x1a, 7, CHUNK, 0, w, CHUNK, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 0, r, CHUNK, NULL) == CHUNK);
+	REQUIRE(memcmp(r, w, CHUNK) == 0);
 	/* A file cut short. */
-	CHECK(truncate(p, 4096 + 1000) == 0);
-	CHECK(stk_chunk_read(cs, 0x1a, 7, 0, r, 100, NULL) == -EIO);
-	CHECK(stk_chunk_truncate(cs, 0x1a, 0, CHUNK) == 0);
+	REQUIRE(truncate(p, 4096 + 1000) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x1a, 7, 0, r, 100, NULL) == -EIO);
+	REQUIRE(stk_chunk_truncate(cs, 0x1a, 0, CHUNK) == 0);
 	return 0;
 }
 
@@ -427,14 +407,14 @@ static int test_enospc(void)
 	fill(w, sizeof(w), 5);
 	fill(w2, sizeof(w2), 6);
 	if (stk_chunk_store_open(mnt, &cs)) {
-		fprintf(stderr, "cannot open store on tmpfs\n");
+		CHECK_FAIL("cannot open store on tmpfs");
 		goto out;
 	}
 	rc = stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w, 200000, NULL, STK_WRITE_SYNC, &len);
 	if (rc == 0)
 		rc = fill_up(cs, w);
 	if (rc) {
-		fprintf(stderr, "filling the file system failed: %s\n", strerror(-rc));
+		CHECK_FAIL("filling the file system failed: %s", strerror(-rc));
 		rc = 1;
 		goto out;
 	}
@@ -443,22 +423,22 @@ static int test_enospc(void)
 	if (stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, NULL, STK_WRITE_SYNC, &len) != -ENOSPC ||
 	    stk_chunk_write(cs, 0x55, 0, CHUNK, 100, w2, 10, NULL, 0, &len) != -ENOSPC ||
 	    stk_chunk_write(cs, 0x56, 0, CHUNK, 0, w2, 100000, NULL, 0, &len) != -ENOSPC) {
-		fprintf(stderr, "writes on a full file system did not give ENOSPC\n");
+		CHECK_FAIL("writes on a full file system did not give ENOSPC");
 		goto out;
 	}
 	if (stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK, NULL) != 200000 || memcmp(r, w, 200000) != 0) {
-		fprintf(stderr, "old chunk not intact after ENOSPC\n");
+		CHECK_FAIL("old chunk not intact after ENOSPC");
 		goto out;
 	}
 	if (count_tmp_files(mnt) != 0) {
-		fprintf(stderr, "temporary files left behind after ENOSPC\n");
+		CHECK_FAIL("temporary files left behind after ENOSPC");
 		goto out;
 	}
 	/* Space freed: writes work again. */
 	if (stk_chunk_truncate(cs, 0x77, 0, CHUNK) ||
 	    stk_chunk_write(cs, 0x55, 0, CHUNK, 0, w2, 200000, NULL, 0, &len) ||
 	    stk_chunk_read(cs, 0x55, 0, 0, r, CHUNK, NULL) != 200000 || memcmp(r, w2, 200000) != 0) {
-		fprintf(stderr, "writes after freeing space failed\n");
+		CHECK_FAIL("writes after freeing space failed");
 		goto out;
 	}
 	rc = 0;
@@ -498,14 +478,14 @@ static int test_concurrent(struct stk_chunk_store *cs)
 	fill(w, sizeof(w), 11);
 	for (int i = 0; i < 4; i++) {
 		args[i] = (struct writer_arg){.cs = cs, .w = w, .id = i};
-		CHECK(pthread_create(&th[i], NULL, writer, &args[i]) == 0);
+		REQUIRE(pthread_create(&th[i], NULL, writer, &args[i]) == 0);
 	}
 	for (int i = 0; i < 4; i++) {
 		pthread_join(th[i], NULL);
-		CHECK(args[i].rc == 0);
+		REQUIRE(args[i].rc == 0);
 	}
-	CHECK(stk_chunk_read(cs, 0x99, 1, 0, r, CHUNK, NULL) == CHUNK);
-	CHECK(memcmp(r, w, CHUNK) == 0);
+	REQUIRE(stk_chunk_read(cs, 0x99, 1, 0, r, CHUNK, NULL) == CHUNK);
+	REQUIRE(memcmp(r, w, CHUNK) == 0);
 	return 0;
 }
 
@@ -519,7 +499,7 @@ static int test_big_chunk(struct stk_chunk_store *cs)
 	uint32_t len;
 	int ok;
 
-	CHECK(w && r);
+	REQUIRE(w && r);
 	fill(w, big, 13);
 	ok = stk_chunk_write(cs, 0xb16, 0, big, 0, w, big, NULL, 0, &len) == 0 && len == big &&
 	     stk_chunk_read(cs, 0xb16, 0, 0, r, big, NULL) == (long)big && memcmp(r, w, big) == 0 &&
@@ -530,7 +510,7 @@ static int test_big_chunk(struct stk_chunk_store *cs)
 	ok = ok && stk_chunk_truncate(cs, 0xb16, 0, big) == 0;
 	free(w);
 	free(r);
-	CHECK(ok);
+	REQUIRE(ok);
 	return 0;
 }
 
@@ -542,22 +522,22 @@ static int test_reopen(const char *dir, struct stk_chunk_store **csp)
 	uint8_t r[16];
 	int fd;
 
-	CHECK(n > 0);
-	CHECK(stk_chunk_store_set_id(cs, 3) == 0);
+	REQUIRE(n > 0);
+	REQUIRE(stk_chunk_store_set_id(cs, 3) == 0);
 	/* A temporary file a crash left behind. */
 	file_path(cs, 0x10, 0, p, sizeof(p));
 	snprintf(tmp, sizeof(tmp), "%s.tmp.12345", p);
 	fd = open(tmp, O_CREAT | O_WRONLY, 0644);
-	CHECK(fd >= 0);
+	REQUIRE(fd >= 0);
 	close(fd);
 	stk_chunk_store_close(cs);
 	*csp = NULL;
-	CHECK(stk_chunk_store_open(dir, csp) == 0);
+	REQUIRE(stk_chunk_store_open(dir, csp) == 0);
 	cs = *csp;
-	CHECK(nchunks(cs) == n);
-	CHECK(stk_chunk_store_id(cs) == 3);
-	CHECK(!exists(tmp));
-	CHECK(stk_chunk_read(cs, 0x10, 0, 3000, r, 16, NULL) == 16);
+	REQUIRE(nchunks(cs) == n);
+	REQUIRE(stk_chunk_store_id(cs) == 3);
+	REQUIRE(!exists(tmp));
+	REQUIRE(stk_chunk_read(cs, 0x10, 0, 3000, r, 16, NULL) == 16);
 	return 0;
 }
 
@@ -572,10 +552,10 @@ static int read_all(struct stk_chunk_store *cs, struct stk_chunk_store *rd, uint
 {
 	static uint8_t r[CHUNK];
 
-	CHECK(stk_chunk_read(cs, ino, idx, 0, r, CHUNK, NULL) == len);
-	CHECK(memcmp(r, want, (size_t)len) == 0);
-	CHECK(stk_chunk_read(rd, ino, idx, 0, r, CHUNK, NULL) == len);
-	CHECK(memcmp(r, want, (size_t)len) == 0);
+	REQUIRE(stk_chunk_read(cs, ino, idx, 0, r, CHUNK, NULL) == len);
+	REQUIRE(memcmp(r, want, (size_t)len) == 0);
+	REQUIRE(stk_chunk_read(rd, ino, idx, 0, r, CHUNK, NULL) == len);
+	REQUIRE(memcmp(r, want, (size_t)len) == 0);
 	return 0;
 }
 
@@ -596,61 +576,61 @@ static int test_fd_cache(const char *dir, struct stk_chunk_store *cs)
 	fill(a, sizeof(a), 11);
 	fill(b, sizeof(b), 12);
 	fill(c, sizeof(c), 13);
-	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs) + 1, &rd) == -ESTALE);
-	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
-	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, a, CHUNK, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs) + 1, &rd) == -ESTALE);
+	REQUIRE(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+	REQUIRE(stk_chunk_write(cs, ino, 3, CHUNK, 0, a, CHUNK, NULL, 0, &len) == 0);
 	settle();
-	CHECK(read_all(cs, rd, ino, 3, a, CHUNK) == 0); /* cached now */
-	CHECK(read_all(cs, rd, ino, 3, a, CHUNK) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, a, CHUNK) == 0); /* cached now */
+	REQUIRE(read_all(cs, rd, ino, 3, a, CHUNK) == 0);
 	/* Overwritten (copy-on-write: a new file renamed over the cached one). */
-	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, b, CHUNK, NULL, 0, &len) == 0);
-	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	REQUIRE(stk_chunk_write(cs, ino, 3, CHUNK, 0, b, CHUNK, NULL, 0, &len) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
 	settle();
-	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
 	/* A partial overwrite. */
-	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 5000, c, 100, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_write(cs, ino, 3, CHUNK, 5000, c, 100, NULL, 0, &len) == 0);
 	memcpy(b + 5000, c, 100);
-	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
 	settle();
-	CHECK(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, b, CHUNK) == 0);
 	/* Truncated: the chunk is cut, then removed. */
-	CHECK(stk_chunk_truncate(cs, ino, 3ull * CHUNK + 7000, CHUNK) == 0);
-	CHECK(read_all(cs, rd, ino, 3, b, 7000) == 0);
+	REQUIRE(stk_chunk_truncate(cs, ino, 3ull * CHUNK + 7000, CHUNK) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, b, 7000) == 0);
 	settle();
-	CHECK(read_all(cs, rd, ino, 3, b, 7000) == 0);
-	CHECK(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
-	CHECK(stk_chunk_read(cs, ino, 3, 0, r, CHUNK, NULL) == 0);
-	CHECK(stk_chunk_read(rd, ino, 3, 0, r, CHUNK, NULL) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, b, 7000) == 0);
+	REQUIRE(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
+	REQUIRE(stk_chunk_read(cs, ino, 3, 0, r, CHUNK, NULL) == 0);
+	REQUIRE(stk_chunk_read(rd, ino, 3, 0, r, CHUNK, NULL) == 0);
 	/* Unlinked and made again: the new bytes. */
-	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, a, CHUNK, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_write(cs, ino, 3, CHUNK, 0, a, CHUNK, NULL, 0, &len) == 0);
 	settle();
-	CHECK(read_all(cs, rd, ino, 3, a, CHUNK) == 0);
-	CHECK(file_path(cs, ino, 3, p, sizeof(p)) == 0);
-	CHECK(unlink(p) == 0);
-	CHECK(stk_chunk_write(cs, ino, 3, CHUNK, 0, c, 9000, NULL, 0, &len) == 0);
-	CHECK(read_all(cs, rd, ino, 3, c, 9000) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, a, CHUNK) == 0);
+	REQUIRE(file_path(cs, ino, 3, p, sizeof(p)) == 0);
+	REQUIRE(unlink(p) == 0);
+	REQUIRE(stk_chunk_write(cs, ino, 3, CHUNK, 0, c, 9000, NULL, 0, &len) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, c, 9000) == 0);
 	settle();
-	CHECK(read_all(cs, rd, ino, 3, c, 9000) == 0);
+	REQUIRE(read_all(cs, rd, ino, 3, c, 9000) == 0);
 	/* Changed in place behind the store's back: the damaged header is seen. */
-	CHECK(flip_byte(p, 14) == 0);
-	CHECK(stk_chunk_read(rd, ino, 3, 0, r, 100, NULL) == -EIO);
-	CHECK(stk_chunk_read(cs, ino, 3, 0, r, 100, NULL) == -EIO);
-	CHECK(flip_byte(p, 14) == 0);
-	CHECK(stk_chunk_read(rd, ino, 3, 0, r, 9000, NULL) == 9000);
-	CHECK(memcmp(r, c, 9000) == 0);
+	REQUIRE(flip_byte(p, 14) == 0);
+	REQUIRE(stk_chunk_read(rd, ino, 3, 0, r, 100, NULL) == -EIO);
+	REQUIRE(stk_chunk_read(cs, ino, 3, 0, r, 100, NULL) == -EIO);
+	REQUIRE(flip_byte(p, 14) == 0);
+	REQUIRE(stk_chunk_read(rd, ino, 3, 0, r, 9000, NULL) == 9000);
+	REQUIRE(memcmp(r, c, 9000) == 0);
 	/* More chunks than a reader caches, read twice: every one its own bytes. */
 	for (uint32_t i = 0; i < 600; i++) {
 		fill(r, 4096, (uint8_t)i);
-		CHECK(stk_chunk_write(cs, ino + 1, i, CHUNK, 0, r, 4096, NULL, 0, &len) == 0);
+		REQUIRE(stk_chunk_write(cs, ino + 1, i, CHUNK, 0, r, 4096, NULL, 0, &len) == 0);
 	}
 	settle();
 	for (int pass = 0; pass < 2; pass++)
 		for (uint32_t i = 0; i < 600; i++) {
 			fill(a, 4096, (uint8_t)i);
-			CHECK(read_all(cs, rd, ino + 1, i, a, 4096) == 0);
+			REQUIRE(read_all(cs, rd, ino + 1, i, a, 4096) == 0);
 		}
-	CHECK(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
-	CHECK(stk_chunk_truncate(cs, ino + 1, 0, CHUNK) == 0);
+	REQUIRE(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
+	REQUIRE(stk_chunk_truncate(cs, ino + 1, 0, CHUNK) == 0);
 	stk_chunk_store_close(rd);
 	return 0;
 }
@@ -687,22 +667,22 @@ static int mapped_reads(struct stk_chunk_store *rd, uint64_t ino, const uint8_t 
 			long exp = o >= len ? 0 : (long)STK_MIN(l, len - o);
 
 			memset(r, 0xee, l + 1);
-			CHECK(stk_chunk_read(rd, ino, 0, o, r, l, NULL) == exp);
-			CHECK(exp == 0 || memcmp(r, want + o, (size_t)exp) == 0);
-			CHECK(r[exp] == 0xee || (uint32_t)exp == l);
+			REQUIRE(stk_chunk_read(rd, ino, 0, o, r, l, NULL) == exp);
+			REQUIRE(exp == 0 || memcmp(r, want + o, (size_t)exp) == 0);
+			REQUIRE(r[exp] == 0xee || (uint32_t)exp == l);
 		}
 	for (int k = 0; k < 200; k++) {
 		uint32_t o = rnd(len), l = 1 + rnd(len - o);
 
-		CHECK(stk_chunk_read(rd, ino, 0, o, r, l, NULL) == (long)l);
-		CHECK(memcmp(r, want + o, l) == 0);
+		REQUIRE(stk_chunk_read(rd, ino, 0, o, r, l, NULL) == (long)l);
+		REQUIRE(memcmp(r, want + o, l) == 0);
 	}
 	/* the chunk's last (short) block, alone and with the one before */
-	CHECK(stk_chunk_read(rd, ino, 0, len - 10, r, 100, NULL) == 10);
-	CHECK(memcmp(r, want + len - 10, 10) == 0);
-	CHECK(stk_chunk_read(rd, ino, 0, len / 4096 * 4096 - 4096, r, CHUNK, NULL) ==
+	REQUIRE(stk_chunk_read(rd, ino, 0, len - 10, r, 100, NULL) == 10);
+	REQUIRE(memcmp(r, want + len - 10, 10) == 0);
+	REQUIRE(stk_chunk_read(rd, ino, 0, len / 4096 * 4096 - 4096, r, CHUNK, NULL) ==
 	      (long)(len - (len / 4096 * 4096 - 4096)));
-	CHECK(memcmp(r, want + len / 4096 * 4096 - 4096, len - (len / 4096 * 4096 - 4096)) == 0);
+	REQUIRE(memcmp(r, want + len / 4096 * 4096 - 4096, len - (len / 4096 * 4096 - 4096)) == 0);
 	return 0;
 }
 
@@ -727,52 +707,52 @@ static int test_mapped(const char *dir, struct stk_chunk_store *cs)
 			v[i] = (struct stk_crc_copy){.dst = x + (n - 1 - i) * 4096, .src = a + i * 4096};
 		stk_crc32c_copy_blocks(v, n, 4096, c2);
 		for (uint32_t i = 0; i < n; i++) {
-			CHECK(c2[i] == c1[i]);
-			CHECK(memcmp(x + (n - 1 - i) * 4096, a + i * 4096, 4096) == 0);
+			REQUIRE(c2[i] == c1[i]);
+			REQUIRE(memcmp(x + (n - 1 - i) * 4096, a + i * 4096, 4096) == 0);
 		}
-		CHECK(x[n * 4096] == 0);
+		REQUIRE(x[n * 4096] == 0);
 	}
 	fill(a, sizeof(a), 21);
-	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
-	CHECK(stk_chunk_write(cs, ino, 0, CHUNK, 0, a, len, NULL, 0, &got) == 0);
-	CHECK(file_path(cs, ino, 0, p, sizeof(p)) == 0);
+	REQUIRE(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+	REQUIRE(stk_chunk_write(cs, ino, 0, CHUNK, 0, a, len, NULL, 0, &got) == 0);
+	REQUIRE(file_path(cs, ino, 0, p, sizeof(p)) == 0);
 	settle();
-	CHECK(mapped_reads(rd, ino, a, len) == 0); /* opened, mapped and cached */
-	CHECK(mapped_reads(rd, ino, a, len) == 0);
+	REQUIRE(mapped_reads(rd, ino, a, len) == 0); /* opened, mapped and cached */
+	REQUIRE(mapped_reads(rd, ino, a, len) == 0);
 	/*
 	 * Out of the page cache (a mapped page is not dropped: the reader is closed
 	 * first): the first read finds the pages missing and takes preadv, which
 	 * brings them back for the reads after it.
 	 */
 	stk_chunk_store_close(rd);
-	CHECK(drop_cache(p) == 0);
-	CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
-	CHECK(mapped_reads(rd, ino, a, len) == 0);
+	REQUIRE(drop_cache(p) == 0);
+	REQUIRE(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+	REQUIRE(mapped_reads(rd, ino, a, len) == 0);
 	/* A data byte of block 5 changed in place; the header is 4 KiB here. */
 	hdr = 4096;
-	CHECK(flip_byte(p, hdr + 5 * 4096 + 7) == 0);
+	REQUIRE(flip_byte(p, hdr + 5 * 4096 + 7) == 0);
 	settle(); /* so that the reopened file is cached and mapped again */
 	for (int pass = 0; pass < 2; pass++) {
 		memset(r, 0x55, sizeof(r));
-		CHECK(read_capturing(rd, ino, 0, 5 * 4096 - 10, r, 30, log, sizeof(log)) == -EIO);
-		CHECK(strstr(log, "block 5") != NULL);
+		REQUIRE(read_capturing(rd, ino, 0, 5 * 4096 - 10, r, 30, log, sizeof(log)) == -EIO);
+		REQUIRE(strstr(log, "block 5") != NULL);
 		for (int i = 0; i < 30; i++)
-			CHECK(r[i] == 0);
-		CHECK(read_capturing(rd, ino, 0, 1000, r, 3 * 4096, log, sizeof(log)) == 3 * 4096);
-		CHECK(memcmp(r, a + 1000, 3 * 4096) == 0);
-		CHECK(read_capturing(rd, ino, 0, 0, r, CHUNK, log, sizeof(log)) == -EIO);
-		CHECK(stk_chunk_read(rd, ino, 0, 6 * 4096, r, 8192, NULL) == 8192);
-		CHECK(memcmp(r, a + 6 * 4096, 8192) == 0);
+			REQUIRE(r[i] == 0);
+		REQUIRE(read_capturing(rd, ino, 0, 1000, r, 3 * 4096, log, sizeof(log)) == 3 * 4096);
+		REQUIRE(memcmp(r, a + 1000, 3 * 4096) == 0);
+		REQUIRE(read_capturing(rd, ino, 0, 0, r, CHUNK, log, sizeof(log)) == -EIO);
+		REQUIRE(stk_chunk_read(rd, ino, 0, 6 * 4096, r, 8192, NULL) == 8192);
+		REQUIRE(memcmp(r, a + 6 * 4096, 8192) == 0);
 		/* the second pass, out of the page cache, reads with preadv */
 		stk_chunk_store_close(rd);
-		CHECK(drop_cache(p) == 0);
-		CHECK(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
+		REQUIRE(drop_cache(p) == 0);
+		REQUIRE(stk_chunk_store_open_reader(dir, stk_chunk_store_id(cs), &rd) == 0);
 	}
-	CHECK(flip_byte(p, hdr + 5 * 4096 + 7) == 0);
+	REQUIRE(flip_byte(p, hdr + 5 * 4096 + 7) == 0);
 	settle();
-	CHECK(mapped_reads(rd, ino, a, len) == 0);
-	CHECK(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
-	CHECK(stk_chunk_read(rd, ino, 0, 0, r, CHUNK, NULL) == 0);
+	REQUIRE(mapped_reads(rd, ino, a, len) == 0);
+	REQUIRE(stk_chunk_truncate(cs, ino, 0, CHUNK) == 0);
+	REQUIRE(stk_chunk_read(rd, ino, 0, 0, r, CHUNK, NULL) == 0);
 	stk_chunk_store_close(rd);
 	return 0;
 }
@@ -781,26 +761,28 @@ int main(void)
 {
 	struct stk_chunk_store *cs = NULL;
 	char dir[300];
-	int rc = 1;
+	int rc;
 
-	snprintf(g_root, sizeof(g_root), "/tmp/stk-test-chunk-XXXXXX");
-	if (!mkdtemp(g_root)) {
-		perror("mkdtemp");
+	rc = check_tmpdir(g_root, sizeof(g_root), "chunk");
+	if (rc) {
+		fprintf(stderr, "no temporary folder: %s\n", strerror(-rc));
 		return 1;
 	}
 	snprintf(dir, sizeof(dir), "%s/target", g_root);
-	if (stk_chunk_store_open(dir, &cs)) {
-		fprintf(stderr, "cannot open store\n");
+	rc = stk_chunk_store_open(dir, &cs);
+	if (rc) {
+		CHECK_FAIL("cannot open store: %s", strerror(-rc));
 		goto out;
 	}
-	if (test_round_trip(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) || test_punch(cs) || test_corruption(cs) ||
-	    test_concurrent(cs) || test_big_chunk(cs) || test_reopen(dir, &cs) || test_fd_cache(dir, cs) ||
-	    test_mapped(dir, cs) || test_enospc())
-		goto out;
-	rc = 0;
-	printf("test_storage_chunk: all passed\n");
+	/* The tests share one store (test_reopen reopens it): the first that fails stops the run. */
+	if ((test_round_trip(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) ||
+	     test_punch(cs) || test_corruption(cs) || test_concurrent(cs) || test_big_chunk(cs) ||
+	     test_reopen(dir, &cs) || test_fd_cache(dir, cs) || test_mapped(dir, cs) ||
+	     test_enospc()) &&
+	    !check_failures())
+		CHECK_FAIL("a test failed without a failed check");
 out:
 	stk_chunk_store_close(cs);
-	rm_rf(g_root);
-	return rc;
+	check_rm_rf(g_root);
+	return check_done();
 }

@@ -6,7 +6,6 @@
  * from known to unknown is hidden, not left stale.
  */
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,15 +15,7 @@
 #include "common/util.h"
 #include "storage/chunk.h"
 #include "storage/metrics.h"
-
-static int failures;
-#define CHECK(cond)                                                                                \
-	do {                                                                                       \
-		if (!(cond)) {                                                                     \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);   \
-			failures++;                                                                \
-		}                                                                                  \
-	} while (0)
+#include "check.h"
 
 /* Trimmed from `smartctl --json -H -A /dev/nvme0n1` (smartmontools 7.3). */
 static const char nvme[] =
@@ -125,17 +116,9 @@ static void test_smart_absent(struct stk_storage_metrics *m)
 	CHECK(stk_storage_metrics_smart_apply(m, 1, NULL, &s) == -EINVAL); /* no device */
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path) < 0 ? -1 : 0;
-}
-
 static void test_targets(void)
 {
-	char dir[] = "/tmp/stk-test-smetrics-XXXXXX", t1[64], t2[64];
+	char dir[64] = "", t1[96], t2[96];
 	struct stk_chunk_store *cs[2] = {NULL, NULL};
 	struct stk_storage_metrics *m = NULL;
 	static char data[8192], back[8192];
@@ -145,10 +128,9 @@ static void test_targets(void)
 	char *text;
 	size_t tlen;
 
-	if (!mkdtemp(dir)) {
-		CHECK(0);
+	CHECK_RC(check_tmpdir(dir, sizeof(dir), "smetrics"), 0);
+	if (!dir[0])
 		return;
-	}
 	snprintf(t1, sizeof(t1), "%s/t1", dir);
 	snprintf(t2, sizeof(t2), "%s/t2", dir);
 	CHECK(stk_chunk_store_open(t1, &cs[0]) == 0);
@@ -226,17 +208,12 @@ out:
 	for (int i = 0; i < 2; i++)
 		if (cs[i])
 			stk_chunk_store_close(cs[i]);
-	nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	check_rm_rf(dir);
 }
 
 int main(void)
 {
-	test_smart_parse();
-	test_targets();
-	if (failures) {
-		fprintf(stderr, "%d checks failed\n", failures);
-		return 1;
-	}
-	printf("storage metrics: all checks passed\n");
-	return 0;
+	CHECK_RUN(test_smart_parse);
+	CHECK_RUN(test_targets);
+	return check_done();
 }
