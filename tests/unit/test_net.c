@@ -19,31 +19,7 @@
 #include "../../src/net/net.h"
 #include "../../src/net/netint.h"
 #include "../../src/proto/status.h"
-
-/* Until the shared tests/unit/check.h lands: */
-static int failures;
-#define CHECK(cond)                                                                         \
-	do {                                                                                \
-		if (!(cond)) {                                                              \
-			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-			failures++;                                                         \
-		}                                                                           \
-	} while (0)
-#define CHECK_RC(expr, want)                                                                \
-	do {                                                                                \
-		int rc_ = (expr);                                                           \
-		if (rc_ != (want)) {                                                        \
-			fprintf(stderr, "%s:%d: %s returned %d, wanted %d\n", __FILE__,      \
-				__LINE__, #expr, rc_, (int)(want));                         \
-			failures++;                                                         \
-		}                                                                           \
-	} while (0)
-
-static int check_summary(const char *name)
-{
-	printf("%s: %s\n", name, failures ? "FAILED" : "ok");
-	return failures ? 1 : 0;
-}
+#include "check.h"
 
 enum { OP_ECHO = 1001, OP_SLEEP, OP_BLOCK, OP_BIG };
 
@@ -530,14 +506,14 @@ static void test_pool_shares(void)
 
 int main(void)
 {
-	test_pipeline_out_of_order();
-	test_threads_share_a_connection();
-	test_window();
-	test_byte_budget();
-	test_slow_reader();
-	test_malformed_mid_stream();
-	test_flood();
-	test_broken_fails_every_waiting_request();
-	test_pool_shares();
-	return check_summary("test_net");
+	CHECK_RUN(test_pipeline_out_of_order);
+	CHECK_RUN(test_threads_share_a_connection);
+	CHECK_RUN(test_window);
+	CHECK_RUN(test_byte_budget);
+	CHECK_RUN(test_slow_reader);
+	CHECK_RUN(test_malformed_mid_stream);
+	CHECK_RUN(test_flood);
+	CHECK_RUN(test_broken_fails_every_waiting_request);
+	CHECK_RUN(test_pool_shares);
+	return check_done();
 }
