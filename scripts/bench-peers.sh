@@ -9,6 +9,8 @@
 #   bash scripts/bench-peers.sh                # everything (about 25 minutes)
 #   TARGETS="local stoker" bash scripts/bench-peers.sh
 #   ONLY=W1,W2 bash scripts/bench-peers.sh      # a subset of the workloads
+#   STOKER_BEFORE=/path/to/other/build/stoker TARGETS="local stoker-before stoker" \
+#       bash scripts/bench-peers.sh              # a change against the build before it
 #
 # Needs root (drop_caches, mounts). Everything lives under $PEERDATA (default
 # /var/tmp/peerdata, the same disk for every target); results are appended to
@@ -24,7 +26,7 @@ TARGETS=${TARGETS:-local stoker gluster moosefs}
 RUN=$(date +%Y%m%dT%H%M%S)
 TSV=$OUT/peerbench-$RUN.tsv
 export PEERBENCH_TSV=$TSV
-STOKER=$ROOT/build/stoker
+STOKER=${STOKER:-$ROOT/build/stoker}
 [ "$(id -u)" = 0 ] || { echo "bench-peers: run as root (drop_caches, mounts)"; exit 2; }
 command -v fio >/dev/null || apt-get install -y -q fio >/dev/null
 [ -x "$STOKER" ] || make -j"$(nproc)" >/dev/null
@@ -46,13 +48,18 @@ for t in $TARGETS; do
 	echo "=== $t"
 	case $t in
 	local) run_one "$PEERDATA/local" local ;;
-	stoker)
-		"$STOKER" down --data "$PEERDATA/stoker" >/dev/null 2>&1
+	stoker | stoker-before)
+		bin=$STOKER
+		if [ "$t" = stoker-before ]; then
+			bin=${STOKER_BEFORE:-}
+			[ -x "$bin" ] || { echo "stoker-before: set STOKER_BEFORE to a stoker binary"; continue; }
+		fi
+		"$bin" down --data "$PEERDATA/stoker" >/dev/null 2>&1
 		rm -rf "$PEERDATA/stoker"; mkdir -p "$PEERDATA/mnt/stoker"
-		"$STOKER" up --data "$PEERDATA/stoker" --daemon --mount "$PEERDATA/mnt/stoker" ||
+		"$bin" up --data "$PEERDATA/stoker" --daemon --mount "$PEERDATA/mnt/stoker" ||
 			{ echo "stoker up failed"; continue; }
-		run_one "$PEERDATA/mnt/stoker" stoker
-		"$STOKER" down --data "$PEERDATA/stoker" ;;
+		run_one "$PEERDATA/mnt/stoker" "$t"
+		"$bin" down --data "$PEERDATA/stoker" ;;
 	gluster)
 		bash "$PEERS/setup-gluster.sh" && run_one "$PEERDATA/mnt/gluster" gluster
 		bash "$PEERS/teardown-gluster.sh" ;;
@@ -86,6 +93,9 @@ for metric, by in vals.items():
     loc = by.get("local")
     r_loc = "%.2f" % (s / loc) if loc else "-"
     r_peer = "%.2f" % (s / best) if best else "-"
-    print("%-28s stoker %-12g local %-12s best peer %-12s stoker/local %-6s stoker/peer %s" %
-          (metric, s, loc if loc is not None else "-", best if best is not None else "-", r_loc, r_peer))
+    before = by.get("stoker-before")
+    r_before = " stoker/before %.2f" % (s / before) if before else ""
+    print("%-28s stoker %-12g local %-12s best peer %-12s stoker/local %-6s stoker/peer %s%s" %
+          (metric, s, loc if loc is not None else "-", best if best is not None else "-", r_loc, r_peer,
+           r_before))
 EOF
