@@ -127,6 +127,7 @@ struct srv_loop {
 	/* Owned by the loop thread: */
 	struct srv_conn *conns;
 	struct srv_conn *parked;
+	struct srv_conn *dead; /* closed, unreferenced, freed after this round */
 	unsigned nconns;
 	uint64_t last_tick_ns;
 };
@@ -320,11 +321,27 @@ static void conn_set_events(struct srv_conn *c, uint32_t ev)
 		c->events = ev;
 }
 
+/*
+ * The last reference gone: freed at the end of the loop's round, not now, since an
+ * event for it may still wait in the round's batch (a completion can close a
+ * connection whose socket event comes later in the same batch).
+ */
 static void conn_unref(struct srv_conn *c)
 {
 	if (--c->refs > 0)
 		return;
-	free(c);
+	c->next = c->lp->dead;
+	c->lp->dead = c;
+}
+
+static void free_dead(struct srv_loop *lp)
+{
+	while (lp->dead) {
+		struct srv_conn *c = lp->dead;
+
+		lp->dead = c->next;
+		free(c);
+	}
 }
 
 static void unpark(struct srv_conn *c)
@@ -938,6 +955,8 @@ static void loop_run(struct srv_loop *lp)
 				continue;
 			}
 			c = p;
+			if (c->closed)
+				continue; /* closed earlier in this round (still allocated) */
 			c->refs++; /* stays valid through this event even if closed */
 			if (ev[i].events & (EPOLLERR | EPOLLHUP)) {
 				/* Reset, or shut both ways: no reply can reach the peer. */
@@ -952,6 +971,7 @@ static void loop_run(struct srv_loop *lp)
 		}
 		t1 = stk_now_ns();
 		loop_tick(lp, t1);
+		free_dead(lp);
 		if (n > 0)
 			stk_metric_observe_ns(s->loop_busy, t1 - t0);
 		if (t1 - t0 > SRV_SLOW_LOOP_NS) {
@@ -1197,6 +1217,7 @@ void stk_server_destroy(struct stk_server *s)
 			loop_completions(lp);
 			while (lp->conns)
 				conn_close(lp->conns);
+			free_dead(lp);
 			close(lp->epfd);
 		}
 		if (lp->evfd >= 0)
