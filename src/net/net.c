@@ -6,8 +6,10 @@
  * request id the reply echoes. There is no reader thread: whichever waiting caller
  * finds nobody reading becomes the reader, reads the next reply straight into the
  * buffers of the request it answers (the caller's, so bulk data is copied once,
- * from the socket), hands it over and reads on until its own reply has come; then
- * another waiter takes over. Replies may come in any order.
+ * from the socket), wakes that request's caller alone (each request has its own
+ * condition variable, so a reply wakes one thread, not every waiter) and reads on
+ * until its own reply has come; then it wakes one waiter to read next. Replies may
+ * come in any order.
  *
  * A transport failure (reset, timeout, malformed reply) breaks the connection: every
  * request waiting on it fails with that error, and nothing is sent on it again.
@@ -45,7 +47,6 @@ struct stk_conn {
 	char addr[STK_ADDR_MAX];
 	pthread_mutex_t send_lock; /* one frame at a time onto the socket */
 	pthread_mutex_t lock; /* protects everything below */
-	pthread_cond_t cond; /* a reply was handed over, the reader left, or broken */
 	int broken; /* -errno of the failure that broke it; 0 while sound */
 	int reading; /* a caller is reading replies */
 	uint64_t next_req_id;
@@ -154,7 +155,6 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 	c->next_req_id = 1;
 	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
 	*out = c;
 	return 0;
 out:
@@ -171,7 +171,6 @@ void stk_conn_close(struct stk_conn *c)
 	close(c->fd);
 	pthread_mutex_destroy(&c->send_lock);
 	pthread_mutex_destroy(&c->lock);
-	pthread_cond_destroy(&c->cond);
 	free(c);
 }
 
@@ -210,10 +209,21 @@ static void break_locked(struct stk_conn *c, int err)
 	for (struct stk_rpc *r = c->pending; r; r = r->next_) {
 		r->done_ = 1;
 		r->err_ = err;
+		if (r->waiting_)
+			pthread_cond_signal(&r->cond_);
 	}
 	c->pending = NULL;
 	c->npending = 0;
-	pthread_cond_broadcast(&c->cond);
+}
+
+/* The reader leaves: one waiting caller reads next. */
+static void hand_over_locked(struct stk_conn *c)
+{
+	for (struct stk_rpc *r = c->pending; r; r = r->next_)
+		if (r->waiting_) {
+			pthread_cond_signal(&r->cond_);
+			return;
+		}
 }
 
 static void unlink_locked(struct stk_conn *c, struct stk_rpc *rpc)
@@ -309,6 +319,8 @@ int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc)
 	rpc->bulk_in_len = 0;
 	rpc->done_ = 0;
 	rpc->err_ = 0;
+	rpc->waiting_ = 0;
+	pthread_cond_init(&rpc->cond_, NULL);
 	pthread_mutex_lock(&c->send_lock);
 	pthread_mutex_lock(&c->lock);
 	if (c->broken) {
@@ -396,7 +408,8 @@ static int read_reply(struct stk_conn *c)
 	unlink_locked(c, rpc);
 	rpc->done_ = 1;
 	rpc->err_ = 0;
-	pthread_cond_broadcast(&c->cond);
+	if (rpc->waiting_)
+		pthread_cond_signal(&rpc->cond_);
 	pthread_mutex_unlock(&c->lock);
 	return 0;
 }
@@ -417,17 +430,22 @@ int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc)
 			break;
 		}
 		if (c->reading) {
-			pthread_cond_wait(&c->cond, &c->lock);
+			rpc->waiting_ = 1;
+			pthread_cond_wait(&rpc->cond_, &c->lock);
+			rpc->waiting_ = 0;
 			continue;
 		}
+		/* The reader, until this request's reply has come. */
 		c->reading = 1;
-		pthread_mutex_unlock(&c->lock);
-		rc = read_reply(c);
-		pthread_mutex_lock(&c->lock);
+		do {
+			pthread_mutex_unlock(&c->lock);
+			rc = read_reply(c);
+			pthread_mutex_lock(&c->lock);
+			if (rc)
+				break_locked(c, rc);
+		} while (!rpc->done_);
 		c->reading = 0;
-		if (rc)
-			break_locked(c, rc);
-		pthread_cond_broadcast(&c->cond); /* another waiter may read now */
+		hand_over_locked(c);
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (rc) {

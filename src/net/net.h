@@ -27,6 +27,7 @@
 #ifndef STK_NET_H
 #define STK_NET_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,6 +72,8 @@ struct stk_rpc {
 	struct stk_rpc *next_;
 	int done_;
 	int err_;
+	int waiting_; /* its caller sleeps on cond_ */
+	pthread_cond_t cond_;
 };
 
 /*
