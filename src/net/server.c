@@ -22,12 +22,16 @@
  * reading its replies is cut off once a reply has waited `send_timeout_ms` without a
  * byte leaving; others are not held up, since nothing blocks on a socket.
  *
- * Threads and ownership: a connection and everything on it (its queues, its
- * counters) belong to one loop thread; workers see only the request they run. A
- * request goes loop -> worker queue -> worker -> the loop's completion list (a
- * mutex-protected list and an eventfd) -> the connection's reply queue. A request
- * holds a reference on its connection, so a connection closed while a worker runs
- * one of its requests is freed when that request comes back.
+ * Threads and ownership: a connection belongs to one loop thread, which alone
+ * reads from it, opens and closes it. A request goes loop -> worker queue -> worker.
+ * The worker then sends the reply itself when nothing is queued before it on the
+ * connection (send_direct(): the reply leaves at once, with no wait for the loop to
+ * wake; the sending side is under the connection's olock); otherwise, or when the
+ * socket is full, the reply goes to the loop (its completion list and an eventfd, or
+ * a "kick" of the connection), which writes it when the socket takes it. A request
+ * holds a reference on its connection (refs and inflight are atomic), so a
+ * connection closed while a worker runs one of its requests stays allocated until
+ * the last reference goes, and is then freed by its loop at the end of a round.
  *
  * Workers: `workers` threads always; where a handler may wait for another request
  * (a meta change waits for a cache holder's acknowledgement, which arrives as a
@@ -100,7 +104,7 @@ struct srv_req {
 struct srv_conn {
 	struct srv_loop *lp;
 	int fd;
-	int refs; /* the loop's own, plus one per request of this connection alive */
+	atomic_int refs; /* the loop's own while open, one per live request, one per kick */
 	int closed;
 	int parked; /* waits for the server's byte budget, on lp->parked */
 	int eof; /* the peer sent all it will: answer what it asked, then close */
@@ -109,9 +113,18 @@ struct srv_conn {
 	size_t hb_got;
 	struct srv_req *rd; /* the request whose payload and bulk are being read */
 	size_t rd_got;
-	unsigned inflight; /* requests read and not yet answered in full */
+	atomic_uint inflight; /* requests read and not yet answered in full */
+	atomic_int eof_; /* eof, for workers */
+	/*
+	 * olock: the socket's sending side, shared by the loop and workers that send a
+	 * reply themselves (send_direct()); protects out_head/out_tail, out_wait_ns and,
+	 * for workers, closed and fd.
+	 */
+	pthread_mutex_t olock;
 	struct srv_req *out_head, *out_tail; /* replies to write, in order */
 	uint64_t out_wait_ns; /* when the head reply last saw progress */
+	int kicked; /* on lp->kicks (under lp->lock) */
+	struct srv_conn *kick_next;
 	struct srv_conn *prev, *next; /* lp->conns */
 	struct srv_conn *park_next;
 	char peer[STK_ADDR_MAX];
@@ -122,8 +135,9 @@ struct srv_loop {
 	int epfd;
 	int evfd; /* workers' completions wake the loop */
 	pthread_t tid;
-	pthread_mutex_t lock; /* protects done_head/done_tail */
+	pthread_mutex_t lock; /* protects done_head/done_tail and kicks */
 	struct srv_req *done_head, *done_tail;
+	struct srv_conn *kicks; /* connections a worker asks the loop to look at */
 	/* Owned by the loop thread: */
 	struct srv_conn *conns;
 	struct srv_conn *parked;
@@ -328,7 +342,7 @@ static void conn_set_events(struct srv_conn *c, uint32_t ev)
  */
 static void conn_unref(struct srv_conn *c)
 {
-	if (--c->refs > 0)
+	if (atomic_fetch_sub(&c->refs, 1) > 1)
 		return;
 	c->next = c->lp->dead;
 	c->lp->dead = c;
@@ -340,6 +354,7 @@ static void free_dead(struct srv_loop *lp)
 		struct srv_conn *c = lp->dead;
 
 		lp->dead = c->next;
+		pthread_mutex_destroy(&c->olock);
 		free(c);
 	}
 }
@@ -372,21 +387,23 @@ static void conn_close(struct srv_conn *c)
 	if (c->parked)
 		unpark(c);
 	epoll_ctl(lp->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+	pthread_mutex_lock(&c->olock);
 	close(c->fd);
 	c->closed = 1;
-	if (c->rd) {
-		req_free(s, c->rd);
-		c->rd = NULL;
-		c->refs--;
-	}
 	while (c->out_head) {
 		struct srv_req *r = c->out_head;
 
 		c->out_head = r->next;
 		req_free(s, r);
-		c->refs--;
+		atomic_fetch_sub(&c->refs, 1);
 	}
 	c->out_tail = NULL;
+	pthread_mutex_unlock(&c->olock);
+	if (c->rd) {
+		req_free(s, c->rd);
+		c->rd = NULL;
+		atomic_fetch_sub(&c->refs, 1);
+	}
 	if (c->prev)
 		c->prev->next = c->next;
 	else
@@ -433,7 +450,7 @@ static int conn_read(struct srv_conn *c)
 			struct srv_req *r;
 			uint64_t need;
 
-			if (c->inflight >= s->window) {
+			if (atomic_load(&c->inflight) >= s->window) {
 				conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
 				return 0;
 			}
@@ -467,7 +484,7 @@ static int conn_read(struct srv_conn *c)
 				goto nomem;
 			r->hdr = h;
 			r->conn = c;
-			c->refs++;
+			atomic_fetch_add(&c->refs, 1);
 			c->rd = r;
 			c->rd_got = 0;
 			c->hb_got = 0;
@@ -505,7 +522,7 @@ static int conn_read(struct srv_conn *c)
 					continue;
 			}
 			c->rd = NULL;
-			c->inflight++;
+			atomic_fetch_add(&c->inflight, 1);
 			r->t0 = stk_metrics_ops_begin(s->metrics, r->hdr.opcode);
 			r->begun = 1;
 			dispatch(s, r);
@@ -515,7 +532,7 @@ static int conn_read(struct srv_conn *c)
 gone:
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return 0;
-	if (n == 0 && (c->inflight || c->out_head)) {
+	if (n == 0 && atomic_load(&c->inflight)) {
 		/*
 		 * The peer has shut its sending side: what it asked before is still
 		 * answered, then the connection closes (a half-read frame is dropped).
@@ -523,10 +540,15 @@ gone:
 		if (c->rd) {
 			req_free(s, c->rd);
 			c->rd = NULL;
-			c->refs--;
+			atomic_fetch_sub(&c->refs, 1);
 		}
 		c->eof = 1;
+		atomic_store(&c->eof_, 1);
 		conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
+		if (atomic_load(&c->inflight) == 0) { /* a worker answered the last meanwhile */
+			conn_close(c);
+			return -1;
+		}
 		return 0;
 	}
 	/* EOF or reset: the peer went away (a half-read frame is dropped). */
@@ -538,11 +560,45 @@ nomem:
 	return -1;
 }
 
+/* Appends the iovecs of r's reply frame past its first skip bytes; the count added. */
+static int reply_iov(const struct srv_req *r, size_t skip, struct iovec *iov)
+{
+	const void *part[3] = {r->rhb, r->out, r->reply_bulk};
+	size_t len[3] = {STK_FRAME_HDR_LEN, r->rh.payload_len, r->rh.bulk_len};
+	int n = 0;
+
+	for (int i = 0; i < 3; i++) {
+		if (skip >= len[i]) {
+			skip -= len[i];
+			continue;
+		}
+		iov[n].iov_base = (char *)part[i] + skip;
+		iov[n++].iov_len = len[i] - skip;
+		skip = 0;
+	}
+	return n;
+}
+
+static size_t reply_len(const struct srv_req *r)
+{
+	return STK_FRAME_HDR_LEN + (size_t)r->rh.payload_len + r->rh.bulk_len;
+}
+
+/* sendmsg, not writev: a peer gone must not raise SIGPIPE. */
+static ssize_t send_iov_once(int fd, struct iovec *iov, int n)
+{
+	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+
+	return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
 /* Writes queued replies until EAGAIN or none is left. Returns -1 if closed. */
 static int conn_write(struct srv_conn *c)
 {
 	struct stk_server *s = c->lp->srv;
+	unsigned inflight;
 
+	pthread_mutex_lock(&c->olock);
 	while (c->out_head) {
 		struct iovec iov[SRV_IOV_MAX];
 		struct srv_req *r;
@@ -551,28 +607,12 @@ static int conn_write(struct srv_conn *c)
 		ssize_t n;
 
 		for (r = c->out_head; r && niov + 3 <= SRV_IOV_MAX; r = r->next) {
-			const void *part[3] = {r->rhb, r->out, r->reply_bulk};
-			size_t len[3] = {STK_FRAME_HDR_LEN, r->rh.payload_len, r->rh.bulk_len};
-
-			for (int i = 0; i < 3; i++) {
-				if (skip >= len[i]) {
-					skip -= len[i];
-					continue;
-				}
-				if (!len[i])
-					continue;
-				iov[niov].iov_base = (char *)part[i] + skip;
-				iov[niov++].iov_len = len[i] - skip;
-				skip = 0;
-			}
+			niov += reply_iov(r, skip, iov + niov);
+			skip = 0;
 		}
-		{
-			/* sendmsg, not writev: a peer gone must not raise SIGPIPE */
-			struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
-
-			n = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
-		}
+		n = send_iov_once(c->fd, iov, niov);
 		if (n < 0) {
+			pthread_mutex_unlock(&c->olock);
 			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
 				conn_set_events(c, c->events | EPOLLOUT);
 				return 0;
@@ -585,7 +625,7 @@ static int conn_write(struct srv_conn *c)
 			size_t total;
 
 			r = c->out_head;
-			total = STK_FRAME_HDR_LEN + (size_t)r->rh.payload_len + r->rh.bulk_len;
+			total = reply_len(r);
 			if (r->sent + (size_t)n < total) {
 				r->sent += (size_t)n;
 				n = 0;
@@ -598,16 +638,18 @@ static int conn_write(struct srv_conn *c)
 			stk_metrics_ops_sent(s->metrics, r->hdr.opcode, r->t0);
 			r->begun = 0;
 			req_free(s, r);
-			c->refs--;
-			c->inflight--;
+			atomic_fetch_sub(&c->refs, 1); /* the loop's own keeps it */
+			atomic_fetch_sub(&c->inflight, 1);
 		}
 	}
-	if (c->eof && !c->inflight) {
+	pthread_mutex_unlock(&c->olock);
+	inflight = atomic_load(&c->inflight);
+	if (c->eof && !inflight) {
 		conn_close(c);
 		return -1;
 	}
 	conn_set_events(c, (c->events & ~(uint32_t)EPOLLOUT) |
-				   (c->inflight < s->window && !c->parked && !c->eof ? EPOLLIN : 0));
+				   (inflight < s->window && !c->parked && !c->eof ? EPOLLIN : 0));
 	return 0;
 }
 
@@ -701,6 +743,89 @@ static void complete(struct srv_loop *lp, struct srv_req *r)
 	}
 }
 
+static void wake_loop(struct srv_loop *lp)
+{
+	uint64_t one = 1;
+
+	if (write(lp->evfd, &one, sizeof(one)) < 0) {
+		/* the counter is already non-zero: the loop will look */
+	}
+}
+
+/*
+ * Asks c's loop to look at c (write what is queued, read again, close): takes a
+ * reference for the kick unless c is on the list already. A c whose last
+ * reference a worker dropped goes on the list to be freed by the loop.
+ */
+static void kick(struct srv_conn *c, int take_ref)
+{
+	struct srv_loop *lp = c->lp;
+	int wake;
+
+	pthread_mutex_lock(&lp->lock);
+	if (c->kicked) {
+		pthread_mutex_unlock(&lp->lock);
+		return;
+	}
+	if (take_ref)
+		atomic_fetch_add(&c->refs, 1);
+	c->kicked = 1;
+	c->kick_next = lp->kicks;
+	lp->kicks = c;
+	wake = !lp->done_head && !c->kick_next;
+	pthread_mutex_unlock(&lp->lock);
+	if (wake)
+		wake_loop(lp);
+}
+
+/*
+ * The worker sends r's reply itself when nothing is queued before it on the
+ * connection: the reply leaves without waiting for the loop to wake. Returns 1 when
+ * r was taken care of (sent, or queued with the loop asked to finish it), 0 when
+ * the loop must have it (the connection is closed or busy, or the send failed).
+ */
+static int send_direct(struct stk_server *s, struct srv_req *r)
+{
+	struct srv_conn *c = r->conn;
+	struct iovec iov[3];
+	size_t total = reply_len(r);
+	unsigned left;
+	ssize_t n;
+
+	pthread_mutex_lock(&c->olock);
+	if (c->closed || c->out_head) {
+		pthread_mutex_unlock(&c->olock);
+		return 0;
+	}
+	n = send_iov_once(c->fd, iov, reply_iov(r, 0, iov));
+	if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+		pthread_mutex_unlock(&c->olock);
+		return 0; /* the loop meets the error and closes */
+	}
+	if (n < 0 || (size_t)n < total) {
+		/* The rest when the socket takes it: queued first, so nothing overtakes it. */
+		r->sent = n > 0 ? (size_t)n : 0;
+		r->next = NULL;
+		c->out_head = c->out_tail = r;
+		c->out_wait_ns = stk_now_ns();
+		pthread_mutex_unlock(&c->olock);
+		kick(c, 1);
+		return 1;
+	}
+	pthread_mutex_unlock(&c->olock);
+	stk_metrics_ops_sent(s->metrics, r->hdr.opcode, r->t0);
+	r->begun = 0;
+	req_free(s, r);
+	left = atomic_fetch_sub(&c->inflight, 1) - 1;
+	if (left + 1 >= s->window || (left == 0 && atomic_load(&c->eof_))) {
+		/* The loop stopped reading at the window, or closes once all is answered. */
+		kick(c, 1);
+	}
+	if (atomic_fetch_sub(&c->refs, 1) == 1)
+		kick(c, 0); /* closed meanwhile and this was the last: the loop frees it */
+	return 1;
+}
+
 static void *worker_main(void *arg)
 {
 	struct stk_server *s = arg;
@@ -736,7 +861,8 @@ static void *worker_main(void *arg)
 		} else {
 			serve(s, r, out);
 		}
-		complete(r->conn->lp, r);
+		if (r->close || !send_direct(s, r))
+			complete(r->conn->lp, r);
 		pthread_mutex_lock(&s->wlock);
 	}
 leave:
@@ -768,6 +894,7 @@ static void worker_spawn_locked(struct stk_server *s)
 static void loop_completions(struct srv_loop *lp)
 {
 	struct stk_server *s = lp->srv;
+	struct srv_conn *kicks;
 	struct srv_req *r;
 	uint64_t v;
 
@@ -777,7 +904,24 @@ static void loop_completions(struct srv_loop *lp)
 	pthread_mutex_lock(&lp->lock);
 	r = lp->done_head;
 	lp->done_head = lp->done_tail = NULL;
+	kicks = lp->kicks;
+	lp->kicks = NULL;
+	for (struct srv_conn *k = kicks; k; k = k->kick_next)
+		k->kicked = 0;
 	pthread_mutex_unlock(&lp->lock);
+	while (kicks) {
+		struct srv_conn *c = kicks;
+
+		kicks = c->kick_next;
+		if (atomic_load(&c->refs) == 0) {
+			c->next = lp->dead; /* a worker dropped the last reference */
+			lp->dead = c;
+			continue;
+		}
+		if (!c->closed)
+			conn_write(c);
+		conn_unref(c);
+	}
 	while (r) {
 		struct srv_req *next = r->next;
 		struct srv_conn *c = r->conn;
@@ -787,20 +931,20 @@ static void loop_completions(struct srv_loop *lp)
 			conn_unref(c);
 		} else if (r->close) {
 			req_free(s, r);
-			c->refs--;
-			c->inflight--;
+			atomic_fetch_sub(&c->refs, 1); /* the loop's own keeps it */
+			atomic_fetch_sub(&c->inflight, 1);
 			conn_close(c);
 		} else {
-			int was_empty = !c->out_head;
-
+			pthread_mutex_lock(&c->olock);
 			r->next = NULL;
 			if (c->out_tail)
 				c->out_tail->next = r;
 			else
 				c->out_head = r;
-			c->out_tail = r;
-			if (was_empty)
+			if (!c->out_tail)
 				c->out_wait_ns = stk_now_ns();
+			c->out_tail = r;
+			pthread_mutex_unlock(&c->olock);
 			conn_write(c);
 		}
 		r = next;
@@ -822,7 +966,7 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 
 			c->parked = 0;
 			c->park_next = NULL;
-			c->refs++;
+			atomic_fetch_add(&c->refs, 1);
 			conn_set_events(c, c->events | EPOLLIN);
 			conn_read(c);
 			conn_unref(c);
@@ -833,9 +977,14 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 		return;
 	lp->last_tick_ns = now;
 	for (struct srv_conn *c = lp->conns, *next; c; c = next) {
+		int stuck;
+
 		next = c->next;
-		if (c->out_head &&
-		    now - c->out_wait_ns > (uint64_t)s->send_timeout_ms * 1000000ull) {
+		pthread_mutex_lock(&c->olock);
+		stuck = c->out_head &&
+			now - c->out_wait_ns > (uint64_t)s->send_timeout_ms * 1000000ull;
+		pthread_mutex_unlock(&c->olock);
+		if (stuck) {
 			stk_warn("%s has not read its replies for %u ms: closing connection", c->peer,
 				 s->send_timeout_ms);
 			conn_close(c);
@@ -904,7 +1053,8 @@ static void conn_accept(struct srv_loop *lp, int fd, const struct sockaddr_stora
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	c->lp = lp;
 	c->fd = fd;
-	c->refs = 1;
+	atomic_init(&c->refs, 1);
+	pthread_mutex_init(&c->olock, NULL);
 	c->events = EPOLLIN;
 	format_peer(ss, c->peer, sizeof(c->peer));
 	e.events = c->events;
@@ -957,7 +1107,7 @@ static void loop_run(struct srv_loop *lp)
 			c = p;
 			if (c->closed)
 				continue; /* closed earlier in this round (still allocated) */
-			c->refs++; /* stays valid through this event even if closed */
+			atomic_fetch_add(&c->refs, 1); /* valid through this event even if closed */
 			if (ev[i].events & (EPOLLERR | EPOLLHUP)) {
 				/* Reset, or shut both ways: no reply can reach the peer. */
 				conn_close(c);
