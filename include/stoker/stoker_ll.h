@@ -409,6 +409,16 @@ STK_API int stk_ll_lock(stk_client *c, uint64_t ino, int kind, const struct stk_
 STK_API int stk_ll_lock_test(stk_client *c, uint64_t ino, int kind, struct stk_lock_range *r,
 			     uint64_t owner);
 
+/*
+ * Streamed reads, for a caller whose bytes the kernel's page cache keeps above
+ * the library (a FUSE mount): on 1, reads of 256 KiB and more and sequential
+ * reads of chunks stored on this host go from the disk straight into the
+ * caller's buffer (O_DIRECT), so the chunk files' pages are neither filled nor
+ * copied; on 0 (the default) every read goes through the page cache. Set it
+ * before c is shared between threads. Never fails.
+ */
+STK_API void stk_ll_direct_streams(stk_client *c, int on);
+
 /* ---- leases: the lookup cache and open references ---- */
 
 /*
@@ -419,6 +429,13 @@ STK_API int stk_ll_lock_test(stk_client *c, uint64_t ino, int kind, struct stk_l
  * without). Errors: -ENOMEM, -EAGAIN (no thread could start).
  */
 STK_API int stk_ll_leases_start(stk_client *c);
+
+/*
+ * 1 when stk_ll_leases_start turned the cache on in this process, else 0 (not
+ * started, kept off by $STOKER_LOOKUP_CACHE=0, or a child after fork). The cache
+ * may still go without leases later, against a meta that grants none.
+ */
+STK_API int stk_ll_leases_on(stk_client *c);
 
 /*
  * Inode ino's attributes as a lookup answered them, under a lease on the inode

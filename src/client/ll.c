@@ -425,6 +425,11 @@ int stk_ll_note_read(stk_client *c, uint64_t ino)
 	return stk_session_note_read(c, ino);
 }
 
+void stk_ll_direct_streams(stk_client *c, int on)
+{
+	c->direct_streams = on ? 1 : 0;
+}
+
 int stk_ll_lock(stk_client *c, uint64_t ino, int kind, const struct stk_lock_range *r,
 		uint64_t owner, int wait, int (*cancelled)(void *ctx), void *ctx)
 {
@@ -442,6 +447,11 @@ int stk_ll_lock_test(stk_client *c, uint64_t ino, int kind, struct stk_lock_rang
 int stk_ll_leases_start(stk_client *c)
 {
 	return stk_lcache_start(c);
+}
+
+int stk_ll_leases_on(stk_client *c)
+{
+	return c->lc != NULL;
 }
 
 int stk_ll_leased_attr(stk_client *c, uint64_t ino, struct stk_ll_attr *out)
