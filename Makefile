@@ -25,11 +25,13 @@ LDFLAGS := -pthread $(SANFLAGS)
 LIBS := $(PKG_LIBS) -lm
 
 CORE_SRC := $(wildcard src/common/*.c src/proto/*.c src/net/*.c)
-# The client reads chunk files itself when it runs on their storage node (io.c).
-CLIENT_SRC := $(wildcard src/client/*.c) src/storage/chunk.c
+# Chunk files (format and reading), shared by storage and by the client, which
+# reads the chunks of its own host itself (short-circuit reads, io.c).
+CHUNK_SRC := $(wildcard src/chunk/*.c)
+CLIENT_SRC := $(wildcard src/client/*.c) $(CHUNK_SRC)
 MGMTD_SRC := $(wildcard src/mgmtd/*.c)
 META_SRC := $(wildcard src/meta/*.c)
-STORAGE_SRC := $(filter-out src/storage/chunk.c,$(wildcard src/storage/*.c))
+STORAGE_SRC := $(wildcard src/storage/*.c) $(CHUNK_SRC)
 SERVER_SRC := $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
 CLI_SRC := $(wildcard src/cli/*.c src/fuse/*.c src/gateway/*.c)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
@@ -68,7 +70,7 @@ $(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(CORE
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
 
-$(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(B)/obj/src/storage/chunk.o $(MGMTD_OBJ) $(CORE_OBJ)
+$(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(MGMTD_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
 
