@@ -23,8 +23,14 @@ CFLAGS := -std=gnu11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -Wsha
 	-D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(SANFLAGS)
 LIBS := $(PKG_LIBS) -lm
+# What libstoker (and the Python extension built from it) links: no FUSE, no HTTP
+# server, no TLS; CRC32C from ISA-L and xxHash for host ids.
+LIB_PKGS := libisal libxxhash
+LIB_LIBS := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm
 
 CORE_SRC := $(wildcard src/common/*.c src/proto/*.c src/net/*.c)
+# What a server process shares: signals and stop, the /metrics HTTP endpoint.
+DAEMON_SRC := $(wildcard src/daemon/*.c)
 # Chunk files (format and reading), shared by storage and by the client, which
 # reads the chunks of its own host itself (short-circuit reads, io.c).
 CHUNK_SRC := $(wildcard src/chunk/*.c)
@@ -32,13 +38,14 @@ CLIENT_SRC := $(wildcard src/client/*.c) $(CHUNK_SRC)
 MGMTD_SRC := $(wildcard src/mgmtd/*.c)
 META_SRC := $(wildcard src/meta/*.c)
 STORAGE_SRC := $(wildcard src/storage/*.c) $(CHUNK_SRC)
-SERVER_SRC := $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
+SERVER_SRC := $(DAEMON_SRC) $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
 CLI_SRC := $(wildcard src/cli/*.c src/fuse/*.c src/gateway/*.c)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 TOOL_SRC := $(wildcard tests/tools/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 CORE_OBJ := $(call obj,$(CORE_SRC))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 MGMTD_OBJ := $(call obj,$(MGMTD_SRC))
 META_OBJ := $(call obj,$(META_SRC))
@@ -62,19 +69,24 @@ $(B)/libstoker.a: $(CLIENT_OBJ) $(CORE_OBJ)
 	ar rcs $@ $^
 
 $(B)/libstoker.so: $(CLIENT_OBJ) $(CORE_OBJ)
-	$(CC) $(LDFLAGS) -shared -Wl,-soname,libstoker.so.0 -o $@ $^ $(LIBS)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libstoker.so.0 -o $@ $^ $(LIB_LIBS)
 
 # Unit tests link only the module they test (test_meta_*: meta, test_storage_*: storage,
-# test_mgmtd_*: mgmtd, others: the core and the client library).
-$(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(CORE_OBJ)
+# test_mgmtd_*: mgmtd, test_metrics: the core and the /metrics endpoint, others: the
+# core and the client library).
+$(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
 
-$(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(MGMTD_OBJ) $(CORE_OBJ)
+$(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
 
-$(B)/tests/test_mgmtd_%: tests/unit/test_mgmtd_%.c $(MGMTD_OBJ) $(CORE_OBJ)
+$(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
+
+$(B)/tests/test_mgmtd_%: tests/unit/test_mgmtd_%.c $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $^ $(LDFLAGS) $(LIBS)
 
@@ -99,7 +111,7 @@ python: $(PY_SO) $(PY_MOD)
 
 $(PY_SO): python/stoker/_stoker.c $(CLIENT_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PY_INC) -fno-strict-aliasing -shared -o $@ $^ $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) $(PY_INC) -fno-strict-aliasing -shared -o $@ $^ $(LDFLAGS) $(LIB_LIBS)
 
 $(B)/python/stoker/%.py: python/stoker/%.py
 	@mkdir -p $(dir $@)

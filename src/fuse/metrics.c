@@ -31,6 +31,7 @@
 #include "../cli/cli.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
+#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 
 /* X(name): every low-level call that takes a request and replies to it. */
