@@ -139,8 +139,29 @@ unit: $(UNIT_BIN)
 	done; \
 	echo "unit: $$pass passed, $$fail failed, $$skip skipped"; [ $$fail = 0 ]
 
+# `make install PREFIX=/usr/local` (and DESTDIR for staging): the stoker binary,
+# libstoker (shared and static), the public headers include/stoker/*.h and a
+# stoker.pc, so that a program builds with `pkg-config --cflags --libs stoker`.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+VERSION := $(shell sed -n 's/^\#define STK_VERSION "\(.*\)"/\1/p' include/stoker/stoker.h)
+
+install: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/stoker
+	install -m 755 $(B)/stoker $(DESTDIR)$(BINDIR)/stoker
+	install -m 644 include/stoker/*.h $(DESTDIR)$(INCLUDEDIR)/stoker/
+	install -m 755 $(B)/libstoker.so $(DESTDIR)$(LIBDIR)/libstoker.so.$(VERSION)
+	ln -sf libstoker.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libstoker.so.0
+	ln -sf libstoker.so.0 $(DESTDIR)$(LIBDIR)/libstoker.so
+	install -m 644 $(B)/libstoker.a $(DESTDIR)$(LIBDIR)/libstoker.a
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+		-e 's|@VERSION@|$(VERSION)|' -e 's|@LIB_PKGS@|$(LIB_PKGS)|' stoker.pc.in \
+		>$(DESTDIR)$(LIBDIR)/pkgconfig/stoker.pc
+
 clean:
 	rm -rf build build-asan build-fuzz
 
-.PHONY: all unit fuzz clean python
+.PHONY: all unit fuzz clean python install
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -22,6 +22,9 @@ make -j"$JOBS" >/dev/null || { echo "build failed"; make 2>&1 | tail -30; exit 1
 make -j"$JOBS" SAN=1 >/dev/null || { echo "ASan build failed"; make SAN=1 2>&1 | tail -30; exit 1; }
 make -j"$JOBS" fuzz >/dev/null || { echo "fuzz build failed"; exit 1; }
 
+step "install (a program built on the installed libstoker through pkg-config)"
+bash tests/install/test_install.sh build || fail=1
+
 step "unit tests"
 make unit || fail=1
 step "unit tests under ASan/UBSan"
