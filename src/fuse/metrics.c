@@ -1,6 +1,6 @@
 /*
  * Metrics of the FUSE daemon. With `-o metrics=HOST:PORT` the daemon serves
- * /metrics and /healthz there (common/metrics_http.c) and every file-system call
+ * /metrics and /healthz there (daemon/metrics_http.c) and every file-system call
  * is counted in the stoker_client_* families with frontend="fuse": calls, errors
  * by errno name, bytes read and written, and a latency histogram per call, on
  * the same 10 us..10 s buckets as the servers. Without the option nothing here
