@@ -23,20 +23,29 @@ CFLAGS := -std=gnu11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -Wsha
 	-D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(SANFLAGS)
 LIBS := $(PKG_LIBS) -lm
+# What libstoker (and the Python extension built from it) links: no FUSE, no HTTP
+# server, no TLS; CRC32C from ISA-L and xxHash for host ids.
+LIB_PKGS := libisal libxxhash
+LIB_LIBS := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm
 
 CORE_SRC := $(wildcard src/common/*.c src/proto/*.c src/net/*.c)
-# The client reads chunk files itself when it runs on their storage node (io.c).
-CLIENT_SRC := $(wildcard src/client/*.c) src/storage/chunk.c
+# What a server process shares: signals and stop, the /metrics HTTP endpoint.
+DAEMON_SRC := $(wildcard src/daemon/*.c)
+# Chunk files (format and reading), shared by storage and by the client, which
+# reads the chunks of its own host itself (short-circuit reads, io.c).
+CHUNK_SRC := $(wildcard src/chunk/*.c)
+CLIENT_SRC := $(wildcard src/client/*.c) $(CHUNK_SRC)
 MGMTD_SRC := $(wildcard src/mgmtd/*.c)
 META_SRC := $(wildcard src/meta/*.c)
-STORAGE_SRC := $(filter-out src/storage/chunk.c,$(wildcard src/storage/*.c))
-SERVER_SRC := $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
+STORAGE_SRC := $(wildcard src/storage/*.c) $(CHUNK_SRC)
+SERVER_SRC := $(DAEMON_SRC) $(MGMTD_SRC) $(META_SRC) $(STORAGE_SRC)
 CLI_SRC := $(wildcard src/cli/*.c src/fuse/*.c src/gateway/*.c)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 TOOL_SRC := $(wildcard tests/tools/*.c)
 
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 CORE_OBJ := $(call obj,$(CORE_SRC))
+DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
 MGMTD_OBJ := $(call obj,$(MGMTD_SRC))
 META_OBJ := $(call obj,$(META_SRC))
@@ -60,21 +69,26 @@ $(B)/libstoker.a: $(CLIENT_OBJ) $(CORE_OBJ)
 	ar rcs $@ $^
 
 $(B)/libstoker.so: $(CLIENT_OBJ) $(CORE_OBJ)
-	$(CC) $(LDFLAGS) -shared -Wl,-soname,libstoker.so.0 -o $@ $^ $(LIBS)
+	$(CC) $(LDFLAGS) -shared -Wl,-soname,libstoker.so.0 -o $@ $^ $(LIB_LIBS)
 
 # Unit tests link only the module they test (test_meta_*: meta, test_storage_*: storage,
-# test_mgmtd_*: mgmtd, others: the core and the client library). Each includes
-# tests/unit/check.h (found beside it, no -I needed) and is rebuilt when it changes.
+# test_mgmtd_*: mgmtd, test_metrics: the core and the /metrics endpoint, others: the
+# core and the client library). Each includes tests/unit/check.h (found beside it, no
+# -I needed) and is rebuilt when it changes.
 $(UNIT_BIN): tests/unit/check.h
-$(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(CORE_OBJ)
+$(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
-$(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(B)/obj/src/storage/chunk.o $(MGMTD_OBJ) $(CORE_OBJ)
+$(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
-$(B)/tests/test_mgmtd_%: tests/unit/test_mgmtd_%.c $(MGMTD_OBJ) $(CORE_OBJ)
+$(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+
+$(B)/tests/test_mgmtd_%: tests/unit/test_mgmtd_%.c $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
@@ -99,7 +113,7 @@ python: $(PY_SO) $(PY_MOD)
 
 $(PY_SO): python/stoker/_stoker.c $(CLIENT_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(PY_INC) -fno-strict-aliasing -shared -o $@ $^ $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) $(PY_INC) -fno-strict-aliasing -shared -o $@ $^ $(LDFLAGS) $(LIB_LIBS)
 
 $(B)/python/stoker/%.py: python/stoker/%.py
 	@mkdir -p $(dir $@)
@@ -127,8 +141,29 @@ unit: $(UNIT_BIN)
 	done; \
 	echo "unit: $$pass passed, $$fail failed, $$skip skipped"; [ $$fail = 0 ]
 
+# `make install PREFIX=/usr/local` (and DESTDIR for staging): the stoker binary,
+# libstoker (shared and static), the public headers include/stoker/*.h and a
+# stoker.pc, so that a program builds with `pkg-config --cflags --libs stoker`.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+LIBDIR ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+VERSION := $(shell sed -n 's/^\#define STK_VERSION "\(.*\)"/\1/p' include/stoker/stoker.h)
+
+install: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/stoker
+	install -m 755 $(B)/stoker $(DESTDIR)$(BINDIR)/stoker
+	install -m 644 include/stoker/*.h $(DESTDIR)$(INCLUDEDIR)/stoker/
+	install -m 755 $(B)/libstoker.so $(DESTDIR)$(LIBDIR)/libstoker.so.$(VERSION)
+	ln -sf libstoker.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libstoker.so.0
+	ln -sf libstoker.so.0 $(DESTDIR)$(LIBDIR)/libstoker.so
+	install -m 644 $(B)/libstoker.a $(DESTDIR)$(LIBDIR)/libstoker.a
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+		-e 's|@VERSION@|$(VERSION)|' -e 's|@LIB_PKGS@|$(LIB_PKGS)|' stoker.pc.in \
+		>$(DESTDIR)$(LIBDIR)/pkgconfig/stoker.pc
+
 clean:
 	rm -rf build build-asan build-fuzz
 
-.PHONY: all unit fuzz clean python
+.PHONY: all unit fuzz clean python install
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

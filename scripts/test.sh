@@ -14,10 +14,16 @@ TEST_WORKERS=${TEST_WORKERS:-3}
 fail=0
 step() { echo; echo "=== $*"; }
 
+step "layers (includes point down; frontends use only include/stoker/)"
+bash scripts/check-layers.sh || fail=1
+
 step "build (release, ASan/UBSan, fuzzers)"
 make -j"$JOBS" >/dev/null || { echo "build failed"; make 2>&1 | tail -30; exit 1; }
 make -j"$JOBS" SAN=1 >/dev/null || { echo "ASan build failed"; make SAN=1 2>&1 | tail -30; exit 1; }
 make -j"$JOBS" fuzz >/dev/null || { echo "fuzz build failed"; exit 1; }
+
+step "install (a program built on the installed libstoker through pkg-config)"
+bash tests/install/test_install.sh build || fail=1
 
 step "unit tests"
 make unit || fail=1

@@ -40,6 +40,9 @@ extern "C" {
 
 #define STK_API __attribute__((visibility("default")))
 
+/* The release of Stoker this header comes from (stoker.pc gives the same). */
+#define STK_VERSION "0.1.0"
+
 typedef struct stk_client stk_client;
 typedef struct stk_file stk_file;
 typedef struct stk_dir stk_dir;

@@ -65,7 +65,7 @@ STK_CLI_COMMANDS(STK_CLI_DECL)
 /* `stoker bench loader ...` (bench_loader.c), dispatched from cmd_bench. */
 int cmd_bench_loader(int argc, char **argv);
 
-#define STOKER_VERSION "0.1.0"
+#define STOKER_VERSION STK_VERSION
 
 /* Prints "stoker CMD: message" to stderr. */
 void cli_err(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -24,7 +24,7 @@
 
 #include "../common/host.h"
 #include "../common/layout.h"
-#include "../storage/chunk.h"
+#include "../chunk/chunkfile.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../proto/status.h"

@@ -34,7 +34,7 @@
 #include "client.h"
 #include "inode.h"
 #include "session.h"
-#include "../storage/chunk.h"
+#include "../chunk/chunkfile.h"
 
 #include <errno.h>
 #include <stdatomic.h>

@@ -23,7 +23,7 @@
 
 #include "../common/layout.h"
 #include "../common/log.h"
-#include "../storage/chunk.h"
+#include "../chunk/chunkfile.h"
 #include "../common/util.h"
 #include "../proto/status.h"
 

@@ -25,9 +25,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/lease.h"
 #include "../common/log.h"
 #include "../common/util.h"
-#include "../meta/leases.h"
 #include "../net/net.h"
 #include "../proto/wire.h"
 #include "behind.h"

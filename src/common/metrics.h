@@ -40,7 +40,8 @@
  * a series that counts nothing: callers with metrics off pass 0 or NULL and pay
  * one branch.
  *
- * For the FUSE daemon and the gateways: call stk_metrics_http_start() with the
+ * For the FUSE daemon and the gateways: call stk_metrics_http_start()
+ * (src/daemon/metrics_http.h) with the
  * address from your --metrics option, create a stk_metrics_ops set with
  * stk_metrics_ops_create("fuse", op_names, n, &ops), and bracket each operation
  * with stk_metrics_ops_begin()/stk_metrics_ops_end(). That gives the
@@ -340,22 +341,5 @@ void stk_metrics_ops_conn(struct stk_metrics_ops *m, int delta);
  */
 void stk_metrics_ops_client(struct stk_metrics_ops *m, const char *peer, uint64_t in_bytes,
 			    uint64_t out_bytes);
-
-/* ---- the HTTP endpoint ---- */
-
-struct stk_metrics_http;
-
-/*
- * Serves GET /metrics (the exposition above) and GET /healthz ("ok") on listen,
- * "HOST:PORT" (port 0 picks a free one), from a thread of its own; also registers
- * the process and host collectors and stoker_build_info{role}. One per process.
- * 0, -EINVAL (malformed address), -EADDRINUSE, -EALREADY (already started), -ENOMEM
- * or -errno.
- */
-int stk_metrics_http_start(const char *listen, const char *role, struct stk_metrics_http **out);
-/* The bound "HOST:PORT". Valid until stop. */
-const char *stk_metrics_http_addr(const struct stk_metrics_http *h);
-/* Stops serving and waits for a scrape in progress. NULL is fine. */
-void stk_metrics_http_stop(struct stk_metrics_http *h);
 
 #endif

@@ -58,14 +58,14 @@ static struct stk_fuse_told *told_slot(struct stk_fuse_acache *d, uint64_t ino)
 	return &d->told[(size_t)((ino * 0x9e3779b97f4a7c15ull) >> 32) % STK_FUSE_TOLD_SLOTS];
 }
 
-static int told_is(const struct stk_fuse_told *s, const struct stk_attr *a)
+static int told_is(const struct stk_fuse_told *s, const struct stk_ll_attr *a)
 {
 	return s->size == a->size && s->mtime_sec == a->mtime_sec &&
 	       s->mtime_nsec == a->mtime_nsec && s->ctime_sec == a->ctime_sec &&
 	       s->ctime_nsec == a->ctime_nsec;
 }
 
-void stk_fuse_acache_told(struct stk_fuse_acache *d, const struct stk_attr *a,
+void stk_fuse_acache_told(struct stk_fuse_acache *d, const struct stk_ll_attr *a,
 			  struct stk_fuse_acache_tok t)
 {
 	struct stk_fuse_told *s;
@@ -90,7 +90,7 @@ void stk_fuse_acache_told(struct stk_fuse_acache *d, const struct stk_attr *a,
 	pthread_mutex_unlock(&d->lock);
 }
 
-int stk_fuse_acache_told_same(struct stk_fuse_acache *d, const struct stk_attr *a)
+int stk_fuse_acache_told_same(struct stk_fuse_acache *d, const struct stk_ll_attr *a)
 {
 	struct stk_fuse_told *s;
 	int same;
@@ -116,7 +116,7 @@ struct stk_fuse_acache_tok stk_fuse_acache_begin(struct stk_fuse_acache *d, uint
 	return t;
 }
 
-static int ctime_before(const struct stk_attr *a, const struct stk_attr *b)
+static int ctime_before(const struct stk_ll_attr *a, const struct stk_ll_attr *b)
 {
 	return a->ctime_sec < b->ctime_sec ||
 	       (a->ctime_sec == b->ctime_sec && a->ctime_nsec < b->ctime_nsec);
@@ -131,7 +131,7 @@ static void slot_empty(struct stk_fuse_acache_slot *s)
 	s->gen = gen;
 }
 
-static void put(struct stk_fuse_acache *d, const struct stk_attr *a, struct stk_fuse_acache_tok t,
+static void put(struct stk_fuse_acache *d, const struct stk_ll_attr *a, struct stk_fuse_acache_tok t,
 		int once)
 {
 	struct stk_fuse_acache_slot *s = &d->slot[slot_of(a->ino)];
@@ -147,21 +147,21 @@ static void put(struct stk_fuse_acache *d, const struct stk_attr *a, struct stk_
 	pthread_mutex_unlock(&d->lock);
 }
 
-void stk_fuse_acache_put_dir(struct stk_fuse_acache *d, const struct stk_attr *a,
+void stk_fuse_acache_put_dir(struct stk_fuse_acache *d, const struct stk_ll_attr *a,
 			     struct stk_fuse_acache_tok t)
 {
 	if (d->ttl_ns && a->ino && S_ISDIR(a->mode))
 		put(d, a, t, 0);
 }
 
-void stk_fuse_acache_put_once(struct stk_fuse_acache *d, const struct stk_attr *a,
+void stk_fuse_acache_put_once(struct stk_fuse_acache *d, const struct stk_ll_attr *a,
 			      struct stk_fuse_acache_tok t)
 {
 	if (d->ttl_ns && a->ino && S_ISREG(a->mode))
 		put(d, a, t, 1);
 }
 
-int stk_fuse_acache_get(struct stk_fuse_acache *d, uint64_t ino, struct stk_attr *a)
+int stk_fuse_acache_get(struct stk_fuse_acache *d, uint64_t ino, struct stk_ll_attr *a)
 {
 	struct stk_fuse_acache_slot *s = &d->slot[slot_of(ino)];
 	int rc = -ENOENT;

@@ -42,7 +42,7 @@
 
 #include "stoker/stoker.h"
 
-#include "../proto/msg.h"
+#include "stoker/stoker_ll.h"
 
 /* Largest read and write request: the kernel's max_read and max_write. */
 #define STK_FUSE_IO_MAX (1u << 20)
@@ -110,7 +110,7 @@ struct stk_fuse_node {
 	uint32_t mtime_nsec;
 	uint64_t size;
 	int orphan; /* unlinked while open: attr is all that is left of it */
-	struct stk_attr attr;
+	struct stk_ll_attr attr;
 	pthread_mutex_t lock;
 	stk_file *wf; /* the shared read-write handle while a writable handle is open */
 	unsigned wf_refs; /* handles, and reads in progress, using wf */
@@ -126,7 +126,7 @@ struct stk_fuse_node {
 	uint64_t nocap_until;
 	uint64_t xattr_gen;
 	_Atomic int posix_locked; /* a POSIX lock was taken through this mount: flushes unlock */
-	/* Created here in a delegated folder (client/behind.h): its first write sends
+	/* Created here in a delegated folder (batched names, stoker_ll.h): its first write sends
 	 * the queue first, so that no byte reaches storage before meta has the file. */
 	_Atomic int behind;
 };
@@ -148,7 +148,7 @@ void stk_fuse_table_destroy(struct stk_fuse_table *t);
  * this mount, or this mount is writing it (the kernel's cache then holds what
  * meta does not know yet). 0 or -ENOMEM.
  */
-int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const struct stk_attr *a,
+int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const struct stk_ll_attr *a,
 			int trunc, int *keep_cache);
 /*
  * Removes a handle (its libstoker handles already closed). Returns 1 with
@@ -156,7 +156,7 @@ int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const 
  * caller then removes the file's data.
  */
 int stk_fuse_table_release(struct stk_fuse_table *t, struct stk_fuse_fh *fh,
-			   struct stk_attr *orphan);
+			   struct stk_ll_attr *orphan);
 /* Whether any handle of Stoker inode ino is open through this mount. */
 int stk_fuse_table_is_open(struct stk_fuse_table *t, uint64_t ino);
 /*
@@ -171,15 +171,15 @@ void stk_fuse_table_unpin(struct stk_fuse_table *t, struct stk_fuse_node *n, stk
  * Overlays what this mount knows and meta does not yet: the size that writes not
  * yet fsynced reached.
  */
-void stk_fuse_table_overlay(struct stk_fuse_table *t, struct stk_attr *a);
+void stk_fuse_table_overlay(struct stk_fuse_table *t, struct stk_ll_attr *a);
 /*
  * A file's last link went (a is its inode with nlink 0). If it is open in this
  * mount, it becomes an orphan and 0 is returned: its data goes at the last
  * close. Otherwise -ENOENT: the caller removes the data now.
  */
-int stk_fuse_table_orphan(struct stk_fuse_table *t, const struct stk_attr *a);
+int stk_fuse_table_orphan(struct stk_fuse_table *t, const struct stk_ll_attr *a);
 /* The attributes of an orphan, for getattr on its open handles. 0 or -ENOENT. */
-int stk_fuse_table_orphan_attr(struct stk_fuse_table *t, uint64_t ino, struct stk_attr *a);
+int stk_fuse_table_orphan_attr(struct stk_fuse_table *t, uint64_t ino, struct stk_ll_attr *a);
 /*
  * At unmount: closes every handle the kernel did not release (flushing what
  * they buffered) and removes the data of orphans. Returns the count closed.
@@ -200,7 +200,7 @@ unsigned stk_fuse_table_drain(struct stk_fuse_table *t, stk_client *c);
 #define STK_FUSE_ACACHE_SLOTS 64u
 
 struct stk_fuse_acache_slot {
-	struct stk_attr a; /* a.ino 0: empty */
+	struct stk_ll_attr a; /* a.ino 0: empty */
 	uint64_t until_ns; /* answered until then (stk_now_ns) */
 	uint64_t gen; /* bumped whenever the slot is dropped or cleared */
 	uint64_t files_gen; /* a once-entry: the cache's files_gen at the put */
@@ -239,22 +239,22 @@ void stk_fuse_acache_init(struct stk_fuse_acache *d, double ttl_s);
 void stk_fuse_acache_destroy(struct stk_fuse_acache *d);
 struct stk_fuse_acache_tok stk_fuse_acache_begin(struct stk_fuse_acache *d, uint64_t ino);
 /* Keeps folder a's attributes (sent with a create or an unlink in it). */
-void stk_fuse_acache_put_dir(struct stk_fuse_acache *d, const struct stk_attr *a,
+void stk_fuse_acache_put_dir(struct stk_fuse_acache *d, const struct stk_ll_attr *a,
 			     struct stk_fuse_acache_tok t);
 /* Keeps file a's attributes (fetched by an open) for one getattr. */
-void stk_fuse_acache_put_once(struct stk_fuse_acache *d, const struct stk_attr *a,
+void stk_fuse_acache_put_once(struct stk_fuse_acache *d, const struct stk_ll_attr *a,
 			      struct stk_fuse_acache_tok t);
 /* Inode ino's attributes if kept and not older than attr_timeout: 0, else -ENOENT. */
-int stk_fuse_acache_get(struct stk_fuse_acache *d, uint64_t ino, struct stk_attr *a);
+int stk_fuse_acache_get(struct stk_fuse_acache *d, uint64_t ino, struct stk_ll_attr *a);
 /*
  * Notes file a's attributes as told to the kernel by a reply to a call that began
  * at t (any change by this mount since then, or a different answer since the last
  * one, and nothing is kept for it).
  */
-void stk_fuse_acache_told(struct stk_fuse_acache *d, const struct stk_attr *a,
+void stk_fuse_acache_told(struct stk_fuse_acache *d, const struct stk_ll_attr *a,
 			  struct stk_fuse_acache_tok t);
 /* 1 if the kernel was told exactly a's size, mtime and ctime for a->ino; else 0. */
-int stk_fuse_acache_told_same(struct stk_fuse_acache *d, const struct stk_attr *a);
+int stk_fuse_acache_told_same(struct stk_fuse_acache *d, const struct stk_ll_attr *a);
 /* Forgets inode ino: this mount may have changed its attributes. */
 void stk_fuse_acache_drop(struct stk_fuse_acache *d, uint64_t ino);
 /* Forgets every file (an unlink changed some file's link count). */

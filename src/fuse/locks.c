@@ -1,6 +1,6 @@
 /*
  * flock and POSIX record locks through the mount, held in meta so that they
- * hold across every mount and client of the cluster (client/session.h).
+ * hold across every mount and client of the cluster (stk_ll_lock, stoker_ll.h).
  *
  * The kernel hands every lock request of a file to us once the daemon offers
  * getlk/setlk/flock (libfuse then asks for FUSE_CAP_POSIX_LOCKS and
@@ -46,7 +46,6 @@
 #include <string.h>
 #include <sys/file.h>
 
-#include "../client/session.h"
 #include "../common/log.h"
 
 static struct stk_fuse *fs_of(fuse_req_t req)
@@ -146,7 +145,7 @@ static void reply_granted(struct stk_fuse *fs, fuse_req_t req, uint64_t sino, in
 	if (fuse_reply_err(req, 0) == 0)
 		return;
 	un.type = STK_LOCK_UN;
-	stk_ino_lock(fs->c, sino, kind, &un, owner, 0, NULL, NULL);
+	stk_ll_lock(fs->c, sino, kind, &un, owner, 0, NULL, NULL);
 }
 
 void stk_fuse_getlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, struct flock *lock)
@@ -159,7 +158,7 @@ void stk_fuse_getlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, s
 	if (rc == 0 && r.type == STK_LOCK_UN)
 		rc = -EINVAL;
 	if (rc == 0)
-		rc = stk_ino_lock_test(fs_of(req)->c, ino_of(fi), STK_LOCK_POSIX, &r, fi->lock_owner);
+		rc = stk_ll_lock_test(fs_of(req)->c, ino_of(fi), STK_LOCK_POSIX, &r, fi->lock_owner);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -190,7 +189,7 @@ void stk_fuse_setlk(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, s
 		atomic_store(&fs_of(req)->posix_seen, 1); /* later opens flush */
 	}
 	if (rc == 0)
-		rc = stk_ino_lock(fs_of(req)->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, sleep,
+		rc = stk_ll_lock(fs_of(req)->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, sleep,
 				  interrupted, req);
 	if (rc == 0 && r.type != STK_LOCK_UN && fh_of(fi)->noflush)
 		noflush_owner(fh_of(fi), fi->lock_owner);
@@ -221,7 +220,7 @@ void stk_fuse_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, i
 		return;
 	}
 	r.pid = (uint32_t)fuse_req_ctx(req)->pid;
-	rc = stk_ino_lock(fs_of(req)->c, ino_of(fi), STK_LOCK_FLOCK, &r, flock_owner_of(fi),
+	rc = stk_ll_lock(fs_of(req)->c, ino_of(fi), STK_LOCK_FLOCK, &r, flock_owner_of(fi),
 			  !(op & LOCK_NB), interrupted, req);
 	/* flock(2) says EWOULDBLOCK, which is EAGAIN on Linux. */
 	if (rc == 0 && r.type != STK_LOCK_UN)
@@ -238,7 +237,7 @@ void stk_fuse_locks_flush(struct stk_fuse *fs, struct fuse_file_info *fi)
 
 	if (!atomic_load(&node_of(fi)->posix_locked))
 		return;
-	rc = stk_ino_lock(fs->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, 0, NULL, NULL);
+	rc = stk_ll_lock(fs->c, sino, STK_LOCK_POSIX, &r, fi->lock_owner, 0, NULL, NULL);
 	if (rc)
 		stk_warn("releasing POSIX locks on inode %llu at close: %s",
 			 (unsigned long long)sino, stk_strerror(rc));
@@ -259,14 +258,14 @@ void stk_fuse_locks_release(struct stk_fuse *fs, struct fuse_file_info *fi)
 	fh->nf_n = 0;
 	pthread_mutex_unlock(&nf_mu);
 	for (unsigned i = 0; i < n; i++) {
-		rc = stk_ino_lock(fs->c, sino, STK_LOCK_POSIX, &r, owners[i], 0, NULL, NULL);
+		rc = stk_ll_lock(fs->c, sino, STK_LOCK_POSIX, &r, owners[i], 0, NULL, NULL);
 		if (rc)
 			stk_warn("releasing POSIX locks on inode %llu at release: %s",
 				 (unsigned long long)sino, stk_strerror(rc));
 	}
 	if (!fi->flock_release)
 		return;
-	rc = stk_ino_lock(fs->c, sino, STK_LOCK_FLOCK, &r, flock_owner_of(fi), 0, NULL, NULL);
+	rc = stk_ll_lock(fs->c, sino, STK_LOCK_FLOCK, &r, flock_owner_of(fi), 0, NULL, NULL);
 	if (rc)
 		stk_warn("releasing the flock lock on inode %llu: %s", (unsigned long long)sino,
 			 stk_strerror(rc));

@@ -1,6 +1,6 @@
 /*
  * Metrics of the FUSE daemon. With `-o metrics=HOST:PORT` the daemon serves
- * /metrics and /healthz there (common/metrics_http.c) and every file-system call
+ * /metrics and /healthz there (daemon/metrics_http.c) and every file-system call
  * is counted in the stoker_client_* families with frontend="fuse": calls, errors
  * by errno name, bytes read and written, and a latency histogram per call, on
  * the same 10 us..10 s buckets as the servers. Without the option nothing here
@@ -29,10 +29,9 @@
 #include <string.h>
 
 #include "../cli/cli.h"
-#include "../client/behind.h"
-#include "../client/lcache.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
+#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 
 /* X(name): every low-level call that takes a request and replies to it. */
@@ -222,16 +221,16 @@ static stk_client *cache_client;
 
 static void collect_cache(void *ctx)
 {
-	struct stk_lcache_stats st;
-	struct stk_behind_stats bs;
+	struct stk_ll_lease_stats st;
+	struct stk_ll_names_stats bs;
 
 	(void)ctx;
-	stk_lcache_stats(cache_client, &st);
+	stk_ll_leases_stats(cache_client, &st);
 	stk_metric_set_int(cache_series[0], (int64_t)st.hits);
 	stk_metric_set_int(cache_series[1], (int64_t)st.misses);
 	stk_metric_set_int(cache_series[2], (int64_t)st.revoked);
 	stk_metric_set_int(cache_series[3], (int64_t)st.resets);
-	stk_behind_stats(cache_client, &bs);
+	stk_ll_names_stats(cache_client, &bs);
 	stk_metric_set_int(cache_series[4], (int64_t)bs.creates);
 	stk_metric_set_int(cache_series[5], (int64_t)bs.unlinks);
 	stk_metric_set_int(cache_series[6], (int64_t)bs.batches);

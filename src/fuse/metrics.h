@@ -24,7 +24,7 @@ int stk_fuse_metrics_opt(const char *val);
  */
 const struct fuse_lowlevel_ops *stk_fuse_metrics_start(const struct fuse_lowlevel_ops *inner);
 /*
- * With -o metrics, once connected: counts c's lookup cache (lcache.h) as
+ * With -o metrics, once connected: counts c's lookup cache (leases, stoker_ll.h) as
  * stoker_client_lookup_cache_total at every scrape. c must outlive the endpoint.
  */
 void stk_fuse_metrics_cache(stk_client *c);

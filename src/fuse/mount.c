@@ -41,7 +41,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../client/client.h"
 #include "../common/log.h"
 #include "../common/util.h"
 
@@ -608,7 +607,7 @@ int cmd_mount(int argc, char **argv)
 	struct stk_client_opts copts;
 	struct stk_fuse *fs = NULL;
 	char cluster[128], sub[4097], mp[PATH_MAX], fsname[4400];
-	struct stk_attr root;
+	struct stk_ll_attr root;
 	struct stat st;
 	stk_client *c = NULL;
 	const char *url, *mparg, *direct;
@@ -713,8 +712,8 @@ int cmd_mount(int argc, char **argv)
 	}
 	/* The kernel's page cache keeps what is read; STOKER_DIRECT_STREAMS=0: not. */
 	direct = getenv("STOKER_DIRECT_STREAMS");
-	c->direct_streams = !(direct && strcmp(direct, "0") == 0);
-	rc = stk_client_resolve(c, sub, 1, &root);
+	stk_ll_direct_streams(c, !(direct && strcmp(direct, "0") == 0));
+	rc = stk_ll_resolve(c, sub, 1, &root);
 	if (rc == 0 && !S_ISDIR(root.mode))
 		rc = -ENOTDIR;
 	if (rc) {

@@ -1,7 +1,7 @@
 /*
  * Names the kernel must look up again: when meta revokes this mount's lease on an
  * inode (another client renamed over it, removed it, or changed it), the lookup
- * cache reports the name it knew the inode by (lcache.h, stk_lcache_on_revoked),
+ * cache reports the name it knew the inode by (stk_ll_on_revoked),
  * and a thread of ours tells the kernel that its entry for that name has expired,
  * so that the next path walk through it asks us (and we ask meta) instead of
  * going on with the inode the name held before, for up to entry_timeout.
@@ -26,7 +26,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include "../client/lcache.h"
 #include "../common/log.h"
 
 /* Called by the watch thread with the lookup cache's mutex held: queue only. */
@@ -112,7 +111,7 @@ int stk_fuse_notify_start(struct stk_fuse *fs)
 		return -EAGAIN;
 	}
 	n->running = 1;
-	stk_lcache_on_revoked(fs->c, revoked, fs);
+	stk_ll_on_revoked(fs->c, revoked, fs);
 	return 0;
 }
 
@@ -122,7 +121,7 @@ void stk_fuse_notify_stop(struct stk_fuse *fs)
 
 	if (!n->running)
 		return;
-	stk_lcache_on_revoked(fs->c, NULL, NULL); /* no call in progress once it returns */
+	stk_ll_on_revoked(fs->c, NULL, NULL); /* no call in progress once it returns */
 	pthread_mutex_lock(&n->mu);
 	n->stop = 1;
 	pthread_cond_signal(&n->cv);

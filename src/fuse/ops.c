@@ -60,14 +60,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../client/behind.h"
-#include "../client/client.h"
-#include "../client/inode.h"
-#include "../client/lcache.h"
-#include "../client/session.h"
 #include "../common/log.h"
 #include "../common/util.h"
-#include "../proto/wire.h"
 
 /* Directory entries fetched from meta per round trip. */
 #define STK_FUSE_DIR_BATCH 256u
@@ -80,14 +74,14 @@ struct stk_fuse_dh {
 	uint64_t ino; /* Stoker inode */
 	uint64_t *cookies; /* cookies[i]: meta cookie that lists from entry i */
 	size_t ncookies, cookie_cap;
-	struct stk_msg_dirent *ents; /* the batch last fetched */
+	struct stk_ll_dirent *ents; /* the batch last fetched */
 	size_t start; /* its first entry's index */
 	uint32_t n;
 	int eof; /* the batch ends the directory */
 	int have; /* a batch is loaded */
 	/* readdirplus: the batch's attributes, fetched together (one META_GETATTRS) for
 	 * entries attrs_from.. of the batch at attrs_ns; attr_rcs[k] 0 or -errno. */
-	struct stk_attr *attrs;
+	struct stk_ll_attr *attrs;
 	int *attr_rcs;
 	uint32_t attrs_from;
 	int attrs_have;
@@ -145,15 +139,15 @@ static int by_name(fuse_ino_t ino, int rc)
  * a stale name, as above, so the call is answered as by_name answers a gone inode.
  * A file open in this mount is not concerned (reopened through /proc/PID/fd).
  */
-static int stale_orphan(struct stk_fuse *fs, const struct stk_attr *a)
+static int stale_orphan(struct stk_fuse *fs, const struct stk_ll_attr *a)
 {
 	return a->nlink == 0 && S_ISREG(a->mode) && !stk_fuse_table_is_open(&fs->tab, a->ino);
 }
 
-static void req_cred(fuse_req_t req, struct stk_cred *cr, int groups)
+static void req_cred(fuse_req_t req, struct stk_ll_cred *cr, int groups)
 {
 	const struct fuse_ctx *ctx = fuse_req_ctx(req);
-	gid_t g[STK_MAX_GROUPS];
+	gid_t g[STK_LL_MAX_GROUPS];
 	int n;
 
 	memset(cr, 0, sizeof(*cr));
@@ -161,9 +155,9 @@ static void req_cred(fuse_req_t req, struct stk_cred *cr, int groups)
 	cr->gid = (uint32_t)ctx->gid;
 	if (!groups || ctx->uid == 0)
 		return;
-	n = fuse_req_getgroups(req, STK_MAX_GROUPS, g);
-	if (n > (int)STK_MAX_GROUPS)
-		n = STK_MAX_GROUPS; /* the first 32 were filled; meta takes no more */
+	n = fuse_req_getgroups(req, STK_LL_MAX_GROUPS, g);
+	if (n > (int)STK_LL_MAX_GROUPS)
+		n = STK_LL_MAX_GROUPS; /* the first 32 were filled; meta takes no more */
 	for (int i = 0; i < n; i++)
 		cr->groups[i] = (uint32_t)g[i];
 	cr->ngroups = (uint8_t)(n > 0 ? n : 0);
@@ -188,13 +182,13 @@ static char *thread_buf(struct stk_fuse *fs)
 	return b;
 }
 
-static void attr_stat(struct stk_fuse *fs, struct stk_attr *a, struct stat *st)
+static void attr_stat(struct stk_fuse *fs, struct stk_ll_attr *a, struct stat *st)
 {
 	stk_fuse_table_overlay(&fs->tab, a);
-	stk_attr_to_stat(a, st);
+	stk_ll_attr_to_stat(a, st);
 }
 
-static void fill_entry(struct stk_fuse *fs, struct stk_attr *a, struct fuse_entry_param *e)
+static void fill_entry(struct stk_fuse *fs, struct stk_ll_attr *a, struct fuse_entry_param *e)
 {
 	memset(e, 0, sizeof(*e));
 	e->ino = ino_swap(fs, a->ino);
@@ -203,7 +197,7 @@ static void fill_entry(struct stk_fuse *fs, struct stk_attr *a, struct fuse_entr
 	attr_stat(fs, a, &e->attr);
 }
 
-static void reply_entry(fuse_req_t req, struct stk_fuse *fs, struct stk_attr *a)
+static void reply_entry(fuse_req_t req, struct stk_fuse *fs, struct stk_ll_attr *a)
 {
 	struct fuse_entry_param e;
 
@@ -212,13 +206,13 @@ static void reply_entry(fuse_req_t req, struct stk_fuse *fs, struct stk_attr *a)
 }
 
 /* A file's last link went: its data goes now, or at its last close in this mount. */
-static void drop_data(struct stk_fuse *fs, const struct stk_attr *a)
+static void drop_data(struct stk_fuse *fs, const struct stk_ll_attr *a)
 {
 	if (a->ino == 0 || a->nlink != 0 || !S_ISREG(a->mode))
 		return;
 	if (stk_fuse_table_orphan(&fs->tab, a) == 0)
 		return;
-	stk_client_remove_data(fs->c, a);
+	stk_ll_remove_data(fs->c, a);
 }
 
 /* Records a change made through n->wf: the new end of file (or the size, if set). */
@@ -257,7 +251,7 @@ static stk_file *read_handle(struct stk_fuse_fh *fh, int *ref)
 		f = fh->priv;
 		/* Written through this mount since it opened: read what the writes left,
 		 * as a local file system would (wsize is final once wf is gone). */
-		if (g != fh->seen_wgen && stk_file_set_read_size(f, atomic_load(&n->wsize)) == 0)
+		if (g != fh->seen_wgen && stk_ll_file_set_read_size(f, atomic_load(&n->wsize)) == 0)
 			fh->seen_wgen = g;
 	}
 	pthread_mutex_unlock(&n->lock);
@@ -270,7 +264,7 @@ static stk_file *read_handle(struct stk_fuse_fh *fh, int *ref)
  */
 static void wf_put(struct stk_fuse *fs, struct stk_fuse_node *n)
 {
-	struct stk_attr a;
+	struct stk_ll_attr a;
 	uint64_t g;
 	int rc = 0;
 
@@ -288,7 +282,7 @@ static void wf_put(struct stk_fuse *fs, struct stk_fuse_node *n)
 		stk_error("closing inode %llu: %s (data written since the last flush may be lost)",
 			  (unsigned long long)n->ino, stk_strerror(rc));
 		/* Read-only handles here read up to wsize: not over bytes never stored. */
-		if (stk_ino_getattr(fs->c, NULL, n->ino, &a) == 0)
+		if (stk_ll_getattr(fs->c, NULL, n->ino, &a) == 0)
 			atomic_store(&n->wsize, a.size); /* wf is gone: no new generation */
 	}
 }
@@ -297,7 +291,7 @@ static void wf_put(struct stk_fuse *fs, struct stk_fuse_node *n)
 static int sync_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 {
 	struct stk_fuse_node *n = fh->node;
-	struct stk_attr a;
+	struct stk_ll_attr a;
 	uint64_t g;
 	int rc;
 
@@ -333,13 +327,13 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 
 	conn->want |= want & conn->capable;
 	/* Here, in the process that serves the mount (not before it went to the background). */
-	if (stk_lcache_start(fs->c)) {
+	if (stk_ll_leases_start(fs->c)) {
 		stk_warn("no lookup cache: every lookup goes to meta");
 	} else {
 		/* Its leases are what tell us that another client changed a name. */
-		if (fs->c->lc && stk_fuse_notify_start(fs))
+		if (stk_ll_leases_on(fs->c) && stk_fuse_notify_start(fs))
 			stk_warn("names others change stay in the kernel up to entry_timeout");
-		if (fs->o.writebehind && !fs->o.ro && stk_behind_start(fs->c))
+		if (fs->o.writebehind && !fs->o.ro && stk_ll_names_start(fs->c))
 			stk_warn("no write-behind: every create and unlink waits for meta");
 	}
 	if (fs->o.writeback && (conn->capable & FUSE_CAP_WRITEBACK_CACHE))
@@ -367,12 +361,12 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, 0);
 	struct fuse_entry_param e;
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_lookup(fs->c, &cr, ino_swap(fs, parent), name, &a);
+	rc = stk_ll_lookup(fs->c, &cr, ino_swap(fs, parent), name, &a);
 	if (rc == -ENOENT && fs->o.negative_timeout > 0) {
 		memset(&e, 0, sizeof(e));
 		e.entry_timeout = fs->o.negative_timeout;
@@ -390,10 +384,10 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 
 /* Inode sino's attributes from meta, or from this mount's table when it is
  * unlinked and still open here. */
-static int fresh_attr(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t sino,
-		      struct stk_attr *a)
+static int fresh_attr(struct stk_fuse *fs, const struct stk_ll_cred *cr, uint64_t sino,
+		      struct stk_ll_attr *a)
 {
-	int rc = stk_ino_getattr(fs->c, cr, sino, a);
+	int rc = stk_ll_getattr(fs->c, cr, sino, a);
 
 	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, a) == 0)
 		rc = 0;
@@ -405,8 +399,8 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct stk_fuse *fs = fs_of(req);
 	uint64_t sino = ino_swap(fs, ino);
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, sino);
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	struct stat st;
 	int rc;
 
@@ -415,7 +409,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	rc = stk_fuse_acache_get(&fs->acache, sino, &a);
 	/* Else the lookup cache's, under a lease on the inode, as a lookup would answer
 	 * (a change anyone makes to them is revoked here before it is visible). */
-	if (rc && stk_lcache_get_ino(fs->c, sino, &a))
+	if (rc && stk_ll_leased_attr(fs->c, sino, &a))
 		rc = 0;
 	if (rc) {
 		rc = fresh_attr(fs, &cr, sino, &a);
@@ -443,8 +437,8 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 	struct stk_fuse *fs = fs_of(req);
 	uint64_t sino = ino_swap(fs, ino);
 	unsigned want = (unsigned)mask & (R_OK | W_OK | X_OK), bits;
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	req_cred(req, &cr, 1);
@@ -457,7 +451,7 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 		bits = S_ISDIR(a.mode) || (a.mode & 0111) ? 7 : 6;
 	else if (cr.uid == a.uid)
 		bits = (a.mode >> 6) & 7;
-	else if (stk_cred_in_group(&cr, a.gid))
+	else if (stk_ll_cred_in_group(&cr, a.gid))
 		bits = (a.mode >> 3) & 7;
 	else
 		bits = a.mode & 7;
@@ -465,12 +459,12 @@ static void op_access(fuse_req_t req, fuse_ino_t ino, int mask)
 }
 
 /* Truncates through the open handle when there is one, so its buffer and size agree. */
-static int set_size(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t ino,
+static int set_size(struct stk_fuse *fs, const struct stk_ll_cred *cr, uint64_t ino,
 		    struct stk_fuse_fh *fh, uint64_t size)
 {
 	struct stk_fuse_node *n = NULL;
 	stk_file *wf = NULL;
-	struct stk_attr v;
+	struct stk_ll_attr v;
 	int rc;
 
 	if (fh && fh->writable) {
@@ -497,7 +491,7 @@ static int set_size(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t ino
 	} else {
 		memset(&v, 0, sizeof(v));
 		v.size = size;
-		rc = stk_ino_setattr(fs->c, cr, ino, STK_SETATTR_SIZE, &v, NULL);
+		rc = stk_ll_setattr(fs->c, cr, ino, STK_LL_SETATTR_SIZE, &v, NULL);
 	}
 	if (n)
 		stk_fuse_table_unpin(&fs->tab, n, fs->c);
@@ -505,12 +499,12 @@ static int set_size(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t ino
 }
 
 /* 1 if mode is ino's mode with only set-uid and set-gid taken away. */
-static int kills_privs(struct stk_fuse *fs, const struct stk_cred *cr, uint64_t ino,
+static int kills_privs(struct stk_fuse *fs, const struct stk_ll_cred *cr, uint64_t ino,
 		       uint32_t mode)
 {
-	struct stk_attr a;
+	struct stk_ll_attr a;
 
-	if (stk_ino_getattr(fs->c, cr, ino, &a))
+	if (stk_ll_getattr(fs->c, cr, ino, &a))
 		return 0;
 	return (a.mode & 07777) != mode && ((a.mode & 07777) & ~(uint32_t)(S_ISUID | S_ISGID)) ==
 						       (mode & ~(uint32_t)(S_ISUID | S_ISGID)) &&
@@ -523,8 +517,8 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_fh *fh = fi ? fh_of(fi) : NULL;
 	uint64_t sino = ino_swap(fs, ino);
-	struct stk_attr v, out;
-	struct stk_cred cr;
+	struct stk_ll_attr v, out;
+	struct stk_ll_cred cr;
 	struct stat st;
 	uint32_t valid = 0;
 	int rc;
@@ -532,28 +526,28 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	req_cred(req, &cr, 1);
 	memset(&v, 0, sizeof(v));
 	if (to_set & FUSE_SET_ATTR_MODE) {
-		valid |= STK_SETATTR_MODE;
+		valid |= STK_LL_SETATTR_MODE;
 		v.mode = attr->st_mode & 07777;
 	}
 	if (to_set & FUSE_SET_ATTR_UID) {
-		valid |= STK_SETATTR_UID;
+		valid |= STK_LL_SETATTR_UID;
 		v.uid = (uint32_t)attr->st_uid;
 	}
 	if (to_set & FUSE_SET_ATTR_GID) {
-		valid |= STK_SETATTR_GID;
+		valid |= STK_LL_SETATTR_GID;
 		v.gid = (uint32_t)attr->st_gid;
 	}
 	if (to_set & FUSE_SET_ATTR_ATIME_NOW) {
-		valid |= STK_SETATTR_ATIME_NOW;
+		valid |= STK_LL_SETATTR_ATIME_NOW;
 	} else if (to_set & FUSE_SET_ATTR_ATIME) {
-		valid |= STK_SETATTR_ATIME;
+		valid |= STK_LL_SETATTR_ATIME;
 		v.atime_sec = attr->st_atim.tv_sec;
 		v.atime_nsec = (uint32_t)attr->st_atim.tv_nsec;
 	}
 	if (to_set & FUSE_SET_ATTR_MTIME_NOW) {
-		valid |= STK_SETATTR_MTIME_NOW;
+		valid |= STK_LL_SETATTR_MTIME_NOW;
 	} else if (to_set & FUSE_SET_ATTR_MTIME) {
-		valid |= STK_SETATTR_MTIME;
+		valid |= STK_LL_SETATTR_MTIME;
 		v.mtime_sec = attr->st_mtim.tv_sec;
 		v.mtime_nsec = (uint32_t)attr->st_mtim.tv_nsec;
 	}
@@ -570,13 +564,13 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 	}
 	/* FUSE_SET_ATTR_CTIME needs nothing: meta sets ctime on every change. */
 	if (valid)
-		rc = stk_ino_setattr(fs->c, &cr, sino, valid, &v, &out);
+		rc = stk_ll_setattr(fs->c, &cr, sino, valid, &v, &out);
 	else
-		rc = stk_ino_getattr(fs->c, &cr, sino, &out);
-	if (rc == -EPERM && valid == STK_SETATTR_MODE && kills_privs(fs, &cr, sino, v.mode))
+		rc = stk_ll_getattr(fs->c, &cr, sino, &out);
+	if (rc == -EPERM && valid == STK_LL_SETATTR_MODE && kills_privs(fs, &cr, sino, v.mode))
 		/* A write by someone else clears set-uid/set-gid: the kernel asks it of us in
 		 * their name, and Linux allows it to anyone who may write. */
-		rc = stk_ino_setattr(fs->c, NULL, sino, valid, &v, &out);
+		rc = stk_ll_setattr(fs->c, NULL, sino, valid, &v, &out);
 	stk_fuse_acache_drop(&fs->acache, sino);
 	if (rc) {
 		reply_err(req, fi ? rc : by_name(ino, rc));
@@ -589,12 +583,12 @@ static void op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int to
 static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
 	struct stk_fuse *fs = fs_of(req);
-	char buf[STK_PATH_MAX + 1];
-	struct stk_cred cr;
+	char buf[STK_LL_PATH_MAX + 1];
+	struct stk_ll_cred cr;
 	int rc;
 
 	req_cred(req, &cr, 0);
-	rc = stk_ino_readlink(fs->c, &cr, ino_swap(fs, ino), buf, sizeof(buf));
+	rc = stk_ll_readlink(fs->c, &cr, ino_swap(fs, ino), buf, sizeof(buf));
 	if (rc) {
 		reply_err(req, by_name(ino, rc));
 		return;
@@ -605,8 +599,8 @@ static void op_readlink(fuse_req_t req, fuse_ino_t ino)
 static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	/*
@@ -616,10 +610,10 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 	 */
 	req_cred(req, &cr, 1);
 	if (S_ISREG(mode))
-		rc = stk_ino_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, 1, &a,
+		rc = stk_ll_create(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, 1, &a,
 				    NULL);
 	else
-		rc = stk_ino_mknod(fs->c, &cr, ino_swap(fs, parent), name,
+		rc = stk_ll_mknod(fs->c, &cr, ino_swap(fs, parent), name,
 				   (mode & S_IFMT) | (mode & 07777), (uint64_t)rdev, &a);
 	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
@@ -632,12 +626,12 @@ static void op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t
 static void op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_mkdir(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, &a);
+	rc = stk_ll_mkdir(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777, &a);
 	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
@@ -658,20 +652,20 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, ino_swap(fs, parent));
-	struct stk_attr after, dir;
-	struct stk_cred cr;
+	struct stk_ll_attr after, dir;
+	struct stk_ll_cred cr;
 	uint64_t gone;
 	int rc;
 
 	req_cred(req, &cr, 1);
 	/* In a folder delegated here, a file nobody here has open: answered here. */
-	if (stk_behind_unlink(fs->c, &cr, ino_swap(fs, parent), name, open_here, fs, &gone) == 0) {
+	if (stk_ll_names_unlink(fs->c, &cr, ino_swap(fs, parent), name, open_here, fs, &gone) == 0) {
 		stk_fuse_acache_drop(&fs->acache, ino_swap(fs, parent));
 		stk_fuse_acache_drop(&fs->acache, gone);
 		reply_err(req, 0);
 		return;
 	}
-	rc = stk_ino_unlink_keep(fs->c, &cr, ino_swap(fs, parent), name, &after, &dir);
+	rc = stk_ll_unlink_keep(fs->c, &cr, ino_swap(fs, parent), name, &after, &dir);
 	stk_fuse_acache_forget_files(&fs->acache); /* a link count went down */
 	if (rc == 0) {
 		drop_data(fs, &after);
@@ -683,11 +677,11 @@ static void op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
+	struct stk_ll_cred cr;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_rmdir(fs->c, &cr, ino_swap(fs, parent), name);
+	rc = stk_ll_rmdir(fs->c, &cr, ino_swap(fs, parent), name);
 	stk_fuse_acache_clear(&fs->acache);
 	reply_err(req, rc);
 }
@@ -695,12 +689,12 @@ static void op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 static void op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_symlink(fs->c, &cr, ino_swap(fs, parent), name, link, &a);
+	rc = stk_ll_symlink(fs->c, &cr, ino_swap(fs, parent), name, link, &a);
 	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
@@ -713,17 +707,17 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 		      const char *newname, unsigned int flags)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_attr replaced;
-	struct stk_cred cr;
+	struct stk_ll_attr replaced;
+	struct stk_ll_cred cr;
 	int rc;
 
 	/* NOREPLACE and EXCHANGE have Stoker's values; WHITEOUT is overlayfs's business. */
-	if (flags & ~(STK_RENAME_NOREPLACE | STK_RENAME_EXCHANGE)) {
+	if (flags & ~(STK_LL_RENAME_NOREPLACE | STK_LL_RENAME_EXCHANGE)) {
 		reply_err(req, -EINVAL);
 		return;
 	}
 	req_cred(req, &cr, 1);
-	rc = stk_ino_rename_keep(fs->c, &cr, ino_swap(fs, parent), name, ino_swap(fs, newparent),
+	rc = stk_ll_rename_keep(fs->c, &cr, ino_swap(fs, parent), name, ino_swap(fs, newparent),
 				 newname, flags, &replaced);
 	stk_fuse_acache_clear(&fs->acache);
 	if (rc == 0)
@@ -734,12 +728,12 @@ static void op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_
 static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_link(fs->c, &cr, ino_swap(fs, ino), ino_swap(fs, newparent), newname, &a);
+	rc = stk_ll_link(fs->c, &cr, ino_swap(fs, ino), ino_swap(fs, newparent), newname, &a);
 	stk_fuse_acache_clear(&fs->acache);
 	if (rc) {
 		reply_err(req, rc);
@@ -796,22 +790,22 @@ static void xattrs_changed(struct stk_fuse *fs, uint64_t ino)
 
 /*
  * A libstoker handle on a, taking over the open reference the caller registered
- * (stk_ino_open_attr, stk_ino_create_open) if *registered, which is then cleared.
+ * (stk_ll_open_attr, stk_ll_create_open) if *registered, which is then cleared.
  */
-static int ino_open(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
+static int ino_open(struct stk_fuse *fs, const struct stk_ll_cred *cr, const struct stk_ll_attr *a,
 		    int flags, int *registered, stk_file **f)
 {
 	if (!*registered)
-		return stk_ino_open(fs->c, cr, a, flags, f);
+		return stk_ll_open(fs->c, cr, a, flags, f);
 	*registered = 0;
-	return stk_ino_open_registered(fs->c, cr, a, flags, f);
+	return stk_ll_open_registered(fs->c, cr, a, flags, f);
 }
 
 /*
  * Gives fh its libstoker handle: the shared one, or one of its own. A new handle
  * takes over the caller's reference (*registered); the shared one has its own.
  */
-static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
+static int fh_attach(struct stk_fuse *fs, const struct stk_ll_cred *cr, const struct stk_ll_attr *a,
 		     struct stk_fuse_fh *fh, int trunc, int *registered)
 {
 	struct stk_fuse_node *n = fh->node;
@@ -848,7 +842,7 @@ static int fh_attach(struct stk_fuse *fs, const struct stk_cred *cr, const struc
 
 static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 {
-	struct stk_attr orphan;
+	struct stk_ll_attr orphan;
 
 	if (fh->uses_wf) {
 		wf_put(fs, fh->node);
@@ -857,7 +851,7 @@ static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 	if (fh->priv)
 		stk_close(fh->priv); /* read-only: nothing to lose */
 	if (stk_fuse_table_release(&fs->tab, fh, &orphan))
-		stk_client_remove_data(fs->c, &orphan);
+		stk_ll_remove_data(fs->c, &orphan);
 	free(fh);
 }
 
@@ -865,7 +859,7 @@ static void release_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 static uint64_t next_flock_owner;
 
 /* Would a read now move a's atime (relatime, msg.h)? Meta decides again. */
-static int atime_due(const struct stk_fuse *fs, const struct stk_attr *a)
+static int atime_due(const struct stk_fuse *fs, const struct stk_ll_attr *a)
 {
 	int64_t now;
 	uint32_t nsec;
@@ -873,7 +867,7 @@ static int atime_due(const struct stk_fuse *fs, const struct stk_attr *a)
 	if (fs->o.noatime || fs->o.ro)
 		return 0;
 	stk_wall_time(&now, &nsec);
-	return stk_attr_atime_due(a, now);
+	return stk_ll_atime_due(a, now);
 }
 
 /*
@@ -886,9 +880,9 @@ static void note_read(struct stk_fuse *fs, uint64_t ino)
 {
 	int rc;
 
-	if (stk_session_note_read(fs->c, ino) == 0)
+	if (stk_ll_note_read(fs->c, ino) == 0)
 		return;
-	rc = stk_ino_setattr(fs->c, NULL, ino, STK_SETATTR_ATIME_READ, NULL, NULL);
+	rc = stk_ll_setattr(fs->c, NULL, ino, STK_LL_SETATTR_ATIME_READ, NULL, NULL);
 	if (rc == 0)
 		fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, ino), -1, 0);
 	else if (rc != -ENOENT)
@@ -901,7 +895,7 @@ static void note_read(struct stk_fuse *fs, uint64_t ino)
  * and on failure, it is dropped); sets fi. created: the file was made by this very
  * request, so the kernel holds nothing of it yet.
  */
-static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct stk_attr *a,
+static int open_fh(struct stk_fuse *fs, const struct stk_ll_cred *cr, const struct stk_ll_attr *a,
 		   struct fuse_file_info *fi, int created)
 {
 	int acc = fi->flags & O_ACCMODE;
@@ -944,7 +938,7 @@ static int open_fh(struct stk_fuse *fs, const struct stk_cred *cr, const struct 
 out:
 	/* Not taken over (the shared handle holds its own, or a failure): drop it. */
 	if (registered)
-		stk_ino_unregister(fs->c, a->ino);
+		stk_ll_unregister(fs->c, a->ino);
 	if (rc) {
 		free(fh);
 		return rc;
@@ -977,8 +971,8 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, ino_swap(fs, ino));
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	/* O_TRUNC of a read-only open truncates through meta in the caller's name, and
@@ -988,9 +982,9 @@ static void op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 	 * Fresh attributes, the size and layout this handle works with (close-to-open),
 	 * come with the registration of the open reference, in one round trip.
 	 */
-	rc = stk_ino_open_attr(fs->c, &cr, ino_swap(fs, ino), &a);
+	rc = stk_ll_open_attr(fs->c, &cr, ino_swap(fs, ino), &a);
 	if (rc == 0 && stale_orphan(fs, &a)) {
-		stk_ino_unregister(fs->c, a.ino); /* the reference the call registered */
+		stk_ll_unregister(fs->c, a.ino); /* the reference the call registered */
 		rc = -ENOENT;
 	}
 	if (rc) {
@@ -1017,17 +1011,17 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, ino_swap(fs, parent));
 	struct fuse_entry_param e;
-	struct stk_attr a, dir;
-	struct stk_cred cr;
+	struct stk_ll_attr a, dir;
+	struct stk_ll_cred cr;
 	int created = 0, rc;
 
 	req_cred(req, &cr, 1);
 	/* In a folder delegated here: answered here, meta told a moment later. */
-	if (stk_behind_create(fs->c, &cr, ino_swap(fs, parent), name, mode, &a) == 0) {
+	if (stk_ll_names_create(fs->c, &cr, ino_swap(fs, parent), name, mode, &a) == 0) {
 		stk_fuse_acache_drop(&fs->acache, ino_swap(fs, parent));
 		/* The open reference as a leased open's: meta learns it after the create. */
-		if (!stk_session_open_cached(fs->c, a.ino, &dir))
-			rc = stk_session_open(fs->c, a.ino, NULL);
+		if (!stk_ll_open_ref_leased(fs->c, a.ino, &dir))
+			rc = stk_ll_open_ref(fs->c, a.ino, NULL);
 		else
 			rc = 0;
 		created = 1;
@@ -1044,7 +1038,7 @@ static void op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
 		return;
 	}
 	/* Registers the open reference of a regular file it returns, in the same call. */
-	rc = stk_ino_create_open(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777,
+	rc = stk_ll_create_open(fs->c, &cr, ino_swap(fs, parent), name, mode & 07777,
 				 !!(fi->flags & O_EXCL), &a, &created, &dir);
 	if (rc == 0 && created)
 		stk_fuse_acache_put_dir(&fs->acache, &dir, tok);
@@ -1133,7 +1127,7 @@ static void op_write(fuse_req_t req, fuse_ino_t ino, const char *buf, size_t siz
 	}
 	/* A file created here: meta has it before any of its bytes reach storage. */
 	if (atomic_load(&fh->node->behind)) {
-		int rc = stk_behind_settle(fs_of(req)->c, fh->node->ino);
+		int rc = stk_ll_names_settle(fs_of(req)->c, fh->node->ino);
 
 		if (rc) {
 			reply_err(req, rc);
@@ -1170,11 +1164,11 @@ static void op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 	struct stk_fuse_fh *fh = fh_of(fi);
 	int rc, behind = 0;
 
-	/* A file created here (client/behind.h): its create is durable too. */
-	if (atomic_load(&fh->node->behind) || stk_behind_queued(fs->c)) {
-		behind = stk_behind_flush(fs->c);
+	/* A file created here (batched names, stoker_ll.h): its create is durable too. */
+	if (atomic_load(&fh->node->behind) || stk_ll_names_queued(fs->c)) {
+		behind = stk_ll_names_flush(fs->c);
 		if (!behind)
-			behind = stk_client_meta_call(fs->c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL);
+			behind = stk_ll_sync(fs->c);
 	}
 	rc = sync_fh(fs, fh);
 	reply_err(req, rc ? rc : behind);
@@ -1186,8 +1180,8 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_fh *fh = fh_of(fi);
 	uint64_t sino = ino_swap(fs, ino);
-	struct stk_cred cr;
-	struct stk_attr a;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
 	int rc;
 
 	/* Punch and zero go through the writable handle: it writes zeros and drops chunks. */
@@ -1197,7 +1191,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 			return;
 		}
 		if (atomic_load(&fh->node->behind)) {
-			rc = stk_behind_settle(fs->c, fh->node->ino);
+			rc = stk_ll_names_settle(fs->c, fh->node->ino);
 			if (rc) {
 				reply_err(req, rc);
 				return;
@@ -1229,7 +1223,7 @@ static void op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, of
 		return;
 	}
 	req_cred(req, &cr, 1);
-	rc = stk_ino_getattr(fs->c, &cr, sino, &a);
+	rc = stk_ll_getattr(fs->c, &cr, sino, &a);
 	if (rc) {
 		reply_err(req, rc);
 		return;
@@ -1289,7 +1283,7 @@ static void op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info 
  * Makes entry idx of the listing available in dh->ents. 1 if it is, 0 past the
  * end, or -errno. Called with dh->lock held.
  */
-static int dir_fill(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_fuse_dh *dh,
+static int dir_fill(struct stk_fuse *fs, const struct stk_ll_cred *cr, struct stk_fuse_dh *dh,
 		    size_t idx)
 {
 	uint32_t n = 0;
@@ -1308,7 +1302,7 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
 	}
 	dh->have = 0;
 	dh->attrs_have = 0;
-	rc = stk_ino_readdir(fs->c, cr, dh->ino, dh->cookies[idx], STK_FUSE_DIR_BATCH, dh->ents, &n,
+	rc = stk_ll_readdir(fs->c, cr, dh->ino, dh->cookies[idx], STK_FUSE_DIR_BATCH, dh->ents, &n,
 			     &eof);
 	if (rc)
 		return rc;
@@ -1339,8 +1333,8 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
  * while they are fresh (a listing is read a page at a time); a meta without it is
  * asked one by one. Called with dh->lock held.
  */
-static int dir_attr(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_fuse_dh *dh,
-		    uint32_t k, struct stk_attr *a, struct stk_fuse_acache_tok *tok)
+static int dir_attr(struct stk_fuse *fs, const struct stk_ll_cred *cr, struct stk_fuse_dh *dh,
+		    uint32_t k, struct stk_ll_attr *a, struct stk_fuse_acache_tok *tok)
 {
 	uint64_t now = stk_now_ns(), inos[STK_FUSE_DIR_BATCH];
 	uint32_t n = dh->n - k;
@@ -1358,14 +1352,14 @@ static int dir_attr(struct stk_fuse *fs, const struct stk_cred *cr, struct stk_f
 	}
 	if (!dh->attrs || !dh->attr_rcs || n == 0 ||
 	    __atomic_load_n(&fs->no_getattrs, __ATOMIC_RELAXED))
-		return stk_ino_getattr(fs->c, cr, dh->ents[k].ino, a);
+		return stk_ll_getattr(fs->c, cr, dh->ents[k].ino, a);
 	for (uint32_t i = 0; i < n; i++)
 		inos[i] = dh->ents[k + i].ino;
-	rc = stk_ino_getattrs(fs->c, cr, inos, n, dh->attrs + k, dh->attr_rcs + k);
+	rc = stk_ll_getattrs(fs->c, cr, inos, n, dh->attrs + k, dh->attr_rcs + k);
 	if (rc == -ENOSYS) /* an older meta: one by one from now on */
 		__atomic_store_n(&fs->no_getattrs, 1, __ATOMIC_RELAXED);
 	if (rc)
-		return stk_ino_getattr(fs->c, cr, dh->ents[k].ino, a);
+		return stk_ll_getattr(fs->c, cr, dh->ents[k].ino, a);
 	dh->attrs_have = 1;
 	dh->attrs_from = k;
 	dh->attrs_ns = now;
@@ -1381,11 +1375,11 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	struct stk_fuse_dh *dh = (struct stk_fuse_dh *)(uintptr_t)fi->fh;
 	char *buf = thread_buf(fs);
 	struct {
-		struct stk_attr a;
+		struct stk_ll_attr a;
 		struct stk_fuse_acache_tok tok;
 	} tolds[128];
 	size_t used = 0, ntold = 0;
-	struct stk_cred cr;
+	struct stk_ll_cred cr;
 	int rc = 0;
 
 	if (!buf) {
@@ -1410,7 +1404,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 	for (uint64_t pos = (uint64_t)off;; pos++) {
 		struct fuse_entry_param e;
 		struct stk_fuse_acache_tok tok;
-		struct stk_attr a;
+		struct stk_ll_attr a;
 		const char *name;
 		size_t need;
 		int told = 0;
@@ -1422,7 +1416,7 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 			e.attr.st_ino = dh->ino;
 			e.attr.st_mode = S_IFDIR;
 		} else {
-			const struct stk_msg_dirent *d;
+			const struct stk_ll_dirent *d;
 			rc = dir_fill(fs, &cr, dh, pos - 2);
 			if (rc <= 0)
 				break;
@@ -1484,9 +1478,9 @@ static void op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fus
 	struct stk_fuse *fs = fs_of(req);
 
 	/* Namespace changes are committed when they return (those answered here once
-	 * sent: client/behind.h); META_SYNC forces them to disk. */
-	int behind = stk_behind_flush(fs->c);
-	int rc = stk_client_meta_call(fs->c, STK_OP_META_SYNC, NULL, 0, NULL, 0, NULL);
+	 * sent: batched names in stoker_ll.h); stk_ll_sync forces them to disk. */
+	int behind = stk_ll_names_flush(fs->c);
+	int rc = stk_ll_sync(fs->c);
 
 	reply_err(req, rc ? rc : behind);
 }
@@ -1497,11 +1491,11 @@ static void op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const 
 			size_t size, int flags)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
+	struct stk_ll_cred cr;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size, (uint32_t)flags);
+	rc = stk_ll_setxattr(fs->c, &cr, ino_swap(fs, ino), name, value, size, (uint32_t)flags);
 	xattrs_changed(fs, ino_swap(fs, ino)); /* after: a getxattr meanwhile notes nothing */
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
 	reply_err(req, by_name(ino, rc));
@@ -1523,7 +1517,7 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 	struct stk_fuse *fs = fs_of(req);
 	struct stk_fuse_node *n = NULL;
 	uint64_t gen = 0;
-	struct stk_cred cr;
+	struct stk_ll_cred cr;
 	char *buf = NULL;
 	long rc;
 
@@ -1542,14 +1536,14 @@ static void op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t
 			return;
 		}
 	}
-	if (size > STK_XATTR_SIZE_MAX)
-		size = STK_XATTR_SIZE_MAX;
+	if (size > STK_LL_XATTR_SIZE_MAX)
+		size = STK_LL_XATTR_SIZE_MAX;
 	if (size && !(buf = malloc(size))) {
 		rc = -ENOMEM;
 		goto out;
 	}
 	req_cred(req, &cr, 1);
-	rc = stk_ino_getxattr(fs->c, &cr, ino_swap(fs, ino), name, buf, size);
+	rc = stk_ll_getxattr(fs->c, &cr, ino_swap(fs, ino), name, buf, size);
 	if (rc == -ENODATA && n)
 		note_nocap(fs, n, gen);
 	if (rc == -ENOENT)
@@ -1564,18 +1558,18 @@ out:
 static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
+	struct stk_ll_cred cr;
 	char *buf = NULL;
 	long rc;
 
-	if (size > STK_XATTR_SIZE_MAX)
-		size = STK_XATTR_SIZE_MAX;
+	if (size > STK_LL_XATTR_SIZE_MAX)
+		size = STK_LL_XATTR_SIZE_MAX;
 	if (size && !(buf = malloc(size))) {
 		reply_err(req, -ENOMEM);
 		return;
 	}
 	req_cred(req, &cr, 1);
-	rc = stk_ino_listxattr(fs->c, &cr, ino_swap(fs, ino), buf, size);
+	rc = stk_ll_listxattr(fs->c, &cr, ino_swap(fs, ino), buf, size);
 	if (rc == -ENOENT)
 		rc = by_name(ino, -ENOENT);
 	reply_xattr(req, rc, buf, size);
@@ -1585,11 +1579,11 @@ static void op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 static void op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_cred cr;
+	struct stk_ll_cred cr;
 	int rc;
 
 	req_cred(req, &cr, 1);
-	rc = stk_ino_removexattr(fs->c, &cr, ino_swap(fs, ino), name);
+	rc = stk_ll_removexattr(fs->c, &cr, ino_swap(fs, ino), name);
 	xattrs_changed(fs, ino_swap(fs, ino)); /* after: a getxattr meanwhile notes nothing */
 	stk_fuse_acache_drop(&fs->acache, ino_swap(fs, ino)); /* its ctime moved */
 	reply_err(req, by_name(ino, rc));

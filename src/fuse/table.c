@@ -20,7 +20,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../client/client.h"
 #include "../common/log.h"
 
 #define STK_FUSE_BUCKETS 4096u
@@ -104,7 +103,7 @@ static void unlink_node(struct stk_fuse_table *t, struct stk_fuse_node *n)
 	}
 }
 
-int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const struct stk_attr *a,
+int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const struct stk_ll_attr *a,
 			int trunc, int *keep_cache)
 {
 	struct stk_fuse_node *n;
@@ -145,7 +144,7 @@ int stk_fuse_table_open(struct stk_fuse_table *t, struct stk_fuse_fh *fh, const 
 }
 
 /* Drops one open count. Returns 1 with *orphan filled if the orphan's last went. */
-static int put_locked(struct stk_fuse_table *t, struct stk_fuse_node *n, struct stk_attr *orphan)
+static int put_locked(struct stk_fuse_table *t, struct stk_fuse_node *n, struct stk_ll_attr *orphan)
 {
 	n->nopen--;
 	if (n->nopen == 0 && n->orphan) {
@@ -158,7 +157,7 @@ static int put_locked(struct stk_fuse_table *t, struct stk_fuse_node *n, struct 
 }
 
 int stk_fuse_table_release(struct stk_fuse_table *t, struct stk_fuse_fh *fh,
-			   struct stk_attr *orphan)
+			   struct stk_ll_attr *orphan)
 {
 	struct stk_fuse_node *n = fh->node;
 	struct stk_fuse_fh **pp;
@@ -204,7 +203,7 @@ struct stk_fuse_node *stk_fuse_table_pin(struct stk_fuse_table *t, uint64_t ino)
 
 void stk_fuse_table_unpin(struct stk_fuse_table *t, struct stk_fuse_node *n, stk_client *c)
 {
-	struct stk_attr orphan;
+	struct stk_ll_attr orphan;
 	int last;
 
 	pthread_mutex_lock(&t->lock);
@@ -212,10 +211,10 @@ void stk_fuse_table_unpin(struct stk_fuse_table *t, struct stk_fuse_node *n, stk
 	pthread_mutex_unlock(&t->lock);
 	/* The handles closed while we held the pin: the orphan's data is ours to remove. */
 	if (last)
-		stk_client_remove_data(c, &orphan);
+		stk_ll_remove_data(c, &orphan);
 }
 
-void stk_fuse_table_overlay(struct stk_fuse_table *t, struct stk_attr *a)
+void stk_fuse_table_overlay(struct stk_fuse_table *t, struct stk_ll_attr *a)
 {
 	struct stk_fuse_node *n;
 	uint64_t size = 0;
@@ -238,7 +237,7 @@ void stk_fuse_table_overlay(struct stk_fuse_table *t, struct stk_attr *a)
 	}
 }
 
-int stk_fuse_table_orphan(struct stk_fuse_table *t, const struct stk_attr *a)
+int stk_fuse_table_orphan(struct stk_fuse_table *t, const struct stk_ll_attr *a)
 {
 	struct stk_fuse_node *n;
 	int rc = -ENOENT;
@@ -254,7 +253,7 @@ int stk_fuse_table_orphan(struct stk_fuse_table *t, const struct stk_attr *a)
 	return rc;
 }
 
-int stk_fuse_table_orphan_attr(struct stk_fuse_table *t, uint64_t ino, struct stk_attr *a)
+int stk_fuse_table_orphan_attr(struct stk_fuse_table *t, uint64_t ino, struct stk_ll_attr *a)
 {
 	struct stk_fuse_node *n;
 	int rc = -ENOENT;
@@ -296,7 +295,7 @@ unsigned stk_fuse_table_drain(struct stk_fuse_table *t, stk_client *c)
 			n->handles = NULL;
 			n->nopen = 0;
 			if (n->orphan) {
-				stk_client_remove_data(c, &n->attr);
+				stk_ll_remove_data(c, &n->attr);
 				n->orphan = 0;
 			}
 		}

@@ -23,9 +23,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/daemon.h"
+#include "../daemon/daemon.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
+#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 
 #define GW_PEM_MAX (1u << 20)

@@ -42,7 +42,7 @@
 
 #include "stoker/stoker.h"
 
-#include "../proto/msg.h"
+#include "stoker/stoker_ll.h"
 #include "s3_parse.h"
 
 #define STK_S3_UPLOAD_DIR ".stoker-upload"
@@ -158,7 +158,7 @@ struct stk_s3_open_ent {
 	uint64_t ino;
 	unsigned refs;
 	int doomed;	      /* unlinked: remove the data when refs drops to 0 */
-	struct stk_attr attr; /* for removing the data */
+	struct stk_ll_attr attr; /* for removing the data */
 	struct stk_s3_open_ent *next;
 };
 
@@ -193,7 +193,7 @@ struct stk_s3_bcache {
 /* The gateway: set up by gateway.c, read-only once serving (but for `open`, `bcache`). */
 struct stk_s3_gw {
 	stk_client *c;
-	char root[STK_PATH_MAX + 1]; /* "" for the cluster's root, else "/dir" */
+	char root[STK_LL_PATH_MAX + 1]; /* "" for the cluster's root, else "/dir" */
 	uint64_t root_ino;
 	char region[65];
 	struct stk_s3_key *keys;
@@ -212,7 +212,7 @@ const struct stk_s3_key *stk_s3_key_find(const struct stk_s3_gw *gw, const char 
 /* ---- store: buckets ---- */
 
 /* A bucket directory by name: 0, -ENOENT (missing or not a directory). */
-int stk_s3_bucket_lookup(struct stk_s3_gw *gw, const char *bucket, struct stk_attr *out);
+int stk_s3_bucket_lookup(struct stk_s3_gw *gw, const char *bucket, struct stk_ll_attr *out);
 int stk_s3_bucket_create(struct stk_s3_gw *gw, const char *bucket);
 /* -ENOENT, -ENOTEMPTY (objects remain; hidden folders alone do not count). */
 int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket);
@@ -228,9 +228,9 @@ int stk_s3_bucket_list(struct stk_s3_gw *gw, struct stk_s3_bucket_ent **out, uns
 
 /* What the gateway knows of one object. */
 struct stk_s3_obj {
-	struct stk_attr attr;
+	struct stk_ll_attr attr;
 	uint64_t parent_ino;	     /* the directory holding it */
-	char name[STK_NAME_MAX + 1]; /* its name there */
+	char name[STK_LL_NAME_MAX + 1]; /* its name there */
 	int dir_marker;		     /* a key ending in '/': an (empty) folder, served as 0 bytes */
 	int have_rec;		     /* rec is valid and matches attr */
 	struct stk_s3_record rec;
@@ -241,10 +241,10 @@ struct stk_s3_obj {
  * Looks an object up: 0, -ENOENT (no such key, or a folder named without its
  * trailing '/'), -EINVAL (a key that is not valid).
  */
-int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
+int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
 		    struct stk_s3_obj *o);
 /* The fallback ETag of a file with no (valid) record: "HEX-1", from inode, size, mtime. */
-void stk_s3_fallback_etag(const struct stk_attr *a, char *out, size_t len);
+void stk_s3_fallback_etag(const struct stk_ll_attr *a, char *out, size_t len);
 
 /*
  * Opens an object's file for reading and registers it in the open table; release
@@ -261,19 +261,19 @@ void stk_s3_obj_release(struct stk_s3_gw *gw, stk_file *f);
  * Removes an object (and its record, and folders it leaves empty). 0 also when
  * it did not exist, as S3. A key ending in '/' removes the folder if empty.
  */
-int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key);
+int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key);
 
 /* A temporary file being written, to become an object or a part when whole. */
 struct stk_s3_tmp {
 	stk_file *f;
 	uint64_t dir_ino; /* the directory the temporary file is in */
 	char name[48];
-	struct stk_attr attr; /* after stk_s3_tmp_finish */
+	struct stk_ll_attr attr; /* after stk_s3_tmp_finish */
 	uint64_t written;
 };
 
 /* Creates a temporary file in BUCKET/.stoker-upload (dir_ino 0) or in dir_ino. */
-int stk_s3_tmp_create(struct stk_s3_gw *gw, const struct stk_attr *bucket, uint64_t dir_ino,
+int stk_s3_tmp_create(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, uint64_t dir_ino,
 		      struct stk_s3_tmp *t);
 int stk_s3_tmp_write(struct stk_s3_tmp *t, const void *p, size_t n);
 /* Closes (the data is durable after this) and fetches the attributes. */
@@ -286,13 +286,13 @@ void stk_s3_tmp_discard(struct stk_s3_gw *gw, struct stk_s3_tmp *t);
  * key, atomically replacing an older object. -EISDIR / -ENOTDIR when the key
  * conflicts with a folder; on error the temporary file is left for the caller.
  */
-int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_attr *bucket, struct stk_s3_tmp *t,
+int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, struct stk_s3_tmp *t,
 		      const char *key, struct stk_s3_record *rec);
 /* Replaces the record of an existing object (file a) with rec: a metadata-only change. */
-int stk_s3_obj_put_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
-			  const struct stk_attr *a, struct stk_s3_record *rec);
+int stk_s3_obj_put_record(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
+			  const struct stk_ll_attr *a, struct stk_s3_record *rec);
 /* Makes the folder a key "a/b/" names (with its parents). */
-int stk_s3_mkdir_marker(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key);
+int stk_s3_mkdir_marker(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key);
 
 /*
  * Copies len bytes at off of src into t, adding them to md5 (an EVP_MD_CTX, may
@@ -338,20 +338,20 @@ struct stk_s3_list {
  * sorting each folder's entries as S3 keys sort. Stops after max, with truncated
  * set when more follow. Free with stk_s3_list_free.
  */
-int stk_s3_list(struct stk_s3_gw *gw, const struct stk_attr *bucket,
+int stk_s3_list(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket,
 		const struct stk_s3_list_opts *o, struct stk_s3_list *out);
 void stk_s3_list_free(struct stk_s3_list *l);
 
 /* ---- store: multipart uploads ---- */
 
 /* Creates BUCKET/.stoker-multipart/ID with its info record; id gets 32 hex + NUL. */
-int stk_s3_mpu_create(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
+int stk_s3_mpu_create(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
 		      const struct stk_s3_record *info, char *id);
 /* The upload's directory and info record: 0 or -ENOENT. */
-int stk_s3_mpu_open(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *id,
-		    struct stk_attr *dir, struct stk_s3_record *info);
+int stk_s3_mpu_open(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *id,
+		    struct stk_ll_attr *dir, struct stk_s3_record *info);
 /* Makes the finished temporary file t part `number` with the given md5 (32 hex). */
-int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_attr *dir, struct stk_s3_tmp *t,
+int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, struct stk_s3_tmp *t,
 			unsigned number, const char *md5_hex);
 
 struct stk_s3_part {
@@ -359,17 +359,17 @@ struct stk_s3_part {
 	uint64_t dir_ino; /* the upload's directory */
 	uint64_t size;
 	int64_t mtime;
-	struct stk_attr attr;
+	struct stk_ll_attr attr;
 	char etag[STK_S3_ETAG_MAX + 1]; /* quoted */
 };
 /* One part by number: 0, -ENOENT (missing, or its record does not match it). */
-int stk_s3_mpu_part(struct stk_s3_gw *gw, const struct stk_attr *dir, unsigned number,
+int stk_s3_mpu_part(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, unsigned number,
 		    struct stk_s3_part *out);
 /* The parts with numbers > after, ascending, at most max; *out malloc'ed. */
-int stk_s3_mpu_parts(struct stk_s3_gw *gw, const struct stk_attr *dir, unsigned after, unsigned max,
+int stk_s3_mpu_parts(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, unsigned after, unsigned max,
 		     struct stk_s3_part **out, unsigned *n, int *truncated);
 /* Removes the upload's directory and everything in it. */
-int stk_s3_mpu_remove(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *id);
+int stk_s3_mpu_remove(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *id);
 
 struct stk_s3_upload_ent {
 	char id[STK_S3_UPLOAD_ID_LEN + 1];
@@ -377,7 +377,7 @@ struct stk_s3_upload_ent {
 	int64_t initiated;
 };
 /* Every upload of the bucket, sorted by key, then initiation, then id. */
-int stk_s3_mpu_list(struct stk_s3_gw *gw, const struct stk_attr *bucket,
+int stk_s3_mpu_list(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket,
 		    struct stk_s3_upload_ent **out, unsigned *n);
 void stk_s3_mpu_list_free(struct stk_s3_upload_ent *u, unsigned n);
 
@@ -440,7 +440,7 @@ struct stk_s3_req {
 	const char *method;
 	struct stk_s3_target t;
 	enum stk_s3_op op;
-	struct stk_attr bucket; /* looked up by stk_s3_op_begin for bucket operations */
+	struct stk_ll_attr bucket; /* looked up by stk_s3_op_begin for bucket operations */
 	char reqid[17];
 
 	/* the body, once received */
@@ -451,7 +451,7 @@ struct stk_s3_req {
 
 	/* kept by stk_s3_op_begin for stk_s3_op_finish */
 	unsigned part_number;
-	struct stk_attr mpu_dir;
+	struct stk_ll_attr mpu_dir;
 	struct stk_s3_record rec; /* the record a PUT stores */
 
 	/* the response */

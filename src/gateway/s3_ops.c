@@ -26,7 +26,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "../client/inode.h"
 #include "../common/log.h"
 #include "../common/util.h"
 
@@ -733,7 +732,7 @@ static enum stk_s3_err conditions(struct stk_s3_req *r, const char *const names[
  * empty object gets no file): retried while the key keeps naming another file
  * by the time the open is registered (see stk_s3_obj_open).
  */
-static int stat_open(struct stk_s3_req *r, const struct stk_attr *bucket, const char *key,
+static int stat_open(struct stk_s3_req *r, const struct stk_ll_attr *bucket, const char *key,
 		     struct stk_s3_obj *o, stk_file **f)
 {
 	int rc = -ESTALE;
@@ -847,7 +846,7 @@ out:
 
 static enum stk_s3_err commit_err(struct stk_s3_req *r, int rc)
 {
-	struct stk_attr gone;
+	struct stk_ll_attr gone;
 
 	if (rc == -EISDIR)
 		return fail(r, STK_S3_ERR_KEY_CONFLICT,
@@ -992,7 +991,7 @@ bad:
 }
 
 /* Looks the copy source up and checks the copy conditions. */
-static enum stk_s3_err open_source(struct stk_s3_req *r, struct stk_attr *sb, char *skey,
+static enum stk_s3_err open_source(struct stk_s3_req *r, struct stk_ll_attr *sb, char *skey,
 				   struct stk_s3_obj *so)
 {
 	char sbucket[STK_S3_BUCKET_MAX + 1];
@@ -1016,7 +1015,7 @@ static enum stk_s3_err open_source(struct stk_s3_req *r, struct stk_attr *sb, ch
  * Copies [off, off+len) of object skey of bucket sb (as so describes it) into
  * r->tmp; hex MD5 into md5_hex. The source is opened anew (see stat_open).
  */
-static enum stk_s3_err copy_into_tmp(struct stk_s3_req *r, const struct stk_attr *sb,
+static enum stk_s3_err copy_into_tmp(struct stk_s3_req *r, const struct stk_ll_attr *sb,
 				     const char *skey, struct stk_s3_obj *so, uint64_t off,
 				     uint64_t len, char *md5_hex)
 {
@@ -1069,7 +1068,7 @@ static void copy_result(struct stk_s3_req *r, const char *root, const char *etag
 static enum stk_s3_err op_copy_object(struct stk_s3_req *r)
 {
 	struct stk_s3_obj *so = malloc(sizeof(*so));
-	struct stk_attr sb;
+	struct stk_ll_attr sb;
 	char skey[STK_S3_KEY_MAX + 1], md5[33];
 	const char *dir = stk_s3_req_header(r, "x-amz-metadata-directive");
 	int replace = 0, rc;
@@ -1247,7 +1246,7 @@ static enum stk_s3_err finish_part(struct stk_s3_req *r)
 static enum stk_s3_err op_upload_part_copy(struct stk_s3_req *r)
 {
 	struct stk_s3_obj *so = malloc(sizeof(*so));
-	struct stk_attr sb;
+	struct stk_ll_attr sb;
 	char skey[STK_S3_KEY_MAX + 1], md5[33], etag[40];
 	const char *range = stk_s3_req_header(r, "x-amz-copy-source-range");
 	uint64_t off = 0, len;

@@ -2,7 +2,7 @@
  * How S3 buckets and objects are files: the store half of the gateway.
  *
  * Everything here works by inode through the client's inode-level calls
- * (src/client/inode.h) rather than by path: a key is walked once, segment by
+ * (stoker_ll.h) rather than by path: a key is walked once, segment by
  * segment, from the bucket's directory, and the directory inodes found on the way
  * are reused (for the record in .stoker-meta, for renames, for pruning), which
  * saves a metadata round trip per segment per step compared with the path API.
@@ -41,8 +41,6 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "../client/client.h"
-#include "../client/inode.h"
 #include "../common/log.h"
 #include "../common/util.h"
 
@@ -67,18 +65,18 @@ void stk_s3_random_hex(char *out, size_t nbytes)
 	stk_s3_hex(b, nbytes, out);
 }
 
-static int lookup(struct stk_s3_gw *gw, uint64_t parent, const char *name, struct stk_attr *a)
+static int lookup(struct stk_s3_gw *gw, uint64_t parent, const char *name, struct stk_ll_attr *a)
 {
-	return stk_ino_lookup(gw->c, NULL, parent, name, a);
+	return stk_ll_lookup(gw->c, NULL, parent, name, a);
 }
 
 /* Looks a directory up, making it when missing; -ENOTDIR if a non-folder is there. */
-static int ensure_dir(struct stk_s3_gw *gw, uint64_t parent, const char *name, struct stk_attr *out)
+static int ensure_dir(struct stk_s3_gw *gw, uint64_t parent, const char *name, struct stk_ll_attr *out)
 {
 	int rc = lookup(gw, parent, name, out);
 
 	if (rc == -ENOENT) {
-		rc = stk_ino_mkdir(gw->c, NULL, parent, name, 0755, out);
+		rc = stk_ll_mkdir(gw->c, NULL, parent, name, 0755, out);
 		if (rc == -EEXIST)
 			rc = lookup(gw, parent, name, out);
 	}
@@ -87,10 +85,10 @@ static int ensure_dir(struct stk_s3_gw *gw, uint64_t parent, const char *name, s
 	return rc;
 }
 
-/* Copies segment [p, p+n) into name (STK_NAME_MAX + 1); -EINVAL for "", ".", "..". */
+/* Copies segment [p, p+n) into name (STK_LL_NAME_MAX + 1); -EINVAL for "", ".", "..". */
 static int segment(const char *p, size_t n, char *name)
 {
-	if (n == 0 || n > STK_NAME_MAX || (n == 1 && p[0] == '.') ||
+	if (n == 0 || n > STK_LL_NAME_MAX || (n == 1 && p[0] == '.') ||
 	    (n == 2 && p[0] == '.' && p[1] == '.'))
 		return -EINVAL;
 	memcpy(name, p, n);
@@ -104,12 +102,12 @@ static int segment(const char *p, size_t n, char *name)
  * made. *parent is the last folder reached. Depth is bounded by the key length
  * (at most 512 segments).
  */
-static int walk_parent(struct stk_s3_gw *gw, const struct stk_attr *dir, const char *key,
-		       int create, struct stk_attr *parent, char *last)
+static int walk_parent(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, const char *key,
+		       int create, struct stk_ll_attr *parent, char *last)
 {
 	const char *p = key;
-	struct stk_attr cur = *dir;
-	char name[STK_NAME_MAX + 1];
+	struct stk_ll_attr cur = *dir;
+	char name[STK_LL_NAME_MAX + 1];
 	int rc;
 
 	last[0] = 0;
@@ -127,7 +125,7 @@ static int walk_parent(struct stk_s3_gw *gw, const struct stk_attr *dir, const c
 		if (create) {
 			rc = ensure_dir(gw, cur.ino, name, &cur);
 		} else {
-			struct stk_attr next;
+			struct stk_ll_attr next;
 			rc = lookup(gw, cur.ino, name, &next);
 			if (!rc && !S_ISDIR(next.mode))
 				rc = -ENOTDIR;
@@ -142,7 +140,7 @@ static int walk_parent(struct stk_s3_gw *gw, const struct stk_attr *dir, const c
 	return 0;
 }
 
-void stk_s3_fallback_etag(const struct stk_attr *a, char *out, size_t len)
+void stk_s3_fallback_etag(const struct stk_ll_attr *a, char *out, size_t len)
 {
 	char s[96];
 	uint8_t md[EVP_MAX_MD_SIZE];
@@ -156,7 +154,7 @@ void stk_s3_fallback_etag(const struct stk_attr *a, char *out, size_t len)
 	snprintf(out, len, "\"%s-1\"", hex);
 }
 
-static int record_matches(const struct stk_s3_record *r, const struct stk_attr *a)
+static int record_matches(const struct stk_s3_record *r, const struct stk_ll_attr *a)
 {
 	return r->ino == a->ino && r->size == a->size && r->mtime_sec == a->mtime_sec &&
 	       r->mtime_nsec == a->mtime_nsec;
@@ -165,7 +163,7 @@ static int record_matches(const struct stk_s3_record *r, const struct stk_attr *
 static int read_record_at(struct stk_s3_gw *gw, uint64_t dir, const char *name,
 			  struct stk_s3_record *r)
 {
-	struct stk_attr a;
+	struct stk_ll_attr a;
 	char buf[STK_S3_RECORD_MAX + 1];
 	int rc;
 
@@ -174,7 +172,7 @@ static int read_record_at(struct stk_s3_gw *gw, uint64_t dir, const char *name,
 		return rc;
 	if (!S_ISLNK(a.mode))
 		return -ENOENT;
-	rc = stk_ino_readlink(gw->c, NULL, a.ino, buf, sizeof(buf));
+	rc = stk_ll_readlink(gw->c, NULL, a.ino, buf, sizeof(buf));
 	if (rc)
 		return rc;
 	return stk_s3_record_decode(buf, strlen(buf), r);
@@ -188,7 +186,7 @@ static int read_record_at(struct stk_s3_gw *gw, uint64_t dir, const char *name,
 static int xattr_record_get(struct stk_s3_gw *gw, uint64_t ino, struct stk_s3_record *r)
 {
 	char buf[STK_S3_RECORD_MAX + 1];
-	long n = stk_ino_getxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, sizeof(buf) - 1);
+	long n = stk_ll_getxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, sizeof(buf) - 1);
 
 	if (n == -ERANGE)
 		return -EINVAL; /* longer than any record we write: not ours */
@@ -205,7 +203,7 @@ static int xattr_record_set(struct stk_s3_gw *gw, uint64_t ino, const struct stk
 
 	if (n < 0)
 		return n;
-	return stk_ino_setxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, (size_t)n, 0);
+	return stk_ll_setxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, (size_t)n, 0);
 }
 
 /* ---- the bucket cache ---- */
@@ -277,8 +275,8 @@ static uint64_t bcache_dir(struct stk_s3_gw *gw, uint64_t bucket, int which, uin
  * The bucket's .stoker-upload or .stoker-meta folder: from the cache, else looked
  * up, and made when create is set. -ENOENT when missing and not to be made.
  */
-static int hidden_dir(struct stk_s3_gw *gw, const struct stk_attr *bucket, int which, int create,
-		      struct stk_attr *out)
+static int hidden_dir(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, int which, int create,
+		      struct stk_ll_attr *out)
 {
 	static const char *const names[STK_S3_DIR_COUNT] = {STK_S3_UPLOAD_DIR, STK_S3_META_DIR};
 	uint64_t ino = bcache_dir(gw, bucket->ino, which, 0);
@@ -304,7 +302,7 @@ static int hidden_dir(struct stk_s3_gw *gw, const struct stk_attr *bucket, int w
 
 /* ---- buckets ---- */
 
-int stk_s3_bucket_lookup(struct stk_s3_gw *gw, const char *bucket, struct stk_attr *out)
+int stk_s3_bucket_lookup(struct stk_s3_gw *gw, const char *bucket, struct stk_ll_attr *out)
 {
 	uint64_t ino;
 	int rc;
@@ -328,11 +326,11 @@ int stk_s3_bucket_lookup(struct stk_s3_gw *gw, const char *bucket, struct stk_at
 
 int stk_s3_bucket_create(struct stk_s3_gw *gw, const char *bucket)
 {
-	struct stk_attr a;
+	struct stk_ll_attr a;
 
 	if (stk_s3_bucket_check(bucket))
 		return -EINVAL;
-	return stk_ino_mkdir(gw->c, NULL, gw->root_ino, bucket, 0755, &a);
+	return stk_ll_mkdir(gw->c, NULL, gw->root_ino, bucket, 0755, &a);
 }
 
 struct dent {
@@ -385,7 +383,7 @@ static int reserved_name(const char *name)
 static int read_dir(struct stk_s3_gw *gw, uint64_t ino, int all, int hide, struct dent **out,
 		    unsigned *nout)
 {
-	struct stk_msg_dirent *ents;
+	struct stk_ll_dirent *ents;
 	struct dent *d = NULL;
 	unsigned n = 0, cap = 0;
 	uint64_t cookie = 0;
@@ -397,11 +395,11 @@ static int read_dir(struct stk_s3_gw *gw, uint64_t ino, int all, int hide, struc
 	while (!eof) {
 		uint32_t k = 0;
 		rc =
-		    stk_ino_readdir(gw->c, NULL, ino, cookie, STK_S3_READDIR_BATCH, ents, &k, &eof);
+		    stk_ll_readdir(gw->c, NULL, ino, cookie, STK_S3_READDIR_BATCH, ents, &k, &eof);
 		if (rc)
 			goto out;
 		for (uint32_t i = 0; i < k; i++) {
-			const struct stk_msg_dirent *e = &ents[i];
+			const struct stk_ll_dirent *e = &ents[i];
 			if (!all && !S_ISREG(e->mode) && !S_ISDIR(e->mode))
 				continue;
 			if (hide && reserved_name(e->name))
@@ -448,7 +446,7 @@ out:
 /* rm -r of parent/name, which the gateway owns (a hidden folder, an upload). */
 static int rm_rf(struct stk_s3_gw *gw, uint64_t parent, const char *name, int depth)
 {
-	struct stk_attr a;
+	struct stk_ll_attr a;
 	struct dent *d;
 	unsigned n;
 	int rc;
@@ -457,7 +455,7 @@ static int rm_rf(struct stk_s3_gw *gw, uint64_t parent, const char *name, int de
 	if (rc)
 		return rc == -ENOENT ? 0 : rc;
 	if (!S_ISDIR(a.mode))
-		return stk_ino_unlink(gw->c, NULL, parent, name);
+		return stk_ll_unlink(gw->c, NULL, parent, name);
 	if (depth > 600)
 		return -ELOOP;
 	rc = read_dir(gw, a.ino, 1, 0, &d, &n);
@@ -467,7 +465,7 @@ static int rm_rf(struct stk_s3_gw *gw, uint64_t parent, const char *name, int de
 		rc = rm_rf(gw, a.ino, d[i].name, depth + 1);
 	dents_free(d, n);
 	if (!rc)
-		rc = stk_ino_rmdir(gw->c, NULL, parent, name);
+		rc = stk_ll_rmdir(gw->c, NULL, parent, name);
 	return rc == -ENOENT ? 0 : rc;
 }
 
@@ -485,8 +483,8 @@ static void move_entries(struct stk_s3_gw *gw, uint64_t src, uint64_t dst, int d
 	if (read_dir(gw, src, 1, 0, &d, &n))
 		return;
 	for (unsigned i = 0; i < n; i++) {
-		struct stk_attr there;
-		int rc = stk_ino_rename(gw->c, NULL, src, d[i].name, dst, d[i].name, 0);
+		struct stk_ll_attr there;
+		int rc = stk_ll_rename(gw->c, NULL, src, d[i].name, dst, d[i].name, 0);
 		if ((rc == -ENOTEMPTY || rc == -EEXIST) && d[i].dir && depth < 2 &&
 		    lookup(gw, dst, d[i].name, &there) == 0 && S_ISDIR(there.mode))
 			move_entries(gw, d[i].ino, there.ino, depth + 1);
@@ -509,7 +507,7 @@ static void move_entries(struct stk_s3_gw *gw, uint64_t src, uint64_t dst, int d
 int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket)
 {
 	char tname[sizeof(STK_S3_TRASH_PREFIX) + 32];
-	struct stk_attr b, trash = {0};
+	struct stk_ll_attr b, trash = {0};
 	struct dent *d = NULL;
 	unsigned n = 0;
 	size_t tl = strlen(STK_S3_TRASH_PREFIX);
@@ -531,24 +529,24 @@ int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket)
 	if (n) {
 		memcpy(tname, STK_S3_TRASH_PREFIX, tl);
 		stk_s3_random_hex(tname + tl, 8);
-		rc = stk_ino_mkdir(gw->c, NULL, gw->root_ino, tname, 0700, &trash);
+		rc = stk_ll_mkdir(gw->c, NULL, gw->root_ino, tname, 0700, &trash);
 		if (rc)
 			goto out;
 		have_trash = 1;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		rc = stk_ino_rename(gw->c, NULL, b.ino, d[i].name, trash.ino, d[i].name, 0);
+		rc = stk_ll_rename(gw->c, NULL, b.ino, d[i].name, trash.ino, d[i].name, 0);
 		if (rc == -ENOENT)
 			rc = 0; /* removed meanwhile (a sweep, an abort) */
 		if (rc)
 			break;
 	}
 	if (!rc)
-		rc = stk_ino_rmdir(gw->c, NULL, gw->root_ino, bucket);
+		rc = stk_ll_rmdir(gw->c, NULL, gw->root_ino, bucket);
 	if (rc && have_trash) {
 		/* not empty after all (or a move failed): put everything back */
 		move_entries(gw, trash.ino, b.ino, 0);
-		if (stk_ino_rmdir(gw->c, NULL, gw->root_ino, tname))
+		if (stk_ll_rmdir(gw->c, NULL, gw->root_ino, tname))
 			stk_warn("s3: bucket %s: could not put back all of %s", bucket, tname);
 		have_trash = 0;
 	}
@@ -585,10 +583,10 @@ int stk_s3_bucket_list(struct stk_s3_gw *gw, struct stk_s3_bucket_ent **out, uns
 		}
 	}
 	for (unsigned i = 0; i < n; i++) {
-		struct stk_attr a;
+		struct stk_ll_attr a;
 		if (!d[i].dir || stk_s3_bucket_check(d[i].name))
 			continue;
-		if (stk_ino_getattr(gw->c, NULL, d[i].ino, &a))
+		if (stk_ll_getattr(gw->c, NULL, d[i].ino, &a))
 			continue; /* removed while listing */
 		snprintf(b[k].name, sizeof(b[k].name), "%s", d[i].name);
 		b[k].ctime = a.ctime_sec;
@@ -615,7 +613,7 @@ static struct stk_s3_open_ent **open_slot(struct stk_s3_open_table *t, uint64_t 
 
 /* After an unlink or a rename left `a` without links: remove its data now, or
  * when the last GET reading it ends. */
-static void drop_data(struct stk_s3_gw *gw, const struct stk_attr *a)
+static void drop_data(struct stk_s3_gw *gw, const struct stk_ll_attr *a)
 {
 	struct stk_s3_open_ent **pp;
 	int later = 0;
@@ -631,7 +629,7 @@ static void drop_data(struct stk_s3_gw *gw, const struct stk_attr *a)
 	}
 	pthread_mutex_unlock(&gw->open.lock);
 	if (!later)
-		stk_client_remove_data(gw->c, a);
+		stk_ll_remove_data(gw->c, a);
 }
 
 int stk_s3_obj_open(struct stk_s3_gw *gw, const struct stk_s3_obj *o, stk_file **out)
@@ -653,14 +651,14 @@ int stk_s3_obj_open(struct stk_s3_gw *gw, const struct stk_s3_obj *o, stk_file *
 	}
 	e->refs++;
 	pthread_mutex_unlock(&gw->open.lock);
-	rc = stk_ino_open(gw->c, NULL, &o->attr, O_RDONLY, out);
+	rc = stk_ll_open(gw->c, NULL, &o->attr, O_RDONLY, out);
 	if (rc == -ENOENT && o->parent_ino)
 		rc = -ESTALE; /* the file was replaced or deleted since the lookup: look again */
 	if (!rc && o->parent_ino) {
 		/* A replace that ran between the caller's lookup and our registration
 		 * may have removed the data already: the file we hold must still be the
 		 * one the key names, now that any later replace will find it registered. */
-		struct stk_attr now;
+		struct stk_ll_attr now;
 		int lrc = lookup(gw, o->parent_ino, o->name, &now);
 		if (lrc || now.ino != o->attr.ino) {
 			stk_close(*out);
@@ -670,7 +668,7 @@ int stk_s3_obj_open(struct stk_s3_gw *gw, const struct stk_s3_obj *o, stk_file *
 	}
 	if (rc) {
 		/* undo the registration as a release would, without a file */
-		struct stk_attr doomed;
+		struct stk_ll_attr doomed;
 		int drop = 0;
 		pthread_mutex_lock(&gw->open.lock);
 		pp = open_slot(&gw->open, o->attr.ino);
@@ -683,7 +681,7 @@ int stk_s3_obj_open(struct stk_s3_gw *gw, const struct stk_s3_obj *o, stk_file *
 		}
 		pthread_mutex_unlock(&gw->open.lock);
 		if (drop)
-			stk_client_remove_data(gw->c, &doomed);
+			stk_ll_remove_data(gw->c, &doomed);
 	}
 	return rc;
 }
@@ -692,12 +690,12 @@ void stk_s3_obj_release(struct stk_s3_gw *gw, stk_file *f)
 {
 	uint64_t ino;
 	struct stk_s3_open_ent **pp, *e;
-	struct stk_attr doomed;
+	struct stk_ll_attr doomed;
 	int drop = 0;
 
 	if (!f)
 		return;
-	ino = stk_file_ino(f);
+	ino = stk_ll_file_ino(f);
 	stk_close(f);
 	pthread_mutex_lock(&gw->open.lock);
 	pp = open_slot(&gw->open, ino);
@@ -710,17 +708,17 @@ void stk_s3_obj_release(struct stk_s3_gw *gw, stk_file *f)
 	}
 	pthread_mutex_unlock(&gw->open.lock);
 	if (drop)
-		stk_client_remove_data(gw->c, &doomed);
+		stk_ll_remove_data(gw->c, &doomed);
 }
 
 /* ---- objects ---- */
 
 /* The key's record, or -ENOENT. */
-static int read_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
+static int read_record(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
 		       struct stk_s3_record *r)
 {
-	struct stk_attr meta, parent;
-	char last[STK_NAME_MAX + 1];
+	struct stk_ll_attr meta, parent;
+	char last[STK_LL_NAME_MAX + 1];
 	int rc;
 
 	rc = hidden_dir(gw, bucket, STK_S3_DIR_META, 0, &meta);
@@ -737,8 +735,8 @@ static int read_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, cons
  * file that has none: written by an older gateway, or natively) the old record in
  * .stoker-meta. The caller checks that it matches a.
  */
-static int object_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
-			 const struct stk_attr *a, struct stk_s3_record *r)
+static int object_record(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
+			 const struct stk_ll_attr *a, struct stk_s3_record *r)
 {
 	int rc = xattr_record_get(gw, a->ino, r);
 
@@ -750,11 +748,11 @@ static int object_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, co
 	return rc;
 }
 
-int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
+int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
 		    struct stk_s3_obj *o)
 {
-	struct stk_attr parent;
-	char last[STK_NAME_MAX + 1];
+	struct stk_ll_attr parent;
+	char last[STK_LL_NAME_MAX + 1];
 	int rc;
 
 	memset(o, 0, sizeof(*o));
@@ -799,17 +797,17 @@ int stk_s3_obj_stat(struct stk_s3_gw *gw, const struct stk_attr *bucket, const c
  * at the first that is not. S3 has no folders: one that held only the deleted
  * object should not linger as a common prefix.
  */
-static void prune(struct stk_s3_gw *gw, const struct stk_attr *top, const char *key)
+static void prune(struct stk_s3_gw *gw, const struct stk_ll_attr *top, const char *key)
 {
 	uint64_t inos[64];
-	char names[64][STK_NAME_MAX + 1];
+	char names[64][STK_LL_NAME_MAX + 1];
 	unsigned depth = 0;
 	const char *p = key;
 	uint64_t cur = top->ino;
 
 	for (;;) {
 		const char *slash = strchr(p, '/');
-		struct stk_attr a;
+		struct stk_ll_attr a;
 		if (!slash || depth == 64)
 			break;
 		if (segment(p, (size_t)(slash - p), names[depth]))
@@ -823,28 +821,28 @@ static void prune(struct stk_s3_gw *gw, const struct stk_attr *top, const char *
 	}
 	while (depth > 0) {
 		depth--;
-		if (stk_ino_rmdir(gw->c, NULL, inos[depth], names[depth]))
+		if (stk_ll_rmdir(gw->c, NULL, inos[depth], names[depth]))
 			break;
 	}
 }
 
-static void remove_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key)
+static void remove_record(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key)
 {
-	struct stk_attr meta, parent;
-	char last[STK_NAME_MAX + 1];
+	struct stk_ll_attr meta, parent;
+	char last[STK_LL_NAME_MAX + 1];
 
 	if (hidden_dir(gw, bucket, STK_S3_DIR_META, 0, &meta))
 		return;
 	if (walk_parent(gw, &meta, key, 0, &parent, last) || !last[0])
 		return;
-	if (stk_ino_unlink(gw->c, NULL, parent.ino, last) == 0)
+	if (stk_ll_unlink(gw->c, NULL, parent.ino, last) == 0)
 		prune(gw, &meta, key);
 }
 
-int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key)
+int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key)
 {
-	struct stk_attr parent, a, after;
-	char last[STK_NAME_MAX + 1];
+	struct stk_ll_attr parent, a, after;
+	char last[STK_LL_NAME_MAX + 1];
 	int rc;
 
 	rc = stk_s3_key_check(key);
@@ -866,7 +864,7 @@ int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_attr *bucket, const
 	}
 	if (rc)
 		return rc;
-	rc = stk_ino_unlink_keep(gw->c, NULL, parent.ino, last, &after, NULL);
+	rc = stk_ll_unlink_keep(gw->c, NULL, parent.ino, last, &after, NULL);
 	if (rc == -ENOENT)
 		return 0;
 	if (rc)
@@ -877,10 +875,10 @@ int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_attr *bucket, const
 	return 0;
 }
 
-int stk_s3_mkdir_marker(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key)
+int stk_s3_mkdir_marker(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key)
 {
-	struct stk_attr parent;
-	char last[STK_NAME_MAX + 1];
+	struct stk_ll_attr parent;
+	char last[STK_LL_NAME_MAX + 1];
 	int rc = stk_s3_key_check(key);
 
 	if (rc)
@@ -890,10 +888,10 @@ int stk_s3_mkdir_marker(struct stk_s3_gw *gw, const struct stk_attr *bucket, con
 
 /* ---- temporary files and commits ---- */
 
-int stk_s3_tmp_create(struct stk_s3_gw *gw, const struct stk_attr *bucket, uint64_t dir_ino,
+int stk_s3_tmp_create(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, uint64_t dir_ino,
 		      struct stk_s3_tmp *t)
 {
-	struct stk_attr dir, a;
+	struct stk_ll_attr dir, a;
 	int created = 0, rc;
 
 	memset(t, 0, sizeof(*t));
@@ -905,16 +903,16 @@ int stk_s3_tmp_create(struct stk_s3_gw *gw, const struct stk_attr *bucket, uint6
 	}
 	t->name[0] = 'u';
 	stk_s3_random_hex(t->name + 1, 16);
-	rc = stk_ino_create(gw->c, NULL, dir_ino, t->name, S_IFREG | 0644, 1, &a, &created);
+	rc = stk_ll_create(gw->c, NULL, dir_ino, t->name, S_IFREG | 0644, 1, &a, &created);
 	if (rc) {
 		t->name[0] = 0;
 		return rc;
 	}
 	t->dir_ino = dir_ino;
 	t->attr = a;
-	rc = stk_ino_open(gw->c, NULL, &a, O_WRONLY, &t->f);
+	rc = stk_ll_open(gw->c, NULL, &a, O_WRONLY, &t->f);
 	if (rc) {
-		stk_ino_unlink(gw->c, NULL, dir_ino, t->name);
+		stk_ll_unlink(gw->c, NULL, dir_ino, t->name);
 		t->name[0] = 0;
 		t->f = NULL;
 	}
@@ -946,7 +944,7 @@ int stk_s3_tmp_finish(struct stk_s3_gw *gw, struct stk_s3_tmp *t)
 	t->f = NULL;
 	if (rc)
 		return rc;
-	return stk_ino_getattr(gw->c, NULL, t->attr.ino, &t->attr);
+	return stk_ll_getattr(gw->c, NULL, t->attr.ino, &t->attr);
 }
 
 void stk_s3_tmp_discard(struct stk_s3_gw *gw, struct stk_s3_tmp *t)
@@ -958,13 +956,13 @@ void stk_s3_tmp_discard(struct stk_s3_gw *gw, struct stk_s3_tmp *t)
 		t->f = NULL;
 	}
 	if (t->name[0]) {
-		stk_ino_unlink(gw->c, NULL, t->dir_ino, t->name);
+		stk_ll_unlink(gw->c, NULL, t->dir_ino, t->name);
 		t->name[0] = 0;
 	}
 }
 
-int stk_s3_obj_put_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
-			  const struct stk_attr *a, struct stk_s3_record *rec)
+int stk_s3_obj_put_record(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
+			  const struct stk_ll_attr *a, struct stk_s3_record *rec)
 {
 	(void)bucket;
 	(void)key;
@@ -977,11 +975,11 @@ int stk_s3_obj_put_record(struct stk_s3_gw *gw, const struct stk_attr *bucket, c
 	return xattr_record_set(gw, a->ino, rec);
 }
 
-int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_attr *bucket, struct stk_s3_tmp *t,
+int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, struct stk_s3_tmp *t,
 		      const char *key, struct stk_s3_record *rec)
 {
-	struct stk_attr parent, replaced;
-	char last[STK_NAME_MAX + 1];
+	struct stk_ll_attr parent, replaced;
+	char last[STK_LL_NAME_MAX + 1];
 	int rc;
 
 	rec->ino = t->attr.ino;
@@ -1001,7 +999,7 @@ int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_attr *bucket, struc
 		if (!last[0])
 			return -EINVAL;
 		/* a folder at the key fails the rename with -EISDIR, replacing nothing */
-		rc = stk_ino_rename_keep(gw->c, NULL, t->dir_ino, t->name, parent.ino, last, 0,
+		rc = stk_ll_rename_keep(gw->c, NULL, t->dir_ino, t->name, parent.ino, last, 0,
 					 &replaced);
 		if (rc == -ENOENT)
 			continue; /* a folder went away under us (a delete pruned it): walk again */
@@ -1048,12 +1046,12 @@ int stk_s3_sweep(struct stk_s3_gw *gw, int64_t max_age_s)
 	if (rc)
 		return rc;
 	for (unsigned i = 0; i < nb; i++) {
-		struct stk_attr up;
+		struct stk_ll_attr up;
 
 		if (buckets[i].dir && strncmp(buckets[i].name, STK_S3_TRASH_PREFIX,
 					      strlen(STK_S3_TRASH_PREFIX)) == 0) {
 			/* the folders of a bucket whose delete a dead gateway left half done */
-			if (stk_ino_getattr(gw->c, NULL, buckets[i].ino, &up) == 0 &&
+			if (stk_ll_getattr(gw->c, NULL, buckets[i].ino, &up) == 0 &&
 			    up.mtime_sec < cutoff &&
 			    rm_rf(gw, gw->root_ino, buckets[i].name, 0) == 0)
 				removed++;
@@ -1064,8 +1062,8 @@ int stk_s3_sweep(struct stk_s3_gw *gw, int64_t max_age_s)
 		    read_dir(gw, up.ino, 1, 0, &d, &n))
 			continue;
 		for (unsigned j = 0; j < n; j++) {
-			struct stk_attr a;
-			if (stk_ino_getattr(gw->c, NULL, d[j].ino, &a) || a.mtime_sec >= cutoff)
+			struct stk_ll_attr a;
+			if (stk_ll_getattr(gw->c, NULL, d[j].ino, &a) || a.mtime_sec >= cutoff)
 				continue;
 			if (rm_rf(gw, up.ino, d[j].name, 0) == 0)
 				removed++;
@@ -1086,7 +1084,7 @@ struct lw {
 	int done;
 	int rc;
 	char last_cp[STK_S3_KEY_MAX + 1];
-	char key[STK_S3_KEY_MAX + STK_NAME_MAX + 2];
+	char key[STK_S3_KEY_MAX + STK_LL_NAME_MAX + 2];
 };
 
 /* Compares k[0..kl) with the NUL-terminated s as byte strings. */
@@ -1102,7 +1100,7 @@ static int cmp_n(const char *k, size_t kl, const char *s)
 
 /* Adds key k[0..kl): a common prefix, or an object of attributes a and record rec
  * (NULL: none that matches, so the fallback ETag). */
-static int push(struct lw *w, const char *k, size_t kl, int is_prefix, const struct stk_attr *a,
+static int push(struct lw *w, const char *k, size_t kl, int is_prefix, const struct stk_ll_attr *a,
 		const struct stk_s3_record *rec)
 {
 	struct stk_s3_list *l = w->out;
@@ -1152,10 +1150,10 @@ __attribute__((noinline)) static int push_file(struct lw *w, const char *k, size
 					       const struct dent *e, uint64_t meta_ino)
 {
 	struct stk_s3_record r;
-	struct stk_attr a;
+	struct stk_ll_attr a;
 	int have = 0;
 
-	if (stk_ino_getattr(w->gw->c, NULL, e->ino, &a))
+	if (stk_ll_getattr(w->gw->c, NULL, e->ino, &a))
 		return 0; /* removed while listing */
 	for (int tries = 0; S_ISREG(a.mode) && w->o->want_etag; tries++) {
 		int rc = xattr_record_get(w->gw, a.ino, &r);
@@ -1202,7 +1200,7 @@ static size_t rollup(const struct lw *w, const char *k, size_t kl)
 	return 0;
 }
 
-static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino, size_t klen)
+static int walk_dir(struct lw *w, const struct stk_ll_attr *dir, uint64_t meta_ino, size_t klen)
 {
 	const char *prefix = w->o->prefix, *after = w->o->after;
 	struct dent *d;
@@ -1221,9 +1219,9 @@ static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino,
 			if (cl && cl < klen)
 				rc = push_prefix(w, k, cl);
 			else if (!(after && *after && cmp_n(k, klen, after) <= 0)) {
-				struct stk_attr a = *dir;
+				struct stk_ll_attr a = *dir;
 				if (!a.mtime_sec)
-					stk_ino_getattr(w->gw->c, NULL, dir->ino, &a);
+					stk_ll_getattr(w->gw->c, NULL, dir->ino, &a);
 				rc = push(w, k, klen, 0, &a, NULL);
 			}
 		}
@@ -1240,7 +1238,7 @@ static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino,
 			k[klen + e->len] = '/';
 		k[kl] = 0;
 		if (e->dir) {
-			struct stk_attr a;
+			struct stk_ll_attr a;
 			uint64_t sub_meta = 0;
 
 			if (kl >= w->plen ? memcmp(k, prefix, w->plen) != 0
@@ -1260,7 +1258,7 @@ static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino,
 			a.ino = e->ino;
 			a.mode = e->mode;
 			if (meta_ino) {
-				struct stk_attr m;
+				struct stk_ll_attr m;
 				if (lookup(w->gw, meta_ino, e->name, &m) == 0 && S_ISDIR(m.mode))
 					sub_meta = m.ino;
 			}
@@ -1282,11 +1280,11 @@ static int walk_dir(struct lw *w, const struct stk_attr *dir, uint64_t meta_ino,
 	return rc;
 }
 
-int stk_s3_list(struct stk_s3_gw *gw, const struct stk_attr *bucket,
+int stk_s3_list(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket,
 		const struct stk_s3_list_opts *o, struct stk_s3_list *out)
 {
 	struct lw *w;
-	struct stk_attr dir = *bucket, meta;
+	struct stk_ll_attr dir = *bucket, meta;
 	uint64_t meta_ino = 0;
 	const char *p, *slash;
 	size_t klen = 0;
@@ -1309,8 +1307,8 @@ int stk_s3_list(struct stk_s3_gw *gw, const struct stk_attr *bucket,
 	/* Start in the deepest folder the prefix names: "a/b/c" lists inside "a/b/". */
 	p = o->prefix;
 	while ((slash = strchr(p, '/')) != NULL) {
-		char name[STK_NAME_MAX + 1];
-		struct stk_attr a;
+		char name[STK_LL_NAME_MAX + 1];
+		struct stk_ll_attr a;
 		size_t n = (size_t)(slash - p);
 
 		if (segment(p, n, name) || (klen == 0 && reserved_name(name)))
@@ -1323,7 +1321,7 @@ int stk_s3_list(struct stk_s3_gw *gw, const struct stk_attr *bucket,
 		if (rc)
 			goto out;
 		if (meta_ino) {
-			struct stk_attr m;
+			struct stk_ll_attr m;
 			meta_ino =
 			    lookup(gw, meta_ino, name, &m) == 0 && S_ISDIR(m.mode) ? m.ino : 0;
 		}
@@ -1351,10 +1349,10 @@ void stk_s3_list_free(struct stk_s3_list *l)
 
 /* ---- multipart uploads ---- */
 
-int stk_s3_mpu_create(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *key,
+int stk_s3_mpu_create(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *key,
 		      const struct stk_s3_record *info, char *id)
 {
-	struct stk_attr root, dir, a;
+	struct stk_ll_attr root, dir, a;
 	struct stk_s3_record r = *info;
 	char buf[STK_S3_RECORD_MAX + 1];
 	int rc;
@@ -1363,14 +1361,14 @@ int stk_s3_mpu_create(struct stk_s3_gw *gw, const struct stk_attr *bucket, const
 	if (rc)
 		return rc;
 	stk_s3_random_hex(id, STK_S3_UPLOAD_ID_LEN / 2);
-	rc = stk_ino_mkdir(gw->c, NULL, root.ino, id, 0755, &dir);
+	rc = stk_ll_mkdir(gw->c, NULL, root.ino, id, 0755, &dir);
 	if (rc)
 		return rc;
 	snprintf(r.key, sizeof(r.key), "%s", key);
 	r.mtime_sec = time(NULL);
 	rc = stk_s3_record_encode(&r, buf, sizeof(buf));
 	if (rc >= 0)
-		rc = stk_ino_symlink(gw->c, NULL, dir.ino, "info", buf, &a);
+		rc = stk_ll_symlink(gw->c, NULL, dir.ino, "info", buf, &a);
 	if (rc < 0) {
 		rm_rf(gw, root.ino, id, 0);
 		return rc;
@@ -1378,10 +1376,10 @@ int stk_s3_mpu_create(struct stk_s3_gw *gw, const struct stk_attr *bucket, const
 	return 0;
 }
 
-int stk_s3_mpu_open(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *id,
-		    struct stk_attr *dir, struct stk_s3_record *info)
+int stk_s3_mpu_open(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *id,
+		    struct stk_ll_attr *dir, struct stk_s3_record *info)
 {
-	struct stk_attr root;
+	struct stk_ll_attr root;
 	int rc;
 
 	if (stk_s3_upload_id_check(id))
@@ -1396,11 +1394,11 @@ int stk_s3_mpu_open(struct stk_s3_gw *gw, const struct stk_attr *bucket, const c
 	return rc == -EINVAL ? -ENOENT : rc;
 }
 
-int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_attr *dir, struct stk_s3_tmp *t,
+int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, struct stk_s3_tmp *t,
 			unsigned number, const char *md5_hex)
 {
 	struct stk_s3_record r;
-	struct stk_attr old;
+	struct stk_ll_attr old;
 	char pname[16];
 	int rc;
 
@@ -1416,7 +1414,7 @@ int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_attr *dir, struct
 	rc = xattr_record_set(gw, t->attr.ino, &r);
 	if (rc)
 		return rc;
-	rc = stk_ino_rename_keep(gw->c, NULL, t->dir_ino, t->name, dir->ino, pname, 0, &old);
+	rc = stk_ll_rename_keep(gw->c, NULL, t->dir_ino, t->name, dir->ino, pname, 0, &old);
 	if (!rc) {
 		t->name[0] = 0;
 		drop_data(gw, &old);
@@ -1424,7 +1422,7 @@ int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_attr *dir, struct
 	return rc;
 }
 
-int stk_s3_mpu_part(struct stk_s3_gw *gw, const struct stk_attr *dir, unsigned number,
+int stk_s3_mpu_part(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, unsigned number,
 		    struct stk_s3_part *out)
 {
 	struct stk_s3_record r;
@@ -1456,7 +1454,7 @@ static int cmp_uint(const void *x, const void *y)
 	return a < b ? -1 : a > b;
 }
 
-int stk_s3_mpu_parts(struct stk_s3_gw *gw, const struct stk_attr *dir, unsigned after, unsigned max,
+int stk_s3_mpu_parts(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, unsigned after, unsigned max,
 		     struct stk_s3_part **out, unsigned *nout, int *truncated)
 {
 	struct dent *d;
@@ -1513,9 +1511,9 @@ out:
 	return 0;
 }
 
-int stk_s3_mpu_remove(struct stk_s3_gw *gw, const struct stk_attr *bucket, const char *id)
+int stk_s3_mpu_remove(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, const char *id)
 {
-	struct stk_attr root;
+	struct stk_ll_attr root;
 	int rc;
 
 	if (stk_s3_upload_id_check(id))
@@ -1538,10 +1536,10 @@ static int cmp_upload(const void *x, const void *y)
 	return strcmp(a->id, b->id);
 }
 
-int stk_s3_mpu_list(struct stk_s3_gw *gw, const struct stk_attr *bucket,
+int stk_s3_mpu_list(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket,
 		    struct stk_s3_upload_ent **out, unsigned *nout)
 {
-	struct stk_attr root;
+	struct stk_ll_attr root;
 	struct stk_s3_upload_ent *u = NULL;
 	struct stk_s3_record *r = NULL;
 	struct dent *d = NULL;

@@ -47,10 +47,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/lease.h" /* STK_LEASE_GRANT_MS, STK_LEASE_VALID_MS */
+
 struct stk_meta_leases;
 
-#define STK_LEASE_GRANT_MS 30000u   /* how long a lease lasts without a change */
-#define STK_LEASE_VALID_MS 2000u    /* a client's trust after its last answered watch */
 #define STK_LEASE_WAIT_MAX_MS 1000u /* the longest a watch is held open empty */
 #define STK_LEASE_HOLDERS_MAX 1024u
 #define STK_LEASE_GRANTS_MAX (1u << 20)	     /* beyond: lookups are answered without a lease */

@@ -33,10 +33,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/daemon.h"
+#include "../daemon/daemon.h"
 #include "../common/layout.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
+#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 #include "../mgmtd/agent.h"
 #include "../net/net.h"

@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/daemon.h"
+#include "../daemon/daemon.h"
 #include "../common/host.h"
 #include "../common/log.h"
 #include "../common/util.h"

@@ -19,9 +19,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "../common/daemon.h"
+#include "../daemon/daemon.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
+#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 #include "../net/net.h"
 #include "../proto/msg.h"

@@ -25,7 +25,7 @@ struct stk_mgmtd_opts {
 	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
 };
 
-/* Serves until SIGINT/SIGTERM (see common/daemon.h). 0 or -errno (logged). */
+/* Serves until SIGINT/SIGTERM (see daemon/daemon.h). 0 or -errno (logged). */
 int stk_mgmtd_run(const struct stk_mgmtd_opts *opts);
 
 #endif

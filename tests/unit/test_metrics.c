@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/metrics.h"
+#include "daemon/metrics_http.h"
 #include "common/util.h"
 #include "proto/wire.h"
 #include "check.h"

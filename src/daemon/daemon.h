@@ -6,8 +6,8 @@
  * (stk_server_stop is async-signal-safe) and stk_daemon_stopping() turns true, so
  * background threads (heartbeats, flushers) finish their loop and exit.
  */
-#ifndef STK_DAEMON_H
-#define STK_DAEMON_H
+#ifndef STK_DAEMON_DAEMON_H
+#define STK_DAEMON_DAEMON_H
 
 struct stk_server;
 

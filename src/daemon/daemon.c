@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "../net/net.h"
-#include "log.h"
+#include "../common/log.h"
 
 static volatile sig_atomic_t g_stopping;
 static struct stk_server *volatile g_server;

@@ -15,7 +15,7 @@
  * The /proc readers are written for Linux, where Stoker runs; on a read error a
  * figure is simply not updated (a series never set is not shown).
  */
-#include "metrics.h"
+#include "metrics_http.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -32,8 +32,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../cli/cli.h" /* STOKER_VERSION, for stoker_build_info */
-#include "util.h"
+#include "stoker/stoker.h" /* STK_VERSION, for stoker_build_info */
+
+#include "../common/metrics.h"
+#include "../common/util.h"
 
 struct stk_metrics_http {
 	struct MHD_Daemon *mhd;
@@ -375,7 +377,7 @@ out:
 int stk_metrics_http_start(const char *listen, const char *role, struct stk_metrics_http **out)
 {
 	struct stk_metrics_http *h = NULL;
-	const char *info[2] = {role ? role : "unknown", STOKER_VERSION};
+	const char *info[2] = {role ? role : "unknown", STK_VERSION};
 	stk_metric_t bi;
 	int fd = -1, rc, collectors = 0;
 
