@@ -71,6 +71,7 @@
 #include "netint.h"
 
 #define SRV_IOV_MAX 64
+#define SRV_READ_AHEAD 256
 #define SRV_ACCEPT_BATCH 64
 #define SRV_TICK_MS 500
 #define SRV_SLOW_LOOP_NS (200ull * 1000 * 1000)
@@ -109,8 +110,13 @@ struct srv_conn {
 	int parked; /* waits for the server's byte budget, on lp->parked */
 	int eof; /* the peer sent all it will: answer what it asked, then close */
 	uint32_t events; /* what epoll watches now */
-	uint8_t hb[STK_FRAME_HDR_LEN];
-	size_t hb_got;
+	/*
+	 * Bytes read ahead of the frame being parsed: a header is read together with
+	 * what follows it (a small request's whole payload, often the next frames
+	 * too), so a small request costs one recv, not two.
+	 */
+	uint8_t ib[SRV_READ_AHEAD];
+	size_t ib_len;
 	struct srv_req *rd; /* the request whose payload and bulk are being read */
 	size_t rd_got;
 	atomic_uint inflight; /* requests read and not yet answered in full */
@@ -435,6 +441,26 @@ static void dispatch(struct stk_server *s, struct srv_req *r)
 }
 
 /*
+ * Moves what was read ahead past r's header into r's payload and bulk (all of it
+ * when the frame is longer; the start of the next frames is kept).
+ */
+static void take_read_ahead(struct srv_conn *c, struct srv_req *r)
+{
+	size_t plen = r->hdr.payload_len, blen = r->hdr.bulk_len;
+	size_t have = c->ib_len - STK_FRAME_HDR_LEN, take = STK_MIN(have, plen + blen);
+	const uint8_t *p = c->ib + STK_FRAME_HDR_LEN;
+	size_t to_payload = STK_MIN(take, plen);
+
+	if (to_payload)
+		memcpy(r->in, p, to_payload);
+	if (take > to_payload)
+		memcpy(r->bulk, p + to_payload, take - to_payload);
+	c->rd_got = take;
+	c->ib_len = have - take;
+	memmove(c->ib, p + take, c->ib_len);
+}
+
+/*
  * Reads a frame's header, then its payload and bulk into the request, handing each
  * whole frame to the workers; until EAGAIN, EOF, the window or the byte budget.
  * Returns -1 if the connection was closed.
@@ -454,15 +480,15 @@ static int conn_read(struct srv_conn *c)
 				conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
 				return 0;
 			}
-			if (c->hb_got < sizeof(c->hb)) { /* else kept from a parked read */
-				n = recv(c->fd, c->hb + c->hb_got, sizeof(c->hb) - c->hb_got, 0);
+			if (c->ib_len < STK_FRAME_HDR_LEN) { /* else read ahead, or kept when parked */
+				n = recv(c->fd, c->ib + c->ib_len, sizeof(c->ib) - c->ib_len, 0);
 				if (n <= 0)
 					goto gone;
-				c->hb_got += (size_t)n;
-				if (c->hb_got < sizeof(c->hb))
+				c->ib_len += (size_t)n;
+				if (c->ib_len < STK_FRAME_HDR_LEN)
 					continue;
 			}
-			if (stk_hdr_decode(c->hb, &h) || (h.flags & STK_FRAME_REPLY)) {
+			if (stk_hdr_decode(c->ib, &h) || (h.flags & STK_FRAME_REPLY)) {
 				stk_warn("malformed frame header from %s: closing connection", c->peer);
 				conn_close(c);
 				return -1;
@@ -487,13 +513,13 @@ static int conn_read(struct srv_conn *c)
 			atomic_fetch_add(&c->refs, 1);
 			c->rd = r;
 			c->rd_got = 0;
-			c->hb_got = 0;
 			if (h.payload_len && !(r->in = buf_get(s, h.payload_len, &r->in_cap)))
 				goto nomem;
 			if (h.bulk_len && !(r->bulk = buf_get(s, h.bulk_len, &r->bulk_cap)))
 				goto nomem;
 			r->held = r->in_cap + r->bulk_cap;
 			atomic_fetch_add(&s->inflight_bytes, r->held);
+			take_read_ahead(c, r);
 		}
 		{
 			struct srv_req *r = c->rd;
@@ -559,6 +585,7 @@ nomem:
 	conn_close(c);
 	return -1;
 }
+
 
 /* Appends the iovecs of r's reply frame past its first skip bytes; the count added. */
 static int reply_iov(const struct srv_req *r, size_t skip, struct iovec *iov)
@@ -650,6 +677,8 @@ static int conn_write(struct srv_conn *c)
 	}
 	conn_set_events(c, (c->events & ~(uint32_t)EPOLLOUT) |
 				   (inflight < s->window && !c->parked && !c->eof ? EPOLLIN : 0));
+	if (inflight < s->window && !c->parked && !c->eof && c->ib_len >= STK_FRAME_HDR_LEN)
+		return conn_read(c); /* frames read ahead while the window was full */
 	return 0;
 }
 
