@@ -152,6 +152,18 @@ struct srv_loop {
 	uint64_t last_tick_ns;
 };
 
+/*
+ * An idle worker, on the server's stack of them. The request queued next wakes the
+ * worker that went idle last: its stack, its caches and its thread-local buffers are
+ * the warmest, and under a light load the same few workers do all the work instead
+ * of each of the pool in turn touching its memory afresh.
+ */
+struct srv_idle {
+	pthread_cond_t cond;
+	struct srv_idle *next;
+	int woken; /* popped by dispatch (or by the stop) */
+};
+
 struct bufclass {
 	void *free; /* free buffers, linked through their first word */
 	size_t n;
@@ -180,7 +192,7 @@ struct stk_server {
 	int running; /* loop threads 1.. and workers started */
 
 	pthread_mutex_t wlock; /* protects everything below */
-	pthread_cond_t wcond; /* a request was queued, or stopping */
+	struct srv_idle *idle; /* idle workers, the one that went idle last on top */
 	pthread_cond_t widle; /* a worker left */
 	struct srv_req *q_head, *q_tail;
 	unsigned nqueued;
@@ -434,9 +446,16 @@ static void dispatch(struct stk_server *s, struct srv_req *r)
 		s->q_head = r;
 	s->q_tail = r;
 	s->nqueued++;
-	if (s->nidle < s->nqueued && s->nworkers < s->max_workers)
+	if (s->idle) {
+		struct srv_idle *w = s->idle;
+
+		s->idle = w->next;
+		s->nidle--;
+		w->woken = 1;
+		pthread_cond_signal(&w->cond);
+	} else if (s->nworkers < s->max_workers) {
 		worker_spawn_locked(s);
-	pthread_cond_signal(&s->wcond);
+	}
 	pthread_mutex_unlock(&s->wlock);
 }
 
@@ -859,7 +878,9 @@ static void *worker_main(void *arg)
 {
 	struct stk_server *s = arg;
 	uint8_t *out = malloc(STK_MAX_PAYLOAD);
+	struct srv_idle self;
 
+	pthread_cond_init(&self.cond, NULL);
 	pthread_mutex_lock(&s->wlock);
 	for (;;) {
 		struct srv_req *r;
@@ -868,13 +889,25 @@ static void *worker_main(void *arg)
 			struct timespec ts;
 			int rc;
 
+			self.woken = 0;
+			self.next = s->idle;
+			s->idle = &self;
 			s->nidle++;
 			clock_gettime(CLOCK_REALTIME, &ts);
 			ts.tv_sec += SRV_WORKER_IDLE_NS / 1000000000ull;
-			rc = pthread_cond_timedwait(&s->wcond, &s->wlock, &ts);
-			s->nidle--;
-			if (rc == ETIMEDOUT && !s->q_head && s->nworkers > s->workers)
-				goto leave;
+			rc = 0;
+			while (!self.woken && rc != ETIMEDOUT)
+				rc = pthread_cond_timedwait(&self.cond, &s->wlock, &ts);
+			if (!self.woken) { /* timed out: still on the stack */
+				for (struct srv_idle **pp = &s->idle; *pp; pp = &(*pp)->next)
+					if (*pp == &self) {
+						*pp = self.next;
+						break;
+					}
+				s->nidle--;
+				if (!s->q_head && s->nworkers > s->workers)
+					goto leave;
+			}
 		}
 		if (!s->q_head)
 			goto leave; /* stopping, nothing left */
@@ -898,6 +931,7 @@ leave:
 	s->nworkers--;
 	pthread_cond_broadcast(&s->widle);
 	pthread_mutex_unlock(&s->wlock);
+	pthread_cond_destroy(&self.cond);
 	free(out);
 	return NULL;
 }
@@ -1299,7 +1333,6 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 		stk_metric_series(STK_M_PROCESS_LOOP_CALLBACK, v, &s->loop_busy);
 	}
 	pthread_mutex_init(&s->wlock, NULL);
-	pthread_cond_init(&s->wcond, NULL);
 	pthread_cond_init(&s->widle, NULL);
 	pthread_mutex_init(&s->plock, NULL);
 	s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -1382,7 +1415,14 @@ void stk_server_destroy(struct stk_server *s)
 	/* Workers finish what they run; what is still queued is dropped. */
 	pthread_mutex_lock(&s->wlock);
 	s->stopping = 1;
-	pthread_cond_broadcast(&s->wcond);
+	while (s->idle) {
+		struct srv_idle *w = s->idle;
+
+		s->idle = w->next;
+		s->nidle--;
+		w->woken = 1;
+		pthread_cond_signal(&w->cond);
+	}
 	for (unsigned i = 0; s->loops && i < s->nloops; i++)
 		for (struct srv_conn *c = s->loops[i].conns; c; c = c->next)
 			shutdown(c->fd, SHUT_RDWR);
@@ -1423,7 +1463,6 @@ void stk_server_destroy(struct stk_server *s)
 			buf_release(p, (size_t)SRV_CLASS_MIN << c);
 		}
 	pthread_mutex_destroy(&s->wlock);
-	pthread_cond_destroy(&s->wcond);
 	pthread_cond_destroy(&s->widle);
 	pthread_mutex_destroy(&s->plock);
 	free(s);
