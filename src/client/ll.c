@@ -59,54 +59,25 @@ static const struct stk_cred *cred_in(const struct stk_ll_cred *in, struct stk_c
 	return buf;
 }
 
+/* The fields stk_ll_attr shares with the wire's stk_attr, named once for both ways. */
+#define LL_ATTR_FIELDS(X)                                                                          \
+	X(ino) X(mode) X(nlink) X(uid) X(gid) X(size) X(atime_sec) X(atime_nsec) X(mtime_sec)    \
+	X(mtime_nsec) X(ctime_sec) X(ctime_nsec) X(blocks) X(layout.chunk_size)                   \
+	X(layout.stripe) X(layout.nchains) X(layout.start) X(layout.seed) X(rdev)
+#define LL_COPY(f) o->f = a->f;
+
 static void attr_out(const struct stk_attr *a, struct stk_ll_attr *o)
 {
 	if (!o)
 		return;
-	o->ino = a->ino;
-	o->mode = a->mode;
-	o->nlink = a->nlink;
-	o->uid = a->uid;
-	o->gid = a->gid;
-	o->size = a->size;
-	o->atime_sec = a->atime_sec;
-	o->atime_nsec = a->atime_nsec;
-	o->mtime_sec = a->mtime_sec;
-	o->mtime_nsec = a->mtime_nsec;
-	o->ctime_sec = a->ctime_sec;
-	o->ctime_nsec = a->ctime_nsec;
-	o->blocks = a->blocks;
-	o->layout.chunk_size = a->layout.chunk_size;
-	o->layout.stripe = a->layout.stripe;
-	o->layout.nchains = a->layout.nchains;
-	o->layout.start = a->layout.start;
-	o->layout.seed = a->layout.seed;
-	o->rdev = a->rdev;
+	LL_ATTR_FIELDS(LL_COPY)
 }
 
 static const struct stk_attr *attr_in(const struct stk_ll_attr *a, struct stk_attr *o)
 {
 	if (!a)
 		return NULL;
-	o->ino = a->ino;
-	o->mode = a->mode;
-	o->nlink = a->nlink;
-	o->uid = a->uid;
-	o->gid = a->gid;
-	o->size = a->size;
-	o->atime_sec = a->atime_sec;
-	o->atime_nsec = a->atime_nsec;
-	o->mtime_sec = a->mtime_sec;
-	o->mtime_nsec = a->mtime_nsec;
-	o->ctime_sec = a->ctime_sec;
-	o->ctime_nsec = a->ctime_nsec;
-	o->blocks = a->blocks;
-	o->layout.chunk_size = a->layout.chunk_size;
-	o->layout.stripe = a->layout.stripe;
-	o->layout.nchains = a->layout.nchains;
-	o->layout.start = a->layout.start;
-	o->layout.seed = a->layout.seed;
-	o->rdev = a->rdev;
+	LL_ATTR_FIELDS(LL_COPY)
 	return o;
 }
 
