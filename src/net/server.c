@@ -42,7 +42,8 @@
  * returned there; buffers are kept by power-of-two size class from 64 bytes, those
  * of 4 KiB and more page-aligned (a handler may give a write's bulk to O_DIRECT),
  * up to a cap of cached bytes. An idle connection holds no buffer: its struct
- * srv_conn (about 200 bytes) and its socket are all it costs.
+ * srv_conn (about 450 bytes, 256 of them for reading ahead) and its socket are all
+ * it costs.
  */
 #include "net.h"
 
