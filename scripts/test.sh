@@ -33,6 +33,8 @@ ASAN_OPTIONS=detect_leaks=1 make SAN=1 unit || fail=1
 step "fuzzing (${FUZZ_SECONDS}s per target, all targets at once)"
 fuzz_pids=()
 for f in build-fuzz/fuzz_*; do
+	# The targets only: their logs and corpora sit beside them.
+	[ -f "$f" ] && [ -x "$f" ] || continue
 	mkdir -p "build-fuzz/corpus-$(basename "$f")"
 	"$f" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 \
 		"build-fuzz/corpus-$(basename "$f")" >"build-fuzz/$(basename "$f").log" 2>&1 &
