@@ -461,6 +461,22 @@ static void dispatch(struct stk_server *s, struct srv_req *r)
 }
 
 /*
+ * Takes need bytes of the server's budget, unless that would pass the limit while
+ * other requests hold some (a request alone is always let in). Atomic: the loops
+ * admit frames at the same time.
+ */
+static int reserve_bytes(struct stk_server *s, uint64_t need)
+{
+	uint_fast64_t cur = atomic_load(&s->inflight_bytes);
+
+	do {
+		if (cur > 0 && cur + need > s->max_inflight_bytes)
+			return 0;
+	} while (!atomic_compare_exchange_weak(&s->inflight_bytes, &cur, cur + need));
+	return 1;
+}
+
+/*
  * Moves what was read ahead past r's header into r's payload and bulk (all of it
  * when the frame is longer; the start of the next frames is kept).
  */
@@ -514,8 +530,7 @@ static int conn_read(struct srv_conn *c)
 				return -1;
 			}
 			need = (uint64_t)h.payload_len + h.bulk_len;
-			if (need && atomic_load(&s->inflight_bytes) + need > s->max_inflight_bytes &&
-			    atomic_load(&s->inflight_bytes) > 0) {
+			if (need && !reserve_bytes(s, need)) {
 				/* Read the frame once the budget has room (the header is kept). */
 				if (!c->parked) {
 					c->parked = 1;
@@ -526,10 +541,13 @@ static int conn_read(struct srv_conn *c)
 				return 0;
 			}
 			r = req_get(s);
-			if (!r)
+			if (!r) {
+				atomic_fetch_sub(&s->inflight_bytes, need);
 				goto nomem;
+			}
 			r->hdr = h;
 			r->conn = c;
+			r->held = need; /* given back by req_free, whatever happens next */
 			atomic_fetch_add(&c->refs, 1);
 			c->rd = r;
 			c->rd_got = 0;
@@ -537,8 +555,9 @@ static int conn_read(struct srv_conn *c)
 				goto nomem;
 			if (h.bulk_len && !(r->bulk = buf_get(s, h.bulk_len, &r->bulk_cap)))
 				goto nomem;
+			/* need was reserved; what the pool's classes round up comes on top */
+			atomic_fetch_add(&s->inflight_bytes, r->in_cap + r->bulk_cap - need);
 			r->held = r->in_cap + r->bulk_cap;
-			atomic_fetch_add(&s->inflight_bytes, r->held);
 			take_read_ahead(c, r);
 		}
 		{
