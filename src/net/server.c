@@ -7,9 +7,17 @@
  * entry each; here a connection costs one small struct (struct srv_conn) and its
  * socket, and a fixed number of loop threads (one per core by default) move every
  * byte. Handlers may block (an LMDB write transaction, a disk read, a meta long
- * poll), so they never run on a loop: a loop reads a whole frame straight into
- * buffers taken from the server's pool, hands the request to a worker, and writes
- * the reply the worker hands back. A loop never blocks and never checksums bulk.
+ * poll), so they never run while a thread holds a loop: a loop reads whole frames
+ * straight into buffers taken from the server's pool and, at the end of its round,
+ * hands them to workers. A loop never blocks and never checksums bulk.
+ *
+ * The hand-over (loop_ready()): loops and workers are one pool of threads. When a
+ * round has read requests and a thread of the pool is idle, the thread holding the
+ * loop gives the loop to that idle thread and runs one of the requests itself (the
+ * others go to workers), then waits as a worker. A lone request is so answered by
+ * the thread that read it, with no wake-up between its arrival and its handler; the
+ * wake-up of the thread taking the loop happens beside it. With no thread idle, every
+ * request goes to the workers' queue and the loop goes on.
  *
  * A connection carries many requests at once (up to `window`): a loop keeps reading
  * frames while earlier ones are being served, and replies go out in the order they
@@ -33,7 +41,7 @@
  * connection closed while a worker runs one of its requests stays allocated until
  * the last reference goes, and is then freed by its loop at the end of a round.
  *
- * Workers: `workers` threads always; where a handler may wait for another request
+ * Threads: `loops` + `workers` always; where a handler may wait for another request
  * (a meta change waits for a cache holder's acknowledgement, which arrives as a
  * request), the pool grows, up to `max_workers`, when a request finds no idle
  * worker, and threads above `workers` leave after a while idle.
@@ -52,6 +60,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -141,7 +150,6 @@ struct srv_loop {
 	struct stk_server *srv;
 	int epfd;
 	int evfd; /* workers' completions wake the loop */
-	pthread_t tid;
 	pthread_mutex_t lock; /* protects done_head/done_tail and kicks */
 	struct srv_req *done_head, *done_tail;
 	struct srv_conn *kicks; /* connections a worker asks the loop to look at */
@@ -149,6 +157,7 @@ struct srv_loop {
 	struct srv_conn *conns;
 	struct srv_conn *parked;
 	struct srv_conn *dead; /* closed, unreferenced, freed after this round */
+	struct srv_req *ready_head, *ready_tail; /* read whole this round, not yet run */
 	unsigned nconns;
 	uint64_t last_tick_ns;
 };
@@ -162,7 +171,8 @@ struct srv_loop {
 struct srv_idle {
 	pthread_cond_t cond;
 	struct srv_idle *next;
-	int woken; /* popped by dispatch (or by the stop) */
+	int woken; /* popped by dispatch, a loop's hand-over, or the stop */
+	struct srv_loop *loop; /* handed this loop to run */
 };
 
 struct bufclass {
@@ -190,7 +200,8 @@ struct stk_server {
 
 	unsigned nloops;
 	struct srv_loop *loops;
-	int running; /* loop threads 1.. and workers started */
+	unsigned loops_running; /* loops held by a thread (under wlock) */
+	pthread_cond_t loops_done; /* loops_running dropped to 0 */
 
 	pthread_mutex_t wlock; /* protects everything below */
 	struct srv_idle *idle; /* idle workers, the one that went idle last on top */
@@ -454,7 +465,7 @@ static void dispatch(struct stk_server *s, struct srv_req *r)
 		s->nidle--;
 		w->woken = 1;
 		pthread_cond_signal(&w->cond);
-	} else if (s->nworkers < s->max_workers) {
+	} else if (s->nworkers < s->max_workers + s->nloops) {
 		worker_spawn_locked(s);
 	}
 	pthread_mutex_unlock(&s->wlock);
@@ -590,7 +601,12 @@ static int conn_read(struct srv_conn *c)
 			atomic_fetch_add(&c->inflight, 1);
 			r->t0 = stk_metrics_ops_begin(s->metrics, r->hdr.opcode);
 			r->begun = 1;
-			dispatch(s, r);
+			r->next = NULL;
+			if (c->lp->ready_tail)
+				c->lp->ready_tail->next = r;
+			else
+				c->lp->ready_head = r;
+			c->lp->ready_tail = r;
 		}
 	}
 	return -1;
@@ -894,18 +910,50 @@ static int send_direct(struct stk_server *s, struct srv_req *r)
 	return 1;
 }
 
-static void *worker_main(void *arg)
+/* Runs one request on this thread and sends its reply (or hands it to the loop). */
+static void run_request(struct stk_server *s, struct srv_req *r, uint8_t *out)
 {
-	struct stk_server *s = arg;
+	if (!out || s->stopping) {
+		r->rh.status = stk_status_from_errno(-ENOMEM);
+		r->close = 1;
+	} else {
+		serve(s, r, out);
+	}
+	if (r->close || !send_direct(s, r))
+		complete(r->conn->lp, r);
+}
+
+static struct srv_req *loop_run(struct srv_loop *lp);
+
+/*
+ * The body of every thread of the pool: it runs requests, and now and then a loop.
+ * A thread that holds a loop and has read a request hands the loop to an idle
+ * thread and runs the request itself (see loop_run()), then waits as a worker; a
+ * worker woken with a loop runs it. lp: the loop to start with, or NULL.
+ */
+static void pool_thread(struct stk_server *s, struct srv_loop *lp)
+{
 	uint8_t *out = malloc(STK_MAX_PAYLOAD);
 	struct srv_idle self;
 
 	pthread_cond_init(&self.cond, NULL);
-	pthread_mutex_lock(&s->wlock);
+	self.loop = NULL;
 	for (;;) {
 		struct srv_req *r;
 
-		while (!s->q_head && !s->stopping) {
+		if (lp) {
+			r = loop_run(lp);
+			if (!r) { /* stopped: the loop is nobody's now */
+				pthread_mutex_lock(&s->wlock);
+				if (--s->loops_running == 0)
+					pthread_cond_broadcast(&s->loops_done);
+				goto leave;
+			}
+			lp = NULL;
+			run_request(s, r, out);
+		}
+		pthread_mutex_lock(&s->wlock);
+		while (!s->q_head && !s->stopping && !self.loop) {
 			struct timespec ts;
 			int rc;
 
@@ -925,9 +973,15 @@ static void *worker_main(void *arg)
 						break;
 					}
 				s->nidle--;
-				if (!s->q_head && s->nworkers > s->workers)
+				if (!s->q_head && s->nworkers > s->workers + s->nloops)
 					goto leave;
 			}
+		}
+		if (self.loop) {
+			lp = self.loop;
+			self.loop = NULL;
+			pthread_mutex_unlock(&s->wlock);
+			continue;
 		}
 		if (!s->q_head)
 			goto leave; /* stopping, nothing left */
@@ -937,15 +991,7 @@ static void *worker_main(void *arg)
 			s->q_tail = NULL;
 		s->nqueued--;
 		pthread_mutex_unlock(&s->wlock);
-		if (!out || s->stopping) {
-			r->rh.status = stk_status_from_errno(-ENOMEM);
-			r->close = 1;
-		} else {
-			serve(s, r, out);
-		}
-		if (r->close || !send_direct(s, r))
-			complete(r->conn->lp, r);
-		pthread_mutex_lock(&s->wlock);
+		run_request(s, r, out);
 	}
 leave:
 	s->nworkers--;
@@ -953,22 +999,39 @@ leave:
 	pthread_mutex_unlock(&s->wlock);
 	pthread_cond_destroy(&self.cond);
 	free(out);
+}
+
+static void *worker_main(void *arg)
+{
+	pool_thread(arg, NULL);
 	return NULL;
 }
 
-static void worker_spawn_locked(struct stk_server *s)
+static void *loop_main(void *arg);
+
+/* Starts a thread of the pool, holding loop lp (or a worker: NULL). 0 or -EAGAIN. */
+static int pool_spawn_locked(struct stk_server *s, struct srv_loop *lp)
 {
 	pthread_attr_t attr;
 	pthread_t tid;
+	int rc;
 
 	pthread_attr_init(&attr);
 	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
 	pthread_attr_setstacksize(&attr, 512 << 10);
-	if (pthread_create(&tid, &attr, worker_main, s) == 0)
-		s->nworkers++;
-	else if (s->nworkers == 0)
-		stk_error("cannot start a worker thread: requests wait");
+	rc = lp ? pthread_create(&tid, &attr, loop_main, lp)
+		: pthread_create(&tid, &attr, worker_main, s);
 	pthread_attr_destroy(&attr);
+	if (rc)
+		return -EAGAIN;
+	s->nworkers++;
+	return 0;
+}
+
+static void worker_spawn_locked(struct stk_server *s)
+{
+	if (pool_spawn_locked(s, NULL) && s->nworkers == 0)
+		stk_error("cannot start a worker thread: requests wait");
 }
 
 /* ---- loops ---- */
@@ -1159,7 +1222,46 @@ static void conn_accept(struct srv_loop *lp, int fd, const struct sockaddr_stora
 /* Tags of the loop's own descriptors in epoll_event.data. */
 static char tag_listen, tag_stop, tag_wake;
 
-static void loop_run(struct srv_loop *lp)
+/*
+ * The end of a round: the requests read whole in it go to the workers, but one.
+ * When a thread is idle, the loop is handed to it and this thread runs that one
+ * request itself (returned), so a lone request is answered by the thread that read
+ * it, with no wake-up on its way; otherwise it goes to the workers too (NULL).
+ */
+static struct srv_req *loop_ready(struct srv_loop *lp)
+{
+	struct stk_server *s = lp->srv;
+	struct srv_req *mine = lp->ready_head, *r;
+
+	if (!mine)
+		return NULL;
+	r = mine->next;
+	lp->ready_head = lp->ready_tail = NULL;
+	while (r) {
+		struct srv_req *next = r->next;
+
+		dispatch(s, r);
+		r = next;
+	}
+	pthread_mutex_lock(&s->wlock);
+	if (s->idle && !s->stopping) {
+		struct srv_idle *w = s->idle;
+
+		s->idle = w->next;
+		s->nidle--;
+		w->woken = 1;
+		w->loop = lp;
+		pthread_cond_signal(&w->cond);
+		pthread_mutex_unlock(&s->wlock);
+		return mine;
+	}
+	pthread_mutex_unlock(&s->wlock);
+	dispatch(s, mine);
+	return NULL;
+}
+
+/* Runs the loop until it is handed over (the request to run) or stopped (NULL). */
+static struct srv_req *loop_run(struct srv_loop *lp)
 {
 	struct stk_server *s = lp->srv;
 	struct epoll_event ev[128];
@@ -1168,17 +1270,28 @@ static void loop_run(struct srv_loop *lp)
 	for (;;) {
 		int n = epoll_wait(lp->epfd, ev, 128, SRV_TICK_MS);
 		uint64_t t0 = stk_now_ns(), t1;
+		struct srv_req *mine;
 
 		if (n < 0 && errno != EINTR) {
 			stk_error("epoll_wait: %s", strerror(errno));
-			return;
+			n = 0;
+			poll(NULL, 0, 10);
 		}
 		for (int i = 0; i < n; i++) {
 			void *p = ev[i].data.ptr;
 			struct srv_conn *c;
 
-			if (p == &tag_stop)
-				return;
+			if (p == &tag_stop) {
+				mine = lp->ready_head;
+				lp->ready_head = lp->ready_tail = NULL;
+				while (mine) { /* read this round: the workers still run them */
+					struct srv_req *next = mine->next;
+
+					dispatch(s, mine);
+					mine = next;
+				}
+				return NULL;
+			}
 			if (p == &tag_listen) {
 				loop_accept(lp);
 				continue;
@@ -1207,6 +1320,7 @@ static void loop_run(struct srv_loop *lp)
 		free_dead(lp);
 		if (n > 0)
 			stk_metric_observe_ns(s->loop_busy, t1 - t0);
+		mine = loop_ready(lp);
 		if (t1 - t0 > SRV_SLOW_LOOP_NS) {
 			static atomic_uint_fast64_t last;
 			if (t1 - atomic_load(&last) > 10ull * 1000000000ull) {
@@ -1215,12 +1329,16 @@ static void loop_run(struct srv_loop *lp)
 					 (unsigned long long)((t1 - t0) / 1000000), n);
 			}
 		}
+		if (mine)
+			return mine;
 	}
 }
 
 static void *loop_main(void *arg)
 {
-	loop_run(arg);
+	struct srv_loop *lp = arg;
+
+	pool_thread(lp->srv, lp);
 	return NULL;
 }
 
@@ -1354,6 +1472,7 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	}
 	pthread_mutex_init(&s->wlock, NULL);
 	pthread_cond_init(&s->widle, NULL);
+	pthread_cond_init(&s->loops_done, NULL);
 	pthread_mutex_init(&s->plock, NULL);
 	s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s->lfd < 0) {
@@ -1396,25 +1515,23 @@ const char *stk_server_addr(const struct stk_server *s)
 
 int stk_server_run(struct stk_server *s)
 {
-	unsigned started = 1;
+	int rc = 0;
 
 	pthread_mutex_lock(&s->wlock);
-	while (s->nworkers < s->workers) {
-		unsigned before = s->nworkers;
-
-		worker_spawn_locked(s);
-		if (s->nworkers == before)
+	for (unsigned i = 0; i < s->nloops; i++) {
+		if (pool_spawn_locked(s, &s->loops[i])) {
+			rc = -EAGAIN;
+			stk_error("cannot start a thread for event loop %u", i);
 			break;
+		}
+		s->loops_running++;
 	}
+	while (s->nworkers < s->workers + s->nloops && pool_spawn_locked(s, NULL) == 0)
+		;
+	while (s->loops_running)
+		pthread_cond_wait(&s->loops_done, &s->wlock);
 	pthread_mutex_unlock(&s->wlock);
-	for (; started < s->nloops; started++)
-		if (pthread_create(&s->loops[started].tid, NULL, loop_main, &s->loops[started]))
-			break;
-	s->running = 1;
-	loop_run(&s->loops[0]);
-	for (unsigned i = 1; i < started; i++)
-		pthread_join(s->loops[i].tid, NULL);
-	return 0;
+	return rc;
 }
 
 void stk_server_stop(struct stk_server *s)
@@ -1456,6 +1573,14 @@ void stk_server_destroy(struct stk_server *s)
 			loop_completions(lp);
 			while (lp->conns)
 				conn_close(lp->conns);
+			while (lp->ready_head) { /* read ahead by that last round of writes */
+				struct srv_req *r = lp->ready_head;
+
+				lp->ready_head = r->next;
+				conn_unref(r->conn);
+				req_free(s, r);
+			}
+			lp->ready_tail = NULL;
 			free_dead(lp);
 			close(lp->epfd);
 		}
@@ -1484,6 +1609,7 @@ void stk_server_destroy(struct stk_server *s)
 		}
 	pthread_mutex_destroy(&s->wlock);
 	pthread_cond_destroy(&s->widle);
+	pthread_cond_destroy(&s->loops_done);
 	pthread_mutex_destroy(&s->plock);
 	free(s);
 }
