@@ -448,6 +448,18 @@ static void conn_close(struct srv_conn *c)
 
 static void worker_spawn_locked(struct stk_server *s);
 
+/* Wakes the idle thread on top of the stack (there is one), handing it lp if not NULL. */
+static void wake_idle_locked(struct stk_server *s, struct srv_loop *lp)
+{
+	struct srv_idle *w = s->idle;
+
+	s->idle = w->next;
+	s->nidle--;
+	w->woken = 1;
+	w->loop = lp;
+	pthread_cond_signal(&w->cond);
+}
+
 static void dispatch(struct stk_server *s, struct srv_req *r)
 {
 	pthread_mutex_lock(&s->wlock);
@@ -459,12 +471,7 @@ static void dispatch(struct stk_server *s, struct srv_req *r)
 	s->q_tail = r;
 	s->nqueued++;
 	if (s->idle) {
-		struct srv_idle *w = s->idle;
-
-		s->idle = w->next;
-		s->nidle--;
-		w->woken = 1;
-		pthread_cond_signal(&w->cond);
+		wake_idle_locked(s, NULL);
 	} else if (s->nworkers < s->max_workers + s->nloops) {
 		worker_spawn_locked(s);
 	}
@@ -1245,13 +1252,7 @@ static struct srv_req *loop_ready(struct srv_loop *lp)
 	}
 	pthread_mutex_lock(&s->wlock);
 	if (s->idle && !s->stopping) {
-		struct srv_idle *w = s->idle;
-
-		s->idle = w->next;
-		s->nidle--;
-		w->woken = 1;
-		w->loop = lp;
-		pthread_cond_signal(&w->cond);
+		wake_idle_locked(s, lp);
 		pthread_mutex_unlock(&s->wlock);
 		return mine;
 	}
@@ -1552,14 +1553,8 @@ void stk_server_destroy(struct stk_server *s)
 	/* Workers finish what they run; what is still queued is dropped. */
 	pthread_mutex_lock(&s->wlock);
 	s->stopping = 1;
-	while (s->idle) {
-		struct srv_idle *w = s->idle;
-
-		s->idle = w->next;
-		s->nidle--;
-		w->woken = 1;
-		pthread_cond_signal(&w->cond);
-	}
+	while (s->idle)
+		wake_idle_locked(s, NULL);
 	for (unsigned i = 0; s->loops && i < s->nloops; i++)
 		for (struct srv_conn *c = s->loops[i].conns; c; c = c->next)
 			shutdown(c->fd, SHUT_RDWR);
