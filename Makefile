@@ -28,9 +28,13 @@ LIBS := $(PKG_LIBS) -lm
 LIB_PKGS := libisal libxxhash
 LIB_LIBS := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm
 
-CORE_SRC := $(wildcard src/common/*.c src/proto/*.c src/net/*.c)
-# What a server process shares: signals and stop, the /metrics HTTP endpoint.
-DAEMON_SRC := $(wildcard src/daemon/*.c)
+# The RPC server (src/net/server.c) is the net layer's, but only server processes
+# link it: libstoker carries the client side of the transport alone.
+NET_SERVER_SRC := src/net/server.c
+CORE_SRC := $(filter-out $(NET_SERVER_SRC),$(wildcard src/common/*.c src/proto/*.c src/net/*.c))
+# What a server process shares: the RPC server, signals and stop, the /metrics
+# HTTP endpoint.
+DAEMON_SRC := $(wildcard src/daemon/*.c) $(NET_SERVER_SRC)
 # Chunk files (format and reading), shared by storage and by the client, which
 # reads the chunks of its own host itself (short-circuit reads, io.c).
 CHUNK_SRC := $(wildcard src/chunk/*.c)
@@ -76,6 +80,10 @@ $(B)/libstoker.so: $(CLIENT_OBJ) $(CORE_OBJ)
 # core and the client library). Each includes tests/unit/check.h (found beside it, no
 # -I needed) and is rebuilt when it changes.
 $(UNIT_BIN): tests/unit/check.h
+$(B)/tests/test_net: tests/unit/test_net.c $(DAEMON_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+
 $(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
