@@ -1059,13 +1059,18 @@ static void loop_completions(struct srv_loop *lp)
 	lp->done_head = lp->done_tail = NULL;
 	kicks = lp->kicks;
 	lp->kicks = NULL;
-	for (struct srv_conn *k = kicks; k; k = k->kick_next)
-		k->kicked = 0;
 	pthread_mutex_unlock(&lp->lock);
 	while (kicks) {
 		struct srv_conn *c = kicks;
 
+		/*
+		 * kicked is cleared only once kick_next is read: a worker may kick c again
+		 * as soon as it is clear, and that rewrites kick_next.
+		 */
+		pthread_mutex_lock(&lp->lock);
 		kicks = c->kick_next;
+		c->kicked = 0;
+		pthread_mutex_unlock(&lp->lock);
 		if (atomic_load(&c->refs) == 0) {
 			c->next = lp->dead; /* a worker dropped the last reference */
 			lp->dead = c;
