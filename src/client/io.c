@@ -324,6 +324,13 @@ static void finish_piece(struct stk_client *c, struct inflight *f, int op)
 	if (f->conn)
 		stk_pool_put(c->pool, f->conn);
 	f->conn = NULL;
+	/*
+	 * A read's bulk lands in the caller's buffer before it is checked: when the
+	 * piece failed (a checksum, a reply cut short), whatever landed is wiped, as
+	 * the chunk files' own reader does, so the bad bytes never reach the caller.
+	 */
+	if (f->rc && op == STK_IO_READ && p->length)
+		memset(p->buf, 0, p->length);
 	if (f->rc == 0 && op == STK_IO_READ)
 		p->done = (uint32_t)f->rpc.bulk_in_len;
 	else if (f->rc == 0)
