@@ -84,6 +84,13 @@ $(B)/tests/test_net: tests/unit/test_net.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
+# test_io drives the client's I/O engine against storage nodes in the process: RPC
+# servers (server.c) whose handler serves a real chunk store (storage/chunk.c).
+$(B)/tests/test_io: tests/unit/test_io.c $(CLIENT_OBJ) $(call obj,src/storage/chunk.c) \
+		$(DAEMON_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+
 $(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
