@@ -372,6 +372,146 @@ STK_API int stk_lock(stk_file *f, int kind, const struct stk_lock_range *r, uint
  */
 STK_API int stk_lock_test(stk_file *f, int kind, struct stk_lock_range *r, uint64_t owner);
 
+/*
+ * Cluster status: what mgmtd knows of the cluster at one moment, as `stoker status`
+ * and `stoker top` show it. Its nodes (role, state, address, host), the storage
+ * targets with their capacity and use, the replication chains, and the metadata
+ * shards with the namespace each holds. A snapshot takes one call to mgmtd and
+ * needs no stk_client: it works while meta or storage nodes are down (they show
+ * as offline), which is when an operator asks.
+ *
+ * Ownership and lifetime: stk_cluster_status_fetch allocates the snapshot. Every
+ * pointer an accessor returns (a struct, its strings, a chain's target list)
+ * points into it and stays valid until stk_cluster_status_free. The structs are
+ * the library's: reach them one index at a time through the accessors, never as
+ * arrays, so that later releases may add fields at their end.
+ *
+ * Threads: a snapshot never changes after the fetch; any number of threads may
+ * read one at once, and stk_cluster_status_free must not race with them. Every
+ * call here may be made from any thread.
+ */
+typedef struct stk_cluster_status stk_cluster_status;
+
+/* Bytes of a "HOST:PORT" address with its NUL, as the cluster's nodes have them. */
+#define STK_CLUSTER_ADDR_MAX 64
+
+/* A node's role; 0: one this library does not know (a newer mgmtd's). */
+#define STK_CLUSTER_ROLE_MGMTD 1
+#define STK_CLUSTER_ROLE_META 2
+#define STK_CLUSTER_ROLE_STORAGE 3
+
+/* A node's state; 0: one this library does not know. */
+#define STK_CLUSTER_NODE_ONLINE 1
+#define STK_CLUSTER_NODE_OFFLINE 2 /* no heartbeat within mgmtd's timeout */
+
+/* A target's state; 0: one this library does not know. */
+#define STK_CLUSTER_TARGET_SERVING 1
+#define STK_CLUSTER_TARGET_OFFLINE 2 /* its node is offline or no longer reports it */
+#define STK_CLUSTER_TARGET_FULL 3 /* out of space */
+
+/* One meta or storage node that registered with mgmtd. */
+struct stk_cluster_node {
+	uint32_t id;
+	int role; /* STK_CLUSTER_ROLE_* */
+	int state; /* STK_CLUSTER_NODE_* */
+	const char *addr; /* "HOST:PORT" it serves RPC on */
+	uint64_t last_seen_ms; /* milliseconds since its last heartbeat reached mgmtd */
+	const char *host_id; /* the machine it runs on (docs/architecture.md); "" until known */
+	/*
+	 * 1: a meta node mgmtd refused because its store is not the namespace of
+	 * shard 1; it is registered but serves nothing. 0 otherwise.
+	 */
+	int refused;
+	const char *ns; /* a meta node's store identity, 32 hex digits; "" for storage */
+};
+
+/* One storage target (a folder of chunk files on a storage node). */
+struct stk_cluster_target {
+	uint32_t id;
+	uint32_t node_id; /* the storage node serving it */
+	int state; /* STK_CLUSTER_TARGET_* */
+	/*
+	 * The figures of the file system holding it, at its node's last heartbeat:
+	 * bytes in all, used, and still usable by an unprivileged writer. Targets
+	 * that share a file system each report all of it (see stk_cluster_status_space).
+	 */
+	uint64_t capacity;
+	uint64_t used;
+	uint64_t avail;
+	uint64_t chunks; /* chunk files it holds */
+	const char *path; /* its folder on its node */
+	uint64_t dev; /* its file system's id, equal for targets sharing one; 0 not known yet */
+};
+
+/* One replication chain: the targets that hold the same chunks, head first. */
+struct stk_cluster_chain {
+	uint32_t id; /* chains are numbered from 1 */
+	uint32_t version; /* bumped whenever its target list changes */
+	uint32_t ntargets;
+	const uint32_t *targets; /* ntargets target ids, the head first */
+};
+
+/* One metadata shard and the meta node serving it. */
+struct stk_cluster_shard {
+	uint32_t id;
+	uint32_t node_id; /* its meta node; 0: none may serve it now */
+	const char *ns; /* the namespace it holds, 32 hex digits; "" not known yet */
+};
+
+/* Space summed over every target, each file system (dev) counted once, as df does. */
+struct stk_cluster_space {
+	uint64_t capacity; /* the largest any of a file system's targets reported */
+	uint64_t used; /* likewise */
+	uint64_t avail; /* the smallest any of its targets reported */
+	uint32_t devices; /* file systems counted; a target of unknown dev counts as one */
+};
+
+/*
+ * The "HOST:PORT" of the cluster's mgmtd into addr (len bytes; STK_CLUSTER_ADDR_MAX
+ * is enough): `cluster` as stk_connect takes it ("stk://HOST:PORT", with or
+ * without a path after it, or "HOST:PORT"), or NULL for the default cluster
+ * ($STOKER_CLUSTER, else the one `stoker up` recorded on this machine). Makes no
+ * call to the cluster. Errors: -EINVAL (malformed, or longer than len - 1),
+ * -ENOENT (NULL and no default cluster).
+ */
+STK_API int stk_cluster_resolve(const char *cluster, char *addr, size_t len);
+
+/*
+ * Fetches the status of the cluster whose mgmtd `cluster` names (as
+ * stk_cluster_resolve takes it; NULL: the default cluster): one connection, one
+ * request, no retry, so that a cluster that cannot be reached says so at once: a
+ * connect gives up after 2 s, a reply after $STOKER_RPC_TIMEOUT_MS (60 s by
+ * default). Blocks the calling thread meanwhile. On success *out is a snapshot
+ * to release with stk_cluster_status_free; on failure *out is NULL.
+ * Errors: -EINVAL (malformed address), -ENOENT (no default cluster),
+ * -ECONNREFUSED, -ETIMEDOUT, -EHOSTUNREACH (mgmtd cannot be reached),
+ * -ECONNRESET (the connection broke: mgmtd went away, or what listens there is
+ * not a Stoker daemon), -ENOSYS (a Stoker daemon that is not mgmtd answered: a
+ * meta or storage node's address), -EBADMSG (the reply is not a routing table),
+ * -ENOMEM.
+ */
+STK_API int stk_cluster_status_fetch(const char *cluster, stk_cluster_status **out);
+/* Frees s and everything its accessors returned. NULL is a no-op. */
+STK_API void stk_cluster_status_free(stk_cluster_status *s);
+/* The "HOST:PORT" of the mgmtd that answered. */
+STK_API const char *stk_cluster_status_addr(const stk_cluster_status *s);
+/* The routing table's version: it grows with every change mgmtd makes to it. */
+STK_API uint64_t stk_cluster_status_version(const stk_cluster_status *s);
+/*
+ * The i-th node, target, chain or shard (from 0, in the order mgmtd lists them), or
+ * NULL when i is past the last, so `for (i = 0; (n = ...(s, i)); i++)` visits all.
+ */
+STK_API const struct stk_cluster_node *stk_cluster_status_node(const stk_cluster_status *s,
+							       uint32_t i);
+STK_API const struct stk_cluster_target *stk_cluster_status_target(const stk_cluster_status *s,
+								   uint32_t i);
+STK_API const struct stk_cluster_chain *stk_cluster_status_chain(const stk_cluster_status *s,
+								 uint32_t i);
+STK_API const struct stk_cluster_shard *stk_cluster_status_shard(const stk_cluster_status *s,
+								 uint32_t i);
+/* The cluster's space over all targets, whatever their state (never NULL). */
+STK_API const struct stk_cluster_space *stk_cluster_status_space(const stk_cluster_status *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,82 +5,90 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../client/client.h"
-#include "../common/host.h"
-#include "../common/util.h"
-#include "../mgmtd/agent.h"
+#include "stoker/stoker.h"
 
-static const char *role_name(uint8_t r)
+#include "../common/util.h"
+
+/* A zero namespace identity as the refused line writes it (the snapshot gives ""). */
+#define ZERO_NS "00000000000000000000000000000000"
+
+static const char *role_name(int r)
 {
 	switch (r) {
-	case STK_ROLE_MGMTD:
+	case STK_CLUSTER_ROLE_MGMTD:
 		return "mgmtd";
-	case STK_ROLE_META:
+	case STK_CLUSTER_ROLE_META:
 		return "meta";
-	case STK_ROLE_STORAGE:
+	case STK_CLUSTER_ROLE_STORAGE:
 		return "storage";
 	default:
 		return "?";
 	}
 }
 
-static const char *target_state(uint8_t s)
+static const char *target_state(int s)
 {
 	switch (s) {
-	case STK_TARGET_SERVING:
+	case STK_CLUSTER_TARGET_SERVING:
 		return "serving";
-	case STK_TARGET_OFFLINE:
+	case STK_CLUSTER_TARGET_OFFLINE:
 		return "offline";
-	case STK_TARGET_FULL:
+	case STK_CLUSTER_TARGET_FULL:
 		return "full";
 	default:
 		return "?";
 	}
 }
 
+static const struct stk_cluster_node *node_by_id(const stk_cluster_status *st, uint32_t id)
+{
+	const struct stk_cluster_node *n;
+
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++)
+		if (n->id == id)
+			return n;
+	return NULL;
+}
+
 /*
  * Each shard, its meta node and its namespace, and plainly when no one serves it:
  * a shard waits for the one store that holds it (docs/architecture.md).
  */
-static void print_shards(const struct stk_routing *rt)
+static void print_shards(const stk_cluster_status *st)
 {
-	char ns[STK_NS_ID_STR];
+	const struct stk_cluster_shard *sh;
 
 	/* The header stays as it was: scripts and tests look for it. */
 	printf("\nMetadata shards\n  %-6s %s\n", "SHARD", "META NODE");
-	for (uint32_t i = 0; i < rt->nshards; i++) {
-		const struct stk_rt_shard *sh = &rt->shards[i];
-		const struct stk_rt_node *n = stk_routing_node(rt, sh->node_id);
+	for (uint32_t i = 0; (sh = stk_cluster_status_shard(st, i)); i++) {
+		const struct stk_cluster_node *n = node_by_id(st, sh->node_id);
 
 		if (sh->node_id)
 			printf("  %-6u %-10u", sh->id, sh->node_id);
 		else
 			printf("  %-6u %-10s", sh->id, "none");
-		printf(" namespace %s\n",
-		       stk_ns_id_is_zero(&sh->ns) ? "(not known yet)" : stk_ns_id_str(&sh->ns, ns));
+		printf(" namespace %s\n", sh->ns[0] ? sh->ns : "(not known yet)");
 		if (!n)
 			printf("  ! shard %u has no meta node: the namespace is unavailable until "
 			       "the meta node with its store registers again\n",
 			       sh->id);
-		else if (n->state != STK_NODE_ONLINE)
+		else if (n->state != STK_CLUSTER_NODE_ONLINE)
 			printf("  ! shard %u's meta node %u (%s) is offline: the namespace is "
 			       "unavailable until it returns\n",
 			       sh->id, n->id, n->addr);
 	}
-	if (rt->nshards == 0)
+	if (!stk_cluster_status_shard(st, 0))
 		printf("  ! no meta node has registered yet: the namespace is unavailable\n");
 }
 
 /* Meta nodes mgmtd refused, and why: each serves nothing. */
-static void print_refused(const struct stk_routing *rt)
+static void print_refused(const stk_cluster_status *st)
 {
-	char mine[STK_NS_ID_STR], want[STK_NS_ID_STR];
-	const struct stk_ns_id *shard_ns = rt->nshards ? &rt->shards[0].ns : NULL;
+	const struct stk_cluster_shard *shard1 = stk_cluster_status_shard(st, 0);
+	const struct stk_cluster_node *n;
 	int header = 0;
 
-	for (uint32_t i = 0; i < rt->nnodes; i++) {
-		const struct stk_rt_node *n = &rt->nodes[i];
-
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++) {
 		if (!n->refused)
 			continue;
 		if (!header)
@@ -88,17 +96,20 @@ static void print_refused(const struct stk_routing *rt)
 		header = 1;
 		printf("  node %u (%s, %s): refused: its store is namespace %s, not shard 1's "
 		       "namespace %s\n",
-		       n->id, n->addr, n->state == STK_NODE_ONLINE ? "online" : "offline",
-		       stk_ns_id_str(&n->ns, mine),
-		       shard_ns ? stk_ns_id_str(shard_ns, want) : "(none)");
+		       n->id, n->addr, n->state == STK_CLUSTER_NODE_ONLINE ? "online" : "offline",
+		       n->ns[0] ? n->ns : ZERO_NS,
+		       shard1 ? (shard1->ns[0] ? shard1->ns : ZERO_NS) : "(none)");
 	}
 }
 
 int cmd_status(int argc, char **argv)
 {
-	char addr[STK_ADDR_MAX], cap[32], used[32];
-	struct stk_routing rt;
-	struct stk_space sp;
+	char addr[STK_CLUSTER_ADDR_MAX], cap[32], used[32], avail[32];
+	const struct stk_cluster_space *sp;
+	const struct stk_cluster_target *t;
+	const struct stk_cluster_chain *c;
+	const struct stk_cluster_node *n;
+	stk_cluster_status *st;
 	const char *cluster = NULL;
 	int rc;
 
@@ -108,8 +119,7 @@ int cmd_status(int argc, char **argv)
 		else
 			return cli_usage("status");
 	}
-	rc = cluster ? stk_client_parse_cluster(cluster, addr, sizeof(addr))
-		     : stk_client_default_cluster(addr, sizeof(addr));
+	rc = stk_cluster_resolve(cluster, addr, sizeof(addr));
 	if (rc == -ENOENT) {
 		cli_err("status", "no cluster given: use --cluster stk://HOST:PORT, set "
 				  "STOKER_CLUSTER, or start one with `stoker up`");
@@ -119,56 +129,49 @@ int cmd_status(int argc, char **argv)
 		cli_err("status", "malformed cluster address");
 		return 1;
 	}
-	rc = stk_mgmt_fetch_routing(addr, &rt);
+	rc = stk_cluster_status_fetch(addr, &st);
 	if (rc) {
 		cli_err("status", "cannot reach mgmtd at %s: %s", addr, stk_strerror(rc));
 		return 1;
 	}
 	printf("Cluster stk://%s   routing version %llu\n\n", addr,
-	       (unsigned long long)rt.version);
+	       (unsigned long long)stk_cluster_status_version(st));
 	printf("Nodes\n  %-4s %-8s %-8s %-22s %-14s %s\n", "ID", "ROLE", "STATE", "ADDRESS",
 	       "LAST SEEN", "HOST");
-	for (uint32_t i = 0; i < rt.nnodes; i++) {
-		const struct stk_rt_node *n = &rt.nodes[i];
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++) {
 		char seen[32];
 
 		snprintf(seen, sizeof(seen), "%.1f s ago", (double)n->last_seen_ms / 1000.0);
 		printf("  %-4u %-8s %-8s %-22s %-14s %s\n", n->id, role_name(n->role),
-		       n->state == STK_NODE_ONLINE ? "online" : "offline", n->addr, seen,
+		       n->state == STK_CLUSTER_NODE_ONLINE ? "online" : "offline", n->addr, seen,
 		       n->host_id[0] ? n->host_id : "-");
 	}
 	printf("\nTargets\n  %-4s %-5s %-8s %11s %11s %9s  %s\n", "ID", "NODE", "STATE", "CAPACITY",
 	       "USED", "CHUNKS", "PATH");
-	for (uint32_t i = 0; i < rt.ntargets; i++) {
-		const struct stk_rt_target *t = &rt.targets[i];
+	for (uint32_t i = 0; (t = stk_cluster_status_target(st, i)); i++)
 		printf("  %-4u %-5u %-8s %11s %11s %9llu  %s\n", t->id, t->node_id,
 		       target_state(t->state), stk_format_size(t->capacity, cap, sizeof(cap)),
 		       stk_format_size(t->used, used, sizeof(used)), (unsigned long long)t->chunks,
 		       t->path);
-	}
 	/*
 	 * Targets that share a file system each show all of it; the total counts each
 	 * device once, over the whole cluster, as a mount's df does.
 	 */
-	if (stk_host_space_sum(rt.targets, rt.ntargets, &sp) == 0) {
-		char avail[32];
-
-		printf("  total %23s %11s   %s available on %u device%s\n",
-		       stk_format_size(sp.capacity, cap, sizeof(cap)),
-		       stk_format_size(sp.used, used, sizeof(used)),
-		       stk_format_size(sp.avail, avail, sizeof(avail)), sp.devices,
-		       sp.devices == 1 ? "" : "s");
-	}
+	sp = stk_cluster_status_space(st);
+	printf("  total %23s %11s   %s available on %u device%s\n",
+	       stk_format_size(sp->capacity, cap, sizeof(cap)),
+	       stk_format_size(sp->used, used, sizeof(used)),
+	       stk_format_size(sp->avail, avail, sizeof(avail)), sp->devices,
+	       sp->devices == 1 ? "" : "s");
 	printf("\nChains\n  %-4s %-8s %s\n", "ID", "VERSION", "TARGETS (head first)");
-	for (uint32_t i = 0; i < rt.nchains; i++) {
-		const struct stk_rt_chain *c = &rt.chains[i];
+	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
 		printf("  %-4u %-8u", c->id, c->version);
-		for (uint8_t j = 0; j < c->ntargets; j++)
+		for (uint32_t j = 0; j < c->ntargets; j++)
 			printf(" %u", c->targets[j]);
 		printf("\n");
 	}
-	print_shards(&rt);
-	print_refused(&rt);
-	stk_routing_free(&rt);
+	print_shards(st);
+	print_refused(st);
+	stk_cluster_status_free(st);
 	return 0;
 }

@@ -9,7 +9,7 @@
  * like dstat or `juicefs stats`. --once takes two scrapes one interval apart and
  * prints one sample, for scripts.
  *
- * Which addresses to scrape: by default the nodes of the routing table (and
+ * Which addresses to scrape: by default the nodes of the cluster status (and
  * mgmtd itself), each at its RPC port + STK_METRICS_PORT_OFFSET, the convention
  * `stoker up` follows; --metrics ADDR,... names them instead (their roles then
  * come from stoker_build_info). Nodes do not report their metrics address to
@@ -37,9 +37,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../client/client.h"
+#include "stoker/stoker.h"
+
 #include "../common/util.h"
-#include "../mgmtd/agent.h"
 
 #define MAX_NODES 256
 #define HTTP_TIMEOUT_MS 2000
@@ -411,11 +411,11 @@ struct node {
 };
 
 struct top {
-	char cluster[STK_ADDR_MAX]; /* "" with --metrics only */
+	char cluster[STK_CLUSTER_ADDR_MAX]; /* "" with --metrics only */
 	struct node nodes[MAX_NODES];
 	int nnodes;
-	struct stk_routing rt; /* last fetched; nnodes 0 when none */
-	int have_rt;
+	/* The cluster status last fetched; NULL when none. */
+	stk_cluster_status *st;
 	int fixed; /* --metrics: the node list does not follow the routing table */
 };
 
@@ -457,34 +457,40 @@ static struct node *node_add(struct top *t, const char *maddr, const char *role,
 	return n;
 }
 
-static const char *role_name(uint8_t r)
+static const char *role_name(int r)
 {
-	return r == STK_ROLE_META ? "meta" : r == STK_ROLE_STORAGE ? "storage" : "?";
+	switch (r) {
+	case STK_CLUSTER_ROLE_META:
+		return "meta";
+	case STK_CLUSTER_ROLE_STORAGE:
+		return "storage";
+	default:
+		return "?";
+	}
 }
 
-/* Refreshes the node list from the routing table (new nodes appear as they join). */
+/* Refreshes the node list from the cluster status (new nodes appear as they join). */
 static int discover(struct top *t)
 {
-	struct stk_routing rt;
+	const struct stk_cluster_node *n;
+	stk_cluster_status *st;
 	char maddr[80];
 	int rc;
 
 	if (!t->cluster[0])
 		return 0;
-	rc = stk_mgmt_fetch_routing(t->cluster, &rt);
+	rc = stk_cluster_status_fetch(t->cluster, &st);
 	if (rc)
 		return rc;
-	if (t->have_rt)
-		stk_routing_free(&t->rt);
-	t->rt = rt;
-	t->have_rt = 1;
+	stk_cluster_status_free(t->st);
+	t->st = st;
 	if (t->fixed)
 		return 0;
 	if (metrics_addr(t->cluster, maddr, sizeof(maddr)) == 0)
 		node_add(t, maddr, "mgmtd", 0);
-	for (uint32_t i = 0; i < rt.nnodes; i++)
-		if (metrics_addr(rt.nodes[i].addr, maddr, sizeof(maddr)) == 0)
-			node_add(t, maddr, role_name(rt.nodes[i].role), rt.nodes[i].id);
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++)
+		if (metrics_addr(n->addr, maddr, sizeof(maddr)) == 0)
+			node_add(t, maddr, role_name(n->role), n->id);
 	return 0;
 }
 
@@ -587,13 +593,14 @@ static void print_row(const char *name, const char *role, const char *where, con
 
 static const char *target_path(const struct top *t, const char *id)
 {
+	const struct stk_cluster_target *tg;
 	uint64_t v;
 
-	if (!t->have_rt || stk_parse_u64(id, &v))
+	if (!t->st || stk_parse_u64(id, &v))
 		return "";
-	for (uint32_t i = 0; i < t->rt.ntargets; i++)
-		if (t->rt.targets[i].id == v)
-			return t->rt.targets[i].path;
+	for (uint32_t i = 0; (tg = stk_cluster_status_target(t->st, i)); i++)
+		if (tg->id == v)
+			return tg->path;
 	return "";
 }
 
@@ -829,8 +836,7 @@ int cmd_top(int argc, char **argv)
 		}
 	}
 	if (cluster || !list) {
-		int e = cluster ? stk_client_parse_cluster(cluster, t->cluster, sizeof(t->cluster))
-				: stk_client_default_cluster(t->cluster, sizeof(t->cluster));
+		int e = stk_cluster_resolve(cluster, t->cluster, sizeof(t->cluster));
 		if (e == -ENOENT) {
 			cli_err("top",
 				"no cluster given: use --cluster stk://HOST:PORT or --metrics "
@@ -881,8 +887,7 @@ out:
 		scrape_free(&t->nodes[i].prev);
 		scrape_free(&t->nodes[i].cur);
 	}
-	if (t->have_rt)
-		stk_routing_free(&t->rt);
+	stk_cluster_status_free(t->st);
 	free(t);
 	return rc;
 }

@@ -4,6 +4,7 @@
  * the striped I/O engine.
  *
  * client.c     connecting, the routing table, calls to mgmtd and meta
+ * cluster.c    the public cluster status: mgmtd's routing table as a snapshot
  * namespace.c  path resolution and the path operations
  * file.c       open files: buffering, read, write, fsync, truncate
  * io.c         one striped read or write fanned out over chains in parallel

@@ -41,6 +41,8 @@ int main(void)
 	struct stk_client_opts o = {.size = sizeof(o), .retry_ms = 1};
 	struct stat st;
 	stk_client *c = NULL;
+	stk_cluster_status *cs = NULL;
+	char addr[STK_CLUSTER_ADDR_MAX];
 	int rc;
 
 	stk_ll_attr_to_stat(&a, &st);
@@ -50,10 +52,17 @@ int main(void)
 	rc = stk_connect("stk://127.0.0.1:1", &o, &c);
 	if (rc >= 0 || c)
 		return 1;
+	if (stk_cluster_resolve("stk://127.0.0.1:1/x", addr, sizeof(addr)) ||
+	    strcmp(addr, "127.0.0.1:1") != 0)
+		return 1;
+	if (stk_cluster_status_fetch(addr, &cs) >= 0 || cs)
+		return 1;
+	stk_cluster_status_free(cs);
 	/* Every group of the low-level API resolves at link time. */
 	void (*volatile fns[])(void) = {(void (*)(void))stk_ll_lookup,
 					(void (*)(void))stk_ll_leases_start,
-					(void (*)(void))stk_ll_names_flush};
+					(void (*)(void))stk_ll_names_flush,
+					(void (*)(void))stk_cluster_status_node};
 	for (unsigned i = 0; i < sizeof(fns) / sizeof(fns[0]); i++)
 		if (!fns[i])
 			return 1;

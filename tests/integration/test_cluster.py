@@ -34,6 +34,14 @@ def test_up_status_down(cluster):
     assert total.split()[1:3] == size_words(disk.f_blocks * disk.f_frsize), (total, out)
 
 
+def test_cluster_status_api(cluster):
+    """libstoker's cluster status (stk_cluster_status_fetch), what `stoker status` and
+    `stoker top` print: this cluster's nodes, targets, chains and shard, figures that
+    follow a write, and the calls' errors (tests/tools/stk_check.c, cmd_cluster)."""
+    p = cluster.check("cluster", "4", "/cluster-status.bin", check=False)
+    assert p.returncode == 0, (p.stdout + p.stderr).decode()
+    assert b"cluster: ok" in p.stdout
+
 def test_second_up_on_same_dir_is_refused(cluster):
     p = run([STOKER, "up", "--data", cluster.data, "--daemon", "--port", str(pick_ports())],
             check=False)

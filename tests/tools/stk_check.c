@@ -21,6 +21,9 @@
  *                                         refused or contained, meta still serves
  *   special CLUSTER DIR                   stk_mknod (as root) and stk_fallocate: types,
  *                                         rdev, errors, bytes and st_blocks after holes
+ *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
+ *                                         up` cluster of TARGETS targets; its chunk counts
+ *                                         grow once PATH is written; the calls' errors
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1256,6 +1259,160 @@ static int cmd_special(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* 1 if s is 32 lowercase hex digits, a namespace identity as the status gives it. */
+static int is_ns(const char *s)
+{
+	return strlen(s) == 32 && strspn(s, "0123456789abcdef") == 32;
+}
+
+/* The chunk files every target of s reports, summed. */
+static uint64_t status_chunks(const stk_cluster_status *s)
+{
+	const struct stk_cluster_target *t;
+	uint64_t n = 0;
+
+	for (uint32_t i = 0; (t = stk_cluster_status_target(s, i)); i++)
+		n += t->chunks;
+	return n;
+}
+
+/*
+ * The public cluster status against what `stoker up` starts: one meta node serving
+ * shard 1 under its store's namespace, one storage node serving every target,
+ * chains over those targets, the space counted once per file system. Then the
+ * figures move (the chunk counts follow a write, through the heartbeats), and the
+ * errors of stk_cluster_resolve and stk_cluster_status_fetch.
+ */
+static int cmd_cluster(int argc, char **argv)
+{
+	const struct stk_cluster_node *n, *meta = NULL, *stor = NULL;
+	const struct stk_cluster_target *t;
+	const struct stk_cluster_chain *ch;
+	const struct stk_cluster_shard *sh;
+	const struct stk_cluster_space *sp;
+	char addr[STK_CLUSTER_ADDR_MAX], buf[STK_CLUSTER_ADDR_MAX], small[8];
+	stk_cluster_status *s = NULL, *bad;
+	uint64_t want_targets, before, after = 0, maxcap = 0;
+	uint32_t i, nt = 0, nn = 0;
+	stk_client *c;
+
+	if (argc != 4 || stk_parse_u64(argv[2], &want_targets))
+		return 2;
+
+	/* resolve: the forms stk_connect takes, the default, and what it refuses */
+	CHECK_RC(stk_cluster_resolve(argv[1], addr, sizeof(addr)), 0);
+	CHECK_RC(stk_cluster_resolve("stk://127.0.0.1:7000/a/b", buf, sizeof(buf)), 0);
+	CHECK(strcmp(buf, "127.0.0.1:7000") == 0);
+	CHECK_RC(stk_cluster_resolve("127.0.0.1:7000", buf, sizeof(buf)), 0);
+	CHECK(strcmp(buf, "127.0.0.1:7000") == 0);
+	CHECK_RC(stk_cluster_resolve("stk://nope", buf, sizeof(buf)), -EINVAL);
+	CHECK_RC(stk_cluster_resolve("127.0.0.1:7000", small, sizeof(small)), -EINVAL);
+	setenv("STOKER_CLUSTER", argv[1], 1);
+	CHECK_RC(stk_cluster_resolve(NULL, buf, sizeof(buf)), 0);
+	CHECK(strcmp(buf, addr) == 0);
+
+	/* the default cluster (STOKER_CLUSTER now) is the one named */
+	CHECK_RC(stk_cluster_status_fetch(NULL, &s), 0);
+	if (!s)
+		return 1;
+	CHECK(strcmp(stk_cluster_status_addr(s), addr) == 0);
+	CHECK(stk_cluster_status_version(s) != 0);
+
+	for (i = 0; (n = stk_cluster_status_node(s, i)); i++) {
+		nn++;
+		CHECK(n->id != 0);
+		CHECK(n->state == STK_CLUSTER_NODE_ONLINE);
+		CHECK(n->addr && n->addr[0] && strlen(n->addr) < STK_CLUSTER_ADDR_MAX);
+		CHECK(n->host_id && n->host_id[0]);
+		CHECK(n->last_seen_ms < 10000);
+		CHECK(!n->refused);
+		if (n->role == STK_CLUSTER_ROLE_META) {
+			CHECK(!meta);
+			meta = n;
+			CHECK(is_ns(n->ns));
+		} else if (n->role == STK_CLUSTER_ROLE_STORAGE) {
+			CHECK(!stor);
+			stor = n;
+			CHECK(n->ns && n->ns[0] == 0);
+		} else {
+			fprintf(stderr, "node %u has role %d\n", n->id, n->role);
+			failures++;
+		}
+	}
+	CHECK(nn == 2 && meta && stor);
+	if (!meta || !stor) {
+		stk_cluster_status_free(s);
+		return 1;
+	}
+
+	for (i = 0; (t = stk_cluster_status_target(s, i)); i++) {
+		nt++;
+		CHECK(t->node_id == stor->id);
+		CHECK(t->state == STK_CLUSTER_TARGET_SERVING);
+		CHECK(t->capacity > 0 && t->used <= t->capacity && t->avail <= t->capacity);
+		CHECK(t->path && t->path[0] == '/');
+		for (uint32_t j = 0; j < i; j++)
+			CHECK(stk_cluster_status_target(s, j)->id != t->id);
+		maxcap = STK_MAX(maxcap, t->capacity);
+	}
+	CHECK(nt == want_targets);
+
+	for (i = 0; (ch = stk_cluster_status_chain(s, i)); i++) {
+		CHECK(ch->id == i + 1);
+		CHECK(ch->ntargets >= 1 && ch->targets);
+		for (uint32_t j = 0; j < ch->ntargets; j++) {
+			int found = 0;
+			for (uint32_t k = 0; (t = stk_cluster_status_target(s, k)); k++)
+				found |= t->id == ch->targets[j];
+			CHECK(found);
+		}
+	}
+	CHECK(i >= 1);
+
+	sh = stk_cluster_status_shard(s, 0);
+	CHECK(sh && sh->id == 1 && sh->node_id == meta->id && strcmp(sh->ns, meta->ns) == 0);
+	CHECK(!stk_cluster_status_shard(s, 1));
+
+	/* `stoker up` puts every target on one file system: counted once */
+	sp = stk_cluster_status_space(s);
+	CHECK(sp && sp->devices >= 1 && sp->devices <= nt);
+	CHECK(sp->capacity >= maxcap && sp->used <= sp->capacity && sp->avail <= sp->capacity);
+	CHECK(!stk_cluster_status_node(s, UINT32_MAX) && !stk_cluster_status_target(s, nt));
+
+	/* the figures are the live ones: a write shows in the chunk counts */
+	before = status_chunks(s);
+	c = connect_or_die(argv[1]);
+	CHECK_RC(write_file(c, argv[3], 4u << 20, 7, 1u << 20), 0);
+	stk_disconnect(c);
+	for (int tries = 0; tries < 100 && after <= before; tries++) {
+		stk_cluster_status *s2;
+
+		usleep(100000);
+		CHECK_RC(stk_cluster_status_fetch(argv[1], &s2), 0);
+		if (!s2)
+			break;
+		after = status_chunks(s2);
+		stk_cluster_status_free(s2);
+	}
+	CHECK(after > before);
+
+	/* errors: *out is NULL after each; a meta node is not mgmtd */
+	bad = (stk_cluster_status *)&bad;
+	CHECK_RC(stk_cluster_status_fetch("stk://nope", &bad), -EINVAL);
+	CHECK(!bad);
+	bad = (stk_cluster_status *)&bad;
+	CHECK_RC(stk_cluster_status_fetch("127.0.0.1:1", &bad), -ECONNREFUSED);
+	CHECK(!bad);
+	bad = (stk_cluster_status *)&bad;
+	CHECK_RC(stk_cluster_status_fetch(meta->addr, &bad), -ENOSYS);
+	CHECK(!bad);
+	stk_cluster_status_free(s);
+	stk_cluster_status_free(NULL);
+	if (!failures)
+		printf("cluster: ok\n");
+	return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
@@ -1264,7 +1421,8 @@ int main(int argc, char **argv)
 	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
 		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
-		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special}};
+		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special},
+		    {"cluster", cmd_cluster}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");

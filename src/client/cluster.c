@@ -1,0 +1,296 @@
+/*
+ * Cluster status (stoker.h, "Cluster status"): the routing table as a read-only
+ * snapshot for programs that show the cluster, `stoker status` and `stoker top`
+ * among them.
+ *
+ * It asks mgmtd alone, over a connection of its own, once: a status tool must
+ * answer while meta is down (stk_connect would wait for meta and retry for
+ * retry_ms), and must say at once that mgmtd cannot be reached rather than retry.
+ *
+ * The snapshot keeps the decoded table and beside it the public structs, which
+ * point into it for their strings and chain lists. The public types are
+ * translated here from the wire's (proto/msg.h), as ll.c does for inodes, so the
+ * wire can change under an unchanged API: roles and states by value, namespace
+ * identities as hex text, the space summed as statfs sums it (common/host.h).
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/host.h"
+#include "../common/util.h"
+
+/* As the node agent's one-shot fetch: long enough for a loaded host, short for a person. */
+#define CLUSTER_CONNECT_TIMEOUT_MS 2000
+
+struct cluster_node {
+	struct stk_cluster_node pub;
+	char ns[STK_NS_ID_STR];
+};
+
+struct cluster_shard {
+	struct stk_cluster_shard pub;
+	char ns[STK_NS_ID_STR];
+};
+
+struct stk_cluster_status {
+	char addr[STK_ADDR_MAX];
+	struct stk_routing rt; /* what the public structs point into */
+	struct cluster_node *nodes;
+	struct stk_cluster_target *targets;
+	struct stk_cluster_chain *chains;
+	struct cluster_shard *shards;
+	struct stk_cluster_space space;
+};
+
+int stk_cluster_resolve(const char *cluster, char *addr, size_t len)
+{
+	return cluster ? stk_client_parse_cluster(cluster, addr, len)
+		       : stk_client_default_cluster(addr, len);
+}
+
+/* One MGMT_GET_ROUTING to mgmtd at addr. 0, or -errno (-EBADMSG: not a routing table). */
+static int fetch_routing(const char *addr, struct stk_routing *rt)
+{
+	struct stk_msg_mgmt_get_routing_req m = {.known_version = 0};
+	struct stk_conn *conn = NULL;
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	uint8_t req[16];
+	void *resp;
+	int rc;
+
+	memset(rt, 0, sizeof(*rt));
+	resp = malloc(STK_MAX_PAYLOAD);
+	if (!resp)
+		return -ENOMEM;
+	stk_wbuf_init(&w, req, sizeof(req));
+	rc = stk_msg_mgmt_get_routing_req_enc(&w, &m);
+	if (rc)
+		goto out;
+	rc = stk_conn_connect(addr, CLUSTER_CONNECT_TIMEOUT_MS, &conn);
+	if (rc) {
+		conn = NULL;
+		goto out;
+	}
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_MGMT_GET_ROUTING;
+	rpc.req = req;
+	rpc.req_len = w.len;
+	rpc.resp = resp;
+	rpc.resp_cap = STK_MAX_PAYLOAD;
+	rc = stk_rpc_call(conn, &rpc);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	rc = stk_routing_decode(&r, rt);
+	if (rc == 0 && stk_rbuf_finish(&r)) {
+		stk_routing_free(rt);
+		rc = -EBADMSG;
+	}
+out:
+	stk_conn_close(conn);
+	free(resp);
+	return rc;
+}
+
+static int role_from_wire(uint8_t r)
+{
+	switch (r) {
+	case STK_ROLE_MGMTD:
+		return STK_CLUSTER_ROLE_MGMTD;
+	case STK_ROLE_META:
+		return STK_CLUSTER_ROLE_META;
+	case STK_ROLE_STORAGE:
+		return STK_CLUSTER_ROLE_STORAGE;
+	default:
+		return 0;
+	}
+}
+
+static int node_state_from_wire(uint8_t s)
+{
+	switch (s) {
+	case STK_NODE_ONLINE:
+		return STK_CLUSTER_NODE_ONLINE;
+	case STK_NODE_OFFLINE:
+		return STK_CLUSTER_NODE_OFFLINE;
+	default:
+		return 0;
+	}
+}
+
+static int target_state_from_wire(uint8_t s)
+{
+	switch (s) {
+	case STK_TARGET_SERVING:
+		return STK_CLUSTER_TARGET_SERVING;
+	case STK_TARGET_OFFLINE:
+		return STK_CLUSTER_TARGET_OFFLINE;
+	case STK_TARGET_FULL:
+		return STK_CLUSTER_TARGET_FULL;
+	default:
+		return 0;
+	}
+}
+
+/* A namespace identity as the public structs carry it: "" for none. */
+static const char *ns_text(const struct stk_ns_id *id, char *out)
+{
+	if (stk_ns_id_is_zero(id))
+		out[0] = 0;
+	else
+		stk_ns_id_str(id, out);
+	return out;
+}
+
+/* Builds the public view of s->rt. 0 or -ENOMEM. */
+static int build(struct stk_cluster_status *s)
+{
+	const struct stk_routing *rt = &s->rt;
+	struct stk_space sp;
+	int rc;
+
+	/* One element more than asked: calloc(0) may give NULL. */
+	s->nodes = calloc(rt->nnodes + 1, sizeof(*s->nodes));
+	s->targets = calloc(rt->ntargets + 1, sizeof(*s->targets));
+	s->chains = calloc(rt->nchains + 1, sizeof(*s->chains));
+	s->shards = calloc(rt->nshards + 1, sizeof(*s->shards));
+	if (!s->nodes || !s->targets || !s->chains || !s->shards)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < rt->nnodes; i++) {
+		const struct stk_rt_node *n = &rt->nodes[i];
+		struct cluster_node *o = &s->nodes[i];
+
+		o->pub = (struct stk_cluster_node){
+		    .id = n->id,
+		    .role = role_from_wire(n->role),
+		    .state = node_state_from_wire(n->state),
+		    .addr = n->addr,
+		    .last_seen_ms = n->last_seen_ms,
+		    .host_id = n->host_id,
+		    .refused = n->refused != 0,
+		    .ns = ns_text(&n->ns, o->ns),
+		};
+	}
+	for (uint32_t i = 0; i < rt->ntargets; i++) {
+		const struct stk_rt_target *t = &rt->targets[i];
+
+		s->targets[i] = (struct stk_cluster_target){
+		    .id = t->id,
+		    .node_id = t->node_id,
+		    .state = target_state_from_wire(t->state),
+		    .capacity = t->capacity,
+		    .used = t->used,
+		    .avail = t->avail,
+		    .chunks = t->chunks,
+		    .path = t->path,
+		    .dev = t->dev,
+		};
+	}
+	for (uint32_t i = 0; i < rt->nchains; i++) {
+		const struct stk_rt_chain *c = &rt->chains[i];
+
+		s->chains[i] = (struct stk_cluster_chain){
+		    .id = c->id,
+		    .version = c->version,
+		    .ntargets = c->ntargets,
+		    .targets = c->targets,
+		};
+	}
+	for (uint32_t i = 0; i < rt->nshards; i++) {
+		const struct stk_rt_shard *sh = &rt->shards[i];
+		struct cluster_shard *o = &s->shards[i];
+
+		o->pub = (struct stk_cluster_shard){
+		    .id = sh->id,
+		    .node_id = sh->node_id,
+		    .ns = ns_text(&sh->ns, o->ns),
+		};
+	}
+	rc = stk_host_space_sum(rt->targets, rt->ntargets, &sp);
+	if (rc)
+		return rc;
+	s->space = (struct stk_cluster_space){
+	    .capacity = sp.capacity,
+	    .used = sp.used,
+	    .avail = sp.avail,
+	    .devices = sp.devices,
+	};
+	return 0;
+}
+
+int stk_cluster_status_fetch(const char *cluster, stk_cluster_status **out)
+{
+	struct stk_cluster_status *s;
+	int rc;
+
+	*out = NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	rc = stk_cluster_resolve(cluster, s->addr, sizeof(s->addr));
+	if (rc)
+		goto out;
+	rc = fetch_routing(s->addr, &s->rt);
+	if (rc)
+		goto out;
+	rc = build(s);
+	if (rc)
+		goto out;
+	*out = s;
+	s = NULL;
+out:
+	stk_cluster_status_free(s);
+	return rc;
+}
+
+void stk_cluster_status_free(stk_cluster_status *s)
+{
+	if (!s)
+		return;
+	stk_routing_free(&s->rt);
+	free(s->nodes);
+	free(s->targets);
+	free(s->chains);
+	free(s->shards);
+	free(s);
+}
+
+const char *stk_cluster_status_addr(const stk_cluster_status *s)
+{
+	return s->addr;
+}
+
+uint64_t stk_cluster_status_version(const stk_cluster_status *s)
+{
+	return s->rt.version;
+}
+
+const struct stk_cluster_node *stk_cluster_status_node(const stk_cluster_status *s, uint32_t i)
+{
+	return i < s->rt.nnodes ? &s->nodes[i].pub : NULL;
+}
+
+const struct stk_cluster_target *stk_cluster_status_target(const stk_cluster_status *s, uint32_t i)
+{
+	return i < s->rt.ntargets ? &s->targets[i] : NULL;
+}
+
+const struct stk_cluster_chain *stk_cluster_status_chain(const stk_cluster_status *s, uint32_t i)
+{
+	return i < s->rt.nchains ? &s->chains[i] : NULL;
+}
+
+const struct stk_cluster_shard *stk_cluster_status_shard(const stk_cluster_status *s, uint32_t i)
+{
+	return i < s->rt.nshards ? &s->shards[i].pub : NULL;
+}
+
+const struct stk_cluster_space *stk_cluster_status_space(const stk_cluster_status *s)
+{
+	return &s->space;
+}
