@@ -49,31 +49,42 @@ def churn(a, b, rounds=ROUNDS):
 
     ESTALE is the one failure left, and rare: the kernel walks a stale name again
     only once, so an open whose second lookup and open race with the next rename
-    (two renames of the name within one open) gets it (docs/mount.md)."""
+    gets it (docs/mount.md). How often depends on how the two threads are scheduled
+    (a loaded machine sees more), so it is not counted against a rate: an ESTALE is
+    a failure unless a rename overlapped the call that got it (one began before the
+    call ended and none had ended since the call began, by the publisher's counts)."""
     publish(a, 0)
     wait_until(lambda: os.path.exists(b), 10, "the first version on the other mount")
     done = threading.Event()
     bad, reads, stale = [], [0], [0]
+    began, ended = [0], [0]  # renames the publisher began and finished
+
+    def estale(call, ended_before):
+        stale[0] += 1
+        if began[0] <= ended_before:
+            bad.append("%s: ESTALE with no rename during the call" % call)
 
     def reader():
         while not done.is_set() and len(bad) < 20:
+            ended_before = ended[0]
             try:
                 with open(b, "rb") as f:
                     data = f.read()
             except OSError as e:
                 if e.errno == errno.ESTALE:
-                    stale[0] += 1
+                    estale("open", ended_before)
                 else:
                     bad.append("open/read: %s" % errno.errorcode.get(e.errno, e.errno))
                 continue
             if which_version(data) is None:
                 bad.append("read %d bytes that are no version: %r" % (len(data), data[:20]))
             reads[0] += 1
+            ended_before = ended[0]
             try:
                 st = os.stat(b)
             except OSError as e:
                 if e.errno == errno.ESTALE:
-                    stale[0] += 1
+                    estale("stat", ended_before)
                 else:
                     bad.append("stat: %s" % errno.errorcode.get(e.errno, e.errno))
                 continue
@@ -85,7 +96,11 @@ def churn(a, b, rounds=ROUNDS):
     t.start()
     try:
         for i in range(1, rounds + 1):
-            publish(a, i)
+            with open(a + ".tmp", "wb") as f:
+                f.write(version(i))
+            began[0] += 1
+            os.rename(a + ".tmp", a)
+            ended[0] += 1
     finally:
         done.set()
         t.join()
@@ -111,7 +126,8 @@ def test_rename_over_never_hides_the_name(cluster, make_mount, monkeypatch, leas
         bad, reads, stale = churn(a, b)
         assert not bad, "%s (%d reads)" % (bad, reads)
         assert reads > 0
-        assert stale * 100 <= reads, "%d ESTALE in %d reads" % (stale, reads)
+        # each ESTALE was checked against the renames above; this only catches a storm
+        assert stale * 20 <= reads, "%d ESTALE in %d reads" % (stale, reads)
         # and B comes to the last version (its kernel may keep a name for entry_timeout)
         wait_until(lambda: which_version(open(b, "rb").read()) == ROUNDS, 10,
                    "the last version on B")
