@@ -714,6 +714,84 @@ static uint32_t read_mapped(const struct fd_ent *e, const uint8_t *map, const st
 	return 0;
 }
 
+/*
+ * The span of a read of [off, off + len) from e (off < e->data_len): whole blocks
+ * [rs, re), the caller's bytes [off, end) going to buf, the parts of the first and
+ * last blocks outside them to head and tail. Fills iov with the pieces to read, in
+ * order, from the data's byte rs; returns their count.
+ */
+static int span_plan(const struct fd_ent *e, uint32_t off, uint32_t len, uint8_t *buf,
+		     uint8_t *head, uint8_t *tail, struct read_span *s, struct iovec *iov)
+{
+	int n = 0;
+
+	s->off = off;
+	s->end = (uint32_t)STK_MIN((uint64_t)off + len, e->data_len);
+	s->rs = off / STK_CHUNK_BLOCK * STK_CHUNK_BLOCK;
+	s->re = STK_MIN(STK_DIV_ROUND_UP(s->end, STK_CHUNK_BLOCK) * STK_CHUNK_BLOCK, e->data_len);
+	s->head = head;
+	s->mid = buf;
+	s->tail = tail;
+	if (s->off > s->rs) {
+		iov[n].iov_base = head;
+		iov[n++].iov_len = s->off - s->rs;
+	}
+	iov[n].iov_base = buf;
+	iov[n++].iov_len = s->end - s->off;
+	if (s->re > s->end) {
+		iov[n].iov_base = tail;
+		iov[n++].iov_len = s->re - s->end;
+	}
+	return n;
+}
+
+/*
+ * Checks what a read of span s from e brought (got bytes from rs, or -errno) and
+ * hands out the block checksums (see stk_chunk_read). Bytes of the caller's or
+ * -errno; on failure buf is zeroed and e leaves the cache.
+ */
+static long span_check(struct stk_chunk_store *cs, struct fd_ent *e, const struct read_span *s,
+		       long got, uint8_t *buf, uint32_t *crcs)
+{
+	char rel[REL_MAX];
+	long rc;
+
+	if (got < 0) {
+		rc = got;
+		goto fail;
+	}
+	stk_chunk_rel(rel, sizeof(rel), e->ino, e->idx); /* for the messages below */
+	if ((uint32_t)got != s->re - s->rs) {
+		rc = stk_chunk_hdr_corrupt(cs, rel, e->ino, e->idx,
+					   "file shorter than its header says");
+		goto fail;
+	}
+	for (uint32_t bs = s->rs; bs < s->re; bs += STK_CHUNK_BLOCK) {
+		uint32_t b = bs / STK_CHUNK_BLOCK;
+		uint32_t be = STK_MIN(bs + STK_CHUNK_BLOCK, e->data_len);
+
+		if (span_crc(s, bs, be) != stk_chunk_le32(e->crcs + 4 * b)) {
+			stk_chunk_log_mismatch(cs, rel, e->ino, e->idx, b);
+			rc = -EIO;
+			goto fail;
+		}
+		/* An aligned read hands out the verified block checksums as they are. */
+		if (crcs && s->off == s->rs) {
+			uint32_t piece_end = STK_MIN(bs + STK_CHUNK_BLOCK, s->end);
+			crcs[(bs - s->rs) / STK_CHUNK_BLOCK] =
+				piece_end == be ? stk_chunk_le32(e->crcs + 4 * b)
+						: stk_crc32c(0, buf + (bs - s->off), piece_end - bs);
+		}
+	}
+	if (crcs && s->off != s->rs)
+		stk_crc32c_blocks(buf, s->end - s->off, STK_CHUNK_BLOCK, crcs);
+	return s->end - s->off;
+fail:
+	memset(buf, 0, s->end - s->off);
+	stk_chunk_cache_drop(cs, e->ino, e->idx, e); /* a bad file is opened afresh next time */
+	return rc;
+}
+
 long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off, void *buf,
 		    uint32_t len, uint32_t *crcs)
 {
@@ -721,12 +799,11 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	uint8_t head[STK_CHUNK_BLOCK], tail[STK_CHUNK_BLOCK];
 	char rel[REL_MAX];
 	struct fd_ent *e = NULL;
-	struct chunk_hdr h;
 	struct read_span s;
 	struct iovec iov[3];
 	const uint8_t *map;
-	long got, rc;
-	int fd, n = 0, hot = 0;
+	long rc;
+	int n, hot = 0;
 
 	if (!t)
 		return -ENOMEM;
@@ -735,19 +812,11 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	rc = fdc_get(cs, t, rel, ino, idx, &e);
 	if (rc || !e)
 		return rc;
-	fd = e->fd;
-	h.hdr_len = e->hdr_len;
-	h.data_len = e->data_len;
-	h.nblocks = e->nblocks;
-	h.crcs = e->crcs;
-	if (off >= h.data_len) {
+	if (off >= e->data_len) {
 		rc = 0;
 		goto out;
 	}
-	s.off = off;
-	s.end = (uint32_t)STK_MIN((uint64_t)off + len, h.data_len);
-	s.rs = off / STK_CHUNK_BLOCK * STK_CHUNK_BLOCK;
-	s.re = STK_MIN(STK_DIV_ROUND_UP(s.end, STK_CHUNK_BLOCK) * STK_CHUNK_BLOCK, h.data_len);
+	n = span_plan(e, off, len, buf, head, tail, &s, iov);
 	map = NULL;
 	if (e->mappable && !crcs) {
 		map = __atomic_load_n(&e->map, __ATOMIC_ACQUIRE);
@@ -760,66 +829,76 @@ long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 	if (hot && map) {
 		uint32_t bad = read_mapped(e, map, &s, buf);
 
+		rc = s.end - s.off;
 		if (bad) {
 			stk_chunk_rel(rel, sizeof(rel), ino, idx);
 			stk_chunk_log_mismatch(cs, rel, ino, idx, bad - 1);
+			memset(buf, 0, s.end - s.off);
+			stk_chunk_cache_drop(cs, ino, idx, e);
 			rc = -EIO;
-			goto fail;
 		}
-		rc = s.end - s.off;
 		goto out;
 	}
-	s.head = head;
-	s.mid = buf;
-	s.tail = tail;
-	if (s.off > s.rs) {
-		iov[n].iov_base = head;
-		iov[n++].iov_len = s.off - s.rs;
-	}
-	iov[n].iov_base = buf;
-	iov[n++].iov_len = s.end - s.off;
-	if (s.re > s.end) {
-		iov[n].iov_base = tail;
-		iov[n++].iov_len = s.re - s.end;
-	}
-	got = preadv_full(fd, iov, n, (uint64_t)h.hdr_len + s.rs);
-	if (got < 0) {
-		rc = got;
-		goto fail;
-	}
-	stk_chunk_rel(rel, sizeof(rel), ino, idx); /* for the messages below */
-	if ((uint32_t)got != s.re - s.rs) {
-		rc = stk_chunk_hdr_corrupt(cs, rel, ino, idx, "file shorter than its header says");
-		goto fail;
-	}
-	for (uint32_t bs = s.rs; bs < s.re; bs += STK_CHUNK_BLOCK) {
-		uint32_t b = bs / STK_CHUNK_BLOCK;
-		uint32_t be = STK_MIN(bs + STK_CHUNK_BLOCK, h.data_len);
-
-		if (span_crc(&s, bs, be) != stk_chunk_le32(h.crcs + 4 * b)) {
-			stk_chunk_log_mismatch(cs, rel, ino, idx, b);
-			rc = -EIO;
-			goto fail;
-		}
-		/* An aligned read hands out the verified block checksums as they are. */
-		if (crcs && s.off == s.rs) {
-			uint32_t piece_end = STK_MIN(bs + STK_CHUNK_BLOCK, s.end);
-			crcs[(bs - s.rs) / STK_CHUNK_BLOCK] =
-				piece_end == be ? stk_chunk_le32(h.crcs + 4 * b)
-						: stk_crc32c(0, (uint8_t *)buf + (bs - s.off),
-							     piece_end - bs);
-		}
-	}
-	if (crcs && s.off != s.rs)
-		stk_crc32c_blocks(buf, s.end - s.off, STK_CHUNK_BLOCK, crcs);
-	rc = s.end - s.off;
-	goto out;
-fail:
-	memset(buf, 0, s.end - s.off);
-	stk_chunk_cache_drop(cs, ino, idx, e); /* a bad file is opened afresh next time */
+	rc = span_check(cs, e, &s, preadv_full(e->fd, iov, n, (uint64_t)e->hdr_len + s.rs), buf,
+			crcs);
 out:
 	fdc_put(cs, e);
 	return rc;
+}
+
+/* ---- reads in two steps, for a caller that does the I/O itself ---- */
+
+int stk_chunk_read_begin(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off,
+			 void *buf, uint32_t len, struct stk_chunk_aread *a)
+{
+	struct fd_ent *e;
+	struct read_span s;
+
+	a->e_ = NULL;
+	if (len == 0)
+		return 0;
+	if (!cs->fdc_ok)
+		return -EAGAIN;
+	e = fdc_find(cs, ino, idx);
+	if (!e)
+		return -EAGAIN; /* not open: opening it may wait on the disk */
+	if (off >= e->data_len) {
+		fdc_put(cs, e);
+		return 0;
+	}
+	a->niov = span_plan(e, off, len, buf, a->head_, a->tail_, &s, a->iov);
+	a->fd = e->fd;
+	a->file_off = (uint64_t)e->hdr_len + s.rs;
+	a->want = s.re - s.rs;
+	a->rs_ = s.rs;
+	a->off_ = s.off;
+	a->end_ = s.end;
+	a->re_ = s.re;
+	a->buf_ = buf;
+	a->e_ = e;
+	return 1;
+}
+
+long stk_chunk_read_end(struct stk_chunk_store *cs, struct stk_chunk_aread *a, long got,
+			uint32_t *crcs)
+{
+	struct fd_ent *e = a->e_;
+	struct read_span s = {.rs = a->rs_, .off = a->off_, .end = a->end_, .re = a->re_,
+			      .head = a->head_, .mid = a->buf_, .tail = a->tail_};
+	long rc;
+
+	if (!e)
+		return -EINVAL;
+	rc = span_check(cs, e, &s, got, a->buf_, crcs);
+	a->e_ = NULL;
+	fdc_put(cs, e);
+	return rc;
+}
+
+void stk_chunk_read_cancel(struct stk_chunk_store *cs, struct stk_chunk_aread *a)
+{
+	fdc_put(cs, a->e_);
+	a->e_ = NULL;
 }
 
 /*

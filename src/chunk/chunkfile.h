@@ -39,6 +39,7 @@
 #define STK_CHUNK_CHUNKFILE_H
 
 #include <stdint.h>
+#include <sys/uio.h>
 
 #define STK_CHUNK_FORMAT 1
 #define STK_CHUNK_BLOCK 4096u
@@ -84,6 +85,45 @@ uint64_t stk_chunk_store_corrupt_count(const struct stk_chunk_store *cs);
  */
 long stk_chunk_read(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off, void *buf,
 		    uint32_t len, uint32_t *crcs);
+
+/*
+ * A read in two steps, for a caller that does the I/O itself without blocking (the
+ * storage node's event loops, which read through io_uring):
+ *
+ *   stk_chunk_read_begin() finds the chunk's file among those kept open, without
+ *   waiting on the disk, and says what to read: a->niov pieces a->iov, a->want bytes
+ *   in all, from descriptor a->fd at offset a->file_off;
+ *   the caller reads them (short reads are the caller's to continue);
+ *   stk_chunk_read_end() checks what arrived and returns what stk_chunk_read would.
+ *
+ * begin returns 1 (read, then call end or, to give up, stk_chunk_read_cancel: the
+ * file stays open until then), 0 (nothing to read: len is 0, or off is at or past
+ * the chunk's end; nothing to end), -EAGAIN (the file is not open here: opening it
+ * may wait on the disk, so call stk_chunk_read on a thread that may block; a
+ * missing chunk answers so too) or another -errno. buf must stay valid, and a
+ * unmoved, until end or cancel; a holds the pieces of the first and last blocks
+ * that fall outside buf. got: the bytes read, or the -errno of the read. end
+ * returns the bytes of the caller's (fewer than len where the chunk ends), -EIO if
+ * a checksum fails or the file is short (buf zeroed) or got's -errno; crcs as
+ * stk_chunk_read's. Any thread, one thread at a time per a.
+ */
+struct stk_chunk_aread {
+	int fd;
+	uint64_t file_off;
+	struct iovec iov[3];
+	int niov;
+	uint32_t want;
+	/* private */
+	struct fd_ent *e_;
+	uint8_t *buf_;
+	uint32_t rs_, off_, end_, re_;
+	uint8_t head_[STK_CHUNK_BLOCK], tail_[STK_CHUNK_BLOCK];
+};
+int stk_chunk_read_begin(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t off,
+			 void *buf, uint32_t len, struct stk_chunk_aread *a);
+long stk_chunk_read_end(struct stk_chunk_store *cs, struct stk_chunk_aread *a, long got,
+			uint32_t *crcs);
+void stk_chunk_read_cancel(struct stk_chunk_store *cs, struct stk_chunk_aread *a);
 
 /*
  * As stk_chunk_read (no crcs), for a sequential reader whose bytes the kernel
