@@ -161,6 +161,62 @@ void *stk_rpc_resp_bulk_buf(struct stk_rpc_resp *resp, size_t len);
  */
 typedef int (*stk_rpc_handler_fn)(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
 
+/*
+ * Loop-side handlers (optional): a service whose requests can often be answered
+ * without blocking (a read whose file is open, served through io_uring) serves them
+ * on the event loop that read them, and so spares them the hand-off to a worker.
+ * Every call below runs on the thread that holds the loop at the time (threads may
+ * take turns holding one loop, never two at once), so a loop's state needs no lock
+ * of its own. None of them may block.
+ */
+#define STK_RPC_TO_WORKER 1 /* handle: this request needs a worker */
+#define STK_RPC_PENDING 2 /* handle: the request was taken; answered by stk_rpc_pending_done */
+
+/* A request a loop-side handler took (STK_RPC_PENDING), until stk_rpc_pending_done. */
+struct stk_rpc_pending;
+
+struct stk_server_loop_ops {
+	/*
+	 * Sets up loop number `loop` (from 0): *state is the service's state for it,
+	 * *fd a descriptor the loop watches, calling event() when it is readable (-1:
+	 * none). Called by stk_server_create. 0, or -errno: that loop then sends every
+	 * request to the workers (the server still starts).
+	 */
+	int (*attach)(void *ctx, unsigned loop, void **state, int *fd);
+	/* fd is readable. */
+	void (*event)(void *ctx, void *state);
+	/*
+	 * Offered each request read whole that carries no bulk, before a worker sees it.
+	 * Returns STK_RPC_TO_WORKER (nothing done: a worker runs the handler), 0 or
+	 * -errno (answered now, as a handler's return), or STK_RPC_PENDING: the service
+	 * keeps p and, on this loop and later, answers it with stk_rpc_pending_done
+	 * exactly once. req is valid until then (req->payload's position as handle left
+	 * it); resp only during this call, but a buffer from stk_rpc_resp_bulk_buf(resp)
+	 * lives until the reply is written.
+	 */
+	int (*handle)(void *ctx, void *state, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
+		      struct stk_rpc_pending *p);
+	/* Called once at the end of a round in which handle took requests (submit them). */
+	void (*flush)(void *ctx, void *state);
+	/*
+	 * stk_server_destroy, after the loops stopped: answer every pending request
+	 * (stk_rpc_pending_done; they are dropped, not sent) and free the state.
+	 */
+	void (*detach)(void *ctx, void *state);
+};
+
+/*
+ * On the loop that took p: a reply to encode p's answer into (payload over a buffer
+ * of the loop's; bulk unset: point it at stk_rpc_resp_bulk_buf's buffer or memory
+ * that outlives the server). Valid until stk_rpc_pending_done(p).
+ */
+struct stk_rpc_resp *stk_rpc_pending_resp(struct stk_rpc_pending *p);
+/*
+ * Answers p: with rc 0, what was encoded into stk_rpc_pending_resp(p) (or an empty
+ * payload if it was never asked for), else status rc. p is gone after.
+ */
+void stk_rpc_pending_done(struct stk_rpc_pending *p, int rc);
+
 struct stk_metrics_ops;
 
 struct stk_server_opts {
@@ -193,6 +249,8 @@ struct stk_server_opts {
 	 * closed; 0 = 30000. STOKER_NET_SEND_TIMEOUT_MS overrides.
 	 */
 	unsigned send_timeout_ms;
+	/* Loop-side handlers, or NULL: every request goes to a worker. Must outlive the server. */
+	const struct stk_server_loop_ops *loop_ops;
 };
 
 struct stk_server;

@@ -110,6 +110,7 @@ struct srv_req {
 	uint64_t t0; /* when it was read whole (stk_metrics_ops_begin) */
 	int begun; /* counted in flight, not yet taken out (stk_metrics_ops_sent) */
 	int close; /* the frame was malformed: close the connection, no reply */
+	int checked; /* frame_check passed (on the loop, before a worker got it) */
 };
 
 struct srv_conn {
@@ -159,6 +160,9 @@ struct srv_loop {
 	struct srv_conn *dead; /* closed, unreferenced, freed after this round */
 	struct srv_req *ready_head, *ready_tail; /* read whole this round, not yet run */
 	unsigned nconns;
+	void *lstate; /* the service's loop-side state (loop_ops), or NULL */
+	uint8_t *scratch; /* STK_MAX_PAYLOAD bytes: loop-side replies are encoded here */
+	struct stk_rpc_resp presp; /* stk_rpc_pending_resp's */
 	uint64_t last_tick_ns;
 };
 
@@ -188,12 +192,14 @@ struct stk_server {
 	char addr[STK_ADDR_MAX];
 	stk_rpc_handler_fn handler;
 	void *ctx;
+	const struct stk_server_loop_ops *lops; /* NULL: none */
 	unsigned max_conns;
 	unsigned window;
 	uint64_t max_inflight_bytes;
 	unsigned send_timeout_ms;
 	struct stk_metrics_ops *metrics; /* NULL: not counted */
 	stk_metric_t loop_busy; /* stoker_process_loop_callback_seconds{loop="rpc"}; 0: off */
+	stk_metric_t loop_served; /* stoker_process_loop_requests_total{loop="rpc"}; 0: off */
 	atomic_uint nconns;
 	atomic_uint_fast64_t inflight_bytes;
 	atomic_int reserve_fd; /* see refuse_one() */
@@ -749,13 +755,14 @@ static void format_peer(const struct sockaddr_storage *ss, char *out, size_t len
 
 /* ---- workers ---- */
 
-/* Runs one request: checks the frame, calls the handler, encodes the reply header. */
-static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
+/*
+ * The frame's checksum and wire version: 0, -EBADMSG (a checksum mismatch: the
+ * connection closes, no reply) or -EOPNOTSUPP (answered so).
+ */
+static int frame_check(struct srv_req *r)
 {
 	struct stk_frame_hdr *h = &r->hdr;
-	struct stk_rpc_resp resp;
 	uint32_t crc = 0;
-	int rc;
 
 	if (h->payload_len)
 		crc = stk_crc32c(crc, r->in, h->payload_len);
@@ -764,12 +771,8 @@ static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
 	if (crc != h->checksum) {
 		stk_warn("frame checksum mismatch from %s (%s): closing connection", r->conn->peer,
 			 stk_opcode_name(h->opcode));
-		r->close = 1;
-		return;
+		return -EBADMSG;
 	}
-	memset(&resp, 0, sizeof(resp));
-	resp.req_ = r;
-	stk_wbuf_init(&resp.payload, out, STK_MAX_PAYLOAD);
 	if (h->version != STK_WIRE_VERSION) {
 		static atomic_int told;
 		if (!atomic_exchange(&told, 1))
@@ -777,35 +780,50 @@ static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
 				 "requests are refused (run one Stoker version across the "
 				 "cluster and its clients)",
 				 r->conn->peer, h->version, STK_WIRE_VERSION);
-		rc = -EOPNOTSUPP;
-	} else {
-		struct stk_rpc_req req;
-
-		req.hdr = *h;
-		stk_rbuf_init(&req.payload, r->in, h->payload_len);
-		req.bulk = r->bulk;
-		req.bulk_len = h->bulk_len;
-		req.peer = r->conn->peer;
-		rc = s->handler(s->ctx, &req, &resp);
-		if (rc == 0 && resp.payload.err)
-			rc = resp.payload.err;
+		return -EOPNOTSUPP;
 	}
+	return 0;
+}
+
+/* What a handler sees of r, and an empty reply encoded into out. */
+static void req_view(struct srv_req *r, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
+		     uint8_t *out)
+{
+	req->hdr = r->hdr;
+	stk_rbuf_init(&req->payload, r->in, r->hdr.payload_len);
+	req->bulk = r->bulk;
+	req->bulk_len = r->hdr.bulk_len;
+	req->peer = r->conn->peer;
+	memset(resp, 0, sizeof(*resp));
+	resp->req_ = r;
+	stk_wbuf_init(&resp->payload, out, STK_MAX_PAYLOAD);
+}
+
+/* Encodes r's reply frame: status rc, or with rc 0 resp's payload (in out) and bulk. */
+static void seal(struct stk_server *s, struct srv_req *r, int rc, const struct stk_rpc_resp *resp,
+		 const uint8_t *out)
+{
+	struct stk_frame_hdr *h = &r->hdr;
+
+	if (rc == 0 && resp->payload.err)
+		rc = resp->payload.err;
 	memset(&r->rh, 0, sizeof(r->rh));
 	r->rh.opcode = h->opcode;
 	r->rh.req_id = h->req_id;
 	r->rh.flags = STK_FRAME_REPLY;
-	if (rc == 0 && resp.payload.len &&
-	    !(r->out = buf_get(s, resp.payload.len, &r->out_cap)))
+	if (rc == 0 && resp->payload.len &&
+	    !(r->out = buf_get(s, resp->payload.len, &r->out_cap)))
 		rc = -ENOMEM;
 	if (rc) {
 		r->rh.status = stk_status_from_errno(rc);
+		r->reply_bulk = NULL;
 	} else {
-		r->rh.payload_len = (uint32_t)resp.payload.len;
-		r->rh.bulk_len = resp.bulk_len;
-		r->rh.flags |= resp.frame_flags & STK_FRAME_BULK_SELF;
-		r->reply_bulk = resp.bulk;
-		if (resp.payload.len)
-			memcpy(r->out, out, resp.payload.len);
+		r->rh.payload_len = (uint32_t)resp->payload.len;
+		r->rh.bulk_len = resp->bulk_len;
+		r->rh.flags |= resp->frame_flags & STK_FRAME_BULK_SELF;
+		r->reply_bulk = resp->bulk;
+		if (resp->payload.len)
+			memcpy(r->out, out, resp->payload.len);
 	}
 	stk_frame_seal(&r->rh, r->out, r->reply_bulk, r->rhb);
 	/* Counted before the reply leaves: whoever got the reply and scrapes the metrics
@@ -813,6 +831,23 @@ static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
 	stk_metrics_ops_answered(s->metrics, h->opcode, stk_status_to_errno(r->rh.status),
 				 STK_FRAME_HDR_LEN + (uint64_t)h->payload_len + h->bulk_len,
 				 STK_FRAME_HDR_LEN + (uint64_t)r->rh.payload_len + r->rh.bulk_len);
+}
+
+/* Runs one request: checks the frame, calls the handler, encodes the reply. */
+static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
+{
+	struct stk_rpc_req req;
+	struct stk_rpc_resp resp;
+	int rc = r->checked ? 0 : frame_check(r);
+
+	if (rc == -EBADMSG) {
+		r->close = 1;
+		return;
+	}
+	req_view(r, &req, &resp, out);
+	if (rc == 0)
+		rc = s->handler(s->ctx, &req, &resp);
+	seal(s, r, rc, &resp, out);
 }
 
 static void complete(struct srv_loop *lp, struct srv_req *r)
@@ -1043,10 +1078,127 @@ static void worker_spawn_locked(struct stk_server *s)
 
 /* ---- loops ---- */
 
+/* A reply sealed (or a request to drop): onto its connection's queue, and out. */
+static void loop_deliver(struct srv_loop *lp, struct srv_req *r)
+{
+	struct stk_server *s = lp->srv;
+	struct srv_conn *c = r->conn;
+
+	if (c->closed) {
+		req_free(s, r);
+		conn_unref(c);
+	} else if (r->close) {
+		req_free(s, r);
+		atomic_fetch_sub(&c->refs, 1); /* the loop's own keeps it */
+		atomic_fetch_sub(&c->inflight, 1);
+		conn_close(c);
+	} else {
+		pthread_mutex_lock(&c->olock);
+		r->next = NULL;
+		if (c->out_tail)
+			c->out_tail->next = r;
+		else
+			c->out_head = r;
+		if (!c->out_tail)
+			c->out_wait_ns = stk_now_ns();
+		c->out_tail = r;
+		pthread_mutex_unlock(&c->olock);
+		conn_write(c);
+	}
+}
+
+/*
+ * Offers r to the service's loop-side handler. 1: taken (answered, or pending);
+ * 0: it goes to a worker. A frame that fails its checks goes to a worker too,
+ * which says so as for any other.
+ */
+static int loop_try(struct srv_loop *lp, struct srv_req *r)
+{
+	struct stk_server *s = lp->srv;
+	struct stk_rpc_req req;
+	struct stk_rpc_resp resp;
+	int rc;
+
+	if (r->close || r->hdr.bulk_len || r->conn->closed || frame_check(r))
+		return 0;
+	r->checked = 1;
+	req_view(r, &req, &resp, lp->scratch);
+	rc = s->lops->handle(s->ctx, lp->lstate, &req, &resp, (struct stk_rpc_pending *)r);
+	if (rc == STK_RPC_TO_WORKER)
+		return 0;
+	stk_metric_add(s->loop_served, 1);
+	if (rc != STK_RPC_PENDING) {
+		seal(s, r, rc, &resp, lp->scratch);
+		loop_deliver(lp, r);
+	}
+	return 1;
+}
+
+/*
+ * The round's requests, offered to the loop-side handler first; those it leaves
+ * stay on the ready list for the workers. Answering one may read more frames
+ * (its connection's window reopens): they are offered too.
+ */
+static void loop_serve(struct srv_loop *lp)
+{
+	struct stk_server *s = lp->srv;
+	struct srv_req *todo, *keep_head = NULL, *keep_tail = NULL;
+	int took = 0;
+
+	while ((todo = lp->ready_head)) {
+		lp->ready_head = lp->ready_tail = NULL;
+		while (todo) {
+			struct srv_req *next = todo->next;
+
+			if (loop_try(lp, todo)) {
+				took = 1;
+			} else {
+				todo->next = NULL;
+				if (keep_tail)
+					keep_tail->next = todo;
+				else
+					keep_head = todo;
+				keep_tail = todo;
+			}
+			todo = next;
+		}
+	}
+	lp->ready_head = keep_head;
+	lp->ready_tail = keep_tail;
+	if (took && s->lops->flush)
+		s->lops->flush(s->ctx, lp->lstate);
+}
+
+struct stk_rpc_resp *stk_rpc_pending_resp(struct stk_rpc_pending *p)
+{
+	struct srv_req *r = (struct srv_req *)p;
+	struct srv_loop *lp = r->conn->lp;
+
+	memset(&lp->presp, 0, sizeof(lp->presp));
+	lp->presp.req_ = r;
+	stk_wbuf_init(&lp->presp.payload, lp->scratch, STK_MAX_PAYLOAD);
+	return &lp->presp;
+}
+
+void stk_rpc_pending_done(struct stk_rpc_pending *p, int rc)
+{
+	struct srv_req *r = (struct srv_req *)p;
+	struct srv_loop *lp = r->conn->lp;
+	struct stk_rpc_resp empty;
+
+	if (lp->presp.req_ != r) {
+		memset(&empty, 0, sizeof(empty));
+		seal(lp->srv, r, rc, &empty, lp->scratch);
+	} else {
+		seal(lp->srv, r, rc, &lp->presp, lp->scratch);
+	}
+	lp->presp.req_ = NULL;
+	loop_deliver(lp, r);
+}
+
 /* Replies from the workers: onto their connections' queues, and out. */
 static void loop_completions(struct srv_loop *lp)
 {
-	struct stk_server *s = lp->srv;
 	struct srv_conn *kicks;
 	struct srv_req *r;
 	uint64_t v;
@@ -1082,29 +1234,8 @@ static void loop_completions(struct srv_loop *lp)
 	}
 	while (r) {
 		struct srv_req *next = r->next;
-		struct srv_conn *c = r->conn;
 
-		if (c->closed) {
-			req_free(s, r);
-			conn_unref(c);
-		} else if (r->close) {
-			req_free(s, r);
-			atomic_fetch_sub(&c->refs, 1); /* the loop's own keeps it */
-			atomic_fetch_sub(&c->inflight, 1);
-			conn_close(c);
-		} else {
-			pthread_mutex_lock(&c->olock);
-			r->next = NULL;
-			if (c->out_tail)
-				c->out_tail->next = r;
-			else
-				c->out_head = r;
-			if (!c->out_tail)
-				c->out_wait_ns = stk_now_ns();
-			c->out_tail = r;
-			pthread_mutex_unlock(&c->olock);
-			conn_write(c);
-		}
+		loop_deliver(lp, r);
 		r = next;
 	}
 }
@@ -1232,7 +1363,7 @@ static void conn_accept(struct srv_loop *lp, int fd, const struct sockaddr_stora
 }
 
 /* Tags of the loop's own descriptors in epoll_event.data. */
-static char tag_listen, tag_stop, tag_wake;
+static char tag_listen, tag_stop, tag_wake, tag_ext;
 
 /*
  * The end of a round: the requests read whole in it go to the workers, but one.
@@ -1243,8 +1374,11 @@ static char tag_listen, tag_stop, tag_wake;
 static struct srv_req *loop_ready(struct srv_loop *lp)
 {
 	struct stk_server *s = lp->srv;
-	struct srv_req *mine = lp->ready_head, *r;
+	struct srv_req *mine, *r;
 
+	if (lp->lstate && lp->ready_head)
+		loop_serve(lp);
+	mine = lp->ready_head;
 	if (!mine)
 		return NULL;
 	r = mine->next;
@@ -1304,6 +1438,10 @@ static struct srv_req *loop_run(struct srv_loop *lp)
 			}
 			if (p == &tag_wake) {
 				loop_completions(lp);
+				continue;
+			}
+			if (p == &tag_ext) {
+				s->lops->event(s->ctx, lp->lstate);
 				continue;
 			}
 			c = p;
@@ -1389,6 +1527,32 @@ static void raise_nofile(void)
 	}
 }
 
+/*
+ * The service's loop-side state for lp. Without it (the service refused, or no
+ * memory) the loop hands every request to the workers, which serve them all.
+ */
+static void loop_attach(struct stk_server *s, struct srv_loop *lp, unsigned idx)
+{
+	struct epoll_event e = {.events = EPOLLIN, .data.ptr = &tag_ext};
+	void *state = NULL;
+	int fd = -1, rc;
+
+	lp->scratch = malloc(STK_MAX_PAYLOAD);
+	if (!lp->scratch)
+		return;
+	rc = s->lops->attach(s->ctx, idx, &state, &fd);
+	if (rc == 0 && fd >= 0 && epoll_ctl(lp->epfd, EPOLL_CTL_ADD, fd, &e) < 0)
+		rc = -errno;
+	if (rc) {
+		if (state)
+			s->lops->detach(s->ctx, state);
+		free(lp->scratch);
+		lp->scratch = NULL;
+		return;
+	}
+	lp->lstate = state;
+}
+
 static int loop_init(struct stk_server *s, struct srv_loop *lp)
 {
 	struct epoll_event e;
@@ -1410,6 +1574,8 @@ static int loop_init(struct stk_server *s, struct srv_loop *lp)
 	e.data.ptr = &tag_wake;
 	if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, lp->evfd, &e) < 0)
 		return -errno;
+	if (s->lops)
+		loop_attach(s, lp, (unsigned)(lp - s->loops));
 	return 0;
 }
 
@@ -1458,6 +1624,7 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->handler = opts->handler;
 	s->ctx = opts->ctx;
+	s->lops = opts->loop_ops;
 	s->metrics = opts->metrics;
 	s->max_conns = opts->max_conns ? opts->max_conns : 65536;
 	s->nloops = (unsigned)env_setting("STOKER_NET_LOOPS",
@@ -1475,6 +1642,7 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 		const char *v[1] = {"rpc"};
 
 		stk_metric_series(STK_M_PROCESS_LOOP_CALLBACK, v, &s->loop_busy);
+		stk_metric_series(STK_M_PROCESS_LOOP_REQUESTS, v, &s->loop_served);
 	}
 	pthread_mutex_init(&s->wlock, NULL);
 	pthread_cond_init(&s->widle, NULL);
@@ -1569,6 +1737,9 @@ void stk_server_destroy(struct stk_server *s)
 	for (unsigned i = 0; s->loops && i < s->nloops; i++) {
 		struct srv_loop *lp = &s->loops[i];
 
+		if (lp->lstate) /* its pending requests are answered (into the queues below) */
+			s->lops->detach(s->ctx, lp->lstate);
+		lp->lstate = NULL;
 		if (lp->epfd >= 0) {
 			loop_completions(lp);
 			while (lp->conns)
@@ -1586,6 +1757,7 @@ void stk_server_destroy(struct stk_server *s)
 		}
 		if (lp->evfd >= 0)
 			close(lp->evfd);
+		free(lp->scratch);
 		pthread_mutex_destroy(&lp->lock);
 	}
 	free(s->loops);

@@ -3,7 +3,8 @@
  * real clients, in one process. Pipelining and out-of-order replies, threads
  * sharing a connection, the per-connection window, the byte budget, a client that
  * stops reading, a malformed frame mid-stream, a flood on one connection, a broken
- * connection failing every waiting request, and the pool's sharing.
+ * connection failing every waiting request, the pool's sharing, and loop-side
+ * handlers (requests answered on the loop, at once or later).
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -21,7 +23,7 @@
 #include "../../src/proto/status.h"
 #include "check.h"
 
-enum { OP_ECHO = 1001, OP_SLEEP, OP_BLOCK, OP_BIG };
+enum { OP_ECHO = 1001, OP_SLEEP, OP_BLOCK, OP_BIG, OP_LECHO, OP_LDEFER, OP_LDROP };
 
 /* What the handler saw, for the tests to check. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -504,6 +506,184 @@ static void test_pool_shares(void)
 	srv_stop(&v);
 }
 
+
+/* ---- loop-side handlers ---- */
+
+/*
+ * A service that answers OP_LECHO on the loop at once, takes OP_LDEFER and OP_LDROP
+ * (pending), and leaves the rest to the workers. Its flush writes a byte into a
+ * pipe the loop watches; the event then answers every OP_LDEFER, last taken first
+ * (out of order), and value 13 with ENOENT. OP_LDROP is answered by detach alone.
+ */
+#define TL_MAX 256
+struct tloop {
+	int pipe[2];
+	struct stk_rpc_pending *pend[TL_MAX];
+	uint32_t val[TL_MAX];
+	int npend;
+	struct stk_rpc_pending *drop[TL_MAX];
+	int ndrop;
+};
+static atomic_int g_attached, g_detached, g_flushes, g_loop_handled;
+
+static int tl_attach(void *ctx, unsigned loop, void **state, int *fd)
+{
+	struct tloop *t = calloc(1, sizeof(*t));
+
+	if (!t || pipe2(t->pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
+		free(t);
+		return -ENOMEM;
+	}
+	*state = t;
+	*fd = t->pipe[0];
+	atomic_fetch_add(&g_attached, 1);
+	return 0;
+}
+
+static void tl_event(void *ctx, void *state)
+{
+	struct tloop *t = state;
+	char b[64];
+
+	while (read(t->pipe[0], b, sizeof(b)) > 0)
+		;
+	while (t->npend) {
+		int i = --t->npend;
+		struct stk_rpc_resp *resp;
+
+		if (t->val[i] == 13) {
+			stk_rpc_pending_done(t->pend[i], -ENOENT);
+			continue;
+		}
+		resp = stk_rpc_pending_resp(t->pend[i]);
+		stk_put_u32(&resp->payload, t->val[i] * 2);
+		stk_rpc_pending_done(t->pend[i], 0);
+	}
+}
+
+static int tl_handle(void *ctx, void *state, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
+		     struct stk_rpc_pending *p)
+{
+	struct tloop *t = state;
+
+	atomic_fetch_add(&g_loop_handled, 1);
+	switch (req->hdr.opcode) {
+	case OP_LECHO:
+		stk_put_bytes(&resp->payload, req->payload.p, req->payload.len);
+		return 0;
+	case OP_LDEFER:
+		if (t->npend == TL_MAX)
+			return STK_RPC_TO_WORKER;
+		t->val[t->npend] = stk_get_u32(&req->payload);
+		t->pend[t->npend++] = p;
+		return STK_RPC_PENDING;
+	case OP_LDROP:
+		if (t->ndrop == TL_MAX)
+			return STK_RPC_TO_WORKER;
+		t->drop[t->ndrop++] = p;
+		return STK_RPC_PENDING;
+	}
+	return STK_RPC_TO_WORKER;
+}
+
+static void tl_flush(void *ctx, void *state)
+{
+	struct tloop *t = state;
+
+	atomic_fetch_add(&g_flushes, 1);
+	if (t->npend && write(t->pipe[1], "x", 1) < 0) {
+		/* full: the loop will look anyway */
+	}
+}
+
+static void tl_detach(void *ctx, void *state)
+{
+	struct tloop *t = state;
+
+	while (t->npend)
+		stk_rpc_pending_done(t->pend[--t->npend], -ECANCELED);
+	while (t->ndrop)
+		stk_rpc_pending_done(t->drop[--t->ndrop], -ECANCELED);
+	close(t->pipe[0]);
+	close(t->pipe[1]);
+	free(t);
+	atomic_fetch_add(&g_detached, 1);
+}
+
+static const struct stk_server_loop_ops tl_ops = {
+	.attach = tl_attach,
+	.event = tl_event,
+	.handle = tl_handle,
+	.flush = tl_flush,
+	.detach = tl_detach,
+};
+
+/*
+ * Requests answered on the loop at once, later from the loop's own event (out of
+ * order, one with an error), and by workers, interleaved on one connection; one
+ * with bulk never offered to the loop; pending requests answered by detach when
+ * the server goes, with no leak and no hang.
+ */
+static void test_loop_handlers(void)
+{
+	struct stk_server_opts o = {.workers = 2, .loops = 2, .loop_ops = &tl_ops};
+	enum { N = 60 };
+	struct srv v;
+	struct stk_conn *c;
+	struct stk_rpc rpc[N], bulk_rpc, drop;
+	uint8_t req[N][4], resp[N][16], bresp[16], bulk[8] = "12345678";
+	uint16_t ops[3] = {OP_LDEFER, OP_LECHO, OP_ECHO};
+
+	atomic_store(&g_attached, 0);
+	atomic_store(&g_detached, 0);
+	atomic_store(&g_loop_handled, 0);
+	srv_start(&v, &o);
+	CHECK(atomic_load(&g_attached) == 2);
+	CHECK_RC(stk_conn_connect(stk_server_addr(v.s), 1000, &c), 0);
+	for (int round = 0; round < 3; round++) {
+		for (int i = 0; i < N; i++) {
+			struct stk_wbuf w;
+
+			stk_wbuf_init(&w, req[i], sizeof(req[i]));
+			stk_put_u32(&w, (uint32_t)i);
+			rpc[i] = (struct stk_rpc){.opcode = ops[i % 3], .req = req[i], .req_len = 4,
+						  .resp = resp[i], .resp_cap = sizeof(resp[i])};
+			CHECK_RC(stk_rpc_send(c, &rpc[i]), 0);
+		}
+		for (int i = N - 1; i >= 0; i--) {
+			struct stk_rbuf r;
+
+			CHECK_RC(stk_rpc_recv(c, &rpc[i]), 0);
+			if (rpc[i].opcode == OP_LDEFER && i == 13) {
+				CHECK(rpc[i].status == STK_ST_NOENT && rpc[i].resp_len == 0);
+				continue;
+			}
+			CHECK(rpc[i].status == STK_ST_OK && rpc[i].resp_len == 4);
+			stk_rbuf_init(&r, resp[i], rpc[i].resp_len);
+			CHECK(stk_get_u32(&r) == (rpc[i].opcode == OP_LDEFER ? 2u * i : (uint32_t)i));
+		}
+	}
+	/* every OP_LDEFER and OP_LECHO was offered, and each OP_ECHO too (then left) */
+	CHECK(atomic_load(&g_loop_handled) == 3 * N);
+	CHECK(atomic_load(&g_flushes) > 0);
+	/* a request with bulk goes straight to a worker (which knows no OP_LECHO) */
+	bulk_rpc = (struct stk_rpc){.opcode = OP_LECHO, .req = req[0], .req_len = 4,
+				    .bulk_out = bulk, .bulk_out_len = sizeof(bulk), .resp = bresp,
+				    .resp_cap = sizeof(bresp)};
+	CHECK_RC(stk_rpc_call(c, &bulk_rpc), -ENOSYS);
+	CHECK(atomic_load(&g_loop_handled) == 3 * N);
+	/* pending when the server goes: detach answers it */
+	drop = (struct stk_rpc){.opcode = OP_LDROP, .req = req[0], .req_len = 4, .resp = bresp,
+				.resp_cap = sizeof(bresp)};
+	CHECK_RC(stk_rpc_send(c, &drop), 0);
+	while (atomic_load(&g_loop_handled) == 3 * N)
+		usleep(1000);
+	srv_stop(&v);
+	CHECK(atomic_load(&g_detached) == 2);
+	CHECK(stk_rpc_recv(c, &drop) != 0 || drop.status == stk_status_from_errno(-ECANCELED));
+	stk_conn_close(c);
+}
+
 int main(void)
 {
 	CHECK_RUN(test_pipeline_out_of_order);
@@ -515,5 +695,6 @@ int main(void)
 	CHECK_RUN(test_flood);
 	CHECK_RUN(test_broken_fails_every_waiting_request);
 	CHECK_RUN(test_pool_shares);
+	CHECK_RUN(test_loop_handlers);
 	return check_done();
 }
