@@ -202,6 +202,9 @@
 	  "When the process started, in seconds since the Unix epoch.")                            \
 	X(PROCESS_LOOP_CALLBACK, HISTOGRAM, "stoker_process_loop_callback_seconds", "loop",        \
 	  "Time one callback held an event-loop thread (what that loop's next iteration waited).") \
+	X(PROCESS_LOOP_REQUESTS, COUNTER, "stoker_process_loop_requests_total", "loop",           \
+	  "Requests an event loop answered itself, without a worker thread (storage: reads of "    \
+	  "open chunks, through io_uring).")                                                       \
 	/* ---- the host's network (/proc/net/snmp, /proc/net/netstat) ---- */                     \
 	X(HOST_TCP_RETRANS, COUNTER, "stoker_host_tcp_retransmitted_segments_total", "",           \
 	  "TCP segments the host retransmitted (Tcp RetransSegs).")                                \

@@ -34,6 +34,7 @@
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "aio.h"
 #include "chunk.h"
 #include "metrics.h"
 
@@ -84,35 +85,45 @@ static struct stk_chunk_store *local_target(struct storage *s, uint32_t target_i
 }
 
 /*
- * Finds the target that serves chain_id here. With check_ver, the client's chain
- * version must match ours. 0 or -ESTALE.
+ * One look at our routing table for the target that serves chain_id here (with
+ * check_ver, the client's chain version must match ours). 0, -ESTALE (the client
+ * is behind) or -EAGAIN (our table may be the one behind: refresh and look again).
  */
+static int route_look(struct storage *s, uint32_t chain_id, int check_ver, uint32_t chain_ver,
+		      struct stk_chunk_store **out)
+{
+	struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
+	const struct stk_rt_chain *c = stk_routing_chain(&ref->rt, chain_id);
+	struct stk_chunk_store *cs = NULL;
+	int ours_behind;
+
+	if (!c || c->ntargets == 0) {
+		ours_behind = 1;
+	} else if (check_ver && c->version != chain_ver) {
+		ours_behind = chain_ver > c->version;
+	} else {
+		cs = local_target(s, c->targets[0]);
+		ours_behind = !cs;
+	}
+	stk_agent_routing_put(s->agent, ref);
+	if (cs) {
+		*out = cs;
+		return 0;
+	}
+	return ours_behind ? -EAGAIN : -ESTALE;
+}
+
+/* route_look, refreshing our table once where it may be behind (blocks). 0 or -ESTALE. */
 static int route(struct storage *s, uint32_t chain_id, int check_ver, uint32_t chain_ver,
 		 struct stk_chunk_store **out)
 {
-	for (int attempt = 0;; attempt++) {
-		struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
-		const struct stk_rt_chain *c = stk_routing_chain(&ref->rt, chain_id);
-		struct stk_chunk_store *cs = NULL;
-		int ours_behind;
+	int rc = route_look(s, chain_id, check_ver, chain_ver, out);
 
-		if (!c || c->ntargets == 0) {
-			ours_behind = 1;
-		} else if (check_ver && c->version != chain_ver) {
-			ours_behind = chain_ver > c->version;
-		} else {
-			cs = local_target(s, c->targets[0]);
-			ours_behind = !cs;
-		}
-		stk_agent_routing_put(s->agent, ref);
-		if (cs) {
-			*out = cs;
-			return 0;
-		}
-		if (!ours_behind || attempt > 0)
-			return -ESTALE;
-		stk_agent_routing_refresh(s->agent);
-	}
+	if (rc != -EAGAIN)
+		return rc;
+	stk_agent_routing_refresh(s->agent);
+	rc = route_look(s, chain_id, check_ver, chain_ver, out);
+	return rc == -EAGAIN ? -ESTALE : rc;
 }
 
 /* Block checksums of one request or reply: at most a 64 MiB chunk's worth. */
@@ -354,6 +365,198 @@ static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_res
 	return rc;
 }
 
+/* ---- reads on the event loops ---- */
+
+/*
+ * A read of a chunk whose file is open (stk_chunk_read_begin) is served on the
+ * event loop that read the request: its bytes are read through the loop's io_uring
+ * (aio.h) straight into the reply's buffer, checked when they arrive, and the reply
+ * leaves from the loop, so the request never waits for a worker. Anything that
+ * might block goes to the workers as before (net.h, STK_RPC_TO_WORKER): a chunk
+ * not open yet (opening it reads the disk), a routing table that may need
+ * fetching, reads over LOOP_READ_MAX (their checksums would hold the loop long),
+ * and all writes, truncates and syncs. STOKER_LOOP_READS=0 turns it off.
+ *
+ * Memory: LOOP_READS slots per loop of about 9 KiB each (the partial first and
+ * last blocks of a read are read into the slot), made when the loop starts.
+ */
+#define LOOP_READS 256u
+#define LOOP_READ_MAX (256u << 10)
+
+struct loop_read {
+	struct loop_read *next; /* free list */
+	struct storage_loop *sl;
+	struct stk_rpc_pending *p;
+	struct stk_chunk_store *cs;
+	const char *peer;
+	uint32_t req_bytes;
+	uint64_t t0;
+	void *buf;
+	struct stk_chunk_aread ar;
+	uint32_t crcs[LOOP_READ_MAX / STK_CRC_BLOCK];
+};
+
+struct storage_loop {
+	struct storage *s;
+	struct stk_aio *aio;
+	struct loop_read *free;
+	struct loop_read reads[LOOP_READS];
+};
+
+/* Counts a request answered on a loop per client, as storage_handle does. */
+static void loop_count(struct storage *s, const char *peer, uint32_t req_bytes, int rc,
+		       const struct stk_rpc_resp *resp)
+{
+	stk_metrics_ops_client(s->rpc_metrics, peer, req_bytes,
+			       STK_FRAME_HDR_LEN +
+				   (rc || !resp ? 0 : (uint64_t)resp->payload.len + resp->bulk_len));
+}
+
+/* Encodes a read's reply: n bytes at buf, their block checksums crcs. */
+static int read_reply(struct stk_rpc_resp *resp, void *buf, long n, const uint32_t *crcs)
+{
+	struct stk_msg_stor_read_resp rp;
+
+	rp.ncrcs = stk_crc_blocks((uint64_t)n);
+	stk_msg_stor_read_resp_enc(&resp->payload, &rp);
+	for (uint32_t i = 0; i < rp.ncrcs; i++)
+		stk_put_u32(&resp->payload, crcs[i]);
+	resp->bulk = buf;
+	resp->bulk_len = (uint32_t)n;
+	resp->frame_flags = STK_FRAME_BULK_SELF;
+	return resp->payload.err;
+}
+
+/* The read's bytes arrived (got), or its error: checked, answered, slot freed. */
+static void loop_read_done(void *arg, long got)
+{
+	struct loop_read *lr = arg;
+	struct storage_loop *sl = lr->sl;
+	struct stk_rpc_resp *resp = NULL;
+	long n = stk_chunk_read_end(lr->cs, &lr->ar, got, lr->crcs);
+	int rc = n < 0 ? (int)n : 0;
+
+	stk_storage_metrics_end(sl->s->metrics, lr->cs, STK_TARGET_READ, lr->t0, n,
+				n > 0 ? (uint64_t)n : 0);
+	if (rc == 0) {
+		resp = stk_rpc_pending_resp(lr->p);
+		rc = read_reply(resp, lr->buf, n, lr->crcs);
+	}
+	loop_count(sl->s, lr->peer, lr->req_bytes, rc, resp);
+	stk_rpc_pending_done(lr->p, rc);
+	lr->next = sl->free;
+	sl->free = lr;
+}
+
+static int loop_read(struct storage_loop *sl, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
+		     struct stk_rpc_pending *p)
+{
+	struct storage *s = sl->s;
+	struct stk_msg_stor_read_req rq;
+	struct loop_read *lr = sl->free;
+	struct stk_chunk_store *cs;
+	void *buf;
+	int rc;
+
+	if (stk_msg_stor_read_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return STK_RPC_TO_WORKER; /* the worker answers it as it would any other */
+	if (!lr || rq.length > LOOP_READ_MAX || rq.length == 0)
+		return STK_RPC_TO_WORKER;
+	if (route_look(s, rq.chain_id, 1, rq.chain_ver, &cs))
+		return STK_RPC_TO_WORKER; /* a refresh, or the reply that says the client must */
+	buf = stk_rpc_resp_bulk_buf(resp, rq.length);
+	if (!buf)
+		return STK_RPC_TO_WORKER;
+	rc = stk_chunk_read_begin(cs, rq.ino, rq.chunk_idx, rq.offset, buf, rq.length, &lr->ar);
+	if (rc < 0)
+		return STK_RPC_TO_WORKER; /* not open here, or an error the worker reports */
+	lr->t0 = stk_storage_metrics_begin(s->metrics, cs);
+	if (rc == 0) { /* at or past the chunk's end */
+		stk_storage_metrics_end(s->metrics, cs, STK_TARGET_READ, lr->t0, 0, 0);
+		rc = read_reply(resp, buf, 0, NULL);
+		loop_count(s, req->peer, STK_FRAME_HDR_LEN + req->hdr.payload_len, rc, resp);
+		return rc;
+	}
+	lr->p = p;
+	lr->cs = cs;
+	lr->buf = buf;
+	lr->peer = req->peer;
+	lr->req_bytes = STK_FRAME_HDR_LEN + req->hdr.payload_len;
+	if (stk_aio_readv(sl->aio, lr->ar.fd, lr->ar.iov, lr->ar.niov, lr->ar.file_off,
+			  loop_read_done, lr)) {
+		stk_chunk_read_cancel(cs, &lr->ar);
+		stk_storage_metrics_end(s->metrics, cs, STK_TARGET_READ, lr->t0, -EAGAIN, 0);
+		return STK_RPC_TO_WORKER;
+	}
+	sl->free = lr->next;
+	return STK_RPC_PENDING;
+}
+
+static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
+		       struct stk_rpc_pending *p)
+{
+	if (req->hdr.opcode == STK_OP_STOR_READ)
+		return loop_read(state, req, resp, p);
+	return STK_RPC_TO_WORKER;
+}
+
+static int loop_attach(void *ctx, unsigned loop, void **state, int *fd)
+{
+	struct storage_loop *sl = calloc(1, sizeof(*sl));
+	int rc;
+
+	if (!sl)
+		return -ENOMEM;
+	sl->s = ctx;
+	rc = stk_aio_create(LOOP_READS, &sl->aio, fd);
+	if (rc) {
+		static int told;
+		if (!told++)
+			stk_warn("io_uring is not available (%s): reads are served by the "
+				 "worker threads",
+				 strerror(-rc));
+		free(sl);
+		return rc;
+	}
+	for (unsigned i = 0; i < LOOP_READS; i++) {
+		sl->reads[i].sl = sl;
+		sl->reads[i].next = sl->free;
+		sl->free = &sl->reads[i];
+	}
+	*state = sl;
+	return 0;
+}
+
+static void loop_event(void *ctx, void *state)
+{
+	struct storage_loop *sl = state;
+
+	stk_aio_reap(sl->aio);
+}
+
+static void loop_flush(void *ctx, void *state)
+{
+	struct storage_loop *sl = state;
+
+	stk_aio_submit(sl->aio);
+}
+
+static void loop_detach(void *ctx, void *state)
+{
+	struct storage_loop *sl = state;
+
+	stk_aio_destroy(sl->aio); /* every read in flight is answered */
+	free(sl);
+}
+
+static const struct stk_server_loop_ops storage_loop_ops = {
+	.attach = loop_attach,
+	.event = loop_event,
+	.handle = loop_handle,
+	.flush = loop_flush,
+	.detach = loop_detach,
+};
+
 /* ---- startup ---- */
 
 /* Reads data_dir/node.id; *id stays 0 if there is none. */
@@ -434,6 +637,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 {
 	struct stk_agent_opts ao;
 	struct stk_server_opts so;
+	const char *loop_reads;
 	struct stk_server *srv = NULL;
 	struct stk_metrics_http *mh = NULL;
 	struct stk_metrics_ops *rpcm = NULL;
@@ -488,6 +692,9 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	so.size = sizeof(so);
 	so.listen = opts->listen;
 	so.handler = storage_handle;
+	loop_reads = getenv("STOKER_LOOP_READS");
+	if (!loop_reads || strcmp(loop_reads, "0") != 0)
+		so.loop_ops = &storage_loop_ops;
 	so.ctx = s;
 	so.metrics = rpcm;
 	/* Chunk reads and writes block on the disk: this many run at once. */
