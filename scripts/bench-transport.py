@@ -2,9 +2,12 @@
 """What the transport costs: CPU per request, threads and memory per connection.
 
     STOKER_BEFORE=/path/to/base/build/stoker /usr/bin/python3 scripts/bench-transport.py [ROUNDS]
+    BUILDS="a=/path/stoker,b=/other/stoker" /usr/bin/python3 scripts/bench-transport.py \
+        --bench-only [ROUNDS]
 
 For each round and each build (the one before the change, if STOKER_BEFORE names
-it, and this tree's build/stoker), in turn, a fresh one-machine cluster:
+it, and this tree's build/stoker; or those BUILDS names, in its order), in turn, a
+fresh one-machine cluster:
 
   - a fixed libstoker workload, `stoker bench --threads 4 --size 256M --files 500
     --rand-ops 40000` with short-circuit reads off (every read crosses the
@@ -16,9 +19,12 @@ it, and this tree's build/stoker), in turn, a fresh one-machine cluster:
     The requests name a chain the node does not have, so each is answered from the
     routing check: this is the transport's own cost per request.
 
-Prints a markdown table per part with every round, then the medians. Needs the
-tree built (`make`); as root for the connection counts (open-file limits).
+Prints a markdown table per part with every round, then the medians, and the
+median of each `stoker bench` item per build. --bench-only skips the connection
+counts. Needs the tree built (`make`); as root for the connection counts
+(open-file limits).
 """
+import json
 import os
 import resource
 import shutil
@@ -68,14 +74,20 @@ def pids(data):
 
 
 class Cluster:
+    """A fresh cluster on ports of its own: the next one does not wait for the last
+    one's ports to be free again."""
+    started = 0
+
     def __init__(self, binary):
         self.bin = binary
+        self.port = PORT + 40 * (Cluster.started % 8)
+        Cluster.started += 1
         self.data = tempfile.mkdtemp(prefix="stk-bench-transport-", dir="/var/tmp")
-        self.env = dict(os.environ, STOKER_CLUSTER="stk://127.0.0.1:%d" % PORT,
+        self.env = dict(os.environ, STOKER_CLUSTER="stk://127.0.0.1:%d" % self.port,
                         STOKER_SHORT_CIRCUIT="0")
 
     def __enter__(self):
-        subprocess.run([self.bin, "up", "--data", self.data, "--daemon", "--port", str(PORT)],
+        subprocess.run([self.bin, "up", "--data", self.data, "--daemon", "--port", str(self.port)],
                        check=True, capture_output=True, timeout=120)
         self.pids = pids(self.data)
         return self
@@ -90,14 +102,16 @@ def workload(c):
     before = {r: cpu_s(p) for r, p in c.pids.items()}
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.time()
-    subprocess.run([c.bin, "bench", "--threads", "4", "--size", "256M", "--files", "500",
-                    "--rand-ops", "40000", "--json"], env=c.env, check=True,
-                   capture_output=True, timeout=900)
+    p = subprocess.run([c.bin, "bench", "--threads", "4", "--size", "256M", "--files", "500",
+                        "--rand-ops", "40000", "--json"], env=c.env, check=True,
+                       capture_output=True, timeout=900)
     wall = time.time() - t0
+    items = {r["name"]: r["value"] for r in json.loads(p.stdout)["results"]}
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     client = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     d = {r: cpu_s(p) - before[r] for r, p in c.pids.items()}
-    return {"storage": d["storage"], "meta": d["meta"], "client": client, "wall": wall}
+    return {"storage": d["storage"], "meta": d["meta"], "client": client, "wall": wall,
+            "items": items}
 
 
 def connscale(c, n, seconds=8):
@@ -114,7 +128,7 @@ def connscale(c, n, seconds=8):
     t = threading.Thread(target=sample)
     t.start()
     c0 = cpu_s(pid)
-    p = subprocess.run([CONNSCALE, "127.0.0.1:%d" % (PORT + 2), str(n), str(seconds)],
+    p = subprocess.run([CONNSCALE, "127.0.0.1:%d" % (c.port + 2), str(n), str(seconds)],
                        capture_output=True, timeout=300)
     used = cpu_s(pid) - c0
     stop.set()
@@ -128,8 +142,13 @@ def connscale(c, n, seconds=8):
 
 
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    builds = ([("before", BEFORE)] if BEFORE else []) + [("after", AFTER)]
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    bench_only = "--bench-only" in sys.argv[1:]
+    rounds = int(args[0]) if args else 3
+    if os.environ.get("BUILDS"):
+        builds = [tuple(b.split("=", 1)) for b in os.environ["BUILDS"].split(",")]
+    else:
+        builds = ([("before", BEFORE)] if BEFORE else []) + [("after", AFTER)]
     work = {b: [] for b, _ in builds}
     scale = {(b, n): [] for b, _ in builds for n in (10, 1000, 10000)}
     for r in range(rounds):
@@ -139,7 +158,7 @@ def main():
                 work[name].append(w)
                 print("round %d %s: bench cpu storage %.2f s meta %.2f s client %.2f s, %.1f s" %
                       (r + 1, name, w["storage"], w["meta"], w["client"], w["wall"]), flush=True)
-                for n in (10, 1000, 10000):
+                for n in () if bench_only else (10, 1000, 10000):
                     s = connscale(c, n)
                     scale[(name, n)].append(s)
                     print("round %d %s: %d conns: %s" % (r + 1, name, n, s), flush=True)
@@ -150,6 +169,14 @@ def main():
              for k in ("storage", "meta", "client", "wall")}
         print("| %s | %.2f | %.2f | %.2f | %.1f |" % (name, m["storage"], m["meta"], m["client"],
                                                       m["wall"]))
+    names = list(work[builds[0][0]][0]["items"])
+    print("\n| `stoker bench` item | " + " | ".join(n for n, _ in builds) + " |")
+    print("|---|" + "---:|" * len(builds))
+    for item in names:
+        print("| %s | %s |" % (item, " | ".join(
+            "%.0f" % statistics.median(w["items"][item] for w in work[n]) for n, _ in builds)))
+    if bench_only:
+        return
     print("\n| build | connections | answered | replies/s | storage CPU per reply (µs) | "
           "threads | RSS (MiB) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
