@@ -204,7 +204,7 @@
 	  "Time one callback held an event-loop thread (what that loop's next iteration waited).") \
 	X(PROCESS_LOOP_REQUESTS, COUNTER, "stoker_process_loop_requests_total", "loop",           \
 	  "Requests an event loop answered itself, without a worker thread (storage: reads of "    \
-	  "open chunks, through io_uring).")                                                       \
+	  "open chunks, through io_uring; meta: lookups and attributes).")                         \
 	/* ---- the host's network (/proc/net/snmp, /proc/net/netstat) ---- */                     \
 	X(HOST_TCP_RETRANS, COUNTER, "stoker_host_tcp_retransmitted_segments_total", "",           \
 	  "TCP segments the host retransmitted (Tcp RetransSegs).")                                \

@@ -689,6 +689,23 @@ out:
 	return rc;
 }
 
+int stk_meta_leases_delegated_elsewhere(struct stk_meta_leases *l, uint32_t requester,
+					const uint64_t *inos, size_t n)
+{
+	int found = 0;
+
+	if (__atomic_load_n(&l->ndelegs, __ATOMIC_ACQUIRE) == 0)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	for (size_t i = 0; !found && l->ndelegs && i < n; i++) {
+		struct deleg *d = *deleg_slot(l, inos[i]);
+
+		found = d && d->holder != requester;
+	}
+	pthread_mutex_unlock(&l->mu);
+	return found;
+}
+
 int stk_meta_leases_recall(struct stk_meta_leases *l, uint32_t requester, const uint64_t *inos,
 			   size_t n)
 {

@@ -110,6 +110,14 @@ void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const u
 int stk_meta_leases_delegate(struct stk_meta_leases *l, uint32_t holder, uint64_t ino);
 
 /*
+ * Would stk_meta_leases_recall(l, requester, inos, n) wait for anyone? 1 if one of
+ * inos is delegated to a holder other than requester, else 0. Takes the lock only
+ * while some folder is delegated somewhere; never waits otherwise.
+ */
+int stk_meta_leases_delegated_elsewhere(struct stk_meta_leases *l, uint32_t requester,
+					const uint64_t *inos, size_t n);
+
+/*
  * Before a read of inos[0..n) for requester (a holder, or 0 for a client without a
  * watch): each one delegated to another holder is recalled (the delegation goes,
  * the ino is queued for that holder), and this returns once each such holder has

@@ -141,8 +141,20 @@ static void changed_late(struct meta *m, const struct stk_rpc_req *req, uint64_t
  * caller reads again what it read before such a recall. Costs nothing while no
  * folder is delegated.
  */
+/*
+ * Set while a handler runs on an event loop (meta_loop_handle): a recall there
+ * would wait for a holder's acknowledgement, so it only notes that one is needed
+ * (on_loop_blocked) and the request goes to a worker, which starts it afresh.
+ */
+static __thread int on_loop, on_loop_blocked;
+
 static int recall(struct meta *m, const struct stk_rpc_req *req, const uint64_t *inos, size_t n)
 {
+	if (on_loop) {
+		if (stk_meta_leases_delegated_elsewhere(m->leases, req->hdr.origin, inos, n))
+			on_loop_blocked = 1;
+		return 0;
+	}
 	return stk_meta_leases_recall(m->leases, req->hdr.origin, inos, n);
 }
 
@@ -1381,7 +1393,18 @@ static const meta_op_fn meta_ops[] = {
 };
 /* clang-format on */
 
-static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+/* Counts an answered request per client. Sizes as net.c counts them: a failed
+ * request is answered with a bare header. */
+static void meta_count(struct meta *m, const struct stk_rpc_req *req,
+		       const struct stk_rpc_resp *resp, int rc)
+{
+	stk_metrics_ops_client(m->rpc_metrics, req->peer,
+			       STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len,
+			       STK_FRAME_HDR_LEN +
+				   (rc ? 0 : (uint64_t)resp->payload.len + resp->bulk_len));
+}
+
+static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	uint16_t opcode = req->hdr.opcode;
 	int rc;
@@ -1393,13 +1416,71 @@ static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *
 	}
 	rc = meta_ops[opcode](ctx, req, resp);
 	stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, rc ? strerror(-rc) : "ok");
-	/* Sizes as net.c counts them: a failed request is answered with a bare header. */
-	stk_metrics_ops_client(((struct meta *)ctx)->rpc_metrics, req->peer,
-			       STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len,
-			       STK_FRAME_HDR_LEN +
-				   (rc ? 0 : (uint64_t)resp->payload.len + resp->bulk_len));
 	return rc;
 }
+
+static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	int rc = meta_run(ctx, req, resp);
+
+	meta_count(ctx, req, resp, rc);
+	return rc;
+}
+
+/*
+ * Reads answered on the event loop that read them (net.h, stk_server_loop_ops):
+ * lookups, attributes, links and xattrs read the store (an LMDB read transaction,
+ * which never waits for a writer) and answer at once, with no hand-off to a worker.
+ * What would wait goes to a worker as before: a read of a folder delegated to
+ * another client (the recall waits for that client), and every change (a write
+ * transaction, and the acknowledgements of the leases it revokes). The store's map
+ * is expected to be in memory: a loop that faults a page of it in waits for the
+ * disk meanwhile. STOKER_LOOP_READS=0 turns this off.
+ */
+static int meta_loop_handle(void *ctx, void *state, struct stk_rpc_req *req,
+			    struct stk_rpc_resp *resp, struct stk_rpc_pending *p)
+{
+	uint16_t opcode = req->hdr.opcode;
+	int rc;
+
+	switch (opcode) {
+	case STK_OP_META_LOOKUP:
+	case STK_OP_META_LOOKUP_CACHE:
+	case STK_OP_META_GETATTR:
+	case STK_OP_META_GETATTRS:
+	case STK_OP_META_READLINK:
+	case STK_OP_META_GETXATTR:
+	case STK_OP_META_LISTXATTR:
+		break;
+	default:
+		return STK_RPC_TO_WORKER;
+	}
+	on_loop = 1;
+	on_loop_blocked = 0;
+	rc = meta_run(ctx, req, resp);
+	on_loop = 0;
+	if (on_loop_blocked)
+		return STK_RPC_TO_WORKER;
+	meta_count(ctx, req, resp, rc);
+	return rc;
+}
+
+static int meta_loop_attach(void *ctx, unsigned loop, void **state, int *fd)
+{
+	*state = ctx; /* nothing of its own: the store and the leases are shared */
+	*fd = -1;
+	return 0;
+}
+
+static void meta_loop_detach(void *ctx, void *state)
+{
+}
+
+static const struct stk_server_loop_ops meta_loop_ops = {
+	.attach = meta_loop_attach,
+	.handle = meta_loop_handle,
+	.detach = meta_loop_detach,
+};
 
 /* ---- the daemon ---- */
 
@@ -1472,6 +1553,8 @@ static int server_open(struct meta *m, const char *listen, struct stk_server **o
 	so.size = sizeof(so);
 	so.listen = listen;
 	so.handler = meta_handle;
+	if (!getenv("STOKER_LOOP_READS") || strcmp(getenv("STOKER_LOOP_READS"), "0") != 0)
+		so.loop_ops = &meta_loop_ops;
 	so.ctx = m;
 	so.metrics = m->rpc_metrics;
 	/*

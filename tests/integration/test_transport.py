@@ -85,11 +85,13 @@ def test_ten_thousand_connections_to_one_storage_node(cluster, tmp_path):
     assert cluster.cli("cat", "/data.bin").stdout == src.read_bytes()
 
 
-def loop_requests(cluster):
-    """stoker_process_loop_requests_total of the storage node: requests its event
-    loops answered themselves (reads of open chunks, through io_uring)."""
+def loop_requests(cluster, role="storage"):
+    """stoker_process_loop_requests_total of a daemon: requests its event loops
+    answered themselves (storage: reads of open chunks, through io_uring; meta:
+    lookups and attributes)."""
     import urllib.request
-    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (cluster.port + 12),
+    port = cluster.port + {"meta": 11, "storage": 12}[role]
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port,
                                 timeout=10) as r:
         for line in r.read().decode().splitlines():
             if line.startswith("stoker_process_loop_requests_total"):
@@ -118,10 +120,14 @@ def read_small_files(cluster, tmp_path, n=24):
 
 def test_reads_of_open_chunks_are_answered_on_the_loop(cluster, tmp_path):
     """A read of a chunk the storage node keeps open is answered by the event loop
-    that read it (io_uring, no worker): byte-exact, and counted."""
+    that read it (io_uring, no worker): byte-exact, and counted. So are the
+    lookups of the names on meta."""
     before = loop_requests(cluster)
+    meta_before = loop_requests(cluster, "meta")
     read_small_files(cluster, tmp_path)
     served = loop_requests(cluster) - before
+    # each `stoker cat` looks its path up: 72 of them
+    assert loop_requests(cluster, "meta") - meta_before >= 72
     # the second and third passes: every read of a chunk already open (48), give or
     # take those a worker took because the loop's slots were busy
     assert served >= 24, served
@@ -134,3 +140,4 @@ def test_reads_without_loop_reads_still_right(make_cluster, tmp_path, monkeypatc
     monkeypatch.delenv("STOKER_LOOP_READS")
     read_small_files(c, tmp_path)
     assert loop_requests(c) == 0
+    assert loop_requests(c, "meta") == 0

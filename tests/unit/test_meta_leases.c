@@ -128,6 +128,11 @@ static void test_delegations(struct stk_meta_leases *l)
 	CHECK(stk_meta_leases_delegate(l, 12345, 101) == 0);
 	stk_meta_leases_stats(l, &st);
 	CHECK(st.delegations == 1);
+	/* which reads would wait for a recall (an event loop asks before it reads) */
+	CHECK(stk_meta_leases_delegated_elsewhere(l, d.holder, &(uint64_t){100}, 1) == 1);
+	CHECK(stk_meta_leases_delegated_elsewhere(l, 0, (uint64_t[]){7, 100}, 2) == 1);
+	CHECK(stk_meta_leases_delegated_elsewhere(l, c.holder, &(uint64_t){100}, 1) == 0);
+	CHECK(stk_meta_leases_delegated_elsewhere(l, d.holder, &(uint64_t){101}, 1) == 0);
 	/* no one else gets a lease on it; its holder does */
 	CHECK(stk_meta_leases_grant(l, d.holder, 100) == 0);
 	CHECK(stk_meta_leases_grant(l, c.holder, 100) == 1);
