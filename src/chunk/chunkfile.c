@@ -1165,6 +1165,14 @@ void stk_chunk_store_close(struct stk_chunk_store *cs)
 	free(cs);
 }
 
+void stk_chunk_store_after_fork(struct stk_chunk_store *cs)
+{
+	if (!cs || !cs->fdc_ok)
+		return;
+	for (unsigned i = 0; i < FDC_LOCKS; i++)
+		pthread_mutex_init(&cs->fdc_locks[i], NULL);
+}
+
 const char *stk_chunk_store_path(const struct stk_chunk_store *cs)
 {
 	return cs->dir;

@@ -63,6 +63,13 @@ int stk_chunk_store_open_reader(const char *dir, uint32_t expect_id,
 
 /* Closes the store; no call on it may be in progress. */
 void stk_chunk_store_close(struct stk_chunk_store *cs);
+/*
+ * In a child after fork(), before any other call on cs there: the cache's locks are
+ * made anew (a parent thread may have held one at the fork, and would never release
+ * it here). Entries a parent thread was reading stay referenced (never freed in the
+ * child). Only the forking thread exists then, so this is safe.
+ */
+void stk_chunk_store_after_fork(struct stk_chunk_store *cs);
 
 /* The folder's absolute path. Valid until close. */
 const char *stk_chunk_store_path(const struct stk_chunk_store *cs);

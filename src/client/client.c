@@ -214,6 +214,8 @@ void stk_after_fork(stk_client *c)
 	stk_pool_after_fork(c->pool);
 	pthread_rwlock_init(&c->rt_lock, NULL);
 	pthread_mutex_init(&c->local_lock, NULL);
+	for (unsigned i = 0; i < c->nlocals; i++)
+		stk_chunk_store_after_fork(c->locals[i].cs);
 	stk_session_after_fork(c);
 	stk_reaper_after_fork(c);
 	stk_behind_after_fork(c);
