@@ -1,4 +1,9 @@
-/* Signal handling for daemons: a stop flag and a pipe to wake sleepers. */
+/*
+ * What the daemons share. Signal handling: a stop flag and a pipe to wake sleepers.
+ * stk_daemon_run(): the start-up and teardown around a daemon's RPC server, in one
+ * order for all of them (daemon.h): /metrics, the server, the daemon's start hook,
+ * serving; then the same steps undone backwards.
+ */
 #include "daemon.h"
 
 #include <errno.h>
@@ -8,8 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../net/net.h"
 #include "../common/log.h"
+#include "../common/metrics.h"
+#include "../net/net.h"
+#include "metrics_http.h"
 
 static volatile sig_atomic_t g_stopping;
 static struct stk_server *volatile g_server;
@@ -74,4 +81,102 @@ int stk_daemon_sleep_ms(unsigned ms)
 	}
 	poll(&pfd, 1, (int)ms);
 	return g_stopping;
+}
+
+/* ---- the start-up skeleton ---- */
+
+struct stk_daemon {
+	struct stk_server *server;     /* NULL until created */
+	struct stk_metrics_http *http; /* NULL without metrics */
+	struct stk_metrics_ops *rpc;   /* NULL without metrics */
+};
+
+const char *stk_daemon_addr(const struct stk_daemon *d)
+{
+	return stk_server_addr(d->server);
+}
+
+const char *stk_daemon_metrics_addr(const struct stk_daemon *d)
+{
+	return d->http ? stk_metrics_http_addr(d->http) : NULL;
+}
+
+struct stk_metrics_ops *stk_daemon_rpc_metrics(const struct stk_daemon *d)
+{
+	return d->rpc;
+}
+
+/* /metrics, the RPC counts, then the daemon's own series; *hooked once its hook ran. */
+static int metrics_start(const struct stk_daemon_spec *sp, struct stk_daemon *d, int *hooked)
+{
+	int rc;
+
+	rc = stk_metrics_http_start(sp->metrics_listen, sp->role, &d->http);
+	if (!rc)
+		rc = stk_metrics_rpc_create(sp->rpc_lo, sp->rpc_hi, &d->rpc);
+	if (!rc && sp->metrics) {
+		*hooked = 1;
+		rc = sp->metrics(sp->ctx, d);
+	}
+	if (rc)
+		stk_error("cannot serve metrics on %s: %s", sp->metrics_listen, strerror(-rc));
+	return rc;
+}
+
+static void log_listen_error(const char *addr, int rc)
+{
+	if (rc == -EADDRINUSE)
+		stk_error("cannot listen on %s: address already in use", addr);
+	else
+		stk_error("cannot listen on %s: %s", addr, strerror(-rc));
+}
+
+int stk_daemon_run(const struct stk_daemon_spec *spec)
+{
+	struct stk_daemon d = {0};
+	struct stk_server_opts so;
+	int metrics_hooked = 0, started = 0, rc;
+
+	if (!spec || spec->size < sizeof(*spec) || !spec->role || !spec->server)
+		return -EINVAL;
+	if (spec->metrics_listen) {
+		rc = metrics_start(spec, &d, &metrics_hooked);
+		if (rc)
+			goto out;
+	}
+	so = *spec->server;
+	so.metrics = d.rpc;
+	rc = stk_server_create(&so, &d.server);
+	if (rc) {
+		log_listen_error(so.listen, rc);
+		d.server = NULL;
+		goto out;
+	}
+	/* From here a stop signal stops the server too, also one that comes while start runs. */
+	stk_daemon_set_server(d.server);
+	if (spec->start) {
+		started = 1;
+		rc = spec->start(spec->ctx, &d);
+		if (rc) {
+			if (rc == -EINTR && stk_daemon_stopping())
+				rc = 0; /* stopped before serving */
+			goto out;
+		}
+	}
+	rc = stk_server_run(d.server);
+	if (rc && !spec->quiet_stop)
+		stk_error("%s: serving failed: %s", spec->role, strerror(-rc));
+	else if (!spec->quiet_stop)
+		stk_info("%s stopping", spec->role);
+out:
+	stk_daemon_set_server(NULL);
+	if (started && spec->stop)
+		spec->stop(spec->ctx);
+	stk_metrics_http_stop(d.http); /* no scrape reads the daemon's state after this */
+	if (metrics_hooked && spec->metrics_stop)
+		spec->metrics_stop(spec->ctx);
+	/* Handlers use the daemon's state and the RPC counts until the server is gone. */
+	stk_server_destroy(d.server);
+	stk_metrics_ops_destroy(d.rpc);
+	return rc;
 }

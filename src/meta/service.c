@@ -37,7 +37,6 @@
 #include "../common/layout.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
-#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
@@ -61,6 +60,11 @@ struct meta {
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
+	/* Start-up's, on stk_meta_run's thread only. */
+	const struct stk_meta_opts *opts;
+	const char *dir; /* data_dir/meta */
+	pthread_t syncer;
+	int syncing;
 };
 
 typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
@@ -1544,31 +1548,22 @@ static void *syncer_main(void *arg)
 	return NULL;
 }
 
-static int server_open(struct meta *m, const char *listen, struct stk_server **out)
+static void server_opts(struct meta *m, const char *listen, struct stk_server_opts *so)
 {
-	struct stk_server_opts so;
-	int rc;
-
-	memset(&so, 0, sizeof(so));
-	so.size = sizeof(so);
-	so.listen = listen;
-	so.handler = meta_handle;
+	memset(so, 0, sizeof(*so));
+	so->size = sizeof(*so);
+	so->listen = listen;
+	so->handler = meta_handle;
 	if (!getenv("STOKER_LOOP_READS") || strcmp(getenv("STOKER_LOOP_READS"), "0") != 0)
-		so.loop_ops = &meta_loop_ops;
-	so.ctx = m;
-	so.metrics = m->rpc_metrics;
+		so->loop_ops = &meta_loop_ops;
+	so->ctx = m;
 	/*
 	 * A change may wait for cache holders' acknowledgements, which come as requests
 	 * (META_WATCH, META_NAMES) and a long poll holds its worker until it answers:
 	 * the pool grows while requests wait, as far as there could be connections.
 	 */
-	so.workers = 16;
-	so.max_workers = 1024;
-	rc = stk_server_create(&so, out);
-	if (rc)
-		stk_error("cannot listen on %s: %s", listen,
-			  rc == -EADDRINUSE ? "address already in use" : strerror(-rc));
-	return rc;
+	so->workers = 16;
+	so->max_workers = 1024;
 }
 
 static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const char *dir,
@@ -1638,15 +1633,58 @@ static int check_opts(const struct stk_meta_opts *opts)
 	return 0;
 }
 
+/* stk_daemon_run's hooks. */
+
+static int meta_metrics(void *ctx, struct stk_daemon *d)
+{
+	struct meta *m = ctx;
+
+	m->rpc_metrics = stk_daemon_rpc_metrics(d);
+	return leases_metrics(m);
+}
+
+static void meta_metrics_stop(void *ctx)
+{
+	stk_metrics_collector_remove(collect_leases, ctx);
+}
+
+/* Joins the cluster, then starts the session reaper and the syncer. */
+static int meta_start(void *ctx, struct stk_daemon *d)
+{
+	struct meta *m = ctx;
+	int rc;
+
+	rc = agent_open(m, m->opts, m->dir, stk_daemon_addr(d));
+	if (rc)
+		return rc;
+	rc = stk_meta_sessions_start(m->sessions, m->agent);
+	if (rc)
+		return rc;
+	rc = -pthread_create(&m->syncer, NULL, syncer_main, m);
+	if (rc)
+		return rc;
+	m->syncing = 1;
+	return 0;
+}
+
+static void meta_stop(void *ctx)
+{
+	struct meta *m = ctx;
+
+	if (!m->syncing)
+		return;
+	stk_daemon_request_stop(); /* also when the server failed: the syncer must end */
+	pthread_join(m->syncer, NULL);
+}
+
 int stk_meta_run(const struct stk_meta_opts *opts)
 {
 	struct stk_meta_store_opts so;
-	struct stk_server *srv = NULL;
-	struct stk_metrics_http *mh = NULL;
+	struct stk_server_opts sopts;
+	struct stk_daemon_spec spec;
 	struct meta m;
 	char dir[PATH_MAX];
-	pthread_t syncer;
-	int syncing = 0, rc;
+	int rc;
 
 	stk_daemon_init("meta");
 	rc = check_opts(opts);
@@ -1655,6 +1693,8 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	memset(&m, 0, sizeof(m));
 	m.chunk_size = opts->default_chunk_size ? opts->default_chunk_size : STK_DEFAULT_CHUNK_SIZE;
 	m.stripe = opts->default_stripe;
+	m.opts = opts;
+	m.dir = dir;
 	if (snprintf(dir, sizeof(dir), "%s/meta", opts->data_dir) >= (int)sizeof(dir))
 		return -ENAMETOOLONG;
 	memset(&so, 0, sizeof(so));
@@ -1669,51 +1709,30 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 		rc = stk_meta_leases_create(&m.leases);
 	if (rc)
 		goto out;
-	if (opts->metrics_listen) {
-		rc = stk_metrics_http_start(opts->metrics_listen, "meta", &mh);
-		if (!rc)
-			rc = stk_metrics_rpc_create(32, 63, &m.rpc_metrics);
-		if (!rc)
-			rc = leases_metrics(&m);
-		if (rc) {
-			stk_error("cannot serve metrics on %s: %s", opts->metrics_listen,
-				  strerror(-rc));
-			goto out;
-		}
-	}
-	rc = server_open(&m, opts->listen, &srv);
-	if (rc)
-		goto out;
-	rc = agent_open(&m, opts, dir, stk_server_addr(srv));
-	if (rc)
-		goto out;
-	rc = stk_meta_sessions_start(m.sessions, m.agent);
-	if (rc)
-		goto out;
-	rc = -pthread_create(&syncer, NULL, syncer_main, &m);
-	if (rc)
-		goto out;
-	syncing = 1;
-	stk_daemon_set_server(srv);
-	rc = stk_server_run(srv);
-	stk_daemon_set_server(NULL);
-	if (rc == 0 && stk_agent_refused(m.agent, NULL))
-		rc = -EPERM; /* refused on registering again: the agent asked to stop */
+
+	server_opts(&m, opts->listen, &sopts);
+	memset(&spec, 0, sizeof(spec));
+	spec.size = sizeof(spec);
+	spec.role = "meta";
+	spec.server = &sopts;
+	spec.metrics_listen = opts->metrics_listen;
+	spec.rpc_lo = 32;
+	spec.rpc_hi = 63;
+	spec.quiet_stop = 1; /* "stopped", below, once the store is closed */
+	spec.ctx = &m;
+	spec.metrics = meta_metrics;
+	spec.metrics_stop = meta_metrics_stop;
+	spec.start = meta_start;
+	spec.stop = meta_stop;
+	rc = stk_daemon_run(&spec);
+	/* Served (start got to its end) and stopped: refused on registering again? */
+	if (rc == 0 && m.syncing && stk_agent_refused(m.agent, NULL))
+		rc = -EPERM; /* the agent asked to stop */
 out:
-	if (rc == -EINTR && stk_daemon_stopping())
-		rc = 0; /* stopped while waiting for mgmtd */
-	if (syncing) {
-		stk_daemon_request_stop(); /* also when the server failed: the syncer must end */
-		pthread_join(syncer, NULL);
-	}
-	stk_metrics_http_stop(mh);
-	if (mh)
-		stk_metrics_collector_remove(collect_leases, &m);
-	/* The server first: its handlers read the agent's routing table until they end. */
-	if (srv)
-		stk_server_destroy(srv);
-	stk_metrics_ops_destroy(m.rpc_metrics);
-	/* Before the agent: the reaper reads its routing table. */
+	/*
+	 * The server is gone (stk_daemon_run destroyed it), and with it the handlers that
+	 * read the agent's routing table. The reaper reads it too: it goes before the agent.
+	 */
 	stk_meta_sessions_destroy(m.sessions);
 	stk_meta_leases_destroy(m.leases);
 	if (m.agent)

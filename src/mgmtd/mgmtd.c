@@ -21,8 +21,6 @@
 
 #include "../daemon/daemon.h"
 #include "../common/log.h"
-#include "../common/metrics.h"
-#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
@@ -40,6 +38,11 @@ struct mgmtd {
 	int stop;
 	uint64_t timeout_ns;
 	char state_path[PATH_MAX];
+	/* Start-up's, on stk_mgmtd_run's thread only. */
+	const char *ready_file;
+	struct stk_mgmtd_metrics *metrics; /* NULL without --metrics */
+	pthread_t expiry;
+	int expiry_started;
 };
 
 /* Saves the state if it changed. Called with m->lock held. */
@@ -215,25 +218,68 @@ static void *expiry_thread(void *arg)
 	return NULL;
 }
 
-static void log_listen_error(const char *addr, int rc)
+/* ---- the daemon: stk_daemon_run's hooks ---- */
+
+static int mgmtd_metrics(void *ctx, struct stk_daemon *d)
 {
-	if (rc == -EADDRINUSE)
-		stk_error("cannot listen on %s: address already in use", addr);
-	else
-		stk_error("cannot listen on %s: %s", addr, strerror(-rc));
+	struct mgmtd *m = ctx;
+
+	return stk_mgmtd_metrics_create(&m->lock, &m->st, &m->metrics);
+}
+
+static void mgmtd_metrics_stop(void *ctx)
+{
+	struct mgmtd *m = ctx;
+
+	stk_mgmtd_metrics_destroy(m->metrics);
+	m->metrics = NULL;
+}
+
+/* The heartbeat checker, then the ready file and the line that says mgmtd serves. */
+static int mgmtd_start(void *ctx, struct stk_daemon *d)
+{
+	struct mgmtd *m = ctx;
+	const char *addr = stk_daemon_addr(d);
+	int rc;
+
+	rc = -pthread_create(&m->expiry, NULL, expiry_thread, m);
+	if (rc) {
+		stk_error("cannot start the heartbeat checker: %s", strerror(-rc));
+		return rc;
+	}
+	m->expiry_started = 1;
+	if (m->ready_file) {
+		rc = stk_write_file_atomic(m->ready_file, addr, strlen(addr));
+		if (rc) {
+			stk_error("cannot write %s: %s", m->ready_file, strerror(-rc));
+			return rc;
+		}
+	}
+	stk_info("mgmtd serving on %s (routing version %llu: %u nodes, %u targets, %u chains)",
+		 addr, (unsigned long long)m->st.version, m->st.nnodes, m->st.ntargets,
+		 m->st.nchains);
+	return 0;
+}
+
+static void mgmtd_stop(void *ctx)
+{
+	struct mgmtd *m = ctx;
+
+	if (!m->expiry_started)
+		return;
+	pthread_mutex_lock(&m->lock);
+	m->stop = 1;
+	pthread_cond_signal(&m->wake);
+	pthread_mutex_unlock(&m->lock);
+	pthread_join(m->expiry, NULL);
 }
 
 int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 {
+	struct stk_daemon_spec spec;
 	struct stk_server_opts so;
-	struct stk_server *srv = NULL;
-	struct stk_metrics_http *mh = NULL;
-	struct stk_metrics_ops *rpcm = NULL;
-	struct stk_mgmtd_metrics *mm = NULL;
 	struct mgmtd *m;
 	pthread_condattr_t ca;
-	pthread_t expiry;
-	int expiry_started = 0;
 	int rc;
 
 	stk_daemon_init("mgmtd");
@@ -253,6 +299,7 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	m->timeout_ns = (uint64_t)(opts->heartbeat_timeout_ms ? opts->heartbeat_timeout_ms
 							      : MGMTD_DEFAULT_HB_TIMEOUT_MS) *
 			1000000ull;
+	m->ready_file = opts->ready_file;
 
 	rc = stk_mkdir_p(opts->data_dir, 0755);
 	if (rc) {
@@ -277,69 +324,27 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	rc = persist(m);
 	if (rc)
 		goto out;
-	if (opts->metrics_listen) {
-		rc = stk_metrics_http_start(opts->metrics_listen, "mgmtd", &mh);
-		if (!rc)
-			rc = stk_metrics_rpc_create(1, 31, &rpcm);
-		if (!rc)
-			rc = stk_mgmtd_metrics_create(&m->lock, &m->st, &mm);
-		if (rc) {
-			stk_error("cannot serve metrics on %s: %s", opts->metrics_listen,
-				  strerror(-rc));
-			goto out;
-		}
-	}
 
 	memset(&so, 0, sizeof(so));
 	so.size = sizeof(so);
 	so.listen = opts->listen;
 	so.handler = mgmtd_handle;
 	so.ctx = m;
-	so.metrics = rpcm;
 	so.workers = 4; /* its handlers hold a lock and never wait on the disk for long */
-	rc = stk_server_create(&so, &srv);
-	if (rc) {
-		log_listen_error(opts->listen, rc);
-		srv = NULL;
-		goto out;
-	}
-	rc = -pthread_create(&expiry, NULL, expiry_thread, m);
-	if (rc) {
-		stk_error("cannot start the heartbeat checker: %s", strerror(-rc));
-		goto out;
-	}
-	expiry_started = 1;
-	stk_daemon_set_server(srv);
-	if (opts->ready_file) {
-		const char *addr = stk_server_addr(srv);
-		rc = stk_write_file_atomic(opts->ready_file, addr, strlen(addr));
-		if (rc) {
-			stk_error("cannot write %s: %s", opts->ready_file, strerror(-rc));
-			goto out;
-		}
-	}
-	stk_info("mgmtd serving on %s (routing version %llu: %u nodes, %u targets, %u chains)",
-		 stk_server_addr(srv), (unsigned long long)m->st.version, m->st.nnodes,
-		 m->st.ntargets, m->st.nchains);
-	rc = stk_server_run(srv);
-	if (rc)
-		stk_error("mgmtd: serving failed: %s", strerror(-rc));
-	else
-		stk_info("mgmtd stopping");
+	memset(&spec, 0, sizeof(spec));
+	spec.size = sizeof(spec);
+	spec.role = "mgmtd";
+	spec.server = &so;
+	spec.metrics_listen = opts->metrics_listen;
+	spec.rpc_lo = 1;
+	spec.rpc_hi = 31;
+	spec.ctx = m;
+	spec.metrics = mgmtd_metrics;
+	spec.metrics_stop = mgmtd_metrics_stop;
+	spec.start = mgmtd_start;
+	spec.stop = mgmtd_stop;
+	rc = stk_daemon_run(&spec);
 out:
-	stk_daemon_set_server(NULL);
-	stk_metrics_http_stop(mh); /* no scrape reads the state after this */
-	stk_mgmtd_metrics_destroy(mm);
-	if (expiry_started) {
-		pthread_mutex_lock(&m->lock);
-		m->stop = 1;
-		pthread_cond_signal(&m->wake);
-		pthread_mutex_unlock(&m->lock);
-		pthread_join(expiry, NULL);
-	}
-	/* Connection threads use m until the server is destroyed. */
-	stk_server_destroy(srv);
-	stk_metrics_ops_destroy(rpcm);
 	if (m->st.dirty)
 		persist(m);
 	stk_mgmt_state_free(&m->st);

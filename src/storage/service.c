@@ -29,7 +29,6 @@
 #include "../common/layout.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
-#include "../daemon/metrics_http.h"
 #include "../common/util.h"
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
@@ -625,125 +624,65 @@ static int open_targets(struct storage *s, const struct stk_storage_opts *opts)
 	return 0;
 }
 
-static void log_listen_error(const char *addr, int rc)
+/* What start-up carries from stk_storage_run to its hooks. */
+struct storage_boot {
+	struct storage *s;
+	const struct stk_storage_opts *opts;
+	char node_path[PATH_MAX]; /* data_dir/node.id */
+	uint32_t node_id;	  /* 0 until mgmtd gave one */
+	uint32_t *ids;		  /* the target ids mgmtd gave, in the order of opts->targets */
+};
+
+static int storage_metrics(void *ctx, struct stk_daemon *d)
 {
-	if (rc == -EADDRINUSE)
-		stk_error("cannot listen on %s: address already in use", addr);
-	else
-		stk_error("cannot listen on %s: %s", addr, strerror(-rc));
+	struct storage_boot *b = ctx;
+
+	b->s->rpc_metrics = stk_daemon_rpc_metrics(d);
+	return 0;
 }
 
-int stk_storage_run(const struct stk_storage_opts *opts)
+/* Registers with mgmtd, keeps the ids it gave, and says what the node serves. */
+static int storage_start(void *ctx, struct stk_daemon *d)
 {
+	struct storage_boot *b = ctx;
+	struct storage *s = b->s;
+	const char *maddr = stk_daemon_metrics_addr(d);
 	struct stk_agent_opts ao;
-	struct stk_server_opts so;
-	const char *loop_reads;
-	struct stk_server *srv = NULL;
-	struct stk_metrics_http *mh = NULL;
-	struct stk_metrics_ops *rpcm = NULL;
-	struct storage *s;
-	char node_path[PATH_MAX];
-	uint32_t node_id = 0, *ids = NULL;
 	int rc;
-
-	stk_daemon_init("storage");
-	if (!opts || opts->size < sizeof(*opts) || !opts->listen || !opts->mgmtd ||
-	    !opts->data_dir || !opts->targets || opts->ntargets == 0) {
-		stk_error("storage: missing options (listen and mgmtd addresses, a data folder "
-			  "and at least one target folder are required)");
-		return -EINVAL;
-	}
-	s = calloc(1, sizeof(*s));
-	ids = calloc(opts->ntargets, sizeof(*ids));
-	if (!s || !ids) {
-		rc = -ENOMEM;
-		goto out;
-	}
-	rc = stk_mkdir_p(opts->data_dir, 0755);
-	if (rc) {
-		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
-		goto out;
-	}
-	if ((size_t)snprintf(node_path, sizeof(node_path), "%s/node.id", opts->data_dir) >=
-	    sizeof(node_path)) {
-		rc = -ENAMETOOLONG;
-		goto out;
-	}
-	rc = read_node_id(node_path, &node_id);
-	if (rc) {
-		stk_error("cannot read %s: %s", node_path, strerror(-rc));
-		goto out;
-	}
-	rc = open_targets(s, opts);
-	if (rc)
-		goto out;
-	if (opts->metrics_listen) {
-		rc = stk_metrics_http_start(opts->metrics_listen, "storage", &mh);
-		if (!rc)
-			rc = stk_metrics_rpc_create(64, 95, &rpcm);
-		if (rc) {
-			stk_error("cannot serve metrics on %s: %s", opts->metrics_listen,
-				  strerror(-rc));
-			goto out;
-		}
-	}
-
-	memset(&so, 0, sizeof(so));
-	so.size = sizeof(so);
-	so.listen = opts->listen;
-	so.handler = storage_handle;
-	loop_reads = getenv("STOKER_LOOP_READS");
-	if (!loop_reads || strcmp(loop_reads, "0") != 0)
-		so.loop_ops = &storage_loop_ops;
-	so.ctx = s;
-	so.metrics = rpcm;
-	/* Chunk reads and writes block on the disk: this many run at once. */
-	so.workers = 32;
-	s->rpc_metrics = rpcm;
-	rc = stk_server_create(&so, &srv);
-	if (rc) {
-		log_listen_error(opts->listen, rc);
-		srv = NULL;
-		goto out;
-	}
-	/* Registered before the agent blocks on mgmtd, so a stop signal ends the wait too. */
-	stk_daemon_set_server(srv);
 
 	memset(&ao, 0, sizeof(ao));
 	ao.size = sizeof(ao);
-	ao.mgmtd = opts->mgmtd;
+	ao.mgmtd = b->opts->mgmtd;
 	ao.role = STK_ROLE_STORAGE;
-	ao.addr = stk_server_addr(srv);
-	ao.node_id = node_id;
+	ao.addr = stk_daemon_addr(d);
+	ao.node_id = b->node_id;
 	ao.targets = report_targets;
 	ao.ctx = s;
-	ao.host_id = opts->host_id;
-	rc = stk_agent_start(&ao, &s->agent, &node_id, ids, opts->ntargets);
+	ao.host_id = b->opts->host_id;
+	rc = stk_agent_start(&ao, &s->agent, &b->node_id, b->ids, b->opts->ntargets);
 	if (rc) {
 		s->agent = NULL;
-		if (rc == -EINTR)
-			rc = 0; /* stopped before serving */
-		goto out;
+		return rc; /* -EINTR: stopped before serving */
 	}
-	rc = write_node_id(node_path, node_id);
+	rc = write_node_id(b->node_path, b->node_id);
 	if (rc) {
-		stk_error("cannot write %s: %s", node_path, strerror(-rc));
-		goto out;
+		stk_error("cannot write %s: %s", b->node_path, strerror(-rc));
+		return rc;
 	}
 	for (unsigned i = 0; i < s->nstores; i++) {
-		if (ids[i] == stk_chunk_store_id(s->stores[i]))
+		if (b->ids[i] == stk_chunk_store_id(s->stores[i]))
 			continue;
-		rc = stk_chunk_store_set_id(s->stores[i], ids[i]);
+		rc = stk_chunk_store_set_id(s->stores[i], b->ids[i]);
 		if (rc) {
 			stk_error("cannot write %s/target.id: %s",
 				  stk_chunk_store_path(s->stores[i]), strerror(-rc));
-			goto out;
+			return rc;
 		}
 	}
 	/* Per-target series are named by target id, known from here on. */
-	if (mh && (rc = stk_storage_metrics_create(s->stores, s->nstores, &s->metrics))) {
+	if (maddr && (rc = stk_storage_metrics_create(s->stores, s->nstores, &s->metrics))) {
 		stk_error("cannot set up target metrics: %s", strerror(-rc));
-		goto out;
+		return rc;
 	}
 	for (unsigned i = 0; i < s->nstores; i++) {
 		uint64_t cap = 0, used = 0, chunks = 0;
@@ -754,19 +693,77 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 			 stk_chunk_store_path(s->stores[i]), (unsigned long long)chunks,
 			 stk_format_size(cap, cb, sizeof(cb)));
 	}
-	stk_info("storage node %u serving on %s%s%s", node_id, stk_server_addr(srv),
-		 mh ? ", metrics on " : "", mh ? stk_metrics_http_addr(mh) : "");
-	rc = stk_server_run(srv);
+	stk_info("storage node %u serving on %s%s%s", b->node_id, stk_daemon_addr(d),
+		 maddr ? ", metrics on " : "", maddr ? maddr : "");
+	return 0;
+}
+
+int stk_storage_run(const struct stk_storage_opts *opts)
+{
+	struct stk_daemon_spec spec;
+	struct stk_server_opts so;
+	const char *loop_reads;
+	struct storage_boot b;
+	struct storage *s;
+	int rc;
+
+	stk_daemon_init("storage");
+	if (!opts || opts->size < sizeof(*opts) || !opts->listen || !opts->mgmtd ||
+	    !opts->data_dir || !opts->targets || opts->ntargets == 0) {
+		stk_error("storage: missing options (listen and mgmtd addresses, a data folder "
+			  "and at least one target folder are required)");
+		return -EINVAL;
+	}
+	memset(&b, 0, sizeof(b));
+	b.opts = opts;
+	b.s = s = calloc(1, sizeof(*s));
+	b.ids = calloc(opts->ntargets, sizeof(*b.ids));
+	if (!s || !b.ids) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	rc = stk_mkdir_p(opts->data_dir, 0755);
+	if (rc) {
+		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
+		goto out;
+	}
+	if ((size_t)snprintf(b.node_path, sizeof(b.node_path), "%s/node.id", opts->data_dir) >=
+	    sizeof(b.node_path)) {
+		rc = -ENAMETOOLONG;
+		goto out;
+	}
+	rc = read_node_id(b.node_path, &b.node_id);
+	if (rc) {
+		stk_error("cannot read %s: %s", b.node_path, strerror(-rc));
+		goto out;
+	}
+	rc = open_targets(s, opts);
 	if (rc)
-		stk_error("storage: serving failed: %s", strerror(-rc));
-	else
-		stk_info("storage stopping");
+		goto out;
+
+	memset(&so, 0, sizeof(so));
+	so.size = sizeof(so);
+	so.listen = opts->listen;
+	so.handler = storage_handle;
+	loop_reads = getenv("STOKER_LOOP_READS");
+	if (!loop_reads || strcmp(loop_reads, "0") != 0)
+		so.loop_ops = &storage_loop_ops;
+	so.ctx = s;
+	/* Chunk reads and writes block on the disk: this many run at once. */
+	so.workers = 32;
+	memset(&spec, 0, sizeof(spec));
+	spec.size = sizeof(spec);
+	spec.role = "storage";
+	spec.server = &so;
+	spec.metrics_listen = opts->metrics_listen;
+	spec.rpc_lo = 64;
+	spec.rpc_hi = 95;
+	spec.ctx = &b;
+	spec.metrics = storage_metrics;
+	spec.start = storage_start;
+	rc = stk_daemon_run(&spec);
 out:
-	stk_daemon_set_server(NULL);
-	stk_metrics_http_stop(mh); /* no scrape reads the stores after this */
-	/* Request threads use the agent and the stores until the server is gone. */
-	stk_server_destroy(srv);
-	stk_metrics_ops_destroy(rpcm);
+	/* stk_daemon_run destroyed the server: no request uses the agent or the stores. */
 	if (s) {
 		stk_storage_metrics_destroy(s->metrics);
 		stk_agent_stop(s->agent);
@@ -775,6 +772,6 @@ out:
 		free(s->stores);
 	}
 	free(s);
-	free(ids);
+	free(b.ids);
 	return rc;
 }
