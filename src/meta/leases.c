@@ -39,6 +39,7 @@
 #include "../common/log.h"
 #include "../common/util.h"
 
+#define DELEG_GENS 256u /* counters of delegations made, by folder hash */
 #define SLOT_BITS 10u
 #define GRANT_BUCKETS (1u << 16)
 #define BUSY_BUCKETS 1024u
@@ -99,6 +100,8 @@ struct stk_meta_leases {
 	uint64_t busy_all; /* changes whose inodes could not be marked: no lease at all */
 	struct deleg *d[DELEG_BUCKETS];
 	uint32_t ndelegs; /* written under mu, read without it (atomic) */
+	/* Delegations made, by bucket of their folder (stk_meta_leases_deleg_gen): atomic. */
+	uint64_t deleg_gen[DELEG_GENS + 1]; /* the last one counts them all */
 };
 
 /* Whom a change or recall waits for, and for which record of each. */
@@ -109,6 +112,11 @@ struct waits {
 		uint64_t seq;
 	} w[STK_LEASE_HOLDERS_MAX];
 };
+
+static uint32_t gen_of(uint64_t ino)
+{
+	return (uint32_t)((ino * 0x9e3779b97f4a7c15ull) >> 40) & (DELEG_GENS - 1);
+}
 
 static uint32_t bucket_of(uint64_t ino)
 {
@@ -682,11 +690,18 @@ int stk_meta_leases_delegate(struct stk_meta_leases *l, uint32_t holder, uint64_
 	d->holder = holder;
 	*pp = d;
 	h->ndelegs++;
-	__atomic_store_n(&l->ndelegs, l->ndelegs + 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&l->ndelegs, l->ndelegs + 1, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&l->deleg_gen[gen_of(ino)], 1, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&l->deleg_gen[DELEG_GENS], 1, __ATOMIC_SEQ_CST);
 	rc = 1;
 out:
 	pthread_mutex_unlock(&l->mu);
 	return rc;
+}
+
+uint64_t stk_meta_leases_deleg_gen(struct stk_meta_leases *l, uint64_t ino)
+{
+	return __atomic_load_n(&l->deleg_gen[ino ? gen_of(ino) : DELEG_GENS], __ATOMIC_SEQ_CST);
 }
 
 int stk_meta_leases_delegated_elsewhere(struct stk_meta_leases *l, uint32_t requester,

@@ -110,6 +110,15 @@ void stk_meta_leases_changed(struct stk_meta_leases *l, uint32_t origin, const u
 int stk_meta_leases_delegate(struct stk_meta_leases *l, uint32_t holder, uint64_t ino);
 
 /*
+ * A counter that moves whenever folder ino, or another that shares its counter, is
+ * delegated. A read reads it for each inode before it recalls them and again after
+ * it read the store: if it moved, a delegation was made in between (whose holder
+ * may already have answered creates or unlinks in it), and the read is made again,
+ * recalling first. ino 0: a counter of every delegation made. Any thread; no lock.
+ */
+uint64_t stk_meta_leases_deleg_gen(struct stk_meta_leases *l, uint64_t ino);
+
+/*
  * Would stk_meta_leases_recall(l, requester, inos, n) wait for anyone? 1 if one of
  * inos is delegated to a holder other than requester, else 0. Takes the lock only
  * while some folder is delegated somewhere; never waits otherwise.

@@ -152,8 +152,46 @@ static void changed_late(struct meta *m, const struct stk_rpc_req *req, uint64_t
  */
 static __thread int on_loop, on_loop_blocked;
 
+/*
+ * The delegation counters a read saw before its recalls (stk_meta_leases_deleg_gen),
+ * while meta_run tracks one: if one moved by the time the read is done, a folder it
+ * read may have been delegated between its recall and its read (docs/leases.md),
+ * and it is made again.
+ */
+#define TRACK_MAX 8
+static __thread struct {
+	int on;
+	unsigned n;
+	int all; /* more inodes than kept: the counter of all delegations instead */
+	uint64_t all_gen;
+	uint64_t ino[TRACK_MAX], gen[TRACK_MAX];
+} tracked;
+
+static void track(struct meta *m, const uint64_t *inos, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (tracked.n < TRACK_MAX) {
+			tracked.ino[tracked.n] = inos[i];
+			tracked.gen[tracked.n++] = stk_meta_leases_deleg_gen(m->leases, inos[i]);
+		} else if (!tracked.all) {
+			tracked.all = 1;
+			tracked.all_gen = stk_meta_leases_deleg_gen(m->leases, 0);
+		}
+	}
+}
+
+static int track_moved(struct meta *m)
+{
+	for (unsigned i = 0; i < tracked.n; i++)
+		if (stk_meta_leases_deleg_gen(m->leases, tracked.ino[i]) != tracked.gen[i])
+			return 1;
+	return tracked.all && stk_meta_leases_deleg_gen(m->leases, 0) != tracked.all_gen;
+}
+
 static int recall(struct meta *m, const struct stk_rpc_req *req, const uint64_t *inos, size_t n)
 {
+	if (tracked.on)
+		track(m, inos, n);
 	if (on_loop) {
 		if (stk_meta_leases_delegated_elsewhere(m->leases, req->hdr.origin, inos, n))
 			on_loop_blocked = 1;
@@ -1408,9 +1446,31 @@ static void meta_count(struct meta *m, const struct stk_rpc_req *req,
 				   (rc ? 0 : (uint64_t)resp->payload.len + resp->bulk_len));
 }
 
+/* A read that recalls, then reads: the ones meta_run makes again when a folder it
+ * read was delegated in between. */
+static int is_read(uint16_t opcode)
+{
+	switch (opcode) {
+	case STK_OP_META_LOOKUP:
+	case STK_OP_META_LOOKUP_CACHE:
+	case STK_OP_META_GETATTR:
+	case STK_OP_META_GETATTRS:
+	case STK_OP_META_READDIR:
+	case STK_OP_META_GETXATTR:
+	case STK_OP_META_LISTXATTR:
+		return 1;
+	}
+	return 0;
+}
+
+#define READ_AGAIN_MAX 8
+
 static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
+	struct meta *m = ctx;
 	uint16_t opcode = req->hdr.opcode;
+	struct stk_rbuf payload = req->payload;
+	size_t at = resp->payload.len;
 	int rc;
 
 	if (opcode >= STK_ARRAY_SIZE(meta_ops) || !meta_ops[opcode]) {
@@ -1418,7 +1478,35 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 			  stk_opcode_name(opcode), req->peer);
 		return -ENOSYS;
 	}
-	rc = meta_ops[opcode](ctx, req, resp);
+	if (!is_read(opcode)) {
+		rc = meta_ops[opcode](m, req, resp);
+		goto out;
+	}
+	/*
+	 * A folder delegated after the read's recall and before its read may hold
+	 * creates or unlinks its holder answered already: read again, recalling first
+	 * (on a loop, a worker does). Bounded: past that, delegations of the folders read
+	 * are being made without pause, and the last read stands.
+	 */
+	for (int tries = 0;; tries++) {
+		tracked.on = 1;
+		tracked.n = 0;
+		tracked.all = 0;
+		rc = meta_ops[opcode](m, req, resp);
+		tracked.on = 0;
+		if (!track_moved(m))
+			break;
+		if (on_loop) {
+			on_loop_blocked = 1;
+			break;
+		}
+		if (tries == READ_AGAIN_MAX)
+			break;
+		req->payload = payload;
+		resp->payload.len = at;
+		resp->payload.err = 0;
+	}
+out:
 	stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, rc ? strerror(-rc) : "ok");
 	return rc;
 }

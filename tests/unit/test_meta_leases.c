@@ -120,12 +120,19 @@ static void test_delegations(struct stk_meta_leases *l)
 	CHECK(stk_meta_leases_recall(l, 0, &(uint64_t){100}, 1) == 0);
 	CHECK(since(t0) < 0.05);
 
-	/* one holder per folder; no holder, no delegation */
+	/* one holder per folder; no holder, no delegation; each one made moves the
+	 * counters a read checks after its read (its folder's and the total) */
+	uint64_t g100 = stk_meta_leases_deleg_gen(l, 100), gall = stk_meta_leases_deleg_gen(l, 0);
 	CHECK(stk_meta_leases_grant(l, c.holder, 100) == 1);
+	CHECK(stk_meta_leases_deleg_gen(l, 100) == g100);
 	CHECK(stk_meta_leases_delegate(l, c.holder, 100) == 1);
+	CHECK(stk_meta_leases_deleg_gen(l, 100) == g100 + 1);
+	CHECK(stk_meta_leases_deleg_gen(l, 0) == gall + 1);
 	CHECK(stk_meta_leases_delegate(l, c.holder, 100) == 1); /* again: still its */
 	CHECK(stk_meta_leases_delegate(l, d.holder, 100) == 0);
 	CHECK(stk_meta_leases_delegate(l, 12345, 101) == 0);
+	CHECK(stk_meta_leases_deleg_gen(l, 100) == g100 + 1); /* refused or again: not made */
+	CHECK(stk_meta_leases_deleg_gen(l, 0) == gall + 1);
 	stk_meta_leases_stats(l, &st);
 	CHECK(st.delegations == 1);
 	/* which reads would wait for a recall (an event loop asks before it reads) */
