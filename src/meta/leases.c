@@ -45,7 +45,7 @@
 #define BUSY_BUCKETS 1024u
 #define DELEG_BUCKETS 4096u
 #define QUEUE_MAX 65536u /* records a holder may lag behind before it is reset */
-#define MARGIN_NS (500ull * 1000000ull)
+#define MARGIN_NS ((uint64_t)STK_LEASE_MARGIN_MS * 1000000ull)
 #define FORGET_NS (60ull * 1000000000ull) /* a holder silent this long is forgotten */
 #define SWEEP_NS (5ull * 1000000000ull)
 #define MS 1000000ull
@@ -100,6 +100,7 @@ struct stk_meta_leases {
 	uint64_t busy_all; /* changes whose inodes could not be marked: no lease at all */
 	struct deleg *d[DELEG_BUCKETS];
 	uint32_t ndelegs; /* written under mu, read without it (atomic) */
+	uint64_t grace_end_ns; /* set once before serving: changes wait for it */
 	/* Delegations made, by bucket of their folder (stk_meta_leases_deleg_gen): atomic. */
 	uint64_t deleg_gen[DELEG_GENS + 1]; /* the last one counts them all */
 };
@@ -631,9 +632,23 @@ static void revoke(struct stk_meta_leases *l, uint32_t origin, const uint64_t *i
 	pthread_mutex_unlock(&l->mu);
 }
 
+void stk_meta_leases_grace(struct stk_meta_leases *l)
+{
+	l->grace_end_ns = stk_now_ns() + STK_LEASE_VALID_MS * MS + MARGIN_NS;
+}
+
 void stk_meta_leases_begin(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
 			   size_t n)
 {
+	uint64_t now = stk_now_ns();
+
+	if (now < l->grace_end_ns) {
+		struct timespec ts = {.tv_sec = (time_t)((l->grace_end_ns - now) / 1000000000ull),
+				      .tv_nsec = (long)((l->grace_end_ns - now) % 1000000000ull)};
+
+		while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+			;
+	}
 	revoke(l, origin, inos, n, 1);
 }
 

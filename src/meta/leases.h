@@ -51,6 +51,8 @@
 
 struct stk_meta_leases;
 
+/* Meta waits for a holder this long past STK_LEASE_VALID_MS after its last watch. */
+#define STK_LEASE_MARGIN_MS 500u
 #define STK_LEASE_WAIT_MAX_MS 1000u /* the longest a watch is held open empty */
 #define STK_LEASE_HOLDERS_MAX 1024u
 #define STK_LEASE_GRANTS_MAX (1u << 20)	     /* beyond: lookups are answered without a lease */
@@ -82,6 +84,16 @@ int stk_meta_leases_watch(struct stk_meta_leases *l, uint64_t session, uint32_t 
 int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t ino);
 
 /*
+ * A meta node restarted after serving: a client cut off from the one before may
+ * still trust its cache until STK_LEASE_VALID_MS after its last answered watch, and
+ * a change committed sooner could be missed by it. From now on, changes wait (in
+ * stk_meta_leases_begin) until the trust of any such client has run out, as the
+ * old meta would have waited for it: STK_LEASE_VALID_MS plus meta's margin, 2.5 s.
+ * Reads and grants do not wait. Call once, before serving.
+ */
+void stk_meta_leases_grace(struct stk_meta_leases *l);
+
+/*
  * Before a change to the names or attributes of inos[0..n) is committed: from now
  * until stk_meta_leases_end no lease on them is granted, and every holder's lease on
  * them but the origin's (0: none; it forgets its copies itself, and its leases stay)
@@ -89,7 +101,8 @@ int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t i
  * run out of time (then it is reset). So when the change becomes visible, no other
  * client can still answer from before it. An inode delegated to a holder other
  * than the origin is recalled the same way, with or without a lease of that
- * holder on it; one delegated to the origin stays delegated.
+ * holder on it; one delegated to the origin stays delegated. During a grace
+ * period (stk_meta_leases_grace) this first waits for its end.
  */
 void stk_meta_leases_begin(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,
 			   size_t n);

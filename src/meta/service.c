@@ -1797,6 +1797,13 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 		rc = stk_meta_leases_create(&m.leases);
 	if (rc)
 		goto out;
+	/* Served before: clients cut off from the meta before may trust what it said. */
+	if (node_id_load(dir)) {
+		stk_meta_leases_grace(m.leases);
+		stk_info("meta: changes wait %u ms for what clients of the meta before may still "
+			 "trust (docs/leases.md)",
+			 STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS);
+	}
 
 	server_opts(&m, opts->listen, &sopts);
 	memset(&spec, 0, sizeof(spec));

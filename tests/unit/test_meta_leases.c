@@ -289,6 +289,31 @@ static void test_ids_across_restarts(void)
 	CHECK(!same);
 }
 
+/* A restarted meta's grace: its first change waits 2.5 s, reads and grants do not. */
+static void test_grace(void)
+{
+	struct stk_meta_leases *g;
+	uint64_t t0;
+
+	if (stk_meta_leases_create(&g)) {
+		CHECK(0);
+		return;
+	}
+	stk_meta_leases_grace(g);
+	t0 = stk_now_ns();
+	CHECK(stk_meta_leases_grant(g, 0, 5) == 0); /* no such holder; answered at once */
+	CHECK(stk_meta_leases_delegated_elsewhere(g, 0, &(uint64_t){5}, 1) == 0);
+	CHECK(since(t0) < 0.1);
+	stk_meta_leases_begin(g, 0, &(uint64_t){5}, 1);
+	CHECK(since(t0) >= (STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS) / 1000.0 - 0.05);
+	stk_meta_leases_end(g, &(uint64_t){5}, 1);
+	t0 = stk_now_ns();
+	stk_meta_leases_begin(g, 0, &(uint64_t){5}, 1); /* over: no wait any more */
+	CHECK(since(t0) < 0.1);
+	stk_meta_leases_end(g, &(uint64_t){5}, 1);
+	stk_meta_leases_destroy(g);
+}
+
 int main(void)
 {
 	struct stk_meta_leases *l;
@@ -301,6 +326,7 @@ int main(void)
 		fprintf(stderr, "cannot create the table\n");
 		return 1;
 	}
+	test_grace();
 	a.l = b.l = l;
 	pthread_mutex_init(&a.mu, NULL);
 	pthread_mutex_init(&b.mu, NULL);
