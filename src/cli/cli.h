@@ -20,8 +20,8 @@
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
 #define STK_CLI_COMMANDS(X)                                                                     \
-	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT]",                   \
-	  "start a one-machine cluster (mgmtd, meta, storage) with its data in DIR")             \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT]", \
+	  "start a one-machine cluster (mgmtd, meta, N storage nodes) with its data in DIR")     \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
 	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--metrics ADDR] [--config FILE]",  \
 	  "run the cluster manager")                                                            \

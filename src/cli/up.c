@@ -229,7 +229,17 @@ int cmd_storage(int argc, char **argv)
 
 /* ---- up ---- */
 
-#define NROLES 3
+/*
+ * The processes of `stoker up`: mgmtd, meta and the storage nodes, by index (0 is
+ * mgmtd, 1 meta, 2.. the storage nodes). One storage node is "storage", on the
+ * cluster's host; with --nodes N (2 to UP_NODES_MAX) they are "storage0".. on
+ * loopback addresses of their own (127.0.0.2.., the same ports: a node's metrics stay
+ * at its RPC port + 10, where `stoker top` looks), each with a host id of its own, so
+ * that each stands for a host and no client reads its chunk files from its disk.
+ */
+#define NROLES 3 /* mgmtd, meta, storage: the ports BASE..BASE+2 */
+#define UP_NODES_MAX 8
+#define UP_PROCS (2 + UP_NODES_MAX)
 static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
 
 struct up {
@@ -242,11 +252,14 @@ struct up {
 	unsigned s3_port; /* --s3: serve the S3 gateway on this port once it serves */
 	pid_t s3_pid;
 	char s3_metrics[80]; /* the gateway's metrics on BASE+13; "" with --no-metrics */
-	char addr[NROLES][80];
-	char metrics[NROLES][80]; /* "" with --no-metrics */
-	pid_t pid[NROLES];
-	unsigned restarts[NROLES];
-	time_t last_start[NROLES];
+	unsigned nodes; /* storage nodes */
+	unsigned nprocs; /* 2 + nodes */
+	char name[UP_PROCS][16]; /* "mgmtd", "meta", "storage" or "storage0".. */
+	char addr[UP_PROCS][80];
+	char metrics[UP_PROCS][80]; /* "" with --no-metrics */
+	pid_t pid[UP_PROCS];
+	unsigned restarts[UP_PROCS];
+	time_t last_start[UP_PROCS];
 	char exe[PATH_MAX];
 };
 
@@ -275,19 +288,29 @@ static int port_free(const char *host, unsigned port)
 	return rc;
 }
 
+/* Target folder i of process r (a storage node): DATA/targets/I for the only node,
+ * DATA/targets/NODE/I with several. */
+static void up_target_dir(const struct up *u, int r, unsigned i, char *out, size_t len)
+{
+	if (u->nodes > 1)
+		snprintf(out, len, "%s/targets/%d/%u", u->data, r - 2, i);
+	else
+		snprintf(out, len, "%s/targets/%u", u->data, i);
+}
+
 static pid_t spawn_role(struct up *u, int r)
 {
-	char logpath[PATH_MAX + 32], datadir[PATH_MAX + 32], mgmtd[80];
-	char *args[16 + 2 * 64];
+	char logpath[PATH_MAX + 32], datadir[PATH_MAX + 32], mgmtd[80], host_id[80];
+	char *args[18 + 2 * 64];
 	char tdirs[64][PATH_MAX + 32];
-	int n = 0, fd;
+	int n = 0, fd, role = r < 2 ? r : 2;
 	pid_t pid;
 
-	snprintf(logpath, sizeof(logpath), "%s/log/%s.log", u->data, role_names[r]);
-	snprintf(datadir, sizeof(datadir), "%s/%s", u->data, role_names[r]);
+	snprintf(logpath, sizeof(logpath), "%s/log/%s.log", u->data, u->name[r]);
+	snprintf(datadir, sizeof(datadir), "%s/%s", u->data, u->name[r]);
 	snprintf(mgmtd, sizeof(mgmtd), "%s", u->addr[0]);
 	args[n++] = "stoker";
-	args[n++] = (char *)role_names[r];
+	args[n++] = (char *)role_names[role];
 	args[n++] = "--listen";
 	args[n++] = u->addr[r];
 	args[n++] = "--data";
@@ -300,6 +323,11 @@ static pid_t spawn_role(struct up *u, int r)
 		args[n++] = "--metrics";
 		args[n++] = u->metrics[r];
 	}
+	if (role == 2 && u->nodes > 1) {
+		snprintf(host_id, sizeof(host_id), "up-%s", u->name[r]);
+		args[n++] = "--host-id";
+		args[n++] = host_id;
+	}
 	if (r == 1 && u->chunk_size[0]) {
 		args[n++] = "--chunk-size";
 		args[n++] = u->chunk_size;
@@ -308,9 +336,9 @@ static pid_t spawn_role(struct up *u, int r)
 		args[n++] = "--stripe";
 		args[n++] = u->stripe;
 	}
-	if (r == 2) {
+	if (role == 2) {
 		for (unsigned i = 0; i < u->ntargets && i < 64; i++) {
-			snprintf(tdirs[i], sizeof(tdirs[i]), "%s/targets/%u", u->data, i);
+			up_target_dir(u, r, i, tdirs[i], sizeof(tdirs[i]));
 			args[n++] = "--target";
 			args[n++] = tdirs[i];
 		}
@@ -341,7 +369,7 @@ static void print_log_tail(const struct up *u, int r)
 	long pos;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/log/%s.log", u->data, role_names[r]);
+	snprintf(path, sizeof(path), "%s/log/%s.log", u->data, u->name[r]);
 	f = fopen(path, "r");
 	if (!f)
 		return;
@@ -373,7 +401,7 @@ static int cluster_ready(const struct up *u)
 		if (n && n->state == STK_NODE_ONLINE)
 			meta_ok = 1;
 	}
-	ok = meta_ok && serving >= u->ntargets && rt.nchains >= u->ntargets;
+	ok = meta_ok && serving >= u->ntargets * u->nodes && rt.nchains >= u->ntargets * u->nodes;
 	stk_routing_free(&rt);
 	return ok;
 }
@@ -381,7 +409,7 @@ static int cluster_ready(const struct up *u)
 static void stop_children(struct up *u)
 {
 	/* storage and meta first, mgmtd last, each given 10 s to flush and exit */
-	for (int r = NROLES - 1; r >= 0; r--) {
+	for (int r = (int)u->nprocs - 1; r >= 0; r--) {
 		if (u->pid[r] <= 0)
 			continue;
 		kill(u->pid[r], SIGTERM);
@@ -394,7 +422,7 @@ static void stop_children(struct up *u)
 		}
 		if (u->pid[r] > 0) {
 			fprintf(stderr, "stoker up: %s did not stop in 10 s; killing it\n",
-				role_names[r]);
+				u->name[r]);
 			kill(u->pid[r], SIGKILL);
 			waitpid(u->pid[r], NULL, 0);
 			u->pid[r] = 0;
@@ -580,30 +608,30 @@ static int supervise(struct up *u, int ready_fd)
 	char msg[512];
 	int ready = 0;
 
-	for (int r = 0; r < NROLES; r++) {
+	for (int r = 0; r < (int)u->nprocs; r++) {
 		u->pid[r] = spawn_role(u, r);
 		u->last_start[r] = time(NULL);
 		if (u->pid[r] < 0) {
-			snprintf(msg, sizeof(msg), "cannot start %s: %s\n", role_names[r],
+			snprintf(msg, sizeof(msg), "cannot start %s: %s\n", u->name[r],
 				 strerror(errno));
 			goto fail;
 		}
 	}
 	while (!up_stop) {
-		for (int r = 0; r < NROLES; r++) {
+		for (int r = 0; r < (int)u->nprocs; r++) {
 			int st;
 			if (u->pid[r] <= 0 || waitpid(u->pid[r], &st, WNOHANG) != u->pid[r])
 				continue;
 			u->pid[r] = 0;
 			if (!ready) {
 				snprintf(msg, sizeof(msg), "%s exited during start-up (%s %d); see %s/log/%s.log\n",
-					 role_names[r], WIFEXITED(st) ? "status" : "signal",
+					 u->name[r], WIFEXITED(st) ? "status" : "signal",
 					 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), u->data,
-					 role_names[r]);
+					 u->name[r]);
 				print_log_tail(u, r);
 				goto fail;
 			}
-			fprintf(stderr, "%s exited (%s %d); restarting it\n", role_names[r],
+			fprintf(stderr, "%s exited (%s %d); restarting it\n", u->name[r],
 				WIFEXITED(st) ? "status" : "signal",
 				WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
 			if (time(NULL) - u->last_start[r] < 2)
@@ -646,7 +674,7 @@ static int supervise(struct up *u, int ready_fd)
 						goto fail;
 					}
 				}
-				char mline[300] = "", s3line[PATH_MAX + 96] = "";
+				char mline[300] = "", s3line[PATH_MAX + 96] = "", nline[200];
 				if (u->s3_port)
 					snprintf(s3line, sizeof(s3line),
 						 ", S3 on http://%s:%u (keys: %s%s%s)", u->host,
@@ -657,14 +685,20 @@ static int supervise(struct up *u, int ready_fd)
 						 u->s3_metrics[0] ? ", metrics on " : "",
 						 u->s3_metrics);
 				if (u->metrics[0][0])
-					snprintf(mline, sizeof(mline), ", metrics on %s %s %s",
-						 u->metrics[0], u->metrics[1], u->metrics[2]);
+					snprintf(mline, sizeof(mline), ", metrics on %s %s %s%s",
+						 u->metrics[0], u->metrics[1], u->metrics[2],
+						 u->nodes > 1 ? " ..." : "");
+				if (u->nodes > 1)
+					snprintf(nline, sizeof(nline), "%u storage nodes %s..%s",
+						 u->nodes, u->addr[2], u->addr[u->nprocs - 1]);
+				else
+					snprintf(nline, sizeof(nline), "storage %s", u->addr[2]);
 				snprintf(msg, sizeof(msg),
-					 "ok Stoker is up: cluster stk://%s (mgmtd %s, meta %s, storage %s, "
+					 "ok Stoker is up: cluster stk://%s (mgmtd %s, meta %s, %s, "
 					 "%u targets%s), data in %s%s%s%s\n",
-					 u->addr[0], u->addr[0], u->addr[1], u->addr[2], u->ntargets,
-					 mline, u->data, u->mount[0] ? ", mounted on " : "", u->mount,
-					 s3line);
+					 u->addr[0], u->addr[0], u->addr[1], nline,
+					 u->ntargets * u->nodes, mline, u->data,
+					 u->mount[0] ? ", mounted on " : "", u->mount, s3line);
 				if (ready_fd >= 0) {
 					stk_write_all(ready_fd, msg, strlen(msg));
 					close(ready_fd);
@@ -678,7 +712,7 @@ static int supervise(struct up *u, int ready_fd)
 				snprintf(msg, sizeof(msg),
 					 "the cluster did not become ready in 60 s; see %s/log/\n",
 					 u->data);
-				for (int r = 0; r < NROLES; r++)
+				for (int r = 0; r < (int)u->nprocs; r++)
 					print_log_tail(u, r);
 				goto fail;
 			}
@@ -711,6 +745,7 @@ static const struct option up_opts[] = {
 	{"targets", required_argument, NULL, 't'}, {"chunk-size", required_argument, NULL, 'c'},
 	{"stripe", required_argument, NULL, 's'},  {"no-metrics", no_argument, NULL, 'M'},
 	{"mount", required_argument, NULL, 'm'},   {"s3", required_argument, NULL, '3'},
+	{"nodes", required_argument, NULL, 'n'},
 	{NULL, 0, NULL, 0},
 };
 
@@ -728,6 +763,7 @@ int cmd_up(int argc, char **argv)
 	stk_strlcpy(u->host, "127.0.0.1", sizeof(u->host));
 	u->port = 9400;
 	u->ntargets = 4;
+	u->nodes = 1;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", up_opts, NULL)) != -1) {
 		switch (c) {
@@ -781,6 +817,13 @@ int cmd_up(int argc, char **argv)
 				goto out;
 			}
 			break;
+		case 'n':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > UP_NODES_MAX) {
+				cli_err("up", "--nodes must be 1..%u", UP_NODES_MAX);
+				goto out;
+			}
+			u->nodes = (unsigned)v;
+			break;
 		case 's':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > 256) {
 				cli_err("up", "--stripe must be 1..256");
@@ -798,6 +841,19 @@ int cmd_up(int argc, char **argv)
 			STK_METRICS_PORT_OFFSET, STK_METRICS_PORT_OFFSET + NROLES - 1);
 		goto out;
 	}
+	if (u->nodes > 1 && strcmp(u->host, "127.0.0.1") != 0) {
+		cli_err("up", "--nodes puts its storage nodes on 127.0.0.2.. of this machine; it "
+			      "does not go with --host (run each node with `stoker storage` on "
+			      "real hosts)");
+		goto out;
+	}
+	u->nprocs = 2 + u->nodes;
+	for (unsigned r = 0; r < u->nprocs; r++) {
+		if (r < 2 || u->nodes == 1)
+			snprintf(u->name[r], sizeof(u->name[r]), "%s", role_names[r < 2 ? r : 2]);
+		else
+			snprintf(u->name[r], sizeof(u->name[r]), "storage%u", r - 2);
+	}
 	if (!data || optind < argc) {
 		cli_err("up", "--data DIR is required");
 		rc = cli_usage("up");
@@ -813,8 +869,8 @@ int cmd_up(int argc, char **argv)
 	}
 	snprintf(path, sizeof(path), "%s/log", u->data);
 	stk_mkdir_p(path, 0755);
-	for (unsigned i = 0; i < u->ntargets; i++) {
-		snprintf(path, sizeof(path), "%s/targets/%u", u->data, i);
+	for (unsigned i = 0; i < u->ntargets * u->nodes; i++) {
+		up_target_dir(u, 2 + (int)(i / u->ntargets), i % u->ntargets, path, sizeof(path));
 		if (stk_mkdir_p(path, 0755)) {
 			cli_err("up", "cannot create %s: %s", path, strerror(errno));
 			goto out;
@@ -832,28 +888,36 @@ int cmd_up(int argc, char **argv)
 		goto out;
 	}
 	locked = 1; /* from here on up.pid is ours to remove */
-	for (int r = 0; r < NROLES; r++) {
+	for (int r = 0; r < (int)u->nprocs; r++) {
+		unsigned port = u->port + (unsigned)(r < 2 ? r : 2);
+		char host[64];
 		int e;
-		snprintf(u->addr[r], sizeof(u->addr[r]), "%s:%u", u->host, u->port + (unsigned)r);
-		e = port_free(u->host, u->port + (unsigned)r);
+
+		/* several storage nodes: one loopback address each, the same ports */
+		if (r >= 2 && u->nodes > 1)
+			snprintf(host, sizeof(host), "127.0.0.%d", r);
+		else
+			snprintf(host, sizeof(host), "%s", u->host);
+		snprintf(u->addr[r], sizeof(u->addr[r]), "%s:%u", host, port);
+		e = port_free(host, port);
 		if (e) {
 			cli_err("up", "cannot use port %u on %s for %s: %s; free it or choose other "
 				      "ports with --port BASE (uses BASE..BASE+2)",
-				u->port + (unsigned)r, u->host, role_names[r], strerror(-e));
+				port, host, u->name[r], strerror(-e));
 			goto out;
 		}
 		/* Metrics on BASE+10.., the convention `stoker top` relies on. */
 		if (no_metrics)
 			continue;
-		snprintf(u->metrics[r], sizeof(u->metrics[r]), "%s:%u", u->host,
-			 u->port + STK_METRICS_PORT_OFFSET + (unsigned)r);
-		e = port_free(u->host, u->port + STK_METRICS_PORT_OFFSET + (unsigned)r);
+		snprintf(u->metrics[r], sizeof(u->metrics[r]), "%s:%u", host,
+			 port + STK_METRICS_PORT_OFFSET);
+		e = port_free(host, port + STK_METRICS_PORT_OFFSET);
 		if (e) {
 			cli_err("up", "cannot use port %u on %s for the metrics of %s: %s; free it, "
 				      "choose other ports with --port BASE (metrics use BASE+%u..) or "
 				      "pass --no-metrics",
-				u->port + STK_METRICS_PORT_OFFSET + (unsigned)r, u->host,
-				role_names[r], strerror(-e), STK_METRICS_PORT_OFFSET);
+				port + STK_METRICS_PORT_OFFSET, host, u->name[r], strerror(-e),
+				STK_METRICS_PORT_OFFSET);
 			goto out;
 		}
 	}

@@ -202,3 +202,66 @@ def test_up_serves_s3(tmp_path):
         assert body == b"via the cli"
     finally:
         run([STOKER, "down", "--data", str(data)], check=False, timeout=120)
+
+
+def test_up_with_several_storage_nodes(tmp_path):
+    """`stoker up --nodes 3`: three storage nodes, each on a loopback address and a
+    host id of its own, all serving; a file is spread over them and read back; a
+    node killed is restarted by the supervisor at the same address; down stops all."""
+    port = pick_ports()
+    data = str(tmp_path / "stk")
+    env = dict(os.environ, STOKER_CLUSTER="stk://127.0.0.1:%d" % port)
+    p = run([STOKER, "up", "--data", data, "--daemon", "--port", str(port), "--nodes", "3",
+             "--targets", "2"], check=False, timeout=120)
+    try:
+        assert p.returncode == 0, p.stderr.decode() + p.stdout.decode()
+        assert "3 storage nodes" in p.stdout.decode(), p.stdout
+        st = run([STOKER, "status"], env=env).stdout.decode()
+        for i in range(3):
+            assert "127.0.0.%d:%d" % (i + 2, port + 2) in st and "up-storage%d" % i in st, st
+        assert st.count(" serving ") == 6, st
+        src = tmp_path / "in.bin"
+        src.write_bytes(os.urandom(24 << 20))
+        run([STOKER, "put", str(src), "/big"], env=env)
+        for i in range(3):
+            chunks = [f for _, _, fs in os.walk(os.path.join(data, "targets", str(i)))
+                      for f in fs]
+            assert chunks, "node %d holds none of the file's chunks" % i
+        # a node killed: restarted where it was; the file reads back whole
+        victim = [pid for pid, argv in cmdlines()
+                  if b"127.0.0.3:%d" % (port + 2) in argv and b"storage" in argv]
+        assert len(victim) == 1, victim
+        os.kill(int(victim[0]), 9)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if run([STOKER, "get", "/big", str(tmp_path / "out.bin")], env=env,
+                   check=False).returncode == 0:
+                break
+            time.sleep(0.5)
+        assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
+        assert "exited" in open(os.path.join(data, "log", "up.log")).read()
+    finally:
+        run([STOKER, "down", "--data", data], check=False, timeout=60)
+    left = [pid for pid, argv in cmdlines() if data.encode() in argv]
+    assert not left, left
+
+
+def cmdlines():
+    """(pid, command line) of every process (those gone meanwhile left out)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    out.append((pid, f.read()))
+            except OSError:
+                pass
+    return out
+
+
+def test_up_nodes_bad_input(tmp_path):
+    p = run([STOKER, "up", "--data", str(tmp_path / "a"), "--nodes", "9"], check=False)
+    assert p.returncode != 0 and b"--nodes must be 1..8" in p.stderr, p.stderr
+    p = run([STOKER, "up", "--data", str(tmp_path / "b"), "--nodes", "2", "--host",
+             "0.0.0.0"], check=False)
+    assert p.returncode != 0 and b"does not go with --host" in p.stderr, p.stderr
