@@ -224,48 +224,24 @@ void stk_after_fork(stk_client *c)
 
 int stk_client_refresh_routing(struct stk_client *c)
 {
-	uint8_t req[16];
-	struct stk_wbuf w;
-	struct stk_msg_mgmt_get_routing_req m = {.known_version = 0};
 	struct stk_routing rt;
 	struct stk_conn *conn;
-	struct stk_rbuf r;
-	size_t cap = STK_MAX_PAYLOAD;
-	void *resp;
 	int rc;
 
-	resp = malloc(cap);
-	if (!resp)
-		return -ENOMEM;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_mgmt_get_routing_req_enc(&w, &m);
 	rc = stk_pool_get(c->pool, c->mgmtd, &conn);
 	if (rc)
-		goto out;
-	struct stk_rpc rpc = {.opcode = STK_OP_MGMT_GET_ROUTING,
-			      .req = req,
-			      .req_len = w.len,
-			      .resp = resp,
-			      .resp_cap = cap};
-	rc = stk_rpc_call(conn, &rpc);
+		return rc;
+	rc = stk_routing_fetch(conn, &rt);
 	stk_pool_put(c->pool, conn);
+	if (rc == -EBADMSG)
+		rc = -EPROTO; /* what answered is no mgmtd (stoker.h, stk_connect) */
 	if (rc)
-		goto out;
-	stk_rbuf_init(&r, resp, rpc.resp_len);
-	rc = stk_routing_decode(&r, &rt);
-	if (rc == 0 && stk_rbuf_finish(&r))
-		rc = -EPROTO;
-	if (rc) {
-		rc = -EPROTO;
-		goto out;
-	}
+		return rc;
 	pthread_rwlock_wrlock(&c->rt_lock);
 	stk_routing_free(&c->rt);
 	c->rt = rt;
 	pthread_rwlock_unlock(&c->rt_lock);
-out:
-	free(resp);
-	return rc;
+	return 0;
 }
 
 /* The address of the meta node serving shard 1. */

@@ -54,47 +54,7 @@ int stk_cluster_resolve(const char *cluster, char *addr, size_t len)
 /* One MGMT_GET_ROUTING to mgmtd at addr. 0, or -errno (-EBADMSG: not a routing table). */
 static int fetch_routing(const char *addr, struct stk_routing *rt)
 {
-	struct stk_msg_mgmt_get_routing_req m = {.known_version = 0};
-	struct stk_conn *conn = NULL;
-	struct stk_rpc rpc;
-	struct stk_wbuf w;
-	struct stk_rbuf r;
-	uint8_t req[16];
-	void *resp;
-	int rc;
-
-	memset(rt, 0, sizeof(*rt));
-	resp = malloc(STK_MAX_PAYLOAD);
-	if (!resp)
-		return -ENOMEM;
-	stk_wbuf_init(&w, req, sizeof(req));
-	rc = stk_msg_mgmt_get_routing_req_enc(&w, &m);
-	if (rc)
-		goto out;
-	rc = stk_conn_connect(addr, CLUSTER_CONNECT_TIMEOUT_MS, &conn);
-	if (rc) {
-		conn = NULL;
-		goto out;
-	}
-	memset(&rpc, 0, sizeof(rpc));
-	rpc.opcode = STK_OP_MGMT_GET_ROUTING;
-	rpc.req = req;
-	rpc.req_len = w.len;
-	rpc.resp = resp;
-	rpc.resp_cap = STK_MAX_PAYLOAD;
-	rc = stk_rpc_call(conn, &rpc);
-	if (rc)
-		goto out;
-	stk_rbuf_init(&r, resp, rpc.resp_len);
-	rc = stk_routing_decode(&r, rt);
-	if (rc == 0 && stk_rbuf_finish(&r)) {
-		stk_routing_free(rt);
-		rc = -EBADMSG;
-	}
-out:
-	stk_conn_close(conn);
-	free(resp);
-	return rc;
+	return stk_routing_fetch_from(addr, CLUSTER_CONNECT_TIMEOUT_MS, rt);
 }
 
 static int role_from_wire(uint8_t r)

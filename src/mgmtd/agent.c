@@ -550,45 +550,5 @@ out:
 
 int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt)
 {
-	struct stk_msg_mgmt_get_routing_req rq = {.known_version = 0};
-	uint8_t req[16];
-	uint8_t *resp = NULL;
-	struct stk_conn *c = NULL;
-	struct stk_rpc rpc;
-	struct stk_wbuf w;
-	struct stk_rbuf r;
-	int rc;
-
-	memset(rt, 0, sizeof(*rt));
-	stk_wbuf_init(&w, req, sizeof(req));
-	rc = stk_msg_mgmt_get_routing_req_enc(&w, &rq);
-	if (rc)
-		return rc;
-	resp = malloc(STK_MAX_PAYLOAD);
-	if (!resp)
-		return -ENOMEM;
-	rc = stk_conn_connect(mgmtd, AGENT_CONNECT_TIMEOUT_MS, &c);
-	if (rc) {
-		c = NULL;
-		goto out;
-	}
-	memset(&rpc, 0, sizeof(rpc));
-	rpc.opcode = STK_OP_MGMT_GET_ROUTING;
-	rpc.req = req;
-	rpc.req_len = w.len;
-	rpc.resp = resp;
-	rpc.resp_cap = STK_MAX_PAYLOAD;
-	rc = stk_rpc_call(c, &rpc);
-	if (rc)
-		goto out;
-	stk_rbuf_init(&r, resp, rpc.resp_len);
-	rc = stk_routing_decode(&r, rt);
-	if (rc == 0 && stk_rbuf_finish(&r)) {
-		stk_routing_free(rt);
-		rc = -EBADMSG;
-	}
-out:
-	stk_conn_close(c);
-	free(resp);
-	return rc;
+	return stk_routing_fetch_from(mgmtd, AGENT_CONNECT_TIMEOUT_MS, rt);
 }

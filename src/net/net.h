@@ -124,6 +124,20 @@ void stk_pool_flush(struct stk_pool *p);
  */
 void stk_pool_after_fork(struct stk_pool *p);
 
+/* ---- the routing table ---- */
+
+struct stk_routing;
+
+/*
+ * Asks mgmtd for the routing table (MGMT_GET_ROUTING) over c, into *rt (free it with
+ * stk_routing_free). The first call any client or node makes, so it lives with the
+ * transport. 0, a transport error (net.h's), the reply's status as -errno, -EBADMSG
+ * (the reply is no routing table: not a mgmtd) or -ENOMEM. src/net/routing.c.
+ */
+int stk_routing_fetch(struct stk_conn *c, struct stk_routing *rt);
+/* The same over a connection of its own to addr, opened within timeout_ms, then closed. */
+int stk_routing_fetch_from(const char *addr, int timeout_ms, struct stk_routing *rt);
+
 /* ---- server ---- */
 
 struct stk_rpc_req {
