@@ -669,6 +669,7 @@ static void worst(double *acc, double v)
 static int show(struct top *t, double interval)
 {
 	struct row cl = {.rp99 = NAN, .wp99 = NAN, .rpcp99 = NAN};
+	double cluster_cap = NAN, cluster_used = NAN;
 	struct row *rows = calloc((size_t)t->nnodes + 1, sizeof(*rows));
 	char when[32], title[160];
 	time_t now = time(NULL);
@@ -709,12 +710,25 @@ static int show(struct top *t, double interval)
 			worst(&cl.rp99, r->rp99);
 			worst(&cl.wp99, r->wp99);
 		}
+		/*
+		 * mgmtd's totals count each device once over the whole cluster; the sum of
+		 * the nodes' own would count one shared by several nodes (one machine's
+		 * `stoker up --nodes`) once per node.
+		 */
+		if (has(b, "stoker_cluster_capacity_bytes")) {
+			cluster_cap = sum(b, "stoker_cluster_capacity_bytes", NULL);
+			cluster_used = sum(b, "stoker_cluster_used_bytes", NULL);
+		}
 		r->rpc = rate(a, b, "stoker_rpc_requests_total", NULL);
 		r->rpcp99 = quantile(a, b, "stoker_rpc_duration_seconds", NULL, 0.99);
 		if (strcmp(n->role, "meta") == 0) {
 			cl.rpc += r->rpc; /* the cluster's metadata operations */
 			worst(&cl.rpcp99, r->rpcp99);
 		}
+	}
+	if (!isnan(cluster_cap) && cluster_cap > 0) {
+		cl.cap = cluster_cap;
+		cl.used = cluster_used;
 	}
 	printf("stoker top  %s  %s  every %.1f s\n\n", title, when, interval);
 	printf("%-8s %-8s %-22s %11s %11s %7s %7s %9s %9s %7s %9s  %s\n", "NAME", "ROLE",

@@ -220,6 +220,12 @@ def test_up_with_several_storage_nodes(tmp_path):
         for i in range(3):
             assert "127.0.0.%d:%d" % (i + 2, port + 2) in st and "up-storage%d" % i in st, st
         assert st.count(" serving ") == 6, st
+        # top finds every node's metrics; the one disk under all counts once
+        top = run([STOKER, "top", "--once", "--interval", "0.5"], env=env).stdout.decode()
+        assert top.count(" storage ") == 3 and top.count(" target ") == 6, top
+        sizes = {l.split()[0] if not l.startswith(" ") else "target":
+                 l.split("% of ")[1] for l in top.splitlines() if "% of " in l}
+        assert sizes["cluster"] == sizes["target"], top
         src = tmp_path / "in.bin"
         src.write_bytes(os.urandom(24 << 20))
         run([STOKER, "put", str(src), "/big"], env=env)
