@@ -1108,9 +1108,8 @@ static void loop_deliver(struct srv_loop *lp, struct srv_req *r)
 }
 
 /*
- * Offers r to the service's loop-side handler. 1: taken (answered, or pending);
- * 0: it goes to a worker. A frame that fails its checks goes to a worker too,
- * which says so as for any other.
+ * Offers r to the service's loop-side handler. 1: taken (answered, pending, or
+ * its connection closed for a checksum mismatch); 0: it goes to a worker.
  */
 static int loop_try(struct srv_loop *lp, struct srv_req *r)
 {
@@ -1119,8 +1118,16 @@ static int loop_try(struct srv_loop *lp, struct srv_req *r)
 	struct stk_rpc_resp resp;
 	int rc;
 
-	if (r->close || r->hdr.bulk_len || r->conn->closed || frame_check(r))
+	if (r->close || r->hdr.bulk_len || r->conn->closed)
 		return 0;
+	rc = frame_check(r);
+	if (rc == -EBADMSG) { /* said so: the connection closes, as a worker would close it */
+		r->close = 1;
+		loop_deliver(lp, r);
+		return 1;
+	}
+	if (rc)
+		return 0; /* another wire version: a worker answers it so */
 	r->checked = 1;
 	req_view(r, &req, &resp, lp->scratch);
 	rc = s->lops->handle(s->ctx, lp->lstate, &req, &resp, (struct stk_rpc_pending *)r);

@@ -672,6 +672,19 @@ static void test_loop_handlers(void)
 				    .resp_cap = sizeof(bresp)};
 	CHECK_RC(stk_rpc_call(c, &bulk_rpc), -ENOSYS);
 	CHECK(atomic_load(&g_loop_handled) == 3 * N);
+	/* a frame with a bad checksum, offered to the loop: no answer, that connection closes */
+	{
+		uint8_t buf[STK_FRAME_HDR_LEN + 4];
+		size_t n = frame(buf, OP_LECHO, 77, "abcd", 4);
+		int fd = raw_connect(stk_server_addr(v.s));
+
+		CHECK(fd >= 0);
+		buf[STK_FRAME_HDR_LEN] ^= 1;
+		CHECK(send(fd, buf, n, MSG_NOSIGNAL) == (ssize_t)n);
+		CHECK(drain(fd) == 0);
+		close(fd);
+		CHECK(atomic_load(&g_loop_handled) == 3 * N);
+	}
 	/* pending when the server goes: detach answers it */
 	drop = (struct stk_rpc){.opcode = OP_LDROP, .req = req[0], .req_len = 4, .resp = bresp,
 				.resp_cap = sizeof(bresp)};
