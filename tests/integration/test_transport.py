@@ -34,7 +34,10 @@ def test_ten_thousand_connections_to_one_storage_node(cluster, tmp_path):
     src = tmp_path / "data.bin"
     src.write_bytes(os.urandom(4 << 20))
     cluster.cli("put", str(src), "/data.bin")
-    threads_before = proc_status(pid, "Threads")
+    try:
+        threads_before = proc_status(pid, "Threads")
+    except FileNotFoundError:  # it died: say why (the supervisor's log names the signal)
+        raise AssertionError("storage (pid %d) is gone after a put\n%s" % (pid, cluster.logs()))
     rss_before = proc_status(pid, "VmRSS") << 10
 
     samples = []
