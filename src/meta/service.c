@@ -264,7 +264,19 @@ static void placement_get(struct meta *m, struct stk_meta_placement *pl)
 {
 	struct stk_routing_ref *ref = m->agent ? stk_agent_routing_get(m->agent) : NULL;
 
+	memset(pl, 0, sizeof(*pl));
 	pl->nchains = ref ? ref->rt.nchains : 0;
+	for (uint32_t i = 0; ref && i < ref->rt.nchains; i++) {
+		const struct stk_rt_chain *c = &ref->rt.chains[i];
+		const struct stk_rt_target *t =
+			c->ntargets ? stk_routing_target(&ref->rt, c->targets[0]) : NULL;
+
+		if (c->id < 1 || c->id > STK_PLACEMENT_DOWN_MAX ||
+		    (t && t->state == STK_TARGET_SERVING))
+			continue;
+		pl->down[(c->id - 1) / 64] |= 1ull << ((c->id - 1) % 64);
+		pl->ndown++;
+	}
 	if (ref)
 		stk_agent_routing_put(m->agent, ref);
 	pl->chunk_size = m->chunk_size;

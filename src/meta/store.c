@@ -1561,6 +1561,51 @@ static int layout_is_zero(const struct stk_layout *l)
 	return !l->chunk_size && !l->stripe && !l->nchains && !l->start && !l->seed;
 }
 
+static int chain_down(const struct stk_meta_placement *pl, uint32_t id)
+{
+	return id >= 1 && id <= STK_PLACEMENT_DOWN_MAX &&
+	       (pl->down[(id - 1) / 64] >> ((id - 1) % 64) & 1);
+}
+
+/* Chains of layout l that do not serve now. */
+static uint32_t layout_down(const struct stk_layout *l, const struct stk_meta_placement *pl)
+{
+	uint32_t chains[STK_MAX_STRIPE], n = 0;
+
+	stk_layout_chains(l, chains);
+	for (uint32_t i = 0; i < l->stripe; i++)
+		n += chain_down(pl, chains[i]);
+	return n;
+}
+
+/*
+ * While some chains do not serve (a node away, with one copy of each chunk), a new
+ * file is laid over serving chains only where a layout can do that: its stripe
+ * shrinks to the serving count, and other starts and seeds are drawn (up to
+ * LAYOUT_TRIES) until its chains all serve; else the layout with the fewest down
+ * chains stands. Files that exist keep their layouts.
+ */
+#define LAYOUT_TRIES 64
+static void layout_avoid_down(struct stk_layout *out, const struct stk_meta_placement *pl,
+			      uint64_t entropy)
+{
+	struct stk_layout best = *out, l;
+	uint32_t best_down = layout_down(out, pl);
+	uint32_t stripe = STK_MIN(out->stripe, pl->nchains - pl->ndown);
+
+	for (int i = 0; i < LAYOUT_TRIES && best_down; i++) {
+		uint32_t d;
+
+		stk_layout_make(&l, out->chunk_size, stripe, pl->nchains, stk_splitmix64(&entropy));
+		d = layout_down(&l, pl);
+		if (d < best_down) {
+			best = l;
+			best_down = d;
+		}
+	}
+	*out = best;
+}
+
 /* The layout of new file ino: the requested one, or one made from the placement defaults. */
 static int layout_choose(const struct op *o, uint64_t ino, const struct stk_layout *req,
 			 const struct stk_meta_placement *pl, struct stk_layout *out)
@@ -1577,6 +1622,8 @@ static int layout_choose(const struct op *o, uint64_t ino, const struct stk_layo
 	entropy = (ino * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)o->now_sec << 32) ^ o->now_nsec;
 	stk_layout_make(out, pl->chunk_size ? pl->chunk_size : STK_DEFAULT_CHUNK_SIZE, pl->stripe,
 			pl->nchains, entropy);
+	if (pl->ndown && pl->ndown < pl->nchains)
+		layout_avoid_down(out, pl, entropy);
 	return 0;
 }
 

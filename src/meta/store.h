@@ -145,12 +145,18 @@ int stk_meta_store_record_reads(struct stk_meta_store *st, const uint64_t *inos,
 /*
  * Where a new file's data goes when the request names no layout: chunks of
  * chunk_size over `stripe` chains among the `nchains` chains of the current
- * routing table. nchains 0 means no storage target exists yet.
+ * routing table. nchains 0 means no storage target exists yet. down: the chains
+ * (bit id-1, ids up to STK_PLACEMENT_DOWN_MAX) whose targets do not serve now; a new
+ * file's layout avoids them where it can (fewer chains in its stripe, another
+ * start and seed), so that files made while a node is away can be written.
  */
+#define STK_PLACEMENT_DOWN_MAX 4096u
 struct stk_meta_placement {
 	uint32_t chunk_size;
 	uint32_t stripe;
 	uint32_t nchains;
+	uint32_t ndown; /* bits set in down */
+	uint64_t down[STK_PLACEMENT_DOWN_MAX / 64];
 };
 
 /*

@@ -158,6 +158,27 @@ static void test_create(void)
 	CHECK(stk_layout_check(&a.layout) == 0);
 	CHECK(attr_of(d).mtime_sec > 0);
 	f = a.ino;
+	/* chains 2 and 3 of 4 down (a node away): new files use only 1 and 4 */
+	{
+		struct stk_meta_placement half = PL4;
+		char name[16];
+
+		half.down[0] = (1u << 1) | (1u << 2);
+		half.ndown = 2;
+		for (int i = 0; i < 40; i++) {
+			uint32_t chains[STK_MAX_STRIPE];
+
+			snprintf(name, sizeof(name), "half%d", i);
+			CHECK_RC(stk_meta_store_create(st, &ROOT, d, name, 0644, STK_CREATE_EXCL,
+						       &ZERO_LAYOUT, &half, &b, &created),
+				 0);
+			CHECK(b.layout.stripe == 2 && b.layout.nchains == 4 &&
+			      stk_layout_check(&b.layout) == 0);
+			stk_layout_chains(&b.layout, chains);
+			for (uint32_t k = 0; k < b.layout.stripe; k++)
+				CHECK(chains[k] == 1 || chains[k] == 4);
+		}
+	}
 
 	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "f", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT, &PL4,
 				       &b, &created),
