@@ -65,12 +65,15 @@ def pids(data):
         try:
             with open("/proc/%s/cmdline" % p, "rb") as f:
                 argv = f.read().split(b"\0")
-        except OSError:
+            with open("/proc/%s/stat" % p) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
+        # not a daemon's own child between fork and exec (storage runs smartctl)
         if len(argv) > 4 and argv[1] in (b"mgmtd", b"meta", b"storage") and \
                 data.encode() in b" ".join(argv):
-            res[argv[1].decode()] = int(p)
-    return res
+            res[int(p)] = (argv[1].decode(), ppid)
+    return {role: pid for pid, (role, ppid) in res.items() if ppid not in res}
 
 
 class Cluster:

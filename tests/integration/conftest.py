@@ -143,20 +143,24 @@ class Cluster:
         return "\n".join(out)
 
     def pids(self):
-        """The daemons' pids by role, from /proc (children of the supervisor)."""
-        res = {}
+        """The daemons' pids by role, from /proc (children of the supervisor). A
+        daemon's own child between its fork and exec (storage runs smartctl) has the
+        same command line: only a process whose parent is not a daemon counts."""
+        found = {}
         for pid in os.listdir("/proc"):
             if not pid.isdigit():
                 continue
             try:
                 with open("/proc/%s/cmdline" % pid, "rb") as f:
                     argv = f.read().split(b"\0")
-            except OSError:
+                with open("/proc/%s/stat" % pid) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
             if len(argv) > 4 and argv[1] in (b"mgmtd", b"meta", b"storage") and \
                     self.data.encode() in b" ".join(argv):
-                res[argv[1].decode()] = int(pid)
-        return res
+                found[int(pid)] = (argv[1].decode(), ppid)
+        return {role: pid for pid, (role, ppid) in found.items() if ppid not in found}
 
     def cli(self, *args, check=True, input=None, timeout=300):
         return run([STOKER] + list(args), check=check, input=input, timeout=timeout,
