@@ -1654,8 +1654,7 @@ static void server_opts(struct meta *m, const char *listen, struct stk_server_op
 	so->size = sizeof(*so);
 	so->listen = listen;
 	so->handler = meta_handle;
-	if (!getenv("STOKER_LOOP_READS") || strcmp(getenv("STOKER_LOOP_READS"), "0") != 0)
-		so->loop_ops = &meta_loop_ops;
+	so->loop_ops = &meta_loop_ops;
 	so->ctx = m;
 	/*
 	 * A change may wait for cache holders' acknowledgements, which come as requests

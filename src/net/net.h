@@ -263,7 +263,10 @@ struct stk_server_opts {
 	 * closed; 0 = 30000. STOKER_NET_SEND_TIMEOUT_MS overrides.
 	 */
 	unsigned send_timeout_ms;
-	/* Loop-side handlers, or NULL: every request goes to a worker. Must outlive the server. */
+	/*
+	 * Loop-side handlers, or NULL: every request goes to a worker (as with
+	 * STOKER_LOOP_READS=0, which overrides). Must outlive the server.
+	 */
 	const struct stk_server_loop_ops *loop_ops;
 };
 

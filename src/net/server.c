@@ -1631,7 +1631,10 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	s->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 	s->handler = opts->handler;
 	s->ctx = opts->ctx;
-	s->lops = opts->loop_ops;
+	/* STOKER_LOOP_READS=0: every request to the workers, whatever the service offers */
+	s->lops = getenv("STOKER_LOOP_READS") && strcmp(getenv("STOKER_LOOP_READS"), "0") == 0
+			  ? NULL
+			  : opts->loop_ops;
 	s->metrics = opts->metrics;
 	s->max_conns = opts->max_conns ? opts->max_conns : 65536;
 	s->nloops = (unsigned)env_setting("STOKER_NET_LOOPS",

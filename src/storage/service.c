@@ -702,7 +702,6 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 {
 	struct stk_daemon_spec spec;
 	struct stk_server_opts so;
-	const char *loop_reads;
 	struct storage_boot b;
 	struct storage *s;
 	int rc;
@@ -745,9 +744,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	so.size = sizeof(so);
 	so.listen = opts->listen;
 	so.handler = storage_handle;
-	loop_reads = getenv("STOKER_LOOP_READS");
-	if (!loop_reads || strcmp(loop_reads, "0") != 0)
-		so.loop_ops = &storage_loop_ops;
+	so.loop_ops = &storage_loop_ops;
 	so.ctx = s;
 	/* Chunk reads and writes block on the disk: this many run at once. */
 	so.workers = 32;
