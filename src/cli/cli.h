@@ -71,6 +71,8 @@ int cmd_bench_loader(int argc, char **argv);
 void cli_err(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints the usage line of a command to stderr and returns 2. */
 int cli_usage(const char *cmd);
+/* "mgmtd", "meta", "storage" for a STK_CLUSTER_ROLE_* value, "?" for another. */
+const char *cli_role_name(int role);
 
 /*
  * Splits a user path into a cluster address and a path inside it:

@@ -12,7 +12,7 @@
 /* A zero namespace identity as the refused line writes it (the snapshot gives ""). */
 #define ZERO_NS "00000000000000000000000000000000"
 
-static const char *role_name(int r)
+const char *cli_role_name(int r)
 {
 	switch (r) {
 	case STK_CLUSTER_ROLE_MGMTD:
@@ -142,7 +142,7 @@ int cmd_status(int argc, char **argv)
 		char seen[32];
 
 		snprintf(seen, sizeof(seen), "%.1f s ago", (double)n->last_seen_ms / 1000.0);
-		printf("  %-4u %-8s %-8s %-22s %-14s %s\n", n->id, role_name(n->role),
+		printf("  %-4u %-8s %-8s %-22s %-14s %s\n", n->id, cli_role_name(n->role),
 		       n->state == STK_CLUSTER_NODE_ONLINE ? "online" : "offline", n->addr, seen,
 		       n->host_id[0] ? n->host_id : "-");
 	}

@@ -457,18 +457,6 @@ static struct node *node_add(struct top *t, const char *maddr, const char *role,
 	return n;
 }
 
-static const char *role_name(int r)
-{
-	switch (r) {
-	case STK_CLUSTER_ROLE_META:
-		return "meta";
-	case STK_CLUSTER_ROLE_STORAGE:
-		return "storage";
-	default:
-		return "?";
-	}
-}
-
 /* Refreshes the node list from the cluster status (new nodes appear as they join). */
 static int discover(struct top *t)
 {
@@ -490,7 +478,7 @@ static int discover(struct top *t)
 		node_add(t, maddr, "mgmtd", 0);
 	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++)
 		if (metrics_addr(n->addr, maddr, sizeof(maddr)) == 0)
-			node_add(t, maddr, role_name(n->role), n->id);
+			node_add(t, maddr, cli_role_name(n->role), n->id);
 	return 0;
 }
 
