@@ -315,11 +315,14 @@ int stk_meta_sessions_open(struct stk_meta_sessions *s, uint64_t session, uint64
 	if (rc)
 		goto out;
 	/*
-	 * An orphan no one holds is being reaped: it cannot be opened again, except by
-	 * a client registering what it held before a restart (set), which the reaper's
-	 * grace period waits for.
+	 * A file without a name opens again only for a session that still holds it
+	 * (a reopen through /proc/self/fd), or for a client registering what it held
+	 * before a restart (set), which the reaper's grace period waits for. Another
+	 * session that still caches the name gets ENOENT, as a path open would, even
+	 * while the unlinking client's close is still on its way (a mount's release
+	 * comes after close() has returned).
 	 */
-	if (a.nlink == 0 && !set && !stk_meta_sessions_is_open(s, ino)) {
+	if (a.nlink == 0 && !set && !*oref_slot(s, ino, session)) {
 		rc = -ENOENT;
 		goto out;
 	}

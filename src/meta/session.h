@@ -62,7 +62,7 @@ int stk_meta_sessions_renew(struct stk_meta_sessions *s, uint64_t session, int *
 void stk_meta_sessions_end(struct stk_meta_sessions *s, uint64_t session);
 /*
  * Adds count references of session on ino, which must exist: with a name, or an
- * orphan someone still holds (-ENOENT otherwise); with set, the session then holds
+ * orphan this session still holds (-ENOENT otherwise, even if others hold it); with set, the session then holds
  * exactly count (a client registering again after a restart). *out (if not NULL)
  * becomes the inode's attributes, read under the mutex with the registration, so
  * that no unlink falls between them. On an error nothing is registered and *out

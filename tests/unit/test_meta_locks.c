@@ -6,7 +6,9 @@
  * requests, and dropping a session's locks. Also the store's orphan records
  * (src/meta/store.h): a file unlinked while the open hook says it is open keeps
  * its inode with nlink 0, is listed as an orphan across a reopen, and goes with
- * stk_meta_store_orphan_drop.
+ * stk_meta_store_orphan_drop. And the sessions' open references
+ * (src/meta/session.h): an unlinked file still held by one client opens again
+ * for that client only, and for no one once closed.
  *
  * Exit status: 0 pass, 1 fail, 77 skip (no temporary folder).
  */
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "meta/locks.h"
+#include "meta/session.h"
 #include "meta/store.h"
 #include "check.h"
 
@@ -290,6 +293,55 @@ static void test_orphans(void)
 	stk_meta_store_close(st);
 }
 
+/*
+ * Two clients: one holds a file open, the other unlinks it. The name is gone for
+ * both; the holder may open the inode again (a reopen through /proc/self/fd),
+ * the other may not, though it still holds the inode number (a mount that
+ * caches the name). After the holder's close, no one may.
+ */
+static void test_sessions_orphan_open(void)
+{
+	static const struct stk_cred root = {0};
+	static const struct stk_meta_placement pl = {.chunk_size = 1u << 20, .stripe = 1,
+						     .nchains = 1};
+	static const struct stk_layout zero = {0};
+	struct stk_meta_store *st = NULL;
+	struct stk_meta_sessions *ss = NULL;
+	struct stk_attr a, after;
+	int created, known;
+
+	if (store_open(&st)) {
+		CHECK_FAIL("cannot open a store in %s", tmpdir);
+		return;
+	}
+	CHECK_RC(stk_meta_sessions_create(st, 60000, &ss), 0);
+	if (!ss) {
+		stk_meta_store_close(st);
+		return;
+	}
+	CHECK_RC(stk_meta_sessions_renew(ss, 7, &known), 0);
+	CHECK_RC(stk_meta_sessions_renew(ss, 8, &known), 0);
+	CHECK_RC(stk_meta_store_create(st, &root, 1, "held", 0644, 0, &zero, &pl, &a, &created),
+		 0);
+	CHECK_RC(stk_meta_sessions_open(ss, 7, a.ino, 1, 0, NULL), 0);
+	CHECK_RC(stk_meta_sessions_open(ss, 8, a.ino, 1, 0, NULL), 0);
+	CHECK_RC(stk_meta_sessions_close(ss, 8, a.ino, 1), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &root, 1, "held", &after), 0);
+	CHECK(after.nlink == 0);
+	CHECK_RC(stk_meta_sessions_open(ss, 8, a.ino, 1, 0, NULL), -ENOENT);
+	CHECK_RC(stk_meta_sessions_open(ss, 9, a.ino, 1, 0, NULL), -ENOENT);
+	CHECK_RC(stk_meta_sessions_open(ss, 7, a.ino, 1, 0, &after), 0);
+	CHECK(after.ino == a.ino && after.nlink == 0);
+	/* Registering again after a meta restart (set) is allowed to anyone it names. */
+	CHECK_RC(stk_meta_sessions_open(ss, 8, a.ino, 1, 1, NULL), 0);
+	CHECK_RC(stk_meta_sessions_close(ss, 8, a.ino, 1), 0);
+	CHECK_RC(stk_meta_sessions_close(ss, 7, a.ino, 2), 0);
+	/* After the last close no one opens it again (the reaper takes it). */
+	CHECK_RC(stk_meta_sessions_open(ss, 7, a.ino, 1, 0, NULL), -ENOENT);
+	stk_meta_sessions_destroy(ss);
+	stk_meta_store_close(st);
+}
+
 int main(void)
 {
 	int rc;
@@ -305,6 +357,9 @@ int main(void)
 		return check_failures() ? check_done() : 77;
 	}
 	CHECK_RUN(test_orphans);
+	check_rm_rf(tmpdir);
+	CHECK_RC(check_tmpdir(tmpdir, sizeof(tmpdir), "meta-sessions"), 0);
+	CHECK_RUN(test_sessions_orphan_open);
 	check_rm_rf(tmpdir);
 	return check_done();
 }
