@@ -118,7 +118,7 @@ static int check_hdr(struct stk_chunk_store *cs, const uint8_t *b, size_t have, 
 		     uint64_t ino, uint32_t idx, struct chunk_hdr *h)
 {
 	struct stk_rbuf r;
-	uint32_t magic, format, crc_off;
+	uint32_t magic, format, fixed, crc_off;
 	uint64_t hino;
 	uint32_t hidx;
 
@@ -131,22 +131,27 @@ static int check_hdr(struct stk_chunk_store *cs, const uint8_t *b, size_t have, 
 	hino = stk_get_u64(&r);
 	hidx = stk_get_u32(&r);
 	h->nblocks = stk_get_u32(&r);
+	h->version = stk_get_u64(&r);
 	if (magic != CHUNK_MAGIC)
 		return stk_chunk_hdr_corrupt(cs, rel, ino, idx, "bad magic");
-	if (format != STK_CHUNK_FORMAT)
+	if (format != STK_CHUNK_FORMAT && format != 1)
 		return stk_chunk_hdr_corrupt(cs, rel, ino, idx, "unknown format version");
+	fixed = format == 1 ? HDR_FIXED_V1 : HDR_FIXED;
+	if (format == 1)
+		h->version = 1; /* written before chunks had versions: the first one */
 	if (h->data_len > STK_MAX_CHUNK_SIZE ||
 	    h->nblocks != STK_DIV_ROUND_UP(h->data_len, STK_CHUNK_BLOCK) ||
-	    h->hdr_len != stk_chunk_hdr_size(h->nblocks))
+	    h->hdr_len != STK_DIV_ROUND_UP(fixed + 4 * h->nblocks + 4, HDR_MIN) * HDR_MIN ||
+	    (format != 1 && h->version == 0))
 		return stk_chunk_hdr_corrupt(cs, rel, ino, idx, "inconsistent lengths");
 	if (h->hdr_len > have)
 		return -ENOSPC;
-	crc_off = HDR_FIXED + 4 * h->nblocks;
+	crc_off = fixed + 4 * h->nblocks;
 	if (stk_chunk_le32(b + crc_off) != stk_crc32c(0, b, crc_off))
 		return stk_chunk_hdr_corrupt(cs, rel, ino, idx, "header checksum mismatch");
 	if (hino != ino || hidx != idx)
 		return stk_chunk_hdr_corrupt(cs, rel, ino, idx, "header names another chunk");
-	h->crcs = b + HDR_FIXED;
+	h->crcs = b + fixed;
 	return 0;
 }
 

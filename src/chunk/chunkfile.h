@@ -23,9 +23,13 @@
  *       16    8 ino
  *       24    4 chunk index
  *       28    4 nblocks       ceil(data_len / 4096)
- *       32 4*nb block CRCs    CRC32C of each 4 KiB data block (the last one short)
- *  32+4*nb    4 header CRC    CRC32C of the bytes before it
+ *       32    8 version       the chunk's version, 1 or more (chain replication:
+ *                             src/storage/chunk.h, stk_chunk_write_ver)
+ *       40 4*nb block CRCs    CRC32C of each 4 KiB data block (the last one short)
+ *  40+4*nb    4 header CRC    CRC32C of the bytes before it
  *
+ * Format 1 (still read) had no version field: its CRCs start at 32, and its
+ * chunks count as version 1.
  *
  * Every block is checked against its CRC when read; a block that fails is
  * reported as -EIO and its bytes never leave this module. Updates never change a
@@ -41,7 +45,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#define STK_CHUNK_FORMAT 1
+#define STK_CHUNK_FORMAT 2
 #define STK_CHUNK_BLOCK 4096u
 
 /* A target folder's chunk files: opened by the storage daemon (read-write,

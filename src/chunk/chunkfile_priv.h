@@ -16,7 +16,8 @@
 #include "chunkfile.h"
 
 #define CHUNK_MAGIC 0x434B5453u /* "STKC" */
-#define HDR_FIXED 32u		/* header bytes before the block CRCs */
+#define HDR_FIXED 40u		/* header bytes before the block CRCs (format 2) */
+#define HDR_FIXED_V1 32u	/* the same in format 1, which had no version */
 #define HDR_MIN 4096u
 #define MAX_BLOCKS (STK_MAX_CHUNK_SIZE / STK_CHUNK_BLOCK)
 #define LOCK_STRIPES 1024u
@@ -46,6 +47,7 @@ struct stk_chunk_store {
 
 /* A parsed chunk header. crcs points into the buffer the header was read into. */
 struct chunk_hdr {
+	uint64_t version; /* the chunk's version (format 1 chunks: 1) */
 	uint32_t hdr_len;
 	uint32_t data_len;
 	uint32_t nblocks;
@@ -64,6 +66,7 @@ static inline uint32_t stk_chunk_le32(const uint8_t *p)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+/* The header length of a chunk of nblocks blocks, in the format written now. */
 static inline uint32_t stk_chunk_hdr_size(uint32_t nblocks)
 {
 	uint32_t need = HDR_FIXED + 4 * nblocks + 4;

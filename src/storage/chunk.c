@@ -77,7 +77,7 @@ static int space_err(int rc)
 }
 
 static void build_hdr(uint8_t *buf, uint32_t hdr_len, uint64_t ino, uint32_t idx, uint32_t data_len,
-		      uint32_t nblocks)
+		      uint32_t nblocks, uint64_t version)
 {
 	struct stk_wbuf w;
 	uint32_t crc_off = HDR_FIXED + 4 * nblocks;
@@ -91,6 +91,7 @@ static void build_hdr(uint8_t *buf, uint32_t hdr_len, uint64_t ino, uint32_t idx
 	stk_put_u64(&w, ino);
 	stk_put_u32(&w, idx);
 	stk_put_u32(&w, nblocks);
+	stk_put_u64(&w, version);
 	stk_wbuf_init(&w, buf + crc_off, hdr_len - crc_off);
 	stk_put_u32(&w, stk_crc32c(0, buf, crc_off));
 	memset(buf + crc_off + 4, 0, hdr_len - crc_off - 4);
@@ -118,6 +119,7 @@ struct chunk_update {
 	uint32_t flags;
 	uint32_t chunk_size;
 	const uint32_t *crcs; /* CRC32C of each STK_CHUNK_BLOCK piece of data, or NULL */
+	struct stk_chunk_wver *v; /* versions (see stk_chunk_write_ver), or NULL */
 };
 
 /*
@@ -233,6 +235,7 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	char rel[REL_MAX], tmp[REL_MAX + 32];
 	struct chunk_hdr oh = {0};
 	uint32_t old_len = 0, new_len, nblocks, hdr_len, have = 0;
+	uint64_t old_ver = 0, new_ver = 0;
 	const uint8_t *data;
 	uint8_t *stage;
 	int fd = -1, tfd = -1, exists = 0, need_old, direct, uncached = 0, made_dirs = 0, rc;
@@ -246,7 +249,8 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	if (fd >= 0) {
 		exists = 1;
 		rc = stk_chunk_hdr_read(cs, t, fd, rel, ino, idx, &oh);
-		if (rc == -EIO && !u->cut && u->off == 0 && u->len == u->chunk_size) {
+		if (rc == -EIO && !u->cut &&
+		    ((u->off == 0 && u->len == u->chunk_size) || (u->v && u->v->full))) {
 			/* The whole chunk is being replaced: nothing of the old one is needed. */
 			stk_warn("rewriting chunk ino 0x%llx idx %u of target %u whole over a "
 				 "corrupt one",
@@ -257,21 +261,36 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 			goto out;
 		} else {
 			old_len = oh.data_len;
+			old_ver = oh.version;
 		}
 	}
+	if (u->v) {
+		u->v->old = old_ver;
+		u->v->now = old_ver;
+		if (u->v->base != STK_CHUNK_VER_ANY && u->v->base != old_ver) {
+			rc = -EUCLEAN; /* this copy is not the one the sender changed */
+			goto out;
+		}
+		if (u->v->set)
+			new_ver = u->v->set;
+	}
+	if (!new_ver)
+		new_ver = old_ver + 1;
 
 	if (u->cut)
 		new_len = STK_MIN(u->cut_len, old_len);
+	else if (u->v && u->v->full)
+		new_len = u->len; /* the whole chunk is replaced */
 	else
 		new_len = STK_MAX(old_len, u->off + u->len);
-	if (new_len == old_len && (u->cut || u->len == 0)) {
+	if (new_len == old_len && (u->cut || u->len == 0) && !(u->v && (u->v->set || u->v->full))) {
 		rc = 0; /* nothing changes */
 		goto out;
 	}
 	nblocks = STK_DIV_ROUND_UP(new_len, STK_CHUNK_BLOCK);
 	hdr_len = stk_chunk_hdr_size(nblocks);
 	/* The old bytes are needed unless this write replaces all of them. */
-	need_old = fd >= 0 && old_len > 0 && !covers(u, 0, old_len);
+	need_old = fd >= 0 && old_len > 0 && !covers(u, 0, old_len) && !(u->v && u->v->full);
 	/*
 	 * A write that replaces every old byte from the chunk's first one (a new
 	 * chunk written whole, as a checkpoint's are) is not staged: the file is
@@ -345,7 +364,7 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 			crc = stk_crc32c(0, data + bs, new_be - bs);
 		put_crc(t->buf, b, crc);
 	}
-	build_hdr(t->buf, hdr_len, ino, idx, new_len, nblocks);
+	build_hdr(t->buf, hdr_len, ino, idx, new_len, nblocks, new_ver);
 
 	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", rel, (int)gettid());
 	tfd = create_tmp(cs, tmp, ino, &made_dirs);
@@ -403,6 +422,8 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 		__atomic_add_fetch(&cs->nchunks, 1, __ATOMIC_RELAXED);
 	if (u->flags & STK_WRITE_SYNC)
 		rc = sync_dirs(cs, ino, made_dirs);
+	if (u->v)
+		u->v->now = new_ver;
 out:
 	if (rc == 0)
 		*new_len_out = new_len;
@@ -411,26 +432,63 @@ out:
 	return rc;
 }
 
-int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t chunk_size,
-		    uint32_t off, const void *data, uint32_t len, const uint32_t *crcs,
-		    uint32_t flags, uint32_t *chunk_len)
+int stk_chunk_write_ver(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
+			const uint32_t *crcs, uint32_t flags, struct stk_chunk_wver *v,
+			uint32_t *chunk_len)
 {
 	struct chunk_update u = {.off = off,
 				 .len = len,
 				 .data = data,
 				 .flags = flags,
 				 .chunk_size = chunk_size,
-				 .crcs = crcs};
+				 .crcs = crcs,
+				 .v = v};
 	pthread_mutex_t *lk;
 	int rc;
 
 	if (chunk_size == 0 || chunk_size > STK_MAX_CHUNK_SIZE ||
-	    (uint64_t)off + len > chunk_size || (len && !data))
+	    (uint64_t)off + len > chunk_size || (len && !data) || (v && v->full && off))
 		return -EINVAL;
 	lk = stripe(cs, ino, idx);
 	pthread_mutex_lock(lk);
 	rc = chunk_update(cs, ino, idx, &u, chunk_len);
+	if (rc == 0 && v && v->then)
+		rc = v->then(v->ctx, v);
 	pthread_mutex_unlock(lk);
+	return rc;
+}
+
+int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint32_t chunk_size,
+		    uint32_t off, const void *data, uint32_t len, const uint32_t *crcs,
+		    uint32_t flags, uint32_t *chunk_len)
+{
+	return stk_chunk_write_ver(cs, ino, idx, chunk_size, off, data, len, crcs, flags, NULL,
+				   chunk_len);
+}
+
+int stk_chunk_version(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint64_t *version,
+		      uint32_t *len)
+{
+	struct chunk_tls *t = stk_chunk_tls_get();
+	struct chunk_hdr h;
+	char rel[REL_MAX];
+	int fd, rc;
+
+	if (!t)
+		return -ENOMEM;
+	*version = 0;
+	*len = 0;
+	stk_chunk_rel(rel, sizeof(rel), ino, idx);
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	rc = stk_chunk_hdr_read(cs, t, fd, rel, ino, idx, &h);
+	close(fd);
+	if (rc == 0) {
+		*version = h.version;
+		*len = h.data_len;
+	}
 	return rc;
 }
 

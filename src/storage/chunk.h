@@ -54,6 +54,41 @@ int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 		    uint32_t flags, uint32_t *chunk_len);
 
 /*
+ * Chunk versions, for replicas (src/storage/service.c, chain replication): every
+ * change of a chunk's bytes or length makes its version one more than it was (a
+ * missing chunk is version 0; one written before versions existed, 1), unless the
+ * caller sets it. stk_chunk_write_ver is stk_chunk_write with:
+ *   base  the version the change applies to; when the chunk has another, nothing
+ *         is written and the call returns -EUCLEAN (the sender then sends the whole
+ *         chunk). STK_CHUNK_VER_ANY: any version.
+ *   set   the new version (0: the old one plus 1), as a predecessor in the chain
+ *         numbered it.
+ *   full  the data replaces the whole chunk (off must be 0; the chunk's length
+ *         becomes len), as a copy from another replica does.
+ *   old, now (out) the version before and after.
+ *   then  if not NULL, called once the change has landed (and not when it failed),
+ *         with the chunk's lock still held, so that no other change of this chunk
+ *         comes between: a replica forwards the change to its successor there. Its
+ *         error is the call's. It must not change this chunk itself.
+ */
+#define STK_CHUNK_VER_ANY UINT64_MAX
+struct stk_chunk_wver {
+	uint64_t base;
+	uint64_t set;
+	int full;
+	uint64_t old, now;
+	int (*then)(void *ctx, const struct stk_chunk_wver *v);
+	void *ctx;
+};
+int stk_chunk_write_ver(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
+			const uint32_t *crcs, uint32_t flags, struct stk_chunk_wver *v,
+			uint32_t *chunk_len);
+/* The version and length of chunk idx of ino (0 and 0 when missing). 0, -EIO or -errno. */
+int stk_chunk_version(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint64_t *version,
+		      uint32_t *len);
+
+/*
  * Cuts inode ino to size bytes, for a file laid out in chunks of chunk_size:
  * removes the chunks that start at or past size and shortens the one that
  * straddles it. Size 0 removes the inode's folder. Durable when it returns.

@@ -99,6 +99,70 @@ static int test_round_trip(struct stk_chunk_store *cs)
 	return 0;
 }
 
+/* What test_versions' callback saw. */
+static int then_calls;
+static uint64_t then_now;
+
+static int count_then(void *ctx, const struct stk_chunk_wver *v)
+{
+	(void)ctx;
+	then_calls++;
+	then_now = v->now;
+	return v->now == 99 ? -EPIPE : 0;
+}
+
+/*
+ * Chunk versions (chunk.h): each change counts one up from 0 (missing), a base
+ * that is not the chunk's refuses the change, a set version and a whole-chunk
+ * replacement land as given, the callback runs under the lock after a landed
+ * change and its error is the call's, a truncate's cut counts too.
+ */
+static int test_versions(struct stk_chunk_store *cs)
+{
+	static uint8_t w[20000], r[CHUNK];
+	struct stk_chunk_wver v = {.base = STK_CHUNK_VER_ANY, .then = count_then};
+	uint64_t ver;
+	uint32_t len = 0, clen;
+
+	fill(w, sizeof(w), 9);
+	REQUIRE(stk_chunk_version(cs, 0x70, 0, &ver, &clen) == 0 && ver == 0 && clen == 0);
+	REQUIRE(stk_chunk_write_ver(cs, 0x70, 0, CHUNK, 0, w, 5000, NULL, 0, &v, &len) == 0);
+	REQUIRE(v.old == 0 && v.now == 1 && then_calls == 1 && then_now == 1);
+	REQUIRE(stk_chunk_write(cs, 0x70, 0, CHUNK, 100, w, 10, NULL, 0, &len) == 0);
+	REQUIRE(stk_chunk_version(cs, 0x70, 0, &ver, &clen) == 0 && ver == 2 && clen == 5000);
+	/* A base that is not the chunk's: nothing written, no callback. */
+	v.base = 1;
+	REQUIRE(stk_chunk_write_ver(cs, 0x70, 0, CHUNK, 0, w + 1, 10, NULL, 0, &v, &len) ==
+		-EUCLEAN);
+	REQUIRE(v.old == 2 && then_calls == 1);
+	REQUIRE(stk_chunk_read(cs, 0x70, 0, 0, r, 20, NULL) == 20 && memcmp(r, w, 20) == 0);
+	/* The right base and a set version, as a predecessor numbered it. */
+	v.base = 2;
+	v.set = 7;
+	REQUIRE(stk_chunk_write_ver(cs, 0x70, 0, CHUNK, 6000, w, 100, NULL, 0, &v, &len) == 0);
+	REQUIRE(v.now == 7 && len == 6100 && then_now == 7);
+	/* A whole-chunk replacement shortens it to exactly what was sent. */
+	v.base = STK_CHUNK_VER_ANY;
+	v.set = 12;
+	v.full = 1;
+	REQUIRE(stk_chunk_write_ver(cs, 0x70, 0, CHUNK, 0, w + 7, 3000, NULL, 0, &v, &len) == 0);
+	REQUIRE(len == 3000 && v.now == 12);
+	REQUIRE(stk_chunk_read(cs, 0x70, 0, 0, r, CHUNK, NULL) == 3000 &&
+		memcmp(r, w + 7, 3000) == 0);
+	REQUIRE(stk_chunk_write_ver(cs, 0x70, 0, CHUNK, 5, w, 10, NULL, 0, &v, &len) == -EINVAL);
+	/* The callback's error is the call's; the change itself has landed. */
+	v.full = 0;
+	v.set = 99;
+	REQUIRE(stk_chunk_write_ver(cs, 0x70, 0, CHUNK, 0, w, 10, NULL, 0, &v, &len) == -EPIPE);
+	REQUIRE(stk_chunk_version(cs, 0x70, 0, &ver, &clen) == 0 && ver == 99);
+	/* A cut counts one up; a removed chunk is version 0 again. */
+	REQUIRE(stk_chunk_truncate(cs, 0x70, 1000, CHUNK) == 0);
+	REQUIRE(stk_chunk_version(cs, 0x70, 0, &ver, &clen) == 0 && ver == 100 && clen == 1000);
+	REQUIRE(stk_chunk_truncate(cs, 0x70, 0, CHUNK) == 0);
+	REQUIRE(stk_chunk_version(cs, 0x70, 0, &ver, &clen) == 0 && ver == 0);
+	return 0;
+}
+
 /* Random partial overwrites and extensions, compared with a model after each. */
 /*
  * Whole-chunk writes, the checkpoint case: page-aligned large ones go to the disk
@@ -775,7 +839,7 @@ int main(void)
 		goto out;
 	}
 	/* The tests share one store (test_reopen reopens it): the first that fails stops the run. */
-	if ((test_round_trip(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) ||
+	if ((test_round_trip(cs) || test_versions(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) ||
 	     test_punch(cs) || test_corruption(cs) || test_concurrent(cs) || test_big_chunk(cs) ||
 	     test_reopen(dir, &cs) || test_fd_cache(dir, cs) || test_mapped(dir, cs) ||
 	     test_enospc()) &&
