@@ -73,6 +73,8 @@ enum {
 	OPT_HBTO,
 	OPT_METRICS,
 	OPT_HOST_ID,
+	OPT_REPLICAS,
+	OPT_ZONE,
 };
 
 static const struct option role_opts[] = {
@@ -85,6 +87,8 @@ static const struct option role_opts[] = {
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
 	{"metrics", required_argument, NULL, OPT_METRICS},
 	{"host-id", required_argument, NULL, OPT_HOST_ID},
+	{"replicas", required_argument, NULL, OPT_REPLICAS},
+	{"zone", required_argument, NULL, OPT_ZONE},
 	{NULL, 0, NULL, 0},
 };
 
@@ -92,9 +96,11 @@ struct role_args {
 	const char *listen, *mgmtd, *data;
 	const char *metrics; /* --metrics ADDR: serve /metrics there */
 	const char *host_id; /* --host-id ID: the host this node says it is on */
+	const char *zone; /* --zone Z: a storage node's failure domain (default: its host) */
 	const char *targets[64];
 	unsigned ntargets;
 	uint64_t chunk_size, stripe, hbto;
+	uint64_t replicas; /* mgmtd --replicas R: targets per new chain */
 };
 
 static int parse_role(const char *cmd, int argc, char **argv, struct role_args *a)
@@ -149,6 +155,24 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 			a->host_id = optarg;
 			break;
 		}
+		case OPT_REPLICAS:
+			if (stk_parse_u64(optarg, &a->replicas) || a->replicas < 1 ||
+			    a->replicas > STK_MAX_REPLICAS) {
+				cli_err(cmd, "bad --replicas '%s': 1 to %d", optarg, STK_MAX_REPLICAS);
+				return 2;
+			}
+			break;
+		case OPT_ZONE: {
+			char id[STK_HOST_ID_MAX];
+
+			if (!*optarg || stk_host_id(optarg, id, sizeof(id))) {
+				cli_err(cmd, "bad --zone '%s': 1 to %d printable characters, no spaces",
+					optarg, STK_HOST_ID_MAX - 1);
+				return 2;
+			}
+			a->zone = optarg;
+			break;
+		}
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -184,6 +208,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.data_dir = a.data;
 	o.heartbeat_timeout_ms = (unsigned)a.hbto;
 	o.metrics_listen = a.metrics;
+	o.replicas = (unsigned)a.replicas;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 
@@ -224,6 +249,7 @@ int cmd_storage(int argc, char **argv)
 	o.ntargets = a.ntargets;
 	o.metrics_listen = a.metrics;
 	o.host_id = a.host_id;
+	o.zone = a.zone;
 	return stk_storage_run(&o) ? 1 : 0;
 }
 

@@ -38,6 +38,7 @@ struct stk_agent {
 	char mgmtd[STK_ADDR_MAX];
 	char addr[STK_ADDR_MAX];
 	char host_id[STK_HOST_ID_MAX]; /* reported at registration and with each heartbeat */
+	char zone[STK_HOST_ID_MAX]; /* reported at registration; "" for the host id */
 	uint8_t role;
 	stk_agent_targets_fn targets;
 	void *ctx;
@@ -140,6 +141,7 @@ static int do_register(struct stk_agent *a, int *answered)
 	stk_strlcpy(rq.host_id, a->host_id, sizeof(rq.host_id));
 	rq.ns_hi = a->ns.hi;
 	rq.ns_lo = a->ns.lo;
+	stk_strlcpy(rq.zone, a->zone, sizeof(rq.zone));
 	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
 	stk_msg_mgmt_register_req_enc(&w, &rq);
 	for (uint32_t i = 0; i < n; i++)
@@ -445,6 +447,11 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	if (rc) {
 		stk_error("bad host id '%s': at most %d printable characters, no spaces",
 			  opts->host_id, STK_HOST_ID_MAX - 1);
+		goto out;
+	}
+	if (opts->zone && stk_strlcpy(a->zone, opts->zone, sizeof(a->zone))) {
+		stk_error("bad zone '%s': at most %d characters", opts->zone, STK_HOST_ID_MAX - 1);
+		rc = -EINVAL;
 		goto out;
 	}
 	a->role = opts->role;

@@ -32,6 +32,8 @@ struct stk_agent_opts {
 	void *ctx;
 	/* The host id to report (--host-id), or NULL for this host's (common/host.h). */
 	const char *host_id;
+	/* Its failure domain (--zone; storage), or NULL: its host id stands for it. */
+	const char *zone;
 	struct stk_ns_id ns; /* a meta node's store identity (never zero); zero for storage */
 };
 

@@ -321,6 +321,13 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 			  rc == -EBADMSG ? " (corrupt; move it away to start a new cluster)" : "");
 		goto out;
 	}
+	if (opts->replicas && opts->replicas != m->st.replicas) {
+		if (m->st.replicas || m->st.nchains)
+			stk_info("replicas: %u for chains made from now on (was %u)", opts->replicas,
+				 m->st.replicas ? m->st.replicas : 1);
+		m->st.replicas = (uint8_t)opts->replicas;
+		m->st.dirty = 1;
+	}
 	rc = persist(m);
 	if (rc)
 		goto out;

@@ -23,6 +23,11 @@ struct stk_mgmtd_opts {
 	unsigned heartbeat_timeout_ms; /* 0 = 10000 */
 	const char *ready_file; /* if set, written with the bound address once serving */
 	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
+	/*
+	 * Targets per chain made from now on (--replicas; 0: what the state says, 1 for
+	 * a new cluster). Chains already made keep their members.
+	 */
+	unsigned replicas;
 };
 
 /* Serves until SIGINT/SIGTERM (see daemon/daemon.h). 0 or -errno (logged). */

@@ -24,7 +24,7 @@
 #include "../common/util.h"
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
-#define STATE_FORMAT 2	/* 2: namespace identities; 1 is still read */
+#define STATE_FORMAT 3	/* 3: replicas, zones; 2: namespace identities; 1, 2 still read */
 #define STATE_MAX_FILE (256u << 20)
 
 #define STATE_HDR_LEN 56 /* magic through nchains */
@@ -214,6 +214,9 @@ static int check_register(const struct stk_msg_mgmt_register_req *req,
 	return 0;
 }
 
+static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t);
+static void chain_lost(struct stk_mgmt_state *st, const struct stk_rt_target *t);
+
 /* Registers one target record of node `node_id`; returns its id. */
 static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
 				const struct stk_msg_target_info *ti)
@@ -240,21 +243,152 @@ static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
 		stk_info("target %u (%s) on node %u is SERVING", tid, ti->path, node_id);
 		bump(st);
 	} else {
-		if (t->node_id != node_id || t->state != STK_TARGET_SERVING ||
-		    strcmp(t->path, ti->path) != 0) {
-			stk_info("target %u (%s) on node %u is SERVING", tid, ti->path, node_id);
+		if (t->node_id != node_id || strcmp(t->path, ti->path) != 0) {
+			stk_info("target %u (%s) is on node %u", tid, ti->path, node_id);
 			bump(st);
 		}
 		t->node_id = node_id;
-		t->state = STK_TARGET_SERVING;
 		stk_strlcpy(t->path, ti->path, sizeof(t->path));
 		set_figures(t, ti);
+		if (!stk_mgmt_target_active(t->state) && t->state != STK_TARGET_STALE)
+			target_back(st, t);
 	}
-	if (!target_has_chain(st, tid)) {
+	if (st->replicas <= 1 && !target_has_chain(st, tid)) {
 		add_chain(st, tid);
 		bump(st);
 	}
 	return tid;
+}
+
+/*
+ * Target t just left its chain's working set (OFFLINE): the chain's version is
+ * bumped, so that whoever routes with the old one is told (STALE_ROUTING) and
+ * sends again to the members left.
+ */
+static void chain_lost(struct stk_mgmt_state *st, const struct stk_rt_target *t)
+{
+	for (uint32_t i = 0; i < st->nchains; i++)
+		for (uint8_t j = 0; j < st->chains[i].ntargets; j++)
+			if (st->chains[i].targets[j] == t->id) {
+				st->chains[i].version++;
+				if (st->chains[i].ntargets > 1)
+					stk_warn("chain %u goes on without target %u (version %u)",
+						 st->chains[i].id, t->id, st->chains[i].version);
+			}
+}
+
+/* The chain that holds target tid as a member, or NULL. */
+static struct stk_rt_chain *chain_of(struct stk_mgmt_state *st, uint32_t tid)
+{
+	for (uint32_t i = 0; i < st->nchains; i++)
+		for (uint8_t j = 0; j < st->chains[i].ntargets; j++)
+			if (st->chains[i].targets[j] == tid)
+				return &st->chains[i];
+	return NULL;
+}
+
+/*
+ * A target comes back (its node registers or heartbeats again). In a chain of one,
+ * or one whose every other member is gone too, it serves; in a chain that went on
+ * without it, it is STALE until resynced. Bumps the chain's version when its
+ * working set changes.
+ */
+static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
+{
+	struct stk_rt_chain *c = chain_of(st, t->id);
+	int others = 0;
+
+	if (c)
+		for (uint8_t j = 0; j < c->ntargets; j++) {
+			const struct stk_rt_target *o = stk_mgmt_state_target(st, c->targets[j]);
+
+			others += o && o != t && stk_mgmt_target_active(o->state);
+		}
+	if (c && c->ntargets > 1 && others) {
+		if (t->state != STK_TARGET_STALE)
+			stk_warn("target %u (%s) is back, but chain %u went on without it: STALE "
+				 "until it is resynced",
+				 t->id, t->path, c->id);
+		t->state = STK_TARGET_STALE;
+		bump(st);
+		return;
+	}
+	stk_info("target %u (%s) is SERVING%s", t->id, t->path, c ? "" : " (in no chain yet)");
+	t->state = STK_TARGET_SERVING;
+	if (c)
+		c->version++;
+	bump(st);
+}
+
+/*
+ * With replicas R > 1: makes chains of R targets of R distinct failure domains
+ * from the serving targets of online nodes that are in no chain, while there are
+ * R such domains. Each chain takes one target from each of the R domains with the
+ * most such targets (ties: the first met), and its head rotates over its members
+ * with its id, so that heads spread over the nodes.
+ */
+static void form_chains(struct stk_mgmt_state *st)
+{
+	for (;;) {
+		struct {
+			const char *zone;
+			uint32_t count;
+			uint32_t first; /* index of its first free target */
+		} z[STK_MGMT_MAX_ZONES];
+		uint32_t nz = 0, pick[STK_MAX_REPLICAS];
+		struct stk_rt_chain *c;
+
+		for (uint32_t i = 0; i < st->ntargets; i++) {
+			const struct stk_rt_target *t = &st->targets[i];
+			const struct stk_mgmt_node *n = stk_mgmt_state_node(st, t->node_id);
+			uint32_t k;
+
+			if (t->state != STK_TARGET_SERVING || !n || n->state != STK_NODE_ONLINE ||
+			    target_has_chain(st, t->id))
+				continue;
+			for (k = 0; k < nz && strcmp(z[k].zone, n->zone) != 0; k++)
+				;
+			if (k == nz) {
+				if (nz == STK_MGMT_MAX_ZONES)
+					continue;
+				z[nz].zone = n->zone;
+				z[nz].count = 0;
+				z[nz].first = i;
+				nz++;
+			}
+			z[k].count++;
+		}
+		if (nz < st->replicas || st->nchains >= st->cap_chains)
+			return;
+		for (uint32_t r = 0; r < st->replicas; r++) {
+			uint32_t best = nz;
+
+			for (uint32_t k = 0; k < nz; k++)
+				if (z[k].count && (best == nz || z[k].count > z[best].count))
+					best = k;
+			pick[r] = st->targets[z[best].first].id;
+			z[best].count = 0; /* one target of each domain */
+		}
+		c = &st->chains[st->nchains];
+		memset(c, 0, sizeof(*c));
+		c->id = ++st->nchains;
+		c->version = 1;
+		c->ntargets = st->replicas;
+		for (uint32_t r = 0; r < st->replicas; r++)
+			c->targets[r] = pick[(r + c->id - 1) % st->replicas];
+		stk_info("chain %u: %u replicas, head target %u", c->id, c->ntargets, c->targets[0]);
+		bump(st);
+	}
+}
+
+static void set_zone(struct stk_mgmt_state *st, struct stk_mgmt_node *node, const char *zone)
+{
+	if (strncmp(node->zone, zone, sizeof(node->zone)) == 0)
+		return;
+	stk_info("node %u (%s) is in failure domain %s", node->id, node->addr,
+		 zone[0] ? zone : "(none)");
+	stk_strlcpy(node->zone, zone, sizeof(node->zone));
+	st->dirty = 1;
 }
 
 static void set_refused(struct stk_mgmt_state *st, struct stk_mgmt_node *node, uint8_t refused)
@@ -395,6 +529,7 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 		stk_strlcpy(node->addr, req->addr, sizeof(node->addr));
 	}
 	stk_mgmt_state_set_host(st, node->id, req->host_id);
+	set_zone(st, node, req->zone[0] ? req->zone : req->host_id);
 	node->last_hb_ns = now_ns;
 	stk_wall_time(&sec, &nsec);
 	node->last_hb_wall_ms = sec * 1000 + nsec / 1000000;
@@ -416,12 +551,15 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 			stk_warn("target %u (%s) is no longer reported by node %u: OFFLINE", t->id,
 				 t->path, nid);
 			t->state = STK_TARGET_OFFLINE;
+			chain_lost(st, t);
 			bump(st);
 		}
 	}
 
 	if (req->role == STK_ROLE_META)
 		assign_shard(st, node, &(struct stk_ns_id){.hi = req->ns_hi, .lo = req->ns_lo});
+	if (st->replicas > 1)
+		form_chains(st);
 	*node_id = nid;
 	return 0;
 }
@@ -452,11 +590,8 @@ int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
 		if (!t || t->node_id != node_id)
 			continue;
 		set_figures(t, &tgts[i]);
-		if (back && t->state != STK_TARGET_SERVING) {
-			stk_info("target %u (%s) is SERVING again", t->id, t->path);
-			t->state = STK_TARGET_SERVING;
-			bump(st);
-		}
+		if (back && t->state == STK_TARGET_OFFLINE)
+			target_back(st, t);
 	}
 	return 0;
 }
@@ -492,6 +627,7 @@ unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint6
 			if (t->node_id == node->id && t->state != STK_TARGET_OFFLINE) {
 				stk_warn("target %u (%s) is OFFLINE", t->id, t->path);
 				t->state = STK_TARGET_OFFLINE;
+				chain_lost(st, t);
 			}
 		}
 		bump(st);
@@ -553,6 +689,9 @@ static size_t state_size(const struct stk_mgmt_state *st)
 		sz += STATE_MIN_TARGET + strlen(st->targets[i].path);
 	for (uint32_t i = 0; i < st->nchains; i++)
 		sz += STATE_MIN_CHAIN + 4u * st->chains[i].ntargets;
+	sz += 1; /* format 3: replicas, zones */
+	for (uint32_t i = 0; i < st->nnodes; i++)
+		sz += 2 + strlen(st->nodes[i].zone);
 	return sz;
 }
 
@@ -607,6 +746,9 @@ int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path)
 		for (uint8_t j = 0; j < c->ntargets; j++)
 			stk_put_u32(&w, c->targets[j]);
 	}
+	stk_put_u8(&w, st->replicas);
+	for (uint32_t i = 0; i < st->nnodes; i++)
+		stk_put_str(&w, st->nodes[i].zone);
 	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
 	rc = w.err;
 	if (rc)
@@ -666,7 +808,7 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 	if (stk_get_u32(r) != STATE_MAGIC)
 		return -EBADMSG;
 	format = stk_get_u32(r);
-	if (format != 1 && format != STATE_FORMAT)
+	if (format < 1 || format > STATE_FORMAT)
 		return -EBADMSG;
 	st->version = stk_get_u64(r);
 	st->next_node_id = stk_get_u32(r);
@@ -733,6 +875,11 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 			c->targets[j] = stk_get_u32(r);
 	}
 	st->nchains = nc;
+	if (format >= 3) {
+		st->replicas = stk_get_u8(r);
+		for (uint32_t i = 0; i < nn; i++)
+			stk_get_str(r, st->nodes[i].zone, sizeof(st->nodes[i].zone));
+	}
 	if (r->err || st->version == 0 || st->next_node_id == 0 || st->next_target_id == 0)
 		return -EBADMSG;
 	return 0;

@@ -23,7 +23,7 @@
  * delete the chunks of files it never knew.
  *
  * State file format (little-endian, written with the codec helpers):
- *   u32 magic "STKM", u32 format version (2; 1 is still read), u64 routing version,
+ *   u32 magic "STKM", u32 format version (3; 1 and 2 are still read), u64 routing version,
  *   u32 next_node_id, u32 next_target_id, u32 shard1_node,
  *   (format 2) u64 shard 1 ns hi, u64 ns lo,
  *   u32 nnodes, u32 ntargets, u32 nchains,
@@ -33,7 +33,17 @@
  * (A target's avail and dev, and a node's host id, are not saved: heartbeats bring
  * them within a second of a restart.)
  *   chain:  u32 id, u32 version, u8 ntargets, ntargets x u32
+ *   (format 3) u8 replicas, then each node's zone (str), in the nodes' order
  *   u32 CRC32C of everything before it.
+ *
+ * Replicated chains (replicas > 1): a chain keeps its members in order, head
+ * first; a member's target state says whether it takes part. When a node goes
+ * OFFLINE its targets leave their chains' working set (the chain version is
+ * bumped: storage nodes and clients with the old one are told, refresh, and send
+ * again), and the chain goes on with the others. A target that returns to a chain
+ * that went on without it is STALE: it serves nothing until it is resynced. One
+ * that returns to a chain that had no member left serves again (no copy is
+ * newer than the last one standing).
  */
 #ifndef STK_MGMTD_STATE_H
 #define STK_MGMTD_STATE_H
@@ -46,6 +56,8 @@
 #define STK_MGMT_MAX_NODE_TARGETS 1024
 /* Most empty chains one returning target may make mgmtd add (see register). */
 #define STK_MGMT_MAX_CHAIN_GAP 4096
+/* Most failure domains chains are formed over. */
+#define STK_MGMT_MAX_ZONES 256
 
 struct stk_mgmt_node {
 	uint32_t id;
@@ -62,6 +74,8 @@ struct stk_mgmt_node {
 	char host_id[STK_HOST_ID_MAX];
 	uint8_t refused;	 /* meta: its store is not shard 1's, it serves nothing */
 	struct stk_ns_id ns;	 /* meta: its store's identity at its last register */
+	/* Its failure domain: --zone, or its host id. No chain holds two targets of one. */
+	char zone[STK_HOST_ID_MAX];
 };
 
 struct stk_mgmt_state {
@@ -69,6 +83,12 @@ struct stk_mgmt_state {
 	uint32_t next_node_id;
 	uint32_t next_target_id;
 	uint32_t shard1_node; /* the meta node serving shard 1, 0 if none (yet, or now) */
+	/*
+	 * Targets per chain, a cluster setting (0 or 1: one copy, each target its own
+	 * chain, as registered). With R > 1 a chain is made of R targets of R failure
+	 * domains once that many have targets in no chain (stk_mgmt_state_register).
+	 */
+	uint8_t replicas;
 	struct stk_ns_id shard1_ns; /* shard 1's namespace identity, zero until known */
 	uint32_t nnodes, ntargets, nchains;
 	uint32_t cap_nodes, cap_targets, cap_chains;
@@ -135,6 +155,12 @@ void stk_mgmt_state_set_host(struct stk_mgmt_state *st, uint32_t node_id, const 
  * logging each. Returns how many nodes went OFFLINE.
  */
 unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t timeout_ns);
+
+/* Whether a target of this state takes part in its chain (serving, or full). */
+static inline int stk_mgmt_target_active(uint8_t state)
+{
+	return state == STK_TARGET_SERVING || state == STK_TARGET_FULL;
+}
 
 /*
  * Encodes the MGMT_GET_ROUTING reply: only the header (all counts 0) if

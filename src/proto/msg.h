@@ -117,6 +117,8 @@ static inline int stk_attr_atime_due(const struct stk_attr *a, int64_t now_sec)
 #define STK_SETATTR_ATIME_READ 0x100u
 
 #define STK_WRITE_SYNC 0x1u
+/* The bulk replaces the whole chunk (offset 0): a replica's copy of another's. */
+#define STK_WRITE_FULL 0x2u
 
 #define STK_XATTR_CREATE 0x1u /* same values as XATTR_CREATE / XATTR_REPLACE */
 #define STK_XATTR_REPLACE 0x2u
@@ -167,7 +169,16 @@ static inline char *stk_ns_id_str(const struct stk_ns_id *id, char *out)
 }
 
 enum stk_node_state { STK_NODE_ONLINE = 1, STK_NODE_OFFLINE = 2 };
-enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARGET_FULL = 3 };
+/*
+ * STALE: back after its chain went on without it; serves nothing until resynced.
+ * A chain's working members are those SERVING or FULL, in the chain's order.
+ */
+enum stk_target_state {
+	STK_TARGET_SERVING = 1,
+	STK_TARGET_OFFLINE = 2,
+	STK_TARGET_FULL = 3,
+	STK_TARGET_STALE = 4
+};
 
 /* ---- field lists ---- */
 
@@ -192,7 +203,7 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
  */
 #define STK_MSG_MGMT_REGISTER_REQ(F)                                                      \
 	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets) F(addr, host_id)       \
-	F(u64, ns_hi) F(u64, ns_lo)
+	F(u64, ns_hi) F(u64, ns_lo) F(addr, zone)
 #define STK_MSG_MGMT_REGISTER_RESP(F) \
 	F(u32, node_id) F(u32, ntargets) F(u8, refused) F(u64, shard_ns_hi) F(u64, shard_ns_lo)
 #define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets) F(addr, host_id)
@@ -374,7 +385,8 @@ enum stk_target_state { STK_TARGET_SERVING = 1, STK_TARGET_OFFLINE = 2, STK_TARG
  */
 #define STK_MSG_STOR_WRITE_REQ(F)                                                          \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx) F(u32, chunk_size) \
-	F(u32, offset) F(u32, length) F(u32, flags) F(u32, ncrcs)
+	F(u32, offset) F(u32, length) F(u32, flags) F(u32, ncrcs) F(u64, base_ver)         \
+	F(u64, set_ver)
 #define STK_MSG_STOR_WRITE_RESP(F) F(u32, chunk_len)
 #define STK_MSG_STOR_READ_REQ(F)                                                           \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx) F(u32, offset)    \

@@ -48,7 +48,9 @@
 	X(ROFS, 28, EROFS)                           \
 	X(DQUOT, 29, EDQUOT)                         \
 	X(BADF, 30, EBADF)                           \
-	X(TOOBIG, 31, E2BIG)
+	X(TOOBIG, 31, E2BIG)                         \
+	X(CHUNK_BEHIND, 33, EUCLEAN)                 \
+	X(CHUNK_PENDING, 34, EINPROGRESS)
 
 enum stk_status {
 #define STK_STATUS_ENUM(name, code, err) STK_ST_##name = code,

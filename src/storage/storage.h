@@ -18,6 +18,7 @@ struct stk_storage_opts {
 	unsigned ntargets;
 	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
 	const char *host_id; /* --host-id: the host id to report, NULL for this host's */
+	const char *zone; /* --zone: its failure domain, NULL for its host id */
 };
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */
