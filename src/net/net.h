@@ -254,6 +254,13 @@ struct stk_server_opts {
 	 */
 	unsigned workers;
 	unsigned max_workers;
+	/*
+	 * Threads more, while handlers wait on other servers between
+	 * stk_server_wait_begin() and _end() (storage: a change forwarded down a chain,
+	 * whose successor may be waiting on this node's workers in turn). The pool grows
+	 * past max_workers only to stand in for waiting workers, never for load alone.
+	 */
+	unsigned max_waiting;
 	/* Requests read and not yet answered per connection before it is read again; 0 = 128. */
 	unsigned window;
 	/* Bytes held by all requests before no new frame is read; 0 = 1 GiB. */
@@ -284,6 +291,12 @@ const char *stk_server_addr(const struct stk_server *s);
  * flight are not waited for). 0 or -errno.
  */
 int stk_server_run(struct stk_server *s);
+/*
+ * Called by a handler around a wait on another server (see max_waiting): while it
+ * waits, another thread may take requests in its place. No-op outside a handler.
+ */
+void stk_server_wait_begin(void);
+void stk_server_wait_end(void);
 /* Makes stk_server_run return. Async-signal-safe. */
 void stk_server_stop(struct stk_server *s);
 /*

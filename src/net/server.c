@@ -215,6 +215,7 @@ struct stk_server {
 	struct srv_req *q_head, *q_tail;
 	unsigned nqueued;
 	unsigned workers, max_workers, nworkers, nidle;
+	unsigned max_waiting, nwaiting; /* see stk_server_wait_begin */
 	int stopping;
 
 	pthread_mutex_t plock; /* protects the pools below */
@@ -480,7 +481,38 @@ static void dispatch(struct stk_server *s, struct srv_req *r)
 		wake_idle_locked(s, NULL);
 	} else if (s->nworkers < s->max_workers + s->nloops) {
 		worker_spawn_locked(s);
+	} else if (s->nwaiting && s->nworkers - s->nwaiting < s->max_workers + s->nloops &&
+		   s->nworkers < s->max_workers + s->max_waiting + s->nloops) {
+		worker_spawn_locked(s); /* stand in for one that waits on another node */
 	}
+	pthread_mutex_unlock(&s->wlock);
+}
+
+/* The server whose pool runs this thread's handler (NULL elsewhere). */
+static __thread struct stk_server *tls_server;
+
+void stk_server_wait_begin(void)
+{
+	struct stk_server *s = tls_server;
+
+	if (!s || !s->max_waiting)
+		return;
+	pthread_mutex_lock(&s->wlock);
+	s->nwaiting++;
+	/* requests queued behind this one would wait on it: one more thread takes them */
+	if (s->q_head && !s->idle && s->nworkers < s->max_workers + s->max_waiting + s->nloops)
+		worker_spawn_locked(s);
+	pthread_mutex_unlock(&s->wlock);
+}
+
+void stk_server_wait_end(void)
+{
+	struct stk_server *s = tls_server;
+
+	if (!s || !s->max_waiting)
+		return;
+	pthread_mutex_lock(&s->wlock);
+	s->nwaiting--;
 	pthread_mutex_unlock(&s->wlock);
 }
 
@@ -980,6 +1012,7 @@ static void pool_thread(struct stk_server *s, struct srv_loop *lp)
 
 	pthread_cond_init(&self.cond, NULL);
 	self.loop = NULL;
+	tls_server = s;
 	for (;;) {
 		struct srv_req *r;
 
@@ -1642,6 +1675,7 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	s->workers = (unsigned)env_setting("STOKER_NET_WORKERS", opts->workers ? opts->workers : 16,
 					   4096);
 	s->max_workers = opts->max_workers > s->workers ? opts->max_workers : s->workers;
+	s->max_waiting = opts->max_waiting;
 	s->window = opts->window ? opts->window : 128;
 	s->max_inflight_bytes = opts->max_inflight_bytes ? opts->max_inflight_bytes : (1ull << 30);
 	s->send_timeout_ms = (unsigned)env_setting(
