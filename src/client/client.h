@@ -187,6 +187,8 @@ struct stk_io_piece {
 	char *buf; /* where the bytes come from or go to */
 	uint32_t done; /* bytes actually read (short at the end of a chunk) */
 	int rc;
+	uint8_t tries; /* sent before and failed: a read goes to another replica */
+	uint8_t tail;  /* a read to the chain's tail (a replica had a change pending) */
 };
 
 #define STK_IO_WRITE 1

@@ -82,8 +82,15 @@ static int check_read_reply(struct inflight *f)
 	return stk_rbuf_finish(&r) ? -EBADMSG : 0;
 }
 
-/* Head node address and chain version for a chain. -ESTALE if the table lacks it. */
-static int chain_head(struct stk_client *c, uint32_t chain_id, char *addr, uint32_t *ver)
+/*
+ * The node to send a piece to, and the chain's version: a change goes to the
+ * chain's head; a read to one of its serving replicas, spread by chunk (so that
+ * the readers of a file use every copy), another one on each retry, or the tail
+ * when a replica said a change of the chunk was on its way. -ESTALE if the table
+ * lacks the chain.
+ */
+static int chain_node(struct stk_client *c, uint32_t chain_id, int op, uint64_t ino,
+		      const struct stk_io_piece *p, char *addr, uint32_t *ver)
 {
 	const struct stk_rt_chain *ch;
 	const struct stk_rt_target *t;
@@ -93,7 +100,28 @@ static int chain_head(struct stk_client *c, uint32_t chain_id, char *addr, uint3
 	pthread_rwlock_rdlock(&c->rt_lock);
 	ch = stk_routing_chain(&c->rt, chain_id);
 	if (ch && ch->ntargets) {
-		t = stk_routing_target(&c->rt, ch->targets[0]);
+		unsigned pick = 0, ok[STK_MAX_REPLICAS], nok = 0, nwork = 0, work[STK_MAX_REPLICAS];
+
+		/* The working members (serving or full), and those of them on nodes online. */
+		for (unsigned i = 0; i < ch->ntargets; i++) {
+			t = stk_routing_target(&c->rt, ch->targets[i]);
+			n = t ? stk_routing_node(&c->rt, t->node_id) : NULL;
+			if (!t || (t->state != STK_TARGET_SERVING && t->state != STK_TARGET_FULL))
+				continue;
+			work[nwork++] = i;
+			if (n && n->state == STK_NODE_ONLINE)
+				ok[nok++] = i;
+		}
+		if (nwork)
+			pick = work[0]; /* changes: the head */
+		if (op == STK_IO_READ && p->tail && nwork)
+			pick = work[nwork - 1];
+		else if (op == STK_IO_READ && nok)
+			pick = ok[(unsigned)(((((ino ^ ((uint64_t)p->chunk_idx << 40)) *
+						0x9E3779B97F4A7C15ull) >> 33) +
+					      p->tries) %
+					     nok)];
+		t = stk_routing_target(&c->rt, ch->targets[pick]);
 		n = t ? stk_routing_node(&c->rt, t->node_id) : NULL;
 		if (n) {
 			memcpy(addr, n->addr, STK_ADDR_MAX);
@@ -206,10 +234,20 @@ static int retryable(int rc)
 	case -EHOSTUNREACH:
 	case -ECONNABORTED:
 	case -EBADMSG:
+	case -EINPROGRESS: /* a replica with a change pending: read from the tail */
 		return 1;
 	default:
 		return 0;
 	}
+}
+
+/* A piece to send again: to another replica, or to the tail (see chain_node). */
+static void retry_mark(struct stk_io_piece *p, int rc)
+{
+	p->rc = 1;
+	p->tries++;
+	if (rc == -EINPROGRESS)
+		p->tail = 1;
 }
 
 static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64_t ino,
@@ -255,7 +293,7 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 			return;
 		}
 	}
-	f->rc = chain_head(c, p->chain_id, addr, &ver);
+	f->rc = chain_node(c, p->chain_id, op, ino, p, addr, &ver);
 	if (f->rc)
 		return;
 	stk_wbuf_init(&w, f->req, f->cap);
@@ -363,8 +401,10 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 		fl[i].resp = fl[i].req + cap;
 		fl[i].cap = cap;
 	}
-	for (unsigned i = 0; i < n; i++)
+	for (unsigned i = 0; i < n; i++) {
 		pieces[i].rc = 1; /* pending */
+		pieces[i].tries = pieces[i].tail = 0;
+	}
 	while (left) {
 		unsigned k = 0, retry = 0, next = 0, busy;
 
@@ -394,7 +434,7 @@ int stk_io_run(struct stk_client *c, int op, uint64_t ino, const struct stk_layo
 			if (op == STK_IO_PREFETCH)
 				fl[j].rc = 0; /* a hint: never retried, never an error */
 			if (fl[j].rc && retryable(fl[j].rc) && stk_now_ns() < deadline) {
-				fl[j].p->rc = 1;
+				retry_mark(fl[j].p, fl[j].rc);
 				retry++;
 			} else {
 				left--;
@@ -490,6 +530,7 @@ int stk_io_run_multi(struct stk_client *c, struct stk_io_piece_ex *px, unsigned 
 	for (unsigned i = 0; i < n; i++) {
 		px[i].p.rc = 1; /* pending */
 		px[i].p.done = 0;
+		px[i].p.tries = px[i].p.tail = 0;
 	}
 	while (left) {
 		unsigned k = 0, retry = 0;
@@ -510,7 +551,7 @@ int stk_io_run_multi(struct stk_client *c, struct stk_io_piece_ex *px, unsigned 
 
 			finish_piece(c, &fl[j], x->op);
 			if (fl[j].rc && retryable(fl[j].rc) && stk_now_ns() < deadline) {
-				fl[j].p->rc = 1;
+				retry_mark(fl[j].p, fl[j].rc);
 				retry++;
 				continue;
 			}
@@ -579,7 +620,7 @@ static int chain_op_sized(struct stk_client *c, uint16_t opcode, chain_enc_fn en
 		struct stk_rpc rpc = {.opcode = opcode, .req = req, .resp = resp,
 				      .resp_cap = sizeof(resp)};
 
-		rc = chain_head(c, chain_id, addr, &ver);
+		rc = chain_node(c, chain_id, STK_IO_WRITE, 0, NULL, addr, &ver);
 		if (rc == 0) {
 			stk_wbuf_init(&w, req, req_max);
 			enc(msg, ver, &w);

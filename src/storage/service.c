@@ -3,7 +3,7 @@
  * the node agent, and serves STOR_* requests on them.
  *
  * A request names a chain and the chain version the client routed with; the node
- * serves it on the chain's head target, which must be one of its own. When the
+ * serves it on its own target in the chain. When the
  * client's table and ours disagree, the side that is behind must refresh: if the
  * client knows a chain we do not, or a newer version of it, or names a head we do
  * not hold, our table may be the stale one, so it is refreshed once and the
@@ -12,6 +12,23 @@
  *
  * Each request runs on its connection's thread (net.h), so a handler may block on
  * disk; the chunk store does the I/O with that thread's buffers.
+ *
+ * Chain replication (docs/architecture.md, "Replication"): a chain lists its
+ * targets head first. A change (write, truncate, punch, sync) goes to the head,
+ * which applies it and forwards it to its successor, which does the same; each
+ * replies once its successor has replied, so the tail has every change the head
+ * acknowledged, and every copy upstream of a replica holds what it holds and
+ * maybe more. A write is forwarded with the chunk's lock held (no other change of
+ * the chunk comes between) and with the version it applies to and the version it
+ * makes (chunk.h); a replica whose copy is another version answers CHUNK_BEHIND
+ * and is sent the whole chunk. Truncates and punches hold their inode's lock
+ * exclusively while they are applied and forwarded, writes hold it shared, so
+ * every replica sees an inode's changes in the head's order. A replica may read
+ * from any serving replica; one that is not the tail answers CHUNK_PENDING while
+ * a change of the chunk is on its way down, and the client reads from the tail.
+ * A forward that fails (a successor gone, a chain changed) answers STALE_ROUTING:
+ * the client refreshes its table and sends the change again, once mgmtd has
+ * moved the lost target out of the chain.
  */
 #include "storage.h"
 
@@ -37,9 +54,15 @@
 #include "chunk.h"
 #include "metrics.h"
 
+#define INO_LOCKS 256u
+#define PENDING_SLOTS 4096u
+
 struct storage {
 	struct stk_chunk_store **stores; /* one per target folder, in the order given */
 	unsigned nstores;
+	struct stk_pool *fwd; /* connections to successors in chains */
+	pthread_rwlock_t ino_locks[INO_LOCKS]; /* see the top: changes of an inode in order */
+	uint32_t pending[PENDING_SLOTS]; /* atomic: changes on their way down, by chunk hash */
 	struct stk_agent *agent;
 	struct stk_storage_metrics *metrics; /* NULL without --metrics */
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics; for per-client counts */
@@ -83,57 +106,234 @@ static struct stk_chunk_store *local_target(struct storage *s, uint32_t target_i
 	return NULL;
 }
 
+/* Where this node's target stands in a chain (route_look). */
+struct hop {
+	struct stk_chunk_store *cs;
+	unsigned pos; /* 0: the head */
+	int tail; /* no successor */
+	int readable; /* the target is serving (not being synced, not offline) */
+	char next[STK_ADDR_MAX]; /* the successor's node address ("" at the tail) */
+};
+
 /*
- * One look at our routing table for the target that serves chain_id here (with
- * check_ver, the client's chain version must match ours). 0, -ESTALE (the client
- * is behind) or -EAGAIN (our table may be the one behind: refresh and look again).
+ * One look at our routing table for our target in chain_id (with check_ver, the
+ * client's chain version must match ours). 0, -ESTALE (the client is behind) or
+ * -EAGAIN (our table may be the one behind: refresh and look again).
  */
 static int route_look(struct storage *s, uint32_t chain_id, int check_ver, uint32_t chain_ver,
-		      struct stk_chunk_store **out)
+		      struct hop *h)
 {
 	struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
 	const struct stk_rt_chain *c = stk_routing_chain(&ref->rt, chain_id);
-	struct stk_chunk_store *cs = NULL;
-	int ours_behind;
+	int ours_behind = 1;
 
-	if (!c || c->ntargets == 0) {
-		ours_behind = 1;
-	} else if (check_ver && c->version != chain_ver) {
+	h->cs = NULL;
+	if (c && c->ntargets && check_ver && c->version != chain_ver) {
 		ours_behind = chain_ver > c->version;
-	} else {
-		cs = local_target(s, c->targets[0]);
-		ours_behind = !cs;
+	} else if (c) {
+		/* The chain's working members (serving or full), in order; ours among them. */
+		const struct stk_rt_target *m[STK_MAX_REPLICAS];
+		unsigned nm = 0;
+
+		for (unsigned i = 0; i < c->ntargets; i++) {
+			const struct stk_rt_target *t = stk_routing_target(&ref->rt, c->targets[i]);
+
+			if (t && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL))
+				m[nm++] = t;
+		}
+		for (unsigned i = 0; i < nm && !h->cs; i++) {
+			const struct stk_rt_node *nn;
+
+			h->cs = local_target(s, m[i]->id);
+			if (!h->cs)
+				continue;
+			h->pos = i;
+			h->tail = i + 1 == nm;
+			h->readable = 1;
+			h->next[0] = 0;
+			if (h->tail)
+				break;
+			nn = stk_routing_node(&ref->rt, m[i + 1]->node_id);
+			if (nn)
+				memcpy(h->next, nn->addr, STK_ADDR_MAX);
+			else
+				h->cs = NULL; /* a successor we cannot name: our table is behind */
+		}
+		/* Not a working member here (offline or stale serves nothing): one of the
+		 * two tables is behind; ours is fetched once more before the client is told. */
+		ours_behind = !h->cs;
 	}
 	stk_agent_routing_put(s->agent, ref);
-	if (cs) {
-		*out = cs;
+	if (h->cs)
 		return 0;
-	}
 	return ours_behind ? -EAGAIN : -ESTALE;
 }
 
 /* route_look, refreshing our table once where it may be behind (blocks). 0 or -ESTALE. */
 static int route(struct storage *s, uint32_t chain_id, int check_ver, uint32_t chain_ver,
-		 struct stk_chunk_store **out)
+		 struct hop *h)
 {
-	int rc = route_look(s, chain_id, check_ver, chain_ver, out);
+	int rc = route_look(s, chain_id, check_ver, chain_ver, h);
 
 	if (rc != -EAGAIN)
 		return rc;
 	stk_agent_routing_refresh(s->agent);
-	rc = route_look(s, chain_id, check_ver, chain_ver, out);
+	rc = route_look(s, chain_id, check_ver, chain_ver, h);
 	return rc == -EAGAIN ? -ESTALE : rc;
+}
+
+/* ---- forwarding down the chain ---- */
+
+static uint32_t *pending_slot(struct storage *s, uint64_t ino, uint32_t idx)
+{
+	uint64_t k = (ino * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)idx * 0xBF58476D1CE4E5B9ull);
+
+	return &s->pending[(k >> 32) % PENDING_SLOTS];
+}
+
+static pthread_rwlock_t *ino_lock(struct storage *s, uint64_t ino)
+{
+	return &s->ino_locks[(ino * 0x9E3779B97F4A7C15ull) >> 56];
+}
+
+/*
+ * Sends one request to the successor at addr and waits for its reply. A
+ * transport failure, or a successor that says our table is stale, answers
+ * -ESTALE (the sender refreshes and sends again once the chain is mended) and
+ * refreshes our own table; any other status of the successor's is returned as is.
+ */
+static int forward(struct storage *s, const char *addr, uint16_t op, const void *msg, size_t len,
+		   const void *bulk, size_t bulk_len, uint32_t frame_flags)
+{
+	uint8_t resp[64];
+	struct stk_rpc rpc;
+	struct stk_conn *c;
+	int rc;
+
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = op;
+	rpc.req = msg;
+	rpc.req_len = len;
+	rpc.bulk_out = bulk;
+	rpc.bulk_out_len = bulk_len;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	rpc.frame_flags = frame_flags;
+	stk_server_wait_begin(); /* another thread serves in our place meanwhile */
+	rc = stk_pool_get(s->fwd, addr, &c);
+	if (rc == 0) {
+		rc = stk_rpc_call(c, &rpc);
+		stk_pool_put(s->fwd, c);
+	}
+	stk_server_wait_end();
+	if (rc == 0 || rc == -EUCLEAN || (rc < 0 && rpc.status && rc != -ESTALE))
+		return rc;
+	stk_warn("forwarding %s to %s failed: %s; the chain must change before it goes on",
+		 stk_opcode_name(op), addr, strerror(-rc));
+	stk_agent_routing_refresh(s->agent);
+	return -ESTALE;
 }
 
 /* Block checksums of one request or reply: at most a 64 MiB chunk's worth. */
 #define STK_MAX_CRCS (STK_MAX_CHUNK_SIZE / STK_CRC_BLOCK)
 static __thread uint32_t tls_crcs[STK_MAX_CRCS];
 
+/* A write on its way down: what the chunk store's callback forwards. */
+struct fwd_write {
+	struct storage *s;
+	struct stk_msg_stor_write_req rq;
+	const struct hop *h;
+	const void *data;
+};
+
+/* Encodes a STOR_WRITE of m (and len bytes at data's checksums) into a new buffer. */
+static uint8_t *write_msg(const struct stk_msg_stor_write_req *m, const uint32_t *crcs,
+			  size_t *len)
+{
+	size_t cap = 128 + 4 * (size_t)m->ncrcs;
+	uint8_t *b = malloc(cap);
+	struct stk_wbuf w;
+
+	if (!b)
+		return NULL;
+	stk_wbuf_init(&w, b, cap);
+	stk_msg_stor_write_req_enc(&w, m);
+	for (uint32_t i = 0; i < m->ncrcs; i++)
+		stk_put_u32(&w, crcs[i]);
+	*len = w.len;
+	return w.err ? (free(b), NULL) : b;
+}
+
+/*
+ * With the chunk's lock held: sends the change just made to the successor, and
+ * when its copy is another version, the whole chunk as it is now here.
+ */
+static int forward_write(void *ctx, const struct stk_chunk_wver *v)
+{
+	struct fwd_write *f = ctx;
+	struct stk_msg_stor_write_req m = f->rq;
+	uint8_t *msg, *whole = NULL;
+	uint32_t *crcs = NULL;
+	uint64_t ver;
+	uint32_t clen;
+	size_t len;
+	long n;
+	int rc;
+
+	if (f->h->tail || v->now == v->old)
+		return 0; /* nothing to forward, or nothing changed */
+	m.base_ver = v->old;
+	m.set_ver = v->now;
+	msg = write_msg(&m, tls_crcs, &len);
+	if (!msg)
+		return -ENOMEM;
+	rc = forward(f->s, f->h->next, STK_OP_STOR_WRITE, msg, len, f->data, m.length,
+		     STK_FRAME_BULK_SELF);
+	free(msg);
+	if (rc != -EUCLEAN)
+		return rc;
+	/* The successor's copy is not the one we changed: it gets ours whole. */
+	rc = stk_chunk_version(f->h->cs, m.ino, m.chunk_idx, &ver, &clen);
+	if (rc)
+		return rc;
+	whole = malloc(clen ? clen : 1);
+	crcs = malloc(4 * ((size_t)stk_crc_blocks(clen) + 1));
+	n = whole && crcs ? stk_chunk_read(f->h->cs, m.ino, m.chunk_idx, 0, whole, clen, crcs)
+			  : -ENOMEM;
+	if (n >= 0 && (uint32_t)n != clen)
+		n = -EIO;
+	if (n >= 0) {
+		m.offset = 0;
+		m.length = clen;
+		m.ncrcs = stk_crc_blocks(clen);
+		m.flags |= STK_WRITE_FULL;
+		m.base_ver = UINT64_MAX;
+		m.set_ver = ver;
+		msg = write_msg(&m, crcs, &len);
+		n = msg ? forward(f->s, f->h->next, STK_OP_STOR_WRITE, msg, len, whole, clen,
+				  STK_FRAME_BULK_SELF)
+			: -ENOMEM;
+		free(msg);
+		if (n == -EUCLEAN)
+			n = -ESTALE; /* cannot be: a whole chunk applies to any version */
+		stk_debug("chunk %llx/%u: copied whole (version %llu) to %s: %s",
+			  (unsigned long long)m.ino, m.chunk_idx, (unsigned long long)ver,
+			  f->h->next, strerror(n < 0 ? (int)-n : 0));
+	}
+	free(whole);
+	free(crcs);
+	return (int)n;
+}
+
 static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_write_req rq;
 	struct stk_msg_stor_write_resp rp;
+	struct stk_chunk_wver v = {0};
 	struct stk_chunk_store *cs;
+	struct fwd_write f;
+	struct hop h;
+	uint32_t *pend;
 	uint64_t t0;
 	long bad;
 	int rc;
@@ -147,7 +347,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 		tls_crcs[i] = stk_get_u32(&req->payload);
 	if (stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
-	if (rq.flags & ~STK_WRITE_SYNC)
+	if (rq.flags & ~(STK_WRITE_SYNC | STK_WRITE_FULL))
 		return -EINVAL;
 	bad = stk_crc32c_blocks_check(req->bulk, rq.length, STK_CRC_BLOCK, tls_crcs);
 	if (bad >= 0) {
@@ -156,16 +356,49 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 			 req->peer, (unsigned long long)rq.ino, rq.chunk_idx, bad);
 		return -EBADMSG;
 	}
-	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	if ((rq.flags & STK_WRITE_FULL) && rq.offset)
+		return -EINVAL;
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
+	cs = h.cs;
+	f.s = s;
+	f.rq = rq;
+	f.h = &h;
+	f.data = req->bulk;
+	v.then = forward_write;
+	v.ctx = &f;
+	/* The head numbers the change; a replica downstream takes its predecessor's. */
+	v.base = h.pos == 0 ? STK_CHUNK_VER_ANY : rq.base_ver;
+	v.set = h.pos == 0 ? 0 : rq.set_ver;
+	v.full = (rq.flags & STK_WRITE_FULL) != 0;
+	pend = pending_slot(s, rq.ino, rq.chunk_idx);
+	pthread_rwlock_rdlock(ino_lock(s, rq.ino));
+	__atomic_add_fetch(pend, 1, __ATOMIC_RELAXED);
 	t0 = stk_storage_metrics_begin(s->metrics, cs);
-	rc = stk_chunk_write(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
-			     rq.length, tls_crcs, rq.flags, &rp.chunk_len);
+	rc = stk_chunk_write_ver(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
+				 rq.length, tls_crcs, rq.flags & STK_WRITE_SYNC, &v, &rp.chunk_len);
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
+	__atomic_sub_fetch(pend, 1, __ATOMIC_RELAXED);
+	pthread_rwlock_unlock(ino_lock(s, rq.ino));
 	if (rc)
 		return rc;
 	return stk_msg_stor_write_resp_enc(&resp->payload, &rp);
+}
+
+/*
+ * Whether our copy may answer a read: our target serves, and no change of the
+ * chunk is on its way down from here (a replica that is not the tail then sends
+ * the reader to the tail, whose copy is the committed one). 0, -ESTALE or
+ * -EINPROGRESS.
+ */
+static int read_check(struct storage *s, const struct hop *h, uint64_t ino, uint32_t idx)
+{
+	if (!h->readable)
+		return -ESTALE;
+	if (!h->tail && __atomic_load_n(pending_slot(s, ino, idx), __ATOMIC_RELAXED))
+		return -EINPROGRESS;
+	return 0;
 }
 
 static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -173,6 +406,7 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 	struct stk_msg_stor_read_req rq;
 	struct stk_msg_stor_read_resp rp;
 	struct stk_chunk_store *cs;
+	struct hop h;
 	uint64_t t0;
 	void *buf;
 	long n;
@@ -182,9 +416,12 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 		return -EBADMSG;
 	if (rq.length > STK_MAX_CHUNK_SIZE)
 		return -EINVAL;
-	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0)
+		rc = read_check(s, &h, rq.ino, rq.chunk_idx);
 	if (rc)
 		return rc;
+	cs = h.cs;
 	buf = stk_rpc_resp_bulk_buf(resp, rq.length ? rq.length : 1);
 	if (!buf)
 		return -ENOMEM;
@@ -206,13 +443,13 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 static int handle_prefetch(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_prefetch_req rq;
-	struct stk_chunk_store *cs;
+	struct hop h;
 
 	if (stk_msg_stor_prefetch_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
-	if (route(s, rq.chain_id, 1, rq.chain_ver, &cs))
+	if (route(s, rq.chain_id, 1, rq.chain_ver, &h))
 		return 0; /* a hint for a chain we do not serve is simply dropped */
-	stk_chunk_prefetch(cs, rq.ino, rq.chunk_idx);
+	stk_chunk_prefetch(h.cs, rq.ino, rq.chunk_idx);
 	return 0;
 }
 
@@ -249,10 +486,18 @@ static int fence(struct storage *s, uint64_t ns_hi, uint64_t ns_lo, uint64_t ino
 	return -EPERM;
 }
 
+/* Sends a change request as it came (its payload, no bulk) to our successor. */
+static int forward_same(struct storage *s, const struct hop *h, const struct stk_rpc_req *req)
+{
+	if (h->tail)
+		return 0;
+	return forward(s, h->next, req->hdr.opcode, req->payload.p, req->payload.len, NULL, 0, 0);
+}
+
 static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_truncate_req rq;
-	struct stk_chunk_store *cs;
+	struct hop h;
 	int rc;
 
 	if (stk_msg_stor_truncate_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
@@ -260,17 +505,22 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 	rc = fence(s, rq.ns_hi, rq.ns_lo, rq.ino, req->peer);
 	if (rc)
 		return rc;
-	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
-	return stk_chunk_truncate(cs, rq.ino, rq.size, rq.chunk_size);
+	pthread_rwlock_wrlock(ino_lock(s, rq.ino));
+	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
+	if (rc == 0)
+		rc = forward_same(s, &h, req);
+	pthread_rwlock_unlock(ino_lock(s, rq.ino));
+	return rc;
 }
 
 static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_truncates_req rq;
 	struct stk_msg_trunc_rec *recs = NULL;
-	struct stk_chunk_store *cs;
+	struct hop h;
 	int first = 0, rc;
 
 	rc = stk_msg_stor_truncates_req_dec(&req->payload, &rq);
@@ -290,12 +540,23 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 	}
 	rc = fence(s, rq.ns_hi, rq.ns_lo, rq.n ? recs[0].ino : 0, req->peer);
 	if (rc == 0)
-		rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+		rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0) /* every inode's lock, always in one order */
+		for (unsigned i = 0; i < INO_LOCKS; i++)
+			pthread_rwlock_wrlock(&s->ino_locks[i]);
 	for (uint32_t i = 0; rc == 0 && i < rq.n; i++) {
-		int r = stk_chunk_truncate(cs, recs[i].ino, recs[i].size, recs[i].chunk_size);
+		int r = stk_chunk_truncate(h.cs, recs[i].ino, recs[i].size, recs[i].chunk_size);
 
 		if (r && !first)
 			first = r;
+	}
+	if (rc == 0) {
+		int f = forward_same(s, &h, req);
+
+		if (f)
+			first = f;
+		for (unsigned i = INO_LOCKS; i-- > 0;)
+			pthread_rwlock_unlock(&s->ino_locks[i]);
 	}
 	free(recs);
 	return rc ? rc : first;
@@ -304,29 +565,35 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 static int handle_punch(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_punch_req rq;
-	struct stk_chunk_store *cs;
+	struct hop h;
 	int rc;
 
 	if (stk_msg_stor_punch_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
-	rc = route(s, rq.chain_id, 1, rq.chain_ver, &cs);
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
-	return stk_chunk_punch(cs, rq.ino, rq.first, rq.end);
+	pthread_rwlock_wrlock(ino_lock(s, rq.ino));
+	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
+	if (rc == 0)
+		rc = forward_same(s, &h, req);
+	pthread_rwlock_unlock(ino_lock(s, rq.ino));
+	return rc;
 }
 
 static int handle_sync(struct storage *s, struct stk_rpc_req *req)
 {
 	struct stk_msg_stor_sync_req rq;
-	struct stk_chunk_store *cs;
+	struct hop h;
 	int rc;
 
 	if (stk_msg_stor_sync_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
-	rc = route(s, rq.chain_id, 0, 0, &cs);
+	rc = route(s, rq.chain_id, 0, 0, &h);
 	if (rc)
 		return rc;
-	return stk_chunk_store_sync(cs);
+	rc = stk_chunk_store_sync(h.cs);
+	return rc ? rc : forward_same(s, &h, req);
 }
 
 static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -454,6 +721,7 @@ static int loop_read(struct storage_loop *sl, struct stk_rpc_req *req, struct st
 	struct stk_msg_stor_read_req rq;
 	struct loop_read *lr = sl->free;
 	struct stk_chunk_store *cs;
+	struct hop h;
 	void *buf;
 	int rc;
 
@@ -461,8 +729,10 @@ static int loop_read(struct storage_loop *sl, struct stk_rpc_req *req, struct st
 		return STK_RPC_TO_WORKER; /* the worker answers it as it would any other */
 	if (!lr || rq.length > LOOP_READ_MAX || rq.length == 0)
 		return STK_RPC_TO_WORKER;
-	if (route_look(s, rq.chain_id, 1, rq.chain_ver, &cs))
+	if (route_look(s, rq.chain_id, 1, rq.chain_ver, &h) ||
+	    read_check(s, &h, rq.ino, rq.chunk_idx))
 		return STK_RPC_TO_WORKER; /* a refresh, or the reply that says the client must */
+	cs = h.cs;
 	buf = stk_rpc_resp_bulk_buf(resp, rq.length);
 	if (!buf)
 		return STK_RPC_TO_WORKER;
@@ -659,6 +929,7 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 	ao.targets = report_targets;
 	ao.ctx = s;
 	ao.host_id = b->opts->host_id;
+	ao.zone = b->opts->zone;
 	rc = stk_agent_start(&ao, &s->agent, &b->node_id, b->ids, b->opts->ntargets);
 	if (rc) {
 		s->agent = NULL;
@@ -736,6 +1007,11 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		stk_error("cannot read %s: %s", b.node_path, strerror(-rc));
 		goto out;
 	}
+	for (unsigned i = 0; i < INO_LOCKS; i++)
+		pthread_rwlock_init(&s->ino_locks[i], NULL);
+	rc = stk_pool_create(4, &s->fwd);
+	if (rc)
+		goto out;
 	rc = open_targets(s, opts);
 	if (rc)
 		goto out;
@@ -746,8 +1022,16 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	so.handler = storage_handle;
 	so.loop_ops = &storage_loop_ops;
 	so.ctx = s;
-	/* Chunk reads and writes block on the disk: this many run at once. */
+	/*
+	 * Chunk reads and writes block on the disk: this many run at once. A change
+	 * forwarded down a chain waits for its successor's reply on its worker, and
+	 * the successor's needs a worker of its own: were both nodes' pools all
+	 * waiting on each other (each the head of chains the other ends), neither
+	 * would go on. So the pool grows while workers wait (stk_server_wait_begin
+	 * around each forward), up to a bound; load alone never grows it.
+	 */
 	so.workers = 32;
+	so.max_waiting = 256;
 	memset(&spec, 0, sizeof(spec));
 	spec.size = sizeof(spec);
 	spec.role = "storage";
@@ -767,6 +1051,8 @@ out:
 		for (unsigned i = 0; i < s->nstores; i++)
 			stk_chunk_store_close(s->stores[i]);
 		free(s->stores);
+		if (s->fwd)
+			stk_pool_destroy(s->fwd);
 	}
 	free(s);
 	free(b.ids);
