@@ -35,9 +35,21 @@ static const char *target_state(int s)
 		return "offline";
 	case STK_CLUSTER_TARGET_FULL:
 		return "full";
+	case STK_CLUSTER_TARGET_STALE:
+		return "stale";
 	default:
 		return "?";
 	}
+}
+
+static const struct stk_cluster_target *target_by_id(const stk_cluster_status *st, uint32_t id)
+{
+	const struct stk_cluster_target *t;
+
+	for (uint32_t i = 0; (t = stk_cluster_status_target(st, i)); i++)
+		if (t->id == id)
+			return t;
+	return NULL;
 }
 
 static const struct stk_cluster_node *node_by_id(const stk_cluster_status *st, uint32_t id)
@@ -166,8 +178,16 @@ int cmd_status(int argc, char **argv)
 	printf("\nChains\n  %-4s %-8s %s\n", "ID", "VERSION", "TARGETS (head first)");
 	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
 		printf("  %-4u %-8u", c->id, c->version);
-		for (uint32_t j = 0; j < c->ntargets; j++)
-			printf(" %u", c->targets[j]);
+		for (uint32_t j = 0; j < c->ntargets; j++) {
+			const struct stk_cluster_target *m = target_by_id(st, c->targets[j]);
+
+			/* a member that serves nothing now says why */
+			if (m && (m->state == STK_CLUSTER_TARGET_SERVING ||
+				  m->state == STK_CLUSTER_TARGET_FULL))
+				printf(" %u", c->targets[j]);
+			else
+				printf(" %u(%s)", c->targets[j], m ? target_state(m->state) : "?");
+		}
 		printf("\n");
 	}
 	print_shards(st);

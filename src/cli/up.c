@@ -279,6 +279,8 @@ struct up {
 	pid_t s3_pid;
 	char s3_metrics[80]; /* the gateway's metrics on BASE+13; "" with --no-metrics */
 	unsigned nodes; /* storage nodes */
+	unsigned replicas; /* copies of each chunk: --replicas, default 3 from 3 nodes on */
+	char replicas_arg[8];
 	unsigned nprocs; /* 2 + nodes */
 	char name[UP_PROCS][16]; /* "mgmtd", "meta", "storage" or "storage0".. */
 	char addr[UP_PROCS][80];
@@ -354,6 +356,11 @@ static pid_t spawn_role(struct up *u, int r)
 		args[n++] = "--host-id";
 		args[n++] = host_id;
 	}
+	if (r == 0 && u->replicas > 1) {
+		snprintf(u->replicas_arg, sizeof(u->replicas_arg), "%u", u->replicas);
+		args[n++] = "--replicas";
+		args[n++] = u->replicas_arg;
+	}
 	if (r == 1 && u->chunk_size[0]) {
 		args[n++] = "--chunk-size";
 		args[n++] = u->chunk_size;
@@ -427,7 +434,9 @@ static int cluster_ready(const struct up *u)
 		if (n && n->state == STK_NODE_ONLINE)
 			meta_ok = 1;
 	}
-	ok = meta_ok && serving >= u->ntargets * u->nodes && rt.nchains >= u->ntargets * u->nodes;
+	/* every target serving, and in a chain of R (a remainder of fewer than R stays out) */
+	ok = meta_ok && serving >= u->ntargets * u->nodes &&
+	     rt.nchains >= u->ntargets * u->nodes / u->replicas;
 	stk_routing_free(&rt);
 	return ok;
 }
@@ -771,7 +780,7 @@ static const struct option up_opts[] = {
 	{"targets", required_argument, NULL, 't'}, {"chunk-size", required_argument, NULL, 'c'},
 	{"stripe", required_argument, NULL, 's'},  {"no-metrics", no_argument, NULL, 'M'},
 	{"mount", required_argument, NULL, 'm'},   {"s3", required_argument, NULL, '3'},
-	{"nodes", required_argument, NULL, 'n'},
+	{"nodes", required_argument, NULL, 'n'},   {"replicas", required_argument, NULL, 'r'},
 	{NULL, 0, NULL, 0},
 };
 
@@ -850,6 +859,13 @@ int cmd_up(int argc, char **argv)
 			}
 			u->nodes = (unsigned)v;
 			break;
+		case 'r':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > STK_MAX_REPLICAS) {
+				cli_err("up", "--replicas must be 1..%d", STK_MAX_REPLICAS);
+				goto out;
+			}
+			u->replicas = (unsigned)v;
+			break;
 		case 's':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > 256) {
 				cli_err("up", "--stripe must be 1..256");
@@ -871,6 +887,14 @@ int cmd_up(int argc, char **argv)
 		cli_err("up", "--nodes puts its storage nodes on 127.0.0.2.. of this machine; it "
 			      "does not go with --host (run each node with `stoker storage` on "
 			      "real hosts)");
+		goto out;
+	}
+	if (!u->replicas)
+		u->replicas = u->nodes >= 3 ? 3 : 1;
+	if (u->replicas > u->nodes) {
+		cli_err("up", "--replicas %u needs at least %u storage nodes (--nodes %u): no "
+			      "chain holds two targets of one node",
+			u->replicas, u->replicas, u->nodes);
 		goto out;
 	}
 	u->nprocs = 2 + u->nodes;

@@ -25,7 +25,7 @@
 #include "../common/metrics.h"
 
 #define NROLES 2  /* meta, storage */
-#define NSTATES 3 /* serving, offline, full */
+#define NSTATES 4 /* serving, offline, full, stale */
 
 struct stk_mgmtd_metrics {
 	pthread_mutex_t *lock;
@@ -38,8 +38,10 @@ struct stk_mgmtd_metrics {
 };
 
 static const uint8_t roles[NROLES] = {STK_ROLE_META, STK_ROLE_STORAGE};
-static const uint8_t tstates[NSTATES] = {STK_TARGET_SERVING, STK_TARGET_OFFLINE, STK_TARGET_FULL};
-static const char *const tstate_names[NSTATES] = {"serving", "offline", "full"};
+static const uint8_t tstates[NSTATES] = {STK_TARGET_SERVING, STK_TARGET_OFFLINE, STK_TARGET_FULL,
+					   STK_TARGET_STALE};
+static const char *const tstate_names[NSTATES] = {"serving", "offline", "full",
+						    "stale"};
 
 static int role_index(uint8_t role)
 {
