@@ -38,7 +38,7 @@ def ip(*args, check=True):
 
 
 class NetCluster(RoleCluster):
-    def __init__(self, tmp_path, port=9500):
+    def __init__(self, tmp_path, port=9500, mgmtd_args=()):
         self.tag = "%05x" % random.randrange(1 << 20)
         self.subnet = "10.%d.%d" % (random.randrange(100, 200), random.randrange(256))
         self.bridge = "stkb" + self.tag
@@ -50,7 +50,7 @@ class NetCluster(RoleCluster):
             ip("link", "set", self.bridge, "up")
             # Namespaces have ports of their own: every node may use the same one.
             # RoleCluster's constructor adds mgmtd, in a namespace of its own (_add).
-            super().__init__(tmp_path, port=port)
+            super().__init__(tmp_path, port=port, mgmtd_args=mgmtd_args)
             os.makedirs(self.dir, exist_ok=True)
             self._namespace("client")
         except Exception:

@@ -14,6 +14,8 @@ that restarts what dies) cannot stage.
     rc.start("st1")           # same data, same address
     rc.stop_all()             # in teardown
 
+mgmtd_args go to mgmtd (e.g. ["--replicas", "3", "--heartbeat-timeout-ms", "3000"]).
+
 Every node of a test listens on the same port (its own address tells nodes apart);
 mgmtd is 127.0.0.1:PORT. Logs go to DIR/NAME.log. Each meta and storage node gets a
 host id of its own (`--host-id roles-NAME`), so that it stands for a host of its own
@@ -43,14 +45,14 @@ class Node:
 
 
 class RoleCluster:
-    def __init__(self, tmp_path, port=None):
+    def __init__(self, tmp_path, port=None, mgmtd_args=()):
         self.dir = str(tmp_path)
         self.port = port or pick_ports()
         self.mgmtd_addr = "127.0.0.1:%d" % self.port
         self.url = "stk://" + self.mgmtd_addr
         self.nodes = {}
         self._next_ip = 2
-        self._add("mgmtd", "mgmtd", "127.0.0.1", [])
+        self._add("mgmtd", "mgmtd", "127.0.0.1", list(mgmtd_args))
 
     def _add(self, name, role, ip, extra):
         addr = "%s:%d" % (ip, self.port)

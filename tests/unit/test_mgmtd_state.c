@@ -551,6 +551,100 @@ out:
 	return rc;
 }
 
+/* A storage node of two targets in failure domain `zone` ("": its host id). */
+static uint32_t add_node(struct stk_mgmt_state *st, const char *addr, const char *zone,
+			 const char *host, uint64_t now)
+{
+	struct stk_msg_mgmt_register_req rq = req(0, STK_ROLE_STORAGE, addr, 2);
+	struct stk_msg_target_info t[2];
+	uint32_t node = 0, ids[2];
+
+	stk_strlcpy(rq.zone, zone, sizeof(rq.zone));
+	stk_strlcpy(rq.host_id, host, sizeof(rq.host_id));
+	tinfo(&t[0], 0, "/t0", 0);
+	tinfo(&t[1], 0, "/t1", 0);
+	if (stk_mgmt_state_register(st, &rq, t, 2, now, &node, ids))
+		return 0;
+	return node;
+}
+
+/*
+ * Replicated chains: R targets of R failure domains each, heads rotated; a member
+ * that goes OFFLINE bumps its chain's version; one that comes back after its chain
+ * went on is STALE; replicas and zones survive a save and a load.
+ */
+static int test_replicas(void)
+{
+	struct stk_mgmt_state st, ld;
+	struct stk_msg_target_info t[2];
+	char dir[64], path[128];
+	uint32_t n1, n2, n3, heads = 0;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	stk_mgmt_state_init(&ld);
+	st.replicas = 3;
+	n1 = add_node(&st, "10.0.0.1:9500", "rack1", "h1", SEC);
+	n2 = add_node(&st, "10.0.0.2:9500", "rack2", "h2", SEC);
+	REQUIRE(n1 && n2 && st.nchains == 0); /* two domains: no chain of three yet */
+	/* a second node in rack1 adds no domain */
+	REQUIRE(add_node(&st, "10.0.0.9:9500", "rack1", "h9", SEC) && st.nchains == 0);
+	n3 = add_node(&st, "10.0.0.3:9500", "", "h3", SEC); /* its host id is its domain */
+	REQUIRE(n3 && st.nchains == 2);
+	REQUIRE(strcmp(stk_mgmt_state_node(&st, n3)->zone, "h3") == 0);
+	for (uint32_t i = 0; i < st.nchains; i++) {
+		const struct stk_rt_chain *c = &st.chains[i];
+		char zones[3][STK_HOST_ID_MAX];
+
+		REQUIRE(c->ntargets == 3 && c->version == 1);
+		for (int j = 0; j < 3; j++) {
+			const struct stk_rt_target *m = stk_mgmt_state_target(&st, c->targets[j]);
+
+			REQUIRE(m && m->state == STK_TARGET_SERVING);
+			stk_strlcpy(zones[j], stk_mgmt_state_node(&st, m->node_id)->zone,
+				    sizeof(zones[j]));
+		}
+		REQUIRE(strcmp(zones[0], zones[1]) && strcmp(zones[0], zones[2]) &&
+			strcmp(zones[1], zones[2]));
+		heads |= 1u << stk_mgmt_state_target(&st, c->targets[0])->node_id;
+	}
+	REQUIRE(__builtin_popcount(heads) == 2); /* the heads are on two nodes */
+
+	/* n2 falls silent: its targets go OFFLINE, both chains' versions move on */
+	for (uint32_t id = 1; id <= 4; id++)
+		if (id != n2)
+			REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 20 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_expire(&st, 20 * SEC, TIMEOUT) == 1);
+	for (uint32_t i = 0; i < st.nchains; i++)
+		REQUIRE(st.chains[i].version == 2);
+
+	/* n2 is back: its targets are STALE (serving nothing), the versions stay */
+	tinfo(&t[0], 3, "/t0", 0);
+	tinfo(&t[1], 4, "/t1", 0);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, n2, t, 2, 21 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_node(&st, n2)->state == STK_NODE_ONLINE);
+	REQUIRE(stk_mgmt_state_target(&st, 3)->state == STK_TARGET_STALE);
+	REQUIRE(stk_mgmt_state_target(&st, 4)->state == STK_TARGET_STALE);
+	REQUIRE(!stk_mgmt_target_active(STK_TARGET_STALE));
+
+	REQUIRE(check_tmpdir(dir, sizeof(dir), "mgmtd-r") == 0);
+	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
+	if (stk_mgmt_state_save(&st, path) || stk_mgmt_state_load(&ld, path, 30 * SEC))
+		goto out;
+	if (ld.replicas != 3 || ld.nchains != 2 || ld.chains[0].version != 2 ||
+	    strcmp(stk_mgmt_state_node(&ld, n1)->zone, "rack1") ||
+	    strcmp(stk_mgmt_state_node(&ld, n3)->zone, "h3"))
+		goto out;
+	rc = 0;
+out:
+	if (rc)
+		CHECK_FAIL("replicas or zones lost in a save and load");
+	check_rm_rf(dir);
+	stk_mgmt_state_free(&ld);
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
 int main(void)
 {
 	struct stk_mgmt_state st;
@@ -570,7 +664,7 @@ int main(void)
 	/* The first four tests build on one state: the first that fails stops the run. */
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
 	     test_persistence(&st) || test_lost_state() || test_host_identity() ||
-	     test_identity() || test_old_format();
+	     test_identity() || test_old_format() || test_replicas();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
