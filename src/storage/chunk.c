@@ -271,11 +271,16 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 			rc = -EUCLEAN; /* this copy is not the one the sender changed */
 			goto out;
 		}
+		if (u->v->newer_only && old_ver >= u->v->set) {
+			rc = 0; /* this copy is as new already: a resync's copy came late */
+			new_len = old_len;
+			goto out;
+		}
 		if (u->v->set)
 			new_ver = u->v->set;
 	}
 	if (!new_ver)
-		new_ver = old_ver + 1;
+		new_ver = u->v && u->v->floor > old_ver + 1 ? u->v->floor : old_ver + 1;
 
 	if (u->cut)
 		new_len = STK_MIN(u->cut_len, old_len);
@@ -490,6 +495,130 @@ int stk_chunk_version(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, ui
 		*len = h.data_len;
 	}
 	return rc;
+}
+
+int stk_chunk_read_whole(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, void *buf,
+			 uint32_t cap, uint32_t *len, uint64_t *version, uint32_t *crcs)
+{
+	struct chunk_tls *t = stk_chunk_tls_get();
+	struct chunk_hdr h;
+	char rel[REL_MAX];
+	ssize_t n;
+	long bad;
+	int fd, rc;
+
+	if (!t)
+		return -ENOMEM;
+	*len = 0;
+	*version = 0;
+	stk_chunk_rel(rel, sizeof(rel), ino, idx);
+	/* one descriptor: the header and the bytes are of one version of the chunk */
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	rc = stk_chunk_hdr_read(cs, t, fd, rel, ino, idx, &h);
+	if (rc)
+		goto out;
+	rc = -EFBIG;
+	if (h.data_len > cap)
+		goto out;
+	n = h.data_len ? pread(fd, buf, h.data_len, h.hdr_len) : 0;
+	rc = n < 0 ? -errno : -EIO;
+	if (n != (ssize_t)h.data_len)
+		goto out;
+	for (uint32_t b = 0; b < h.nblocks; b++)
+		crcs[b] = stk_chunk_le32(h.crcs + 4 * b);
+	bad = stk_crc32c_blocks_check(buf, h.data_len, STK_CHUNK_BLOCK, crcs);
+	if (bad >= 0) {
+		stk_chunk_log_mismatch(cs, rel, ino, idx, (uint32_t)bad);
+		rc = -EIO;
+		goto out;
+	}
+	*len = h.data_len;
+	*version = h.version;
+	rc = 0;
+out:
+	close(fd);
+	return rc;
+}
+
+static int ent_cmp(const void *a, const void *b)
+{
+	const struct stk_chunk_ent *x = a, *y = b;
+
+	if (x->ino != y->ino)
+		return x->ino < y->ino ? -1 : 1;
+	return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+int stk_chunk_list_bucket(struct stk_chunk_store *cs, unsigned bucket, struct stk_chunk_ent **out,
+			  size_t *count)
+{
+	struct stk_chunk_ent *v = NULL, *nv;
+	size_t n = 0, cap = 0;
+	char rel[32];
+	DIR *mid, *leaf;
+	struct dirent *b, *c;
+	int fd, rc = 0;
+
+	*out = NULL;
+	*count = 0;
+	snprintf(rel, sizeof(rel), "chunks/%02x", bucket & 0xffu);
+	fd = openat(cs->dirfd, rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!(mid = fdopendir(fd))) {
+		close(fd);
+		return -ENOMEM;
+	}
+	while ((b = readdir(mid)) && !rc) {
+		char *end;
+		uint64_t ino;
+
+		if (b->d_name[0] == '.')
+			continue;
+		errno = 0;
+		ino = strtoull(b->d_name, &end, 16);
+		if (errno || *end)
+			continue;
+		fd = openat(dirfd(mid), b->d_name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fd < 0)
+			continue;
+		if (!(leaf = fdopendir(fd))) {
+			close(fd);
+			continue;
+		}
+		while ((c = readdir(leaf))) {
+			uint64_t idx;
+
+			if (c->d_name[0] == '.' || strstr(c->d_name, ".tmp.") ||
+			    stk_parse_u64(c->d_name, &idx) || idx > UINT32_MAX)
+				continue;
+			if (n == cap) {
+				cap = cap ? 2 * cap : 64;
+				nv = realloc(v, cap * sizeof(*v));
+				if (!nv) {
+					rc = -ENOMEM;
+					break;
+				}
+				v = nv;
+			}
+			v[n].ino = ino;
+			v[n].idx = (uint32_t)idx;
+			n++;
+		}
+		closedir(leaf);
+	}
+	closedir(mid);
+	if (rc) {
+		free(v);
+		return rc;
+	}
+	if (n)
+		qsort(v, n, sizeof(*v), ent_cmp);
+	*out = v;
+	*count = n;
+	return 0;
 }
 
 /* ---- truncate ---- */

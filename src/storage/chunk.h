@@ -76,6 +76,13 @@ struct stk_chunk_wver {
 	uint64_t base;
 	uint64_t set;
 	int full;
+	/* with set: write only if the chunk's version is below set (else 0, unchanged) */
+	int newer_only;
+	/* with set 0: the new version is at least floor (a head's chain version << 32,
+	 * so that no two heads of a chain, one after the other, number two different
+	 * changes alike: a change a dead head made and never passed on is not taken
+	 * for the one its successor made next) */
+	uint64_t floor;
 	uint64_t old, now;
 	int (*then)(void *ctx, const struct stk_chunk_wver *v);
 	void *ctx;
@@ -87,6 +94,28 @@ int stk_chunk_write_ver(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 /* The version and length of chunk idx of ino (0 and 0 when missing). 0, -EIO or -errno. */
 int stk_chunk_version(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint64_t *version,
 		      uint32_t *len);
+
+/*
+ * Reads the whole of chunk idx of ino (at most cap bytes) from one version of its
+ * file, its block CRCs checked: *len bytes into buf, their CRCs into crcs (room for
+ * cap / STK_CHUNK_BLOCK + 1), and its version (0 and 0 when missing). A replica
+ * being resynced copies chunks with this. 0, -EFBIG (over cap), -EIO or -errno.
+ */
+int stk_chunk_read_whole(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, void *buf,
+			 uint32_t cap, uint32_t *len, uint64_t *version, uint32_t *crcs);
+
+/* A chunk a target holds (stk_chunk_list_bucket). */
+struct stk_chunk_ent {
+	uint64_t ino;
+	uint32_t idx;
+};
+/*
+ * The chunks of one of the 256 folders chunks/<xx> (the inodes with ino % 256 ==
+ * bucket), sorted by inode and index; *out is malloc'd (NULL when none). A resync
+ * walks a target bucket by bucket with this. 0, -ENOMEM or -errno.
+ */
+int stk_chunk_list_bucket(struct stk_chunk_store *cs, unsigned bucket, struct stk_chunk_ent **out,
+			  size_t *count);
 
 /*
  * Cuts inode ino to size bytes, for a file laid out in chunks of chunk_size:

@@ -160,6 +160,48 @@ static int test_versions(struct stk_chunk_store *cs)
 	REQUIRE(stk_chunk_version(cs, 0x70, 0, &ver, &clen) == 0 && ver == 100 && clen == 1000);
 	REQUIRE(stk_chunk_truncate(cs, 0x70, 0, CHUNK) == 0);
 	REQUIRE(stk_chunk_version(cs, 0x70, 0, &ver, &clen) == 0 && ver == 0);
+
+	/* A head's floor: its first change of a chunk jumps to the chain's epoch. */
+	memset(&v, 0, sizeof(v));
+	v.base = STK_CHUNK_VER_ANY;
+	v.floor = 5ull << 32;
+	REQUIRE(stk_chunk_write_ver(cs, 0x171, 3, CHUNK, 0, w, 4096, NULL, 0, &v, &len) == 0);
+	REQUIRE(v.now == (5ull << 32));
+	REQUIRE(stk_chunk_write_ver(cs, 0x171, 3, CHUNK, 10, w, 10, NULL, 0, &v, &len) == 0);
+	REQUIRE(v.now == (5ull << 32) + 1);
+	/* A resync's copy lands only over an older version. */
+	memset(&v, 0, sizeof(v));
+	v.base = STK_CHUNK_VER_ANY;
+	v.full = 1;
+	v.newer_only = 1;
+	v.set = 5ull << 32;
+	REQUIRE(stk_chunk_write_ver(cs, 0x171, 3, CHUNK, 0, w + 1, 100, NULL, 0, &v, &len) == 0);
+	REQUIRE(v.now == v.old && len == 4096);
+	v.set = (5ull << 32) + 2;
+	REQUIRE(stk_chunk_write_ver(cs, 0x171, 3, CHUNK, 0, w + 1, 100, NULL, 0, &v, &len) == 0);
+	REQUIRE(v.now == (5ull << 32) + 2 && len == 100);
+	{
+		/* The whole chunk and its version at once, CRCs checked; missing: 0. */
+		static uint32_t crcs[CHUNK / 4096 + 1];
+		struct stk_chunk_ent *e;
+		size_t n;
+
+		REQUIRE(stk_chunk_read_whole(cs, 0x171, 3, r, CHUNK, &clen, &ver, crcs) == 0);
+		REQUIRE(clen == 100 && ver == (5ull << 32) + 2 && memcmp(r, w + 1, 100) == 0);
+		REQUIRE(stk_chunk_read_whole(cs, 0x171, 4, r, CHUNK, &clen, &ver, crcs) == 0);
+		REQUIRE(clen == 0 && ver == 0);
+		REQUIRE(stk_chunk_read_whole(cs, 0x171, 3, r, 50, &clen, &ver, crcs) == -EFBIG);
+		/* Bucket 0x71 lists inode 0x171's chunk, in order with inode 0x71's. */
+		REQUIRE(stk_chunk_write(cs, 0x71, 9, CHUNK, 0, w, 10, NULL, 0, &len) == 0);
+		REQUIRE(stk_chunk_write(cs, 0x71, 2, CHUNK, 0, w, 10, NULL, 0, &len) == 0);
+		REQUIRE(stk_chunk_list_bucket(cs, 0x71, &e, &n) == 0);
+		REQUIRE(n == 3 && e[0].ino == 0x71 && e[0].idx == 2 && e[1].idx == 9 &&
+			e[2].ino == 0x171 && e[2].idx == 3);
+		free(e);
+		REQUIRE(stk_chunk_list_bucket(cs, 0x72, &e, &n) == 0 && n == 0 && !e);
+		REQUIRE(stk_chunk_truncate(cs, 0x71, 0, CHUNK) == 0);
+		REQUIRE(stk_chunk_truncate(cs, 0x171, 0, CHUNK) == 0);
+	}
 	return 0;
 }
 
