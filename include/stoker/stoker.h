@@ -408,7 +408,7 @@ typedef struct stk_cluster_status stk_cluster_status;
 #define STK_CLUSTER_TARGET_SERVING 1
 #define STK_CLUSTER_TARGET_OFFLINE 2 /* its node is offline or no longer reports it */
 #define STK_CLUSTER_TARGET_FULL 3 /* out of space */
-#define STK_CLUSTER_TARGET_STALE 4 /* back, but its chain went on without it: no data served */
+#define STK_CLUSTER_TARGET_SYNCING 4 /* back after its chain went on: copying what it missed */
 
 /* One meta or storage node that registered with mgmtd. */
 struct stk_cluster_node {

@@ -35,8 +35,8 @@ static const char *target_state(int s)
 		return "offline";
 	case STK_CLUSTER_TARGET_FULL:
 		return "full";
-	case STK_CLUSTER_TARGET_STALE:
-		return "stale";
+	case STK_CLUSTER_TARGET_SYNCING:
+		return "syncing";
 	default:
 		return "?";
 	}

@@ -92,8 +92,8 @@ static int target_state_from_wire(uint8_t s)
 		return STK_CLUSTER_TARGET_OFFLINE;
 	case STK_TARGET_FULL:
 		return STK_CLUSTER_TARGET_FULL;
-	case STK_TARGET_STALE:
-		return STK_CLUSTER_TARGET_STALE;
+	case STK_TARGET_SYNCING:
+		return STK_CLUSTER_TARGET_SYNCING;
 	default:
 		return 0;
 	}

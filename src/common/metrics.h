@@ -186,7 +186,7 @@
 	X(CLUSTER_TARGET_SERVING, GAUGE, "stoker_cluster_target_serving", "target,node",           \
 	  "1 while the target is serving, 0 when offline or full.")                                \
 	X(CLUSTER_TARGET_STATE, GAUGE, "stoker_cluster_target_state", "target,node,state",         \
-	  "1 for the state mgmtd has the target in (serving, offline or full), 0 for the "         \
+	  "1 for the state mgmtd has the target in (serving, offline, full or syncing), 0 for the "         \
 	  "others.")                                                                               \
 	/* ---- every process ---- */                                                              \
 	X(BUILD_INFO, GAUGE, "stoker_build_info", "role,version",                                  \

@@ -555,6 +555,28 @@ out:
 	return rc;
 }
 
+int stk_agent_target_synced(struct stk_agent *a, uint32_t target_id, uint32_t chain_id,
+			    uint32_t chain_ver)
+{
+	struct stk_msg_mgmt_target_synced_req rq;
+	struct stk_wbuf w;
+	size_t len = 0;
+	int answered = 0, rc;
+
+	pthread_mutex_lock(&a->call_lock);
+	rq.node_id = a->node_id;
+	rq.target_id = target_id;
+	rq.chain_id = chain_id;
+	rq.chain_ver = chain_ver;
+	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
+	stk_msg_mgmt_target_synced_req_enc(&w, &rq);
+	rc = agent_call(a, STK_OP_MGMT_TARGET_SYNCED, w.len, &len, &answered);
+	if (rc == 0)
+		rc = refresh_locked(a, &answered); /* the change is ours to see at once */
+	pthread_mutex_unlock(&a->call_lock);
+	return rc;
+}
+
 int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt)
 {
 	return stk_routing_fetch_from(mgmtd, AGENT_CONNECT_TIMEOUT_MS, rt);

@@ -67,6 +67,13 @@ struct stk_routing_ref *stk_agent_routing_get(struct stk_agent *a);
 void stk_agent_routing_put(struct stk_agent *a, struct stk_routing_ref *r);
 /* Fetches the routing table now (after a peer said STALE_ROUTING). 0 or -errno. */
 int stk_agent_routing_refresh(struct stk_agent *a);
+/*
+ * Tells mgmtd that target_id, SYNCING in chain chain_id at chain_ver, has copied
+ * everything (MGMT_TARGET_SYNCED), then fetches the table. 0, -ESTALE (the chain
+ * changed: sync again) or -errno.
+ */
+int stk_agent_target_synced(struct stk_agent *a, uint32_t target_id, uint32_t chain_id,
+			    uint32_t chain_ver);
 
 /* One-shot fetch from mgmtd, for tools. Fills *rt (free with stk_routing_free). */
 int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt);

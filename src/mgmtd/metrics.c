@@ -25,7 +25,7 @@
 #include "../common/metrics.h"
 
 #define NROLES 2  /* meta, storage */
-#define NSTATES 4 /* serving, offline, full, stale */
+#define NSTATES 4 /* serving, offline, full, syncing */
 
 struct stk_mgmtd_metrics {
 	pthread_mutex_t *lock;
@@ -39,9 +39,9 @@ struct stk_mgmtd_metrics {
 
 static const uint8_t roles[NROLES] = {STK_ROLE_META, STK_ROLE_STORAGE};
 static const uint8_t tstates[NSTATES] = {STK_TARGET_SERVING, STK_TARGET_OFFLINE, STK_TARGET_FULL,
-					   STK_TARGET_STALE};
+					   STK_TARGET_SYNCING};
 static const char *const tstate_names[NSTATES] = {"serving", "offline", "full",
-						    "stale"};
+						    "syncing"};
 
 static int role_index(uint8_t role)
 {

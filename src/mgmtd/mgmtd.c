@@ -158,6 +158,23 @@ static int handle_heartbeat(struct mgmtd *m, struct stk_rpc_req *req, struct stk
 	return rc;
 }
 
+static int handle_target_synced(struct mgmtd *m, struct stk_rpc_req *req)
+{
+	struct stk_msg_mgmt_target_synced_req rq;
+	int rc;
+
+	if (stk_msg_mgmt_target_synced_req_dec(&req->payload, &rq) ||
+	    stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = stk_mgmt_state_target_synced(&m->st, rq.node_id, rq.target_id, rq.chain_id,
+					  rq.chain_ver);
+	if (rc == 0)
+		rc = persist(m);
+	pthread_mutex_unlock(&m->lock);
+	return rc;
+}
+
 static int handle_get_routing(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_mgmt_get_routing_req rq;
@@ -185,6 +202,8 @@ static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return handle_heartbeat(m, req, resp);
 	case STK_OP_MGMT_GET_ROUTING:
 		return handle_get_routing(m, req, resp);
+	case STK_OP_MGMT_TARGET_SYNCED:
+		return handle_target_synced(m, req);
 	default:
 		return -ENOSYS;
 	}

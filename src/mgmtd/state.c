@@ -250,7 +250,7 @@ static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
 		t->node_id = node_id;
 		stk_strlcpy(t->path, ti->path, sizeof(t->path));
 		set_figures(t, ti);
-		if (!stk_mgmt_target_active(t->state) && t->state != STK_TARGET_STALE)
+		if (!stk_mgmt_target_active(t->state) && t->state != STK_TARGET_SYNCING)
 			target_back(st, t);
 	}
 	if (st->replicas <= 1 && !target_has_chain(st, tid)) {
@@ -290,8 +290,9 @@ static struct stk_rt_chain *chain_of(struct stk_mgmt_state *st, uint32_t tid)
 /*
  * A target comes back (its node registers or heartbeats again). In a chain of one,
  * or one whose every other member is gone too, it serves; in a chain that went on
- * without it, it is STALE until resynced. Bumps the chain's version when its
- * working set changes.
+ * without it, it goes last in the chain, SYNCING, until its node says it has
+ * copied what it missed (stk_mgmt_state_target_synced). Bumps the chain's version
+ * whenever the members that changes reach change.
  */
 static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
 {
@@ -305,11 +306,18 @@ static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
 			others += o && o != t && stk_mgmt_target_active(o->state);
 		}
 	if (c && c->ntargets > 1 && others) {
-		if (t->state != STK_TARGET_STALE)
-			stk_warn("target %u (%s) is back, but chain %u went on without it: STALE "
-				 "until it is resynced",
-				 t->id, t->path, c->id);
-		t->state = STK_TARGET_STALE;
+		uint8_t j = 0;
+
+		stk_warn("target %u (%s) is back, but chain %u went on without it: SYNCING, "
+			 "last in the chain, until it has copied what it missed",
+			 t->id, t->path, c->id);
+		while (c->targets[j] != t->id)
+			j++;
+		for (; j + 1 < c->ntargets; j++)
+			c->targets[j] = c->targets[j + 1];
+		c->targets[j] = t->id;
+		t->state = STK_TARGET_SYNCING;
+		c->version++;
 		bump(st);
 		return;
 	}
@@ -318,6 +326,23 @@ static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
 	if (c)
 		c->version++;
 	bump(st);
+}
+
+int stk_mgmt_state_target_synced(struct stk_mgmt_state *st, uint32_t node_id, uint32_t target_id,
+				 uint32_t chain_id, uint32_t chain_ver)
+{
+	struct stk_rt_target *t = stk_mgmt_state_target(st, target_id);
+	struct stk_rt_chain *c = chain_of(st, target_id);
+
+	if (!t || t->node_id != node_id || !c || c->id != chain_id)
+		return -ENOENT;
+	if (t->state != STK_TARGET_SYNCING || c->version != chain_ver)
+		return -ESTALE; /* the chain changed meanwhile: the node syncs again */
+	stk_info("target %u (%s) has caught up with chain %u: SERVING", t->id, t->path, c->id);
+	t->state = STK_TARGET_SERVING;
+	c->version++;
+	bump(st);
+	return 0;
 }
 
 /*

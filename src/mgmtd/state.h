@@ -41,7 +41,8 @@
  * OFFLINE its targets leave their chains' working set (the chain version is
  * bumped: storage nodes and clients with the old one are told, refresh, and send
  * again), and the chain goes on with the others. A target that returns to a chain
- * that went on without it is STALE: it serves nothing until it is resynced. One
+ * that went on without it goes last in it, SYNCING: changes reach it, reads do
+ * not, until its node has copied what it missed and says so. One
  * that returns to a chain that had no member left serves again (no copy is
  * newer than the last one standing).
  */
@@ -157,6 +158,15 @@ void stk_mgmt_state_set_host(struct stk_mgmt_state *st, uint32_t node_id, const 
 unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t timeout_ns);
 
 /* Whether a target of this state takes part in its chain (serving, or full). */
+/*
+ * Node node_id says its target target_id, SYNCING in chain chain_id at version
+ * chain_ver, has copied everything: it becomes SERVING. 0, -ENOENT (no such
+ * target of that node in that chain) or -ESTALE (not syncing, or the chain has
+ * another version now: the node syncs again).
+ */
+int stk_mgmt_state_target_synced(struct stk_mgmt_state *st, uint32_t node_id, uint32_t target_id,
+				 uint32_t chain_id, uint32_t chain_ver);
+
 static inline int stk_mgmt_target_active(uint8_t state)
 {
 	return state == STK_TARGET_SERVING || state == STK_TARGET_FULL;

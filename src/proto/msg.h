@@ -170,14 +170,18 @@ static inline char *stk_ns_id_str(const struct stk_ns_id *id, char *out)
 
 enum stk_node_state { STK_NODE_ONLINE = 1, STK_NODE_OFFLINE = 2 };
 /*
- * STALE: back after its chain went on without it; serves nothing until resynced.
- * A chain's working members are those SERVING or FULL, in the chain's order.
+ * SYNCING: back after its chain went on without it, last in the chain: it is sent
+ * every change (forwarded to it) and copies what it missed from its predecessor
+ * (STOR_SYNC_LIST, STOR_SYNC_READ), but serves no read, until mgmtd hears it is
+ * done (MGMT_TARGET_SYNCED) and makes it SERVING.
+ * A chain's working members are those SERVING or FULL, in the chain's order; its
+ * members that changes reach are those and the SYNCING one.
  */
 enum stk_target_state {
 	STK_TARGET_SERVING = 1,
 	STK_TARGET_OFFLINE = 2,
 	STK_TARGET_FULL = 3,
-	STK_TARGET_STALE = 4
+	STK_TARGET_SYNCING = 4
 };
 
 /* ---- field lists ---- */
@@ -209,6 +213,8 @@ enum stk_target_state {
 #define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets) F(addr, host_id)
 #define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version)
 #define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
+#define STK_MSG_MGMT_TARGET_SYNCED_REQ(F) \
+	F(u32, node_id) F(u32, target_id) F(u32, chain_id) F(u32, chain_ver)
 
 #define STK_MSG_META_LOOKUP_REQ(F) F(cred, cred) F(u64, parent) F(name, name)
 #define STK_MSG_META_INO_REQ(F) F(cred, cred) F(u64, ino)
@@ -417,6 +423,22 @@ enum stk_target_state {
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, first) F(u32, end)
 #define STK_MSG_STOR_PREFETCH_REQ(F) \
 	F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, chunk_idx)
+/*
+ * STOR_SYNC_LIST's cursor: chunks of bucket `bucket` (ino % 256) after (ino, idx),
+ * or from its first with from_start, then the buckets after it. The reply holds n
+ * sync_rec records (n <= max, <= STK_SYNC_LIST_MAX) and the next page's cursor;
+ * done once bucket 255 has been listed.
+ */
+#define STK_MSG_STOR_SYNC_LIST_REQ(F)                                                      \
+	F(u32, chain_id) F(u32, chain_ver) F(u32, bucket) F(u64, ino) F(u32, idx)          \
+	F(u8, from_start) F(u32, max)
+#define STK_MSG_STOR_SYNC_LIST_RESP(F)                                                     \
+	F(u32, n) F(u8, done) F(u32, bucket) F(u64, ino) F(u32, idx) F(u8, from_start)
+#define STK_MSG_SYNC_REC(F) F(u64, ino) F(u32, idx) F(u64, version)
+#define STK_SYNC_LIST_MAX 4096u
+#define STK_MSG_STOR_SYNC_READ_REQ(F) F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, idx)
+/* Followed by ncrcs block checksums of the bulk (see STOR_WRITE). */
+#define STK_MSG_STOR_SYNC_READ_RESP(F) F(u64, version) F(u32, ncrcs)
 
 /* Every message: (struct name, field list). */
 #define STK_MSG_LIST(X)                                           \
@@ -483,7 +505,13 @@ enum stk_target_state {
 	X(trunc_rec, STK_MSG_TRUNC_REC)                           \
 	X(stor_sync_req, STK_MSG_STOR_SYNC_REQ)                   \
 	X(stor_punch_req, STK_MSG_STOR_PUNCH_REQ)                 \
-	X(stor_prefetch_req, STK_MSG_STOR_PREFETCH_REQ)
+	X(stor_prefetch_req, STK_MSG_STOR_PREFETCH_REQ)           \
+	X(stor_sync_list_req, STK_MSG_STOR_SYNC_LIST_REQ)         \
+	X(stor_sync_list_resp, STK_MSG_STOR_SYNC_LIST_RESP)       \
+	X(sync_rec, STK_MSG_SYNC_REC)                             \
+	X(stor_sync_read_req, STK_MSG_STOR_SYNC_READ_REQ)         \
+	X(stor_sync_read_resp, STK_MSG_STOR_SYNC_READ_RESP)       \
+	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ)
 
 /* ---- generated structs and codecs ---- */
 

@@ -77,6 +77,10 @@
 	/* The routing table (nodes, targets, chains, shards); see stk_routing_encode(). If     \
 	 * the caller's known_version is current the reply has only the header fields. */       \
 	X(MGMT_GET_ROUTING, 3, mgmt_get_routing_req, routing, "fetch routing table")              \
+	/* A storage node's SYNCING target has copied what its chain holds (msg.h,       \
+	 * stk_target_state): mgmtd makes it SERVING. STALE when the chain's version is  \
+	 * another now (the node syncs again). */                                         \
+	X(MGMT_TARGET_SYNCED, 8, mgmt_target_synced_req, none, "a target caught up")             \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
@@ -191,7 +195,14 @@
 	X(STOR_TRUNCATES, 69, stor_truncates_req, none, "truncate several files' chunks")     \
 	/* Removes whole chunks of a file (fallocate's punch-hole): they read as zeros after.  \
 	 * Chunks that are not there are no error. Durable when it replies. */               \
-	X(STOR_PUNCH, 70, stor_punch_req, none, "remove chunks of a file")
+	X(STOR_PUNCH, 70, stor_punch_req, none, "remove chunks of a file")                        \
+	/* Node to node, for a SYNCING successor: a page of the chunks this chain's      \
+	 * target holds, in (ino % 256, ino, index) order from the request's cursor,     \
+	 * with their versions; the reply gives the cursor of the next page. */            \
+	X(STOR_SYNC_LIST, 71, stor_sync_list_req, stor_sync_list_resp, "list a target's chunks")  \
+	/* Node to node: a whole chunk and its version, read from one version of its file  \
+	 * (bulk and block CRCs as STOR_READ's reply; version 0 and no bytes: missing). */ \
+	X(STOR_SYNC_READ, 72, stor_sync_read_req, stor_sync_read_resp, "copy a whole chunk")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

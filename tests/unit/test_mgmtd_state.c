@@ -618,20 +618,33 @@ static int test_replicas(void)
 	for (uint32_t i = 0; i < st.nchains; i++)
 		REQUIRE(st.chains[i].version == 2);
 
-	/* n2 is back: its targets are STALE (serving nothing), the versions stay */
+	/* n2 is back: its targets are SYNCING, last in their chains, versions moved on */
 	tinfo(&t[0], 3, "/t0", 0);
 	tinfo(&t[1], 4, "/t1", 0);
 	REQUIRE(stk_mgmt_state_heartbeat(&st, n2, t, 2, 21 * SEC) == 0);
 	REQUIRE(stk_mgmt_state_node(&st, n2)->state == STK_NODE_ONLINE);
-	REQUIRE(stk_mgmt_state_target(&st, 3)->state == STK_TARGET_STALE);
-	REQUIRE(stk_mgmt_state_target(&st, 4)->state == STK_TARGET_STALE);
-	REQUIRE(!stk_mgmt_target_active(STK_TARGET_STALE));
+	REQUIRE(stk_mgmt_state_target(&st, 3)->state == STK_TARGET_SYNCING);
+	REQUIRE(stk_mgmt_state_target(&st, 4)->state == STK_TARGET_SYNCING);
+	REQUIRE(!stk_mgmt_target_active(STK_TARGET_SYNCING));
+	for (uint32_t i = 0; i < st.nchains; i++) {
+		const struct stk_rt_chain *c = &st.chains[i];
+
+		REQUIRE(c->version == 3 && (c->targets[2] == 3 || c->targets[2] == 4));
+	}
+	/* caught up: a report for another version is refused, the right one serves */
+	REQUIRE(stk_mgmt_state_target_synced(&st, n2, 3, st.chains[0].targets[2] == 3 ? 1 : 2,
+					     2) == -ESTALE);
+	REQUIRE(stk_mgmt_state_target_synced(&st, n1, 3, 1, 3) == -ENOENT);
+	REQUIRE(stk_mgmt_state_target_synced(&st, n2, 3, st.chains[0].targets[2] == 3 ? 1 : 2,
+					     3) == 0);
+	REQUIRE(stk_mgmt_state_target(&st, 3)->state == STK_TARGET_SERVING);
 
 	REQUIRE(check_tmpdir(dir, sizeof(dir), "mgmtd-r") == 0);
 	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
 	if (stk_mgmt_state_save(&st, path) || stk_mgmt_state_load(&ld, path, 30 * SEC))
 		goto out;
-	if (ld.replicas != 3 || ld.nchains != 2 || ld.chains[0].version != 2 ||
+	if (ld.replicas != 3 || ld.nchains != 2 || ld.chains[0].version < 3 ||
+	    stk_mgmt_state_target(&ld, 4)->state != STK_TARGET_SYNCING ||
 	    strcmp(stk_mgmt_state_node(&ld, n1)->zone, "rack1") ||
 	    strcmp(stk_mgmt_state_node(&ld, n3)->zone, "h3"))
 		goto out;
