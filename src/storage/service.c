@@ -65,6 +65,9 @@ struct storage {
 	uint32_t pending[PENDING_SLOTS]; /* atomic: changes on their way down, by chunk hash */
 	struct stk_agent *agent;
 	struct stk_storage_metrics *metrics; /* NULL without --metrics */
+	pthread_t sync_thread; /* resyncs our SYNCING targets (sync_main) */
+	int sync_started;
+	int sync_stop; /* atomic */
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics; for per-client counts */
 };
 
@@ -112,6 +115,7 @@ struct hop {
 	unsigned pos; /* 0: the head */
 	int tail; /* no successor */
 	int readable; /* the target is serving (not being synced, not offline) */
+	int read_tail; /* no member after ours serves reads (ours holds only what is acked) */
 	char next[STK_ADDR_MAX]; /* the successor's node address ("" at the tail) */
 };
 
@@ -131,14 +135,18 @@ static int route_look(struct storage *s, uint32_t chain_id, int check_ver, uint3
 	if (c && c->ntargets && check_ver && c->version != chain_ver) {
 		ours_behind = chain_ver > c->version;
 	} else if (c) {
-		/* The chain's working members (serving or full), in order; ours among them. */
+		/* The members changes reach (working ones, and a syncing one last), in
+		 * order; ours among them. */
 		const struct stk_rt_target *m[STK_MAX_REPLICAS];
-		unsigned nm = 0;
+		unsigned nm = 0, last_readable = 0;
 
 		for (unsigned i = 0; i < c->ntargets; i++) {
 			const struct stk_rt_target *t = stk_routing_target(&ref->rt, c->targets[i]);
 
 			if (t && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL))
+				last_readable = nm;
+			if (t && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL ||
+				  t->state == STK_TARGET_SYNCING))
 				m[nm++] = t;
 		}
 		for (unsigned i = 0; i < nm && !h->cs; i++) {
@@ -149,7 +157,8 @@ static int route_look(struct storage *s, uint32_t chain_id, int check_ver, uint3
 				continue;
 			h->pos = i;
 			h->tail = i + 1 == nm;
-			h->readable = 1;
+			h->readable = m[i]->state != STK_TARGET_SYNCING;
+			h->read_tail = i >= last_readable;
 			h->next[0] = 0;
 			if (h->tail)
 				break;
@@ -371,6 +380,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	/* The head numbers the change; a replica downstream takes its predecessor's. */
 	v.base = h.pos == 0 ? STK_CHUNK_VER_ANY : rq.base_ver;
 	v.set = h.pos == 0 ? 0 : rq.set_ver;
+	v.floor = (uint64_t)rq.chain_ver << 32;
 	v.full = (rq.flags & STK_WRITE_FULL) != 0;
 	pend = pending_slot(s, rq.ino, rq.chunk_idx);
 	pthread_rwlock_rdlock(ino_lock(s, rq.ino));
@@ -396,7 +406,7 @@ static int read_check(struct storage *s, const struct hop *h, uint64_t ino, uint
 {
 	if (!h->readable)
 		return -ESTALE;
-	if (!h->tail && __atomic_load_n(pending_slot(s, ino, idx), __ATOMIC_RELAXED))
+	if (!h->read_tail && __atomic_load_n(pending_slot(s, ino, idx), __ATOMIC_RELAXED))
 		return -EINPROGRESS;
 	return 0;
 }
@@ -596,6 +606,420 @@ static int handle_sync(struct storage *s, struct stk_rpc_req *req)
 	return rc ? rc : forward_same(s, &h, req);
 }
 
+/* ---- resync: a source's side ---- */
+
+/* (ino, idx) after (ino2, idx2) */
+static int ent_after(uint64_t ino, uint32_t idx, uint64_t ino2, uint32_t idx2)
+{
+	return ino > ino2 || (ino == ino2 && idx > idx2);
+}
+
+/*
+ * STOR_SYNC_LIST, asked of a readable member by the syncing one after it: a page
+ * of the chunks our target of the chain holds, bucket by bucket, with versions.
+ * Takes no lock: a chunk that changes after it was listed reaches the syncing
+ * member as a forwarded change anyway.
+ */
+static int handle_sync_list(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_stor_sync_list_req rq;
+	struct stk_msg_stor_sync_list_resp rp;
+	struct stk_msg_sync_rec *recs;
+	struct hop h;
+	uint32_t max;
+	int rc;
+
+	if (stk_msg_stor_sync_list_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	if (rq.bucket > 255 || rq.max == 0)
+		return -EINVAL;
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc)
+		return rc;
+	if (!h.readable)
+		return -ESTALE;
+	max = STK_MIN(rq.max, STK_SYNC_LIST_MAX);
+	recs = malloc(max * sizeof(*recs));
+	if (!recs)
+		return -ENOMEM;
+	memset(&rp, 0, sizeof(rp));
+	rp.bucket = rq.bucket;
+	rp.ino = rq.ino;
+	rp.idx = rq.idx;
+	rp.from_start = rq.from_start;
+	while (rp.n < max && !rp.done) {
+		struct stk_chunk_ent *e;
+		size_t n, i;
+
+		rc = stk_chunk_list_bucket(h.cs, rp.bucket, &e, &n);
+		if (rc)
+			break;
+		for (i = 0; i < n && rp.n < max; i++) {
+			uint32_t len;
+
+			if (!rp.from_start && !ent_after(e[i].ino, e[i].idx, rp.ino, rp.idx))
+				continue;
+			recs[rp.n].ino = e[i].ino;
+			recs[rp.n].idx = e[i].idx;
+			if (stk_chunk_version(h.cs, e[i].ino, e[i].idx, &recs[rp.n].version, &len))
+				recs[rp.n].version = 1; /* unreadable header: it gets copied over */
+			rp.ino = e[i].ino;
+			rp.idx = e[i].idx;
+			rp.from_start = 0;
+			rp.n++;
+		}
+		/* a page that ended inside the bucket goes on from its last chunk */
+		if (rp.n == max && i < n) {
+			free(e);
+			break;
+		}
+		free(e);
+		if (rp.bucket == 255) {
+			rp.done = 1;
+		} else {
+			rp.bucket++;
+			rp.from_start = 1;
+		}
+	}
+	if (rc == 0) {
+		stk_msg_stor_sync_list_resp_enc(&resp->payload, &rp);
+		for (uint32_t i = 0; i < rp.n; i++)
+			stk_msg_sync_rec_enc(&resp->payload, &recs[i]);
+		rc = resp->payload.err;
+	}
+	free(recs);
+	return rc;
+}
+
+/* STOR_SYNC_READ: a whole chunk, with its version, for the syncing member. */
+static int handle_sync_read(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_stor_sync_read_req rq;
+	struct stk_msg_stor_sync_read_resp rp;
+	struct hop h;
+	uint32_t len;
+	void *buf;
+	int rc;
+
+	if (stk_msg_stor_sync_read_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc)
+		return rc;
+	if (!h.readable)
+		return -ESTALE;
+	buf = stk_rpc_resp_bulk_buf(resp, STK_MAX_CHUNK_SIZE);
+	if (!buf)
+		return -ENOMEM;
+	rc = stk_chunk_read_whole(h.cs, rq.ino, rq.idx, buf, STK_MAX_CHUNK_SIZE, &len, &rp.version,
+				  tls_crcs);
+	if (rc)
+		return rc;
+	rp.ncrcs = stk_crc_blocks(len);
+	stk_msg_stor_sync_read_resp_enc(&resp->payload, &rp);
+	for (uint32_t i = 0; i < rp.ncrcs; i++)
+		stk_put_u32(&resp->payload, tls_crcs[i]);
+	resp->bulk = buf;
+	resp->bulk_len = len;
+	resp->frame_flags = STK_FRAME_BULK_SELF;
+	return resp->payload.err;
+}
+
+/* ---- resync: the syncing member's side ---- */
+
+/*
+ * A target of ours that came back to a chain that went on without it is SYNCING,
+ * last in the chain: every change reaches it from its predecessor (the chain's
+ * last readable member), which is also where it copies from. The copy walks the
+ * predecessor's chunk list (STOR_SYNC_LIST) and fetches each chunk whose version
+ * differs (STOR_SYNC_READ), writing it only if ours is older (newer_only: a change
+ * forwarded meanwhile may have brought a newer one). Chunks we hold that the
+ * predecessor does not are removed once it confirms, under the inode's lock, that
+ * it still has none. Every change the predecessor applied after it learned the
+ * chain's version came to us as a change; everything before, the list holds. Then
+ * mgmtd makes the target SERVING (MGMT_TARGET_SYNCED), unless the chain changed
+ * meanwhile, in which case the next round starts over.
+ */
+struct sync_job {
+	uint32_t chain_id, chain_ver, target_id;
+	struct stk_chunk_store *cs;
+	char src[STK_ADDR_MAX];
+	void *buf; /* a whole chunk */
+	uint32_t *crcs;
+	uint64_t copied, bytes, removed, listed;
+};
+
+/* The first chain where a target of ours is SYNCING behind a readable member. */
+static int sync_find(struct storage *s, struct sync_job *j)
+{
+	struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
+	int found = 0;
+
+	for (uint32_t i = 0; i < ref->rt.nchains && !found; i++) {
+		const struct stk_rt_chain *c = &ref->rt.chains[i];
+		const struct stk_rt_target *prev = NULL;
+
+		for (unsigned k = 0; k < c->ntargets && !found; k++) {
+			const struct stk_rt_target *t = stk_routing_target(&ref->rt, c->targets[k]);
+			const struct stk_rt_node *n;
+
+			if (!t)
+				continue;
+			if (t->state == STK_TARGET_SYNCING && prev && local_target(s, t->id) &&
+			    (n = stk_routing_node(&ref->rt, prev->node_id))) {
+				j->chain_id = c->id;
+				j->chain_ver = c->version;
+				j->target_id = t->id;
+				j->cs = local_target(s, t->id);
+				memcpy(j->src, n->addr, STK_ADDR_MAX);
+				found = 1;
+			}
+			if (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL)
+				prev = t;
+		}
+	}
+	stk_agent_routing_put(s->agent, ref);
+	return found;
+}
+
+static int sync_call(struct storage *s, struct sync_job *j, struct stk_rpc *rpc)
+{
+	struct stk_conn *c;
+	int rc = stk_pool_get(s->fwd, j->src, &c);
+
+	if (rc)
+		return rc;
+	rc = stk_rpc_call(c, rpc);
+	stk_pool_put(s->fwd, c);
+	return rc;
+}
+
+/* Copies chunk ino/idx from the source; with `gone`, removes ours if it has none. */
+static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint32_t idx, int gone)
+{
+	struct stk_msg_stor_sync_read_req rq = {
+		.chain_id = j->chain_id, .chain_ver = j->chain_ver, .ino = ino, .idx = idx};
+	struct stk_msg_stor_sync_read_resp rp;
+	uint8_t msg[64], resp[STK_MAX_PAYLOAD / 8];
+	struct stk_chunk_wver v = {0};
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	uint32_t len;
+	int rc;
+
+	stk_wbuf_init(&w, msg, sizeof(msg));
+	stk_msg_stor_sync_read_req_enc(&w, &rq);
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_STOR_SYNC_READ;
+	rpc.req = msg;
+	rpc.req_len = w.len;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	rpc.bulk_in = j->buf;
+	rpc.bulk_in_cap = STK_MAX_CHUNK_SIZE;
+	rpc.frame_flags = STK_FRAME_BULK_SELF;
+	/* a removal holds the inode against changes until it is done; a copy, as a write */
+	if (gone)
+		pthread_rwlock_wrlock(ino_lock(s, ino));
+	else
+		pthread_rwlock_rdlock(ino_lock(s, ino));
+	rc = sync_call(s, j, &rpc);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	rc = -EBADMSG;
+	if (stk_msg_stor_sync_read_resp_dec(&r, &rp) || rp.ncrcs != stk_crc_blocks(rpc.bulk_in_len))
+		goto out;
+	for (uint32_t i = 0; i < rp.ncrcs; i++)
+		j->crcs[i] = stk_get_u32(&r);
+	if (stk_rbuf_finish(&r) ||
+	    stk_crc32c_blocks_check(j->buf, rpc.bulk_in_len, STK_CRC_BLOCK, j->crcs) >= 0)
+		goto out;
+	if (rp.version == 0) {
+		rc = gone ? stk_chunk_punch(j->cs, ino, idx, idx + 1) : 0;
+		j->removed += gone && rc == 0;
+		goto out;
+	}
+	v.base = STK_CHUNK_VER_ANY;
+	v.set = rp.version;
+	v.full = 1;
+	v.newer_only = 1;
+	rc = stk_chunk_write_ver(j->cs, ino, idx, STK_MAX_CHUNK_SIZE, 0, j->buf,
+				 (uint32_t)rpc.bulk_in_len, j->crcs, 0, &v, &len);
+	if (rc == 0 && v.now != v.old) {
+		j->copied++;
+		j->bytes += rpc.bulk_in_len;
+	}
+out:
+	pthread_rwlock_unlock(ino_lock(s, ino));
+	return rc;
+}
+
+/* Our chunks of bucket b that the source's list (src, n) does not hold: removed. */
+static int sync_bucket_done(struct storage *s, struct sync_job *j, unsigned b,
+			    const struct stk_chunk_ent *src, size_t n)
+{
+	struct stk_chunk_ent *mine;
+	size_t m, k = 0;
+	int rc = stk_chunk_list_bucket(j->cs, b, &mine, &m);
+
+	for (size_t i = 0; i < m && rc == 0; i++) {
+		while (k < n && ent_after(mine[i].ino, mine[i].idx, src[k].ino, src[k].idx))
+			k++;
+		if (k < n && src[k].ino == mine[i].ino && src[k].idx == mine[i].idx)
+			continue;
+		rc = sync_chunk(s, j, mine[i].ino, mine[i].idx, 1);
+	}
+	free(mine);
+	return rc;
+}
+
+static int sync_target(struct storage *s, struct sync_job *j)
+{
+	struct stk_msg_stor_sync_list_req rq;
+	struct stk_msg_stor_sync_list_resp rp;
+	struct stk_chunk_ent *seen = NULL; /* the source's chunks of bucket `cur` */
+	size_t nseen = 0, capseen = 0;
+	uint8_t msg[128], *resp = malloc(STK_MAX_PAYLOAD);
+	unsigned cur = 0;
+	int rc = -ENOMEM;
+
+	j->buf = malloc(STK_MAX_CHUNK_SIZE);
+	j->crcs = malloc((STK_MAX_CHUNK_SIZE / STK_CRC_BLOCK + 1) * sizeof(uint32_t));
+	if (!resp || !j->buf || !j->crcs)
+		goto out;
+	memset(&rq, 0, sizeof(rq));
+	rq.chain_id = j->chain_id;
+	rq.chain_ver = j->chain_ver;
+	rq.from_start = 1;
+	rq.max = 1024;
+	for (;;) {
+		struct stk_rpc rpc;
+		struct stk_wbuf w;
+		struct stk_rbuf r;
+
+		rc = -ECANCELED;
+		if (__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED))
+			goto out;
+		stk_wbuf_init(&w, msg, sizeof(msg));
+		stk_msg_stor_sync_list_req_enc(&w, &rq);
+		memset(&rpc, 0, sizeof(rpc));
+		rpc.opcode = STK_OP_STOR_SYNC_LIST;
+		rpc.req = msg;
+		rpc.req_len = w.len;
+		rpc.resp = resp;
+		rpc.resp_cap = STK_MAX_PAYLOAD;
+		rc = sync_call(s, j, &rpc);
+		if (rc)
+			goto out;
+		stk_rbuf_init(&r, resp, rpc.resp_len);
+		rc = -EBADMSG;
+		if (stk_msg_stor_sync_list_resp_dec(&r, &rp) || rp.n > rq.max || rp.bucket > 255)
+			goto out;
+		for (uint32_t i = 0; i < rp.n; i++) {
+			struct stk_msg_sync_rec e;
+			uint64_t mine;
+			uint32_t len;
+
+			rc = -EBADMSG;
+			if (stk_msg_sync_rec_dec(&r, &e) || (e.ino & 0xff) < cur)
+				goto out;
+			while ((e.ino & 0xff) > cur) { /* the source is past bucket cur */
+				rc = sync_bucket_done(s, j, cur++, seen, nseen);
+				nseen = 0;
+				if (rc)
+					goto out;
+			}
+			if (nseen == capseen) {
+				struct stk_chunk_ent *ns;
+
+				capseen = capseen ? 2 * capseen : 1024;
+				ns = realloc(seen, capseen * sizeof(*seen));
+				rc = -ENOMEM;
+				if (!ns)
+					goto out;
+				seen = ns;
+			}
+			seen[nseen].ino = e.ino;
+			seen[nseen].idx = e.idx;
+			nseen++;
+			j->listed++;
+			rc = stk_chunk_version(j->cs, e.ino, e.idx, &mine, &len);
+			if (rc || mine != e.version)
+				rc = sync_chunk(s, j, e.ino, e.idx, 0);
+			if (rc)
+				goto out;
+		}
+		rc = -EBADMSG;
+		if (stk_rbuf_finish(&r))
+			goto out;
+		while (cur < (rp.done ? 256u : rp.bucket)) {
+			rc = sync_bucket_done(s, j, cur++, seen, nseen);
+			nseen = 0;
+			if (rc)
+				goto out;
+		}
+		if (rp.done)
+			break;
+		rq.bucket = rp.bucket;
+		rq.ino = rp.ino;
+		rq.idx = rp.idx;
+		rq.from_start = rp.from_start;
+	}
+	rc = 0;
+out:
+	free(seen);
+	free(resp);
+	free(j->buf);
+	free(j->crcs);
+	j->buf = NULL;
+	j->crcs = NULL;
+	return rc;
+}
+
+static void *sync_main(void *arg)
+{
+	struct storage *s = arg;
+	unsigned wait_ms = 500;
+
+	while (!__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED)) {
+		struct sync_job j;
+		uint64_t t0;
+		int rc;
+
+		for (unsigned t = 0; t < wait_ms && !__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED);
+		     t += 50)
+			usleep(50 * 1000);
+		wait_ms = 500;
+		memset(&j, 0, sizeof(j));
+		if (!sync_find(s, &j))
+			continue;
+		stk_info("target %u: catching up with chain %u (version %u) from %s", j.target_id,
+			 j.chain_id, j.chain_ver, j.src);
+		t0 = stk_now_ns();
+		rc = sync_target(s, &j);
+		if (rc == 0)
+			rc = stk_agent_target_synced(s->agent, j.target_id, j.chain_id, j.chain_ver);
+		if (rc == 0) {
+			char b[32];
+
+			stk_info("target %u caught up with chain %u in %.1f s: %llu chunks listed, "
+				 "%llu copied (%s), %llu removed; SERVING",
+				 j.target_id, j.chain_id, (double)(stk_now_ns() - t0) / 1e9,
+				 (unsigned long long)j.listed, (unsigned long long)j.copied,
+				 stk_format_size(j.bytes, b, sizeof(b)), (unsigned long long)j.removed);
+		} else if (rc != -ECANCELED) {
+			stk_warn("target %u: catching up with chain %u from %s failed: %s; trying "
+				 "again",
+				 j.target_id, j.chain_id, j.src, strerror(-rc));
+			stk_agent_routing_refresh(s->agent);
+			wait_ms = 2000;
+		}
+	}
+	return NULL;
+}
+
 static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	switch (req->hdr.opcode) {
@@ -613,6 +1037,10 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 		return handle_sync(s, req);
 	case STK_OP_STOR_PREFETCH:
 		return handle_prefetch(s, req);
+	case STK_OP_STOR_SYNC_LIST:
+		return handle_sync_list(s, req, resp);
+	case STK_OP_STOR_SYNC_READ:
+		return handle_sync_read(s, req, resp);
 	default:
 		return -ENOSYS;
 	}
@@ -964,6 +1392,12 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 			 stk_chunk_store_path(s->stores[i]), (unsigned long long)chunks,
 			 stk_format_size(cap, cb, sizeof(cb)));
 	}
+	rc = pthread_create(&s->sync_thread, NULL, sync_main, s);
+	if (rc) {
+		stk_error("cannot start the resync thread: %s", strerror(rc));
+		return -rc;
+	}
+	s->sync_started = 1;
 	stk_info("storage node %u serving on %s%s%s", b->node_id, stk_daemon_addr(d),
 		 maddr ? ", metrics on " : "", maddr ? maddr : "");
 	return 0;
@@ -1046,6 +1480,10 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 out:
 	/* stk_daemon_run destroyed the server: no request uses the agent or the stores. */
 	if (s) {
+		if (s->sync_started) {
+			__atomic_store_n(&s->sync_stop, 1, __ATOMIC_RELAXED);
+			pthread_join(s->sync_thread, NULL);
+		}
 		stk_storage_metrics_destroy(s->metrics);
 		stk_agent_stop(s->agent);
 		for (unsigned i = 0; i < s->nstores; i++)

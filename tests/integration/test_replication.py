@@ -9,8 +9,10 @@ reads a chunk file from the disk. What must hold:
   a pause, never an error, and every acknowledged file reads back whole, from the
   survivors;
 - mgmtd marks the dead node's targets offline and bumps its chains' versions, and
-  when the node comes back its targets are "stale" (its chains went on without
-  them): they serve nothing until they are resynced.
+  when the node comes back, under a writer again, its targets are "syncing" (last
+  in their chains, sent every change, serving no read) while they copy what they
+  missed, then serving: all three copies are byte-identical again, and every
+  acknowledged file reads back.
 """
 import os
 import re
@@ -145,11 +147,34 @@ def test_three_copies_survive_a_dead_node_under_load(net):
         assert net.cli("cat", "/after%d" % i).stdout == data
     assert assert_replicas_identical(net, after, targets, skip=dead) >= 8
 
-    # back, but behind: its targets are stale and serve nothing; data still reads
+    # some of what st2 holds goes away while it is down: it must go there too
+    net.cli("rm", "/f1")
+    del files["/f1"]
+
+    # back, under a writer: its targets catch up, then serve
+    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack2"]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1)
     net.start("st2")
-    wait_for("st2's targets stale", lambda: all(
-        tables(net.status())[0][t][0] == "stale" for t in dead))
+
+    def serving_again():
+        t, _ = tables(net.status())
+        return all(t[d][0] == "serving" for d in dead)
+    wait_for("st2's targets serving again", serving_again, timeout=90)
+    time.sleep(2)
+    writer.send_signal(signal.SIGKILL)
+    out, err = writer.communicate()
+    assert writer.returncode == -signal.SIGKILL, "the writer failed: %s" % err.decode()[-2000:]
+    acked2 = [l.split() for l in out.decode().splitlines() if l.startswith("ACK ")]
+    assert acked2, err
+    targets, final = tables(net.status())
+    assert all(not any("(" in w for w in words) for _, _, words in final.values()), final
+
+    # the writer stopped mid-file: wait until that file's last change is through
+    time.sleep(1)
+    assert assert_replicas_identical(net, final, targets) >= 8
     for name, data in files.items():
         assert net.cli("cat", name).stdout == data
-    for _, path, size, seed in acked[-3:]:
+    for _, path, size, seed in acked + acked2:
         net.check("verify", path, size, seed)
+    assert "caught up with chain" in open(net.nodes["st2"].log).read()
