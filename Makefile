@@ -91,6 +91,11 @@ $(B)/tests/test_io: tests/unit/test_io.c $(CLIENT_OBJ) $(call obj,src/storage/ch
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
+# test_mgmtaddr follows the leader over stand-in mgmtd servers (server.c).
+$(B)/tests/test_mgmtaddr: tests/unit/test_mgmtaddr.c $(DAEMON_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+
 $(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)

@@ -38,6 +38,7 @@ struct mgmtd {
 	int stop;
 	uint64_t timeout_ns;
 	char state_path[PATH_MAX];
+	char addr[STK_ADDR_MAX]; /* the address it serves on, set before it serves */
 	/* Start-up's, on stk_mgmtd_run's thread only. */
 	const char *ready_file;
 	struct stk_mgmtd_metrics *metrics; /* NULL without --metrics */
@@ -174,6 +175,19 @@ static int handle_get_routing(struct mgmtd *m, struct stk_rpc_req *req, struct s
 	return rc;
 }
 
+/* MGMT_LEADER: an embedded mgmtd always leads, and is the one it names. */
+static int handle_leader(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_leader_resp rp;
+
+	if (stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	memset(&rp, 0, sizeof(rp));
+	rp.leader = 1;
+	stk_strlcpy(rp.addr, m->addr, sizeof(rp.addr));
+	return stk_msg_mgmt_leader_resp_enc(&resp->payload, &rp);
+}
+
 static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct mgmtd *m = ctx;
@@ -185,6 +199,8 @@ static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return handle_heartbeat(m, req, resp);
 	case STK_OP_MGMT_GET_ROUTING:
 		return handle_get_routing(m, req, resp);
+	case STK_OP_MGMT_LEADER:
+		return handle_leader(m, req, resp);
 	default:
 		return -ENOSYS;
 	}
@@ -242,6 +258,7 @@ static int mgmtd_start(void *ctx, struct stk_daemon *d)
 	const char *addr = stk_daemon_addr(d);
 	int rc;
 
+	stk_strlcpy(m->addr, addr, sizeof(m->addr));
 	rc = -pthread_create(&m->expiry, NULL, expiry_thread, m);
 	if (rc) {
 		stk_error("cannot start the heartbeat checker: %s", strerror(-rc));

@@ -77,6 +77,10 @@
 	/* The routing table (nodes, targets, chains, shards); see stk_routing_encode(). If     \
 	 * the caller's known_version is current the reply has only the header fields. */       \
 	X(MGMT_GET_ROUTING, 3, mgmt_get_routing_req, routing, "fetch routing table")              \
+	/* Who leads: any mgmtd answers it, leader or not. In cluster mode (--etcd) only the   \
+	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
+	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \
+	X(MGMT_LEADER, 4, none, mgmt_leader_resp, "which mgmtd leads")                             \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
