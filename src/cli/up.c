@@ -75,6 +75,8 @@ enum {
 	OPT_HOST_ID,
 	OPT_REPLICAS,
 	OPT_ZONE,
+	OPT_ETCD,
+	OPT_ETCD_PREFIX,
 };
 
 static const struct option role_opts[] = {
@@ -89,6 +91,8 @@ static const struct option role_opts[] = {
 	{"host-id", required_argument, NULL, OPT_HOST_ID},
 	{"replicas", required_argument, NULL, OPT_REPLICAS},
 	{"zone", required_argument, NULL, OPT_ZONE},
+	{"etcd", required_argument, NULL, OPT_ETCD},
+	{"etcd-prefix", required_argument, NULL, OPT_ETCD_PREFIX},
 	{NULL, 0, NULL, 0},
 };
 
@@ -97,6 +101,8 @@ struct role_args {
 	const char *metrics; /* --metrics ADDR: serve /metrics there */
 	const char *host_id; /* --host-id ID: the host this node says it is on */
 	const char *zone; /* --zone Z: a storage node's failure domain (default: its host) */
+	const char *etcd; /* mgmtd --etcd URL[,URL...]: cluster mode, state in etcd */
+	const char *etcd_prefix; /* mgmtd --etcd-prefix P: its keys' prefix (/stoker) */
 	const char *targets[64];
 	unsigned ntargets;
 	uint64_t chunk_size, stripe, hbto;
@@ -173,6 +179,12 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 			a->zone = optarg;
 			break;
 		}
+		case OPT_ETCD:
+			a->etcd = optarg;
+			break;
+		case OPT_ETCD_PREFIX:
+			a->etcd_prefix = optarg;
+			break;
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -209,6 +221,8 @@ int cmd_mgmtd(int argc, char **argv)
 	o.heartbeat_timeout_ms = (unsigned)a.hbto;
 	o.metrics_listen = a.metrics;
 	o.replicas = (unsigned)a.replicas;
+	o.etcd = a.etcd;
+	o.etcd_prefix = a.etcd_prefix;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 
