@@ -24,7 +24,7 @@ typedef uint32_t (*stk_agent_targets_fn)(void *ctx, struct stk_msg_target_info *
 
 struct stk_agent_opts {
 	size_t size; /* sizeof(struct stk_agent_opts) */
-	const char *mgmtd; /* "HOST:PORT" */
+	const char *mgmtd; /* "HOST:PORT[,HOST:PORT...]": every mgmtd; the leader is followed */
 	uint8_t role; /* STK_ROLE_META or STK_ROLE_STORAGE */
 	const char *addr; /* the address this node serves on */
 	uint32_t node_id; /* the id it had before, or 0 for a new node */
@@ -68,7 +68,10 @@ void stk_agent_routing_put(struct stk_agent *a, struct stk_routing_ref *r);
 /* Fetches the routing table now (after a peer said STALE_ROUTING). 0 or -errno. */
 int stk_agent_routing_refresh(struct stk_agent *a);
 
-/* One-shot fetch from mgmtd, for tools. Fills *rt (free with stk_routing_free). */
+/*
+ * One-shot fetch from the leading mgmtd of the list `mgmtd`, for tools. Fills *rt
+ * (free with stk_routing_free).
+ */
 int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt);
 
 #endif
