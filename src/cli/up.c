@@ -283,13 +283,14 @@ int cmd_storage(int argc, char **argv)
  * Cluster mode (--nodes or --mgmtd): one etcd on BASE+30 (clients) and BASE+31
  * (peers), data in DATA/etcd, and M mgmtd (--mgmtd M, 3 by default, at most
  * UP_MGMTD_MAX): the first on BASE as always, the others ("mgmtd1"..) on
- * BASE+21.. with their metrics on BASE+25.., after the storage nodes in the
+ * BASE+16.. with their metrics 10 ports up (BASE+26.., where `stoker top` looks
+ * for a mgmtd's), after the storage nodes in the
  * process table. Everything is given the list of all of them.
  */
 #define UP_MGMTD_MAX 4
 #define UP_ETCD_PORT 30
-#define UP_MGMTD_PORT 20 /* + k for the k-th extra mgmtd */
-#define UP_MGMTD_METRICS_PORT 24
+#define UP_MGMTD_PORT 15 /* + k for the k-th extra mgmtd */
+#define UP_MGMTD_METRICS_PORT (UP_MGMTD_PORT + STK_METRICS_PORT_OFFSET)
 #define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1)
 static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
 
