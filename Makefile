@@ -23,6 +23,10 @@ CFLAGS := -std=gnu11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -Wsha
 	-D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(SANFLAGS)
 LIBS := $(PKG_LIBS) -lm
+# mgmtd alone talks to etcd (cluster mode): libcurl and Jansson for its JSON gateway.
+MGMTD_PKGS := libcurl jansson
+MGMTD_CFLAGS := $(shell pkg-config --cflags $(MGMTD_PKGS) 2>/dev/null)
+MGMTD_LIBS := $(shell pkg-config --libs $(MGMTD_PKGS) 2>/dev/null)
 # What libstoker (and the Python extension built from it) links: no FUSE, no HTTP
 # server, no TLS; CRC32C from ISA-L and xxHash for host ids.
 LIB_PKGS := libisal libxxhash
@@ -65,8 +69,10 @@ $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
+$(MGMTD_OBJ): CFLAGS += $(MGMTD_CFLAGS)
+
 $(B)/stoker: $(CLI_OBJ) $(SERVER_OBJ) $(CLIENT_OBJ) $(CORE_OBJ)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(MGMTD_LIBS)
 
 $(B)/libstoker.a: $(CLIENT_OBJ) $(CORE_OBJ)
 	@rm -f $@
@@ -91,21 +97,26 @@ $(B)/tests/test_io: tests/unit/test_io.c $(CLIENT_OBJ) $(call obj,src/storage/ch
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
+# test_mgmtaddr follows the leader over stand-in mgmtd servers (server.c).
+$(B)/tests/test_mgmtaddr: tests/unit/test_mgmtaddr.c $(DAEMON_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+
 $(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
 $(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS) $(MGMTD_LIBS)
 
 $(B)/tests/test_storage_%: tests/unit/test_storage_%.c $(STORAGE_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS) $(MGMTD_LIBS)
 
 $(B)/tests/test_mgmtd_%: tests/unit/test_mgmtd_%.c $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS) $(MGMTD_LIBS)
 
 $(B)/tests/test_%: tests/unit/test_%.c $(CLIENT_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)

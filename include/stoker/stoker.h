@@ -393,7 +393,7 @@ STK_API int stk_lock_test(stk_file *f, int kind, struct stk_lock_range *r, uint6
 typedef struct stk_cluster_status stk_cluster_status;
 
 /* Bytes of a "HOST:PORT" address with its NUL, as the cluster's nodes have them. */
-#define STK_CLUSTER_ADDR_MAX 64
+#define STK_CLUSTER_ADDR_MAX 512 /* a list of up to 8 mgmtd addresses */
 
 /* A node's role; 0: one this library does not know (a newer mgmtd's). */
 #define STK_CLUSTER_ROLE_MGMTD 1
@@ -494,8 +494,19 @@ STK_API int stk_cluster_resolve(const char *cluster, char *addr, size_t len);
 STK_API int stk_cluster_status_fetch(const char *cluster, stk_cluster_status **out);
 /* Frees s and everything its accessors returned. NULL is a no-op. */
 STK_API void stk_cluster_status_free(stk_cluster_status *s);
-/* The "HOST:PORT" of the mgmtd that answered. */
+/* The "HOST:PORT" of the mgmtd that answered (the leader, in cluster mode). */
 STK_API const char *stk_cluster_status_addr(const stk_cluster_status *s);
+
+#define STK_CLUSTER_MGMTD_LEADER 1   /* it leads (an embedded mgmtd always does) */
+#define STK_CLUSTER_MGMTD_FOLLOWER 2 /* it runs and follows the leader */
+#define STK_CLUSTER_MGMTD_DOWN 3     /* it did not answer */
+/*
+ * The i-th mgmtd of the cluster's address list (from 0) as it answered when the
+ * snapshot was taken: *addr (valid until stk_cluster_status_free) and *state, one
+ * of STK_CLUSTER_MGMTD_*. 0, or -ENOENT past the last.
+ */
+STK_API int stk_cluster_status_mgmtd(const stk_cluster_status *s, unsigned i, const char **addr,
+				     int *state);
 /* The routing table's version: it grows with every change mgmtd makes to it. */
 STK_API uint64_t stk_cluster_status_version(const stk_cluster_status *s);
 /*

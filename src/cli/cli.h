@@ -20,18 +20,18 @@
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
 #define STK_CLI_COMMANDS(X)                                                                     \
-	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT]", \
-	  "start a one-machine cluster (mgmtd, meta, N storage nodes) with its data in DIR")     \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT]", \
+	  "start a one-machine cluster (mgmtd, meta, N storage nodes; with --nodes, etcd and M mgmtd) with its data in DIR")     \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
-	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--metrics ADDR] [--config FILE]",  \
+	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--config FILE]",  \
 	  "run the cluster manager")                                                            \
-	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR --data DIR [--metrics ADDR] [--host-id ID] [--config FILE]", \
+	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR [--metrics ADDR] [--host-id ID] [--config FILE]", \
 	  "run a metadata server")                                                              \
 	X(storage, cmd_storage,                                                                 \
-	  "storage --listen ADDR --mgmtd ADDR --data DIR --target DIR... [--zone Z] [--metrics ADDR] [--host-id ID] [--config FILE]", \
+	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--metrics ADDR] [--host-id ID] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
-	  "nodes, targets, chains and the metadata shard map")                                  \
+	  "mgmtd leader and followers, nodes, targets, chains and the metadata shard map")                                  \
 	X(top, cmd_top, "top [--cluster stk://HOST:PORT] [--metrics ADDR,...] [--mount ADDR,...] [--interval S] [--once]", \
 	  "live bandwidth, IOPS, p99 latency and capacity per node and target")                \
 	X(ls, cmd_ls, "ls [-l] PATH...", "list directories")                                    \

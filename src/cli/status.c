@@ -148,6 +148,18 @@ int cmd_status(int argc, char **argv)
 	}
 	printf("Cluster stk://%s   routing version %llu\n\n", addr,
 	       (unsigned long long)stk_cluster_status_version(st));
+	{
+		const char *ma;
+		int ms;
+
+		printf("Mgmtd\n  %-22s %s\n", "ADDRESS", "STATE");
+		for (unsigned i = 0; stk_cluster_status_mgmtd(st, i, &ma, &ms) == 0; i++)
+			printf("  %-22s %s\n", ma,
+			       ms == STK_CLUSTER_MGMTD_LEADER	  ? "leader"
+			       : ms == STK_CLUSTER_MGMTD_FOLLOWER ? "follower"
+								  : "down");
+		printf("\n");
+	}
 	printf("Nodes\n  %-4s %-8s %-8s %-22s %-14s %s\n", "ID", "ROLE", "STATE", "ADDRESS",
 	       "LAST SEEN", "HOST");
 	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++) {

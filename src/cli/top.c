@@ -474,8 +474,22 @@ static int discover(struct top *t)
 	t->st = st;
 	if (t->fixed)
 		return 0;
-	if (metrics_addr(t->cluster, maddr, sizeof(maddr)) == 0)
-		node_add(t, maddr, "mgmtd", 0);
+	/* The leading mgmtd's (the one that answered): a follower's figures are not the cluster's. */
+	if (metrics_addr(stk_cluster_status_addr(st), maddr, sizeof(maddr)) == 0) {
+		struct node *m = NULL;
+
+		for (int i = 0; i < t->nnodes && !m; i++)
+			if (strcmp(t->nodes[i].role, "mgmtd") == 0)
+				m = &t->nodes[i];
+		if (m && strcmp(m->maddr, maddr) != 0) {
+			/* Another mgmtd leads now: its row takes the old one's place. */
+			memset(m, 0, sizeof(*m));
+			stk_strlcpy(m->maddr, maddr, sizeof(m->maddr));
+			stk_strlcpy(m->role, "mgmtd", sizeof(m->role));
+		} else if (!m) {
+			node_add(t, maddr, "mgmtd", 0);
+		}
+	}
 	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++)
 		if (metrics_addr(n->addr, maddr, sizeof(maddr)) == 0)
 			node_add(t, maddr, cli_role_name(n->role), n->id);

@@ -75,6 +75,8 @@ enum {
 	OPT_HOST_ID,
 	OPT_REPLICAS,
 	OPT_ZONE,
+	OPT_ETCD,
+	OPT_ETCD_PREFIX,
 };
 
 static const struct option role_opts[] = {
@@ -89,6 +91,8 @@ static const struct option role_opts[] = {
 	{"host-id", required_argument, NULL, OPT_HOST_ID},
 	{"replicas", required_argument, NULL, OPT_REPLICAS},
 	{"zone", required_argument, NULL, OPT_ZONE},
+	{"etcd", required_argument, NULL, OPT_ETCD},
+	{"etcd-prefix", required_argument, NULL, OPT_ETCD_PREFIX},
 	{NULL, 0, NULL, 0},
 };
 
@@ -97,6 +101,8 @@ struct role_args {
 	const char *metrics; /* --metrics ADDR: serve /metrics there */
 	const char *host_id; /* --host-id ID: the host this node says it is on */
 	const char *zone; /* --zone Z: a storage node's failure domain (default: its host) */
+	const char *etcd; /* mgmtd --etcd URL[,URL...]: cluster mode, state in etcd */
+	const char *etcd_prefix; /* mgmtd --etcd-prefix P: its keys' prefix (/stoker) */
 	const char *targets[64];
 	unsigned ntargets;
 	uint64_t chunk_size, stripe, hbto;
@@ -173,6 +179,12 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 			a->zone = optarg;
 			break;
 		}
+		case OPT_ETCD:
+			a->etcd = optarg;
+			break;
+		case OPT_ETCD_PREFIX:
+			a->etcd_prefix = optarg;
+			break;
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -209,6 +221,8 @@ int cmd_mgmtd(int argc, char **argv)
 	o.heartbeat_timeout_ms = (unsigned)a.hbto;
 	o.metrics_listen = a.metrics;
 	o.replicas = (unsigned)a.replicas;
+	o.etcd = a.etcd;
+	o.etcd_prefix = a.etcd_prefix;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 
@@ -265,7 +279,19 @@ int cmd_storage(int argc, char **argv)
  */
 #define NROLES 3 /* mgmtd, meta, storage: the ports BASE..BASE+2 */
 #define UP_NODES_MAX 8
-#define UP_PROCS (2 + UP_NODES_MAX)
+/*
+ * Cluster mode (--nodes or --mgmtd): one etcd on BASE+30 (clients) and BASE+31
+ * (peers), data in DATA/etcd, and M mgmtd (--mgmtd M, 3 by default, at most
+ * UP_MGMTD_MAX): the first on BASE as always, the others ("mgmtd1"..) on
+ * BASE+16.. with their metrics 10 ports up (BASE+26.., where `stoker top` looks
+ * for a mgmtd's), after the storage nodes in the
+ * process table. Everything is given the list of all of them.
+ */
+#define UP_MGMTD_MAX 4
+#define UP_ETCD_PORT 30
+#define UP_MGMTD_PORT 15 /* + k for the k-th extra mgmtd */
+#define UP_MGMTD_METRICS_PORT (UP_MGMTD_PORT + STK_METRICS_PORT_OFFSET)
+#define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1)
 static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
 
 struct up {
@@ -281,7 +307,12 @@ struct up {
 	unsigned nodes; /* storage nodes */
 	unsigned replicas; /* copies of each chunk: --replicas, default 3 from 3 nodes on */
 	char replicas_arg[8];
-	unsigned nprocs; /* 2 + nodes */
+	unsigned nprocs; /* 2 + nodes + nmgmtd - 1 */
+	unsigned nmgmtd; /* mgmtd processes: 1 embedded, M in cluster mode */
+	int cluster;	 /* cluster mode: etcd and M mgmtd */
+	char mgmtd_list[STK_CLUSTER_ADDR_MAX]; /* every mgmtd's address, comma-separated */
+	char etcd_url[80], etcd_peer[80];
+	pid_t etcd_pid;
 	char name[UP_PROCS][16]; /* "mgmtd", "meta", "storage" or "storage0".. */
 	char addr[UP_PROCS][80];
 	char metrics[UP_PROCS][80]; /* "" with --no-metrics */
@@ -297,6 +328,14 @@ static void up_on_signal(int sig)
 {
 	(void)sig;
 	up_stop = 1;
+}
+
+/* What process r runs: 0 mgmtd, 1 meta, 2 storage (indexes into role_names). */
+static int role_of(const struct up *u, int r)
+{
+	if (r == 0 || r >= 2 + (int)u->nodes)
+		return 0;
+	return r == 1 ? 1 : 2;
 }
 
 static int port_free(const char *host, unsigned port)
@@ -328,24 +367,27 @@ static void up_target_dir(const struct up *u, int r, unsigned i, char *out, size
 
 static pid_t spawn_role(struct up *u, int r)
 {
-	char logpath[PATH_MAX + 32], datadir[PATH_MAX + 32], mgmtd[80], host_id[80];
-	char *args[18 + 2 * 64];
+	char logpath[PATH_MAX + 32], datadir[PATH_MAX + 32], mgmtd[STK_CLUSTER_ADDR_MAX], host_id[80];
+	char *args[22 + 2 * 64];
 	char tdirs[64][PATH_MAX + 32];
-	int n = 0, fd, role = r < 2 ? r : 2;
+	int n = 0, fd, role = role_of(u, r);
 	pid_t pid;
 
 	snprintf(logpath, sizeof(logpath), "%s/log/%s.log", u->data, u->name[r]);
 	snprintf(datadir, sizeof(datadir), "%s/%s", u->data, u->name[r]);
-	snprintf(mgmtd, sizeof(mgmtd), "%s", u->addr[0]);
+	snprintf(mgmtd, sizeof(mgmtd), "%s", u->mgmtd_list);
 	args[n++] = "stoker";
 	args[n++] = (char *)role_names[role];
 	args[n++] = "--listen";
 	args[n++] = u->addr[r];
 	args[n++] = "--data";
 	args[n++] = datadir;
-	if (r > 0) {
+	if (role > 0) {
 		args[n++] = "--mgmtd";
 		args[n++] = mgmtd;
+	} else if (u->cluster) {
+		args[n++] = "--etcd";
+		args[n++] = u->etcd_url;
 	}
 	if (u->metrics[r][0]) {
 		args[n++] = "--metrics";
@@ -356,7 +398,7 @@ static pid_t spawn_role(struct up *u, int r)
 		args[n++] = "--host-id";
 		args[n++] = host_id;
 	}
-	if (r == 0 && u->replicas > 1) {
+	if (role == 0 && u->replicas > 1) {
 		snprintf(u->replicas_arg, sizeof(u->replicas_arg), "%u", u->replicas);
 		args[n++] = "--replicas";
 		args[n++] = u->replicas_arg;
@@ -396,6 +438,63 @@ static pid_t spawn_role(struct up *u, int r)
 	_exit(127);
 }
 
+/*
+ * etcd for cluster mode: one member on loopback, data in DATA/etcd, log in
+ * DATA/log/etcd.log. $STOKER_ETCD names the binary (default: etcd on PATH).
+ */
+static pid_t spawn_etcd(struct up *u)
+{
+	char datadir[PATH_MAX + 32], logpath[PATH_MAX + 32], cluster[128];
+	const char *exe = getenv("STOKER_ETCD");
+	char *args[] = {"etcd", "--name", "stoker", "--data-dir", datadir,
+			"--listen-client-urls", u->etcd_url, "--advertise-client-urls", u->etcd_url,
+			"--listen-peer-urls", u->etcd_peer, "--initial-advertise-peer-urls",
+			u->etcd_peer, "--initial-cluster", cluster, NULL};
+	pid_t pid;
+	int fd;
+
+	snprintf(datadir, sizeof(datadir), "%s/etcd", u->data);
+	snprintf(logpath, sizeof(logpath), "%s/log/etcd.log", u->data);
+	snprintf(cluster, sizeof(cluster), "stoker=%s", u->etcd_peer);
+	pid = fork();
+	if (pid != 0)
+		return pid;
+	fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (fd >= 0) {
+		dup2(fd, 1);
+		dup2(fd, 2);
+	}
+	fd = open("/dev/null", O_RDONLY);
+	if (fd >= 0)
+		dup2(fd, 0);
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	setpgid(0, 0);
+	if (exe && *exe)
+		execv(exe, args);
+	else
+		execvp("etcd", args);
+	_exit(127);
+}
+
+/* Stops etcd, after every daemon that uses it. */
+static void stop_etcd(struct up *u)
+{
+	if (u->etcd_pid <= 0)
+		return;
+	kill(u->etcd_pid, SIGTERM);
+	for (int i = 0; i < 100; i++) {
+		if (waitpid(u->etcd_pid, NULL, WNOHANG) == u->etcd_pid) {
+			u->etcd_pid = 0;
+			return;
+		}
+		usleep(100000);
+	}
+	kill(u->etcd_pid, SIGKILL);
+	waitpid(u->etcd_pid, NULL, 0);
+	u->etcd_pid = 0;
+}
+
 static void print_log_tail(const struct up *u, int r)
 {
 	char path[PATH_MAX + 32], line[1024];
@@ -424,7 +523,7 @@ static int cluster_ready(const struct up *u)
 	unsigned serving = 0;
 	int meta_ok = 0, ok;
 
-	if (stk_mgmt_fetch_routing(u->addr[0], &rt))
+	if (stk_mgmt_fetch_routing(u->mgmtd_list, &rt))
 		return 0;
 	for (uint32_t i = 0; i < rt.ntargets; i++)
 		if (rt.targets[i].state == STK_TARGET_SERVING)
@@ -481,12 +580,12 @@ static void write_file(const char *path, const char *content)
 
 static void record_cluster(const struct up *u, int on)
 {
-	char dir[64], path[128], buf[128], line[128];
+	char dir[64], path[128], buf[STK_CLUSTER_ADDR_MAX + 16], line[STK_CLUSTER_ADDR_MAX + 16];
 	FILE *f;
 
 	cli_runtime_dir(dir, sizeof(dir));
 	snprintf(path, sizeof(path), "%s/cluster", dir);
-	snprintf(line, sizeof(line), "stk://%s\n", u->addr[0]);
+	snprintf(line, sizeof(line), "stk://%s\n", u->mgmtd_list);
 	if (on) {
 		mkdir(dir, 0700);
 		write_file(path, line);
@@ -527,10 +626,10 @@ static int run_self(const struct up *u, char *const args[])
 
 static int mount_cluster(const struct up *u)
 {
-	char url[128], opt[128];
+	char url[STK_CLUSTER_ADDR_MAX + 16], opt[128];
 	char *args[] = {"stoker", "mount", url, (char *)u->mount, "-o", opt, NULL};
 
-	snprintf(url, sizeof(url), "stk://%s", u->addr[0]);
+	snprintf(url, sizeof(url), "stk://%s", u->mgmtd_list);
 	/* the mount's metrics follow the gateway's: BASE+14 (docs/metrics.md) */
 	snprintf(opt, sizeof(opt), "metrics=%s:%u", u->host,
 		 u->port + STK_METRICS_PORT_OFFSET + NROLES + 1);
@@ -592,13 +691,13 @@ static int s3_keys(const struct up *u, char *path, size_t len)
 
 static pid_t spawn_s3(struct up *u)
 {
-	char url[128], listen[96], keys[PATH_MAX + 16], logpath[PATH_MAX + 32];
+	char url[STK_CLUSTER_ADDR_MAX + 16], listen[96], keys[PATH_MAX + 16], logpath[PATH_MAX + 32];
 	char *args[] = {"stoker", "gateway", "s3", "--cluster", url, "--listen", listen,
 			"--metrics", u->s3_metrics, "--keys", keys, NULL};
 	pid_t pid;
 	int fd;
 
-	snprintf(url, sizeof(url), "stk://%s", u->addr[0]);
+	snprintf(url, sizeof(url), "stk://%s", u->mgmtd_list);
 	snprintf(listen, sizeof(listen), "%s:%u", u->host, u->s3_port);
 	if (!u->s3_metrics[0]) { /* --no-metrics: drop the pair, keep the keys */
 		args[7] = args[9];
@@ -640,9 +739,16 @@ static void stop_s3(struct up *u)
 static int supervise(struct up *u, int ready_fd)
 {
 	uint64_t deadline = stk_now_ns() + 60ull * 1000000000ull;
-	char msg[512];
+	char msg[1024];
 	int ready = 0;
 
+	if (u->cluster) {
+		u->etcd_pid = spawn_etcd(u);
+		if (u->etcd_pid < 0) {
+			snprintf(msg, sizeof(msg), "cannot start etcd: %s\n", strerror(errno));
+			goto fail;
+		}
+	}
 	for (int r = 0; r < (int)u->nprocs; r++) {
 		u->pid[r] = spawn_role(u, r);
 		u->last_start[r] = time(NULL);
@@ -675,6 +781,21 @@ static int supervise(struct up *u, int ready_fd)
 			u->last_start[r] = time(NULL);
 			u->restarts[r]++;
 		}
+		if (u->etcd_pid > 0) {
+			int st;
+			if (waitpid(u->etcd_pid, &st, WNOHANG) == u->etcd_pid) {
+				if (!ready) {
+					snprintf(msg, sizeof(msg),
+						 "etcd exited during start-up; see %s/log/etcd.log\n",
+						 u->data);
+					u->etcd_pid = 0;
+					goto fail;
+				}
+				fprintf(stderr, "etcd exited; restarting it (see log/etcd.log)\n");
+				sleep(1);
+				u->etcd_pid = spawn_etcd(u);
+			}
+		}
 		if (u->s3_pid > 0) {
 			int st;
 			if (waitpid(u->s3_pid, &st, WNOHANG) == u->s3_pid) {
@@ -685,10 +806,10 @@ static int supervise(struct up *u, int ready_fd)
 		}
 		if (!ready) {
 			if (cluster_ready(u)) {
-				char line[256];
+				char line[STK_CLUSTER_ADDR_MAX + 16];
 				ready = 1;
 				record_cluster(u, 1);
-				snprintf(line, sizeof(line), "stk://%s\n", u->addr[0]);
+				snprintf(line, sizeof(line), "stk://%s\n", u->mgmtd_list);
 				{
 					char p[PATH_MAX + 16];
 					snprintf(p, sizeof(p), "%s/cluster", u->data);
@@ -725,13 +846,14 @@ static int supervise(struct up *u, int ready_fd)
 						 u->nodes > 1 ? " ..." : "");
 				if (u->nodes > 1)
 					snprintf(nline, sizeof(nline), "%u storage nodes %s..%s",
-						 u->nodes, u->addr[2], u->addr[u->nprocs - 1]);
+						 u->nodes, u->addr[2], u->addr[1 + u->nodes]);
 				else
 					snprintf(nline, sizeof(nline), "storage %s", u->addr[2]);
 				snprintf(msg, sizeof(msg),
-					 "ok Stoker is up: cluster stk://%s (mgmtd %s, meta %s, %s, "
+					 "ok Stoker is up: cluster stk://%s (mgmtd %s%s, meta %s, %s, "
 					 "%u targets%s), data in %s%s%s%s\n",
-					 u->addr[0], u->addr[0], u->addr[1], nline,
+					 u->mgmtd_list, u->mgmtd_list, u->cluster ? " over etcd" : "",
+					 u->addr[1], nline,
 					 u->ntargets * u->nodes, mline, u->data,
 					 u->mount[0] ? ", mounted on " : "", u->mount, s3line);
 				if (ready_fd >= 0) {
@@ -758,13 +880,15 @@ static int supervise(struct up *u, int ready_fd)
 	if (ready)
 		umount_cluster(u); /* flush what the mount buffers while the cluster still serves */
 	stop_children(u);
+	stop_etcd(u);
 	record_cluster(u, 0);
 	return 0;
 fail:
 	stop_s3(u);
 	stop_children(u);
+	stop_etcd(u);
 	if (ready_fd >= 0) {
-		char err[600];
+		char err[1100];
 		snprintf(err, sizeof(err), "error %s", msg);
 		stk_write_all(ready_fd, err, strlen(err));
 		close(ready_fd);
@@ -781,6 +905,7 @@ static const struct option up_opts[] = {
 	{"stripe", required_argument, NULL, 's'},  {"no-metrics", no_argument, NULL, 'M'},
 	{"mount", required_argument, NULL, 'm'},   {"s3", required_argument, NULL, '3'},
 	{"nodes", required_argument, NULL, 'n'},   {"replicas", required_argument, NULL, 'r'},
+	{"mgmtd", required_argument, NULL, 'g'},
 	{NULL, 0, NULL, 0},
 };
 
@@ -858,6 +983,15 @@ int cmd_up(int argc, char **argv)
 				goto out;
 			}
 			u->nodes = (unsigned)v;
+			u->cluster = 1;
+			break;
+		case 'g':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > UP_MGMTD_MAX) {
+				cli_err("up", "--mgmtd must be 1..%u", UP_MGMTD_MAX);
+				goto out;
+			}
+			u->nmgmtd = (unsigned)v;
+			u->cluster = 1;
 			break;
 		case 'r':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > STK_MAX_REPLICAS) {
@@ -897,9 +1031,15 @@ int cmd_up(int argc, char **argv)
 			u->replicas, u->replicas, u->nodes);
 		goto out;
 	}
-	u->nprocs = 2 + u->nodes;
+	if (u->cluster && !u->nmgmtd)
+		u->nmgmtd = 3;
+	if (!u->cluster)
+		u->nmgmtd = 1;
+	u->nprocs = 2 + u->nodes + u->nmgmtd - 1;
 	for (unsigned r = 0; r < u->nprocs; r++) {
-		if (r < 2 || u->nodes == 1)
+		if (r >= 2 + u->nodes)
+			snprintf(u->name[r], sizeof(u->name[r]), "mgmtd%u", r - 1 - u->nodes);
+		else if (r < 2 || u->nodes == 1)
 			snprintf(u->name[r], sizeof(u->name[r]), "%s", role_names[r < 2 ? r : 2]);
 		else
 			snprintf(u->name[r], sizeof(u->name[r]), "storage%u", r - 2);
@@ -938,13 +1078,37 @@ int cmd_up(int argc, char **argv)
 		goto out;
 	}
 	locked = 1; /* from here on up.pid is ours to remove */
+	if (u->cluster) {
+		unsigned ep = u->port + UP_ETCD_PORT;
+		int e = ep + 1 > 65535 ? -ERANGE : port_free(u->host, ep);
+
+		if (e == 0)
+			e = port_free(u->host, ep + 1);
+		if (e) {
+			cli_err("up", "cannot use ports %u and %u on %s for etcd: %s; choose other "
+				      "ports with --port BASE (etcd uses BASE+%u, BASE+%u)",
+				ep, ep + 1, u->host, strerror(-e), UP_ETCD_PORT, UP_ETCD_PORT + 1);
+			goto out;
+		}
+		snprintf(u->etcd_url, sizeof(u->etcd_url), "http://%s:%u", u->host, ep);
+		snprintf(u->etcd_peer, sizeof(u->etcd_peer), "http://%s:%u", u->host, ep + 1);
+	}
 	for (int r = 0; r < (int)u->nprocs; r++) {
-		unsigned port = u->port + (unsigned)(r < 2 ? r : 2);
+		int extra = r >= 2 + (int)u->nodes; /* the k-th extra mgmtd, k >= 1 */
+		unsigned k = extra ? (unsigned)r - 1 - u->nodes : 0;
+		unsigned port = extra ? u->port + UP_MGMTD_PORT + k
+				      : u->port + (unsigned)(r < 2 ? r : 2);
+		unsigned mport = extra ? u->port + UP_MGMTD_METRICS_PORT + k
+				       : port + STK_METRICS_PORT_OFFSET;
 		char host[64];
 		int e;
 
+		if (port > 65535 || mport > 65535) {
+			cli_err("up", "--port too high");
+			goto out;
+		}
 		/* several storage nodes: one loopback address each, the same ports */
-		if (r >= 2 && u->nodes > 1)
+		if (!extra && r >= 2 && u->nodes > 1)
 			snprintf(host, sizeof(host), "127.0.0.%d", r);
 		else
 			snprintf(host, sizeof(host), "%s", u->host);
@@ -959,17 +1123,22 @@ int cmd_up(int argc, char **argv)
 		/* Metrics on BASE+10.., the convention `stoker top` relies on. */
 		if (no_metrics)
 			continue;
-		snprintf(u->metrics[r], sizeof(u->metrics[r]), "%s:%u", host,
-			 port + STK_METRICS_PORT_OFFSET);
-		e = port_free(host, port + STK_METRICS_PORT_OFFSET);
+		snprintf(u->metrics[r], sizeof(u->metrics[r]), "%s:%u", host, mport);
+		e = port_free(host, mport);
 		if (e) {
 			cli_err("up", "cannot use port %u on %s for the metrics of %s: %s; free it, "
 				      "choose other ports with --port BASE (metrics use BASE+%u..) or "
 				      "pass --no-metrics",
-				port + STK_METRICS_PORT_OFFSET, host, u->name[r], strerror(-e),
+				mport, host, u->name[r], strerror(-e),
 				STK_METRICS_PORT_OFFSET);
 			goto out;
 		}
+	}
+	snprintf(u->mgmtd_list, sizeof(u->mgmtd_list), "%s", u->addr[0]);
+	for (unsigned k = 1; k < u->nmgmtd; k++) {
+		size_t l = strlen(u->mgmtd_list);
+
+		snprintf(u->mgmtd_list + l, sizeof(u->mgmtd_list) - l, ",%s", u->addr[1 + u->nodes + k]);
 	}
 	if (u->s3_port) {
 		int e = port_free(u->host, u->s3_port);
@@ -999,7 +1168,7 @@ int cmd_up(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	if (daemon_mode) {
 		int pfd[2];
-		char buf[600];
+		char buf[1200];
 		long n;
 		pid_t pid;
 

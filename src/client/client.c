@@ -66,8 +66,7 @@ static int is_transport_error(int rc)
 int stk_client_parse_cluster(const char *s, char *addr, size_t len)
 {
 	const char *p = s, *end;
-	char host[256];
-	uint16_t port;
+	struct stk_mgmt_addrs l;
 
 	if (strncmp(p, "stk://", 6) == 0)
 		p += 6;
@@ -78,14 +77,14 @@ int stk_client_parse_cluster(const char *s, char *addr, size_t len)
 		return -EINVAL;
 	memcpy(addr, p, (size_t)(end - p));
 	addr[end - p] = 0;
-	return stk_parse_hostport(addr, host, sizeof(host), &port);
+	return stk_mgmt_addrs_parse(&l, addr); /* one mgmtd, or several: "a,b,c" */
 }
 
 /* The default cluster: $STOKER_CLUSTER, else the one `stoker up` recorded. */
 int stk_client_default_cluster(char *addr, size_t len)
 {
 	const char *env = getenv("STOKER_CLUSTER");
-	char path[128], buf[256];
+	char path[128], buf[STK_MGMT_LIST_MAX + 16];
 	FILE *f;
 	size_t n;
 
@@ -115,8 +114,11 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 		return -ENOMEM;
 	rc = cluster ? stk_client_parse_cluster(cluster, c->mgmtd, sizeof(c->mgmtd))
 		     : stk_client_default_cluster(c->mgmtd, sizeof(c->mgmtd));
+	if (rc == 0)
+		rc = stk_mgmt_addrs_parse(&c->mgmt, c->mgmtd);
 	if (rc)
 		goto out_free;
+	pthread_mutex_init(&c->mgmt_lock, NULL);
 	if (opts) {
 		size_t n = opts->size < sizeof(c->opts) ? opts->size : sizeof(c->opts);
 		memcpy(&c->opts, opts, n);
@@ -170,6 +172,8 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	*out = c;
 	return 0;
 out_pool:
+	if (c->mgmt_conn)
+		stk_conn_close(c->mgmt_conn);
 	stk_routing_free(&c->rt);
 	stk_pool_destroy(c->pool);
 out_reaper:
@@ -196,6 +200,9 @@ void stk_disconnect(stk_client *c)
 		stk_chunk_store_close(c->locals[i].cs);
 	stk_routing_free(&c->rt);
 	pthread_rwlock_destroy(&c->rt_lock);
+	if (c->mgmt_conn)
+		stk_conn_close(c->mgmt_conn);
+	pthread_mutex_destroy(&c->mgmt_lock);
 	free(c);
 }
 
@@ -213,6 +220,8 @@ void stk_after_fork(stk_client *c)
 	 */
 	stk_pool_after_fork(c->pool);
 	pthread_rwlock_init(&c->rt_lock, NULL);
+	pthread_mutex_init(&c->mgmt_lock, NULL);
+	c->mgmt_conn = NULL; /* the parent's (its descriptor is left to the parent) */
 	pthread_mutex_init(&c->local_lock, NULL);
 	for (unsigned i = 0; i < c->nlocals; i++)
 		stk_chunk_store_after_fork(c->locals[i].cs);
@@ -225,14 +234,12 @@ void stk_after_fork(stk_client *c)
 int stk_client_refresh_routing(struct stk_client *c)
 {
 	struct stk_routing rt;
-	struct stk_conn *conn;
 	int rc;
 
-	rc = stk_pool_get(c->pool, c->mgmtd, &conn);
-	if (rc)
-		return rc;
-	rc = stk_routing_fetch(conn, &rt);
-	stk_pool_put(c->pool, conn);
+	/* From the leading mgmtd of the list, following it (net/mgmtaddr.h). */
+	pthread_mutex_lock(&c->mgmt_lock);
+	rc = stk_routing_fetch_leader(&c->mgmt, &c->mgmt_conn, 2000, &rt);
+	pthread_mutex_unlock(&c->mgmt_lock);
 	if (rc == -EBADMSG)
 		rc = -EPROTO; /* what answered is no mgmtd (stoker.h, stk_connect) */
 	if (rc)

@@ -18,6 +18,7 @@
 
 #include "stoker/stoker.h"
 
+#include "../net/mgmtaddr.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
 #include "../proto/wire.h"
@@ -30,7 +31,10 @@ struct stk_local_target {
 };
 
 struct stk_client {
-	char mgmtd[STK_ADDR_MAX];
+	char mgmtd[STK_MGMT_LIST_MAX]; /* every mgmtd, "HOST:PORT[,HOST:PORT...]" */
+	pthread_mutex_t mgmt_lock;     /* protects mgmt and mgmt_conn */
+	struct stk_mgmt_addrs mgmt;    /* the list, following the leader (net/mgmtaddr.h) */
+	struct stk_conn *mgmt_conn;    /* to the mgmtd last used */
 	struct stk_pool *pool;
 	struct stk_client_opts opts;
 	struct stk_cred cred;

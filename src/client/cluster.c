@@ -36,7 +36,9 @@ struct cluster_shard {
 };
 
 struct stk_cluster_status {
-	char addr[STK_ADDR_MAX];
+	char addr[STK_ADDR_MAX];	/* the mgmtd that answered */
+	struct stk_mgmt_addrs mgmt;	/* the list asked */
+	int mgmt_state[STK_MGMT_ADDRS_MAX]; /* STK_CLUSTER_MGMTD_*, by list position */
 	struct stk_routing rt; /* what the public structs point into */
 	struct cluster_node *nodes;
 	struct stk_cluster_target *targets;
@@ -51,10 +53,37 @@ int stk_cluster_resolve(const char *cluster, char *addr, size_t len)
 		       : stk_client_default_cluster(addr, len);
 }
 
-/* One MGMT_GET_ROUTING to mgmtd at addr. 0, or -errno (-EBADMSG: not a routing table). */
-static int fetch_routing(const char *addr, struct stk_routing *rt)
+/*
+ * MGMT_GET_ROUTING from the leading mgmtd of s->mgmt, then MGMT_LEADER to each
+ * mgmtd of the list for who leads and who follows. 0, or -errno (-EBADMSG: not a
+ * routing table).
+ */
+static int fetch_routing(struct stk_cluster_status *s)
 {
-	return stk_routing_fetch_from(addr, CLUSTER_CONNECT_TIMEOUT_MS, rt);
+	struct stk_conn *c = NULL;
+	int rc;
+
+	rc = stk_routing_fetch_leader(&s->mgmt, &c, CLUSTER_CONNECT_TIMEOUT_MS, &s->rt);
+	if (c)
+		stk_conn_close(c);
+	if (rc)
+		return rc;
+	stk_strlcpy(s->addr, stk_mgmt_addrs_cur(&s->mgmt), sizeof(s->addr));
+	for (unsigned i = 0; i < s->mgmt.n; i++) {
+		char leader[STK_ADDR_MAX];
+		int leads = 0, etcd = 0;
+
+		s->mgmt_state[i] = STK_CLUSTER_MGMTD_DOWN;
+		if (stk_conn_connect(s->mgmt.addr[i], CLUSTER_CONNECT_TIMEOUT_MS / 2, &c))
+			continue;
+		if (stk_mgmt_leader_ask(c, &leads, &etcd, leader) == 0)
+			s->mgmt_state[i] =
+			    leads ? STK_CLUSTER_MGMTD_LEADER : STK_CLUSTER_MGMTD_FOLLOWER;
+		else if (strcmp(s->mgmt.addr[i], s->addr) == 0)
+			s->mgmt_state[i] = STK_CLUSTER_MGMTD_LEADER; /* a mgmtd before MGMT_LEADER */
+		stk_conn_close(c);
+	}
+	return 0;
 }
 
 static int role_from_wire(uint8_t r)
@@ -194,10 +223,18 @@ int stk_cluster_status_fetch(const char *cluster, stk_cluster_status **out)
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return -ENOMEM;
-	rc = stk_cluster_resolve(cluster, s->addr, sizeof(s->addr));
+	{
+		char list[STK_CLUSTER_ADDR_MAX];
+
+		rc = stk_cluster_resolve(cluster, list, sizeof(list));
+		if (rc == 0)
+			rc = stk_mgmt_addrs_parse(&s->mgmt, list);
+	}
 	if (rc)
 		goto out;
-	rc = fetch_routing(s->addr, &s->rt);
+	rc = fetch_routing(s);
+	if (rc == -EREMCHG)
+		rc = -EAGAIN; /* no mgmtd leads just now: an election is under way */
 	if (rc)
 		goto out;
 	rc = build(s);
@@ -225,6 +262,16 @@ void stk_cluster_status_free(stk_cluster_status *s)
 const char *stk_cluster_status_addr(const stk_cluster_status *s)
 {
 	return s->addr;
+}
+
+int stk_cluster_status_mgmtd(const stk_cluster_status *s, unsigned i, const char **addr,
+			     int *state)
+{
+	if (i >= s->mgmt.n)
+		return -ENOENT;
+	*addr = s->mgmt.addr[i];
+	*state = s->mgmt_state[i];
+	return 0;
 }
 
 uint64_t stk_cluster_status_version(const stk_cluster_status *s)

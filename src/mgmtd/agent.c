@@ -3,9 +3,11 @@
  * storage daemon (see agent.h).
  *
  * All talk with mgmtd goes through one connection guarded by call_lock: mgmtd is
- * asked a few things a second at most, so there is nothing to gain from more. A
- * call that fails in transport reconnects once and retries (mgmtd may have
- * restarted since the connection was made); anything else is reported.
+ * asked a few things a second at most, so there is nothing to gain from more.
+ * Calls go through stk_mgmt_call (net/mgmtaddr.h), which follows the leading
+ * mgmtd of the list given (--mgmtd a,b,c): a transport failure moves to the next
+ * address, NOT_LEADER to the leader named. While no mgmtd leads (an election),
+ * the agent waits as if mgmtd were unreachable.
  *
  * The routing table is published as a reference-counted snapshot: readers take a
  * reference under `lock`, use the table without any lock, and drop it; a refresh
@@ -26,6 +28,7 @@
 #include "../common/host.h"
 #include "../common/log.h"
 #include "../common/util.h"
+#include "../net/mgmtaddr.h"
 #include "../net/net.h"
 #include "../proto/status.h"
 
@@ -35,7 +38,7 @@
 #define AGENT_MAX_TARGETS 1024
 
 struct stk_agent {
-	char mgmtd[STK_ADDR_MAX];
+	struct stk_mgmt_addrs mgmtd; /* under call_lock */
 	char addr[STK_ADDR_MAX];
 	char host_id[STK_HOST_ID_MAX]; /* reported at registration and with each heartbeat */
 	char zone[STK_HOST_ID_MAX]; /* reported at registration; "" for the host id */
@@ -72,37 +75,21 @@ static int agent_call(struct stk_agent *a, uint16_t op, size_t req_len, size_t *
 		      int *answered)
 {
 	struct stk_rpc rpc;
-	int rc = 0;
+	int rc;
 
 	*answered = 0;
-	for (int attempt = 0; attempt < 2; attempt++) {
-		if (a->conn && stk_conn_broken(a->conn)) {
-			stk_conn_close(a->conn);
-			a->conn = NULL;
-		}
-		if (!a->conn) {
-			rc = stk_conn_connect(a->mgmtd, AGENT_CONNECT_TIMEOUT_MS, &a->conn);
-			if (rc) {
-				a->conn = NULL;
-				return rc;
-			}
-		}
-		memset(&rpc, 0, sizeof(rpc));
-		rpc.opcode = op;
-		rpc.req = a->buf;
-		rpc.req_len = req_len;
-		rpc.resp = a->resp;
-		rpc.resp_cap = STK_MAX_PAYLOAD;
-		rc = stk_rpc_send(a->conn, &rpc);
-		if (rc == 0)
-			rc = stk_rpc_recv(a->conn, &rpc);
-		if (rc == 0) {
-			*answered = 1;
-			*resp_len = rpc.resp_len;
-			return stk_status_to_errno(rpc.status);
-		}
-	}
-	return rc;
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = op;
+	rpc.req = a->buf;
+	rpc.req_len = req_len;
+	rpc.resp = a->resp;
+	rpc.resp_cap = STK_MAX_PAYLOAD;
+	rc = stk_mgmt_call(&a->mgmtd, &a->conn, AGENT_CONNECT_TIMEOUT_MS, &rpc);
+	if (rc)
+		return rc;
+	*answered = 1;
+	*resp_len = rpc.resp_len;
+	return stk_status_to_errno(rpc.status);
 }
 
 /* Asks the daemon for its targets, filling in the ids mgmtd gave them earlier. */
@@ -359,13 +346,13 @@ static void heartbeat_once(struct stk_agent *a, int *reachable)
 
 	/* Report reachability changes once, not every second. */
 	if (!answered && *reachable) {
-		stk_warn("mgmtd at %s unreachable: %s", a->mgmtd, strerror(-rc));
+		stk_warn("mgmtd at %s unreachable: %s", stk_mgmt_addrs_cur(&a->mgmtd), strerror(-rc));
 		*reachable = 0;
 	} else if (answered && !*reachable) {
-		stk_info("mgmtd at %s reachable again", a->mgmtd);
+		stk_info("mgmtd at %s reachable again", stk_mgmt_addrs_cur(&a->mgmtd));
 		*reachable = 1;
 	} else if (answered && rc) {
-		stk_warn("heartbeat to mgmtd at %s: %s", a->mgmtd, strerror(-rc));
+		stk_warn("heartbeat to mgmtd at %s: %s", stk_mgmt_addrs_cur(&a->mgmtd), strerror(-rc));
 	}
 }
 
@@ -413,10 +400,11 @@ static int until_answered(struct stk_agent *a, int (*step)(struct stk_agent *, i
 		pthread_mutex_unlock(&a->call_lock);
 		if (answered ||
 		    (rc && rc != -ECONNREFUSED && rc != -ETIMEDOUT && rc != -EHOSTUNREACH &&
+		     rc != -EREMCHG &&
 		     rc != -ECONNRESET && rc != -EPIPE && rc != -ENETUNREACH && rc != -ENOTCONN))
 			return rc;
 		if (!logged) {
-			stk_info("waiting for mgmtd at %s to %s: %s", a->mgmtd, what,
+			stk_info("waiting for mgmtd at %s to %s: %s", stk_mgmt_addrs_cur(&a->mgmtd), what,
 				 strerror(-rc));
 			logged = 1;
 		}
@@ -440,8 +428,11 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	pthread_mutex_init(&a->call_lock, NULL);
 	pthread_mutex_init(&a->lock, NULL);
 	rc = -EINVAL;
-	if (stk_strlcpy(a->mgmtd, opts->mgmtd, sizeof(a->mgmtd)) ||
-	    stk_strlcpy(a->addr, opts->addr, sizeof(a->addr)))
+	if (stk_mgmt_addrs_parse(&a->mgmtd, opts->mgmtd)) {
+		stk_error("bad mgmtd address list '%s'", opts->mgmtd);
+		goto out;
+	}
+	if (stk_strlcpy(a->addr, opts->addr, sizeof(a->addr)))
 		goto out;
 	rc = stk_host_id(opts->host_id, a->host_id, sizeof(a->host_id));
 	if (rc) {
@@ -474,21 +465,21 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	rc = until_answered(a, do_register, "register");
 	if (rc) {
 		if (rc != -EINTR)
-			stk_error("registration with mgmtd at %s failed: %s", a->mgmtd,
+			stk_error("registration with mgmtd at %s failed: %s", stk_mgmt_addrs_cur(&a->mgmtd),
 				  strerror(-rc));
 		goto out;
 	}
 	rc = until_answered(a, refresh_locked, "send the routing table");
 	if (rc) {
 		if (rc != -EINTR)
-			stk_error("cannot fetch the routing table from %s: %s", a->mgmtd,
+			stk_error("cannot fetch the routing table from %s: %s", stk_mgmt_addrs_cur(&a->mgmtd),
 				  strerror(-rc));
 		goto out;
 	}
 	rc = -pthread_create(&a->hb_thread, NULL, heartbeat_thread, a);
 	if (rc)
 		goto out;
-	stk_info("registered with mgmtd at %s as node %u (routing version %llu)", a->mgmtd,
+	stk_info("registered with mgmtd at %s as node %u (routing version %llu)", stk_mgmt_addrs_cur(&a->mgmtd),
 		 a->node_id, (unsigned long long)a->cur->rt.version);
 	*node_id = a->node_id;
 	if (target_ids)
@@ -579,5 +570,15 @@ int stk_agent_target_synced(struct stk_agent *a, uint32_t target_id, uint32_t ch
 
 int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt)
 {
-	return stk_routing_fetch_from(mgmtd, AGENT_CONNECT_TIMEOUT_MS, rt);
+	struct stk_mgmt_addrs l;
+	struct stk_conn *c = NULL;
+	int rc = stk_mgmt_addrs_parse(&l, mgmtd);
+
+	memset(rt, 0, sizeof(*rt));
+	if (rc)
+		return rc;
+	rc = stk_routing_fetch_leader(&l, &c, AGENT_CONNECT_TIMEOUT_MS, rt);
+	if (c)
+		stk_conn_close(c);
+	return rc;
 }

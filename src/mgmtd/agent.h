@@ -24,7 +24,7 @@ typedef uint32_t (*stk_agent_targets_fn)(void *ctx, struct stk_msg_target_info *
 
 struct stk_agent_opts {
 	size_t size; /* sizeof(struct stk_agent_opts) */
-	const char *mgmtd; /* "HOST:PORT" */
+	const char *mgmtd; /* "HOST:PORT[,HOST:PORT...]": every mgmtd; the leader is followed */
 	uint8_t role; /* STK_ROLE_META or STK_ROLE_STORAGE */
 	const char *addr; /* the address this node serves on */
 	uint32_t node_id; /* the id it had before, or 0 for a new node */
@@ -75,7 +75,10 @@ int stk_agent_routing_refresh(struct stk_agent *a);
 int stk_agent_target_synced(struct stk_agent *a, uint32_t target_id, uint32_t chain_id,
 			    uint32_t chain_ver);
 
-/* One-shot fetch from mgmtd, for tools. Fills *rt (free with stk_routing_free). */
+/*
+ * One-shot fetch from the leading mgmtd of the list `mgmtd`, for tools. Fills *rt
+ * (free with stk_routing_free).
+ */
 int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt);
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * mgmtd, embedded mode: the RPC layer over the cluster state of state.c.
+ * mgmtd: the RPC layer over the cluster state of state.c.
  *
  * Three requests (MGMT_REGISTER, MGMT_HEARTBEAT, MGMT_GET_ROUTING) and one
  * background thread that marks silent nodes OFFLINE. mgmtd is not on the data
@@ -8,11 +8,27 @@
  * data_dir/mgmtd.state before the reply goes out (the file is replaced atomically,
  * so a crash leaves either the old state or the new one). A node is only told its
  * id once that id is on disk, so ids are never handed out twice.
+ *
+ * Cluster mode (--etcd): the state is the value of PREFIX/mgmtd/state in etcd,
+ * and any number of mgmtd run at once. An election thread campaigns for
+ * PREFIX/mgmtd/leader (a txn that puts this mgmtd's address with a lease of
+ * ELECT_TTL_S seconds if the key is absent) and, once it leads, keeps the lease
+ * alive every second. The leader loads the state from etcd, moves its routing
+ * version past anything a predecessor may have handed out, gives every node a
+ * fresh heartbeat (a full timeout to find the new leader), and then serves as in
+ * embedded mode, saving with a txn that only succeeds while the leader key still
+ * has the create revision it won with: a deposed leader can never overwrite its
+ * successor's state. It steps down at once, and answers NOT_LEADER from then on,
+ * when a keepalive says the lease is gone, when the lease's time runs out without
+ * a successful keepalive, or when a guarded save fails. Followers answer every
+ * request but MGMT_LEADER with NOT_LEADER; MGMT_LEADER names the leader, read
+ * from the leader key.
  */
 #include "mgmtd.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,10 +40,15 @@
 #include "../common/util.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "etcd.h"
 #include "metrics.h"
 #include "state.h"
 
 #define MGMTD_DEFAULT_HB_TIMEOUT_MS 10000u
+/* The leader lease: a dead leader is replaced within about this long. */
+#define ELECT_TTL_S 3u
+#define ELECT_KEEPALIVE_MS 1000u
+#define ELECT_RETRY_MS 500u
 /* Smallest encoded target record: u32 + 3 x u64 + an empty string + 2 x u64. */
 #define TARGET_INFO_MIN 46
 
@@ -38,12 +59,26 @@ struct mgmtd {
 	int stop;
 	uint64_t timeout_ns;
 	char state_path[PATH_MAX];
+	char addr[STK_ADDR_MAX]; /* the address it serves on, set before it serves */
 	/* Start-up's, on stk_mgmtd_run's thread only. */
 	const char *ready_file;
 	struct stk_mgmtd_metrics *metrics; /* NULL without --metrics */
 	pthread_t expiry;
 	int expiry_started;
+
+	/* Cluster mode; etcd NULL in embedded mode. */
+	struct stk_etcd *etcd;
+	char leader_key[256], state_key[256];
+	unsigned replicas_opt;	 /* --replicas, applied whenever it takes over */
+	int leading;		 /* under lock: 1 while this mgmtd leads (always in embedded) */
+	int64_t lease;		 /* the leader lease, while leading (election thread's) */
+	int64_t leader_rev;	 /* under lock: the leader key's create revision we won */
+	char leader[STK_ADDR_MAX]; /* under lock: the leader's address, "" if unknown */
+	pthread_t elect;
+	int elect_started;
 };
+
+static void step_down(struct mgmtd *m, const char *why);
 
 /* Saves the state if it changed. Called with m->lock held. */
 static int persist(struct mgmtd *m)
@@ -52,6 +87,25 @@ static int persist(struct mgmtd *m)
 
 	if (!m->st.dirty)
 		return 0;
+	if (m->etcd) {
+		uint8_t *buf;
+		size_t len;
+
+		if (!m->leading)
+			return -EREMCHG;
+		rc = stk_mgmt_state_encode(&m->st, &buf, &len);
+		if (rc == 0)
+			rc = stk_etcd_put_guarded(m->etcd, m->state_key, buf, len, m->leader_key,
+						  m->leader_rev);
+		free(buf);
+		if (rc == 0)
+			m->st.dirty = 0;
+		else if (rc == -ESTALE)
+			step_down(m, "another mgmtd holds the leader key");
+		else
+			stk_error("cannot save the state to etcd: %s", strerror(-rc));
+		return rc == -ESTALE ? -EREMCHG : rc;
+	}
 	rc = stk_mgmt_state_save(&m->st, m->state_path);
 	if (rc)
 		stk_error("cannot save %s: %s", m->state_path, strerror(-rc));
@@ -105,8 +159,9 @@ static int handle_register(struct mgmtd *m, struct stk_rpc_req *req, struct stk_
 	if (!ids)
 		goto out;
 	pthread_mutex_lock(&m->lock);
-	rc =
-	    stk_mgmt_state_register(&m->st, &rq, tgts, rq.ntargets, stk_now_ns(), &rp.node_id, ids);
+	rc = m->leading ? stk_mgmt_state_register(&m->st, &rq, tgts, rq.ntargets, stk_now_ns(),
+						  &rp.node_id, ids)
+			: -EREMCHG;
 	if (rc == 0) {
 		/* Read under the lock: the node's entry may move with the next change. */
 		node = stk_mgmt_state_node(&m->st, rp.node_id);
@@ -117,8 +172,9 @@ static int handle_register(struct mgmtd *m, struct stk_rpc_req *req, struct stk_
 	}
 	pthread_mutex_unlock(&m->lock);
 	if (rc) {
-		stk_warn("registration from %s (%s) refused: %s", req->peer, rq.addr,
-			 strerror(-rc));
+		if (rc != -EREMCHG)
+			stk_warn("registration from %s (%s) refused: %s", req->peer, rq.addr,
+				 strerror(-rc));
 		goto out;
 	}
 	rp.ntargets = rq.ntargets;
@@ -145,7 +201,9 @@ static int handle_heartbeat(struct mgmtd *m, struct stk_rpc_req *req, struct stk
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&m->lock);
-	rc = stk_mgmt_state_heartbeat(&m->st, rq.node_id, tgts, rq.ntargets, stk_now_ns());
+	rc = m->leading ? stk_mgmt_state_heartbeat(&m->st, rq.node_id, tgts, rq.ntargets,
+						   stk_now_ns())
+			: -EREMCHG;
 	if (rc == 0)
 		stk_mgmt_state_set_host(&m->st, rq.node_id, rq.host_id);
 	if (rc == 0)
@@ -183,12 +241,30 @@ static int handle_get_routing(struct mgmtd *m, struct stk_rpc_req *req, struct s
 	if (stk_msg_mgmt_get_routing_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
 	pthread_mutex_lock(&m->lock);
-	rc = stk_mgmt_state_encode_routing(&m->st, rq.known_version, stk_now_ns(), &resp->payload);
+	rc = m->leading ? stk_mgmt_state_encode_routing(&m->st, rq.known_version, stk_now_ns(),
+							&resp->payload)
+			: -EREMCHG;
 	pthread_mutex_unlock(&m->lock);
 	if (rc == -EMSGSIZE)
 		stk_error("routing table does not fit in one reply (%u bytes at most)",
 			  STK_MAX_PAYLOAD);
 	return rc;
+}
+
+/* MGMT_LEADER: whether this one leads, and who does (an embedded mgmtd always leads). */
+static int handle_leader(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_leader_resp rp;
+
+	if (stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	memset(&rp, 0, sizeof(rp));
+	pthread_mutex_lock(&m->lock);
+	rp.leader = (uint8_t)m->leading;
+	rp.etcd = m->etcd != NULL;
+	stk_strlcpy(rp.addr, m->leading ? m->addr : m->leader, sizeof(rp.addr));
+	pthread_mutex_unlock(&m->lock);
+	return stk_msg_mgmt_leader_resp_enc(&resp->payload, &rp);
 }
 
 static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -204,6 +280,8 @@ static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return handle_get_routing(m, req, resp);
 	case STK_OP_MGMT_TARGET_SYNCED:
 		return handle_target_synced(m, req);
+	case STK_OP_MGMT_LEADER:
+		return handle_leader(m, req, resp);
 	default:
 		return -ENOSYS;
 	}
@@ -230,10 +308,176 @@ static void *expiry_thread(void *arg)
 		pthread_cond_timedwait(&m->wake, &m->lock, &ts);
 		if (m->stop)
 			break;
-		if (stk_mgmt_state_expire(&m->st, stk_now_ns(), m->timeout_ns))
+		if (m->leading && stk_mgmt_state_expire(&m->st, stk_now_ns(), m->timeout_ns))
 			persist(m);
 	}
 	pthread_mutex_unlock(&m->lock);
+	return NULL;
+}
+
+/* ---- cluster mode: the election ---- */
+
+/* Stops leading at once. Called with m->lock held. */
+static void step_down(struct mgmtd *m, const char *why)
+{
+	if (!m->leading)
+		return;
+	m->leading = 0;
+	m->leader[0] = 0;
+	stk_warn("mgmtd %s no longer leads: %s", m->addr, why);
+}
+
+/* Sleeps up to ms, or less when mgmtd stops. 1 when it stops. */
+static int elect_sleep(struct mgmtd *m, unsigned ms)
+{
+	struct timespec ts;
+	int stop;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += ms / 1000;
+	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&m->lock);
+	if (!m->stop)
+		pthread_cond_timedwait(&m->wake, &m->lock, &ts);
+	stop = m->stop;
+	pthread_mutex_unlock(&m->lock);
+	return stop;
+}
+
+/*
+ * Just won the leader key (create revision rev): loads the state from etcd and
+ * starts serving. The routing version moves past the clock's, so that it is
+ * beyond any version a former leader handed out and failed to save.
+ */
+static int take_over(struct mgmtd *m, int64_t rev)
+{
+	struct stk_mgmt_state fresh;
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = stk_etcd_get(m->etcd, m->state_key, &buf, &len, NULL);
+	if (rc && rc != -ENOENT)
+		return rc;
+	pthread_mutex_lock(&m->lock);
+	stk_mgmt_state_init(&fresh);
+	if (rc == -ENOENT) {
+		stk_info("no state in etcd (%s): starting a new cluster", m->state_key);
+		stk_mgmt_state_free(&m->st);
+		m->st = fresh;
+		rc = 0;
+	} else {
+		/* Every node gets a fresh heartbeat: a full timeout to find this leader. */
+		rc = stk_mgmt_state_decode(&m->st, buf, len, stk_now_ns());
+		if (rc == 0 && m->st.version < fresh.version)
+			m->st.version = fresh.version;
+		m->st.version++;
+		stk_mgmt_state_free(&fresh);
+	}
+	if (rc == 0) {
+		if (m->replicas_opt && m->replicas_opt != m->st.replicas)
+			m->st.replicas = (uint8_t)m->replicas_opt;
+		m->st.dirty = 1;
+		m->leading = 1;
+		m->leader_rev = rev;
+		stk_strlcpy(m->leader, m->addr, sizeof(m->leader));
+		rc = persist(m);
+		if (rc)
+			step_down(m, "cannot save the state");
+	}
+	if (rc == 0)
+		stk_info("mgmtd %s leads (routing version %llu: %u nodes, %u targets, %u chains)",
+			 m->addr, (unsigned long long)m->st.version, m->st.nnodes, m->st.ntargets,
+			 m->st.nchains);
+	pthread_mutex_unlock(&m->lock);
+	free(buf);
+	return rc;
+}
+
+/* A follower's round: learns the leader, or campaigns when there is none. */
+static void campaign(struct mgmtd *m)
+{
+	uint8_t *val = NULL;
+	size_t len = 0;
+	int64_t lease = 0, rev = 0;
+	int won = 0, rc;
+
+	rc = stk_etcd_get(m->etcd, m->leader_key, &val, &len, NULL);
+	if (rc == 0) {
+		pthread_mutex_lock(&m->lock);
+		if (strcmp(m->leader, (char *)val) != 0)
+			stk_info("mgmtd %s follows %s", m->addr, (char *)val);
+		stk_strlcpy(m->leader, (char *)val, sizeof(m->leader));
+		pthread_mutex_unlock(&m->lock);
+		free(val);
+		return;
+	}
+	if (rc != -ENOENT)
+		return;
+	rc = stk_etcd_lease_grant(m->etcd, ELECT_TTL_S, &lease);
+	if (rc == 0)
+		rc = stk_etcd_put_if_absent(m->etcd, m->leader_key, m->addr, strlen(m->addr), lease,
+					    &won, &rev);
+	if (rc || !won) {
+		if (lease)
+			stk_etcd_lease_revoke(m->etcd, lease);
+		return;
+	}
+	m->lease = lease;
+	if (take_over(m, rev)) {
+		stk_etcd_lease_revoke(m->etcd, lease);
+		m->lease = 0;
+	}
+}
+
+static void *elect_thread(void *arg)
+{
+	struct mgmtd *m = arg;
+	uint64_t deadline = 0; /* monotonic ns: the lease is surely alive until then */
+	int leading;
+
+	for (;;) {
+		pthread_mutex_lock(&m->lock);
+		leading = m->leading;
+		pthread_mutex_unlock(&m->lock);
+		if (!leading) {
+			if (m->lease) {
+				stk_etcd_lease_revoke(m->etcd, m->lease);
+				m->lease = 0;
+			}
+			campaign(m);
+			pthread_mutex_lock(&m->lock);
+			leading = m->leading;
+			pthread_mutex_unlock(&m->lock);
+			if (leading)
+				deadline = stk_now_ns() + (uint64_t)ELECT_TTL_S * 1000000000ull;
+		} else {
+			uint64_t sent = stk_now_ns();
+			unsigned ttl = 0;
+			int rc = stk_etcd_lease_keepalive(m->etcd, m->lease, &ttl);
+
+			pthread_mutex_lock(&m->lock);
+			if (rc == 0 && ttl == 0)
+				step_down(m, "its etcd lease is gone");
+			else if (rc == 0)
+				deadline = sent + (uint64_t)ttl * 1000000000ull;
+			else if (stk_now_ns() >= deadline)
+				step_down(m, "etcd unreachable for the lease's lifetime");
+			leading = m->leading;
+			pthread_mutex_unlock(&m->lock);
+		}
+		if (elect_sleep(m, leading ? ELECT_KEEPALIVE_MS : ELECT_RETRY_MS))
+			break;
+	}
+	pthread_mutex_lock(&m->lock);
+	step_down(m, "stopping");
+	pthread_mutex_unlock(&m->lock);
+	if (m->lease)
+		stk_etcd_lease_revoke(m->etcd, m->lease); /* the next leader need not wait */
 	return NULL;
 }
 
@@ -261,12 +505,21 @@ static int mgmtd_start(void *ctx, struct stk_daemon *d)
 	const char *addr = stk_daemon_addr(d);
 	int rc;
 
+	stk_strlcpy(m->addr, addr, sizeof(m->addr));
 	rc = -pthread_create(&m->expiry, NULL, expiry_thread, m);
 	if (rc) {
 		stk_error("cannot start the heartbeat checker: %s", strerror(-rc));
 		return rc;
 	}
 	m->expiry_started = 1;
+	if (m->etcd) {
+		rc = -pthread_create(&m->elect, NULL, elect_thread, m);
+		if (rc) {
+			stk_error("cannot start the election: %s", strerror(-rc));
+			return rc;
+		}
+		m->elect_started = 1;
+	}
 	if (m->ready_file) {
 		rc = stk_write_file_atomic(m->ready_file, addr, strlen(addr));
 		if (rc) {
@@ -274,9 +527,14 @@ static int mgmtd_start(void *ctx, struct stk_daemon *d)
 			return rc;
 		}
 	}
-	stk_info("mgmtd serving on %s (routing version %llu: %u nodes, %u targets, %u chains)",
-		 addr, (unsigned long long)m->st.version, m->st.nnodes, m->st.ntargets,
-		 m->st.nchains);
+	if (m->etcd)
+		stk_info("mgmtd serving on %s, cluster mode: state in etcd at %s", addr,
+			 m->state_key);
+	else
+		stk_info("mgmtd serving on %s (routing version %llu: %u nodes, %u targets, %u "
+			 "chains)",
+			 addr, (unsigned long long)m->st.version, m->st.nnodes, m->st.ntargets,
+			 m->st.nchains);
 	return 0;
 }
 
@@ -288,9 +546,11 @@ static void mgmtd_stop(void *ctx)
 		return;
 	pthread_mutex_lock(&m->lock);
 	m->stop = 1;
-	pthread_cond_signal(&m->wake);
+	pthread_cond_broadcast(&m->wake);
 	pthread_mutex_unlock(&m->lock);
 	pthread_join(m->expiry, NULL);
+	if (m->elect_started)
+		pthread_join(m->elect, NULL);
 }
 
 int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
@@ -331,6 +591,21 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		stk_error("data folder path too long: %s", opts->data_dir);
 		goto out;
 	}
+	m->replicas_opt = opts->replicas;
+	if (opts->size >= offsetof(struct stk_mgmtd_opts, etcd_prefix) + sizeof(opts->etcd_prefix) &&
+	    opts->etcd) {
+		const char *prefix = opts->etcd_prefix ? opts->etcd_prefix : "/stoker";
+
+		rc = stk_etcd_create(opts->etcd, &m->etcd);
+		if (rc) {
+			stk_error("bad --etcd '%s': %s", opts->etcd, strerror(-rc));
+			goto out;
+		}
+		snprintf(m->leader_key, sizeof(m->leader_key), "%s/mgmtd/leader", prefix);
+		snprintf(m->state_key, sizeof(m->state_key), "%s/mgmtd/state", prefix);
+		goto serve;
+	}
+	m->leading = 1;
 	rc = stk_mgmt_state_load(&m->st, m->state_path, stk_now_ns());
 	if (rc == -ENOENT) {
 		stk_info("no state in %s: starting a new cluster", m->state_path);
@@ -351,6 +626,7 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	if (rc)
 		goto out;
 
+serve:
 	memset(&so, 0, sizeof(so));
 	so.size = sizeof(so);
 	so.listen = opts->listen;
@@ -371,8 +647,9 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	spec.stop = mgmtd_stop;
 	rc = stk_daemon_run(&spec);
 out:
-	if (m->st.dirty)
+	if (m->st.dirty && !m->etcd)
 		persist(m);
+	stk_etcd_destroy(m->etcd);
 	stk_mgmt_state_free(&m->st);
 	pthread_cond_destroy(&m->wake);
 	pthread_mutex_destroy(&m->lock);

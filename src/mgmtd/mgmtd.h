@@ -2,8 +2,8 @@
  * mgmtd, the cluster manager: registry of nodes and targets, heartbeats, the
  * target state machine, and the versioned routing table (chain table and metadata
  * shard map). In embedded mode its state is a file under data_dir, replaced
- * atomically (write, fsync, rename) on every change; cluster mode (etcd) comes
- * later behind the same interface.
+ * atomically (write, fsync, rename) on every change; in cluster mode (--etcd) it
+ * is a key in etcd, and one of several mgmtd leads (elected through an etcd lease).
  *
  * Chains: each new storage target gets a new chain whose only target it is (chain
  * length 1, the replication factor on one machine). Chains are numbered from 1 and
@@ -28,6 +28,13 @@ struct stk_mgmtd_opts {
 	 * a new cluster). Chains already made keep their members.
 	 */
 	unsigned replicas;
+	/*
+	 * Cluster mode: etcd's endpoints ("URL[,URL...]"), or NULL for embedded mode.
+	 * The state then lives in etcd under etcd_prefix (NULL: "/stoker"), not in
+	 * data_dir, and several mgmtd run at once, one leading (see mgmtd.c).
+	 */
+	const char *etcd;
+	const char *etcd_prefix;
 };
 
 /* Serves until SIGINT/SIGTERM (see daemon/daemon.h). 0 or -errno (logged). */

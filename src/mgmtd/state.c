@@ -720,7 +720,7 @@ static size_t state_size(const struct stk_mgmt_state *st)
 	return sz;
 }
 
-int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path)
+int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t *len)
 {
 	size_t cap = state_size(st);
 	struct stk_wbuf w;
@@ -776,12 +776,27 @@ int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path)
 		stk_put_str(&w, st->nodes[i].zone);
 	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
 	rc = w.err;
+	if (rc) {
+		free(buf);
+		return rc;
+	}
+	*out = buf;
+	*len = w.len;
+	return 0;
+}
+
+int stk_mgmt_state_save(struct stk_mgmt_state *st, const char *path)
+{
+	uint8_t *buf;
+	size_t len;
+	int rc;
+
+	rc = stk_mgmt_state_encode(st, &buf, &len);
 	if (rc)
-		goto out;
-	rc = stk_write_file_atomic(path, buf, w.len);
+		return rc;
+	rc = stk_write_file_atomic(path, buf, len);
 	if (rc == 0)
 		st->dirty = 0;
-out:
 	free(buf);
 	return rc;
 }
@@ -910,18 +925,16 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 	return 0;
 }
 
-int stk_mgmt_state_load(struct stk_mgmt_state *st, const char *path, uint64_t now_ns)
+int stk_mgmt_state_decode(struct stk_mgmt_state *st, const uint8_t *buf, size_t len,
+			  uint64_t now_ns)
 {
 	struct stk_mgmt_state fresh;
 	struct stk_rbuf r;
-	uint8_t *buf = NULL;
-	size_t len = 0;
 	uint32_t crc;
 	int rc;
 
-	rc = read_file(path, &buf, &len);
-	if (rc)
-		return rc;
+	if (len < 8 || len > STATE_MAX_FILE)
+		return -EBADMSG;
 	stk_mgmt_state_init(&fresh);
 	rc = -EBADMSG;
 	stk_rbuf_init(&r, buf + len - 4, 4);
@@ -939,6 +952,19 @@ int stk_mgmt_state_load(struct stk_mgmt_state *st, const char *path, uint64_t no
 	stk_mgmt_state_init(&fresh);
 out:
 	stk_mgmt_state_free(&fresh);
+	return rc;
+}
+
+int stk_mgmt_state_load(struct stk_mgmt_state *st, const char *path, uint64_t now_ns)
+{
+	uint8_t *buf = NULL;
+	size_t len = 0;
+	int rc;
+
+	rc = read_file(path, &buf, &len);
+	if (rc)
+		return rc;
+	rc = stk_mgmt_state_decode(st, buf, len, now_ns);
 	free(buf);
 	return rc;
 }

@@ -49,6 +49,7 @@
 #ifndef STK_MGMTD_STATE_H
 #define STK_MGMTD_STATE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../proto/msg.h"
@@ -183,6 +184,22 @@ int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t know
 /* Lookups; NULL if absent. Pointers stay valid until the next change. */
 struct stk_mgmt_node *stk_mgmt_state_node(const struct stk_mgmt_state *st, uint32_t id);
 struct stk_rt_target *stk_mgmt_state_target(const struct stk_mgmt_state *st, uint32_t id);
+
+/*
+ * The state's bytes (the format above, CRC included) into a new buffer *out of
+ * *len bytes, freed with free(): what stk_mgmt_state_save writes to a file and
+ * cluster mode writes to its etcd key. dirty is left as is. 0, -ENOMEM or
+ * -EMSGSIZE.
+ */
+int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t *len);
+
+/*
+ * Replaces st (initialised) with the state encoded in buf, as
+ * stk_mgmt_state_load does with a file's bytes. 0, -EBADMSG (corrupt or unknown
+ * format: st unchanged) or -ENOMEM.
+ */
+int stk_mgmt_state_decode(struct stk_mgmt_state *st, const uint8_t *buf, size_t len,
+			  uint64_t now_ns);
 
 /*
  * Writes the state to path atomically: path.tmp, fsync, rename, fsync of the

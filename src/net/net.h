@@ -137,6 +137,14 @@ struct stk_routing;
 int stk_routing_fetch(struct stk_conn *c, struct stk_routing *rt);
 /* The same over a connection of its own to addr, opened within timeout_ms, then closed. */
 int stk_routing_fetch_from(const char *addr, int timeout_ms, struct stk_routing *rt);
+/*
+ * stk_routing_fetch from the leading mgmtd of list l, following it as
+ * stk_mgmt_call does (net/mgmtaddr.h; *conn is that call's connection). Also
+ * -EREMCHG: no mgmtd leads just now.
+ */
+struct stk_mgmt_addrs;
+int stk_routing_fetch_leader(struct stk_mgmt_addrs *l, struct stk_conn **conn, int timeout_ms,
+			     struct stk_routing *rt);
 
 /* ---- server ---- */
 

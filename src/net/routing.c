@@ -9,8 +9,12 @@
 #include <string.h>
 
 #include "../proto/msg.h"
+#include "../proto/status.h"
+#include "mgmtaddr.h"
 
-int stk_routing_fetch(struct stk_conn *c, struct stk_routing *rt)
+/* One MGMT_GET_ROUTING over c, or through the leader-following list l when c is NULL. */
+static int fetch(struct stk_conn *c, struct stk_mgmt_addrs *l, struct stk_conn **lc,
+		 int timeout_ms, struct stk_routing *rt)
 {
 	struct stk_msg_mgmt_get_routing_req m = {.known_version = 0};
 	struct stk_rpc rpc;
@@ -34,7 +38,13 @@ int stk_routing_fetch(struct stk_conn *c, struct stk_routing *rt)
 	rpc.req_len = w.len;
 	rpc.resp = resp;
 	rpc.resp_cap = STK_MAX_PAYLOAD;
-	rc = stk_rpc_call(c, &rpc);
+	if (c) {
+		rc = stk_rpc_call(c, &rpc);
+	} else {
+		rc = stk_mgmt_call(l, lc, timeout_ms, &rpc);
+		if (rc == 0)
+			rc = stk_status_to_errno(rpc.status);
+	}
 	if (rc)
 		goto out;
 	stk_rbuf_init(&r, resp, rpc.resp_len);
@@ -46,6 +56,17 @@ int stk_routing_fetch(struct stk_conn *c, struct stk_routing *rt)
 out:
 	free(resp);
 	return rc;
+}
+
+int stk_routing_fetch(struct stk_conn *c, struct stk_routing *rt)
+{
+	return fetch(c, NULL, NULL, 0, rt);
+}
+
+int stk_routing_fetch_leader(struct stk_mgmt_addrs *l, struct stk_conn **conn, int timeout_ms,
+			     struct stk_routing *rt)
+{
+	return fetch(NULL, l, conn, timeout_ms, rt);
 }
 
 int stk_routing_fetch_from(const char *addr, int timeout_ms, struct stk_routing *rt)

@@ -215,6 +215,12 @@ enum stk_target_state {
 #define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
 #define STK_MSG_MGMT_TARGET_SYNCED_REQ(F) \
 	F(u32, node_id) F(u32, target_id) F(u32, chain_id) F(u32, chain_ver)
+/*
+ * MGMT_LEADER's reply: leader 1 when the mgmtd that answers leads; etcd 1 in cluster
+ * mode (several mgmtd, state in etcd), 0 for an embedded mgmtd, which always leads;
+ * addr: the leading mgmtd's address, "" while none leads (an election is under way).
+ */
+#define STK_MSG_MGMT_LEADER_RESP(F) F(u8, leader) F(u8, etcd) F(addr, addr)
 
 #define STK_MSG_META_LOOKUP_REQ(F) F(cred, cred) F(u64, parent) F(name, name)
 #define STK_MSG_META_INO_REQ(F) F(cred, cred) F(u64, ino)
@@ -448,6 +454,7 @@ enum stk_target_state {
 	X(mgmt_heartbeat_req, STK_MSG_MGMT_HEARTBEAT_REQ)         \
 	X(mgmt_heartbeat_resp, STK_MSG_MGMT_HEARTBEAT_RESP)       \
 	X(mgmt_get_routing_req, STK_MSG_MGMT_GET_ROUTING_REQ)     \
+	X(mgmt_leader_resp, STK_MSG_MGMT_LEADER_RESP)             \
 	X(meta_lookup_req, STK_MSG_META_LOOKUP_REQ)               \
 	X(meta_ino_req, STK_MSG_META_INO_REQ)                     \
 	X(meta_name_req, STK_MSG_META_NAME_REQ)                   \

@@ -81,6 +81,10 @@
 	 * stk_target_state): mgmtd makes it SERVING. STALE when the chain's version is  \
 	 * another now (the node syncs again). */                                         \
 	X(MGMT_TARGET_SYNCED, 8, mgmt_target_synced_req, none, "a target caught up")             \
+	/* Who leads: any mgmtd answers it, leader or not. In cluster mode (--etcd) only the   \
+	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
+	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \
+	X(MGMT_LEADER, 4, none, mgmt_leader_resp, "which mgmtd leads")                             \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \

@@ -30,8 +30,12 @@ def pytest_configure(config):
 
 def port_free(port):
     # BASE..BASE+2 for the daemons, BASE+10..BASE+12 for their metrics (`stoker up`),
-    # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's
-    for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 13, port + 14):
+    # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's; with --nodes,
+    # BASE+16..BASE+18 for the other mgmtd, BASE+26..BASE+28 for their metrics,
+    # BASE+30 and BASE+31 for etcd
+    for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 13, port + 14,
+              port + 16, port + 17, port + 18, port + 26, port + 27, port + 28, port + 30,
+              port + 31):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -70,11 +74,11 @@ def pick_ports():
     if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
         band = (hi - lo) // count
         lo += int(worker[2:]) % count * band
-        hi = lo + band - 40  # room for base+20 (an S3 port) and its neighbours
+        hi = lo + band - 40  # room for base+20 (an S3 port), base+31 (etcd) and neighbours
     for _ in range(200):
         base = random.randrange(lo, hi, 3)
         # Not near one handed out already: its daemons may not have bound it yet.
-        if any(abs(base - g) < 24 for g in _given):
+        if any(abs(base - g) < 34 for g in _given):
             continue
         if port_free(base):
             _given.append(base)

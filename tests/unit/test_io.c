@@ -433,6 +433,8 @@ static struct stk_client *client_new(unsigned conns, unsigned retry_ms)
 	if (!c)
 		return NULL;
 	snprintf(c->mgmtd, sizeof(c->mgmtd), "%s", stk_server_addr(g_mgmtd));
+	stk_mgmt_addrs_parse(&c->mgmt, c->mgmtd);
+	pthread_mutex_init(&c->mgmt_lock, NULL);
 	c->retry_ms = retry_ms;
 	pthread_rwlock_init(&c->rt_lock, NULL);
 	pthread_mutex_init(&c->local_lock, NULL);
@@ -453,6 +455,9 @@ static void client_free(struct stk_client *c)
 		if (c->locals[i].cs)
 			stk_chunk_store_close(c->locals[i].cs);
 	stk_routing_free(&c->rt);
+	if (c->mgmt_conn)
+		stk_conn_close(c->mgmt_conn);
+	pthread_mutex_destroy(&c->mgmt_lock);
 	pthread_rwlock_destroy(&c->rt_lock);
 	pthread_mutex_destroy(&c->local_lock);
 	free(c);

@@ -327,6 +327,44 @@ out:
 	return rc;
 }
 
+/*
+ * The bytes a state encodes to (what goes to a file or to etcd) decode to the same
+ * state, and encode again to the same bytes; a flipped byte or a short buffer is
+ * refused and leaves the target state as it was.
+ */
+static int test_encode_round_trip(struct stk_mgmt_state *st)
+{
+	struct stk_mgmt_state ld;
+	uint8_t *a = NULL, *b = NULL;
+	size_t alen = 0, blen = 0;
+	int rc = 1;
+
+	stk_mgmt_state_init(&ld);
+	REQUIRE(stk_mgmt_state_encode(st, &a, &alen) == 0);
+	CHECK_RC(stk_mgmt_state_decode(&ld, a, alen, 7 * SEC), 0);
+	CHECK_EQ(ld.version, st->version);
+	CHECK_EQ(ld.nnodes, st->nnodes);
+	CHECK_EQ(ld.ntargets, st->ntargets);
+	CHECK_EQ(ld.nchains, st->nchains);
+	CHECK_EQ(ld.replicas, st->replicas);
+	for (uint32_t i = 0; i < ld.nnodes; i++) {
+		CHECK_EQ(ld.nodes[i].last_hb_ns, 7 * SEC); /* a full timeout to report */
+		CHECK(strcmp(ld.nodes[i].zone, st->nodes[i].zone) == 0);
+	}
+	CHECK_RC(stk_mgmt_state_encode(&ld, &b, &blen), 0);
+	CHECK(b && alen == blen && memcmp(a, b, alen) == 0);
+	a[alen / 2] ^= 0x10;
+	CHECK_RC(stk_mgmt_state_decode(&ld, a, alen, 0), -EBADMSG);
+	CHECK_EQ(ld.nnodes, st->nnodes);
+	CHECK_RC(stk_mgmt_state_decode(&ld, a, 7, 0), -EBADMSG);
+	CHECK_RC(stk_mgmt_state_decode(&ld, b, blen - 1, 0), -EBADMSG);
+	rc = check_failures() ? 1 : 0;
+	free(a);
+	free(b);
+	stk_mgmt_state_free(&ld);
+	return rc;
+}
+
 /* mgmtd lost its state: two storage nodes come back with their old ids and targets. */
 static int test_lost_state(void)
 {
@@ -676,8 +714,8 @@ int main(void)
 	}
 	/* The first four tests build on one state: the first that fails stops the run. */
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
-	     test_persistence(&st) || test_lost_state() || test_host_identity() ||
-	     test_identity() || test_old_format() || test_replicas();
+	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
+	     test_host_identity() || test_identity() || test_old_format() || test_replicas();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
