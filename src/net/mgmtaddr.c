@@ -152,13 +152,25 @@ static void drop(struct stk_conn **conn)
 	}
 }
 
+#define MGMT_ELECTION_WAIT_MS 8000
+
 int stk_mgmt_call(struct stk_mgmt_addrs *l, struct stk_conn **conn, int connect_timeout_ms,
 		  struct stk_rpc *rpc)
 {
 	unsigned tries = 3 * (l->n + 1);
 	int rc = -ENOTCONN, answered_no = 0;
+	struct timespec t0, now;
 
-	for (unsigned t = 0; t < tries; t++) {
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	/* an election (mgmtd answer, none leads) takes up to a lease: wait that out */
+	for (unsigned t = 0;; t++) {
+		if (t >= tries) {
+			clock_gettime(CLOCK_MONOTONIC, &now);
+			if (!answered_no || (now.tv_sec - t0.tv_sec) * 1000 +
+						    (now.tv_nsec - t0.tv_nsec) / 1000000 >
+						    MGMT_ELECTION_WAIT_MS)
+				break;
+		}
 		char leader[STK_ADDR_MAX];
 		int leads = 0, etcd = 0;
 

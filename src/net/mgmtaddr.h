@@ -73,7 +73,8 @@ int stk_mgmt_leader_ask(struct stk_conn *c, int *leads, int *etcd, char *leader)
  * replaced when the call moves to another address); a transport failure moves to
  * the next address, NOT_LEADER to the leader named (or the next address while
  * none is named); it gives up after trying every address three times (sleeping
- * 100 ms between rounds). rpc is set as for stk_rpc_send (its private fields are
+ * 100 ms between rounds), unless a mgmtd answered that none leads: then it goes
+ * on for up to 8 s, the time an election takes (a lease) with room to spare. rpc is set as for stk_rpc_send (its private fields are
  * reset on every try). Returns 0 when a mgmtd answered with anything but
  * NOT_LEADER (rpc->status tells how the request went), -EREMCHG when every answer
  * was NOT_LEADER (an election is under way), or the last transport error.
