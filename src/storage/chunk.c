@@ -472,53 +472,63 @@ int stk_chunk_write(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint
 				   chunk_len);
 }
 
+/*
+ * Opens chunk idx of ino and reads its header: *fd open (the caller closes it), or
+ * *fd -1 when the chunk is missing. rel receives its path. 0, -EIO or -errno.
+ */
+static int open_hdr(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, char *rel,
+		    int *fd, struct chunk_hdr *h)
+{
+	struct chunk_tls *t = stk_chunk_tls_get();
+	int rc;
+
+	*fd = -1;
+	if (!t)
+		return -ENOMEM;
+	stk_chunk_rel(rel, REL_MAX, ino, idx);
+	*fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
+	if (*fd < 0)
+		return errno == ENOENT ? 0 : -errno;
+	rc = stk_chunk_hdr_read(cs, t, *fd, rel, ino, idx, h);
+	if (rc) {
+		close(*fd);
+		*fd = -1;
+	}
+	return rc;
+}
+
 int stk_chunk_version(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint64_t *version,
 		      uint32_t *len)
 {
-	struct chunk_tls *t = stk_chunk_tls_get();
 	struct chunk_hdr h;
 	char rel[REL_MAX];
-	int fd, rc;
+	int fd, rc = open_hdr(cs, ino, idx, rel, &fd, &h);
 
-	if (!t)
-		return -ENOMEM;
 	*version = 0;
 	*len = 0;
-	stk_chunk_rel(rel, sizeof(rel), ino, idx);
-	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
-	rc = stk_chunk_hdr_read(cs, t, fd, rel, ino, idx, &h);
+	if (rc || fd < 0)
+		return rc;
 	close(fd);
-	if (rc == 0) {
-		*version = h.version;
-		*len = h.data_len;
-	}
-	return rc;
+	*version = h.version;
+	*len = h.data_len;
+	return 0;
 }
 
 int stk_chunk_read_whole(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, void *buf,
 			 uint32_t cap, uint32_t *len, uint64_t *version, uint32_t *crcs)
 {
-	struct chunk_tls *t = stk_chunk_tls_get();
 	struct chunk_hdr h;
 	char rel[REL_MAX];
 	ssize_t n;
 	long bad;
 	int fd, rc;
 
-	if (!t)
-		return -ENOMEM;
 	*len = 0;
 	*version = 0;
-	stk_chunk_rel(rel, sizeof(rel), ino, idx);
 	/* one descriptor: the header and the bytes are of one version of the chunk */
-	fd = openat(cs->dirfd, rel, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return errno == ENOENT ? 0 : -errno;
-	rc = stk_chunk_hdr_read(cs, t, fd, rel, ino, idx, &h);
-	if (rc)
-		goto out;
+	rc = open_hdr(cs, ino, idx, rel, &fd, &h);
+	if (rc || fd < 0)
+		return rc;
 	rc = -EFBIG;
 	if (h.data_len > cap)
 		goto out;

@@ -782,10 +782,19 @@ static int sync_find(struct storage *s, struct sync_job *j)
 	return found;
 }
 
-static int sync_call(struct storage *s, struct sync_job *j, struct stk_rpc *rpc)
+/* One request of the encoded message in w (opcode op) to the source, its reply in resp. */
+static int sync_call(struct storage *s, struct sync_job *j, struct stk_rpc *rpc, uint16_t op,
+		     const struct stk_wbuf *w, void *resp, size_t cap)
 {
 	struct stk_conn *c;
-	int rc = stk_pool_get(s->fwd, j->src, &c);
+	int rc;
+
+	rpc->opcode = op;
+	rpc->req = w->p;
+	rpc->req_len = w->len;
+	rpc->resp = resp;
+	rpc->resp_cap = cap;
+	rc = stk_pool_get(s->fwd, j->src, &c);
 
 	if (rc)
 		return rc;
@@ -811,11 +820,6 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 	stk_wbuf_init(&w, msg, sizeof(msg));
 	stk_msg_stor_sync_read_req_enc(&w, &rq);
 	memset(&rpc, 0, sizeof(rpc));
-	rpc.opcode = STK_OP_STOR_SYNC_READ;
-	rpc.req = msg;
-	rpc.req_len = w.len;
-	rpc.resp = resp;
-	rpc.resp_cap = sizeof(resp);
 	rpc.bulk_in = j->buf;
 	rpc.bulk_in_cap = STK_MAX_CHUNK_SIZE;
 	rpc.frame_flags = STK_FRAME_BULK_SELF;
@@ -824,7 +828,7 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 		pthread_rwlock_wrlock(ino_lock(s, ino));
 	else
 		pthread_rwlock_rdlock(ino_lock(s, ino));
-	rc = sync_call(s, j, &rpc);
+	rc = sync_call(s, j, &rpc, STK_OP_STOR_SYNC_READ, &w, resp, sizeof(resp));
 	if (rc)
 		goto out;
 	stk_rbuf_init(&r, resp, rpc.resp_len);
@@ -905,12 +909,7 @@ static int sync_target(struct storage *s, struct sync_job *j)
 		stk_wbuf_init(&w, msg, sizeof(msg));
 		stk_msg_stor_sync_list_req_enc(&w, &rq);
 		memset(&rpc, 0, sizeof(rpc));
-		rpc.opcode = STK_OP_STOR_SYNC_LIST;
-		rpc.req = msg;
-		rpc.req_len = w.len;
-		rpc.resp = resp;
-		rpc.resp_cap = STK_MAX_PAYLOAD;
-		rc = sync_call(s, j, &rpc);
+		rc = sync_call(s, j, &rpc, STK_OP_STOR_SYNC_LIST, &w, resp, STK_MAX_PAYLOAD);
 		if (rc)
 			goto out;
 		stk_rbuf_init(&r, resp, rpc.resp_len);

@@ -24,6 +24,7 @@ Names are short (interface names have 15 bytes): `stkb<tag>` for the bridge,
 `stk<tag>-<name>` for a namespace, `sv<tag><n>` for a node's end of its pair on the
 bridge. Needs root.
 """
+import contextlib
 import os
 import random
 import re
@@ -137,6 +138,20 @@ class NetCluster(RoleCluster):
                 ip("link", "del", link, check=False)
             self.links.clear()
             ip("link", "del", self.bridge, check=False)
+
+
+@contextlib.contextmanager
+def net_cluster(tmp_path, **kw):
+    """A NetCluster for one test: always closed; then no sanitizer report in its logs
+    and none of its namespaces or links left behind."""
+    c = NetCluster(tmp_path / "net", **kw)
+    try:
+        yield c
+    finally:
+        c.close()
+    assert not c.sanitizer_reports(), c.logs()
+    left = [n for n in leftovers() if c.tag in n]
+    assert not left, left
 
 
 def leftovers():

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import needs_root
-from netns import NetCluster, leftovers
+from netns import net_cluster
 
 pytestmark = needs_root
 
@@ -24,14 +24,8 @@ CLIENT = {"STOKER_RETRY_MS": "2000", "STOKER_RPC_TIMEOUT_MS": "1000"}
 
 @pytest.fixture
 def net(tmp_path):
-    c = NetCluster(tmp_path / "net")
-    try:
+    with net_cluster(tmp_path) as c:
         yield c
-    finally:
-        c.close()
-    assert not c.sanitizer_reports(), c.logs()
-    left = [n for n in leftovers() if c.tag in n]
-    assert not left, left
 
 
 def read(net, name):

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from conftest import CHECK, needs_root
-from netns import NetCluster, leftovers
+from netns import net_cluster
 
 pytestmark = needs_root
 
@@ -32,14 +32,8 @@ MGMTD = ["--replicas", "3", "--heartbeat-timeout-ms", "3000"]
 
 @pytest.fixture
 def net(tmp_path):
-    c = NetCluster(tmp_path / "net", mgmtd_args=MGMTD)
-    try:
+    with net_cluster(tmp_path, mgmtd_args=MGMTD) as c:
         yield c
-    finally:
-        c.close()
-    assert not c.sanitizer_reports(), c.logs()
-    left = [n for n in leftovers() if c.tag in n]
-    assert not left, left
 
 
 def tables(status):
