@@ -7,7 +7,8 @@ PKGS=(make gcc clang libclang-rt-14-dev pkg-config
       libssl-dev libexpat1-dev awscli python3-boto3 s3cmd
       python3 python3-pytest python3-pytest-xdist procps util-linux curl openssl
       python3-dev python3-numpy python3-torch python3-filelock
-      libmicrohttpd-dev prometheus libcurl4-openssl-dev libjansson-dev etcd-server)
+      libmicrohttpd-dev prometheus libcurl4-openssl-dev libjansson-dev etcd-server
+      gdb)  # gdb: backtraces of a daemon a test finds hung
 missing=()
 for p in "${PKGS[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -540,21 +540,36 @@ static int cluster_ready(const struct up *u)
 	return ok;
 }
 
+/*
+ * Stops the daemons by role: every storage node at once, then meta, then every
+ * mgmtd, each role given 10 s in all to flush and exit before it is killed. mgmtd
+ * goes last so that no daemon's last call waits out an election, and a role
+ * stops in parallel so that N nodes take no longer than one.
+ */
 static void stop_children(struct up *u)
 {
-	/* storage and meta first, mgmtd last, each given 10 s to flush and exit */
-	for (int r = (int)u->nprocs - 1; r >= 0; r--) {
-		if (u->pid[r] <= 0)
-			continue;
-		kill(u->pid[r], SIGTERM);
-		for (int i = 0; i < 100; i++) {
-			if (waitpid(u->pid[r], NULL, WNOHANG) == u->pid[r]) {
-				u->pid[r] = 0;
-				break;
+	static const int order[] = {2, 1, 0}; /* storage, meta, mgmtd */
+
+	for (size_t o = 0; o < sizeof(order) / sizeof(order[0]); o++) {
+		int left = 0;
+
+		for (int r = 0; r < (int)u->nprocs; r++)
+			if (u->pid[r] > 0 && role_of(u, r) == order[o]) {
+				kill(u->pid[r], SIGTERM);
+				left++;
 			}
+		for (int i = 0; i < 100 && left > 0; i++) {
 			usleep(100000);
+			for (int r = 0; r < (int)u->nprocs; r++)
+				if (u->pid[r] > 0 && role_of(u, r) == order[o] &&
+				    waitpid(u->pid[r], NULL, WNOHANG) == u->pid[r]) {
+					u->pid[r] = 0;
+					left--;
+				}
 		}
-		if (u->pid[r] > 0) {
+		for (int r = 0; r < (int)u->nprocs; r++) {
+			if (u->pid[r] <= 0 || role_of(u, r) != order[o])
+				continue;
 			fprintf(stderr, "stoker up: %s did not stop in 10 s; killing it\n",
 				u->name[r]);
 			kill(u->pid[r], SIGKILL);
@@ -1277,16 +1292,23 @@ int cmd_down(int argc, char **argv)
 			strerror(errno));
 		return 1;
 	}
-	for (int i = 0; i < 600; i++) {
+	/* The supervisor gives each role 10 s, etcd and the gateway 10 s more each. */
+	for (int i = 0; i < 1200; i++) {
 		fd = open(path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
 			break;
 		if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
 			close(fd);
+			fd = -1;
 			break;
 		}
 		close(fd);
 		usleep(100000);
+	}
+	if (fd >= 0) {
+		cli_err("down", "Stoker on %s is still stopping after 120 s (supervisor pid %llu); "
+			"see %s/log/up.log", data, (unsigned long long)pid, data);
+		return 1;
 	}
 	printf("Stoker on %s is down.\n", data);
 	return 0;

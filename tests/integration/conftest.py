@@ -122,7 +122,7 @@ class Cluster:
         return p
 
     def stop(self):
-        run([STOKER, "down", "--data", self.data], check=False, timeout=60)
+        run([STOKER, "down", "--data", self.data], check=False, timeout=150)
 
     def sanitizer_reports(self):
         """Lines where ASan or UBSan reported a bug in a daemon (sanitizer builds)."""
@@ -233,6 +233,23 @@ def have_root():
 needs_root = pytest.mark.skipif(not have_root(), reason="needs root (tmpfs mounts)")
 
 
+def stacks(pid):
+    """What each thread of a hung process is doing: gdb's backtraces where gdb is
+    installed, else each thread's kernel wait channel."""
+    if shutil.which("gdb"):
+        p = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx", "-ex",
+                            "thread apply all bt"], capture_output=True, timeout=60)
+        return p.stdout.decode(errors="replace")[-6000:]
+    out = []
+    for t in sorted(os.listdir("/proc/%d/task" % pid)):
+        try:
+            with open("/proc/%d/task/%s/wchan" % (pid, t)) as f:
+                out.append("%s %s" % (t, f.read()))
+        except OSError:
+            pass
+    return "\n".join(out)
+
+
 def gone(pid, timeout):
     """Waits up to timeout s for process pid to exit (a zombie counts as gone)."""
     end = time.time() + timeout
@@ -300,7 +317,8 @@ class Mount:
             if p.returncode != 0 and self.mounted():
                 run(["umount", "-l", self.path], check=False)
             if pid and not gone(pid, 60):
-                self.lingered = "mount daemon %d still running after its umount" % pid
+                self.lingered = "mount daemon %d still running after its umount\n%s" % (
+                    pid, stacks(pid))
                 os.kill(pid, signal.SIGKILL)
 
     def log(self):

@@ -42,7 +42,7 @@ class HA:
         return p.stdout.decode()
 
     def down(self):
-        run([STOKER, "down", "--data", self.data], check=False, timeout=90)
+        run([STOKER, "down", "--data", self.data], check=False, timeout=150)
         deadline = time.time() + 10
         while time.time() < deadline:
             left = [pid for pid, argv in cmdlines() if self.data.encode() in argv]
@@ -245,4 +245,4 @@ def test_up_without_nodes_has_no_etcd(tmp_path):
         st = run([STOKER, "status"], env=env).stdout.decode()
         assert "127.0.0.1:%d        leader" % port in st, st
     finally:
-        run([STOKER, "down", "--data", data], check=False, timeout=60)
+        run([STOKER, "down", "--data", data], check=False, timeout=150)
