@@ -1192,3 +1192,13 @@ uint64_t stk_chunk_store_corrupt_count(const struct stk_chunk_store *cs)
 {
 	return __atomic_load_n(&cs->ncorrupt, __ATOMIC_RELAXED);
 }
+
+void stk_chunk_store_note_repaired(struct stk_chunk_store *cs)
+{
+	__atomic_fetch_add(&cs->nrepaired, 1, __ATOMIC_RELAXED);
+}
+
+uint64_t stk_chunk_store_repaired_count(const struct stk_chunk_store *cs)
+{
+	return __atomic_load_n(&cs->nrepaired, __ATOMIC_RELAXED);
+}

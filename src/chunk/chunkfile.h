@@ -84,6 +84,9 @@ uint32_t stk_chunk_store_id(const struct stk_chunk_store *cs);
  * since the store was opened. Any thread.
  */
 uint64_t stk_chunk_store_corrupt_count(const struct stk_chunk_store *cs);
+/* Damaged chunks rewritten from another replica (the storage node's repair). */
+void stk_chunk_store_note_repaired(struct stk_chunk_store *cs);
+uint64_t stk_chunk_store_repaired_count(const struct stk_chunk_store *cs);
 
 /*
  * Reads up to len bytes at off from chunk idx of inode ino into buf. Returns the

@@ -35,6 +35,7 @@ struct stk_chunk_store {
 	uint32_t id;			     /* atomic: set once registration is done */
 	uint64_t nchunks;		     /* atomic */
 	uint64_t ncorrupt;		     /* atomic: corrupt blocks and headers found */
+	uint64_t nrepaired;		     /* atomic: damaged chunks rewritten from a replica */
 	pthread_mutex_t locks[LOCK_STRIPES]; /* serialise updates of one (ino, idx) */
 	struct fd_ent **fdc;		     /* the cache of open chunk files: fdc_n slots */
 	unsigned fdc_n;

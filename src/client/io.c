@@ -85,8 +85,9 @@ static int check_read_reply(struct inflight *f)
 /*
  * The node to send a piece to, and the chain's version: a change goes to the
  * chain's head; a read to one of its serving replicas, spread by chunk (so that
- * the readers of a file use every copy), another one on each retry, or the tail
- * when a replica said a change of the chunk was on its way. -ESTALE if the table
+ * the readers of a file use every copy), another one on each retry (after a
+ * replica said its copy was damaged, too), or the tail when a replica said a
+ * change of the chunk was on its way. -ESTALE if the table
  * lacks the chain.
  */
 static int chain_node(struct stk_client *c, uint32_t chain_id, int op, uint64_t ino,
@@ -235,6 +236,7 @@ static int retryable(int rc)
 	case -ECONNABORTED:
 	case -EBADMSG:
 	case -EINPROGRESS: /* a replica with a change pending: read from the tail */
+	case -EILSEQ: /* a replica's copy is damaged (and being repaired): another one */
 		return 1;
 	default:
 		return 0;
@@ -248,6 +250,8 @@ static void retry_mark(struct stk_io_piece *p, int rc)
 	p->tries++;
 	if (rc == -EINPROGRESS)
 		p->tail = 1;
+	if (rc == -EILSEQ)
+		p->tail = 0;
 }
 
 static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64_t ino,

@@ -150,6 +150,8 @@
 	  "Chunk reads or writes that failed on the target (any error but a full disk).")          \
 	X(TARGET_CHECKSUM_ERRORS, COUNTER, "stoker_target_checksum_errors_total", "target",        \
 	  "Chunk blocks or headers found corrupt (checksum or consistency check failed).")         \
+	X(TARGET_CHUNKS_REPAIRED, COUNTER, "stoker_target_chunks_repaired_total", "target",       \
+	  "Damaged chunks rewritten from another replica of their chain.")                        \
 	X(TARGET_INFLIGHT, GAUGE, "stoker_target_inflight_requests", "target",                     \
 	  "Chunk reads and writes in progress on the target (its queue depth).")                   \
 	X(TARGET_IO_DURATION, HISTOGRAM, "stoker_target_io_duration_seconds", "target,op",         \

@@ -50,8 +50,9 @@
 	X(BADF, 30, EBADF)                           \
 	X(TOOBIG, 31, E2BIG)                         \
 	X(CHUNK_BEHIND, 33, EUCLEAN)                 \
-	X(CHUNK_PENDING, 34, EINPROGRESS)                \
-	X(NOT_LEADER, 35, EREMCHG)
+	X(CHUNK_PENDING, 34, EINPROGRESS)            \
+	X(NOT_LEADER, 35, EREMCHG)                   \
+	X(CHUNK_DAMAGED, 37, EILSEQ)
 
 enum stk_status {
 #define STK_STATUS_ENUM(name, code, err) STK_ST_##name = code,

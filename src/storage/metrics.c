@@ -41,7 +41,7 @@
 struct target_metrics {
 	const struct stk_chunk_store *cs;
 	char id[16];
-	stk_metric_t capacity, used, free_bytes, chunks, csum;
+	stk_metric_t capacity, used, free_bytes, chunks, csum, repaired;
 	stk_metric_t bytes[2], ops[2], errors[2], dur[2], inflight;
 	/* SMART: the device, and series registered once smartctl answers */
 	char device[64];
@@ -137,6 +137,7 @@ static void collect(void *ctx)
 			}
 		}
 		stk_metric_set_int(t->csum, (int64_t)stk_chunk_store_corrupt_count(t->cs));
+		stk_metric_set_int(t->repaired, (int64_t)stk_chunk_store_repaired_count(t->cs));
 	}
 	stk_metric_set_int(m->node_capacity, (int64_t)ncap);
 	stk_metric_set_int(m->node_used, (int64_t)nused);
@@ -449,6 +450,7 @@ static int register_target(struct target_metrics *t)
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_ERRORS, rd, &t->errors[STK_TARGET_READ]);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_ERRORS, wr, &t->errors[STK_TARGET_WRITE]);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_CHECKSUM_ERRORS, v, &t->csum);
+	rc = rc ? rc : stk_metric_series(STK_M_TARGET_CHUNKS_REPAIRED, v, &t->repaired);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_INFLIGHT, v, &t->inflight);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_DURATION, rd, &t->dur[STK_TARGET_READ]);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_DURATION, wr, &t->dur[STK_TARGET_WRITE]);

@@ -69,6 +69,15 @@ struct storage {
 	int sync_started;
 	int sync_stop; /* atomic */
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics; for per-client counts */
+	/* repair and scrub (repair_main): the queue of damaged chunks, under repair_lock */
+	pthread_mutex_t repair_lock;
+	pthread_cond_t repair_cv; /* a chunk queued, or stopping */
+	struct repair_ent *repairq; /* REPAIR_QUEUE entries */
+	unsigned repair_head, repair_n;
+	pthread_t repair_thread;
+	int repair_started;
+	uint64_t scrub_rate; /* bytes/s; 0: no scrubbing */
+	uint64_t scrub_interval_s; /* from one pass's start to the next */
 };
 
 /*
@@ -411,6 +420,9 @@ static int read_check(struct storage *s, const struct hop *h, uint64_t ino, uint
 	return 0;
 }
 
+static int read_error(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+		      int rc); /* repair, below */
+
 static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_read_req rq;
@@ -439,7 +451,7 @@ static int handle_read(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 	n = stk_chunk_read(cs, rq.ino, rq.chunk_idx, rq.offset, buf, rq.length, tls_crcs);
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_READ, t0, n, n > 0 ? (uint64_t)n : 0);
 	if (n < 0)
-		return (int)n;
+		return read_error(s, cs, rq.ino, rq.chunk_idx, (int)n);
 	rp.ncrcs = stk_crc_blocks((uint64_t)n);
 	stk_msg_stor_read_resp_enc(&resp->payload, &rp);
 	for (uint32_t i = 0; i < rp.ncrcs; i++)
@@ -803,18 +815,20 @@ static int sync_call(struct storage *s, struct sync_job *j, struct stk_rpc *rpc,
 	return rc;
 }
 
-/* Copies chunk ino/idx from the source; with `gone`, removes ours if it has none. */
-static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint32_t idx, int gone)
+/*
+ * Fetches the source's copy of chunk ino/idx into j->buf (*len bytes, their CRCs
+ * checked, in j->crcs) and its version (0: the source has none).
+ */
+static int sync_fetch(struct storage *s, struct sync_job *j, uint64_t ino, uint32_t idx,
+		      uint64_t *version, uint32_t *len)
 {
 	struct stk_msg_stor_sync_read_req rq = {
 		.chain_id = j->chain_id, .chain_ver = j->chain_ver, .ino = ino, .idx = idx};
 	struct stk_msg_stor_sync_read_resp rp;
 	uint8_t msg[64], resp[STK_MAX_PAYLOAD / 8];
-	struct stk_chunk_wver v = {0};
 	struct stk_rpc rpc;
 	struct stk_wbuf w;
 	struct stk_rbuf r;
-	uint32_t len;
 	int rc;
 
 	stk_wbuf_init(&w, msg, sizeof(msg));
@@ -823,37 +837,52 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 	rpc.bulk_in = j->buf;
 	rpc.bulk_in_cap = STK_MAX_CHUNK_SIZE;
 	rpc.frame_flags = STK_FRAME_BULK_SELF;
+	rc = sync_call(s, j, &rpc, STK_OP_STOR_SYNC_READ, &w, resp, sizeof(resp));
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_stor_sync_read_resp_dec(&r, &rp) || rp.ncrcs != stk_crc_blocks(rpc.bulk_in_len))
+		return -EBADMSG;
+	for (uint32_t i = 0; i < rp.ncrcs; i++)
+		j->crcs[i] = stk_get_u32(&r);
+	if (stk_rbuf_finish(&r) ||
+	    stk_crc32c_blocks_check(j->buf, rpc.bulk_in_len, STK_CRC_BLOCK, j->crcs) >= 0)
+		return -EBADMSG;
+	*version = rp.version;
+	*len = (uint32_t)rpc.bulk_in_len;
+	return 0;
+}
+
+/* Copies chunk ino/idx from the source; with `gone`, removes ours if it has none. */
+static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint32_t idx, int gone)
+{
+	struct stk_chunk_wver v = {0};
+	uint64_t version;
+	uint32_t len, got;
+	int rc;
+
 	/* a removal holds the inode against changes until it is done; a copy, as a write */
 	if (gone)
 		pthread_rwlock_wrlock(ino_lock(s, ino));
 	else
 		pthread_rwlock_rdlock(ino_lock(s, ino));
-	rc = sync_call(s, j, &rpc, STK_OP_STOR_SYNC_READ, &w, resp, sizeof(resp));
+	rc = sync_fetch(s, j, ino, idx, &version, &got);
 	if (rc)
 		goto out;
-	stk_rbuf_init(&r, resp, rpc.resp_len);
-	rc = -EBADMSG;
-	if (stk_msg_stor_sync_read_resp_dec(&r, &rp) || rp.ncrcs != stk_crc_blocks(rpc.bulk_in_len))
-		goto out;
-	for (uint32_t i = 0; i < rp.ncrcs; i++)
-		j->crcs[i] = stk_get_u32(&r);
-	if (stk_rbuf_finish(&r) ||
-	    stk_crc32c_blocks_check(j->buf, rpc.bulk_in_len, STK_CRC_BLOCK, j->crcs) >= 0)
-		goto out;
-	if (rp.version == 0) {
+	if (version == 0) {
 		rc = gone ? stk_chunk_punch(j->cs, ino, idx, idx + 1) : 0;
 		j->removed += gone && rc == 0;
 		goto out;
 	}
 	v.base = STK_CHUNK_VER_ANY;
-	v.set = rp.version;
+	v.set = version;
 	v.full = 1;
 	v.newer_only = 1;
-	rc = stk_chunk_write_ver(j->cs, ino, idx, STK_MAX_CHUNK_SIZE, 0, j->buf,
-				 (uint32_t)rpc.bulk_in_len, j->crcs, 0, &v, &len);
+	rc = stk_chunk_write_ver(j->cs, ino, idx, STK_MAX_CHUNK_SIZE, 0, j->buf, got, j->crcs, 0,
+				 &v, &len);
 	if (rc == 0 && v.now != v.old) {
 		j->copied++;
-		j->bytes += rpc.bulk_in_len;
+		j->bytes += got;
 	}
 out:
 	pthread_rwlock_unlock(ino_lock(s, ino));
@@ -1019,6 +1048,303 @@ static void *sync_main(void *arg)
 	return NULL;
 }
 
+/* ---- repair: a damaged copy rewritten from a good replica ---- */
+
+/*
+ * A read that finds our copy of a chunk damaged (a block or the header fails its
+ * checksum, or the disk answers EIO) answers CHUNK_DAMAGED where another member of
+ * the chain serves reads, so that the client reads that one instead and never
+ * sees the error; the chunk is queued here (repair_note). The scrubber queues
+ * what it finds the same way: it reads every chunk of every target, block CRCs
+ * checked, at --scrub-rate bytes a second, a pass every --scrub-interval seconds.
+ *
+ * The repair thread copies the chunk from another serving member, the nearest one
+ * downstream if there is one, with the inode's lock held exclusively: no change
+ * of the inode passes this node meanwhile, so a downstream member holds exactly
+ * the version we hold, committed. The copy is written only if its version is ours
+ * (or our header is the damaged part and the source is downstream); any other
+ * case (a change on its way from upstream) is left for the next read to queue
+ * again. A chunk that reads whole again is left as it is.
+ */
+#define REPAIR_QUEUE 64u
+
+struct repair_ent {
+	uint32_t target_id, idx;
+	uint64_t ino;
+};
+
+/*
+ * Where chunks of our target target_id can be copied from: a serving member of its
+ * chain other than ours (the first one after ours, else the last one before),
+ * into j (chain, version, source). 1 if there is one, with *downstream set.
+ */
+static int repair_source(struct storage *s, uint32_t target_id, struct sync_job *j,
+			 int *downstream)
+{
+	struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
+	int found = 0;
+
+	for (uint32_t i = 0; i < ref->rt.nchains && !found; i++) {
+		const struct stk_rt_chain *c = &ref->rt.chains[i];
+		const struct stk_rt_node *pick = NULL;
+		int mine = -1;
+
+		for (unsigned k = 0; k < c->ntargets; k++) {
+			const struct stk_rt_target *t = stk_routing_target(&ref->rt, c->targets[k]);
+			const struct stk_rt_node *n;
+
+			if (!t)
+				continue;
+			if (t->id == target_id) {
+				mine = (int)k;
+				continue;
+			}
+			if (t->state != STK_TARGET_SERVING && t->state != STK_TARGET_FULL)
+				continue;
+			n = stk_routing_node(&ref->rt, t->node_id);
+			if (!n || n->state != STK_NODE_ONLINE)
+				continue;
+			pick = n; /* the last one before ours, unless one comes after */
+			*downstream = mine >= 0;
+			if (mine >= 0)
+				break;
+		}
+		if (mine >= 0 && pick) {
+			j->chain_id = c->id;
+			j->chain_ver = c->version;
+			j->target_id = target_id;
+			memcpy(j->src, pick->addr, STK_ADDR_MAX);
+			found = 1;
+		}
+		if (mine >= 0)
+			break;
+	}
+	stk_agent_routing_put(s->agent, ref);
+	return found;
+}
+
+/*
+ * Queues chunk ino/idx of target cs for repair; 1 if it was queued (or already
+ * is), 0 if no other member of its chain can supply a copy (the caller then
+ * answers EIO) or the queue is full. Never blocks on I/O: loops call it.
+ */
+static int repair_note(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	struct repair_ent e = {.target_id = stk_chunk_store_id(cs), .idx = idx, .ino = ino};
+	struct sync_job j;
+	int down = 0, ok = 0;
+
+	if (!repair_source(s, e.target_id, &j, &down))
+		return 0;
+	pthread_mutex_lock(&s->repair_lock);
+	for (unsigned i = 0; i < s->repair_n && !ok; i++) {
+		const struct repair_ent *q = &s->repairq[(s->repair_head + i) % REPAIR_QUEUE];
+
+		ok = q->target_id == e.target_id && q->ino == ino && q->idx == idx;
+	}
+	if (!ok && s->repair_n < REPAIR_QUEUE) {
+		s->repairq[(s->repair_head + s->repair_n++) % REPAIR_QUEUE] = e;
+		pthread_cond_signal(&s->repair_cv);
+		ok = 1;
+	}
+	pthread_mutex_unlock(&s->repair_lock);
+	return ok;
+}
+
+/* A read's error, as the client should see it: CHUNK_DAMAGED if a repair is queued. */
+static int read_error(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+		      int rc)
+{
+	if (rc == -EIO && repair_note(s, cs, ino, idx))
+		return -EILSEQ;
+	return rc;
+}
+
+/* Rewrites chunk e of ours from another member (see above). */
+static void repair_chunk(struct storage *s, struct sync_job *j, const struct repair_ent *e)
+{
+	struct stk_chunk_wver v = {0};
+	uint64_t mine = 0, theirs = 0, wver;
+	uint32_t len, got, mlen;
+	int down = 0, rc, hdr;
+
+	j->cs = local_target(s, e->target_id);
+	if (!j->cs || !repair_source(s, e->target_id, j, &down))
+		return;
+	pthread_rwlock_wrlock(ino_lock(s, e->ino));
+	/* damaged still? (a change since may have rewritten it) */
+	rc = stk_chunk_read_whole(j->cs, e->ino, e->idx, j->buf, STK_MAX_CHUNK_SIZE, &len, &wver,
+				  j->crcs);
+	if (rc != -EIO)
+		goto out;
+	hdr = stk_chunk_version(j->cs, e->ino, e->idx, &mine, &mlen);
+	rc = sync_fetch(s, j, e->ino, e->idx, &theirs, &got);
+	if (rc) {
+		stk_warn("target %u: cannot fetch chunk %llx/%u from %s to repair it: %s",
+			 e->target_id, (unsigned long long)e->ino, e->idx, j->src, strerror(-rc));
+		goto out;
+	}
+	if (theirs == 0 || (hdr == 0 && theirs != mine) || (hdr != 0 && !down)) {
+		stk_warn("target %u: chunk %llx/%u is damaged, but %s holds version %llu where "
+			 "ours is %s%llu; left for a later repair",
+			 e->target_id, (unsigned long long)e->ino, e->idx, j->src,
+			 (unsigned long long)theirs, hdr ? "unreadable, " : "",
+			 (unsigned long long)mine);
+		goto out;
+	}
+	v.base = STK_CHUNK_VER_ANY;
+	v.set = theirs;
+	v.full = 1;
+	rc = stk_chunk_write_ver(j->cs, e->ino, e->idx, STK_MAX_CHUNK_SIZE, 0, j->buf, got,
+				 j->crcs, 0, &v, &len);
+	if (rc) {
+		stk_warn("target %u: cannot rewrite damaged chunk %llx/%u: %s", e->target_id,
+			 (unsigned long long)e->ino, e->idx, strerror(-rc));
+		goto out;
+	}
+	stk_chunk_store_note_repaired(j->cs);
+	stk_warn("target %u: chunk %llx/%u was damaged; rewritten from %s (version %llu)",
+		 e->target_id, (unsigned long long)e->ino, e->idx, j->src,
+		 (unsigned long long)theirs);
+out:
+	pthread_rwlock_unlock(ino_lock(s, e->ino));
+}
+
+/* Sleeps up to ms, or until the daemon stops or a repair is queued. 1: stopping. */
+static int repair_wait(struct storage *s, uint64_t ms)
+{
+	struct timespec ts;
+	int stop;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)(ms / 1000);
+	ts.tv_nsec += (long)(ms % 1000) * 1000000;
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
+	pthread_mutex_lock(&s->repair_lock);
+	if (!s->repair_n && !s->sync_stop)
+		pthread_cond_timedwait(&s->repair_cv, &s->repair_lock, &ts);
+	stop = s->sync_stop;
+	pthread_mutex_unlock(&s->repair_lock);
+	return stop;
+}
+
+/* Runs the queued repairs; 1 if the daemon is stopping. */
+static int repair_run(struct storage *s, struct sync_job *j)
+{
+	for (;;) {
+		struct repair_ent e;
+		int stop;
+
+		pthread_mutex_lock(&s->repair_lock);
+		stop = s->sync_stop;
+		if (stop || !s->repair_n) {
+			pthread_mutex_unlock(&s->repair_lock);
+			return stop;
+		}
+		e = s->repairq[s->repair_head];
+		s->repair_head = (s->repair_head + 1) % REPAIR_QUEUE;
+		s->repair_n--;
+		pthread_mutex_unlock(&s->repair_lock);
+		repair_chunk(s, j, &e);
+	}
+}
+
+/*
+ * One scrub pass over every chunk of every target, at most scrub_rate bytes a
+ * second, repairs run as they come. 1 if the daemon is stopping.
+ */
+static int scrub_pass(struct storage *s, struct sync_job *j)
+{
+	uint64_t t0 = stk_now_ns(), bytes = 0, chunks = 0, damaged = 0;
+
+	stk_info("scrub: checking every chunk at up to %llu bytes/s",
+		 (unsigned long long)s->scrub_rate);
+	for (unsigned t = 0; t < s->nstores; t++) {
+		for (unsigned b = 0; b < 256; b++) {
+			struct stk_chunk_ent *ents;
+			size_t n;
+
+			if (stk_chunk_list_bucket(s->stores[t], b, &ents, &n))
+				continue;
+			for (size_t i = 0; i < n; i++) {
+				uint64_t ver, due;
+				uint32_t len;
+				int rc;
+
+				if (repair_run(s, j)) {
+					free(ents);
+					return 1;
+				}
+				rc = stk_chunk_read_whole(s->stores[t], ents[i].ino, ents[i].idx,
+							  j->buf, STK_MAX_CHUNK_SIZE, &len, &ver,
+							  j->crcs);
+				chunks++;
+				bytes += len;
+				if (rc == -EIO) {
+					damaged++;
+					if (!repair_note(s, s->stores[t], ents[i].ino, ents[i].idx))
+						stk_error("scrub: target %u chunk %llx/%u is damaged "
+							  "and no other replica can repair it",
+							  stk_chunk_store_id(s->stores[t]),
+							  (unsigned long long)ents[i].ino,
+							  ents[i].idx);
+				}
+				/* the pace: bytes so far at scrub_rate, from t0 */
+				due = t0 + bytes * 1000000000ull / s->scrub_rate;
+				while (stk_now_ns() < due) {
+					uint64_t ms = (due - stk_now_ns()) / 1000000 + 1;
+
+					if (repair_wait(s, ms > 200 ? 200 : ms) || repair_run(s, j)) {
+						free(ents);
+						return 1;
+					}
+				}
+			}
+			free(ents);
+		}
+	}
+	stk_info("scrub: %llu chunks (%llu bytes) checked in %.1f s, %llu damaged",
+		 (unsigned long long)chunks, (unsigned long long)bytes,
+		 (double)(stk_now_ns() - t0) / 1e9, (unsigned long long)damaged);
+	return 0;
+}
+
+static void *repair_main(void *arg)
+{
+	struct storage *s = arg;
+	struct sync_job j;
+	/* the first pass a while after start (not on every restart at once), at most
+	 * an interval */
+	uint64_t next = stk_now_ns() +
+			(s->scrub_interval_s < 600 ? s->scrub_interval_s : 600) * 1000000000ull;
+
+	memset(&j, 0, sizeof(j));
+	j.buf = malloc(STK_MAX_CHUNK_SIZE);
+	j.crcs = malloc((STK_MAX_CHUNK_SIZE / STK_CRC_BLOCK + 1) * sizeof(uint32_t));
+	if (!j.buf || !j.crcs) {
+		stk_error("repair: out of memory; damaged chunks are not repaired");
+		goto out;
+	}
+	for (;;) {
+		if (repair_run(s, &j))
+			break;
+		if (s->scrub_rate && s->scrub_interval_s && stk_now_ns() >= next) {
+			if (scrub_pass(s, &j))
+				break;
+			next = stk_now_ns() + s->scrub_interval_s * 1000000000ull;
+		}
+		if (repair_wait(s, 1000))
+			break;
+	}
+out:
+	free(j.buf);
+	free(j.crcs);
+	return NULL;
+}
+
 static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	switch (req->hdr.opcode) {
@@ -1084,6 +1410,8 @@ struct loop_read {
 	const char *peer;
 	uint32_t req_bytes;
 	uint64_t t0;
+	uint64_t ino; /* the chunk read, for a repair */
+	uint32_t idx;
 	void *buf;
 	struct stk_chunk_aread ar;
 	uint32_t crcs[LOOP_READ_MAX / STK_CRC_BLOCK];
@@ -1134,6 +1462,8 @@ static void loop_read_done(void *arg, long got)
 	if (rc == 0) {
 		resp = stk_rpc_pending_resp(lr->p);
 		rc = read_reply(resp, lr->buf, n, lr->crcs);
+	} else {
+		rc = read_error(sl->s, lr->cs, lr->ino, lr->idx, rc);
 	}
 	loop_count(sl->s, lr->peer, lr->req_bytes, rc, resp);
 	stk_rpc_pending_done(lr->p, rc);
@@ -1175,6 +1505,8 @@ static int loop_read(struct storage_loop *sl, struct stk_rpc_req *req, struct st
 	}
 	lr->p = p;
 	lr->cs = cs;
+	lr->ino = rq.ino;
+	lr->idx = rq.chunk_idx;
 	lr->buf = buf;
 	lr->peer = req->peer;
 	lr->req_bytes = STK_FRAME_HDR_LEN + req->hdr.payload_len;
@@ -1397,6 +1729,12 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 		return -rc;
 	}
 	s->sync_started = 1;
+	rc = pthread_create(&s->repair_thread, NULL, repair_main, s);
+	if (rc) {
+		stk_error("cannot start the repair thread: %s", strerror(rc));
+		return -rc;
+	}
+	s->repair_started = 1;
 	stk_info("storage node %u serving on %s%s%s", b->node_id, stk_daemon_addr(d),
 		 maddr ? ", metrics on " : "", maddr ? maddr : "");
 	return 0;
@@ -1425,6 +1763,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		rc = -ENOMEM;
 		goto out;
 	}
+	pthread_mutex_init(&s->repair_lock, NULL);
+	pthread_cond_init(&s->repair_cv, NULL);
 	rc = stk_mkdir_p(opts->data_dir, 0755);
 	if (rc) {
 		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
@@ -1442,6 +1782,13 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	}
 	for (unsigned i = 0; i < INO_LOCKS; i++)
 		pthread_rwlock_init(&s->ino_locks[i], NULL);
+	s->scrub_rate = opts->scrub_rate;
+	s->scrub_interval_s = opts->scrub_interval_s;
+	s->repairq = calloc(REPAIR_QUEUE, sizeof(*s->repairq));
+	if (!s->repairq) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	rc = stk_pool_create(4, &s->fwd);
 	if (rc)
 		goto out;
@@ -1479,10 +1826,17 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 out:
 	/* stk_daemon_run destroyed the server: no request uses the agent or the stores. */
 	if (s) {
-		if (s->sync_started) {
-			__atomic_store_n(&s->sync_stop, 1, __ATOMIC_RELAXED);
+		pthread_mutex_lock(&s->repair_lock);
+		__atomic_store_n(&s->sync_stop, 1, __ATOMIC_RELAXED);
+		pthread_cond_broadcast(&s->repair_cv);
+		pthread_mutex_unlock(&s->repair_lock);
+		if (s->sync_started)
 			pthread_join(s->sync_thread, NULL);
-		}
+		if (s->repair_started)
+			pthread_join(s->repair_thread, NULL);
+		pthread_mutex_destroy(&s->repair_lock);
+		pthread_cond_destroy(&s->repair_cv);
+		free(s->repairq);
 		stk_storage_metrics_destroy(s->metrics);
 		stk_agent_stop(s->agent);
 		for (unsigned i = 0; i < s->nstores; i++)

@@ -19,6 +19,8 @@ struct stk_storage_opts {
 	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
 	const char *host_id; /* --host-id: the host id to report, NULL for this host's */
 	const char *zone; /* --zone: its failure domain, NULL for its host id */
+	uint64_t scrub_rate; /* --scrub-rate: bytes/s the scrubber reads; 0: no scrubbing */
+	uint64_t scrub_interval_s; /* --scrub-interval: seconds from one pass to the next */
 };
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */

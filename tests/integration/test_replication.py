@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import CHECK, needs_root
+from conftest import CHECK, needs_root, run
 from netns import net_cluster
 
 pytestmark = needs_root
@@ -172,3 +172,73 @@ def test_three_copies_survive_a_dead_node_under_load(net):
     for _, path, size, seed in acked + acked2:
         net.check("verify", path, size, seed)
     assert "caught up with chain" in open(net.nodes["st2"].log).read()
+
+
+def corrupt_data(path):
+    """Flips bytes of a chunk file's data (its tail: the header is at the front)."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(size - 40)
+        b = f.read(16)
+        f.seek(size - 40)
+        f.write(bytes(x ^ 0xA5 for x in b))
+
+
+def test_a_damaged_copy_is_read_around_and_repaired(net):
+    """A chunk whose bytes went bad on one replica: every read still returns the
+    right bytes (the damaged member answers CHUNK_DAMAGED and the client reads
+    another), each chunk read there is rewritten from a good member, and the
+    scrubber finds and repairs the ones nobody read."""
+    meta = net.add_meta("meta1")
+    meta.argv += ["--chunk-size", "64K"]  # a 2 MiB file: 32 chunks on one chain
+    for n in ("st1", "st2", "st3"):
+        net.add_storage(n, targets=1)
+    st1 = net.nodes["st1"]
+    st1.argv += ["--metrics", "%s:%d" % (st1.addr.split(":")[0], net.port + 10)]
+    net.start_all()
+    net.wait_serving()
+    targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
+                               else None)(*tables(net.status())))
+    data = os.urandom(2 << 20)
+    net.cli("put", "-", "/d", input=data)
+    assert assert_replicas_identical(net, chains, targets) >= 32
+
+    st1_dir = net.nodes["st1"].targets[0]
+    st2_dir = net.nodes["st2"].targets[0]
+    damaged = chunk_files(st1_dir)
+    assert len(damaged) >= 32, damaged
+    for p in damaged.values():
+        corrupt_data(p)
+
+    def metric(name):
+        out = run(net.in_client(["curl", "-s", "http://%s:%d/metrics" % (
+            st1.addr.split(":")[0], net.port + 10)]), check=False).stdout.decode()
+        return sum(float(l.split()[-1]) for l in out.splitlines()
+                   if l.startswith(name + "{") or l.startswith(name + " "))
+
+    # reads spread over the replicas: some chunks are read on st1, none comes back wrong
+    for _ in range(3):
+        assert net.cli("cat", "/d").stdout == data
+    good = chunk_files(st2_dir)
+
+    def repaired_on_st1():
+        return [rel for rel, p in damaged.items()
+                if open(p, "rb").read() == open(good[rel], "rb").read()]
+    fixed = wait_for("chunks read on st1 repaired", repaired_on_st1)
+    assert len(fixed) < len(damaged), "every chunk was read on st1: the scrub is untested"
+    print("repaired on read:", len(fixed), "of", len(damaged))
+    assert metric("stoker_target_checksum_errors_total") >= len(fixed)
+    assert metric("stoker_target_chunks_repaired_total") == len(fixed)
+    assert "was damaged; rewritten from" in open(st1.log).read()
+
+    # the rest nobody reads: st1 restarted with a scrub every second finds them
+    net.kill("st1", signal.SIGTERM)
+    st1.argv += ["--scrub-interval", "1", "--scrub-rate", "64M"]
+    net.start("st1")
+    wait_for("the scrubber to repair the rest", lambda: len(repaired_on_st1()) == len(damaged),
+             timeout=60)
+    t, c = tables(net.status())
+    wait_for("st1 serving", lambda: all(s == "serving" for s, _ in tables(net.status())[0].values()))
+    assert assert_replicas_identical(net, c, t) >= 32
+    assert net.cli("cat", "/d").stdout == data
+    assert "scrub:" in open(st1.log).read()
