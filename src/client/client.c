@@ -102,6 +102,30 @@ int stk_client_default_cluster(char *addr, size_t len)
 	return stk_client_parse_cluster(buf, addr, len);
 }
 
+/*
+ * For the call watch (net.h): whether the storage node at addr is no longer an
+ * ONLINE node of the cluster, by the table fetched again (at most twice a second).
+ * A read or write stuck on a node cut off by the network then fails as soon as
+ * mgmtd has given up on the node, and is sent again on the chain that goes on
+ * without it, instead of waiting out the RPC timeout.
+ */
+static int node_gone(void *ctx, const char *addr)
+{
+	struct stk_client *c = ctx;
+	int online = 0;
+
+	if (stk_now_ns() - c->watch_refreshed_ns > 500000000ull) {
+		c->watch_refreshed_ns = stk_now_ns();
+		(void)stk_client_refresh_routing(c);
+	}
+	pthread_rwlock_rdlock(&c->rt_lock);
+	for (uint32_t i = 0; i < c->rt.nnodes && !online; i++)
+		online = c->rt.nodes[i].state == STK_NODE_ONLINE &&
+			 strcmp(c->rt.nodes[i].addr, addr) == 0;
+	pthread_rwlock_unlock(&c->rt_lock);
+	return !online;
+}
+
 int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_client **out)
 {
 	struct stk_client *c;
@@ -164,6 +188,11 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	rc = stk_pool_create(c->opts.conns_per_node, &c->pool);
 	if (rc)
 		goto out_reaper;
+	rc = stk_callwatch_create(1000, node_gone, c, &c->watch);
+	if (rc) {
+		stk_pool_destroy(c->pool);
+		goto out_reaper;
+	}
 	rc = stk_client_refresh_routing(c);
 	if (rc == 0)
 		rc = stk_session_create(c);
@@ -174,6 +203,7 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 out_pool:
 	if (c->mgmt_conn)
 		stk_conn_close(c->mgmt_conn);
+	stk_callwatch_destroy(c->watch);
 	stk_routing_free(&c->rt);
 	stk_pool_destroy(c->pool);
 out_reaper:
@@ -195,6 +225,7 @@ void stk_disconnect(stk_client *c)
 	stk_session_end(c); /* then: it still talks to meta; wakes the parked watch */
 	stk_lcache_destroy(c);
 	stk_session_destroy(c); /* after the watch, which calls into it */
+	stk_callwatch_destroy(c->watch); /* before the table it reads */
 	stk_pool_destroy(c->pool);
 	for (unsigned i = 0; i < c->nlocals; i++)
 		stk_chunk_store_close(c->locals[i].cs);
@@ -221,6 +252,7 @@ void stk_after_fork(stk_client *c)
 	stk_pool_after_fork(c->pool);
 	pthread_rwlock_init(&c->rt_lock, NULL);
 	pthread_mutex_init(&c->mgmt_lock, NULL);
+	stk_callwatch_after_fork(c->watch);
 	c->mgmt_conn = NULL; /* the parent's (its descriptor is left to the parent) */
 	pthread_mutex_init(&c->local_lock, NULL);
 	for (unsigned i = 0; i < c->nlocals; i++)

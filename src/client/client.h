@@ -36,6 +36,9 @@ struct stk_client {
 	struct stk_mgmt_addrs mgmt;    /* the list, following the leader (net/mgmtaddr.h) */
 	struct stk_conn *mgmt_conn;    /* to the mgmtd last used */
 	struct stk_pool *pool;
+	/* calls to a storage node gone offline are aborted (io.c, stk_client_node_gone) */
+	struct stk_callwatch *watch;
+	uint64_t watch_refreshed_ns; /* the watch's last table refresh (its thread's) */
 	struct stk_client_opts opts;
 	struct stk_cred cred;
 	unsigned retry_ms; /* how long transport failures are retried before -EIO */

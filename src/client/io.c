@@ -34,6 +34,7 @@ struct inflight {
 	int local; /* read from a target of this machine, no request sent */
 	struct stk_io_piece *p;
 	struct stk_conn *conn;
+	int watch; /* its slot in the client's call watch, or -1 */
 	struct stk_rpc rpc;
 	uint8_t *req; /* fixed fields + block checksums of a write */
 	uint8_t *resp; /* fixed fields + block checksums of a read */
@@ -264,6 +265,7 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 
 	f->conn = NULL;
 	f->local = 0;
+	f->watch = -1;
 	if (op == STK_IO_READ) {
 		struct stk_chunk_store *cs = local_store(c, p->chain_id);
 		long got = !cs ? -ENOENT
@@ -346,6 +348,8 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 	if (f->rc)
 		return;
 	f->rc = stk_rpc_send(f->conn, &f->rpc);
+	if (f->rc == 0)
+		f->watch = stk_callwatch_begin(c->watch, f->conn, addr);
 }
 
 static void finish_piece(struct stk_client *c, struct inflight *f, int op)
@@ -363,6 +367,8 @@ static void finish_piece(struct stk_client *c, struct inflight *f, int op)
 		f->rc = stk_status_to_errno(f->rpc.status);
 	if (f->rc == 0 && op == STK_IO_READ)
 		f->rc = check_read_reply(f);
+	stk_callwatch_end(c->watch, f->watch);
+	f->watch = -1;
 	if (f->conn)
 		stk_pool_put(c->pool, f->conn);
 	f->conn = NULL;

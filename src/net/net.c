@@ -164,6 +164,11 @@ out:
 	return rc;
 }
 
+void stk_conn_abort(struct stk_conn *c)
+{
+	shutdown(c->fd, SHUT_RDWR);
+}
+
 void stk_conn_close(struct stk_conn *c)
 {
 	if (!c)

@@ -45,6 +45,28 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out);
 void stk_conn_close(struct stk_conn *c);
 int stk_conn_broken(const struct stk_conn *c);
 const char *stk_conn_addr(const struct stk_conn *c);
+/*
+ * Shuts the connection down from any thread: every call waiting on it fails at
+ * once with a transport error, and it is broken from then on (close it as usual).
+ */
+void stk_conn_abort(struct stk_conn *c);
+
+/*
+ * Calls that must not outwait a node the cluster gave up on (callwatch.c): each
+ * call to a storage node is registered between its send and its reply (begin
+ * returns a slot, or -1 when the watch is full and the call goes unwatched). Four
+ * times a second, for each node with calls older than after_ms, the watch asks
+ * gone(ctx, addr) (on its own thread; it may block) whether the node at addr is
+ * still one to wait for; if it says 1, every such call's connection is aborted.
+ */
+struct stk_callwatch;
+int stk_callwatch_create(unsigned after_ms, int (*gone)(void *ctx, const char *addr), void *ctx,
+			 struct stk_callwatch **out);
+void stk_callwatch_destroy(struct stk_callwatch *w);
+/* In a child after fork(): the watch's thread anew, no call registered. */
+void stk_callwatch_after_fork(struct stk_callwatch *w);
+int stk_callwatch_begin(struct stk_callwatch *w, struct stk_conn *c, const char *addr);
+void stk_callwatch_end(struct stk_callwatch *w, int slot);
 
 /* One request and, once received, its reply. The caller owns every buffer. */
 struct stk_rpc {

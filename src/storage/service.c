@@ -61,6 +61,7 @@ struct storage {
 	struct stk_chunk_store **stores; /* one per target folder, in the order given */
 	unsigned nstores;
 	struct stk_pool *fwd; /* connections to successors in chains */
+	struct stk_callwatch *watch; /* forwards to a node gone offline: aborted */
 	pthread_rwlock_t ino_locks[INO_LOCKS]; /* see the top: changes of an inode in order */
 	uint32_t pending[PENDING_SLOTS]; /* atomic: changes on their way down, by chunk hash */
 	struct stk_agent *agent;
@@ -202,6 +203,30 @@ static int route(struct storage *s, uint32_t chain_id, int check_ver, uint32_t c
 
 /* ---- forwarding down the chain ---- */
 
+/*
+ * For the call watch (net.h): whether the node at addr is no longer an ONLINE
+ * node of the cluster, by our table fetched again from mgmtd. A forward to a node
+ * cut off by the network then fails once mgmtd has given up on the node (its
+ * heartbeat timeout), not at the RPC timeout; the client sends the change again
+ * on the chain that goes on without it.
+ */
+static int node_gone(void *ctx, const char *addr)
+{
+	struct storage *s = ctx;
+	struct stk_routing_ref *ref;
+	int online = 0;
+
+	if (!s->agent)
+		return 0;
+	stk_agent_routing_refresh(s->agent);
+	ref = stk_agent_routing_get(s->agent);
+	for (uint32_t i = 0; i < ref->rt.nnodes && !online; i++)
+		online = ref->rt.nodes[i].state == STK_NODE_ONLINE &&
+			 strcmp(ref->rt.nodes[i].addr, addr) == 0;
+	stk_agent_routing_put(s->agent, ref);
+	return !online;
+}
+
 static uint32_t *pending_slot(struct storage *s, uint64_t ino, uint32_t idx)
 {
 	uint64_t k = (ino * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)idx * 0xBF58476D1CE4E5B9ull);
@@ -240,7 +265,10 @@ static int forward(struct storage *s, const char *addr, uint16_t op, const void 
 	stk_server_wait_begin(); /* another thread serves in our place meanwhile */
 	rc = stk_pool_get(s->fwd, addr, &c);
 	if (rc == 0) {
+		int slot = stk_callwatch_begin(s->watch, c, addr);
+
 		rc = stk_rpc_call(c, &rpc);
+		stk_callwatch_end(s->watch, slot);
 		stk_pool_put(s->fwd, c);
 	}
 	stk_server_wait_end();
@@ -806,11 +834,14 @@ static int sync_call(struct storage *s, struct sync_job *j, struct stk_rpc *rpc,
 	rpc->req_len = w->len;
 	rpc->resp = resp;
 	rpc->resp_cap = cap;
-	rc = stk_pool_get(s->fwd, j->src, &c);
+	int slot;
 
+	rc = stk_pool_get(s->fwd, j->src, &c);
 	if (rc)
 		return rc;
+	slot = stk_callwatch_begin(s->watch, c, j->src);
 	rc = stk_rpc_call(c, rpc);
+	stk_callwatch_end(s->watch, slot);
 	stk_pool_put(s->fwd, c);
 	return rc;
 }
@@ -1792,6 +1823,9 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	rc = stk_pool_create(4, &s->fwd);
 	if (rc)
 		goto out;
+	rc = stk_callwatch_create(1000, node_gone, s, &s->watch);
+	if (rc)
+		goto out;
 	rc = open_targets(s, opts);
 	if (rc)
 		goto out;
@@ -1837,6 +1871,7 @@ out:
 		pthread_mutex_destroy(&s->repair_lock);
 		pthread_cond_destroy(&s->repair_cv);
 		free(s->repairq);
+		stk_callwatch_destroy(s->watch); /* before the agent it asks */
 		stk_storage_metrics_destroy(s->metrics);
 		stk_agent_stop(s->agent);
 		for (unsigned i = 0; i < s->nstores; i++)

@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 
 import pytest
@@ -242,3 +243,71 @@ def test_a_damaged_copy_is_read_around_and_repaired(net):
     assert assert_replicas_identical(net, c, t) >= 32
     assert net.cli("cat", "/d").stdout == data
     assert "scrub:" in open(st1.log).read()
+
+
+def test_a_node_cut_off_costs_a_pause_not_the_rpc_timeout(net):
+    """A node whose link goes down answers nothing and resets nothing. Calls in
+    flight to it (a client's, a head's forward) are given up once mgmtd marks it
+    offline, not at the RPC timeout (a minute): the writer and a reader pause for
+    about the heartbeat timeout. Healed, the node resyncs and all copies agree."""
+    net.add_meta("meta1")
+    for n in ("st1", "st2", "st3"):
+        net.add_storage(n, targets=1)
+    net.start_all()
+    net.wait_serving()
+    targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
+                               else None)(*tables(net.status())))
+    data = os.urandom(8 << 20)
+    net.cli("put", "-", "/big", input=data)
+
+    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack"]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    acks = []  # (time, fields)
+
+    def collect():
+        for line in writer.stdout:
+            if line.startswith(b"ACK "):
+                acks.append((time.time(), line.decode().split()))
+    t = threading.Thread(target=collect, daemon=True)
+    t.start()
+    wait_for("the writer to start", lambda: len(acks) >= 2)
+    read = {}
+
+    def reader():
+        t0 = time.time()
+        read["ok"] = net.cli("cat", "/big", timeout=120).stdout == data
+        read["s"] = time.time() - t0
+    r = threading.Thread(target=reader, daemon=True)
+    cut_at = time.time()
+    net.cut("st2")
+    try:
+        r.start()  # routed by the table of before: some of its reads go to st2
+        wait_for("an acknowledged write after the cut",
+                 lambda: any(a > cut_at + 0.5 for a, _ in acks), timeout=45)
+        first_after = min(a for a, _ in acks if a > cut_at + 0.5) - cut_at
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        t.join(timeout=10)
+        assert writer.returncode == -signal.SIGKILL, writer.stderr.read().decode()[-2000:]
+        r.join(timeout=120)
+        assert read.get("ok"), "the read during the cut failed or returned wrong bytes"
+        print("read %.1f s, first write after the cut %.1f s" % (read["s"], first_after))
+        # heartbeat timeout 3 s, a routing refresh, a retry: well under the 60 s RPC timeout
+        assert read["s"] < 25, "a read waited %.1f s on the cut node" % read["s"]
+        assert first_after < 25, "the writer waited %.1f s on the cut node" % first_after
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+        net.heal("st2")
+    dead = {tid for tid, (_, p) in targets.items() if os.sep + "st2" + os.sep in p}
+
+    def serving_again():
+        tt, _ = tables(net.status())
+        return all(tt[d][0] == "serving" for d in dead)
+    wait_for("st2's targets serving again", serving_again, timeout=90)
+    time.sleep(1)
+    targets, final = tables(net.status())
+    assert assert_replicas_identical(net, final, targets) >= 8
+    for _, (_, path, size, seed) in acks:
+        net.check("verify", path, size, seed)
+    assert net.cli("cat", "/big").stdout == data
