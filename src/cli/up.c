@@ -77,6 +77,7 @@ enum {
 	OPT_ZONE,
 	OPT_ETCD,
 	OPT_ETCD_PREFIX,
+	OPT_RESYNC_RATE,
 };
 
 static const struct option role_opts[] = {
@@ -93,6 +94,7 @@ static const struct option role_opts[] = {
 	{"zone", required_argument, NULL, OPT_ZONE},
 	{"etcd", required_argument, NULL, OPT_ETCD},
 	{"etcd-prefix", required_argument, NULL, OPT_ETCD_PREFIX},
+	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{NULL, 0, NULL, 0},
 };
 
@@ -107,6 +109,8 @@ struct role_args {
 	unsigned ntargets;
 	uint64_t chunk_size, stripe, hbto;
 	uint64_t replicas; /* mgmtd --replicas R: targets per new chain */
+	/* storage --resync-rate MB/s: as stk_storage_opts.resync_rate (0 default, <0 none) */
+	int64_t resync_rate;
 };
 
 static int parse_role(const char *cmd, int argc, char **argv, struct role_args *a)
@@ -185,6 +189,18 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 		case OPT_ETCD_PREFIX:
 			a->etcd_prefix = optarg;
 			break;
+		case OPT_RESYNC_RATE: {
+			uint64_t mbs;
+
+			/* MB/s, 10^6 bytes as disks are rated; 0: no limit */
+			if (stk_parse_u64(optarg, &mbs) || mbs > 1000000) {
+				cli_err(cmd, "bad --resync-rate '%s': MB/s, 0 (no limit) to 1000000",
+					optarg);
+				return 2;
+			}
+			a->resync_rate = mbs ? (int64_t)mbs * 1000000 : -1;
+			break;
+		}
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -264,6 +280,7 @@ int cmd_storage(int argc, char **argv)
 	o.metrics_listen = a.metrics;
 	o.host_id = a.host_id;
 	o.zone = a.zone;
+	o.resync_rate = a.resync_rate;
 	return stk_storage_run(&o) ? 1 : 0;
 }
 
