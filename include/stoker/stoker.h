@@ -442,6 +442,17 @@ struct stk_cluster_target {
 	uint64_t chunks; /* chunk files it holds */
 	const char *path; /* its folder on its node */
 	uint64_t dev; /* its file system's id, equal for targets sharing one; 0 not known yet */
+	/*
+	 * While it is STK_CLUSTER_TARGET_SYNCING, how far its copy from its
+	 * predecessor is, as its node last reported it (each second): sync_permille
+	 * 0..1000 (an estimate), chunks compared, chunks and bytes copied; a copy that
+	 * starts over starts from 0. All 0 in any other state, and until the node's
+	 * first report of the copy.
+	 */
+	uint32_t sync_permille;
+	uint64_t sync_checked;
+	uint64_t sync_copied;
+	uint64_t sync_bytes;
 };
 
 /* One replication chain: the targets that hold the same chunks, head first. */

@@ -28,7 +28,7 @@
 	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR [--metrics ADDR] [--host-id ID] [--config FILE]", \
 	  "run a metadata server")                                                              \
 	X(storage, cmd_storage,                                                                 \
-	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--metrics ADDR] [--host-id ID] [--scrub-rate SIZE] [--scrub-interval S] [--config FILE]", \
+	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--resync-rate MB/s] [--metrics ADDR] [--host-id ID] [--scrub-rate SIZE] [--scrub-interval S] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "mgmtd leader and followers, nodes, targets, chains and the metadata shard map")                                  \

@@ -93,6 +93,89 @@ static void print_shards(const stk_cluster_status *st)
 		printf("  ! no meta node has registered yet: the namespace is unavailable\n");
 }
 
+static int working(const struct stk_cluster_target *m)
+{
+	return m && (m->state == STK_CLUSTER_TARGET_SERVING || m->state == STK_CLUSTER_TARGET_FULL);
+}
+
+/* How many of chain c's members work (serving or full); mgmtd judges chains alike. */
+static uint32_t chain_working(const stk_cluster_status *st, const struct stk_cluster_chain *c)
+{
+	uint32_t n = 0;
+
+	for (uint32_t j = 0; j < c->ntargets; j++)
+		n += working(target_by_id(st, c->targets[j]));
+	return n;
+}
+
+/*
+ * A member as the chain table writes it: its id, and for one that serves nothing
+ * now, why, with a syncing one's progress ("7(syncing:43%)": one word, so that
+ * whoever splits the line on spaces gets one word per member).
+ */
+static void member_word(const stk_cluster_status *st, uint32_t id, char *out, size_t len)
+{
+	const struct stk_cluster_target *m = target_by_id(st, id);
+
+	if (working(m))
+		snprintf(out, len, "%u", id);
+	else if (m && m->state == STK_CLUSTER_TARGET_SYNCING)
+		snprintf(out, len, "%u(syncing:%u%%)", id, m->sync_permille / 10);
+	else
+		snprintf(out, len, "%u(%s)", id, m ? target_state(m->state) : "?");
+}
+
+/*
+ * The chains that lack a member, first thing after the cluster's address: how
+ * many, and for each the members it lacks and how far a syncing one has got. A
+ * chain is degraded while some member is offline or syncing, unavailable when no
+ * member works.
+ */
+static void print_health(const stk_cluster_status *st)
+{
+	const struct stk_cluster_chain *c;
+	uint32_t nchains = 0, degraded = 0, unavailable = 0;
+
+	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
+		uint32_t w = chain_working(st, c);
+
+		if (!c->ntargets)
+			continue;
+		nchains++;
+		degraded += w > 0 && w < c->ntargets;
+		unavailable += w == 0;
+	}
+	printf("degraded chains: %u of %u, unavailable: %u\n", degraded, nchains, unavailable);
+	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
+		uint32_t w = chain_working(st, c);
+
+		if (!c->ntargets || w == c->ntargets)
+			continue;
+		printf("  chain %u: %u of %u members working%s\n", c->id, w, c->ntargets,
+		       w ? "" : ": UNAVAILABLE, its files cannot be read or written");
+		for (uint32_t j = 0; j < c->ntargets; j++) {
+			const struct stk_cluster_target *m = target_by_id(st, c->targets[j]);
+			char b[32];
+
+			if (working(m))
+				continue;
+			if (!m) {
+				printf("    target %u: not known\n", c->targets[j]);
+			} else if (m->state == STK_CLUSTER_TARGET_SYNCING) {
+				printf("    target %u (node %u) syncing: %u.%u%%, %llu chunks "
+				       "compared, %llu copied (%s)\n",
+				       m->id, m->node_id, m->sync_permille / 10, m->sync_permille % 10,
+				       (unsigned long long)m->sync_checked,
+				       (unsigned long long)m->sync_copied,
+				       stk_format_size(m->sync_bytes, b, sizeof(b)));
+			} else {
+				printf("    target %u (node %u) %s\n", m->id, m->node_id,
+				       target_state(m->state));
+			}
+		}
+	}
+}
+
 /* Meta nodes mgmtd refused, and why: each serves nothing. */
 static void print_refused(const stk_cluster_status *st)
 {
@@ -146,8 +229,10 @@ int cmd_status(int argc, char **argv)
 		cli_err("status", "cannot reach mgmtd at %s: %s", addr, stk_strerror(rc));
 		return 1;
 	}
-	printf("Cluster stk://%s   routing version %llu\n\n", addr,
+	printf("Cluster stk://%s   routing version %llu\n", addr,
 	       (unsigned long long)stk_cluster_status_version(st));
+	print_health(st);
+	printf("\n");
 	{
 		const char *ma;
 		int ms;
@@ -189,17 +274,19 @@ int cmd_status(int argc, char **argv)
 	       sp->devices == 1 ? "" : "s");
 	printf("\nChains\n  %-4s %-8s %s\n", "ID", "VERSION", "TARGETS (head first)");
 	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
+		uint32_t w = chain_working(st, c);
+
 		printf("  %-4u %-8u", c->id, c->version);
 		for (uint32_t j = 0; j < c->ntargets; j++) {
-			const struct stk_cluster_target *m = target_by_id(st, c->targets[j]);
+			char word[64];
 
 			/* a member that serves nothing now says why */
-			if (m && (m->state == STK_CLUSTER_TARGET_SERVING ||
-				  m->state == STK_CLUSTER_TARGET_FULL))
-				printf(" %u", c->targets[j]);
-			else
-				printf(" %u(%s)", c->targets[j], m ? target_state(m->state) : "?");
+			member_word(st, c->targets[j], word, sizeof(word));
+			printf(" %s", word);
 		}
+		/* a healthy chain's line is only its members, as it always was */
+		if (c->ntargets && w < c->ntargets)
+			printf("   ! %s", w ? "degraded" : "unavailable");
 		printf("\n");
 	}
 	print_shards(st);

@@ -7,7 +7,9 @@
  * histograms, interpolated as Prometheus's histogram_quantile does), RPC rates,
  * and shows capacity from the gauges: per target, per node and for the cluster,
  * like dstat or `juicefs stats`. --once takes two scrapes one interval apart and
- * prints one sample, for scripts.
+ * prints one sample, for scripts. Under the table, from the cluster status: how
+ * many chains are healthy, degraded (a member offline or syncing) or unavailable,
+ * and each syncing target's progress and copy speed (show_chains).
  *
  * Which addresses to scrape: by default the nodes of the cluster status (and
  * mgmtd itself), each at its RPC port + STK_METRICS_PORT_OFFSET, the convention
@@ -667,6 +669,62 @@ static void worst(double *acc, double v)
 		*acc = v;
 }
 
+/*
+ * Replication, under the table, from the cluster status: how many chains are
+ * short of a member, then each syncing target with its copy's progress (mgmtd's
+ * figures) and speed (its node's stoker_target_resync_copied_bytes_total, over
+ * the last interval).
+ */
+static void show_chains(const struct top *t)
+{
+	const struct stk_cluster_chain *c;
+	const struct stk_cluster_target *tg;
+	unsigned healthy = 0, degraded = 0, unavailable = 0;
+
+	if (!t->st)
+		return;
+	for (uint32_t i = 0; (c = stk_cluster_status_chain(t->st, i)); i++) {
+		uint32_t w = 0;
+
+		if (!c->ntargets)
+			continue;
+		for (uint32_t j = 0; j < c->ntargets; j++)
+			for (uint32_t k = 0; (tg = stk_cluster_status_target(t->st, k)); k++)
+				if (tg->id == c->targets[j])
+					w += tg->state == STK_CLUSTER_TARGET_SERVING ||
+					     tg->state == STK_CLUSTER_TARGET_FULL;
+		healthy += w == c->ntargets;
+		degraded += w && w < c->ntargets;
+		unavailable += !w;
+	}
+	printf("\nchains: %u healthy, %u degraded, %u unavailable\n", healthy, degraded,
+	       unavailable);
+	for (uint32_t k = 0; (tg = stk_cluster_status_target(t->st, k)); k++) {
+		char id[16], sp[32], by[32];
+		struct filt f = {{"target", NULL}, {id, NULL}, NULL};
+		double bps = NAN;
+
+		if (tg->state != STK_CLUSTER_TARGET_SYNCING)
+			continue;
+		snprintf(id, sizeof(id), "%u", tg->id);
+		for (int i = 0; i < t->nnodes; i++) {
+			const struct node *n = &t->nodes[i];
+
+			if (!n->err && n->prev.text && n->cur.text &&
+			    has(&n->cur, "stoker_target_resync_copied_bytes_total") &&
+			    sum(&n->cur, "stoker_target_capacity_bytes", &f) > 0)
+				bps = rate(&n->prev, &n->cur, "stoker_target_resync_copied_bytes_total",
+					   &f);
+		}
+		fmt_rate(sp, sizeof(sp), bps);
+		printf("  t%-6u syncing (node %u): %u.%u%% done, %llu chunks compared, %llu "
+		       "copied (%s), copying at %s\n",
+		       tg->id, tg->node_id, tg->sync_permille / 10, tg->sync_permille % 10,
+		       (unsigned long long)tg->sync_checked, (unsigned long long)tg->sync_copied,
+		       stk_format_size(tg->sync_bytes, by, sizeof(by)), sp);
+	}
+}
+
 /* Prints one sample. Returns how many nodes could be scraped twice. */
 static int show(struct top *t, double interval)
 {
@@ -768,6 +826,7 @@ static int show(struct top *t, double interval)
 			print_row(tname, "target", target_path(t, id), &r);
 		}
 	}
+	show_chains(t);
 	fflush(stdout);
 	free(rows);
 	return ok;

@@ -79,6 +79,7 @@ enum {
 	OPT_ETCD_PREFIX,
 	OPT_SCRUB_RATE,
 	OPT_SCRUB_INTERVAL,
+	OPT_RESYNC_RATE,
 };
 
 static const struct option role_opts[] = {
@@ -97,6 +98,7 @@ static const struct option role_opts[] = {
 	{"etcd-prefix", required_argument, NULL, OPT_ETCD_PREFIX},
 	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
+	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{NULL, 0, NULL, 0},
 };
 
@@ -114,6 +116,8 @@ struct role_args {
 	/* storage --scrub-rate SIZE (a second; 0: off), --scrub-interval SECONDS */
 	uint64_t scrub_rate, scrub_interval;
 	int scrub_rate_set, scrub_interval_set;
+	/* storage --resync-rate MB/s: as stk_storage_opts.resync_rate (0 default, <0 none) */
+	int64_t resync_rate;
 };
 
 static int parse_role(const char *cmd, int argc, char **argv, struct role_args *a)
@@ -208,6 +212,18 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 			}
 			a->scrub_interval_set = 1;
 			break;
+		case OPT_RESYNC_RATE: {
+			uint64_t mbs;
+
+			/* MB/s, 10^6 bytes as disks are rated; 0: no limit */
+			if (stk_parse_u64(optarg, &mbs) || mbs > 1000000) {
+				cli_err(cmd, "bad --resync-rate '%s': MB/s, 0 (no limit) to 1000000",
+					optarg);
+				return 2;
+			}
+			a->resync_rate = mbs ? (int64_t)mbs * 1000000 : -1;
+			break;
+		}
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -295,6 +311,7 @@ int cmd_storage(int argc, char **argv)
 	 */
 	o.scrub_rate = a.scrub_rate_set ? a.scrub_rate : 32ull << 20;
 	o.scrub_interval_s = a.scrub_interval_set ? a.scrub_interval : 7 * 86400;
+	o.resync_rate = a.resync_rate;
 	return stk_storage_run(&o) ? 1 : 0;
 }
 

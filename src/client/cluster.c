@@ -180,6 +180,10 @@ static int build(struct stk_cluster_status *s)
 		    .chunks = t->chunks,
 		    .path = t->path,
 		    .dev = t->dev,
+		    .sync_permille = t->state == STK_TARGET_SYNCING ? t->sync_permille : 0,
+		    .sync_checked = t->state == STK_TARGET_SYNCING ? t->sync_checked : 0,
+		    .sync_copied = t->state == STK_TARGET_SYNCING ? t->sync_copied : 0,
+		    .sync_bytes = t->state == STK_TARGET_SYNCING ? t->sync_bytes : 0,
 		};
 	}
 	for (uint32_t i = 0; i < rt->nchains; i++) {

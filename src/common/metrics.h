@@ -156,6 +156,14 @@
 	  "Chunk reads and writes in progress on the target (its queue depth).")                   \
 	X(TARGET_IO_DURATION, HISTOGRAM, "stoker_target_io_duration_seconds", "target,op",         \
 	  "Time a chunk read or write took on the target, disk and checksums included.")           \
+	X(TARGET_RESYNC_CHECKED, COUNTER, "stoker_target_resync_checked_chunks_total", "target",   \
+	  "Chunks of its predecessor's list a resyncing target compared with its own.")            \
+	X(TARGET_RESYNC_CHUNKS, COUNTER, "stoker_target_resync_copied_chunks_total", "target",     \
+	  "Chunks a resyncing target copied from its predecessor.")                                \
+	X(TARGET_RESYNC_BYTES, COUNTER, "stoker_target_resync_copied_bytes_total", "target",       \
+	  "Bytes a resyncing target copied from its predecessor (what --resync-rate limits).")     \
+	X(TARGET_RESYNC_PROGRESS, GAUGE, "stoker_target_resync_progress_ratio", "target",          \
+	  "How far the target's resync in progress is, 0 to 1 (an estimate); 0 when none runs.")   \
 	X(DEVICE_SMART_HEALTHY, GAUGE, "stoker_device_smart_healthy", "target,device",             \
 	  "1 if smartctl says the target's device passes its health check, else 0. Absent "        \
 	  "when smartctl or the device's health is not available.")                                \
@@ -190,6 +198,18 @@
 	X(CLUSTER_TARGET_STATE, GAUGE, "stoker_cluster_target_state", "target,node,state",         \
 	  "1 for the state mgmtd has the target in (serving, offline, full or syncing), 0 for the "         \
 	  "others.")                                                                               \
+	X(CLUSTER_TARGET_STATE_CHANGES, COUNTER, "stoker_cluster_target_state_changes_total",      \
+	  "target,node", "Changes of the target's state since this mgmtd started (a target that "  \
+	  "keeps going offline and coming back is flapping).")                                     \
+	X(CLUSTER_TARGET_RESYNC_PROGRESS, GAUGE, "stoker_cluster_target_resync_progress_ratio",   \
+	  "target,node", "How far a syncing target's copy is, 0 to 1, as its node last reported " \
+	  "it; 0 when the target is not syncing.")                                                 \
+	X(CLUSTER_TARGET_RESYNC_CHECKED, GAUGE, "stoker_cluster_target_resync_checked_chunks",    \
+	  "target,node", "Chunks a syncing target's copy has compared so far, as its node last "  \
+	  "reported it (a copy that starts over starts from 0); 0 when not syncing.")             \
+	X(CLUSTER_CHAINS_BY_STATE, GAUGE, "stoker_cluster_chains_by_state", "state",               \
+	  "Chains by health: healthy (every member serving), degraded (some member offline or "    \
+	  "syncing, at least one serving) and unavailable (no member serving).")                   \
 	/* ---- every process ---- */                                                              \
 	X(BUILD_INFO, GAUGE, "stoker_build_info", "role,version",                                  \
 	  "Always 1; the labels say which daemon and version this is.")                            \

@@ -26,12 +26,14 @@
 
 #define NROLES 2  /* meta, storage */
 #define NSTATES 4 /* serving, offline, full, syncing */
+#define NHEALTH 3 /* chains: healthy, degraded, unavailable */
 
 struct stk_mgmtd_metrics {
 	pthread_mutex_t *lock;
 	const struct stk_mgmt_state *st;
 	stk_metric_t nodes[NROLES][2]; /* [role][online, offline] */
 	stk_metric_t targets[NSTATES];
+	stk_metric_t chain_health[NHEALTH];
 	stk_metric_t chains, version, changes, capacity, used, avail;
 	uint64_t last_version; /* under the scrape serialisation of the registry */
 	uint64_t nchanges;
@@ -42,6 +44,24 @@ static const uint8_t tstates[NSTATES] = {STK_TARGET_SERVING, STK_TARGET_OFFLINE,
 					   STK_TARGET_SYNCING};
 static const char *const tstate_names[NSTATES] = {"serving", "offline", "full",
 						    "syncing"};
+static const char *const health_names[NHEALTH] = {"healthy", "degraded", "unavailable"};
+
+/*
+ * A chain's health: 0 healthy (every member works: serving or full), 1 degraded
+ * (some member offline or syncing, at least one working), 2 unavailable (none
+ * works). `stoker status` judges chains the same way (src/cli/status.c).
+ */
+static int chain_health(const struct stk_mgmt_state *st, const struct stk_rt_chain *c)
+{
+	unsigned working = 0;
+
+	for (uint8_t j = 0; j < c->ntargets; j++) {
+		const struct stk_rt_target *t = stk_mgmt_state_target(st, c->targets[j]);
+
+		working += t && stk_mgmt_target_active(t->state);
+	}
+	return working == 0 ? 2 : working < c->ntargets ? 1 : 0;
+}
 
 static int role_index(uint8_t role)
 {
@@ -55,7 +75,7 @@ static void collect(void *ctx)
 {
 	struct stk_mgmtd_metrics *mm = ctx;
 	const struct stk_mgmt_state *st = mm->st;
-	int64_t nodes[NROLES][2] = {{0}}, targets[NSTATES] = {0};
+	int64_t nodes[NROLES][2] = {{0}}, targets[NSTATES] = {0}, health[NHEALTH] = {0};
 	struct stk_space sp;
 	int have_space;
 
@@ -97,7 +117,19 @@ static void collect(void *ctx)
 			if (stk_metric_series(STK_M_CLUSTER_TARGET_STATE, sv, &s) == 0)
 				stk_metric_set_int(s, t->state == tstates[k]);
 		}
+		if (stk_metric_series(STK_M_CLUSTER_TARGET_STATE_CHANGES, v, &s) == 0)
+			stk_metric_set_int(s, t->state_changes);
+		if (stk_metric_series(STK_M_CLUSTER_TARGET_RESYNC_PROGRESS, v, &s) == 0)
+			stk_metric_set(s, t->state == STK_TARGET_SYNCING ? t->sync_permille / 1000.0
+									 : 0);
+		if (stk_metric_series(STK_M_CLUSTER_TARGET_RESYNC_CHECKED, v, &s) == 0)
+			stk_metric_set_int(s, t->state == STK_TARGET_SYNCING
+						      ? (int64_t)t->sync_checked
+						      : 0);
 	}
+	for (uint32_t i = 0; i < st->nchains; i++)
+		if (st->chains[i].ntargets)
+			health[chain_health(st, &st->chains[i])]++;
 	if (st->version > mm->last_version) {
 		mm->nchanges += st->version - mm->last_version;
 		mm->last_version = st->version;
@@ -116,6 +148,8 @@ static void collect(void *ctx)
 			stk_metric_set_int(mm->nodes[r][o], nodes[r][o]);
 	for (int k = 0; k < NSTATES; k++)
 		stk_metric_set_int(mm->targets[k], targets[k]);
+	for (int k = 0; k < NHEALTH; k++)
+		stk_metric_set_int(mm->chain_health[k], health[k]);
 }
 
 int stk_mgmtd_metrics_create(pthread_mutex_t *lock, const struct stk_mgmt_state *st,
@@ -139,6 +173,10 @@ int stk_mgmtd_metrics_create(pthread_mutex_t *lock, const struct stk_mgmt_state 
 	for (int k = 0; k < NSTATES && !rc; k++) {
 		const char *v[1] = {tstate_names[k]};
 		rc = stk_metric_series(STK_M_CLUSTER_TARGETS, v, &mm->targets[k]);
+	}
+	for (int k = 0; k < NHEALTH && !rc; k++) {
+		const char *v[1] = {health_names[k]};
+		rc = stk_metric_series(STK_M_CLUSTER_CHAINS_BY_STATE, v, &mm->chain_health[k]);
 	}
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_CHAINS, NULL, &mm->chains);
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_ROUTING_VERSION, NULL, &mm->version);

@@ -49,8 +49,9 @@
 #define ELECT_TTL_S 3u
 #define ELECT_KEEPALIVE_MS 1000u
 #define ELECT_RETRY_MS 500u
-/* Smallest encoded target record: u32 + 3 x u64 + an empty string + 2 x u64. */
-#define TARGET_INFO_MIN 46
+/* Smallest encoded target record: u32 + 3 x u64 + an empty string + 2 x u64, then
+ * the resync figures: 2 x u32 + 3 x u64. */
+#define TARGET_INFO_MIN 78
 
 struct mgmtd {
 	pthread_mutex_t lock; /* protects st and stop */

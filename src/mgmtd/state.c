@@ -191,6 +191,27 @@ static void set_figures(struct stk_rt_target *t, const struct stk_msg_target_inf
 	t->chunks = ti->chunks;
 	t->avail = ti->avail;
 	t->dev = ti->dev;
+	/* a resync's figures: kept only while one runs, so a finished one shows nothing */
+	t->sync_permille = ti->sync_chain ? STK_MIN(ti->sync_permille, 1000u) : 0;
+	t->sync_checked = ti->sync_chain ? ti->sync_checked : 0;
+	t->sync_copied = ti->sync_chain ? ti->sync_copied : 0;
+	t->sync_bytes = ti->sync_chain ? ti->sync_bytes : 0;
+}
+
+/*
+ * Every change of a known target's state goes through here, so that it is counted
+ * (stoker_cluster_target_state_changes_total: a target that keeps going offline
+ * and coming back is flapping, whatever state a scrape happens to see).
+ */
+static void target_set_state(struct stk_rt_target *t, uint8_t state)
+{
+	if (t->state != state)
+		t->state_changes++;
+	t->state = state;
+	if (state != STK_TARGET_SYNCING) {
+		t->sync_permille = 0;
+		t->sync_checked = t->sync_copied = t->sync_bytes = 0;
+	}
 }
 
 static int check_register(const struct stk_msg_mgmt_register_req *req,
@@ -316,13 +337,13 @@ static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
 		for (; j + 1 < c->ntargets; j++)
 			c->targets[j] = c->targets[j + 1];
 		c->targets[j] = t->id;
-		t->state = STK_TARGET_SYNCING;
+		target_set_state(t, STK_TARGET_SYNCING);
 		c->version++;
 		bump(st);
 		return;
 	}
 	stk_info("target %u (%s) is SERVING%s", t->id, t->path, c ? "" : " (in no chain yet)");
-	t->state = STK_TARGET_SERVING;
+	target_set_state(t, STK_TARGET_SERVING);
 	if (c)
 		c->version++;
 	bump(st);
@@ -339,7 +360,7 @@ int stk_mgmt_state_target_synced(struct stk_mgmt_state *st, uint32_t node_id, ui
 	if (t->state != STK_TARGET_SYNCING || c->version != chain_ver)
 		return -ESTALE; /* the chain changed meanwhile: the node syncs again */
 	stk_info("target %u (%s) has caught up with chain %u: SERVING", t->id, t->path, c->id);
-	t->state = STK_TARGET_SERVING;
+	target_set_state(t, STK_TARGET_SERVING);
 	c->version++;
 	bump(st);
 	return 0;
@@ -575,7 +596,7 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 		if (!listed) {
 			stk_warn("target %u (%s) is no longer reported by node %u: OFFLINE", t->id,
 				 t->path, nid);
-			t->state = STK_TARGET_OFFLINE;
+			target_set_state(t, STK_TARGET_OFFLINE);
 			chain_lost(st, t);
 			bump(st);
 		}
@@ -651,7 +672,7 @@ unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint6
 			struct stk_rt_target *t = &st->targets[j];
 			if (t->node_id == node->id && t->state != STK_TARGET_OFFLINE) {
 				stk_warn("target %u (%s) is OFFLINE", t->id, t->path);
-				t->state = STK_TARGET_OFFLINE;
+				target_set_state(t, STK_TARGET_OFFLINE);
 				chain_lost(st, t);
 			}
 		}

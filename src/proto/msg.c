@@ -160,6 +160,10 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 		stk_put_str(w, t->path);
 		stk_put_u64(w, t->avail);
 		stk_put_u64(w, t->dev);
+		stk_put_u32(w, t->sync_permille);
+		stk_put_u64(w, t->sync_checked);
+		stk_put_u64(w, t->sync_copied);
+		stk_put_u64(w, t->sync_bytes);
 	}
 	for (uint32_t i = 0; i < rt->nchains; i++) {
 		const struct stk_rt_chain *c = &rt->chains[i];
@@ -190,7 +194,7 @@ void stk_routing_free(struct stk_routing *rt)
 
 /* Each array element needs at least this many payload bytes: bounds allocation. */
 #define STK_RT_MIN_NODE 35
-#define STK_RT_MIN_TARGET 51
+#define STK_RT_MIN_TARGET 79
 #define STK_RT_MIN_CHAIN 9
 #define STK_RT_MIN_SHARD 24
 
@@ -244,6 +248,10 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 		stk_get_str(r, t->path, sizeof(t->path));
 		t->avail = stk_get_u64(r);
 		t->dev = stk_get_u64(r);
+		t->sync_permille = stk_get_u32(r);
+		t->sync_checked = stk_get_u64(r);
+		t->sync_copied = stk_get_u64(r);
+		t->sync_bytes = stk_get_u64(r);
 	}
 	for (uint32_t i = 0; i < rt->nchains; i++) {
 		struct stk_rt_chain *c = &rt->chains[i];

@@ -193,10 +193,16 @@ enum stk_target_state {
  * the statvfs figures of its folder's file system (capacity, used, avail; targets
  * sharing a file system each report all of it) and that file system's device id
  * (common/host.h), by which the adders count it once.
+ * A target being resynced (SYNCING) also reports how far its copy is: sync_chain,
+ * the chain it catches up with (0: no copy runs), sync_permille (0..1000, an
+ * estimate: chunks listed of the predecessor's chunk count), sync_checked (chunks
+ * of the predecessor's list compared so far), sync_copied and sync_bytes (chunks
+ * and bytes copied), all of the copy in progress (a new round starts from 0).
  */
 #define STK_MSG_TARGET_INFO(F)                                                           \
 	F(u32, target_id) F(u64, capacity) F(u64, used) F(u64, chunks) F(path, path)      \
-	F(u64, avail) F(u64, dev)
+	F(u64, avail) F(u64, dev) F(u32, sync_chain) F(u32, sync_permille)                 \
+	F(u64, sync_checked) F(u64, sync_copied) F(u64, sync_bytes)
 
 /*
  * host_id: the node's host id (common/host.h), which decides short-circuit reads.
@@ -579,6 +585,16 @@ struct stk_rt_target {
 	char path[STK_PATH_MAX + 1];
 	uint64_t avail; /* bytes an unprivileged writer can still use on its file system */
 	uint64_t dev; /* its file system's device id (common/host.h), 0 if not known yet */
+	/*
+	 * A SYNCING target's copy, as its node last reported it (stk_msg_target_info):
+	 * progress 0..1000 and chunks compared, chunks and bytes copied. 0 otherwise.
+	 */
+	uint32_t sync_permille;
+	uint64_t sync_checked;
+	uint64_t sync_copied;
+	uint64_t sync_bytes;
+	/* mgmtd only, never on the wire: state changes since this mgmtd started */
+	uint32_t state_changes;
 };
 
 struct stk_rt_chain {
@@ -598,7 +614,8 @@ struct stk_rt_shard {
  * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
  * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms,
  * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo; target: u32 id, u32 node_id,
- * u8 state, u64 capacity, u64 used, u64 chunks, path, u64 avail, u64 dev;
+ * u8 state, u64 capacity, u64 used, u64 chunks, path, u64 avail, u64 dev,
+ * u32 sync_permille, u64 sync_checked, u64 sync_copied, u64 sync_bytes;
  * chain: u32 id, u32 version, u8 ntargets, ntargets x u32;
  * shard: u32 id, u32 node_id, u64 ns hi, u64 ns lo.
  * When the requester's known_version equals version all counts are 0.

@@ -48,11 +48,12 @@
  * (MGMT_REGISTER's and MGMT_HEARTBEAT's host_id, a target's avail and dev, in reports
  * and the routing table, common/host.h; MGMT_REGISTER's ns and refused, the routing
  * table's node and shard ns, STOR_TRUNCATE(S)' ns), special files (attr's rdev,
- * META_MKNOD), allocated chunks in META_EXTEND, STOR_PUNCH. Daemons and clients of
- * another version
- * refuse each other's requests (NOTSUP) rather than misread them.
+ * META_MKNOD), allocated chunks in META_EXTEND, STOR_PUNCH. 6: a resync's progress
+ * (the sync_* fields of a target's record, in reports and the routing table).
+ * Daemons and clients of another version refuse each other's requests (NOTSUP)
+ * rather than misread them.
  */
-#define STK_WIRE_VERSION 5
+#define STK_WIRE_VERSION 6
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)

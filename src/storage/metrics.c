@@ -43,6 +43,7 @@ struct target_metrics {
 	char id[16];
 	stk_metric_t capacity, used, free_bytes, chunks, csum, repaired;
 	stk_metric_t bytes[2], ops[2], errors[2], dur[2], inflight;
+	stk_metric_t resync_checked, resync_chunks, resync_bytes, resync_progress;
 	/* SMART: the device, and series registered once smartctl answers */
 	char device[64];
 	stk_metric_t healthy, temp, wear, media;
@@ -95,6 +96,19 @@ void stk_storage_metrics_end(struct stk_storage_metrics *m, const struct stk_chu
 	else if (rc != -ENOSPC)
 		stk_metric_add(t->errors[op], 1);
 	stk_metric_add(t->inflight, -1);
+}
+
+void stk_storage_metrics_resync(struct stk_storage_metrics *m, const struct stk_chunk_store *cs,
+				uint64_t checked, uint64_t copied, uint64_t bytes, double progress)
+{
+	struct target_metrics *t;
+
+	if (!m || !(t = find(m, cs)))
+		return;
+	stk_metric_add(t->resync_checked, (int64_t)checked);
+	stk_metric_add(t->resync_chunks, (int64_t)copied);
+	stk_metric_add(t->resync_bytes, (int64_t)bytes);
+	stk_metric_set(t->resync_progress, progress);
 }
 
 /* ---- scrape-time figures ---- */
@@ -454,6 +468,10 @@ static int register_target(struct target_metrics *t)
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_INFLIGHT, v, &t->inflight);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_DURATION, rd, &t->dur[STK_TARGET_READ]);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_DURATION, wr, &t->dur[STK_TARGET_WRITE]);
+	rc = rc ? rc : stk_metric_series(STK_M_TARGET_RESYNC_CHECKED, v, &t->resync_checked);
+	rc = rc ? rc : stk_metric_series(STK_M_TARGET_RESYNC_CHUNKS, v, &t->resync_chunks);
+	rc = rc ? rc : stk_metric_series(STK_M_TARGET_RESYNC_BYTES, v, &t->resync_bytes);
+	rc = rc ? rc : stk_metric_series(STK_M_TARGET_RESYNC_PROGRESS, v, &t->resync_progress);
 	return rc;
 }
 

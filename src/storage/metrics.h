@@ -44,6 +44,13 @@ uint64_t stk_storage_metrics_begin(struct stk_storage_metrics *m, const struct s
 void stk_storage_metrics_end(struct stk_storage_metrics *m, const struct stk_chunk_store *cs,
 			     enum stk_target_op op, uint64_t t0, long rc, uint64_t bytes);
 
+/*
+ * Counts a resync's work on cs's target since the last call (chunks compared,
+ * chunks and bytes copied) and sets its progress (0..1; 0 once none runs). From
+ * the resync thread. m may be NULL.
+ */
+void stk_storage_metrics_resync(struct stk_storage_metrics *m, const struct stk_chunk_store *cs,
+				uint64_t checked, uint64_t copied, uint64_t bytes, double progress);
 /* What smartctl --json said about a device; has_* say which figures it gave. */
 struct stk_smart {
 	int has_passed, passed;

@@ -57,6 +57,13 @@
 #define INO_LOCKS 256u
 #define PENDING_SLOTS 4096u
 
+/* How far the resync in progress is (sync_target); target_id 0 while none runs. */
+struct sync_prog {
+	uint32_t target_id, chain_id;
+	uint32_t permille; /* 0..1000: an estimate, see sync_note */
+	uint64_t checked, copied, bytes;
+};
+
 struct storage {
 	struct stk_chunk_store **stores; /* one per target folder, in the order given */
 	unsigned nstores;
@@ -69,6 +76,9 @@ struct storage {
 	pthread_t sync_thread; /* resyncs our SYNCING targets (sync_main) */
 	int sync_started;
 	int sync_stop; /* atomic */
+	uint64_t resync_rate; /* bytes a second a resync fetches at most; 0: no limit */
+	pthread_mutex_t prog_lock; /* protects prog */
+	struct sync_prog prog; /* the resync in progress, for heartbeats (report_targets) */
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics; for per-client counts */
 	/* repair and scrub (repair_main): the queue of damaged chunks, under repair_lock */
 	pthread_mutex_t repair_lock;
@@ -107,6 +117,15 @@ static uint32_t report_targets(void *ctx, struct stk_msg_target_info *out, uint3
 		stk_strlcpy(t->path, stk_chunk_store_path(cs), sizeof(t->path));
 		if (stk_host_fs_space(t->path, &t->capacity, &t->used, &t->avail, &t->dev))
 			t->capacity = t->used = t->avail = t->dev = 0;
+		pthread_mutex_lock(&s->prog_lock);
+		if (s->prog.target_id && s->prog.target_id == t->target_id) {
+			t->sync_chain = s->prog.chain_id;
+			t->sync_permille = s->prog.permille;
+			t->sync_checked = s->prog.checked;
+			t->sync_copied = s->prog.copied;
+			t->sync_bytes = s->prog.bytes;
+		}
+		pthread_mutex_unlock(&s->prog_lock);
 	}
 	return n;
 }
@@ -787,7 +806,87 @@ struct sync_job {
 	void *buf; /* a whole chunk */
 	uint32_t *crcs;
 	uint64_t copied, bytes, removed, listed;
+	uint64_t src_chunks; /* the source's chunk count when the copy began (its last report) */
+	/* what sync_note last passed on to the metrics */
+	uint64_t noted_listed, noted_copied, noted_bytes;
+	/* the throttle (sync_throttle): tokens in bytes, may go below 0; refilled at last_ns */
+	double tokens;
+	uint64_t last_ns;
 };
+
+/*
+ * Publishes the copy's progress for heartbeats and metrics; `bucket`: the first
+ * bucket not yet done (256: all). The estimate is the share of the source's chunks
+ * listed so far (its count from its last report; a chain that takes writes
+ * meanwhile may list more, so it stops at 99.9% until the copy is done), or the
+ * share of buckets done when the source reported no chunks.
+ */
+static void sync_note(struct storage *s, struct sync_job *j, unsigned bucket, int done)
+{
+	uint32_t pm;
+
+	if (done)
+		pm = 1000;
+	else if (j->src_chunks)
+		pm = (uint32_t)STK_MIN(j->listed * 1000 / j->src_chunks, 999u);
+	else
+		pm = (uint32_t)STK_MIN(bucket * 1000u / 256u, 999u);
+	pthread_mutex_lock(&s->prog_lock);
+	s->prog.target_id = j->target_id;
+	s->prog.chain_id = j->chain_id;
+	s->prog.permille = pm;
+	s->prog.checked = j->listed;
+	s->prog.copied = j->copied;
+	s->prog.bytes = j->bytes;
+	pthread_mutex_unlock(&s->prog_lock);
+	stk_storage_metrics_resync(s->metrics, j->cs, j->listed - j->noted_listed,
+				   j->copied - j->noted_copied, j->bytes - j->noted_bytes,
+				   pm / 1000.0);
+	j->noted_listed = j->listed;
+	j->noted_copied = j->copied;
+	j->noted_bytes = j->bytes;
+}
+
+/* No copy runs any more (done, failed or stopped): heartbeats report none. */
+static void sync_note_idle(struct storage *s, struct sync_job *j)
+{
+	pthread_mutex_lock(&s->prog_lock);
+	memset(&s->prog, 0, sizeof(s->prog));
+	pthread_mutex_unlock(&s->prog_lock);
+	stk_storage_metrics_resync(s->metrics, j->cs, 0, 0, 0, 0);
+}
+
+/*
+ * The throttle (--resync-rate): a token bucket of s->resync_rate bytes a second
+ * that holds at most a tenth of a second's worth, so that an idle moment is not
+ * spent later as a burst. Each fetch is paid for after it arrived (a chunk's size
+ * is known only then): the bucket may go below zero, and the thread sleeps until
+ * it is back at zero. It runs on the resync thread with no lock held, so sleeping
+ * holds up nothing but the copy. -ECANCELED when the node stops meanwhile.
+ */
+static int sync_throttle(struct storage *s, struct sync_job *j, uint64_t bytes)
+{
+	double rate = (double)s->resync_rate;
+	uint64_t now;
+
+	if (!s->resync_rate)
+		return 0;
+	now = stk_now_ns();
+	if (!j->last_ns)
+		j->last_ns = now;
+	j->tokens = STK_MIN(j->tokens + (double)(now - j->last_ns) * rate / 1e9, rate / 10);
+	j->last_ns = now;
+	j->tokens -= (double)bytes;
+	if (j->tokens >= 0)
+		return 0;
+	for (uint64_t end = now + (uint64_t)(-j->tokens / rate * 1e9); now < end;
+	     now = stk_now_ns()) {
+		if (__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED))
+			return -ECANCELED;
+		usleep((useconds_t)STK_MIN((end - now) / 1000 + 1, 50000u));
+	}
+	return 0;
+}
 
 /* The first chain where a target of ours is SYNCING behind a readable member. */
 static int sync_find(struct storage *s, struct sync_job *j)
@@ -811,6 +910,7 @@ static int sync_find(struct storage *s, struct sync_job *j)
 				j->chain_ver = c->version;
 				j->target_id = t->id;
 				j->cs = local_target(s, t->id);
+				j->src_chunks = prev->chunks;
 				memcpy(j->src, n->addr, STK_ADDR_MAX);
 				found = 1;
 			}
@@ -889,7 +989,7 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 {
 	struct stk_chunk_wver v = {0};
 	uint64_t version;
-	uint32_t len, got;
+	uint32_t len, got = 0;
 	int rc;
 
 	/* a removal holds the inode against changes until it is done; a copy, as a write */
@@ -917,6 +1017,12 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 	}
 out:
 	pthread_rwlock_unlock(ino_lock(s, ino));
+	/* paid for with the inode's lock released: writers of the inode never wait on it */
+	if (got) {
+		int trc = sync_throttle(s, j, got);
+
+		rc = rc ? rc : trc;
+	}
 	return rc;
 }
 
@@ -958,6 +1064,7 @@ static int sync_target(struct storage *s, struct sync_job *j)
 	rq.chain_ver = j->chain_ver;
 	rq.from_start = 1;
 	rq.max = 1024;
+	sync_note(s, j, 0, 0);
 	for (;;) {
 		struct stk_rpc rpc;
 		struct stk_wbuf w;
@@ -970,6 +1077,8 @@ static int sync_target(struct storage *s, struct sync_job *j)
 		stk_msg_stor_sync_list_req_enc(&w, &rq);
 		memset(&rpc, 0, sizeof(rpc));
 		rc = sync_call(s, j, &rpc, STK_OP_STOR_SYNC_LIST, &w, resp, STK_MAX_PAYLOAD);
+		if (rc == 0)
+			rc = sync_throttle(s, j, rpc.resp_len);
 		if (rc)
 			goto out;
 		stk_rbuf_init(&r, resp, rpc.resp_len);
@@ -1009,6 +1118,7 @@ static int sync_target(struct storage *s, struct sync_job *j)
 				rc = sync_chunk(s, j, e.ino, e.idx, 0);
 			if (rc)
 				goto out;
+			sync_note(s, j, cur, 0);
 		}
 		rc = -EBADMSG;
 		if (stk_rbuf_finish(&r))
@@ -1019,6 +1129,7 @@ static int sync_target(struct storage *s, struct sync_job *j)
 			if (rc)
 				goto out;
 		}
+		sync_note(s, j, cur, 0);
 		if (rp.done)
 			break;
 		rq.bucket = rp.bucket;
@@ -1054,12 +1165,24 @@ static void *sync_main(void *arg)
 		memset(&j, 0, sizeof(j));
 		if (!sync_find(s, &j))
 			continue;
-		stk_info("target %u: catching up with chain %u (version %u) from %s", j.target_id,
-			 j.chain_id, j.chain_ver, j.src);
+		{
+			char rb[32];
+
+			if (s->resync_rate)
+				stk_format_size(s->resync_rate, rb, sizeof(rb));
+			stk_info("target %u: catching up with chain %u (version %u) from %s, "
+				 "%s%s%s",
+				 j.target_id, j.chain_id, j.chain_ver, j.src,
+				 s->resync_rate ? "at most " : "with no rate limit",
+				 s->resync_rate ? rb : "", s->resync_rate ? "/s" : "");
+		}
 		t0 = stk_now_ns();
 		rc = sync_target(s, &j);
-		if (rc == 0)
+		if (rc == 0) {
+			sync_note(s, &j, 256, 1);
 			rc = stk_agent_target_synced(s->agent, j.target_id, j.chain_id, j.chain_ver);
+		}
+		sync_note_idle(s, &j);
 		if (rc == 0) {
 			char b[32];
 
@@ -1813,6 +1936,10 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	}
 	for (unsigned i = 0; i < INO_LOCKS; i++)
 		pthread_rwlock_init(&s->ino_locks[i], NULL);
+	pthread_mutex_init(&s->prog_lock, NULL);
+	s->resync_rate = opts->resync_rate < 0	  ? 0
+			 : opts->resync_rate == 0 ? STK_STORAGE_RESYNC_RATE
+						  : (uint64_t)opts->resync_rate;
 	s->scrub_rate = opts->scrub_rate;
 	s->scrub_interval_s = opts->scrub_interval_s;
 	s->repairq = calloc(REPAIR_QUEUE, sizeof(*s->repairq));

@@ -21,7 +21,20 @@ struct stk_storage_opts {
 	const char *zone; /* --zone: its failure domain, NULL for its host id */
 	uint64_t scrub_rate; /* --scrub-rate: bytes/s the scrubber reads; 0: no scrubbing */
 	uint64_t scrub_interval_s; /* --scrub-interval: seconds from one pass to the next */
+	/*
+	 * --resync-rate: bytes a second that a resync (a returning target catching up
+	 * with its chain) fetches at most; 0: STK_STORAGE_RESYNC_RATE; below 0: no limit.
+	 */
+	int64_t resync_rate;
 };
+
+/*
+ * The default resync rate, 250 MB/s: a tenth or so of what one data-centre NVMe
+ * drive reads (2-7 GB/s) and a fifth of a 10 Gb/s link, so that the reads of a
+ * training job on the source keep most of both, while a resync still moves about
+ * 900 GB an hour (docs/architecture.md, "Replication").
+ */
+#define STK_STORAGE_RESYNC_RATE (250ull * 1000 * 1000)
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */
 int stk_storage_run(const struct stk_storage_opts *opts);

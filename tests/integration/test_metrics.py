@@ -505,7 +505,8 @@ scrape_configs:
             rules = json.load(r)["data"]["groups"]
         names = {rule["name"] for g in rules for rule in g["rules"]}
         assert {"StokerTargetCapacityHigh", "StokerReadLatencyHigh", "StokerTargetOffline",
-                "StokerChecksumErrors", "StokerNodeOffline"} <= names
+                "StokerChecksumErrors", "StokerNodeOffline", "StokerChainDegraded",
+                "StokerResyncStalled", "StokerTargetFlapping"} <= names
         assert all(rule["health"] == "ok" for g in rules for rule in g["rules"]), rules
     finally:
         prom.terminate()

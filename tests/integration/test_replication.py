@@ -51,8 +51,10 @@ def tables(status):
         if part == "Targets":
             targets[int(f[0])] = (f[2], f[-1])
         elif part == "Chains":
-            chains[int(f[0])] = (int(f[1]), [int(re.match(r"\d+", w).group()) for w in f[2:]],
-                                 f[2:])
+            # members are the words that start with their id; "! degraded" may follow
+            words = [w for w in f[2:] if w[0].isdigit()]
+            chains[int(f[0])] = (int(f[1]), [int(re.match(r"\d+", w).group()) for w in words],
+                                 words)
     return targets, chains
 
 

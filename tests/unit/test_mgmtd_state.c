@@ -288,9 +288,14 @@ static int test_persistence(struct stk_mgmt_state *st)
 		    a->refused != c->refused || !stk_ns_id_eq(&a->ns, &c->ns))
 			goto out;
 	}
-	for (uint32_t i = 0; i < st->ntargets; i++)
-		if (memcmp(&st->targets[i], &ld.targets[i], sizeof(st->targets[i])) != 0)
+	for (uint32_t i = 0; i < st->ntargets; i++) {
+		/* state changes are counted from mgmtd's start, not saved */
+		struct stk_rt_target t = st->targets[i];
+
+		t.state_changes = 0;
+		if (ld.targets[i].state_changes || memcmp(&t, &ld.targets[i], sizeof(t)) != 0)
 			goto out;
+	}
 	for (uint32_t i = 0; i < st->nchains; i++)
 		if (memcmp(&st->chains[i], &ld.chains[i], sizeof(st->chains[i])) != 0)
 			goto out;
@@ -669,6 +674,27 @@ static int test_replicas(void)
 
 		REQUIRE(c->version == 3 && (c->targets[2] == 3 || c->targets[2] == 4));
 	}
+	/* offline, then syncing: two changes each, counted */
+	REQUIRE(stk_mgmt_state_target(&st, 3)->state_changes == 2);
+	REQUIRE(stk_mgmt_state_target(&st, 1)->state_changes == 0);
+	/* a heartbeat carries the copy's progress; it reaches the routing table */
+	t[0].sync_chain = 1;
+	t[0].sync_permille = 431;
+	t[0].sync_checked = 1200;
+	t[0].sync_copied = 35;
+	t[0].sync_bytes = 35u << 20;
+	REQUIRE(stk_mgmt_state_heartbeat(&st, n2, t, 2, 22 * SEC) == 0);
+	{
+		struct stk_routing rt;
+		const struct stk_rt_target *r3;
+
+		REQUIRE(routing(&st, 0, 22 * SEC, &rt) == 0);
+		r3 = stk_routing_target(&rt, 3);
+		REQUIRE(r3 && r3->sync_permille == 431 && r3->sync_checked == 1200 &&
+			r3->sync_copied == 35 && r3->sync_bytes == 35u << 20);
+		REQUIRE(stk_routing_target(&rt, 4)->sync_permille == 0);
+		stk_routing_free(&rt);
+	}
 	/* caught up: a report for another version is refused, the right one serves */
 	REQUIRE(stk_mgmt_state_target_synced(&st, n2, 3, st.chains[0].targets[2] == 3 ? 1 : 2,
 					     2) == -ESTALE);
@@ -676,6 +702,10 @@ static int test_replicas(void)
 	REQUIRE(stk_mgmt_state_target_synced(&st, n2, 3, st.chains[0].targets[2] == 3 ? 1 : 2,
 					     3) == 0);
 	REQUIRE(stk_mgmt_state_target(&st, 3)->state == STK_TARGET_SERVING);
+	/* serving again: its copy's figures are gone, and the change counted */
+	REQUIRE(stk_mgmt_state_target(&st, 3)->sync_permille == 0 &&
+		stk_mgmt_state_target(&st, 3)->sync_checked == 0);
+	REQUIRE(stk_mgmt_state_target(&st, 3)->state_changes == 3);
 
 	REQUIRE(check_tmpdir(dir, sizeof(dir), "mgmtd-r") == 0);
 	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
