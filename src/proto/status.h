@@ -51,7 +51,8 @@
 	X(TOOBIG, 31, E2BIG)                         \
 	X(CHUNK_BEHIND, 33, EUCLEAN)                 \
 	X(CHUNK_PENDING, 34, EINPROGRESS)                \
-	X(NOT_LEADER, 35, EREMCHG)
+	X(NOT_LEADER, 35, EREMCHG)                   \
+	X(AUTH, 36, EKEYREJECTED)
 
 enum stk_status {
 #define STK_STATUS_ENUM(name, code, err) STK_ST_##name = code,
