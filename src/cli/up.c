@@ -640,18 +640,23 @@ static void write_file(const char *path, const char *content)
 }
 
 /*
- * /tmp/stoker-UID/keys/ADDR for each mgmtd address: the path of the cluster's key,
+ * /tmp/stoker-UID/keys/ADDR for each daemon's address: the path of the cluster's key,
  * where clients given that address find it (client.h, stk_client_auth_find). Removed
  * only while it still names this cluster's key.
  */
 static void record_keys(const struct up *u, int on)
 {
-	char dir[64], path[192], buf[PATH_MAX + 32], line[PATH_MAX + 32], list[STK_CLUSTER_ADDR_MAX];
+	char dir[64], path[192], buf[PATH_MAX + 32], line[PATH_MAX + 32];
+	char list[STK_CLUSTER_ADDR_MAX + UP_PROCS * 81];
 	char *a, *next;
+	size_t n;
 
 	cli_runtime_dir(dir, sizeof(dir));
 	snprintf(line, sizeof(line), "%s\n", u->key_file);
-	snprintf(list, sizeof(list), "%s", u->mgmtd_list);
+	/* every daemon's address: tools given a meta or storage address find it too */
+	n = (size_t)snprintf(list, sizeof(list), "%s", u->mgmtd_list);
+	for (unsigned r = 1; r < u->nprocs && n < sizeof(list); r++)
+		n += (size_t)snprintf(list + n, sizeof(list) - n, ",%s", u->addr[r]);
 	if (on) {
 		mkdir(dir, 0700);
 		snprintf(path, sizeof(path), "%s/keys", dir);

@@ -244,6 +244,23 @@ out:
 	return rc;
 }
 
+int stk_net_auth_fd(int fd, const char *addr)
+{
+	struct stk_conn c;
+	int rc;
+
+	memset(&c, 0, sizeof(c));
+	c.fd = fd;
+	c.next_req_id = 1;
+	stk_strlcpy(c.addr, addr, sizeof(c.addr));
+	pthread_mutex_init(&c.send_lock, NULL);
+	pthread_mutex_init(&c.lock, NULL);
+	rc = conn_auth(&c);
+	pthread_mutex_destroy(&c.send_lock);
+	pthread_mutex_destroy(&c.lock);
+	return rc;
+}
+
 int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 {
 	struct sockaddr_storage ss;

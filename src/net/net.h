@@ -51,6 +51,12 @@ struct stk_conn;
 int stk_net_auth_set(const uint8_t *key, size_t len);
 int stk_net_auth_load(const char *path, char *err, size_t errlen);
 int stk_net_auth_keys(void);
+/*
+ * The client's side of the handshake on a connected blocking socket of the
+ * caller's (tests that then write raw frames): 0 at once when no key is held.
+ * stk_conn_connect's handshake errors.
+ */
+int stk_net_auth_fd(int fd, const char *addr);
 
 /*
  * Connects to "HOST:PORT". timeout_ms bounds the connect; replies are awaited for
