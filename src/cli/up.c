@@ -39,7 +39,6 @@
 #include "../common/util.h"
 #include "../common/auth.h"
 #include "../daemon/daemon.h"
-#include "../net/net.h"
 #include "../meta/meta.h"
 #include "../mgmtd/agent.h"
 #include "../mgmtd/mgmtd.h"
@@ -1195,7 +1194,8 @@ int cmd_up(int argc, char **argv)
 				strerror(-e));
 			goto out;
 		}
-		e = stk_net_auth_load(u->key_file, err, sizeof(err));
+		/* held by this process too: `up` asks the cluster whether it serves */
+		e = stk_daemon_auth(u->key_file, err, sizeof(err));
 		if (e) {
 			cli_err("up", "%s", err);
 			goto out;
