@@ -28,8 +28,9 @@ MGMTD_PKGS := libcurl jansson
 MGMTD_CFLAGS := $(shell pkg-config --cflags $(MGMTD_PKGS) 2>/dev/null)
 MGMTD_LIBS := $(shell pkg-config --libs $(MGMTD_PKGS) 2>/dev/null)
 # What libstoker (and the Python extension built from it) links: no FUSE, no HTTP
-# server, no TLS; CRC32C from ISA-L and xxHash for host ids.
-LIB_PKGS := libisal libxxhash
+# server, no TLS; CRC32C from ISA-L, xxHash for host ids, and libcrypto for the
+# cluster key's handshake (HMAC-SHA256, RAND_bytes; common/auth.h).
+LIB_PKGS := libisal libxxhash libcrypto
 LIB_LIBS := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm
 
 # The RPC server (src/net/server.c) is the net layer's, but only server processes

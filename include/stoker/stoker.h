@@ -62,6 +62,13 @@ struct stk_client_opts {
 	 * 15 s. STK_RETRY_FOREVER: never give up (calls block until the cluster is back).
 	 */
 	uint32_t retry_ms;
+	/*
+	 * The cluster key file (docs/security.md). NULL: $STOKER_KEY_FILE, else the key
+	 * `stoker up` recorded for the cluster's address (/tmp/stoker-UID/keys/), else
+	 * none. With a key, every connection proves it; a cluster that requires one
+	 * refuses a client without it (-EKEYREJECTED).
+	 */
+	const char *key_file;
 };
 
 #define STK_RETRY_FOREVER 0xffffffffu
@@ -72,7 +79,9 @@ struct stk_client_opts {
  * `stoker up` started on this machine (recorded in /tmp/stoker-UID/cluster).
  * opts may be NULL. On success *out is a client to release with stk_disconnect.
  * Errors: -EINVAL (malformed address), -ENOENT (no default cluster), -ECONNREFUSED,
- * -ETIMEDOUT, -EHOSTUNREACH, -ENOMEM, -EPROTO (not a Stoker mgmtd).
+ * -ETIMEDOUT, -EHOSTUNREACH, -ENOMEM, -EPROTO (not a Stoker mgmtd), -EKEYREJECTED
+ * (the cluster refused this process's key, or requires one it does not hold),
+ * -EPERM (the key file is readable by others than its owner: it is not used).
  */
 STK_API int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_client **out);
 /* Closes every connection. Open files must be closed first; their buffers are lost. */

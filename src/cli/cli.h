@@ -2,6 +2,7 @@
  * The `stoker` command line: shared helpers for the subcommand files.
  *
  * main.c    the command table, dispatch and help
+ * admin.c   `admin init` (the cluster key)
  * up.c      `up`, `down` and the role commands (mgmtd, meta, storage)
  * data.c    data commands over libstoker (ls, stat, put, get, cat, mkdir, rm, mv)
  * status.c  `status`
@@ -23,13 +24,15 @@
 	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT]", \
 	  "start a one-machine cluster (mgmtd, meta, N storage nodes; with --nodes, etcd and M mgmtd) with its data in DIR")     \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
-	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--config FILE]",  \
+	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--key-file F | --auth off] [--config FILE]",  \
 	  "run the cluster manager")                                                            \
-	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR [--metrics ADDR] [--host-id ID] [--config FILE]", \
+	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR [--metrics ADDR] [--host-id ID] [--key-file F | --auth off] [--config FILE]", \
 	  "run a metadata server")                                                              \
 	X(storage, cmd_storage,                                                                 \
-	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--resync-rate MB/s] [--metrics ADDR] [--host-id ID] [--scrub-rate SIZE] [--scrub-interval S] [--config FILE]", \
+	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--resync-rate MB/s] [--metrics ADDR] [--host-id ID] [--scrub-rate SIZE] [--scrub-interval S] [--key-file F | --auth off] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
+	X(admin, cmd_admin, "admin init --key FILE",                                            \
+	  "make a cluster key file (mode 0600) for --key-file; docs/security.md")               \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "mgmtd leader and followers, nodes, targets, chains and the metadata shard map")                                  \
 	X(top, cmd_top, "top [--cluster stk://HOST:PORT] [--metrics ADDR,...] [--mount ADDR,...] [--interval S] [--once]", \
@@ -48,7 +51,8 @@
 	  "unmount and wait for the mount daemon to flush and exit (-l: detach now)")            \
 	X(gateway, cmd_gateway,                                                                 \
 	  "gateway s3 --cluster stk://HOST:PORT --listen ADDR:PORT [--tls-cert F --tls-key F] "  \
-	  "[--keys FILE] [--root /DIR] [--region R] [--threads N] [--domain D] [--metrics A:P]", \
+	  "[--keys FILE] [--root /DIR] [--region R] [--threads N] [--domain D] [--metrics A:P] "    \
+	  "[--key-file F]", \
 	  "serve the namespace over the S3 API (docs/s3.md)")                                    \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH] | bench loader [--preset image|segmentation] PATH", \
 	  "measure throughput, IOPS and latency; `bench loader`: accelerators kept busy (MLPerf Storage)") \

@@ -10,7 +10,10 @@
  * that started it through a pipe.
  *
  * Layout of DIR: mgmtd/ (cluster state), meta/ (LMDB), storage/ (node id),
- * targets/0..N-1 (chunks), log/ROLE.log, up.pid, cluster (the mgmtd address).
+ * targets/0..N-1 (chunks), log/ROLE.log, up.pid, cluster (the mgmtd address),
+ * cluster.key (the cluster key, made on the first start, mode 0600: every daemon is
+ * given it with --key-file, and /tmp/stoker-UID/keys/ADDR names it for clients of
+ * each mgmtd address; docs/security.md).
  */
 #include "cli.h"
 
@@ -34,6 +37,8 @@
 #include "../common/host.h"
 #include "../common/log.h"
 #include "../common/util.h"
+#include "../common/auth.h"
+#include "../daemon/daemon.h"
 #include "../meta/meta.h"
 #include "../mgmtd/agent.h"
 #include "../mgmtd/mgmtd.h"
@@ -80,6 +85,8 @@ enum {
 	OPT_SCRUB_RATE,
 	OPT_SCRUB_INTERVAL,
 	OPT_RESYNC_RATE,
+	OPT_KEY_FILE,
+	OPT_AUTH,
 };
 
 static const struct option role_opts[] = {
@@ -99,6 +106,9 @@ static const struct option role_opts[] = {
 	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
+	{"key-file", required_argument, NULL, OPT_KEY_FILE},
+	{"key_file", required_argument, NULL, OPT_KEY_FILE}, /* as a config file spells it */
+	{"auth", required_argument, NULL, OPT_AUTH},
 	{NULL, 0, NULL, 0},
 };
 
@@ -118,7 +128,41 @@ struct role_args {
 	int scrub_rate_set, scrub_interval_set;
 	/* storage --resync-rate MB/s: as stk_storage_opts.resync_rate (0 default, <0 none) */
 	int64_t resync_rate;
+	const char *key_file; /* --key-file PATH: the cluster key (docs/security.md) */
+	int auth_off; /* --auth off: no key, said so on purpose */
 };
+
+/*
+ * The cluster key of a role (docs/security.md): --key-file loads it, --auth off
+ * runs without one on purpose; neither runs without one, and says what that means
+ * (a daemon started by hand or from an old config keeps working as before; `stoker
+ * up` always passes a key).
+ */
+static int role_auth(const char *cmd, const struct role_args *a)
+{
+	char err[512];
+	int rc;
+
+	if (a->key_file && a->auth_off) {
+		cli_err(cmd, "--key-file and --auth off contradict each other: pick one");
+		return 2;
+	}
+	if (!a->key_file) {
+		if (!a->auth_off)
+			fprintf(stderr,
+				"stoker %s: no --key-file: any process that reaches this daemon "
+				"is trusted (pass --key-file FILE, made by `stoker admin init "
+				"--key FILE`; --auth off says this is meant)\n",
+				cmd);
+		return 0;
+	}
+	rc = stk_daemon_auth(a->key_file, err, sizeof(err));
+	if (rc) {
+		cli_err(cmd, "%s", err);
+		return 2;
+	}
+	return 0;
+}
 
 static int parse_role(const char *cmd, int argc, char **argv, struct role_args *a)
 {
@@ -224,6 +268,19 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 			a->resync_rate = mbs ? (int64_t)mbs * 1000000 : -1;
 			break;
 		}
+		case OPT_KEY_FILE:
+			a->key_file = optarg;
+			break;
+		case OPT_AUTH:
+			if (strcmp(optarg, "off") == 0) {
+				a->auth_off = 1;
+			} else if (strcmp(optarg, "on") == 0) {
+				a->auth_off = 0;
+			} else {
+				cli_err(cmd, "bad --auth '%s': on or off", optarg);
+				return 2;
+			}
+			break;
 		case OPT_HBTO:
 			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
 				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
@@ -244,7 +301,7 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 	}
 	if (!a->mgmtd)
 		a->mgmtd = "127.0.0.1:9400";
-	return 0;
+	return role_auth(cmd, a);
 }
 
 int cmd_mgmtd(int argc, char **argv)
@@ -368,6 +425,7 @@ struct up {
 	unsigned restarts[UP_PROCS];
 	time_t last_start[UP_PROCS];
 	char exe[PATH_MAX];
+	char key_file[PATH_MAX + 16]; /* DATA/cluster.key */
 };
 
 static volatile sig_atomic_t up_stop;
@@ -416,7 +474,7 @@ static void up_target_dir(const struct up *u, int r, unsigned i, char *out, size
 static pid_t spawn_role(struct up *u, int r)
 {
 	char logpath[PATH_MAX + 32], datadir[PATH_MAX + 32], mgmtd[STK_CLUSTER_ADDR_MAX], host_id[80];
-	char *args[22 + 2 * 64];
+	char *args[24 + 2 * 64];
 	char tdirs[64][PATH_MAX + 32];
 	int n = 0, fd, role = role_of(u, r);
 	pid_t pid;
@@ -430,6 +488,8 @@ static pid_t spawn_role(struct up *u, int r)
 	args[n++] = u->addr[r];
 	args[n++] = "--data";
 	args[n++] = datadir;
+	args[n++] = "--key-file";
+	args[n++] = u->key_file;
 	if (role > 0) {
 		args[n++] = "--mgmtd";
 		args[n++] = mgmtd;
@@ -641,11 +701,56 @@ static void write_file(const char *path, const char *content)
 	rename(tmp, path);
 }
 
+/*
+ * /tmp/stoker-UID/keys/ADDR for each daemon's address: the path of the cluster's key,
+ * where clients given that address find it (client.h, stk_client_auth_find). Removed
+ * only while it still names this cluster's key.
+ */
+static void record_keys(const struct up *u, int on)
+{
+	char dir[64], path[192], buf[PATH_MAX + 32], line[PATH_MAX + 32];
+	char list[STK_CLUSTER_ADDR_MAX + UP_PROCS * 81];
+	char *a, *next;
+	size_t n;
+
+	cli_runtime_dir(dir, sizeof(dir));
+	snprintf(line, sizeof(line), "%s\n", u->key_file);
+	/* every daemon's address: tools given a meta or storage address find it too */
+	n = (size_t)snprintf(list, sizeof(list), "%s", u->mgmtd_list);
+	for (unsigned r = 1; r < u->nprocs && n < sizeof(list); r++)
+		n += (size_t)snprintf(list + n, sizeof(list) - n, ",%s", u->addr[r]);
+	if (on) {
+		mkdir(dir, 0700);
+		snprintf(path, sizeof(path), "%s/keys", dir);
+		mkdir(path, 0700);
+	}
+	for (a = list; a; a = next) {
+		FILE *f;
+
+		next = strchr(a, ',');
+		if (next)
+			*next++ = 0;
+
+		snprintf(path, sizeof(path), "%s/keys/%s", dir, a);
+		if (on) {
+			write_file(path, line);
+			continue;
+		}
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fgets(buf, sizeof(buf), f) && strcmp(buf, line) == 0)
+			unlink(path);
+		fclose(f);
+	}
+}
+
 static void record_cluster(const struct up *u, int on)
 {
 	char dir[64], path[128], buf[STK_CLUSTER_ADDR_MAX + 16], line[STK_CLUSTER_ADDR_MAX + 16];
 	FILE *f;
 
+	record_keys(u, on);
 	cli_runtime_dir(dir, sizeof(dir));
 	snprintf(path, sizeof(path), "%s/cluster", dir);
 	snprintf(line, sizeof(line), "stk://%s\n", u->mgmtd_list);
@@ -1141,6 +1246,26 @@ int cmd_up(int argc, char **argv)
 		goto out;
 	}
 	locked = 1; /* from here on up.pid is ours to remove */
+	/* The cluster key: made once, then every daemon and client of `up` is given it. */
+	snprintf(u->key_file, sizeof(u->key_file), "%s/cluster.key", u->data);
+	{
+		char err[512];
+		int e = stk_auth_key_create(u->key_file);
+
+		if (e && e != -EEXIST) {
+			cli_err("up", "cannot create the cluster key %s: %s", u->key_file,
+				strerror(-e));
+			goto out;
+		}
+		/* held by this process too: `up` asks the cluster whether it serves */
+		e = stk_daemon_auth(u->key_file, err, sizeof(err));
+		if (e) {
+			cli_err("up", "%s", err);
+			goto out;
+		}
+		/* the mount and the S3 gateway `up` starts are clients: they find it here */
+		setenv("STOKER_KEY_FILE", u->key_file, 1);
+	}
 	if (u->cluster) {
 		unsigned ep = u->port + UP_ETCD_PORT;
 		int e = ep + 1 > 65535 ? -ERANGE : port_free(u->host, ep);

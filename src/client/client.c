@@ -41,6 +41,9 @@ const char *stk_strerror(int err)
 
 	if (err < 0)
 		err = -err;
+	if (err == EKEYREJECTED)
+		return "the cluster refused this process's key, or requires one it does not hold "
+		       "(--key-file, $STOKER_KEY_FILE; docs/security.md)";
 	s = strerrordesc_np(err);
 	return s ? s : "Unknown error";
 }
@@ -126,6 +129,41 @@ static int node_gone(void *ctx, const char *addr)
 	return !online;
 }
 
+int stk_client_auth_find(const char *list, const char *key_file)
+{
+	char err[512], path[128], kpath[4096];
+	struct stk_mgmt_addrs l;
+	int rc;
+
+	if (!key_file || !*key_file)
+		key_file = getenv("STOKER_KEY_FILE");
+	if (key_file && *key_file) {
+		rc = stk_net_auth_load(key_file, err, sizeof(err));
+		if (rc)
+			stk_error("%s", err);
+		return rc;
+	}
+	if (stk_mgmt_addrs_parse(&l, list))
+		return 0;
+	for (unsigned i = 0; i < l.n; i++) {
+		FILE *f;
+		size_t n;
+
+		snprintf(path, sizeof(path), "/tmp/stoker-%u/keys/%s", (unsigned)getuid(),
+			 l.addr[i]);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		n = fread(kpath, 1, sizeof(kpath) - 1, f);
+		fclose(f);
+		kpath[n] = 0;
+		kpath[strcspn(kpath, "\n")] = 0;
+		if (kpath[0] && stk_net_auth_load(kpath, err, sizeof(err)) == 0)
+			return 0;
+	}
+	return 0;
+}
+
 int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_client **out)
 {
 	struct stk_client *c;
@@ -140,6 +178,11 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 		     : stk_client_default_cluster(c->mgmtd, sizeof(c->mgmtd));
 	if (rc == 0)
 		rc = stk_mgmt_addrs_parse(&c->mgmt, c->mgmtd);
+	if (rc)
+		goto out_free;
+	rc = stk_client_auth_find(c->mgmtd, opts && opts->size >= STK_OPTS_HAVE(key_file)
+						     ? opts->key_file
+						     : NULL);
 	if (rc)
 		goto out_free;
 	pthread_mutex_init(&c->mgmt_lock, NULL);

@@ -83,6 +83,16 @@ int stk_client_parse_cluster(const char *s, char *addr, size_t len);
 /* $STOKER_CLUSTER, else the cluster `stoker up` recorded. 0, -ENOENT or -EINVAL. */
 int stk_client_default_cluster(char *addr, size_t len);
 
+/*
+ * Finds the cluster key for the mgmtd list `list` ("HOST:PORT[,HOST:PORT...]") and
+ * has this process hold it (net.h, stk_net_auth_load): key_file if not NULL, else
+ * $STOKER_KEY_FILE, else the key file `stoker up` recorded for one of the list's
+ * addresses (/tmp/stoker-UID/keys/HOST:PORT holds its path). 0 also when there is
+ * none; -errno (logged, with what to do) when a key file named explicitly cannot
+ * be used. A recorded key that cannot be read is skipped (a cluster gone since).
+ */
+int stk_client_auth_find(const char *list, const char *key_file);
+
 /* Fetches the routing table from mgmtd and installs it. 0 or -errno. */
 int stk_client_refresh_routing(struct stk_client *c);
 

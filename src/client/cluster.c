@@ -233,6 +233,8 @@ int stk_cluster_status_fetch(const char *cluster, stk_cluster_status **out)
 		rc = stk_cluster_resolve(cluster, list, sizeof(list));
 		if (rc == 0)
 			rc = stk_mgmt_addrs_parse(&s->mgmt, list);
+		if (rc == 0)
+			rc = stk_client_auth_find(list, NULL);
 	}
 	if (rc)
 		goto out;

@@ -10,9 +10,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "../common/auth.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../net/net.h"
@@ -131,6 +133,33 @@ static void log_listen_error(const char *addr, int rc)
 		stk_error("cannot listen on %s: %s", addr, strerror(-rc));
 }
 
+static uint8_t daemon_key[STK_AUTH_KEY_MAX];
+static size_t daemon_key_len;
+
+int stk_daemon_auth(const char *key_file, char *err, size_t errlen)
+{
+	uint8_t key[STK_AUTH_KEY_MAX];
+	size_t len = 0;
+	int rc;
+
+	if (!key_file) {
+		daemon_key_len = 0;
+		return 0;
+	}
+	rc = stk_auth_key_load(key_file, key, &len, err, errlen);
+	if (rc)
+		return rc;
+	rc = stk_net_auth_set(key, len);
+	if (rc) {
+		snprintf(err, errlen, "cannot hold the key of %s: %s", key_file, strerror(-rc));
+		return rc;
+	}
+	memcpy(daemon_key, key, len);
+	daemon_key_len = len;
+	memset(key, 0, sizeof(key));
+	return 0;
+}
+
 int stk_daemon_run(const struct stk_daemon_spec *spec)
 {
 	struct stk_daemon d = {0};
@@ -146,6 +175,10 @@ int stk_daemon_run(const struct stk_daemon_spec *spec)
 	}
 	so = *spec->server;
 	so.metrics = d.rpc;
+	if (daemon_key_len) {
+		so.auth_key = daemon_key;
+		so.auth_key_len = daemon_key_len;
+	}
 	rc = stk_server_create(&so, &d.server);
 	if (rc) {
 		log_listen_error(so.listen, rc);

@@ -55,6 +55,17 @@ void stk_daemon_request_stop(void);
 int stk_daemon_sleep_ms(unsigned ms);
 
 /*
+ * The cluster key (docs/security.md): with key_file, the key in it (common/auth.h's
+ * rules: mode 0600, hex) is required of every connection to this daemon's server
+ * and presented on every connection it opens (net.h, stk_net_auth_set). NULL: no
+ * key, every peer that reaches the port is trusted (--auth off, or a daemon started
+ * without either, which the caller warns of). Call before stk_daemon_run(). 0, or
+ * -errno with err set to a line for a person (the file's error: missing, readable
+ * by others, not a key).
+ */
+int stk_daemon_auth(const char *key_file, char *err, size_t errlen);
+
+/*
  * One run of stk_daemon_run(), handed to the hooks. It lives on stk_daemon_run()'s
  * stack: valid only during a hook, and only on that thread.
  */

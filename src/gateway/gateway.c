@@ -191,6 +191,7 @@ static const struct option g_opts[] = {
     {"sweep-age", required_argument, NULL, 'a'},
     {"domain", required_argument, NULL, 'D'},
     {"metrics", required_argument, NULL, 'M'},
+    {"key-file", required_argument, NULL, 'F'},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -212,6 +213,7 @@ static int parse_uint(const char *cmd, const char *opt, const char *v, uint64_t 
 static int gateway_s3(int argc, char **argv)
 {
 	const char *cmd = "gateway";
+	struct stk_client_opts copts = {.size = sizeof(copts)};
 	const char *cluster = NULL, *listen = "127.0.0.1:9000", *cert_path = NULL;
 	const char *key_path = NULL, *keys_path = NULL, *root = "/", *region = "us-east-1";
 	const char *metrics = NULL;
@@ -231,6 +233,9 @@ static int gateway_s3(int argc, char **argv)
 		switch (c) {
 		case 'c':
 			cluster = optarg;
+			break;
+		case 'F':
+			copts.key_file = optarg;
 			break;
 		case 'l':
 			listen = optarg;
@@ -344,7 +349,7 @@ static int gateway_s3(int argc, char **argv)
 	}
 
 	stk_daemon_init("s3");
-	rc = stk_connect(cluster, NULL, &gw.c);
+	rc = stk_connect(cluster, &copts, &gw.c);
 	if (rc) {
 		cli_err(cmd, "cluster %s: %s", cluster ? cluster : "(default)", stk_strerror(rc));
 		goto out;

@@ -36,6 +36,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "../common/auth.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../proto/msg.h"
@@ -102,6 +103,164 @@ static void set_sock_opts(int fd, int timeout_ms)
 	}
 }
 
+/* ---- the cluster keys this process holds (common/auth.h) ---- */
+
+#define AUTH_KEYS_MAX 8
+#define AUTH_TIMEOUT_MS 5000 /* a server closes a handshake not done in 5 s */
+
+struct auth_key {
+	uint8_t key[STK_AUTH_KEY_MAX];
+	size_t len;
+};
+
+static pthread_mutex_t auth_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct auth_key auth_keys[AUTH_KEYS_MAX]; /* under auth_lock */
+static unsigned auth_nkeys;
+
+int stk_net_auth_set(const uint8_t *key, size_t len)
+{
+	int rc = 0;
+
+	if (len < STK_AUTH_KEY_MIN || len > STK_AUTH_KEY_MAX)
+		return -EINVAL;
+	pthread_mutex_lock(&auth_lock);
+	for (unsigned i = 0; i < auth_nkeys; i++)
+		if (auth_keys[i].len == len && memcmp(auth_keys[i].key, key, len) == 0)
+			goto out;
+	if (auth_nkeys == AUTH_KEYS_MAX) {
+		rc = -ENOSPC;
+		goto out;
+	}
+	memcpy(auth_keys[auth_nkeys].key, key, len);
+	auth_keys[auth_nkeys++].len = len;
+out:
+	pthread_mutex_unlock(&auth_lock);
+	return rc;
+}
+
+int stk_net_auth_load(const char *path, char *err, size_t errlen)
+{
+	uint8_t key[STK_AUTH_KEY_MAX];
+	size_t len = 0;
+	int rc = stk_auth_key_load(path, key, &len, err, errlen);
+
+	if (rc == 0 && (rc = stk_net_auth_set(key, len)))
+		snprintf(err, errlen, "cannot hold the key of %s: %s", path, strerror(-rc));
+	memset(key, 0, sizeof(key));
+	return rc;
+}
+
+int stk_net_auth_keys(void)
+{
+	unsigned n;
+
+	pthread_mutex_lock(&auth_lock);
+	n = auth_nkeys;
+	pthread_mutex_unlock(&auth_lock);
+	return (int)n;
+}
+
+/*
+ * The client's side of the handshake (auth.h), on a new connection, before anyone
+ * else uses it. The server must prove one of the keys this process holds (the one
+ * its MAC verifies with is the cluster's), then this side proves the same key. A
+ * server without a key answers NOSYS: nothing to prove either way. 0, -EKEYREJECTED
+ * (the server refused our proof, or proved no key we hold), or a transport error.
+ */
+static int conn_auth(struct stk_conn *c)
+{
+	struct auth_key keys[AUTH_KEYS_MAX];
+	struct stk_msg_auth_hello_req hello;
+	struct stk_msg_auth_hello_resp hr;
+	struct stk_msg_auth_proof_req proof;
+	uint8_t req[64], resp[128];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	struct stk_rpc rpc;
+	unsigned n, k;
+	int rc;
+
+	pthread_mutex_lock(&auth_lock);
+	n = auth_nkeys;
+	memcpy(keys, auth_keys, n * sizeof(keys[0]));
+	pthread_mutex_unlock(&auth_lock);
+	if (!n)
+		return 0;
+	memset(&hello, 0, sizeof(hello));
+	rc = stk_auth_random(hello.nonce, sizeof(hello.nonce));
+	if (rc)
+		goto out;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_auth_hello_req_enc(&w, &hello);
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_AUTH_HELLO;
+	rpc.req = req;
+	rpc.req_len = w.len;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	rc = stk_rpc_send(c, &rpc);
+	if (rc == 0)
+		rc = stk_rpc_recv(c, &rpc);
+	if (rc)
+		goto out;
+	if (rpc.status == STK_ST_NOSYS || rpc.status == STK_ST_NOTSUP) {
+		rc = 0; /* a daemon run without a key (--auth off) */
+		goto out;
+	}
+	rc = stk_status_to_errno(rpc.status);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_auth_hello_resp_dec(&r, &hr)) {
+		rc = -EBADMSG;
+		goto out;
+	}
+	for (k = 0; k < n; k++)
+		if (stk_auth_verify(keys[k].key, keys[k].len, STK_AUTH_SERVER, hello.nonce,
+				    hr.nonce, hr.mac))
+			break;
+	if (k == n) {
+		stk_warn("%s did not prove the cluster key this process holds: not using it",
+			 c->addr);
+		rc = -EKEYREJECTED;
+		goto out;
+	}
+	memset(&proof, 0, sizeof(proof));
+	rc = stk_auth_mac(keys[k].key, keys[k].len, STK_AUTH_CLIENT, hello.nonce, hr.nonce,
+			  proof.mac);
+	if (rc)
+		goto out;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_auth_proof_req_enc(&w, &proof);
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_AUTH_PROOF;
+	rpc.req = req;
+	rpc.req_len = w.len;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	rc = stk_rpc_call(c, &rpc);
+out:
+	memset(keys, 0, sizeof(keys));
+	return rc;
+}
+
+int stk_net_auth_fd(int fd, const char *addr)
+{
+	struct stk_conn c;
+	int rc;
+
+	memset(&c, 0, sizeof(c));
+	c.fd = fd;
+	c.next_req_id = 1;
+	stk_strlcpy(c.addr, addr, sizeof(c.addr));
+	pthread_mutex_init(&c.send_lock, NULL);
+	pthread_mutex_init(&c.lock, NULL);
+	rc = conn_auth(&c);
+	pthread_mutex_destroy(&c.send_lock);
+	pthread_mutex_destroy(&c.lock);
+	return rc;
+}
+
 int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 {
 	struct sockaddr_storage ss;
@@ -150,11 +309,19 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 		}
 	}
 	fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-	set_sock_opts(fd, rpc_timeout_ms());
 	c->fd = fd;
 	c->next_req_id = 1;
 	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
+	if (stk_net_auth_keys()) {
+		set_sock_opts(fd, STK_MIN(rpc_timeout_ms(), AUTH_TIMEOUT_MS));
+		rc = conn_auth(c);
+		if (rc) {
+			stk_conn_close(c);
+			return rc;
+		}
+	}
+	set_sock_opts(fd, rpc_timeout_ms());
 	*out = c;
 	return 0;
 out:

@@ -37,9 +37,34 @@
 struct stk_conn;
 
 /*
+ * The cluster keys this process holds (common/auth.h, docs/security.md). While it
+ * holds any, stk_conn_connect() opens every connection with the key handshake: the
+ * server must prove one of them, then this side proves the same one; a server that
+ * has no key (a daemon run with --auth off) answers so and the connection goes on
+ * without. Keys are only added, never removed (a process talks to a few clusters).
+ *
+ * stk_net_auth_set: adds key (STK_AUTH_KEY_MIN..MAX bytes; copied). 0, -EINVAL
+ * (length), -ENOSPC (8 keys held already). stk_net_auth_load: reads a key file
+ * (stk_auth_key_load) and adds its key; 0 or -errno with err set for a person.
+ * stk_net_auth_keys: how many are held. Any thread.
+ */
+int stk_net_auth_set(const uint8_t *key, size_t len);
+int stk_net_auth_load(const char *path, char *err, size_t errlen);
+int stk_net_auth_keys(void);
+/*
+ * The client's side of the handshake on a connected blocking socket of the
+ * caller's (tests that then write raw frames): 0 at once when no key is held.
+ * stk_conn_connect's handshake errors.
+ */
+int stk_net_auth_fd(int fd, const char *addr);
+
+/*
  * Connects to "HOST:PORT". timeout_ms bounds the connect; replies are awaited for
  * STOKER_RPC_TIMEOUT_MS (default 60000) before the connection is called broken.
- * 0, or -ECONNREFUSED, -ETIMEDOUT, -EHOSTUNREACH, -EINVAL (bad address), -ENOMEM.
+ * With a cluster key held (stk_net_auth_set), the key handshake is done before it
+ * returns. 0, or -ECONNREFUSED, -ETIMEDOUT, -EHOSTUNREACH, -EINVAL (bad address),
+ * -ENOMEM, -EKEYREJECTED (the handshake failed: a wrong key, or a server that
+ * requires one and this process holds none is refused at its first request).
  */
 int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out);
 void stk_conn_close(struct stk_conn *c);
@@ -305,6 +330,13 @@ struct stk_server_opts {
 	 * STOKER_LOOP_READS=0, which overrides). Must outlive the server.
 	 */
 	const struct stk_server_loop_ops *loop_ops;
+	/*
+	 * The cluster key (common/auth.h), or NULL and 0: every connection must pass the
+	 * key handshake before any other request is served (see the top of server.c).
+	 * Copied: need not outlive the call.
+	 */
+	const uint8_t *auth_key;
+	size_t auth_key_len;
 };
 
 struct stk_server;

@@ -46,6 +46,14 @@
  * request), the pool grows, up to `max_workers`, when a request finds no idle
  * worker, and threads above `workers` leave after a while idle.
  *
+ * The cluster key (opts->auth_key, common/auth.h): a new connection is not yet
+ * trusted. The loop itself answers its AUTH_HELLO and checks its AUTH_PROOF (two
+ * HMACs: microseconds, so the loop does not stall on them), and hands its frames to
+ * workers only once the proof passed. Anything else first, a wrong proof, a frame
+ * too large for a handshake, or no proof within AUTH_TIMEOUT_NS closes the
+ * connection, with a log line and stoker_auth_failures_total{reason}; a small
+ * request is answered AUTH first, so a client without the key hears why.
+ *
  * Memory: requests (struct srv_req) and their buffers come from free lists and are
  * returned there; buffers are kept by power-of-two size class from 64 bytes, those
  * of 4 KiB and more page-aligned (a handler may give a write's bulk to O_DIRECT),
@@ -73,6 +81,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "../common/auth.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
@@ -86,6 +95,13 @@
 #define SRV_TICK_MS 500
 #define SRV_SLOW_LOOP_NS (200ull * 1000 * 1000)
 #define SRV_WORKER_IDLE_NS (10ull * 1000 * 1000 * 1000)
+#define AUTH_TIMEOUT_NS (5ull * 1000 * 1000 * 1000) /* to finish the key handshake */
+#define AUTH_FRAME_MAX 4096u /* the largest request read from a peer not yet trusted */
+
+/* Why a peer failed the key handshake: stoker_auth_failures_total{reason}. */
+enum { AUTH_NO_HANDSHAKE, AUTH_BAD_PROOF, AUTH_MALFORMED, AUTH_TIMEOUT, AUTH_NREASONS };
+static const char *const auth_reasons[AUTH_NREASONS] = {"no_handshake", "bad_proof",
+							 "malformed", "timeout"};
 
 struct srv_conn;
 struct srv_loop;
@@ -145,7 +161,16 @@ struct srv_conn {
 	struct srv_conn *prev, *next; /* lp->conns */
 	struct srv_conn *park_next;
 	char peer[STK_ADDR_MAX];
+	/*
+	 * The key handshake, on the loop: AUTH_WANT_HELLO, then AUTH_WANT_PROOF, then
+	 * AUTH_DONE (also from the start when the server has no key).
+	 */
+	uint8_t auth;
+	uint8_t nc[STK_AUTH_NONCE], ns[STK_AUTH_NONCE];
+	uint64_t auth_deadline_ns;
 };
+
+enum { AUTH_DONE = 0, AUTH_WANT_HELLO = 1, AUTH_WANT_PROOF = 2 };
 
 struct srv_loop {
 	struct stk_server *srv;
@@ -203,6 +228,9 @@ struct stk_server {
 	atomic_uint nconns;
 	atomic_uint_fast64_t inflight_bytes;
 	atomic_int reserve_fd; /* see refuse_one() */
+	uint8_t auth_key[STK_AUTH_KEY_MAX]; /* the cluster key; auth_len 0: none */
+	size_t auth_len;
+	stk_metric_t auth_fail[AUTH_NREASONS]; /* stoker_auth_failures_total{reason} */
 
 	unsigned nloops;
 	struct srv_loop *loops;
@@ -552,6 +580,22 @@ static void take_read_ahead(struct srv_conn *c, struct srv_req *r)
 	memmove(c->ib, p + take, c->ib_len);
 }
 
+static void auth_frame(struct srv_conn *c, struct srv_req *r);
+
+/* Logs and counts a peer that failed the key handshake; the caller closes it. */
+static void auth_fail(struct srv_conn *c, int reason, const char *what)
+{
+	struct stk_server *s = c->lp->srv;
+
+	stk_warn("%s refused: %s (%s): closing connection", c->peer,
+		 reason == AUTH_BAD_PROOF ? "it did not prove the cluster key"
+		 : reason == AUTH_TIMEOUT ? "no key handshake within 5 s"
+		 : reason == AUTH_MALFORMED ? "a malformed key handshake"
+					    : "a request before the key handshake",
+		 what);
+	stk_metric_add(s->auth_fail[reason], 1);
+}
+
 /*
  * Reads a frame's header, then its payload and bulk into the request, handing each
  * whole frame to the workers; until EAGAIN, EOF, the window or the byte budget.
@@ -581,7 +625,16 @@ static int conn_read(struct srv_conn *c)
 					continue;
 			}
 			if (stk_hdr_decode(c->ib, &h) || (h.flags & STK_FRAME_REPLY)) {
-				stk_warn("malformed frame header from %s: closing connection", c->peer);
+				if (c->auth)
+					auth_fail(c, AUTH_MALFORMED, "a malformed frame header");
+				else
+					stk_warn("malformed frame header from %s: closing connection",
+						 c->peer);
+				conn_close(c);
+				return -1;
+			}
+			if (c->auth && (h.bulk_len || h.payload_len > AUTH_FRAME_MAX)) {
+				auth_fail(c, AUTH_NO_HANDSHAKE, stk_opcode_name(h.opcode));
 				conn_close(c);
 				return -1;
 			}
@@ -646,6 +699,12 @@ static int conn_read(struct srv_conn *c)
 			atomic_fetch_add(&c->inflight, 1);
 			r->t0 = stk_metrics_ops_begin(s->metrics, r->hdr.opcode);
 			r->begun = 1;
+			if (c->auth) {
+				auth_frame(c, r);
+				if (c->closed || c->eof)
+					return c->closed ? -1 : 0;
+				continue;
+			}
 			r->next = NULL;
 			if (c->lp->ready_tail)
 				c->lp->ready_tail->next = r;
@@ -1141,6 +1200,93 @@ static void loop_deliver(struct srv_loop *lp, struct srv_req *r)
 }
 
 /*
+ * A frame of a connection not yet trusted, read whole (counted in flight), on the
+ * loop: the next step of the handshake answered, or the peer refused. A refused
+ * peer's small request is answered AUTH and the connection closes once that reply
+ * is out (c->eof); a malformed one closes at once.
+ */
+static void auth_frame(struct srv_conn *c, struct srv_req *r)
+{
+	struct stk_server *s = c->lp->srv;
+	struct srv_loop *lp = c->lp;
+	uint16_t want = c->auth == AUTH_WANT_HELLO ? STK_OP_AUTH_HELLO : STK_OP_AUTH_PROOF;
+	struct stk_rpc_req req;
+	struct stk_rpc_resp resp;
+	uint8_t out[128]; /* the largest handshake reply, and room */
+	int rc = frame_check(r), reason = -1;
+
+	if (rc) {
+		auth_fail(c, AUTH_MALFORMED, rc == -EBADMSG ? "checksum" : "wire version");
+		r->close = 1;
+		loop_deliver(lp, r);
+		return;
+	}
+	r->checked = 1;
+	req_view(r, &req, &resp, out);
+	stk_wbuf_init(&resp.payload, out, sizeof(out));
+	if (r->hdr.opcode != want) {
+		reason = AUTH_NO_HANDSHAKE;
+		auth_fail(c, reason, stk_opcode_name(r->hdr.opcode));
+	} else if (c->auth == AUTH_WANT_HELLO) {
+		struct stk_msg_auth_hello_req hello;
+		struct stk_msg_auth_hello_resp hr;
+
+		if (stk_msg_auth_hello_req_dec(&req.payload, &hello) ||
+		    stk_rbuf_finish(&req.payload)) {
+			auth_fail(c, AUTH_MALFORMED, "AUTH_HELLO");
+			r->close = 1;
+			loop_deliver(lp, r);
+			return;
+		}
+		memset(&hr, 0, sizeof(hr));
+		memcpy(c->nc, hello.nonce, STK_AUTH_NONCE);
+		if (stk_auth_random(c->ns, STK_AUTH_NONCE) ||
+		    stk_auth_mac(s->auth_key, s->auth_len, STK_AUTH_SERVER, c->nc, c->ns, hr.mac)) {
+			stk_error("the key handshake with %s failed: OpenSSL gave no random bytes "
+				  "or no MAC",
+				  c->peer);
+			seal(s, r, -EIO, &resp, out);
+			c->eof = 1;
+			atomic_store(&c->eof_, 1);
+			conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
+			loop_deliver(lp, r);
+			return;
+		}
+		memcpy(hr.nonce, c->ns, STK_AUTH_NONCE);
+		stk_msg_auth_hello_resp_enc(&resp.payload, &hr);
+		c->auth = AUTH_WANT_PROOF;
+		seal(s, r, 0, &resp, out);
+		loop_deliver(lp, r);
+		return;
+	} else {
+		struct stk_msg_auth_proof_req proof;
+
+		if (stk_msg_auth_proof_req_dec(&req.payload, &proof) ||
+		    stk_rbuf_finish(&req.payload)) {
+			auth_fail(c, AUTH_MALFORMED, "AUTH_PROOF");
+			r->close = 1;
+			loop_deliver(lp, r);
+			return;
+		}
+		if (stk_auth_verify(s->auth_key, s->auth_len, STK_AUTH_CLIENT, c->nc, c->ns,
+				    proof.mac)) {
+			c->auth = AUTH_DONE;
+			seal(s, r, 0, &resp, out);
+			loop_deliver(lp, r);
+			return;
+		}
+		reason = AUTH_BAD_PROOF;
+		auth_fail(c, reason, "AUTH_PROOF");
+	}
+	/* Refused: answered AUTH, then closed once the reply is out. */
+	seal(s, r, -EKEYREJECTED, &resp, out);
+	c->eof = 1;
+	atomic_store(&c->eof_, 1);
+	conn_set_events(c, c->events & ~(uint32_t)EPOLLIN);
+	loop_deliver(lp, r);
+}
+
+/*
  * Offers r to the service's loop-side handler. 1: taken (answered, pending, or
  * its connection closed for a checksum mismatch); 0: it goes to a worker.
  */
@@ -1309,6 +1455,12 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 		int stuck;
 
 		next = c->next;
+		if (c->auth && !c->eof && now > c->auth_deadline_ns) {
+			auth_fail(c, AUTH_TIMEOUT, c->auth == AUTH_WANT_HELLO ? "no AUTH_HELLO"
+									    : "no AUTH_PROOF");
+			conn_close(c);
+			continue;
+		}
 		pthread_mutex_lock(&c->olock);
 		stuck = c->out_head &&
 			now - c->out_wait_ns > (uint64_t)s->send_timeout_ms * 1000000ull;
@@ -1386,6 +1538,10 @@ static void conn_accept(struct srv_loop *lp, int fd, const struct sockaddr_stora
 	pthread_mutex_init(&c->olock, NULL);
 	c->events = EPOLLIN;
 	format_peer(ss, c->peer, sizeof(c->peer));
+	if (s->auth_len) {
+		c->auth = AUTH_WANT_HELLO;
+		c->auth_deadline_ns = stk_now_ns() + AUTH_TIMEOUT_NS;
+	}
 	e.events = c->events;
 	e.data.ptr = c;
 	if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
@@ -1652,6 +1808,10 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 
 	if (!opts || opts->size < sizeof(*opts) || !opts->handler || !opts->listen)
 		return -EINVAL;
+	if (opts->auth_key_len &&
+	    (!opts->auth_key || opts->auth_key_len < STK_AUTH_KEY_MIN ||
+	     opts->auth_key_len > STK_AUTH_KEY_MAX))
+		return -EINVAL;
 	rc = parse_listen(opts->listen, &ss, &sslen);
 	if (rc)
 		return rc;
@@ -1682,6 +1842,15 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 		"STOKER_NET_SEND_TIMEOUT_MS", opts->send_timeout_ms ? opts->send_timeout_ms : 30000,
 		86400000);
 	s->max_cached_bytes = 256ull << 20;
+	if (opts->auth_key_len) {
+		memcpy(s->auth_key, opts->auth_key, opts->auth_key_len);
+		s->auth_len = opts->auth_key_len;
+		for (int i = 0; i < AUTH_NREASONS; i++) {
+			const char *v[1] = {auth_reasons[i]};
+
+			stk_metric_series(STK_M_AUTH_FAILURES, v, &s->auth_fail[i]);
+		}
+	}
 	if (s->metrics) {
 		const char *v[1] = {"rpc"};
 

@@ -99,6 +99,7 @@ void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
 #define STK_FENC_cred(w, v) stk_cred_enc(w, &(v))
 #define STK_FENC_layout(w, v) stk_layout_enc(w, &(v))
 #define STK_FENC_attr(w, v) stk_attr_enc(w, &(v))
+#define STK_FENC_b32(w, v) stk_put_bytes(w, v, 32)
 #define STK_FENC(type, n) STK_FENC_##type(w, m->n);
 
 #define STK_FDEC_u8(r, v) v = stk_get_u8(r)
@@ -112,6 +113,7 @@ void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
 #define STK_FDEC_cred(r, v) stk_cred_dec(r, &(v))
 #define STK_FDEC_layout(r, v) stk_layout_dec(r, &(v))
 #define STK_FDEC_attr(r, v) stk_attr_dec(r, &(v))
+#define STK_FDEC_b32(r, v) stk_get_bytes(r, v, 32)
 #define STK_FDEC(type, n) STK_FDEC_##type(r, m->n);
 
 #define STK_MSG_IMPL(sname, LIST)                                                     \

@@ -8,6 +8,7 @@
  *   name                  string of at most STK_NAME_MAX (255) bytes   (u16 len + bytes)
  *   path                  string of at most STK_PATH_MAX (4095) bytes  (u16 len + bytes)
  *   addr                  string of at most 63 bytes, "HOST:PORT"
+ *   b32                   32 bytes, as they are (a nonce, a MAC)
  *   cred                  u32 uid, u32 gid, u8 ngroups, ngroups x u32 (at most 32)
  *   layout                u32 chunk_size, u32 stripe, u32 nchains, u32 start, u64 seed
  *   attr                  u64 ino, u32 mode, u32 nlink, u32 uid, u32 gid, u64 size,
@@ -452,6 +453,11 @@ enum stk_target_state {
 /* Followed by ncrcs block checksums of the bulk (see STOR_WRITE). */
 #define STK_MSG_STOR_SYNC_READ_RESP(F) F(u64, version) F(u32, ncrcs)
 
+/* The key handshake (wire.h AUTH_HELLO, common/auth.h): nonces and HMAC-SHA256 MACs. */
+#define STK_MSG_AUTH_HELLO_REQ(F) F(b32, nonce)
+#define STK_MSG_AUTH_HELLO_RESP(F) F(b32, nonce) F(b32, mac)
+#define STK_MSG_AUTH_PROOF_REQ(F) F(b32, mac)
+
 /* Every message: (struct name, field list). */
 #define STK_MSG_LIST(X)                                           \
 	X(target_info, STK_MSG_TARGET_INFO)                       \
@@ -524,7 +530,10 @@ enum stk_target_state {
 	X(sync_rec, STK_MSG_SYNC_REC)                             \
 	X(stor_sync_read_req, STK_MSG_STOR_SYNC_READ_REQ)         \
 	X(stor_sync_read_resp, STK_MSG_STOR_SYNC_READ_RESP)       \
-	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ)
+	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ) \
+	X(auth_hello_req, STK_MSG_AUTH_HELLO_REQ)                 \
+	X(auth_hello_resp, STK_MSG_AUTH_HELLO_RESP)               \
+	X(auth_proof_req, STK_MSG_AUTH_PROOF_REQ)
 
 /* ---- generated structs and codecs ---- */
 
@@ -539,6 +548,7 @@ enum stk_target_state {
 #define STK_FDECL_cred(n) struct stk_cred n;
 #define STK_FDECL_layout(n) struct stk_layout n;
 #define STK_FDECL_attr(n) struct stk_attr n;
+#define STK_FDECL_b32(n) uint8_t n[32];
 #define STK_FDECL(type, n) STK_FDECL_##type(n)
 
 #define STK_MSG_STRUCT(sname, LIST) \

@@ -52,6 +52,7 @@
 	X(CHUNK_BEHIND, 33, EUCLEAN)                 \
 	X(CHUNK_PENDING, 34, EINPROGRESS)            \
 	X(NOT_LEADER, 35, EREMCHG)                   \
+	X(AUTH, 36, EKEYREJECTED)                    \
 	X(CHUNK_DAMAGED, 37, EILSEQ)
 
 enum stk_status {

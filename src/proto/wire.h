@@ -64,7 +64,7 @@
 /*
  * The opcode table: X(NAME, code, request message, reply message, what it does).
  * Message names refer to the field lists in msg.h ("none" is an empty payload).
- * Mgmtd opcodes are 1-31, meta 32-63, storage 64-95.
+ * Mgmtd opcodes are 1-31, meta 32-63, storage 64-95, every daemon's 96-127.
  */
 #define STK_OPCODE_TABLE(X)                                                                        \
 	/* A node announces itself and its targets; mgmtd assigns ids to new ones and places    \
@@ -207,7 +207,15 @@
 	X(STOR_SYNC_LIST, 71, stor_sync_list_req, stor_sync_list_resp, "list a target's chunks")  \
 	/* Node to node: a whole chunk and its version, read from one version of its file  \
 	 * (bulk and block CRCs as STOR_READ's reply; version 0 and no bytes: missing). */ \
-	X(STOR_SYNC_READ, 72, stor_sync_read_req, stor_sync_read_resp, "copy a whole chunk")
+	X(STOR_SYNC_READ, 72, stor_sync_read_req, stor_sync_read_resp, "copy a whole chunk")   \
+	/* The handshake that opens every connection to a daemon run with a cluster key    \
+	 * (common/auth.h, docs/security.md): the client's nonce; the reply is the          \
+	 * server's nonce and its MAC of both. Until AUTH_PROOF passes, any other request   \
+	 * is answered AUTH and the connection closes. A daemon without a key answers      \
+	 * NOSYS (no handshake needed). */                                                  \
+	X(AUTH_HELLO, 96, auth_hello_req, auth_hello_resp, "open the key handshake")          \
+	/* The client's MAC of both nonces. OK, or AUTH and the connection closes. */         \
+	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

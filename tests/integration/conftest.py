@@ -166,12 +166,23 @@ class Cluster:
                 found[int(pid)] = (argv[1].decode(), ppid)
         return {role: pid for pid, (role, ppid) in found.items() if ppid not in found}
 
+    @property
+    def key_file(self):
+        """The cluster key `stoker up` made (docs/security.md). Clients given the mgmtd
+        address find it by themselves; tools given a meta or storage address get it
+        through STOKER_KEY_FILE (self.env())."""
+        return os.path.join(self.data, "cluster.key")
+
+    def env(self, **extra):
+        return dict(os.environ, STOKER_CLUSTER=self.url, STOKER_KEY_FILE=self.key_file, **extra)
+
     def cli(self, *args, check=True, input=None, timeout=300):
         return run([STOKER] + list(args), check=check, input=input, timeout=timeout,
-                   env=dict(os.environ, STOKER_CLUSTER=self.url))
+                   env=self.env())
 
     def check(self, *args, check=True, timeout=600):
-        return run([CHECK, args[0], self.url] + list(args[1:]), check=check, timeout=timeout)
+        return run([CHECK, args[0], self.url] + list(args[1:]), check=check, timeout=timeout,
+                   env=self.env())
 
     def target_dirs(self):
         return [os.path.join(self.data, "targets", str(i)) for i in range(self.targets)]

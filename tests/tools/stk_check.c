@@ -42,6 +42,7 @@
 
 #include "stoker/stoker.h"
 
+#include "client/client.h"
 #include "common/layout.h"
 #include "common/util.h"
 #include "net/net.h"
@@ -522,6 +523,11 @@ static int raw_exchange_paced(const char *addr, const uint8_t *bytes, size_t len
 	struct timeval tv = {.tv_sec = 5};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	rc = stk_net_auth_fd(fd, addr); /* the cluster's key first, as every client's */
+	if (rc) {
+		close(fd);
+		return rc;
+	}
 	for (size_t off = 0; off < len; off += step) {
 		stk_write_all(fd, bytes + off, STK_MIN(step, len - off));
 		if (off + step < len)
@@ -1427,6 +1433,14 @@ int main(int argc, char **argv)
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
 		return 2;
+	}
+	/* The cluster's key, as libstoker finds it for a client (stk_client_auth_find). */
+	if (argc > 2) {
+		char list[512];
+
+		if (stk_cluster_resolve(argv[2], list, sizeof(list)) == 0 &&
+		    stk_client_auth_find(list, NULL))
+			return 1;
 	}
 	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
 		if (strcmp(argv[1], cmds[i].name) == 0) {

@@ -25,7 +25,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "../../src/client/client.h"
 #include "../../src/common/util.h"
+#include "../../src/net/net.h"
 #include "../../src/net/netint.h"
 #include "../../src/proto/codec.h"
 #include "../../src/proto/msg.h"
@@ -158,6 +160,9 @@ int main(int argc, char **argv)
 			strerror(errno));
 		return 1;
 	}
+	/* The cluster's key, as a client finds it (client.h): each connection proves it. */
+	if (stk_client_auth_find(argv[1], NULL))
+		return 1;
 	build_request();
 	cs = calloc(nconns, sizeof(*cs));
 	ep = epoll_create1(0);
@@ -175,14 +180,23 @@ int main(int argc, char **argv)
 			struct epoll_event e = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
 			int one = 1;
 
-			c->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+			c->fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC |
+						     (stk_net_auth_keys() ? 0 : SOCK_NONBLOCK), 0);
 			if (c->fd < 0) {
 				fprintf(stderr, "stk_connscale: socket %u: %s\n", opened, strerror(errno));
 				return 1;
 			}
 			setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-			if (connect(c->fd, (struct sockaddr *)&ss, sslen) < 0 && errno != EINPROGRESS)
+			if (stk_net_auth_keys()) {
+				/* With a key: connect and prove it first, blocking, then as before. */
+				if (connect(c->fd, (struct sockaddr *)&ss, sslen) < 0 ||
+				    stk_net_auth_fd(c->fd, argv[1]))
+					c->dead = 1;
+				fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
+			} else if (connect(c->fd, (struct sockaddr *)&ss, sslen) < 0 &&
+				   errno != EINPROGRESS) {
 				c->dead = 1;
+			}
 			epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &e);
 			opened++;
 			connecting++;
