@@ -85,6 +85,7 @@ enum {
 	OPT_SCRUB_RATE,
 	OPT_SCRUB_INTERVAL,
 	OPT_RESYNC_RATE,
+	OPT_REPLACE_AFTER,
 	OPT_KEY_FILE,
 	OPT_AUTH,
 };
@@ -106,6 +107,7 @@ static const struct option role_opts[] = {
 	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
+	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
 	{"key-file", required_argument, NULL, OPT_KEY_FILE},
 	{"key_file", required_argument, NULL, OPT_KEY_FILE}, /* as a config file spells it */
 	{"auth", required_argument, NULL, OPT_AUTH},
@@ -128,6 +130,8 @@ struct role_args {
 	int scrub_rate_set, scrub_interval_set;
 	/* storage --resync-rate MB/s: as stk_storage_opts.resync_rate (0 default, <0 none) */
 	int64_t resync_rate;
+	/* mgmtd --replace-after SECONDS: as stk_mgmtd_opts.replace_after_s (0: never) */
+	int64_t replace_after;
 	const char *key_file; /* --key-file PATH: the cluster key (docs/security.md) */
 	int auth_off; /* --auth off: no key, said so on purpose */
 };
@@ -256,6 +260,16 @@ static int parse_role(const char *cmd, int argc, char **argv, struct role_args *
 			}
 			a->scrub_interval_set = 1;
 			break;
+		case OPT_REPLACE_AFTER: {
+			uint64_t secs;
+
+			if (stk_parse_u64(optarg, &secs) || secs > 10u * 365 * 86400) {
+				cli_err(cmd, "bad --replace-after '%s': seconds, 0 for never", optarg);
+				return 2;
+			}
+			a->replace_after = secs ? (int64_t)secs : -1;
+			break;
+		}
 		case OPT_RESYNC_RATE: {
 			uint64_t mbs;
 
@@ -319,6 +333,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.replicas = (unsigned)a.replicas;
 	o.etcd = a.etcd;
 	o.etcd_prefix = a.etcd_prefix;
+	o.replace_after_s = a.replace_after;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 

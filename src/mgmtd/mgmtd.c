@@ -59,6 +59,7 @@ struct mgmtd {
 	struct stk_mgmt_state st;
 	int stop;
 	uint64_t timeout_ns;
+	uint64_t replace_after_ns; /* 0: never (opts.replace_after_s) */
 	char state_path[PATH_MAX];
 	char addr[STK_ADDR_MAX]; /* the address it serves on, set before it serves */
 	/* Start-up's, on stk_mgmtd_run's thread only. */
@@ -309,7 +310,9 @@ static void *expiry_thread(void *arg)
 		pthread_cond_timedwait(&m->wake, &m->lock, &ts);
 		if (m->stop)
 			break;
-		if (m->leading && stk_mgmt_state_expire(&m->st, stk_now_ns(), m->timeout_ns))
+		if (m->leading &&
+		    (stk_mgmt_state_expire(&m->st, stk_now_ns(), m->timeout_ns) +
+		     stk_mgmt_state_replace(&m->st, stk_now_ns(), m->replace_after_ns, 0)))
 			persist(m);
 	}
 	pthread_mutex_unlock(&m->lock);
@@ -580,6 +583,10 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 							      : MGMTD_DEFAULT_HB_TIMEOUT_MS) *
 			1000000ull;
 	m->ready_file = opts->ready_file;
+	m->replace_after_ns = opts->replace_after_s < 0 ? 0
+			      : (uint64_t)(opts->replace_after_s ? opts->replace_after_s
+								 : STK_MGMTD_REPLACE_AFTER_S) *
+					1000000000ull;
 
 	rc = stk_mkdir_p(opts->data_dir, 0755);
 	if (rc) {

@@ -15,6 +15,7 @@
 #define STK_MGMTD_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 struct stk_mgmtd_opts {
 	size_t size; /* sizeof(struct stk_mgmtd_opts) */
@@ -35,7 +36,20 @@ struct stk_mgmtd_opts {
 	 */
 	const char *etcd;
 	const char *etcd_prefix;
+	/*
+	 * --replace-after: seconds a storage node may stay OFFLINE before each of its
+	 * targets is replaced in its chain by a free one (stk_mgmt_state_replace).
+	 * 0: STK_MGMTD_REPLACE_AFTER_S; below 0: never.
+	 */
+	int64_t replace_after_s;
 };
+
+/*
+ * By default a node is replaced after 10 minutes: long enough for a reboot or a
+ * daemon upgrade to come back and catch up (a resync copies only what changed),
+ * short enough that a chain does not run one copy short for long on a dead disk.
+ */
+#define STK_MGMTD_REPLACE_AFTER_S 600
 
 /* Serves until SIGINT/SIGTERM (see daemon/daemon.h). 0 or -errno (logged). */
 int stk_mgmtd_run(const struct stk_mgmtd_opts *opts);

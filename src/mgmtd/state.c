@@ -682,6 +682,87 @@ unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint6
 	return count;
 }
 
+/* A serving target of an online node in no chain, of a domain none of c's members but `out` is in. */
+static struct stk_rt_target *spare_for(struct stk_mgmt_state *st, const struct stk_rt_chain *c,
+				       uint32_t out)
+{
+	for (uint32_t i = 0; i < st->ntargets; i++) {
+		struct stk_rt_target *t = &st->targets[i];
+		const struct stk_mgmt_node *n = stk_mgmt_state_node(st, t->node_id);
+		int clash = 0;
+
+		if (t->state != STK_TARGET_SERVING || !n || n->state != STK_NODE_ONLINE ||
+		    target_has_chain(st, t->id))
+			continue;
+		for (uint8_t j = 0; j < c->ntargets && !clash; j++) {
+			const struct stk_rt_target *m = stk_mgmt_state_target(st, c->targets[j]);
+			const struct stk_mgmt_node *mn = m ? stk_mgmt_state_node(st, m->node_id) : NULL;
+
+			clash = c->targets[j] != out && mn && strcmp(mn->zone, n->zone) == 0;
+		}
+		if (!clash)
+			return t;
+	}
+	return NULL;
+}
+
+unsigned stk_mgmt_state_replace(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t after_ns,
+				uint32_t force_node)
+{
+	unsigned count = 0;
+
+	for (uint32_t i = 0; i < st->nchains; i++) {
+		struct stk_rt_chain *c = &st->chains[i];
+		int working = 0;
+
+		if (c->ntargets < 2)
+			continue; /* a chain of one has nothing to copy from */
+		for (uint8_t j = 0; j < c->ntargets; j++) {
+			const struct stk_rt_target *m = stk_mgmt_state_target(st, c->targets[j]);
+
+			working += m && stk_mgmt_target_active(m->state);
+		}
+		for (int j = 0; j < (int)c->ntargets && working; j++) {
+			struct stk_rt_target *old = stk_mgmt_state_target(st, c->targets[j]);
+			const struct stk_mgmt_node *n = old ? stk_mgmt_state_node(st, old->node_id) : NULL;
+			struct stk_rt_target *nt;
+			int k;
+
+			if (!old || !n)
+				continue;
+			if (force_node ? n->id != force_node
+				       : old->state != STK_TARGET_OFFLINE ||
+					     n->state != STK_NODE_OFFLINE || after_ns == 0 ||
+					     now_ns < n->last_hb_ns || now_ns - n->last_hb_ns <= after_ns)
+				continue;
+			nt = spare_for(st, c, old->id);
+			if (!nt) {
+				stk_warn("chain %u: target %u (node %u) is gone, but no serving target "
+					 "of another failure domain is free to replace it",
+					 c->id, old->id, n->id);
+				continue;
+			}
+			stk_warn("chain %u: target %u (node %u, %s) is replaced by target %u (node %u): "
+				 "SYNCING, last in the chain, until it holds the chain's chunks",
+				 c->id, old->id, n->id, force_node ? "removed" : "gone too long", nt->id,
+				 nt->node_id);
+			if (stk_mgmt_target_active(old->state))
+				working--;
+			for (k = j; k + 1 < (int)c->ntargets; k++)
+				c->targets[k] = c->targets[k + 1];
+			c->targets[k] = nt->id;
+			target_set_state(nt, STK_TARGET_SYNCING);
+			if (force_node && stk_mgmt_target_active(old->state))
+				target_set_state(old, STK_TARGET_OFFLINE);
+			c->version++;
+			bump(st);
+			count++;
+			j--; /* the member now at j is the next one */
+		}
+	}
+	return count;
+}
+
 int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t known_version,
 				  uint64_t now_ns, struct stk_wbuf *w)
 {

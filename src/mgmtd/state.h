@@ -157,6 +157,16 @@ void stk_mgmt_state_set_host(struct stk_mgmt_state *st, uint32_t node_id, const 
  * logging each. Returns how many nodes went OFFLINE.
  */
 unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t timeout_ns);
+/*
+ * Replaces in its chain every target whose node has been OFFLINE longer than
+ * after_ns (and, with force_node, every target of that node at once) by a serving
+ * target in no chain, of a failure domain none of the chain's other members is in:
+ * the new one goes last, SYNCING, and copies the chain's chunks from its
+ * predecessor. A chain with no working member left, or no such target free, keeps
+ * its member. Returns how many were replaced.
+ */
+unsigned stk_mgmt_state_replace(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t after_ns,
+				uint32_t force_node);
 
 /* Whether a target of this state takes part in its chain (serving, or full). */
 /*

@@ -313,3 +313,41 @@ def test_a_node_cut_off_costs_a_pause_not_the_rpc_timeout(net):
     for _, (_, path, size, seed) in acks:
         net.check("verify", path, size, seed)
     assert net.cli("cat", "/big").stdout == data
+
+
+def test_a_node_gone_for_good_is_replaced(tmp_path):
+    """Four nodes, chains of three: the fourth node's target waits in no chain.
+    A chain member's node dies and stays dead past --replace-after: the spare takes
+    its place (syncing, then serving), copies the chain's chunks, and the chain has
+    three identical copies again, none on the dead node."""
+    with net_cluster(tmp_path, mgmtd_args=MGMTD + ["--replace-after", "3"]) as net:
+        net.add_meta("meta1")
+        for n in ("st1", "st2", "st3", "st4"):
+            net.add_storage(n, targets=1)
+        net.start_all()
+        net.wait_serving()
+        targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
+                                   else None)(*tables(net.status())))
+        assert len(chains) == 1, chains
+        (cid, (_, members, _)), = chains.items()
+        spare = [t for t in targets if t not in members]
+        assert len(spare) == 1, (targets, chains)
+        data = {"/r%d" % i: os.urandom(200_000 * i + 1) for i in range(6)}
+        for name, d in data.items():
+            net.cli("put", "-", name, input=d)
+        victim_t = members[1]
+        victim = targets[victim_t][1].split(os.sep)[-2]
+        net.kill(victim)
+
+        def replaced():
+            t, c = tables(net.status())
+            m = c[cid][1]
+            return (t, c) if victim_t not in m and spare[0] in m and all(
+                t[x][0] == "serving" for x in m) else None
+        targets, chains = wait_for("the spare serving in the chain", replaced, timeout=60)
+        assert chains[cid][1][-1] == spare[0] or spare[0] in chains[cid][1], chains
+        assert assert_replicas_identical(net, chains, targets) >= 6
+        for name, d in data.items():
+            assert net.cli("cat", name).stdout == d
+        mlog = open(net.nodes["mgmtd"].log).read()
+        assert "is replaced by target %d" % spare[0] in mlog, mlog[-3000:]

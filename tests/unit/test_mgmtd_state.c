@@ -726,6 +726,57 @@ out:
 	return rc;
 }
 
+/*
+ * A node gone longer than the replace time: each of its targets is replaced in its
+ * chain by a free target of a domain the chain lacks (SYNCING, last), never by one
+ * of a domain the chain already holds; not before the time, and never when 0.
+ */
+static int test_replace(void)
+{
+	struct stk_mgmt_state st;
+	uint32_t n1, n2, n3, n4, n5, v[2];
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	st.replicas = 3;
+	n1 = add_node(&st, "10.0.0.1:9500", "rack1", "h1", SEC);
+	n2 = add_node(&st, "10.0.0.2:9500", "rack2", "h2", SEC);
+	n3 = add_node(&st, "10.0.0.3:9500", "rack3", "h3", SEC);
+	REQUIRE(n1 && n2 && n3 && st.nchains == 2);
+	n5 = add_node(&st, "10.0.0.5:9500", "rack1", "h5", SEC); /* spare, but rack1 */
+	REQUIRE(n5 && st.nchains == 2);
+	for (uint32_t i = 0; i < 2; i++)
+		v[i] = st.chains[i].version;
+	/* n2 falls silent at 20 s */
+	for (uint32_t id = 1; id <= 4; id++)
+		if (id != n2)
+			REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 20 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_expire(&st, 20 * SEC, TIMEOUT) == 1);
+	/* only a rack1 target is free: it may not join a chain that holds rack1 */
+	REQUIRE(stk_mgmt_state_replace(&st, 100 * SEC, 10 * SEC, 0) == 0);
+	n4 = add_node(&st, "10.0.0.4:9500", "rack4", "h4", 100 * SEC);
+	REQUIRE(n4 && st.nchains == 2); /* one domain free: no new chain */
+	REQUIRE(stk_mgmt_state_replace(&st, 100 * SEC, 0, 0) == 0); /* 0: never */
+	REQUIRE(stk_mgmt_state_replace(&st, 100 * SEC, 10 * SEC, 0) == 2);
+	for (uint32_t i = 0; i < 2; i++) {
+		const struct stk_rt_chain *c = &st.chains[i];
+		const struct stk_rt_target *last = stk_mgmt_state_target(&st, c->targets[2]);
+
+		REQUIRE(c->ntargets == 3 && c->version > v[i] + 1);
+		REQUIRE(last && last->node_id == n4 && last->state == STK_TARGET_SYNCING);
+		for (int j = 0; j < 2; j++) {
+			const struct stk_rt_target *m = stk_mgmt_state_target(&st, c->targets[j]);
+
+			REQUIRE(m && m->node_id != n2 && m->state == STK_TARGET_SERVING);
+		}
+	}
+	/* nothing more to replace; n2's targets are in no chain */
+	REQUIRE(stk_mgmt_state_replace(&st, 200 * SEC, 10 * SEC, 0) == 0);
+	rc = 0;
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
 int main(void)
 {
 	struct stk_mgmt_state st;
@@ -745,7 +796,8 @@ int main(void)
 	/* The first four tests build on one state: the first that fails stops the run. */
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
-	     test_host_identity() || test_identity() || test_old_format() || test_replicas();
+	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
+	     test_replace();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
