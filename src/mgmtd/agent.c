@@ -64,6 +64,12 @@ struct stk_agent {
 	uint64_t fetch_done;	     /* number of the last fetch that succeeded */
 	int stop;
 	pthread_t hb_thread;
+	/*
+	 * Atomic: stk_now_ns() until which mgmtd surely counts this node alive (a
+	 * heartbeat's sending plus mgmtd's timeout, less a margin); 0 until one is
+	 * answered. See stk_agent_fenced.
+	 */
+	uint64_t alive_until_ns;
 };
 
 /*
@@ -273,6 +279,8 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 	uint32_t n;
 	int rc;
 
+	uint64_t sent = stk_now_ns();
+
 	n = collect_targets(a);
 	rq.node_id = a->node_id;
 	rq.ntargets = n;
@@ -290,7 +298,18 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 	if (stk_msg_mgmt_heartbeat_resp_dec(&r, &rp) || stk_rbuf_finish(&r))
 		return -EBADMSG;
 	*version = rp.routing_version;
+	/* mgmtd saw this heartbeat after `sent`: it waits timeout_ms from then at least */
+	if (rp.timeout_ms)
+		__atomic_store_n(&a->alive_until_ns,
+				 sent + (uint64_t)rp.timeout_ms * 1000000ull * 3 / 4, __ATOMIC_RELAXED);
 	return 0;
+}
+
+int stk_agent_fenced(struct stk_agent *a)
+{
+	uint64_t until = __atomic_load_n(&a->alive_until_ns, __ATOMIC_RELAXED);
+
+	return until && stk_now_ns() > until;
 }
 
 static int agent_stopping(struct stk_agent *a)

@@ -76,6 +76,15 @@ int stk_agent_target_synced(struct stk_agent *a, uint32_t target_id, uint32_t ch
 			    uint32_t chain_ver);
 
 /*
+ * Whether mgmtd may already have given up on this node: no heartbeat answered for
+ * three quarters of mgmtd's heartbeat timeout. A storage node then serves nothing
+ * of a replicated chain, since mgmtd may have moved its chains on without it
+ * (the node is cut off from mgmtd, not necessarily from clients). 0 until mgmtd
+ * has answered one heartbeat. Any thread, no lock.
+ */
+int stk_agent_fenced(struct stk_agent *a);
+
+/*
  * One-shot fetch from the leading mgmtd of the list `mgmtd`, for tools. Fills *rt
  * (free with stk_routing_free).
  */

@@ -211,6 +211,7 @@ static int handle_heartbeat(struct mgmtd *m, struct stk_rpc_req *req, struct stk
 	if (rc == 0)
 		persist(m); /* a failed save is logged; the node is alive all the same */
 	rp.routing_version = m->st.version;
+	rp.timeout_ms = (uint32_t)(m->timeout_ns / 1000000);
 	pthread_mutex_unlock(&m->lock);
 	if (rc == 0)
 		rc = stk_msg_mgmt_heartbeat_resp_enc(&resp->payload, &rp);

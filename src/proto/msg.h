@@ -218,7 +218,12 @@ enum stk_target_state {
 #define STK_MSG_MGMT_REGISTER_RESP(F) \
 	F(u32, node_id) F(u32, ntargets) F(u8, refused) F(u64, shard_ns_hi) F(u64, shard_ns_lo)
 #define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets) F(addr, host_id)
-#define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version)
+/*
+ * timeout_ms: mgmtd's heartbeat timeout; a node unheard of that long from the
+ * heartbeat's sending is taken out of its chains (a storage node fences itself
+ * before then: stk_agent_fenced).
+ */
+#define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version) F(u32, timeout_ms)
 #define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
 #define STK_MSG_MGMT_TARGET_SYNCED_REQ(F) \
 	F(u32, node_id) F(u32, target_id) F(u32, chain_id) F(u32, chain_ver)

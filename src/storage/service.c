@@ -69,6 +69,7 @@ struct storage {
 	unsigned nstores;
 	struct stk_pool *fwd; /* connections to successors in chains */
 	struct stk_callwatch *watch; /* forwards to a node gone offline: aborted */
+	int fenced; /* atomic: the last fenced() seen, for its log lines */
 	pthread_rwlock_t ino_locks[INO_LOCKS]; /* see the top: changes of an inode in order */
 	uint32_t pending[PENDING_SLOTS]; /* atomic: changes on their way down, by chunk hash */
 	struct stk_agent *agent;
@@ -149,6 +150,28 @@ struct hop {
 };
 
 /*
+ * Whether this node must serve no replicated chain now: mgmtd has not answered a
+ * heartbeat for so long that it may have taken the node out of its chains and let
+ * them go on without it (stk_agent_fenced). Then a client that still routes by an
+ * old table, or a predecessor cut off with us, would read or change a copy the
+ * rest of the chain no longer keeps. Logged when it starts and when it ends.
+ */
+static int fenced(struct storage *s)
+{
+	int now = stk_agent_fenced(s->agent), was = __atomic_load_n(&s->fenced, __ATOMIC_RELAXED);
+
+	if (now != was && __atomic_compare_exchange_n(&s->fenced, &was, now, 0, __ATOMIC_RELAXED,
+						      __ATOMIC_RELAXED)) {
+		if (now)
+			stk_warn("no heartbeat answered by mgmtd for most of its timeout: serving "
+				 "no replicated chain until it answers");
+		else
+			stk_info("mgmtd answers again: serving replicated chains");
+	}
+	return now;
+}
+
+/*
  * One look at our routing table for our target in chain_id (with check_ver, the
  * client's chain version must match ours). 0, -ESTALE (the client is behind) or
  * -EAGAIN (our table may be the one behind: refresh and look again).
@@ -161,6 +184,10 @@ static int route_look(struct storage *s, uint32_t chain_id, int check_ver, uint3
 	int ours_behind = 1;
 
 	h->cs = NULL;
+	if (c && c->ntargets > 1 && fenced(s)) {
+		stk_agent_routing_put(s->agent, ref);
+		return -ESTALE; /* the client asks mgmtd, and routes around this node */
+	}
 	if (c && c->ntargets && check_ver && c->version != chain_ver) {
 		ours_behind = chain_ver > c->version;
 	} else if (c) {

@@ -351,3 +351,66 @@ def test_a_node_gone_for_good_is_replaced(tmp_path):
             assert net.cli("cat", name).stdout == d
         mlog = open(net.nodes["mgmtd"].log).read()
         assert "is replaced by target %d" % spare[0] in mlog, mlog[-3000:]
+
+
+def fnv1a64(data):
+    h = 0xcbf29ce484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def test_a_node_cut_off_from_mgmtd_serves_no_stale_copy(net):
+    """st2 loses mgmtd (a blackhole route) but not the clients. mgmtd takes it out
+    of its chain and the file is rewritten without it. A client that still routes
+    by the old table reads st2's chunks on and on: st2 must refuse them once mgmtd
+    may have given up on it (it fences itself), so every read is the old file or
+    the new one, never a mix. Back in touch, st2 catches up and serves again."""
+    meta = net.add_meta("meta1")
+    meta.argv += ["--chunk-size", "64K"]  # 16 chunks a file: each replica serves some
+    for n in ("st1", "st2", "st3"):
+        net.add_storage(n, targets=1)
+    net.start_all()
+    net.wait_serving()
+    targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
+                               else None)(*tables(net.status())))
+    a, b = os.urandom(1 << 20), os.urandom(1 << 20)
+    net.cli("put", "-", "/s", input=a)
+    reader = subprocess.Popen(net.in_client([CHECK, "staleread", net.url, "/s", "60"]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = []
+    t = threading.Thread(target=lambda: lines.extend(reader.stdout), daemon=True)
+    t.start()
+    wait_for("the reader to read", lambda: len(lines) >= 3)
+    mgmtd_ip = net.mgmtd_addr.split(":")[0]
+    ns = net.netns["st2"]
+    st2 = {tid for tid, (_, p) in targets.items() if os.sep + "st2" + os.sep in p}
+    run(["ip", "-n", ns, "route", "add", "blackhole", mgmtd_ip + "/32"])
+    try:
+        wait_for("st2 offline", lambda: all(tables(net.status())[0][x][0] == "offline"
+                                            for x in st2))
+        # a new file renamed over the old: a reader opens one or the other, whole
+        net.cli("put", "-", "/s.new", input=b)
+        net.cli("mv", "/s.new", "/s")
+        n = len(lines)
+        wait_for("reads of the new file", lambda: len(lines) >= n + 20)
+    finally:
+        run(["ip", "-n", ns, "route", "del", "blackhole", mgmtd_ip + "/32"], check=False)
+    reader.kill()
+    reader.wait()
+    t.join(timeout=10)
+    got = [l.split() for l in lines if l.startswith(b"READ ")]
+    want = {fnv1a64(a): "old", fnv1a64(b): "new"}
+    seen = [want.get(h.decode(), "MIXED") for _, _, h in got]
+    assert "MIXED" not in seen, (seen, reader.stderr.read().decode()[-2000:])
+    assert seen[-1] == "new", seen
+    assert "serving no replicated chain" in open(net.nodes["st2"].log).read()
+
+    def serving_again():
+        tt, _ = tables(net.status())
+        return all(tt[d][0] == "serving" for d in st2)
+    wait_for("st2 serving again", serving_again, timeout=60)
+    time.sleep(1)
+    targets, final = tables(net.status())
+    assert assert_replicas_identical(net, final, targets) >= 16
+    assert net.cli("cat", "/s").stdout == b

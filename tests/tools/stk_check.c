@@ -21,6 +21,8 @@
  *                                         refused or contained, meta still serves
  *   special CLUSTER DIR                   stk_mknod (as root) and stk_fallocate: types,
  *                                         rdev, errors, bytes and st_blocks after holes
+ *   staleread CLUSTER PATH SECONDS     one client reads PATH whole again and again,
+ *                                         printing "READ size fnv1a64" for each
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
@@ -462,6 +464,59 @@ static int cmd_ackloop(int argc, char **argv)
 		printf("ACK %s %llu %llu\n", p, (unsigned long long)size,
 		       (unsigned long long)(i + 1));
 	}
+}
+
+/*
+ * staleread CLUSTER PATH SECONDS: one client reads PATH whole again and again for
+ * SECONDS, printing "READ size fnv1a64" for each read, and never asks mgmtd for a
+ * table unless a node tells it to: a node its table is out of date about is what
+ * it reads from.
+ */
+static int cmd_staleread(int argc, char **argv)
+{
+	uint64_t secs, end;
+	uint8_t *buf = NULL;
+	size_t cap = 0;
+
+	if (argc < 4 || stk_parse_u64(argv[3], &secs))
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	end = stk_now_ns() + secs * 1000000000ull;
+	while (stk_now_ns() < end) {
+		struct stat st;
+		stk_file *f;
+		uint64_t h = 0xcbf29ce484222325ull;
+		ssize_t n;
+		int rc = stk_stat(c, argv[2], &st);
+
+		if (rc == 0 && (size_t)st.st_size > cap) {
+			free(buf);
+			cap = (size_t)st.st_size;
+			buf = malloc(cap);
+			if (!buf)
+				return 1;
+		}
+		if (rc == 0)
+			rc = stk_open(c, argv[2], O_RDONLY, 0, &f);
+		if (rc) {
+			fprintf(stderr, "staleread: %s: %s\n", argv[2], stk_strerror(rc));
+			return 1;
+		}
+		n = stk_pread(f, buf, (size_t)st.st_size, 0);
+		stk_close(f);
+		if (n < 0) {
+			fprintf(stderr, "staleread: read: %s\n", stk_strerror((int)n));
+			return 1;
+		}
+		for (ssize_t i = 0; i < n; i++)
+			h = (h ^ buf[i]) * 0x100000001b3ull;
+		printf("READ %zd %016llx\n", n, (unsigned long long)h);
+		usleep(50000);
+	}
+	free(buf);
+	stk_disconnect(c);
+	return 0;
 }
 
 static int cmd_fill(int argc, char **argv)
@@ -1428,7 +1483,7 @@ int main(int argc, char **argv)
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
 		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
 		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special},
-		    {"cluster", cmd_cluster}};
+		    {"cluster", cmd_cluster}, {"staleread", cmd_staleread}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
