@@ -5,9 +5,11 @@
  *
  *   write   CLUSTER PATH SIZE SEED [BS]   write a deterministic pattern, close
  *   verify  CLUSTER PATH SIZE SEED        read it back whole and at random offsets
+ *   verifymany CLUSTER                    the same for each "PATH SIZE SEED" line of stdin
  *   api     CLUSTER DIR                   every API call and its errors
  *   concurrent CLUSTER DIR THREADS SIZE   writers to different files at once, verified
- *   ackloop CLUSTER DIR                   write+fsync files forever, print "ACK name size seed"
+ *   ackloop CLUSTER DIR [MAX]             write+fsync files (up to MAX bytes, 3M) forever,
+ *                                         print "ACK name size seed"
  *   fill    CLUSTER PATH                  write until ENOSPC; prints the bytes acknowledged
  *   frames  HOST:PORT                     malformed frames on raw sockets; server survives
  *   truncates HOST:PORT INO               malformed STOR_TRUNCATES naming INO to a storage
@@ -212,6 +214,33 @@ static int cmd_verify(int argc, char **argv)
 	int rc = verify_file(c, argv[2], size, seed);
 	stk_disconnect(c);
 	return rc ? 1 : 0;
+}
+
+/* verifymany CLUSTER: "PATH SIZE SEED" lines on stdin, each verified as verify does. */
+static int cmd_verifymany(int argc, char **argv)
+{
+	char line[4400], path[4200], size_s[32], seed_s[32];
+	unsigned long n = 0, bad = 0;
+
+	if (argc < 2)
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	while (fgets(line, sizeof(line), stdin)) {
+		uint64_t size, seed;
+
+		if (sscanf(line, "%4199s %31s %31s", path, size_s, seed_s) != 3 ||
+		    stk_parse_size(size_s, &size) || stk_parse_u64(seed_s, &seed)) {
+			fprintf(stderr, "verifymany: bad line: %s", line);
+			bad++;
+			continue;
+		}
+		n++;
+		if (verify_file(c, path, size, seed))
+			bad++;
+	}
+	stk_disconnect(c);
+	printf("verifymany: %lu files, %lu bad\n", n, bad);
+	return bad ? 1 : 0;
 }
 
 static void join(char *out, size_t len, const char *dir, const char *name)
@@ -449,12 +478,16 @@ static int cmd_ackloop(int argc, char **argv)
 {
 	if (argc < 3)
 		return 2;
+	uint64_t max = 3u << 20;
+
+	if (argc > 3 && (stk_parse_size(argv[3], &max) || max == 0))
+		return 2;
 	stk_client *c = connect_or_die(argv[1]);
 	stk_mkdir(c, argv[2], 0755);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	for (uint64_t i = 0;; i++) {
 		char p[4200];
-		uint64_t size = (i * 7919) % (3u << 20) + 1;
+		uint64_t size = (i * 7919) % max + 1;
 		snprintf(p, sizeof(p), "%s/f%llu", argv[2], (unsigned long long)i);
 		int rc = write_file(c, p, size, i + 1, 256 << 10);
 		if (rc) {
@@ -1483,7 +1516,8 @@ int main(int argc, char **argv)
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
 		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
 		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special},
-		    {"cluster", cmd_cluster}, {"staleread", cmd_staleread}};
+		    {"cluster", cmd_cluster}, {"staleread", cmd_staleread},
+		    {"verifymany", cmd_verifymany}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
