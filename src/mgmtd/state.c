@@ -285,17 +285,39 @@ static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
  * Target t just left its chain's working set (OFFLINE): the chain's version is
  * bumped, so that whoever routes with the old one is told (STALE_ROUTING) and
  * sends again to the members left.
+ *
+ * While other members still work, t also moves to just behind the last of them:
+ * they will take changes t never sees. So a chain's members stay ordered by how
+ * recent their copies are, the working ones first, then the lost ones from the
+ * last to go to the first; when all are lost, the first member is the one that
+ * holds every acknowledged change, and only it may serve again by itself
+ * (target_back).
  */
 static void chain_lost(struct stk_mgmt_state *st, const struct stk_rt_target *t)
 {
-	for (uint32_t i = 0; i < st->nchains; i++)
-		for (uint8_t j = 0; j < st->chains[i].ntargets; j++)
-			if (st->chains[i].targets[j] == t->id) {
-				st->chains[i].version++;
-				if (st->chains[i].ntargets > 1)
-					stk_warn("chain %u goes on without target %u (version %u)",
-						 st->chains[i].id, t->id, st->chains[i].version);
-			}
+	for (uint32_t i = 0; i < st->nchains; i++) {
+		struct stk_rt_chain *c = &st->chains[i];
+		int at = -1, last_working = -1;
+
+		for (int j = 0; j < (int)c->ntargets; j++) {
+			const struct stk_rt_target *m = stk_mgmt_state_target(st, c->targets[j]);
+
+			if (c->targets[j] == t->id)
+				at = j;
+			else if (m && stk_mgmt_target_active(m->state))
+				last_working = j;
+		}
+		if (at < 0)
+			continue;
+		c->version++;
+		if (c->ntargets > 1)
+			stk_warn("chain %u goes on without target %u (version %u)", c->id, t->id,
+				 c->version);
+		for (int j = at; j < last_working; j++) /* t goes right behind the last working */
+			c->targets[j] = c->targets[j + 1];
+		if (last_working > at)
+			c->targets[last_working] = t->id;
+	}
 }
 
 /* The chain that holds target tid as a member, or NULL. */
@@ -310,10 +332,12 @@ static struct stk_rt_chain *chain_of(struct stk_mgmt_state *st, uint32_t tid)
 
 /*
  * A target comes back (its node registers or heartbeats again). In a chain of one,
- * or one whose every other member is gone too, it serves; in a chain that went on
- * without it, it goes last in the chain, SYNCING, until its node says it has
- * copied what it missed (stk_mgmt_state_target_synced). Bumps the chain's version
- * whenever the members that changes reach change.
+ * or as the first member of a chain whose every member is gone (the newest copy:
+ * see chain_lost), it serves; in a chain that went on without it, it goes last in
+ * the chain, SYNCING, until its node says it has copied what it missed
+ * (stk_mgmt_state_target_synced); behind a first member still gone, it is SYNCING
+ * and waits for that one. Bumps the chain's version whenever the members that
+ * changes reach change.
  */
 static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
 {
@@ -326,6 +350,17 @@ static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
 
 			others += o && o != t && stk_mgmt_target_active(o->state);
 		}
+	if (c && c->ntargets > 1 && !others && c->targets[0] != t->id) {
+		/* every member is lost, and one of them holds changes this one missed */
+		if (t->state != STK_TARGET_SYNCING)
+			stk_warn("target %u (%s) is back, but chain %u's newest copy is on target "
+				 "%u, still gone: SYNCING (serving nothing) until that one is back",
+				 t->id, t->path, c->id, c->targets[0]);
+		target_set_state(t, STK_TARGET_SYNCING);
+		c->version++;
+		bump(st);
+		return;
+	}
 	if (c && c->ntargets > 1 && others) {
 		uint8_t j = 0;
 

@@ -777,6 +777,65 @@ static int test_replace(void)
 	return rc;
 }
 
+/*
+ * Every member of a chain lost, one after the other: the last one to go holds
+ * every acknowledged change. Back in any order, only it serves by itself; one back
+ * before it waits, SYNCING, and copies from it once it is back.
+ */
+static int test_all_lost(void)
+{
+	struct stk_mgmt_state st;
+	struct stk_msg_target_info t[2];
+	uint32_t n[4], last, first_gone;
+	const struct stk_rt_chain *c;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	st.replicas = 3;
+	n[1] = add_node(&st, "10.0.0.1:9500", "rack1", "h1", SEC);
+	n[2] = add_node(&st, "10.0.0.2:9500", "rack2", "h2", SEC);
+	n[3] = add_node(&st, "10.0.0.3:9500", "rack3", "h3", SEC);
+	REQUIRE(n[1] == 1 && n[2] == 2 && n[3] == 3 && st.nchains == 2);
+	c = &st.chains[0];
+	/* the chain's members die one by one: the head first, the tail last */
+	first_gone = stk_mgmt_state_target(&st, c->targets[0])->node_id;
+	last = stk_mgmt_state_target(&st, c->targets[2])->node_id;
+	{
+		uint32_t order[3] = {first_gone, 6 - first_gone - last, last};
+		uint64_t now = 20 * SEC;
+
+		for (int k = 0; k < 3; k++, now += 20 * SEC) {
+			for (uint32_t id = 1; id <= 3; id++) {
+				int dead = 0;
+
+				for (int q = 0; q <= k; q++)
+					dead |= order[q] == id;
+				if (!dead)
+					REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, now) == 0);
+			}
+			REQUIRE(stk_mgmt_state_expire(&st, now, TIMEOUT) == 1);
+		}
+	}
+	REQUIRE(stk_mgmt_state_target(&st, c->targets[0])->node_id == last);
+	REQUIRE(stk_mgmt_state_target(&st, c->targets[2])->node_id == first_gone);
+	/* the first to go comes back first: it waits */
+	tinfo(&t[0], 2 * first_gone - 1, "/t0", 0);
+	tinfo(&t[1], 2 * first_gone, "/t1", 0);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, first_gone, t, 2, 100 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_target(&st, c->targets[2])->state == STK_TARGET_SYNCING);
+	REQUIRE(stk_mgmt_state_target(&st, c->targets[0])->state == STK_TARGET_OFFLINE);
+	/* the last to go comes back: it serves, the other copies from it */
+	tinfo(&t[0], 2 * last - 1, "/t0", 0);
+	tinfo(&t[1], 2 * last, "/t1", 0);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, last, t, 2, 101 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_target(&st, c->targets[0])->state == STK_TARGET_SERVING);
+	REQUIRE(stk_mgmt_state_target(&st, c->targets[0])->node_id == last);
+	REQUIRE(stk_mgmt_state_target(&st, c->targets[2])->state == STK_TARGET_SYNCING);
+	rc = 0;
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
 int main(void)
 {
 	struct stk_mgmt_state st;
@@ -797,7 +856,7 @@ int main(void)
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
 	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
-	     test_replace();
+	     test_replace() || test_all_lost();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
