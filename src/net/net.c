@@ -125,11 +125,21 @@ int stk_net_auth_set(const uint8_t *key, size_t len)
 		return -EINVAL;
 	pthread_mutex_lock(&auth_lock);
 	for (unsigned i = 0; i < auth_nkeys; i++)
-		if (auth_keys[i].len == len && memcmp(auth_keys[i].key, key, len) == 0)
+		if (auth_keys[i].len == len && memcmp(auth_keys[i].key, key, len) == 0) {
+			/* held already: it becomes the newest */
+			struct auth_key k = auth_keys[i];
+
+			memmove(&auth_keys[i], &auth_keys[i + 1],
+				(auth_nkeys - i - 1) * sizeof(auth_keys[0]));
+			auth_keys[auth_nkeys - 1] = k;
 			goto out;
+		}
 	if (auth_nkeys == AUTH_KEYS_MAX) {
-		rc = -ENOSPC;
-		goto out;
+		/* full: the key added longest ago goes (a process that met many clusters
+		 * one after the other, such as a test runner, talks to the last ones) */
+		memset(&auth_keys[0], 0, sizeof(auth_keys[0]));
+		memmove(&auth_keys[0], &auth_keys[1], (AUTH_KEYS_MAX - 1) * sizeof(auth_keys[0]));
+		auth_nkeys--;
 	}
 	memcpy(auth_keys[auth_nkeys].key, key, len);
 	auth_keys[auth_nkeys++].len = len;

@@ -41,10 +41,11 @@ struct stk_conn;
  * holds any, stk_conn_connect() opens every connection with the key handshake: the
  * server must prove one of them, then this side proves the same one; a server that
  * has no key (a daemon run with --auth off) answers so and the connection goes on
- * without. Keys are only added, never removed (a process talks to a few clusters).
+ * without. A process holds the 8 keys added last (it talks to a few clusters at
+ * once; one that meets many one after the other, a test runner, talks to the last).
  *
- * stk_net_auth_set: adds key (STK_AUTH_KEY_MIN..MAX bytes; copied). 0, -EINVAL
- * (length), -ENOSPC (8 keys held already). stk_net_auth_load: reads a key file
+ * stk_net_auth_set: adds key (STK_AUTH_KEY_MIN..MAX bytes; copied), dropping the
+ * one added longest ago when 8 are held. 0 or -EINVAL (length). stk_net_auth_load: reads a key file
  * (stk_auth_key_load) and adds its key; 0 or -errno with err set for a person.
  * stk_net_auth_keys: how many are held. Any thread.
  */

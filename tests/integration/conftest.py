@@ -261,6 +261,24 @@ def stacks(pid):
     return "\n".join(out)
 
 
+def holders(path):
+    """Processes with a descriptor, cwd or map below path: [(pid, comm, what)]."""
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = [os.readlink("/proc/%s/cwd" % pid)]
+            fds = "/proc/%s/fd" % pid
+            links += [os.readlink(os.path.join(fds, fd)) for fd in os.listdir(fds)]
+            with open("/proc/%s/maps" % pid) as f:
+                links += [l.split(None, 5)[-1].strip() for l in f if path in l]
+            with open("/proc/%s/comm" % pid) as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        out += [(int(pid), comm, l) for l in links if l.startswith(path)]
+    return out
+
+
 def gone(pid, timeout):
     """Waits up to timeout s for process pid to exit (a zombie counts as gone)."""
     end = time.time() + timeout
@@ -325,11 +343,16 @@ class Mount:
             except (OSError, ValueError):
                 pid = None
             p = run([STOKER, "umount", self.path], check=False, timeout=120)
-            if p.returncode != 0 and self.mounted():
+            lazy = p.returncode != 0 and self.mounted()
+            if lazy:
                 run(["umount", "-l", self.path], check=False)
             if pid and not gone(pid, 60):
-                self.lingered = "mount daemon %d still running after its umount\n%s" % (
-                    pid, stacks(pid))
+                self.lingered = ("mount daemon %d still running after its umount (%s)\n"
+                                 "open below the mount point: %s\n%s" % (
+                                     pid, "lazy, `stoker umount` said: %s" %
+                                     p.stderr.decode(errors="replace").strip()
+                                     if lazy else "stoker umount said 0",
+                                     holders(self.path), stacks(pid)))
                 os.kill(pid, signal.SIGKILL)
 
     def log(self):

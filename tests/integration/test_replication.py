@@ -91,6 +91,33 @@ def assert_replicas_identical(net, chains, targets, skip=()):
     return checked
 
 
+def serving_again(net, tids, timeout=60):
+    """Waits until targets tids serve, then a second more (a change on its way
+    lands); returns (targets, chains)."""
+    def serving():
+        t, _ = tables(net.status())
+        return all(t[d][0] == "serving" for d in tids)
+    wait_for("targets %s serving again" % sorted(tids), serving, timeout=timeout)
+    time.sleep(1)
+    return tables(net.status())
+
+
+def chain_of_three(net, chunk_size=None, before_start=None):
+    """meta1 and st1..st3 of one target each: one chain of three. Returns (targets,
+    chains) as `tables` reads them once it serves."""
+    meta = net.add_meta("meta1")
+    if chunk_size:
+        meta.argv += ["--chunk-size", chunk_size]
+    for n in ("st1", "st2", "st3"):
+        net.add_storage(n, targets=1)
+    if before_start:
+        before_start()
+    net.start_all()
+    net.wait_serving()
+    return wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
+                    else None)(*tables(net.status())))
+
+
 def test_three_copies_survive_a_dead_node_under_load(net):
     net.add_meta("meta1")
     for n in ("st1", "st2", "st3"):
@@ -192,16 +219,12 @@ def test_a_damaged_copy_is_read_around_and_repaired(net):
     right bytes (the damaged member answers CHUNK_DAMAGED and the client reads
     another), each chunk read there is rewritten from a good member, and the
     scrubber finds and repairs the ones nobody read."""
-    meta = net.add_meta("meta1")
-    meta.argv += ["--chunk-size", "64K"]  # a 2 MiB file: 32 chunks on one chain
-    for n in ("st1", "st2", "st3"):
-        net.add_storage(n, targets=1)
+    def metrics_on_st1():
+        st1 = net.nodes["st1"]
+        st1.argv += ["--metrics", "%s:%d" % (st1.addr.split(":")[0], net.port + 10)]
+    # a 2 MiB file: 32 chunks on one chain
+    targets, chains = chain_of_three(net, chunk_size="64K", before_start=metrics_on_st1)
     st1 = net.nodes["st1"]
-    st1.argv += ["--metrics", "%s:%d" % (st1.addr.split(":")[0], net.port + 10)]
-    net.start_all()
-    net.wait_serving()
-    targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
-                               else None)(*tables(net.status())))
     data = os.urandom(2 << 20)
     net.cli("put", "-", "/d", input=data)
     assert assert_replicas_identical(net, chains, targets) >= 32
@@ -252,13 +275,7 @@ def test_a_node_cut_off_costs_a_pause_not_the_rpc_timeout(net):
     flight to it (a client's, a head's forward) are given up once mgmtd marks it
     offline, not at the RPC timeout (a minute): the writer and a reader pause for
     about the heartbeat timeout. Healed, the node resyncs and all copies agree."""
-    net.add_meta("meta1")
-    for n in ("st1", "st2", "st3"):
-        net.add_storage(n, targets=1)
-    net.start_all()
-    net.wait_serving()
-    targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
-                               else None)(*tables(net.status())))
+    targets, chains = chain_of_three(net)
     data = os.urandom(8 << 20)
     net.cli("put", "-", "/big", input=data)
 
@@ -303,12 +320,7 @@ def test_a_node_cut_off_costs_a_pause_not_the_rpc_timeout(net):
         net.heal("st2")
     dead = {tid for tid, (_, p) in targets.items() if os.sep + "st2" + os.sep in p}
 
-    def serving_again():
-        tt, _ = tables(net.status())
-        return all(tt[d][0] == "serving" for d in dead)
-    wait_for("st2's targets serving again", serving_again, timeout=90)
-    time.sleep(1)
-    targets, final = tables(net.status())
+    targets, final = serving_again(net, dead, timeout=90)
     assert assert_replicas_identical(net, final, targets) >= 8
     for _, (_, path, size, seed) in acks:
         net.check("verify", path, size, seed)
@@ -366,14 +378,8 @@ def test_a_node_cut_off_from_mgmtd_serves_no_stale_copy(net):
     by the old table reads st2's chunks on and on: st2 must refuse them once mgmtd
     may have given up on it (it fences itself), so every read is the old file or
     the new one, never a mix. Back in touch, st2 catches up and serves again."""
-    meta = net.add_meta("meta1")
-    meta.argv += ["--chunk-size", "64K"]  # 16 chunks a file: each replica serves some
-    for n in ("st1", "st2", "st3"):
-        net.add_storage(n, targets=1)
-    net.start_all()
-    net.wait_serving()
-    targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
-                               else None)(*tables(net.status())))
+    # 16 chunks a file of 1 MiB: each replica serves some
+    targets, chains = chain_of_three(net, chunk_size="64K")
     a, b = os.urandom(1 << 20), os.urandom(1 << 20)
     net.cli("put", "-", "/s", input=a)
     reader = subprocess.Popen(net.in_client([CHECK, "staleread", net.url, "/s", "60"]),
@@ -406,12 +412,7 @@ def test_a_node_cut_off_from_mgmtd_serves_no_stale_copy(net):
     assert seen[-1] == "new", seen
     assert "serving no replicated chain" in open(net.nodes["st2"].log).read()
 
-    def serving_again():
-        tt, _ = tables(net.status())
-        return all(tt[d][0] == "serving" for d in st2)
-    wait_for("st2 serving again", serving_again, timeout=60)
-    time.sleep(1)
-    targets, final = tables(net.status())
+    targets, final = serving_again(net, st2)
     assert assert_replicas_identical(net, final, targets) >= 16
     assert net.cli("cat", "/s").stdout == b
 
@@ -423,13 +424,7 @@ def test_every_copy_lost_and_back_in_any_order(net):
     must not serve (its copy lacks the later files), so reads wait or fail, never
     return wrong bytes. The last node back serves, the others copy from it, and
     every file reads back."""
-    net.add_meta("meta1")
-    for n in ("st1", "st2", "st3"):
-        net.add_storage(n, targets=1)
-    net.start_all()
-    net.wait_serving()
-    targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
-                               else None)(*tables(net.status())))
+    targets, chains = chain_of_three(net)
     tid = {n: t for t, (_, p) in targets.items() for n in ("st1", "st2", "st3")
            if os.sep + n + os.sep in p}
     files = {}

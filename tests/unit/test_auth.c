@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/auth.h"
+#include "net/net.h"
 #include "check.h"
 
 static void unhex(const char *h, uint8_t *out)
@@ -126,9 +127,28 @@ static void test_key_files(void)
 	check_rm_rf(dir);
 }
 
+/* A process holds the 8 keys it added last: a ninth drops the oldest, never fails. */
+static void test_process_keys(void)
+{
+	uint8_t key[32];
+
+	for (int i = 0; i < 9; i++) {
+		memset(key, 'a' + i, sizeof(key));
+		CHECK_RC(stk_net_auth_set(key, sizeof(key)), 0);
+	}
+	CHECK(stk_net_auth_keys() == 8);
+	memset(key, 'a', sizeof(key)); /* the one dropped, back */
+	CHECK_RC(stk_net_auth_set(key, sizeof(key)), 0);
+	memset(key, 'i', sizeof(key)); /* held: moved, not added */
+	CHECK_RC(stk_net_auth_set(key, sizeof(key)), 0);
+	CHECK(stk_net_auth_keys() == 8);
+	CHECK_RC(stk_net_auth_set(key, 8), -EINVAL);
+}
+
 int main(void)
 {
 	CHECK_RUN(test_mac);
 	CHECK_RUN(test_key_files);
+	CHECK_RUN(test_process_keys);
 	return check_done();
 }
