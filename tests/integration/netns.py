@@ -34,6 +34,20 @@ from conftest import CHECK, STOKER, run
 from roles import RoleCluster
 
 
+# `ip netns exec` gives the command a mount namespace of its own, a copy of this
+# one: with the FUSE mounts other tests hold at that moment. The copy keeps each
+# one's file system alive after its test unmounts it here, so its mount daemon
+# would not exit until the command does (our mounts are private: the unmount does
+# not reach the copy). So the command first drops the copies, in its namespace only.
+DROP_FUSE = ('findmnt -rn -o TARGET,FSTYPE | while read -r m t; do case "$t" in fuse*) '
+             'umount -l "$m" 2>/dev/null;; esac; done; exec "$@"')
+
+
+def netns_exec(ns, argv):
+    """argv run in network namespace ns, without other tests' FUSE mounts."""
+    return ["ip", "netns", "exec", ns, "sh", "-c", DROP_FUSE, "sh"] + list(argv)
+
+
 def ip(*args, check=True):
     return run(["ip"] + list(args), check=check, timeout=30)
 
@@ -87,7 +101,7 @@ class NetCluster(RoleCluster):
             self.mgmtd_addr = "%s:%d" % (addr, self.port)
             self.url = "stk://" + self.mgmtd_addr
         node = super()._add(name, role, addr, extra)
-        node.argv = ["ip", "netns", "exec", self.netns[name]] + node.argv
+        node.argv = netns_exec(self.netns[name], node.argv)
         return node
 
     def add_meta(self, name, ip=None):
@@ -110,7 +124,7 @@ class NetCluster(RoleCluster):
         ip("link", "set", self.links[name], "up")
 
     def in_client(self, argv):
-        return ["ip", "netns", "exec", self.netns["client"]] + list(argv)
+        return netns_exec(self.netns["client"], argv)
 
     def status(self):
         return run(self.in_client([STOKER, "status", "--cluster", self.url]),
