@@ -498,6 +498,18 @@ struct stk_cluster_space {
 STK_API int stk_cluster_resolve(const char *cluster, char *addr, size_t len);
 
 /*
+ * Gives up on an offline storage node (`stoker admin remove-node`): mgmtd replaces
+ * each of its targets in its chain now, by a free target of a failure domain the
+ * chain lacks, which then copies the chain's chunks (as after mgmtd's
+ * --replace-after). *replaced: how many were; *kept: how many are still in a chain
+ * (no such free target, or no working member left to copy from). Errors: -ENOENT
+ * (no storage node of that id), -EBUSY (it is online: stop it first), as
+ * stk_connect for reaching the cluster.
+ */
+STK_API int stk_cluster_remove_node(const char *cluster, uint32_t node_id, uint32_t *replaced,
+				    uint32_t *kept);
+
+/*
  * Fetches the status of the cluster whose mgmtd `cluster` names (as
  * stk_cluster_resolve takes it; NULL: the default cluster): one connection, one
  * request, no retry, so that a cluster that cannot be reached says so at once: a

@@ -3,6 +3,8 @@
  * key (docs/security.md): 32 random bytes as hex, mode 0600, never over an existing
  * file. Give it to every daemon with --key-file FILE and to clients with
  * --key-file / $STOKER_KEY_FILE (`stoker up` makes DATA/cluster.key itself).
+ * `admin remove-node ID` gives up on an offline storage node now: mgmtd replaces
+ * each of its targets in its chain (docs/architecture.md, "Replication").
  */
 #include "cli.h"
 
@@ -11,12 +13,63 @@
 #include <string.h>
 
 #include "../common/auth.h"
+#include "../common/util.h"
+
+static int remove_node(int argc, char **argv)
+{
+	const char *cluster = NULL;
+	uint64_t id = 0;
+	uint32_t replaced = 0, kept = 0;
+	int rc, have = 0;
+
+	for (int i = 2; i < argc; i++) {
+		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
+			cluster = argv[++i];
+		} else if (!have && stk_parse_u64(argv[i], &id) == 0 && id && id <= UINT32_MAX) {
+			have = 1;
+		} else {
+			cli_err("admin", "remove-node: unexpected argument '%s'", argv[i]);
+			return cli_usage("admin");
+		}
+	}
+	if (!have) {
+		cli_err("admin", "remove-node needs a storage node's id (`stoker status`, Nodes)");
+		return cli_usage("admin");
+	}
+	rc = stk_cluster_remove_node(cluster, (uint32_t)id, &replaced, &kept);
+	if (rc == -ENOENT) {
+		cli_err("admin", "remove-node: the cluster has no storage node %llu",
+			(unsigned long long)id);
+		return 1;
+	}
+	if (rc == -EBUSY) {
+		cli_err("admin", "remove-node: node %llu is online: stop it first (its targets are "
+				 "replaced only once it is gone)",
+			(unsigned long long)id);
+		return 1;
+	}
+	if (rc) {
+		cli_err("admin", "remove-node: %s", stk_strerror(rc));
+		return 1;
+	}
+	printf("node %llu: %u target(s) replaced in their chains (the new ones copy the chain's "
+	       "chunks: `stoker status` shows them syncing)",
+	       (unsigned long long)id, replaced);
+	if (kept)
+		printf("; %u kept: no free target of another failure domain, or no working "
+		       "member to copy from",
+		       kept);
+	printf("\n");
+	return kept ? 1 : 0;
+}
 
 int cmd_admin(int argc, char **argv)
 {
 	const char *key = NULL;
 	int rc;
 
+	if (argc >= 2 && strcmp(argv[1], "remove-node") == 0)
+		return remove_node(argc, argv);
 	if (argc < 2 || strcmp(argv[1], "init") != 0)
 		return cli_usage("admin");
 	for (int i = 2; i < argc; i++) {

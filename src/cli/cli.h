@@ -31,8 +31,8 @@
 	X(storage, cmd_storage,                                                                 \
 	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--resync-rate MB/s] [--metrics ADDR] [--host-id ID] [--scrub-rate SIZE] [--scrub-interval S] [--key-file F | --auth off] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
-	X(admin, cmd_admin, "admin init --key FILE",                                            \
-	  "make a cluster key file (mode 0600) for --key-file; docs/security.md")               \
+	X(admin, cmd_admin, "admin init --key FILE | admin remove-node ID [--cluster ADDR]",     \
+	  "make a cluster key file (mode 0600); replace an offline storage node's targets now") \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "mgmtd leader and followers, nodes, targets, chains and the metadata shard map")                                  \
 	X(top, cmd_top, "top [--cluster stk://HOST:PORT] [--metrics ADDR,...] [--mount ADDR,...] [--interval S] [--once]", \

@@ -21,6 +21,7 @@
 
 #include "../common/host.h"
 #include "../common/util.h"
+#include "../proto/status.h"
 
 /* As the node agent's one-shot fetch: long enough for a loaded host, short for a person. */
 #define CLUSTER_CONNECT_TIMEOUT_MS 2000
@@ -308,4 +309,47 @@ const struct stk_cluster_shard *stk_cluster_status_shard(const stk_cluster_statu
 const struct stk_cluster_space *stk_cluster_status_space(const stk_cluster_status *s)
 {
 	return &s->space;
+}
+
+int stk_cluster_remove_node(const char *cluster, uint32_t node_id, uint32_t *replaced,
+			    uint32_t *kept)
+{
+	struct stk_msg_mgmt_remove_node_req rq = {.node_id = node_id};
+	struct stk_msg_mgmt_remove_node_resp rp;
+	struct stk_mgmt_addrs l;
+	struct stk_conn *c = NULL;
+	uint8_t req[16], resp[64];
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	char list[STK_CLUSTER_ADDR_MAX];
+	int rc = stk_cluster_resolve(cluster, list, sizeof(list));
+
+	if (rc == 0)
+		rc = stk_mgmt_addrs_parse(&l, list);
+	if (rc == 0)
+		rc = stk_client_auth_find(list, NULL);
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_mgmt_remove_node_req_enc(&w, &rq);
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_MGMT_REMOVE_NODE;
+	rpc.req = req;
+	rpc.req_len = w.len;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	rc = stk_mgmt_call(&l, &c, 2000, &rpc);
+	if (c)
+		stk_conn_close(c);
+	if (rc == 0)
+		rc = stk_status_to_errno(rpc.status);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_mgmt_remove_node_resp_dec(&r, &rp) || stk_rbuf_finish(&r))
+		return -EBADMSG;
+	*replaced = rp.replaced;
+	*kept = rp.kept;
+	return 0;
 }

@@ -236,6 +236,53 @@ static int handle_target_synced(struct mgmtd *m, struct stk_rpc_req *req)
 	return rc;
 }
 
+/* Targets of node_id that are members of a chain. */
+static uint32_t node_chained(const struct stk_mgmt_state *st, uint32_t node_id)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < st->nchains; i++)
+		for (uint8_t j = 0; j < st->chains[i].ntargets; j++) {
+			const struct stk_rt_target *t =
+			    stk_mgmt_state_target(st, st->chains[i].targets[j]);
+
+			n += t && t->node_id == node_id;
+		}
+	return n;
+}
+
+static int handle_remove_node(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_remove_node_req rq;
+	struct stk_msg_mgmt_remove_node_resp rp = {0};
+	const struct stk_mgmt_node *n;
+	int rc = 0;
+
+	if (stk_msg_mgmt_remove_node_req_dec(&req->payload, &rq) ||
+	    stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	n = stk_mgmt_state_node(&m->st, rq.node_id);
+	if (!m->leading)
+		rc = -EREMCHG;
+	else if (!n || n->role != STK_ROLE_STORAGE)
+		rc = -ENOENT;
+	else if (n->state == STK_NODE_ONLINE)
+		rc = -EBUSY;
+	if (rc == 0) {
+		stk_warn("node %u (%s): removal asked for: its targets are replaced now", n->id,
+			 n->addr);
+		rp.replaced = stk_mgmt_state_replace(&m->st, stk_now_ns(), 0, rq.node_id);
+		rp.kept = node_chained(&m->st, rq.node_id);
+		if (rp.replaced)
+			rc = persist(m);
+	}
+	pthread_mutex_unlock(&m->lock);
+	if (rc == 0)
+		rc = stk_msg_mgmt_remove_node_resp_enc(&resp->payload, &rp);
+	return rc;
+}
+
 static int handle_get_routing(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_mgmt_get_routing_req rq;
@@ -281,6 +328,8 @@ static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return handle_heartbeat(m, req, resp);
 	case STK_OP_MGMT_GET_ROUTING:
 		return handle_get_routing(m, req, resp);
+	case STK_OP_MGMT_REMOVE_NODE:
+		return handle_remove_node(m, req, resp);
 	case STK_OP_MGMT_TARGET_SYNCED:
 		return handle_target_synced(m, req);
 	case STK_OP_MGMT_LEADER:

@@ -225,6 +225,9 @@ enum stk_target_state {
  */
 #define STK_MSG_MGMT_HEARTBEAT_RESP(F) F(u64, routing_version) F(u32, timeout_ms)
 #define STK_MSG_MGMT_GET_ROUTING_REQ(F) F(u64, known_version)
+/* MGMT_REMOVE_NODE: an offline storage node's targets replaced in their chains now. */
+#define STK_MSG_MGMT_REMOVE_NODE_REQ(F) F(u32, node_id)
+#define STK_MSG_MGMT_REMOVE_NODE_RESP(F) F(u32, replaced) F(u32, kept)
 #define STK_MSG_MGMT_TARGET_SYNCED_REQ(F) \
 	F(u32, node_id) F(u32, target_id) F(u32, chain_id) F(u32, chain_ver)
 /*
@@ -536,6 +539,8 @@ enum stk_target_state {
 	X(stor_sync_read_req, STK_MSG_STOR_SYNC_READ_REQ)         \
 	X(stor_sync_read_resp, STK_MSG_STOR_SYNC_READ_RESP)       \
 	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ) \
+	X(mgmt_remove_node_req, STK_MSG_MGMT_REMOVE_NODE_REQ)     \
+	X(mgmt_remove_node_resp, STK_MSG_MGMT_REMOVE_NODE_RESP)   \
 	X(auth_hello_req, STK_MSG_AUTH_HELLO_REQ)                 \
 	X(auth_hello_resp, STK_MSG_AUTH_HELLO_RESP)               \
 	X(auth_proof_req, STK_MSG_AUTH_PROOF_REQ)

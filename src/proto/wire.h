@@ -82,6 +82,11 @@
 	 * stk_target_state): mgmtd makes it SERVING. STALE when the chain's version is  \
 	 * another now (the node syncs again). */                                         \
 	X(MGMT_TARGET_SYNCED, 8, mgmt_target_synced_req, none, "a target caught up")             \
+	/* An operator gives up on an offline storage node: each of its targets is replaced \
+	 * in its chain now, as after --replace-after (mgmtd/state.h). NOENT: no such     \
+	 * storage node; BUSY: it is online. */                                          \
+	X(MGMT_REMOVE_NODE, 9, mgmt_remove_node_req, mgmt_remove_node_resp,                 \
+	  "replace an offline node's targets now")                                          \
 	/* Who leads: any mgmtd answers it, leader or not. In cluster mode (--etcd) only the   \
 	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
 	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \

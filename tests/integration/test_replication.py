@@ -467,3 +467,45 @@ def test_every_copy_lost_and_back_in_any_order(net):
     for name, data in files.items():
         assert net.cli("cat", name).stdout == data
     assert "newest copy is on target %d" % tid["st3"] in open(net.nodes["mgmtd"].log).read()
+
+
+def test_remove_node_replaces_an_offline_node_now(tmp_path):
+    """`stoker admin remove-node ID`: an offline node's target is replaced in its
+    chain at once (mgmtd's --replace-after is ten minutes); an online node or an
+    unknown id is refused with a clear message."""
+    with net_cluster(tmp_path, mgmtd_args=MGMTD) as net:
+        net.add_meta("meta1")
+        for n in ("st1", "st2", "st3", "st4"):
+            net.add_storage(n, targets=1)
+        net.start_all()
+        net.wait_serving()
+        targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
+                                   else None)(*tables(net.status())))
+        (cid, (_, members, _)), = chains.items()
+        spare = [t for t in targets if t not in members][0]
+        data = os.urandom(700_000)
+        net.cli("put", "-", "/r", input=data)
+        victim_t = members[0]
+        node = [int(l.split()[1]) for l in net.status().splitlines()
+                if l.split()[:1] == [str(victim_t)] and l.endswith(targets[victim_t][1])][0]
+        victim = targets[victim_t][1].split(os.sep)[-2]
+
+        p = net.cli("admin", "remove-node", str(node), "--cluster", net.url, check=False)
+        assert p.returncode == 1 and b"is online: stop it first" in p.stderr, p.stderr
+        p = net.cli("admin", "remove-node", "999", "--cluster", net.url, check=False)
+        assert p.returncode == 1 and b"has no storage node 999" in p.stderr, p.stderr
+
+        net.kill(victim)
+        wait_for("the victim offline", lambda: tables(net.status())[0][victim_t][0]
+                 == "offline")
+        p = net.cli("admin", "remove-node", str(node), "--cluster", net.url)
+        assert b"1 target(s) replaced" in p.stdout, p.stdout
+
+        def replaced():
+            t, c = tables(net.status())
+            m = c[cid][1]
+            return (t, c) if victim_t not in m and spare in m and all(
+                t[x][0] == "serving" for x in m) else None
+        targets, chains = wait_for("the spare serving in the chain", replaced, timeout=60)
+        assert assert_replicas_identical(net, chains, targets) >= 1
+        assert net.cli("cat", "/r").stdout == data
