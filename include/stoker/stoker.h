@@ -59,7 +59,7 @@ struct stk_client_opts {
 	/*
 	 * How long, in ms, a call retries an unreachable cluster (a daemon restarting,
 	 * a reset connection) before it fails with -EIO; default $STOKER_RETRY_MS, else
-	 * 15 s. STK_RETRY_FOREVER: never give up (calls block until the cluster is back).
+	 * 30 s (a node that hangs is given up after mgmtd's heartbeat timeout, 10 s). STK_RETRY_FOREVER: never give up (calls block until the cluster is back).
 	 */
 	uint32_t retry_ms;
 	/*

@@ -207,7 +207,13 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 		for (int i = 0; i < ng; i++)
 			c->cred.groups[c->cred.ngroups++] = (uint32_t)groups[i];
 	}
-	c->retry_ms = 15000;
+	/*
+	 * Three times mgmtd's default heartbeat timeout (10 s): a storage node that
+	 * hangs is taken out of its chains after that timeout, and the calls waiting on
+	 * it, or on a new connection's handshake with it (5 s), are sent again; all that
+	 * costs a pause, never EIO.
+	 */
+	c->retry_ms = 30000;
 	e = getenv("STOKER_RETRY_MS");
 	if (e && stk_parse_u64(e, &v) == 0 && v < 3600000)
 		c->retry_ms = (unsigned)v;

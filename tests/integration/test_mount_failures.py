@@ -1,7 +1,7 @@
 """The cluster's daemons killed under a busy mount.
 
 A call that finds the cluster unreachable retries until the mount's `timeout`
-(`-o timeout=SECONDS`, default 15 s): daemons that come back within it are never
+(`-o timeout=SECONDS`, default 30 s): daemons that come back within it are never
 noticed beyond the wait; after it the call fails with EIO and the next one tries
 again. `timeout=0` is a hard mount: calls wait for the cluster however long it is
 away. Never a crash of the mount, never wrong bytes."""
