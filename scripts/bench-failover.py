@@ -6,9 +6,11 @@ over and over (the Python package, one client), and one storage node is
 (b) stopped with SIGSTOP for 20 s (a hung host: it answers nothing until mgmtd's
 heartbeat timeout takes it out of its chains).
 Prints, for each, the longest gap between two successful reads around the fault
-and the heartbeat timeout it is measured against, as Markdown rows.
+and the heartbeat timeout it is measured against, as Markdown rows; then how long
+a node hung while 1 GiB was written takes to catch up once it is back, and the
+rate of its copy (resync is limited to 250 MB/s by default: --resync-rate).
 
-    python3 scripts/bench-failover.py [DIR] [ROUNDS]
+    python3 scripts/bench-failover.py [DIR] [ROUNDS]     (ONLY=resync: the last part)
 """
 import os
 import signal
@@ -83,6 +85,49 @@ def one(kind):
         subprocess.run([S, "down", "--data", data], capture_output=True)
 
 
+def resync_round():
+    """A node hung past the heartbeat timeout while 1 GiB is written: once it is back,
+    how long its targets take to catch up, and at what rate (the storage log's own
+    figures)."""
+    data = os.path.join(DIR, "c")
+    subprocess.run([S, "down", "--data", data], capture_output=True)
+    subprocess.run(["rm", "-rf", data])
+    subprocess.run([S, "up", "--nodes", "3", "--data", data, "--port", str(PORT), "--daemon"],
+                   check=True, capture_output=True)
+    try:
+        c = stoker.connect("stk://127.0.0.1:%d" % PORT)
+        victim = storage_pids(data)[1]
+        log = [os.path.join(data, "log", n) for n in os.listdir(os.path.join(data, "log"))
+               if n.startswith("storage")]
+        os.kill(victim, signal.SIGSTOP)
+        block = os.urandom(64 << 20)
+        for i in range(16):
+            with c.open("/w%d" % i, "wb") as f:
+                f.write(block)
+        time.sleep(max(0.0, HB_S + 2))
+        t0 = time.time()
+        os.kill(victim, signal.SIGCONT)
+        deadline = t0 + 600
+        while time.time() < deadline:
+            st = subprocess.run([S, "status", "--cluster", "127.0.0.1:%d" % PORT],
+                                capture_output=True).stdout.decode()
+            if "syncing" not in st and "offline" not in st:
+                break
+            time.sleep(0.2)
+        wall = time.time() - t0
+        copied = 0.0
+        for p in log:
+            for line in open(p, errors="replace"):
+                if "caught up with chain" in line and "copied (" in line:
+                    size = line.split("copied (")[1].split(")")[0]
+                    num, unit = float(size.split()[0]), size.split()[1]
+                    copied += num * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20,
+                                     "GiB": 1 << 30}.get(unit, 1)
+        return wall, copied
+    finally:
+        subprocess.run([S, "down", "--data", data], capture_output=True)
+
+
 def main():
     os.makedirs(DIR, exist_ok=True)
     print("| fault | longest pause of a reader (median of %d) | heartbeat timeout | errors |"
@@ -90,10 +135,20 @@ def main():
     print("|---|---|---|---|")
     for kind, what in (("kill", "storage daemon killed (restarted at once)"),
                        ("stop", "storage node hung 20 s (SIGSTOP)")):
+        if os.environ.get("ONLY") == "resync":
+            break
         res = [one(kind) for _ in range(ROUNDS)]
         pauses = sorted(p for p, _ in res)
         errors = sum(len(b) for _, b in res)
         print("| %s | %.1f s | %.0f s | %d |" % (what, pauses[len(pauses) // 2], HB_S, errors))
+    res = sorted(resync_round() for _ in range(ROUNDS))
+    wall, copied = res[len(res) // 2]
+    print()
+    print("| resync after a hang past the heartbeat timeout, 1 GiB written meanwhile "
+          "| catch-up time (median of %d) | copied | rate |" % ROUNDS)
+    print("|---|---|---|---|")
+    print("| storage node hung, then continued | %.1f s | %.0f MiB | %.0f MB/s |"
+          % (wall, copied / (1 << 20), copied / wall / 1e6 if wall else 0))
 
 
 if __name__ == "__main__":
