@@ -344,7 +344,9 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 	f->rpc.req_len = w.len;
 	f->rpc.resp = f->resp;
 	f->rpc.resp_cap = f->cap;
+	stk_callwatch_set_thread(c->watch); /* a new connection's handshake, too */
 	f->rc = stk_pool_get(c->pool, addr, &f->conn);
+	stk_callwatch_set_thread(NULL);
 	if (f->rc)
 		return;
 	f->rc = stk_rpc_send(f->conn, &f->rpc);

@@ -144,6 +144,18 @@ void stk_callwatch_destroy(struct stk_callwatch *w)
 	free(w);
 }
 
+static __thread struct stk_callwatch *thread_watch;
+
+void stk_callwatch_set_thread(struct stk_callwatch *w)
+{
+	thread_watch = w;
+}
+
+struct stk_callwatch *stk_callwatch_thread(void)
+{
+	return thread_watch;
+}
+
 void stk_callwatch_after_fork(struct stk_callwatch *w)
 {
 	if (!w)

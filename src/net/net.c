@@ -324,8 +324,12 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
 	if (stk_net_auth_keys()) {
+		/* a hung peer takes the handshake's deadline: the thread's watch may end it */
+		int slot = stk_callwatch_begin(stk_callwatch_thread(), c, addr);
+
 		set_sock_opts(fd, STK_MIN(rpc_timeout_ms(), AUTH_TIMEOUT_MS));
 		rc = conn_auth(c);
+		stk_callwatch_end(stk_callwatch_thread(), slot);
 		if (rc) {
 			stk_conn_close(c);
 			return rc;

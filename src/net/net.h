@@ -93,6 +93,13 @@ void stk_callwatch_destroy(struct stk_callwatch *w);
 void stk_callwatch_after_fork(struct stk_callwatch *w);
 int stk_callwatch_begin(struct stk_callwatch *w, struct stk_conn *c, const char *addr);
 void stk_callwatch_end(struct stk_callwatch *w, int slot);
+/*
+ * The watch of the connections this thread opens (NULL: none): stk_conn_connect
+ * registers each one's key handshake with it, so that a handshake with a hung
+ * node ends with the node, not at its 5 s deadline. Set it around a pool get.
+ */
+void stk_callwatch_set_thread(struct stk_callwatch *w);
+struct stk_callwatch *stk_callwatch_thread(void);
 
 /* One request and, once received, its reply. The caller owns every buffer. */
 struct stk_rpc {

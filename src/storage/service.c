@@ -309,7 +309,9 @@ static int forward(struct storage *s, const char *addr, uint16_t op, const void 
 	rpc.resp_cap = sizeof(resp);
 	rpc.frame_flags = frame_flags;
 	stk_server_wait_begin(); /* another thread serves in our place meanwhile */
+	stk_callwatch_set_thread(s->watch); /* a new connection's handshake, too */
 	rc = stk_pool_get(s->fwd, addr, &c);
+	stk_callwatch_set_thread(NULL);
 	if (rc == 0) {
 		int slot = stk_callwatch_begin(s->watch, c, addr);
 
@@ -963,7 +965,9 @@ static int sync_call(struct storage *s, struct sync_job *j, struct stk_rpc *rpc,
 	rpc->resp_cap = cap;
 	int slot;
 
+	stk_callwatch_set_thread(s->watch);
 	rc = stk_pool_get(s->fwd, j->src, &c);
+	stk_callwatch_set_thread(NULL);
 	if (rc)
 		return rc;
 	slot = stk_callwatch_begin(s->watch, c, j->src);
