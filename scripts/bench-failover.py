@@ -42,14 +42,23 @@ def storage_pids(data):
     return sorted(out)
 
 
-def one(kind):
+def fresh_cluster():
+    """`stoker up --nodes 3` on an empty DIR/c: (its data folder, a client)."""
     data = os.path.join(DIR, "c")
     subprocess.run([S, "down", "--data", data], capture_output=True)
     subprocess.run(["rm", "-rf", data])
     subprocess.run([S, "up", "--nodes", "3", "--data", data, "--port", str(PORT), "--daemon"],
                    check=True, capture_output=True)
     try:
-        c = stoker.connect("stk://127.0.0.1:%d" % PORT)
+        return data, stoker.connect("stk://127.0.0.1:%d" % PORT)
+    except OSError:
+        subprocess.run([S, "down", "--data", data], capture_output=True)
+        raise
+
+
+def one(kind):
+    data, c = fresh_cluster()
+    try:
         blob = os.urandom(64 << 20)
         with c.open("/f", "wb") as f:
             f.write(blob)
@@ -89,13 +98,8 @@ def resync_round():
     """A node hung past the heartbeat timeout while 1 GiB is written: once it is back,
     how long its targets take to catch up, and at what rate (the storage log's own
     figures)."""
-    data = os.path.join(DIR, "c")
-    subprocess.run([S, "down", "--data", data], capture_output=True)
-    subprocess.run(["rm", "-rf", data])
-    subprocess.run([S, "up", "--nodes", "3", "--data", data, "--port", str(PORT), "--daemon"],
-                   check=True, capture_output=True)
+    data, c = fresh_cluster()
     try:
-        c = stoker.connect("stk://127.0.0.1:%d" % PORT)
         victim = storage_pids(data)[1]
         log = [os.path.join(data, "log", n) for n in os.listdir(os.path.join(data, "log"))
                if n.startswith("storage")]

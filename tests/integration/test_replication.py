@@ -102,14 +102,15 @@ def serving_again(net, tids, timeout=60):
     return tables(net.status())
 
 
-def chain_of_three(net, chunk_size=None, before_start=None):
-    """meta1 and st1..st3 of one target each: one chain of three. Returns (targets,
-    chains) as `tables` reads them once it serves."""
+def chain_of_three(net, chunk_size=None, before_start=None, nodes=3):
+    """meta1 and st1..stN (N = nodes) of one target each: one chain of three (and a
+    spare target per node past three). Returns (targets, chains) as `tables` reads
+    them once it serves."""
     meta = net.add_meta("meta1")
     if chunk_size:
         meta.argv += ["--chunk-size", chunk_size]
-    for n in ("st1", "st2", "st3"):
-        net.add_storage(n, targets=1)
+    for i in range(nodes):
+        net.add_storage("st%d" % (i + 1), targets=1)
     if before_start:
         before_start()
     net.start_all()
@@ -333,13 +334,7 @@ def test_a_node_gone_for_good_is_replaced(tmp_path):
     its place (syncing, then serving), copies the chain's chunks, and the chain has
     three identical copies again, none on the dead node."""
     with net_cluster(tmp_path, mgmtd_args=MGMTD + ["--replace-after", "3"]) as net:
-        net.add_meta("meta1")
-        for n in ("st1", "st2", "st3", "st4"):
-            net.add_storage(n, targets=1)
-        net.start_all()
-        net.wait_serving()
-        targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
-                                   else None)(*tables(net.status())))
+        targets, chains = chain_of_three(net, nodes=4)
         assert len(chains) == 1, chains
         (cid, (_, members, _)), = chains.items()
         spare = [t for t in targets if t not in members]
@@ -474,13 +469,7 @@ def test_remove_node_replaces_an_offline_node_now(tmp_path):
     chain at once (mgmtd's --replace-after is ten minutes); an online node or an
     unknown id is refused with a clear message."""
     with net_cluster(tmp_path, mgmtd_args=MGMTD) as net:
-        net.add_meta("meta1")
-        for n in ("st1", "st2", "st3", "st4"):
-            net.add_storage(n, targets=1)
-        net.start_all()
-        net.wait_serving()
-        targets, chains = wait_for("a chain of three", lambda: (lambda t, c: (t, c) if c
-                                   else None)(*tables(net.status())))
+        targets, chains = chain_of_three(net, nodes=4)
         (cid, (_, members, _)), = chains.items()
         spare = [t for t in targets if t not in members][0]
         data = os.urandom(700_000)
