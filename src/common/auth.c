@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -30,6 +31,19 @@ static int hexval(int ch)
 	return -1;
 }
 
+/*
+ * OpenSSL, told not to tear itself down at exit: a daemon's exit() runs the atexit
+ * handlers while a loop thread may still be in a handshake's HMAC or RAND_bytes,
+ * and OpenSSL's cleanup then frees what that thread uses (ASan saw a double free
+ * in mgmtd as it stopped). The process is ending anyway.
+ */
+static pthread_once_t ssl_once = PTHREAD_ONCE_INIT;
+
+static void ssl_init(void)
+{
+	OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);
+}
+
 int stk_auth_key_load(const char *path, uint8_t key[STK_AUTH_KEY_MAX], size_t *len, char *err,
 		      size_t errlen)
 {
@@ -37,6 +51,8 @@ int stk_auth_key_load(const char *path, uint8_t key[STK_AUTH_KEY_MAX], size_t *l
 	struct stat st;
 	size_t n = 0, got = 0;
 	int fd, rc = 0, hi = -1;
+
+	pthread_once(&ssl_once, ssl_init); /* before anything else of OpenSSL's */
 	ssize_t r;
 
 	fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -147,6 +163,7 @@ out:
 
 int stk_auth_random(void *buf, size_t n)
 {
+	pthread_once(&ssl_once, ssl_init);
 	return RAND_bytes(buf, (int)n) == 1 ? 0 : -EIO;
 }
 
@@ -160,6 +177,7 @@ int stk_auth_mac(const uint8_t *key, size_t key_len, enum stk_auth_side side,
 	size_t ll = strlen(labels[side]);
 	unsigned int mlen = 0;
 
+	pthread_once(&ssl_once, ssl_init);
 	memcpy(msg, labels[side], ll);
 	memcpy(msg + ll, nc, STK_AUTH_NONCE);
 	memcpy(msg + ll + STK_AUTH_NONCE, ns, STK_AUTH_NONCE);
