@@ -333,12 +333,7 @@ int stk_cluster_remove_node(const char *cluster, uint32_t node_id, uint32_t *rep
 		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_mgmt_remove_node_req_enc(&w, &rq);
-	memset(&rpc, 0, sizeof(rpc));
-	rpc.opcode = STK_OP_MGMT_REMOVE_NODE;
-	rpc.req = req;
-	rpc.req_len = w.len;
-	rpc.resp = resp;
-	rpc.resp_cap = sizeof(resp);
+	stk_rpc_prepare(&rpc, STK_OP_MGMT_REMOVE_NODE, &w, resp, sizeof(resp));
 	rc = stk_mgmt_call(&l, &c, 2000, &rpc);
 	if (c)
 		stk_conn_close(c);

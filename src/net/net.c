@@ -202,12 +202,7 @@ static int conn_auth(struct stk_conn *c)
 		goto out;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_auth_hello_req_enc(&w, &hello);
-	memset(&rpc, 0, sizeof(rpc));
-	rpc.opcode = STK_OP_AUTH_HELLO;
-	rpc.req = req;
-	rpc.req_len = w.len;
-	rpc.resp = resp;
-	rpc.resp_cap = sizeof(resp);
+	stk_rpc_prepare(&rpc, STK_OP_AUTH_HELLO, &w, resp, sizeof(resp));
 	rc = stk_rpc_send(c, &rpc);
 	if (rc == 0)
 		rc = stk_rpc_recv(c, &rpc);
@@ -242,12 +237,7 @@ static int conn_auth(struct stk_conn *c)
 		goto out;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_auth_proof_req_enc(&w, &proof);
-	memset(&rpc, 0, sizeof(rpc));
-	rpc.opcode = STK_OP_AUTH_PROOF;
-	rpc.req = req;
-	rpc.req_len = w.len;
-	rpc.resp = resp;
-	rpc.resp_cap = sizeof(resp);
+	stk_rpc_prepare(&rpc, STK_OP_AUTH_PROOF, &w, resp, sizeof(resp));
 	rc = stk_rpc_call(c, &rpc);
 out:
 	memset(keys, 0, sizeof(keys));
@@ -343,6 +333,17 @@ out:
 		close(fd);
 	free(c);
 	return rc;
+}
+
+void stk_rpc_prepare(struct stk_rpc *rpc, uint16_t op, const struct stk_wbuf *w, void *resp,
+		     size_t cap)
+{
+	memset(rpc, 0, sizeof(*rpc));
+	rpc->opcode = op;
+	rpc->req = w->p;
+	rpc->req_len = w->len;
+	rpc->resp = resp;
+	rpc->resp_cap = cap;
 }
 
 void stk_conn_abort(struct stk_conn *c)

@@ -149,6 +149,13 @@ int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc);
 int stk_rpc_recv(struct stk_conn *c, struct stk_rpc *rpc);
 /* send + recv; returns the transport error, or the reply's status as -errno. */
 int stk_rpc_call(struct stk_conn *c, struct stk_rpc *rpc);
+/*
+ * Sets rpc (all zero first) to send w's encoded message as opcode op, its reply's
+ * payload landing in resp (cap bytes). rpc points at w's buffer and resp: both must
+ * outlive the call. Bulk and frame flags, where wanted, are set after.
+ */
+void stk_rpc_prepare(struct stk_rpc *rpc, uint16_t op, const struct stk_wbuf *w, void *resp,
+		     size_t cap);
 
 /* Requests sent on c whose replies have not been received. */
 unsigned stk_conn_pending(const struct stk_conn *c);

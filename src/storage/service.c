@@ -956,15 +956,13 @@ static int sync_call(struct storage *s, struct sync_job *j, struct stk_rpc *rpc,
 		     const struct stk_wbuf *w, void *resp, size_t cap)
 {
 	struct stk_conn *c;
-	int rc;
+	int rc, slot;
 
 	rpc->opcode = op;
 	rpc->req = w->p;
 	rpc->req_len = w->len;
 	rpc->resp = resp;
 	rpc->resp_cap = cap;
-	int slot;
-
 	stk_callwatch_set_thread(s->watch);
 	rc = stk_pool_get(s->fwd, j->src, &c);
 	stk_callwatch_set_thread(NULL);
