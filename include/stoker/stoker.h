@@ -59,14 +59,16 @@ struct stk_client_opts {
 	/*
 	 * How long, in ms, a call retries an unreachable cluster (a daemon restarting,
 	 * a reset connection) before it fails with -EIO; default $STOKER_RETRY_MS, else
-	 * 30 s (a node that hangs is given up after mgmtd's heartbeat timeout, 10 s). STK_RETRY_FOREVER: never give up (calls block until the cluster is back).
+	 * 30 s (a node that hangs is given up after mgmtd's heartbeat timeout, 10 s).
+	 * STK_RETRY_FOREVER: never give up (calls block until the cluster is back).
 	 */
 	uint32_t retry_ms;
 	/*
 	 * The cluster key file (docs/security.md). NULL: $STOKER_KEY_FILE, else the key
 	 * `stoker up` recorded for the cluster's address (/tmp/stoker-UID/keys/), else
 	 * none. With a key, every connection proves it; a cluster that requires one
-	 * refuses a client without it (-EKEYREJECTED).
+	 * refuses a client without it (-EKEYREJECTED). The file is read during
+	 * stk_connect only (the string may go after it); the process keeps the key.
 	 */
 	const char *key_file;
 };
@@ -504,7 +506,9 @@ STK_API int stk_cluster_resolve(const char *cluster, char *addr, size_t len);
  * --replace-after). *replaced: how many were; *kept: how many are still in a chain
  * (no such free target, or no working member left to copy from). Errors: -ENOENT
  * (no storage node of that id), -EBUSY (it is online: stop it first), as
- * stk_connect for reaching the cluster.
+ * stk_connect for reaching the cluster. cluster is as stk_cluster_resolve takes it
+ * (NULL: the default) and read during the call only; *replaced and *kept are set
+ * only when it returns 0.
  */
 STK_API int stk_cluster_remove_node(const char *cluster, uint32_t node_id, uint32_t *replaced,
 				    uint32_t *kept);
