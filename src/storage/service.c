@@ -280,6 +280,19 @@ static uint32_t *pending_slot(struct storage *s, uint64_t ino, uint32_t idx)
 	return &s->pending[(k >> 32) % PENDING_SLOTS];
 }
 
+/* A change of chunk ino/idx starts on its way down: until pending_end, reads of
+ * our copy go to the tail (read_check). */
+static void pending_begin(struct storage *s, uint64_t ino, uint32_t idx)
+{
+	__atomic_add_fetch(pending_slot(s, ino, idx), 1, __ATOMIC_RELAXED);
+}
+
+/* The change pending_begin announced is acknowledged by the tail, or failed. */
+static void pending_end(struct storage *s, uint64_t ino, uint32_t idx)
+{
+	__atomic_sub_fetch(pending_slot(s, ino, idx), 1, __ATOMIC_RELAXED);
+}
+
 static pthread_rwlock_t *ino_lock(struct storage *s, uint64_t ino)
 {
 	return &s->ino_locks[(ino * 0x9E3779B97F4A7C15ull) >> 56];
@@ -427,7 +440,6 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	struct stk_chunk_store *cs;
 	struct fwd_write f;
 	struct hop h;
-	uint32_t *pend;
 	uint64_t t0;
 	long bad;
 	int rc;
@@ -467,14 +479,13 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	v.set = h.pos == 0 ? 0 : rq.set_ver;
 	v.floor = (uint64_t)rq.chain_ver << 32;
 	v.full = (rq.flags & STK_WRITE_FULL) != 0;
-	pend = pending_slot(s, rq.ino, rq.chunk_idx);
 	pthread_rwlock_rdlock(ino_lock(s, rq.ino));
-	__atomic_add_fetch(pend, 1, __ATOMIC_RELAXED);
+	pending_begin(s, rq.ino, rq.chunk_idx);
 	t0 = stk_storage_metrics_begin(s->metrics, cs);
 	rc = stk_chunk_write_ver(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
 				 rq.length, tls_crcs, rq.flags & STK_WRITE_SYNC, &v, &rp.chunk_len);
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
-	__atomic_sub_fetch(pend, 1, __ATOMIC_RELAXED);
+	pending_end(s, rq.ino, rq.chunk_idx);
 	pthread_rwlock_unlock(ino_lock(s, rq.ino));
 	if (rc)
 		return rc;
