@@ -8,7 +8,7 @@ heartbeat timeout takes it out of its chains).
 Prints, for each, the longest gap between two successful reads around the fault
 and the heartbeat timeout it is measured against, as Markdown rows; then how long
 a node hung while 1 GiB was written takes to catch up once it is back, and the
-rate of its copy (resync is limited to 250 MB/s by default: --resync-rate).
+rate of its copy (resync is limited to 256 MiB/s by default: --resync-rate).
 
     python3 scripts/bench-failover.py [DIR] [ROUNDS]     (ONLY=resync: the last part)
 """

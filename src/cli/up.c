@@ -168,142 +168,165 @@ static int role_auth(const char *cmd, const struct role_args *a)
 	return 0;
 }
 
+/*
+ * A rate option (--scrub-rate, --resync-rate): a size a second, "256M" (binary
+ * units, as every size Stoker takes), 0 for none. A bare number is bytes, and one
+ * under 1024 is refused: a byte rate that low is a unit left out (--resync-rate
+ * once took MB/s), and would stall what it throttles. 0, or 2 after saying why.
+ */
+static int parse_rate(const char *cmd, const char *name, const char *val, uint64_t *out)
+{
+	if (stk_parse_size(val, out) == 0 && (*out == 0 || *out >= 1024))
+		return 0;
+	cli_err(cmd, "bad --%s '%s': a size a second with its unit (256M, 1G), 0 for none",
+		name, val);
+	return 2;
+}
+
+/*
+ * Takes one option c of a role (role_opts) with its value val into a. 0, or 2
+ * after saying what is wrong with it; -1 for an option that is not a role's.
+ * `stoker up` checks with it the options it passes on to its roles.
+ */
+static int role_opt(const char *cmd, int c, char *val, struct role_args *a)
+{
+	switch (c) {
+	case OPT_LISTEN:
+		a->listen = val;
+		break;
+	case OPT_MGMTD:
+		a->mgmtd = val;
+		break;
+	case OPT_DATA:
+		a->data = val;
+		break;
+	case OPT_TARGET:
+		if (a->ntargets >= STK_ARRAY_SIZE(a->targets)) {
+			cli_err(cmd, "at most %zu targets", STK_ARRAY_SIZE(a->targets));
+			return 2;
+		}
+		a->targets[a->ntargets++] = val;
+		break;
+	case OPT_CHUNK:
+		if (stk_parse_size(val, &a->chunk_size)) {
+			cli_err(cmd, "bad --chunk-size '%s'", val);
+			return 2;
+		}
+		break;
+	case OPT_STRIPE:
+		if (stk_parse_u64(val, &a->stripe) || a->stripe > 256) {
+			cli_err(cmd, "bad --stripe '%s'", val);
+			return 2;
+		}
+		break;
+	case OPT_METRICS:
+		a->metrics = val;
+		break;
+	case OPT_HOST_ID: {
+		char id[STK_HOST_ID_MAX];
+
+		if (!*val || stk_host_id(val, id, sizeof(id))) {
+			cli_err(cmd,
+				"bad --host-id '%s': 1 to %d printable characters, no spaces",
+				val, STK_HOST_ID_MAX - 1);
+			return 2;
+		}
+		a->host_id = val;
+		break;
+	}
+	case OPT_REPLICAS:
+		if (stk_parse_u64(val, &a->replicas) || a->replicas < 1 ||
+		    a->replicas > STK_MAX_REPLICAS) {
+			cli_err(cmd, "bad --replicas '%s': 1 to %d", val, STK_MAX_REPLICAS);
+			return 2;
+		}
+		break;
+	case OPT_ZONE: {
+		char id[STK_HOST_ID_MAX];
+
+		if (!*val || stk_host_id(val, id, sizeof(id))) {
+			cli_err(cmd, "bad --zone '%s': 1 to %d printable characters, no spaces",
+				val, STK_HOST_ID_MAX - 1);
+			return 2;
+		}
+		a->zone = val;
+		break;
+	}
+	case OPT_ETCD:
+		a->etcd = val;
+		break;
+	case OPT_ETCD_PREFIX:
+		a->etcd_prefix = val;
+		break;
+	case OPT_SCRUB_RATE:
+		if (parse_rate(cmd, "scrub-rate", val, &a->scrub_rate))
+			return 2;
+		a->scrub_rate_set = 1;
+		break;
+	case OPT_SCRUB_INTERVAL:
+		if (stk_parse_u64(val, &a->scrub_interval) || a->scrub_interval == 0 ||
+		    a->scrub_interval > 10u * 365 * 86400) {
+			cli_err(cmd, "bad --scrub-interval '%s': seconds, at least 1", val);
+			return 2;
+		}
+		a->scrub_interval_set = 1;
+		break;
+	case OPT_REPLACE_AFTER: {
+		uint64_t secs;
+
+		if (stk_parse_u64(val, &secs) || secs > 10u * 365 * 86400) {
+			cli_err(cmd, "bad --replace-after '%s': seconds, 0 for never", val);
+			return 2;
+		}
+		a->replace_after = secs ? (int64_t)secs : -1;
+		break;
+	}
+	case OPT_RESYNC_RATE: {
+		uint64_t rate;
+
+		if (parse_rate(cmd, "resync-rate", val, &rate))
+			return 2;
+		a->resync_rate = rate ? (int64_t)rate : -1;
+		break;
+	}
+	case OPT_KEY_FILE:
+		a->key_file = val;
+		break;
+	case OPT_AUTH:
+		if (strcmp(val, "off") == 0) {
+			a->auth_off = 1;
+		} else if (strcmp(val, "on") == 0) {
+			a->auth_off = 0;
+		} else {
+			cli_err(cmd, "bad --auth '%s': on or off", val);
+			return 2;
+		}
+		break;
+	case OPT_HBTO:
+		if (stk_parse_u64(val, &a->hbto) || a->hbto > 3600000) {
+			cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", val);
+			return 2;
+		}
+		break;
+	default:
+		return -1;
+	}
+	return 0;
+}
+
 static int parse_role(const char *cmd, int argc, char **argv, struct role_args *a)
 {
-	int c;
+	int c, rc;
 
 	if (apply_config(cmd, &argc, &argv))
 		return 2;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "", role_opts, NULL)) != -1) {
-		switch (c) {
-		case OPT_LISTEN:
-			a->listen = optarg;
-			break;
-		case OPT_MGMTD:
-			a->mgmtd = optarg;
-			break;
-		case OPT_DATA:
-			a->data = optarg;
-			break;
-		case OPT_TARGET:
-			if (a->ntargets >= STK_ARRAY_SIZE(a->targets)) {
-				cli_err(cmd, "at most %zu targets", STK_ARRAY_SIZE(a->targets));
-				return 2;
-			}
-			a->targets[a->ntargets++] = optarg;
-			break;
-		case OPT_CHUNK:
-			if (stk_parse_size(optarg, &a->chunk_size)) {
-				cli_err(cmd, "bad --chunk-size '%s'", optarg);
-				return 2;
-			}
-			break;
-		case OPT_STRIPE:
-			if (stk_parse_u64(optarg, &a->stripe) || a->stripe > 256) {
-				cli_err(cmd, "bad --stripe '%s'", optarg);
-				return 2;
-			}
-			break;
-		case OPT_METRICS:
-			a->metrics = optarg;
-			break;
-		case OPT_HOST_ID: {
-			char id[STK_HOST_ID_MAX];
-
-			if (!*optarg || stk_host_id(optarg, id, sizeof(id))) {
-				cli_err(cmd,
-					"bad --host-id '%s': 1 to %d printable characters, no spaces",
-					optarg, STK_HOST_ID_MAX - 1);
-				return 2;
-			}
-			a->host_id = optarg;
-			break;
-		}
-		case OPT_REPLICAS:
-			if (stk_parse_u64(optarg, &a->replicas) || a->replicas < 1 ||
-			    a->replicas > STK_MAX_REPLICAS) {
-				cli_err(cmd, "bad --replicas '%s': 1 to %d", optarg, STK_MAX_REPLICAS);
-				return 2;
-			}
-			break;
-		case OPT_ZONE: {
-			char id[STK_HOST_ID_MAX];
-
-			if (!*optarg || stk_host_id(optarg, id, sizeof(id))) {
-				cli_err(cmd, "bad --zone '%s': 1 to %d printable characters, no spaces",
-					optarg, STK_HOST_ID_MAX - 1);
-				return 2;
-			}
-			a->zone = optarg;
-			break;
-		}
-		case OPT_ETCD:
-			a->etcd = optarg;
-			break;
-		case OPT_ETCD_PREFIX:
-			a->etcd_prefix = optarg;
-			break;
-		case OPT_SCRUB_RATE:
-			if (stk_parse_size(optarg, &a->scrub_rate)) {
-				cli_err(cmd, "bad --scrub-rate '%s': bytes a second (16M), 0 for no "
-					"scrubbing", optarg);
-				return 2;
-			}
-			a->scrub_rate_set = 1;
-			break;
-		case OPT_SCRUB_INTERVAL:
-			if (stk_parse_u64(optarg, &a->scrub_interval) || a->scrub_interval == 0 ||
-			    a->scrub_interval > 10u * 365 * 86400) {
-				cli_err(cmd, "bad --scrub-interval '%s': seconds, at least 1", optarg);
-				return 2;
-			}
-			a->scrub_interval_set = 1;
-			break;
-		case OPT_REPLACE_AFTER: {
-			uint64_t secs;
-
-			if (stk_parse_u64(optarg, &secs) || secs > 10u * 365 * 86400) {
-				cli_err(cmd, "bad --replace-after '%s': seconds, 0 for never", optarg);
-				return 2;
-			}
-			a->replace_after = secs ? (int64_t)secs : -1;
-			break;
-		}
-		case OPT_RESYNC_RATE: {
-			uint64_t mbs;
-
-			/* MB/s, 10^6 bytes as disks are rated; 0: no limit */
-			if (stk_parse_u64(optarg, &mbs) || mbs > 1000000) {
-				cli_err(cmd, "bad --resync-rate '%s': MB/s, 0 (no limit) to 1000000",
-					optarg);
-				return 2;
-			}
-			a->resync_rate = mbs ? (int64_t)mbs * 1000000 : -1;
-			break;
-		}
-		case OPT_KEY_FILE:
-			a->key_file = optarg;
-			break;
-		case OPT_AUTH:
-			if (strcmp(optarg, "off") == 0) {
-				a->auth_off = 1;
-			} else if (strcmp(optarg, "on") == 0) {
-				a->auth_off = 0;
-			} else {
-				cli_err(cmd, "bad --auth '%s': on or off", optarg);
-				return 2;
-			}
-			break;
-		case OPT_HBTO:
-			if (stk_parse_u64(optarg, &a->hbto) || a->hbto > 3600000) {
-				cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", optarg);
-				return 2;
-			}
-			break;
-		default:
+		rc = role_opt(cmd, c, optarg, a);
+		if (rc < 0)
 			return cli_usage(cmd);
-		}
+		if (rc)
+			return rc;
 	}
 	if (optind < argc) {
 		cli_err(cmd, "unexpected argument '%s'", argv[optind]);
@@ -414,6 +437,23 @@ int cmd_storage(int argc, char **argv)
 #define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1)
 static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
 
+/*
+ * Options `up` takes and hands on, as given, to every process of the role they
+ * are for (0 mgmtd, 2 storage), after checking them as that role would.
+ */
+static const struct up_pass {
+	int opt;
+	const char *name;
+	int role;
+} up_pass[] = {
+	{OPT_HBTO, "--heartbeat-timeout-ms", 0},
+	{OPT_REPLACE_AFTER, "--replace-after", 0},
+	{OPT_RESYNC_RATE, "--resync-rate", 2},
+	{OPT_SCRUB_RATE, "--scrub-rate", 2},
+	{OPT_SCRUB_INTERVAL, "--scrub-interval", 2},
+};
+#define UP_NPASS STK_ARRAY_SIZE(up_pass)
+
 struct up {
 	char data[PATH_MAX];
 	char host[64];
@@ -441,6 +481,7 @@ struct up {
 	time_t last_start[UP_PROCS];
 	char exe[PATH_MAX];
 	char key_file[PATH_MAX + 16]; /* DATA/cluster.key */
+	char *pass[UP_NPASS]; /* the values of up_pass's options given, or NULL */
 };
 
 static volatile sig_atomic_t up_stop;
@@ -489,7 +530,7 @@ static void up_target_dir(const struct up *u, int r, unsigned i, char *out, size
 static pid_t spawn_role(struct up *u, int r)
 {
 	char logpath[PATH_MAX + 32], datadir[PATH_MAX + 32], mgmtd[STK_CLUSTER_ADDR_MAX], host_id[80];
-	char *args[24 + 2 * 64];
+	char *args[24 + 2 * UP_NPASS + 2 * 64];
 	char tdirs[64][PATH_MAX + 32];
 	int n = 0, fd, role = role_of(u, r);
 	pid_t pid;
@@ -533,6 +574,12 @@ static pid_t spawn_role(struct up *u, int r)
 	if (r == 1 && u->stripe[0]) {
 		args[n++] = "--stripe";
 		args[n++] = u->stripe;
+	}
+	for (unsigned i = 0; i < UP_NPASS; i++) {
+		if (u->pass[i] && up_pass[i].role == role) {
+			args[n++] = (char *)up_pass[i].name;
+			args[n++] = u->pass[i];
+		}
 	}
 	if (role == 2) {
 		for (unsigned i = 0; i < u->ntargets && i < 64; i++) {
@@ -1089,8 +1136,29 @@ static const struct option up_opts[] = {
 	{"mount", required_argument, NULL, 'm'},   {"s3", required_argument, NULL, '3'},
 	{"nodes", required_argument, NULL, 'n'},   {"replicas", required_argument, NULL, 'r'},
 	{"mgmtd", required_argument, NULL, 'g'},
+	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
+	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
+	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
+	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
+	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
 	{NULL, 0, NULL, 0},
 };
+
+/* An option of up_pass: checked as its role checks it, kept for spawn_role. 0 or 2. */
+static int up_pass_opt(struct up *u, int c, char *val)
+{
+	struct role_args scratch = {0};
+
+	for (unsigned i = 0; i < UP_NPASS; i++) {
+		if (up_pass[i].opt != c)
+			continue;
+		if (role_opt("up", c, val, &scratch))
+			return 2;
+		u->pass[i] = val;
+		return 0;
+	}
+	return cli_usage("up");
+}
 
 int cmd_up(int argc, char **argv)
 {
@@ -1189,6 +1257,16 @@ int cmd_up(int argc, char **argv)
 				goto out;
 			}
 			snprintf(u->stripe, sizeof(u->stripe), "%llu", (unsigned long long)v);
+			break;
+		case OPT_HBTO:
+		case OPT_REPLACE_AFTER:
+		case OPT_RESYNC_RATE:
+		case OPT_SCRUB_RATE:
+		case OPT_SCRUB_INTERVAL:
+			rc = up_pass_opt(u, c, optarg);
+			if (rc)
+				goto out;
+			rc = 1;
 			break;
 		default:
 			rc = cli_usage("up");

@@ -29,12 +29,12 @@ struct stk_storage_opts {
 };
 
 /*
- * The default resync rate, 250 MB/s: a tenth or so of what one data-centre NVMe
+ * The default resync rate, 256 MiB/s: a tenth or so of what one data-centre NVMe
  * drive reads (2-7 GB/s) and a fifth of a 10 Gb/s link, so that the reads of a
  * training job on the source keep most of both, while a resync still moves about
- * 900 GB an hour (docs/architecture.md, "Replication").
+ * 900 GiB an hour (docs/architecture.md, "Replication").
  */
-#define STK_STORAGE_RESYNC_RATE (250ull * 1000 * 1000)
+#define STK_STORAGE_RESYNC_RATE (256ull << 20)
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */
 int stk_storage_run(const struct stk_storage_opts *opts);

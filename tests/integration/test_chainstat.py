@@ -3,7 +3,7 @@
 Three storage nodes, each in a network namespace of its own (netns.py), one target
 each: mgmtd (--replicas 3) makes one chain of the three. One node is killed:
 `stoker status` says the chain is degraded and mgmtd's /metrics counts it. New
-data is written without it. It comes back with --resync-rate 1 (1 MB/s), so that
+data is written without it. It comes back with --resync-rate 1M (1 MiB/s), so that
 its copy of what it missed (8 MB) takes seconds: meanwhile `stoker status` shows it
 syncing with a percentage that moves, `stoker top` lists it, and then it serves
 again; the node's resync counters hold what it copied, at no more than the rate,
@@ -61,7 +61,7 @@ def test_degraded_chain_then_throttled_resync_in_status_top_and_metrics(tmp_path
         for n in ("st1", "st2", "st3"):
             node = net.add_storage(n, targets=1)
             node.argv += ["--metrics", metrics_addr(node)]
-        net.nodes["st2"].argv += ["--resync-rate", "1"]
+        net.nodes["st2"].argv += ["--resync-rate", "1M"]
         net.start_all()
         net.wait_serving()
         out = wait_for("a chain of three", lambda: (lambda s: s if re.search(

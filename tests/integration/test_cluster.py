@@ -206,16 +206,30 @@ def test_up_serves_s3(tmp_path):
 
 def test_up_with_several_storage_nodes(tmp_path):
     """`stoker up --nodes 3`: three storage nodes, each on a loopback address and a
-    host id of its own, all serving; a file is spread over them and read back; a
-    node killed is restarted by the supervisor at the same address; down stops all."""
+    host id of its own, all serving, each role given the options up passes it; a
+    file is spread over them and read back; a node killed is restarted by the
+    supervisor at the same address with the same options; down stops all."""
     port = pick_ports()
     data = str(tmp_path / "stk")
     env = dict(os.environ, STOKER_CLUSTER="stk://127.0.0.1:%d" % port)
     p = run([STOKER, "up", "--data", data, "--daemon", "--port", str(port), "--nodes", "3",
-             "--targets", "2"], check=False, timeout=120)
+             "--targets", "2", "--resync-rate", "64M", "--scrub-interval", "86400",
+             "--replace-after", "900"], check=False, timeout=120)
     try:
         assert p.returncode == 0, p.stderr.decode() + p.stdout.decode()
         assert "3 storage nodes" in p.stdout.decode(), p.stdout
+        # the role options given to up reach every process of their role
+        procs = [argv.split(b"\0") for _, argv in cmdlines() if data.encode() in argv]
+        stor = [a for a in procs if b"storage" in a[1:2]]
+        mgmt = [a for a in procs if b"mgmtd" in a[1:2]]
+        assert len(stor) == 3 and len(mgmt) == 3, procs
+        for a in stor:
+            assert a[a.index(b"--resync-rate") + 1] == b"64M", a
+            assert a[a.index(b"--scrub-interval") + 1] == b"86400", a
+            assert b"--replace-after" not in a, a
+        for a in mgmt:
+            assert a[a.index(b"--replace-after") + 1] == b"900", a
+            assert b"--resync-rate" not in a, a
         st = run([STOKER, "status"], env=env).stdout.decode()
         for i in range(3):
             assert "127.0.0.%d:%d" % (i + 2, port + 2) in st and "up-storage%d" % i in st, st
@@ -245,11 +259,18 @@ def test_up_with_several_storage_nodes(tmp_path):
                 break
             time.sleep(0.5)
         assert (tmp_path / "out.bin").read_bytes() == src.read_bytes()
-        # with 3 copies the read needs no restart; the supervisor notices on its own
+        # with 3 copies the read needs no restart; the supervisor notices on its own,
+        # and restarts the node with the options it had
         deadline = time.time() + 30
-        while "exited" not in open(os.path.join(data, "log", "up.log")).read():
-            assert time.time() < deadline, "the supervisor never noticed the kill"
+        while True:
+            again = [argv.split(b"\0") for pid, argv in cmdlines()
+                     if b"127.0.0.3:%d" % (port + 2) in argv and b"storage" in argv
+                     and pid != victim[0]]
+            if again and "exited" in open(os.path.join(data, "log", "up.log")).read():
+                break
+            assert time.time() < deadline, "the supervisor never restarted the node"
             time.sleep(0.2)
+        assert again[0][again[0].index(b"--resync-rate") + 1] == b"64M", again
     finally:
         down = run([STOKER, "down", "--data", data], check=False, timeout=150)
     left = [(pid, argv) for pid, argv in cmdlines() if data.encode() in argv]
