@@ -71,6 +71,13 @@ struct stk_client_opts {
 	 * stk_connect only (the string may go after it); the process keeps the key.
 	 */
 	const char *key_file;
+	/*
+	 * Nonzero (or $STOKER_AUTH=strict): check keys strictly, for the whole process
+	 * from then on. A daemon that needs no handshake has proved nothing and is
+	 * refused (-EKEYREJECTED), and stk_connect fails so when no key is found. By
+	 * default such a daemon is trusted, so that one process can use old clusters.
+	 */
+	int auth_strict;
 };
 
 #define STK_RETRY_FOREVER 0xffffffffu

@@ -133,8 +133,11 @@ int stk_client_auth_find(const char *list, const char *key_file)
 {
 	char err[512], path[128], kpath[4096];
 	struct stk_mgmt_addrs l;
+	const char *strict = getenv("STOKER_AUTH");
 	int rc;
 
+	if (strict && strcmp(strict, "strict") == 0)
+		stk_net_auth_strict();
 	if (!key_file || !*key_file)
 		key_file = getenv("STOKER_KEY_FILE");
 	if (key_file && *key_file) {
@@ -185,6 +188,8 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 						     : NULL);
 	if (rc)
 		goto out_free;
+	if (opts && opts->size >= STK_OPTS_HAVE(auth_strict) && opts->auth_strict)
+		stk_net_auth_strict();
 	pthread_mutex_init(&c->mgmt_lock, NULL);
 	if (opts) {
 		size_t n = opts->size < sizeof(c->opts) ? opts->size : sizeof(c->opts);

@@ -90,6 +90,7 @@ int stk_client_default_cluster(char *addr, size_t len);
  * addresses (/tmp/stoker-UID/keys/HOST:PORT holds its path). 0 also when there is
  * none; -errno (logged, with what to do) when a key file named explicitly cannot
  * be used. A recorded key that cannot be read is skipped (a cluster gone since).
+ * $STOKER_AUTH=strict makes the process strict first (net.h, stk_net_auth_strict).
  */
 int stk_client_auth_find(const char *list, const char *key_file);
 

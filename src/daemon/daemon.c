@@ -157,6 +157,8 @@ int stk_daemon_auth(const char *key_file, char *err, size_t errlen)
 	memcpy(daemon_key, key, len);
 	daemon_key_len = len;
 	memset(key, 0, sizeof(key));
+	/* a daemon with a key talks only to peers that prove it: no keyless impostor */
+	stk_net_auth_strict();
 	return 0;
 }
 

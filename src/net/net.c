@@ -116,6 +116,12 @@ struct auth_key {
 static pthread_mutex_t auth_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct auth_key auth_keys[AUTH_KEYS_MAX]; /* under auth_lock */
 static unsigned auth_nkeys;
+static int auth_strict; /* atomic: stk_net_auth_strict was called */
+
+void stk_net_auth_strict(void)
+{
+	__atomic_store_n(&auth_strict, 1, __ATOMIC_RELAXED);
+}
 
 int stk_net_auth_set(const uint8_t *key, size_t len)
 {
@@ -194,6 +200,11 @@ static int conn_auth(struct stk_conn *c)
 	n = auth_nkeys;
 	memcpy(keys, auth_keys, n * sizeof(keys[0]));
 	pthread_mutex_unlock(&auth_lock);
+	if (!n && __atomic_load_n(&auth_strict, __ATOMIC_RELAXED)) {
+		stk_warn("not connecting to %s: strict key checks, and this process holds no "
+			 "cluster key", c->addr);
+		return -EKEYREJECTED;
+	}
 	if (!n)
 		return 0;
 	memset(&hello, 0, sizeof(hello));
@@ -209,7 +220,13 @@ static int conn_auth(struct stk_conn *c)
 	if (rc)
 		goto out;
 	if (rpc.status == STK_ST_NOSYS || rpc.status == STK_ST_NOTSUP) {
-		rc = 0; /* a daemon run without a key (--auth off) */
+		/* a daemon run without a key (--auth off): it has proved nothing */
+		rc = 0;
+		if (__atomic_load_n(&auth_strict, __ATOMIC_RELAXED)) {
+			stk_warn("%s runs without a cluster key, and this process checks keys "
+				 "strictly: refused", c->addr);
+			rc = -EKEYREJECTED;
+		}
 		goto out;
 	}
 	rc = stk_status_to_errno(rpc.status);
@@ -313,7 +330,7 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 	c->next_req_id = 1;
 	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
-	if (stk_net_auth_keys()) {
+	if (stk_net_auth_keys() || __atomic_load_n(&auth_strict, __ATOMIC_RELAXED)) {
 		/* a hung peer takes the handshake's deadline: the thread's watch may end it */
 		int slot = stk_callwatch_begin(stk_callwatch_thread(), c, addr);
 

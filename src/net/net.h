@@ -53,6 +53,14 @@ int stk_net_auth_set(const uint8_t *key, size_t len);
 int stk_net_auth_load(const char *path, char *err, size_t errlen);
 int stk_net_auth_keys(void);
 /*
+ * Strict mode, for the whole process from then on: a server that says it needs no
+ * handshake (run with --auth off, or with no key) is refused (-EKEYREJECTED, with
+ * a log line) instead of trusted, since it has proved nothing; and with no key
+ * held, every connection fails so. Daemons holding a key are strict; clients on
+ * request (STOKER_AUTH=strict, stk_client_opts.auth_strict). Any thread.
+ */
+void stk_net_auth_strict(void);
+/*
  * The client's side of the handshake on a connected blocking socket of the
  * caller's (tests that then write raw frames): 0 at once when no key is held.
  * stk_conn_connect's handshake errors.

@@ -332,3 +332,41 @@ def test_key_file_from_a_config_file_and_auth_off(tmp_path):
     p = run([STOKER, "mgmtd", "--data", str(tmp_path / "x"), "--auth", "off", "--key-file",
              str(key)], check=False, timeout=30)
     assert p.returncode != 0 and b"contradict" in p.stderr
+
+
+def test_strict_clients_refuse_a_daemon_without_a_key(cluster, tmp_path):
+    """STOKER_AUTH=strict: a daemon that needs no handshake has proved nothing and
+    is refused; a strict process with no key connects nowhere; a cluster that
+    proves the key is used as ever."""
+    env = dict(os.environ, STOKER_CLUSTER=cluster.url)
+    env.pop("STOKER_KEY_FILE", None)
+    strict = dict(env, STOKER_AUTH="strict")
+    run([STOKER, "put", "-", "/strict"], input=b"proved", env=strict)
+    assert run([STOKER, "cat", "/strict"], env=strict).stdout == b"proved"
+
+    key = tmp_path / "c.key"
+    run([STOKER, "admin", "init", "--key", str(key)])
+    port = free_port()
+    d = subprocess.Popen([STOKER, "mgmtd", "--listen", "127.0.0.1:%d" % port, "--data",
+                          str(tmp_path / "m"), "--auth", "off"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    try:
+        keyed = dict(env, STOKER_KEY_FILE=str(key))
+        status = [STOKER, "status", "--cluster", "127.0.0.1:%d" % port]
+        deadline = time.time() + 20
+        while True:
+            p = run(status, check=False, env=keyed)
+            if p.returncode == 0 or time.time() > deadline:
+                break
+            time.sleep(0.2)
+        # by default a client with a key still talks to a daemon run without one
+        assert p.returncode == 0, p.stderr
+        p = run(status, check=False, env=dict(keyed, STOKER_AUTH="strict"))
+        assert p.returncode != 0
+        assert b"runs without a cluster key" in p.stderr, p.stderr
+        nokey = dict(env, STOKER_AUTH="strict")
+        p = run(status, check=False, env=nokey)
+        assert p.returncode != 0 and b"holds no cluster key" in p.stderr, p.stderr
+    finally:
+        d.terminate()
+        d.wait(30)
