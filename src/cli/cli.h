@@ -56,6 +56,8 @@
 	  "serve the namespace over the S3 API (docs/s3.md)")                                    \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH] | bench loader [--preset image|segmentation] PATH", \
 	  "measure throughput, IOPS and latency; `bench loader`: accelerators kept busy (MLPerf Storage)") \
+	X(plan, cmd_plan, "plan [--dataset SIZE] [--expand F] [--no-raw] [--growth PCT --years N] [--checkpoint SIZE] [--keep N] [--scratch SIZE] [--overhead F] [--replicas R | --ec K+M] [--gpus N] [--sample SIZE] [--rate N] [--save-within S] [--node-capacity SIZE] [--node-read SIZE] [--node-write SIZE] [--node-iops N] [--fill F] [--json]", \
+	  "capacity, bandwidth and nodes a training workload needs, with the arithmetic (docs/plan.md)") \
 	X(pack, cmd_pack, "pack SRC DST [--shard-size SIZE]",                                   \
 	  "pack the files under SRC into shards in DST (stk://HOST:PORT/dir, stk:///dir or local)") \
 	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \
