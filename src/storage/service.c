@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1188,10 +1189,24 @@ out:
 	return rc;
 }
 
+/*
+ * A background copier (resync, repair, scrub) runs at nice 10: where CPU is short,
+ * the training reads and writes the node serves meanwhile get about ten times its
+ * share, and it still gets a tenth, so it never stops. Its bytes are throttled
+ * apart (--resync-rate, --scrub-rate). Linux applies a thread's nice to it alone.
+ */
+static void background_priority(const char *what)
+{
+	if (setpriority(PRIO_PROCESS, (id_t)gettid(), 10))
+		stk_debug("%s thread keeps its priority: %s", what, strerror(errno));
+}
+
 static void *sync_main(void *arg)
 {
 	struct storage *s = arg;
 	unsigned wait_ms = 500;
+
+	background_priority("resync");
 
 	while (!__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED)) {
 		struct sync_job j;
@@ -1515,6 +1530,7 @@ static void *repair_main(void *arg)
 	uint64_t next = stk_now_ns() +
 			(s->scrub_interval_s < 600 ? s->scrub_interval_s : 600) * 1000000000ull;
 
+	background_priority("repair");
 	memset(&j, 0, sizeof(j));
 	j.buf = malloc(STK_MAX_CHUNK_SIZE);
 	j.crcs = malloc((STK_MAX_CHUNK_SIZE / STK_CRC_BLOCK + 1) * sizeof(uint32_t));
