@@ -9,9 +9,14 @@ Prints, for each, the longest gap between two successful reads around the fault
 and the heartbeat timeout it is measured against, as Markdown rows; then how long
 a node hung while 1 GiB was written takes to catch up once it is back, and the
 rate of its copy (resync is limited to 256 MiB/s by default: --resync-rate).
+Last, `stoker bench loader` (image preset) on the same cluster, alone and while a
+node catches up after a hang in which RESYNC_GIB GiB (6 by default) were written,
+in turn for ROUNDS rounds: the accelerators kept 90% busy in each case.
 
-    python3 scripts/bench-failover.py [DIR] [ROUNDS]     (ONLY=resync: the last part)
+    python3 scripts/bench-failover.py [DIR] [ROUNDS]
+    (ONLY=resync or ONLY=loader: that part alone; STEPS=12: loader steps per trial)
 """
+import json
 import os
 import signal
 import subprocess
@@ -132,8 +137,75 @@ def resync_round():
         subprocess.run([S, "down", "--data", data], capture_output=True)
 
 
+def loader(data):
+    """`stoker bench loader --preset image` on the cluster: its JSON result, and the
+    seconds it ran."""
+    t0 = time.time()
+    out = subprocess.run([S, "bench", "loader", "--json", "--preset", "image", "--steps",
+                          os.environ.get("STEPS", "12"), "stk://127.0.0.1:%d/image" % PORT],
+                         check=True, capture_output=True).stdout.decode()
+    return json.loads(out.strip().splitlines()[-1]), time.time() - t0
+
+
+def syncing():
+    st = subprocess.run([S, "status", "--cluster", "127.0.0.1:%d" % PORT],
+                        capture_output=True).stdout.decode()
+    return "syncing" in st or "offline" in st
+
+
+def loader_rounds():
+    """The loader's AU-90 accelerator count alone and during a resync, in turn: a list
+    of (alone, during, seconds of the loader run the resync overlapped, loader run
+    seconds)."""
+    data, c = fresh_cluster()
+    gib = int(os.environ.get("RESYNC_GIB", "6"))
+    out = []
+    try:
+        loader(data)  # makes the data set, and warms what the first round would pay
+        block = os.urandom(64 << 20)
+        for r in range(ROUNDS):
+            alone, _ = loader(data)
+            victim = storage_pids(data)[1]
+            os.kill(victim, signal.SIGSTOP)
+            for i in range(gib * 16):
+                with c.open("/w%d" % i, "wb") as f:
+                    f.write(block)
+            time.sleep(HB_S + 2)
+            os.kill(victim, signal.SIGCONT)
+            while not syncing():
+                time.sleep(0.1)
+            during, secs = loader(data)
+            t_end = time.time()
+            while syncing():
+                time.sleep(0.2)
+            overlap = min(secs, time.time() - (t_end - secs))
+            # the chunks written meanwhile go, so every round copies as much
+            for i in range(gib * 16 if r + 1 < ROUNDS else 0):
+                c.remove("/w%d" % i)
+            out.append((alone["au90_accelerators"], during["au90_accelerators"],
+                        overlap, secs))
+        return out
+    finally:
+        subprocess.run([S, "down", "--data", data], capture_output=True)
+
+
 def main():
     os.makedirs(DIR, exist_ok=True)
+    if os.environ.get("ONLY") == "loader":
+        res = loader_rounds()
+        for i, (a, d, o, secs) in enumerate(res):
+            print("round %d: alone %d, during a resync %d (the resync ran %.0f of the "
+                  "loader's %.0f s)" % (i + 1, a, d, o, secs))
+        alone = sorted(a for a, _, _, _ in res)[len(res) // 2]
+        during = sorted(d for _, d, _, _ in res)[len(res) // 2]
+        print()
+        print("| loader (image preset), AU-90 accelerators, median of %d | alone "
+              "| during a resync | ratio |" % ROUNDS)
+        print("|---|---|---|---|")
+        print("| `stoker up --nodes 3`, one node catching up %s GiB | %d | %d | %.2f |"
+              % (os.environ.get("RESYNC_GIB", "6"), alone, during,
+                 during / alone if alone else 0))
+        return
     print("| fault | longest pause of a reader (median of %d) | heartbeat timeout | errors |"
           % ROUNDS)
     print("|---|---|---|---|")
