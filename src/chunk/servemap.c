@@ -39,9 +39,9 @@
 #define OFF_SEQ 64
 #define OFF_VALID 72
 #define OFF_TARGET 80
-#define OFF_CHAIN 84
-#define OFF_CHAIN_VER 88
-#define OFF_RETIRED 92
+#define OFF_RETIRED 84
+#define OFF_NCHAINS 88
+#define OFF_CHAINS 96 /* STK_SERVE_MAP_CHAINS pairs of u32 */
 #define OFF_BUCKETS 128
 
 /* serve.count */
@@ -243,23 +243,33 @@ fail:
 	return rc;
 }
 
-void stk_serve_map_set(struct stk_serve_map *m, uint32_t target_id, uint32_t chain_id,
-		       uint32_t chain_ver, uint64_t valid_until)
+void stk_serve_map_set(struct stk_serve_map *m, uint32_t target_id,
+		       const struct stk_serve_chain *chains, unsigned n, uint64_t valid_until)
 {
 	uint64_t *seq = u64_at(m, OFF_SEQ);
 	uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED);
+	uint32_t *cw = u32_at(m, OFF_CHAINS);
+	int same;
 
-	if (__atomic_load_n(u64_at(m, OFF_VALID), __ATOMIC_RELAXED) == valid_until &&
-	    __atomic_load_n(u32_at(m, OFF_TARGET), __ATOMIC_RELAXED) == target_id &&
-	    __atomic_load_n(u32_at(m, OFF_CHAIN), __ATOMIC_RELAXED) == chain_id &&
-	    __atomic_load_n(u32_at(m, OFF_CHAIN_VER), __ATOMIC_RELAXED) == chain_ver)
-		return; /* a reader in the middle of a read need not drop it */
+	n = n < STK_SERVE_MAP_CHAINS ? n : STK_SERVE_MAP_CHAINS;
+	/* Unchanged (a heartbeat that does not move the deadline): a read in flight stays. */
+	same = __atomic_load_n(u64_at(m, OFF_VALID), __ATOMIC_RELAXED) == valid_until &&
+	       __atomic_load_n(u32_at(m, OFF_TARGET), __ATOMIC_RELAXED) == target_id &&
+	       __atomic_load_n(u32_at(m, OFF_NCHAINS), __ATOMIC_RELAXED) == n;
+	for (unsigned i = 0; same && i < n; i++)
+		same = __atomic_load_n(&cw[2 * i], __ATOMIC_RELAXED) == chains[i].id &&
+		       __atomic_load_n(&cw[2 * i + 1], __ATOMIC_RELAXED) == chains[i].version;
+	if (same)
+		return;
 	__atomic_store_n(seq, s + 1, __ATOMIC_RELAXED);
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	__atomic_store_n(u64_at(m, OFF_VALID), valid_until, __ATOMIC_RELAXED);
 	__atomic_store_n(u32_at(m, OFF_TARGET), target_id, __ATOMIC_RELAXED);
-	__atomic_store_n(u32_at(m, OFF_CHAIN), chain_id, __ATOMIC_RELAXED);
-	__atomic_store_n(u32_at(m, OFF_CHAIN_VER), chain_ver, __ATOMIC_RELAXED);
+	__atomic_store_n(u32_at(m, OFF_NCHAINS), n, __ATOMIC_RELAXED);
+	for (unsigned i = 0; i < n; i++) {
+		__atomic_store_n(&cw[2 * i], chains[i].id, __ATOMIC_RELAXED);
+		__atomic_store_n(&cw[2 * i + 1], chains[i].version, __ATOMIC_RELAXED);
+	}
 	__atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
 }
 
@@ -386,8 +396,10 @@ int stk_serve_map_read_begin(const struct stk_serve_map *m, uint32_t chain_id, u
 			     uint64_t ino, uint32_t idx, struct stk_serve_snap *s)
 {
 	uint64_t *seq = u64_at(m, OFF_SEQ);
+	const uint32_t *cw = u32_at(m, OFF_CHAINS);
 	uint64_t s1, s2, valid;
-	uint32_t tid, cid, cver;
+	uint32_t tid, n, ver = 0;
+	int listed = 0;
 
 	s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
 	if (__atomic_load_n(u32_at(m, OFF_RETIRED), __ATOMIC_RELAXED))
@@ -396,15 +408,18 @@ int stk_serve_map_read_begin(const struct stk_serve_map *m, uint32_t chain_id, u
 		return -EAGAIN;
 	valid = __atomic_load_n(u64_at(m, OFF_VALID), __ATOMIC_RELAXED);
 	tid = __atomic_load_n(u32_at(m, OFF_TARGET), __ATOMIC_RELAXED);
-	cid = __atomic_load_n(u32_at(m, OFF_CHAIN), __ATOMIC_RELAXED);
-	cver = __atomic_load_n(u32_at(m, OFF_CHAIN_VER), __ATOMIC_RELAXED);
+	n = __atomic_load_n(u32_at(m, OFF_NCHAINS), __ATOMIC_RELAXED);
+	for (uint32_t i = 0; i < n && i < STK_SERVE_MAP_CHAINS && !listed; i++) {
+		listed = __atomic_load_n(&cw[2 * i], __ATOMIC_RELAXED) == chain_id;
+		ver = __atomic_load_n(&cw[2 * i + 1], __ATOMIC_RELAXED);
+	}
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	s2 = __atomic_load_n(seq, __ATOMIC_RELAXED);
 	if (s1 != s2)
 		return -EAGAIN;
 	if (!valid || tid != m->expect_id)
 		return -EPERM;
-	if (cid != chain_id || cver != chain_ver)
+	if (!listed || ver != chain_ver)
 		return -ESTALE;
 	if (valid != STK_SERVE_FOREVER && stk_now_ns() >= valid) /* a vDSO call, no syscall */
 		return -ETIMEDOUT;

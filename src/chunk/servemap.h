@@ -38,10 +38,12 @@
  *                            chain; ~0 for a chain of one target, which a node
  *                            serves fenced or not); 0: it does not serve it
  *       80    4 target id    as the node knows it (0 until mgmtd gave one)
- *       84    4 chain id     the chain the target is in, in the node's table
- *       88    4 chain ver    that chain's version in the node's table
- *       92    4 retired      1 once the node stopped or a new start replaced the map
- *       96   32 reserved     0
+ *       84    4 retired      1 once the node stopped or a new start replaced the map
+ *       88    4 nchains      chains listed below, 0 .. STK_SERVE_MAP_CHAINS
+ *       92    4 reserved     0
+ *       96 8*4 chains       (chain id, its version in the node's table), 4 bytes
+ *                            each: the chains the node serves the target in (mgmtd
+ *                            puts a target in one chain; a reader asks for one)
  *   -- pending changes, by hash of (ino, chunk index) --
  *      128 8*nb buckets      low 20 bits: changes of the bucket's chunks on their
  *                            way down now; bits 20-63: how many times a change
@@ -83,6 +85,7 @@
 
 #define STK_SERVE_MAP_FORMAT 1
 #define STK_SERVE_MAP_BUCKETS 8192u
+#define STK_SERVE_MAP_CHAINS 4
 /* valid_until of a target the node serves whether fenced or not */
 #define STK_SERVE_FOREVER UINT64_MAX
 
@@ -104,13 +107,19 @@ struct stk_serve_snap {
  */
 int stk_serve_map_create(const char *dir, struct stk_serve_map **out);
 
+/* A chain the node serves a target in, at the version of the node's table. */
+struct stk_serve_chain {
+	uint32_t id, version;
+};
+
 /*
- * Publishes the node's view of the target: its id, the chain it is in and that
- * chain's version, and until when it serves it (0: it does not). One thread at a
- * time (the node holds a lock around it).
+ * Publishes the node's view of the target: its id, the n chains it serves it in
+ * (past STK_SERVE_MAP_CHAINS, the others are read through the node), and until
+ * when it serves them (0: it does not). One thread at a time (the node holds a
+ * lock around it).
  */
-void stk_serve_map_set(struct stk_serve_map *m, uint32_t target_id, uint32_t chain_id,
-		       uint32_t chain_ver, uint64_t valid_until);
+void stk_serve_map_set(struct stk_serve_map *m, uint32_t target_id,
+		       const struct stk_serve_chain *chains, unsigned n, uint64_t valid_until);
 
 /*
  * A change of chunk idx of inode ino begins its way down the chain (before its
@@ -141,7 +150,7 @@ uint64_t stk_serve_map_instance(const struct stk_serve_map *m);
  * stk_serve_map_read_end must approve it after. Else why not: -ENODEV (the map
  * is retired: a newer one may be there), -ETIMEDOUT (its validity ran out: the
  * node is silent or fenced), -EPERM (the node does not serve the target now),
- * -ESTALE (another chain, or another version of it, than the node's), -EINPROGRESS
+ * -ESTALE (the node does not list the chain, or has another version of it), -EINPROGRESS
  * (a change of the chunk's bucket is pending), -EAGAIN (the node is changing the
  * state). No system call. Any thread.
  */

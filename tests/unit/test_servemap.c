@@ -20,6 +20,9 @@
 
 static char g_dir[256];
 
+/* One chain, for stk_serve_map_set. */
+#define CH(id, ver) (&(struct stk_serve_chain){(id), (ver)})
+
 /* REQUIRE for the void test functions CHECK_RUN takes: a failure ends the test. */
 #define NEED(cond)                                                                                 \
 	do {                                                                                       \
@@ -40,29 +43,36 @@ static void test_state(void)
 	CHECK_EQ(stk_serve_map_instance(r), stk_serve_map_instance(w));
 	/* a new map serves nothing until the node says so */
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), -EPERM);
-	stk_serve_map_set(w, 7, 3, 5, STK_SERVE_FOREVER);
+	stk_serve_map_set(w, 7, CH(3, 5), 1, STK_SERVE_FOREVER);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), 0);
 	CHECK_RC(stk_serve_map_read_end(r, &s), 0);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 4, 1, 0, &s), -ESTALE);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 6, 1, 0, &s), -ESTALE);
 	CHECK_RC(stk_serve_map_read_begin(r, 2, 5, 1, 0, &s), -ESTALE);
+	/* a target in two chains */
+	struct stk_serve_chain two[2] = {{2, 9}, {3, 5}};
+	stk_serve_map_set(w, 7, two, 2, STK_SERVE_FOREVER);
+	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), 0);
+	CHECK_RC(stk_serve_map_read_begin(r, 2, 9, 1, 0, &s), 0);
+	CHECK_RC(stk_serve_map_read_begin(r, 2, 5, 1, 0, &s), -ESTALE);
+	CHECK_RC(stk_serve_map_read_begin(r, 4, 5, 1, 0, &s), -ESTALE);
 	/* another target than the routing table names */
-	stk_serve_map_set(w, 8, 3, 5, STK_SERVE_FOREVER);
+	stk_serve_map_set(w, 8, CH(3, 5), 1, STK_SERVE_FOREVER);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), -EPERM);
 	/* the fence deadline */
-	stk_serve_map_set(w, 7, 3, 5, now + 10000000000ull);
+	stk_serve_map_set(w, 7, CH(3, 5), 1, now + 10000000000ull);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), 0);
-	stk_serve_map_set(w, 7, 3, 5, now - 1);
+	stk_serve_map_set(w, 7, CH(3, 5), 1, now - 1);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), -ETIMEDOUT);
-	stk_serve_map_set(w, 7, 3, 5, 0);
+	stk_serve_map_set(w, 7, CH(3, 5), 1, 0);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), -EPERM);
 	/* a state change during a read drops it; setting the same state does not */
-	stk_serve_map_set(w, 7, 3, 5, STK_SERVE_FOREVER);
+	stk_serve_map_set(w, 7, CH(3, 5), 1, STK_SERVE_FOREVER);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), 0);
-	stk_serve_map_set(w, 7, 3, 5, STK_SERVE_FOREVER);
+	stk_serve_map_set(w, 7, CH(3, 5), 1, STK_SERVE_FOREVER);
 	CHECK_RC(stk_serve_map_read_end(r, &s), 0);
 	CHECK_RC(stk_serve_map_read_begin(r, 3, 5, 1, 0, &s), 0);
-	stk_serve_map_set(w, 7, 3, 6, STK_SERVE_FOREVER);
+	stk_serve_map_set(w, 7, CH(3, 6), 1, STK_SERVE_FOREVER);
 	CHECK_RC(stk_serve_map_read_end(r, &s), -EAGAIN);
 
 	/* counts go to serve.count, which the node reads */
@@ -86,7 +96,7 @@ static void test_pending(void)
 
 	NEED(stk_serve_map_create(g_dir, &w) == 0);
 	NEED(stk_serve_map_open_reader(g_dir, 7, &r) == 0);
-	stk_serve_map_set(w, 7, 1, 1, STK_SERVE_FOREVER);
+	stk_serve_map_set(w, 7, CH(1, 1), 1, STK_SERVE_FOREVER);
 	/* overlapping changes of one chunk: pending until the last ends */
 	stk_serve_map_pending_begin(w, 42, 3);
 	stk_serve_map_pending_begin(w, 42, 3);
@@ -236,7 +246,7 @@ static void test_race(void)
 	memset(&g, 0, sizeof(g));
 	NEED(stk_serve_map_create(g_dir, &g.w) == 0);
 	NEED(stk_serve_map_open_reader(g_dir, 3, &g.r) == 0);
-	stk_serve_map_set(g.w, 3, 1, 1, STK_SERVE_FOREVER);
+	stk_serve_map_set(g.w, 3, CH(1, 1), 1, STK_SERVE_FOREVER);
 	for (int i = 0; i < 2; i++) {
 		NEED(pthread_create(&wt[i], NULL, race_writer, &wa[i]) == 0);
 		NEED(pthread_create(&rt[i], NULL, race_reader, &g) == 0);
