@@ -311,13 +311,14 @@ static void serve_maps_close(struct storage *s)
 }
 
 /*
- * Publishes what route_look and read_check would decide of a local read of each
- * target by table rt: the chain the target is a readable member of (serving or
- * full, not syncing) and its version, served until the fence deadline for a
- * replicated chain (fenced(): then we serve none of them), for ever for a chain
- * of one target (served fenced or not), else not at all. The agent calls it
- * before a new table becomes current and after each answered heartbeat
- * (stk_agent_state_fn); serve_start once the target ids are known.
+ * Publishes what route_look would decide of a local read of each target by table
+ * rt (read_check's pending part is the buckets'): the chains the target is in,
+ * with their versions, while the target is serving or full (not syncing, not
+ * offline), until the fence deadline if one of them is replicated (fenced(): then
+ * we serve none of them), for ever if all are of one target (served fenced or
+ * not). The agent calls it before a new table becomes current and after each
+ * answered heartbeat (stk_agent_state_fn); serve_start once the target ids are
+ * known.
  */
 static void serve_publish(void *ctx, const struct stk_routing *rt, uint64_t alive_until)
 {
