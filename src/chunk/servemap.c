@@ -61,7 +61,7 @@ struct stk_serve_map {
 	size_t len;
 	uint8_t *cnt; /* serve.count, mapped read-write; NULL: this reader counts nothing */
 	uint64_t *buckets;
-	uint32_t mask; /* nbuckets - 1 */
+	uint32_t mask;	    /* nbuckets - 1 */
 	uint32_t expect_id; /* a reader's: the target the routing table names */
 	int writer;
 };
@@ -293,10 +293,10 @@ void stk_serve_map_pending_end(struct stk_serve_map *m, uint64_t ino, uint32_t i
 
 void stk_serve_map_counts(const struct stk_serve_map *m, uint64_t *reads, uint64_t *bytes)
 {
-	*reads = m->cnt ? __atomic_load_n((uint64_t *)(m->cnt + CNT_OFF_READS), __ATOMIC_RELAXED)
-			: 0;
-	*bytes = m->cnt ? __atomic_load_n((uint64_t *)(m->cnt + CNT_OFF_BYTES), __ATOMIC_RELAXED)
-			: 0;
+	*reads =
+	    m->cnt ? __atomic_load_n((uint64_t *)(m->cnt + CNT_OFF_READS), __ATOMIC_RELAXED) : 0;
+	*bytes =
+	    m->cnt ? __atomic_load_n((uint64_t *)(m->cnt + CNT_OFF_BYTES), __ATOMIC_RELAXED) : 0;
 }
 
 /* Maps dir/serve.count read-write if this process may and it belongs to instance. */

@@ -49,16 +49,16 @@ struct stk_gone_map {
  * bytes), or sent over the network, and why (io.c, local_read).
  */
 enum stk_sc_stat {
-	STK_SC_READS,	     /* read from the chunk file */
-	STK_SC_BYTES,	     /* their bytes */
-	STK_SC_NO_MAP,	     /* the node's serve map is missing or unreadable */
-	STK_SC_RETIRED,	     /* the node stopped, or restarted (a new map is looked for) */
-	STK_SC_EXPIRED,	     /* the node's validity ran out: silent or fenced */
-	STK_SC_NOT_SERVING,  /* the node does not serve the target now */
-	STK_SC_STALE,	     /* the chain's version differs from the node's */
-	STK_SC_PENDING,	     /* a change of the chunk is on its way down */
-	STK_SC_CHANGED,	     /* the node's state or the chunk changed during the read */
-	STK_SC_FAILED,	     /* the local read failed (checksum, I/O) */
+	STK_SC_READS,	    /* read from the chunk file */
+	STK_SC_BYTES,	    /* their bytes */
+	STK_SC_NO_MAP,	    /* the node's serve map is missing or unreadable */
+	STK_SC_RETIRED,	    /* the node stopped, or restarted (a new map is looked for) */
+	STK_SC_EXPIRED,	    /* the node's validity ran out: silent or fenced */
+	STK_SC_NOT_SERVING, /* the node does not serve the target now */
+	STK_SC_STALE,	    /* the chain's version differs from the node's */
+	STK_SC_PENDING,	    /* a change of the chunk is on its way down */
+	STK_SC_CHANGED,	    /* the node's state or the chunk changed during the read */
+	STK_SC_FAILED,	    /* the local read failed (checksum, I/O) */
 	STK_SC__COUNT
 };
 

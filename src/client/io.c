@@ -159,8 +159,7 @@ static int chain_node(struct stk_client *c, uint32_t chain_id, int op, uint64_t 
  * else the copy may hold bytes the tail has not acknowledged, and the read goes
  * to the network, where a replica with a change pending sends it to the tail.
  */
-static struct stk_local_target *local_member(struct stk_client *c, uint32_t chain_id,
-					     uint32_t *ver)
+static struct stk_local_target *local_member(struct stk_client *c, uint32_t chain_id, uint32_t *ver)
 {
 	const struct stk_rt_chain *ch;
 	char path[STK_PATH_MAX + 1];
@@ -249,8 +248,8 @@ static void local_map_retry(struct stk_client *c, struct stk_local_target *lt)
 	struct stk_serve_map *m, *old;
 	struct stk_gone_map *g;
 
-	if (now < at || !__atomic_compare_exchange_n(&lt->map_retry_ns, &at, now + 1000000000ull,
-						     0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+	if (now < at || !__atomic_compare_exchange_n(&lt->map_retry_ns, &at, now + 1000000000ull, 0,
+						     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
 		return;
 	if (stk_serve_map_open_reader(stk_chunk_store_path(lt->cs), lt->id, &m))
 		return;
@@ -298,12 +297,13 @@ static int local_read(struct stk_client *c, struct stk_io_piece *p, uint64_t ino
 	}
 	rc = stk_serve_map_read_begin(m, p->chain_id, ver, ino, p->chunk_idx, &snap);
 	if (rc) {
-		sc_count(c, rc == -ENODEV      ? STK_SC_RETIRED
-			    : rc == -ETIMEDOUT ? STK_SC_EXPIRED
-			    : rc == -EPERM     ? STK_SC_NOT_SERVING
-			    : rc == -ESTALE    ? STK_SC_STALE
-			    : rc == -EINPROGRESS ? STK_SC_PENDING
-						 : STK_SC_CHANGED,
+		sc_count(c,
+			 rc == -ENODEV	      ? STK_SC_RETIRED
+			 : rc == -ETIMEDOUT   ? STK_SC_EXPIRED
+			 : rc == -EPERM	      ? STK_SC_NOT_SERVING
+			 : rc == -ESTALE      ? STK_SC_STALE
+			 : rc == -EINPROGRESS ? STK_SC_PENDING
+					      : STK_SC_CHANGED,
 			 1);
 		if (rc == -ENODEV || rc == -ETIMEDOUT)
 			local_map_retry(c, lt);

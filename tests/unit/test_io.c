@@ -481,9 +481,11 @@ static void client_free(struct stk_client *c)
 	if (!c)
 		return;
 	stk_pool_destroy(c->pool);
-	for (unsigned i = 0; i < c->nlocals; i++)
+	for (unsigned i = 0; i < c->nlocals; i++) {
 		if (c->locals[i].cs)
 			stk_chunk_store_close(c->locals[i].cs);
+		stk_serve_map_close(c->locals[i].map);
+	}
 	stk_routing_free(&c->rt);
 	if (c->mgmt_conn)
 		stk_conn_close(c->mgmt_conn);

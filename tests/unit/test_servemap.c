@@ -27,7 +27,7 @@ static char g_dir[256];
 #define NEED(cond)                                                                                 \
 	do {                                                                                       \
 		if (!(cond)) {                                                                     \
-			CHECK_FAIL("required check failed: %s", #cond);                          \
+			CHECK_FAIL("required check failed: %s", #cond);                            \
 			return;                                                                    \
 		}                                                                                  \
 	} while (0)
