@@ -25,6 +25,7 @@
 #include "../common/host.h"
 #include "../common/layout.h"
 #include "../chunk/chunkfile.h"
+#include "../chunk/servemap.h"
 #include "../common/log.h"
 #include "../common/util.h"
 #include "../proto/status.h"
@@ -281,8 +282,17 @@ void stk_disconnect(stk_client *c)
 	stk_session_destroy(c); /* after the watch, which calls into it */
 	stk_callwatch_destroy(c->watch); /* before the table it reads */
 	stk_pool_destroy(c->pool);
-	for (unsigned i = 0; i < c->nlocals; i++)
+	for (unsigned i = 0; i < c->nlocals; i++) {
 		stk_chunk_store_close(c->locals[i].cs);
+		stk_serve_map_close(c->locals[i].map);
+	}
+	while (c->gone_maps) {
+		struct stk_gone_map *g = c->gone_maps;
+
+		c->gone_maps = g->next;
+		stk_serve_map_close(g->map);
+		free(g);
+	}
 	stk_routing_free(&c->rt);
 	pthread_rwlock_destroy(&c->rt_lock);
 	if (c->mgmt_conn)

@@ -28,6 +28,38 @@
 struct stk_local_target {
 	uint32_t id;
 	struct stk_chunk_store *cs; /* NULL: tried, not readable from here */
+	/*
+	 * Atomic: the node's serve map of the target (chunk/servemap.h), without which
+	 * nothing is read locally; NULL while none could be opened. Replaced, under
+	 * local_lock, by one a new start of the node made; the one replaced stays
+	 * mapped (gone_maps) until the client is freed, as a reader may still use it.
+	 */
+	struct stk_serve_map *map;
+	uint64_t map_retry_ns; /* atomic: stk_now_ns() before which no new map is looked for */
+};
+
+/* A serve map replaced while readers may still hold it (stk_local_target). */
+struct stk_gone_map {
+	struct stk_gone_map *next;
+	struct stk_serve_map *map;
+};
+
+/*
+ * What became of the reads of chunks of a local target: read locally (and the
+ * bytes), or sent over the network, and why (io.c, local_read).
+ */
+enum stk_sc_stat {
+	STK_SC_READS,	    /* read from the chunk file */
+	STK_SC_BYTES,	    /* their bytes */
+	STK_SC_NO_MAP,	    /* the node's serve map is missing or unreadable */
+	STK_SC_RETIRED,	    /* the node stopped, or restarted (a new map is looked for) */
+	STK_SC_EXPIRED,	    /* the node's validity ran out: silent or fenced */
+	STK_SC_NOT_SERVING, /* the node does not serve the target now */
+	STK_SC_STALE,	    /* the chain's version differs from the node's */
+	STK_SC_PENDING,	    /* a change of the chunk is on its way down */
+	STK_SC_CHANGED,	    /* the node's state or the chunk changed during the read */
+	STK_SC_FAILED,	    /* the local read failed (checksum, I/O) */
+	STK_SC__COUNT
 };
 
 struct stk_client {
@@ -66,6 +98,8 @@ struct stk_client {
 	pthread_mutex_t local_lock;
 	struct stk_local_target locals[STK_MAX_LOCAL_TARGETS];
 	unsigned nlocals;
+	struct stk_gone_map *gone_maps; /* under local_lock */
+	uint64_t sc_stats[STK_SC__COUNT]; /* atomic: enum stk_sc_stat */
 	struct stk_session *sess; /* the session with meta (session.c) */
 	struct stk_reaper *reaper; /* background removal of gone files' chunks (reaper.c) */
 	/*

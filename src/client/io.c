@@ -24,6 +24,7 @@
 #include "../common/layout.h"
 #include "../common/log.h"
 #include "../chunk/chunkfile.h"
+#include "../chunk/servemap.h"
 #include "../common/util.h"
 #include "../proto/status.h"
 
@@ -136,27 +137,33 @@ static int chain_node(struct stk_client *c, uint32_t chain_id, int op, uint64_t 
 }
 
 /*
- * Short-circuit reads: when the head of a chain is a target on this host whose
- * folder this process can open (and whose target.id is the one the routing table
- * names), the client reads the chunk file itself, with the same checksum checks
- * the storage node makes, and no request crosses the network. Writes always go
- * to the storage node, which owns the chunk files; reads of a copy-on-write chunk
- * see the old version or the new one, never a mix.
+ * Short-circuit reads: when a serving member of a chain is a target on this host
+ * whose folder this process can open (and whose target.id is the one the routing
+ * table names), the client reads the chunk file itself, with the same checksum
+ * checks the storage node makes, and no request crosses the network. Writes
+ * always go to the storage node, which owns the chunk files; reads of a
+ * copy-on-write chunk see the old version or the new one, never a mix.
  *
  * "On this host" is the node's host id (common/host.h) equal to the client's, never
  * its address: on one machine every 127.x address is local, also that of a node in
  * its own network namespace or one given a host id of its own to stand for another
- * machine. And the node must be ONLINE and its target SERVING in the routing table:
- * the files of a node known to be down are not read behind its back (its chunks
- * may be stale once it is moved out of its chains).
+ * machine. And the node must be ONLINE and its target SERVING (or FULL) in the
+ * routing table: the files of a node known to be down are not read behind its
+ * back (its chunks may be stale once it is moved out of its chains).
+ *
+ * And the node must serve the read as we would send it (local_read): its serve
+ * map (chunk/servemap.h) says it serves the target's chain at the version our
+ * table has (so a table of ours that is behind, or a node fenced, silent or
+ * stopped, sends the read over the network, which refreshes what must be), and
+ * that no change of the chunk was on its way down before or during the read:
+ * else the copy may hold bytes the tail has not acknowledged, and the read goes
+ * to the network, where a replica with a change pending sends it to the tail.
  */
-static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_id)
+static struct stk_local_target *local_member(struct stk_client *c, uint32_t chain_id, uint32_t *ver)
 {
 	const struct stk_rt_chain *ch;
-	const struct stk_rt_target *t = NULL;
-	const struct stk_rt_node *n = NULL;
 	char path[STK_PATH_MAX + 1];
-	struct stk_chunk_store *cs = NULL;
+	struct stk_local_target *lt = NULL;
 	uint32_t tid = 0;
 	unsigned i, nl;
 
@@ -164,13 +171,17 @@ static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_
 		return NULL;
 	pthread_rwlock_rdlock(&c->rt_lock);
 	ch = stk_routing_chain(&c->rt, chain_id);
-	if (ch && ch->ntargets == 1) {
-		t = stk_routing_target(&c->rt, ch->targets[0]);
-		n = t ? stk_routing_node(&c->rt, t->node_id) : NULL;
+	for (i = 0; ch && i < ch->ntargets && !tid; i++) {
+		const struct stk_rt_target *t = stk_routing_target(&c->rt, ch->targets[i]);
+		const struct stk_rt_node *n = t ? stk_routing_node(&c->rt, t->node_id) : NULL;
+
+		if (t && n && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL) &&
+		    n->state == STK_NODE_ONLINE && n->host_id[0] &&
+		    strcmp(n->host_id, c->host_id) == 0) {
+			tid = t->id;
+			*ver = ch->version;
+		}
 	}
-	if (t && n && t->state == STK_TARGET_SERVING && n->state == STK_NODE_ONLINE &&
-	    n->host_id[0] && strcmp(n->host_id, c->host_id) == 0)
-		tid = t->id;
 	pthread_rwlock_unlock(&c->rt_lock);
 	if (!tid)
 		return NULL;
@@ -178,29 +189,144 @@ static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_
 	nl = __atomic_load_n(&c->nlocals, __ATOMIC_ACQUIRE);
 	for (i = 0; i < nl; i++)
 		if (c->locals[i].id == tid)
-			return c->locals[i].cs;
+			return c->locals[i].cs ? &c->locals[i] : NULL;
 	/* A target met first: its folder from the routing table, opened once. */
 	pthread_rwlock_rdlock(&c->rt_lock);
-	t = stk_routing_target(&c->rt, tid);
-	if (t)
-		memcpy(path, t->path, sizeof(path));
+	{
+		const struct stk_rt_target *t = stk_routing_target(&c->rt, tid);
+
+		path[0] = 0;
+		if (t)
+			memcpy(path, t->path, sizeof(path));
+	}
 	pthread_rwlock_unlock(&c->rt_lock);
-	if (!t)
+	if (!path[0])
 		return NULL;
 	pthread_mutex_lock(&c->local_lock);
 	for (i = 0; i < c->nlocals; i++)
 		if (c->locals[i].id == tid)
 			break;
 	if (i == c->nlocals && i < STK_MAX_LOCAL_TARGETS) {
-		c->locals[i].id = tid;
-		if (stk_chunk_store_open_reader(path, tid, &c->locals[i].cs))
-			c->locals[i].cs = NULL;
+		struct stk_local_target *n = &c->locals[i];
+
+		n->id = tid;
+		if (stk_chunk_store_open_reader(path, tid, &n->cs))
+			n->cs = NULL;
+		if (n->cs && stk_serve_map_open_reader(path, tid, &n->map))
+			n->map = NULL;
+		n->map_retry_ns = stk_now_ns() + 1000000000ull;
 		__atomic_store_n(&c->nlocals, i + 1, __ATOMIC_RELEASE);
 	}
-	if (i < c->nlocals)
-		cs = c->locals[i].cs;
+	if (i < c->nlocals && c->locals[i].cs)
+		lt = &c->locals[i];
 	pthread_mutex_unlock(&c->local_lock);
-	return cs;
+	return lt;
+}
+
+/* The store of chain_id's local member, for hints (advice, prefetch); or NULL. */
+static struct stk_chunk_store *local_store(struct stk_client *c, uint32_t chain_id)
+{
+	uint32_t ver;
+	struct stk_local_target *lt = local_member(c, chain_id, &ver);
+
+	return lt ? lt->cs : NULL;
+}
+
+static void sc_count(struct stk_client *c, enum stk_sc_stat what, uint64_t n)
+{
+	__atomic_add_fetch(&c->sc_stats[what], n, __ATOMIC_RELAXED);
+}
+
+/*
+ * Looks for a newer serve map of lt's target, at most once a second (a
+ * missing, retired or expired one: the node may have started again since). One
+ * thread looks; readers keep the map they loaded, which stays mapped.
+ */
+static void local_map_retry(struct stk_client *c, struct stk_local_target *lt)
+{
+	uint64_t now = stk_now_ns(), at = __atomic_load_n(&lt->map_retry_ns, __ATOMIC_RELAXED);
+	struct stk_serve_map *m, *old;
+	struct stk_gone_map *g;
+
+	if (now < at || !__atomic_compare_exchange_n(&lt->map_retry_ns, &at, now + 1000000000ull, 0,
+						     __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+		return;
+	if (stk_serve_map_open_reader(stk_chunk_store_path(lt->cs), lt->id, &m))
+		return;
+	pthread_mutex_lock(&c->local_lock);
+	old = lt->map;
+	g = old ? malloc(sizeof(*g)) : NULL;
+	if ((old && stk_serve_map_instance(old) == stk_serve_map_instance(m)) || (old && !g)) {
+		pthread_mutex_unlock(&c->local_lock);
+		stk_serve_map_close(m); /* the same map, or no room to keep the old one */
+		return;
+	}
+	if (g) {
+		g->map = old;
+		g->next = c->gone_maps;
+		c->gone_maps = g;
+	}
+	__atomic_store_n(&lt->map, m, __ATOMIC_RELEASE);
+	pthread_mutex_unlock(&c->local_lock);
+}
+
+/*
+ * Reads piece p of inode ino from a local member of its chain, if this client may
+ * (see above): 1 and the piece is done (p->done set), or 0 and nothing was
+ * returned (the buffer may hold bytes read and dropped), and the read goes over
+ * the network. Any failure, a checksum mismatch too, goes the network way: the
+ * storage node then sees it, logs and counts it, and answers EIO itself.
+ */
+static int local_read(struct stk_client *c, struct stk_io_piece *p, uint64_t ino, uint32_t flags)
+{
+	struct stk_local_target *lt;
+	struct stk_serve_snap snap;
+	struct stk_serve_map *m;
+	uint32_t ver = 0;
+	long got;
+	int rc;
+
+	lt = local_member(c, p->chain_id, &ver);
+	if (!lt)
+		return 0;
+	m = __atomic_load_n(&lt->map, __ATOMIC_ACQUIRE);
+	if (!m) {
+		sc_count(c, STK_SC_NO_MAP, 1);
+		local_map_retry(c, lt);
+		return 0;
+	}
+	rc = stk_serve_map_read_begin(m, p->chain_id, ver, ino, p->chunk_idx, &snap);
+	if (rc) {
+		sc_count(c,
+			 rc == -ENODEV	      ? STK_SC_RETIRED
+			 : rc == -ETIMEDOUT   ? STK_SC_EXPIRED
+			 : rc == -EPERM	      ? STK_SC_NOT_SERVING
+			 : rc == -ESTALE      ? STK_SC_STALE
+			 : rc == -EINPROGRESS ? STK_SC_PENDING
+					      : STK_SC_CHANGED,
+			 1);
+		if (rc == -ENODEV || rc == -ETIMEDOUT)
+			local_map_retry(c, lt);
+		return 0;
+	}
+	got = flags & STK_READ_STREAM
+		  ? stk_chunk_read_stream(lt->cs, ino, p->chunk_idx, p->offset, p->buf, p->length)
+		  : stk_chunk_read(lt->cs, ino, p->chunk_idx, p->offset, p->buf, p->length, NULL);
+	if (got < 0) {
+		sc_count(c, STK_SC_FAILED, 1);
+		return 0;
+	}
+	if (stk_serve_map_read_end(m, &snap)) {
+		/* Maybe a version not yet acknowledged: never handed on, not even in part. */
+		memset(p->buf, 0, (size_t)got);
+		sc_count(c, STK_SC_CHANGED, 1);
+		return 0;
+	}
+	stk_serve_map_count(m, (uint64_t)got);
+	sc_count(c, STK_SC_READS, 1);
+	sc_count(c, STK_SC_BYTES, (uint64_t)got);
+	p->done = (uint32_t)got;
+	return 1;
 }
 
 /*
@@ -266,24 +392,10 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 	f->conn = NULL;
 	f->local = 0;
 	f->watch = -1;
-	if (op == STK_IO_READ) {
-		struct stk_chunk_store *cs = local_store(c, p->chain_id);
-		long got = !cs ? -ENOENT
-			   : flags & STK_READ_STREAM
-			       ? stk_chunk_read_stream(cs, ino, p->chunk_idx, p->offset, p->buf,
-						       p->length)
-			       : stk_chunk_read(cs, ino, p->chunk_idx, p->offset, p->buf, p->length,
-						NULL);
-		/*
-		 * Any failure, a checksum mismatch too, goes the network way: the storage
-		 * node then sees it, logs and counts it, and answers EIO itself.
-		 */
-		if (got >= 0) {
-			f->local = 1;
-			f->rc = 0;
-			p->done = (uint32_t)got;
-			return;
-		}
+	if (op == STK_IO_READ && local_read(c, p, ino, flags)) {
+		f->local = 1;
+		f->rc = 0;
+		return;
 	}
 	if (op == STK_IO_PREFETCH) {
 		/* A chunk this client reads itself is advised here: no request, and the

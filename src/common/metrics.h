@@ -155,6 +155,13 @@
 	  "Chunk blocks or headers found corrupt (checksum or consistency check failed).")         \
 	X(TARGET_CHUNKS_REPAIRED, COUNTER, "stoker_target_chunks_repaired_total", "target",       \
 	  "Damaged chunks rewritten from another replica of their chain.")                        \
+	X(TARGET_SHORT_CIRCUIT_READS, COUNTER, "stoker_target_short_circuit_reads_total",        \
+	  "target",                                                                                \
+	  "Chunk reads that clients of this host made from the target's files themselves "        \
+	  "(short-circuit reads), counted by them in the target's serve.count; not in "           \
+	  "stoker_target_reads_total. Reset when the node restarts.")                             \
+	X(TARGET_SHORT_CIRCUIT_BYTES, COUNTER, "stoker_target_short_circuit_read_bytes_total",   \
+	  "target", "Bytes of the short-circuit reads of the target's chunks.")                    \
 	X(TARGET_INFLIGHT, GAUGE, "stoker_target_inflight_requests", "target",                     \
 	  "Chunk reads and writes in progress on the target (its queue depth).")                   \
 	X(TARGET_IO_DURATION, HISTOGRAM, "stoker_target_io_duration_seconds", "target,op",         \

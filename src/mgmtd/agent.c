@@ -44,6 +44,7 @@ struct stk_agent {
 	char zone[STK_HOST_ID_MAX]; /* reported at registration; "" for the host id */
 	uint8_t role;
 	stk_agent_targets_fn targets;
+	stk_agent_state_fn state;
 	void *ctx;
 
 	pthread_mutex_t call_lock; /* protects conn, buf, resp, tinfo, tids, ntids, node_id */
@@ -251,6 +252,9 @@ static int fetch_and_publish(struct stk_agent *a, int full, int *answered)
 		return 0;
 	}
 	ref->refs = 1;
+	/* Published before the node serves by it (see stk_agent_state_fn). */
+	if (a->state)
+		a->state(a->ctx, &ref->rt, __atomic_load_n(&a->alive_until_ns, __ATOMIC_RELAXED));
 	pthread_mutex_lock(&a->lock);
 	old = a->cur;
 	a->cur = ref;
@@ -302,6 +306,19 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 	if (rp.timeout_ms)
 		__atomic_store_n(&a->alive_until_ns,
 				 sent + (uint64_t)rp.timeout_ms * 1000000ull * 3 / 4, __ATOMIC_RELAXED);
+	if (a->state && rp.timeout_ms) {
+		struct stk_routing_ref *ref;
+
+		pthread_mutex_lock(&a->lock);
+		ref = a->cur;
+		if (ref)
+			ref->refs++;
+		pthread_mutex_unlock(&a->lock);
+		if (ref)
+			a->state(a->ctx, &ref->rt,
+				 __atomic_load_n(&a->alive_until_ns, __ATOMIC_RELAXED));
+		ref_drop(a, ref);
+	}
 	return 0;
 }
 
@@ -466,6 +483,7 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	}
 	a->role = opts->role;
 	a->targets = opts->targets;
+	a->state = opts->state;
 	a->ctx = opts->ctx;
 	a->node_id = opts->node_id;
 	a->ns = opts->ns;

@@ -22,6 +22,20 @@ struct stk_agent;
 /* Fills up to max target records (capacity, used, chunks, path, id). Returns the count. */
 typedef uint32_t (*stk_agent_targets_fn)(void *ctx, struct stk_msg_target_info *out, uint32_t max);
 
+/*
+ * What a node that publishes its serving state (storage: its serve maps,
+ * src/chunk/servemap.h) is told: rt, the routing table about to become the
+ * agent's current one (or the current one), and alive_until_ns, the stk_now_ns()
+ * time from which the node is fenced (stk_agent_fenced; 0 until a heartbeat is
+ * answered). Called from the agent's threads, one call at a time, with no agent
+ * lock that stk_agent_routing_get takes held: before a new table becomes current
+ * (so nothing the node serves by it precedes its publication) and after each
+ * answered heartbeat. It must not call into the agent but for
+ * stk_agent_routing_get/put and stk_agent_fenced.
+ */
+typedef void (*stk_agent_state_fn)(void *ctx, const struct stk_routing *rt,
+				   uint64_t alive_until_ns);
+
 struct stk_agent_opts {
 	size_t size; /* sizeof(struct stk_agent_opts) */
 	const char *mgmtd; /* "HOST:PORT[,HOST:PORT...]": every mgmtd; the leader is followed */
@@ -35,6 +49,7 @@ struct stk_agent_opts {
 	/* Its failure domain (--zone; storage), or NULL: its host id stands for it. */
 	const char *zone;
 	struct stk_ns_id ns; /* a meta node's store identity (never zero); zero for storage */
+	stk_agent_state_fn state; /* NULL, or told of table and fence changes (with ctx) */
 };
 
 /*

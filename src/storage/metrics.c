@@ -32,6 +32,7 @@
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
+#include "../chunk/servemap.h"
 #include "chunk.h"
 
 #define SMART_INTERVAL_S 300
@@ -44,6 +45,8 @@ struct target_metrics {
 	stk_metric_t capacity, used, free_bytes, chunks, csum, repaired;
 	stk_metric_t bytes[2], ops[2], errors[2], dur[2], inflight;
 	stk_metric_t resync_checked, resync_chunks, resync_bytes, resync_progress;
+	const struct stk_serve_map *map; /* atomic: short-circuit reads' counts; NULL: none */
+	stk_metric_t sc_reads, sc_bytes;
 	/* SMART: the device, and series registered once smartctl answers */
 	char device[64];
 	stk_metric_t healthy, temp, wear, media;
@@ -96,6 +99,15 @@ void stk_storage_metrics_end(struct stk_storage_metrics *m, const struct stk_chu
 	else if (rc != -ENOSPC)
 		stk_metric_add(t->errors[op], 1);
 	stk_metric_add(t->inflight, -1);
+}
+
+void stk_storage_metrics_serve_map(struct stk_storage_metrics *m, const struct stk_chunk_store *cs,
+				   const struct stk_serve_map *map)
+{
+	struct target_metrics *t;
+
+	if (m && (t = find(m, cs)))
+		__atomic_store_n(&t->map, map, __ATOMIC_RELEASE); /* a scrape may be running */
 }
 
 void stk_storage_metrics_resync(struct stk_storage_metrics *m, const struct stk_chunk_store *cs,
@@ -152,6 +164,15 @@ static void collect(void *ctx)
 		}
 		stk_metric_set_int(t->csum, (int64_t)stk_chunk_store_corrupt_count(t->cs));
 		stk_metric_set_int(t->repaired, (int64_t)stk_chunk_store_repaired_count(t->cs));
+		const struct stk_serve_map *map = __atomic_load_n(&t->map, __ATOMIC_ACQUIRE);
+
+		if (map) {
+			uint64_t reads, bytes;
+
+			stk_serve_map_counts(map, &reads, &bytes);
+			stk_metric_set_int(t->sc_reads, (int64_t)reads);
+			stk_metric_set_int(t->sc_bytes, (int64_t)bytes);
+		}
 	}
 	stk_metric_set_int(m->node_capacity, (int64_t)ncap);
 	stk_metric_set_int(m->node_used, (int64_t)nused);
@@ -466,6 +487,8 @@ static int register_target(struct target_metrics *t)
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_CHECKSUM_ERRORS, v, &t->csum);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_CHUNKS_REPAIRED, v, &t->repaired);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_INFLIGHT, v, &t->inflight);
+	rc = rc ? rc : stk_metric_series(STK_M_TARGET_SHORT_CIRCUIT_READS, v, &t->sc_reads);
+	rc = rc ? rc : stk_metric_series(STK_M_TARGET_SHORT_CIRCUIT_BYTES, v, &t->sc_bytes);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_DURATION, rd, &t->dur[STK_TARGET_READ]);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_IO_DURATION, wr, &t->dur[STK_TARGET_WRITE]);
 	rc = rc ? rc : stk_metric_series(STK_M_TARGET_RESYNC_CHECKED, v, &t->resync_checked);

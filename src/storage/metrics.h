@@ -32,6 +32,15 @@ enum stk_target_op { STK_TARGET_READ = 0, STK_TARGET_WRITE = 1 };
  */
 int stk_storage_metrics_create(struct stk_chunk_store *const *stores, unsigned n,
 			       struct stk_storage_metrics **out);
+/*
+ * Exports the short-circuit reads counted in the serve map of cs's target
+ * (stoker_target_short_circuit_*), read at scrape time. map may be NULL (the
+ * series stay 0); it must outlive the metrics. From the daemon's main thread,
+ * before requests are counted.
+ */
+struct stk_serve_map;
+void stk_storage_metrics_serve_map(struct stk_storage_metrics *m, const struct stk_chunk_store *cs,
+				   const struct stk_serve_map *map);
 /* Stops the SMART thread and the collector. NULL is fine. */
 void stk_storage_metrics_destroy(struct stk_storage_metrics *m);
 

@@ -48,6 +48,7 @@
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
+#include "../chunk/servemap.h"
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
@@ -74,6 +75,10 @@ struct storage {
 	pthread_rwlock_t ino_locks[INO_LOCKS]; /* see the top: changes of an inode in order */
 	uint32_t pending[PENDING_SLOTS]; /* atomic: changes on their way down, by chunk hash */
 	struct stk_agent *agent;
+	/* serve maps (serve_publish): one per store, NULL where none could be made */
+	struct stk_serve_map **maps;
+	pthread_mutex_t serve_lock; /* serialises serve_publish; protects serve_alive */
+	uint64_t serve_alive; /* the fence deadline the agent last told */
 	struct stk_storage_metrics *metrics; /* NULL without --metrics */
 	pthread_t sync_thread; /* resyncs our SYNCING targets (sync_main) */
 	int sync_started;
@@ -274,6 +279,114 @@ static int node_gone(void *ctx, const char *addr)
 	return !online;
 }
 
+/* ---- serve maps: the node's state for short-circuit readers ---- */
+
+/*
+ * A client on this host reads our targets' chunk files itself only as this node
+ * would serve the read (src/chunk/servemap.h): each target's map says the chain
+ * the target is in, its version in our table, and until when we serve it, and
+ * its buckets follow the changes on their way down (pending_begin/_end). The
+ * maps are made before the server takes a request, retiring those a former run
+ * left, and retired when the node stops.
+ */
+static void serve_maps_open(struct storage *s)
+{
+	s->maps = calloc(s->nstores, sizeof(*s->maps));
+	for (unsigned i = 0; s->maps && i < s->nstores; i++) {
+		const char *dir = stk_chunk_store_path(s->stores[i]);
+		int rc = stk_serve_map_create(dir, &s->maps[i]);
+
+		if (rc)
+			stk_warn("target folder %s: cannot make its serve map (%s): clients of this "
+				 "host read its chunks through the node",
+				 dir, strerror(-rc));
+	}
+}
+
+static void serve_maps_close(struct storage *s)
+{
+	for (unsigned i = 0; s->maps && i < s->nstores; i++)
+		stk_serve_map_close(s->maps[i]);
+	free(s->maps);
+	s->maps = NULL;
+}
+
+/*
+ * Publishes what route_look would decide of a local read of each target by table
+ * rt (read_check's pending part is the buckets'): the chains the target is in,
+ * with their versions, while the target is serving or full (not syncing, not
+ * offline), until the fence deadline if one of them is replicated (fenced(): then
+ * we serve none of them), for ever if all are of one target (served fenced or
+ * not). The agent calls it before a new table becomes current and after each
+ * answered heartbeat (stk_agent_state_fn); serve_start once the target ids are
+ * known.
+ */
+static void serve_publish(void *ctx, const struct stk_routing *rt, uint64_t alive_until)
+{
+	struct storage *s = ctx;
+
+	if (!s->maps)
+		return;
+	pthread_mutex_lock(&s->serve_lock);
+	s->serve_alive = alive_until;
+	for (unsigned i = 0; i < s->nstores; i++) {
+		uint32_t tid = stk_chunk_store_id(s->stores[i]);
+		const struct stk_rt_target *t = tid ? stk_routing_target(rt, tid) : NULL;
+		struct stk_serve_chain ch[STK_SERVE_MAP_CHAINS];
+		uint64_t valid = STK_SERVE_FOREVER;
+		unsigned n = 0;
+
+		if (!s->maps[i])
+			continue;
+		if (!t || (t->state != STK_TARGET_SERVING && t->state != STK_TARGET_FULL))
+			valid = 0;
+		for (uint32_t c = 0; valid && c < rt->nchains && n < STK_SERVE_MAP_CHAINS; c++) {
+			const struct stk_rt_chain *rc = &rt->chains[c];
+
+			for (unsigned k = 0; k < rc->ntargets; k++) {
+				if (rc->targets[k] != tid)
+					continue;
+				ch[n++] = (struct stk_serve_chain){rc->id, rc->version};
+				if (rc->ntargets > 1)
+					valid = alive_until; /* may be 0: no heartbeat answered yet */
+				break;
+			}
+		}
+		stk_serve_map_set(s->maps[i], tid, ch, valid ? n : 0, valid);
+	}
+	pthread_mutex_unlock(&s->serve_lock);
+}
+
+/* serve_publish by the agent's current table, once our target ids are set. */
+static void serve_start(struct storage *s)
+{
+	struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
+	uint64_t alive;
+
+	pthread_mutex_lock(&s->serve_lock);
+	alive = s->serve_alive;
+	pthread_mutex_unlock(&s->serve_lock);
+	serve_publish(s, &ref->rt, alive);
+	stk_agent_routing_put(s->agent, ref);
+}
+
+/*
+ * A change of chunk ino/idx begins or ends its way down the chain. The chunk is
+ * on one of our targets; the caller does not say which, so every map's bucket
+ * says so (a few atomic adds: a node has a handful of targets).
+ */
+static void serve_pending(struct storage *s, uint64_t ino, uint32_t idx, int begin)
+{
+	for (unsigned i = 0; s->maps && i < s->nstores; i++) {
+		if (!s->maps[i])
+			continue;
+		if (begin)
+			stk_serve_map_pending_begin(s->maps[i], ino, idx);
+		else
+			stk_serve_map_pending_end(s->maps[i], ino, idx);
+	}
+}
+
 static uint32_t *pending_slot(struct storage *s, uint64_t ino, uint32_t idx)
 {
 	uint64_t k = (ino * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)idx * 0xBF58476D1CE4E5B9ull);
@@ -282,9 +395,11 @@ static uint32_t *pending_slot(struct storage *s, uint64_t ino, uint32_t idx)
 }
 
 /* A change of chunk ino/idx starts on its way down: until pending_end, reads of
- * our copy go to the tail (read_check). */
+ * our copy go to the tail (read_check), and so do those of this host's
+ * short-circuit readers (serve_pending: before the chunk file changes). */
 static void pending_begin(struct storage *s, uint64_t ino, uint32_t idx)
 {
+	serve_pending(s, ino, idx, 1);
 	__atomic_add_fetch(pending_slot(s, ino, idx), 1, __ATOMIC_RELAXED);
 }
 
@@ -292,6 +407,7 @@ static void pending_begin(struct storage *s, uint64_t ino, uint32_t idx)
 static void pending_end(struct storage *s, uint64_t ino, uint32_t idx)
 {
 	__atomic_sub_fetch(pending_slot(s, ino, idx), 1, __ATOMIC_RELAXED);
+	serve_pending(s, ino, idx, 0);
 }
 
 static pthread_rwlock_t *ino_lock(struct storage *s, uint64_t ino)
@@ -1899,6 +2015,7 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 	ao.ctx = s;
 	ao.host_id = b->opts->host_id;
 	ao.zone = b->opts->zone;
+	ao.state = serve_publish;
 	rc = stk_agent_start(&ao, &s->agent, &b->node_id, b->ids, b->opts->ntargets);
 	if (rc) {
 		s->agent = NULL;
@@ -1919,11 +2036,14 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 			return rc;
 		}
 	}
+	serve_start(s); /* the maps name the targets from here on */
 	/* Per-target series are named by target id, known from here on. */
 	if (maddr && (rc = stk_storage_metrics_create(s->stores, s->nstores, &s->metrics))) {
 		stk_error("cannot set up target metrics: %s", strerror(-rc));
 		return rc;
 	}
+	for (unsigned i = 0; s->metrics && s->maps && i < s->nstores; i++)
+		stk_storage_metrics_serve_map(s->metrics, s->stores[i], s->maps[i]);
 	for (unsigned i = 0; i < s->nstores; i++) {
 		uint64_t cap = 0, used = 0, chunks = 0;
 		char cb[32];
@@ -1993,6 +2113,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	for (unsigned i = 0; i < INO_LOCKS; i++)
 		pthread_rwlock_init(&s->ino_locks[i], NULL);
 	pthread_mutex_init(&s->prog_lock, NULL);
+	pthread_mutex_init(&s->serve_lock, NULL);
 	s->resync_rate = opts->resync_rate < 0	  ? 0
 			 : opts->resync_rate == 0 ? STK_STORAGE_RESYNC_RATE
 						  : (uint64_t)opts->resync_rate;
@@ -2012,6 +2133,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	rc = open_targets(s, opts);
 	if (rc)
 		goto out;
+	serve_maps_open(s); /* before any request: see serve_maps_open */
 
 	memset(&so, 0, sizeof(so));
 	so.size = sizeof(so);
@@ -2057,6 +2179,7 @@ out:
 		stk_callwatch_destroy(s->watch); /* before the agent it asks */
 		stk_storage_metrics_destroy(s->metrics);
 		stk_agent_stop(s->agent);
+		serve_maps_close(s); /* after the agent: nothing publishes any more */
 		for (unsigned i = 0; i < s->nstores; i++)
 			stk_chunk_store_close(s->stores[i]);
 		free(s->stores);

@@ -24,7 +24,10 @@
  *   special CLUSTER DIR                   stk_mknod (as root) and stk_fallocate: types,
  *                                         rdev, errors, bytes and st_blocks after holes
  *   staleread CLUSTER PATH SECONDS     one client reads PATH whole again and again,
- *                                         printing "READ size fnv1a64" for each
+ *                                         printing "READ size fnv1a64 T0 T1 SC PEND"
+ *                                         for each (see cmd_staleread)
+ *   overwrite CLUSTER PATH SEED           writes a pattern over PATH in place (its
+ *                                         size), printing "START T" and "ACKED T"
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
@@ -501,9 +504,11 @@ static int cmd_ackloop(int argc, char **argv)
 
 /*
  * staleread CLUSTER PATH SECONDS: one client reads PATH whole again and again for
- * SECONDS, printing "READ size fnv1a64" for each read, and never asks mgmtd for a
- * table unless a node tells it to: a node its table is out of date about is what
- * it reads from.
+ * SECONDS, printing "READ size fnv1a64 T0 T1 SC PEND" for each read, and never
+ * asks mgmtd for a table unless a node tells it to: a node its table is out of
+ * date about is what it reads from. T0 and T1: CLOCK_MONOTONIC ns when the read
+ * began and ended; SC and PEND: the client's short-circuit reads so far, and its
+ * local reads sent over the network because a change was pending (client.h).
  */
 static int cmd_staleread(int argc, char **argv)
 {
@@ -519,7 +524,7 @@ static int cmd_staleread(int argc, char **argv)
 	while (stk_now_ns() < end) {
 		struct stat st;
 		stk_file *f;
-		uint64_t h = 0xcbf29ce484222325ull;
+		uint64_t h = 0xcbf29ce484222325ull, t0 = stk_now_ns(), t1;
 		ssize_t n;
 		int rc = stk_stat(c, argv[2], &st);
 
@@ -538,15 +543,65 @@ static int cmd_staleread(int argc, char **argv)
 		}
 		n = stk_pread(f, buf, (size_t)st.st_size, 0);
 		stk_close(f);
+		t1 = stk_now_ns();
 		if (n < 0) {
 			fprintf(stderr, "staleread: read: %s\n", stk_strerror((int)n));
 			return 1;
 		}
 		for (ssize_t i = 0; i < n; i++)
 			h = (h ^ buf[i]) * 0x100000001b3ull;
-		printf("READ %zd %016llx\n", n, (unsigned long long)h);
+		printf("READ %zd %016llx %llu %llu %llu %llu\n", n, (unsigned long long)h,
+		       (unsigned long long)t0, (unsigned long long)t1,
+		       (unsigned long long)__atomic_load_n(&c->sc_stats[STK_SC_READS],
+							   __ATOMIC_RELAXED),
+		       (unsigned long long)__atomic_load_n(&c->sc_stats[STK_SC_PENDING],
+							   __ATOMIC_RELAXED));
 		usleep(50000);
 	}
+	free(buf);
+	stk_disconnect(c);
+	return 0;
+}
+
+/*
+ * overwrite CLUSTER PATH SEED: writes pattern SEED over PATH in place, its whole
+ * size (no truncation: readers see the old bytes or the new), and closes it;
+ * prints "START T" before the first write and "ACKED T" once close returned
+ * (CLOCK_MONOTONIC ns).
+ */
+static int cmd_overwrite(int argc, char **argv)
+{
+	uint64_t seed;
+	struct stat st;
+	stk_file *f;
+	char *buf;
+	int rc;
+
+	if (argc < 4 || stk_parse_u64(argv[3], &seed))
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	rc = stk_stat(c, argv[2], &st);
+	buf = rc ? NULL : malloc((size_t)st.st_size + 1);
+	if (rc || !buf) {
+		fprintf(stderr, "overwrite: %s: %s\n", argv[2], stk_strerror(rc ? rc : -ENOMEM));
+		return 1;
+	}
+	pattern(seed, 0, buf, (size_t)st.st_size);
+	rc = stk_open(c, argv[2], O_WRONLY, 0, &f);
+	printf("START %llu\n", (unsigned long long)stk_now_ns());
+	if (rc == 0) {
+		ssize_t w = stk_pwrite(f, buf, (size_t)st.st_size, 0);
+
+		int crc = stk_close(f); /* the durability point: its error counts too */
+
+		rc = w < 0 ? (int)w : crc;
+	}
+	if (rc) {
+		fprintf(stderr, "overwrite: %s: %s\n", argv[2], stk_strerror(rc));
+		return 1;
+	}
+	printf("ACKED %llu\n", (unsigned long long)stk_now_ns());
 	free(buf);
 	stk_disconnect(c);
 	return 0;
@@ -1517,6 +1572,7 @@ int main(int argc, char **argv)
 		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
 		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special},
 		    {"cluster", cmd_cluster}, {"staleread", cmd_staleread},
+		    {"overwrite", cmd_overwrite},
 		    {"verifymany", cmd_verifymany}};
 
 	if (argc < 2) {

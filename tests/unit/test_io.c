@@ -40,6 +40,7 @@
 #include "../../src/net/net.h"
 #include "../../src/proto/msg.h"
 #include "../../src/proto/status.h"
+#include "../../src/chunk/servemap.h"
 #include "../../src/storage/chunk.h"
 #include "check.h"
 
@@ -55,6 +56,7 @@ struct node {
 	uint32_t id; /* the node's id and that of its one target */
 	char dir[PATH_MAX];
 	struct stk_chunk_store *cs;
+	struct stk_serve_map *map; /* what the node tells its host's readers (servemap.h) */
 	struct stk_server *srv;
 	pthread_t tid;
 	char addr[STK_ADDR_MAX];
@@ -352,6 +354,27 @@ static int node_serve(struct node *n, const char *listen)
 }
 
 /* The nodes, their chunk stores, mgmtd and the table that ties them. */
+/*
+ * What each node tells the readers of its host (servemap.h), as a storage node
+ * does from its table: it serves its chains (of one target, so for ever) at the
+ * versions of the table now. Called again whenever a test changes the table.
+ */
+static void publish_maps(void)
+{
+	for (uint32_t i = 0; i < NNODES; i++) {
+		struct stk_serve_chain ch[STK_SERVE_MAP_CHAINS];
+		unsigned n = 0;
+
+		pthread_mutex_lock(&g_rt_lock);
+		for (uint32_t c = 0; c < NCHAINS && n < STK_SERVE_MAP_CHAINS; c++)
+			if (g_rt_chains[c].targets[0] == g_nodes[i].id)
+				ch[n++] = (struct stk_serve_chain){g_rt_chains[c].id,
+								   g_rt_chains[c].version};
+		pthread_mutex_unlock(&g_rt_lock);
+		stk_serve_map_set(g_nodes[i].map, g_nodes[i].id, ch, n, STK_SERVE_FOREVER);
+	}
+}
+
 static int cluster_start(void)
 {
 	int rc;
@@ -386,6 +409,12 @@ static int cluster_start(void)
 	for (uint32_t c = 1; c <= NCHAINS; c++)
 		g_rt_chains[c - 1] = (struct stk_rt_chain){
 		    .id = c, .version = 1, .ntargets = 1, .targets = {(c - 1) % NNODES + 1}};
+	for (uint32_t i = 0; i < NNODES; i++) {
+		rc = stk_serve_map_create(g_nodes[i].dir, &g_nodes[i].map);
+		if (rc)
+			return rc;
+	}
+	publish_maps();
 	return 0;
 }
 
@@ -398,6 +427,7 @@ static void cluster_stop(void)
 			server_stop(n->srv, n->tid);
 		if (n->cs)
 			stk_chunk_store_close(n->cs);
+		stk_serve_map_close(n->map);
 		if (n->dir[0])
 			check_rm_rf(n->dir);
 	}
@@ -451,9 +481,11 @@ static void client_free(struct stk_client *c)
 	if (!c)
 		return;
 	stk_pool_destroy(c->pool);
-	for (unsigned i = 0; i < c->nlocals; i++)
+	for (unsigned i = 0; i < c->nlocals; i++) {
 		if (c->locals[i].cs)
 			stk_chunk_store_close(c->locals[i].cs);
+		stk_serve_map_close(c->locals[i].map);
+	}
 	stk_routing_free(&c->rt);
 	if (c->mgmt_conn)
 		stk_conn_close(c->mgmt_conn);
@@ -897,6 +929,7 @@ static void test_stale_routing_and_restart(void)
 	g_rt_chains[1].version++;
 	g_rt.version++;
 	pthread_mutex_unlock(&g_rt_lock);
+	publish_maps();
 	rt0 = atomic_load(&g_routing_calls);
 	r0 = total_reads();
 	memset(buf, 0xee, 8 * (size_t)CS);
@@ -1037,6 +1070,56 @@ static void test_short_circuit(void)
 	check_pieces(p, n, INO_LOCAL, 100, __LINE__);
 	CHECK_EQ(total_reads(), r0);
 	CHECK_EQ(c->nlocals, NNODES);
+	CHECK_EQ(c->sc_stats[STK_SC_READS], n);
+
+	/*
+	 * Only as the node would serve it (its serve map): a chunk with a change on its
+	 * way down, and every chunk of a node that says it serves nothing, are read
+	 * through the node; a chain whose version moved on behind the client's back
+	 * once through the node (which answers STALE_ROUTING), then locally again.
+	 */
+	{
+		uint64_t pend0 = c->sc_stats[STK_SC_PENDING], off0 = c->sc_stats[STK_SC_NOT_SERVING];
+		uint64_t stale0 = c->sc_stats[STK_SC_STALE];
+		struct node *n3 = chain_node(stk_layout_chunk_chain(&l, chains, 3));
+		unsigned on_n3 = 0, on_c1 = 0;
+
+		for (unsigned i = 0; i < n; i++) {
+			on_n3 += chain_node(p[i].chain_id) == n3;
+			on_c1 += p[i].chain_id == 1;
+		}
+		stk_serve_map_pending_begin(n3->map, INO_LOCAL, 3);
+		r0 = total_reads();
+		memset(buf, 0xee, 8 * (size_t)CS);
+		n = make_pieces(&l, chains, buf, 0, 8 * (size_t)CS, p);
+		CHECK_RC(stk_io_run(c, STK_IO_READ, INO_LOCAL, &l, p, n, 0), 0);
+		check_pieces(p, n, INO_LOCAL, 0, __LINE__);
+		CHECK_EQ(total_reads() - r0, 1);
+		CHECK_EQ(c->sc_stats[STK_SC_PENDING] - pend0, 1);
+		stk_serve_map_pending_end(n3->map, INO_LOCAL, 3);
+
+		stk_serve_map_set(n3->map, n3->id, NULL, 0, 0);
+		r0 = total_reads();
+		CHECK_RC(stk_io_run(c, STK_IO_READ, INO_LOCAL, &l, p, n, 0), 0);
+		check_pieces(p, n, INO_LOCAL, 0, __LINE__);
+		CHECK_EQ(total_reads() - r0, on_n3);
+		CHECK_EQ(c->sc_stats[STK_SC_NOT_SERVING] - off0, on_n3);
+		publish_maps();
+
+		pthread_mutex_lock(&g_rt_lock);
+		g_rt_chains[0].version++;
+		g_rt.version++;
+		pthread_mutex_unlock(&g_rt_lock);
+		publish_maps();
+		r0 = total_reads();
+		CHECK_RC(stk_io_run(c, STK_IO_READ, INO_LOCAL, &l, p, n, 0), 0);
+		check_pieces(p, n, INO_LOCAL, 0, __LINE__);
+		CHECK_EQ(total_reads() - r0, on_c1);
+		CHECK(c->sc_stats[STK_SC_STALE] - stale0 >= on_c1);
+		r0 = total_reads();
+		CHECK_RC(stk_io_run(c, STK_IO_READ, INO_LOCAL, &l, p, n, 0), 0);
+		CHECK_EQ(total_reads(), r0);
+	}
 
 	/* chunk 5's data, byte 3000 of it, flipped on disk (its header is 4 KiB) */
 	nd = chain_node(stk_layout_chunk_chain(&l, chains, 5));
