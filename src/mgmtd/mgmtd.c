@@ -228,8 +228,9 @@ static int handle_target_synced(struct mgmtd *m, struct stk_rpc_req *req)
 	    stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
 	pthread_mutex_lock(&m->lock);
-	rc = stk_mgmt_state_target_synced(&m->st, rq.node_id, rq.target_id, rq.chain_id,
-					  rq.chain_ver);
+	rc = m->leading ? stk_mgmt_state_target_synced(&m->st, rq.node_id, rq.target_id,
+						       rq.chain_id, rq.chain_ver)
+			: -EREMCHG;
 	if (rc == 0)
 		rc = persist(m);
 	pthread_mutex_unlock(&m->lock);
