@@ -292,6 +292,10 @@ static int handle_target_wiped(struct mgmtd *m, struct stk_rpc_req *req)
 	if (rc == 0 && rq.chunks)
 		stk_info("target %u: node %u removed %llu stale chunks (%llu bytes)", rq.target_id,
 			 rq.node_id, (unsigned long long)rq.chunks, (unsigned long long)rq.bytes);
+	if (rc == 0) {
+		m->st.wiped_chunks += rq.chunks;
+		m->st.wiped_bytes += rq.bytes;
+	}
 	if (rc == 0)
 		rc = persist(m);
 	pthread_mutex_unlock(&m->lock);

@@ -123,6 +123,8 @@ struct stk_mgmt_state {
 	uint32_t nmoves, cap_moves;
 	/* Moves started, finished and abandoned since this state was loaded (metrics). */
 	uint64_t moves_started, moves_finished, moves_abandoned;
+	/* Stale chunks and bytes nodes removed (MGMT_TARGET_WIPED; metrics, set by mgmtd). */
+	uint64_t wiped_chunks, wiped_bytes;
 	/*
 	 * Chains of R form only once no new target registered for form_settle_ns (0,
 	 * the default: at once): nodes started together all register before the first
