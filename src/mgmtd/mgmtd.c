@@ -2,7 +2,11 @@
  * mgmtd: the RPC layer over the cluster state of state.c.
  *
  * Three requests (MGMT_REGISTER, MGMT_HEARTBEAT, MGMT_GET_ROUTING) and one
- * background thread that marks silent nodes OFFLINE. mgmtd is not on the data
+ * background thread that marks silent nodes OFFLINE, runs the rebalancer's round
+ * (chain moves for balance and drains, state.h) and replaces nodes gone too long;
+ * operators' requests (MGMT_REMOVE_NODE, MGMT_DRAIN_NODE, MGMT_REBALANCE) and the
+ * storage nodes' reports (MGMT_TARGET_SYNCED, MGMT_TARGET_WIPED) change or read
+ * the same state. mgmtd is not on the data
  * path: each node talks to it once a second, so one mutex around the state is
  * plenty, and every change that must survive a restart is saved to
  * data_dir/mgmtd.state before the reply goes out (the file is replaced atomically,

@@ -198,7 +198,9 @@ unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint6
  * target in no chain, of a failure domain none of the chain's other members is in:
  * the new one goes last, SYNCING, and copies the chain's chunks from its
  * predecessor. A chain with no working member left, or no such target free, keeps
- * its member. Returns how many were replaced.
+ * its member, and so does a member of a move in flight (the move's own round
+ * finishes or abandons it: stk_mgmt_state_rebalance). Returns how many were
+ * replaced.
  */
 unsigned stk_mgmt_state_replace(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t after_ns,
 				uint32_t force_node);
