@@ -427,6 +427,8 @@ typedef struct stk_cluster_status stk_cluster_status;
 #define STK_CLUSTER_TARGET_OFFLINE 2 /* its node is offline or no longer reports it */
 #define STK_CLUSTER_TARGET_FULL 3 /* out of space */
 #define STK_CLUSTER_TARGET_SYNCING 4 /* back after its chain went on: copying what it missed */
+/* it left its chain (a move, a replacement): its node removes the chunks it holds */
+#define STK_CLUSTER_TARGET_WIPING 5
 
 /* One meta or storage node that registered with mgmtd. */
 struct stk_cluster_node {
@@ -442,6 +444,16 @@ struct stk_cluster_node {
 	 */
 	int refused;
 	const char *ns; /* a meta node's store identity, 32 hex digits; "" for storage */
+	/*
+	 * A storage node's share of the chains, from mgmtd's rebalancer (all 0 for a
+	 * mgmtd without one, and for meta nodes): draining 1 while `stoker admin
+	 * drain-node` moves its memberships away; members, its targets that are a
+	 * chain's member; targets, its targets not offline. mgmtd spreads members so
+	 * that members / targets is even over the nodes (docs/architecture.md).
+	 */
+	int draining;
+	uint32_t members;
+	uint32_t targets;
 };
 
 /* One storage target (a folder of chunk files on a storage node). */
@@ -479,6 +491,25 @@ struct stk_cluster_chain {
 	uint32_t version; /* bumped whenever its target list changes */
 	uint32_t ntargets;
 	const uint32_t *targets; /* ntargets target ids, the head first */
+};
+
+/*
+ * A chain membership moving (a rebalance, or a drain): to_target joined chain
+ * chain_id last and copies its chunks (its target's sync_permille says how far);
+ * once it serves, from_target leaves the chain. drain: 1 if a drain started it.
+ */
+struct stk_cluster_move {
+	uint32_t chain_id;
+	uint32_t from_target;
+	uint32_t to_target;
+	int drain;
+};
+
+/* The rebalancer's figures (all 0, known 0, from a mgmtd without one). */
+struct stk_cluster_rebalance {
+	int known;
+	uint32_t max_moves; /* mgmtd's --rebalance-moves: 0 when balancing is off */
+	uint64_t started, finished, abandoned; /* moves, since this mgmtd leads */
 };
 
 /* One metadata shard and the meta node serving it. */
@@ -519,6 +550,22 @@ STK_API int stk_cluster_resolve(const char *cluster, char *addr, size_t len);
  */
 STK_API int stk_cluster_remove_node(const char *cluster, uint32_t node_id, uint32_t *replaced,
 				    uint32_t *kept);
+
+/*
+ * Drains a storage node (drain 1, `stoker admin drain-node`): mgmtd moves each of
+ * its chain memberships to a free target of another node, in the background and
+ * a few at a time, each chain keeping all its copies throughout (the new member
+ * copies the chain's chunks before the old one leaves); none of its targets joins
+ * a chain from then on. drain 0 (`undrain-node`) cancels it: moves in flight are
+ * abandoned, memberships already moved stay moved. *members: how many of its
+ * targets are still a chain's member (stk_cluster_status shows the count fall;
+ * at 0 the node may be removed, stk_cluster_remove_node, and stopped). Errors:
+ * -ENOENT (no storage node of that id), as stk_connect for reaching the cluster.
+ * cluster is as stk_cluster_resolve takes it (NULL: the default) and read during
+ * the call only; *members is set only when it returns 0.
+ */
+STK_API int stk_cluster_drain_node(const char *cluster, uint32_t node_id, int drain,
+				   uint32_t *members);
 
 /*
  * Fetches the status of the cluster whose mgmtd `cluster` names (as
@@ -566,6 +613,12 @@ STK_API const struct stk_cluster_shard *stk_cluster_status_shard(const stk_clust
 								 uint32_t i);
 /* The cluster's space over all targets, whatever their state (never NULL). */
 STK_API const struct stk_cluster_space *stk_cluster_status_space(const stk_cluster_status *s);
+/* The i-th chain membership moving (from 0), or NULL past the last. */
+STK_API const struct stk_cluster_move *stk_cluster_status_move(const stk_cluster_status *s,
+							       uint32_t i);
+/* The rebalancer's figures; never NULL. */
+STK_API const struct stk_cluster_rebalance *
+stk_cluster_status_rebalance(const stk_cluster_status *s);
 
 #ifdef __cplusplus
 }

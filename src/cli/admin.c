@@ -5,6 +5,10 @@
  * --key-file / $STOKER_KEY_FILE (`stoker up` makes DATA/cluster.key itself).
  * `admin remove-node ID` gives up on an offline storage node now: mgmtd replaces
  * each of its targets in its chain (docs/architecture.md, "Replication").
+ * `admin drain-node ID` moves an online node's chain memberships to other nodes
+ * in the background, every chain keeping its copies throughout; `undrain-node ID`
+ * cancels it. Once `stoker status` shows it with no membership left, remove-node
+ * drops it though it runs.
  */
 #include "cli.h"
 
@@ -44,8 +48,9 @@ static int remove_node(int argc, char **argv)
 	}
 	if (rc == -EBUSY) {
 		cli_err("admin", "remove-node: node %llu is online: stop it first (its targets are "
-				 "replaced only once it is gone)",
-			(unsigned long long)id);
+				 "replaced only once it is gone), or drain it first (`stoker admin "
+				 "drain-node %llu`) and wait until it holds no chain membership",
+			(unsigned long long)id, (unsigned long long)id);
 		return 1;
 	}
 	if (rc) {
@@ -63,6 +68,53 @@ static int remove_node(int argc, char **argv)
 	return kept ? 1 : 0;
 }
 
+/* `admin drain-node ID` (drain 1) and `admin undrain-node ID` (drain 0). */
+static int drain_node(int argc, char **argv, int drain)
+{
+	const char *cluster = NULL, *what = drain ? "drain-node" : "undrain-node";
+	uint64_t id = 0;
+	uint32_t members = 0;
+	int rc, have = 0;
+
+	for (int i = 2; i < argc; i++) {
+		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
+			cluster = argv[++i];
+		} else if (!have && stk_parse_u64(argv[i], &id) == 0 && id && id <= UINT32_MAX) {
+			have = 1;
+		} else {
+			cli_err("admin", "%s: unexpected argument '%s'", what, argv[i]);
+			return cli_usage("admin");
+		}
+	}
+	if (!have) {
+		cli_err("admin", "%s needs a storage node's id (`stoker status`, Nodes)", what);
+		return cli_usage("admin");
+	}
+	rc = stk_cluster_drain_node(cluster, (uint32_t)id, drain, &members);
+	if (rc == -ENOENT) {
+		cli_err("admin", "%s: the cluster has no storage node %llu", what,
+			(unsigned long long)id);
+		return 1;
+	}
+	if (rc) {
+		cli_err("admin", "%s: %s", what, stk_strerror(rc));
+		return 1;
+	}
+	if (!drain)
+		printf("node %llu: no longer draining (%u chain membership(s); moves in flight "
+		       "were abandoned)\n",
+		       (unsigned long long)id, members);
+	else if (members)
+		printf("node %llu: draining, %u chain membership(s) left to move (`stoker status` "
+		       "shows them go; then `stoker admin remove-node %llu`)\n",
+		       (unsigned long long)id, members, (unsigned long long)id);
+	else
+		printf("node %llu: drained, no chain membership left: `stoker admin remove-node "
+		       "%llu`, then stop it\n",
+		       (unsigned long long)id, (unsigned long long)id);
+	return 0;
+}
+
 int cmd_admin(int argc, char **argv)
 {
 	const char *key = NULL;
@@ -70,6 +122,10 @@ int cmd_admin(int argc, char **argv)
 
 	if (argc >= 2 && strcmp(argv[1], "remove-node") == 0)
 		return remove_node(argc, argv);
+	if (argc >= 2 && strcmp(argv[1], "drain-node") == 0)
+		return drain_node(argc, argv, 1);
+	if (argc >= 2 && strcmp(argv[1], "undrain-node") == 0)
+		return drain_node(argc, argv, 0);
 	if (argc < 2 || strcmp(argv[1], "init") != 0)
 		return cli_usage("admin");
 	for (int i = 2; i < argc; i++) {

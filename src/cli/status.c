@@ -37,6 +37,8 @@ static const char *target_state(int s)
 		return "full";
 	case STK_CLUSTER_TARGET_SYNCING:
 		return "syncing";
+	case STK_CLUSTER_TARGET_WIPING:
+		return "wiping";
 	default:
 		return "?";
 	}
@@ -98,13 +100,37 @@ static int working(const struct stk_cluster_target *m)
 	return m && (m->state == STK_CLUSTER_TARGET_SERVING || m->state == STK_CLUSTER_TARGET_FULL);
 }
 
-/* How many of chain c's members work (serving or full); mgmtd judges chains alike. */
-static uint32_t chain_working(const stk_cluster_status *st, const struct stk_cluster_chain *c)
+/* The move in flight on chain id, or NULL. */
+static const struct stk_cluster_move *chain_move(const stk_cluster_status *st, uint32_t id)
 {
+	const struct stk_cluster_move *mv;
+
+	for (uint32_t i = 0; (mv = stk_cluster_status_move(st, i)); i++)
+		if (mv->chain_id == id)
+			return mv;
+	return NULL;
+}
+
+/*
+ * How many of chain c's members work (serving or full), and how many it needs:
+ * all of them, but a move's new member, which copies beside the members it is
+ * to relieve (mgmtd judges chains alike).
+ */
+static uint32_t chain_working(const stk_cluster_status *st, const struct stk_cluster_chain *c,
+			      uint32_t *need)
+{
+	const struct stk_cluster_move *mv = chain_move(st, c->id);
 	uint32_t n = 0;
 
-	for (uint32_t j = 0; j < c->ntargets; j++)
-		n += working(target_by_id(st, c->targets[j]));
+	*need = c->ntargets;
+	for (uint32_t j = 0; j < c->ntargets; j++) {
+		const struct stk_cluster_target *m = target_by_id(st, c->targets[j]);
+
+		if (mv && c->targets[j] == mv->to_target && !working(m))
+			(*need)--;
+		else
+			n += working(m);
+	}
 	return n;
 }
 
@@ -137,21 +163,21 @@ static void print_health(const stk_cluster_status *st)
 	uint32_t nchains = 0, degraded = 0, unavailable = 0;
 
 	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
-		uint32_t w = chain_working(st, c);
+		uint32_t need, w = chain_working(st, c, &need);
 
 		if (!c->ntargets)
 			continue;
 		nchains++;
-		degraded += w > 0 && w < c->ntargets;
+		degraded += w > 0 && w < need;
 		unavailable += w == 0;
 	}
 	printf("degraded chains: %u of %u, unavailable: %u\n", degraded, nchains, unavailable);
 	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
-		uint32_t w = chain_working(st, c);
+		uint32_t need, w = chain_working(st, c, &need);
 
-		if (!c->ntargets || w == c->ntargets)
+		if (!c->ntargets || w >= need)
 			continue;
-		printf("  chain %u: %u of %u members working%s\n", c->id, w, c->ntargets,
+		printf("  chain %u: %u of %u members working%s\n", c->id, w, need,
 		       w ? "" : ": UNAVAILABLE, its files cannot be read or written");
 		for (uint32_t j = 0; j < c->ntargets; j++) {
 			const struct stk_cluster_target *m = target_by_id(st, c->targets[j]);
@@ -173,6 +199,55 @@ static void print_health(const stk_cluster_status *st)
 				       target_state(m->state));
 			}
 		}
+	}
+}
+
+/*
+ * The rebalancer, for a replicated cluster: the moves in flight, each with the
+ * copy's progress ("chain 3: target 2 -> 9 (syncing 43.0%)"), then each storage
+ * node's share of the chains, and how much a draining node has left. No line
+ * starts with a number, so that whoever reads the tables above by their rows
+ * reads nothing of this.
+ */
+static void print_rebalance(const stk_cluster_status *st)
+{
+	const struct stk_cluster_rebalance *rb = stk_cluster_status_rebalance(st);
+	const struct stk_cluster_chain *c;
+	const struct stk_cluster_move *mv;
+	const struct stk_cluster_node *n;
+	uint32_t nmoves = 0;
+	int replicated = 0;
+
+	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++)
+		replicated |= c->ntargets > 1;
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++)
+		replicated |= n->draining;
+	while (stk_cluster_status_move(st, nmoves))
+		nmoves++;
+	if (!rb->known || (!replicated && !nmoves))
+		return;
+	printf("\nRebalance: %u move(s) in flight, at most %u%s; %llu finished, %llu "
+	       "abandoned\n",
+	       nmoves, rb->max_moves, rb->max_moves ? "" : " (balancing off; drains go on)",
+	       (unsigned long long)rb->finished, (unsigned long long)rb->abandoned);
+	for (uint32_t i = 0; (mv = stk_cluster_status_move(st, i)); i++) {
+		const struct stk_cluster_target *t = target_by_id(st, mv->to_target);
+		int syncing = t && t->state == STK_CLUSTER_TARGET_SYNCING;
+
+		printf("  chain %u: target %u -> %u (%s %u.%u%%)%s\n", mv->chain_id,
+		       mv->from_target, mv->to_target, syncing ? "syncing" : "done",
+		       syncing ? t->sync_permille / 10 : 100, syncing ? t->sync_permille % 10 : 0,
+		       mv->drain ? ", draining" : "");
+	}
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++) {
+		if (n->role != STK_CLUSTER_ROLE_STORAGE)
+			continue;
+		printf("  node %u: %u of %u targets in chains", n->id, n->members, n->targets);
+		if (n->draining && n->members)
+			printf(", draining: %u membership(s) left", n->members);
+		else if (n->draining)
+			printf(", drained: no membership left, may be removed");
+		printf("\n");
 	}
 }
 
@@ -274,7 +349,7 @@ int cmd_status(int argc, char **argv)
 	       sp->devices == 1 ? "" : "s");
 	printf("\nChains\n  %-4s %-8s %s\n", "ID", "VERSION", "TARGETS (head first)");
 	for (uint32_t i = 0; (c = stk_cluster_status_chain(st, i)); i++) {
-		uint32_t w = chain_working(st, c);
+		uint32_t need, w = chain_working(st, c, &need);
 
 		printf("  %-4u %-8u", c->id, c->version);
 		for (uint32_t j = 0; j < c->ntargets; j++) {
@@ -285,12 +360,14 @@ int cmd_status(int argc, char **argv)
 			printf(" %s", word);
 		}
 		/* a healthy chain's line is only its members, as it always was */
-		if (c->ntargets && w < c->ntargets)
+		if (c->ntargets && w < need)
 			printf("   ! %s", w ? "degraded" : "unavailable");
 		printf("\n");
 	}
 	print_shards(st);
 	print_refused(st);
+	/* last: scripts that read the tables above stop at the shards */
+	print_rebalance(st);
 	stk_cluster_status_free(st);
 	return 0;
 }

@@ -684,17 +684,26 @@ static void show_chains(const struct top *t)
 	if (!t->st)
 		return;
 	for (uint32_t i = 0; (c = stk_cluster_status_chain(t->st, i)); i++) {
-		uint32_t w = 0;
+		const struct stk_cluster_move *mv;
+		uint32_t w = 0, need = c->ntargets;
 
 		if (!c->ntargets)
 			continue;
 		for (uint32_t j = 0; j < c->ntargets; j++)
-			for (uint32_t k = 0; (tg = stk_cluster_status_target(t->st, k)); k++)
-				if (tg->id == c->targets[j])
-					w += tg->state == STK_CLUSTER_TARGET_SERVING ||
-					     tg->state == STK_CLUSTER_TARGET_FULL;
-		healthy += w == c->ntargets;
-		degraded += w && w < c->ntargets;
+			for (uint32_t k = 0; (tg = stk_cluster_status_target(t->st, k)); k++) {
+				int working = tg->state == STK_CLUSTER_TARGET_SERVING ||
+					      tg->state == STK_CLUSTER_TARGET_FULL;
+
+				if (tg->id != c->targets[j])
+					continue;
+				w += working;
+				/* a move's new member copies beside those it relieves: not missed */
+				for (uint32_t m = 0; !working && (mv = stk_cluster_status_move(t->st, m));
+				     m++)
+					need -= mv->chain_id == c->id && mv->to_target == tg->id;
+			}
+		healthy += w >= need;
+		degraded += w && w < need;
 		unavailable += !w;
 	}
 	printf("\nchains: %u healthy, %u degraded, %u unavailable\n", healthy, degraded,

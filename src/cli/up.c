@@ -86,6 +86,7 @@ enum {
 	OPT_SCRUB_INTERVAL,
 	OPT_RESYNC_RATE,
 	OPT_REPLACE_AFTER,
+	OPT_REBALANCE_MOVES,
 	OPT_KEY_FILE,
 	OPT_AUTH,
 };
@@ -108,6 +109,7 @@ static const struct option role_opts[] = {
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
+	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
 	{"key-file", required_argument, NULL, OPT_KEY_FILE},
 	{"key_file", required_argument, NULL, OPT_KEY_FILE}, /* as a config file spells it */
 	{"auth", required_argument, NULL, OPT_AUTH},
@@ -132,6 +134,8 @@ struct role_args {
 	int64_t resync_rate;
 	/* mgmtd --replace-after SECONDS: as stk_mgmtd_opts.replace_after_s (0: never) */
 	int64_t replace_after;
+	/* mgmtd --rebalance-moves N: as stk_mgmtd_opts.rebalance_moves (0: off) */
+	int rebalance_moves;
 	const char *key_file; /* --key-file PATH: the cluster key (docs/security.md) */
 	int auth_off; /* --auth off: no key, said so on purpose */
 };
@@ -281,6 +285,16 @@ static int role_opt(const char *cmd, int c, char *val, struct role_args *a)
 		a->replace_after = secs ? (int64_t)secs : -1;
 		break;
 	}
+	case OPT_REBALANCE_MOVES: {
+		uint64_t n;
+
+		if (stk_parse_u64(val, &n) || n > 1024) {
+			cli_err(cmd, "bad --rebalance-moves '%s': 0 (off) to 1024", val);
+			return 2;
+		}
+		a->rebalance_moves = n ? (int)n : -1;
+		break;
+	}
 	case OPT_RESYNC_RATE: {
 		uint64_t rate;
 
@@ -357,6 +371,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.etcd = a.etcd;
 	o.etcd_prefix = a.etcd_prefix;
 	o.replace_after_s = a.replace_after;
+	o.rebalance_moves = a.rebalance_moves;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 
@@ -448,6 +463,7 @@ static const struct up_pass {
 } up_pass[] = {
 	{OPT_HBTO, "--heartbeat-timeout-ms", 0},
 	{OPT_REPLACE_AFTER, "--replace-after", 0},
+	{OPT_REBALANCE_MOVES, "--rebalance-moves", 0},
 	{OPT_RESYNC_RATE, "--resync-rate", 2},
 	{OPT_SCRUB_RATE, "--scrub-rate", 2},
 	{OPT_SCRUB_INTERVAL, "--scrub-interval", 2},
@@ -1138,6 +1154,7 @@ static const struct option up_opts[] = {
 	{"mgmtd", required_argument, NULL, 'g'},
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
+	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
@@ -1260,6 +1277,7 @@ int cmd_up(int argc, char **argv)
 			break;
 		case OPT_HBTO:
 		case OPT_REPLACE_AFTER:
+		case OPT_REBALANCE_MOVES:
 		case OPT_RESYNC_RATE:
 		case OPT_SCRUB_RATE:
 		case OPT_SCRUB_INTERVAL:

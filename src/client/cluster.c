@@ -46,6 +46,9 @@ struct stk_cluster_status {
 	struct stk_cluster_chain *chains;
 	struct cluster_shard *shards;
 	struct stk_cluster_space space;
+	struct stk_cluster_move *moves; /* nmoves, from MGMT_REBALANCE */
+	uint32_t nmoves;
+	struct stk_cluster_rebalance rebalance;
 };
 
 int stk_cluster_resolve(const char *cluster, char *addr, size_t len)
@@ -124,6 +127,8 @@ static int target_state_from_wire(uint8_t s)
 		return STK_CLUSTER_TARGET_FULL;
 	case STK_TARGET_SYNCING:
 		return STK_CLUSTER_TARGET_SYNCING;
+	case STK_TARGET_WIPING:
+		return STK_CLUSTER_TARGET_WIPING;
 	default:
 		return 0;
 	}
@@ -219,6 +224,85 @@ static int build(struct stk_cluster_status *s)
 	return 0;
 }
 
+/*
+ * MGMT_REBALANCE from the leading mgmtd: moves in flight and each storage node's
+ * share, into s (after build). A mgmtd without a rebalancer (NOSYS) leaves them
+ * unknown; anything else that fails is the status's error.
+ */
+static int fetch_rebalance(struct stk_cluster_status *s)
+{
+	struct stk_msg_mgmt_rebalance_resp rp;
+	struct stk_conn *c = NULL;
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	uint8_t *resp = malloc(STK_MAX_PAYLOAD);
+	int rc = -ENOMEM;
+
+	if (!resp)
+		return rc;
+	stk_wbuf_init(&w, NULL, 0);
+	stk_rpc_prepare(&rpc, STK_OP_MGMT_REBALANCE, &w, resp, STK_MAX_PAYLOAD);
+	rc = stk_mgmt_call(&s->mgmt, &c, CLUSTER_CONNECT_TIMEOUT_MS, &rpc);
+	if (c)
+		stk_conn_close(c);
+	if (rc == 0)
+		rc = stk_status_to_errno(rpc.status);
+	if (rc == -ENOSYS) {
+		rc = 0;
+		goto out;
+	}
+	if (rc)
+		goto out;
+	rc = -EBADMSG;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_mgmt_rebalance_resp_dec(&r, &rp) || rp.nmoves > rpc.resp_len / 13 ||
+	    rp.nnodes > rpc.resp_len / 13)
+		goto out;
+	s->moves = calloc(rp.nmoves + 1, sizeof(*s->moves));
+	if (!s->moves) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < rp.nmoves; i++) {
+		struct stk_msg_move_rec m;
+
+		if (stk_msg_move_rec_dec(&r, &m))
+			goto out;
+		s->moves[i] = (struct stk_cluster_move){.chain_id = m.chain_id,
+							.from_target = m.out,
+							.to_target = m.in,
+							.drain = m.drain != 0};
+	}
+	s->nmoves = rp.nmoves;
+	for (uint32_t i = 0; i < rp.nnodes; i++) {
+		struct stk_msg_node_load nl;
+
+		if (stk_msg_node_load_dec(&r, &nl))
+			goto out;
+		for (uint32_t k = 0; k < s->rt.nnodes; k++) {
+			struct stk_cluster_node *n = &s->nodes[k].pub;
+
+			if (n->id != nl.node_id)
+				continue;
+			n->draining = nl.draining != 0;
+			n->members = nl.members;
+			n->targets = nl.targets;
+		}
+	}
+	if (stk_rbuf_finish(&r))
+		goto out;
+	s->rebalance = (struct stk_cluster_rebalance){.known = 1,
+						      .max_moves = rp.max_moves,
+						      .started = rp.started,
+						      .finished = rp.finished,
+						      .abandoned = rp.abandoned};
+	rc = 0;
+out:
+	free(resp);
+	return rc;
+}
+
 int stk_cluster_status_fetch(const char *cluster, stk_cluster_status **out)
 {
 	struct stk_cluster_status *s;
@@ -245,6 +329,10 @@ int stk_cluster_status_fetch(const char *cluster, stk_cluster_status **out)
 	if (rc)
 		goto out;
 	rc = build(s);
+	if (rc == 0)
+		rc = fetch_rebalance(s);
+	if (rc == -EREMCHG)
+		rc = -EAGAIN;
 	if (rc)
 		goto out;
 	*out = s;
@@ -263,6 +351,7 @@ void stk_cluster_status_free(stk_cluster_status *s)
 	free(s->targets);
 	free(s->chains);
 	free(s->shards);
+	free(s->moves);
 	free(s);
 }
 
@@ -309,6 +398,52 @@ const struct stk_cluster_shard *stk_cluster_status_shard(const stk_cluster_statu
 const struct stk_cluster_space *stk_cluster_status_space(const stk_cluster_status *s)
 {
 	return &s->space;
+}
+
+const struct stk_cluster_move *stk_cluster_status_move(const stk_cluster_status *s, uint32_t i)
+{
+	return i < s->nmoves ? &s->moves[i] : NULL;
+}
+
+const struct stk_cluster_rebalance *stk_cluster_status_rebalance(const stk_cluster_status *s)
+{
+	return &s->rebalance;
+}
+
+int stk_cluster_drain_node(const char *cluster, uint32_t node_id, int drain, uint32_t *members)
+{
+	struct stk_msg_mgmt_drain_node_req rq = {.node_id = node_id, .drain = drain ? 1 : 0};
+	struct stk_msg_mgmt_drain_node_resp rp;
+	struct stk_mgmt_addrs l;
+	struct stk_conn *c = NULL;
+	uint8_t req[16], resp[64];
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	char list[STK_CLUSTER_ADDR_MAX];
+	int rc = stk_cluster_resolve(cluster, list, sizeof(list));
+
+	if (rc == 0)
+		rc = stk_mgmt_addrs_parse(&l, list);
+	if (rc == 0)
+		rc = stk_client_auth_find(list, NULL);
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_mgmt_drain_node_req_enc(&w, &rq);
+	stk_rpc_prepare(&rpc, STK_OP_MGMT_DRAIN_NODE, &w, resp, sizeof(resp));
+	rc = stk_mgmt_call(&l, &c, 2000, &rpc);
+	if (c)
+		stk_conn_close(c);
+	if (rc == 0)
+		rc = stk_status_to_errno(rpc.status);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_mgmt_drain_node_resp_dec(&r, &rp) || stk_rbuf_finish(&r))
+		return -EBADMSG;
+	*members = rp.members;
+	return 0;
 }
 
 int stk_cluster_remove_node(const char *cluster, uint32_t node_id, uint32_t *replaced,

@@ -206,8 +206,8 @@
 	X(CLUSTER_TARGET_SERVING, GAUGE, "stoker_cluster_target_serving", "target,node",           \
 	  "1 while the target is serving, 0 when offline or full.")                                \
 	X(CLUSTER_TARGET_STATE, GAUGE, "stoker_cluster_target_state", "target,node,state",         \
-	  "1 for the state mgmtd has the target in (serving, offline, full or syncing), 0 for the "         \
-	  "others.")                                                                               \
+	  "1 for the state mgmtd has the target in (serving, offline, full, syncing or wiping), "   \
+	  "0 for the others.")                                                                     \
 	X(CLUSTER_TARGET_STATE_CHANGES, COUNTER, "stoker_cluster_target_state_changes_total",      \
 	  "target,node", "Changes of the target's state since this mgmtd started (a target that "  \
 	  "keeps going offline and coming back is flapping).")                                     \
@@ -220,6 +220,21 @@
 	X(CLUSTER_CHAINS_BY_STATE, GAUGE, "stoker_cluster_chains_by_state", "state",               \
 	  "Chains by health: healthy (every member serving), degraded (some member offline or "    \
 	  "syncing, at least one serving) and unavailable (no member serving).")                   \
+	X(CLUSTER_MOVES, COUNTER, "stoker_cluster_rebalance_moves_total", "event",                 \
+	  "Chain memberships moved by the rebalancer and drains since this mgmtd leads: "          \
+	  "started, finished (the new member serves, the old one left) and abandoned.")            \
+	X(CLUSTER_MOVES_IN_FLIGHT, GAUGE, "stoker_cluster_rebalance_moves_in_flight", "",          \
+	  "Chain memberships moving now (at most mgmtd's --rebalance-moves, or 1 for a drain).")   \
+	X(CLUSTER_NODE_MEMBERS, GAUGE, "stoker_cluster_node_chain_members", "node",                \
+	  "A storage node's targets that are a chain's member (the rebalancer evens out this "     \
+	  "count over the node's targets).")                                                       \
+	X(CLUSTER_NODE_DRAINING, GAUGE, "stoker_cluster_node_draining", "node",                    \
+	  "1 while the storage node is draining (stoker admin drain-node), else 0.")               \
+	X(CLUSTER_WIPED_CHUNKS, COUNTER, "stoker_cluster_wiped_chunks_total", "",                  \
+	  "Stale chunks storage nodes removed from targets that left a chain, as they reported "   \
+	  "it to this mgmtd.")                                                                     \
+	X(CLUSTER_WIPED_BYTES, COUNTER, "stoker_cluster_wiped_bytes_total", "",                    \
+	  "Bytes of the stale chunks storage nodes removed from targets that left a chain.")       \
 	/* ---- every process ---- */                                                              \
 	X(BUILD_INFO, GAUGE, "stoker_build_info", "role,version",                                  \
 	  "Always 1; the labels say which daemon and version this is.")                            \

@@ -605,6 +605,28 @@ int stk_agent_target_synced(struct stk_agent *a, uint32_t target_id, uint32_t ch
 	return rc;
 }
 
+int stk_agent_target_wiped(struct stk_agent *a, uint32_t target_id, uint64_t chunks,
+			   uint64_t bytes)
+{
+	struct stk_msg_mgmt_target_wiped_req rq;
+	struct stk_wbuf w;
+	size_t len = 0;
+	int answered = 0, rc;
+
+	pthread_mutex_lock(&a->call_lock);
+	rq.node_id = a->node_id;
+	rq.target_id = target_id;
+	rq.chunks = chunks;
+	rq.bytes = bytes;
+	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
+	stk_msg_mgmt_target_wiped_req_enc(&w, &rq);
+	rc = agent_call(a, STK_OP_MGMT_TARGET_WIPED, w.len, &len, &answered);
+	if (rc == 0)
+		rc = refresh_locked(a, &answered);
+	pthread_mutex_unlock(&a->call_lock);
+	return rc;
+}
+
 int stk_mgmt_fetch_routing(const char *mgmtd, struct stk_routing *rt)
 {
 	struct stk_mgmt_addrs l;

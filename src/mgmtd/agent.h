@@ -91,6 +91,14 @@ int stk_agent_target_synced(struct stk_agent *a, uint32_t target_id, uint32_t ch
 			    uint32_t chain_ver);
 
 /*
+ * Tells mgmtd that target_id, WIPING, holds no chunk any more (MGMT_TARGET_WIPED;
+ * chunks and bytes: what was removed, for its log and metrics), then fetches the
+ * table. 0, -ESTALE (the target is in a chain: mgmtd never asked) or -errno.
+ */
+int stk_agent_target_wiped(struct stk_agent *a, uint32_t target_id, uint64_t chunks,
+			   uint64_t bytes);
+
+/*
  * Whether mgmtd may already have given up on this node: no heartbeat answered for
  * three quarters of mgmtd's heartbeat timeout. A storage node then serves nothing
  * of a replicated chain, since mgmtd may have moved its chains on without it

@@ -25,7 +25,7 @@
 #include "../common/metrics.h"
 
 #define NROLES 2  /* meta, storage */
-#define NSTATES 4 /* serving, offline, full, syncing */
+#define NSTATES 5 /* serving, offline, full, syncing, wiping */
 #define NHEALTH 3 /* chains: healthy, degraded, unavailable */
 
 struct stk_mgmtd_metrics {
@@ -35,32 +35,39 @@ struct stk_mgmtd_metrics {
 	stk_metric_t targets[NSTATES];
 	stk_metric_t chain_health[NHEALTH];
 	stk_metric_t chains, version, changes, capacity, used, avail;
+	stk_metric_t moves[3], in_flight, wiped_chunks, wiped_bytes; /* moves: started, finished, abandoned */
 	uint64_t last_version; /* under the scrape serialisation of the registry */
 	uint64_t nchanges;
 };
 
 static const uint8_t roles[NROLES] = {STK_ROLE_META, STK_ROLE_STORAGE};
 static const uint8_t tstates[NSTATES] = {STK_TARGET_SERVING, STK_TARGET_OFFLINE, STK_TARGET_FULL,
-					   STK_TARGET_SYNCING};
-static const char *const tstate_names[NSTATES] = {"serving", "offline", "full",
-						    "syncing"};
+					   STK_TARGET_SYNCING, STK_TARGET_WIPING};
+static const char *const tstate_names[NSTATES] = {"serving", "offline", "full", "syncing",
+						    "wiping"};
 static const char *const health_names[NHEALTH] = {"healthy", "degraded", "unavailable"};
 
 /*
  * A chain's health: 0 healthy (every member works: serving or full), 1 degraded
  * (some member offline or syncing, at least one working), 2 unavailable (none
- * works). `stoker status` judges chains the same way (src/cli/status.c).
+ * works). A move's new member, copying beside the members it is to relieve, is
+ * not missed. `stoker status` judges chains the same way (src/cli/status.c).
  */
 static int chain_health(const struct stk_mgmt_state *st, const struct stk_rt_chain *c)
 {
-	unsigned working = 0;
+	const struct stk_mgmt_move *mv = stk_mgmt_state_chain_move(st, c->id);
+	unsigned working = 0, need = c->ntargets;
 
 	for (uint8_t j = 0; j < c->ntargets; j++) {
 		const struct stk_rt_target *t = stk_mgmt_state_target(st, c->targets[j]);
+		int active = t && stk_mgmt_target_active(t->state);
 
-		working += t && stk_mgmt_target_active(t->state);
+		if (mv && c->targets[j] == mv->in && !active)
+			need--;
+		else
+			working += active;
 	}
-	return working == 0 ? 2 : working < c->ntargets ? 1 : 0;
+	return working == 0 ? 2 : working < need ? 1 : 0;
 }
 
 static int role_index(uint8_t role)
@@ -93,6 +100,12 @@ static void collect(void *ctx)
 		snprintf(id, sizeof(id), "%u", n->id);
 		if (stk_metric_series(STK_M_CLUSTER_NODE_ONLINE, v, &s) == 0)
 			stk_metric_set_int(s, online);
+		if (n->role != STK_ROLE_STORAGE)
+			continue;
+		if (stk_metric_series(STK_M_CLUSTER_NODE_MEMBERS, v, &s) == 0)
+			stk_metric_set_int(s, stk_mgmt_state_node_members(st, n->id));
+		if (stk_metric_series(STK_M_CLUSTER_NODE_DRAINING, v, &s) == 0)
+			stk_metric_set_int(s, n->draining);
 	}
 	for (uint32_t i = 0; i < st->ntargets; i++) {
 		const struct stk_rt_target *t = &st->targets[i];
@@ -134,6 +147,12 @@ static void collect(void *ctx)
 		mm->nchanges += st->version - mm->last_version;
 		mm->last_version = st->version;
 	}
+	stk_metric_set_int(mm->moves[0], (int64_t)st->moves_started);
+	stk_metric_set_int(mm->moves[1], (int64_t)st->moves_finished);
+	stk_metric_set_int(mm->moves[2], (int64_t)st->moves_abandoned);
+	stk_metric_set_int(mm->in_flight, st->nmoves);
+	stk_metric_set_int(mm->wiped_chunks, (int64_t)st->wiped_chunks);
+	stk_metric_set_int(mm->wiped_bytes, (int64_t)st->wiped_bytes);
 	stk_metric_set_int(mm->chains, st->nchains);
 	stk_metric_set_int(mm->version, (int64_t)st->version);
 	pthread_mutex_unlock(mm->lock);
@@ -178,6 +197,15 @@ int stk_mgmtd_metrics_create(pthread_mutex_t *lock, const struct stk_mgmt_state 
 		const char *v[1] = {health_names[k]};
 		rc = stk_metric_series(STK_M_CLUSTER_CHAINS_BY_STATE, v, &mm->chain_health[k]);
 	}
+	for (int k = 0; k < 3 && !rc; k++) {
+		static const char *const events[3] = {"started", "finished", "abandoned"};
+		const char *v[1] = {events[k]};
+
+		rc = stk_metric_series(STK_M_CLUSTER_MOVES, v, &mm->moves[k]);
+	}
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_MOVES_IN_FLIGHT, NULL, &mm->in_flight);
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_WIPED_CHUNKS, NULL, &mm->wiped_chunks);
+	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_WIPED_BYTES, NULL, &mm->wiped_bytes);
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_CHAINS, NULL, &mm->chains);
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_ROUTING_VERSION, NULL, &mm->version);
 	rc = rc ? rc : stk_metric_series(STK_M_CLUSTER_ROUTING_CHANGES, NULL, &mm->changes);

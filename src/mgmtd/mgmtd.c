@@ -2,7 +2,11 @@
  * mgmtd: the RPC layer over the cluster state of state.c.
  *
  * Three requests (MGMT_REGISTER, MGMT_HEARTBEAT, MGMT_GET_ROUTING) and one
- * background thread that marks silent nodes OFFLINE. mgmtd is not on the data
+ * background thread that marks silent nodes OFFLINE, runs the rebalancer's round
+ * (chain moves for balance and drains, state.h) and replaces nodes gone too long;
+ * operators' requests (MGMT_REMOVE_NODE, MGMT_DRAIN_NODE, MGMT_REBALANCE) and the
+ * storage nodes' reports (MGMT_TARGET_SYNCED, MGMT_TARGET_WIPED) change or read
+ * the same state. mgmtd is not on the data
  * path: each node talks to it once a second, so one mutex around the state is
  * plenty, and every change that must survive a restart is saved to
  * data_dir/mgmtd.state before the reply goes out (the file is replaced atomically,
@@ -52,6 +56,12 @@
 /* Smallest encoded target record: u32 + 3 x u64 + an empty string + 2 x u64, then
  * the resync figures: 2 x u32 + 3 x u64. */
 #define TARGET_INFO_MIN 78
+/*
+ * Chains form once no new target registered for this long: the nodes of a cluster
+ * started at once (`stoker up --nodes N`) all register first, so chains spread over
+ * all of them from the start rather than being moved there (state.h).
+ */
+#define FORM_SETTLE_NS 1500000000ull
 
 struct mgmtd {
 	pthread_mutex_t lock; /* protects st and stop */
@@ -60,6 +70,7 @@ struct mgmtd {
 	int stop;
 	uint64_t timeout_ns;
 	uint64_t replace_after_ns; /* 0: never (opts.replace_after_s) */
+	unsigned rebalance_moves;  /* moves in flight at most; 0: no balancing (opts) */
 	char state_path[PATH_MAX];
 	char addr[STK_ADDR_MAX]; /* the address it serves on, set before it serves */
 	/* Start-up's, on stk_mgmtd_run's thread only. */
@@ -228,27 +239,13 @@ static int handle_target_synced(struct mgmtd *m, struct stk_rpc_req *req)
 	    stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
 	pthread_mutex_lock(&m->lock);
-	rc = stk_mgmt_state_target_synced(&m->st, rq.node_id, rq.target_id, rq.chain_id,
-					  rq.chain_ver);
+	rc = m->leading ? stk_mgmt_state_target_synced(&m->st, rq.node_id, rq.target_id,
+						       rq.chain_id, rq.chain_ver)
+			: -EREMCHG;
 	if (rc == 0)
 		rc = persist(m);
 	pthread_mutex_unlock(&m->lock);
 	return rc;
-}
-
-/* Targets of node_id that are members of a chain. */
-static uint32_t node_chained(const struct stk_mgmt_state *st, uint32_t node_id)
-{
-	uint32_t n = 0;
-
-	for (uint32_t i = 0; i < st->nchains; i++)
-		for (uint8_t j = 0; j < st->chains[i].ntargets; j++) {
-			const struct stk_rt_target *t =
-			    stk_mgmt_state_target(st, st->chains[i].targets[j]);
-
-			n += t && t->node_id == node_id;
-		}
-	return n;
 }
 
 static int handle_remove_node(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -267,19 +264,116 @@ static int handle_remove_node(struct mgmtd *m, struct stk_rpc_req *req, struct s
 		rc = -EREMCHG;
 	else if (!n || n->role != STK_ROLE_STORAGE)
 		rc = -ENOENT;
-	else if (n->state == STK_NODE_ONLINE)
-		rc = -EBUSY;
+	else if (n->state == STK_NODE_ONLINE &&
+		 (!n->draining || stk_mgmt_state_node_members(&m->st, n->id)))
+		rc = -EBUSY; /* only a drained node may go while it runs: it holds no copy */
 	if (rc == 0) {
 		stk_warn("node %u (%s): removal asked for: its targets are replaced now", n->id,
 			 n->addr);
 		rp.replaced = stk_mgmt_state_replace(&m->st, stk_now_ns(), 0, rq.node_id);
-		rp.kept = node_chained(&m->st, rq.node_id);
+		rp.kept = stk_mgmt_state_node_members(&m->st, rq.node_id);
 		if (rp.replaced)
 			rc = persist(m);
 	}
 	pthread_mutex_unlock(&m->lock);
 	if (rc == 0)
 		rc = stk_msg_mgmt_remove_node_resp_enc(&resp->payload, &rp);
+	return rc;
+}
+
+/* MGMT_TARGET_WIPED: a WIPING target is empty, SERVING again (state.h). */
+static int handle_target_wiped(struct mgmtd *m, struct stk_rpc_req *req)
+{
+	struct stk_msg_mgmt_target_wiped_req rq;
+	int rc;
+
+	if (stk_msg_mgmt_target_wiped_req_dec(&req->payload, &rq) ||
+	    stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = m->leading ? stk_mgmt_state_target_wiped(&m->st, rq.node_id, rq.target_id)
+			: -EREMCHG;
+	if (rc == 0 && rq.chunks)
+		stk_info("target %u: node %u removed %llu stale chunks (%llu bytes)", rq.target_id,
+			 rq.node_id, (unsigned long long)rq.chunks, (unsigned long long)rq.bytes);
+	if (rc == 0) {
+		m->st.wiped_chunks += rq.chunks;
+		m->st.wiped_bytes += rq.bytes;
+	}
+	if (rc == 0)
+		rc = persist(m);
+	pthread_mutex_unlock(&m->lock);
+	return rc;
+}
+
+/* MGMT_DRAIN_NODE: drains a storage node, or cancels its drain. */
+static int handle_drain_node(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_drain_node_req rq;
+	struct stk_msg_mgmt_drain_node_resp rp = {0};
+	int rc;
+
+	if (stk_msg_mgmt_drain_node_req_dec(&req->payload, &rq) ||
+	    stk_rbuf_finish(&req->payload) || rq.drain > 1)
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = m->leading ? stk_mgmt_state_drain(&m->st, rq.node_id, rq.drain) : -EREMCHG;
+	if (rc == 0) {
+		/* the first moves start now, not at the next round */
+		stk_mgmt_state_rebalance(&m->st, stk_now_ns(), m->rebalance_moves);
+		rp.members = stk_mgmt_state_node_members(&m->st, rq.node_id);
+		rc = persist(m);
+	}
+	pthread_mutex_unlock(&m->lock);
+	if (rc == 0)
+		rc = stk_msg_mgmt_drain_node_resp_enc(&resp->payload, &rp);
+	return rc;
+}
+
+/* MGMT_REBALANCE: the moves in flight and every storage node's load. */
+static int handle_rebalance(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_rebalance_resp rp = {0};
+	const struct stk_mgmt_state *st = &m->st;
+	int rc = 0;
+
+	if (stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	if (!m->leading) {
+		pthread_mutex_unlock(&m->lock);
+		return -EREMCHG;
+	}
+	rp.max_moves = m->rebalance_moves;
+	rp.started = st->moves_started;
+	rp.finished = st->moves_finished;
+	rp.abandoned = st->moves_abandoned;
+	rp.nmoves = st->nmoves;
+	for (uint32_t i = 0; i < st->nnodes; i++)
+		rp.nnodes += st->nodes[i].role == STK_ROLE_STORAGE;
+	stk_msg_mgmt_rebalance_resp_enc(&resp->payload, &rp);
+	for (uint32_t i = 0; i < st->nmoves; i++) {
+		struct stk_msg_move_rec mr = {.chain_id = st->moves[i].chain_id,
+					      .out = st->moves[i].out,
+					      .in = st->moves[i].in,
+					      .drain = st->moves[i].drain};
+
+		stk_msg_move_rec_enc(&resp->payload, &mr);
+	}
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		const struct stk_mgmt_node *n = &st->nodes[i];
+		struct stk_msg_node_load nl = {.node_id = n->id, .draining = n->draining};
+
+		if (n->role != STK_ROLE_STORAGE)
+			continue;
+		nl.members = stk_mgmt_state_node_members(st, n->id);
+		for (uint32_t k = 0; k < st->ntargets; k++)
+			nl.targets += st->targets[k].node_id == n->id &&
+				      st->targets[k].state != STK_TARGET_OFFLINE;
+		stk_msg_node_load_enc(&resp->payload, &nl);
+	}
+	rc = resp->payload.err;
+	pthread_mutex_unlock(&m->lock);
 	return rc;
 }
 
@@ -332,6 +426,12 @@ static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return handle_remove_node(m, req, resp);
 	case STK_OP_MGMT_TARGET_SYNCED:
 		return handle_target_synced(m, req);
+	case STK_OP_MGMT_TARGET_WIPED:
+		return handle_target_wiped(m, req);
+	case STK_OP_MGMT_DRAIN_NODE:
+		return handle_drain_node(m, req, resp);
+	case STK_OP_MGMT_REBALANCE:
+		return handle_rebalance(m, req, resp);
 	case STK_OP_MGMT_LEADER:
 		return handle_leader(m, req, resp);
 	default:
@@ -360,8 +460,11 @@ static void *expiry_thread(void *arg)
 		pthread_cond_timedwait(&m->wake, &m->lock, &ts);
 		if (m->stop)
 			break;
+		/* the rebalancer's round first: it abandons moves whose new member is gone,
+		 * which replacement then leaves alone */
 		if (m->leading &&
 		    (stk_mgmt_state_expire(&m->st, stk_now_ns(), m->timeout_ns) +
+		     stk_mgmt_state_rebalance(&m->st, stk_now_ns(), m->rebalance_moves) +
 		     stk_mgmt_state_replace(&m->st, stk_now_ns(), m->replace_after_ns, 0)))
 			persist(m);
 	}
@@ -435,6 +538,7 @@ static int take_over(struct mgmtd *m, int64_t rev)
 	if (rc == 0) {
 		if (m->replicas_opt && m->replicas_opt != m->st.replicas)
 			m->st.replicas = (uint8_t)m->replicas_opt;
+		m->st.form_settle_ns = FORM_SETTLE_NS;
 		m->st.dirty = 1;
 		m->leading = 1;
 		m->leader_rev = rev;
@@ -633,6 +737,11 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 							      : MGMTD_DEFAULT_HB_TIMEOUT_MS) *
 			1000000ull;
 	m->ready_file = opts->ready_file;
+	m->rebalance_moves = STK_MGMTD_REBALANCE_MOVES;
+	if (opts->size >= offsetof(struct stk_mgmtd_opts, rebalance_moves) +
+			      sizeof(opts->rebalance_moves) &&
+	    opts->rebalance_moves)
+		m->rebalance_moves = opts->rebalance_moves < 0 ? 0 : (unsigned)opts->rebalance_moves;
 	m->replace_after_ns = opts->replace_after_s < 0 ? 0
 			      : (uint64_t)(opts->replace_after_s ? opts->replace_after_s
 								 : STK_MGMTD_REPLACE_AFTER_S) *
@@ -673,6 +782,7 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 			  rc == -EBADMSG ? " (corrupt; move it away to start a new cluster)" : "");
 		goto out;
 	}
+	m->st.form_settle_ns = FORM_SETTLE_NS;
 	if (opts->replicas && opts->replicas != m->st.replicas) {
 		if (m->st.replicas || m->st.nchains)
 			stk_info("replicas: %u for chains made from now on (was %u)", opts->replicas,

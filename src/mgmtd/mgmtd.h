@@ -42,6 +42,12 @@ struct stk_mgmtd_opts {
 	 * 0: STK_MGMTD_REPLACE_AFTER_S; below 0: never.
 	 */
 	int64_t replace_after_s;
+	/*
+	 * --rebalance-moves: chain memberships moved at once at most to even out the
+	 * nodes' loads (stk_mgmt_state_rebalance). 0: STK_MGMTD_REBALANCE_MOVES; below
+	 * 0: no balancing (a drain still moves one at a time).
+	 */
+	int rebalance_moves;
 };
 
 /*
@@ -50,6 +56,12 @@ struct stk_mgmtd_opts {
  * short enough that a chain does not run one copy short for long on a dead disk.
  */
 #define STK_MGMTD_REPLACE_AFTER_S 600
+
+/*
+ * One move at a time by default: each copies a whole chain's chunks, at the
+ * storage node's --resync-rate, beside the cluster's own traffic.
+ */
+#define STK_MGMTD_REBALANCE_MOVES 1
 
 /* Serves until SIGINT/SIGTERM (see daemon/daemon.h). 0 or -errno (logged). */
 int stk_mgmtd_run(const struct stk_mgmtd_opts *opts);

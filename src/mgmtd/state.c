@@ -24,7 +24,8 @@
 #include "../common/util.h"
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
-#define STATE_FORMAT 3	/* 3: replicas, zones; 2: namespace identities; 1, 2 still read */
+/* 4: draining, moves; 3: replicas, zones; 2: namespace identities; 1 to 3 still read */
+#define STATE_FORMAT 4
 #define STATE_MAX_FILE (256u << 20)
 
 #define STATE_HDR_LEN 56 /* magic through nchains */
@@ -34,6 +35,7 @@
 #define STATE_MIN_NODE 16
 #define STATE_MIN_TARGET 35
 #define STATE_MIN_CHAIN 9
+#define STATE_MOVE 13
 
 const char *stk_mgmt_role_name(uint8_t role)
 {
@@ -76,6 +78,7 @@ void stk_mgmt_state_free(struct stk_mgmt_state *st)
 	free(st->nodes);
 	free(st->targets);
 	free(st->chains);
+	free(st->moves);
 	memset(st, 0, sizeof(*st));
 }
 
@@ -237,10 +240,19 @@ static int check_register(const struct stk_msg_mgmt_register_req *req,
 
 static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t);
 static void chain_lost(struct stk_mgmt_state *st, const struct stk_rt_target *t);
+static unsigned moves_check(struct stk_mgmt_state *st);
+static struct stk_mgmt_move *move_with(const struct stk_mgmt_state *st, uint32_t tid);
+
+/* Whether chains may form now: no new target registered for form_settle_ns. */
+static int settled(const struct stk_mgmt_state *st, uint64_t now_ns)
+{
+	return now_ns >= st->last_new_target_ns &&
+	       now_ns - st->last_new_target_ns >= st->form_settle_ns;
+}
 
 /* Registers one target record of node `node_id`; returns its id. */
 static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
-				const struct stk_msg_target_info *ti)
+				const struct stk_msg_target_info *ti, uint64_t now_ns)
 {
 	struct stk_rt_target *t = ti->target_id ? stk_mgmt_state_target(st, ti->target_id) : NULL;
 	uint32_t tid = ti->target_id;
@@ -262,6 +274,7 @@ static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
 		stk_strlcpy(t->path, ti->path, sizeof(t->path));
 		set_figures(t, ti);
 		stk_info("target %u (%s) on node %u is SERVING", tid, ti->path, node_id);
+		st->last_new_target_ns = now_ns;
 		bump(st);
 	} else {
 		if (t->node_id != node_id || strcmp(t->path, ti->path) != 0) {
@@ -271,7 +284,8 @@ static uint32_t register_target(struct stk_mgmt_state *st, uint32_t node_id,
 		t->node_id = node_id;
 		stk_strlcpy(t->path, ti->path, sizeof(t->path));
 		set_figures(t, ti);
-		if (!stk_mgmt_target_active(t->state) && t->state != STK_TARGET_SYNCING)
+		if (!stk_mgmt_target_active(t->state) && t->state != STK_TARGET_SYNCING &&
+		    (t->state != STK_TARGET_WIPING || !t->chunks))
 			target_back(st, t);
 	}
 	if (st->replicas <= 1 && !target_has_chain(st, tid)) {
@@ -377,6 +391,16 @@ static void target_back(struct stk_mgmt_state *st, struct stk_rt_target *t)
 		bump(st);
 		return;
 	}
+	if (!c && st->replicas > 1 && t->chunks) {
+		/* it left its chain while away: what it holds is stale (state.h) */
+		if (t->state != STK_TARGET_WIPING)
+			stk_warn("target %u (%s) is back in no chain, holding %llu chunks of a "
+				 "chain it left: WIPING until its node has removed them",
+				 t->id, t->path, (unsigned long long)t->chunks);
+		target_set_state(t, STK_TARGET_WIPING);
+		bump(st);
+		return;
+	}
 	stk_info("target %u (%s) is SERVING%s", t->id, t->path, c ? "" : " (in no chain yet)");
 	target_set_state(t, STK_TARGET_SERVING);
 	if (c)
@@ -398,6 +422,7 @@ int stk_mgmt_state_target_synced(struct stk_mgmt_state *st, uint32_t node_id, ui
 	target_set_state(t, STK_TARGET_SERVING);
 	c->version++;
 	bump(st);
+	moves_check(st); /* a move's `out` leaves at once */
 	return 0;
 }
 
@@ -425,7 +450,7 @@ static void form_chains(struct stk_mgmt_state *st)
 			uint32_t k;
 
 			if (t->state != STK_TARGET_SERVING || !n || n->state != STK_NODE_ONLINE ||
-			    target_has_chain(st, t->id))
+			    n->draining || target_has_chain(st, t->id))
 				continue;
 			for (k = 0; k < nz && strcmp(z[k].zone, n->zone) != 0; k++)
 				;
@@ -617,7 +642,7 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 	nid = node->id;
 
 	for (uint32_t i = 0; i < n; i++)
-		ids[i] = register_target(st, nid, &tgts[i]);
+		ids[i] = register_target(st, nid, &tgts[i], now_ns);
 
 	/* The node declares all its targets: any it no longer reports is gone. */
 	for (uint32_t i = 0; i < st->ntargets; i++) {
@@ -639,7 +664,7 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 
 	if (req->role == STK_ROLE_META)
 		assign_shard(st, node, &(struct stk_ns_id){.hi = req->ns_hi, .lo = req->ns_lo});
-	if (st->replicas > 1)
+	if (st->replicas > 1 && settled(st, now_ns))
 		form_chains(st);
 	*node_id = nid;
 	return 0;
@@ -727,7 +752,7 @@ static struct stk_rt_target *spare_for(struct stk_mgmt_state *st, const struct s
 		int clash = 0;
 
 		if (t->state != STK_TARGET_SERVING || !n || n->state != STK_NODE_ONLINE ||
-		    target_has_chain(st, t->id))
+		    n->draining || target_has_chain(st, t->id))
 			continue;
 		for (uint8_t j = 0; j < c->ntargets && !clash; j++) {
 			const struct stk_rt_target *m = stk_mgmt_state_target(st, c->targets[j]);
@@ -763,8 +788,8 @@ unsigned stk_mgmt_state_replace(struct stk_mgmt_state *st, uint64_t now_ns, uint
 			struct stk_rt_target *nt;
 			int k;
 
-			if (!old || !n)
-				continue;
+			if (!old || !n || move_with(st, old->id))
+				continue; /* a move's own round finishes or abandons it */
 			if (force_node ? n->id != force_node
 				       : old->state != STK_TARGET_OFFLINE ||
 					     n->state != STK_NODE_OFFLINE || after_ns == 0 ||
@@ -796,6 +821,399 @@ unsigned stk_mgmt_state_replace(struct stk_mgmt_state *st, uint64_t now_ns, uint
 		}
 	}
 	return count;
+}
+
+/* ---- moves: rebalance and drains (state.h, stk_mgmt_state_rebalance) ---- */
+
+static int chain_pos(const struct stk_rt_chain *c, uint32_t tid)
+{
+	for (int j = 0; j < (int)c->ntargets; j++)
+		if (c->targets[j] == tid)
+			return j;
+	return -1;
+}
+
+static struct stk_rt_chain *chain_by_id(struct stk_mgmt_state *st, uint32_t id)
+{
+	return id >= 1 && id <= st->nchains ? &st->chains[id - 1] : NULL;
+}
+
+/* The move that target tid is the `in` or the `out` of, or NULL. */
+static struct stk_mgmt_move *move_with(const struct stk_mgmt_state *st, uint32_t tid)
+{
+	for (uint32_t i = 0; i < st->nmoves; i++)
+		if (st->moves[i].in == tid || st->moves[i].out == tid)
+			return &st->moves[i];
+	return NULL;
+}
+
+const struct stk_mgmt_move *stk_mgmt_state_chain_move(const struct stk_mgmt_state *st,
+						      uint32_t chain_id)
+{
+	for (uint32_t i = 0; i < st->nmoves; i++)
+		if (st->moves[i].chain_id == chain_id)
+			return &st->moves[i];
+	return NULL;
+}
+
+uint32_t stk_mgmt_state_node_members(const struct stk_mgmt_state *st, uint32_t node_id)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < st->nchains; i++)
+		for (uint8_t j = 0; j < st->chains[i].ntargets; j++) {
+			const struct stk_rt_target *t =
+			    stk_mgmt_state_target(st, st->chains[i].targets[j]);
+
+			n += t && t->node_id == node_id;
+		}
+	return n;
+}
+
+/*
+ * Target tid leaves chain c: the chain goes on without it (a new version), and
+ * the target's chunks are stale from now on, so it is WIPING; one that is offline
+ * stays so and is WIPING when it comes back holding chunks (target_back).
+ */
+static void chain_drop(struct stk_mgmt_state *st, struct stk_rt_chain *c, uint32_t tid)
+{
+	struct stk_rt_target *t = stk_mgmt_state_target(st, tid);
+	int at = chain_pos(c, tid);
+
+	if (at < 0)
+		return;
+	for (int j = at; j + 1 < (int)c->ntargets; j++)
+		c->targets[j] = c->targets[j + 1];
+	c->ntargets--;
+	c->version++;
+	if (t && t->state != STK_TARGET_OFFLINE)
+		target_set_state(t, STK_TARGET_WIPING);
+	bump(st);
+}
+
+static void move_forget(struct stk_mgmt_state *st, struct stk_mgmt_move *m)
+{
+	uint32_t i = (uint32_t)(m - st->moves);
+
+	memmove(&st->moves[i], &st->moves[i + 1], (st->nmoves - i - 1) * sizeof(*m));
+	st->nmoves--;
+	st->dirty = 1;
+}
+
+/* Gives a move up: its `in` leaves the chain (the copy it began is stale). */
+static void move_abandon(struct stk_mgmt_state *st, struct stk_mgmt_move *m, const char *why)
+{
+	struct stk_rt_chain *c = chain_by_id(st, m->chain_id);
+
+	stk_warn("chain %u: the move of target %u to target %u is abandoned: %s", m->chain_id,
+		 m->out, m->in, why);
+	if (c)
+		chain_drop(st, c, m->in);
+	st->moves_abandoned++;
+	move_forget(st, m);
+}
+
+/* Finishes or abandons each move in flight as its targets stand. Returns how many. */
+static unsigned moves_check(struct stk_mgmt_state *st)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < st->nmoves;) {
+		struct stk_mgmt_move *m = &st->moves[i];
+		struct stk_rt_chain *c = chain_by_id(st, m->chain_id);
+		const struct stk_rt_target *in = stk_mgmt_state_target(st, m->in);
+
+		if (!c || !in || chain_pos(c, m->in) < 0) {
+			move_abandon(st, m, "the new member left the chain");
+		} else if (in->state == STK_TARGET_OFFLINE) {
+			move_abandon(st, m, "the new member went offline");
+		} else if (chain_pos(c, m->out) < 0) {
+			move_abandon(st, m, "the old member left the chain otherwise");
+		} else if (stk_mgmt_target_active(in->state)) {
+			stk_info("chain %u: target %u serves, target %u leaves the chain (WIPING)",
+				 c->id, m->in, m->out);
+			chain_drop(st, c, m->out);
+			st->moves_finished++;
+			move_forget(st, m);
+		} else {
+			i++; /* still copying */
+			continue;
+		}
+		n++; /* the move was forgotten: the next one is at i now */
+	}
+	return n;
+}
+
+/* A node's load as the planner counts it (state.h). */
+struct load {
+	const struct stk_mgmt_node *node;
+	uint32_t t, m;
+	uint32_t free_idx; /* index in st->targets of a free target it may take, or UINT32_MAX */
+};
+
+/* Whether target index i of st may join a chain now. */
+static int target_free(const struct stk_mgmt_state *st, uint32_t i,
+		       const struct stk_mgmt_node *n)
+{
+	const struct stk_rt_target *t = &st->targets[i];
+
+	return t->state == STK_TARGET_SERVING && n && n->state == STK_NODE_ONLINE &&
+	       !n->draining && n->role == STK_ROLE_STORAGE && !target_has_chain(st, t->id);
+}
+
+/* The loads of every storage node into l (st->nnodes entries). Returns how many. */
+static uint32_t loads(const struct stk_mgmt_state *st, struct load *l)
+{
+	uint32_t nl = 0;
+
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		const struct stk_mgmt_node *n = &st->nodes[i];
+
+		if (n->role != STK_ROLE_STORAGE)
+			continue;
+		l[nl].node = n;
+		l[nl].t = l[nl].m = 0;
+		l[nl].free_idx = UINT32_MAX;
+		for (uint32_t k = 0; k < st->ntargets; k++) {
+			const struct stk_rt_target *t = &st->targets[k];
+			const struct stk_mgmt_move *mv;
+
+			if (t->node_id != n->id)
+				continue;
+			l[nl].t += t->state != STK_TARGET_OFFLINE;
+			mv = move_with(st, t->id);
+			if (mv && mv->out == t->id)
+				continue; /* leaving */
+			if (target_has_chain(st, t->id))
+				l[nl].m++;
+			else if (l[nl].free_idx == UINT32_MAX && target_free(st, k, n))
+				l[nl].free_idx = k;
+		}
+		nl++;
+	}
+	return nl;
+}
+
+/* Whether a target of zone `zone` may join c in place of member `out`. */
+static int zone_fits(const struct stk_mgmt_state *st, const struct stk_rt_chain *c, uint32_t out,
+		     const char *zone)
+{
+	for (uint8_t j = 0; j < c->ntargets; j++) {
+		const struct stk_rt_target *m = stk_mgmt_state_target(st, c->targets[j]);
+		const struct stk_mgmt_node *mn = m ? stk_mgmt_state_node(st, m->node_id) : NULL;
+
+		if (c->targets[j] != out && mn && strcmp(mn->zone, zone) == 0)
+			return 0;
+	}
+	return 1;
+}
+
+/* Whether every member of c works (a move only starts on such a chain). */
+static int chain_healthy(const struct stk_mgmt_state *st, const struct stk_rt_chain *c)
+{
+	for (uint8_t j = 0; j < c->ntargets; j++) {
+		const struct stk_rt_target *m = stk_mgmt_state_target(st, c->targets[j]);
+
+		if (!m || !stk_mgmt_target_active(m->state))
+			return 0;
+	}
+	return c->ntargets > 0;
+}
+
+/* Starts moving c's member `out` to target `in` (free, checked by the caller). */
+static int move_start(struct stk_mgmt_state *st, struct stk_rt_chain *c, uint32_t out,
+		      struct stk_rt_target *in, int drain)
+{
+	struct stk_mgmt_move *m;
+
+	if (c->ntargets >= STK_MAX_REPLICAS ||
+	    reserve((void **)&st->moves, &st->cap_moves, st->nmoves + 1, sizeof(*st->moves)))
+		return 0;
+	m = &st->moves[st->nmoves++];
+	m->chain_id = c->id;
+	m->out = out;
+	m->in = in->id;
+	m->drain = (uint8_t)drain;
+	c->targets[c->ntargets++] = in->id;
+	c->version++;
+	target_set_state(in, STK_TARGET_SYNCING);
+	st->moves_started++;
+	stk_info("chain %u: moving target %u (node %u) to target %u (node %u)%s: SYNCING, last "
+		 "in the chain, until it holds the chain's chunks",
+		 c->id, out, stk_mgmt_state_target(st, out)->node_id, in->id, in->node_id,
+		 drain ? ", draining" : "");
+	bump(st);
+	return 1;
+}
+
+/*
+ * (2m+1)/t against (2m-1)/t, the potential's change of taking one membership on
+ * and giving one up (state.h), compared without division.
+ */
+static int evens_out(const struct load *from, const struct load *to)
+{
+	return (uint64_t)(2 * to->m + 1) * from->t < (uint64_t)(2 * from->m - 1) * to->t;
+}
+
+/* Less loaded: a lower (2m+1)/t. */
+static int lighter(const struct load *a, const struct load *b)
+{
+	return (uint64_t)(2 * a->m + 1) * b->t < (uint64_t)(2 * b->m + 1) * a->t;
+}
+
+/*
+ * One move for the first chain with a member on a draining node: to the least
+ * loaded node with a free target whose domain fits. Returns 1 if one started.
+ */
+static int plan_drain(struct stk_mgmt_state *st, struct load *l, uint32_t nl)
+{
+	for (uint32_t i = 0; i < st->nchains; i++) {
+		struct stk_rt_chain *c = &st->chains[i];
+
+		if (c->ntargets < 2 || stk_mgmt_state_chain_move(st, c->id))
+			continue;
+		for (uint8_t j = 0; j < c->ntargets; j++) {
+			const struct stk_rt_target *o = stk_mgmt_state_target(st, c->targets[j]);
+			const struct stk_mgmt_node *on = o ? stk_mgmt_state_node(st, o->node_id) : NULL;
+			const struct load *best = NULL;
+
+			if (!on || !on->draining)
+				continue;
+			for (uint32_t k = 0; k < nl; k++)
+				if (l[k].free_idx != UINT32_MAX && l[k].t &&
+				    zone_fits(st, c, o->id, l[k].node->zone) &&
+				    (!best || lighter(&l[k], best)))
+					best = &l[k];
+			if (best)
+				return move_start(st, c, o->id, &st->targets[best->free_idx], 1);
+		}
+	}
+	return 0;
+}
+
+/*
+ * The move that evens the loads out most (state.h): from a healthy chain's member
+ * on node a to a free target of node b. Returns 1 if one started.
+ */
+static int plan_balance(struct stk_mgmt_state *st, struct load *l, uint32_t nl)
+{
+	struct stk_rt_chain *bc = NULL;
+	uint32_t bout = 0;
+	const struct load *bto = NULL;
+	double bgain = 0;
+
+	for (uint32_t i = 0; i < st->nchains; i++) {
+		struct stk_rt_chain *c = &st->chains[i];
+
+		if (c->ntargets < 2 || stk_mgmt_state_chain_move(st, c->id) ||
+		    !chain_healthy(st, c))
+			continue;
+		for (uint8_t j = 0; j < c->ntargets; j++) {
+			const struct stk_rt_target *o = stk_mgmt_state_target(st, c->targets[j]);
+			const struct load *from = NULL;
+
+			for (uint32_t k = 0; k < nl && !from; k++)
+				if (l[k].node->id == o->node_id)
+					from = &l[k];
+			if (!from || from->node->draining || !from->t || !from->m)
+				continue;
+			for (uint32_t k = 0; k < nl; k++) {
+				const struct load *to = &l[k];
+				double gain;
+
+				if (to == from || to->free_idx == UINT32_MAX || !to->t ||
+				    !evens_out(from, to) || !zone_fits(st, c, o->id, to->node->zone))
+					continue;
+				gain = (2.0 * from->m - 1) / from->t - (2.0 * to->m + 1) / to->t;
+				if (gain > bgain) {
+					bgain = gain;
+					bc = c;
+					bout = o->id;
+					bto = to;
+				}
+			}
+		}
+	}
+	return bc ? move_start(st, bc, bout, &st->targets[bto->free_idx], 0) : 0;
+}
+
+unsigned stk_mgmt_state_rebalance(struct stk_mgmt_state *st, uint64_t now_ns, unsigned max_moves)
+{
+	unsigned n = moves_check(st);
+	struct load *l;
+	uint32_t nl;
+
+	if (st->replicas > 1 && settled(st, now_ns) &&
+	    reserve((void **)&st->chains, &st->cap_chains,
+		    st->nchains + st->ntargets / st->replicas + 1, sizeof(*st->chains)) == 0) {
+		uint32_t before = st->nchains;
+
+		form_chains(st);
+		n += st->nchains - before;
+	}
+	if (!st->nnodes)
+		return n;
+	l = calloc(st->nnodes, sizeof(*l));
+	if (!l)
+		return n;
+	for (;;) {
+		int started = 0;
+
+		nl = loads(st, l);
+		if (st->nmoves < STK_MAX(max_moves, 1u))
+			started = plan_drain(st, l, nl);
+		if (!started && st->nmoves < max_moves)
+			started = plan_balance(st, l, nl);
+		if (!started)
+			break;
+		n++;
+	}
+	free(l);
+	return n;
+}
+
+int stk_mgmt_state_drain(struct stk_mgmt_state *st, uint32_t node_id, int drain)
+{
+	struct stk_mgmt_node *n = stk_mgmt_state_node(st, node_id);
+
+	if (!n || n->role != STK_ROLE_STORAGE)
+		return -ENOENT;
+	if (n->draining == !!drain)
+		return 0;
+	n->draining = (uint8_t)!!drain;
+	st->dirty = 1;
+	if (drain) {
+		stk_warn("node %u (%s) is draining: its chain memberships move to other nodes",
+			 n->id, n->addr);
+		return 0;
+	}
+	stk_info("node %u (%s) is no longer draining", n->id, n->addr);
+	for (uint32_t i = 0; i < st->nmoves;) {
+		struct stk_mgmt_move *m = &st->moves[i];
+		const struct stk_rt_target *o = stk_mgmt_state_target(st, m->out);
+
+		if (m->drain && o && o->node_id == node_id)
+			move_abandon(st, m, "the drain was cancelled");
+		else
+			i++;
+	}
+	return 0;
+}
+
+int stk_mgmt_state_target_wiped(struct stk_mgmt_state *st, uint32_t node_id, uint32_t target_id)
+{
+	struct stk_rt_target *t = stk_mgmt_state_target(st, target_id);
+
+	if (!t || t->node_id != node_id)
+		return -ENOENT;
+	if (target_has_chain(st, target_id))
+		return -ESTALE;
+	if (t->state != STK_TARGET_WIPING)
+		return 0;
+	stk_info("target %u (%s) holds no stale chunk any more: SERVING, free", t->id, t->path);
+	target_set_state(t, STK_TARGET_SERVING);
+	bump(st);
+	return 0;
 }
 
 int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t known_version,
@@ -854,6 +1272,7 @@ static size_t state_size(const struct stk_mgmt_state *st)
 	sz += 1; /* format 3: replicas, zones */
 	for (uint32_t i = 0; i < st->nnodes; i++)
 		sz += 2 + strlen(st->nodes[i].zone);
+	sz += st->nnodes + 4 + (size_t)st->nmoves * STATE_MOVE; /* format 4 */
 	return sz;
 }
 
@@ -911,6 +1330,17 @@ int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t
 	stk_put_u8(&w, st->replicas);
 	for (uint32_t i = 0; i < st->nnodes; i++)
 		stk_put_str(&w, st->nodes[i].zone);
+	for (uint32_t i = 0; i < st->nnodes; i++)
+		stk_put_u8(&w, st->nodes[i].draining);
+	stk_put_u32(&w, st->nmoves);
+	for (uint32_t i = 0; i < st->nmoves; i++) {
+		const struct stk_mgmt_move *m = &st->moves[i];
+
+		stk_put_u32(&w, m->chain_id);
+		stk_put_u32(&w, m->out);
+		stk_put_u32(&w, m->in);
+		stk_put_u8(&w, m->drain);
+	}
 	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
 	rc = w.err;
 	if (rc) {
@@ -1056,6 +1486,27 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 		st->replicas = stk_get_u8(r);
 		for (uint32_t i = 0; i < nn; i++)
 			stk_get_str(r, st->nodes[i].zone, sizeof(st->nodes[i].zone));
+	}
+	if (format >= 4) {
+		uint32_t nm;
+
+		for (uint32_t i = 0; i < nn; i++)
+			st->nodes[i].draining = stk_get_u8(r) != 0;
+		nm = stk_get_u32(r);
+		if (r->err || (uint64_t)nm * STATE_MOVE > r->len - r->off)
+			return -EBADMSG;
+		if (reserve((void **)&st->moves, &st->cap_moves, nm, sizeof(*st->moves)))
+			return -ENOMEM;
+		/* a move that no longer fits its chain is abandoned by the next round */
+		for (uint32_t i = 0; i < nm; i++) {
+			struct stk_mgmt_move *m = &st->moves[i];
+
+			m->chain_id = stk_get_u32(r);
+			m->out = stk_get_u32(r);
+			m->in = stk_get_u32(r);
+			m->drain = stk_get_u8(r);
+		}
+		st->nmoves = nm;
 	}
 	if (r->err || st->version == 0 || st->next_node_id == 0 || st->next_target_id == 0)
 		return -EBADMSG;

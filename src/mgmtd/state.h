@@ -23,7 +23,7 @@
  * delete the chunks of files it never knew.
  *
  * State file format (little-endian, written with the codec helpers):
- *   u32 magic "STKM", u32 format version (3; 1 and 2 are still read), u64 routing version,
+ *   u32 magic "STKM", u32 format version (4; 1 to 3 are still read), u64 routing version,
  *   u32 next_node_id, u32 next_target_id, u32 shard1_node,
  *   (format 2) u64 shard 1 ns hi, u64 ns lo,
  *   u32 nnodes, u32 ntargets, u32 nchains,
@@ -34,6 +34,8 @@
  * them within a second of a restart.)
  *   chain:  u32 id, u32 version, u8 ntargets, ntargets x u32
  *   (format 3) u8 replicas, then each node's zone (str), in the nodes' order
+ *   (format 4) each node's u8 draining, in the nodes' order; u32 nmoves, then each
+ *   move: u32 chain_id, u32 out, u32 in, u8 drain
  *   u32 CRC32C of everything before it.
  *
  * Replicated chains (replicas > 1): a chain keeps its members in order, head
@@ -78,6 +80,24 @@ struct stk_mgmt_node {
 	struct stk_ns_id ns;	 /* meta: its store's identity at its last register */
 	/* Its failure domain: --zone, or its host id. No chain holds two targets of one. */
 	char zone[STK_HOST_ID_MAX];
+	/*
+	 * `stoker admin drain-node`: its chain memberships are moved to other nodes
+	 * (stk_mgmt_state_rebalance) and none of its targets joins a chain.
+	 */
+	uint8_t draining;
+};
+
+/*
+ * A chain membership moving from one target to another (a rebalance or a drain):
+ * `in` joined the chain last, SYNCING; once it serves, `out` leaves the chain. Until
+ * then the chain has one member more than it keeps, so it never has fewer working
+ * copies than before the move.
+ */
+struct stk_mgmt_move {
+	uint32_t chain_id;
+	uint32_t out; /* the member that leaves once `in` serves */
+	uint32_t in;  /* the target that copies the chain's chunks */
+	uint8_t drain; /* started to empty a draining node (out's) */
 };
 
 struct stk_mgmt_state {
@@ -98,6 +118,21 @@ struct stk_mgmt_state {
 	struct stk_rt_target *targets;
 	struct stk_rt_chain *chains; /* chains[i].id == i + 1 */
 	int dirty;		     /* something changed since the last save */
+	/* Moves in flight (stk_mgmt_state_rebalance), saved with the state. */
+	struct stk_mgmt_move *moves;
+	uint32_t nmoves, cap_moves;
+	/* Moves started, finished and abandoned since this state was loaded (metrics). */
+	uint64_t moves_started, moves_finished, moves_abandoned;
+	/* Stale chunks and bytes nodes removed (MGMT_TARGET_WIPED; metrics, set by mgmtd). */
+	uint64_t wiped_chunks, wiped_bytes;
+	/*
+	 * Chains of R form only once no new target registered for form_settle_ns (0,
+	 * the default: at once): nodes started together all register before the first
+	 * chain forms, so that a new cluster starts balanced instead of filling the
+	 * first nodes' targets and moving chains at once. Set by mgmtd.
+	 */
+	uint64_t form_settle_ns;
+	uint64_t last_new_target_ns; /* monotonic time a new target last registered */
 };
 
 /* A fresh, empty state. Its version comes from the clock, so never repeats an old one. */
@@ -163,12 +198,13 @@ unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint6
  * target in no chain, of a failure domain none of the chain's other members is in:
  * the new one goes last, SYNCING, and copies the chain's chunks from its
  * predecessor. A chain with no working member left, or no such target free, keeps
- * its member. Returns how many were replaced.
+ * its member, and so does a member of a move in flight (the move's own round
+ * finishes or abandons it: stk_mgmt_state_rebalance). Returns how many were
+ * replaced.
  */
 unsigned stk_mgmt_state_replace(struct stk_mgmt_state *st, uint64_t now_ns, uint64_t after_ns,
 				uint32_t force_node);
 
-/* Whether a target of this state takes part in its chain (serving, or full). */
 /*
  * Node node_id says its target target_id, SYNCING in chain chain_id at version
  * chain_ver, has copied everything: it becomes SERVING. 0, -ENOENT (no such
@@ -178,10 +214,55 @@ unsigned stk_mgmt_state_replace(struct stk_mgmt_state *st, uint64_t now_ns, uint
 int stk_mgmt_state_target_synced(struct stk_mgmt_state *st, uint32_t node_id, uint32_t target_id,
 				 uint32_t chain_id, uint32_t chain_ver);
 
+/* Whether a target of this state takes part in its chain (serving, or full). */
 static inline int stk_mgmt_target_active(uint8_t state)
 {
 	return state == STK_TARGET_SERVING || state == STK_TARGET_FULL;
 }
+
+/*
+ * The rebalancer's round, run by the leader every second or so:
+ * - moves in flight: one whose `in` serves finishes (`out` leaves its chain and is
+ *   WIPING); one whose `in` is gone (offline, or out of the chain) or whose `out`
+ *   left the chain otherwise is abandoned (`in` leaves the chain, WIPING);
+ * - chains of R form from free targets (see form_settle_ns);
+ * - a draining node's memberships are moved to other nodes, while fewer than
+ *   max(max_moves, 1) moves are in flight: a drain asked for by hand goes on
+ *   when the balancing is off;
+ * - while fewer than max_moves are in flight, one membership moves from the most
+ *   loaded node to the least loaded one, if that evens them out (below).
+ * A node's load is m/t: m its targets in chains (a move's `in` counted, its `out`
+ * not), t its targets not offline. A move from node a to node b is made only if it
+ * lowers the sum over nodes of m*m/t, that is if (2*m_b + 1) * t_a < (2*m_a - 1) * t_b:
+ * each move lowers that sum and nothing raises it but a new chain, so a plan
+ * always ends (never a move back and forth). Only healthy chains (every member
+ * working) with no move in flight move; `in` is a SERVING target in no chain, of an
+ * ONLINE node that is not draining, of a failure domain no other member of the
+ * chain is in (out's own domain allowed). Returns how many changes it made.
+ */
+unsigned stk_mgmt_state_rebalance(struct stk_mgmt_state *st, uint64_t now_ns, unsigned max_moves);
+
+/*
+ * `stoker admin drain-node` (drain 1) and `undrain-node` (drain 0): marks a
+ * storage node draining or not. Undraining abandons the drain's moves in flight
+ * (their `in` leaves the chain), leaving the node's memberships as they are.
+ * 0 or -ENOENT (no such storage node).
+ */
+int stk_mgmt_state_drain(struct stk_mgmt_state *st, uint32_t node_id, int drain);
+
+/*
+ * Node node_id says its target target_id, WIPING, holds no chunk any more: it is
+ * SERVING, free to join a chain. 0 (also when it was not WIPING: nothing to do),
+ * -ENOENT (no such target of that node) or -ESTALE (it is in a chain).
+ */
+int stk_mgmt_state_target_wiped(struct stk_mgmt_state *st, uint32_t node_id, uint32_t target_id);
+
+/* How many of node_id's targets are members of a chain. */
+uint32_t stk_mgmt_state_node_members(const struct stk_mgmt_state *st, uint32_t node_id);
+
+/* The move in flight on chain chain_id, or NULL. */
+const struct stk_mgmt_move *stk_mgmt_state_chain_move(const struct stk_mgmt_state *st,
+						      uint32_t chain_id);
 
 /*
  * Encodes the MGMT_GET_ROUTING reply: only the header (all counts 0) if

@@ -175,6 +175,9 @@ enum stk_node_state { STK_NODE_ONLINE = 1, STK_NODE_OFFLINE = 2 };
  * every change (forwarded to it) and copies what it missed from its predecessor
  * (STOR_SYNC_LIST, STOR_SYNC_READ), but serves no read, until mgmtd hears it is
  * done (MGMT_TARGET_SYNCED) and makes it SERVING.
+ * WIPING: in no chain, it left one (a move, a replacement): its node removes the
+ * chunk files it still holds, which no chain keeps up to date any more, and says
+ * so (MGMT_TARGET_WIPED); then it is SERVING, free to join a chain.
  * A chain's working members are those SERVING or FULL, in the chain's order; its
  * members that changes reach are those and the SYNCING one.
  */
@@ -182,7 +185,8 @@ enum stk_target_state {
 	STK_TARGET_SERVING = 1,
 	STK_TARGET_OFFLINE = 2,
 	STK_TARGET_FULL = 3,
-	STK_TARGET_SYNCING = 4
+	STK_TARGET_SYNCING = 4,
+	STK_TARGET_WIPING = 5
 };
 
 /* ---- field lists ---- */
@@ -230,6 +234,23 @@ enum stk_target_state {
 #define STK_MSG_MGMT_REMOVE_NODE_RESP(F) F(u32, replaced) F(u32, kept)
 #define STK_MSG_MGMT_TARGET_SYNCED_REQ(F) \
 	F(u32, node_id) F(u32, target_id) F(u32, chain_id) F(u32, chain_ver)
+/* MGMT_TARGET_WIPED: chunks and bytes: what the node removed (for mgmtd's log). */
+#define STK_MSG_MGMT_TARGET_WIPED_REQ(F) \
+	F(u32, node_id) F(u32, target_id) F(u64, chunks) F(u64, bytes)
+/* MGMT_DRAIN_NODE: drain 1 to drain, 0 to cancel; members: its memberships left. */
+#define STK_MSG_MGMT_DRAIN_NODE_REQ(F) F(u32, node_id) F(u8, drain)
+#define STK_MSG_MGMT_DRAIN_NODE_RESP(F) F(u32, members)
+/*
+ * MGMT_REBALANCE's reply: max_moves (mgmtd's --rebalance-moves), the moves started,
+ * finished and abandoned since it leads, then nmoves move_rec records (the moves
+ * in flight) and nnodes node_load records (every storage node).
+ */
+#define STK_MSG_MGMT_REBALANCE_RESP(F)                                                    \
+	F(u32, max_moves) F(u64, started) F(u64, finished) F(u64, abandoned) F(u32, nmoves) \
+	F(u32, nnodes)
+#define STK_MSG_MOVE_REC(F) F(u32, chain_id) F(u32, out) F(u32, in) F(u8, drain)
+/* members: its targets in chains; targets: its targets not offline. */
+#define STK_MSG_NODE_LOAD(F) F(u32, node_id) F(u8, draining) F(u32, members) F(u32, targets)
 /*
  * MGMT_LEADER's reply: leader 1 when the mgmtd that answers leads; etcd 1 in cluster
  * mode (several mgmtd, state in etcd), 0 for an embedded mgmtd, which always leads;
@@ -541,6 +562,12 @@ enum stk_target_state {
 	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ) \
 	X(mgmt_remove_node_req, STK_MSG_MGMT_REMOVE_NODE_REQ)     \
 	X(mgmt_remove_node_resp, STK_MSG_MGMT_REMOVE_NODE_RESP)   \
+	X(mgmt_target_wiped_req, STK_MSG_MGMT_TARGET_WIPED_REQ)   \
+	X(mgmt_drain_node_req, STK_MSG_MGMT_DRAIN_NODE_REQ)       \
+	X(mgmt_drain_node_resp, STK_MSG_MGMT_DRAIN_NODE_RESP)     \
+	X(mgmt_rebalance_resp, STK_MSG_MGMT_REBALANCE_RESP)       \
+	X(move_rec, STK_MSG_MOVE_REC)                             \
+	X(node_load, STK_MSG_NODE_LOAD)                           \
 	X(auth_hello_req, STK_MSG_AUTH_HELLO_REQ)                 \
 	X(auth_hello_resp, STK_MSG_AUTH_HELLO_RESP)               \
 	X(auth_proof_req, STK_MSG_AUTH_PROOF_REQ)

@@ -87,6 +87,16 @@
 	 * storage node; BUSY: it is online. */                                          \
 	X(MGMT_REMOVE_NODE, 9, mgmt_remove_node_req, mgmt_remove_node_resp,                 \
 	  "replace an offline node's targets now")                                          \
+	/* A storage node's WIPING target holds no chunk any more (msg.h, stk_target_state): \
+	 * mgmtd makes it SERVING, free to join a chain. STALE if it is in a chain. */     \
+	X(MGMT_TARGET_WIPED, 10, mgmt_target_wiped_req, none, "a target left its chunks")   \
+	/* An operator drains a storage node (drain 1: its chain memberships move to other  \
+	 * nodes, mgmtd/state.h stk_mgmt_state_rebalance) or cancels it (0). NOENT: no   \
+	 * such storage node. */                                                          \
+	X(MGMT_DRAIN_NODE, 11, mgmt_drain_node_req, mgmt_drain_node_resp,                   \
+	  "drain a storage node, or cancel it")                                            \
+	/* The rebalancer: its moves in flight and every storage node's load. */            \
+	X(MGMT_REBALANCE, 12, none, mgmt_rebalance_resp, "moves in flight, node loads")    \
 	/* Who leads: any mgmtd answers it, leader or not. In cluster mode (--etcd) only the   \
 	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
 	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \

@@ -1317,6 +1317,103 @@ static void background_priority(const char *what)
 		stk_debug("%s thread keeps its priority: %s", what, strerror(errno));
 }
 
+/* ---- stale chunks: a target that left its chain ---- */
+
+/*
+ * mgmtd makes a target that leaves a chain WIPING (mgmtd/state.h): the chunks it
+ * holds are old copies no chain keeps up to date, and must never reach a chain it
+ * joins later. The resync thread, when it has nothing to copy, removes them one
+ * by one, each under its inode's lock like a resync's removal, and tells mgmtd
+ * (MGMT_TARGET_WIPED) once a pass over every bucket finds none left; only then may
+ * the target join a chain. Nothing routes a request to a target in no chain, so a
+ * second pass finds only what a change already under way when the chain dropped
+ * it wrote meanwhile. Unlinking costs no bandwidth: no throttle, but one target
+ * at a time and a stop checked between buckets.
+ */
+
+/* A target of ours that the table has WIPING and in no chain, or 0. */
+static uint32_t wipe_find(struct storage *s)
+{
+	struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
+	uint32_t found = 0;
+
+	for (uint32_t i = 0; i < ref->rt.ntargets && !found; i++) {
+		const struct stk_rt_target *t = &ref->rt.targets[i];
+		int chained = 0;
+
+		if (t->state != STK_TARGET_WIPING || !local_target(s, t->id))
+			continue;
+		for (uint32_t c = 0; c < ref->rt.nchains && !chained; c++)
+			for (unsigned k = 0; k < ref->rt.chains[c].ntargets; k++)
+				chained |= ref->rt.chains[c].targets[k] == t->id;
+		if (!chained)
+			found = t->id;
+	}
+	stk_agent_routing_put(s->agent, ref);
+	return found;
+}
+
+/* One pass over cs: removes every chunk, counting them. 0, -ECANCELED or -errno. */
+static int wipe_pass(struct storage *s, struct stk_chunk_store *cs, uint64_t *chunks,
+		     uint64_t *bytes)
+{
+	int rc = 0;
+
+	for (unsigned b = 0; b < 256 && rc == 0; b++) {
+		struct stk_chunk_ent *e;
+		size_t n;
+
+		if (__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED))
+			return -ECANCELED;
+		rc = stk_chunk_list_bucket(cs, b, &e, &n);
+		for (size_t i = 0; i < n && rc == 0; i++) {
+			uint64_t version;
+			uint32_t len = 0;
+
+			pthread_rwlock_wrlock(ino_lock(s, e[i].ino));
+			if (stk_chunk_version(cs, e[i].ino, e[i].idx, &version, &len))
+				len = 0;
+			rc = stk_chunk_punch(cs, e[i].ino, e[i].idx, e[i].idx + 1);
+			pthread_rwlock_unlock(ino_lock(s, e[i].ino));
+			*chunks += rc == 0;
+			*bytes += rc == 0 ? len : 0;
+		}
+		free(e);
+	}
+	return rc;
+}
+
+/* Wipes target tid and tells mgmtd, logging what went. 0 or -errno. */
+static int wipe_target(struct storage *s, uint32_t tid)
+{
+	struct stk_chunk_store *cs = local_target(s, tid);
+	uint64_t chunks = 0, bytes = 0, cap, used, left = 1;
+	char b[32];
+	int rc = 0;
+
+	for (int pass = 0; pass < 4 && rc == 0 && left; pass++) {
+		uint64_t before = chunks;
+
+		rc = wipe_pass(s, cs, &chunks, &bytes);
+		if (rc == 0 && stk_chunk_store_stat(cs, &cap, &used, &left))
+			left = 1;
+		if (rc == 0 && left && chunks == before)
+			rc = -EBUSY; /* chunks it cannot list: left for an operator */
+	}
+	if (rc == 0 && left)
+		rc = -EAGAIN;
+	if (rc == 0)
+		rc = stk_agent_target_wiped(s->agent, tid, chunks, bytes);
+	if (rc == 0)
+		stk_info("target %u left its chain: %llu stale chunks removed (%s); free", tid,
+			 (unsigned long long)chunks, stk_format_size(bytes, b, sizeof(b)));
+	else if (rc != -ECANCELED)
+		stk_warn("target %u left its chain: removing its stale chunks failed after %llu: "
+			 "%s; trying again",
+			 tid, (unsigned long long)chunks, strerror(-rc));
+	return rc;
+}
+
 static void *sync_main(void *arg)
 {
 	struct storage *s = arg;
@@ -1334,8 +1431,13 @@ static void *sync_main(void *arg)
 			usleep(50 * 1000);
 		wait_ms = 500;
 		memset(&j, 0, sizeof(j));
-		if (!sync_find(s, &j))
+		if (!sync_find(s, &j)) {
+			uint32_t tid = wipe_find(s);
+
+			if (tid && wipe_target(s, tid))
+				wait_ms = 5000; /* not every half second in the log */
 			continue;
+		}
 		{
 			char rb[32];
 

@@ -836,6 +836,197 @@ static int test_all_lost(void)
 	return rc;
 }
 
+/* Working members of c, and whether any two of its members share a failure domain. */
+static uint32_t chain_working(struct stk_mgmt_state *st, const struct stk_rt_chain *c, int *clash)
+{
+	uint32_t w = 0;
+
+	*clash = 0;
+	for (uint8_t j = 0; j < c->ntargets; j++) {
+		const struct stk_rt_target *m = stk_mgmt_state_target(st, c->targets[j]);
+
+		w += m && stk_mgmt_target_active(m->state);
+		for (uint8_t k = j + 1; k < c->ntargets; k++) {
+			const struct stk_rt_target *o = stk_mgmt_state_target(st, c->targets[k]);
+
+			*clash |= m && o &&
+				  strcmp(stk_mgmt_state_node(st, m->node_id)->zone,
+					 stk_mgmt_state_node(st, o->node_id)->zone) == 0;
+		}
+	}
+	return w;
+}
+
+/*
+ * Runs the rebalancer round after round as mgmtd would, each copy done at once
+ * (MGMT_TARGET_SYNCED) and each stale target wiped (MGMT_TARGET_WIPED), until a
+ * round changes nothing. Checks on the way that no chain ever has fewer working
+ * members than it had, and that a finished chain has no two members of one
+ * domain. Returns how many moves started, or -1 if it never settles.
+ */
+static int run_moves(struct stk_mgmt_state *st, uint64_t now, unsigned max)
+{
+	uint64_t started = st->moves_started;
+	uint32_t before[64] = {0}; /* a chain formed meanwhile starts from 0 */
+
+	for (uint32_t i = 0; i < st->nchains && i < 64; i++) {
+		int clash;
+
+		before[i] = chain_working(st, &st->chains[i], &clash);
+	}
+	for (int round = 0; round < 200; round++) {
+		unsigned changes = stk_mgmt_state_rebalance(st, now, max);
+
+		if (st->nmoves > STK_MAX(max, 1u))
+			return -1;
+		for (uint32_t i = 0; i < st->nchains && i < 64; i++) {
+			int clash;
+			uint32_t w = chain_working(st, &st->chains[i], &clash);
+
+			if (w < before[i])
+				return -1;
+			before[i] = w;
+			if (clash && !stk_mgmt_state_chain_move(st, st->chains[i].id))
+				return -1;
+		}
+		for (uint32_t i = 0; i < st->nmoves; i++) {
+			const struct stk_mgmt_move *m = &st->moves[i];
+			const struct stk_rt_target *in = stk_mgmt_state_target(st, m->in);
+			const struct stk_rt_chain *c = &st->chains[m->chain_id - 1];
+
+			if (stk_mgmt_state_target_synced(st, in->node_id, in->id, c->id, c->version))
+				return -1;
+			changes++;
+			break; /* the array moved */
+		}
+		for (uint32_t i = 0; i < st->ntargets; i++)
+			if (st->targets[i].state == STK_TARGET_WIPING) {
+				if (stk_mgmt_state_target_wiped(st, st->targets[i].node_id,
+								st->targets[i].id))
+					return -1;
+				changes++;
+			}
+		if (!changes)
+			return (int)(st->moves_started - started);
+	}
+	return -1;
+}
+
+/*
+ * The rebalancer (stk_mgmt_state_rebalance): a new cluster of nodes that register
+ * together starts balanced and nothing moves; a node added later gets chain
+ * memberships by moves and new chains until every node holds as many, and then
+ * nothing moves; a drained node is emptied with no chain ever short of a copy;
+ * a cancelled drain abandons its move; a move whose new member goes offline is
+ * abandoned; a target that left its chain is WIPING until its node says it is
+ * empty; moves and draining survive a save and a load.
+ */
+static int test_rebalance(void)
+{
+	struct stk_mgmt_state st, ld;
+	struct stk_msg_target_info t[2];
+	char dir[64], path[128];
+	uint32_t n[6], out, in, cid;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	stk_mgmt_state_init(&ld);
+	st.replicas = 2;
+	st.form_settle_ns = SEC;
+	n[1] = add_node(&st, "10.0.0.1:9500", "z1", "h1", SEC);
+	n[2] = add_node(&st, "10.0.0.2:9500", "z2", "h2", SEC);
+	REQUIRE(n[1] && n[2] && st.nchains == 0); /* not settled: no chain yet */
+	n[3] = add_node(&st, "10.0.0.3:9500", "z3", "h3", SEC + SEC / 2);
+	REQUIRE(stk_mgmt_state_rebalance(&st, 2 * SEC, 1) == 0 && st.nchains == 0);
+	/* settled: three chains over the three nodes, two memberships each, no move */
+	REQUIRE(run_moves(&st, 3 * SEC, 1) == 0);
+	REQUIRE(st.nchains == 3);
+	for (int i = 1; i <= 3; i++)
+		REQUIRE(stk_mgmt_state_node_members(&st, n[i]) == 2);
+
+	/* a fourth node: one move, then a new chain of the freed target and its other one */
+	n[4] = add_node(&st, "10.0.0.4:9500", "z4", "h4", 10 * SEC);
+	REQUIRE(n[4] && st.nchains == 3);
+	REQUIRE(stk_mgmt_state_rebalance(&st, 12 * SEC, 0) == 0); /* 0: no balancing */
+	REQUIRE(run_moves(&st, 12 * SEC, 1) == 1);
+	REQUIRE(st.nchains == 4 && st.moves_finished == 1 && st.nmoves == 0);
+	for (int i = 1; i <= 4; i++)
+		REQUIRE(stk_mgmt_state_node_members(&st, n[i]) == 2);
+	REQUIRE(run_moves(&st, 13 * SEC, 4) == 0); /* balanced: nothing more moves */
+
+	/* a fifth node of two targets: drain node 1 onto it, then remove nothing */
+	n[5] = add_node(&st, "10.0.0.5:9500", "z5", "h5", 20 * SEC);
+	REQUIRE(stk_mgmt_state_drain(&st, 99, 1) == -ENOENT);
+	REQUIRE(stk_mgmt_state_drain(&st, n[1], 1) == 0);
+	REQUIRE(run_moves(&st, 22 * SEC, 0) == 2); /* a drain moves with balancing off */
+	REQUIRE(stk_mgmt_state_node_members(&st, n[1]) == 0);
+	for (int i = 2; i <= 5; i++)
+		REQUIRE(stk_mgmt_state_node_members(&st, n[i]) == 2);
+	for (uint32_t i = 0; i < st.ntargets; i++) /* node 1's targets stay out of chains */
+		if (st.targets[i].node_id == n[1])
+			REQUIRE(st.targets[i].state == STK_TARGET_SERVING);
+	REQUIRE(run_moves(&st, 23 * SEC, 1) == 0);
+
+	/* undrained: a move back onto it starts (its load is lowest) */
+	REQUIRE(stk_mgmt_state_drain(&st, n[1], 0) == 0);
+	REQUIRE(stk_mgmt_state_rebalance(&st, 24 * SEC, 1) >= 1 && st.nmoves == 1);
+	out = st.moves[0].out;
+	in = st.moves[0].in;
+	cid = st.moves[0].chain_id;
+	REQUIRE(stk_mgmt_state_target(&st, in)->node_id == n[1] &&
+		stk_mgmt_state_target(&st, in)->state == STK_TARGET_SYNCING);
+	REQUIRE(st.chains[cid - 1].ntargets == 3 && st.chains[cid - 1].targets[2] == in);
+
+	/* saved and loaded with the move in flight */
+	REQUIRE(check_tmpdir(dir, sizeof(dir), "mgmtd-rb") == 0);
+	snprintf(path, sizeof(path), "%s/mgmtd.state", dir);
+	REQUIRE(stk_mgmt_state_drain(&st, n[2], 1) == 0);
+	if (stk_mgmt_state_save(&st, path) || stk_mgmt_state_load(&ld, path, 30 * SEC) ||
+	    ld.nmoves != 1 || ld.moves[0].in != in || ld.moves[0].out != out ||
+	    ld.moves[0].chain_id != cid || !stk_mgmt_state_node(&ld, n[2])->draining ||
+	    stk_mgmt_state_node(&ld, n[1])->draining) {
+		CHECK_FAIL("moves or draining lost in a save and load");
+		goto out;
+	}
+	REQUIRE(stk_mgmt_state_drain(&st, n[2], 0) == 0);
+
+	/* the new member's node goes silent: the move is abandoned, the chain as it was */
+	for (int i = 1; i <= 5; i++)
+		if (i != 1)
+			REQUIRE(stk_mgmt_state_heartbeat(&st, n[i], NULL, 0, 40 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_expire(&st, 40 * SEC, TIMEOUT) == 1);
+	REQUIRE(stk_mgmt_state_rebalance(&st, 40 * SEC, 0) >= 1);
+	REQUIRE(st.nmoves == 0 && st.moves_abandoned == 1);
+	REQUIRE(st.chains[cid - 1].ntargets == 2 && st.chains[cid - 1].targets[0] != in &&
+		st.chains[cid - 1].targets[1] != in);
+	/* it comes back holding the chunks it had begun to copy: WIPING, then free */
+	tinfo(&t[0], in, "/t", 100);
+	tinfo(&t[1], in == 1 ? 2 : 1, "/t", 0);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, n[1], t, 2, 41 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_target(&st, in)->state == STK_TARGET_WIPING);
+	REQUIRE(stk_mgmt_state_target_wiped(&st, n[2], in) == -ENOENT);
+	REQUIRE(stk_mgmt_state_target_wiped(&st, n[1], in) == 0);
+	REQUIRE(stk_mgmt_state_target(&st, in)->state == STK_TARGET_SERVING);
+	REQUIRE(stk_mgmt_state_target_wiped(&st, stk_mgmt_state_target(&st, out)->node_id, out) ==
+		-ESTALE); /* in a chain: never wiped */
+
+	/* a drain cancelled: its move in flight is abandoned, the chain as it was */
+	REQUIRE(stk_mgmt_state_drain(&st, n[3], 1) == 0);
+	REQUIRE(stk_mgmt_state_rebalance(&st, 42 * SEC, 0) >= 1 && st.nmoves == 1 &&
+		st.moves[0].drain);
+	in = st.moves[0].in;
+	cid = st.moves[0].chain_id;
+	REQUIRE(stk_mgmt_state_drain(&st, n[3], 0) == 0);
+	REQUIRE(st.nmoves == 0 && st.moves_abandoned == 2 && st.chains[cid - 1].ntargets == 2);
+	REQUIRE(stk_mgmt_state_target(&st, in)->state == STK_TARGET_WIPING);
+	rc = 0;
+out:
+	check_rm_rf(dir);
+	stk_mgmt_state_free(&ld);
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
 int main(void)
 {
 	struct stk_mgmt_state st;
@@ -856,7 +1047,7 @@ int main(void)
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
 	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
-	     test_replace() || test_all_lost();
+	     test_replace() || test_all_lost() || test_rebalance();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
