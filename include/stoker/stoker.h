@@ -568,6 +568,22 @@ STK_API int stk_cluster_drain_node(const char *cluster, uint32_t node_id, int dr
 				   uint32_t *members);
 
 /*
+ * `stoker admin accept-loss CHAIN`: a chain whose every copy was lost, and whose
+ * newest copy will not come back (the chain waits for it, serving nothing), serves
+ * again from the first of its members that is back, giving up the changes only
+ * the others held. Those others leave the chain (when they come back their chunks
+ * are removed, never served) and free targets of other failure domains join it,
+ * copying the kept member's chunks. *kept is the target kept, *dropped the members
+ * that left, *added the targets that joined. Errors: -ENOENT (no such chain),
+ * -EINVAL (a chain of one target), -EBUSY (a member works: nothing is lost),
+ * -EAGAIN (no member is back yet: start one of its nodes first), as stk_connect
+ * for reaching the cluster. cluster is as stk_cluster_resolve takes it (NULL: the
+ * default) and read during the call only; the outputs are set only on success.
+ */
+STK_API int stk_cluster_accept_loss(const char *cluster, uint32_t chain_id, uint32_t *kept,
+				    uint32_t *dropped, uint32_t *added);
+
+/*
  * Fetches the status of the cluster whose mgmtd `cluster` names (as
  * stk_cluster_resolve takes it; NULL: the default cluster): one connection, one
  * request, no retry, so that a cluster that cannot be reached says so at once: a

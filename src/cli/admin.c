@@ -8,7 +8,9 @@
  * `admin drain-node ID` moves an online node's chain memberships to other nodes
  * in the background, every chain keeping its copies throughout; `undrain-node ID`
  * cancels it. Once `stoker status` shows it with no membership left, remove-node
- * drops it though it runs.
+ * drops it though it runs. `admin accept-loss CHAIN` lets a chain whose every
+ * copy was lost, and whose newest copy is gone for good, serve again from the
+ * member that is back (changes only the lost ones held are given up).
  */
 #include "cli.h"
 
@@ -115,6 +117,70 @@ static int drain_node(int argc, char **argv, int drain)
 	return 0;
 }
 
+/* `admin accept-loss CHAIN`: the chain serves again from the copy that is back. */
+static int accept_loss(int argc, char **argv)
+{
+	const char *cluster = NULL;
+	uint64_t id = 0;
+	uint32_t kept = 0, dropped = 0, added = 0;
+	int rc, have = 0, sure = 0;
+
+	for (int i = 2; i < argc; i++) {
+		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
+			cluster = argv[++i];
+		} else if (strcmp(argv[i], "--yes-lose-data") == 0) {
+			sure = 1;
+		} else if (!have && stk_parse_u64(argv[i], &id) == 0 && id && id <= UINT32_MAX) {
+			have = 1;
+		} else {
+			cli_err("admin", "accept-loss: unexpected argument '%s'", argv[i]);
+			return cli_usage("admin");
+		}
+	}
+	if (!have) {
+		cli_err("admin", "accept-loss needs a chain's id (`stoker status`, Chains)");
+		return cli_usage("admin");
+	}
+	if (!sure) {
+		cli_err("admin",
+			"accept-loss gives up chain %llu's newest copy for good: changes only it "
+			"held are lost, and the chunks it alone had read back as holes (zeros) "
+			"or as they were before. Bring its node back if you can; if not, say "
+			"--yes-lose-data",
+			(unsigned long long)id);
+		return 2;
+	}
+	rc = stk_cluster_accept_loss(cluster, (uint32_t)id, &kept, &dropped, &added);
+	switch (rc) {
+	case 0:
+		break;
+	case -ENOENT:
+		cli_err("admin", "accept-loss: the cluster has no chain %llu", (unsigned long long)id);
+		return 1;
+	case -EINVAL:
+		cli_err("admin", "accept-loss: chain %llu has one target: no other copy to serve "
+				 "from",
+			(unsigned long long)id);
+		return 1;
+	case -EBUSY:
+		cli_err("admin", "accept-loss: chain %llu has a working member: nothing is lost",
+			(unsigned long long)id);
+		return 1;
+	case -EAGAIN:
+		cli_err("admin", "accept-loss: no member of chain %llu is back: start one of its "
+				 "nodes, then ask again",
+			(unsigned long long)id);
+		return 1;
+	default:
+		cli_err("admin", "accept-loss: %s", stk_strerror(rc));
+		return 1;
+	}
+	printf("chain %llu: target %u serves what it holds; %u member(s) gave up their copies "
+	       "(changes only they held are gone), %u spare(s) joined to copy it\n",
+	       (unsigned long long)id, kept, dropped, added);
+	return 0;
+}
+
 int cmd_admin(int argc, char **argv)
 {
 	const char *key = NULL;
@@ -126,6 +192,8 @@ int cmd_admin(int argc, char **argv)
 		return drain_node(argc, argv, 1);
 	if (argc >= 2 && strcmp(argv[1], "undrain-node") == 0)
 		return drain_node(argc, argv, 0);
+	if (argc >= 2 && strcmp(argv[1], "accept-loss") == 0)
+		return accept_loss(argc, argv);
 	if (argc < 2 || strcmp(argv[1], "init") != 0)
 		return cli_usage("admin");
 	for (int i = 2; i < argc; i++) {

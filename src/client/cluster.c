@@ -410,16 +410,17 @@ const struct stk_cluster_rebalance *stk_cluster_status_rebalance(const stk_clust
 	return &s->rebalance;
 }
 
-int stk_cluster_drain_node(const char *cluster, uint32_t node_id, int drain, uint32_t *members)
+/*
+ * One operator's request to the leading mgmtd of cluster: op with the request
+ * encoded in w, the reply's payload into resp (cap bytes) and *r set to read it.
+ * 0, the status's -errno, or as stk_connect for reaching the cluster.
+ */
+static int admin_call(const char *cluster, uint16_t op, struct stk_wbuf *w, uint8_t *resp,
+		      size_t cap, struct stk_rbuf *r)
 {
-	struct stk_msg_mgmt_drain_node_req rq = {.node_id = node_id, .drain = drain ? 1 : 0};
-	struct stk_msg_mgmt_drain_node_resp rp;
 	struct stk_mgmt_addrs l;
 	struct stk_conn *c = NULL;
-	uint8_t req[16], resp[64];
 	struct stk_rpc rpc;
-	struct stk_wbuf w;
-	struct stk_rbuf r;
 	char list[STK_CLUSTER_ADDR_MAX];
 	int rc = stk_cluster_resolve(cluster, list, sizeof(list));
 
@@ -429,17 +430,33 @@ int stk_cluster_drain_node(const char *cluster, uint32_t node_id, int drain, uin
 		rc = stk_client_auth_find(list, NULL);
 	if (rc)
 		return rc;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_mgmt_drain_node_req_enc(&w, &rq);
-	stk_rpc_prepare(&rpc, STK_OP_MGMT_DRAIN_NODE, &w, resp, sizeof(resp));
+	if (w->err)
+		return -EINVAL;
+	stk_rpc_prepare(&rpc, op, w, resp, cap);
 	rc = stk_mgmt_call(&l, &c, 2000, &rpc);
 	if (c)
 		stk_conn_close(c);
 	if (rc == 0)
 		rc = stk_status_to_errno(rpc.status);
+	if (rc == 0)
+		stk_rbuf_init(r, resp, rpc.resp_len);
+	return rc;
+}
+
+int stk_cluster_drain_node(const char *cluster, uint32_t node_id, int drain, uint32_t *members)
+{
+	struct stk_msg_mgmt_drain_node_req rq = {.node_id = node_id, .drain = drain ? 1 : 0};
+	struct stk_msg_mgmt_drain_node_resp rp;
+	uint8_t req[16], resp[64];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_mgmt_drain_node_req_enc(&w, &rq);
+	rc = admin_call(cluster, STK_OP_MGMT_DRAIN_NODE, &w, resp, sizeof(resp), &r);
 	if (rc)
 		return rc;
-	stk_rbuf_init(&r, resp, rpc.resp_len);
 	if (stk_msg_mgmt_drain_node_resp_dec(&r, &rp) || stk_rbuf_finish(&r))
 		return -EBADMSG;
 	*members = rp.members;
@@ -451,35 +468,42 @@ int stk_cluster_remove_node(const char *cluster, uint32_t node_id, uint32_t *rep
 {
 	struct stk_msg_mgmt_remove_node_req rq = {.node_id = node_id};
 	struct stk_msg_mgmt_remove_node_resp rp;
-	struct stk_mgmt_addrs l;
-	struct stk_conn *c = NULL;
 	uint8_t req[16], resp[64];
-	struct stk_rpc rpc;
 	struct stk_wbuf w;
 	struct stk_rbuf r;
-	char list[STK_CLUSTER_ADDR_MAX];
-	int rc = stk_cluster_resolve(cluster, list, sizeof(list));
+	int rc;
 
-	if (rc == 0)
-		rc = stk_mgmt_addrs_parse(&l, list);
-	if (rc == 0)
-		rc = stk_client_auth_find(list, NULL);
-	if (rc)
-		return rc;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_mgmt_remove_node_req_enc(&w, &rq);
-	stk_rpc_prepare(&rpc, STK_OP_MGMT_REMOVE_NODE, &w, resp, sizeof(resp));
-	rc = stk_mgmt_call(&l, &c, 2000, &rpc);
-	if (c)
-		stk_conn_close(c);
-	if (rc == 0)
-		rc = stk_status_to_errno(rpc.status);
+	rc = admin_call(cluster, STK_OP_MGMT_REMOVE_NODE, &w, resp, sizeof(resp), &r);
 	if (rc)
 		return rc;
-	stk_rbuf_init(&r, resp, rpc.resp_len);
 	if (stk_msg_mgmt_remove_node_resp_dec(&r, &rp) || stk_rbuf_finish(&r))
 		return -EBADMSG;
 	*replaced = rp.replaced;
 	*kept = rp.kept;
+	return 0;
+}
+
+int stk_cluster_accept_loss(const char *cluster, uint32_t chain_id, uint32_t *kept,
+			    uint32_t *dropped, uint32_t *added)
+{
+	struct stk_msg_mgmt_accept_loss_req rq = {.chain_id = chain_id};
+	struct stk_msg_mgmt_accept_loss_resp rp;
+	uint8_t req[16], resp[64];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_mgmt_accept_loss_req_enc(&w, &rq);
+	rc = admin_call(cluster, STK_OP_MGMT_ACCEPT_LOSS, &w, resp, sizeof(resp), &r);
+	if (rc)
+		return rc;
+	if (stk_msg_mgmt_accept_loss_resp_dec(&r, &rp) || stk_rbuf_finish(&r))
+		return -EBADMSG;
+	*kept = rp.promoted;
+	*dropped = rp.dropped;
+	*added = rp.added;
 	return 0;
 }

@@ -4,7 +4,8 @@
  * Three requests (MGMT_REGISTER, MGMT_HEARTBEAT, MGMT_GET_ROUTING) and one
  * background thread that marks silent nodes OFFLINE, runs the rebalancer's round
  * (chain moves for balance and drains, state.h) and replaces nodes gone too long;
- * operators' requests (MGMT_REMOVE_NODE, MGMT_DRAIN_NODE, MGMT_REBALANCE) and the
+ * operators' requests (MGMT_REMOVE_NODE, MGMT_DRAIN_NODE, MGMT_REBALANCE,
+ * MGMT_ACCEPT_LOSS) and the
  * storage nodes' reports (MGMT_TARGET_SYNCED, MGMT_TARGET_WIPED) change or read
  * the same state. mgmtd is not on the data
  * path: each node talks to it once a second, so one mutex around the state is
@@ -330,6 +331,28 @@ static int handle_drain_node(struct mgmtd *m, struct stk_rpc_req *req, struct st
 	return rc;
 }
 
+/* MGMT_ACCEPT_LOSS: a chain whose every copy is lost serves from the one back. */
+static int handle_accept_loss(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_accept_loss_req rq;
+	struct stk_msg_mgmt_accept_loss_resp rp = {0};
+	int rc;
+
+	if (stk_msg_mgmt_accept_loss_req_dec(&req->payload, &rq) ||
+	    stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = m->leading ? stk_mgmt_state_accept_loss(&m->st, rq.chain_id, &rp.promoted,
+						     &rp.dropped, &rp.added)
+			: -EREMCHG;
+	if (rc == 0)
+		rc = persist(m);
+	pthread_mutex_unlock(&m->lock);
+	if (rc == 0)
+		rc = stk_msg_mgmt_accept_loss_resp_enc(&resp->payload, &rp);
+	return rc;
+}
+
 /* MGMT_REBALANCE: the moves in flight and every storage node's load. */
 static int handle_rebalance(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -430,6 +453,8 @@ static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return handle_target_wiped(m, req);
 	case STK_OP_MGMT_DRAIN_NODE:
 		return handle_drain_node(m, req, resp);
+	case STK_OP_MGMT_ACCEPT_LOSS:
+		return handle_accept_loss(m, req, resp);
 	case STK_OP_MGMT_REBALANCE:
 		return handle_rebalance(m, req, resp);
 	case STK_OP_MGMT_LEADER:

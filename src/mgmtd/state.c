@@ -1137,6 +1137,81 @@ static int plan_balance(struct stk_mgmt_state *st, struct load *l, uint32_t nl)
 	return bc ? move_start(st, bc, bout, &st->targets[bto->free_idx], 0) : 0;
 }
 
+int stk_mgmt_state_accept_loss(struct stk_mgmt_state *st, uint32_t chain_id,
+			       uint32_t *promoted, uint32_t *dropped, uint32_t *added)
+{
+	struct stk_rt_chain *c = chain_by_id(st, chain_id);
+	struct stk_rt_target *best = NULL;
+	struct stk_mgmt_move *m;
+	uint8_t want;
+
+	if (!c)
+		return -ENOENT;
+	if (c->ntargets < 2)
+		return -EINVAL; /* one copy: nothing else to serve from */
+	for (uint8_t j = 0; j < c->ntargets; j++) {
+		struct stk_rt_target *t = stk_mgmt_state_target(st, c->targets[j]);
+		const struct stk_mgmt_node *n = t ? stk_mgmt_state_node(st, t->node_id) : NULL;
+
+		if (t && stk_mgmt_target_active(t->state))
+			return -EBUSY; /* a member works: nothing is lost */
+		/*
+		 * The members are ordered newest copy first (chain_lost): the first one
+		 * back, unless it is a move's new member, whose copy is unfinished.
+		 */
+		m = t ? move_with(st, t->id) : NULL;
+		if (!best && t && t->state == STK_TARGET_SYNCING && n && n->state == STK_NODE_ONLINE &&
+		    !(m && m->in == t->id))
+			best = t;
+	}
+	if (!best)
+		return -EAGAIN;
+	/* as many members as before, less a move's extra one */
+	want = c->ntargets;
+	/* a move in flight on it cannot finish: its copy's source is gone */
+	for (uint32_t i = 0; i < st->nmoves;) {
+		if (st->moves[i].chain_id == c->id) {
+			move_abandon(st, &st->moves[i], "every member of its chain was lost");
+			want--;
+		} else {
+			i++;
+		}
+	}
+	*dropped = 0;
+	/*
+	 * Every other member goes, not only those newer than best: one behind it may
+	 * hold chunks newer than best's (a spare that began copying from a member now
+	 * lost), which a resync from best (newer_only) would keep. They are WIPING, or
+	 * will be when they come back (target_back), and spares copy best's chunks.
+	 */
+	for (int j = (int)c->ntargets - 1; j >= 0; j--) {
+		if (c->targets[j] == best->id)
+			continue;
+		stk_warn("chain %u: target %u leaves the chain: its copy is given up", c->id,
+			 c->targets[j]);
+		chain_drop(st, c, c->targets[j]);
+		(*dropped)++;
+	}
+	stk_warn("chain %u: the loss is accepted: target %u serves what it holds; changes "
+		 "only the dropped members had are gone",
+		 c->id, best->id);
+	target_set_state(best, STK_TARGET_SERVING);
+	*promoted = best->id;
+	*added = 0;
+	while (c->ntargets < want) {
+		struct stk_rt_target *nt = spare_for(st, c, 0);
+
+		if (!nt)
+			break;
+		c->targets[c->ntargets++] = nt->id;
+		target_set_state(nt, STK_TARGET_SYNCING);
+		(*added)++;
+	}
+	c->version++;
+	bump(st);
+	return 0;
+}
+
 unsigned stk_mgmt_state_rebalance(struct stk_mgmt_state *st, uint64_t now_ns, unsigned max_moves)
 {
 	unsigned n = moves_check(st);

@@ -251,6 +251,20 @@ unsigned stk_mgmt_state_rebalance(struct stk_mgmt_state *st, uint64_t now_ns, un
 int stk_mgmt_state_drain(struct stk_mgmt_state *st, uint32_t node_id, int drain);
 
 /*
+ * `stoker admin accept-loss CHAIN`: chain chain_id, whose every member is lost,
+ * serves again from the first member that is back (SYNCING, waiting for the
+ * newest copy: target_back), giving up what only the others held. Every other
+ * member leaves the chain (WIPING, now or when it comes back: it may hold chunks
+ * newer than the one kept) and free targets of other failure domains take their
+ * places, SYNCING. *promoted is the member kept, *dropped and *added the members
+ * that left and the spares that joined. 0, -ENOENT (no such chain), -EINVAL (a
+ * chain of one), -EBUSY (a member works: nothing is lost) or -EAGAIN (no member
+ * is back).
+ */
+int stk_mgmt_state_accept_loss(struct stk_mgmt_state *st, uint32_t chain_id,
+			       uint32_t *promoted, uint32_t *dropped, uint32_t *added);
+
+/*
  * Node node_id says its target target_id, WIPING, holds no chunk any more: it is
  * SERVING, free to join a chain. 0 (also when it was not WIPING: nothing to do),
  * -ENOENT (no such target of that node) or -ESTALE (it is in a chain).

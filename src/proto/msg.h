@@ -240,6 +240,9 @@ enum stk_target_state {
 /* MGMT_DRAIN_NODE: drain 1 to drain, 0 to cancel; members: its memberships left. */
 #define STK_MSG_MGMT_DRAIN_NODE_REQ(F) F(u32, node_id) F(u8, drain)
 #define STK_MSG_MGMT_DRAIN_NODE_RESP(F) F(u32, members)
+/* MGMT_ACCEPT_LOSS: the chain's member kept, members that left, spares that joined. */
+#define STK_MSG_MGMT_ACCEPT_LOSS_REQ(F) F(u32, chain_id)
+#define STK_MSG_MGMT_ACCEPT_LOSS_RESP(F) F(u32, promoted) F(u32, dropped) F(u32, added)
 /*
  * MGMT_REBALANCE's reply: max_moves (mgmtd's --rebalance-moves), the moves started,
  * finished and abandoned since it leads, then nmoves move_rec records (the moves
@@ -565,6 +568,8 @@ enum stk_target_state {
 	X(mgmt_target_wiped_req, STK_MSG_MGMT_TARGET_WIPED_REQ)   \
 	X(mgmt_drain_node_req, STK_MSG_MGMT_DRAIN_NODE_REQ)       \
 	X(mgmt_drain_node_resp, STK_MSG_MGMT_DRAIN_NODE_RESP)     \
+	X(mgmt_accept_loss_req, STK_MSG_MGMT_ACCEPT_LOSS_REQ)     \
+	X(mgmt_accept_loss_resp, STK_MSG_MGMT_ACCEPT_LOSS_RESP)   \
 	X(mgmt_rebalance_resp, STK_MSG_MGMT_REBALANCE_RESP)       \
 	X(move_rec, STK_MSG_MOVE_REC)                             \
 	X(node_load, STK_MSG_NODE_LOAD)                           \

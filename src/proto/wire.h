@@ -97,6 +97,11 @@
 	  "drain a storage node, or cancel it")                                            \
 	/* The rebalancer: its moves in flight and every storage node's load. */            \
 	X(MGMT_REBALANCE, 12, none, mgmt_rebalance_resp, "moves in flight, node loads")    \
+	/* An operator gives up a chain's lost newest copy: the first member back serves  \
+	 * (mgmtd/state.h stk_mgmt_state_accept_loss). NOENT: no such chain; INVAL: a   \
+	 * chain of one; BUSY: a member works; AGAIN: no member is back. */             \
+	X(MGMT_ACCEPT_LOSS, 13, mgmt_accept_loss_req, mgmt_accept_loss_resp,                \
+	  "serve a chain again from the copy that is left")                                \
 	/* Who leads: any mgmtd answers it, leader or not. In cluster mode (--etcd) only the   \
 	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
 	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \

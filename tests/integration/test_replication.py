@@ -464,6 +464,69 @@ def test_every_copy_lost_and_back_in_any_order(net):
     assert "newest copy is on target %d" % tid["st3"] in open(net.nodes["mgmtd"].log).read()
 
 
+def test_accept_loss_serves_a_chain_whose_newest_copy_is_gone(tmp_path):
+    """Every copy of a chain lost, the newest one for good: the chain waits for it
+    (reads fail, never wrong) until `stoker admin accept-loss CHAIN --yes-lose-data`
+    lets the stale copy back serve what it holds; a spare joins and copies it; the
+    newest copy's node, back later, is wiped, never a member again. Refusals (a
+    working chain, no member back, no such chain, no --yes-lose-data) are clear."""
+    with net_cluster(tmp_path, mgmtd_args=MGMTD) as net:
+        targets, chains = chain_of_three(net, nodes=4)
+        (cid, (_, members, _)), = chains.items()
+        tid = {targets[t][1].split(os.sep)[-2]: t for t in targets}
+        node_of = {t: n for n, t in tid.items()}
+        spare = [t for t in targets if t not in members][0]
+        head, mid, tail = (node_of[t] for t in members)
+        admin = ("admin", "accept-loss", str(cid), "--cluster", net.url)
+
+        def state(n):
+            return tables(net.status())[0][tid[n]][0]
+        old = os.urandom(300_000)
+        net.cli("put", "-", "/old", input=old)
+        p = net.cli(*admin, "--yes-lose-data", check=False)
+        assert p.returncode == 1 and b"has a working member" in p.stderr, p.stderr
+        p = net.cli("admin", "accept-loss", "999", "--yes-lose-data", "--cluster", net.url,
+                    check=False)
+        assert p.returncode == 1 and b"has no chain 999" in p.stderr, p.stderr
+
+        net.kill(tail)
+        wait_for(tail + " offline", lambda: state(tail) == "offline")
+        net.kill(mid)
+        wait_for(mid + " offline", lambda: state(mid) == "offline")
+        new = os.urandom(300_000)
+        net.cli("put", "-", "/new", input=new)  # on the head alone: the newest copy
+        net.kill(head)
+        wait_for(head + " offline", lambda: state(head) == "offline")
+        p = net.cli(*admin, "--yes-lose-data", check=False)
+        assert p.returncode == 1 and b"no member of chain" in p.stderr, p.stderr
+
+        net.start(tail)  # the stalest copy: it waits for the newest
+        wait_for(tail + " back, waiting", lambda: state(tail) == "syncing")
+        fast = {"STOKER_RETRY_MS": "2000"}
+        p = net.cli("cat", "/old", check=False, env=fast, timeout=120)
+        assert p.returncode != 0 or p.stdout == old
+        p = net.cli(*admin, check=False)
+        assert p.returncode == 2 and b"--yes-lose-data" in p.stderr, p.stderr
+        p = net.cli(*admin, "--yes-lose-data")
+        assert (b"target %d serves what it holds; 2 member(s)" % tid[tail]) in p.stdout, \
+            p.stdout
+        # the stale copy serves what it had; the spare copies it
+        assert net.cli("cat", "/old").stdout == old
+        targets, chains = serving_again(net, [tid[tail], spare], timeout=90)
+        assert chains[cid][1] == [tid[tail], spare], chains
+        assert assert_replicas_identical(net, chains, targets) >= 1
+        # what only the lost copy held is gone: never the new bytes from nowhere
+        got = net.cli("cat", "/new", check=False, env=fast, timeout=120).stdout
+        assert got != new
+        # the newest copy's node comes back: its target left the chain and is wiped
+        net.start(head)
+        wait_for(head + "'s stale copy wiped", lambda: state(head) == "serving", timeout=90)
+        _, chains = tables(net.status())
+        assert tid[head] not in chains[cid][1], chains
+        assert not chunk_files(targets[tid[head]][1])
+        assert "the loss is accepted" in open(net.nodes["mgmtd"].log).read()
+
+
 def test_remove_node_replaces_an_offline_node_now(tmp_path):
     """`stoker admin remove-node ID`: an offline node's target is replaced in its
     chain at once (mgmtd's --replace-after is ten minutes); an online node or an

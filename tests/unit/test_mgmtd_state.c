@@ -836,6 +836,71 @@ static int test_all_lost(void)
 	return rc;
 }
 
+/*
+ * `admin accept-loss`: every member of a chain lost, the newest copy gone for
+ * good. Refused while no member is back, or while one works; then the first member
+ * back serves, the others leave the chain (the newest, back later holding chunks,
+ * is WIPING, never a member again unasked) and a spare of a fourth domain joins.
+ */
+static int test_accept_loss(void)
+{
+	struct stk_mgmt_state st;
+	struct stk_msg_target_info t[2];
+	uint32_t n[5], kept = 0, dropped = 0, added = 0, newest, lost;
+	struct stk_rt_chain *c;
+	uint64_t now = 20 * SEC;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	st.replicas = 3;
+	for (uint32_t i = 1; i <= 3; i++) {
+		char addr[32], zone[8], host[8];
+
+		snprintf(addr, sizeof(addr), "10.0.0.%u:9500", i);
+		snprintf(zone, sizeof(zone), "rack%u", i);
+		snprintf(host, sizeof(host), "h%u", i);
+		n[i] = add_node(&st, addr, zone, host, SEC);
+	}
+	REQUIRE(st.nchains == 2);
+	c = &st.chains[0];
+	REQUIRE(stk_mgmt_state_accept_loss(&st, 99, &kept, &dropped, &added) == -ENOENT);
+	REQUIRE(stk_mgmt_state_accept_loss(&st, c->id, &kept, &dropped, &added) == -EBUSY);
+	/* all three die at once */
+	REQUIRE(stk_mgmt_state_expire(&st, now, TIMEOUT) == 3);
+	lost = c->targets[0];
+	newest = stk_mgmt_state_target(&st, lost)->node_id;
+	REQUIRE(stk_mgmt_state_accept_loss(&st, c->id, &kept, &dropped, &added) == -EAGAIN);
+	/* a node that is not the newest's comes back: it waits for the newest */
+	{
+		uint32_t back = newest == n[1] ? n[2] : n[1];
+
+		tinfo(&t[0], 2 * back - 1, "/t0", 100);
+		tinfo(&t[1], 2 * back, "/t1", 100);
+		REQUIRE(stk_mgmt_state_heartbeat(&st, back, t, 2, now + SEC) == 0);
+		/* a fourth node, of a rack of its own: its targets are free spares */
+		n[4] = add_node(&st, "10.0.0.4:9500", "rack4", "h4", now + SEC);
+		REQUIRE(stk_mgmt_state_accept_loss(&st, c->id, &kept, &dropped, &added) == 0);
+		REQUIRE(stk_mgmt_state_target(&st, kept)->node_id == back);
+		/* one spare: the fourth rack's second target would share its domain */
+		REQUIRE(dropped == 2 && added == 1 && c->ntargets == 2);
+		REQUIRE(c->targets[0] == kept);
+		REQUIRE(stk_mgmt_state_target(&st, kept)->state == STK_TARGET_SERVING);
+		REQUIRE(stk_mgmt_state_target(&st, c->targets[1])->node_id == n[4]);
+		REQUIRE(stk_mgmt_state_target(&st, c->targets[1])->state == STK_TARGET_SYNCING);
+		REQUIRE(stk_mgmt_state_accept_loss(&st, c->id, &kept, &dropped, &added) == -EBUSY);
+	}
+	/* the newest comes back: in no chain, holding chunks: WIPING, not serving */
+	tinfo(&t[0], 2 * newest - 1, "/t0", 100);
+	tinfo(&t[1], 2 * newest, "/t1", 100);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, newest, t, 2, now + 2 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_target(&st, lost)->state == STK_TARGET_WIPING);
+	for (uint8_t j = 0; j < c->ntargets; j++)
+		REQUIRE(c->targets[j] != lost);
+	rc = 0;
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
 /* Working members of c, and whether any two of its members share a failure domain. */
 static uint32_t chain_working(struct stk_mgmt_state *st, const struct stk_rt_chain *c, int *clash)
 {
@@ -1047,7 +1112,7 @@ int main(void)
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
 	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
-	     test_replace() || test_all_lost() || test_rebalance();
+	     test_replace() || test_all_lost() || test_accept_loss() || test_rebalance();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
