@@ -20,7 +20,9 @@ allowed() {
 	net) echo "net common proto" ;;
 	chunk) echo "chunk common proto" ;;
 	daemon) echo "daemon net common proto" ;;
-	client) echo "client chunk/chunkfile.h net common proto" ;;
+	# The client reads chunk files and the node's serve maps of its own host
+	# (short-circuit reads) through the chunk module's two shared headers.
+	client) echo "client chunk/chunkfile.h chunk/servemap.h net common proto" ;;
 	mgmtd) echo "mgmtd daemon net common proto" ;;
 	meta) echo "meta mgmtd/agent.h daemon net common proto" ;;
 	storage) echo "storage chunk mgmtd/agent.h daemon net common proto" ;;
@@ -28,8 +30,9 @@ allowed() {
 	gateway) echo "gateway cli/cli.h daemon common" ;;
 	# The CLI is a frontend; `stoker up` and the role commands run the daemons in
 	# this process, so it may include their entry points (and the node agent's
-	# routing fetch). proto/codec.h is the bounds-checked encoder of pack's shards.
-	cli) echo "cli fuse/fs.h daemon common proto/codec.h mgmtd/mgmtd.h mgmtd/agent.h meta/meta.h storage/storage.h" ;;
+	# routing fetch). proto/codec.h is the bounds-checked encoder of pack's shards;
+	# gateway/s3_parse.h reads and writes the S3 gateway's keys file (admin s3-user).
+	cli) echo "cli fuse/fs.h gateway/s3_parse.h daemon common proto/codec.h mgmtd/mgmtd.h mgmtd/agent.h meta/meta.h storage/storage.h" ;;
 	*) echo "" ;;
 	esac
 }
