@@ -15,11 +15,16 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <openssl/crypto.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/auth.h"
 #include "../common/util.h"
+#include "../gateway/s3_parse.h"
 
 static int remove_node(int argc, char **argv)
 {
@@ -181,6 +186,269 @@ static int accept_loss(int argc, char **argv)
 	return 0;
 }
 
+/* ---- admin s3-user: the S3 gateway's users (docs/s3.md, "Users") ---- */
+
+#define S3U_FILE_MAX (1u << 20)
+
+/* The keys file's text ("" when it does not exist yet). 0 or -errno. */
+static int s3u_read(const char *path, char **out)
+{
+	FILE *f = fopen(path, "r");
+	char *buf = calloc(1, S3U_FILE_MAX + 1);
+	size_t n;
+
+	if (!buf) {
+		if (f)
+			fclose(f);
+		return -ENOMEM;
+	}
+	*out = buf;
+	if (!f)
+		return errno == ENOENT ? 0 : -errno;
+	n = fread(buf, 1, S3U_FILE_MAX + 1, f);
+	fclose(f);
+	if (n > S3U_FILE_MAX)
+		return -EFBIG;
+	buf[n] = 0;
+	return 0;
+}
+
+/* Replaces path's content with text, mode 0600, through a rename. 0 or -errno. */
+static int s3u_write(const char *path, const char *text)
+{
+	char tmp[4200];
+	size_t n = strlen(text);
+	int fd, rc = 0;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp", path) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if ((rc = stk_write_all(fd, text, n)) == 0 && fsync(fd))
+		rc = -errno;
+	close(fd);
+	if (rc == 0 && rename(tmp, path))
+		rc = -errno;
+	if (rc)
+		unlink(tmp);
+	return rc;
+}
+
+/*
+ * n random characters of alphabet (an access key's id or secret), each drawn
+ * evenly: bytes past the last whole multiple of its size are drawn again. 0 or -EIO.
+ */
+static int s3u_random(char *out, size_t n, const char *alphabet)
+{
+	unsigned na = (unsigned)strlen(alphabet), limit = 256 - 256 % na;
+	uint8_t b[64];
+	size_t i = 0;
+
+	while (i < n) {
+		if (stk_auth_random(b, sizeof(b)))
+			return -EIO;
+		for (size_t j = 0; j < sizeof(b) && i < n; j++)
+			if (b[j] < limit)
+				out[i++] = alphabet[b[j] % na];
+	}
+	out[n] = 0;
+	OPENSSL_cleanse(b, sizeof(b));
+	return 0;
+}
+
+/* A user's name: 1 to STK_S3_USER_MAX printable bytes, no space or '='. */
+static int s3u_name_ok(const char *name)
+{
+	size_t n = strlen(name);
+
+	if (n == 0 || n > STK_S3_USER_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)name[i] <= ' ' || (unsigned char)name[i] >= 0x7f ||
+		    name[i] == '=')
+			return 0;
+	return 1;
+}
+
+/*
+ * `admin s3-user add NAME --keys FILE [--uid U --gid G] [--bucket B[:ro|:rw]]...`,
+ * `admin s3-user rm NAME --keys FILE`, `admin s3-user ls --keys FILE`.
+ */
+static int s3_user(int argc, char **argv)
+{
+	const char *verb = argc > 2 ? argv[2] : "", *name = NULL, *path = NULL;
+	struct stk_s3_keyline k;
+	char *text = NULL, *out = NULL, line[4096];
+	int have_uid = 0, have_gid = 0, rc, found = 0;
+	size_t used = 0;
+
+	memset(&k, 0, sizeof(k));
+	for (int i = 3; i < argc; i++) {
+		uint64_t v;
+
+		if (strcmp(argv[i], "--keys") == 0 && i + 1 < argc) {
+			path = argv[++i];
+		} else if ((strcmp(argv[i], "--uid") == 0 || strcmp(argv[i], "--gid") == 0) &&
+			   i + 1 < argc) {
+			int uid = argv[i][2] == 'u';
+
+			if (stk_parse_u64(argv[i + 1], &v) || v > UINT32_MAX) {
+				cli_err("admin", "s3-user: bad %s '%s'", argv[i], argv[i + 1]);
+				return 2;
+			}
+			*(uid ? &k.uid : &k.gid) = (uint32_t)v;
+			*(uid ? &have_uid : &have_gid) = 1;
+			i++;
+		} else if (strcmp(argv[i], "--bucket") == 0 && i + 1 < argc) {
+			const char *b = argv[++i], *colon = strchr(b, ':');
+			size_t bl = colon ? (size_t)(colon - b) : strlen(b);
+			struct stk_s3_user_bucket *ub = &k.buckets[k.nbuckets];
+
+			if (k.nbuckets == STK_S3_USER_BUCKETS || bl > STK_S3_BUCKET_MAX ||
+			    (colon && strcmp(colon, ":ro") != 0 && strcmp(colon, ":rw") != 0)) {
+				cli_err("admin", "s3-user: bad --bucket '%s': NAME, NAME:rw or NAME:ro "
+						 "(at most %d)",
+					b, STK_S3_USER_BUCKETS);
+				return 2;
+			}
+			memcpy(ub->name, b, bl);
+			ub->name[bl] = 0;
+			ub->rw = !colon || strcmp(colon, ":rw") == 0;
+			if (strcmp(ub->name, "*") != 0 && stk_s3_bucket_check(ub->name)) {
+				cli_err("admin", "s3-user: '%s' is not a bucket name (3 to 63 "
+						 "lowercase letters, digits, '.' and '-'), nor *",
+					ub->name);
+				return 2;
+			}
+			k.nbuckets++;
+		} else if (!name && argv[i][0] != '-') {
+			name = argv[i];
+		} else {
+			cli_err("admin", "s3-user: unexpected argument '%s'", argv[i]);
+			return cli_usage("admin");
+		}
+	}
+	if (!path || (strcmp(verb, "ls") != 0 && !name) ||
+	    (strcmp(verb, "add") != 0 && strcmp(verb, "rm") != 0 && strcmp(verb, "ls") != 0)) {
+		cli_err("admin", "s3-user add NAME | rm NAME | ls, each with --keys FILE (the "
+				 "gateway's --keys)");
+		return cli_usage("admin");
+	}
+	if (name && !s3u_name_ok(name)) {
+		cli_err("admin", "s3-user: bad user name '%s': 1 to %d printable characters, no "
+				 "spaces or '='",
+			name, STK_S3_USER_MAX);
+		return 2;
+	}
+	if (have_uid != have_gid) {
+		cli_err("admin", "s3-user: give --uid and --gid together (or neither: the user "
+				 "acts as the gateway)");
+		return 2;
+	}
+	rc = s3u_read(path, &text);
+	if (rc == 0)
+		out = malloc(strlen(text) + sizeof(line) + 2);
+	if (rc == 0 && !out)
+		rc = -ENOMEM;
+	if (rc) {
+		cli_err("admin", "s3-user: %s: %s", path, stk_strerror(rc));
+		goto done;
+	}
+	if (strcmp(verb, "ls") == 0)
+		printf("%-20s %-24s %-10s %-10s %s\n", "USER", "ACCESS KEY", "UID", "GID",
+		       "BUCKETS");
+	/* every line kept as it is, but the user's (rm) */
+	for (char *p = text, *e; *p; p = e) {
+		struct stk_s3_keyline cur;
+		size_t n;
+
+		e = strchr(p, '\n');
+		n = e ? (size_t)(e - p) : strlen(p);
+		e = e ? e + 1 : p + n;
+		if (stk_s3_keyline_parse(p, n, &cur) == 0 && name && strcmp(cur.user, name) == 0) {
+			found = 1;
+			if (strcmp(verb, "rm") == 0)
+				continue;
+		}
+		if (strcmp(verb, "ls") == 0 && stk_s3_keyline_parse(p, n, &cur) == 0) {
+			char ids[2][16] = {"-", "-"}, bl[2048] = "";
+			size_t o = 0;
+
+			if (cur.has_ids) {
+				snprintf(ids[0], sizeof(ids[0]), "%u", cur.uid);
+				snprintf(ids[1], sizeof(ids[1]), "%u", cur.gid);
+			}
+			for (unsigned i = 0; i < cur.nbuckets && o < sizeof(bl) - 80; i++)
+				o += (size_t)snprintf(bl + o, sizeof(bl) - o, "%s%s:%s", i ? "," : "",
+						      cur.buckets[i].name,
+						      cur.buckets[i].rw ? "rw" : "ro");
+			printf("%-20s %-24s %-10s %-10s %s\n", cur.user[0] ? cur.user : "(gateway)",
+			       cur.id, ids[0], ids[1],
+			       cur.user[0] ? (cur.nbuckets ? bl : "(none)") : "(all)");
+		}
+		memcpy(out + used, p, (size_t)(e - p));
+		used += (size_t)(e - p);
+		if (used && out[used - 1] != '\n')
+			out[used++] = '\n';
+	}
+	out[used] = 0;
+	if (strcmp(verb, "ls") == 0)
+		goto done;
+	if (strcmp(verb, "rm") == 0 && !found) {
+		cli_err("admin", "s3-user rm: %s has no user %s", path, name);
+		rc = 1;
+		goto done;
+	}
+	if (strcmp(verb, "add") == 0) {
+		if (found) {
+			cli_err("admin", "s3-user add: %s already has a user %s (rm it first)", path,
+				name);
+			rc = 1;
+			goto done;
+		}
+		snprintf(k.user, sizeof(k.user), "%s", name);
+		k.has_ids = have_uid ? 3 : 0;
+		memcpy(k.id, "STK", 3);
+		if (s3u_random(k.id + 3, 17, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567") ||
+		    s3u_random(k.secret, 40,
+			       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")) {
+			cli_err("admin", "s3-user add: no random bytes");
+			rc = 1;
+			goto done;
+		}
+		rc = stk_s3_keyline_format(&k, line, sizeof(line));
+		if (rc < 0) {
+			cli_err("admin", "s3-user add: the line does not fit");
+			rc = 1;
+			goto done;
+		}
+		used += (size_t)snprintf(out + used, sizeof(line) + 2, "%s\n", line);
+	}
+	rc = s3u_write(path, out);
+	if (rc) {
+		cli_err("admin", "s3-user: cannot write %s: %s", path, stk_strerror(rc));
+		rc = 1;
+		goto done;
+	}
+	if (strcmp(verb, "add") == 0)
+		printf("user %s: access key %s\nsecret key %s\n(in %s; restart the gateway to "
+		       "use it)\n",
+		       name, k.id, k.secret, path);
+	else
+		printf("user %s removed from %s (restart the gateway to refuse its key)\n", name,
+		       path);
+done:
+	if (text)
+		OPENSSL_cleanse(text, strlen(text));
+	if (out)
+		OPENSSL_cleanse(out, used);
+	OPENSSL_cleanse(&k, sizeof(k));
+	free(text);
+	free(out);
+	return rc;
+}
+
 int cmd_admin(int argc, char **argv)
 {
 	const char *key = NULL;
@@ -194,6 +462,8 @@ int cmd_admin(int argc, char **argv)
 		return drain_node(argc, argv, 0);
 	if (argc >= 2 && strcmp(argv[1], "accept-loss") == 0)
 		return accept_loss(argc, argv);
+	if (argc >= 2 && strcmp(argv[1], "s3-user") == 0)
+		return s3_user(argc, argv);
 	if (argc < 2 || strcmp(argv[1], "init") != 0)
 		return cli_usage("admin");
 	for (int i = 2; i < argc; i++) {

@@ -66,22 +66,14 @@ out:
 	return rc;
 }
 
-static int key_field_ok(const char *s, size_t n)
-{
-	if (n == 0 || n > 128)
-		return 0;
-	for (size_t i = 0; i < n; i++)
-		if ((unsigned char)s[i] <= ' ' || (unsigned char)s[i] >= 0x7f)
-			return 0;
-	return 1;
-}
-
-static int add_key(struct stk_s3_gw *gw, const char *id, size_t idn, const char *secret, size_t sn)
+/* Adds a parsed key line; a user's ids become the credentials it acts with. */
+static int add_key(struct stk_s3_gw *gw, const struct stk_s3_keyline *line)
 {
 	struct stk_s3_key *k;
 
-	if (!key_field_ok(id, idn) || !key_field_ok(secret, sn))
-		return -EINVAL;
+	for (unsigned i = 0; i < gw->nkeys; i++)
+		if (strcmp(gw->keys[i].line.id, line->id) == 0)
+			return -EEXIST;
 	if (gw->nkeys == GW_KEYS_MAX)
 		return -E2BIG;
 	k = realloc(gw->keys, (gw->nkeys + 1) * sizeof(*k));
@@ -89,17 +81,22 @@ static int add_key(struct stk_s3_gw *gw, const char *id, size_t idn, const char 
 		return -ENOMEM;
 	gw->keys = k;
 	k = &gw->keys[gw->nkeys++];
-	memcpy(k->id, id, idn);
-	k->id[idn] = 0;
-	memcpy(k->secret, secret, sn);
-	k->secret[sn] = 0;
+	memset(k, 0, sizeof(*k));
+	k->line = *line;
+	k->cred.uid = line->uid;
+	k->cred.gid = line->gid;
 	return 0;
 }
 
-/* "ACCESS_KEY SECRET" per line; blank lines and '#' comments are skipped. */
+/*
+ * A keys file: one key a line (s3_parse.h, stk_s3_keyline_parse: "ACCESS_KEY
+ * SECRET", or a user's with user=, uid=, gid=, buckets= after it); blank lines
+ * and '#' comments are skipped.
+ */
 static int load_keys(const char *cmd, struct stk_s3_gw *gw, const char *path)
 {
 	char *text = NULL, *p, *line_end;
+	struct stk_s3_keyline line;
 	unsigned lineno = 0;
 	struct stat st;
 	int rc;
@@ -112,36 +109,28 @@ static int load_keys(const char *cmd, struct stk_s3_gw *gw, const char *path)
 	if (stat(path, &st) == 0 && (st.st_mode & 077))
 		stk_warn("s3: %s is readable by others; secrets belong in a 0600 file", path);
 	for (p = text; *p; p = line_end) {
-		const char *f[3];
-		size_t fl[3];
-		int nf = 0;
-		char *q;
-
 		lineno++;
 		line_end = strchr(p, '\n');
 		if (line_end)
 			*line_end++ = 0;
 		else
 			line_end = p + strlen(p);
-		q = p;
-		while (nf < 3) {
-			while (*q == ' ' || *q == '\t' || *q == '\r')
-				q++;
-			if (!*q || *q == '#')
-				break;
-			f[nf] = q;
-			while (*q && *q != ' ' && *q != '\t' && *q != '\r')
-				q++;
-			fl[nf] = (size_t)(q - f[nf]);
-			nf++;
-		}
-		if (nf == 0)
+		rc = stk_s3_keyline_parse(p, strlen(p), &line);
+		if (rc == 1) {
+			rc = 0;
 			continue;
-		if (nf != 2 || (rc = add_key(gw, f[0], fl[0], f[1], fl[1])) != 0) {
+		}
+		if (rc == 0)
+			rc = add_key(gw, &line);
+		OPENSSL_cleanse(&line, sizeof(line));
+		if (rc) {
 			cli_err(cmd,
-				"--keys %s:%u: expected \"ACCESS_KEY SECRET\" (printable, at "
-				"most 128 bytes each)",
-				path, lineno);
+				"--keys %s:%u: %s: expected \"ACCESS_KEY SECRET [user=NAME "
+				"uid=U gid=G buckets=B:rw,B2:ro]\" (printable, keys and secrets at "
+				"most 128 bytes)",
+				path, lineno,
+				rc == -EEXIST ? "this access key is on an earlier line too"
+					      : "malformed");
 			rc = -EINVAL;
 			break;
 		}
@@ -322,7 +311,13 @@ static int gateway_s3(int argc, char **argv)
 	} else {
 		const char *id = getenv("STOKER_S3_ACCESS_KEY"),
 			   *sec = getenv("STOKER_S3_SECRET_KEY");
-		if (id && sec && add_key(&gw, id, strlen(id), sec, strlen(sec))) {
+		struct stk_s3_keyline line;
+		char both[300];
+
+		snprintf(both, sizeof(both), "%s %s", id ? id : "", sec ? sec : "");
+		if (id && sec &&
+		    (strchr(id, ' ') || strchr(sec, ' ') ||
+		     stk_s3_keyline_parse(both, strlen(both), &line) || add_key(&gw, &line))) {
 			cli_err(cmd,
 				"STOKER_S3_ACCESS_KEY / STOKER_S3_SECRET_KEY: printable, at most "
 				"128 bytes each");

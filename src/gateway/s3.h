@@ -145,10 +145,13 @@ const char *stk_s3_err_message(enum stk_s3_err e);
 /* The error a libstoker -errno stands for when no operation-specific one fits. */
 enum stk_s3_err stk_s3_err_from_errno(int err);
 
-/* One access key and its secret. */
+/*
+ * One access key: its keys-file line (id, secret, and a user's name, ids and
+ * buckets), and the credentials a user's requests act with (line.has_ids).
+ */
 struct stk_s3_key {
-	char id[129];
-	char secret[129];
+	struct stk_s3_keyline line;
+	struct stk_ll_cred cred;
 };
 
 /* Files open for reading by GETs, so that an overwrite or delete of their object
@@ -208,6 +211,15 @@ struct stk_s3_gw {
 
 /* The access key's secret, or NULL. */
 const struct stk_s3_key *stk_s3_key_find(const struct stk_s3_gw *gw, const char *id);
+
+/*
+ * The credentials the namespace calls of this thread act with from now on: a
+ * user's (its key's cred), or NULL for the gateway's own. The HTTP layer sets it
+ * for each request's callbacks; background work (the sweep) runs as the gateway.
+ * Buckets are made and removed as the gateway (the root folder is its), a new
+ * bucket then given to the user.
+ */
+void stk_s3_store_as(const struct stk_ll_cred *cred);
 
 /* ---- store: buckets ---- */
 
@@ -441,6 +453,7 @@ struct stk_s3_req {
 	struct stk_s3_target t;
 	enum stk_s3_op op;
 	struct stk_ll_attr bucket; /* looked up by stk_s3_op_begin for bucket operations */
+	const struct stk_s3_key *key; /* the access key that signed it, once authenticated */
 	char reqid[17];
 
 	/* the body, once received */

@@ -142,7 +142,7 @@ static const char *canon_header(void *ctx, const char *lname)
 const struct stk_s3_key *stk_s3_key_find(const struct stk_s3_gw *gw, const char *id)
 {
 	for (unsigned i = 0; i < gw->nkeys; i++)
-		if (strcmp(gw->keys[i].id, id) == 0)
+		if (strcmp(gw->keys[i].line.id, id) == 0)
 			return &gw->keys[i];
 	return NULL;
 }
@@ -249,7 +249,7 @@ static enum stk_s3_err authenticate(struct stk_s3_req *r)
 					    "A signed header is missing, or host is not signed.")
 				     : STK_S3_ERR_SLOW_DOWN;
 	}
-	stk_s3_signing_key(key->secret, &r->auth, r->skey);
+	stk_s3_signing_key(key->line.secret, &r->auth, r->skey);
 	stk_s3_signature(r->skey, r->amz_date, &r->auth, canon.p, canon.len, sig);
 	if (!stk_s3_secure_eq(sig, r->auth.signature)) {
 		stk_debug("s3 %s: signature mismatch; canonical request:\n%s", r->reqid, canon.p);
@@ -257,6 +257,8 @@ static enum stk_s3_err authenticate(struct stk_s3_req *r)
 		return STK_S3_ERR_SIGNATURE_MISMATCH;
 	}
 	stk_s3_buf_free(&canon);
+	r->key = key;
+	stk_s3_store_as(key->line.has_ids ? &key->cred : NULL);
 	memcpy(r->prev_sig, sig, sizeof(r->prev_sig));
 
 	if (strcmp(payload, "UNSIGNED-PAYLOAD") == 0) {
@@ -876,10 +878,16 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *conn, const cha
 			       const char *method, const char *version, const char *upload_data,
 			       size_t *upload_data_size, void **con_cls)
 {
+	struct stk_s3_req *r = *con_cls;
 	uint64_t t0 = loop_enter();
-	enum MHD_Result ret = handler_in_loop(cls, conn, url, method, version, upload_data,
-					      upload_data_size, con_cls);
+	enum MHD_Result ret;
 
+	/* this request's user, for every namespace call it makes (authenticate sets it
+	 * on the first call) */
+	stk_s3_store_as(r && r->key && r->key->line.has_ids ? &r->key->cred : NULL);
+	ret = handler_in_loop(cls, conn, url, method, version, upload_data, upload_data_size,
+			      con_cls);
+	stk_s3_store_as(NULL);
 	loop_leave(t0);
 	return ret;
 }
@@ -976,9 +984,11 @@ static void completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 		stk_info("s3 %s %s %s: client went away after %llu body bytes; nothing stored",
 			 r->reqid, r->method ? r->method : "-", r->t.path,
 			 (unsigned long long)r->raw_len);
+	stk_s3_store_as(r->key && r->key->line.has_ids ? &r->key->cred : NULL);
 	stk_s3_tmp_discard(r->gw, &r->tmp);
 	if (r->file)
 		stk_s3_obj_release(r->gw, r->file);
+	stk_s3_store_as(NULL);
 	EVP_MD_CTX_free(r->sha);
 	EVP_MD_CTX_free(r->chunk_sha);
 	EVP_MD_CTX_free(r->md5);

@@ -497,6 +497,8 @@ static enum stk_s3_err op_list_buckets(struct stk_s3_req *r)
 	xml_open(r, "ListAllMyBucketsResult");
 	stk_s3_buf_str(&r->out, STK_S3_OWNER "<Buckets>");
 	for (unsigned i = 0; i < n; i++) {
+		if (!r->key || stk_s3_keyline_access(&r->key->line, b[i].name) < 1)
+			continue; /* another user's */
 		stk_s3_buf_str(&r->out, "<Bucket>");
 		stk_s3_buf_elem(&r->out, "Name", b[i].name);
 		put_date(&r->out, "CreationDate", b[i].ctime);
@@ -1001,6 +1003,8 @@ static enum stk_s3_err open_source(struct stk_s3_req *r, struct stk_ll_attr *sb,
 	e = copy_source(r, sbucket, skey);
 	if (e)
 		return e;
+	if (!r->key || stk_s3_keyline_access(&r->key->line, sbucket) < 1)
+		return STK_S3_ERR_ACCESS_DENIED;
 	rc = stk_s3_bucket_lookup(r->gw, sbucket, sb);
 	if (rc)
 		return rc == -ENOENT ? STK_S3_ERR_NO_SUCH_BUCKET
@@ -1685,9 +1689,51 @@ static enum stk_s3_err run(struct stk_s3_req *r)
 	}
 }
 
+/*
+ * Whether the request's key may run its operation (docs/s3.md, "Users"): reads
+ * of a bucket and its objects need read access to it, anything that changes one
+ * (making or removing the bucket included) read and write. ListBuckets lists what
+ * the key may read (op_list_buckets).
+ */
+static enum stk_s3_err authorize(struct stk_s3_req *r)
+{
+	int need;
+
+	if (!r->key)
+		return STK_S3_ERR_ACCESS_DENIED;
+	switch (r->op) {
+	case STK_S3_OP_LIST_BUCKETS:
+		return STK_S3_OK;
+	case STK_S3_OP_HEAD_BUCKET:
+	case STK_S3_OP_GET_LOCATION:
+	case STK_S3_OP_GET_VERSIONING:
+	case STK_S3_OP_GET_ACL:
+	case STK_S3_OP_LIST_OBJECTS:
+	case STK_S3_OP_LIST_OBJECTS_V2:
+	case STK_S3_OP_LIST_UPLOADS:
+	case STK_S3_OP_GET_OBJECT:
+	case STK_S3_OP_HEAD_OBJECT:
+	case STK_S3_OP_LIST_PARTS:
+		need = 1;
+		break;
+	default:
+		need = 2;
+		break;
+	}
+	if (stk_s3_keyline_access(&r->key->line, r->t.bucket) >= need)
+		return STK_S3_OK;
+	stk_info("s3 %s: %s on bucket %s refused to user %s", r->reqid, stk_s3_op_name(r->op),
+		 r->t.bucket, r->key->line.user);
+	return STK_S3_ERR_ACCESS_DENIED;
+}
+
 enum stk_s3_err stk_s3_op_begin(struct stk_s3_req *r)
 {
+	enum stk_s3_err e = authorize(r);
 	int rc;
+
+	if (e)
+		return e;
 
 	if (r->op != STK_S3_OP_LIST_BUCKETS && r->op != STK_S3_OP_CREATE_BUCKET) {
 		rc = stk_s3_bucket_lookup(r->gw, r->t.bucket, &r->bucket);

@@ -1732,3 +1732,178 @@ int stk_s3_base64_decode(const char *in, void *out, size_t outlen)
 	}
 	return (int)o;
 }
+
+/* ---- access keys and users ---- */
+
+static int keyfield_ok(const char *s, size_t n, size_t max)
+{
+	if (n == 0 || n > max)
+		return 0;
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)s[i] <= ' ' || (unsigned char)s[i] >= 0x7f)
+			return 0;
+	return 1;
+}
+
+static int keyline_u32(const char *v, size_t n, uint32_t *out)
+{
+	uint64_t x = 0;
+
+	if (n == 0 || n > 10)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		if (v[i] < '0' || v[i] > '9')
+			return -EINVAL;
+		x = x * 10 + (uint64_t)(v[i] - '0');
+	}
+	if (x > UINT32_MAX)
+		return -EINVAL;
+	*out = (uint32_t)x;
+	return 0;
+}
+
+/* "B1:rw,B2:ro,*:ro" into k's buckets. */
+static int keyline_buckets(const char *v, size_t n, struct stk_s3_keyline *k)
+{
+	size_t i = 0;
+
+	while (i < n) {
+		size_t j = i, colon;
+		struct stk_s3_user_bucket *b;
+
+		while (j < n && v[j] != ',')
+			j++;
+		colon = i;
+		while (colon < j && v[colon] != ':')
+			colon++;
+		if (colon == i || colon >= j || colon - i > STK_S3_BUCKET_MAX)
+			return -EINVAL;
+		if (k->nbuckets == STK_S3_USER_BUCKETS)
+			return -E2BIG;
+		b = &k->buckets[k->nbuckets];
+		memcpy(b->name, v + i, colon - i);
+		b->name[colon - i] = 0;
+		if (strcmp(b->name, "*") != 0 && stk_s3_bucket_check(b->name))
+			return -EINVAL;
+		if (j - colon - 1 == 2 && memcmp(v + colon + 1, "rw", 2) == 0)
+			b->rw = 1;
+		else if (j - colon - 1 == 2 && memcmp(v + colon + 1, "ro", 2) == 0)
+			b->rw = 0;
+		else
+			return -EINVAL;
+		k->nbuckets++;
+		i = j + 1;
+		if (j < n && i == n)
+			return -EINVAL; /* a trailing comma */
+	}
+	return 0;
+}
+
+int stk_s3_keyline_parse(const char *line, size_t n, struct stk_s3_keyline *out)
+{
+	struct stk_s3_keyline k;
+	const char *f[8];
+	size_t fl[8], i = 0;
+	unsigned nf = 0;
+	int rc;
+
+	while (i < n) {
+		while (i < n && (line[i] == ' ' || line[i] == '\t' || line[i] == '\r'))
+			i++;
+		if (i == n || line[i] == '#')
+			break;
+		if (nf == 8)
+			return -EINVAL;
+		f[nf] = line + i;
+		while (i < n && line[i] != ' ' && line[i] != '\t' && line[i] != '\r')
+			i++;
+		fl[nf] = (size_t)(line + i - f[nf]);
+		nf++;
+	}
+	if (nf == 0)
+		return 1;
+	if (nf < 2 || !keyfield_ok(f[0], fl[0], 128) || !keyfield_ok(f[1], fl[1], 128))
+		return -EINVAL;
+	memset(&k, 0, sizeof(k));
+	memcpy(k.id, f[0], fl[0]);
+	memcpy(k.secret, f[1], fl[1]);
+	for (unsigned j = 2; j < nf; j++) {
+		const char *eq = memchr(f[j], '=', fl[j]);
+		size_t kl, vl;
+		const char *v;
+
+		if (!eq)
+			return -EINVAL;
+		kl = (size_t)(eq - f[j]);
+		v = eq + 1;
+		vl = fl[j] - kl - 1;
+		if (kl == 4 && memcmp(f[j], "user", 4) == 0 && keyfield_ok(v, vl, STK_S3_USER_MAX)) {
+			memcpy(k.user, v, vl);
+			k.user[vl] = 0;
+		} else if (kl == 3 && memcmp(f[j], "uid", 3) == 0) {
+			if (keyline_u32(v, vl, &k.uid))
+				return -EINVAL;
+			k.has_ids |= 1;
+		} else if (kl == 3 && memcmp(f[j], "gid", 3) == 0) {
+			if (keyline_u32(v, vl, &k.gid))
+				return -EINVAL;
+			k.has_ids |= 2;
+		} else if (kl == 7 && memcmp(f[j], "buckets", 7) == 0) {
+			rc = keyline_buckets(v, vl, &k);
+			if (rc)
+				return rc;
+		} else {
+			return -EINVAL;
+		}
+	}
+	/* options make a user's key: it needs a name; ids come in pairs */
+	if ((nf > 2 && !k.user[0]) || (k.has_ids && k.has_ids != 3))
+		return -EINVAL;
+	*out = k;
+	return 0;
+}
+
+int stk_s3_keyline_format(const struct stk_s3_keyline *k, char *out, size_t len)
+{
+	size_t n;
+	int w = snprintf(out, len, "%s %s", k->id, k->secret);
+
+	if (w < 0 || (size_t)w >= len)
+		return -E2BIG;
+	n = (size_t)w;
+	if (k->user[0]) {
+		w = snprintf(out + n, len - n, " user=%s", k->user);
+		if (w < 0 || (size_t)w >= len - n)
+			return -E2BIG;
+		n += (size_t)w;
+	}
+	if (k->has_ids) {
+		w = snprintf(out + n, len - n, " uid=%u gid=%u", k->uid, k->gid);
+		if (w < 0 || (size_t)w >= len - n)
+			return -E2BIG;
+		n += (size_t)w;
+	}
+	for (unsigned i = 0; i < k->nbuckets; i++) {
+		w = snprintf(out + n, len - n, "%s%s:%s", i ? "," : " buckets=", k->buckets[i].name,
+			     k->buckets[i].rw ? "rw" : "ro");
+		if (w < 0 || (size_t)w >= len - n)
+			return -E2BIG;
+		n += (size_t)w;
+	}
+	return (int)n;
+}
+
+int stk_s3_keyline_access(const struct stk_s3_keyline *k, const char *bucket)
+{
+	int any = 0;
+
+	if (!k->user[0])
+		return 2;
+	for (unsigned i = 0; i < k->nbuckets; i++) {
+		if (strcmp(k->buckets[i].name, bucket) == 0)
+			return k->buckets[i].rw ? 2 : 1;
+		if (strcmp(k->buckets[i].name, "*") == 0)
+			any = k->buckets[i].rw ? 2 : 1;
+	}
+	return any;
+}

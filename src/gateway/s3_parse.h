@@ -322,6 +322,50 @@ int stk_s3_record_decode(const char *in, size_t n, struct stk_s3_record *r);
  */
 int stk_s3_record_add_header(struct stk_s3_record *r, const char *name, const char *value);
 
+/* ---- access keys and users (docs/s3.md, "Users") ---- */
+
+#define STK_S3_USER_MAX 32	/* a user's name */
+#define STK_S3_USER_BUCKETS 32	/* buckets a user is given */
+
+/* A bucket a user may use: rw 1 to read and write, 0 to read; name "*": any bucket. */
+struct stk_s3_user_bucket {
+	char name[STK_S3_BUCKET_MAX + 1];
+	uint8_t rw;
+};
+
+/*
+ * One line of a keys file: "ACCESS_KEY SECRET", the gateway's own key (any bucket,
+ * acting as the gateway), or a user's, with options after the secret:
+ *   user=NAME uid=U gid=G buckets=B1:rw,B2:ro,...
+ * user= makes the key a user's, confined to its buckets (none given: none), acting
+ * as uid/gid when given (else as the gateway). Fields are printable, no spaces;
+ * keys and secrets at most 128 bytes.
+ */
+struct stk_s3_keyline {
+	char id[129];
+	char secret[129];
+	char user[STK_S3_USER_MAX + 1]; /* "": the gateway's own key */
+	int has_ids;
+	uint32_t uid, gid;
+	unsigned nbuckets;
+	struct stk_s3_user_bucket buckets[STK_S3_USER_BUCKETS];
+};
+
+/*
+ * Parses one line (n bytes, no newline needed) into *out: 0, 1 for a blank or '#'
+ * line (out untouched), -EINVAL (malformed: a field, an unknown option, a bad
+ * bucket name or access), -E2BIG (too many buckets).
+ */
+int stk_s3_keyline_parse(const char *line, size_t n, struct stk_s3_keyline *out);
+/* Writes k as a keys-file line (no newline) into out: its length, or -E2BIG. */
+int stk_s3_keyline_format(const struct stk_s3_keyline *k, char *out, size_t len);
+/*
+ * What key k may do with bucket: 2 read and write, 1 read, 0 nothing. The
+ * gateway's own key (no user) may do anything; a user's key what its most
+ * specific entry says (the bucket's own, else "*").
+ */
+int stk_s3_keyline_access(const struct stk_s3_keyline *k, const char *bucket);
+
 /* ---- tokens ---- */
 
 /* Standard base64 with padding. Returns the length written (NUL added) or -E2BIG. */

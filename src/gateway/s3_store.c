@@ -65,9 +65,17 @@ void stk_s3_random_hex(char *out, size_t nbytes)
 	stk_s3_hex(b, nbytes, out);
 }
 
+/* Who this thread's namespace calls act as (s3.h, stk_s3_store_as): NULL, the gateway. */
+static __thread const struct stk_ll_cred *as_cred;
+
+void stk_s3_store_as(const struct stk_ll_cred *cred)
+{
+	as_cred = cred;
+}
+
 static int lookup(struct stk_s3_gw *gw, uint64_t parent, const char *name, struct stk_ll_attr *a)
 {
-	return stk_ll_lookup(gw->c, NULL, parent, name, a);
+	return stk_ll_lookup(gw->c, as_cred, parent, name, a);
 }
 
 /* Looks a directory up, making it when missing; -ENOTDIR if a non-folder is there. */
@@ -76,7 +84,7 @@ static int ensure_dir(struct stk_s3_gw *gw, uint64_t parent, const char *name, s
 	int rc = lookup(gw, parent, name, out);
 
 	if (rc == -ENOENT) {
-		rc = stk_ll_mkdir(gw->c, NULL, parent, name, 0755, out);
+		rc = stk_ll_mkdir(gw->c, as_cred, parent, name, 0755, out);
 		if (rc == -EEXIST)
 			rc = lookup(gw, parent, name, out);
 	}
@@ -172,7 +180,7 @@ static int read_record_at(struct stk_s3_gw *gw, uint64_t dir, const char *name,
 		return rc;
 	if (!S_ISLNK(a.mode))
 		return -ENOENT;
-	rc = stk_ll_readlink(gw->c, NULL, a.ino, buf, sizeof(buf));
+	rc = stk_ll_readlink(gw->c, as_cred, a.ino, buf, sizeof(buf));
 	if (rc)
 		return rc;
 	return stk_s3_record_decode(buf, strlen(buf), r);
@@ -186,7 +194,7 @@ static int read_record_at(struct stk_s3_gw *gw, uint64_t dir, const char *name,
 static int xattr_record_get(struct stk_s3_gw *gw, uint64_t ino, struct stk_s3_record *r)
 {
 	char buf[STK_S3_RECORD_MAX + 1];
-	long n = stk_ll_getxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, sizeof(buf) - 1);
+	long n = stk_ll_getxattr(gw->c, as_cred, ino, STK_S3_XATTR, buf, sizeof(buf) - 1);
 
 	if (n == -ERANGE)
 		return -EINVAL; /* longer than any record we write: not ours */
@@ -203,7 +211,7 @@ static int xattr_record_set(struct stk_s3_gw *gw, uint64_t ino, const struct stk
 
 	if (n < 0)
 		return n;
-	return stk_ll_setxattr(gw->c, NULL, ino, STK_S3_XATTR, buf, (size_t)n, 0);
+	return stk_ll_setxattr(gw->c, as_cred, ino, STK_S3_XATTR, buf, (size_t)n, 0);
 }
 
 /* ---- the bucket cache ---- */
@@ -324,13 +332,33 @@ int stk_s3_bucket_lookup(struct stk_s3_gw *gw, const char *bucket, struct stk_ll
 	return rc;
 }
 
+/*
+ * A bucket is made in the gateway's root folder as the gateway, then given to the
+ * user whose request made it (when its key names ids), so that what the user
+ * stores in it is the user's and other users' requests meet its permissions.
+ */
 int stk_s3_bucket_create(struct stk_s3_gw *gw, const char *bucket)
 {
-	struct stk_ll_attr a;
+	struct stk_ll_attr a, owner;
+	int rc;
 
 	if (stk_s3_bucket_check(bucket))
 		return -EINVAL;
-	return stk_ll_mkdir(gw->c, NULL, gw->root_ino, bucket, 0755, &a);
+	rc = stk_ll_mkdir(gw->c, NULL, gw->root_ino, bucket, 0755, &a);
+	if (rc || !as_cred)
+		return rc;
+	memset(&owner, 0, sizeof(owner));
+	owner.uid = as_cred->uid;
+	owner.gid = as_cred->gid;
+	rc = stk_ll_setattr(gw->c, NULL, a.ino, STK_LL_SETATTR_UID | STK_LL_SETATTR_GID, &owner,
+			    NULL);
+	if (rc) {
+		stk_warn("s3: bucket %s: cannot give it to uid %u gid %u (%s): removed; the "
+			 "gateway must run as root to give buckets to users",
+			 bucket, owner.uid, owner.gid, strerror(-rc));
+		stk_ll_rmdir(gw->c, NULL, gw->root_ino, bucket);
+	}
+	return rc;
 }
 
 struct dent {
@@ -395,7 +423,7 @@ static int read_dir(struct stk_s3_gw *gw, uint64_t ino, int all, int hide, struc
 	while (!eof) {
 		uint32_t k = 0;
 		rc =
-		    stk_ll_readdir(gw->c, NULL, ino, cookie, STK_S3_READDIR_BATCH, ents, &k, &eof);
+		    stk_ll_readdir(gw->c, as_cred, ino, cookie, STK_S3_READDIR_BATCH, ents, &k, &eof);
 		if (rc)
 			goto out;
 		for (uint32_t i = 0; i < k; i++) {
@@ -455,7 +483,7 @@ static int rm_rf(struct stk_s3_gw *gw, uint64_t parent, const char *name, int de
 	if (rc)
 		return rc == -ENOENT ? 0 : rc;
 	if (!S_ISDIR(a.mode))
-		return stk_ll_unlink(gw->c, NULL, parent, name);
+		return stk_ll_unlink(gw->c, as_cred, parent, name);
 	if (depth > 600)
 		return -ELOOP;
 	rc = read_dir(gw, a.ino, 1, 0, &d, &n);
@@ -465,7 +493,7 @@ static int rm_rf(struct stk_s3_gw *gw, uint64_t parent, const char *name, int de
 		rc = rm_rf(gw, a.ino, d[i].name, depth + 1);
 	dents_free(d, n);
 	if (!rc)
-		rc = stk_ll_rmdir(gw->c, NULL, parent, name);
+		rc = stk_ll_rmdir(gw->c, as_cred, parent, name);
 	return rc == -ENOENT ? 0 : rc;
 }
 
@@ -484,7 +512,7 @@ static void move_entries(struct stk_s3_gw *gw, uint64_t src, uint64_t dst, int d
 		return;
 	for (unsigned i = 0; i < n; i++) {
 		struct stk_ll_attr there;
-		int rc = stk_ll_rename(gw->c, NULL, src, d[i].name, dst, d[i].name, 0);
+		int rc = stk_ll_rename(gw->c, as_cred, src, d[i].name, dst, d[i].name, 0);
 		if ((rc == -ENOTEMPTY || rc == -EEXIST) && d[i].dir && depth < 2 &&
 		    lookup(gw, dst, d[i].name, &there) == 0 && S_ISDIR(there.mode))
 			move_entries(gw, d[i].ino, there.ino, depth + 1);
@@ -504,7 +532,21 @@ static void move_entries(struct stk_s3_gw *gw, uint64_t src, uint64_t dst, int d
  * inode into the bucket (making the rmdir fail) or, once the bucket is gone,
  * fails; it never reports success for an object that was removed.
  */
+static int bucket_delete(struct stk_s3_gw *gw, const char *bucket);
+
+/* As the gateway: the bucket's folder and the trash are in its root folder. */
 int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket)
+{
+	const struct stk_ll_cred *user = as_cred;
+	int rc;
+
+	as_cred = NULL;
+	rc = bucket_delete(gw, bucket);
+	as_cred = user;
+	return rc;
+}
+
+static int bucket_delete(struct stk_s3_gw *gw, const char *bucket)
 {
 	char tname[sizeof(STK_S3_TRASH_PREFIX) + 32];
 	struct stk_ll_attr b, trash = {0};
@@ -529,24 +571,24 @@ int stk_s3_bucket_delete(struct stk_s3_gw *gw, const char *bucket)
 	if (n) {
 		memcpy(tname, STK_S3_TRASH_PREFIX, tl);
 		stk_s3_random_hex(tname + tl, 8);
-		rc = stk_ll_mkdir(gw->c, NULL, gw->root_ino, tname, 0700, &trash);
+		rc = stk_ll_mkdir(gw->c, as_cred, gw->root_ino, tname, 0700, &trash);
 		if (rc)
 			goto out;
 		have_trash = 1;
 	}
 	for (unsigned i = 0; i < n; i++) {
-		rc = stk_ll_rename(gw->c, NULL, b.ino, d[i].name, trash.ino, d[i].name, 0);
+		rc = stk_ll_rename(gw->c, as_cred, b.ino, d[i].name, trash.ino, d[i].name, 0);
 		if (rc == -ENOENT)
 			rc = 0; /* removed meanwhile (a sweep, an abort) */
 		if (rc)
 			break;
 	}
 	if (!rc)
-		rc = stk_ll_rmdir(gw->c, NULL, gw->root_ino, bucket);
+		rc = stk_ll_rmdir(gw->c, as_cred, gw->root_ino, bucket);
 	if (rc && have_trash) {
 		/* not empty after all (or a move failed): put everything back */
 		move_entries(gw, trash.ino, b.ino, 0);
-		if (stk_ll_rmdir(gw->c, NULL, gw->root_ino, tname))
+		if (stk_ll_rmdir(gw->c, as_cred, gw->root_ino, tname))
 			stk_warn("s3: bucket %s: could not put back all of %s", bucket, tname);
 		have_trash = 0;
 	}
@@ -586,7 +628,7 @@ int stk_s3_bucket_list(struct stk_s3_gw *gw, struct stk_s3_bucket_ent **out, uns
 		struct stk_ll_attr a;
 		if (!d[i].dir || stk_s3_bucket_check(d[i].name))
 			continue;
-		if (stk_ll_getattr(gw->c, NULL, d[i].ino, &a))
+		if (stk_ll_getattr(gw->c, as_cred, d[i].ino, &a))
 			continue; /* removed while listing */
 		snprintf(b[k].name, sizeof(b[k].name), "%s", d[i].name);
 		b[k].ctime = a.ctime_sec;
@@ -651,7 +693,7 @@ int stk_s3_obj_open(struct stk_s3_gw *gw, const struct stk_s3_obj *o, stk_file *
 	}
 	e->refs++;
 	pthread_mutex_unlock(&gw->open.lock);
-	rc = stk_ll_open(gw->c, NULL, &o->attr, O_RDONLY, out);
+	rc = stk_ll_open(gw->c, as_cred, &o->attr, O_RDONLY, out);
 	if (rc == -ENOENT && o->parent_ino)
 		rc = -ESTALE; /* the file was replaced or deleted since the lookup: look again */
 	if (!rc && o->parent_ino) {
@@ -821,7 +863,7 @@ static void prune(struct stk_s3_gw *gw, const struct stk_ll_attr *top, const cha
 	}
 	while (depth > 0) {
 		depth--;
-		if (stk_ll_rmdir(gw->c, NULL, inos[depth], names[depth]))
+		if (stk_ll_rmdir(gw->c, as_cred, inos[depth], names[depth]))
 			break;
 	}
 }
@@ -835,7 +877,7 @@ static void remove_record(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket
 		return;
 	if (walk_parent(gw, &meta, key, 0, &parent, last) || !last[0])
 		return;
-	if (stk_ll_unlink(gw->c, NULL, parent.ino, last) == 0)
+	if (stk_ll_unlink(gw->c, as_cred, parent.ino, last) == 0)
 		prune(gw, &meta, key);
 }
 
@@ -864,7 +906,7 @@ int stk_s3_obj_delete(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, co
 	}
 	if (rc)
 		return rc;
-	rc = stk_ll_unlink_keep(gw->c, NULL, parent.ino, last, &after, NULL);
+	rc = stk_ll_unlink_keep(gw->c, as_cred, parent.ino, last, &after, NULL);
 	if (rc == -ENOENT)
 		return 0;
 	if (rc)
@@ -903,16 +945,16 @@ int stk_s3_tmp_create(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, ui
 	}
 	t->name[0] = 'u';
 	stk_s3_random_hex(t->name + 1, 16);
-	rc = stk_ll_create(gw->c, NULL, dir_ino, t->name, S_IFREG | 0644, 1, &a, &created);
+	rc = stk_ll_create(gw->c, as_cred, dir_ino, t->name, S_IFREG | 0644, 1, &a, &created);
 	if (rc) {
 		t->name[0] = 0;
 		return rc;
 	}
 	t->dir_ino = dir_ino;
 	t->attr = a;
-	rc = stk_ll_open(gw->c, NULL, &a, O_WRONLY, &t->f);
+	rc = stk_ll_open(gw->c, as_cred, &a, O_WRONLY, &t->f);
 	if (rc) {
-		stk_ll_unlink(gw->c, NULL, dir_ino, t->name);
+		stk_ll_unlink(gw->c, as_cred, dir_ino, t->name);
 		t->name[0] = 0;
 		t->f = NULL;
 	}
@@ -944,7 +986,7 @@ int stk_s3_tmp_finish(struct stk_s3_gw *gw, struct stk_s3_tmp *t)
 	t->f = NULL;
 	if (rc)
 		return rc;
-	return stk_ll_getattr(gw->c, NULL, t->attr.ino, &t->attr);
+	return stk_ll_getattr(gw->c, as_cred, t->attr.ino, &t->attr);
 }
 
 void stk_s3_tmp_discard(struct stk_s3_gw *gw, struct stk_s3_tmp *t)
@@ -956,7 +998,7 @@ void stk_s3_tmp_discard(struct stk_s3_gw *gw, struct stk_s3_tmp *t)
 		t->f = NULL;
 	}
 	if (t->name[0]) {
-		stk_ll_unlink(gw->c, NULL, t->dir_ino, t->name);
+		stk_ll_unlink(gw->c, as_cred, t->dir_ino, t->name);
 		t->name[0] = 0;
 	}
 }
@@ -999,7 +1041,7 @@ int stk_s3_tmp_commit(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, st
 		if (!last[0])
 			return -EINVAL;
 		/* a folder at the key fails the rename with -EISDIR, replacing nothing */
-		rc = stk_ll_rename_keep(gw->c, NULL, t->dir_ino, t->name, parent.ino, last, 0,
+		rc = stk_ll_rename_keep(gw->c, as_cred, t->dir_ino, t->name, parent.ino, last, 0,
 					 &replaced);
 		if (rc == -ENOENT)
 			continue; /* a folder went away under us (a delete pruned it): walk again */
@@ -1051,7 +1093,7 @@ int stk_s3_sweep(struct stk_s3_gw *gw, int64_t max_age_s)
 		if (buckets[i].dir && strncmp(buckets[i].name, STK_S3_TRASH_PREFIX,
 					      strlen(STK_S3_TRASH_PREFIX)) == 0) {
 			/* the folders of a bucket whose delete a dead gateway left half done */
-			if (stk_ll_getattr(gw->c, NULL, buckets[i].ino, &up) == 0 &&
+			if (stk_ll_getattr(gw->c, as_cred, buckets[i].ino, &up) == 0 &&
 			    up.mtime_sec < cutoff &&
 			    rm_rf(gw, gw->root_ino, buckets[i].name, 0) == 0)
 				removed++;
@@ -1063,7 +1105,7 @@ int stk_s3_sweep(struct stk_s3_gw *gw, int64_t max_age_s)
 			continue;
 		for (unsigned j = 0; j < n; j++) {
 			struct stk_ll_attr a;
-			if (stk_ll_getattr(gw->c, NULL, d[j].ino, &a) || a.mtime_sec >= cutoff)
+			if (stk_ll_getattr(gw->c, as_cred, d[j].ino, &a) || a.mtime_sec >= cutoff)
 				continue;
 			if (rm_rf(gw, up.ino, d[j].name, 0) == 0)
 				removed++;
@@ -1153,7 +1195,7 @@ __attribute__((noinline)) static int push_file(struct lw *w, const char *k, size
 	struct stk_ll_attr a;
 	int have = 0;
 
-	if (stk_ll_getattr(w->gw->c, NULL, e->ino, &a))
+	if (stk_ll_getattr(w->gw->c, as_cred, e->ino, &a))
 		return 0; /* removed while listing */
 	for (int tries = 0; S_ISREG(a.mode) && w->o->want_etag; tries++) {
 		int rc = xattr_record_get(w->gw, a.ino, &r);
@@ -1221,7 +1263,7 @@ static int walk_dir(struct lw *w, const struct stk_ll_attr *dir, uint64_t meta_i
 			else if (!(after && *after && cmp_n(k, klen, after) <= 0)) {
 				struct stk_ll_attr a = *dir;
 				if (!a.mtime_sec)
-					stk_ll_getattr(w->gw->c, NULL, dir->ino, &a);
+					stk_ll_getattr(w->gw->c, as_cred, dir->ino, &a);
 				rc = push(w, k, klen, 0, &a, NULL);
 			}
 		}
@@ -1361,14 +1403,14 @@ int stk_s3_mpu_create(struct stk_s3_gw *gw, const struct stk_ll_attr *bucket, co
 	if (rc)
 		return rc;
 	stk_s3_random_hex(id, STK_S3_UPLOAD_ID_LEN / 2);
-	rc = stk_ll_mkdir(gw->c, NULL, root.ino, id, 0755, &dir);
+	rc = stk_ll_mkdir(gw->c, as_cred, root.ino, id, 0755, &dir);
 	if (rc)
 		return rc;
 	snprintf(r.key, sizeof(r.key), "%s", key);
 	r.mtime_sec = time(NULL);
 	rc = stk_s3_record_encode(&r, buf, sizeof(buf));
 	if (rc >= 0)
-		rc = stk_ll_symlink(gw->c, NULL, dir.ino, "info", buf, &a);
+		rc = stk_ll_symlink(gw->c, as_cred, dir.ino, "info", buf, &a);
 	if (rc < 0) {
 		rm_rf(gw, root.ino, id, 0);
 		return rc;
@@ -1414,7 +1456,7 @@ int stk_s3_mpu_put_part(struct stk_s3_gw *gw, const struct stk_ll_attr *dir, str
 	rc = xattr_record_set(gw, t->attr.ino, &r);
 	if (rc)
 		return rc;
-	rc = stk_ll_rename_keep(gw->c, NULL, t->dir_ino, t->name, dir->ino, pname, 0, &old);
+	rc = stk_ll_rename_keep(gw->c, as_cred, t->dir_ino, t->name, dir->ino, pname, 0, &old);
 	if (!rc) {
 		t->name[0] = 0;
 		drop_data(gw, &old);

@@ -316,11 +316,32 @@ static void fuzz_decode_key(const uint8_t *p, size_t n)
 		CHECK(memchr(p, 0, n) || memmem(p, n, "%00", 3));
 }
 
+/* A keys-file line: parsed, formatted and parsed again to the same key. */
+static void fuzz_keyline(const uint8_t *data, size_t size)
+{
+	struct stk_s3_keyline k, k2;
+	char out[8192], again[8192];
+	int n, n2;
+
+	if (stk_s3_keyline_parse((const char *)data, size, &k) != 0)
+		return;
+	(void)stk_s3_keyline_access(&k, "bucket");
+	n = stk_s3_keyline_format(&k, out, sizeof(out));
+	if (n < 0)
+		return;
+	if (stk_s3_keyline_parse(out, (size_t)n, &k2) != 0)
+		abort();
+	n2 = stk_s3_keyline_format(&k2, again, sizeof(again));
+	if (n2 != n || memcmp(out, again, (size_t)n) != 0 ||
+	    stk_s3_keyline_access(&k, "bucket") != stk_s3_keyline_access(&k2, "bucket"))
+		abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	if (size == 0)
 		return 0;
-	switch (data[0] % 10) {
+	switch (data[0] % 11) {
 	case 0:
 		fuzz_target(data + 1, size - 1);
 		break;
@@ -343,6 +364,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		break;
 	case 8:
 		fuzz_base64(data + 1, size - 1);
+		break;
+	case 9:
+		fuzz_keyline(data + 1, size - 1);
 		break;
 	default:
 		fuzz_decode_key(data + 1, size - 1);

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import http.client
 import os
+import re
 import shutil
 import signal
 import socket
@@ -39,11 +40,11 @@ AWS = "/usr/bin/aws"  # Debian's awscli, whatever comes first on PATH
 class Gateway:
     """A `stoker gateway s3` on a free port, logging to a file."""
 
-    def __init__(self, cluster, tmp_path, extra=(), tls=None):
+    def __init__(self, cluster, tmp_path, extra=(), tls=None, keys_text=None):
         self.cluster = cluster
         self.port = free_port()
         self.keys = tmp_path / "s3keys"
-        self.keys.write_text("# test keys\n%s %s\n%s %s\n" % (AK, SK, AK2, SK2))
+        self.keys.write_text(keys_text or "# test keys\n%s %s\n%s %s\n" % (AK, SK, AK2, SK2))
         os.chmod(self.keys, 0o600)
         self.logfile = str(tmp_path / ("gateway-%d.log" % self.port))
         self.scheme = "https" if tls else "http"
@@ -1879,3 +1880,75 @@ def test_oversized_headers_refused(gateway, s3):
         # keeps pushing); either way nothing of it reached the S3 code
         assert status.startswith(b"HTTP/1.1 431") or status == b"", status
     assert s3.get_object(Bucket="bkt", Key="k")["Body"].read() == b"fine"
+
+
+# ---- users ----
+
+def test_users_are_confined_to_their_buckets(cluster, tmp_path):
+    """`stoker admin s3-user add`: each user's key reaches its own buckets only
+    (listing, reading, writing, copying, deleting), read-only where given so, and
+    acts as its uid/gid in the file system; the gateway's own key reaches all."""
+    kf = tmp_path / "users.keys"
+
+    def add(*args):
+        out = run([STOKER, "admin", "s3-user", "add", *args, "--keys", str(kf)]).stdout.decode()
+        return (re.search(r"access key (\S+)", out).group(1),
+                re.search(r"secret key (\S+)", out).group(1))
+    alice = add("alice", "--uid", "1000", "--gid", "1000", "--bucket", "alpha",
+                "--bucket", "shared:ro")
+    bob = add("bob", "--bucket", "beta:rw")
+    assert oct(os.stat(kf).st_mode & 0o777) == "0o600"
+    ls = run([STOKER, "admin", "s3-user", "ls", "--keys", str(kf)]).stdout.decode()
+    assert "alpha:rw,shared:ro" in ls and "beta:rw" in ls and alice[1] not in ls, ls
+    p = run([STOKER, "admin", "s3-user", "add", "bob", "--keys", str(kf)], check=False)
+    assert p.returncode == 1 and b"already has a user bob" in p.stderr
+    p = run([STOKER, "admin", "s3-user", "add", "eve", "--bucket", "Bad_Name", "--keys",
+             str(kf)], check=False)
+    assert p.returncode == 2 and b"is not a bucket name" in p.stderr
+
+    gw = Gateway(cluster, tmp_path, keys_text="%s %s\n%s" % (AK, SK, kf.read_text()))
+    try:
+        admin, a, b = gw.client(), gw.client(*alice), gw.client(*bob)
+        admin.create_bucket(Bucket="shared")
+        admin.put_object(Bucket="shared", Key="readme", Body=b"for everyone")
+        a.create_bucket(Bucket="alpha")
+        a.put_object(Bucket="alpha", Key="x", Body=b"alice's")
+        b.create_bucket(Bucket="beta")
+        b.put_object(Bucket="beta", Key="y", Body=b"bob's")
+
+        def names(c):
+            return sorted(x["Name"] for x in c.list_buckets()["Buckets"])
+        assert names(a) == ["alpha", "shared"]
+        assert names(b) == ["beta"]
+        assert names(admin) == ["alpha", "beta", "shared"]
+        assert a.get_object(Bucket="shared", Key="readme")["Body"].read() == b"for everyone"
+        assert b.get_object(Bucket="beta", Key="y")["Body"].read() == b"bob's"
+        refused = [
+            lambda: a.create_bucket(Bucket="gamma"),
+            lambda: a.get_object(Bucket="beta", Key="y"),
+            lambda: a.head_object(Bucket="beta", Key="y"),
+            lambda: a.list_objects_v2(Bucket="beta"),
+            lambda: a.put_object(Bucket="shared", Key="z", Body=b"no"),
+            lambda: a.delete_object(Bucket="shared", Key="readme"),
+            lambda: a.delete_bucket(Bucket="beta"),
+            lambda: b.get_object(Bucket="alpha", Key="x"),
+            lambda: b.copy_object(Bucket="beta", Key="c", CopySource={"Bucket": "alpha",
+                                                                      "Key": "x"}),
+            lambda: b.create_multipart_upload(Bucket="shared", Key="m"),
+        ]
+        for i, call in enumerate(refused):
+            with pytest.raises(ClientError) as e:
+                call()
+            # HEAD has no body: only its status says so
+            assert code(e)[1] == 403 and code(e)[0] in ("AccessDenied", "403"), (i, code(e))
+        # nothing the refused calls aimed at changed
+        assert admin.get_object(Bucket="shared", Key="readme")["Body"].read() == b"for everyone"
+        assert "Contents" not in admin.list_objects_v2(Bucket="beta", Prefix="c")
+        # alice's bucket and object are hers in the file system; bob's, the gateway's
+        env = dict(os.environ, STOKER_CLUSTER=cluster.url)
+        for path, uid in (("/alpha", 1000), ("/alpha/x", 1000), ("/beta/y", os.getuid())):
+            st = run([STOKER, "stat", path], env=env).stdout.decode()
+            assert re.search(r"Uid: %d\b" % uid, st), (path, st)
+        assert run([STOKER, "cat", "/alpha/x"], env=env).stdout == b"alice's"
+    finally:
+        gw.stop()
