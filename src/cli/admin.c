@@ -26,27 +26,46 @@
 #include "../common/util.h"
 #include "../gateway/s3_parse.h"
 
+/*
+ * The arguments of an admin command on one id: ID [--cluster ADDR] [FLAG]. flag
+ * (NULL for none) is an option without a value that sets *flag_set. 0, or the
+ * exit code to return after saying what is wrong (what: the command; of: what the
+ * id names, as `stoker status` shows it).
+ */
+static int id_args(int argc, char **argv, const char *what, const char *of,
+		   const char **cluster, uint64_t *id, const char *flag, int *flag_set)
+{
+	int have = 0;
+
+	for (int i = 2; i < argc; i++) {
+		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
+			*cluster = argv[++i];
+		} else if (flag && strcmp(argv[i], flag) == 0) {
+			*flag_set = 1;
+		} else if (!have && stk_parse_u64(argv[i], id) == 0 && *id && *id <= UINT32_MAX) {
+			have = 1;
+		} else {
+			cli_err("admin", "%s: unexpected argument '%s'", what, argv[i]);
+			return cli_usage("admin");
+		}
+	}
+	if (!have) {
+		cli_err("admin", "%s needs %s", what, of);
+		return cli_usage("admin");
+	}
+	return 0;
+}
+
 static int remove_node(int argc, char **argv)
 {
 	const char *cluster = NULL;
 	uint64_t id = 0;
 	uint32_t replaced = 0, kept = 0;
-	int rc, have = 0;
+	int rc = id_args(argc, argv, "remove-node", "a storage node's id (`stoker status`, Nodes)",
+			 &cluster, &id, NULL, NULL);
 
-	for (int i = 2; i < argc; i++) {
-		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
-			cluster = argv[++i];
-		} else if (!have && stk_parse_u64(argv[i], &id) == 0 && id && id <= UINT32_MAX) {
-			have = 1;
-		} else {
-			cli_err("admin", "remove-node: unexpected argument '%s'", argv[i]);
-			return cli_usage("admin");
-		}
-	}
-	if (!have) {
-		cli_err("admin", "remove-node needs a storage node's id (`stoker status`, Nodes)");
-		return cli_usage("admin");
-	}
+	if (rc)
+		return rc;
 	rc = stk_cluster_remove_node(cluster, (uint32_t)id, &replaced, &kept);
 	if (rc == -ENOENT) {
 		cli_err("admin", "remove-node: the cluster has no storage node %llu",
@@ -81,22 +100,11 @@ static int drain_node(int argc, char **argv, int drain)
 	const char *cluster = NULL, *what = drain ? "drain-node" : "undrain-node";
 	uint64_t id = 0;
 	uint32_t members = 0;
-	int rc, have = 0;
+	int rc = id_args(argc, argv, what, "a storage node's id (`stoker status`, Nodes)",
+			 &cluster, &id, NULL, NULL);
 
-	for (int i = 2; i < argc; i++) {
-		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
-			cluster = argv[++i];
-		} else if (!have && stk_parse_u64(argv[i], &id) == 0 && id && id <= UINT32_MAX) {
-			have = 1;
-		} else {
-			cli_err("admin", "%s: unexpected argument '%s'", what, argv[i]);
-			return cli_usage("admin");
-		}
-	}
-	if (!have) {
-		cli_err("admin", "%s needs a storage node's id (`stoker status`, Nodes)", what);
-		return cli_usage("admin");
-	}
+	if (rc)
+		return rc;
 	rc = stk_cluster_drain_node(cluster, (uint32_t)id, drain, &members);
 	if (rc == -ENOENT) {
 		cli_err("admin", "%s: the cluster has no storage node %llu", what,
@@ -128,24 +136,12 @@ static int accept_loss(int argc, char **argv)
 	const char *cluster = NULL;
 	uint64_t id = 0;
 	uint32_t kept = 0, dropped = 0, added = 0;
-	int rc, have = 0, sure = 0;
+	int sure = 0;
+	int rc = id_args(argc, argv, "accept-loss", "a chain's id (`stoker status`, Chains)",
+			 &cluster, &id, "--yes-lose-data", &sure);
 
-	for (int i = 2; i < argc; i++) {
-		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
-			cluster = argv[++i];
-		} else if (strcmp(argv[i], "--yes-lose-data") == 0) {
-			sure = 1;
-		} else if (!have && stk_parse_u64(argv[i], &id) == 0 && id && id <= UINT32_MAX) {
-			have = 1;
-		} else {
-			cli_err("admin", "accept-loss: unexpected argument '%s'", argv[i]);
-			return cli_usage("admin");
-		}
-	}
-	if (!have) {
-		cli_err("admin", "accept-loss needs a chain's id (`stoker status`, Chains)");
-		return cli_usage("admin");
-	}
+	if (rc)
+		return rc;
 	if (!sure) {
 		cli_err("admin",
 			"accept-loss gives up chain %llu's newest copy for good: changes only it "
