@@ -12,7 +12,7 @@
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
  * bench_loader.c `bench loader` (dispatched from bench.c)
  * ../fuse/  `mount` and `umount` (the FUSE daemon)
- * ../gateway/  `gateway s3` (the S3 gateway)
+ * ../gateway/  `gateway s3` (the S3 gateway), `gateway nfs` and `gateway smb`
  */
 #ifndef STK_CLI_H
 #define STK_CLI_H
@@ -52,8 +52,11 @@
 	X(gateway, cmd_gateway,                                                                 \
 	  "gateway s3 --cluster stk://HOST:PORT --listen ADDR:PORT [--tls-cert F --tls-key F] "  \
 	  "[--keys FILE] [--root /DIR] [--region R] [--threads N] [--domain D] [--metrics A:P] "    \
-	  "[--key-file F]", \
-	  "serve the namespace over the S3 API (docs/s3.md)")                                    \
+	  "[--key-file F] | gateway nfs --cluster stk://HOST:PORT [--export /DIR] "                \
+	  "[--listen ADDR:PORT] [--mount-port P] [--protocols 3,4] [--clients LIST] [--ro] "      \
+	  "[--no-root-squash | --all-squash] [--anon-uid N] [--anon-gid N] [--grace S] [--state DIR] "        \
+	  "[--metrics A:P]", \
+	  "serve the namespace over S3 (docs/s3.md), NFS (docs/nfs-smb.md)")                      \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH] | bench loader [--preset image|segmentation] PATH", \
 	  "measure throughput, IOPS and latency; `bench loader`: accelerators kept busy (MLPerf Storage)") \
 	X(plan, cmd_plan, "plan [--dataset SIZE] [--expand F] [--no-raw] [--growth PCT --years N] [--checkpoint SIZE] [--keep N] [--scratch SIZE] [--overhead F] [--replicas R | --ec K+M] [--gpus N] [--sample SIZE] [--rate N] [--save-within S] [--node-capacity SIZE] [--node-read SIZE] [--node-write SIZE] [--node-iops N] [--fill F] [--json]", \
