@@ -1335,8 +1335,20 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_ll_cred *cr, struct st
 		return 1;
 	if (dh->have && idx == dh->start + dh->n && dh->eof)
 		return 0;
-	if (idx >= dh->ncookies)
-		return 0; /* an offset this handle never gave out */
+	/*
+	 * An offset this handle never gave out: another handle of the folder did. A
+	 * file server on the mount (Ganesha) opens the folder again for each chunk of
+	 * a listing and seeks to where the last one stopped, so walk there from the
+	 * last position this handle knows. Positions count entries in meta's order, so
+	 * they hold across handles while the folder does not change.
+	 */
+	while (idx >= dh->ncookies) {
+		rc = dir_fill(fs, cr, dh, dh->ncookies - 1);
+		if (rc <= 0)
+			return rc;
+		if (dh->eof && idx >= dh->ncookies)
+			return 0;
+	}
 	if (!dh->ents) {
 		dh->ents = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->ents));
 		if (!dh->ents)
