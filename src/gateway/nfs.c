@@ -166,6 +166,10 @@ static int write_conf(const struct stk_gw_super *s, const struct nfs_cfg *g, cha
 		     "\tRecoveryRoot = %s/v4recov;\n"
 		     "}\n"
 		     "NFS_KRB5 { Active_krb5 = false; }\n"
+		     /* Ganesha reads a folder a chunk at a time, each through a new
+		      * descriptor that the mount walks to the chunk's start: fewer,
+		      * larger chunks walk less */
+		     "MDCACHE { Dir_Chunk = 4096; }\n"
 		     "EXPORT {\n"
 		     "\tExport_Id = 1;\n"
 		     "\tPath = %s;\n"
