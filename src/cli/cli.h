@@ -55,8 +55,10 @@
 	  "[--key-file F] | gateway nfs --cluster stk://HOST:PORT [--export /DIR] "                \
 	  "[--listen ADDR:PORT] [--mount-port P] [--protocols 3,4] [--clients LIST] [--ro] "      \
 	  "[--no-root-squash | --all-squash] [--anon-uid N] [--anon-gid N] [--grace S] [--state DIR] "        \
+	  "[--metrics A:P] | gateway smb --cluster stk://HOST:PORT [--share NAME=/DIR[:ro]]... "  \
+	  "[--listen ADDR:PORT] [--users FILE] [--encrypt off|desired|required] [--state DIR] "   \
 	  "[--metrics A:P]", \
-	  "serve the namespace over S3 (docs/s3.md), NFS (docs/nfs-smb.md)")                      \
+	  "serve the namespace over S3 (docs/s3.md), NFS or SMB (docs/nfs-smb.md)")               \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH] | bench loader [--preset image|segmentation] PATH", \
 	  "measure throughput, IOPS and latency; `bench loader`: accelerators kept busy (MLPerf Storage)") \
 	X(plan, cmd_plan, "plan [--dataset SIZE] [--expand F] [--no-raw] [--growth PCT --years N] [--checkpoint SIZE] [--keep N] [--scratch SIZE] [--overhead F] [--replicas R | --ec K+M] [--gpus N] [--sample SIZE] [--rate N] [--save-within S] [--node-capacity SIZE] [--node-read SIZE] [--node-write SIZE] [--node-iops N] [--fill F] [--json]", \

@@ -434,7 +434,9 @@ int cmd_gateway(int argc, char **argv)
 		return gateway_s3(argc - 1, argv + 1);
 	if (argc >= 2 && strcmp(argv[1], "nfs") == 0)
 		return stk_gateway_nfs(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "smb") == 0)
+		return stk_gateway_smb(argc - 1, argv + 1);
 	if (argc >= 2 && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)
-		cli_err("gateway", "unknown gateway \"%s\" (there are: s3, nfs)", argv[1]);
+		cli_err("gateway", "unknown gateway \"%s\" (there are: s3, nfs, smb)", argv[1]);
 	return cli_usage("gateway");
 }

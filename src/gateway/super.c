@@ -57,7 +57,7 @@ int stk_gw_state_open(struct stk_gw_super *s, const char *cmd, const char *state
 	int rc;
 
 	s->lock_fd = -1;
-	rc = stk_mkdir_p(state, 0700);
+	rc = stk_mkdir_p(state, 0711);
 	if (rc) {
 		cli_err(cmd, "--state %s: %s", state, stk_strerror(rc));
 		return rc;
@@ -67,6 +67,9 @@ int stk_gw_state_open(struct stk_gw_super *s, const char *cmd, const char *state
 		cli_err(cmd, "--state %s: %s", state, stk_strerror(rc));
 		return rc;
 	}
+	/* Searchable, not readable, by others: smbd enters the shares below STATE/mnt
+	 * as each client's user; what is secret (Samba's passdb) sits in 0700 folders. */
+	chmod(s->state, 0711);
 	/* The mount point's path goes into the servers' configuration files. */
 	if (!stk_gw_conf_value_ok(s->state, PATH_MAX - 64) || strchr(s->state, ' ')) {
 		cli_err(cmd, "--state %s: use a folder whose path has no spaces or quotes", state);

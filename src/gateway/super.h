@@ -41,7 +41,7 @@ struct stk_gw_super {
 };
 
 /*
- * Makes the state folder (mode 0700) and takes its lock. Errors: -EBUSY (another
+ * Makes the state folder (mode 0711) and takes its lock. Errors: -EBUSY (another
  * gateway runs on this folder), or the -errno of mkdir or open. On error the
  * reason is printed (prefix cmd).
  */
@@ -92,5 +92,7 @@ int stk_gw_conf_value_ok(const char *v, size_t max);
 
 /* `stoker gateway nfs ...` (nfs.c); argv[0] is "nfs". Returns the exit status. */
 int stk_gateway_nfs(int argc, char **argv);
+/* `stoker gateway smb ...` (smb.c); argv[0] is "smb". Returns the exit status. */
+int stk_gateway_smb(int argc, char **argv);
 
 #endif
