@@ -309,6 +309,31 @@ static int set_password(const char *conf, const struct smb_user *u)
 	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EIO;
 }
 
+/*
+ * 1 if every folder above state lets others through (o+x): smbd enters a share
+ * as the client's user, so the mount below the state folder must be reachable by
+ * every user. Else 0, with the folder that is not said.
+ */
+static int reachable_by_all(const char *cmd, const char *state)
+{
+	char p[PATH_MAX];
+	struct stat st;
+
+	snprintf(p, sizeof(p), "%s", state);
+	for (char *slash = p + strlen(p); slash > p; slash = strrchr(p, '/')) {
+		*slash = 0;
+		if (stat(p[0] ? p : "/", &st) == 0 && !(st.st_mode & S_IXOTH)) {
+			cli_err(cmd,
+				"--state %s: %s is not searchable by other users, and smbd enters the "
+				"shares below it as each client's user (chmod o+x %s, or another "
+				"--state)",
+				state, p[0] ? p : "/", p[0] ? p : "/");
+			return 0;
+		}
+	}
+	return 1;
+}
+
 int stk_gateway_smb(int argc, char **argv)
 {
 	const char *cmd = "gateway smb";
@@ -444,6 +469,8 @@ int stk_gateway_smb(int argc, char **argv)
 		state = state_buf;
 	}
 	if (stk_gw_state_open(&s, cmd, state))
+		goto out;
+	if (!reachable_by_all(cmd, s.state))
 		goto out;
 	static const char *const sub[] = {"run", "lock", "state", "cache", "private", "ncalrpc"};
 	for (size_t i = 0; i < sizeof(sub) / sizeof(sub[0]); i++) {
