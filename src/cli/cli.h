@@ -21,7 +21,7 @@
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
 #define STK_CLI_COMMANDS(X)                                                                     \
-	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S]", \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--nfs PORT] [--smb PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S]", \
 	  "start a one-machine cluster (mgmtd, meta, N storage nodes; with --nodes, etcd and M mgmtd) with its data in DIR")     \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
 	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--replace-after S] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--key-file F | --auth off] [--config FILE]",  \
