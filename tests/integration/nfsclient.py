@@ -43,7 +43,7 @@ for _name in ("nfs_mount", "nfs_open", "nfs_open2", "nfs_creat", "nfs_close", "n
               "nfs_pwrite", "nfs_fsync", "nfs_mkdir", "nfs_rmdir", "nfs_unlink", "nfs_rename",
               "nfs_symlink", "nfs_readlink", "nfs_link", "nfs_chmod", "nfs_chown",
               "nfs_truncate", "nfs_stat64", "nfs_lstat64", "nfs_fstat64", "nfs_opendir",
-              "nfs_closedir", "nfs_set_autoreconnect"):
+              "nfs_closedir", "nfs_set_autoreconnect", "nfs_lockf"):
     getattr(_lib, _name).restype = ctypes.c_int
 _lib.nfs_pread.argtypes = [_P, _P, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]
 _lib.nfs_pwrite.argtypes = [_P, _P, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]
@@ -118,6 +118,13 @@ class Nfs:
         n = self._check(_lib.nfs_pwrite(self.ctx, fh, off, len(data), data), "pwrite")
         if n != len(data):
             raise OSError(errno.EIO, "short write %d of %d" % (n, len(data)))
+
+    # nfs_lockf's operations (NFSv4 only): lock, try to lock, unlock, test.
+    F_LOCK, F_TLOCK, F_ULOCK, F_TEST = 0, 1, 2, 3
+
+    def lockf(self, fh, op, count=1 << 20):
+        """An NFSv4 byte-range lock of count bytes from the file's offset (0 is invalid)."""
+        self._check(_lib.nfs_lockf(self.ctx, fh, op, ctypes.c_uint64(count)), "lockf")
 
     def fsync(self, fh):
         self._check(_lib.nfs_fsync(self.ctx, fh), "fsync")
