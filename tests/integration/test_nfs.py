@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -407,3 +408,54 @@ def test_nfsv4_locks_and_mount_locks_see_each_other(cluster, mount, shared, make
             # rightly refuses its CLOSE (BAD_SEQID); the session's end drops the lock.
     finally:
         os.close(fd)
+
+
+def urllib_get(url):
+    import urllib.request
+    return urllib.request.urlopen(url, timeout=10).read()
+
+
+def test_metrics_count_what_clients_did(cluster, mount, shared, make_gateway):
+    mport = free_port()
+    g = make_gateway(cluster, ["--metrics", "127.0.0.1:%d" % mport])
+    with g.client(3) as n:
+        n.write_file("/shared/m", b"z" * 300000)
+        assert n.read_file("/shared/m") == b"z" * 300000
+    text = urllib_get("http://127.0.0.1:%d/metrics" % mport).decode()
+    written = ops = 0
+    for line in text.splitlines():
+        if line.startswith("stoker_client_write_bytes_total"):
+            written += float(line.split()[-1])
+        if line.startswith('stoker_client_ops_total{frontend="fuse",op="write"}'):
+            ops += float(line.split()[-1])
+    assert written >= 300000 and ops > 0, text[:3000]
+    top = run([STOKER, "top", "--cluster", cluster.url, "--mount", "127.0.0.1:%d" % mport,
+               "--once", "--interval", "0.5"], env=cluster.env(), timeout=60)
+    assert ("127.0.0.1:%d" % mport).encode() in top.stdout, top.stdout
+
+
+def test_up_starts_and_stops_the_gateways(rpcbind):
+    data = tempfile.mkdtemp(prefix="stoker-up-gw-", dir="/tmp")  # searchable: smbd enters it
+    os.chmod(data, 0o711)
+    base = free_port()
+    nfs_port, smb_port = free_port(), free_port()
+    try:
+        p = run([STOKER, "up", "--data", data, "--daemon", "--port", str(base), "--targets", "1",
+                 "--nfs", str(nfs_port), "--smb", str(smb_port)], timeout=120)
+        assert b"NFS on 127.0.0.1:%d" % nfs_port in p.stdout
+        for kind in ("nfs", "smb"):
+            log = os.path.join(data, "log", kind + ".log")
+            wait_until(lambda: os.path.exists(log) and
+                       (b"%s gateway: serving" % kind.encode()) in open(log, "rb").read(),
+                       60, kind + " gateway")
+        with Nfs("127.0.0.1", "/", nfs_port, version=4, uid=0, gid=0) as n:
+            assert n.listdir("/") == []
+        r = run(["smbclient", "-p", str(smb_port), "-N", "//127.0.0.1/stoker", "-c", "ls"],
+                check=False)
+        assert b"NT_STATUS" in r.stdout + r.stderr  # it answers, and wants a user
+        assert b"stoker_client_ops_total" in urllib_get("http://127.0.0.1:%d/metrics" % (base + 15))
+    finally:
+        run([STOKER, "down", "--data", data], check=False, timeout=150)
+    with open("/proc/self/mountinfo") as f:
+        assert data not in f.read()
+    shutil.rmtree(data, ignore_errors=True)
