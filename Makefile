@@ -64,7 +64,8 @@ CLI_OBJ := $(call obj,$(CLI_SRC))
 UNIT_BIN := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 TOOL_BIN := $(patsubst tests/tools/%.c,$(B)/tests/%,$(TOOL_SRC))
 
-all: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so $(UNIT_BIN) $(TOOL_BIN) python
+all: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so $(B)/stoker-nfs-fsid.so $(UNIT_BIN) $(TOOL_BIN) \
+	python
 
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -82,6 +83,11 @@ $(B)/libstoker.a: $(CLIENT_OBJ) $(CORE_OBJ)
 $(B)/libstoker.so: $(CLIENT_OBJ) $(CORE_OBJ)
 	$(CC) $(LDFLAGS) -shared -Wl,-soname,libstoker.so.0 -o $@ $^ $(LIB_LIBS)
 
+# Loaded into ganesha.nfsd by `stoker gateway nfs` (src/gateway/preload/nfs_fsid.c):
+# built without the sanitizers, which a program not built with them cannot load.
+$(B)/stoker-nfs-fsid.so: src/gateway/preload/nfs_fsid.c
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out $(SANFLAGS),$(CFLAGS)) -shared -o $@ $< -ldl
 # Unit tests link only the module they test (test_meta_*: meta, test_storage_*: storage,
 # test_mgmtd_*: mgmtd, test_metrics: the core and the /metrics endpoint, others: the
 # core and the client library). Each includes tests/unit/check.h (found beside it, no
@@ -177,8 +183,10 @@ LIBDIR ?= $(PREFIX)/lib
 INCLUDEDIR ?= $(PREFIX)/include
 VERSION := $(shell sed -n 's/^\#define STK_VERSION "\(.*\)"/\1/p' include/stoker/stoker.h)
 
-install: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so
-	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/stoker
+install: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so $(B)/stoker-nfs-fsid.so
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR)/stoker \
+		$(DESTDIR)$(LIBDIR)/stoker
+	install -m 644 $(B)/stoker-nfs-fsid.so $(DESTDIR)$(LIBDIR)/stoker/stoker-nfs-fsid.so
 	install -m 755 $(B)/stoker $(DESTDIR)$(BINDIR)/stoker
 	install -m 644 include/stoker/*.h $(DESTDIR)$(INCLUDEDIR)/stoker/
 	install -m 755 $(B)/libstoker.so $(DESTDIR)$(LIBDIR)/libstoker.so.$(VERSION)

@@ -138,6 +138,17 @@ STK_API int stk_ll_lookup(stk_client *c, const struct stk_ll_cred *cred, uint64_
 			  const char *name, struct stk_ll_attr *out);
 
 /*
+ * The folder that folder dir sits in, as ".." names it (the root's is the root):
+ * for a server that must rebuild a path from an inode number alone, such as a
+ * FUSE daemon asked by the kernel to connect an NFS file handle to the tree.
+ * Always asks meta (never the lease cache).
+ * Errors: -ENOENT (dir is gone), -ENOTDIR (dir is not a folder), -EACCES (no
+ * search permission on dir).
+ */
+STK_API int stk_ll_lookup_parent(stk_client *c, const struct stk_ll_cred *cred, uint64_t dir,
+				 struct stk_ll_attr *out);
+
+/*
  * Resolves an absolute path from the root, one stk_ll_lookup per component,
  * following symlinks in every component but the last (and in the last too when
  * follow is 1): *out is the inode the path names, with cred NULL.

@@ -12,7 +12,7 @@
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
  * bench_loader.c `bench loader` (dispatched from bench.c)
  * ../fuse/  `mount` and `umount` (the FUSE daemon)
- * ../gateway/  `gateway s3` (the S3 gateway)
+ * ../gateway/  `gateway s3` (the S3 gateway), `gateway nfs` and `gateway smb`
  */
 #ifndef STK_CLI_H
 #define STK_CLI_H
@@ -21,7 +21,7 @@
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
 #define STK_CLI_COMMANDS(X)                                                                     \
-	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--rebalance-moves N] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S]", \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--nfs PORT] [--smb PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--rebalance-moves N] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S]", \
 	  "start a one-machine cluster (mgmtd, meta, N storage nodes; with --nodes, etcd and M mgmtd) with its data in DIR")     \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
 	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--replace-after S] [--rebalance-moves N] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--key-file F | --auth off] [--config FILE]",  \
@@ -52,8 +52,13 @@
 	X(gateway, cmd_gateway,                                                                 \
 	  "gateway s3 --cluster stk://HOST:PORT --listen ADDR:PORT [--tls-cert F --tls-key F] "  \
 	  "[--keys FILE] [--root /DIR] [--region R] [--threads N] [--domain D] [--metrics A:P] "    \
-	  "[--key-file F]", \
-	  "serve the namespace over the S3 API (docs/s3.md)")                                    \
+	  "[--key-file F] | gateway nfs --cluster stk://HOST:PORT [--export /DIR] "                \
+	  "[--listen ADDR:PORT] [--mount-port P] [--protocols 3,4] [--clients LIST] [--ro] "      \
+	  "[--no-root-squash | --all-squash] [--anon-uid N] [--anon-gid N] [--grace S] [--state DIR] "        \
+	  "[--metrics A:P] | gateway smb --cluster stk://HOST:PORT [--share NAME=/DIR[:ro]]... "  \
+	  "[--listen ADDR:PORT] [--users FILE] [--encrypt off|desired|required] [--state DIR] "   \
+	  "[--metrics A:P]", \
+	  "serve the namespace over S3 (docs/s3.md), NFS or SMB (docs/nfs-smb.md)")               \
 	X(bench, cmd_bench, "bench [--threads N] [--size SIZE] [--files N] [PATH] | bench loader [--preset image|segmentation] PATH", \
 	  "measure throughput, IOPS and latency; `bench loader`: accelerators kept busy (MLPerf Storage)") \
 	X(plan, cmd_plan, "plan [--dataset SIZE] [--expand F] [--no-raw] [--growth PCT --years N] [--checkpoint SIZE] [--keep N] [--scratch SIZE] [--overhead F] [--replicas R | --ec K+M] [--gpus N] [--sample SIZE] [--rate N] [--save-within S] [--node-capacity SIZE] [--node-read SIZE] [--node-write SIZE] [--node-iops N] [--fill F] [--json]", \

@@ -480,6 +480,8 @@ struct up {
 	unsigned s3_port; /* --s3: serve the S3 gateway on this port once it serves */
 	pid_t s3_pid;
 	char s3_metrics[80]; /* the gateway's metrics on BASE+13; "" with --no-metrics */
+	unsigned gw_port[2]; /* --nfs, --smb: serve NFS, SMB on these ports once it serves */
+	pid_t gw_pid[2];
 	unsigned nodes; /* storage nodes */
 	unsigned replicas; /* copies of each chunk: --replicas, default 3 from 3 nodes on */
 	char replicas_arg[8];
@@ -970,6 +972,61 @@ static pid_t spawn_s3(struct up *u)
 	_exit(127);
 }
 
+/*
+ * `stoker gateway nfs` (which 0) or `smb` (1) over the whole cluster, with its
+ * state in DATA/nfs or DATA/smb and its metrics (the mount it serves) on BASE+15
+ * or BASE+19 (docs/nfs-smb.md); restarted by supervise() like the S3 gateway.
+ */
+static pid_t spawn_gw(struct up *u, int which)
+{
+	static const char *const kind[2] = {"nfs", "smb"};
+	static const unsigned moff[2] = {15, 19};
+	char url[STK_CLUSTER_ADDR_MAX + 16], listen[96], state[PATH_MAX + 8], metrics[96];
+	char logpath[PATH_MAX + 32];
+	char *args[] = {"stoker", "gateway", (char *)kind[which], "--cluster", url, "--listen",
+			listen, "--state", state, "--metrics", metrics, NULL};
+	pid_t pid;
+	int fd;
+
+	snprintf(url, sizeof(url), "stk://%s", u->mgmtd_list);
+	snprintf(listen, sizeof(listen), "%s:%u", u->host, u->gw_port[which]);
+	snprintf(state, sizeof(state), "%s/%s", u->data, kind[which]);
+	snprintf(metrics, sizeof(metrics), "%s:%u", u->host, u->port + moff[which]);
+	if (!u->metrics[0][0])
+		args[9] = NULL;
+	snprintf(logpath, sizeof(logpath), "%s/log/%s.log", u->data, kind[which]);
+	pid = fork();
+	if (pid != 0)
+		return pid;
+	fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+	if (fd >= 0) {
+		dup2(fd, 1);
+		dup2(fd, 2);
+	}
+	signal(SIGINT, SIG_DFL);
+	signal(SIGTERM, SIG_DFL);
+	setpgid(0, 0);
+	execv(u->exe, args);
+	_exit(127);
+}
+
+static void stop_gws(struct up *u)
+{
+	/* in parallel: each stops its server and unmounts, which takes a moment */
+	for (int w = 0; w < 2; w++)
+		if (u->gw_pid[w] > 0)
+			kill(u->gw_pid[w], SIGTERM);
+	for (int w = 0; w < 2; w++) {
+		if (u->gw_pid[w] <= 0)
+			continue;
+		for (int i = 0; i < 300 && waitpid(u->gw_pid[w], NULL, WNOHANG) != u->gw_pid[w]; i++)
+			usleep(100000);
+		kill(u->gw_pid[w], SIGKILL);
+		waitpid(u->gw_pid[w], NULL, WNOHANG);
+		u->gw_pid[w] = 0;
+	}
+}
+
 static void stop_s3(struct up *u)
 {
 	if (u->s3_pid <= 0)
@@ -1050,6 +1107,14 @@ static int supervise(struct up *u, int ready_fd)
 				u->s3_pid = spawn_s3(u);
 			}
 		}
+		for (int w = 0; w < 2; w++) {
+			if (u->gw_pid[w] > 0 && waitpid(u->gw_pid[w], NULL, WNOHANG) == u->gw_pid[w]) {
+				fprintf(stderr, "the %s gateway exited; restarting it (see log/%s.log)\n",
+					w ? "SMB" : "NFS", w ? "smb" : "nfs");
+				sleep(1);
+				u->gw_pid[w] = spawn_gw(u, w);
+			}
+		}
 		if (!ready) {
 			if (cluster_ready(u)) {
 				char line[STK_CLUSTER_ADDR_MAX + 16];
@@ -1076,6 +1141,9 @@ static int supervise(struct up *u, int ready_fd)
 						goto fail;
 					}
 				}
+				for (int w = 0; w < 2; w++)
+					if (u->gw_port[w])
+						u->gw_pid[w] = spawn_gw(u, w);
 				char mline[300] = "", s3line[PATH_MAX + 96] = "", nline[200];
 				if (u->s3_port)
 					snprintf(s3line, sizeof(s3line),
@@ -1086,6 +1154,13 @@ static int supervise(struct up *u, int ready_fd)
 							 : "DATA/s3.keys",
 						 u->s3_metrics[0] ? ", metrics on " : "",
 						 u->s3_metrics);
+				for (int w = 0; w < 2; w++)
+					if (u->gw_port[w])
+						snprintf(s3line + strlen(s3line),
+							 sizeof(s3line) - strlen(s3line),
+							 ", %s on %s:%u (state in DATA/%s)",
+							 w ? "SMB" : "NFS", u->host, u->gw_port[w],
+							 w ? "smb" : "nfs");
 				if (u->metrics[0][0])
 					snprintf(mline, sizeof(mline), ", metrics on %s %s %s%s",
 						 u->metrics[0], u->metrics[1], u->metrics[2],
@@ -1123,6 +1198,7 @@ static int supervise(struct up *u, int ready_fd)
 		usleep(ready ? 200000 : 50000);
 	}
 	stop_s3(u);
+	stop_gws(u);
 	if (ready)
 		umount_cluster(u); /* flush what the mount buffers while the cluster still serves */
 	stop_children(u);
@@ -1131,6 +1207,7 @@ static int supervise(struct up *u, int ready_fd)
 	return 0;
 fail:
 	stop_s3(u);
+	stop_gws(u);
 	stop_children(u);
 	stop_etcd(u);
 	if (ready_fd >= 0) {
@@ -1150,6 +1227,7 @@ static const struct option up_opts[] = {
 	{"targets", required_argument, NULL, 't'}, {"chunk-size", required_argument, NULL, 'c'},
 	{"stripe", required_argument, NULL, 's'},  {"no-metrics", no_argument, NULL, 'M'},
 	{"mount", required_argument, NULL, 'm'},   {"s3", required_argument, NULL, '3'},
+	{"nfs", required_argument, NULL, 'N'},     {"smb", required_argument, NULL, 'B'},
 	{"nodes", required_argument, NULL, 'n'},   {"replicas", required_argument, NULL, 'r'},
 	{"mgmtd", required_argument, NULL, 'g'},
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
@@ -1238,6 +1316,21 @@ int cmd_up(int argc, char **argv)
 				goto out;
 			}
 			u->s3_port = (unsigned)v;
+			break;
+		case 'N':
+		case 'B':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > 65535) {
+				cli_err("up", "bad --%s port '%s'", c == 'N' ? "nfs" : "smb", optarg);
+				goto out;
+			}
+			u->gw_port[c == 'B'] = (unsigned)v;
+			/* the NFS gateway serves MOUNT (NFSv3) on its port + 1 */
+			if (u->gw_port[0] && u->gw_port[1] &&
+			    (u->gw_port[1] == u->gw_port[0] || u->gw_port[1] == u->gw_port[0] + 1)) {
+				cli_err("up", "--smb %u: the NFS gateway uses ports %u and %u",
+					u->gw_port[1], u->gw_port[0], u->gw_port[0] + 1);
+				goto out;
+			}
 			break;
 		case 'm':
 			if (!realpath(optarg, u->mount)) {

@@ -75,6 +75,20 @@ int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	return stk_client_meta_attr_call(c, STK_OP_META_LOOKUP, req, w.len, out);
 }
 
+int stk_ino_lookup_parent(stk_client *c, const struct stk_cred *cred, uint64_t dir,
+			  struct stk_attr *out)
+{
+	struct stk_msg_meta_lookup_req m = {.cred = CRED(c, cred), .parent = dir};
+	uint8_t req[512];
+	struct stk_wbuf w;
+
+	/* name_ok refuses "..": clients name children; only this call names the parent. */
+	memcpy(m.name, "..", 3);
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_lookup_req_enc(&w, &m);
+	return stk_client_meta_attr_call(c, STK_OP_META_LOOKUP, req, w.len, out);
+}
+
 int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, struct stk_attr *out)
 {
 	struct stk_msg_meta_ino_req m = {.cred = CRED(c, cred), .ino = ino};

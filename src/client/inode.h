@@ -21,6 +21,9 @@
 
 int stk_ino_lookup(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		   struct stk_attr *out);
+/* The folder dir is in: a META_LOOKUP of "..", which only meta answers (stoker_ll.h). */
+int stk_ino_lookup_parent(stk_client *c, const struct stk_cred *cred, uint64_t dir,
+			  struct stk_attr *out);
 int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, struct stk_attr *out);
 /*
  * Attributes of n inodes (at most STK_GETATTRS_MAX) in one call to meta, as of one

@@ -116,6 +116,15 @@ int stk_ll_lookup(stk_client *c, const struct stk_ll_cred *cred, uint64_t parent
 	return done(stk_ino_lookup(c, cred_in(cred, &cw), parent, name, &a), &a, out);
 }
 
+int stk_ll_lookup_parent(stk_client *c, const struct stk_ll_cred *cred, uint64_t dir,
+			 struct stk_ll_attr *out)
+{
+	struct stk_cred cw;
+	struct stk_attr a;
+
+	return done(stk_ino_lookup_parent(c, cred_in(cred, &cw), dir, &a), &a, out);
+}
+
 int stk_ll_resolve(stk_client *c, const char *path, int follow, struct stk_ll_attr *out)
 {
 	struct stk_attr a;

@@ -322,8 +322,11 @@ static int sync_fh(struct stk_fuse *fs, struct stk_fuse_fh *fh)
 static void op_init(void *userdata, struct fuse_conn_info *conn)
 {
 	struct stk_fuse *fs = userdata;
+	/* EXPORT_SUPPORT: the kernel may then ask "." and ".." (op_lookup_dots), which is
+	 * what lets an NFS server on this mount turn its file handles back into files. */
 	unsigned want = FUSE_CAP_ASYNC_READ | FUSE_CAP_ATOMIC_O_TRUNC | FUSE_CAP_AUTO_INVAL_DATA |
-			FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
+			FUSE_CAP_PARALLEL_DIROPS | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO |
+			FUSE_CAP_EXPORT_SUPPORT;
 
 	conn->want |= want & conn->capable;
 	/* Here, in the process that serves the mount (not before it went to the background). */
@@ -356,15 +359,66 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 
 /* ---- names and attributes ---- */
 
-static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+/* Inode sino's attributes from meta, or from this mount's table when it is
+ * unlinked and still open here. */
+static int fresh_attr(struct stk_fuse *fs, const struct stk_ll_cred *cr, uint64_t sino,
+		      struct stk_ll_attr *a)
+{
+	int rc = stk_ll_getattr(fs->c, cr, sino, a);
+
+	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, a) == 0)
+		rc = 0;
+	return rc;
+}
+
+/*
+ * Lookups of "." and "..", which the kernel sends only to a mount that exports
+ * (FUSE_CAP_EXPORT_SUPPORT), for a file handle an NFS server (Ganesha's VFS FSAL
+ * through open_by_handle_at) gives back: "." on a node id whose inode it no longer
+ * caches (the node id is the Stoker inode number, stable across mounts, so a
+ * handle made by an earlier mount still names the same file), ".." to connect a
+ * folder to the tree. The mounted folder is its own parent, and a folder outside
+ * it (only reachable through a handle made by another mount) is ESTALE.
+ */
+static void op_lookup_dots(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
 	struct stk_fuse *fs = fs_of(req);
-	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, 0);
+	uint64_t sino = ino_swap(fs, parent);
 	struct fuse_entry_param e;
 	struct stk_ll_cred cr;
 	struct stk_ll_attr a;
 	int rc;
 
+	req_cred(req, &cr, 1);
+	if (name[1] == 0 || parent == FUSE_ROOT_ID) {
+		rc = fresh_attr(fs, &cr, sino, &a);
+	} else {
+		rc = stk_ll_lookup_parent(fs->c, &cr, sino, &a);
+		if (rc == 0 && a.ino == STK_LL_ROOT_INO && fs->root_ino != STK_LL_ROOT_INO)
+			rc = -ESTALE;
+	}
+	if (rc) {
+		reply_err(req, rc);
+		return;
+	}
+	fill_entry(fs, &a, &e);
+	fuse_reply_entry(req, &e);
+}
+
+static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+	struct stk_fuse *fs = fs_of(req);
+	struct stk_fuse_acache_tok tok;
+	struct fuse_entry_param e;
+	struct stk_ll_cred cr;
+	struct stk_ll_attr a;
+	int rc;
+
+	if (name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))) {
+		op_lookup_dots(req, parent, name);
+		return;
+	}
+	tok = stk_fuse_acache_begin(&fs->acache, 0);
 	req_cred(req, &cr, 1);
 	rc = stk_ll_lookup(fs->c, &cr, ino_swap(fs, parent), name, &a);
 	if (rc == -ENOENT && fs->o.negative_timeout > 0) {
@@ -380,18 +434,6 @@ static void op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 	fill_entry(fs, &a, &e);
 	if (fuse_reply_entry(req, &e) == 0)
 		stk_fuse_acache_told(&fs->acache, &a, tok);
-}
-
-/* Inode sino's attributes from meta, or from this mount's table when it is
- * unlinked and still open here. */
-static int fresh_attr(struct stk_fuse *fs, const struct stk_ll_cred *cr, uint64_t sino,
-		      struct stk_ll_attr *a)
-{
-	int rc = stk_ll_getattr(fs->c, cr, sino, a);
-
-	if (rc == -ENOENT && stk_fuse_table_orphan_attr(&fs->tab, sino, a) == 0)
-		rc = 0;
-	return rc;
 }
 
 static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -1293,8 +1335,20 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_ll_cred *cr, struct st
 		return 1;
 	if (dh->have && idx == dh->start + dh->n && dh->eof)
 		return 0;
-	if (idx >= dh->ncookies)
-		return 0; /* an offset this handle never gave out */
+	/*
+	 * An offset this handle never gave out: another handle of the folder did. A
+	 * file server on the mount (Ganesha) opens the folder again for each chunk of
+	 * a listing and seeks to where the last one stopped, so walk there from the
+	 * last position this handle knows. Positions count entries in meta's order, so
+	 * they hold across handles while the folder does not change.
+	 */
+	while (idx >= dh->ncookies) {
+		rc = dir_fill(fs, cr, dh, dh->ncookies - 1);
+		if (rc <= 0)
+			return rc;
+		if (dh->eof && idx >= dh->ncookies)
+			return 0;
+	}
 	if (!dh->ents) {
 		dh->ents = malloc(STK_FUSE_DIR_BATCH * sizeof(*dh->ents));
 		if (!dh->ents)

@@ -10,6 +10,7 @@
  * logging to stderr; `stoker up --s3` runs this same function.
  */
 #include "s3.h"
+#include "super.h"
 
 #include "../cli/cli.h"
 
@@ -424,10 +425,13 @@ out:
 
 int cmd_gateway(int argc, char **argv)
 {
-	if (argc < 2 || strcmp(argv[1], "s3") != 0) {
-		if (argc >= 2 && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)
-			cli_err("gateway", "unknown gateway \"%s\" (there is: s3)", argv[1]);
-		return cli_usage("gateway");
-	}
-	return gateway_s3(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "s3") == 0)
+		return gateway_s3(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "nfs") == 0)
+		return stk_gateway_nfs(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "smb") == 0)
+		return stk_gateway_smb(argc - 1, argv + 1);
+	if (argc >= 2 && strcmp(argv[1], "--help") != 0 && strcmp(argv[1], "-h") != 0)
+		cli_err("gateway", "unknown gateway \"%s\" (there are: s3, nfs, smb)", argv[1]);
+	return cli_usage("gateway");
 }

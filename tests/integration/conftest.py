@@ -30,12 +30,13 @@ def pytest_configure(config):
 
 def port_free(port):
     # BASE..BASE+2 for the daemons, BASE+10..BASE+12 for their metrics (`stoker up`),
-    # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's; with --nodes,
+    # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's, BASE+15 and
+    # BASE+19 for the NFS and SMB gateways' (`--nfs`, `--smb`); with --nodes,
     # BASE+16..BASE+18 for the other mgmtd, BASE+26..BASE+28 for their metrics,
     # BASE+30 and BASE+31 for etcd
     for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 13, port + 14,
-              port + 16, port + 17, port + 18, port + 26, port + 27, port + 28, port + 30,
-              port + 31):
+              port + 15, port + 16, port + 17, port + 18, port + 19, port + 26, port + 27,
+              port + 28, port + 30, port + 31):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
