@@ -22,6 +22,10 @@ from conftest import STOKER, free_port, have_fuse, run, wait_until
 from nfsclient import Nfs
 
 pytestmark = [
+    # One per machine: NFSv3 registers with the machine's one rpcbind (started and
+    # stopped by this module), so two modules at once would take each other's
+    # registrations and rpcbind away.
+    pytest.mark.serial,
     pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3"),
     pytest.mark.skipif(not os.path.exists("/usr/bin/ganesha.nfsd"), reason="needs nfs-ganesha"),
 ]

@@ -21,6 +21,9 @@ import pytest
 from conftest import STOKER, free_port, have_fuse, run, wait_until
 
 pytestmark = [
+    # One per machine: the SMB user these tests make and remove is the
+    # machine's, so two modules at once would remove it under each other.
+    pytest.mark.serial,
     pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3"),
     pytest.mark.skipif(not os.path.exists("/usr/sbin/smbd"), reason="needs samba"),
 ]
