@@ -3575,3 +3575,77 @@ void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t se
 {
 	resv_drop(st, session, 0, 1);
 }
+
+/* The name folder dir has in its parent, into name[STK_NAME_MAX + 1]: a scan. */
+static int dir_name_in(struct op *o, uint64_t parent, uint64_t dir, char *name)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *c;
+	int mrc, rc = -ENOENT;
+
+	be64_put(k, parent);
+	if (mdb_cursor_open(o->txn, o->st->dentries, &c))
+		return -EIO;
+	for (mrc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(c, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		size_t len;
+
+		if (key.mv_size < 16 || be64_get(key.mv_data) != parent)
+			break;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		if (stk_get_u64(&r) != dir || r.err)
+			continue;
+		len = STK_MIN(key.mv_size - 16, (size_t)STK_NAME_MAX);
+		memcpy(name, (const uint8_t *)key.mv_data + 16, len);
+		name[len] = 0;
+		rc = 0;
+		break;
+	}
+	mdb_cursor_close(c);
+	return rc;
+}
+
+int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, size_t len)
+{
+	static const struct stk_cred root_cred;
+	char name[STK_NAME_MAX + 1], *end = buf + len, *p = end;
+	struct inode n;
+	struct op o;
+	int rc;
+
+	if (len < 2)
+		return -ERANGE;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	*--p = 0;
+	for (unsigned depth = 0; rc == 0 && dir != STK_ROOT_INO; depth++) {
+		size_t nl;
+
+		rc = depth == MAX_DEPTH ? -EIO : inode_get(&o, dir, &n);
+		if (rc == 0 && !S_ISDIR(n.a.mode))
+			rc = -ENOTDIR;
+		if (rc == 0)
+			rc = dir_name_in(&o, n.parent, dir, name);
+		if (rc)
+			break;
+		nl = strlen(name);
+		if ((size_t)(p - buf) < nl + 2) {
+			rc = -ERANGE;
+			break;
+		}
+		p -= nl;
+		memcpy(p, name, nl);
+		*--p = '/';
+		dir = n.parent;
+	}
+	op_end(&o, rc);
+	if (rc)
+		return rc;
+	if (!*p)
+		*--p = '/';
+	memmove(buf, p, (size_t)(end - p));
+	return 0;
+}

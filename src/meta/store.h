@@ -491,6 +491,13 @@ int stk_meta_store_quota_recount(struct stk_meta_store *st, const struct stk_cre
  */
 int stk_meta_store_quota_reserve(struct stk_meta_store *st, uint64_t session, uint64_t ino,
 				 uint64_t need, uint64_t want, uint64_t *granted);
+/*
+ * The path of folder dir from the root ("/a/b"), NUL-terminated, into buf (len
+ * bytes; -ERANGE if it does not fit), found by following parent pointers and
+ * scanning each parent's names for its child: meant for the few folders that
+ * carry quotas. -ENOTDIR, -ENOENT.
+ */
+int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, size_t len);
 /* Drops session's reservation on ino (its last open reference went). */
 void stk_meta_store_quota_release(struct stk_meta_store *st, uint64_t session, uint64_t ino);
 /* Drops every reservation of session (it ended or expired). */

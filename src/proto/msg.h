@@ -425,7 +425,8 @@ enum stk_target_state {
  *            able to write up to, want = what it would like (>= size): meta
  *            grants want, or less but at least size, or answers DQUOT; reply
  *            granted (UINT64_MAX: the file has no quota, write freely).
- * The request is `quota_req`; the reply `quota_resp` followed by n quota_rec.
+ * The request is `quota_req`; the reply `quota_resp` followed by n quota_rec, each
+ * with the quota root's path as meta finds it ("" if it cannot).
  */
 #define STK_MSG_META_QUOTA_REQ(F)                                                          \
 	F(cred, cred) F(u8, op) F(u64, ino) F(u64, session) F(u64, limit_bytes)            \
@@ -434,7 +435,7 @@ enum stk_target_state {
 #define STK_MSG_QUOTA_REC(F)                                                               \
 	F(u64, qid) F(u64, parent) F(u64, limit_bytes) F(u64, limit_inodes)               \
 	F(u64, used_bytes) F(u64, used_inodes) F(u64, reserved_bytes) F(u8, fixed)         \
-	F(u64, old_bytes) F(u64, old_inodes)
+	F(u64, old_bytes) F(u64, old_inodes) F(path, path)
 enum stk_quota_op {
 	STK_QUOTA_SET = 1,
 	STK_QUOTA_RM = 2,
@@ -445,7 +446,7 @@ enum stk_quota_op {
 };
 #define STK_QUOTA_KEEP_BYTES 0x1u
 #define STK_QUOTA_KEEP_INODES 0x2u
-#define STK_QUOTA_LIST_MAX 1024u
+#define STK_QUOTA_LIST_MAX 128u /* records of up to 4 KiB in a 1 MiB payload */
 
 /*
  * chain_ver lets storage answer STALE_ROUTING to a client with an old chain table.
