@@ -61,7 +61,7 @@
 	X(pack, cmd_pack, "pack SRC DST [--shard-size SIZE]",                                   \
 	  "pack the files under SRC into shards in DST (stk://HOST:PORT/dir, stk:///dir or local)") \
 	X(quota, cmd_quota,                                                                     \
-	  "quota set PATH [--bytes SIZE] [--inodes N] | quota ls [PATH] | quota rm PATH | quota recount [PATH]", \
+	  "quota set PATH [--bytes SIZE] [--inodes N] | quota ls [PATH] [--json] | quota rm PATH | quota recount [PATH]", \
 	  "quotas per folder on bytes and inodes; recount fixes usage (docs/quotas.md)")        \
 	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \
 	  "finish the uploads of local-first checkpoints a crash interrupted (docs/python.md)")  \

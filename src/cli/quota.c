@@ -2,7 +2,7 @@
  * stoker quota: quotas per folder (docs/quotas.md).
  *
  *   quota set PATH [--bytes SIZE] [--inodes N]   set limits (0 or "none": no limit)
- *   quota ls [PATH]                              every quota, or the one PATH counts in
+ *   quota ls [PATH] [--json]                     every quota, or the one PATH counts in
  *   quota rm PATH                                remove PATH's quota
  *   quota recount [PATH]                         count usage again and fix it
  *
@@ -122,6 +122,40 @@ static void print_quota(const struct stk_quota *q)
 	       (unsigned long long)q->used_inodes, ilim, p2, res);
 }
 
+/* A JSON string: quotes, backslashes and control bytes escaped. */
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			printf("\\%c", ch);
+		else if (ch < 0x20)
+			printf("\\u%04x", ch);
+		else
+			putchar(ch);
+	}
+	putchar('"');
+}
+
+static void print_json(const struct stk_quota *q, size_t n)
+{
+	printf("[");
+	for (size_t i = 0; i < n; i++) {
+		printf("%s{\"path\": ", i ? ", " : "");
+		json_str(q[i].path);
+		printf(", \"ino\": %llu, \"parent\": %llu, \"limit_bytes\": %llu, "
+		       "\"used_bytes\": %llu, \"reserved_bytes\": %llu, \"limit_inodes\": %llu, "
+		       "\"used_inodes\": %llu}",
+		       (unsigned long long)q[i].ino, (unsigned long long)q[i].parent,
+		       (unsigned long long)q[i].limit_bytes, (unsigned long long)q[i].used_bytes,
+		       (unsigned long long)q[i].reserved_bytes,
+		       (unsigned long long)q[i].limit_inodes, (unsigned long long)q[i].used_inodes);
+	}
+	printf("]\n");
+}
+
 static int quota_set(int argc, char **argv)
 {
 	uint64_t bytes = 0, inodes = 0;
@@ -181,8 +215,12 @@ static int quota_ls(int argc, char **argv)
 	char path[QPATH];
 	stk_client *c;
 	size_t n = 0;
-	int rc;
+	int json = 0, rc;
 
+	if (argc > 2 && strcmp(argv[argc - 1], "--json") == 0) {
+		json = 1;
+		argc--;
+	}
 	if (argc > 3)
 		return cli_usage("quota");
 	c = connect_arg(argc == 3 ? argv[2] : "/", path);
@@ -195,13 +233,20 @@ static int quota_ls(int argc, char **argv)
 
 			/* Say which: the path, or a quota for it. */
 			if (stk_stat(c, path, &st) == 0) {
-				printf("%s counts in no quota\n", path);
+				if (json)
+					printf("[]\n");
+				else
+					printf("%s counts in no quota\n", path);
 				return 0;
 			}
 		}
 		if (rc) {
 			cli_err("quota", "%s: %s", argv[2], stk_strerror(rc));
 			return 1;
+		}
+		if (json) {
+			print_json(&one, 1);
+			return 0;
 		}
 		print_head();
 		print_quota(&one);
@@ -212,11 +257,13 @@ static int quota_ls(int argc, char **argv)
 		cli_err("quota", "%s", stk_strerror(rc));
 		return 1;
 	}
-	if (n == 0)
+	if (json)
+		print_json(all, n);
+	else if (n == 0)
 		printf("no quotas\n");
 	else
 		print_head();
-	for (size_t i = 0; i < n; i++)
+	for (size_t i = 0; !json && i < n; i++)
 		print_quota(&all[i]);
 	free(all);
 	return 0;

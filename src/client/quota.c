@@ -207,7 +207,7 @@ int stk_quota_list(stk_client *c, struct stk_quota **out, size_t *n)
 		if (rc)
 			break;
 		grown = head.n ? realloc(all, (k + head.n) * sizeof(*all)) : all;
-		if (!grown) {
+		if (head.n && !grown) {
 			free(page);
 			rc = -ENOMEM;
 			break;
