@@ -1518,7 +1518,7 @@ int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cre
 		rc = quota_charge(&o, n.a.qid, 0, quota_bytes_of(&n) - old, 1);
 		if (rc == 0)
 			rc = inode_put(&o, &n);
-		if (rc == 0 && old != quota_bytes_of(&n))
+		if (rc == 0 && n.a.qid && old != quota_bytes_of(&n))
 			resv_resize(st, ino, n.a.size);
 	}
 	rc = op_end(&o, rc);
@@ -1588,7 +1588,8 @@ int stk_meta_store_extend_alloc(struct stk_meta_store *st, const struct stk_cred
 		if (rc)
 			goto out;
 		n.a.size = new_size;
-		resv_resize(st, ino, new_size);
+		if (n.a.qid) /* only files under a quota have reservations */
+			resv_resize(st, ino, new_size);
 	}
 	/* Written chunks past the end count once the size covers them. */
 	alloc_add(&n, x->alloc_first, x->alloc_end);
