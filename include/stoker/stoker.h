@@ -193,6 +193,65 @@ STK_API int stk_chown(stk_client *c, const char *path, uid_t uid, gid_t gid); /*
 STK_API int stk_utimens(stk_client *c, const char *path, const struct timespec times[2]);
 /* Capacity from the storage targets, file count from meta. */
 STK_API int stk_statfs(stk_client *c, struct statvfs *st);
+
+/*
+ * Quotas per folder (docs/quotas.md). A folder with a quota is a quota root:
+ * its files' bytes (their sizes, logical) and its inodes (the folder itself
+ * included) are counted, and limited where a limit is set. An inode counts in
+ * the nearest quota above it and in every quota above that one. Writes past a
+ * byte limit fail with -EDQUOT before any of their bytes reach storage; creates
+ * past an inode limit with -EDQUOT. Nothing already written is touched.
+ *
+ * struct stk_quota is a quota as meta last counted it; the caller owns it.
+ */
+struct stk_quota {
+	uint64_t ino;	       /* the quota root's inode number */
+	uint64_t parent;       /* the quota root above it (inode number), 0: none */
+	char path[4096];       /* the quota root's path, as meta finds it ("" if not) */
+	uint64_t limit_bytes;  /* 0: none */
+	uint64_t limit_inodes; /* 0: none */
+	uint64_t used_bytes;
+	uint64_t used_inodes;
+	uint64_t reserved_bytes; /* reserved by writers now, not yet sizes */
+	/* stk_quota_recount only: the usage was wrong (old_*) and is now fixed. */
+	int fixed;
+	uint64_t old_bytes;
+	uint64_t old_inodes;
+};
+
+/* Which limits stk_quota_set sets; a limit not named keeps its value (none, for a new quota). */
+#define STK_QUOTA_BYTES 0x1u
+#define STK_QUOTA_INODES 0x2u
+
+/*
+ * Sets the limits named in `which` on folder `path` (a limit of 0 removes that
+ * limit), making it a quota root if it is not one: meta then walks the tree below
+ * it once, counting what it holds (other writers wait meanwhile; meta logs its
+ * progress on big trees). Root only. *out (may be NULL) is the quota after.
+ * Errors: -EPERM (not root), -ENOTDIR (not a folder), -ENOENT, -EINVAL (which is
+ * 0 or has unknown bits), and those of path resolution.
+ */
+STK_API int stk_quota_set(stk_client *c, const char *path, uint64_t limit_bytes,
+			  uint64_t limit_inodes, unsigned which, struct stk_quota *out);
+/*
+ * Removes folder path's quota: what it counted counts in the quota above it, if
+ * any. Root only. -ENOENT: the folder has no quota of its own; -EPERM; -ENOTDIR.
+ */
+STK_API int stk_quota_rm(stk_client *c, const char *path);
+/* The quota path counts in (the nearest quota root at or above it). -ENOENT: none. */
+STK_API int stk_quota_get(stk_client *c, const char *path, struct stk_quota *out);
+/*
+ * Every quota, by inode number: *out is a malloc'ed array of *n (the caller frees
+ * it; NULL when *n is 0). -ENOMEM, -EIO.
+ */
+STK_API int stk_quota_list(stk_client *c, struct stk_quota **out, size_t *n);
+/*
+ * Counts folder path's quota (NULL: every quota) again from the tree and fixes
+ * its usage, and that of the quotas inside it: *out (malloc'ed, *n of them, the
+ * caller frees it) is each quota recounted, with fixed and old_* saying what
+ * changed. Root only (-EPERM); -ENOENT when path has no quota of its own.
+ */
+STK_API int stk_quota_recount(stk_client *c, const char *path, struct stk_quota **out, size_t *n);
 /*
  * Extended attributes of the file at path (symlinks followed), as setxattr(2) and
  * its siblings: name with its namespace ("user.", "trusted." and "security."

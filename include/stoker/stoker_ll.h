@@ -94,6 +94,12 @@ struct stk_ll_attr {
 	uint64_t blocks; /* 512-byte blocks stored (holes of whole chunks count nothing) */
 	struct stk_ll_layout layout;
 	uint64_t rdev; /* a character or block device's number (makedev), else 0 */
+	/*
+	 * The quota root the inode counts in (its inode number; 0: none), as meta
+	 * tagged it (stoker.h, stk_quota_set). Pass attributes on as a call returned
+	 * them: a file opened with qid 0 is written without asking meta for room.
+	 */
+	uint64_t qid;
 };
 
 /* One directory entry of stk_ll_readdir. mode carries only the type bits. */
@@ -155,6 +161,12 @@ STK_API int stk_ll_lookup_parent(stk_client *c, const struct stk_ll_cred *cred, 
  * Errors: -ENOENT, -ENOTDIR, -ELOOP, -ENAMETOOLONG, -EACCES, -EINVAL (not absolute).
  */
 STK_API int stk_ll_resolve(stk_client *c, const char *path, int follow, struct stk_ll_attr *out);
+
+/*
+ * The quota inode ino counts in (stoker.h, struct stk_quota): what a mount of a
+ * folder under a quota reports as its size (statfs). -ENOENT: none.
+ */
+STK_API int stk_ll_quota_get(stk_client *c, uint64_t ino, struct stk_quota *out);
 
 /* *out is inode ino's attributes. Errors: -ENOENT (no such inode). */
 STK_API int stk_ll_getattr(stk_client *c, const struct stk_ll_cred *cred, uint64_t ino,

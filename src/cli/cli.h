@@ -65,6 +65,9 @@
 	  "capacity, bandwidth and nodes a training workload needs, with the arithmetic (docs/plan.md)") \
 	X(pack, cmd_pack, "pack SRC DST [--shard-size SIZE]",                                   \
 	  "pack the files under SRC into shards in DST (stk://HOST:PORT/dir, stk:///dir or local)") \
+	X(quota, cmd_quota,                                                                     \
+	  "quota set PATH [--bytes SIZE] [--inodes N] | quota ls [PATH] [--json] | quota rm PATH | quota recount [PATH]", \
+	  "quotas per folder on bytes and inodes; recount fixes usage (docs/quotas.md)")        \
 	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \
 	  "finish the uploads of local-first checkpoints a crash interrupted (docs/python.md)")  \
 	X(version, cmd_version, "version", "print the version")

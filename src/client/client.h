@@ -73,6 +73,11 @@ struct stk_client {
 	uint64_t watch_refreshed_ns; /* the watch's last table refresh (its thread's) */
 	struct stk_client_opts opts;
 	struct stk_cred cred;
+	/*
+	 * Bumped when meta forgot this session (a restart): the room handles reserved
+	 * before is gone, and each asks again before its next write past its size.
+	 */
+	_Atomic uint32_t quota_epoch;
 	unsigned retry_ms; /* how long transport failures are retried before -EIO */
 	pthread_rwlock_t rt_lock; /* protects rt */
 	struct stk_routing rt;
@@ -218,6 +223,14 @@ void stk_attr_to_stat(const struct stk_attr *a, struct stat *st);
  * -EACCES.
  */
 int stk_client_resolve(struct stk_client *c, const char *path, int follow, struct stk_attr *attr);
+
+/*
+ * Reserves room to write file ino up to size need (quota.c): *granted is the size
+ * up to which this session may write without asking again (UINT64_MAX: the file
+ * has no byte limit). -EDQUOT: the quota has no room for need. Sends this
+ * client's unsent opens first, so that meta can drop the reservation at close.
+ */
+int stk_client_quota_room(struct stk_client *c, uint64_t ino, uint64_t need, uint64_t *granted);
 /*
  * Resolves all but the last component: *parent is the directory, name its last
  * component (a buffer of STK_NAME_MAX + 1). Of *parent only ino and the type bits

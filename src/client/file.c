@@ -82,6 +82,13 @@ struct stk_file {
 	uint64_t seq_next; /* where a sequential reader's next read starts */
 	uint64_t ra_end; /* chunks below this offset have been prefetched */
 	int registered; /* an open reference in the client's session (session.c) */
+	/*
+	 * Quotas (quota.c): bytes may be written below `granted` without asking meta;
+	 * UINT64_MAX for a file opened without a quota. Valid while quota_epoch is
+	 * the client's.
+	 */
+	uint64_t granted;
+	uint32_t quota_epoch;
 	_Atomic int locked; /* stk_lock was called with owner 0 */
 };
 
@@ -241,6 +248,30 @@ static int send_extend(struct stk_file *f, uint64_t size, uint32_t first, uint32
 	return stk_client_meta_attr_call_own(f->c, m.ino, STK_OP_META_EXTEND, req, w.len, NULL);
 }
 
+/*
+ * Before a write that ends at `end`: room in the file's quota, asked of meta when
+ * it passes what this handle holds. -EDQUOT before any byte goes anywhere.
+ * Called with f->lock held.
+ */
+static int quota_room(struct stk_file *f, uint64_t end)
+{
+	uint32_t epoch = atomic_load(&f->c->quota_epoch);
+	uint64_t g;
+	int rc;
+
+	if (f->quota_epoch != epoch && f->granted != UINT64_MAX) {
+		f->granted = f->meta_size; /* meta restarted: what was reserved is gone */
+		f->quota_epoch = epoch;
+	}
+	if (end <= f->granted || end <= f->meta_size)
+		return 0;
+	rc = stk_client_quota_room(f->c, f->attr.ino, end, &g);
+	if (rc)
+		return rc;
+	f->granted = g;
+	return 0;
+}
+
 static int write_through(struct stk_file *f, const char *buf, size_t len, uint64_t off,
 			 uint32_t flags)
 {
@@ -376,6 +407,8 @@ static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, 
 	f->meta_size = a->size;
 	f->fail_off = UINT64_MAX;
 	f->unsynced_low = UINT64_MAX;
+	f->granted = a->qid ? a->size : UINT64_MAX;
+	f->quota_epoch = atomic_load(&c->quota_epoch);
 	pthread_mutex_init(&f->lock, NULL);
 	if (!f->is_dir)
 		stk_layout_chains(&a->layout, f->chains);
@@ -389,6 +422,8 @@ static int open_attr(struct stk_client *c, const struct stk_attr *a, int flags, 
 		f->size = 0;
 		f->meta_size = 0;
 		f->size_dirty = 1;
+		if (f->granted != UINT64_MAX)
+			f->granted = 0;
 	}
 	if (acc != O_RDONLY && !f->is_dir) {
 		f->wcap = c->opts.write_buffer;
@@ -632,6 +667,9 @@ static ssize_t pwrite_locked(struct stk_file *f, const void *buf, size_t len, ui
 		return -EFBIG;
 	if (len == 0)
 		return 0;
+	rc = quota_room(f, off + len);
+	if (rc)
+		return rc;
 	if (f->wlen && (off != f->woff + f->wlen || f->wlen + len > f->wcap)) {
 		rc = flush_buffer(f, 0);
 		if (rc)
@@ -886,6 +924,11 @@ int stk_fallocate(stk_file *f, int mode, off_t off, off_t len)
 	if (rc)
 		goto out;
 	old = f->size;
+	if (!(mode & STK_FALLOC_KEEP_SIZE) && end > old) {
+		rc = quota_room(f, end);
+		if (rc)
+			goto out;
+	}
 	if (!(mode & (STK_FALLOC_PUNCH_HOLE | STK_FALLOC_ZERO_RANGE)))
 		goto size; /* mode 0: the size grows, the chunks come with the writes */
 	/* Past the end everything reads as zeros already; keep the end of the file. */
@@ -964,6 +1007,8 @@ int stk_file_io_prep(stk_file *f, int op, uint64_t off, size_t *len, struct stk_
 		return -EFBIG;
 	pthread_mutex_lock(&f->lock);
 	rc = flush_buffer(f, 0);
+	if (rc == 0 && op == STK_IO_WRITE)
+		rc = quota_room(f, off + *len);
 	if (rc == 0 && op == STK_IO_READ)
 		*len = off >= f->size ? 0 : (size_t)STK_MIN((uint64_t)*len, f->size - off);
 	pthread_mutex_unlock(&f->lock);

@@ -63,7 +63,7 @@ static const struct stk_cred *cred_in(const struct stk_ll_cred *in, struct stk_c
 #define LL_ATTR_FIELDS(X)                                                                          \
 	X(ino) X(mode) X(nlink) X(uid) X(gid) X(size) X(atime_sec) X(atime_nsec) X(mtime_sec)    \
 	X(mtime_nsec) X(ctime_sec) X(ctime_nsec) X(blocks) X(layout.chunk_size)                   \
-	X(layout.stripe) X(layout.nchains) X(layout.start) X(layout.seed) X(rdev)
+	X(layout.stripe) X(layout.nchains) X(layout.start) X(layout.seed) X(rdev) X(qid)
 #define LL_COPY(f) o->f = a->f;
 
 static void attr_out(const struct stk_attr *a, struct stk_ll_attr *o)

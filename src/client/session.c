@@ -35,6 +35,7 @@
 #include "session.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,6 +223,8 @@ static void reregister(stk_client *c, struct stk_session *s)
 	struct open_ent *l;
 	size_t n;
 
+	/* Meta lost the room this session reserved too (quota.c). */
+	atomic_fetch_add(&c->quota_epoch, 1);
 	pthread_rwlock_wrlock(&s->reg);
 	pthread_mutex_lock(&s->mu);
 	l = copy_list(s->opens, s->n, &n);

@@ -126,6 +126,17 @@
 	  "in them itself.")                                                                       \
 	X(META_DELEGATION_RECALLS, COUNTER, "stoker_meta_delegation_recalls_total", "",            \
 	  "Delegated folders recalled because another client read or changed them.")               \
+	/* ---- meta: quotas, per quota root (label: its path) ---- */                            \
+	X(QUOTA_LIMIT_BYTES, GAUGE, "stoker_quota_limit_bytes", "quota",                           \
+	  "The quota's limit on the bytes of its files (their sizes); 0: none.")                 \
+	X(QUOTA_USED_BYTES, GAUGE, "stoker_quota_used_bytes", "quota",                             \
+	  "Bytes the quota counts: the sizes of the files below its folder.")                    \
+	X(QUOTA_RESERVED_BYTES, GAUGE, "stoker_quota_reserved_bytes", "quota",                     \
+	  "Bytes reserved by writers in the quota and not yet reported as sizes.")               \
+	X(QUOTA_LIMIT_INODES, GAUGE, "stoker_quota_limit_inodes", "quota",                         \
+	  "The quota's limit on inodes; 0: none.")                                               \
+	X(QUOTA_USED_INODES, GAUGE, "stoker_quota_used_inodes", "quota",                           \
+	  "Inodes the quota counts, its folder included.")                                       \
 	/* ---- storage: per target ---- */                                                        \
 	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
 	  "Size of the file system under the target folder (targets sharing a file system "        \

@@ -784,16 +784,45 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 	reply_entry(req, fs, &a);
 }
 
+/*
+ * A mount of a folder under a quota shows the quota as the file system: its byte
+ * limit as the size, what is left of it as free (never more than the cluster has
+ * free), its inode limit as the inode count (docs/quotas.md). A limit of 0 (none)
+ * leaves the cluster's figure.
+ */
+static void quota_statfs(struct stk_fuse *fs, struct statvfs *st)
+{
+	struct stk_quota q;
+	uint64_t bs = st->f_frsize ? st->f_frsize : 4096, used;
+
+	if (stk_ll_quota_get(fs->c, fs->root_ino, &q))
+		return;
+	if (q.limit_bytes) {
+		used = q.used_bytes + q.reserved_bytes;
+		st->f_blocks = q.limit_bytes / bs;
+		st->f_bfree = used >= q.limit_bytes ? 0 : (q.limit_bytes - used) / bs;
+		st->f_bavail = st->f_bavail < st->f_bfree ? st->f_bavail : st->f_bfree;
+		st->f_bfree = st->f_bavail;
+	}
+	if (q.limit_inodes) {
+		st->f_files = q.limit_inodes;
+		st->f_ffree = q.used_inodes >= q.limit_inodes ? 0 : q.limit_inodes - q.used_inodes;
+		st->f_favail = st->f_ffree;
+	}
+}
+
 static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 {
 	struct stk_fuse *fs = fs_of(req);
 	struct statvfs st;
 	int rc = stk_statfs(fs->c, &st);
 
+	(void)ino;
 	if (rc) {
 		reply_err(req, rc);
 		return;
 	}
+	quota_statfs(fs, &st);
 	fuse_reply_statfs(req, &st);
 }
 

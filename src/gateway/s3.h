@@ -129,7 +129,9 @@
 	  "The request signature we calculated does not match the signature you provided. "        \
 	  "Check your key and signing method.")                                                    \
 	X(SLOW_DOWN, "SlowDown", 503, "Please reduce your request rate.")                          \
-	X(STORAGE_FULL, "InsufficientStorage", 507, "The cluster has no space left for the object.")
+	X(STORAGE_FULL, "InsufficientStorage", 507, "The cluster has no space left for the object.") \
+	/* A folder quota (docs/quotas.md); code and status as Ceph RGW answers a quota. */  \
+	X(QUOTA_EXCEEDED, "QuotaExceeded", 403, "The bucket's quota has no room for the object.")
 
 enum stk_s3_err {
 	STK_S3_OK = 0,

@@ -77,8 +77,9 @@ enum stk_s3_err stk_s3_err_from_errno(int err)
 	case -EPERM:
 		return STK_S3_ERR_ACCESS_DENIED;
 	case -ENOSPC:
-	case -EDQUOT:
 		return STK_S3_ERR_STORAGE_FULL;
+	case -EDQUOT:
+		return STK_S3_ERR_QUOTA_EXCEEDED;
 	case -ENAMETOOLONG:
 		return STK_S3_ERR_KEY_TOO_LONG;
 	case -EISDIR:

@@ -60,6 +60,8 @@ struct meta {
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
+	struct quota_series *quota_series; /* collect_quotas' (one scrape at a time) */
+	size_t nquota_series;
 	/* Start-up's, on stk_meta_run's thread only. */
 	const struct stk_meta_opts *opts;
 	const char *dir; /* data_dir/meta */
@@ -228,6 +230,71 @@ static void forget_if_gone(struct meta *m, uint64_t ino)
 		stk_meta_leases_undelegate(m->leases, ino);
 }
 
+/*
+ * At each scrape (with --metrics): every quota's limits and usage, a series per
+ * quota root path. Series are never removed: one whose quota went (or whose
+ * folder moved) is hidden.
+ */
+#define QUOTA_SERIES_MAX 256
+struct quota_series {
+	uint64_t qid;
+	char path[256];
+	stk_metric_t s[5];
+	int seen;
+};
+
+static void collect_quotas(void *ctx)
+{
+	static const enum stk_metric_family f[5] = {
+	    STK_M_QUOTA_LIMIT_BYTES, STK_M_QUOTA_USED_BYTES, STK_M_QUOTA_RESERVED_BYTES,
+	    STK_M_QUOTA_LIMIT_INODES, STK_M_QUOTA_USED_INODES};
+	struct meta *m = ctx;
+	struct stk_meta_quota *q = calloc(QUOTA_SERIES_MAX, sizeof(*q));
+	size_t n = 0;
+	int more;
+
+	if (!q || stk_meta_store_quota_list(m->store, 0, q, QUOTA_SERIES_MAX, &n, &more))
+		n = 0;
+	for (size_t i = 0; i < m->nquota_series; i++)
+		m->quota_series[i].seen = 0;
+	for (size_t i = 0; i < n; i++) {
+		struct quota_series *qs = NULL;
+		char path[256];
+		const char *label[1] = {path};
+		int64_t v[5] = {(int64_t)q[i].limit_bytes, (int64_t)q[i].used_bytes,
+				(int64_t)q[i].reserved_bytes, (int64_t)q[i].limit_inodes,
+				(int64_t)q[i].used_inodes};
+
+		if (stk_meta_store_path_of(m->store, q[i].qid, path, sizeof(path)))
+			snprintf(path, sizeof(path), "inode %llu", (unsigned long long)q[i].qid);
+		for (size_t j = 0; j < m->nquota_series && !qs; j++)
+			if (m->quota_series[j].qid == q[i].qid &&
+			    strcmp(m->quota_series[j].path, path) == 0)
+				qs = &m->quota_series[j];
+		if (!qs && m->nquota_series < QUOTA_SERIES_MAX) {
+			qs = &m->quota_series[m->nquota_series];
+			memset(qs, 0, sizeof(*qs));
+			qs->qid = q[i].qid;
+			snprintf(qs->path, sizeof(qs->path), "%s", path);
+			for (int k = 0; k < 5; k++)
+				if (stk_metric_series(f[k], label, &qs->s[k]))
+					qs->s[k] = 0;
+			m->nquota_series++;
+		}
+		if (!qs)
+			continue;
+		qs->seen = 1;
+		for (int k = 0; k < 5; k++) {
+			stk_metric_set_int(qs->s[k], v[k]);
+			stk_metric_hide(qs->s[k], 0);
+		}
+	}
+	for (size_t i = 0; i < m->nquota_series; i++)
+		for (int k = 0; !m->quota_series[i].seen && k < 5; k++)
+			stk_metric_hide(m->quota_series[i].s[k], 1);
+	free(q);
+}
+
 /* At each scrape (with --metrics): the lease table's counts. */
 static void collect_leases(void *ctx)
 {
@@ -256,7 +323,13 @@ static int leases_metrics(struct meta *m)
 		       "a series per family");
 	for (size_t i = 0; i < STK_ARRAY_SIZE(f) && !rc; i++)
 		rc = stk_metric_series(f[i], NULL, &m->lease_series[i]);
-	return rc ? rc : stk_metrics_collector_add(collect_leases, m);
+	if (rc == 0)
+		rc = stk_metrics_collector_add(collect_leases, m);
+	if (rc == 0) {
+		m->quota_series = calloc(QUOTA_SERIES_MAX, sizeof(*m->quota_series));
+		rc = m->quota_series ? stk_metrics_collector_add(collect_quotas, m) : -ENOMEM;
+	}
+	return rc;
 }
 
 /* Default placement for new files, from the newest routing table. */
@@ -598,7 +671,11 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	 * delegation is what is left: the folder is looked at again, and a delegation
 	 * its holder has not been told of yet simply goes.
 	 */
-	if ((q.flags & STK_MKDIR_DELEGATE) && origin && r.leased && r.empty &&
+	/*
+	 * A folder under a quota is not delegated: its holder would answer creates
+	 * itself, and a quota must refuse them when they are made (docs/quotas.md).
+	 */
+	if ((q.flags & STK_MKDIR_DELEGATE) && origin && r.leased && r.empty && !r.attr.qid &&
 	    stk_meta_leases_delegate(m->leases, origin, r.attr.ino)) {
 		r.delegated = (uint8_t)dir_empty(m, r.attr.ino);
 		if (!r.delegated)
@@ -1408,6 +1485,141 @@ static int op_lock(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 }
 
 /*
+ * The folder path of quota root ino, for people: found by walking up the parent
+ * pointers (stk_meta_store_path_of); "" when it cannot be found.
+ */
+static void quota_rec_of(struct meta *m, const struct stk_meta_quota *q,
+			 struct stk_msg_quota_rec *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->qid = q->qid;
+	r->parent = q->parent;
+	r->limit_bytes = q->limit_bytes;
+	r->limit_inodes = q->limit_inodes;
+	r->used_bytes = q->used_bytes;
+	r->used_inodes = q->used_inodes;
+	r->reserved_bytes = q->reserved_bytes;
+	if (stk_meta_store_path_of(m->store, q->qid, r->path, sizeof(r->path)))
+		r->path[0] = 0;
+}
+
+struct recounted {
+	struct meta *m;
+	struct stk_msg_quota_rec *recs;
+	uint32_t n, cap;
+	int err;
+};
+
+/* Inside recount's transaction: one quota recounted, kept for the reply. */
+static void recounted_one(void *ctx, const struct stk_meta_quota *before,
+			  const struct stk_meta_quota *after)
+{
+	struct recounted *rc = ctx;
+	struct stk_msg_quota_rec *r;
+
+	if (rc->n == rc->cap) {
+		uint32_t cap = rc->cap ? 2 * rc->cap : 16;
+		struct stk_msg_quota_rec *p = realloc(rc->recs, cap * sizeof(*p));
+
+		if (!p || cap > STK_QUOTA_LIST_MAX) {
+			free(p == rc->recs ? NULL : p);
+			rc->err = -ENOMEM;
+			return;
+		}
+		rc->recs = p;
+		rc->cap = cap;
+	}
+	r = &rc->recs[rc->n++];
+	quota_rec_of(rc->m, after, r);
+	r->fixed = before->used_bytes != after->used_bytes ||
+		   before->used_inodes != after->used_inodes;
+	r->old_bytes = before->used_bytes;
+	r->old_inodes = before->used_inodes;
+	if (r->fixed)
+		stk_info("quota recount on %s (%llu): inodes %llu -> %llu, bytes %llu -> %llu",
+			 r->path, (unsigned long long)r->qid,
+			 (unsigned long long)before->used_inodes,
+			 (unsigned long long)after->used_inodes,
+			 (unsigned long long)before->used_bytes,
+			 (unsigned long long)after->used_bytes);
+}
+
+/*
+ * META_QUOTA (msg.h): quota administration and reservations. Setting or removing
+ * a quota retags inodes other clients may cache (their attr.qid); they see it
+ * when their leases on those inodes end (docs/quotas.md, "Limits").
+ */
+static int op_quota(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_quota_req q;
+	struct stk_msg_meta_quota_resp r;
+	struct stk_meta_quota one, *list = NULL;
+	struct recounted rec = {.m = m};
+	size_t n = 0;
+	int more = 0, rc;
+
+	rc = decoded(req, stk_msg_meta_quota_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	memset(&r, 0, sizeof(r));
+	switch (q.op) {
+	case STK_QUOTA_SET:
+		rc = stk_meta_store_quota_set(m->store, &q.cred, q.ino, q.limit_bytes,
+					      q.limit_inodes, q.flags, &one);
+		n = 1;
+		if (rc == 0)
+			stk_info("quota on folder %llu set: bytes %llu, inodes %llu (0: none)",
+				 (unsigned long long)q.ino, (unsigned long long)one.limit_bytes,
+				 (unsigned long long)one.limit_inodes);
+		break;
+	case STK_QUOTA_RM:
+		rc = stk_meta_store_quota_rm(m->store, &q.cred, q.ino);
+		if (rc == 0)
+			stk_info("quota on folder %llu removed", (unsigned long long)q.ino);
+		break;
+	case STK_QUOTA_GET:
+		rc = stk_meta_store_quota_get(m->store, q.ino, &one);
+		n = 1;
+		break;
+	case STK_QUOTA_LIST:
+		list = calloc(STK_QUOTA_LIST_MAX, sizeof(*list));
+		rc = list ? stk_meta_store_quota_list(m->store, q.ino, list, STK_QUOTA_LIST_MAX,
+						      &n, &more)
+			  : -ENOMEM;
+		break;
+	case STK_QUOTA_RECOUNT:
+		rc = stk_meta_store_quota_recount(m->store, &q.cred, q.ino, recounted_one, &rec);
+		if (rc == 0)
+			rc = rec.err;
+		break;
+	case STK_QUOTA_RESERVE:
+		rc = stk_meta_store_quota_reserve(m->store, q.session, q.ino, q.size, q.want,
+						  &r.granted);
+		break;
+	default:
+		rc = -EINVAL;
+	}
+	if (rc)
+		goto out;
+	r.more = (uint8_t)more;
+	r.n = q.op == STK_QUOTA_RECOUNT ? rec.n : (uint32_t)n;
+	rc = stk_msg_meta_quota_resp_enc(&resp->payload, &r);
+	for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
+		struct stk_msg_quota_rec qr;
+
+		if (q.op == STK_QUOTA_RECOUNT)
+			qr = rec.recs[i];
+		else
+			quota_rec_of(m, list ? &list[i] : &one, &qr);
+		rc = stk_msg_quota_rec_enc(&resp->payload, &qr);
+	}
+out:
+	free(list);
+	free(rec.recs);
+	return rc;
+}
+
+/*
  * Handlers by opcode; the opcodes themselves are declared once, in proto/wire.h.
  * Kept out of clang-format, which would pack two entries to a line.
  */
@@ -1444,6 +1656,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_GETATTRS] = op_getattrs,
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
+	[STK_OP_META_QUOTA] = op_quota,
 };
 /* clang-format on */
 
@@ -1745,6 +1958,9 @@ static int meta_metrics(void *ctx, struct stk_daemon *d)
 static void meta_metrics_stop(void *ctx)
 {
 	stk_metrics_collector_remove(collect_leases, ctx);
+	stk_metrics_collector_remove(collect_quotas, ctx);
+	free(((struct meta *)ctx)->quota_series);
+	((struct meta *)ctx)->quota_series = NULL;
 }
 
 /* Joins the cluster, then starts the session reaper and the syncer. */

@@ -201,6 +201,8 @@ static void session_drop(struct stk_meta_sessions *s, uint64_t id)
 			free(r);
 		}
 	}
+	/* Room it reserved for writes it will never make (store.h, quotas). */
+	stk_meta_store_quota_release_session(s->store, id);
 	nlocks = stk_locktab_drop_session(s->locks, id);
 	if (nrefs || nlocks)
 		stk_info("session %016llx: dropped %zu open file(s) and %zu lock(s)",
@@ -362,6 +364,8 @@ int stk_meta_sessions_close(struct stk_meta_sessions *s, uint64_t session, uint6
 	}
 	*p = r->next;
 	free(r);
+	/* Its last close: the size it reported replaced the room it reserved. */
+	stk_meta_store_quota_release(s->store, session, ino);
 	unreferenced(s, ino);
 out:
 	pthread_mutex_unlock(&s->mu);

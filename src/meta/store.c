@@ -54,19 +54,21 @@
 
 /*
  * Inode record formats: 1 is the attributes of wire version 4 (no rdev) and the
- * parent; 2 (written since) the attributes with rdev, the parent, then u16 n and
- * n ranges of chunks holding data (u32 first, u32 end). A format 1 record's file
- * counts every chunk below its size as written.
+ * parent; 2 the attributes with rdev, the parent, then u16 n and n ranges of
+ * chunks holding data (u32 first, u32 end); 3 (written since) is 2 followed by
+ * u64 qid, the quota root the inode counts in (0: none; 1 and 2 have none). A
+ * format 1 record's file counts every chunk below its size as written.
  */
 #define INODE_FORMAT_V1 1
-#define INODE_FORMAT 2
+#define INODE_FORMAT_V2 2
+#define INODE_FORMAT 3
 /*
  * Ranges of written chunks kept per file. Past this many, the two closest merge
  * (the hole between them counts as written): st_blocks may then overstate, never
  * understate, what a much-fragmented sparse file holds.
  */
 #define ALLOC_RANGES_MAX 32
-#define INODE_REC_MAX (1 + 108 + 8 + 2 + ALLOC_RANGES_MAX * 8)
+#define INODE_REC_MAX (1 + 108 + 8 + 2 + ALLOC_RANGES_MAX * 8 + 8)
 #define DENTRY_KEY_MAX (16 + STK_NAME_MAX)
 #define DEFAULT_MAP_SIZE (64ull << 30)
 /*
@@ -95,6 +97,7 @@ struct stk_meta_store {
 	MDB_dbi links;
 	MDB_dbi sys;
 	MDB_dbi xattrs;
+	MDB_dbi quotas;
 	struct stk_ns_id ns_id; /* the namespace's identity, set once by store_init */
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
@@ -119,6 +122,13 @@ struct stk_meta_store {
 	uint64_t map_max;
 	pthread_rwlock_t map_lock;
 	int grow_warned; /* atomic: "cannot grow" logged, and no growth since */
+	/*
+	 * Room reserved for writes to files under quotas (memory only; see "quotas"
+	 * below): reservations by inode hash. qmu guards them; it is taken inside
+	 * write transactions and under the sessions' mutex, never the other way.
+	 */
+	pthread_mutex_t qmu;
+	struct resv *resv[256];
 };
 
 /*
@@ -154,6 +164,10 @@ struct op {
 	int chosen_time;
 	int nested; /* a child of this thread's batch (stk_meta_store_batch_begin) */
 };
+
+/* Quotas (the end of this file): what the operations above them call. */
+static void resv_resize(struct stk_meta_store *st, uint64_t ino, uint64_t size);
+static void resv_free_all(struct stk_meta_store *st);
 
 /*
  * This thread's batch: every operation of the store in it is a child transaction
@@ -494,7 +508,7 @@ static int inode_decode(uint64_t ino, const MDB_val *v, struct inode *n)
 
 	stk_rbuf_init(&r, v->mv_data, v->mv_size);
 	fmt = stk_get_u8(&r);
-	stk_attr_dec(&r, &n->a);
+	stk_attr_dec_base(&r, &n->a);
 	n->nalloc = 0;
 	if (fmt == INODE_FORMAT_V1) {
 		/*
@@ -514,7 +528,7 @@ static int inode_decode(uint64_t ino, const MDB_val *v, struct inode *n)
 
 		n->parent = stk_get_u64(&r);
 		cnt = stk_get_u16(&r);
-		bad = fmt != INODE_FORMAT || cnt > ALLOC_RANGES_MAX;
+		bad = (fmt != INODE_FORMAT && fmt != INODE_FORMAT_V2) || cnt > ALLOC_RANGES_MAX;
 		for (uint32_t i = 0; !bad && i < cnt; i++) {
 			n->alloc[i][0] = stk_get_u32(&r);
 			n->alloc[i][1] = stk_get_u32(&r);
@@ -523,6 +537,8 @@ static int inode_decode(uint64_t ino, const MDB_val *v, struct inode *n)
 		}
 		if (!bad)
 			n->nalloc = cnt;
+		if (!bad && fmt == INODE_FORMAT)
+			n->a.qid = stk_get_u64(&r);
 	}
 	if (stk_rbuf_finish(&r) || bad || n->a.ino != ino) {
 		stk_error("meta store: inode %llu: corrupt record", (unsigned long long)ino);
@@ -564,13 +580,14 @@ static int inode_put(struct op *o, const struct inode *n)
 
 	stk_wbuf_init(&w, buf, sizeof(buf));
 	stk_put_u8(&w, INODE_FORMAT);
-	stk_attr_enc(&w, &n->a);
+	stk_attr_enc_base(&w, &n->a);
 	stk_put_u64(&w, n->parent);
 	stk_put_u16(&w, (uint16_t)n->nalloc);
 	for (uint32_t i = 0; i < n->nalloc; i++) {
 		stk_put_u32(&w, n->alloc[i][0]);
 		stk_put_u32(&w, n->alloc[i][1]);
 	}
+	stk_put_u64(&w, n->a.qid);
 	if (w.err)
 		return -EIO;
 	be64_put(k, n->a.ino);
@@ -580,8 +597,20 @@ static int inode_put(struct op *o, const struct inode *n)
 }
 
 static int xattrs_del_all(struct op *o, uint64_t ino);
+static int quota_charge(struct op *o, uint64_t qid, int64_t dinodes, int64_t dbytes, int check);
+static int quota_del(struct op *o, uint64_t qid);
 
-/* Drops an inode that lost its last name, with its symlink target and xattrs. */
+/* What an inode counts in its quota: itself, and a regular file's size. */
+static int64_t quota_bytes_of(const struct inode *n)
+{
+	return S_ISREG(n->a.mode) ? (int64_t)n->a.size : 0;
+}
+
+/*
+ * Drops an inode that lost its last name, with its symlink target and xattrs,
+ * and what it counted in its quota (a folder that was a quota root takes its
+ * quota with it).
+ */
 static int inode_del(struct op *o, const struct inode *n)
 {
 	uint8_t k[8];
@@ -589,7 +618,11 @@ static int inode_del(struct op *o, const struct inode *n)
 	int rc;
 
 	be64_put(k, n->a.ino);
-	rc = lmdb_err(mdb_del(o->txn, o->st->inodes, &key, NULL), "delete inode");
+	rc = quota_charge(o, n->a.qid, -1, -quota_bytes_of(n), 0);
+	if (rc == 0 && S_ISDIR(n->a.mode) && n->a.qid == n->a.ino)
+		rc = quota_del(o, n->a.ino);
+	if (rc == 0)
+		rc = lmdb_err(mdb_del(o->txn, o->st->inodes, &key, NULL), "delete inode");
 	if (rc == 0)
 		rc = xattrs_del_all(o, n->a.ino);
 	if (rc == 0 && S_ISLNK(n->a.mode)) {
@@ -861,6 +894,7 @@ static int inode_new(struct op *o, const struct inode *dir, uint32_t mode, uint6
 		mode &= ~(uint32_t)S_ISGID;
 	n->a.mode = mode;
 	n->a.nlink = 1;
+	n->a.qid = dir->a.qid; /* a quota root's own qid is itself */
 	times_now(o, &n->a.atime_sec, &n->a.atime_nsec);
 	times_now(o, &n->a.mtime_sec, &n->a.mtime_nsec);
 	set_ctime(o, &n->a);
@@ -877,7 +911,9 @@ static int entry_add(struct op *o, struct inode *dir, const char *name, const st
 			return -EMLINK;
 		dir->a.nlink++;
 	}
-	rc = inode_put(o, n);
+	rc = quota_charge(o, n->a.qid, 1, quota_bytes_of(n), 1);
+	if (rc == 0)
+		rc = inode_put(o, n);
 	if (rc == 0)
 		rc = dentry_put(o, dir->a.ino, name, n->a.ino, n->a.mode);
 	if (rc == 0) {
@@ -1004,6 +1040,8 @@ static int store_init(struct stk_meta_store *st)
 		rc = mdb_dbi_open(o.txn, "sys", MDB_CREATE, &st->sys);
 	if (rc == 0)
 		rc = mdb_dbi_open(o.txn, "xattrs", MDB_CREATE, &st->xattrs);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "quotas", MDB_CREATE, &st->quotas);
 	rc = lmdb_err(rc, "open tables");
 	if (rc)
 		goto out;
@@ -1039,7 +1077,7 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
 	if (rc)
 		return rc;
-	mdb_env_set_maxdbs(st->env, 5);
+	mdb_env_set_maxdbs(st->env, 6);
 	mdb_env_set_maxreaders(st->env, MAX_READERS);
 	if (allocated && snprintf(path, sizeof(path), "%s/data.mdb", dir) < (int)sizeof(path) &&
 	    stat(path, &sb) == 0)
@@ -1092,6 +1130,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	if (!st)
 		return -ENOMEM;
 	pthread_mutex_init(&st->sync_mu, NULL);
+	pthread_mutex_init(&st->qmu, NULL);
 	/* a growth waiting for the map must not wait behind a stream of new readers */
 	pthread_rwlockattr_init(&ra);
 	pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
@@ -1115,6 +1154,7 @@ out:
 		mdb_env_close(st->env);
 	pthread_rwlock_destroy(&st->map_lock);
 	pthread_mutex_destroy(&st->sync_mu);
+	pthread_mutex_destroy(&st->qmu);
 	free(st);
 	return rc;
 }
@@ -1126,6 +1166,8 @@ void stk_meta_store_close(struct stk_meta_store *st)
 	mdb_env_close(st->env);
 	pthread_rwlock_destroy(&st->map_lock);
 	pthread_mutex_destroy(&st->sync_mu);
+	resv_free_all(st);
+	pthread_mutex_destroy(&st->qmu);
 	free(st);
 }
 
@@ -1469,8 +1511,15 @@ int stk_meta_store_setattr(struct stk_meta_store *st, const struct stk_cred *cre
 	if (rc == 0 && sa->valid == STK_SETATTR_ATIME_READ) {
 		rc = record_read(&o, &n);
 	} else if (rc == 0) {
+		int64_t old = quota_bytes_of(&n);
+
 		setattr_apply(&o, &n, sa);
-		rc = inode_put(&o, &n);
+		/* Growing by truncate writes nothing, but the size is what a quota counts. */
+		rc = quota_charge(&o, n.a.qid, 0, quota_bytes_of(&n) - old, 1);
+		if (rc == 0)
+			rc = inode_put(&o, &n);
+		if (rc == 0 && n.a.qid && old != quota_bytes_of(&n))
+			resv_resize(st, ino, n.a.size);
 	}
 	rc = op_end(&o, rc);
 	if (rc == 0)
@@ -1533,8 +1582,15 @@ int stk_meta_store_extend_alloc(struct stk_meta_store *st, const struct stk_cred
 		rc = S_ISDIR(n.a.mode) ? -EISDIR : -EINVAL;
 		goto out;
 	}
-	if (new_size > n.a.size)
+	if (new_size > n.a.size) {
+		/* The writer reserved this room before its bytes went (RESERVE): no check. */
+		rc = quota_charge(&o, n.a.qid, 0, (int64_t)(new_size - n.a.size), 0);
+		if (rc)
+			goto out;
 		n.a.size = new_size;
+		if (n.a.qid) /* only files under a quota have reservations */
+			resv_resize(st, ino, new_size);
+	}
 	/* Written chunks past the end count once the size covers them. */
 	alloc_add(&n, x->alloc_first, x->alloc_end);
 	alloc_cut(&n, x->punch_first, x->punch_end);
@@ -1865,6 +1921,9 @@ int stk_meta_store_link(struct stk_meta_store *st, const struct stk_cred *cred, 
 		rc = may(&o, &dir.a, MAY_W | MAY_X);
 	if (rc == 0 && n.a.nlink == UINT32_MAX)
 		rc = -EMLINK;
+	/* An inode counts in one quota: no name of it in another (docs/quotas.md). */
+	if (rc == 0 && dir.a.qid != n.a.qid)
+		rc = -EXDEV;
 	if (rc)
 		goto out;
 	n.a.nlink++;
@@ -2123,11 +2182,16 @@ static int rename_write_parents(struct op *o, struct rename_ctx *r)
 	return rc;
 }
 
+static int quota_move(struct op *o, struct inode *n, uint64_t from, uint64_t to);
+
 /* src takes dst's name, replacing the target if there is one. */
 static int rename_move(struct op *o, struct rename_ctx *r, int *replaced)
 {
 	int rc;
 
+	rc = quota_move(o, &r->src, r->sp.a.qid, r->dp->a.qid);
+	if (rc)
+		return rc;
 	if (S_ISDIR(r->src.a.mode)) {
 		if (r->have_dst)
 			r->dp->a.nlink--; /* the empty directory src replaces */
@@ -2153,9 +2217,12 @@ static int rename_move(struct op *o, struct rename_ctx *r, int *replaced)
 /* The two names swap inodes. */
 static int rename_exchange(struct op *o, struct rename_ctx *r)
 {
-	int rc = 0;
+	int rc;
 
-	if (S_ISDIR(r->src.a.mode))
+	rc = quota_move(o, &r->src, r->sp.a.qid, r->dp->a.qid);
+	if (rc == 0)
+		rc = quota_move(o, &r->dst, r->dp->a.qid, r->sp.a.qid);
+	if (rc == 0 && S_ISDIR(r->src.a.mode))
 		rc = move_subdir(&r->src, &r->sp, r->dp);
 	if (rc == 0 && S_ISDIR(r->dst.a.mode))
 		rc = move_subdir(&r->dst, r->dp, &r->sp);
@@ -2587,4 +2654,999 @@ int stk_meta_store_removexattr(struct stk_meta_store *st, const struct stk_cred 
 	}
 out:
 	return op_end(&o, rc);
+}
+
+/* ---- quotas ---- */
+
+/*
+ * A quota root's record in the quotas table: key be64 qid (the folder's inode
+ * number), value u8 format (1), u64 parent (the quota root of the folder's own
+ * context, that is the nearest one above it; 0: none), u64 limit_bytes,
+ * u64 limit_inodes (0: no limit of that kind), u64 used_bytes, u64 used_inodes.
+ *
+ * An inode counts in the quota its qid names and in every quota above that one
+ * (parent, its parent, ...): nested quotas all apply, as a team's quota still
+ * holds when one of its projects gets its own. Usage changes in the transaction
+ * that changes the inode, so it is exact across any crash: a transaction that
+ * did not commit changed neither. What is reserved for writes in flight is in
+ * memory (struct resv) and dies with the sessions that hold it.
+ */
+#define QUOTA_FORMAT 1
+#define QUOTA_REC_LEN (1 + 5 * 8)
+/* Nested quotas deeper than this can only be a cycle in a corrupt store. */
+#define QUOTA_DEPTH_MAX 16
+/* A walk of a big tree logs how far it got every this many inodes. */
+#define QUOTA_PROGRESS 100000u
+
+struct quota {
+	uint64_t qid, parent, limit_bytes, limit_inodes, used_bytes, used_inodes;
+};
+
+/*
+ * Room a session holds to write a file past its size (stk_meta_store_quota_reserve):
+ * the holder may write up to `granted`; what counts as reserved in each quota of
+ * `chain` (the file's quota, then those above it) is granted - size, or 0 once
+ * the size caught up, kept current by resv_resize. Guarded by st->qmu.
+ */
+struct resv {
+	uint64_t session, ino;
+	uint64_t granted;
+	uint64_t charged;
+	uint64_t chain[QUOTA_DEPTH_MAX];
+	unsigned nchain;
+	struct resv *next;
+};
+
+static struct resv **resv_bucket(struct stk_meta_store *st, uint64_t ino)
+{
+	return &st->resv[(ino * 0x9E3779B97F4A7C15ull) >> 56];
+}
+
+static int quota_get(struct op *o, uint64_t qid, struct quota *q)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	struct stk_rbuf r;
+	uint8_t fmt;
+	int rc;
+
+	be64_put(k, qid);
+	rc = mdb_get(o->txn, o->st->quotas, &key, &val);
+	if (rc)
+		return lmdb_err(rc, "read quota");
+	stk_rbuf_init(&r, val.mv_data, val.mv_size);
+	fmt = stk_get_u8(&r);
+	q->qid = qid;
+	q->parent = stk_get_u64(&r);
+	q->limit_bytes = stk_get_u64(&r);
+	q->limit_inodes = stk_get_u64(&r);
+	q->used_bytes = stk_get_u64(&r);
+	q->used_inodes = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r) || fmt != QUOTA_FORMAT) {
+		stk_error("meta store: quota %llu: corrupt record", (unsigned long long)qid);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int quota_put(struct op *o, const struct quota *q)
+{
+	uint8_t k[8], buf[QUOTA_REC_LEN];
+	MDB_val key = {sizeof(k), k}, val = {sizeof(buf), buf};
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u8(&w, QUOTA_FORMAT);
+	stk_put_u64(&w, q->parent);
+	stk_put_u64(&w, q->limit_bytes);
+	stk_put_u64(&w, q->limit_inodes);
+	stk_put_u64(&w, q->used_bytes);
+	stk_put_u64(&w, q->used_inodes);
+	be64_put(k, q->qid);
+	return lmdb_err(mdb_put(o->txn, o->st->quotas, &key, &val, 0), "write quota");
+}
+
+static int quota_del(struct op *o, uint64_t qid)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k};
+	int rc;
+
+	be64_put(k, qid);
+	rc = lmdb_err(mdb_del(o->txn, o->st->quotas, &key, NULL), "delete quota");
+	return rc == -ENOENT ? 0 : rc;
+}
+
+/*
+ * The quotas an inode tagged qid counts in, the nearest first, into q (up to
+ * QUOTA_DEPTH_MAX). A tag naming a quota that is gone ends the chain there (a
+ * recount retags such inodes); a chain deeper than the limit is corruption.
+ */
+static int quota_chain(struct op *o, uint64_t qid, struct quota *q, unsigned *n)
+{
+	int rc;
+
+	*n = 0;
+	while (qid) {
+		if (*n == QUOTA_DEPTH_MAX) {
+			stk_error("meta store: quota %llu: chain of quotas too deep or cyclic",
+				  (unsigned long long)qid);
+			return -EIO;
+		}
+		rc = quota_get(o, qid, &q[*n]);
+		if (rc == -ENOENT) {
+			stk_warn("meta store: an inode counts in quota %llu, which is gone "
+				 "(stoker quota recount fixes it)", (unsigned long long)qid);
+			return 0;
+		}
+		if (rc)
+			return rc;
+		qid = q[(*n)++].parent;
+	}
+	return 0;
+}
+
+static uint64_t add_sat(uint64_t v, int64_t d)
+{
+	if (d < 0)
+		return (uint64_t)-d > v ? 0 : v - (uint64_t)-d;
+	return UINT64_MAX - v < (uint64_t)d ? UINT64_MAX : v + (uint64_t)d;
+}
+
+/* With qmu held: the bytes reserved in quota qid. */
+static uint64_t resv_sum_locked(struct stk_meta_store *st, uint64_t qid)
+{
+	uint64_t sum = 0;
+
+	for (size_t b = 0; b < STK_ARRAY_SIZE(st->resv); b++)
+		for (struct resv *r = st->resv[b]; r; r = r->next)
+			for (unsigned i = 0; i < r->nchain; i++)
+				if (r->chain[i] == qid)
+					sum += r->charged;
+	return sum;
+}
+
+/* -EDQUOT if q cannot take dinodes more inodes and dbytes more bytes. */
+static int quota_room(struct stk_meta_store *st, const struct quota *q, int64_t dinodes,
+		      int64_t dbytes)
+{
+	uint64_t res;
+
+	if (dinodes > 0 && q->limit_inodes && q->used_inodes + (uint64_t)dinodes > q->limit_inodes)
+		return -EDQUOT;
+	if (dbytes <= 0 || !q->limit_bytes)
+		return 0;
+	pthread_mutex_lock(&st->qmu);
+	res = resv_sum_locked(st, q->qid);
+	pthread_mutex_unlock(&st->qmu);
+	return add_sat(add_sat(q->used_bytes, (int64_t)STK_MIN(res, (uint64_t)INT64_MAX)), dbytes) >
+		       q->limit_bytes
+		   ? -EDQUOT
+		   : 0;
+}
+
+/*
+ * Counts dinodes inodes and dbytes bytes more (or fewer) in quota qid and every
+ * quota above it. With check, growth past a limit is -EDQUOT and nothing changes
+ * (the caller's transaction then aborts). Usage never goes below 0.
+ */
+static int quota_charge(struct op *o, uint64_t qid, int64_t dinodes, int64_t dbytes, int check)
+{
+	struct quota q[QUOTA_DEPTH_MAX];
+	unsigned n;
+	int rc;
+
+	if (!qid || (!dinodes && !dbytes))
+		return 0;
+	rc = quota_chain(o, qid, q, &n);
+	for (unsigned i = 0; rc == 0 && check && i < n; i++)
+		rc = quota_room(o->st, &q[i], dinodes, dbytes);
+	for (unsigned i = 0; rc == 0 && i < n; i++) {
+		q[i].used_inodes = add_sat(q[i].used_inodes, dinodes);
+		q[i].used_bytes = add_sat(q[i].used_bytes, dbytes);
+		rc = quota_put(o, &q[i]);
+	}
+	return rc;
+}
+
+static int in_chain(const struct quota *q, unsigned n, uint64_t qid)
+{
+	for (unsigned i = 0; i < n; i++)
+		if (q[i].qid == qid)
+			return 1;
+	return 0;
+}
+
+/*
+ * Rename's rule (docs/quotas.md): n leaves a folder counted in quota `from` for
+ * one counted in `to`. A folder, or a file with other names, cannot (-EXDEV: mv
+ * copies instead); a file takes its inode and bytes along if every quota it
+ * enters has room (-EDQUOT), and its reservations follow it.
+ */
+static int quota_move(struct op *o, struct inode *n, uint64_t from, uint64_t to)
+{
+	struct quota oq[QUOTA_DEPTH_MAX], nq[QUOTA_DEPTH_MAX];
+	int64_t bytes = quota_bytes_of(n);
+	unsigned on, nn;
+	int rc;
+
+	if (from == to)
+		return 0;
+	if (S_ISDIR(n->a.mode) || n->a.nlink > 1)
+		return -EXDEV;
+	rc = quota_chain(o, n->a.qid, oq, &on);
+	if (rc == 0)
+		rc = quota_chain(o, to, nq, &nn);
+	for (unsigned i = 0; rc == 0 && i < nn; i++)
+		if (!in_chain(oq, on, nq[i].qid))
+			rc = quota_room(o->st, &nq[i], 1, bytes);
+	for (unsigned i = 0; rc == 0 && i < nn; i++) {
+		if (in_chain(oq, on, nq[i].qid))
+			continue;
+		nq[i].used_inodes++;
+		nq[i].used_bytes = add_sat(nq[i].used_bytes, bytes);
+		rc = quota_put(o, &nq[i]);
+	}
+	for (unsigned i = 0; rc == 0 && i < on; i++) {
+		if (in_chain(nq, nn, oq[i].qid))
+			continue;
+		oq[i].used_inodes = add_sat(oq[i].used_inodes, -1);
+		oq[i].used_bytes = add_sat(oq[i].used_bytes, -bytes);
+		rc = quota_put(o, &oq[i]);
+	}
+	if (rc)
+		return rc;
+	n->a.qid = to;
+	pthread_mutex_lock(&o->st->qmu);
+	for (struct resv *r = *resv_bucket(o->st, n->a.ino); r; r = r->next) {
+		if (r->ino != n->a.ino)
+			continue;
+		r->nchain = nn;
+		for (unsigned i = 0; i < nn; i++)
+			r->chain[i] = nq[i].qid;
+	}
+	pthread_mutex_unlock(&o->st->qmu);
+	return 0;
+}
+
+static void resv_resize(struct stk_meta_store *st, uint64_t ino, uint64_t size)
+{
+	pthread_mutex_lock(&st->qmu);
+	for (struct resv *r = *resv_bucket(st, ino); r; r = r->next)
+		if (r->ino == ino)
+			r->charged = r->granted > size ? r->granted - size : 0;
+	pthread_mutex_unlock(&st->qmu);
+}
+
+/* With qmu held, inside a write transaction: every reservation's chain read again. */
+static void resv_rechain_locked(struct op *o)
+{
+	struct quota q[QUOTA_DEPTH_MAX];
+	struct inode n;
+	unsigned nq;
+
+	for (size_t b = 0; b < STK_ARRAY_SIZE(o->st->resv); b++) {
+		for (struct resv *r = o->st->resv[b]; r; r = r->next) {
+			if (inode_get(o, r->ino, &n) || quota_chain(o, n.a.qid, q, &nq))
+				continue;
+			r->nchain = nq;
+			for (unsigned i = 0; i < nq; i++)
+				r->chain[i] = q[i].qid;
+		}
+	}
+}
+
+static void resv_free_all(struct stk_meta_store *st)
+{
+	for (size_t b = 0; b < STK_ARRAY_SIZE(st->resv); b++) {
+		while (st->resv[b]) {
+			struct resv *r = st->resv[b];
+
+			st->resv[b] = r->next;
+			free(r);
+		}
+	}
+}
+
+static void quota_out(struct stk_meta_store *st, const struct quota *q, struct stk_meta_quota *out)
+{
+	out->qid = q->qid;
+	out->parent = q->parent;
+	out->limit_bytes = q->limit_bytes;
+	out->limit_inodes = q->limit_inodes;
+	out->used_bytes = q->used_bytes;
+	out->used_inodes = q->used_inodes;
+	pthread_mutex_lock(&st->qmu);
+	out->reserved_bytes = resv_sum_locked(st, q->qid);
+	pthread_mutex_unlock(&st->qmu);
+}
+
+/* ---- walking a tree: setting, removing and recounting a quota ---- */
+
+struct ino_vec {
+	uint64_t *v;
+	size_t n, cap;
+};
+
+static int vec_push(struct ino_vec *v, uint64_t x)
+{
+	if (v->n == v->cap) {
+		size_t cap = v->cap ? 2 * v->cap : 256;
+		uint64_t *p = realloc(v->v, cap * sizeof(*p));
+
+		if (!p)
+			return -ENOMEM;
+		v->v = p;
+		v->cap = cap;
+	}
+	v->v[v->n++] = x;
+	return 0;
+}
+
+static int vec_has(const struct ino_vec *v, uint64_t x)
+{
+	for (size_t i = 0; i < v->n; i++)
+		if (v->v[i] == x)
+			return 1;
+	return 0;
+}
+
+/* Appends the inode numbers of folder dir's entries to out. */
+static int dir_children(struct op *o, uint64_t dir, struct ino_vec *out)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *c;
+	int mrc, rc = 0;
+
+	be64_put(k, dir);
+	rc = lmdb_err(mdb_cursor_open(o->txn, o->st->dentries, &c), "open cursor");
+	if (rc)
+		return rc;
+	for (mrc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE); mrc == 0 && rc == 0;
+	     mrc = mdb_cursor_get(c, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		uint64_t ino;
+
+		if (key.mv_size < 8 || be64_get(key.mv_data) != dir)
+			break;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		ino = stk_get_u64(&r);
+		rc = r.err ? -EIO : vec_push(out, ino);
+	}
+	if (mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "read entry");
+	mdb_cursor_close(c);
+	return rc;
+}
+
+/*
+ * Calls fn for every inode below folder top (not top itself), once per name, in
+ * no particular order. fn returns 1 to walk into a folder, 0 not to, or -errno
+ * to stop the walk with that error. Logs its progress on big trees.
+ */
+typedef int (*walk_fn)(struct op *o, struct inode *n, void *ctx);
+
+static int tree_walk(struct op *o, uint64_t top, walk_fn fn, void *ctx)
+{
+	struct ino_vec stack = {0}, kids = {0};
+	uint64_t seen = 0;
+	int rc;
+
+	rc = vec_push(&stack, top);
+	while (rc == 0 && stack.n) {
+		uint64_t dir = stack.v[--stack.n];
+
+		kids.n = 0;
+		rc = dir_children(o, dir, &kids);
+		for (size_t i = 0; rc == 0 && i < kids.n; i++) {
+			struct inode n;
+
+			rc = inode_get_named(o, kids.v[i], &n);
+			if (rc == 0)
+				rc = fn(o, &n, ctx);
+			if (rc == 1)
+				rc = S_ISDIR(n.a.mode) ? vec_push(&stack, n.a.ino) : 0;
+			if (++seen % QUOTA_PROGRESS == 0)
+				stk_info("quota on folder %llu: %llu inodes walked so far",
+					 (unsigned long long)top, (unsigned long long)seen);
+		}
+	}
+	free(stack.v);
+	free(kids.v);
+	return rc;
+}
+
+/* Calls fn for every orphan (a file open but without a name). */
+static int orphans_each(struct op *o, walk_fn fn, void *ctx)
+{
+	struct ino_vec v = {0};
+	uint8_t k[ORPHAN_KEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur;
+	int mrc, rc;
+
+	orphan_key(k, 0);
+	rc = lmdb_err(mdb_cursor_open(o->txn, o->st->sys, &cur), "open cursor");
+	if (rc)
+		return rc;
+	for (mrc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0 && rc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		if (key.mv_size != ORPHAN_KEY_LEN ||
+		    memcmp(key.mv_data, ORPHAN_PREFIX, sizeof(ORPHAN_PREFIX) - 1))
+			break;
+		rc = vec_push(&v, be64_get((const uint8_t *)key.mv_data + ORPHAN_KEY_LEN - 8));
+	}
+	mdb_cursor_close(cur);
+	for (size_t i = 0; rc == 0 && i < v.n; i++) {
+		struct inode n;
+
+		rc = inode_get(o, v.v[i], &n);
+		if (rc == -ENOENT)
+			rc = 0;
+		else if (rc == 0)
+			rc = fn(o, &n, ctx) < 0 ? -EIO : 0;
+	}
+	free(v.v);
+	return rc;
+}
+
+static int is_quota_root(const struct inode *n)
+{
+	return S_ISDIR(n->a.mode) && n->a.qid == n->a.ino;
+}
+
+/* Setting a new quota on folder qid: everything below is tagged and counted. */
+struct tag_ctx {
+	uint64_t qid;
+	uint64_t bytes, inodes;
+};
+
+static int tag_one(struct op *o, struct inode *n, void *arg)
+{
+	struct tag_ctx *t = arg;
+	struct quota q;
+	int rc;
+
+	if (is_quota_root(n)) {
+		/* A quota below: it now sits inside this one, and counts in it. */
+		rc = quota_get(o, n->a.ino, &q);
+		if (rc)
+			return rc;
+		q.parent = t->qid;
+		t->inodes += q.used_inodes;
+		t->bytes += q.used_bytes;
+		return quota_put(o, &q);
+	}
+	if (n->a.qid == t->qid)
+		return 0; /* a file's other name: counted once */
+	n->a.qid = t->qid;
+	t->inodes++;
+	t->bytes += (uint64_t)quota_bytes_of(n);
+	rc = inode_put(o, n);
+	return rc ? rc : 1;
+}
+
+/* Removing quota qid: what it tagged now counts in the quota above it (parent). */
+struct untag_ctx {
+	uint64_t qid, parent;
+};
+
+static int untag_one(struct op *o, struct inode *n, void *arg)
+{
+	struct untag_ctx *t = arg;
+	struct quota q;
+	int rc;
+
+	if (is_quota_root(n)) {
+		rc = quota_get(o, n->a.ino, &q);
+		if (rc)
+			return rc;
+		q.parent = t->parent;
+		return quota_put(o, &q);
+	}
+	if (n->a.qid != t->qid)
+		return 1;
+	n->a.qid = t->parent;
+	rc = inode_put(o, n);
+	return rc ? rc : 1;
+}
+
+int stk_meta_store_quota_set(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			     uint64_t limit_bytes, uint64_t limit_inodes, uint32_t flags,
+			     struct stk_meta_quota *out)
+{
+	struct tag_ctx t = {.qid = ino};
+	struct inode dir;
+	struct quota q;
+	struct op o;
+	int rc;
+
+	if (flags & ~(STK_QUOTA_KEEP_BYTES | STK_QUOTA_KEEP_INODES))
+		return -EINVAL;
+	if (cred->uid != 0)
+		return -EPERM;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &dir);
+	if (rc == 0 && !S_ISDIR(dir.a.mode))
+		rc = -ENOTDIR;
+	if (rc)
+		goto out;
+	if (is_quota_root(&dir)) {
+		rc = quota_get(&o, ino, &q);
+		if (rc)
+			goto out;
+	} else {
+		/* A new quota: it counts what the folder holds already. */
+		memset(&q, 0, sizeof(q));
+		q.qid = ino;
+		q.parent = dir.a.qid;
+		dir.a.qid = ino;
+		rc = inode_put(&o, &dir);
+		if (rc == 0)
+			rc = tree_walk(&o, ino, tag_one, &t);
+		if (rc)
+			goto out;
+		q.used_inodes = t.inodes + 1;
+		q.used_bytes = t.bytes;
+		if (t.inodes >= QUOTA_PROGRESS)
+			stk_info("quota on folder %llu: %llu inodes counted",
+				 (unsigned long long)ino, (unsigned long long)t.inodes + 1);
+	}
+	if (!(flags & STK_QUOTA_KEEP_BYTES))
+		q.limit_bytes = limit_bytes;
+	if (!(flags & STK_QUOTA_KEEP_INODES))
+		q.limit_inodes = limit_inodes;
+	rc = quota_put(&o, &q);
+	if (rc == 0) {
+		pthread_mutex_lock(&st->qmu);
+		resv_rechain_locked(&o);
+		pthread_mutex_unlock(&st->qmu);
+	}
+out:
+	rc = op_end(&o, rc);
+	if (rc == 0 && out)
+		quota_out(st, &q, out);
+	return rc;
+}
+
+int stk_meta_store_quota_rm(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino)
+{
+	struct untag_ctx t = {.qid = ino};
+	struct inode dir;
+	struct quota q;
+	struct op o;
+	int rc;
+
+	if (cred->uid != 0)
+		return -EPERM;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &dir);
+	if (rc == 0 && !is_quota_root(&dir))
+		rc = S_ISDIR(dir.a.mode) ? -ENOENT : -ENOTDIR;
+	if (rc == 0)
+		rc = quota_get(&o, ino, &q);
+	if (rc)
+		goto out;
+	t.parent = q.parent;
+	dir.a.qid = q.parent;
+	rc = inode_put(&o, &dir);
+	if (rc == 0)
+		rc = tree_walk(&o, ino, untag_one, &t);
+	if (rc == 0)
+		rc = orphans_each(&o, untag_one, &t);
+	if (rc == 0)
+		rc = quota_del(&o, ino);
+	if (rc == 0) {
+		pthread_mutex_lock(&st->qmu);
+		resv_rechain_locked(&o);
+		pthread_mutex_unlock(&st->qmu);
+	}
+out:
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_quota_get(struct stk_meta_store *st, uint64_t ino, struct stk_meta_quota *out)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	struct quota q;
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0)
+		rc = n.a.qid ? quota_get(&o, n.a.qid, &q) : -ENOENT;
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		quota_out(st, &q, out);
+	return rc;
+}
+
+int stk_meta_store_quota_list(struct stk_meta_store *st, uint64_t from, struct stk_meta_quota *out,
+			      size_t max, size_t *n, int *more)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct quota q;
+	struct op o;
+	int mrc, rc;
+
+	*n = 0;
+	*more = 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	be64_put(k, from);
+	rc = lmdb_err(mdb_cursor_open(o.txn, st->quotas, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+	     mrc == 0 && rc == 0; mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		if (*n == max) {
+			*more = 1;
+			break;
+		}
+		if (key.mv_size != 8) {
+			rc = -EIO;
+			break;
+		}
+		rc = quota_get(&o, be64_get(key.mv_data), &q);
+		if (rc == 0)
+			quota_out(st, &q, &out[(*n)++]);
+	}
+	if (rc == 0 && mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "list quotas");
+	if (cur)
+		mdb_cursor_close(cur);
+	return op_end(&o, rc);
+}
+
+/* Recounting quota qid: what the tree holds, its tags fixed on the way. */
+struct count_ctx {
+	uint64_t qid;
+	uint64_t bytes, inodes;
+	uint64_t retagged;
+	struct ino_vec linked; /* files with several names, counted once */
+	unsigned depth;
+	stk_meta_quota_fn fn;
+	void *fn_ctx;
+};
+
+static int recount_one(struct op *o, uint64_t qid, unsigned depth, stk_meta_quota_fn fn,
+		       void *fn_ctx, struct quota *now);
+
+static int count_one(struct op *o, struct inode *n, void *arg)
+{
+	struct count_ctx *t = arg;
+	struct quota q;
+	int rc;
+
+	if (is_quota_root(n)) {
+		rc = recount_one(o, n->a.ino, t->depth + 1, t->fn, t->fn_ctx, &q);
+		if (rc == 0 && q.parent != t->qid) {
+			q.parent = t->qid;
+			rc = quota_put(o, &q);
+		}
+		if (rc)
+			return rc;
+		t->inodes += q.used_inodes;
+		t->bytes += q.used_bytes;
+		return 0;
+	}
+	if (n->a.nlink > 1) {
+		if (vec_has(&t->linked, n->a.ino))
+			return 0;
+		rc = vec_push(&t->linked, n->a.ino);
+		if (rc)
+			return rc;
+	}
+	if (n->a.qid != t->qid) {
+		n->a.qid = t->qid;
+		t->retagged++;
+		rc = inode_put(o, n);
+		if (rc)
+			return rc;
+	}
+	t->inodes++;
+	t->bytes += (uint64_t)quota_bytes_of(n);
+	return 1;
+}
+
+/* Orphans are counted in the quota they were tagged with when they lost their name. */
+static int count_orphan(struct op *o, struct inode *n, void *arg)
+{
+	struct count_ctx *t = arg;
+
+	(void)o;
+	if (n->a.qid == t->qid) {
+		t->inodes++;
+		t->bytes += (uint64_t)quota_bytes_of(n);
+	}
+	return 0;
+}
+
+static int recount_one(struct op *o, uint64_t qid, unsigned depth, stk_meta_quota_fn fn,
+		       void *fn_ctx, struct quota *now)
+{
+	struct count_ctx t = {.qid = qid, .depth = depth, .fn = fn, .fn_ctx = fn_ctx};
+	struct stk_meta_quota before, after;
+	struct inode dir;
+	struct quota q;
+	int rc;
+
+	if (depth >= QUOTA_DEPTH_MAX)
+		return -EIO;
+	rc = quota_get(o, qid, &q);
+	if (rc == 0)
+		rc = inode_get(o, qid, &dir);
+	if (rc == 0 && dir.a.qid != qid) {
+		dir.a.qid = qid;
+		t.retagged++;
+		rc = inode_put(o, &dir);
+	}
+	if (rc == 0)
+		rc = tree_walk(o, qid, count_one, &t);
+	if (rc == 0)
+		rc = orphans_each(o, count_orphan, &t);
+	free(t.linked.v);
+	if (rc)
+		return rc;
+	t.inodes++; /* the folder itself */
+	quota_out(o->st, &q, &before);
+	q.used_bytes = t.bytes;
+	q.used_inodes = t.inodes;
+	if (before.used_bytes != q.used_bytes || before.used_inodes != q.used_inodes)
+		rc = quota_put(o, &q);
+	if (rc)
+		return rc;
+	if (t.retagged)
+		stk_info("quota on folder %llu: %llu inodes were tagged with another quota",
+			 (unsigned long long)qid, (unsigned long long)t.retagged);
+	quota_out(o->st, &q, &after);
+	if (fn)
+		fn(fn_ctx, &before, &after);
+	*now = q;
+	return 0;
+}
+
+int stk_meta_store_quota_recount(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t ino, stk_meta_quota_fn fn, void *ctx)
+{
+	struct ino_vec tops = {0};
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur;
+	struct quota q;
+	struct op o;
+	int mrc, rc;
+
+	if (cred->uid != 0)
+		return -EPERM;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	if (ino) {
+		rc = quota_get(&o, ino, &q);
+		if (rc == 0)
+			rc = vec_push(&tops, ino);
+		goto count;
+	}
+	/* All of them: each outermost quota, which recounts those inside it. */
+	be64_put(k, 0);
+	rc = lmdb_err(mdb_cursor_open(o.txn, st->quotas, &cur), "open cursor");
+	if (rc)
+		goto out;
+	for (mrc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0 && rc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		rc = key.mv_size == 8 ? quota_get(&o, be64_get(key.mv_data), &q) : -EIO;
+		if (rc == 0 && q.parent == 0)
+			rc = vec_push(&tops, q.qid);
+	}
+	mdb_cursor_close(cur);
+count:
+	for (size_t i = 0; rc == 0 && i < tops.n; i++)
+		rc = recount_one(&o, tops.v[i], 0, fn, ctx, &q);
+out:
+	free(tops.v);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_quota_reserve(struct stk_meta_store *st, uint64_t session, uint64_t ino,
+				 uint64_t need, uint64_t want, uint64_t *granted)
+{
+	static const struct stk_cred root_cred;
+	struct quota q[QUOTA_DEPTH_MAX];
+	struct resv *r = NULL;
+	uint64_t room = UINT64_MAX, base, g;
+	struct inode n;
+	unsigned nq = 0, limited = 0;
+	struct op o;
+	int rc;
+
+	if (want < need)
+		want = need;
+	/*
+	 * A write transaction, though it writes nothing: it waits for the writers
+	 * before it, so the usage read here includes every size committed so far
+	 * and the reservations those commits shrank.
+	 */
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0 && !S_ISREG(n.a.mode))
+		rc = S_ISDIR(n.a.mode) ? -EISDIR : -EINVAL;
+	if (rc == 0)
+		rc = quota_chain(&o, n.a.qid, q, &nq);
+	if (rc)
+		goto out;
+	for (unsigned i = 0; i < nq; i++)
+		limited += q[i].limit_bytes != 0;
+	if (!limited) {
+		*granted = UINT64_MAX; /* no byte limit: write freely */
+		goto out;
+	}
+	pthread_mutex_lock(&st->qmu);
+	for (r = *resv_bucket(st, ino); r; r = r->next)
+		if (r->ino == ino && r->session == session)
+			break;
+	base = STK_MAX(r ? r->granted : 0, n.a.size);
+	if (need <= base) {
+		*granted = base;
+		goto unlock;
+	}
+	for (unsigned i = 0; i < nq; i++) {
+		uint64_t used;
+
+		if (!q[i].limit_bytes)
+			continue;
+		used = add_sat(q[i].used_bytes, (int64_t)STK_MIN(resv_sum_locked(st, q[i].qid),
+								 (uint64_t)INT64_MAX));
+		room = STK_MIN(room, used >= q[i].limit_bytes ? 0 : q[i].limit_bytes - used);
+	}
+	/* This session's own reservation is in `used` and is given up for the new one. */
+	g = add_sat(add_sat(n.a.size, (int64_t)(r ? r->charged : 0)), (int64_t)room);
+	g = STK_MIN(g, want);
+	if (g < need) {
+		rc = -EDQUOT;
+		goto unlock;
+	}
+	*granted = g;
+	if (!session)
+		goto unlock; /* nobody to hold it for: checked, not kept */
+	if (!r) {
+		r = calloc(1, sizeof(*r));
+		if (!r) {
+			rc = -ENOMEM;
+			goto unlock;
+		}
+		r->session = session;
+		r->ino = ino;
+		r->next = *resv_bucket(st, ino);
+		*resv_bucket(st, ino) = r;
+	}
+	r->granted = g;
+	r->charged = g > n.a.size ? g - n.a.size : 0;
+	r->nchain = nq;
+	for (unsigned i = 0; i < nq; i++)
+		r->chain[i] = q[i].qid;
+unlock:
+	pthread_mutex_unlock(&st->qmu);
+out:
+	op_end(&o, rc ? rc : 1); /* nothing to commit */
+	return rc;
+}
+
+static void resv_drop(struct stk_meta_store *st, uint64_t session, uint64_t ino, int all)
+{
+	pthread_mutex_lock(&st->qmu);
+	for (size_t b = 0; b < STK_ARRAY_SIZE(st->resv); b++) {
+		struct resv **p = &st->resv[b];
+
+		if (!all && p != resv_bucket(st, ino))
+			continue;
+		while (*p) {
+			struct resv *r = *p;
+
+			if (r->session != session || (!all && r->ino != ino)) {
+				p = &r->next;
+				continue;
+			}
+			*p = r->next;
+			free(r);
+		}
+	}
+	pthread_mutex_unlock(&st->qmu);
+}
+
+void stk_meta_store_quota_release(struct stk_meta_store *st, uint64_t session, uint64_t ino)
+{
+	resv_drop(st, session, ino, 0);
+}
+
+void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t session)
+{
+	resv_drop(st, session, 0, 1);
+}
+
+/* The name folder dir has in its parent, into name[STK_NAME_MAX + 1]: a scan. */
+static int dir_name_in(struct op *o, uint64_t parent, uint64_t dir, char *name)
+{
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *c;
+	int mrc, rc = -ENOENT;
+
+	be64_put(k, parent);
+	if (mdb_cursor_open(o->txn, o->st->dentries, &c))
+		return -EIO;
+	for (mrc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(c, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		size_t len;
+
+		if (key.mv_size < 16 || be64_get(key.mv_data) != parent)
+			break;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		if (stk_get_u64(&r) != dir || r.err)
+			continue;
+		len = STK_MIN(key.mv_size - 16, (size_t)STK_NAME_MAX);
+		memcpy(name, (const uint8_t *)key.mv_data + 16, len);
+		name[len] = 0;
+		rc = 0;
+		break;
+	}
+	mdb_cursor_close(c);
+	return rc;
+}
+
+int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, size_t len)
+{
+	static const struct stk_cred root_cred;
+	char name[STK_NAME_MAX + 1], *end = buf + len, *p = end;
+	struct inode n;
+	struct op o;
+	int rc;
+
+	if (len < 2)
+		return -ERANGE;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	*--p = 0;
+	for (unsigned depth = 0; rc == 0 && dir != STK_ROOT_INO; depth++) {
+		size_t nl;
+
+		rc = depth == MAX_DEPTH ? -EIO : inode_get(&o, dir, &n);
+		if (rc == 0 && !S_ISDIR(n.a.mode))
+			rc = -ENOTDIR;
+		if (rc == 0)
+			rc = dir_name_in(&o, n.parent, dir, name);
+		if (rc)
+			break;
+		nl = strlen(name);
+		if ((size_t)(p - buf) < nl + 2) {
+			rc = -ERANGE;
+			break;
+		}
+		p -= nl;
+		memcpy(p, name, nl);
+		*--p = '/';
+		dir = n.parent;
+	}
+	op_end(&o, rc);
+	if (rc)
+		return rc;
+	if (!*p)
+		*--p = '/';
+	memmove(buf, p, (size_t)(end - p));
+	return 0;
 }

@@ -11,7 +11,7 @@
  * routing table or the agent, so its unit test drives it directly.
  *
  * Records (all keys big-endian so that LMDB's byte order is numeric order):
- *   inodes    u64 ino -> u8 format (2), attr (codec.h form), u64 parent
+ *   inodes    u64 ino -> u8 format (3), attr (codec.h form, no qid), u64 parent
  *             (the parent of a directory, so that rename can refuse to move a
  *             directory into its own subtree; 0 for other inodes), u16 n and n
  *             ranges of written chunks (u32 first, u32 end) for st_blocks;
@@ -19,6 +19,7 @@
  *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
  *   links     u64 ino -> symlink target bytes
  *   xattrs    u64 ino, name bytes -> value bytes (extended attributes)
+ *   quotas    u64 ino of a quota root -> its limits and usage (see "Quotas")
  *   sys       "next_ino" -> u64, the next inode number to hand out (every
  *             number below it was given to an inode or reserved by a client);
  *             "orphan" + u64 ino -> empty, for each orphan (see below);
@@ -414,6 +415,93 @@ int stk_meta_store_orphans(struct stk_meta_store *st, uint64_t *inos, size_t max
  * -ENOENT if ino is not an orphan.
  */
 int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino);
+
+/*
+ * Quotas (docs/quotas.md). A folder with a quota is a *quota root*; its quota
+ * has limits on bytes (the sizes of regular files, logical) and inodes (every
+ * inode, the folder itself included), 0 meaning none, and its usage. Each inode
+ * carries the number of the quota root it counts in (attr.qid: the nearest one
+ * above it, or itself for a quota root; 0: none), inherited from its folder at
+ * create. An inode counts in that quota and in every quota above it.
+ *
+ * Creates, mkdir, symlink and mknod past an inode limit, and a truncate that
+ * grows a file past a byte limit, are -EDQUOT and change nothing. Usage goes
+ * down when an inode is really freed (an orphan: when it is dropped). Extend
+ * counts bytes without a check: the writer reserved them first
+ * (stk_meta_store_quota_reserve). Renaming a folder between folders that count
+ * in different quotas is -EXDEV, as is a hard link across them or renaming a
+ * file that has other names; a file renamed alone takes its usage along, or
+ * -EDQUOT when a quota it enters has no room for it.
+ */
+struct stk_meta_quota {
+	uint64_t qid;	       /* the quota root's inode number */
+	uint64_t parent;       /* the quota above it, 0: none */
+	uint64_t limit_bytes;  /* 0: none */
+	uint64_t limit_inodes; /* 0: none */
+	uint64_t used_bytes;
+	uint64_t used_inodes;
+	uint64_t reserved_bytes; /* held by writers now (memory only) */
+};
+
+/*
+ * Sets the limits of folder ino's quota (root only, -EPERM), making it a quota
+ * root if it is not one yet: that walks the tree below it in the same
+ * transaction, tagging and counting every inode (progress in the log every
+ * 100,000 inodes; other writers wait meanwhile). flags STK_QUOTA_KEEP_BYTES /
+ * _KEEP_INODES keep that limit as it is (none, for a new quota). A limit below
+ * the usage is allowed: it refuses growth from then on. *out (may be NULL) is
+ * the quota after. -ENOTDIR, -ENOENT, -EINVAL (unknown flags).
+ */
+int stk_meta_store_quota_set(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			     uint64_t limit_bytes, uint64_t limit_inodes, uint32_t flags,
+			     struct stk_meta_quota *out);
+/*
+ * Removes folder ino's quota (root only): what it counted counts in the quota
+ * above it, if any. -ENOENT if ino has no quota of its own, -ENOTDIR.
+ */
+int stk_meta_store_quota_rm(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino);
+/* The quota inode ino counts in (the nearest). -ENOENT: none, or no such inode. */
+int stk_meta_store_quota_get(struct stk_meta_store *st, uint64_t ino, struct stk_meta_quota *out);
+/*
+ * Up to max quotas from quota root `from` on (0: the first), by inode number,
+ * into out; *n how many, *more 1 when others follow.
+ */
+int stk_meta_store_quota_list(struct stk_meta_store *st, uint64_t from, struct stk_meta_quota *out,
+			      size_t max, size_t *n, int *more);
+/*
+ * Recounts quota ino (0: every quota) from the tree, in one write transaction:
+ * usage is set to what the tree holds (with the orphans that count in it) and
+ * inodes tagged with another quota are tagged again (logged). fn, if not NULL,
+ * is called inside the transaction for each quota recounted, with its record
+ * before and after (valid during the call; the change stands only if the call
+ * returns 0). Root only (-EPERM); -ENOENT if ino has no quota.
+ */
+typedef void (*stk_meta_quota_fn)(void *ctx, const struct stk_meta_quota *before,
+				  const struct stk_meta_quota *after);
+int stk_meta_store_quota_recount(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t ino, stk_meta_quota_fn fn, void *ctx);
+/*
+ * Reserves room for session to write regular file ino up to size `need`, or up
+ * to `want` (>= need) if every quota it counts in has room: *granted is what
+ * was reserved, at least need, or UINT64_MAX when no quota of the file limits
+ * bytes. The reservation (one per session and inode, replaced by each call)
+ * counts granted - size bytes as used until released; sizes that reach it
+ * shrink it. -EDQUOT: not even need fits. session 0: checked, not kept.
+ * -EISDIR, -EINVAL (not a regular file), -ENOENT. Memory only.
+ */
+int stk_meta_store_quota_reserve(struct stk_meta_store *st, uint64_t session, uint64_t ino,
+				 uint64_t need, uint64_t want, uint64_t *granted);
+/*
+ * The path of folder dir from the root ("/a/b"), NUL-terminated, into buf (len
+ * bytes; -ERANGE if it does not fit), found by following parent pointers and
+ * scanning each parent's names for its child: meant for the few folders that
+ * carry quotas. -ENOTDIR, -ENOENT.
+ */
+int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, size_t len);
+/* Drops session's reservation on ino (its last open reference went). */
+void stk_meta_store_quota_release(struct stk_meta_store *st, uint64_t session, uint64_t ino);
+/* Drops every reservation of session (it ended or expired). */
+void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t session);
 
 /*
  * A batch of changes in one write transaction: between begin and end, every call of

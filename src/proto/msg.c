@@ -50,7 +50,7 @@ void stk_layout_dec(struct stk_rbuf *r, struct stk_layout *l)
 	l->seed = stk_get_u64(r);
 }
 
-void stk_attr_enc(struct stk_wbuf *w, const struct stk_attr *a)
+void stk_attr_enc_base(struct stk_wbuf *w, const struct stk_attr *a)
 {
 	stk_put_u64(w, a->ino);
 	stk_put_u32(w, a->mode);
@@ -69,7 +69,13 @@ void stk_attr_enc(struct stk_wbuf *w, const struct stk_attr *a)
 	stk_put_u64(w, a->rdev);
 }
 
-void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
+void stk_attr_enc(struct stk_wbuf *w, const struct stk_attr *a)
+{
+	stk_attr_enc_base(w, a);
+	stk_put_u64(w, a->qid);
+}
+
+void stk_attr_dec_base(struct stk_rbuf *r, struct stk_attr *a)
 {
 	a->ino = stk_get_u64(r);
 	a->mode = stk_get_u32(r);
@@ -86,6 +92,13 @@ void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
 	a->blocks = stk_get_u64(r);
 	stk_layout_dec(r, &a->layout);
 	a->rdev = stk_get_u64(r);
+	a->qid = 0;
+}
+
+void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a)
+{
+	stk_attr_dec_base(r, a);
+	a->qid = stk_get_u64(r);
 }
 
 #define STK_FENC_u8(w, v) stk_put_u8(w, v)

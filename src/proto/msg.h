@@ -13,7 +13,7 @@
  *   layout                u32 chunk_size, u32 stripe, u32 nchains, u32 start, u64 seed
  *   attr                  u64 ino, u32 mode, u32 nlink, u32 uid, u32 gid, u64 size,
  *                         i64+u32 atime, mtime, ctime (sec, nsec), u64 blocks, layout,
- *                         u64 rdev
+ *                         u64 rdev, u64 qid
  *
  * stk_msg_X_enc() appends the fields to a writer; stk_msg_X_dec() reads them from a
  * reader. Both return 0 or the codec's latched error; a decoder does not require the
@@ -80,6 +80,13 @@ struct stk_attr {
 	uint64_t blocks;
 	struct stk_layout layout; /* zero for non-files */
 	uint64_t rdev; /* a character or block device's number (makedev), else 0 */
+	/*
+	 * The quota root the inode is counted in (docs/quotas.md): the inode number of
+	 * the nearest folder above it, or itself, that has a quota; 0 for none. A
+	 * writer of a file with a quota asks meta for room (META_QUOTA, RESERVE)
+	 * before its bytes go past the size meta granted.
+	 */
+	uint64_t qid;
 };
 
 /*
@@ -425,6 +432,47 @@ enum stk_target_state {
 #define STK_MSG_META_LOCK_RESP(F) F(u8, type) F(u64, start) F(u64, end) F(u32, pid)
 
 /*
+ * META_QUOTA (docs/quotas.md): `op` is one of STK_QUOTA_*; the fields each uses:
+ *   SET      ino (a folder), limit_bytes, limit_inodes (0: no limit of that kind),
+ *            flags STK_QUOTA_KEEP_BYTES / _KEEP_INODES (leave that limit as it is);
+ *            root only (PERM). Counts what the folder holds already.
+ *   RM       ino, a quota root (NOENT: it has none); root only.
+ *   GET      ino: the quota ino is counted in, the nearest first (NOENT: none);
+ *            reply n = 1.
+ *   LIST     ino = the first quota root to list (0: from the start); reply n
+ *            records in order of their ids, at most STK_QUOTA_LIST_MAX, and
+ *            `more` when others follow.
+ *   RECOUNT  ino, a quota root (0: all): usage counted again from the tree and
+ *            fixed; reply n records, each as it is now, with `fixed` 1 for those
+ *            that changed (their old usage in old_*); root only.
+ *   RESERVE  session, ino (a regular file), size = what the caller needs to be
+ *            able to write up to, want = what it would like (>= size): meta
+ *            grants want, or less but at least size, or answers DQUOT; reply
+ *            granted (UINT64_MAX: the file has no quota, write freely).
+ * The request is `quota_req`; the reply `quota_resp` followed by n quota_rec, each
+ * with the quota root's path as meta finds it ("" if it cannot).
+ */
+#define STK_MSG_META_QUOTA_REQ(F)                                                          \
+	F(cred, cred) F(u8, op) F(u64, ino) F(u64, session) F(u64, limit_bytes)            \
+	F(u64, limit_inodes) F(u32, flags) F(u64, size) F(u64, want)
+#define STK_MSG_META_QUOTA_RESP(F) F(u64, granted) F(u8, more) F(u32, n)
+#define STK_MSG_QUOTA_REC(F)                                                               \
+	F(u64, qid) F(u64, parent) F(u64, limit_bytes) F(u64, limit_inodes)               \
+	F(u64, used_bytes) F(u64, used_inodes) F(u64, reserved_bytes) F(u8, fixed)         \
+	F(u64, old_bytes) F(u64, old_inodes) F(path, path)
+enum stk_quota_op {
+	STK_QUOTA_SET = 1,
+	STK_QUOTA_RM = 2,
+	STK_QUOTA_GET = 3,
+	STK_QUOTA_LIST = 4,
+	STK_QUOTA_RECOUNT = 5,
+	STK_QUOTA_RESERVE = 6,
+};
+#define STK_QUOTA_KEEP_BYTES 0x1u
+#define STK_QUOTA_KEEP_INODES 0x2u
+#define STK_QUOTA_LIST_MAX 128u /* records of up to 4 KiB in a 1 MiB payload */
+
+/*
  * chain_ver lets storage answer STALE_ROUTING to a client with an old chain table.
  * Data checksums: the frame of a STOR_WRITE request and of a STOR_READ reply carries
  * STK_FRAME_BULK_SELF (its checksum covers the payload only) and the message is
@@ -547,6 +595,9 @@ enum stk_target_state {
 	X(name_res, STK_MSG_NAME_RES)                             \
 	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
+	X(meta_quota_req, STK_MSG_META_QUOTA_REQ)                 \
+	X(meta_quota_resp, STK_MSG_META_QUOTA_RESP)               \
+	X(quota_rec, STK_MSG_QUOTA_REC)                           \
 	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \
 	X(stor_write_resp, STK_MSG_STOR_WRITE_RESP)               \
 	X(stor_read_req, STK_MSG_STOR_READ_REQ)                   \
@@ -613,6 +664,9 @@ void stk_layout_enc(struct stk_wbuf *w, const struct stk_layout *l);
 void stk_layout_dec(struct stk_rbuf *r, struct stk_layout *l);
 void stk_attr_enc(struct stk_wbuf *w, const struct stk_attr *a);
 void stk_attr_dec(struct stk_rbuf *r, struct stk_attr *a);
+/* The attributes without qid, as wire version 6 had them: the meta store's records. */
+void stk_attr_enc_base(struct stk_wbuf *w, const struct stk_attr *a);
+void stk_attr_dec_base(struct stk_rbuf *r, struct stk_attr *a);
 
 /* ---- the routing table (reply of MGMT_GET_ROUTING) ---- */
 

@@ -50,10 +50,11 @@
  * table's node and shard ns, STOR_TRUNCATE(S)' ns), special files (attr's rdev,
  * META_MKNOD), allocated chunks in META_EXTEND, STOR_PUNCH. 6: a resync's progress
  * (the sync_* fields of a target's record, in reports and the routing table).
+ * 7: quotas (attr's qid, META_QUOTA).
  * Daemons and clients of another version refuse each other's requests (NOTSUP)
  * rather than misread them.
  */
-#define STK_WIRE_VERSION 6
+#define STK_WIRE_VERSION 7
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
@@ -155,6 +156,10 @@
 	X(META_REMOVEXATTR, 50, meta_xattr_name_req, none, "remove an extended attribute")     \
 	/* A fifo, socket or device node (msg.h). Devices need uid 0 (PERM). */              \
 	X(META_MKNOD, 51, meta_mknod_req, meta_attr_resp, "create a special file")             \
+	/* Quotas per folder (msg.h, docs/quotas.md): set, remove, read, list and recount    \
+	 * them, and reserve room for a file's writes. One opcode for all, as 52 was the     \
+	 * last free one of meta's range; `op` says which. */                                \
+	X(META_QUOTA, 52, meta_quota_req, meta_quota_resp, "quotas, and room to write")      \
 	/* Client sessions (53-63). A client names its session with a random id; this       \
 	 * creates or renews it. Its open files and locks last while it is renewed within   \
 	 * lease_ms (the reply); known 0: meta did not know it (new, or meta restarted,    \

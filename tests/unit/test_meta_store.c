@@ -668,8 +668,8 @@ static void to_format1(uint64_t ino)
 		rc = mdb_dbi_open(txn, "inodes", 0, &dbi);
 	if (rc == 0)
 		rc = mdb_get(txn, dbi, &key, &val);
-	/* format 2: u8 2, attr (100 bytes, then u64 rdev), u64 parent, u16 n, ranges */
-	CHECK(rc == 0 && val.mv_size >= 1 + 108 + 8 + 2 && ((uint8_t *)val.mv_data)[0] == 2);
+	/* format 3: u8 3, attr (100 bytes, then u64 rdev), u64 parent, u16 n, ranges, qid */
+	CHECK(rc == 0 && val.mv_size >= 1 + 108 + 8 + 2 + 8 && ((uint8_t *)val.mv_data)[0] == 3);
 	if (rc == 0 && val.mv_size >= 1 + 108 + 8 + 2) {
 		rec[0] = 1;
 		memcpy(rec + 1, (uint8_t *)val.mv_data + 1, 100);
@@ -1489,6 +1489,289 @@ static void test_batch(void)
 	CHECK_RC(stk_meta_store_batch_end(st, 0), -EINVAL);
 }
 
+/* ---- quotas ---- */
+
+static struct stk_meta_quota quota_of(uint64_t ino)
+{
+	struct stk_meta_quota q;
+
+	memset(&q, 0, sizeof(q));
+	CHECK_RC(stk_meta_store_quota_get(st, ino, &q), 0);
+	return q;
+}
+
+static uint64_t hook_open_ino; /* the file the open hook says a session holds */
+
+static int hook_open(void *ctx, uint64_t ino)
+{
+	(void)ctx;
+	return ino == hook_open_ino;
+}
+
+static int symlink_in(uint64_t parent, const char *name)
+{
+	struct stk_attr a;
+
+	return stk_meta_store_symlink(st, &ROOT, parent, name, "target", &a);
+}
+
+static void grow(uint64_t ino, uint64_t size)
+{
+	struct stk_attr a;
+
+	CHECK_RC(stk_meta_store_extend(st, &ROOT, ino, size, 0, 0, &a), 0);
+}
+
+/* Inodes: a limit refuses what passes it; what is freed comes back. */
+static void test_quota_inodes(void)
+{
+	struct stk_meta_quota q;
+	struct stk_attr a;
+	uint64_t d, f, g;
+	int created;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "qi", 0777);
+	f = create_as(&ROOT, d, "f");
+	grow(f, 1000);
+	/* Bad input: not root, not a folder, unknown flags. */
+	CHECK_RC(stk_meta_store_quota_set(st, &ALICE, d, 0, 4, 0, &q), -EPERM);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, f, 0, 4, 0, &q), -ENOTDIR);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, d, 0, 4, 0x80, &q), -EINVAL);
+	CHECK_RC(stk_meta_store_quota_get(st, f, &q), -ENOENT);
+	/* Set on a folder that holds something: counted (the folder itself too). */
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, d, 0, 4, 0, &q), 0);
+	CHECK_EQ(q.used_inodes, 2);
+	CHECK_EQ(q.used_bytes, 1000);
+	CHECK_EQ(attr_of(f).qid, d);
+	CHECK_EQ(attr_of(d).qid, d);
+	g = create_as(&ROOT, d, "g");
+	CHECK_EQ(attr_of(g).qid, d);
+	CHECK_EQ(mkdir_as(&ROOT, d, "sub", 0777) != 0, 1);
+	CHECK_EQ(quota_of(d).used_inodes, 4);
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "h", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT, &PL4,
+				       &a, &created),
+		 -EDQUOT);
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, d, "d2", 0777, &a), -EDQUOT);
+	CHECK_RC(symlink_in(d, "l"), -EDQUOT);
+	CHECK_EQ(ino_of(d, "h"), 0);
+	/* An existing name is found without counting anything. */
+	CHECK_RC(stk_meta_store_create(st, &ROOT, d, "g", 0644, 0, &ZERO_LAYOUT, &PL4, &a,
+				       &created),
+		 0);
+	CHECK_EQ(quota_of(d).used_inodes, 4);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "g", &a), 0);
+	CHECK_EQ(quota_of(d).used_inodes, 3);
+	CHECK_RC(symlink_in(d, "l"), 0);
+	CHECK_EQ(quota_of(d).used_inodes, 4);
+	/* Raising only the inode limit keeps the byte limit (none). */
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, d, 0, 100, STK_QUOTA_KEEP_BYTES, &q), 0);
+	CHECK_EQ(q.limit_inodes, 100);
+	CHECK_EQ(q.limit_bytes, 0);
+	CHECK_EQ(q.used_inodes, 4);
+	/* An unlinked file a session holds counts until it is dropped. */
+	stk_meta_store_set_open_hook(st, hook_open, NULL);
+	hook_open_ino = f;
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f", &a), 0);
+	CHECK_EQ(quota_of(d).used_inodes, 4);
+	CHECK_EQ(quota_of(d).used_bytes, 1000);
+	CHECK_RC(stk_meta_store_orphan_drop(st, f), 0);
+	CHECK_EQ(quota_of(d).used_inodes, 3);
+	CHECK_EQ(quota_of(d).used_bytes, 0);
+	stk_meta_store_set_open_hook(st, NULL, NULL);
+	hook_open_ino = 0;
+}
+
+/* Bytes: reservations, the sizes that replace them, truncates. */
+static void test_quota_bytes(void)
+{
+	struct stk_meta_quota q;
+	struct stk_meta_sattr sa;
+	uint64_t d, a, b, granted = 0;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "qb", 0777);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, d, 4096, 0, 0, &q), 0);
+	a = create_as(&ROOT, d, "a");
+	b = create_as(&ROOT, d, "b");
+	grow(a, 1000);
+	CHECK_EQ(quota_of(d).used_bytes, 1000);
+	/* Asked for 10000, granted what fits: 4096 in all. */
+	CHECK_RC(stk_meta_store_quota_reserve(st, 7, a, 2000, 10000, &granted), 0);
+	CHECK_EQ(granted, 4096);
+	CHECK_EQ(quota_of(d).reserved_bytes, 3096);
+	/* Nothing is left for b. */
+	CHECK_RC(stk_meta_store_quota_reserve(st, 8, b, 100, 100, &granted), -EDQUOT);
+	/* Within what a holds already: no change. */
+	CHECK_RC(stk_meta_store_quota_reserve(st, 7, a, 3000, 3000, &granted), 0);
+	CHECK_EQ(granted, 4096);
+	/* The size replaces the reservation as it grows. */
+	grow(a, 3000);
+	q = quota_of(d);
+	CHECK_EQ(q.used_bytes, 3000);
+	CHECK_EQ(q.reserved_bytes, 1096);
+	stk_meta_store_quota_release(st, 7, a);
+	CHECK_EQ(quota_of(d).reserved_bytes, 0);
+	CHECK_RC(stk_meta_store_quota_reserve(st, 8, b, 100, 200, &granted), 0);
+	CHECK_EQ(granted, 200);
+	CHECK_EQ(quota_of(d).reserved_bytes, 200);
+	stk_meta_store_quota_release_session(st, 8);
+	CHECK_EQ(quota_of(d).reserved_bytes, 0);
+	/* Truncate gives bytes back; growing by truncate past the limit is refused. */
+	memset(&sa, 0, sizeof(sa));
+	sa.size = 500;
+	CHECK_RC(setattr_as(&ROOT, a, STK_SETATTR_SIZE, sa), 0);
+	CHECK_EQ(quota_of(d).used_bytes, 500);
+	sa.size = 5000;
+	CHECK_RC(setattr_as(&ROOT, a, STK_SETATTR_SIZE, sa), -EDQUOT);
+	CHECK_EQ(attr_of(a).size, 500);
+	sa.size = 4096;
+	CHECK_RC(setattr_as(&ROOT, a, STK_SETATTR_SIZE, sa), 0);
+	CHECK_EQ(quota_of(d).used_bytes, 4096);
+	/* A file without a byte limit writes freely. */
+	CHECK_RC(stk_meta_store_quota_reserve(st, 7, create_as(&ROOT, STK_ROOT_INO, "free"), 1,
+					      1, &granted),
+		 0);
+	CHECK_EQ(granted, UINT64_MAX);
+	CHECK_RC(stk_meta_store_quota_reserve(st, 7, d, 1, 1, &granted), -EISDIR);
+}
+
+/* Nested quotas all apply; renames and links across quotas follow the rule. */
+static void test_quota_nested_rename(void)
+{
+	struct stk_meta_quota q[8];
+	struct stk_attr a;
+	uint64_t top, sub, f, g, out;
+	size_t n = 0;
+	int more = 0, replaced;
+
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "qn", 0777);
+	sub = mkdir_as(&ROOT, top, "sub", 0777);
+	f = create_as(&ROOT, sub, "f");
+	grow(f, 100);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, sub, 0, 0, 0, NULL), 0);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, top, 0, 4, 0, q), 0);
+	/* top holds itself, sub and f: sub's usage counts in it. */
+	CHECK_EQ(q[0].used_inodes, 3);
+	CHECK_EQ(q[0].used_bytes, 100);
+	CHECK_EQ(quota_of(sub).parent, top);
+	g = create_as(&ROOT, sub, "g");
+	CHECK_EQ(quota_of(top).used_inodes, 4);
+	CHECK_EQ(quota_of(sub).used_inodes, 3);
+	/* top is full: a create in sub is refused by it. */
+	CHECK_RC(stk_meta_store_create(st, &ROOT, sub, "h", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT,
+				       &PL4, &a, &replaced),
+		 -EDQUOT);
+	/* A file moves out of sub into top: sub gives it up, top keeps it. */
+	CHECK_RC(rename_as(&ROOT, sub, "g", top, "g", 0), 0);
+	CHECK_EQ(attr_of(g).qid, top);
+	CHECK_EQ(quota_of(sub).used_inodes, 2);
+	CHECK_EQ(quota_of(top).used_inodes, 4);
+	/* Out of every quota. */
+	CHECK_RC(rename_as(&ROOT, top, "g", STK_ROOT_INO, "g", 0), 0);
+	CHECK_EQ(attr_of(g).qid, 0);
+	CHECK_EQ(quota_of(top).used_inodes, 3);
+	/* A folder cannot move between quotas (mv copies); within one it can. */
+	out = mkdir_as(&ROOT, STK_ROOT_INO, "qn_out", 0777);
+	CHECK_RC(rename_as(&ROOT, top, "sub", STK_ROOT_INO, "sub", 0), -EXDEV);
+	CHECK_RC(rename_as(&ROOT, STK_ROOT_INO, "qn_out", top, "out", 0), -EXDEV);
+	CHECK_RC(rename_as(&ROOT, sub, "f", sub, "f2", 0), 0);
+	/* Hard links stay in one quota; a file with two names does not move. */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, STK_ROOT_INO, "f_link", &a), -EXDEV);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, sub, "f3", &a), 0);
+	CHECK_RC(rename_as(&ROOT, sub, "f3", STK_ROOT_INO, "f3", 0), -EXDEV);
+	CHECK_EQ(quota_of(sub).used_inodes, 2);
+	/* No room: a file coming in is refused and stays where it was. */
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, top, 0, 3, 0, NULL), 0);
+	CHECK_RC(rename_as(&ROOT, STK_ROOT_INO, "g", sub, "g", 0), -EDQUOT);
+	CHECK_EQ(ino_of(STK_ROOT_INO, "g"), g);
+	/* Removing top: sub stands alone, top's own files count nowhere. */
+	g = create_as(&ROOT, out, "x");
+	CHECK_RC(stk_meta_store_quota_rm(st, &ROOT, top), 0);
+	CHECK_RC(stk_meta_store_quota_rm(st, &ROOT, top), -ENOENT);
+	CHECK_EQ(attr_of(top).qid, 0);
+	CHECK_EQ(quota_of(sub).parent, 0);
+	CHECK_RC(stk_meta_store_quota_list(st, 0, q, 8, &n, &more), 0);
+	for (size_t i = 0; i < n; i++)
+		CHECK(q[i].qid != top);
+	/* Recount finds nothing to fix where nothing drifted. */
+	CHECK_RC(stk_meta_store_quota_recount(st, &ROOT, sub, NULL, NULL), 0);
+	CHECK_EQ(quota_of(sub).used_inodes, 2);
+	CHECK_EQ(quota_of(sub).used_bytes, 100);
+	CHECK_RC(stk_meta_store_quota_recount(st, &ALICE, sub, NULL, NULL), -EPERM);
+	CHECK_RC(stk_meta_store_quota_recount(st, &ROOT, top, NULL, NULL), -ENOENT);
+	/* rmdir of an empty quota root takes its quota along. */
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, out, 0, 0, 0, NULL), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, out, "x", &a), 0);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, STK_ROOT_INO, "qn_out"), 0);
+	CHECK_RC(stk_meta_store_quota_list(st, 0, q, 8, &n, &more), 0);
+	for (size_t i = 0; i < n; i++)
+		CHECK(q[i].qid != out);
+}
+
+/* Many threads creating and growing files under one quota: usage stays exact. */
+struct qthread {
+	uint64_t dir;
+	int id;
+	uint64_t bytes;
+	unsigned refused;
+};
+
+static void *quota_worker(void *arg)
+{
+	struct qthread *t = arg;
+	char name[32];
+
+	for (int i = 0; i < 200; i++) {
+		struct stk_attr a;
+		uint64_t granted;
+		int created;
+
+		snprintf(name, sizeof(name), "t%d-%d", t->id, i);
+		if (stk_meta_store_create(st, &ROOT, t->dir, name, 0644, STK_CREATE_EXCL,
+					  &ZERO_LAYOUT, &PL4, &a, &created)) {
+			t->refused++;
+			continue;
+		}
+		if (stk_meta_store_quota_reserve(st, (uint64_t)t->id + 100, a.ino, 1000, 1000,
+						 &granted) == 0) {
+			stk_meta_store_extend(st, &ROOT, a.ino, 1000, 0, 0, &a);
+			t->bytes += 1000;
+		}
+		stk_meta_store_quota_release(st, (uint64_t)t->id + 100, a.ino);
+	}
+	return NULL;
+}
+
+static void test_quota_threads(void)
+{
+	struct qthread t[4];
+	pthread_t th[4];
+	uint64_t d, bytes = 0;
+	struct stk_meta_quota q;
+	unsigned refused = 0;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "qt", 0777);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, d, 300000, 701, 0, NULL), 0);
+	for (int i = 0; i < 4; i++) {
+		t[i] = (struct qthread){.dir = d, .id = i};
+		pthread_create(&th[i], NULL, quota_worker, &t[i]);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		bytes += t[i].bytes;
+		refused += t[i].refused;
+	}
+	q = quota_of(d);
+	CHECK_EQ(q.used_inodes, 701);
+	CHECK_EQ(refused, 100);
+	CHECK_EQ(q.used_bytes, bytes);
+	CHECK_EQ(bytes, 300000);
+	CHECK_EQ(q.reserved_bytes, 0);
+	CHECK_RC(stk_meta_store_quota_recount(st, &ROOT, d, NULL, NULL), 0);
+	q = quota_of(d);
+	CHECK_EQ(q.used_inodes, 701);
+	CHECK_EQ(q.used_bytes, bytes);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -1523,6 +1806,10 @@ int main(void)
 	CHECK_RUN(test_permissions);
 	CHECK_RUN(test_readdir_small);
 	CHECK_RUN(test_xattrs);
+	CHECK_RUN(test_quota_inodes);
+	CHECK_RUN(test_quota_bytes);
+	CHECK_RUN(test_quota_nested_rename);
+	CHECK_RUN(test_quota_threads);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
 	test_readdir_big(&listing, &big);
