@@ -173,6 +173,7 @@ struct net_field {
 };
 
 static struct net_field g_net[] = {
+    {"/proc/net/snmp", "Tcp:", "OutSegs", STK_M_HOST_TCP_SENT, NULL, 0},
     {"/proc/net/snmp", "Tcp:", "RetransSegs", STK_M_HOST_TCP_RETRANS, NULL, 0},
     {"/proc/net/snmp", "Tcp:", "InErrs", STK_M_HOST_TCP_IN_ERRORS, NULL, 0},
     {"/proc/net/netstat", "TcpExt:", "ListenOverflows", STK_M_HOST_TCP_DROPS, "listen_overflow", 0},
