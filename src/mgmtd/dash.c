@@ -349,17 +349,28 @@ static void fill_line(void *ctx, const char *name, const char *labels, double v)
 
 		if (strcmp(n, "read_bytes_total") && strcmp(n, "write_bytes_total") &&
 		    strcmp(n, "reads_total") && strcmp(n, "writes_total") &&
+		    strcmp(n, "short_circuit_reads_total") &&
+		    strcmp(n, "short_circuit_read_bytes_total") &&
 		    strcmp(n, "io_duration_seconds_bucket"))
 			return;
 		t = fill_target(f, labels);
 		if (!t)
 			return;
-		if (strcmp(n, "read_bytes_total") == 0)
-			t->rbytes = v;
+		/*
+		 * Short-circuit reads (a client on the node's host reading chunk files
+		 * itself) are reads the target served all the same: they count in its
+		 * throughput and IOPS, though not in its latency, which the node never saw.
+		 */
+		if (strcmp(n, "short_circuit_read_bytes_total") == 0)
+			t->rbytes += v;
+		else if (strcmp(n, "short_circuit_reads_total") == 0)
+			t->reads += v;
+		else if (strcmp(n, "read_bytes_total") == 0)
+			t->rbytes += v;
 		else if (strcmp(n, "write_bytes_total") == 0)
 			t->wbytes = v;
 		else if (strcmp(n, "reads_total") == 0)
-			t->reads = v;
+			t->reads += v;
 		else if (strcmp(n, "writes_total") == 0)
 			t->writes = v;
 		else if (stk_scrape_label(labels, "op", buf, sizeof(buf)) == 0) {
