@@ -1286,11 +1286,12 @@ static json_t *overview(struct stk_mgmtd_dash *d)
 		json_object_set_new(e, "draining", json_boolean(n->draining));
 		json_object_set_new(e, "refused", json_boolean(n->refused));
 		json_object_set_new(e, "metrics",
-				    json_string(!nf	       ? "not read yet"
-						: nf->err == 1 ? "not read (offline)"
-						: nf->err      ? strerror(-nf->err)
-							       : "ok"));
-		if (nf && !nf->err) {
+				    json_string(n->state != STK_NODE_ONLINE ? "not read (offline)"
+						: !nf			    ? "not read yet"
+						: nf->err == 1		    ? "not read (offline)"
+						: nf->err		    ? strerror(-nf->err)
+									    : "ok"));
+		if (nf && !nf->err && n->state == STK_NODE_ONLINE) {
 			json_object_set_new(e, "read_bps", jnum(nf->rbps));
 			json_object_set_new(e, "write_bps", jnum(nf->wbps));
 			json_object_set_new(e, "read_iops", jnum(nf->riops));

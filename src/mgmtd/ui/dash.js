@@ -118,10 +118,10 @@ function niceMax(v) {
 /*
  * Draws series ([{name, color, values}]) over times t (ms) into svg. A gap in
  * time (more than 2.5 intervals) or a null breaks a line. Sets data-points to the
- * number of values drawn, which the browser test reads.
+ * number of values drawn and data-max to the largest, which the browser test reads.
  */
 function chart(svg, t, series, fmt) {
-	const W = 600, H = 190, L = 64, R = 10, T = 20, B = 18;
+	const W = 600, H = 190, L = 80, R = 10, T = 20, B = 18;
 	svg.setAttribute("viewBox", "0 0 " + W + " " + H);
 	svg.replaceChildren();
 	let n = 0, max = 0;
@@ -132,6 +132,7 @@ function chart(svg, t, series, fmt) {
 				max = Math.max(max, v);
 			}
 	svg.dataset.points = String(n);
+	svg.dataset.max = String(max);
 	if (!t.length || !n) {
 		svgEl("text", {x: W / 2, y: H / 2, "text-anchor": "middle", class: "empty"}, svg)
 			.textContent = "no data yet";
