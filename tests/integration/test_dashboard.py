@@ -377,7 +377,8 @@ def test_killed_node_shows_down_and_follower_points_to_leader(tmp_path):
         assert page.js("return document.getElementById('health').textContent") == "critical"
         assert page.js("return document.getElementById('chains-section').hidden") is False
         o = api(base, "overview")
-        assert [n["state"] for n in o["nodes"] if n["id"] == victim] == ["offline"], o["nodes"]
+        assert [(n["state"], n["metrics"]) for n in o["nodes"] if n["id"] == victim] == \
+            [("offline", "not read (offline)")], o["nodes"]
         assert [t["state"] for t in o["targets"] if t["node"] == victim] == ["offline"]
         assert o["chains"]["degraded"] >= 1, o["chains"]
         nodes, _ = status_tables(c.cli("status").stdout.decode())
