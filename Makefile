@@ -52,14 +52,18 @@ CLI_SRC := $(wildcard src/cli/*.c src/fuse/*.c src/gateway/*.c)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 TOOL_SRC := $(wildcard tests/tools/*.c)
 
+# The dashboard's page (src/mgmtd/ui/), embedded into mgmtd as byte arrays.
+UI_FILES := $(sort $(wildcard src/mgmtd/ui/*))
+UI_OBJ := $(B)/obj/gen/ui_assets.o
+
 obj = $(patsubst %.c,$(B)/obj/%.o,$(1))
 CORE_OBJ := $(call obj,$(CORE_SRC))
 DAEMON_OBJ := $(call obj,$(DAEMON_SRC))
 CLIENT_OBJ := $(call obj,$(CLIENT_SRC))
-MGMTD_OBJ := $(call obj,$(MGMTD_SRC))
+MGMTD_OBJ := $(call obj,$(MGMTD_SRC)) $(UI_OBJ)
 META_OBJ := $(call obj,$(META_SRC))
 STORAGE_OBJ := $(call obj,$(STORAGE_SRC))
-SERVER_OBJ := $(call obj,$(SERVER_SRC))
+SERVER_OBJ := $(call obj,$(SERVER_SRC)) $(UI_OBJ)
 CLI_OBJ := $(call obj,$(CLI_SRC))
 UNIT_BIN := $(patsubst tests/unit/%.c,$(B)/tests/%,$(UNIT_SRC))
 TOOL_BIN := $(patsubst tests/tools/%.c,$(B)/tests/%,$(TOOL_SRC))
@@ -72,6 +76,14 @@ $(B)/obj/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(MGMTD_OBJ): CFLAGS += $(MGMTD_CFLAGS)
+
+$(B)/gen/ui_assets.c: $(UI_FILES) scripts/embed-ui.sh
+	@mkdir -p $(dir $@)
+	sh scripts/embed-ui.sh $@ $(UI_FILES)
+
+$(UI_OBJ): $(B)/gen/ui_assets.c src/mgmtd/ui_assets.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -c $< -o $@
 
 $(B)/stoker: $(CLI_OBJ) $(SERVER_OBJ) $(CLIENT_OBJ) $(CORE_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(MGMTD_LIBS)

@@ -10,6 +10,8 @@ PKGS=(make gcc clang libclang-rt-14-dev pkg-config
       libmicrohttpd-dev prometheus libcurl4-openssl-dev libjansson-dev etcd-server
       nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils libnfs-dev
       samba smbclient python3-smbc
+      xxd   # embeds the dashboard's files into the binary (src/mgmtd/ui/)
+      chromium chromium-driver python3-selenium  # the dashboard's browser test
       gdb)  # gdb: backtraces of a daemon a test finds hung
 missing=()
 for p in "${PKGS[@]}"; do

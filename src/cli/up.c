@@ -87,6 +87,7 @@ enum {
 	OPT_RESYNC_RATE,
 	OPT_REPLACE_AFTER,
 	OPT_REBALANCE_MOVES,
+	OPT_UI_INTERVAL,
 	OPT_KEY_FILE,
 	OPT_AUTH,
 };
@@ -110,6 +111,7 @@ static const struct option role_opts[] = {
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
 	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
+	{"ui-interval-ms", required_argument, NULL, OPT_UI_INTERVAL},
 	{"key-file", required_argument, NULL, OPT_KEY_FILE},
 	{"key_file", required_argument, NULL, OPT_KEY_FILE}, /* as a config file spells it */
 	{"auth", required_argument, NULL, OPT_AUTH},
@@ -136,6 +138,8 @@ struct role_args {
 	int64_t replace_after;
 	/* mgmtd --rebalance-moves N: as stk_mgmtd_opts.rebalance_moves (0: off) */
 	int rebalance_moves;
+	/* mgmtd --ui-interval-ms MS: as stk_mgmtd_opts.ui_interval_ms (0: 10 s) */
+	uint64_t ui_interval_ms;
 	const char *key_file; /* --key-file PATH: the cluster key (docs/security.md) */
 	int auth_off; /* --auth off: no key, said so on purpose */
 };
@@ -316,6 +320,13 @@ static int role_opt(const char *cmd, int c, char *val, struct role_args *a)
 			return 2;
 		}
 		break;
+	case OPT_UI_INTERVAL:
+		if (stk_parse_u64(val, &a->ui_interval_ms) || a->ui_interval_ms < 100 ||
+		    a->ui_interval_ms > 3600000) {
+			cli_err(cmd, "bad --ui-interval-ms '%s': 100 to 3600000", val);
+			return 2;
+		}
+		break;
 	case OPT_HBTO:
 		if (stk_parse_u64(val, &a->hbto) || a->hbto > 3600000) {
 			cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", val);
@@ -372,6 +383,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.etcd_prefix = a.etcd_prefix;
 	o.replace_after_s = a.replace_after;
 	o.rebalance_moves = a.rebalance_moves;
+	o.ui_interval_ms = (unsigned)a.ui_interval_ms;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 
@@ -464,6 +476,7 @@ static const struct up_pass {
 	{OPT_HBTO, "--heartbeat-timeout-ms", 0},
 	{OPT_REPLACE_AFTER, "--replace-after", 0},
 	{OPT_REBALANCE_MOVES, "--rebalance-moves", 0},
+	{OPT_UI_INTERVAL, "--ui-interval-ms", 0},
 	{OPT_RESYNC_RATE, "--resync-rate", 2},
 	{OPT_SCRUB_RATE, "--scrub-rate", 2},
 	{OPT_SCRUB_INTERVAL, "--scrub-interval", 2},
@@ -1233,6 +1246,7 @@ static const struct option up_opts[] = {
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
 	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
+	{"ui-interval-ms", required_argument, NULL, OPT_UI_INTERVAL},
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
@@ -1371,6 +1385,7 @@ int cmd_up(int argc, char **argv)
 		case OPT_HBTO:
 		case OPT_REPLACE_AFTER:
 		case OPT_REBALANCE_MOVES:
+		case OPT_UI_INTERVAL:
 		case OPT_RESYNC_RATE:
 		case OPT_SCRUB_RATE:
 		case OPT_SCRUB_INTERVAL:

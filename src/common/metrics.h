@@ -264,6 +264,9 @@
 	  "Requests an event loop answered itself, without a worker thread (storage: reads of "    \
 	  "open chunks, through io_uring; meta: lookups and attributes).")                         \
 	/* ---- the host's network (/proc/net/snmp, /proc/net/netstat) ---- */                     \
+	X(HOST_TCP_SENT, COUNTER, "stoker_host_tcp_sent_segments_total", "",                       \
+	  "TCP segments the host sent (Tcp OutSegs): over it, "                                    \
+	  "stoker_host_tcp_retransmitted_segments_total is the share of segments lost.")           \
 	X(HOST_TCP_RETRANS, COUNTER, "stoker_host_tcp_retransmitted_segments_total", "",           \
 	  "TCP segments the host retransmitted (Tcp RetransSegs).")                                \
 	X(HOST_TCP_IN_ERRORS, COUNTER, "stoker_host_tcp_in_errors_total", "",                      \

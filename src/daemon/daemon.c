@@ -103,6 +103,11 @@ const char *stk_daemon_metrics_addr(const struct stk_daemon *d)
 	return d->http ? stk_metrics_http_addr(d->http) : NULL;
 }
 
+struct stk_metrics_http *stk_daemon_metrics_http(const struct stk_daemon *d)
+{
+	return d->http;
+}
+
 struct stk_metrics_ops *stk_daemon_rpc_metrics(const struct stk_daemon *d)
 {
 	return d->rpc;

@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct stk_metrics_http;
 struct stk_metrics_ops;
 struct stk_server;
 struct stk_server_opts;
@@ -140,6 +141,12 @@ int stk_daemon_run(const struct stk_daemon_spec *spec);
 const char *stk_daemon_addr(const struct stk_daemon *d);
 /* The bound "HOST:PORT" of /metrics; NULL without metrics_listen. */
 const char *stk_daemon_metrics_addr(const struct stk_daemon *d);
+/*
+ * The /metrics endpoint itself, for a daemon that adds a route to it
+ * (stk_metrics_http_route); NULL without metrics_listen. From the metrics hook on,
+ * until the metrics_stop hook.
+ */
+struct stk_metrics_http *stk_daemon_metrics_http(const struct stk_daemon *d);
 /*
  * The RPC counts the server counts into, for per-client counts in handlers
  * (stk_metrics_ops_client); NULL without metrics_listen. From the metrics hook on;

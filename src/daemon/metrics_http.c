@@ -12,6 +12,10 @@
  * syntax and errors are those of every other Stoker listener ("HOST:PORT", port 0
  * for a free one, -EADDRINUSE) and the bound address can be reported.
  *
+ * Another module may add one route (mgmtd's dashboard under /ui): its handler runs
+ * on the same thread, so a page view waits behind a scrape and the other way round;
+ * handlers answer from memory and never wait on the network.
+ *
  * The /proc readers are written for Linux, where Stoker runs; on a read error a
  * figure is simply not updated (a series never set is not shown).
  */
@@ -40,6 +44,11 @@
 struct stk_metrics_http {
 	struct MHD_Daemon *mhd;
 	char addr[80];
+	pthread_mutex_t lock; /* protects the route: set from another thread than ours */
+	char prefix[64];      /* "" while no route is set */
+	size_t prefix_len;
+	stk_metrics_http_fn fn;
+	void *fn_ctx;
 };
 
 static int g_started; /* under g_start_lock: one endpoint per process */
@@ -164,6 +173,7 @@ struct net_field {
 };
 
 static struct net_field g_net[] = {
+    {"/proc/net/snmp", "Tcp:", "OutSegs", STK_M_HOST_TCP_SENT, NULL, 0},
     {"/proc/net/snmp", "Tcp:", "RetransSegs", STK_M_HOST_TCP_RETRANS, NULL, 0},
     {"/proc/net/snmp", "Tcp:", "InErrs", STK_M_HOST_TCP_IN_ERRORS, NULL, 0},
     {"/proc/net/netstat", "TcpExt:", "ListenOverflows", STK_M_HOST_TCP_DROPS, "listen_overflow", 0},
@@ -278,6 +288,43 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 	return ret;
 }
 
+/* Whether url is prefix itself or below it ("/ui", "/ui/x"; not "/uix"). */
+static int under(const char *url, const char *prefix, size_t len)
+{
+	return len && strncmp(url, prefix, len) == 0 && (url[len] == 0 || url[len] == '/');
+}
+
+/* Answers url from the route's handler; MHD_NO if the reply cannot be made. */
+static enum MHD_Result route_reply(struct MHD_Connection *conn, stk_metrics_http_fn fn, void *ctx,
+				   const char *url)
+{
+	struct stk_metrics_http_answer a;
+	struct MHD_Response *r;
+	enum MHD_Result ret;
+
+	memset(&a, 0, sizeof(a));
+	fn(ctx, url, &a);
+	r = MHD_create_response_from_buffer(a.len, (void *)a.body,
+					    a.owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+	if (!r) {
+		if (a.owned)
+			free((void *)a.body);
+		return MHD_NO;
+	}
+	MHD_add_response_header(r, "Content-Type", a.type ? a.type : "text/plain; charset=utf-8");
+	MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+	/* the page must work with no network but this endpoint, so nothing else may load */
+	MHD_add_response_header(r, "Content-Security-Policy",
+				"default-src 'self'; img-src 'self' data:; frame-ancestors 'none'");
+	if (a.cache)
+		MHD_add_response_header(r, "Cache-Control", a.cache);
+	if (a.location[0])
+		MHD_add_response_header(r, "Location", a.location);
+	ret = MHD_queue_response(conn, a.status ? a.status : MHD_HTTP_OK, r);
+	MHD_destroy_response(r);
+	return ret;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
 				  const char *method, const char *version, const char *upload,
 				  size_t *upload_len, void **con_cls)
@@ -286,8 +333,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		    notallowed[] = "only GET and HEAD\n",
 		    index[] = "Stoker metrics: /metrics (Prometheus text format), /healthz\n";
 	const char *text = "text/plain; charset=utf-8";
+	struct stk_metrics_http *h = cls;
+	stk_metrics_http_fn fn = NULL;
+	void *fn_ctx = NULL;
 
-	(void)cls;
 	(void)version;
 	(void)upload;
 	(void)upload_len;
@@ -305,6 +354,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	}
 	if (strcmp(url, "/healthz") == 0)
 		return reply(conn, MHD_HTTP_OK, text, ok, sizeof(ok) - 1, MHD_RESPMEM_PERSISTENT);
+	pthread_mutex_lock(&h->lock);
+	if (under(url, h->prefix, h->prefix_len)) {
+		fn = h->fn;
+		fn_ctx = h->fn_ctx;
+	}
+	pthread_mutex_unlock(&h->lock);
+	if (fn)
+		return route_reply(conn, fn, fn_ctx, url);
 	if (strcmp(url, "/") == 0)
 		return reply(conn, MHD_HTTP_OK, text, index, sizeof(index) - 1,
 			     MHD_RESPMEM_PERSISTENT);
@@ -392,6 +449,7 @@ int stk_metrics_http_start(const char *listen, const char *role, struct stk_metr
 	h = calloc(1, sizeof(*h));
 	if (!h)
 		goto out;
+	pthread_mutex_init(&h->lock, NULL);
 	rc = bind_listen(listen, &fd, h->addr, sizeof(h->addr));
 	if (rc)
 		goto out;
@@ -429,7 +487,30 @@ out:
 	pthread_mutex_unlock(&g_start_lock);
 	if (fd >= 0)
 		close(fd);
+	if (h)
+		pthread_mutex_destroy(&h->lock);
 	free(h);
+	return rc;
+}
+
+int stk_metrics_http_route(struct stk_metrics_http *h, const char *prefix, stk_metrics_http_fn fn,
+			   void *ctx)
+{
+	size_t len = strlen(prefix);
+	int rc = 0;
+
+	if (prefix[0] != '/' || len >= sizeof(h->prefix) || !fn)
+		return -EINVAL;
+	pthread_mutex_lock(&h->lock);
+	if (h->fn) {
+		rc = -EBUSY;
+	} else {
+		memcpy(h->prefix, prefix, len + 1);
+		h->prefix_len = len;
+		h->fn = fn;
+		h->fn_ctx = ctx;
+	}
+	pthread_mutex_unlock(&h->lock);
 	return rc;
 }
 
@@ -448,5 +529,6 @@ void stk_metrics_http_stop(struct stk_metrics_http *h)
 	pthread_mutex_lock(&g_start_lock);
 	g_started = 0;
 	pthread_mutex_unlock(&g_start_lock);
+	pthread_mutex_destroy(&h->lock);
 	free(h);
 }

@@ -7,6 +7,8 @@
 #ifndef STK_DAEMON_METRICS_HTTP_H
 #define STK_DAEMON_METRICS_HTTP_H
 
+#include <stddef.h>
+
 struct stk_metrics_http;
 
 /*
@@ -19,6 +21,39 @@ struct stk_metrics_http;
 int stk_metrics_http_start(const char *listen, const char *role, struct stk_metrics_http **out);
 /* The bound "HOST:PORT". Valid until stop. */
 const char *stk_metrics_http_addr(const struct stk_metrics_http *h);
+/*
+ * What a route's handler answers (stk_metrics_http_route). The handler fills it;
+ * the endpoint sends it and then frees body if owned.
+ */
+struct stk_metrics_http_answer {
+	unsigned status;   /* HTTP status; 200 when left 0 */
+	const char *type;  /* Content-Type, a static string */
+	const char *body;  /* len bytes; static unless owned */
+	size_t len;
+	int owned;	   /* body was malloc'ed: the endpoint frees it once sent */
+	const char *cache; /* Cache-Control, static, or NULL for none */
+	char location[256]; /* Location header for a redirect, "" for none */
+};
+
+/*
+ * Handles a GET or HEAD of a path the endpoint does not serve itself, on the
+ * endpoint's thread: it must answer quickly (it delays scrapes) and must not block
+ * on the network. url is the path without the query string.
+ */
+typedef void (*stk_metrics_http_fn)(void *ctx, const char *url,
+				    struct stk_metrics_http_answer *a);
+
+/*
+ * Sends every GET or HEAD of a path under prefix ("/ui": "/ui" and "/ui/...") to
+ * fn(ctx, ...). One route per endpoint, set once; fn and ctx must stay valid until
+ * stk_metrics_http_stop(). Every answer carries X-Content-Type-Options: nosniff, and
+ * a Content-Security-Policy that allows nothing but the endpoint's own scripts,
+ * styles and images: a route serves a page that must load nothing from elsewhere.
+ * 0, -EINVAL (prefix not "/..." or too long) or -EBUSY (a route is set already).
+ * Any thread.
+ */
+int stk_metrics_http_route(struct stk_metrics_http *h, const char *prefix, stk_metrics_http_fn fn,
+			   void *ctx);
 /* Stops serving and waits for a scrape in progress. NULL is fine. */
 void stk_metrics_http_stop(struct stk_metrics_http *h);
 

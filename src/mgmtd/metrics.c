@@ -47,29 +47,6 @@ static const char *const tstate_names[NSTATES] = {"serving", "offline", "full", 
 						    "wiping"};
 static const char *const health_names[NHEALTH] = {"healthy", "degraded", "unavailable"};
 
-/*
- * A chain's health: 0 healthy (every member works: serving or full), 1 degraded
- * (some member offline or syncing, at least one working), 2 unavailable (none
- * works). A move's new member, copying beside the members it is to relieve, is
- * not missed. `stoker status` judges chains the same way (src/cli/status.c).
- */
-static int chain_health(const struct stk_mgmt_state *st, const struct stk_rt_chain *c)
-{
-	const struct stk_mgmt_move *mv = stk_mgmt_state_chain_move(st, c->id);
-	unsigned working = 0, need = c->ntargets;
-
-	for (uint8_t j = 0; j < c->ntargets; j++) {
-		const struct stk_rt_target *t = stk_mgmt_state_target(st, c->targets[j]);
-		int active = t && stk_mgmt_target_active(t->state);
-
-		if (mv && c->targets[j] == mv->in && !active)
-			need--;
-		else
-			working += active;
-	}
-	return working == 0 ? 2 : working < need ? 1 : 0;
-}
-
 static int role_index(uint8_t role)
 {
 	for (int i = 0; i < NROLES; i++)
@@ -142,7 +119,7 @@ static void collect(void *ctx)
 	}
 	for (uint32_t i = 0; i < st->nchains; i++)
 		if (st->chains[i].ntargets)
-			health[chain_health(st, &st->chains[i])]++;
+			health[stk_mgmt_state_chain_health(st, &st->chains[i])]++;
 	if (st->version > mm->last_version) {
 		mm->nchanges += st->version - mm->last_version;
 		mm->last_version = st->version;

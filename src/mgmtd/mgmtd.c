@@ -45,6 +45,7 @@
 #include "../common/util.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "dash.h"
 #include "etcd.h"
 #include "metrics.h"
 #include "state.h"
@@ -77,6 +78,8 @@ struct mgmtd {
 	/* Start-up's, on stk_mgmtd_run's thread only. */
 	const char *ready_file;
 	struct stk_mgmtd_metrics *metrics; /* NULL without --metrics */
+	struct stk_mgmtd_dash *dash;	   /* the dashboard, NULL without --metrics */
+	unsigned ui_interval_ms;	   /* opts.ui_interval_ms */
 	pthread_t expiry;
 	int expiry_started;
 
@@ -666,17 +669,32 @@ static void *elect_thread(void *arg)
 
 /* ---- the daemon: stk_daemon_run's hooks ---- */
 
+/* The cluster's metrics, and the dashboard on the same endpoint. */
 static int mgmtd_metrics(void *ctx, struct stk_daemon *d)
 {
 	struct mgmtd *m = ctx;
+	struct stk_mgmtd_dash_src src = {
+	    .lock = &m->lock,
+	    .st = &m->st,
+	    .leading = &m->leading,
+	    .leader = m->leader,
+	    .cluster_mode = m->etcd != NULL,
+	};
+	int rc;
 
-	return stk_mgmtd_metrics_create(&m->lock, &m->st, &m->metrics);
+	rc = stk_mgmtd_metrics_create(&m->lock, &m->st, &m->metrics);
+	if (rc == 0)
+		rc = stk_mgmtd_dash_create(&src, m->ui_interval_ms, stk_daemon_metrics_http(d),
+					   &m->dash);
+	return rc;
 }
 
 static void mgmtd_metrics_stop(void *ctx)
 {
 	struct mgmtd *m = ctx;
 
+	stk_mgmtd_dash_destroy(m->dash);
+	m->dash = NULL;
 	stk_mgmtd_metrics_destroy(m->metrics);
 	m->metrics = NULL;
 }
@@ -702,6 +720,13 @@ static int mgmtd_start(void *ctx, struct stk_daemon *d)
 			return rc;
 		}
 		m->elect_started = 1;
+	}
+	if (m->dash) {
+		rc = stk_mgmtd_dash_start(m->dash, addr);
+		if (rc) {
+			stk_error("cannot start the dashboard's sampler: %s", strerror(-rc));
+			return rc;
+		}
 	}
 	if (m->ready_file) {
 		rc = stk_write_file_atomic(m->ready_file, addr, strlen(addr));
@@ -784,6 +809,9 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		goto out;
 	}
 	m->replicas_opt = opts->replicas;
+	if (opts->size >= offsetof(struct stk_mgmtd_opts, ui_interval_ms) +
+			      sizeof(opts->ui_interval_ms))
+		m->ui_interval_ms = opts->ui_interval_ms;
 	if (opts->size >= offsetof(struct stk_mgmtd_opts, etcd_prefix) + sizeof(opts->etcd_prefix) &&
 	    opts->etcd) {
 		const char *prefix = opts->etcd_prefix ? opts->etcd_prefix : "/stoker";

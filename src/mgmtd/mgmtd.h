@@ -48,6 +48,12 @@ struct stk_mgmtd_opts {
 	 * 0: no balancing (a drain still moves one at a time).
 	 */
 	int rebalance_moves;
+	/*
+	 * --ui-interval-ms: milliseconds between the dashboard's samples of the nodes'
+	 * /metrics (dash.h; it keeps STK_MGMTD_DASH_POINTS of them). 0: 10 s. The
+	 * dashboard is served with the metrics, under /ui, only with metrics_listen.
+	 */
+	unsigned ui_interval_ms;
 };
 
 /*

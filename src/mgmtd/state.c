@@ -856,6 +856,25 @@ const struct stk_mgmt_move *stk_mgmt_state_chain_move(const struct stk_mgmt_stat
 	return NULL;
 }
 
+int stk_mgmt_state_chain_health(const struct stk_mgmt_state *st, const struct stk_rt_chain *c)
+{
+	const struct stk_mgmt_move *mv = stk_mgmt_state_chain_move(st, c->id);
+	unsigned working = 0, need = c->ntargets;
+
+	for (uint8_t j = 0; j < c->ntargets; j++) {
+		const struct stk_rt_target *t = stk_mgmt_state_target(st, c->targets[j]);
+		int active = t && stk_mgmt_target_active(t->state);
+
+		if (mv && c->targets[j] == mv->in && !active)
+			need--;
+		else
+			working += active;
+	}
+	return working == 0 ? STK_MGMT_CHAIN_UNAVAILABLE
+	       : working < need ? STK_MGMT_CHAIN_DEGRADED
+				: STK_MGMT_CHAIN_HEALTHY;
+}
+
 uint32_t stk_mgmt_state_node_members(const struct stk_mgmt_state *st, uint32_t node_id)
 {
 	uint32_t n = 0;

@@ -274,6 +274,21 @@ int stk_mgmt_state_target_wiped(struct stk_mgmt_state *st, uint32_t node_id, uin
 /* How many of node_id's targets are members of a chain. */
 uint32_t stk_mgmt_state_node_members(const struct stk_mgmt_state *st, uint32_t node_id);
 
+/* A chain's health, as stk_mgmt_state_chain_health judges it. */
+enum stk_mgmt_chain_health {
+	STK_MGMT_CHAIN_HEALTHY,	    /* every member works (serving or full) */
+	STK_MGMT_CHAIN_DEGRADED,    /* some member offline or syncing, at least one works */
+	STK_MGMT_CHAIN_UNAVAILABLE, /* no member works: its files can be neither read nor written */
+};
+
+/*
+ * Chain c's health (enum stk_mgmt_chain_health). A move's new member, copying
+ * beside the members it is to relieve, is not missed. An empty chain (no member)
+ * is UNAVAILABLE; callers that count chains skip those. `stoker status` judges
+ * chains the same way (src/cli/status.c).
+ */
+int stk_mgmt_state_chain_health(const struct stk_mgmt_state *st, const struct stk_rt_chain *c);
+
 /* The move in flight on chain chain_id, or NULL. */
 const struct stk_mgmt_move *stk_mgmt_state_chain_move(const struct stk_mgmt_state *st,
 						      uint32_t chain_id);

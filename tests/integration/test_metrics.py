@@ -172,6 +172,9 @@ def test_cluster_and_target_figures(cluster):
     for name in ("stoker_host_tcp_retransmitted_segments_total",
                  "stoker_host_tcp_in_errors_total"):
         assert (name, ()) in s and s[(name, ())] >= 0, name
+    # segments sent: the cluster's own traffic made some, and it bounds the retransmits
+    sent = s[("stoker_host_tcp_sent_segments_total", ())]
+    assert sent > 0 and sent >= s[("stoker_host_tcp_retransmitted_segments_total", ())], sent
     drops = {dict(k[1]).get("reason") for k in s if k[0] == "stoker_host_tcp_drops_total"}
     assert drops and None not in drops, drops
 
