@@ -6,7 +6,7 @@
  * up.c      `up`, `down` and the role commands (mgmtd, meta, storage)
  * data.c    data commands over libstoker (ls, stat, put, get, cat, mkdir, rm, mv)
  * status.c  `status`
- * top.c     `top`
+ * top.c     `top` (its /metrics reader: prom.c, shared with doctor.c)
  * bench.c   `bench`
  * pack.c    `pack` (shards: shard.c; local-or-Stoker files: fsio.c)
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
