@@ -850,7 +850,8 @@ static void check_disks(struct doctor *d)
 		for (size_t k = 0; k < b->n; k++) {
 			char dev[128], tg[16], seen[128], fix[256];
 			const struct cli_sample *s = &b->s[k];
-			struct cli_filt f = {{"device", NULL}, {dev, NULL}, NULL};
+			/* one target's series: a device under several has one each */
+			struct cli_filt f = {{"device", "target"}, {dev, tg}, NULL};
 			int dup = 0;
 			double w, tc, me;
 
@@ -991,7 +992,7 @@ static void check_latency(struct doctor *d)
 		return;
 	}
 	if (worst[0] < 0 && worst[1] < 0) {
-		say(c, DR_SKIP, "no target has served a read or write yet");
+		say(c, DR_SKIP, "no target has served %d reads or writes yet", LAT_MIN_OPS);
 		return;
 	}
 	{
@@ -1090,7 +1091,11 @@ static void check_chains(struct doctor *d)
 		return;
 	}
 	if (maxlen <= 1)
-		say(c, DR_OK, "%u chains of one target each (no replicas), all serving", nchains);
+		say(c, DR_OK, "%u chain%s of one target each (no replicas), all serving", nchains,
+		    nchains == 1 ? "" : "s");
+	else if (minlen == maxlen)
+		say(c, DR_OK, "%u chain%s of %u replicas, all complete", nchains,
+		    nchains == 1 ? "" : "s", maxlen);
 	else
 		say(c, DR_OK, "%u chains of %u to %u replicas, all complete", nchains, minlen,
 		    maxlen);
