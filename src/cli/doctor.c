@@ -1470,6 +1470,9 @@ out:
 	cli_fs_release(&fs);
 }
 
+/* The most accelerators the loader search tries (bench loader's default). */
+#define LOADER_MAX "64"
+
 /* The number after "key": in a line of JSON, or NAN. */
 static double json_num(const char *json, const char *key)
 {
@@ -1511,6 +1514,8 @@ static int run_loader(struct doctor *d, char *out, size_t len)
 	argv[n++] = batch;
 	argv[n++] = "--compute-ms";
 	argv[n++] = step;
+	argv[n++] = "--max-accelerators";
+	argv[n++] = LOADER_MAX;
 	if (d->o.gpus) {
 		argv[n++] = "--accelerators";
 		argv[n++] = accel;
@@ -1590,9 +1595,10 @@ static void check_loader(struct doctor *d)
 		return;
 	}
 	say(c, DR_OK,
-	    "%.0f accelerator%s kept 90%% busy reading %s (%llu files, batch %llu, %g ms "
+	    "%.0f%s accelerator%s kept 90%% busy reading %s (%llu files, batch %llu, %g ms "
 	    "steps): %.0f samples/s, %.1f MB/s",
-	    n, n == 1 ? "" : "s", d->loader_dir,
+	    n, !d->o.gpus && n >= strtod(LOADER_MAX, NULL) ? " (the most tried)" : "",
+	    n == 1 ? "" : "s", d->loader_dir,
 	    (unsigned long long)STK_MIN(d->o.loader_files, d->loader_dir_files),
 	    (unsigned long long)d->o.loader_batch, d->o.step_ms, sps, mbs);
 }

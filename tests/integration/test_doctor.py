@@ -7,15 +7,15 @@ that check is for (docs/doctor.md).
   files gets the advice to pack them.
 - a full target: one target folder on a tmpfs of its own, filled to 97%.
 - a slowed target: one target folder on an ext4 on a loop device, and the storage
-  process in a blkio cgroup that lets 10 writes a second reach that device: its
-  fsyncs take 100 ms or more, the other target's (tmpfs) stay quick.
+  process in a blkio cgroup that lets 5 writes a second reach that device: its
+  fsyncs take 200 ms or more, the other target's (tmpfs) stay quick.
 - a failing disk: the storage node's smartctl (STOKER_SMARTCTL) says it fails.
 - harmful mount options: -o flush,attr_timeout=0.
 - a stopped node and a smaller MTU: three storage nodes in network namespaces;
   one node's interface gets MTU 1400, then the node is killed.
 
 The latency verdicts use one threshold both ways (--p99-ms 40): a 1 MiB write to
-a tmpfs takes about a millisecond; a throttled one takes 100 ms or more.
+a tmpfs takes about a millisecond; a throttled one 200 ms or more.
 """
 import json
 import os
