@@ -172,6 +172,7 @@ int cli_prom_parse(char *text, struct cli_scrape *sc)
 {
 	char *line = text;
 
+	sc->text = text; /* sc owns it from now, whatever happens */
 	while (line && *line) {
 		char *nl = strchr(line, '\n'), *p = line, *v, *end;
 		struct cli_sample smp = {.labels = ""};
