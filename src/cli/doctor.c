@@ -352,11 +352,10 @@ static void check_nodes(struct doctor *d)
 		if (n->state == STK_CLUSTER_NODE_ONLINE)
 			continue;
 		if (n->role == STK_CLUSTER_ROLE_STORAGE)
-			snprintf(
-			    fix, sizeof(fix),
-			    "start it again; if it is gone for good, `stoker admin remove-node %u` "
-			    "replaces its targets",
-			    n->id);
+			snprintf(fix, sizeof(fix),
+				 "start it again; if it is gone for good, `stoker admin "
+				 "remove-node %u` replaces its targets",
+				 n->id);
 		else
 			snprintf(
 			    fix, sizeof(fix),
@@ -470,8 +469,8 @@ static void check_network(struct doctor *d)
 		fmt_ms(a, sizeof(a), ok ? sum / ok : 0);
 		fmt_ms(b, sizeof(b), worst);
 		say(c, DR_OK,
-		    "%u daemons answer from this host: RPC round trip %s on average, "
-		    "slowest %s at %s",
+		    "%u daemons answer from this host: RPC round trip %s on average, slowest %s at "
+		    "%s",
 		    ok, a, wname, b);
 	}
 }
@@ -506,15 +505,13 @@ static void check_tcp(struct doctor *d)
 		if (r > d->o.retrans_s || in > d->o.retrans_s)
 			find(c, DR_WARN,
 			     "look for a lossy link (cable, optics, a NIC's errors in `ethtool "
-			     "-S`) or "
-			     "a congested switch port",
+			     "-S`) or a congested switch port",
 			     "host %s retransmitted %.1f TCP segments/s and received %.1f in "
-			     "error/s "
-			     "over %.1f s",
+			     "error/s over %.1f s",
 			     e->host, r, in, d->window);
 	}
 	if (!hosts) {
-		say(c, DR_SKIP, "no daemon's /metrics answered (metrics off?)");
+		say(c, DR_SKIP, "no daemon's /metrics could be read (metrics off?)");
 		return;
 	}
 	say(c, DR_OK, "%u host%s, at most %.1f TCP retransmits/s over %.1f s", hosts,
@@ -742,8 +739,7 @@ static void check_mtu(struct doctor *d)
 			    c, DR_WARN,
 			    "set one MTU on every interface and switch port of the storage network",
 			    "frames of %d bytes (this host's MTU towards it) do not reach %s, "
-			    "small "
-			    "ones do: an interface or switch on the way has a smaller MTU",
+			    "small ones do: an interface or switch on the way has a smaller MTU",
 			    h->mtu, h->host);
 		else if (!h->big)
 			find(c, DR_WARN,
@@ -873,19 +869,17 @@ static void check_disks(struct doctor *d)
 			me = cli_prom_sum(b, "stoker_device_media_errors_total", &f);
 			wear = STK_MAX(wear, w);
 			temp = STK_MAX(temp, tc);
-			snprintf(
-			    fix, sizeof(fix),
-			    "replace the device; first `stoker admin drain-node %u` so that its "
-			    "chains keep every copy",
-			    e->node);
+			snprintf(fix, sizeof(fix),
+				 "replace the device; first `stoker admin drain-node %u` so that "
+				 "its chains keep every copy",
+				 e->node);
 			if (s->value < 0.5)
 				find(c, DR_FAIL, fix,
 				     "device %s (target %s, node %u) fails its SMART health check",
 				     dev, tg, e->node);
 			else if (me > 0)
 				find(c, DR_WARN, fix,
-				     "device %s (target %s, node %u) reports %.0f media "
-				     "errors",
+				     "device %s (target %s, node %u) reports %.0f media errors",
 				     dev, tg, e->node, me);
 			else if (w >= 0.9)
 				find(c, DR_WARN, fix,
@@ -900,8 +894,8 @@ static void check_disks(struct doctor *d)
 	}
 	if (!devices) {
 		say(c, DR_SKIP,
-		    "no SMART figures: smartctl missing on the storage nodes, or their "
-		    "targets not on block devices");
+		    "no SMART figures: smartctl missing on the storage nodes, or their targets not "
+		    "on block devices");
 		return;
 	}
 	say(c, DR_OK, "%u device%s pass SMART; most worn %.0f%%, hottest %.0f C", devices,
@@ -976,11 +970,10 @@ static void check_latency(struct doctor *d)
 				else
 					snprintf(since, sizeof(since), "%s %.1f s,", when,
 						 d->window);
-				snprintf(
-				    fix, sizeof(fix),
-				    "check node %u's device (`iostat -x`, SMART) and its load; "
-				    "`stoker top` shows it live",
-				    e->node);
+				snprintf(fix, sizeof(fix),
+					 "check node %u's device (`iostat -x`, SMART) and its "
+					 "load; `stoker top` shows it live",
+					 e->node);
 				find(c, q * 1e3 > 10 * d->o.p99_ms ? DR_FAIL : DR_WARN, fix,
 				     "target %s on node %u: %s p99 %s %s %.0f %ss, above %.1f ms",
 				     tg, e->node, ops[op], ms, since, n, ops[op], d->o.p99_ms);
@@ -988,7 +981,8 @@ static void check_latency(struct doctor *d)
 		}
 	}
 	if (!targets) {
-		say(c, DR_SKIP, "no storage node's /metrics answered (metrics off?)");
+		say(c, DR_SKIP,
+		    "no storage node's /metrics could be read (metrics off, or nodes down?)");
 		return;
 	}
 	if (worst[0] < 0 && worst[1] < 0) {
@@ -1003,8 +997,8 @@ static void check_latency(struct doctor *d)
 		if (worst[1] >= 0)
 			fmt_ms(b, sizeof(b), worst[1]);
 		say(c, DR_OK,
-		    "%u targets; worst read p99 %s (target %s), worst write p99 %s "
-		    "(target %s); limit %.1f ms",
+		    "%u targets; worst read p99 %s (target %s), worst write p99 %s (target %s); "
+		    "limit %.1f ms",
 		    targets, a, wt[0][0] ? wt[0] : "-", b, wt[1][0] ? wt[1] : "-", d->o.p99_ms);
 	}
 }
@@ -1069,15 +1063,19 @@ static void check_chains(struct doctor *d)
 		if (w >= need)
 			continue;
 		if (!w) {
-			snprintf(
-			    fix, sizeof(fix),
-			    "bring back a node of its targets; if their data is gone for good, "
-			    "`stoker admin accept-loss %u --yes-lose-data`",
-			    ch->id);
+			/* one copy: no loss to accept, the chain waits for its node */
+			if (ch->ntargets == 1)
+				snprintf(fix, sizeof(fix),
+					 "bring its node back: with one copy per chain its files "
+					 "wait for it");
+			else
+				snprintf(fix, sizeof(fix),
+					 "bring back a node of its targets; if their data is gone "
+					 "for good, `stoker admin accept-loss %u --yes-lose-data`",
+					 ch->id);
 			find(c, DR_FAIL, fix,
 			     "chain %u has no working member (%s): its files can be neither read "
-			     "nor "
-			     "written",
+			     "nor written",
 			     ch->id, lack);
 		} else {
 			find(c, DR_WARN,
@@ -1127,7 +1125,7 @@ static void check_versions(struct doctor *d)
 		}
 	}
 	if (!n) {
-		say(c, DR_SKIP, "no daemon's /metrics answered (metrics off?)");
+		say(c, DR_SKIP, "no daemon's /metrics could be read (metrics off?)");
 		return;
 	}
 	say(c, DR_OK, "%u daemon%s run %s, as this client", n, n == 1 ? "" : "s", STOKER_VERSION);
@@ -1273,8 +1271,8 @@ static void check_mounts(struct doctor *d)
 			    mp);
 		if (mount_opt(o, "nouring", NULL, 0))
 			find(c, DR_WARN, "drop -o nouring",
-			     "mount %s: -o nouring: requests go "
-			     "through /dev/fuse, not io_uring queues",
+			     "mount %s: -o nouring: requests go through /dev/fuse, not io_uring "
+			     "queues",
 			     mp);
 		if (mount_opt(o, "max_threads", v, sizeof(v)) && strtoul(v, NULL, 10) < 8)
 			find(c, DR_WARN, "drop -o max_threads (the default fits the cores)",
@@ -1296,16 +1294,14 @@ static void check_mounts(struct doctor *d)
 				char fix[256];
 
 				ra[r] = 0;
-				snprintf(
-				    fix, sizeof(fix),
-				    "mount as root (which sets -o readahead, 16M by default) or "
-				    "`echo 16384 > %s`",
-				    p);
+				snprintf(fix, sizeof(fix),
+					 "mount as root (which sets -o readahead, 16M by default) "
+					 "or `echo 16384 > %s`",
+					 p);
 				if (strtoul(ra, NULL, 10) < 1024)
 					find(c, DR_WARN, fix,
 					     "mount %s: kernel readahead %lu KiB: large files are "
-					     "read "
-					     "in small requests",
+					     "read in small requests",
 					     mp, strtoul(ra, NULL, 10));
 			}
 		}
@@ -1587,16 +1583,15 @@ static void check_loader(struct doctor *d)
 			 "lines above, pack small files, or add nodes");
 		find(c, DR_WARN, fix,
 		     "%llu accelerators reading %s (%llu files, batch %llu, %g ms steps) were "
-		     "%.0f%% "
-		     "busy at worst, under 90%% (%.0f samples/s, %.1f MB/s)",
+		     "%.0f%% busy at worst, under 90%% (%.0f samples/s, %.1f MB/s)",
 		     (unsigned long long)d->o.gpus, d->loader_dir,
 		     (unsigned long long)STK_MIN(d->o.loader_files, d->loader_dir_files),
 		     (unsigned long long)d->o.loader_batch, d->o.step_ms, 100 * au, sps, mbs);
 		return;
 	}
 	say(c, DR_OK,
-	    "%.0f%s accelerator%s kept 90%% busy reading %s (%llu files, batch %llu, %g ms "
-	    "steps): %.0f samples/s, %.1f MB/s",
+	    "%.0f%s accelerator%s kept 90%% busy reading %s (%llu files, batch %llu, %g ms steps): "
+	    "%.0f samples/s, %.1f MB/s",
 	    n, !d->o.gpus && n >= strtod(LOADER_MAX, NULL) ? " (the most tried)" : "",
 	    n == 1 ? "" : "s", d->loader_dir,
 	    (unsigned long long)STK_MIN(d->o.loader_files, d->loader_dir_files),
@@ -1830,12 +1825,10 @@ int cmd_doctor(int argc, char **argv)
 			say(&d->c[i], DR_SKIP, "%s",
 			    d->cluster[0]
 				? "mgmtd cannot be reached"
-				: "no cluster given (--cluster, $STOKER_CLUSTER or `stoker "
-				  "up`)");
+				: "no cluster given (--cluster, $STOKER_CLUSTER or `stoker up`)");
 	if (!d->cluster[0])
 		say(&d->c[C_MGMTD], DR_SKIP,
-		    "no cluster given (--cluster, $STOKER_CLUSTER or "
-		    "`stoker up`)");
+		    "no cluster given (--cluster, $STOKER_CLUSTER or `stoker up`)");
 	check_mounts(d);
 	check_files(d);
 	check_loader(d);
