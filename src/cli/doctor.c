@@ -1318,14 +1318,16 @@ static void check_mounts(struct doctor *d)
 
 struct walk {
 	struct cli_fs *fs;
-	char (*queue)[CLI_FS_PATH]; /* folders still to list, breadth first */
+	char **queue; /* folders still to list, breadth first; [qhead, qlen) malloc'ed */
 	size_t qhead, qlen, qcap;
 	const char *dir; /* the folder being listed */
 	uint64_t files, small, shards, bytes, limit, threshold;
 	uint64_t *sizes;
 	uint64_t dir_files; /* in the folder being listed */
-	int err;
+	int more;	    /* the walk stopped before the end of the tree */
 };
+
+#define WALK_MAX_DIRS 100000 /* folders queued at most: plenty to sample from */
 
 static int walk_entry(void *ctx, const char *name, int is_dir)
 {
@@ -1339,21 +1341,25 @@ static int walk_entry(void *ctx, const char *name, int is_dir)
 	if (is_dir) {
 		if (w->qlen == w->qcap) {
 			size_t cap = w->qcap ? w->qcap * 2 : 64;
-			void *q;
+			char **q;
 
-			if (cap > 100000)
-				return 0; /* enough folders to sample from */
+			if (cap > WALK_MAX_DIRS) {
+				w->more = 1;
+				return 0;
+			}
 			q = realloc(w->queue, cap * sizeof(*w->queue));
 			if (!q)
 				return -ENOMEM;
 			w->queue = q;
 			w->qcap = cap;
 		}
-		memcpy(w->queue[w->qlen++], p, sizeof(p));
-		return 0;
+		w->queue[w->qlen] = strdup(p);
+		return w->queue[w->qlen++] ? 0 : -ENOMEM;
 	}
-	if (w->files >= w->limit)
+	if (w->files >= w->limit) {
+		w->more = 1;
 		return 1;
+	}
 	if (cli_fs_stat(w->fs, p, &st) || !S_ISREG(st.st_mode))
 		return 0;
 	w->sizes[w->files++] = (uint64_t)st.st_size;
@@ -1402,19 +1408,23 @@ static void check_files(struct doctor *d)
 	w.threshold = d->o.small;
 	w.sizes = calloc(w.limit, sizeof(*w.sizes));
 	w.queue = malloc(64 * sizeof(*w.queue));
-	if (!w.sizes || !w.queue) {
+	if (!w.sizes || !w.queue || !(w.queue[0] = strdup(path))) {
 		say(c, DR_SKIP, "out of memory");
 		goto out;
 	}
 	w.qcap = 64;
-	memcpy(w.queue[w.qlen++], path, sizeof(path));
+	w.qlen = 1;
 	while (w.qhead < w.qlen && w.files < w.limit) {
-		w.dir = w.queue[w.qhead++];
+		/* the queue may move while its folder is listed: this one is ours now */
+		char *dir = w.queue[w.qhead++];
+
+		w.dir = dir;
 		w.dir_files = 0;
 		rc = cli_fs_list(&fs, w.dir, walk_entry, &w);
 		if (rc < 0) {
 			find(c, DR_WARN, "check the permissions of the data set",
 			     "cannot list %s: %s", w.dir, stk_strerror(rc));
+			free(dir);
 			continue;
 		}
 		/* the loader reads one folder's files: the first that holds a few */
@@ -1431,7 +1441,9 @@ static void check_files(struct doctor *d)
 				 w.dir);
 			d->loader_dir_files = w.dir_files;
 		}
+		free(dir);
 	}
+	w.more |= w.qhead < w.qlen;
 	if (!w.files) {
 		say(c, DR_SKIP, "%s holds no files", d->o.path);
 		goto out;
@@ -1453,15 +1465,17 @@ static void check_files(struct doctor *d)
 		find(c, DR_WARN, fix,
 		     "%llu of %llu%s files sampled are under %s (median %s, mean %s): each one "
 		     "read costs metadata round trips of its own",
-		     (unsigned long long)w.small, (unsigned long long)w.files,
-		     w.files >= w.limit ? "+" : "", th, a, b);
+		     (unsigned long long)w.small, (unsigned long long)w.files, w.more ? "+" : "",
+		     th, a, b);
 	} else {
 		say(c, DR_OK, "%llu%s files sampled, %llu under %s (median %s, mean %s)",
-		    (unsigned long long)w.files, w.files >= w.limit ? "+" : "",
-		    (unsigned long long)w.small, th, a, b);
+		    (unsigned long long)w.files, w.more ? "+" : "", (unsigned long long)w.small, th,
+		    a, b);
 	}
 out:
 	free(w.sizes);
+	while (w.queue && w.qhead < w.qlen)
+		free(w.queue[w.qhead++]);
 	free(w.queue);
 	cli_fs_release(&fs);
 }
