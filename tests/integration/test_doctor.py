@@ -142,7 +142,10 @@ def test_healthy_cluster_passes_and_small_files_are_found(tmpfs, make_cluster, m
     assert re.search(r"^SKIP  loader\s+--quick$", out, re.M), out
 
     # many small files: the advice is to pack them (and nothing fails for it)
-    small = files(tmp_path / "small", 1200, 4096)
+    # (in 100 folders: more than the walk's first queue holds)
+    small = str(tmp_path / "small")
+    for i in range(100):
+        files(os.path.join(small, "c%03d" % i), 12, 4096)
     rc, ch = doctor(c.cli, "--cluster", c.url, *P99, "--quick", small)
     assert rc == 0, ch
     assert ch["files"]["verdict"] == "WARN", ch["files"]
@@ -151,7 +154,7 @@ def test_healthy_cluster_passes_and_small_files_are_found(tmpfs, make_cluster, m
     # and through Stoker itself
     c.cli("mkdir", "/small")
     for i in range(3):
-        c.cli("put", os.path.join(small, "f%05d" % i), "/small/f%d" % i)
+        c.cli("put", os.path.join(small, "c000", "f%05d" % i), "/small/f%d" % i)
     rc, ch = doctor(c.cli, "--cluster", c.url, *P99, "--quick", c.url + "/small")
     assert ch["files"]["verdict"] == "OK", ch["files"]
     assert ch["files"]["text"].startswith("3 files sampled, 3 under 256.0 KiB"), ch["files"]
