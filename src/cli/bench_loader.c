@@ -62,6 +62,8 @@ struct lb {
 	uint64_t nsamples, sample_size, batch, shard_size;
 	double compute_ms;
 	unsigned steps, read_threads, inflight, fixed, max_accel;
+	uint64_t max_files; /* --max-files: read at most this many files or shards; 0: all */
+	int no_generate;    /* --no-generate: a folder without samples is an error */
 	int json, shards;
 	/* the data set */
 	struct cli_file *files;
@@ -618,6 +620,37 @@ static int add_sample(struct lb *lb, uint64_t *cap, uint32_t file, uint64_t off,
 }
 
 /* Opens the data set in lb->dir: its shards, or its files. */
+/*
+ * Keeps at most max (0: all) of the listing's files, or of its shards' indexes,
+ * spread evenly over the sorted names, so that a sample of a large data set
+ * (`stoker doctor`) spans all of it rather than its first names.
+ */
+static void sample_listing(struct listing *l, uint64_t max)
+{
+	size_t n = 0, k = 0;
+
+	for (size_t i = 0; i < l->n; i++) {
+		size_t nl = strlen(l->names[i]);
+
+		if (l->shards && (nl < 6 || strcmp(l->names[i] + nl - 6, ".index") != 0))
+			free(l->names[i]);
+		else
+			l->names[n++] = l->names[i];
+	}
+	l->n = n;
+	if (!max || n <= max)
+		return;
+	for (size_t i = 0, next = 0; i < n; i++) {
+		if (i == next && k < max) {
+			l->names[k++] = l->names[i];
+			next = (size_t)((k * (uint64_t)n) / max);
+		} else {
+			free(l->names[i]);
+		}
+	}
+	l->n = k;
+}
+
 static int load_dataset(struct lb *lb)
 {
 	struct listing l = {0};
@@ -628,6 +661,7 @@ static int load_dataset(struct lb *lb)
 	if (rc)
 		goto out;
 	qsort(l.names, l.n, sizeof(*l.names), cmp_str);
+	sample_listing(&l, lb->max_files);
 	lb->files = calloc(l.n ? l.n : 1, sizeof(*lb->files));
 	if (!lb->files) {
 		rc = -ENOMEM;
@@ -703,6 +737,8 @@ static const struct option lb_opts[] = {
     {"read-threads", required_argument, NULL, 'r'},
     {"inflight", required_argument, NULL, 'i'},
     {"json", no_argument, NULL, 'j'},
+    {"max-files", required_argument, NULL, 'f'},
+    {"no-generate", no_argument, NULL, 'g'},
     {NULL, 0, NULL, 0},
 };
 
@@ -792,6 +828,13 @@ int cmd_bench_loader(int argc, char **argv)
 		case 'j':
 			lb.json = 1;
 			break;
+		case 'f':
+			if (stk_parse_u64(optarg, &lb.max_files) || !lb.max_files)
+				goto bad;
+			break;
+		case 'g':
+			lb.no_generate = 1;
+			break;
 		default:
 			goto bad;
 		}
@@ -818,7 +861,11 @@ int cmd_bench_loader(int argc, char **argv)
 	}
 
 	rc = load_dataset(&lb);
-	if (rc == -ENOENT || (rc == 0 && lb.n == 0)) {
+	if (lb.no_generate && rc == 0 && lb.n == 0) {
+		cli_err("bench", "%s: no files to read (and --no-generate)", argv[optind]);
+		return 1;
+	}
+	if (!lb.no_generate && (rc == -ENOENT || (rc == 0 && lb.n == 0))) {
 		char sz[32];
 		if (!lb.json)
 			printf("generating the %s data set in %s: %llu samples of ~%s\n", lb.preset,
@@ -952,6 +999,6 @@ bad:
 		"usage: stoker bench loader [--preset image|segmentation] [--samples N] "
 		"[--sample-size SIZE] [--batch N] [--compute-ms T] [--steps N] "
 		"[--accelerators N] [--max-accelerators N] [--read-threads N] [--inflight N] "
-		"[--json] PATH\n");
+		"[--max-files N] [--no-generate] [--json] PATH\n");
 	return 2;
 }

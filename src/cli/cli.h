@@ -6,7 +6,8 @@
  * up.c      `up`, `down` and the role commands (mgmtd, meta, storage)
  * data.c    data commands over libstoker (ls, stat, put, get, cat, mkdir, rm, mv)
  * status.c  `status`
- * top.c     `top`
+ * top.c     `top` (its /metrics reader: prom.c, shared with doctor.c)
+ * doctor.c  `doctor`
  * bench.c   `bench`
  * pack.c    `pack` (shards: shard.c; local-or-Stoker files: fsio.c)
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
@@ -35,6 +36,8 @@
 	  "make a cluster key file (mode 0600); replace an offline (or drained) storage node's targets now; move a node's chain memberships to other nodes, or cancel that; serve a chain whose newest copy is gone from the copy that is back; the S3 gateway's users") \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "mgmtd leader and followers, nodes, targets, chains and the metadata shard map")                                  \
+	X(doctor, cmd_doctor, "doctor [--cluster ADDR] [--json] [--quick] [--window S] [--rtt-ms MS] [--clock-ms MS] [--retrans N] [--full-warn PCT] [--full-fail PCT] [--p99-ms MS] [--small-file SIZE] [--sample N] [--gpus N] [--loader-files N] [--loader-batch N] [--loader-step-ms MS] [--timeout-ms MS] [PATH]", \
+	  "check the cluster, this host's mounts and a data set for what starves GPUs, each with a verdict and a fix (docs/doctor.md)") \
 	X(top, cmd_top, "top [--cluster stk://HOST:PORT] [--metrics ADDR,...] [--mount ADDR,...] [--interval S] [--once]", \
 	  "live bandwidth, IOPS, p99 latency and capacity per node and target")                \
 	X(ls, cmd_ls, "ls [-l] PATH...", "list directories")                                    \

@@ -21,386 +21,27 @@
  * their p99, and all its calls per second and their p99 in the RPC columns; they
  * are not added into the cluster line, which counts what the servers did.
  *
- * The HTTP client is a few lines over a blocking socket: HTTP/1.0, one request
- * per connection, read to EOF. The exposition parser reads only what top needs:
- * sample lines "name{labels} value", comments skipped.
+ * The HTTP client and the exposition parser are prom.c's, shared with `stoker
+ * doctor`.
  */
 #include "cli.h"
 
 #include <errno.h>
 #include <math.h>
-#include <netdb.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "stoker/stoker.h"
 
 #include "../common/util.h"
+#include "prom.h"
 
 #define MAX_NODES 256
-#define HTTP_TIMEOUT_MS 2000
-#define HTTP_MAX (16u << 20)
-
-/* ---- HTTP ---- */
-
-/* Connects to "HOST:PORT" within HTTP_TIMEOUT_MS. fd or -errno. */
-static int dial(const char *addr)
-{
-	char host[256], port[8];
-	uint16_t p;
-	struct addrinfo hints, *res = NULL;
-	struct timeval tv = {.tv_sec = HTTP_TIMEOUT_MS / 1000,
-			     .tv_usec = (HTTP_TIMEOUT_MS % 1000) * 1000};
-	int fd, rc;
-
-	if (stk_parse_hostport(addr, host, sizeof(host), &p))
-		return -EINVAL;
-	snprintf(port, sizeof(port), "%u", p);
-	memset(&hints, 0, sizeof(hints));
-	hints.ai_socktype = SOCK_STREAM;
-	hints.ai_flags = AI_NUMERICSERV;
-	if (getaddrinfo(host, port, &hints, &res) || !res)
-		return -EHOSTUNREACH;
-	fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		rc = -errno;
-		goto out;
-	}
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	if (connect(fd, res->ai_addr, res->ai_addrlen) < 0) {
-		rc = -errno;
-		close(fd);
-		goto out;
-	}
-	rc = fd;
-out:
-	freeaddrinfo(res);
-	return rc;
-}
-
-/* GET http://addr/path; the body (NUL-terminated, malloc'ed) if the status is 200. */
-static int http_get(const char *addr, const char *path, char **body)
-{
-	char req[512], *buf = NULL, *b;
-	size_t len = 0, cap = 0;
-	int fd, n, rc;
-
-	*body = NULL;
-	fd = dial(addr);
-	if (fd < 0)
-		return fd;
-	n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: %s\r\nAccept: text/plain\r\n\r\n",
-		     path, addr);
-	rc = stk_write_all(fd, req, (size_t)n);
-	if (rc)
-		goto out;
-	for (;;) {
-		ssize_t r;
-		if (cap - len < 65536) {
-			char *nb;
-			rc = -EFBIG;
-			if (cap >= HTTP_MAX)
-				goto out;
-			cap = cap ? cap * 2 : 262144;
-			nb = realloc(buf, cap + 1);
-			rc = -ENOMEM;
-			if (!nb)
-				goto out;
-			buf = nb;
-		}
-		r = read(fd, buf + len, cap - len);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			rc = errno == EAGAIN ? -ETIMEDOUT : -errno;
-			goto out;
-		}
-		if (r == 0)
-			break;
-		len += (size_t)r;
-	}
-	rc = -EBADMSG;
-	if (!buf)
-		goto out;
-	buf[len] = 0;
-	if (strncmp(buf, "HTTP/1.", 7) != 0 || strlen(buf) < 12 || strncmp(buf + 9, "200", 3) != 0)
-		goto out;
-	b = strstr(buf, "\r\n\r\n");
-	if (!b)
-		goto out;
-	b += 4;
-	memmove(buf, b, strlen(b) + 1);
-	*body = buf;
-	buf = NULL;
-	rc = 0;
-out:
-	close(fd);
-	free(buf);
-	return rc;
-}
-
-/* ---- exposition ---- */
-
-struct sample {
-	const char *name;
-	const char *labels; /* the text between { and }, "" without */
-	double value;
-};
-
-struct scrape {
-	char *text; /* owns the strings samples point into */
-	struct sample *s;
-	size_t n, cap;
-	uint64_t at_ns;
-};
-
-static void scrape_free(struct scrape *sc)
-{
-	free(sc->text);
-	free(sc->s);
-	memset(sc, 0, sizeof(*sc));
-}
-
-/* Splits sample lines in place; comments and malformed lines are skipped. */
-static int parse_text(char *text, struct scrape *sc)
-{
-	char *line = text;
-
-	while (line && *line) {
-		char *nl = strchr(line, '\n'), *p = line, *v, *end;
-		struct sample smp = {.labels = ""};
-
-		if (nl)
-			*nl = 0;
-		if (*line == '#' || !*line)
-			goto next;
-		smp.name = line;
-		p = line + strcspn(line, "{ ");
-		if (*p == '{') {
-			char *q = p + 1;
-			int inq = 0;
-			*p = 0;
-			smp.labels = q;
-			/* the closing brace outside a quoted value */
-			for (; *q && (inq || *q != '}'); q++) {
-				if (inq && *q == '\\' && q[1])
-					q++;
-				else if (*q == '"')
-					inq = !inq;
-			}
-			if (*q != '}')
-				goto next;
-			*q = 0;
-			v = q + 1;
-		} else if (*p == ' ') {
-			*p = 0;
-			v = p + 1;
-		} else {
-			goto next;
-		}
-		while (*v == ' ')
-			v++;
-		smp.value = strtod(v, &end);
-		if (end == v)
-			goto next;
-		if (sc->n == sc->cap) {
-			size_t nc = sc->cap ? sc->cap * 2 : 1024;
-			struct sample *ns = realloc(sc->s, nc * sizeof(*ns));
-			if (!ns)
-				return -ENOMEM;
-			sc->s = ns;
-			sc->cap = nc;
-		}
-		sc->s[sc->n++] = smp;
-	next:
-		line = nl ? nl + 1 : NULL;
-	}
-	return 0;
-}
-
-/* The value of label key in labels, unescaped into out. 0 or -ENOENT. */
-static int label(const char *labels, const char *key, char *out, size_t len)
-{
-	size_t klen = strlen(key);
-	const char *p = labels;
-
-	while (*p) {
-		const char *eq = strchr(p, '=');
-		size_t o = 0;
-		int match;
-
-		if (!eq || eq[1] != '"')
-			return -ENOENT;
-		match = (size_t)(eq - p) == klen && strncmp(p, key, klen) == 0;
-		for (p = eq + 2; *p && *p != '"'; p++) {
-			char c = *p;
-			if (c == '\\' && p[1]) {
-				p++;
-				c = *p == 'n' ? '\n' : *p;
-			}
-			if (match && o + 1 < len)
-				out[o++] = c;
-		}
-		if (match) {
-			out[o] = 0;
-			return 0;
-		}
-		if (*p == '"')
-			p++;
-		if (*p == ',')
-			p++;
-	}
-	return -ENOENT;
-}
-
-/*
- * Which series of a family to add up: those whose labels k[i] equal v[i] (unset k:
- * any), and, when ops is set, whose op label is one of ops (NULL-terminated).
- */
-struct filt {
-	const char *k[2];
-	const char *v[2];
-	const char *const *ops;
-};
-
-static int matches(const struct sample *s, const char *name, const struct filt *f)
-{
-	char buf[128];
-
-	if (strcmp(s->name, name) != 0)
-		return 0;
-	for (int i = 0; f && i < 2; i++)
-		if (f->k[i] &&
-		    (label(s->labels, f->k[i], buf, sizeof(buf)) || strcmp(buf, f->v[i]) != 0))
-			return 0;
-	if (f && f->ops) {
-		const char *const *op;
-
-		if (label(s->labels, "op", buf, sizeof(buf)))
-			return 0;
-		for (op = f->ops; *op && strcmp(*op, buf) != 0; op++)
-			;
-		if (!*op)
-			return 0;
-	}
-	return 1;
-}
-
-static double sum(const struct scrape *sc, const char *name, const struct filt *f)
-{
-	double v = 0;
-
-	for (size_t i = 0; i < sc->n; i++)
-		if (matches(&sc->s[i], name, f))
-			v += sc->s[i].value;
-	return v;
-}
-
-static int has(const struct scrape *sc, const char *name)
-{
-	for (size_t i = 0; i < sc->n; i++)
-		if (strcmp(sc->s[i].name, name) == 0)
-			return 1;
-	return 0;
-}
-
-/* Per-second increase of a counter between two scrapes (a restart counts from zero). */
-static double rate(const struct scrape *a, const struct scrape *b, const char *name,
-		   const struct filt *f)
-{
-	double va = sum(a, name, f), vb = sum(b, name, f);
-	double dt = (double)(b->at_ns - a->at_ns) / 1e9;
-
-	if (dt <= 0)
-		return 0;
-	return (vb >= va ? vb - va : vb) / dt;
-}
-
-#define NBOUNDS 24
-
-/* Bucket increments of histogram `name` (summed over series) between two scrapes. */
-struct hist {
-	double le[NBOUNDS];
-	double cum[NBOUNDS];
-	int n;
-};
-
-static void hist_add(struct hist *h, double le, double v)
-{
-	int i;
-
-	for (i = 0; i < h->n; i++)
-		if (h->le[i] == le)
-			break;
-	if (i == h->n) {
-		if (h->n == NBOUNDS)
-			return;
-		h->le[h->n] = le;
-		h->cum[h->n++] = 0;
-	}
-	h->cum[i] += v;
-}
-
-/*
- * The q-quantile of what histogram `name` observed between scrapes a and b, by
- * linear interpolation inside the bucket that holds it; NAN when nothing was
- * observed.
- */
-static double quantile(const struct scrape *a, const struct scrape *b, const char *hname,
-		       const struct filt *f, double q)
-{
-	char bucket[160], le[32];
-	struct hist h = {.n = 0};
-	double total, rank, prev_le = 0, prev_cum = 0;
-
-	snprintf(bucket, sizeof(bucket), "%s_bucket", hname);
-	for (int pass = 0; pass < 2; pass++) {
-		const struct scrape *sc = pass ? b : a;
-		for (size_t i = 0; i < sc->n; i++) {
-			const struct sample *s = &sc->s[i];
-			if (!matches(s, bucket, f) || label(s->labels, "le", le, sizeof(le)))
-				continue;
-			hist_add(&h, strcmp(le, "+Inf") == 0 ? INFINITY : strtod(le, NULL),
-				 pass ? s->value : -s->value);
-		}
-	}
-	/* sort by bound (a handful of entries) */
-	for (int i = 1; i < h.n; i++)
-		for (int j = i; j > 0 && h.le[j - 1] > h.le[j]; j--) {
-			double t = h.le[j];
-			h.le[j] = h.le[j - 1];
-			h.le[j - 1] = t;
-			t = h.cum[j];
-			h.cum[j] = h.cum[j - 1];
-			h.cum[j - 1] = t;
-		}
-	if (h.n == 0 || !isinf(h.le[h.n - 1]))
-		return NAN;
-	total = h.cum[h.n - 1];
-	if (total <= 0)
-		return NAN;
-	rank = q * total;
-	for (int i = 0; i < h.n; i++) {
-		if (h.cum[i] >= rank) {
-			if (isinf(h.le[i]))
-				return prev_le; /* beyond the last bound: say the last bound */
-			if (h.cum[i] == prev_cum)
-				return h.le[i];
-			return prev_le +
-			       (h.le[i] - prev_le) * (rank - prev_cum) / (h.cum[i] - prev_cum);
-		}
-		prev_le = h.le[i];
-		prev_cum = h.cum[i];
-	}
-	return NAN;
-}
 
 /* ---- nodes ---- */
 
@@ -408,7 +49,7 @@ struct node {
 	char maddr[80]; /* where its /metrics is */
 	char role[16];
 	uint32_t id; /* 0 when not from the routing table */
-	struct scrape prev, cur;
+	struct cli_scrape prev, cur;
 	int err; /* of the last scrape */
 };
 
@@ -420,19 +61,6 @@ struct top {
 	stk_cluster_status *st;
 	int fixed; /* --metrics: the node list does not follow the routing table */
 };
-
-static int metrics_addr(const char *rpc_addr, char *out, size_t len)
-{
-	char host[256];
-	uint16_t port;
-
-	if (stk_parse_hostport(rpc_addr, host, sizeof(host), &port) ||
-	    port + STK_METRICS_PORT_OFFSET > 65535)
-		return -EINVAL;
-	snprintf(out, len, strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
-		 (unsigned)(port + STK_METRICS_PORT_OFFSET));
-	return 0;
-}
 
 static struct node *node_find(struct top *t, const char *maddr)
 {
@@ -477,7 +105,7 @@ static int discover(struct top *t)
 	if (t->fixed)
 		return 0;
 	/* The leading mgmtd's (the one that answered): a follower's figures are not the cluster's. */
-	if (metrics_addr(stk_cluster_status_addr(st), maddr, sizeof(maddr)) == 0) {
+	if (cli_metrics_addr(stk_cluster_status_addr(st), maddr, sizeof(maddr)) == 0) {
 		struct node *m = NULL;
 
 		for (int i = 0; i < t->nnodes && !m; i++)
@@ -493,7 +121,7 @@ static int discover(struct top *t)
 		}
 	}
 	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++)
-		if (metrics_addr(n->addr, maddr, sizeof(maddr)) == 0)
+		if (cli_metrics_addr(n->addr, maddr, sizeof(maddr)) == 0)
 			node_add(t, maddr, cli_role_name(n->role), n->id);
 	return 0;
 }
@@ -502,26 +130,27 @@ static void scrape_all(struct top *t)
 {
 	for (int i = 0; i < t->nnodes; i++) {
 		struct node *n = &t->nodes[i];
-		struct scrape sc = {0};
+		struct cli_scrape sc = {0};
 		char *body;
 
-		n->err = http_get(n->maddr, "/metrics", &body);
+		n->err = cli_http_get(n->maddr, "/metrics", &body, NULL);
 		if (n->err)
 			continue;
 		sc.text = body;
 		sc.at_ns = stk_now_ns();
-		n->err = parse_text(body, &sc);
+		n->err = cli_prom_parse(body, &sc);
 		if (n->err) {
-			scrape_free(&sc);
+			cli_scrape_free(&sc);
 			continue;
 		}
-		scrape_free(&n->prev);
+		cli_scrape_free(&n->prev);
 		n->prev = n->cur;
 		n->cur = sc;
 		if (!n->role[0] || strcmp(n->role, "?") == 0) {
 			for (size_t k = 0; k < sc.n; k++)
 				if (strcmp(sc.s[k].name, "stoker_build_info") == 0)
-					label(sc.s[k].labels, "role", n->role, sizeof(n->role));
+					cli_prom_label(sc.s[k].labels, "role", n->role,
+						       sizeof(n->role));
 		}
 	}
 }
@@ -619,48 +248,48 @@ static const char *const client_read_ops[] = {"read", "GetObject", NULL};
 static const char *const client_write_ops[] = {"write", "PutObject", "UploadPart", NULL};
 
 /* A client-side daemon's figures (stoker_client_*): what it read and wrote. */
-static void client_row(const struct scrape *a, const struct scrape *b, struct row *r)
+static void client_row(const struct cli_scrape *a, const struct cli_scrape *b, struct row *r)
 {
-	struct filt rd = {.ops = client_read_ops};
-	struct filt wr = {.ops = client_write_ops};
+	struct cli_filt rd = {.ops = client_read_ops};
+	struct cli_filt wr = {.ops = client_write_ops};
 
-	r->rbw = rate(a, b, "stoker_client_read_bytes_total", NULL);
-	r->wbw = rate(a, b, "stoker_client_write_bytes_total", NULL);
-	r->riops = rate(a, b, "stoker_client_ops_total", &rd);
-	r->wiops = rate(a, b, "stoker_client_ops_total", &wr);
-	r->rp99 = quantile(a, b, "stoker_client_op_duration_seconds", &rd, 0.99);
-	r->wp99 = quantile(a, b, "stoker_client_op_duration_seconds", &wr, 0.99);
-	r->rpc = rate(a, b, "stoker_client_ops_total", NULL);
-	r->rpcp99 = quantile(a, b, "stoker_client_op_duration_seconds", NULL, 0.99);
+	r->rbw = cli_prom_rate(a, b, "stoker_client_read_bytes_total", NULL);
+	r->wbw = cli_prom_rate(a, b, "stoker_client_write_bytes_total", NULL);
+	r->riops = cli_prom_rate(a, b, "stoker_client_ops_total", &rd);
+	r->wiops = cli_prom_rate(a, b, "stoker_client_ops_total", &wr);
+	r->rp99 = cli_prom_quantile(a, b, "stoker_client_op_duration_seconds", &rd, 0.99);
+	r->wp99 = cli_prom_quantile(a, b, "stoker_client_op_duration_seconds", &wr, 0.99);
+	r->rpc = cli_prom_rate(a, b, "stoker_client_ops_total", NULL);
+	r->rpcp99 = cli_prom_quantile(a, b, "stoker_client_op_duration_seconds", NULL, 0.99);
 }
 
 /* A storage node's figures (target NULL: all its targets) or one target's. */
-static void storage_row(const struct scrape *a, const struct scrape *b, const char *target,
+static void storage_row(const struct cli_scrape *a, const struct cli_scrape *b, const char *target,
 			struct row *r)
 {
 	const char *tk = target ? "target" : NULL;
-	struct filt all = {{tk, NULL}, {target, NULL}, NULL};
-	struct filt rd = {{"op", tk}, {"read", target}, NULL};
-	struct filt wr = {{"op", tk}, {"write", target}, NULL};
+	struct cli_filt all = {{tk, NULL}, {target, NULL}, NULL};
+	struct cli_filt rd = {{"op", tk}, {"read", target}, NULL};
+	struct cli_filt wr = {{"op", tk}, {"write", target}, NULL};
 
-	r->rbw = rate(a, b, "stoker_target_read_bytes_total", &all);
-	r->wbw = rate(a, b, "stoker_target_write_bytes_total", &all);
-	r->riops = rate(a, b, "stoker_target_reads_total", &all);
-	r->wiops = rate(a, b, "stoker_target_writes_total", &all);
-	r->rp99 = quantile(a, b, "stoker_target_io_duration_seconds", &rd, 0.99);
-	r->wp99 = quantile(a, b, "stoker_target_io_duration_seconds", &wr, 0.99);
+	r->rbw = cli_prom_rate(a, b, "stoker_target_read_bytes_total", &all);
+	r->wbw = cli_prom_rate(a, b, "stoker_target_write_bytes_total", &all);
+	r->riops = cli_prom_rate(a, b, "stoker_target_reads_total", &all);
+	r->wiops = cli_prom_rate(a, b, "stoker_target_writes_total", &all);
+	r->rp99 = cli_prom_quantile(a, b, "stoker_target_io_duration_seconds", &rd, 0.99);
+	r->wp99 = cli_prom_quantile(a, b, "stoker_target_io_duration_seconds", &wr, 0.99);
 	/*
 	 * A node's capacity from its own total, which counts a file system that several
 	 * targets share once; the sum of its targets' figures would count it per target
 	 * (a node without that total, an older one, gets the sum).
 	 */
-	if (!target && has(b, "stoker_node_capacity_bytes")) {
-		r->used = sum(b, "stoker_node_used_bytes", NULL);
-		r->cap = sum(b, "stoker_node_capacity_bytes", NULL);
+	if (!target && cli_prom_has(b, "stoker_node_capacity_bytes")) {
+		r->used = cli_prom_sum(b, "stoker_node_used_bytes", NULL);
+		r->cap = cli_prom_sum(b, "stoker_node_capacity_bytes", NULL);
 		return;
 	}
-	r->used = sum(b, "stoker_target_used_bytes", &all);
-	r->cap = sum(b, "stoker_target_capacity_bytes", &all);
+	r->used = cli_prom_sum(b, "stoker_target_used_bytes", &all);
+	r->cap = cli_prom_sum(b, "stoker_target_capacity_bytes", &all);
 }
 
 static void worst(double *acc, double v)
@@ -710,7 +339,7 @@ static void show_chains(const struct top *t)
 	       unavailable);
 	for (uint32_t k = 0; (tg = stk_cluster_status_target(t->st, k)); k++) {
 		char id[16], sp[32], by[32];
-		struct filt f = {{"target", NULL}, {id, NULL}, NULL};
+		struct cli_filt f = {{"target", NULL}, {id, NULL}, NULL};
 		double bps = NAN;
 
 		if (tg->state != STK_CLUSTER_TARGET_SYNCING)
@@ -720,10 +349,10 @@ static void show_chains(const struct top *t)
 			const struct node *n = &t->nodes[i];
 
 			if (!n->err && n->prev.text && n->cur.text &&
-			    has(&n->cur, "stoker_target_resync_copied_bytes_total") &&
-			    sum(&n->cur, "stoker_target_capacity_bytes", &f) > 0)
-				bps = rate(&n->prev, &n->cur, "stoker_target_resync_copied_bytes_total",
-					   &f);
+			    cli_prom_has(&n->cur, "stoker_target_resync_copied_bytes_total") &&
+			    cli_prom_sum(&n->cur, "stoker_target_capacity_bytes", &f) > 0)
+				bps = cli_prom_rate(&n->prev, &n->cur,
+						    "stoker_target_resync_copied_bytes_total", &f);
 		}
 		fmt_rate(sp, sizeof(sp), bps);
 		printf("  t%-6u syncing (node %u): %u.%u%% done, %llu chunks compared, %llu "
@@ -757,17 +386,17 @@ static int show(struct top *t, double interval)
 	for (int i = 0; i < t->nnodes; i++) {
 		struct node *n = &t->nodes[i];
 		struct row *r = &rows[i];
-		const struct scrape *a = &n->prev, *b = &n->cur;
+		const struct cli_scrape *a = &n->prev, *b = &n->cur;
 
 		*r = (struct row){NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, 0, 0};
 		if (n->err || !a->text || !b->text)
 			continue;
 		ok++;
-		if (has(b, "stoker_client_ops_total")) {
+		if (cli_prom_has(b, "stoker_client_ops_total")) {
 			client_row(a, b, r);
 			continue;
 		}
-		if (has(b, "stoker_target_capacity_bytes")) {
+		if (cli_prom_has(b, "stoker_target_capacity_bytes")) {
 			storage_row(a, b, NULL, r);
 			cl.rbw += r->rbw;
 			cl.wbw += r->wbw;
@@ -784,12 +413,12 @@ static int show(struct top *t, double interval)
 		 * the nodes' own would count one shared by several nodes (one machine's
 		 * `stoker up --nodes`) once per node.
 		 */
-		if (has(b, "stoker_cluster_capacity_bytes")) {
-			cluster_cap = sum(b, "stoker_cluster_capacity_bytes", NULL);
-			cluster_used = sum(b, "stoker_cluster_used_bytes", NULL);
+		if (cli_prom_has(b, "stoker_cluster_capacity_bytes")) {
+			cluster_cap = cli_prom_sum(b, "stoker_cluster_capacity_bytes", NULL);
+			cluster_used = cli_prom_sum(b, "stoker_cluster_used_bytes", NULL);
 		}
-		r->rpc = rate(a, b, "stoker_rpc_requests_total", NULL);
-		r->rpcp99 = quantile(a, b, "stoker_rpc_duration_seconds", NULL, 0.99);
+		r->rpc = cli_prom_rate(a, b, "stoker_rpc_requests_total", NULL);
+		r->rpcp99 = cli_prom_quantile(a, b, "stoker_rpc_duration_seconds", NULL, 0.99);
 		if (strcmp(n->role, "meta") == 0) {
 			cl.rpc += r->rpc; /* the cluster's metadata operations */
 			worst(&cl.rpcp99, r->rpcp99);
@@ -807,7 +436,7 @@ static int show(struct top *t, double interval)
 	for (int i = 0; i < t->nnodes; i++) {
 		struct node *n = &t->nodes[i];
 		char name[16];
-		const struct scrape *a = &n->prev, *b = &n->cur;
+		const struct cli_scrape *a = &n->prev, *b = &n->cur;
 
 		snprintf(name, sizeof(name), n->id ? "node %u" : "-", n->id);
 		if (n->err) {
@@ -827,7 +456,7 @@ static int show(struct top *t, double interval)
 			struct row r;
 
 			if (strcmp(b->s[k].name, "stoker_target_capacity_bytes") != 0 ||
-			    label(b->s[k].labels, "target", id, sizeof(id)))
+			    cli_prom_label(b->s[k].labels, "target", id, sizeof(id)))
 				continue;
 			storage_row(a, b, id, &r);
 			r.rpc = r.rpcp99 = NAN;
@@ -968,8 +597,8 @@ int cmd_top(int argc, char **argv)
 	}
 out:
 	for (int i = 0; i < t->nnodes; i++) {
-		scrape_free(&t->nodes[i].prev);
-		scrape_free(&t->nodes[i].cur);
+		cli_scrape_free(&t->nodes[i].prev);
+		cli_scrape_free(&t->nodes[i].cur);
 	}
 	stk_cluster_status_free(t->st);
 	free(t);
