@@ -643,6 +643,19 @@ STK_API int stk_cluster_accept_loss(const char *cluster, uint32_t chain_id, uint
 				    uint32_t *dropped, uint32_t *added);
 
 /*
+ * Times `count` (1 to 64) round trips to the Stoker daemon at addr ("HOST:PORT",
+ * read during the call only), for `stoker doctor`: after one call that opens and
+ * warms a connection of its own (the key handshake included, with the key this
+ * process holds), each is a MGMT_LEADER request, which mgmtd answers and any
+ * other daemon refuses, either way a full trip through its RPC loop; each costs
+ * other daemons one count of stoker_rpc_errors_total. seconds[i] is the i-th.
+ * timeout_ms bounds the connect. Errors: -EINVAL (count, addr), as stk_connect
+ * for reaching the daemon. Any thread.
+ */
+STK_API int stk_cluster_ping(const char *addr, unsigned timeout_ms, unsigned count,
+			     double *seconds);
+
+/*
  * Fetches the status of the cluster whose mgmtd `cluster` names (as
  * stk_cluster_resolve takes it; NULL: the default cluster): one connection, one
  * request, no retry, so that a cluster that cannot be reached says so at once: a

@@ -52,7 +52,6 @@
 #include "stoker/stoker.h"
 
 #include "../common/util.h"
-#include "../net/net.h"
 #include "fsio.h"
 #include "prom.h"
 #include "shard.h"
@@ -383,30 +382,8 @@ static void check_nodes(struct doctor *d)
 static int ping(const char *addr, unsigned timeout_ms, double *med, double *max)
 {
 	double t[PINGS];
-	struct stk_conn *c = NULL;
-	uint8_t resp[4096];
-	int rc;
+	int rc = stk_cluster_ping(addr, timeout_ms, PINGS, t);
 
-	rc = stk_conn_connect(addr, (int)timeout_ms, &c);
-	if (rc)
-		return rc;
-	for (int i = -1; i < PINGS; i++) {
-		struct stk_rpc rpc;
-		struct stk_wbuf w;
-		double t0;
-
-		stk_wbuf_init(&w, NULL, 0);
-		stk_rpc_prepare(&rpc, STK_OP_MGMT_LEADER, &w, resp, sizeof(resp));
-		t0 = now_s();
-		rc = stk_rpc_send(c, &rpc);
-		if (rc == 0)
-			rc = stk_rpc_recv(c, &rpc);
-		if (rc)
-			break;
-		if (i >= 0)
-			t[i] = now_s() - t0;
-	}
-	stk_conn_close(c);
 	if (rc)
 		return rc;
 	for (int i = 1; i < PINGS; i++)

@@ -507,3 +507,34 @@ int stk_cluster_accept_loss(const char *cluster, uint32_t chain_id, uint32_t *ke
 	*added = rp.added;
 	return 0;
 }
+
+int stk_cluster_ping(const char *addr, unsigned timeout_ms, unsigned count, double *seconds)
+{
+	struct stk_conn *c = NULL;
+	uint8_t resp[4096];
+	int rc;
+
+	if (!addr || !*addr || count == 0 || count > 64)
+		return -EINVAL;
+	rc = stk_conn_connect(addr, (int)timeout_ms, &c);
+	if (rc)
+		return rc;
+	for (int i = -1; i < (int)count; i++) {
+		struct stk_rpc rpc;
+		struct stk_wbuf w;
+		uint64_t t0;
+
+		stk_wbuf_init(&w, NULL, 0);
+		stk_rpc_prepare(&rpc, STK_OP_MGMT_LEADER, &w, resp, sizeof(resp));
+		t0 = stk_now_ns();
+		rc = stk_rpc_send(c, &rpc);
+		if (rc == 0)
+			rc = stk_rpc_recv(c, &rpc);
+		if (rc)
+			break;
+		if (i >= 0)
+			seconds[i] = (double)(stk_now_ns() - t0) / 1e9;
+	}
+	stk_conn_close(c);
+	return rc;
+}
