@@ -10,6 +10,7 @@ PKGS=(make gcc clang libclang-rt-14-dev pkg-config
       libmicrohttpd-dev prometheus libcurl4-openssl-dev libjansson-dev etcd-server
       nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils libnfs-dev
       samba smbclient python3-smbc
+      python3-grpcio python3-grpc-tools python3-kubernetes
       gdb)  # gdb: backtraces of a daemon a test finds hung
 missing=()
 for p in "${PKGS[@]}"; do
