@@ -59,8 +59,9 @@ def at(path):
 
 
 # What a path on a FUSE mount whose daemon is gone answers: ENOTCONN, or
-# ECONNABORTED once the connection was aborted (`stoker umount` of a dead mount).
-DEAD = (errno.ENOTCONN, errno.ECONNABORTED, errno.EIO)
+# ECONNABORTED once the connection was aborted (`stoker umount` of a dead mount),
+# ECANCELED for requests that were queued to the daemon when it died.
+DEAD = (errno.ENOTCONN, errno.ECONNABORTED, errno.ECANCELED, errno.EIO)
 
 
 def alive(path):

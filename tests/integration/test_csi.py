@@ -172,6 +172,8 @@ class Pod:
         self.p = subprocess.Popen(["unshare", "-m", "--propagation", "private", PYTHON, "-c",
                                    POD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   text=True)
+        # answers once python runs, so after unshare(2): its namespace is its own
+        assert self.run("result = 1") == {"result": 1}
 
     def run(self, code):
         self.p.stdin.write(json.dumps(code) + "\n")
