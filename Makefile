@@ -154,7 +154,26 @@ PY_EXT := $(shell $(PY_CONFIG) --extension-suffix 2>/dev/null)
 PY_MOD := $(patsubst python/%,$(B)/python/%,$(wildcard python/stoker/*.py))
 PY_SO := $(B)/python/stoker/_stoker$(PY_EXT)
 
-python: $(PY_SO) $(PY_MOD)
+python: $(PY_SO) $(PY_MOD) csi
+
+# The CSI driver (docs/csi.md): a Python package beside `stoker` in $(B)/python,
+# with its gRPC stubs generated from csi/csi.proto by Debian's python3-grpc-tools
+# at build time, so that they always match the protobuf runtime installed.
+CSI_MOD := $(patsubst csi/%,$(B)/python/%,$(wildcard csi/stoker_csi/*.py))
+CSI_PB := $(B)/python/stoker_csi/csi_pb2.py
+
+csi: $(CSI_MOD) $(CSI_PB)
+
+$(B)/python/stoker_csi/%.py: csi/stoker_csi/%.py
+	@mkdir -p $(dir $@)
+	cp $< $@
+
+$(CSI_PB): csi/csi.proto
+	@mkdir -p $(dir $@)
+	cp $< $(B)/python/stoker_csi/csi.proto
+	cd $(B)/python && /usr/bin/python3 -m grpc_tools.protoc -I. \
+		-I$$(/usr/bin/python3 -c 'import grpc_tools, os; print(os.path.dirname(grpc_tools.__file__))')/_proto \
+		--python_out=. --grpc_python_out=. stoker_csi/csi.proto
 
 $(PY_SO): python/stoker/_stoker.c $(CLIENT_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -212,5 +231,5 @@ install: $(B)/stoker $(B)/libstoker.a $(B)/libstoker.so $(B)/stoker-nfs-fsid.so
 clean:
 	rm -rf build build-asan build-fuzz
 
-.PHONY: all unit fuzz clean python install
+.PHONY: all unit fuzz clean python csi install
 -include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -785,17 +785,21 @@ static void op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const 
 }
 
 /*
- * A mount of a folder under a quota shows the quota as the file system: its byte
- * limit as the size, what is left of it as free (never more than the cluster has
- * free), its inode limit as the inode count (docs/quotas.md). A limit of 0 (none)
- * leaves the cluster's figure.
+ * A folder under a quota shows the quota as the file system: its byte limit as
+ * the size, what is left of it as free (never more than the cluster has free), its
+ * inode limit as the inode count (docs/quotas.md). A limit of 0 (none) leaves the
+ * cluster's figure. The kernel sends statfs with the inode of the path asked
+ * about, so `df` of a quota folder inside a mount of the cluster root shows that
+ * folder's quota too, as a mount of the folder itself does: the CSI driver bind-
+ * mounts volume folders of one shared mount into pods (docs/csi.md), and a pod's
+ * `df` must show its volume, as XFS project quotas and CephFS show theirs.
  */
-static void quota_statfs(struct stk_fuse *fs, struct statvfs *st)
+static void quota_statfs(struct stk_fuse *fs, uint64_t ino, struct statvfs *st)
 {
 	struct stk_quota q;
 	uint64_t bs = st->f_frsize ? st->f_frsize : 4096, used;
 
-	if (stk_ll_quota_get(fs->c, fs->root_ino, &q))
+	if (stk_ll_quota_get(fs->c, ino, &q))
 		return;
 	if (q.limit_bytes) {
 		used = q.used_bytes + q.reserved_bytes;
@@ -817,12 +821,11 @@ static void op_statfs(fuse_req_t req, fuse_ino_t ino)
 	struct statvfs st;
 	int rc = stk_statfs(fs->c, &st);
 
-	(void)ino;
 	if (rc) {
 		reply_err(req, rc);
 		return;
 	}
-	quota_statfs(fs, &st);
+	quota_statfs(fs, ino_swap(fs, ino), &st);
 	fuse_reply_statfs(req, &st);
 }
 

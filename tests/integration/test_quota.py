@@ -360,6 +360,10 @@ def test_df_on_a_mount_of_the_quota_folder(cluster, make_mount):
     # a mount of the cluster root shows the cluster, not the quota
     whole = make_mount(cluster, "whole")
     assert os.statvfs(whole.path).f_files != 1000
+    # ...but the quota folder inside it (a bind mount of it, as the CSI driver makes,
+    # alike) shows its quota: statfs asks about the inode of the path given
+    st = os.statvfs(whole.path + "/qd")
+    assert (st.f_blocks * st.f_frsize, st.f_files, st.f_ffree) == (64 * MiB, 1000, 998)
     c.close()
 
 
