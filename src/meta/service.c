@@ -43,6 +43,7 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "leases.h"
+#include "purge.h"
 #include "session.h"
 #include "store.h"
 
@@ -59,6 +60,8 @@ struct meta {
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
+	struct stk_meta_purger *purger; /* removes freed files' chunks (purge.c) */
+	stk_metric_t purge_series[3]; /* collect_purge's */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
 	struct quota_series *quota_series; /* collect_quotas' (one scrape at a time) */
 	size_t nquota_series;
@@ -308,6 +311,35 @@ static void collect_leases(void *ctx)
 	stk_metric_set_int(m->lease_series[3], (int64_t)st.resets);
 	stk_metric_set_int(m->lease_series[4], (int64_t)st.delegations);
 	stk_metric_set_int(m->lease_series[5], (int64_t)st.recalls);
+}
+
+/* At each scrape: the purge table's length and what the purger removed. */
+static void collect_purge(void *ctx)
+{
+	struct meta *m = ctx;
+	struct stk_meta_purge_stats ps = {0};
+	uint64_t queued = 0;
+
+	if (stk_meta_store_purge_count(m->store, &queued))
+		queued = 0;
+	if (m->purger)
+		stk_meta_purger_stats(m->purger, &ps);
+	stk_metric_set_int(m->purge_series[0], (int64_t)queued);
+	stk_metric_set_int(m->purge_series[1], (int64_t)ps.inodes);
+	stk_metric_set_int(m->purge_series[2], (int64_t)ps.bytes);
+}
+
+static int purge_metrics(struct meta *m)
+{
+	static const enum stk_metric_family f[] = {STK_M_META_PURGE_QUEUE, STK_M_META_PURGED_FILES,
+						   STK_M_META_PURGED_BYTES};
+	int rc = 0;
+
+	_Static_assert(STK_ARRAY_SIZE(f) == STK_ARRAY_SIZE(((struct meta *)0)->purge_series),
+		       "a series per family");
+	for (size_t i = 0; i < STK_ARRAY_SIZE(f) && !rc; i++)
+		rc = stk_metric_series(f[i], NULL, &m->purge_series[i]);
+	return rc ? rc : stk_metrics_collector_add(collect_purge, m);
 }
 
 static int leases_metrics(struct meta *m)
@@ -925,6 +957,7 @@ static int op_readdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 
 static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
+	struct stk_msg_meta_statfs_ext x = {.flags = STK_STATFS_PURGES};
 	struct stk_msg_meta_statfs_resp r;
 	struct stk_ns_id ns;
 	int rc;
@@ -937,7 +970,9 @@ static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	r.ns_hi = ns.hi;
 	r.ns_lo = ns.lo;
 	rc = stk_meta_store_statfs(m->store, &r.files);
-	return rc ? rc : stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
+	if (rc == 0)
+		rc = stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
+	return rc ? rc : stk_msg_meta_statfs_ext_enc(&resp->payload, &x);
 }
 
 static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -1951,19 +1986,23 @@ static int meta_metrics(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
 
+	int rc;
+
 	m->rpc_metrics = stk_daemon_rpc_metrics(d);
-	return leases_metrics(m);
+	rc = leases_metrics(m);
+	return rc ? rc : purge_metrics(m);
 }
 
 static void meta_metrics_stop(void *ctx)
 {
 	stk_metrics_collector_remove(collect_leases, ctx);
 	stk_metrics_collector_remove(collect_quotas, ctx);
+	stk_metrics_collector_remove(collect_purge, ctx);
 	free(((struct meta *)ctx)->quota_series);
 	((struct meta *)ctx)->quota_series = NULL;
 }
 
-/* Joins the cluster, then starts the session reaper and the syncer. */
+/* Joins the cluster, then starts the session reaper, the purger and the syncer. */
 static int meta_start(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
@@ -1973,6 +2012,9 @@ static int meta_start(void *ctx, struct stk_daemon *d)
 	if (rc)
 		return rc;
 	rc = stk_meta_sessions_start(m->sessions, m->agent);
+	if (rc)
+		return rc;
+	rc = stk_meta_purger_start(m->store, m->agent, &m->purger);
 	if (rc)
 		return rc;
 	rc = -pthread_create(&m->syncer, NULL, syncer_main, m);
@@ -2053,9 +2095,11 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 out:
 	/*
 	 * The server is gone (stk_daemon_run destroyed it), and with it the handlers that
-	 * read the agent's routing table. The reaper reads it too: it goes before the agent.
+	 * read the agent's routing table. The reaper and the purger read it too: they go
+	 * before the agent.
 	 */
 	stk_meta_sessions_destroy(m.sessions);
+	stk_meta_purger_destroy(m.purger);
 	stk_meta_leases_destroy(m.leases);
 	if (m.agent)
 		stk_agent_stop(m.agent);

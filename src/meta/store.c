@@ -98,6 +98,7 @@ struct stk_meta_store {
 	MDB_dbi sys;
 	MDB_dbi xattrs;
 	MDB_dbi quotas;
+	MDB_dbi purge; /* chunks to remove: see "purges" below */
 	struct stk_ns_id ns_id; /* the namespace's identity, set once by store_init */
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
@@ -597,6 +598,7 @@ static int inode_put(struct op *o, const struct inode *n)
 }
 
 static int xattrs_del_all(struct op *o, uint64_t ino);
+static int purge_put(struct op *o, const struct inode *n);
 static int quota_charge(struct op *o, uint64_t qid, int64_t dinodes, int64_t dbytes, int check);
 static int quota_del(struct op *o, uint64_t qid);
 
@@ -609,7 +611,8 @@ static int64_t quota_bytes_of(const struct inode *n)
 /*
  * Drops an inode that lost its last name, with its symlink target and xattrs,
  * and what it counted in its quota (a folder that was a quota root takes its
- * quota with it).
+ * quota with it). A regular file's chunks are recorded for the purge in the same
+ * transaction: whoever frees an inode cannot forget its data.
  */
 static int inode_del(struct op *o, const struct inode *n)
 {
@@ -625,6 +628,8 @@ static int inode_del(struct op *o, const struct inode *n)
 		rc = lmdb_err(mdb_del(o->txn, o->st->inodes, &key, NULL), "delete inode");
 	if (rc == 0)
 		rc = xattrs_del_all(o, n->a.ino);
+	if (rc == 0 && S_ISREG(n->a.mode))
+		rc = purge_put(o, n);
 	if (rc == 0 && S_ISLNK(n->a.mode)) {
 		rc = lmdb_err(mdb_del(o->txn, o->st->links, &key, NULL), "delete symlink");
 		if (rc == -ENOENT)
@@ -1042,6 +1047,8 @@ static int store_init(struct stk_meta_store *st)
 		rc = mdb_dbi_open(o.txn, "xattrs", MDB_CREATE, &st->xattrs);
 	if (rc == 0)
 		rc = mdb_dbi_open(o.txn, "quotas", MDB_CREATE, &st->quotas);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "purge", MDB_CREATE, &st->purge);
 	rc = lmdb_err(rc, "open tables");
 	if (rc)
 		goto out;
@@ -1077,7 +1084,7 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
 	if (rc)
 		return rc;
-	mdb_env_set_maxdbs(st->env, 6);
+	mdb_env_set_maxdbs(st->env, 7);
 	mdb_env_set_maxreaders(st->env, MAX_READERS);
 	if (allocated && snprintf(path, sizeof(path), "%s/data.mdb", dir) < (int)sizeof(path) &&
 	    stat(path, &sb) == 0)
@@ -2382,6 +2389,134 @@ int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
 		else if (rc == -ENOENT)
 			rc = 0;
 	}
+	return op_end(&o, rc);
+}
+
+/* ---- purges: the chunks of freed files, until storage has removed them ---- */
+
+/*
+ * Table "purge": key be64 ino, value u8 format (PURGE_FORMAT), the layout (u32
+ * chunk_size, stripe, nchains, start, u64 seed) and u64 size. inode_del writes one
+ * in the transaction that frees a regular file; meta's purge thread removes it
+ * once every chain of the layout has dropped the chunks (stk_meta_store_purge_done).
+ */
+#define PURGE_FORMAT 1
+#define PURGE_REC_LEN (1 + 4 * 4 + 8 + 8)
+
+static int purge_put(struct op *o, const struct inode *n)
+{
+	uint8_t k[8], buf[PURGE_REC_LEN];
+	MDB_val key = {sizeof(k), k}, val = {sizeof(buf), buf};
+	struct stk_wbuf w;
+
+	/* No layout (a store's test files, a corrupt record): nothing was ever stored. */
+	if (n->a.layout.stripe == 0 || n->a.layout.chunk_size == 0)
+		return 0;
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u8(&w, PURGE_FORMAT);
+	stk_put_u32(&w, n->a.layout.chunk_size);
+	stk_put_u32(&w, n->a.layout.stripe);
+	stk_put_u32(&w, n->a.layout.nchains);
+	stk_put_u32(&w, n->a.layout.start);
+	stk_put_u64(&w, n->a.layout.seed);
+	stk_put_u64(&w, n->a.size);
+	if (w.err)
+		return -EIO;
+	be64_put(k, n->a.ino);
+	return lmdb_err(mdb_put(o->txn, o->st->purge, &key, &val, 0), "write purge");
+}
+
+static int purge_decode(const MDB_val *key, const MDB_val *val, struct stk_meta_purge *p)
+{
+	struct stk_rbuf r;
+	uint8_t fmt;
+
+	if (key->mv_size != 8)
+		return -EIO;
+	memset(p, 0, sizeof(*p));
+	p->ino = be64_get(key->mv_data);
+	stk_rbuf_init(&r, val->mv_data, val->mv_size);
+	fmt = stk_get_u8(&r);
+	p->layout.chunk_size = stk_get_u32(&r);
+	p->layout.stripe = stk_get_u32(&r);
+	p->layout.nchains = stk_get_u32(&r);
+	p->layout.start = stk_get_u32(&r);
+	p->layout.seed = stk_get_u64(&r);
+	p->size = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r) || fmt != PURGE_FORMAT) {
+		stk_error("meta store: purge record of inode %llu is corrupt",
+			  (unsigned long long)p->ino);
+		return -EIO;
+	}
+	return 0;
+}
+
+int stk_meta_store_purges(struct stk_meta_store *st, uint64_t from, struct stk_meta_purge *out,
+			  size_t max, size_t *n)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	be64_put(k, from);
+	rc = lmdb_err(mdb_cursor_open(o.txn, st->purge, &cur), "open cursor");
+	if (rc)
+		goto out;
+	for (mrc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0 && *n < max;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		/* A corrupt record is skipped (logged), so that it does not stop the rest. */
+		if (purge_decode(&key, &val, &out[*n]) == 0)
+			(*n)++;
+	}
+	if (mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "list purges");
+out:
+	if (cur)
+		mdb_cursor_close(cur);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_purge_done(struct stk_meta_store *st, const uint64_t *inos, size_t n)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k};
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		be64_put(k, inos[i]);
+		rc = lmdb_err(mdb_del(o.txn, st->purge, &key, NULL), "delete purge");
+		if (rc == -ENOENT)
+			rc = 0;
+	}
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_purge_count(struct stk_meta_store *st, uint64_t *n)
+{
+	static const struct stk_cred root_cred;
+	MDB_stat ms;
+	struct op o;
+	int rc;
+
+	*n = 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = lmdb_err(mdb_stat(o.txn, st->purge, &ms), "count purges");
+	if (rc == 0)
+		*n = ms.ms_entries;
 	return op_end(&o, rc);
 }
 

@@ -20,6 +20,8 @@
  *   links     u64 ino -> symlink target bytes
  *   xattrs    u64 ino, name bytes -> value bytes (extended attributes)
  *   quotas    u64 ino of a quota root -> its limits and usage (see "Quotas")
+ *   purge     u64 ino of a freed regular file -> its layout and size, until its
+ *             chunks are gone from storage (see "Purges")
  *   sys       "next_ino" -> u64, the next inode number to hand out (every
  *             number below it was given to an inode or reserved by a client);
  *             "orphan" + u64 ino -> empty, for each orphan (see below);
@@ -411,10 +413,35 @@ void stk_meta_store_set_open_hook(struct stk_meta_store *st, stk_meta_open_fn fn
 int stk_meta_store_orphans(struct stk_meta_store *st, uint64_t *inos, size_t max, size_t *n);
 /*
  * Forgets orphan ino: its record goes, and its inode too if it still has no name
- * (a hard link may have given it one back). The caller removed its chunks first.
+ * (a hard link may have given it one back), which records its purge (below).
  * -ENOENT if ino is not an orphan.
  */
 int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino);
+
+/*
+ * Purges: every transaction that frees a regular file's inode (the last unlink,
+ * a rename over its last name, an orphan dropped, in a batch or not) records
+ * the file's layout and size in the purge table, so that its chunks are removed
+ * by meta (src/meta/purge.h) even if the client that unlinked it dies at once.
+ * A record stays until stk_meta_store_purge_done, which the purge thread calls
+ * once every chain of the layout has acknowledged the removal. Inode numbers are
+ * never reused, so a record never meets a newer file of the same number.
+ */
+struct stk_meta_purge {
+	uint64_t ino;
+	struct stk_layout layout;
+	uint64_t size; /* the file's size when it was freed (for the metrics) */
+};
+/*
+ * Up to max records from inode `from` on, in inode order, into out; *n how many
+ * (fewer than max: the table's end). A corrupt record is logged and skipped.
+ */
+int stk_meta_store_purges(struct stk_meta_store *st, uint64_t from, struct stk_meta_purge *out,
+			  size_t max, size_t *n);
+/* Drops the records of the n inodes (those without one are skipped), in one transaction. */
+int stk_meta_store_purge_done(struct stk_meta_store *st, const uint64_t *inos, size_t n);
+/* How many records the purge table holds. */
+int stk_meta_store_purge_count(struct stk_meta_store *st, uint64_t *n);
 
 /*
  * Quotas (docs/quotas.md). A folder with a quota is a *quota root*; its quota

@@ -316,8 +316,15 @@ enum stk_target_state {
 #define STK_MSG_META_READDIR_RESP(F) F(u8, eof) F(u32, n)
 /* One directory entry (follows meta_readdir_resp). mode carries only the type bits. */
 #define STK_MSG_DIRENT(F) F(u64, ino) F(u32, mode) F(u64, next_cookie) F(name, name)
-/* ns_hi/ns_lo: the namespace's identity, which a client's chunk removals carry. */
+/*
+ * ns_hi/ns_lo: the namespace's identity, which a client's chunk removals carry.
+ * Then meta_statfs_ext, appended (an older meta's reply ends before it: flags 0):
+ * STK_STATFS_PURGES says that meta removes the chunks of the files it frees
+ * itself (meta/purge.h), so that its clients leave them alone.
+ */
 #define STK_MSG_META_STATFS_RESP(F) F(u64, files) F(u64, ns_hi) F(u64, ns_lo)
+#define STK_MSG_META_STATFS_EXT(F) F(u32, flags)
+#define STK_STATFS_PURGES 0x1u
 /*
  * META_EXTEND: [alloc_first, alloc_end) are the chunks the writer stored data in
  * since its last report, [punch_first, punch_end) whole chunks it removed
@@ -566,6 +573,7 @@ enum stk_quota_op {
 	X(meta_readdir_resp, STK_MSG_META_READDIR_RESP)           \
 	X(dirent, STK_MSG_DIRENT)                                 \
 	X(meta_statfs_resp, STK_MSG_META_STATFS_RESP)             \
+	X(meta_statfs_ext, STK_MSG_META_STATFS_EXT)               \
 	X(meta_extend_req, STK_MSG_META_EXTEND_REQ)               \
 	X(meta_mknod_req, STK_MSG_META_MKNOD_REQ)                 \
 	X(meta_setxattr_req, STK_MSG_META_SETXATTR_REQ)           \
