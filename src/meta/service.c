@@ -1654,6 +1654,177 @@ out:
 	return rc;
 }
 
+/* ---- stoker fsck (docs/fsck.md) ---- */
+
+struct fsck_out {
+	struct stk_msg_fsck_problem *p;
+	uint32_t n, max;
+	uint64_t *changed; /* inodes and folders a repair changed: their leases go */
+	size_t nchanged, capchanged;
+};
+
+static void fsck_changed(struct fsck_out *o, uint64_t ino)
+{
+	if (!ino)
+		return;
+	if (o->nchanged == o->capchanged) {
+		size_t cap = o->capchanged ? 2 * o->capchanged : 64;
+		uint64_t *v = realloc(o->changed, cap * sizeof(*v));
+
+		if (!v)
+			return; /* leases then run out by themselves (leases.h) */
+		o->changed = v;
+		o->capchanged = cap;
+	}
+	o->changed[o->nchanged++] = ino;
+}
+
+static int fsck_keep(void *ctx, const struct stk_meta_fsck_problem *p)
+{
+	struct fsck_out *o = ctx;
+
+	if (p->repaired) {
+		fsck_changed(o, p->ino);
+		fsck_changed(o, p->parent);
+	}
+	if (o->n < o->max) {
+		struct stk_msg_fsck_problem *q = &o->p[o->n++];
+
+		q->kind = p->kind;
+		q->repaired = p->repaired;
+		q->ino = p->ino;
+		q->parent = p->parent;
+		q->expect = p->expect;
+		q->found = p->found;
+		memcpy(q->name, p->name, sizeof(q->name));
+	}
+	return 0;
+}
+
+static int fsck_check(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	struct fsck_out o = {.max = STK_MIN(q->max, STK_FSCK_PROBLEMS_MAX)};
+	struct stk_meta_fsck_stats fs;
+	int rc;
+
+	o.p = o.max ? calloc(o.max, sizeof(*o.p)) : NULL;
+	if (o.max && !o.p)
+		return -ENOMEM;
+	rc = stk_meta_store_fsck(m->store, (q->flags & STK_FSCK_REPAIR) != 0, fsck_keep, &o, &fs);
+	if (rc == 0) {
+		r->n = o.n;
+		r->done = 1;
+		r->total = fs.problems;
+		r->repaired = fs.repaired;
+		r->inodes = fs.inodes;
+		r->entries = fs.entries;
+		r->dirs = fs.dirs;
+		r->files = fs.files;
+		r->next_ino = fs.next_ino;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (uint32_t i = 0; i < o.n; i++)
+			stk_msg_fsck_problem_enc(&resp->payload, &o.p[i]);
+		rc = resp->payload.err;
+	}
+	/* Repairs changed names and attributes that clients may hold leases on. */
+	if (o.nchanged)
+		stk_meta_leases_changed(m->leases, 0, o.changed, o.nchanged);
+	if (rc == 0 && fs.repaired)
+		stk_info("fsck from a client: %llu problem(s), %llu repaired",
+			 (unsigned long long)fs.problems, (unsigned long long)fs.repaired);
+	free(o.changed);
+	free(o.p);
+	return rc;
+}
+
+static int fsck_files(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, STK_FSCK_FILES_MAX), n = 0;
+	struct stk_meta_file *fl;
+	int rc;
+
+	if (max == 0)
+		return -EINVAL;
+	fl = calloc(max, sizeof(*fl));
+	if (!fl)
+		return -ENOMEM;
+	rc = stk_meta_store_files(m->store, q->from, fl, max, &n);
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = n < max;
+		r->next = n ? fl[n - 1].attr.ino + 1 : q->from;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++) {
+			struct stk_msg_fsck_file f = {.attr = fl[i].attr, .exact = fl[i].exact,
+						      .orphan = fl[i].orphan,
+						      .nalloc = fl[i].nalloc};
+
+			stk_msg_fsck_file_enc(&resp->payload, &f);
+			for (uint32_t k = 0; k < fl[i].nalloc; k++) {
+				struct stk_msg_fsck_range g = {.first = fl[i].alloc[k][0],
+							       .end = fl[i].alloc[k][1]};
+
+				stk_msg_fsck_range_enc(&resp->payload, &g);
+			}
+		}
+		rc = resp->payload.err;
+	}
+	free(fl);
+	return rc;
+}
+
+static int fsck_purges(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		       struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, STK_SYNC_LIST_MAX), n = 0;
+	struct stk_meta_purge *pl;
+	int rc;
+
+	if (max == 0)
+		return -EINVAL;
+	pl = calloc(max, sizeof(*pl));
+	if (!pl)
+		return -ENOMEM;
+	rc = stk_meta_store_purges(m->store, q->from, pl, max, &n);
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = n < max;
+		r->next = n ? pl[n - 1].ino + 1 : q->from;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++)
+			stk_put_u64(&resp->payload, pl[i].ino);
+		rc = resp->payload.err;
+	}
+	free(pl);
+	return rc;
+}
+
+/* META_FSCK (msg.h): root only; the namespace check or a listing for the data check. */
+static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_fsck_req q;
+	struct stk_msg_meta_fsck_resp r;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_fsck_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.cred.uid != 0)
+		return -EPERM;
+	memset(&r, 0, sizeof(r));
+	switch (q.op) {
+	case STK_FSCK_CHECK:
+		return fsck_check(m, &q, &r, resp);
+	case STK_FSCK_FILES:
+		return fsck_files(m, &q, &r, resp);
+	case STK_FSCK_PURGES:
+		return fsck_purges(m, &q, &r, resp);
+	}
+	return -EINVAL;
+}
+
 /*
  * Handlers by opcode; the opcodes themselves are declared once, in proto/wire.h.
  * Kept out of clang-format, which would pack two entries to a line.
@@ -1692,6 +1863,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
+	[STK_OP_META_FSCK] = op_fsck,
 };
 /* clang-format on */
 

@@ -1840,6 +1840,30 @@ static void test_quota_threads(void)
 	CHECK_EQ(q.used_bytes, bytes);
 }
 
+/* Every test before left a consistent namespace: fsck finds nothing, and sees it all. */
+static void test_fsck_clean(void)
+{
+	struct stk_meta_fsck_stats fs, fs2;
+	struct stk_meta_file fl[4];
+	uint64_t files;
+	size_t n = 0;
+
+	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
+	CHECK_EQ(fs.problems, 0);
+	CHECK_RC(stk_meta_store_statfs(st, &files), 0);
+	CHECK_EQ(fs.inodes, files);
+	CHECK(fs.dirs > 1 && fs.files > 1 && fs.entries >= fs.inodes - 1);
+	CHECK(fs.next_ino > fs.inodes);
+	/* A repair of a clean namespace changes nothing. */
+	CHECK_RC(stk_meta_store_fsck(st, 1, NULL, NULL, &fs2), 0);
+	CHECK_EQ(fs2.problems, 0);
+	CHECK_EQ(fs2.inodes, fs.inodes);
+	CHECK_RC(stk_meta_store_files(st, 0, fl, 4, &n), 0);
+	CHECK_EQ(n, 4);
+	for (size_t i = 0; i < n; i++)
+		CHECK(S_ISREG(fl[i].attr.mode) && (i == 0 || fl[i].attr.ino > fl[i - 1].attr.ino));
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -1879,6 +1903,7 @@ int main(void)
 	CHECK_RUN(test_quota_bytes);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
+	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
 	test_readdir_big(&listing, &big);
