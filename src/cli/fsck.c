@@ -31,7 +31,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../client/client.h"
@@ -64,11 +63,6 @@ struct copy {
 	int64_t age;
 };
 
-/* The routing table's parts fsck needs, copied once per pass. */
-struct rt_view {
-	struct stk_routing rt; /* chains, targets, nodes (owned copies) */
-};
-
 struct pass {
 	struct file *files;
 	size_t nfiles, capfiles;
@@ -77,7 +71,7 @@ struct pass {
 	struct copy *copies;
 	size_t ncopies, capcopies;
 	uint32_t targets_listed, targets_skipped;
-	struct stk_routing rt;
+	struct stk_routing rt; /* a copy, taken once per pass */
 };
 
 enum { P_GARBAGE = 1, P_MISSING, P_REPLICAS };
