@@ -359,7 +359,7 @@ static int pass_load(struct fsck *f, struct pass *p)
 		else
 			p->targets_listed++;
 	}
-	if (rc == 0)
+	if (rc == 0 && p->ncopies) /* qsort wants an array, even of none */
 		qsort(p->copies, p->ncopies, sizeof(*p->copies), copy_cmp);
 	return rc;
 }
@@ -541,7 +541,8 @@ static int pass_compare(struct fsck *f, struct pass *p, int first)
 {
 	int rc;
 
-	qsort(p->purging, p->npurging, sizeof(*p->purging), u64_cmp);
+	if (p->npurging)
+		qsort(p->purging, p->npurging, sizeof(*p->purging), u64_cmp);
 	rc = find_garbage(f, p, first);
 	for (size_t i = 0; rc == 0 && i < p->nfiles; i++)
 		rc = check_file(f, p, &p->files[i], first);
