@@ -10,6 +10,7 @@
  * doctor.c  `doctor`
  * bench.c   `bench`
  * pack.c    `pack` (shards: shard.c; local-or-Stoker files: fsio.c)
+ * fsck.c    `fsck` (the namespace and the data checked against each other)
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
  * bench_loader.c `bench loader` (dispatched from bench.c)
  * ../fuse/  `mount` and `umount` (the FUSE daemon)
@@ -71,6 +72,9 @@
 	X(quota, cmd_quota,                                                                     \
 	  "quota set PATH [--bytes SIZE] [--inodes N] | quota ls [PATH] [--json] | quota rm PATH | quota recount [PATH]", \
 	  "quotas per folder on bytes and inodes; recount fixes usage (docs/quotas.md)")        \
+	X(fsck, cmd_fsck, "fsck [--repair] [--json] [--grace S] [--cluster ADDR]",               \
+	  "check the namespace and the data against each other; --repair fixes what is safe "  \
+	  "(docs/fsck.md); exit 1 when problems remain")                                          \
 	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \
 	  "finish the uploads of local-first checkpoints a crash interrupted (docs/python.md)")  \
 	X(version, cmd_version, "version", "print the version")
