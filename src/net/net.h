@@ -301,6 +301,36 @@ struct stk_rpc_resp *stk_rpc_pending_resp(struct stk_rpc_pending *p);
  */
 void stk_rpc_pending_done(struct stk_rpc_pending *p, int rc);
 
+/*
+ * Requests a worker's handler hands on (storage: a write that waits for its
+ * successor in the chain on the event loop, not in the worker). In a handler run
+ * by a worker, stk_rpc_pending_take(resp) takes the request out of the handler's
+ * hands: the handler then returns STK_RPC_PENDING, and the request (req->payload
+ * as it stands, req->bulk, req->peer) stays valid until it is answered, from any
+ * thread, with stk_rpc_pending_answer exactly once. A loop-side handler's p may be
+ * answered so too (from any thread, unlike stk_rpc_pending_done).
+ *
+ * stk_rpc_pending_answer: answers p with status rc, or with rc 0 with the len
+ * bytes at payload (copied; at most STK_MAX_PAYLOAD) as the reply's payload and no
+ * bulk. p is gone after.
+ *
+ * stk_rpc_pending_defer: from any thread, runs fn(p, arg, 0) on a worker of p's
+ * server (queued behind the requests that wait for one), which then answers p or
+ * passes it on. While the server stops, fn(p, arg, -ESHUTDOWN) runs instead, on
+ * the calling thread: fn must then release what arg holds without blocking and
+ * answer p (the answer is dropped). fn runs exactly once either way.
+ *
+ * stk_rpc_pending_loop: the service's loop-side state (loop_ops attach) of the
+ * loop that owns p's connection, or NULL when that loop has none. Any thread.
+ * stk_rpc_resp_loop: the same for the request of a handler's resp, before any
+ * take (a handler that needs its loop to go on may first look whether it has one).
+ */
+struct stk_rpc_pending *stk_rpc_pending_take(struct stk_rpc_resp *resp);
+void stk_rpc_pending_answer(struct stk_rpc_pending *p, int rc, const void *payload, size_t len);
+typedef void (*stk_rpc_defer_fn)(struct stk_rpc_pending *p, void *arg, int rc);
+void stk_rpc_pending_defer(struct stk_rpc_pending *p, stk_rpc_defer_fn fn, void *arg);
+void *stk_rpc_pending_loop(struct stk_rpc_pending *p);
+void *stk_rpc_resp_loop(const struct stk_rpc_resp *resp);
 struct stk_metrics_ops;
 
 struct stk_server_opts {
