@@ -653,6 +653,8 @@ int stk_lclient_event(struct stk_lclient *lc, void *tag, uint32_t events)
 
 		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &elen) < 0)
 			err = errno;
+		if (!err && (events & (EPOLLERR | EPOLLHUP)))
+			err = ECONNRESET; /* shut down by the call watch while connecting */
 		if (err) {
 			conn_break(c, -err);
 			return 1;
