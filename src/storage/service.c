@@ -342,12 +342,20 @@ static void ino_unshare(struct ino_lock *l)
 	pthread_mutex_unlock(&l->m);
 }
 
-/* l alone, once no write shares it and no other truncate holds it. */
+/*
+ * l alone, once no write shares it and no other truncate holds it. A write that
+ * shares it may need a worker to finish (its chunk's lock handed to it, a whole
+ * chunk to read): while this one waits, the pool stands in for it.
+ */
 static void ino_lock_alone(struct ino_lock *l)
 {
 	pthread_mutex_lock(&l->m);
-	while (l->alone || l->shared)
-		pthread_cond_wait(&l->cv, &l->m);
+	if (l->alone || l->shared) {
+		stk_server_wait_begin();
+		while (l->alone || l->shared)
+			pthread_cond_wait(&l->cv, &l->m);
+		stk_server_wait_end();
+	}
 	l->alone = 1;
 	pthread_mutex_unlock(&l->m);
 }
