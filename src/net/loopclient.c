@@ -447,6 +447,8 @@ static int conn_alive(struct stk_lclient *lc, const struct lc_conn *c)
  */
 static int conn_read(struct lc_conn *c)
 {
+	struct stk_lclient *lc = c->lc; /* c may be gone after a handshake step */
+
 	for (;;) {
 		ssize_t n = recv(c->fd, c->rb + c->rb_len, sizeof(c->rb) - c->rb_len, 0);
 		size_t off = 0;
@@ -502,9 +504,9 @@ static int conn_read(struct lc_conn *c)
 			call->status = h.status;
 			off += whole;
 			if (call != &c->auth)
-				stk_callwatch_end(c->lc->watch, call->slot_);
+				stk_callwatch_end(lc->watch, call->slot_);
 			call->done(call, 0);
-			if (call == &c->auth && !conn_alive(c->lc, c))
+			if (call == &c->auth && !conn_alive(lc, c))
 				return -ECONNRESET; /* the handshake failed: c is gone */
 		}
 		if (rc) {
