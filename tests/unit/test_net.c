@@ -26,7 +26,7 @@
 #include "../../src/proto/status.h"
 #include "check.h"
 
-enum { OP_ECHO = 1001, OP_SLEEP, OP_BLOCK, OP_BIG, OP_LECHO, OP_LDEFER, OP_LDROP, OP_BULKSUM };
+enum { OP_ECHO = 1001, OP_SLEEP, OP_BLOCK, OP_BIG, OP_LECHO, OP_LDEFER, OP_LDROP, OP_BULKSUM, OP_TAKE, OP_DEFER };
 
 /* What the handler saw, for the tests to check. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -34,9 +34,40 @@ static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
 static int g_running, g_max_running, g_released;
 static atomic_uint g_seq;
 
+/* Requests a handler took (OP_TAKE), for a thread of the test to answer. */
+#define TAKEN_MAX 16
+static struct stk_rpc_pending *g_taken[TAKEN_MAX];
+static uint32_t g_taken_val[TAKEN_MAX];
+static int g_ntaken;
+
+static void defer_step(struct stk_rpc_pending *p, void *arg, int rc)
+{
+	uint8_t out[8];
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, out, sizeof(out));
+	stk_put_u32(&w, (uint32_t)(uintptr_t)arg + 1);
+	stk_put_u32(&w, (uint32_t)-rc);
+	stk_rpc_pending_answer(p, 0, out, w.len);
+}
+
 static int handler(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	switch (req->hdr.opcode) {
+	case OP_TAKE: { /* answered later by the test, from its own thread */
+		uint32_t v = stk_get_u32(&req->payload);
+
+		pthread_mutex_lock(&g_lock);
+		g_taken_val[g_ntaken] = v;
+		g_taken[g_ntaken++] = stk_rpc_pending_take(resp);
+		pthread_cond_broadcast(&g_cond);
+		pthread_mutex_unlock(&g_lock);
+		return STK_RPC_PENDING;
+	}
+	case OP_DEFER: /* its next step on a worker, which answers it */
+		stk_rpc_pending_defer(stk_rpc_pending_take(resp), defer_step,
+				      (void *)(uintptr_t)stk_get_u32(&req->payload));
+		return STK_RPC_PENDING;
 	case OP_ECHO: {
 		stk_put_bytes(&resp->payload, req->payload.p, req->payload.len);
 		if (req->bulk_len) {
@@ -704,6 +735,84 @@ static void test_loop_handlers(void)
 	stk_conn_close(c);
 }
 
+/*
+ * A worker's handler takes its request and it is answered later from another
+ * thread (in another order than it came), or its next step runs on a worker
+ * (stk_rpc_pending_defer), while the connection serves other requests.
+ */
+static void test_taken_requests(void)
+{
+	struct stk_server_opts o = {.workers = 2};
+	struct stk_rpc t[3], d, e;
+	uint8_t treq[3][4], tresp[3][16], dreq[4], dresp[16], ereq[4], eresp[16];
+	struct stk_conn *c;
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	struct srv v;
+
+	srv_start(&v, &o);
+	g_ntaken = 0;
+	if (stk_conn_connect(stk_server_addr(v.s), 2000, &c)) {
+		CHECK_FAIL("connect");
+		srv_stop(&v);
+		return;
+	}
+	for (int i = 0; i < 3; i++) {
+		stk_wbuf_init(&w, treq[i], sizeof(treq[i]));
+		stk_put_u32(&w, 100 + i);
+		stk_rpc_prepare(&t[i], OP_TAKE, &w, tresp[i], sizeof(tresp[i]));
+		CHECK_RC(stk_rpc_send(c, &t[i]), 0);
+	}
+	for (uint64_t end = stk_now_ns() + 5000000000ull; stk_now_ns() < end;) {
+		int n;
+
+		pthread_mutex_lock(&g_lock);
+		n = g_ntaken;
+		pthread_mutex_unlock(&g_lock);
+		if (n == 3)
+			break;
+		usleep(1000);
+	}
+	if (g_ntaken != 3) {
+		CHECK_FAIL("the handler took %d requests, not 3", g_ntaken);
+		return; /* a server holding taken requests cannot be stopped cleanly */
+	}
+	/* Taken, not answered: the connection serves others meanwhile, on a worker. */
+	stk_wbuf_init(&w, dreq, sizeof(dreq));
+	stk_put_u32(&w, 41);
+	stk_rpc_prepare(&d, OP_DEFER, &w, dresp, sizeof(dresp));
+	CHECK_RC(stk_rpc_call(c, &d), 0);
+	stk_rbuf_init(&rb, dresp, d.resp_len);
+	CHECK_EQ(stk_get_u32(&rb), 42);
+	CHECK_EQ(stk_get_u32(&rb), 0); /* ran on a worker, not cancelled */
+	/* The taken ones, answered from this thread, the last first; one with an error. */
+	for (int i = 2; i >= 0; i--) {
+		uint8_t out[4];
+
+		stk_wbuf_init(&w, out, sizeof(out));
+		stk_put_u32(&w, g_taken_val[i] * 2);
+		stk_rpc_pending_answer(g_taken[i], g_taken_val[i] == 101 ? -ENOENT : 0, out, w.len);
+	}
+	for (int i = 0; i < 3; i++) {
+		CHECK_RC(stk_rpc_recv(c, &t[i]), 0);
+		if (i == 1) {
+			CHECK_EQ(stk_status_to_errno(t[i].status), -ENOENT);
+			CHECK_EQ(t[i].resp_len, 0);
+			continue;
+		}
+		CHECK_EQ(t[i].status, 0);
+		stk_rbuf_init(&rb, tresp[i], t[i].resp_len);
+		CHECK_EQ(stk_get_u32(&rb), (100 + i) * 2);
+	}
+	/* Still sound after. */
+	stk_wbuf_init(&w, ereq, sizeof(ereq));
+	stk_put_u32(&w, 7);
+	stk_rpc_prepare(&e, OP_DEFER, &w, eresp, sizeof(eresp));
+	CHECK_RC(stk_rpc_call(c, &e), 0);
+	stk_conn_close(c);
+	srv_stop(&v);
+}
+
 /* ---- the loop client ---- */
 
 /* An event loop of the test's own that drives a loop client. */
@@ -1067,6 +1176,7 @@ int main(void)
 	CHECK_RUN(test_broken_fails_every_waiting_request);
 	CHECK_RUN(test_pool_shares);
 	CHECK_RUN(test_loop_handlers);
+	CHECK_RUN(test_taken_requests);
 	CHECK_RUN(test_lclient_pipeline);
 	CHECK_RUN(test_lclient_failures);
 	CHECK_RUN(test_lclient_watch);
