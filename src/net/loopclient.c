@@ -94,6 +94,11 @@ struct stk_lclient {
 	struct stk_lcall *inbox_head, *inbox_tail;
 	int closing;
 	struct lc_conn *conns; /* the loop's */
+	/*
+	 * Closed this batch, freed by stk_lclient_batch_end: an event of the batch may
+	 * still name one, and a new connection must not take its address meanwhile.
+	 */
+	struct lc_conn *dead;
 	char tag_wake, tag_timer; /* epoll data of evfd and tfd */
 };
 
@@ -361,7 +366,8 @@ static void conn_break(struct lc_conn *c, int err)
 			call = next;
 		}
 	}
-	free(c);
+	c->next = lc->dead;
+	lc->dead = c;
 	if (!lc->conns)
 		timer_set(lc, 0);
 }
@@ -677,6 +683,16 @@ int stk_lclient_event(struct stk_lclient *lc, void *tag, uint32_t events)
 	return 1;
 }
 
+void stk_lclient_batch_end(struct stk_lclient *lc)
+{
+	while (lc->dead) {
+		struct lc_conn *c = lc->dead;
+
+		lc->dead = c->next;
+		free(c);
+	}
+}
+
 void stk_lclient_destroy(struct stk_lclient *lc)
 {
 	struct stk_lcall *call;
@@ -696,6 +712,7 @@ void stk_lclient_destroy(struct stk_lclient *lc)
 	}
 	while (lc->conns)
 		conn_break(lc->conns, -ECANCELED);
+	stk_lclient_batch_end(lc);
 	epoll_ctl(lc->epfd, EPOLL_CTL_DEL, lc->evfd, NULL);
 	epoll_ctl(lc->epfd, EPOLL_CTL_DEL, lc->tfd, NULL);
 	close(lc->evfd);

@@ -219,7 +219,9 @@ void stk_pool_after_fork(struct stk_pool *p);
  * are until done runs. Replies carry no bulk and at most 4 KiB of payload.
  *
  * stk_lclient_event: on the loop, an epoll event of epfd: 1 if it was the
- * client's (handled), 0 if not. stk_lclient_destroy: on the loop, or once it
+ * client's (handled), 0 if not. stk_lclient_batch_end: on the loop, after the
+ * events of one epoll_wait: frees the connections closed meanwhile (until then an
+ * event of the batch may name one). stk_lclient_destroy: on the loop, or once it
  * stopped: every call not done is done with -ECANCELED, then it is freed.
  */
 struct stk_lclient;
@@ -247,6 +249,7 @@ int stk_lclient_create(int epfd, unsigned timeout_ms, struct stk_callwatch *watc
 		       struct stk_lclient **out);
 int stk_lclient_call(struct stk_lclient *lc, struct stk_lcall *call);
 int stk_lclient_event(struct stk_lclient *lc, void *tag, uint32_t events);
+void stk_lclient_batch_end(struct stk_lclient *lc);
 void stk_lclient_destroy(struct stk_lclient *lc);
 
 /* ---- the routing table ---- */

@@ -2118,6 +2118,7 @@ static void loop_event(void *ctx, void *state)
 		else
 			stk_lclient_event(sl->lc, ev[i].data.ptr, ev[i].events);
 	}
+	stk_lclient_batch_end(sl->lc);
 }
 
 static void loop_flush(void *ctx, void *state)

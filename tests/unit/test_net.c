@@ -831,8 +831,11 @@ static void *lloop_main(void *arg)
 		struct epoll_event ev[16];
 		int n = epoll_wait(l->epfd, ev, 16, 20);
 
+		/* every descriptor here is the client's; an event of a connection closed
+		 * earlier in the batch is ignored (0) */
 		for (int i = 0; i < n; i++)
-			CHECK(stk_lclient_event(l->lc, ev[i].data.ptr, ev[i].events) == 1);
+			stk_lclient_event(l->lc, ev[i].data.ptr, ev[i].events);
+		stk_lclient_batch_end(l->lc);
 	}
 	return NULL;
 }
