@@ -371,7 +371,8 @@ void stk_rpc_pending_done(struct stk_rpc_pending *p, int rc);
  * Requests a worker's handler hands on (storage: a write that waits for its
  * successor in the chain on the event loop, not in the worker). In a handler run
  * by a worker, stk_rpc_pending_take(resp) takes the request out of the handler's
- * hands: the handler then returns STK_RPC_PENDING, and the request (req->payload
+ * hands: the handler must then return STK_RPC_PENDING (and touch req and resp no
+ * more: another thread may answer the request at once), and the request (req->payload
  * as it stands, req->bulk, req->peer) stays valid until it is answered, from any
  * thread, with stk_rpc_pending_answer exactly once. A loop-side handler's p may be
  * answered so too (from any thread, unlike stk_rpc_pending_done).

@@ -127,7 +127,6 @@ struct srv_req {
 	int begun; /* counted in flight, not yet taken out (stk_metrics_ops_sent) */
 	int close; /* the frame was malformed: close the connection, no reply */
 	int checked; /* frame_check passed (on the loop, before a worker got it) */
-	int taken; /* a worker's handler took it (stk_rpc_pending_take) */
 	stk_rpc_defer_fn defer_fn; /* on the worker queue to run this, not the handler */
 	void *defer_arg;
 };
@@ -932,6 +931,9 @@ static void seal(struct stk_server *s, struct srv_req *r, int rc, const struct s
 				 STK_FRAME_HDR_LEN + (uint64_t)r->rh.payload_len + r->rh.bulk_len);
 }
 
+/* The request this thread's handler took (stk_rpc_pending_take), while serve() runs it. */
+static __thread struct srv_req *tls_taken;
+
 /*
  * Runs one request: checks the frame, calls the handler, encodes the reply. 1 when
  * the handler took the request (stk_rpc_pending_take): nothing to send now.
@@ -947,13 +949,25 @@ static int serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
 		return 0;
 	}
 	req_view(r, &req, &resp, out);
+	tls_taken = NULL;
 	if (rc == 0)
 		rc = s->handler(s->ctx, &req, &resp);
-	if (r->taken) {
+	/*
+	 * Taken: r is the handler's now and may be answered, freed and reused by
+	 * another thread already, so nothing of it is read here (hence a flag of this
+	 * thread's, not of r's).
+	 */
+	if (tls_taken == r) {
+		tls_taken = NULL;
 		if (rc != STK_RPC_PENDING)
-			stk_error("handler of %s took its request and returned %d: it must "
-				  "answer it itself", stk_opcode_name(r->hdr.opcode), rc);
+			stk_error("a handler took its request and returned %d: it must answer it "
+				  "itself", rc);
 		return 1;
+	}
+	if (rc == STK_RPC_PENDING) {
+		stk_error("handler of %s returned STK_RPC_PENDING without taking its request",
+			  stk_opcode_name(r->hdr.opcode));
+		rc = -EIO;
 	}
 	seal(s, r, rc, &resp, out);
 	return 0;
@@ -1411,7 +1425,7 @@ struct stk_rpc_pending *stk_rpc_pending_take(struct stk_rpc_resp *resp)
 {
 	struct srv_req *r = resp->req_;
 
-	r->taken = 1;
+	tls_taken = r;
 	return (struct stk_rpc_pending *)r;
 }
 
