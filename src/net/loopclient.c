@@ -164,6 +164,7 @@ static void conn_queue(struct lc_conn *c, struct stk_lcall *call)
 	if (!c->out_head)
 		c->io_ns = stk_now_ns(); /* the deadline counts from now, not from idle */
 	list_add(&c->out_head, &c->out_tail, call);
+	timer_set(c->lc, 1);
 }
 
 /* The handshake is done (or there is none): the calls that waited go out. */
@@ -524,11 +525,12 @@ static int conn_read(struct lc_conn *c)
 	}
 }
 
-/* Deadlines, four times a second while a connection is open. */
+/* Deadlines, four times a second while calls wait or a connection is set up. */
 static void lc_tick(struct stk_lclient *lc)
 {
 	uint64_t now = stk_now_ns(), v;
 	struct lc_conn *c, *next;
+	int any = 0;
 
 	if (read(lc->tfd, &v, sizeof(v)) < 0) {
 		/* not expired yet */
@@ -544,8 +546,12 @@ static void lc_tick(struct stk_lclient *lc)
 				 "connection",
 				 c->addr, (unsigned long long)limit);
 			conn_break(c, -ETIMEDOUT);
+		} else if (busy) {
+			any = 1;
 		}
 	}
+	if (!any)
+		timer_set(lc, 0); /* idle connections need no deadline: no wake-ups */
 }
 
 int stk_lclient_create(int epfd, unsigned timeout_ms, struct stk_callwatch *watch,
