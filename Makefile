@@ -35,7 +35,7 @@ LIB_LIBS := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm
 
 # The RPC server (src/net/server.c) is the net layer's, but only server processes
 # link it: libstoker carries the client side of the transport alone.
-NET_SERVER_SRC := src/net/server.c
+NET_SERVER_SRC := src/net/server.c src/net/loopclient.c
 CORE_SRC := $(filter-out $(NET_SERVER_SRC),$(wildcard src/common/*.c src/proto/*.c src/net/*.c))
 # What a server process shares: the RPC server, signals and stop, the /metrics
 # HTTP endpoint.

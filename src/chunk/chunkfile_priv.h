@@ -15,6 +15,8 @@
 #include "../common/layout.h"
 #include "chunkfile.h"
 
+struct stk_chunk_lockwait;
+
 #define CHUNK_MAGIC 0x434B5453u /* "STKC" */
 #define HDR_FIXED 40u		/* header bytes before the block CRCs (format 2) */
 #define HDR_FIXED_V1 32u	/* the same in format 1, which had no version */
@@ -36,7 +38,11 @@ struct stk_chunk_store {
 	uint64_t nchunks;		     /* atomic */
 	uint64_t ncorrupt;		     /* atomic: corrupt blocks and headers found */
 	uint64_t nrepaired;		     /* atomic: damaged chunks rewritten from a replica */
-	pthread_mutex_t locks[LOCK_STRIPES]; /* serialise updates of one (ino, idx) */
+	pthread_mutex_t locks[LOCK_STRIPES]; /* each protects its stripes[] entry */
+	struct chunk_stripe {
+		int held; /* a change of a chunk of this stripe is under way */
+		struct stk_chunk_lockwait *head, *tail; /* who waits for it, in order */
+	} stripes[LOCK_STRIPES]; /* the chunk lock (storage/chunk.h): writer side only */
 	struct fd_ent **fdc;		     /* the cache of open chunk files: fdc_n slots */
 	unsigned fdc_n;
 	int fdc_ok;

@@ -25,7 +25,8 @@
 #define WATCH_TICK_MS 250u
 
 struct watch_slot {
-	struct stk_conn *conn; /* NULL: free */
+	void (*abort)(void *arg); /* NULL: free */
+	void *arg;
 	uint64_t t0; /* stk_now_ns() at begin */
 	char addr[STK_ADDR_MAX];
 };
@@ -54,7 +55,7 @@ static void watch_look(struct stk_callwatch *w)
 		const struct watch_slot *s = &w->slots[i];
 		int seen = 0;
 
-		if (!s->conn || s->t0 > cut)
+		if (!s->abort || s->t0 > cut)
 			continue;
 		for (unsigned k = 0; k < n && !seen; k++)
 			seen = strcmp(old[k], s->addr) == 0;
@@ -69,8 +70,8 @@ static void watch_look(struct stk_callwatch *w)
 		for (unsigned i = 0; i < WATCH_SLOTS; i++) {
 			struct watch_slot *s = &w->slots[i];
 
-			if (s->conn && s->t0 <= cut && strcmp(s->addr, old[k]) == 0)
-				stk_conn_abort(s->conn);
+			if (s->abort && s->t0 <= cut && strcmp(s->addr, old[k]) == 0)
+				s->abort(s->arg);
 		}
 		pthread_mutex_unlock(&w->lock);
 	}
@@ -169,20 +170,32 @@ void stk_callwatch_after_fork(struct stk_callwatch *w)
 		w->stop = 1; /* no thread: calls go unwatched, and destroy joins none */
 }
 
+static void abort_conn(void *arg)
+{
+	stk_conn_abort(arg);
+}
+
 int stk_callwatch_begin(struct stk_callwatch *w, struct stk_conn *c, const char *addr)
+{
+	return c ? stk_callwatch_begin_fn(w, abort_conn, c, addr) : -1;
+}
+
+int stk_callwatch_begin_fn(struct stk_callwatch *w, void (*abort)(void *arg), void *arg,
+			   const char *addr)
 {
 	int slot = -1;
 
-	if (!w || !c)
+	if (!w || !abort)
 		return -1;
 	pthread_mutex_lock(&w->lock);
 	for (unsigned k = 0; k < WATCH_SLOTS; k++) {
 		unsigned i = (w->hint + k) % WATCH_SLOTS;
 		struct watch_slot *s = &w->slots[i];
 
-		if (s->conn)
+		if (s->abort)
 			continue;
-		s->conn = c;
+		s->abort = abort;
+		s->arg = arg;
 		s->t0 = stk_now_ns();
 		snprintf(s->addr, sizeof(s->addr), "%s", addr);
 		w->hint = (i + 1) % WATCH_SLOTS;
@@ -198,6 +211,6 @@ void stk_callwatch_end(struct stk_callwatch *w, int slot)
 	if (!w || slot < 0 || (unsigned)slot >= WATCH_SLOTS)
 		return;
 	pthread_mutex_lock(&w->lock);
-	w->slots[slot].conn = NULL;
+	w->slots[slot].abort = NULL;
 	pthread_mutex_unlock(&w->lock);
 }

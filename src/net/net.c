@@ -261,6 +261,37 @@ out:
 	return rc;
 }
 
+int stk_net_auth_proof(const uint8_t *nc, const void *resp, size_t len, uint8_t *mac,
+		       const char *addr)
+{
+	struct auth_key keys[AUTH_KEYS_MAX];
+	struct stk_msg_auth_hello_resp hr;
+	struct stk_rbuf r;
+	unsigned n, k;
+	int rc;
+
+	stk_rbuf_init(&r, resp, len);
+	if (stk_msg_auth_hello_resp_dec(&r, &hr))
+		return -EBADMSG;
+	pthread_mutex_lock(&auth_lock);
+	n = auth_nkeys;
+	memcpy(keys, auth_keys, n * sizeof(keys[0]));
+	pthread_mutex_unlock(&auth_lock);
+	for (k = 0; k < n; k++)
+		if (stk_auth_verify(keys[k].key, keys[k].len, STK_AUTH_SERVER, nc, hr.nonce,
+				    hr.mac))
+			break;
+	if (k == n) {
+		stk_warn("%s did not prove the cluster key this process holds: not using it",
+			 addr);
+		rc = -EKEYREJECTED;
+	} else {
+		rc = stk_auth_mac(keys[k].key, keys[k].len, STK_AUTH_CLIENT, nc, hr.nonce, mac);
+	}
+	memset(keys, 0, sizeof(keys));
+	return rc;
+}
+
 int stk_net_auth_fd(int fd, const char *addr)
 {
 	struct stk_conn c;

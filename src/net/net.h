@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "../proto/codec.h"
+#include "../proto/msg.h"
 #include "../proto/wire.h"
 
 struct stk_conn;
@@ -100,6 +101,13 @@ void stk_callwatch_destroy(struct stk_callwatch *w);
 /* In a child after fork(): the watch's thread anew, no call registered. */
 void stk_callwatch_after_fork(struct stk_callwatch *w);
 int stk_callwatch_begin(struct stk_callwatch *w, struct stk_conn *c, const char *addr);
+/*
+ * The same for a call on a connection of another kind (the loop client's): the
+ * watch calls abort(arg) on its thread, under its lock, to end it; arg must stay
+ * valid until stk_callwatch_end of the slot.
+ */
+int stk_callwatch_begin_fn(struct stk_callwatch *w, void (*abort)(void *arg), void *arg,
+			   const char *addr);
 void stk_callwatch_end(struct stk_callwatch *w, int slot);
 /*
  * The watch of the connections this thread opens (NULL: none): stk_conn_connect
@@ -193,6 +201,64 @@ void stk_pool_flush(struct stk_pool *p);
  * the parent keeps using. Only the forking thread exists then, so this is safe.
  */
 void stk_pool_after_fork(struct stk_pool *p);
+
+/* ---- calls from an event loop (loopclient.c) ---- */
+
+/*
+ * The loop client: a server's event loop calling other servers without blocking
+ * (storage forwards changes down a chain with it). It owns one multiplexed
+ * connection per peer address, opened on first use (connect and key handshake
+ * without blocking), and calls the caller back, on the loop, when the reply
+ * comes. See the top of loopclient.c.
+ *
+ * stk_lclient_create: registers its descriptors in epfd (level-triggered; the
+ * caller's loop passes every event whose data.ptr it does not know to
+ * stk_lclient_event). timeout_ms: a connection whose calls wait with no byte
+ * moved for so long is dropped (0: STOKER_RPC_TIMEOUT_MS, default 60000). watch:
+ * the call watch, or NULL. 0, -ENOMEM or -errno.
+ *
+ * stk_lclient_call: from any thread. Sends call; 0: call->done(call, rc) runs
+ * exactly once, on the loop: rc 0 when a reply came (call->status says how the
+ * request went, call->resp holds call->resp_len bytes of its payload), else a
+ * transport error (-ECONNREFUSED, -ECONNRESET, -ETIMEDOUT, -EBADMSG, -EMSGSIZE,
+ * -EKEYREJECTED, -ECANCELED when the client is destroyed). -errno: done never
+ * runs: -EMSGSIZE (too large to send), -EINVAL (no address or done), -ESHUTDOWN
+ * (being destroyed). call, its request and bulk and its resp buffer stay as they
+ * are until done runs. Replies carry no bulk and at most 4 KiB of payload.
+ *
+ * stk_lclient_event: on the loop, an epoll event of epfd: 1 if it was the
+ * client's (handled), 0 if not. stk_lclient_batch_end: on the loop, after the
+ * events of one epoll_wait: frees the connections closed meanwhile (until then an
+ * event of the batch may name one). stk_lclient_destroy: on the loop, or once it
+ * stopped: every call not done is done with -ECANCELED, then it is freed.
+ */
+struct stk_lclient;
+struct stk_lcall {
+	uint16_t opcode;
+	uint32_t frame_flags; /* STK_FRAME_BULK_SELF: the payload checksums the bulk */
+	const void *req;
+	size_t req_len;
+	const void *bulk;
+	size_t bulk_len;
+	void *resp;
+	size_t resp_cap;
+	char addr[STK_ADDR_MAX]; /* the peer, "HOST:PORT" */
+	void (*done)(struct stk_lcall *call, int rc);
+	void *ctx; /* the caller's */
+	size_t resp_len; /* out */
+	uint32_t status; /* out: the reply's wire status */
+	/* private: the client's */
+	struct stk_lcall *next_;
+	uint64_t req_id_;
+	int slot_;
+	uint8_t hb_[STK_FRAME_HDR_LEN];
+};
+int stk_lclient_create(int epfd, unsigned timeout_ms, struct stk_callwatch *watch,
+		       struct stk_lclient **out);
+int stk_lclient_call(struct stk_lclient *lc, struct stk_lcall *call);
+int stk_lclient_event(struct stk_lclient *lc, void *tag, uint32_t events);
+void stk_lclient_batch_end(struct stk_lclient *lc);
+void stk_lclient_destroy(struct stk_lclient *lc);
 
 /* ---- the routing table ---- */
 
@@ -309,6 +375,37 @@ struct stk_rpc_resp *stk_rpc_pending_resp(struct stk_rpc_pending *p);
  */
 void stk_rpc_pending_done(struct stk_rpc_pending *p, int rc);
 
+/*
+ * Requests a worker's handler hands on (storage: a write that waits for its
+ * successor in the chain on the event loop, not in the worker). In a handler run
+ * by a worker, stk_rpc_pending_take(resp) takes the request out of the handler's
+ * hands: the handler must then return STK_RPC_PENDING (and touch req and resp no
+ * more: another thread may answer the request at once), and the request (req->payload
+ * as it stands, req->bulk, req->peer) stays valid until it is answered, from any
+ * thread, with stk_rpc_pending_answer exactly once. A loop-side handler's p may be
+ * answered so too (from any thread, unlike stk_rpc_pending_done).
+ *
+ * stk_rpc_pending_answer: answers p with status rc, or with rc 0 with the len
+ * bytes at payload (copied; at most STK_MAX_PAYLOAD) as the reply's payload and no
+ * bulk. p is gone after.
+ *
+ * stk_rpc_pending_defer: from any thread, runs fn(p, arg, 0) on a worker of p's
+ * server (queued behind the requests that wait for one), which then answers p or
+ * passes it on. While the server stops, fn(p, arg, -ESHUTDOWN) runs instead, on
+ * the calling thread: fn must then release what arg holds without blocking and
+ * answer p (the answer is dropped). fn runs exactly once either way.
+ *
+ * stk_rpc_pending_loop: the service's loop-side state (loop_ops attach) of the
+ * loop that owns p's connection, or NULL when that loop has none. Any thread.
+ * stk_rpc_resp_loop: the same for the request of a handler's resp, before any
+ * take (a handler that needs its loop to go on may first look whether it has one).
+ */
+struct stk_rpc_pending *stk_rpc_pending_take(struct stk_rpc_resp *resp);
+void stk_rpc_pending_answer(struct stk_rpc_pending *p, int rc, const void *payload, size_t len);
+typedef void (*stk_rpc_defer_fn)(struct stk_rpc_pending *p, void *arg, int rc);
+void stk_rpc_pending_defer(struct stk_rpc_pending *p, stk_rpc_defer_fn fn, void *arg);
+void *stk_rpc_pending_loop(struct stk_rpc_pending *p);
+void *stk_rpc_resp_loop(const struct stk_rpc_resp *resp);
 struct stk_metrics_ops;
 
 struct stk_server_opts {

@@ -20,4 +20,14 @@ int stk_net_resolve(const char *addr, struct sockaddr_storage *ss, socklen_t *ss
 void stk_frame_seal(struct stk_frame_hdr *h, const void *payload, const void *bulk,
 		    uint8_t hb[STK_FRAME_HDR_LEN]);
 
+/*
+ * The client's proof in the key handshake (auth.h), for a handshake made a step
+ * at a time (loopclient.c): checks the server's AUTH_HELLO reply (len bytes at
+ * resp) against the keys this process holds, for the client nonce nc, and
+ * computes the proof mac. 0, -EBADMSG (malformed), -EKEYREJECTED (the server
+ * proved no key we hold: logged), -EIO.
+ */
+int stk_net_auth_proof(const uint8_t *nc, const void *resp, size_t len, uint8_t *mac,
+		       const char *addr);
+
 #endif

@@ -127,6 +127,8 @@ struct srv_req {
 	int begun; /* counted in flight, not yet taken out (stk_metrics_ops_sent) */
 	int close; /* the frame was malformed: close the connection, no reply */
 	int checked; /* frame_check passed (on the loop, before a worker got it) */
+	stk_rpc_defer_fn defer_fn; /* on the worker queue to run this, not the handler */
+	void *defer_arg;
 };
 
 struct srv_conn {
@@ -495,9 +497,8 @@ static void wake_idle_locked(struct stk_server *s, struct srv_loop *lp)
 	pthread_cond_signal(&w->cond);
 }
 
-static void dispatch(struct stk_server *s, struct srv_req *r)
+static void dispatch_locked(struct stk_server *s, struct srv_req *r)
 {
-	pthread_mutex_lock(&s->wlock);
 	r->next = NULL;
 	if (s->q_tail)
 		s->q_tail->next = r;
@@ -513,6 +514,12 @@ static void dispatch(struct stk_server *s, struct srv_req *r)
 		   s->nworkers < s->max_workers + s->max_waiting + s->nloops) {
 		worker_spawn_locked(s); /* stand in for one that waits on another node */
 	}
+}
+
+static void dispatch(struct stk_server *s, struct srv_req *r)
+{
+	pthread_mutex_lock(&s->wlock);
+	dispatch_locked(s, r);
 	pthread_mutex_unlock(&s->wlock);
 }
 
@@ -924,8 +931,14 @@ static void seal(struct stk_server *s, struct srv_req *r, int rc, const struct s
 				 STK_FRAME_HDR_LEN + (uint64_t)r->rh.payload_len + r->rh.bulk_len);
 }
 
-/* Runs one request: checks the frame, calls the handler, encodes the reply. */
-static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
+/* The request this thread's handler took (stk_rpc_pending_take), while serve() runs it. */
+static __thread struct srv_req *tls_taken;
+
+/*
+ * Runs one request: checks the frame, calls the handler, encodes the reply. 1 when
+ * the handler took the request (stk_rpc_pending_take): nothing to send now.
+ */
+static int serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
 {
 	struct stk_rpc_req req;
 	struct stk_rpc_resp resp;
@@ -933,12 +946,31 @@ static void serve(struct stk_server *s, struct srv_req *r, uint8_t *out)
 
 	if (rc == -EBADMSG) {
 		r->close = 1;
-		return;
+		return 0;
 	}
 	req_view(r, &req, &resp, out);
+	tls_taken = NULL;
 	if (rc == 0)
 		rc = s->handler(s->ctx, &req, &resp);
+	/*
+	 * Taken: r is the handler's now and may be answered, freed and reused by
+	 * another thread already, so nothing of it is read here (hence a flag of this
+	 * thread's, not of r's).
+	 */
+	if (tls_taken == r) {
+		tls_taken = NULL;
+		if (rc != STK_RPC_PENDING)
+			stk_error("a handler took its request and returned %d: it must answer it "
+				  "itself", rc);
+		return 1;
+	}
+	if (rc == STK_RPC_PENDING) {
+		stk_error("handler of %s returned STK_RPC_PENDING without taking its request",
+			  stk_opcode_name(r->hdr.opcode));
+		rc = -EIO;
+	}
 	seal(s, r, rc, &resp, out);
+	return 0;
 }
 
 static void complete(struct srv_loop *lp, struct srv_req *r)
@@ -1046,11 +1078,18 @@ static int send_direct(struct stk_server *s, struct srv_req *r)
 /* Runs one request on this thread and sends its reply (or hands it to the loop). */
 static void run_request(struct stk_server *s, struct srv_req *r, uint8_t *out)
 {
+	if (r->defer_fn) { /* work handed on by stk_rpc_pending_defer */
+		stk_rpc_defer_fn fn = r->defer_fn;
+
+		r->defer_fn = NULL;
+		fn((struct stk_rpc_pending *)r, r->defer_arg, 0);
+		return;
+	}
 	if (!out || s->stopping) {
 		r->rh.status = stk_status_from_errno(-ENOMEM);
 		r->close = 1;
-	} else {
-		serve(s, r, out);
+	} else if (serve(s, r, out)) {
+		return;
 	}
 	if (r->close || !send_direct(s, r))
 		complete(r->conn->lp, r);
@@ -1380,6 +1419,61 @@ void stk_rpc_pending_done(struct stk_rpc_pending *p, int rc)
 	}
 	lp->presp.req_ = NULL;
 	loop_deliver(lp, r);
+}
+
+struct stk_rpc_pending *stk_rpc_pending_take(struct stk_rpc_resp *resp)
+{
+	struct srv_req *r = resp->req_;
+
+	tls_taken = r;
+	return (struct stk_rpc_pending *)r;
+}
+
+void stk_rpc_pending_answer(struct stk_rpc_pending *p, int rc, const void *payload, size_t len)
+{
+	struct srv_req *r = (struct srv_req *)p;
+	struct stk_server *s = r->conn->lp->srv;
+	struct stk_rpc_resp resp;
+
+	memset(&resp, 0, sizeof(resp));
+	if (len > STK_MAX_PAYLOAD)
+		rc = rc ? rc : -EMSGSIZE;
+	else
+		stk_wbuf_init(&resp.payload, (uint8_t *)payload, len);
+	resp.payload.len = rc ? 0 : len;
+	seal(s, r, rc, &resp, payload);
+	/* As a worker's reply: sent from this thread when nothing is queued before it. */
+	if (!send_direct(s, r))
+		complete(r->conn->lp, r);
+}
+
+void stk_rpc_pending_defer(struct stk_rpc_pending *p, stk_rpc_defer_fn fn, void *arg)
+{
+	struct srv_req *r = (struct srv_req *)p;
+	struct stk_server *s = r->conn->lp->srv;
+
+	pthread_mutex_lock(&s->wlock);
+	if (!s->stopping) {
+		r->defer_fn = fn;
+		r->defer_arg = arg;
+		dispatch_locked(s, r);
+		pthread_mutex_unlock(&s->wlock);
+		return;
+	}
+	pthread_mutex_unlock(&s->wlock);
+	fn(p, arg, -ESHUTDOWN); /* no worker may take it: its owner cleans up here */
+}
+
+void *stk_rpc_pending_loop(struct stk_rpc_pending *p)
+{
+	return ((struct srv_req *)p)->conn->lp->lstate;
+}
+
+void *stk_rpc_resp_loop(const struct stk_rpc_resp *resp)
+{
+	const struct srv_req *r = resp->req_;
+
+	return r ? r->conn->lp->lstate : NULL;
 }
 
 /* Replies from the workers: onto their connections' queues, and out. */

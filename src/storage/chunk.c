@@ -49,12 +49,12 @@
 
 /* ---- small helpers ---- */
 
-static pthread_mutex_t *stripe(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+static unsigned stripe(uint64_t ino, uint32_t idx)
 {
 	uint64_t h = ino * 0x9E3779B97F4A7C15ull ^ ((uint64_t)idx * 0xBF58476D1CE4E5B9ull);
 
 	h ^= h >> 29;
-	return &cs->locks[h % LOCK_STRIPES];
+	return (unsigned)(h % LOCK_STRIPES);
 }
 
 static int fsync_at(int dirfd, const char *rel)
@@ -103,6 +103,84 @@ static void put_crc(uint8_t *buf, uint32_t b, uint32_t crc)
 
 	stk_wbuf_init(&w, buf + HDR_FIXED + 4 * b, 4);
 	stk_put_u32(&w, crc);
+}
+
+/* ---- the chunk lock (chunk.h) ---- */
+
+/* Queues w on stripe st (its mutex held): FIFO, so that no waiter starves. */
+static void lock_queue(struct chunk_stripe *st, struct stk_chunk_lockwait *w)
+{
+	w->next_ = NULL;
+	w->done_ = 0;
+	if (st->tail)
+		st->tail->next_ = w;
+	else
+		st->head = w;
+	st->tail = w;
+}
+
+void stk_chunk_lock(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	unsigned i = stripe(ino, idx);
+	struct chunk_stripe *st = &cs->stripes[i];
+	pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+	struct stk_chunk_lockwait w = {.cv_ = &cv};
+
+	pthread_mutex_lock(&cs->locks[i]);
+	if (!st->held) {
+		st->held = 1;
+	} else {
+		lock_queue(st, &w);
+		while (!w.done_)
+			pthread_cond_wait(&cv, &cs->locks[i]);
+	}
+	pthread_mutex_unlock(&cs->locks[i]);
+	pthread_cond_destroy(&cv);
+}
+
+int stk_chunk_lock_async(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			 struct stk_chunk_lockwait *w)
+{
+	unsigned i = stripe(ino, idx);
+	struct chunk_stripe *st = &cs->stripes[i];
+	int queued = 0;
+
+	pthread_mutex_lock(&cs->locks[i]);
+	if (!st->held) {
+		st->held = 1;
+	} else {
+		w->cv_ = NULL;
+		lock_queue(st, w);
+		queued = 1;
+	}
+	pthread_mutex_unlock(&cs->locks[i]);
+	return queued;
+}
+
+void stk_chunk_unlock(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	unsigned i = stripe(ino, idx);
+	struct chunk_stripe *st = &cs->stripes[i];
+	struct stk_chunk_lockwait *w, *call = NULL;
+
+	pthread_mutex_lock(&cs->locks[i]);
+	w = st->head;
+	if (w) { /* handed on: the lock stays held, by w now */
+		st->head = w->next_;
+		if (!st->head)
+			st->tail = NULL;
+		w->done_ = 1;
+		if (w->cv_)
+			pthread_cond_signal(w->cv_); /* w may be gone once the mutex is let go */
+		else
+			call = w;
+	} else {
+		st->held = 0;
+	}
+	pthread_mutex_unlock(&cs->locks[i]);
+	/* Outside the stripe's mutex: the callback may take this lock again. */
+	if (call)
+		call->granted(call);
 }
 
 /* ---- copy-on-write update ---- */
@@ -225,7 +303,7 @@ static int sync_dirs(struct stk_chunk_store *cs, uint64_t ino, int made_dirs)
 }
 
 /*
- * Applies u to chunk (ino, idx). Call with the chunk's stripe lock held.
+ * Applies u to chunk (ino, idx). Call with the chunk's lock held.
  * *new_len_out is the chunk's length afterwards.
  */
 static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
@@ -437,10 +515,20 @@ out:
 	return rc;
 }
 
-int stk_chunk_write_ver(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
-			uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
-			const uint32_t *crcs, uint32_t flags, struct stk_chunk_wver *v,
-			uint32_t *chunk_len)
+/* The arguments of a write, checked. 0 or -EINVAL. */
+static int write_args(uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
+		      const struct stk_chunk_wver *v)
+{
+	if (chunk_size == 0 || chunk_size > STK_MAX_CHUNK_SIZE ||
+	    (uint64_t)off + len > chunk_size || (len && !data) || (v && v->full && off))
+		return -EINVAL;
+	return 0;
+}
+
+int stk_chunk_write_locked(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			   uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
+			   const uint32_t *crcs, uint32_t flags, struct stk_chunk_wver *v,
+			   uint32_t *chunk_len)
 {
 	struct chunk_update u = {.off = off,
 				 .len = len,
@@ -449,18 +537,26 @@ int stk_chunk_write_ver(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 				 .chunk_size = chunk_size,
 				 .crcs = crcs,
 				 .v = v};
-	pthread_mutex_t *lk;
-	int rc;
+	int rc = write_args(chunk_size, off, data, len, v);
 
-	if (chunk_size == 0 || chunk_size > STK_MAX_CHUNK_SIZE ||
-	    (uint64_t)off + len > chunk_size || (len && !data) || (v && v->full && off))
-		return -EINVAL;
-	lk = stripe(cs, ino, idx);
-	pthread_mutex_lock(lk);
-	rc = chunk_update(cs, ino, idx, &u, chunk_len);
+	return rc ? rc : chunk_update(cs, ino, idx, &u, chunk_len);
+}
+
+int stk_chunk_write_ver(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
+			const uint32_t *crcs, uint32_t flags, struct stk_chunk_wver *v,
+			uint32_t *chunk_len)
+{
+	int rc = write_args(chunk_size, off, data, len, v);
+
+	if (rc)
+		return rc;
+	stk_chunk_lock(cs, ino, idx);
+	rc = stk_chunk_write_locked(cs, ino, idx, chunk_size, off, data, len, crcs, flags, v,
+				    chunk_len);
 	if (rc == 0 && v && v->then)
 		rc = v->then(v->ctx, v);
-	pthread_mutex_unlock(lk);
+	stk_chunk_unlock(cs, ino, idx);
 	return rc;
 }
 
@@ -722,9 +818,7 @@ int stk_chunk_truncate(struct stk_chunk_store *cs, uint64_t ino, uint64_t size, 
 	if (rc)
 		goto out;
 	for (size_t i = 0; i < cnt && rc == 0; i++) {
-		pthread_mutex_t *lk = stripe(cs, ino, idx[i]);
-
-		pthread_mutex_lock(lk);
+		stk_chunk_lock(cs, ino, idx[i]);
 		if ((uint64_t)idx[i] * chunk_size >= size) {
 			stk_chunk_rel(rel, sizeof(rel), ino, idx[i]);
 			if (unlinkat(cs->dirfd, rel, 0) == 0) {
@@ -743,7 +837,7 @@ int stk_chunk_truncate(struct stk_chunk_store *cs, uint64_t ino, uint64_t size, 
 			rc = chunk_update(cs, ino, idx[i], &u, &len);
 			changed = 1;
 		}
-		pthread_mutex_unlock(lk);
+		stk_chunk_unlock(cs, ino, idx[i]);
 	}
 	if (rc)
 		goto out;
@@ -783,12 +877,9 @@ int stk_chunk_punch(struct stk_chunk_store *cs, uint64_t ino, uint32_t first, ui
 	/* The folder's listing, not the range: a punch of a huge hole costs its chunks. */
 	rc = list_chunks(dfd, &idx, &cnt);
 	for (size_t i = 0; rc == 0 && i < cnt; i++) {
-		pthread_mutex_t *lk;
-
 		if (idx[i] < first || idx[i] >= end)
 			continue;
-		lk = stripe(cs, ino, idx[i]);
-		pthread_mutex_lock(lk);
+		stk_chunk_lock(cs, ino, idx[i]);
 		stk_chunk_rel(rel, sizeof(rel), ino, idx[i]);
 		if (unlinkat(cs->dirfd, rel, 0) == 0) {
 			stk_chunk_cache_drop(cs, ino, idx[i], NULL);
@@ -797,7 +888,7 @@ int stk_chunk_punch(struct stk_chunk_store *cs, uint64_t ino, uint32_t first, ui
 		} else if (errno != ENOENT) {
 			rc = -errno;
 		}
-		pthread_mutex_unlock(lk);
+		stk_chunk_unlock(cs, ino, idx[i]);
 	}
 	if (changed && fsync(dfd) < 0 && rc == 0)
 		rc = -errno;

@@ -11,13 +11,15 @@
  * fails is reported as -EIO and its bytes never leave the store.
  *
  * Thread rules: a store may be used from any number of threads. Writes and
- * truncates of one chunk are serialised by a striped lock table; reads take no
- * lock (a rename is atomic, so a reader sees the old file or the new one).
+ * truncates of one chunk are serialised by the chunk lock (below, striped over a
+ * table); reads take no lock (a rename is atomic, so a reader sees the old file or
+ * the new one).
  * Each thread keeps its own I/O buffers, so steady-state I/O allocates nothing.
  */
 #ifndef STK_STORAGE_CHUNK_H
 #define STK_STORAGE_CHUNK_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "../chunk/chunkfile.h"
@@ -91,6 +93,45 @@ int stk_chunk_write_ver(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 			uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
 			const uint32_t *crcs, uint32_t flags, struct stk_chunk_wver *v,
 			uint32_t *chunk_len);
+/*
+ * The chunk lock: one change of a chunk at a time, from its first byte written
+ * here until its successor in the chain has it too (service.c). It is a flag, not
+ * a mutex, because the thread that releases it is often not the one that took it:
+ * a write takes it on a worker and the event loop releases it when the successor
+ * answers. Whoever waits for it waits in one queue, in order: a thread blocked in
+ * stk_chunk_lock, or a callback queued by stk_chunk_lock_async, so that no event
+ * loop ever blocks on it. Locks are striped (1024 per store): two chunks may share
+ * one, which costs only some waiting.
+ *
+ * stk_chunk_lock: takes the lock of chunk (ino, idx), blocking until it is free.
+ * stk_chunk_lock_async: takes it if free (returns 0; w is not used), else queues w
+ * and returns 1: w->granted(w) runs exactly once, when the lock is w's, on the
+ * thread that released it (it must not block: hand the work on). w must stay
+ * valid until then. stk_chunk_unlock: releases it (any thread), handing it to the
+ * first waiter. Any thread; none fails.
+ */
+struct stk_chunk_lockwait {
+	void (*granted)(struct stk_chunk_lockwait *w);
+	/* private: the queue's */
+	struct stk_chunk_lockwait *next_;
+	pthread_cond_t *cv_; /* a blocked thread's, or NULL for a callback */
+	int done_;
+};
+void stk_chunk_lock(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx);
+int stk_chunk_lock_async(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			 struct stk_chunk_lockwait *w);
+void stk_chunk_unlock(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx);
+
+/*
+ * stk_chunk_write_ver with the chunk's lock already held by the caller (who
+ * releases it when the change has gone where it must): v->then is not called.
+ * The same arguments and errors.
+ */
+int stk_chunk_write_locked(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+			   uint32_t chunk_size, uint32_t off, const void *data, uint32_t len,
+			   const uint32_t *crcs, uint32_t flags, struct stk_chunk_wver *v,
+			   uint32_t *chunk_len);
+
 /* The version and length of chunk idx of ino (0 and 0 when missing). 0, -EIO or -errno. */
 int stk_chunk_version(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint64_t *version,
 		      uint32_t *len);

@@ -10,16 +10,18 @@
  * request looked up again; otherwise the client gets STALE_ROUTING and refreshes
  * its own.
  *
- * Each request runs on its connection's thread (net.h), so a handler may block on
- * disk; the chunk store does the I/O with that thread's buffers.
+ * Each request runs on a worker (net.h), so a handler may block on disk; the chunk
+ * store does the I/O with that thread's buffers. Reads of open chunks are served
+ * on the event loops (below), and a write's forward waits for its successor on
+ * the loop, not in its worker (write_on_loop).
  *
  * Chain replication (docs/architecture.md, "Replication"): a chain lists its
  * targets head first. A change (write, truncate, punch, sync) goes to the head,
  * which applies it and forwards it to its successor, which does the same; each
  * replies once its successor has replied, so the tail has every change the head
  * acknowledged, and every copy upstream of a replica holds what it holds and
- * maybe more. A write is forwarded with the chunk's lock held (no other change of
- * the chunk comes between) and with the version it applies to and the version it
+ * maybe more. A write is forwarded with the chunk's lock held until the successor
+ * answers (no other change of the chunk comes between) and with the version it applies to and the version it
  * makes (chunk.h); a replica whose copy is another version answers CHUNK_BEHIND
  * and is sent the whole chunk. Truncates and punches hold their inode's lock
  * exclusively while they are applied and forwarded, writes hold it shared, so
@@ -38,6 +40,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stddef.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -52,12 +56,28 @@
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/msg.h"
+#include "../proto/status.h"
 #include "aio.h"
 #include "chunk.h"
 #include "metrics.h"
 
 #define INO_LOCKS 256u
 #define PENDING_SLOTS 4096u
+
+/*
+ * The lock that keeps an inode's changes in the head's order (see the top): writes
+ * share it, truncates and punches hold it alone. Not a pthread rwlock: a write
+ * takes it on a worker and lets it go on the event loop that hears its
+ * successor's answer, and a rwlock may only be unlocked by its owner. A write
+ * waits only while a truncate holds it (not while one waits for it: writes are
+ * not held up behind a truncate that waits for writes, as glibc's rwlock does).
+ */
+struct ino_lock {
+	pthread_mutex_t m;
+	pthread_cond_t cv; /* the lock was let go */
+	unsigned shared; /* writes holding it */
+	int alone; /* a truncate or punch holds it */
+};
 
 /* How far the resync in progress is (sync_target); target_id 0 while none runs. */
 struct sync_prog {
@@ -72,7 +92,8 @@ struct storage {
 	struct stk_pool *fwd; /* connections to successors in chains */
 	struct stk_callwatch *watch; /* forwards to a node gone offline: aborted */
 	int fenced; /* atomic: the last fenced() seen, for its log lines */
-	pthread_rwlock_t ino_locks[INO_LOCKS]; /* see the top: changes of an inode in order */
+	struct ino_lock ino_locks[INO_LOCKS]; /* see the top: changes of an inode in order */
+	int loop_writes; /* forwards sent from the event loops (STOKER_LOOP_WRITES) */
 	uint32_t pending[PENDING_SLOTS]; /* atomic: changes on their way down, by chunk hash */
 	struct stk_agent *agent;
 	/* serve maps (serve_publish): one per store, NULL where none could be made */
@@ -410,9 +431,58 @@ static void pending_end(struct storage *s, uint64_t ino, uint32_t idx)
 	serve_pending(s, ino, idx, 0);
 }
 
-static pthread_rwlock_t *ino_lock(struct storage *s, uint64_t ino)
+static struct ino_lock *ino_lock(struct storage *s, uint64_t ino)
 {
 	return &s->ino_locks[(ino * 0x9E3779B97F4A7C15ull) >> 56];
+}
+
+/* A write's share of l, waiting (on a worker) while a truncate holds it. */
+static void ino_share(struct ino_lock *l)
+{
+	pthread_mutex_lock(&l->m);
+	if (l->alone) {
+		stk_server_wait_begin(); /* the truncate waits on another node: stand in */
+		while (l->alone)
+			pthread_cond_wait(&l->cv, &l->m);
+		stk_server_wait_end();
+	}
+	l->shared++;
+	pthread_mutex_unlock(&l->m);
+}
+
+/* Lets a write's share go: any thread. */
+static void ino_unshare(struct ino_lock *l)
+{
+	pthread_mutex_lock(&l->m);
+	if (--l->shared == 0)
+		pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->m);
+}
+
+/*
+ * l alone, once no write shares it and no other truncate holds it. A write that
+ * shares it may need a worker to finish (its chunk's lock handed to it, a whole
+ * chunk to read): while this one waits, the pool stands in for it.
+ */
+static void ino_lock_alone(struct ino_lock *l)
+{
+	pthread_mutex_lock(&l->m);
+	if (l->alone || l->shared) {
+		stk_server_wait_begin();
+		while (l->alone || l->shared)
+			pthread_cond_wait(&l->cv, &l->m);
+		stk_server_wait_end();
+	}
+	l->alone = 1;
+	pthread_mutex_unlock(&l->m);
+}
+
+static void ino_unlock_alone(struct ino_lock *l)
+{
+	pthread_mutex_lock(&l->m);
+	l->alone = 0;
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->m);
 }
 
 /*
@@ -549,6 +619,255 @@ static int forward_write(void *ctx, const struct stk_chunk_wver *v)
 	return (int)n;
 }
 
+/* ---- writes forwarded from the event loop ---- */
+
+/*
+ * A write whose forward waits on the loop (STOKER_LOOP_WRITES=1, off by default): a
+ * worker applies it to our copy with the chunk's lock held, hands the forward to
+ * the loop client of the loop that owns the client's connection (net.h,
+ * stk_lclient) and is free; the successor's answer, on that loop, releases the
+ * chunk's lock, the pending mark and the inode's share, and answers the client.
+ * A write that finds the chunk's lock taken waits in its queue (chunk.h) and is
+ * handed to a worker when its turn comes. Whatever blocks (the disk, a table
+ * refresh after a failed forward, reading the whole chunk for a successor that
+ * is behind) runs on a worker (stk_rpc_pending_defer); the loop only sends,
+ * matches replies and answers. The replication rules are those of the blocking
+ * path above, step for step: route and fence checks before, pending_begin/_end
+ * around, the versions the head numbers, the whole chunk on -EUCLEAN, -ESTALE and
+ * a refresh when the forward fails.
+ */
+struct storage_loop;
+static struct stk_lclient *loop_client(struct storage_loop *sl);
+
+struct wjob {
+	struct storage *s;
+	struct stk_rpc_pending *p;
+	struct stk_msg_stor_write_req rq;
+	struct hop h;
+	const void *data; /* the request's bulk: valid until p is answered */
+	const char *peer;
+	uint64_t req_bytes;
+	uint64_t t0;
+	struct stk_chunk_wver v;
+	uint32_t chunk_len;
+	struct stk_chunk_lockwait wait;
+	struct stk_lcall call;
+	uint8_t *msg; /* the forward's payload */
+	void *whole; /* the whole chunk, for a successor that is behind */
+	uint32_t *whole_crcs;
+	int sent_whole;
+	uint8_t resp[64];
+	uint32_t crcs[]; /* rq.ncrcs block checksums of data */
+};
+
+/* The write is over (rc): every lock let go, the client answered, job freed. */
+static void wjob_finish(struct wjob *j, int rc)
+{
+	struct storage *s = j->s;
+	struct stk_msg_stor_write_resp rp = {.chunk_len = j->chunk_len};
+	uint8_t out[16];
+	struct stk_wbuf w;
+
+	stk_storage_metrics_end(s->metrics, j->h.cs, STK_TARGET_WRITE, j->t0, rc, j->rq.length);
+	stk_chunk_unlock(j->h.cs, j->rq.ino, j->rq.chunk_idx);
+	pending_end(s, j->rq.ino, j->rq.chunk_idx);
+	ino_unshare(ino_lock(s, j->rq.ino));
+	stk_wbuf_init(&w, out, sizeof(out));
+	if (rc == 0)
+		rc = stk_msg_stor_write_resp_enc(&w, &rp);
+	stk_metrics_ops_client(s->rpc_metrics, j->peer, j->req_bytes,
+			       STK_FRAME_HDR_LEN + (rc ? 0 : (uint64_t)w.len));
+	stk_rpc_pending_answer(j->p, rc, out, rc ? 0 : w.len);
+	free(j->msg);
+	free(j->whole);
+	free(j->whole_crcs);
+	free(j);
+}
+
+static void wjob_forwarded(struct stk_lcall *call, int rc);
+
+/* Sends m (its checksums crcs) and len bytes at data to the successor, from the loop. */
+static void wjob_send(struct wjob *j, const struct stk_msg_stor_write_req *m, const uint32_t *crcs,
+		      const void *data)
+{
+	struct storage_loop *sl = stk_rpc_pending_loop(j->p);
+	size_t len;
+	int rc;
+
+	free(j->msg);
+	j->msg = write_msg(m, crcs, &len);
+	if (!j->msg) {
+		wjob_finish(j, -ENOMEM);
+		return;
+	}
+	memset(&j->call, 0, sizeof(j->call));
+	j->call.opcode = STK_OP_STOR_WRITE;
+	j->call.frame_flags = STK_FRAME_BULK_SELF;
+	j->call.req = j->msg;
+	j->call.req_len = len;
+	j->call.bulk = data;
+	j->call.bulk_len = m->length;
+	j->call.resp = j->resp;
+	j->call.resp_cap = sizeof(j->resp);
+	memcpy(j->call.addr, j->h.next, STK_ADDR_MAX);
+	j->call.done = wjob_forwarded;
+	j->call.ctx = j;
+	rc = stk_lclient_call(loop_client(sl), &j->call);
+	if (rc) {
+		/* on a worker: the refresh a failed forward asks for may block here */
+		stk_warn("forwarding %s to %s failed: %s; the chain must change before it goes on",
+			 stk_opcode_name(STK_OP_STOR_WRITE), j->h.next, strerror(-rc));
+		stk_agent_routing_refresh(j->s->agent);
+		wjob_finish(j, -ESTALE);
+	}
+}
+
+/* On a worker: the successor's copy is another version; it gets ours whole. */
+static void wjob_whole(struct stk_rpc_pending *p, void *arg, int rc)
+{
+	struct wjob *j = arg;
+	struct stk_msg_stor_write_req m = j->rq;
+	uint64_t ver;
+	uint32_t clen;
+	long n;
+
+	if (rc) {
+		wjob_finish(j, rc);
+		return;
+	}
+	rc = stk_chunk_version(j->h.cs, m.ino, m.chunk_idx, &ver, &clen);
+	if (rc) {
+		wjob_finish(j, rc);
+		return;
+	}
+	j->whole = malloc(clen ? clen : 1);
+	j->whole_crcs = malloc(4 * ((size_t)stk_crc_blocks(clen) + 1));
+	n = j->whole && j->whole_crcs ? stk_chunk_read(j->h.cs, m.ino, m.chunk_idx, 0, j->whole,
+						       clen, j->whole_crcs)
+				      : -ENOMEM;
+	if (n >= 0 && (uint32_t)n != clen)
+		n = -EIO;
+	if (n < 0) {
+		wjob_finish(j, (int)n);
+		return;
+	}
+	m.offset = 0;
+	m.length = clen;
+	m.ncrcs = stk_crc_blocks(clen);
+	m.flags |= STK_WRITE_FULL;
+	m.base_ver = UINT64_MAX;
+	m.set_ver = ver;
+	j->sent_whole = 1;
+	stk_debug("chunk %llx/%u: copying whole (version %llu) to %s",
+		  (unsigned long long)m.ino, m.chunk_idx, (unsigned long long)ver, j->h.next);
+	wjob_send(j, &m, j->whole_crcs, j->whole);
+}
+
+/* On a worker: a forward failed; our table is fetched again before the client hears. */
+static void wjob_failed(struct stk_rpc_pending *p, void *arg, int rc)
+{
+	struct wjob *j = arg;
+
+	if (rc == 0)
+		stk_agent_routing_refresh(j->s->agent);
+	wjob_finish(j, -ESTALE);
+}
+
+/* On the loop: the successor answered (rc 0) or the call failed. */
+static void wjob_forwarded(struct stk_lcall *call, int rc)
+{
+	struct wjob *j = call->ctx;
+
+	if (rc == 0)
+		rc = stk_status_to_errno(call->status);
+	if (rc == -EUCLEAN && !j->sent_whole) {
+		stk_rpc_pending_defer(j->p, wjob_whole, j);
+		return;
+	}
+	if (rc == -EUCLEAN) {
+		wjob_finish(j, -ESTALE); /* cannot be: a whole chunk applies to any version */
+		return;
+	}
+	if (rc == 0 || (rc < 0 && call->status && rc != -ESTALE)) {
+		wjob_finish(j, rc);
+		return;
+	}
+	stk_warn("forwarding %s to %s failed: %s; the chain must change before it goes on",
+		 stk_opcode_name(STK_OP_STOR_WRITE), j->h.next, strerror(-rc));
+	stk_rpc_pending_defer(j->p, wjob_failed, j);
+}
+
+/* With the chunk's lock held, on a worker: our copy first, then the forward. */
+static void wjob_apply(struct wjob *j)
+{
+	struct stk_msg_stor_write_req m = j->rq;
+	int rc;
+
+	rc = stk_chunk_write_locked(j->h.cs, m.ino, m.chunk_idx, m.chunk_size, m.offset, j->data,
+				    m.length, j->crcs, m.flags & STK_WRITE_SYNC, &j->v,
+				    &j->chunk_len);
+	if (rc || j->v.now == j->v.old) {
+		wjob_finish(j, rc); /* failed, or nothing changed: nothing to forward */
+		return;
+	}
+	m.base_ver = j->v.old;
+	m.set_ver = j->v.now;
+	wjob_send(j, &m, j->crcs, j->data);
+}
+
+static void wjob_resume(struct stk_rpc_pending *p, void *arg, int rc)
+{
+	struct wjob *j = arg;
+
+	if (rc)
+		wjob_finish(j, rc); /* the server stops: the lock goes on to the next */
+	else
+		wjob_apply(j);
+}
+
+/* The chunk's lock is ours now (on the thread that let it go): to a worker. */
+static void wjob_granted(struct stk_chunk_lockwait *w)
+{
+	struct wjob *j = (struct wjob *)((char *)w - offsetof(struct wjob, wait));
+
+	stk_rpc_pending_defer(j->p, wjob_resume, j);
+}
+
+/*
+ * handle_write's way for a write that goes on down the chain, once checked and
+ * routed (crcs: its checksums): STK_RPC_PENDING (answered later), or -ENOMEM
+ * before anything was taken.
+ */
+static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
+			 const struct stk_msg_stor_write_req *rq, const struct hop *h,
+			 const uint32_t *crcs)
+{
+	struct wjob *j = calloc(1, sizeof(*j) + 4 * (size_t)rq->ncrcs);
+
+	if (!j)
+		return -ENOMEM;
+	j->s = s;
+	j->rq = *rq;
+	j->h = *h;
+	j->data = req->bulk;
+	j->peer = req->peer;
+	j->req_bytes = STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len;
+	memcpy(j->crcs, crcs, 4 * (size_t)rq->ncrcs);
+	/* The head numbers the change; a replica downstream takes its predecessor's. */
+	j->v.base = h->pos == 0 ? STK_CHUNK_VER_ANY : rq->base_ver;
+	j->v.set = h->pos == 0 ? 0 : rq->set_ver;
+	j->v.floor = (uint64_t)rq->chain_ver << 32;
+	j->v.full = (rq->flags & STK_WRITE_FULL) != 0;
+	j->wait.granted = wjob_granted;
+	j->p = stk_rpc_pending_take(resp);
+	ino_share(ino_lock(s, rq->ino));
+	pending_begin(s, rq->ino, rq->chunk_idx);
+	j->t0 = stk_storage_metrics_begin(s->metrics, h->cs);
+	if (stk_chunk_lock_async(h->cs, rq->ino, rq->chunk_idx, &j->wait) == 0)
+		wjob_apply(j);
+	return STK_RPC_PENDING;
+}
+
 static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_write_req rq;
@@ -584,6 +903,8 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
+	if (s->loop_writes && !h.tail && stk_rpc_resp_loop(resp))
+		return write_on_loop(s, req, resp, &rq, &h, tls_crcs);
 	cs = h.cs;
 	f.s = s;
 	f.rq = rq;
@@ -596,14 +917,14 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	v.set = h.pos == 0 ? 0 : rq.set_ver;
 	v.floor = (uint64_t)rq.chain_ver << 32;
 	v.full = (rq.flags & STK_WRITE_FULL) != 0;
-	pthread_rwlock_rdlock(ino_lock(s, rq.ino));
+	ino_share(ino_lock(s, rq.ino));
 	pending_begin(s, rq.ino, rq.chunk_idx);
 	t0 = stk_storage_metrics_begin(s->metrics, cs);
 	rc = stk_chunk_write_ver(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
 				 rq.length, tls_crcs, rq.flags & STK_WRITE_SYNC, &v, &rp.chunk_len);
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
 	pending_end(s, rq.ino, rq.chunk_idx);
-	pthread_rwlock_unlock(ino_lock(s, rq.ino));
+	ino_unshare(ino_lock(s, rq.ino));
 	if (rc)
 		return rc;
 	return stk_msg_stor_write_resp_enc(&resp->payload, &rp);
@@ -734,11 +1055,11 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
-	pthread_rwlock_wrlock(ino_lock(s, rq.ino));
+	ino_lock_alone(ino_lock(s, rq.ino));
 	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
 	if (rc == 0)
 		rc = forward_same(s, &h, req);
-	pthread_rwlock_unlock(ino_lock(s, rq.ino));
+	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
 
@@ -769,7 +1090,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 		rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc == 0) /* every inode's lock, always in one order */
 		for (unsigned i = 0; i < INO_LOCKS; i++)
-			pthread_rwlock_wrlock(&s->ino_locks[i]);
+			ino_lock_alone(&s->ino_locks[i]);
 	for (uint32_t i = 0; rc == 0 && i < rq.n; i++) {
 		int r = stk_chunk_truncate(h.cs, recs[i].ino, recs[i].size, recs[i].chunk_size);
 
@@ -782,7 +1103,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 		if (f)
 			first = f;
 		for (unsigned i = INO_LOCKS; i-- > 0;)
-			pthread_rwlock_unlock(&s->ino_locks[i]);
+			ino_unlock_alone(&s->ino_locks[i]);
 	}
 	free(recs);
 	return rc ? rc : first;
@@ -799,11 +1120,11 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req)
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
-	pthread_rwlock_wrlock(ino_lock(s, rq.ino));
+	ino_lock_alone(ino_lock(s, rq.ino));
 	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
 	if (rc == 0)
 		rc = forward_same(s, &h, req);
-	pthread_rwlock_unlock(ino_lock(s, rq.ino));
+	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
 
@@ -1230,9 +1551,9 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 
 	/* a removal holds the inode against changes until it is done; a copy, as a write */
 	if (gone)
-		pthread_rwlock_wrlock(ino_lock(s, ino));
+		ino_lock_alone(ino_lock(s, ino));
 	else
-		pthread_rwlock_rdlock(ino_lock(s, ino));
+		ino_share(ino_lock(s, ino));
 	rc = sync_fetch(s, j, ino, idx, &version, &got);
 	if (rc)
 		goto out;
@@ -1252,7 +1573,10 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 		j->bytes += got;
 	}
 out:
-	pthread_rwlock_unlock(ino_lock(s, ino));
+	if (gone)
+		ino_unlock_alone(ino_lock(s, ino));
+	else
+		ino_unshare(ino_lock(s, ino));
 	/* paid for with the inode's lock released: writers of the inode never wait on it */
 	if (got) {
 		int trc = sync_throttle(s, j, got);
@@ -1449,11 +1773,11 @@ static int wipe_pass(struct storage *s, struct stk_chunk_store *cs, uint64_t *ch
 			uint64_t version;
 			uint32_t len = 0;
 
-			pthread_rwlock_wrlock(ino_lock(s, e[i].ino));
+			ino_lock_alone(ino_lock(s, e[i].ino));
 			if (stk_chunk_version(cs, e[i].ino, e[i].idx, &version, &len))
 				len = 0;
 			rc = stk_chunk_punch(cs, e[i].ino, e[i].idx, e[i].idx + 1);
-			pthread_rwlock_unlock(ino_lock(s, e[i].ino));
+			ino_unlock_alone(ino_lock(s, e[i].ino));
 			*chunks += rc == 0;
 			*bytes += rc == 0 ? len : 0;
 		}
@@ -1677,7 +2001,7 @@ static void repair_chunk(struct storage *s, struct sync_job *j, const struct rep
 	j->cs = local_target(s, e->target_id);
 	if (!j->cs || !repair_source(s, e->target_id, j, &down))
 		return;
-	pthread_rwlock_wrlock(ino_lock(s, e->ino));
+	ino_lock_alone(ino_lock(s, e->ino));
 	/* damaged still? (a change since may have rewritten it) */
 	rc = stk_chunk_read_whole(j->cs, e->ino, e->idx, j->buf, STK_MAX_CHUNK_SIZE, &len, &wver,
 				  j->crcs);
@@ -1713,7 +2037,7 @@ static void repair_chunk(struct storage *s, struct sync_job *j, const struct rep
 		 e->target_id, (unsigned long long)e->ino, e->idx, j->src,
 		 (unsigned long long)theirs);
 out:
-	pthread_rwlock_unlock(ino_lock(s, e->ino));
+	ino_unlock_alone(ino_lock(s, e->ino));
 }
 
 /* Sleeps up to ms, or until the daemon stops or a repair is queued. 1: stopping. */
@@ -1885,6 +2209,8 @@ static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_res
 	struct storage *s = ctx;
 	int rc = storage_dispatch(s, req, resp);
 
+	if (rc == STK_RPC_PENDING)
+		return rc; /* counted when it is answered */
 	/* Sizes as net.c counts them: a failed request is answered with a bare header. */
 	stk_metrics_ops_client(s->rpc_metrics, req->peer,
 			       STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len,
@@ -1903,7 +2229,8 @@ static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_res
  * might block goes to the workers as before (net.h, STK_RPC_TO_WORKER): a chunk
  * not open yet (opening it reads the disk), a routing table that may need
  * fetching, reads over LOOP_READ_MAX (their checksums would hold the loop long),
- * and all writes, truncates and syncs. STOKER_LOOP_READS=0 turns it off.
+ * and all writes (whose forwards come back here: write_on_loop), truncates and
+ * syncs. STOKER_LOOP_READS=0 turns it off.
  *
  * Memory: LOOP_READS slots per loop of about 9 KiB each (the partial first and
  * last blocks of a read are read into the slot), made when the loop starts.
@@ -1928,6 +2255,9 @@ struct loop_read {
 
 struct storage_loop {
 	struct storage *s;
+	int epfd; /* what the server's loop watches: the ring's eventfd and the client's */
+	char aio_tag; /* epoll data of the ring's eventfd */
+	struct stk_lclient *lc; /* forwards down chains (write_on_loop) */
 	struct stk_aio *aio;
 	struct loop_read *free;
 	struct loop_read reads[LOOP_READS];
@@ -2037,38 +2367,73 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 	return STK_RPC_TO_WORKER;
 }
 
+static struct stk_lclient *loop_client(struct storage_loop *sl)
+{
+	return sl->lc;
+}
+
 static int loop_attach(void *ctx, unsigned loop, void **state, int *fd)
 {
 	struct storage_loop *sl = calloc(1, sizeof(*sl));
-	int rc;
+	struct storage *s = ctx;
+	struct epoll_event e = {.events = EPOLLIN};
+	int rc, afd = -1;
 
 	if (!sl)
 		return -ENOMEM;
-	sl->s = ctx;
-	rc = stk_aio_create(LOOP_READS, &sl->aio, fd);
+	sl->s = s;
+	sl->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (sl->epfd < 0) {
+		rc = -errno;
+		free(sl);
+		return rc;
+	}
+	rc = stk_aio_create(LOOP_READS, &sl->aio, &afd);
 	if (rc) {
 		static int told;
 		if (!told++)
 			stk_warn("io_uring is not available (%s): reads are served by the "
 				 "worker threads",
 				 strerror(-rc));
-		free(sl);
-		return rc;
+		goto fail;
 	}
+	e.data.ptr = &sl->aio_tag;
+	if (epoll_ctl(sl->epfd, EPOLL_CTL_ADD, afd, &e) < 0) {
+		rc = -errno;
+		goto fail;
+	}
+	rc = stk_lclient_create(sl->epfd, 0, s->watch, &sl->lc);
+	if (rc)
+		goto fail;
 	for (unsigned i = 0; i < LOOP_READS; i++) {
 		sl->reads[i].sl = sl;
 		sl->reads[i].next = sl->free;
 		sl->free = &sl->reads[i];
 	}
 	*state = sl;
+	*fd = sl->epfd;
 	return 0;
+fail:
+	if (sl->aio)
+		stk_aio_destroy(sl->aio);
+	close(sl->epfd);
+	free(sl);
+	return rc;
 }
 
 static void loop_event(void *ctx, void *state)
 {
 	struct storage_loop *sl = state;
+	struct epoll_event ev[64];
+	int n = epoll_wait(sl->epfd, ev, 64, 0);
 
-	stk_aio_reap(sl->aio);
+	for (int i = 0; i < n; i++) {
+		if (ev[i].data.ptr == &sl->aio_tag)
+			stk_aio_reap(sl->aio);
+		else
+			stk_lclient_event(sl->lc, ev[i].data.ptr, ev[i].events);
+	}
+	stk_lclient_batch_end(sl->lc);
 }
 
 static void loop_flush(void *ctx, void *state)
@@ -2082,7 +2447,9 @@ static void loop_detach(void *ctx, void *state)
 {
 	struct storage_loop *sl = state;
 
+	stk_lclient_destroy(sl->lc); /* every forward in flight is failed, its write answered */
 	stk_aio_destroy(sl->aio); /* every read in flight is answered */
+	close(sl->epfd);
 	free(sl);
 }
 
@@ -2253,6 +2620,31 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 	return 0;
 }
 
+/*
+ * The resync and repair threads stop before the server is destroyed: a chunk lock
+ * either lets go may hand the chunk to a write waiting for it (write_on_loop),
+ * which goes on through the server.
+ */
+static void storage_threads_stop(struct storage *s)
+{
+	pthread_mutex_lock(&s->repair_lock);
+	__atomic_store_n(&s->sync_stop, 1, __ATOMIC_RELAXED);
+	pthread_cond_broadcast(&s->repair_cv);
+	pthread_mutex_unlock(&s->repair_lock);
+	if (s->sync_started)
+		pthread_join(s->sync_thread, NULL);
+	if (s->repair_started)
+		pthread_join(s->repair_thread, NULL);
+	s->sync_started = s->repair_started = 0;
+}
+
+static void storage_stop(void *ctx)
+{
+	struct storage_boot *b = ctx;
+
+	storage_threads_stop(b->s);
+}
+
 int stk_storage_run(const struct stk_storage_opts *opts)
 {
 	struct stk_daemon_spec spec;
@@ -2293,8 +2685,10 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		stk_error("cannot read %s: %s", b.node_path, strerror(-rc));
 		goto out;
 	}
-	for (unsigned i = 0; i < INO_LOCKS; i++)
-		pthread_rwlock_init(&s->ino_locks[i], NULL);
+	for (unsigned i = 0; i < INO_LOCKS; i++) {
+		pthread_mutex_init(&s->ino_locks[i].m, NULL);
+		pthread_cond_init(&s->ino_locks[i].cv, NULL);
+	}
 	pthread_mutex_init(&s->prog_lock, NULL);
 	pthread_mutex_init(&s->serve_lock, NULL);
 	s->resync_rate = opts->resync_rate < 0	  ? 0
@@ -2310,6 +2704,15 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	rc = stk_pool_create(4, &s->fwd);
 	if (rc)
 		goto out;
+	/*
+	 * STOKER_LOOP_WRITES=1: forwards wait on the event loops. Off by default for
+	 * now: in one soak of four a chain was left with a change its head and middle
+	 * applied but its tail refused (a fenced tail, the writer killed before its
+	 * retry) when the copies were compared, which forwarding from workers did not
+	 * show in five; see docs/architecture.md.
+	 */
+	s->loop_writes = getenv("STOKER_LOOP_WRITES") &&
+			 strcmp(getenv("STOKER_LOOP_WRITES"), "1") == 0;
 	rc = stk_callwatch_create(1000, node_gone, s, &s->watch);
 	if (rc)
 		goto out;
@@ -2325,12 +2728,14 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	so.loop_ops = &storage_loop_ops;
 	so.ctx = s;
 	/*
-	 * Chunk reads and writes block on the disk: this many run at once. A change
-	 * forwarded down a chain waits for its successor's reply on its worker, and
-	 * the successor's needs a worker of its own: were both nodes' pools all
-	 * waiting on each other (each the head of chains the other ends), neither
-	 * would go on. So the pool grows while workers wait (stk_server_wait_begin
-	 * around each forward), up to a bound; load alone never grows it.
+	 * Chunk reads and writes block on the disk: this many run at once. A write's
+	 * forward waits on the loop (write_on_loop); a truncate's, punch's or sync's
+	 * (and a write's without STOKER_LOOP_WRITES=1) waits for its successor's reply on
+	 * its worker, and the successor's needs a worker of its own: were both nodes'
+	 * pools all waiting on each other (each the head of chains the other ends),
+	 * neither would go on. So the pool grows while workers wait
+	 * (stk_server_wait_begin around each such forward), up to a bound; load alone
+	 * never grows it.
 	 */
 	so.workers = 32;
 	so.max_waiting = 256;
@@ -2344,18 +2749,12 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	spec.ctx = &b;
 	spec.metrics = storage_metrics;
 	spec.start = storage_start;
+	spec.stop = storage_stop;
 	rc = stk_daemon_run(&spec);
 out:
 	/* stk_daemon_run destroyed the server: no request uses the agent or the stores. */
 	if (s) {
-		pthread_mutex_lock(&s->repair_lock);
-		__atomic_store_n(&s->sync_stop, 1, __ATOMIC_RELAXED);
-		pthread_cond_broadcast(&s->repair_cv);
-		pthread_mutex_unlock(&s->repair_lock);
-		if (s->sync_started)
-			pthread_join(s->sync_thread, NULL);
-		if (s->repair_started)
-			pthread_join(s->repair_thread, NULL);
+		storage_threads_stop(s);
 		pthread_mutex_destroy(&s->repair_lock);
 		pthread_cond_destroy(&s->repair_cv);
 		free(s->repairq);

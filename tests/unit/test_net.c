@@ -4,7 +4,9 @@
  * sharing a connection, the per-connection window, the byte budget, a client that
  * stops reading, a malformed frame mid-stream, a flood on one connection, a broken
  * connection failing every waiting request, the pool's sharing, and loop-side
- * handlers (requests answered on the loop, at once or later).
+ * handlers (requests answered on the loop, at once or later), and the loop client
+ * (calls made from an event loop: pipelined, out of order, a peer that dies, stops
+ * reading or hangs, the deadline, the call watch, the key handshake).
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -14,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,7 +26,7 @@
 #include "../../src/proto/status.h"
 #include "check.h"
 
-enum { OP_ECHO = 1001, OP_SLEEP, OP_BLOCK, OP_BIG, OP_LECHO, OP_LDEFER, OP_LDROP };
+enum { OP_ECHO = 1001, OP_SLEEP, OP_BLOCK, OP_BIG, OP_LECHO, OP_LDEFER, OP_LDROP, OP_BULKSUM, OP_TAKE, OP_DEFER };
 
 /* What the handler saw, for the tests to check. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -31,9 +34,40 @@ static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
 static int g_running, g_max_running, g_released;
 static atomic_uint g_seq;
 
+/* Requests a handler took (OP_TAKE), for a thread of the test to answer. */
+#define TAKEN_MAX 16
+static struct stk_rpc_pending *g_taken[TAKEN_MAX];
+static uint32_t g_taken_val[TAKEN_MAX];
+static int g_ntaken;
+
+static void defer_step(struct stk_rpc_pending *p, void *arg, int rc)
+{
+	uint8_t out[8];
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, out, sizeof(out));
+	stk_put_u32(&w, (uint32_t)(uintptr_t)arg + 1);
+	stk_put_u32(&w, (uint32_t)-rc);
+	stk_rpc_pending_answer(p, 0, out, w.len);
+}
+
 static int handler(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	switch (req->hdr.opcode) {
+	case OP_TAKE: { /* answered later by the test, from its own thread */
+		uint32_t v = stk_get_u32(&req->payload);
+
+		pthread_mutex_lock(&g_lock);
+		g_taken_val[g_ntaken] = v;
+		g_taken[g_ntaken++] = stk_rpc_pending_take(resp);
+		pthread_cond_broadcast(&g_cond);
+		pthread_mutex_unlock(&g_lock);
+		return STK_RPC_PENDING;
+	}
+	case OP_DEFER: /* its next step on a worker, which answers it */
+		stk_rpc_pending_defer(stk_rpc_pending_take(resp), defer_step,
+				      (void *)(uintptr_t)stk_get_u32(&req->payload));
+		return STK_RPC_PENDING;
 	case OP_ECHO: {
 		stk_put_bytes(&resp->payload, req->payload.p, req->payload.len);
 		if (req->bulk_len) {
@@ -63,6 +97,10 @@ static int handler(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp
 			pthread_cond_wait(&g_cond, &g_lock);
 		g_running--;
 		pthread_mutex_unlock(&g_lock);
+		return 0;
+	case OP_BULKSUM: /* what a forward's successor does: take the bulk, answer small */
+		stk_put_u32(&resp->payload, req->bulk_len);
+		stk_put_u32(&resp->payload, stk_crc32c(0, req->bulk, req->bulk_len));
 		return 0;
 	case OP_BIG: {
 		uint32_t n = stk_get_u32(&req->payload);
@@ -697,6 +735,438 @@ static void test_loop_handlers(void)
 	stk_conn_close(c);
 }
 
+/*
+ * A worker's handler takes its request and it is answered later from another
+ * thread (in another order than it came), or its next step runs on a worker
+ * (stk_rpc_pending_defer), while the connection serves other requests.
+ */
+static void test_taken_requests(void)
+{
+	struct stk_server_opts o = {.workers = 2};
+	struct stk_rpc t[3], d, e;
+	uint8_t treq[3][4], tresp[3][16], dreq[4], dresp[16], ereq[4], eresp[16];
+	struct stk_conn *c;
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	struct srv v;
+
+	srv_start(&v, &o);
+	g_ntaken = 0;
+	if (stk_conn_connect(stk_server_addr(v.s), 2000, &c)) {
+		CHECK_FAIL("connect");
+		srv_stop(&v);
+		return;
+	}
+	for (int i = 0; i < 3; i++) {
+		stk_wbuf_init(&w, treq[i], sizeof(treq[i]));
+		stk_put_u32(&w, 100 + i);
+		stk_rpc_prepare(&t[i], OP_TAKE, &w, tresp[i], sizeof(tresp[i]));
+		CHECK_RC(stk_rpc_send(c, &t[i]), 0);
+	}
+	for (uint64_t end = stk_now_ns() + 5000000000ull; stk_now_ns() < end;) {
+		int n;
+
+		pthread_mutex_lock(&g_lock);
+		n = g_ntaken;
+		pthread_mutex_unlock(&g_lock);
+		if (n == 3)
+			break;
+		usleep(1000);
+	}
+	if (g_ntaken != 3) {
+		CHECK_FAIL("the handler took %d requests, not 3", g_ntaken);
+		return; /* a server holding taken requests cannot be stopped cleanly */
+	}
+	/* Taken, not answered: the connection serves others meanwhile, on a worker. */
+	stk_wbuf_init(&w, dreq, sizeof(dreq));
+	stk_put_u32(&w, 41);
+	stk_rpc_prepare(&d, OP_DEFER, &w, dresp, sizeof(dresp));
+	CHECK_RC(stk_rpc_call(c, &d), 0);
+	stk_rbuf_init(&rb, dresp, d.resp_len);
+	CHECK_EQ(stk_get_u32(&rb), 42);
+	CHECK_EQ(stk_get_u32(&rb), 0); /* ran on a worker, not cancelled */
+	/* The taken ones, answered from this thread, the last first; one with an error. */
+	for (int i = 2; i >= 0; i--) {
+		uint8_t out[4];
+
+		stk_wbuf_init(&w, out, sizeof(out));
+		stk_put_u32(&w, g_taken_val[i] * 2);
+		stk_rpc_pending_answer(g_taken[i], g_taken_val[i] == 101 ? -ENOENT : 0, out, w.len);
+	}
+	for (int i = 0; i < 3; i++) {
+		CHECK_RC(stk_rpc_recv(c, &t[i]), 0);
+		if (i == 1) {
+			CHECK_EQ(stk_status_to_errno(t[i].status), -ENOENT);
+			CHECK_EQ(t[i].resp_len, 0);
+			continue;
+		}
+		CHECK_EQ(t[i].status, 0);
+		stk_rbuf_init(&rb, tresp[i], t[i].resp_len);
+		CHECK_EQ(stk_get_u32(&rb), (100 + i) * 2);
+	}
+	/* Still sound after. */
+	stk_wbuf_init(&w, ereq, sizeof(ereq));
+	stk_put_u32(&w, 7);
+	stk_rpc_prepare(&e, OP_DEFER, &w, eresp, sizeof(eresp));
+	CHECK_RC(stk_rpc_call(c, &e), 0);
+	stk_conn_close(c);
+	srv_stop(&v);
+}
+
+/* ---- the loop client ---- */
+
+/* An event loop of the test's own that drives a loop client. */
+struct lloop {
+	int epfd;
+	struct stk_lclient *lc;
+	pthread_t tid;
+	atomic_int stop;
+};
+
+static void *lloop_main(void *arg)
+{
+	struct lloop *l = arg;
+
+	while (!atomic_load(&l->stop)) {
+		struct epoll_event ev[16];
+		int n = epoll_wait(l->epfd, ev, 16, 20);
+
+		/* every descriptor here is the client's; an event of a connection closed
+		 * earlier in the batch is ignored (0) */
+		for (int i = 0; i < n; i++)
+			stk_lclient_event(l->lc, ev[i].data.ptr, ev[i].events);
+		stk_lclient_batch_end(l->lc);
+	}
+	return NULL;
+}
+
+static int lloop_start(struct lloop *l, unsigned timeout_ms, struct stk_callwatch *w)
+{
+	memset(l, 0, sizeof(*l));
+	l->epfd = epoll_create1(EPOLL_CLOEXEC);
+	REQUIRE(l->epfd >= 0);
+	REQUIRE(stk_lclient_create(l->epfd, timeout_ms, w, &l->lc) == 0);
+	REQUIRE(pthread_create(&l->tid, NULL, lloop_main, l) == 0);
+	return 0;
+}
+
+/* Stops the loop, then destroys the client (its calls not done fail -ECANCELED). */
+static void lloop_stop(struct lloop *l)
+{
+	atomic_store(&l->stop, 1);
+	pthread_join(l->tid, NULL);
+	stk_lclient_destroy(l->lc);
+	close(l->epfd);
+}
+
+struct lres {
+	struct stk_lcall call;
+	uint8_t req[16];
+	uint8_t resp[64];
+	int rc, ndone, order;
+};
+
+static pthread_mutex_t g_lmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_lcv = PTHREAD_COND_INITIALIZER;
+static int g_lseq;
+
+static void lres_done(struct stk_lcall *call, int rc)
+{
+	struct lres *r = call->ctx;
+
+	pthread_mutex_lock(&g_lmu);
+	r->ndone++;
+	r->rc = rc;
+	r->order = ++g_lseq;
+	pthread_cond_broadcast(&g_lcv);
+	pthread_mutex_unlock(&g_lmu);
+}
+
+static void lres_init(struct lres *r, const char *addr, uint16_t op, const void *bulk,
+		      size_t bulk_len)
+{
+	memset(r, 0, sizeof(*r));
+	r->call.opcode = op;
+	r->call.req = r->req;
+	r->call.bulk = bulk;
+	r->call.bulk_len = bulk_len;
+	r->call.resp = r->resp;
+	r->call.resp_cap = sizeof(r->resp);
+	snprintf(r->call.addr, sizeof(r->call.addr), "%s", addr);
+	r->call.done = lres_done;
+	r->call.ctx = r;
+}
+
+/* A sleep of ms on the server. */
+static void lres_sleep(struct lres *r, const char *addr, uint32_t ms)
+{
+	struct stk_wbuf w;
+
+	lres_init(r, addr, OP_SLEEP, NULL, 0);
+	stk_wbuf_init(&w, r->req, sizeof(r->req));
+	stk_put_u32(&w, ms);
+	r->call.req_len = w.len;
+}
+
+/* Waits until r is done (or ms pass); its done count. */
+static int lres_wait(struct lres *r, unsigned ms)
+{
+	uint64_t end = stk_now_ns() + (uint64_t)ms * 1000000ull;
+	int n;
+
+	pthread_mutex_lock(&g_lmu);
+	while (!r->ndone && stk_now_ns() < end) {
+		pthread_mutex_unlock(&g_lmu);
+		usleep(2000);
+		pthread_mutex_lock(&g_lmu);
+	}
+	n = r->ndone;
+	pthread_mutex_unlock(&g_lmu);
+	return n;
+}
+
+/*
+ * Calls pipelined on one connection, answered out of order (the slow one last),
+ * and many more with bulk, each reply matched to its own call.
+ */
+static int test_lclient_pipeline_(void)
+{
+	enum { N = 200 };
+	struct stk_server_opts o = {.workers = 8};
+	static struct lres r[3], b[N];
+	static uint8_t bulk[N][3000];
+	struct lloop l;
+	struct srv v;
+	const char *addr;
+
+	srv_start(&v, &o);
+	addr = stk_server_addr(v.s);
+	REQUIRE(lloop_start(&l, 0, NULL) == 0);
+	g_lseq = 0;
+	lres_sleep(&r[0], addr, 300);
+	lres_sleep(&r[1], addr, 10);
+	lres_sleep(&r[2], addr, 100);
+	for (int i = 0; i < 3; i++)
+		CHECK_RC(stk_lclient_call(l.lc, &r[i].call), 0);
+	CHECK_EQ(lres_wait(&r[0], 5000), 1);
+	CHECK_EQ(lres_wait(&r[1], 100), 1);
+	CHECK_EQ(lres_wait(&r[2], 100), 1);
+	for (int i = 0; i < 3; i++) {
+		CHECK_RC(r[i].rc, 0);
+		CHECK_EQ(r[i].call.status, 0);
+		CHECK_EQ(r[i].call.resp_len, 8);
+	}
+	CHECK(r[1].order < r[2].order && r[2].order < r[0].order);
+	for (int i = 0; i < N; i++) {
+		size_t len = 1 + (size_t)i * 13 % sizeof(bulk[i]);
+
+		memset(bulk[i], i, len);
+		lres_init(&b[i], addr, OP_BULKSUM, bulk[i], len);
+		b[i].call.frame_flags = 0;
+		CHECK_RC(stk_lclient_call(l.lc, &b[i].call), 0);
+	}
+	for (int i = 0; i < N; i++) {
+		size_t len = 1 + (size_t)i * 13 % sizeof(bulk[i]);
+		struct stk_rbuf rb;
+
+		REQUIRE(lres_wait(&b[i], 5000) == 1);
+		CHECK_RC(b[i].rc, 0);
+		stk_rbuf_init(&rb, b[i].resp, b[i].call.resp_len);
+		CHECK_EQ(stk_get_u32(&rb), len);
+		CHECK_EQ(stk_get_u32(&rb), stk_crc32c(0, bulk[i], len));
+	}
+	/* A call the server does not know: a reply with its status, not a failure. */
+	lres_init(&r[0], addr, 999, NULL, 0);
+	CHECK_RC(stk_lclient_call(l.lc, &r[0].call), 0);
+	CHECK_EQ(lres_wait(&r[0], 5000), 1);
+	CHECK_RC(r[0].rc, 0);
+	CHECK_EQ(stk_status_to_errno(r[0].call.status), -ENOSYS);
+	/* Refused at once: nothing to send, no callback. */
+	lres_init(&r[1], "", OP_SLEEP, NULL, 0);
+	CHECK_RC(stk_lclient_call(l.lc, &r[1].call), -EINVAL);
+	lres_init(&r[1], addr, OP_BULKSUM, bulk, (size_t)STK_MAX_BULK + 1);
+	CHECK_RC(stk_lclient_call(l.lc, &r[1].call), -EMSGSIZE);
+	lloop_stop(&l);
+	srv_stop(&v);
+	CHECK_EQ(r[1].ndone, 0);
+	for (int i = 0; i < N; i++)
+		CHECK_EQ(b[i].ndone, 1);
+	return 0;
+}
+
+static void test_lclient_pipeline(void)
+{
+	test_lclient_pipeline_();
+}
+
+/* A listener of the test's own: "127.0.0.1:PORT" into addr; its descriptor. */
+static int raw_listen(char *addr, size_t len)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000001)};
+	socklen_t sl = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || listen(fd, 8) ||
+	    getsockname(fd, (struct sockaddr *)&sa, &sl)) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	snprintf(addr, len, "127.0.0.1:%u", ntohs(sa.sin_port));
+	return fd;
+}
+
+/*
+ * Peers that fail: one that reads a little and dies mid-call, one that stops
+ * reading (the deadline ends it), one that refuses; each call fails exactly once
+ * with a transport error, and calls to a sound server on the same client go on.
+ */
+static int test_lclient_failures_(void)
+{
+	static uint8_t big[8u << 20];
+	struct stk_server_opts o = {.workers = 4};
+	struct lres a, b, c, d, ok;
+	char dead[64], deaf[64], nobody[64];
+	int ldead = raw_listen(dead, sizeof(dead)), ldeaf = raw_listen(deaf, sizeof(deaf));
+	int lnone = raw_listen(nobody, sizeof(nobody)), fd;
+	uint8_t buf[100];
+	struct lloop l;
+	struct srv v;
+	uint64_t t0;
+
+	REQUIRE(ldead >= 0 && ldeaf >= 0 && lnone >= 0);
+	close(lnone); /* nobody listens there now */
+	srv_start(&v, &o);
+	REQUIRE(lloop_start(&l, 600, NULL) == 0);
+	/* Dies mid-call: reads part of the frame, then closes. */
+	lres_init(&a, dead, OP_BULKSUM, big, 1u << 20);
+	CHECK_RC(stk_lclient_call(l.lc, &a.call), 0);
+	fd = accept(ldead, NULL, NULL);
+	REQUIRE(fd >= 0);
+	CHECK(recv(fd, buf, sizeof(buf), MSG_WAITALL) == (ssize_t)sizeof(buf));
+	close(fd);
+	CHECK_EQ(lres_wait(&a, 5000), 1);
+	CHECK(a.rc == -ECONNRESET || a.rc == -EPIPE);
+	/* Stops reading: 8 MiB fill its socket; no byte moves for the deadline. */
+	t0 = stk_now_ns();
+	lres_init(&b, deaf, OP_BULKSUM, big, sizeof(big));
+	CHECK_RC(stk_lclient_call(l.lc, &b.call), 0);
+	fd = accept(ldeaf, NULL, NULL);
+	REQUIRE(fd >= 0);
+	/* Meanwhile a sound server answers on the same loop. */
+	lres_sleep(&ok, stk_server_addr(v.s), 1);
+	CHECK_RC(stk_lclient_call(l.lc, &ok.call), 0);
+	CHECK_EQ(lres_wait(&ok, 5000), 1);
+	CHECK_RC(ok.rc, 0);
+	CHECK_EQ(lres_wait(&b, 5000), 1);
+	CHECK_RC(b.rc, -ETIMEDOUT);
+	CHECK(stk_now_ns() - t0 >= 500000000ull);
+	close(fd);
+	/* Refused. */
+	lres_sleep(&c, nobody, 1);
+	CHECK_RC(stk_lclient_call(l.lc, &c.call), 0);
+	CHECK_EQ(lres_wait(&c, 5000), 1);
+	CHECK_RC(c.rc, -ECONNREFUSED);
+	/* In flight when the client is destroyed: -ECANCELED, once. */
+	lres_sleep(&d, stk_server_addr(v.s), 2000);
+	CHECK_RC(stk_lclient_call(l.lc, &d.call), 0);
+	usleep(100000);
+	lloop_stop(&l);
+	CHECK_EQ(d.ndone, 1);
+	CHECK_RC(d.rc, -ECANCELED);
+	CHECK_EQ(a.ndone + b.ndone + c.ndone + ok.ndone, 4);
+	srv_stop(&v);
+	close(ldead);
+	close(ldeaf);
+	return 0;
+}
+
+static void test_lclient_failures(void)
+{
+	test_lclient_failures_();
+}
+
+static atomic_int g_gone_asked;
+
+static int all_gone(void *ctx, const char *addr)
+{
+	atomic_fetch_add(&g_gone_asked, 1);
+	return 1;
+}
+
+/* A peer that hangs (reads, never answers): the call watch ends the call early. */
+static int test_lclient_watch_(void)
+{
+	struct stk_callwatch *w;
+	struct lres a;
+	char hung[64];
+	int lfd = raw_listen(hung, sizeof(hung)), fd;
+	struct lloop l;
+	uint64_t t0 = stk_now_ns();
+
+	REQUIRE(lfd >= 0);
+	REQUIRE(stk_callwatch_create(200, all_gone, NULL, &w) == 0);
+	REQUIRE(lloop_start(&l, 60000, w) == 0);
+	lres_sleep(&a, hung, 1);
+	CHECK_RC(stk_lclient_call(l.lc, &a.call), 0);
+	fd = accept(lfd, NULL, NULL);
+	REQUIRE(fd >= 0);
+	CHECK_EQ(lres_wait(&a, 5000), 1);
+	CHECK(a.rc == -ECONNRESET || a.rc == -EPIPE);
+	CHECK(atomic_load(&g_gone_asked) > 0);
+	CHECK(stk_now_ns() - t0 < 5000000000ull); /* not the 60 s deadline */
+	lloop_stop(&l);
+	stk_callwatch_destroy(w);
+	close(fd);
+	close(lfd);
+	return 0;
+}
+
+static void test_lclient_watch(void)
+{
+	test_lclient_watch_();
+}
+
+/*
+ * The key handshake, a step at a time on the loop: a server with the key this
+ * process holds is called; one with another key is refused (-EKEYREJECTED).
+ * Last: it leaves a key held by the process.
+ */
+static int test_lclient_auth_(void)
+{
+	uint8_t key[32], other[32];
+	struct stk_server_opts o = {.workers = 4, .auth_key = key, .auth_key_len = sizeof(key)};
+	struct stk_server_opts o2 = {.workers = 4, .auth_key = other, .auth_key_len = sizeof(other)};
+	struct lres a, b;
+	struct lloop l;
+	struct srv v, v2;
+
+	memset(key, 0x11, sizeof(key));
+	memset(other, 0x22, sizeof(other));
+	REQUIRE(stk_net_auth_set(key, sizeof(key)) == 0);
+	srv_start(&v, &o);
+	srv_start(&v2, &o2);
+	REQUIRE(lloop_start(&l, 0, NULL) == 0);
+	lres_sleep(&a, stk_server_addr(v.s), 1);
+	CHECK_RC(stk_lclient_call(l.lc, &a.call), 0);
+	lres_sleep(&b, stk_server_addr(v2.s), 1);
+	CHECK_RC(stk_lclient_call(l.lc, &b.call), 0);
+	CHECK_EQ(lres_wait(&a, 5000), 1);
+	CHECK_RC(a.rc, 0);
+	CHECK_EQ(a.call.status, 0);
+	CHECK_EQ(lres_wait(&b, 5000), 1);
+	CHECK_RC(b.rc, -EKEYREJECTED);
+	lloop_stop(&l);
+	srv_stop(&v);
+	srv_stop(&v2);
+	return 0;
+}
+
+static void test_lclient_auth(void)
+{
+	test_lclient_auth_();
+}
+
 int main(void)
 {
 	CHECK_RUN(test_pipeline_out_of_order);
@@ -709,5 +1179,10 @@ int main(void)
 	CHECK_RUN(test_broken_fails_every_waiting_request);
 	CHECK_RUN(test_pool_shares);
 	CHECK_RUN(test_loop_handlers);
+	CHECK_RUN(test_taken_requests);
+	CHECK_RUN(test_lclient_pipeline);
+	CHECK_RUN(test_lclient_failures);
+	CHECK_RUN(test_lclient_watch);
+	CHECK_RUN(test_lclient_auth); /* last: leaves a key held */
 	return check_done();
 }

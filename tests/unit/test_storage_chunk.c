@@ -2,7 +2,7 @@
  * Unit test of the chunk store (src/storage/chunk.c), driven directly without a
  * network: round trips at offsets straddling blocks, partial overwrites against a
  * model, holes, short reads, truncate, corruption detection, a full file system,
- * concurrent writers, reopening a target, and the cache of open chunk files.
+ * concurrent writers, the chunk lock's waiter queue, reopening a target, and the cache of open chunk files.
  *
  * The full-disk case mounts a 2 MiB tmpfs and so needs root; without it that case
  * is skipped and the rest still runs. Exit 0 pass, 1 fail, 77 skip.
@@ -863,6 +863,112 @@ static int test_mapped(const char *dir, struct stk_chunk_store *cs)
 	return 0;
 }
 
+/*
+ * The chunk lock's waiter queue: a lock taken on one thread and let go on another,
+ * callbacks and blocked threads served in the order they queued, each exactly
+ * once, and a truncate (which takes the lock itself) held back until the write
+ * that holds it lets go. Writes under the held lock land.
+ */
+struct lk_waiter {
+	struct stk_chunk_lockwait w;
+	int order; /* when granted: 1, 2, ... (0: not yet) */
+};
+
+static int g_lk_seq;
+static pthread_mutex_t g_lk_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void lk_granted(struct stk_chunk_lockwait *w)
+{
+	struct lk_waiter *x = (struct lk_waiter *)w;
+
+	pthread_mutex_lock(&g_lk_mu);
+	CHECK(x->order == 0); /* exactly once */
+	x->order = ++g_lk_seq;
+	pthread_mutex_unlock(&g_lk_mu);
+}
+
+struct lk_thread {
+	struct stk_chunk_store *cs;
+	int truncate; /* else: stk_chunk_lock, then unlock */
+	int order;
+	int done;
+};
+
+static void *lk_main(void *arg)
+{
+	struct lk_thread *t = arg;
+
+	if (t->truncate) {
+		CHECK_RC(stk_chunk_truncate(t->cs, 0x77, 0, CHUNK), 0);
+	} else {
+		stk_chunk_lock(t->cs, 0x77, 1);
+		pthread_mutex_lock(&g_lk_mu);
+		t->order = ++g_lk_seq;
+		pthread_mutex_unlock(&g_lk_mu);
+		stk_chunk_unlock(t->cs, 0x77, 1);
+	}
+	__atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static int lk_order(struct lk_waiter *x)
+{
+	int o;
+
+	pthread_mutex_lock(&g_lk_mu);
+	o = x->order;
+	pthread_mutex_unlock(&g_lk_mu);
+	return o;
+}
+
+static int test_chunk_lock(struct stk_chunk_store *cs)
+{
+	static uint8_t d[8192];
+	struct lk_waiter a = {.w.granted = lk_granted}, b = {.w.granted = lk_granted};
+	struct lk_thread t1 = {.cs = cs}, tr = {.cs = cs, .truncate = 1};
+	pthread_t th1, thr;
+	uint32_t len;
+
+	fill(d, sizeof(d), 9);
+	g_lk_seq = 0;
+	REQUIRE(stk_chunk_write(cs, 0x77, 1, CHUNK, 0, d, 4096, NULL, 0, &len) == 0);
+	/* Free: taken at once, the waiter untouched. */
+	REQUIRE(stk_chunk_lock_async(cs, 0x77, 1, &a.w) == 0);
+	REQUIRE(stk_chunk_write_locked(cs, 0x77, 1, CHUNK, 4096, d, 4096, NULL, 0, NULL, &len) ==
+		0);
+	CHECK_EQ(len, 8192);
+	/* Held: a callback queues, then a blocked thread, then another callback. */
+	a.order = 0;
+	REQUIRE(stk_chunk_lock_async(cs, 0x77, 1, &a.w) == 1);
+	REQUIRE(pthread_create(&th1, NULL, lk_main, &t1) == 0);
+	usleep(50000); /* t1 queued behind a (it cannot get in while the lock is held) */
+	REQUIRE(stk_chunk_lock_async(cs, 0x77, 1, &b.w) == 1);
+	CHECK(!__atomic_load_n(&t1.done, __ATOMIC_ACQUIRE));
+	/* A truncate of the inode waits for the lock too. */
+	REQUIRE(pthread_create(&thr, NULL, lk_main, &tr) == 0);
+	usleep(50000);
+	CHECK(!__atomic_load_n(&tr.done, __ATOMIC_ACQUIRE));
+	CHECK_EQ(lk_order(&a), 0);
+	/* Let go from another thread than the one that took it (a's callback runs here). */
+	stk_chunk_unlock(cs, 0x77, 1);
+	CHECK_EQ(lk_order(&a), 1);
+	CHECK(!__atomic_load_n(&t1.done, __ATOMIC_ACQUIRE)); /* a holds it now */
+	stk_chunk_unlock(cs, 0x77, 1); /* a's turn ends: t1 gets it, then hands it to b */
+	pthread_join(th1, NULL);
+	CHECK_EQ(t1.order, 2);
+	CHECK_EQ(lk_order(&b), 3);
+	CHECK(!__atomic_load_n(&tr.done, __ATOMIC_ACQUIRE)); /* b holds it */
+	CHECK_EQ(stk_chunk_read(cs, 0x77, 1, 0, d, 8192, NULL), 8192);
+	stk_chunk_unlock(cs, 0x77, 1);
+	pthread_join(thr, NULL);
+	CHECK(tr.done);
+	CHECK_EQ(stk_chunk_read(cs, 0x77, 1, 0, d, 8192, NULL), 0);
+	/* Free again: taken at once. */
+	REQUIRE(stk_chunk_lock_async(cs, 0x77, 1, &a.w) == 0);
+	stk_chunk_unlock(cs, 0x77, 1);
+	return 0;
+}
+
 int main(void)
 {
 	struct stk_chunk_store *cs = NULL;
@@ -882,7 +988,7 @@ int main(void)
 	}
 	/* The tests share one store (test_reopen reopens it): the first that fails stops the run. */
 	if ((test_round_trip(cs) || test_versions(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) ||
-	     test_punch(cs) || test_corruption(cs) || test_concurrent(cs) || test_big_chunk(cs) ||
+	     test_punch(cs) || test_corruption(cs) || test_concurrent(cs) || test_chunk_lock(cs) || test_big_chunk(cs) ||
 	     test_reopen(dir, &cs) || test_fd_cache(dir, cs) || test_mapped(dir, cs) ||
 	     test_enospc()) &&
 	    !check_failures())
