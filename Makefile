@@ -23,7 +23,8 @@ CFLAGS := -std=gnu11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -Wsha
 	-D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(SANFLAGS)
 LIBS := $(PKG_LIBS) -lm
-# mgmtd alone talks to etcd (cluster mode): libcurl and Jansson for its JSON gateway.
+# mgmtd talks to etcd (cluster mode) with libcurl and Jansson for its JSON gateway;
+# `stoker sync` talks to S3 endpoints with libcurl (src/cli/s3client.c).
 MGMTD_PKGS := libcurl jansson
 MGMTD_CFLAGS := $(shell pkg-config --cflags $(MGMTD_PKGS) 2>/dev/null)
 MGMTD_LIBS := $(shell pkg-config --libs $(MGMTD_PKGS) 2>/dev/null)
@@ -71,6 +72,8 @@ $(B)/obj/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(MGMTD_OBJ): CFLAGS += $(MGMTD_CFLAGS)
+# `stoker sync`'s S3 client is the CLI's other libcurl user (s3client.c).
+$(call obj,src/cli/s3client.c): CFLAGS += $(MGMTD_CFLAGS)
 
 $(B)/stoker: $(CLI_OBJ) $(SERVER_OBJ) $(CLIENT_OBJ) $(CORE_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LIBS) $(MGMTD_LIBS)
