@@ -8,6 +8,7 @@ PKGS=(make gcc clang libclang-rt-14-dev pkg-config
       python3 python3-pytest python3-pytest-xdist procps util-linux curl openssl
       python3-dev python3-numpy python3-torch python3-filelock
       libmicrohttpd-dev prometheus libcurl4-openssl-dev libjansson-dev etcd-server
+      openmpi-bin rsync  # `stoker sync` under mpirun (tests); rsync: its benchmark
       gdb)  # gdb: backtraces of a daemon a test finds hung
 missing=()
 for p in "${PKGS[@]}"; do

@@ -9,6 +9,7 @@
  * top.c     `top`
  * bench.c   `bench`
  * pack.c    `pack` (shards: shard.c; local-or-Stoker files: fsio.c)
+ * sync.c    `sync` (local, Stoker and S3 trees: fsio.c, s3client.c)
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
  * bench_loader.c `bench loader` (dispatched from bench.c)
  * ../fuse/  `mount` and `umount` (the FUSE daemon)
@@ -60,6 +61,8 @@
 	  "capacity, bandwidth and nodes a training workload needs, with the arithmetic (docs/plan.md)") \
 	X(pack, cmd_pack, "pack SRC DST [--shard-size SIZE]",                                   \
 	  "pack the files under SRC into shards in DST (stk://HOST:PORT/dir, stk:///dir or local)") \
+	X(sync, cmd_sync, "sync SRC DST [--delete] [--dry-run] [--checksum] [--update] [--include PAT]... [--exclude PAT]... [--threads N] [--part-size SIZE] [--bwlimit RATE] [--endpoint URL] [--profile P] [--no-perms] [--json] [--no-progress] [--mpi]", \
+	  "copy or mirror a tree between local folders, Stoker (stk://) and S3 (s3://BUCKET/PREFIX), resumably (docs/sync.md)") \
 	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \
 	  "finish the uploads of local-first checkpoints a crash interrupted (docs/python.md)")  \
 	X(version, cmd_version, "version", "print the version")
