@@ -142,6 +142,7 @@ enum job_kind { JOB_DEL, JOB_MKDIR, JOB_FILE, JOB_LINK, JOB_ATTR, JOB_MARKER };
 struct job {
 	uint8_t kind;
 	uint8_t compare; /* --checksum: compare bytes first, copy only if they differ */
+	uint8_t failed;	 /* MKDIR: the folder could not be made (no attributes then) */
 	struct ent *s;	 /* source entry (all but DEL) */
 	struct ent *d;	 /* destination entry, if any */
 };
@@ -372,7 +373,6 @@ struct walk_dir {
 	struct walk *w;
 	const char *rel; /* the folder being listed */
 	unsigned count;	 /* entries kept */
-	int err;
 };
 
 static int walk_push(struct walk *w, const char *rel)
@@ -669,10 +669,6 @@ static int s3_list(struct sync *sy, struct sync_ep *ep, struct ents *out, int is
 	if (rc)
 		return rc;
 	rc = cli_s3_head_bucket(s3, ep->bucket);
-	if (rc == -ENOENT && !is_src) {
-		rc = 0; /* an absent destination bucket is an error once we write to it */
-		goto out;
-	}
 	if (!rc)
 		rc = cli_s3_list(s3, ep->bucket, ep->prefix, s3_list_one, &w);
 	if (rc) {
@@ -695,7 +691,8 @@ static int s3_list(struct sync *sy, struct sync_ep *ep, struct ents *out, int is
 			rel = out->v[i].rel; /* ents_add may have moved the array */
 		}
 	}
-	qsort(out->v, out->n, sizeof(*out->v), cmp_ent);
+	if (out->n > 1)
+		qsort(out->v, out->n, sizeof(*out->v), cmp_ent);
 	/* Drop repeated folders; a marker and an implied entry are one folder. */
 	size_t k = 0;
 	for (size_t i = 0; i < out->n; i++) {
@@ -746,13 +743,13 @@ static int job_add(struct sync *sy, enum job_kind kind, struct ent *s, struct en
 /* Whether a destination file is the source's, by size and mtime (S3: its age). */
 static int same_file(const struct sync *sy, const struct ent *s, const struct ent *d)
 {
+	if (sy->o.update && d->mtime > s->mtime && sy->dst.kind != SYNC_S3)
+		return 1; /* newer at the destination: left alone */
 	if (s->size != d->size)
 		return 0;
 	if (sy->dst.kind == SYNC_S3)
 		/* An object's time is when it was written, not the source's mtime. */
 		return d->mtime >= s->mtime;
-	if (sy->o.update && d->mtime > s->mtime)
-		return 1;
 	return s->mtime == d->mtime;
 }
 
@@ -786,8 +783,10 @@ static int plan(struct sync *sy)
 	const char *deldir = NULL; /* the last folder deleted: its contents go with it */
 	int rc = 0;
 
-	qsort(S->v, S->n, sizeof(*S->v), cmp_ent);
-	qsort(D->v, D->n, sizeof(*D->v), cmp_ent);
+	if (S->n > 1)
+		qsort(S->v, S->n, sizeof(*S->v), cmp_ent);
+	if (D->n > 1)
+		qsort(D->v, D->n, sizeof(*D->v), cmp_ent);
 	while (!rc && (i < S->n || j < D->n)) {
 		int c = i >= S->n ? 1 : j >= D->n ? -1 : strcmp(S->v[i].rel, D->v[j].rel);
 		struct ent *s = c <= 0 ? &S->v[i] : NULL, *d = c >= 0 ? &D->v[j] : NULL;
@@ -878,17 +877,32 @@ static int job_order(const struct job *j, uint64_t part)
 	}
 }
 
-static uint64_t g_part; /* for cmp_job: qsort has no context argument */
-
-static int cmp_job(const void *a, const void *b)
+/*
+ * Orders the jobs by class (deletions, folders, big files, the rest), keeping the
+ * plan's path order inside each class: folders must come parents first. A
+ * counting sort, stable by construction (qsort is not).
+ */
+static int order_jobs(struct sync *sy)
 {
-	const struct job *x = a, *y = b;
-	int ox = job_order(x, g_part), oy = job_order(y, g_part);
+	size_t count[4] = {0}, at[4];
+	struct job *v;
 
-	if (ox != oy)
-		return ox - oy;
-	/* Stable within a class: the plan's (path) order. */
-	return x < y ? -1 : x > y;
+	if (sy->njobs < 2)
+		return 0;
+	v = malloc(sy->njobs * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; i < sy->njobs; i++)
+		count[job_order(&sy->jobs[i], sy->o.part_size)]++;
+	at[0] = 0;
+	for (int c = 1; c < 4; c++)
+		at[c] = at[c - 1] + count[c - 1];
+	for (size_t i = 0; i < sy->njobs; i++)
+		v[at[job_order(&sy->jobs[i], sy->o.part_size)]++] = sy->jobs[i];
+	free(sy->jobs);
+	sy->jobs = v;
+	sy->capjobs = sy->njobs;
+	return 0;
 }
 
 /* ---- copying ---- */
@@ -1959,8 +1973,10 @@ static void make_dirs(struct sync *sy, size_t from, size_t to)
 		rc = ep_path(&sy->dst, j->s->rel, path);
 		if (!rc)
 			rc = cli_fs_mkdir(&sy->dst.fs, path, 0700);
-		if (rc && rc != -EEXIST)
+		if (rc && rc != -EEXIST) {
 			fail_add(sy, j->s->rel, "mkdir: %s", stk_strerror(rc));
+			j->failed = 1;
+		}
 		else if (mine(sy, j->s->rel))
 			atomic_fetch_add(&sy->dirs_made, 1);
 	}
@@ -2204,6 +2220,7 @@ int cmd_sync(int argc, char **argv)
 		rc = 1;
 		goto out;
 	}
+	rc = 1; /* from here on, a failure unless the run ends well */
 	if (sy->dst.kind == SYNC_S3) {
 		/* S3 takes at most 10,000 parts: a bigger file gets bigger parts. */
 		for (size_t i = 0; i < sy->sents.n; i++) {
@@ -2218,9 +2235,10 @@ int cmd_sync(int argc, char **argv)
 		cli_err("sync", "%s", stk_strerror(-ENOMEM));
 		goto out;
 	}
-	g_part = sy->o.part_size;
-	/* Keep the path order inside each class: qsort is not stable, cmp_job is. */
-	qsort(sy->jobs, sy->njobs, sizeof(*sy->jobs), cmp_job);
+	if (order_jobs(sy)) {
+		cli_err("sync", "%s", stk_strerror(-ENOMEM));
+		goto out;
+	}
 	sy->t0 = stk_now_ns();
 	if (sy->o.dry_run) {
 		if (!sy->o.json)
@@ -2269,7 +2287,7 @@ int cmd_sync(int argc, char **argv)
 		      atomic_load(&sy->deleted) || atomic_load(&sy->dirs_made);
 	for (size_t i = b; i-- > a;) {
 		struct job *j = &sy->jobs[i];
-		if (mine(sy, j->s->rel) &&
+		if (mine(sy, j->s->rel) && !j->failed &&
 		    (touched || !j->d || attrs_differ(sy, j->s, j->d) || j->s->mtime != j->d->mtime))
 			do_attr(&wks[0], j);
 	}

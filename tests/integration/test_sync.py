@@ -14,11 +14,12 @@ import random
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
 
-from conftest import STOKER, run
+from conftest import STOKER, as_nobody, run
 from test_s3 import AK, SK, Gateway
 
 MiB = 1 << 20
@@ -121,6 +122,40 @@ def test_local_to_local(tmp_path):
     s = summary(sync(src, dst, "--json", "--checksum"))
     assert s["files_copied"] == 1 and s["files_same"] == 13
     assert snapshot(dst) == snapshot(src)
+    # --update leaves a file that is newer at the destination; a plain run does not.
+    (dst / "a" / "f1").write_bytes(b"edited at the destination")
+    s = summary(sync(src, dst, "--json", "--update"))
+    assert s["files_copied"] == 0 and (dst / "a" / "f1").read_bytes() == b"edited at the destination"
+    s = summary(sync(src, dst, "--json"))
+    assert s["files_copied"] == 1 and snapshot(dst) == snapshot(src)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as nobody")
+def test_unwritable_destination_loses_nothing(tmp_path):
+    top = tempfile.mkdtemp(prefix="stoker-sync-")  # traversable by nobody, unlike tmp_path
+    try:
+        os.chmod(top, 0o755)
+        src, dst = os.path.join(top, "src"), os.path.join(top, "dst")
+        os.makedirs(os.path.join(src, "sub"))
+        for n in ("x", "y", "sub/z"):
+            with open(os.path.join(src, n), "wb") as f:
+                f.write(n.encode() * 100)
+        os.chmod(os.path.join(src, "sub"), 0o755)
+        os.makedirs(dst)
+        with open(os.path.join(dst, "x"), "wb") as f:
+            f.write(b"precious")
+        p = subprocess.run([STOKER, "sync", src, dst, "--json"], capture_output=True,
+                           preexec_fn=as_nobody, timeout=120)
+        assert p.returncode == 1, p
+        s = summary(p)
+        failed = {f["path"]: f["error"] for f in s["failed"]}
+        assert set(failed) >= {"x", "y", "sub"}, failed
+        assert "Permission denied" in failed["x"]
+        assert b"Permission denied" in p.stderr
+        assert open(os.path.join(dst, "x"), "rb").read() == b"precious"
+        assert sorted(os.listdir(dst)) == ["x"]
+    finally:
+        shutil.rmtree(top)
 
 
 def test_local_to_stoker_and_back(cluster, tmp_path):
@@ -349,6 +384,10 @@ def test_bad_input_clear_errors(cluster, tmp_path):
         p = sync("s3://nosuchbucket/x", tmp_path / "o", "--endpoint", gw.endpoint,
                  check=False, env=env_s3)
         assert p.returncode == 1 and b"404" in p.stderr
+        p = sync(src, "s3://nosuchbucket/x", "--endpoint", gw.endpoint, check=False,
+                 env=env_s3)
+        assert p.returncode == 1 and b"404" in p.stderr and b"cannot list" in p.stderr
+        assert not (tmp_path / "o").exists()
         # Nothing lost on a failed run: the bucket holds what the good run put.
         assert len(gw.client().list_objects_v2(Bucket="keys")["Contents"]) == 16
     finally:
