@@ -57,6 +57,7 @@
 #include "../common/util.h"
 #include "fsio.h"
 #include "s3client.h"
+#include "stoker/stoker_ll.h"
 
 #define SYNC_BUF (4u << 20)		/* one read or write of a local or Stoker file */
 #define SYNC_PART_DEFAULT (32ull << 20) /* files above this are split into parts */
@@ -91,6 +92,7 @@ struct ent {
 	mode_t mode;
 	uid_t uid;
 	gid_t gid;
+	uint64_t ino;		 /* Stoker: the inode (a destination folder's, for dirmap) */
 	char *link;		 /* ENT_LINK: the target */
 	char etag[CLI_S3_ETAG]; /* S3 */
 };
@@ -152,6 +154,20 @@ struct fail {
 	char *why;
 };
 
+/*
+ * Stoker destinations: the inode of each destination folder by its relative path
+ * ("" is the top), so that a file's create, attributes and rename are one call
+ * each by (folder inode, name), rather than a walk of its whole path per call
+ * (the client library has no cache of names: each component is a round trip).
+ * Filled before the files are copied, read-only while they are.
+ */
+struct dirmap {
+	uint64_t *hash;
+	uint64_t *ino; /* 0: a free slot */
+	const char **rel;
+	size_t cap, n;
+};
+
 struct sync;
 
 /* One worker: its own buffers and S3 connections. */
@@ -182,6 +198,7 @@ struct sync {
 	atomic_uint_fast64_t bytes_checked; /* their bytes (counted as done, not copied) */
 	uint64_t bytes_total, files_total;
 	uint64_t t0;
+	struct dirmap dirs;
 	pthread_mutex_t fail_lock;
 	struct fail *fails;
 	size_t nfails, capfails;
@@ -287,6 +304,86 @@ static int is_tmp_name(const char *name)
 	       strcmp(name + n - s, SYNC_TMP_SUFFIX) == 0;
 }
 
+static uint64_t dirmap_key(const char *rel, size_t len)
+{
+	return XXH64(rel, len, 1);
+}
+
+/* Records folder rel[0..len) (rel stays the caller's: an entry's) as inode ino. */
+static int dirmap_put(struct dirmap *m, const char *rel, size_t len, uint64_t ino)
+{
+	if ((m->n + 1) * 2 > m->cap) {
+		struct dirmap g = {.cap = m->cap ? m->cap * 2 : 1024};
+		g.hash = calloc(g.cap, sizeof(*g.hash));
+		g.ino = calloc(g.cap, sizeof(*g.ino));
+		g.rel = calloc(g.cap, sizeof(*g.rel));
+		if (!g.hash || !g.ino || !g.rel) {
+			free(g.hash);
+			free(g.ino);
+			free(g.rel);
+			return -ENOMEM;
+		}
+		for (size_t i = 0; i < m->cap; i++) {
+			if (!m->ino[i])
+				continue;
+			size_t j = m->hash[i] & (g.cap - 1);
+			while (g.ino[j])
+				j = (j + 1) & (g.cap - 1);
+			g.hash[j] = m->hash[i];
+			g.ino[j] = m->ino[i];
+			g.rel[j] = m->rel[i];
+		}
+		g.n = m->n;
+		free(m->hash);
+		free(m->ino);
+		free(m->rel);
+		*m = g;
+	}
+	uint64_t h = dirmap_key(rel, len);
+	size_t j = h & (m->cap - 1);
+	while (m->ino[j]) {
+		if (m->hash[j] == h && strlen(m->rel[j]) == len && memcmp(m->rel[j], rel, len) == 0) {
+			m->ino[j] = ino;
+			return 0;
+		}
+		j = (j + 1) & (m->cap - 1);
+	}
+	m->hash[j] = h;
+	m->ino[j] = ino;
+	m->rel[j] = rel;
+	m->n++;
+	return 0;
+}
+
+/* The inode of folder rel[0..len), or 0 when it is not known. */
+static uint64_t dirmap_get(const struct dirmap *m, const char *rel, size_t len)
+{
+	uint64_t h = dirmap_key(rel, len);
+
+	if (!m->cap)
+		return 0;
+	for (size_t j = h & (m->cap - 1); m->ino[j]; j = (j + 1) & (m->cap - 1))
+		if (m->hash[j] == h && strlen(m->rel[j]) == len && memcmp(m->rel[j], rel, len) == 0)
+			return m->ino[j];
+	return 0;
+}
+
+static void dirmap_free(struct dirmap *m)
+{
+	free(m->hash);
+	free(m->ino);
+	free(m->rel);
+	memset(m, 0, sizeof(*m));
+}
+
+/* The inode of rel's folder on a Stoker destination, 0 when unknown. */
+static uint64_t parent_ino(const struct sync *sy, const char *rel)
+{
+	const char *slash = strrchr(rel, '/');
+
+	return dirmap_get(&sy->dirs, rel, slash ? (size_t)(slash - rel) : 0);
+}
+
 /* The full path (local, Stoker) or key (S3) of rel on a side. */
 static int ep_path(const struct sync_ep *ep, const char *rel, char *out)
 {
@@ -330,6 +427,7 @@ static void ent_from_stat(struct ent *e, const struct stat *st)
 	e->mode = st->st_mode;
 	e->uid = st->st_uid;
 	e->gid = st->st_gid;
+	e->ino = st->st_ino;
 }
 
 static double now_s(void)
@@ -601,8 +699,23 @@ struct s3walk {
 	struct sync_ep *ep;
 	struct ents *out;
 	int is_src;
-	int err;
 };
+
+/* Whether every segment of rel is a name: none empty, "." or "..". */
+static int safe_rel(const char *rel)
+{
+	const char *p = rel;
+
+	for (;;) {
+		const char *slash = strchr(p, '/');
+		size_t n = slash ? (size_t)(slash - p) : strlen(p);
+		if (!n || (n == 1 && p[0] == '.') || (n == 2 && p[0] == '.' && p[1] == '.'))
+			return 0;
+		if (!slash)
+			return 1;
+		p = slash + 1;
+	}
+}
 
 /* Whether some folder above rel is left out by a folder pattern. */
 static int parents_kept(const struct sync_opts *o, const char *rel)
@@ -629,12 +742,22 @@ static int s3_list_one(void *ctx, const struct cli_s3_obj *o)
 	size_t n = strlen(rel);
 	struct ent e = {0};
 
-	if (strncmp(o->key, w->ep->prefix, plen) != 0 || !n || rel[0] == '/')
+	if (strncmp(o->key, w->ep->prefix, plen) != 0 || !n)
 		return 0;
 	e.type = rel[n - 1] == '/' ? ENT_DIR : ENT_FILE;
 	e.rel = strndup(rel, e.type == ENT_DIR ? n - 1 : n);
 	if (!e.rel)
 		return -ENOMEM;
+	if (!safe_rel(e.rel)) {
+		/* S3 allows "a/../../b"; as a path it would leave the destination. */
+		if (w->is_src)
+			fail_add(w->sy, o->key, "a key that is no safe path (empty, \".\" or \"..\" "
+						"segments): not copied");
+		else
+			w->sy->list_failed = 1; /* nothing is deleted beside what we cannot name */
+		free(e.rel);
+		return 0;
+	}
 	if (!e.rel[0] || !parents_kept(&w->sy->o, e.rel) ||
 	    !kept(&w->sy->o, e.rel, e.type == ENT_DIR)) {
 		free(e.rel);
@@ -688,7 +811,6 @@ static int s3_list(struct sync *sy, struct sync_ep *ep, struct ents *out, int is
 				rc = -ENOMEM;
 				goto out;
 			}
-			rel = out->v[i].rel; /* ents_add may have moved the array */
 		}
 	}
 	if (out->n > 1)
@@ -963,20 +1085,35 @@ static int src_read(struct worker *wk, const struct ent *s, struct cli_file *f, 
 	return n < 0 ? (int)n : 0;
 }
 
-/* Gives a finished destination file (path: its temporary name) the source's attributes. */
-static int set_attrs(struct sync *sy, const char *path, const struct ent *s, int is_link)
+/* The permissions a destination entry gets: the source's, or the defaults. */
+static mode_t dst_mode(const struct sync *sy, const struct ent *s)
+{
+	if (sy->src.kind == SYNC_S3 || sy->o.no_perms)
+		return (s->type == ENT_DIR ? 0777 : 0666) & ~g_umask;
+	return s->mode & 07777;
+}
+
+/*
+ * Gives a finished destination entry (path: a file's temporary name) the source's
+ * attributes. have: what the entry has already (a stat of it), so that an owner
+ * or mode already right costs no call; NULL when unknown.
+ */
+static int set_attrs(struct sync *sy, const char *path, const struct ent *s, int is_link,
+		     const struct stat *have)
 {
 	struct timespec ts[2] = {{s->mtime, s->mtime_ns}, {s->mtime, s->mtime_ns}};
 	int rc = 0;
 
 	if (sy->euid0 && sy->src.kind != SYNC_S3 && !sy->o.no_perms &&
-	    !(is_link && sy->dst.kind == SYNC_STK))
+	    !(is_link && sy->dst.kind == SYNC_STK) &&
+	    !(have && have->st_uid == s->uid && have->st_gid == s->gid))
 		rc = cli_fs_lchown(&sy->dst.fs, path, s->uid, s->gid);
 	if (!rc && !is_link) {
-		mode_t m = s->mode & 07777;
-		if (sy->src.kind == SYNC_S3 || sy->o.no_perms)
-			m = (s->type == ENT_DIR ? 0777 : 0666) & ~g_umask;
-		rc = cli_fs_chmod(&sy->dst.fs, path, m);
+		mode_t m = dst_mode(sy, s);
+		/* chown clears setuid and setgid: with those, the mode always follows it. */
+		int same = have && (have->st_mode & 07777) == m && !(m & (S_ISUID | S_ISGID));
+		if (!same)
+			rc = cli_fs_chmod(&sy->dst.fs, path, m);
 	}
 	if (!rc && !(is_link && sy->dst.kind == SYNC_STK))
 		rc = cli_fs_utimens(&sy->dst.fs, path, ts);
@@ -1058,6 +1195,154 @@ static void md5_hex_etag(const uint8_t d[16], char *out, const char *suffix)
 	snprintf(out, CLI_S3_ETAG, "\"%s%s\"", hex, suffix);
 }
 
+/*
+ * copy_small into a Stoker folder whose inode is known (parent): the create, the
+ * check of the size, the attributes and the rename are one call each by inode,
+ * where paths would cost a lookup per component per call. Same contract.
+ */
+static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t parent, char *why,
+			  size_t whylen)
+{
+	struct sync *sy = wk->sy;
+	stk_client *c = sy->dst.fs.c;
+	const char *name = strrchr(s->rel, '/');
+	char tmpname[64];
+	struct cli_file in = {.fd = -1};
+	struct stat before, after;
+	struct stk_ll_attr a, v;
+	stk_file *f = NULL;
+	uint64_t size = s->size, off = 0;
+	uint32_t crc = 0, valid;
+	int rc, created, have_in = 0, have_tmp = 0;
+
+	name = name ? name + 1 : s->rel;
+	snprintf(tmpname, sizeof(tmpname), SYNC_TMP_PREFIX "%016" PRIx64 SYNC_TMP_SUFFIX,
+		 rel_hash(s->rel));
+	if (sy->src.kind != SYNC_S3) {
+		rc = open_src(sy, s, &in, &before);
+		if (rc) {
+			snprintf(why, whylen, "open: %s", stk_strerror(rc));
+			return rc;
+		}
+		have_in = 1;
+		size = (uint64_t)before.st_size;
+	}
+	/* Not exclusive: a temporary file a killed run left is taken over and cut. */
+	rc = stk_ll_create_open(c, NULL, parent, tmpname, (dst_mode(sy, s) & 0777) | S_IWUSR, 0,
+				&a, &created, NULL);
+	if (!rc && !S_ISREG(a.mode))
+		rc = -EEXIST;
+	if (rc) {
+		snprintf(why, whylen, "create: %s", stk_strerror(rc));
+		goto out;
+	}
+	have_tmp = 1;
+	rc = stk_ll_open_registered(c, NULL, &a, O_WRONLY | O_TRUNC, &f);
+	if (rc) {
+		f = NULL;
+		snprintf(why, whylen, "open for writing: %s", stk_strerror(rc));
+		goto out;
+	}
+	while (off < size) {
+		size_t n = size - off < wk->buflen ? (size_t)(size - off) : wk->buflen;
+		ssize_t w;
+		rc = src_read(wk, s, &in, wk->buf, n, off, why, whylen);
+		if (rc)
+			goto out;
+		crc = stk_crc32c(crc, wk->buf, n);
+		w = stk_write(f, wk->buf, n);
+		if (w < 0) {
+			rc = (int)w;
+			snprintf(why, whylen, "write: %s", stk_strerror(rc));
+			goto out;
+		}
+		throttle(sy, n);
+		off += n;
+	}
+	if (have_in) {
+		char extra;
+		if (cli_fs_pread(&in, &extra, 1, size) > 0) {
+			snprintf(why, whylen, "changed while copied (grew)");
+			rc = -EAGAIN;
+			goto out;
+		}
+		rc = cli_fs_fstat(&in, &after);
+		if (!rc && changed(&before, &after)) {
+			snprintf(why, whylen, "changed while copied");
+			rc = -EAGAIN;
+		}
+		if (rc)
+			goto out;
+	}
+	rc = stk_close(f);
+	f = NULL;
+	if (rc) {
+		snprintf(why, whylen, "write: %s", stk_strerror(rc));
+		goto out;
+	}
+	/* What meta holds now: the size is checked against it, not the handle's idea. */
+	rc = stk_ll_getattr(c, NULL, a.ino, &a);
+	if (rc) {
+		snprintf(why, whylen, "stat: %s", stk_strerror(rc));
+		goto out;
+	}
+	if (a.size != size) {
+		snprintf(why, whylen, "size mismatch after copy: %" PRIu64 " of %" PRIu64, a.size,
+			 size);
+		rc = -EIO;
+		goto out;
+	}
+	if (sy->o.checksum) {
+		char tmp[CLI_FS_PATH];
+		rc = tmp_path(&sy->dst, s->rel, tmp);
+		if (!rc)
+			rc = verify_range(wk, tmp, 0, size, crc);
+		if (rc) {
+			snprintf(why, whylen, "%s", rc == -EILSEQ ? "checksum mismatch after copy"
+								  : stk_strerror(rc));
+			goto out;
+		}
+	}
+	/* The attributes in one call (two when a chown must come before setuid bits). */
+	memset(&v, 0, sizeof(v));
+	v.mode = dst_mode(sy, s);
+	v.uid = s->uid;
+	v.gid = s->gid;
+	v.mtime_sec = v.atime_sec = have_in ? before.st_mtim.tv_sec : s->mtime;
+	v.mtime_nsec = v.atime_nsec = have_in ? (uint32_t)before.st_mtim.tv_nsec : s->mtime_ns;
+	if (have_in && !sy->o.no_perms)
+		v.mode = before.st_mode & 07777;
+	valid = STK_LL_SETATTR_ATIME | STK_LL_SETATTR_MTIME;
+	if ((a.mode & 07777) != v.mode)
+		valid |= STK_LL_SETATTR_MODE;
+	if (sy->euid0 && sy->src.kind != SYNC_S3 && !sy->o.no_perms &&
+	    (a.uid != v.uid || a.gid != v.gid)) {
+		rc = stk_ll_setattr(c, NULL, a.ino, STK_LL_SETATTR_UID | STK_LL_SETATTR_GID, &v,
+				    NULL);
+		if (v.mode & (S_ISUID | S_ISGID))
+			valid |= STK_LL_SETATTR_MODE;
+	}
+	if (!rc)
+		rc = stk_ll_setattr(c, NULL, a.ino, valid, &v, NULL);
+	if (rc) {
+		snprintf(why, whylen, "attributes: %s", stk_strerror(rc));
+		goto out;
+	}
+	rc = stk_ll_rename(c, NULL, parent, tmpname, parent, name, 0);
+	if (rc)
+		snprintf(why, whylen, "rename into place: %s", stk_strerror(rc));
+	else
+		have_tmp = 0;
+out:
+	if (f)
+		stk_close(f);
+	if (have_in)
+		cli_fs_close(&in);
+	if (rc && have_tmp)
+		stk_ll_unlink(c, NULL, parent, tmpname);
+	return rc;
+}
+
 /* Copies a file of at most one part: returns 0, or -errno with why filled. */
 static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t whylen)
 {
@@ -1130,7 +1415,8 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 	}
 	rc = tmp_path(&sy->dst, s->rel, tmp);
 	if (!rc)
-		rc = cli_fs_open(&sy->dst.fs, tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600, &out);
+		rc = cli_fs_open(&sy->dst.fs, tmp, O_WRONLY | O_CREAT | O_TRUNC,
+				 (dst_mode(sy, s) & 0777) | S_IWUSR, &out);
 	if (rc) {
 		snprintf(why, whylen, "create: %s", stk_strerror(rc));
 		goto out;
@@ -1197,7 +1483,7 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 		t.mode = before.st_mode;
 	}
 	if (!rc)
-		rc = set_attrs(sy, tmp, &t, 0);
+		rc = set_attrs(sy, tmp, &t, 0, &dst);
 	if (rc) {
 		snprintf(why, whylen, "attributes: %s", stk_strerror(rc));
 		goto out;
@@ -1414,8 +1700,8 @@ static int big_finish(struct worker *wk, struct big *b, char *why, size_t whylen
 		}
 		return rc;
 	}
+	struct stat st;
 	if (!rc) {
-		struct stat st;
 		rc = cli_fs_lstat(&sy->dst.fs, b->tmp, &st);
 		if (rc)
 			snprintf(why, whylen, "stat: %s", stk_strerror(rc));
@@ -1440,7 +1726,7 @@ static int big_finish(struct worker *wk, struct big *b, char *why, size_t whylen
 			t.mtime_ns = (uint32_t)b->before.st_mtim.tv_nsec;
 			t.mode = b->before.st_mode;
 		}
-		rc = set_attrs(sy, b->tmp, &t, 0);
+		rc = set_attrs(sy, b->tmp, &t, 0, &st);
 		if (rc)
 			snprintf(why, whylen, "attributes: %s", stk_strerror(rc));
 	}
@@ -1532,7 +1818,7 @@ static void do_link(struct worker *wk, struct job *j)
 		rc = cli_fs_symlink(&sy->dst.fs, j->s->link, tmp);
 	}
 	if (!rc)
-		rc = set_attrs(sy, tmp, j->s, 1);
+		rc = set_attrs(sy, tmp, j->s, 1, NULL);
 	if (!rc)
 		rc = cli_fs_rename(&sy->dst.fs, tmp, path);
 	if (rc) {
@@ -1661,7 +1947,7 @@ static void do_attr(struct worker *wk, struct job *j)
 	rc = ep_path(&sy->dst, j->s->rel, path);
 
 	if (!rc)
-		rc = set_attrs(sy, path, j->s, 0);
+		rc = set_attrs(sy, path, j->s, 0, NULL);
 	if (rc)
 		fail_add(sy, j->s->rel, "attributes: %s", stk_strerror(rc));
 	else if (j->kind == JOB_ATTR)
@@ -1693,7 +1979,12 @@ static void do_file(struct worker *wk, struct job *j)
 		start_big(wk, j->s);
 		return;
 	}
-	rc = copy_small(wk, j->s, why, sizeof(why));
+	uint64_t parent = sy->dst.kind == SYNC_STK ? parent_ino(sy, j->s->rel) : 0;
+
+	if (parent)
+		rc = copy_small_stk(wk, j->s, parent, why, sizeof(why));
+	else
+		rc = copy_small(wk, j->s, why, sizeof(why));
 	if (rc)
 		fail_add(sy, j->s->rel, "%s", why);
 	else
@@ -1963,22 +2254,46 @@ static void run_phase(struct sync *sy, struct worker *wks, size_t from, size_t t
 /* Makes the folders, parents first (the jobs are in path order). */
 static void make_dirs(struct sync *sy, size_t from, size_t to)
 {
+	stk_client *c = sy->dst.kind == SYNC_STK ? sy->dst.fs.c : NULL;
 	char path[CLI_FS_PATH];
+	struct stk_ll_attr a;
 
+	/* Stoker: the top folder's inode, then each folder's as it is made or found. */
+	if (c && stk_ll_resolve(c, sy->dst.root[0] ? sy->dst.root : "/", 1, &a) == 0 &&
+	    S_ISDIR(a.mode))
+		dirmap_put(&sy->dirs, "", 0, a.ino);
 	for (size_t i = from; i < to; i++) {
 		struct job *j = &sy->jobs[i];
+		const char *rel = j->s->rel, *slash = strrchr(rel, '/');
+		uint64_t parent = c ? parent_ino(sy, rel) : 0;
 		int rc;
-		if (j->d)
+
+		if (j->d) {
+			if (c && j->d->type == ENT_DIR && j->d->ino)
+				dirmap_put(&sy->dirs, rel, strlen(rel), j->d->ino);
 			continue;
-		rc = ep_path(&sy->dst, j->s->rel, path);
-		if (!rc)
-			rc = cli_fs_mkdir(&sy->dst.fs, path, 0700);
-		if (rc && rc != -EEXIST) {
-			fail_add(sy, j->s->rel, "mkdir: %s", stk_strerror(rc));
-			j->failed = 1;
 		}
-		else if (mine(sy, j->s->rel))
+		if (parent) {
+			const char *name = slash ? slash + 1 : rel;
+			rc = stk_ll_mkdir(c, NULL, parent, name, 0700, &a);
+			if (rc == -EEXIST && stk_ll_lookup(c, NULL, parent, name, &a) == 0 &&
+			    S_ISDIR(a.mode))
+				rc = -EEXIST; /* made by another rank: fine */
+			else if (rc == -EEXIST)
+				a.ino = 0;
+			if ((!rc || rc == -EEXIST) && a.ino)
+				dirmap_put(&sy->dirs, rel, strlen(rel), a.ino);
+		} else {
+			rc = ep_path(&sy->dst, rel, path);
+			if (!rc)
+				rc = cli_fs_mkdir(&sy->dst.fs, path, 0700);
+		}
+		if (rc && rc != -EEXIST) {
+			fail_add(sy, rel, "mkdir: %s", stk_strerror(rc));
+			j->failed = 1;
+		} else if (mine(sy, rel)) {
 			atomic_fetch_add(&sy->dirs_made, 1);
+		}
 	}
 }
 
@@ -2332,6 +2647,7 @@ out:
 	}
 	free(sy->fails);
 	free(sy->jobs);
+	dirmap_free(&sy->dirs);
 	if (sy->src.kind != SYNC_S3)
 		cli_fs_release(&sy->src.fs);
 	if (sy->dst.kind != SYNC_S3)

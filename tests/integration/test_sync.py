@@ -243,7 +243,14 @@ def test_many_small_files_killed_and_resumed(cluster, tmp_path):
     proc = subprocess.Popen([STOKER, "sync", str(src), "stk:///many", "--bwlimit", "4M",
                              "--json"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    time.sleep(4)
+    # Killed once the first files are in place (the copy goes in path order).
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        ls = cluster.cli("ls", "/many/d00", check=False).stdout.decode().split()
+        if [x for x in ls if x.startswith("f")]:
+            break
+        time.sleep(0.2)
+    time.sleep(1)
     assert proc.poll() is None, "finished before the kill: %r" % (proc.communicate(),)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
@@ -319,7 +326,14 @@ def test_source_changed_while_copied(cluster, tmp_path):
     proc = subprocess.Popen([STOKER, "sync", str(src), "stk:///ch", "--bwlimit", "8M",
                              "--part-size", "4M", "--threads", "2", "--json"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(1.5)
+    # Once its copy has begun (its temporary file is there), the file is written to.
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        ls = cluster.cli("ls", "/ch", check=False).stdout.decode().split()
+        if [x for x in ls if x.startswith(".stoker-sync-")]:
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
     assert proc.poll() is None
     with open(src / "busy", "r+b") as f:  # a writer in the middle of the file
         f.seek(12 * MiB)
