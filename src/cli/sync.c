@@ -1280,18 +1280,6 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 		snprintf(why, whylen, "write: %s", stk_strerror(rc));
 		goto out;
 	}
-	/* What meta holds now: the size is checked against it, not the handle's idea. */
-	rc = stk_ll_getattr(c, NULL, a.ino, &a);
-	if (rc) {
-		snprintf(why, whylen, "stat: %s", stk_strerror(rc));
-		goto out;
-	}
-	if (a.size != size) {
-		snprintf(why, whylen, "size mismatch after copy: %" PRIu64 " of %" PRIu64, a.size,
-			 size);
-		rc = -EIO;
-		goto out;
-	}
 	if (sy->o.checksum) {
 		char tmp[CLI_FS_PATH];
 		rc = tmp_path(&sy->dst, s->rel, tmp);
@@ -1303,7 +1291,11 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 			goto out;
 		}
 	}
-	/* The attributes in one call (two when a chown must come before setuid bits). */
+	/*
+	 * The attributes in one call (two when a chown must come before setuid bits),
+	 * compared with what the create gave; the call answers the attributes after
+	 * it, from meta: the size is checked against those, not the handle's idea.
+	 */
 	memset(&v, 0, sizeof(v));
 	v.mode = dst_mode(sy, s);
 	v.uid = s->uid;
@@ -1323,9 +1315,15 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 			valid |= STK_LL_SETATTR_MODE;
 	}
 	if (!rc)
-		rc = stk_ll_setattr(c, NULL, a.ino, valid, &v, NULL);
+		rc = stk_ll_setattr(c, NULL, a.ino, valid, &v, &a);
 	if (rc) {
 		snprintf(why, whylen, "attributes: %s", stk_strerror(rc));
+		goto out;
+	}
+	if (a.size != size) {
+		snprintf(why, whylen, "size mismatch after copy: %" PRIu64 " of %" PRIu64, a.size,
+			 size);
+		rc = -EIO;
 		goto out;
 	}
 	rc = stk_ll_rename(c, NULL, parent, tmpname, parent, name, 0);
