@@ -37,9 +37,10 @@ EP=http://127.0.0.1:$S3PORT
 down() { $S down --data "$DIR/cluster" >/dev/null 2>&1 || true; rm -rf "$DIR/cluster"; }
 trap down EXIT
 down
+# The trees: random bytes (nothing compresses or dedups); kept for a rerun with
+# the same sizes.
+if [ ! -e "$DIR/src/done-$FILES-$BIG_MB" ]; then
 rm -rf "$DIR"; mkdir -p "$DIR/src/small" "$DIR/src/big" "$DIR/mnt"
-
-# The trees: random bytes (nothing compresses or dedups).
 /usr/bin/python3 - "$DIR/src/small" "$FILES" <<'EOF'
 import os, sys
 root, n = sys.argv[1], int(sys.argv[2])
@@ -51,6 +52,8 @@ for i in range(n):
         f.write(os.urandom(16384))
 EOF
 head -c $((BIG_MB << 20)) /dev/urandom >"$DIR/src/big/big.bin"
+touch "$DIR/src/done-$FILES-$BIG_MB"
+fi
 
 fresh() {
 	local try

@@ -190,7 +190,9 @@ struct sync {
 	atomic_size_t next_job;
 	size_t job_end;	 /* the current phase's jobs: [next_job, job_end) */
 	pthread_mutex_t active_lock;
-	struct big *active;
+	pthread_cond_t active_cond; /* signalled when a big file's parts are handed out */
+	struct big *active;	    /* big files with parts to hand out; active_lock */
+	atomic_uint running;	    /* workers inside a job */
 	/* totals */
 	atomic_uint_fast64_t bytes_done, files_done, files_same, dirs_made, links_made,
 		deleted, attrs_fixed, skipped;
@@ -516,34 +518,75 @@ static void walk_fail(struct walk *w, const char *rel, int rc)
 	pthread_mutex_unlock(&w->lock);
 }
 
+/* A temporary file of an earlier run (destination only): removed at the end of this one. */
+static void walk_stale(struct walk_dir *wd, const char *name)
+{
+	struct walk *w = wd->w;
+	char path[CLI_FS_PATH];
+
+	if (w->is_src)
+		return;
+	if (snprintf(path, sizeof(path), "%s/%s%s%s", w->ep->root, wd->rel, wd->rel[0] ? "/" : "",
+		     name) >= (int)sizeof(path))
+		return;
+	pthread_mutex_lock(&w->lock);
+	if (w->sy->nstale == w->sy->capstale) {
+		size_t cap = w->sy->capstale ? w->sy->capstale * 2 : 64;
+		char **v = realloc(w->sy->stale, cap * sizeof(*v));
+		if (v) {
+			w->sy->stale = v;
+			w->sy->capstale = cap;
+		}
+	}
+	if (w->sy->nstale < w->sy->capstale)
+		w->sy->stale[w->sy->nstale++] = strdup(path);
+	pthread_mutex_unlock(&w->lock);
+}
+
+/*
+ * One entry of a folder being listed, with its attributes (and a link's target):
+ * a folder goes to the queue, anything else kept to the list.
+ */
+static int walk_add(struct walk_dir *wd, const char *rel, const struct stat *st,
+		    const char *target)
+{
+	struct walk *w = wd->w;
+	struct ent e = {0};
+	int rc;
+
+	if (!S_ISREG(st->st_mode) && !S_ISDIR(st->st_mode) && !S_ISLNK(st->st_mode))
+		return 0; /* fifos, sockets, devices: not copied */
+	ent_from_stat(&e, st);
+	if (!kept(&w->sy->o, rel, e.type == ENT_DIR))
+		return 0;
+	wd->count++;
+	if (e.type == ENT_DIR)
+		return walk_push(w, rel); /* its entry is added once it is listed */
+	e.rel = strdup(rel);
+	e.link = target ? strdup(target) : NULL;
+	if (!e.rel || (target && !e.link)) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	rc = ents_add(w->out, &e);
+	if (!rc)
+		return 0;
+fail:
+	free(e.rel);
+	free(e.link);
+	return rc;
+}
+
 static int walk_entry(void *ctx, const char *name, int is_dir)
 {
 	struct walk_dir *wd = ctx;
 	struct walk *w = wd->w;
-	struct ent e = {0};
-	char rel[CLI_FS_PATH], path[CLI_FS_PATH];
+	char rel[CLI_FS_PATH], path[CLI_FS_PATH], target[CLI_FS_PATH];
 	struct stat st;
 	int rc;
 
 	if (is_tmp_name(name)) {
-		if (w->is_src)
-			return 0;
-		/* A temporary file of an earlier run, removed at the end of this one. */
-		if (snprintf(path, sizeof(path), "%s/%s%s%s", w->ep->root, wd->rel,
-			     wd->rel[0] ? "/" : "", name) >= (int)sizeof(path))
-			return 0;
-		pthread_mutex_lock(&w->lock);
-		if (w->sy->nstale == w->sy->capstale) {
-			size_t cap = w->sy->capstale ? w->sy->capstale * 2 : 64;
-			char **v = realloc(w->sy->stale, cap * sizeof(*v));
-			if (v) {
-				w->sy->stale = v;
-				w->sy->capstale = cap;
-			}
-		}
-		if (w->sy->nstale < w->sy->capstale)
-			w->sy->stale[w->sy->nstale++] = strdup(path);
-		pthread_mutex_unlock(&w->lock);
+		walk_stale(wd, name);
 		return 0;
 	}
 	if (snprintf(rel, sizeof(rel), "%s%s%s", wd->rel, wd->rel[0] ? "/" : "", name) >=
@@ -554,43 +597,76 @@ static int walk_entry(void *ctx, const char *name, int is_dir)
 	rc = cli_fs_lstat(&w->ep->fs, path, &st);
 	if (rc == -ENOENT)
 		return 0; /* gone since the listing */
+	if (!rc && S_ISLNK(st.st_mode))
+		rc = cli_fs_readlink(&w->ep->fs, path, target, sizeof(target)) < 0 ? -EIO : 0;
 	if (rc) {
 		walk_fail(w, rel, rc);
 		return 0;
 	}
-	ent_from_stat(&e, &st);
-	if (!S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode) && !S_ISLNK(st.st_mode))
-		return 0; /* fifos, sockets, devices: not copied */
-	if (!kept(&w->sy->o, rel, e.type == ENT_DIR))
-		return 0;
-	wd->count++;
-	e.rel = strdup(rel);
-	if (!e.rel)
-		return -ENOMEM;
-	if (e.type == ENT_LINK) {
-		char target[CLI_FS_PATH];
-		rc = cli_fs_readlink(&w->ep->fs, path, target, sizeof(target));
-		if (rc < 0) {
-			walk_fail(w, rel, rc);
-			free(e.rel);
-			return 0;
+	return walk_add(wd, rel, &st, S_ISLNK(st.st_mode) ? target : NULL);
+}
+
+#define WALK_BATCH 256u
+
+/*
+ * Lists a Stoker folder by inode: its names a page at a time, their attributes in
+ * one call per page (stk_ll_getattrs), where a path per entry would cost a lookup
+ * per component and a stat.
+ */
+static int walk_list_stk(struct walk_dir *wd, uint64_t ino)
+{
+	struct walk *w = wd->w;
+	stk_client *c = w->ep->fs.c;
+	struct stk_ll_dirent *de = malloc(WALK_BATCH * sizeof(*de));
+	struct stk_ll_attr *at = malloc(WALK_BATCH * sizeof(*at));
+	uint64_t inos[WALK_BATCH], cookie = 0;
+	int rcs[WALK_BATCH], eof = 0, rc = 0;
+	char rel[CLI_FS_PATH], target[CLI_FS_PATH];
+
+	if (!de || !at) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	while (!rc && !eof) {
+		uint32_t n = 0;
+		rc = stk_ll_readdir(c, NULL, ino, cookie, WALK_BATCH, de, &n, &eof);
+		if (rc || !n)
+			break;
+		cookie = de[n - 1].next_cookie;
+		for (uint32_t i = 0; i < n; i++)
+			inos[i] = de[i].ino;
+		rc = stk_ll_getattrs(c, NULL, inos, n, at, rcs);
+		if (rc == -ENOSYS) { /* an older meta: one by one */
+			rc = 0;
+			for (uint32_t i = 0; i < n; i++)
+				rcs[i] = stk_ll_getattr(c, NULL, inos[i], &at[i]);
 		}
-		e.link = strdup(target);
-		if (!e.link) {
-			free(e.rel);
-			return -ENOMEM;
+		for (uint32_t i = 0; !rc && i < n; i++) {
+			struct stat st;
+			if (is_tmp_name(de[i].name)) {
+				walk_stale(wd, de[i].name);
+				continue;
+			}
+			if (snprintf(rel, sizeof(rel), "%s%s%s", wd->rel, wd->rel[0] ? "/" : "",
+				     de[i].name) >= (int)sizeof(rel)) {
+				rc = -ENAMETOOLONG;
+				break;
+			}
+			if (rcs[i] == -ENOENT)
+				continue; /* gone since the listing */
+			if (!rcs[i] && S_ISLNK(at[i].mode))
+				rcs[i] = stk_ll_readlink(c, NULL, at[i].ino, target, sizeof(target));
+			if (rcs[i]) {
+				walk_fail(w, rel, rcs[i]);
+				continue;
+			}
+			stk_ll_attr_to_stat(&at[i], &st);
+			rc = walk_add(wd, rel, &st, S_ISLNK(st.st_mode) ? target : NULL);
 		}
 	}
-	if (e.type == ENT_DIR) {
-		/* Listed by whichever worker is free; its entry is added once listed. */
-		free(e.rel);
-		return walk_push(w, rel);
-	}
-	rc = ents_add(w->out, &e);
-	if (rc) {
-		free(e.rel);
-		free(e.link);
-	}
+out:
+	free(de);
+	free(at);
 	return rc;
 }
 
@@ -607,18 +683,19 @@ static void walk_one(struct walk *w, const char *rel)
 		walk_fail(w, rel, -ENAMETOOLONG);
 		return;
 	}
-	rc = cli_fs_list(&w->ep->fs, path, walk_entry, &wd);
+	rc = cli_fs_lstat(&w->ep->fs, path, &st);
+	if (!rc && !S_ISDIR(st.st_mode))
+		rc = -ENOTDIR; /* replaced since its folder was listed */
+	if (!rc && w->ep->fs.c)
+		rc = walk_list_stk(&wd, st.st_ino);
+	else if (!rc)
+		rc = cli_fs_list(&w->ep->fs, path, walk_entry, &wd);
 	if (rc) {
 		walk_fail(w, rel, rc);
 		return;
 	}
 	if (!rel[0])
 		return;
-	rc = cli_fs_lstat(&w->ep->fs, path, &st);
-	if (rc) {
-		walk_fail(w, rel, rc);
-		return;
-	}
 	struct ent e = {0};
 
 	ent_from_stat(&e, &st);
@@ -1227,11 +1304,24 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 		have_in = 1;
 		size = (uint64_t)before.st_size;
 	}
-	/* Not exclusive: a temporary file a killed run left is taken over and cut. */
-	rc = stk_ll_create_open(c, NULL, parent, tmpname, (dst_mode(sy, s) & 0777) | S_IWUSR, 0,
+	/*
+	 * Exclusive: a temporary file a killed run left is removed and made anew. An
+	 * existing one is never opened, as opening by inode checks no permission (it
+	 * could be another user's file, linked there).
+	 */
+	rc = stk_ll_create_open(c, NULL, parent, tmpname, (dst_mode(sy, s) & 0777) | S_IWUSR, 1,
 				&a, &created, NULL);
-	if (!rc && !S_ISREG(a.mode))
+	if (rc == -EEXIST) {
+		rc = stk_ll_unlink(c, NULL, parent, tmpname);
+		if (!rc)
+			rc = stk_ll_create_open(c, NULL, parent, tmpname,
+						(dst_mode(sy, s) & 0777) | S_IWUSR, 1, &a, &created,
+						NULL);
+	}
+	if (!rc && !S_ISREG(a.mode)) {
+		stk_ll_unregister(c, a.ino);
 		rc = -EEXIST;
+	}
 	if (rc) {
 		snprintf(why, whylen, "create: %s", stk_strerror(rc));
 		goto out;
@@ -1341,6 +1431,23 @@ out:
 	return rc;
 }
 
+/*
+ * Creates a temporary file anew: one a killed run left is removed first, and the
+ * create is exclusive, so that a link someone put under that name (to a file of
+ * theirs, or a symbolic link anywhere) is never written through.
+ */
+static int create_tmp(struct sync *sy, const char *tmp, mode_t mode, struct cli_file *out)
+{
+	int rc = cli_fs_open(&sy->dst.fs, tmp, O_WRONLY | O_CREAT | O_EXCL, mode, out);
+
+	if (rc == -EEXIST) {
+		rc = cli_fs_unlink(&sy->dst.fs, tmp);
+		if (!rc)
+			rc = cli_fs_open(&sy->dst.fs, tmp, O_WRONLY | O_CREAT | O_EXCL, mode, out);
+	}
+	return rc;
+}
+
 /* Copies a file of at most one part: returns 0, or -errno with why filled. */
 static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t whylen)
 {
@@ -1413,8 +1520,7 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 	}
 	rc = tmp_path(&sy->dst, s->rel, tmp);
 	if (!rc)
-		rc = cli_fs_open(&sy->dst.fs, tmp, O_WRONLY | O_CREAT | O_TRUNC,
-				 (dst_mode(sy, s) & 0777) | S_IWUSR, &out);
+		rc = create_tmp(sy, tmp, (dst_mode(sy, s) & 0777) | S_IWUSR, &out);
 	if (rc) {
 		snprintf(why, whylen, "create: %s", stk_strerror(rc));
 		goto out;
@@ -1552,7 +1658,7 @@ static int big_begin(struct worker *wk, struct big *b, char *why, size_t whylen)
 	} else {
 		rc = tmp_path(&sy->dst, b->s->rel, b->tmp);
 		if (!rc)
-			rc = cli_fs_open(&sy->dst.fs, b->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600, &out);
+			rc = create_tmp(sy, b->tmp, 0600, &out);
 		if (rc) {
 			snprintf(why, whylen, "create: %s", stk_strerror(rc));
 			goto fail;
@@ -1800,6 +1906,7 @@ static void start_big(struct worker *wk, struct ent *s)
 	pthread_mutex_lock(&sy->active_lock);
 	b->next_active = sy->active;
 	sy->active = b;
+	pthread_cond_broadcast(&sy->active_cond);
 	pthread_mutex_unlock(&sy->active_lock);
 }
 
@@ -2023,10 +2130,33 @@ static void *worker_main(void *arg)
 	for (;;) {
 		if (run_part(wk))
 			continue;
+		/* Counted before the fetch: a job taken is always seen as running. */
+		atomic_fetch_add(&sy->running, 1);
 		size_t i = atomic_fetch_add(&sy->next_job, 1);
-		if (i >= sy->job_end)
+		if (i < sy->job_end) {
+			run_job(wk, &sy->jobs[i]);
+			atomic_fetch_sub(&sy->running, 1);
+			continue;
+		}
+		atomic_fetch_sub(&sy->running, 1);
+		/*
+		 * No job left. A job still running may be a big file about to hand out
+		 * its parts (the last job may be the only file): wait for those rather
+		 * than leave one worker to copy them all.
+		 */
+		pthread_mutex_lock(&sy->active_lock);
+		while (!sy->active && atomic_load(&sy->running)) {
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_nsec += 5000000;
+			ts.tv_sec += ts.tv_nsec / 1000000000;
+			ts.tv_nsec %= 1000000000;
+			pthread_cond_timedwait(&sy->active_cond, &sy->active_lock, &ts);
+		}
+		int more = sy->active != NULL;
+		pthread_mutex_unlock(&sy->active_lock);
+		if (!more)
 			break;
-		run_job(wk, &sy->jobs[i]);
 	}
 	return NULL;
 }
@@ -2424,6 +2554,7 @@ int cmd_sync(int argc, char **argv)
 	pthread_mutex_init(&sy->dents.lock, NULL);
 	pthread_mutex_init(&sy->fail_lock, NULL);
 	pthread_mutex_init(&sy->active_lock, NULL);
+	pthread_cond_init(&sy->active_cond, NULL);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "nuch", sync_longopts, NULL)) != -1) {
 		switch (c) {
