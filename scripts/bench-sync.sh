@@ -92,7 +92,7 @@ copy() {
 	b=$(du -sb --apparent-size "$where" | cut -f1)
 	local want_n want_b
 	want_n=$(find "$DIR/src/$tree" -type f | wc -l)
-	want_b=$(find "$DIR/src/$tree" -type f -printf '%s\n' | awk '{s += $1} END {print s}')
+	want_b=$(find "$DIR/src/$tree" -type f -printf '%s\n' | awk '{s += $1} END {printf "%d\n", s}')
 	[ "$n" = "$want_n" ] || { echo "$tool $tree: $n files of $want_n" >&2; exit 1; }
 	[ "$b" -ge "$want_b" ] || { echo "$tool $tree: $b bytes of $want_b" >&2; exit 1; }
 	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }'

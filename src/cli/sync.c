@@ -198,6 +198,7 @@ struct sync {
 		deleted, attrs_fixed, skipped;
 	atomic_uint_fast64_t files_checked; /* planned, then found the same by --checksum */
 	atomic_uint_fast64_t bytes_checked; /* their bytes (counted as done, not copied) */
+	atomic_uint_fast64_t bw_bytes;	    /* bytes --bwlimit has let through */
 	uint64_t bytes_total, files_total;
 	uint64_t t0;
 	struct dirmap dirs;
@@ -437,21 +438,23 @@ static double now_s(void)
 	return (double)stk_now_ns() / 1e9;
 }
 
-/* Sleeps as long as the run is ahead of --bwlimit, then counts n more bytes. */
+/*
+ * Counts n more bytes copied, first sleeping as long as the run would be ahead of
+ * --bwlimit with them (so that the progress line shows the bytes when they are due).
+ */
 static void throttle(struct sync *sy, uint64_t n)
 {
-	uint64_t done = atomic_fetch_add(&sy->bytes_done, n) + n;
-	double want, el;
-
-	if (!sy->o.bwlimit)
-		return;
-	want = (double)done / (double)sy->o.bwlimit;
-	el = (double)(stk_now_ns() - sy->t0) / 1e9;
-	if (want > el) {
-		double d = want - el;
-		struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
-		nanosleep(&ts, NULL);
+	if (sy->o.bwlimit) {
+		uint64_t due = atomic_fetch_add(&sy->bw_bytes, n) + n;
+		double want = (double)due / (double)sy->o.bwlimit;
+		double el = (double)(stk_now_ns() - sy->t0) / 1e9;
+		if (want > el) {
+			double d = want - el;
+			struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+			nanosleep(&ts, NULL);
+		}
 	}
+	atomic_fetch_add(&sy->bytes_done, n);
 }
 
 /* ---- listing local and Stoker trees ---- */
@@ -1496,7 +1499,7 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 			snprintf(why, whylen, "%s", cli_s3_error(wk->s3dst));
 			goto out;
 		}
-		atomic_fetch_add(&sy->bytes_done, size);
+		throttle(sy, size);
 		if (sy->o.checksum) {
 			md5(wk->buf, (size_t)size, d);
 			md5_hex_etag(d, want, "");

@@ -213,6 +213,13 @@ def test_stoker_to_s3_gateway_and_back(cluster, tmp_path):
         assert s["failed"] == [] and s["files_copied"] == 14
         assert snapshot(back, modes=False, times=False) == \
             snapshot(src, modes=False, times=False, links=False)
+        # And out of S3 straight into Stoker.
+        s = summary(sync("s3://syncb/some/prefix", "stk:///from-s3", "--json", *ep,
+                         env=env_s3))
+        assert s["failed"] == [] and s["files_copied"] == 14
+        back2 = tmp_path / "back2"
+        sync("stk:///from-s3", back2, env=env)
+        assert snapshot(back2, modes=False) == snapshot(back, modes=False)
         # Reruns in both directions copy nothing (S3 keeps no mtime: the upload
         # time, newer than the source's, counts as in step).
         s = summary(sync("stk:///tree", "s3://syncb/some/prefix", "--json", *ep, env=env_s3))
@@ -351,6 +358,40 @@ def test_source_changed_while_copied(cluster, tmp_path):
     s = summary(sync(src, "stk:///ch", "--json", env=env))
     assert s["files_copied"] == 1 and s["failed"] == []
     assert cluster.cli("cat", "/ch/busy").stdout == (src / "busy").read_bytes()
+
+
+def test_s3_object_changed_while_copied(cluster, tmp_path):
+    """An object replaced while it is read in ranges: each GET carries If-Match on the
+    ETag listed, so the copy fails instead of mixing old and new bytes."""
+    gw = Gateway(cluster, tmp_path)
+    try:
+        s3 = gw.client()
+        s3.create_bucket(Bucket="chg")
+        old = os.urandom(24 * MiB)
+        s3.put_object(Bucket="chg", Key="d/obj", Body=old)
+        s3.put_object(Bucket="chg", Key="d/other", Body=b"quiet")
+        dst = tmp_path / "out"
+        env = dict(cluster.env(), AWS_ACCESS_KEY_ID=AK, AWS_SECRET_ACCESS_KEY=SK)
+        proc = subprocess.Popen([STOKER, "sync", "s3://chg/d", str(dst), "--endpoint",
+                                 gw.endpoint, "--bwlimit", "8M", "--part-size", "4M",
+                                 "--threads", "2", "--json"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            if dst.exists() and [n for n in os.listdir(dst) if n.startswith(".stoker-sync-")]:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None
+        s3.put_object(Bucket="chg", Key="d/obj", Body=os.urandom(24 * MiB))
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, (out, err)
+        s = json.loads(out.decode().strip().splitlines()[-1])
+        assert [f["path"] for f in s["failed"]] == ["obj"]
+        assert "changed while copied" in s["failed"][0]["error"]
+        assert not (dst / "obj").exists()
+        assert (dst / "other").read_bytes() == b"quiet"
+    finally:
+        gw.stop()
 
 
 def test_bad_input_clear_errors(cluster, tmp_path):
