@@ -114,8 +114,8 @@ static void creds_file(const char *file, const char *profile, struct cli_s3_conf
 	fclose(f);
 }
 
-int cli_s3_conf_load(const char *endpoint, const char *profile, struct cli_s3_conf *c,
-		     char *err, size_t errlen)
+int cli_s3_conf_load(const char *endpoint, const char *profile, struct cli_s3_conf *c, char *err,
+		     size_t errlen)
 {
 	const char *v, *ak = getenv("AWS_ACCESS_KEY_ID"), *sk = getenv("AWS_SECRET_ACCESS_KEY");
 	const char *host;
@@ -136,7 +136,8 @@ int cli_s3_conf_load(const char *endpoint, const char *profile, struct cli_s3_co
 			return -EINVAL;
 		}
 	} else {
-		snprintf(c->endpoint, sizeof(c->endpoint), "https://s3.%s.amazonaws.com", c->region);
+		snprintf(c->endpoint, sizeof(c->endpoint), "https://s3.%s.amazonaws.com",
+			 c->region);
 	}
 	size_t n = strlen(c->endpoint);
 	while (n && c->endpoint[n - 1] == '/')
@@ -149,14 +150,16 @@ int cli_s3_conf_load(const char *endpoint, const char *profile, struct cli_s3_co
 		host = NULL;
 	if (!host || !host[0] || strchr(host, '/') || strchr(host, '?') ||
 	    stk_strlcpy(c->host, host, sizeof(c->host))) {
-		snprintf(err, errlen, "endpoint %s: expected http://HOST[:PORT] or https://HOST[:PORT]",
+		snprintf(err, errlen,
+			 "endpoint %s: expected http://HOST[:PORT] or https://HOST[:PORT]",
 			 c->endpoint);
 		return -EINVAL;
 	}
 	if (!profile && ak && ak[0] && sk && sk[0]) {
 		if (stk_strlcpy(c->access_key, ak, sizeof(c->access_key)) ||
 		    stk_strlcpy(c->secret_key, sk, sizeof(c->secret_key))) {
-			snprintf(err, errlen, "AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY too long");
+			snprintf(err, errlen,
+				 "AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY too long");
 			return -EINVAL;
 		}
 		v = getenv("AWS_SESSION_TOKEN");
@@ -173,7 +176,8 @@ int cli_s3_conf_load(const char *endpoint, const char *profile, struct cli_s3_co
 	if (v && v[0])
 		snprintf(file, sizeof(file), "%s", v);
 	else
-		snprintf(file, sizeof(file), "%s/.aws/credentials", getenv("HOME") ? getenv("HOME") : "");
+		snprintf(file, sizeof(file), "%s/.aws/credentials",
+			 getenv("HOME") ? getenv("HOME") : "");
 	creds_file(file, profile, c);
 	if (!c->access_key[0] || !c->secret_key[0]) {
 		snprintf(err, errlen,
@@ -424,8 +428,9 @@ static int request(struct cli_s3 *s, const char *method, const char *bucket, con
 		stk_strlcpy(a.region, s->conf.region, sizeof(a.region));
 		stk_strlcpy(a.service, "s3", sizeof(a.service));
 		stk_strlcpy(a.signed_headers,
-			    s->conf.token[0] ? "host;x-amz-content-sha256;x-amz-date;x-amz-security-token"
-					     : "host;x-amz-content-sha256;x-amz-date",
+			    s->conf.token[0]
+				? "host;x-amz-content-sha256;x-amz-date;x-amz-security-token"
+				: "host;x-amz-content-sha256;x-amz-date",
 			    sizeof(a.signed_headers));
 		canon.len = 0;
 		canon.err = 0;
@@ -443,16 +448,16 @@ static int request(struct cli_s3 *s, const char *method, const char *bucket, con
 		hl = NULL;
 		hdr.len = 0;
 		hdr.err = 0;
-#define ADD_HEADER(...)                                                        \
-	do {                                                                   \
-		hdr.len = 0;                                                   \
-		stk_s3_buf_fmt(&hdr, __VA_ARGS__);                             \
-		struct curl_slist *nl = hdr.err ? NULL : curl_slist_append(hl, hdr.p); \
-		if (!nl) {                                                     \
-			rc = -ENOMEM;                                          \
-			goto out;                                              \
-		}                                                              \
-		hl = nl;                                                       \
+#define ADD_HEADER(...)                                                                            \
+	do {                                                                                       \
+		hdr.len = 0;                                                                       \
+		stk_s3_buf_fmt(&hdr, __VA_ARGS__);                                                 \
+		struct curl_slist *nl = hdr.err ? NULL : curl_slist_append(hl, hdr.p);             \
+		if (!nl) {                                                                         \
+			rc = -ENOMEM;                                                              \
+			goto out;                                                                  \
+		}                                                                                  \
+		hl = nl;                                                                           \
 	} while (0)
 		ADD_HEADER("Authorization: AWS4-HMAC-SHA256 Credential=%s/%s/%s/s3/aws4_request, "
 			   "SignedHeaders=%s, Signature=%s",
@@ -493,7 +498,8 @@ static int request(struct cli_s3 *s, const char *method, const char *bucket, con
 			curl_easy_setopt(s->curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)bodylen);
 		} else if (strcmp(method, "POST") == 0) {
 			curl_easy_setopt(s->curl, CURLOPT_POST, 1L);
-			curl_easy_setopt(s->curl, CURLOPT_POSTFIELDS, body ? (const char *)body : "");
+			curl_easy_setopt(s->curl, CURLOPT_POSTFIELDS,
+					 body ? (const char *)body : "");
 			curl_easy_setopt(s->curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)bodylen);
 		} else if (strcmp(method, "GET") != 0) {
 			curl_easy_setopt(s->curl, CURLOPT_CUSTOMREQUEST, method);
@@ -702,7 +708,8 @@ int cli_s3_list(struct cli_s3 *s, const char *bucket, const char *prefix, cli_s3
 			break;
 		if (!lp.next.len) {
 			snprintf(s->err, sizeof(s->err),
-				 "listing s3://%s: truncated page without a continuation token", bucket);
+				 "listing s3://%s: truncated page without a continuation token",
+				 bucket);
 			rc = -EPROTO;
 			break;
 		}
@@ -757,8 +764,8 @@ int cli_s3_get(struct cli_s3 *s, const char *bucket, const char *key, uint64_t o
 	return rc;
 }
 
-int cli_s3_put(struct cli_s3 *s, const char *bucket, const char *key, const void *buf,
-	       size_t len, char etag[CLI_S3_ETAG])
+int cli_s3_put(struct cli_s3 *s, const char *bucket, const char *key, const void *buf, size_t len,
+	       char etag[CLI_S3_ETAG])
 {
 	int rc = request(s, "PUT", bucket, key, NULL, buf, len, NULL, 0, NULL, NULL);
 
@@ -772,8 +779,7 @@ int cli_s3_delete(struct cli_s3 *s, const char *bucket, const char *key)
 	return request(s, "DELETE", bucket, key, NULL, NULL, 0, NULL, 0, NULL, NULL);
 }
 
-int cli_s3_mpu_create(struct cli_s3 *s, const char *bucket, const char *key, char *id,
-		      size_t idlen)
+int cli_s3_mpu_create(struct cli_s3 *s, const char *bucket, const char *key, char *id, size_t idlen)
 {
 	char v[256];
 	int rc = request(s, "POST", bucket, key, "uploads=", "", 0, NULL, 0, NULL, NULL);
@@ -782,8 +788,8 @@ int cli_s3_mpu_create(struct cli_s3 *s, const char *bucket, const char *key, cha
 		return rc;
 	error_detail(s->body.p, s->body.len, "UploadId", v, sizeof(v));
 	if (!v[0] || stk_strlcpy(id, v, idlen)) {
-		snprintf(s->err, sizeof(s->err), "POST s3://%s/%s?uploads: no UploadId in the answer",
-			 bucket, key);
+		snprintf(s->err, sizeof(s->err),
+			 "POST s3://%s/%s?uploads: no UploadId in the answer", bucket, key);
 		return -EPROTO;
 	}
 	return 0;

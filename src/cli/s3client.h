@@ -42,8 +42,8 @@ struct cli_s3_conf {
  * $AWS_REGION, $AWS_DEFAULT_REGION, else us-east-1. Returns 0, or -EINVAL with a
  * message in err (a malformed endpoint, no keys found).
  */
-int cli_s3_conf_load(const char *endpoint, const char *profile, struct cli_s3_conf *conf,
-		     char *err, size_t errlen);
+int cli_s3_conf_load(const char *endpoint, const char *profile, struct cli_s3_conf *conf, char *err,
+		     size_t errlen);
 
 struct cli_s3;
 
@@ -78,8 +78,8 @@ int cli_s3_head(struct cli_s3 *s, const char *bucket, const char *key, struct cl
 int cli_s3_get(struct cli_s3 *s, const char *bucket, const char *key, uint64_t off, size_t len,
 	       const char *if_match, void *buf);
 /* PutObject of len bytes; the ETag the endpoint answered goes to etag. */
-int cli_s3_put(struct cli_s3 *s, const char *bucket, const char *key, const void *buf,
-	       size_t len, char etag[CLI_S3_ETAG]);
+int cli_s3_put(struct cli_s3 *s, const char *bucket, const char *key, const void *buf, size_t len,
+	       char etag[CLI_S3_ETAG]);
 int cli_s3_delete(struct cli_s3 *s, const char *bucket, const char *key);
 
 /* Multipart upload: create, parts numbered from 1, complete (or abort). */

@@ -92,8 +92,8 @@ struct ent {
 	mode_t mode;
 	uid_t uid;
 	gid_t gid;
-	uint64_t ino;		 /* Stoker: the inode (a destination folder's, for dirmap) */
-	char *link;		 /* ENT_LINK: the target */
+	uint64_t ino;		/* Stoker: the inode (a destination folder's, for dirmap) */
+	char *link;		/* ENT_LINK: the target */
 	char etag[CLI_S3_ETAG]; /* S3 */
 };
 
@@ -188,14 +188,14 @@ struct sync {
 	struct job *jobs;
 	size_t njobs, capjobs;
 	atomic_size_t next_job;
-	size_t job_end;	 /* the current phase's jobs: [next_job, job_end) */
+	size_t job_end; /* the current phase's jobs: [next_job, job_end) */
 	pthread_mutex_t active_lock;
 	pthread_cond_t active_cond; /* signalled when a big file's parts are handed out */
 	struct big *active;	    /* big files with parts to hand out; active_lock */
 	atomic_uint running;	    /* workers inside a job */
 	/* totals */
-	atomic_uint_fast64_t bytes_done, files_done, files_same, dirs_made, links_made,
-		deleted, attrs_fixed, skipped;
+	atomic_uint_fast64_t bytes_done, files_done, files_same, dirs_made, links_made, deleted,
+	    attrs_fixed, skipped;
 	atomic_uint_fast64_t files_checked; /* planned, then found the same by --checksum */
 	atomic_uint_fast64_t bytes_checked; /* their bytes (counted as done, not copied) */
 	atomic_uint_fast64_t bw_bytes;	    /* bytes --bwlimit has let through */
@@ -293,8 +293,9 @@ static int tmp_path(const struct sync_ep *ep, const char *rel, char *out)
 {
 	const char *slash = strrchr(rel, '/');
 	int dirlen = slash ? (int)(slash - rel) : 0;
-	int n = snprintf(out, CLI_FS_PATH, "%s/%.*s%s" SYNC_TMP_PREFIX "%016" PRIx64 SYNC_TMP_SUFFIX,
-			 ep->root, dirlen, rel, slash ? "/" : "", rel_hash(rel));
+	int n =
+	    snprintf(out, CLI_FS_PATH, "%s/%.*s%s" SYNC_TMP_PREFIX "%016" PRIx64 SYNC_TMP_SUFFIX,
+		     ep->root, dirlen, rel, slash ? "/" : "", rel_hash(rel));
 
 	return n < 0 || n >= CLI_FS_PATH ? -ENAMETOOLONG : 0;
 }
@@ -345,7 +346,8 @@ static int dirmap_put(struct dirmap *m, const char *rel, size_t len, uint64_t in
 	uint64_t h = dirmap_key(rel, len);
 	size_t j = h & (m->cap - 1);
 	while (m->ino[j]) {
-		if (m->hash[j] == h && strlen(m->rel[j]) == len && memcmp(m->rel[j], rel, len) == 0) {
+		if (m->hash[j] == h && strlen(m->rel[j]) == len &&
+		    memcmp(m->rel[j], rel, len) == 0) {
 			m->ino[j] = ino;
 			return 0;
 		}
@@ -550,8 +552,7 @@ static void walk_stale(struct walk_dir *wd, const char *name)
  * One entry of a folder being listed, with its attributes (and a link's target):
  * a folder goes to the queue, anything else kept to the list.
  */
-static int walk_add(struct walk_dir *wd, const char *rel, const struct stat *st,
-		    const char *target)
+static int walk_add(struct walk_dir *wd, const char *rel, const struct stat *st, const char *target)
 {
 	struct walk *w = wd->w;
 	struct ent e = {0};
@@ -658,7 +659,8 @@ static int walk_list_stk(struct walk_dir *wd, uint64_t ino)
 			if (rcs[i] == -ENOENT)
 				continue; /* gone since the listing */
 			if (!rcs[i] && S_ISLNK(at[i].mode))
-				rcs[i] = stk_ll_readlink(c, NULL, at[i].ino, target, sizeof(target));
+				rcs[i] =
+				    stk_ll_readlink(c, NULL, at[i].ino, target, sizeof(target));
 			if (rcs[i]) {
 				walk_fail(w, rel, rcs[i]);
 				continue;
@@ -831,8 +833,9 @@ static int s3_list_one(void *ctx, const struct cli_s3_obj *o)
 	if (!safe_rel(e.rel)) {
 		/* S3 allows "a/../../b"; as a path it would leave the destination. */
 		if (w->is_src)
-			fail_add(w->sy, o->key, "a key that is no safe path (empty, \".\" or \"..\" "
-						"segments): not copied");
+			fail_add(w->sy, o->key,
+				 "a key that is no safe path (empty, \".\" or \"..\" "
+				 "segments): not copied");
 		else
 			w->sy->list_failed = 1; /* nothing is deleted beside what we cannot name */
 		free(e.rel);
@@ -883,8 +886,11 @@ static int s3_list(struct sync *sy, struct sync_ep *ep, struct ents *out, int is
 	for (size_t i = 0; i < n0; i++) {
 		char *rel = out->v[i].rel;
 		for (char *p = strchr(rel, '/'); p; p = strchr(p + 1, '/')) {
-			struct ent e = {.type = ENT_DIR, .mode = S_IFDIR | 0755, .uid = (uid_t)-1,
-					.gid = (gid_t)-1, .mtime = out->v[i].mtime};
+			struct ent e = {.type = ENT_DIR,
+					.mode = S_IFDIR | 0755,
+					.uid = (uid_t)-1,
+					.gid = (gid_t)-1,
+					.mtime = out->v[i].mtime};
 			e.rel = strndup(rel, (size_t)(p - rel));
 			if (!e.rel || ents_add(out, &e)) {
 				free(e.rel);
@@ -911,7 +917,8 @@ static int s3_list(struct sync *sy, struct sync_ep *ep, struct ents *out, int is
 		size_t l = strlen(out->v[i].rel);
 		if (out->v[i].type != ENT_DIR)
 			continue;
-		/* Entries inside rel sort after "rel" but maybe not right after it ("rel-x" < "rel/x"). */
+		/* Entries inside rel sort after "rel" but maybe not right after it ("rel-x" <
+		 * "rel/x"). */
 		out->v[i].empty = 1;
 		for (size_t j = i + 1; j < out->n && strncmp(out->v[j].rel, out->v[i].rel, l) == 0;
 		     j++) {
@@ -1008,12 +1015,15 @@ static int plan(struct sync *sy)
 				rc = job_add(sy, JOB_DEL, NULL, d, 0);
 			continue;
 		}
-		if (d && s->type != d->type &&
-		    !(sy->dst.kind == SYNC_S3 && s->type == ENT_DIR)) {
+		if (d && s->type != d->type && !(sy->dst.kind == SYNC_S3 && s->type == ENT_DIR)) {
 			if (!sy->o.del || sy->list_failed) {
 				if (mine(sy, s->rel))
-					fail_add(sy, s->rel, "is a %s at the destination (--delete replaces it)",
-						 d->type == ENT_DIR ? "folder" : d->type == ENT_LINK ? "link" : "file");
+					fail_add(
+					    sy, s->rel,
+					    "is a %s at the destination (--delete replaces it)",
+					    d->type == ENT_DIR	  ? "folder"
+					    : d->type == ENT_LINK ? "link"
+								  : "file");
 				if (d->type == ENT_DIR)
 					deldir = d->rel;
 				continue;
@@ -1151,8 +1161,8 @@ static int src_read(struct worker *wk, const struct ent *s, struct cli_file *f, 
 			rc = cli_s3_get(wk->s3src, sy->src.bucket, key, off, len,
 					s->etag[0] ? s->etag : NULL, buf);
 		if (rc)
-			snprintf(why, whylen, "%s", rc == -EAGAIN ? "changed while copied"
-								   : cli_s3_error(wk->s3src));
+			snprintf(why, whylen, "%s",
+				 rc == -EAGAIN ? "changed while copied" : cli_s3_error(wk->s3src));
 		return rc;
 	}
 	ssize_t n = cli_fs_pread(f, buf, len, off);
@@ -1312,8 +1322,8 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 	 * existing one is never opened, as opening by inode checks no permission (it
 	 * could be another user's file, linked there).
 	 */
-	rc = stk_ll_create_open(c, NULL, parent, tmpname, (dst_mode(sy, s) & 0777) | S_IWUSR, 1,
-				&a, &created, NULL);
+	rc = stk_ll_create_open(c, NULL, parent, tmpname, (dst_mode(sy, s) & 0777) | S_IWUSR, 1, &a,
+				&created, NULL);
 	if (rc == -EEXIST) {
 		rc = stk_ll_unlink(c, NULL, parent, tmpname);
 		if (!rc)
@@ -1379,8 +1389,8 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 		if (!rc)
 			rc = verify_range(wk, tmp, 0, size, crc);
 		if (rc) {
-			snprintf(why, whylen, "%s", rc == -EILSEQ ? "checksum mismatch after copy"
-								  : stk_strerror(rc));
+			snprintf(why, whylen, "%s",
+				 rc == -EILSEQ ? "checksum mismatch after copy" : stk_strerror(rc));
 			goto out;
 		}
 	}
@@ -1494,7 +1504,8 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 		}
 		rc = ep_path(&sy->dst, s->rel, key);
 		if (!rc)
-			rc = cli_s3_put(wk->s3dst, sy->dst.bucket, key, wk->buf, (size_t)size, etag);
+			rc =
+			    cli_s3_put(wk->s3dst, sy->dst.bucket, key, wk->buf, (size_t)size, etag);
 		if (rc) {
 			snprintf(why, whylen, "%s", cli_s3_error(wk->s3dst));
 			goto out;
@@ -1504,7 +1515,8 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 			md5(wk->buf, (size_t)size, d);
 			md5_hex_etag(d, want, "");
 			if (strcmp(want, etag) != 0) {
-				snprintf(why, whylen, "checksum mismatch: ETag %s, MD5 of the bytes sent %s",
+				snprintf(why, whylen,
+					 "checksum mismatch: ETag %s, MD5 of the bytes sent %s",
 					 etag, want);
 				rc = -EILSEQ;
 				goto out;
@@ -1576,8 +1588,8 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 	if (!rc && sy->o.checksum) {
 		rc = verify_range(wk, tmp, 0, size, crc);
 		if (rc) {
-			snprintf(why, whylen, "%s", rc == -EILSEQ ? "checksum mismatch after copy"
-								  : stk_strerror(rc));
+			snprintf(why, whylen, "%s",
+				 rc == -EILSEQ ? "checksum mismatch after copy" : stk_strerror(rc));
 			goto out;
 		}
 	}
@@ -1792,8 +1804,8 @@ static int big_finish(struct worker *wk, struct big *b, char *why, size_t whylen
 			snprintf(suffix, sizeof(suffix), "-%u", b->nparts);
 			md5_hex_etag(d, want, suffix);
 			if (strcmp(want, etag) != 0) {
-				snprintf(why, whylen, "checksum mismatch: ETag %s, expected %s", etag,
-					 want);
+				snprintf(why, whylen, "checksum mismatch: ETag %s, expected %s",
+					 etag, want);
 				return -EILSEQ;
 			}
 		}
@@ -1820,11 +1832,12 @@ static int big_finish(struct worker *wk, struct big *b, char *why, size_t whylen
 	}
 	for (unsigned p = 0; !rc && sy->o.checksum && p < b->nparts; p++) {
 		uint64_t off = (uint64_t)p * sy->o.part_size;
-		uint64_t len = b->s->size - off < sy->o.part_size ? b->s->size - off : sy->o.part_size;
+		uint64_t len =
+		    b->s->size - off < sy->o.part_size ? b->s->size - off : sy->o.part_size;
 		rc = verify_range(wk, b->tmp, off, len, b->crc[p]);
 		if (rc)
-			snprintf(why, whylen, "%s", rc == -EILSEQ ? "checksum mismatch after copy"
-								  : stk_strerror(rc));
+			snprintf(why, whylen, "%s",
+				 rc == -EILSEQ ? "checksum mismatch after copy" : stk_strerror(rc));
 	}
 	if (!rc) {
 		struct ent t = *b->s;
@@ -2221,8 +2234,8 @@ static void progress_line(struct sync *sy, int tty, int last)
 	if (sy->o.ranks > 1)
 		snprintf(rank, sizeof(rank), "rank %u: ", sy->o.rank);
 	fprintf(stderr, "%s%s%" PRIu64 "/%" PRIu64 " files  %s/%s  %s/s  ETA %s  %zu failed%s",
-		tty ? "\r\033[K" : "", rank, files, sy->files_total, b1, b2, b3,
-		eta, sy->nfails, tty && !last ? "" : "\n");
+		tty ? "\r\033[K" : "", rank, files, sy->files_total, b1, b2, b3, eta, sy->nfails,
+		tty && !last ? "" : "\n");
 	fflush(stderr);
 }
 
@@ -2290,7 +2303,8 @@ static void summary(struct sync *sy, double el)
 		       ", \"bytes_planned\": %" PRIu64 ", \"seconds\": %.3f, \"failed\": [",
 		       sy->o.dry_run ? "true" : "false", sy->o.rank, sy->o.ranks,
 		       (uint64_t)atomic_load(&sy->files_done), sy->o.dry_run ? 0 : bytes,
-		       (uint64_t)atomic_load(&sy->files_same), (uint64_t)atomic_load(&sy->dirs_made),
+		       (uint64_t)atomic_load(&sy->files_same),
+		       (uint64_t)atomic_load(&sy->dirs_made),
 		       (uint64_t)atomic_load(&sy->links_made), (uint64_t)atomic_load(&sy->deleted),
 		       (uint64_t)atomic_load(&sy->attrs_fixed), (uint64_t)atomic_load(&sy->skipped),
 		       sy->files_total, sy->bytes_total, el);
@@ -2307,7 +2321,8 @@ static void summary(struct sync *sy, double el)
 		printf("%sdry run: would copy %" PRIu64 " files (%s), delete %" PRIu64
 		       ", fix attributes of %" PRIu64 "; %" PRIu64 " files already the same\n",
 		       rank, sy->files_total, b, (uint64_t)atomic_load(&sy->deleted),
-		       (uint64_t)atomic_load(&sy->attrs_fixed), (uint64_t)atomic_load(&sy->files_same));
+		       (uint64_t)atomic_load(&sy->attrs_fixed),
+		       (uint64_t)atomic_load(&sy->files_same));
 	} else {
 		stk_format_size(bytes, b, sizeof(b));
 		stk_format_size(el > 0 ? (uint64_t)((double)bytes / el) : 0, r, sizeof(r));
@@ -2315,7 +2330,8 @@ static void summary(struct sync *sy, double el)
 		       " already the same; %" PRIu64 " folders and %" PRIu64 " links made; %" PRIu64
 		       " deleted; %" PRIu64 " attributes fixed; %" PRIu64 " skipped; %zu failed\n",
 		       rank, (uint64_t)atomic_load(&sy->files_done), b, el, r,
-		       (uint64_t)atomic_load(&sy->files_same), (uint64_t)atomic_load(&sy->dirs_made),
+		       (uint64_t)atomic_load(&sy->files_same),
+		       (uint64_t)atomic_load(&sy->dirs_made),
 		       (uint64_t)atomic_load(&sy->links_made), (uint64_t)atomic_load(&sy->deleted),
 		       (uint64_t)atomic_load(&sy->attrs_fixed), (uint64_t)atomic_load(&sy->skipped),
 		       sy->nfails);
@@ -2430,8 +2446,8 @@ static void make_dirs(struct sync *sy, size_t from, size_t to)
 
 /* ---- the command ---- */
 
-static int parse_ep(struct sync *sy, struct sync_ep *ep, const char *arg,
-		    struct cli_s3_conf *s3c, int is_src)
+static int parse_ep(struct sync *sy, struct sync_ep *ep, const char *arg, struct cli_s3_conf *s3c,
+		    int is_src)
 {
 	const struct stk_client_opts opts = {.size = sizeof(opts),
 					     .conns_per_node = sy->o.threads > 8 ? 4 : 2};
@@ -2490,32 +2506,32 @@ static int parse_ep(struct sync *sy, struct sync_ep *ep, const char *arg,
 }
 
 static const struct option sync_longopts[] = {
-	{"threads", required_argument, NULL, 't'},
-	{"part-size", required_argument, NULL, 'p'},
-	{"delete", no_argument, NULL, 'D'},
-	{"dry-run", no_argument, NULL, 'n'},
-	{"checksum", no_argument, NULL, 'c'},
-	{"update", no_argument, NULL, 'u'},
-	{"include", required_argument, NULL, 'I'},
-	{"exclude", required_argument, NULL, 'X'},
-	{"endpoint", required_argument, NULL, 'e'},
-	{"profile", required_argument, NULL, 'P'},
-	{"json", no_argument, NULL, 'j'},
-	{"no-progress", no_argument, NULL, 'q'},
-	{"no-perms", no_argument, NULL, 'N'},
-	{"bwlimit", required_argument, NULL, 'b'},
-	{"mpi", no_argument, NULL, 'M'},
-	{"help", no_argument, NULL, 'h'},
-	{NULL, 0, NULL, 0},
+    {"threads", required_argument, NULL, 't'},
+    {"part-size", required_argument, NULL, 'p'},
+    {"delete", no_argument, NULL, 'D'},
+    {"dry-run", no_argument, NULL, 'n'},
+    {"checksum", no_argument, NULL, 'c'},
+    {"update", no_argument, NULL, 'u'},
+    {"include", required_argument, NULL, 'I'},
+    {"exclude", required_argument, NULL, 'X'},
+    {"endpoint", required_argument, NULL, 'e'},
+    {"profile", required_argument, NULL, 'P'},
+    {"json", no_argument, NULL, 'j'},
+    {"no-progress", no_argument, NULL, 'q'},
+    {"no-perms", no_argument, NULL, 'N'},
+    {"bwlimit", required_argument, NULL, 'b'},
+    {"mpi", no_argument, NULL, 'M'},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
 };
 
 /* The rank and size mpirun (Open MPI, or an MPICH/PMI launcher) gave this process. */
 static int mpi_env(unsigned *rank, unsigned *ranks)
 {
 	static const char *const names[][2] = {
-		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-		{"PMI_RANK", "PMI_SIZE"},
-		{"PMIX_RANK", "OMPI_UNIVERSE_SIZE"},
+	    {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+	    {"PMI_RANK", "PMI_SIZE"},
+	    {"PMIX_RANK", "OMPI_UNIVERSE_SIZE"},
 	};
 
 	for (size_t i = 0; i < STK_ARRAY_SIZE(names); i++) {
@@ -2638,7 +2654,8 @@ int cmd_sync(int argc, char **argv)
 		cli_err("sync", "--mpi: no rank in the environment (run it under mpirun)");
 		goto out;
 	}
-	have_s3 = strncmp(argv[optind], "s3://", 5) == 0 || strncmp(argv[optind + 1], "s3://", 5) == 0;
+	have_s3 =
+	    strncmp(argv[optind], "s3://", 5) == 0 || strncmp(argv[optind + 1], "s3://", 5) == 0;
 	if (have_s3) {
 		char err[256];
 		if (cli_s3_conf_load(endpoint, profile, &s3c, err, sizeof(err))) {
@@ -2673,7 +2690,8 @@ int cmd_sync(int argc, char **argv)
 		for (size_t i = 0; i < sy->sents.n; i++) {
 			uint64_t need = (sy->sents.v[i].size + 9999) / 10000;
 			if (need > sy->o.part_size)
-				sy->o.part_size = (need + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
+				sy->o.part_size =
+				    (need + (1u << 20) - 1) & ~(uint64_t)((1u << 20) - 1);
 		}
 	}
 
@@ -2735,7 +2753,8 @@ int cmd_sync(int argc, char **argv)
 	for (size_t i = b; i-- > a;) {
 		struct job *j = &sy->jobs[i];
 		if (mine(sy, j->s->rel) && !j->failed &&
-		    (touched || !j->d || attrs_differ(sy, j->s, j->d) || j->s->mtime != j->d->mtime))
+		    (touched || !j->d || attrs_differ(sy, j->s, j->d) ||
+		     j->s->mtime != j->d->mtime))
 			do_attr(&wks[0], j);
 	}
 	/* Temporary files of earlier runs that this one did not reuse. */
