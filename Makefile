@@ -110,6 +110,13 @@ $(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
 
+# test_cli_s3conf: the S3 client of `stoker sync` (src/cli/s3client.c), with the
+# gateway's parsers it signs with and libcurl.
+$(B)/tests/test_cli_s3conf: tests/unit/test_cli_s3conf.c $(call obj,src/cli/s3client.c) \
+		$(call obj,src/gateway/s3_parse.c) $(CLIENT_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS) $(MGMTD_LIBS)
+
 $(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS) $(MGMTD_LIBS)
