@@ -23,7 +23,8 @@ CFLAGS := -std=gnu11 $(OPT) -g -Wall -Wextra -Werror -Wno-unused-parameter -Wsha
 	-D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Iinclude $(PKG_CFLAGS) $(SANFLAGS) $(EXTRA_CFLAGS)
 LDFLAGS := -pthread $(SANFLAGS)
 LIBS := $(PKG_LIBS) -lm
-# mgmtd alone talks to etcd (cluster mode): libcurl and Jansson for its JSON gateway.
+# mgmtd talks to etcd (cluster mode) with libcurl and Jansson for its JSON gateway;
+# `stoker sync` talks to S3 endpoints with libcurl (src/cli/s3client.c).
 MGMTD_PKGS := libcurl jansson
 MGMTD_CFLAGS := $(shell pkg-config --cflags $(MGMTD_PKGS) 2>/dev/null)
 MGMTD_LIBS := $(shell pkg-config --libs $(MGMTD_PKGS) 2>/dev/null)
@@ -76,6 +77,8 @@ $(B)/obj/%.o: %.c
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(MGMTD_OBJ): CFLAGS += $(MGMTD_CFLAGS)
+# `stoker sync`'s S3 client is the CLI's other libcurl user (s3client.c).
+$(call obj,src/cli/s3client.c): CFLAGS += $(MGMTD_CFLAGS)
 
 $(B)/gen/ui_assets.c: $(UI_FILES) scripts/embed-ui.sh
 	@mkdir -p $(dir $@)
@@ -124,6 +127,13 @@ $(B)/tests/test_mgmtaddr: tests/unit/test_mgmtaddr.c $(DAEMON_OBJ) $(CORE_OBJ)
 $(B)/tests/test_metrics: tests/unit/test_metrics.c $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS)
+
+# test_cli_s3conf: the S3 client of `stoker sync` (src/cli/s3client.c), with the
+# gateway's parsers it signs with and libcurl.
+$(B)/tests/test_cli_s3conf: tests/unit/test_cli_s3conf.c $(call obj,src/cli/s3client.c) \
+		$(call obj,src/gateway/s3_parse.c) $(CLIENT_OBJ) $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -o $@ $(filter-out %.h,$^) $(LDFLAGS) $(LIBS) $(MGMTD_LIBS)
 
 $(B)/tests/test_meta_%: tests/unit/test_meta_%.c $(META_OBJ) $(MGMTD_OBJ) $(DAEMON_OBJ) $(CORE_OBJ)
 	@mkdir -p $(dir $@)

@@ -13,6 +13,7 @@ PKGS=(make gcc clang libclang-rt-14-dev pkg-config
       xxd   # embeds the dashboard's files into the binary (src/mgmtd/ui/)
       chromium chromium-driver python3-selenium  # the dashboard's browser test
       python3-grpcio python3-grpc-tools python3-kubernetes  # the CSI driver and its tests
+      openmpi-bin rsync  # `stoker sync` under mpirun (tests); rsync: its benchmark
       gdb)  # gdb: backtraces of a daemon a test finds hung
 missing=()
 for p in "${PKGS[@]}"; do

@@ -104,6 +104,15 @@ int cli_fs_write(struct cli_file *f, const void *buf, size_t len)
 	return stk_write_all(f->fd, buf, len);
 }
 
+int cli_fs_pwrite(struct cli_file *f, const void *buf, size_t len, uint64_t off)
+{
+	if (f->sf) {
+		ssize_t n = stk_pwrite(f->sf, buf, len, (off_t)off);
+		return n < 0 ? (int)n : 0;
+	}
+	return stk_pwrite_all(f->fd, buf, len, off);
+}
+
 int cli_fs_close(struct cli_file *f)
 {
 	int rc = 0;
@@ -133,6 +142,13 @@ int cli_fs_size(struct cli_file *f, uint64_t *size)
 		return -errno;
 	*size = (uint64_t)st.st_size;
 	return 0;
+}
+
+int cli_fs_fstat(struct cli_file *f, struct stat *st)
+{
+	if (f->sf)
+		return stk_fstat(f->sf, st);
+	return fstat(f->fd, st) < 0 ? -errno : 0;
 }
 
 int cli_fs_stat(struct cli_fs *fs, const char *path, struct stat *st)
@@ -180,6 +196,74 @@ int cli_fs_unlink(struct cli_fs *fs, const char *path)
 	if (fs->c)
 		return stk_unlink(fs->c, path);
 	return unlink(path) < 0 ? -errno : 0;
+}
+
+int cli_fs_lstat(struct cli_fs *fs, const char *path, struct stat *st)
+{
+	if (fs->c)
+		return stk_stat(fs->c, path, st);
+	return lstat(path, st) < 0 ? -errno : 0;
+}
+
+int cli_fs_readlink(struct cli_fs *fs, const char *path, char *buf, size_t size)
+{
+	ssize_t n;
+
+	if (fs->c) {
+		n = stk_readlink(fs->c, path, buf, size);
+		if (n < 0)
+			return (int)n;
+	} else {
+		n = readlink(path, buf, size);
+		if (n < 0)
+			return -errno;
+		if ((size_t)n == size)
+			return -ENAMETOOLONG; /* readlink(2) cuts silently */
+		buf[n] = 0;
+	}
+	return (size_t)n >= size ? -ENAMETOOLONG : (int)n;
+}
+
+int cli_fs_symlink(struct cli_fs *fs, const char *target, const char *path)
+{
+	if (fs->c)
+		return stk_symlink(fs->c, target, path);
+	return symlink(target, path) < 0 ? -errno : 0;
+}
+
+int cli_fs_mkdir(struct cli_fs *fs, const char *path, mode_t mode)
+{
+	if (fs->c)
+		return stk_mkdir(fs->c, path, mode);
+	return mkdir(path, mode) < 0 ? -errno : 0;
+}
+
+int cli_fs_rmdir(struct cli_fs *fs, const char *path)
+{
+	if (fs->c)
+		return stk_rmdir(fs->c, path);
+	return rmdir(path) < 0 ? -errno : 0;
+}
+
+int cli_fs_chmod(struct cli_fs *fs, const char *path, mode_t mode)
+{
+	if (fs->c)
+		return stk_chmod(fs->c, path, mode);
+	return chmod(path, mode) < 0 ? -errno : 0;
+}
+
+int cli_fs_lchown(struct cli_fs *fs, const char *path, uid_t uid, gid_t gid)
+{
+	if (fs->c)
+		return stk_chown(fs->c, path, uid, gid);
+	return lchown(path, uid, gid) < 0 ? -errno : 0;
+}
+
+int cli_fs_utimens(struct cli_fs *fs, const char *path, const struct timespec ts[2])
+{
+	if (fs->c)
+		return stk_utimens(fs->c, path, ts);
+	return utimensat(AT_FDCWD, path, ts, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
 }
 
 int cli_fs_list(struct cli_fs *fs, const char *dir, cli_fs_list_fn fn, void *ctx)

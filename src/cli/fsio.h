@@ -52,14 +52,39 @@ int cli_fs_open(struct cli_fs *fs, const char *path, int flags, mode_t mode, str
 ssize_t cli_fs_pread(struct cli_file *f, void *buf, size_t len, uint64_t off);
 /* All of len bytes at the position: 0 or -errno. */
 int cli_fs_write(struct cli_file *f, const void *buf, size_t len);
+/*
+ * All of len bytes at off: 0 or -errno. Several handles of one file may write
+ * their own ranges from several threads at once (`stoker sync`'s parts).
+ */
+int cli_fs_pwrite(struct cli_file *f, const void *buf, size_t len, uint64_t off);
 /* Closes; a file written to is made durable first (fsync). 0 or -errno. */
 int cli_fs_close(struct cli_file *f);
 int cli_fs_size(struct cli_file *f, uint64_t *size);
+/* The open file's attributes, asked of the cluster for Stoker (not a cached size). */
+int cli_fs_fstat(struct cli_file *f, struct stat *st);
 
 int cli_fs_stat(struct cli_fs *fs, const char *path, struct stat *st);
 int cli_fs_mkdirs(struct cli_fs *fs, const char *path);
 int cli_fs_rename(struct cli_fs *fs, const char *from, const char *to);
 int cli_fs_unlink(struct cli_fs *fs, const char *path);
+
+/*
+ * What `stoker sync` needs to copy a tree with its attributes. None follows a
+ * symbolic link at the end of path on the local file system: lstat and readlink
+ * describe the link itself, lchown and utimens change the link itself. On Stoker
+ * lchown and utimens follow a final link (the client library has no l-variant):
+ * callers leave links' owners and times alone there. readlink copies at most
+ * size-1 bytes and a NUL and returns the target's length, or -ENAMETOOLONG when
+ * it does not fit.
+ */
+int cli_fs_lstat(struct cli_fs *fs, const char *path, struct stat *st);
+int cli_fs_readlink(struct cli_fs *fs, const char *path, char *buf, size_t size);
+int cli_fs_symlink(struct cli_fs *fs, const char *target, const char *path);
+int cli_fs_mkdir(struct cli_fs *fs, const char *path, mode_t mode);
+int cli_fs_rmdir(struct cli_fs *fs, const char *path);
+int cli_fs_chmod(struct cli_fs *fs, const char *path, mode_t mode);
+int cli_fs_lchown(struct cli_fs *fs, const char *path, uid_t uid, gid_t gid);
+int cli_fs_utimens(struct cli_fs *fs, const char *path, const struct timespec ts[2]);
 
 /*
  * Calls fn for each entry of a directory ("." and ".." left out) with its name and
