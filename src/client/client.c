@@ -404,19 +404,13 @@ int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out)
 
 int stk_client_meta_purges(struct stk_client *c)
 {
-	char addr[STK_ADDR_MAX] = "";
-	int rc = -EAGAIN;
+	struct stk_ns_id ns;
+	int rc = stk_client_meta_ns(c, &ns);
 
-	/*
-	 * Only what stk_client_meta_ns last learned: no call to meta here, since the
-	 * write-behind path asks this holding its own lock, which a meta call takes
-	 * first (to send what is behind), and would wait on itself.
-	 */
-	if (stk_client_meta_addr(c, addr))
-		return -EAGAIN;
+	if (rc)
+		return rc;
 	pthread_rwlock_rdlock(&c->rt_lock);
-	if (!stk_ns_id_is_zero(&c->meta_ns) && strcmp(c->meta_ns_addr, addr) == 0)
-		rc = c->meta_purges;
+	rc = c->meta_purges;
 	pthread_rwlock_unlock(&c->rt_lock);
 	return rc;
 }
