@@ -238,7 +238,11 @@ STK_API int stk_quota_set(stk_client *c, const char *path, uint64_t limit_bytes,
  * any. Root only. -ENOENT: the folder has no quota of its own; -EPERM; -ENOTDIR.
  */
 STK_API int stk_quota_rm(stk_client *c, const char *path);
-/* The quota path counts in (the nearest quota root at or above it). -ENOENT: none. */
+/*
+ * The quota path counts in (the nearest quota root at or above it) into *out (the
+ * caller's; path is read during the call only). -ENOENT: none; those of path
+ * resolution.
+ */
 STK_API int stk_quota_get(stk_client *c, const char *path, struct stk_quota *out);
 /*
  * Every quota, by inode number: *out is a malloc'ed array of *n (the caller frees
