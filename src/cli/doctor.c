@@ -1206,7 +1206,8 @@ static void check_mounts(struct doctor *d)
 	struct check *c = &d->c[C_MOUNTS];
 	FILE *f = fopen("/proc/self/mounts", "re");
 	char line[8192];
-	unsigned n = 0;
+	unsigned n = 0, other = 0;
+	size_t cl = strlen(d->cluster);
 
 	if (!f) {
 		say(c, DR_SKIP, "cannot read /proc/self/mounts: %s", stk_strerror(-errno));
@@ -1221,6 +1222,13 @@ static void check_mounts(struct doctor *d)
 		    strcmp(type, "fuse.stoker") != 0)
 			continue;
 		unescape(mp);
+		unescape(src);
+		/* the cluster checked is the one whose mounts count: "stk://ADDR[/SUB]" */
+		if (cl && (strncmp(src, "stk://", 6) != 0 || strncmp(src + 6, d->cluster, cl) != 0 ||
+			   (src[6 + cl] && src[6 + cl] != '/'))) {
+			other++;
+			continue;
+		}
 		n++;
 		if (stat(mp, &st) < 0) {
 			char fix[4200];
@@ -1285,10 +1293,11 @@ static void check_mounts(struct doctor *d)
 	}
 	fclose(f);
 	if (!n)
-		say(c, DR_SKIP, "no Stoker mount on this host");
+		say(c, DR_SKIP, "no Stoker mount of %s on this host%s", cl ? d->cluster : "a cluster",
+		    other ? " (mounts of other clusters not checked)" : "");
 	else
-		say(c, DR_OK, "%u Stoker mount%s, no option that slows reading", n,
-		    n == 1 ? "" : "s");
+		say(c, DR_OK, "%u Stoker mount%s, no option that slows reading%s", n,
+		    n == 1 ? "" : "s", other ? " (mounts of other clusters not checked)" : "");
 }
 
 /* ---- PATH: small files, then the loader on a sample ---- */

@@ -5,6 +5,8 @@ temporary folder, on its own ports, and stopped (`stoker down`) afterwards. The
 binaries come from $STOKER_BUILD (default: build/ at the repository root), so the
 same tests run against the sanitizer build with STOKER_BUILD=build-asan.
 """
+import errno
+import getpass
 import os
 import random
 import shutil
@@ -26,6 +28,33 @@ def pytest_configure(config):
         "markers", "serial: times something against the clock, or relies on what is one per "
         "machine (the default cluster); scripts/test.sh runs these one at a time after the "
         "others, not beside them")
+    if not hasattr(config, "workerinput"):
+        drop_dead_test_mounts()
+
+
+def drop_dead_test_mounts():
+    """Lazily unmounts the Stoker mounts an earlier, killed test run left in pytest's
+    temporary folders with no daemon behind them: `stoker doctor` rightly fails such a
+    mount, and pytest cannot remove a folder holding one. Only mounts below
+    /tmp/pytest-of-USER whose stat fails with ENOTCONN are touched."""
+    top = "/tmp/pytest-of-%s/" % getpass.getuser()
+    try:
+        with open("/proc/self/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    for l in lines:
+        f = l.split()
+        if len(f) < 3 or f[2] != "fuse.stoker":
+            continue
+        mp = f[1].replace("\\040", " ")
+        if not mp.startswith(top):
+            continue
+        try:
+            os.stat(mp)
+        except OSError as e:
+            if e.errno == errno.ENOTCONN:
+                subprocess.run(["umount", "-l", mp], check=False, capture_output=True)
 
 
 def port_free(port):

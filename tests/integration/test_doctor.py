@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from conftest import STOKER, needs_fuse, needs_root, run
+from conftest import STOKER, errno_of, needs_fuse, needs_root, run
 from netns import ip, net_cluster
 
 pytestmark = needs_root
@@ -174,6 +174,20 @@ def test_harmful_mount_options(tmpfs, make_cluster, make_mount, tmp_path):
     assert any(t.startswith("mount %s: -o flush" % bad.path) for t in texts), texts
     assert not any(good.path + ":" in t for t in texts), texts
     assert rc == 0, ch  # a WARN is no failure
+
+    # a mount whose daemon is gone fails its own cluster's check, and no other's
+    tmpfs(tmp_path / "stk2", "256m")
+    c2 = make_cluster("stk2", targets=1)
+    dead = make_mount(c2, "dead")
+    os.kill(dead.pid(), signal.SIGKILL)
+    wait_for("the killed mount daemon's mount to fail", lambda: errno_of(os.stat, dead.path))
+    rc, ch = doctor(c2.cli, "--cluster", c2.url, *P99, "--quick")
+    assert rc == 1 and ch["mounts"]["verdict"] == "FAIL", ch["mounts"]
+    assert ch["mounts"]["text"].startswith("mount %s: " % dead.path), ch["mounts"]
+    assert "its daemon is gone" in ch["mounts"]["text"], ch["mounts"]
+    rc, ch = doctor(c.cli, "--cluster", c.url, *P99, "--quick")
+    assert ch["mounts"]["verdict"] == "WARN", ch["mounts"]
+    assert not any(dead.path in f["text"] for f in ch["mounts"]["findings"]), ch["mounts"]
 
 
 def test_full_target(tmpfs, make_cluster, tmp_path):
