@@ -246,6 +246,12 @@
 	  "it to this mgmtd.")                                                                     \
 	X(CLUSTER_WIPED_BYTES, COUNTER, "stoker_cluster_wiped_bytes_total", "",                    \
 	  "Bytes of the stale chunks storage nodes removed from targets that left a chain.")       \
+	X(MGMTD_JOB_REPORTS, COUNTER, "stoker_mgmtd_job_reports_total", "result",                 \
+	  "Training jobs' reports to the dashboard (POST /ui/api/jobs) by result: accepted, "      \
+	  "malformed, too_many (one job more than mgmtd keeps) or not_leader.")                    \
+	X(MGMTD_JOBS, GAUGE, "stoker_mgmtd_jobs", "",                                              \
+	  "Training jobs reporting to the dashboard now (those that missed three reports are "     \
+	  "dropped).")                                                                             \
 	/* ---- every process ---- */                                                              \
 	X(BUILD_INFO, GAUGE, "stoker_build_info", "role,version",                                  \
 	  "Always 1; the labels say which daemon and version this is.")                            \

@@ -44,6 +44,7 @@
 #include "../common/metrics.h" /* STK_METRIC_BUCKETS */
 #include "../common/util.h"
 #include "../daemon/metrics_http.h"
+#include "jobs.h"
 #include "scrape.h"
 #include "ui_assets.h"
 
@@ -169,6 +170,7 @@ struct stk_mgmtd_dash {
 	struct figs figs;
 	struct since *since;
 	uint32_t nsince, capsince;
+	struct stk_mgmtd_jobs *jobs; /* training jobs' reports; its own lock */
 };
 
 static const double q3[3] = {0.5, 0.95, 0.99};
@@ -1395,6 +1397,8 @@ static json_t *overview(struct stk_mgmtd_dash *d)
 	}
 	json_object_set_new(o, "clients", arr);
 	pthread_mutex_unlock(&d->lock);
+	x = stk_mgmtd_jobs_json(d->jobs, (int64_t)(stk_now_ns() / 1000000));
+	json_object_set_new(o, "jobs", x ? x : json_null());
 out:
 	free(al);
 	view_free(&v);
@@ -1496,6 +1500,73 @@ static void answer_json(json_t *j, struct stk_metrics_http_answer *a)
 	a->owned = 1;
 }
 
+static int leading_now(struct stk_mgmtd_dash *d, char *leader, size_t len)
+{
+	int leading;
+
+	pthread_mutex_lock(d->src.lock);
+	leading = *d->src.leading;
+	stk_strlcpy(leader, d->src.leader ? d->src.leader : "", len);
+	pthread_mutex_unlock(d->src.lock);
+	return leading;
+}
+
+/* GET /ui/api/jobs: the training jobs reporting now. */
+static json_t *jobs_get(struct stk_mgmtd_dash *d)
+{
+	json_t *o = json_object(), *arr;
+	char leader[STK_ADDR_MAX];
+	int leading = leading_now(d, leader, sizeof(leader));
+
+	if (!o)
+		return NULL;
+	json_object_set_new(o, "leading", json_boolean(leading));
+	json_object_set_new(o, "data_bound_ratio", json_real(STK_MGMTD_JOBS_DATA_BOUND));
+	arr = stk_mgmtd_jobs_json(d->jobs, (int64_t)(stk_now_ns() / 1000000));
+	if (!arr) {
+		json_decref(o);
+		return NULL;
+	}
+	json_object_set_new(o, "jobs", arr);
+	return o;
+}
+
+/*
+ * POST /ui/api/jobs: a training job's report (jobs.h). Only the leader keeps them
+ * (the others answer 503 and where the leader's dashboard is, so that the job
+ * reports there). 200, or 400, 413, 429 with {"error": why}.
+ */
+static void jobs_post(void *ctx, const char *url, const char *body, size_t len,
+		      struct stk_metrics_http_answer *a)
+{
+	struct stk_mgmtd_dash *d = ctx;
+	char leader[STK_ADDR_MAX], err[256];
+	json_t *o = json_object();
+	int rc;
+
+	(void)url;
+	if (!leading_now(d, leader, sizeof(leader))) {
+		stk_mgmtd_jobs_not_leader(d->jobs);
+		json_object_set_new(o, "error",
+				    json_string("this mgmtd does not lead: report to "
+						"the leader's dashboard"));
+		json_object_set_new(o, "leader_ui", leader_ui(leader));
+		answer_json(o, a);
+		a->status = 503;
+		return;
+	}
+	rc = stk_mgmtd_jobs_report(d->jobs, body, len, (int64_t)(stk_now_ns() / 1000000), err,
+				   sizeof(err));
+	if (rc) {
+		json_object_set_new(o, "error", json_string(err));
+		answer_json(o, a);
+		a->status = rc == -E2BIG ? 413 : rc == -ENOSPC ? 429 : rc == -ENOMEM ? 503 : 400;
+		return;
+	}
+	json_object_set_new(o, "ok", json_true());
+	answer_json(o, a);
+}
+
 static void route(void *ctx, const char *url, struct stk_metrics_http_answer *a)
 {
 	static const char notfound[] = "not found: the dashboard is at /ui\n";
@@ -1508,6 +1579,10 @@ static void route(void *ctx, const char *url, struct stk_metrics_http_answer *a)
 	}
 	if (strcmp(url, "/ui/api/history") == 0) {
 		answer_json(history(d), a);
+		return;
+	}
+	if (strcmp(url, "/ui/api/jobs") == 0) {
+		answer_json(jobs_get(d), a);
 		return;
 	}
 	name = strcmp(url, "/ui") == 0 || strcmp(url, "/ui/") == 0 ? "index.html" : url + 4;
@@ -1548,8 +1623,13 @@ int stk_mgmtd_dash_create(const struct stk_mgmtd_dash_src *src, unsigned interva
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&d->wake, &ca);
 	pthread_condattr_destroy(&ca);
-	rc = stk_metrics_http_route(http, "/ui", route, d);
+	rc = stk_mgmtd_jobs_create(0, &d->jobs);
+	rc = rc ? rc : stk_metrics_http_route(http, "/ui", route, d);
+	rc =
+	    rc ? rc
+	       : stk_metrics_http_post(http, "/ui/api/jobs", STK_MGMTD_JOBS_BODY_MAX, jobs_post, d);
 	if (rc) {
+		stk_mgmtd_jobs_destroy(d->jobs);
 		pthread_cond_destroy(&d->wake);
 		pthread_mutex_destroy(&d->lock);
 		free(d);
@@ -1588,6 +1668,7 @@ void stk_mgmtd_dash_destroy(struct stk_mgmtd_dash *d)
 	free(d->nodes);
 	figs_free(&d->figs);
 	free(d->since);
+	stk_mgmtd_jobs_destroy(d->jobs);
 	pthread_cond_destroy(&d->wake);
 	pthread_mutex_destroy(&d->lock);
 	free(d);
