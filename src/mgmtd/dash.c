@@ -1013,6 +1013,36 @@ static void evaluate(struct stk_mgmtd_dash *d, const struct view *v, const struc
 				 "(its figures are missing here)",
 				 n->id, strerror(-nf->err));
 	}
+	/* training jobs that wait on their loader: info, for it may be their CPU, not storage */
+	{
+		json_t *jobs = stk_mgmtd_jobs_json(d->jobs, (int64_t)(stk_now_ns() / 1000000));
+		size_t i;
+		json_t *e;
+
+		json_array_foreach(jobs, i, e)
+		{
+			const char *name = json_string_value(json_object_get(e, "name"));
+			json_int_t rank = json_integer_value(json_object_get(e, "rank"));
+
+			if (!json_is_true(json_object_get(e, "data_bound")))
+				continue;
+			if (rank >= 0)
+				snprintf(subj, sizeof(subj), "job %.40s rank %lld", name,
+					 (long long)rank);
+			else
+				snprintf(subj, sizeof(subj), "job %.40s pid %lld", name,
+					 (long long)json_integer_value(json_object_get(e, "pid")));
+			if ((a = alert_add(al, "StokerJobDataBound", "info", subj)))
+				snprintf(
+				    a->summary, sizeof(a->summary),
+				    "training job %.60s on %.40s waited %.0f%% of its last %.1f s "
+				    "for data (its accelerators idle): compare the read latency",
+				    name, json_string_value(json_object_get(e, "host")),
+				    100 * json_real_value(json_object_get(e, "data_wait_ratio")),
+				    json_real_value(json_object_get(e, "window_s")));
+		}
+		json_decref(jobs);
+	}
 
 	/* since: kept across evaluations while the alert stays active */
 	for (uint32_t k = 0; k < d->nsince; k++)
