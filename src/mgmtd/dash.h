@@ -13,8 +13,10 @@
  * the fill forecast come, and evaluates the alerts.
  *
  * Read-only: nothing under /ui changes the cluster, and the endpoint serves only
- * GET and HEAD. Only the leading mgmtd samples; a follower answers that it
- * follows and where the leader's dashboard is.
+ * GET and HEAD, but for POST /ui/api/jobs, the training jobs' reports (jobs.h),
+ * which change only the jobs table in memory. Only the leading mgmtd samples and
+ * takes reports; a follower answers that it follows and where the leader's
+ * dashboard is.
  *
  * Thread rules: create, start and destroy from mgmtd's main thread (the daemon's
  * hooks); the route runs on the metrics endpoint's thread, the sampler on its own.

@@ -1,0 +1,19 @@
+import time, statistics, torch
+from stoker.jobs import JobMonitor
+mon = JobMonitor("overhead", report=False, interval=600)
+def bench(batches, wrapped):
+    t0 = time.perf_counter()
+    it = mon.wrap(batches) if wrapped else iter(batches)
+    for b in it:
+        pass
+    return (time.perf_counter() - t0) / len(batches) * 1e9
+cases = {
+    "tensor batch [images(256x3x224x224 uint8), labels]": [[torch.zeros(256, 3, 224, 224, dtype=torch.uint8), torch.zeros(256)]] * 20000,
+    "list of 400 bytes samples (StokerDataset, collate_fn=list)": [[b"x" * 100] * 400] * 20000,
+}
+for name, batches in cases.items():
+    plain, wrap = [], []
+    for r in range(5):
+        plain.append(bench(batches, False)); wrap.append(bench(batches, True))
+    print("%s: plain %.0f ns, wrapped %.0f ns, overhead %.1f us per batch" % (name, statistics.median(plain), statistics.median(wrap), (statistics.median(wrap) - statistics.median(plain)) / 1000))
+mon.close()
