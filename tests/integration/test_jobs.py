@@ -320,3 +320,40 @@ def test_job_monitor_refuses_bad_arguments_and_survives_no_mgmtd(tmp_path):
             mon.record_checkpoint("save", -1.0)
     finally:
         mon.close()
+
+
+def test_reports_follow_the_leader(tmp_path):
+    """With three mgmtd, a report sent to a follower is answered 503 with the leader's
+    dashboard, and the monitor reports there."""
+    from stoker.jobs import JobMonitor
+    c = DashCluster(tmp_path / "stk", pick_ports(), targets=1,
+                    extra=["--nodes", "3"])
+    c.start()
+    mons = []
+    try:
+        o = wait_for("a leader", lambda: (lambda o: o if o["leading"] or o["leader_ui"]
+                                          else None)(api(c.ui(), "overview")))
+        leader = c.ui() if o["leading"] else o["leader_ui"]
+        followers = [c.ui(off) for off in (10, 26, 27) if c.ui(off) != leader]
+        assert len(followers) == 2
+        st, ans = post(followers[0], report(1))
+        assert st == 503 and ans["leader_ui"] == leader, (st, ans)
+        assert "does not lead" in ans["error"]
+        # a monitor given only a follower, and one given the cluster's address
+        hostport = followers[0].split("//")[1].split("/")[0]
+        mons.append(JobMonitor("via-follower", dashboard=hostport, interval=0.3, report=True))
+        mons.append(JobMonitor("via-cluster", cluster=c.url, interval=0.3))
+        wait_for("both jobs at the leader", lambda: {"via-follower", "via-cluster"} <=
+                 set(jobs(leader)), timeout=20)
+        assert all(m.last_error is None for m in mons), [m.last_error for m in mons]
+        assert api(followers[0], "jobs")["jobs"] == []
+        m = scrape(hostport)
+        assert m['stoker_mgmtd_job_reports_total{result="not_leader"}'] >= 2
+        for mon in mons:
+            mon.close()
+        wait_for("both gone", lambda: not jobs(leader), timeout=5)
+    finally:
+        for mon in mons:
+            mon.close()
+        c.stop()
+    assert not c.sanitizer_reports(), c.logs()
