@@ -45,6 +45,7 @@
 #include "../common/util.h"
 #include "../daemon/metrics_http.h"
 #include "jobs.h"
+#include "promq.h"
 #include "scrape.h"
 #include "ui_assets.h"
 
@@ -145,6 +146,48 @@ struct figs {
 	int64_t at_ms; /* when the round ended; 0 before the first */
 };
 
+/*
+ * The history's columns, in the order of struct point after t_ms and of
+ * /ui/api/history; with --prometheus, each is asked of Prometheus with its query.
+ */
+#define NCOLS 12
+/*
+ * The same figures from what Prometheus scraped: the targets' counters and
+ * histograms summed over the cluster (short-circuit reads counted as reads, as
+ * the sampler does; a node without them adds 0), the capacity as mgmtd exports
+ * it. Rates over a minute: two scrapes at least at Prometheus's default 15 s.
+ */
+static const char *const prom_query[NCOLS] = {
+    "sum(rate(stoker_target_read_bytes_total[1m])) + "
+    "(sum(rate(stoker_target_short_circuit_read_bytes_total[1m])) or vector(0))",
+    "sum(rate(stoker_target_write_bytes_total[1m]))",
+    "sum(rate(stoker_target_reads_total[1m])) + "
+    "(sum(rate(stoker_target_short_circuit_reads_total[1m])) or vector(0))",
+    "sum(rate(stoker_target_writes_total[1m]))",
+    "histogram_quantile(0.5, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"read\"}[1m])))",
+    "histogram_quantile(0.95, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"read\"}[1m])))",
+    "histogram_quantile(0.99, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"read\"}[1m])))",
+    "histogram_quantile(0.5, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"write\"}[1m])))",
+    "histogram_quantile(0.95, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"write\"}[1m])))",
+    "histogram_quantile(0.99, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"write\"}[1m])))",
+    "max(stoker_cluster_used_bytes)",
+    "max(stoker_cluster_capacity_bytes)",
+};
+
+/* The last hour as Prometheus has it: cols[c][k] at t0_ms + k * step_ms. */
+struct phist {
+	int64_t t0_ms, step_ms;
+	unsigned n;
+	double *cols[NCOLS];
+	int64_t fetched_ns; /* monotonic; 0: never */
+};
+
 struct since {
 	char key[96];
 	int64_t since_ms;
@@ -171,6 +214,11 @@ struct stk_mgmtd_dash {
 	struct since *since;
 	uint32_t nsince, capsince;
 	struct stk_mgmtd_jobs *jobs; /* training jobs' reports; its own lock */
+	/* --prometheus: the client (the sampler's), and what it last fetched */
+	struct stk_promq *promq;
+	char prom_url[512];
+	struct phist ph;
+	char prom_err[256]; /* why the last fetch failed; "" when it did not */
 };
 
 static const double q3[3] = {0.5, 0.95, 0.99};
@@ -1143,6 +1191,62 @@ static void sample(struct stk_mgmtd_dash *d)
 	view_free(&v);
 }
 
+static int leading_now_plain(struct stk_mgmtd_dash *d)
+{
+	int leading;
+
+	pthread_mutex_lock(d->src.lock);
+	leading = *d->src.leading;
+	pthread_mutex_unlock(d->src.lock);
+	return leading;
+}
+
+static void phist_free(struct phist *h)
+{
+	for (int c = 0; c < NCOLS; c++)
+		free(h->cols[c]);
+	memset(h, 0, sizeof(*h));
+}
+
+/*
+ * Asks Prometheus for the last STK_MGMTD_DASH_POINTS intervals of every column and
+ * publishes them, or why it could not; stops at the first query that fails (a
+ * server away would otherwise cost every query its timeout).
+ */
+static void prom_fetch(struct stk_mgmtd_dash *d)
+{
+	struct phist h = {0};
+	char err[256] = "";
+	int64_t now = wall_ms();
+	int rc = 0;
+
+	h.step_ms = d->interval_ms;
+	h.n = STK_MGMTD_DASH_POINTS;
+	h.t0_ms = (now / h.step_ms) * h.step_ms - (int64_t)(h.n - 1) * h.step_ms;
+	for (int c = 0; c < NCOLS && !rc; c++) {
+		h.cols[c] = malloc(h.n * sizeof(double));
+		if (!h.cols[c]) {
+			snprintf(err, sizeof(err), "out of memory");
+			rc = -ENOMEM;
+			break;
+		}
+		rc = stk_promq_range(d->promq, prom_query[c], h.t0_ms, h.step_ms, h.n, h.cols[c],
+				     err, sizeof(err));
+	}
+	h.fetched_ns = (int64_t)stk_now_ns();
+	pthread_mutex_lock(&d->lock);
+	if (rc == 0) {
+		phist_free(&d->ph);
+		d->ph = h;
+		d->prom_err[0] = 0;
+	} else {
+		stk_strlcpy(d->prom_err, err[0] ? err : strerror(-rc), sizeof(d->prom_err));
+	}
+	pthread_mutex_unlock(&d->lock);
+	if (rc)
+		phist_free(&h);
+}
+
 static void *sampler(void *arg)
 {
 	struct stk_mgmtd_dash *d = arg;
@@ -1152,6 +1256,8 @@ static void *sampler(void *arg)
 	while (!d->stop) {
 		pthread_mutex_unlock(&d->lock);
 		sample(d);
+		if (d->promq && leading_now_plain(d))
+			prom_fetch(d);
 		pthread_mutex_lock(&d->lock);
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		ts.tv_sec += d->interval_ms / 1000;
@@ -1472,6 +1578,7 @@ static json_t *history(struct stk_mgmtd_dash *d)
 	    {"used", offsetof(struct point, used)},
 	    {"capacity", offsetof(struct point, capacity)},
 	};
+	_Static_assert(sizeof(cols) / sizeof(cols[0]) == NCOLS, "prom_query has every column");
 	int leading;
 
 	if (!o)
@@ -1483,9 +1590,41 @@ static json_t *history(struct stk_mgmtd_dash *d)
 	json_object_set_new(o, "interval_s", json_real(d->interval_ms / 1000.0));
 	json_object_set_new(o, "capacity_points", json_integer(STK_MGMTD_DASH_POINTS));
 	pthread_mutex_lock(&d->lock);
-	json_object_set_new(o, "t_ms", series(d, 0, 1));
-	for (size_t i = 0; i < STK_ARRAY_SIZE(cols); i++)
-		json_object_set_new(o, cols[i].name, series(d, cols[i].off, 0));
+	if (d->promq) {
+		json_object_set_new(o, "prometheus", json_string(d->prom_url));
+		json_object_set_new(o, "prometheus_error",
+				    d->prom_err[0] ? json_string(d->prom_err) : json_null());
+	}
+	/* Prometheus's hour while its last fetch is fresh (it failed less than 3 rounds) */
+	if (d->promq && d->ph.fetched_ns &&
+	    (int64_t)stk_now_ns() - d->ph.fetched_ns <
+		(int64_t)(3 * d->interval_ms + 5000) * 1000000) {
+		json_t *t = json_array(), *c[NCOLS];
+		unsigned first = d->ph.n;
+
+		/* from the first time anything was known: not an hour of nothing before */
+		for (unsigned k = 0; k < d->ph.n && first == d->ph.n; k++)
+			for (int j = 0; j < NCOLS; j++)
+				if (!isnan(d->ph.cols[j][k]))
+					first = k;
+		for (int j = 0; j < NCOLS; j++)
+			c[j] = json_array();
+		for (unsigned k = first; k < d->ph.n; k++) {
+			json_array_append_new(
+			    t, json_integer(d->ph.t0_ms + (int64_t)k * d->ph.step_ms));
+			for (int j = 0; j < NCOLS; j++)
+				json_array_append_new(c[j], jnum(d->ph.cols[j][k]));
+		}
+		json_object_set_new(o, "source", json_string("prometheus"));
+		json_object_set_new(o, "t_ms", t);
+		for (int j = 0; j < NCOLS; j++)
+			json_object_set_new(o, cols[j].name, c[j]);
+	} else {
+		json_object_set_new(o, "source", json_string("mgmtd"));
+		json_object_set_new(o, "t_ms", series(d, 0, 1));
+		for (size_t i = 0; i < STK_ARRAY_SIZE(cols); i++)
+			json_object_set_new(o, cols[i].name, series(d, cols[i].off, 0));
+	}
 	pthread_mutex_unlock(&d->lock);
 	return o;
 }
@@ -1669,6 +1808,15 @@ int stk_mgmtd_dash_create(const struct stk_mgmtd_dash_src *src, unsigned interva
 	return 0;
 }
 
+int stk_mgmtd_dash_prometheus(struct stk_mgmtd_dash *d, const char *url)
+{
+	int rc = stk_promq_create(url, &d->promq);
+
+	if (rc == 0)
+		stk_strlcpy(d->prom_url, url, sizeof(d->prom_url));
+	return rc;
+}
+
 int stk_mgmtd_dash_start(struct stk_mgmtd_dash *d, const char *self)
 {
 	int rc;
@@ -1699,6 +1847,8 @@ void stk_mgmtd_dash_destroy(struct stk_mgmtd_dash *d)
 	figs_free(&d->figs);
 	free(d->since);
 	stk_mgmtd_jobs_destroy(d->jobs);
+	stk_promq_destroy(d->promq);
+	phist_free(&d->ph);
 	pthread_cond_destroy(&d->wake);
 	pthread_mutex_destroy(&d->lock);
 	free(d);

@@ -55,6 +55,14 @@ int stk_mgmtd_dash_create(const struct stk_mgmtd_dash_src *src, unsigned interva
 			  struct stk_metrics_http *http, struct stk_mgmtd_dash **out);
 
 /*
+ * Takes the dashboard's charts from the Prometheus server at url ("http://HOST:PORT",
+ * copied) while it answers: each sampler round asks its query API for the last
+ * STK_MGMTD_DASH_POINTS intervals of the same figures the ring holds. Before
+ * stk_mgmtd_dash_start(). 0, -EINVAL (not an http(s) URL) or -ENOMEM.
+ */
+int stk_mgmtd_dash_prometheus(struct stk_mgmtd_dash *d, const char *url);
+
+/*
  * Starts the sampler thread; self is this mgmtd's RPC address (copied). Must not
  * be called with *src->lock held. 0 or -errno (the thread could not start).
  */

@@ -80,6 +80,7 @@ struct mgmtd {
 	struct stk_mgmtd_metrics *metrics; /* NULL without --metrics */
 	struct stk_mgmtd_dash *dash;	   /* the dashboard, NULL without --metrics */
 	unsigned ui_interval_ms;	   /* opts.ui_interval_ms */
+	char *prometheus;		   /* opts.prometheus, or NULL */
 	pthread_t expiry;
 	int expiry_started;
 
@@ -686,6 +687,8 @@ static int mgmtd_metrics(void *ctx, struct stk_daemon *d)
 	if (rc == 0)
 		rc = stk_mgmtd_dash_create(&src, m->ui_interval_ms, stk_daemon_metrics_http(d),
 					   &m->dash);
+	if (rc == 0 && m->prometheus)
+		rc = stk_mgmtd_dash_prometheus(m->dash, m->prometheus);
 	return rc;
 }
 
@@ -812,6 +815,11 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	if (opts->size >= offsetof(struct stk_mgmtd_opts, ui_interval_ms) +
 			      sizeof(opts->ui_interval_ms))
 		m->ui_interval_ms = opts->ui_interval_ms;
+	if (opts->size >= offsetof(struct stk_mgmtd_opts, prometheus) + sizeof(opts->prometheus) &&
+	    opts->prometheus && !(m->prometheus = strdup(opts->prometheus))) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	if (opts->size >= offsetof(struct stk_mgmtd_opts, etcd_prefix) + sizeof(opts->etcd_prefix) &&
 	    opts->etcd) {
 		const char *prefix = opts->etcd_prefix ? opts->etcd_prefix : "/stoker";
@@ -874,6 +882,7 @@ out:
 	stk_mgmt_state_free(&m->st);
 	pthread_cond_destroy(&m->wake);
 	pthread_mutex_destroy(&m->lock);
+	free(m->prometheus);
 	free(m);
 	return rc;
 }

@@ -54,6 +54,12 @@ struct stk_mgmtd_opts {
 	 * dashboard is served with the metrics, under /ui, only with metrics_listen.
 	 */
 	unsigned ui_interval_ms;
+	/*
+	 * --prometheus URL: a Prometheus server that scrapes the cluster; the
+	 * dashboard's charts come from its query API (the last hour) while it answers,
+	 * from mgmtd's own samples otherwise. NULL: none. Copied.
+	 */
+	const char *prometheus;
 };
 
 /*

@@ -11,6 +11,8 @@ const SVGNS = "http://www.w3.org/2000/svg";
 /* The charts' colours (dash.css has the same for the page). */
 let intervalS = 10;
 let lastOverview = 0;
+/* where the charts come from: mgmtd's own samples, or Prometheus (--prometheus) */
+let historySource = "";
 
 /* ---- formatting ---- */
 
@@ -179,6 +181,14 @@ function chart(svg, t, series, fmt) {
 
 function drawHistory(h) {
 	const t = h.t_ms;
+	if (h.source === "prometheus")
+		historySource = "Charts from Prometheus at " + h.prometheus + ".";
+	else if (h.prometheus)
+		historySource = "Charts from mgmtd's own samples: Prometheus at " + h.prometheus +
+			" does not answer (" + (h.prometheus_error || "no answer yet") + ").";
+	else
+		historySource = "";
+	setText("chart-source", historySource);
 	chart($("ch-tput"), t, [
 		{name: "read", color: "#2f6fdf", values: h.read_bps},
 		{name: "write", color: "#d9480f", values: h.write_bps},
