@@ -310,7 +310,7 @@ class JobMonitor:
 
     def prometheus(self):
         """The figures in the Prometheus text format."""
-        lab = '{job="%s",rank="%d",host="%s"}' % (_esc(self.name), self.rank, _esc(self.host))
+        lab = '{training_job="%s",rank="%d",host="%s"}' % (_esc(self.name), self.rank, _esc(self.host))
         w = self.window
         rows = [
             ("stoker_job_steps_total", "counter", "Batches the training loop took.", self.steps),

@@ -138,7 +138,7 @@ def test_training_jobs_in_the_dashboard(tmp_path):
         # the job's own Prometheus endpoint
         m = get("http://%s/metrics" % a_metrics)[2].decode()
         waits = [float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
-                 if line.startswith('stoker_job_data_wait_seconds_total{job="loader-starved"')]
+                 if line.startswith('stoker_job_data_wait_seconds_total{training_job="loader-starved"')]
         assert waits and waits[0] > 0, m
 
         # the page, in Chromium: both rows, their verdicts, the alert, no console error
