@@ -471,7 +471,8 @@ class JobMonitor:
         if self.report and self.pid == os.getpid():
             self._report(final=True)
         if self._server is not None:
-            self._server.shutdown()
+            if self.pid == os.getpid():     # a forked child has no thread serving it
+                self._server.shutdown()
             self._server.server_close()
         atexit.unregister(self.close)
 

@@ -26,7 +26,7 @@ import urllib.request
 import pytest
 
 from conftest import pick_ports
-from pyhelp import PYTHON, env_for, stoker  # noqa: F401
+from pyhelp import PYDIR, PYTHON, env_for, stoker  # noqa: F401
 from test_dashboard import DashCluster, Page, api, get, save_shot, scrape, wait_for
 
 N_FILES = 48
@@ -320,6 +320,16 @@ def test_job_monitor_refuses_bad_arguments_and_survives_no_mgmtd(tmp_path):
             mon.record_checkpoint("save", -1.0)
     finally:
         mon.close()
+    # a process that forks (not a DataLoader worker, which leaves by os._exit) and
+    # whose child exits normally: the child's exit closes the monitor it inherited
+    # without waiting for threads it does not have
+    code = ("import os, sys\nfrom stoker.jobs import JobMonitor\n"
+            "m = JobMonitor('forky', report=False, port=0)\n"
+            "pid = os.fork()\nif pid == 0:\n    sys.exit(0)\n"
+            "print(os.waitpid(pid, 0)[1])\nm.close()\n")
+    p = subprocess.run([PYTHON, "-c", code], env=dict(os.environ, PYTHONPATH=PYDIR),
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0 and p.stdout == b"0\n", p
 
 
 def test_reports_follow_the_leader(tmp_path):
