@@ -365,7 +365,8 @@ json_t *stk_mgmtd_jobs_json(struct stk_mgmtd_jobs *j, int64_t now_ms)
 		json_decref(arr);
 		return NULL;
 	}
-	qsort(copy, n, sizeof(*copy), cmp_job);
+	if (n)
+		qsort(copy, n, sizeof(*copy), cmp_job);
 	for (unsigned i = 0; i < n; i++) {
 		const struct job *jb = &copy[i];
 		double age = (double)(now_ms - jb->seen_ms) / 1000.0;

@@ -34,6 +34,9 @@ static int test_keep_update_expire(void)
 	json_t *a, *e;
 
 	REQUIRE(stk_mgmtd_jobs_create(0, &j) == 0);
+	a = stk_mgmtd_jobs_json(j, 0); /* an empty table: an empty list */
+	CHECK(a && json_is_array(a) && json_array_size(a) == 0);
+	json_decref(a);
 	CHECK_RC(put(j, report("aaaaaaaa", "train", 2, ""), 1000), 0);
 	CHECK_RC(put(j,
 		     report("bbbbbbbb", "eval", 2,
