@@ -36,6 +36,8 @@ from the monitor's thread, and a mgmtd that cannot be reached or refuses a repor
 only shows in last_error (and one warning on stderr).
 """
 import atexit
+import hashlib
+import hmac
 import http.server
 import json
 import math
@@ -58,6 +60,45 @@ NAME_MAX = 128
 INTERVAL_MIN, INTERVAL_MAX = 0.1, 600.0
 METRICS_PORT_OFFSET = 10  # mgmtd's metrics at its RPC port + 10 (`stoker up`)
 REPORT_TIMEOUT = 2.0
+# Reports are signed with the cluster key: HMAC-SHA256(key, SIGN_LABEL + body) in
+# X-Stoker-Signature (src/mgmtd/jobs.h).
+SIGN_LABEL = b"stoker-job-report-1\n"
+KEY_MIN, KEY_MAX = 32, 64
+
+
+def _read_key(path):
+    """The key in a cluster key file (hex digits on one line, docs/security.md)."""
+    with open(path) as f:
+        text = "".join(f.read().split())
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError("%s does not hold a cluster key (hex digits)" % path)
+    if not KEY_MIN <= len(key) <= KEY_MAX:
+        raise ValueError("%s holds a key of %d bytes, not %d to %d"
+                         % (path, len(key), KEY_MIN, KEY_MAX))
+    return key
+
+
+def _find_key(key_file, address):
+    """The cluster key as a client finds it: key_file, else $STOKER_KEY_FILE, else
+    the file `stoker up` recorded for one of the mgmtd addresses; None without."""
+    key_file = key_file or os.environ.get("STOKER_KEY_FILE") or None
+    if key_file:
+        return _read_key(key_file)
+    for a in address.split(","):
+        rec = "/tmp/stoker-%d/keys/%s" % (os.getuid(), a.strip())
+        try:
+            with open(rec) as f:
+                path = f.read().split("\n")[0].strip()
+        except OSError:
+            continue
+        if path:
+            try:
+                return _read_key(path)
+            except (OSError, ValueError):
+                continue
+    return None
 
 _monitors = weakref.WeakSet()  # the running monitors of this process
 _monitors_lock = threading.Lock()
@@ -156,10 +197,12 @@ class JobMonitor:
     of mgmtd's metrics endpoint(s), comma-separated, instead of the RPC port + 10.
     report: push to mgmtd. port: serve Prometheus /metrics on this port (0: any free
     one, see metrics_address; "HOST:PORT" to choose the address; None: no server).
-    interval: seconds between figures and reports (0.1 to 600)."""
+    interval: seconds between figures and reports (0.1 to 600). key_file: the cluster
+    key that signs the reports (default: found as the client finds it,
+    $STOKER_KEY_FILE or the `stoker up` cluster's)."""
 
     def __init__(self, name, cluster=None, report=True, port=None, interval=5.0, rank=None,
-                 dashboard=None):
+                 dashboard=None, key_file=None):
         self.name = _check_name(name)
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or \
                 not INTERVAL_MIN <= interval <= INTERVAL_MAX:
@@ -182,6 +225,10 @@ class JobMonitor:
                          for d in dashboard.split(",") if d.strip()]
         self._dash = dashboard              # None: found from the cluster on first report
         self._dash_i = 0
+        if key_file is not None:
+            self._key = _read_key(key_file)   # a bad file is an error now, not later
+        else:
+            self._key = False               # False: not looked for yet
         self.report = bool(report)
         self.id = uuid.uuid4().hex
         self.host = socket.gethostname()[:64] or "unknown"
@@ -376,6 +423,14 @@ class JobMonitor:
             if not self._dash:
                 self._dash = None
                 raise ValueError("no mgmtd HOST:PORT in the cluster address %r" % addr)
+            self._addr = addr
+        if self._key is False:
+            addr = getattr(self, "_addr", None)
+            if addr is None:    # dashboard= given: the mgmtd are at its ports - 10
+                addr = ",".join("%s:%d" % (h, int(p) - METRICS_PORT_OFFSET)
+                                for h, _, p in (d.rpartition(":") for d in self._dash)
+                                if p.isdigit())
+            self._key = _find_key(None, addr)
         return self._dash
 
     def _report(self, final=False):
@@ -388,8 +443,11 @@ class JobMonitor:
         tried = 0
         while tried < len(targets):
             url = "http://%s/ui/api/jobs" % targets[self._dash_i % len(targets)]
-            req = urllib.request.Request(url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            if self._key:
+                headers["X-Stoker-Signature"] = hmac.new(self._key, SIGN_LABEL + body,
+                                                         hashlib.sha256).hexdigest()
+            req = urllib.request.Request(url, data=body, method="POST", headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=REPORT_TIMEOUT) as r:
                     r.read()

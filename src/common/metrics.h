@@ -248,7 +248,8 @@
 	  "Bytes of the stale chunks storage nodes removed from targets that left a chain.")       \
 	X(MGMTD_JOB_REPORTS, COUNTER, "stoker_mgmtd_job_reports_total", "result",                 \
 	  "Training jobs' reports to the dashboard (POST /ui/api/jobs) by result: accepted, "      \
-	  "malformed, too_many (one job more than mgmtd keeps) or not_leader.")                    \
+	  "malformed, too_many (one job more than mgmtd keeps), not_leader or unauthenticated "    \
+	  "(not signed with the cluster key mgmtd holds).")                                        \
 	X(MGMTD_JOBS, GAUGE, "stoker_mgmtd_jobs", "",                                              \
 	  "Training jobs reporting to the dashboard now (those that missed three reports are "     \
 	  "dropped).")                                                                             \

@@ -409,7 +409,8 @@ static enum MHD_Result on_post(struct stk_metrics_http *h, struct MHD_Connection
 		struct stk_metrics_http_answer a;
 
 		memset(&a, 0, sizeof(a));
-		fn(ctx, url, pb->buf, pb->len, &a);
+		fn(ctx, url, pb->buf, pb->len,
+		   MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Stoker-Signature"), &a);
 		return answer_reply(conn, a);
 	}
 }

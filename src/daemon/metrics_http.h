@@ -56,10 +56,12 @@ int stk_metrics_http_route(struct stk_metrics_http *h, const char *prefix, stk_m
 /*
  * Handles a POST of path, on the endpoint's thread, once its whole body (len
  * bytes, not NUL-terminated, valid during the call only) has arrived; the same
- * rules as a route's handler. url is the path without the query string.
+ * rules as a route's handler. url is the path without the query string; signature
+ * the request's X-Stoker-Signature header (NULL without one), for the handler to
+ * check.
  */
 typedef void (*stk_metrics_http_post_fn)(void *ctx, const char *url, const char *body, size_t len,
-					 struct stk_metrics_http_answer *a);
+					 const char *signature, struct stk_metrics_http_answer *a);
 
 /*
  * Accepts POST of exactly path (which must lie under the route's prefix, or

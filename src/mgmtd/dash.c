@@ -43,6 +43,8 @@
 #include "../common/host.h"
 #include "../common/metrics.h" /* STK_METRIC_BUCKETS */
 #include "../common/util.h"
+#include "../common/auth.h"
+#include "../daemon/daemon.h"
 #include "../daemon/metrics_http.h"
 #include "jobs.h"
 #include "promq.h"
@@ -1706,7 +1708,7 @@ static json_t *jobs_get(struct stk_mgmtd_dash *d)
  * reports there). 200, or 400, 413, 429 with {"error": why}.
  */
 static void jobs_post(void *ctx, const char *url, const char *body, size_t len,
-		      struct stk_metrics_http_answer *a)
+		      const char *signature, struct stk_metrics_http_answer *a)
 {
 	struct stk_mgmtd_dash *d = ctx;
 	char leader[STK_ADDR_MAX], err[256];
@@ -1724,12 +1726,16 @@ static void jobs_post(void *ctx, const char *url, const char *body, size_t len,
 		a->status = 503;
 		return;
 	}
-	rc = stk_mgmtd_jobs_report(d->jobs, body, len, (int64_t)(stk_now_ns() / 1000000), err,
-				   sizeof(err));
+	rc = stk_mgmtd_jobs_report(d->jobs, body, len, signature, (int64_t)(stk_now_ns() / 1000000),
+				   err, sizeof(err));
 	if (rc) {
 		json_object_set_new(o, "error", json_string(err));
 		answer_json(o, a);
-		a->status = rc == -E2BIG ? 413 : rc == -ENOSPC ? 429 : rc == -ENOMEM ? 503 : 400;
+		a->status = rc == -E2BIG    ? 413
+			    : rc == -ENOSPC ? 429
+			    : rc == -EACCES ? 401
+			    : rc == -ENOMEM ? 503
+					    : 400;
 		return;
 	}
 	json_object_set_new(o, "ok", json_true());
@@ -1792,7 +1798,13 @@ int stk_mgmtd_dash_create(const struct stk_mgmtd_dash_src *src, unsigned interva
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&d->wake, &ca);
 	pthread_condattr_destroy(&ca);
-	rc = stk_mgmtd_jobs_create(0, &d->jobs);
+	{
+		uint8_t key[STK_AUTH_KEY_MAX];
+		size_t klen = stk_daemon_key(key);
+
+		rc = stk_mgmtd_jobs_create(0, key, klen, &d->jobs);
+		memset(key, 0, sizeof(key));
+	}
 	rc = rc ? rc : stk_metrics_http_route(http, "/ui", route, d);
 	rc =
 	    rc ? rc

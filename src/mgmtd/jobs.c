@@ -18,12 +18,16 @@
 
 #include <errno.h>
 #include <math.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/auth.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
 
@@ -52,19 +56,30 @@ struct stk_mgmtd_jobs {
 	pthread_mutex_t lock; /* protects everything below */
 	struct job *jobs;
 	unsigned n, max;
-	stk_metric_t accepted, malformed, too_many, not_leader, gauge;
+	stk_metric_t accepted, malformed, too_many, not_leader, unauthenticated, gauge;
+	uint8_t key[STK_AUTH_KEY_MAX]; /* set once at create */
+	size_t key_len;
 };
 
-int stk_mgmtd_jobs_create(unsigned max, struct stk_mgmtd_jobs **out)
+int stk_mgmtd_jobs_create(unsigned max, const uint8_t *key, size_t key_len,
+			  struct stk_mgmtd_jobs **out)
 {
-	struct stk_mgmtd_jobs *j = calloc(1, sizeof(*j));
-	static const char *const results[4] = {"accepted", "malformed", "too_many", "not_leader"};
-	stk_metric_t *series[4];
+	struct stk_mgmtd_jobs *j;
+	static const char *const results[5] = {"accepted", "malformed", "too_many", "not_leader",
+					       "unauthenticated"};
+	stk_metric_t *series[5];
 	int rc = 0;
 
 	*out = NULL;
+	if (key && key_len && (key_len < STK_AUTH_KEY_MIN || key_len > STK_AUTH_KEY_MAX))
+		return -EINVAL;
+	j = calloc(1, sizeof(*j));
 	if (!j)
 		return -ENOMEM;
+	if (key && key_len) {
+		memcpy(j->key, key, key_len);
+		j->key_len = key_len;
+	}
 	j->max = max ? max : STK_MGMTD_JOBS_MAX;
 	j->jobs = calloc(j->max, sizeof(*j->jobs));
 	if (!j->jobs) {
@@ -75,7 +90,8 @@ int stk_mgmtd_jobs_create(unsigned max, struct stk_mgmtd_jobs **out)
 	series[1] = &j->malformed;
 	series[2] = &j->too_many;
 	series[3] = &j->not_leader;
-	for (int i = 0; i < 4 && !rc; i++) {
+	series[4] = &j->unauthenticated;
+	for (int i = 0; i < 5 && !rc; i++) {
 		const char *v[1] = {results[i]};
 
 		rc = stk_metric_series(STK_M_MGMTD_JOB_REPORTS, v, series[i]);
@@ -259,8 +275,40 @@ static void expire(struct stk_mgmtd_jobs *j, int64_t now_ms)
 	stk_metric_set_int(j->gauge, j->n);
 }
 
-int stk_mgmtd_jobs_report(struct stk_mgmtd_jobs *j, const char *body, size_t len, int64_t now_ms,
-			  char *err, size_t errlen)
+/*
+ * Whether signature is the hex HMAC of the label and body (len at most
+ * STK_MGMTD_JOBS_BODY_MAX) under j's key.
+ */
+static int signed_ok(const struct stk_mgmtd_jobs *j, const char *body, size_t len,
+		     const char *signature)
+{
+	static const char label[] = STK_MGMTD_JOBS_SIGN_LABEL;
+	char msg[sizeof(label) + STK_MGMTD_JOBS_BODY_MAX];
+	uint8_t mac[EVP_MAX_MD_SIZE], given[32];
+	unsigned int mlen = 0;
+
+	if (!signature || strlen(signature) != 2 * sizeof(given) || len > STK_MGMTD_JOBS_BODY_MAX)
+		return 0;
+	for (size_t i = 0; i < sizeof(given); i++) {
+		char c = signature[2 * i], d = signature[2 * i + 1];
+		int hi = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+		int lo = d >= '0' && d <= '9' ? d - '0' : d >= 'a' && d <= 'f' ? d - 'a' + 10 : -1;
+
+		if (hi < 0 || lo < 0)
+			return 0;
+		given[i] = (uint8_t)(hi << 4 | lo);
+	}
+	memcpy(msg, label, sizeof(label) - 1);
+	memcpy(msg + sizeof(label) - 1, body, len);
+	if (!HMAC(EVP_sha256(), j->key, (int)j->key_len, (const unsigned char *)msg,
+		  sizeof(label) - 1 + len, mac, &mlen) ||
+	    mlen != sizeof(given))
+		return 0;
+	return CRYPTO_memcmp(mac, given, sizeof(given)) == 0;
+}
+
+int stk_mgmtd_jobs_report(struct stk_mgmtd_jobs *j, const char *body, size_t len,
+			  const char *signature, int64_t now_ms, char *err, size_t errlen)
 {
 	json_error_t je;
 	json_t *o;
@@ -272,6 +320,15 @@ int stk_mgmtd_jobs_report(struct stk_mgmtd_jobs *j, const char *body, size_t len
 		snprintf(err, errlen, "a report is at most %d bytes", STK_MGMTD_JOBS_BODY_MAX);
 		stk_metric_add(j->malformed, 1);
 		return -E2BIG;
+	}
+	if (j->key_len && !signed_ok(j, body, len, signature)) {
+		snprintf(err, errlen,
+			 signature ? "the report's X-Stoker-Signature is not the cluster key's"
+				   : "this cluster takes job reports signed with its key "
+				     "(X-Stoker-Signature) only: give the job the key "
+				     "($STOKER_KEY_FILE)");
+		stk_metric_add(j->unauthenticated, 1);
+		return -EACCES;
 	}
 	o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
 	if (!o) {

@@ -16,6 +16,13 @@
  * field, a value out of range, an oversized string, one job too many) leaves the
  * table as it was and gets a sentence saying why.
  *
+ * Signed reports: when mgmtd holds the cluster key, a report must carry
+ * X-Stoker-Signature: the lowercase hex of HMAC-SHA256(key, STK_MGMTD_JOBS_SIGN_LABEL
+ * followed by the body), so that only a holder of the key (a client of the
+ * cluster) can put a job on the page. The label keeps such a MAC from meaning
+ * anything elsewhere. A recorded report can be sent again, which shows only what
+ * the job once said, for three of its intervals.
+ *
  * Thread rules: every function may be called from any thread (an internal mutex);
  * create and destroy excepted, which must not race the others.
  */
@@ -49,21 +56,30 @@ struct stk_mgmtd_jobs;
  */
 #define STK_MGMTD_JOBS_DATA_BOUND 0.10
 
-/* An empty table holding at most max jobs (0: STK_MGMTD_JOBS_MAX). 0 or -ENOMEM. */
-int stk_mgmtd_jobs_create(unsigned max, struct stk_mgmtd_jobs **out);
+#define STK_MGMTD_JOBS_SIGN_LABEL "stoker-job-report-1\n"
+
+/*
+ * An empty table holding at most max jobs (0: STK_MGMTD_JOBS_MAX); with a key (len
+ * STK_AUTH_KEY_MIN..MAX bytes, copied; NULL or 0: none), reports must be signed
+ * with it. 0, -EINVAL (key length) or -ENOMEM.
+ */
+int stk_mgmtd_jobs_create(unsigned max, const uint8_t *key, size_t key_len,
+			  struct stk_mgmtd_jobs **out);
 /* Frees the table. NULL is fine. */
 void stk_mgmtd_jobs_destroy(struct stk_mgmtd_jobs *j);
 
 /*
- * Takes one report: body is len bytes of JSON (not NUL-terminated); now_ms a
- * monotonic clock in milliseconds (ages and timeouts are measured on it). 0: the
- * job's entry is new or updated, or removed when the report says "final"; -EINVAL:
- * the report is malformed; -E2BIG: longer than STK_MGMTD_JOBS_BODY_MAX; -ENOSPC:
- * a new job while the table is full; -ENOMEM. On an error, err (errlen bytes) says
- * why in one sentence and the table is unchanged.
+ * Takes one report: body is len bytes of JSON (not NUL-terminated); signature its
+ * X-Stoker-Signature (NULL: none); now_ms a monotonic clock in milliseconds (ages
+ * and timeouts are measured on it). 0: the job's entry is new or updated, or
+ * removed when the report says "final"; -EACCES: the table has a key and the
+ * signature is missing or wrong; -EINVAL: the report is malformed; -E2BIG: longer
+ * than STK_MGMTD_JOBS_BODY_MAX; -ENOSPC: a new job while the table is full;
+ * -ENOMEM. On an error, err (errlen bytes) says why in one sentence and the table
+ * is unchanged.
  */
-int stk_mgmtd_jobs_report(struct stk_mgmtd_jobs *j, const char *body, size_t len, int64_t now_ms,
-			  char *err, size_t errlen);
+int stk_mgmtd_jobs_report(struct stk_mgmtd_jobs *j, const char *body, size_t len,
+			  const char *signature, int64_t now_ms, char *err, size_t errlen);
 
 /*
  * Drops the jobs that missed their reports by now_ms, then returns them as a new

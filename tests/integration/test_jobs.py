@@ -14,6 +14,8 @@ of docs/dashboard.md), against a live cluster.
   in mgmtd's /metrics, and change nothing; bad arguments to JobMonitor are refused
   in the job, and a dashboard that cannot be reached does not stop the job.
 """
+import hashlib
+import hmac
 import http.client
 import json
 import os
@@ -67,22 +69,34 @@ time.sleep(3600)                # the other one waits to be killed
 """ % BATCH
 
 
-def post(base, body, chunked=False):
-    """POSTs body to /ui/api/jobs: (status, parsed answer or text)."""
+def cluster_key(c):
+    with open(os.path.join(c.data, "cluster.key")) as f:
+        return bytes.fromhex("".join(f.read().split()))
+
+
+def post(base, body, chunked=False, key=None, signature=None):
+    """POSTs body to /ui/api/jobs, signed with key (or with signature as given):
+    (status, parsed answer or text)."""
     host = base.split("//")[1].split("/")[0]
     conn = http.client.HTTPConnection(host, timeout=10)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        signature = hmac.new(key, b"stoker-job-report-1\n" + body, hashlib.sha256).hexdigest()
+    if signature is not None:
+        headers["X-Stoker-Signature"] = signature
     try:
         if chunked:
             conn.putrequest("POST", "/ui/api/jobs")
             conn.putheader("Transfer-Encoding", "chunked")
+            for k, v in headers.items():
+                conn.putheader(k, v)
             conn.endheaders()
             for i in range(0, len(body), 1000):
                 piece = body[i:i + 1000]
                 conn.send(b"%x\r\n%s\r\n" % (len(piece), piece))
             conn.send(b"0\r\n\r\n")
         else:
-            conn.request("POST", "/ui/api/jobs", body=body,
-                         headers={"Content-Type": "application/json"})
+            conn.request("POST", "/ui/api/jobs", body=body, headers=headers)
         r = conn.getresponse()
         data = r.read()
         try:
@@ -238,7 +252,15 @@ def test_bad_reports_are_refused(tmp_path):
     c.start()
     try:
         base = c.ui()
-        assert post(base, report(0)) == (200, {"ok": True})
+        key = cluster_key(c)
+        # only holders of the cluster key put jobs on the page
+        st, ans = post(base, report(0))
+        assert st == 401 and "STOKER_KEY_FILE" in ans["error"], (st, ans)
+        st, ans = post(base, report(0), key=b"x" * 32)
+        assert st == 401 and "not the cluster key's" in ans["error"], (st, ans)
+        assert post(base, report(0), signature="00" * 32)[0] == 401
+        assert post(base, report(0), signature="nothex")[0] == 401
+        assert post(base, report(0), key=key) == (200, {"ok": True})
         bad = [
             (b"", "not JSON"),
             (b"garbage", "not JSON"),
@@ -258,12 +280,12 @@ def test_bad_reports_are_refused(tmp_path):
             (report(1).replace(b'"steps": 1', b'"steps": 1, "steps": 2'), "not JSON"),
         ]
         for body, why in bad:
-            st, ans = post(base, body)
+            st, ans = post(base, body, key=key)
             assert st == 400 and why in ans["error"], (body, st, ans)
         # too large, announced or chunked: refused without reading it whole
-        st, ans = post(base, b"{" + b" " * 100000 + b"}")
+        st, ans = post(base, b"{" + b" " * 100000 + b"}", key=key)
         assert st == 413, (st, ans)
-        st, ans = post(base, report(1, name="y" * 100) + b" " * 8000, chunked=True)
+        st, ans = post(base, report(1, name="y" * 100) + b" " * 8000, chunked=True, key=key)
         assert st == 413, (st, ans)
         # other methods and paths stay refused
         req = urllib.request.Request(base + "/api/overview", data=b"{}", method="POST")
@@ -273,20 +295,39 @@ def test_bad_reports_are_refused(tmp_path):
         assert list(jobs(base)) == ["j0"]
         # at most 256 jobs: one more is refused until one leaves; known ones update
         for i in range(1, 256):
-            assert post(base, report(i))[0] == 200
-        st, ans = post(base, report(256))
+            assert post(base, report(i), key=key)[0] == 200
+        st, ans = post(base, report(256), key=key)
         assert st == 429 and "256 jobs at most" in ans["error"], (st, ans)
-        assert post(base, report(5, steps=9))[0] == 200
-        assert post(base, report(7, final=True))[0] == 200
-        assert post(base, report(256))[0] == 200
+        assert post(base, report(5, steps=9), key=key)[0] == 200
+        assert post(base, report(7, final=True), key=key)[0] == 200
+        assert post(base, report(256), key=key)[0] == 200
         js = jobs(base)
         assert len(js) == 256 and js["j5"]["steps"] == 9 and "j7" not in js
         m = scrape("127.0.0.1:%d" % (c.port + 10))
         assert m["stoker_mgmtd_jobs"] == 256
         assert m['stoker_mgmtd_job_reports_total{result="malformed"}'] == len(bad)
         assert m['stoker_mgmtd_job_reports_total{result="too_many"}'] == 1
+        assert m['stoker_mgmtd_job_reports_total{result="unauthenticated"}'] == 4
         # the overview and the page's API still answer, with every job
         assert len(api(base, "overview")["jobs"]) == 256
+        # a monitor with another cluster's key is refused, says why, and goes on
+        from stoker.jobs import JobMonitor
+        other = tmp_path / "other.key"
+        other.write_text("ab" * 32 + "\n")
+        other.chmod(0o600)
+        mon = JobMonitor("wrong-key", cluster=c.url, interval=0.2, key_file=str(other))
+        try:
+            wait_for("the refusal", lambda: mon.last_error, timeout=10, every=0.05)
+            assert "(401)" in mon.last_error and "not the cluster key" in mon.last_error, \
+                mon.last_error
+            assert mon.reports == 0
+        finally:
+            mon.close()
+        assert "wrong-key" not in jobs(base)
+        bad_key = tmp_path / "bad.key"
+        bad_key.write_text("zz\n")
+        with pytest.raises(ValueError):
+            JobMonitor("x", key_file=str(bad_key))
         assert get(base.replace("/ui", "/healthz"))[2] == b"ok\n"
     finally:
         c.stop()

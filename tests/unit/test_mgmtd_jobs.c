@@ -6,6 +6,9 @@
  */
 #include "check.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include "mgmtd/jobs.h"
 
 static char *report(const char *id, const char *name, double interval, const char *extra)
@@ -25,7 +28,7 @@ static int put(struct stk_mgmtd_jobs *j, const char *body, int64_t now)
 {
 	char err[256];
 
-	return stk_mgmtd_jobs_report(j, body, strlen(body), now, err, sizeof(err));
+	return stk_mgmtd_jobs_report(j, body, strlen(body), NULL, now, err, sizeof(err));
 }
 
 static int test_keep_update_expire(void)
@@ -33,7 +36,7 @@ static int test_keep_update_expire(void)
 	struct stk_mgmtd_jobs *j;
 	json_t *a, *e;
 
-	REQUIRE(stk_mgmtd_jobs_create(0, &j) == 0);
+	REQUIRE(stk_mgmtd_jobs_create(0, NULL, 0, &j) == 0);
 	a = stk_mgmtd_jobs_json(j, 0); /* an empty table: an empty list */
 	CHECK(a && json_is_array(a) && json_array_size(a) == 0);
 	json_decref(a);
@@ -78,7 +81,7 @@ static int test_too_many(void)
 	struct stk_mgmtd_jobs *j;
 	char id[32];
 
-	REQUIRE(stk_mgmtd_jobs_create(4, &j) == 0);
+	REQUIRE(stk_mgmtd_jobs_create(4, NULL, 0, &j) == 0);
 	for (int i = 0; i < 4; i++) {
 		snprintf(id, sizeof(id), "job%08d", i);
 		CHECK_RC(put(j, report(id, "n", 10, ""), 0), 0);
@@ -111,7 +114,7 @@ static int test_malformed(void)
 	    "\"bytes_per_s\":1}",
 	};
 
-	REQUIRE(stk_mgmtd_jobs_create(0, &j) == 0);
+	REQUIRE(stk_mgmtd_jobs_create(0, NULL, 0, &j) == 0);
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		CHECK_RC(put(j, bad[i], 0), -EINVAL);
 	/* each field checked: types, ranges, strings */
@@ -134,12 +137,55 @@ static int test_malformed(void)
 	name[STK_MGMTD_JOBS_NAME_MAX] = 0;
 	CHECK_RC(put(j, report("aaaaaaaa", name, 1, ""), 0), 0);
 	memset(big, ' ', sizeof(big));
-	CHECK_RC(stk_mgmtd_jobs_report(j, big, sizeof(big), 0, err, sizeof(err)), -E2BIG);
+	CHECK_RC(stk_mgmtd_jobs_report(j, big, sizeof(big), NULL, 0, err, sizeof(err)), -E2BIG);
 	CHECK(strstr(err, "at most") != NULL);
 	/* with a reason in words */
-	CHECK_RC(stk_mgmtd_jobs_report(j, "{\"v\":1}", 7, 0, err, sizeof(err)), -EINVAL);
+	CHECK_RC(stk_mgmtd_jobs_report(j, "{\"v\":1}", 7, NULL, 0, err, sizeof(err)), -EINVAL);
 	CHECK(strstr(err, "\"id\" is missing") != NULL);
 	CHECK_EQ(stk_mgmtd_jobs_count(j, 0), 2);
+	stk_mgmtd_jobs_destroy(j);
+	return 0;
+}
+
+/* The signature a job sends: hex HMAC-SHA256(key, label || body). */
+static void sign(const uint8_t *key, size_t klen, const char *body, char hex[65])
+{
+	char msg[8192];
+	uint8_t mac[32];
+	unsigned int mlen = 0;
+	size_t ll = strlen(STK_MGMTD_JOBS_SIGN_LABEL), bl = strlen(body);
+
+	memcpy(msg, STK_MGMTD_JOBS_SIGN_LABEL, ll);
+	memcpy(msg + ll, body, bl);
+	HMAC(EVP_sha256(), key, (int)klen, (unsigned char *)msg, ll + bl, mac, &mlen);
+	for (int i = 0; i < 32; i++)
+		snprintf(hex + 2 * i, 3, "%02x", mac[i]);
+}
+
+static int test_signed(void)
+{
+	struct stk_mgmtd_jobs *j;
+	uint8_t key[32], other[32];
+	char sig[65], err[256];
+	const char *body;
+
+	memset(key, 7, sizeof(key));
+	memset(other, 8, sizeof(other));
+	CHECK_RC(stk_mgmtd_jobs_create(0, key, 5, &j), -EINVAL); /* too short a key */
+	REQUIRE(stk_mgmtd_jobs_create(0, key, sizeof(key), &j) == 0);
+	body = report("aaaaaaaa", "signed", 5, "");
+	CHECK_RC(stk_mgmtd_jobs_report(j, body, strlen(body), NULL, 0, err, sizeof(err)), -EACCES);
+	CHECK(strstr(err, "STOKER_KEY_FILE") != NULL);
+	sign(other, sizeof(other), body, sig);
+	CHECK_RC(stk_mgmtd_jobs_report(j, body, strlen(body), sig, 0, err, sizeof(err)), -EACCES);
+	CHECK_RC(stk_mgmtd_jobs_report(j, body, strlen(body), "zz", 0, err, sizeof(err)), -EACCES);
+	sign(key, sizeof(key), body, sig);
+	/* the signature covers the body: one byte more and it no longer matches */
+	CHECK_RC(stk_mgmtd_jobs_report(j, body, strlen(body) - 1, sig, 0, err, sizeof(err)),
+		 -EACCES);
+	CHECK_EQ(stk_mgmtd_jobs_count(j, 0), 0);
+	CHECK_RC(stk_mgmtd_jobs_report(j, body, strlen(body), sig, 0, err, sizeof(err)), 0);
+	CHECK_EQ(stk_mgmtd_jobs_count(j, 0), 1);
 	stk_mgmtd_jobs_destroy(j);
 	return 0;
 }
@@ -150,5 +196,6 @@ int main(void)
 	test_keep_update_expire();
 	test_too_many();
 	test_malformed();
+	test_signed();
 	return check_done();
 }
