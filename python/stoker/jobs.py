@@ -25,7 +25,8 @@ Export, either or both:
 - report=True (the default): a background thread POSTs the figures as JSON to the
   leading mgmtd's dashboard (http://MGMTD-METRICS/ui/api/jobs; the metrics port is
   the mgmtd's RPC port + 10, as `stoker up` places it, or dashboard="HOST:PORT"),
-  so that the dashboard lists every job of the cluster. A job that ends says so
+  signed with the cluster key when the job has it (as a Client finds it), so that
+  the dashboard lists every job of the cluster. A job that ends says so
   and leaves the list at once; one that dies leaves it after three missed reports.
 - port=N: an HTTP server in the training process answers GET /metrics in the
   Prometheus text format (stoker_job_* series, docs/metrics.md).
