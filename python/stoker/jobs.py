@@ -160,6 +160,12 @@ def _batch_count(batch, depth=0):
                 samples = samples or s
                 total += b
             return samples, total
+        tf = type(first)
+        if tf is bytes or tf is bytearray:
+            try:    # a list of samples' bytes (collate_fn=list): one C loop
+                return len(batch), sum(map(len, batch))
+            except TypeError:
+                pass
         total = 0
         for v in batch:
             tv = type(v)
