@@ -1235,6 +1235,21 @@ static void prom_fetch(struct stk_mgmtd_dash *d)
 		rc = stk_promq_range(d->promq, prom_query[c], h.t0_ms, h.step_ms, h.n, h.cols[c],
 				     err, sizeof(err));
 	}
+	if (rc == 0) {
+		int any = 0;
+
+		for (int c = 0; c < NCOLS && !any; c++)
+			for (unsigned k = 0; k < h.n && !any; k++)
+				any = !isnan(h.cols[c][k]);
+		if (!any) {
+			/* a Prometheus that scrapes no Stoker node: say so, draw our own */
+			snprintf(err, sizeof(err),
+				 "%s has none of the cluster's series in the last %u intervals: "
+				 "does it scrape the nodes' /metrics?",
+				 d->prom_url, h.n);
+			rc = -ENODATA;
+		}
+	}
 	h.fetched_ns = (int64_t)stk_now_ns();
 	pthread_mutex_lock(&d->lock);
 	if (rc == 0) {

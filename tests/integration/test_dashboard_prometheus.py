@@ -111,6 +111,25 @@ def test_charts_from_prometheus(tmp_path):
     assert not c.sanitizer_reports(), c.logs()
 
 
+def test_prometheus_without_the_cluster_says_so(tmp_path):
+    """A Prometheus that scrapes none of the cluster's nodes: mgmtd's own charts, and
+    the reason."""
+    base, pport = pick_ports(), pick_ports()
+    prom = start_prometheus(tmp_path, pport, ["127.0.0.1:%d" % pport])   # itself only
+    c = DashCluster(tmp_path / "stk", base, extra=["--prometheus", "http://127.0.0.1:%d" % pport])
+    try:
+        c.start()
+        h = wait_for("the reason", lambda: (lambda h: h if h["prometheus_error"] else None)(
+            api(c.ui(), "history")), timeout=30)
+        assert h["source"] == "mgmtd" and "does it scrape" in h["prometheus_error"], h
+        wait_for("mgmtd's own samples", lambda: len(api(c.ui(), "history")["t_ms"]) >= 2)
+    finally:
+        prom.kill()
+        prom.wait()
+        c.stop()
+    assert not c.sanitizer_reports(), c.logs()
+
+
 def test_bad_prometheus_url_is_refused(tmp_path):
     base = pick_ports()
     for bad in ("ftp://host:9090", "127.0.0.1:9090", "http://a b", "http://h:1/?q=1"):
