@@ -44,7 +44,7 @@
 #include "../common/metrics.h" /* STK_METRIC_BUCKETS */
 #include "../common/util.h"
 #include "../daemon/metrics_http.h"
-#include "scrape.h"
+#include "../common/scrape.h"
 #include "ui_assets.h"
 
 /* Where a node's /metrics is: its RPC port + 10, as `stoker up` places it (cli.h). */
