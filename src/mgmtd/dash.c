@@ -40,15 +40,15 @@
 
 #include "stoker/stoker.h" /* STK_VERSION */
 
+#include "../common/auth.h"
 #include "../common/host.h"
 #include "../common/metrics.h" /* STK_METRIC_BUCKETS */
+#include "../common/scrape.h"
 #include "../common/util.h"
-#include "../common/auth.h"
 #include "../daemon/daemon.h"
 #include "../daemon/metrics_http.h"
 #include "jobs.h"
 #include "promq.h"
-#include "scrape.h"
 #include "ui_assets.h"
 
 /* Where a node's /metrics is: its RPC port + 10, as `stoker up` places it (cli.h). */
