@@ -1,6 +1,15 @@
 /*
  * The reaper: removes the chunks of files that are gone (last unlink, replaced by
- * a rename, an orphan's last close) in the background.
+ * a rename, an orphan's last close) in the background, for a meta that does not
+ * purge them itself.
+ *
+ * A meta of this release says in META_STATFS that it purges (STK_STATFS_PURGES):
+ * it records the chunks of every file it frees in the transaction that frees it
+ * and removes them itself (src/meta/purge.h), so a client killed right after an
+ * unlink leaks nothing. Then stk_client_remove_data only closes this process's
+ * short-circuit chunk files and queues nothing. The rest of this file is the
+ * fallback for an older meta, kept so that a client upgraded before its cluster
+ * does not leak what it unlinks:
  *
  * Why: removing a file's data is one STOR_TRUNCATE per chain of its layout, sent
  * one after the other; done inside unlink(2) it made an unlink through the mount
@@ -120,6 +129,11 @@ int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
 {
 	struct stk_reaper *r = c->reaper;
 
+	/* meta has recorded the purge in the transaction that freed the inode. */
+	if (stk_client_meta_purges(c) == 1) {
+		stk_client_forget_local(c, a, 1);
+		return 0;
+	}
 	pthread_mutex_lock(&r->lock);
 	if (r->stopping)
 		goto sync;

@@ -1581,6 +1581,74 @@ static void test_quota_inodes(void)
 	hook_open_ino = 0;
 }
 
+/* Whether ino has a purge record, and its record in *p. */
+static int purge_of(uint64_t ino, struct stk_meta_purge *p)
+{
+	size_t n = 0;
+
+	CHECK_RC(stk_meta_store_purges(st, ino, p, 1, &n), 0);
+	return n == 1 && p->ino == ino;
+}
+
+/* Every way a regular file's inode goes records its chunks for the purge, and only then. */
+static void test_purge(void)
+{
+	struct stk_meta_purge p;
+	struct stk_attr a, fa;
+	uint64_t d, f, g, h, k, before, after, done[2];
+	int replaced = 0;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "pg", 0777);
+	f = create_as(&ROOT, d, "f");
+	g = create_as(&ROOT, d, "g");
+	h = create_as(&ROOT, d, "h");
+	k = create_as(&ROOT, d, "k");
+	grow(f, 5000);
+	fa = attr_of(f);
+	CHECK_RC(stk_meta_store_purge_count(st, &before), 0);
+	/* A name that is not the last one: nothing to purge. */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, d, "f2", &a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f2", &a), 0);
+	CHECK_EQ(purge_of(f, &p), 0);
+	/* The last unlink: the layout and size, in the same transaction. */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f", &a), 0);
+	CHECK_EQ(a.nlink, 0);
+	CHECK_EQ(purge_of(f, &p), 1);
+	CHECK_EQ(p.size, 5000);
+	CHECK_EQ(p.layout.chunk_size, fa.layout.chunk_size);
+	CHECK_EQ(p.layout.stripe, fa.layout.stripe);
+	CHECK_EQ(p.layout.seed, fa.layout.seed);
+	CHECK_EQ(p.layout.start, fa.layout.start);
+	/* Renamed over: the replaced file goes. */
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d, "h", d, "g", 0, &replaced, &a), 0);
+	CHECK_EQ(replaced, 1);
+	CHECK_EQ(purge_of(g, &p), 1);
+	CHECK_EQ(purge_of(h, &p), 0);
+	/* An orphan: only when it is dropped. */
+	stk_meta_store_set_open_hook(st, hook_open, NULL);
+	hook_open_ino = k;
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "k", &a), 0);
+	CHECK_EQ(purge_of(k, &p), 0);
+	CHECK_RC(stk_meta_store_orphan_drop(st, k), 0);
+	CHECK_EQ(purge_of(k, &p), 1);
+	stk_meta_store_set_open_hook(st, NULL, NULL);
+	hook_open_ino = 0;
+	CHECK_RC(stk_meta_store_purge_count(st, &after), 0);
+	CHECK_EQ(after, before + 3);
+	/* Done: the records go; one without a record is skipped. */
+	done[0] = f;
+	done[1] = h;
+	CHECK_RC(stk_meta_store_purge_done(st, done, 2), 0);
+	CHECK_EQ(purge_of(f, &p), 0);
+	CHECK_EQ(purge_of(g, &p), 1);
+	CHECK_RC(stk_meta_store_purge_count(st, &after), 0);
+	CHECK_EQ(after, before + 2);
+	/* Directories, symlinks and special files have no chunks. */
+	CHECK_RC(symlink_in(d, "l"), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "l", &a), 0);
+	CHECK_EQ(purge_of(a.ino, &p), 0);
+}
+
 /* Bytes: reservations, the sizes that replace them, truncates. */
 static void test_quota_bytes(void)
 {
@@ -1772,6 +1840,30 @@ static void test_quota_threads(void)
 	CHECK_EQ(q.used_bytes, bytes);
 }
 
+/* Every test before left a consistent namespace: fsck finds nothing, and sees it all. */
+static void test_fsck_clean(void)
+{
+	struct stk_meta_fsck_stats fs, fs2;
+	struct stk_meta_file fl[4];
+	uint64_t files;
+	size_t n = 0;
+
+	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
+	CHECK_EQ(fs.problems, 0);
+	CHECK_RC(stk_meta_store_statfs(st, &files), 0);
+	CHECK_EQ(fs.inodes, files);
+	CHECK(fs.dirs > 1 && fs.files > 1 && fs.entries >= fs.inodes - 1);
+	CHECK(fs.next_ino > fs.inodes);
+	/* A repair of a clean namespace changes nothing. */
+	CHECK_RC(stk_meta_store_fsck(st, 1, NULL, NULL, &fs2), 0);
+	CHECK_EQ(fs2.problems, 0);
+	CHECK_EQ(fs2.inodes, fs.inodes);
+	CHECK_RC(stk_meta_store_files(st, 0, fl, 4, &n), 0);
+	CHECK_EQ(n, 4);
+	for (size_t i = 0; i < n; i++)
+		CHECK(S_ISREG(fl[i].attr.mode) && (i == 0 || fl[i].attr.ino > fl[i - 1].attr.ino));
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -1806,10 +1898,12 @@ int main(void)
 	CHECK_RUN(test_permissions);
 	CHECK_RUN(test_readdir_small);
 	CHECK_RUN(test_xattrs);
+	CHECK_RUN(test_purge);
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
+	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
 	test_readdir_big(&listing, &big);
