@@ -404,13 +404,19 @@ int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out)
 
 int stk_client_meta_purges(struct stk_client *c)
 {
-	struct stk_ns_id ns;
-	int rc = stk_client_meta_ns(c, &ns);
+	char addr[STK_ADDR_MAX] = "";
+	int rc = -EAGAIN;
 
-	if (rc)
-		return rc;
+	/*
+	 * Only what stk_client_meta_ns last learned: no call to meta here, since the
+	 * write-behind path asks this holding its own lock, which a meta call takes
+	 * first (to send what is behind), and would wait on itself.
+	 */
+	if (stk_client_meta_addr(c, addr))
+		return -EAGAIN;
 	pthread_rwlock_rdlock(&c->rt_lock);
-	rc = c->meta_purges;
+	if (!stk_ns_id_is_zero(&c->meta_ns) && strcmp(c->meta_ns_addr, addr) == 0)
+		rc = c->meta_purges;
 	pthread_rwlock_unlock(&c->rt_lock);
 	return rc;
 }

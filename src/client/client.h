@@ -165,8 +165,10 @@ int stk_client_meta_addr(struct stk_client *c, char *addr);
 int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out);
 /*
  * Whether that meta removes the chunks of the files it frees itself (its purge,
- * meta/purge.h): 1, 0 (an older meta: the client removes them), or the -errno of
- * stk_client_meta_ns.
+ * meta/purge.h), as stk_client_meta_ns last learned it: 1, 0 (an older meta: the
+ * client removes them), or -EAGAIN when it has not asked this meta yet (the
+ * caller removes them; meta's purge of the same chunks is harmless). Never calls
+ * meta: the write-behind path asks under its lock.
  */
 int stk_client_meta_purges(struct stk_client *c);
 
