@@ -131,10 +131,11 @@ out:
 }
 
 /*
- * Sends the removals of recs[0..n) and drops the records of those done. Returns
- * how many failed (they stay in the table).
+ * Sends the removals of recs[0..n) and drops the records of those done (from the
+ * table, or with unrecorded from the store's memory: store.h). Returns how many
+ * failed (they stay).
  */
-static uint32_t purge_page(struct stk_meta_purger *p, size_t n)
+static uint32_t purge_page(struct stk_meta_purger *p, size_t n, int unrecorded)
 {
 	uint32_t chains[STK_MAX_STRIPE], npairs = 0, nfailed = 0, ndone = 0;
 	uint64_t done[PURGE_PAGE], bytes = 0;
@@ -183,7 +184,11 @@ static uint32_t purge_page(struct stk_meta_purger *p, size_t n)
 		done[ndone++] = p->recs[i].ino;
 		bytes += p->recs[i].size;
 	}
-	if (ndone && stk_meta_store_purge_done(p->store, done, ndone) == 0) {
+	if (unrecorded) {
+		stk_meta_store_unrecorded_done(p->store, n, p->failed);
+		__atomic_add_fetch(&p->inodes, ndone, __ATOMIC_RELAXED);
+		__atomic_add_fetch(&p->bytes, bytes, __ATOMIC_RELAXED);
+	} else if (ndone && stk_meta_store_purge_done(p->store, done, ndone) == 0) {
 		__atomic_add_fetch(&p->inodes, ndone, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&p->bytes, bytes, __ATOMIC_RELAXED);
 		stk_debug("purge: the chunks of %u file(s) removed", ndone);
@@ -219,10 +224,16 @@ static void *purger_main(void *arg)
 		size_t n = 0;
 
 		pthread_mutex_unlock(&p->mu);
+		/* A round begins with the purges a full map kept in memory (store.h). */
+		if (from == 0) {
+			n = stk_meta_store_purges_unrecorded(p->store, p->recs, PURGE_PAGE);
+			if (n)
+				failed += purge_page(p, n, 1);
+		}
 		if (stk_meta_store_purges(p->store, from, p->recs, PURGE_PAGE, &n))
 			n = 0;
 		if (n)
-			failed += purge_page(p, n);
+			failed += purge_page(p, n, 0);
 		pthread_mutex_lock(&p->mu);
 		if (n == PURGE_PAGE) {
 			/* More follow: go on at once, within the rate. */

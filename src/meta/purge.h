@@ -9,8 +9,10 @@
  * record whose chain did not answer (a node down, a chain being reshaped, a
  * fenced head) stays and is sent again on the next pass, a second later at the
  * soonest; a crash or restart of meta loses nothing, since the table is in the
- * store. Removal is idempotent (a chunk already gone is no error), so sending a
- * record twice is harmless.
+ * store. (On a full map a freeing keeps its purge in the store's memory instead,
+ * store.h; each round begins with those, and a restart before they are sent
+ * leaves their chunks to stoker fsck as garbage.) Removal is idempotent (a
+ * chunk already gone is no error), so sending a record twice is harmless.
  *
  * Why meta and not the client that unlinked: a client killed right after its
  * unlink returned would leak the chunks forever, since nobody else knew of them.

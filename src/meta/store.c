@@ -19,6 +19,8 @@
  * LMDB, and a writable map (MDB_WRITEMAP) would die of SIGBUS there. When the
  * disk cannot give more, LMDB reuses the pages removals freed and, when none is
  * left, fails the write with MDB_MAP_FULL (ENOSPC); nothing committed is lost.
+ * A RESERVE_FREEING more is allocated past the map and kept out of it, for the
+ * unlink that must still run on a full map (see "purges").
  * Growing remaps, which no transaction may see: every transaction holds
  * map_lock for reading, a growth holds it for writing. A file system
  * without fallocate (env_open's first one fails) gets the plain 64 GiB map.
@@ -78,6 +80,14 @@
  */
 #define RESERVE_MIN (16ull << 20)
 #define RESERVE_STEP (32ull << 20)
+/*
+ * Allocated past the map and left out of it: room that only the retry of an
+ * operation that frees files may take (reserve_open), when a full map failed it.
+ * A freeing needs new pages too (LMDB copies what it changes), so on a map with
+ * none left the unlink that would free space could not run. Taken, it comes
+ * back with the next growth of the map.
+ */
+#define RESERVE_FREEING (2ull << 20)
 /* Reader slots bound concurrent read transactions (one per server thread at most). */
 #define MAX_READERS 1024
 /* A parent chain deeper than this can only be a cycle in a corrupt store. */
@@ -120,6 +130,7 @@ struct stk_meta_store {
 	int fd;
 	uint64_t psize;
 	uint64_t map_size;
+	uint64_t file_size; /* allocated: the map, and RESERVE_FREEING past it if the disk had it */
 	uint64_t map_max;
 	pthread_rwlock_t map_lock;
 	int grow_warned; /* atomic: "cannot grow" logged, and no growth since */
@@ -130,6 +141,15 @@ struct stk_meta_store {
 	 */
 	pthread_mutex_t qmu;
 	struct resv *resv[256];
+	/*
+	 * Purges left out of the purge table because the map was full (see
+	 * "purges" below): kept here until the purger has sent them. umu guards them;
+	 * it is taken after a commit, never around a transaction.
+	 */
+	pthread_mutex_t umu;
+	struct stk_meta_purge *unrec;
+	size_t nunrec, capunrec;
+	uint64_t unrec_total; /* ever kept here, for the log */
 };
 
 /*
@@ -164,6 +184,7 @@ struct op {
 	 */
 	int chosen_time;
 	int nested; /* a child of this thread's batch (stk_meta_store_batch_begin) */
+	size_t unrec_mark; /* unrec_tl.n when it began: what it added lies past it */
 };
 
 /* Quotas (the end of this file): what the operations above them call. */
@@ -178,6 +199,22 @@ static __thread struct {
 	struct stk_meta_store *st;
 	MDB_txn *txn;
 } batch;
+
+/*
+ * This thread's operation retried without purge records (unrec_retry): skip is
+ * set meanwhile, and v holds the purges its transactions would have recorded,
+ * until the outermost one commits (they go to the store's unrec list) or aborts
+ * (they are forgotten with it). See "purges" below.
+ */
+static __thread struct {
+	int skip;
+	struct stk_meta_purge *v;
+	size_t n, cap;
+} unrec_tl;
+
+static void unrec_settle(struct op *o, int committed);
+static int unrec_retry(struct stk_meta_store *st, int rc);
+static void unrec_retry_end(void);
 
 /* ---- LMDB plumbing ---- */
 
@@ -218,10 +255,11 @@ static uint64_t round_up_mib(uint64_t v)
 /* Allocates the file up to size bytes. 0 or -errno. */
 static int allocate_to(struct stk_meta_store *st, uint64_t size)
 {
-	if (size <= st->map_size)
+	if (size <= st->file_size)
 		return 0;
-	if (fallocate(st->fd, 0, (off_t)st->map_size, (off_t)(size - st->map_size)) < 0)
+	if (fallocate(st->fd, 0, (off_t)st->file_size, (off_t)(size - st->file_size)) < 0)
 		return -errno;
+	st->file_size = size;
 	return 0;
 }
 
@@ -241,10 +279,10 @@ static void map_grow(struct stk_meta_store *st)
 	if (used + RESERVE_MIN <= st->map_size || st->map_size >= st->map_max)
 		goto out;
 	want = STK_MIN(round_up_mib(used + RESERVE_STEP), st->map_max);
-	rc = allocate_to(st, want);
+	rc = allocate_to(st, want + RESERVE_FREEING);
 	if (rc == -ENOSPC || rc == -EDQUOT) {
 		want = STK_MIN(round_up_mib(used + RESERVE_MIN), st->map_max);
-		rc = allocate_to(st, want);
+		rc = allocate_to(st, want + RESERVE_FREEING);
 	}
 	if (rc == 0)
 		rc = lmdb_err(mdb_env_set_mapsize(st->env, want), "grow the map");
@@ -260,6 +298,27 @@ out:
 	pthread_rwlock_unlock(&st->map_lock);
 }
 
+/*
+ * Without map_lock, outside any batch: puts the room allocated past the map
+ * (RESERVE_FREEING) into it, for the retry of a freeing that a full map failed.
+ * Returns 1 if there was some.
+ */
+static int reserve_open(struct stk_meta_store *st)
+{
+	int opened = 0;
+
+	pthread_rwlock_wrlock(&st->map_lock);
+	if (st->allocated && st->file_size > st->map_size &&
+	    mdb_env_set_mapsize(st->env, st->file_size) == 0) {
+		st->map_size = st->file_size;
+		opened = 1;
+	}
+	pthread_rwlock_unlock(&st->map_lock);
+	if (opened)
+		stk_warn("meta store: the map is full: its reserve is opened to free files");
+	return opened;
+}
+
 static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cred *cred,
 		    int rdonly)
 {
@@ -271,6 +330,7 @@ static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cr
 	o->txn = NULL;
 	o->chosen_time = 0;
 	o->nested = batch.st == st && batch.txn;
+	o->unrec_mark = unrec_tl.n;
 	stk_wall_time(&o->now_sec, &o->now_nsec);
 	/* In a batch: a child of its transaction, which holds the map's lock already.
 	 * A read is a child too: this thread may have no other transaction. */
@@ -296,19 +356,24 @@ static int op_end(struct op *o, int rc)
 	if (o->nested) {
 		if (rc || o->rdonly) {
 			mdb_txn_abort(o->txn);
+			unrec_settle(o, 0);
 			return rc;
 		}
-		return lmdb_err(mdb_txn_commit(o->txn), "commit");
+		rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
+		unrec_settle(o, rc == 0);
+		return rc;
 	}
 	if (rc || o->rdonly) {
 		mdb_txn_abort(o->txn);
 		pthread_rwlock_unlock(&o->st->map_lock);
+		unrec_settle(o, 0);
 		return rc;
 	}
 	rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
 	pthread_rwlock_unlock(&o->st->map_lock);
 	if (rc == 0)
 		__atomic_add_fetch(&o->st->commits, 1, __ATOMIC_RELEASE);
+	unrec_settle(o, rc == 0);
 	return rc;
 }
 
@@ -1104,11 +1169,13 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	rc = lmdb_err(mdb_env_get_fd(st->env, &st->fd), "file");
 	if (rc == 0)
 		rc = lmdb_err(mdb_env_stat(st->env, &ms), "stat");
-	st->map_size = 0;
+	st->file_size = 0;
 	if (rc == 0)
 		rc = allocate_to(st, size); /* every byte, the file's own too */
 	if (rc)
 		goto fail;
+	/* The freeings' reserve past the map, if the disk has it (a full one may not). */
+	allocate_to(st, size + RESERVE_FREEING);
 	st->psize = ms.ms_psize;
 	st->map_size = size;
 	if (map_used(st) + RESERVE_MIN > st->map_size)
@@ -1138,6 +1205,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 		return -ENOMEM;
 	pthread_mutex_init(&st->sync_mu, NULL);
 	pthread_mutex_init(&st->qmu, NULL);
+	pthread_mutex_init(&st->umu, NULL);
 	/* a growth waiting for the map must not wait behind a stream of new readers */
 	pthread_rwlockattr_init(&ra);
 	pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
@@ -1162,6 +1230,7 @@ out:
 	pthread_rwlock_destroy(&st->map_lock);
 	pthread_mutex_destroy(&st->sync_mu);
 	pthread_mutex_destroy(&st->qmu);
+	pthread_mutex_destroy(&st->umu);
 	free(st);
 	return rc;
 }
@@ -1175,6 +1244,12 @@ void stk_meta_store_close(struct stk_meta_store *st)
 	pthread_mutex_destroy(&st->sync_mu);
 	resv_free_all(st);
 	pthread_mutex_destroy(&st->qmu);
+	if (st->nunrec)
+		stk_warn("meta store: closed with the purges of %zu file(s) not done (the map "
+			 "was full): stoker fsck finds their chunks as garbage",
+			 st->nunrec);
+	free(st->unrec);
+	pthread_mutex_destroy(&st->umu);
 	free(st);
 }
 
@@ -1969,8 +2044,8 @@ static int victim_get(struct op *o, uint64_t parent, const char *name, struct in
 	return rc;
 }
 
-int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred,
-			      uint64_t parent, const char *name, uint64_t ino, struct stk_attr *out)
+static int unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+		      const char *name, uint64_t ino, struct stk_attr *out)
 {
 	struct inode dir, n;
 	struct op o;
@@ -1998,6 +2073,19 @@ int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *
 	rc = op_end(&o, rc);
 	if (rc == 0)
 		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t parent, const char *name, uint64_t ino, struct stk_attr *out)
+{
+	int rc = unlink_ino(st, cred, parent, name, ino, out);
+
+	/* A full map: once more, the purge kept in memory ("purges" below). */
+	if (unrec_retry(st, rc)) {
+		rc = unlink_ino(st, cred, parent, name, ino, out);
+		unrec_retry_end();
+	}
 	return rc;
 }
 
@@ -2254,10 +2342,10 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 					 flags, STK_META_ANY_INO, STK_META_ANY_INO, replaced, out);
 }
 
-int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *cred,
-			      uint64_t src_parent, const char *src_name, uint64_t dst_parent,
-			      const char *dst_name, uint32_t flags, uint64_t src_ino,
-			      uint64_t dst_ino, int *replaced, struct stk_attr *out)
+static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t src_parent,
+		      const char *src_name, uint64_t dst_parent, const char *dst_name,
+		      uint32_t flags, uint64_t src_ino, uint64_t dst_ino, int *replaced,
+		      struct stk_attr *out)
 {
 	const uint32_t both = STK_RENAME_NOREPLACE | STK_RENAME_EXCHANGE;
 	struct rename_ctx r;
@@ -2305,6 +2393,23 @@ out:
 	if (rc == 0 && rep) {
 		*replaced = 1;
 		*out = r.dst.a;
+	}
+	return rc;
+}
+
+int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			      const char *dst_name, uint32_t flags, uint64_t src_ino,
+			      uint64_t dst_ino, int *replaced, struct stk_attr *out)
+{
+	int rc = rename_ino(st, cred, src_parent, src_name, dst_parent, dst_name, flags, src_ino,
+			    dst_ino, replaced, out);
+
+	/* A full map: once more, the purge of a file it replaces kept in memory. */
+	if (unrec_retry(st, rc)) {
+		rc = rename_ino(st, cred, src_parent, src_name, dst_parent, dst_name, flags,
+				src_ino, dst_ino, replaced, out);
+		unrec_retry_end();
 	}
 	return rc;
 }
@@ -2368,7 +2473,7 @@ out:
 	return op_end(&o, rc);
 }
 
-int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
+static int orphan_drop(struct stk_meta_store *st, uint64_t ino)
 {
 	static const struct stk_cred root_cred;
 	uint8_t k[ORPHAN_KEY_LEN];
@@ -2392,6 +2497,17 @@ int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
 	return op_end(&o, rc);
 }
 
+int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
+{
+	int rc = orphan_drop(st, ino);
+
+	if (unrec_retry(st, rc)) {
+		rc = orphan_drop(st, ino);
+		unrec_retry_end();
+	}
+	return rc;
+}
+
 /* ---- purges: the chunks of freed files, until storage has removed them ---- */
 
 /*
@@ -2402,6 +2518,112 @@ int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
  */
 #define PURGE_FORMAT 1
 #define PURGE_REC_LEN (1 + 4 * 4 + 8 + 8)
+/* Purges kept in memory at most (about 40 bytes each); past it a freeing fails ENOSPC. */
+#define UNREC_MAX (1u << 20)
+
+/*
+ * A full map. Each freeing writes its purge record, so on a map with no page
+ * left the unlink that would free space would fail with ENOSPC. Such an
+ * operation (unlink, rename over a file, an orphan's drop) is tried once more
+ * without the record and with the map's reserve opened (unrec_retry,
+ * RESERVE_FREEING), since a freeing needs a few new pages of its own: the
+ * purge is then kept in memory, in the
+ * store's unrec list, published there only when the transaction that freed
+ * the inode commits, and the purger sends it like a record (purge.h). A meta
+ * that stops before it is sent leaves those chunks behind, logged here; they
+ * belong to no inode, and stoker fsck finds and removes them as garbage.
+ */
+static int unrec_add(struct op *o, const struct inode *n)
+{
+	struct stk_meta_purge *v;
+	size_t queued;
+
+	pthread_mutex_lock(&o->st->umu);
+	queued = o->st->nunrec;
+	pthread_mutex_unlock(&o->st->umu);
+	if (queued + unrec_tl.n >= UNREC_MAX)
+		return -ENOSPC; /* storage has not kept up: fail as the record would */
+	if (unrec_tl.n == unrec_tl.cap) {
+		size_t cap = unrec_tl.cap ? 2 * unrec_tl.cap : 16;
+
+		v = realloc(unrec_tl.v, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		unrec_tl.v = v;
+		unrec_tl.cap = cap;
+	}
+	unrec_tl.v[unrec_tl.n++] =
+	    (struct stk_meta_purge){.ino = n->a.ino, .layout = n->a.layout, .size = n->a.size};
+	return 0;
+}
+
+/* After o's transaction ended: what it kept in memory goes with it, or is published. */
+static void unrec_settle(struct op *o, int committed)
+{
+	struct stk_meta_store *st = o->st;
+	size_t from = o->unrec_mark, n = unrec_tl.n - from;
+
+	if (!committed) {
+		unrec_tl.n = from;
+	} else if (!o->nested && n) {
+		/* The outermost commit: the inodes are gone for good, their purges are due. */
+		uint64_t total;
+
+		pthread_mutex_lock(&st->umu);
+		if (st->nunrec + n > st->capunrec) {
+			size_t cap = STK_MAX(2 * st->capunrec, st->nunrec + n);
+			struct stk_meta_purge *v = realloc(st->unrec, cap * sizeof(*v));
+
+			if (v) {
+				st->unrec = v;
+				st->capunrec = cap;
+			}
+		}
+		if (st->nunrec + n <= st->capunrec) {
+			memcpy(&st->unrec[st->nunrec], &unrec_tl.v[from], n * sizeof(*st->unrec));
+			st->nunrec += n;
+		} else {
+			stk_error("meta store: out of memory: the purges of %zu file(s) are lost; "
+				  "stoker fsck finds their chunks as garbage",
+				  n);
+		}
+		total = st->unrec_total += n;
+		pthread_mutex_unlock(&st->umu);
+		if (total == n || total / 1000 != (total - n) / 1000)
+			stk_warn("meta store: the map is full: the purges of %llu freed file(s) "
+				 "so far are kept in memory only (inode %llu the last); a restart "
+				 "before they are done leaves their chunks to stoker fsck",
+				 (unsigned long long)total,
+				 (unsigned long long)unrec_tl.v[from + n - 1].ino);
+		unrec_tl.n = from;
+	}
+	if (!o->nested && unrec_tl.n == 0 && unrec_tl.v) {
+		free(unrec_tl.v);
+		unrec_tl.v = NULL;
+		unrec_tl.cap = 0;
+	}
+}
+
+/*
+ * Whether an operation that failed with rc should be tried again without purge
+ * records: only ENOSPC, and not from inside such a retry. Sets skip: the caller
+ * retries, then calls unrec_retry_end.
+ */
+static int unrec_retry(struct stk_meta_store *st, int rc)
+{
+	if (rc != -ENOSPC || unrec_tl.skip)
+		return 0;
+	unrec_tl.skip = 1;
+	/* Room for it, if the map has a reserve left (a batch holds the map: none). */
+	if (!(batch.st == st && batch.txn))
+		reserve_open(st);
+	return 1;
+}
+
+static void unrec_retry_end(void)
+{
+	unrec_tl.skip = 0;
+}
 
 static int purge_put(struct op *o, const struct inode *n)
 {
@@ -2412,6 +2634,8 @@ static int purge_put(struct op *o, const struct inode *n)
 	/* No layout (a store's test files, a corrupt record): nothing was ever stored. */
 	if (n->a.layout.stripe == 0 || n->a.layout.chunk_size == 0)
 		return 0;
+	if (unrec_tl.skip)
+		return unrec_add(o, n);
 	stk_wbuf_init(&w, buf, sizeof(buf));
 	stk_put_u8(&w, PURGE_FORMAT);
 	stk_put_u32(&w, n->a.layout.chunk_size);
@@ -2517,7 +2741,43 @@ int stk_meta_store_purge_count(struct stk_meta_store *st, uint64_t *n)
 	rc = lmdb_err(mdb_stat(o.txn, st->purge, &ms), "count purges");
 	if (rc == 0)
 		*n = ms.ms_entries;
-	return op_end(&o, rc);
+	rc = op_end(&o, rc);
+	pthread_mutex_lock(&st->umu);
+	*n += st->nunrec;
+	pthread_mutex_unlock(&st->umu);
+	return rc;
+}
+
+size_t stk_meta_store_purges_unrecorded(struct stk_meta_store *st, struct stk_meta_purge *out,
+					size_t max)
+{
+	size_t n;
+
+	pthread_mutex_lock(&st->umu);
+	n = STK_MIN(max, st->nunrec);
+	memcpy(out, st->unrec, n * sizeof(*out));
+	pthread_mutex_unlock(&st->umu);
+	return n;
+}
+
+void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, const uint8_t *failed)
+{
+	size_t kept = 0;
+
+	pthread_mutex_lock(&st->umu);
+	/* Only appends happened since they were taken: they are still the first. */
+	taken = STK_MIN(taken, st->nunrec);
+	for (size_t i = 0; i < taken; i++)
+		if (failed[i])
+			st->unrec[kept++] = st->unrec[i];
+	memmove(&st->unrec[kept], &st->unrec[taken], (st->nunrec - taken) * sizeof(*st->unrec));
+	st->nunrec -= taken - kept;
+	if (st->nunrec == 0) {
+		free(st->unrec);
+		st->unrec = NULL;
+		st->capunrec = 0;
+	}
+	pthread_mutex_unlock(&st->umu);
 }
 
 /* ---- extended attributes ---- */

@@ -440,8 +440,25 @@ int stk_meta_store_purges(struct stk_meta_store *st, uint64_t from, struct stk_m
 			  size_t max, size_t *n);
 /* Drops the records of the n inodes (those without one are skipped), in one transaction. */
 int stk_meta_store_purge_done(struct stk_meta_store *st, const uint64_t *inos, size_t n);
-/* How many records the purge table holds. */
+/* How many purges wait: the table's records and those kept in memory (below). */
 int stk_meta_store_purge_count(struct stk_meta_store *st, uint64_t *n);
+/*
+ * A full map (MDB_MAP_FULL) fails the transaction that frees a file, since its
+ * purge record needs room. Such an operation is tried once more without the
+ * record, and its purge is kept in memory instead, published when that
+ * transaction commits (an unlink on a full metadata disk still frees space).
+ * A meta stopped before the purger sent them leaves those chunks behind, logged;
+ * they belong to no inode, and stoker fsck finds them as garbage. Past 2^20 such
+ * purges waiting, a freeing fails with -ENOSPC as before.
+ *
+ * stk_meta_store_purges_unrecorded copies up to max of them, the oldest first,
+ * into out and returns how many. stk_meta_store_unrecorded_done settles the first
+ * `taken` of them (as the last call returned them): those with failed[i] stay,
+ * the others are forgotten. One consumer (the purger) only; any thread.
+ */
+size_t stk_meta_store_purges_unrecorded(struct stk_meta_store *st, struct stk_meta_purge *out,
+					size_t max);
+void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, const uint8_t *failed);
 
 /*
  * fsck (docs/fsck.md): the namespace checked against itself, in one transaction,
