@@ -2,24 +2,9 @@
  * `stoker fsck [--repair] [--json] [--grace S] [--cluster ADDR]`: the namespace
  * and the data checked against each other, on a live cluster (docs/fsck.md).
  *
- * The namespace half is meta's (META_FSCK's check: one LMDB transaction, so
- * nothing in flight shows as a problem, and with --repair one write transaction
- * that repairs what is safe). The data half is done here, in two passes: each
- * pass lists meta's regular files and the files waiting for its purge, then
- * every chunk of every target that serves (STOR_FSCK_LIST), and finds
- *   garbage   chunks of an inode meta does not know and is not purging, all of
- *             them older than the grace period (a file being created now, by a
- *             client that answers creates itself, has young chunks);
- *   missing   a chunk meta counts as written, below the file's size, that no
- *             working member of its chain holds: data lost;
- *   replicas  working members of a chain that disagree on a chunk (one lacks it,
- *             or versions or digests differ).
- * Writes, truncates and unlinks in flight make a pass see things that are not
- * problems; they do not stay the same for a second pass, so only what both
- * passes found alike is reported. --repair then removes the garbage (a
- * STOR_TRUNCATE to 0 through the head of each chain that holds it, fenced by the
- * namespace's identity). Missing data is reported, never invented; disagreeing
- * copies are reported for the storage nodes' repair (their resync and scrubber).
+ * The check itself is libstoker's (stk_fsck, stoker.h): it speaks to meta and to
+ * the storage nodes. This file parses the options, shows the check's progress on
+ * stderr when that is a terminal, and prints the report, as text or as JSON.
  *
  * Exit status: 0 when nothing is left to fix, 1 when problems remain (or the
  * check could not run), 2 for bad usage.
@@ -27,613 +12,58 @@
 #include "cli.h"
 
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "../client/client.h"
-#include "../common/layout.h"
 #include "../common/util.h"
-#include "../net/net.h"
-#include "../proto/msg.h"
-#include "../proto/wire.h"
 
-#define GRACE_DEFAULT_S 600
-#define PASS_PAUSE_US 1000000
-#define STOR_CONNECT_MS 5000
-#define MAX_COPIES 16
+/* The longest --grace taken: ten years. */
+#define GRACE_MAX_S (10ull * 365 * 86400)
 
-/* ---- what one pass sees ---- */
-
-struct file {
-	struct stk_attr a;
-	uint8_t exact;
-	uint32_t nalloc;
-	uint32_t (*alloc)[2];
-};
-
-struct copy {
-	uint64_t ino;
-	uint32_t idx;
-	uint32_t target;
-	uint64_t version;
-	uint32_t len, digest;
-	int64_t age;
-};
-
-struct pass {
-	struct file *files;
-	size_t nfiles, capfiles;
-	uint64_t *purging;
-	size_t npurging, cappurging;
-	struct copy *copies;
-	size_t ncopies, capcopies;
-	uint32_t targets_listed, targets_skipped;
-	struct stk_routing rt; /* a copy, taken once per pass */
-};
-
-enum { P_GARBAGE = 1, P_MISSING, P_REPLICAS };
-
-/* A data problem and what must be alike in both passes for it to count. */
-struct dprob {
-	int kind;
-	uint64_t ino;
-	uint32_t idx;	 /* missing, replicas */
-	uint32_t chain;	 /* missing, replicas */
-	uint64_t chunks; /* garbage: how many; replicas: copies seen */
-	uint64_t bytes;	 /* garbage */
-	uint64_t sig;	 /* what both passes must agree on */
-	int repaired;
-	int confirmed;
-};
-
-struct fsck {
-	stk_client *c;
-	int repair, json, progress;
-	int64_t grace;
-	struct stk_msg_meta_fsck_resp ns;     /* the namespace check's counts */
-	struct stk_msg_fsck_problem *nsp;     /* its problems */
-	uint32_t nnsp;
-	struct dprob *dp;
-	size_t ndp, capdp;
-	uint64_t young; /* garbage candidates within the grace period */
-	uint8_t *resp;	/* STK_MAX_PAYLOAD */
-};
-
-static void progress(struct fsck *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void progress(struct fsck *f, const char *fmt, ...)
+static void progress_line(void *ctx, const char *line)
 {
-	va_list ap;
-
-	if (!f->progress)
-		return;
-	va_start(ap, fmt);
-	fputs("\r\033[K", stderr);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
+	(void)ctx;
+	fprintf(stderr, "\r\033[K%s", line);
 	fflush(stderr);
 }
 
-static void progress_end(struct fsck *f)
+static const char *kind_name(int k)
 {
-	if (f->progress)
-		fputs("\r\033[K", stderr);
-}
-
-static int grow(void **v, size_t *cap, size_t n, size_t size)
-{
-	void *p;
-	size_t c;
-
-	if (n < *cap)
-		return 0;
-	c = *cap ? 2 * *cap : 256;
-	p = realloc(*v, c * size);
-	if (!p)
-		return -ENOMEM;
-	*v = p;
-	*cap = c;
-	return 0;
-}
-
-static void pass_free(struct pass *p)
-{
-	for (size_t i = 0; i < p->nfiles; i++)
-		free(p->files[i].alloc);
-	free(p->files);
-	free(p->purging);
-	free(p->copies);
-	stk_routing_free(&p->rt);
-	memset(p, 0, sizeof(*p));
-}
-
-/* One META_FSCK; the reply's head in *r and the reader positioned after it. */
-static int meta_fsck(struct fsck *f, uint32_t op, uint32_t flags, uint64_t from, uint32_t max,
-		     struct stk_msg_meta_fsck_resp *r, struct stk_rbuf *rb)
-{
-	struct stk_msg_meta_fsck_req q = {.cred = f->c->cred, .op = op, .flags = flags,
-					  .from = from, .max = max};
-	uint8_t req[256];
-	struct stk_wbuf w;
-	size_t len = 0;
-	int rc;
-
-	stk_wbuf_init(&w, req, sizeof(req));
-	if (stk_msg_meta_fsck_req_enc(&w, &q))
-		return -EINVAL;
-	rc = stk_client_meta_call(f->c, STK_OP_META_FSCK, req, w.len, f->resp, STK_MAX_PAYLOAD,
-				  &len);
-	if (rc)
-		return rc;
-	stk_rbuf_init(rb, f->resp, len);
-	return stk_msg_meta_fsck_resp_dec(rb, r) ? -EIO : 0;
-}
-
-static int load_files(struct fsck *f, struct pass *p)
-{
-	struct stk_msg_meta_fsck_resp r = {.next = 0};
-	struct stk_rbuf rb;
-	int rc;
-
-	do {
-		rc = meta_fsck(f, STK_FSCK_FILES, 0, r.next, STK_FSCK_FILES_MAX, &r, &rb);
-		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
-			struct stk_msg_fsck_file m;
-			struct file *fl;
-
-			rc = grow((void **)&p->files, &p->capfiles, p->nfiles, sizeof(*p->files));
-			if (rc)
-				break;
-			if (stk_msg_fsck_file_dec(&rb, &m) || m.nalloc > 64) {
-				rc = -EIO;
-				break;
-			}
-			fl = &p->files[p->nfiles++];
-			fl->a = m.attr;
-			fl->exact = m.exact;
-			fl->nalloc = m.nalloc;
-			fl->alloc = calloc(m.nalloc ? m.nalloc : 1, sizeof(*fl->alloc));
-			if (!fl->alloc) {
-				rc = -ENOMEM;
-				break;
-			}
-			for (uint32_t k = 0; k < m.nalloc; k++) {
-				struct stk_msg_fsck_range g;
-
-				if (stk_msg_fsck_range_dec(&rb, &g)) {
-					rc = -EIO;
-					break;
-				}
-				fl->alloc[k][0] = g.first;
-				fl->alloc[k][1] = g.end;
-			}
-		}
-		progress(f, "fsck: %zu files listed", p->nfiles);
-	} while (rc == 0 && !r.done);
-	return rc;
-}
-
-static int load_purging(struct fsck *f, struct pass *p)
-{
-	struct stk_msg_meta_fsck_resp r = {.next = 0};
-	struct stk_rbuf rb;
-	int rc;
-
-	do {
-		rc = meta_fsck(f, STK_FSCK_PURGES, 0, r.next, STK_SYNC_LIST_MAX, &r, &rb);
-		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
-			rc = grow((void **)&p->purging, &p->cappurging, p->npurging,
-				  sizeof(*p->purging));
-			if (rc == 0)
-				p->purging[p->npurging++] = stk_get_u64(&rb);
-		}
-		if (rc == 0 && rb.err)
-			rc = -EIO;
-	} while (rc == 0 && !r.done);
-	return rc;
-}
-
-/* Every chunk of target t (on the node at addr), into p->copies. */
-static int list_target(struct fsck *f, struct pass *p, uint32_t t, const char *addr,
-		       uint32_t nth, uint32_t of)
-{
-	struct stk_msg_stor_fsck_list_resp r = {.from_start = 1};
-	size_t cap = 64 + (size_t)STK_SYNC_LIST_MAX * 48;
-	uint8_t req[128], *resp = malloc(cap);
-	struct stk_conn *conn = NULL;
-	int rc;
-
-	if (!resp)
-		return -ENOMEM;
-	rc = stk_conn_connect(addr, STOR_CONNECT_MS, &conn);
-	while (rc == 0) {
-		struct stk_msg_stor_fsck_list_req q = {.target_id = t, .bucket = r.bucket,
-						       .ino = r.ino, .idx = r.idx,
-						       .from_start = r.from_start,
-						       .max = STK_SYNC_LIST_MAX};
-		struct stk_rpc rpc;
-		struct stk_wbuf w;
-		struct stk_rbuf rb;
-
-		stk_wbuf_init(&w, req, sizeof(req));
-		stk_msg_stor_fsck_list_req_enc(&w, &q);
-		memset(&rpc, 0, sizeof(rpc));
-		stk_rpc_prepare(&rpc, STK_OP_STOR_FSCK_LIST, &w, resp, cap);
-		rc = stk_rpc_call(conn, &rpc);
-		if (rc)
-			break;
-		stk_rbuf_init(&rb, resp, rpc.resp_len);
-		if (stk_msg_stor_fsck_list_resp_dec(&rb, &r)) {
-			rc = -EIO;
-			break;
-		}
-		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
-			struct stk_msg_fsck_chunk m;
-
-			rc = grow((void **)&p->copies, &p->capcopies, p->ncopies,
-				  sizeof(*p->copies));
-			if (rc)
-				break;
-			if (stk_msg_fsck_chunk_dec(&rb, &m)) {
-				rc = -EIO;
-				break;
-			}
-			p->copies[p->ncopies++] = (struct copy){
-			    .ino = m.ino, .idx = m.idx, .target = t, .version = m.version,
-			    .len = m.len, .digest = m.digest, .age = r.now_sec - m.mtime_sec};
-		}
-		progress(f, "fsck: target %u (%u of %u): bucket %u of 256, %zu chunks", t, nth, of,
-			 r.done ? 256 : r.bucket, p->ncopies);
-		if (r.done)
-			break;
+	switch (k) {
+	case STK_FSCK_DANGLING_ENTRY:
+		return "dangling-entry";
+	case STK_FSCK_LOST_ENTRY:
+		return "lost-entry";
+	case STK_FSCK_LINK_COUNT:
+		return "link-count";
+	case STK_FSCK_UNREACHED_INODE:
+		return "unreached-inode";
+	case STK_FSCK_STALE_ORPHAN:
+		return "stale-orphan";
+	case STK_FSCK_PARENT_POINTER:
+		return "parent-pointer";
+	case STK_FSCK_QUOTA_BYTES:
+		return "quota-bytes";
+	case STK_FSCK_QUOTA_INODES:
+		return "quota-inodes";
+	case STK_FSCK_CORRUPT_RECORD:
+		return "corrupt-record";
+	case STK_FSCK_GARBAGE:
+		return "garbage";
+	case STK_FSCK_MISSING_CHUNK:
+		return "missing-chunk";
+	case STK_FSCK_REPLICAS_DIFFER:
+		return "replicas-differ";
 	}
-	if (conn)
-		stk_conn_close(conn);
-	free(resp);
-	return rc;
+	return "unknown";
 }
 
-static int copy_cmp(const void *a, const void *b)
+static int is_data(int k)
 {
-	const struct copy *x = a, *y = b;
-
-	if (x->ino != y->ino)
-		return x->ino < y->ino ? -1 : 1;
-	if (x->idx != y->idx)
-		return x->idx < y->idx ? -1 : 1;
-	return (x->target > y->target) - (x->target < y->target);
-}
-
-static int serves(const struct stk_rt_target *t)
-{
-	return t && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL);
-}
-
-/* Lists what meta and every serving target hold now. */
-static int pass_load(struct fsck *f, struct pass *p)
-{
-	int rc;
-
-	memset(p, 0, sizeof(*p));
-	rc = load_files(f, p);
-	if (rc == 0)
-		rc = load_purging(f, p);
-	if (rc == 0)
-		rc = stk_client_refresh_routing(f->c);
-	if (rc)
-		return rc;
-	/* A copy of the table: the client's may change under us. */
-	{
-		uint8_t *buf = malloc(STK_MAX_PAYLOAD);
-		struct stk_wbuf w;
-		struct stk_rbuf r;
-
-		if (!buf)
-			return -ENOMEM;
-		stk_wbuf_init(&w, buf, STK_MAX_PAYLOAD);
-		pthread_rwlock_rdlock(&f->c->rt_lock);
-		rc = stk_routing_encode(&w, &f->c->rt);
-		pthread_rwlock_unlock(&f->c->rt_lock);
-		stk_rbuf_init(&r, buf, w.len);
-		if (rc == 0)
-			rc = stk_routing_decode(&r, &p->rt);
-		free(buf);
-		if (rc)
-			return rc;
-	}
-	for (uint32_t i = 0; rc == 0 && i < p->rt.ntargets; i++) {
-		const struct stk_rt_target *t = &p->rt.targets[i];
-		const struct stk_rt_node *n = stk_routing_node(&p->rt, t->node_id);
-
-		/* Offline: unreachable; wiping: its chunks go anyway; syncing: catching up. */
-		if (!serves(t) || !n) {
-			p->targets_skipped++;
-			continue;
-		}
-		rc = list_target(f, p, t->id, n->addr, i + 1, p->rt.ntargets);
-		if (rc)
-			cli_err("fsck", "listing target %u on %s: %s", t->id, n->addr,
-				stk_strerror(rc));
-		else
-			p->targets_listed++;
-	}
-	if (rc == 0 && p->ncopies) /* qsort wants an array, even of none */
-		qsort(p->copies, p->ncopies, sizeof(*p->copies), copy_cmp);
-	return rc;
-}
-
-/* ---- comparing ---- */
-
-static const struct file *file_find(const struct pass *p, uint64_t ino)
-{
-	size_t lo = 0, hi = p->nfiles;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (p->files[mid].a.ino == ino)
-			return &p->files[mid];
-		if (p->files[mid].a.ino < ino)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return NULL;
-}
-
-static int u64_in(const uint64_t *v, size_t n, uint64_t x)
-{
-	size_t lo = 0, hi = n;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-
-		if (v[mid] == x)
-			return 1;
-		if (v[mid] < x)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return 0;
-}
-
-static int u64_cmp(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return (x > y) - (x < y);
-}
-
-/* The first copy of (ino, idx), or p->ncopies. */
-static size_t copies_of(const struct pass *p, uint64_t ino, uint32_t idx)
-{
-	size_t lo = 0, hi = p->ncopies;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		const struct copy *c = &p->copies[mid];
-
-		if (c->ino < ino || (c->ino == ino && c->idx < idx))
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
-static uint64_t mix(uint64_t h, uint64_t v)
-{
-	h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-	return h;
-}
-
-static int add(struct fsck *f, const struct dprob *d, int first)
-{
-	if (!first) {
-		/* The second pass confirms a first-pass problem that it sees alike. */
-		for (size_t i = 0; i < f->ndp; i++)
-			if (f->dp[i].kind == d->kind && f->dp[i].ino == d->ino &&
-			    f->dp[i].idx == d->idx && f->dp[i].sig == d->sig) {
-				f->dp[i].confirmed = 1;
-				return 0;
-			}
-		return 0;
-	}
-	if (grow((void **)&f->dp, &f->capdp, f->ndp, sizeof(*f->dp)))
-		return -ENOMEM;
-	f->dp[f->ndp++] = *d;
-	return 0;
-}
-
-/* The chunks of inodes meta does not know (nor purges). */
-static int find_garbage(struct fsck *f, const struct pass *p, int first)
-{
-	int rc = 0;
-
-	for (size_t i = 0, j; rc == 0 && i < p->ncopies; i = j) {
-		struct dprob d = {.kind = P_GARBAGE, .ino = p->copies[i].ino};
-		int64_t youngest = INT64_MAX;
-
-		for (j = i; j < p->ncopies && p->copies[j].ino == d.ino; j++) {
-			d.chunks++;
-			d.bytes += p->copies[j].len;
-			d.sig = mix(d.sig, ((uint64_t)p->copies[j].idx << 32) | p->copies[j].target);
-			if (p->copies[j].age < youngest)
-				youngest = p->copies[j].age;
-		}
-		if (file_find(p, d.ino) || u64_in(p->purging, p->npurging, d.ino))
-			continue;
-		if (youngest < f->grace) {
-			if (first)
-				f->young++;
-			continue;
-		}
-		rc = add(f, &d, first);
-	}
-	return rc;
-}
-
-/* A file's written chunks against the copies of its chain's working members. */
-static int check_file(struct fsck *f, const struct pass *p, const struct file *fl, int first)
-{
-	uint32_t chains[STK_MAX_STRIPE];
-	uint64_t cs = fl->a.layout.chunk_size, nchunks;
-	int rc = 0;
-
-	if (stk_layout_check(&fl->a.layout) || fl->a.size == 0)
-		return 0;
-	stk_layout_chains(&fl->a.layout, chains);
-	nchunks = (fl->a.size + cs - 1) / cs;
-	for (uint32_t r = 0; rc == 0 && r < fl->nalloc; r++) {
-		uint64_t end = STK_MIN((uint64_t)fl->alloc[r][1], nchunks);
-
-		for (uint64_t idx = fl->alloc[r][0]; rc == 0 && idx < end; idx++) {
-			uint32_t chain = stk_layout_chunk_chain(&fl->a.layout, chains, (uint32_t)idx);
-			const struct stk_rt_chain *ch = stk_routing_chain(&p->rt, chain);
-			struct dprob d = {.ino = fl->a.ino, .idx = (uint32_t)idx, .chain = chain};
-			size_t k0 = copies_of(p, fl->a.ino, (uint32_t)idx), k;
-			unsigned working = 0, have = 0, differ = 0;
-			const struct copy *ref = NULL;
-
-			if (!ch)
-				continue;
-			d.sig = mix(fl->a.size, (uint64_t)fl->a.mtime_sec * 1000000000ull +
-							fl->a.mtime_nsec);
-			for (unsigned m = 0; m < ch->ntargets; m++) {
-				const struct copy *c = NULL;
-
-				if (!serves(stk_routing_target(&p->rt, ch->targets[m])))
-					continue;
-				working++;
-				for (k = k0; k < p->ncopies && p->copies[k].ino == fl->a.ino &&
-					     p->copies[k].idx == idx;
-				     k++)
-					if (p->copies[k].target == ch->targets[m])
-						c = &p->copies[k];
-				d.sig = mix(d.sig, c ? (c->version << 32) ^ c->digest : 0);
-				if (!c)
-					continue;
-				have++;
-				if (ref && (ref->version != c->version || ref->digest != c->digest ||
-					    ref->len != c->len))
-					differ = 1;
-				ref = ref ? ref : c;
-			}
-			if (working == 0)
-				continue; /* nothing to compare with: the chain does not serve */
-			d.chunks = have;
-			if (have == 0 && fl->exact)
-				d.kind = P_MISSING;
-			else if (have && (have < working || differ))
-				d.kind = P_REPLICAS;
-			else
-				continue;
-			rc = add(f, &d, first);
-		}
-	}
-	return rc;
-}
-
-static int pass_compare(struct fsck *f, struct pass *p, int first)
-{
-	int rc;
-
-	if (p->npurging)
-		qsort(p->purging, p->npurging, sizeof(*p->purging), u64_cmp);
-	rc = find_garbage(f, p, first);
-	for (size_t i = 0; rc == 0 && i < p->nfiles; i++)
-		rc = check_file(f, p, &p->files[i], first);
-	return rc;
-}
-
-/* ---- repairing garbage ---- */
-
-static int truncate_on(struct fsck *f, const struct stk_routing *rt, const struct stk_rt_chain *ch,
-		       uint64_t ino)
-{
-	struct stk_msg_stor_truncate_req m = {.chain_id = ch->id, .chain_ver = ch->version,
-					      .ino = ino, .size = 0, .chunk_size = 1u << 20};
-	uint8_t req[128], resp[64];
-	struct stk_conn *conn = NULL;
-	const struct stk_rt_node *n = NULL;
-	struct stk_ns_id ns;
-	struct stk_rpc rpc;
-	struct stk_wbuf w;
-	int rc;
-
-	/* The head: the first member that changes reach (it passes them down). */
-	for (unsigned i = 0; i < ch->ntargets && !n; i++) {
-		const struct stk_rt_target *t = stk_routing_target(rt, ch->targets[i]);
-
-		if (t && (serves(t) || t->state == STK_TARGET_SYNCING))
-			n = stk_routing_node(rt, t->node_id);
-	}
-	if (!n)
-		return -EAGAIN;
-	rc = stk_client_meta_ns(f->c, &ns);
-	if (rc)
-		return rc;
-	m.ns_hi = ns.hi;
-	m.ns_lo = ns.lo;
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_stor_truncate_req_enc(&w, &m);
-	rc = stk_conn_connect(n->addr, STOR_CONNECT_MS, &conn);
-	if (rc)
-		return rc;
-	memset(&rpc, 0, sizeof(rpc));
-	stk_rpc_prepare(&rpc, STK_OP_STOR_TRUNCATE, &w, resp, sizeof(resp));
-	rc = stk_rpc_call(conn, &rpc);
-	stk_conn_close(conn);
-	return rc;
-}
-
-/* Removes garbage inode ino from every chain one of whose members holds some of it. */
-static int remove_garbage(struct fsck *f, const struct pass *p, uint64_t ino)
-{
-	int rc = 0;
-
-	for (uint32_t c = 0; c < p->rt.nchains; c++) {
-		const struct stk_rt_chain *ch = &p->rt.chains[c];
-		int holds = 0;
-
-		for (size_t k = copies_of(p, ino, 0); k < p->ncopies && p->copies[k].ino == ino; k++)
-			for (unsigned m = 0; m < ch->ntargets; m++)
-				holds |= p->copies[k].target == ch->targets[m];
-		if (!holds)
-			continue;
-		int r = truncate_on(f, &p->rt, ch, ino);
-
-		if (r && !rc)
-			rc = r;
-	}
-	return rc;
-}
-
-/* ---- reporting ---- */
-
-static const char *ns_kind(uint32_t k)
-{
-	static const char *const names[] = {
-	    [STK_FSCK_KIND_DANGLING] = "dangling-entry",
-	    [STK_FSCK_KIND_LOST_ENTRY] = "lost-entry",
-	    [STK_FSCK_KIND_NLINK] = "link-count",
-	    [STK_FSCK_KIND_UNREACHED] = "unreached-inode",
-	    [STK_FSCK_KIND_STALE_ORPHAN] = "stale-orphan",
-	    [STK_FSCK_KIND_PARENT] = "parent-pointer",
-	    [STK_FSCK_KIND_QUOTA_BYTES] = "quota-bytes",
-	    [STK_FSCK_KIND_QUOTA_INODES] = "quota-inodes",
-	    [STK_FSCK_KIND_CORRUPT] = "corrupt-record",
-	};
-
-	return k < STK_ARRAY_SIZE(names) && names[k] ? names[k] : "unknown";
-}
-
-static const char *data_kind(int k)
-{
-	return k == P_GARBAGE ? "garbage" : k == P_MISSING ? "missing-chunk" : "replicas-differ";
+	return k == STK_FSCK_GARBAGE || k == STK_FSCK_MISSING_CHUNK ||
+	       k == STK_FSCK_REPLICAS_DIFFER;
 }
 
 static void json_name(const char *s)
@@ -652,247 +82,179 @@ static void json_name(const char *s)
 	putchar('"');
 }
 
-static void ns_line(const struct stk_msg_fsck_problem *q)
+static void line(const struct stk_fsck_problem *q)
 {
-	switch (q->kind) {
-	case STK_FSCK_KIND_DANGLING:
-		printf("  dangling entry: '%s' in folder %llu names inode %llu, which does not exist",
-		       q->name, (unsigned long long)q->parent, (unsigned long long)q->ino);
-		break;
-	case STK_FSCK_KIND_LOST_ENTRY:
-		printf("  lost entry: '%s' (inode %llu) is in %llu, which is no folder", q->name,
-		       (unsigned long long)q->ino, (unsigned long long)q->parent);
-		break;
-	case STK_FSCK_KIND_NLINK:
-		printf("  link count: inode %llu has %llu, its names say %llu",
-		       (unsigned long long)q->ino, (unsigned long long)q->found,
-		       (unsigned long long)q->expect);
-		break;
-	case STK_FSCK_KIND_UNREACHED:
-		printf("  unreached inode: %llu has no name and is not open",
-		       (unsigned long long)q->ino);
-		break;
-	case STK_FSCK_KIND_STALE_ORPHAN:
-		printf("  stale orphan record: inode %llu does not exist", (unsigned long long)q->ino);
-		break;
-	case STK_FSCK_KIND_PARENT:
-		printf("  parent pointer: folder %llu points at %llu, its entry is in %llu",
-		       (unsigned long long)q->ino, (unsigned long long)q->found,
-		       (unsigned long long)q->expect);
-		break;
-	case STK_FSCK_KIND_QUOTA_BYTES:
-	case STK_FSCK_KIND_QUOTA_INODES:
-		printf("  quota usage: folder %llu counts %llu %s, its tree holds %llu",
-		       (unsigned long long)q->ino, (unsigned long long)q->found,
-		       q->kind == STK_FSCK_KIND_QUOTA_BYTES ? "bytes" : "inodes",
-		       (unsigned long long)q->expect);
-		break;
-	default:
-		printf("  corrupt record: inode %llu", (unsigned long long)q->ino);
-	}
-	printf("%s\n", q->repaired ? " (repaired)" : "");
-}
+	unsigned long long ino = q->ino, parent = q->parent, expect = q->expect, found = q->found;
 
-static void data_line(const struct dprob *d)
-{
-	switch (d->kind) {
-	case P_GARBAGE:
+	switch (q->kind) {
+	case STK_FSCK_DANGLING_ENTRY:
+		printf(
+		    "  dangling entry: '%s' in folder %llu names inode %llu, which does not exist",
+		    q->name, parent, ino);
+		break;
+	case STK_FSCK_LOST_ENTRY:
+		printf("  lost entry: '%s' (inode %llu) is in %llu, which is no folder", q->name,
+		       ino, parent);
+		break;
+	case STK_FSCK_LINK_COUNT:
+		printf("  link count: inode %llu has %llu, its names say %llu", ino, found, expect);
+		break;
+	case STK_FSCK_UNREACHED_INODE:
+		printf("  unreached inode: %llu has no name and is not open", ino);
+		break;
+	case STK_FSCK_STALE_ORPHAN:
+		printf("  stale orphan record: inode %llu does not exist", ino);
+		break;
+	case STK_FSCK_PARENT_POINTER:
+		printf("  parent pointer: folder %llu points at %llu, its entry is in %llu", ino,
+		       found, expect);
+		break;
+	case STK_FSCK_QUOTA_BYTES:
+	case STK_FSCK_QUOTA_INODES:
+		printf("  quota usage: folder %llu counts %llu %s, its tree holds %llu", ino, found,
+		       q->kind == STK_FSCK_QUOTA_BYTES ? "bytes" : "inodes", expect);
+		break;
+	case STK_FSCK_GARBAGE:
 		printf("  garbage: %llu chunk copies (%llu bytes) of inode %llu, which meta does "
 		       "not know",
-		       (unsigned long long)d->chunks, (unsigned long long)d->bytes,
-		       (unsigned long long)d->ino);
+		       (unsigned long long)q->copies, (unsigned long long)q->bytes, ino);
 		break;
-	case P_MISSING:
+	case STK_FSCK_MISSING_CHUNK:
 		printf("  missing chunk: chunk %u of inode %llu (chain %u) is on no replica: data "
 		       "lost",
-		       d->idx, (unsigned long long)d->ino, d->chain);
+		       q->chunk, ino, q->chain);
+		break;
+	case STK_FSCK_REPLICAS_DIFFER:
+		printf(
+		    "  replicas differ: chunk %u of inode %llu (chain %u): %llu copies, not alike",
+		    q->chunk, ino, q->chain, (unsigned long long)q->copies);
 		break;
 	default:
-		printf("  replicas differ: chunk %u of inode %llu (chain %u): %llu copies, not alike",
-		       d->idx, (unsigned long long)d->ino, d->chain, (unsigned long long)d->chunks);
+		printf("  corrupt record: inode %llu", ino);
 	}
-	printf("%s\n", d->repaired ? " (removed)" : "");
+	if (q->repaired)
+		printf(" (%s)", q->kind == STK_FSCK_GARBAGE ? "removed" : "repaired");
+	putchar('\n');
 }
 
-static uint64_t remaining(const struct fsck *f)
+static void print_json(const struct stk_fsck_report *r)
 {
-	uint64_t n = f->ns.total - f->ns.repaired;
+	printf("{\"clean\": %s, \"problems\": %llu, \"remaining\": %llu, ",
+	       r->remaining ? "false" : "true", (unsigned long long)r->problems,
+	       (unsigned long long)r->remaining);
+	printf("\"namespace\": {\"inodes\": %llu, \"entries\": %llu, \"dirs\": %llu, "
+	       "\"files\": %llu}, ",
+	       (unsigned long long)r->inodes, (unsigned long long)r->entries,
+	       (unsigned long long)r->dirs, (unsigned long long)r->files);
+	printf("\"data\": {\"targets\": %u, \"targets_skipped\": %u, \"chunks\": %llu, "
+	       "\"young_unknown\": %llu}, \"list\": [",
+	       r->targets, r->targets_skipped, (unsigned long long)r->chunks,
+	       (unsigned long long)r->young_unknown);
+	for (size_t i = 0; i < r->nlist; i++) {
+		const struct stk_fsck_problem *q = &r->list[i];
 
-	for (size_t i = 0; i < f->ndp; i++)
-		n += f->dp[i].confirmed && !f->dp[i].repaired;
-	return n;
-}
-
-static void report(const struct fsck *f, const struct pass *p)
-{
-	uint64_t found = f->ns.total, left = remaining(f);
-
-	for (size_t i = 0; i < f->ndp; i++)
-		found += f->dp[i].confirmed;
-	if (f->json) {
-		int first = 1;
-
-		printf("{\"clean\": %s, \"problems\": %llu, \"remaining\": %llu, ",
-		       left ? "false" : "true", (unsigned long long)found, (unsigned long long)left);
-		printf("\"namespace\": {\"inodes\": %llu, \"entries\": %llu, \"dirs\": %llu, "
-		       "\"files\": %llu}, ",
-		       (unsigned long long)f->ns.inodes, (unsigned long long)f->ns.entries,
-		       (unsigned long long)f->ns.dirs, (unsigned long long)f->ns.files);
-		printf("\"data\": {\"targets\": %u, \"targets_skipped\": %u, \"chunks\": %zu, "
-		       "\"young_unknown\": %llu}, \"list\": [",
-		       p->targets_listed, p->targets_skipped, p->ncopies,
-		       (unsigned long long)f->young);
-		for (uint32_t i = 0; i < f->nnsp; i++, first = 0) {
-			const struct stk_msg_fsck_problem *q = &f->nsp[i];
-
-			printf("%s{\"kind\": \"%s\", \"ino\": %llu, \"parent\": %llu, \"expect\": "
-			       "%llu, \"found\": %llu, \"name\": ",
-			       first ? "" : ", ", ns_kind(q->kind), (unsigned long long)q->ino,
-			       (unsigned long long)q->parent, (unsigned long long)q->expect,
-			       (unsigned long long)q->found);
-			json_name(q->name);
-			printf(", \"repaired\": %s}", q->repaired ? "true" : "false");
-		}
-		for (size_t i = 0; i < f->ndp; i++) {
-			const struct dprob *d = &f->dp[i];
-
-			if (!d->confirmed)
-				continue;
+		if (is_data(q->kind)) {
 			printf("%s{\"kind\": \"%s\", \"ino\": %llu, \"chunk\": %u, \"chain\": %u, "
 			       "\"copies\": %llu, \"bytes\": %llu, \"repaired\": %s}",
-			       first ? "" : ", ", data_kind(d->kind), (unsigned long long)d->ino,
-			       d->idx, d->chain, (unsigned long long)d->chunks,
-			       (unsigned long long)d->bytes, d->repaired ? "true" : "false");
-			first = 0;
+			       i ? ", " : "", kind_name(q->kind), (unsigned long long)q->ino,
+			       q->chunk, q->chain, (unsigned long long)q->copies,
+			       (unsigned long long)q->bytes, q->repaired ? "true" : "false");
+			continue;
 		}
-		printf("]}\n");
-		return;
+		printf("%s{\"kind\": \"%s\", \"ino\": %llu, \"parent\": %llu, \"expect\": %llu, "
+		       "\"found\": %llu, \"name\": ",
+		       i ? ", " : "", kind_name(q->kind), (unsigned long long)q->ino,
+		       (unsigned long long)q->parent, (unsigned long long)q->expect,
+		       (unsigned long long)q->found);
+		json_name(q->name);
+		printf(", \"repaired\": %s}", q->repaired ? "true" : "false");
 	}
+	printf("]}\n");
+}
+
+static void print_text(const struct stk_fsck_report *r, int repair, int64_t grace)
+{
+	int data_seen = 0;
+
 	printf("namespace: %llu inodes, %llu entries, %llu folders, %llu files\n",
-	       (unsigned long long)f->ns.inodes, (unsigned long long)f->ns.entries,
-	       (unsigned long long)f->ns.dirs, (unsigned long long)f->ns.files);
-	printf("data: %u targets listed (%u not serving, skipped), %zu chunk copies\n",
-	       p->targets_listed, p->targets_skipped, p->ncopies);
-	if (f->young)
+	       (unsigned long long)r->inodes, (unsigned long long)r->entries,
+	       (unsigned long long)r->dirs, (unsigned long long)r->files);
+	printf("data: %u targets listed (%u not serving, skipped), %llu chunk copies\n", r->targets,
+	       r->targets_skipped, (unsigned long long)r->chunks);
+	if (r->young_unknown)
 		printf("data: %llu inode(s) unknown to meta with chunks younger than %llds: left "
 		       "alone (files being created)\n",
-		       (unsigned long long)f->young, (long long)f->grace);
-	for (uint32_t i = 0; i < f->nnsp; i++)
-		ns_line(&f->nsp[i]);
-	if (f->ns.total > f->nnsp)
-		printf("  ... and %llu more namespace problems\n",
-		       (unsigned long long)(f->ns.total - f->nnsp));
-	for (size_t i = 0; i < f->ndp; i++)
-		if (f->dp[i].confirmed)
-			data_line(&f->dp[i]);
-	if (!found)
+		       (unsigned long long)r->young_unknown, (long long)grace);
+	for (size_t i = 0; i < r->nlist; i++) {
+		/* The namespace's problems past those listed, before the data's. */
+		if (!data_seen && is_data(r->list[i].kind)) {
+			data_seen = 1;
+			if (r->unlisted)
+				printf("  ... and %llu more namespace problems\n",
+				       (unsigned long long)r->unlisted);
+		}
+		line(&r->list[i]);
+	}
+	if (!data_seen && r->unlisted)
+		printf("  ... and %llu more namespace problems\n", (unsigned long long)r->unlisted);
+	if (!r->problems)
 		printf("clean: no problem found\n");
 	else
-		printf("%llu problem(s) found, %llu left%s\n", (unsigned long long)found,
-		       (unsigned long long)left,
-		       left && !f->repair ? " (stoker fsck --repair fixes what is safe)" : "");
-}
-
-/* ---- the command ---- */
-
-static int fsck_namespace(struct fsck *f)
-{
-	struct stk_rbuf rb;
-	int rc;
-
-	progress(f, "fsck: checking the namespace");
-	rc = meta_fsck(f, STK_FSCK_CHECK, f->repair ? STK_FSCK_REPAIR : 0, 0,
-		       STK_FSCK_PROBLEMS_MAX, &f->ns, &rb);
-	if (rc)
-		return rc;
-	f->nsp = calloc(f->ns.n ? f->ns.n : 1, sizeof(*f->nsp));
-	if (!f->nsp)
-		return -ENOMEM;
-	for (f->nnsp = 0; f->nnsp < f->ns.n; f->nnsp++)
-		if (stk_msg_fsck_problem_dec(&rb, &f->nsp[f->nnsp]))
-			return -EIO;
-	return 0;
-}
-
-static int fsck_data(struct fsck *f, struct pass *last)
-{
-	struct pass p1;
-	int rc;
-
-	rc = pass_load(f, &p1);
-	if (rc == 0)
-		rc = pass_compare(f, &p1, 1);
-	pass_free(&p1);
-	if (rc)
-		return rc;
-	/* Something in flight looks alike a second later only if it is not in flight. */
-	if (f->ndp) {
-		progress(f, "fsck: %zu possible problem(s): looking again", f->ndp);
-		usleep(PASS_PAUSE_US);
-	}
-	rc = pass_load(f, last);
-	if (rc == 0 && f->ndp)
-		rc = pass_compare(f, last, 0);
-	for (size_t i = 0; rc == 0 && f->repair && i < f->ndp; i++) {
-		struct dprob *d = &f->dp[i];
-		int r;
-
-		if (!d->confirmed || d->kind != P_GARBAGE)
-			continue;
-		r = remove_garbage(f, last, d->ino);
-		if (r)
-			cli_err("fsck", "removing the chunks of inode %llu: %s",
-				(unsigned long long)d->ino, stk_strerror(r));
-		d->repaired = r == 0;
-	}
-	return rc;
+		printf("%llu problem(s) found, %llu left%s\n", (unsigned long long)r->problems,
+		       (unsigned long long)r->remaining,
+		       r->remaining && !repair ? " (stoker fsck --repair fixes what is safe)" : "");
 }
 
 int cmd_fsck(int argc, char **argv)
 {
-	struct fsck f = {.grace = GRACE_DEFAULT_S};
+	struct stk_fsck_opts o = {.size = sizeof(o)};
+	struct stk_fsck_report *r = NULL;
 	const char *cluster = NULL;
-	struct pass last = {0};
-	int rc;
+	int64_t grace = 600;
+	int json = 0, show, rc;
+	stk_client *c;
 
 	for (int i = 1; i < argc; i++) {
 		uint64_t v;
 
-		if (strcmp(argv[i], "--repair") == 0)
-			f.repair = 1;
-		else if (strcmp(argv[i], "--json") == 0)
-			f.json = 1;
-		else if (strcmp(argv[i], "--grace") == 0 && i + 1 < argc &&
-			 stk_parse_u64(argv[i + 1], &v) == 0 && v <= 10ull * 365 * 86400)
-			f.grace = (int64_t)v, i++;
-		else if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc)
+		if (strcmp(argv[i], "--repair") == 0) {
+			o.repair = 1;
+		} else if (strcmp(argv[i], "--json") == 0) {
+			json = 1;
+		} else if (strcmp(argv[i], "--grace") == 0 && i + 1 < argc) {
+			if (stk_parse_u64(argv[i + 1], &v) || v > GRACE_MAX_S) {
+				cli_err(argv[0], "--grace takes seconds, 0 to %llu: '%s'",
+					(unsigned long long)GRACE_MAX_S, argv[i + 1]);
+				return 2;
+			}
+			grace = (int64_t)v;
+			o.grace_s = v ? (int64_t)v : -1;
+			i++;
+		} else if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
 			cluster = argv[++i];
-		else
+		} else {
 			return cli_usage(argv[0]);
+		}
 	}
-	f.progress = !f.json && isatty(2);
-	f.c = cli_connect(argv[0], cluster);
-	if (!f.c)
+	show = !json && isatty(2);
+	if (show)
+		o.progress = progress_line;
+	c = cli_connect(argv[0], cluster);
+	if (!c)
 		return 1;
-	f.resp = malloc(STK_MAX_PAYLOAD);
-	if (!f.resp) {
-		cli_err(argv[0], "out of memory");
-		return 1;
-	}
-	rc = fsck_namespace(&f);
-	if (rc == 0)
-		rc = fsck_data(&f, &last);
-	progress_end(&f);
+	rc = stk_fsck(c, &o, &r);
+	if (show)
+		fputs("\r\033[K", stderr);
 	if (rc) {
 		cli_err(argv[0], "%s", rc == -EPERM ? "only root may run fsck" : stk_strerror(rc));
 		rc = 1;
 	} else {
-		report(&f, &last);
-		rc = remaining(&f) ? 1 : 0;
+		if (json)
+			print_json(r);
+		else
+			print_text(r, o.repair, grace);
+		rc = r->remaining ? 1 : 0;
 	}
-	pass_free(&last);
-	free(f.nsp);
-	free(f.dp);
-	free(f.resp);
-	return rc;
+	stk_fsck_report_free(r);
+	return rc; /* main disconnects c */
 }

@@ -7,11 +7,13 @@ import json
 import os
 import shutil
 import struct
+import pty
 import subprocess
+import tempfile
 import threading
 import time
 
-from conftest import BUILD, STOKER, pick_ports, run, wait_until
+from conftest import BUILD, NOBODY, STOKER, as_nobody, pick_ports, run, wait_until
 from pyhelp import stoker
 
 MiB = 1 << 20
@@ -93,6 +95,66 @@ def test_a_healthy_cluster_is_clean(cluster):
     assert out["data"]["targets"] == cluster.targets and out["data"]["chunks"] >= 5
     p = cluster.cli("fsck")
     assert b"clean: no problem found" in p.stdout
+
+
+def test_bad_options_and_a_caller_not_root_get_clear_errors(cluster):
+    for args, want in ((("--grace", "soon"), b"--grace takes seconds"),
+                       (("--grace", "-5"), b"--grace takes seconds"),
+                       (("--grace", str(10 * 365 * 86400 + 1)), b"--grace takes seconds"),
+                       (("--grace",), b"usage: stoker fsck"),
+                       (("--repair", "now"), b"usage: stoker fsck")):
+        p = cluster.cli("fsck", *args, check=False)
+        assert p.returncode == 2 and want in p.stderr, (args, p.stderr)
+        assert p.stdout == b""
+    # Someone else than root, with the cluster's key: meta refuses, nothing is read.
+    keydir = tempfile.mkdtemp()
+    try:
+        os.chmod(keydir, 0o755)
+        key = os.path.join(keydir, "key")
+        shutil.copy(cluster.key_file, key)
+        os.chown(key, NOBODY, NOBODY)
+        env = cluster.env()
+        env["STOKER_KEY_FILE"] = key
+        p = subprocess.run([STOKER, "fsck"], env=env, preexec_fn=as_nobody,
+                           capture_output=True, timeout=120)
+    finally:
+        shutil.rmtree(keydir)
+    assert p.returncode == 1 and b"only root may run fsck" in p.stderr, p.stderr
+    assert p.stdout == b""
+
+
+def test_progress_goes_to_stderr_when_it_is_a_terminal(cluster):
+    c = stoker.connect(cluster.url)
+    try:
+        populate(c)
+    finally:
+        c.close()
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.run([STOKER, "fsck"], env=cluster.env(), stdout=subprocess.PIPE,
+                           stderr=slave, timeout=120)
+        os.close(slave)
+        slave = None
+        seen = b""
+        while True:
+            try:
+                got = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+            if not got:
+                break
+            seen += got
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert p.returncode == 0 and b"clean: no problem found" in p.stdout
+    assert b"fsck: checking the namespace" in seen and b"fsck: target " in seen, seen
+    assert b"\r\x1b[K" in seen  # each line overwrites the last, and the last is wiped
+    assert seen.endswith(b"\r\x1b[K")
+    # Not a terminal: no progress at all.
+    p = cluster.cli("fsck")
+    assert p.stderr == b""
 
 
 def test_planted_data_problems_are_reported_and_garbage_is_repaired(cluster):
