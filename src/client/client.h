@@ -191,6 +191,13 @@ int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t o
  * the queue is full. A failure is logged: the space is leaked.
  */
 int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a);
+/*
+ * The same for a caller holding the write-behind's lock (behind.c): never calls
+ * meta (which would first send what is behind, and wait on that lock), so a full
+ * queue grows rather than removing the chunks in the caller; -EAGAIN (logged)
+ * when neither can be done: the chunks are then left to meta's purge or to fsck.
+ */
+int stk_client_remove_data_nowait(struct stk_client *c, const struct stk_attr *a);
 /* The reaper's life: created by stk_connect, drained and freed by stk_disconnect. */
 int stk_reaper_create(struct stk_client *c);
 void stk_reaper_destroy(struct stk_client *c);
