@@ -1650,6 +1650,78 @@ static void test_purge(void)
 }
 
 /* Bytes: reservations, the sizes that replace them, truncates. */
+/*
+ * A full map: a freeing that finds no room for its purge record still runs (in
+ * the reserve), its purge kept in memory until the purger takes it.
+ */
+static void test_full_map(void)
+{
+	static char dir[64];
+	static uint8_t pad[16000];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .dir = dir, .map_size = 4ull << 20};
+	struct stk_meta_store *full = NULL;
+	struct stk_meta_purge p[8];
+	uint8_t failed[8] = {1};
+	uint64_t inos[1000], count = 0, left = 0;
+	unsigned n;
+	size_t got;
+	char name[32];
+	int rc = 0;
+
+	if (check_tmpdir(dir, sizeof(dir), "meta-full"))
+		return;
+	CHECK_RC(stk_meta_store_open(&o, &full), 0);
+	if (!full)
+		goto out;
+	for (n = 0; n < 1000; n++) {
+		struct stk_attr a;
+		int created = 0;
+
+		snprintf(name, sizeof(name), "f%u", n);
+		rc = stk_meta_store_create(full, &ROOT, STK_ROOT_INO, name, 0644, STK_CREATE_EXCL,
+					   &ZERO_LAYOUT, &PL4, &a, &created);
+		if (rc == 0)
+			rc = stk_meta_store_setxattr(full, &ROOT, a.ino, "user.pad", pad,
+						     sizeof(pad), 0);
+		if (rc)
+			break;
+		inos[n] = a.ino;
+	}
+	CHECK_RC(rc, -ENOSPC);
+	CHECK(n > 10);
+	/* The last pages too, with smaller values, so that no freeing finds room. */
+	for (size_t size = 4000; size >= 100; size /= 4)
+		for (unsigned i = 0; i < n; i++)
+			if (stk_meta_store_setxattr(full, &ROOT, inos[i], "user.top", pad, size, 0))
+				break;
+	for (unsigned i = 0; i < n; i++) {
+		struct stk_attr a;
+
+		snprintf(name, sizeof(name), "f%u", i);
+		CHECK_RC(stk_meta_store_unlink(full, &ROOT, STK_ROOT_INO, name, &a), 0);
+	}
+	/* Each freed file's purge waits: in the table, or in memory for the first ones. */
+	CHECK_RC(stk_meta_store_purge_count(full, &count), 0);
+	CHECK_EQ(count, n);
+	got = stk_meta_store_purges_unrecorded(full, p, 8);
+	CHECK(got >= 1);
+	CHECK_EQ(p[0].ino, inos[0]);
+	CHECK_EQ(p[0].layout.stripe, 4);
+	/* The purger settles them: the failed first stays, the others go. */
+	stk_meta_store_unrecorded_done(full, got, failed);
+	CHECK_RC(stk_meta_store_purge_count(full, &left), 0);
+	CHECK_EQ(left, count - (got - 1));
+	CHECK_EQ(stk_meta_store_purges_unrecorded(full, p, 8) >= 1, 1);
+	CHECK_EQ(p[0].ino, inos[0]);
+	/* And the map takes new files again. */
+	CHECK_EQ(stk_meta_store_create(full, &ROOT, STK_ROOT_INO, "after", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &(struct stk_attr){0}, &(int){0}),
+		 0);
+	stk_meta_store_close(full);
+out:
+	check_rm_rf(dir);
+}
+
 static void test_quota_bytes(void)
 {
 	struct stk_meta_quota q;
@@ -1899,6 +1971,7 @@ int main(void)
 	CHECK_RUN(test_readdir_small);
 	CHECK_RUN(test_xattrs);
 	CHECK_RUN(test_purge);
+	CHECK_RUN(test_full_map);
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
 	CHECK_RUN(test_quota_nested_rename);
