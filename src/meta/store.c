@@ -2755,7 +2755,8 @@ size_t stk_meta_store_purges_unrecorded(struct stk_meta_store *st, struct stk_me
 
 	pthread_mutex_lock(&st->umu);
 	n = STK_MIN(max, st->nunrec);
-	memcpy(out, st->unrec, n * sizeof(*out));
+	if (n) /* none kept: st->unrec is NULL */
+		memcpy(out, st->unrec, n * sizeof(*out));
 	pthread_mutex_unlock(&st->umu);
 	return n;
 }
@@ -2767,6 +2768,10 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
 	pthread_mutex_lock(&st->umu);
 	/* Only appends happened since they were taken: they are still the first. */
 	taken = STK_MIN(taken, st->nunrec);
+	if (taken == 0) {
+		pthread_mutex_unlock(&st->umu);
+		return;
+	}
 	for (size_t i = 0; i < taken; i++)
 		if (failed[i])
 			st->unrec[kept++] = st->unrec[i];
