@@ -2527,11 +2527,11 @@ int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
  * operation (unlink, rename over a file, an orphan's drop) is tried once more
  * without the record and with the map's reserve opened (unrec_retry,
  * RESERVE_FREEING), since a freeing needs a few new pages of its own: the
- * purge is then kept in memory, in the
- * store's unrec list, published there only when the transaction that freed
- * the inode commits, and the purger sends it like a record (purge.h). A meta
- * that stops before it is sent leaves those chunks behind, logged here; they
- * belong to no inode, and stoker fsck finds and removes them as garbage.
+ * purge is then kept in memory, in the store's unrec list, published there
+ * only when the transaction that freed the inode commits, and the purger sends
+ * it like a record (purge.h). A meta that stops before it is sent leaves those
+ * chunks behind, logged here; they belong to no inode, and stoker fsck finds
+ * and removes them as garbage.
  */
 static int unrec_add(struct op *o, const struct inode *n)
 {
