@@ -1152,8 +1152,16 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	mdb_env_set_maxdbs(st->env, 7);
 	mdb_env_set_maxreaders(st->env, MAX_READERS);
 	if (allocated && snprintf(path, sizeof(path), "%s/data.mdb", dir) < (int)sizeof(path) &&
-	    stat(path, &sb) == 0)
+	    stat(path, &sb) == 0) {
 		size = STK_MAX(size, round_up_mib((uint64_t)sb.st_size));
+		/*
+		 * The file's last RESERVE_FREEING is the freeings' reserve, not the map's
+		 * (LMDB keeps the map at least as large as what it holds, if that reserve
+		 * was taken), so that each open does not add a reserve to the map.
+		 */
+		if (size >= RESERVE_STEP + RESERVE_FREEING)
+			size -= RESERVE_FREEING;
+	}
 	size = allocated ? STK_MIN(size, st->map_max) : st->map_max;
 	rc = mdb_env_set_mapsize(st->env, size);
 	if (rc == 0)
@@ -1170,8 +1178,13 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	if (rc == 0)
 		rc = lmdb_err(mdb_env_stat(st->env, &ms), "stat");
 	st->file_size = 0;
-	if (rc == 0)
+	if (rc == 0) {
+		MDB_envinfo info;
+
+		mdb_env_info(st->env, &info);
+		size = STK_MAX(size, (uint64_t)info.me_mapsize); /* what LMDB holds, at least */
 		rc = allocate_to(st, size); /* every byte, the file's own too */
+	}
 	if (rc)
 		goto fail;
 	/* The freeings' reserve past the map, if the disk has it (a full one may not). */

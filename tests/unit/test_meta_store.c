@@ -1718,7 +1718,42 @@ static void test_full_map(void)
 				       &ZERO_LAYOUT, &PL4, &(struct stk_attr){0}, &(int){0}),
 		 0);
 	stk_meta_store_close(full);
+	full = NULL;
 out:
+	check_rm_rf(dir);
+}
+
+/*
+ * Opened again and again, a store's file keeps its size (after the first open,
+ * which may round it to LMDB's pages): the freeings' reserve past the map is not
+ * taken into the map at each open, with a new one allocated past it.
+ */
+static void test_reopen_keeps_size(void)
+{
+	static char dir[64];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .dir = dir, .map_size = 1ull << 30};
+	struct stk_meta_store *s = NULL;
+	off_t size_before = 0;
+	char path[128];
+
+	if (check_tmpdir(dir, sizeof(dir), "meta-reopen"))
+		return;
+	snprintf(path, sizeof(path), "%s/data.mdb", dir);
+	for (int i = 0; i < 4; i++) {
+		struct stat sb0, sb1;
+
+		CHECK_RC(stk_meta_store_open(&o, &s), 0);
+		if (!s)
+			break;
+		CHECK_EQ(stat(path, &sb0), 0);
+		stk_meta_store_close(s);
+		s = NULL;
+		CHECK_EQ(stat(path, &sb1), 0);
+		CHECK_EQ(sb1.st_size, sb0.st_size);
+		if (i > 1)
+			CHECK_EQ(sb0.st_size, size_before);
+		size_before = sb0.st_size;
+	}
 	check_rm_rf(dir);
 }
 
@@ -1972,6 +2007,7 @@ int main(void)
 	CHECK_RUN(test_xattrs);
 	CHECK_RUN(test_purge);
 	CHECK_RUN(test_full_map);
+	CHECK_RUN(test_reopen_keeps_size);
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
 	CHECK_RUN(test_quota_nested_rename);
