@@ -10,6 +10,7 @@
  * doctor.c  `doctor`
  * bench.c   `bench`
  * pack.c    `pack` (shards: shard.c; local-or-Stoker files: fsio.c)
+ * fsck.c    `fsck` (the namespace and the data checked against each other)
  * sync.c    `sync` (local, Stoker and S3 trees: fsio.c, s3client.c)
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
  * bench_loader.c `bench loader` (dispatched from bench.c)
@@ -72,6 +73,9 @@
 	X(quota, cmd_quota,                                                                     \
 	  "quota set PATH [--bytes SIZE] [--inodes N] | quota ls [PATH] [--json] | quota rm PATH | quota recount [PATH]", \
 	  "quotas per folder on bytes and inodes; recount fixes usage (docs/quotas.md)")        \
+	X(fsck, cmd_fsck, "fsck [--repair] [--json] [--grace S] [--cluster ADDR]",               \
+	  "check the namespace and the data against each other; --repair fixes what is safe "  \
+	  "(docs/fsck.md); exit 1 when problems remain")                                          \
 	X(sync, cmd_sync, "sync SRC DST [--delete] [--dry-run] [--checksum] [--update] [--include PAT]... [--exclude PAT]... [--threads N] [--part-size SIZE] [--bwlimit RATE] [--endpoint URL] [--profile P] [--no-perms] [--json] [--no-progress] [--mpi]", \
 	  "copy or mirror a tree between local folders, Stoker (stk://) and S3 (s3://BUCKET/PREFIX), resumably (docs/sync.md)") \
 	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \

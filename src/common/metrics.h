@@ -126,6 +126,13 @@
 	  "in them itself.")                                                                       \
 	X(META_DELEGATION_RECALLS, COUNTER, "stoker_meta_delegation_recalls_total", "",            \
 	  "Delegated folders recalled because another client read or changed them.")               \
+	/* ---- meta: the purge of freed files' chunks ---- */                                   \
+	X(META_PURGE_QUEUE, GAUGE, "stoker_meta_purge_queue", "",                                  \
+	  "Freed files whose chunks meta has still to remove from storage.")                       \
+	X(META_PURGED_FILES, COUNTER, "stoker_meta_purged_files_total", "",                        \
+	  "Freed files whose chunks meta removed from every chain.")                               \
+	X(META_PURGED_BYTES, COUNTER, "stoker_meta_purged_bytes_total", "",                        \
+	  "The sizes of the files whose chunks meta removed.")                                     \
 	/* ---- meta: quotas, per quota root (label: its path) ---- */                            \
 	X(QUOTA_LIMIT_BYTES, GAUGE, "stoker_quota_limit_bytes", "quota",                           \
 	  "The quota's limit on the bytes of its files (their sizes); 0: none.")                 \

@@ -43,6 +43,7 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "leases.h"
+#include "purge.h"
 #include "session.h"
 #include "store.h"
 
@@ -59,6 +60,8 @@ struct meta {
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
+	struct stk_meta_purger *purger; /* removes freed files' chunks (purge.c) */
+	stk_metric_t purge_series[3]; /* collect_purge's */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
 	struct quota_series *quota_series; /* collect_quotas' (one scrape at a time) */
 	size_t nquota_series;
@@ -308,6 +311,35 @@ static void collect_leases(void *ctx)
 	stk_metric_set_int(m->lease_series[3], (int64_t)st.resets);
 	stk_metric_set_int(m->lease_series[4], (int64_t)st.delegations);
 	stk_metric_set_int(m->lease_series[5], (int64_t)st.recalls);
+}
+
+/* At each scrape: the purge table's length and what the purger removed. */
+static void collect_purge(void *ctx)
+{
+	struct meta *m = ctx;
+	struct stk_meta_purge_stats ps = {0};
+	uint64_t queued = 0;
+
+	if (stk_meta_store_purge_count(m->store, &queued))
+		queued = 0;
+	if (m->purger)
+		stk_meta_purger_stats(m->purger, &ps);
+	stk_metric_set_int(m->purge_series[0], (int64_t)queued);
+	stk_metric_set_int(m->purge_series[1], (int64_t)ps.inodes);
+	stk_metric_set_int(m->purge_series[2], (int64_t)ps.bytes);
+}
+
+static int purge_metrics(struct meta *m)
+{
+	static const enum stk_metric_family f[] = {STK_M_META_PURGE_QUEUE, STK_M_META_PURGED_FILES,
+						   STK_M_META_PURGED_BYTES};
+	int rc = 0;
+
+	_Static_assert(STK_ARRAY_SIZE(f) == STK_ARRAY_SIZE(((struct meta *)0)->purge_series),
+		       "a series per family");
+	for (size_t i = 0; i < STK_ARRAY_SIZE(f) && !rc; i++)
+		rc = stk_metric_series(f[i], NULL, &m->purge_series[i]);
+	return rc ? rc : stk_metrics_collector_add(collect_purge, m);
 }
 
 static int leases_metrics(struct meta *m)
@@ -925,6 +957,7 @@ static int op_readdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 
 static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
+	struct stk_msg_meta_statfs_ext x = {.flags = STK_STATFS_PURGES};
 	struct stk_msg_meta_statfs_resp r;
 	struct stk_ns_id ns;
 	int rc;
@@ -937,7 +970,9 @@ static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	r.ns_hi = ns.hi;
 	r.ns_lo = ns.lo;
 	rc = stk_meta_store_statfs(m->store, &r.files);
-	return rc ? rc : stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
+	if (rc == 0)
+		rc = stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
+	return rc ? rc : stk_msg_meta_statfs_ext_enc(&resp->payload, &x);
 }
 
 static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -1619,6 +1654,177 @@ out:
 	return rc;
 }
 
+/* ---- stoker fsck (docs/fsck.md) ---- */
+
+struct fsck_out {
+	struct stk_msg_fsck_problem *p;
+	uint32_t n, max;
+	uint64_t *changed; /* inodes and folders a repair changed: their leases go */
+	size_t nchanged, capchanged;
+};
+
+static void fsck_changed(struct fsck_out *o, uint64_t ino)
+{
+	if (!ino)
+		return;
+	if (o->nchanged == o->capchanged) {
+		size_t cap = o->capchanged ? 2 * o->capchanged : 64;
+		uint64_t *v = realloc(o->changed, cap * sizeof(*v));
+
+		if (!v)
+			return; /* leases then run out by themselves (leases.h) */
+		o->changed = v;
+		o->capchanged = cap;
+	}
+	o->changed[o->nchanged++] = ino;
+}
+
+static int fsck_keep(void *ctx, const struct stk_meta_fsck_problem *p)
+{
+	struct fsck_out *o = ctx;
+
+	if (p->repaired) {
+		fsck_changed(o, p->ino);
+		fsck_changed(o, p->parent);
+	}
+	if (o->n < o->max) {
+		struct stk_msg_fsck_problem *q = &o->p[o->n++];
+
+		q->kind = p->kind;
+		q->repaired = p->repaired;
+		q->ino = p->ino;
+		q->parent = p->parent;
+		q->expect = p->expect;
+		q->found = p->found;
+		memcpy(q->name, p->name, sizeof(q->name));
+	}
+	return 0;
+}
+
+static int fsck_check(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	struct fsck_out o = {.max = STK_MIN(q->max, STK_FSCK_PROBLEMS_MAX)};
+	struct stk_meta_fsck_stats fs;
+	int rc;
+
+	o.p = o.max ? calloc(o.max, sizeof(*o.p)) : NULL;
+	if (o.max && !o.p)
+		return -ENOMEM;
+	rc = stk_meta_store_fsck(m->store, (q->flags & STK_FSCK_REPAIR) != 0, fsck_keep, &o, &fs);
+	if (rc == 0) {
+		r->n = o.n;
+		r->done = 1;
+		r->total = fs.problems;
+		r->repaired = fs.repaired;
+		r->inodes = fs.inodes;
+		r->entries = fs.entries;
+		r->dirs = fs.dirs;
+		r->files = fs.files;
+		r->next_ino = fs.next_ino;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (uint32_t i = 0; i < o.n; i++)
+			stk_msg_fsck_problem_enc(&resp->payload, &o.p[i]);
+		rc = resp->payload.err;
+	}
+	/* Repairs changed names and attributes that clients may hold leases on. */
+	if (o.nchanged)
+		stk_meta_leases_changed(m->leases, 0, o.changed, o.nchanged);
+	if (rc == 0 && fs.repaired)
+		stk_info("fsck from a client: %llu problem(s), %llu repaired",
+			 (unsigned long long)fs.problems, (unsigned long long)fs.repaired);
+	free(o.changed);
+	free(o.p);
+	return rc;
+}
+
+static int fsck_files(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, STK_FSCK_FILES_MAX), n = 0;
+	struct stk_meta_file *fl;
+	int rc;
+
+	if (max == 0)
+		return -EINVAL;
+	fl = calloc(max, sizeof(*fl));
+	if (!fl)
+		return -ENOMEM;
+	rc = stk_meta_store_files(m->store, q->from, fl, max, &n);
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = n < max;
+		r->next = n ? fl[n - 1].attr.ino + 1 : q->from;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++) {
+			struct stk_msg_fsck_file f = {.attr = fl[i].attr, .exact = fl[i].exact,
+						      .orphan = fl[i].orphan,
+						      .nalloc = fl[i].nalloc};
+
+			stk_msg_fsck_file_enc(&resp->payload, &f);
+			for (uint32_t k = 0; k < fl[i].nalloc; k++) {
+				struct stk_msg_fsck_range g = {.first = fl[i].alloc[k][0],
+							       .end = fl[i].alloc[k][1]};
+
+				stk_msg_fsck_range_enc(&resp->payload, &g);
+			}
+		}
+		rc = resp->payload.err;
+	}
+	free(fl);
+	return rc;
+}
+
+static int fsck_purges(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		       struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, STK_SYNC_LIST_MAX), n = 0;
+	struct stk_meta_purge *pl;
+	int rc;
+
+	if (max == 0)
+		return -EINVAL;
+	pl = calloc(max, sizeof(*pl));
+	if (!pl)
+		return -ENOMEM;
+	rc = stk_meta_store_purges(m->store, q->from, pl, max, &n);
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = n < max;
+		r->next = n ? pl[n - 1].ino + 1 : q->from;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++)
+			stk_put_u64(&resp->payload, pl[i].ino);
+		rc = resp->payload.err;
+	}
+	free(pl);
+	return rc;
+}
+
+/* META_FSCK (msg.h): root only; the namespace check or a listing for the data check. */
+static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_fsck_req q;
+	struct stk_msg_meta_fsck_resp r;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_fsck_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.cred.uid != 0)
+		return -EPERM;
+	memset(&r, 0, sizeof(r));
+	switch (q.op) {
+	case STK_FSCK_CHECK:
+		return fsck_check(m, &q, &r, resp);
+	case STK_FSCK_FILES:
+		return fsck_files(m, &q, &r, resp);
+	case STK_FSCK_PURGES:
+		return fsck_purges(m, &q, &r, resp);
+	}
+	return -EINVAL;
+}
+
 /*
  * Handlers by opcode; the opcodes themselves are declared once, in proto/wire.h.
  * Kept out of clang-format, which would pack two entries to a line.
@@ -1657,6 +1863,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
+	[STK_OP_META_FSCK] = op_fsck,
 };
 /* clang-format on */
 
@@ -1951,19 +2158,23 @@ static int meta_metrics(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
 
+	int rc;
+
 	m->rpc_metrics = stk_daemon_rpc_metrics(d);
-	return leases_metrics(m);
+	rc = leases_metrics(m);
+	return rc ? rc : purge_metrics(m);
 }
 
 static void meta_metrics_stop(void *ctx)
 {
 	stk_metrics_collector_remove(collect_leases, ctx);
 	stk_metrics_collector_remove(collect_quotas, ctx);
+	stk_metrics_collector_remove(collect_purge, ctx);
 	free(((struct meta *)ctx)->quota_series);
 	((struct meta *)ctx)->quota_series = NULL;
 }
 
-/* Joins the cluster, then starts the session reaper and the syncer. */
+/* Joins the cluster, then starts the session reaper, the purger and the syncer. */
 static int meta_start(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
@@ -1973,6 +2184,9 @@ static int meta_start(void *ctx, struct stk_daemon *d)
 	if (rc)
 		return rc;
 	rc = stk_meta_sessions_start(m->sessions, m->agent);
+	if (rc)
+		return rc;
+	rc = stk_meta_purger_start(m->store, m->agent, &m->purger);
 	if (rc)
 		return rc;
 	rc = -pthread_create(&m->syncer, NULL, syncer_main, m);
@@ -2053,9 +2267,11 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 out:
 	/*
 	 * The server is gone (stk_daemon_run destroyed it), and with it the handlers that
-	 * read the agent's routing table. The reaper reads it too: it goes before the agent.
+	 * read the agent's routing table. The reaper and the purger read it too: they go
+	 * before the agent.
 	 */
 	stk_meta_sessions_destroy(m.sessions);
+	stk_meta_purger_destroy(m.purger);
 	stk_meta_leases_destroy(m.leases);
 	if (m.agent)
 		stk_agent_stop(m.agent);

@@ -233,6 +233,10 @@
 	/* Node to node: a whole chunk and its version, read from one version of its file  \
 	 * (bulk and block CRCs as STOR_READ's reply; version 0 and no bytes: missing). */ \
 	X(STOR_SYNC_READ, 72, stor_sync_read_req, stor_sync_read_resp, "copy a whole chunk")   \
+	/* stoker fsck: a page of the chunks one target of this node holds, with their     \
+	 * versions, digests and ages (msg.h). NOENT: no such target here. */              \
+	X(STOR_FSCK_LIST, 73, stor_fsck_list_req, stor_fsck_list_resp,                      \
+	  "list a target's chunks for fsck")                                               \
 	/* The handshake that opens every connection to a daemon run with a cluster key    \
 	 * (common/auth.h, docs/security.md): the client's nonce; the reply is the          \
 	 * server's nonce and its MAC of both. Until AUTH_PROOF passes, any other request   \
@@ -240,7 +244,10 @@
 	 * NOSYS (no handshake needed). */                                                  \
 	X(AUTH_HELLO, 96, auth_hello_req, auth_hello_resp, "open the key handshake")          \
 	/* The client's MAC of both nonces. OK, or AUTH and the connection closes. */         \
-	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")
+	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")                    \
+	/* Served by meta (its 32-63 are all taken): stoker fsck's namespace check and the  \
+	 * listings its data check compares with storage's (msg.h). */                      \
+	X(META_FSCK, 98, meta_fsck_req, meta_fsck_resp, "check the namespace (fsck)")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

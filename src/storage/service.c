@@ -1228,6 +1228,85 @@ static int handle_sync_list(struct storage *s, struct stk_rpc_req *req, struct s
 	return rc;
 }
 
+/*
+ * STOR_FSCK_LIST (stoker fsck): a page of the chunks one of our targets holds,
+ * whatever its chains or state, with what fsck compares between copies. Like
+ * STOR_SYNC_LIST it takes no lock: fsck looks twice before it reports anything.
+ */
+static int handle_fsck_list(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_stor_fsck_list_req rq;
+	struct stk_msg_stor_fsck_list_resp rp;
+	struct stk_msg_fsck_chunk *recs;
+	struct stk_chunk_store *cs;
+	struct timespec now;
+	uint32_t max;
+	int rc = 0;
+
+	if (stk_msg_stor_fsck_list_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	if (rq.bucket > 255 || rq.max == 0)
+		return -EINVAL;
+	cs = local_target(s, rq.target_id);
+	if (!cs)
+		return -ENOENT;
+	max = STK_MIN(rq.max, STK_SYNC_LIST_MAX);
+	recs = malloc(max * sizeof(*recs));
+	if (!recs)
+		return -ENOMEM;
+	memset(&rp, 0, sizeof(rp));
+	rp.bucket = rq.bucket;
+	rp.ino = rq.ino;
+	rp.idx = rq.idx;
+	rp.from_start = rq.from_start;
+	clock_gettime(CLOCK_REALTIME, &now);
+	rp.now_sec = (int64_t)now.tv_sec;
+	while (rp.n < max && !rp.done) {
+		struct stk_chunk_ent *e;
+		size_t n, i;
+
+		rc = stk_chunk_list_bucket(cs, rp.bucket, &e, &n);
+		if (rc)
+			break;
+		for (i = 0; i < n && rp.n < max; i++) {
+			struct stk_chunk_info ci;
+
+			if (!rp.from_start && !ent_after(e[i].ino, e[i].idx, rp.ino, rp.idx))
+				continue;
+			rp.ino = e[i].ino;
+			rp.idx = e[i].idx;
+			rp.from_start = 0;
+			/* Gone since the listing (a removal in between): not there to report. */
+			if (stk_chunk_stat(cs, e[i].ino, e[i].idx, &ci) == 0 && ci.version == 0)
+				continue;
+			recs[rp.n] = (struct stk_msg_fsck_chunk){.ino = e[i].ino, .idx = e[i].idx,
+								 .version = ci.version,
+								 .len = ci.len, .digest = ci.digest,
+								 .mtime_sec = ci.mtime_sec};
+			rp.n++;
+		}
+		if (rp.n == max && i < n) {
+			free(e);
+			break;
+		}
+		free(e);
+		if (rp.bucket == 255) {
+			rp.done = 1;
+		} else {
+			rp.bucket++;
+			rp.from_start = 1;
+		}
+	}
+	if (rc == 0) {
+		stk_msg_stor_fsck_list_resp_enc(&resp->payload, &rp);
+		for (uint32_t i = 0; i < rp.n; i++)
+			stk_msg_fsck_chunk_enc(&resp->payload, &recs[i]);
+		rc = resp->payload.err;
+	}
+	free(recs);
+	return rc;
+}
+
 /* STOR_SYNC_READ: a whole chunk, with its version, for the syncing member. */
 static int handle_sync_read(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -2118,6 +2197,8 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 		return handle_sync_list(s, req, resp);
 	case STK_OP_STOR_SYNC_READ:
 		return handle_sync_read(s, req, resp);
+	case STK_OP_STOR_FSCK_LIST:
+		return handle_fsck_list(s, req, resp);
 	default:
 		return -ENOSYS;
 	}

@@ -1581,7 +1581,182 @@ static void test_quota_inodes(void)
 	hook_open_ino = 0;
 }
 
+/* Whether ino has a purge record, and its record in *p. */
+static int purge_of(uint64_t ino, struct stk_meta_purge *p)
+{
+	size_t n = 0;
+
+	CHECK_RC(stk_meta_store_purges(st, ino, p, 1, &n), 0);
+	return n == 1 && p->ino == ino;
+}
+
+/* Every way a regular file's inode goes records its chunks for the purge, and only then. */
+static void test_purge(void)
+{
+	struct stk_meta_purge p;
+	struct stk_attr a, fa;
+	uint64_t d, f, g, h, k, before, after, done[2];
+	int replaced = 0;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "pg", 0777);
+	f = create_as(&ROOT, d, "f");
+	g = create_as(&ROOT, d, "g");
+	h = create_as(&ROOT, d, "h");
+	k = create_as(&ROOT, d, "k");
+	grow(f, 5000);
+	fa = attr_of(f);
+	CHECK_RC(stk_meta_store_purge_count(st, &before), 0);
+	/* A name that is not the last one: nothing to purge. */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, d, "f2", &a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f2", &a), 0);
+	CHECK_EQ(purge_of(f, &p), 0);
+	/* The last unlink: the layout and size, in the same transaction. */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f", &a), 0);
+	CHECK_EQ(a.nlink, 0);
+	CHECK_EQ(purge_of(f, &p), 1);
+	CHECK_EQ(p.size, 5000);
+	CHECK_EQ(p.layout.chunk_size, fa.layout.chunk_size);
+	CHECK_EQ(p.layout.stripe, fa.layout.stripe);
+	CHECK_EQ(p.layout.seed, fa.layout.seed);
+	CHECK_EQ(p.layout.start, fa.layout.start);
+	/* Renamed over: the replaced file goes. */
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d, "h", d, "g", 0, &replaced, &a), 0);
+	CHECK_EQ(replaced, 1);
+	CHECK_EQ(purge_of(g, &p), 1);
+	CHECK_EQ(purge_of(h, &p), 0);
+	/* An orphan: only when it is dropped. */
+	stk_meta_store_set_open_hook(st, hook_open, NULL);
+	hook_open_ino = k;
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "k", &a), 0);
+	CHECK_EQ(purge_of(k, &p), 0);
+	CHECK_RC(stk_meta_store_orphan_drop(st, k), 0);
+	CHECK_EQ(purge_of(k, &p), 1);
+	stk_meta_store_set_open_hook(st, NULL, NULL);
+	hook_open_ino = 0;
+	CHECK_RC(stk_meta_store_purge_count(st, &after), 0);
+	CHECK_EQ(after, before + 3);
+	/* Done: the records go; one without a record is skipped. */
+	done[0] = f;
+	done[1] = h;
+	CHECK_RC(stk_meta_store_purge_done(st, done, 2), 0);
+	CHECK_EQ(purge_of(f, &p), 0);
+	CHECK_EQ(purge_of(g, &p), 1);
+	CHECK_RC(stk_meta_store_purge_count(st, &after), 0);
+	CHECK_EQ(after, before + 2);
+	/* Directories, symlinks and special files have no chunks. */
+	CHECK_RC(symlink_in(d, "l"), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "l", &a), 0);
+	CHECK_EQ(purge_of(a.ino, &p), 0);
+}
+
 /* Bytes: reservations, the sizes that replace them, truncates. */
+/*
+ * A full map: a freeing that finds no room for its purge record still runs (in
+ * the reserve), its purge kept in memory until the purger takes it.
+ */
+static void test_full_map(void)
+{
+	static char dir[64];
+	static uint8_t pad[16000];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .dir = dir, .map_size = 4ull << 20};
+	struct stk_meta_store *full = NULL;
+	struct stk_meta_purge p[8];
+	uint8_t failed[8] = {1};
+	uint64_t inos[1000], count = 0, left = 0;
+	unsigned n;
+	size_t got;
+	char name[32];
+	int rc = 0;
+
+	if (check_tmpdir(dir, sizeof(dir), "meta-full"))
+		return;
+	CHECK_RC(stk_meta_store_open(&o, &full), 0);
+	if (!full)
+		goto out;
+	for (n = 0; n < 1000; n++) {
+		struct stk_attr a;
+		int created = 0;
+
+		snprintf(name, sizeof(name), "f%u", n);
+		rc = stk_meta_store_create(full, &ROOT, STK_ROOT_INO, name, 0644, STK_CREATE_EXCL,
+					   &ZERO_LAYOUT, &PL4, &a, &created);
+		if (rc == 0)
+			rc = stk_meta_store_setxattr(full, &ROOT, a.ino, "user.pad", pad,
+						     sizeof(pad), 0);
+		if (rc)
+			break;
+		inos[n] = a.ino;
+	}
+	CHECK_RC(rc, -ENOSPC);
+	CHECK(n > 10);
+	/* The last pages too, with smaller values, so that no freeing finds room. */
+	for (size_t size = 4000; size >= 100; size /= 4)
+		for (unsigned i = 0; i < n; i++)
+			if (stk_meta_store_setxattr(full, &ROOT, inos[i], "user.top", pad, size, 0))
+				break;
+	for (unsigned i = 0; i < n; i++) {
+		struct stk_attr a;
+
+		snprintf(name, sizeof(name), "f%u", i);
+		CHECK_RC(stk_meta_store_unlink(full, &ROOT, STK_ROOT_INO, name, &a), 0);
+	}
+	/* Each freed file's purge waits: in the table, or in memory for the first ones. */
+	CHECK_RC(stk_meta_store_purge_count(full, &count), 0);
+	CHECK_EQ(count, n);
+	got = stk_meta_store_purges_unrecorded(full, p, 8);
+	CHECK(got >= 1);
+	CHECK_EQ(p[0].ino, inos[0]);
+	CHECK_EQ(p[0].layout.stripe, 4);
+	/* The purger settles them: the failed first stays, the others go. */
+	stk_meta_store_unrecorded_done(full, got, failed);
+	CHECK_RC(stk_meta_store_purge_count(full, &left), 0);
+	CHECK_EQ(left, count - (got - 1));
+	CHECK_EQ(stk_meta_store_purges_unrecorded(full, p, 8) >= 1, 1);
+	CHECK_EQ(p[0].ino, inos[0]);
+	/* And the map takes new files again. */
+	CHECK_EQ(stk_meta_store_create(full, &ROOT, STK_ROOT_INO, "after", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &(struct stk_attr){0}, &(int){0}),
+		 0);
+	stk_meta_store_close(full);
+	full = NULL;
+out:
+	check_rm_rf(dir);
+}
+
+/*
+ * Opened again and again, a store's file keeps its size (after the first open,
+ * which may round it to LMDB's pages): the freeings' reserve past the map is not
+ * taken into the map at each open, with a new one allocated past it.
+ */
+static void test_reopen_keeps_size(void)
+{
+	static char dir[64];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .dir = dir, .map_size = 1ull << 30};
+	struct stk_meta_store *s = NULL;
+	off_t size_before = 0;
+	char path[128];
+
+	if (check_tmpdir(dir, sizeof(dir), "meta-reopen"))
+		return;
+	snprintf(path, sizeof(path), "%s/data.mdb", dir);
+	for (int i = 0; i < 4; i++) {
+		struct stat sb0, sb1;
+
+		CHECK_RC(stk_meta_store_open(&o, &s), 0);
+		if (!s)
+			break;
+		CHECK_EQ(stat(path, &sb0), 0);
+		stk_meta_store_close(s);
+		s = NULL;
+		CHECK_EQ(stat(path, &sb1), 0);
+		CHECK_EQ(sb1.st_size, sb0.st_size);
+		if (i > 1)
+			CHECK_EQ(sb0.st_size, size_before);
+		size_before = sb0.st_size;
+	}
+	check_rm_rf(dir);
+}
+
 static void test_quota_bytes(void)
 {
 	struct stk_meta_quota q;
@@ -1772,6 +1947,30 @@ static void test_quota_threads(void)
 	CHECK_EQ(q.used_bytes, bytes);
 }
 
+/* Every test before left a consistent namespace: fsck finds nothing, and sees it all. */
+static void test_fsck_clean(void)
+{
+	struct stk_meta_fsck_stats fs, fs2;
+	struct stk_meta_file fl[4];
+	uint64_t files;
+	size_t n = 0;
+
+	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
+	CHECK_EQ(fs.problems, 0);
+	CHECK_RC(stk_meta_store_statfs(st, &files), 0);
+	CHECK_EQ(fs.inodes, files);
+	CHECK(fs.dirs > 1 && fs.files > 1 && fs.entries >= fs.inodes - 1);
+	CHECK(fs.next_ino > fs.inodes);
+	/* A repair of a clean namespace changes nothing. */
+	CHECK_RC(stk_meta_store_fsck(st, 1, NULL, NULL, &fs2), 0);
+	CHECK_EQ(fs2.problems, 0);
+	CHECK_EQ(fs2.inodes, fs.inodes);
+	CHECK_RC(stk_meta_store_files(st, 0, fl, 4, &n), 0);
+	CHECK_EQ(n, 4);
+	for (size_t i = 0; i < n; i++)
+		CHECK(S_ISREG(fl[i].attr.mode) && (i == 0 || fl[i].attr.ino > fl[i - 1].attr.ino));
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -1806,10 +2005,14 @@ int main(void)
 	CHECK_RUN(test_permissions);
 	CHECK_RUN(test_readdir_small);
 	CHECK_RUN(test_xattrs);
+	CHECK_RUN(test_purge);
+	CHECK_RUN(test_full_map);
+	CHECK_RUN(test_reopen_keeps_size);
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
+	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
 	test_readdir_big(&listing, &big);
