@@ -107,6 +107,15 @@
 	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
 	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \
 	X(MGMT_LEADER, 4, none, mgmt_leader_resp, "which mgmtd leads")                             \
+	/* Client identities (docs/security.md): add issues the next generation for   \
+	 * the name (EXIST: the name is held; remove it first); rm revokes it (NOENT:  \
+	 * no such client); CLIENTS lists every client, removed ones too. A connection  \
+	 * made with a client key gets PERM for all three. Each bumps the routing      \
+	 * version, so that nodes fetch the list again (mgmtd/agent.c). */             \
+	X(MGMT_CLIENT_ADD, 14, client_rec, mgmt_client_gen, "issue a client identity")      \
+	X(MGMT_CLIENT_RM, 15, mgmt_client_name, mgmt_client_gen, "revoke a client identity") \
+	/* Reply: u32 n, then n client_rec. */                                          \
+	X(MGMT_CLIENTS, 16, none, none, "list client identities")                       \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
@@ -240,7 +249,12 @@
 	 * NOSYS (no handshake needed). */                                                  \
 	X(AUTH_HELLO, 96, auth_hello_req, auth_hello_resp, "open the key handshake")          \
 	/* The client's MAC of both nonces. OK, or AUTH and the connection closes. */         \
-	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")
+	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")                    \
+	/* AUTH_HELLO for a client key (common/auth.h): the nonce and the client's        \
+	 * policy; the server keys the handshake by HMAC(cluster key, policy). AUTH when \
+	 * the policy is malformed or revoked. */                                         \
+	X(AUTH_HELLO_CLIENT, 98, auth_hello_client_req, auth_hello_resp,                  \
+	  "open the key handshake with a client key")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,
