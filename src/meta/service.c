@@ -44,6 +44,7 @@
 #include "../proto/status.h"
 #include "leases.h"
 #include "session.h"
+#include "confine.h"
 #include "store.h"
 
 #define SYNC_INTERVAL_MS 1000
@@ -1690,12 +1691,13 @@ static int is_read(uint16_t opcode)
 
 #define READ_AGAIN_MAX 8
 
+static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
+
 static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct meta *m = ctx;
 	uint16_t opcode = req->hdr.opcode;
-	struct stk_rbuf payload = req->payload;
-	size_t at = resp->payload.len;
+	void *copy = NULL;
 	int rc;
 
 	if (opcode >= STK_ARRAY_SIZE(meta_ops) || !meta_ops[opcode]) {
@@ -1703,6 +1705,23 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 			  stk_opcode_name(opcode), req->peer);
 		return -ENOSYS;
 	}
+	/* a client key's request, checked and rewritten by its policy (confine.h) */
+	rc = stk_meta_confine(m->store, req, resp, &copy);
+	if (rc == 0)
+		rc = meta_serve(m, req, resp);
+	else
+		stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, strerror(-rc));
+	free(copy);
+	return rc;
+}
+
+static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	uint16_t opcode = req->hdr.opcode;
+	struct stk_rbuf payload = req->payload;
+	size_t at = resp->payload.len;
+	int rc;
+
 	if (!is_read(opcode)) {
 		rc = meta_ops[opcode](m, req, resp);
 		goto out;

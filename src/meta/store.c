@@ -894,6 +894,8 @@ static int inode_new(struct op *o, const struct inode *dir, uint32_t mode, uint6
 		mode &= ~(uint32_t)S_ISGID;
 	n->a.mode = mode;
 	n->a.nlink = 1;
+	/* a directory's is set by mkdir; any other's is where it was made (confinement) */
+	n->parent = S_ISDIR(mode) ? 0 : dir->a.ino;
 	n->a.qid = dir->a.qid; /* a quota root's own qid is itself */
 	times_now(o, &n->a.atime_sec, &n->a.atime_nsec);
 	times_now(o, &n->a.mtime_sec, &n->a.mtime_nsec);
@@ -1927,6 +1929,8 @@ int stk_meta_store_link(struct stk_meta_store *st, const struct stk_cred *cred, 
 	if (rc)
 		goto out;
 	n.a.nlink++;
+	if (n.parent == 0)
+		n.parent = parent; /* made by an older release: it has a home now */
 	set_ctime(&o, &n.a);
 	rc = inode_put(&o, &n);
 	if (rc == 0)
@@ -2198,6 +2202,8 @@ static int rename_move(struct op *o, struct rename_ctx *r, int *replaced)
 		rc = move_subdir(&r->src, &r->sp, r->dp);
 		if (rc)
 			return rc;
+	} else {
+		r->src.parent = r->dp->a.ino;
 	}
 	rc = dentry_del(o, r->sp.a.ino, r->src_name);
 	if (rc == 0)
@@ -2226,6 +2232,10 @@ static int rename_exchange(struct op *o, struct rename_ctx *r)
 		rc = move_subdir(&r->src, &r->sp, r->dp);
 	if (rc == 0 && S_ISDIR(r->dst.a.mode))
 		rc = move_subdir(&r->dst, r->dp, &r->sp);
+	if (!S_ISDIR(r->src.a.mode))
+		r->src.parent = r->dp->a.ino;
+	if (!S_ISDIR(r->dst.a.mode))
+		r->dst.parent = r->sp.a.ino;
 	if (rc == 0)
 		rc = dentry_put(o, r->sp.a.ino, r->src_name, r->dst.a.ino, r->dst.a.mode);
 	if (rc == 0)
@@ -3649,4 +3659,86 @@ int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, s
 		*--p = '/';
 	memmove(buf, p, (size_t)(end - p));
 	return 0;
+}
+
+/* ---- client confinement (docs/security.md, "Client keys") ---- */
+
+int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	struct op o;
+	uint64_t cur = ino;
+	int rc;
+
+	if (ino == top || top == STK_ROOT_INO)
+		return 1;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, cur, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		cur = n.parent; /* 0 when made by an older release: not known to be inside */
+	for (unsigned depth = 0; rc == 0; depth++) {
+		if (cur == top) {
+			rc = 1;
+			break;
+		}
+		if (cur == 0 || cur == STK_ROOT_INO)
+			break;
+		if (depth == MAX_DEPTH) {
+			rc = -EIO;
+			break;
+		}
+		rc = inode_get(&o, cur, &n);
+		if (rc == 0)
+			cur = n.parent;
+	}
+	op_end(&o, rc < 0 ? rc : 0);
+	return rc == -ENOENT ? 0 : rc;
+}
+
+int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino)
+{
+	static const struct stk_cred root_cred;
+	char name[STK_NAME_MAX + 1];
+	struct inode dir, n;
+	const char *p = path;
+	struct op o;
+	int rc;
+
+	if (*p != '/')
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, STK_ROOT_INO, &dir);
+	while (rc == 0 && *p) {
+		size_t len;
+
+		while (*p == '/')
+			p++;
+		len = strcspn(p, "/");
+		if (len == 0)
+			break;
+		if (len > STK_NAME_MAX) {
+			rc = -ENAMETOOLONG;
+			break;
+		}
+		memcpy(name, p, len);
+		name[len] = 0;
+		p += len;
+		if (!S_ISDIR(dir.a.mode)) {
+			rc = -ENOTDIR;
+			break;
+		}
+		rc = child_get(&o, &dir, name, &n);
+		if (rc == 0)
+			dir = n;
+	}
+	if (rc == 0 && !S_ISDIR(dir.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0)
+		*ino = dir.a.ino;
+	return op_end(&o, rc);
 }

@@ -517,4 +517,17 @@ void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t se
 int stk_meta_store_batch_begin(struct stk_meta_store *st);
 int stk_meta_store_batch_end(struct stk_meta_store *st, int rc);
 
+/*
+ * Client confinement (service.c, docs/security.md). stk_meta_store_within: 1 when
+ * ino is top or lies under it, 0 when not (or ino does not exist), -errno. A
+ * directory lies under top when top is on its chain of parents; any other inode
+ * by the directory it was made in or last renamed into (its recorded parent),
+ * which hard links do not change; one made by a release that recorded none is not
+ * under any top but the root until it is linked again. stk_meta_store_resolve: the
+ * directory an absolute path names, looked up as root without following symlinks;
+ * -ENOENT, -ENOTDIR, -EINVAL (not absolute).
+ */
+int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top);
+int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino);
+
 #endif
