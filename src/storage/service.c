@@ -49,6 +49,7 @@
 #include "../daemon/daemon.h"
 #include "../common/host.h"
 #include "../common/layout.h"
+#include "../common/auth.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
@@ -903,6 +904,12 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
+	/* a client key writes through the chain's head, as the chain orders it */
+	if (req->client && (h.pos != 0 || (rq.flags & STK_WRITE_FULL))) {
+		stk_warn("%s: client %s: a replica's write (chain %u): refused", req->peer,
+			 req->client->name, rq.chain_id);
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_ADMIN, -EPERM);
+	}
 	if (s->loop_writes && !h.tail && stk_rpc_resp_loop(resp))
 		return write_on_loop(s, req, resp, &rq, &h, tls_crcs);
 	cs = h.cs;
@@ -2097,8 +2104,43 @@ out:
 	return NULL;
 }
 
+/*
+ * What a client key may ask of storage (docs/security.md, "Client keys"): a
+ * read-only one no write, truncate or punch (EROFS), and none the copies
+ * between nodes (EPERM). 0 to serve. Subtree confinement is meta's alone: see
+ * docs/security.md for what storage does not check.
+ */
+static int client_gate(const struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	const struct stk_auth_client *c = req->client;
+
+	switch (req->hdr.opcode) {
+	case STK_OP_STOR_READ:
+	case STK_OP_STOR_SYNC:
+	case STK_OP_STOR_PREFETCH:
+		return 0;
+	case STK_OP_STOR_WRITE:
+	case STK_OP_STOR_TRUNCATE:
+	case STK_OP_STOR_TRUNCATES:
+	case STK_OP_STOR_PUNCH:
+		if (!(c->flags & STK_CLIENT_RO))
+			return 0;
+		stk_info("%s: client %s is read-only: %s refused", req->peer, c->name,
+			 stk_opcode_name(req->hdr.opcode));
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_RO, -EROFS);
+	default:
+		stk_warn("%s: client %s may not %s: refused", req->peer, c->name,
+			 stk_opcode_name(req->hdr.opcode));
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_ADMIN, -EPERM);
+	}
+}
+
 static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
+	int rc = req->client ? client_gate(req, resp) : 0;
+
+	if (rc)
+		return rc;
 	switch (req->hdr.opcode) {
 	case STK_OP_STOR_WRITE:
 		return handle_write(s, req, resp);
