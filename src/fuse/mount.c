@@ -126,6 +126,16 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		cli_err("mount", "-o metrics needs HOST:PORT, e.g. metrics=127.0.0.1:9114");
 		return -EINVAL;
 	}
+	if (strcmp(key, "key") == 0) {
+		/* absolute: the daemon leaves the working folder behind */
+		if (val && *val && realpath(val, o->key_file))
+			return 0;
+		cli_err("mount",
+			"-o key needs a key file (a cluster key, or a client key from "
+			"`stoker admin client add`)%s%s",
+			val && *val ? ": " : "", val && *val ? strerror(errno) : "");
+		return -EINVAL;
+	}
 	if (strcmp(key, "log") == 0) {
 		if (val && *val && stk_strlcpy(o->log, val, sizeof(o->log)) == 0)
 			return 0;
@@ -699,6 +709,7 @@ int cmd_mount(int argc, char **argv)
 	copts.size = sizeof(copts);
 	copts.conns_per_node = 4; /* request threads share them, many requests on each */
 	copts.retry_ms = o.timeout_ms; /* 0: the library's default */
+	copts.key_file = o.key_file[0] ? o.key_file : NULL;
 	rc = stk_connect(cluster[0] ? cluster : NULL, &copts, &c);
 	if (rc == -ENOENT && !cluster[0]) {
 		cli_err("mount", "no cluster given: use stk://HOST:PORT[/dir], set STOKER_CLUSTER, "
