@@ -330,6 +330,13 @@ static int conn_auth(struct stk_conn *c)
 		if (stk_auth_verify(keys[k].key, keys[k].len, STK_AUTH_SERVER, hello.nonce,
 				    hr.nonce, hr.mac))
 			break;
+	if (k == n && client) {
+		stk_warn("%s does not accept this client key (%s): its file was changed, or it "
+			 "belongs to another cluster",
+			 c->addr, ch.client);
+		rc = -EKEYREJECTED;
+		goto out;
+	}
 	if (k == n) {
 		stk_warn("%s did not prove the cluster key this process holds: not using it",
 			 c->addr);

@@ -611,9 +611,10 @@ static void auth_fail(struct srv_conn *c, int reason, const char *what)
 	struct stk_server *s = c->lp->srv;
 
 	stk_warn("%s refused: %s (%s): closing connection", c->peer,
-		 reason == AUTH_BAD_PROOF ? "it did not prove the cluster key"
-		 : reason == AUTH_TIMEOUT ? "no key handshake within 5 s"
+		 reason == AUTH_BAD_PROOF   ? "it did not prove the cluster key"
+		 : reason == AUTH_TIMEOUT   ? "no key handshake within 5 s"
 		 : reason == AUTH_MALFORMED ? "a malformed key handshake"
+		 : reason == AUTH_REVOKED   ? "a removed client key"
 					    : "a request before the key handshake",
 		 what);
 	stk_metric_add(s->auth_fail[reason], 1);
@@ -1338,10 +1339,12 @@ static int client_hello(struct srv_conn *c, struct stk_rpc_req *req)
 		return -EKEYREJECTED;
 	}
 	if (stk_net_client_revoked(id->name, id->gen)) {
-		stk_warn("%s: client %s (generation %llu) was removed: refused", c->peer, id->name,
+		char what[STK_CLIENT_NAME_MAX + 48];
+
+		snprintf(what, sizeof(what), "client %s, generation %llu", id->name,
 			 (unsigned long long)id->gen);
 		free(id);
-		auth_fail(c, AUTH_REVOKED, "a removed client");
+		auth_fail(c, AUTH_REVOKED, what);
 		return -EKEYREJECTED;
 	}
 	if (stk_auth_client_key(s->auth_key, s->auth_len, id, c->ckey)) {
