@@ -681,6 +681,14 @@ struct stk_client_ident {
 STK_API int stk_cluster_client_add(const char *cluster, struct stk_client_ident *c,
 				   const char *key_out);
 /*
+ * The client identity c's process connects as (a client key file found as the
+ * cluster key is: stk_client_opts.key_file, $STOKER_KEY_FILE): 1 and *out (may
+ * be NULL; gen and policy as in the key file, removed 0), or 0 when it holds the
+ * cluster key or none. The mount uses it to mount a read-only key's tree
+ * read-only. Any thread.
+ */
+STK_API int stk_client_identity(stk_client *c, struct stk_client_ident *out);
+/*
  * Revokes the identity held under name: every daemon refuses its key at
  * connection set-up once it learned the change (a second or two). *gen: its
  * generation. Errors: -ENOENT (no such client), -EPERM, as stk_connect.

@@ -690,3 +690,22 @@ out:
 	free(resp);
 	return rc;
 }
+
+int stk_client_identity(stk_client *c, struct stk_client_ident *out)
+{
+	struct stk_auth_client a;
+
+	(void)c; /* a process holds one identity, whichever cluster it talks to */
+	if (!stk_net_auth_client(&a))
+		return 0;
+	if (out) {
+		memset(out, 0, sizeof(*out));
+		stk_strlcpy(out->name, a.name, sizeof(out->name));
+		out->gen = a.gen;
+		out->flags = a.flags;
+		out->anon_uid = a.anon_uid;
+		out->anon_gid = a.anon_gid;
+		stk_strlcpy(out->subtree, a.subtree, sizeof(out->subtree));
+	}
+	return 1;
+}

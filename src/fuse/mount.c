@@ -615,6 +615,7 @@ int cmd_mount(int argc, char **argv)
 {
 	struct stk_fuse_opts o;
 	struct stk_client_opts copts;
+	struct stk_client_ident ident;
 	struct stk_fuse *fs = NULL;
 	char cluster[128], sub[4097], mp[PATH_MAX], fsname[4400];
 	struct stk_ll_attr root;
@@ -720,6 +721,13 @@ int cmd_mount(int argc, char **argv)
 		cli_err("mount", "cannot reach the cluster at %s: %s",
 			cluster[0] ? cluster : "(default)", stk_strerror(rc));
 		return 1;
+	}
+	/* A read-only client key: the kernel refuses every change at once (EROFS), as
+	 * meta and storage would, instead of a write-back that fails after close. */
+	if (!o.ro && stk_client_identity(c, &ident) && (ident.flags & STK_IDENT_READ_ONLY)) {
+		o.ro = 1;
+		fprintf(stderr, "stoker mount: client key %s is read-only: mounting read-only\n",
+			ident.name);
 	}
 	/* The kernel's page cache keeps what is read; STOKER_DIRECT_STREAMS=0: not. */
 	direct = getenv("STOKER_DIRECT_STREAMS");
