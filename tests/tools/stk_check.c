@@ -31,6 +31,14 @@
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
+ *   ino CLUSTER OP ARG...                 one request by inode number (stoker_ll.h), as
+ *                                         a client key's holder may craft it; prints the
+ *                                         errno's name (OK for 0) and exits 0. OP: getattr
+ *                                         INO, getattrs INO, readdir INO, read INO (open by
+ *                                         inode, read 1 byte), chmod INO, setxattr INO,
+ *                                         lookup DIR NAME, create DIR NAME, mkdir DIR NAME,
+ *                                         unlink DIR NAME, link INO DIR NAME, rename DIR
+ *                                         NAME DIR NAME
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +56,7 @@
 #include <unistd.h>
 
 #include "stoker/stoker.h"
+#include "stoker/stoker_ll.h"
 
 #include "client/client.h"
 #include "common/layout.h"
@@ -1562,18 +1571,131 @@ static int cmd_cluster(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+static const char *errname(int rc)
+{
+	switch (-rc) {
+	case 0:
+		return "OK";
+	case EACCES:
+		return "EACCES";
+	case EPERM:
+		return "EPERM";
+	case EROFS:
+		return "EROFS";
+	case ENOENT:
+		return "ENOENT";
+	case EEXIST:
+		return "EEXIST";
+	case ENOTDIR:
+		return "ENOTDIR";
+	case EXDEV:
+		return "EXDEV";
+	case EKEYREJECTED:
+		return "EKEYREJECTED";
+	default:
+		return strerror(-rc);
+	}
+}
+
+static int cmd_ino(int argc, char **argv)
+{
+	struct stk_ll_cred cred = {.uid = getuid(), .gid = getgid()};
+	struct stk_ll_attr a, b;
+	const char *op;
+	stk_client *c;
+	uint64_t x = 0, y = 0;
+	int rc, created;
+
+	if (argc < 4)
+		return 2;
+	c = connect_or_die(argv[1]);
+	op = argv[2];
+	if (stk_parse_u64(argv[3], &x))
+		return 2;
+	if (argc == 6 && stk_parse_u64(argv[4], &y))
+		return 2;
+	if (strcmp(op, "getattr") == 0) {
+		rc = stk_ll_getattr(c, &cred, x, &a);
+	} else if (strcmp(op, "getattrs") == 0) {
+		int rcs[1] = {0};
+
+		rc = stk_ll_getattrs(c, &cred, &x, 1, &a, rcs);
+		if (rc == 0)
+			rc = rcs[0];
+	} else if (strcmp(op, "readdir") == 0) {
+		struct stk_ll_dirent ents[4];
+		uint32_t n = 0;
+		int eof = 0;
+
+		rc = stk_ll_readdir(c, &cred, x, 0, 4, ents, &n, &eof);
+		rc = rc < 0 ? rc : 0;
+	} else if (strcmp(op, "read") == 0) {
+		stk_file *f;
+		char ch;
+
+		rc = stk_ll_open_attr(c, &cred, x, &a);
+		if (rc == 0)
+			rc = stk_ll_open_registered(c, &cred, &a, O_RDONLY, &f);
+		if (rc == 0) {
+			long n = stk_pread(f, &ch, 1, 0);
+
+			rc = n < 0 ? (int)n : 0;
+			stk_close(f);
+		}
+	} else if (strcmp(op, "chmod") == 0) {
+		memset(&b, 0, sizeof(b));
+		b.mode = 0777;
+		rc = stk_ll_setattr(c, &cred, x, STK_LL_SETATTR_MODE, &b, &a);
+	} else if (strcmp(op, "setxattr") == 0) {
+		rc = stk_ll_setxattr(c, &cred, x, "user.stk", "1", 1, 0);
+	} else if (argc == 5 && strcmp(op, "lookup") == 0) {
+		rc = stk_ll_lookup(c, &cred, x, argv[4], &a);
+		if (rc == 0)
+			printf("ino %llu\n", (unsigned long long)a.ino);
+	} else if (argc == 5 && strcmp(op, "create") == 0) {
+		rc = stk_ll_create(c, &cred, x, argv[4], 0644, 1, &a, &created);
+	} else if (argc == 5 && strcmp(op, "mkdir") == 0) {
+		rc = stk_ll_mkdir(c, &cred, x, argv[4], 0755, &a);
+	} else if (argc == 5 && strcmp(op, "unlink") == 0) {
+		rc = stk_ll_unlink(c, &cred, x, argv[4]);
+	} else if (argc == 6 && strcmp(op, "link") == 0) {
+		rc = stk_ll_link(c, &cred, x, y, argv[5], &a);
+	} else if (argc == 7 && strcmp(op, "rename") == 0) {
+		if (stk_parse_u64(argv[5], &y))
+			return 2;
+		rc = stk_ll_rename(c, &cred, x, argv[4], y, argv[6], 0);
+	} else {
+		fprintf(stderr, "ino: unknown operation or arguments: %s\n", op);
+		stk_disconnect(c);
+		return 2;
+	}
+	printf("%s\n", errname(rc));
+	stk_disconnect(c);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
 		const char *name;
 		int (*fn)(int, char **);
-	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
-		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
-		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
-		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special},
-		    {"cluster", cmd_cluster}, {"staleread", cmd_staleread},
+	} cmds[] = {{"write", cmd_write},
+		    {"verify", cmd_verify},
+		    {"api", cmd_api},
+		    {"concurrent", cmd_concurrent},
+		    {"ackloop", cmd_ackloop},
+		    {"fill", cmd_fill},
+		    {"frames", cmd_frames},
+		    {"truncates", cmd_truncates},
+		    {"fence", cmd_fence},
+		    {"batch", cmd_batch},
+		    {"watch", cmd_watch},
+		    {"special", cmd_special},
+		    {"cluster", cmd_cluster},
+		    {"staleread", cmd_staleread},
 		    {"overwrite", cmd_overwrite},
-		    {"verifymany", cmd_verifymany}};
+		    {"verifymany", cmd_verifymany},
+		    {"ino", cmd_ino}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
