@@ -31,6 +31,8 @@
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
+ *   handshake HOST:PORT                   connects to one daemon with the key of
+ *                                         $STOKER_KEY_FILE; prints OK or the errno's name
  *   ino CLUSTER OP ARG...                 one request by inode number (stoker_ll.h), as
  *                                         a client key's holder may craft it; prints the
  *                                         errno's name (OK for 0) and exits 0. OP: getattr
@@ -1597,6 +1599,38 @@ static const char *errname(int rc)
 	}
 }
 
+static int cmd_handshake(int argc, char **argv)
+{
+	const char *key = getenv("STOKER_KEY_FILE");
+	struct stk_conn *conn = NULL;
+	char err[512];
+	int rc;
+
+	if (argc != 2 || !key)
+		return 2;
+	rc = stk_net_auth_load(key, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	rc = stk_conn_connect(argv[1], 2000, &conn);
+	if (rc == 0) {
+		/* a refused key may only show at the first request */
+		struct stk_rpc rpc;
+		struct stk_wbuf w;
+		uint8_t resp[256];
+
+		stk_wbuf_init(&w, NULL, 0);
+		stk_rpc_prepare(&rpc, STK_OP_MGMT_LEADER, &w, resp, sizeof(resp));
+		rc = stk_rpc_call(conn, &rpc);
+		if (rc == -ENOSYS || rc == -EPERM)
+			rc = 0; /* served: meta and storage know no MGMT_LEADER */
+		stk_conn_close(conn);
+	}
+	printf("%s\n", errname(rc));
+	return 0;
+}
+
 static int cmd_ino(int argc, char **argv)
 {
 	struct stk_ll_cred cred = {.uid = getuid(), .gid = getgid()};
@@ -1695,7 +1729,8 @@ int main(int argc, char **argv)
 		    {"staleread", cmd_staleread},
 		    {"overwrite", cmd_overwrite},
 		    {"verifymany", cmd_verifymany},
-		    {"ino", cmd_ino}};
+		    {"ino", cmd_ino},
+		    {"handshake", cmd_handshake}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
