@@ -1022,6 +1022,61 @@ static int ns_id_load(struct op *o, int fresh)
 	return 0;
 }
 
+static const char FILE_PARENTS_KEY[] = "file_parents";
+
+/*
+ * Stores made before files recorded the folder they live in (client confinement,
+ * stk_meta_store_within) get it once, here: each file, symlink or special file
+ * takes the folder of the first entry found naming it. `sys` then says it is done.
+ */
+static int file_parents_fill(struct op *o)
+{
+	MDB_val key = {sizeof(FILE_PARENTS_KEY) - 1, (void *)FILE_PARENTS_KEY}, k, v;
+	uint64_t filled = 0;
+	MDB_cursor *c;
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->sys, &key, &v);
+	if (rc == 0)
+		return 0;
+	if (rc != MDB_NOTFOUND)
+		return lmdb_err(rc, "read file parents mark");
+	rc = mdb_cursor_open(o->txn, o->st->dentries, &c);
+	if (rc)
+		return lmdb_err(rc, "open cursor");
+	for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
+	     rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+		struct stk_rbuf r;
+		struct inode n;
+		uint64_t ino;
+		uint32_t type;
+
+		stk_rbuf_init(&r, v.mv_data, v.mv_size);
+		ino = stk_get_u64(&r);
+		type = stk_get_u32(&r);
+		if (r.err || k.mv_size < 8 || S_ISDIR(type))
+			continue;
+		if (inode_get(o, ino, &n) || S_ISDIR(n.a.mode) || n.parent)
+			continue;
+		n.parent = be64_get(k.mv_data);
+		rc = inode_put(o, &n);
+		if (rc)
+			break;
+		filled++;
+	}
+	mdb_cursor_close(c);
+	if (rc != MDB_NOTFOUND && rc != 0)
+		return rc < 0 ? rc : lmdb_err(rc, "read entries");
+	v.mv_size = 0;
+	v.mv_data = "";
+	rc = lmdb_err(mdb_put(o->txn, o->st->sys, &key, &v, 0), "write file parents mark");
+	if (rc == 0 && filled)
+		stk_info("meta store: %llu files made by an older release now record their "
+			 "folder (for client keys confined to a subtree)",
+			 (unsigned long long)filled);
+	return rc;
+}
+
 /* Opens the tables and makes the root directory of a new store, and its identity. */
 static int store_init(struct stk_meta_store *st)
 {
@@ -1054,6 +1109,8 @@ static int store_init(struct stk_meta_store *st)
 	}
 	if (rc == 0)
 		rc = ns_id_load(&o, fresh);
+	if (rc == 0)
+		rc = file_parents_fill(&o);
 out:
 	return op_end(&o, rc);
 }
