@@ -1625,7 +1625,34 @@ out:
  * Kept out of clang-format, which would pack two entries to a line.
  */
 /* clang-format off */
+/*
+ * META_WITHIN, for storage (a client key's connection is refused it by confine.c):
+ * whether ino lies under the folder the path names. A path that names no folder
+ * has nothing under it.
+ */
+static int op_within(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_within_req q;
+	struct stk_msg_meta_within_resp r = {0};
+	uint64_t top = STK_ROOT_INO;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_within_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	rc = stk_meta_store_resolve(m->store, q.subtree, &top);
+	if (rc == 0)
+		rc = stk_meta_store_within(m->store, q.ino, top);
+	else if (rc == -ENOENT || rc == -ENOTDIR)
+		rc = 0;
+	if (rc < 0)
+		return rc;
+	r.within = rc == 1;
+	return stk_msg_meta_within_resp_enc(&resp->payload, &r);
+}
+
 static const meta_op_fn meta_ops[] = {
+	[STK_OP_META_WITHIN] = op_within,
 	[STK_OP_META_LOOKUP] = op_lookup,
 	[STK_OP_META_GETATTR] = op_getattr,
 	[STK_OP_META_SETATTR] = op_setattr,

@@ -215,6 +215,11 @@
 	X(META_NAMES, 63, meta_names_req, meta_names_resp, "apply a client's creates and unlinks") \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
+	/* Whether inode ino lies under the folder at path subtree (a client key's root, \
+	 * docs/security.md): storage asks it before serving such a client that inode's \
+	 * chunks. PERM for a client key's connection. */                              \
+	X(META_WITHIN, 88, meta_within_req, meta_within_resp,                           \
+	  "is an inode under a client's subtree")                                       \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
 	/* Reads up to `length` bytes; the bulk of the reply is shorter where the chunk ends  \
 	 * (a missing chunk reads as 0 bytes: the client knows the file size and fills    \
