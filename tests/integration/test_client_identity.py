@@ -129,6 +129,16 @@ def test_subtree_client_reaches_nothing_outside(cluster, tmp_path, make_mount):
     assert ino_op(cluster, key, "rename", 1, "made", lookup_ino(cluster, key, 1, "sub"),
                   "moved") == "OK"
     assert metric(cluster, 1, "stoker_client_refused_total", "outside") >= 15
+    # Chunk requests straight to storage: storage asks meta whose the inode is.
+    env = dict(os.environ, STOKER_KEY_FILE=key)
+    storage = "127.0.0.1:%d" % (cluster.port + 2)
+    for op in ("read", "truncate", "prefetch"):
+        p = run([CHECK, "chunk", storage, str(b_txt), op], env=env)
+        assert p.stdout.decode().split()[-1] == "EACCES", (op, p.stdout)
+        p = run([CHECK, "chunk", storage, str(lookup_ino(cluster, key, 1, "a.txt")), op],
+                env=env)
+        assert p.stdout.decode().split()[-1] != "EACCES", (op, p.stdout)
+    assert metric(cluster, 2, "stoker_client_refused_total", "outside") == 3
 
     after = tree(cluster)
     after.pop("/teamA/sub/moved")

@@ -31,6 +31,9 @@
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
+ *   chunk HOST:PORT INO read|truncate|prefetch  one chunk request for INO straight to a
+ *                                         storage node with $STOKER_KEY_FILE's key;
+ *                                         prints the errno's name it answered
  *   handshake HOST:PORT                   connects to one daemon with the key of
  *                                         $STOKER_KEY_FILE; prints OK or the errno's name
  *   ino CLUSTER OP ARG...                 one request by inode number (stoker_ll.h), as
@@ -40,7 +43,9 @@
  *                                         inode, read 1 byte), chmod INO, setxattr INO,
  *                                         lookup DIR NAME, create DIR NAME, mkdir DIR NAME,
  *                                         unlink DIR NAME, link INO DIR NAME, rename DIR
- *                                         NAME DIR NAME
+ *                                         NAME DIR NAME; raw INO read|write: chunks
+ *                                         straight from storage, the layout taken with
+ *                                         $STOKER_ADMIN_KEY_FILE (the cluster key)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1631,6 +1636,62 @@ static int cmd_handshake(int argc, char **argv)
 	return 0;
 }
 
+/*
+ * chunk HOST:PORT INO read|truncate|prefetch: one chunk request for INO (chunk 0
+ * of chain 1) straight to a storage node, with the key of $STOKER_KEY_FILE;
+ * prints the errno's name the node answered.
+ */
+static int cmd_chunk(int argc, char **argv)
+{
+	const char *key = getenv("STOKER_KEY_FILE");
+	static uint8_t bulk[1 << 20];
+	uint8_t req[256], resp[256];
+	struct stk_conn *conn;
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	char err[512];
+	uint64_t ino;
+	int rc;
+
+	if (argc != 4 || !key || stk_parse_u64(argv[2], &ino))
+		return 2;
+	rc = stk_net_auth_load(key, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	stk_wbuf_init(&w, req, sizeof(req));
+	if (strcmp(argv[3], "read") == 0) {
+		struct stk_msg_stor_read_req m = {
+		    .chain_id = 1, .chain_ver = 1, .ino = ino, .length = 3};
+
+		stk_msg_stor_read_req_enc(&w, &m);
+		stk_rpc_prepare(&rpc, STK_OP_STOR_READ, &w, resp, sizeof(resp));
+		rpc.bulk_in = bulk;
+		rpc.bulk_in_cap = sizeof(bulk);
+	} else if (strcmp(argv[3], "truncate") == 0) {
+		struct stk_msg_stor_truncate_req m = {
+		    .chain_id = 1, .chain_ver = 1, .ino = ino, .chunk_size = 1u << 20};
+
+		stk_msg_stor_truncate_req_enc(&w, &m);
+		stk_rpc_prepare(&rpc, STK_OP_STOR_TRUNCATE, &w, resp, sizeof(resp));
+	} else if (strcmp(argv[3], "prefetch") == 0) {
+		struct stk_msg_stor_prefetch_req m = {.chain_id = 1, .chain_ver = 1, .ino = ino};
+
+		stk_msg_stor_prefetch_req_enc(&w, &m);
+		stk_rpc_prepare(&rpc, STK_OP_STOR_PREFETCH, &w, resp, sizeof(resp));
+	} else {
+		return 2;
+	}
+	rc = stk_conn_connect(argv[1], 2000, &conn);
+	if (rc == 0) {
+		rc = stk_rpc_call(conn, &rpc);
+		stk_conn_close(conn);
+	}
+	printf("%s\n", errname(rc));
+	return 0;
+}
+
 static int cmd_ino(int argc, char **argv)
 {
 	struct stk_ll_cred cred = {.uid = getuid(), .gid = getgid()};
@@ -1642,8 +1703,45 @@ static int cmd_ino(int argc, char **argv)
 
 	if (argc < 4)
 		return 2;
-	c = connect_or_die(argv[1]);
 	op = argv[2];
+	if (argc == 5 && strcmp(op, "raw") == 0) {
+		/* the file's attributes as the administrator sees them (its layout), then
+		 * chunk requests straight to storage with the client key */
+		struct stk_client_opts o = {.size = sizeof(o),
+					    .key_file = getenv("STOKER_ADMIN_KEY_FILE")};
+		stk_file *f;
+		char buf[4] = "abc";
+		long n;
+
+		if (!o.key_file || stk_parse_u64(argv[3], &x))
+			return 2;
+		rc = stk_connect(argv[1], &o, &c);
+		if (rc == 0) {
+			rc = stk_ll_getattr(c, &cred, x, &a);
+			stk_disconnect(c);
+		}
+		if (rc) {
+			fprintf(stderr, "raw: the administrator's getattr: %s\n", stk_strerror(rc));
+			return 1;
+		}
+		c = connect_or_die(argv[1]);
+		rc = stk_ll_open(c, &cred, &a, strcmp(argv[4], "write") == 0 ? O_WRONLY : O_RDONLY,
+				 &f);
+		if (rc == 0) {
+			n = strcmp(argv[4], "write") == 0 ? stk_pwrite(f, buf, 3, 0)
+							  : stk_pread(f, buf, 3, 0);
+			rc = n < 0 ? (int)n : 0;
+			if (rc == 0 && strcmp(argv[4], "write") == 0)
+				rc = stk_fsync(f);
+			n = stk_close(f);
+			if (rc == 0)
+				rc = (int)n;
+		}
+		printf("%s\n", errname(rc));
+		stk_disconnect(c);
+		return 0;
+	}
+	c = connect_or_die(argv[1]);
 	if (stk_parse_u64(argv[3], &x))
 		return 2;
 	if (argc == 6 && stk_parse_u64(argv[4], &y))
@@ -1730,7 +1828,8 @@ int main(int argc, char **argv)
 		    {"overwrite", cmd_overwrite},
 		    {"verifymany", cmd_verifymany},
 		    {"ino", cmd_ino},
-		    {"handshake", cmd_handshake}};
+		    {"handshake", cmd_handshake},
+		    {"chunk", cmd_chunk}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
