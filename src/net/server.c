@@ -1449,8 +1449,8 @@ static void auth_frame(struct srv_conn *c, struct srv_req *r)
 				    c->ns, proof.mac)) {
 			c->auth = AUTH_DONE;
 			if (c->client)
-				stk_info("%s: client %s (generation %llu) connected", c->peer,
-					 c->client->name, (unsigned long long)c->client->gen);
+				stk_debug("%s: client %s (generation %llu) connected", c->peer,
+					  c->client->name, (unsigned long long)c->client->gen);
 			seal(s, r, 0, &resp, out);
 			loop_deliver(lp, r);
 			return;
