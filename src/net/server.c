@@ -205,6 +205,7 @@ struct srv_loop {
 	uint8_t *scratch; /* STK_MAX_PAYLOAD bytes: loop-side replies are encoded here */
 	struct stk_rpc_resp presp; /* stk_rpc_pending_resp's */
 	uint64_t last_tick_ns;
+	uint64_t revoked_seen; /* revoked_epoch when this loop last looked */
 };
 
 /*
@@ -1273,6 +1274,7 @@ int stk_rpc_client_refused(const struct stk_rpc_resp *resp, unsigned reason, int
 static pthread_mutex_t revoked_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct stk_auth_client *revoked; /* under revoked_lock */
 static uint32_t nrevoked;
+static uint64_t revoked_epoch; /* atomic: bumped by each new list */
 
 int stk_net_clients_revoked_set(const struct stk_auth_client *list, uint32_t n)
 {
@@ -1289,6 +1291,7 @@ int stk_net_clients_revoked_set(const struct stk_auth_client *list, uint32_t n)
 	revoked = copy;
 	nrevoked = n;
 	pthread_mutex_unlock(&revoked_lock);
+	__atomic_add_fetch(&revoked_epoch, 1, __ATOMIC_RELEASE);
 	free(old);
 	return 0;
 }
@@ -1665,6 +1668,8 @@ static void loop_completions(struct srv_loop *lp)
 static void loop_tick(struct srv_loop *lp, uint64_t now)
 {
 	struct stk_server *s = lp->srv;
+	uint64_t revoked_now;
+	int check_revoked;
 
 	if (lp->parked && atomic_load(&s->inflight_bytes) < s->max_inflight_bytes) {
 		/* Each gets one try now; those that find the budget spent again re-park. */
@@ -1686,6 +1691,10 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 	if (now - lp->last_tick_ns < SRV_TICK_MS * 1000000ull)
 		return;
 	lp->last_tick_ns = now;
+	/* the revoked list changed: this loop's connections of removed keys go */
+	revoked_now = __atomic_load_n(&revoked_epoch, __ATOMIC_ACQUIRE);
+	check_revoked = revoked_now != lp->revoked_seen;
+	lp->revoked_seen = revoked_now;
 	for (struct srv_conn *c = lp->conns, *next; c; c = next) {
 		int stuck;
 
@@ -1693,6 +1702,14 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 		if (c->auth && !c->eof && now > c->auth_deadline_ns) {
 			auth_fail(c, AUTH_TIMEOUT, c->auth == AUTH_WANT_HELLO ? "no AUTH_HELLO"
 									    : "no AUTH_PROOF");
+			conn_close(c);
+			continue;
+		}
+		if (check_revoked && c->client && !c->auth &&
+		    stk_net_client_revoked(c->client->name, c->client->gen)) {
+			stk_warn("%s: client %s (generation %llu) was removed: closing its "
+				 "connection",
+				 c->peer, c->client->name, (unsigned long long)c->client->gen);
 			conn_close(c);
 			continue;
 		}

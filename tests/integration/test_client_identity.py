@@ -256,10 +256,13 @@ def test_squash_root_and_all(cluster, tmp_path, make_mount):
         open(os.path.join(sq.path, "teamA", "no.txt"), "wb")
 
 
-def test_removed_and_forged_keys_are_refused(cluster, tmp_path):
+def test_removed_and_forged_keys_are_refused(cluster, tmp_path, make_mount):
     setup_teams(cluster, tmp_path)
     key = add_client(cluster, tmp_path, "bob", "--subtree", "/teamA", "--read-only")
     assert as_client(cluster, key, "ls", "/").returncode == 0
+    m = make_mount(cluster, "bob", opts=["key=" + key, "timeout=2"]) if have_fuse() else None
+    if m:
+        assert sorted(os.listdir(m.path)) == ["a.txt", "sub"]
 
     # A key whose policy was edited proves nothing: wider subtree, or read-write.
     text = open(key).read()
@@ -294,6 +297,16 @@ def test_removed_and_forged_keys_are_refused(cluster, tmp_path):
     p = as_client(cluster, key, "ls", "/")
     assert b"refused" in p.stderr
     assert metric(cluster, 0, "stoker_auth_failures_total", "revoked") > before
+    if m:
+        # connections it opened before are cut too: the mount's calls fail (xattrs:
+        # never answered from the mount's caches)
+        def cut():
+            try:
+                os.listxattr(os.path.join(m.path, "a.txt"))
+                return False
+            except OSError as e:
+                return e.errno in (errno.EKEYREJECTED, errno.EIO)
+        wait_until(cut, 30, "the removed key's mount to be cut off")
     # meta and storage have learned it too (raw connections through stk_check)
     wait_until(lambda: metric_refuses(cluster, key, 1), 30, "meta to refuse the removed key")
     wait_until(lambda: metric_refuses(cluster, key, 2), 30,
