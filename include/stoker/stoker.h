@@ -760,6 +760,61 @@ STK_API int stk_cluster_accept_loss(const char *cluster, uint32_t chain_id, uint
 				    uint32_t *dropped, uint32_t *added);
 
 /*
+ * Client identities (`stoker admin client`, docs/security.md): keys that confine
+ * the mount, libstoker, Python or a gateway using them to a subtree, read-only,
+ * or with root (or every user) squashed to an anonymous uid and gid, enforced by
+ * meta and storage. A client key is HMAC-SHA256(cluster key, its policy), so only
+ * a holder of the cluster key issues one, and a key file whose policy was edited
+ * proves nothing.
+ */
+#define STK_IDENT_READ_ONLY 1u	 /* every change refused with EROFS */
+#define STK_IDENT_SQUASH_ROOT 2u /* uid 0 acts as anon_uid (gid 0 as anon_gid) */
+#define STK_IDENT_SQUASH_ALL 4u	 /* every uid and gid act as anon_uid, anon_gid */
+#define STK_IDENT_NAME_MAX 63
+#define STK_IDENT_SUBTREE_MAX 1023
+
+struct stk_client_ident {
+	char name[STK_IDENT_NAME_MAX + 1];	 /* [A-Za-z0-9._-], 1 to 63 bytes */
+	uint64_t gen;				 /* mgmtd's generation for this issue of the name */
+	uint32_t flags;				 /* STK_IDENT_* */
+	uint32_t anon_uid, anon_gid;		 /* what squashed users act as */
+	char subtree[STK_IDENT_SUBTREE_MAX + 1]; /* "/" or "/a/b": the client's root */
+	int removed;				 /* revoked (`client rm`) */
+};
+
+/*
+ * Issues client identity *c (name, flags, anon ids, subtree; gen is set) and
+ * writes its key file to key_out (mode 0600; never over an existing file). The
+ * calling process must hold the cluster key (not a client key). Errors: -EINVAL
+ * (a malformed policy), -EEXIST (key_out exists, or the name is held: remove it
+ * first), -EKEYREJECTED (this process holds no cluster key), -EPERM (it holds a
+ * client key), as stk_connect for reaching the cluster, or the key file's -errno
+ * (the identity is then removed again). cluster as stk_cluster_resolve takes it.
+ */
+STK_API int stk_cluster_client_add(const char *cluster, struct stk_client_ident *c,
+				   const char *key_out);
+/*
+ * The client identity c's process connects as (a client key file found as the
+ * cluster key is: stk_client_opts.key_file, $STOKER_KEY_FILE): 1 and *out (may
+ * be NULL; gen and policy as in the key file, removed 0), or 0 when it holds the
+ * cluster key or none. The mount uses it to mount a read-only key's tree
+ * read-only. Any thread.
+ */
+STK_API int stk_client_identity(stk_client *c, struct stk_client_ident *out);
+/*
+ * Revokes the identity held under name: every daemon refuses its key at
+ * connection set-up once it learned the change (a second or two). *gen: its
+ * generation. Errors: -ENOENT (no such client), -EPERM, as stk_connect.
+ */
+STK_API int stk_cluster_client_rm(const char *cluster, const char *name, uint64_t *gen);
+/*
+ * Every client identity mgmtd knows, removed ones too, in a new array *out of *n
+ * (free it with free(); NULL when none). Errors: -EPERM, -ENOMEM, as stk_connect.
+ */
+STK_API int stk_cluster_client_list(const char *cluster, struct stk_client_ident **out,
+				    uint32_t *n);
+
+/*
  * Times `count` (1 to 64) round trips to the Stoker daemon at addr ("HOST:PORT",
  * read during the call only), for `stoker doctor`: after one call that opens and
  * warms a connection of its own (the key handshake included, with the key this

@@ -34,7 +34,7 @@
 	X(storage, cmd_storage,                                                                 \
 	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--resync-rate RATE] [--metrics ADDR] [--host-id ID] [--scrub-rate RATE] [--scrub-interval S] [--key-file F | --auth off] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
-	X(admin, cmd_admin, "admin init --key FILE | admin remove-node ID | admin drain-node ID | admin undrain-node ID | admin accept-loss CHAIN --yes-lose-data [--cluster ADDR] | admin s3-user add NAME [--uid U --gid G] [--bucket B[:ro]]... | rm NAME | ls --keys FILE", \
+	X(admin, cmd_admin, "admin init --key FILE | admin remove-node ID | admin drain-node ID | admin undrain-node ID | admin accept-loss CHAIN --yes-lose-data [--cluster ADDR] | admin s3-user add NAME [--uid U --gid G] [--bucket B[:ro]]... | rm NAME | ls --keys FILE | admin client add NAME [--subtree PATH] [--read-only] [--squash-root | --squash-all] [--anon-uid U --anon-gid G] --key-out FILE | client rm NAME | client ls [--json]", \
 	  "make a cluster key file (mode 0600); replace an offline (or drained) storage node's targets now; move a node's chain memberships to other nodes, or cancel that; serve a chain whose newest copy is gone from the copy that is back; the S3 gateway's users") \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "mgmtd leader and followers, nodes, targets, chains and the metadata shard map")                                  \

@@ -67,6 +67,7 @@ struct stk_fuse_opts {
 	int foreground; /* -f: no fork, log to stderr */
 	int debug; /* libfuse prints every request (with -f) */
 	char log[PATH_MAX]; /* daemon log file; "" = the runtime folder's */
+	char key_file[PATH_MAX]; /* -o key=FILE (absolute): a cluster or client key; "" = default */
 };
 
 void stk_fuse_opts_default(struct stk_fuse_opts *o);

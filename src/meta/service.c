@@ -45,6 +45,7 @@
 #include "leases.h"
 #include "purge.h"
 #include "session.h"
+#include "confine.h"
 #include "store.h"
 
 #define SYNC_INTERVAL_MS 1000
@@ -1830,7 +1831,34 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
  * Kept out of clang-format, which would pack two entries to a line.
  */
 /* clang-format off */
+/*
+ * META_WITHIN, for storage (a client key's connection is refused it by confine.c):
+ * whether ino lies under the folder the path names. A path that names no folder
+ * has nothing under it.
+ */
+static int op_within(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_within_req q;
+	struct stk_msg_meta_within_resp r = {0};
+	uint64_t top = STK_ROOT_INO;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_within_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	rc = stk_meta_store_resolve(m->store, q.subtree, &top);
+	if (rc == 0)
+		rc = stk_meta_store_within(m->store, q.ino, top);
+	else if (rc == -ENOENT || rc == -ENOTDIR)
+		rc = 0;
+	if (rc < 0)
+		return rc;
+	r.within = rc == 1;
+	return stk_msg_meta_within_resp_enc(&resp->payload, &r);
+}
+
 static const meta_op_fn meta_ops[] = {
+	[STK_OP_META_WITHIN] = op_within,
 	[STK_OP_META_LOOKUP] = op_lookup,
 	[STK_OP_META_GETATTR] = op_getattr,
 	[STK_OP_META_SETATTR] = op_setattr,
@@ -1897,12 +1925,13 @@ static int is_read(uint16_t opcode)
 
 #define READ_AGAIN_MAX 8
 
+static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
+
 static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct meta *m = ctx;
 	uint16_t opcode = req->hdr.opcode;
-	struct stk_rbuf payload = req->payload;
-	size_t at = resp->payload.len;
+	void *copy = NULL;
 	int rc;
 
 	if (opcode >= STK_ARRAY_SIZE(meta_ops) || !meta_ops[opcode]) {
@@ -1910,6 +1939,23 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 			  stk_opcode_name(opcode), req->peer);
 		return -ENOSYS;
 	}
+	/* a client key's request, checked and rewritten by its policy (confine.h) */
+	rc = stk_meta_confine(m->store, req, resp, &copy);
+	if (rc == 0)
+		rc = meta_serve(m, req, resp);
+	else
+		stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, strerror(-rc));
+	free(copy);
+	return rc;
+}
+
+static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	uint16_t opcode = req->hdr.opcode;
+	struct stk_rbuf payload = req->payload;
+	size_t at = resp->payload.len;
+	int rc;
+
 	if (!is_read(opcode)) {
 		rc = meta_ops[opcode](m, req, resp);
 		goto out;

@@ -964,6 +964,8 @@ static int inode_new(struct op *o, const struct inode *dir, uint32_t mode, uint6
 		mode &= ~(uint32_t)S_ISGID;
 	n->a.mode = mode;
 	n->a.nlink = 1;
+	/* a directory's is set by mkdir; any other's is where it was made (confinement) */
+	n->parent = S_ISDIR(mode) ? 0 : dir->a.ino;
 	n->a.qid = dir->a.qid; /* a quota root's own qid is itself */
 	times_now(o, &n->a.atime_sec, &n->a.atime_nsec);
 	times_now(o, &n->a.mtime_sec, &n->a.mtime_nsec);
@@ -1090,6 +1092,61 @@ static int ns_id_load(struct op *o, int fresh)
 	return 0;
 }
 
+static const char FILE_PARENTS_KEY[] = "file_parents";
+
+/*
+ * Stores made before files recorded the folder they live in (client confinement,
+ * stk_meta_store_within) get it once, here: each file, symlink or special file
+ * takes the folder of the first entry found naming it. `sys` then says it is done.
+ */
+static int file_parents_fill(struct op *o)
+{
+	MDB_val key = {sizeof(FILE_PARENTS_KEY) - 1, (void *)FILE_PARENTS_KEY}, k, v;
+	uint64_t filled = 0;
+	MDB_cursor *c;
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->sys, &key, &v);
+	if (rc == 0)
+		return 0;
+	if (rc != MDB_NOTFOUND)
+		return lmdb_err(rc, "read file parents mark");
+	rc = mdb_cursor_open(o->txn, o->st->dentries, &c);
+	if (rc)
+		return lmdb_err(rc, "open cursor");
+	for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
+	     rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+		struct stk_rbuf r;
+		struct inode n;
+		uint64_t ino;
+		uint32_t type;
+
+		stk_rbuf_init(&r, v.mv_data, v.mv_size);
+		ino = stk_get_u64(&r);
+		type = stk_get_u32(&r);
+		if (r.err || k.mv_size < 8 || S_ISDIR(type))
+			continue;
+		if (inode_get(o, ino, &n) || S_ISDIR(n.a.mode) || n.parent)
+			continue;
+		n.parent = be64_get(k.mv_data);
+		rc = inode_put(o, &n);
+		if (rc)
+			break;
+		filled++;
+	}
+	mdb_cursor_close(c);
+	if (rc != MDB_NOTFOUND && rc != 0)
+		return rc < 0 ? rc : lmdb_err(rc, "read entries");
+	v.mv_size = 0;
+	v.mv_data = "";
+	rc = lmdb_err(mdb_put(o->txn, o->st->sys, &key, &v, 0), "write file parents mark");
+	if (rc == 0 && filled)
+		stk_info("meta store: %llu files made by an older release now record their "
+			 "folder (for client keys confined to a subtree)",
+			 (unsigned long long)filled);
+	return rc;
+}
+
 /* Opens the tables and makes the root directory of a new store, and its identity. */
 static int store_init(struct stk_meta_store *st)
 {
@@ -1124,6 +1181,8 @@ static int store_init(struct stk_meta_store *st)
 	}
 	if (rc == 0)
 		rc = ns_id_load(&o, fresh);
+	if (rc == 0)
+		rc = file_parents_fill(&o);
 out:
 	return op_end(&o, rc);
 }
@@ -2022,6 +2081,8 @@ int stk_meta_store_link(struct stk_meta_store *st, const struct stk_cred *cred, 
 	if (rc)
 		goto out;
 	n.a.nlink++;
+	if (n.parent == 0)
+		n.parent = parent; /* made by an older release: it has a home now */
 	set_ctime(&o, &n.a);
 	rc = inode_put(&o, &n);
 	if (rc == 0)
@@ -2306,6 +2367,8 @@ static int rename_move(struct op *o, struct rename_ctx *r, int *replaced)
 		rc = move_subdir(&r->src, &r->sp, r->dp);
 		if (rc)
 			return rc;
+	} else {
+		r->src.parent = r->dp->a.ino;
 	}
 	rc = dentry_del(o, r->sp.a.ino, r->src_name);
 	if (rc == 0)
@@ -2334,6 +2397,10 @@ static int rename_exchange(struct op *o, struct rename_ctx *r)
 		rc = move_subdir(&r->src, &r->sp, r->dp);
 	if (rc == 0 && S_ISDIR(r->dst.a.mode))
 		rc = move_subdir(&r->dst, r->dp, &r->sp);
+	if (!S_ISDIR(r->src.a.mode))
+		r->src.parent = r->dp->a.ino;
+	if (!S_ISDIR(r->dst.a.mode))
+		r->dst.parent = r->sp.a.ino;
 	if (rc == 0)
 		rc = dentry_put(o, r->sp.a.ino, r->src_name, r->dst.a.ino, r->dst.a.mode);
 	if (rc == 0)
@@ -4517,5 +4584,87 @@ int stk_meta_store_files(struct stk_meta_store *st, uint64_t from, struct stk_me
 		rc = lmdb_err(mrc, "list files");
 	if (cur)
 		mdb_cursor_close(cur);
+	return op_end(&o, rc);
+}
+
+/* ---- client confinement (docs/security.md, "Client keys") ---- */
+
+int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	struct op o;
+	uint64_t cur = ino;
+	int rc;
+
+	if (ino == top || top == STK_ROOT_INO)
+		return 1;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, cur, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		cur = n.parent; /* 0 when made by an older release: not known to be inside */
+	for (unsigned depth = 0; rc == 0; depth++) {
+		if (cur == top) {
+			rc = 1;
+			break;
+		}
+		if (cur == 0 || cur == STK_ROOT_INO)
+			break;
+		if (depth == MAX_DEPTH) {
+			rc = -EIO;
+			break;
+		}
+		rc = inode_get(&o, cur, &n);
+		if (rc == 0)
+			cur = n.parent;
+	}
+	op_end(&o, rc < 0 ? rc : 0);
+	return rc == -ENOENT ? 0 : rc;
+}
+
+int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino)
+{
+	static const struct stk_cred root_cred;
+	char name[STK_NAME_MAX + 1];
+	struct inode dir, n;
+	const char *p = path;
+	struct op o;
+	int rc;
+
+	if (*p != '/')
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, STK_ROOT_INO, &dir);
+	while (rc == 0 && *p) {
+		size_t len;
+
+		while (*p == '/')
+			p++;
+		len = strcspn(p, "/");
+		if (len == 0)
+			break;
+		if (len > STK_NAME_MAX) {
+			rc = -ENAMETOOLONG;
+			break;
+		}
+		memcpy(name, p, len);
+		name[len] = 0;
+		p += len;
+		if (!S_ISDIR(dir.a.mode)) {
+			rc = -ENOTDIR;
+			break;
+		}
+		rc = child_get(&o, &dir, name, &n);
+		if (rc == 0)
+			dir = n;
+	}
+	if (rc == 0 && !S_ISDIR(dir.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0)
+		*ino = dir.a.ino;
 	return op_end(&o, rc);
 }

@@ -13,7 +13,9 @@
  * Records (all keys big-endian so that LMDB's byte order is numeric order):
  *   inodes    u64 ino -> u8 format (3), attr (codec.h form, no qid), u64 parent
  *             (the parent of a directory, so that rename can refuse to move a
- *             directory into its own subtree; 0 for other inodes), u16 n and n
+ *             directory into its own subtree; for other inodes the folder they
+ *             were made in or last renamed into, for client confinement; filled
+ *             once, on opening, in stores made before it), u16 n and n
  *             ranges of written chunks (u32 first, u32 end) for st_blocks;
  *             format 1 (older stores) ends at the parent and has no rdev
  *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
@@ -26,7 +28,8 @@
  *             number below it was given to an inode or reserved by a client);
  *             "orphan" + u64 ino -> empty, for each orphan (see below);
  *             "ns_id" -> u64 hi, u64 lo, the namespace's identity (msg.h),
- *             made when the store is created or first opened without one
+ *             made when the store is created or first opened without one;
+ *             "file_parents" -> empty, once every file records its folder
  *
  * Readdir order is dentry key order, that is by name hash within a directory.
  * The cookie that follows an entry is its hash + 1, and a listing resumes at the
@@ -615,5 +618,18 @@ void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t se
  */
 int stk_meta_store_batch_begin(struct stk_meta_store *st);
 int stk_meta_store_batch_end(struct stk_meta_store *st, int rc);
+
+/*
+ * Client confinement (service.c, docs/security.md). stk_meta_store_within: 1 when
+ * ino is top or lies under it, 0 when not (or ino does not exist), -errno. A
+ * directory lies under top when top is on its chain of parents; any other inode
+ * by the directory it was made in or last renamed into (its recorded parent),
+ * which hard links do not change; one made by a release that recorded none is not
+ * under any top but the root until it is linked again. stk_meta_store_resolve: the
+ * directory an absolute path names, looked up as root without following symlinks;
+ * -ENOENT, -ENOTDIR, -EINVAL (not absolute).
+ */
+int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top);
+int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino);
 
 #endif

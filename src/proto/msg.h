@@ -601,6 +601,18 @@ enum stk_fsck_kind {
 #define STK_MSG_AUTH_HELLO_REQ(F) F(b32, nonce)
 #define STK_MSG_AUTH_HELLO_RESP(F) F(b32, nonce) F(b32, mac)
 #define STK_MSG_AUTH_PROOF_REQ(F) F(b32, mac)
+#define STK_MSG_AUTH_HELLO_CLIENT_REQ(F)                                            \
+	F(b32, nonce) F(name, client) F(u64, gen) F(u32, flags) F(u32, anon_uid)    \
+	F(u32, anon_gid) F(path, subtree)
+/* A client identity (common/auth.h, struct stk_auth_client); removed: revoked. */
+#define STK_MSG_CLIENT_REC(F)                                                        \
+	F(name, name) F(u64, gen) F(u32, flags) F(u32, anon_uid) F(u32, anon_gid)   \
+	F(path, subtree) F(u8, removed)
+/* META_WITHIN: within 1 when ino lies under the folder subtree names, else 0. */
+#define STK_MSG_META_WITHIN_REQ(F) F(u64, ino) F(path, subtree)
+#define STK_MSG_META_WITHIN_RESP(F) F(u8, within)
+#define STK_MSG_MGMT_CLIENT_NAME(F) F(name, name)
+#define STK_MSG_MGMT_CLIENT_GEN(F) F(u64, gen)
 
 /* Every message: (struct name, field list). */
 #define STK_MSG_LIST(X)                                           \
@@ -699,7 +711,13 @@ enum stk_fsck_kind {
 	X(node_load, STK_MSG_NODE_LOAD)                           \
 	X(auth_hello_req, STK_MSG_AUTH_HELLO_REQ)                 \
 	X(auth_hello_resp, STK_MSG_AUTH_HELLO_RESP)               \
-	X(auth_proof_req, STK_MSG_AUTH_PROOF_REQ)
+	X(auth_proof_req, STK_MSG_AUTH_PROOF_REQ)                 \
+	X(auth_hello_client_req, STK_MSG_AUTH_HELLO_CLIENT_REQ)   \
+	X(client_rec, STK_MSG_CLIENT_REC)                         \
+	X(meta_within_req, STK_MSG_META_WITHIN_REQ)               \
+	X(meta_within_resp, STK_MSG_META_WITHIN_RESP)             \
+	X(mgmt_client_name, STK_MSG_MGMT_CLIENT_NAME)             \
+	X(mgmt_client_gen, STK_MSG_MGMT_CLIENT_GEN)
 
 /* ---- generated structs and codecs ---- */
 

@@ -107,6 +107,15 @@
 	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
 	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \
 	X(MGMT_LEADER, 4, none, mgmt_leader_resp, "which mgmtd leads")                             \
+	/* Client identities (docs/security.md): add issues the next generation for   \
+	 * the name (EXIST: the name is held; remove it first); rm revokes it (NOENT:  \
+	 * no such client); CLIENTS lists every client, removed ones too. A connection  \
+	 * made with a client key gets PERM for all three. Each bumps the routing      \
+	 * version, so that nodes fetch the list again (mgmtd/agent.c). */             \
+	X(MGMT_CLIENT_ADD, 14, client_rec, mgmt_client_gen, "issue a client identity")      \
+	X(MGMT_CLIENT_RM, 15, mgmt_client_name, mgmt_client_gen, "revoke a client identity") \
+	/* Reply: u32 n, then n client_rec. */                                          \
+	X(MGMT_CLIENTS, 16, none, none, "list client identities")                       \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
@@ -206,6 +215,11 @@
 	X(META_NAMES, 63, meta_names_req, meta_names_resp, "apply a client's creates and unlinks") \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
+	/* Whether inode ino lies under the folder at path subtree (a client key's root, \
+	 * docs/security.md): storage asks it before serving such a client that inode's \
+	 * chunks. PERM for a client key's connection. */                              \
+	X(META_WITHIN, 88, meta_within_req, meta_within_resp,                           \
+	  "is an inode under a client's subtree")                                       \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
 	/* Reads up to `length` bytes; the bulk of the reply is shorter where the chunk ends  \
 	 * (a missing chunk reads as 0 bytes: the client knows the file size and fills    \
@@ -247,7 +261,12 @@
 	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")                    \
 	/* Served by meta (its 32-63 are all taken): stoker fsck's namespace check and the  \
 	 * listings its data check compares with storage's (msg.h). */                      \
-	X(META_FSCK, 98, meta_fsck_req, meta_fsck_resp, "check the namespace (fsck)")
+	X(META_FSCK, 98, meta_fsck_req, meta_fsck_resp, "check the namespace (fsck)")          \
+	/* AUTH_HELLO for a client key (common/auth.h): the nonce and the client's        \
+	 * policy; the server keys the handshake by HMAC(cluster key, policy). AUTH when \
+	 * the policy is malformed or revoked. */                                         \
+	X(AUTH_HELLO_CLIENT, 99, auth_hello_client_req, auth_hello_resp,                  \
+	  "open the key handshake with a client key")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

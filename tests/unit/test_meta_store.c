@@ -685,6 +685,72 @@ static void to_format1(uint64_t ino)
 		mdb_env_close(env);
 }
 
+/*
+ * As a store from before files recorded their folder: ino's parent zeroed and the
+ * mark that the store filled them in removed.
+ */
+static void forget_file_parent(uint64_t ino)
+{
+	MDB_env *env = NULL;
+	MDB_txn *txn = NULL;
+	MDB_dbi dbi, sys;
+	uint8_t k[8], rec[512];
+	MDB_val key = {sizeof(k), k}, val, mark = {12, (void *)"file_parents"};
+	int rc;
+
+	for (int i = 0; i < 8; i++)
+		k[i] = (uint8_t)(ino >> (56 - 8 * i));
+	rc = mdb_env_create(&env);
+	if (rc == 0) {
+		mdb_env_set_maxdbs(env, 8);
+		mdb_env_set_mapsize(env, 1ull << 30);
+		rc = mdb_env_open(env, tmpdir, 0, 0600);
+	}
+	if (rc == 0)
+		rc = mdb_txn_begin(env, NULL, 0, &txn);
+	if (rc == 0)
+		rc = mdb_dbi_open(txn, "inodes", 0, &dbi);
+	if (rc == 0)
+		rc = mdb_dbi_open(txn, "sys", 0, &sys);
+	if (rc == 0)
+		rc = mdb_get(txn, dbi, &key, &val);
+	/* format 3: u8 3, attr (100 bytes, then u64 rdev), u64 parent, ... */
+	CHECK(rc == 0 && val.mv_size <= sizeof(rec) && ((uint8_t *)val.mv_data)[0] == 3);
+	if (rc == 0 && val.mv_size <= sizeof(rec)) {
+		memcpy(rec, val.mv_data, val.mv_size);
+		memset(rec + 109, 0, 8);
+		val.mv_data = rec;
+		rc = mdb_put(txn, dbi, &key, &val, 0);
+	}
+	if (rc == 0)
+		rc = mdb_del(txn, sys, &mark, NULL);
+	if (txn)
+		rc = rc ? (mdb_txn_abort(txn), rc) : mdb_txn_commit(txn);
+	CHECK(rc == 0);
+	if (env)
+		mdb_env_close(env);
+}
+
+/* A store whose files do not record their folder gets them on opening, once. */
+static void test_file_parents_filled(void)
+{
+	uint64_t top = mkdir_as(&ROOT, STK_ROOT_INO, "fp", 0755),
+		 d = mkdir_as(&ROOT, top, "d", 0755);
+	uint64_t f = create_as(&ROOT, d, "f");
+
+	CHECK(stk_meta_store_within(st, f, top) == 1);
+	CHECK_RC(stk_meta_store_sync(st), 0);
+	stk_meta_store_close(st);
+	st = NULL;
+	forget_file_parent(f);
+	if (open_store()) {
+		CHECK(!"reopen after forgetting a file's folder");
+		return;
+	}
+	CHECK(stk_meta_store_within(st, f, top) == 1);
+	CHECK(stk_meta_store_within(st, f, d) == 1);
+}
+
 /* A store written before inode format 2 keeps working: attributes, parents, blocks. */
 static void test_format1_records(void)
 {
@@ -720,6 +786,54 @@ static void test_format1_records(void)
 	sa.size = 4 * MIB;
 	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
 	CHECK(attr_of(f).blocks == MIB / 512);
+}
+
+/*
+ * Client confinement: what lies under a folder. Folders by their chain of parents;
+ * files, symlinks and special files by the folder they were made in or last renamed
+ * into (a hard link does not move it); the subtree's folder is under itself;
+ * resolve finds folders by path and refuses anything else.
+ */
+static void test_within(void)
+{
+	uint64_t top = mkdir_as(&ROOT, STK_ROOT_INO, "wt", 0755);
+	uint64_t in = mkdir_as(&ROOT, top, "in", 0755),
+		 out = mkdir_as(&ROOT, STK_ROOT_INO, "wo", 0755);
+	uint64_t deep = mkdir_as(&ROOT, in, "deep", 0755);
+	uint64_t f = create_as(&ROOT, deep, "f"), g = create_as(&ROOT, out, "g"), ino = 0;
+	struct stk_attr at;
+
+	CHECK(stk_meta_store_within(st, top, top) == 1);
+	CHECK(stk_meta_store_within(st, deep, top) == 1);
+	CHECK(stk_meta_store_within(st, f, top) == 1);
+	CHECK(stk_meta_store_within(st, out, top) == 0);
+	CHECK(stk_meta_store_within(st, g, top) == 0);
+	CHECK(stk_meta_store_within(st, STK_ROOT_INO, top) == 0);
+	CHECK(stk_meta_store_within(st, 987654321, top) == 0);
+	CHECK(stk_meta_store_within(st, g, STK_ROOT_INO) == 1);
+	/* a symlink and a special file, by their folder */
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, in, "sl", "/wo/g", &at), 0);
+	CHECK(stk_meta_store_within(st, at.ino, top) == 1);
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, out, "fifo", S_IFIFO | 0644, 0, &at), 0);
+	CHECK(stk_meta_store_within(st, at.ino, top) == 0);
+	/* renamed out and back in: follows its folder */
+	CHECK_RC(rename_as(&ROOT, deep, "f", out, "f", 0), 0);
+	CHECK(stk_meta_store_within(st, f, top) == 0);
+	CHECK_RC(rename_as(&ROOT, out, "g", in, "g", 0), 0);
+	CHECK(stk_meta_store_within(st, g, top) == 1);
+	/* a hard link elsewhere does not move it */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, g, out, "g2", &at), 0);
+	CHECK(stk_meta_store_within(st, g, top) == 1);
+	/* a folder moved out takes what is in it along */
+	CHECK_RC(rename_as(&ROOT, in, "deep", out, "deep", 0), 0);
+	CHECK(stk_meta_store_within(st, deep, top) == 0);
+	CHECK_RC(stk_meta_store_resolve(st, "/wt/in", &ino), 0);
+	CHECK(ino == in);
+	CHECK_RC(stk_meta_store_resolve(st, "/", &ino), 0);
+	CHECK(ino == STK_ROOT_INO);
+	CHECK_RC(stk_meta_store_resolve(st, "/wt/nothing", &ino), -ENOENT);
+	CHECK_RC(stk_meta_store_resolve(st, "/wt/in/g", &ino), -ENOTDIR);
+	CHECK_RC(stk_meta_store_resolve(st, "wt", &ino), -EINVAL);
 }
 
 static void test_rename(void)
@@ -2002,6 +2116,8 @@ int main(void)
 	CHECK_RUN(test_record_reads);
 	CHECK_RUN(test_getattrs);
 	CHECK_RUN(test_rename);
+	CHECK_RUN(test_within);
+	CHECK_RUN(test_file_parents_filled);
 	CHECK_RUN(test_permissions);
 	CHECK_RUN(test_readdir_small);
 	CHECK_RUN(test_xattrs);
