@@ -97,7 +97,7 @@ int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, st
 
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_ino_req_enc(&w, &m);
-	return stk_client_meta_attr_call(c, STK_OP_META_GETATTR, req, w.len, out);
+	return stk_client_meta_attr_read_call(c, STK_OP_META_GETATTR, req, w.len, out);
 }
 
 int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
@@ -131,7 +131,7 @@ int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t 
 		rc = -EINVAL;
 		goto out;
 	}
-	rc = stk_client_meta_call(c, STK_OP_META_GETATTRS, req, w.len, resp, resp_cap, &len);
+	rc = stk_client_meta_read_call(c, STK_OP_META_GETATTRS, req, w.len, resp, resp_cap, &len);
 	if (rc)
 		goto out;
 	stk_rbuf_init(&r, resp, len);
@@ -554,7 +554,7 @@ int stk_ino_readdir(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
 		return -ENOMEM;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_readdir_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, STK_OP_META_READDIR, req, w.len, resp, cap, &len);
+	rc = stk_client_meta_read_call(c, STK_OP_META_READDIR, req, w.len, resp, cap, &len);
 	if (rc)
 		goto out;
 	stk_rbuf_init(&r, resp, len);
