@@ -233,6 +233,11 @@
 	/* Node to node: a whole chunk and its version, read from one version of its file  \
 	 * (bulk and block CRCs as STOR_READ's reply; version 0 and no bytes: missing). */ \
 	X(STOR_SYNC_READ, 72, stor_sync_read_req, stor_sync_read_resp, "copy a whole chunk")   \
+	/* META_LOOKUP_CACHE for up to STK_LOOKUPS_MAX names of one folder, in one read:  \
+	 * n lookups_rec follow the request, n attr_rec the reply (msg.h); what a mount's \
+	 * readdirplus asks, so that the files of a listed folder are then opened with   \
+	 * no lookup at meta each. */                                                     \
+	X(META_LOOKUPS, 73, meta_lookups_req, meta_lookups_resp, "look names up, leased")   \
 	/* The handshake that opens every connection to a daemon run with a cluster key    \
 	 * (common/auth.h, docs/security.md): the client's nonce; the reply is the          \
 	 * server's nonce and its MAC of both. Until AUTH_PROOF passes, any other request   \
