@@ -7,10 +7,13 @@ dropped) and warm (at once again, same mount), and prints per file: the FUSE
 requests the mount served (from its -o metrics), their mean time in the daemon,
 the round trips to meta and storage (from their /metrics), and the CPU seconds of
 the reader (user and kernel), the mount daemon, meta and storage. With --local DIR
-it reads the same tree copied there too, for the reference.
+it reads the same tree copied there too, for the reference. With --list the cold
+pass first lists every folder of the fresh mount (with the sizes, as `ls -l` and
+ImageFolder do) and drops the kernel's caches again, as a data loader does before
+its first epoch.
 
     /usr/bin/python3 scripts/profile-smallfiles.py --port 10500 --data /var/tmp/x \\
-        [--files 4000] [--dirs 40] [--size 16384] [--threads 8] [--local DIR]
+        [--files 4000] [--dirs 40] [--size 16384] [--threads 8] [--local DIR] [--list]
 
 Needs root (drop_caches, mounts) and a built ./build/stoker. It starts a cluster
 with `stoker up --port PORT` in DATA and stops it at the end.
@@ -165,6 +168,8 @@ def main():
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--local", help="also read a copy of the tree in this local folder")
     ap.add_argument("--mount-opts", default="", help="extra -o options for the mount")
+    ap.add_argument("--list", action="store_true",
+                    help="list the fresh mount's folders before the cold pass")
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("profile-smallfiles: run as root (drop_caches, mounts)")
@@ -193,6 +198,11 @@ def main():
             if label == "cold":
                 drop_caches()
                 subprocess.run([STOKER, "mount", cluster, mnt, "-o", opts], check=True)
+                if a.list:
+                    for d in os.scandir(top):
+                        for e in os.scandir(d.path):
+                            e.stat()
+                    drop_caches()
             pids = [pid_on(mport), pid_on(a.port + 1), pid_on(a.port + 2)]
             c0 = [cpu(p) for p in pids]
             m0, e0, s0 = scrape(mport), scrape(a.port + 11), scrape(a.port + 12)
