@@ -509,6 +509,19 @@ int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void 
 	return attr_call(c, 0, opcode, req, req_len, attr);
 }
 
+int stk_client_meta_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+			      size_t req_len, void *resp, size_t resp_cap, size_t *resp_len)
+{
+	return stk_client_meta_call_from(c, stk_lcache_origin(c), opcode, req, req_len, resp,
+					 resp_cap, resp_len);
+}
+
+int stk_client_meta_attr_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+				   size_t req_len, struct stk_attr *attr)
+{
+	return attr_call(c, stk_lcache_origin(c), opcode, req, req_len, attr);
+}
+
 int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t opcode,
 				  const void *req, size_t req_len, struct stk_attr *attr)
 {

@@ -176,6 +176,18 @@ int stk_client_meta_purges(struct stk_client *c);
 int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
 			      size_t req_len, struct stk_attr *attr);
 /*
+ * A read (META_GETATTR, META_GETATTRS, META_READDIR) sent with this client's origin
+ * (stk_lcache_origin; 0 while the lookup cache is off): meta then leaves a folder
+ * delegated to this very client delegated instead of recalling it, which would
+ * also make the lookup cache forget every name it knows in the folder
+ * (docs/leases.md, "A delegated folder"). Safe because every call to meta sends what
+ * write-behind queued first, so meta reads the folder as this client answered it.
+ */
+int stk_client_meta_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+			      size_t req_len, void *resp, size_t resp_cap, size_t *resp_len);
+int stk_client_meta_attr_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+				   size_t req_len, struct stk_attr *attr);
+/*
  * The same for a change of inode ino's attributes (META_SETATTR, META_EXTEND) sent
  * with this client's origin: the lookup cache forgets ino itself, before and after.
  */

@@ -295,6 +295,7 @@ struct stk_fuse {
 	int rbuf_key_ok;
 	struct stk_fuse_uring *uring; /* -o uring, once set up; else NULL */
 	int no_getattrs; /* atomic: meta answered META_GETATTRS with ENOSYS */
+	int no_lookups;	 /* atomic: meta answered META_LOOKUPS with ENOSYS */
 	_Atomic int posix_seen; /* a POSIX lock was asked for through this mount: opens flush */
 	struct stk_fuse_notify notify;
 };

@@ -125,7 +125,7 @@ static int changes(uint16_t op)
 static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 {
 	struct stk_wbuf w = *wp;
-	int rc = 0;
+	int rc = 0, top = 0;
 
 	switch (cf->req->hdr.opcode) {
 	case STK_OP_META_LOOKUP:
@@ -280,6 +280,25 @@ static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 			}
 			rc = rc < 0 ? rc : 0;
 			stk_msg_getattrs_rec_enc(&w, &g);
+		}
+		break;
+	case STK_OP_META_LOOKUPS:
+		CONFINE_MSG(meta_lookups_req, {
+			squash(cf, &q.cred);
+			if (q.n > STK_LOOKUPS_MAX)
+				return -EBADMSG;
+			rc = inside(cf, &q.parent);
+			top = q.parent == cf->top;
+		});
+		while (rc == 0 && r.off < r.len) {
+			struct stk_msg_lookups_rec l;
+
+			if (stk_msg_lookups_rec_dec(&r, &l) || r.err)
+				return -EBADMSG;
+			/* ".." of the client's root is the root itself */
+			if (top && strcmp(l.name, "..") == 0)
+				strcpy(l.name, ".");
+			stk_msg_lookups_rec_enc(&w, &l);
 		}
 		break;
 	case STK_OP_META_NAMES:

@@ -467,6 +467,88 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 	return stk_msg_meta_lookup_cache_resp_enc(&resp->payload, &r);
 }
 
+/*
+ * META_LOOKUP_CACHE for a batch of names of one folder (a listing's, for a mount's
+ * readdirplus). As there, the leases come before the reads they cover: the
+ * folder's first, then each inode found, and the names are read again after
+ * those grants; a name that names another inode by then (renamed over in
+ * between) or a grant refused makes the whole answer unleased (still answered).
+ */
+static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_lookups_req q;
+	struct stk_msg_meta_lookups_resp r;
+	struct stk_msg_lookups_rec g;
+	struct stk_msg_attr_rec rec;
+	struct stk_msg_lookups_rec *names = NULL;
+	struct stk_attr *attrs = NULL;
+	uint32_t holder = req->hdr.origin;
+	int *rcs = NULL, rc;
+
+	memset(&r, 0, sizeof(r));
+	rc = stk_msg_meta_lookups_req_dec(&req->payload, &q);
+	if (rc == 0 && (q.n == 0 || q.n > STK_LOOKUPS_MAX))
+		rc = -EBADMSG;
+	if (rc == 0) {
+		names = calloc(q.n, sizeof(*names));
+		attrs = calloc(q.n, sizeof(*attrs));
+		rcs = calloc(q.n, sizeof(*rcs));
+		if (!names || !attrs || !rcs) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		rc = stk_msg_lookups_rec_dec(&req->payload, &g);
+		if (rc == 0)
+			names[i] = g;
+	}
+	rc = decoded(req, rc);
+	if (rc)
+		goto out;
+	recall(m, req, &q.parent, 1);
+	r.leased = holder && stk_meta_leases_grant(m->leases, holder, q.parent);
+	for (uint32_t i = 0; i < q.n; i++) {
+		if (strcmp(names[i].name, ".") == 0 || strcmp(names[i].name, "..") == 0)
+			r.leased = 0;
+		rcs[i] =
+		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
+		if (rcs[i] == 0) {
+			recall(m, req, &attrs[i].ino, 1);
+			if (r.leased && !stk_meta_leases_grant(m->leases, holder, attrs[i].ino))
+				r.leased = 0;
+		}
+	}
+	for (uint32_t i = 0; i < q.n; i++) {
+		uint64_t was = rcs[i] == 0 ? attrs[i].ino : 0;
+
+		rcs[i] =
+		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
+		if ((rcs[i] == 0 ? attrs[i].ino : 0) != was)
+			r.leased = 0; /* renamed over in between: answer, but not for keeps */
+		if (rcs[i] && rcs[i] != -ENOENT) {
+			rc = rcs[i]; /* no search permission, or worse: the call's error */
+			goto out;
+		}
+	}
+	if (r.leased && stk_meta_store_getattr(m->store, &q.cred, q.parent, &r.dir))
+		r.leased = 0;
+	r.n = q.n;
+	rc = stk_msg_meta_lookups_resp_enc(&resp->payload, &r);
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		memset(&rec, 0, sizeof(rec));
+		rec.status = stk_status_from_errno(rcs[i]);
+		if (rcs[i] == 0)
+			rec.attr = attrs[i];
+		rc = stk_msg_attr_rec_enc(&resp->payload, &rec);
+	}
+out:
+	free(names);
+	free(attrs);
+	free(rcs);
+	return rc;
+}
+
 static int op_getattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_ino_req q;
@@ -1888,6 +1970,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_WATCH] = op_watch,
 	[STK_OP_META_LOOKUP_CACHE] = op_lookup_cache,
 	[STK_OP_META_GETATTRS] = op_getattrs,
+	[STK_OP_META_LOOKUPS] = op_lookups,
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
@@ -1915,6 +1998,7 @@ static int is_read(uint16_t opcode)
 	case STK_OP_META_LOOKUP_CACHE:
 	case STK_OP_META_GETATTR:
 	case STK_OP_META_GETATTRS:
+	case STK_OP_META_LOOKUPS:
 	case STK_OP_META_READDIR:
 	case STK_OP_META_GETXATTR:
 	case STK_OP_META_LISTXATTR:
@@ -2018,6 +2102,7 @@ static int meta_loop_handle(void *ctx, void *state, struct stk_rpc_req *req,
 	case STK_OP_META_LOOKUP_CACHE:
 	case STK_OP_META_GETATTR:
 	case STK_OP_META_GETATTRS:
+	case STK_OP_META_LOOKUPS:
 	case STK_OP_META_READLINK:
 	case STK_OP_META_GETXATTR:
 	case STK_OP_META_LISTXATTR:

@@ -390,6 +390,17 @@ enum stk_target_state {
 #define STK_MSG_ATTR_REC(F) F(u32, status) F(attr, attr)
 #define STK_GETATTRS_MAX 1024u
 /*
+ * META_LOOKUPS: META_LOOKUP_CACHE for n names of one folder (1 to STK_LOOKUPS_MAX),
+ * what a mount's readdirplus asks for a listing's batch of names: n lookups_rec
+ * follow the request, n attr_rec the reply, in the request's order (NOENT: no such
+ * name). leased 1: the folder's names and every inode found are leased to the
+ * origin holder, as after META_LOOKUP_CACHE; dir: the folder's attributes then.
+ */
+#define STK_MSG_META_LOOKUPS_REQ(F) F(cred, cred) F(u64, parent) F(u32, n)
+#define STK_MSG_META_LOOKUPS_RESP(F) F(u8, leased) F(attr, dir) F(u32, n)
+#define STK_MSG_LOOKUPS_REC(F) F(name, name)
+#define STK_LOOKUPS_MAX 256u
+/*
  * META_INOS: count numbers reserved from first on, and the placement meta gives new
  * files now (chunk_size, stripe, nchains as stk_layout_make takes them), so that
  * the caller can lay its creates out itself.
@@ -664,6 +675,9 @@ enum stk_fsck_kind {
 	X(meta_getattrs_resp, STK_MSG_META_GETATTRS_RESP)         \
 	X(getattrs_rec, STK_MSG_GETATTRS_REC)                     \
 	X(attr_rec, STK_MSG_ATTR_REC)                             \
+	X(meta_lookups_req, STK_MSG_META_LOOKUPS_REQ)             \
+	X(meta_lookups_resp, STK_MSG_META_LOOKUPS_RESP)           \
+	X(lookups_rec, STK_MSG_LOOKUPS_REC)                       \
 	X(meta_inos_req, STK_MSG_META_INOS_REQ)                   \
 	X(meta_inos_resp, STK_MSG_META_INOS_RESP)                 \
 	X(meta_names_req, STK_MSG_META_NAMES_REQ)                 \

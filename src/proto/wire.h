@@ -213,13 +213,18 @@
 	/* A delegated folder's holder sends what it answered itself: n name_rec follow the \
 	 * request, n name_res the reply, in order, each applied alone (msg.h). */            \
 	X(META_NAMES, 63, meta_names_req, meta_names_resp, "apply a client's creates and unlinks") \
-	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
-	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	/* Whether inode ino lies under the folder at path subtree (a client key's root, \
 	 * docs/security.md): storage asks it before serving such a client that inode's \
 	 * chunks. PERM for a client key's connection. */                              \
 	X(META_WITHIN, 88, meta_within_req, meta_within_resp,                           \
 	  "is an inode under a client's subtree")                                       \
+	/* META_LOOKUP_CACHE for up to STK_LOOKUPS_MAX names of one folder, in one read:  \
+	 * n lookups_rec follow the request, n attr_rec the reply (msg.h); what a mount's \
+	 * readdirplus asks, so that the files of a listed folder are then opened with   \
+	 * no lookup at meta each. */                                                     \
+	X(META_LOOKUPS, 89, meta_lookups_req, meta_lookups_resp, "look names up, leased")   \
+	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
+	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
 	/* Reads up to `length` bytes; the bulk of the reply is shorter where the chunk ends  \
 	 * (a missing chunk reads as 0 bytes: the client knows the file size and fills    \
