@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 
 from conftest import CHECK, ROOT, STOKER, have_fuse, run, wait_until
+from test_mount import meta_figure
 
 # The package always comes from the release build, as in pyhelp.py: an ASan-built
 # extension cannot be loaded into an uninstrumented python.
@@ -145,6 +146,11 @@ def test_subtree_client_reaches_nothing_outside(cluster, tmp_path, make_mount):
     if have_fuse():
         # The mount shows /teamA as its root.
         m = make_mount(cluster, "alice", opts=["key=" + key])
+        batched = meta_figure(cluster, "stoker_rpc_requests_total", op="META_LOOKUPS")
+        listed = {e.name: e.is_dir() for e in os.scandir(m.path)}  # readdirplus
+        assert listed == {"a.txt": False, "sub": True}
+        # the listing's names were looked up in a batch, confined like one lookup
+        assert meta_figure(cluster, "stoker_rpc_requests_total", op="META_LOOKUPS") > batched
         assert sorted(os.listdir(m.path)) == ["a.txt", "sub"]
         assert os.stat(m.path).st_ino == team_a
         with open(os.path.join(m.path, "a.txt"), "rb") as f:
