@@ -78,6 +78,15 @@ struct stk_client_opts {
 	 * default such a daemon is trusted, so that one process can use old clusters.
 	 */
 	int auth_strict;
+	/*
+	 * 1: TLS on every connection (docs/security.md, "TLS"), for the whole process
+	 * from then on; needs the cluster key (key_file above). 0: $STOKER_TLS (1 on,
+	 * 0 off), else what `stoker up --tls` recorded for the cluster's address, else
+	 * plaintext. A client asking for TLS refuses a daemon without it (-ECONNRESET or
+	 * -EPROTO, logged); a daemon requiring TLS refuses a plaintext client
+	 * (-EPROTONOSUPPORT, logged).
+	 */
+	int tls;
 };
 
 #define STK_RETRY_FOREVER 0xffffffffu

@@ -65,6 +65,13 @@ int stk_daemon_sleep_ms(unsigned ms);
  * by others, not a key).
  */
 int stk_daemon_auth(const char *key_file, char *err, size_t errlen);
+/*
+ * TLS (docs/security.md, "TLS"): on = 1 makes every connection to this daemon's
+ * server a TLS one (plaintext peers are refused, logged and counted) and every
+ * connection it opens too. Needs the key of stk_daemon_auth(), called first. 0,
+ * or -EINVAL with err set (no key).
+ */
+int stk_daemon_tls(int on, char *err, size_t errlen);
 
 /*
  * One run of stk_daemon_run(), handed to the hooks. It lives on stk_daemon_run()'s
