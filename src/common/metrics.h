@@ -78,7 +78,8 @@
 	  "Client connections accepted.")                                                          \
 	X(AUTH_FAILURES, COUNTER, "stoker_auth_failures_total", "reason",                         \
 	  "Connections closed for failing the cluster-key handshake, by reason: no_handshake "    \
-	  "(a request before it), bad_proof (wrong key or replay), malformed, timeout.")           \
+	  "(a request before it), bad_proof (wrong key or replay), malformed, timeout; with "      \
+	  "TLS: tls_plaintext (a peer without TLS), tls_handshake (wrong key, bad records).")      \
 	/* ---- meta and storage: per client host (stk_metrics_ops_client) ---- */                 \
 	X(RPC_CLIENT_REQUESTS, COUNTER, "stoker_rpc_client_requests_total", "client",              \
 	  "RPC requests served, by client host (its IP address; the first 64 hosts seen, the "     \
