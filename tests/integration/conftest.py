@@ -8,8 +8,9 @@ same tests run against the sanitizer build with STOKER_BUILD=build-asan.
 STOKER_TEST_TLS=1 runs them with TLS on every connection (docs/security.md): one
 key for the session (TLS_KEY), given to every `stoker up` cluster as its
 cluster.key and to every role daemon with --key-file and --tls on, and to the
-tests' clients through STOKER_KEY_FILE and STOKER_TLS=1. Tests that speak the
-wire protocol in plaintext themselves (test_auth.py's raw frames) do not apply.
+tests' clients through STOKER_KEY_FILE and STOKER_TLS=1. Tests marked
+`plaintext_wire` (they speak the wire protocol in plaintext themselves, or test
+the key handshake TLS replaces) are skipped then.
 """
 import errno
 import getpass
@@ -51,6 +52,9 @@ def pytest_configure(config):
         "markers", "serial: times something against the clock, or relies on what is one per "
         "machine (the default cluster); scripts/test.sh runs these one at a time after the "
         "others, not beside them")
+    config.addinivalue_line(
+        "markers", "plaintext_wire: speaks the wire protocol in plaintext itself (raw frames, "
+        "stk_connscale) or tests the key handshake: skipped with STOKER_TEST_TLS=1")
     if not hasattr(config, "workerinput"):
         drop_dead_test_mounts()
     if TLS:
@@ -143,6 +147,14 @@ def pick_ports():
 
 
 _given = []
+
+
+def pytest_collection_modifyitems(config, items):
+    if TLS:
+        skip = pytest.mark.skip(reason="speaks plaintext itself: not with STOKER_TEST_TLS=1")
+        for item in items:
+            if "plaintext_wire" in item.keywords:
+                item.add_marker(skip)
 
 
 def free_port():
