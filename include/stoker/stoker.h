@@ -99,7 +99,9 @@ struct stk_client_opts {
  * Errors: -EINVAL (malformed address), -ENOENT (no default cluster), -ECONNREFUSED,
  * -ETIMEDOUT, -EHOSTUNREACH, -ENOMEM, -EPROTO (not a Stoker mgmtd), -EKEYREJECTED
  * (the cluster refused this process's key, or requires one it does not hold),
- * -EPERM (the key file is readable by others than its owner: it is not used).
+ * -EPERM (the key file is readable by others than its owner: it is not used),
+ * -EPROTONOSUPPORT (the cluster requires TLS and this process does not use it:
+ * set opts->tls or $STOKER_TLS=1).
  */
 STK_API int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_client **out);
 /* Closes every connection. Open files must be closed first; their buffers are lost. */

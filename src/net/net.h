@@ -85,7 +85,11 @@ int stk_net_tls(void);
  * With a cluster key held (stk_net_auth_set), the key handshake is done before it
  * returns. 0, or -ECONNREFUSED, -ETIMEDOUT, -EHOSTUNREACH, -EINVAL (bad address),
  * -ENOMEM, -EKEYREJECTED (the handshake failed: a wrong key, or a server that
- * requires one and this process holds none is refused at its first request).
+ * requires one and this process holds none is refused at its first request),
+ * -EPROTONOSUPPORT (the server requires TLS and this process does not speak it).
+ * With TLS (stk_net_tls_set) the TLS handshake replaces the key handshake:
+ * -EKEYREJECTED (no key held, or the server holds another), -ECONNRESET or
+ * -EPROTO (a server without TLS, or a broken handshake); each logged.
  */
 int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out);
 void stk_conn_close(struct stk_conn *c);
