@@ -29,9 +29,10 @@ MGMTD_PKGS := libcurl jansson
 MGMTD_CFLAGS := $(shell pkg-config --cflags $(MGMTD_PKGS) 2>/dev/null)
 MGMTD_LIBS := $(shell pkg-config --libs $(MGMTD_PKGS) 2>/dev/null)
 # What libstoker (and the Python extension built from it) links: no FUSE, no HTTP
-# server, no TLS; CRC32C from ISA-L, xxHash for host ids, and libcrypto for the
-# cluster key's handshake (HMAC-SHA256, RAND_bytes; common/auth.h).
-LIB_PKGS := libisal libxxhash libcrypto
+# server; CRC32C from ISA-L, xxHash for host ids, libcrypto for the cluster key's
+# handshake (HMAC-SHA256, RAND_bytes; common/auth.h) and libssl for the transport's
+# optional TLS (net/tls.h).
+LIB_PKGS := libisal libxxhash libssl libcrypto
 LIB_LIBS := $(shell pkg-config --libs $(LIB_PKGS) 2>/dev/null) -lm
 
 # The RPC server (src/net/server.c) is the net layer's, but only server processes

@@ -78,6 +78,15 @@ struct stk_client_opts {
 	 * default such a daemon is trusted, so that one process can use old clusters.
 	 */
 	int auth_strict;
+	/*
+	 * 1: TLS on every connection (docs/security.md, "TLS"), for the whole process
+	 * from then on; needs the cluster key (key_file above). 0: $STOKER_TLS (1 on,
+	 * 0 off), else what `stoker up --tls` recorded for the cluster's address, else
+	 * plaintext. A client asking for TLS refuses a daemon without it (-ECONNRESET or
+	 * -EPROTO, logged); a daemon requiring TLS refuses a plaintext client
+	 * (-EPROTONOSUPPORT, logged).
+	 */
+	int tls;
 };
 
 #define STK_RETRY_FOREVER 0xffffffffu
@@ -90,7 +99,9 @@ struct stk_client_opts {
  * Errors: -EINVAL (malformed address), -ENOENT (no default cluster), -ECONNREFUSED,
  * -ETIMEDOUT, -EHOSTUNREACH, -ENOMEM, -EPROTO (not a Stoker mgmtd), -EKEYREJECTED
  * (the cluster refused this process's key, or requires one it does not hold),
- * -EPERM (the key file is readable by others than its owner: it is not used).
+ * -EPERM (the key file is readable by others than its owner: it is not used),
+ * -EPROTONOSUPPORT (the cluster requires TLS and this process does not use it:
+ * set opts->tls or $STOKER_TLS=1).
  */
 STK_API int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_client **out);
 /* Closes every connection. Open files must be closed first; their buffers are lost. */

@@ -91,6 +91,7 @@ enum {
 	OPT_PROMETHEUS,
 	OPT_KEY_FILE,
 	OPT_AUTH,
+	OPT_TLS,
 };
 
 static const struct option role_opts[] = {
@@ -117,6 +118,7 @@ static const struct option role_opts[] = {
 	{"key-file", required_argument, NULL, OPT_KEY_FILE},
 	{"key_file", required_argument, NULL, OPT_KEY_FILE}, /* as a config file spells it */
 	{"auth", required_argument, NULL, OPT_AUTH},
+	{"tls", required_argument, NULL, OPT_TLS},
 	{NULL, 0, NULL, 0},
 };
 
@@ -146,6 +148,7 @@ struct role_args {
 	const char *prometheus;
 	const char *key_file; /* --key-file PATH: the cluster key (docs/security.md) */
 	int auth_off; /* --auth off: no key, said so on purpose */
+	int tls; /* --tls on: TLS on every connection (docs/security.md) */
 };
 
 /*
@@ -163,6 +166,11 @@ static int role_auth(const char *cmd, const struct role_args *a)
 		cli_err(cmd, "--key-file and --auth off contradict each other: pick one");
 		return 2;
 	}
+	if (!a->key_file && a->tls) {
+		cli_err(cmd, "--tls on needs the cluster key: its handshake is keyed by it (pass "
+			     "--key-file FILE)");
+		return 2;
+	}
 	if (!a->key_file) {
 		if (!a->auth_off)
 			fprintf(stderr,
@@ -173,6 +181,8 @@ static int role_auth(const char *cmd, const struct role_args *a)
 		return 0;
 	}
 	rc = stk_daemon_auth(a->key_file, err, sizeof(err));
+	if (rc == 0)
+		rc = stk_daemon_tls(a->tls, err, sizeof(err));
 	if (rc) {
 		cli_err(cmd, "%s", err);
 		return 2;
@@ -321,6 +331,16 @@ static int role_opt(const char *cmd, int c, char *val, struct role_args *a)
 			a->auth_off = 0;
 		} else {
 			cli_err(cmd, "bad --auth '%s': on or off", val);
+			return 2;
+		}
+		break;
+	case OPT_TLS:
+		if (strcmp(val, "on") == 0) {
+			a->tls = 1;
+		} else if (strcmp(val, "off") == 0) {
+			a->tls = 0;
+		} else {
+			cli_err(cmd, "bad --tls '%s': on or off", val);
 			return 2;
 		}
 		break;
@@ -532,6 +552,7 @@ struct up {
 	time_t last_start[UP_PROCS];
 	char exe[PATH_MAX];
 	char key_file[PATH_MAX + 16]; /* DATA/cluster.key */
+	int tls; /* --tls: every daemon and client of the cluster speaks TLS */
 	char *pass[UP_NPASS]; /* the values of up_pass's options given, or NULL */
 };
 
@@ -597,6 +618,10 @@ static pid_t spawn_role(struct up *u, int r)
 	args[n++] = datadir;
 	args[n++] = "--key-file";
 	args[n++] = u->key_file;
+	if (u->tls) {
+		args[n++] = "--tls";
+		args[n++] = "on";
+	}
 	if (role > 0) {
 		args[n++] = "--mgmtd";
 		args[n++] = mgmtd;
@@ -821,13 +846,15 @@ static void write_file(const char *path, const char *content)
  */
 static void record_keys(const struct up *u, int on)
 {
-	char dir[64], path[192], buf[PATH_MAX + 32], line[PATH_MAX + 32];
+	char dir[64], path[192], buf[PATH_MAX + 32], line[PATH_MAX + 32], content[PATH_MAX + 40];
 	char list[STK_CLUSTER_ADDR_MAX + UP_PROCS * 81];
 	char *a, *next;
 	size_t n;
 
 	cli_runtime_dir(dir, sizeof(dir));
 	snprintf(line, sizeof(line), "%s\n", u->key_file);
+	/* a second line "tls": its clients speak TLS (client.c, recorded_tls) */
+	snprintf(content, sizeof(content), "%s%s", line, u->tls ? "tls\n" : "");
 	/* every daemon's address: tools given a meta or storage address find it too */
 	n = (size_t)snprintf(list, sizeof(list), "%s", u->mgmtd_list);
 	for (unsigned r = 1; r < u->nprocs && n < sizeof(list); r++)
@@ -846,7 +873,7 @@ static void record_keys(const struct up *u, int on)
 
 		snprintf(path, sizeof(path), "%s/keys/%s", dir, a);
 		if (on) {
-			write_file(path, line);
+			write_file(path, content);
 			continue;
 		}
 		f = fopen(path, "r");
@@ -1271,6 +1298,7 @@ static const struct option up_opts[] = {
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
+	{"tls", no_argument, NULL, OPT_TLS},
 	{NULL, 0, NULL, 0},
 };
 
@@ -1316,6 +1344,9 @@ int cmd_up(int argc, char **argv)
 			break;
 		case 'M':
 			no_metrics = 1;
+			break;
+		case OPT_TLS:
+			u->tls = 1;
 			break;
 		case 'p':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > 65533) {
@@ -1506,6 +1537,15 @@ int cmd_up(int argc, char **argv)
 		}
 		/* the mount and the S3 gateway `up` starts are clients: they find it here */
 		setenv("STOKER_KEY_FILE", u->key_file, 1);
+		if (u->tls) {
+			/* `up` itself asks the cluster whether it serves: by TLS too */
+			e = stk_daemon_tls(1, err, sizeof(err));
+			if (e) {
+				cli_err("up", "%s", err);
+				goto out;
+			}
+			setenv("STOKER_TLS", "1", 1);
+		}
 	}
 	if (u->cluster) {
 		unsigned ep = u->port + UP_ETCD_PORT;

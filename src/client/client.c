@@ -130,15 +130,53 @@ static int node_gone(void *ctx, const char *addr)
 	return !online;
 }
 
+/*
+ * Whether `stoker up --tls` recorded TLS for one of list's addresses: its key
+ * record (/tmp/stoker-UID/keys/ADDR) has a second line "tls".
+ */
+static int recorded_tls(const char *list)
+{
+	struct stk_mgmt_addrs l;
+	char path[128], buf[4096];
+
+	if (stk_mgmt_addrs_parse(&l, list))
+		return 0;
+	for (unsigned i = 0; i < l.n; i++) {
+		FILE *f;
+		size_t n;
+
+		snprintf(path, sizeof(path), "/tmp/stoker-%u/keys/%s", (unsigned)getuid(),
+			 l.addr[i]);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = 0;
+		if (strstr(buf, "\ntls\n"))
+			return 1;
+	}
+	return 0;
+}
+
 int stk_client_auth_find(const char *list, const char *key_file)
 {
 	char err[512], path[128], kpath[4096];
 	struct stk_mgmt_addrs l;
-	const char *strict = getenv("STOKER_AUTH");
+	const char *strict = getenv("STOKER_AUTH"), *tls = getenv("STOKER_TLS");
 	int rc;
 
 	if (strict && strcmp(strict, "strict") == 0)
 		stk_net_auth_strict();
+	if (tls && *tls) {
+		if (strcmp(tls, "1") && strcmp(tls, "0")) {
+			stk_error("bad STOKER_TLS '%s': 1 (TLS) or 0 (plaintext)", tls);
+			return -EINVAL;
+		}
+		stk_net_tls_set(strcmp(tls, "1") == 0);
+	} else if (recorded_tls(list)) {
+		stk_net_tls_set(1);
+	}
 	if (!key_file || !*key_file)
 		key_file = getenv("STOKER_KEY_FILE");
 	if (key_file && *key_file) {
@@ -191,6 +229,8 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 		goto out_free;
 	if (opts && opts->size >= STK_OPTS_HAVE(auth_strict) && opts->auth_strict)
 		stk_net_auth_strict();
+	if (opts && opts->size >= STK_OPTS_HAVE(tls) && opts->tls)
+		stk_net_tls_set(1);
 	pthread_mutex_init(&c->mgmt_lock, NULL);
 	if (opts) {
 		size_t n = opts->size < sizeof(c->opts) ? opts->size : sizeof(c->opts);

@@ -131,6 +131,9 @@ int stk_client_default_cluster(char *addr, size_t len);
  * none; -errno (logged, with what to do) when a key file named explicitly cannot
  * be used. A recorded key that cannot be read is skipped (a cluster gone since).
  * $STOKER_AUTH=strict makes the process strict first (net.h, stk_net_auth_strict).
+ * TLS (net.h, stk_net_tls_set): $STOKER_TLS=1 or 0 sets it (anything else:
+ * -EINVAL, logged), else a record of `stoker up --tls` for one of the addresses
+ * turns it on.
  */
 int stk_client_auth_find(const char *list, const char *key_file);
 

@@ -140,6 +140,20 @@ static void log_listen_error(const char *addr, int rc)
 
 static uint8_t daemon_key[STK_AUTH_KEY_MAX];
 static size_t daemon_key_len;
+static int daemon_tls;
+
+int stk_daemon_tls(int on, char *err, size_t errlen)
+{
+	if (on && !daemon_key_len) {
+		snprintf(err, errlen,
+			 "TLS needs the cluster key: its handshake is keyed by it (--key-file "
+			 "FILE, not --auth off)");
+		return -EINVAL;
+	}
+	daemon_tls = on ? 1 : 0;
+	stk_net_tls_set(daemon_tls); /* its own connections to other daemons too */
+	return 0;
+}
 
 int stk_daemon_auth(const char *key_file, char *err, size_t errlen)
 {
@@ -191,6 +205,7 @@ int stk_daemon_run(const struct stk_daemon_spec *spec)
 	if (daemon_key_len) {
 		so.auth_key = daemon_key;
 		so.auth_key_len = daemon_key_len;
+		so.tls = daemon_tls;
 	}
 	rc = stk_server_create(&so, &d.server);
 	if (rc) {

@@ -73,6 +73,14 @@ int stk_daemon_auth(const char *key_file, char *err, size_t errlen);
 size_t stk_daemon_key(uint8_t *key);
 
 /*
+ * TLS (docs/security.md, "TLS"): on = 1 makes every connection to this daemon's
+ * server a TLS one (plaintext peers are refused, logged and counted) and every
+ * connection it opens too. Needs the key of stk_daemon_auth(), called first. 0,
+ * or -EINVAL with err set (no key).
+ */
+int stk_daemon_tls(int on, char *err, size_t errlen);
+
+/*
  * One run of stk_daemon_run(), handed to the hooks. It lives on stk_daemon_run()'s
  * stack: valid only during a hook, and only on that thread.
  */

@@ -55,18 +55,20 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "netint.h"
+#include "tls.h"
 
 #define LC_TICK_MS 250u
 #define LC_SETUP_MS 5000u /* connect and key handshake */
 #define LC_RBUF 4096u
 #define LC_IOV 64
 
-enum { LC_CONNECTING, LC_AUTH, LC_READY };
+enum { LC_CONNECTING, LC_AUTH, LC_READY, LC_TLS };
 
 struct lc_conn {
 	struct stk_lclient *lc;
 	int fd;
 	int state;
+	struct stk_tls *tls; /* TLS (tls.h; stk_net_tls), or NULL: plain */
 	uint32_t events; /* what epoll watches now */
 	char addr[STK_ADDR_MAX];
 	struct stk_lcall *wait_head, *wait_tail; /* until the connection is ready */
@@ -235,13 +237,47 @@ static void auth_send(struct lc_conn *c, uint16_t op, size_t len)
 	conn_queue(c, &c->auth);
 }
 
+/* A step of the TLS handshake, which stands for the key handshake (tls.h). */
+static void conn_tls_step(struct lc_conn *c)
+{
+	int ww = 0, rc = stk_tls_handshake(c->tls, &ww);
+
+	if (rc == -EAGAIN) {
+		lc_epoll(c, EPOLLIN | (ww ? EPOLLOUT : 0u));
+		return;
+	}
+	if (rc) {
+		stk_warn("TLS handshake with %s failed: %s", c->addr, stk_tls_why(c->tls));
+		conn_break(c, rc);
+		return;
+	}
+	conn_ready(c);
+	conn_flush(c);
+}
+
 /* The socket is connected: the handshake first, when this process holds a key. */
 static void conn_connected(struct lc_conn *c)
 {
 	struct stk_msg_auth_hello_req hello;
 	struct stk_wbuf w;
+	uint8_t key[STK_AUTH_KEY_MAX];
+	size_t len = 0;
 	int rc;
 
+	if (stk_net_tls()) {
+		/* a daemon holds one key: its cluster's, the newest */
+		rc = stk_net_tls_key(0, key, &len);
+		if (rc == 0)
+			rc = stk_tls_connect_new(c->fd, key, len, &c->tls);
+		memset(key, 0, sizeof(key));
+		if (rc) {
+			conn_break(c, rc == -ENOENT ? -EKEYREJECTED : rc);
+			return;
+		}
+		c->state = LC_TLS;
+		conn_tls_step(c);
+		return;
+	}
 	if (!stk_net_auth_keys()) {
 		conn_ready(c);
 		return;
@@ -353,6 +389,8 @@ static void conn_break(struct lc_conn *c, int err)
 			if (call != &c->auth)
 				stk_callwatch_end(lc->watch, call->slot_);
 	epoll_ctl(lc->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+	stk_tls_free(c->tls);
+	c->tls = NULL;
 	close(c->fd);
 	for (int k = 0; k < 3; k++) {
 		struct stk_lcall *call = lists[k];
@@ -394,14 +432,13 @@ static void conn_flush(struct lc_conn *c)
 		}
 		left = n;
 		stk_iov_advance(&v, &left, skip);
-		w = sendmsg(c->fd, &(struct msghdr){.msg_iov = v, .msg_iovlen = (size_t)left},
-			    MSG_NOSIGNAL);
+		w = stk_io_sendv(c->fd, c->tls, v, left);
 		if (w < 0) {
-			if (errno == EINTR)
+			if (w == -EINTR)
 				continue;
-			if (errno == EAGAIN || errno == EWOULDBLOCK)
+			if (w == -EAGAIN || w == -EWOULDBLOCK)
 				break;
-			conn_break(c, -errno);
+			conn_break(c, (int)w);
 			return;
 		}
 		c->io_ns = stk_now_ns();
@@ -421,8 +458,9 @@ static void conn_flush(struct lc_conn *c)
 			c->sent = h;
 		}
 	}
-	lc_epoll(c, c->state == LC_CONNECTING ? EPOLLOUT
-					      : EPOLLIN | (c->out_head ? EPOLLOUT : 0u));
+	if (c->state != LC_TLS) /* the handshake asks for its own events */
+		lc_epoll(c, c->state == LC_CONNECTING ? EPOLLOUT
+						      : EPOLLIN | (c->out_head ? EPOLLOUT : 0u));
 }
 
 /* The sent call a reply answers, taken off the sent list; NULL if none. */
@@ -457,18 +495,19 @@ static int conn_read(struct lc_conn *c)
 	struct stk_lclient *lc = c->lc; /* c may be gone after a handshake step */
 
 	for (;;) {
-		ssize_t n = recv(c->fd, c->rb + c->rb_len, sizeof(c->rb) - c->rb_len, 0);
+		ssize_t n =
+		    stk_io_recv(c->fd, c->tls, c->rb + c->rb_len, sizeof(c->rb) - c->rb_len);
 		size_t off = 0;
 		int rc = 0;
 
 		if (n == 0)
 			rc = -ECONNRESET;
-		else if (n < 0 && errno == EINTR)
+		else if (n == -EINTR)
 			continue;
-		else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+		else if (n == -EAGAIN || n == -EWOULDBLOCK)
 			return 0;
 		else if (n < 0)
-			rc = -errno;
+			rc = (int)n;
 		if (rc) {
 			conn_break(c, rc);
 			return rc;
@@ -678,6 +717,10 @@ int stk_lclient_event(struct stk_lclient *lc, void *tag, uint32_t events)
 		c->io_ns = stk_now_ns();
 		conn_connected(c);
 		conn_flush(c);
+		return 1;
+	}
+	if (c->state == LC_TLS) {
+		conn_tls_step(c);
 		return 1;
 	}
 	if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) {

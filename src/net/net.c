@@ -42,9 +42,11 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "netint.h"
+#include "tls.h"
 
 struct stk_conn {
 	int fd;
+	struct stk_tls *tls; /* TLS on this connection (tls.h), or NULL: plain */
 	char addr[STK_ADDR_MAX];
 	pthread_mutex_t send_lock; /* one frame at a time onto the socket */
 	pthread_mutex_t lock; /* protects everything below */
@@ -152,6 +154,33 @@ int stk_net_auth_client(struct stk_auth_client *out)
 		*out = auth_client;
 	pthread_mutex_unlock(&auth_lock);
 	return has;
+}
+
+static int tls_on; /* atomic: stk_net_tls_set(1) */
+
+void stk_net_tls_set(int on)
+{
+	__atomic_store_n(&tls_on, on ? 1 : 0, __ATOMIC_RELAXED);
+}
+
+int stk_net_tls(void)
+{
+	return __atomic_load_n(&tls_on, __ATOMIC_RELAXED);
+}
+
+int stk_net_tls_key(unsigned i, uint8_t *key, size_t *len)
+{
+	int rc = -ENOENT;
+
+	pthread_mutex_lock(&auth_lock);
+	if (i < auth_nkeys) {
+		/* newest first */
+		memcpy(key, auth_keys[auth_nkeys - 1 - i].key, auth_keys[auth_nkeys - 1 - i].len);
+		*len = auth_keys[auth_nkeys - 1 - i].len;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&auth_lock);
+	return rc;
 }
 
 void stk_net_auth_strict(void)
@@ -308,6 +337,13 @@ static int conn_auth(struct stk_conn *c)
 		rc = stk_rpc_recv(c, &rpc);
 	if (rc)
 		goto out;
+	if (rpc.status == STK_ST_TLS_REQUIRED) {
+		stk_warn("%s requires TLS and this process connects without it: refused (set "
+			 "STOKER_TLS=1, or stk_client_opts.tls)",
+			 c->addr);
+		rc = -EPROTONOSUPPORT;
+		goto out;
+	}
 	if (rpc.status == STK_ST_NOSYS || rpc.status == STK_ST_NOTSUP) {
 		/* a daemon run without a key (--auth off): it has proved nothing */
 		rc = 0;
@@ -405,34 +441,20 @@ int stk_net_auth_fd(int fd, const char *addr)
 	return rc;
 }
 
-int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
+/* A connected socket to ss, left non-blocking. 0 or -errno. */
+static int open_socket(const struct sockaddr_storage *ss, socklen_t sslen, int timeout_ms,
+		       int *out)
 {
-	struct sockaddr_storage ss;
-	socklen_t sslen;
-	struct stk_conn *c;
-	int fd = -1, rc, flags;
+	int fd, rc;
 
-	rc = stk_net_resolve(addr, &ss, &sslen);
-	if (rc)
-		return rc;
-	c = calloc(1, sizeof(*c));
-	if (!c)
-		return -ENOMEM;
-	if (stk_strlcpy(c->addr, addr, sizeof(c->addr))) {
-		rc = -EINVAL;
-		goto out;
-	}
-	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0) {
-		rc = -errno;
-		goto out;
-	}
-	flags = fcntl(fd, F_GETFL);
-	fcntl(fd, F_SETFL, flags | O_NONBLOCK);
-	if (connect(fd, (struct sockaddr *)&ss, sslen) < 0) {
+	fd = socket(ss->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (const struct sockaddr *)ss, sslen) < 0) {
 		struct pollfd pfd = {.fd = fd, .events = POLLOUT};
 		int err = 0;
 		socklen_t elen = sizeof(err);
+
 		if (errno != EINPROGRESS) {
 			rc = -errno;
 			goto out;
@@ -452,29 +474,107 @@ int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
 			goto out;
 		}
 	}
-	fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-	c->fd = fd;
+	set_sock_opts(fd, 0);
+	*out = fd;
+	return 0;
+out:
+	close(fd);
+	return rc;
+}
+
+/*
+ * TLS on c (tls.h): the handshake with each key held, newest first, on a new
+ * socket each time (a process that met several clusters holds several keys, and
+ * TLS offers one). 0, or the last handshake's error, logged.
+ */
+static int conn_tls(struct stk_conn *c, const struct sockaddr_storage *ss, socklen_t sslen,
+		    int timeout_ms)
+{
+	uint8_t key[STK_AUTH_KEY_MAX];
+	size_t len = 0;
+	int rc = -EKEYREJECTED;
+
+	for (unsigned i = 0; stk_net_tls_key(i, key, &len) == 0; i++) {
+		int slot;
+
+		if (c->fd < 0 && (rc = open_socket(ss, sslen, timeout_ms, &c->fd)))
+			break;
+		rc = stk_tls_connect_new(c->fd, key, len, &c->tls);
+		if (rc)
+			break;
+		/* a hung peer takes the handshake's deadline: the thread's watch may end it */
+		slot = stk_callwatch_begin(stk_callwatch_thread(), c, c->addr);
+		rc = stk_tls_handshake_wait(c->tls, STK_MIN(rpc_timeout_ms(), AUTH_TIMEOUT_MS));
+		stk_callwatch_end(stk_callwatch_thread(), slot);
+		if (rc == 0)
+			break;
+		stk_warn("TLS handshake with %s failed: %s", c->addr,
+			 rc == -ETIMEDOUT ? "no answer within 5 s" : stk_tls_why(c->tls));
+		stk_tls_free(c->tls);
+		c->tls = NULL;
+		close(c->fd);
+		c->fd = -1;
+		if (rc != -EKEYREJECTED)
+			break;
+	}
+	if (!len)
+		stk_warn("not connecting to %s: TLS needs the cluster key, and this process holds "
+			 "none",
+			 c->addr);
+	memset(key, 0, sizeof(key));
+	return rc;
+}
+
+int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out)
+{
+	struct sockaddr_storage ss;
+	socklen_t sslen;
+	struct stk_conn *c;
+	int rc;
+
+	rc = stk_net_resolve(addr, &ss, &sslen);
+	if (rc)
+		return rc;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->fd = -1;
+	if (stk_strlcpy(c->addr, addr, sizeof(c->addr))) {
+		rc = -EINVAL;
+		goto out;
+	}
 	c->next_req_id = 1;
 	pthread_mutex_init(&c->send_lock, NULL);
 	pthread_mutex_init(&c->lock, NULL);
+	if (stk_net_tls()) {
+		/* TLS proves the key both ways: no key handshake on top (tls.h) */
+		rc = conn_tls(c, &ss, sslen, timeout_ms);
+		if (rc)
+			goto out_close;
+		*out = c;
+		return 0;
+	}
+	rc = open_socket(&ss, sslen, timeout_ms, &c->fd);
+	if (rc)
+		goto out_close;
+	fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) & ~O_NONBLOCK);
 	if (stk_net_auth_keys() || __atomic_load_n(&auth_strict, __ATOMIC_RELAXED)) {
 		/* a hung peer takes the handshake's deadline: the thread's watch may end it */
 		int slot = stk_callwatch_begin(stk_callwatch_thread(), c, addr);
 
-		set_sock_opts(fd, STK_MIN(rpc_timeout_ms(), AUTH_TIMEOUT_MS));
+		set_sock_opts(c->fd, STK_MIN(rpc_timeout_ms(), AUTH_TIMEOUT_MS));
 		rc = conn_auth(c);
 		stk_callwatch_end(stk_callwatch_thread(), slot);
-		if (rc) {
-			stk_conn_close(c);
-			return rc;
-		}
+		if (rc)
+			goto out_close;
 	}
-	set_sock_opts(fd, rpc_timeout_ms());
+	set_sock_opts(c->fd, rpc_timeout_ms());
 	*out = c;
 	return 0;
+out_close:
+	stk_conn_close(c);
+	return rc;
 out:
-	if (fd >= 0)
-		close(fd);
 	free(c);
 	return rc;
 }
@@ -499,7 +599,9 @@ void stk_conn_close(struct stk_conn *c)
 {
 	if (!c)
 		return;
-	close(c->fd);
+	stk_tls_free(c->tls);
+	if (c->fd >= 0)
+		close(c->fd);
 	pthread_mutex_destroy(&c->send_lock);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -568,8 +670,12 @@ static void unlink_locked(struct stk_conn *c, struct stk_rpc *rpc)
 }
 
 /* Sends iov fully. 0 or -errno. */
-static int send_iov(int fd, struct iovec *iov, int n)
+static int send_iov(struct stk_conn *c, struct iovec *iov, int n)
 {
+	int fd = c->fd;
+
+	if (c->tls)
+		return stk_tls_send_all(c->tls, iov, n, rpc_timeout_ms());
 	while (n > 0) {
 		struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
 		ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
@@ -584,9 +690,13 @@ static int send_iov(int fd, struct iovec *iov, int n)
 }
 
 /* Receives exactly len bytes. 0, -ECONNRESET on EOF, or -errno. */
-static int recv_all(int fd, void *buf, size_t len)
+static int recv_all(struct stk_conn *c, void *buf, size_t len)
 {
 	char *p = buf;
+	int fd = c->fd;
+
+	if (c->tls)
+		return stk_tls_recv_all(c->tls, buf, len, rpc_timeout_ms());
 
 	while (len) {
 		ssize_t r = recv(fd, p, len, MSG_WAITALL);
@@ -668,7 +778,7 @@ int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc)
 	/* The id is in the header, which is not covered by the checksum. */
 	h.req_id = rpc->req_id;
 	stk_hdr_encode(&h, hb);
-	rc = send_iov(c->fd, iov, n);
+	rc = send_iov(c, iov, n);
 	pthread_mutex_unlock(&c->send_lock);
 	if (rc) {
 		pthread_mutex_lock(&c->lock);
@@ -700,7 +810,7 @@ static int read_reply(struct stk_conn *c)
 	uint32_t crc = 0;
 	int rc;
 
-	rc = recv_all(c->fd, hb, sizeof(hb));
+	rc = recv_all(c, hb, sizeof(hb));
 	if (rc)
 		return rc;
 	if (stk_hdr_decode(hb, &h) || !(h.flags & STK_FRAME_REPLY))
@@ -719,9 +829,9 @@ static int read_reply(struct stk_conn *c)
 		return -EBADMSG; /* nobody would check that bulk */
 	if (h.payload_len > rpc->resp_cap || h.bulk_len > rpc->bulk_in_cap)
 		return -EMSGSIZE;
-	if (h.payload_len && (rc = recv_all(c->fd, rpc->resp, h.payload_len)))
+	if (h.payload_len && (rc = recv_all(c, rpc->resp, h.payload_len)))
 		return rc;
-	if (h.bulk_len && (rc = recv_all(c->fd, rpc->bulk_in, h.bulk_len)))
+	if (h.bulk_len && (rc = recv_all(c, rpc->bulk_in, h.bulk_len)))
 		return rc;
 	if (h.payload_len)
 		crc = stk_crc32c(crc, rpc->resp, h.payload_len);

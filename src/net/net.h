@@ -91,6 +91,17 @@ int stk_net_client_revoked(const char *name, uint64_t gen);
  * stk_conn_connect's handshake errors.
  */
 int stk_net_auth_fd(int fd, const char *addr);
+/*
+ * TLS (docs/security.md, net/tls.h) on every connection this process opens from
+ * then on (stk_conn_connect and the loop client): on = 1, off = 0. TLS needs a
+ * cluster key held (stk_net_auth_set): its handshake proves the key both ways, in
+ * place of the key handshake; a daemon that does not speak TLS is refused
+ * (-ECONNRESET or -EPROTO, logged). Daemons run with tls = on set it, clients with
+ * STOKER_TLS=1 or stk_client_opts.tls. Any thread; connections already open keep
+ * what they had.
+ */
+void stk_net_tls_set(int on);
+int stk_net_tls(void);
 
 /*
  * Connects to "HOST:PORT". timeout_ms bounds the connect; replies are awaited for
@@ -98,7 +109,11 @@ int stk_net_auth_fd(int fd, const char *addr);
  * With a cluster key held (stk_net_auth_set), the key handshake is done before it
  * returns. 0, or -ECONNREFUSED, -ETIMEDOUT, -EHOSTUNREACH, -EINVAL (bad address),
  * -ENOMEM, -EKEYREJECTED (the handshake failed: a wrong key, or a server that
- * requires one and this process holds none is refused at its first request).
+ * requires one and this process holds none is refused at its first request),
+ * -EPROTONOSUPPORT (the server requires TLS and this process does not speak it).
+ * With TLS (stk_net_tls_set) the TLS handshake replaces the key handshake:
+ * -EKEYREJECTED (no key held, or the server holds another), -ECONNRESET or
+ * -EPROTO (a server without TLS, or a broken handshake); each logged.
  */
 int stk_conn_connect(const char *addr, int timeout_ms, struct stk_conn **out);
 void stk_conn_close(struct stk_conn *c);
@@ -500,6 +515,12 @@ struct stk_server_opts {
 	 */
 	const uint8_t *auth_key;
 	size_t auth_key_len;
+	/*
+	 * 1: every connection must open with a TLS handshake on the cluster key (which
+	 * auth_key must then hold; docs/security.md): a peer that speaks plaintext is
+	 * answered TLS_REQUIRED and closed. 0: plaintext, as without this field.
+	 */
+	int tls;
 };
 
 struct stk_server;

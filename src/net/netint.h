@@ -5,6 +5,7 @@
 #ifndef STK_NET_NETINT_H
 #define STK_NET_NETINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
 
@@ -29,5 +30,11 @@ void stk_frame_seal(struct stk_frame_hdr *h, const void *payload, const void *bu
  */
 int stk_net_auth_proof(const uint8_t *nc, const void *resp, size_t len, uint8_t *mac,
 		       const char *addr);
+
+/*
+ * The i-th cluster key held, newest first (for TLS, which offers one key per
+ * handshake). 0, or -ENOENT past the last.
+ */
+int stk_net_tls_key(unsigned i, uint8_t *key, size_t *len);
 
 #endif

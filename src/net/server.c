@@ -88,6 +88,7 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "netint.h"
+#include "tls.h"
 
 #define SRV_IOV_MAX 64
 #define SRV_READ_AHEAD 256
@@ -105,10 +106,12 @@ enum {
 	AUTH_MALFORMED,
 	AUTH_TIMEOUT,
 	AUTH_REVOKED,
+	AUTH_TLS_PLAINTEXT,
+	AUTH_TLS_HANDSHAKE,
 	AUTH_NREASONS
 };
-static const char *const auth_reasons[AUTH_NREASONS] = {"no_handshake", "bad_proof", "malformed",
-							"timeout", "revoked"};
+static const char *const auth_reasons[AUTH_NREASONS] = {
+	"no_handshake", "bad_proof", "malformed", "timeout", "revoked", "tls_plaintext", "tls_handshake"};
 
 struct srv_conn;
 struct srv_loop;
@@ -176,6 +179,12 @@ struct srv_conn {
 	 */
 	uint8_t auth;
 	uint8_t nc[STK_AUTH_NONCE], ns[STK_AUTH_NONCE];
+	/*
+	 * TLS (tls.h), or NULL: plain. Read by the loop, written under olock; freed by
+	 * conn_close under olock (workers look at closed first).
+	 */
+	struct stk_tls *tls;
+	uint8_t tls_started; /* its first byte said TLS */
 	uint64_t auth_deadline_ns;
 	/*
 	 * A client key's connection (AUTH_HELLO_CLIENT): the policy it proves and the
@@ -186,7 +195,7 @@ struct srv_conn {
 	uint8_t ckey[STK_AUTH_MAC];
 };
 
-enum { AUTH_DONE = 0, AUTH_WANT_HELLO = 1, AUTH_WANT_PROOF = 2 };
+enum { AUTH_DONE = 0, AUTH_WANT_HELLO = 1, AUTH_WANT_PROOF = 2, AUTH_WANT_TLS = 3 };
 
 struct srv_loop {
 	struct stk_server *srv;
@@ -249,6 +258,7 @@ struct stk_server {
 	size_t auth_len;
 	stk_metric_t auth_fail[AUTH_NREASONS]; /* stoker_auth_failures_total{reason} */
 	stk_metric_t client_refused[STK_CLIENT_REFUSED_NREASONS]; /* stoker_client_refused_total */
+	struct stk_tls_server *tls; /* opts->tls: every connection is TLS; else NULL */
 
 	unsigned nloops;
 	struct srv_loop *loops;
@@ -474,6 +484,8 @@ static void conn_close(struct srv_conn *c)
 	pthread_mutex_lock(&c->olock);
 	close(c->fd);
 	c->closed = 1;
+	stk_tls_free(c->tls);
+	c->tls = NULL;
 	while (c->out_head) {
 		struct srv_req *r = c->out_head;
 
@@ -612,13 +624,91 @@ static void auth_fail(struct srv_conn *c, int reason, const char *what)
 	struct stk_server *s = c->lp->srv;
 
 	stk_warn("%s refused: %s (%s): closing connection", c->peer,
-		 reason == AUTH_BAD_PROOF   ? "it did not prove the cluster key"
-		 : reason == AUTH_TIMEOUT   ? "no key handshake within 5 s"
-		 : reason == AUTH_MALFORMED ? "a malformed key handshake"
-		 : reason == AUTH_REVOKED   ? "a removed client key"
-					    : "a request before the key handshake",
+		 reason == AUTH_BAD_PROOF       ? "it did not prove the cluster key"
+		 : reason == AUTH_TIMEOUT       ? "no key handshake within 5 s"
+		 : reason == AUTH_MALFORMED     ? "a malformed key handshake"
+		 : reason == AUTH_REVOKED       ? "a removed client key"
+		 : reason == AUTH_TLS_PLAINTEXT ? "this daemon requires TLS and the peer spoke plaintext"
+		 : reason == AUTH_TLS_HANDSHAKE ? "the TLS handshake failed"
+						: "a request before the key handshake",
 		 what);
 	stk_metric_add(s->auth_fail[reason], 1);
+}
+
+static int conn_read(struct srv_conn *c);
+
+/*
+ * A peer that spoke plaintext to a TLS server: a frame of ours is answered
+ * TLS_REQUIRED (its header only), so that a client without TLS hears why, and the
+ * connection closes. The frame is read first: closing on unread bytes would reset
+ * the connection and lose the answer.
+ */
+static void tls_refuse_plain(struct srv_conn *c, const uint8_t *hb, size_t n)
+{
+	struct stk_frame_hdr h;
+	const char *what = "bytes that are no TLS handshake";
+
+	if (n == STK_FRAME_HDR_LEN && stk_hdr_decode(hb, &h) == 0 && !(h.flags & STK_FRAME_REPLY) &&
+	    !h.bulk_len && h.payload_len <= AUTH_FRAME_MAX) {
+		uint8_t drain[STK_FRAME_HDR_LEN + AUTH_FRAME_MAX], rb[STK_FRAME_HDR_LEN];
+		struct stk_frame_hdr rh;
+
+		what = stk_opcode_name(h.opcode);
+		if (recv(c->fd, drain, STK_FRAME_HDR_LEN + h.payload_len, MSG_DONTWAIT) < 0) {
+			/* whatever is left makes the close a reset: nothing more to do */
+		}
+		memset(&rh, 0, sizeof(rh));
+		rh.opcode = h.opcode;
+		rh.req_id = h.req_id;
+		rh.flags = STK_FRAME_REPLY;
+		rh.status = STK_ST_TLS_REQUIRED;
+		stk_frame_seal(&rh, NULL, NULL, rb);
+		if (send(c->fd, rb, sizeof(rb), MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
+			/* the peer went: it hears nothing */
+		}
+	}
+	auth_fail(c, AUTH_TLS_PLAINTEXT, what);
+	conn_close(c);
+}
+
+/*
+ * The TLS handshake of a new connection, a step at a time on the loop, driven by
+ * the events its steps ask for. Returns -1 if the connection was closed.
+ */
+static int conn_tls(struct srv_conn *c)
+{
+	int ww = 0, rc;
+
+	if (!c->tls_started) {
+		uint8_t hb[STK_FRAME_HDR_LEN];
+		ssize_t n = recv(c->fd, hb, sizeof(hb), MSG_PEEK | MSG_DONTWAIT);
+
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			return 0;
+		if (n <= 0) {
+			conn_close(c); /* gone before a word */
+			return -1;
+		}
+		/* a TLS record of type handshake starts 0x16 */
+		if (hb[0] != 0x16) {
+			tls_refuse_plain(c, hb, (size_t)n);
+			return -1;
+		}
+		c->tls_started = 1;
+	}
+	rc = stk_tls_handshake(c->tls, &ww);
+	if (rc == -EAGAIN) {
+		conn_set_events(c, EPOLLIN | (ww ? EPOLLOUT : 0u));
+		return 0;
+	}
+	if (rc) {
+		auth_fail(c, AUTH_TLS_HANDSHAKE, stk_tls_why(c->tls));
+		conn_close(c);
+		return -1;
+	}
+	c->auth = AUTH_DONE;
+	conn_set_events(c, EPOLLIN);
+	return conn_read(c); /* the first request may be in already */
 }
 
 /*
@@ -631,6 +721,8 @@ static int conn_read(struct srv_conn *c)
 	struct stk_server *s = c->lp->srv;
 	ssize_t n = 0;
 
+	if (c->auth == AUTH_WANT_TLS)
+		return conn_tls(c);
 	while (!c->closed) {
 		if (!c->rd) {
 			struct stk_frame_hdr h;
@@ -642,7 +734,8 @@ static int conn_read(struct srv_conn *c)
 				return 0;
 			}
 			if (c->ib_len < STK_FRAME_HDR_LEN) { /* else read ahead, or kept when parked */
-				n = recv(c->fd, c->ib + c->ib_len, sizeof(c->ib) - c->ib_len, 0);
+				n = stk_io_recv(c->fd, c->tls, c->ib + c->ib_len,
+						sizeof(c->ib) - c->ib_len);
 				if (n <= 0)
 					goto gone;
 				c->ib_len += (size_t)n;
@@ -650,7 +743,10 @@ static int conn_read(struct srv_conn *c)
 					continue;
 			}
 			if (stk_hdr_decode(c->ib, &h) || (h.flags & STK_FRAME_REPLY)) {
-				if (c->auth)
+				if (c->ib[0] == 0x16 && c->ib[1] == 0x03)
+					auth_fail(c, AUTH_MALFORMED,
+						  "a TLS handshake: this daemon runs without TLS");
+				else if (c->auth)
 					auth_fail(c, AUTH_MALFORMED, "a malformed frame header");
 				else
 					stk_warn("malformed frame header from %s: closing connection",
@@ -713,7 +809,7 @@ static int conn_read(struct srv_conn *c)
 					iov[niov].iov_base = r->bulk + (c->rd_got - plen);
 					iov[niov++].iov_len = plen + blen - c->rd_got;
 				}
-				n = readv(c->fd, iov, niov);
+				n = stk_io_readv(c->fd, c->tls, iov, niov);
 				if (n <= 0)
 					goto gone;
 				c->rd_got += (size_t)n;
@@ -740,7 +836,7 @@ static int conn_read(struct srv_conn *c)
 	}
 	return -1;
 gone:
-	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+	if (n == -EAGAIN || n == -EWOULDBLOCK || n == -EINTR)
 		return 0;
 	if (n == 0 && atomic_load(&c->inflight)) {
 		/*
@@ -795,12 +891,10 @@ static size_t reply_len(const struct srv_req *r)
 	return STK_FRAME_HDR_LEN + (size_t)r->rh.payload_len + r->rh.bulk_len;
 }
 
-/* sendmsg, not writev: a peer gone must not raise SIGPIPE. */
-static ssize_t send_iov_once(int fd, struct iovec *iov, int n)
+/* sendmsg, not writev: a peer gone must not raise SIGPIPE. Under c->olock. */
+static ssize_t send_iov_once(struct srv_conn *c, struct iovec *iov, int n)
 {
-	struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-
-	return sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	return stk_io_sendv(c->fd, c->tls, iov, n);
 }
 
 /* Writes queued replies until EAGAIN or none is left. Returns -1 if closed. */
@@ -809,6 +903,8 @@ static int conn_write(struct srv_conn *c)
 	struct stk_server *s = c->lp->srv;
 	unsigned inflight;
 
+	if (c->auth == AUTH_WANT_TLS)
+		return conn_tls(c);
 	pthread_mutex_lock(&c->olock);
 	while (c->out_head) {
 		struct iovec iov[SRV_IOV_MAX];
@@ -821,10 +917,10 @@ static int conn_write(struct srv_conn *c)
 			niov += reply_iov(r, skip, iov + niov);
 			skip = 0;
 		}
-		n = send_iov_once(c->fd, iov, niov);
+		n = send_iov_once(c, iov, niov);
 		if (n < 0) {
 			pthread_mutex_unlock(&c->olock);
-			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+			if (n == -EAGAIN || n == -EWOULDBLOCK || n == -EINTR) {
 				conn_set_events(c, c->events | EPOLLOUT);
 				return 0;
 			}
@@ -861,8 +957,9 @@ static int conn_write(struct srv_conn *c)
 	}
 	conn_set_events(c, (c->events & ~(uint32_t)EPOLLOUT) |
 				   (inflight < s->window && !c->parked && !c->eof ? EPOLLIN : 0));
-	if (inflight < s->window && !c->parked && !c->eof && c->ib_len >= STK_FRAME_HDR_LEN)
-		return conn_read(c); /* frames read ahead while the window was full */
+	if (inflight < s->window && !c->parked && !c->eof &&
+	    (c->ib_len >= STK_FRAME_HDR_LEN || (c->tls && stk_tls_pending(c->tls))))
+		return conn_read(c); /* frames read ahead (or in TLS) while the window was full */
 	return 0;
 }
 
@@ -1065,8 +1162,8 @@ static int send_direct(struct stk_server *s, struct srv_req *r)
 		pthread_mutex_unlock(&c->olock);
 		return 0;
 	}
-	n = send_iov_once(c->fd, iov, reply_iov(r, 0, iov));
-	if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+	n = send_iov_once(c, iov, reply_iov(r, 0, iov));
+	if (n < 0 && n != -EAGAIN && n != -EWOULDBLOCK && n != -EINTR) {
 		pthread_mutex_unlock(&c->olock);
 		return 0; /* the loop meets the error and closes */
 	}
@@ -1700,8 +1797,10 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 
 		next = c->next;
 		if (c->auth && !c->eof && now > c->auth_deadline_ns) {
-			auth_fail(c, AUTH_TIMEOUT, c->auth == AUTH_WANT_HELLO ? "no AUTH_HELLO"
-									    : "no AUTH_PROOF");
+			auth_fail(c, AUTH_TIMEOUT,
+				  c->auth == AUTH_WANT_HELLO   ? "no AUTH_HELLO"
+				  : c->auth == AUTH_WANT_PROOF ? "no AUTH_PROOF"
+							       : "no TLS handshake");
 			conn_close(c);
 			continue;
 		}
@@ -1794,9 +1893,21 @@ static void conn_accept(struct srv_loop *lp, int fd, const struct sockaddr_stora
 		c->auth = AUTH_WANT_HELLO;
 		c->auth_deadline_ns = stk_now_ns() + AUTH_TIMEOUT_NS;
 	}
+	if (s->tls) {
+		c->auth = AUTH_WANT_TLS;
+		if (stk_tls_accept_new(s->tls, fd, &c->tls)) {
+			stk_warn("no memory for a TLS session with %s: closing connection",
+				 c->peer);
+			pthread_mutex_destroy(&c->olock);
+			close(fd);
+			free(c);
+			return;
+		}
+	}
 	e.events = c->events;
 	e.data.ptr = c;
 	if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+		stk_tls_free(c->tls);
 		close(fd);
 		free(c);
 		return;
@@ -2064,6 +2175,8 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	    (!opts->auth_key || opts->auth_key_len < STK_AUTH_KEY_MIN ||
 	     opts->auth_key_len > STK_AUTH_KEY_MAX))
 		return -EINVAL;
+	if (opts->tls && !opts->auth_key_len)
+		return -EINVAL; /* the PSK comes from the cluster key */
 	rc = parse_listen(opts->listen, &ss, &sslen);
 	if (rc)
 		return rc;
@@ -2118,6 +2231,8 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	pthread_cond_init(&s->widle, NULL);
 	pthread_cond_init(&s->loops_done, NULL);
 	pthread_mutex_init(&s->plock, NULL);
+	if (opts->tls && (rc = stk_tls_server_create(opts->auth_key, opts->auth_key_len, &s->tls)))
+		goto out;
 	s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s->lfd < 0) {
 		rc = -errno;
@@ -2231,6 +2346,7 @@ void stk_server_destroy(struct stk_server *s)
 		pthread_mutex_destroy(&lp->lock);
 	}
 	free(s->loops);
+	stk_tls_server_destroy(s->tls);
 	if (s->reserve_fd >= 0)
 		close(s->reserve_fd);
 	if (s->stop_pipe[0] >= 0) {

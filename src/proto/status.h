@@ -53,7 +53,8 @@
 	X(CHUNK_PENDING, 34, EINPROGRESS)            \
 	X(NOT_LEADER, 35, EREMCHG)                   \
 	X(AUTH, 36, EKEYREJECTED)                    \
-	X(CHUNK_DAMAGED, 37, EILSEQ)
+	X(CHUNK_DAMAGED, 37, EILSEQ)                 \
+	X(TLS_REQUIRED, 38, EPROTONOSUPPORT)
 
 enum stk_status {
 #define STK_STATUS_ENUM(name, code, err) STK_ST_##name = code,

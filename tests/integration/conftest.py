@@ -4,6 +4,13 @@ Every test that needs a cluster gets one started with `stoker up --daemon` in a
 temporary folder, on its own ports, and stopped (`stoker down`) afterwards. The
 binaries come from $STOKER_BUILD (default: build/ at the repository root), so the
 same tests run against the sanitizer build with STOKER_BUILD=build-asan.
+
+STOKER_TEST_TLS=1 runs them with TLS on every connection (docs/security.md): one
+key for the session (TLS_KEY), given to every `stoker up` cluster as its
+cluster.key and to every role daemon with --key-file and --tls on, and to the
+tests' clients through STOKER_KEY_FILE and STOKER_TLS=1. Tests marked
+`plaintext_wire` (they speak the wire protocol in plaintext themselves, or test
+the key handshake TLS replaces) are skipped then.
 """
 import errno
 import getpass
@@ -21,6 +28,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.path.join(ROOT, os.environ.get("STOKER_BUILD", "build"))
 STOKER = os.path.join(BUILD, "stoker")
 CHECK = os.path.join(BUILD, "tests", "stk_check")
+TLS = os.environ.get("STOKER_TEST_TLS") == "1"
+TLS_KEY = "/tmp/stoker-test-tls-%d.key" % os.getuid()
+
+
+def tls_setup():
+    """TLS mode: the session's key (made once, shared by pytest's workers) and the
+    clients' environment."""
+    if not os.path.exists(TLS_KEY):
+        subprocess.run([STOKER, "admin", "init", "--key", TLS_KEY], capture_output=True)
+    assert os.path.exists(TLS_KEY), "cannot make " + TLS_KEY
+    os.environ["STOKER_KEY_FILE"] = TLS_KEY
+    os.environ["STOKER_TLS"] = "1"
+
+
+def tls_args():
+    """What a role daemon is given in TLS mode: the session's key and --tls on."""
+    return ["--key-file", TLS_KEY, "--tls", "on"] if TLS else []
 
 
 def pytest_configure(config):
@@ -28,8 +52,13 @@ def pytest_configure(config):
         "markers", "serial: times something against the clock, or relies on what is one per "
         "machine (the default cluster); scripts/test.sh runs these one at a time after the "
         "others, not beside them")
+    config.addinivalue_line(
+        "markers", "plaintext_wire: speaks the wire protocol in plaintext itself (raw frames, "
+        "stk_connscale) or tests the key handshake: skipped with STOKER_TEST_TLS=1")
     if not hasattr(config, "workerinput"):
         drop_dead_test_mounts()
+    if TLS:
+        tls_setup()
 
 
 def drop_dead_test_mounts():
@@ -120,6 +149,14 @@ def pick_ports():
 _given = []
 
 
+def pytest_collection_modifyitems(config, items):
+    if TLS:
+        skip = pytest.mark.skip(reason="speaks plaintext itself: not with STOKER_TEST_TLS=1")
+        for item in items:
+            if "plaintext_wire" in item.keywords:
+                item.add_marker(skip)
+
+
 def free_port():
     """One free port for a daemon of a test's own, drawn as pick_ports draws."""
     return pick_ports()
@@ -145,8 +182,16 @@ class Cluster:
         self.up_proc = None
 
     def start(self):
+        extra = []
+        if TLS:
+            # the session's key as this cluster's, so that the tests' clients hold it
+            os.makedirs(self.data, exist_ok=True)
+            if not os.path.exists(self.key_file):
+                shutil.copyfile(TLS_KEY, self.key_file)
+                os.chmod(self.key_file, 0o600)
+            extra = ["--tls"]
         p = run([STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
-                 "--targets", str(self.targets)], check=False, timeout=120)
+                 "--targets", str(self.targets)] + extra, check=False, timeout=120)
         if p.returncode != 0:
             raise AssertionError("stoker up failed: %s\n%s" % (p.stderr.decode(), self.logs()))
         return p

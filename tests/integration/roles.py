@@ -28,7 +28,7 @@ import signal
 import subprocess
 import time
 
-from conftest import STOKER, CHECK, pick_ports, run
+from conftest import STOKER, CHECK, pick_ports, run, tls_args
 
 
 class Node:
@@ -57,7 +57,7 @@ class RoleCluster:
     def _add(self, name, role, ip, extra):
         addr = "%s:%d" % (ip, self.port)
         data = os.path.join(self.dir, name)
-        argv = [STOKER, role, "--listen", addr, "--data", data]
+        argv = [STOKER, role, "--listen", addr, "--data", data] + tls_args()
         if role != "mgmtd":
             argv += ["--mgmtd", self.mgmtd_addr, "--host-id", "roles-" + name]
         node = Node(name, role, addr, argv + extra, os.path.join(self.dir, name + ".log"))

@@ -21,6 +21,9 @@ import pytest
 
 from conftest import STOKER, free_port, run
 
+# TLS (test_tls.py) replaces this handshake, and these tests speak it in plaintext
+pytestmark = pytest.mark.plaintext_wire
+
 MAGIC = 0x314B5453
 
 

@@ -11,6 +11,8 @@ import subprocess
 import threading
 import time
 
+import pytest
+
 from conftest import BUILD, STOKER, run
 
 CONNSCALE = os.path.join(BUILD, "tests", "stk_connscale")
@@ -29,6 +31,7 @@ def proc_status(pid, key):
     raise KeyError(key)
 
 
+@pytest.mark.plaintext_wire  # stk_connscale's connections are plain sockets
 def test_ten_thousand_connections_to_one_storage_node(cluster, tmp_path):
     pid = cluster.pids()["storage"]
     src = tmp_path / "data.bin"
