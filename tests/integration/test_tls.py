@@ -303,3 +303,22 @@ def test_tls_needs_a_key_and_says_so(tmp_path):
     p = run([STOKER, "mgmtd", "--listen", "127.0.0.1:%d" % pick_ports(), "--data",
              str(tmp_path / "m"), "--tls", "maybe"], check=False, timeout=30)
     assert p.returncode == 2 and "bad --tls 'maybe': on or off" in p.stderr.decode(), p.stderr
+
+
+def test_a_client_key_gets_nothing_from_a_tls_cluster(tls_cluster, tmp_path):
+    """TLS's key comes from the cluster key: a process holding only a client key
+    cannot open a TLS connection, and is never served unconfined (docs/security.md,
+    "Limits")."""
+    c = tls_cluster
+    env = client_env(c)
+    run([STOKER, "mkdir", "/team"], env=env, check=True)
+    run([STOKER, "mkdir", "/other"], env=env, check=True)
+    key = str(tmp_path / "team.key")
+    run([STOKER, "admin", "client", "add", "team", "--subtree", "/team", "--key-out", key],
+        env=env, check=True)
+    for tls in ("1", "0"):
+        p = run([STOKER, "ls", "/"], env=client_env(c, STOKER_KEY_FILE=key, STOKER_TLS=tls),
+                check=False)
+        assert p.returncode != 0, (tls, p.stdout, p.stderr)
+        assert b"other" not in p.stdout
+    assert serves(c)
