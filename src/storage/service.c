@@ -30,7 +30,9 @@
  * a change of the chunk is on its way down, and the client reads from the tail.
  * A forward that fails (a successor gone, a chain changed) answers STALE_ROUTING:
  * the client refreshes its table and sends the change again, once mgmtd has
- * moved the lost target out of the chain.
+ * moved the lost target out of the chain. A write our copy took and our
+ * successor did not stays pending here until the successor has our copy
+ * (unsettled_note), whether or not its client sends it again.
  */
 #include "storage.h"
 
@@ -63,6 +65,7 @@
 
 #define INO_LOCKS 256u
 #define PENDING_SLOTS 4096u
+#define UNSETTLED_MAX 4096u
 
 /*
  * The lock that keeps an inode's changes in the head's order (see the top): writes
@@ -117,6 +120,15 @@ struct storage {
 	int repair_started;
 	uint64_t scrub_rate; /* bytes/s; 0: no scrubbing */
 	uint64_t scrub_interval_s; /* from one pass's start to the next */
+	/* changes our successor never took (unsettled_note), and the thread that
+	 * sends them again (settle_main); the table under settle_lock */
+	pthread_mutex_t settle_lock;
+	pthread_cond_t settle_cv;    /* stopping */
+	struct unsettled *unsettled; /* UNSETTLED_MAX entries, nunsettled used */
+	unsigned nunsettled;
+	int unsettled_full_logged;
+	pthread_t settle_thread;
+	int settle_started;
 };
 
 /*
@@ -170,6 +182,7 @@ static struct stk_chunk_store *local_target(struct storage *s, uint32_t target_i
 struct hop {
 	struct stk_chunk_store *cs;
 	unsigned pos; /* 0: the head */
+	uint32_t chain_ver; /* the chain's version in our table */
 	int tail; /* no successor */
 	int readable; /* the target is serving (not being synced, not offline) */
 	int read_tail; /* no member after ours serves reads (ours holds only what is acked) */
@@ -239,6 +252,7 @@ static int route_look(struct storage *s, uint32_t chain_id, int check_ver, uint3
 			if (!h->cs)
 				continue;
 			h->pos = i;
+			h->chain_ver = c->version;
 			h->tail = i + 1 == nm;
 			h->readable = m[i]->state != STK_TARGET_SYNCING;
 			h->read_tail = i >= last_readable;
@@ -431,6 +445,117 @@ static void pending_end(struct storage *s, uint64_t ino, uint32_t idx)
 	serve_pending(s, ino, idx, 0);
 }
 
+/*
+ * Unsettled changes. A member that applied a change its successor did not take
+ * (the successor refused it: fenced, or its chain version moved; or the forward
+ * failed: the successor gone, cut off, out of space) holds a copy the rest of the
+ * chain may never get: the client that sent it was told to send it again, but
+ * may not live to. So the change stays pending here (pending_begin: reads of our
+ * copy go to the tail, whose copy is the committed one) until our successor has
+ * our copy, or we are the tail ourselves, or out of the chain:
+ *   - the next change of the chunk that reaches our successor settles it (it is
+ *     forwarded even when it changes nothing here; a successor whose version is
+ *     not the one it applies to is sent the whole chunk anyway);
+ *   - else settle_main sends the whole chunk again, every SETTLE_MS, once the
+ *     chain is mended (a successor that answers; a new one; none, when we became
+ *     the tail).
+ * So no replica serves as committed a change that the tail may not hold, and
+ * copies that parted that way meet again without the writer. Each entry holds one
+ * pending mark. Noted, cleared and looked at only with the chunk's lock held, so
+ * that no write of the chunk comes between an entry and the copy it is about.
+ */
+struct unsettled {
+	struct stk_chunk_store *cs;
+	uint32_t chain_id;
+	uint64_t ino;
+	uint32_t idx;
+	uint32_t chunk_size;
+};
+
+#define SETTLE_MS 250
+
+/* The entry of chunk ino/idx of cs, or -1; settle_lock held. */
+static int unsettled_find(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	for (unsigned i = 0; i < s->nunsettled; i++)
+		if (s->unsettled[i].cs == cs && s->unsettled[i].ino == ino &&
+		    s->unsettled[i].idx == idx)
+			return (int)i;
+	return -1;
+}
+
+/* Whether a change of chunk ino/idx of cs is unsettled here (its lock held). */
+static int unsettled_has(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	int i;
+
+	if (!__atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED))
+		return 0; /* the common case: no lock taken */
+	pthread_mutex_lock(&s->settle_lock);
+	i = unsettled_find(s, cs, ino, idx);
+	pthread_mutex_unlock(&s->settle_lock);
+	return i >= 0;
+}
+
+/*
+ * Our copy of chunk ino/idx of cs (in chain_id, chunks of chunk_size) changed and
+ * our successor did not take it (rc, its error): pending until settled. With the
+ * chunk's lock held; any thread, the loop's included (it does not block).
+ */
+static void unsettled_note(struct storage *s, struct stk_chunk_store *cs, uint32_t chain_id,
+			   uint64_t ino, uint32_t idx, uint32_t chunk_size, int rc)
+{
+	int added = 0;
+
+	pthread_mutex_lock(&s->settle_lock);
+	if (unsettled_find(s, cs, ino, idx) < 0 && s->nunsettled < UNSETTLED_MAX) {
+		struct unsettled *u = &s->unsettled[s->nunsettled];
+
+		u->cs = cs;
+		u->chain_id = chain_id;
+		u->ino = ino;
+		u->idx = idx;
+		u->chunk_size = chunk_size;
+		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
+		pending_begin(s, ino, idx);
+		added =
+		    1; /* settle_main looks within SETTLE_MS: its writer may send it again first */
+	} else if (s->nunsettled >= UNSETTLED_MAX && !s->unsettled_full_logged) {
+		s->unsettled_full_logged = 1;
+		stk_error("%u changes wait for their successors: chunk %llx/%u is not kept pending "
+			  "until its successor has it",
+			  UNSETTLED_MAX, (unsigned long long)ino, idx);
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (added)
+		stk_info("chunk %llx/%u of chain %u: our successor did not take a change (%s); it "
+			 "stays pending until it does",
+			 (unsigned long long)ino, idx, chain_id, strerror(-rc));
+}
+
+/* Our successor has our copy of chunk ino/idx of cs (or none needs it): settled. */
+static void unsettled_clear(struct storage *s, struct stk_chunk_store *cs, uint64_t ino,
+			    uint32_t idx, const char *how)
+{
+	int i;
+
+	if (!__atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&s->settle_lock);
+	i = unsettled_find(s, cs, ino, idx);
+	if (i >= 0) {
+		s->unsettled[i] = s->unsettled[s->nunsettled - 1];
+		__atomic_store_n(&s->nunsettled, s->nunsettled - 1, __ATOMIC_RELAXED);
+		if (s->nunsettled < UNSETTLED_MAX / 2)
+			s->unsettled_full_logged = 0;
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (i < 0)
+		return;
+	pending_end(s, ino, idx);
+	stk_info("chunk %llx/%u: settled (%s)", (unsigned long long)ino, idx, how);
+}
+
 static struct ino_lock *ino_lock(struct storage *s, uint64_t ino)
 {
 	return &s->ino_locks[(ino * 0x9E3779B97F4A7C15ull) >> 56];
@@ -559,12 +684,33 @@ static uint8_t *write_msg(const struct stk_msg_stor_write_req *m, const uint32_t
 }
 
 /*
- * With the chunk's lock held: sends the change just made to the successor, and
- * when its copy is another version, the whole chunk as it is now here.
+ * Whether a change of a chunk (versions old to now) goes on to our successor:
+ * when it changed our copy, or when our copy holds a change our successor has
+ * not taken (unsettled: its chunk's lock held).
  */
-static int forward_write(void *ctx, const struct stk_chunk_wver *v)
+static int write_goes_on(struct storage *s, const struct hop *h, uint64_t ino, uint32_t idx,
+			 uint64_t old, uint64_t now)
 {
-	struct fwd_write *f = ctx;
+	return !h->tail && (now != old || unsettled_has(s, h->cs, ino, idx));
+}
+
+/*
+ * What the change our successor was sent came to (its lock still held): taken
+ * (rc 0), our copy and its are alike again; else, ours holds what its may never
+ * get, which stays pending until it does (unsettled_note).
+ */
+static void write_went_on(struct storage *s, const struct hop *h,
+			  const struct stk_msg_stor_write_req *rq, int rc)
+{
+	if (rc == 0)
+		unsettled_clear(s, h->cs, rq->ino, rq->chunk_idx, "a later change reached it");
+	else
+		unsettled_note(s, h->cs, rq->chain_id, rq->ino, rq->chunk_idx, rq->chunk_size, rc);
+}
+
+/* forward_write's part: the change to the successor, and the whole chunk if it is behind. */
+static int forward_write_to(struct fwd_write *f, const struct stk_chunk_wver *v)
+{
 	struct stk_msg_stor_write_req m = f->rq;
 	uint8_t *msg, *whole = NULL;
 	uint32_t *crcs = NULL;
@@ -574,9 +720,8 @@ static int forward_write(void *ctx, const struct stk_chunk_wver *v)
 	long n;
 	int rc;
 
-	if (f->h->tail || v->now == v->old)
-		return 0; /* nothing to forward, or nothing changed */
-	m.base_ver = v->old;
+	/* a whole chunk replaces any version: the successor takes it as it is */
+	m.base_ver = (m.flags & STK_WRITE_FULL) ? UINT64_MAX : v->old;
 	m.set_ver = v->now;
 	msg = write_msg(&m, tls_crcs, &len);
 	if (!msg)
@@ -619,6 +764,22 @@ static int forward_write(void *ctx, const struct stk_chunk_wver *v)
 	return (int)n;
 }
 
+/*
+ * With the chunk's lock held: sends the change just made to the successor, and
+ * when its copy is another version, the whole chunk as it is now here.
+ */
+static int forward_write(void *ctx, const struct stk_chunk_wver *v)
+{
+	struct fwd_write *f = ctx;
+	int rc;
+
+	if (!write_goes_on(f->s, f->h, f->rq.ino, f->rq.chunk_idx, v->old, v->now))
+		return 0; /* nothing to forward, or nothing changed */
+	rc = forward_write_to(f, v);
+	write_went_on(f->s, f->h, &f->rq, rc);
+	return rc;
+}
+
 /* ---- writes forwarded from the event loop ---- */
 
 /*
@@ -656,6 +817,7 @@ struct wjob {
 	void *whole; /* the whole chunk, for a successor that is behind */
 	uint32_t *whole_crcs;
 	int sent_whole;
+	int went_on; /* our copy was applied and sent on: write_went_on when it ends */
 	uint8_t resp[64];
 	uint32_t crcs[]; /* rq.ncrcs block checksums of data */
 };
@@ -669,6 +831,8 @@ static void wjob_finish(struct wjob *j, int rc)
 	struct stk_wbuf w;
 
 	stk_storage_metrics_end(s->metrics, j->h.cs, STK_TARGET_WRITE, j->t0, rc, j->rq.length);
+	if (j->went_on)
+		write_went_on(s, &j->h, &j->rq, rc);
 	stk_chunk_unlock(j->h.cs, j->rq.ino, j->rq.chunk_idx);
 	pending_end(s, j->rq.ino, j->rq.chunk_idx);
 	ino_unshare(ino_lock(s, j->rq.ino));
@@ -806,12 +970,14 @@ static void wjob_apply(struct wjob *j)
 	rc = stk_chunk_write_locked(j->h.cs, m.ino, m.chunk_idx, m.chunk_size, m.offset, j->data,
 				    m.length, j->crcs, m.flags & STK_WRITE_SYNC, &j->v,
 				    &j->chunk_len);
-	if (rc || j->v.now == j->v.old) {
+	if (rc || !write_goes_on(j->s, &j->h, m.ino, m.chunk_idx, j->v.old, j->v.now)) {
 		wjob_finish(j, rc); /* failed, or nothing changed: nothing to forward */
 		return;
 	}
-	m.base_ver = j->v.old;
+	/* a whole chunk replaces any version: the successor takes it as it is */
+	m.base_ver = (m.flags & STK_WRITE_FULL) ? UINT64_MAX : j->v.old;
 	m.set_ver = j->v.now;
+	j->went_on = 1;
 	wjob_send(j, &m, j->crcs, j->data);
 }
 
@@ -2097,6 +2263,127 @@ out:
 	return NULL;
 }
 
+/* ---- settling changes a successor did not take (see unsettled_note) ---- */
+
+/*
+ * Sends our copy of unsettled chunk u whole to our successor in its chain as it
+ * is now, with the inode's lock shared and the chunk's lock held (as a write
+ * does), or finds that no successor needs it. Our copy is kept as it is: it is
+ * never undone, since a member upstream of ours may hold it too, and a client
+ * that sent the change again would make it anyway.
+ */
+static void settle_one(struct storage *s, const struct unsettled *u)
+{
+	struct stk_msg_stor_write_req m;
+	struct hop h;
+	uint8_t *msg = NULL, *data = NULL;
+	uint32_t *crcs = NULL, clen;
+	uint64_t ver;
+	size_t len;
+	long n;
+	int rc;
+
+	ino_share(ino_lock(s, u->ino));
+	stk_chunk_lock(u->cs, u->ino, u->idx);
+	if (!unsettled_has(s, u->cs, u->ino, u->idx))
+		goto out; /* a write settled it meanwhile */
+	if (fenced(s))
+		goto out; /* we may be out of the chain: mgmtd says when it answers */
+	rc = route(s, u->chain_id, 0, 0, &h);
+	if (rc || h.cs != u->cs) {
+		/* no longer a member changes reach: nobody reads our copy as committed, and
+		 * a resync makes it the chain's when we are one again */
+		unsettled_clear(s, u->cs, u->ino, u->idx, "no longer in its chain");
+		goto out;
+	}
+	if (h.tail) {
+		unsettled_clear(s, u->cs, u->ino, u->idx, "we are its chain's tail now");
+		goto out;
+	}
+	rc = stk_chunk_version(u->cs, u->ino, u->idx, &ver, &clen);
+	if (rc == 0 && ver == 0) {
+		/* removed since (a truncate or a punch, which went down the chain itself) */
+		unsettled_clear(s, u->cs, u->ino, u->idx, "the chunk is gone");
+		goto out;
+	}
+	n = rc;
+	if (rc == 0) {
+		data = malloc(clen ? clen : 1);
+		crcs = malloc(4 * ((size_t)stk_crc_blocks(clen) + 1));
+		n = data && crcs ? stk_chunk_read(u->cs, u->ino, u->idx, 0, data, clen, crcs)
+				 : -ENOMEM;
+		if (n >= 0 && (uint32_t)n != clen)
+			n = -EIO;
+	}
+	if (n >= 0) {
+		memset(&m, 0, sizeof(m));
+		m.chain_id = u->chain_id;
+		m.chain_ver = h.chain_ver;
+		m.ino = u->ino;
+		m.chunk_idx = u->idx;
+		m.chunk_size = u->chunk_size;
+		m.length = clen;
+		m.ncrcs = stk_crc_blocks(clen);
+		m.flags = STK_WRITE_FULL;
+		m.base_ver = UINT64_MAX;
+		m.set_ver = ver;
+		msg = write_msg(&m, crcs, &len);
+		n = msg ? forward(s, h.next, STK_OP_STOR_WRITE, msg, len, data, clen,
+				  STK_FRAME_BULK_SELF)
+			: -ENOMEM;
+	}
+	if (n == 0)
+		unsettled_clear(s, u->cs, u->ino, u->idx, "sent whole to its successor again");
+	else
+		stk_debug("chunk %llx/%u: not settled yet: %s", (unsigned long long)u->ino, u->idx,
+			  strerror((int)-n));
+out:
+	stk_chunk_unlock(u->cs, u->ino, u->idx);
+	ino_unshare(ino_lock(s, u->ino));
+	free(msg);
+	free(data);
+	free(crcs);
+}
+
+/* Sends unsettled changes again every SETTLE_MS while there are any. */
+static void *settle_main(void *arg)
+{
+	struct storage *s = arg;
+	struct unsettled *batch = calloc(UNSETTLED_MAX, sizeof(*batch));
+
+	if (!batch) {
+		stk_error("settle: out of memory; changes a successor refused wait for their "
+			  "writers");
+		return NULL;
+	}
+	for (;;) {
+		struct timespec ts;
+		unsigned n;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += SETTLE_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_mutex_lock(&s->settle_lock);
+		if (!s->sync_stop)
+			pthread_cond_timedwait(&s->settle_cv, &s->settle_lock, &ts);
+		if (s->sync_stop) {
+			pthread_mutex_unlock(&s->settle_lock);
+			break;
+		}
+		n = s->nunsettled;
+		memcpy(batch, s->unsettled, n * sizeof(*batch));
+		pthread_mutex_unlock(&s->settle_lock);
+		for (unsigned i = 0; i < n && !__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED);
+		     i++)
+			settle_one(s, &batch[i]);
+	}
+	free(batch);
+	return NULL;
+}
+
 static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	switch (req->hdr.opcode) {
@@ -2534,6 +2821,12 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 		return -rc;
 	}
 	s->repair_started = 1;
+	rc = pthread_create(&s->settle_thread, NULL, settle_main, s);
+	if (rc) {
+		stk_error("cannot start the settle thread: %s", strerror(rc));
+		return -rc;
+	}
+	s->settle_started = 1;
 	stk_info("storage node %u serving on %s%s%s", b->node_id, stk_daemon_addr(d),
 		 maddr ? ", metrics on " : "", maddr ? maddr : "");
 	return 0;
@@ -2550,11 +2843,16 @@ static void storage_threads_stop(struct storage *s)
 	__atomic_store_n(&s->sync_stop, 1, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&s->repair_cv);
 	pthread_mutex_unlock(&s->repair_lock);
+	pthread_mutex_lock(&s->settle_lock);
+	pthread_cond_broadcast(&s->settle_cv);
+	pthread_mutex_unlock(&s->settle_lock);
+	if (s->settle_started)
+		pthread_join(s->settle_thread, NULL);
 	if (s->sync_started)
 		pthread_join(s->sync_thread, NULL);
 	if (s->repair_started)
 		pthread_join(s->repair_thread, NULL);
-	s->sync_started = s->repair_started = 0;
+	s->sync_started = s->repair_started = s->settle_started = 0;
 }
 
 static void storage_stop(void *ctx)
@@ -2589,6 +2887,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	}
 	pthread_mutex_init(&s->repair_lock, NULL);
 	pthread_cond_init(&s->repair_cv, NULL);
+	pthread_mutex_init(&s->settle_lock, NULL);
+	pthread_cond_init(&s->settle_cv, NULL);
 	rc = stk_mkdir_p(opts->data_dir, 0755);
 	if (rc) {
 		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
@@ -2616,7 +2916,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	s->scrub_rate = opts->scrub_rate;
 	s->scrub_interval_s = opts->scrub_interval_s;
 	s->repairq = calloc(REPAIR_QUEUE, sizeof(*s->repairq));
-	if (!s->repairq) {
+	s->unsettled = calloc(UNSETTLED_MAX, sizeof(*s->unsettled));
+	if (!s->repairq || !s->unsettled) {
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -2676,6 +2977,9 @@ out:
 		storage_threads_stop(s);
 		pthread_mutex_destroy(&s->repair_lock);
 		pthread_cond_destroy(&s->repair_cv);
+		pthread_mutex_destroy(&s->settle_lock);
+		pthread_cond_destroy(&s->settle_cv);
+		free(s->unsettled);
 		free(s->repairq);
 		stk_callwatch_destroy(s->watch); /* before the agent it asks */
 		stk_storage_metrics_destroy(s->metrics);

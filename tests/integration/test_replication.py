@@ -91,6 +91,20 @@ def assert_replicas_identical(net, chains, targets, skip=()):
     return checked
 
 
+def replicas_identical_soon(net, chains, targets, timeout=20):
+    """assert_replicas_identical within timeout seconds: a change a successor did not
+    take is sent on by its predecessors themselves (settle_main in
+    src/storage/service.c) once the chain is whole, a moment later."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return assert_replicas_identical(net, chains, targets)
+        except AssertionError:
+            if time.time() > deadline:
+                raise
+        time.sleep(0.3)
+
+
 def serving_again(net, tids, timeout=60):
     """Waits until targets tids serve, then a second more (a change on its way
     lands); returns (targets, chains)."""
@@ -410,6 +424,64 @@ def test_a_node_cut_off_from_mgmtd_serves_no_stale_copy(net):
     targets, final = serving_again(net, st2)
     assert assert_replicas_identical(net, final, targets) >= 16
     assert net.cli("cat", "/s").stdout == b
+
+
+def test_a_change_its_fenced_tail_refused_is_settled(tmp_path):
+    """The tail loses mgmtd (a blackhole route) but not its predecessor, and fences
+    itself once mgmtd may have given up on it: it refuses the next write, which the
+    head and the middle have applied. The writer gives up at once (a short retry
+    time, as a writer killed before its retry would) and the tail is back in touch
+    before mgmtd's timeout, so the chain never changes and nobody sends the write
+    again. The head and the middle keep the change pending and send it on
+    themselves once the tail takes it: the three copies are identical again, and
+    the file reads back as the head holds it. Without that they parted for good."""
+    mgmtd = ["--replicas", "3", "--heartbeat-timeout-ms", "12000"]
+    with net_cluster(tmp_path, mgmtd_args=mgmtd) as net:
+        targets, chains = chain_of_three(net)
+        assert len(chains) == 1, chains
+        (cid, (ver, members, _)), = chains.items()
+        node_of = {t: targets[t][1].split(os.sep)[-2] for t in members}
+        tail = node_of[members[-1]]
+        net.cli("put", "-", "/before", input=os.urandom(200_000))
+        mgmtd_ip = net.mgmtd_addr.split(":")[0]
+        ns = net.netns[tail]
+        data = {}
+        failed = None
+        run(["ip", "-n", ns, "route", "add", "blackhole", mgmtd_ip + "/32"])
+        try:
+            # the tail fences itself 9 s after its last heartbeat mgmtd answered;
+            # mgmtd gives it up after 12 s: a write between is refused by the tail only
+            deadline = time.time() + 14
+            i = 0
+            while time.time() < deadline and failed is None:
+                data[i] = os.urandom(150_000)
+                p = net.cli("put", "-", "/f%d" % i, input=data[i], check=False,
+                            env={"STOKER_RETRY_MS": "300"})
+                if p.returncode != 0:
+                    failed = i
+                i += 1
+                time.sleep(0.1)
+        finally:
+            run(["ip", "-n", ns, "route", "del", "blackhole", mgmtd_ip + "/32"], check=False)
+            # its heartbeat's connection, stuck in TCP's backoff, is reset: the agent
+            # connects again at once, before mgmtd's timeout
+            run(["ip", "netns", "exec", ns, "ss", "-K", "dst", mgmtd_ip], check=False)
+        assert failed is not None, "no write was refused while the tail was fenced"
+        assert "serving no replicated chain" in open(net.nodes[tail].log).read()
+        t, c = tables(net.status())
+        replicas_identical_soon(net, c, t, timeout=30)
+        t, c = tables(net.status())
+        assert c[cid][0] == ver, ("mgmtd gave the tail up: not the case under test", c)
+        assert all(s == "serving" for s, _ in t.values()), t
+        assert "OFFLINE" not in open(net.nodes["mgmtd"].log).read()
+        logs = "".join(open(net.nodes[node_of[m]].log).read() for m in members[:-1])
+        assert "stays pending until it does" in logs, logs[-3000:]
+        assert "settled (sent whole to its successor again)" in logs, logs[-3000:]
+        # the file the writer gave up on: whatever it holds, every copy says the same
+        got = net.cli("cat", "/f%d" % failed, check=False).stdout
+        assert got in (b"", data[failed]), len(got)
+        for k in range(failed):
+            assert net.cli("cat", "/f%d" % k).stdout == data[k]
 
 
 def test_every_copy_lost_and_back_in_any_order(net):
