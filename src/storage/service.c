@@ -783,9 +783,9 @@ static int forward_write(void *ctx, const struct stk_chunk_wver *v)
 /* ---- writes forwarded from the event loop ---- */
 
 /*
- * A write whose forward waits on the loop (STOKER_LOOP_WRITES=1, off by default): a
- * worker applies it to our copy with the chunk's lock held, hands the forward to
- * the loop client of the loop that owns the client's connection (net.h,
+ * A write whose forward waits on the loop (the default; STOKER_LOOP_WRITES=0 turns
+ * it off): a worker applies it to our copy with the chunk's lock held, hands the
+ * forward to the loop client of the loop that owns the client's connection (net.h,
  * stk_lclient) and is free; the successor's answer, on that loop, releases the
  * chunk's lock, the pending mark and the inode's share, and answers the client.
  * A write that finds the chunk's lock taken waits in its queue (chunk.h) and is
@@ -2925,14 +2925,12 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	if (rc)
 		goto out;
 	/*
-	 * STOKER_LOOP_WRITES=1: forwards wait on the event loops. Off by default for
-	 * now: in one soak of four a chain was left with a change its head and middle
-	 * applied but its tail refused (a fenced tail, the writer killed before its
-	 * retry) when the copies were compared, which forwarding from workers did not
-	 * show in five; see docs/architecture.md.
+	 * Forwards wait on the event loops (write_on_loop) unless STOKER_LOOP_WRITES=0,
+	 * which sends them from the workers as before (to compare, or to rule the
+	 * loop path out).
 	 */
-	s->loop_writes = getenv("STOKER_LOOP_WRITES") &&
-			 strcmp(getenv("STOKER_LOOP_WRITES"), "1") == 0;
+	s->loop_writes =
+	    !(getenv("STOKER_LOOP_WRITES") && strcmp(getenv("STOKER_LOOP_WRITES"), "0") == 0);
 	rc = stk_callwatch_create(1000, node_gone, s, &s->watch);
 	if (rc)
 		goto out;
@@ -2950,7 +2948,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	/*
 	 * Chunk reads and writes block on the disk: this many run at once. A write's
 	 * forward waits on the loop (write_on_loop); a truncate's, punch's or sync's
-	 * (and a write's without STOKER_LOOP_WRITES=1) waits for its successor's reply on
+	 * (and a write's with STOKER_LOOP_WRITES=0) waits for its successor's reply on
 	 * its worker, and the successor's needs a worker of its own: were both nodes'
 	 * pools all waiting on each other (each the head of chains the other ends),
 	 * neither would go on. So the pool grows while workers wait
