@@ -12,8 +12,8 @@
  *
  * Each request runs on a worker (net.h), so a handler may block on disk; the chunk
  * store does the I/O with that thread's buffers. Reads of open chunks are served
- * on the event loops (below), and a write's forward waits for its successor on
- * the loop, not in its worker (write_on_loop).
+ * on the event loops (below), and a change's forward waits for its successor on
+ * the loop, not in its worker (write_on_loop, forward_on_loop).
  *
  * Chain replication (docs/architecture.md, "Replication"): a chain lists its
  * targets head first. A change (write, truncate, punch, sync) goes to the head,
@@ -1207,7 +1207,132 @@ static int forward_same(struct storage *s, const struct hop *h, const struct stk
 	return forward(s, h->next, req->hdr.opcode, req->payload.p, req->payload.len, NULL, 0, 0);
 }
 
-static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
+/*
+ * A truncate, punch or sync whose forward waits on the loop, as a write's does
+ * (write_on_loop; off with STOKER_LOOP_WRITES=0): applied here on its worker, with
+ * the inode's lock held alone (every inode's for STOR_TRUNCATES), then sent as it
+ * came to our successor by the loop client of the loop that owns the client's
+ * connection, and the worker goes on. The successor's answer, on that loop, lets
+ * the locks go and answers the client; a failed forward goes back to a worker for
+ * the routing refresh (as forward() does) and answers STALE_ROUTING.
+ */
+enum { OJOB_NO_LOCK, OJOB_INO_LOCK, OJOB_ALL_LOCKS };
+
+struct ojob {
+	struct storage *s;
+	struct stk_rpc_pending *p;
+	int locks;    /* OJOB_*: what ojob_finish lets go */
+	uint64_t ino; /* OJOB_INO_LOCK: whose */
+	int first; /* STOR_TRUNCATES: the first inode's error here, answered if the forward works */
+	const char *peer;
+	uint64_t req_bytes;
+	struct stk_lcall call;
+	uint8_t resp[64];
+};
+
+/* The change is over (rc): its locks let go, the client answered, job freed. */
+static void ojob_finish(struct ojob *j, int rc)
+{
+	struct storage *s = j->s;
+
+	if (j->locks == OJOB_INO_LOCK)
+		ino_unlock_alone(ino_lock(s, j->ino));
+	else if (j->locks == OJOB_ALL_LOCKS)
+		for (unsigned i = INO_LOCKS; i-- > 0;)
+			ino_unlock_alone(&s->ino_locks[i]);
+	if (rc == 0)
+		rc = j->first;
+	stk_metrics_ops_client(s->rpc_metrics, j->peer, j->req_bytes, STK_FRAME_HDR_LEN);
+	stk_rpc_pending_answer(j->p, rc, NULL, 0);
+	free(j);
+}
+
+/* On a worker: the forward failed; our table is fetched again before the client hears. */
+static void ojob_failed(struct stk_rpc_pending *p, void *arg, int rc)
+{
+	struct ojob *j = arg;
+
+	if (rc == 0)
+		stk_agent_routing_refresh(j->s->agent);
+	ojob_finish(j, -ESTALE);
+}
+
+/* On the loop: the successor answered (rc 0) or the call failed. */
+static void ojob_forwarded(struct stk_lcall *call, int rc)
+{
+	struct ojob *j = call->ctx;
+
+	if (rc == 0)
+		rc = stk_status_to_errno(call->status);
+	if (rc == 0 || (rc < 0 && call->status && rc != -ESTALE)) {
+		ojob_finish(j, rc);
+		return;
+	}
+	stk_warn("forwarding %s to %s failed: %s; the chain must change before it goes on",
+		 stk_opcode_name(call->opcode), call->addr, strerror(-rc));
+	stk_rpc_pending_defer(j->p, ojob_failed, j);
+}
+
+/*
+ * Whether a change applied here on a worker may wait for its successor on the
+ * loop: not at the tail, and the request's connection is on a loop with a client.
+ */
+static int change_on_loop(struct storage *s, const struct hop *h, struct stk_rpc_resp *resp)
+{
+	return s->loop_writes && !h->tail && stk_rpc_resp_loop(resp);
+}
+
+/*
+ * Sends req as it came to our successor from the loop, once applied here (first:
+ * STOR_TRUNCATES' first error here), with locks (OJOB_*, of inode ino) still held:
+ * STK_RPC_PENDING, the request answered later; or, when no job can be made, the
+ * forward done here on the worker (locks let go) and its answer.
+ */
+static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rpc_req *req,
+			   struct stk_rpc_resp *resp, int locks, uint64_t ino, int first)
+{
+	struct ojob *j = calloc(1, sizeof(*j));
+	struct storage_loop *sl;
+	int rc;
+
+	if (!j) {
+		rc = forward_same(s, h, req);
+		if (locks == OJOB_INO_LOCK)
+			ino_unlock_alone(ino_lock(s, ino));
+		else if (locks == OJOB_ALL_LOCKS)
+			for (unsigned i = INO_LOCKS; i-- > 0;)
+				ino_unlock_alone(&s->ino_locks[i]);
+		return rc ? rc : first;
+	}
+	j->s = s;
+	j->locks = locks;
+	j->ino = ino;
+	j->first = first;
+	j->peer = req->peer;
+	j->req_bytes = STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len;
+	j->call.opcode = req->hdr.opcode;
+	/* the payload stays as it is until the request is answered (net.h) */
+	j->call.req = req->payload.p;
+	j->call.req_len = req->payload.len;
+	j->call.resp = j->resp;
+	j->call.resp_cap = sizeof(j->resp);
+	memcpy(j->call.addr, h->next, STK_ADDR_MAX);
+	j->call.done = ojob_forwarded;
+	j->call.ctx = j;
+	j->p = stk_rpc_pending_take(resp);
+	sl = stk_rpc_pending_loop(j->p);
+	rc = stk_lclient_call(loop_client(sl), &j->call);
+	if (rc) {
+		/* on the worker still: the refresh a failed forward asks for may block here */
+		stk_warn("forwarding %s to %s failed: %s; the chain must change before it goes on",
+			 stk_opcode_name(req->hdr.opcode), h->next, strerror(-rc));
+		stk_agent_routing_refresh(s->agent);
+		ojob_finish(j, -ESTALE);
+	}
+	return STK_RPC_PENDING;
+}
+
+static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_truncate_req rq;
 	struct hop h;
@@ -1223,13 +1348,15 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
 	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
+	if (rc == 0 && change_on_loop(s, &h, resp))
+		return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0);
 	if (rc == 0)
 		rc = forward_same(s, &h, req);
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
 
-static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
+static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_truncates_req rq;
 	struct stk_msg_trunc_rec *recs = NULL;
@@ -1263,6 +1390,10 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 		if (r && !first)
 			first = r;
 	}
+	if (rc == 0 && change_on_loop(s, &h, resp)) {
+		free(recs);
+		return forward_on_loop(s, &h, req, resp, OJOB_ALL_LOCKS, 0, first);
+	}
 	if (rc == 0) {
 		int f = forward_same(s, &h, req);
 
@@ -1275,7 +1406,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 	return rc ? rc : first;
 }
 
-static int handle_punch(struct storage *s, struct stk_rpc_req *req)
+static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_punch_req rq;
 	struct hop h;
@@ -1288,13 +1419,15 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
 	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
+	if (rc == 0 && change_on_loop(s, &h, resp))
+		return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0);
 	if (rc == 0)
 		rc = forward_same(s, &h, req);
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
 
-static int handle_sync(struct storage *s, struct stk_rpc_req *req)
+static int handle_sync(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_sync_req rq;
 	struct hop h;
@@ -1306,6 +1439,8 @@ static int handle_sync(struct storage *s, struct stk_rpc_req *req)
 	if (rc)
 		return rc;
 	rc = stk_chunk_store_sync(h.cs);
+	if (rc == 0 && change_on_loop(s, &h, resp))
+		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0);
 	return rc ? rc : forward_same(s, &h, req);
 }
 
@@ -2392,13 +2527,13 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 	case STK_OP_STOR_READ:
 		return handle_read(s, req, resp);
 	case STK_OP_STOR_TRUNCATE:
-		return handle_truncate(s, req);
+		return handle_truncate(s, req, resp);
 	case STK_OP_STOR_TRUNCATES:
-		return handle_truncates(s, req);
+		return handle_truncates(s, req, resp);
 	case STK_OP_STOR_PUNCH:
-		return handle_punch(s, req);
+		return handle_punch(s, req, resp);
 	case STK_OP_STOR_SYNC:
-		return handle_sync(s, req);
+		return handle_sync(s, req, resp);
 	case STK_OP_STOR_PREFETCH:
 		return handle_prefetch(s, req);
 	case STK_OP_STOR_SYNC_LIST:
@@ -2435,8 +2570,8 @@ static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_res
  * might block goes to the workers as before (net.h, STK_RPC_TO_WORKER): a chunk
  * not open yet (opening it reads the disk), a routing table that may need
  * fetching, reads over LOOP_READ_MAX (their checksums would hold the loop long),
- * and all writes (whose forwards come back here: write_on_loop), truncates and
- * syncs. STOKER_LOOP_READS=0 turns it off.
+ * and all writes, truncates, punches and syncs (whose forwards come back here:
+ * write_on_loop, forward_on_loop). STOKER_LOOP_READS=0 turns it off.
  *
  * Memory: LOOP_READS slots per loop of about 9 KiB each (the partial first and
  * last blocks of a read are read into the slot), made when the loop starts.

@@ -484,6 +484,26 @@ def test_a_change_its_fenced_tail_refused_is_settled(tmp_path):
             assert net.cli("cat", "/f%d" % k).stdout == data[k]
 
 
+def test_punches_and_truncates_reach_every_copy(net):
+    """A hole punched (stk_fallocate) and files cut by a rewrite (O_TRUNC) go down
+    the chain like writes (from the event loop: forward_on_loop): stk_check
+    special's file reads back with its hole, the cut files with their new bytes,
+    and the three copies are identical."""
+    targets, chains = chain_of_three(net)
+    for i in range(4):
+        net.cli("put", "-", "/cut%d" % i, input=os.urandom(3 << 20))
+    p = net.check("special", "/sp", check=False)
+    assert p.returncode == 0, p.stdout.decode()[-2000:] + p.stderr.decode()[-2000:]
+    small = {}
+    for i in range(4):
+        small[i] = os.urandom(5000)
+        net.cli("put", "-", "/cut%d" % i, input=small[i])
+    t, c = tables(net.status())
+    assert assert_replicas_identical(net, c, t) >= 4 + 3
+    for i in range(4):
+        assert net.cli("cat", "/cut%d" % i).stdout == small[i]
+
+
 def test_every_copy_lost_and_back_in_any_order(net):
     """The chain's nodes die one after the other, a file written between each death;
     the last one alive holds all of them. A write with every copy gone fails with a
