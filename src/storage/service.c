@@ -468,9 +468,24 @@ struct unsettled {
 	struct stk_chunk_store *cs;
 	uint32_t chain_id;
 	uint64_t ino;
-	uint32_t idx;
+	uint32_t idx; /* UNSETTLED_INODE: a truncate or punch of the inode */
 	uint32_t chunk_size;
+	/* UNSETTLED_INODE: the change, sent again as it was */
+	uint16_t op; /* STK_OP_STOR_TRUNCATE (size, chunk_size, ns) or _PUNCH (first, end) */
+	uint64_t size, ns_hi, ns_lo;
+	uint32_t first, end;
 };
+
+/*
+ * A truncate or punch is unsettled by inode (its idx is UNSETTLED_INODE), as it
+ * may have removed chunks here that our successor keeps. Until it is settled the
+ * inode takes no other change here (inode_unsettled: the change is refused with
+ * STALE_ROUTING, and its sender tries again), so that the change is sent again
+ * as the last one made to the inode: a truncate sent after a later write would
+ * cut what that write made. Its reads go to the tail (read_check). Noted,
+ * cleared and looked at with the inode's lock held (alone to note or clear).
+ */
+#define UNSETTLED_INODE UINT32_MAX
 
 #define SETTLE_MS 250
 
@@ -552,8 +567,50 @@ static void unsettled_clear(struct storage *s, struct stk_chunk_store *cs, uint6
 	pthread_mutex_unlock(&s->settle_lock);
 	if (i < 0)
 		return;
+	if (idx == UNSETTLED_INODE) {
+		stk_info("inode %llx: settled (%s)", (unsigned long long)ino, how);
+		return;
+	}
 	pending_end(s, ino, idx);
 	stk_info("chunk %llx/%u: settled (%s)", (unsigned long long)ino, idx, how);
+}
+
+/* Whether a truncate or punch of inode ino of cs is unsettled here (its lock held). */
+static int inode_unsettled(struct storage *s, struct stk_chunk_store *cs, uint64_t ino)
+{
+	return unsettled_has(s, cs, ino, UNSETTLED_INODE);
+}
+
+/*
+ * Our copy of inode ino took truncate or punch u (op and arguments set), which our
+ * successor did not (rc): unsettled until it does. With the inode's lock alone.
+ */
+static void inode_unsettled_note(struct storage *s, struct stk_chunk_store *cs,
+				 const struct unsettled *u, int rc)
+{
+	int added = 0;
+
+	pthread_mutex_lock(&s->settle_lock);
+	if (unsettled_find(s, cs, u->ino, UNSETTLED_INODE) < 0 && s->nunsettled < UNSETTLED_MAX) {
+		struct unsettled *e = &s->unsettled[s->nunsettled];
+
+		*e = *u;
+		e->cs = cs;
+		e->idx = UNSETTLED_INODE;
+		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
+		added = 1;
+	} else if (s->nunsettled >= UNSETTLED_MAX && !s->unsettled_full_logged) {
+		s->unsettled_full_logged = 1;
+		stk_error("%u changes wait for their successors: a %s of inode %llx is not sent "
+			  "again",
+			  UNSETTLED_MAX, stk_opcode_name(u->op), (unsigned long long)u->ino);
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (added)
+		stk_info("inode %llx of chain %u: our successor did not take a %s (%s); the inode "
+			 "takes no other change until it does",
+			 (unsigned long long)u->ino, u->chain_id, stk_opcode_name(u->op),
+			 strerror(-rc));
 }
 
 static struct ino_lock *ino_lock(struct storage *s, uint64_t ino)
@@ -1001,8 +1058,8 @@ static void wjob_granted(struct stk_chunk_lockwait *w)
 
 /*
  * handle_write's way for a write that goes on down the chain, once checked and
- * routed (crcs: its checksums): STK_RPC_PENDING (answered later), or -ENOMEM
- * before anything was taken.
+ * routed (crcs: its checksums): STK_RPC_PENDING (answered later), or -ENOMEM or
+ * -ESTALE (an unsettled truncate or punch of the inode) before anything was taken.
  */
 static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
 			 const struct stk_msg_stor_write_req *rq, const struct hop *h,
@@ -1025,8 +1082,13 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 	j->v.floor = (uint64_t)rq->chain_ver << 32;
 	j->v.full = (rq->flags & STK_WRITE_FULL) != 0;
 	j->wait.granted = wjob_granted;
-	j->p = stk_rpc_pending_take(resp);
 	ino_share(ino_lock(s, rq->ino));
+	if (inode_unsettled(s, h->cs, rq->ino)) {
+		ino_unshare(ino_lock(s, rq->ino));
+		free(j);
+		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
+	}
+	j->p = stk_rpc_pending_take(resp);
 	pending_begin(s, rq->ino, rq->chunk_idx);
 	j->t0 = stk_storage_metrics_begin(s->metrics, h->cs);
 	if (stk_chunk_lock_async(h->cs, rq->ino, rq->chunk_idx, &j->wait) == 0)
@@ -1084,6 +1146,10 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	v.floor = (uint64_t)rq.chain_ver << 32;
 	v.full = (rq.flags & STK_WRITE_FULL) != 0;
 	ino_share(ino_lock(s, rq.ino));
+	if (!h.tail && inode_unsettled(s, cs, rq.ino)) {
+		ino_unshare(ino_lock(s, rq.ino));
+		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
+	}
 	pending_begin(s, rq.ino, rq.chunk_idx);
 	t0 = stk_storage_metrics_begin(s->metrics, cs);
 	rc = stk_chunk_write_ver(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
@@ -1107,6 +1173,8 @@ static int read_check(struct storage *s, const struct hop *h, uint64_t ino, uint
 	if (!h->readable)
 		return -ESTALE;
 	if (!h->read_tail && __atomic_load_n(pending_slot(s, ino, idx), __ATOMIC_RELAXED))
+		return -EINPROGRESS;
+	if (!h->read_tail && inode_unsettled(s, h->cs, ino))
 		return -EINPROGRESS;
 	return 0;
 }
@@ -1228,13 +1296,26 @@ struct ojob {
 	uint64_t req_bytes;
 	struct stk_lcall call;
 	uint8_t resp[64];
+	struct stk_chunk_store *cs;
+	unsigned nnotes;
+	struct unsettled notes[]; /* the changes made here, unsettled if the forward fails */
 };
+
+/* Changes our copy took and our successor did not (rc): unsettled (inode_unsettled_note). */
+static void notes_note(struct storage *s, struct stk_chunk_store *cs, const struct unsettled *u,
+		       unsigned n, int rc)
+{
+	for (unsigned i = 0; i < n; i++)
+		inode_unsettled_note(s, cs, &u[i], rc);
+}
 
 /* The change is over (rc): its locks let go, the client answered, job freed. */
 static void ojob_finish(struct ojob *j, int rc)
 {
 	struct storage *s = j->s;
 
+	if (rc)
+		notes_note(s, j->cs, j->notes, j->nnotes, rc); /* before the locks go */
 	if (j->locks == OJOB_INO_LOCK)
 		ino_unlock_alone(ino_lock(s, j->ino));
 	else if (j->locks == OJOB_ALL_LOCKS)
@@ -1284,19 +1365,23 @@ static int change_on_loop(struct storage *s, const struct hop *h, struct stk_rpc
 
 /*
  * Sends req as it came to our successor from the loop, once applied here (first:
- * STOR_TRUNCATES' first error here), with locks (OJOB_*, of inode ino) still held:
+ * STOR_TRUNCATES' first error here; notes, nnotes: the changes it made, as
+ * unsettled entries), with locks (OJOB_*, of inode ino) still held:
  * STK_RPC_PENDING, the request answered later; or, when no job can be made, the
  * forward done here on the worker (locks let go) and its answer.
  */
 static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rpc_req *req,
-			   struct stk_rpc_resp *resp, int locks, uint64_t ino, int first)
+			   struct stk_rpc_resp *resp, int locks, uint64_t ino, int first,
+			   const struct unsettled *notes, unsigned nnotes)
 {
-	struct ojob *j = calloc(1, sizeof(*j));
+	struct ojob *j = calloc(1, sizeof(*j) + nnotes * sizeof(*notes));
 	struct storage_loop *sl;
 	int rc;
 
 	if (!j) {
 		rc = forward_same(s, h, req);
+		if (rc)
+			notes_note(s, h->cs, notes, nnotes, rc);
 		if (locks == OJOB_INO_LOCK)
 			ino_unlock_alone(ino_lock(s, ino));
 		else if (locks == OJOB_ALL_LOCKS)
@@ -1308,6 +1393,10 @@ static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rp
 	j->locks = locks;
 	j->ino = ino;
 	j->first = first;
+	j->cs = h->cs;
+	j->nnotes = nnotes;
+	if (nnotes)
+		memcpy(j->notes, notes, nnotes * sizeof(*notes));
 	j->peer = req->peer;
 	j->req_bytes = STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len;
 	j->call.opcode = req->hdr.opcode;
@@ -1347,11 +1436,26 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
+	if (inode_unsettled(s, h.cs, rq.ino)) {
+		ino_unlock_alone(ino_lock(s, rq.ino));
+		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
+	}
 	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
-	if (rc == 0 && change_on_loop(s, &h, resp))
-		return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0);
-	if (rc == 0)
+	if (rc == 0 && !h.tail) {
+		struct unsettled u = {.chain_id = rq.chain_id,
+				      .ino = rq.ino,
+				      .chunk_size = rq.chunk_size,
+				      .op = STK_OP_STOR_TRUNCATE,
+				      .size = rq.size,
+				      .ns_hi = rq.ns_hi,
+				      .ns_lo = rq.ns_lo};
+
+		if (change_on_loop(s, &h, resp))
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
 		rc = forward_same(s, &h, req);
+		if (rc)
+			inode_unsettled_note(s, h.cs, &u, rc);
+	}
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
@@ -1384,26 +1488,52 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 	if (rc == 0) /* every inode's lock, always in one order */
 		for (unsigned i = 0; i < INO_LOCKS; i++)
 			ino_lock_alone(&s->ino_locks[i]);
+	for (uint32_t i = 0; rc == 0 && i < rq.n; i++)
+		if (inode_unsettled(s, h.cs, recs[i].ino)) {
+			for (unsigned k = INO_LOCKS; k-- > 0;)
+				ino_unlock_alone(&s->ino_locks[k]);
+			free(recs);
+			return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
+		}
 	for (uint32_t i = 0; rc == 0 && i < rq.n; i++) {
 		int r = stk_chunk_truncate(h.cs, recs[i].ino, recs[i].size, recs[i].chunk_size);
 
 		if (r && !first)
 			first = r;
 	}
-	if (rc == 0 && change_on_loop(s, &h, resp)) {
-		free(recs);
-		return forward_on_loop(s, &h, req, resp, OJOB_ALL_LOCKS, 0, first);
-	}
 	if (rc == 0) {
-		int f = forward_same(s, &h, req);
+		struct unsettled *notes = h.tail || !rq.n ? NULL : calloc(rq.n, sizeof(*notes));
+		unsigned nnotes = notes ? rq.n : 0;
+		int f;
 
-		if (f)
+		for (unsigned i = 0; i < nnotes; i++) {
+			notes[i].chain_id = rq.chain_id;
+			notes[i].ino = recs[i].ino;
+			notes[i].chunk_size = recs[i].chunk_size;
+			notes[i].op = STK_OP_STOR_TRUNCATE;
+			notes[i].size = recs[i].size;
+			notes[i].ns_hi = rq.ns_hi;
+			notes[i].ns_lo = rq.ns_lo;
+		}
+		free(recs);
+		if (!h.tail && change_on_loop(s, &h, resp)) {
+			f = forward_on_loop(s, &h, req, resp, OJOB_ALL_LOCKS, 0, first, notes,
+					    nnotes);
+			free(notes);
+			return f;
+		}
+		f = forward_same(s, &h, req);
+		if (f) {
 			first = f;
+			notes_note(s, h.cs, notes, nnotes, f);
+		}
+		free(notes);
 		for (unsigned i = INO_LOCKS; i-- > 0;)
 			ino_unlock_alone(&s->ino_locks[i]);
+		return first;
 	}
 	free(recs);
-	return rc ? rc : first;
+	return rc;
 }
 
 static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -1418,11 +1548,24 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
+	if (inode_unsettled(s, h.cs, rq.ino)) {
+		ino_unlock_alone(ino_lock(s, rq.ino));
+		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
+	}
 	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
-	if (rc == 0 && change_on_loop(s, &h, resp))
-		return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0);
-	if (rc == 0)
+	if (rc == 0 && !h.tail) {
+		struct unsettled u = {.chain_id = rq.chain_id,
+				      .ino = rq.ino,
+				      .op = STK_OP_STOR_PUNCH,
+				      .first = rq.first,
+				      .end = rq.end};
+
+		if (change_on_loop(s, &h, resp))
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
 		rc = forward_same(s, &h, req);
+		if (rc)
+			inode_unsettled_note(s, h.cs, &u, rc);
+	}
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
@@ -1440,7 +1583,7 @@ static int handle_sync(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 		return rc;
 	rc = stk_chunk_store_sync(h.cs);
 	if (rc == 0 && change_on_loop(s, &h, resp))
-		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0);
+		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0, NULL, 0);
 	return rc ? rc : forward_same(s, &h, req);
 }
 
@@ -2480,6 +2623,61 @@ out:
 	free(crcs);
 }
 
+/*
+ * Sends unsettled truncate or punch u of an inode again, as it was, to our
+ * successor, with the inode's lock held alone, or finds that no successor needs
+ * it (as settle_one does for a chunk).
+ */
+static void settle_inode(struct storage *s, const struct unsettled *u)
+{
+	uint8_t msg[128];
+	struct stk_wbuf w;
+	struct hop h;
+	int rc;
+
+	ino_lock_alone(ino_lock(s, u->ino));
+	if (!inode_unsettled(s, u->cs, u->ino) || fenced(s))
+		goto out;
+	rc = route(s, u->chain_id, 0, 0, &h);
+	if (rc || h.cs != u->cs) {
+		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "no longer in its chain");
+		goto out;
+	}
+	if (h.tail) {
+		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "we are its chain's tail now");
+		goto out;
+	}
+	stk_wbuf_init(&w, msg, sizeof(msg));
+	if (u->op == STK_OP_STOR_TRUNCATE) {
+		struct stk_msg_stor_truncate_req m = {.chain_id = u->chain_id,
+						      .chain_ver = h.chain_ver,
+						      .ino = u->ino,
+						      .size = u->size,
+						      .chunk_size = u->chunk_size,
+						      .ns_hi = u->ns_hi,
+						      .ns_lo = u->ns_lo};
+
+		rc = stk_msg_stor_truncate_req_enc(&w, &m);
+	} else {
+		struct stk_msg_stor_punch_req m = {.chain_id = u->chain_id,
+						   .chain_ver = h.chain_ver,
+						   .ino = u->ino,
+						   .first = u->first,
+						   .end = u->end};
+
+		rc = stk_msg_stor_punch_req_enc(&w, &m);
+	}
+	if (rc == 0)
+		rc = forward(s, h.next, u->op, msg, w.len, NULL, 0, 0);
+	if (rc == 0)
+		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "sent to its successor again");
+	else
+		stk_debug("inode %llx: not settled yet: %s", (unsigned long long)u->ino,
+			  strerror(-rc));
+out:
+	ino_unlock_alone(ino_lock(s, u->ino));
+}
+
 /* Sends unsettled changes again every SETTLE_MS while there are any. */
 static void *settle_main(void *arg)
 {
@@ -2513,7 +2711,10 @@ static void *settle_main(void *arg)
 		pthread_mutex_unlock(&s->settle_lock);
 		for (unsigned i = 0; i < n && !__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED);
 		     i++)
-			settle_one(s, &batch[i]);
+			if (batch[i].idx == UNSETTLED_INODE)
+				settle_inode(s, &batch[i]);
+			else
+				settle_one(s, &batch[i]);
 	}
 	free(batch);
 	return NULL;
