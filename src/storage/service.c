@@ -129,6 +129,10 @@ struct storage {
 	int unsettled_full_logged;
 	pthread_t settle_thread;
 	int settle_started;
+	/* write state kept for the next write (wjob_get), under wjob_lock */
+	pthread_mutex_t wjob_lock;
+	struct wjob *wjob_free;
+	unsigned wjob_nfree;
 };
 
 /*
@@ -722,22 +726,34 @@ struct fwd_write {
 	const void *data;
 };
 
-/* Encodes a STOR_WRITE of m (and len bytes at data's checksums) into a new buffer. */
-static uint8_t *write_msg(const struct stk_msg_stor_write_req *m, const uint32_t *crcs,
-			  size_t *len)
+/* The bytes a STOR_WRITE's payload takes at most, with ncrcs checksums. */
+#define WRITE_MSG_MAX(ncrcs) (128 + 4 * (size_t)(ncrcs))
+
+/* Encodes a STOR_WRITE of m (and its checksums crcs) into b (cap bytes). 0 or -EMSGSIZE. */
+static int write_msg_enc(const struct stk_msg_stor_write_req *m, const uint32_t *crcs, uint8_t *b,
+			 size_t cap, size_t *len)
 {
-	size_t cap = 128 + 4 * (size_t)m->ncrcs;
-	uint8_t *b = malloc(cap);
 	struct stk_wbuf w;
 
-	if (!b)
-		return NULL;
 	stk_wbuf_init(&w, b, cap);
 	stk_msg_stor_write_req_enc(&w, m);
 	for (uint32_t i = 0; i < m->ncrcs; i++)
 		stk_put_u32(&w, crcs[i]);
 	*len = w.len;
-	return w.err ? (free(b), NULL) : b;
+	return w.err ? -EMSGSIZE : 0;
+}
+
+/* write_msg_enc into a new buffer (the caller frees it), or NULL. */
+static uint8_t *write_msg(const struct stk_msg_stor_write_req *m, const uint32_t *crcs, size_t *len)
+{
+	size_t cap = WRITE_MSG_MAX(m->ncrcs);
+	uint8_t *b = malloc(cap);
+
+	if (b && write_msg_enc(m, crcs, b, cap, len)) {
+		free(b);
+		b = NULL;
+	}
+	return b;
 }
 
 /*
@@ -870,14 +886,76 @@ struct wjob {
 	uint32_t chunk_len;
 	struct stk_chunk_lockwait wait;
 	struct stk_lcall call;
-	uint8_t *msg; /* the forward's payload */
+	uint8_t *msg; /* the forward's payload: msgbuf, or malloc'd (msg_owned) */
+	int msg_owned;
 	void *whole; /* the whole chunk, for a successor that is behind */
 	uint32_t *whole_crcs;
 	int sent_whole;
 	int went_on; /* our copy was applied and sent on: write_went_on when it ends */
+	int pooled;  /* from the pool (wjob_get): WJOB_CRCS checksums and msgbuf fit */
+	struct wjob *next_free; /* in the pool */
 	uint8_t resp[64];
-	uint32_t crcs[]; /* rq.ncrcs block checksums of data */
+	/* rq.ncrcs block checksums of data; pooled: WJOB_CRCS, then room for the
+	 * forward's payload (wjob_msgbuf) */
+	uint32_t crcs[];
 };
+
+/*
+ * Write state comes from a pool (the design's rule: no allocation per I/O): jobs
+ * of a write of at most WJOB_CRCS blocks (1 MiB, the default chunk), with room for
+ * their forward's payload, are kept for the next write once done, up to
+ * WJOB_POOL_MAX a node; a bigger write's job is allocated and freed. A job is taken
+ * on a worker and let go on a loop or a worker: the pool is under a mutex, held
+ * for a push or a pop.
+ */
+#define WJOB_CRCS 256u
+#define WJOB_POOL_MAX 512u
+#define WJOB_POOLED_SIZE (sizeof(struct wjob) + 4 * (size_t)WJOB_CRCS + WRITE_MSG_MAX(WJOB_CRCS))
+
+/* The payload room of a pooled job: the bytes after its checksums. */
+static uint8_t *wjob_msgbuf(struct wjob *j, size_t *cap)
+{
+	*cap = WRITE_MSG_MAX(WJOB_CRCS);
+	return (uint8_t *)&j->crcs[WJOB_CRCS];
+}
+
+/* A zeroed job for a write of ncrcs blocks, or NULL. */
+static struct wjob *wjob_get(struct storage *s, uint32_t ncrcs)
+{
+	struct wjob *j = NULL;
+
+	if (ncrcs > WJOB_CRCS)
+		return calloc(1, sizeof(*j) + 4 * (size_t)ncrcs);
+	pthread_mutex_lock(&s->wjob_lock);
+	j = s->wjob_free;
+	if (j) {
+		s->wjob_free = j->next_free;
+		s->wjob_nfree--;
+	}
+	pthread_mutex_unlock(&s->wjob_lock);
+	if (j)
+		memset(j, 0, sizeof(*j));
+	else
+		j = calloc(1, WJOB_POOLED_SIZE);
+	if (j)
+		j->pooled = 1;
+	return j;
+}
+
+static void wjob_put(struct storage *s, struct wjob *j)
+{
+	if (j->pooled) {
+		pthread_mutex_lock(&s->wjob_lock);
+		if (s->wjob_nfree < WJOB_POOL_MAX) {
+			j->next_free = s->wjob_free;
+			s->wjob_free = j;
+			s->wjob_nfree++;
+			j = NULL;
+		}
+		pthread_mutex_unlock(&s->wjob_lock);
+	}
+	free(j);
+}
 
 /* The write is over (rc): every lock let go, the client answered, job freed. */
 static void wjob_finish(struct wjob *j, int rc)
@@ -899,10 +977,11 @@ static void wjob_finish(struct wjob *j, int rc)
 	stk_metrics_ops_client(s->rpc_metrics, j->peer, j->req_bytes,
 			       STK_FRAME_HDR_LEN + (rc ? 0 : (uint64_t)w.len));
 	stk_rpc_pending_answer(j->p, rc, out, rc ? 0 : w.len);
-	free(j->msg);
+	if (j->msg_owned)
+		free(j->msg);
 	free(j->whole);
 	free(j->whole_crcs);
-	free(j);
+	wjob_put(s, j);
 }
 
 static void wjob_forwarded(struct stk_lcall *call, int rc);
@@ -915,8 +994,21 @@ static void wjob_send(struct wjob *j, const struct stk_msg_stor_write_req *m, co
 	size_t len;
 	int rc;
 
-	free(j->msg);
-	j->msg = write_msg(m, crcs, &len);
+	if (j->msg_owned)
+		free(j->msg);
+	j->msg = NULL;
+	j->msg_owned = 0;
+	if (j->pooled && m->ncrcs <= WJOB_CRCS) {
+		size_t cap;
+		uint8_t *b = wjob_msgbuf(j, &cap);
+
+		if (write_msg_enc(m, crcs, b, cap, &len) == 0)
+			j->msg = b;
+	}
+	if (!j->msg) {
+		j->msg = write_msg(m, crcs, &len);
+		j->msg_owned = 1;
+	}
 	if (!j->msg) {
 		wjob_finish(j, -ENOMEM);
 		return;
@@ -1065,7 +1157,7 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 			 const struct stk_msg_stor_write_req *rq, const struct hop *h,
 			 const uint32_t *crcs)
 {
-	struct wjob *j = calloc(1, sizeof(*j) + 4 * (size_t)rq->ncrcs);
+	struct wjob *j = wjob_get(s, rq->ncrcs);
 
 	if (!j)
 		return -ENOMEM;
@@ -1085,7 +1177,7 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 	ino_share(ino_lock(s, rq->ino));
 	if (inode_unsettled(s, h->cs, rq->ino)) {
 		ino_unshare(ino_lock(s, rq->ino));
-		free(j);
+		wjob_put(s, j);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
 	}
 	j->p = stk_rpc_pending_take(resp);
@@ -3225,6 +3317,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	pthread_cond_init(&s->repair_cv, NULL);
 	pthread_mutex_init(&s->settle_lock, NULL);
 	pthread_cond_init(&s->settle_cv, NULL);
+	pthread_mutex_init(&s->wjob_lock, NULL);
 	rc = stk_mkdir_p(opts->data_dir, 0755);
 	if (rc) {
 		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
@@ -3314,6 +3407,13 @@ out:
 		pthread_mutex_destroy(&s->settle_lock);
 		pthread_cond_destroy(&s->settle_cv);
 		free(s->unsettled);
+		while (s->wjob_free) {
+			struct wjob *j = s->wjob_free;
+
+			s->wjob_free = j->next_free;
+			free(j);
+		}
+		pthread_mutex_destroy(&s->wjob_lock);
 		free(s->repairq);
 		stk_callwatch_destroy(s->watch); /* before the agent it asks */
 		stk_storage_metrics_destroy(s->metrics);
