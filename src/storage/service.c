@@ -528,17 +528,15 @@ static void unsettled_note(struct storage *s, struct stk_chunk_store *cs, uint32
 
 	pthread_mutex_lock(&s->settle_lock);
 	if (unsettled_find(s, cs, ino, idx) < 0 && s->nunsettled < UNSETTLED_MAX) {
-		struct unsettled *u = &s->unsettled[s->nunsettled];
-
-		u->cs = cs;
-		u->chain_id = chain_id;
-		u->ino = ino;
-		u->idx = idx;
-		u->chunk_size = chunk_size;
+		s->unsettled[s->nunsettled] = (struct unsettled){.cs = cs,
+								 .chain_id = chain_id,
+								 .ino = ino,
+								 .idx = idx,
+								 .chunk_size = chunk_size};
 		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
 		pending_begin(s, ino, idx);
-		added =
-		    1; /* settle_main looks within SETTLE_MS: its writer may send it again first */
+		/* settle_main looks within SETTLE_MS: its writer may send it again first */
+		added = 1;
 	} else if (s->nunsettled >= UNSETTLED_MAX && !s->unsettled_full_logged) {
 		s->unsettled_full_logged = 1;
 		stk_error("%u changes wait for their successors: chunk %llx/%u is not kept pending "
@@ -886,13 +884,13 @@ struct wjob {
 	uint32_t chunk_len;
 	struct stk_chunk_lockwait wait;
 	struct stk_lcall call;
-	uint8_t *msg; /* the forward's payload: msgbuf, or malloc'd (msg_owned) */
+	uint8_t *msg; /* the forward's payload: wjob_msgbuf, or malloc'd (msg_owned) */
 	int msg_owned;
 	void *whole; /* the whole chunk, for a successor that is behind */
 	uint32_t *whole_crcs;
 	int sent_whole;
 	int went_on; /* our copy was applied and sent on: write_went_on when it ends */
-	int pooled;  /* from the pool (wjob_get): WJOB_CRCS checksums and msgbuf fit */
+	int pooled;  /* from the pool (wjob_get): WJOB_CRCS checksums and a payload fit */
 	struct wjob *next_free; /* in the pool */
 	uint8_t resp[64];
 	/* rq.ncrcs block checksums of data; pooled: WJOB_CRCS, then room for the
