@@ -492,6 +492,7 @@ struct unsettled {
 #define UNSETTLED_INODE UINT32_MAX
 
 #define SETTLE_MS 250
+#define SETTLE_FAILED_MAX 64u /* chains a settle round gives up on before it stops */
 
 /* The entry of chunk ino/idx of cs, or -1; settle_lock held. */
 static int unsettled_find(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
@@ -2638,9 +2639,10 @@ out:
  * is now, with the inode's lock shared and the chunk's lock held (as a write
  * does), or finds that no successor needs it. Our copy is kept as it is: it is
  * never undone, since a member upstream of ours may hold it too, and a client
- * that sent the change again would make it anyway.
+ * that sent the change again would make it anyway. 0 (settled, or nothing to
+ * do), or -EAGAIN: try again later.
  */
-static void settle_one(struct storage *s, const struct unsettled *u)
+static int settle_one(struct storage *s, const struct unsettled *u)
 {
 	struct stk_msg_stor_write_req m;
 	struct hop h;
@@ -2649,14 +2651,16 @@ static void settle_one(struct storage *s, const struct unsettled *u)
 	uint64_t ver;
 	size_t len;
 	long n;
-	int rc;
+	int rc, ret = 0;
 
 	ino_share(ino_lock(s, u->ino));
 	stk_chunk_lock(u->cs, u->ino, u->idx);
 	if (!unsettled_has(s, u->cs, u->ino, u->idx))
 		goto out; /* a write settled it meanwhile */
-	if (fenced(s))
-		goto out; /* we may be out of the chain: mgmtd says when it answers */
+	if (fenced(s)) {
+		ret = -EAGAIN; /* we may be out of the chain: mgmtd says when it answers */
+		goto out;
+	}
 	rc = route(s, u->chain_id, 0, 0, &h);
 	if (rc || h.cs != u->cs) {
 		/* no longer a member changes reach: nobody reads our copy as committed, and
@@ -2700,34 +2704,41 @@ static void settle_one(struct storage *s, const struct unsettled *u)
 				  STK_FRAME_BULK_SELF)
 			: -ENOMEM;
 	}
-	if (n == 0)
+	if (n == 0) {
 		unsettled_clear(s, u->cs, u->ino, u->idx, "sent whole to its successor again");
-	else
+	} else {
 		stk_debug("chunk %llx/%u: not settled yet: %s", (unsigned long long)u->ino, u->idx,
 			  strerror((int)-n));
+		ret = -EAGAIN;
+	}
 out:
 	stk_chunk_unlock(u->cs, u->ino, u->idx);
 	ino_unshare(ino_lock(s, u->ino));
 	free(msg);
 	free(data);
 	free(crcs);
+	return ret;
 }
 
 /*
  * Sends unsettled truncate or punch u of an inode again, as it was, to our
  * successor, with the inode's lock held alone, or finds that no successor needs
- * it (as settle_one does for a chunk).
+ * it (as settle_one does for a chunk). 0, or -EAGAIN: try again later.
  */
-static void settle_inode(struct storage *s, const struct unsettled *u)
+static int settle_inode(struct storage *s, const struct unsettled *u)
 {
 	uint8_t msg[128];
 	struct stk_wbuf w;
 	struct hop h;
-	int rc;
+	int rc, ret = 0;
 
 	ino_lock_alone(ino_lock(s, u->ino));
-	if (!inode_unsettled(s, u->cs, u->ino) || fenced(s))
+	if (!inode_unsettled(s, u->cs, u->ino))
 		goto out;
+	if (fenced(s)) {
+		ret = -EAGAIN;
+		goto out;
+	}
 	rc = route(s, u->chain_id, 0, 0, &h);
 	if (rc || h.cs != u->cs) {
 		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "no longer in its chain");
@@ -2759,13 +2770,16 @@ static void settle_inode(struct storage *s, const struct unsettled *u)
 	}
 	if (rc == 0)
 		rc = forward(s, h.next, u->op, msg, w.len, NULL, 0, 0);
-	if (rc == 0)
+	if (rc == 0) {
 		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "sent to its successor again");
-	else
+	} else {
 		stk_debug("inode %llx: not settled yet: %s", (unsigned long long)u->ino,
 			  strerror(-rc));
+		ret = -EAGAIN;
+	}
 out:
 	ino_unlock_alone(ino_lock(s, u->ino));
+	return ret;
 }
 
 /* Sends unsettled changes again every SETTLE_MS while there are any. */
@@ -2773,6 +2787,8 @@ static void *settle_main(void *arg)
 {
 	struct storage *s = arg;
 	struct unsettled *batch = calloc(UNSETTLED_MAX, sizeof(*batch));
+	uint32_t failed[SETTLE_FAILED_MAX];
+	unsigned nfailed;
 
 	if (!batch) {
 		stk_error("settle: out of memory; changes a successor refused wait for their "
@@ -2799,12 +2815,24 @@ static void *settle_main(void *arg)
 		n = s->nunsettled;
 		memcpy(batch, s->unsettled, n * sizeof(*batch));
 		pthread_mutex_unlock(&s->settle_lock);
+		/* A chain whose successor refused one change is not sent the others this
+		 * round: each failed forward fetches the routing table from mgmtd. */
+		nfailed = 0;
 		for (unsigned i = 0; i < n && !__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED);
-		     i++)
-			if (batch[i].idx == UNSETTLED_INODE)
-				settle_inode(s, &batch[i]);
-			else
-				settle_one(s, &batch[i]);
+		     i++) {
+			unsigned k = 0;
+
+			while (k < nfailed && failed[k] != batch[i].chain_id)
+				k++;
+			if (k < nfailed)
+				continue;
+			if ((batch[i].idx == UNSETTLED_INODE ? settle_inode(s, &batch[i])
+							     : settle_one(s, &batch[i])) == 0)
+				continue;
+			if (nfailed == SETTLE_FAILED_MAX)
+				break; /* the rest next round */
+			failed[nfailed++] = batch[i].chain_id;
+		}
 	}
 	free(batch);
 	return NULL;
