@@ -4,7 +4,7 @@
     ROUNDS=3 /usr/bin/python3 scripts/bench-forward.py [DIR]
 
 For each round, with writes forwarded from the storage nodes' event loops
-(STOKER_LOOP_WRITES=1) and from their workers (the default), in turn, a fresh
+(STOKER_LOOP_WRITES=1, the default) and from their workers (=0), in turn, a fresh
 one-machine cluster of three storage nodes and three copies of every chunk
 (`stoker up --nodes 3 --replicas 3`, short-circuit reads off), and a fixed write
 workload: one big file put whole (BIG MiB, default 256: 1 MiB chunk writes, many

@@ -12,8 +12,8 @@
  *
  * Each request runs on a worker (net.h), so a handler may block on disk; the chunk
  * store does the I/O with that thread's buffers. Reads of open chunks are served
- * on the event loops (below), and a write's forward waits for its successor on
- * the loop, not in its worker (write_on_loop).
+ * on the event loops (below), and a change's forward waits for its successor on
+ * the loop, not in its worker (write_on_loop, forward_on_loop).
  *
  * Chain replication (docs/architecture.md, "Replication"): a chain lists its
  * targets head first. A change (write, truncate, punch, sync) goes to the head,
@@ -30,7 +30,9 @@
  * a change of the chunk is on its way down, and the client reads from the tail.
  * A forward that fails (a successor gone, a chain changed) answers STALE_ROUTING:
  * the client refreshes its table and sends the change again, once mgmtd has
- * moved the lost target out of the chain.
+ * moved the lost target out of the chain. A write our copy took and our
+ * successor did not stays pending here until the successor has our copy
+ * (unsettled_note), whether or not its client sends it again.
  */
 #include "storage.h"
 
@@ -64,6 +66,7 @@
 
 #define INO_LOCKS 256u
 #define PENDING_SLOTS 4096u
+#define UNSETTLED_MAX 4096u
 
 /*
  * The lock that keeps an inode's changes in the head's order (see the top): writes
@@ -130,6 +133,19 @@ struct storage {
 	/* inodes meta said lie under a client key's subtree (subtree_ok), under sub_lock */
 	pthread_mutex_t sub_lock;
 	struct sub_ent *sub;
+	/* changes our successor never took (unsettled_note), and the thread that
+	 * sends them again (settle_main); the table under settle_lock */
+	pthread_mutex_t settle_lock;
+	pthread_cond_t settle_cv;    /* stopping */
+	struct unsettled *unsettled; /* UNSETTLED_MAX entries, nunsettled used */
+	unsigned nunsettled;
+	int unsettled_full_logged;
+	pthread_t settle_thread;
+	int settle_started;
+	/* write state kept for the next write (wjob_get), under wjob_lock */
+	pthread_mutex_t wjob_lock;
+	struct wjob *wjob_free;
+	unsigned wjob_nfree;
 };
 
 /*
@@ -183,6 +199,7 @@ static struct stk_chunk_store *local_target(struct storage *s, uint32_t target_i
 struct hop {
 	struct stk_chunk_store *cs;
 	unsigned pos; /* 0: the head */
+	uint32_t chain_ver; /* the chain's version in our table */
 	int tail; /* no successor */
 	int readable; /* the target is serving (not being synced, not offline) */
 	int read_tail; /* no member after ours serves reads (ours holds only what is acked) */
@@ -252,6 +269,7 @@ static int route_look(struct storage *s, uint32_t chain_id, int check_ver, uint3
 			if (!h->cs)
 				continue;
 			h->pos = i;
+			h->chain_ver = c->version;
 			h->tail = i + 1 == nm;
 			h->readable = m[i]->state != STK_TARGET_SYNCING;
 			h->read_tail = i >= last_readable;
@@ -444,6 +462,173 @@ static void pending_end(struct storage *s, uint64_t ino, uint32_t idx)
 	serve_pending(s, ino, idx, 0);
 }
 
+/*
+ * Unsettled changes. A member that applied a change its successor did not take
+ * (the successor refused it: fenced, or its chain version moved; or the forward
+ * failed: the successor gone, cut off, out of space) holds a copy the rest of the
+ * chain may never get: the client that sent it was told to send it again, but
+ * may not live to. So the change stays pending here (pending_begin: reads of our
+ * copy go to the tail, whose copy is the committed one) until our successor has
+ * our copy, or we are the tail ourselves, or out of the chain:
+ *   - the next change of the chunk that reaches our successor settles it (it is
+ *     forwarded even when it changes nothing here; a successor whose version is
+ *     not the one it applies to is sent the whole chunk anyway);
+ *   - else settle_main sends the whole chunk again, every SETTLE_MS, once the
+ *     chain is mended (a successor that answers; a new one; none, when we became
+ *     the tail).
+ * So no replica serves as committed a change that the tail may not hold, and
+ * copies that parted that way meet again without the writer. Each entry holds one
+ * pending mark. Noted, cleared and looked at only with the chunk's lock held, so
+ * that no write of the chunk comes between an entry and the copy it is about.
+ */
+struct unsettled {
+	struct stk_chunk_store *cs;
+	uint32_t chain_id;
+	uint64_t ino;
+	uint32_t idx; /* UNSETTLED_INODE: a truncate or punch of the inode */
+	uint32_t chunk_size;
+	/* UNSETTLED_INODE: the change, sent again as it was */
+	uint16_t op; /* STK_OP_STOR_TRUNCATE (size, chunk_size, ns) or _PUNCH (first, end) */
+	uint64_t size, ns_hi, ns_lo;
+	uint32_t first, end;
+};
+
+/*
+ * A truncate or punch is unsettled by inode (its idx is UNSETTLED_INODE), as it
+ * may have removed chunks here that our successor keeps. Until it is settled the
+ * inode takes no other change here (inode_unsettled: the change is refused with
+ * STALE_ROUTING, and its sender tries again), so that the change is sent again
+ * as the last one made to the inode: a truncate sent after a later write would
+ * cut what that write made. Its reads go to the tail (read_check). Noted,
+ * cleared and looked at with the inode's lock held (alone to note or clear).
+ */
+#define UNSETTLED_INODE UINT32_MAX
+
+#define SETTLE_MS 250
+#define SETTLE_FAILED_MAX 64u /* chains a settle round gives up on before it stops */
+
+/* The entry of chunk ino/idx of cs, or -1; settle_lock held. */
+static int unsettled_find(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	for (unsigned i = 0; i < s->nunsettled; i++)
+		if (s->unsettled[i].cs == cs && s->unsettled[i].ino == ino &&
+		    s->unsettled[i].idx == idx)
+			return (int)i;
+	return -1;
+}
+
+/* Whether a change of chunk ino/idx of cs is unsettled here (its lock held). */
+static int unsettled_has(struct storage *s, struct stk_chunk_store *cs, uint64_t ino, uint32_t idx)
+{
+	int i;
+
+	if (!__atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED))
+		return 0; /* the common case: no lock taken */
+	pthread_mutex_lock(&s->settle_lock);
+	i = unsettled_find(s, cs, ino, idx);
+	pthread_mutex_unlock(&s->settle_lock);
+	return i >= 0;
+}
+
+/*
+ * Our copy of chunk ino/idx of cs (in chain_id, chunks of chunk_size) changed and
+ * our successor did not take it (rc, its error): pending until settled. With the
+ * chunk's lock held; any thread, the loop's included (it does not block).
+ */
+static void unsettled_note(struct storage *s, struct stk_chunk_store *cs, uint32_t chain_id,
+			   uint64_t ino, uint32_t idx, uint32_t chunk_size, int rc)
+{
+	int added = 0;
+
+	pthread_mutex_lock(&s->settle_lock);
+	if (unsettled_find(s, cs, ino, idx) < 0 && s->nunsettled < UNSETTLED_MAX) {
+		s->unsettled[s->nunsettled] = (struct unsettled){.cs = cs,
+								 .chain_id = chain_id,
+								 .ino = ino,
+								 .idx = idx,
+								 .chunk_size = chunk_size};
+		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
+		pending_begin(s, ino, idx);
+		/* settle_main looks within SETTLE_MS: its writer may send it again first */
+		added = 1;
+	} else if (s->nunsettled >= UNSETTLED_MAX && !s->unsettled_full_logged) {
+		s->unsettled_full_logged = 1;
+		stk_error("%u changes wait for their successors: chunk %llx/%u is not kept pending "
+			  "until its successor has it",
+			  UNSETTLED_MAX, (unsigned long long)ino, idx);
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (added)
+		stk_info("chunk %llx/%u of chain %u: our successor did not take a change (%s); it "
+			 "stays pending until it does",
+			 (unsigned long long)ino, idx, chain_id, strerror(-rc));
+}
+
+/* Our successor has our copy of chunk ino/idx of cs (or none needs it): settled. */
+static void unsettled_clear(struct storage *s, struct stk_chunk_store *cs, uint64_t ino,
+			    uint32_t idx, const char *how)
+{
+	int i;
+
+	if (!__atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED))
+		return;
+	pthread_mutex_lock(&s->settle_lock);
+	i = unsettled_find(s, cs, ino, idx);
+	if (i >= 0) {
+		s->unsettled[i] = s->unsettled[s->nunsettled - 1];
+		__atomic_store_n(&s->nunsettled, s->nunsettled - 1, __ATOMIC_RELAXED);
+		if (s->nunsettled < UNSETTLED_MAX / 2)
+			s->unsettled_full_logged = 0;
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (i < 0)
+		return;
+	if (idx == UNSETTLED_INODE) {
+		stk_info("inode %llx: settled (%s)", (unsigned long long)ino, how);
+		return;
+	}
+	pending_end(s, ino, idx);
+	stk_info("chunk %llx/%u: settled (%s)", (unsigned long long)ino, idx, how);
+}
+
+/* Whether a truncate or punch of inode ino of cs is unsettled here (its lock held). */
+static int inode_unsettled(struct storage *s, struct stk_chunk_store *cs, uint64_t ino)
+{
+	return unsettled_has(s, cs, ino, UNSETTLED_INODE);
+}
+
+/*
+ * Our copy of inode ino took truncate or punch u (op and arguments set), which our
+ * successor did not (rc): unsettled until it does. With the inode's lock alone.
+ */
+static void inode_unsettled_note(struct storage *s, struct stk_chunk_store *cs,
+				 const struct unsettled *u, int rc)
+{
+	int added = 0;
+
+	pthread_mutex_lock(&s->settle_lock);
+	if (unsettled_find(s, cs, u->ino, UNSETTLED_INODE) < 0 && s->nunsettled < UNSETTLED_MAX) {
+		struct unsettled *e = &s->unsettled[s->nunsettled];
+
+		*e = *u;
+		e->cs = cs;
+		e->idx = UNSETTLED_INODE;
+		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
+		added = 1;
+	} else if (s->nunsettled >= UNSETTLED_MAX && !s->unsettled_full_logged) {
+		s->unsettled_full_logged = 1;
+		stk_error("%u changes wait for their successors: a %s of inode %llx is not sent "
+			  "again",
+			  UNSETTLED_MAX, stk_opcode_name(u->op), (unsigned long long)u->ino);
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (added)
+		stk_info("inode %llx of chain %u: our successor did not take a %s (%s); the inode "
+			 "takes no other change until it does",
+			 (unsigned long long)u->ino, u->chain_id, stk_opcode_name(u->op),
+			 strerror(-rc));
+}
+
 static struct ino_lock *ino_lock(struct storage *s, uint64_t ino)
 {
 	return &s->ino_locks[(ino * 0x9E3779B97F4A7C15ull) >> 56];
@@ -553,31 +738,64 @@ struct fwd_write {
 	const void *data;
 };
 
-/* Encodes a STOR_WRITE of m (and len bytes at data's checksums) into a new buffer. */
-static uint8_t *write_msg(const struct stk_msg_stor_write_req *m, const uint32_t *crcs,
-			  size_t *len)
+/* The bytes a STOR_WRITE's payload takes at most, with ncrcs checksums. */
+#define WRITE_MSG_MAX(ncrcs) (128 + 4 * (size_t)(ncrcs))
+
+/* Encodes a STOR_WRITE of m (and its checksums crcs) into b (cap bytes). 0 or -EMSGSIZE. */
+static int write_msg_enc(const struct stk_msg_stor_write_req *m, const uint32_t *crcs, uint8_t *b,
+			 size_t cap, size_t *len)
 {
-	size_t cap = 128 + 4 * (size_t)m->ncrcs;
-	uint8_t *b = malloc(cap);
 	struct stk_wbuf w;
 
-	if (!b)
-		return NULL;
 	stk_wbuf_init(&w, b, cap);
 	stk_msg_stor_write_req_enc(&w, m);
 	for (uint32_t i = 0; i < m->ncrcs; i++)
 		stk_put_u32(&w, crcs[i]);
 	*len = w.len;
-	return w.err ? (free(b), NULL) : b;
+	return w.err ? -EMSGSIZE : 0;
+}
+
+/* write_msg_enc into a new buffer (the caller frees it), or NULL. */
+static uint8_t *write_msg(const struct stk_msg_stor_write_req *m, const uint32_t *crcs, size_t *len)
+{
+	size_t cap = WRITE_MSG_MAX(m->ncrcs);
+	uint8_t *b = malloc(cap);
+
+	if (b && write_msg_enc(m, crcs, b, cap, len)) {
+		free(b);
+		b = NULL;
+	}
+	return b;
 }
 
 /*
- * With the chunk's lock held: sends the change just made to the successor, and
- * when its copy is another version, the whole chunk as it is now here.
+ * Whether a change of a chunk (versions old to now) goes on to our successor:
+ * when it changed our copy, or when our copy holds a change our successor has
+ * not taken (unsettled: its chunk's lock held).
  */
-static int forward_write(void *ctx, const struct stk_chunk_wver *v)
+static int write_goes_on(struct storage *s, const struct hop *h, uint64_t ino, uint32_t idx,
+			 uint64_t old, uint64_t now)
 {
-	struct fwd_write *f = ctx;
+	return !h->tail && (now != old || unsettled_has(s, h->cs, ino, idx));
+}
+
+/*
+ * What the change our successor was sent came to (its lock still held): taken
+ * (rc 0), our copy and its are alike again; else, ours holds what its may never
+ * get, which stays pending until it does (unsettled_note).
+ */
+static void write_went_on(struct storage *s, const struct hop *h,
+			  const struct stk_msg_stor_write_req *rq, int rc)
+{
+	if (rc == 0)
+		unsettled_clear(s, h->cs, rq->ino, rq->chunk_idx, "a later change reached it");
+	else
+		unsettled_note(s, h->cs, rq->chain_id, rq->ino, rq->chunk_idx, rq->chunk_size, rc);
+}
+
+/* forward_write's part: the change to the successor, and the whole chunk if it is behind. */
+static int forward_write_to(struct fwd_write *f, const struct stk_chunk_wver *v)
+{
 	struct stk_msg_stor_write_req m = f->rq;
 	uint8_t *msg, *whole = NULL;
 	uint32_t *crcs = NULL;
@@ -587,9 +805,8 @@ static int forward_write(void *ctx, const struct stk_chunk_wver *v)
 	long n;
 	int rc;
 
-	if (f->h->tail || v->now == v->old)
-		return 0; /* nothing to forward, or nothing changed */
-	m.base_ver = v->old;
+	/* a whole chunk replaces any version: the successor takes it as it is */
+	m.base_ver = (m.flags & STK_WRITE_FULL) ? UINT64_MAX : v->old;
 	m.set_ver = v->now;
 	msg = write_msg(&m, tls_crcs, &len);
 	if (!msg)
@@ -632,12 +849,28 @@ static int forward_write(void *ctx, const struct stk_chunk_wver *v)
 	return (int)n;
 }
 
+/*
+ * With the chunk's lock held: sends the change just made to the successor, and
+ * when its copy is another version, the whole chunk as it is now here.
+ */
+static int forward_write(void *ctx, const struct stk_chunk_wver *v)
+{
+	struct fwd_write *f = ctx;
+	int rc;
+
+	if (!write_goes_on(f->s, f->h, f->rq.ino, f->rq.chunk_idx, v->old, v->now))
+		return 0; /* nothing to forward, or nothing changed */
+	rc = forward_write_to(f, v);
+	write_went_on(f->s, f->h, &f->rq, rc);
+	return rc;
+}
+
 /* ---- writes forwarded from the event loop ---- */
 
 /*
- * A write whose forward waits on the loop (STOKER_LOOP_WRITES=1, off by default): a
- * worker applies it to our copy with the chunk's lock held, hands the forward to
- * the loop client of the loop that owns the client's connection (net.h,
+ * A write whose forward waits on the loop (the default; STOKER_LOOP_WRITES=0 turns
+ * it off): a worker applies it to our copy with the chunk's lock held, hands the
+ * forward to the loop client of the loop that owns the client's connection (net.h,
  * stk_lclient) and is free; the successor's answer, on that loop, releases the
  * chunk's lock, the pending mark and the inode's share, and answers the client.
  * A write that finds the chunk's lock taken waits in its queue (chunk.h) and is
@@ -665,13 +898,76 @@ struct wjob {
 	uint32_t chunk_len;
 	struct stk_chunk_lockwait wait;
 	struct stk_lcall call;
-	uint8_t *msg; /* the forward's payload */
+	uint8_t *msg; /* the forward's payload: wjob_msgbuf, or malloc'd (msg_owned) */
+	int msg_owned;
 	void *whole; /* the whole chunk, for a successor that is behind */
 	uint32_t *whole_crcs;
 	int sent_whole;
+	int went_on; /* our copy was applied and sent on: write_went_on when it ends */
+	int pooled;  /* from the pool (wjob_get): WJOB_CRCS checksums and a payload fit */
+	struct wjob *next_free; /* in the pool */
 	uint8_t resp[64];
-	uint32_t crcs[]; /* rq.ncrcs block checksums of data */
+	/* rq.ncrcs block checksums of data; pooled: WJOB_CRCS, then room for the
+	 * forward's payload (wjob_msgbuf) */
+	uint32_t crcs[];
 };
+
+/*
+ * Write state comes from a pool (the design's rule: no allocation per I/O): jobs
+ * of a write of at most WJOB_CRCS blocks (1 MiB, the default chunk), with room for
+ * their forward's payload, are kept for the next write once done, up to
+ * WJOB_POOL_MAX a node; a bigger write's job is allocated and freed. A job is taken
+ * on a worker and let go on a loop or a worker: the pool is under a mutex, held
+ * for a push or a pop.
+ */
+#define WJOB_CRCS 256u
+#define WJOB_POOL_MAX 512u
+#define WJOB_POOLED_SIZE (sizeof(struct wjob) + 4 * (size_t)WJOB_CRCS + WRITE_MSG_MAX(WJOB_CRCS))
+
+/* The payload room of a pooled job: the bytes after its checksums. */
+static uint8_t *wjob_msgbuf(struct wjob *j, size_t *cap)
+{
+	*cap = WRITE_MSG_MAX(WJOB_CRCS);
+	return (uint8_t *)&j->crcs[WJOB_CRCS];
+}
+
+/* A zeroed job for a write of ncrcs blocks, or NULL. */
+static struct wjob *wjob_get(struct storage *s, uint32_t ncrcs)
+{
+	struct wjob *j = NULL;
+
+	if (ncrcs > WJOB_CRCS)
+		return calloc(1, sizeof(*j) + 4 * (size_t)ncrcs);
+	pthread_mutex_lock(&s->wjob_lock);
+	j = s->wjob_free;
+	if (j) {
+		s->wjob_free = j->next_free;
+		s->wjob_nfree--;
+	}
+	pthread_mutex_unlock(&s->wjob_lock);
+	if (j)
+		memset(j, 0, sizeof(*j));
+	else
+		j = calloc(1, WJOB_POOLED_SIZE);
+	if (j)
+		j->pooled = 1;
+	return j;
+}
+
+static void wjob_put(struct storage *s, struct wjob *j)
+{
+	if (j->pooled) {
+		pthread_mutex_lock(&s->wjob_lock);
+		if (s->wjob_nfree < WJOB_POOL_MAX) {
+			j->next_free = s->wjob_free;
+			s->wjob_free = j;
+			s->wjob_nfree++;
+			j = NULL;
+		}
+		pthread_mutex_unlock(&s->wjob_lock);
+	}
+	free(j);
+}
 
 /* The write is over (rc): every lock let go, the client answered, job freed. */
 static void wjob_finish(struct wjob *j, int rc)
@@ -682,6 +978,8 @@ static void wjob_finish(struct wjob *j, int rc)
 	struct stk_wbuf w;
 
 	stk_storage_metrics_end(s->metrics, j->h.cs, STK_TARGET_WRITE, j->t0, rc, j->rq.length);
+	if (j->went_on)
+		write_went_on(s, &j->h, &j->rq, rc);
 	stk_chunk_unlock(j->h.cs, j->rq.ino, j->rq.chunk_idx);
 	pending_end(s, j->rq.ino, j->rq.chunk_idx);
 	ino_unshare(ino_lock(s, j->rq.ino));
@@ -691,10 +989,11 @@ static void wjob_finish(struct wjob *j, int rc)
 	stk_metrics_ops_client(s->rpc_metrics, j->peer, j->req_bytes,
 			       STK_FRAME_HDR_LEN + (rc ? 0 : (uint64_t)w.len));
 	stk_rpc_pending_answer(j->p, rc, out, rc ? 0 : w.len);
-	free(j->msg);
+	if (j->msg_owned)
+		free(j->msg);
 	free(j->whole);
 	free(j->whole_crcs);
-	free(j);
+	wjob_put(s, j);
 }
 
 static void wjob_forwarded(struct stk_lcall *call, int rc);
@@ -707,8 +1006,21 @@ static void wjob_send(struct wjob *j, const struct stk_msg_stor_write_req *m, co
 	size_t len;
 	int rc;
 
-	free(j->msg);
-	j->msg = write_msg(m, crcs, &len);
+	if (j->msg_owned)
+		free(j->msg);
+	j->msg = NULL;
+	j->msg_owned = 0;
+	if (j->pooled && m->ncrcs <= WJOB_CRCS) {
+		size_t cap;
+		uint8_t *b = wjob_msgbuf(j, &cap);
+
+		if (write_msg_enc(m, crcs, b, cap, &len) == 0)
+			j->msg = b;
+	}
+	if (!j->msg) {
+		j->msg = write_msg(m, crcs, &len);
+		j->msg_owned = 1;
+	}
 	if (!j->msg) {
 		wjob_finish(j, -ENOMEM);
 		return;
@@ -819,12 +1131,14 @@ static void wjob_apply(struct wjob *j)
 	rc = stk_chunk_write_locked(j->h.cs, m.ino, m.chunk_idx, m.chunk_size, m.offset, j->data,
 				    m.length, j->crcs, m.flags & STK_WRITE_SYNC, &j->v,
 				    &j->chunk_len);
-	if (rc || j->v.now == j->v.old) {
+	if (rc || !write_goes_on(j->s, &j->h, m.ino, m.chunk_idx, j->v.old, j->v.now)) {
 		wjob_finish(j, rc); /* failed, or nothing changed: nothing to forward */
 		return;
 	}
-	m.base_ver = j->v.old;
+	/* a whole chunk replaces any version: the successor takes it as it is */
+	m.base_ver = (m.flags & STK_WRITE_FULL) ? UINT64_MAX : j->v.old;
 	m.set_ver = j->v.now;
+	j->went_on = 1;
 	wjob_send(j, &m, j->crcs, j->data);
 }
 
@@ -848,14 +1162,14 @@ static void wjob_granted(struct stk_chunk_lockwait *w)
 
 /*
  * handle_write's way for a write that goes on down the chain, once checked and
- * routed (crcs: its checksums): STK_RPC_PENDING (answered later), or -ENOMEM
- * before anything was taken.
+ * routed (crcs: its checksums): STK_RPC_PENDING (answered later), or -ENOMEM or
+ * -ESTALE (an unsettled truncate or punch of the inode) before anything was taken.
  */
 static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
 			 const struct stk_msg_stor_write_req *rq, const struct hop *h,
 			 const uint32_t *crcs)
 {
-	struct wjob *j = calloc(1, sizeof(*j) + 4 * (size_t)rq->ncrcs);
+	struct wjob *j = wjob_get(s, rq->ncrcs);
 
 	if (!j)
 		return -ENOMEM;
@@ -872,8 +1186,13 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 	j->v.floor = (uint64_t)rq->chain_ver << 32;
 	j->v.full = (rq->flags & STK_WRITE_FULL) != 0;
 	j->wait.granted = wjob_granted;
-	j->p = stk_rpc_pending_take(resp);
 	ino_share(ino_lock(s, rq->ino));
+	if (inode_unsettled(s, h->cs, rq->ino)) {
+		ino_unshare(ino_lock(s, rq->ino));
+		wjob_put(s, j);
+		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
+	}
+	j->p = stk_rpc_pending_take(resp);
 	pending_begin(s, rq->ino, rq->chunk_idx);
 	j->t0 = stk_storage_metrics_begin(s->metrics, h->cs);
 	if (stk_chunk_lock_async(h->cs, rq->ino, rq->chunk_idx, &j->wait) == 0)
@@ -937,6 +1256,10 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	v.floor = (uint64_t)rq.chain_ver << 32;
 	v.full = (rq.flags & STK_WRITE_FULL) != 0;
 	ino_share(ino_lock(s, rq.ino));
+	if (!h.tail && inode_unsettled(s, cs, rq.ino)) {
+		ino_unshare(ino_lock(s, rq.ino));
+		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
+	}
 	pending_begin(s, rq.ino, rq.chunk_idx);
 	t0 = stk_storage_metrics_begin(s->metrics, cs);
 	rc = stk_chunk_write_ver(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
@@ -960,6 +1283,8 @@ static int read_check(struct storage *s, const struct hop *h, uint64_t ino, uint
 	if (!h->readable)
 		return -ESTALE;
 	if (!h->read_tail && __atomic_load_n(pending_slot(s, ino, idx), __ATOMIC_RELAXED))
+		return -EINPROGRESS;
+	if (!h->read_tail && inode_unsettled(s, h->cs, ino))
 		return -EINPROGRESS;
 	return 0;
 }
@@ -1060,7 +1385,153 @@ static int forward_same(struct storage *s, const struct hop *h, const struct stk
 	return forward(s, h->next, req->hdr.opcode, req->payload.p, req->payload.len, NULL, 0, 0);
 }
 
-static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
+/*
+ * A truncate, punch or sync whose forward waits on the loop, as a write's does
+ * (write_on_loop; off with STOKER_LOOP_WRITES=0): applied here on its worker, with
+ * the inode's lock held alone (every inode's for STOR_TRUNCATES), then sent as it
+ * came to our successor by the loop client of the loop that owns the client's
+ * connection, and the worker goes on. The successor's answer, on that loop, lets
+ * the locks go and answers the client; a failed forward goes back to a worker for
+ * the routing refresh (as forward() does) and answers STALE_ROUTING.
+ */
+enum { OJOB_NO_LOCK, OJOB_INO_LOCK, OJOB_ALL_LOCKS };
+
+struct ojob {
+	struct storage *s;
+	struct stk_rpc_pending *p;
+	int locks;    /* OJOB_*: what ojob_finish lets go */
+	uint64_t ino; /* OJOB_INO_LOCK: whose */
+	int first; /* STOR_TRUNCATES: the first inode's error here, answered if the forward works */
+	const char *peer;
+	uint64_t req_bytes;
+	struct stk_lcall call;
+	uint8_t resp[64];
+	struct stk_chunk_store *cs;
+	unsigned nnotes;
+	struct unsettled notes[]; /* the changes made here, unsettled if the forward fails */
+};
+
+/* Changes our copy took and our successor did not (rc): unsettled (inode_unsettled_note). */
+static void notes_note(struct storage *s, struct stk_chunk_store *cs, const struct unsettled *u,
+		       unsigned n, int rc)
+{
+	for (unsigned i = 0; i < n; i++)
+		inode_unsettled_note(s, cs, &u[i], rc);
+}
+
+/* The change is over (rc): its locks let go, the client answered, job freed. */
+static void ojob_finish(struct ojob *j, int rc)
+{
+	struct storage *s = j->s;
+
+	if (rc)
+		notes_note(s, j->cs, j->notes, j->nnotes, rc); /* before the locks go */
+	if (j->locks == OJOB_INO_LOCK)
+		ino_unlock_alone(ino_lock(s, j->ino));
+	else if (j->locks == OJOB_ALL_LOCKS)
+		for (unsigned i = INO_LOCKS; i-- > 0;)
+			ino_unlock_alone(&s->ino_locks[i]);
+	if (rc == 0)
+		rc = j->first;
+	stk_metrics_ops_client(s->rpc_metrics, j->peer, j->req_bytes, STK_FRAME_HDR_LEN);
+	stk_rpc_pending_answer(j->p, rc, NULL, 0);
+	free(j);
+}
+
+/* On a worker: the forward failed; our table is fetched again before the client hears. */
+static void ojob_failed(struct stk_rpc_pending *p, void *arg, int rc)
+{
+	struct ojob *j = arg;
+
+	if (rc == 0)
+		stk_agent_routing_refresh(j->s->agent);
+	ojob_finish(j, -ESTALE);
+}
+
+/* On the loop: the successor answered (rc 0) or the call failed. */
+static void ojob_forwarded(struct stk_lcall *call, int rc)
+{
+	struct ojob *j = call->ctx;
+
+	if (rc == 0)
+		rc = stk_status_to_errno(call->status);
+	if (rc == 0 || (rc < 0 && call->status && rc != -ESTALE)) {
+		ojob_finish(j, rc);
+		return;
+	}
+	stk_warn("forwarding %s to %s failed: %s; the chain must change before it goes on",
+		 stk_opcode_name(call->opcode), call->addr, strerror(-rc));
+	stk_rpc_pending_defer(j->p, ojob_failed, j);
+}
+
+/*
+ * Whether a change applied here on a worker may wait for its successor on the
+ * loop: not at the tail, and the request's connection is on a loop with a client.
+ */
+static int change_on_loop(struct storage *s, const struct hop *h, struct stk_rpc_resp *resp)
+{
+	return s->loop_writes && !h->tail && stk_rpc_resp_loop(resp);
+}
+
+/*
+ * Sends req as it came to our successor from the loop, once applied here (first:
+ * STOR_TRUNCATES' first error here; notes, nnotes: the changes it made, as
+ * unsettled entries), with locks (OJOB_*, of inode ino) still held:
+ * STK_RPC_PENDING, the request answered later; or, when no job can be made, the
+ * forward done here on the worker (locks let go) and its answer.
+ */
+static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rpc_req *req,
+			   struct stk_rpc_resp *resp, int locks, uint64_t ino, int first,
+			   const struct unsettled *notes, unsigned nnotes)
+{
+	struct ojob *j = calloc(1, sizeof(*j) + nnotes * sizeof(*notes));
+	struct storage_loop *sl;
+	int rc;
+
+	if (!j) {
+		rc = forward_same(s, h, req);
+		if (rc)
+			notes_note(s, h->cs, notes, nnotes, rc);
+		if (locks == OJOB_INO_LOCK)
+			ino_unlock_alone(ino_lock(s, ino));
+		else if (locks == OJOB_ALL_LOCKS)
+			for (unsigned i = INO_LOCKS; i-- > 0;)
+				ino_unlock_alone(&s->ino_locks[i]);
+		return rc ? rc : first;
+	}
+	j->s = s;
+	j->locks = locks;
+	j->ino = ino;
+	j->first = first;
+	j->cs = h->cs;
+	j->nnotes = nnotes;
+	if (nnotes)
+		memcpy(j->notes, notes, nnotes * sizeof(*notes));
+	j->peer = req->peer;
+	j->req_bytes = STK_FRAME_HDR_LEN + (uint64_t)req->hdr.payload_len + req->bulk_len;
+	j->call.opcode = req->hdr.opcode;
+	/* the payload stays as it is until the request is answered (net.h) */
+	j->call.req = req->payload.p;
+	j->call.req_len = req->payload.len;
+	j->call.resp = j->resp;
+	j->call.resp_cap = sizeof(j->resp);
+	memcpy(j->call.addr, h->next, STK_ADDR_MAX);
+	j->call.done = ojob_forwarded;
+	j->call.ctx = j;
+	j->p = stk_rpc_pending_take(resp);
+	sl = stk_rpc_pending_loop(j->p);
+	rc = stk_lclient_call(loop_client(sl), &j->call);
+	if (rc) {
+		/* on the worker still: the refresh a failed forward asks for may block here */
+		stk_warn("forwarding %s to %s failed: %s; the chain must change before it goes on",
+			 stk_opcode_name(req->hdr.opcode), h->next, strerror(-rc));
+		stk_agent_routing_refresh(s->agent);
+		ojob_finish(j, -ESTALE);
+	}
+	return STK_RPC_PENDING;
+}
+
+static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_truncate_req rq;
 	struct hop h;
@@ -1075,14 +1546,31 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req)
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
+	if (inode_unsettled(s, h.cs, rq.ino)) {
+		ino_unlock_alone(ino_lock(s, rq.ino));
+		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
+	}
 	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
-	if (rc == 0)
+	if (rc == 0 && !h.tail) {
+		struct unsettled u = {.chain_id = rq.chain_id,
+				      .ino = rq.ino,
+				      .chunk_size = rq.chunk_size,
+				      .op = STK_OP_STOR_TRUNCATE,
+				      .size = rq.size,
+				      .ns_hi = rq.ns_hi,
+				      .ns_lo = rq.ns_lo};
+
+		if (change_on_loop(s, &h, resp))
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
 		rc = forward_same(s, &h, req);
+		if (rc)
+			inode_unsettled_note(s, h.cs, &u, rc);
+	}
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
 
-static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
+static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_truncates_req rq;
 	struct stk_msg_trunc_rec *recs = NULL;
@@ -1110,6 +1598,13 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 	if (rc == 0) /* every inode's lock, always in one order */
 		for (unsigned i = 0; i < INO_LOCKS; i++)
 			ino_lock_alone(&s->ino_locks[i]);
+	for (uint32_t i = 0; rc == 0 && i < rq.n; i++)
+		if (inode_unsettled(s, h.cs, recs[i].ino)) {
+			for (unsigned k = INO_LOCKS; k-- > 0;)
+				ino_unlock_alone(&s->ino_locks[k]);
+			free(recs);
+			return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
+		}
 	for (uint32_t i = 0; rc == 0 && i < rq.n; i++) {
 		int r = stk_chunk_truncate(h.cs, recs[i].ino, recs[i].size, recs[i].chunk_size);
 
@@ -1117,18 +1612,41 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req)
 			first = r;
 	}
 	if (rc == 0) {
-		int f = forward_same(s, &h, req);
+		struct unsettled *notes = h.tail || !rq.n ? NULL : calloc(rq.n, sizeof(*notes));
+		unsigned nnotes = notes ? rq.n : 0;
+		int f;
 
-		if (f)
+		for (unsigned i = 0; i < nnotes; i++) {
+			notes[i].chain_id = rq.chain_id;
+			notes[i].ino = recs[i].ino;
+			notes[i].chunk_size = recs[i].chunk_size;
+			notes[i].op = STK_OP_STOR_TRUNCATE;
+			notes[i].size = recs[i].size;
+			notes[i].ns_hi = rq.ns_hi;
+			notes[i].ns_lo = rq.ns_lo;
+		}
+		free(recs);
+		if (!h.tail && change_on_loop(s, &h, resp)) {
+			f = forward_on_loop(s, &h, req, resp, OJOB_ALL_LOCKS, 0, first, notes,
+					    nnotes);
+			free(notes);
+			return f;
+		}
+		f = forward_same(s, &h, req);
+		if (f) {
 			first = f;
+			notes_note(s, h.cs, notes, nnotes, f);
+		}
+		free(notes);
 		for (unsigned i = INO_LOCKS; i-- > 0;)
 			ino_unlock_alone(&s->ino_locks[i]);
+		return first;
 	}
 	free(recs);
-	return rc ? rc : first;
+	return rc;
 }
 
-static int handle_punch(struct storage *s, struct stk_rpc_req *req)
+static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_punch_req rq;
 	struct hop h;
@@ -1140,14 +1658,29 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req)
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
+	if (inode_unsettled(s, h.cs, rq.ino)) {
+		ino_unlock_alone(ino_lock(s, rq.ino));
+		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
+	}
 	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
-	if (rc == 0)
+	if (rc == 0 && !h.tail) {
+		struct unsettled u = {.chain_id = rq.chain_id,
+				      .ino = rq.ino,
+				      .op = STK_OP_STOR_PUNCH,
+				      .first = rq.first,
+				      .end = rq.end};
+
+		if (change_on_loop(s, &h, resp))
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
 		rc = forward_same(s, &h, req);
+		if (rc)
+			inode_unsettled_note(s, h.cs, &u, rc);
+	}
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
 
-static int handle_sync(struct storage *s, struct stk_rpc_req *req)
+static int handle_sync(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_stor_sync_req rq;
 	struct hop h;
@@ -1159,6 +1692,8 @@ static int handle_sync(struct storage *s, struct stk_rpc_req *req)
 	if (rc)
 		return rc;
 	rc = stk_chunk_store_sync(h.cs);
+	if (rc == 0 && change_on_loop(s, &h, resp))
+		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0, NULL, 0);
 	return rc ? rc : forward_same(s, &h, req);
 }
 
@@ -2422,6 +2957,212 @@ static int client_gate(struct storage *s, const struct stk_rpc_req *req, struct 
 	}
 }
 
+/* ---- settling changes a successor did not take (see unsettled_note) ---- */
+
+/*
+ * Sends our copy of unsettled chunk u whole to our successor in its chain as it
+ * is now, with the inode's lock shared and the chunk's lock held (as a write
+ * does), or finds that no successor needs it. Our copy is kept as it is: it is
+ * never undone, since a member upstream of ours may hold it too, and a client
+ * that sent the change again would make it anyway. 0 (settled, or nothing to
+ * do), or -EAGAIN: try again later.
+ */
+static int settle_one(struct storage *s, const struct unsettled *u)
+{
+	struct stk_msg_stor_write_req m;
+	struct hop h;
+	uint8_t *msg = NULL, *data = NULL;
+	uint32_t *crcs = NULL, clen;
+	uint64_t ver;
+	size_t len;
+	long n;
+	int rc, ret = 0;
+
+	ino_share(ino_lock(s, u->ino));
+	stk_chunk_lock(u->cs, u->ino, u->idx);
+	if (!unsettled_has(s, u->cs, u->ino, u->idx))
+		goto out; /* a write settled it meanwhile */
+	if (fenced(s)) {
+		ret = -EAGAIN; /* we may be out of the chain: mgmtd says when it answers */
+		goto out;
+	}
+	rc = route(s, u->chain_id, 0, 0, &h);
+	if (rc || h.cs != u->cs) {
+		/* no longer a member changes reach: nobody reads our copy as committed, and
+		 * a resync makes it the chain's when we are one again */
+		unsettled_clear(s, u->cs, u->ino, u->idx, "no longer in its chain");
+		goto out;
+	}
+	if (h.tail) {
+		unsettled_clear(s, u->cs, u->ino, u->idx, "we are its chain's tail now");
+		goto out;
+	}
+	rc = stk_chunk_version(u->cs, u->ino, u->idx, &ver, &clen);
+	if (rc == 0 && ver == 0) {
+		/* removed since (a truncate or a punch, which went down the chain itself) */
+		unsettled_clear(s, u->cs, u->ino, u->idx, "the chunk is gone");
+		goto out;
+	}
+	n = rc;
+	if (rc == 0) {
+		data = malloc(clen ? clen : 1);
+		crcs = malloc(4 * ((size_t)stk_crc_blocks(clen) + 1));
+		n = data && crcs ? stk_chunk_read(u->cs, u->ino, u->idx, 0, data, clen, crcs)
+				 : -ENOMEM;
+		if (n >= 0 && (uint32_t)n != clen)
+			n = -EIO;
+	}
+	if (n >= 0) {
+		memset(&m, 0, sizeof(m));
+		m.chain_id = u->chain_id;
+		m.chain_ver = h.chain_ver;
+		m.ino = u->ino;
+		m.chunk_idx = u->idx;
+		m.chunk_size = u->chunk_size;
+		m.length = clen;
+		m.ncrcs = stk_crc_blocks(clen);
+		m.flags = STK_WRITE_FULL;
+		m.base_ver = UINT64_MAX;
+		m.set_ver = ver;
+		msg = write_msg(&m, crcs, &len);
+		n = msg ? forward(s, h.next, STK_OP_STOR_WRITE, msg, len, data, clen,
+				  STK_FRAME_BULK_SELF)
+			: -ENOMEM;
+	}
+	if (n == 0) {
+		unsettled_clear(s, u->cs, u->ino, u->idx, "sent whole to its successor again");
+	} else {
+		stk_debug("chunk %llx/%u: not settled yet: %s", (unsigned long long)u->ino, u->idx,
+			  strerror((int)-n));
+		ret = -EAGAIN;
+	}
+out:
+	stk_chunk_unlock(u->cs, u->ino, u->idx);
+	ino_unshare(ino_lock(s, u->ino));
+	free(msg);
+	free(data);
+	free(crcs);
+	return ret;
+}
+
+/*
+ * Sends unsettled truncate or punch u of an inode again, as it was, to our
+ * successor, with the inode's lock held alone, or finds that no successor needs
+ * it (as settle_one does for a chunk). 0, or -EAGAIN: try again later.
+ */
+static int settle_inode(struct storage *s, const struct unsettled *u)
+{
+	uint8_t msg[128];
+	struct stk_wbuf w;
+	struct hop h;
+	int rc, ret = 0;
+
+	ino_lock_alone(ino_lock(s, u->ino));
+	if (!inode_unsettled(s, u->cs, u->ino))
+		goto out;
+	if (fenced(s)) {
+		ret = -EAGAIN;
+		goto out;
+	}
+	rc = route(s, u->chain_id, 0, 0, &h);
+	if (rc || h.cs != u->cs) {
+		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "no longer in its chain");
+		goto out;
+	}
+	if (h.tail) {
+		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "we are its chain's tail now");
+		goto out;
+	}
+	stk_wbuf_init(&w, msg, sizeof(msg));
+	if (u->op == STK_OP_STOR_TRUNCATE) {
+		struct stk_msg_stor_truncate_req m = {.chain_id = u->chain_id,
+						      .chain_ver = h.chain_ver,
+						      .ino = u->ino,
+						      .size = u->size,
+						      .chunk_size = u->chunk_size,
+						      .ns_hi = u->ns_hi,
+						      .ns_lo = u->ns_lo};
+
+		rc = stk_msg_stor_truncate_req_enc(&w, &m);
+	} else {
+		struct stk_msg_stor_punch_req m = {.chain_id = u->chain_id,
+						   .chain_ver = h.chain_ver,
+						   .ino = u->ino,
+						   .first = u->first,
+						   .end = u->end};
+
+		rc = stk_msg_stor_punch_req_enc(&w, &m);
+	}
+	if (rc == 0)
+		rc = forward(s, h.next, u->op, msg, w.len, NULL, 0, 0);
+	if (rc == 0) {
+		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "sent to its successor again");
+	} else {
+		stk_debug("inode %llx: not settled yet: %s", (unsigned long long)u->ino,
+			  strerror(-rc));
+		ret = -EAGAIN;
+	}
+out:
+	ino_unlock_alone(ino_lock(s, u->ino));
+	return ret;
+}
+
+/* Sends unsettled changes again every SETTLE_MS while there are any. */
+static void *settle_main(void *arg)
+{
+	struct storage *s = arg;
+	struct unsettled *batch = calloc(UNSETTLED_MAX, sizeof(*batch));
+	uint32_t failed[SETTLE_FAILED_MAX];
+	unsigned nfailed;
+
+	if (!batch) {
+		stk_error("settle: out of memory; changes a successor refused wait for their "
+			  "writers");
+		return NULL;
+	}
+	for (;;) {
+		struct timespec ts;
+		unsigned n;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += SETTLE_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_mutex_lock(&s->settle_lock);
+		if (!s->sync_stop)
+			pthread_cond_timedwait(&s->settle_cv, &s->settle_lock, &ts);
+		if (s->sync_stop) {
+			pthread_mutex_unlock(&s->settle_lock);
+			break;
+		}
+		n = s->nunsettled;
+		memcpy(batch, s->unsettled, n * sizeof(*batch));
+		pthread_mutex_unlock(&s->settle_lock);
+		/* A chain whose successor refused one change is not sent the others this
+		 * round: each failed forward fetches the routing table from mgmtd. */
+		nfailed = 0;
+		for (unsigned i = 0; i < n && !__atomic_load_n(&s->sync_stop, __ATOMIC_RELAXED);
+		     i++) {
+			unsigned k = 0;
+
+			while (k < nfailed && failed[k] != batch[i].chain_id)
+				k++;
+			if (k < nfailed)
+				continue;
+			if ((batch[i].idx == UNSETTLED_INODE ? settle_inode(s, &batch[i])
+							     : settle_one(s, &batch[i])) == 0)
+				continue;
+			if (nfailed == SETTLE_FAILED_MAX)
+				break; /* the rest next round */
+			failed[nfailed++] = batch[i].chain_id;
+		}
+	}
+	free(batch);
+	return NULL;
+}
+
 static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	int rc = req->client ? client_gate(s, req, resp) : 0;
@@ -2434,13 +3175,13 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 	case STK_OP_STOR_READ:
 		return handle_read(s, req, resp);
 	case STK_OP_STOR_TRUNCATE:
-		return handle_truncate(s, req);
+		return handle_truncate(s, req, resp);
 	case STK_OP_STOR_TRUNCATES:
-		return handle_truncates(s, req);
+		return handle_truncates(s, req, resp);
 	case STK_OP_STOR_PUNCH:
-		return handle_punch(s, req);
+		return handle_punch(s, req, resp);
 	case STK_OP_STOR_SYNC:
-		return handle_sync(s, req);
+		return handle_sync(s, req, resp);
 	case STK_OP_STOR_PREFETCH:
 		return handle_prefetch(s, req);
 	case STK_OP_STOR_SYNC_LIST:
@@ -2479,8 +3220,8 @@ static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_res
  * might block goes to the workers as before (net.h, STK_RPC_TO_WORKER): a chunk
  * not open yet (opening it reads the disk), a routing table that may need
  * fetching, reads over LOOP_READ_MAX (their checksums would hold the loop long),
- * and all writes (whose forwards come back here: write_on_loop), truncates and
- * syncs. STOKER_LOOP_READS=0 turns it off.
+ * and all writes, truncates, punches and syncs (whose forwards come back here:
+ * write_on_loop, forward_on_loop). STOKER_LOOP_READS=0 turns it off.
  *
  * Memory: LOOP_READS slots per loop of about 9 KiB each (the partial first and
  * last blocks of a read are read into the slot), made when the loop starts.
@@ -2871,6 +3612,12 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 		return -rc;
 	}
 	s->repair_started = 1;
+	rc = pthread_create(&s->settle_thread, NULL, settle_main, s);
+	if (rc) {
+		stk_error("cannot start the settle thread: %s", strerror(rc));
+		return -rc;
+	}
+	s->settle_started = 1;
 	stk_info("storage node %u serving on %s%s%s", b->node_id, stk_daemon_addr(d),
 		 maddr ? ", metrics on " : "", maddr ? maddr : "");
 	return 0;
@@ -2887,11 +3634,16 @@ static void storage_threads_stop(struct storage *s)
 	__atomic_store_n(&s->sync_stop, 1, __ATOMIC_RELAXED);
 	pthread_cond_broadcast(&s->repair_cv);
 	pthread_mutex_unlock(&s->repair_lock);
+	pthread_mutex_lock(&s->settle_lock);
+	pthread_cond_broadcast(&s->settle_cv);
+	pthread_mutex_unlock(&s->settle_lock);
+	if (s->settle_started)
+		pthread_join(s->settle_thread, NULL);
 	if (s->sync_started)
 		pthread_join(s->sync_thread, NULL);
 	if (s->repair_started)
 		pthread_join(s->repair_thread, NULL);
-	s->sync_started = s->repair_started = 0;
+	s->sync_started = s->repair_started = s->settle_started = 0;
 }
 
 static void storage_stop(void *ctx)
@@ -2926,6 +3678,9 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	}
 	pthread_mutex_init(&s->repair_lock, NULL);
 	pthread_cond_init(&s->repair_cv, NULL);
+	pthread_mutex_init(&s->settle_lock, NULL);
+	pthread_cond_init(&s->settle_cv, NULL);
+	pthread_mutex_init(&s->wjob_lock, NULL);
 	rc = stk_mkdir_p(opts->data_dir, 0755);
 	if (rc) {
 		stk_error("cannot create %s: %s", opts->data_dir, strerror(-rc));
@@ -2953,7 +3708,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	s->scrub_rate = opts->scrub_rate;
 	s->scrub_interval_s = opts->scrub_interval_s;
 	s->repairq = calloc(REPAIR_QUEUE, sizeof(*s->repairq));
-	if (!s->repairq) {
+	s->unsettled = calloc(UNSETTLED_MAX, sizeof(*s->unsettled));
+	if (!s->repairq || !s->unsettled) {
 		rc = -ENOMEM;
 		goto out;
 	}
@@ -2963,14 +3719,12 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	pthread_mutex_init(&s->sub_lock, NULL);
 	s->sub = calloc(SUB_SLOTS, sizeof(*s->sub)); /* NULL: subtree clients get ENOMEM */
 	/*
-	 * STOKER_LOOP_WRITES=1: forwards wait on the event loops. Off by default for
-	 * now: in one soak of four a chain was left with a change its head and middle
-	 * applied but its tail refused (a fenced tail, the writer killed before its
-	 * retry) when the copies were compared, which forwarding from workers did not
-	 * show in five; see docs/architecture.md.
+	 * Forwards wait on the event loops (write_on_loop) unless STOKER_LOOP_WRITES=0,
+	 * which sends them from the workers as before (to compare, or to rule the
+	 * loop path out).
 	 */
-	s->loop_writes = getenv("STOKER_LOOP_WRITES") &&
-			 strcmp(getenv("STOKER_LOOP_WRITES"), "1") == 0;
+	s->loop_writes =
+	    !(getenv("STOKER_LOOP_WRITES") && strcmp(getenv("STOKER_LOOP_WRITES"), "0") == 0);
 	rc = stk_callwatch_create(1000, node_gone, s, &s->watch);
 	if (rc)
 		goto out;
@@ -2988,7 +3742,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	/*
 	 * Chunk reads and writes block on the disk: this many run at once. A write's
 	 * forward waits on the loop (write_on_loop); a truncate's, punch's or sync's
-	 * (and a write's without STOKER_LOOP_WRITES=1) waits for its successor's reply on
+	 * (and a write's with STOKER_LOOP_WRITES=0) waits for its successor's reply on
 	 * its worker, and the successor's needs a worker of its own: were both nodes'
 	 * pools all waiting on each other (each the head of chains the other ends),
 	 * neither would go on. So the pool grows while workers wait
@@ -3015,6 +3769,16 @@ out:
 		storage_threads_stop(s);
 		pthread_mutex_destroy(&s->repair_lock);
 		pthread_cond_destroy(&s->repair_cv);
+		pthread_mutex_destroy(&s->settle_lock);
+		pthread_cond_destroy(&s->settle_cv);
+		free(s->unsettled);
+		while (s->wjob_free) {
+			struct wjob *j = s->wjob_free;
+
+			s->wjob_free = j->next_free;
+			free(j);
+		}
+		pthread_mutex_destroy(&s->wjob_lock);
 		free(s->repairq);
 		stk_callwatch_destroy(s->watch); /* before the agent it asks */
 		stk_storage_metrics_destroy(s->metrics);

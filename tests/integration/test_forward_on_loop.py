@@ -1,16 +1,17 @@
-"""A write waits for its successor in the chain on the event loop, not in a thread.
+"""A change waits for its successor in the chain on the event loop, not in a thread.
 
-Chain replication forwards every write from the head down the chain, and the head
-answers once the tail has it. With STOKER_LOOP_WRITES=1 (off by default for now)
-the storage node sends that forward from its event loop (src/net/loopclient.c) and
-its worker goes on to other requests, so a slow successor costs the node no threads. Here the chain's tail is stopped (SIGSTOP)
-for two seconds, well within mgmtd's heartbeat timeout, while 16 clients write:
-every forward waits for it. The nodes run 4 workers, and the head's and the
-middle's thread counts must not grow (io_uring's kernel workers, "iou-*", are not
-ours and are not counted). The same
-run with STOKER_LOOP_WRITES=0 (each forward waits on its worker, and the pool grows
-to stand in for waiting workers) shows the count the test tells apart. Every file
-reads back and the three copies are byte-identical either way.
+Chain replication forwards every change from the head down the chain, and the head
+answers once the tail has it. By default (STOKER_LOOP_WRITES=1, or unset) the
+storage node sends that forward from its event loop (src/net/loopclient.c), writes
+as well as truncates, punches and syncs, and its worker goes on to other requests,
+so a slow successor costs the node no threads. Here the chain's tail is stopped
+(SIGSTOP) for two seconds, well within mgmtd's heartbeat timeout, while 16 clients
+write over files that were there: every truncate and write forward waits for it.
+The nodes run 4 workers, and the head's and the middle's thread counts must not
+grow (io_uring's kernel workers, "iou-*", are not ours and are not counted). The
+same run with STOKER_LOOP_WRITES=0 (each forward waits on its worker, and the pool
+grows to stand in for waiting workers) shows the count the test tells apart. Every
+file reads back and the three copies are byte-identical either way.
 """
 import os
 import signal
@@ -46,8 +47,11 @@ def growth_while_the_tail_stops(tmp_path, loop_writes):
         def env():
             for name in ("st1", "st2", "st3"):
                 n = net.nodes[name]
-                n.argv = ["env", "STOKER_NET_WORKERS=4", "STOKER_NET_LOOPS=2",
-                          "STOKER_LOOP_WRITES=" + loop_writes] + n.argv
+                # loop_writes None: the default, whatever this process's environment says
+                switch = (["-u", "STOKER_LOOP_WRITES"] if loop_writes is None
+                          else ["STOKER_LOOP_WRITES=" + loop_writes])
+                n.argv = ["env"] + switch + ["STOKER_NET_WORKERS=4",
+                                             "STOKER_NET_LOOPS=2"] + n.argv
         targets, chains = chain_of_three(net, before_start=env)
         members = list(chains.values())[0][1]
         # which node holds each member: its target folder is under the node's
@@ -60,6 +64,9 @@ def growth_while_the_tail_stops(tmp_path, loop_writes):
         for i in range(WRITERS):
             with open(os.path.join(src, "f%d" % i), "wb") as f:
                 f.write(os.urandom(256 << 10))
+            # there before: each put below truncates it first (STOR_TRUNCATE down the
+            # chain), then writes
+            net.cli("put", "-", "/f%d" % i, input=os.urandom(64 << 10))
         time.sleep(11)  # threads a start-up or the first requests grew have left
         idle = [threads(p) for p in pids]
         peak = list(idle)
@@ -100,7 +107,7 @@ def growth_while_the_tail_stops(tmp_path, loop_writes):
 
 
 def test_a_write_waiting_for_its_successor_holds_no_thread(tmp_path):
-    grown, idle = growth_while_the_tail_stops(tmp_path / "loop", "1")
+    grown, idle = growth_while_the_tail_stops(tmp_path / "loop", None)  # the default
     assert max(grown) == 0, "threads grew by %s (idle %s) with forwards on the loop" % (
         grown, idle)
     grown0, idle0 = growth_while_the_tail_stops(tmp_path / "workers", "0")

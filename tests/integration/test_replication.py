@@ -82,13 +82,29 @@ def assert_replicas_identical(net, chains, targets, skip=()):
     for cid, (_, members, _) in chains.items():
         dirs = [targets[t][1] for t in members if t not in skip]
         files = [chunk_files(d) for d in dirs]
+        every = set.intersection(*[set(f) for f in files])
         assert all(set(f) == set(files[0]) for f in files), \
-            "chain %d: members hold different chunks: %s" % (cid, [sorted(f) for f in files])
+            "chain %d: members hold different chunks (beside those all hold): %s" % (
+                cid, [sorted(set(f) - every) for f in files])
         for rel in files[0]:
             data = [open(f[rel], "rb").read() for f in files]
             assert all(d == data[0] for d in data), "chain %d: %s differs" % (cid, rel)
             checked += 1
     return checked
+
+
+def replicas_identical_soon(net, chains, targets, timeout=20):
+    """assert_replicas_identical within timeout seconds: a change a successor did not
+    take is sent on by its predecessors themselves (settle_main in
+    src/storage/service.c) once the chain is whole, a moment later."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return assert_replicas_identical(net, chains, targets)
+        except AssertionError:
+            if time.time() > deadline:
+                raise
+        time.sleep(0.3)
 
 
 def serving_again(net, tids, timeout=60):
@@ -418,6 +434,129 @@ def test_a_node_cut_off_from_mgmtd_serves_no_stale_copy(net):
     targets, final = serving_again(net, st2)
     assert assert_replicas_identical(net, final, targets) >= 16
     assert net.cli("cat", "/s").stdout == b
+
+
+FENCE_MGMTD = ["--replicas", "3", "--heartbeat-timeout-ms", "12000"]
+
+
+def until_the_fenced_tail_refuses(net, tail, attempt):
+    """Cuts node tail off mgmtd (a blackhole route) but not from its predecessor,
+    calls attempt(i) for i = 0, 1, ... until one returns False (refused), then heals
+    it before mgmtd gives it up. The tail fences itself 9 s after the last heartbeat
+    mgmtd answered, and mgmtd gives it up after 12 s: a change between is refused by
+    the tail only. Returns the i refused, or None."""
+    mgmtd_ip = net.mgmtd_addr.split(":")[0]
+    ns = net.netns[tail]
+    run(["ip", "-n", ns, "route", "add", "blackhole", mgmtd_ip + "/32"])
+    try:
+        deadline = time.time() + 14
+        i = 0
+        while time.time() < deadline:
+            if not attempt(i):
+                return i
+            i += 1
+            time.sleep(0.1)
+        return None
+    finally:
+        run(["ip", "-n", ns, "route", "del", "blackhole", mgmtd_ip + "/32"], check=False)
+        # its heartbeat's connection, stuck in TCP's backoff, is reset: the agent
+        # connects again at once, before mgmtd's timeout
+        run(["ip", "netns", "exec", ns, "ss", "-K", "dst", mgmtd_ip], check=False)
+
+
+def settled_after_the_fence(net, cid, ver, tail, members, node_of, want):
+    """The copies meet again, the chain never changed (else the case is another), and
+    the logs of the head and the middle say they kept the change and settled it."""
+    assert "serving no replicated chain" in open(net.nodes[tail].log).read()
+    t, c = tables(net.status())
+    replicas_identical_soon(net, c, t, timeout=30)
+    t, c = tables(net.status())
+    assert c[cid][0] == ver, ("mgmtd gave the tail up: not the case under test", c)
+    assert all(s == "serving" for s, _ in t.values()), t
+    assert "OFFLINE" not in open(net.nodes["mgmtd"].log).read()
+    logs = "".join(open(net.nodes[node_of[m]].log).read() for m in members[:-1])
+    for w in want:
+        assert w in logs, (w, logs[-3000:])
+
+
+def test_a_change_its_fenced_tail_refused_is_settled(tmp_path):
+    """The tail loses mgmtd but not its predecessor, and fences itself once mgmtd
+    may have given up on it: it refuses the next write, which the head and the
+    middle have applied. The writer gives up at once (a short retry time, as a
+    writer killed before its retry would) and the tail is back in touch before
+    mgmtd's timeout, so the chain never changes and nobody sends the write again.
+    The head and the middle keep the change pending and send it on themselves once
+    the tail takes it: the three copies are identical again, and the file reads
+    back as the head holds it. Without that they parted for good."""
+    with net_cluster(tmp_path, mgmtd_args=FENCE_MGMTD) as net:
+        targets, chains = chain_of_three(net)
+        assert len(chains) == 1, chains
+        (cid, (ver, members, _)), = chains.items()
+        node_of = {t: targets[t][1].split(os.sep)[-2] for t in members}
+        tail = node_of[members[-1]]
+        net.cli("put", "-", "/before", input=os.urandom(200_000))
+        data = {}
+
+        def write(i):
+            data[i] = os.urandom(150_000)
+            return net.cli("put", "-", "/f%d" % i, input=data[i], check=False,
+                           env={"STOKER_RETRY_MS": "300"}).returncode == 0
+        failed = until_the_fenced_tail_refuses(net, tail, write)
+        assert failed is not None, "no write was refused while the tail was fenced"
+        settled_after_the_fence(net, cid, ver, tail, members, node_of,
+                                ["stays pending until it does",
+                                 "settled (sent whole to its successor again)"])
+        # the file the writer gave up on: whatever it holds, every copy says the same
+        got = net.cli("cat", "/f%d" % failed, check=False).stdout
+        assert got in (b"", data[failed]), len(got)
+        for k in range(failed):
+            assert net.cli("cat", "/f%d" % k).stdout == data[k]
+
+
+def test_a_truncate_its_fenced_tail_refused_is_settled(tmp_path):
+    """The same with a truncate (a put of nothing over a file of four chunks): the
+    head and the middle removed chunks the fenced tail keeps. They take no other
+    change of that inode until they have sent the truncate again, as it was, and
+    the tail took it: the copies are identical, the file is empty."""
+    with net_cluster(tmp_path, mgmtd_args=FENCE_MGMTD) as net:
+        targets, chains = chain_of_three(net, chunk_size="64K")
+        (cid, (ver, members, _)), = chains.items()
+        node_of = {t: targets[t][1].split(os.sep)[-2] for t in members}
+        tail = node_of[members[-1]]
+        data = os.urandom(200_000)
+        for i in range(80):
+            net.cli("put", "-", "/f%d" % i, input=data)
+
+        def cut(i):
+            return net.cli("put", "-", "/f%d" % i, input=b"", check=False,
+                           env={"STOKER_RETRY_MS": "300"}).returncode == 0
+        failed = until_the_fenced_tail_refuses(net, tail, cut)
+        assert failed is not None, "no truncate was refused while the tail was fenced"
+        settled_after_the_fence(net, cid, ver, tail, members, node_of,
+                                ["the inode takes no other change until it does",
+                                 "settled (sent to its successor again)"])
+        for k in range(80):
+            assert net.cli("cat", "/f%d" % k).stdout == (b"" if k <= failed else data), k
+
+
+def test_punches_and_truncates_reach_every_copy(net):
+    """A hole punched (stk_fallocate) and files cut by a rewrite (O_TRUNC) go down
+    the chain like writes (from the event loop: forward_on_loop): stk_check
+    special's file reads back with its hole, the cut files with their new bytes,
+    and the three copies are identical."""
+    targets, chains = chain_of_three(net)
+    for i in range(4):
+        net.cli("put", "-", "/cut%d" % i, input=os.urandom(3 << 20))
+    p = net.check("special", "/sp", check=False)
+    assert p.returncode == 0, p.stdout.decode()[-2000:] + p.stderr.decode()[-2000:]
+    small = {}
+    for i in range(4):
+        small[i] = os.urandom(5000)
+        net.cli("put", "-", "/cut%d" % i, input=small[i])
+    t, c = tables(net.status())
+    assert assert_replicas_identical(net, c, t) >= 4 + 3
+    for i in range(4):
+        assert net.cli("cat", "/cut%d" % i).stdout == small[i]
 
 
 def test_every_copy_lost_and_back_in_any_order(net):

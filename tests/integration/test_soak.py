@@ -21,7 +21,7 @@ import time
 
 from conftest import CHECK, needs_root
 from netns import net_cluster
-from test_replication import assert_replicas_identical, tables, wait_for
+from test_replication import replicas_identical_soon, tables, wait_for
 
 pytestmark = needs_root
 
@@ -113,7 +113,9 @@ def test_fault_soak(tmp_path):
 
         targets, chains = wait_for("every target serving", lambda: all_serving(net))
         time.sleep(1)  # the writer was killed mid-file: its last change is through
-        assert assert_replicas_identical(net, chains, targets) >= 6
+        # a change a successor refused (the writer killed before it sent it again)
+        # is sent on by the members that hold it, once the chain takes it
+        assert replicas_identical_soon(net, chains, targets) >= 6
         listed = b"".join(b" ".join(a[1:]) + b"\n" for a in acks)
         p = subprocess.run(net.in_client([CHECK, "verifymany", net.url]), input=listed,
                            capture_output=True, timeout=600)
