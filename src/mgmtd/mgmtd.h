@@ -54,6 +54,12 @@ struct stk_mgmtd_opts {
 	 * dashboard is served with the metrics, under /ui, only with metrics_listen.
 	 */
 	unsigned ui_interval_ms;
+	/*
+	 * --meta-replicas: copies of the metadata shard, its leader's included
+	 * (docs/meta-replication.md; 0: what the state says, 1 for a new cluster; at
+	 * most STK_MAX_REPLICAS). Taken whenever this mgmtd starts to lead.
+	 */
+	unsigned meta_replicas;
 };
 
 /*
