@@ -438,12 +438,17 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 				rc = stk_rpc_recv(conn, &rpc);
 			stk_pool_put(c->pool, conn);
 			if (rc == 0) {
-				if (resp_len)
-					*resp_len = rpc.resp_len;
-				return stk_status_to_errno(rpc.status);
+				rc = stk_status_to_errno(rpc.status);
+				/* NOT_LEADER: a replica that does not lead the shard (now):
+				 * the routing table names the one that does */
+				if (rc != -EREMCHG) {
+					if (resp_len)
+						*resp_len = rpc.resp_len;
+					return rc;
+				}
 			}
 		}
-		if (!is_transport_error(rc) || stk_now_ns() > deadline)
+		if ((!is_transport_error(rc) && rc != -EREMCHG) || stk_now_ns() > deadline)
 			break;
 		usleep(backoff_ms * 1000);
 		if (backoff_ms < 500)
@@ -451,7 +456,7 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 		stk_pool_flush(c->pool);
 		stk_client_refresh_routing(c);
 	}
-	if (is_transport_error(rc)) {
+	if (is_transport_error(rc) || rc == -EREMCHG) {
 		stk_debug("meta call %s failed: %s", stk_opcode_name(opcode), stk_strerror(rc));
 		return -EIO;
 	}

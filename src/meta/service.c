@@ -43,6 +43,7 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "leases.h"
+#include "repl.h"
 #include "session.h"
 #include "store.h"
 
@@ -59,6 +60,9 @@ struct meta {
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
+	struct stk_meta_repl *repl;	     /* the shard's replication (repl.c) */
+	uint32_t node_id;		     /* as mgmtd knows this node */
+	int sessions_started;		     /* atomic: the reaper runs (this node served) */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
 	struct quota_series *quota_series; /* collect_quotas' (one scrape at a time) */
 	size_t nquota_series;
@@ -1619,6 +1623,11 @@ out:
 	return rc;
 }
 
+static int op_repl(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	return stk_meta_repl_handle(m->repl, req, resp);
+}
+
 /*
  * Handlers by opcode; the opcodes themselves are declared once, in proto/wire.h.
  * Kept out of clang-format, which would pack two entries to a line.
@@ -1657,6 +1666,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
+	[STK_OP_META_REPL] = op_repl,
 };
 /* clang-format on */
 
@@ -1703,8 +1713,14 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 			  stk_opcode_name(opcode), req->peer);
 		return -ENOSYS;
 	}
+	/* A follower (or a leader cut off from mgmtd) serves no client: NOT_LEADER. */
+	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
+		return -EREMCHG;
 	if (!is_read(opcode)) {
 		rc = meta_ops[opcode](m, req, resp);
+		/* the store turned follower's under this request: it never reached it */
+		if (rc == -EROFS && !stk_meta_repl_serving(m->repl))
+			rc = -EREMCHG;
 		goto out;
 	}
 	/*
@@ -1736,10 +1752,25 @@ out:
 	return rc;
 }
 
+/*
+ * A request that changed the store is answered once every follower holds the
+ * change (repl.h): the reply waits, the store does not, so concurrent requests
+ * share both the commit and the round trip to the followers.
+ */
 static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
-	int rc = meta_run(ctx, req, resp);
+	struct meta *m = ctx;
+	uint64_t seq;
+	int rc, wrc;
 
+	stk_meta_store_thread_seq(1);
+	rc = meta_run(ctx, req, resp);
+	seq = stk_meta_store_thread_seq(1);
+	if (seq) {
+		wrc = stk_meta_repl_wait(m->repl, seq);
+		if (wrc && rc == 0)
+			rc = wrc; /* not acknowledged: the client asks the new leader */
+	}
 	meta_count(ctx, req, resp, rc);
 	return rc;
 }
@@ -1895,6 +1926,9 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 	ao.node_id = node_id_load(dir);
 	ao.host_id = opts->host_id;
 	stk_meta_store_ns_id(m->store, &ao.ns);
+	ao.state = stk_meta_repl_routing;
+	ao.meta_pos = stk_meta_repl_pos;
+	ao.ctx = m->repl;
 	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
 	if (rc) {
 		if (rc != -EINTR)
@@ -1902,6 +1936,7 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 				  strerror(-rc));
 		return rc;
 	}
+	m->node_id = node_id;
 	if (node_id != ao.node_id) {
 		rc = node_id_save(dir, node_id);
 		if (rc)
@@ -1963,7 +1998,43 @@ static void meta_metrics_stop(void *ctx)
 	((struct meta *)ctx)->quota_series = NULL;
 }
 
-/* Joins the cluster, then starts the session reaper and the syncer. */
+/* The session reaper, once: when this node first serves. */
+static int sessions_start(struct meta *m)
+{
+	if (__atomic_exchange_n(&m->sessions_started, 1, __ATOMIC_ACQ_REL))
+		return 0;
+	return stk_meta_sessions_start(m->sessions, m->agent);
+}
+
+static int may_reap(void *ctx)
+{
+	return stk_meta_repl_serving(((struct meta *)ctx)->repl);
+}
+
+/*
+ * This node leads the shard now (repl.h). After a failover, clients of the leader
+ * before may trust what it told them for a lease: changes wait that out, as after
+ * a restart; and the reaper starts here, on the leader only.
+ */
+static void on_promoted(void *ctx, int failover)
+{
+	struct meta *m = ctx;
+	int rc;
+
+	if (failover) {
+		stk_meta_leases_grace(m->leases);
+		stk_info("meta: leads after a failover: changes wait %u ms for what clients of "
+			 "the leader before may still trust (docs/leases.md)",
+			 STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS);
+	}
+	if (m->agent) {
+		rc = sessions_start(m);
+		if (rc)
+			stk_error("meta: cannot start the session reaper: %s", strerror(-rc));
+	}
+}
+
+/* Joins the cluster, then starts replication, the session reaper and the syncer. */
 static int meta_start(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
@@ -1972,7 +2043,12 @@ static int meta_start(void *ctx, struct stk_daemon *d)
 	rc = agent_open(m, m->opts, m->dir, stk_daemon_addr(d));
 	if (rc)
 		return rc;
-	rc = stk_meta_sessions_start(m->sessions, m->agent);
+	stk_meta_sessions_set_gate(m->sessions, may_reap, m);
+	rc = stk_meta_repl_start(m->repl, m->agent, m->node_id, m->rpc_metrics != NULL);
+	if (rc)
+		return rc;
+	if (stk_meta_repl_role(m->repl) == STK_META_ROLE_OFF)
+		rc = sessions_start(m);
 	if (rc)
 		return rc;
 	rc = -pthread_create(&m->syncer, NULL, syncer_main, m);
@@ -2022,6 +2098,8 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	rc = stk_meta_sessions_create(m.store, 0, &m.sessions);
 	if (rc == 0)
 		rc = stk_meta_leases_create(&m.leases);
+	if (rc == 0)
+		rc = stk_meta_repl_create(m.store, on_promoted, &m, &m.repl);
 	if (rc)
 		goto out;
 	/* Served before: clients cut off from the meta before may trust what it said. */
@@ -2057,8 +2135,11 @@ out:
 	 */
 	stk_meta_sessions_destroy(m.sessions);
 	stk_meta_leases_destroy(m.leases);
+	/* its threads use the agent, and the agent's hooks use it */
+	stk_meta_repl_stop(m.repl);
 	if (m.agent)
 		stk_agent_stop(m.agent);
+	stk_meta_repl_destroy(m.repl);
 	stk_meta_store_sync(m.store);
 	stk_meta_store_close(m.store);
 	stk_info("stopped");

@@ -73,6 +73,8 @@ struct stk_meta_sessions {
 	struct stk_lock_table *locks;
 	struct reap *pending;
 	size_t npending, cap_pending;
+	int (*may_reap)(void *ctx); /* set before start; NULL: always */
+	void *may_reap_ctx;
 };
 
 static const struct stk_cred root_cred;
@@ -464,6 +466,9 @@ static int reap_one(struct stk_meta_sessions *s, uint64_t ino)
 		return 0;
 	if (rc)
 		return rc;
+	/* Only a serving meta removes chunks: a follower's sessions are not the leader's. */
+	if (s->may_reap && !s->may_reap(s->may_reap_ctx))
+		return -EAGAIN;
 	if (a.nlink == 0 && S_ISREG(a.mode)) {
 		rc = remove_chunks(s, &a);
 		if (rc)
@@ -545,6 +550,12 @@ static void *reaper_main(void *arg)
 	}
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
+}
+
+void stk_meta_sessions_set_gate(struct stk_meta_sessions *s, int (*may_reap)(void *ctx), void *ctx)
+{
+	s->may_reap = may_reap;
+	s->may_reap_ctx = ctx;
 }
 
 int stk_meta_sessions_start(struct stk_meta_sessions *s, struct stk_agent *agent)
