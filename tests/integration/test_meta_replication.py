@@ -1,0 +1,302 @@
+"""Replicated metadata: `stoker up --nodes 3 --meta 3` runs three meta nodes, one
+leading the shard and two following it (docs/meta-replication.md). What must hold:
+
+- what clients make (folders, files, sizes, symlinks, xattrs) is on every
+  replica: each one in turn serves it after its leader is killed;
+- the leader killed with SIGKILL in the middle of a stream of creates costs the
+  client a pause, never an error, and every create that was acknowledged exists
+  afterwards; a follower took its place (mgmtd promoted it, with a new epoch);
+- the old leader, restarted, follows the new one and holds what it missed;
+- a follower killed and restarted catches up with what it missed;
+- `stoker status` shows each replica and its role, /metrics its role and position.
+
+Failover is made quick with a short heartbeat timeout. `stoker up` restarts a
+killed daemon at once, so to keep a leader down long enough for mgmtd to replace
+it, the test pauses the supervisor (SIGSTOP) around the kill.
+"""
+import os
+import re
+import signal
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import STOKER, pick_ports, run
+from pyhelp import stoker as stoker_pkg
+
+HB_MS = 2000
+
+
+def cmdlines():
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                yield int(pid), f.read().split(b"\0")
+        except OSError:
+            continue
+
+
+class MetaCluster:
+    def __init__(self, tmp_path):
+        self.data = str(tmp_path / "stk")
+        self.port = pick_ports()
+        self.url = "stk://127.0.0.1:%d" % self.port
+        self.metas = ["127.0.0.%d:%d" % (h, self.port + 1) for h in (2, 3, 4)]
+
+    def env(self):
+        return dict(os.environ, STOKER_CLUSTER=self.url,
+                    STOKER_KEY_FILE=os.path.join(self.data, "cluster.key"))
+
+    def up(self):
+        p = run([STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
+                 "--nodes", "3", "--meta", "3", "--targets", "1", "--mgmtd", "1",
+                 "--heartbeat-timeout-ms", str(HB_MS)], check=False, timeout=120)
+        assert p.returncode == 0, p.stderr.decode() + self.logs()
+
+    def down(self):
+        run([STOKER, "down", "--data", self.data], check=False, timeout=150)
+
+    def logs(self):
+        out = []
+        logdir = os.path.join(self.data, "log")
+        if os.path.isdir(logdir):
+            for name in sorted(os.listdir(logdir)):
+                with open(os.path.join(logdir, name), errors="replace") as f:
+                    out.append("--- %s ---\n%s" % (name, f.read()[-4000:]))
+        return "\n".join(out)
+
+    def cli(self, *args, check=True):
+        return run([STOKER] + list(args), check=check, env=self.env(), timeout=120)
+
+    def supervisor(self):
+        for pid, argv in cmdlines():
+            if len(argv) > 3 and argv[1] == b"up" and self.data.encode() in argv:
+                return pid
+        raise AssertionError("no stoker up for " + self.data)
+
+    def meta_pid(self, addr):
+        for pid, argv in cmdlines():
+            if len(argv) > 3 and argv[1] == b"meta" and addr.encode() in argv and \
+                    self.data.encode() in b" ".join(argv):
+                return pid
+        return None
+
+    def metrics(self, addr):
+        host, port = addr.split(":")
+        with urllib.request.urlopen("http://%s:%d/metrics" % (host, int(port) + 10),
+                                    timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for name in ("stoker_meta_repl_role", "stoker_meta_repl_seq"):
+            m = re.search(r"^%s (\S+)$" % name, text, re.M)
+            out[name] = int(float(m.group(1))) if m else None
+        return out
+
+    def roles(self):
+        """{meta address: (role, change)} from `stoker status`."""
+        out = {}
+        section = False
+        for line in self.cli("status").stdout.decode().splitlines():
+            if line.strip().startswith("NODE") and "ROLE" in line:
+                section = True
+                continue
+            f = line.split()
+            if section and len(f) >= 5 and f[0].isdigit():
+                out[f[3]] = (f[1], int(f[4]))
+            elif section and not line.startswith("    "):
+                section = False
+        return out
+
+    def leader(self):
+        r = self.roles()
+        leaders = [a for a, (role, _) in r.items() if role == "leader"]
+        assert len(leaders) == 1, r
+        return leaders[0]
+
+    def wait(self, what, fn, timeout=60):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                v = fn()
+            except (AssertionError, OSError):
+                v = None
+            if v:
+                return v
+            time.sleep(0.3)
+        raise AssertionError("timed out waiting for %s\n%s" % (what, self.logs()))
+
+    def in_step(self):
+        """Every replica in the shard, holding the same last change."""
+        r = self.roles()
+        roles = sorted(role for role, _ in r.values())
+        seqs = {self.metrics(a)["stoker_meta_repl_seq"] for a in self.metas}
+        return roles == ["follower", "follower", "leader"] and len(seqs) == 1
+
+    def kill_leader(self):
+        """SIGKILL the leader with the supervisor paused (no restart); returns
+        (its address, a function that lets the supervisor restart it)."""
+        lead = self.leader()
+        sup = self.supervisor()
+        os.kill(sup, signal.SIGSTOP)
+        os.kill(self.meta_pid(lead), signal.SIGKILL)
+
+        def resume():
+            os.kill(sup, signal.SIGCONT)
+        return lead, resume
+
+
+@pytest.fixture
+def mc(tmp_path):
+    c = MetaCluster(tmp_path)
+    c.up()
+    yield c
+    try:
+        os.kill(c.supervisor(), signal.SIGCONT)
+    except (AssertionError, OSError):
+        pass
+    c.down()
+
+
+def tree(client, top="/"):
+    """Everything a client sees under top: {path: (type, size, link target, xattrs)}."""
+    out = {}
+    for d, dirs, files in client.walk(top):
+        for name in dirs + files:
+            p = d.rstrip("/") + "/" + name
+            st = client.stat(p)
+            out[p] = (st.st_mode >> 12, st.st_size if name in files else 0)
+    return out
+
+
+def test_every_replica_serves_the_same_namespace(mc):
+    c = stoker_pkg.connect(mc.url)
+    try:
+        c.makedirs("/a/b/c")
+        for i in range(30):
+            c.write_file("/a/f%d" % i, b"x" * i)
+        c.write_file("/a/b/c/deep", b"deep")
+        c.remove("/a/f3")
+        c.rename("/a/f4", "/a/b/moved")
+        want = tree(c)
+    finally:
+        c.close()
+    assert "/a/b/moved" in want and "/a/f3" not in want and len(want) == 33
+    mc.wait("replicas in step", mc.in_step)
+    seen = set()
+    for _ in range(2):
+        old, resume = mc.kill_leader()
+        seen.add(old)
+        new = mc.wait("a new leader", lambda: next(
+            (a for a, (r, _) in mc.roles().items() if r == "leader" and a != old), None))
+        c = stoker_pkg.connect(mc.url)
+        try:
+            assert tree(c) == want  # all of it, from the promoted follower's store
+        finally:
+            c.close()
+        resume()
+        # the old leader, restarted by the supervisor, follows the new one
+        mc.wait("the old leader following", lambda: mc.roles().get(old, ("",))[0] == "follower")
+        mc.wait("replicas in step", mc.in_step)
+        assert mc.metrics(old)["stoker_meta_repl_role"] == 2
+        assert mc.metrics(new)["stoker_meta_repl_role"] == 1
+    seen.add(mc.leader())
+    assert len(seen) == 3  # each replica led once, and served everything
+
+
+def test_leader_killed_during_creates(mc):
+    c = stoker_pkg.connect(mc.url)
+    c.makedirs("/stream")
+    acked, errors, stop = [], [], threading.Event()
+
+    def creator():
+        i = 0
+        while not stop.is_set():
+            p = "/stream/f%05d" % i
+            try:
+                c.write_file(p, b"%d" % i)
+                acked.append(p)
+            except OSError as e:
+                errors.append((p, e))
+            i += 1
+
+    t = threading.Thread(target=creator)
+    t.start()
+    try:
+        mc.wait("some creates", lambda: len(acked) > 50)
+        before = len(acked)
+        old, resume = mc.kill_leader()
+        t0 = time.time()
+        mc.wait("creates after the failover", lambda: len(acked) > before + 50, timeout=60)
+        pause = time.time() - t0
+    finally:
+        stop.set()
+        t.join(timeout=120)
+    assert not errors, errors[:5]
+    names = set(c.listdir("/stream"))
+    missing = [p for p in acked if p.rsplit("/", 1)[1] not in names]
+    assert not missing, missing[:10]
+    for p in acked[-20:]:
+        assert c.read_file(p) == p.rsplit("f", 1)[1].lstrip("0").encode() or \
+            c.read_file(p) == b"0"
+    c.close()
+    assert pause < 60
+    # the old leader comes back as a follower and catches up
+    resume()
+    mc.wait("the old leader following", lambda: mc.roles().get(old, ("",))[0] == "follower")
+    mc.wait("replicas in step", mc.in_step)
+
+
+def test_follower_killed_catches_up(mc):
+    lead = mc.leader()
+    fol = [a for a, (r, _) in mc.roles().items() if r == "follower"][0]
+    c = stoker_pkg.connect(mc.url)
+    try:
+        c.makedirs("/f")
+        sup = mc.supervisor()
+        os.kill(sup, signal.SIGSTOP)
+        try:
+            os.kill(mc.meta_pid(fol), signal.SIGKILL)
+            # the leader waits for the dead follower until mgmtd drops it, then goes on
+            for i in range(20):
+                c.write_file("/f/while-down-%d" % i, b"y")
+            mc.wait("the follower dropped", lambda: mc.roles().get(fol, ("",))[0] != "follower")
+            for i in range(20, 40):
+                c.write_file("/f/while-down-%d" % i, b"y")
+        finally:
+            os.kill(sup, signal.SIGCONT)
+        mc.wait("the follower back", lambda: mc.roles().get(fol, ("",))[0] == "follower")
+        mc.wait("replicas in step", mc.in_step)
+        assert mc.leader() == lead
+        want = tree(c)
+    finally:
+        c.close()
+    # what it missed is on it: it serves all of it once it leads
+    old, resume = mc.kill_leader()
+    mc.wait("a new leader", lambda: mc.leader() != old)
+    c = stoker_pkg.connect(mc.url)
+    try:
+        assert tree(c) == want
+    finally:
+        c.close()
+    resume()
+
+
+def test_status_and_bad_options(mc, tmp_path):
+    out = mc.cli("status").stdout.decode()
+    assert "replicas 3" in out
+    r = mc.roles()
+    assert sorted(role for role, _ in r.values()) == ["follower", "follower", "leader"]
+    assert set(r) == set(mc.metas)
+    # bad input: a clear error, no cluster started
+    p = run([STOKER, "up", "--data", str(tmp_path / "bad"), "--nodes", "2", "--meta", "3"],
+            check=False)
+    assert p.returncode != 0 and b"--meta 3 needs at least 3 nodes" in p.stderr
+    p = run([STOKER, "up", "--data", str(tmp_path / "bad"), "--meta", "0"], check=False)
+    assert p.returncode != 0 and b"--meta must be" in p.stderr
+    p = run([STOKER, "mgmtd", "--data", str(tmp_path / "bad"), "--meta-replicas", "9"],
+            check=False)
+    assert p.returncode != 0 and b"bad --meta-replicas" in p.stderr
