@@ -4201,6 +4201,9 @@ int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_
 		st->pos_epoch = 0;
 		st->pos_seq = 0;
 		pthread_mutex_unlock(&st->repl_mu);
+		/* a half copy is no namespace: it says so until snap_done (and a restart
+		 * before then makes itself a new identity, the copy's record being gone) */
+		memset(&st->ns_id, 0, sizeof(st->ns_id));
 	}
 	return rc;
 }

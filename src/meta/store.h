@@ -71,8 +71,9 @@ struct stk_meta_store_opts {
  */
 int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out);
 /*
- * The namespace's identity (never zero): what the meta node registers with, so that
- * mgmtd gives it only the shard whose data this store holds. Any thread.
+ * The namespace's identity (never zero, but while a follower applies a copy of
+ * its leader's store): what the meta node registers with, so that mgmtd gives it
+ * only the shard whose data this store holds. Any thread.
  */
 void stk_meta_store_ns_id(const struct stk_meta_store *st, struct stk_ns_id *out);
 /* Closes the store. Every other call on it must have returned. Does not sync. */
@@ -583,7 +584,8 @@ int stk_meta_store_snap_next(struct stk_meta_snap *s, uint8_t *buf, size_t cap, 
 void stk_meta_store_snap_end(struct stk_meta_snap *s);
 /*
  * A follower: applies one part of a snapshot; `first` empties every table (and
- * the position, so that a crash before snap_done copies again) first. snap_done:
+ * the position, so that a crash before snap_done copies again) first, and the
+ * namespace identity reads as zero from then until snap_done. snap_done:
  * the copy is complete as of (epoch, seq), and the namespace identity is the
  * copy's. 0, -EBADMSG, -EPROTO or the store's -errno.
  */

@@ -130,9 +130,13 @@ static int do_register(struct stk_agent *a, int *answered)
 	n = collect_targets(a);
 	memset(&rq, 0, sizeof(rq));
 	if (a->meta_pos) {
+		struct stk_ns_id ns;
 		uint64_t e, s;
 
-		a->meta_pos(a->ctx, &a->ns, &e, &s);
+		/* zero while the store is being copied: register with the last one known */
+		a->meta_pos(a->ctx, &ns, &e, &s);
+		if (!stk_ns_id_is_zero(&ns))
+			a->ns = ns;
 	}
 	rq.node_id = a->node_id;
 	rq.role = a->role;
@@ -297,9 +301,13 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 	rq.ntargets = n;
 	stk_strlcpy(rq.host_id, a->host_id, sizeof(rq.host_id));
 	if (a->meta_pos) {
-		a->meta_pos(a->ctx, &a->ns, &rq.meta_epoch, &rq.meta_seq);
-		rq.ns_hi = a->ns.hi;
-		rq.ns_lo = a->ns.lo;
+		struct stk_ns_id ns;
+
+		a->meta_pos(a->ctx, &ns, &rq.meta_epoch, &rq.meta_seq);
+		rq.ns_hi = ns.hi;
+		rq.ns_lo = ns.lo;
+		if (!stk_ns_id_is_zero(&ns))
+			a->ns = ns;
 	}
 	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
 	stk_msg_mgmt_heartbeat_req_enc(&w, &rq);

@@ -648,8 +648,9 @@ void stk_mgmt_state_meta_report(struct stk_mgmt_state *st, uint32_t node_id,
 		return;
 	node->meta_epoch = epoch;
 	node->meta_seq = seq;
-	if (!stk_ns_id_is_zero(ns) && !stk_ns_id_eq(&node->ns, ns)) {
-		node->ns = *ns; /* a follower copied from its leader */
+	/* a follower copied from its leader; zero while it is copied: no promotion then */
+	if (!stk_ns_id_eq(&node->ns, ns)) {
+		node->ns = *ns;
 		st->dirty = 1;
 	}
 }

@@ -210,7 +210,8 @@ int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
 
 /*
  * What a meta node's heartbeat reports of its store (identity, last change):
- * kept for promotions and `stoker status`, with no routing bump. Unknown nodes
+ * kept for promotions and `stoker status`, with no routing bump. A zero identity
+ * (a follower in the middle of a copy) makes the node unfit for promotion. Unknown nodes
  * and non-meta nodes are ignored.
  */
 void stk_mgmt_state_meta_report(struct stk_mgmt_state *st, uint32_t node_id,

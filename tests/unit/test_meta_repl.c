@@ -117,6 +117,13 @@ static void copy_snapshot(struct stk_meta_store *leader, struct stk_meta_store *
 		}
 		CHECK_RC(stk_meta_store_snap_apply(f, first, buf, len), 0);
 		first = 0;
+		if (!done) {
+			struct stk_ns_id half;
+
+			/* a half copy is no namespace: unfit to lead until it is whole */
+			stk_meta_store_ns_id(f, &half);
+			CHECK(stk_ns_id_is_zero(&half));
+		}
 		if (between)
 			between();
 	}
