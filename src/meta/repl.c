@@ -71,7 +71,10 @@ struct repl {
 	int metrics;
 
 	pthread_mutex_t mu;
-	pthread_cond_t cond; /* new changes, acknowledgements, role changes */
+	/* signalled, with mu held: data_cond, new changes (senders wait); ack_cond, a
+	 * follower's acknowledgement or a role change (requests wait); mgr_cond, a new
+	 * routing table (the manager waits); each also on stop */
+	pthread_cond_t data_cond, ack_cond, mgr_cond;
 	/* the ring */
 	struct entry **ring;
 	size_t ring_cap, ring_head, ring_n, ring_bytes;
@@ -189,7 +192,7 @@ static void ring_add(struct repl *r, uint64_t epoch, uint64_t seq, const uint8_t
 		r->ring_n--;
 		free(old);
 	}
-	pthread_cond_broadcast(&r->cond);
+	pthread_cond_broadcast(&r->data_cond);
 }
 
 /* Whether a store at (epoch, seq) holds a prefix of our history that the ring continues. */
@@ -267,7 +270,7 @@ static void peer_acked(struct peer *p, uint64_t seq)
 	pthread_mutex_lock(&r->mu);
 	p->acked = seq;
 	p->in_step = 1;
-	pthread_cond_broadcast(&r->cond);
+	pthread_cond_broadcast(&r->ack_cond);
 	pthread_mutex_unlock(&r->mu);
 }
 
@@ -427,7 +430,7 @@ static void *peer_main(void *arg)
 			struct timespec ts;
 
 			deadline_ms(&ts, REPL_TICK_MS);
-			pthread_cond_timedwait(&r->cond, &r->mu, &ts);
+			pthread_cond_timedwait(&r->data_cond, &r->mu, &ts);
 		}
 		if (p->stop || r->epoch != epoch) {
 			pthread_mutex_unlock(&r->mu);
@@ -511,7 +514,7 @@ static void peers_stop(struct repl *r, struct peer **ps, unsigned n)
 	pthread_mutex_lock(&r->mu);
 	for (unsigned i = 0; i < n; i++)
 		ps[i]->stop = 1;
-	pthread_cond_broadcast(&r->cond);
+	pthread_cond_broadcast(&r->data_cond);
 	pthread_mutex_unlock(&r->mu);
 	for (unsigned i = 0; i < n; i++) {
 		pthread_join(ps[i]->th, NULL);
@@ -580,7 +583,7 @@ void stk_meta_repl_routing(void *ctx, const struct stk_routing *rt, uint64_t ali
 			r->want_nfollowers++;
 		}
 	}
-	pthread_cond_broadcast(&r->cond);
+	pthread_cond_broadcast(&r->mgr_cond);
 	pthread_mutex_unlock(&r->mu);
 }
 
@@ -666,7 +669,8 @@ static void apply_wanted(struct repl *r)
 	}
 	r->role = role;
 	r->epoch = epoch;
-	pthread_cond_broadcast(&r->cond);
+	pthread_cond_broadcast(&r->data_cond);
+	pthread_cond_broadcast(&r->ack_cond);
 	pthread_mutex_unlock(&r->mu);
 	peers_stop(r, gone, ngone);
 	if (role == STK_META_ROLE_LEADER) {
@@ -724,7 +728,7 @@ static void *manager_main(void *arg)
 			struct timespec ts;
 
 			deadline_ms(&ts, REPL_TICK_MS);
-			pthread_cond_timedwait(&r->cond, &r->mu, &ts);
+			pthread_cond_timedwait(&r->mgr_cond, &r->mu, &ts);
 		}
 		if (r->stop) {
 			pthread_mutex_unlock(&r->mu);
@@ -749,7 +753,9 @@ int stk_meta_repl_create(struct stk_meta_store *st, void (*promoted)(void *ctx, 
 	r->role = STK_META_ROLE_NONE;
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_mutex_init(&r->apply_mu, NULL);
-	cond_init(&r->cond);
+	cond_init(&r->data_cond);
+	cond_init(&r->ack_cond);
+	cond_init(&r->mgr_cond);
 	stk_meta_store_repl_pos(st, &r->base_epoch, &r->base_seq);
 	/* Serves nothing until it knows its role: the store takes no write meanwhile. */
 	stk_meta_store_repl_set(st, STK_META_REPL_FOLLOWER, 0, NULL, NULL);
@@ -796,7 +802,9 @@ void stk_meta_repl_stop(struct stk_meta_repl *rp)
 	pthread_mutex_lock(&r->mu);
 	r->stop = 1;
 	r->role = STK_META_ROLE_NONE;
-	pthread_cond_broadcast(&r->cond);
+	pthread_cond_broadcast(&r->data_cond);
+	pthread_cond_broadcast(&r->ack_cond);
+	pthread_cond_broadcast(&r->mgr_cond);
 	pthread_mutex_unlock(&r->mu);
 	if (r->manager_started)
 		pthread_join(r->manager, NULL);
@@ -821,7 +829,9 @@ void stk_meta_repl_destroy(struct stk_meta_repl *rp)
 	free(r->ring);
 	pthread_mutex_destroy(&r->mu);
 	pthread_mutex_destroy(&r->apply_mu);
-	pthread_cond_destroy(&r->cond);
+	pthread_cond_destroy(&r->data_cond);
+	pthread_cond_destroy(&r->ack_cond);
+	pthread_cond_destroy(&r->mgr_cond);
 	free(r);
 }
 
@@ -877,7 +887,7 @@ int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
 		struct timespec ts;
 
 		deadline_ms(&ts, REPL_TICK_MS);
-		pthread_cond_timedwait(&r->cond, &r->mu, &ts);
+		pthread_cond_timedwait(&r->ack_cond, &r->mu, &ts);
 	}
 	pthread_mutex_unlock(&r->mu);
 	return rc;
