@@ -83,6 +83,7 @@ struct repl {
 	int role;
 	uint64_t epoch;	      /* the shard epoch of the role in force */
 	uint64_t known_epoch; /* the newest shard epoch heard of (routing, or a leader) */
+	uint32_t known_leader; /* the leader the routing table names for known_epoch, 0 unknown */
 	uint8_t replicas;
 	struct peer *peers[STK_MAX_REPLICAS];
 	unsigned npeers;
@@ -571,8 +572,10 @@ void stk_meta_repl_routing(void *ctx, const struct stk_routing *rt, uint64_t ali
 	r->want_epoch = epoch;
 	r->want_replicas = replicas;
 	r->want_nfollowers = 0;
-	if (epoch > r->known_epoch)
+	if (epoch > r->known_epoch || (epoch == r->known_epoch && !r->known_leader)) {
 		r->known_epoch = epoch;
+		r->known_leader = sh ? sh->node_id : 0;
+	}
 	if (role == STK_META_ROLE_LEADER) {
 		for (uint8_t j = 0; j < sh->nfollowers && j < STK_MAX_REPLICAS; j++) {
 			const struct stk_rt_node *n = stk_routing_node(rt, sh->followers[j]);
@@ -938,7 +941,8 @@ int stk_meta_repl_handle(struct stk_meta_repl *rp, struct stk_rpc_req *req,
 	}
 	pthread_mutex_lock(&r->mu);
 	role = r->role;
-	if (q.epoch < r->known_epoch || (role == STK_META_ROLE_LEADER && q.epoch <= r->epoch)) {
+	if (q.epoch < r->known_epoch || (role == STK_META_ROLE_LEADER && q.epoch <= r->epoch) ||
+	    (q.epoch == r->known_epoch && r->known_leader && q.leader != r->known_leader)) {
 		pthread_mutex_unlock(&r->mu);
 		return -ESTALE; /* the sender leads no more (or never did in our eyes) */
 	}
@@ -949,7 +953,10 @@ int stk_meta_repl_handle(struct stk_meta_repl *rp, struct stk_rpc_req *req,
 			stk_agent_routing_refresh(r->agent);
 		return -EAGAIN;
 	}
-	r->known_epoch = q.epoch;
+	if (q.epoch > r->known_epoch) {
+		r->known_epoch = q.epoch; /* the routing table will say more */
+		r->known_leader = q.leader;
+	}
 	pthread_mutex_unlock(&r->mu);
 
 	pthread_mutex_lock(&r->apply_mu);
