@@ -81,8 +81,8 @@ struct repl {
 	uint64_t base_epoch, base_seq;
 	/* the role in force */
 	int role;
-	uint64_t epoch;	      /* the shard epoch of the role in force */
-	uint64_t known_epoch; /* the newest shard epoch heard of (routing, or a leader) */
+	uint64_t epoch;	       /* the shard epoch of the role in force */
+	uint64_t known_epoch;  /* the newest shard epoch heard of (routing, or a leader) */
 	uint32_t known_leader; /* the leader the routing table names for known_epoch, 0 unknown */
 	uint8_t replicas;
 	struct peer *peers[STK_MAX_REPLICAS];
@@ -470,11 +470,11 @@ static void *peer_main(void *arg)
 				 p->node_id, p->addr, epoch);
 			if (r->agent)
 				stk_agent_routing_refresh(r->agent);
-		} else if (rc != -ECONNREFUSED) {
+		} else if (rc != -ECONNREFUSED && rc != -EAGAIN) {
 			stk_debug("replication: meta node %u (%s): %s", p->node_id, p->addr,
 				  strerror(-rc));
 		}
-		if (conn && (stk_conn_broken(conn) || rc != -ESTALE)) {
+		if (conn && (stk_conn_broken(conn) || (rc != -ESTALE && rc != -EAGAIN))) {
 			stk_conn_close(conn);
 			conn = NULL;
 		}
@@ -939,23 +939,25 @@ int stk_meta_repl_handle(struct stk_meta_repl *rp, struct stk_rpc_req *req,
 		stk_warn("META_REPL from %s: malformed", req->peer);
 		return -EBADMSG;
 	}
-	pthread_mutex_lock(&r->mu);
-	role = r->role;
-	if (q.epoch < r->known_epoch || (role == STK_META_ROLE_LEADER && q.epoch <= r->epoch) ||
-	    (q.epoch == r->known_epoch && r->known_leader && q.leader != r->known_leader)) {
+	/*
+	 * Only the leader the routing table names for the newest epoch known: a newer
+	 * epoch is looked up first (never taken on the sender's word, so a stray or
+	 * hostile request cannot fence the real leader out).
+	 */
+	for (int looked = 0;; looked = 1) {
+		pthread_mutex_lock(&r->mu);
+		role = r->role;
+		if (q.epoch < r->known_epoch ||
+		    (q.epoch == r->known_epoch && q.leader != r->known_leader)) {
+			pthread_mutex_unlock(&r->mu);
+			return -ESTALE; /* the sender leads no more (or never did in our eyes) */
+		}
+		if (q.epoch == r->known_epoch && role != STK_META_ROLE_LEADER)
+			break; /* mu held */
 		pthread_mutex_unlock(&r->mu);
-		return -ESTALE; /* the sender leads no more (or never did in our eyes) */
-	}
-	if (role == STK_META_ROLE_LEADER) {
-		/* a leader of a newer epoch: this node must learn of it before taking anything */
-		pthread_mutex_unlock(&r->mu);
-		if (r->agent)
-			stk_agent_routing_refresh(r->agent);
-		return -EAGAIN;
-	}
-	if (q.epoch > r->known_epoch) {
-		r->known_epoch = q.epoch; /* the routing table will say more */
-		r->known_leader = q.leader;
+		if (looked || !r->agent)
+			return -EAGAIN; /* not (yet) in the routing table: the sender tries again */
+		stk_agent_routing_refresh(r->agent);
 	}
 	pthread_mutex_unlock(&r->mu);
 

@@ -23,7 +23,7 @@ import urllib.request
 
 import pytest
 
-from conftest import STOKER, pick_ports, run
+from conftest import CHECK, STOKER, pick_ports, run
 from pyhelp import stoker as stoker_pkg
 
 HB_MS = 2000
@@ -300,3 +300,28 @@ def test_status_and_bad_options(mc, tmp_path):
     p = run([STOKER, "mgmtd", "--data", str(tmp_path / "bad"), "--meta-replicas", "9"],
             check=False)
     assert p.returncode != 0 and b"bad --meta-replicas" in p.stderr
+
+
+def test_hostile_repl_requests(mc):
+    """META_REPL that no leader of the current epoch sent is refused by a follower
+    (malformed, a stale epoch, another leader, an epoch the routing table does not
+    know), clients get NOT_LEADER from it, and replication goes on untouched."""
+    out = mc.cli("status").stdout.decode()
+    epoch = re.search(r"replicas 3, epoch (\d+)", out).group(1)
+    fol = [a for a, (r, _) in mc.roles().items() if r == "follower"][0]
+    p = run([CHECK, "repl", fol, epoch], check=False, env=mc.env())
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    c = stoker_pkg.connect(mc.url)
+    try:
+        c.write_file("/after-hostile", b"ok")
+    finally:
+        c.close()
+    mc.wait("replicas in step", mc.in_step)
+    old, resume = mc.kill_leader()
+    mc.wait("a new leader", lambda: mc.leader() != old)
+    c = stoker_pkg.connect(mc.url)
+    try:
+        assert c.read_file("/after-hostile") == b"ok"
+    finally:
+        c.close()
+    resume()
