@@ -224,6 +224,8 @@ def test_leader_killed_during_creates(mc):
             i += 1
 
     t = threading.Thread(target=creator)
+    held = c.open("/held", "wb")  # open across the failover: its session moves with it
+    held.write(b"before ")
     t.start()
     try:
         mc.wait("some creates", lambda: len(acked) > 50)
@@ -236,6 +238,9 @@ def test_leader_killed_during_creates(mc):
         stop.set()
         t.join(timeout=120)
     assert not errors, errors[:5]
+    held.write(b"after")
+    held.close()
+    assert c.read_file("/held") == b"before after"
     names = set(c.listdir("/stream"))
     missing = [p for p in acked if p.rsplit("/", 1)[1] not in names]
     assert not missing, missing[:10]

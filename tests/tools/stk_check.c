@@ -1014,12 +1014,16 @@ static int cmd_watch(int argc, char **argv)
 /* ---- repl: hostile META_REPL ---- */
 
 /* One META_REPL with `bulk` (len bytes; claimed: what the request says it carries). */
-static int send_repl(struct stk_conn *conn, const struct stk_msg_meta_repl_req *q,
-		     const void *bulk, size_t len, struct stk_msg_meta_repl_resp *out)
+static int send_repl(struct stk_conn *conn, const struct stk_msg_meta_repl_req *q, const void *bulk,
+		     size_t len, struct stk_msg_meta_repl_resp *out)
 {
 	uint8_t req[128], resp[128];
-	struct stk_rpc rpc = {.opcode = STK_OP_META_REPL, .req = req, .resp = resp,
-			      .resp_cap = sizeof(resp), .bulk_out = bulk, .bulk_out_len = len};
+	struct stk_rpc rpc = {.opcode = STK_OP_META_REPL,
+			      .req = req,
+			      .resp = resp,
+			      .resp_cap = sizeof(resp),
+			      .bulk_out = bulk,
+			      .bulk_out_len = len};
 	struct stk_wbuf w;
 	struct stk_rbuf r;
 	int rc;
@@ -1663,7 +1667,7 @@ int main(int argc, char **argv)
 	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
 		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
 		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
-		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"repl", cmd_repl}, {"special", cmd_special},
+		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special}, {"repl", cmd_repl},
 		    {"cluster", cmd_cluster}, {"staleread", cmd_staleread},
 		    {"overwrite", cmd_overwrite},
 		    {"verifymany", cmd_verifymany}};
