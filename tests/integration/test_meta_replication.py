@@ -8,7 +8,9 @@ leading the shard and two following it (docs/meta-replication.md). What must hol
   afterwards; a follower took its place (mgmtd promoted it, with a new epoch);
 - the old leader, restarted, follows the new one and holds what it missed;
 - a follower killed and restarted catches up with what it missed;
-- `stoker status` shows each replica and its role, /metrics its role and position.
+- `stoker status` shows each replica and its role, /metrics its role and position;
+- hostile META_REPL requests are refused and change nothing;
+- through the FUSE mount, files made in a loop across a failover all reach meta.
 
 Failover is made quick with a short heartbeat timeout. `stoker up` restarts a
 killed daemon at once, so to keep a leader down long enough for mgmtd to replace
@@ -330,3 +332,55 @@ def test_hostile_repl_requests(mc):
     finally:
         c.close()
     resume()
+
+
+def test_mount_carries_on_through_failover(mc, tmp_path, monkeypatch):
+    """Through the FUSE mount: files made in a loop while the meta leader is killed;
+    no call fails, and every file whose close returned is there afterwards, through
+    the mount and through a client of its own (so meta has it, not only the mount's
+    write-behind)."""
+    from conftest import Mount, have_fuse
+    if not have_fuse():
+        pytest.skip("needs root, /dev/fuse and fusermount3")
+    monkeypatch.setenv("STOKER_KEY_FILE", os.path.join(mc.data, "cluster.key"))
+    m = Mount(mc, tmp_path / "mnt")
+    m.start()
+    try:
+        top = os.path.join(m.path, "loop")
+        os.mkdir(top)
+        made, errors, stop = [], [], threading.Event()
+
+        def loop():
+            i = 0
+            while not stop.is_set():
+                p = os.path.join(top, "f%05d" % i)
+                try:
+                    with open(p, "wb") as f:
+                        f.write(b"%d" % i)
+                    made.append("f%05d" % i)
+                except OSError as e:
+                    errors.append((p, e))
+                i += 1
+
+        t = threading.Thread(target=loop)
+        t.start()
+        try:
+            mc.wait("some files", lambda: len(made) > 30)
+            before = len(made)
+            old, resume = mc.kill_leader()
+            mc.wait("files after the failover", lambda: len(made) > before + 30, timeout=90)
+        finally:
+            stop.set()
+            t.join(timeout=120)
+        resume()
+        assert not errors, errors[:5]
+        assert set(made) <= set(os.listdir(top))
+        os.sync()
+    finally:
+        m.stop()
+    c = stoker_pkg.connect(mc.url)
+    try:
+        mc.wait("the mount's names at meta", lambda: set(made) <= set(c.listdir("/loop")),
+                timeout=30)
+    finally:
+        c.close()
