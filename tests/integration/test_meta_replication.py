@@ -1,7 +1,7 @@
 """Replicated metadata: `stoker up --nodes 3 --meta 3` runs three meta nodes, one
 leading the shard and two following it (docs/meta-replication.md). What must hold:
 
-- what clients make (folders, files, sizes, symlinks, xattrs) is on every
+- what clients make (folders, files, sizes, renames, removals, symlinks) is on every
   replica: each one in turn serves it after its leader is killed;
 - the leader killed with SIGKILL in the middle of a stream of creates costs the
   client a pause, never an error, and every create that was acknowledged exists
@@ -171,6 +171,9 @@ def tree(client, top="/"):
             p = d.rstrip("/") + "/" + name
             st = client.stat(p)
             out[p] = (st.st_mode >> 12, st.st_size if name in files else 0)
+    for p in list(out):
+        if p.endswith(".lnk"):
+            out[p] += (client.readlink(p),)
     return out
 
 
@@ -181,12 +184,14 @@ def test_every_replica_serves_the_same_namespace(mc):
         for i in range(30):
             c.write_file("/a/f%d" % i, b"x" * i)
         c.write_file("/a/b/c/deep", b"deep")
+        c.symlink("b/c/deep", "/a/deep.lnk")
         c.remove("/a/f3")
         c.rename("/a/f4", "/a/b/moved")
         want = tree(c)
     finally:
         c.close()
-    assert "/a/b/moved" in want and "/a/f3" not in want and len(want) == 33
+    assert "/a/b/moved" in want and "/a/f3" not in want and len(want) == 34
+    assert want["/a/deep.lnk"][-1] == "b/c/deep"
     mc.wait("replicas in step", mc.in_step)
     seen = set()
     for _ in range(2):
