@@ -3888,6 +3888,15 @@ int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, s
 
 /* ---- replication (store.h, "Replication") ---- */
 
+/* A thread's redo buffer goes with the thread (server workers come and go). */
+static pthread_once_t redo_once = PTHREAD_ONCE_INIT;
+static pthread_key_t redo_key;
+
+static void redo_key_make(void)
+{
+	pthread_key_create(&redo_key, free);
+}
+
 static void redo_add(MDB_txn *txn, MDB_dbi dbi, int kind, const MDB_val *k, const MDB_val *v)
 {
 	struct stk_meta_store *st = redo.st;
@@ -3906,14 +3915,17 @@ static void redo_add(MDB_txn *txn, MDB_dbi dbi, int kind, const MDB_val *k, cons
 	}
 	if (redo.len + need > redo.cap) {
 		size_t cap = STK_MAX(redo.cap * 2, redo.len + need + 4096);
-		uint8_t *b = realloc(redo.buf, cap);
+		uint8_t *b;
 
+		pthread_once(&redo_once, redo_key_make);
+		b = realloc(redo.buf, cap);
 		if (!b) {
 			redo.err = -ENOMEM;
 			return;
 		}
 		redo.buf = b;
 		redo.cap = cap;
+		pthread_setspecific(redo_key, b); /* freed when the thread exits */
 	}
 	stk_wbuf_init(&w, redo.buf + redo.len, need);
 	stk_put_u8(&w, (uint8_t)kind);

@@ -161,6 +161,10 @@ def mc(tmp_path):
     except (AssertionError, OSError):
         pass
     c.down()
+    bad = [line for line in c.logs().splitlines()
+           if "ERROR: AddressSanitizer" in line or "runtime error:" in line or
+           "ERROR: LeakSanitizer" in line]
+    assert not bad, c.logs()
 
 
 def tree(client, top="/"):
