@@ -879,7 +879,8 @@ int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
 
 		if (r->role == STK_META_ROLE_OFF)
 			break;
-		if (r->role != STK_META_ROLE_LEADER) {
+		/* replaced, or cut off from mgmtd (which may be replacing it): not acknowledged */
+		if (r->role != STK_META_ROLE_LEADER || (r->agent && stk_agent_fenced(r->agent))) {
 			rc = -EREMCHG;
 			break;
 		}
