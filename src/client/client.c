@@ -430,12 +430,22 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 				      .origin = origin};
 
 		rc = stk_client_meta_addr(c, addr);
-		if (rc == 0)
+		if (rc == 0) {
+			stk_callwatch_set_thread(c->watch); /* a new connection's handshake, too */
 			rc = stk_pool_get(c->pool, addr, &conn);
+			stk_callwatch_set_thread(NULL);
+		}
 		if (rc == 0) {
 			rc = stk_rpc_send(conn, &rpc);
-			if (rc == 0)
+			if (rc == 0) {
+				/* a meta node mgmtd gave up on (a hung leader, replaced) is not
+				 * waited for: its connection is aborted and the call goes on to
+				 * the one the routing table names now */
+				int slot = stk_callwatch_begin(c->watch, conn, addr);
+
 				rc = stk_rpc_recv(conn, &rpc);
+				stk_callwatch_end(c->watch, slot);
+			}
 			stk_pool_put(c->pool, conn);
 			if (rc == 0) {
 				rc = stk_status_to_errno(rpc.status);

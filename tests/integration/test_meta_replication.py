@@ -9,7 +9,8 @@ leading the shard and two following it (docs/meta-replication.md). What must hol
 - the old leader, restarted, follows the new one and holds what it missed;
 - a follower killed and restarted catches up with what it missed;
 - `stoker status` shows each replica and its role, /metrics its role and position;
-- hostile META_REPL requests are refused and change nothing;
+- hostile META_REPL requests are refused and change nothing; a hung leader is
+  replaced, and when it wakes it is fenced and follows;
 - through the FUSE mount, files made in a loop across a failover all reach meta.
 
 Failover is made quick with a short heartbeat timeout. `stoker up` restarts a
@@ -391,5 +392,33 @@ def test_mount_carries_on_through_failover(mc, tmp_path, monkeypatch):
     try:
         mc.wait("the mount's names at meta", lambda: set(made) <= set(c.listdir("/loop")),
                 timeout=30)
+    finally:
+        c.close()
+
+
+def test_hung_leader_is_fenced(mc):
+    """A leader that hangs (SIGSTOP) is replaced; when it wakes it serves no client
+    and takes no change (NOT_LEADER, a stale epoch refused), follows the new leader
+    and catches up, and nothing acknowledged meanwhile is lost."""
+    c = stoker_pkg.connect(mc.url)
+    try:
+        c.makedirs("/h")
+        mc.wait("replicas in step", mc.in_step)
+        lead = mc.leader()
+        pid = mc.meta_pid(lead)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for i in range(20):  # the first waits out the failover
+                c.write_file("/h/f%d" % i, b"%d" % i)
+            assert mc.leader() != lead
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        mc.wait("the old leader following", lambda: mc.roles().get(lead, ("",))[0] == "follower")
+        out = mc.cli("status").stdout.decode()
+        epoch = re.search(r"replicas 3, epoch (\d+)", out).group(1)
+        p = run([CHECK, "repl", lead, epoch], check=False, env=mc.env())
+        assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+        mc.wait("replicas in step", mc.in_step)
+        assert sorted(c.listdir("/h")) == sorted("f%d" % i for i in range(20))
     finally:
         c.close()
