@@ -703,6 +703,18 @@ static void assign_shard(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
 		set_refused(st, node, 0);
 		if (st->shard1_node == node->id)
 			return;
+		if (st->shard1_epoch && st->shard1_node) {
+			/*
+			 * The shard was replicated (--meta-replicas went back to 1): other
+			 * stores of its identity are copies, maybe behind its owner's, and
+			 * never stand in for it.
+			 */
+			stk_warn("meta node %u (%s) refused: its store is a copy of shard 1 made "
+				 "while it was replicated; shard 1 stays with meta node %u",
+				 node->id, node->addr, st->shard1_node);
+			set_refused(st, node, 1);
+			return;
+		}
 		owner = st->shard1_node ? stk_mgmt_state_node(st, st->shard1_node) : NULL;
 		if (owner && owner->state == STK_NODE_ONLINE)
 			stk_warn("meta node %u (%s) registers with shard 1's store while meta node "

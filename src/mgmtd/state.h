@@ -32,7 +32,9 @@
  * place; back, it follows again when there is room. A leader that goes OFFLINE is
  * replaced by the ONLINE follower of the shard's identity that reported the
  * highest change number; with none, it keeps the shard, as with R = 1. Only a
- * follower in the list is promoted: it holds whatever was acknowledged.
+ * follower in the list is promoted: it holds whatever was acknowledged. Once
+ * replicated (an epoch was taken), a shard whose R goes back to 1 stays with its
+ * leader: other stores of its identity are copies, and are refused.
  *
  * State file format (little-endian, written with the codec helpers):
  *   u32 magic "STKM", u32 format version (4; 1 to 3 are still read), u64 routing version,

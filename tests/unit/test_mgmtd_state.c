@@ -1182,6 +1182,11 @@ static int test_meta_replicas(void)
 			REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 30 * SEC) == 0);
 	REQUIRE(stk_mgmt_state_expire(&st, 34 * SEC, TIMEOUT) == 1);
 	REQUIRE(st.shard1_node == m3); /* kept: no follower may stand in for it */
+	/* back to one copy: a copy of the shard's identity does not take it over */
+	st.meta_replicas = 1;
+	rq = meta_req(m2, "10.0.0.2:9600", 0xA);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 40 * SEC, &m2, ids) == 0);
+	REQUIRE(st.shard1_node == m3 && stk_mgmt_state_node(&st, m2)->refused);
 	rc = 0;
 	stk_mgmt_state_free(&st);
 	return rc;
