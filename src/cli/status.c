@@ -90,7 +90,9 @@ static void print_replicas(const stk_cluster_status *st, const struct stk_cluste
 
 		if (n->role != STK_CLUSTER_ROLE_META)
 			continue;
-		role = n->id == sh->node_id ? "leader" : is_follower(sh, n->id) ? "follower" : "spare";
+		role = n->id == sh->node_id	? "leader"
+		       : is_follower(sh, n->id) ? "follower"
+						: "spare";
 		if (lead && n->id != sh->node_id)
 			snprintf(behind, sizeof(behind), "%llu",
 				 (unsigned long long)(lead->meta_seq > n->meta_seq

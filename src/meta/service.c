@@ -60,9 +60,9 @@ struct meta {
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
-	struct stk_meta_repl *repl;	     /* the shard's replication (repl.c) */
-	uint32_t node_id;		     /* as mgmtd knows this node */
-	int sessions_started;		     /* atomic: the reaper runs (this node served) */
+	struct stk_meta_repl *repl;	/* the shard's replication (repl.c) */
+	uint32_t node_id;		/* as mgmtd knows this node */
+	int sessions_started;		/* atomic: the reaper runs (this node served) */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
 	struct quota_series *quota_series; /* collect_quotas' (one scrape at a time) */
 	size_t nquota_series;
