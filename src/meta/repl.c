@@ -56,9 +56,10 @@ struct peer {
 	uint32_t node_id;
 	char addr[STK_ADDR_MAX];
 	pthread_t th;
-	int stop;	/* under r->mu */
-	uint64_t acked; /* under r->mu: the last change it holds, once in step with us */
-	int in_step;	/* under r->mu: acked is meaningful */
+	int stop;	 /* under r->mu */
+	uint64_t acked;	 /* under r->mu: the last change it holds, once in step with us */
+	int in_step;	 /* under r->mu: acked is meaningful */
+	uint64_t synced; /* under r->mu: the last of r->sync_want its store flushed for */
 	stk_metric_t lag_series;
 };
 
@@ -85,6 +86,7 @@ struct repl {
 	uint64_t known_epoch;  /* the newest shard epoch heard of (routing, or a leader) */
 	uint32_t known_leader; /* the leader the routing table names for known_epoch, 0 unknown */
 	uint8_t replicas;
+	uint64_t sync_want; /* flushes asked for (stk_meta_repl_sync), numbered */
 	struct peer *peers[STK_MAX_REPLICAS];
 	unsigned npeers;
 	/* what the routing table wants (set by the agent's hook, applied by the manager) */
@@ -377,7 +379,7 @@ static void *peer_main(void *arg)
 	struct stk_conn *conn = NULL;
 	uint8_t *buf = NULL;
 	size_t cap = 0, len;
-	uint64_t next = 0, last = 0, epoch;
+	uint64_t next = 0, last = 0, epoch, want;
 	int probe = 1, rc;
 	struct call c;
 
@@ -427,7 +429,8 @@ static void *peer_main(void *arg)
 			probe = 0;
 		}
 		pthread_mutex_lock(&r->mu);
-		while (!p->stop && ring_last_seq(r) < next && r->epoch == epoch) {
+		while (!p->stop && ring_last_seq(r) < next && p->synced >= r->sync_want &&
+		       r->epoch == epoch) {
 			struct timespec ts;
 
 			deadline_ms(&ts, REPL_TICK_MS);
@@ -442,6 +445,8 @@ static void *peer_main(void *arg)
 			probe = 1;
 			continue;
 		}
+		last = next - 1;
+		want = r->sync_want;
 		rc = log_gather(r, next, &buf, &cap, &len, &last);
 		pthread_mutex_unlock(&r->mu);
 		if (rc)
@@ -450,6 +455,7 @@ static void *peer_main(void *arg)
 		c.q.epoch = epoch;
 		c.q.leader = r->self;
 		c.q.kind = STK_REPL_LOG;
+		c.q.first = want > p->synced; /* LOG's flag: flush before answering */
 		c.data = buf;
 		c.len = len;
 		rc = repl_call(conn, &c);
@@ -458,6 +464,12 @@ static void *peer_main(void *arg)
 		if (c.p.pos_seq >= last) {
 			peer_acked(p, c.p.pos_seq);
 			next = c.p.pos_seq + 1;
+			if (c.q.first) {
+				pthread_mutex_lock(&r->mu);
+				p->synced = want;
+				pthread_cond_broadcast(&r->ack_cond);
+				pthread_mutex_unlock(&r->mu);
+			}
 		} else {
 			probe = 1; /* it holds something else than we thought */
 		}
@@ -897,6 +909,40 @@ int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
 	return rc;
 }
 
+int stk_meta_repl_sync(struct stk_meta_repl *rp)
+{
+	struct repl *r = (struct repl *)rp;
+	uint64_t my;
+	int rc = 0;
+
+	pthread_mutex_lock(&r->mu);
+	if (r->role != STK_META_ROLE_LEADER) {
+		rc = r->role == STK_META_ROLE_OFF ? 0 : -EREMCHG;
+		pthread_mutex_unlock(&r->mu);
+		return rc;
+	}
+	my = ++r->sync_want;
+	pthread_cond_broadcast(&r->data_cond);
+	for (;;) {
+		int all = 1;
+
+		if (r->role != STK_META_ROLE_LEADER || (r->agent && stk_agent_fenced(r->agent))) {
+			rc = -EREMCHG;
+			break;
+		}
+		for (unsigned i = 0; i < r->npeers && all; i++)
+			all = r->peers[i]->synced >= my;
+		if (all)
+			break;
+		struct timespec ts;
+
+		deadline_ms(&ts, REPL_TICK_MS);
+		pthread_cond_timedwait(&r->ack_cond, &r->mu, &ts);
+	}
+	pthread_mutex_unlock(&r->mu);
+	return rc;
+}
+
 /* ---- 4. the follower's side ---- */
 
 /* Puts the entries of a log just applied (those past `from`) in the ring. */
@@ -971,6 +1017,8 @@ int stk_meta_repl_handle(struct stk_meta_repl *rp, struct stk_rpc_req *req,
 			ring_add_log(r, req->bulk, req->bulk_len, s);
 		else if (rc == -ESTALE)
 			rc = 0; /* a gap: the reply's position tells the leader where we are */
+		if (rc == 0 && q.first)
+			rc = stk_meta_store_sync(r->st); /* the leader's client asked for fsync */
 		break;
 	case STK_REPL_SNAP:
 		rc = stk_meta_store_snap_apply(r->st, q.first, req->bulk, req->bulk_len);

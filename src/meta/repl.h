@@ -87,6 +87,13 @@ int stk_meta_repl_role(struct stk_meta_repl *r);
  * client asks the new leader).
  */
 int stk_meta_repl_wait(struct stk_meta_repl *r, uint64_t seq);
+/*
+ * A leader's META_SYNC: every follower flushes its store to stable storage (what
+ * it holds: all the leader acknowledged) before this returns, so that fsync and
+ * close are durable on every replica. Concurrent calls share the followers'
+ * flushes. 0 (also without replication), or -EREMCHG: this node no longer leads.
+ */
+int stk_meta_repl_sync(struct stk_meta_repl *r);
 /* The META_REPL handler (a follower's side). 0 or -errno, as a handler returns. */
 int stk_meta_repl_handle(struct stk_meta_repl *r, struct stk_rpc_req *req,
 			 struct stk_rpc_resp *resp);

@@ -972,7 +972,10 @@ static int op_sync(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 {
 	int rc = decoded(req, 0);
 
-	return rc ? rc : stk_meta_store_sync(m->store);
+	if (rc == 0)
+		rc = stk_meta_store_sync(m->store);
+	/* durable on every replica: the followers flush what they hold too */
+	return rc ? rc : stk_meta_repl_sync(m->repl);
 }
 
 /* ---- extended attributes ---- */

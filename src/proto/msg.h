@@ -470,7 +470,8 @@ enum stk_target_state {
  * PROBE (what do you hold), LOG (the bulk is a log: entries u64 epoch, u64 seq,
  * u32 length, redo record, as meta/store.h describes), SNAP (the bulk is a part of
  * a copy of the store; `first` on the first part, which empties the follower
- * first), SNAP_DONE (the copy is complete as of snap_epoch, snap_seq). epoch: the shard epoch the leader
+ * first; on a LOG, `first` asks the follower to flush its store to stable storage
+ * before it answers: a client's fsync), SNAP_DONE (the copy is complete as of snap_epoch, snap_seq). epoch: the shard epoch the leader
  * leads in; leader: its node id. The reply: the follower's position after, and its
  * store's identity (a store of another namespace is copied whatever it holds).
  */
