@@ -11,6 +11,7 @@
 #   ONLY=W1,W2 bash scripts/bench-peers.sh      # a subset of the workloads
 #   STOKER_BEFORE=/path/to/other/build/stoker TARGETS="local stoker-before stoker" \
 #       bash scripts/bench-peers.sh              # a change against the build before it
+#   STOKER_PORT=10500 ...                        # the cluster's base port (default 9400)
 #
 # Needs root (drop_caches, mounts). Everything lives under $PEERDATA (default
 # /var/tmp/peerdata, the same disk for every target); results are appended to
@@ -27,6 +28,8 @@ RUN=$(date +%Y%m%dT%H%M%S)
 TSV=$OUT/peerbench-$RUN.tsv
 export PEERBENCH_TSV=$TSV
 STOKER=${STOKER:-$ROOT/build/stoker}
+STOKER_PORT=${STOKER_PORT:-9400}
+case $STOKER_PORT in '' | *[!0-9]*) echo "bench-peers: STOKER_PORT must be a port number"; exit 2 ;; esac
 [ "$(id -u)" = 0 ] || { echo "bench-peers: run as root (drop_caches, mounts)"; exit 2; }
 command -v fio >/dev/null || apt-get install -y -q fio >/dev/null
 [ -x "$STOKER" ] || make -j"$(nproc)" >/dev/null
@@ -56,7 +59,8 @@ for t in $TARGETS; do
 		fi
 		"$bin" down --data "$PEERDATA/stoker" >/dev/null 2>&1
 		rm -rf "$PEERDATA/stoker"; mkdir -p "$PEERDATA/mnt/stoker"
-		"$bin" up --data "$PEERDATA/stoker" --daemon --mount "$PEERDATA/mnt/stoker" ||
+		"$bin" up --data "$PEERDATA/stoker" --daemon --port "$STOKER_PORT" \
+			--mount "$PEERDATA/mnt/stoker" ||
 			{ echo "stoker up failed"; continue; }
 		run_one "$PEERDATA/mnt/stoker" "$t"
 		"$bin" down --data "$PEERDATA/stoker" ;;

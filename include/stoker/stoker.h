@@ -256,6 +256,119 @@ STK_API int stk_quota_list(stk_client *c, struct stk_quota **out, size_t *n);
  * changed. Root only (-EPERM); -ENOENT when path has no quota of its own.
  */
 STK_API int stk_quota_recount(stk_client *c, const char *path, struct stk_quota **out, size_t *n);
+
+/*
+ * fsck (`stoker fsck`, docs/fsck.md): the namespace and the data checked against
+ * each other, on a live cluster, without stopping it. Root only.
+ *
+ * The namespace is checked by meta in one transaction, so operations in flight
+ * never show as problems. The data is checked here, in two passes a second
+ * apart: each lists meta's regular files and every chunk of every target that
+ * serves, and only what both passes found alike is reported (a write, truncate
+ * or unlink in flight does not stay the same).
+ *
+ * Problem kinds (struct stk_fsck_problem's kind), namespace first:
+ *   STK_FSCK_DANGLING_ENTRY  entry (parent, name) names inode ino, which does not exist
+ *   STK_FSCK_LOST_ENTRY      entry (parent, name) is in parent, which is no folder
+ *   STK_FSCK_LINK_COUNT      inode ino's link count is found, its names say expect
+ *   STK_FSCK_UNREACHED_INODE inode ino has no name and is not open (found: nlink)
+ *   STK_FSCK_STALE_ORPHAN    an orphan record names inode ino, which does not exist
+ *   STK_FSCK_PARENT_POINTER  folder ino points at found, its entry is in folder expect
+ *   STK_FSCK_QUOTA_BYTES,    quota root ino counts found bytes (inodes), its
+ *   STK_FSCK_QUOTA_INODES    tree holds expect
+ *   STK_FSCK_CORRUPT_RECORD  a record of inode ino (or an entry) that does not decode
+ * and data:
+ *   STK_FSCK_GARBAGE         copies chunk copies (bytes bytes) of inode ino, which
+ *                            meta neither knows nor purges, all older than the grace
+ *   STK_FSCK_MISSING_CHUNK   chunk `chunk` of inode ino (on chain `chain`), written
+ *                            and below its size, is on no working replica: data lost
+ *   STK_FSCK_REPLICAS_DIFFER the working replicas of chain `chain` disagree on chunk
+ *                            `chunk` of inode ino (copies: how many hold one)
+ * With repair, meta repairs in one write transaction what is safe (entries that
+ * lead nowhere or from nowhere dropped, link counts, parent pointers and quota
+ * usage set from the tree, an unreached file freed as an unlink would, stale
+ * orphan records dropped), and garbage is removed from every chain holding some
+ * (fenced by the namespace's identity). An unreached folder, a corrupt record,
+ * missing data and disagreeing replicas are only reported.
+ */
+enum stk_fsck_problem_kind {
+	STK_FSCK_DANGLING_ENTRY = 1,
+	STK_FSCK_LOST_ENTRY,
+	STK_FSCK_LINK_COUNT,
+	STK_FSCK_UNREACHED_INODE,
+	STK_FSCK_STALE_ORPHAN,
+	STK_FSCK_PARENT_POINTER,
+	STK_FSCK_QUOTA_BYTES,
+	STK_FSCK_QUOTA_INODES,
+	STK_FSCK_CORRUPT_RECORD,
+	STK_FSCK_GARBAGE = 32,
+	STK_FSCK_MISSING_CHUNK,
+	STK_FSCK_REPLICAS_DIFFER,
+};
+
+/* Options for stk_fsck. Set size = sizeof(struct stk_fsck_opts); zero means default. */
+struct stk_fsck_opts {
+	size_t size;
+	int repair; /* nonzero: repair what is safe (above) */
+	/*
+	 * Chunks of an unknown inode younger than this many seconds are left alone
+	 * (a file being created by a client that answers its creates itself): 0 is
+	 * the default, 600; negative, none (every unknown chunk is garbage).
+	 */
+	int64_t grace_s;
+	/*
+	 * Called (if set) from the calling thread as the check goes, with a line
+	 * saying where it is ("fsck: target 3 (2 of 8): bucket 17 of 256, ..."), valid
+	 * during the call only; ctx is progress_ctx.
+	 */
+	void (*progress)(void *ctx, const char *line);
+	void *progress_ctx;
+};
+
+/* One problem. Fields that do not apply to its kind are 0 (name ""). */
+struct stk_fsck_problem {
+	int kind; /* enum stk_fsck_problem_kind */
+	int repaired;
+	uint64_t ino;
+	uint64_t parent;
+	uint64_t expect, found;
+	char name[256];
+	uint32_t chunk, chain;
+	uint64_t copies, bytes;
+};
+
+/* What stk_fsck found: the caller's, freed with stk_fsck_report_free. */
+struct stk_fsck_report {
+	/* The namespace's inodes, entries, folders and regular files. */
+	uint64_t inodes, entries, dirs, files;
+	/* Targets listed, and not listed as they do not serve (offline, syncing, wiping). */
+	uint32_t targets, targets_skipped;
+	/* Chunk copies listed (second pass). */
+	uint64_t chunks;
+	/* Inodes unknown to meta whose chunks are younger than the grace: left alone. */
+	uint64_t young_unknown;
+	/* Problems found, and those not repaired (0: the cluster is clean). */
+	uint64_t problems, remaining;
+	/* Namespace problems found past the first 2000: counted, not in list. */
+	uint64_t unlisted;
+	/* nlist problems: the namespace's, then the data's. */
+	size_t nlist;
+	struct stk_fsck_problem *list;
+};
+
+/*
+ * Runs fsck with opts (NULL: defaults) and, on success, sets *out to the report.
+ * Blocks the calling thread for the whole check (a few seconds at least: the
+ * second pass waits one when the first found something); it holds every regular
+ * file's record and every chunk copy's (about 50 bytes each) at once. Errors
+ * (*out is then NULL): -EPERM (not root), -EINVAL (c or out NULL, opts->size too
+ * small), -ENOMEM, -EIO (a malformed reply), and those of reaching meta and the
+ * storage nodes (a target that serves but cannot be listed fails the check).
+ * Any thread; c may serve other calls meanwhile.
+ */
+STK_API int stk_fsck(stk_client *c, const struct stk_fsck_opts *opts, struct stk_fsck_report **out);
+/* Frees a report of stk_fsck. NULL is a no-op. */
+STK_API void stk_fsck_report_free(struct stk_fsck_report *r);
 /*
  * Extended attributes of the file at path (symlinks followed), as setxattr(2) and
  * its siblings: name with its namespace ("user.", "trusted." and "security."
@@ -662,6 +775,61 @@ STK_API int stk_cluster_drain_node(const char *cluster, uint32_t node_id, int dr
  */
 STK_API int stk_cluster_accept_loss(const char *cluster, uint32_t chain_id, uint32_t *kept,
 				    uint32_t *dropped, uint32_t *added);
+
+/*
+ * Client identities (`stoker admin client`, docs/security.md): keys that confine
+ * the mount, libstoker, Python or a gateway using them to a subtree, read-only,
+ * or with root (or every user) squashed to an anonymous uid and gid, enforced by
+ * meta and storage. A client key is HMAC-SHA256(cluster key, its policy), so only
+ * a holder of the cluster key issues one, and a key file whose policy was edited
+ * proves nothing.
+ */
+#define STK_IDENT_READ_ONLY 1u	 /* every change refused with EROFS */
+#define STK_IDENT_SQUASH_ROOT 2u /* uid 0 acts as anon_uid (gid 0 as anon_gid) */
+#define STK_IDENT_SQUASH_ALL 4u	 /* every uid and gid act as anon_uid, anon_gid */
+#define STK_IDENT_NAME_MAX 63
+#define STK_IDENT_SUBTREE_MAX 1023
+
+struct stk_client_ident {
+	char name[STK_IDENT_NAME_MAX + 1];	 /* [A-Za-z0-9._-], 1 to 63 bytes */
+	uint64_t gen;				 /* mgmtd's generation for this issue of the name */
+	uint32_t flags;				 /* STK_IDENT_* */
+	uint32_t anon_uid, anon_gid;		 /* what squashed users act as */
+	char subtree[STK_IDENT_SUBTREE_MAX + 1]; /* "/" or "/a/b": the client's root */
+	int removed;				 /* revoked (`client rm`) */
+};
+
+/*
+ * Issues client identity *c (name, flags, anon ids, subtree; gen is set) and
+ * writes its key file to key_out (mode 0600; never over an existing file). The
+ * calling process must hold the cluster key (not a client key). Errors: -EINVAL
+ * (a malformed policy), -EEXIST (key_out exists, or the name is held: remove it
+ * first), -EKEYREJECTED (this process holds no cluster key), -EPERM (it holds a
+ * client key), as stk_connect for reaching the cluster, or the key file's -errno
+ * (the identity is then removed again). cluster as stk_cluster_resolve takes it.
+ */
+STK_API int stk_cluster_client_add(const char *cluster, struct stk_client_ident *c,
+				   const char *key_out);
+/*
+ * The client identity c's process connects as (a client key file found as the
+ * cluster key is: stk_client_opts.key_file, $STOKER_KEY_FILE): 1 and *out (may
+ * be NULL; gen and policy as in the key file, removed 0), or 0 when it holds the
+ * cluster key or none. The mount uses it to mount a read-only key's tree
+ * read-only. Any thread.
+ */
+STK_API int stk_client_identity(stk_client *c, struct stk_client_ident *out);
+/*
+ * Revokes the identity held under name: every daemon refuses its key at
+ * connection set-up once it learned the change (a second or two). *gen: its
+ * generation. Errors: -ENOENT (no such client), -EPERM, as stk_connect.
+ */
+STK_API int stk_cluster_client_rm(const char *cluster, const char *name, uint64_t *gen);
+/*
+ * Every client identity mgmtd knows, removed ones too, in a new array *out of *n
+ * (free it with free(); NULL when none). Errors: -EPERM, -ENOMEM, as stk_connect.
+ */
+STK_API int stk_cluster_client_list(const char *cluster, struct stk_client_ident **out,
+				    uint32_t *n);
 
 /*
  * Times `count` (1 to 64) round trips to the Stoker daemon at addr ("HOST:PORT",

@@ -185,6 +185,22 @@ STK_API int stk_ll_getattr(stk_client *c, const struct stk_ll_cred *cred, uint64
 STK_API int stk_ll_getattrs(stk_client *c, const struct stk_ll_cred *cred, const uint64_t *inos,
 			    uint32_t n, struct stk_ll_attr *out, int *rcs);
 
+#define STK_LL_LOOKUPS_MAX 256u
+
+/*
+ * Looks up n names of folder parent in one call to meta, as n stk_ll_lookup calls
+ * would (and, like them, leaves the answers in the client's lookup cache when meta
+ * leases them): what a readdirplus of a batch of names needs, so that opening the
+ * files of a listed folder asks meta nothing more. out and rcs are the caller's
+ * arrays of n entries each: rcs[i] is 0 with out[i] filled, or -ENOENT (no such
+ * name); they are written only when the call returns 0.
+ * Errors: -EINVAL (n > STK_LL_LOOKUPS_MAX, a name empty, too long or holding '/'),
+ * -EACCES (no search permission on parent), -ENOSYS (a meta too old to batch: look
+ * up one by one, or use stk_ll_getattrs).
+ */
+STK_API int stk_ll_lookups(stk_client *c, const struct stk_ll_cred *cred, uint64_t parent,
+			   const char *const *names, uint32_t n, struct stk_ll_attr *out, int *rcs);
+
 /* What stk_ll_setattr changes: any of these, or STK_LL_SETATTR_ATIME_READ alone. */
 #define STK_LL_SETATTR_MODE 0x1u
 #define STK_LL_SETATTR_UID 0x2u

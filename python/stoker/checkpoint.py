@@ -239,7 +239,8 @@ class _Writer:
 
 
 def _save_to(c, path, write_fn):
-    """Writes a new file with write_fn(stream) and puts it in place of path.
+    """Writes a new file with write_fn(stream) and puts it in place of path; returns
+    its size.
 
     The new file is swapped with the old one (RENAME_EXCHANGE, atomic), so the old
     checkpoint keeps a name (the temporary one) and its data stays readable for
@@ -257,7 +258,7 @@ def _save_to(c, path, write_fn):
             c.rename(tmp, path)     # nothing to replace
         else:
             _retire(c, tmp)         # tmp now names the old checkpoint
-            return
+        return w.pos
     except BaseException:
         w.abort()
         try:
@@ -278,11 +279,22 @@ def save(obj, path, client=None, local_dir=None, **torch_kw):
     checkpoint is durable and in place."""
     import torch
 
+    t0 = time.perf_counter()
     if local_dir is not None:
-        return _save_local_first(obj, path, client, local_dir, torch_kw)
+        h = _save_local_first(obj, path, client, local_dir, torch_kw)
+        _record("save", t0, h.size)
+        return h
     c, p = _split(path, client)
     _remove_stale_tmps(c, p)
-    _save_to(c, p, lambda w: torch.save(obj, w, **torch_kw))
+    n = _save_to(c, p, lambda w: torch.save(obj, w, **torch_kw))
+    _record("save", t0, n)
+
+
+def _record(kind, t0, nbytes):
+    """Tells the job monitors of this process (stoker.jobs) how long it took."""
+    jobs = sys.modules.get("stoker.jobs")
+    if jobs is not None:
+        jobs._checkpoint(kind, time.perf_counter() - t0, nbytes)
 
 
 def load(path, client=None, map_location=None, **torch_kw):
@@ -290,10 +302,13 @@ def load(path, client=None, map_location=None, **torch_kw):
     parallel read, then deserialised from memory."""
     import torch
 
+    t0 = time.perf_counter()
     c, p = _split(path, client)
     with c.open(p) as f:
         data = f.read()
-    return torch.load(io.BytesIO(data), map_location=map_location, **torch_kw)
+    obj = torch.load(io.BytesIO(data), map_location=map_location, **torch_kw)
+    _record("load", t0, len(data))
+    return obj
 
 
 # ---- local-first ----
@@ -302,9 +317,10 @@ class Upload:
     """The upload of one local-first save. wait() returns once the checkpoint is in
     place (raising what the upload raised); done() says whether it has finished."""
 
-    def __init__(self, path, entry):
+    def __init__(self, path, entry, size=None):
         self.path = path
         self.entry = entry
+        self.size = size    # bytes of the checkpoint
         self._event = threading.Event()
         self._error = None
 
@@ -478,7 +494,7 @@ def _save_local_first(obj, path, client, local_dir, torch_kw):
              "saved": time.time()}
     entry_path = os.path.join(jdir, name + ".json")
     _write_local(entry_path, lambda f: f.write(json.dumps(entry).encode()))
-    handle = Upload(path, entry_path)
+    handle = Upload(path, entry_path, os.path.getsize(os.path.join(jdir, name + ".data")))
     _uploader.submit(entry_path, handle)
     return handle
 

@@ -19,6 +19,9 @@ files are reopened per process.
 
 Items are the samples' bytes, or transform(bytes) when a transform is given;
 with return_names=True, (name, item) where name is the path relative to the root.
+
+JobMonitor (stoker.jobs) records how long the training loop waits on a DataLoader
+and reports it to the cluster's dashboard: `for batch in mon.wrap(loader)`.
 """
 import os
 
@@ -26,9 +29,10 @@ import numpy as np
 import torch.utils.data
 
 import stoker
+from stoker.jobs import JobMonitor
 from stoker.shards import ShardSet
 
-__all__ = ["StokerDataset", "ShardDataset"]
+__all__ = ["StokerDataset", "ShardDataset", "JobMonitor"]
 
 
 def _indices(idx, n):

@@ -445,6 +445,201 @@ done:
 	return rc;
 }
 
+/* ---- admin client: client identities (docs/security.md, "Client keys") ---- */
+
+/* A JSON string: quotes, backslashes and control bytes escaped. */
+static void client_json_str(const char *s)
+{
+	putchar('"');
+	for (; *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (ch == '"' || ch == '\\')
+			printf("\\%c", ch);
+		else if (ch < 0x20)
+			printf("\\u%04x", ch);
+		else
+			putchar(ch);
+	}
+	putchar('"');
+}
+
+static const char *client_mode(uint32_t flags)
+{
+	return flags & STK_IDENT_SQUASH_ALL    ? "all"
+	       : flags & STK_IDENT_SQUASH_ROOT ? "root"
+					       : "none";
+}
+
+static int client_ls(const char *cluster, int json)
+{
+	struct stk_client_ident *l = NULL;
+	uint32_t n = 0;
+	int rc = stk_cluster_client_list(cluster, &l, &n);
+
+	if (rc) {
+		cli_err("admin", "client ls: %s", stk_strerror(rc));
+		return 1;
+	}
+	if (json) {
+		printf("[");
+		for (uint32_t i = 0; i < n; i++) {
+			printf("%s{\"name\": ", i ? ", " : "");
+			client_json_str(l[i].name);
+			printf(", \"generation\": %llu, \"subtree\": ",
+			       (unsigned long long)l[i].gen);
+			client_json_str(l[i].subtree);
+			printf(", \"read_only\": %s, \"squash\": \"%s\", \"anon_uid\": %u, "
+			       "\"anon_gid\": %u, \"removed\": %s}",
+			       l[i].flags & STK_IDENT_READ_ONLY ? "true" : "false",
+			       client_mode(l[i].flags), l[i].anon_uid, l[i].anon_gid,
+			       l[i].removed ? "true" : "false");
+		}
+		printf("]\n");
+	} else {
+		printf("%-20s %5s %-10s %-6s %-13s %-8s %s\n", "NAME", "GEN", "ACCESS", "SQUASH",
+		       "ANON", "STATE", "SUBTREE");
+		for (uint32_t i = 0; i < n; i++) {
+			char anon[32];
+
+			snprintf(anon, sizeof(anon), "%u:%u", l[i].anon_uid, l[i].anon_gid);
+			printf("%-20s %5llu %-10s %-6s %-13s %-8s %s\n", l[i].name,
+			       (unsigned long long)l[i].gen,
+			       l[i].flags & STK_IDENT_READ_ONLY ? "read-only" : "read-write",
+			       client_mode(l[i].flags), anon, l[i].removed ? "removed" : "active",
+			       l[i].subtree);
+		}
+	}
+	free(l);
+	return 0;
+}
+
+static int client_id_arg(const char *flag, const char *v, uint32_t *out)
+{
+	uint64_t x;
+
+	if (stk_parse_u64(v, &x) || x > UINT32_MAX - 1) {
+		cli_err("admin", "client: %s wants a number below 4294967295, not '%s'", flag, v);
+		return -1;
+	}
+	*out = (uint32_t)x;
+	return 0;
+}
+
+/*
+ * `admin client add NAME [--subtree PATH] [--read-only] [--squash-root | --squash-all]
+ * [--anon-uid U --anon-gid G] --key-out FILE`, `admin client rm NAME`,
+ * `admin client ls [--json]`, each with [--cluster ADDR].
+ */
+static int client_cmd(int argc, char **argv)
+{
+	struct stk_client_ident c;
+	const char *cluster = NULL, *key_out = NULL, *name = NULL, *verb = argc > 2 ? argv[2] : "";
+	int json = 0, rc;
+
+	memset(&c, 0, sizeof(c));
+	c.anon_uid = 65534;
+	c.anon_gid = 65534;
+	snprintf(c.subtree, sizeof(c.subtree), "/");
+	for (int i = 3; i < argc; i++) {
+		if (strcmp(argv[i], "--cluster") == 0 && i + 1 < argc) {
+			cluster = argv[++i];
+		} else if (strcmp(argv[i], "--json") == 0) {
+			json = 1;
+		} else if (strcmp(argv[i], "--read-only") == 0) {
+			c.flags |= STK_IDENT_READ_ONLY;
+		} else if (strcmp(argv[i], "--squash-root") == 0) {
+			c.flags |= STK_IDENT_SQUASH_ROOT;
+		} else if (strcmp(argv[i], "--squash-all") == 0) {
+			c.flags |= STK_IDENT_SQUASH_ALL;
+		} else if (strcmp(argv[i], "--subtree") == 0 && i + 1 < argc) {
+			if (strlen(argv[++i]) >= sizeof(c.subtree)) {
+				cli_err("admin", "client: --subtree is longer than %u bytes",
+					STK_IDENT_SUBTREE_MAX);
+				return 1;
+			}
+			snprintf(c.subtree, sizeof(c.subtree), "%s", argv[i]);
+			/* "/teamA/" means "/teamA" */
+			for (size_t l = strlen(c.subtree); l > 1 && c.subtree[l - 1] == '/'; l--)
+				c.subtree[l - 1] = 0;
+		} else if (strcmp(argv[i], "--anon-uid") == 0 && i + 1 < argc) {
+			if (client_id_arg("--anon-uid", argv[++i], &c.anon_uid))
+				return 1;
+		} else if (strcmp(argv[i], "--anon-gid") == 0 && i + 1 < argc) {
+			if (client_id_arg("--anon-gid", argv[++i], &c.anon_gid))
+				return 1;
+		} else if (strcmp(argv[i], "--key-out") == 0 && i + 1 < argc) {
+			key_out = argv[++i];
+		} else if (!name && argv[i][0] != '-') {
+			name = argv[i];
+		} else {
+			cli_err("admin", "client %s: unexpected argument '%s'", verb, argv[i]);
+			return cli_usage("admin");
+		}
+	}
+	if (strcmp(verb, "ls") == 0 && !name)
+		return client_ls(cluster, json);
+	if (strcmp(verb, "rm") == 0 && name) {
+		uint64_t gen = 0;
+
+		rc = stk_cluster_client_rm(cluster, name, &gen);
+		if (rc == -ENOENT) {
+			cli_err("admin",
+				"client rm: no client named '%s' (`stoker admin client ls`)", name);
+			return 1;
+		}
+		if (rc) {
+			cli_err("admin", "client rm: %s", stk_strerror(rc));
+			return 1;
+		}
+		printf("client %s removed (generation %llu): daemons refuse its key from now on\n",
+		       name, (unsigned long long)gen);
+		return 0;
+	}
+	if (strcmp(verb, "add") != 0 || !name) {
+		cli_err("admin",
+			"client add NAME [--subtree PATH] [--read-only] [--squash-root | "
+			"--squash-all] [--anon-uid U --anon-gid G] --key-out FILE | client rm "
+			"NAME | client ls [--json]");
+		return cli_usage("admin");
+	}
+	if (!key_out) {
+		cli_err("admin", "client add needs --key-out FILE (where its key is written)");
+		return 1;
+	}
+	if (strlen(name) > STK_IDENT_NAME_MAX) {
+		cli_err("admin", "client add: a name has at most %u characters",
+			STK_IDENT_NAME_MAX);
+		return 1;
+	}
+	snprintf(c.name, sizeof(c.name), "%s", name);
+	rc = stk_cluster_client_add(cluster, &c, key_out);
+	if (rc == -EEXIST) {
+		cli_err("admin",
+			"client add: %s exists, or a client named '%s' exists (`stoker "
+			"admin client rm %s` first); nothing was changed",
+			key_out, name, name);
+		return 1;
+	}
+	if (rc == -EINVAL) {
+		cli_err("admin", "client add: bad policy (see above): nothing was changed");
+		return 1;
+	}
+	if (rc == -EPERM) {
+		cli_err("admin", "client add: this process holds a client key, not the cluster "
+				 "key: only the cluster key's holder issues client keys");
+		return 1;
+	}
+	if (rc) {
+		cli_err("admin", "client add: %s", stk_strerror(rc));
+		return 1;
+	}
+	printf("client %s (generation %llu) added: key written to %s (mode 0600); use it as "
+	       "STOKER_KEY_FILE or `stoker mount -o key=FILE`\n",
+	       c.name, (unsigned long long)c.gen, key_out);
+	return 0;
+}
+
 int cmd_admin(int argc, char **argv)
 {
 	const char *key = NULL;
@@ -460,6 +655,8 @@ int cmd_admin(int argc, char **argv)
 		return accept_loss(argc, argv);
 	if (argc >= 2 && strcmp(argv[1], "s3-user") == 0)
 		return s3_user(argc, argv);
+	if (argc >= 2 && strcmp(argv[1], "client") == 0)
+		return client_cmd(argc, argv);
 	if (argc < 2 || strcmp(argv[1], "init") != 0)
 		return cli_usage("admin");
 	for (int i = 2; i < argc; i++) {

@@ -10,6 +10,7 @@
  * doctor.c  `doctor`
  * bench.c   `bench`
  * pack.c    `pack` (shards: shard.c; local-or-Stoker files: fsio.c)
+ * fsck.c    `fsck` (the namespace and the data checked against each other)
  * sync.c    `sync` (local, Stoker and S3 trees: fsio.c, s3client.c)
  * checkpoint.c `checkpoint resume` (runs the Python package's stoker.checkpoint)
  * bench_loader.c `bench loader` (dispatched from bench.c)
@@ -23,17 +24,17 @@
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
 #define STK_CLI_COMMANDS(X)                                                                     \
-	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--meta M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--nfs PORT] [--smb PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S]", \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--meta M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--nfs PORT] [--smb PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--prometheus URL] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S]", \
 	  "start a one-machine cluster (mgmtd, meta, N storage nodes; with --nodes, etcd and M mgmtd) with its data in DIR")     \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
-	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--meta-replicas R] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--key-file F | --auth off] [--config FILE]",  \
+	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--meta-replicas R] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--prometheus URL] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--key-file F | --auth off] [--config FILE]",  \
 	  "run the cluster manager")                                                            \
 	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR [--metrics ADDR] [--host-id ID] [--key-file F | --auth off] [--config FILE]", \
 	  "run a metadata server")                                                              \
 	X(storage, cmd_storage,                                                                 \
 	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--resync-rate RATE] [--metrics ADDR] [--host-id ID] [--scrub-rate RATE] [--scrub-interval S] [--key-file F | --auth off] [--config FILE]", \
 	  "run a storage server with one or more targets")                                      \
-	X(admin, cmd_admin, "admin init --key FILE | admin remove-node ID | admin drain-node ID | admin undrain-node ID | admin accept-loss CHAIN --yes-lose-data [--cluster ADDR] | admin s3-user add NAME [--uid U --gid G] [--bucket B[:ro]]... | rm NAME | ls --keys FILE", \
+	X(admin, cmd_admin, "admin init --key FILE | admin remove-node ID | admin drain-node ID | admin undrain-node ID | admin accept-loss CHAIN --yes-lose-data [--cluster ADDR] | admin s3-user add NAME [--uid U --gid G] [--bucket B[:ro]]... | rm NAME | ls --keys FILE | admin client add NAME [--subtree PATH] [--read-only] [--squash-root | --squash-all] [--anon-uid U --anon-gid G] --key-out FILE | client rm NAME | client ls [--json]", \
 	  "make a cluster key file (mode 0600); replace an offline (or drained) storage node's targets now; move a node's chain memberships to other nodes, or cancel that; serve a chain whose newest copy is gone from the copy that is back; the S3 gateway's users") \
 	X(status, cmd_status, "status [--cluster ADDR]",                                        \
 	  "mgmtd leader and followers, nodes, targets, chains and the metadata shard map")                                  \
@@ -72,6 +73,9 @@
 	X(quota, cmd_quota,                                                                     \
 	  "quota set PATH [--bytes SIZE] [--inodes N] | quota ls [PATH] [--json] | quota rm PATH | quota recount [PATH]", \
 	  "quotas per folder on bytes and inodes; recount fixes usage (docs/quotas.md)")        \
+	X(fsck, cmd_fsck, "fsck [--repair] [--json] [--grace S] [--cluster ADDR]",               \
+	  "check the namespace and the data against each other; --repair fixes what is safe "  \
+	  "(docs/fsck.md); exit 1 when problems remain")                                          \
 	X(sync, cmd_sync, "sync SRC DST [--delete] [--dry-run] [--checksum] [--update] [--include PAT]... [--exclude PAT]... [--threads N] [--part-size SIZE] [--bwlimit RATE] [--endpoint URL] [--profile P] [--no-perms] [--json] [--no-progress] [--mpi]", \
 	  "copy or mirror a tree between local folders, Stoker (stk://) and S3 (s3://BUCKET/PREFIX), resumably (docs/sync.md)") \
 	X(checkpoint, cmd_checkpoint, "checkpoint resume LOCAL_DIR",                             \

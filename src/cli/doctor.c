@@ -848,15 +848,15 @@ static void check_disks(struct doctor *d)
 			double w, tc, me;
 
 			if (strcmp(s->name, "stoker_device_smart_healthy") ||
-			    cli_prom_label(s->labels, "device", dev, sizeof(dev)) ||
-			    cli_prom_label(s->labels, "target", tg, sizeof(tg)))
+			    stk_scrape_label(s->labels, "device", dev, sizeof(dev)) ||
+			    stk_scrape_label(s->labels, "target", tg, sizeof(tg)))
 				continue;
 			/* a device under several targets: once */
 			for (size_t j = 0; j < k && !dup; j++)
-				dup =
-				    !strcmp(b->s[j].name, s->name) &&
-				    !cli_prom_label(b->s[j].labels, "device", seen, sizeof(seen)) &&
-				    !strcmp(seen, dev);
+				dup = !strcmp(b->s[j].name, s->name) &&
+				      !stk_scrape_label(b->s[j].labels, "device", seen,
+							sizeof(seen)) &&
+				      !strcmp(seen, dev);
 			if (dup)
 				continue;
 			devices++;
@@ -933,7 +933,7 @@ static void check_latency(struct doctor *d)
 			char tg[16];
 
 			if (strcmp(e->b.s[k].name, "stoker_target_capacity_bytes") ||
-			    cli_prom_label(e->b.s[k].labels, "target", tg, sizeof(tg)))
+			    stk_scrape_label(e->b.s[k].labels, "target", tg, sizeof(tg)))
 				continue;
 			targets++;
 			for (int op = 0; op < 2; op++) {
@@ -1108,7 +1108,7 @@ static void check_versions(struct doctor *d)
 			continue;
 		for (size_t k = 0; k < e->b.n; k++) {
 			if (strcmp(e->b.s[k].name, "stoker_build_info") ||
-			    cli_prom_label(e->b.s[k].labels, "version", v, sizeof(v)))
+			    stk_scrape_label(e->b.s[k].labels, "version", v, sizeof(v)))
 				continue;
 			n++;
 			if (strcmp(v, STOKER_VERSION) == 0)
@@ -1243,8 +1243,9 @@ static void check_mounts(struct doctor *d)
 		unescape(mp);
 		unescape(src);
 		/* the cluster checked is the one whose mounts count: "stk://ADDR[/SUB]" */
-		if (cl && (strncmp(src, "stk://", 6) != 0 || strncmp(src + 6, d->cluster, cl) != 0 ||
-			   (src[6 + cl] && src[6 + cl] != '/'))) {
+		if (cl &&
+		    (strncmp(src, "stk://", 6) != 0 || strncmp(src + 6, d->cluster, cl) != 0 ||
+		     (src[6 + cl] && src[6 + cl] != '/'))) {
 			other++;
 			continue;
 		}
@@ -1312,7 +1313,8 @@ static void check_mounts(struct doctor *d)
 	}
 	fclose(f);
 	if (!n)
-		say(c, DR_SKIP, "no Stoker mount of %s on this host%s", cl ? d->cluster : "a cluster",
+		say(c, DR_SKIP, "no Stoker mount of %s on this host%s",
+		    cl ? d->cluster : "a cluster",
 		    other ? " (mounts of other clusters not checked)" : "");
 	else
 		say(c, DR_OK, "%u Stoker mount%s, no option that slows reading%s", n,

@@ -1,9 +1,8 @@
 /*
- * What `stoker top` and `stoker doctor` read from the daemons' /metrics: a few lines
- * of HTTP client over a blocking socket (HTTP/1.0, one request per connection, read
- * to EOF) and a parser of the Prometheus text format that keeps only sample lines
- * "name{labels} value" (comments skipped), with the sums, rates and quantiles both
- * commands compute from them.
+ * What `stoker top` and `stoker doctor` read from the daemons' /metrics: whole
+ * scrapes (the sample lines "name{labels} value", comments skipped) read with
+ * src/common/scrape.h, with the sums, rates and quantiles both commands compute
+ * from them; a label's value is stk_scrape_label's.
  *
  * Thread rules: no shared state; a cli_scrape is used by one thread at a time.
  */
@@ -13,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+
+#include "../common/scrape.h"
 
 /* How long a connect, a send or a read of cli_http_get may wait. */
 #define CLI_HTTP_TIMEOUT_MS 2000
@@ -50,8 +51,6 @@ void cli_scrape_free(struct cli_scrape *sc);
  * in cli_scrape_free); comments and malformed lines are skipped. 0 or -ENOMEM.
  */
 int cli_prom_parse(char *text, struct cli_scrape *sc);
-/* The value of label key in labels, unescaped into out (len bytes). 0 or -ENOENT. */
-int cli_prom_label(const char *labels, const char *key, char *out, size_t len);
 
 /*
  * Which series of a family to add up: those whose labels k[i] equal v[i] (unset k:

@@ -1290,6 +1290,69 @@ static void md5_hex_etag(const uint8_t d[16], char *out, const char *suffix)
  * check of the size, the attributes and the rename are one call each by inode,
  * where paths would cost a lookup per component per call. Same contract.
  */
+/*
+ * After a copy of size bytes: -EAGAIN (why says so) if the source grew or changed
+ * since before was taken, as its end or its middle was then not what was copied.
+ */
+static int src_unchanged(struct cli_file *in, uint64_t size, const struct stat *before, char *why,
+			 size_t whylen)
+{
+	struct stat after;
+	char extra;
+	int rc;
+
+	if (cli_fs_pread(in, &extra, 1, size) > 0) {
+		snprintf(why, whylen, "changed while copied (grew)");
+		return -EAGAIN;
+	}
+	rc = cli_fs_fstat(in, &after);
+	if (!rc && changed(before, &after)) {
+		snprintf(why, whylen, "changed while copied");
+		rc = -EAGAIN;
+	}
+	return rc;
+}
+
+/* Where copy_body puts what it read: 0 or a negative errno. */
+typedef int (*put_fn)(void *ctx, const void *buf, size_t n);
+
+/*
+ * Copies the source's bytes [0, size) through wk's buffer to put, adding them to
+ * *crc and to the rate limit.
+ */
+static int copy_body(struct worker *wk, const struct ent *s, struct cli_file *in, uint64_t size,
+		     put_fn put, void *ctx, uint32_t *crc, char *why, size_t whylen)
+{
+	for (uint64_t off = 0; off < size;) {
+		size_t n = size - off < wk->buflen ? (size_t)(size - off) : wk->buflen;
+		int rc = src_read(wk, s, in, wk->buf, n, off, why, whylen);
+
+		if (rc)
+			return rc;
+		*crc = stk_crc32c(*crc, wk->buf, n);
+		rc = put(ctx, wk->buf, n);
+		if (rc) {
+			snprintf(why, whylen, "write: %s", stk_strerror(rc));
+			return rc;
+		}
+		throttle(wk->sy, n);
+		off += n;
+	}
+	return 0;
+}
+
+static int put_stk(void *ctx, const void *buf, size_t n)
+{
+	ssize_t w = stk_write(ctx, buf, n);
+
+	return w < 0 ? (int)w : 0;
+}
+
+static int put_local(void *ctx, const void *buf, size_t n)
+{
+	return cli_fs_write(ctx, buf, n);
+}
+
 static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t parent, char *why,
 			  size_t whylen)
 {
@@ -1298,10 +1361,10 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 	const char *name = strrchr(s->rel, '/');
 	char tmpname[64];
 	struct cli_file in = {.fd = -1};
-	struct stat before, after;
+	struct stat before;
 	struct stk_ll_attr a, v;
 	stk_file *f = NULL;
-	uint64_t size = s->size, off = 0;
+	uint64_t size = s->size;
 	uint32_t crc = 0, valid;
 	int rc, created, have_in = 0, have_tmp = 0;
 
@@ -1346,37 +1409,11 @@ static int copy_small_stk(struct worker *wk, const struct ent *s, uint64_t paren
 		snprintf(why, whylen, "open for writing: %s", stk_strerror(rc));
 		goto out;
 	}
-	while (off < size) {
-		size_t n = size - off < wk->buflen ? (size_t)(size - off) : wk->buflen;
-		ssize_t w;
-		rc = src_read(wk, s, &in, wk->buf, n, off, why, whylen);
-		if (rc)
-			goto out;
-		crc = stk_crc32c(crc, wk->buf, n);
-		w = stk_write(f, wk->buf, n);
-		if (w < 0) {
-			rc = (int)w;
-			snprintf(why, whylen, "write: %s", stk_strerror(rc));
-			goto out;
-		}
-		throttle(sy, n);
-		off += n;
-	}
-	if (have_in) {
-		char extra;
-		if (cli_fs_pread(&in, &extra, 1, size) > 0) {
-			snprintf(why, whylen, "changed while copied (grew)");
-			rc = -EAGAIN;
-			goto out;
-		}
-		rc = cli_fs_fstat(&in, &after);
-		if (!rc && changed(&before, &after)) {
-			snprintf(why, whylen, "changed while copied");
-			rc = -EAGAIN;
-		}
-		if (rc)
-			goto out;
-	}
+	rc = copy_body(wk, s, &in, size, put_stk, f, &crc, why, whylen);
+	if (!rc && have_in)
+		rc = src_unchanged(&in, size, &before, why, whylen);
+	if (rc)
+		goto out;
 	rc = stk_close(f);
 	f = NULL;
 	if (rc) {
@@ -1468,7 +1505,7 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 	char tmp[CLI_FS_PATH] = "", key[CLI_FS_PATH];
 	struct cli_file in = {.fd = -1}, out = {.fd = -1};
 	struct stat before, after;
-	uint64_t size = s->size, off = 0;
+	uint64_t size = s->size;
 	uint32_t crc = 0;
 	int rc, have_in = 0, have_out = 0;
 
@@ -1541,36 +1578,11 @@ static int copy_small(struct worker *wk, const struct ent *s, char *why, size_t 
 		goto out;
 	}
 	have_out = 1;
-	while (off < size) {
-		size_t n = size - off < wk->buflen ? (size_t)(size - off) : wk->buflen;
-		rc = src_read(wk, s, &in, wk->buf, n, off, why, whylen);
-		if (rc)
-			goto out;
-		crc = stk_crc32c(crc, wk->buf, n);
-		rc = cli_fs_write(&out, wk->buf, n);
-		if (rc) {
-			snprintf(why, whylen, "write: %s", stk_strerror(rc));
-			goto out;
-		}
-		throttle(sy, n);
-		off += n;
-	}
-	if (have_in) {
-		/* A file that grew: its end was not copied. */
-		char extra;
-		if (cli_fs_pread(&in, &extra, 1, size) > 0) {
-			snprintf(why, whylen, "changed while copied (grew)");
-			rc = -EAGAIN;
-			goto out;
-		}
-		rc = cli_fs_fstat(&in, &after);
-		if (!rc && changed(&before, &after)) {
-			snprintf(why, whylen, "changed while copied");
-			rc = -EAGAIN;
-		}
-		if (rc)
-			goto out;
-	}
+	rc = copy_body(wk, s, &in, size, put_local, &out, &crc, why, whylen);
+	if (!rc && have_in)
+		rc = src_unchanged(&in, size, &before, why, whylen);
+	if (rc)
+		goto out;
 	have_out = 0;
 	rc = cli_fs_close(&out);
 	if (rc) {

@@ -104,7 +104,8 @@ static int discover(struct top *t)
 	t->st = st;
 	if (t->fixed)
 		return 0;
-	/* The leading mgmtd's (the one that answered): a follower's figures are not the cluster's. */
+	/* The leading mgmtd's (the one that answered): a follower's figures are not the cluster's.
+	 */
 	if (cli_metrics_addr(stk_cluster_status_addr(st), maddr, sizeof(maddr)) == 0) {
 		struct node *m = NULL;
 
@@ -149,8 +150,8 @@ static void scrape_all(struct top *t)
 		if (!n->role[0] || strcmp(n->role, "?") == 0) {
 			for (size_t k = 0; k < sc.n; k++)
 				if (strcmp(sc.s[k].name, "stoker_build_info") == 0)
-					cli_prom_label(sc.s[k].labels, "role", n->role,
-						       sizeof(n->role));
+					stk_scrape_label(sc.s[k].labels, "role", n->role,
+							 sizeof(n->role));
 		}
 	}
 }
@@ -326,9 +327,10 @@ static void show_chains(const struct top *t)
 				if (tg->id != c->targets[j])
 					continue;
 				w += working;
-				/* a move's new member copies beside those it relieves: not missed */
-				for (uint32_t m = 0; !working && (mv = stk_cluster_status_move(t->st, m));
-				     m++)
+				/* a move's new member copies beside those it relieves: not missed
+				 */
+				for (uint32_t m = 0;
+				     !working && (mv = stk_cluster_status_move(t->st, m)); m++)
 					need -= mv->chain_id == c->id && mv->to_target == tg->id;
 			}
 		healthy += w >= need;
@@ -456,7 +458,7 @@ static int show(struct top *t, double interval)
 			struct row r;
 
 			if (strcmp(b->s[k].name, "stoker_target_capacity_bytes") != 0 ||
-			    cli_prom_label(b->s[k].labels, "target", id, sizeof(id)))
+			    stk_scrape_label(b->s[k].labels, "target", id, sizeof(id)))
 				continue;
 			storage_row(a, b, id, &r);
 			r.rpc = r.rpcp99 = NAN;

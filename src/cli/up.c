@@ -89,6 +89,7 @@ enum {
 	OPT_REPLACE_AFTER,
 	OPT_REBALANCE_MOVES,
 	OPT_UI_INTERVAL,
+	OPT_PROMETHEUS,
 	OPT_KEY_FILE,
 	OPT_AUTH,
 };
@@ -115,6 +116,7 @@ static const struct option role_opts[] = {
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
 	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
 	{"ui-interval-ms", required_argument, NULL, OPT_UI_INTERVAL},
+	{"prometheus", required_argument, NULL, OPT_PROMETHEUS},
 	{"key-file", required_argument, NULL, OPT_KEY_FILE},
 	{"key_file", required_argument, NULL, OPT_KEY_FILE}, /* as a config file spells it */
 	{"auth", required_argument, NULL, OPT_AUTH},
@@ -144,6 +146,8 @@ struct role_args {
 	int rebalance_moves;
 	/* mgmtd --ui-interval-ms MS: as stk_mgmtd_opts.ui_interval_ms (0: 10 s) */
 	uint64_t ui_interval_ms;
+	/* mgmtd --prometheus URL: the dashboard's charts from there (docs/dashboard.md) */
+	const char *prometheus;
 	const char *key_file; /* --key-file PATH: the cluster key (docs/security.md) */
 	int auth_off; /* --auth off: no key, said so on purpose */
 };
@@ -338,6 +342,20 @@ static int role_opt(const char *cmd, int c, char *val, struct role_args *a)
 			return 2;
 		}
 		break;
+	case OPT_PROMETHEUS: {
+		size_t n = strlen(val);
+
+		if ((strncmp(val, "http://", 7) != 0 && strncmp(val, "https://", 8) != 0) ||
+		    n < 9 || n > 400 || strpbrk(val, " \t\r\n?#")) {
+			cli_err(cmd,
+				"bad --prometheus '%s': the URL of a Prometheus server, "
+				"http://HOST:PORT[/PATH], without a query",
+				val);
+			return 2;
+		}
+		a->prometheus = val;
+		break;
+	}
 	case OPT_HBTO:
 		if (stk_parse_u64(val, &a->hbto) || a->hbto > 3600000) {
 			cli_err(cmd, "bad --heartbeat-timeout-ms '%s'", val);
@@ -396,6 +414,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.replace_after_s = a.replace_after;
 	o.rebalance_moves = a.rebalance_moves;
 	o.ui_interval_ms = (unsigned)a.ui_interval_ms;
+	o.prometheus = a.prometheus;
 	return stk_mgmtd_run(&o) ? 1 : 0;
 }
 
@@ -496,6 +515,7 @@ static const struct up_pass {
 	{OPT_REPLACE_AFTER, "--replace-after", 0},
 	{OPT_REBALANCE_MOVES, "--rebalance-moves", 0},
 	{OPT_UI_INTERVAL, "--ui-interval-ms", 0},
+	{OPT_PROMETHEUS, "--prometheus", 0},
 	{OPT_RESYNC_RATE, "--resync-rate", 2},
 	{OPT_SCRUB_RATE, "--scrub-rate", 2},
 	{OPT_SCRUB_INTERVAL, "--scrub-interval", 2},
@@ -1288,6 +1308,7 @@ static const struct option up_opts[] = {
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
 	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
 	{"ui-interval-ms", required_argument, NULL, OPT_UI_INTERVAL},
+	{"prometheus", required_argument, NULL, OPT_PROMETHEUS},
 	{"resync-rate", required_argument, NULL, OPT_RESYNC_RATE},
 	{"scrub-rate", required_argument, NULL, OPT_SCRUB_RATE},
 	{"scrub-interval", required_argument, NULL, OPT_SCRUB_INTERVAL},
@@ -1435,6 +1456,7 @@ int cmd_up(int argc, char **argv)
 		case OPT_REPLACE_AFTER:
 		case OPT_REBALANCE_MOVES:
 		case OPT_UI_INTERVAL:
+		case OPT_PROMETHEUS:
 		case OPT_RESYNC_RATE:
 		case OPT_SCRUB_RATE:
 		case OPT_SCRUB_INTERVAL:

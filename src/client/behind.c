@@ -97,9 +97,12 @@ static void settle(stk_client *c, struct stk_behind *b, const struct stk_msg_nam
 		pthread_mutex_unlock(&b->mu);
 		return;
 	}
-	/* A removed file nobody holds open: its chunks go, as after META_UNLINK. */
+	/*
+	 * A removed file nobody holds open: its chunks go, as after META_UNLINK, but
+	 * without a call to meta: this thread holds send_mu, which such a call takes.
+	 */
 	if (m->op == STK_NAME_UNLINK && r->attr.nlink == 0 && !r->orphaned && S_ISREG(r->attr.mode))
-		stk_client_remove_data(c, &r->attr);
+		stk_client_remove_data_nowait(c, &r->attr);
 }
 
 /* Sends batch[0..n) as one META_NAMES, with send_mu. 0 or -errno (all unsent). */

@@ -229,6 +229,9 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	pthread_mutex_init(&c->local_lock, NULL);
 	e = getenv("STOKER_SHORT_CIRCUIT");
 	c->short_circuit = !(e && strcmp(e, "0") == 0);
+	/* a client key's reads go through storage, which checks what it may read */
+	if (stk_net_auth_client(NULL))
+		c->short_circuit = 0;
 	e = getenv("STOKER_HOST_ID");
 	if (stk_host_id(e, c->host_id, sizeof(c->host_id))) {
 		stk_error("STOKER_HOST_ID='%s' is not a host id: at most %d printable "
@@ -367,6 +370,7 @@ int stk_client_meta_addr(struct stk_client *c, char *addr)
 
 int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out)
 {
+	struct stk_msg_meta_statfs_ext x = {0};
 	struct stk_msg_meta_statfs_resp m;
 	char addr[STK_ADDR_MAX] = "";
 	uint8_t resp[64];
@@ -387,16 +391,37 @@ int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out)
 	if (rc)
 		return rc;
 	stk_rbuf_init(&r, resp, len);
-	if (stk_msg_meta_statfs_resp_dec(&r, &m) || stk_rbuf_finish(&r) ||
-	    (m.ns_hi == 0 && m.ns_lo == 0))
+	if (stk_msg_meta_statfs_resp_dec(&r, &m) || (m.ns_hi == 0 && m.ns_lo == 0))
+		return -EIO;
+	if (r.off < r.len && (stk_msg_meta_statfs_ext_dec(&r, &x) || stk_rbuf_finish(&r)))
 		return -EIO;
 	out->hi = m.ns_hi;
 	out->lo = m.ns_lo;
 	pthread_rwlock_wrlock(&c->rt_lock);
 	c->meta_ns = *out;
+	c->meta_purges = (x.flags & STK_STATFS_PURGES) != 0;
 	stk_strlcpy(c->meta_ns_addr, addr, sizeof(c->meta_ns_addr));
 	pthread_rwlock_unlock(&c->rt_lock);
 	return 0;
+}
+
+int stk_client_meta_purges(struct stk_client *c)
+{
+	char addr[STK_ADDR_MAX] = "";
+	int rc = -EAGAIN;
+
+	/*
+	 * Only what stk_client_meta_ns last learned: no call to meta here, since the
+	 * write-behind path asks this holding its own lock, which a meta call takes
+	 * first (to send what is behind), and would wait on itself.
+	 */
+	if (stk_client_meta_addr(c, addr))
+		return -EAGAIN;
+	pthread_rwlock_rdlock(&c->rt_lock);
+	if (!stk_ns_id_is_zero(&c->meta_ns) && strcmp(c->meta_ns_addr, addr) == 0)
+		rc = c->meta_purges;
+	pthread_rwlock_unlock(&c->rt_lock);
+	return rc;
 }
 
 int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req, size_t req_len,
@@ -497,6 +522,19 @@ int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void 
 			      size_t req_len, struct stk_attr *attr)
 {
 	return attr_call(c, 0, opcode, req, req_len, attr);
+}
+
+int stk_client_meta_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+			      size_t req_len, void *resp, size_t resp_cap, size_t *resp_len)
+{
+	return stk_client_meta_call_from(c, stk_lcache_origin(c), opcode, req, req_len, resp,
+					 resp_cap, resp_len);
+}
+
+int stk_client_meta_attr_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+				   size_t req_len, struct stk_attr *attr)
+{
+	return attr_call(c, stk_lcache_origin(c), opcode, req, req_len, attr);
 }
 
 int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t opcode,

@@ -113,6 +113,7 @@ struct stk_client {
 	 */
 	struct stk_ns_id meta_ns;
 	char meta_ns_addr[STK_ADDR_MAX];
+	int meta_purges; /* that meta removes the chunks of files it frees (STK_STATFS_PURGES) */
 	struct stk_lcache *lc; /* the lookup cache (lcache.c), NULL when off */
 	struct stk_behind *behind; /* write-behind of names (behind.c), NULL when off */
 };
@@ -162,10 +163,30 @@ int stk_client_meta_addr(struct stk_client *c, char *addr);
  * reply without an identity).
  */
 int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out);
+/*
+ * Whether that meta removes the chunks of the files it frees itself (its purge,
+ * meta/purge.h), as stk_client_meta_ns last learned it: 1, 0 (an older meta: the
+ * client removes them), or -EAGAIN when it has not asked this meta yet (the
+ * caller removes them; meta's purge of the same chunks is harmless). Never calls
+ * meta: the write-behind path asks under its lock.
+ */
+int stk_client_meta_purges(struct stk_client *c);
 
 /* Encode-and-call helpers for the common reply shape (an stk_attr). */
 int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void *req,
 			      size_t req_len, struct stk_attr *attr);
+/*
+ * A read (META_GETATTR, META_GETATTRS, META_READDIR) sent with this client's origin
+ * (stk_lcache_origin; 0 while the lookup cache is off): meta then leaves a folder
+ * delegated to this very client delegated instead of recalling it, which would
+ * also make the lookup cache forget every name it knows in the folder
+ * (docs/leases.md, "A delegated folder"). Safe because every call to meta sends what
+ * write-behind queued first, so meta reads the folder as this client answered it.
+ */
+int stk_client_meta_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+			      size_t req_len, void *resp, size_t resp_cap, size_t *resp_len);
+int stk_client_meta_attr_read_call(struct stk_client *c, uint16_t opcode, const void *req,
+				   size_t req_len, struct stk_attr *attr);
 /*
  * The same for a change of inode ino's attributes (META_SETATTR, META_EXTEND) sent
  * with this client's origin: the lookup cache forgets ino itself, before and after.
@@ -174,11 +195,21 @@ int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t o
 				  const void *req, size_t req_len, struct stk_attr *attr);
 
 /*
- * Removes a file's chunks from every chain of its layout (after the last unlink),
- * in the background (reaper.c): returns 0 once queued, or the result of removing
- * them itself when the queue is full. A failure is logged: the space is leaked.
+ * A file's last name went (meta answered nlink 0, not orphaned): its chunks go.
+ * A meta that purges (stk_client_meta_purges) removes them itself, and this only
+ * closes this process's short-circuit chunk files of it. Otherwise (an older
+ * meta) this removes the chunks from every chain of its layout in the background
+ * (reaper.c): returns 0 once queued, or the result of removing them itself when
+ * the queue is full. A failure is logged: the space is leaked.
  */
 int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a);
+/*
+ * The same for a caller holding the write-behind's lock (behind.c): never calls
+ * meta (which would first send what is behind, and wait on that lock), so a full
+ * queue grows rather than removing the chunks in the caller; -EAGAIN (logged)
+ * when neither can be done: the chunks are then left to meta's purge or to fsck.
+ */
+int stk_client_remove_data_nowait(struct stk_client *c, const struct stk_attr *a);
 /* The reaper's life: created by stk_connect, drained and freed by stk_disconnect. */
 int stk_reaper_create(struct stk_client *c);
 void stk_reaper_destroy(struct stk_client *c);
@@ -192,6 +223,8 @@ void stk_reaper_wait(struct stk_client *c);
  * time), -ENOMEM, or what storage answered.
  */
 int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, size_t n);
+/* Closes this process's short-circuit chunk files of n files that are gone. */
+void stk_client_forget_local(struct stk_client *c, const struct stk_attr *a, size_t n);
 /* Truncates a file's chunks on every chain of its layout to size. */
 int stk_client_truncate_data(struct stk_client *c, const struct stk_attr *a, uint64_t size);
 /* Removes chunks [first, end) of a file from every chain of its layout (STOR_PUNCH). */

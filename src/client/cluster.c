@@ -18,8 +18,11 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "../common/auth.h"
 #include "../common/host.h"
+#include "../common/log.h"
 #include "../common/util.h"
 #include "../proto/status.h"
 
@@ -543,4 +546,172 @@ int stk_cluster_ping(const char *addr, unsigned timeout_ms, unsigned count, doub
 	}
 	stk_conn_close(c);
 	return rc;
+}
+
+/* ---- client identities ---- */
+
+_Static_assert(STK_IDENT_READ_ONLY == STK_CLIENT_RO &&
+		   STK_IDENT_SQUASH_ROOT == STK_CLIENT_SQUASH_ROOT &&
+		   STK_IDENT_SQUASH_ALL == STK_CLIENT_SQUASH_ALL,
+	       "client flags");
+_Static_assert(STK_IDENT_NAME_MAX == STK_CLIENT_NAME_MAX &&
+		   STK_IDENT_SUBTREE_MAX == STK_CLIENT_SUBTREE_MAX,
+	       "client limits");
+
+static void ident_to_auth(const struct stk_client_ident *c, struct stk_auth_client *a)
+{
+	memset(a, 0, sizeof(*a));
+	stk_strlcpy(a->name, c->name, sizeof(a->name));
+	a->gen = c->gen;
+	a->flags = c->flags;
+	a->anon_uid = c->anon_uid;
+	a->anon_gid = c->anon_gid;
+	stk_strlcpy(a->subtree, c->subtree, sizeof(a->subtree));
+}
+
+int stk_cluster_client_rm(const char *cluster, const char *name, uint64_t *gen)
+{
+	struct stk_msg_mgmt_client_name rq;
+	struct stk_msg_mgmt_client_gen rp;
+	uint8_t req[512], resp[64];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	if (!name || strlen(name) > STK_CLIENT_NAME_MAX)
+		return -EINVAL;
+	memset(&rq, 0, sizeof(rq));
+	stk_strlcpy(rq.name, name, sizeof(rq.name));
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_mgmt_client_name_enc(&w, &rq);
+	rc = admin_call(cluster, STK_OP_MGMT_CLIENT_RM, &w, resp, sizeof(resp), &r);
+	if (rc)
+		return rc;
+	if (stk_msg_mgmt_client_gen_dec(&r, &rp) || stk_rbuf_finish(&r))
+		return -EBADMSG;
+	if (gen)
+		*gen = rp.gen;
+	return 0;
+}
+
+int stk_cluster_client_add(const char *cluster, struct stk_client_ident *c, const char *key_out)
+{
+	struct stk_msg_client_rec rq;
+	struct stk_msg_mgmt_client_gen rp;
+	struct stk_auth_client a;
+	uint8_t req[2048], resp[64], ckey[STK_AUTH_KEY_MAX], key[STK_AUTH_MAC];
+	size_t clen = 0;
+	char err[256];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	if (!c || !key_out || !*key_out)
+		return -EINVAL;
+	c->gen = 0;
+	ident_to_auth(c, &a);
+	if (stk_auth_client_valid(&a, err, sizeof(err))) {
+		stk_error("%s", err);
+		return -EINVAL;
+	}
+	if (access(key_out, F_OK) == 0)
+		return -EEXIST;
+	memset(&rq, 0, sizeof(rq));
+	stk_strlcpy(rq.name, a.name, sizeof(rq.name));
+	rq.flags = a.flags;
+	rq.anon_uid = a.anon_uid;
+	rq.anon_gid = a.anon_gid;
+	stk_strlcpy(rq.subtree, a.subtree, sizeof(rq.subtree));
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_client_rec_enc(&w, &rq);
+	rc = admin_call(cluster, STK_OP_MGMT_CLIENT_ADD, &w, resp, sizeof(resp), &r);
+	if (rc)
+		return rc;
+	if (stk_msg_mgmt_client_gen_dec(&r, &rp) || stk_rbuf_finish(&r))
+		return -EBADMSG;
+	a.gen = rp.gen;
+	rc = stk_net_auth_cluster_key(ckey, &clen);
+	if (rc == 0)
+		rc = stk_auth_client_key(ckey, clen, &a, key);
+	if (rc == 0)
+		rc = stk_auth_client_save(key_out, &a, key);
+	memset(ckey, 0, sizeof(ckey));
+	memset(key, 0, sizeof(key));
+	if (rc) {
+		/* no key file: the identity is of no use, so it goes again */
+		stk_cluster_client_rm(cluster, a.name, NULL);
+		return rc;
+	}
+	c->gen = a.gen;
+	return 0;
+}
+
+int stk_cluster_client_list(const char *cluster, struct stk_client_ident **out, uint32_t *n)
+{
+	struct stk_client_ident *list = NULL;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	uint8_t *resp;
+	uint32_t k;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	resp = malloc(STK_MAX_PAYLOAD);
+	if (!resp)
+		return -ENOMEM;
+	stk_wbuf_init(&w, NULL, 0);
+	rc = admin_call(cluster, STK_OP_MGMT_CLIENTS, &w, resp, STK_MAX_PAYLOAD, &r);
+	if (rc)
+		goto out;
+	k = stk_get_u32(&r);
+	rc = -EBADMSG;
+	if (r.err || k > r.len / 25)
+		goto out;
+	rc = -ENOMEM;
+	if (k && !(list = calloc(k, sizeof(*list))))
+		goto out;
+	rc = -EBADMSG;
+	for (uint32_t i = 0; i < k; i++) {
+		struct stk_msg_client_rec rec;
+
+		if (stk_msg_client_rec_dec(&r, &rec))
+			goto out;
+		stk_strlcpy(list[i].name, rec.name, sizeof(list[i].name));
+		list[i].gen = rec.gen;
+		list[i].flags = rec.flags;
+		list[i].anon_uid = rec.anon_uid;
+		list[i].anon_gid = rec.anon_gid;
+		stk_strlcpy(list[i].subtree, rec.subtree, sizeof(list[i].subtree));
+		list[i].removed = rec.removed;
+	}
+	if (stk_rbuf_finish(&r))
+		goto out;
+	*out = list;
+	*n = k;
+	list = NULL;
+	rc = 0;
+out:
+	free(list);
+	free(resp);
+	return rc;
+}
+
+int stk_client_identity(stk_client *c, struct stk_client_ident *out)
+{
+	struct stk_auth_client a;
+
+	(void)c; /* a process holds one identity, whichever cluster it talks to */
+	if (!stk_net_auth_client(&a))
+		return 0;
+	if (out) {
+		memset(out, 0, sizeof(*out));
+		stk_strlcpy(out->name, a.name, sizeof(out->name));
+		out->gen = a.gen;
+		out->flags = a.flags;
+		out->anon_uid = a.anon_uid;
+		out->anon_gid = a.anon_gid;
+		stk_strlcpy(out->subtree, a.subtree, sizeof(out->subtree));
+	}
+	return 1;
 }

@@ -980,7 +980,7 @@ int stk_fstat(stk_file *f, struct stat *st)
 	m.ino = f->attr.ino;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_ino_req_enc(&w, &m);
-	rc = stk_client_meta_attr_call(f->c, STK_OP_META_GETATTR, req, w.len, &a);
+	rc = stk_client_meta_attr_read_call(f->c, STK_OP_META_GETATTR, req, w.len, &a);
 	if (rc)
 		return rc;
 	pthread_mutex_lock(&f->lock);

@@ -97,7 +97,7 @@ int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, st
 
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_ino_req_enc(&w, &m);
-	return stk_client_meta_attr_call(c, STK_OP_META_GETATTR, req, w.len, out);
+	return stk_client_meta_attr_read_call(c, STK_OP_META_GETATTR, req, w.len, out);
 }
 
 int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
@@ -131,7 +131,7 @@ int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t 
 		rc = -EINVAL;
 		goto out;
 	}
-	rc = stk_client_meta_call(c, STK_OP_META_GETATTRS, req, w.len, resp, resp_cap, &len);
+	rc = stk_client_meta_read_call(c, STK_OP_META_GETATTRS, req, w.len, resp, resp_cap, &len);
 	if (rc)
 		goto out;
 	stk_rbuf_init(&r, resp, len);
@@ -151,6 +151,81 @@ int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t 
 	}
 	if (stk_rbuf_finish(&r))
 		rc = -EIO;
+out:
+	free(req);
+	free(resp);
+	return rc;
+}
+
+int stk_ino_lookups(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+		    const char *const *names, uint32_t n, struct stk_attr *out, int *rcs)
+{
+	struct stk_msg_meta_lookups_req m = {.cred = CRED(c, cred), .parent = parent, .n = n};
+	struct stk_lcache_tok tok = stk_lcache_begin(c);
+	struct stk_msg_meta_lookups_resp rm;
+	size_t req_cap = 512 + (size_t)n * (STK_NAME_MAX + 8), resp_cap = 256 + (size_t)n * 160;
+	size_t len = 0;
+	uint8_t *req, *resp;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	if (n == 0)
+		return 0;
+	if (n > STK_LOOKUPS_MAX)
+		return -EINVAL;
+	req = malloc(req_cap);
+	resp = malloc(resp_cap);
+	if (!req || !resp) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	stk_wbuf_init(&w, req, req_cap);
+	stk_msg_meta_lookups_req_enc(&w, &m);
+	for (uint32_t i = 0; i < n; i++) {
+		struct stk_msg_lookups_rec g;
+
+		rc = name_ok(names[i], g.name);
+		if (rc)
+			goto out;
+		stk_msg_lookups_rec_enc(&w, &g);
+	}
+	if (w.err) {
+		rc = -EINVAL;
+		goto out;
+	}
+	/* With the holder's origin: leased as lookups are, and a folder delegated here
+	 * stays so (stk_client_meta_read_call). */
+	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_LOOKUPS, req, w.len, resp,
+				       resp_cap, &len);
+	if (rc)
+		goto out;
+	stk_rbuf_init(&r, resp, len);
+	stk_msg_meta_lookups_resp_dec(&r, &rm);
+	if (r.err || rm.n != n) {
+		rc = -EIO;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct stk_msg_attr_rec rec;
+
+		stk_msg_attr_rec_dec(&r, &rec);
+		rcs[i] = r.err ? -EIO : stk_status_to_errno(rec.status);
+		if (rcs[i] == 0)
+			out[i] = rec.attr;
+	}
+	if (stk_rbuf_finish(&r)) {
+		rc = -EIO;
+		goto out;
+	}
+	/* Kept when meta leased them, as lookup_cached keeps one. */
+	for (uint32_t i = 0; rm.leased && tok.holder && i < n; i++) {
+		static const struct stk_attr none;
+
+		if (rcs[i] == 0 || rcs[i] == -ENOENT)
+			stk_lcache_put(c, tok, parent, names[i], rcs[i] == 0,
+				       rcs[i] ? &none : &out[i], &rm.dir);
+	}
 out:
 	free(req);
 	free(resp);
@@ -554,7 +629,7 @@ int stk_ino_readdir(stk_client *c, const struct stk_cred *cred, uint64_t ino, ui
 		return -ENOMEM;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_readdir_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, STK_OP_META_READDIR, req, w.len, resp, cap, &len);
+	rc = stk_client_meta_read_call(c, STK_OP_META_READDIR, req, w.len, resp, cap, &len);
 	if (rc)
 		goto out;
 	stk_rbuf_init(&r, resp, len);

@@ -35,6 +35,16 @@ int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, st
 int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
 		     struct stk_attr *out, int *rcs);
 /*
+ * Looks up n names of folder parent in one META_LOOKUPS (1 to STK_LOOKUPS_MAX), into
+ * the caller's arrays out and rcs of n each: rcs[i] is 0 with out[i] filled, or
+ * -ENOENT (no such name). When meta leased the answers, the lookup cache keeps
+ * them, as after n lookups. Returns 0; -EINVAL (n over the limit, a bad name),
+ * -ENOMEM, -EIO (a malformed reply), or the call's -errno (-EACCES: no search
+ * permission; -ENOSYS from a meta without META_LOOKUPS).
+ */
+int stk_ino_lookups(stk_client *c, const struct stk_cred *cred, uint64_t parent,
+		    const char *const *names, uint32_t n, struct stk_attr *out, int *rcs);
+/*
  * Changes what `valid` names (STK_SETATTR_*), taking values from `v` (mode, uid,
  * gid, size, atime, mtime). A size change also truncates the chunks on storage.
  */

@@ -896,6 +896,22 @@ static int truncate_on_chain(struct stk_client *c, const struct stk_ns_id *ns,
 	return rc;
 }
 
+/*
+ * The short-circuit reader's open chunk files of gone files go first: held open
+ * (and mapped) they would keep the space and slow every later read of this process.
+ */
+void stk_client_forget_local(struct stk_client *c, const struct stk_attr *a, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t nl = __atomic_load_n(&c->nlocals, __ATOMIC_ACQUIRE);
+		uint64_t cs = a[i].layout.chunk_size;
+		uint64_t nchunks = cs ? (a[i].size + cs - 1) / cs : 0;
+
+		for (uint32_t j = 0; nchunks && j < nl; j++)
+			stk_chunk_store_forget(c->locals[j].cs, a[i].ino, nchunks);
+	}
+}
+
 int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, size_t n)
 {
 	uint32_t chains[STK_MAX_STRIPE];
@@ -921,16 +937,7 @@ int stk_client_remove_data_many(struct stk_client *c, const struct stk_attr *a, 
 			    .chain_id = chains[k],
 			    .rec = {.ino = a[i].ino, .chunk_size = a[i].layout.chunk_size}};
 	}
-	/* The short-circuit reader's open chunk files of these go first: held open (and
-	 * mapped) they would keep the space and slow every later read of this process. */
-	for (size_t i = 0; i < n; i++) {
-		uint32_t nl = __atomic_load_n(&c->nlocals, __ATOMIC_ACQUIRE);
-		uint64_t cs = a[i].layout.chunk_size;
-		uint64_t nchunks = cs ? (a[i].size + cs - 1) / cs : 0;
-
-		for (uint32_t j = 0; nchunks && j < nl; j++)
-			stk_chunk_store_forget(c->locals[j].cs, a[i].ino, nchunks);
-	}
+	stk_client_forget_local(c, a, n);
 	qsort(l, cnt, sizeof(*l), chain_rec_cmp);
 	/* Without the namespace's identity storage removes nothing: none is sent. */
 	rc0 = cnt ? stk_client_meta_ns(c, &ns) : 0;

@@ -31,6 +31,7 @@ _Static_assert(STK_LL_PATH_MAX == STK_PATH_MAX, "path length");
 _Static_assert(STK_LL_MAX_GROUPS == STK_MAX_GROUPS, "groups");
 _Static_assert(STK_LL_XATTR_SIZE_MAX == STK_XATTR_SIZE_MAX, "xattr size");
 _Static_assert(STK_LL_GETATTRS_MAX == STK_GETATTRS_MAX, "getattrs batch");
+_Static_assert(STK_LL_LOOKUPS_MAX == STK_LOOKUPS_MAX, "lookups batch");
 _Static_assert(STK_LL_SETATTR_MODE == STK_SETATTR_MODE && STK_LL_SETATTR_UID == STK_SETATTR_UID &&
 		       STK_LL_SETATTR_GID == STK_SETATTR_GID &&
 		       STK_LL_SETATTR_SIZE == STK_SETATTR_SIZE &&
@@ -154,6 +155,27 @@ int stk_ll_getattrs(stk_client *c, const struct stk_ll_cred *cred, const uint64_
 	if (!a)
 		return -ENOMEM;
 	rc = stk_ino_getattrs(c, cred_in(cred, &cw), inos, n, a, rcs);
+	if (rc == 0)
+		for (uint32_t i = 0; i < n; i++)
+			if (rcs[i] == 0)
+				attr_out(&a[i], &out[i]);
+	free(a);
+	return rc;
+}
+
+int stk_ll_lookups(stk_client *c, const struct stk_ll_cred *cred, uint64_t parent,
+		   const char *const *names, uint32_t n, struct stk_ll_attr *out, int *rcs)
+{
+	struct stk_cred cw;
+	struct stk_attr *a;
+	int rc;
+
+	if (n > STK_LOOKUPS_MAX || (n && (!names || !out || !rcs)))
+		return -EINVAL;
+	a = malloc((n ? n : 1) * sizeof(*a));
+	if (!a)
+		return -ENOMEM;
+	rc = stk_ino_lookups(c, cred_in(cred, &cw), parent, names, n, a, rcs);
 	if (rc == 0)
 		for (uint32_t i = 0; i < n; i++)
 			if (rcs[i] == 0)

@@ -426,7 +426,7 @@ int stk_statfs(stk_client *c, struct statvfs *st)
 	if (rc)
 		return rc;
 	stk_rbuf_init(&r, resp, len);
-	if (stk_msg_meta_statfs_resp_dec(&r, &m) || stk_rbuf_finish(&r))
+	if (stk_msg_meta_statfs_resp_dec(&r, &m))
 		return -EIO;
 	/* Each device once, however many targets (of however many nodes) share it. */
 	pthread_rwlock_rdlock(&c->rt_lock);

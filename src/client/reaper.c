@@ -1,6 +1,15 @@
 /*
  * The reaper: removes the chunks of files that are gone (last unlink, replaced by
- * a rename, an orphan's last close) in the background.
+ * a rename, an orphan's last close) in the background, for a meta that does not
+ * purge them itself.
+ *
+ * A meta of this release says in META_STATFS that it purges (STK_STATFS_PURGES):
+ * it records the chunks of every file it frees in the transaction that frees it
+ * and removes them itself (src/meta/purge.h), so a client killed right after an
+ * unlink leaks nothing. Then stk_client_remove_data only closes this process's
+ * short-circuit chunk files and queues nothing. The rest of this file is the
+ * fallback for an older meta, kept so that a client upgraded before its cluster
+ * does not leak what it unlinks:
  *
  * Why: removing a file's data is one STOR_TRUNCATE per chain of its layout, sent
  * one after the other; done inside unlink(2) it made an unlink through the mount
@@ -14,13 +23,14 @@
  * one STOR_TRUNCATES per chain for up to STK_REAPER_BATCH files (W4's 20,000
  * unlinks through the mount went from 80,000 storage requests to 1,636).
  * When the queue is full the caller removes the data itself: a burst of
- * unlinks slows down instead of growing memory. stk_disconnect() drains what is
- * left before it closes the connections, so a CLI command or a mount that exits
- * cleanly leaves no chunks behind; a crash loses the queue, and those chunks stay
- * on the targets until an fsck collects them (as a crash in the middle of a
- * synchronous removal did before). At disconnect a removal retries an
- * unreachable cluster for at most 15 s, so a hard mount (retry forever) whose
- * cluster is gone still unmounts.
+ * unlinks slows down instead of growing memory (except for the write-behind,
+ * which may not wait on meta: its queue grows, stk_client_remove_data_nowait).
+ * stk_disconnect() drains what is left before it closes the connections, so a
+ * CLI command or a mount that exits cleanly leaves no chunks behind; a crash
+ * loses the queue, and those chunks stay on the targets until an fsck collects
+ * them (as a crash in the middle of a synchronous removal did before). At
+ * disconnect a removal retries an unreachable cluster for at most 15 s, so a
+ * hard mount (retry forever) whose cluster is gone still unmounts.
  *
  * After fork() the child has no worker; its copy of the queue belongs to the
  * parent, which removes those files, so the child starts with an empty one.
@@ -116,10 +126,38 @@ int stk_reaper_create(struct stk_client *c)
 	return 0;
 }
 
-int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
+/* The ring twice as long, its entries in order from 0. With r->lock. 0 or -ENOMEM. */
+static int ring_grow(struct stk_reaper *r)
+{
+	struct stk_attr *q = malloc(2 * (size_t)r->cap * sizeof(*q));
+
+	if (!q)
+		return -ENOMEM;
+	for (unsigned i = 0; i < r->count; i++)
+		q[i] = r->q[(r->head + i) % r->cap];
+	free(r->q);
+	r->q = q;
+	r->head = 0;
+	r->cap *= 2;
+	return 0;
+}
+
+/*
+ * may_block 0: the caller holds the write-behind's lock (behind.c), so this must
+ * not call meta, which would first send what is behind and wait on that lock:
+ * a full queue grows instead of removing the data here, and where it cannot
+ * (no memory, no worker) the chunks are left, logged, to meta's purge (a meta
+ * of this release removes them anyway) or to fsck.
+ */
+static int remove_data(struct stk_client *c, const struct stk_attr *a, int may_block)
 {
 	struct stk_reaper *r = c->reaper;
 
+	/* meta has recorded the purge in the transaction that freed the inode. */
+	if (stk_client_meta_purges(c) == 1) {
+		stk_client_forget_local(c, a, 1);
+		return 0;
+	}
 	pthread_mutex_lock(&r->lock);
 	if (r->stopping)
 		goto sync;
@@ -129,7 +167,7 @@ int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
 			goto sync;
 		r->cap = STK_REAPER_MAX;
 	}
-	if (r->count == r->cap)
+	if (r->count == r->cap && (may_block || ring_grow(r)))
 		goto sync;
 	if (!r->running) {
 		if (pthread_create(&r->thread, NULL, reaper_main, c) != 0)
@@ -143,7 +181,22 @@ int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
 	return 0;
 sync:
 	pthread_mutex_unlock(&r->lock);
+	if (!may_block) {
+		stk_warn("the chunks of removed inode %llu are left to meta's purge or to fsck",
+			 (unsigned long long)a->ino);
+		return -EAGAIN;
+	}
 	return remove_now(c, a, 1);
+}
+
+int stk_client_remove_data(struct stk_client *c, const struct stk_attr *a)
+{
+	return remove_data(c, a, 1);
+}
+
+int stk_client_remove_data_nowait(struct stk_client *c, const struct stk_attr *a)
+{
+	return remove_data(c, a, 0);
 }
 
 void stk_reaper_wait(struct stk_client *c)

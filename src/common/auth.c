@@ -200,3 +200,304 @@ int stk_auth_verify(const uint8_t *key, size_t key_len, enum stk_auth_side side,
 	OPENSSL_cleanse(want, sizeof(want));
 	return ok;
 }
+
+/* ---- client identities ---- */
+
+#define CLIENT_FILE_MAX 4096
+#define CLIENT_FILE_MAGIC "stoker-client-key 1\n"
+
+int stk_auth_client_valid(const struct stk_auth_client *c, char *err, size_t errlen)
+{
+	size_t n = strnlen(c->name, sizeof(c->name)), sl = strnlen(c->subtree, sizeof(c->subtree));
+	const char *p;
+
+	if (n == 0 || n > STK_CLIENT_NAME_MAX) {
+		snprintf(err, errlen, "a client name has 1 to %u characters", STK_CLIENT_NAME_MAX);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char ch = c->name[i];
+
+		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		      (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-')) {
+			snprintf(err, errlen,
+				 "client name '%s': only letters, digits, '.', '_' and '-'",
+				 c->name);
+			return -EINVAL;
+		}
+	}
+	if (c->flags & ~STK_CLIENT_FLAGS) {
+		snprintf(err, errlen, "client %s: unknown policy flags %#x", c->name, c->flags);
+		return -EINVAL;
+	}
+	if ((c->flags & STK_CLIENT_SQUASH_ROOT) && (c->flags & STK_CLIENT_SQUASH_ALL)) {
+		snprintf(err, errlen, "client %s: squash root or squash all, not both", c->name);
+		return -EINVAL;
+	}
+	if (sl == 0 || sl > STK_CLIENT_SUBTREE_MAX || c->subtree[0] != '/') {
+		snprintf(err, errlen,
+			 "client %s: the subtree must be an absolute path of at most %u "
+			 "bytes",
+			 c->name, STK_CLIENT_SUBTREE_MAX);
+		return -EINVAL;
+	}
+	for (p = c->subtree; *p;) {
+		const char *e;
+		size_t cl;
+
+		p++; /* the '/' */
+		e = strchr(p, '/');
+		cl = e ? (size_t)(e - p) : strlen(p);
+		if ((cl == 0 && (e || p != c->subtree + 1)) || (cl == 1 && p[0] == '.') ||
+		    (cl == 2 && p[0] == '.' && p[1] == '.') || cl > 255) {
+			snprintf(err, errlen,
+				 "client %s: subtree '%s' is not a plain path (no '.', '..', '//' "
+				 "or trailing '/')",
+				 c->name, c->subtree);
+			return -EINVAL;
+		}
+		for (size_t i = 0; i < cl; i++)
+			if ((unsigned char)p[i] < 0x20) {
+				snprintf(err, errlen, "client %s: subtree has a control character",
+					 c->name);
+				return -EINVAL;
+			}
+		if (!e)
+			break;
+		p = e;
+	}
+	return 0;
+}
+
+int stk_auth_client_key(const uint8_t *cluster_key, size_t key_len, const struct stk_auth_client *c,
+			uint8_t out[STK_AUTH_MAC])
+{
+	char text[STK_CLIENT_NAME_MAX + STK_CLIENT_SUBTREE_MAX + 128];
+	unsigned int mlen = 0;
+	int n;
+
+	pthread_once(&ssl_once, ssl_init);
+	/* The subtree last: it is the only field that may hold any byte but NUL. */
+	n = snprintf(text, sizeof(text),
+		     "stoker-client-1\nname=%s\ngen=%llu\nflags=%u\nanon=%u:%u\nsubtree=%s",
+		     c->name, (unsigned long long)c->gen, c->flags, c->anon_uid, c->anon_gid,
+		     c->subtree);
+	if (n < 0 || (size_t)n >= sizeof(text))
+		return -EINVAL;
+	if (!HMAC(EVP_sha256(), cluster_key, (int)key_len, (const uint8_t *)text, (size_t)n, out,
+		  &mlen) ||
+	    mlen != STK_AUTH_MAC)
+		return -EIO;
+	return 0;
+}
+
+const char *stk_auth_client_flags_str(uint32_t flags, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s%s%s", flags & STK_CLIENT_RO ? "read-only" : "read-write",
+		 flags & STK_CLIENT_SQUASH_ROOT ? ",squash-root" : "",
+		 flags & STK_CLIENT_SQUASH_ALL ? ",squash-all" : "");
+	return buf;
+}
+
+int stk_auth_client_save(const char *path, const struct stk_auth_client *c,
+			 const uint8_t key[STK_AUTH_MAC])
+{
+	static const char hex[] = "0123456789abcdef";
+	char text[CLIENT_FILE_MAX], khex[2 * STK_AUTH_MAC + 1], fl[64];
+	int fd, n, rc = 0;
+
+	for (size_t i = 0; i < STK_AUTH_MAC; i++) {
+		khex[2 * i] = hex[key[i] >> 4];
+		khex[2 * i + 1] = hex[key[i] & 0xf];
+	}
+	khex[2 * STK_AUTH_MAC] = 0;
+	n = snprintf(
+	    text, sizeof(text),
+	    CLIENT_FILE_MAGIC "# %s (stoker admin client add; docs/security.md)\n"
+			      "name %s\ngen %llu\nflags %u\nanon %u %u\nsubtree %s\nkey %s\n",
+	    stk_auth_client_flags_str(c->flags, fl, sizeof(fl)), c->name,
+	    (unsigned long long)c->gen, c->flags, c->anon_uid, c->anon_gid, c->subtree, khex);
+	OPENSSL_cleanse(khex, sizeof(khex));
+	if (n < 0 || (size_t)n >= sizeof(text))
+		return -EINVAL;
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		rc = -errno;
+		goto out;
+	}
+	if (fchmod(fd, 0600) < 0 || write(fd, text, (size_t)n) != n || fsync(fd) < 0) {
+		rc = errno ? -errno : -EIO;
+		close(fd);
+		unlink(path);
+		goto out;
+	}
+	close(fd);
+out:
+	OPENSSL_cleanse(text, sizeof(text));
+	return rc;
+}
+
+static int read_small(const char *path, char *buf, size_t cap, size_t *len, struct stat *st)
+{
+	size_t n = 0;
+	ssize_t r;
+	int fd = open(path, O_RDONLY | O_CLOEXEC), rc = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fstat(fd, st) < 0) {
+		rc = -errno;
+		goto out;
+	}
+	while (n < cap && (r = read(fd, buf + n, cap - n)) != 0) {
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			rc = -errno;
+			goto out;
+		}
+		n += (size_t)r;
+	}
+	*len = n;
+out:
+	close(fd);
+	return rc;
+}
+
+int stk_auth_client_file(const char *path)
+{
+	char buf[sizeof(CLIENT_FILE_MAGIC)];
+	struct stat st;
+	size_t n = 0;
+	int rc = read_small(path, buf, sizeof(buf) - 1, &n, &st);
+
+	if (rc)
+		return rc;
+	return n >= strlen("stoker-client-key") && memcmp(buf, "stoker-client-key", 17) == 0;
+}
+
+int stk_auth_client_load(const char *path, struct stk_auth_client *c, uint8_t key[STK_AUTH_MAC],
+			 char *err, size_t errlen)
+{
+	char buf[CLIENT_FILE_MAX + 1], why[256];
+	struct stat st;
+	size_t n = 0;
+	unsigned have = 0;
+	int rc;
+	char *line, *next;
+
+	memset(c, 0, sizeof(*c));
+	rc = read_small(path, buf, CLIENT_FILE_MAX + 1, &n, &st);
+	if (rc) {
+		snprintf(err, errlen, "cannot read client key file %s: %s", path, strerror(-rc));
+		return rc;
+	}
+	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
+		snprintf(err, errlen,
+			 "key file %s has mode %04o: its group or others may read it; the key "
+			 "must be its owner's alone (chmod 600 %s)",
+			 path, (unsigned)(st.st_mode & 07777), path);
+		rc = -EPERM;
+		goto out;
+	}
+	rc = -EINVAL;
+	if (n > CLIENT_FILE_MAX || n < strlen(CLIENT_FILE_MAGIC) ||
+	    memcmp(buf, CLIENT_FILE_MAGIC, strlen(CLIENT_FILE_MAGIC)) != 0) {
+		snprintf(why, sizeof(why), "not a version 1 client key file");
+		goto bad;
+	}
+	buf[n] = 0;
+	for (line = buf + strlen(CLIENT_FILE_MAGIC); *line; line = next) {
+		char *sp, *val, *end;
+		unsigned long long v;
+
+		next = strchr(line, '\n');
+		if (!next) {
+			snprintf(why, sizeof(why), "the last line has no newline");
+			goto bad;
+		}
+		*next++ = 0;
+		if (line[0] == '#' || line[0] == 0)
+			continue;
+		sp = strchr(line, ' ');
+		if (!sp) {
+			snprintf(why, sizeof(why), "line '%.40s' has no value", line);
+			goto bad;
+		}
+		*sp = 0;
+		val = sp + 1;
+		if (strcmp(line, "name") == 0 && !(have & 1)) {
+			if (strlen(val) > STK_CLIENT_NAME_MAX)
+				goto badval;
+			memcpy(c->name, val, strlen(val) + 1);
+			have |= 1;
+		} else if (strcmp(line, "gen") == 0 && !(have & 2)) {
+			errno = 0;
+			v = strtoull(val, &end, 10);
+			if (errno || *end || end == val)
+				goto badval;
+			c->gen = v;
+			have |= 2;
+		} else if (strcmp(line, "flags") == 0 && !(have & 4)) {
+			errno = 0;
+			v = strtoull(val, &end, 10);
+			if (errno || *end || end == val || v > STK_CLIENT_FLAGS)
+				goto badval;
+			c->flags = (uint32_t)v;
+			have |= 4;
+		} else if (strcmp(line, "anon") == 0 && !(have & 8)) {
+			unsigned long long g;
+
+			errno = 0;
+			v = strtoull(val, &end, 10);
+			if (errno || *end != ' ' || end == val || v > UINT32_MAX)
+				goto badval;
+			g = strtoull(end + 1, &end, 10);
+			if (errno || *end || g > UINT32_MAX)
+				goto badval;
+			c->anon_uid = (uint32_t)v;
+			c->anon_gid = (uint32_t)g;
+			have |= 8;
+		} else if (strcmp(line, "subtree") == 0 && !(have & 16)) {
+			if (strlen(val) > STK_CLIENT_SUBTREE_MAX)
+				goto badval;
+			memcpy(c->subtree, val, strlen(val) + 1);
+			have |= 16;
+		} else if (strcmp(line, "key") == 0 && !(have & 32)) {
+			if (strlen(val) != 2 * STK_AUTH_MAC)
+				goto badval;
+			for (size_t i = 0; i < STK_AUTH_MAC; i++) {
+				int hi = hexval((unsigned char)val[2 * i]);
+				int lo = hexval((unsigned char)val[2 * i + 1]);
+
+				if (hi < 0 || lo < 0)
+					goto badval;
+				key[i] = (uint8_t)(hi << 4 | lo);
+			}
+			have |= 32;
+		} else {
+			snprintf(why, sizeof(why), "unknown or repeated field '%.40s'", line);
+			goto bad;
+		}
+		continue;
+	badval:
+		snprintf(why, sizeof(why), "bad value for '%s'", line);
+		goto bad;
+	}
+	if (have != 63) {
+		snprintf(why, sizeof(why),
+			 "a field is missing (name, gen, flags, anon, subtree, key)");
+		goto bad;
+	}
+	rc = stk_auth_client_valid(c, why, sizeof(why));
+	if (rc == 0)
+		goto out;
+bad:
+	rc = -EINVAL;
+	snprintf(err, errlen, "client key file %s: %s (`stoker admin client add` makes one)", path,
+		 why);
+	OPENSSL_cleanse(key, STK_AUTH_MAC);
+out:
+	OPENSSL_cleanse(buf, sizeof(buf));
+	return rc;
+}

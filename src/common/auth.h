@@ -71,4 +71,57 @@ int stk_auth_verify(const uint8_t *key, size_t key_len, enum stk_auth_side side,
 		    const uint8_t nc[STK_AUTH_NONCE], const uint8_t ns[STK_AUTH_NONCE],
 		    const uint8_t mac[STK_AUTH_MAC]);
 
+/*
+ * Client identities (docs/security.md, "Client keys"). A client key is not a
+ * secret of its own: it is HMAC-SHA256(cluster key, the client's canonical
+ * policy), so any daemon holding the cluster key recomputes it from the policy
+ * the client presents and needs no lookup, and a client that alters its policy
+ * (another subtree, read-write for read-only) holds no key for it. The handshake
+ * is the cluster key's, keyed by the client key, and opened by AUTH_HELLO_CLIENT,
+ * which carries the policy. gen is mgmtd's number for this issue of the name:
+ * removing a client revokes (name, gen); adding the name again issues a new gen.
+ */
+#define STK_CLIENT_NAME_MAX 63u
+#define STK_CLIENT_SUBTREE_MAX 1023u
+#define STK_CLIENT_RO 1u	  /* every change refused: EROFS */
+#define STK_CLIENT_SQUASH_ROOT 2u /* uid 0 (and gid 0) act as anon_uid, anon_gid */
+#define STK_CLIENT_SQUASH_ALL 4u  /* every uid and gid acts as anon_uid, anon_gid */
+#define STK_CLIENT_FLAGS 7u
+#define STK_CLIENT_ANON_DEFAULT 65534u /* nobody, nogroup */
+
+struct stk_auth_client {
+	char name[STK_CLIENT_NAME_MAX + 1];
+	uint64_t gen;
+	uint32_t flags; /* STK_CLIENT_* */
+	uint32_t anon_uid, anon_gid;
+	/* "/" for the whole namespace, else an absolute path without ".", ".." or "//" */
+	char subtree[STK_CLIENT_SUBTREE_MAX + 1];
+};
+
+/*
+ * 0 when c is a well-formed policy: a name of 1 to STK_CLIENT_NAME_MAX bytes of
+ * [A-Za-z0-9._-], known flags, at most one squash, a normalised absolute subtree.
+ * -EINVAL with a line for a person in err otherwise.
+ */
+int stk_auth_client_valid(const struct stk_auth_client *c, char *err, size_t errlen);
+/* out = HMAC-SHA256(cluster key, canonical text of c). 0 or -EIO. */
+int stk_auth_client_key(const uint8_t *cluster_key, size_t key_len, const struct stk_auth_client *c,
+			uint8_t out[STK_AUTH_MAC]);
+/*
+ * Writes a client key file (mode 0600; -EEXIST if path exists: never overwrites):
+ * the policy as "field value" lines and the key as hex. 0 or -errno.
+ */
+int stk_auth_client_save(const char *path, const struct stk_auth_client *c,
+			 const uint8_t key[STK_AUTH_MAC]);
+/*
+ * 1 when the file at path is a client key file (it starts "stoker-client-key"),
+ * 0 when not, -errno when it cannot be read.
+ */
+int stk_auth_client_file(const char *path);
+/* Reads a client key file: the same rules and errors as stk_auth_key_load. */
+int stk_auth_client_load(const char *path, struct stk_auth_client *c, uint8_t key[STK_AUTH_MAC],
+			 char *err, size_t errlen);
+/* "read-only,squash-root" or "rw", into buf. Returns buf. */
+const char *stk_auth_client_flags_str(uint32_t flags, char *buf, size_t len);
+
 #endif

@@ -78,7 +78,12 @@
 	  "Client connections accepted.")                                                          \
 	X(AUTH_FAILURES, COUNTER, "stoker_auth_failures_total", "reason",                         \
 	  "Connections closed for failing the cluster-key handshake, by reason: no_handshake "    \
-	  "(a request before it), bad_proof (wrong key or replay), malformed, timeout.")           \
+	  "(a request before it), bad_proof (wrong key or replay, a forged client policy), "        \
+	  "malformed, timeout, revoked (a removed client key).")                                    \
+	X(CLIENT_REFUSED, COUNTER, "stoker_client_refused_total", "reason",                        \
+	  "Requests of client-key connections refused by their policy (docs/security.md), by "    \
+	  "reason: read_only, outside (outside the client's subtree), admin (an operator's "     \
+	  "request).")                                                                              \
 	/* ---- meta and storage: per client host (stk_metrics_ops_client) ---- */                 \
 	X(RPC_CLIENT_REQUESTS, COUNTER, "stoker_rpc_client_requests_total", "client",              \
 	  "RPC requests served, by client host (its IP address; the first 64 hosts seen, the "     \
@@ -137,6 +142,13 @@
 	X(META_REPL_SNAPSHOTS, COUNTER, "stoker_meta_repl_snapshots_total", "",                    \
 	  "Copies of the whole store this leader sent to followers that were new or too far "      \
 	  "behind for the log it keeps.")                                                          \
+	/* ---- meta: the purge of freed files' chunks ---- */                                   \
+	X(META_PURGE_QUEUE, GAUGE, "stoker_meta_purge_queue", "",                                  \
+	  "Freed files whose chunks meta has still to remove from storage.")                       \
+	X(META_PURGED_FILES, COUNTER, "stoker_meta_purged_files_total", "",                        \
+	  "Freed files whose chunks meta removed from every chain.")                               \
+	X(META_PURGED_BYTES, COUNTER, "stoker_meta_purged_bytes_total", "",                        \
+	  "The sizes of the files whose chunks meta removed.")                                     \
 	/* ---- meta: quotas, per quota root (label: its path) ---- */                            \
 	X(QUOTA_LIMIT_BYTES, GAUGE, "stoker_quota_limit_bytes", "quota",                           \
 	  "The quota's limit on the bytes of its files (their sizes); 0: none.")                 \
@@ -257,6 +269,13 @@
 	  "it to this mgmtd.")                                                                     \
 	X(CLUSTER_WIPED_BYTES, COUNTER, "stoker_cluster_wiped_bytes_total", "",                    \
 	  "Bytes of the stale chunks storage nodes removed from targets that left a chain.")       \
+	X(MGMTD_JOB_REPORTS, COUNTER, "stoker_mgmtd_job_reports_total", "result",                 \
+	  "Training jobs' reports to the dashboard (POST /ui/api/jobs) by result: accepted, "      \
+	  "malformed, too_many (one job more than mgmtd keeps), not_leader or unauthenticated "    \
+	  "(not signed with the cluster key mgmtd holds).")                                        \
+	X(MGMTD_JOBS, GAUGE, "stoker_mgmtd_jobs", "",                                              \
+	  "Training jobs reporting to the dashboard now (those that missed three reports are "     \
+	  "dropped).")                                                                             \
 	/* ---- every process ---- */                                                              \
 	X(BUILD_INFO, GAUGE, "stoker_build_info", "role,version",                                  \
 	  "Always 1; the labels say which daemon and version this is.")                            \

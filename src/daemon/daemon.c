@@ -167,6 +167,12 @@ int stk_daemon_auth(const char *key_file, char *err, size_t errlen)
 	return 0;
 }
 
+size_t stk_daemon_key(uint8_t *key)
+{
+	memcpy(key, daemon_key, daemon_key_len);
+	return daemon_key_len;
+}
+
 int stk_daemon_run(const struct stk_daemon_spec *spec)
 {
 	struct stk_daemon d = {0};

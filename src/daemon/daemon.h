@@ -65,6 +65,12 @@ int stk_daemon_sleep_ms(unsigned ms);
  * by others, not a key).
  */
 int stk_daemon_auth(const char *key_file, char *err, size_t errlen);
+/*
+ * The key stk_daemon_auth() loaded, copied into key (STK_AUTH_KEY_MAX bytes); its
+ * length, 0 when the daemon has none. For what the daemon checks itself beside
+ * its RPC server (mgmtd's signed job reports). Any thread after stk_daemon_auth().
+ */
+size_t stk_daemon_key(uint8_t *key);
 
 /*
  * One run of stk_daemon_run(), handed to the hooks. It lives on stk_daemon_run()'s

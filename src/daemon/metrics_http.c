@@ -14,7 +14,9 @@
  *
  * Another module may add one route (mgmtd's dashboard under /ui): its handler runs
  * on the same thread, so a page view waits behind a scrape and the other way round;
- * handlers answer from memory and never wait on the network.
+ * handlers answer from memory and never wait on the network. It may also take one
+ * POST path (mgmtd's training-job reports): the body is gathered, up to a bound
+ * set with the path, into a buffer per request before the handler sees it whole.
  *
  * The /proc readers are written for Linux, where Stoker runs; on a read error a
  * figure is simply not updated (a series never set is not shown).
@@ -49,6 +51,17 @@ struct stk_metrics_http {
 	size_t prefix_len;
 	stk_metrics_http_fn fn;
 	void *fn_ctx;
+	char post_path[64]; /* "" while no POST is taken */
+	size_t post_max;
+	stk_metrics_http_post_fn post_fn;
+	void *post_ctx;
+};
+
+/* A POST being received (the request's con_cls): its body so far. */
+struct post_body {
+	size_t len, max;
+	int too_big; /* more than max arrived: the rest is dropped, the answer is 413 */
+	char buf[];
 };
 
 static int g_started; /* under g_start_lock: one endpoint per process */
@@ -283,6 +296,7 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const
 	MHD_add_response_header(r, "Content-Type", type);
 	if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
 		MHD_add_response_header(r, "Allow", "GET, HEAD");
+	MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
 	ret = MHD_queue_response(conn, status, r);
 	MHD_destroy_response(r);
 	return ret;
@@ -294,18 +308,14 @@ static int under(const char *url, const char *prefix, size_t len)
 	return len && strncmp(url, prefix, len) == 0 && (url[len] == 0 || url[len] == '/');
 }
 
-/* Answers url from the route's handler; MHD_NO if the reply cannot be made. */
-static enum MHD_Result route_reply(struct MHD_Connection *conn, stk_metrics_http_fn fn, void *ctx,
-				   const char *url)
+/* Sends what a handler answered; MHD_NO if the reply cannot be made. */
+static enum MHD_Result answer_reply(struct MHD_Connection *conn, struct stk_metrics_http_answer a)
 {
-	struct stk_metrics_http_answer a;
 	struct MHD_Response *r;
 	enum MHD_Result ret;
 
-	memset(&a, 0, sizeof(a));
-	fn(ctx, url, &a);
-	r = MHD_create_response_from_buffer(a.len, (void *)a.body,
-					    a.owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+	r = MHD_create_response_from_buffer(
+	    a.len, (void *)a.body, a.owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
 	if (!r) {
 		if (a.owned)
 			free((void *)a.body);
@@ -325,6 +335,97 @@ static enum MHD_Result route_reply(struct MHD_Connection *conn, stk_metrics_http
 	return ret;
 }
 
+/* Answers url from the route's handler; MHD_NO if the reply cannot be made. */
+static enum MHD_Result route_reply(struct MHD_Connection *conn, stk_metrics_http_fn fn, void *ctx,
+				   const char *url)
+{
+	struct stk_metrics_http_answer a;
+
+	memset(&a, 0, sizeof(a));
+	fn(ctx, url, &a);
+	return answer_reply(conn, a);
+}
+
+/*
+ * A POST, called as libmicrohttpd delivers it: first with no body (*con_cls is
+ * NULL: the Content-Length is judged and the buffer made), then with each piece,
+ * then once more with none, when the handler answers. A body over the bound is
+ * refused at once when its length is announced, else dropped as it comes.
+ */
+static enum MHD_Result on_post(struct stk_metrics_http *h, struct MHD_Connection *conn,
+			       const char *url, const char *upload, size_t *upload_len,
+			       void **con_cls)
+{
+	static char toobig[] = "request body too large\n", nomem[] = "out of memory\n",
+		    notallowed[] = "POST only to the dashboard's job reports\n";
+	const char *text = "text/plain; charset=utf-8";
+	struct post_body *pb = *con_cls;
+	stk_metrics_http_post_fn fn = NULL;
+	void *ctx = NULL;
+	size_t max = 0;
+
+	pthread_mutex_lock(&h->lock);
+	if (h->post_fn && strcmp(url, h->post_path) == 0) {
+		fn = h->post_fn;
+		ctx = h->post_ctx;
+		max = h->post_max;
+	}
+	pthread_mutex_unlock(&h->lock);
+	if (!fn)
+		return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, text, notallowed,
+			     sizeof(notallowed) - 1, MHD_RESPMEM_PERSISTENT);
+	if (!pb) {
+		const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+							     MHD_HTTP_HEADER_CONTENT_LENGTH);
+		uint64_t n;
+
+		if (cl && (stk_parse_u64(cl, &n) || n > max))
+			return reply(conn, MHD_HTTP_CONTENT_TOO_LARGE, text, toobig,
+				     sizeof(toobig) - 1, MHD_RESPMEM_PERSISTENT);
+		pb = malloc(sizeof(*pb) + max);
+		if (!pb)
+			return reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, text, nomem,
+				     sizeof(nomem) - 1, MHD_RESPMEM_PERSISTENT);
+		pb->len = 0;
+		pb->max = max;
+		pb->too_big = 0;
+		*con_cls = pb;
+		return MHD_YES;
+	}
+	if (*upload_len) {
+		if (!pb->too_big && *upload_len <= pb->max - pb->len) {
+			memcpy(pb->buf + pb->len, upload, *upload_len);
+			pb->len += *upload_len;
+		} else {
+			pb->too_big = 1;
+		}
+		*upload_len = 0;
+		return MHD_YES;
+	}
+	if (pb->too_big)
+		return reply(conn, MHD_HTTP_CONTENT_TOO_LARGE, text, toobig, sizeof(toobig) - 1,
+			     MHD_RESPMEM_PERSISTENT);
+	{
+		struct stk_metrics_http_answer a;
+
+		memset(&a, 0, sizeof(a));
+		fn(ctx, url, pb->buf, pb->len,
+		   MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Stoker-Signature"), &a);
+		return answer_reply(conn, a);
+	}
+}
+
+/* The end of a request, answered or not: a POST's buffer goes. */
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+			 enum MHD_RequestTerminationCode why)
+{
+	(void)cls;
+	(void)conn;
+	(void)why;
+	free(*con_cls);
+	*con_cls = NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
 				  const char *method, const char *version, const char *upload,
 				  size_t *upload_len, void **con_cls)
@@ -338,9 +439,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	void *fn_ctx = NULL;
 
 	(void)version;
-	(void)upload;
-	(void)upload_len;
-	(void)con_cls;
+	if (strcmp(method, "POST") == 0)
+		return on_post(h, conn, url, upload, upload_len, con_cls);
 	if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
 		return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, text, notallowed,
 			     sizeof(notallowed) - 1, MHD_RESPMEM_PERSISTENT);
@@ -470,7 +570,8 @@ int stk_metrics_http_start(const char *listen, const char *role, struct stk_metr
 	h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO, 0, NULL, NULL,
 				  on_request, h, MHD_OPTION_LISTEN_SOCKET, fd,
 				  MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-				  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+				  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+				  MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_END);
 	rc = -ENOMEM;
 	if (!h->mhd)
 		goto out;
@@ -509,6 +610,28 @@ int stk_metrics_http_route(struct stk_metrics_http *h, const char *prefix, stk_m
 		h->prefix_len = len;
 		h->fn = fn;
 		h->fn_ctx = ctx;
+	}
+	pthread_mutex_unlock(&h->lock);
+	return rc;
+}
+
+int stk_metrics_http_post(struct stk_metrics_http *h, const char *path, size_t max_body,
+			  stk_metrics_http_post_fn fn, void *ctx)
+{
+	size_t len = strlen(path);
+	int rc = 0;
+
+	if (path[0] != '/' || len >= sizeof(h->post_path) || !fn || !max_body ||
+	    max_body > (1u << 20) || strcmp(path, "/metrics") == 0 || strcmp(path, "/healthz") == 0)
+		return -EINVAL;
+	pthread_mutex_lock(&h->lock);
+	if (h->post_fn) {
+		rc = -EBUSY;
+	} else {
+		memcpy(h->post_path, path, len + 1);
+		h->post_max = max_body;
+		h->post_fn = fn;
+		h->post_ctx = ctx;
 	}
 	pthread_mutex_unlock(&h->lock);
 	return rc;

@@ -26,12 +26,12 @@ const char *stk_metrics_http_addr(const struct stk_metrics_http *h);
  * the endpoint sends it and then frees body if owned.
  */
 struct stk_metrics_http_answer {
-	unsigned status;   /* HTTP status; 200 when left 0 */
-	const char *type;  /* Content-Type, a static string */
-	const char *body;  /* len bytes; static unless owned */
+	unsigned status;  /* HTTP status; 200 when left 0 */
+	const char *type; /* Content-Type, a static string */
+	const char *body; /* len bytes; static unless owned */
 	size_t len;
-	int owned;	   /* body was malloc'ed: the endpoint frees it once sent */
-	const char *cache; /* Cache-Control, static, or NULL for none */
+	int owned;	    /* body was malloc'ed: the endpoint frees it once sent */
+	const char *cache;  /* Cache-Control, static, or NULL for none */
 	char location[256]; /* Location header for a redirect, "" for none */
 };
 
@@ -40,8 +40,7 @@ struct stk_metrics_http_answer {
  * endpoint's thread: it must answer quickly (it delays scrapes) and must not block
  * on the network. url is the path without the query string.
  */
-typedef void (*stk_metrics_http_fn)(void *ctx, const char *url,
-				    struct stk_metrics_http_answer *a);
+typedef void (*stk_metrics_http_fn)(void *ctx, const char *url, struct stk_metrics_http_answer *a);
 
 /*
  * Sends every GET or HEAD of a path under prefix ("/ui": "/ui" and "/ui/...") to
@@ -54,6 +53,25 @@ typedef void (*stk_metrics_http_fn)(void *ctx, const char *url,
  */
 int stk_metrics_http_route(struct stk_metrics_http *h, const char *prefix, stk_metrics_http_fn fn,
 			   void *ctx);
+/*
+ * Handles a POST of path, on the endpoint's thread, once its whole body (len
+ * bytes, not NUL-terminated, valid during the call only) has arrived; the same
+ * rules as a route's handler. url is the path without the query string; signature
+ * the request's X-Stoker-Signature header (NULL without one), for the handler to
+ * check.
+ */
+typedef void (*stk_metrics_http_post_fn)(void *ctx, const char *url, const char *body, size_t len,
+					 const char *signature, struct stk_metrics_http_answer *a);
+
+/*
+ * Accepts POST of exactly path (which must lie under the route's prefix, or
+ * anywhere else but /metrics and /healthz) with a body of at most max_body bytes
+ * (1 to 1 MiB); a longer one is answered 413 without reaching fn, a POST of any
+ * other path 405. One per endpoint, set once; fn and ctx must stay valid until
+ * stk_metrics_http_stop(). 0, -EINVAL or -EBUSY. Any thread.
+ */
+int stk_metrics_http_post(struct stk_metrics_http *h, const char *path, size_t max_body,
+			  stk_metrics_http_post_fn fn, void *ctx);
 /* Stops serving and waits for a scrape in progress. NULL is fine. */
 void stk_metrics_http_stop(struct stk_metrics_http *h);
 

@@ -67,6 +67,7 @@ struct stk_fuse_opts {
 	int foreground; /* -f: no fork, log to stderr */
 	int debug; /* libfuse prints every request (with -f) */
 	char log[PATH_MAX]; /* daemon log file; "" = the runtime folder's */
+	char key_file[PATH_MAX]; /* -o key=FILE (absolute): a cluster or client key; "" = default */
 };
 
 void stk_fuse_opts_default(struct stk_fuse_opts *o);
@@ -294,6 +295,7 @@ struct stk_fuse {
 	int rbuf_key_ok;
 	struct stk_fuse_uring *uring; /* -o uring, once set up; else NULL */
 	int no_getattrs; /* atomic: meta answered META_GETATTRS with ENOSYS */
+	int no_lookups;	 /* atomic: meta answered META_LOOKUPS with ENOSYS */
 	_Atomic int posix_seen; /* a POSIX lock was asked for through this mount: opens flush */
 	struct stk_fuse_notify notify;
 };

@@ -126,6 +126,16 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		cli_err("mount", "-o metrics needs HOST:PORT, e.g. metrics=127.0.0.1:9114");
 		return -EINVAL;
 	}
+	if (strcmp(key, "key") == 0) {
+		/* absolute: the daemon leaves the working folder behind */
+		if (val && *val && realpath(val, o->key_file))
+			return 0;
+		cli_err("mount",
+			"-o key needs a key file (a cluster key, or a client key from "
+			"`stoker admin client add`)%s%s",
+			val && *val ? ": " : "", val && *val ? strerror(errno) : "");
+		return -EINVAL;
+	}
 	if (strcmp(key, "log") == 0) {
 		if (val && *val && stk_strlcpy(o->log, val, sizeof(o->log)) == 0)
 			return 0;
@@ -605,6 +615,7 @@ int cmd_mount(int argc, char **argv)
 {
 	struct stk_fuse_opts o;
 	struct stk_client_opts copts;
+	struct stk_client_ident ident;
 	struct stk_fuse *fs = NULL;
 	char cluster[128], sub[4097], mp[PATH_MAX], fsname[4400];
 	struct stk_ll_attr root;
@@ -699,6 +710,7 @@ int cmd_mount(int argc, char **argv)
 	copts.size = sizeof(copts);
 	copts.conns_per_node = 4; /* request threads share them, many requests on each */
 	copts.retry_ms = o.timeout_ms; /* 0: the library's default */
+	copts.key_file = o.key_file[0] ? o.key_file : NULL;
 	rc = stk_connect(cluster[0] ? cluster : NULL, &copts, &c);
 	if (rc == -ENOENT && !cluster[0]) {
 		cli_err("mount", "no cluster given: use stk://HOST:PORT[/dir], set STOKER_CLUSTER, "
@@ -709,6 +721,13 @@ int cmd_mount(int argc, char **argv)
 		cli_err("mount", "cannot reach the cluster at %s: %s",
 			cluster[0] ? cluster : "(default)", stk_strerror(rc));
 		return 1;
+	}
+	/* A read-only client key: the kernel refuses every change at once (EROFS), as
+	 * meta and storage would, instead of a write-back that fails after close. */
+	if (!o.ro && stk_client_identity(c, &ident) && (ident.flags & STK_IDENT_READ_ONLY)) {
+		o.ro = 1;
+		fprintf(stderr, "stoker mount: client key %s is read-only: mounting read-only\n",
+			ident.name);
 	}
 	/* The kernel's page cache keeps what is read; STOKER_DIRECT_STREAMS=0: not. */
 	direct = getenv("STOKER_DIRECT_STREAMS");

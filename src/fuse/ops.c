@@ -1415,9 +1415,13 @@ static int dir_fill(struct stk_fuse *fs, const struct stk_ll_cred *cr, struct st
 
 /*
  * Attributes of entry k of the loaded batch, for readdirplus: 0 with *a, or -errno.
- * The batch's entries from k on are asked for in one META_GETATTRS, then reused
- * while they are fresh (a listing is read a page at a time); a meta without it is
- * asked one by one. Called with dh->lock held.
+ * The batch's entries from k on are looked up by name in one META_LOOKUPS, then
+ * reused while they are fresh (a listing is read a page at a time). Its answers
+ * are leased like single lookups and land in the lookup cache, so the files of a
+ * folder listed and then read one by one (ImageFolder, a data loader) are opened
+ * with no call to meta each once the kernel's entries expire or are dropped. A
+ * meta without it is asked META_GETATTRS by inode (not leased), and one without
+ * that one by one. Called with dh->lock held.
  */
 static int dir_attr(struct stk_fuse *fs, const struct stk_ll_cred *cr, struct stk_fuse_dh *dh,
 		    uint32_t k, struct stk_ll_attr *a, struct stk_fuse_acache_tok *tok)
@@ -1439,11 +1443,27 @@ static int dir_attr(struct stk_fuse *fs, const struct stk_ll_cred *cr, struct st
 	if (!dh->attrs || !dh->attr_rcs || n == 0 ||
 	    __atomic_load_n(&fs->no_getattrs, __ATOMIC_RELAXED))
 		return stk_ll_getattr(fs->c, cr, dh->ents[k].ino, a);
-	for (uint32_t i = 0; i < n; i++)
-		inos[i] = dh->ents[k + i].ino;
-	rc = stk_ll_getattrs(fs->c, cr, inos, n, dh->attrs + k, dh->attr_rcs + k);
-	if (rc == -ENOSYS) /* an older meta: one by one from now on */
-		__atomic_store_n(&fs->no_getattrs, 1, __ATOMIC_RELAXED);
+	rc = -ENOSYS;
+	if (!__atomic_load_n(&fs->no_lookups, __ATOMIC_RELAXED)) {
+		const char *names[STK_FUSE_DIR_BATCH];
+		uint32_t m = STK_MIN(n, STK_LL_LOOKUPS_MAX);
+
+		for (uint32_t i = 0; i < m; i++)
+			names[i] = dh->ents[k + i].name;
+		rc = stk_ll_lookups(fs->c, cr, dh->ino, names, m, dh->attrs + k, dh->attr_rcs + k);
+		if (rc == -ENOSYS)
+			__atomic_store_n(&fs->no_lookups, 1, __ATOMIC_RELAXED);
+		if (rc == 0)
+			n = m;
+	}
+	/* Or by inode: also for a caller who may list the folder but not search it. */
+	if (rc) {
+		for (uint32_t i = 0; i < n; i++)
+			inos[i] = dh->ents[k + i].ino;
+		rc = stk_ll_getattrs(fs->c, cr, inos, n, dh->attrs + k, dh->attr_rcs + k);
+		if (rc == -ENOSYS) /* an older meta: one by one from now on */
+			__atomic_store_n(&fs->no_getattrs, 1, __ATOMIC_RELAXED);
+	}
 	if (rc)
 		return stk_ll_getattr(fs->c, cr, dh->ents[k].ino, a);
 	dh->attrs_have = 1;

@@ -880,9 +880,10 @@ int stk_meta_repl_serving(struct stk_meta_repl *rp)
 	return role == STK_META_ROLE_LEADER && !(r->agent && stk_agent_fenced(r->agent));
 }
 
-int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
+/* timeout_ms 0: none. */
+static int repl_wait(struct repl *r, uint64_t seq, unsigned timeout_ms)
 {
-	struct repl *r = (struct repl *)rp;
+	uint64_t until = timeout_ms ? stk_now_ns() + (uint64_t)timeout_ms * 1000000ull : 0;
 	int rc = 0;
 
 	pthread_mutex_lock(&r->mu);
@@ -900,6 +901,10 @@ int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
 			all = r->peers[i]->in_step && r->peers[i]->acked >= seq;
 		if (all)
 			break;
+		if (until && stk_now_ns() >= until) {
+			rc = -ETIMEDOUT;
+			break;
+		}
 		struct timespec ts;
 
 		deadline_ms(&ts, REPL_TICK_MS);
@@ -907,6 +912,16 @@ int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
 	}
 	pthread_mutex_unlock(&r->mu);
 	return rc;
+}
+
+int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
+{
+	return repl_wait((struct repl *)rp, seq, 0);
+}
+
+int stk_meta_repl_wait_ms(struct stk_meta_repl *rp, uint64_t seq, unsigned timeout_ms)
+{
+	return repl_wait((struct repl *)rp, seq, timeout_ms ? timeout_ms : 1);
 }
 
 int stk_meta_repl_sync(struct stk_meta_repl *rp)

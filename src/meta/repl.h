@@ -88,6 +88,12 @@ int stk_meta_repl_role(struct stk_meta_repl *r);
  */
 int stk_meta_repl_wait(struct stk_meta_repl *r, uint64_t seq);
 /*
+ * stk_meta_repl_wait for at most timeout_ms: also -ETIMEDOUT. For a thread of
+ * the node's own that must not outwait a follower mgmtd has yet to drop (the
+ * purger, which is stopped before replication).
+ */
+int stk_meta_repl_wait_ms(struct stk_meta_repl *r, uint64_t seq, unsigned timeout_ms);
+/*
  * A leader's META_SYNC: every follower flushes its store to stable storage (what
  * it holds: all the leader acknowledged) before this returns, so that fsync and
  * close are durable on every replica. Concurrent calls share the followers'

@@ -44,7 +44,9 @@
 #include "../proto/status.h"
 #include "leases.h"
 #include "repl.h"
+#include "purge.h"
 #include "session.h"
+#include "confine.h"
 #include "store.h"
 
 #define SYNC_INTERVAL_MS 1000
@@ -63,6 +65,8 @@ struct meta {
 	struct stk_meta_repl *repl;	/* the shard's replication (repl.c) */
 	uint32_t node_id;		/* as mgmtd knows this node */
 	int sessions_started;		/* atomic: the reaper runs (this node served) */
+	struct stk_meta_purger *purger; /* removes freed files' chunks (purge.c) */
+	stk_metric_t purge_series[3]; /* collect_purge's */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
 	struct quota_series *quota_series; /* collect_quotas' (one scrape at a time) */
 	size_t nquota_series;
@@ -314,6 +318,35 @@ static void collect_leases(void *ctx)
 	stk_metric_set_int(m->lease_series[5], (int64_t)st.recalls);
 }
 
+/* At each scrape: the purge table's length and what the purger removed. */
+static void collect_purge(void *ctx)
+{
+	struct meta *m = ctx;
+	struct stk_meta_purge_stats ps = {0};
+	uint64_t queued = 0;
+
+	if (stk_meta_store_purge_count(m->store, &queued))
+		queued = 0;
+	if (m->purger)
+		stk_meta_purger_stats(m->purger, &ps);
+	stk_metric_set_int(m->purge_series[0], (int64_t)queued);
+	stk_metric_set_int(m->purge_series[1], (int64_t)ps.inodes);
+	stk_metric_set_int(m->purge_series[2], (int64_t)ps.bytes);
+}
+
+static int purge_metrics(struct meta *m)
+{
+	static const enum stk_metric_family f[] = {STK_M_META_PURGE_QUEUE, STK_M_META_PURGED_FILES,
+						   STK_M_META_PURGED_BYTES};
+	int rc = 0;
+
+	_Static_assert(STK_ARRAY_SIZE(f) == STK_ARRAY_SIZE(((struct meta *)0)->purge_series),
+		       "a series per family");
+	for (size_t i = 0; i < STK_ARRAY_SIZE(f) && !rc; i++)
+		rc = stk_metric_series(f[i], NULL, &m->purge_series[i]);
+	return rc ? rc : stk_metrics_collector_add(collect_purge, m);
+}
+
 static int leases_metrics(struct meta *m)
 {
 	/* In lease_series' order, as collect_leases sets them. */
@@ -436,6 +469,88 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 	if (r.leased && stk_meta_store_getattr(m->store, &q.cred, q.parent, &r.dir))
 		r.leased = 0;
 	return stk_msg_meta_lookup_cache_resp_enc(&resp->payload, &r);
+}
+
+/*
+ * META_LOOKUP_CACHE for a batch of names of one folder (a listing's, for a mount's
+ * readdirplus). As there, the leases come before the reads they cover: the
+ * folder's first, then each inode found, and the names are read again after
+ * those grants; a name that names another inode by then (renamed over in
+ * between) or a grant refused makes the whole answer unleased (still answered).
+ */
+static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_lookups_req q;
+	struct stk_msg_meta_lookups_resp r;
+	struct stk_msg_lookups_rec g;
+	struct stk_msg_attr_rec rec;
+	struct stk_msg_lookups_rec *names = NULL;
+	struct stk_attr *attrs = NULL;
+	uint32_t holder = req->hdr.origin;
+	int *rcs = NULL, rc;
+
+	memset(&r, 0, sizeof(r));
+	rc = stk_msg_meta_lookups_req_dec(&req->payload, &q);
+	if (rc == 0 && (q.n == 0 || q.n > STK_LOOKUPS_MAX))
+		rc = -EBADMSG;
+	if (rc == 0) {
+		names = calloc(q.n, sizeof(*names));
+		attrs = calloc(q.n, sizeof(*attrs));
+		rcs = calloc(q.n, sizeof(*rcs));
+		if (!names || !attrs || !rcs) {
+			rc = -ENOMEM;
+			goto out;
+		}
+	}
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		rc = stk_msg_lookups_rec_dec(&req->payload, &g);
+		if (rc == 0)
+			names[i] = g;
+	}
+	rc = decoded(req, rc);
+	if (rc)
+		goto out;
+	recall(m, req, &q.parent, 1);
+	r.leased = holder && stk_meta_leases_grant(m->leases, holder, q.parent);
+	for (uint32_t i = 0; i < q.n; i++) {
+		if (strcmp(names[i].name, ".") == 0 || strcmp(names[i].name, "..") == 0)
+			r.leased = 0;
+		rcs[i] =
+		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
+		if (rcs[i] == 0) {
+			recall(m, req, &attrs[i].ino, 1);
+			if (r.leased && !stk_meta_leases_grant(m->leases, holder, attrs[i].ino))
+				r.leased = 0;
+		}
+	}
+	for (uint32_t i = 0; i < q.n; i++) {
+		uint64_t was = rcs[i] == 0 ? attrs[i].ino : 0;
+
+		rcs[i] =
+		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
+		if ((rcs[i] == 0 ? attrs[i].ino : 0) != was)
+			r.leased = 0; /* renamed over in between: answer, but not for keeps */
+		if (rcs[i] && rcs[i] != -ENOENT) {
+			rc = rcs[i]; /* no search permission, or worse: the call's error */
+			goto out;
+		}
+	}
+	if (r.leased && stk_meta_store_getattr(m->store, &q.cred, q.parent, &r.dir))
+		r.leased = 0;
+	r.n = q.n;
+	rc = stk_msg_meta_lookups_resp_enc(&resp->payload, &r);
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++) {
+		memset(&rec, 0, sizeof(rec));
+		rec.status = stk_status_from_errno(rcs[i]);
+		if (rcs[i] == 0)
+			rec.attr = attrs[i];
+		rc = stk_msg_attr_rec_enc(&resp->payload, &rec);
+	}
+out:
+	free(names);
+	free(attrs);
+	free(rcs);
+	return rc;
 }
 
 static int op_getattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -929,6 +1044,7 @@ static int op_readdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 
 static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
+	struct stk_msg_meta_statfs_ext x = {.flags = STK_STATFS_PURGES};
 	struct stk_msg_meta_statfs_resp r;
 	struct stk_ns_id ns;
 	int rc;
@@ -941,7 +1057,9 @@ static int op_statfs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	r.ns_hi = ns.hi;
 	r.ns_lo = ns.lo;
 	rc = stk_meta_store_statfs(m->store, &r.files);
-	return rc ? rc : stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
+	if (rc == 0)
+		rc = stk_msg_meta_statfs_resp_enc(&resp->payload, &r);
+	return rc ? rc : stk_msg_meta_statfs_ext_enc(&resp->payload, &x);
 }
 
 static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -1631,12 +1749,210 @@ static int op_repl(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	return stk_meta_repl_handle(m->repl, req, resp);
 }
 
+/* ---- stoker fsck (docs/fsck.md) ---- */
+
+struct fsck_out {
+	struct stk_msg_fsck_problem *p;
+	uint32_t n, max;
+	uint64_t *changed; /* inodes and folders a repair changed: their leases go */
+	size_t nchanged, capchanged;
+};
+
+static void fsck_changed(struct fsck_out *o, uint64_t ino)
+{
+	if (!ino)
+		return;
+	if (o->nchanged == o->capchanged) {
+		size_t cap = o->capchanged ? 2 * o->capchanged : 64;
+		uint64_t *v = realloc(o->changed, cap * sizeof(*v));
+
+		if (!v)
+			return; /* leases then run out by themselves (leases.h) */
+		o->changed = v;
+		o->capchanged = cap;
+	}
+	o->changed[o->nchanged++] = ino;
+}
+
+static int fsck_keep(void *ctx, const struct stk_meta_fsck_problem *p)
+{
+	struct fsck_out *o = ctx;
+
+	if (p->repaired) {
+		fsck_changed(o, p->ino);
+		fsck_changed(o, p->parent);
+	}
+	if (o->n < o->max) {
+		struct stk_msg_fsck_problem *q = &o->p[o->n++];
+
+		q->kind = p->kind;
+		q->repaired = p->repaired;
+		q->ino = p->ino;
+		q->parent = p->parent;
+		q->expect = p->expect;
+		q->found = p->found;
+		memcpy(q->name, p->name, sizeof(q->name));
+	}
+	return 0;
+}
+
+static int fsck_check(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	struct fsck_out o = {.max = STK_MIN(q->max, STK_FSCK_PROBLEMS_MAX)};
+	struct stk_meta_fsck_stats fs;
+	int rc;
+
+	o.p = o.max ? calloc(o.max, sizeof(*o.p)) : NULL;
+	if (o.max && !o.p)
+		return -ENOMEM;
+	rc = stk_meta_store_fsck(m->store, (q->flags & STK_FSCK_REPAIR) != 0, fsck_keep, &o, &fs);
+	if (rc == 0) {
+		r->n = o.n;
+		r->done = 1;
+		r->total = fs.problems;
+		r->repaired = fs.repaired;
+		r->inodes = fs.inodes;
+		r->entries = fs.entries;
+		r->dirs = fs.dirs;
+		r->files = fs.files;
+		r->next_ino = fs.next_ino;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (uint32_t i = 0; i < o.n; i++)
+			stk_msg_fsck_problem_enc(&resp->payload, &o.p[i]);
+		rc = resp->payload.err;
+	}
+	/* Repairs changed names and attributes that clients may hold leases on. */
+	if (o.nchanged)
+		stk_meta_leases_changed(m->leases, 0, o.changed, o.nchanged);
+	if (rc == 0 && fs.repaired)
+		stk_info("fsck from a client: %llu problem(s), %llu repaired",
+			 (unsigned long long)fs.problems, (unsigned long long)fs.repaired);
+	free(o.changed);
+	free(o.p);
+	return rc;
+}
+
+static int fsck_files(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, STK_FSCK_FILES_MAX), n = 0;
+	struct stk_meta_file *fl;
+	int rc;
+
+	if (max == 0)
+		return -EINVAL;
+	fl = calloc(max, sizeof(*fl));
+	if (!fl)
+		return -ENOMEM;
+	rc = stk_meta_store_files(m->store, q->from, fl, max, &n);
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = n < max;
+		r->next = n ? fl[n - 1].attr.ino + 1 : q->from;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++) {
+			struct stk_msg_fsck_file f = {.attr = fl[i].attr, .exact = fl[i].exact,
+						      .orphan = fl[i].orphan,
+						      .nalloc = fl[i].nalloc};
+
+			stk_msg_fsck_file_enc(&resp->payload, &f);
+			for (uint32_t k = 0; k < fl[i].nalloc; k++) {
+				struct stk_msg_fsck_range g = {.first = fl[i].alloc[k][0],
+							       .end = fl[i].alloc[k][1]};
+
+				stk_msg_fsck_range_enc(&resp->payload, &g);
+			}
+		}
+		rc = resp->payload.err;
+	}
+	free(fl);
+	return rc;
+}
+
+static int fsck_purges(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		       struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, STK_SYNC_LIST_MAX), n = 0;
+	struct stk_meta_purge *pl;
+	int rc;
+
+	if (max == 0)
+		return -EINVAL;
+	pl = calloc(max, sizeof(*pl));
+	if (!pl)
+		return -ENOMEM;
+	rc = stk_meta_store_purges(m->store, q->from, pl, max, &n);
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = n < max;
+		r->next = n ? pl[n - 1].ino + 1 : q->from;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++)
+			stk_put_u64(&resp->payload, pl[i].ino);
+		rc = resp->payload.err;
+	}
+	free(pl);
+	return rc;
+}
+
+/* META_FSCK (msg.h): root only; the namespace check or a listing for the data check. */
+static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_fsck_req q;
+	struct stk_msg_meta_fsck_resp r;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_fsck_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.cred.uid != 0)
+		return -EPERM;
+	memset(&r, 0, sizeof(r));
+	switch (q.op) {
+	case STK_FSCK_CHECK:
+		return fsck_check(m, &q, &r, resp);
+	case STK_FSCK_FILES:
+		return fsck_files(m, &q, &r, resp);
+	case STK_FSCK_PURGES:
+		return fsck_purges(m, &q, &r, resp);
+	}
+	return -EINVAL;
+}
+
 /*
  * Handlers by opcode; the opcodes themselves are declared once, in proto/wire.h.
  * Kept out of clang-format, which would pack two entries to a line.
  */
 /* clang-format off */
+/*
+ * META_WITHIN, for storage (a client key's connection is refused it by confine.c):
+ * whether ino lies under the folder the path names. A path that names no folder
+ * has nothing under it.
+ */
+static int op_within(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_within_req q;
+	struct stk_msg_meta_within_resp r = {0};
+	uint64_t top = STK_ROOT_INO;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_within_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	rc = stk_meta_store_resolve(m->store, q.subtree, &top);
+	if (rc == 0)
+		rc = stk_meta_store_within(m->store, q.ino, top);
+	else if (rc == -ENOENT || rc == -ENOTDIR)
+		rc = 0;
+	if (rc < 0)
+		return rc;
+	r.within = rc == 1;
+	return stk_msg_meta_within_resp_enc(&resp->payload, &r);
+}
+
 static const meta_op_fn meta_ops[] = {
+	[STK_OP_META_WITHIN] = op_within,
 	[STK_OP_META_LOOKUP] = op_lookup,
 	[STK_OP_META_GETATTR] = op_getattr,
 	[STK_OP_META_SETATTR] = op_setattr,
@@ -1666,10 +1982,12 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_WATCH] = op_watch,
 	[STK_OP_META_LOOKUP_CACHE] = op_lookup_cache,
 	[STK_OP_META_GETATTRS] = op_getattrs,
+	[STK_OP_META_LOOKUPS] = op_lookups,
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
 	[STK_OP_META_REPL] = op_repl,
+	[STK_OP_META_FSCK] = op_fsck,
 };
 /* clang-format on */
 
@@ -1693,6 +2011,7 @@ static int is_read(uint16_t opcode)
 	case STK_OP_META_LOOKUP_CACHE:
 	case STK_OP_META_GETATTR:
 	case STK_OP_META_GETATTRS:
+	case STK_OP_META_LOOKUPS:
 	case STK_OP_META_READDIR:
 	case STK_OP_META_GETXATTR:
 	case STK_OP_META_LISTXATTR:
@@ -1703,12 +2022,13 @@ static int is_read(uint16_t opcode)
 
 #define READ_AGAIN_MAX 8
 
+static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
+
 static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct meta *m = ctx;
 	uint16_t opcode = req->hdr.opcode;
-	struct stk_rbuf payload = req->payload;
-	size_t at = resp->payload.len;
+	void *copy = NULL;
 	int rc;
 
 	if (opcode >= STK_ARRAY_SIZE(meta_ops) || !meta_ops[opcode]) {
@@ -1719,6 +2039,23 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	/* A follower (or a leader cut off from mgmtd) serves no client: NOT_LEADER. */
 	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
 		return -EREMCHG;
+	/* a client key's request, checked and rewritten by its policy (confine.h) */
+	rc = stk_meta_confine(m->store, req, resp, &copy);
+	if (rc == 0)
+		rc = meta_serve(m, req, resp);
+	else
+		stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, strerror(-rc));
+	free(copy);
+	return rc;
+}
+
+static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	uint16_t opcode = req->hdr.opcode;
+	struct stk_rbuf payload = req->payload;
+	size_t at = resp->payload.len;
+	int rc;
+
 	if (!is_read(opcode)) {
 		rc = meta_ops[opcode](m, req, resp);
 		/* the store turned follower's under this request: it never reached it */
@@ -1799,6 +2136,7 @@ static int meta_loop_handle(void *ctx, void *state, struct stk_rpc_req *req,
 	case STK_OP_META_LOOKUP_CACHE:
 	case STK_OP_META_GETATTR:
 	case STK_OP_META_GETATTRS:
+	case STK_OP_META_LOOKUPS:
 	case STK_OP_META_READLINK:
 	case STK_OP_META_GETXATTR:
 	case STK_OP_META_LISTXATTR:
@@ -1989,14 +2327,18 @@ static int meta_metrics(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
 
+	int rc;
+
 	m->rpc_metrics = stk_daemon_rpc_metrics(d);
-	return leases_metrics(m);
+	rc = leases_metrics(m);
+	return rc ? rc : purge_metrics(m);
 }
 
 static void meta_metrics_stop(void *ctx)
 {
 	stk_metrics_collector_remove(collect_leases, ctx);
 	stk_metrics_collector_remove(collect_quotas, ctx);
+	stk_metrics_collector_remove(collect_purge, ctx);
 	free(((struct meta *)ctx)->quota_series);
 	((struct meta *)ctx)->quota_series = NULL;
 }
@@ -2012,6 +2354,25 @@ static int sessions_start(struct meta *m)
 static int may_reap(void *ctx)
 {
 	return stk_meta_repl_serving(((struct meta *)ctx)->repl);
+}
+
+/*
+ * The purger's gate (purge.h): only the serving node sends removals (a follower
+ * never does; a new leader drains the purge table it got from its leader), and
+ * only once every follower holds the store as it is now, so the purges just read
+ * included: a freeing that a failover could still lose must not remove a file's
+ * chunks, which the next leader would then serve without them.
+ */
+static int may_purge(void *ctx)
+{
+	struct meta *m = ctx;
+	uint64_t seq;
+
+	if (!stk_meta_repl_serving(m->repl))
+		return 0;
+	stk_meta_store_repl_pos(m->store, NULL, &seq);
+	/* bounded: the purger is stopped at shutdown, and retries a second later */
+	return stk_meta_repl_wait_ms(m->repl, seq, 1000) == 0 && stk_meta_repl_serving(m->repl);
 }
 
 /*
@@ -2037,7 +2398,10 @@ static void on_promoted(void *ctx, int failover)
 	}
 }
 
-/* Joins the cluster, then starts replication, the session reaper and the syncer. */
+/*
+ * Joins the cluster, then starts replication, the session reaper (on the leader),
+ * the purger (which sends only from the leader) and the syncer.
+ */
 static int meta_start(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
@@ -2052,6 +2416,9 @@ static int meta_start(void *ctx, struct stk_daemon *d)
 		return rc;
 	if (stk_meta_repl_role(m->repl) == STK_META_ROLE_OFF)
 		rc = sessions_start(m);
+	if (rc)
+		return rc;
+	rc = stk_meta_purger_start(m->store, m->agent, may_purge, m, &m->purger);
 	if (rc)
 		return rc;
 	rc = -pthread_create(&m->syncer, NULL, syncer_main, m);
@@ -2134,9 +2501,11 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 out:
 	/*
 	 * The server is gone (stk_daemon_run destroyed it), and with it the handlers that
-	 * read the agent's routing table. The reaper reads it too: it goes before the agent.
+	 * read the agent's routing table. The reaper and the purger read it too: they go
+	 * before the agent.
 	 */
 	stk_meta_sessions_destroy(m.sessions);
+	stk_meta_purger_destroy(m.purger);
 	stk_meta_leases_destroy(m.leases);
 	/* its threads use the agent, and the agent's hooks use it */
 	stk_meta_repl_stop(m.repl);

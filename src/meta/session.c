@@ -12,9 +12,9 @@
  * drops to zero. It expires sessions past their lease and works through the
  * pending list: inodes that may be orphans without references. For each it
  * reads the inode: gone, nothing to do; named again (a hard link), only the
- * orphan record goes; still unnamed, the chunks go (STOR_TRUNCATE to 0 on the
- * head of each chain of its layout, which passes it down the chain), then the
- * records. Failures are retried after a second.
+ * orphan record goes; still unnamed, the inode goes too, and the same
+ * transaction records its chunks for meta's purger (purge.h), which removes
+ * them from storage. Failures are retried after a second.
  */
 #include "session.h"
 
@@ -38,7 +38,6 @@
 /* After a restart, orphans wait a lease and this much for their holders to come back. */
 #define RESTART_MARGIN_NS (2000ull * 1000000ull)
 #define MAX_ORPHANS_LOADED 65536
-#define STOR_CONNECT_MS 2000
 
 struct sess {
 	uint64_t id;
@@ -393,87 +392,18 @@ int stk_meta_sessions_lock(struct stk_meta_sessions *s, uint64_t ino, const stru
 
 /* ---- the reaper ---- */
 
-static int truncate_chain(const struct stk_routing *rt, const struct stk_ns_id *ns,
-			  const struct stk_attr *a, uint32_t chain_id)
-{
-	struct stk_msg_stor_truncate_req m = {.chain_id = chain_id,
-					      .ino = a->ino,
-					      .size = 0,
-					      .chunk_size = a->layout.chunk_size,
-					      .ns_hi = ns->hi,
-					      .ns_lo = ns->lo};
-	const struct stk_rt_chain *ch = stk_routing_chain(rt, chain_id);
-	const struct stk_rt_target *t;
-	const struct stk_rt_node *n;
-	struct stk_conn *conn = NULL;
-	uint8_t req[128], resp[64];
-	struct stk_wbuf w;
-	struct stk_rpc rpc = {.opcode = STK_OP_STOR_TRUNCATE, .req = req, .resp = resp,
-			      .resp_cap = sizeof(resp)};
-	int rc;
-
-	if (!ch || ch->ntargets == 0)
-		return -EIO;
-	t = stk_routing_target(rt, ch->targets[0]);
-	n = t ? stk_routing_node(rt, t->node_id) : NULL;
-	if (!n)
-		return -EIO;
-	m.chain_ver = ch->version;
-	stk_wbuf_init(&w, req, sizeof(req));
-	rc = stk_msg_stor_truncate_req_enc(&w, &m);
-	if (rc)
-		return rc;
-	rpc.req_len = w.len;
-	rc = stk_conn_connect(n->addr, STOR_CONNECT_MS, &conn);
-	if (rc)
-		return rc;
-	rc = stk_rpc_call(conn, &rpc);
-	stk_conn_close(conn);
-	return rc;
-}
-
-static int remove_chunks(struct stk_meta_sessions *s, const struct stk_attr *a)
-{
-	uint32_t chains[STK_MAX_STRIPE];
-	struct stk_routing_ref *ref;
-	struct stk_ns_id ns;
-	int rc = 0;
-
-	if (stk_layout_check(&a->layout)) {
-		stk_warn("orphan %llu has a corrupt layout: its chunks are left to fsck",
-			 (unsigned long long)a->ino);
-		return 0;
-	}
-	stk_layout_chains(&a->layout, chains);
-	stk_meta_store_ns_id(s->store, &ns);
-	ref = stk_agent_routing_get(s->agent);
-	for (uint32_t i = 0; i < a->layout.stripe && rc == 0; i++)
-		rc = truncate_chain(&ref->rt, &ns, a, chains[i]);
-	stk_agent_routing_put(s->agent, ref);
-	if (rc == -ESTALE)
-		stk_agent_routing_refresh(s->agent);
-	return rc;
-}
-
 /* Without the mutex. 0 when ino is done with, -errno to retry later. */
 static int reap_one(struct stk_meta_sessions *s, uint64_t ino)
 {
-	struct stk_attr a;
 	int rc;
 
-	rc = stk_meta_store_getattr(s->store, &root_cred, ino, &a);
-	if (rc == -ENOENT)
-		return 0;
-	if (rc)
-		return rc;
-	/* Only a serving meta removes chunks: a follower's sessions are not the leader's. */
+	/*
+	 * Only a serving meta reaps: a follower's sessions are not the leader's, and
+	 * its store takes the leader's changes only (the leader's drop reaches it).
+	 */
 	if (s->may_reap && !s->may_reap(s->may_reap_ctx))
 		return -EAGAIN;
-	if (a.nlink == 0 && S_ISREG(a.mode)) {
-		rc = remove_chunks(s, &a);
-		if (rc)
-			return rc;
-	}
+	/* Dropping it records its chunks for the purge (purge.h), in the same transaction. */
 	rc = stk_meta_store_orphan_drop(s->store, ino);
 	if (rc == 0)
 		stk_debug("orphan %llu reaped", (unsigned long long)ino);

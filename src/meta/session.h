@@ -13,10 +13,11 @@
  * lease and a margin have passed without anyone claiming them. Locks do not
  * survive a meta restart.
  *
- * Reaping: the reaper thread removes an orphan's chunks from storage (STOR_TRUNCATE
- * to size 0 on each chain of its layout, through the routing table of the node
- * agent), then its records; a failure is retried a second later, so a crash at any
- * point leaves the orphan to be reaped after the restart.
+ * Reaping: the reaper thread drops an orphan whose last reference went
+ * (stk_meta_store_orphan_drop), which records its chunks for the purge in the
+ * same transaction (purge.h removes them from storage); a failure is retried a
+ * second later, and a crash before the drop leaves the orphan to be reaped after
+ * the restart.
  *
  * Threads: every function may be called from any thread; one mutex guards the
  * tables. stk_meta_sessions_hold/release bracket the store calls whose outcome

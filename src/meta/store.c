@@ -19,6 +19,8 @@
  * LMDB, and a writable map (MDB_WRITEMAP) would die of SIGBUS there. When the
  * disk cannot give more, LMDB reuses the pages removals freed and, when none is
  * left, fails the write with MDB_MAP_FULL (ENOSPC); nothing committed is lost.
+ * A RESERVE_FREEING more is allocated past the map and kept out of it, for the
+ * unlink that must still run on a full map (see "purges").
  * Growing remaps, which no transaction may see: every transaction holds
  * map_lock for reading, a growth holds it for writing. A file system
  * without fallocate (env_open's first one fails) gets the plain 64 GiB map.
@@ -78,6 +80,14 @@
  */
 #define RESERVE_MIN (16ull << 20)
 #define RESERVE_STEP (32ull << 20)
+/*
+ * Allocated past the map and left out of it: room that only the retry of an
+ * operation that frees files may take (reserve_open), when a full map failed it.
+ * A freeing needs new pages too (LMDB copies what it changes), so on a map with
+ * none left the unlink that would free space could not run. Taken, it comes
+ * back with the next growth of the map.
+ */
+#define RESERVE_FREEING (2ull << 20)
 /* Reader slots bound concurrent read transactions (one per server thread at most). */
 #define MAX_READERS 1024
 /* A parent chain deeper than this can only be a cycle in a corrupt store. */
@@ -103,7 +113,8 @@ struct stk_meta_store {
 	MDB_dbi sys;
 	MDB_dbi xattrs;
 	MDB_dbi quotas;
-	struct stk_ns_id ns_id;	  /* the namespace's identity, set once by store_init */
+	MDB_dbi purge; /* chunks to remove: see "purges" below */
+	struct stk_ns_id ns_id; /* the namespace's identity, set once by store_init */
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
 	/*
@@ -124,6 +135,7 @@ struct stk_meta_store {
 	int fd;
 	uint64_t psize;
 	uint64_t map_size;
+	uint64_t file_size; /* allocated: the map, and RESERVE_FREEING past it if the disk had it */
 	uint64_t map_max;
 	pthread_rwlock_t map_lock;
 	int grow_warned; /* atomic: "cannot grow" logged, and no growth since */
@@ -150,6 +162,15 @@ struct stk_meta_store {
 	uint64_t pos_epoch;
 	uint64_t pos_seq;
 	char tname[TABLES_MAX][TABLE_NAME_MAX + 1];
+	/*
+	 * Purges left out of the purge table because the map was full (see
+	 * "purges" below): kept here until the purger has sent them. umu guards them;
+	 * it is taken after a commit, never around a transaction.
+	 */
+	pthread_mutex_t umu;
+	struct stk_meta_purge *unrec;
+	size_t nunrec, capunrec;
+	uint64_t unrec_total; /* ever kept here, for the log */
 };
 
 /*
@@ -183,8 +204,9 @@ struct op {
 	 * them already.
 	 */
 	int chosen_time;
-	int nested;	  /* a child of this thread's batch (stk_meta_store_batch_begin) */
-	size_t redo_mark; /* nested: where its changes begin in the thread's redo record */
+	int nested;	   /* a child of this thread's batch (stk_meta_store_batch_begin) */
+	size_t redo_mark;  /* nested: where its changes begin in the thread's redo record */
+	size_t unrec_mark; /* unrec_tl.n when it began: what it added lies past it */
 };
 
 /* Quotas (the end of this file): what the operations above them call. */
@@ -264,6 +286,30 @@ static int redo_mdb_cursor_del(MDB_cursor *c, unsigned flags)
 #define mdb_put(t, d, k, v, f) redo_mdb_put(t, d, k, v, f)
 #define mdb_del(t, d, k, v) redo_mdb_del(t, d, k, v)
 #define mdb_cursor_del(c, f) redo_mdb_cursor_del(c, f)
+/*
+ * Writes the wrappers do not capture: a call would change a leader's store with
+ * no record for its followers, so it does not compile (an undeclared function).
+ * Write through mdb_put/mdb_del instead; (mdb_drop)(...) where a write must not
+ * be recorded (a follower emptying its store for a copy).
+ */
+#define mdb_cursor_put(c, k, v, f) stk_meta_store_write_not_replicated(c, k, v, f)
+#define mdb_drop(t, d, del) stk_meta_store_write_not_replicated(t, d, del)
+
+/*
+ * This thread's operation retried without purge records (unrec_retry): skip is
+ * set meanwhile, and v holds the purges its transactions would have recorded,
+ * until the outermost one commits (they go to the store's unrec list) or aborts
+ * (they are forgotten with it). See "purges" below.
+ */
+static __thread struct {
+	int skip;
+	struct stk_meta_purge *v;
+	size_t n, cap;
+} unrec_tl;
+
+static void unrec_settle(struct op *o, int committed);
+static int unrec_retry(struct stk_meta_store *st, int rc);
+static void unrec_retry_end(void);
 
 /* ---- LMDB plumbing ---- */
 
@@ -304,10 +350,11 @@ static uint64_t round_up_mib(uint64_t v)
 /* Allocates the file up to size bytes. 0 or -errno. */
 static int allocate_to(struct stk_meta_store *st, uint64_t size)
 {
-	if (size <= st->map_size)
+	if (size <= st->file_size)
 		return 0;
-	if (fallocate(st->fd, 0, (off_t)st->map_size, (off_t)(size - st->map_size)) < 0)
+	if (fallocate(st->fd, 0, (off_t)st->file_size, (off_t)(size - st->file_size)) < 0)
 		return -errno;
+	st->file_size = size;
 	return 0;
 }
 
@@ -327,10 +374,10 @@ static void map_grow(struct stk_meta_store *st)
 	if (used + RESERVE_MIN <= st->map_size || st->map_size >= st->map_max)
 		goto out;
 	want = STK_MIN(round_up_mib(used + RESERVE_STEP), st->map_max);
-	rc = allocate_to(st, want);
+	rc = allocate_to(st, want + RESERVE_FREEING);
 	if (rc == -ENOSPC || rc == -EDQUOT) {
 		want = STK_MIN(round_up_mib(used + RESERVE_MIN), st->map_max);
-		rc = allocate_to(st, want);
+		rc = allocate_to(st, want + RESERVE_FREEING);
 	}
 	if (rc == 0)
 		rc = lmdb_err(mdb_env_set_mapsize(st->env, want), "grow the map");
@@ -346,6 +393,27 @@ out:
 	pthread_rwlock_unlock(&st->map_lock);
 }
 
+/*
+ * Without map_lock, outside any batch: puts the room allocated past the map
+ * (RESERVE_FREEING) into it, for the retry of a freeing that a full map failed.
+ * Returns 1 if there was some.
+ */
+static int reserve_open(struct stk_meta_store *st)
+{
+	int opened = 0;
+
+	pthread_rwlock_wrlock(&st->map_lock);
+	if (st->allocated && st->file_size > st->map_size &&
+	    mdb_env_set_mapsize(st->env, st->file_size) == 0) {
+		st->map_size = st->file_size;
+		opened = 1;
+	}
+	pthread_rwlock_unlock(&st->map_lock);
+	if (opened)
+		stk_warn("meta store: the map is full: its reserve is opened to free files");
+	return opened;
+}
+
 static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cred *cred,
 		    int rdonly)
 {
@@ -358,6 +426,7 @@ static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cr
 	o->chosen_time = 0;
 	o->nested = batch.st == st && batch.txn;
 	o->redo_mark = redo.len;
+	o->unrec_mark = unrec_tl.n;
 	stk_wall_time(&o->now_sec, &o->now_nsec);
 	/* In a batch: a child of its transaction, which holds the map's lock already.
 	 * A read is a child too: this thread may have no other transaction. */
@@ -444,12 +513,17 @@ out:
 static int op_end(struct op *o, int rc)
 {
 	if (o->nested) {
-		if (rc == 0 && !o->rdonly)
-			rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
-		else
+		if (rc || o->rdonly) {
 			mdb_txn_abort(o->txn);
+			if (redo.st)
+				redo.len = o->redo_mark; /* its changes are undone: so are their records */
+			unrec_settle(o, 0);
+			return rc;
+		}
+		rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
 		if (rc && redo.st)
-			redo.len = o->redo_mark; /* its changes are undone: so are their records */
+			redo.len = o->redo_mark;
+		unrec_settle(o, rc == 0);
 		return rc;
 	}
 	if (rc == 0 && !o->rdonly && redo.st == o->st && redo.err)
@@ -459,6 +533,7 @@ static int op_end(struct op *o, int rc)
 		pthread_rwlock_unlock(&o->st->map_lock);
 		if (!o->rdonly)
 			redo.st = NULL;
+		unrec_settle(o, 0);
 		return rc;
 	}
 	if (redo.st == o->st && redo.len > 0)
@@ -469,6 +544,7 @@ static int op_end(struct op *o, int rc)
 	pthread_rwlock_unlock(&o->st->map_lock);
 	if (rc == 0)
 		__atomic_add_fetch(&o->st->commits, 1, __ATOMIC_RELEASE);
+	unrec_settle(o, rc == 0);
 	return rc;
 }
 
@@ -758,6 +834,7 @@ static int inode_put(struct op *o, const struct inode *n)
 }
 
 static int xattrs_del_all(struct op *o, uint64_t ino);
+static int purge_put(struct op *o, const struct inode *n);
 static int quota_charge(struct op *o, uint64_t qid, int64_t dinodes, int64_t dbytes, int check);
 static int quota_del(struct op *o, uint64_t qid);
 
@@ -770,7 +847,8 @@ static int64_t quota_bytes_of(const struct inode *n)
 /*
  * Drops an inode that lost its last name, with its symlink target and xattrs,
  * and what it counted in its quota (a folder that was a quota root takes its
- * quota with it).
+ * quota with it). A regular file's chunks are recorded for the purge in the same
+ * transaction: whoever frees an inode cannot forget its data.
  */
 static int inode_del(struct op *o, const struct inode *n)
 {
@@ -786,6 +864,8 @@ static int inode_del(struct op *o, const struct inode *n)
 		rc = lmdb_err(mdb_del(o->txn, o->st->inodes, &key, NULL), "delete inode");
 	if (rc == 0)
 		rc = xattrs_del_all(o, n->a.ino);
+	if (rc == 0 && S_ISREG(n->a.mode))
+		rc = purge_put(o, n);
 	if (rc == 0 && S_ISLNK(n->a.mode)) {
 		rc = lmdb_err(mdb_del(o->txn, o->st->links, &key, NULL), "delete symlink");
 		if (rc == -ENOENT)
@@ -1055,6 +1135,8 @@ static int inode_new(struct op *o, const struct inode *dir, uint32_t mode, uint6
 		mode &= ~(uint32_t)S_ISGID;
 	n->a.mode = mode;
 	n->a.nlink = 1;
+	/* a directory's is set by mkdir; any other's is where it was made (confinement) */
+	n->parent = S_ISDIR(mode) ? 0 : dir->a.ino;
 	n->a.qid = dir->a.qid; /* a quota root's own qid is itself */
 	times_now(o, &n->a.atime_sec, &n->a.atime_nsec);
 	times_now(o, &n->a.mtime_sec, &n->a.mtime_nsec);
@@ -1245,6 +1327,61 @@ static int pos_load(struct op *o)
 	return 0;
 }
 
+static const char FILE_PARENTS_KEY[] = "file_parents";
+
+/*
+ * Stores made before files recorded the folder they live in (client confinement,
+ * stk_meta_store_within) get it once, here: each file, symlink or special file
+ * takes the folder of the first entry found naming it. `sys` then says it is done.
+ */
+static int file_parents_fill(struct op *o)
+{
+	MDB_val key = {sizeof(FILE_PARENTS_KEY) - 1, (void *)FILE_PARENTS_KEY}, k, v;
+	uint64_t filled = 0;
+	MDB_cursor *c;
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->sys, &key, &v);
+	if (rc == 0)
+		return 0;
+	if (rc != MDB_NOTFOUND)
+		return lmdb_err(rc, "read file parents mark");
+	rc = mdb_cursor_open(o->txn, o->st->dentries, &c);
+	if (rc)
+		return lmdb_err(rc, "open cursor");
+	for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
+	     rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+		struct stk_rbuf r;
+		struct inode n;
+		uint64_t ino;
+		uint32_t type;
+
+		stk_rbuf_init(&r, v.mv_data, v.mv_size);
+		ino = stk_get_u64(&r);
+		type = stk_get_u32(&r);
+		if (r.err || k.mv_size < 8 || S_ISDIR(type))
+			continue;
+		if (inode_get(o, ino, &n) || S_ISDIR(n.a.mode) || n.parent)
+			continue;
+		n.parent = be64_get(k.mv_data);
+		rc = inode_put(o, &n);
+		if (rc)
+			break;
+		filled++;
+	}
+	mdb_cursor_close(c);
+	if (rc != MDB_NOTFOUND && rc != 0)
+		return rc < 0 ? rc : lmdb_err(rc, "read entries");
+	v.mv_size = 0;
+	v.mv_data = "";
+	rc = lmdb_err(mdb_put(o->txn, o->st->sys, &key, &v, 0), "write file parents mark");
+	if (rc == 0 && filled)
+		stk_info("meta store: %llu files made by an older release now record their "
+			 "folder (for client keys confined to a subtree)",
+			 (unsigned long long)filled);
+	return rc;
+}
+
 /* Opens the tables and makes the root directory of a new store, and its identity. */
 static int store_init(struct stk_meta_store *st)
 {
@@ -1267,6 +1404,8 @@ static int store_init(struct stk_meta_store *st)
 		rc = mdb_dbi_open(o.txn, "xattrs", MDB_CREATE, &st->xattrs);
 	if (rc == 0)
 		rc = mdb_dbi_open(o.txn, "quotas", MDB_CREATE, &st->quotas);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "purge", MDB_CREATE, &st->purge);
 	rc = lmdb_err(rc, "open tables");
 	if (rc == 0)
 		rc = tables_named(&o);
@@ -1281,6 +1420,8 @@ static int store_init(struct stk_meta_store *st)
 	}
 	if (rc == 0)
 		rc = ns_id_load(&o, fresh);
+	if (rc == 0)
+		rc = file_parents_fill(&o);
 out:
 	return op_end(&o, rc);
 }
@@ -1306,11 +1447,19 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
 	if (rc)
 		return rc;
-	mdb_env_set_maxdbs(st->env, 6);
+	mdb_env_set_maxdbs(st->env, 7);
 	mdb_env_set_maxreaders(st->env, MAX_READERS);
 	if (allocated && snprintf(path, sizeof(path), "%s/data.mdb", dir) < (int)sizeof(path) &&
-	    stat(path, &sb) == 0)
+	    stat(path, &sb) == 0) {
 		size = STK_MAX(size, round_up_mib((uint64_t)sb.st_size));
+		/*
+		 * The file's last RESERVE_FREEING is the freeings' reserve, not the map's
+		 * (LMDB keeps the map at least as large as what it holds, if that reserve
+		 * was taken), so that each open does not add a reserve to the map.
+		 */
+		if (size >= RESERVE_STEP + RESERVE_FREEING)
+			size -= RESERVE_FREEING;
+	}
 	size = allocated ? STK_MIN(size, st->map_max) : st->map_max;
 	rc = mdb_env_set_mapsize(st->env, size);
 	if (rc == 0)
@@ -1326,11 +1475,18 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	rc = lmdb_err(mdb_env_get_fd(st->env, &st->fd), "file");
 	if (rc == 0)
 		rc = lmdb_err(mdb_env_stat(st->env, &ms), "stat");
-	st->map_size = 0;
-	if (rc == 0)
+	st->file_size = 0;
+	if (rc == 0) {
+		MDB_envinfo info;
+
+		mdb_env_info(st->env, &info);
+		size = STK_MAX(size, (uint64_t)info.me_mapsize); /* what LMDB holds, at least */
 		rc = allocate_to(st, size); /* every byte, the file's own too */
+	}
 	if (rc)
 		goto fail;
+	/* The freeings' reserve past the map, if the disk has it (a full one may not). */
+	allocate_to(st, size + RESERVE_FREEING);
 	st->psize = ms.ms_psize;
 	st->map_size = size;
 	if (map_used(st) + RESERVE_MIN > st->map_size)
@@ -1361,6 +1517,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	pthread_mutex_init(&st->sync_mu, NULL);
 	pthread_mutex_init(&st->qmu, NULL);
 	pthread_mutex_init(&st->repl_mu, NULL);
+	pthread_mutex_init(&st->umu, NULL);
 	/* a growth waiting for the map must not wait behind a stream of new readers */
 	pthread_rwlockattr_init(&ra);
 	pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
@@ -1387,6 +1544,7 @@ out:
 	pthread_mutex_destroy(&st->sync_mu);
 	pthread_mutex_destroy(&st->qmu);
 	pthread_mutex_destroy(&st->repl_mu);
+	pthread_mutex_destroy(&st->umu);
 	free(st);
 	return rc;
 }
@@ -1400,6 +1558,12 @@ void stk_meta_store_close(struct stk_meta_store *st)
 	pthread_mutex_destroy(&st->sync_mu);
 	resv_free_all(st);
 	pthread_mutex_destroy(&st->qmu);
+	if (st->nunrec)
+		stk_warn("meta store: closed with the purges of %zu file(s) not done (the map "
+			 "was full): stoker fsck finds their chunks as garbage",
+			 st->nunrec);
+	free(st->unrec);
+	pthread_mutex_destroy(&st->umu);
 	pthread_mutex_destroy(&st->repl_mu);
 	free(st);
 }
@@ -2161,6 +2325,8 @@ int stk_meta_store_link(struct stk_meta_store *st, const struct stk_cred *cred, 
 	if (rc)
 		goto out;
 	n.a.nlink++;
+	if (n.parent == 0)
+		n.parent = parent; /* made by an older release: it has a home now */
 	set_ctime(&o, &n.a);
 	rc = inode_put(&o, &n);
 	if (rc == 0)
@@ -2196,8 +2362,8 @@ static int victim_get(struct op *o, uint64_t parent, const char *name, struct in
 	return rc;
 }
 
-int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred,
-			      uint64_t parent, const char *name, uint64_t ino, struct stk_attr *out)
+static int unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
+		      const char *name, uint64_t ino, struct stk_attr *out)
 {
 	struct inode dir, n;
 	struct op o;
@@ -2225,6 +2391,19 @@ int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *
 	rc = op_end(&o, rc);
 	if (rc == 0)
 		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t parent, const char *name, uint64_t ino, struct stk_attr *out)
+{
+	int rc = unlink_ino(st, cred, parent, name, ino, out);
+
+	/* A full map: once more, the purge kept in memory ("purges" below). */
+	if (unrec_retry(st, rc)) {
+		rc = unlink_ino(st, cred, parent, name, ino, out);
+		unrec_retry_end();
+	}
 	return rc;
 }
 
@@ -2432,6 +2611,8 @@ static int rename_move(struct op *o, struct rename_ctx *r, int *replaced)
 		rc = move_subdir(&r->src, &r->sp, r->dp);
 		if (rc)
 			return rc;
+	} else {
+		r->src.parent = r->dp->a.ino;
 	}
 	rc = dentry_del(o, r->sp.a.ino, r->src_name);
 	if (rc == 0)
@@ -2460,6 +2641,10 @@ static int rename_exchange(struct op *o, struct rename_ctx *r)
 		rc = move_subdir(&r->src, &r->sp, r->dp);
 	if (rc == 0 && S_ISDIR(r->dst.a.mode))
 		rc = move_subdir(&r->dst, r->dp, &r->sp);
+	if (!S_ISDIR(r->src.a.mode))
+		r->src.parent = r->dp->a.ino;
+	if (!S_ISDIR(r->dst.a.mode))
+		r->dst.parent = r->sp.a.ino;
 	if (rc == 0)
 		rc = dentry_put(o, r->sp.a.ino, r->src_name, r->dst.a.ino, r->dst.a.mode);
 	if (rc == 0)
@@ -2481,10 +2666,10 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 					 flags, STK_META_ANY_INO, STK_META_ANY_INO, replaced, out);
 }
 
-int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *cred,
-			      uint64_t src_parent, const char *src_name, uint64_t dst_parent,
-			      const char *dst_name, uint32_t flags, uint64_t src_ino,
-			      uint64_t dst_ino, int *replaced, struct stk_attr *out)
+static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t src_parent,
+		      const char *src_name, uint64_t dst_parent, const char *dst_name,
+		      uint32_t flags, uint64_t src_ino, uint64_t dst_ino, int *replaced,
+		      struct stk_attr *out)
 {
 	const uint32_t both = STK_RENAME_NOREPLACE | STK_RENAME_EXCHANGE;
 	struct rename_ctx r;
@@ -2532,6 +2717,23 @@ out:
 	if (rc == 0 && rep) {
 		*replaced = 1;
 		*out = r.dst.a;
+	}
+	return rc;
+}
+
+int stk_meta_store_rename_ino(struct stk_meta_store *st, const struct stk_cred *cred,
+			      uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			      const char *dst_name, uint32_t flags, uint64_t src_ino,
+			      uint64_t dst_ino, int *replaced, struct stk_attr *out)
+{
+	int rc = rename_ino(st, cred, src_parent, src_name, dst_parent, dst_name, flags, src_ino,
+			    dst_ino, replaced, out);
+
+	/* A full map: once more, the purge of a file it replaces kept in memory. */
+	if (unrec_retry(st, rc)) {
+		rc = rename_ino(st, cred, src_parent, src_name, dst_parent, dst_name, flags,
+				src_ino, dst_ino, replaced, out);
+		unrec_retry_end();
 	}
 	return rc;
 }
@@ -2595,7 +2797,7 @@ out:
 	return op_end(&o, rc);
 }
 
-int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
+static int orphan_drop(struct stk_meta_store *st, uint64_t ino)
 {
 	static const struct stk_cred root_cred;
 	uint8_t k[ORPHAN_KEY_LEN];
@@ -2617,6 +2819,294 @@ int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
 			rc = 0;
 	}
 	return op_end(&o, rc);
+}
+
+int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino)
+{
+	int rc = orphan_drop(st, ino);
+
+	if (unrec_retry(st, rc)) {
+		rc = orphan_drop(st, ino);
+		unrec_retry_end();
+	}
+	return rc;
+}
+
+/* ---- purges: the chunks of freed files, until storage has removed them ---- */
+
+/*
+ * Table "purge": key be64 ino, value u8 format (PURGE_FORMAT), the layout (u32
+ * chunk_size, stripe, nchains, start, u64 seed) and u64 size. inode_del writes one
+ * in the transaction that frees a regular file; meta's purge thread removes it
+ * once every chain of the layout has dropped the chunks (stk_meta_store_purge_done).
+ */
+#define PURGE_FORMAT 1
+#define PURGE_REC_LEN (1 + 4 * 4 + 8 + 8)
+/* Purges kept in memory at most (about 40 bytes each); past it a freeing fails ENOSPC. */
+#define UNREC_MAX (1u << 20)
+
+/*
+ * A full map. Each freeing writes its purge record, so on a map with no page
+ * left the unlink that would free space would fail with ENOSPC. Such an
+ * operation (unlink, rename over a file, an orphan's drop) is tried once more
+ * without the record and with the map's reserve opened (unrec_retry,
+ * RESERVE_FREEING), since a freeing needs a few new pages of its own: the
+ * purge is then kept in memory, in the store's unrec list, published there
+ * only when the transaction that freed the inode commits, and the purger sends
+ * it like a record (purge.h). A meta that stops before it is sent leaves those
+ * chunks behind, logged here; they belong to no inode, and stoker fsck finds
+ * and removes them as garbage.
+ */
+static int unrec_add(struct op *o, const struct inode *n)
+{
+	struct stk_meta_purge *v;
+	size_t queued;
+
+	pthread_mutex_lock(&o->st->umu);
+	queued = o->st->nunrec;
+	pthread_mutex_unlock(&o->st->umu);
+	if (queued + unrec_tl.n >= UNREC_MAX)
+		return -ENOSPC; /* storage has not kept up: fail as the record would */
+	if (unrec_tl.n == unrec_tl.cap) {
+		size_t cap = unrec_tl.cap ? 2 * unrec_tl.cap : 16;
+
+		v = realloc(unrec_tl.v, cap * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		unrec_tl.v = v;
+		unrec_tl.cap = cap;
+	}
+	unrec_tl.v[unrec_tl.n++] =
+	    (struct stk_meta_purge){.ino = n->a.ino, .layout = n->a.layout, .size = n->a.size};
+	return 0;
+}
+
+/* After o's transaction ended: what it kept in memory goes with it, or is published. */
+static void unrec_settle(struct op *o, int committed)
+{
+	struct stk_meta_store *st = o->st;
+	size_t from = o->unrec_mark, n = unrec_tl.n - from;
+
+	if (!committed) {
+		unrec_tl.n = from;
+	} else if (!o->nested && n) {
+		/* The outermost commit: the inodes are gone for good, their purges are due. */
+		uint64_t total;
+
+		pthread_mutex_lock(&st->umu);
+		if (st->nunrec + n > st->capunrec) {
+			size_t cap = STK_MAX(2 * st->capunrec, st->nunrec + n);
+			struct stk_meta_purge *v = realloc(st->unrec, cap * sizeof(*v));
+
+			if (v) {
+				st->unrec = v;
+				st->capunrec = cap;
+			}
+		}
+		if (st->nunrec + n <= st->capunrec) {
+			memcpy(&st->unrec[st->nunrec], &unrec_tl.v[from], n * sizeof(*st->unrec));
+			st->nunrec += n;
+		} else {
+			stk_error("meta store: out of memory: the purges of %zu file(s) are lost; "
+				  "stoker fsck finds their chunks as garbage",
+				  n);
+		}
+		total = st->unrec_total += n;
+		pthread_mutex_unlock(&st->umu);
+		if (total == n || total / 1000 != (total - n) / 1000)
+			stk_warn("meta store: the map is full: the purges of %llu freed file(s) "
+				 "so far are kept in memory only (inode %llu the last); a restart "
+				 "before they are done leaves their chunks to stoker fsck",
+				 (unsigned long long)total,
+				 (unsigned long long)unrec_tl.v[from + n - 1].ino);
+		unrec_tl.n = from;
+	}
+	if (!o->nested && unrec_tl.n == 0 && unrec_tl.v) {
+		free(unrec_tl.v);
+		unrec_tl.v = NULL;
+		unrec_tl.cap = 0;
+	}
+}
+
+/*
+ * Whether an operation that failed with rc should be tried again without purge
+ * records: only ENOSPC, and not from inside such a retry. Sets skip: the caller
+ * retries, then calls unrec_retry_end.
+ */
+static int unrec_retry(struct stk_meta_store *st, int rc)
+{
+	if (rc != -ENOSPC || unrec_tl.skip)
+		return 0;
+	unrec_tl.skip = 1;
+	/* Room for it, if the map has a reserve left (a batch holds the map: none). */
+	if (!(batch.st == st && batch.txn))
+		reserve_open(st);
+	return 1;
+}
+
+static void unrec_retry_end(void)
+{
+	unrec_tl.skip = 0;
+}
+
+static int purge_put(struct op *o, const struct inode *n)
+{
+	uint8_t k[8], buf[PURGE_REC_LEN];
+	MDB_val key = {sizeof(k), k}, val = {sizeof(buf), buf};
+	struct stk_wbuf w;
+
+	/* No layout (a store's test files, a corrupt record): nothing was ever stored. */
+	if (n->a.layout.stripe == 0 || n->a.layout.chunk_size == 0)
+		return 0;
+	if (unrec_tl.skip)
+		return unrec_add(o, n);
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u8(&w, PURGE_FORMAT);
+	stk_put_u32(&w, n->a.layout.chunk_size);
+	stk_put_u32(&w, n->a.layout.stripe);
+	stk_put_u32(&w, n->a.layout.nchains);
+	stk_put_u32(&w, n->a.layout.start);
+	stk_put_u64(&w, n->a.layout.seed);
+	stk_put_u64(&w, n->a.size);
+	if (w.err)
+		return -EIO;
+	be64_put(k, n->a.ino);
+	return lmdb_err(mdb_put(o->txn, o->st->purge, &key, &val, 0), "write purge");
+}
+
+static int purge_decode(const MDB_val *key, const MDB_val *val, struct stk_meta_purge *p)
+{
+	struct stk_rbuf r;
+	uint8_t fmt;
+
+	if (key->mv_size != 8)
+		return -EIO;
+	memset(p, 0, sizeof(*p));
+	p->ino = be64_get(key->mv_data);
+	stk_rbuf_init(&r, val->mv_data, val->mv_size);
+	fmt = stk_get_u8(&r);
+	p->layout.chunk_size = stk_get_u32(&r);
+	p->layout.stripe = stk_get_u32(&r);
+	p->layout.nchains = stk_get_u32(&r);
+	p->layout.start = stk_get_u32(&r);
+	p->layout.seed = stk_get_u64(&r);
+	p->size = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r) || fmt != PURGE_FORMAT) {
+		stk_error("meta store: purge record of inode %llu is corrupt",
+			  (unsigned long long)p->ino);
+		return -EIO;
+	}
+	return 0;
+}
+
+int stk_meta_store_purges(struct stk_meta_store *st, uint64_t from, struct stk_meta_purge *out,
+			  size_t max, size_t *n)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	be64_put(k, from);
+	rc = lmdb_err(mdb_cursor_open(o.txn, st->purge, &cur), "open cursor");
+	if (rc)
+		goto out;
+	for (mrc = mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0 && *n < max;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		/* A corrupt record is skipped (logged), so that it does not stop the rest. */
+		if (purge_decode(&key, &val, &out[*n]) == 0)
+			(*n)++;
+	}
+	if (mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "list purges");
+out:
+	if (cur)
+		mdb_cursor_close(cur);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_purge_done(struct stk_meta_store *st, const uint64_t *inos, size_t n)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k};
+	struct op o;
+	int rc;
+
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		be64_put(k, inos[i]);
+		rc = lmdb_err(mdb_del(o.txn, st->purge, &key, NULL), "delete purge");
+		if (rc == -ENOENT)
+			rc = 0;
+	}
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_purge_count(struct stk_meta_store *st, uint64_t *n)
+{
+	static const struct stk_cred root_cred;
+	MDB_stat ms;
+	struct op o;
+	int rc;
+
+	*n = 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = lmdb_err(mdb_stat(o.txn, st->purge, &ms), "count purges");
+	if (rc == 0)
+		*n = ms.ms_entries;
+	rc = op_end(&o, rc);
+	pthread_mutex_lock(&st->umu);
+	*n += st->nunrec;
+	pthread_mutex_unlock(&st->umu);
+	return rc;
+}
+
+size_t stk_meta_store_purges_unrecorded(struct stk_meta_store *st, struct stk_meta_purge *out,
+					size_t max)
+{
+	size_t n;
+
+	pthread_mutex_lock(&st->umu);
+	n = STK_MIN(max, st->nunrec);
+	if (n) /* none kept: st->unrec is NULL */
+		memcpy(out, st->unrec, n * sizeof(*out));
+	pthread_mutex_unlock(&st->umu);
+	return n;
+}
+
+void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, const uint8_t *failed)
+{
+	size_t kept = 0;
+
+	pthread_mutex_lock(&st->umu);
+	/* Only appends happened since they were taken: they are still the first. */
+	taken = STK_MIN(taken, st->nunrec);
+	if (taken == 0) {
+		pthread_mutex_unlock(&st->umu);
+		return;
+	}
+	for (size_t i = 0; i < taken; i++)
+		if (failed[i])
+			st->unrec[kept++] = st->unrec[i];
+	memmove(&st->unrec[kept], &st->unrec[taken], (st->nunrec - taken) * sizeof(*st->unrec));
+	st->nunrec -= taken - kept;
+	if (st->nunrec == 0) {
+		free(st->unrec);
+		st->unrec = NULL;
+		st->capunrec = 0;
+	}
+	pthread_mutex_unlock(&st->umu);
 }
 
 /* ---- extended attributes ---- */
@@ -3888,6 +4378,32 @@ int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, s
 
 /* ---- replication (store.h, "Replication") ---- */
 
+/*
+ * A store that turns follower forgets the purges a full map kept in memory
+ * (store.h): they are of freeings it made as a leader, which the next leader may
+ * never have got (not acknowledged). Sent later, were it to lead again, they
+ * would remove the chunks of files that live on; left alone, they are garbage
+ * for stoker fsck at worst. The purger settles no more of them (the count of
+ * those it took is clamped to what is left, stk_meta_store_unrecorded_done).
+ */
+static void unrec_forget(struct stk_meta_store *st)
+{
+	size_t n;
+
+	pthread_mutex_lock(&st->umu);
+	n = st->nunrec;
+	free(st->unrec);
+	st->unrec = NULL;
+	st->nunrec = 0;
+	st->capunrec = 0;
+	pthread_mutex_unlock(&st->umu);
+	if (n)
+		stk_warn("meta store: follows now: the purges of %zu freed file(s) kept in "
+			 "memory (the map was full) are dropped; stoker fsck finds their chunks "
+			 "as garbage",
+			 n);
+}
+
 /* A thread's redo buffer goes with the thread (server workers come and go). */
 static pthread_once_t redo_once = PTHREAD_ONCE_INIT;
 static pthread_key_t redo_key;
@@ -3961,6 +4477,8 @@ int stk_meta_store_repl_set(struct stk_meta_store *st, int mode, uint64_t epoch,
 		mdb_txn_abort(txn);
 	}
 	pthread_rwlock_unlock(&st->map_lock);
+	if (rc == 0 && mode == STK_META_REPL_FOLLOWER)
+		unrec_forget(st);
 	return rc;
 }
 
@@ -4028,8 +4546,8 @@ static int ops_apply(struct op *o, const uint8_t *ops, size_t len)
 	return rc;
 }
 
-int stk_meta_store_apply(struct stk_meta_store *st, const uint8_t *buf, size_t len,
-			 uint64_t *epoch_out, uint64_t *seq_out)
+static int apply_once(struct stk_meta_store *st, const uint8_t *buf, size_t len,
+		      uint64_t *epoch_out, uint64_t *seq_out)
 {
 	uint64_t epoch, seq;
 	struct stk_rbuf r;
@@ -4082,6 +4600,22 @@ int stk_meta_store_apply(struct stk_meta_store *st, const uint8_t *buf, size_t l
 		if (seq_out)
 			*seq_out = seq;
 	}
+	return rc;
+}
+
+/*
+ * A leader whose map is full frees files through its reserve (reserve_open,
+ * unrec_retry): the same changes need the same room here, so a full map opens
+ * this store's reserve too and tries once more, rather than falling behind for
+ * good (the leader's changes would wait for this follower).
+ */
+int stk_meta_store_apply(struct stk_meta_store *st, const uint8_t *buf, size_t len,
+			 uint64_t *epoch_out, uint64_t *seq_out)
+{
+	int rc = apply_once(st, buf, len, epoch_out, seq_out);
+
+	if (rc == -ENOSPC && reserve_open(st))
+		rc = apply_once(st, buf, len, epoch_out, seq_out);
 	return rc;
 }
 
@@ -4187,7 +4721,7 @@ int stk_meta_store_snap_next(struct stk_meta_snap *s, uint8_t *buf, size_t cap, 
 	return 0;
 }
 
-int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_t *ops, size_t len)
+static int snap_apply_once(struct stk_meta_store *st, int first, const uint8_t *ops, size_t len)
 {
 	struct op o;
 	int rc;
@@ -4201,7 +4735,7 @@ int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_
 		/* Holds nothing now: a crash before the end leaves it to copy again. */
 		for (unsigned i = 0; i < TABLES_MAX && rc == 0; i++)
 			if (st->tname[i][0])
-				rc = lmdb_err(mdb_drop(o.txn, i, 0), "empty a table");
+				rc = lmdb_err((mdb_drop)(o.txn, i, 0), "empty a table");
 		if (rc == 0)
 			rc = pos_put(o.txn, st, 0, 0);
 	}
@@ -4217,6 +4751,16 @@ int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_
 		 * before then makes itself a new identity, the copy's record being gone) */
 		memset(&st->ns_id, 0, sizeof(st->ns_id));
 	}
+	return rc;
+}
+
+/* A full map: its reserve, as for a log (stk_meta_store_apply). */
+int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_t *ops, size_t len)
+{
+	int rc = snap_apply_once(st, first, ops, len);
+
+	if (rc == -ENOSPC && reserve_open(st))
+		rc = snap_apply_once(st, first, ops, len);
 	return rc;
 }
 
@@ -4241,4 +4785,542 @@ int stk_meta_store_snap_done(struct stk_meta_store *st, uint64_t epoch, uint64_t
 		pthread_mutex_unlock(&st->repl_mu);
 	}
 	return rc;
+}
+
+/* ---- fsck: the namespace checked against itself ---- */
+
+/* What the walks learn of one inode (fsck_ino_find looks it up by number). */
+struct fsck_ino {
+	uint64_t ino;
+	uint64_t parent;   /* a directory's parent pointer */
+	uint64_t named_in; /* a directory: the folder whose entry names it */
+	uint32_t mode;
+	uint32_t nlink;
+	uint32_t refs;	  /* entries naming it */
+	uint32_t subdirs; /* entries of directories in it */
+	uint8_t orphan;
+};
+
+struct fsck {
+	struct op *o;
+	int repair;
+	stk_meta_fsck_fn fn;
+	void *ctx;
+	struct stk_meta_fsck_stats *stats;
+	struct fsck_ino *v; /* by inode number, as the inodes table walks */
+	size_t n, cap;
+};
+
+static struct fsck_ino *fsck_ino_find(const struct fsck *f, uint64_t ino)
+{
+	size_t lo = 0, hi = f->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (f->v[mid].ino == ino)
+			return &f->v[mid];
+		if (f->v[mid].ino < ino)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/* Tells the caller of one problem; rc is the repair's outcome (0: repaired). */
+static int fsck_report(struct fsck *f, struct stk_meta_fsck_problem *p, int repaired)
+{
+	p->repaired = (uint8_t)repaired;
+	f->stats->problems++;
+	if (repaired)
+		f->stats->repaired++;
+	return f->fn ? f->fn(f->ctx, p) : 0;
+}
+
+static int fsck_load_inodes(struct fsck *f)
+{
+	MDB_cursor *cur = NULL;
+	MDB_val key, val;
+	int rc, mrc;
+
+	rc = lmdb_err(mdb_cursor_open(f->o->txn, f->o->st->inodes, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_FIRST); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct inode n;
+
+		if (key.mv_size != 8 || inode_decode(be64_get(key.mv_data), &val, &n)) {
+			struct stk_meta_fsck_problem p = {.kind = STK_FSCK_KIND_CORRUPT};
+
+			p.ino = key.mv_size == 8 ? be64_get(key.mv_data) : 0;
+			rc = fsck_report(f, &p, 0);
+			if (rc)
+				break;
+			continue;
+		}
+		if (f->n == f->cap) {
+			size_t cap = f->cap ? 2 * f->cap : 1024;
+			struct fsck_ino *v = realloc(f->v, cap * sizeof(*v));
+
+			if (!v) {
+				rc = -ENOMEM;
+				break;
+			}
+			f->v = v;
+			f->cap = cap;
+		}
+		f->v[f->n++] = (struct fsck_ino){.ino = n.a.ino, .parent = n.parent,
+						 .mode = n.a.mode, .nlink = n.a.nlink};
+	}
+	if (rc == 0 && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk inodes");
+	if (cur)
+		mdb_cursor_close(cur);
+	f->stats->inodes = f->n;
+	return rc;
+}
+
+/*
+ * Every entry: it must name an inode that exists, in a folder that exists. Counts
+ * the names of each inode and the subfolders of each folder. Entries to drop are
+ * collected first and dropped after the walk (no cursor changes under a walk).
+ */
+static int fsck_entries(struct fsck *f)
+{
+	struct stk_meta_fsck_problem *bad = NULL;
+	size_t nbad = 0, capbad = 0;
+	MDB_cursor *cur = NULL;
+	MDB_val key, val;
+	int rc, mrc;
+
+	rc = lmdb_err(mdb_cursor_open(f->o->txn, f->o->st->dentries, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_FIRST); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_meta_fsck_problem p = {0};
+		struct fsck_ino *dir, *n;
+		struct stk_rbuf r;
+		size_t len;
+
+		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
+			continue;
+		f->stats->entries++;
+		p.parent = be64_get(key.mv_data);
+		len = key.mv_size - 16;
+		memcpy(p.name, (const uint8_t *)key.mv_data + 16, len);
+		p.name[len] = 0;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		p.ino = stk_get_u64(&r);
+		stk_get_u32(&r);
+		dir = fsck_ino_find(f, p.parent);
+		n = fsck_ino_find(f, p.ino);
+		if (stk_rbuf_finish(&r) || !dir || !S_ISDIR(dir->mode) || !n) {
+			p.kind = !n ? STK_FSCK_KIND_DANGLING : STK_FSCK_KIND_LOST_ENTRY;
+			if (stk_rbuf_finish(&r))
+				p.kind = STK_FSCK_KIND_CORRUPT;
+			if (nbad == capbad) {
+				size_t cap = capbad ? 2 * capbad : 16;
+				struct stk_meta_fsck_problem *b = realloc(bad, cap * sizeof(*b));
+
+				if (!b) {
+					rc = -ENOMEM;
+					break;
+				}
+				bad = b;
+				capbad = cap;
+			}
+			bad[nbad++] = p;
+			continue;
+		}
+		n->refs++;
+		if (S_ISDIR(n->mode)) {
+			n->named_in = p.parent;
+			dir->subdirs++;
+		}
+	}
+	if (rc == 0 && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk entries");
+	if (cur)
+		mdb_cursor_close(cur);
+	for (size_t i = 0; rc == 0 && i < nbad; i++) {
+		int fixed = 0;
+
+		/* A name that leads nowhere, or from nowhere: dropping it loses nothing. */
+		if (f->repair) {
+			rc = dentry_del(f->o, bad[i].parent, bad[i].name);
+			fixed = rc == 0;
+		}
+		if (rc == 0)
+			rc = fsck_report(f, &bad[i], fixed);
+	}
+	free(bad);
+	return rc;
+}
+
+/* Orphan records: each must name an inode that exists (one still open, without a name). */
+static int fsck_orphans(struct fsck *f)
+{
+	uint8_t k[ORPHAN_KEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	uint64_t *stale = NULL;
+	size_t nstale = 0, cap = 0;
+	int rc, mrc;
+
+	orphan_key(k, 0);
+	rc = lmdb_err(mdb_cursor_open(f->o->txn, f->o->st->sys, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		uint64_t ino;
+		struct fsck_ino *n;
+
+		if (key.mv_size != ORPHAN_KEY_LEN ||
+		    memcmp(key.mv_data, ORPHAN_PREFIX, sizeof(ORPHAN_PREFIX) - 1))
+			break;
+		ino = be64_get((const uint8_t *)key.mv_data + sizeof(ORPHAN_PREFIX) - 1);
+		n = fsck_ino_find(f, ino);
+		if (n) {
+			n->orphan = 1;
+			continue;
+		}
+		if (nstale == cap) {
+			uint64_t *s = realloc(stale, (cap = cap ? 2 * cap : 16) * sizeof(*s));
+
+			if (!s) {
+				rc = -ENOMEM;
+				break;
+			}
+			stale = s;
+		}
+		stale[nstale++] = ino;
+	}
+	if (rc == 0 && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk orphans");
+	if (cur)
+		mdb_cursor_close(cur);
+	for (size_t i = 0; rc == 0 && i < nstale; i++) {
+		struct stk_meta_fsck_problem p = {.kind = STK_FSCK_KIND_STALE_ORPHAN, .ino = stale[i]};
+		int fixed = 0;
+
+		if (f->repair) {
+			orphan_key(k, stale[i]);
+			rc = lmdb_err(mdb_del(f->o->txn, f->o->st->sys, &key, NULL), "delete orphan");
+			fixed = rc == 0;
+		}
+		if (rc == 0)
+			rc = fsck_report(f, &p, fixed);
+	}
+	free(stale);
+	return rc;
+}
+
+/* One inode against what the entries say of it. */
+static int fsck_one(struct fsck *f, const struct fsck_ino *e)
+{
+	struct stk_meta_fsck_problem p = {.ino = e->ino};
+	uint32_t want;
+	struct inode n;
+	int rc = 0, dir = S_ISDIR(e->mode), root = e->ino == STK_ROOT_INO;
+
+	if (dir)
+		f->stats->dirs++;
+	else if (S_ISREG(e->mode))
+		f->stats->files++;
+	if (!root && e->refs == 0 && !(e->orphan && !dir)) {
+		/*
+		 * No name reaches it and no open file keeps it. A file goes as an unlink
+		 * would take it (its chunks to the purge); a folder is only reported:
+		 * what it holds may matter, and nothing can name it back here.
+		 */
+		p.kind = STK_FSCK_KIND_UNREACHED;
+		p.found = e->nlink;
+		if (!f->repair || dir)
+			return fsck_report(f, &p, 0);
+		rc = inode_get(f->o, e->ino, &n);
+		if (rc == 0)
+			rc = inode_del(f->o, &n);
+		return rc ? rc : fsck_report(f, &p, 1);
+	}
+	want = dir ? 2 + e->subdirs : e->refs;
+	if (e->nlink != want && !(e->refs == 0 && e->orphan)) {
+		p.kind = STK_FSCK_KIND_NLINK;
+		p.expect = want;
+		p.found = e->nlink;
+		if (!f->repair)
+			return fsck_report(f, &p, 0);
+		rc = inode_get(f->o, e->ino, &n);
+		if (rc == 0) {
+			n.a.nlink = want;
+			rc = inode_put(f->o, &n);
+		}
+		rc = rc ? rc : fsck_report(f, &p, 1);
+	}
+	if (rc == 0 && dir && !root && e->refs == 1 && e->parent != e->named_in) {
+		p.kind = STK_FSCK_KIND_PARENT;
+		p.expect = e->named_in;
+		p.found = e->parent;
+		if (!f->repair)
+			return fsck_report(f, &p, 0);
+		rc = inode_get(f->o, e->ino, &n);
+		if (rc == 0) {
+			n.parent = e->named_in;
+			rc = inode_put(f->o, &n);
+		}
+		rc = rc ? rc : fsck_report(f, &p, 1);
+	}
+	return rc;
+}
+
+/* Quota usage against a count of the inodes (orphans included) tagged into each. */
+struct fsck_quota {
+	struct quota q;
+	uint64_t bytes, inodes; /* counted */
+};
+
+static int fsck_quotas(struct fsck *f)
+{
+	struct fsck_quota *qs = NULL;
+	size_t nq = 0, cap = 0;
+	MDB_cursor *cur = NULL;
+	MDB_val key, val;
+	int rc, mrc;
+
+	rc = lmdb_err(mdb_cursor_open(f->o->txn, f->o->st->quotas, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_FIRST); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		if (key.mv_size != 8)
+			continue;
+		if (nq == cap) {
+			struct fsck_quota *v = realloc(qs, (cap = cap ? 2 * cap : 16) * sizeof(*v));
+
+			if (!v) {
+				rc = -ENOMEM;
+				break;
+			}
+			qs = v;
+		}
+		memset(&qs[nq], 0, sizeof(qs[nq]));
+		rc = quota_get(f->o, be64_get(key.mv_data), &qs[nq].q);
+		if (rc)
+			break;
+		nq++;
+	}
+	if (rc == 0 && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk quotas");
+	if (cur)
+		mdb_cursor_close(cur);
+	cur = NULL;
+	if (rc || nq == 0)
+		goto out;
+	/* Inodes after the repairs above: read the table again in this transaction. */
+	rc = lmdb_err(mdb_cursor_open(f->o->txn, f->o->st->inodes, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_FIRST); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		uint64_t qid;
+		struct inode n;
+		unsigned depth = 0;
+
+		if (key.mv_size != 8 || inode_decode(be64_get(key.mv_data), &val, &n))
+			continue;
+		for (qid = n.a.qid; qid && depth < QUOTA_DEPTH_MAX; depth++) {
+			struct fsck_quota *q = NULL;
+
+			for (size_t i = 0; i < nq && !q; i++)
+				if (qs[i].q.qid == qid)
+					q = &qs[i];
+			if (!q)
+				break;
+			q->inodes++;
+			q->bytes += (uint64_t)quota_bytes_of(&n);
+			qid = q->q.parent;
+		}
+	}
+	if (rc == 0 && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk inodes");
+	for (size_t i = 0; rc == 0 && i < nq; i++) {
+		struct fsck_quota *q = &qs[i];
+		struct stk_meta_fsck_problem pb = {.kind = STK_FSCK_KIND_QUOTA_BYTES, .ino = q->q.qid,
+						   .expect = q->bytes, .found = q->q.used_bytes};
+		struct stk_meta_fsck_problem pi = {.kind = STK_FSCK_KIND_QUOTA_INODES,
+						   .ino = q->q.qid, .expect = q->inodes,
+						   .found = q->q.used_inodes};
+		int bad_b = q->bytes != q->q.used_bytes, bad_i = q->inodes != q->q.used_inodes;
+
+		if (!bad_b && !bad_i)
+			continue;
+		if (f->repair) {
+			q->q.used_bytes = q->bytes;
+			q->q.used_inodes = q->inodes;
+			rc = quota_put(f->o, &q->q);
+		}
+		if (rc == 0 && bad_b)
+			rc = fsck_report(f, &pb, f->repair);
+		if (rc == 0 && bad_i)
+			rc = fsck_report(f, &pi, f->repair);
+	}
+out:
+	if (cur)
+		mdb_cursor_close(cur);
+	free(qs);
+	return rc;
+}
+
+int stk_meta_store_fsck(struct stk_meta_store *st, int repair, stk_meta_fsck_fn fn, void *ctx,
+			struct stk_meta_fsck_stats *stats)
+{
+	static const struct stk_cred root_cred;
+	struct fsck f = {.repair = repair, .fn = fn, .ctx = ctx, .stats = stats};
+	struct op o;
+	int rc;
+
+	memset(stats, 0, sizeof(*stats));
+	rc = op_begin(&o, st, &root_cred, !repair);
+	if (rc)
+		return rc;
+	f.o = &o;
+	rc = fsck_load_inodes(&f);
+	if (rc == 0)
+		rc = fsck_entries(&f);
+	if (rc == 0)
+		rc = fsck_orphans(&f);
+	for (size_t i = 0; rc == 0 && i < f.n; i++)
+		rc = fsck_one(&f, &f.v[i]);
+	if (rc == 0)
+		rc = fsck_quotas(&f);
+	if (rc == 0) {
+		uint64_t next = 0;
+
+		rc = ino_next_get(&o, &next);
+		stats->next_ino = next;
+	}
+	free(f.v);
+	rc = op_end(&o, rc);
+	if (rc == 0 && repair && stats->repaired)
+		stk_warn("fsck: %llu problem(s) of the namespace repaired",
+			 (unsigned long long)stats->repaired);
+	return rc;
+}
+
+_Static_assert(sizeof(((struct stk_meta_file *)0)->alloc) == sizeof(((struct inode *)0)->alloc),
+	       "stk_meta_file holds every range an inode keeps");
+
+int stk_meta_store_files(struct stk_meta_store *st, uint64_t from, struct stk_meta_file *out,
+			 size_t max, size_t *n)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	be64_put(k, from);
+	rc = lmdb_err(mdb_cursor_open(o.txn, st->inodes, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+	     mrc == 0 && *n < max; mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_meta_file *fl = &out[*n];
+		struct inode in;
+
+		if (key.mv_size != 8 || inode_decode(be64_get(key.mv_data), &val, &in) ||
+		    !S_ISREG(in.a.mode))
+			continue;
+		memset(fl, 0, sizeof(*fl));
+		fl->attr = in.a;
+		fl->orphan = in.a.nlink == 0;
+		/* Past ALLOC_RANGES_MAX ranges merged: the holes between count as written. */
+		fl->exact = in.nalloc < ALLOC_RANGES_MAX;
+		fl->nalloc = in.nalloc;
+		memcpy(fl->alloc, in.alloc, sizeof(fl->alloc));
+		(*n)++;
+	}
+	if (rc == 0 && mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "list files");
+	if (cur)
+		mdb_cursor_close(cur);
+	return op_end(&o, rc);
+}
+
+/* ---- client confinement (docs/security.md, "Client keys") ---- */
+
+int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	struct op o;
+	uint64_t cur = ino;
+	int rc;
+
+	if (ino == top || top == STK_ROOT_INO)
+		return 1;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, cur, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		cur = n.parent; /* 0 when made by an older release: not known to be inside */
+	for (unsigned depth = 0; rc == 0; depth++) {
+		if (cur == top) {
+			rc = 1;
+			break;
+		}
+		if (cur == 0 || cur == STK_ROOT_INO)
+			break;
+		if (depth == MAX_DEPTH) {
+			rc = -EIO;
+			break;
+		}
+		rc = inode_get(&o, cur, &n);
+		if (rc == 0)
+			cur = n.parent;
+	}
+	op_end(&o, rc < 0 ? rc : 0);
+	return rc == -ENOENT ? 0 : rc;
+}
+
+int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino)
+{
+	static const struct stk_cred root_cred;
+	char name[STK_NAME_MAX + 1];
+	struct inode dir, n;
+	const char *p = path;
+	struct op o;
+	int rc;
+
+	if (*p != '/')
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, STK_ROOT_INO, &dir);
+	while (rc == 0 && *p) {
+		size_t len;
+
+		while (*p == '/')
+			p++;
+		len = strcspn(p, "/");
+		if (len == 0)
+			break;
+		if (len > STK_NAME_MAX) {
+			rc = -ENAMETOOLONG;
+			break;
+		}
+		memcpy(name, p, len);
+		name[len] = 0;
+		p += len;
+		if (!S_ISDIR(dir.a.mode)) {
+			rc = -ENOTDIR;
+			break;
+		}
+		rc = child_get(&o, &dir, name, &n);
+		if (rc == 0)
+			dir = n;
+	}
+	if (rc == 0 && !S_ISDIR(dir.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0)
+		*ino = dir.a.ino;
+	return op_end(&o, rc);
 }

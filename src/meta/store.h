@@ -13,18 +13,23 @@
  * Records (all keys big-endian so that LMDB's byte order is numeric order):
  *   inodes    u64 ino -> u8 format (3), attr (codec.h form, no qid), u64 parent
  *             (the parent of a directory, so that rename can refuse to move a
- *             directory into its own subtree; 0 for other inodes), u16 n and n
+ *             directory into its own subtree; for other inodes the folder they
+ *             were made in or last renamed into, for client confinement; filled
+ *             once, on opening, in stores made before it), u16 n and n
  *             ranges of written chunks (u32 first, u32 end) for st_blocks;
  *             format 1 (older stores) ends at the parent and has no rdev
  *   dentries  u64 parent, u64 hash, name bytes -> u64 ino, u32 type (S_IFMT bits)
  *   links     u64 ino -> symlink target bytes
  *   xattrs    u64 ino, name bytes -> value bytes (extended attributes)
  *   quotas    u64 ino of a quota root -> its limits and usage (see "Quotas")
+ *   purge     u64 ino of a freed regular file -> its layout and size, until its
+ *             chunks are gone from storage (see "Purges")
  *   sys       "next_ino" -> u64, the next inode number to hand out (every
  *             number below it was given to an inode or reserved by a client);
  *             "orphan" + u64 ino -> empty, for each orphan (see below);
  *             "ns_id" -> u64 hi, u64 lo, the namespace's identity (msg.h),
- *             made when the store is created or first opened without one
+ *             made when the store is created or first opened without one;
+ *             "file_parents" -> empty, once every file records its folder
  *
  * Readdir order is dentry key order, that is by name hash within a directory.
  * The cookie that follows an entry is its hash + 1, and a listing resumes at the
@@ -413,10 +418,107 @@ void stk_meta_store_set_open_hook(struct stk_meta_store *st, stk_meta_open_fn fn
 int stk_meta_store_orphans(struct stk_meta_store *st, uint64_t *inos, size_t max, size_t *n);
 /*
  * Forgets orphan ino: its record goes, and its inode too if it still has no name
- * (a hard link may have given it one back). The caller removed its chunks first.
+ * (a hard link may have given it one back), which records its purge (below).
  * -ENOENT if ino is not an orphan.
  */
 int stk_meta_store_orphan_drop(struct stk_meta_store *st, uint64_t ino);
+
+/*
+ * Purges: every transaction that frees a regular file's inode (the last unlink,
+ * a rename over its last name, an orphan dropped, in a batch or not) records
+ * the file's layout and size in the purge table, so that its chunks are removed
+ * by meta (src/meta/purge.h) even if the client that unlinked it dies at once.
+ * A record stays until stk_meta_store_purge_done, which the purge thread calls
+ * once every chain of the layout has acknowledged the removal. Inode numbers are
+ * never reused, so a record never meets a newer file of the same number.
+ */
+struct stk_meta_purge {
+	uint64_t ino;
+	struct stk_layout layout;
+	uint64_t size; /* the file's size when it was freed (for the metrics) */
+};
+/*
+ * Up to max records from inode `from` on, in inode order, into out; *n how many
+ * (fewer than max: the table's end). A corrupt record is logged and skipped.
+ */
+int stk_meta_store_purges(struct stk_meta_store *st, uint64_t from, struct stk_meta_purge *out,
+			  size_t max, size_t *n);
+/* Drops the records of the n inodes (those without one are skipped), in one transaction. */
+int stk_meta_store_purge_done(struct stk_meta_store *st, const uint64_t *inos, size_t n);
+/* How many purges wait: the table's records and those kept in memory (below). */
+int stk_meta_store_purge_count(struct stk_meta_store *st, uint64_t *n);
+/*
+ * A full map (MDB_MAP_FULL) fails the transaction that frees a file, since its
+ * purge record needs room. Such an operation is tried once more without the
+ * record, and its purge is kept in memory instead, published when that
+ * transaction commits (an unlink on a full metadata disk still frees space).
+ * A meta stopped before the purger sent them leaves those chunks behind, logged;
+ * they belong to no inode, and stoker fsck finds them as garbage. Past 2^20 such
+ * purges waiting, a freeing fails with -ENOSPC as before.
+ *
+ * stk_meta_store_purges_unrecorded copies up to max of them, the oldest first,
+ * into out and returns how many. stk_meta_store_unrecorded_done settles the first
+ * `taken` of them (as the last call returned them): those with failed[i] stay,
+ * the others are forgotten. One consumer (the purger) only; any thread.
+ */
+size_t stk_meta_store_purges_unrecorded(struct stk_meta_store *st, struct stk_meta_purge *out,
+					size_t max);
+void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, const uint8_t *failed);
+
+/*
+ * fsck (docs/fsck.md): the namespace checked against itself, in one transaction,
+ * so that operations in flight never show as problems. What is checked, by kind:
+ *   DANGLING      an entry (parent, name) names inode ino, which does not exist
+ *   LOST_ENTRY    an entry sits in parent, which is no folder (or does not exist)
+ *   NLINK         inode ino's link count is found, its entries say expect
+ *                 (a folder: 2 + its subfolders)
+ *   UNREACHED     inode ino has no entry and is no open orphan (found: nlink)
+ *   STALE_ORPHAN  an orphan record names inode ino, which does not exist
+ *   PARENT        folder ino's parent pointer is found, its entry is in expect
+ *   QUOTA_BYTES,  quota ino's stored usage is found, the inodes tagged into it
+ *   QUOTA_INODES  (orphans too) add up to expect
+ *   CORRUPT       a record that does not decode (inode ino, or an entry)
+ * With repair (one write transaction; other writers wait meanwhile) what is safe
+ * is repaired: entries that lead nowhere or from nowhere are dropped, link counts
+ * and parent pointers set from the entries, an unreached non-folder freed as an
+ * unlink would (its chunks to the purge), stale orphan records dropped, quota
+ * usage set to the count. An unreached folder and a corrupt record are only
+ * reported. fn (may be NULL) is called for each problem inside the transaction;
+ * a non-zero return stops the check with that error (and undoes the repairs).
+ */
+struct stk_meta_fsck_problem {
+	uint32_t kind; /* enum stk_fsck_kind (proto/msg.h) */
+	uint8_t repaired;
+	uint64_t ino;
+	uint64_t parent;
+	uint64_t expect;
+	uint64_t found;
+	char name[STK_NAME_MAX + 1]; /* an entry's name ("" for others) */
+};
+struct stk_meta_fsck_stats {
+	uint64_t inodes, entries, dirs, files;
+	uint64_t problems, repaired;
+	uint64_t next_ino; /* every inode number below it was handed out */
+};
+typedef int (*stk_meta_fsck_fn)(void *ctx, const struct stk_meta_fsck_problem *p);
+int stk_meta_store_fsck(struct stk_meta_store *st, int repair, stk_meta_fsck_fn fn, void *ctx,
+			struct stk_meta_fsck_stats *stats);
+
+/*
+ * A regular file as fsck's data check needs it: its attributes and the chunks
+ * that hold data (ranges [first, end), see "Blocks"); exact 0 when merged ranges
+ * may count holes as written, orphan 1 for a file without a name.
+ */
+struct stk_meta_file {
+	struct stk_attr attr;
+	uint8_t exact;
+	uint8_t orphan;
+	uint32_t nalloc;
+	uint32_t alloc[32][2];
+};
+/* Up to max regular files from inode `from` on, in inode order; *n how many. */
+int stk_meta_store_files(struct stk_meta_store *st, uint64_t from, struct stk_meta_file *out,
+			 size_t max, size_t *n);
 
 /*
  * Quotas (docs/quotas.md). A folder with a quota is a *quota root*; its quota
@@ -591,5 +693,18 @@ void stk_meta_store_snap_end(struct stk_meta_snap *s);
  */
 int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_t *ops, size_t len);
 int stk_meta_store_snap_done(struct stk_meta_store *st, uint64_t epoch, uint64_t seq);
+
+/*
+ * Client confinement (service.c, docs/security.md). stk_meta_store_within: 1 when
+ * ino is top or lies under it, 0 when not (or ino does not exist), -errno. A
+ * directory lies under top when top is on its chain of parents; any other inode
+ * by the directory it was made in or last renamed into (its recorded parent),
+ * which hard links do not change; one made by a release that recorded none is not
+ * under any top but the root until it is linked again. stk_meta_store_resolve: the
+ * directory an absolute path names, looked up as root without following symlinks;
+ * -ENOENT, -ENOTDIR, -EINVAL (not absolute).
+ */
+int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top);
+int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino);
 
 #endif

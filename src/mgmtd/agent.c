@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "../daemon/daemon.h"
+#include "../common/auth.h"
 #include "../common/host.h"
 #include "../common/log.h"
 #include "../common/util.h"
@@ -214,6 +215,48 @@ static int fetch_routing(struct stk_agent *a, uint64_t known, struct stk_routing
 	return 0;
 }
 
+/*
+ * MGMT_CLIENTS: the removed client identities, handed to this process's server,
+ * which refuses them at connection set-up. Every change of the list bumps the
+ * routing version, so fetching it with each new table keeps it fresh. Call with
+ * call_lock held. A mgmtd that knows no clients (NOSYS) has removed none.
+ */
+static int fetch_clients(struct stk_agent *a, int *answered)
+{
+	struct stk_auth_client *list = NULL;
+	struct stk_rbuf r;
+	size_t resp_len = 0;
+	uint32_t n, k = 0;
+	int rc;
+
+	rc = agent_call(a, STK_OP_MGMT_CLIENTS, 0, &resp_len, answered);
+	if (rc == -ENOSYS)
+		return 0;
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, a->resp, resp_len);
+	n = stk_get_u32(&r);
+	if (r.err || n > resp_len / 25)
+		return -EBADMSG;
+	if (n && !(list = calloc(n, sizeof(*list))))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		struct stk_msg_client_rec rec;
+
+		if (stk_msg_client_rec_dec(&r, &rec)) {
+			free(list);
+			return -EBADMSG;
+		}
+		if (!rec.removed)
+			continue;
+		stk_strlcpy(list[k].name, rec.name, sizeof(list[k].name));
+		list[k++].gen = rec.gen;
+	}
+	rc = stk_rbuf_finish(&r) ? -EBADMSG : stk_net_clients_revoked_set(list, k);
+	free(list);
+	return rc;
+}
+
 static void ref_drop(struct stk_agent *a, struct stk_routing_ref *ref)
 {
 	int last;
@@ -270,6 +313,10 @@ static int fetch_and_publish(struct stk_agent *a, int full, int *answered)
 	a->cur = ref;
 	a->fetch_done = seq;
 	pthread_mutex_unlock(&a->lock);
+	rc = fetch_clients(a, answered);
+	if (rc)
+		stk_warn("cannot fetch the client identities from mgmtd: %s", strerror(-rc));
+	rc = 0;
 	stk_debug("routing version %llu: %u nodes, %u targets, %u chains",
 		  (unsigned long long)ref->rt.version, ref->rt.nnodes, ref->rt.ntargets,
 		  ref->rt.nchains);

@@ -40,11 +40,15 @@
 
 #include "stoker/stoker.h" /* STK_VERSION */
 
+#include "../common/auth.h"
 #include "../common/host.h"
 #include "../common/metrics.h" /* STK_METRIC_BUCKETS */
+#include "../common/scrape.h"
 #include "../common/util.h"
+#include "../daemon/daemon.h"
 #include "../daemon/metrics_http.h"
-#include "scrape.h"
+#include "jobs.h"
+#include "promq.h"
 #include "ui_assets.h"
 
 /* Where a node's /metrics is: its RPC port + 10, as `stoker up` places it (cli.h). */
@@ -144,6 +148,48 @@ struct figs {
 	int64_t at_ms; /* when the round ended; 0 before the first */
 };
 
+/*
+ * The history's columns, in the order of struct point after t_ms and of
+ * /ui/api/history; with --prometheus, each is asked of Prometheus with its query.
+ */
+#define NCOLS 12
+/*
+ * The same figures from what Prometheus scraped: the targets' counters and
+ * histograms summed over the cluster (short-circuit reads counted as reads, as
+ * the sampler does; a node without them adds 0), the capacity as mgmtd exports
+ * it. Rates over a minute: two scrapes at least at Prometheus's default 15 s.
+ */
+static const char *const prom_query[NCOLS] = {
+    "sum(rate(stoker_target_read_bytes_total[1m])) + "
+    "(sum(rate(stoker_target_short_circuit_read_bytes_total[1m])) or vector(0))",
+    "sum(rate(stoker_target_write_bytes_total[1m]))",
+    "sum(rate(stoker_target_reads_total[1m])) + "
+    "(sum(rate(stoker_target_short_circuit_reads_total[1m])) or vector(0))",
+    "sum(rate(stoker_target_writes_total[1m]))",
+    "histogram_quantile(0.5, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"read\"}[1m])))",
+    "histogram_quantile(0.95, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"read\"}[1m])))",
+    "histogram_quantile(0.99, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"read\"}[1m])))",
+    "histogram_quantile(0.5, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"write\"}[1m])))",
+    "histogram_quantile(0.95, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"write\"}[1m])))",
+    "histogram_quantile(0.99, sum by (le) "
+    "(rate(stoker_target_io_duration_seconds_bucket{op=\"write\"}[1m])))",
+    "max(stoker_cluster_used_bytes)",
+    "max(stoker_cluster_capacity_bytes)",
+};
+
+/* The last hour as Prometheus has it: cols[c][k] at t0_ms + k * step_ms. */
+struct phist {
+	int64_t t0_ms, step_ms;
+	unsigned n;
+	double *cols[NCOLS];
+	int64_t fetched_ns; /* monotonic; 0: never */
+};
+
 struct since {
 	char key[96];
 	int64_t since_ms;
@@ -169,6 +215,12 @@ struct stk_mgmtd_dash {
 	struct figs figs;
 	struct since *since;
 	uint32_t nsince, capsince;
+	struct stk_mgmtd_jobs *jobs; /* training jobs' reports; its own lock */
+	/* --prometheus: the client (the sampler's), and what it last fetched */
+	struct stk_promq *promq;
+	char prom_url[512];
+	struct phist ph;
+	char prom_err[256]; /* why the last fetch failed; "" when it did not */
 };
 
 static const double q3[3] = {0.5, 0.95, 0.99};
@@ -1011,6 +1063,36 @@ static void evaluate(struct stk_mgmtd_dash *d, const struct view *v, const struc
 				 "(its figures are missing here)",
 				 n->id, strerror(-nf->err));
 	}
+	/* training jobs that wait on their loader: info, for it may be their CPU, not storage */
+	{
+		json_t *jobs = stk_mgmtd_jobs_json(d->jobs, (int64_t)(stk_now_ns() / 1000000));
+		size_t i;
+		json_t *e;
+
+		json_array_foreach(jobs, i, e)
+		{
+			const char *name = json_string_value(json_object_get(e, "name"));
+			json_int_t rank = json_integer_value(json_object_get(e, "rank"));
+
+			if (!json_is_true(json_object_get(e, "data_bound")))
+				continue;
+			if (rank >= 0)
+				snprintf(subj, sizeof(subj), "job %.40s rank %lld", name,
+					 (long long)rank);
+			else
+				snprintf(subj, sizeof(subj), "job %.40s pid %lld", name,
+					 (long long)json_integer_value(json_object_get(e, "pid")));
+			if ((a = alert_add(al, "StokerJobDataBound", "info", subj)))
+				snprintf(
+				    a->summary, sizeof(a->summary),
+				    "training job %.60s on %.40s waited %.0f%% of its last %.1f s "
+				    "for data (its accelerators idle): compare the read latency",
+				    name, json_string_value(json_object_get(e, "host")),
+				    100 * json_real_value(json_object_get(e, "data_wait_ratio")),
+				    json_real_value(json_object_get(e, "window_s")));
+		}
+		json_decref(jobs);
+	}
 
 	/* since: kept across evaluations while the alert stays active */
 	for (uint32_t k = 0; k < d->nsince; k++)
@@ -1111,6 +1193,77 @@ static void sample(struct stk_mgmtd_dash *d)
 	view_free(&v);
 }
 
+static int leading_now_plain(struct stk_mgmtd_dash *d)
+{
+	int leading;
+
+	pthread_mutex_lock(d->src.lock);
+	leading = *d->src.leading;
+	pthread_mutex_unlock(d->src.lock);
+	return leading;
+}
+
+static void phist_free(struct phist *h)
+{
+	for (int c = 0; c < NCOLS; c++)
+		free(h->cols[c]);
+	memset(h, 0, sizeof(*h));
+}
+
+/*
+ * Asks Prometheus for the last STK_MGMTD_DASH_POINTS intervals of every column and
+ * publishes them, or why it could not; stops at the first query that fails (a
+ * server away would otherwise cost every query its timeout).
+ */
+static void prom_fetch(struct stk_mgmtd_dash *d)
+{
+	struct phist h = {0};
+	char err[256] = "";
+	int64_t now = wall_ms();
+	int rc = 0;
+
+	h.step_ms = d->interval_ms;
+	h.n = STK_MGMTD_DASH_POINTS;
+	h.t0_ms = (now / h.step_ms) * h.step_ms - (int64_t)(h.n - 1) * h.step_ms;
+	for (int c = 0; c < NCOLS && !rc; c++) {
+		h.cols[c] = malloc(h.n * sizeof(double));
+		if (!h.cols[c]) {
+			snprintf(err, sizeof(err), "out of memory");
+			rc = -ENOMEM;
+			break;
+		}
+		rc = stk_promq_range(d->promq, prom_query[c], h.t0_ms, h.step_ms, h.n, h.cols[c],
+				     err, sizeof(err));
+	}
+	if (rc == 0) {
+		int any = 0;
+
+		for (int c = 0; c < NCOLS && !any; c++)
+			for (unsigned k = 0; k < h.n && !any; k++)
+				any = !isnan(h.cols[c][k]);
+		if (!any) {
+			/* a Prometheus that scrapes no Stoker node: say so, draw our own */
+			snprintf(err, sizeof(err),
+				 "%s has none of the cluster's series in the last %u intervals: "
+				 "does it scrape the nodes' /metrics?",
+				 d->prom_url, h.n);
+			rc = -ENODATA;
+		}
+	}
+	h.fetched_ns = (int64_t)stk_now_ns();
+	pthread_mutex_lock(&d->lock);
+	if (rc == 0) {
+		phist_free(&d->ph);
+		d->ph = h;
+		d->prom_err[0] = 0;
+	} else {
+		stk_strlcpy(d->prom_err, err[0] ? err : strerror(-rc), sizeof(d->prom_err));
+	}
+	pthread_mutex_unlock(&d->lock);
+	if (rc)
+		phist_free(&h);
+}
+
 static void *sampler(void *arg)
 {
 	struct stk_mgmtd_dash *d = arg;
@@ -1120,6 +1273,8 @@ static void *sampler(void *arg)
 	while (!d->stop) {
 		pthread_mutex_unlock(&d->lock);
 		sample(d);
+		if (d->promq && leading_now_plain(d))
+			prom_fetch(d);
 		pthread_mutex_lock(&d->lock);
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		ts.tv_sec += d->interval_ms / 1000;
@@ -1395,6 +1550,8 @@ static json_t *overview(struct stk_mgmtd_dash *d)
 	}
 	json_object_set_new(o, "clients", arr);
 	pthread_mutex_unlock(&d->lock);
+	x = stk_mgmtd_jobs_json(d->jobs, (int64_t)(stk_now_ns() / 1000000));
+	json_object_set_new(o, "jobs", x ? x : json_null());
 out:
 	free(al);
 	view_free(&v);
@@ -1438,6 +1595,7 @@ static json_t *history(struct stk_mgmtd_dash *d)
 	    {"used", offsetof(struct point, used)},
 	    {"capacity", offsetof(struct point, capacity)},
 	};
+	_Static_assert(sizeof(cols) / sizeof(cols[0]) == NCOLS, "prom_query has every column");
 	int leading;
 
 	if (!o)
@@ -1449,9 +1607,41 @@ static json_t *history(struct stk_mgmtd_dash *d)
 	json_object_set_new(o, "interval_s", json_real(d->interval_ms / 1000.0));
 	json_object_set_new(o, "capacity_points", json_integer(STK_MGMTD_DASH_POINTS));
 	pthread_mutex_lock(&d->lock);
-	json_object_set_new(o, "t_ms", series(d, 0, 1));
-	for (size_t i = 0; i < STK_ARRAY_SIZE(cols); i++)
-		json_object_set_new(o, cols[i].name, series(d, cols[i].off, 0));
+	if (d->promq) {
+		json_object_set_new(o, "prometheus", json_string(d->prom_url));
+		json_object_set_new(o, "prometheus_error",
+				    d->prom_err[0] ? json_string(d->prom_err) : json_null());
+	}
+	/* Prometheus's hour while its last fetch is fresh (it failed less than 3 rounds) */
+	if (d->promq && d->ph.fetched_ns &&
+	    (int64_t)stk_now_ns() - d->ph.fetched_ns <
+		(int64_t)(3 * d->interval_ms + 5000) * 1000000) {
+		json_t *t = json_array(), *c[NCOLS];
+		unsigned first = d->ph.n;
+
+		/* from the first time anything was known: not an hour of nothing before */
+		for (unsigned k = 0; k < d->ph.n && first == d->ph.n; k++)
+			for (int j = 0; j < NCOLS; j++)
+				if (!isnan(d->ph.cols[j][k]))
+					first = k;
+		for (int j = 0; j < NCOLS; j++)
+			c[j] = json_array();
+		for (unsigned k = first; k < d->ph.n; k++) {
+			json_array_append_new(
+			    t, json_integer(d->ph.t0_ms + (int64_t)k * d->ph.step_ms));
+			for (int j = 0; j < NCOLS; j++)
+				json_array_append_new(c[j], jnum(d->ph.cols[j][k]));
+		}
+		json_object_set_new(o, "source", json_string("prometheus"));
+		json_object_set_new(o, "t_ms", t);
+		for (int j = 0; j < NCOLS; j++)
+			json_object_set_new(o, cols[j].name, c[j]);
+	} else {
+		json_object_set_new(o, "source", json_string("mgmtd"));
+		json_object_set_new(o, "t_ms", series(d, 0, 1));
+		for (size_t i = 0; i < STK_ARRAY_SIZE(cols); i++)
+			json_object_set_new(o, cols[i].name, series(d, cols[i].off, 0));
+	}
 	pthread_mutex_unlock(&d->lock);
 	return o;
 }
@@ -1496,6 +1686,77 @@ static void answer_json(json_t *j, struct stk_metrics_http_answer *a)
 	a->owned = 1;
 }
 
+static int leading_now(struct stk_mgmtd_dash *d, char *leader, size_t len)
+{
+	int leading;
+
+	pthread_mutex_lock(d->src.lock);
+	leading = *d->src.leading;
+	stk_strlcpy(leader, d->src.leader ? d->src.leader : "", len);
+	pthread_mutex_unlock(d->src.lock);
+	return leading;
+}
+
+/* GET /ui/api/jobs: the training jobs reporting now. */
+static json_t *jobs_get(struct stk_mgmtd_dash *d)
+{
+	json_t *o = json_object(), *arr;
+	char leader[STK_ADDR_MAX];
+	int leading = leading_now(d, leader, sizeof(leader));
+
+	if (!o)
+		return NULL;
+	json_object_set_new(o, "leading", json_boolean(leading));
+	json_object_set_new(o, "data_bound_ratio", json_real(STK_MGMTD_JOBS_DATA_BOUND));
+	arr = stk_mgmtd_jobs_json(d->jobs, (int64_t)(stk_now_ns() / 1000000));
+	if (!arr) {
+		json_decref(o);
+		return NULL;
+	}
+	json_object_set_new(o, "jobs", arr);
+	return o;
+}
+
+/*
+ * POST /ui/api/jobs: a training job's report (jobs.h). Only the leader keeps them
+ * (the others answer 503 and where the leader's dashboard is, so that the job
+ * reports there). 200, or 400, 413, 429 with {"error": why}.
+ */
+static void jobs_post(void *ctx, const char *url, const char *body, size_t len,
+		      const char *signature, struct stk_metrics_http_answer *a)
+{
+	struct stk_mgmtd_dash *d = ctx;
+	char leader[STK_ADDR_MAX], err[256];
+	json_t *o = json_object();
+	int rc;
+
+	(void)url;
+	if (!leading_now(d, leader, sizeof(leader))) {
+		stk_mgmtd_jobs_not_leader(d->jobs);
+		json_object_set_new(o, "error",
+				    json_string("this mgmtd does not lead: report to "
+						"the leader's dashboard"));
+		json_object_set_new(o, "leader_ui", leader_ui(leader));
+		answer_json(o, a);
+		a->status = 503;
+		return;
+	}
+	rc = stk_mgmtd_jobs_report(d->jobs, body, len, signature, (int64_t)(stk_now_ns() / 1000000),
+				   err, sizeof(err));
+	if (rc) {
+		json_object_set_new(o, "error", json_string(err));
+		answer_json(o, a);
+		a->status = rc == -E2BIG    ? 413
+			    : rc == -ENOSPC ? 429
+			    : rc == -EACCES ? 401
+			    : rc == -ENOMEM ? 503
+					    : 400;
+		return;
+	}
+	json_object_set_new(o, "ok", json_true());
+	answer_json(o, a);
+}
+
 static void route(void *ctx, const char *url, struct stk_metrics_http_answer *a)
 {
 	static const char notfound[] = "not found: the dashboard is at /ui\n";
@@ -1508,6 +1769,10 @@ static void route(void *ctx, const char *url, struct stk_metrics_http_answer *a)
 	}
 	if (strcmp(url, "/ui/api/history") == 0) {
 		answer_json(history(d), a);
+		return;
+	}
+	if (strcmp(url, "/ui/api/jobs") == 0) {
+		answer_json(jobs_get(d), a);
 		return;
 	}
 	name = strcmp(url, "/ui") == 0 || strcmp(url, "/ui/") == 0 ? "index.html" : url + 4;
@@ -1548,8 +1813,19 @@ int stk_mgmtd_dash_create(const struct stk_mgmtd_dash_src *src, unsigned interva
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&d->wake, &ca);
 	pthread_condattr_destroy(&ca);
-	rc = stk_metrics_http_route(http, "/ui", route, d);
+	{
+		uint8_t key[STK_AUTH_KEY_MAX];
+		size_t klen = stk_daemon_key(key);
+
+		rc = stk_mgmtd_jobs_create(0, key, klen, &d->jobs);
+		memset(key, 0, sizeof(key));
+	}
+	rc = rc ? rc : stk_metrics_http_route(http, "/ui", route, d);
+	rc =
+	    rc ? rc
+	       : stk_metrics_http_post(http, "/ui/api/jobs", STK_MGMTD_JOBS_BODY_MAX, jobs_post, d);
 	if (rc) {
+		stk_mgmtd_jobs_destroy(d->jobs);
 		pthread_cond_destroy(&d->wake);
 		pthread_mutex_destroy(&d->lock);
 		free(d);
@@ -1557,6 +1833,15 @@ int stk_mgmtd_dash_create(const struct stk_mgmtd_dash_src *src, unsigned interva
 	}
 	*out = d;
 	return 0;
+}
+
+int stk_mgmtd_dash_prometheus(struct stk_mgmtd_dash *d, const char *url)
+{
+	int rc = stk_promq_create(url, &d->promq);
+
+	if (rc == 0)
+		stk_strlcpy(d->prom_url, url, sizeof(d->prom_url));
+	return rc;
 }
 
 int stk_mgmtd_dash_start(struct stk_mgmtd_dash *d, const char *self)
@@ -1588,6 +1873,9 @@ void stk_mgmtd_dash_destroy(struct stk_mgmtd_dash *d)
 	free(d->nodes);
 	figs_free(&d->figs);
 	free(d->since);
+	stk_mgmtd_jobs_destroy(d->jobs);
+	stk_promq_destroy(d->promq);
+	phist_free(&d->ph);
 	pthread_cond_destroy(&d->wake);
 	pthread_mutex_destroy(&d->lock);
 	free(d);

@@ -13,8 +13,10 @@
  * the fill forecast come, and evaluates the alerts.
  *
  * Read-only: nothing under /ui changes the cluster, and the endpoint serves only
- * GET and HEAD. Only the leading mgmtd samples; a follower answers that it
- * follows and where the leader's dashboard is.
+ * GET and HEAD, but for POST /ui/api/jobs, the training jobs' reports (jobs.h),
+ * which change only the jobs table in memory. Only the leading mgmtd samples and
+ * takes reports; a follower answers that it follows and where the leader's
+ * dashboard is.
  *
  * Thread rules: create, start and destroy from mgmtd's main thread (the daemon's
  * hooks); the route runs on the metrics endpoint's thread, the sampler on its own.
@@ -51,6 +53,14 @@ struct stk_mgmtd_dash_src {
  */
 int stk_mgmtd_dash_create(const struct stk_mgmtd_dash_src *src, unsigned interval_ms,
 			  struct stk_metrics_http *http, struct stk_mgmtd_dash **out);
+
+/*
+ * Takes the dashboard's charts from the Prometheus server at url ("http://HOST:PORT",
+ * copied) while it answers: each sampler round asks its query API for the last
+ * STK_MGMTD_DASH_POINTS intervals of the same figures the ring holds. Before
+ * stk_mgmtd_dash_start(). 0, -EINVAL (not an http(s) URL) or -ENOMEM.
+ */
+int stk_mgmtd_dash_prometheus(struct stk_mgmtd_dash *d, const char *url);
 
 /*
  * Starts the sampler thread; self is this mgmtd's RPC address (copied). Must not

@@ -80,6 +80,7 @@ struct mgmtd {
 	struct stk_mgmtd_metrics *metrics; /* NULL without --metrics */
 	struct stk_mgmtd_dash *dash;	   /* the dashboard, NULL without --metrics */
 	unsigned ui_interval_ms;	   /* opts.ui_interval_ms */
+	char *prometheus;		   /* opts.prometheus, or NULL */
 	pthread_t expiry;
 	int expiry_started;
 
@@ -453,11 +454,121 @@ static int handle_leader(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rp
 	return stk_msg_mgmt_leader_resp_enc(&resp->payload, &rp);
 }
 
+/* Hands this process's server the removed client identities. Call with m->lock held. */
+static void revoked_sync(struct mgmtd *m)
+{
+	struct stk_auth_client *list = NULL;
+	uint32_t n = 0;
+
+	if (stk_mgmt_state_clients_revoked(&m->st, &list, &n) == 0)
+		stk_net_clients_revoked_set(list, n);
+	free(list);
+}
+
+/* MGMT_CLIENT_ADD: records a client identity under a new generation. */
+static int handle_client_add(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_client_rec rq;
+	struct stk_msg_mgmt_client_gen rp;
+	struct stk_auth_client c;
+	int rc;
+
+	if (stk_msg_client_rec_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	if (strlen(rq.name) > STK_CLIENT_NAME_MAX || strlen(rq.subtree) > STK_CLIENT_SUBTREE_MAX)
+		return -EINVAL;
+	memset(&c, 0, sizeof(c));
+	stk_strlcpy(c.name, rq.name, sizeof(c.name));
+	c.flags = rq.flags;
+	c.anon_uid = rq.anon_uid;
+	c.anon_gid = rq.anon_gid;
+	stk_strlcpy(c.subtree, rq.subtree, sizeof(c.subtree));
+	pthread_mutex_lock(&m->lock);
+	rc = m->leading ? stk_mgmt_state_client_add(&m->st, &c) : -EREMCHG;
+	if (rc == 0)
+		rc = persist(m);
+	pthread_mutex_unlock(&m->lock);
+	if (rc)
+		return rc;
+	stk_info("client %s added (generation %llu, subtree %s)", c.name, (unsigned long long)c.gen,
+		 c.subtree);
+	rp.gen = c.gen;
+	return stk_msg_mgmt_client_gen_enc(&resp->payload, &rp);
+}
+
+/* MGMT_CLIENT_RM: revokes the name's identity; daemons refuse it from then on. */
+static int handle_client_rm(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_mgmt_client_name rq;
+	struct stk_msg_mgmt_client_gen rp = {0};
+	int rc;
+
+	if (stk_msg_mgmt_client_name_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = m->leading ? stk_mgmt_state_client_rm(&m->st, rq.name, &rp.gen) : -EREMCHG;
+	if (rc == 0)
+		rc = persist(m);
+	if (rc == 0)
+		revoked_sync(m);
+	pthread_mutex_unlock(&m->lock);
+	if (rc)
+		return rc;
+	stk_info("client %s removed (generation %llu)", rq.name, (unsigned long long)rp.gen);
+	return stk_msg_mgmt_client_gen_enc(&resp->payload, &rp);
+}
+
+/* MGMT_CLIENTS: every client identity, removed ones too. */
+static int handle_clients(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	int rc;
+
+	if (stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	if (!m->leading) {
+		pthread_mutex_unlock(&m->lock);
+		return -EREMCHG;
+	}
+	revoked_sync(m); /* a follower that took over learns them here at the latest */
+	stk_put_u32(&resp->payload, m->st.nclients);
+	for (uint32_t i = 0; i < m->st.nclients; i++) {
+		const struct stk_mgmt_client *c = &m->st.clients[i];
+		struct stk_msg_client_rec r;
+
+		memset(&r, 0, sizeof(r));
+		stk_strlcpy(r.name, c->id.name, sizeof(r.name));
+		r.gen = c->id.gen;
+		r.flags = c->id.flags;
+		r.anon_uid = c->id.anon_uid;
+		r.anon_gid = c->id.anon_gid;
+		stk_strlcpy(r.subtree, c->id.subtree, sizeof(r.subtree));
+		r.removed = c->removed;
+		stk_msg_client_rec_enc(&resp->payload, &r);
+	}
+	rc = resp->payload.err;
+	pthread_mutex_unlock(&m->lock);
+	return rc;
+}
+
 static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct mgmtd *m = ctx;
 
+	/* A client key reads the routing table and nothing else of mgmtd's. */
+	if (req->client && req->hdr.opcode != STK_OP_MGMT_GET_ROUTING &&
+	    req->hdr.opcode != STK_OP_MGMT_LEADER) {
+		stk_warn("%s: client %s may not %s: refused", req->peer, req->client->name,
+			 stk_opcode_name(req->hdr.opcode));
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_ADMIN, -EPERM);
+	}
 	switch (req->hdr.opcode) {
+	case STK_OP_MGMT_CLIENT_ADD:
+		return handle_client_add(m, req, resp);
+	case STK_OP_MGMT_CLIENT_RM:
+		return handle_client_rm(m, req, resp);
+	case STK_OP_MGMT_CLIENTS:
+		return handle_clients(m, req, resp);
 	case STK_OP_MGMT_REGISTER:
 		return handle_register(m, req, resp);
 	case STK_OP_MGMT_HEARTBEAT:
@@ -580,6 +691,7 @@ static int take_over(struct mgmtd *m, int64_t rev)
 		stk_mgmt_state_free(&fresh);
 	}
 	if (rc == 0) {
+		revoked_sync(m);
 		if (m->replicas_opt && m->replicas_opt != m->st.replicas)
 			m->st.replicas = (uint8_t)m->replicas_opt;
 		meta_replicas_apply(m);
@@ -703,6 +815,8 @@ static int mgmtd_metrics(void *ctx, struct stk_daemon *d)
 	if (rc == 0)
 		rc = stk_mgmtd_dash_create(&src, m->ui_interval_ms, stk_daemon_metrics_http(d),
 					   &m->dash);
+	if (rc == 0 && m->prometheus)
+		rc = stk_mgmtd_dash_prometheus(m->dash, m->prometheus);
 	return rc;
 }
 
@@ -839,6 +953,11 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		}
 		m->meta_replicas_opt = opts->meta_replicas;
 	}
+	if (opts->size >= offsetof(struct stk_mgmtd_opts, prometheus) + sizeof(opts->prometheus) &&
+	    opts->prometheus && !(m->prometheus = strdup(opts->prometheus))) {
+		rc = -ENOMEM;
+		goto out;
+	}
 	if (opts->size >= offsetof(struct stk_mgmtd_opts, etcd_prefix) + sizeof(opts->etcd_prefix) &&
 	    opts->etcd) {
 		const char *prefix = opts->etcd_prefix ? opts->etcd_prefix : "/stoker";
@@ -863,6 +982,7 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		goto out;
 	}
 	m->st.form_settle_ns = FORM_SETTLE_NS;
+	revoked_sync(m);
 	if (opts->replicas && opts->replicas != m->st.replicas) {
 		if (m->st.replicas || m->st.nchains)
 			stk_info("replicas: %u for chains made from now on (was %u)", opts->replicas,
@@ -902,6 +1022,7 @@ out:
 	stk_mgmt_state_free(&m->st);
 	pthread_cond_destroy(&m->wake);
 	pthread_mutex_destroy(&m->lock);
+	free(m->prometheus);
 	free(m);
 	return rc;
 }

@@ -60,6 +60,12 @@ struct stk_mgmtd_opts {
 	 * most STK_MAX_REPLICAS). Taken whenever this mgmtd starts to lead.
 	 */
 	unsigned meta_replicas;
+	/*
+	 * --prometheus URL: a Prometheus server that scrapes the cluster; the
+	 * dashboard's charts come from its query API (the last hour) while it answers,
+	 * from mgmtd's own samples otherwise. NULL: none. Copied.
+	 */
+	const char *prometheus;
 };
 
 /*

@@ -24,9 +24,12 @@
 #include "../common/util.h"
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
-/* 5: meta replicas; 4: draining, moves; 3: replicas, zones; 2: namespace identities;
- * 1 to 4 still read */
-#define STATE_FORMAT 5
+/*
+ * 6: client identities and meta replicas both; 5 (two branches' formats, told
+ * apart by their lengths): client identities, or meta replicas; 4: draining,
+ * moves; 3: replicas, zones; 2: namespace identities; 1 to 5 still read
+ */
+#define STATE_FORMAT 6
 #define STATE_MAX_FILE (256u << 20)
 
 #define STATE_HDR_LEN 56 /* magic through nchains */
@@ -37,6 +40,7 @@
 #define STATE_MIN_TARGET 35
 #define STATE_MIN_CHAIN 9
 #define STATE_MOVE 13
+#define STATE_MIN_CLIENT 25 /* name len, gen, flags, anon uid, gid, subtree len, removed */
 
 const char *stk_mgmt_role_name(uint8_t role)
 {
@@ -80,6 +84,7 @@ void stk_mgmt_state_free(struct stk_mgmt_state *st)
 	free(st->targets);
 	free(st->chains);
 	free(st->moves);
+	free(st->clients);
 	memset(st, 0, sizeof(*st));
 }
 
@@ -1545,7 +1550,11 @@ static size_t state_size(const struct stk_mgmt_state *st)
 	for (uint32_t i = 0; i < st->nnodes; i++)
 		sz += 2 + strlen(st->nodes[i].zone);
 	sz += st->nnodes + 4 + (size_t)st->nmoves * STATE_MOVE; /* format 4 */
-	sz += 1 + 8 + 1 + 4u * STK_MAX_REPLICAS;		/* format 5 */
+	sz += 12; /* format 5/6: next_client_gen, nclients */
+	for (uint32_t i = 0; i < st->nclients; i++)
+		sz += STATE_MIN_CLIENT + strlen(st->clients[i].id.name) +
+		      strlen(st->clients[i].id.subtree);
+	sz += 1 + 8 + 1 + 4u * STK_MAX_REPLICAS; /* format 6: meta replicas */
 	return sz;
 }
 
@@ -1613,6 +1622,19 @@ int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t
 		stk_put_u32(&w, m->out);
 		stk_put_u32(&w, m->in);
 		stk_put_u8(&w, m->drain);
+	}
+	stk_put_u64(&w, st->next_client_gen);
+	stk_put_u32(&w, st->nclients);
+	for (uint32_t i = 0; i < st->nclients; i++) {
+		const struct stk_mgmt_client *c = &st->clients[i];
+
+		stk_put_str(&w, c->id.name);
+		stk_put_u64(&w, c->id.gen);
+		stk_put_u32(&w, c->id.flags);
+		stk_put_u32(&w, c->id.anon_uid);
+		stk_put_u32(&w, c->id.anon_gid);
+		stk_put_str(&w, c->id.subtree);
+		stk_put_u8(&w, c->removed);
 	}
 	stk_put_u8(&w, st->meta_replicas);
 	stk_put_u64(&w, st->shard1_epoch);
@@ -1686,9 +1708,50 @@ out:
 	return rc;
 }
 
+/* Format 5 (main's) and 6: the client list. 0, -EBADMSG or -ENOMEM. */
+static int decode_clients(struct stk_rbuf *r, struct stk_mgmt_state *st)
+{
+	uint32_t ncl;
+
+	st->next_client_gen = stk_get_u64(r);
+	ncl = stk_get_u32(r);
+	if (r->err || (uint64_t)ncl * STATE_MIN_CLIENT > r->len - r->off)
+		return -EBADMSG;
+	if (reserve((void **)&st->clients, &st->cap_clients, ncl, sizeof(*st->clients)))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < ncl; i++) {
+		struct stk_mgmt_client *c = &st->clients[i];
+
+		memset(c, 0, sizeof(*c));
+		stk_get_str(r, c->id.name, sizeof(c->id.name));
+		c->id.gen = stk_get_u64(r);
+		c->id.flags = stk_get_u32(r);
+		c->id.anon_uid = stk_get_u32(r);
+		c->id.anon_gid = stk_get_u32(r);
+		stk_get_str(r, c->id.subtree, sizeof(c->id.subtree));
+		c->removed = stk_get_u8(r) != 0;
+	}
+	st->nclients = ncl;
+	return r->err;
+}
+
+/* Format 5 (metarepl's) and 6: the meta shard's replicas. 0 or -EBADMSG. */
+static int decode_meta_repl(struct stk_rbuf *r, struct stk_mgmt_state *st)
+{
+	st->meta_replicas = stk_get_u8(r);
+	st->shard1_epoch = stk_get_u64(r);
+	st->shard1_nfollowers = stk_get_u8(r);
+	if (r->err || st->shard1_nfollowers > STK_MAX_REPLICAS)
+		return -EBADMSG;
+	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
+		st->shard1_followers[i] = stk_get_u32(r);
+	return r->err;
+}
+
 static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t now_ns)
 {
 	uint32_t nn, nt, nc, format;
+	int rc;
 
 	if (stk_get_u32(r) != STATE_MAGIC)
 		return -EBADMSG;
@@ -1787,13 +1850,28 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 		st->nmoves = nm;
 	}
 	if (format >= 5) {
-		st->meta_replicas = stk_get_u8(r);
-		st->shard1_epoch = stk_get_u64(r);
-		st->shard1_nfollowers = stk_get_u8(r);
-		if (st->shard1_nfollowers > STK_MAX_REPLICAS)
-			return -EBADMSG;
-		for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
-			st->shard1_followers[i] = stk_get_u32(r);
+		/*
+		 * Format 5 was written by two branches: the client list (main's) or
+		 * the meta replicas (metarepl's), each the file's last field. The
+		 * other's layout does not end exactly at the file's end, so try the
+		 * client list and fall back on the replicas.
+		 */
+		size_t at = r->off;
+
+		rc = decode_clients(r, st);
+		if (rc == -ENOMEM)
+			return rc;
+		if (format == 5 && (rc || r->off != r->len)) {
+			r->off = at;
+			r->err = 0;
+			st->nclients = 0;
+			st->next_client_gen = 0;
+			rc = decode_meta_repl(r, st);
+		} else if (format >= 6 && rc == 0) {
+			rc = decode_meta_repl(r, st);
+		}
+		if (rc)
+			return rc;
 	}
 	if (r->err || st->version == 0 || st->next_node_id == 0 || st->next_target_id == 0)
 		return -EBADMSG;
@@ -1842,4 +1920,61 @@ int stk_mgmt_state_load(struct stk_mgmt_state *st, const char *path, uint64_t no
 	rc = stk_mgmt_state_decode(st, buf, len, now_ns);
 	free(buf);
 	return rc;
+}
+
+/* ---- client identities ---- */
+
+int stk_mgmt_state_client_add(struct stk_mgmt_state *st, struct stk_auth_client *c)
+{
+	char err[256];
+
+	if (stk_auth_client_valid(c, err, sizeof(err)))
+		return -EINVAL;
+	for (uint32_t i = 0; i < st->nclients; i++)
+		if (!st->clients[i].removed && strcmp(st->clients[i].id.name, c->name) == 0)
+			return -EEXIST;
+	if (reserve((void **)&st->clients, &st->cap_clients, st->nclients + 1,
+		    sizeof(*st->clients)))
+		return -ENOMEM;
+	if (st->next_client_gen == 0)
+		st->next_client_gen = 1;
+	c->gen = st->next_client_gen++;
+	memset(&st->clients[st->nclients], 0, sizeof(st->clients[0]));
+	st->clients[st->nclients++].id = *c;
+	bump(st);
+	return 0;
+}
+
+int stk_mgmt_state_client_rm(struct stk_mgmt_state *st, const char *name, uint64_t *gen)
+{
+	for (uint32_t i = 0; i < st->nclients; i++) {
+		struct stk_mgmt_client *c = &st->clients[i];
+
+		if (!c->removed && strcmp(c->id.name, name) == 0) {
+			c->removed = 1;
+			*gen = c->id.gen;
+			bump(st);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+int stk_mgmt_state_clients_revoked(const struct stk_mgmt_state *st, struct stk_auth_client **out,
+				   uint32_t *n)
+{
+	struct stk_auth_client *a = NULL;
+	uint32_t k = 0;
+
+	for (uint32_t i = 0; i < st->nclients; i++)
+		k += st->clients[i].removed;
+	if (k && !(a = malloc((size_t)k * sizeof(*a))))
+		return -ENOMEM;
+	k = 0;
+	for (uint32_t i = 0; i < st->nclients; i++)
+		if (st->clients[i].removed)
+			a[k++] = st->clients[i].id;
+	*out = a;
+	*n = k;
+	return 0;
 }

@@ -69,6 +69,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "../common/auth.h"
 #include "../proto/msg.h"
 
 /* Most targets one node may report (a bound on what a request may make mgmtd allocate). */
@@ -121,6 +122,11 @@ struct stk_mgmt_move {
 	uint8_t drain; /* started to empty a draining node (out's) */
 };
 
+struct stk_mgmt_client {
+	struct stk_auth_client id;
+	uint8_t removed;
+};
+
 struct stk_mgmt_state {
 	uint64_t version; /* routing version, never 0 */
 	uint32_t next_node_id;
@@ -163,7 +169,28 @@ struct stk_mgmt_state {
 	 */
 	uint64_t form_settle_ns;
 	uint64_t last_new_target_ns; /* monotonic time a new target last registered */
+	/*
+	 * Client identities (docs/security.md), removed ones too (removed set): the
+	 * daemons refuse a removed (name, gen). next_client_gen: the generation the
+	 * next `client add` issues (never reused, so a name added again gets a key of
+	 * its own). Saved with the state (format 5).
+	 */
+	struct stk_mgmt_client *clients;
+	uint32_t nclients, cap_clients;
+	uint64_t next_client_gen;
 };
+
+/*
+ * Client identities. add: records c under a new generation (set in c->gen);
+ * -EEXIST when an identity of that name is held (not removed), -EINVAL (malformed
+ * policy), -ENOMEM. rm: marks the name's held identity removed, *gen its
+ * generation; -ENOENT when none is held. revoked: the removed identities, in a
+ * new array (*out; free it; NULL when none). Each change bumps the version.
+ */
+int stk_mgmt_state_client_add(struct stk_mgmt_state *st, struct stk_auth_client *c);
+int stk_mgmt_state_client_rm(struct stk_mgmt_state *st, const char *name, uint64_t *gen);
+int stk_mgmt_state_clients_revoked(const struct stk_mgmt_state *st, struct stk_auth_client **out,
+				   uint32_t *n);
 
 /* A fresh, empty state. Its version comes from the clock, so never repeats an old one. */
 void stk_mgmt_state_init(struct stk_mgmt_state *st);

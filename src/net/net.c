@@ -117,6 +117,42 @@ static pthread_mutex_t auth_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct auth_key auth_keys[AUTH_KEYS_MAX]; /* under auth_lock */
 static unsigned auth_nkeys;
 static int auth_strict; /* atomic: stk_net_auth_strict was called */
+/* The client identity this process connects as (under auth_lock); see net.h. */
+static struct stk_auth_client auth_client;
+static uint8_t auth_client_key[STK_AUTH_MAC];
+static int auth_has_client;
+
+int stk_net_auth_client_set(const struct stk_auth_client *c, const uint8_t key[STK_AUTH_MAC])
+{
+	char err[256];
+
+	if (c && stk_auth_client_valid(c, err, sizeof(err)))
+		return -EINVAL;
+	pthread_mutex_lock(&auth_lock);
+	if (c) {
+		auth_client = *c;
+		memcpy(auth_client_key, key, STK_AUTH_MAC);
+		auth_has_client = 1;
+	} else {
+		memset(&auth_client, 0, sizeof(auth_client));
+		memset(auth_client_key, 0, sizeof(auth_client_key));
+		auth_has_client = 0;
+	}
+	pthread_mutex_unlock(&auth_lock);
+	return 0;
+}
+
+int stk_net_auth_client(struct stk_auth_client *out)
+{
+	int has;
+
+	pthread_mutex_lock(&auth_lock);
+	has = auth_has_client;
+	if (has && out)
+		*out = auth_client;
+	pthread_mutex_unlock(&auth_lock);
+	return has;
+}
 
 void stk_net_auth_strict(void)
 {
@@ -150,6 +186,10 @@ int stk_net_auth_set(const uint8_t *key, size_t len)
 	memcpy(auth_keys[auth_nkeys].key, key, len);
 	auth_keys[auth_nkeys++].len = len;
 out:
+	/* a cluster key held anew: this process is no longer a confined client */
+	memset(&auth_client, 0, sizeof(auth_client));
+	memset(auth_client_key, 0, sizeof(auth_client_key));
+	auth_has_client = 0;
 	pthread_mutex_unlock(&auth_lock);
 	return rc;
 }
@@ -158,11 +198,38 @@ int stk_net_auth_load(const char *path, char *err, size_t errlen)
 {
 	uint8_t key[STK_AUTH_KEY_MAX];
 	size_t len = 0;
-	int rc = stk_auth_key_load(path, key, &len, err, errlen);
+	int rc = stk_auth_client_file(path);
 
+	if (rc == 1) {
+		struct stk_auth_client c;
+
+		rc = stk_auth_client_load(path, &c, key, err, errlen);
+		if (rc == 0)
+			rc = stk_net_auth_client_set(&c, key);
+		memset(key, 0, sizeof(key));
+		return rc;
+	}
+	rc = stk_auth_key_load(path, key, &len, err, errlen);
 	if (rc == 0 && (rc = stk_net_auth_set(key, len)))
 		snprintf(err, errlen, "cannot hold the key of %s: %s", path, strerror(-rc));
 	memset(key, 0, sizeof(key));
+	return rc;
+}
+
+int stk_net_auth_cluster_key(uint8_t *key, size_t *len)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&auth_lock);
+	if (auth_has_client)
+		rc = -EPERM;
+	else if (!auth_nkeys)
+		rc = -EKEYREJECTED;
+	else {
+		memcpy(key, auth_keys[auth_nkeys - 1].key, auth_keys[auth_nkeys - 1].len);
+		*len = auth_keys[auth_nkeys - 1].len;
+	}
+	pthread_mutex_unlock(&auth_lock);
 	return rc;
 }
 
@@ -171,7 +238,7 @@ int stk_net_auth_keys(void)
 	unsigned n;
 
 	pthread_mutex_lock(&auth_lock);
-	n = auth_nkeys;
+	n = auth_nkeys + (unsigned)auth_has_client;
 	pthread_mutex_unlock(&auth_lock);
 	return (int)n;
 }
@@ -189,16 +256,32 @@ static int conn_auth(struct stk_conn *c)
 	struct stk_msg_auth_hello_req hello;
 	struct stk_msg_auth_hello_resp hr;
 	struct stk_msg_auth_proof_req proof;
-	uint8_t req[64], resp[128];
+	struct stk_msg_auth_hello_client_req ch;
+	uint8_t req[2048], resp[128];
 	struct stk_wbuf w;
 	struct stk_rbuf r;
 	struct stk_rpc rpc;
 	unsigned n, k;
-	int rc;
+	int rc, client;
 
 	pthread_mutex_lock(&auth_lock);
-	n = auth_nkeys;
-	memcpy(keys, auth_keys, n * sizeof(keys[0]));
+	client = auth_has_client;
+	if (client) {
+		/* a client key: the only key proved, opened with the policy it is for */
+		memset(&ch, 0, sizeof(ch));
+		stk_strlcpy(ch.client, auth_client.name, sizeof(ch.client));
+		ch.gen = auth_client.gen;
+		ch.flags = auth_client.flags;
+		ch.anon_uid = auth_client.anon_uid;
+		ch.anon_gid = auth_client.anon_gid;
+		stk_strlcpy(ch.subtree, auth_client.subtree, sizeof(ch.subtree));
+		memcpy(keys[0].key, auth_client_key, STK_AUTH_MAC);
+		keys[0].len = STK_AUTH_MAC;
+		n = 1;
+	} else {
+		n = auth_nkeys;
+		memcpy(keys, auth_keys, n * sizeof(keys[0]));
+	}
 	pthread_mutex_unlock(&auth_lock);
 	if (!n && __atomic_load_n(&auth_strict, __ATOMIC_RELAXED)) {
 		stk_warn("not connecting to %s: strict key checks, and this process holds no "
@@ -212,8 +295,14 @@ static int conn_auth(struct stk_conn *c)
 	if (rc)
 		goto out;
 	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_auth_hello_req_enc(&w, &hello);
-	stk_rpc_prepare(&rpc, STK_OP_AUTH_HELLO, &w, resp, sizeof(resp));
+	if (client) {
+		memcpy(ch.nonce, hello.nonce, sizeof(ch.nonce));
+		stk_msg_auth_hello_client_req_enc(&w, &ch);
+		stk_rpc_prepare(&rpc, STK_OP_AUTH_HELLO_CLIENT, &w, resp, sizeof(resp));
+	} else {
+		stk_msg_auth_hello_req_enc(&w, &hello);
+		stk_rpc_prepare(&rpc, STK_OP_AUTH_HELLO, &w, resp, sizeof(resp));
+	}
 	rc = stk_rpc_send(c, &rpc);
 	if (rc == 0)
 		rc = stk_rpc_recv(c, &rpc);
@@ -241,6 +330,13 @@ static int conn_auth(struct stk_conn *c)
 		if (stk_auth_verify(keys[k].key, keys[k].len, STK_AUTH_SERVER, hello.nonce,
 				    hr.nonce, hr.mac))
 			break;
+	if (k == n && client) {
+		stk_warn("%s does not accept this client key (%s): its file was changed, or it "
+			 "belongs to another cluster",
+			 c->addr, ch.client);
+		rc = -EKEYREJECTED;
+		goto out;
+	}
 	if (k == n) {
 		stk_warn("%s did not prove the cluster key this process holds: not using it",
 			 c->addr);

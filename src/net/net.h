@@ -48,11 +48,16 @@ struct stk_conn;
  * stk_net_auth_set: adds key (STK_AUTH_KEY_MIN..MAX bytes; copied), dropping the
  * one added longest ago when 8 are held. 0 or -EINVAL (length). stk_net_auth_load: reads a key file
  * (stk_auth_key_load) and adds its key; 0 or -errno with err set for a person.
- * stk_net_auth_keys: how many are held. Any thread.
+ * stk_net_auth_keys: how many are held (a client identity counts as one). Any thread.
  */
 int stk_net_auth_set(const uint8_t *key, size_t len);
 int stk_net_auth_load(const char *path, char *err, size_t errlen);
 int stk_net_auth_keys(void);
+/*
+ * The cluster key held last (key: STK_AUTH_KEY_MAX bytes), to issue client keys
+ * with. 0, -EKEYREJECTED (none held) or -EPERM (this process is a client key's).
+ */
+int stk_net_auth_cluster_key(uint8_t *key, size_t *len);
 /*
  * Strict mode, for the whole process from then on: a server that says it needs no
  * handshake (run with --auth off, or with no key) is refused (-EKEYREJECTED, with
@@ -61,6 +66,25 @@ int stk_net_auth_keys(void);
  * request (STOKER_AUTH=strict, stk_client_opts.auth_strict). Any thread.
  */
 void stk_net_auth_strict(void);
+/*
+ * A client identity (common/auth.h: a client key and the policy it is for): while
+ * one is held, every connection this process opens proves it (AUTH_HELLO_CLIENT)
+ * instead of a cluster key, and the daemons confine what it may do. Set by
+ * stk_net_auth_load on a client key file; c NULL drops it; adding a cluster key
+ * (stk_net_auth_set) drops it too. 0 or -EINVAL (a malformed policy).
+ * stk_net_auth_client: 1 and *out (may be NULL) when one is held, else 0. Any thread.
+ */
+struct stk_auth_client;
+int stk_net_auth_client_set(const struct stk_auth_client *c, const uint8_t key[32]);
+int stk_net_auth_client(struct stk_auth_client *out);
+/*
+ * Servers: the client identities revoked (removed with `stoker admin client rm`),
+ * as this node last learned them from mgmtd (mgmtd/agent.c; mgmtd itself from its
+ * state). A handshake for (name, gen) in the list is refused. Replaces the list;
+ * n 0 empties it. 0 or -ENOMEM. stk_net_client_revoked: 1 if (name, gen) is in it.
+ */
+int stk_net_clients_revoked_set(const struct stk_auth_client *revoked, uint32_t n);
+int stk_net_client_revoked(const char *name, uint64_t gen);
 /*
  * The client's side of the handshake on a connected blocking socket of the
  * caller's (tests that then write raw frames): 0 at once when no key is held.
@@ -290,6 +314,12 @@ struct stk_rpc_req {
 	const uint8_t *bulk; /* valid until the handler returns */
 	uint32_t bulk_len;
 	const char *peer; /* "HOST:PORT" of the client */
+	/*
+	 * The client identity the connection proved (common/auth.h), or NULL for one
+	 * that proved the cluster key or needed no handshake: services confine what
+	 * such a client may do by it. Valid until the handler returns.
+	 */
+	const struct stk_auth_client *client;
 };
 
 struct stk_rpc_resp {
@@ -303,6 +333,19 @@ struct stk_rpc_resp {
 	uint32_t frame_flags; /* STK_FRAME_BULK_SELF if the payload checksums the bulk */
 	void *req_; /* private: the server's request */
 };
+
+/*
+ * Counts a request of a client-key connection (req->client) that its policy
+ * refused, in stoker_client_refused_total{reason}, and returns rc (the handler's
+ * answer). Any thread, while the handler holds resp.
+ */
+enum {
+	STK_CLIENT_REFUSED_RO,
+	STK_CLIENT_REFUSED_OUTSIDE,
+	STK_CLIENT_REFUSED_ADMIN,
+	STK_CLIENT_REFUSED_NREASONS
+};
+int stk_rpc_client_refused(const struct stk_rpc_resp *resp, unsigned reason, int rc);
 
 /*
  * A page-aligned buffer of at least len bytes (len <= STK_MAX_BULK) that lives until

@@ -99,9 +99,16 @@
 #define AUTH_FRAME_MAX 4096u /* the largest request read from a peer not yet trusted */
 
 /* Why a peer failed the key handshake: stoker_auth_failures_total{reason}. */
-enum { AUTH_NO_HANDSHAKE, AUTH_BAD_PROOF, AUTH_MALFORMED, AUTH_TIMEOUT, AUTH_NREASONS };
-static const char *const auth_reasons[AUTH_NREASONS] = {"no_handshake", "bad_proof",
-							 "malformed", "timeout"};
+enum {
+	AUTH_NO_HANDSHAKE,
+	AUTH_BAD_PROOF,
+	AUTH_MALFORMED,
+	AUTH_TIMEOUT,
+	AUTH_REVOKED,
+	AUTH_NREASONS
+};
+static const char *const auth_reasons[AUTH_NREASONS] = {"no_handshake", "bad_proof", "malformed",
+							"timeout", "revoked"};
 
 struct srv_conn;
 struct srv_loop;
@@ -170,6 +177,13 @@ struct srv_conn {
 	uint8_t auth;
 	uint8_t nc[STK_AUTH_NONCE], ns[STK_AUTH_NONCE];
 	uint64_t auth_deadline_ns;
+	/*
+	 * A client key's connection (AUTH_HELLO_CLIENT): the policy it proves and the
+	 * key the handshake runs with; NULL for the cluster key. Set on the loop
+	 * during the handshake, read-only after it; freed with the connection.
+	 */
+	struct stk_auth_client *client;
+	uint8_t ckey[STK_AUTH_MAC];
 };
 
 enum { AUTH_DONE = 0, AUTH_WANT_HELLO = 1, AUTH_WANT_PROOF = 2 };
@@ -191,6 +205,7 @@ struct srv_loop {
 	uint8_t *scratch; /* STK_MAX_PAYLOAD bytes: loop-side replies are encoded here */
 	struct stk_rpc_resp presp; /* stk_rpc_pending_resp's */
 	uint64_t last_tick_ns;
+	uint64_t revoked_seen; /* revoked_epoch when this loop last looked */
 };
 
 /*
@@ -233,6 +248,7 @@ struct stk_server {
 	uint8_t auth_key[STK_AUTH_KEY_MAX]; /* the cluster key; auth_len 0: none */
 	size_t auth_len;
 	stk_metric_t auth_fail[AUTH_NREASONS]; /* stoker_auth_failures_total{reason} */
+	stk_metric_t client_refused[STK_CLIENT_REFUSED_NREASONS]; /* stoker_client_refused_total */
 
 	unsigned nloops;
 	struct srv_loop *loops;
@@ -422,6 +438,7 @@ static void free_dead(struct srv_loop *lp)
 
 		lp->dead = c->next;
 		pthread_mutex_destroy(&c->olock);
+		free(c->client);
 		free(c);
 	}
 }
@@ -595,9 +612,10 @@ static void auth_fail(struct srv_conn *c, int reason, const char *what)
 	struct stk_server *s = c->lp->srv;
 
 	stk_warn("%s refused: %s (%s): closing connection", c->peer,
-		 reason == AUTH_BAD_PROOF ? "it did not prove the cluster key"
-		 : reason == AUTH_TIMEOUT ? "no key handshake within 5 s"
+		 reason == AUTH_BAD_PROOF   ? "it did not prove the cluster key"
+		 : reason == AUTH_TIMEOUT   ? "no key handshake within 5 s"
 		 : reason == AUTH_MALFORMED ? "a malformed key handshake"
+		 : reason == AUTH_REVOKED   ? "a removed client key"
 					    : "a request before the key handshake",
 		 what);
 	stk_metric_add(s->auth_fail[reason], 1);
@@ -892,6 +910,7 @@ static void req_view(struct srv_req *r, struct stk_rpc_req *req, struct stk_rpc_
 	req->bulk = r->bulk;
 	req->bulk_len = r->hdr.bulk_len;
 	req->peer = r->conn->peer;
+	req->client = r->conn->client;
 	memset(resp, 0, sizeof(*resp));
 	resp->req_ = r;
 	stk_wbuf_init(&resp->payload, out, STK_MAX_PAYLOAD);
@@ -1238,6 +1257,110 @@ static void loop_deliver(struct srv_loop *lp, struct srv_req *r)
 	}
 }
 
+/* ---- client identities (common/auth.h) ---- */
+
+static const char *const client_refused_reasons[STK_CLIENT_REFUSED_NREASONS] = {"read_only",
+										"outside", "admin"};
+
+int stk_rpc_client_refused(const struct stk_rpc_resp *resp, unsigned reason, int rc)
+{
+	const struct srv_req *r = resp->req_;
+
+	if (r && reason < STK_CLIENT_REFUSED_NREASONS)
+		stk_metric_add(r->conn->lp->srv->client_refused[reason], 1);
+	return rc;
+}
+
+static pthread_mutex_t revoked_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct stk_auth_client *revoked; /* under revoked_lock */
+static uint32_t nrevoked;
+static uint64_t revoked_epoch; /* atomic: bumped by each new list */
+
+int stk_net_clients_revoked_set(const struct stk_auth_client *list, uint32_t n)
+{
+	struct stk_auth_client *copy = NULL, *old;
+
+	if (n) {
+		copy = malloc((size_t)n * sizeof(*copy));
+		if (!copy)
+			return -ENOMEM;
+		memcpy(copy, list, (size_t)n * sizeof(*copy));
+	}
+	pthread_mutex_lock(&revoked_lock);
+	old = revoked;
+	revoked = copy;
+	nrevoked = n;
+	pthread_mutex_unlock(&revoked_lock);
+	__atomic_add_fetch(&revoked_epoch, 1, __ATOMIC_RELEASE);
+	free(old);
+	return 0;
+}
+
+int stk_net_client_revoked(const char *name, uint64_t gen)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&revoked_lock);
+	for (uint32_t i = 0; i < nrevoked && !found; i++)
+		found = revoked[i].gen == gen && strcmp(revoked[i].name, name) == 0;
+	pthread_mutex_unlock(&revoked_lock);
+	return found;
+}
+
+/*
+ * AUTH_HELLO_CLIENT, on the loop: the policy decoded and checked, and the key the
+ * rest of the handshake runs with derived from it (the client must hold the same
+ * or its proof fails). 0; -EBADMSG (malformed frame); -EKEYREJECTED (a malformed
+ * or revoked policy, logged and counted here).
+ */
+static int client_hello(struct srv_conn *c, struct stk_rpc_req *req)
+{
+	struct stk_server *s = c->lp->srv;
+	struct stk_msg_auth_hello_client_req h;
+	struct stk_auth_client *id;
+	char err[256];
+
+	if (stk_msg_auth_hello_client_req_dec(&req->payload, &h) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	id = calloc(1, sizeof(*id));
+	if (!id)
+		return -EKEYREJECTED;
+	if (strlen(h.client) > STK_CLIENT_NAME_MAX || strlen(h.subtree) > STK_CLIENT_SUBTREE_MAX) {
+		free(id);
+		auth_fail(c, AUTH_BAD_PROOF, "a client policy too long");
+		return -EKEYREJECTED;
+	}
+	stk_strlcpy(id->name, h.client, sizeof(id->name));
+	id->gen = h.gen;
+	id->flags = h.flags;
+	id->anon_uid = h.anon_uid;
+	id->anon_gid = h.anon_gid;
+	stk_strlcpy(id->subtree, h.subtree, sizeof(id->subtree));
+	if (stk_auth_client_valid(id, err, sizeof(err))) {
+		free(id);
+		auth_fail(c, AUTH_BAD_PROOF, "a malformed client policy");
+		return -EKEYREJECTED;
+	}
+	if (stk_net_client_revoked(id->name, id->gen)) {
+		char what[STK_CLIENT_NAME_MAX + 48];
+
+		snprintf(what, sizeof(what), "client %s, generation %llu", id->name,
+			 (unsigned long long)id->gen);
+		free(id);
+		auth_fail(c, AUTH_REVOKED, what);
+		return -EKEYREJECTED;
+	}
+	if (stk_auth_client_key(s->auth_key, s->auth_len, id, c->ckey)) {
+		free(id);
+		auth_fail(c, AUTH_BAD_PROOF, "no client key (OpenSSL failed)");
+		return -EKEYREJECTED;
+	}
+	memcpy(c->nc, h.nonce, STK_AUTH_NONCE);
+	free(c->client);
+	c->client = id;
+	return 0;
+}
+
 /*
  * A frame of a connection not yet trusted, read whole (counted in flight), on the
  * loop: the next step of the handshake answered, or the peer refused. A refused
@@ -1263,15 +1386,32 @@ static void auth_frame(struct srv_conn *c, struct srv_req *r)
 	r->checked = 1;
 	req_view(r, &req, &resp, out);
 	stk_wbuf_init(&resp.payload, out, sizeof(out));
-	if (r->hdr.opcode != want) {
+	if (r->hdr.opcode == STK_OP_AUTH_HELLO_CLIENT && want == STK_OP_AUTH_HELLO) {
+		rc = client_hello(c, &req);
+		if (rc == -EBADMSG) {
+			auth_fail(c, AUTH_MALFORMED, "AUTH_HELLO_CLIENT");
+			r->close = 1;
+			loop_deliver(lp, r);
+			return;
+		}
+		if (rc)
+			reason = AUTH_BAD_PROOF; /* counted and logged by client_hello */
+	}
+	if (reason >= 0) {
+		/* refused below */
+	} else if (r->hdr.opcode != want && !(c->client && want == STK_OP_AUTH_HELLO)) {
 		reason = AUTH_NO_HANDSHAKE;
 		auth_fail(c, reason, stk_opcode_name(r->hdr.opcode));
 	} else if (c->auth == AUTH_WANT_HELLO) {
 		struct stk_msg_auth_hello_req hello;
 		struct stk_msg_auth_hello_resp hr;
+		const uint8_t *key = c->client ? c->ckey : s->auth_key;
+		size_t klen = c->client ? STK_AUTH_MAC : s->auth_len;
 
-		if (stk_msg_auth_hello_req_dec(&req.payload, &hello) ||
-		    stk_rbuf_finish(&req.payload)) {
+		if (c->client) {
+			memcpy(hello.nonce, c->nc, STK_AUTH_NONCE);
+		} else if (stk_msg_auth_hello_req_dec(&req.payload, &hello) ||
+			   stk_rbuf_finish(&req.payload)) {
 			auth_fail(c, AUTH_MALFORMED, "AUTH_HELLO");
 			r->close = 1;
 			loop_deliver(lp, r);
@@ -1280,7 +1420,7 @@ static void auth_frame(struct srv_conn *c, struct srv_req *r)
 		memset(&hr, 0, sizeof(hr));
 		memcpy(c->nc, hello.nonce, STK_AUTH_NONCE);
 		if (stk_auth_random(c->ns, STK_AUTH_NONCE) ||
-		    stk_auth_mac(s->auth_key, s->auth_len, STK_AUTH_SERVER, c->nc, c->ns, hr.mac)) {
+		    stk_auth_mac(key, klen, STK_AUTH_SERVER, c->nc, c->ns, hr.mac)) {
 			stk_error("the key handshake with %s failed: OpenSSL gave no random bytes "
 				  "or no MAC",
 				  c->peer);
@@ -1307,9 +1447,13 @@ static void auth_frame(struct srv_conn *c, struct srv_req *r)
 			loop_deliver(lp, r);
 			return;
 		}
-		if (stk_auth_verify(s->auth_key, s->auth_len, STK_AUTH_CLIENT, c->nc, c->ns,
-				    proof.mac)) {
+		if (stk_auth_verify(c->client ? c->ckey : s->auth_key,
+				    c->client ? STK_AUTH_MAC : s->auth_len, STK_AUTH_CLIENT, c->nc,
+				    c->ns, proof.mac)) {
 			c->auth = AUTH_DONE;
+			if (c->client)
+				stk_debug("%s: client %s (generation %llu) connected", c->peer,
+					  c->client->name, (unsigned long long)c->client->gen);
 			seal(s, r, 0, &resp, out);
 			loop_deliver(lp, r);
 			return;
@@ -1524,6 +1668,8 @@ static void loop_completions(struct srv_loop *lp)
 static void loop_tick(struct srv_loop *lp, uint64_t now)
 {
 	struct stk_server *s = lp->srv;
+	uint64_t revoked_now;
+	int check_revoked;
 
 	if (lp->parked && atomic_load(&s->inflight_bytes) < s->max_inflight_bytes) {
 		/* Each gets one try now; those that find the budget spent again re-park. */
@@ -1545,6 +1691,10 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 	if (now - lp->last_tick_ns < SRV_TICK_MS * 1000000ull)
 		return;
 	lp->last_tick_ns = now;
+	/* the revoked list changed: this loop's connections of removed keys go */
+	revoked_now = __atomic_load_n(&revoked_epoch, __ATOMIC_ACQUIRE);
+	check_revoked = revoked_now != lp->revoked_seen;
+	lp->revoked_seen = revoked_now;
 	for (struct srv_conn *c = lp->conns, *next; c; c = next) {
 		int stuck;
 
@@ -1552,6 +1702,14 @@ static void loop_tick(struct srv_loop *lp, uint64_t now)
 		if (c->auth && !c->eof && now > c->auth_deadline_ns) {
 			auth_fail(c, AUTH_TIMEOUT, c->auth == AUTH_WANT_HELLO ? "no AUTH_HELLO"
 									    : "no AUTH_PROOF");
+			conn_close(c);
+			continue;
+		}
+		if (check_revoked && c->client && !c->auth &&
+		    stk_net_client_revoked(c->client->name, c->client->gen)) {
+			stk_warn("%s: client %s (generation %llu) was removed: closing its "
+				 "connection",
+				 c->peer, c->client->name, (unsigned long long)c->client->gen);
 			conn_close(c);
 			continue;
 		}
@@ -1943,6 +2101,11 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 			const char *v[1] = {auth_reasons[i]};
 
 			stk_metric_series(STK_M_AUTH_FAILURES, v, &s->auth_fail[i]);
+		}
+		for (int i = 0; i < STK_CLIENT_REFUSED_NREASONS; i++) {
+			const char *v[1] = {client_refused_reasons[i]};
+
+			stk_metric_series(STK_M_CLIENT_REFUSED, v, &s->client_refused[i]);
 		}
 	}
 	if (s->metrics) {

@@ -325,8 +325,15 @@ enum stk_target_state {
 #define STK_MSG_META_READDIR_RESP(F) F(u8, eof) F(u32, n)
 /* One directory entry (follows meta_readdir_resp). mode carries only the type bits. */
 #define STK_MSG_DIRENT(F) F(u64, ino) F(u32, mode) F(u64, next_cookie) F(name, name)
-/* ns_hi/ns_lo: the namespace's identity, which a client's chunk removals carry. */
+/*
+ * ns_hi/ns_lo: the namespace's identity, which a client's chunk removals carry.
+ * Then meta_statfs_ext, appended (an older meta's reply ends before it: flags 0):
+ * STK_STATFS_PURGES says that meta removes the chunks of the files it frees
+ * itself (meta/purge.h), so that its clients leave them alone.
+ */
 #define STK_MSG_META_STATFS_RESP(F) F(u64, files) F(u64, ns_hi) F(u64, ns_lo)
+#define STK_MSG_META_STATFS_EXT(F) F(u32, flags)
+#define STK_STATFS_PURGES 0x1u
 /*
  * META_EXTEND: [alloc_first, alloc_end) are the chunks the writer stored data in
  * since its last report, [punch_first, punch_end) whole chunks it removed
@@ -391,6 +398,17 @@ enum stk_target_state {
 #define STK_MSG_GETATTRS_REC(F) F(u64, ino)
 #define STK_MSG_ATTR_REC(F) F(u32, status) F(attr, attr)
 #define STK_GETATTRS_MAX 1024u
+/*
+ * META_LOOKUPS: META_LOOKUP_CACHE for n names of one folder (1 to STK_LOOKUPS_MAX),
+ * what a mount's readdirplus asks for a listing's batch of names: n lookups_rec
+ * follow the request, n attr_rec the reply, in the request's order (NOENT: no such
+ * name). leased 1: the folder's names and every inode found are leased to the
+ * origin holder, as after META_LOOKUP_CACHE; dir: the folder's attributes then.
+ */
+#define STK_MSG_META_LOOKUPS_REQ(F) F(cred, cred) F(u64, parent) F(u32, n)
+#define STK_MSG_META_LOOKUPS_RESP(F) F(u8, leased) F(attr, dir) F(u32, n)
+#define STK_MSG_LOOKUPS_REC(F) F(name, name)
+#define STK_LOOKUPS_MAX 256u
 /*
  * META_INOS: count numbers reserved from first on, and the placement meta gives new
  * files now (chunk_size, stripe, nchains as stk_layout_make takes them), so that
@@ -557,13 +575,82 @@ enum stk_quota_op {
 #define STK_MSG_SYNC_REC(F) F(u64, ino) F(u32, idx) F(u64, version)
 #define STK_SYNC_LIST_MAX 4096u
 #define STK_MSG_STOR_SYNC_READ_REQ(F) F(u32, chain_id) F(u32, chain_ver) F(u64, ino) F(u32, idx)
+/*
+ * STOR_FSCK_LIST (stoker fsck, docs/fsck.md): a page of the chunks target
+ * target_id of this node holds, whatever its chains, with the cursor of
+ * STOR_SYNC_LIST. The reply: the cursor of the next page (done once bucket 255
+ * is listed), the node's clock (now_sec, for the chunks' ages), then n fsck_chunk
+ * (n <= max, <= STK_SYNC_LIST_MAX): version, length, digest (the CRC32C of the
+ * chunk's block CRCs, seeded with its length: equal bytes, equal digests) and the
+ * time its file was last written. NOENT: no such target on this node.
+ */
+#define STK_MSG_STOR_FSCK_LIST_REQ(F)                                                       \
+	F(u32, target_id) F(u32, bucket) F(u64, ino) F(u32, idx) F(u8, from_start) F(u32, max)
+#define STK_MSG_STOR_FSCK_LIST_RESP(F)                                                      \
+	F(u32, n) F(u8, done) F(u32, bucket) F(u64, ino) F(u32, idx) F(u8, from_start)      \
+	F(i64, now_sec)
+#define STK_MSG_FSCK_CHUNK(F)                                                               \
+	F(u64, ino) F(u32, idx) F(u64, version) F(u32, len) F(u32, digest) F(i64, mtime_sec)
 /* Followed by ncrcs block checksums of the bulk (see STOR_WRITE). */
 #define STK_MSG_STOR_SYNC_READ_RESP(F) F(u64, version) F(u32, ncrcs)
+
+/*
+ * META_FSCK (stoker fsck, docs/fsck.md), root only (PERM), by op:
+ *   STK_FSCK_CHECK   checks the namespace in one transaction (meta/store.h
+ *                    stk_meta_store_fsck); flags STK_FSCK_REPAIR repairs what is
+ *                    safe. The reply: the counts, then n fsck_problem (at most
+ *                    max, at most STK_FSCK_PROBLEMS_MAX; total says how many were
+ *                    found).
+ *   STK_FSCK_FILES   a page of regular files from inode `from`: n fsck_file, each
+ *                    followed by its nalloc fsck_range; next is the next page's
+ *                    `from`, done 1 at the end (n <= max, <= STK_FSCK_FILES_MAX).
+ *   STK_FSCK_PURGES  a page of the inodes whose chunks wait for meta's purge
+ *                    (meta/purge.h) from `from`: n u64, then next and done as above.
+ */
+#define STK_MSG_META_FSCK_REQ(F) F(cred, cred) F(u32, op) F(u32, flags) F(u64, from) F(u32, max)
+#define STK_MSG_META_FSCK_RESP(F)                                                            \
+	F(u32, n) F(u8, done) F(u64, next) F(u64, total) F(u64, repaired) F(u64, inodes)      \
+	F(u64, entries) F(u64, dirs) F(u64, files) F(u64, next_ino)
+#define STK_MSG_FSCK_PROBLEM(F)                                                              \
+	F(u32, kind) F(u8, repaired) F(u64, ino) F(u64, parent) F(u64, expect) F(u64, found)  \
+	F(name, name)
+#define STK_MSG_FSCK_FILE(F) F(attr, attr) F(u8, exact) F(u8, orphan) F(u32, nalloc)
+#define STK_MSG_FSCK_RANGE(F) F(u32, first) F(u32, end)
+/* fsck_problem's kind: what meta/store.h stk_meta_store_fsck checks. */
+enum stk_fsck_kind {
+	STK_FSCK_KIND_DANGLING = 1,
+	STK_FSCK_KIND_LOST_ENTRY = 2,
+	STK_FSCK_KIND_NLINK = 3,
+	STK_FSCK_KIND_UNREACHED = 4,
+	STK_FSCK_KIND_STALE_ORPHAN = 5,
+	STK_FSCK_KIND_PARENT = 6,
+	STK_FSCK_KIND_QUOTA_BYTES = 7,
+	STK_FSCK_KIND_QUOTA_INODES = 8,
+	STK_FSCK_KIND_CORRUPT = 9,
+};
+#define STK_FSCK_CHECK 1u
+#define STK_FSCK_FILES 2u
+#define STK_FSCK_PURGES 3u
+#define STK_FSCK_REPAIR 0x1u
+#define STK_FSCK_PROBLEMS_MAX 2000u
+#define STK_FSCK_FILES_MAX 1024u
 
 /* The key handshake (wire.h AUTH_HELLO, common/auth.h): nonces and HMAC-SHA256 MACs. */
 #define STK_MSG_AUTH_HELLO_REQ(F) F(b32, nonce)
 #define STK_MSG_AUTH_HELLO_RESP(F) F(b32, nonce) F(b32, mac)
 #define STK_MSG_AUTH_PROOF_REQ(F) F(b32, mac)
+#define STK_MSG_AUTH_HELLO_CLIENT_REQ(F)                                            \
+	F(b32, nonce) F(name, client) F(u64, gen) F(u32, flags) F(u32, anon_uid)    \
+	F(u32, anon_gid) F(path, subtree)
+/* A client identity (common/auth.h, struct stk_auth_client); removed: revoked. */
+#define STK_MSG_CLIENT_REC(F)                                                        \
+	F(name, name) F(u64, gen) F(u32, flags) F(u32, anon_uid) F(u32, anon_gid)   \
+	F(path, subtree) F(u8, removed)
+/* META_WITHIN: within 1 when ino lies under the folder subtree names, else 0. */
+#define STK_MSG_META_WITHIN_REQ(F) F(u64, ino) F(path, subtree)
+#define STK_MSG_META_WITHIN_RESP(F) F(u8, within)
+#define STK_MSG_MGMT_CLIENT_NAME(F) F(name, name)
+#define STK_MSG_MGMT_CLIENT_GEN(F) F(u64, gen)
 
 /* Every message: (struct name, field list). */
 #define STK_MSG_LIST(X)                                           \
@@ -593,6 +680,7 @@ enum stk_quota_op {
 	X(meta_readdir_resp, STK_MSG_META_READDIR_RESP)           \
 	X(dirent, STK_MSG_DIRENT)                                 \
 	X(meta_statfs_resp, STK_MSG_META_STATFS_RESP)             \
+	X(meta_statfs_ext, STK_MSG_META_STATFS_EXT)               \
 	X(meta_extend_req, STK_MSG_META_EXTEND_REQ)               \
 	X(meta_mknod_req, STK_MSG_META_MKNOD_REQ)                 \
 	X(meta_setxattr_req, STK_MSG_META_SETXATTR_REQ)           \
@@ -614,6 +702,9 @@ enum stk_quota_op {
 	X(meta_getattrs_resp, STK_MSG_META_GETATTRS_RESP)         \
 	X(getattrs_rec, STK_MSG_GETATTRS_REC)                     \
 	X(attr_rec, STK_MSG_ATTR_REC)                             \
+	X(meta_lookups_req, STK_MSG_META_LOOKUPS_REQ)             \
+	X(meta_lookups_resp, STK_MSG_META_LOOKUPS_RESP)           \
+	X(lookups_rec, STK_MSG_LOOKUPS_REC)                       \
 	X(meta_inos_req, STK_MSG_META_INOS_REQ)                   \
 	X(meta_inos_resp, STK_MSG_META_INOS_RESP)                 \
 	X(meta_names_req, STK_MSG_META_NAMES_REQ)                 \
@@ -641,6 +732,14 @@ enum stk_quota_op {
 	X(stor_sync_list_resp, STK_MSG_STOR_SYNC_LIST_RESP)       \
 	X(sync_rec, STK_MSG_SYNC_REC)                             \
 	X(stor_sync_read_req, STK_MSG_STOR_SYNC_READ_REQ)         \
+	X(stor_fsck_list_req, STK_MSG_STOR_FSCK_LIST_REQ)         \
+	X(stor_fsck_list_resp, STK_MSG_STOR_FSCK_LIST_RESP)       \
+	X(fsck_chunk, STK_MSG_FSCK_CHUNK)                         \
+	X(meta_fsck_req, STK_MSG_META_FSCK_REQ)                   \
+	X(meta_fsck_resp, STK_MSG_META_FSCK_RESP)                 \
+	X(fsck_problem, STK_MSG_FSCK_PROBLEM)                     \
+	X(fsck_file, STK_MSG_FSCK_FILE)                           \
+	X(fsck_range, STK_MSG_FSCK_RANGE)                         \
 	X(stor_sync_read_resp, STK_MSG_STOR_SYNC_READ_RESP)       \
 	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ) \
 	X(mgmt_remove_node_req, STK_MSG_MGMT_REMOVE_NODE_REQ)     \
@@ -655,7 +754,13 @@ enum stk_quota_op {
 	X(node_load, STK_MSG_NODE_LOAD)                           \
 	X(auth_hello_req, STK_MSG_AUTH_HELLO_REQ)                 \
 	X(auth_hello_resp, STK_MSG_AUTH_HELLO_RESP)               \
-	X(auth_proof_req, STK_MSG_AUTH_PROOF_REQ)
+	X(auth_proof_req, STK_MSG_AUTH_PROOF_REQ)                 \
+	X(auth_hello_client_req, STK_MSG_AUTH_HELLO_CLIENT_REQ)   \
+	X(client_rec, STK_MSG_CLIENT_REC)                         \
+	X(meta_within_req, STK_MSG_META_WITHIN_REQ)               \
+	X(meta_within_resp, STK_MSG_META_WITHIN_RESP)             \
+	X(mgmt_client_name, STK_MSG_MGMT_CLIENT_NAME)             \
+	X(mgmt_client_gen, STK_MSG_MGMT_CLIENT_GEN)
 
 /* ---- generated structs and codecs ---- */
 

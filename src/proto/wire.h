@@ -109,6 +109,15 @@
 	 * leader answers the other requests; a follower answers them NOT_LEADER, and the    \
 	 * sender asks this to learn where to go (src/net/mgmtaddr.h). */                     \
 	X(MGMT_LEADER, 4, none, mgmt_leader_resp, "which mgmtd leads")                             \
+	/* Client identities (docs/security.md): add issues the next generation for   \
+	 * the name (EXIST: the name is held; remove it first); rm revokes it (NOENT:  \
+	 * no such client); CLIENTS lists every client, removed ones too. A connection  \
+	 * made with a client key gets PERM for all three. Each bumps the routing      \
+	 * version, so that nodes fetch the list again (mgmtd/agent.c). */             \
+	X(MGMT_CLIENT_ADD, 14, client_rec, mgmt_client_gen, "issue a client identity")      \
+	X(MGMT_CLIENT_RM, 15, mgmt_client_name, mgmt_client_gen, "revoke a client identity") \
+	/* Reply: u32 n, then n client_rec. */                                          \
+	X(MGMT_CLIENTS, 16, none, none, "list client identities")                       \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
@@ -206,6 +215,16 @@
 	/* A delegated folder's holder sends what it answered itself: n name_rec follow the \
 	 * request, n name_res the reply, in order, each applied alone (msg.h). */            \
 	X(META_NAMES, 63, meta_names_req, meta_names_resp, "apply a client's creates and unlinks") \
+	/* Whether inode ino lies under the folder at path subtree (a client key's root, \
+	 * docs/security.md): storage asks it before serving such a client that inode's \
+	 * chunks. PERM for a client key's connection. */                              \
+	X(META_WITHIN, 88, meta_within_req, meta_within_resp,                           \
+	  "is an inode under a client's subtree")                                       \
+	/* META_LOOKUP_CACHE for up to STK_LOOKUPS_MAX names of one folder, in one read:  \
+	 * n lookups_rec follow the request, n attr_rec the reply (msg.h); what a mount's \
+	 * readdirplus asks, so that the files of a listed folder are then opened with   \
+	 * no lookup at meta each. */                                                     \
+	X(META_LOOKUPS, 89, meta_lookups_req, meta_lookups_resp, "look names up, leased")   \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
@@ -240,6 +259,10 @@
 	 * reply is what the follower holds after. STALE_ROUTING: the follower knows a             \
 	 * newer epoch than the request's (the sender no longer leads). */                         \
 	X(META_REPL, 80, meta_repl_req, meta_repl_resp, "replicate metadata changes")              \
+	/* stoker fsck: a page of the chunks one target of this node holds, with their     \
+	 * versions, digests and ages (msg.h). NOENT: no such target here. */              \
+	X(STOR_FSCK_LIST, 73, stor_fsck_list_req, stor_fsck_list_resp,                      \
+	  "list a target's chunks for fsck")                                               \
 	/* The handshake that opens every connection to a daemon run with a cluster key    \
 	 * (common/auth.h, docs/security.md): the client's nonce; the reply is the          \
 	 * server's nonce and its MAC of both. Until AUTH_PROOF passes, any other request   \
@@ -247,7 +270,15 @@
 	 * NOSYS (no handshake needed). */                                                  \
 	X(AUTH_HELLO, 96, auth_hello_req, auth_hello_resp, "open the key handshake")          \
 	/* The client's MAC of both nonces. OK, or AUTH and the connection closes. */         \
-	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")
+	X(AUTH_PROOF, 97, auth_proof_req, none, "prove the cluster key")                    \
+	/* Served by meta (its 32-63 are all taken): stoker fsck's namespace check and the  \
+	 * listings its data check compares with storage's (msg.h). */                      \
+	X(META_FSCK, 98, meta_fsck_req, meta_fsck_resp, "check the namespace (fsck)")          \
+	/* AUTH_HELLO for a client key (common/auth.h): the nonce and the client's        \
+	 * policy; the server keys the handshake by HMAC(cluster key, policy). AUTH when \
+	 * the policy is malformed or revoked. */                                         \
+	X(AUTH_HELLO_CLIENT, 99, auth_hello_client_req, auth_hello_resp,                  \
+	  "open the key handshake with a client key")
 
 enum stk_opcode {
 #define STK_OPCODE_ENUM(name, code, req, resp, what) STK_OP_##name = code,

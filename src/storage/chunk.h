@@ -136,6 +136,21 @@ int stk_chunk_write_locked(struct stk_chunk_store *cs, uint64_t ino, uint32_t id
 int stk_chunk_version(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx, uint64_t *version,
 		      uint32_t *len);
 
+/* What fsck compares between the copies of a chunk (stk_chunk_stat). */
+struct stk_chunk_info {
+	uint64_t version;
+	uint32_t len;
+	uint32_t digest;   /* CRC32C of the chunk's block CRCs, seeded with its length */
+	int64_t mtime_sec; /* when its file was last written */
+};
+/*
+ * The version, length, digest and age of chunk idx of ino, from its header alone
+ * (all zero when missing): equal bytes give equal digests, so two copies of one
+ * version whose digests differ disagree. 0, -EIO (a corrupt header) or -errno.
+ */
+int stk_chunk_stat(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
+		   struct stk_chunk_info *out);
+
 /*
  * Reads the whole of chunk idx of ino (at most cap bytes) from one version of its
  * file, its block CRCs checked: *len bytes into buf, their CRCs into crcs (room for

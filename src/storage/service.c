@@ -49,6 +49,7 @@
 #include "../daemon/daemon.h"
 #include "../common/host.h"
 #include "../common/layout.h"
+#include "../common/auth.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
@@ -86,6 +87,15 @@ struct sync_prog {
 	uint64_t checked, copied, bytes;
 };
 
+/* One answer of meta's META_WITHIN, kept SUB_TTL_NS (see subtree_ok). */
+struct sub_ent {
+	uint64_t tree; /* hash of the subtree's path */
+	uint64_t ino;
+	uint64_t until_ns;
+};
+#define SUB_SLOTS 4096u
+#define SUB_TTL_NS (5ull * 1000000000ull)
+
 struct storage {
 	struct stk_chunk_store **stores; /* one per target folder, in the order given */
 	unsigned nstores;
@@ -117,6 +127,9 @@ struct storage {
 	int repair_started;
 	uint64_t scrub_rate; /* bytes/s; 0: no scrubbing */
 	uint64_t scrub_interval_s; /* from one pass's start to the next */
+	/* inodes meta said lie under a client key's subtree (subtree_ok), under sub_lock */
+	pthread_mutex_t sub_lock;
+	struct sub_ent *sub;
 };
 
 /*
@@ -903,6 +916,12 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
 	if (rc)
 		return rc;
+	/* a client key writes through the chain's head, as the chain orders it */
+	if (req->client && (h.pos != 0 || (rq.flags & STK_WRITE_FULL))) {
+		stk_warn("%s: client %s: a replica's write (chain %u): refused", req->peer,
+			 req->client->name, rq.chain_id);
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_ADMIN, -EPERM);
+	}
 	if (s->loop_writes && !h.tail && stk_rpc_resp_loop(resp))
 		return write_on_loop(s, req, resp, &rq, &h, tls_crcs);
 	cs = h.cs;
@@ -1222,6 +1241,85 @@ static int handle_sync_list(struct storage *s, struct stk_rpc_req *req, struct s
 		stk_msg_stor_sync_list_resp_enc(&resp->payload, &rp);
 		for (uint32_t i = 0; i < rp.n; i++)
 			stk_msg_sync_rec_enc(&resp->payload, &recs[i]);
+		rc = resp->payload.err;
+	}
+	free(recs);
+	return rc;
+}
+
+/*
+ * STOR_FSCK_LIST (stoker fsck): a page of the chunks one of our targets holds,
+ * whatever its chains or state, with what fsck compares between copies. Like
+ * STOR_SYNC_LIST it takes no lock: fsck looks twice before it reports anything.
+ */
+static int handle_fsck_list(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_stor_fsck_list_req rq;
+	struct stk_msg_stor_fsck_list_resp rp;
+	struct stk_msg_fsck_chunk *recs;
+	struct stk_chunk_store *cs;
+	struct timespec now;
+	uint32_t max;
+	int rc = 0;
+
+	if (stk_msg_stor_fsck_list_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	if (rq.bucket > 255 || rq.max == 0)
+		return -EINVAL;
+	cs = local_target(s, rq.target_id);
+	if (!cs)
+		return -ENOENT;
+	max = STK_MIN(rq.max, STK_SYNC_LIST_MAX);
+	recs = malloc(max * sizeof(*recs));
+	if (!recs)
+		return -ENOMEM;
+	memset(&rp, 0, sizeof(rp));
+	rp.bucket = rq.bucket;
+	rp.ino = rq.ino;
+	rp.idx = rq.idx;
+	rp.from_start = rq.from_start;
+	clock_gettime(CLOCK_REALTIME, &now);
+	rp.now_sec = (int64_t)now.tv_sec;
+	while (rp.n < max && !rp.done) {
+		struct stk_chunk_ent *e;
+		size_t n, i;
+
+		rc = stk_chunk_list_bucket(cs, rp.bucket, &e, &n);
+		if (rc)
+			break;
+		for (i = 0; i < n && rp.n < max; i++) {
+			struct stk_chunk_info ci;
+
+			if (!rp.from_start && !ent_after(e[i].ino, e[i].idx, rp.ino, rp.idx))
+				continue;
+			rp.ino = e[i].ino;
+			rp.idx = e[i].idx;
+			rp.from_start = 0;
+			/* Gone since the listing (a removal in between): not there to report. */
+			if (stk_chunk_stat(cs, e[i].ino, e[i].idx, &ci) == 0 && ci.version == 0)
+				continue;
+			recs[rp.n] = (struct stk_msg_fsck_chunk){.ino = e[i].ino, .idx = e[i].idx,
+								 .version = ci.version,
+								 .len = ci.len, .digest = ci.digest,
+								 .mtime_sec = ci.mtime_sec};
+			rp.n++;
+		}
+		if (rp.n == max && i < n) {
+			free(e);
+			break;
+		}
+		free(e);
+		if (rp.bucket == 255) {
+			rp.done = 1;
+		} else {
+			rp.bucket++;
+			rp.from_start = 1;
+		}
+	}
+	if (rc == 0) {
+		stk_msg_stor_fsck_list_resp_enc(&resp->payload, &rp);
+		for (uint32_t i = 0; i < rp.n; i++)
+			stk_msg_fsck_chunk_enc(&resp->payload, &recs[i]);
 		rc = resp->payload.err;
 	}
 	free(recs);
@@ -2097,8 +2195,268 @@ out:
 	return NULL;
 }
 
+/* FNV-1a of a subtree's path: which client tree an answer is for. */
+static uint64_t tree_hash(const char *path)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (; *path; path++)
+		h = (h ^ (uint8_t)*path) * 1099511628211ull;
+	return h;
+}
+
+static struct sub_ent *sub_slot(struct storage *s, uint64_t tree, uint64_t ino)
+{
+	return &s->sub[((tree ^ ino) * 0x9E3779B97F4A7C15ull >> 32) % SUB_SLOTS];
+}
+
+/* 1 when meta said lately that ino lies under the client's subtree. Never blocks. */
+static int subtree_known(struct storage *s, const struct stk_auth_client *c, uint64_t ino)
+{
+	uint64_t tree = tree_hash(c->subtree), now = stk_now_ns();
+	struct sub_ent *e;
+	int yes;
+
+	if (strcmp(c->subtree, "/") == 0)
+		return 1;
+	if (!s->sub)
+		return 0;
+	pthread_mutex_lock(&s->sub_lock);
+	e = sub_slot(s, tree, ino);
+	yes = e->tree == tree && e->ino == ino && e->until_ns > now;
+	pthread_mutex_unlock(&s->sub_lock);
+	return yes;
+}
+
+/*
+ * Whether a subtree client may have ino's chunks: asked of meta (META_WITHIN, on
+ * the worker, which may wait) unless it answered yes in the last SUB_TTL_NS. 0,
+ * -EACCES (outside), or the call's error. A file renamed out of the subtree stays
+ * reachable on storage for up to SUB_TTL_NS.
+ */
+static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64_t ino, int call,
+		      char *addr, size_t addr_len, struct stk_msg_meta_within_resp *r);
+
+static int subtree_ok(struct storage *s, const struct stk_auth_client *c, uint64_t ino,
+		      struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_within_resp r;
+	char addr[STK_ADDR_MAX] = "";
+	int rc;
+
+	if (subtree_known(s, c, ino))
+		return 0;
+	if (!s->sub)
+		return -ENOMEM;
+	/*
+	 * Asked of the shard's leader; a meta that no longer leads answers NOT_LEADER
+	 * (-EREMCHG) and a dead one not at all (docs/meta-replication.md): the table
+	 * is fetched again and the leader it names asked once more.
+	 */
+	for (int call = 0;; call++) {
+		rc = within_ask(s, c, ino, call, addr, sizeof(addr), &r);
+		if (rc == 0 || rc == -EBADMSG || rc == -ENXIO || call == 1)
+			break;
+		stk_agent_routing_refresh(s->agent);
+	}
+	if (rc == -ENXIO) {
+		stk_warn("client %s: no meta serves the namespace just now: cannot tell whether "
+			 "inode %llx is under its subtree",
+			 c->name, (unsigned long long)ino);
+		return -EAGAIN;
+	}
+	if (rc) {
+		stk_warn("cannot ask meta at %s whether inode %llx is client %s's: %s", addr,
+			 (unsigned long long)ino, c->name, strerror(-rc));
+		return rc == -EBADMSG ? -EIO : -EAGAIN;
+	}
+	if (!r.within) {
+		stk_info("client %s: inode %llx is outside its subtree %s: refused", c->name,
+			 (unsigned long long)ino, c->subtree);
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_OUTSIDE, -EACCES);
+	}
+	pthread_mutex_lock(&s->sub_lock);
+	*sub_slot(s, tree_hash(c->subtree), ino) = (struct sub_ent){
+	    .tree = tree_hash(c->subtree), .ino = ino, .until_ns = stk_now_ns() + SUB_TTL_NS};
+	pthread_mutex_unlock(&s->sub_lock);
+	return 0;
+}
+
+/*
+ * One META_WITHIN to the meta the routing table names for shard 1 (its address
+ * into addr). 0 with *r filled, -ENXIO (none serves), -EBADMSG or the call's error.
+ */
+static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64_t ino, int call,
+		      char *addr, size_t addr_len, struct stk_msg_meta_within_resp *r)
+{
+	struct stk_msg_meta_within_req q;
+	uint8_t req[STK_PATH_MAX + 64], out[64];
+	struct stk_routing_ref *ref;
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	struct stk_rpc rpc;
+	struct stk_conn *conn;
+	int rc;
+
+	addr[0] = 0;
+	for (int attempt = call; attempt < 2 && !addr[0]; attempt++) {
+		/* a table from before meta registered: fetch it again once */
+		if (attempt && !call)
+			stk_agent_routing_refresh(s->agent);
+		ref = stk_agent_routing_get(s->agent);
+		for (uint32_t i = 0; i < ref->rt.nshards; i++) {
+			const struct stk_rt_node *n =
+			    ref->rt.shards[i].id == 1
+				? stk_routing_node(&ref->rt, ref->rt.shards[i].node_id)
+				: NULL;
+
+			if (n)
+				stk_strlcpy(addr, n->addr, addr_len);
+		}
+		stk_agent_routing_put(s->agent, ref);
+	}
+	if (!addr[0])
+		return -ENXIO;
+	memset(&q, 0, sizeof(q));
+	q.ino = ino;
+	stk_strlcpy(q.subtree, c->subtree, sizeof(q.subtree));
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_within_req_enc(&w, &q);
+	stk_rpc_prepare(&rpc, STK_OP_META_WITHIN, &w, out, sizeof(out));
+	stk_server_wait_begin();
+	rc = stk_pool_get(s->fwd, addr, &conn);
+	if (rc == 0) {
+		rc = stk_rpc_call(conn, &rpc);
+		stk_pool_put(s->fwd, conn);
+	}
+	stk_server_wait_end();
+	if (rc == 0) {
+		stk_rbuf_init(&rb, out, rpc.resp_len);
+		if (stk_msg_meta_within_resp_dec(&rb, r) || stk_rbuf_finish(&rb))
+			rc = -EBADMSG;
+	}
+	return rc;
+}
+
+/* The inode of a request that names one (READ, WRITE, TRUNCATE, PUNCH, PREFETCH). */
+static int req_ino(const struct stk_rpc_req *req, uint64_t *ino)
+{
+	struct stk_rbuf r = req->payload;
+
+	switch (req->hdr.opcode) {
+	case STK_OP_STOR_READ: {
+		struct stk_msg_stor_read_req q;
+
+		if (stk_msg_stor_read_req_dec(&r, &q))
+			return -EBADMSG;
+		*ino = q.ino;
+		return 0;
+	}
+	case STK_OP_STOR_WRITE: {
+		struct stk_msg_stor_write_req q;
+
+		if (stk_msg_stor_write_req_dec(&r, &q))
+			return -EBADMSG;
+		*ino = q.ino;
+		return 0;
+	}
+	case STK_OP_STOR_TRUNCATE: {
+		struct stk_msg_stor_truncate_req q;
+
+		if (stk_msg_stor_truncate_req_dec(&r, &q))
+			return -EBADMSG;
+		*ino = q.ino;
+		return 0;
+	}
+	case STK_OP_STOR_PUNCH: {
+		struct stk_msg_stor_punch_req q;
+
+		if (stk_msg_stor_punch_req_dec(&r, &q))
+			return -EBADMSG;
+		*ino = q.ino;
+		return 0;
+	}
+	case STK_OP_STOR_PREFETCH: {
+		struct stk_msg_stor_prefetch_req q;
+
+		if (stk_msg_stor_prefetch_req_dec(&r, &q))
+			return -EBADMSG;
+		*ino = q.ino;
+		return 0;
+	}
+	}
+	return -ENOENT;
+}
+
+/* A subtree client's request: every inode it names must be under its subtree. */
+static int subtree_gate(struct storage *s, const struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	const struct stk_auth_client *c = req->client;
+	uint64_t ino = 0;
+	int rc;
+
+	if (strcmp(c->subtree, "/") == 0)
+		return 0;
+	if (req->hdr.opcode == STK_OP_STOR_TRUNCATES) {
+		struct stk_msg_stor_truncates_req q;
+		struct stk_rbuf r = req->payload;
+
+		if (stk_msg_stor_truncates_req_dec(&r, &q) || q.n > STK_TRUNCATES_MAX)
+			return -EBADMSG;
+		for (uint32_t i = 0; i < q.n; i++) {
+			struct stk_msg_trunc_rec t;
+
+			if (stk_msg_trunc_rec_dec(&r, &t))
+				return -EBADMSG;
+			rc = subtree_ok(s, c, t.ino, resp);
+			if (rc)
+				return rc;
+		}
+		return 0;
+	}
+	rc = req_ino(req, &ino);
+	if (rc == -ENOENT)
+		return 0; /* names no inode (SYNC) */
+	return rc ? rc : subtree_ok(s, c, ino, resp);
+}
+
+/*
+ * What a client key may ask of storage (docs/security.md, "Client keys"): a
+ * read-only one no write, truncate or punch (EROFS), none the copies between
+ * nodes (EPERM), and a subtree one no chunk of an inode outside its subtree
+ * (EACCES; asked of meta, subtree_ok). 0 to serve.
+ */
+static int client_gate(struct storage *s, const struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	const struct stk_auth_client *c = req->client;
+
+	switch (req->hdr.opcode) {
+	case STK_OP_STOR_READ:
+	case STK_OP_STOR_SYNC:
+	case STK_OP_STOR_PREFETCH:
+		return subtree_gate(s, req, resp);
+	case STK_OP_STOR_WRITE:
+	case STK_OP_STOR_TRUNCATE:
+	case STK_OP_STOR_TRUNCATES:
+	case STK_OP_STOR_PUNCH:
+		if (!(c->flags & STK_CLIENT_RO))
+			return subtree_gate(s, req, resp);
+		stk_info("%s: client %s is read-only: %s refused", req->peer, c->name,
+			 stk_opcode_name(req->hdr.opcode));
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_RO, -EROFS);
+	default:
+		stk_warn("%s: client %s may not %s: refused", req->peer, c->name,
+			 stk_opcode_name(req->hdr.opcode));
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_ADMIN, -EPERM);
+	}
+}
+
 static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
+	int rc = req->client ? client_gate(s, req, resp) : 0;
+
+	if (rc)
+		return rc;
 	switch (req->hdr.opcode) {
 	case STK_OP_STOR_WRITE:
 		return handle_write(s, req, resp);
@@ -2118,6 +2476,8 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 		return handle_sync_list(s, req, resp);
 	case STK_OP_STOR_SYNC_READ:
 		return handle_sync_read(s, req, resp);
+	case STK_OP_STOR_FSCK_LIST:
+		return handle_fsck_list(s, req, resp);
 	default:
 		return -ENOSYS;
 	}
@@ -2281,9 +2641,15 @@ static int loop_read(struct storage_loop *sl, struct stk_rpc_req *req, struct st
 static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
 		       struct stk_rpc_pending *p)
 {
-	if (req->hdr.opcode == STK_OP_STOR_READ)
-		return loop_read(state, req, resp, p);
-	return STK_RPC_TO_WORKER;
+	struct storage_loop *sl = state;
+	uint64_t ino;
+
+	if (req->hdr.opcode != STK_OP_STOR_READ)
+		return STK_RPC_TO_WORKER;
+	/* a subtree client's read of an inode not known to be its own: a worker asks meta */
+	if (req->client && (req_ino(req, &ino) || !subtree_known(sl->s, req->client, ino)))
+		return STK_RPC_TO_WORKER;
+	return loop_read(state, req, resp, p);
 }
 
 static struct stk_lclient *loop_client(struct storage_loop *sl)
@@ -2623,6 +2989,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	rc = stk_pool_create(4, &s->fwd);
 	if (rc)
 		goto out;
+	pthread_mutex_init(&s->sub_lock, NULL);
+	s->sub = calloc(SUB_SLOTS, sizeof(*s->sub)); /* NULL: subtree clients get ENOMEM */
 	/*
 	 * STOKER_LOOP_WRITES=1: forwards wait on the event loops. Off by default for
 	 * now: in one soak of four a chain was left with a change its head and middle
@@ -2686,6 +3054,7 @@ out:
 		free(s->stores);
 		if (s->fwd)
 			stk_pool_destroy(s->fwd);
+		free(s->sub);
 	}
 	free(s);
 	free(b.ids);

@@ -412,7 +412,8 @@ def test_alert_rules():
 
 def test_scrape_config_lists_every_daemon():
     """deploy/prometheus/prometheus.yml scrapes each daemon `stoker up` starts, at the
-    ports docs/metrics.md gives (BASE+10..+14 of the default 9400)."""
+    ports docs/metrics.md gives (BASE+10..+14 of the default 9400), and a training
+    job's monitor at the port its example uses."""
     with open(os.path.join(DEPLOY, "prometheus.yml")) as f:
         cfg = f.read()
     jobs, job = {}, None
@@ -425,10 +426,12 @@ def test_scrape_config_lists_every_daemon():
             jobs.setdefault(job, []).append(m.group(1))
     assert jobs == {"stoker": ["127.0.0.1:9410", "127.0.0.1:9411", "127.0.0.1:9412"],
                     "stoker-s3": ["127.0.0.1:9413"],
-                    "stoker-mount": ["127.0.0.1:9414"]}, jobs
+                    "stoker-mount": ["127.0.0.1:9414"],
+                    "stoker-jobs": ["127.0.0.1:9700"]}, jobs
     with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
         doc = f.read()
-    for job, port in (("stoker-s3", "BASE+13"), ("stoker-mount", "BASE+14")):
+    for job, port in (("stoker-s3", "BASE+13"), ("stoker-mount", "BASE+14"),
+                      ("stoker-jobs", "port=9700")):
         assert job in doc and port in doc, job
 
 

@@ -172,9 +172,17 @@ def test_three_copies_survive_a_dead_node_under_load(net):
         assert net.cli("cat", "/after%d" % i).stdout == data
     assert assert_replicas_identical(net, after, targets, skip=dead) >= 8
 
-    # some of what st2 holds goes away while it is down: it must go there too
+    # some of what st2 holds goes away while it is down: it must go there too. meta
+    # removes a file's chunks after the unlink (src/meta/purge.h): wait until both
+    # live copies of /f1's one chunk are gone before st2 returns
+    live = [t for t in targets if t not in dead]
+
+    def live_chunks():
+        return sum(len(chunk_files(targets[t][1])) for t in live)
+    n = live_chunks()
     net.cli("rm", "/f1")
     del files["/f1"]
+    wait_for("meta to purge /f1 from the live members", lambda: live_chunks() == n - 2)
 
     # back, under a writer: its targets catch up, then serve
     writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack2"]),

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from conftest import CHECK, needs_root, run
+from conftest import CHECK, needs_root, run, wait_until
+from test_purge import killed_client
 from test_mount import read_in_mib
 
 MiB = 1 << 20
@@ -105,7 +106,10 @@ def test_a_full_metadata_disk_gives_enospc_and_keeps_the_namespace(make_cluster,
     """The namespace's map only covers what its disk allocated: on a full disk meta
     refuses writes with ENOSPC (not EIO from a write that stopped half-way), keeps
     every acknowledged change, reuses what removals free, and opens again after a
-    restart."""
+    restart. Unlinks still work there although each frees a file whose purge needs
+    a record: meta keeps those purges in memory, and still removes the chunks
+    (here of files whose client was killed right after its unlink, so that only
+    meta can)."""
     c = make_cluster("metafull", targets=1, start=False)
     meta_dir = os.path.join(c.data, "meta")
     os.makedirs(meta_dir)
@@ -115,6 +119,12 @@ def test_a_full_metadata_disk_gives_enospc_and_keeps_the_namespace(make_cluster,
         c.start()
         m = make_mount(c)
         pid = c.pids()["meta"]
+        datas, base = [], len(c.chunk_files())
+        for i in range(3):
+            with open(os.path.join(m.path, "data%d" % i), "wb") as f:
+                f.write(os.urandom(2 * MiB + i))
+            datas.append("/data%d" % i)
+        assert len(c.chunk_files()) == base + 8
         pad = os.urandom(60000)
         made, err = [], None
         for i in range(3000):
@@ -131,6 +141,18 @@ def test_a_full_metadata_disk_gives_enospc_and_keeps_the_namespace(make_cluster,
         assert c.pids()["meta"] == pid
         for i, p in enumerate(made):
             assert os.getxattr(p, "user.pad") == bytes([i % 256]) + pad
+        # Fill what the last failure left with smaller values, to the last page.
+        for size in (16000, 4000, 1000, 100):
+            for i, p in enumerate(made):
+                try:
+                    os.setxattr(p, "user.top", os.urandom(size))
+                except OSError as e:
+                    assert e.errno == errno.ENOSPC, e
+                    break
+        # The first unlinks on the full map: the data files', by a client that dies.
+        killed_client(c, *["unlink:" + p for p in datas])
+        wait_until(lambda: len(c.chunk_files()) == base, timeout=30,
+                   what="meta to remove the chunks of files unlinked on a full map")
         for p in made[:200]:
             os.unlink(p)
         after = os.path.join(m.path, "after")
@@ -144,6 +166,8 @@ def test_a_full_metadata_disk_gives_enospc_and_keeps_the_namespace(make_cluster,
         assert os.getxattr(after, "user.pad") == pad
         assert os.getxattr(made[-1], "user.pad") == bytes([(len(made) - 1) % 256]) + pad
         assert "cannot grow the namespace" in c.logs()
+        with open(os.path.join(c.data, "log", "meta.log"), errors="replace") as f:
+            assert "kept in memory only" in f.read()
     finally:
         if m:
             m.stop()

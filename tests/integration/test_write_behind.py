@@ -188,3 +188,54 @@ def test_a_name_made_and_removed_in_one_batch(cluster, make_mount):
     left = sorted(os.listdir(os.path.join(b.path, "churn")))
     assert left == sorted(["x%d" % i for i in range(0, 300, 3)] + ["again"])
     assert "refused" not in a.log() and "lost" not in a.log(), a.log()
+
+
+def test_listing_its_own_folder_keeps_the_delegation_and_the_names(cluster, make_mount):
+    """A listing, `ls -l` or stat of a folder by the mount it is delegated to is sent
+    with that mount's origin: meta keeps the delegation, and the mount's lookup cache
+    keeps the names, so a loader that lists its folders and then opens every file
+    (ImageFolder, W6) asks meta nothing per file. Another client still sees
+    everything, and a change it makes is seen by the first after close and open."""
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    da, db = os.path.join(a.path, "ds"), os.path.join(b.path, "ds")
+    os.mkdir(da)
+    names = ["s%03d" % i for i in range(50)]
+    for n in names:
+        with open(os.path.join(da, n), "wb") as f:
+            f.write(n.encode() * 100)
+    assert sorted(os.listdir(da)) == names
+    assert sorted(e.name for e in os.scandir(da) if e.stat().st_size == 400) == names
+    os.stat(da)
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("2\n")  # the kernel's entries go, the mount's cache stays
+    lookups, creates = at_meta(cluster, "META_LOOKUP_CACHE"), at_meta(cluster, "META_CREATE")
+    for n in names:
+        with open(os.path.join(da, n), "rb") as f:
+            assert f.read() == n.encode() * 100
+    # the folder's own name may be asked for again (its times moved), no file's is
+    assert at_meta(cluster, "META_LOOKUP_CACHE") - lookups <= 2
+    # still delegated: a create through a is answered by a
+    touch(os.path.join(da, "mine"))
+    assert at_meta(cluster, "META_CREATE") == creates
+    # the other mount sees every name, the new one included
+    assert sorted(os.listdir(db)) == sorted(names + ["mine"])
+    # its changes are seen through a after close and open (close-to-open)
+    with open(os.path.join(db, "s000"), "wb") as f:
+        f.write(b"changed by b")
+    os.unlink(os.path.join(db, "s001"))
+    with open(os.path.join(db, "new"), "wb") as f:
+        f.write(b"made by b")
+    with open(os.path.join(da, "s000"), "rb") as f:
+        assert f.read() == b"changed by b"
+    with pytest.raises(FileNotFoundError):  # an open asks meta (docs/mount.md)
+        open(os.path.join(da, "s001"), "rb")
+    with open(os.path.join(da, "new"), "rb") as f:
+        assert f.read() == b"made by b"
+    assert "new" in os.listdir(da) and "s001" not in os.listdir(da)
+    # and the native client's too
+    cluster.cli("rm", "/ds/s002")
+    with pytest.raises(FileNotFoundError):
+        open(os.path.join(da, "s002"), "rb")
+    assert "s002" not in os.listdir(da)

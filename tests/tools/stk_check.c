@@ -36,6 +36,21 @@
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
+ *   chunk HOST:PORT INO read|truncate|prefetch  one chunk request for INO straight to a
+ *                                         storage node with $STOKER_KEY_FILE's key;
+ *                                         prints the errno's name it answered
+ *   handshake HOST:PORT                   connects to one daemon with the key of
+ *                                         $STOKER_KEY_FILE; prints OK or the errno's name
+ *   ino CLUSTER OP ARG...                 one request by inode number (stoker_ll.h), as
+ *                                         a client key's holder may craft it; prints the
+ *                                         errno's name (OK for 0) and exits 0. OP: getattr
+ *                                         INO, getattrs INO, readdir INO, read INO (open by
+ *                                         inode, read 1 byte), chmod INO, setxattr INO,
+ *                                         lookup DIR NAME, create DIR NAME, mkdir DIR NAME,
+ *                                         unlink DIR NAME, link INO DIR NAME, rename DIR
+ *                                         NAME DIR NAME; raw INO read|write: chunks
+ *                                         straight from storage, the layout taken with
+ *                                         $STOKER_ADMIN_KEY_FILE (the cluster key)
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -53,6 +68,7 @@
 #include <unistd.h>
 
 #include "stoker/stoker.h"
+#include "stoker/stoker_ll.h"
 
 #include "client/client.h"
 #include "common/layout.h"
@@ -1659,18 +1675,259 @@ static int cmd_cluster(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+static const char *errname(int rc)
+{
+	switch (-rc) {
+	case 0:
+		return "OK";
+	case EACCES:
+		return "EACCES";
+	case EPERM:
+		return "EPERM";
+	case EROFS:
+		return "EROFS";
+	case ENOENT:
+		return "ENOENT";
+	case EEXIST:
+		return "EEXIST";
+	case ENOTDIR:
+		return "ENOTDIR";
+	case EXDEV:
+		return "EXDEV";
+	case EKEYREJECTED:
+		return "EKEYREJECTED";
+	default:
+		return strerror(-rc);
+	}
+}
+
+static int cmd_handshake(int argc, char **argv)
+{
+	const char *key = getenv("STOKER_KEY_FILE");
+	struct stk_conn *conn = NULL;
+	char err[512];
+	int rc;
+
+	if (argc != 2 || !key)
+		return 2;
+	rc = stk_net_auth_load(key, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	rc = stk_conn_connect(argv[1], 2000, &conn);
+	if (rc == 0) {
+		/* a refused key may only show at the first request */
+		struct stk_rpc rpc;
+		struct stk_wbuf w;
+		uint8_t resp[256];
+
+		stk_wbuf_init(&w, NULL, 0);
+		stk_rpc_prepare(&rpc, STK_OP_MGMT_LEADER, &w, resp, sizeof(resp));
+		rc = stk_rpc_call(conn, &rpc);
+		if (rc == -ENOSYS || rc == -EPERM)
+			rc = 0; /* served: meta and storage know no MGMT_LEADER */
+		stk_conn_close(conn);
+	}
+	printf("%s\n", errname(rc));
+	return 0;
+}
+
+/*
+ * chunk HOST:PORT INO read|truncate|prefetch: one chunk request for INO (chunk 0
+ * of chain 1) straight to a storage node, with the key of $STOKER_KEY_FILE;
+ * prints the errno's name the node answered.
+ */
+static int cmd_chunk(int argc, char **argv)
+{
+	const char *key = getenv("STOKER_KEY_FILE");
+	static uint8_t bulk[1 << 20];
+	uint8_t req[256], resp[256];
+	struct stk_conn *conn;
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	char err[512];
+	uint64_t ino;
+	int rc;
+
+	if (argc != 4 || !key || stk_parse_u64(argv[2], &ino))
+		return 2;
+	rc = stk_net_auth_load(key, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	stk_wbuf_init(&w, req, sizeof(req));
+	if (strcmp(argv[3], "read") == 0) {
+		struct stk_msg_stor_read_req m = {
+		    .chain_id = 1, .chain_ver = 1, .ino = ino, .length = 3};
+
+		stk_msg_stor_read_req_enc(&w, &m);
+		stk_rpc_prepare(&rpc, STK_OP_STOR_READ, &w, resp, sizeof(resp));
+		rpc.bulk_in = bulk;
+		rpc.bulk_in_cap = sizeof(bulk);
+	} else if (strcmp(argv[3], "truncate") == 0) {
+		struct stk_msg_stor_truncate_req m = {
+		    .chain_id = 1, .chain_ver = 1, .ino = ino, .chunk_size = 1u << 20};
+
+		stk_msg_stor_truncate_req_enc(&w, &m);
+		stk_rpc_prepare(&rpc, STK_OP_STOR_TRUNCATE, &w, resp, sizeof(resp));
+	} else if (strcmp(argv[3], "prefetch") == 0) {
+		struct stk_msg_stor_prefetch_req m = {.chain_id = 1, .chain_ver = 1, .ino = ino};
+
+		stk_msg_stor_prefetch_req_enc(&w, &m);
+		stk_rpc_prepare(&rpc, STK_OP_STOR_PREFETCH, &w, resp, sizeof(resp));
+	} else {
+		return 2;
+	}
+	rc = stk_conn_connect(argv[1], 2000, &conn);
+	if (rc == 0) {
+		rc = stk_rpc_call(conn, &rpc);
+		stk_conn_close(conn);
+	}
+	printf("%s\n", errname(rc));
+	return 0;
+}
+
+static int cmd_ino(int argc, char **argv)
+{
+	struct stk_ll_cred cred = {.uid = getuid(), .gid = getgid()};
+	struct stk_ll_attr a, b;
+	const char *op;
+	stk_client *c;
+	uint64_t x = 0, y = 0;
+	int rc, created;
+
+	if (argc < 4)
+		return 2;
+	op = argv[2];
+	if (argc == 5 && strcmp(op, "raw") == 0) {
+		/* the file's attributes as the administrator sees them (its layout), then
+		 * chunk requests straight to storage with the client key */
+		struct stk_client_opts o = {.size = sizeof(o),
+					    .key_file = getenv("STOKER_ADMIN_KEY_FILE")};
+		stk_file *f;
+		char buf[4] = "abc";
+		long n;
+
+		if (!o.key_file || stk_parse_u64(argv[3], &x))
+			return 2;
+		rc = stk_connect(argv[1], &o, &c);
+		if (rc == 0) {
+			rc = stk_ll_getattr(c, &cred, x, &a);
+			stk_disconnect(c);
+		}
+		if (rc) {
+			fprintf(stderr, "raw: the administrator's getattr: %s\n", stk_strerror(rc));
+			return 1;
+		}
+		c = connect_or_die(argv[1]);
+		rc = stk_ll_open(c, &cred, &a, strcmp(argv[4], "write") == 0 ? O_WRONLY : O_RDONLY,
+				 &f);
+		if (rc == 0) {
+			n = strcmp(argv[4], "write") == 0 ? stk_pwrite(f, buf, 3, 0)
+							  : stk_pread(f, buf, 3, 0);
+			rc = n < 0 ? (int)n : 0;
+			if (rc == 0 && strcmp(argv[4], "write") == 0)
+				rc = stk_fsync(f);
+			n = stk_close(f);
+			if (rc == 0)
+				rc = (int)n;
+		}
+		printf("%s\n", errname(rc));
+		stk_disconnect(c);
+		return 0;
+	}
+	c = connect_or_die(argv[1]);
+	if (stk_parse_u64(argv[3], &x))
+		return 2;
+	if (argc == 6 && stk_parse_u64(argv[4], &y))
+		return 2;
+	if (strcmp(op, "getattr") == 0) {
+		rc = stk_ll_getattr(c, &cred, x, &a);
+	} else if (strcmp(op, "getattrs") == 0) {
+		int rcs[1] = {0};
+
+		rc = stk_ll_getattrs(c, &cred, &x, 1, &a, rcs);
+		if (rc == 0)
+			rc = rcs[0];
+	} else if (strcmp(op, "readdir") == 0) {
+		struct stk_ll_dirent ents[4];
+		uint32_t n = 0;
+		int eof = 0;
+
+		rc = stk_ll_readdir(c, &cred, x, 0, 4, ents, &n, &eof);
+		rc = rc < 0 ? rc : 0;
+	} else if (strcmp(op, "read") == 0) {
+		stk_file *f;
+		char ch;
+
+		rc = stk_ll_open_attr(c, &cred, x, &a);
+		if (rc == 0)
+			rc = stk_ll_open_registered(c, &cred, &a, O_RDONLY, &f);
+		if (rc == 0) {
+			long n = stk_pread(f, &ch, 1, 0);
+
+			rc = n < 0 ? (int)n : 0;
+			stk_close(f);
+		}
+	} else if (strcmp(op, "chmod") == 0) {
+		memset(&b, 0, sizeof(b));
+		b.mode = 0777;
+		rc = stk_ll_setattr(c, &cred, x, STK_LL_SETATTR_MODE, &b, &a);
+	} else if (strcmp(op, "setxattr") == 0) {
+		rc = stk_ll_setxattr(c, &cred, x, "user.stk", "1", 1, 0);
+	} else if (argc == 5 && strcmp(op, "lookup") == 0) {
+		rc = stk_ll_lookup(c, &cred, x, argv[4], &a);
+		if (rc == 0)
+			printf("ino %llu\n", (unsigned long long)a.ino);
+	} else if (argc == 5 && strcmp(op, "create") == 0) {
+		rc = stk_ll_create(c, &cred, x, argv[4], 0644, 1, &a, &created);
+	} else if (argc == 5 && strcmp(op, "mkdir") == 0) {
+		rc = stk_ll_mkdir(c, &cred, x, argv[4], 0755, &a);
+	} else if (argc == 5 && strcmp(op, "unlink") == 0) {
+		rc = stk_ll_unlink(c, &cred, x, argv[4]);
+	} else if (argc == 6 && strcmp(op, "link") == 0) {
+		rc = stk_ll_link(c, &cred, x, y, argv[5], &a);
+	} else if (argc == 7 && strcmp(op, "rename") == 0) {
+		if (stk_parse_u64(argv[5], &y))
+			return 2;
+		rc = stk_ll_rename(c, &cred, x, argv[4], y, argv[6], 0);
+	} else {
+		fprintf(stderr, "ino: unknown operation or arguments: %s\n", op);
+		stk_disconnect(c);
+		return 2;
+	}
+	printf("%s\n", errname(rc));
+	stk_disconnect(c);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct {
 		const char *name;
 		int (*fn)(int, char **);
-	} cmds[] = {{"write", cmd_write},	{"verify", cmd_verify},	{"api", cmd_api},
-		    {"concurrent", cmd_concurrent}, {"ackloop", cmd_ackloop}, {"fill", cmd_fill},
-		    {"frames", cmd_frames}, {"truncates", cmd_truncates}, {"fence", cmd_fence},
-		    {"batch", cmd_batch}, {"watch", cmd_watch}, {"special", cmd_special}, {"repl", cmd_repl},
-		    {"cluster", cmd_cluster}, {"staleread", cmd_staleread},
+	} cmds[] = {{"write", cmd_write},
+		    {"verify", cmd_verify},
+		    {"api", cmd_api},
+		    {"concurrent", cmd_concurrent},
+		    {"ackloop", cmd_ackloop},
+		    {"fill", cmd_fill},
+		    {"frames", cmd_frames},
+		    {"truncates", cmd_truncates},
+		    {"fence", cmd_fence},
+		    {"batch", cmd_batch},
+		    {"watch", cmd_watch},
+		    {"special", cmd_special},
+		    {"repl", cmd_repl},
+		    {"cluster", cmd_cluster},
+		    {"staleread", cmd_staleread},
 		    {"overwrite", cmd_overwrite},
-		    {"verifymany", cmd_verifymany}};
+		    {"verifymany", cmd_verifymany},
+		    {"ino", cmd_ino},
+		    {"handshake", cmd_handshake},
+		    {"chunk", cmd_chunk}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");

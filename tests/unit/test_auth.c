@@ -145,10 +145,101 @@ static void test_process_keys(void)
 	CHECK_RC(stk_net_auth_set(key, 8), -EINVAL);
 }
 
+/*
+ * Client keys: HMAC-SHA256(cluster key, the canonical policy), against Python's
+ * hmac; any change of the policy changes the key; policies that are not well
+ * formed refused; a key file written and read back whole, refused when edited
+ * into nonsense or readable by others.
+ */
+static void test_client_keys(void)
+{
+	struct stk_auth_client c, back;
+	uint8_t key[32], ck[32], want[32], other[32], ck2[32];
+	char dir[256], path[512], err[512];
+	struct stat st;
+
+	for (int i = 0; i < 32; i++)
+		key[i] = (uint8_t)i;
+	memset(&c, 0, sizeof(c));
+	snprintf(c.name, sizeof(c.name), "alice");
+	c.gen = 7;
+	c.flags = STK_CLIENT_RO | STK_CLIENT_SQUASH_ROOT;
+	c.anon_uid = 65534;
+	c.anon_gid = 65533;
+	snprintf(c.subtree, sizeof(c.subtree), "/team A");
+	CHECK_RC(stk_auth_client_valid(&c, err, sizeof(err)), 0);
+	CHECK_RC(stk_auth_client_key(key, sizeof(key), &c, ck), 0);
+	unhex("d4448b12eced6de28e1bb5e4eaa69d9a5b256305ed0c821fb2e209a1dce17f1f", want);
+	CHECK(memcmp(ck, want, 32) == 0);
+	/* every field is in it */
+	back = c;
+	back.flags = STK_CLIENT_SQUASH_ROOT; /* read-write */
+	CHECK_RC(stk_auth_client_key(key, sizeof(key), &back, other), 0);
+	CHECK(memcmp(other, ck, 32) != 0);
+	back = c;
+	snprintf(back.subtree, sizeof(back.subtree), "/");
+	CHECK_RC(stk_auth_client_key(key, sizeof(key), &back, other), 0);
+	CHECK(memcmp(other, ck, 32) != 0);
+	back = c;
+	back.gen = 8;
+	CHECK_RC(stk_auth_client_key(key, sizeof(key), &back, other), 0);
+	CHECK(memcmp(other, ck, 32) != 0);
+
+	/* malformed policies */
+	static const char *const bad_subtrees[] = {"", "a", "/a/", "//a", "/a//b", "/./a",
+						   "/a/..", "/a\nb"};
+	for (size_t i = 0; i < sizeof(bad_subtrees) / sizeof(bad_subtrees[0]); i++) {
+		back = c;
+		snprintf(back.subtree, sizeof(back.subtree), "%s", bad_subtrees[i]);
+		CHECK_RC(stk_auth_client_valid(&back, err, sizeof(err)), -EINVAL);
+	}
+	back = c;
+	snprintf(back.name, sizeof(back.name), "a/b");
+	CHECK_RC(stk_auth_client_valid(&back, err, sizeof(err)), -EINVAL);
+	back.name[0] = 0;
+	CHECK_RC(stk_auth_client_valid(&back, err, sizeof(err)), -EINVAL);
+	back = c;
+	back.flags = STK_CLIENT_SQUASH_ROOT | STK_CLIENT_SQUASH_ALL;
+	CHECK_RC(stk_auth_client_valid(&back, err, sizeof(err)), -EINVAL);
+	back.flags = 64;
+	CHECK_RC(stk_auth_client_valid(&back, err, sizeof(err)), -EINVAL);
+
+	/* the key file */
+	if (check_tmpdir(dir, sizeof(dir), "authc")) {
+		CHECK(0);
+		return;
+	}
+	snprintf(path, sizeof(path), "%s/alice.key", dir);
+	unlink(path);
+	CHECK_RC(stk_auth_client_save(path, &c, ck), 0);
+	CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
+	CHECK_RC(stk_auth_client_save(path, &c, ck), -EEXIST);
+	CHECK(stk_auth_client_file(path) == 1);
+	CHECK_RC(stk_auth_client_load(path, &back, ck2, err, sizeof(err)), 0);
+	CHECK(memcmp(&back, &c, sizeof(c)) == 0 && memcmp(ck2, ck, 32) == 0);
+	CHECK(chmod(path, 0644) == 0);
+	CHECK_RC(stk_auth_client_load(path, &back, ck2, err, sizeof(err)), -EPERM);
+	CHECK(write_text(path, "stoker-client-key 1\nname alice\n", 0600) == 0);
+	CHECK_RC(stk_auth_client_load(path, &back, ck2, err, sizeof(err)), -EINVAL);
+	CHECK(strstr(err, "missing") != NULL);
+	CHECK(write_text(path,
+			 "stoker-client-key 1\nname alice\ngen 1\nflags 0\nanon 1 1\nsubtree "
+			 "/a/../b\nkey 00\n",
+			 0600) == 0);
+	CHECK_RC(stk_auth_client_load(path, &back, ck2, err, sizeof(err)), -EINVAL);
+	/* a cluster key file is not a client key file */
+	CHECK(write_text(path, "00112233445566778899001122334455667788990011223344556677889900\n",
+			 0600) == 0);
+	CHECK(stk_auth_client_file(path) == 0);
+	unlink(path);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	CHECK_RUN(test_mac);
 	CHECK_RUN(test_key_files);
 	CHECK_RUN(test_process_keys);
+	CHECK_RUN(test_client_keys);
 	return check_done();
 }

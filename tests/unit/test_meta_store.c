@@ -685,6 +685,72 @@ static void to_format1(uint64_t ino)
 		mdb_env_close(env);
 }
 
+/*
+ * As a store from before files recorded their folder: ino's parent zeroed and the
+ * mark that the store filled them in removed.
+ */
+static void forget_file_parent(uint64_t ino)
+{
+	MDB_env *env = NULL;
+	MDB_txn *txn = NULL;
+	MDB_dbi dbi, sys;
+	uint8_t k[8], rec[512];
+	MDB_val key = {sizeof(k), k}, val, mark = {12, (void *)"file_parents"};
+	int rc;
+
+	for (int i = 0; i < 8; i++)
+		k[i] = (uint8_t)(ino >> (56 - 8 * i));
+	rc = mdb_env_create(&env);
+	if (rc == 0) {
+		mdb_env_set_maxdbs(env, 8);
+		mdb_env_set_mapsize(env, 1ull << 30);
+		rc = mdb_env_open(env, tmpdir, 0, 0600);
+	}
+	if (rc == 0)
+		rc = mdb_txn_begin(env, NULL, 0, &txn);
+	if (rc == 0)
+		rc = mdb_dbi_open(txn, "inodes", 0, &dbi);
+	if (rc == 0)
+		rc = mdb_dbi_open(txn, "sys", 0, &sys);
+	if (rc == 0)
+		rc = mdb_get(txn, dbi, &key, &val);
+	/* format 3: u8 3, attr (100 bytes, then u64 rdev), u64 parent, ... */
+	CHECK(rc == 0 && val.mv_size <= sizeof(rec) && ((uint8_t *)val.mv_data)[0] == 3);
+	if (rc == 0 && val.mv_size <= sizeof(rec)) {
+		memcpy(rec, val.mv_data, val.mv_size);
+		memset(rec + 109, 0, 8);
+		val.mv_data = rec;
+		rc = mdb_put(txn, dbi, &key, &val, 0);
+	}
+	if (rc == 0)
+		rc = mdb_del(txn, sys, &mark, NULL);
+	if (txn)
+		rc = rc ? (mdb_txn_abort(txn), rc) : mdb_txn_commit(txn);
+	CHECK(rc == 0);
+	if (env)
+		mdb_env_close(env);
+}
+
+/* A store whose files do not record their folder gets them on opening, once. */
+static void test_file_parents_filled(void)
+{
+	uint64_t top = mkdir_as(&ROOT, STK_ROOT_INO, "fp", 0755),
+		 d = mkdir_as(&ROOT, top, "d", 0755);
+	uint64_t f = create_as(&ROOT, d, "f");
+
+	CHECK(stk_meta_store_within(st, f, top) == 1);
+	CHECK_RC(stk_meta_store_sync(st), 0);
+	stk_meta_store_close(st);
+	st = NULL;
+	forget_file_parent(f);
+	if (open_store()) {
+		CHECK(!"reopen after forgetting a file's folder");
+		return;
+	}
+	CHECK(stk_meta_store_within(st, f, top) == 1);
+	CHECK(stk_meta_store_within(st, f, d) == 1);
+}
+
 /* A store written before inode format 2 keeps working: attributes, parents, blocks. */
 static void test_format1_records(void)
 {
@@ -720,6 +786,54 @@ static void test_format1_records(void)
 	sa.size = 4 * MIB;
 	CHECK_RC(setattr_as(&ROOT, f, STK_SETATTR_SIZE, sa), 0);
 	CHECK(attr_of(f).blocks == MIB / 512);
+}
+
+/*
+ * Client confinement: what lies under a folder. Folders by their chain of parents;
+ * files, symlinks and special files by the folder they were made in or last renamed
+ * into (a hard link does not move it); the subtree's folder is under itself;
+ * resolve finds folders by path and refuses anything else.
+ */
+static void test_within(void)
+{
+	uint64_t top = mkdir_as(&ROOT, STK_ROOT_INO, "wt", 0755);
+	uint64_t in = mkdir_as(&ROOT, top, "in", 0755),
+		 out = mkdir_as(&ROOT, STK_ROOT_INO, "wo", 0755);
+	uint64_t deep = mkdir_as(&ROOT, in, "deep", 0755);
+	uint64_t f = create_as(&ROOT, deep, "f"), g = create_as(&ROOT, out, "g"), ino = 0;
+	struct stk_attr at;
+
+	CHECK(stk_meta_store_within(st, top, top) == 1);
+	CHECK(stk_meta_store_within(st, deep, top) == 1);
+	CHECK(stk_meta_store_within(st, f, top) == 1);
+	CHECK(stk_meta_store_within(st, out, top) == 0);
+	CHECK(stk_meta_store_within(st, g, top) == 0);
+	CHECK(stk_meta_store_within(st, STK_ROOT_INO, top) == 0);
+	CHECK(stk_meta_store_within(st, 987654321, top) == 0);
+	CHECK(stk_meta_store_within(st, g, STK_ROOT_INO) == 1);
+	/* a symlink and a special file, by their folder */
+	CHECK_RC(stk_meta_store_symlink(st, &ROOT, in, "sl", "/wo/g", &at), 0);
+	CHECK(stk_meta_store_within(st, at.ino, top) == 1);
+	CHECK_RC(stk_meta_store_mknod(st, &ROOT, out, "fifo", S_IFIFO | 0644, 0, &at), 0);
+	CHECK(stk_meta_store_within(st, at.ino, top) == 0);
+	/* renamed out and back in: follows its folder */
+	CHECK_RC(rename_as(&ROOT, deep, "f", out, "f", 0), 0);
+	CHECK(stk_meta_store_within(st, f, top) == 0);
+	CHECK_RC(rename_as(&ROOT, out, "g", in, "g", 0), 0);
+	CHECK(stk_meta_store_within(st, g, top) == 1);
+	/* a hard link elsewhere does not move it */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, g, out, "g2", &at), 0);
+	CHECK(stk_meta_store_within(st, g, top) == 1);
+	/* a folder moved out takes what is in it along */
+	CHECK_RC(rename_as(&ROOT, in, "deep", out, "deep", 0), 0);
+	CHECK(stk_meta_store_within(st, deep, top) == 0);
+	CHECK_RC(stk_meta_store_resolve(st, "/wt/in", &ino), 0);
+	CHECK(ino == in);
+	CHECK_RC(stk_meta_store_resolve(st, "/", &ino), 0);
+	CHECK(ino == STK_ROOT_INO);
+	CHECK_RC(stk_meta_store_resolve(st, "/wt/nothing", &ino), -ENOENT);
+	CHECK_RC(stk_meta_store_resolve(st, "/wt/in/g", &ino), -ENOTDIR);
+	CHECK_RC(stk_meta_store_resolve(st, "wt", &ino), -EINVAL);
 }
 
 static void test_rename(void)
@@ -1581,7 +1695,182 @@ static void test_quota_inodes(void)
 	hook_open_ino = 0;
 }
 
+/* Whether ino has a purge record, and its record in *p. */
+static int purge_of(uint64_t ino, struct stk_meta_purge *p)
+{
+	size_t n = 0;
+
+	CHECK_RC(stk_meta_store_purges(st, ino, p, 1, &n), 0);
+	return n == 1 && p->ino == ino;
+}
+
+/* Every way a regular file's inode goes records its chunks for the purge, and only then. */
+static void test_purge(void)
+{
+	struct stk_meta_purge p;
+	struct stk_attr a, fa;
+	uint64_t d, f, g, h, k, before, after, done[2];
+	int replaced = 0;
+
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "pg", 0777);
+	f = create_as(&ROOT, d, "f");
+	g = create_as(&ROOT, d, "g");
+	h = create_as(&ROOT, d, "h");
+	k = create_as(&ROOT, d, "k");
+	grow(f, 5000);
+	fa = attr_of(f);
+	CHECK_RC(stk_meta_store_purge_count(st, &before), 0);
+	/* A name that is not the last one: nothing to purge. */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, d, "f2", &a), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f2", &a), 0);
+	CHECK_EQ(purge_of(f, &p), 0);
+	/* The last unlink: the layout and size, in the same transaction. */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "f", &a), 0);
+	CHECK_EQ(a.nlink, 0);
+	CHECK_EQ(purge_of(f, &p), 1);
+	CHECK_EQ(p.size, 5000);
+	CHECK_EQ(p.layout.chunk_size, fa.layout.chunk_size);
+	CHECK_EQ(p.layout.stripe, fa.layout.stripe);
+	CHECK_EQ(p.layout.seed, fa.layout.seed);
+	CHECK_EQ(p.layout.start, fa.layout.start);
+	/* Renamed over: the replaced file goes. */
+	CHECK_RC(stk_meta_store_rename(st, &ROOT, d, "h", d, "g", 0, &replaced, &a), 0);
+	CHECK_EQ(replaced, 1);
+	CHECK_EQ(purge_of(g, &p), 1);
+	CHECK_EQ(purge_of(h, &p), 0);
+	/* An orphan: only when it is dropped. */
+	stk_meta_store_set_open_hook(st, hook_open, NULL);
+	hook_open_ino = k;
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "k", &a), 0);
+	CHECK_EQ(purge_of(k, &p), 0);
+	CHECK_RC(stk_meta_store_orphan_drop(st, k), 0);
+	CHECK_EQ(purge_of(k, &p), 1);
+	stk_meta_store_set_open_hook(st, NULL, NULL);
+	hook_open_ino = 0;
+	CHECK_RC(stk_meta_store_purge_count(st, &after), 0);
+	CHECK_EQ(after, before + 3);
+	/* Done: the records go; one without a record is skipped. */
+	done[0] = f;
+	done[1] = h;
+	CHECK_RC(stk_meta_store_purge_done(st, done, 2), 0);
+	CHECK_EQ(purge_of(f, &p), 0);
+	CHECK_EQ(purge_of(g, &p), 1);
+	CHECK_RC(stk_meta_store_purge_count(st, &after), 0);
+	CHECK_EQ(after, before + 2);
+	/* Directories, symlinks and special files have no chunks. */
+	CHECK_RC(symlink_in(d, "l"), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, d, "l", &a), 0);
+	CHECK_EQ(purge_of(a.ino, &p), 0);
+}
+
 /* Bytes: reservations, the sizes that replace them, truncates. */
+/*
+ * A full map: a freeing that finds no room for its purge record still runs (in
+ * the reserve), its purge kept in memory until the purger takes it.
+ */
+static void test_full_map(void)
+{
+	static char dir[64];
+	static uint8_t pad[16000];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .dir = dir, .map_size = 4ull << 20};
+	struct stk_meta_store *full = NULL;
+	struct stk_meta_purge p[8];
+	uint8_t failed[8] = {1};
+	uint64_t inos[1000], count = 0, left = 0;
+	unsigned n;
+	size_t got;
+	char name[32];
+	int rc = 0;
+
+	if (check_tmpdir(dir, sizeof(dir), "meta-full"))
+		return;
+	CHECK_RC(stk_meta_store_open(&o, &full), 0);
+	if (!full)
+		goto out;
+	for (n = 0; n < 1000; n++) {
+		struct stk_attr a;
+		int created = 0;
+
+		snprintf(name, sizeof(name), "f%u", n);
+		rc = stk_meta_store_create(full, &ROOT, STK_ROOT_INO, name, 0644, STK_CREATE_EXCL,
+					   &ZERO_LAYOUT, &PL4, &a, &created);
+		if (rc == 0)
+			rc = stk_meta_store_setxattr(full, &ROOT, a.ino, "user.pad", pad,
+						     sizeof(pad), 0);
+		if (rc)
+			break;
+		inos[n] = a.ino;
+	}
+	CHECK_RC(rc, -ENOSPC);
+	CHECK(n > 10);
+	/* The last pages too, with smaller values, so that no freeing finds room. */
+	for (size_t size = 4000; size >= 100; size /= 4)
+		for (unsigned i = 0; i < n; i++)
+			if (stk_meta_store_setxattr(full, &ROOT, inos[i], "user.top", pad, size, 0))
+				break;
+	for (unsigned i = 0; i < n; i++) {
+		struct stk_attr a;
+
+		snprintf(name, sizeof(name), "f%u", i);
+		CHECK_RC(stk_meta_store_unlink(full, &ROOT, STK_ROOT_INO, name, &a), 0);
+	}
+	/* Each freed file's purge waits: in the table, or in memory for the first ones. */
+	CHECK_RC(stk_meta_store_purge_count(full, &count), 0);
+	CHECK_EQ(count, n);
+	got = stk_meta_store_purges_unrecorded(full, p, 8);
+	CHECK(got >= 1);
+	CHECK_EQ(p[0].ino, inos[0]);
+	CHECK_EQ(p[0].layout.stripe, 4);
+	/* The purger settles them: the failed first stays, the others go. */
+	stk_meta_store_unrecorded_done(full, got, failed);
+	CHECK_RC(stk_meta_store_purge_count(full, &left), 0);
+	CHECK_EQ(left, count - (got - 1));
+	CHECK_EQ(stk_meta_store_purges_unrecorded(full, p, 8) >= 1, 1);
+	CHECK_EQ(p[0].ino, inos[0]);
+	/* And the map takes new files again. */
+	CHECK_EQ(stk_meta_store_create(full, &ROOT, STK_ROOT_INO, "after", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &(struct stk_attr){0}, &(int){0}),
+		 0);
+	stk_meta_store_close(full);
+	full = NULL;
+out:
+	check_rm_rf(dir);
+}
+
+/*
+ * Opened again and again, a store's file keeps its size (after the first open,
+ * which may round it to LMDB's pages): the freeings' reserve past the map is not
+ * taken into the map at each open, with a new one allocated past it.
+ */
+static void test_reopen_keeps_size(void)
+{
+	static char dir[64];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .dir = dir, .map_size = 1ull << 30};
+	struct stk_meta_store *s = NULL;
+	off_t size_before = 0;
+	char path[128];
+
+	if (check_tmpdir(dir, sizeof(dir), "meta-reopen"))
+		return;
+	snprintf(path, sizeof(path), "%s/data.mdb", dir);
+	for (int i = 0; i < 4; i++) {
+		struct stat sb0, sb1;
+
+		CHECK_RC(stk_meta_store_open(&o, &s), 0);
+		if (!s)
+			break;
+		CHECK_EQ(stat(path, &sb0), 0);
+		stk_meta_store_close(s);
+		s = NULL;
+		CHECK_EQ(stat(path, &sb1), 0);
+		CHECK_EQ(sb1.st_size, sb0.st_size);
+		if (i > 1)
+			CHECK_EQ(sb0.st_size, size_before);
+		size_before = sb0.st_size;
+	}
+	check_rm_rf(dir);
+}
+
 static void test_quota_bytes(void)
 {
 	struct stk_meta_quota q;
@@ -1772,6 +2061,30 @@ static void test_quota_threads(void)
 	CHECK_EQ(q.used_bytes, bytes);
 }
 
+/* Every test before left a consistent namespace: fsck finds nothing, and sees it all. */
+static void test_fsck_clean(void)
+{
+	struct stk_meta_fsck_stats fs, fs2;
+	struct stk_meta_file fl[4];
+	uint64_t files;
+	size_t n = 0;
+
+	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
+	CHECK_EQ(fs.problems, 0);
+	CHECK_RC(stk_meta_store_statfs(st, &files), 0);
+	CHECK_EQ(fs.inodes, files);
+	CHECK(fs.dirs > 1 && fs.files > 1 && fs.entries >= fs.inodes - 1);
+	CHECK(fs.next_ino > fs.inodes);
+	/* A repair of a clean namespace changes nothing. */
+	CHECK_RC(stk_meta_store_fsck(st, 1, NULL, NULL, &fs2), 0);
+	CHECK_EQ(fs2.problems, 0);
+	CHECK_EQ(fs2.inodes, fs.inodes);
+	CHECK_RC(stk_meta_store_files(st, 0, fl, 4, &n), 0);
+	CHECK_EQ(n, 4);
+	for (size_t i = 0; i < n; i++)
+		CHECK(S_ISREG(fl[i].attr.mode) && (i == 0 || fl[i].attr.ino > fl[i - 1].attr.ino));
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -1803,13 +2116,19 @@ int main(void)
 	CHECK_RUN(test_record_reads);
 	CHECK_RUN(test_getattrs);
 	CHECK_RUN(test_rename);
+	CHECK_RUN(test_within);
+	CHECK_RUN(test_file_parents_filled);
 	CHECK_RUN(test_permissions);
 	CHECK_RUN(test_readdir_small);
 	CHECK_RUN(test_xattrs);
+	CHECK_RUN(test_purge);
+	CHECK_RUN(test_full_map);
+	CHECK_RUN(test_reopen_keeps_size);
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
+	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
 	test_readdir_big(&listing, &big);

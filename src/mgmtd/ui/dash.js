@@ -11,6 +11,8 @@ const SVGNS = "http://www.w3.org/2000/svg";
 /* The charts' colours (dash.css has the same for the page). */
 let intervalS = 10;
 let lastOverview = 0;
+/* where the charts come from: mgmtd's own samples, or Prometheus (--prometheus) */
+let historySource = "";
 
 /* ---- formatting ---- */
 
@@ -179,6 +181,14 @@ function chart(svg, t, series, fmt) {
 
 function drawHistory(h) {
 	const t = h.t_ms;
+	if (h.source === "prometheus")
+		historySource = "Charts from Prometheus at " + h.prometheus + ".";
+	else if (h.prometheus)
+		historySource = "Charts from mgmtd's own samples: Prometheus at " + h.prometheus +
+			" does not answer (" + (h.prometheus_error || "no answer yet") + ").";
+	else
+		historySource = "";
+	setText("chart-source", historySource);
 	chart($("ch-tput"), t, [
 		{name: "read", color: "#2f6fdf", values: h.read_bps},
 		{name: "write", color: "#d9480f", values: h.write_bps},
@@ -317,6 +327,8 @@ function drawOverview(o) {
 			.join(", "));
 	});
 
+	drawJobs(o.jobs || []);
+
 	rows("clients", o.clients, (tr, cl) => {
 		cell(tr, cl.client);
 		cell(tr, fmtRate(cl.read_bps), "num");
@@ -327,6 +339,47 @@ function drawOverview(o) {
 	setText("footer", "Read-only view. mgmtd samples the nodes' /metrics every " + intervalS +
 		" s and keeps the last " + fmtAgo(intervalS * 360000) + " (docs/dashboard.md). Stoker " +
 		o.version + ".");
+}
+
+/*
+ * Training jobs (stoker.jobs.JobMonitor): what share of its time each waited for
+ * data over its last report's window, and whether that makes it data-bound (10% or
+ * more: its accelerators under 90% busy, the MLPerf Storage rule).
+ */
+function jobVerdict(j) {
+	if (!(j.window_s > 0)) return ["starting", "info"];
+	if (j.data_bound) return ["data-bound", "warning"];
+	if (!(j.samples_per_s > 0)) return ["no batches", "info"];
+	return ["compute-bound", "ok"];
+}
+
+function drawJobs(jobs) {
+	const bound = jobs.filter((j) => j.data_bound).length;
+	setText("c-jobs", jobs.length ? String(jobs.length) : "none");
+	setText("c-jobs-sub", jobs.length ? (bound ? bound + " data-bound" : "none data-bound") :
+		"no job reports here");
+	$("c-jobs").className = "big" + (bound ? " warn-text" : "");
+	rows("jobs", jobs, (tr, j) => {
+		const [verdict, cls] = jobVerdict(j);
+		if (j.data_bound) tr.className = "slow";
+		cell(tr, j.name, "path");
+		cell(tr, j.rank >= 0 ? String(j.rank) : "-", "num");
+		cell(tr, j.host + " / " + j.pid);
+		const td = cell(tr, j.window_s > 0 ? pct(j.data_wait_ratio) : "-", "num");
+		td.title = "waited " + fmtDur(j.data_wait_s) + " in all, " + fmtDur(j.data_wait_ratio * j.window_s) +
+			" of the last " + fmtDur(j.window_s);
+		badgeCell(tr, verdict, cls);
+		cell(tr, j.window_s > 0 ? fmtNum(j.samples_per_s) : "-", "num");
+		cell(tr, j.window_s > 0 ? fmtRate(j.bytes_per_s) : "-", "num");
+		cell(tr, fmtNum(j.steps), "num");
+		if (j.checkpoint_save_age_s === null)
+			cell(tr, "none yet");
+		else
+			cell(tr, fmtAgo(j.checkpoint_save_age_s * 1000) + " ago, " + fmtDur(j.checkpoint_save_s) +
+				(j.checkpoint_save_bytes !== null ? ", " + fmtBytes(j.checkpoint_save_bytes) : ""));
+		cell(tr, fmtAgo(j.age_s * 1000) + " ago");
+	});
+	$("jobs-none").hidden = jobs.length > 0;
 }
 
 /* ---- the loop ---- */

@@ -1,5 +1,5 @@
 /*
- * mgmtd's /metrics reader (see scrape.h).
+ * The /metrics reader (see scrape.h).
  *
  * HTTP/1.0 with one request per connection, read to EOF: the daemons' endpoint
  * (libmicrohttpd) closes after answering a 1.0 request, so there is no chunked
@@ -16,10 +16,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "util.h"
 
 /* Connects to addr within timeout_ms; the socket, blocking with that timeout, or -errno. */
 static int dial(const char *addr, unsigned timeout_ms)
@@ -77,13 +78,58 @@ out:
 	return rc;
 }
 
+/*
+ * The Date header of the reply head [buf, end) in seconds since the epoch, 0 when
+ * it has none or it does not parse (RFC 9110's IMF-fixdate, the form every server
+ * sends: "Sun, 06 Nov 1994 08:49:37 GMT").
+ */
+static time_t header_date(const char *buf, const char *end)
+{
+	const char *p = buf;
+	struct tm tm;
+
+	while (p < end) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *next = nl ? nl + 1 : end;
+
+		if (next - p > 6 && strncasecmp(p, "Date:", 5) == 0) {
+			char v[64];
+			size_t n = (size_t)(next - p) - 5;
+			const char *s = p + 5;
+
+			while (n && (*s == ' ' || *s == '\t')) {
+				s++;
+				n--;
+			}
+			if (n >= sizeof(v))
+				return 0;
+			memcpy(v, s, n);
+			v[n] = 0;
+			memset(&tm, 0, sizeof(tm));
+			if (!strptime(v, "%a, %d %b %Y %H:%M:%S GMT", &tm))
+				return 0;
+			return timegm(&tm);
+		}
+		p = next;
+	}
+	return 0;
+}
+
 int stk_scrape_get(const char *addr, const char *path, unsigned timeout_ms, size_t max, char **body)
+{
+	return stk_scrape_get_dated(addr, path, timeout_ms, max, body, NULL);
+}
+
+int stk_scrape_get_dated(const char *addr, const char *path, unsigned timeout_ms, size_t max,
+			 char **body, time_t *date)
 {
 	char req[512], *buf = NULL, *b;
 	size_t len = 0, cap = 0;
 	int fd, n, rc;
 
 	*body = NULL;
+	if (date)
+		*date = 0;
 	fd = dial(addr, timeout_ms);
 	if (fd < 0)
 		return fd;
@@ -131,6 +177,8 @@ int stk_scrape_get(const char *addr, const char *path, unsigned timeout_ms, size
 	b = strstr(buf, "\r\n\r\n");
 	if (!b)
 		goto out;
+	if (date)
+		*date = header_date(buf, b);
 	b += 4;
 	rc = -EFBIG;
 	if ((size_t)(buf + len - b) > max)

@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "mgmtd/scrape.h"
+#include "common/scrape.h"
 
 struct seen {
 	char names[8][64];
@@ -106,7 +106,7 @@ static void *serve_one(void *arg)
 }
 
 /* Serves answer once on a loopback port; the port in addr. */
-static int get_once(const char *answer, size_t len, size_t max, char **body)
+static int get_once(const char *answer, size_t len, size_t max, char **body, time_t *date)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t sl = sizeof(sa);
@@ -121,7 +121,7 @@ static int get_once(const char *answer, size_t len, size_t max, char **body)
 		return -errno;
 	snprintf(addr, sizeof(addr), "127.0.0.1:%u", ntohs(sa.sin_port));
 	pthread_create(&t, NULL, serve_one, &sv);
-	rc = stk_scrape_get(addr, "/metrics", 2000, max, body);
+	rc = stk_scrape_get_dated(addr, "/metrics", 2000, max, body, date);
 	pthread_join(t, NULL);
 	close(sv.fd);
 	return rc;
@@ -130,15 +130,23 @@ static int get_once(const char *answer, size_t len, size_t max, char **body)
 static void test_get(void)
 {
 	static const char ok[] = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nx 1\n";
+	static const char dated[] = "HTTP/1.1 200 OK\r\ndate: Sun, 06 Nov 1994 08:49:37 GMT\r\n"
+				    "Content-Type: text/plain\r\n\r\ny 2\n";
 	static const char nf[] = "HTTP/1.1 404 Not Found\r\n\r\nnot found\n";
 	char *body = NULL, *big;
 	size_t blen = 200000;
+	time_t date = -1;
 	int rc;
 
-	CHECK_EQ(get_once(ok, sizeof(ok) - 1, 1 << 20, &body), 0);
+	CHECK_EQ(get_once(ok, sizeof(ok) - 1, 1 << 20, &body, &date), 0);
 	CHECK(body && strcmp(body, "x 1\n") == 0);
+	CHECK_EQ(date, 0); /* no Date header */
 	free(body);
-	CHECK_RC(get_once(nf, sizeof(nf) - 1, 1 << 20, &body), -EBADMSG);
+	CHECK_EQ(get_once(dated, sizeof(dated) - 1, 1 << 20, &body, &date), 0);
+	CHECK(body && strcmp(body, "y 2\n") == 0);
+	CHECK_EQ(date, 784111777); /* RFC 9110's example date */
+	free(body);
+	CHECK_RC(get_once(nf, sizeof(nf) - 1, 1 << 20, &body, NULL), -EBADMSG);
 	CHECK(body == NULL);
 	big = malloc(blen);
 	CHECK(big != NULL);
@@ -146,7 +154,7 @@ static void test_get(void)
 		return;
 	memcpy(big, ok, sizeof(ok) - 1);
 	memset(big + sizeof(ok) - 1, 'a', blen - (sizeof(ok) - 1));
-	CHECK_RC(get_once(big, blen, 1000, &body), -EFBIG);
+	CHECK_RC(get_once(big, blen, 1000, &body, NULL), -EFBIG);
 	free(big);
 	/* nobody listens: refused at once, no wait */
 	{

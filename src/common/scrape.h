@@ -1,17 +1,18 @@
 /*
- * Reading another daemon's /metrics from mgmtd: a small HTTP/1.0 GET over a
- * blocking socket with a deadline, and a walker over the Prometheus text format
- * that hands each sample line to a callback without copying the text.
+ * Reading a daemon's /metrics (or /healthz): a small HTTP/1.0 GET over a blocking
+ * socket with a deadline, and a walker over the Prometheus text format that hands
+ * each sample line to a callback without copying the text.
  *
- * Only mgmtd's dashboard sampler (dash.c) uses it, from its own thread: a scrape
- * blocks for up to its timeout, so it must never run on a request thread or on
- * the metrics endpoint's thread. `stoker top` has its own reader in the CLI
- * (src/cli/top.c), which keeps whole scrapes for its table.
+ * mgmtd's dashboard sampler (src/mgmtd/dash.c) and the CLI's `stoker top` and
+ * `stoker doctor` (src/cli/prom.c, which keeps whole scrapes for sums, rates and
+ * quantiles) use it. A GET blocks for up to its timeout: in a daemon, never on a
+ * request thread or on the metrics endpoint's thread.
  */
-#ifndef STK_MGMTD_SCRAPE_H
-#define STK_MGMTD_SCRAPE_H
+#ifndef STK_COMMON_SCRAPE_H
+#define STK_COMMON_SCRAPE_H
 
 #include <stddef.h>
+#include <time.h>
 
 /*
  * GET http://addr/path ("HOST:PORT", "[v6]:PORT"), waiting at most timeout_ms for
@@ -22,6 +23,12 @@
  */
 int stk_scrape_get(const char *addr, const char *path, unsigned timeout_ms, size_t max,
 		   char **body);
+/*
+ * stk_scrape_get, and, when date is not NULL, *date the reply's Date header in
+ * seconds since the epoch (0 when it has none or it does not parse).
+ */
+int stk_scrape_get_dated(const char *addr, const char *path, unsigned timeout_ms, size_t max,
+			 char **body, time_t *date);
 
 /*
  * Calls fn(ctx, name, labels, value) for each sample line of the exposition text

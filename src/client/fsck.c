@@ -1,0 +1,799 @@
+/*
+ * stk_fsck (stoker.h): the namespace and the data checked against each other,
+ * on a live cluster (docs/fsck.md). `stoker fsck` parses its options and prints
+ * the report; the check is here, since it speaks the protocol of meta and of the
+ * storage nodes and needs the routing table and the placement of chunks.
+ *
+ * The namespace half is meta's (META_FSCK's check: one LMDB transaction, so
+ * nothing in flight shows as a problem, and with repair one write transaction
+ * that repairs what is safe). The data half is done here, in two passes: each
+ * pass lists meta's regular files and the files waiting for its purge, then
+ * every chunk of every target that serves (STOR_FSCK_LIST), and finds
+ *   garbage   chunks of an inode meta does not know and is not purging, all of
+ *             them older than the grace period (a file being created now, by a
+ *             client that answers creates itself, has young chunks);
+ *   missing   a chunk meta counts as written, below the file's size, that no
+ *             working member of its chain holds: data lost;
+ *   replicas  working members of a chain that disagree on a chunk (one lacks it,
+ *             or versions or digests differ).
+ * Writes, truncates and unlinks in flight make a pass see things that are not
+ * problems; they do not stay the same for a second pass, so only what both
+ * passes found alike is reported. Repair then removes the garbage (a
+ * STOR_TRUNCATE to 0 through the head of each chain that holds it, fenced by the
+ * namespace's identity). Missing data is reported, never invented; disagreeing
+ * copies are reported for the storage nodes' repair (their resync and scrubber).
+ *
+ * Memory: one pass holds every regular file's record and every chunk copy's
+ * (about 48 bytes each) at once.
+ */
+#include "client.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/layout.h"
+#include "../common/log.h"
+#include "../common/util.h"
+
+#define GRACE_DEFAULT_S 600
+#define PASS_PAUSE_US 1000000
+#define STOR_CONNECT_MS 5000
+
+/* ---- what one pass sees ---- */
+
+struct file {
+	struct stk_attr a;
+	uint8_t exact;
+	uint32_t nalloc;
+	uint32_t (*alloc)[2];
+};
+
+struct copy {
+	uint64_t ino;
+	uint32_t idx;
+	uint32_t target;
+	uint64_t version;
+	uint32_t len, digest;
+	int64_t age;
+};
+
+struct pass {
+	struct file *files;
+	size_t nfiles, capfiles;
+	uint64_t *purging;
+	size_t npurging, cappurging;
+	struct copy *copies;
+	size_t ncopies, capcopies;
+	uint32_t targets_listed, targets_skipped;
+	struct stk_routing rt; /* a copy, taken once per pass */
+};
+
+enum { P_GARBAGE = 1, P_MISSING, P_REPLICAS };
+
+/* A data problem and what must be alike in both passes for it to count. */
+struct dprob {
+	int kind;
+	uint64_t ino;
+	uint32_t idx;	 /* missing, replicas */
+	uint32_t chain;	 /* missing, replicas */
+	uint64_t chunks; /* garbage: how many; replicas: copies seen */
+	uint64_t bytes;	 /* garbage */
+	uint64_t sig;	 /* what both passes must agree on */
+	int repaired;
+	int confirmed;
+};
+
+struct fsck {
+	stk_client *c;
+	const struct stk_fsck_opts *o;
+	int repair;
+	int64_t grace;
+	struct stk_msg_meta_fsck_resp ns; /* the namespace check's counts */
+	struct stk_msg_fsck_problem *nsp; /* its problems */
+	uint32_t nnsp;
+	struct dprob *dp;
+	size_t ndp, capdp;
+	uint64_t young; /* garbage candidates within the grace period */
+	uint8_t *resp;	/* STK_MAX_PAYLOAD */
+};
+
+static void progress(struct fsck *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void progress(struct fsck *f, const char *fmt, ...)
+{
+	char line[256];
+	va_list ap;
+
+	if (!f->o->progress)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	f->o->progress(f->o->progress_ctx, line);
+}
+
+static int grow(void **v, size_t *cap, size_t n, size_t size)
+{
+	void *p;
+	size_t c;
+
+	if (n < *cap)
+		return 0;
+	c = *cap ? 2 * *cap : 256;
+	p = realloc(*v, c * size);
+	if (!p)
+		return -ENOMEM;
+	*v = p;
+	*cap = c;
+	return 0;
+}
+
+static void pass_free(struct pass *p)
+{
+	for (size_t i = 0; i < p->nfiles; i++)
+		free(p->files[i].alloc);
+	free(p->files);
+	free(p->purging);
+	free(p->copies);
+	stk_routing_free(&p->rt);
+	memset(p, 0, sizeof(*p));
+}
+
+/* One META_FSCK; the reply's head in *r and the reader positioned after it. */
+static int meta_fsck(struct fsck *f, uint32_t op, uint32_t flags, uint64_t from, uint32_t max,
+		     struct stk_msg_meta_fsck_resp *r, struct stk_rbuf *rb)
+{
+	struct stk_msg_meta_fsck_req q = {
+	    .cred = f->c->cred, .op = op, .flags = flags, .from = from, .max = max};
+	uint8_t req[256];
+	struct stk_wbuf w;
+	size_t len = 0;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	if (stk_msg_meta_fsck_req_enc(&w, &q))
+		return -EINVAL;
+	rc = stk_client_meta_call(f->c, STK_OP_META_FSCK, req, w.len, f->resp, STK_MAX_PAYLOAD,
+				  &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(rb, f->resp, len);
+	return stk_msg_meta_fsck_resp_dec(rb, r) ? -EIO : 0;
+}
+
+static int load_files(struct fsck *f, struct pass *p)
+{
+	struct stk_msg_meta_fsck_resp r = {.next = 0};
+	struct stk_rbuf rb;
+	int rc;
+
+	do {
+		rc = meta_fsck(f, STK_FSCK_FILES, 0, r.next, STK_FSCK_FILES_MAX, &r, &rb);
+		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
+			struct stk_msg_fsck_file m;
+			struct file *fl;
+
+			rc = grow((void **)&p->files, &p->capfiles, p->nfiles, sizeof(*p->files));
+			if (rc)
+				break;
+			if (stk_msg_fsck_file_dec(&rb, &m) || m.nalloc > 64) {
+				rc = -EIO;
+				break;
+			}
+			fl = &p->files[p->nfiles++];
+			fl->a = m.attr;
+			fl->exact = m.exact;
+			fl->nalloc = m.nalloc;
+			fl->alloc = calloc(m.nalloc ? m.nalloc : 1, sizeof(*fl->alloc));
+			if (!fl->alloc) {
+				rc = -ENOMEM;
+				break;
+			}
+			for (uint32_t k = 0; k < m.nalloc; k++) {
+				struct stk_msg_fsck_range g;
+
+				if (stk_msg_fsck_range_dec(&rb, &g)) {
+					rc = -EIO;
+					break;
+				}
+				fl->alloc[k][0] = g.first;
+				fl->alloc[k][1] = g.end;
+			}
+		}
+		progress(f, "fsck: %zu files listed", p->nfiles);
+	} while (rc == 0 && !r.done);
+	return rc;
+}
+
+static int load_purging(struct fsck *f, struct pass *p)
+{
+	struct stk_msg_meta_fsck_resp r = {.next = 0};
+	struct stk_rbuf rb;
+	int rc;
+
+	do {
+		rc = meta_fsck(f, STK_FSCK_PURGES, 0, r.next, STK_SYNC_LIST_MAX, &r, &rb);
+		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
+			rc = grow((void **)&p->purging, &p->cappurging, p->npurging,
+				  sizeof(*p->purging));
+			if (rc == 0)
+				p->purging[p->npurging++] = stk_get_u64(&rb);
+		}
+		if (rc == 0 && rb.err)
+			rc = -EIO;
+	} while (rc == 0 && !r.done);
+	return rc;
+}
+
+/* Every chunk of target t (on the node at addr), into p->copies. */
+static int list_target(struct fsck *f, struct pass *p, uint32_t t, const char *addr, uint32_t nth,
+		       uint32_t of)
+{
+	struct stk_msg_stor_fsck_list_resp r = {.from_start = 1};
+	size_t cap = 64 + (size_t)STK_SYNC_LIST_MAX * 48;
+	uint8_t req[128], *resp = malloc(cap);
+	struct stk_conn *conn = NULL;
+	int rc;
+
+	if (!resp)
+		return -ENOMEM;
+	rc = stk_conn_connect(addr, STOR_CONNECT_MS, &conn);
+	while (rc == 0) {
+		struct stk_msg_stor_fsck_list_req q = {.target_id = t,
+						       .bucket = r.bucket,
+						       .ino = r.ino,
+						       .idx = r.idx,
+						       .from_start = r.from_start,
+						       .max = STK_SYNC_LIST_MAX};
+		struct stk_rpc rpc;
+		struct stk_wbuf w;
+		struct stk_rbuf rb;
+
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_stor_fsck_list_req_enc(&w, &q);
+		memset(&rpc, 0, sizeof(rpc));
+		stk_rpc_prepare(&rpc, STK_OP_STOR_FSCK_LIST, &w, resp, cap);
+		rc = stk_rpc_call(conn, &rpc);
+		if (rc)
+			break;
+		stk_rbuf_init(&rb, resp, rpc.resp_len);
+		if (stk_msg_stor_fsck_list_resp_dec(&rb, &r)) {
+			rc = -EIO;
+			break;
+		}
+		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
+			struct stk_msg_fsck_chunk m;
+
+			rc = grow((void **)&p->copies, &p->capcopies, p->ncopies,
+				  sizeof(*p->copies));
+			if (rc)
+				break;
+			if (stk_msg_fsck_chunk_dec(&rb, &m)) {
+				rc = -EIO;
+				break;
+			}
+			p->copies[p->ncopies++] = (struct copy){.ino = m.ino,
+								.idx = m.idx,
+								.target = t,
+								.version = m.version,
+								.len = m.len,
+								.digest = m.digest,
+								.age = r.now_sec - m.mtime_sec};
+		}
+		progress(f, "fsck: target %u (%u of %u): bucket %u of 256, %zu chunks", t, nth, of,
+			 r.done ? 256 : r.bucket, p->ncopies);
+		if (r.done)
+			break;
+	}
+	if (conn)
+		stk_conn_close(conn);
+	free(resp);
+	return rc;
+}
+
+static int copy_cmp(const void *a, const void *b)
+{
+	const struct copy *x = a, *y = b;
+
+	if (x->ino != y->ino)
+		return x->ino < y->ino ? -1 : 1;
+	if (x->idx != y->idx)
+		return x->idx < y->idx ? -1 : 1;
+	return (x->target > y->target) - (x->target < y->target);
+}
+
+static int serves(const struct stk_rt_target *t)
+{
+	return t && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL);
+}
+
+/* Lists what meta and every serving target hold now. */
+static int pass_load(struct fsck *f, struct pass *p)
+{
+	int rc;
+
+	memset(p, 0, sizeof(*p));
+	rc = load_files(f, p);
+	if (rc == 0)
+		rc = load_purging(f, p);
+	if (rc == 0)
+		rc = stk_client_refresh_routing(f->c);
+	if (rc)
+		return rc;
+	/* A copy of the table: the client's may change under us. */
+	{
+		uint8_t *buf = malloc(STK_MAX_PAYLOAD);
+		struct stk_wbuf w;
+		struct stk_rbuf r;
+
+		if (!buf)
+			return -ENOMEM;
+		stk_wbuf_init(&w, buf, STK_MAX_PAYLOAD);
+		pthread_rwlock_rdlock(&f->c->rt_lock);
+		rc = stk_routing_encode(&w, &f->c->rt);
+		pthread_rwlock_unlock(&f->c->rt_lock);
+		stk_rbuf_init(&r, buf, w.len);
+		if (rc == 0)
+			rc = stk_routing_decode(&r, &p->rt);
+		free(buf);
+		if (rc)
+			return rc;
+	}
+	for (uint32_t i = 0; rc == 0 && i < p->rt.ntargets; i++) {
+		const struct stk_rt_target *t = &p->rt.targets[i];
+		const struct stk_rt_node *n = stk_routing_node(&p->rt, t->node_id);
+
+		/* Offline: unreachable; wiping: its chunks go anyway; syncing: catching up. */
+		if (!serves(t) || !n) {
+			p->targets_skipped++;
+			continue;
+		}
+		rc = list_target(f, p, t->id, n->addr, i + 1, p->rt.ntargets);
+		if (rc)
+			stk_error("fsck: listing target %u on %s: %s", t->id, n->addr,
+				  stk_strerror(rc));
+		else
+			p->targets_listed++;
+	}
+	if (rc == 0 && p->ncopies) /* qsort wants an array, even of none */
+		qsort(p->copies, p->ncopies, sizeof(*p->copies), copy_cmp);
+	return rc;
+}
+
+/* ---- comparing ---- */
+
+static const struct file *file_find(const struct pass *p, uint64_t ino)
+{
+	size_t lo = 0, hi = p->nfiles;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (p->files[mid].a.ino == ino)
+			return &p->files[mid];
+		if (p->files[mid].a.ino < ino)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+static int u64_in(const uint64_t *v, size_t n, uint64_t x)
+{
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (v[mid] == x)
+			return 1;
+		if (v[mid] < x)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return 0;
+}
+
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* The first copy of (ino, idx), or p->ncopies. */
+static size_t copies_of(const struct pass *p, uint64_t ino, uint32_t idx)
+{
+	size_t lo = 0, hi = p->ncopies;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const struct copy *c = &p->copies[mid];
+
+		if (c->ino < ino || (c->ino == ino && c->idx < idx))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static uint64_t mix(uint64_t h, uint64_t v)
+{
+	h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+	return h;
+}
+
+static int add(struct fsck *f, const struct dprob *d, int first)
+{
+	if (!first) {
+		/* The second pass confirms a first-pass problem that it sees alike. */
+		for (size_t i = 0; i < f->ndp; i++)
+			if (f->dp[i].kind == d->kind && f->dp[i].ino == d->ino &&
+			    f->dp[i].idx == d->idx && f->dp[i].sig == d->sig) {
+				f->dp[i].confirmed = 1;
+				return 0;
+			}
+		return 0;
+	}
+	if (grow((void **)&f->dp, &f->capdp, f->ndp, sizeof(*f->dp)))
+		return -ENOMEM;
+	f->dp[f->ndp++] = *d;
+	return 0;
+}
+
+/* The chunks of inodes meta does not know (nor purges). */
+static int find_garbage(struct fsck *f, const struct pass *p, int first)
+{
+	int rc = 0;
+
+	for (size_t i = 0, j; rc == 0 && i < p->ncopies; i = j) {
+		struct dprob d = {.kind = P_GARBAGE, .ino = p->copies[i].ino};
+		int64_t youngest = INT64_MAX;
+
+		for (j = i; j < p->ncopies && p->copies[j].ino == d.ino; j++) {
+			d.chunks++;
+			d.bytes += p->copies[j].len;
+			d.sig =
+			    mix(d.sig, ((uint64_t)p->copies[j].idx << 32) | p->copies[j].target);
+			if (p->copies[j].age < youngest)
+				youngest = p->copies[j].age;
+		}
+		if (file_find(p, d.ino) || u64_in(p->purging, p->npurging, d.ino))
+			continue;
+		if (youngest < f->grace) {
+			if (first)
+				f->young++;
+			continue;
+		}
+		rc = add(f, &d, first);
+	}
+	return rc;
+}
+
+/* A file's written chunks against the copies of its chain's working members. */
+static int check_file(struct fsck *f, const struct pass *p, const struct file *fl, int first)
+{
+	uint32_t chains[STK_MAX_STRIPE];
+	uint64_t cs = fl->a.layout.chunk_size, nchunks;
+	int rc = 0;
+
+	if (stk_layout_check(&fl->a.layout) || fl->a.size == 0)
+		return 0;
+	stk_layout_chains(&fl->a.layout, chains);
+	nchunks = (fl->a.size + cs - 1) / cs;
+	for (uint32_t r = 0; rc == 0 && r < fl->nalloc; r++) {
+		uint64_t end = STK_MIN((uint64_t)fl->alloc[r][1], nchunks);
+
+		for (uint64_t idx = fl->alloc[r][0]; rc == 0 && idx < end; idx++) {
+			uint32_t chain =
+			    stk_layout_chunk_chain(&fl->a.layout, chains, (uint32_t)idx);
+			const struct stk_rt_chain *ch = stk_routing_chain(&p->rt, chain);
+			struct dprob d = {.ino = fl->a.ino, .idx = (uint32_t)idx, .chain = chain};
+			size_t k0 = copies_of(p, fl->a.ino, (uint32_t)idx), k;
+			unsigned working = 0, have = 0, differ = 0;
+			const struct copy *ref = NULL;
+
+			if (!ch)
+				continue;
+			d.sig = mix(fl->a.size,
+				    (uint64_t)fl->a.mtime_sec * 1000000000ull + fl->a.mtime_nsec);
+			for (unsigned m = 0; m < ch->ntargets; m++) {
+				const struct copy *c = NULL;
+
+				if (!serves(stk_routing_target(&p->rt, ch->targets[m])))
+					continue;
+				working++;
+				for (k = k0; k < p->ncopies && p->copies[k].ino == fl->a.ino &&
+					     p->copies[k].idx == idx;
+				     k++)
+					if (p->copies[k].target == ch->targets[m])
+						c = &p->copies[k];
+				d.sig = mix(d.sig, c ? (c->version << 32) ^ c->digest : 0);
+				if (!c)
+					continue;
+				have++;
+				if (ref && (ref->version != c->version ||
+					    ref->digest != c->digest || ref->len != c->len))
+					differ = 1;
+				ref = ref ? ref : c;
+			}
+			if (working == 0)
+				continue; /* nothing to compare with: the chain does not serve */
+			d.chunks = have;
+			if (have == 0 && fl->exact)
+				d.kind = P_MISSING;
+			else if (have && (have < working || differ))
+				d.kind = P_REPLICAS;
+			else
+				continue;
+			rc = add(f, &d, first);
+		}
+	}
+	return rc;
+}
+
+static int pass_compare(struct fsck *f, struct pass *p, int first)
+{
+	int rc;
+
+	if (p->npurging)
+		qsort(p->purging, p->npurging, sizeof(*p->purging), u64_cmp);
+	rc = find_garbage(f, p, first);
+	for (size_t i = 0; rc == 0 && i < p->nfiles; i++)
+		rc = check_file(f, p, &p->files[i], first);
+	return rc;
+}
+
+/* ---- repairing garbage ---- */
+
+static int truncate_on(struct fsck *f, const struct stk_routing *rt, const struct stk_rt_chain *ch,
+		       uint64_t ino)
+{
+	struct stk_msg_stor_truncate_req m = {.chain_id = ch->id,
+					      .chain_ver = ch->version,
+					      .ino = ino,
+					      .size = 0,
+					      .chunk_size = 1u << 20};
+	uint8_t req[128], resp[64];
+	struct stk_conn *conn = NULL;
+	const struct stk_rt_node *n = NULL;
+	struct stk_ns_id ns;
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	int rc;
+
+	/* The head: the first member that changes reach (it passes them down). */
+	for (unsigned i = 0; i < ch->ntargets && !n; i++) {
+		const struct stk_rt_target *t = stk_routing_target(rt, ch->targets[i]);
+
+		if (t && (serves(t) || t->state == STK_TARGET_SYNCING))
+			n = stk_routing_node(rt, t->node_id);
+	}
+	if (!n)
+		return -EAGAIN;
+	rc = stk_client_meta_ns(f->c, &ns);
+	if (rc)
+		return rc;
+	m.ns_hi = ns.hi;
+	m.ns_lo = ns.lo;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_stor_truncate_req_enc(&w, &m);
+	rc = stk_conn_connect(n->addr, STOR_CONNECT_MS, &conn);
+	if (rc)
+		return rc;
+	memset(&rpc, 0, sizeof(rpc));
+	stk_rpc_prepare(&rpc, STK_OP_STOR_TRUNCATE, &w, resp, sizeof(resp));
+	rc = stk_rpc_call(conn, &rpc);
+	stk_conn_close(conn);
+	return rc;
+}
+
+/* Removes garbage inode ino from every chain one of whose members holds some of it. */
+static int remove_garbage(struct fsck *f, const struct pass *p, uint64_t ino)
+{
+	int rc = 0;
+
+	for (uint32_t c = 0; c < p->rt.nchains; c++) {
+		const struct stk_rt_chain *ch = &p->rt.chains[c];
+		int holds = 0;
+
+		for (size_t k = copies_of(p, ino, 0); k < p->ncopies && p->copies[k].ino == ino;
+		     k++)
+			for (unsigned m = 0; m < ch->ntargets; m++)
+				holds |= p->copies[k].target == ch->targets[m];
+		if (!holds)
+			continue;
+		int r = truncate_on(f, &p->rt, ch, ino);
+
+		if (r && !rc)
+			rc = r;
+	}
+	return rc;
+}
+
+/* ---- the check ---- */
+
+static int fsck_namespace(struct fsck *f)
+{
+	struct stk_rbuf rb;
+	int rc;
+
+	progress(f, "fsck: checking the namespace");
+	rc = meta_fsck(f, STK_FSCK_CHECK, f->repair ? STK_FSCK_REPAIR : 0, 0, STK_FSCK_PROBLEMS_MAX,
+		       &f->ns, &rb);
+	if (rc)
+		return rc;
+	f->nsp = calloc(f->ns.n ? f->ns.n : 1, sizeof(*f->nsp));
+	if (!f->nsp)
+		return -ENOMEM;
+	for (f->nnsp = 0; f->nnsp < f->ns.n; f->nnsp++)
+		if (stk_msg_fsck_problem_dec(&rb, &f->nsp[f->nnsp]))
+			return -EIO;
+	return 0;
+}
+
+static int fsck_data(struct fsck *f, struct pass *last)
+{
+	struct pass p1;
+	int rc;
+
+	rc = pass_load(f, &p1);
+	if (rc == 0)
+		rc = pass_compare(f, &p1, 1);
+	pass_free(&p1);
+	if (rc)
+		return rc;
+	/* Something in flight looks alike a second later only if it is not in flight. */
+	if (f->ndp) {
+		progress(f, "fsck: %zu possible problem(s): looking again", f->ndp);
+		usleep(PASS_PAUSE_US);
+	}
+	rc = pass_load(f, last);
+	if (rc == 0 && f->ndp)
+		rc = pass_compare(f, last, 0);
+	for (size_t i = 0; rc == 0 && f->repair && i < f->ndp; i++) {
+		struct dprob *d = &f->dp[i];
+		int r;
+
+		if (!d->confirmed || d->kind != P_GARBAGE)
+			continue;
+		progress(f, "fsck: removing the chunks of inode %llu", (unsigned long long)d->ino);
+		r = remove_garbage(f, last, d->ino);
+		if (r)
+			stk_warn("fsck: removing the chunks of inode %llu: %s",
+				 (unsigned long long)d->ino, stk_strerror(r));
+		d->repaired = r == 0;
+	}
+	return rc;
+}
+
+/* The wire's namespace kinds (proto/msg.h) as the public ones. */
+static int ns_kind(uint32_t k)
+{
+	switch (k) {
+	case STK_FSCK_KIND_DANGLING:
+		return STK_FSCK_DANGLING_ENTRY;
+	case STK_FSCK_KIND_LOST_ENTRY:
+		return STK_FSCK_LOST_ENTRY;
+	case STK_FSCK_KIND_NLINK:
+		return STK_FSCK_LINK_COUNT;
+	case STK_FSCK_KIND_UNREACHED:
+		return STK_FSCK_UNREACHED_INODE;
+	case STK_FSCK_KIND_STALE_ORPHAN:
+		return STK_FSCK_STALE_ORPHAN;
+	case STK_FSCK_KIND_PARENT:
+		return STK_FSCK_PARENT_POINTER;
+	case STK_FSCK_KIND_QUOTA_BYTES:
+		return STK_FSCK_QUOTA_BYTES;
+	case STK_FSCK_KIND_QUOTA_INODES:
+		return STK_FSCK_QUOTA_INODES;
+	}
+	return STK_FSCK_CORRUPT_RECORD;
+}
+
+static int data_kind(int k)
+{
+	return k == P_GARBAGE	? STK_FSCK_GARBAGE
+	       : k == P_MISSING ? STK_FSCK_MISSING_CHUNK
+				: STK_FSCK_REPLICAS_DIFFER;
+}
+
+static int report_make(const struct fsck *f, const struct pass *p, struct stk_fsck_report **out)
+{
+	struct stk_fsck_report *r = calloc(1, sizeof(*r));
+	size_t n = f->nnsp;
+
+	if (!r)
+		return -ENOMEM;
+	for (size_t i = 0; i < f->ndp; i++)
+		n += f->dp[i].confirmed;
+	r->list = calloc(n ? n : 1, sizeof(*r->list));
+	if (!r->list) {
+		free(r);
+		return -ENOMEM;
+	}
+	r->inodes = f->ns.inodes;
+	r->entries = f->ns.entries;
+	r->dirs = f->ns.dirs;
+	r->files = f->ns.files;
+	r->targets = p->targets_listed;
+	r->targets_skipped = p->targets_skipped;
+	r->chunks = p->ncopies;
+	r->young_unknown = f->young;
+	r->problems = f->ns.total;
+	r->remaining = f->ns.total - f->ns.repaired;
+	r->unlisted = f->ns.total > f->nnsp ? f->ns.total - f->nnsp : 0;
+	for (uint32_t i = 0; i < f->nnsp; i++) {
+		const struct stk_msg_fsck_problem *q = &f->nsp[i];
+		struct stk_fsck_problem *e = &r->list[r->nlist++];
+
+		e->kind = ns_kind(q->kind);
+		e->repaired = q->repaired != 0;
+		e->ino = q->ino;
+		e->parent = q->parent;
+		e->expect = q->expect;
+		e->found = q->found;
+		snprintf(e->name, sizeof(e->name), "%s", q->name);
+	}
+	for (size_t i = 0; i < f->ndp; i++) {
+		const struct dprob *d = &f->dp[i];
+		struct stk_fsck_problem *e;
+
+		if (!d->confirmed)
+			continue;
+		e = &r->list[r->nlist++];
+		e->kind = data_kind(d->kind);
+		e->repaired = d->repaired;
+		e->ino = d->ino;
+		e->chunk = d->idx;
+		e->chain = d->chain;
+		e->copies = d->chunks;
+		e->bytes = d->bytes;
+		r->problems++;
+		r->remaining += !d->repaired;
+	}
+	*out = r;
+	return 0;
+}
+
+int stk_fsck(stk_client *c, const struct stk_fsck_opts *opts, struct stk_fsck_report **out)
+{
+	static const struct stk_fsck_opts none = {.size = sizeof(none)};
+	struct fsck f = {.c = c, .o = opts ? opts : &none};
+	struct pass last = {0};
+	int rc;
+
+	if (out)
+		*out = NULL;
+	if (!c || !out || (opts && opts->size < sizeof(*opts)))
+		return -EINVAL;
+	f.repair = f.o->repair != 0;
+	f.grace = f.o->grace_s > 0 ? f.o->grace_s : f.o->grace_s < 0 ? 0 : GRACE_DEFAULT_S;
+	f.resp = malloc(STK_MAX_PAYLOAD);
+	if (!f.resp)
+		return -ENOMEM;
+	rc = fsck_namespace(&f);
+	if (rc == 0)
+		rc = fsck_data(&f, &last);
+	if (rc == 0)
+		rc = report_make(&f, &last, out);
+	pass_free(&last);
+	free(f.nsp);
+	free(f.dp);
+	free(f.resp);
+	return rc;
+}
+
+void stk_fsck_report_free(struct stk_fsck_report *r)
+{
+	if (!r)
+		return;
+	free(r->list);
+	free(r);
+}

@@ -1,0 +1,37 @@
+/*
+ * Client keys on meta (docs/security.md, "Client keys"): what a connection that
+ * proved a client key (req->client, net.h) may ask, applied before the handler
+ * runs, so that no handler needs to know of it.
+ *
+ * - Read-only: every change answers EROFS (reason read_only).
+ * - Squash: the request's credentials (every record's, for META_NAMES) act as the
+ *   anonymous uid and gid: all of them (squash-all), or uid 0 and gid 0 only.
+ * - Subtree: the client's root, STK_ROOT_INO on the wire, is the subtree's
+ *   folder; ".." of that folder is the folder itself; every other inode a
+ *   request names must lie under it (stk_meta_store_within), else EACCES
+ *   (reason outside). So no lookup, rename, link or request crafted by inode
+ *   number reaches outside.
+ * - Operators' requests (quota set, rm, recount, list) answer EPERM (admin).
+ *
+ * The handler then reads the request from a rewritten copy (credentials squashed,
+ * the root mapped). Meta is one shard today; a subtree is resolved on each
+ * request (a few LMDB reads), so renaming the subtree's folder moves the client
+ * with it only if the policy's path still names it: a path that names no folder
+ * refuses everything (ENOENT).
+ */
+#ifndef STK_META_CONFINE_H
+#define STK_META_CONFINE_H
+
+#include "../net/net.h"
+#include "store.h"
+
+/*
+ * 0: serve req, whose payload may now read *copy (free it once the handler has
+ * returned; NULL when nothing was rewritten). -errno: answer that, counted in
+ * stoker_client_refused_total where the policy refused it. No-op (0) for a
+ * request without req->client. Any worker thread.
+ */
+int stk_meta_confine(struct stk_meta_store *st, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
+		     void **copy);
+
+#endif
