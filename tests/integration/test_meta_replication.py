@@ -11,12 +11,18 @@ leading the shard and two following it (docs/meta-replication.md). What must hol
 - `stoker status` shows each replica and its role, /metrics its role and position;
 - hostile META_REPL requests are refused and change nothing; a hung leader is
   replaced, and when it wakes it is fenced and follows;
-- through the FUSE mount, files made in a loop across a failover all reach meta.
+- through the FUSE mount, files made in a loop across a failover all reach meta;
+- a file unlinked just before a failover has its chunks purged by the new leader
+  (the purge table is replicated; only the leader sends removals), and `stoker
+  fsck` finds nothing wrong afterwards;
+- a client key confined to a subtree stays confined on the new leader, and
+  storage's META_WITHIN reaches it.
 
 Failover is made quick with a short heartbeat timeout. `stoker up` restarts a
 killed daemon at once, so to keep a leader down long enough for mgmtd to replace
 it, the test pauses the supervisor (SIGSTOP) around the kill.
 """
+import json
 import os
 import re
 import signal
@@ -30,6 +36,7 @@ from conftest import CHECK, STOKER, pick_ports, run
 from pyhelp import stoker as stoker_pkg
 
 HB_MS = 2000
+MiB = 1 << 20
 
 
 def cmdlines():
@@ -422,3 +429,139 @@ def test_hung_leader_is_fenced(mc):
         assert sorted(c.listdir("/h")) == sorted("f%d" % i for i in range(20))
     finally:
         c.close()
+
+
+def chunk_files(mc):
+    out = []
+    for dirpath, _, files in os.walk(os.path.join(mc.data, "targets")):
+        if os.sep + "chunks" in dirpath:
+            out += [os.path.join(dirpath, f) for f in files if ".tmp" not in f]
+    return out
+
+
+def metric(addr, name):
+    host, port = addr.split(":")
+    with urllib.request.urlopen("http://%s:%d/metrics" % (host, int(port) + 10),
+                                timeout=5) as r:
+        m = re.search(r"^%s (\S+)$" % name, r.read().decode(), re.M)
+    return int(float(m.group(1))) if m else None
+
+
+def storage_pids(mc):
+    return [pid for pid, argv in cmdlines()
+            if len(argv) > 3 and argv[1] == b"storage" and mc.data.encode() in b" ".join(argv)]
+
+
+def fsck_clean(mc):
+    p = mc.cli("fsck", "--json", check=False)
+    assert p.returncode in (0, 1), p.stderr.decode(errors="replace")
+    out = json.loads(p.stdout)
+    return out if out["clean"] else None
+
+
+def test_unlinked_before_failover_is_purged_by_the_new_leader(mc):
+    """The unlink's purge record is on every follower before its reply (the purge
+    table is replicated like any table); the leader is killed before its purger can
+    have storage remove the chunks (storage paused), and the new leader drains the
+    table: the chunks go, the record goes on every replica, and fsck is clean."""
+    c = stoker_pkg.connect(mc.url)
+    try:
+        keep = os.urandom(MiB + 3)
+        c.write_file("/keep", keep)
+        kept = len(chunk_files(mc))
+        c.write_file("/gone", os.urandom(6 * MiB))
+        assert len(chunk_files(mc)) > kept
+        mc.wait("replicas in step", mc.in_step)
+        sup = mc.supervisor()
+        os.kill(sup, signal.SIGSTOP)
+        stopped = storage_pids(mc)
+        assert stopped
+        lead = mc.leader()
+        try:
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            # meta alone: the record is on the followers once this returns
+            c.unlink("/gone")
+            os.kill(mc.meta_pid(lead), signal.SIGKILL)
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        new = mc.wait("a new leader", lambda: next(
+            (a for a, (r, _) in mc.roles().items() if r == "leader" and a != lead), None))
+        mc.wait("the new leader to purge /gone", lambda: len(chunk_files(mc)) == kept,
+                timeout=60)
+        mc.wait("the purge table empty on the new leader",
+                lambda: metric(new, "stoker_meta_purge_queue") == 0)
+        assert metric(new, "stoker_meta_purged_files_total") >= 1
+        os.kill(sup, signal.SIGCONT)
+        mc.wait("the old leader following", lambda: mc.roles().get(lead, ("",))[0] == "follower")
+        mc.wait("replicas in step", mc.in_step)
+        # the record's removal reached every replica; a follower sends nothing
+        for a in mc.metas:
+            assert metric(a, "stoker_meta_purge_queue") == 0, a
+            if a != new:
+                assert metric(a, "stoker_meta_purged_files_total") == 0, a
+        assert c.read_file("/keep") == keep
+    finally:
+        c.close()
+    out = mc.wait("a clean fsck after the failover", lambda: fsck_clean(mc), timeout=60)
+    assert out["list"] == [] and out["namespace"]["files"] >= 1
+
+
+def as_client(mc, key, *args):
+    env = dict(os.environ, STOKER_CLUSTER=mc.url, STOKER_KEY_FILE=key)
+    return run([STOKER] + list(args), check=False, env=env, timeout=120)
+
+
+def ino_op(mc, key, *args):
+    env = dict(os.environ, STOKER_CLUSTER=mc.url, STOKER_KEY_FILE=key)
+    p = run([CHECK, "ino", mc.url] + [str(a) for a in args], env=env, check=False)
+    return p.stdout.decode().strip().splitlines()[-1]
+
+
+def test_client_key_stays_confined_after_failover(mc, tmp_path):
+    """A subtree client key against a replicated meta: confined by the leader before
+    and by the promoted follower after (its policy is not meta's state but the
+    key's, its folder records are replicated); a file it writes after the failover
+    is read back through storage, whose META_WITHIN finds the new leader."""
+    src = tmp_path / "hello.txt"
+    src.write_bytes(b"hello\n")
+    mc.cli("mkdir", "/teamA", "/teamB")
+    mc.cli("put", str(src), "/teamA/a.txt")
+    mc.cli("put", str(src), "/teamB/b.txt")
+    key = str(tmp_path / "alice.key")
+    p = mc.cli("admin", "client", "add", "alice", "--subtree", "/teamA", "--key-out", key)
+    assert b"added" in p.stdout, p.stdout
+
+    def confined():
+        p = as_client(mc, key, "ls", "/")
+        assert p.returncode == 0, p.stderr
+        assert sorted(p.stdout.decode().split()) == sorted(["a.txt"] + made)
+        assert as_client(mc, key, "cat", "/a.txt").stdout == b"hello\n"
+        for path in ("/../teamB/b.txt", "/teamB/b.txt"):
+            p = as_client(mc, key, "cat", path)
+            assert p.returncode != 0 and b"No such file" in p.stderr, (path, p.stderr)
+
+    made = []
+    confined()
+    mc.wait("replicas in step", mc.in_step)
+    old, resume = mc.kill_leader()
+    try:
+        mc.wait("a new leader", lambda: next(
+            (a for a, (r, _) in mc.roles().items() if r == "leader" and a != old), None))
+        confined()
+        env = dict(os.environ, STOKER_CLUSTER=mc.url, STOKER_KEY_FILE=mc.env()["STOKER_KEY_FILE"])
+        out = run([CHECK, "ino", mc.url, "lookup", "1", "teamB"], env=env).stdout.decode()
+        team_b = int(out.split()[1])
+        assert ino_op(mc, key, "getattr", team_b) == "EACCES"
+        assert ino_op(mc, key, "readdir", team_b) == "EACCES"
+        # written and read back through storage after the failover
+        src.write_bytes(b"after the failover\n")
+        p = as_client(mc, key, "put", str(src), "/after.txt")
+        assert p.returncode == 0, p.stderr
+        made.append("after.txt")
+        assert as_client(mc, key, "cat", "/after.txt").stdout == b"after the failover\n"
+        confined()
+    finally:
+        resume()
+    mc.wait("the old leader following", lambda: mc.roles().get(old, ("",))[0] == "follower")

@@ -1159,6 +1159,72 @@ out:
  * by the follower of the shard's identity that reported the most; every change
  * takes a new epoch; the routing table and the state file carry it all.
  */
+/*
+ * Format 6 keeps both the client list and the meta replicas; the two formats 5
+ * that two branches wrote (the client list alone, the meta replicas alone) both
+ * still load, told apart by their lengths.
+ */
+static int test_format_5_both(void)
+{
+	struct stk_mgmt_state st, bare, ld;
+	struct stk_auth_client c;
+	uint8_t *full = NULL, *nocl = NULL, f5[4096];
+	size_t lf = 0, ln = 0, meta, cl, pre;
+	struct stk_wbuf w;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	stk_mgmt_state_init(&ld);
+	memset(&c, 0, sizeof(c));
+	snprintf(c.name, sizeof(c.name), "alice");
+	snprintf(c.subtree, sizeof(c.subtree), "/teamA");
+	REQUIRE(stk_mgmt_state_client_add(&st, &c) == 0);
+	st.meta_replicas = 3;
+	st.shard1_epoch = 77;
+	st.shard1_nfollowers = 2;
+	st.shard1_followers[0] = 5;
+	st.shard1_followers[1] = 6;
+	REQUIRE(stk_mgmt_state_encode(&st, &full, &lf) == 0);
+	REQUIRE(stk_mgmt_state_decode(&ld, full, lf, SEC) == 0);
+	REQUIRE(ld.nclients == 1 && strcmp(ld.clients[0].id.subtree, "/teamA") == 0 &&
+		ld.meta_replicas == 3 && ld.shard1_epoch == 77 && ld.shard1_nfollowers == 2 &&
+		ld.shard1_followers[1] == 6);
+	/* the same state with no client: the client block's length is the difference */
+	bare = st;
+	bare.nclients = 0;
+	bare.next_client_gen = 0;
+	REQUIRE(stk_mgmt_state_encode(&bare, &nocl, &ln) == 0);
+	meta = 1 + 8 + 1 + 4 * 2;
+	cl = lf - ln + 12;
+	pre = lf - 4 - meta - cl;
+	REQUIRE(lf < sizeof(f5));
+	/* main's format 5: ... clients */
+	memcpy(f5, full, pre + cl);
+	stk_wbuf_init(&w, f5 + 4, 4);
+	stk_put_u32(&w, 5);
+	stk_wbuf_init(&w, f5 + pre + cl, 4);
+	stk_put_u32(&w, stk_crc32c(0, f5, pre + cl));
+	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + cl + 4, SEC) == 0);
+	REQUIRE(ld.nclients == 1 && strcmp(ld.clients[0].id.name, "alice") == 0 &&
+		ld.meta_replicas == 0 && ld.shard1_nfollowers == 0);
+	/* metarepl's format 5: ... meta replicas */
+	memcpy(f5, full, pre);
+	memcpy(f5 + pre, full + pre + cl, meta);
+	stk_wbuf_init(&w, f5 + 4, 4);
+	stk_put_u32(&w, 5);
+	stk_wbuf_init(&w, f5 + pre + meta, 4);
+	stk_put_u32(&w, stk_crc32c(0, f5, pre + meta));
+	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + meta + 4, SEC) == 0);
+	REQUIRE(ld.nclients == 0 && ld.meta_replicas == 3 && ld.shard1_epoch == 77 &&
+		ld.shard1_nfollowers == 2 && ld.shard1_followers[0] == 5);
+	rc = 0;
+	free(full);
+	free(nocl);
+	stk_mgmt_state_free(&st);
+	stk_mgmt_state_free(&ld);
+	return rc;
+}
+
 static int test_meta_replicas(void)
 {
 	struct stk_msg_mgmt_register_req rq;
@@ -1273,7 +1339,7 @@ int main(void)
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
 	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
 	     test_replace() || test_all_lost() || test_accept_loss() || test_rebalance() ||
-	     test_meta_replicas() || test_clients();
+	     test_meta_replicas() || test_clients() || test_format_5_both();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
