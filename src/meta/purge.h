@@ -14,6 +14,10 @@
  * leaves their chunks to stoker fsck as garbage.) Removal is idempotent (a
  * chunk already gone is no error), so sending a record twice is harmless.
  *
+ * With replicated metadata the table is replicated like any other, and only the
+ * leader sends, each page once its followers hold it (the gate below): a new
+ * leader picks up where the old one stopped.
+ *
  * Why meta and not the client that unlinked: a client killed right after its
  * unlink returned would leak the chunks forever, since nobody else knew of them.
  *
