@@ -515,8 +515,9 @@ static int op_end(struct op *o, int rc)
 	if (o->nested) {
 		if (rc || o->rdonly) {
 			mdb_txn_abort(o->txn);
+			/* its changes are undone: so are their records */
 			if (redo.st)
-				redo.len = o->redo_mark; /* its changes are undone: so are their records */
+				redo.len = o->redo_mark;
 			unrec_settle(o, 0);
 			return rc;
 		}
