@@ -641,6 +641,13 @@ struct stk_cluster_node {
 	int draining;
 	uint32_t members;
 	uint32_t targets;
+	/*
+	 * A meta node's store: the number of the last metadata change it holds and
+	 * the epoch of that change, as its last heartbeat reported them
+	 * (docs/meta-replication.md); 0 for storage and before the first report.
+	 */
+	uint64_t meta_seq;
+	uint64_t meta_epoch;
 };
 
 /* One storage target (a folder of chunk files on a storage node). */
@@ -702,8 +709,18 @@ struct stk_cluster_rebalance {
 /* One metadata shard and the meta node serving it. */
 struct stk_cluster_shard {
 	uint32_t id;
-	uint32_t node_id; /* its meta node; 0: none may serve it now */
+	uint32_t node_id; /* its meta node (the leader when replicated); 0: none may serve it now */
 	const char *ns; /* the namespace it holds, 32 hex digits; "" not known yet */
+	/*
+	 * Replication (docs/meta-replication.md): replicas, the copies mgmtd keeps (0
+	 * or 1: the leader's alone); the nfollowers meta nodes (ids in followers, valid
+	 * as long as the status) that hold every change the leader acknowledges; epoch,
+	 * taken anew whenever the leader or the followers change.
+	 */
+	uint32_t replicas;
+	uint32_t nfollowers;
+	const uint32_t *followers;
+	uint64_t epoch;
 };
 
 /* Space summed over every target, each file system (dev) counted once, as df does. */

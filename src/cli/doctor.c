@@ -329,6 +329,17 @@ static void check_mgmtd(struct doctor *d)
 	    followers == 1 ? "" : "s", (unsigned long long)stk_cluster_status_version(d->st));
 }
 
+/* Whether meta node id serves a shard: always with one copy, only the leader when replicated. */
+static int leads_shard(const stk_cluster_status *st, uint32_t id)
+{
+	const struct stk_cluster_shard *sh;
+
+	for (uint32_t i = 0; (sh = stk_cluster_status_shard(st, i)); i++)
+		if (sh->replicas <= 1 || sh->node_id == id)
+			return 1;
+	return 0;
+}
+
 static void check_nodes(struct doctor *d)
 {
 	struct check *c = &d->c[C_NODES];
@@ -355,7 +366,15 @@ static void check_nodes(struct doctor *d)
 				 "start it again; if it is gone for good, `stoker admin "
 				 "remove-node %u` replaces its targets",
 				 n->id);
-		else
+		else if (!leads_shard(d->st, n->id)) {
+			/* a replicated shard's follower or spare: the leader serves without it */
+			find(c, DR_WARN,
+			     "start it again: the metadata has one copy less until then "
+			     "(docs/meta-replication.md)",
+			     "meta node %u (%s) is offline: no heartbeat reached mgmtd for %.1f s",
+			     n->id, n->addr, (double)n->last_seen_ms / 1000.0);
+			continue;
+		} else
 			snprintf(
 			    fix, sizeof(fix),
 			    "start it again: the namespace it serves is unavailable until then");

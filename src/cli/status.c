@@ -64,6 +64,50 @@ static const struct stk_cluster_node *node_by_id(const stk_cluster_status *st, u
 	return NULL;
 }
 
+static int is_follower(const struct stk_cluster_shard *sh, uint32_t id)
+{
+	for (uint32_t i = 0; i < sh->nfollowers; i++)
+		if (sh->followers[i] == id)
+			return 1;
+	return 0;
+}
+
+/*
+ * A replicated shard's meta nodes (docs/meta-replication.md): the leader, its
+ * followers and the spares, each with the last change its store holds and, for a
+ * follower, how many changes it is behind the leader as their heartbeats tell.
+ */
+static void print_replicas(const stk_cluster_status *st, const struct stk_cluster_shard *sh)
+{
+	const struct stk_cluster_node *lead = node_by_id(st, sh->node_id), *n;
+
+	printf("    replicas %u, epoch %llu\n", sh->replicas, (unsigned long long)sh->epoch);
+	printf("    %-6s %-9s %-8s %-22s %-10s %s\n", "NODE", "ROLE", "STATE", "ADDRESS", "CHANGE",
+	       "BEHIND");
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++) {
+		const char *role;
+		char behind[24] = "";
+
+		if (n->role != STK_CLUSTER_ROLE_META)
+			continue;
+		role = n->id == sh->node_id	? "leader"
+		       : is_follower(sh, n->id) ? "follower"
+						: "spare";
+		if (lead && n->id != sh->node_id)
+			snprintf(behind, sizeof(behind), "%llu",
+				 (unsigned long long)(lead->meta_seq > n->meta_seq
+							  ? lead->meta_seq - n->meta_seq
+							  : 0));
+		printf("    %-6u %-9s %-8s %-22s %-10llu %s\n", n->id, role,
+		       n->state == STK_CLUSTER_NODE_ONLINE ? "online" : "offline", n->addr,
+		       (unsigned long long)n->meta_seq, behind);
+	}
+	if (sh->nfollowers + 1 < sh->replicas)
+		printf("  ! shard %u has %u of its %u copies: losing its leader now may stop the "
+		       "namespace until a meta node joins (start one more meta node)\n",
+		       sh->id, sh->nfollowers + 1, sh->replicas);
+}
+
 /*
  * Each shard, its meta node and its namespace, and plainly when no one serves it:
  * a shard waits for the one store that holds it (docs/architecture.md).
@@ -82,6 +126,8 @@ static void print_shards(const stk_cluster_status *st)
 		else
 			printf("  %-6u %-10s", sh->id, "none");
 		printf(" namespace %s\n", sh->ns[0] ? sh->ns : "(not known yet)");
+		if (sh->replicas > 1)
+			print_replicas(st, sh);
 		if (!n)
 			printf("  ! shard %u has no meta node: the namespace is unavailable until "
 			       "the meta node with its store registers again\n",

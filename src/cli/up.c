@@ -79,6 +79,7 @@ enum {
 	OPT_METRICS,
 	OPT_HOST_ID,
 	OPT_REPLICAS,
+	OPT_META_REPLICAS,
 	OPT_ZONE,
 	OPT_ETCD,
 	OPT_ETCD_PREFIX,
@@ -105,6 +106,8 @@ static const struct option role_opts[] = {
 	{"metrics", required_argument, NULL, OPT_METRICS},
 	{"host-id", required_argument, NULL, OPT_HOST_ID},
 	{"replicas", required_argument, NULL, OPT_REPLICAS},
+	{"meta-replicas", required_argument, NULL, OPT_META_REPLICAS},
+	{"meta_replicas", required_argument, NULL, OPT_META_REPLICAS}, /* a config file's */
 	{"zone", required_argument, NULL, OPT_ZONE},
 	{"etcd", required_argument, NULL, OPT_ETCD},
 	{"etcd-prefix", required_argument, NULL, OPT_ETCD_PREFIX},
@@ -133,6 +136,7 @@ struct role_args {
 	unsigned ntargets;
 	uint64_t chunk_size, stripe, hbto;
 	uint64_t replicas; /* mgmtd --replicas R: targets per new chain */
+	uint64_t meta_replicas; /* mgmtd --meta-replicas R: copies of the metadata shard */
 	/* storage --scrub-rate SIZE (a second; 0: off), --scrub-interval SECONDS */
 	uint64_t scrub_rate, scrub_interval;
 	int scrub_rate_set, scrub_interval_set;
@@ -260,6 +264,13 @@ static int role_opt(const char *cmd, int c, char *val, struct role_args *a)
 		if (stk_parse_u64(val, &a->replicas) || a->replicas < 1 ||
 		    a->replicas > STK_MAX_REPLICAS) {
 			cli_err(cmd, "bad --replicas '%s': 1 to %d", val, STK_MAX_REPLICAS);
+			return 2;
+		}
+		break;
+	case OPT_META_REPLICAS:
+		if (stk_parse_u64(val, &a->meta_replicas) || a->meta_replicas < 1 ||
+		    a->meta_replicas > STK_MAX_REPLICAS) {
+			cli_err(cmd, "bad --meta-replicas '%s': 1 to %d", val, STK_MAX_REPLICAS);
 			return 2;
 		}
 		break;
@@ -417,6 +428,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.heartbeat_timeout_ms = (unsigned)a.hbto;
 	o.metrics_listen = a.metrics;
 	o.replicas = (unsigned)a.replicas;
+	o.meta_replicas = (unsigned)a.meta_replicas;
 	o.etcd = a.etcd;
 	o.etcd_prefix = a.etcd_prefix;
 	o.replace_after_s = a.replace_after;
@@ -500,7 +512,14 @@ int cmd_storage(int argc, char **argv)
 #define UP_ETCD_PORT 30
 #define UP_MGMTD_PORT 15 /* + k for the k-th extra mgmtd */
 #define UP_MGMTD_METRICS_PORT (UP_MGMTD_PORT + STK_METRICS_PORT_OFFSET)
-#define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1)
+/*
+ * --meta M (1 to --nodes; docs/meta-replication.md): M meta processes, "meta"
+ * then "meta1".. after the mgmtd in the process table, meta k on storage node
+ * k's loopback address (127.0.0.2.., the meta port BASE+1), and mgmtd keeps M
+ * copies of the metadata (--meta-replicas M). With M = 1, meta stays on the
+ * cluster's host, as before.
+ */
+#define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1 + UP_NODES_MAX - 1)
 static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
 
 /*
@@ -538,8 +557,10 @@ struct up {
 	unsigned nodes; /* storage nodes */
 	unsigned replicas; /* copies of each chunk: --replicas, default 3 from 3 nodes on */
 	char replicas_arg[8];
-	unsigned nprocs; /* 2 + nodes + nmgmtd - 1 */
+	unsigned nprocs; /* 2 + nodes + nmgmtd - 1 + nmeta - 1 */
 	unsigned nmgmtd; /* mgmtd processes: 1 embedded, M in cluster mode */
+	unsigned nmeta;	 /* meta processes (--meta), the first at index 1 */
+	char meta_replicas_arg[8];
 	int cluster;	 /* cluster mode: etcd and M mgmtd */
 	char mgmtd_list[STK_CLUSTER_ADDR_MAX]; /* every mgmtd's address, comma-separated */
 	char etcd_url[80], etcd_peer[80];
@@ -567,9 +588,23 @@ static void up_on_signal(int sig)
 /* What process r runs: 0 mgmtd, 1 meta, 2 storage (indexes into role_names). */
 static int role_of(const struct up *u, int r)
 {
+	if (r == 1 || r >= 1 + (int)u->nodes + (int)u->nmgmtd)
+		return 1; /* meta, and the extra metas after the mgmtd */
 	if (r == 0 || r >= 2 + (int)u->nodes)
 		return 0;
-	return r == 1 ? 1 : 2;
+	return 2;
+}
+
+/* The k-th extra mgmtd (k >= 1) at index r, or 0 for any other process. */
+static unsigned extra_mgmtd(const struct up *u, int r)
+{
+	return r >= 2 + (int)u->nodes && role_of(u, r) == 0 ? (unsigned)r - 1 - u->nodes : 0;
+}
+
+/* Which meta process r is (0 for "meta", k for "metaK"); only for role_of(u, r) == 1. */
+static unsigned meta_index(const struct up *u, int r)
+{
+	return r == 1 ? 0 : (unsigned)r - u->nodes - u->nmgmtd;
 }
 
 static int port_free(const char *host, unsigned port)
@@ -643,11 +678,16 @@ static pid_t spawn_role(struct up *u, int r)
 		args[n++] = "--replicas";
 		args[n++] = u->replicas_arg;
 	}
-	if (r == 1 && u->chunk_size[0]) {
+	if (role == 0 && u->nmeta > 1) {
+		snprintf(u->meta_replicas_arg, sizeof(u->meta_replicas_arg), "%u", u->nmeta);
+		args[n++] = "--meta-replicas";
+		args[n++] = u->meta_replicas_arg;
+	}
+	if (role == 1 && u->chunk_size[0]) {
 		args[n++] = "--chunk-size";
 		args[n++] = u->chunk_size;
 	}
-	if (r == 1 && u->stripe[0]) {
+	if (role == 1 && u->stripe[0]) {
 		args[n++] = "--stripe";
 		args[n++] = u->stripe;
 	}
@@ -776,7 +816,8 @@ static int cluster_ready(const struct up *u)
 			serving++;
 	for (uint32_t i = 0; i < rt.nshards; i++) {
 		const struct stk_rt_node *n = stk_routing_node(&rt, rt.shards[i].node_id);
-		if (n && n->state == STK_NODE_ONLINE)
+		/* with --meta M, every meta in the shard: the leader and M - 1 followers */
+		if (n && n->state == STK_NODE_ONLINE && rt.shards[i].nfollowers + 1u >= u->nmeta)
 			meta_ok = 1;
 	}
 	/* every target serving, and in a chain of R (a remainder of fewer than R stays out) */
@@ -1289,7 +1330,7 @@ static const struct option up_opts[] = {
 	{"mount", required_argument, NULL, 'm'},   {"s3", required_argument, NULL, '3'},
 	{"nfs", required_argument, NULL, 'N'},     {"smb", required_argument, NULL, 'B'},
 	{"nodes", required_argument, NULL, 'n'},   {"replicas", required_argument, NULL, 'r'},
-	{"mgmtd", required_argument, NULL, 'g'},
+	{"mgmtd", required_argument, NULL, 'g'},   {"meta", required_argument, NULL, 'E'},
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
 	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
@@ -1412,6 +1453,14 @@ int cmd_up(int argc, char **argv)
 			u->nodes = (unsigned)v;
 			u->cluster = 1;
 			break;
+		case 'E':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > UP_NODES_MAX) {
+				cli_err("up", "--meta must be 1..%u (and at most --nodes)",
+					UP_NODES_MAX);
+				goto out;
+			}
+			u->nmeta = (unsigned)v;
+			break;
 		case 'g':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > UP_MGMTD_MAX) {
 				cli_err("up", "--mgmtd must be 1..%u", UP_MGMTD_MAX);
@@ -1475,9 +1524,19 @@ int cmd_up(int argc, char **argv)
 		u->nmgmtd = 3;
 	if (!u->cluster)
 		u->nmgmtd = 1;
-	u->nprocs = 2 + u->nodes + u->nmgmtd - 1;
+	if (!u->nmeta)
+		u->nmeta = 1;
+	if (u->nmeta > u->nodes) {
+		cli_err("up", "--meta %u needs at least %u nodes (--nodes %u): meta k runs on "
+			      "node k's address",
+			u->nmeta, u->nmeta, u->nodes);
+		goto out;
+	}
+	u->nprocs = 2 + u->nodes + u->nmgmtd - 1 + u->nmeta - 1;
 	for (unsigned r = 0; r < u->nprocs; r++) {
-		if (r >= 2 + u->nodes)
+		if (role_of(u, (int)r) == 1 && r != 1)
+			snprintf(u->name[r], sizeof(u->name[r]), "meta%u", meta_index(u, (int)r));
+		else if (r >= 2 + u->nodes)
 			snprintf(u->name[r], sizeof(u->name[r]), "mgmtd%u", r - 1 - u->nodes);
 		else if (r < 2 || u->nodes == 1)
 			snprintf(u->name[r], sizeof(u->name[r]), "%s", role_names[r < 2 ? r : 2]);
@@ -1563,10 +1622,11 @@ int cmd_up(int argc, char **argv)
 		snprintf(u->etcd_peer, sizeof(u->etcd_peer), "http://%s:%u", u->host, ep + 1);
 	}
 	for (int r = 0; r < (int)u->nprocs; r++) {
-		int extra = r >= 2 + (int)u->nodes; /* the k-th extra mgmtd, k >= 1 */
-		unsigned k = extra ? (unsigned)r - 1 - u->nodes : 0;
-		unsigned port = extra ? u->port + UP_MGMTD_PORT + k
-				      : u->port + (unsigned)(r < 2 ? r : 2);
+		unsigned k = extra_mgmtd(u, r); /* the k-th extra mgmtd, k >= 1 */
+		int extra = k > 0, meta = role_of(u, r) == 1;
+		unsigned port = extra  ? u->port + UP_MGMTD_PORT + k
+				: meta ? u->port + 1
+				       : u->port + (unsigned)(r < 2 ? r : 2);
 		unsigned mport = extra ? u->port + UP_MGMTD_METRICS_PORT + k
 				       : port + STK_METRICS_PORT_OFFSET;
 		char host[64];
@@ -1576,8 +1636,11 @@ int cmd_up(int argc, char **argv)
 			cli_err("up", "--port too high");
 			goto out;
 		}
-		/* several storage nodes: one loopback address each, the same ports */
-		if (!extra && r >= 2 && u->nodes > 1)
+		/* several storage nodes: one loopback address each, the same ports; with
+		 * --meta M > 1, meta k on node k's */
+		if (meta && u->nmeta > 1)
+			snprintf(host, sizeof(host), "127.0.0.%u", 2 + meta_index(u, r));
+		else if (!extra && !meta && r >= 2 && u->nodes > 1)
 			snprintf(host, sizeof(host), "127.0.0.%d", r);
 		else
 			snprintf(host, sizeof(host), "%s", u->host);

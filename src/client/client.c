@@ -495,20 +495,35 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 				      .origin = origin};
 
 		rc = stk_client_meta_addr(c, addr);
-		if (rc == 0)
+		if (rc == 0) {
+			stk_callwatch_set_thread(c->watch); /* a new connection's handshake, too */
 			rc = stk_pool_get(c->pool, addr, &conn);
+			stk_callwatch_set_thread(NULL);
+		}
 		if (rc == 0) {
 			rc = stk_rpc_send(conn, &rpc);
-			if (rc == 0)
+			if (rc == 0) {
+				/* a meta node mgmtd gave up on (a hung leader, replaced) is not
+				 * waited for: its connection is aborted and the call goes on to
+				 * the one the routing table names now */
+				int slot = stk_callwatch_begin(c->watch, conn, addr);
+
 				rc = stk_rpc_recv(conn, &rpc);
+				stk_callwatch_end(c->watch, slot);
+			}
 			stk_pool_put(c->pool, conn);
 			if (rc == 0) {
-				if (resp_len)
-					*resp_len = rpc.resp_len;
-				return stk_status_to_errno(rpc.status);
+				rc = stk_status_to_errno(rpc.status);
+				/* NOT_LEADER: a replica that does not lead the shard (now):
+				 * the routing table names the one that does */
+				if (rc != -EREMCHG) {
+					if (resp_len)
+						*resp_len = rpc.resp_len;
+					return rc;
+				}
 			}
 		}
-		if (!is_transport_error(rc) || stk_now_ns() > deadline)
+		if ((!is_transport_error(rc) && rc != -EREMCHG) || stk_now_ns() > deadline)
 			break;
 		usleep(backoff_ms * 1000);
 		if (backoff_ms < 500)
@@ -516,7 +531,7 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 		stk_pool_flush(c->pool);
 		stk_client_refresh_routing(c);
 	}
-	if (is_transport_error(rc)) {
+	if (is_transport_error(rc) || rc == -EREMCHG) {
 		stk_debug("meta call %s failed: %s", stk_opcode_name(opcode), stk_strerror(rc));
 		return -EIO;
 	}

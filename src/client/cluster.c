@@ -174,6 +174,8 @@ static int build(struct stk_cluster_status *s)
 		    .host_id = n->host_id,
 		    .refused = n->refused != 0,
 		    .ns = ns_text(&n->ns, o->ns),
+		    .meta_seq = n->meta_seq,
+		    .meta_epoch = n->meta_epoch,
 		};
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
@@ -213,6 +215,10 @@ static int build(struct stk_cluster_status *s)
 		    .id = sh->id,
 		    .node_id = sh->node_id,
 		    .ns = ns_text(&sh->ns, o->ns),
+		    .replicas = sh->replicas,
+		    .nfollowers = sh->nfollowers,
+		    .followers = sh->followers,
+		    .epoch = sh->epoch,
 		};
 	}
 	rc = stk_host_space_sum(rt->targets, rt->ntargets, &sp);

@@ -132,6 +132,17 @@
 	  "in them itself.")                                                                       \
 	X(META_DELEGATION_RECALLS, COUNTER, "stoker_meta_delegation_recalls_total", "",            \
 	  "Delegated folders recalled because another client read or changed them.")               \
+	/* ---- meta: replication of the shard (docs/meta-replication.md) ---- */                  \
+	X(META_REPL_ROLE, GAUGE, "stoker_meta_repl_role", "",                                      \
+	  "This meta node's part in the replicated shard: 0 no replication, 1 leader, "            \
+	  "2 follower, 3 none yet (a spare, or its role not known yet).")                          \
+	X(META_REPL_SEQ, GAUGE, "stoker_meta_repl_seq", "",                                        \
+	  "Number of the last metadata change this meta node's store holds.")                      \
+	X(META_REPL_LAG, GAUGE, "stoker_meta_repl_lag", "follower",                                \
+	  "On the leader: changes a follower (its node id) has not acknowledged yet.")             \
+	X(META_REPL_SNAPSHOTS, COUNTER, "stoker_meta_repl_snapshots_total", "",                    \
+	  "Copies of the whole store this leader sent to followers that were new or too far "      \
+	  "behind for the log it keeps.")                                                          \
 	/* ---- meta: the purge of freed files' chunks ---- */                                   \
 	X(META_PURGE_QUEUE, GAUGE, "stoker_meta_purge_queue", "",                                  \
 	  "Freed files whose chunks meta has still to remove from storage.")                       \

@@ -39,6 +39,8 @@
 struct stk_meta_purger {
 	struct stk_meta_store *store;
 	struct stk_agent *agent;
+	stk_meta_purge_gate_fn gate; /* whether this node may send now (purge.h) */
+	void *gate_ctx;
 	struct stk_pool *pool; /* connections to the storage nodes */
 	uint32_t rate;	       /* files a second at most */
 	pthread_t thread;
@@ -212,6 +214,11 @@ static void wait_ms(struct stk_meta_purger *p, uint64_t ms)
 		pthread_cond_timedwait(&p->wake, &p->mu, &ts);
 }
 
+static int gate_open(struct stk_meta_purger *p)
+{
+	return !p->gate || p->gate(p->gate_ctx);
+}
+
 static void *purger_main(void *arg)
 {
 	struct stk_meta_purger *p = arg;
@@ -227,11 +234,16 @@ static void *purger_main(void *arg)
 		/* A round begins with the purges a full map kept in memory (store.h). */
 		if (from == 0) {
 			n = stk_meta_store_purges_unrecorded(p->store, p->recs, PURGE_PAGE);
+			if (n && !gate_open(p))
+				goto closed;
 			if (n)
 				failed += purge_page(p, n, 1);
 		}
 		if (stk_meta_store_purges(p->store, from, p->recs, PURGE_PAGE, &n))
 			n = 0;
+		/* read first, then the gate: it vouches for what was read */
+		if (n && !gate_open(p))
+			goto closed;
 		if (n)
 			failed += purge_page(p, n, 0);
 		pthread_mutex_lock(&p->mu);
@@ -249,12 +261,20 @@ static void *purger_main(void *arg)
 						: (failed ? PURGE_RETRY_MS : 0));
 		from = 0;
 		failed = 0;
+		continue;
+closed:
+		/* Not to send now (a follower): from the start again, later. */
+		pthread_mutex_lock(&p->mu);
+		wait_ms(p, PURGE_RETRY_MS);
+		from = 0;
+		failed = 0;
 	}
 	pthread_mutex_unlock(&p->mu);
 	return NULL;
 }
 
 int stk_meta_purger_start(struct stk_meta_store *st, struct stk_agent *agent,
+			  stk_meta_purge_gate_fn gate, void *gate_ctx,
 			  struct stk_meta_purger **out)
 {
 	const char *env = getenv("STOKER_PURGE_RATE");
@@ -268,6 +288,8 @@ int stk_meta_purger_start(struct stk_meta_store *st, struct stk_agent *agent,
 		return -ENOMEM;
 	p->store = st;
 	p->agent = agent;
+	p->gate = gate;
+	p->gate_ctx = gate_ctx;
 	p->rate = PURGE_RATE_DEFAULT;
 	if (env) {
 		if (stk_parse_u64(env, &v) == 0 && v >= 1 && v <= 10000000)

@@ -14,6 +14,10 @@
  * leaves their chunks to stoker fsck as garbage.) Removal is idempotent (a
  * chunk already gone is no error), so sending a record twice is harmless.
  *
+ * With replicated metadata the table is replicated like any other, and only the
+ * leader sends, each page once its followers hold it (the gate below): a new
+ * leader picks up where the old one stopped.
+ *
  * Why meta and not the client that unlinked: a client killed right after its
  * unlink returned would leak the chunks forever, since nobody else knew of them.
  *
@@ -36,10 +40,22 @@
 struct stk_meta_purger;
 
 /*
+ * The gate (NULL: none, always go): called on the purger's thread after it read
+ * a page of purges and before it sends any of them; nonzero lets it send. With
+ * replicated metadata only the leader purges, and only what its followers hold:
+ * a freeing the next leader would not know of must not remove a live file's
+ * chunks (service.c, may_purge). It may block (for the followers); a page it
+ * refuses is read again on a later pass.
+ */
+typedef int (*stk_meta_purge_gate_fn)(void *ctx);
+
+/*
  * Starts the purger on st, sending through the agent's routing table (the agent
- * must outlive it). 0, -ENOMEM or -errno from creating the thread.
+ * must outlive it), each page past gate(gate_ctx). 0, -ENOMEM or -errno from
+ * creating the thread.
  */
 int stk_meta_purger_start(struct stk_meta_store *st, struct stk_agent *agent,
+			  stk_meta_purge_gate_fn gate, void *gate_ctx,
 			  struct stk_meta_purger **out);
 /* Stops the thread (waiting for the request in flight) and frees p. NULL: no-op. */
 void stk_meta_purger_destroy(struct stk_meta_purger *p);

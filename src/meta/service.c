@@ -43,6 +43,7 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "leases.h"
+#include "repl.h"
 #include "purge.h"
 #include "session.h"
 #include "confine.h"
@@ -61,6 +62,9 @@ struct meta {
 	struct stk_metrics_ops *rpc_metrics; /* NULL without --metrics */
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
+	struct stk_meta_repl *repl;	/* the shard's replication (repl.c) */
+	uint32_t node_id;		/* as mgmtd knows this node */
+	int sessions_started;		/* atomic: the reaper runs (this node served) */
 	struct stk_meta_purger *purger; /* removes freed files' chunks (purge.c) */
 	stk_metric_t purge_series[3]; /* collect_purge's */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
@@ -1086,7 +1090,10 @@ static int op_sync(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 {
 	int rc = decoded(req, 0);
 
-	return rc ? rc : stk_meta_store_sync(m->store);
+	if (rc == 0)
+		rc = stk_meta_store_sync(m->store);
+	/* durable on every replica: the followers flush what they hold too */
+	return rc ? rc : stk_meta_repl_sync(m->repl);
 }
 
 /* ---- extended attributes ---- */
@@ -1737,6 +1744,11 @@ out:
 	return rc;
 }
 
+static int op_repl(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	return stk_meta_repl_handle(m->repl, req, resp);
+}
+
 /* ---- stoker fsck (docs/fsck.md) ---- */
 
 struct fsck_out {
@@ -1974,6 +1986,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
+	[STK_OP_META_REPL] = op_repl,
 	[STK_OP_META_FSCK] = op_fsck,
 };
 /* clang-format on */
@@ -2023,6 +2036,9 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 			  stk_opcode_name(opcode), req->peer);
 		return -ENOSYS;
 	}
+	/* A follower (or a leader cut off from mgmtd) serves no client: NOT_LEADER. */
+	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
+		return -EREMCHG;
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
 	if (rc == 0)
@@ -2042,6 +2058,9 @@ static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 
 	if (!is_read(opcode)) {
 		rc = meta_ops[opcode](m, req, resp);
+		/* the store turned follower's under this request: it never reached it */
+		if (rc == -EROFS && !stk_meta_repl_serving(m->repl))
+			rc = -EREMCHG;
 		goto out;
 	}
 	/*
@@ -2073,10 +2092,25 @@ out:
 	return rc;
 }
 
+/*
+ * A request that changed the store is answered once every follower holds the
+ * change (repl.h): the reply waits, the store does not, so concurrent requests
+ * share both the commit and the round trip to the followers.
+ */
 static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
-	int rc = meta_run(ctx, req, resp);
+	struct meta *m = ctx;
+	uint64_t seq;
+	int rc, wrc;
 
+	stk_meta_store_thread_seq(1);
+	rc = meta_run(ctx, req, resp);
+	seq = stk_meta_store_thread_seq(1);
+	if (seq) {
+		wrc = stk_meta_repl_wait(m->repl, seq);
+		if (wrc && rc == 0)
+			rc = wrc; /* not acknowledged: the client asks the new leader */
+	}
 	meta_count(ctx, req, resp, rc);
 	return rc;
 }
@@ -2233,6 +2267,9 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 	ao.node_id = node_id_load(dir);
 	ao.host_id = opts->host_id;
 	stk_meta_store_ns_id(m->store, &ao.ns);
+	ao.state = stk_meta_repl_routing;
+	ao.meta_pos = stk_meta_repl_pos;
+	ao.ctx = m->repl;
 	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
 	if (rc) {
 		if (rc != -EINTR)
@@ -2240,6 +2277,7 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 				  strerror(-rc));
 		return rc;
 	}
+	m->node_id = node_id;
 	if (node_id != ao.node_id) {
 		rc = node_id_save(dir, node_id);
 		if (rc)
@@ -2305,7 +2343,65 @@ static void meta_metrics_stop(void *ctx)
 	((struct meta *)ctx)->quota_series = NULL;
 }
 
-/* Joins the cluster, then starts the session reaper, the purger and the syncer. */
+/* The session reaper, once: when this node first serves. */
+static int sessions_start(struct meta *m)
+{
+	if (__atomic_exchange_n(&m->sessions_started, 1, __ATOMIC_ACQ_REL))
+		return 0;
+	return stk_meta_sessions_start(m->sessions, m->agent);
+}
+
+static int may_reap(void *ctx)
+{
+	return stk_meta_repl_serving(((struct meta *)ctx)->repl);
+}
+
+/*
+ * The purger's gate (purge.h): only the serving node sends removals (a follower
+ * never does; a new leader drains the purge table it got from its leader), and
+ * only once every follower holds the store as it is now, so the purges just read
+ * included: a freeing that a failover could still lose must not remove a file's
+ * chunks, which the next leader would then serve without them.
+ */
+static int may_purge(void *ctx)
+{
+	struct meta *m = ctx;
+	uint64_t seq;
+
+	if (!stk_meta_repl_serving(m->repl))
+		return 0;
+	stk_meta_store_repl_pos(m->store, NULL, &seq);
+	/* bounded: the purger is stopped at shutdown, and retries a second later */
+	return stk_meta_repl_wait_ms(m->repl, seq, 1000) == 0 && stk_meta_repl_serving(m->repl);
+}
+
+/*
+ * This node leads the shard now (repl.h). After a failover, clients of the leader
+ * before may trust what it told them for a lease: changes wait that out, as after
+ * a restart; and the reaper starts here, on the leader only.
+ */
+static void on_promoted(void *ctx, int failover)
+{
+	struct meta *m = ctx;
+	int rc;
+
+	if (failover) {
+		stk_meta_leases_grace(m->leases);
+		stk_info("meta: leads after a failover: changes wait %u ms for what clients of "
+			 "the leader before may still trust (docs/leases.md)",
+			 STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS);
+	}
+	if (m->agent) {
+		rc = sessions_start(m);
+		if (rc)
+			stk_error("meta: cannot start the session reaper: %s", strerror(-rc));
+	}
+}
+
+/*
+ * Joins the cluster, then starts replication, the session reaper (on the leader),
+ * the purger (which sends only from the leader) and the syncer.
+ */
 static int meta_start(void *ctx, struct stk_daemon *d)
 {
 	struct meta *m = ctx;
@@ -2314,10 +2410,15 @@ static int meta_start(void *ctx, struct stk_daemon *d)
 	rc = agent_open(m, m->opts, m->dir, stk_daemon_addr(d));
 	if (rc)
 		return rc;
-	rc = stk_meta_sessions_start(m->sessions, m->agent);
+	stk_meta_sessions_set_gate(m->sessions, may_reap, m);
+	rc = stk_meta_repl_start(m->repl, m->agent, m->node_id, m->rpc_metrics != NULL);
 	if (rc)
 		return rc;
-	rc = stk_meta_purger_start(m->store, m->agent, &m->purger);
+	if (stk_meta_repl_role(m->repl) == STK_META_ROLE_OFF)
+		rc = sessions_start(m);
+	if (rc)
+		return rc;
+	rc = stk_meta_purger_start(m->store, m->agent, may_purge, m, &m->purger);
 	if (rc)
 		return rc;
 	rc = -pthread_create(&m->syncer, NULL, syncer_main, m);
@@ -2367,6 +2468,8 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	rc = stk_meta_sessions_create(m.store, 0, &m.sessions);
 	if (rc == 0)
 		rc = stk_meta_leases_create(&m.leases);
+	if (rc == 0)
+		rc = stk_meta_repl_create(m.store, on_promoted, &m, &m.repl);
 	if (rc)
 		goto out;
 	/* Served before: clients cut off from the meta before may trust what it said. */
@@ -2404,8 +2507,11 @@ out:
 	stk_meta_sessions_destroy(m.sessions);
 	stk_meta_purger_destroy(m.purger);
 	stk_meta_leases_destroy(m.leases);
+	/* its threads use the agent, and the agent's hooks use it */
+	stk_meta_repl_stop(m.repl);
 	if (m.agent)
 		stk_agent_stop(m.agent);
+	stk_meta_repl_destroy(m.repl);
 	stk_meta_store_sync(m.store);
 	stk_meta_store_close(m.store);
 	stk_info("stopped");

@@ -72,6 +72,8 @@ struct stk_meta_sessions {
 	struct stk_lock_table *locks;
 	struct reap *pending;
 	size_t npending, cap_pending;
+	int (*may_reap)(void *ctx); /* set before start; NULL: always */
+	void *may_reap_ctx;
 };
 
 static const struct stk_cred root_cred;
@@ -393,9 +395,16 @@ int stk_meta_sessions_lock(struct stk_meta_sessions *s, uint64_t ino, const stru
 /* Without the mutex. 0 when ino is done with, -errno to retry later. */
 static int reap_one(struct stk_meta_sessions *s, uint64_t ino)
 {
-	/* Dropping it records its chunks for the purge (purge.h), in the same transaction. */
-	int rc = stk_meta_store_orphan_drop(s->store, ino);
+	int rc;
 
+	/*
+	 * Only a serving meta reaps: a follower's sessions are not the leader's, and
+	 * its store takes the leader's changes only (the leader's drop reaches it).
+	 */
+	if (s->may_reap && !s->may_reap(s->may_reap_ctx))
+		return -EAGAIN;
+	/* Dropping it records its chunks for the purge (purge.h), in the same transaction. */
+	rc = stk_meta_store_orphan_drop(s->store, ino);
 	if (rc == 0)
 		stk_debug("orphan %llu reaped", (unsigned long long)ino);
 	return rc == -ENOENT ? 0 : rc;
@@ -471,6 +480,12 @@ static void *reaper_main(void *arg)
 	}
 	pthread_mutex_unlock(&s->mu);
 	return NULL;
+}
+
+void stk_meta_sessions_set_gate(struct stk_meta_sessions *s, int (*may_reap)(void *ctx), void *ctx)
+{
+	s->may_reap = may_reap;
+	s->may_reap_ctx = ctx;
 }
 
 int stk_meta_sessions_start(struct stk_meta_sessions *s, struct stk_agent *agent)

@@ -42,6 +42,12 @@ struct stk_meta_sessions;
 /* lease_ms 0 = $STOKER_SESSION_LEASE_MS or the default. 0 or -ENOMEM. */
 int stk_meta_sessions_create(struct stk_meta_store *st, uint32_t lease_ms,
 			     struct stk_meta_sessions **out);
+/*
+ * may_reap(ctx): whether orphans may be reaped now (their chunks removed): only
+ * on the node that serves the shard (a replicated shard's leader). Set before
+ * start; the reaper asks before each orphan and retries later on 0.
+ */
+void stk_meta_sessions_set_gate(struct stk_meta_sessions *s, int (*may_reap)(void *ctx), void *ctx);
 /* Starts the reaper, which uses the agent's routing table (set before). 0 or -errno. */
 int stk_meta_sessions_start(struct stk_meta_sessions *s, struct stk_agent *agent);
 /* Stops the reaper and frees everything. */

@@ -97,7 +97,12 @@
 #define MAY_W 2u
 #define MAY_X 1u
 
+/* Named tables a store may have, and the longest name one may have (redo records). */
+#define TABLES_MAX 32
+#define TABLE_NAME_MAX 31
+
 static const char NEXT_INO_KEY[] = "next_ino";
+static const char REPL_POS_KEY[] = "repl_pos";
 static const char NS_ID_KEY[] = "ns_id";
 
 struct stk_meta_store {
@@ -142,6 +147,22 @@ struct stk_meta_store {
 	pthread_mutex_t qmu;
 	struct resv *resv[256];
 	/*
+	 * Replication (store.h, "Replication"): the mode, the epoch a leader's
+	 * changes carry and the hook that is told of each commit; all set under
+	 * repl_mu, which a leader's commit holds from numbering a change to telling
+	 * the hook, so that the hook sees changes in commit order. pos_epoch and
+	 * pos_seq: the last change this store holds (also in `sys`), under repl_mu.
+	 * tname: each table's name by its handle, for redo records.
+	 */
+	pthread_mutex_t repl_mu;
+	int repl_mode;
+	uint64_t repl_epoch;
+	stk_meta_redo_fn redo_fn;
+	void *redo_ctx;
+	uint64_t pos_epoch;
+	uint64_t pos_seq;
+	char tname[TABLES_MAX][TABLE_NAME_MAX + 1];
+	/*
 	 * Purges left out of the purge table because the map was full (see
 	 * "purges" below): kept here until the purger has sent them. umu guards them;
 	 * it is taken after a commit, never around a transaction.
@@ -183,7 +204,8 @@ struct op {
 	 * them already.
 	 */
 	int chosen_time;
-	int nested; /* a child of this thread's batch (stk_meta_store_batch_begin) */
+	int nested;	   /* a child of this thread's batch (stk_meta_store_batch_begin) */
+	size_t redo_mark;  /* nested: where its changes begin in the thread's redo record */
 	size_t unrec_mark; /* unrec_tl.n when it began: what it added lies past it */
 };
 
@@ -199,6 +221,79 @@ static __thread struct {
 	struct stk_meta_store *st;
 	MDB_txn *txn;
 } batch;
+
+/*
+ * This thread's redo record (store.h, "Replication"): every put and delete of
+ * the current write transaction, of every table, as it is made. The wrappers
+ * below replace mdb_put, mdb_del and mdb_cursor_del for the whole of this file,
+ * so a table added later is replicated with no code of its own. Record format,
+ * one after another: u8 kind (REDO_PUT, REDO_DEL), u8 name length, the table's
+ * name, u32 key length, key, u32 value length, value (0 for a delete).
+ */
+#define REDO_PUT 1
+#define REDO_DEL 2
+static __thread struct {
+	struct stk_meta_store *st; /* capturing for this store; NULL: not capturing */
+	uint8_t *buf;
+	size_t len, cap;
+	int err; /* -ENOMEM: a record was lost, so the transaction must not commit */
+} redo;
+/* This thread's last change number (stk_meta_store_thread_seq). */
+static __thread uint64_t thread_seq;
+/* stk_meta_store_apply is writing on this thread: a follower's store lets it. */
+static __thread int applying_now;
+
+static void redo_add(MDB_txn *txn, MDB_dbi dbi, int kind, const MDB_val *k, const MDB_val *v);
+
+static int redo_mdb_put(MDB_txn *txn, MDB_dbi dbi, MDB_val *k, MDB_val *v, unsigned flags)
+{
+	int rc = mdb_put(txn, dbi, k, v, flags);
+
+	if (rc == 0 && redo.st)
+		redo_add(txn, dbi, REDO_PUT, k, v);
+	return rc;
+}
+
+static int redo_mdb_del(MDB_txn *txn, MDB_dbi dbi, MDB_val *k, MDB_val *v)
+{
+	int rc = mdb_del(txn, dbi, k, v);
+
+	if (rc == 0 && redo.st)
+		redo_add(txn, dbi, REDO_DEL, k, NULL);
+	return rc;
+}
+
+static int redo_mdb_cursor_del(MDB_cursor *c, unsigned flags)
+{
+	MDB_val k, v;
+	int rc;
+
+	if (redo.st) {
+		rc = mdb_cursor_get(c, &k, &v, MDB_GET_CURRENT);
+		if (rc)
+			return rc;
+		/* recorded first: the key's bytes are the map's, gone after the delete */
+		redo_add(mdb_cursor_txn(c), mdb_cursor_dbi(c), REDO_DEL, &k, NULL);
+	}
+	rc = mdb_cursor_del(c, flags);
+	if (rc && redo.st)
+		redo.err = -EIO; /* recorded but not made: this transaction fails */
+	return rc;
+}
+
+/* Function-like, so that (mdb_put)(...) still reaches LMDB's own where a write must not be
+ * recorded. */
+#define mdb_put(t, d, k, v, f) redo_mdb_put(t, d, k, v, f)
+#define mdb_del(t, d, k, v) redo_mdb_del(t, d, k, v)
+#define mdb_cursor_del(c, f) redo_mdb_cursor_del(c, f)
+/*
+ * Writes the wrappers do not capture: a call would change a leader's store with
+ * no record for its followers, so it does not compile (an undeclared function).
+ * Write through mdb_put/mdb_del instead; (mdb_drop)(...) where a write must not
+ * be recorded (a follower emptying its store for a copy).
+ */
+#define mdb_cursor_put(c, k, v, f) stk_meta_store_write_not_replicated(c, k, v, f)
+#define mdb_drop(t, d, del) stk_meta_store_write_not_replicated(t, d, del)
 
 /*
  * This thread's operation retried without purge records (unrec_retry): skip is
@@ -330,12 +425,17 @@ static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cr
 	o->txn = NULL;
 	o->chosen_time = 0;
 	o->nested = batch.st == st && batch.txn;
+	o->redo_mark = redo.len;
 	o->unrec_mark = unrec_tl.n;
 	stk_wall_time(&o->now_sec, &o->now_nsec);
 	/* In a batch: a child of its transaction, which holds the map's lock already.
 	 * A read is a child too: this thread may have no other transaction. */
 	if (o->nested)
 		return lmdb_err(mdb_txn_begin(st->env, batch.txn, 0, &o->txn), "begin transaction");
+	/* A follower's store changes only by what its leader sends (stk_meta_store_apply). */
+	if (!rdonly && !applying_now &&
+	    __atomic_load_n(&st->repl_mode, __ATOMIC_ACQUIRE) == STK_META_REPL_FOLLOWER)
+		return -EROFS;
 	pthread_rwlock_rdlock(&st->map_lock);
 	if (!rdonly && st->allocated && map_used(st) + RESERVE_MIN > st->map_size &&
 	    st->map_size < st->map_max) {
@@ -345,8 +445,67 @@ static int op_begin(struct op *o, struct stk_meta_store *st, const struct stk_cr
 	}
 	rc = lmdb_err(mdb_txn_begin(st->env, NULL, rdonly ? MDB_RDONLY : 0, &o->txn),
 		      "begin transaction");
-	if (rc)
+	if (rc) {
 		pthread_rwlock_unlock(&st->map_lock);
+		return rc;
+	}
+	if (rdonly)
+		return 0;
+	/* The mode changes only under LMDB's writer lock (stk_meta_store_repl_set), which
+	 * this transaction holds now: the check above may be stale, this one is not. */
+	if (st->repl_mode == STK_META_REPL_FOLLOWER && !applying_now) {
+		mdb_txn_abort(o->txn);
+		pthread_rwlock_unlock(&st->map_lock);
+		return -EROFS;
+	}
+	redo.st = st->repl_mode == STK_META_REPL_LEADER ? st : NULL;
+	redo.len = 0;
+	redo.err = 0;
+	return 0;
+}
+
+/* Puts `sys` repl_pos = (epoch, seq) in txn, bypassing the redo record. */
+static int pos_put(MDB_txn *txn, struct stk_meta_store *st, uint64_t epoch, uint64_t seq)
+{
+	MDB_val key = {sizeof(REPL_POS_KEY) - 1, (void *)REPL_POS_KEY}, val;
+	uint8_t buf[16];
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u64(&w, epoch);
+	stk_put_u64(&w, seq);
+	val.mv_size = w.len;
+	val.mv_data = buf;
+	return lmdb_err((mdb_put)(txn, st->sys, &key, &val, 0), "write replication position");
+}
+
+/*
+ * A leader's commit of a transaction that changed something: numbered, its
+ * position written with it, and the hook told, all under repl_mu (commit order).
+ */
+static int leader_commit(struct op *o)
+{
+	struct stk_meta_store *st = o->st;
+	uint64_t seq;
+	int rc;
+
+	pthread_mutex_lock(&st->repl_mu);
+	seq = st->pos_seq + 1;
+	rc = pos_put(o->txn, st, st->repl_epoch, seq);
+	if (rc) {
+		mdb_txn_abort(o->txn);
+		goto out;
+	}
+	rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
+	if (rc)
+		goto out;
+	st->pos_epoch = st->repl_epoch;
+	st->pos_seq = seq;
+	thread_seq = seq;
+	if (st->redo_fn)
+		st->redo_fn(st->redo_ctx, st->repl_epoch, seq, redo.buf, redo.len);
+out:
+	pthread_mutex_unlock(&st->repl_mu);
 	return rc;
 }
 
@@ -356,20 +515,33 @@ static int op_end(struct op *o, int rc)
 	if (o->nested) {
 		if (rc || o->rdonly) {
 			mdb_txn_abort(o->txn);
+			/* its changes are undone: so are their records */
+			if (redo.st)
+				redo.len = o->redo_mark;
 			unrec_settle(o, 0);
 			return rc;
 		}
 		rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
+		if (rc && redo.st)
+			redo.len = o->redo_mark;
 		unrec_settle(o, rc == 0);
 		return rc;
 	}
+	if (rc == 0 && !o->rdonly && redo.st == o->st && redo.err)
+		rc = redo.err;
 	if (rc || o->rdonly) {
 		mdb_txn_abort(o->txn);
 		pthread_rwlock_unlock(&o->st->map_lock);
+		if (!o->rdonly)
+			redo.st = NULL;
 		unrec_settle(o, 0);
 		return rc;
 	}
-	rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
+	if (redo.st == o->st && redo.len > 0)
+		rc = leader_commit(o);
+	else
+		rc = lmdb_err(mdb_txn_commit(o->txn), "commit");
+	redo.st = NULL;
 	pthread_rwlock_unlock(&o->st->map_lock);
 	if (rc == 0)
 		__atomic_add_fetch(&o->st->commits, 1, __ATOMIC_RELEASE);
@@ -1088,7 +1260,71 @@ static int ns_id_load(struct op *o, int fresh)
 		stk_info("new namespace %s", stk_ns_id_str(&id, s));
 	else
 		stk_info("the namespace had no identity (made by an older release): it is "
-			 "namespace %s from now on", stk_ns_id_str(&id, s));
+			 "namespace %s from now on",
+			 stk_ns_id_str(&id, s));
+	return 0;
+}
+
+/*
+ * Each named table's name by its handle, from LMDB's main table (which lists
+ * them all): called after every table is open, so that redo records name every
+ * table, whoever added it. -EIO for a name too long to record.
+ */
+static int tables_named(struct op *o)
+{
+	MDB_cursor *c;
+	MDB_val k, v;
+	MDB_dbi main_dbi, dbi;
+	char name[TABLE_NAME_MAX + 1];
+	int rc;
+
+	rc = lmdb_err(mdb_dbi_open(o->txn, NULL, 0, &main_dbi), "open the table of tables");
+	if (rc == 0)
+		rc = lmdb_err(mdb_cursor_open(o->txn, main_dbi, &c), "list tables");
+	if (rc)
+		return rc;
+	for (rc = mdb_cursor_get(c, &k, &v, MDB_FIRST); rc == 0;
+	     rc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+		if (k.mv_size == 0 || k.mv_size > TABLE_NAME_MAX) {
+			rc = -EIO;
+			break;
+		}
+		memcpy(name, k.mv_data, k.mv_size);
+		name[k.mv_size] = 0;
+		rc = mdb_dbi_open(o->txn, name, 0, &dbi);
+		if (rc || dbi >= TABLES_MAX) {
+			stk_error("meta store: table %s: %s", name,
+				  rc ? mdb_strerror(rc) : "too many tables");
+			rc = -EIO;
+			break;
+		}
+		memcpy(o->st->tname[dbi], name, k.mv_size + 1);
+	}
+	mdb_cursor_close(c);
+	return rc == MDB_NOTFOUND ? 0 : rc < 0 ? rc : lmdb_err(rc, "list tables");
+}
+
+/* The replication position in `sys` (0, 0 when none: a store never replicated). */
+static int pos_load(struct op *o)
+{
+	MDB_val key = {sizeof(REPL_POS_KEY) - 1, (void *)REPL_POS_KEY}, val;
+	struct stk_rbuf r;
+	int rc;
+
+	o->st->pos_epoch = 0;
+	o->st->pos_seq = 0;
+	rc = mdb_get(o->txn, o->st->sys, &key, &val);
+	if (rc == MDB_NOTFOUND)
+		return 0;
+	if (rc)
+		return lmdb_err(rc, "read replication position");
+	stk_rbuf_init(&r, val.mv_data, val.mv_size);
+	o->st->pos_epoch = stk_get_u64(&r);
+	o->st->pos_seq = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r)) {
+		stk_error("meta store: corrupt replication position");
+		return -EIO;
+	}
 	return 0;
 }
 
@@ -1172,6 +1408,10 @@ static int store_init(struct stk_meta_store *st)
 	if (rc == 0)
 		rc = mdb_dbi_open(o.txn, "purge", MDB_CREATE, &st->purge);
 	rc = lmdb_err(rc, "open tables");
+	if (rc == 0)
+		rc = tables_named(&o);
+	if (rc == 0)
+		rc = pos_load(&o);
 	if (rc)
 		goto out;
 	rc = inode_get(&o, STK_ROOT_INO, &root);
@@ -1277,6 +1517,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 		return -ENOMEM;
 	pthread_mutex_init(&st->sync_mu, NULL);
 	pthread_mutex_init(&st->qmu, NULL);
+	pthread_mutex_init(&st->repl_mu, NULL);
 	pthread_mutex_init(&st->umu, NULL);
 	/* a growth waiting for the map must not wait behind a stream of new readers */
 	pthread_rwlockattr_init(&ra);
@@ -1287,7 +1528,8 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	rc = env_open(st, opts->dir, 1);
 	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EOPNOTSUPP) {
 		stk_warn("meta store: cannot allocate the namespace's file in %s (%s); "
-			 "a full disk there will fail writes with EIO", opts->dir, strerror(-rc));
+			 "a full disk there will fail writes with EIO",
+			 opts->dir, strerror(-rc));
 		rc = env_open(st, opts->dir, 0);
 	}
 	if (rc == 0)
@@ -1302,6 +1544,7 @@ out:
 	pthread_rwlock_destroy(&st->map_lock);
 	pthread_mutex_destroy(&st->sync_mu);
 	pthread_mutex_destroy(&st->qmu);
+	pthread_mutex_destroy(&st->repl_mu);
 	pthread_mutex_destroy(&st->umu);
 	free(st);
 	return rc;
@@ -1322,6 +1565,7 @@ void stk_meta_store_close(struct stk_meta_store *st)
 			 st->nunrec);
 	free(st->unrec);
 	pthread_mutex_destroy(&st->umu);
+	pthread_mutex_destroy(&st->repl_mu);
 	free(st);
 }
 
@@ -1617,7 +1861,8 @@ static void setattr_apply(const struct op *o, struct inode *n, const struct stk_
 	if ((v & STK_SETATTR_SIZE) && sa->size != a->size) {
 		/* A cut drops the chunks past the new end; growing writes nothing. */
 		if (sa->size < a->size)
-			alloc_cut(n, (uint32_t)chunks_of(sa->size, a->layout.chunk_size), UINT32_MAX);
+			alloc_cut(n, (uint32_t)chunks_of(sa->size, a->layout.chunk_size),
+				  UINT32_MAX);
 		a->size = sa->size;
 		alloc_blocks(n);
 		times_now(o, &a->mtime_sec, &a->mtime_nsec);
@@ -3110,8 +3355,8 @@ int stk_meta_store_listxattr(struct stk_meta_store *st, const struct stk_cred *c
 	return op_end(&o, rc);
 }
 
-int stk_meta_store_removexattr(struct stk_meta_store *st, const struct stk_cred *cred,
-			       uint64_t ino, const char *name)
+int stk_meta_store_removexattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			       const char *name)
 {
 	uint8_t k[XATTR_KEY_MAX];
 	MDB_val key = {0, k};
@@ -3256,7 +3501,8 @@ static int quota_chain(struct op *o, uint64_t qid, struct quota *q, unsigned *n)
 		rc = quota_get(o, qid, &q[*n]);
 		if (rc == -ENOENT) {
 			stk_warn("meta store: an inode counts in quota %llu, which is gone "
-				 "(stoker quota recount fixes it)", (unsigned long long)qid);
+				 "(stoker quota recount fixes it)",
+				 (unsigned long long)qid);
 			return 0;
 		}
 		if (rc)
@@ -4129,6 +4375,417 @@ int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, s
 		*--p = '/';
 	memmove(buf, p, (size_t)(end - p));
 	return 0;
+}
+
+/* ---- replication (store.h, "Replication") ---- */
+
+/*
+ * A store that turns follower forgets the purges a full map kept in memory
+ * (store.h): they are of freeings it made as a leader, which the next leader may
+ * never have got (not acknowledged). Sent later, were it to lead again, they
+ * would remove the chunks of files that live on; left alone, they are garbage
+ * for stoker fsck at worst. The purger settles no more of them (the count of
+ * those it took is clamped to what is left, stk_meta_store_unrecorded_done).
+ */
+static void unrec_forget(struct stk_meta_store *st)
+{
+	size_t n;
+
+	pthread_mutex_lock(&st->umu);
+	n = st->nunrec;
+	free(st->unrec);
+	st->unrec = NULL;
+	st->nunrec = 0;
+	st->capunrec = 0;
+	pthread_mutex_unlock(&st->umu);
+	if (n)
+		stk_warn("meta store: follows now: the purges of %zu freed file(s) kept in "
+			 "memory (the map was full) are dropped; stoker fsck finds their chunks "
+			 "as garbage",
+			 n);
+}
+
+/* A thread's redo buffer goes with the thread (server workers come and go). */
+static pthread_once_t redo_once = PTHREAD_ONCE_INIT;
+static pthread_key_t redo_key;
+
+static void redo_key_make(void)
+{
+	pthread_key_create(&redo_key, free);
+}
+
+static void redo_add(MDB_txn *txn, MDB_dbi dbi, int kind, const MDB_val *k, const MDB_val *v)
+{
+	struct stk_meta_store *st = redo.st;
+	const char *name = dbi < TABLES_MAX ? st->tname[dbi] : "";
+	size_t nl = strlen(name), vl = v ? v->mv_size : 0;
+	size_t need = 2 + nl + 4 + k->mv_size + 4 + vl;
+	struct stk_wbuf w;
+
+	(void)txn;
+	if (redo.err)
+		return;
+	if (nl == 0 || k->mv_size > UINT32_MAX || vl > UINT32_MAX) {
+		stk_error("meta store: a change to table %u cannot be recorded", (unsigned)dbi);
+		redo.err = -EIO;
+		return;
+	}
+	if (redo.len + need > redo.cap) {
+		size_t cap = STK_MAX(redo.cap * 2, redo.len + need + 4096);
+		uint8_t *b;
+
+		pthread_once(&redo_once, redo_key_make);
+		b = realloc(redo.buf, cap);
+		if (!b) {
+			redo.err = -ENOMEM;
+			return;
+		}
+		redo.buf = b;
+		redo.cap = cap;
+		pthread_setspecific(redo_key, b); /* freed when the thread exits */
+	}
+	stk_wbuf_init(&w, redo.buf + redo.len, need);
+	stk_put_u8(&w, (uint8_t)kind);
+	stk_put_u8(&w, (uint8_t)nl);
+	stk_put_bytes(&w, name, nl);
+	stk_put_u32(&w, (uint32_t)k->mv_size);
+	stk_put_bytes(&w, k->mv_data, k->mv_size);
+	stk_put_u32(&w, (uint32_t)vl);
+	if (vl)
+		stk_put_bytes(&w, v->mv_data, vl);
+	redo.len += w.len;
+}
+
+int stk_meta_store_repl_set(struct stk_meta_store *st, int mode, uint64_t epoch,
+			    stk_meta_redo_fn fn, void *ctx)
+{
+	MDB_txn *txn;
+	int rc;
+
+	if (mode != STK_META_REPL_OFF && mode != STK_META_REPL_LEADER &&
+	    mode != STK_META_REPL_FOLLOWER)
+		return -EINVAL;
+	/* Under LMDB's writer lock: no write transaction is half-way through. */
+	pthread_rwlock_rdlock(&st->map_lock);
+	rc = lmdb_err(mdb_txn_begin(st->env, NULL, 0, &txn), "begin transaction");
+	if (rc == 0) {
+		pthread_mutex_lock(&st->repl_mu);
+		__atomic_store_n(&st->repl_mode, mode, __ATOMIC_RELEASE);
+		st->repl_epoch = epoch;
+		st->redo_fn = fn;
+		st->redo_ctx = ctx;
+		pthread_mutex_unlock(&st->repl_mu);
+		mdb_txn_abort(txn);
+	}
+	pthread_rwlock_unlock(&st->map_lock);
+	if (rc == 0 && mode == STK_META_REPL_FOLLOWER)
+		unrec_forget(st);
+	return rc;
+}
+
+void stk_meta_store_repl_pos(struct stk_meta_store *st, uint64_t *epoch, uint64_t *seq)
+{
+	pthread_mutex_lock(&st->repl_mu);
+	if (epoch)
+		*epoch = st->pos_epoch;
+	if (seq)
+		*seq = st->pos_seq;
+	pthread_mutex_unlock(&st->repl_mu);
+}
+
+uint64_t stk_meta_store_thread_seq(int reset)
+{
+	uint64_t v = thread_seq;
+
+	if (reset)
+		thread_seq = 0;
+	return v;
+}
+
+static int table_of(struct stk_meta_store *st, const uint8_t *name, size_t nl, MDB_dbi *dbi)
+{
+	for (unsigned i = 0; i < TABLES_MAX; i++)
+		if (strlen(st->tname[i]) == nl && memcmp(st->tname[i], name, nl) == 0) {
+			*dbi = i;
+			return 0;
+		}
+	stk_error("meta store: a replicated change names table \"%.*s\", which this store "
+		  "does not have (a newer leader?)",
+		  (int)nl, (const char *)name);
+	return -EPROTO;
+}
+
+/* Makes the records of one redo record in o's transaction. */
+static int ops_apply(struct op *o, const uint8_t *ops, size_t len)
+{
+	struct stk_rbuf r;
+	int rc = 0;
+
+	stk_rbuf_init(&r, ops, len);
+	while (rc == 0 && r.off < r.len) {
+		uint8_t kind = stk_get_u8(&r), nl = stk_get_u8(&r);
+		const uint8_t *name = stk_rbuf_take(&r, nl);
+		uint32_t kl = stk_get_u32(&r);
+		const uint8_t *kb = stk_rbuf_take(&r, kl);
+		uint32_t vl = stk_get_u32(&r);
+		const uint8_t *vb = stk_rbuf_take(&r, vl);
+		MDB_val k = {kl, (void *)kb}, v = {vl, (void *)vb};
+		MDB_dbi dbi;
+
+		if (r.err || (kind != REDO_PUT && kind != REDO_DEL) || kl == 0)
+			return -EBADMSG;
+		rc = table_of(o->st, name, nl, &dbi);
+		if (rc)
+			return rc;
+		if (kind == REDO_PUT)
+			rc = lmdb_err((mdb_put)(o->txn, dbi, &k, &v, 0), "apply a change");
+		else if ((rc = (mdb_del)(o->txn, dbi, &k, NULL)) == MDB_NOTFOUND)
+			rc = 0; /* a snapshot taken after the delete never had it */
+		else
+			rc = lmdb_err(rc, "apply a delete");
+	}
+	return rc;
+}
+
+static int apply_once(struct stk_meta_store *st, const uint8_t *buf, size_t len,
+		      uint64_t *epoch_out, uint64_t *seq_out)
+{
+	uint64_t epoch, seq;
+	struct stk_rbuf r;
+	struct op o;
+	int rc, changed = 0;
+
+	stk_meta_store_repl_pos(st, &epoch, &seq);
+	applying_now = 1;
+	rc = op_begin(&o, st, NULL, 0);
+	applying_now = 0;
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, buf, len);
+	while (rc == 0 && r.off < r.len) {
+		uint64_t e = stk_get_u64(&r), s = stk_get_u64(&r);
+		uint32_t n = stk_get_u32(&r);
+		const uint8_t *ops = stk_rbuf_take(&r, n);
+
+		if (r.err || s == 0) {
+			rc = -EBADMSG;
+			break;
+		}
+		if (s <= seq)
+			continue; /* held already (sent again) */
+		if (s != seq + 1) {
+			rc = -ESTALE; /* a gap: the sender must go back to what this store holds */
+			break;
+		}
+		rc = ops_apply(&o, ops, n);
+		epoch = e;
+		seq = s;
+		changed = 1;
+	}
+	if (rc == 0 && changed)
+		rc = pos_put(o.txn, st, epoch, seq);
+	if (rc == 0 && !changed)
+		rc = 1; /* nothing to commit */
+	rc = op_end(&o, rc);
+	if (rc == 1)
+		rc = 0;
+	else if (rc == 0) {
+		pthread_mutex_lock(&st->repl_mu);
+		st->pos_epoch = epoch;
+		st->pos_seq = seq;
+		pthread_mutex_unlock(&st->repl_mu);
+	}
+	if (rc == 0) {
+		if (epoch_out)
+			*epoch_out = epoch;
+		if (seq_out)
+			*seq_out = seq;
+	}
+	return rc;
+}
+
+/*
+ * A leader whose map is full frees files through its reserve (reserve_open,
+ * unrec_retry): the same changes need the same room here, so a full map opens
+ * this store's reserve too and tries once more, rather than falling behind for
+ * good (the leader's changes would wait for this follower).
+ */
+int stk_meta_store_apply(struct stk_meta_store *st, const uint8_t *buf, size_t len,
+			 uint64_t *epoch_out, uint64_t *seq_out)
+{
+	int rc = apply_once(st, buf, len, epoch_out, seq_out);
+
+	if (rc == -ENOSPC && reserve_open(st))
+		rc = apply_once(st, buf, len, epoch_out, seq_out);
+	return rc;
+}
+
+struct stk_meta_snap {
+	struct stk_meta_store *st;
+	unsigned table; /* the table being copied (its handle) */
+	int resume;	/* key holds the last key sent of `table` */
+	size_t klen;
+	uint8_t key[512]; /* LMDB's largest key is 511 bytes */
+};
+
+int stk_meta_store_snap_begin(struct stk_meta_store *st, struct stk_meta_snap **out)
+{
+	struct stk_meta_snap *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return -ENOMEM;
+	s->st = st;
+	*out = s;
+	return 0;
+}
+
+void stk_meta_store_snap_end(struct stk_meta_snap *s)
+{
+	free(s);
+}
+
+/* Appends one put record of table `name` to w; 0, or 1 when it does not fit. */
+static int snap_put(struct stk_wbuf *w, const char *name, const MDB_val *k, const MDB_val *v)
+{
+	size_t nl = strlen(name), need = 2 + nl + 4 + k->mv_size + 4 + v->mv_size;
+
+	if (w->cap - w->len < need)
+		return 1;
+	stk_put_u8(w, REDO_PUT);
+	stk_put_u8(w, (uint8_t)nl);
+	stk_put_bytes(w, name, nl);
+	stk_put_u32(w, (uint32_t)k->mv_size);
+	stk_put_bytes(w, k->mv_data, k->mv_size);
+	stk_put_u32(w, (uint32_t)v->mv_size);
+	stk_put_bytes(w, v->mv_data, v->mv_size);
+	return 0;
+}
+
+int stk_meta_store_snap_next(struct stk_meta_snap *s, uint8_t *buf, size_t cap, size_t *len,
+			     int *done)
+{
+	struct stk_meta_store *st = s->st;
+	struct stk_wbuf w;
+	struct op o;
+	int rc, full = 0;
+
+	*done = 0;
+	stk_wbuf_init(&w, buf, cap);
+	rc = op_begin(&o, st, NULL, 1);
+	if (rc)
+		return rc;
+	for (; s->table < TABLES_MAX && !full; s->table++, s->resume = 0) {
+		const char *name = st->tname[s->table];
+		MDB_cursor *c;
+		MDB_val k, v;
+		int mrc;
+
+		if (!name[0])
+			continue;
+		rc = lmdb_err(mdb_cursor_open(o.txn, s->table, &c), "copy a table");
+		if (rc)
+			break;
+		if (s->resume) {
+			k.mv_size = s->klen;
+			k.mv_data = s->key;
+			mrc = mdb_cursor_get(c, &k, &v, MDB_SET_RANGE);
+			if (mrc == 0 && k.mv_size == s->klen &&
+			    memcmp(k.mv_data, s->key, s->klen) == 0)
+				mrc = mdb_cursor_get(c, &k, &v, MDB_NEXT);
+		} else {
+			mrc = mdb_cursor_get(c, &k, &v, MDB_FIRST);
+		}
+		for (; mrc == 0; mrc = mdb_cursor_get(c, &k, &v, MDB_NEXT)) {
+			if (snap_put(&w, name, &k, &v)) {
+				full = 1;
+				break;
+			}
+			memcpy(s->key, k.mv_data, k.mv_size);
+			s->klen = k.mv_size;
+			s->resume = 1;
+		}
+		mdb_cursor_close(c);
+		if (mrc && mrc != MDB_NOTFOUND) {
+			rc = lmdb_err(mrc, "copy a table");
+			break;
+		}
+		if (full)
+			break; /* resume this table from its last key sent */
+	}
+	op_end(&o, 0);
+	if (rc)
+		return rc;
+	if (full && w.len == 0)
+		return -EMSGSIZE;
+	*len = w.len;
+	*done = !full;
+	return 0;
+}
+
+static int snap_apply_once(struct stk_meta_store *st, int first, const uint8_t *ops, size_t len)
+{
+	struct op o;
+	int rc;
+
+	applying_now = 1;
+	rc = op_begin(&o, st, NULL, 0);
+	applying_now = 0;
+	if (rc)
+		return rc;
+	if (first) {
+		/* Holds nothing now: a crash before the end leaves it to copy again. */
+		for (unsigned i = 0; i < TABLES_MAX && rc == 0; i++)
+			if (st->tname[i][0])
+				rc = lmdb_err((mdb_drop)(o.txn, i, 0), "empty a table");
+		if (rc == 0)
+			rc = pos_put(o.txn, st, 0, 0);
+	}
+	if (rc == 0)
+		rc = ops_apply(&o, ops, len);
+	rc = op_end(&o, rc);
+	if (rc == 0 && first) {
+		pthread_mutex_lock(&st->repl_mu);
+		st->pos_epoch = 0;
+		st->pos_seq = 0;
+		pthread_mutex_unlock(&st->repl_mu);
+		/* a half copy is no namespace: it says so until snap_done (and a restart
+		 * before then makes itself a new identity, the copy's record being gone) */
+		memset(&st->ns_id, 0, sizeof(st->ns_id));
+	}
+	return rc;
+}
+
+/* A full map: its reserve, as for a log (stk_meta_store_apply). */
+int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_t *ops, size_t len)
+{
+	int rc = snap_apply_once(st, first, ops, len);
+
+	if (rc == -ENOSPC && reserve_open(st))
+		rc = snap_apply_once(st, first, ops, len);
+	return rc;
+}
+
+int stk_meta_store_snap_done(struct stk_meta_store *st, uint64_t epoch, uint64_t seq)
+{
+	struct op o;
+	int rc;
+
+	applying_now = 1;
+	rc = op_begin(&o, st, NULL, 0);
+	applying_now = 0;
+	if (rc)
+		return rc;
+	rc = pos_put(o.txn, st, epoch, seq);
+	if (rc == 0)
+		rc = ns_id_load(&o, 0);
+	rc = op_end(&o, rc);
+	if (rc == 0) {
+		pthread_mutex_lock(&st->repl_mu);
+		st->pos_epoch = epoch;
+		st->pos_seq = seq;
+		pthread_mutex_unlock(&st->repl_mu);
+	}
+	return rc;
 }
 
 /* ---- fsck: the namespace checked against itself ---- */

@@ -76,8 +76,9 @@ struct stk_meta_store_opts {
  */
 int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out);
 /*
- * The namespace's identity (never zero): what the meta node registers with, so that
- * mgmtd gives it only the shard whose data this store holds. Any thread.
+ * The namespace's identity (never zero, but while a follower applies a copy of
+ * its leader's store): what the meta node registers with, so that mgmtd gives it
+ * only the shard whose data this store holds. Any thread.
  */
 void stk_meta_store_ns_id(const struct stk_meta_store *st, struct stk_ns_id *out);
 /* Closes the store. Every other call on it must have returned. Does not sync. */
@@ -349,8 +350,8 @@ int stk_meta_store_extend(struct stk_meta_store *st, const struct stk_cred *cred
  * (inode format 1) counts every chunk below the size.
  */
 struct stk_meta_extend {
-	uint64_t size;	    /* size = max(size, this) */
-	int64_t mtime_sec;  /* 0 and 0: now */
+	uint64_t size;	   /* size = max(size, this) */
+	int64_t mtime_sec; /* 0 and 0: now */
 	uint32_t mtime_nsec;
 	uint32_t alloc_first, alloc_end; /* chunks [first, end) now hold data */
 	uint32_t punch_first, punch_end; /* then: chunks [first, end) were removed */
@@ -360,7 +361,8 @@ struct stk_meta_extend {
  * stk_meta_store_extend itself counts every chunk as written (alloc 0 to 2^32-1).
  */
 int stk_meta_store_extend_alloc(struct stk_meta_store *st, const struct stk_cred *cred,
-				uint64_t ino, const struct stk_meta_extend *x, struct stk_attr *out);
+				uint64_t ino, const struct stk_meta_extend *x,
+				struct stk_attr *out);
 
 /*
  * Extended attributes, kept per inode (records "xattrs": be64 ino + name -> value)
@@ -399,8 +401,8 @@ int stk_meta_store_getxattr(struct stk_meta_store *st, const struct stk_cred *cr
 int stk_meta_store_listxattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			     char *buf, size_t cap, size_t *len);
 /* Removes `name`: -ENODATA if absent. */
-int stk_meta_store_removexattr(struct stk_meta_store *st, const struct stk_cred *cred,
-			       uint64_t ino, const char *name);
+int stk_meta_store_removexattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
+			       const char *name);
 
 /*
  * Orphans: a regular file whose last name goes (unlink, rename over it) while
@@ -618,6 +620,79 @@ void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t se
  */
 int stk_meta_store_batch_begin(struct stk_meta_store *st);
 int stk_meta_store_batch_end(struct stk_meta_store *st, int rc);
+
+/*
+ * Replication. A leader's store records, in each write transaction, every put
+ * and delete it makes to any table (a redo record, captured where this file's
+ * code writes to LMDB, so that a table added later needs nothing of its own),
+ * numbers each transaction that changed something with the next change number
+ * (seq, from 1), stores (epoch, seq) in `sys` ("repl_pos") in that transaction,
+ * and calls the redo hook after the commit, in commit order. A follower's store
+ * takes changes only through stk_meta_store_apply and the snapshot calls; any
+ * other write is -EROFS. Off (the default) records nothing and numbers nothing.
+ *
+ * The hook is called on the committing thread with the store's replication lock
+ * held: it must copy what it keeps and return quickly, without calling into the
+ * store. ops/len: the redo record (valid during the call only).
+ *
+ * Redo record: a sequence of u8 kind (1 put, 2 delete), u8 name length, the
+ * table's name, u32 key length, key, u32 value length, value (none: 0 for a
+ * delete). A log of them, as stk_meta_store_apply reads it: a sequence of
+ * entries u64 epoch, u64 seq, u32 length, that many bytes of redo record.
+ */
+#define STK_META_REPL_OFF 0
+#define STK_META_REPL_LEADER 1
+#define STK_META_REPL_FOLLOWER 2
+typedef void (*stk_meta_redo_fn)(void *ctx, uint64_t epoch, uint64_t seq, const uint8_t *ops,
+				 size_t len);
+/*
+ * Sets the mode (STK_META_REPL_*), the epoch a leader's changes carry, and the
+ * hook (NULL: none). Waits for a write transaction in progress to end; a change
+ * committed after this returns follows the new mode. 0, -EINVAL, or -errno.
+ */
+int stk_meta_store_repl_set(struct stk_meta_store *st, int mode, uint64_t epoch,
+			    stk_meta_redo_fn fn, void *ctx);
+/* The last change this store holds: its epoch and number (0, 0: none). Any thread. */
+void stk_meta_store_repl_pos(struct stk_meta_store *st, uint64_t *epoch, uint64_t *seq);
+/*
+ * The number of the last change this thread committed as a leader (0: none
+ * since the last reset), and with reset, forgets it: what a request waits for
+ * its followers to hold before it is answered.
+ */
+uint64_t stk_meta_store_thread_seq(int reset);
+/*
+ * A follower applies a log (the format above) in one transaction: entries it
+ * holds already are skipped, the others must follow on from its position (else
+ * -ESTALE, nothing applied). *epoch and *seq (either may be NULL): its position
+ * after. -EBADMSG (malformed), -EPROTO (a table this store does not have), or the
+ * store's -errno. Writes in any mode (a leader never calls it).
+ */
+int stk_meta_store_apply(struct stk_meta_store *st, const uint8_t *log, size_t len, uint64_t *epoch,
+			 uint64_t *seq);
+/*
+ * A copy of the whole store for a follower that is new or too far behind. It is
+ * made of many short read transactions, so it is not one moment's state: the
+ * leader notes its position (stk_meta_store_repl_pos) before the first call, and
+ * the follower, once it has every part (stk_meta_store_snap_done with that
+ * position), applies the log from there, which makes it exact (every record of
+ * the log replaces or deletes a whole key). snap_next fills buf (cap bytes) with
+ * a redo record of puts; *done is 1 after the last part. -EMSGSIZE: one record is
+ * larger than cap. One snapshot is used by one thread at a time.
+ */
+struct stk_meta_snap;
+int stk_meta_store_snap_begin(struct stk_meta_store *st, struct stk_meta_snap **out);
+int stk_meta_store_snap_next(struct stk_meta_snap *s, uint8_t *buf, size_t cap, size_t *len,
+			     int *done);
+void stk_meta_store_snap_end(struct stk_meta_snap *s);
+/*
+ * A follower: applies one part of a snapshot; `first` empties every table (and
+ * the position, so that a crash before snap_done copies again) first, and the
+ * namespace identity reads as zero from then until snap_done. snap_done:
+ * the copy is complete as of (epoch, seq), and the namespace identity is the
+ * copy's. 0, -EBADMSG, -EPROTO or the store's -errno.
+ */
+int stk_meta_store_snap_apply(struct stk_meta_store *st, int first, const uint8_t *ops, size_t len);
+int stk_meta_store_snap_done(struct stk_meta_store *st, uint64_t epoch, uint64_t seq);
 
 /*
  * Client confinement (service.c, docs/security.md). stk_meta_store_within: 1 when

@@ -46,6 +46,7 @@ struct stk_agent {
 	uint8_t role;
 	stk_agent_targets_fn targets;
 	stk_agent_state_fn state;
+	void (*meta_pos)(void *ctx, struct stk_ns_id *ns, uint64_t *epoch, uint64_t *seq);
 	void *ctx;
 
 	pthread_mutex_t call_lock; /* protects conn, buf, resp, tinfo, tids, ntids, node_id */
@@ -129,6 +130,15 @@ static int do_register(struct stk_agent *a, int *answered)
 
 	n = collect_targets(a);
 	memset(&rq, 0, sizeof(rq));
+	if (a->meta_pos) {
+		struct stk_ns_id ns;
+		uint64_t e, s;
+
+		/* zero while the store is being copied: register with the last one known */
+		a->meta_pos(a->ctx, &ns, &e, &s);
+		if (!stk_ns_id_is_zero(&ns))
+			a->ns = ns;
+	}
 	rq.node_id = a->node_id;
 	rq.role = a->role;
 	stk_strlcpy(rq.addr, a->addr, sizeof(rq.addr));
@@ -333,9 +343,19 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 	uint64_t sent = stk_now_ns();
 
 	n = collect_targets(a);
+	memset(&rq, 0, sizeof(rq));
 	rq.node_id = a->node_id;
 	rq.ntargets = n;
 	stk_strlcpy(rq.host_id, a->host_id, sizeof(rq.host_id));
+	if (a->meta_pos) {
+		struct stk_ns_id ns;
+
+		a->meta_pos(a->ctx, &ns, &rq.meta_epoch, &rq.meta_seq);
+		rq.ns_hi = ns.hi;
+		rq.ns_lo = ns.lo;
+		if (!stk_ns_id_is_zero(&ns))
+			a->ns = ns;
+	}
 	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
 	stk_msg_mgmt_heartbeat_req_enc(&w, &rq);
 	for (uint32_t i = 0; i < n; i++)
@@ -531,6 +551,8 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	a->role = opts->role;
 	a->targets = opts->targets;
 	a->state = opts->state;
+	if (opts->size >= offsetof(struct stk_agent_opts, meta_pos) + sizeof(opts->meta_pos))
+		a->meta_pos = opts->meta_pos;
 	a->ctx = opts->ctx;
 	a->node_id = opts->node_id;
 	a->ns = opts->ns;

@@ -50,6 +50,12 @@ struct stk_agent_opts {
 	const char *zone;
 	struct stk_ns_id ns; /* a meta node's store identity (never zero); zero for storage */
 	stk_agent_state_fn state; /* NULL, or told of table and fence changes (with ctx) */
+	/*
+	 * A meta node: what its store holds now (identity, last change; meta/store.h),
+	 * asked before each registration and heartbeat, from the agent's threads, with
+	 * ctx. NULL for storage.
+	 */
+	void (*meta_pos)(void *ctx, struct stk_ns_id *ns, uint64_t *epoch, uint64_t *seq);
 };
 
 /*

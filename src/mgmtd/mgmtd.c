@@ -87,11 +87,12 @@ struct mgmtd {
 	/* Cluster mode; etcd NULL in embedded mode. */
 	struct stk_etcd *etcd;
 	char leader_key[256], state_key[256];
-	unsigned replicas_opt;	 /* --replicas, applied whenever it takes over */
-	int leading;		 /* under lock: 1 while this mgmtd leads (always in embedded) */
-	int64_t lease;		 /* the leader lease, while leading (election thread's) */
-	int64_t leader_rev;	 /* under lock: the leader key's create revision we won */
-	char leader[STK_ADDR_MAX]; /* under lock: the leader's address, "" if unknown */
+	unsigned replicas_opt;	    /* --replicas, applied whenever it takes over */
+	unsigned meta_replicas_opt; /* --meta-replicas, the same */
+	int leading;		    /* under lock: 1 while this mgmtd leads (always in embedded) */
+	int64_t lease;		    /* the leader lease, while leading (election thread's) */
+	int64_t leader_rev;	    /* under lock: the leader key's create revision we won */
+	char leader[STK_ADDR_MAX];  /* under lock: the leader's address, "" if unknown */
 	pthread_t elect;
 	int elect_started;
 };
@@ -206,6 +207,17 @@ out:
 	return rc;
 }
 
+/* --meta-replicas, when given, replaces what the state says (for the followers to come). */
+static void meta_replicas_apply(struct mgmtd *m)
+{
+	if (!m->meta_replicas_opt || m->meta_replicas_opt == m->st.meta_replicas)
+		return;
+	stk_info("meta replicas: %u (was %u)", m->meta_replicas_opt,
+		 m->st.meta_replicas ? m->st.meta_replicas : 1);
+	m->st.meta_replicas = (uint8_t)m->meta_replicas_opt;
+	m->st.dirty = 1;
+}
+
 static int handle_heartbeat(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_mgmt_heartbeat_req rq;
@@ -222,8 +234,12 @@ static int handle_heartbeat(struct mgmtd *m, struct stk_rpc_req *req, struct stk
 	rc = m->leading ? stk_mgmt_state_heartbeat(&m->st, rq.node_id, tgts, rq.ntargets,
 						   stk_now_ns())
 			: -EREMCHG;
-	if (rc == 0)
+	if (rc == 0) {
 		stk_mgmt_state_set_host(&m->st, rq.node_id, rq.host_id);
+		stk_mgmt_state_meta_report(&m->st, rq.node_id,
+					   &(struct stk_ns_id){.hi = rq.ns_hi, .lo = rq.ns_lo},
+					   rq.meta_epoch, rq.meta_seq);
+	}
 	if (rc == 0)
 		persist(m); /* a failed save is logged; the node is alive all the same */
 	rp.routing_version = m->st.version;
@@ -678,6 +694,7 @@ static int take_over(struct mgmtd *m, int64_t rev)
 		revoked_sync(m);
 		if (m->replicas_opt && m->replicas_opt != m->st.replicas)
 			m->st.replicas = (uint8_t)m->replicas_opt;
+		meta_replicas_apply(m);
 		m->st.form_settle_ns = FORM_SETTLE_NS;
 		m->st.dirty = 1;
 		m->leading = 1;
@@ -926,6 +943,16 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 	if (opts->size >= offsetof(struct stk_mgmtd_opts, ui_interval_ms) +
 			      sizeof(opts->ui_interval_ms))
 		m->ui_interval_ms = opts->ui_interval_ms;
+	if (opts->size >=
+	    offsetof(struct stk_mgmtd_opts, meta_replicas) + sizeof(opts->meta_replicas)) {
+		if (opts->meta_replicas > STK_MAX_REPLICAS) {
+			stk_error("--meta-replicas %u: at most %d", opts->meta_replicas,
+				  STK_MAX_REPLICAS);
+			rc = -EINVAL;
+			goto out;
+		}
+		m->meta_replicas_opt = opts->meta_replicas;
+	}
 	if (opts->size >= offsetof(struct stk_mgmtd_opts, prometheus) + sizeof(opts->prometheus) &&
 	    opts->prometheus && !(m->prometheus = strdup(opts->prometheus))) {
 		rc = -ENOMEM;
@@ -963,6 +990,7 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		m->st.replicas = (uint8_t)opts->replicas;
 		m->st.dirty = 1;
 	}
+	meta_replicas_apply(m);
 	rc = persist(m);
 	if (rc)
 		goto out;

@@ -55,6 +55,12 @@ struct stk_mgmtd_opts {
 	 */
 	unsigned ui_interval_ms;
 	/*
+	 * --meta-replicas: copies of the metadata shard, its leader's included
+	 * (docs/meta-replication.md; 0: what the state says, 1 for a new cluster; at
+	 * most STK_MAX_REPLICAS). Taken whenever this mgmtd starts to lead.
+	 */
+	unsigned meta_replicas;
+	/*
 	 * --prometheus URL: a Prometheus server that scrapes the cluster; the
 	 * dashboard's charts come from its query API (the last hour) while it answers,
 	 * from mgmtd's own samples otherwise. NULL: none. Copied.

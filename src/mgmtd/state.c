@@ -25,10 +25,11 @@
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
 /*
- * 5: client identities; 4: draining, moves; 3: replicas, zones; 2: namespace
- * identities; 1 to 4 still read
+ * 6: client identities and meta replicas both; 5 (two branches' formats, told
+ * apart by their lengths): client identities, or meta replicas; 4: draining,
+ * moves; 3: replicas, zones; 2: namespace identities; 1 to 5 still read
  */
-#define STATE_FORMAT 5
+#define STATE_FORMAT 6
 #define STATE_MAX_FILE (256u << 20)
 
 #define STATE_HDR_LEN 56 /* magic through nchains */
@@ -510,6 +511,155 @@ static void set_refused(struct stk_mgmt_state *st, struct stk_mgmt_node *node, u
 	}
 }
 
+/* ---- replicated metadata (state.h) ---- */
+
+static int is_follower(const struct stk_mgmt_state *st, uint32_t id)
+{
+	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
+		if (st->shard1_followers[i] == id)
+			return 1;
+	return 0;
+}
+
+static void new_epoch(struct stk_mgmt_state *st)
+{
+	bump(st);
+	st->shard1_epoch = st->version;
+}
+
+static void follower_drop(struct stk_mgmt_state *st, uint32_t id)
+{
+	uint8_t j = 0;
+
+	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
+		if (st->shard1_followers[i] != id)
+			st->shard1_followers[j++] = st->shard1_followers[i];
+	st->shard1_nfollowers = j;
+}
+
+/* ONLINE meta nodes in no role join as followers while the shard has room. */
+static void followers_fill(struct stk_mgmt_state *st)
+{
+	if (st->meta_replicas <= 1 || stk_ns_id_is_zero(&st->shard1_ns))
+		return;
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		struct stk_mgmt_node *n = &st->nodes[i];
+
+		if (st->shard1_nfollowers + 1 >= st->meta_replicas ||
+		    st->shard1_nfollowers >= STK_MAX_REPLICAS)
+			return;
+		if (n->role != STK_ROLE_META || n->state != STK_NODE_ONLINE ||
+		    n->id == st->shard1_node || is_follower(st, n->id))
+			continue;
+		st->shard1_followers[st->shard1_nfollowers++] = n->id;
+		new_epoch(st);
+		stk_info("meta node %u (%s) follows shard 1 (epoch %llu)", n->id, n->addr,
+			 (unsigned long long)st->shard1_epoch);
+	}
+}
+
+/*
+ * The leader is gone: the ONLINE follower of the shard's identity with the most
+ * changes leads. 1 when one was promoted.
+ */
+static int promote(struct stk_mgmt_state *st)
+{
+	struct stk_mgmt_node *best = NULL;
+	uint32_t old = st->shard1_node;
+
+	for (uint8_t i = 0; i < st->shard1_nfollowers; i++) {
+		struct stk_mgmt_node *n = stk_mgmt_state_node(st, st->shard1_followers[i]);
+
+		if (!n || n->state != STK_NODE_ONLINE || !stk_ns_id_eq(&n->ns, &st->shard1_ns))
+			continue;
+		if (!best || n->meta_seq > best->meta_seq)
+			best = n;
+	}
+	if (!best) {
+		stk_warn("shard 1 lost its leader (meta node %u) and has no follower to promote: "
+			 "it waits for one",
+			 old);
+		return 0;
+	}
+	follower_drop(st, best->id);
+	st->shard1_node = best->id;
+	new_epoch(st);
+	stk_warn("meta node %u (%s) leads shard 1 now (epoch %llu, change %llu), in place of "
+		 "meta node %u",
+		 best->id, best->addr, (unsigned long long)st->shard1_epoch,
+		 (unsigned long long)best->meta_seq, old);
+	return 1;
+}
+
+/* A meta node went OFFLINE (R > 1): out of the followers, or replaced as leader. */
+static void meta_offline(struct stk_mgmt_state *st, const struct stk_mgmt_node *node)
+{
+	if (st->meta_replicas <= 1)
+		return;
+	if (is_follower(st, node->id)) {
+		follower_drop(st, node->id);
+		new_epoch(st);
+		stk_warn("meta node %u (%s) no longer follows shard 1 (epoch %llu)", node->id,
+			 node->addr, (unsigned long long)st->shard1_epoch);
+	} else if (node->id == st->shard1_node) {
+		promote(st);
+	}
+	followers_fill(st);
+}
+
+/* A meta node registered (R > 1): the rules of state.h, "Replicated metadata". */
+static void assign_replica(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
+			   const struct stk_ns_id *ns)
+{
+	char have[STK_NS_ID_STR];
+
+	if (!stk_ns_id_eq(&node->ns, ns)) {
+		node->ns = *ns;
+		bump(st);
+	}
+	set_refused(st, node, 0);
+	stk_ns_id_str(ns, have);
+	if (stk_ns_id_is_zero(&st->shard1_ns) && st->shard1_node == 0) {
+		st->shard1_node = node->id;
+		st->shard1_ns = *ns;
+		new_epoch(st);
+		stk_info("shard 1 is namespace %s, led by meta node %u (%s), epoch %llu", have,
+			 node->id, node->addr, (unsigned long long)st->shard1_epoch);
+		return;
+	}
+	if (stk_ns_id_is_zero(&st->shard1_ns) && st->shard1_node == node->id) {
+		st->shard1_ns = *ns; /* a state saved before identities */
+		bump(st);
+	}
+	if (node->id == st->shard1_node)
+		return; /* the leader restarted: it holds all it acknowledged */
+	if (st->shard1_node == 0 && is_follower(st, node->id) && stk_ns_id_eq(ns, &st->shard1_ns)) {
+		follower_drop(st, node->id);
+		st->shard1_node = node->id;
+		new_epoch(st);
+		stk_warn("meta node %u (%s) leads shard 1 (epoch %llu)", node->id, node->addr,
+			 (unsigned long long)st->shard1_epoch);
+		return;
+	}
+	followers_fill(st);
+}
+
+void stk_mgmt_state_meta_report(struct stk_mgmt_state *st, uint32_t node_id,
+				const struct stk_ns_id *ns, uint64_t epoch, uint64_t seq)
+{
+	struct stk_mgmt_node *node = stk_mgmt_state_node(st, node_id);
+
+	if (!node || node->role != STK_ROLE_META)
+		return;
+	node->meta_epoch = epoch;
+	node->meta_seq = seq;
+	/* a follower copied from its leader; zero while it is copied: no promotion then */
+	if (!stk_ns_id_eq(&node->ns, ns)) {
+		node->ns = *ns;
+		st->dirty = 1;
+	}
+}
+
 /*
  * Shard 1 and the meta node that just registered with store identity `ns` (the
  * rules are in state.h). The shard only ever goes to the store that holds it: the
@@ -523,6 +673,10 @@ static void assign_shard(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
 	char have[STK_NS_ID_STR], want[STK_NS_ID_STR];
 	struct stk_mgmt_node *owner;
 
+	if (st->meta_replicas > 1) {
+		assign_replica(st, node, ns);
+		return;
+	}
 	if (!stk_ns_id_eq(&node->ns, ns)) {
 		node->ns = *ns;
 		bump(st);
@@ -554,6 +708,18 @@ static void assign_shard(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
 		set_refused(st, node, 0);
 		if (st->shard1_node == node->id)
 			return;
+		if (st->shard1_epoch && st->shard1_node) {
+			/*
+			 * The shard was replicated (--meta-replicas went back to 1): other
+			 * stores of its identity are copies, maybe behind its owner's, and
+			 * never stand in for it.
+			 */
+			stk_warn("meta node %u (%s) refused: its store is a copy of shard 1 made "
+				 "while it was replicated; shard 1 stays with meta node %u",
+				 node->id, node->addr, st->shard1_node);
+			set_refused(st, node, 1);
+			return;
+		}
 		owner = st->shard1_node ? stk_mgmt_state_node(st, st->shard1_node) : NULL;
 		if (owner && owner->state == STK_NODE_ONLINE)
 			stk_warn("meta node %u (%s) registers with shard 1's store while meta node "
@@ -691,6 +857,8 @@ int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
 			 stk_mgmt_role_name(node->role), node->addr);
 		node->state = STK_NODE_ONLINE;
 		bump(st);
+		if (node->role == STK_ROLE_META)
+			followers_fill(st);
 	}
 	node->last_hb_ns = now_ns;
 	stk_wall_time(&sec, &nsec);
@@ -742,6 +910,8 @@ unsigned stk_mgmt_state_expire(struct stk_mgmt_state *st, uint64_t now_ns, uint6
 			}
 		}
 		bump(st);
+		if (node->role == STK_ROLE_META)
+			meta_offline(st, node);
 		count++;
 	}
 	return count;
@@ -1318,10 +1488,16 @@ int stk_mgmt_state_target_wiped(struct stk_mgmt_state *st, uint32_t node_id, uin
 int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t known_version,
 				  uint64_t now_ns, struct stk_wbuf *w)
 {
-	struct stk_rt_shard shard = {.id = 1, .node_id = st->shard1_node, .ns = st->shard1_ns};
+	struct stk_rt_shard shard = {.id = 1,
+				     .node_id = st->shard1_node,
+				     .ns = st->shard1_ns,
+				     .epoch = st->shard1_epoch,
+				     .replicas = st->meta_replicas,
+				     .nfollowers = st->shard1_nfollowers};
 	struct stk_routing rt;
 	int rc;
 
+	memcpy(shard.followers, st->shard1_followers, sizeof(shard.followers));
 	memset(&rt, 0, sizeof(rt));
 	rt.version = st->version;
 	if (known_version == st->version)
@@ -1342,6 +1518,8 @@ int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t know
 		o->last_seen_ms = now_ns > n->last_hb_ns ? (now_ns - n->last_hb_ns) / 1000000 : 0;
 		o->refused = n->refused;
 		o->ns = n->ns;
+		o->meta_epoch = n->meta_epoch;
+		o->meta_seq = n->meta_seq;
 	}
 	/* The tables are kept in their wire types, so they are encoded in place. */
 	rt.targets = st->targets;
@@ -1372,10 +1550,11 @@ static size_t state_size(const struct stk_mgmt_state *st)
 	for (uint32_t i = 0; i < st->nnodes; i++)
 		sz += 2 + strlen(st->nodes[i].zone);
 	sz += st->nnodes + 4 + (size_t)st->nmoves * STATE_MOVE; /* format 4 */
-	sz += 12; /* format 5: next_client_gen, nclients */
+	sz += 12; /* format 5/6: next_client_gen, nclients */
 	for (uint32_t i = 0; i < st->nclients; i++)
 		sz += STATE_MIN_CLIENT + strlen(st->clients[i].id.name) +
 		      strlen(st->clients[i].id.subtree);
+	sz += 1 + 8 + 1 + 4u * STK_MAX_REPLICAS; /* format 6: meta replicas */
 	return sz;
 }
 
@@ -1457,6 +1636,11 @@ int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t
 		stk_put_str(&w, c->id.subtree);
 		stk_put_u8(&w, c->removed);
 	}
+	stk_put_u8(&w, st->meta_replicas);
+	stk_put_u64(&w, st->shard1_epoch);
+	stk_put_u8(&w, st->shard1_nfollowers);
+	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
+		stk_put_u32(&w, st->shard1_followers[i]);
 	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
 	rc = w.err;
 	if (rc) {
@@ -1524,9 +1708,50 @@ out:
 	return rc;
 }
 
+/* Format 5 (main's) and 6: the client list. 0, -EBADMSG or -ENOMEM. */
+static int decode_clients(struct stk_rbuf *r, struct stk_mgmt_state *st)
+{
+	uint32_t ncl;
+
+	st->next_client_gen = stk_get_u64(r);
+	ncl = stk_get_u32(r);
+	if (r->err || (uint64_t)ncl * STATE_MIN_CLIENT > r->len - r->off)
+		return -EBADMSG;
+	if (reserve((void **)&st->clients, &st->cap_clients, ncl, sizeof(*st->clients)))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < ncl; i++) {
+		struct stk_mgmt_client *c = &st->clients[i];
+
+		memset(c, 0, sizeof(*c));
+		stk_get_str(r, c->id.name, sizeof(c->id.name));
+		c->id.gen = stk_get_u64(r);
+		c->id.flags = stk_get_u32(r);
+		c->id.anon_uid = stk_get_u32(r);
+		c->id.anon_gid = stk_get_u32(r);
+		stk_get_str(r, c->id.subtree, sizeof(c->id.subtree));
+		c->removed = stk_get_u8(r) != 0;
+	}
+	st->nclients = ncl;
+	return r->err;
+}
+
+/* Format 5 (metarepl's) and 6: the meta shard's replicas. 0 or -EBADMSG. */
+static int decode_meta_repl(struct stk_rbuf *r, struct stk_mgmt_state *st)
+{
+	st->meta_replicas = stk_get_u8(r);
+	st->shard1_epoch = stk_get_u64(r);
+	st->shard1_nfollowers = stk_get_u8(r);
+	if (r->err || st->shard1_nfollowers > STK_MAX_REPLICAS)
+		return -EBADMSG;
+	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
+		st->shard1_followers[i] = stk_get_u32(r);
+	return r->err;
+}
+
 static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t now_ns)
 {
 	uint32_t nn, nt, nc, format;
+	int rc;
 
 	if (stk_get_u32(r) != STATE_MAGIC)
 		return -EBADMSG;
@@ -1625,27 +1850,28 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 		st->nmoves = nm;
 	}
 	if (format >= 5) {
-		uint32_t ncl;
+		/*
+		 * Format 5 was written by two branches: the client list (main's) or
+		 * the meta replicas (metarepl's), each the file's last field. The
+		 * other's layout does not end exactly at the file's end, so try the
+		 * client list and fall back on the replicas.
+		 */
+		size_t at = r->off;
 
-		st->next_client_gen = stk_get_u64(r);
-		ncl = stk_get_u32(r);
-		if (r->err || (uint64_t)ncl * STATE_MIN_CLIENT > r->len - r->off)
-			return -EBADMSG;
-		if (reserve((void **)&st->clients, &st->cap_clients, ncl, sizeof(*st->clients)))
-			return -ENOMEM;
-		for (uint32_t i = 0; i < ncl; i++) {
-			struct stk_mgmt_client *c = &st->clients[i];
-
-			memset(c, 0, sizeof(*c));
-			stk_get_str(r, c->id.name, sizeof(c->id.name));
-			c->id.gen = stk_get_u64(r);
-			c->id.flags = stk_get_u32(r);
-			c->id.anon_uid = stk_get_u32(r);
-			c->id.anon_gid = stk_get_u32(r);
-			stk_get_str(r, c->id.subtree, sizeof(c->id.subtree));
-			c->removed = stk_get_u8(r) != 0;
+		rc = decode_clients(r, st);
+		if (rc == -ENOMEM)
+			return rc;
+		if (format == 5 && (rc || r->off != r->len)) {
+			r->off = at;
+			r->err = 0;
+			st->nclients = 0;
+			st->next_client_gen = 0;
+			rc = decode_meta_repl(r, st);
+		} else if (format >= 6 && rc == 0) {
+			rc = decode_meta_repl(r, st);
 		}
-		st->nclients = ncl;
+		if (rc)
+			return rc;
 	}
 	if (r->err || st->version == 0 || st->next_node_id == 0 || st->next_target_id == 0)
 		return -EBADMSG;

@@ -22,6 +22,20 @@
  * namespace, and an empty one in its place would lose it and let its clients
  * delete the chunks of files it never knew.
  *
+ * Replicated metadata (meta_replicas R > 1; docs/meta-replication.md): shard 1
+ * has a leader (shard1_node) and up to R - 1 followers, which hold every change
+ * the leader acknowledges. A meta node that registers when the shard has no
+ * identity leads it; one that registers later, whatever its store, follows while
+ * there is room (the leader copies its store to it); others wait as spares. Every
+ * change of leader or followers takes a new epoch. A follower that goes OFFLINE
+ * leaves the followers (the leader stops waiting for it) and a spare takes its
+ * place; back, it follows again when there is room. A leader that goes OFFLINE is
+ * replaced by the ONLINE follower of the shard's identity that reported the
+ * highest change number; with none, it keeps the shard, as with R = 1. Only a
+ * follower in the list is promoted: it holds whatever was acknowledged. Once
+ * replicated (an epoch was taken), a shard whose R goes back to 1 stays with its
+ * leader: other stores of its identity are copies, and are refused.
+ *
  * State file format (little-endian, written with the codec helpers):
  *   u32 magic "STKM", u32 format version (4; 1 to 3 are still read), u64 routing version,
  *   u32 next_node_id, u32 next_target_id, u32 shard1_node,
@@ -36,6 +50,7 @@
  *   (format 3) u8 replicas, then each node's zone (str), in the nodes' order
  *   (format 4) each node's u8 draining, in the nodes' order; u32 nmoves, then each
  *   move: u32 chain_id, u32 out, u32 in, u8 drain
+ *   (format 5) u8 meta_replicas, u64 shard 1 epoch, u8 nfollowers, nfollowers x u32
  *   u32 CRC32C of everything before it.
  *
  * Replicated chains (replicas > 1): a chain keeps its members in order, head
@@ -86,6 +101,12 @@ struct stk_mgmt_node {
 	 * (stk_mgmt_state_rebalance) and none of its targets joins a chain.
 	 */
 	uint8_t draining;
+	/*
+	 * A meta node's last change held, as its heartbeats report it (memory only:
+	 * the next heartbeat brings it after a restart). See "Replicated metadata".
+	 */
+	uint64_t meta_epoch;
+	uint64_t meta_seq;
 };
 
 /*
@@ -118,6 +139,15 @@ struct stk_mgmt_state {
 	 */
 	uint8_t replicas;
 	struct stk_ns_id shard1_ns; /* shard 1's namespace identity, zero until known */
+	/*
+	 * Replicated metadata (see below): copies of shard 1 (0 or 1: the leader's
+	 * alone, the rules above), its followers and its epoch (a routing version,
+	 * taken whenever its leader or followers change; 0 until replicated).
+	 */
+	uint8_t meta_replicas;
+	uint8_t shard1_nfollowers;
+	uint32_t shard1_followers[STK_MAX_REPLICAS];
+	uint64_t shard1_epoch;
 	uint32_t nnodes, ntargets, nchains;
 	uint32_t cap_nodes, cap_targets, cap_chains;
 	struct stk_mgmt_node *nodes;
@@ -206,6 +236,15 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
  */
 int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
 			     const struct stk_msg_target_info *tgts, uint32_t n, uint64_t now_ns);
+
+/*
+ * What a meta node's heartbeat reports of its store (identity, last change):
+ * kept for promotions and `stoker status`, with no routing bump. A zero identity
+ * (a follower in the middle of a copy) makes the node unfit for promotion. Unknown nodes
+ * and non-meta nodes are ignored.
+ */
+void stk_mgmt_state_meta_report(struct stk_mgmt_state *st, uint32_t node_id,
+				const struct stk_ns_id *ns, uint64_t epoch, uint64_t seq);
 
 /*
  * Records the host id a node reported (MGMT_REGISTER does it itself; MGMT_HEARTBEAT

@@ -163,6 +163,8 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 		stk_put_u8(w, n->refused);
 		stk_put_u64(w, n->ns.hi);
 		stk_put_u64(w, n->ns.lo);
+		stk_put_u64(w, n->meta_epoch);
+		stk_put_u64(w, n->meta_seq);
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		const struct stk_rt_target *t = &rt->targets[i];
@@ -190,10 +192,18 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 			stk_put_u32(w, c->targets[j]);
 	}
 	for (uint32_t i = 0; i < rt->nshards; i++) {
-		stk_put_u32(w, rt->shards[i].id);
-		stk_put_u32(w, rt->shards[i].node_id);
-		stk_put_u64(w, rt->shards[i].ns.hi);
-		stk_put_u64(w, rt->shards[i].ns.lo);
+		const struct stk_rt_shard *sh = &rt->shards[i];
+		uint8_t n = sh->nfollowers > STK_MAX_REPLICAS ? STK_MAX_REPLICAS : sh->nfollowers;
+
+		stk_put_u32(w, sh->id);
+		stk_put_u32(w, sh->node_id);
+		stk_put_u64(w, sh->ns.hi);
+		stk_put_u64(w, sh->ns.lo);
+		stk_put_u64(w, sh->epoch);
+		stk_put_u8(w, sh->replicas);
+		stk_put_u8(w, n);
+		for (uint8_t j = 0; j < n; j++)
+			stk_put_u32(w, sh->followers[j]);
 	}
 	return w->err;
 }
@@ -208,10 +218,10 @@ void stk_routing_free(struct stk_routing *rt)
 }
 
 /* Each array element needs at least this many payload bytes: bounds allocation. */
-#define STK_RT_MIN_NODE 35
+#define STK_RT_MIN_NODE 51
 #define STK_RT_MIN_TARGET 79
 #define STK_RT_MIN_CHAIN 9
-#define STK_RT_MIN_SHARD 24
+#define STK_RT_MIN_SHARD 34
 
 int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 {
@@ -251,6 +261,8 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 		n->refused = stk_get_u8(r);
 		n->ns.hi = stk_get_u64(r);
 		n->ns.lo = stk_get_u64(r);
+		n->meta_epoch = stk_get_u64(r);
+		n->meta_seq = stk_get_u64(r);
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		struct stk_rt_target *t = &rt->targets[i];
@@ -280,11 +292,22 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 		for (uint8_t j = 0; j < c->ntargets; j++)
 			c->targets[j] = stk_get_u32(r);
 	}
-	for (uint32_t i = 0; i < rt->nshards; i++) {
-		rt->shards[i].id = stk_get_u32(r);
-		rt->shards[i].node_id = stk_get_u32(r);
-		rt->shards[i].ns.hi = stk_get_u64(r);
-		rt->shards[i].ns.lo = stk_get_u64(r);
+	for (uint32_t i = 0; i < rt->nshards && !r->err; i++) {
+		struct stk_rt_shard *sh = &rt->shards[i];
+
+		sh->id = stk_get_u32(r);
+		sh->node_id = stk_get_u32(r);
+		sh->ns.hi = stk_get_u64(r);
+		sh->ns.lo = stk_get_u64(r);
+		sh->epoch = stk_get_u64(r);
+		sh->replicas = stk_get_u8(r);
+		sh->nfollowers = stk_get_u8(r);
+		if (sh->nfollowers > STK_MAX_REPLICAS) {
+			r->err = -EBADMSG;
+			break;
+		}
+		for (uint8_t j = 0; j < sh->nfollowers; j++)
+			sh->followers[j] = stk_get_u32(r);
 	}
 	if (r->err) {
 		stk_routing_free(rt);

@@ -228,7 +228,16 @@ enum stk_target_state {
 	F(u64, ns_hi) F(u64, ns_lo) F(addr, zone)
 #define STK_MSG_MGMT_REGISTER_RESP(F) \
 	F(u32, node_id) F(u32, ntargets) F(u8, refused) F(u64, shard_ns_hi) F(u64, shard_ns_lo)
-#define STK_MSG_MGMT_HEARTBEAT_REQ(F) F(u32, node_id) F(u32, ntargets) F(addr, host_id)
+/*
+ * A meta node's heartbeat also says what its store holds: the namespace identity
+ * (ns_hi/ns_lo: a follower's changes when it is copied) and the last change
+ * (meta_epoch, meta_seq; docs/meta-replication.md), by which mgmtd promotes the
+ * follower that holds the most. Zero from storage.
+ */
+#define STK_MSG_MGMT_HEARTBEAT_REQ(F)                                                              \
+	F(u32, node_id)                                                                            \
+	F(u32, ntargets) F(addr, host_id) F(u64, ns_hi) F(u64, ns_lo) F(u64, meta_epoch)           \
+	    F(u64, meta_seq)
 /*
  * timeout_ms: mgmtd's heartbeat timeout; a node unheard of that long from the
  * heartbeat's sending is taken out of its chains (a storage node fences itself
@@ -474,6 +483,24 @@ enum stk_target_state {
 	F(cred, cred) F(u8, op) F(u64, ino) F(u64, session) F(u64, limit_bytes)            \
 	F(u64, limit_inodes) F(u32, flags) F(u64, size) F(u64, want)
 #define STK_MSG_META_QUOTA_RESP(F) F(u64, granted) F(u8, more) F(u32, n)
+/*
+ * META_REPL (leader to follower; src/meta/repl.c), with `len` bytes of bulk. kind:
+ * PROBE (what do you hold), LOG (the bulk is a log: entries u64 epoch, u64 seq,
+ * u32 length, redo record, as meta/store.h describes), SNAP (the bulk is a part of
+ * a copy of the store; `first` on the first part, which empties the follower
+ * first; on a LOG, `first` asks the follower to flush its store to stable storage
+ * before it answers: a client's fsync), SNAP_DONE (the copy is complete as of snap_epoch, snap_seq). epoch: the shard epoch the leader
+ * leads in; leader: its node id. The reply: the follower's position after, and its
+ * store's identity (a store of another namespace is copied whatever it holds).
+ */
+#define STK_REPL_PROBE 0
+#define STK_REPL_LOG 1
+#define STK_REPL_SNAP 2
+#define STK_REPL_SNAP_DONE 3
+#define STK_MSG_META_REPL_REQ(F)                                                                   \
+	F(u64, epoch)                                                                              \
+	F(u32, leader) F(u8, kind) F(u8, first) F(u64, snap_epoch) F(u64, snap_seq) F(u32, len)
+#define STK_MSG_META_REPL_RESP(F) F(u64, pos_epoch) F(u64, pos_seq) F(u64, ns_hi) F(u64, ns_lo)
 #define STK_MSG_QUOTA_REC(F)                                                               \
 	F(u64, qid) F(u64, parent) F(u64, limit_bytes) F(u64, limit_inodes)               \
 	F(u64, used_bytes) F(u64, used_inodes) F(u64, reserved_bytes) F(u8, fixed)         \
@@ -688,6 +715,8 @@ enum stk_fsck_kind {
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(meta_quota_req, STK_MSG_META_QUOTA_REQ)                 \
 	X(meta_quota_resp, STK_MSG_META_QUOTA_RESP)               \
+	X(meta_repl_req, STK_MSG_META_REPL_REQ)                                                    \
+	X(meta_repl_resp, STK_MSG_META_REPL_RESP)                                                  \
 	X(quota_rec, STK_MSG_QUOTA_REC)                           \
 	X(stor_write_req, STK_MSG_STOR_WRITE_REQ)                 \
 	X(stor_write_resp, STK_MSG_STOR_WRITE_RESP)               \
@@ -783,7 +812,10 @@ struct stk_rt_node {
 	uint64_t last_seen_ms; /* milliseconds since the node's last heartbeat */
 	char host_id[STK_HOST_ID_MAX]; /* "" until the node reported one */
 	uint8_t refused; /* a meta node whose store is not its shard's: it serves nothing */
-	struct stk_ns_id ns; /* a meta node's store identity as it last registered */
+	struct stk_ns_id ns; /* a meta node's store identity as it last reported it */
+	/* a meta node's last change held, as it last reported it (meta/store.h) */
+	uint64_t meta_epoch;
+	uint64_t meta_seq;
 };
 
 struct stk_rt_target {
@@ -817,19 +849,30 @@ struct stk_rt_chain {
 
 struct stk_rt_shard {
 	uint32_t id;
-	uint32_t node_id; /* the meta node that serves the shard; 0: none may now */
+	uint32_t node_id;    /* the meta node that serves the shard (its leader); 0: none may now */
 	struct stk_ns_id ns; /* the namespace the shard holds (zero: not known yet) */
+	/*
+	 * Replication (docs/meta-replication.md): replicas, the copies the shard keeps
+	 * (0 or 1: none but the leader's); the followers that hold every change the
+	 * leader acknowledges, and none other; epoch, bumped whenever the leader or the
+	 * followers change (a routing version, so never reused): a follower refuses
+	 * changes from a leader of an older epoch.
+	 */
+	uint64_t epoch;
+	uint8_t replicas;
+	uint8_t nfollowers;
+	uint32_t followers[STK_MAX_REPLICAS];
 };
 
 /*
  * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
  * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms,
- * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo; target: u32 id, u32 node_id,
- * u8 state, u64 capacity, u64 used, u64 chunks, path, u64 avail, u64 dev,
- * u32 sync_permille, u64 sync_checked, u64 sync_copied, u64 sync_bytes;
- * chain: u32 id, u32 version, u8 ntargets, ntargets x u32;
- * shard: u32 id, u32 node_id, u64 ns hi, u64 ns lo.
- * When the requester's known_version equals version all counts are 0.
+ * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo, u64 meta_epoch, u64 meta_seq; target: u32
+ * id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, path, u64 avail, u64 dev, u32
+ * sync_permille, u64 sync_checked, u64 sync_copied, u64 sync_bytes; chain: u32 id, u32 version, u8
+ * ntargets, ntargets x u32; shard: u32 id, u32 node_id, u64 ns hi, u64 ns lo, u64 epoch, u8
+ * replicas, u8 nfollowers, nfollowers x u32. When the requester's known_version equals version all
+ * counts are 0.
  */
 struct stk_routing {
 	uint64_t version;

@@ -50,11 +50,13 @@
  * table's node and shard ns, STOR_TRUNCATE(S)' ns), special files (attr's rdev,
  * META_MKNOD), allocated chunks in META_EXTEND, STOR_PUNCH. 6: a resync's progress
  * (the sync_* fields of a target's record, in reports and the routing table).
- * 7: quotas (attr's qid, META_QUOTA).
+ * 7: quotas (attr's qid, META_QUOTA). 8: replicated metadata (the routing table's
+ * shard epoch, replica count and followers and each node's replication position,
+ * MGMT_HEARTBEAT's meta position and identity, META_REPL).
  * Daemons and clients of another version refuse each other's requests (NOTSUP)
  * rather than misread them.
  */
-#define STK_WIRE_VERSION 7
+#define STK_WIRE_VERSION 8
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
@@ -252,6 +254,11 @@
 	/* Node to node: a whole chunk and its version, read from one version of its file  \
 	 * (bulk and block CRCs as STOR_READ's reply; version 0 and no bytes: missing). */ \
 	X(STOR_SYNC_READ, 72, stor_sync_read_req, stor_sync_read_resp, "copy a whole chunk")   \
+	/* Meta leader to follower (msg.h, docs/meta-replication.md): `len` bytes of bulk     \
+	 * (a log of changes, LOG, or a part of a copy of the store, SNAP) follow; the          \
+	 * reply is what the follower holds after. STALE_ROUTING: the follower knows a             \
+	 * newer epoch than the request's (the sender no longer leads). */                         \
+	X(META_REPL, 80, meta_repl_req, meta_repl_resp, "replicate metadata changes")              \
 	/* stoker fsck: a page of the chunks one target of this node holds, with their     \
 	 * versions, digests and ages (msg.h). NOENT: no such target here. */              \
 	X(STOR_FSCK_LIST, 73, stor_fsck_list_req, stor_fsck_list_resp,                      \

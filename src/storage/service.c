@@ -2769,63 +2769,36 @@ static int subtree_known(struct storage *s, const struct stk_auth_client *c, uin
  * -EACCES (outside), or the call's error. A file renamed out of the subtree stays
  * reachable on storage for up to SUB_TTL_NS.
  */
+static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64_t ino, int call,
+		      char *addr, size_t addr_len, struct stk_msg_meta_within_resp *r);
+
 static int subtree_ok(struct storage *s, const struct stk_auth_client *c, uint64_t ino,
 		      struct stk_rpc_resp *resp)
 {
-	struct stk_msg_meta_within_req q;
 	struct stk_msg_meta_within_resp r;
-	uint8_t req[STK_PATH_MAX + 64], out[64];
 	char addr[STK_ADDR_MAX] = "";
-	struct stk_routing_ref *ref;
-	struct stk_wbuf w;
-	struct stk_rbuf rb;
-	struct stk_rpc rpc;
-	struct stk_conn *conn;
 	int rc;
 
 	if (subtree_known(s, c, ino))
 		return 0;
 	if (!s->sub)
 		return -ENOMEM;
-	for (int attempt = 0; attempt < 2 && !addr[0]; attempt++) {
-		/* a table from before meta registered: fetch it again once */
-		if (attempt)
-			stk_agent_routing_refresh(s->agent);
-		ref = stk_agent_routing_get(s->agent);
-		for (uint32_t i = 0; i < ref->rt.nshards; i++) {
-			const struct stk_rt_node *n =
-			    ref->rt.shards[i].id == 1
-				? stk_routing_node(&ref->rt, ref->rt.shards[i].node_id)
-				: NULL;
-
-			if (n)
-				stk_strlcpy(addr, n->addr, sizeof(addr));
-		}
-		stk_agent_routing_put(s->agent, ref);
+	/*
+	 * Asked of the shard's leader; a meta that no longer leads answers NOT_LEADER
+	 * (-EREMCHG) and a dead one not at all (docs/meta-replication.md): the table
+	 * is fetched again and the leader it names asked once more.
+	 */
+	for (int call = 0;; call++) {
+		rc = within_ask(s, c, ino, call, addr, sizeof(addr), &r);
+		if (rc == 0 || rc == -EBADMSG || rc == -ENXIO || call == 1)
+			break;
+		stk_agent_routing_refresh(s->agent);
 	}
-	if (!addr[0]) {
+	if (rc == -ENXIO) {
 		stk_warn("client %s: no meta serves the namespace just now: cannot tell whether "
 			 "inode %llx is under its subtree",
 			 c->name, (unsigned long long)ino);
 		return -EAGAIN;
-	}
-	memset(&q, 0, sizeof(q));
-	q.ino = ino;
-	stk_strlcpy(q.subtree, c->subtree, sizeof(q.subtree));
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_within_req_enc(&w, &q);
-	stk_rpc_prepare(&rpc, STK_OP_META_WITHIN, &w, out, sizeof(out));
-	stk_server_wait_begin();
-	rc = stk_pool_get(s->fwd, addr, &conn);
-	if (rc == 0) {
-		rc = stk_rpc_call(conn, &rpc);
-		stk_pool_put(s->fwd, conn);
-	}
-	stk_server_wait_end();
-	if (rc == 0) {
-		stk_rbuf_init(&rb, out, rpc.resp_len);
-		if (stk_msg_meta_within_resp_dec(&rb, &r) || stk_rbuf_finish(&rb))
-			rc = -EBADMSG;
 	}
 	if (rc) {
 		stk_warn("cannot ask meta at %s whether inode %llx is client %s's: %s", addr,
@@ -2842,6 +2815,62 @@ static int subtree_ok(struct storage *s, const struct stk_auth_client *c, uint64
 	    .tree = tree_hash(c->subtree), .ino = ino, .until_ns = stk_now_ns() + SUB_TTL_NS};
 	pthread_mutex_unlock(&s->sub_lock);
 	return 0;
+}
+
+/*
+ * One META_WITHIN to the meta the routing table names for shard 1 (its address
+ * into addr). 0 with *r filled, -ENXIO (none serves), -EBADMSG or the call's error.
+ */
+static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64_t ino, int call,
+		      char *addr, size_t addr_len, struct stk_msg_meta_within_resp *r)
+{
+	struct stk_msg_meta_within_req q;
+	uint8_t req[STK_PATH_MAX + 64], out[64];
+	struct stk_routing_ref *ref;
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	struct stk_rpc rpc;
+	struct stk_conn *conn;
+	int rc;
+
+	addr[0] = 0;
+	for (int attempt = call; attempt < 2 && !addr[0]; attempt++) {
+		/* a table from before meta registered: fetch it again once */
+		if (attempt && !call)
+			stk_agent_routing_refresh(s->agent);
+		ref = stk_agent_routing_get(s->agent);
+		for (uint32_t i = 0; i < ref->rt.nshards; i++) {
+			const struct stk_rt_node *n =
+			    ref->rt.shards[i].id == 1
+				? stk_routing_node(&ref->rt, ref->rt.shards[i].node_id)
+				: NULL;
+
+			if (n)
+				stk_strlcpy(addr, n->addr, addr_len);
+		}
+		stk_agent_routing_put(s->agent, ref);
+	}
+	if (!addr[0])
+		return -ENXIO;
+	memset(&q, 0, sizeof(q));
+	q.ino = ino;
+	stk_strlcpy(q.subtree, c->subtree, sizeof(q.subtree));
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_within_req_enc(&w, &q);
+	stk_rpc_prepare(&rpc, STK_OP_META_WITHIN, &w, out, sizeof(out));
+	stk_server_wait_begin();
+	rc = stk_pool_get(s->fwd, addr, &conn);
+	if (rc == 0) {
+		rc = stk_rpc_call(conn, &rpc);
+		stk_pool_put(s->fwd, conn);
+	}
+	stk_server_wait_end();
+	if (rc == 0) {
+		stk_rbuf_init(&rb, out, rpc.resp_len);
+		if (stk_msg_meta_within_resp_dec(&rb, r) || stk_rbuf_finish(&rb))
+			rc = -EBADMSG;
+	}
+	return rc;
 }
 
 /* The inode of a request that names one (READ, WRITE, TRUNCATE, PUNCH, PREFETCH). */

@@ -28,6 +28,11 @@
  *                                         for each (see cmd_staleread)
  *   overwrite CLUSTER PATH SEED           writes a pattern over PATH in place (its
  *                                         size), printing "START T" and "ACKED T"
+ *   repl    HOST:PORT EPOCH               hostile META_REPL to a meta follower of the
+ *                                         shard's epoch EPOCH: malformed, a stale epoch,
+ *                                         another leader, an epoch the routing table does
+ *                                         not know; each refused, clients told NOT_LEADER,
+ *                                         and it still answers
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
@@ -1022,6 +1027,98 @@ static int cmd_watch(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* ---- repl: hostile META_REPL ---- */
+
+/* One META_REPL with `bulk` (len bytes; claimed: what the request says it carries). */
+static int send_repl(struct stk_conn *conn, const struct stk_msg_meta_repl_req *q, const void *bulk,
+		     size_t len, struct stk_msg_meta_repl_resp *out)
+{
+	uint8_t req[128], resp[128];
+	struct stk_rpc rpc = {.opcode = STK_OP_META_REPL,
+			      .req = req,
+			      .resp = resp,
+			      .resp_cap = sizeof(resp),
+			      .bulk_out = bulk,
+			      .bulk_out_len = len};
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_repl_req_enc(&w, q);
+	rpc.req_len = w.len;
+	rc = stk_rpc_call(conn, &rpc);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	return stk_msg_meta_repl_resp_dec(&r, out) ? -EBADMSG : 0;
+}
+
+static int cmd_repl(int argc, char **argv)
+{
+	struct stk_msg_meta_repl_req q;
+	struct stk_msg_meta_repl_resp p;
+	uint8_t log[64], junk[8] = {1, 2, 3};
+	struct stk_conn *conn;
+	struct stk_wbuf w;
+	struct stk_rpc rpc;
+	uint8_t resp[64];
+
+	uint64_t epoch;
+
+	if (argc < 3 || stk_parse_u64(argv[2], &epoch))
+		return 2;
+	CHECK_RC(stk_conn_connect(argv[1], 2000, &conn), 0);
+	if (failures)
+		return 1;
+	/* a client request to a node that does not lead: NOT_LEADER */
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_META_STATFS;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	CHECK_RC(stk_rpc_call(conn, &rpc), -EREMCHG);
+	/* a length that is not the bulk's, an unknown kind: malformed */
+	memset(&q, 0, sizeof(q));
+	q.epoch = UINT64_MAX;
+	q.kind = STK_REPL_PROBE;
+	q.len = 5;
+	CHECK_RC(send_repl(conn, &q, junk, 3, &p), -EBADMSG);
+	q.kind = 77;
+	q.len = 0;
+	CHECK_RC(send_repl(conn, &q, NULL, 0, &p), -EBADMSG);
+	/* an old epoch (an old leader's): refused before anything is read */
+	q.epoch = 1;
+	q.kind = STK_REPL_SNAP;
+	q.first = 1;
+	q.len = sizeof(junk);
+	CHECK_RC(send_repl(conn, &q, junk, sizeof(junk), &p), -ESTALE);
+	/* the current epoch from a node that is not its leader: refused too */
+	q.kind = STK_REPL_SNAP;
+	q.first = 1;
+	q.epoch = epoch;
+	q.leader = 0x7fffffff;
+	CHECK_RC(send_repl(conn, &q, junk, sizeof(junk), &p), -ESTALE);
+	/*
+	 * An epoch newer than the routing table's, from anyone: not taken on its word
+	 * (AGAIN), and the real leader's epoch stays good (a later test sees it work).
+	 */
+	stk_wbuf_init(&w, log, sizeof(log));
+	stk_put_u64(&w, UINT64_MAX - 1);
+	stk_put_u64(&w, 1u << 30);
+	stk_put_u32(&w, 0);
+	q.epoch = UINT64_MAX - 1;
+	q.kind = STK_REPL_LOG;
+	q.first = 0;
+	q.len = (uint32_t)w.len;
+	CHECK_RC(send_repl(conn, &q, log, w.len, &p), -EAGAIN);
+	stk_conn_close(conn);
+	/* and it still answers */
+	CHECK_RC(server_answers(argv[1]), -ENOSYS);
+	if (!failures)
+		printf("repl: ok\n");
+	return failures ? 1 : 0;
+}
+
 /* ---- batch: the batched asynchronous API ---- */
 
 #define BATCH_FILES 12
@@ -1823,6 +1920,7 @@ int main(int argc, char **argv)
 		    {"batch", cmd_batch},
 		    {"watch", cmd_watch},
 		    {"special", cmd_special},
+		    {"repl", cmd_repl},
 		    {"cluster", cmd_cluster},
 		    {"staleread", cmd_staleread},
 		    {"overwrite", cmd_overwrite},

@@ -1152,6 +1152,172 @@ out:
 	return rc;
 }
 
+/*
+ * Replicated metadata (state.h): the first meta leads, the next ones follow
+ * whatever their stores, a third waits as a spare; a follower that goes OFFLINE
+ * leaves and the spare takes its place; a leader that goes OFFLINE is replaced
+ * by the follower of the shard's identity that reported the most; every change
+ * takes a new epoch; the routing table and the state file carry it all.
+ */
+/*
+ * Format 6 keeps both the client list and the meta replicas; the two formats 5
+ * that two branches wrote (the client list alone, the meta replicas alone) both
+ * still load, told apart by their lengths.
+ */
+static int test_format_5_both(void)
+{
+	struct stk_mgmt_state st, bare, ld;
+	struct stk_auth_client c;
+	uint8_t *full = NULL, *nocl = NULL, f5[4096];
+	size_t lf = 0, ln = 0, meta, cl, pre;
+	struct stk_wbuf w;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	stk_mgmt_state_init(&ld);
+	memset(&c, 0, sizeof(c));
+	snprintf(c.name, sizeof(c.name), "alice");
+	snprintf(c.subtree, sizeof(c.subtree), "/teamA");
+	REQUIRE(stk_mgmt_state_client_add(&st, &c) == 0);
+	st.meta_replicas = 3;
+	st.shard1_epoch = 77;
+	st.shard1_nfollowers = 2;
+	st.shard1_followers[0] = 5;
+	st.shard1_followers[1] = 6;
+	REQUIRE(stk_mgmt_state_encode(&st, &full, &lf) == 0);
+	REQUIRE(stk_mgmt_state_decode(&ld, full, lf, SEC) == 0);
+	REQUIRE(ld.nclients == 1 && strcmp(ld.clients[0].id.subtree, "/teamA") == 0 &&
+		ld.meta_replicas == 3 && ld.shard1_epoch == 77 && ld.shard1_nfollowers == 2 &&
+		ld.shard1_followers[1] == 6);
+	/* the same state with no client: the client block's length is the difference */
+	bare = st;
+	bare.nclients = 0;
+	bare.next_client_gen = 0;
+	REQUIRE(stk_mgmt_state_encode(&bare, &nocl, &ln) == 0);
+	meta = 1 + 8 + 1 + 4 * 2;
+	cl = lf - ln + 12;
+	pre = lf - 4 - meta - cl;
+	REQUIRE(lf < sizeof(f5));
+	/* main's format 5: ... clients */
+	memcpy(f5, full, pre + cl);
+	stk_wbuf_init(&w, f5 + 4, 4);
+	stk_put_u32(&w, 5);
+	stk_wbuf_init(&w, f5 + pre + cl, 4);
+	stk_put_u32(&w, stk_crc32c(0, f5, pre + cl));
+	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + cl + 4, SEC) == 0);
+	REQUIRE(ld.nclients == 1 && strcmp(ld.clients[0].id.name, "alice") == 0 &&
+		ld.meta_replicas == 0 && ld.shard1_nfollowers == 0);
+	/* metarepl's format 5: ... meta replicas */
+	memcpy(f5, full, pre);
+	memcpy(f5 + pre, full + pre + cl, meta);
+	stk_wbuf_init(&w, f5 + 4, 4);
+	stk_put_u32(&w, 5);
+	stk_wbuf_init(&w, f5 + pre + meta, 4);
+	stk_put_u32(&w, stk_crc32c(0, f5, pre + meta));
+	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + meta + 4, SEC) == 0);
+	REQUIRE(ld.nclients == 0 && ld.meta_replicas == 3 && ld.shard1_epoch == 77 &&
+		ld.shard1_nfollowers == 2 && ld.shard1_followers[0] == 5);
+	rc = 0;
+	free(full);
+	free(nocl);
+	stk_mgmt_state_free(&st);
+	stk_mgmt_state_free(&ld);
+	return rc;
+}
+
+static int test_meta_replicas(void)
+{
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_mgmt_state st, back;
+	struct stk_ns_id ns = {.lo = 0xA};
+	struct stk_routing rt;
+	uint32_t m1, m2, m3, m4, ids[1];
+	uint64_t e0, e1;
+	uint8_t *buf;
+	size_t len;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	st.meta_replicas = 3;
+	rq = meta_req(0, "10.0.0.1:9600", 0xA);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m1, ids) == 0);
+	REQUIRE(st.shard1_node == m1 && st.shard1_ns.lo == 0xA && st.shard1_epoch != 0);
+	e0 = st.shard1_epoch;
+	/* other stores follow (they are copied), not refused */
+	rq = meta_req(0, "10.0.0.2:9600", 0xB);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m2, ids) == 0);
+	rq = meta_req(0, "10.0.0.3:9600", 0xC);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m3, ids) == 0);
+	REQUIRE(st.shard1_nfollowers == 2 && st.shard1_followers[0] == m2 &&
+		st.shard1_followers[1] == m3);
+	REQUIRE(!stk_mgmt_state_node(&st, m2)->refused && st.shard1_epoch > e0);
+	/* a fourth is a spare */
+	rq = meta_req(0, "10.0.0.4:9600", 0xD);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m4, ids) == 0);
+	REQUIRE(st.shard1_nfollowers == 2 && st.shard1_node == m1);
+	/* the leader restarting stays the leader */
+	e1 = st.shard1_epoch;
+	rq = meta_req(m1, "10.0.0.1:9600", 0xA);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 2 * SEC, &m1, ids) == 0);
+	REQUIRE(st.shard1_node == m1 && st.shard1_epoch == e1);
+
+	/* followers copied: the shard's identity, and how far each is */
+	stk_mgmt_state_meta_report(&st, m2, &ns, e1, 40);
+	stk_mgmt_state_meta_report(&st, m3, &ns, e1, 42);
+	stk_mgmt_state_meta_report(&st, m4, &(struct stk_ns_id){.lo = 0xD}, 0, 99);
+	REQUIRE(routing(&st, 0, 2 * SEC, &rt) == 0);
+	REQUIRE(rt.nshards == 1 && rt.shards[0].node_id == m1 && rt.shards[0].replicas == 3 &&
+		rt.shards[0].nfollowers == 2 && rt.shards[0].followers[1] == m3 &&
+		rt.shards[0].epoch == e1);
+	REQUIRE(stk_routing_node(&rt, m3)->meta_seq == 42 &&
+		stk_routing_node(&rt, m3)->ns.lo == 0xA);
+	stk_routing_free(&rt);
+
+	/* the state file keeps the shard's replicas, followers and epoch */
+	REQUIRE(stk_mgmt_state_encode(&st, &buf, &len) == 0);
+	stk_mgmt_state_init(&back);
+	REQUIRE(stk_mgmt_state_decode(&back, buf, len, 3 * SEC) == 0);
+	free(buf);
+	REQUIRE(back.meta_replicas == 3 && back.shard1_epoch == e1 && back.shard1_nfollowers == 2 &&
+		back.shard1_followers[0] == m2 && back.shard1_node == m1);
+	stk_mgmt_state_free(&back);
+
+	/* all heartbeat but the leader, which goes OFFLINE: the follower with the most leads */
+	for (uint32_t id = m2; id <= m4; id++)
+		REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 10 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_expire(&st, 13 * SEC, TIMEOUT) == 1);
+	REQUIRE(st.shard1_node == m3 && st.shard1_epoch > e1);
+	/* m2 still follows, and the spare m4 fills the place (the leader left none) */
+	REQUIRE(st.shard1_nfollowers == 2 && st.shard1_followers[0] == m2 &&
+		st.shard1_followers[1] == m4);
+	/* the old leader back is a spare: no room, and never the leader again by itself */
+	REQUIRE(stk_mgmt_state_heartbeat(&st, m1, NULL, 0, 13 * SEC) == 0);
+	REQUIRE(st.shard1_node == m3 && st.shard1_nfollowers == 2);
+	/* a follower goes OFFLINE: it leaves, and the old leader follows in its place */
+	e1 = st.shard1_epoch;
+	for (uint32_t id = m1; id <= m4; id++)
+		if (id != m2)
+			REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 20 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_expire(&st, 24 * SEC, TIMEOUT) == 1);
+	REQUIRE(st.shard1_node == m3 && st.shard1_epoch > e1 && st.shard1_nfollowers == 2 &&
+		st.shard1_followers[0] == m4 && st.shard1_followers[1] == m1);
+	/* only a follower of the shard's identity is promoted: m4 (0xD) and m1 stale are not */
+	stk_mgmt_state_meta_report(&st, m1, &(struct stk_ns_id){.lo = 0xE}, 0, 1000);
+	for (uint32_t id = m1; id <= m4; id++)
+		if (id != m3 && id != m2)
+			REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 30 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_expire(&st, 34 * SEC, TIMEOUT) == 1);
+	REQUIRE(st.shard1_node == m3); /* kept: no follower may stand in for it */
+	/* back to one copy: a copy of the shard's identity does not take it over */
+	st.meta_replicas = 1;
+	rq = meta_req(m2, "10.0.0.2:9600", 0xA);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 40 * SEC, &m2, ids) == 0);
+	REQUIRE(st.shard1_node == m3 && stk_mgmt_state_node(&st, m2)->refused);
+	rc = 0;
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
 int main(void)
 {
 	struct stk_mgmt_state st;
@@ -1172,7 +1338,8 @@ int main(void)
 	rc = test_registration(&st) || test_liveness(&st) || test_routing(&st) ||
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
 	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
-	     test_replace() || test_all_lost() || test_accept_loss() || test_rebalance() || test_clients();
+	     test_replace() || test_all_lost() || test_accept_loss() || test_rebalance() ||
+	     test_meta_replicas() || test_clients() || test_format_5_both();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
