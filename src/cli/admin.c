@@ -447,23 +447,6 @@ done:
 
 /* ---- admin client: client identities (docs/security.md, "Client keys") ---- */
 
-/* A JSON string: quotes, backslashes and control bytes escaped. */
-static void client_json_str(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
 static const char *client_mode(uint32_t flags)
 {
 	return flags & STK_IDENT_SQUASH_ALL    ? "all"
@@ -485,10 +468,10 @@ static int client_ls(const char *cluster, int json)
 		printf("[");
 		for (uint32_t i = 0; i < n; i++) {
 			printf("%s{\"name\": ", i ? ", " : "");
-			client_json_str(l[i].name);
+			cli_json_str(stdout, l[i].name);
 			printf(", \"generation\": %llu, \"subtree\": ",
 			       (unsigned long long)l[i].gen);
-			client_json_str(l[i].subtree);
+			cli_json_str(stdout, l[i].subtree);
 			printf(", \"read_only\": %s, \"squash\": \"%s\", \"anon_uid\": %u, "
 			       "\"anon_gid\": %u, \"removed\": %s}",
 			       l[i].flags & STK_IDENT_READ_ONLY ? "true" : "false",

@@ -20,6 +20,8 @@
 #ifndef STK_CLI_H
 #define STK_CLI_H
 
+#include <stdio.h>
+
 #include "stoker/stoker.h"
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
@@ -93,6 +95,9 @@ int cmd_bench_loader(int argc, char **argv);
 
 /* Prints "stoker CMD: message" to stderr. */
 void cli_err(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* s as a JSON string to f: quoted, with quotes, backslashes and control bytes
+ * escaped (NULL as ""). */
+void cli_json_str(FILE *f, const char *s);
 /* Prints the usage line of a command to stderr and returns 2. */
 int cli_usage(const char *cmd);
 /* "mgmtd", "meta", "storage" for a STK_CLUSTER_ROLE_* value, "?" for another. */

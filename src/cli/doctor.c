@@ -1621,22 +1621,6 @@ static void check_loader(struct doctor *d)
 
 /* ---- output ---- */
 
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; s && *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
 static void print_text(const struct doctor *d)
 {
 	for (int i = 0; i < C_N; i++) {
@@ -1658,29 +1642,29 @@ static void print_text(const struct doctor *d)
 static void print_json(const struct doctor *d, unsigned count[4])
 {
 	printf("{\"cluster\": ");
-	json_str(d->cluster);
+	cli_json_str(stdout, d->cluster);
 	printf(", \"version\": ");
-	json_str(STOKER_VERSION);
+	cli_json_str(stdout, STOKER_VERSION);
 	printf(", \"checks\": [");
 	for (int i = 0; i < C_N; i++) {
 		const struct check *c = &d->c[i];
 
 		printf("%s\n  {\"check\": ", i ? "," : "");
-		json_str(check_name[i]);
+		cli_json_str(stdout, check_name[i]);
 		printf(", \"verdict\": ");
-		json_str(verdict_name[c->verdict]);
+		cli_json_str(stdout, verdict_name[c->verdict]);
 		printf(", \"text\": ");
-		json_str(c->line);
+		cli_json_str(stdout, c->line);
 		printf(", \"fix\": ");
-		json_str(c->verdict >= DR_WARN ? c->fix : "");
+		cli_json_str(stdout, c->verdict >= DR_WARN ? c->fix : "");
 		printf(", \"findings\": [");
 		for (unsigned k = 0; k < c->nf; k++) {
 			printf("%s{\"verdict\": ", k ? ", " : "");
-			json_str(verdict_name[c->f[k].verdict]);
+			cli_json_str(stdout, verdict_name[c->f[k].verdict]);
 			printf(", \"text\": ");
-			json_str(c->f[k].text);
+			cli_json_str(stdout, c->f[k].text);
 			printf(", \"fix\": ");
-			json_str(c->f[k].fix ? c->f[k].fix : "");
+			cli_json_str(stdout, c->f[k].fix ? c->f[k].fix : "");
 			printf("}");
 		}
 		printf("]}");

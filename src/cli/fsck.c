@@ -66,22 +66,6 @@ static int is_data(int k)
 	       k == STK_FSCK_REPLICAS_DIFFER;
 }
 
-static void json_name(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
 static void line(const struct stk_fsck_problem *q)
 {
 	unsigned long long ino = q->ino, parent = q->parent, expect = q->expect, found = q->found;
@@ -166,7 +150,7 @@ static void print_json(const struct stk_fsck_report *r)
 		       i ? ", " : "", kind_name(q->kind), (unsigned long long)q->ino,
 		       (unsigned long long)q->parent, (unsigned long long)q->expect,
 		       (unsigned long long)q->found);
-		json_name(q->name);
+		cli_json_str(stdout, q->name);
 		printf(", \"repaired\": %s}", q->repaired ? "true" : "false");
 	}
 	printf("]}\n");

@@ -37,6 +37,20 @@ void cli_err(const char *cmd, const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
+void cli_json_str(FILE *f, const char *s)
+{
+	fputc('"', f);
+	for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+		if (*p == '"' || *p == '\\')
+			fprintf(f, "\\%c", *p);
+		else if (*p < 0x20)
+			fprintf(f, "\\u%04x", *p);
+		else
+			fputc(*p, f);
+	}
+	fputc('"', f);
+}
+
 int cli_usage(const char *cmd)
 {
 	for (size_t i = 0; i < STK_ARRAY_SIZE(commands); i++)

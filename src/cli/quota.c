@@ -122,29 +122,12 @@ static void print_quota(const struct stk_quota *q)
 	       (unsigned long long)q->used_inodes, ilim, p2, res);
 }
 
-/* A JSON string: quotes, backslashes and control bytes escaped. */
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char ch = (unsigned char)*s;
-
-		if (ch == '"' || ch == '\\')
-			printf("\\%c", ch);
-		else if (ch < 0x20)
-			printf("\\u%04x", ch);
-		else
-			putchar(ch);
-	}
-	putchar('"');
-}
-
 static void print_json(const struct stk_quota *q, size_t n)
 {
 	printf("[");
 	for (size_t i = 0; i < n; i++) {
 		printf("%s{\"path\": ", i ? ", " : "");
-		json_str(q[i].path);
+		cli_json_str(stdout, q[i].path);
 		printf(", \"ino\": %llu, \"parent\": %llu, \"limit_bytes\": %llu, "
 		       "\"used_bytes\": %llu, \"reserved_bytes\": %llu, \"limit_inodes\": %llu, "
 		       "\"used_inodes\": %llu}",

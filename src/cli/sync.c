@@ -2281,20 +2281,6 @@ static void *progress_main(void *arg)
 	return NULL;
 }
 
-static void json_str(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(f, "\\%c", *p);
-		else if (*p < 0x20)
-			fprintf(f, "\\u%04x", *p);
-		else
-			fputc(*p, f);
-	}
-	fputc('"', f);
-}
-
 static void summary(struct sync *sy, double el)
 {
 	uint64_t bytes = atomic_load(&sy->bytes_done) - atomic_load(&sy->bytes_checked);
@@ -2304,9 +2290,9 @@ static void summary(struct sync *sy, double el)
 		snprintf(rank, sizeof(rank), "rank %u/%u: ", sy->o.rank, sy->o.ranks);
 	if (sy->o.json) {
 		printf("{\"source\": ");
-		json_str(stdout, sy->src.arg);
+		cli_json_str(stdout, sy->src.arg);
 		printf(", \"destination\": ");
-		json_str(stdout, sy->dst.arg);
+		cli_json_str(stdout, sy->dst.arg);
 		printf(", \"dry_run\": %s, \"rank\": %u, \"ranks\": %u, \"files_copied\": %" PRIu64
 		       ", \"bytes_copied\": %" PRIu64 ", \"files_same\": %" PRIu64
 		       ", \"dirs_made\": %" PRIu64 ", \"links_made\": %" PRIu64
@@ -2322,9 +2308,9 @@ static void summary(struct sync *sy, double el)
 		       sy->files_total, sy->bytes_total, el);
 		for (size_t i = 0; i < sy->nfails; i++) {
 			printf("%s{\"path\": ", i ? ", " : "");
-			json_str(stdout, sy->fails[i].rel);
+			cli_json_str(stdout, sy->fails[i].rel);
 			printf(", \"error\": ");
-			json_str(stdout, sy->fails[i].why);
+			cli_json_str(stdout, sy->fails[i].why);
 			printf("}");
 		}
 		printf("]}\n");
