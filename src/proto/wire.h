@@ -116,6 +116,13 @@
 	X(MGMT_CLIENT_RM, 15, mgmt_client_name, mgmt_client_gen, "revoke a client identity") \
 	/* Reply: u32 n, then n client_rec. */                                          \
 	X(MGMT_CLIENTS, 16, none, none, "list client identities")                       \
+	/* QoS limits per tenant (docs/qos.md): set replaces the tenant's limits                   \
+	 * (INVAL: a bad name; NOSPC: STK_QOS_MAX tenants have limits), rm drops them              \
+	 * (NOENT: none set), QOS_LIST replies u32 n, then n qos_rec. A client key                 \
+	 * gets PERM. Set and rm bump the routing version: storage fetches the list. */            \
+	X(MGMT_QOS_SET, 17, qos_rec, none, "set a tenant's QoS limits")                            \
+	X(MGMT_QOS_RM, 18, mgmt_client_name, none, "drop a tenant's QoS limits")                   \
+	X(MGMT_QOS_LIST, 19, none, none, "list QoS limits")                                        \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \
