@@ -207,6 +207,12 @@
 	  "when unknown.")                                                                         \
 	X(DEVICE_MEDIA_ERRORS, COUNTER, "stoker_device_media_errors_total", "target,device",       \
 	  "Media and data integrity errors the device reports (NVMe). Absent when unknown.")       \
+	/* ---- storage: QoS, per tenant (docs/qos.md) ---- */                                     \
+	X(QOS_THROTTLED, HISTOGRAM, "stoker_qos_throttled_seconds", "tenant",                      \
+	  "How long the tenant's requests were held by its QoS limits at this node, one "          \
+	  "observation per held request: _sum is the throttled time, _count the requests held.")   \
+	X(QOS_REQUESTS, COUNTER, "stoker_qos_requests_total", "tenant",                            \
+	  "Requests of a tenant with QoS limits that this node served, held or not.")              \
 	/* ---- mgmtd: the cluster ---- */                                                         \
 	X(CLUSTER_NODES, GAUGE, "stoker_cluster_nodes", "role,state",                              \
 	  "Nodes registered with mgmtd, by role and state.")                                       \

@@ -50,6 +50,11 @@ struct stk_agent_opts {
 	const char *zone;
 	struct stk_ns_id ns; /* a meta node's store identity (never zero); zero for storage */
 	stk_agent_state_fn state; /* NULL, or told of table and fence changes (with ctx) */
+	/*
+	 * NULL, or handed mgmtd's QoS limits (MGMT_QOS_LIST, docs/qos.md) after each new
+	 * table (storage: storage/qos.h); 0 or -errno.
+	 */
+	int (*qos)(const struct stk_msg_qos_rec *list, uint32_t n);
 };
 
 /*
