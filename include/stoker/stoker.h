@@ -815,6 +815,37 @@ STK_API int stk_cluster_client_list(const char *cluster, struct stk_client_ident
 				    uint32_t *n);
 
 /*
+ * QoS limits per tenant (`stoker qos`, docs/qos.md). A tenant is a client key's
+ * name (struct stk_client_ident); its limits hold at each storage node, for the
+ * requests of every connection made with a key of that name: bytes read and
+ * written per second and requests per second, 0 for no limit. Connections with
+ * the cluster key or none are never limited.
+ */
+#define STK_QOS_TENANTS_MAX 64
+
+struct stk_qos_limits {
+	char tenant[STK_IDENT_NAME_MAX + 1]; /* [A-Za-z0-9._-], 1 to 63 bytes */
+	uint64_t read_bw;		     /* bytes per second read; 0: no limit */
+	uint64_t write_bw;		     /* bytes per second written; 0: no limit */
+	uint32_t iops;			     /* requests per second; 0: no limit */
+};
+
+/*
+ * Sets (or replaces) l->tenant's limits; storage nodes apply them to live
+ * connections within a second or two. Errors: -EINVAL (a malformed tenant name),
+ * -ENOSPC (STK_QOS_TENANTS_MAX tenants have limits), -EPERM (this process holds
+ * a client key), as stk_connect for reaching the cluster.
+ */
+STK_API int stk_cluster_qos_set(const char *cluster, const struct stk_qos_limits *l);
+/* Drops tenant's limits. Errors: -ENOENT (none set), -EPERM, as stk_connect. */
+STK_API int stk_cluster_qos_rm(const char *cluster, const char *tenant);
+/*
+ * Every tenant's limits, in a new array *out of *n (free it with free(); NULL when
+ * none). Errors: -EPERM, -ENOMEM, -EBADMSG, as stk_connect.
+ */
+STK_API int stk_cluster_qos_list(const char *cluster, struct stk_qos_limits **out, uint32_t *n);
+
+/*
  * Times `count` (1 to 64) round trips to the Stoker daemon at addr ("HOST:PORT",
  * read during the call only), for `stoker doctor`: after one call that opens and
  * warms a connection of its own (the key handshake included, with the key this
