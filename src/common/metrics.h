@@ -213,6 +213,8 @@
 	  "observation per held request: _sum is the throttled time, _count the requests held.")   \
 	X(QOS_REQUESTS, COUNTER, "stoker_qos_requests_total", "tenant",                            \
 	  "Requests of a tenant with QoS limits that this node served, held or not.")              \
+	X(QOS_HELD, GAUGE, "stoker_qos_held_requests", "",                                         \
+	  "Requests held by QoS limits at this node now, waiting without a thread.")               \
 	/* ---- mgmtd: the cluster ---- */                                                         \
 	X(CLUSTER_NODES, GAUGE, "stoker_cluster_nodes", "role,state",                              \
 	  "Nodes registered with mgmtd, by role and state.")                                       \

@@ -61,6 +61,7 @@ static struct parked *heap; /* under heap_lock */
 static size_t nheap, cap_heap;
 static int running, stopping;
 static pthread_t timer_thread;
+static stk_metric_t held_now; /* QOS_HELD */
 
 static struct tenant *find(const char *name)
 {
@@ -214,6 +215,8 @@ static void *timer_main(void *arg)
 		while (nheap && (stopping || heap[0].due_ns <= now)) {
 			struct parked e = heap_pop();
 
+			stk_metric_add(held_now, -1);
+
 			/* requeued without the lock: a stopping server answers at once */
 			pthread_mutex_unlock(&heap_lock);
 			stk_rpc_pending_requeue(e.p);
@@ -247,6 +250,7 @@ int stk_qos_start(void)
 	pthread_cond_init(&heap_cv, &ca);
 	pthread_condattr_destroy(&ca);
 	stopping = 0;
+	stk_metric_series(STK_M_QOS_HELD, NULL, &held_now);
 	rc = -pthread_create(&timer_thread, NULL, timer_main, NULL);
 	if (rc == 0)
 		running = 1;
@@ -290,6 +294,7 @@ int stk_qos_park(struct stk_rpc_pending *p, uint64_t wait_ns)
 		cap_heap = cap;
 	}
 	heap_push(e);
+	stk_metric_add(held_now, 1);
 	wake = heap[0].p == p; /* the new earliest: the timer sleeps too long otherwise */
 	if (wake)
 		pthread_cond_signal(&heap_cv);
