@@ -174,6 +174,11 @@ while True:
         held = sample(cluster, 'stoker_qos_throttled_seconds_count{tenant="teamB"}')
         assert held > 0
         assert sample(cluster, 'stoker_qos_throttled_seconds_sum{tenant="teamB"}') > 1
+        # stoker top shows the tenant held, with its throttled time
+        top = cluster.cli("top", "--once", "--interval", "1").stdout.decode()
+        line = [l for l in top.splitlines() if l.strip().startswith("teamB")]
+        assert "requests held now" in top and line, top
+        assert float(line[0].split()[-2]) > 0, line
     finally:
         writer.kill()
         reader.kill()
