@@ -1,15 +1,18 @@
 /*
  * stoker qos: QoS limits per tenant (docs/qos.md).
  *
- *   qos set TENANT [--read-bw SIZE/s] [--write-bw SIZE/s] [--iops N]
+ *   qos set TENANT [--read-bw SIZE/s] [--write-bw SIZE/s] [--iops N] [--class C]
+ *   qos set @default|@checkpoint [--read-bw ...] [--write-bw ...] [--iops N]
  *   qos ls [--json]
  *   qos rm TENANT
  *
  * each with [--cluster ADDR]. A tenant is a client key's name; its limits hold at
- * each storage node. SIZE takes binary units (100M is 100 MiB), "/s" optional; N
- * decimal ones (10k); "none" or 0 is no limit. `set` replaces the tenant's limits
- * (a limit not given is none). Errors print "stoker qos: reason" and exit 1; a
- * usage error exits 2.
+ * each storage node; --class caps the class its requests count as. "@default"
+ * and "@checkpoint" are a class's own limits, shared by all tenants, that hold
+ * while a higher class is served. SIZE takes binary units (100M is 100 MiB),
+ * "/s" optional; N decimal ones (10k); "none" or 0 is no limit. `set` replaces
+ * the tenant's limits (a limit not given is none). Errors print "stoker qos:
+ * reason" and exit 1; a usage error exits 2.
  */
 #include "cli.h"
 
@@ -90,15 +93,19 @@ static int qos_ls(const char *cluster, int json)
 	}
 	if (json) {
 		printf("[");
-		for (uint32_t i = 0; i < n; i++)
-			/* names are [A-Za-z0-9._-]: nothing to escape */
+		for (uint32_t i = 0; i < n; i++) {
+			const char *cls = stk_qos_class_name(l[i].max_class);
+
+			/* names are [A-Za-z0-9._@-]: nothing to escape */
 			printf("%s{\"tenant\": \"%s\", \"read_bw\": %llu, \"write_bw\": %llu, "
-			       "\"iops\": %u}",
+			       "\"iops\": %u, \"class\": ",
 			       i ? ", " : "", l[i].tenant, (unsigned long long)l[i].read_bw,
 			       (unsigned long long)l[i].write_bw, l[i].iops);
+			printf(cls ? "\"%s\"}" : "null}", cls);
+		}
 		printf("]\n");
 	} else {
-		printf("%-20s %12s %12s %10s\n", "TENANT", "READ", "WRITE", "IOPS");
+		printf("%-20s %12s %12s %10s  %s\n", "TENANT", "READ", "WRITE", "IOPS", "CLASS");
 		for (uint32_t i = 0; i < n; i++) {
 			char rb[40], wb[40], io[16];
 
@@ -108,7 +115,10 @@ static int qos_ls(const char *cluster, int json)
 				snprintf(io, sizeof(io), "%u", l[i].iops);
 			else
 				snprintf(io, sizeof(io), "-");
-			printf("%-20s %12s %12s %10s\n", l[i].tenant, rb, wb, io);
+			printf("%-20s %12s %12s %10s  %s\n", l[i].tenant, rb, wb, io,
+			       stk_qos_class_name(l[i].max_class)
+				   ? stk_qos_class_name(l[i].max_class)
+				   : "-");
 		}
 	}
 	free(l);
@@ -122,6 +132,7 @@ int cmd_qos(int argc, char **argv)
 	int json = 0, given = 0, rc;
 
 	memset(&q, 0, sizeof(q));
+	q.max_class = STK_QOS_CLASS_NONE;
 	if (strcmp(verb, "set") && strcmp(verb, "ls") && strcmp(verb, "rm"))
 		return cli_usage("qos");
 	for (int i = 2; i < argc; i++) {
@@ -148,6 +159,17 @@ int cmd_qos(int argc, char **argv)
 					rc == -ERANGE ? "too large" : "not a count", argv[i]);
 				return 1;
 			}
+			given = 1;
+		} else if (strcmp(a, "--class") == 0 && i + 1 < argc && strcmp(verb, "set") == 0) {
+			rc = stk_qos_class_parse(argv[++i]);
+			if (rc < 0) {
+				cli_err("qos",
+					"--class: '%s' is not a class (training-read, default, "
+					"checkpoint)",
+					argv[i]);
+				return 1;
+			}
+			q.max_class = (uint8_t)rc;
 			given = 1;
 		} else if (!tenant && a[0] != '-' && strcmp(verb, "ls") != 0) {
 			tenant = a;
@@ -181,15 +203,19 @@ int cmd_qos(int argc, char **argv)
 		return 0;
 	}
 	if (!given) {
-		cli_err("qos", "set %s needs --read-bw, --write-bw or --iops", tenant);
+		cli_err("qos", "set %s needs --read-bw, --write-bw, --iops or --class", tenant);
 		return cli_usage("qos");
+	}
+	if (tenant[0] == '@' && q.max_class != STK_QOS_CLASS_NONE) {
+		cli_err("qos", "set %s: a class's own limits take no --class", tenant);
+		return 1;
 	}
 	snprintf(q.tenant, sizeof(q.tenant), "%s", tenant);
 	rc = stk_cluster_qos_set(cluster, &q);
 	if (rc == -EINVAL) {
 		cli_err("qos",
 			"set: '%s' is not a tenant name (1 to %u letters, digits, '.', '_' or "
-			"'-', as a client key's name)",
+			"'-', as a client key's name) nor a class's (@default, @checkpoint)",
 			tenant, STK_IDENT_NAME_MAX);
 		return 1;
 	}

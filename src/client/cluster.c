@@ -693,6 +693,21 @@ out:
 
 /* ---- QoS limits (docs/qos.md) ---- */
 
+static const char *const qos_classes[] = {"default", "training-read", "checkpoint"};
+
+const char *stk_qos_class_name(int qos_class)
+{
+	return qos_class >= 0 && qos_class < 3 ? qos_classes[qos_class] : NULL;
+}
+
+int stk_qos_class_parse(const char *name)
+{
+	for (int i = 0; name && i < 3; i++)
+		if (strcmp(name, qos_classes[i]) == 0)
+			return i;
+	return -EINVAL;
+}
+
 int stk_cluster_qos_set(const char *cluster, const struct stk_qos_limits *l)
 {
 	struct stk_msg_qos_rec rq;
@@ -711,6 +726,7 @@ int stk_cluster_qos_set(const char *cluster, const struct stk_qos_limits *l)
 	rq.read_bw = l->read_bw;
 	rq.write_bw = l->write_bw;
 	rq.iops = l->iops;
+	rq.max_class = l->max_class;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_qos_rec_enc(&w, &rq);
 	return admin_call(cluster, STK_OP_MGMT_QOS_SET, &w, resp, sizeof(resp), &r);
@@ -767,6 +783,7 @@ int stk_cluster_qos_list(const char *cluster, struct stk_qos_limits **out, uint3
 		list[i].read_bw = rec.read_bw;
 		list[i].write_bw = rec.write_bw;
 		list[i].iops = rec.iops;
+		list[i].max_class = rec.max_class;
 	}
 	if (stk_rbuf_finish(&r))
 		goto out;

@@ -1756,14 +1756,25 @@ int stk_mgmt_state_qos_set(struct stk_mgmt_state *st, const struct stk_msg_qos_r
 	char err[256];
 	uint32_t i;
 
-	/* A tenant is named as a client key is (a name is checked by its rules). */
+	/*
+	 * A tenant is named as a client key is (a name is checked by its rules); a
+	 * class's own limits are "@default" and "@checkpoint", capped by nothing.
+	 */
 	memset(&c, 0, sizeof(c));
 	if (strlen(q->tenant) > STK_CLIENT_NAME_MAX)
 		return -EINVAL;
-	stk_strlcpy(c.name, q->tenant, sizeof(c.name));
-	c.subtree[0] = '/';
-	if (stk_auth_client_valid(&c, err, sizeof(err)))
-		return -EINVAL;
+	if (q->tenant[0] == '@') {
+		if ((strcmp(q->tenant, "@default") && strcmp(q->tenant, "@checkpoint")) ||
+		    q->max_class != STK_QOS_CLASS_ANY)
+			return -EINVAL;
+	} else {
+		stk_strlcpy(c.name, q->tenant, sizeof(c.name));
+		c.subtree[0] = '/';
+		if (stk_auth_client_valid(&c, err, sizeof(err)))
+			return -EINVAL;
+		if (q->max_class > STK_QOS_CLASS_LOWEST && q->max_class != STK_QOS_CLASS_ANY)
+			return -EINVAL;
+	}
 	for (i = 0; i < st->nqos; i++)
 		if (strcmp(st->qos[i].tenant, q->tenant) == 0)
 			break;

@@ -11,7 +11,8 @@
  *        4    2 version      STK_WIRE_VERSION; a peer answers a newer one with NOTSUP
  *        6    2 opcode       enum stk_opcode
  *        8    4 flags        STK_FRAME_REPLY on replies; STK_FRAME_BULK_SELF when
- *                            the message checksums its own bulk (STOR_WRITE, STOR_READ)
+ *                            the message checksums its own bulk (STOR_WRITE, STOR_READ);
+ *                            a storage request's QoS class (STK_FRAME_CLASS_MASK)
  *       12    4 status       enum stk_status on replies, 0 on requests
  *       16    8 request id   chosen by the sender of a request, echoed by the reply
  *       24    4 payload_len  at most STK_MAX_PAYLOAD
@@ -61,6 +62,13 @@
 #define STK_FRAME_REPLY 0x1u
 /* The checksum covers the payload only; the message carries the bulk's checksums. */
 #define STK_FRAME_BULK_SELF 0x2u
+/*
+ * Storage requests: the QoS class the client marked them with (docs/qos.md), in
+ * bits 8-9: 0 default, 1 training-read, 2 checkpoint (STK_QOS_CLASS_* in
+ * stoker.h); 3 is refused (INVAL). Senders of older versions leave them 0.
+ */
+#define STK_FRAME_CLASS_SHIFT 8
+#define STK_FRAME_CLASS_MASK 0x300u
 
 /*
  * The opcode table: X(NAME, code, request message, reply message, what it does).

@@ -16,6 +16,12 @@
  * needed; when it cannot, the request is served at once (a limit overshot, never
  * a request lost).
  *
+ * Classes. A class's own limits are a record like a tenant's, named "@default"
+ * or "@checkpoint", whose buckets every tenant's requests of that class share.
+ * They are charged only while a request of a higher class arrived within
+ * STK_QOS_BUSY_NS (seen[], a time per class): a checkpoint alone runs as fast as
+ * its tenant's limits let it; next to training reads it gets the class's rate.
+ *
  * One mutex guards the policy and the buckets, taken only for requests of
  * client-key connections while some tenant has limits (nlimited != 0); another
  * guards the heap.
@@ -49,6 +55,16 @@ static pthread_mutex_t pol_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct tenant tenants[STK_QOS_MAX]; /* under pol_lock */
 static uint32_t ntenants;		   /* under pol_lock */
 static uint32_t nlimited;		   /* atomic: ntenants, read without the lock */
+static uint32_t nclasses;		   /* atomic: how many of them are a class's ("@...") */
+static uint64_t seen[STK_QOS_CLASS_LOWEST + 1]; /* atomic: a class's last request */
+
+/* A class's rank: 0 the highest (training-read), then default, then checkpoint. */
+static unsigned rank(unsigned cls)
+{
+	return cls == 1 ? 0 : cls == 0 ? 1 : 2;
+}
+
+static const char *const class_rec[] = {"@default", NULL, "@checkpoint"};
 
 struct parked {
 	uint64_t due_ns;
@@ -104,41 +120,54 @@ int stk_qos_policy_set(const struct stk_msg_qos_rec *list, uint32_t n)
 	}
 	memcpy(tenants, fresh, (size_t)n * sizeof(fresh[0]));
 	ntenants = n;
+	{
+		uint32_t k = 0;
+
+		for (uint32_t i = 0; i < n; i++)
+			k += list[i].tenant[0] == '@';
+		__atomic_store_n(&nclasses, k, __ATOMIC_RELEASE);
+	}
 	__atomic_store_n(&nlimited, n, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&pol_lock);
 	return 0;
 }
 
-int stk_qos_limited(const char *tenant)
+void stk_qos_seen(unsigned cls)
+{
+	if (cls <= STK_QOS_CLASS_LOWEST && __atomic_load_n(&nclasses, __ATOMIC_RELAXED))
+		__atomic_store_n(&seen[cls], stk_now_ns(), __ATOMIC_RELAXED);
+}
+
+int stk_qos_limited(const char *tenant, unsigned cls)
 {
 	int r;
 
 	if (!tenant || __atomic_load_n(&nlimited, __ATOMIC_ACQUIRE) == 0)
 		return 0;
 	pthread_mutex_lock(&pol_lock);
-	r = find(tenant) != NULL;
+	r = find(tenant) != NULL ||
+	    (cls <= STK_QOS_CLASS_LOWEST && class_rec[cls] && find(class_rec[cls]) != NULL);
 	pthread_mutex_unlock(&pol_lock);
 	return r;
 }
 
-uint64_t stk_qos_charge(const char *tenant, int write, uint64_t bytes)
+/* 1 when a class above cls had a request within STK_QOS_BUSY_NS of now. */
+static int higher_busy(unsigned cls, uint64_t now)
 {
-	uint64_t now, wait = 0;
-	struct tenant *t;
-	double cost[NDIM];
+	for (unsigned c = 0; c <= STK_QOS_CLASS_LOWEST; c++) {
+		uint64_t t = __atomic_load_n(&seen[c], __ATOMIC_RELAXED);
 
-	if (!tenant || __atomic_load_n(&nlimited, __ATOMIC_ACQUIRE) == 0)
-		return 0;
-	cost[0] = write ? 0 : (double)bytes;
-	cost[1] = write ? (double)bytes : 0;
-	cost[2] = 1;
-	now = stk_now_ns();
-	pthread_mutex_lock(&pol_lock);
-	t = find(tenant);
-	if (!t) {
-		pthread_mutex_unlock(&pol_lock);
-		return 0;
+		if (rank(c) < rank(cls) && t && t + STK_QOS_BUSY_NS > now) /* t may be past now */
+			return 1;
 	}
+	return 0;
+}
+
+/* Takes cost out of t's buckets: the wait it leaves (ns). Call with pol_lock held. */
+static uint64_t take(struct tenant *t, const double cost[NDIM], uint64_t now)
+{
+	uint64_t wait = 0;
+
 	for (int d = 0; d < NDIM; d++) {
 		double rate = (double)t->rate[d], burst, w;
 
@@ -147,7 +176,8 @@ uint64_t stk_qos_charge(const char *tenant, int write, uint64_t bytes)
 		burst = rate * (double)BURST_NS / 1e9;
 		if (burst < 1)
 			burst = 1;
-		t->level[d] += rate * (double)(now - t->last_ns) / 1e9;
+		if (now > t->last_ns)
+			t->level[d] += rate * (double)(now - t->last_ns) / 1e9;
 		if (t->level[d] > burst)
 			t->level[d] = burst;
 		t->level[d] -= cost[d];
@@ -155,10 +185,42 @@ uint64_t stk_qos_charge(const char *tenant, int write, uint64_t bytes)
 		if ((uint64_t)w > wait)
 			wait = (uint64_t)w;
 	}
-	t->last_ns = now;
+	if (now > t->last_ns)
+		t->last_ns = now;
 	stk_metric_add(t->reqs, 1);
 	if (wait)
 		stk_metric_observe_ns(t->held, wait);
+	return wait;
+}
+
+uint64_t stk_qos_charge(const char *tenant, unsigned cls, int write, uint64_t bytes)
+{
+	uint64_t now, wait = 0, w;
+	struct tenant *t, *k = NULL;
+	double cost[NDIM];
+
+	if (__atomic_load_n(&nlimited, __ATOMIC_ACQUIRE) == 0)
+		return 0;
+	if (!tenant)
+		return 0;
+	cost[0] = write ? 0 : (double)bytes;
+	cost[1] = write ? (double)bytes : 0;
+	cost[2] = 1;
+	pthread_mutex_lock(&pol_lock);
+	now = stk_now_ns(); /* under the lock: a bucket's last_ns never passes it */
+	t = find(tenant);
+	/* the tenant's cap: its requests count as no higher than its max_class */
+	if (t && t->rec.max_class <= STK_QOS_CLASS_LOWEST && rank(t->rec.max_class) > rank(cls))
+		cls = t->rec.max_class;
+	if (cls <= STK_QOS_CLASS_LOWEST && __atomic_load_n(&nclasses, __ATOMIC_RELAXED))
+		__atomic_store_n(&seen[cls], now, __ATOMIC_RELAXED);
+	/* a class's own limits, only while a higher class is served here */
+	if (cls <= STK_QOS_CLASS_LOWEST && class_rec[cls] && higher_busy(cls, now))
+		k = find(class_rec[cls]);
+	if (t)
+		wait = take(t, cost, now);
+	if (k && (w = take(k, cost, now)) > wait)
+		wait = w;
 	pthread_mutex_unlock(&pol_lock);
 	return wait;
 }

@@ -31,15 +31,33 @@ struct stk_rpc_pending;
 /* Replaces the policy (n records; n 0: no limits). 0 or -EINVAL (n too big). */
 int stk_qos_policy_set(const struct stk_msg_qos_rec *list, uint32_t n);
 
-/* 1 when tenant has limits at this node (so its requests go through the workers). */
-int stk_qos_limited(const char *tenant);
+/*
+ * Priority classes (wire.h STK_FRAME_CLASS_*): cls is a request's class as
+ * marked, 0 default, 1 training-read, 2 checkpoint (rank, highest first:
+ * training-read, default, checkpoint). stk_qos_seen: a request of class cls
+ * arrives on a client key's connection (the cluster key's, daemons' forwards
+ * included, take no part in QoS): a class's own limits hold while a higher class
+ * was seen in the last STK_QOS_BUSY_NS. Cheap when no class has limits.
+ */
+#define STK_QOS_BUSY_NS 100000000ull
+void stk_qos_seen(unsigned cls);
 
 /*
- * Charges one request of tenant: bytes read (write 0) or written (write 1), and
- * one request. Returns the nanoseconds it must wait before it is served (0: now,
- * also for a tenant without limits).
+ * 1 when a request of tenant (NULL: a connection with the cluster key, never
+ * limited) of class cls may be held at this node, so it must go to the workers.
  */
-uint64_t stk_qos_charge(const char *tenant, int write, uint64_t bytes);
+int stk_qos_limited(const char *tenant, unsigned cls);
+
+/*
+ * Charges one request of tenant (NULL: none, never held) marked class cls (above
+ * STK_QOS_CLASS_LOWEST: none, for requests other than reads and writes), seen
+ * as its class after the tenant's cap (stk_qos_seen): bytes
+ * read (write 0) or written (write 1), and one request, to the tenant's buckets
+ * and, while a higher class is busy, to those of its class (capped by the
+ * tenant's max_class). Returns the nanoseconds it must wait before it is served
+ * (0: now).
+ */
+uint64_t stk_qos_charge(const char *tenant, unsigned cls, int write, uint64_t bytes);
 
 /*
  * Starts the timer thread (0 or -errno), and stops it: every request parked is

@@ -2456,11 +2456,12 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 }
 
 /*
- * QoS (qos.h, docs/qos.md): a client key's request is charged to its tenant's
- * buckets once; one that must wait is taken and parked until its time, then
- * served from the start (req->requeued). STK_RPC_PENDING when parked, else 0.
+ * QoS (qos.h, docs/qos.md): a client key's request of class cls is charged to
+ * its tenant's buckets (and its class's, while a higher one is busy) once; one
+ * that must wait is taken and parked until its time, then served from the start
+ * (req->requeued). STK_RPC_PENDING when parked, else 0.
  */
-static int qos_hold(struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+static int qos_hold(struct stk_rpc_req *req, struct stk_rpc_resp *resp, unsigned cls)
 {
 	struct stk_msg_stor_read_req rq;
 	struct stk_rbuf peek = req->payload;
@@ -2470,7 +2471,10 @@ static int qos_hold(struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 
 	if (!write)
 		bytes = stk_msg_stor_read_req_dec(&peek, &rq) ? 0 : rq.length;
-	wait = stk_qos_charge(req->client->name, write, bytes);
+	/* only reads and writes take part in classes; the rest count on the tenant's */
+	if (req->hdr.opcode != STK_OP_STOR_READ && req->hdr.opcode != STK_OP_STOR_WRITE)
+		cls = STK_QOS_CLASS_LOWEST + 1;
+	wait = stk_qos_charge(req->client->name, cls, write, bytes);
 	if (wait < 20000) /* 20 us: less than parking costs */
 		return 0;
 	p = stk_rpc_pending_take(resp);
@@ -2482,11 +2486,15 @@ static int qos_hold(struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct storage *s = ctx;
+	unsigned cls = (req->hdr.flags & STK_FRAME_CLASS_MASK) >> STK_FRAME_CLASS_SHIFT;
 	int rc;
 
-	if (req->client && !req->requeued && qos_hold(req, resp) == STK_RPC_PENDING)
+	if (cls > STK_QOS_CLASS_LOWEST)
+		rc = -EINVAL; /* no such class */
+	else if (req->client && !req->requeued && qos_hold(req, resp, cls) == STK_RPC_PENDING)
 		return STK_RPC_PENDING; /* counted when it is answered */
-	rc = storage_dispatch(s, req, resp);
+	else
+		rc = storage_dispatch(s, req, resp);
 
 	if (rc == STK_RPC_PENDING)
 		return rc; /* counted when it is answered */
@@ -2643,12 +2651,16 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 {
 	struct storage_loop *sl = state;
 	uint64_t ino;
+	unsigned cls;
 
 	if (req->hdr.opcode != STK_OP_STOR_READ)
 		return STK_RPC_TO_WORKER;
-	/* a tenant with QoS limits is charged, and held if need be, by the workers */
-	if (req->client && stk_qos_limited(req->client->name))
+	/* a tenant or class with QoS limits is charged, and held if need be, by the workers */
+	cls = (req->hdr.flags & STK_FRAME_CLASS_MASK) >> STK_FRAME_CLASS_SHIFT;
+	if (cls > STK_QOS_CLASS_LOWEST || (req->client && stk_qos_limited(req->client->name, cls)))
 		return STK_RPC_TO_WORKER;
+	if (req->client)
+		stk_qos_seen(cls);
 	/* a subtree client's read of an inode not known to be its own: a worker asks meta */
 	if (req->client && (req_ino(req, &ino) || !subtree_known(sl->s, req->client, ino)))
 		return STK_RPC_TO_WORKER;
