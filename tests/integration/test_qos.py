@@ -55,9 +55,12 @@ def threads(pid):
     return n
 
 
-def py_proc(cluster, key, code, *args):
+def py_proc(cluster, key, code, *args, qos_class=None):
     """A Python process holding client key `key` (c: its client), running `code`."""
     env = dict(os.environ, STOKER_CLUSTER=cluster.url, STOKER_KEY_FILE=key, PYTHONPATH=PYPATH)
+    env.pop("STOKER_QOS_CLASS", None)
+    if qos_class:
+        env["STOKER_QOS_CLASS"] = qos_class
     prog = "import os, sys, time, stoker\nc = stoker.connect()\n" + code
     return subprocess.Popen(["/usr/bin/python3", "-c", prog] + [str(a) for a in args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -103,14 +106,25 @@ def test_qos_set_ls_rm_round_trip_and_bad_input(cluster, tmp_path):
     assert b"teamB set" in p.stdout
     qos(cluster, "set", "teamA", "--read-bw", "1G")
     got = {t["tenant"]: t for t in json.loads(qos(cluster, "ls", "--json").stdout)}
-    assert got == {"teamB": {"tenant": "teamB", "read_bw": 0, "write_bw": 100 * MiB, "iops": 2000},
-                   "teamA": {"tenant": "teamA", "read_bw": 1 << 30, "write_bw": 0, "iops": 0}}
+    assert got == {"teamB": {"tenant": "teamB", "read_bw": 0, "write_bw": 100 * MiB, "iops": 2000,
+                             "class": None},
+                   "teamA": {"tenant": "teamA", "read_bw": 1 << 30, "write_bw": 0, "iops": 0,
+                             "class": None}}
     table = qos(cluster, "ls").stdout.decode()
     assert "100.0 MiB/s" in table and "2000" in table, table
     # set replaces a tenant's limits; "none" is no limit
     qos(cluster, "set", "teamB", "--write-bw", "none", "--iops", "50")
     got = {t["tenant"]: t for t in json.loads(qos(cluster, "ls", "--json").stdout)}
-    assert got["teamB"] == {"tenant": "teamB", "read_bw": 0, "write_bw": 0, "iops": 50}
+    assert got["teamB"] == {"tenant": "teamB", "read_bw": 0, "write_bw": 0, "iops": 50,
+                            "class": None}
+    # a cap on a tenant's class, and a class's own limits
+    qos(cluster, "set", "teamC", "--class", "checkpoint")
+    qos(cluster, "set", "@checkpoint", "--write-bw", "200M")
+    got = {t["tenant"]: t for t in json.loads(qos(cluster, "ls", "--json").stdout)}
+    assert got["teamC"]["class"] == "checkpoint" and got["teamC"]["write_bw"] == 0
+    assert got["@checkpoint"] == {"tenant": "@checkpoint", "read_bw": 0, "write_bw": 200 * MiB,
+                                  "iops": 0, "class": None}
+    assert "checkpoint" in qos(cluster, "ls").stdout.decode()
 
     # bad input: a clear error, exit 1 (2 for usage), and nothing changed
     before = qos(cluster, "ls", "--json").stdout
@@ -121,7 +135,11 @@ def test_qos_set_ls_rm_round_trip_and_bad_input(cluster, tmp_path):
             (("set", "teamB", "--write-bw", "-5M"), 1, b"not a rate"),
             (("set", "teamB", "--iops", "1x"), 1, b"not a count"),
             (("set", "teamB", "--iops", "99999999999"), 1, b"too large"),
-            (("set", "teamB"), 2, b"needs --read-bw, --write-bw or --iops"),
+            (("set", "teamB"), 2, b"needs --read-bw, --write-bw, --iops or --class"),
+            (("set", "teamB", "--class", "urgent"), 1, b"not a class"),
+            (("set", "@training-read", "--iops", "5"), 1, b"nor a class's"),
+            (("set", "@other", "--iops", "5"), 1, b"nor a class's"),
+            (("set", "@checkpoint", "--class", "default"), 1, b"take no --class"),
             (("set",), 2, b"needs a TENANT"),
             (("rm", "nobody"), 1, b"has no limits"),
             (("frob",), 2, b"usage"),
@@ -130,6 +148,9 @@ def test_qos_set_ls_rm_round_trip_and_bad_input(cluster, tmp_path):
         p = qos(cluster, *args, check=False)
         assert p.returncode == code and msg in p.stderr, (args, p.returncode, p.stderr)
     assert qos(cluster, "ls", "--json").stdout == before
+    # a client marking its requests with no such class is told so
+    p = run([STOKER, "ls", "/"], check=False, env=cluster.env(STOKER_QOS_CLASS="urgent"))
+    assert p.returncode != 0 and b"not a class" in p.stderr, p.stderr
 
     # a client key may not change or read limits
     key = add_client(cluster, tmp_path, "teamB")
@@ -145,7 +166,7 @@ def test_qos_set_ls_rm_round_trip_and_bad_input(cluster, tmp_path):
     assert qos(cluster, "ls", "--json").stdout == before
     assert b"limits dropped" in qos(cluster, "rm", "teamA").stdout
     got = json.loads(qos(cluster, "ls", "--json").stdout)
-    assert [t["tenant"] for t in got] == ["teamB"]
+    assert sorted(t["tenant"] for t in got) == ["@checkpoint", "teamB", "teamC"]
 
 
 @pytest.mark.serial
@@ -280,3 +301,74 @@ ts = [threading.Thread(target=w, args=(i,)) for i in range(16)]
     assert held >= 30, held
     assert took < 10, "teamA's 4 MiB took %.1f s while teamB's writes were held" % took
     assert peak <= idle, "threads grew from %d to %d while teamB's writes were held" % (idle, peak)
+
+
+@pytest.mark.serial
+def test_checkpoint_class_gives_way_to_reads(cluster, tmp_path):
+    a_key = add_client(cluster, tmp_path, "teamA")
+    b_key = add_client(cluster, tmp_path, "teamB")
+    c_key = add_client(cluster, tmp_path, "teamC")
+    (tmp_path / "big").write_bytes(os.urandom(16 * MiB))
+    cluster.cli("put", str(tmp_path / "big"), "/big")
+    series = 'stoker_rpc_received_bytes_total{op="STOR_WRITE"}'
+    limit = 4 * MiB
+    # checkpoint-class writes get 4 MiB/s at a node while a higher class is served
+    qos(cluster, "set", "@checkpoint", "--write-bw", "4M")
+    # teamC marks its writes training-read, but counts as checkpoint at most
+    qos(cluster, "set", "teamC", "--class", "checkpoint")
+    wait_until(lambda: 'tenant="@checkpoint"' in scrape(cluster) or
+               json.loads(qos(cluster, "ls", "--json").stdout), 30, "the limits to be set")
+    time.sleep(3)  # the storage node fetches them with its next table
+    reader = None
+    for key, cls in ((b_key, "checkpoint"), (c_key, "training-read")):
+        writer = py_proc(cluster, key, WRITER, "/w" + cls, 8, qos_class=cls)
+        try:
+            wait_until(lambda: rate(cluster, series, 0.5) > 0, 30, "the writer to start")
+            alone = rate(cluster, series, 3)
+            assert alone > 3 * limit, "%s alone wrote only %.1f MiB/s" % (cls, alone / MiB)
+            # teamA reads (class default, above checkpoint) flat out
+            reader = py_proc(cluster, a_key, "while True:\n    c.read_file('/big')\n")
+            time.sleep(1.5)
+            shared = rate(cluster, series, 5)
+            reader.kill()
+            reader.wait()
+            print("%s writes: %.1f MiB/s alone, %.1f with reads (class limit 4)" % (
+                cls, alone / MiB, shared / MiB))
+            assert 0.5 * limit <= shared <= 1.5 * limit, \
+                "%s wrote %.1f MiB/s beside reads, class limit 4" % (cls, shared / MiB)
+            time.sleep(1.5)
+            after = rate(cluster, series, 3)
+            assert after > 3 * limit, "reads gone, %s wrote only %.1f MiB/s" % (cls, after / MiB)
+        finally:
+            writer.kill()
+            writer.wait()
+            if reader:
+                reader.kill()
+                reader.wait()
+    assert sample(cluster, 'stoker_qos_throttled_seconds_count{tenant="@checkpoint"}') > 0
+
+
+def test_checkpoint_helper_marks_its_writes(cluster, tmp_path):
+    """stoker.checkpoint.save writes as class checkpoint: held by @checkpoint's limit
+    while another tenant reads, its bytes intact."""
+    a_key = add_client(cluster, tmp_path, "teamA")
+    b_key = add_client(cluster, tmp_path, "teamB")
+    (tmp_path / "big").write_bytes(os.urandom(8 * MiB))
+    cluster.cli("put", str(tmp_path / "big"), "/big")
+    qos(cluster, "set", "@checkpoint", "--write-bw", "2M")
+    time.sleep(3)
+    reader = py_proc(cluster, a_key, "while True:\n    c.read_file('/big')\n")
+    try:
+        time.sleep(1)
+        saver = py_proc(cluster, b_key, """
+import stoker.checkpoint as ck
+blob = bytes(range(256)) * (16 << 12)  # 4 MiB
+ck.save(blob, "/ck.pt")
+print(ck.load("/ck.pt") == blob)
+""")
+        out, err = saver.communicate(timeout=120)
+    finally:
+        reader.kill()
+        reader.wait()
+    assert saver.returncode == 0 and out.split()[-1] == b"True", err
+    assert sample(cluster, 'stoker_qos_throttled_seconds_count{tenant="@checkpoint"}') > 0
