@@ -212,7 +212,8 @@
 	  "How long the tenant's requests were held by its QoS limits at this node, one "          \
 	  "observation per held request: _sum is the throttled time, _count the requests held.")   \
 	X(QOS_REQUESTS, COUNTER, "stoker_qos_requests_total", "tenant",                            \
-	  "Requests of a tenant with QoS limits that this node served, held or not.")              \
+	  "Requests charged to a tenant's QoS limits at this node, held or not (tenant "           \
+	  "\"@checkpoint\": to that class's limits, while a higher class is served).")             \
 	X(QOS_HELD, GAUGE, "stoker_qos_held_requests", "",                                         \
 	  "Requests held by QoS limits at this node now, waiting without a thread.")               \
 	/* ---- mgmtd: the cluster ---- */                                                         \
