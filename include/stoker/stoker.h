@@ -87,6 +87,12 @@ struct stk_client_opts {
 	 * (-EPROTONOSUPPORT, logged).
 	 */
 	int tls;
+	/*
+	 * The QoS class this client's chunk reads and writes are marked with
+	 * (docs/qos.md): "default", "training-read" or "checkpoint". NULL:
+	 * $STOKER_QOS_CLASS, else "default". Another name fails stk_connect (-EINVAL).
+	 */
+	const char *qos_class;
 };
 
 #define STK_RETRY_FOREVER 0xffffffffu
@@ -841,6 +847,57 @@ STK_API int stk_cluster_client_rm(const char *cluster, const char *name, uint64_
  */
 STK_API int stk_cluster_client_list(const char *cluster, struct stk_client_ident **out,
 				    uint32_t *n);
+
+/*
+ * QoS limits per tenant (`stoker qos`, docs/qos.md). A tenant is a client key's
+ * name (struct stk_client_ident); its limits hold at each storage node, for the
+ * requests of every connection made with a key of that name: bytes read and
+ * written per second and requests per second, 0 for no limit. Connections with
+ * the cluster key or none are never limited.
+ */
+#define STK_QOS_TENANTS_MAX 64
+
+/*
+ * Priority classes, highest first: training-read, default, checkpoint. A class's
+ * own limits (tenant "@default" or "@checkpoint") hold at a node only while it
+ * serves requests of a higher class.
+ */
+#define STK_QOS_CLASS_DEFAULT 0
+#define STK_QOS_CLASS_TRAINING_READ 1
+#define STK_QOS_CLASS_CHECKPOINT 2
+#define STK_QOS_CLASS_NONE 255 /* stk_qos_limits.max_class: no cap */
+
+struct stk_qos_limits {
+	/* a client key's name ([A-Za-z0-9._-], 1 to 63 bytes), or "@default" or
+	 * "@checkpoint": the limits of that class, shared by every tenant */
+	char tenant[STK_IDENT_NAME_MAX + 1];
+	uint64_t read_bw;  /* bytes per second read; 0: no limit */
+	uint64_t write_bw; /* bytes per second written; 0: no limit */
+	uint32_t iops;	   /* requests per second; 0: no limit */
+	/* the highest class the tenant's requests count as (a lower one marked stays
+	 * lower); STK_QOS_CLASS_NONE: as marked. NONE for a class's own record. */
+	uint8_t max_class;
+};
+
+/* The class's name ("checkpoint"), or NULL for another number. */
+STK_API const char *stk_qos_class_name(int qos_class);
+/* The class named name: STK_QOS_CLASS_*, or -EINVAL. */
+STK_API int stk_qos_class_parse(const char *name);
+
+/*
+ * Sets (or replaces) l->tenant's limits; storage nodes apply them to live
+ * connections within a second or two. Errors: -EINVAL (a malformed tenant name),
+ * -ENOSPC (STK_QOS_TENANTS_MAX tenants have limits), -EPERM (this process holds
+ * a client key), as stk_connect for reaching the cluster.
+ */
+STK_API int stk_cluster_qos_set(const char *cluster, const struct stk_qos_limits *l);
+/* Drops tenant's limits. Errors: -ENOENT (none set), -EPERM, as stk_connect. */
+STK_API int stk_cluster_qos_rm(const char *cluster, const char *tenant);
+/*
+ * Every tenant's limits, in a new array *out of *n (free it with free(); NULL when
+ * none). Errors: -EPERM, -ENOMEM, -EBADMSG, as stk_connect.
+ */
+STK_API int stk_cluster_qos_list(const char *cluster, struct stk_qos_limits **out, uint32_t *n);
 
 /*
  * Times `count` (1 to 64) round trips to the Stoker daemon at addr ("HOST:PORT",

@@ -190,7 +190,9 @@ def connect(cluster=None, **opts):
     """Connects to a cluster: "stk://HOST:PORT", "HOST:PORT", or None for $STOKER_CLUSTER
     (else the cluster `stoker up` started here). Options: conns_per_node,
     max_inflight (batched chunk reads in flight, default 64), batch_threads,
-    write_buffer, stripe, chunk_size."""
+    write_buffer, stripe, chunk_size, qos_class ("training-read", "default" or
+    "checkpoint": the QoS class of its reads and writes, docs/qos.md; default
+    $STOKER_QOS_CLASS, else "default")."""
     if cluster is not None and cluster.startswith("stk://"):
         cluster = split_url(cluster)[0]
     return Client(cluster, **opts)

@@ -157,17 +157,18 @@ static void client_leave(ClientObject *self)
 
 static int client_init(ClientObject *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = {"cluster",	 "conns_per_node", "max_inflight", "batch_threads",
-				 "write_buffer", "stripe",	   "chunk_size",   NULL};
-	const char *cluster = NULL;
+	static char *kwlist[] = {"cluster",	  "conns_per_node", "max_inflight",
+				 "batch_threads", "write_buffer",   "stripe",
+				 "chunk_size",	  "qos_class",	    NULL};
+	const char *cluster = NULL, *qos_class = NULL;
 	unsigned conns = 0, inflight = 64, threads = 2, stripe = 0, chunk = 0;
 	unsigned long long wbuf = 0;
 	struct stk_client_opts o;
 	stk_client *c = NULL;
 	int rc;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zIIIKII", kwlist, &cluster, &conns, &inflight,
-					 &threads, &wbuf, &stripe, &chunk))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zIIIKIIz", kwlist, &cluster, &conns, &inflight,
+					 &threads, &wbuf, &stripe, &chunk, &qos_class))
 		return -1;
 	if (self->c) {
 		PyErr_SetString(PyExc_RuntimeError, "Client already initialised");
@@ -179,6 +180,7 @@ static int client_init(ClientObject *self, PyObject *args, PyObject *kw)
 	o.write_buffer = (size_t)wbuf;
 	o.stripe = stripe;
 	o.chunk_size = chunk;
+	o.qos_class = qos_class;
 	Py_BEGIN_ALLOW_THREADS rc = stk_connect(cluster, &o, &c);
 	Py_END_ALLOW_THREADS if (rc)
 	{

@@ -55,14 +55,17 @@ _clients_lock = threading.Lock()
 
 
 def _client(cluster, client):
-    """The Client for a cluster: the caller's, else one cached per (process, address)."""
+    """The Client for a cluster: the caller's, else one cached per (process, address),
+    whose reads and writes are QoS class "checkpoint" (docs/qos.md) unless
+    $STOKER_QOS_CLASS says otherwise: a checkpoint gives way to training reads."""
     if client is not None:
         return client
     key = (os.getpid(), cluster)
     with _clients_lock:
         c = _clients.get(key)
         if c is None or c.closed:
-            c = _clients[key] = stoker.connect(cluster)
+            cls = os.environ.get("STOKER_QOS_CLASS") or "checkpoint"
+            c = _clients[key] = stoker.connect(cluster, qos_class=cls)
         return c
 
 

@@ -75,6 +75,10 @@
 	X(quota, cmd_quota,                                                                     \
 	  "quota set PATH [--bytes SIZE] [--inodes N] | quota ls [PATH] [--json] | quota rm PATH | quota recount [PATH]", \
 	  "quotas per folder on bytes and inodes; recount fixes usage (docs/quotas.md)")        \
+	X(qos, cmd_qos,                                                                            \
+	  "qos set TENANT|@CLASS [--read-bw SIZE/s] [--write-bw SIZE/s] [--iops N] [--class C] | qos ls [--json] | "  \
+	  "qos rm TENANT [--cluster ADDR]",                                                        \
+	  "QoS limits per tenant (client key), enforced by each storage node (docs/qos.md)")       \
 	X(fsck, cmd_fsck, "fsck [--repair] [--json] [--grace S] [--cluster ADDR]",               \
 	  "check the namespace and the data against each other; --repair fixes what is safe "  \
 	  "(docs/fsck.md); exit 1 when problems remain")                                          \

@@ -366,6 +366,63 @@ static void show_chains(const struct top *t)
 }
 
 /* Prints one sample. Returns how many nodes could be scraped twice. */
+/*
+ * QoS per tenant (docs/qos.md), added up over the storage nodes: its requests per
+ * second, the share of them held, and throttled time per second (the waits of
+ * its held requests, summed: 2.0 is two requests held on average). Only tenants
+ * with limits show; nothing when none has.
+ */
+static void show_qos(const struct top *t)
+{
+	char names[STK_QOS_TENANTS_MAX][STK_IDENT_NAME_MAX + 1];
+	int nt = 0;
+	double held = 0;
+
+	for (int i = 0; i < t->nnodes; i++) {
+		const struct cli_scrape *b = &t->nodes[i].cur;
+
+		if (t->nodes[i].err || !b->text)
+			continue;
+		held += cli_prom_sum(b, "stoker_qos_held_requests", NULL);
+		for (size_t k = 0; k < b->n; k++) {
+			char name[STK_IDENT_NAME_MAX + 1];
+			int j;
+
+			if (strcmp(b->s[k].name, "stoker_qos_requests_total") != 0 ||
+			    stk_scrape_label(b->s[k].labels, "tenant", name, sizeof(name)))
+				continue;
+			for (j = 0; j < nt && strcmp(names[j], name) != 0; j++)
+				;
+			if (j == nt && nt < STK_QOS_TENANTS_MAX)
+				snprintf(names[nt++], sizeof(names[0]), "%s", name);
+		}
+	}
+	if (!nt)
+		return;
+	printf("\nqos: %.0f requests held now\n", held);
+	printf("  %-20s %9s %7s %11s\n", "TENANT", "REQ/s", "HELD", "THROTTLED");
+	for (int j = 0; j < nt; j++) {
+		struct cli_filt f = {.k = {"tenant"}, .v = {names[j]}};
+		double req = 0, nheld = 0, secs = 0;
+		char rq[16];
+
+		for (int i = 0; i < t->nnodes; i++) {
+			const struct node *n = &t->nodes[i];
+
+			if (n->err || !n->prev.text || !n->cur.text)
+				continue;
+			req += cli_prom_rate(&n->prev, &n->cur, "stoker_qos_requests_total", &f);
+			nheld += cli_prom_rate(&n->prev, &n->cur,
+					       "stoker_qos_throttled_seconds_count", &f);
+			secs += cli_prom_rate(&n->prev, &n->cur, "stoker_qos_throttled_seconds_sum",
+					      &f);
+		}
+		fmt_num(rq, sizeof(rq), req);
+		printf("  %-20s %9s %6.0f%% %9.2f s/s\n", names[j], rq,
+		       req > 0 ? 100.0 * nheld / req : 0.0, secs);
+	}
+}
+
 static int show(struct top *t, double interval)
 {
 	struct row cl = {.rp99 = NAN, .wp99 = NAN, .rpcp99 = NAN};
@@ -467,6 +524,7 @@ static int show(struct top *t, double interval)
 		}
 	}
 	show_chains(t);
+	show_qos(t);
 	fflush(stdout);
 	free(rows);
 	return ok;

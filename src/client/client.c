@@ -267,6 +267,21 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 		c->retry_ms = opts->retry_ms;
 	pthread_rwlock_init(&c->rt_lock, NULL);
 	pthread_mutex_init(&c->local_lock, NULL);
+	e = opts && opts->size >= STK_OPTS_HAVE(qos_class) && opts->qos_class
+		? opts->qos_class
+		: getenv("STOKER_QOS_CLASS");
+	if (e && *e) {
+		int cls = stk_qos_class_parse(e);
+
+		if (cls < 0) {
+			stk_error("QoS class '%s' (STOKER_QOS_CLASS or qos_class): not a class; "
+				  "the classes are training-read, default and checkpoint",
+				  e);
+			rc = -EINVAL;
+			goto out_lock;
+		}
+		c->qos_flags = (uint32_t)cls << STK_FRAME_CLASS_SHIFT;
+	}
 	e = getenv("STOKER_SHORT_CIRCUIT");
 	c->short_circuit = !(e && strcmp(e, "0") == 0);
 	/* a client key's reads go through storage, which checks what it may read */

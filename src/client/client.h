@@ -82,6 +82,7 @@ struct stk_client {
 	pthread_rwlock_t rt_lock; /* protects rt */
 	struct stk_routing rt;
 	int short_circuit; /* STOKER_SHORT_CIRCUIT=0 turns local chunk reads off */
+	uint32_t qos_flags; /* frame flags of its chunk requests: its QoS class */
 	/*
 	 * This client's host id (STOKER_HOST_ID, else this host's; common/host.h): it
 	 * reads a target's chunk files itself only when the target's node is ONLINE

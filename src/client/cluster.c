@@ -697,6 +697,112 @@ out:
 	return rc;
 }
 
+/* ---- QoS limits (docs/qos.md) ---- */
+
+static const char *const qos_classes[] = {"default", "training-read", "checkpoint"};
+
+const char *stk_qos_class_name(int qos_class)
+{
+	return qos_class >= 0 && qos_class < 3 ? qos_classes[qos_class] : NULL;
+}
+
+int stk_qos_class_parse(const char *name)
+{
+	for (int i = 0; name && i < 3; i++)
+		if (strcmp(name, qos_classes[i]) == 0)
+			return i;
+	return -EINVAL;
+}
+
+int stk_cluster_qos_set(const char *cluster, const struct stk_qos_limits *l)
+{
+	struct stk_msg_qos_rec rq;
+	uint8_t req[512], resp[64];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t n;
+
+	if (!l)
+		return -EINVAL;
+	n = strnlen(l->tenant, sizeof(l->tenant));
+	if (n == 0 || n >= sizeof(l->tenant))
+		return -EINVAL;
+	memset(&rq, 0, sizeof(rq));
+	stk_strlcpy(rq.tenant, l->tenant, sizeof(rq.tenant));
+	rq.read_bw = l->read_bw;
+	rq.write_bw = l->write_bw;
+	rq.iops = l->iops;
+	rq.max_class = l->max_class;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_qos_rec_enc(&w, &rq);
+	return admin_call(cluster, STK_OP_MGMT_QOS_SET, &w, resp, sizeof(resp), &r);
+}
+
+int stk_cluster_qos_rm(const char *cluster, const char *tenant)
+{
+	struct stk_msg_mgmt_client_name rq;
+	uint8_t req[512], resp[64];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+
+	if (!tenant || !*tenant || strlen(tenant) > STK_IDENT_NAME_MAX)
+		return -EINVAL;
+	memset(&rq, 0, sizeof(rq));
+	stk_strlcpy(rq.name, tenant, sizeof(rq.name));
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_mgmt_client_name_enc(&w, &rq);
+	return admin_call(cluster, STK_OP_MGMT_QOS_RM, &w, resp, sizeof(resp), &r);
+}
+
+int stk_cluster_qos_list(const char *cluster, struct stk_qos_limits **out, uint32_t *n)
+{
+	struct stk_qos_limits *list = NULL;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	uint8_t *resp;
+	uint32_t k;
+	int rc;
+
+	*out = NULL;
+	*n = 0;
+	resp = malloc(STK_MAX_PAYLOAD);
+	if (!resp)
+		return -ENOMEM;
+	stk_wbuf_init(&w, NULL, 0);
+	rc = admin_call(cluster, STK_OP_MGMT_QOS_LIST, &w, resp, STK_MAX_PAYLOAD, &r);
+	if (rc)
+		goto out;
+	k = stk_get_u32(&r);
+	rc = -EBADMSG;
+	if (r.err || k > STK_QOS_MAX)
+		goto out;
+	rc = -ENOMEM;
+	if (k && !(list = calloc(k, sizeof(*list))))
+		goto out;
+	rc = -EBADMSG;
+	for (uint32_t i = 0; i < k; i++) {
+		struct stk_msg_qos_rec rec;
+
+		if (stk_msg_qos_rec_dec(&r, &rec))
+			goto out;
+		stk_strlcpy(list[i].tenant, rec.tenant, sizeof(list[i].tenant));
+		list[i].read_bw = rec.read_bw;
+		list[i].write_bw = rec.write_bw;
+		list[i].iops = rec.iops;
+		list[i].max_class = rec.max_class;
+	}
+	if (stk_rbuf_finish(&r))
+		goto out;
+	*out = list;
+	*n = k;
+	list = NULL;
+	rc = 0;
+out:
+	free(list);
+	free(resp);
+	return rc;
+}
+
 int stk_client_identity(stk_client *c, struct stk_client_ident *out)
 {
 	struct stk_auth_client a;

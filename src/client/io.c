@@ -416,7 +416,7 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 		return;
 	stk_wbuf_init(&w, f->req, f->cap);
 	memset(&f->rpc, 0, sizeof(f->rpc));
-	f->rpc.frame_flags = STK_FRAME_BULK_SELF;
+	f->rpc.frame_flags = STK_FRAME_BULK_SELF | c->qos_flags;
 	if (op == STK_IO_WRITE) {
 		struct stk_msg_stor_write_req m = {.chain_id = p->chain_id,
 						   .chain_ver = ver,
@@ -439,7 +439,7 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 						      .chunk_idx = p->chunk_idx};
 		stk_msg_stor_prefetch_req_enc(&w, &m);
 		f->rpc.opcode = STK_OP_STOR_PREFETCH;
-		f->rpc.frame_flags = 0;
+		f->rpc.frame_flags = c->qos_flags;
 	} else {
 		struct stk_msg_stor_read_req m = {.chain_id = p->chain_id,
 						  .chain_ver = ver,
@@ -741,8 +741,11 @@ static int chain_op_sized(struct stk_client *c, uint16_t opcode, chain_enc_fn en
 	for (;;) {
 		struct stk_conn *conn = NULL;
 		struct stk_wbuf w;
-		struct stk_rpc rpc = {.opcode = opcode, .req = req, .resp = resp,
-				      .resp_cap = sizeof(resp)};
+		struct stk_rpc rpc = {.opcode = opcode,
+				      .req = req,
+				      .resp = resp,
+				      .resp_cap = sizeof(resp),
+				      .frame_flags = c->qos_flags};
 
 		rc = chain_node(c, chain_id, STK_IO_WRITE, 0, NULL, addr, &ver);
 		if (rc == 0) {

@@ -219,6 +219,15 @@
 	  "when unknown.")                                                                         \
 	X(DEVICE_MEDIA_ERRORS, COUNTER, "stoker_device_media_errors_total", "target,device",       \
 	  "Media and data integrity errors the device reports (NVMe). Absent when unknown.")       \
+	/* ---- storage: QoS, per tenant (docs/qos.md) ---- */                                     \
+	X(QOS_THROTTLED, HISTOGRAM, "stoker_qos_throttled_seconds", "tenant",                      \
+	  "How long the tenant's requests were held by its QoS limits at this node, one "          \
+	  "observation per held request: _sum is the throttled time, _count the requests held.")   \
+	X(QOS_REQUESTS, COUNTER, "stoker_qos_requests_total", "tenant",                            \
+	  "Requests charged to a tenant's QoS limits at this node, held or not (tenant "           \
+	  "\"@checkpoint\": to that class's limits, while a higher class is served).")             \
+	X(QOS_HELD, GAUGE, "stoker_qos_held_requests", "",                                         \
+	  "Requests held by QoS limits at this node now, waiting without a thread.")               \
 	/* ---- mgmtd: the cluster ---- */                                                         \
 	X(CLUSTER_NODES, GAUGE, "stoker_cluster_nodes", "role,state",                              \
 	  "Nodes registered with mgmtd, by role and state.")                                       \

@@ -47,6 +47,7 @@ struct stk_agent {
 	stk_agent_targets_fn targets;
 	stk_agent_state_fn state;
 	void (*meta_pos)(void *ctx, struct stk_ns_id *ns, uint64_t *epoch, uint64_t *seq);
+	int (*qos)(const struct stk_msg_qos_rec *list, uint32_t n);
 	void *ctx;
 
 	pthread_mutex_t call_lock; /* protects conn, buf, resp, tinfo, tids, ntids, node_id */
@@ -257,6 +258,41 @@ static int fetch_clients(struct stk_agent *a, int *answered)
 	return rc;
 }
 
+/*
+ * MGMT_QOS_LIST: the tenants' QoS limits, handed to opts->qos (a storage node's
+ * buckets, storage/qos.h). Each change bumps the routing version, as the client
+ * list does. Call with call_lock held. A mgmtd without QoS (NOSYS) sets none.
+ */
+static int fetch_qos(struct stk_agent *a, int *answered)
+{
+	struct stk_msg_qos_rec *list = NULL;
+	struct stk_rbuf r;
+	size_t resp_len = 0;
+	uint32_t n;
+	int rc;
+
+	rc = agent_call(a, STK_OP_MGMT_QOS_LIST, 0, &resp_len, answered);
+	if (rc == -ENOSYS)
+		return 0;
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, a->resp, resp_len);
+	n = stk_get_u32(&r);
+	if (r.err || n > STK_QOS_MAX)
+		return -EBADMSG;
+	if (n && !(list = calloc(n, sizeof(*list))))
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		if (stk_msg_qos_rec_dec(&r, &list[i])) {
+			free(list);
+			return -EBADMSG;
+		}
+	}
+	rc = stk_rbuf_finish(&r) ? -EBADMSG : a->qos(list, n);
+	free(list);
+	return rc;
+}
+
 static void ref_drop(struct stk_agent *a, struct stk_routing_ref *ref)
 {
 	int last;
@@ -316,6 +352,8 @@ static int fetch_and_publish(struct stk_agent *a, int full, int *answered)
 	rc = fetch_clients(a, answered);
 	if (rc)
 		stk_warn("cannot fetch the client identities from mgmtd: %s", strerror(-rc));
+	if (a->qos && (rc = fetch_qos(a, answered)))
+		stk_warn("cannot fetch the QoS limits from mgmtd: %s", strerror(-rc));
 	rc = 0;
 	stk_debug("routing version %llu: %u nodes, %u targets, %u chains",
 		  (unsigned long long)ref->rt.version, ref->rt.nnodes, ref->rt.ntargets,
@@ -553,6 +591,8 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 	a->state = opts->state;
 	if (opts->size >= offsetof(struct stk_agent_opts, meta_pos) + sizeof(opts->meta_pos))
 		a->meta_pos = opts->meta_pos;
+	if (opts->size >= offsetof(struct stk_agent_opts, qos) + sizeof(opts->qos))
+		a->qos = opts->qos;
 	a->ctx = opts->ctx;
 	a->node_id = opts->node_id;
 	a->ns = opts->ns;

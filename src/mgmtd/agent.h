@@ -56,6 +56,11 @@ struct stk_agent_opts {
 	 * ctx. NULL for storage.
 	 */
 	void (*meta_pos)(void *ctx, struct stk_ns_id *ns, uint64_t *epoch, uint64_t *seq);
+	/*
+	 * NULL, or handed mgmtd's QoS limits (MGMT_QOS_LIST, docs/qos.md) after each new
+	 * table (storage: storage/qos.h); 0 or -errno.
+	 */
+	int (*qos)(const struct stk_msg_qos_rec *list, uint32_t n);
 };
 
 /*

@@ -551,6 +551,63 @@ static int handle_clients(struct mgmtd *m, struct stk_rpc_req *req, struct stk_r
 	return rc;
 }
 
+/* MGMT_QOS_SET: sets a tenant's limits; storage nodes fetch them with the next table. */
+static int handle_qos_set(struct mgmtd *m, struct stk_rpc_req *req)
+{
+	struct stk_msg_qos_rec rq;
+	int rc;
+
+	if (stk_msg_qos_rec_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = m->leading ? stk_mgmt_state_qos_set(&m->st, &rq) : -EREMCHG;
+	if (rc == 0)
+		rc = persist(m);
+	pthread_mutex_unlock(&m->lock);
+	if (rc == 0)
+		stk_info("qos %s: read %llu B/s, write %llu B/s, %u IOPS (0: no limit)", rq.tenant,
+			 (unsigned long long)rq.read_bw, (unsigned long long)rq.write_bw, rq.iops);
+	return rc;
+}
+
+/* MGMT_QOS_RM: drops a tenant's limits. */
+static int handle_qos_rm(struct mgmtd *m, struct stk_rpc_req *req)
+{
+	struct stk_msg_mgmt_client_name rq;
+	int rc;
+
+	if (stk_msg_mgmt_client_name_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	rc = m->leading ? stk_mgmt_state_qos_rm(&m->st, rq.name) : -EREMCHG;
+	if (rc == 0)
+		rc = persist(m);
+	pthread_mutex_unlock(&m->lock);
+	if (rc == 0)
+		stk_info("qos %s: limits dropped", rq.name);
+	return rc;
+}
+
+/* MGMT_QOS_LIST: every tenant's limits. */
+static int handle_qos_list(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	int rc;
+
+	if (stk_rbuf_finish(&req->payload))
+		return -EBADMSG;
+	pthread_mutex_lock(&m->lock);
+	if (!m->leading) {
+		pthread_mutex_unlock(&m->lock);
+		return -EREMCHG;
+	}
+	stk_put_u32(&resp->payload, m->st.nqos);
+	for (uint32_t i = 0; i < m->st.nqos; i++)
+		stk_msg_qos_rec_enc(&resp->payload, &m->st.qos[i]);
+	rc = resp->payload.err;
+	pthread_mutex_unlock(&m->lock);
+	return rc;
+}
+
 static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct mgmtd *m = ctx;
@@ -569,6 +626,12 @@ static int mgmtd_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return handle_client_rm(m, req, resp);
 	case STK_OP_MGMT_CLIENTS:
 		return handle_clients(m, req, resp);
+	case STK_OP_MGMT_QOS_SET:
+		return handle_qos_set(m, req);
+	case STK_OP_MGMT_QOS_RM:
+		return handle_qos_rm(m, req);
+	case STK_OP_MGMT_QOS_LIST:
+		return handle_qos_list(m, req, resp);
 	case STK_OP_MGMT_REGISTER:
 		return handle_register(m, req, resp);
 	case STK_OP_MGMT_HEARTBEAT:

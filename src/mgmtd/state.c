@@ -25,11 +25,11 @@
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
 /*
- * 6: client identities and meta replicas both; 5 (two branches' formats, told
- * apart by their lengths): client identities, or meta replicas; 4: draining,
- * moves; 3: replicas, zones; 2: namespace identities; 1 to 5 still read
+ * 7: QoS limits; 6: client identities and meta replicas both; 5 (two branches'
+ * formats, told apart by their lengths): client identities, or meta replicas; 4:
+ * draining, moves; 3: replicas, zones; 2: namespace identities; 1 to 6 still read
  */
-#define STATE_FORMAT 6
+#define STATE_FORMAT 7
 #define STATE_MAX_FILE (256u << 20)
 
 #define STATE_HDR_LEN 56 /* magic through nchains */
@@ -1555,6 +1555,7 @@ static size_t state_size(const struct stk_mgmt_state *st)
 		sz += STATE_MIN_CLIENT + strlen(st->clients[i].id.name) +
 		      strlen(st->clients[i].id.subtree);
 	sz += 1 + 8 + 1 + 4u * STK_MAX_REPLICAS; /* format 6: meta replicas */
+	sz += 4 + (size_t)st->nqos * (2 + STK_CLIENT_NAME_MAX + 20); /* format 7: QoS limits */
 	return sz;
 }
 
@@ -1641,6 +1642,9 @@ int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t
 	stk_put_u8(&w, st->shard1_nfollowers);
 	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
 		stk_put_u32(&w, st->shard1_followers[i]);
+	stk_put_u32(&w, st->nqos);
+	for (uint32_t i = 0; i < st->nqos; i++)
+		stk_msg_qos_rec_enc(&w, &st->qos[i]);
 	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
 	rc = w.err;
 	if (rc) {
@@ -1873,6 +1877,16 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 		if (rc)
 			return rc;
 	}
+	if (format >= 7) {
+		uint32_t nq = stk_get_u32(r);
+
+		if (r->err || nq > STK_QOS_MAX)
+			return -EBADMSG;
+		for (uint32_t i = 0; i < nq; i++)
+			if (stk_msg_qos_rec_dec(r, &st->qos[i]))
+				return -EBADMSG;
+		st->nqos = nq;
+	}
 	if (r->err || st->version == 0 || st->next_node_id == 0 || st->next_target_id == 0)
 		return -EBADMSG;
 	return 0;
@@ -1953,6 +1967,58 @@ int stk_mgmt_state_client_rm(struct stk_mgmt_state *st, const char *name, uint64
 		if (!c->removed && strcmp(c->id.name, name) == 0) {
 			c->removed = 1;
 			*gen = c->id.gen;
+			bump(st);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+/* ---- QoS limits ---- */
+
+int stk_mgmt_state_qos_set(struct stk_mgmt_state *st, const struct stk_msg_qos_rec *q)
+{
+	struct stk_auth_client c;
+	char err[256];
+	uint32_t i;
+
+	/*
+	 * A tenant is named as a client key is (a name is checked by its rules); a
+	 * class's own limits are "@default" and "@checkpoint", capped by nothing.
+	 */
+	memset(&c, 0, sizeof(c));
+	if (strlen(q->tenant) > STK_CLIENT_NAME_MAX)
+		return -EINVAL;
+	if (q->tenant[0] == '@') {
+		if ((strcmp(q->tenant, "@default") && strcmp(q->tenant, "@checkpoint")) ||
+		    q->max_class != STK_QOS_CLASS_ANY)
+			return -EINVAL;
+	} else {
+		stk_strlcpy(c.name, q->tenant, sizeof(c.name));
+		c.subtree[0] = '/';
+		if (stk_auth_client_valid(&c, err, sizeof(err)))
+			return -EINVAL;
+		if (q->max_class > STK_QOS_CLASS_LOWEST && q->max_class != STK_QOS_CLASS_ANY)
+			return -EINVAL;
+	}
+	for (i = 0; i < st->nqos; i++)
+		if (strcmp(st->qos[i].tenant, q->tenant) == 0)
+			break;
+	if (i == st->nqos) {
+		if (st->nqos >= STK_QOS_MAX)
+			return -ENOSPC;
+		st->nqos++;
+	}
+	st->qos[i] = *q;
+	bump(st);
+	return 0;
+}
+
+int stk_mgmt_state_qos_rm(struct stk_mgmt_state *st, const char *tenant)
+{
+	for (uint32_t i = 0; i < st->nqos; i++) {
+		if (strcmp(st->qos[i].tenant, tenant) == 0) {
+			st->qos[i] = st->qos[--st->nqos];
 			bump(st);
 			return 0;
 		}

@@ -178,6 +178,9 @@ struct stk_mgmt_state {
 	struct stk_mgmt_client *clients;
 	uint32_t nclients, cap_clients;
 	uint64_t next_client_gen;
+	/* QoS limits per tenant (docs/qos.md), saved with the state (format 6). */
+	struct stk_msg_qos_rec qos[STK_QOS_MAX];
+	uint32_t nqos;
 };
 
 /*
@@ -191,6 +194,13 @@ int stk_mgmt_state_client_add(struct stk_mgmt_state *st, struct stk_auth_client 
 int stk_mgmt_state_client_rm(struct stk_mgmt_state *st, const char *name, uint64_t *gen);
 int stk_mgmt_state_clients_revoked(const struct stk_mgmt_state *st, struct stk_auth_client **out,
 				   uint32_t *n);
+/*
+ * QoS limits. set: records q (replacing the tenant's limits); -EINVAL (a tenant
+ * name as a client name must be, common/auth.h), -ENOSPC (STK_QOS_MAX tenants).
+ * rm: -ENOENT when the tenant has none. Each change bumps the version.
+ */
+int stk_mgmt_state_qos_set(struct stk_mgmt_state *st, const struct stk_msg_qos_rec *q);
+int stk_mgmt_state_qos_rm(struct stk_mgmt_state *st, const char *tenant);
 
 /* A fresh, empty state. Its version comes from the clock, so never repeats an old one. */
 void stk_mgmt_state_init(struct stk_mgmt_state *st);

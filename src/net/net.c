@@ -740,7 +740,7 @@ int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc)
 		return -EMSGSIZE;
 	memset(&h, 0, sizeof(h));
 	h.opcode = rpc->opcode;
-	h.flags = rpc->frame_flags & STK_FRAME_BULK_SELF;
+	h.flags = rpc->frame_flags & (STK_FRAME_BULK_SELF | STK_FRAME_CLASS_MASK);
 	h.payload_len = (uint32_t)rpc->req_len;
 	h.bulk_len = (uint32_t)rpc->bulk_out_len;
 	h.origin = rpc->origin;

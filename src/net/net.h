@@ -335,6 +335,8 @@ struct stk_rpc_req {
 	 * such a client may do by it. Valid until the handler returns.
 	 */
 	const struct stk_auth_client *client;
+	/* 1 when the handler took this request before and handed it back (requeue). */
+	int requeued;
 };
 
 struct stk_rpc_resp {
@@ -462,6 +464,13 @@ struct stk_rpc_pending *stk_rpc_pending_take(struct stk_rpc_resp *resp);
 void stk_rpc_pending_answer(struct stk_rpc_pending *p, int rc, const void *payload, size_t len);
 typedef void (*stk_rpc_defer_fn)(struct stk_rpc_pending *p, void *arg, int rc);
 void stk_rpc_pending_defer(struct stk_rpc_pending *p, stk_rpc_defer_fn fn, void *arg);
+/*
+ * stk_rpc_pending_requeue: from any thread, hands a taken p back to the workers,
+ * whose handler then serves it again from the start, as it came, with
+ * req->requeued set (storage/qos.c: a throttled request, once its wait is over).
+ * While the server stops, p is answered ESHUTDOWN instead.
+ */
+void stk_rpc_pending_requeue(struct stk_rpc_pending *p);
 void *stk_rpc_pending_loop(struct stk_rpc_pending *p);
 void *stk_rpc_resp_loop(const struct stk_rpc_resp *resp);
 struct stk_metrics_ops;

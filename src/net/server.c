@@ -137,6 +137,7 @@ struct srv_req {
 	int begun; /* counted in flight, not yet taken out (stk_metrics_ops_sent) */
 	int close; /* the frame was malformed: close the connection, no reply */
 	int checked; /* frame_check passed (on the loop, before a worker got it) */
+	int requeued; /* handed back to the workers (stk_rpc_pending_requeue) */
 	stk_rpc_defer_fn defer_fn; /* on the worker queue to run this, not the handler */
 	void *defer_arg;
 };
@@ -1008,6 +1009,7 @@ static void req_view(struct srv_req *r, struct stk_rpc_req *req, struct stk_rpc_
 	req->bulk_len = r->hdr.bulk_len;
 	req->peer = r->conn->peer;
 	req->client = r->conn->client;
+	req->requeued = r->requeued;
 	memset(resp, 0, sizeof(*resp));
 	resp->req_ = r;
 	stk_wbuf_init(&resp->payload, out, STK_MAX_PAYLOAD);
@@ -1703,6 +1705,22 @@ void stk_rpc_pending_defer(struct stk_rpc_pending *p, stk_rpc_defer_fn fn, void 
 	}
 	pthread_mutex_unlock(&s->wlock);
 	fn(p, arg, -ESHUTDOWN); /* no worker may take it: its owner cleans up here */
+}
+
+void stk_rpc_pending_requeue(struct stk_rpc_pending *p)
+{
+	struct srv_req *r = (struct srv_req *)p;
+	struct stk_server *s = r->conn->lp->srv;
+
+	pthread_mutex_lock(&s->wlock);
+	if (!s->stopping) {
+		r->requeued = 1;
+		dispatch_locked(s, r);
+		pthread_mutex_unlock(&s->wlock);
+		return;
+	}
+	pthread_mutex_unlock(&s->wlock);
+	stk_rpc_pending_answer(p, -ESHUTDOWN, NULL, 0);
 }
 
 void *stk_rpc_pending_loop(struct stk_rpc_pending *p)

@@ -651,6 +651,18 @@ enum stk_fsck_kind {
 #define STK_MSG_META_WITHIN_RESP(F) F(u8, within)
 #define STK_MSG_MGMT_CLIENT_NAME(F) F(name, name)
 #define STK_MSG_MGMT_CLIENT_GEN(F) F(u64, gen)
+/*
+ * A tenant's QoS limits (docs/qos.md): bytes per second read and written, and
+ * requests per second, each per storage node; 0 is no limit; max_class, the
+ * highest class its requests count as (STK_QOS_CLASS_*, 255: as marked). A
+ * tenant is a client key's name, or "@default" / "@checkpoint": a class's own
+ * limits, which hold while a higher class is served.
+ */
+#define STK_MSG_QOS_REC(F)                                                                         \
+	F(name, tenant) F(u64, read_bw) F(u64, write_bw) F(u32, iops) F(u8, max_class)
+#define STK_QOS_MAX 64u /* tenants with limits, cluster-wide */
+#define STK_QOS_CLASS_LOWEST 2u /* classes are 0 to 2: default, training-read, checkpoint */
+#define STK_QOS_CLASS_ANY 255u	/* max_class: no cap */
 
 /* Every message: (struct name, field list). */
 #define STK_MSG_LIST(X)                                           \
@@ -760,7 +772,8 @@ enum stk_fsck_kind {
 	X(meta_within_req, STK_MSG_META_WITHIN_REQ)               \
 	X(meta_within_resp, STK_MSG_META_WITHIN_RESP)             \
 	X(mgmt_client_name, STK_MSG_MGMT_CLIENT_NAME)             \
-	X(mgmt_client_gen, STK_MSG_MGMT_CLIENT_GEN)
+	X(mgmt_client_gen, STK_MSG_MGMT_CLIENT_GEN)                                                \
+	X(qos_rec, STK_MSG_QOS_REC)
 
 /* ---- generated structs and codecs ---- */
 

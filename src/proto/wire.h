@@ -11,7 +11,8 @@
  *        4    2 version      STK_WIRE_VERSION; a peer answers a newer one with NOTSUP
  *        6    2 opcode       enum stk_opcode
  *        8    4 flags        STK_FRAME_REPLY on replies; STK_FRAME_BULK_SELF when
- *                            the message checksums its own bulk (STOR_WRITE, STOR_READ)
+ *                            the message checksums its own bulk (STOR_WRITE, STOR_READ);
+ *                            a storage request's QoS class (STK_FRAME_CLASS_MASK)
  *       12    4 status       enum stk_status on replies, 0 on requests
  *       16    8 request id   chosen by the sender of a request, echoed by the reply
  *       24    4 payload_len  at most STK_MAX_PAYLOAD
@@ -63,6 +64,13 @@
 #define STK_FRAME_REPLY 0x1u
 /* The checksum covers the payload only; the message carries the bulk's checksums. */
 #define STK_FRAME_BULK_SELF 0x2u
+/*
+ * Storage requests: the QoS class the client marked them with (docs/qos.md), in
+ * bits 8-9: 0 default, 1 training-read, 2 checkpoint (STK_QOS_CLASS_* in
+ * stoker.h); 3 is refused (INVAL). Senders of older versions leave them 0.
+ */
+#define STK_FRAME_CLASS_SHIFT 8
+#define STK_FRAME_CLASS_MASK 0x300u
 
 /*
  * The opcode table: X(NAME, code, request message, reply message, what it does).
@@ -118,6 +126,13 @@
 	X(MGMT_CLIENT_RM, 15, mgmt_client_name, mgmt_client_gen, "revoke a client identity") \
 	/* Reply: u32 n, then n client_rec. */                                          \
 	X(MGMT_CLIENTS, 16, none, none, "list client identities")                       \
+	/* QoS limits per tenant (docs/qos.md): set replaces the tenant's limits                   \
+	 * (INVAL: a bad name; NOSPC: STK_QOS_MAX tenants have limits), rm drops them              \
+	 * (NOENT: none set), QOS_LIST replies u32 n, then n qos_rec. A client key                 \
+	 * gets PERM. Set and rm bump the routing version: storage fetches the list. */            \
+	X(MGMT_QOS_SET, 17, qos_rec, none, "set a tenant's QoS limits")                            \
+	X(MGMT_QOS_RM, 18, mgmt_client_name, none, "drop a tenant's QoS limits")                   \
+	X(MGMT_QOS_LIST, 19, none, none, "list QoS limits")                                        \
 	X(META_LOOKUP, 32, meta_lookup_req, meta_attr_resp, "look a name up in a directory")       \
 	X(META_GETATTR, 33, meta_ino_req, meta_attr_resp, "attributes of an inode")                \
 	/* Changes the fields named in `valid` (STK_SETATTR_*). A size change is recorded   \

@@ -63,6 +63,7 @@
 #include "aio.h"
 #include "chunk.h"
 #include "metrics.h"
+#include "qos.h"
 
 #define INO_LOCKS 256u
 #define PENDING_SLOTS 4096u
@@ -3224,10 +3225,46 @@ static int storage_dispatch(struct storage *s, struct stk_rpc_req *req, struct s
 	}
 }
 
+/*
+ * QoS (qos.h, docs/qos.md): a client key's request of class cls is charged to
+ * its tenant's buckets (and its class's, while a higher one is busy) once; one
+ * that must wait is taken and parked until its time, then served from the start
+ * (req->requeued). STK_RPC_PENDING when parked, else 0.
+ */
+static int qos_hold(struct stk_rpc_req *req, struct stk_rpc_resp *resp, unsigned cls)
+{
+	struct stk_msg_stor_read_req rq;
+	struct stk_rbuf peek = req->payload;
+	struct stk_rpc_pending *p;
+	uint64_t bytes = req->bulk_len, wait;
+	int write = req->hdr.opcode != STK_OP_STOR_READ;
+
+	if (!write)
+		bytes = stk_msg_stor_read_req_dec(&peek, &rq) ? 0 : rq.length;
+	/* only reads and writes take part in classes; the rest count on the tenant's */
+	if (req->hdr.opcode != STK_OP_STOR_READ && req->hdr.opcode != STK_OP_STOR_WRITE)
+		cls = STK_QOS_CLASS_LOWEST + 1;
+	wait = stk_qos_charge(req->client->name, cls, write, bytes);
+	if (wait < 20000) /* 20 us: less than parking costs */
+		return 0;
+	p = stk_rpc_pending_take(resp);
+	if (stk_qos_park(p, wait))
+		stk_rpc_pending_requeue(p); /* no room to park it: served now, over its limit */
+	return STK_RPC_PENDING;
+}
+
 static int storage_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct storage *s = ctx;
-	int rc = storage_dispatch(s, req, resp);
+	unsigned cls = (req->hdr.flags & STK_FRAME_CLASS_MASK) >> STK_FRAME_CLASS_SHIFT;
+	int rc;
+
+	if (cls > STK_QOS_CLASS_LOWEST)
+		rc = -EINVAL; /* no such class */
+	else if (req->client && !req->requeued && qos_hold(req, resp, cls) == STK_RPC_PENDING)
+		return STK_RPC_PENDING; /* counted when it is answered */
+	else
+		rc = storage_dispatch(s, req, resp);
 
 	if (rc == STK_RPC_PENDING)
 		return rc; /* counted when it is answered */
@@ -3384,9 +3421,16 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 {
 	struct storage_loop *sl = state;
 	uint64_t ino;
+	unsigned cls;
 
 	if (req->hdr.opcode != STK_OP_STOR_READ)
 		return STK_RPC_TO_WORKER;
+	/* a tenant or class with QoS limits is charged, and held if need be, by the workers */
+	cls = (req->hdr.flags & STK_FRAME_CLASS_MASK) >> STK_FRAME_CLASS_SHIFT;
+	if (cls > STK_QOS_CLASS_LOWEST || (req->client && stk_qos_limited(req->client->name, cls)))
+		return STK_RPC_TO_WORKER;
+	if (req->client)
+		stk_qos_seen(cls);
 	/* a subtree client's read of an inode not known to be its own: a worker asks meta */
 	if (req->client && (req_ino(req, &ino) || !subtree_known(sl->s, req->client, ino)))
 		return STK_RPC_TO_WORKER;
@@ -3581,10 +3625,16 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 	struct stk_agent_opts ao;
 	int rc;
 
+	rc = stk_qos_start();
+	if (rc) {
+		stk_error("cannot start the QoS timer: %s", strerror(-rc));
+		return rc;
+	}
 	memset(&ao, 0, sizeof(ao));
 	ao.size = sizeof(ao);
 	ao.mgmtd = b->opts->mgmtd;
 	ao.role = STK_ROLE_STORAGE;
+	ao.qos = stk_qos_policy_set;
 	ao.addr = stk_daemon_addr(d);
 	ao.node_id = b->node_id;
 	ao.targets = report_targets;
@@ -3679,6 +3729,7 @@ static void storage_stop(void *ctx)
 {
 	struct storage_boot *b = ctx;
 
+	stk_qos_stop(); /* the server stopped: what was held is answered ESHUTDOWN */
 	storage_threads_stop(b->s);
 }
 

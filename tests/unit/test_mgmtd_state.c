@@ -1160,9 +1160,10 @@ out:
  * takes a new epoch; the routing table and the state file carry it all.
  */
 /*
- * Format 6 keeps both the client list and the meta replicas; the two formats 5
- * that two branches wrote (the client list alone, the meta replicas alone) both
- * still load, told apart by their lengths.
+ * Format 7 adds the QoS limits to format 6, which keeps both the client list and
+ * the meta replicas; format 6 and the two formats 5 that two branches wrote (the
+ * client list alone, the meta replicas alone) all still load, the formats 5 told
+ * apart by their lengths.
  */
 static int test_format_5_both(void)
 {
@@ -1196,8 +1197,17 @@ static int test_format_5_both(void)
 	REQUIRE(stk_mgmt_state_encode(&bare, &nocl, &ln) == 0);
 	meta = 1 + 8 + 1 + 4 * 2;
 	cl = lf - ln + 12;
-	pre = lf - 4 - meta - cl;
+	pre = lf - 4 - 4 - meta - cl; /* 4: no QoS limit, then the checksum */
 	REQUIRE(lf < sizeof(f5));
+	/* format 6: ... clients, meta replicas */
+	memcpy(f5, full, pre + cl + meta);
+	stk_wbuf_init(&w, f5 + 4, 4);
+	stk_put_u32(&w, 6);
+	stk_wbuf_init(&w, f5 + pre + cl + meta, 4);
+	stk_put_u32(&w, stk_crc32c(0, f5, pre + cl + meta));
+	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + cl + meta + 4, SEC) == 0);
+	REQUIRE(ld.nclients == 1 && ld.meta_replicas == 3 && ld.shard1_nfollowers == 2 &&
+		ld.nqos == 0);
 	/* main's format 5: ... clients */
 	memcpy(f5, full, pre + cl);
 	stk_wbuf_init(&w, f5 + 4, 4);
