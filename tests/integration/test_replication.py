@@ -156,7 +156,7 @@ def test_three_copies_survive_a_dead_node_under_load(net):
     assert assert_replicas_identical(net, chains, targets) >= 8
 
     # kill -9 one node while a writer writes and fsyncs file after file
-    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack"]),
+    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack", "512K"]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(3)
     net.kill("st2")
@@ -201,7 +201,7 @@ def test_three_copies_survive_a_dead_node_under_load(net):
     wait_for("meta to purge /f1 from the live members", lambda: live_chunks() == n - 2)
 
     # back, under a writer: its targets catch up, then serve
-    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack2"]),
+    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack2", "512K"]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     time.sleep(1)
     net.start("st2")
@@ -304,7 +304,7 @@ def test_a_node_cut_off_costs_a_pause_not_the_rpc_timeout(net):
     data = os.urandom(8 << 20)
     net.cli("put", "-", "/big", input=data)
 
-    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack"]),
+    writer = subprocess.Popen(net.in_client([CHECK, "ackloop", net.url, "/ack", "512K"]),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     acks = []  # (time, fields)
 
