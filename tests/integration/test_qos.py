@@ -71,7 +71,7 @@ WRITER = """
 data = os.urandom(1 << 20)
 i = 0
 while True:
-    with c.open("%s.%d" % (sys.argv[1], i), "wb") as f:
+    with c.open("%s.%d" % (sys.argv[1], i % 4), "wb") as f:
         for _ in range(int(sys.argv[2])):
             f.write(data)
     i += 1
