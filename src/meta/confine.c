@@ -19,6 +19,7 @@
 
 #include "../common/auth.h"
 #include "../common/log.h"
+#include "../common/util.h"
 #include "../proto/wire.h"
 
 struct confine {
@@ -135,7 +136,7 @@ static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 			rc = inside(cf, &q.parent);
 			/* ".." of the client's root is the root itself */
 			if (rc == 0 && q.parent == cf->top && strcmp(q.name, "..") == 0)
-				strcpy(q.name, ".");
+				stk_strlcpy(q.name, ".", sizeof(q.name));
 		});
 		break;
 	case STK_OP_META_GETATTR:
@@ -297,7 +298,7 @@ static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 				return -EBADMSG;
 			/* ".." of the client's root is the root itself */
 			if (top && strcmp(l.name, "..") == 0)
-				strcpy(l.name, ".");
+				stk_strlcpy(l.name, ".", sizeof(l.name));
 			stk_msg_lookups_rec_enc(&w, &l);
 		}
 		break;
