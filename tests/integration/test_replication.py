@@ -219,9 +219,9 @@ def test_three_copies_survive_a_dead_node_under_load(net):
     targets, final = tables(net.status())
     assert all(not any("(" in w for w in words) for _, _, words in final.values()), final
 
-    # the writer stopped mid-file: wait until that file's last change is through
-    time.sleep(1)
-    assert assert_replicas_identical(net, final, targets) >= 8
+    # the writer stopped mid-file: its last change may have reached the head only,
+    # while st2 still caught up; the head sends it on by itself (settle_main)
+    assert replicas_identical_soon(net, final, targets) >= 8
     for name, data in files.items():
         assert net.cli("cat", name).stdout == data
     for _, path, size, seed in acked + acked2:
@@ -346,7 +346,7 @@ def test_a_node_cut_off_costs_a_pause_not_the_rpc_timeout(net):
     dead = {tid for tid, (_, p) in targets.items() if os.sep + "st2" + os.sep in p}
 
     targets, final = serving_again(net, dead, timeout=90)
-    assert assert_replicas_identical(net, final, targets) >= 8
+    assert replicas_identical_soon(net, final, targets) >= 8
     for _, (_, path, size, seed) in acks:
         net.check("verify", path, size, seed)
     assert net.cli("cat", "/big").stdout == data
