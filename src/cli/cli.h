@@ -116,8 +116,9 @@ int cli_split(const char *arg, char *cluster, size_t clen, char *path, size_t pl
 
 /*
  * Connects to the cluster an argument names (or the default). Keeps one client per
- * address for the life of the command. Prints a clear error and returns NULL on
- * failure.
+ * address for the life of the command: never stk_disconnect it (main's
+ * cli_disconnect_all does, and a client disconnected twice hangs). Prints a clear
+ * error and returns NULL on failure.
  */
 stk_client *cli_connect(const char *cmd, const char *cluster);
 void cli_disconnect_all(void);
