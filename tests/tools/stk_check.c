@@ -524,6 +524,130 @@ static int cmd_ackloop(int argc, char **argv)
 }
 
 /*
+ * truncloop CLUSTER DIR THREADS SECONDS [SIZE]: THREADS threads, each on a file of
+ * its own in DIR (files whose inodes share a storage node's inode lock slot),
+ * write SIZE bytes (default 3 MiB: chunks on several chains),
+ * fsync, and truncate the file to 4 KiB, again and again for SECONDS. Prints
+ * "TRUNCLOOP ops N max_ms M" (the slowest write+fsync or truncate); exits 1 on
+ * any error. Truncates and writes of different inodes on chains whose heads sit
+ * on each other's nodes must never wait on each other.
+ */
+struct tl_arg {
+	stk_client *c;
+	char path[4200];
+	uint64_t size, end, ops, max_ns;
+	int rc;
+};
+
+static void *tl_main(void *arg)
+{
+	struct tl_arg *a = arg;
+	char *buf = malloc(256 << 10);
+	stk_file *f = NULL;
+
+	if (!buf) {
+		a->rc = -ENOMEM;
+		return NULL;
+	}
+	a->rc = stk_open(a->c, a->path, O_RDWR | O_CREAT | O_TRUNC, 0644, &f);
+	for (uint64_t i = 0; a->rc == 0 && stk_now_ns() < a->end; i++) {
+		uint64_t t0 = stk_now_ns(), t1;
+
+		for (uint64_t off = 0; a->rc == 0 && off < a->size; off += 256 << 10) {
+			size_t n = (size_t)STK_MIN((uint64_t)(256 << 10), a->size - off);
+			ssize_t w;
+
+			pattern(i + 1, off, buf, n);
+			w = stk_pwrite(f, buf, n, (off_t)off);
+			if (w < 0)
+				a->rc = (int)w;
+		}
+		if (a->rc == 0)
+			a->rc = stk_fsync(f);
+		t1 = stk_now_ns();
+		a->max_ns = STK_MAX(a->max_ns, t1 - t0);
+		if (a->rc == 0)
+			a->rc = stk_ftruncate(f, 4096);
+		a->max_ns = STK_MAX(a->max_ns, stk_now_ns() - t1);
+		a->ops += 2;
+	}
+	if (f) {
+		int rc = stk_close(f);
+
+		if (a->rc == 0)
+			a->rc = rc;
+	}
+	free(buf);
+	return NULL;
+}
+
+static int cmd_truncloop(int argc, char **argv)
+{
+	uint64_t threads, secs, size = 3u << 20, ops = 0, max_ns = 0;
+	struct tl_arg *a;
+	pthread_t t[64];
+	int bad = 0;
+
+	if (argc < 5 || stk_parse_u64(argv[3], &threads) || threads == 0 || threads > 64 ||
+	    stk_parse_u64(argv[4], &secs) || (argc > 5 && stk_parse_size(argv[5], &size)))
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	stk_mkdir(c, argv[2], 0755);
+	a = calloc(threads, sizeof(*a));
+	if (!a)
+		return 1;
+	/* Files whose inodes share one of a storage node's inode lock slots (the hash
+	 * of ino_lock in src/storage/service.c), so that their changes meet there: of
+	 * files created in turn, those of the first one's slot. */
+	uint64_t found = 0, slot = 0;
+
+	for (uint64_t n = 0; found < threads && n < 64 * 1024; n++) {
+		char p[4200];
+		struct stat st;
+		stk_file *f;
+		uint64_t k;
+
+		snprintf(p, sizeof(p), "%s/c%llu", argv[2], (unsigned long long)n);
+		if (stk_open(c, p, O_WRONLY | O_CREAT, 0644, &f) || stk_close(f) ||
+		    stk_stat(c, p, &st)) {
+			fprintf(stderr, "truncloop: cannot create %s\n", p);
+			return 1;
+		}
+		k = ((uint64_t)st.st_ino * 0x9E3779B97F4A7C15ull) >> 56;
+		if (found == 0)
+			slot = k;
+		if (k == slot)
+			stk_strlcpy(a[found++].path, p, sizeof(a[0].path));
+		else
+			stk_unlink(c, p);
+	}
+	if (found < threads) {
+		fprintf(stderr, "truncloop: only %llu files share a lock slot\n",
+			(unsigned long long)found);
+		return 1;
+	}
+	for (uint64_t i = 0; i < threads; i++) {
+		a[i].c = c;
+		a[i].size = size;
+		a[i].end = stk_now_ns() + secs * 1000000000ull;
+		pthread_create(&t[i], NULL, tl_main, &a[i]);
+	}
+	for (uint64_t i = 0; i < threads; i++) {
+		pthread_join(t[i], NULL);
+		if (a[i].rc) {
+			fprintf(stderr, "truncloop: %s: %s\n", a[i].path, stk_strerror(a[i].rc));
+			bad = 1;
+		}
+		ops += a[i].ops;
+		max_ns = STK_MAX(max_ns, a[i].max_ns);
+	}
+	printf("TRUNCLOOP ops %llu max_ms %llu\n", (unsigned long long)ops,
+	       (unsigned long long)(max_ns / 1000000));
+	free(a);
+	return bad;
+}
+
+/*
  * staleread CLUSTER PATH SECONDS: one client reads PATH whole again and again for
  * SECONDS, printing "READ size fnv1a64 T0 T1 SC PEND" for each read, and never
  * asks mgmtd for a table unless a node tells it to: a node its table is out of
@@ -1927,7 +2051,8 @@ int main(int argc, char **argv)
 		    {"verifymany", cmd_verifymany},
 		    {"ino", cmd_ino},
 		    {"handshake", cmd_handshake},
-		    {"chunk", cmd_chunk}};
+		    {"chunk", cmd_chunk},
+		    {"truncloop", cmd_truncloop}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
