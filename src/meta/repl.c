@@ -538,13 +538,13 @@ static void peers_stop(struct repl *r, struct peer **ps, unsigned n)
 
 /* ---- 3. the manager ---- */
 
-static int role_of(const struct stk_routing *rt, uint32_t self, uint64_t *epoch, uint8_t *replicas,
-		   const struct stk_rt_shard **out)
+static int role_of(const struct stk_routing *rt, uint32_t self, unsigned shard, uint64_t *epoch,
+		   uint8_t *replicas, const struct stk_rt_shard **out)
 {
 	for (uint32_t i = 0; i < rt->nshards; i++) {
 		const struct stk_rt_shard *sh = &rt->shards[i];
 
-		if (sh->id != 1)
+		if (sh->id != shard) /* this node's shard alone (docs/meta-shards.md) */
 			continue;
 		*out = sh;
 		*epoch = sh->epoch;
@@ -578,7 +578,7 @@ void stk_meta_repl_routing(void *ctx, const struct stk_routing *rt, uint64_t ali
 		pthread_mutex_unlock(&r->mu);
 		return;
 	}
-	role = role_of(rt, r->self, &epoch, &replicas, &sh);
+	role = role_of(rt, r->self, stk_meta_store_shard(r->st), &epoch, &replicas, &sh);
 	r->want_set = 1;
 	r->want_role = role;
 	r->want_epoch = epoch;

@@ -2270,6 +2270,7 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 	ao.state = stk_meta_repl_routing;
 	ao.meta_pos = stk_meta_repl_pos;
 	ao.ctx = m->repl;
+	ao.shard = opts->shard ? opts->shard : 1;
 	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
 	if (rc) {
 		if (rc != -EINTR)
@@ -2290,10 +2291,12 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 		 * up looks healthy to whoever started it. The node id is kept, so starting
 		 * it again names the same refused node in `stoker status`.
 		 */
-		stk_error("mgmtd refused this meta node (node %u): its store in %s is namespace "
-			  "%s, but shard 1 is namespace %s. It serves nothing; start meta on "
-			  "shard 1's data folder, or this folder with its own cluster",
-			  node_id, dir, stk_ns_id_str(&ao.ns, mine), stk_ns_id_str(&shard_ns, theirs));
+		stk_error("mgmtd refused this meta node (node %u) for shard %u: the cluster has "
+			  "no such shard (mgmtd --meta-shards), or its store in %s is namespace "
+			  "%s, but shard %u is namespace %s. It serves nothing; start meta on "
+			  "shard %u's data folder, or this folder with its own cluster",
+			  node_id, ao.shard, dir, stk_ns_id_str(&ao.ns, mine), ao.shard,
+			  stk_ns_id_str(&shard_ns, theirs), ao.shard);
 		return -EPERM;
 	}
 	stk_info("serving namespace %s on %s as node %u", stk_ns_id_str(&ao.ns, mine), addr,
@@ -2462,6 +2465,7 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	so.size = sizeof(so);
 	so.dir = dir;
 	so.map_size = opts->map_size;
+	so.shard = opts->shard;
 	rc = stk_meta_store_open(&so, &m.store);
 	if (rc)
 		return rc;
