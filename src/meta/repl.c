@@ -712,9 +712,10 @@ static void apply_wanted(struct repl *r)
 	}
 	stk_metric_set_int(r->role_series, role);
 	if (role != old_role || role == STK_META_ROLE_LEADER)
-		stk_info("replication: meta node %u is %s of shard 1 (epoch %" PRIu64
+		stk_info("replication: meta node %u is %s of shard %u (epoch %" PRIu64
 			 ", %u follower%s)",
-			 r->self, role_name(role), epoch, nf, nf == 1 ? "" : "s");
+			 r->self, role_name(role), stk_meta_store_shard(r->st), epoch, nf,
+			 nf == 1 ? "" : "s");
 }
 
 static void collect(void *ctx)

@@ -30,6 +30,10 @@ STOKER = os.path.join(BUILD, "stoker")
 CHECK = os.path.join(BUILD, "tests", "stk_check")
 TLS = os.environ.get("STOKER_TEST_TLS") == "1"
 TLS_KEY = "/tmp/stoker-test-tls-%d.key" % os.getuid()
+# STOKER_TEST_META_SHARDS=S: every `stoker up` cluster of the Cluster fixtures runs S
+# metadata shards (docs/meta-shards.md), so that a suite checks nothing changed with
+# several (test_mount_posix.py is run so in test_meta_shards.py).
+META_SHARDS = int(os.environ.get("STOKER_TEST_META_SHARDS", "1") or 1)
 
 
 def tls_setup():
@@ -118,10 +122,12 @@ def port_free(port):
     # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's, BASE+15 and
     # BASE+19 for the NFS and SMB gateways' (`--nfs`, `--smb`); with --nodes,
     # BASE+16..BASE+18 for the other mgmtd, BASE+26..BASE+28 for their metrics,
-    # BASE+30 and BASE+31 for etcd
-    for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 13, port + 14,
-              port + 15, port + 16, port + 17, port + 18, port + 19, port + 26, port + 27,
-              port + 28, port + 30, port + 31):
+    # BASE+30 and BASE+31 for etcd; with --meta-shards, BASE+3..BASE+5 for shards 2..4's
+    # meta nodes and BASE+20..BASE+22 for their metrics
+    for p in (port, port + 1, port + 2, port + 3, port + 4, port + 5, port + 10, port + 11,
+              port + 12, port + 13, port + 14, port + 15, port + 16, port + 17, port + 18,
+              port + 19, port + 20, port + 21, port + 22, port + 26, port + 27, port + 28,
+              port + 30, port + 31):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -217,6 +223,8 @@ class Cluster:
                 shutil.copyfile(TLS_KEY, self.key_file)
                 os.chmod(self.key_file, 0o600)
             extra = ["--tls"]
+        if META_SHARDS > 1:
+            extra += ["--meta-shards", str(META_SHARDS)]
         p = run([STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
                  "--targets", str(self.targets)] + extra, check=False, timeout=120)
         if p.returncode != 0:
