@@ -25,9 +25,10 @@
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
 /*
- * 7: QoS limits; 6: client identities and meta replicas both; 5 (two branches'
- * formats, told apart by their lengths): client identities, or meta replicas; 4:
- * draining, moves; 3: replicas, zones; 2: namespace identities; 1 to 6 still read
+ * 8: metadata shards; 7: QoS limits; 6: client identities and meta replicas both; 5
+ * (two branches' formats, told apart by their lengths): client identities, or meta
+ * replicas; 4: draining, moves; 3: replicas, zones; 2: namespace identities; 1 to 7
+ * still read
  */
 #define STATE_FORMAT 8
 #define STATE_MAX_FILE (256u << 20)

@@ -38,7 +38,7 @@
  * leader: other stores of its identity are copies, and are refused.
  *
  * State file format (little-endian, written with the codec helpers):
- *   u32 magic "STKM", u32 format version (4; 1 to 3 are still read), u64 routing version,
+ *   u32 magic "STKM", u32 format version (8; 1 to 7 are still read), u64 routing version,
  *   u32 next_node_id, u32 next_target_id, u32 shard1_node,
  *   (format 2) u64 shard 1 ns hi, u64 ns lo,
  *   u32 nnodes, u32 ntargets, u32 nchains,

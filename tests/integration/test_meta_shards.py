@@ -221,6 +221,9 @@ def test_wrong_shard_is_refused_with_a_clear_error(make_sc, tmp_path):
     out = sc.cli("status").stdout.decode()
     assert re.search(r"refused for shard 3: the cluster has no such shard", out), out
     assert sc.shard_map() == m  # the map did not change
+    p = sc.cli("doctor", "--cluster", sc.url, "--quick", check=False)
+    assert re.search(r"meta node \d+ \(127\.0\.0\.1:%d\) was refused for shard 3" % port,
+                     p.stdout.decode()), p.stdout.decode()
 
     # its store was made for shard 3: it never serves shard 2
     p = run([STOKER, "meta", "--listen", "127.0.0.1:%d" % port, "--mgmtd", mgmtd,
