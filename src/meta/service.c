@@ -2039,6 +2039,15 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	/* A follower (or a leader cut off from mgmtd) serves no client: NOT_LEADER. */
 	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
 		return -EREMCHG;
+	/*
+	 * Shards 2.. serve no client yet (docs/meta-shards.md): clients send every
+	 * request to shard 1, which holds the root. One that reaches another shard's
+	 * meta node directly is refused, rather than served a namespace of that
+	 * shard's own that no other client sees (and that fsck, asking shard 1, would
+	 * take for orphans).
+	 */
+	if (opcode != STK_OP_META_REPL && stk_meta_store_shard(m->store) > 1)
+		return -EXDEV;
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
 	if (rc == 0)

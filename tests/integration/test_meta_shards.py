@@ -11,7 +11,8 @@ What must hold:
   shards alone (same leader, same epoch), and clients keep working;
 - a meta node for a shard the cluster does not have is refused and exits with a
   clear error (and `stoker status` says so); a store made for one shard refuses to
-  serve another; bad --shard / --meta-shards values are refused.
+  serve another; bad --shard / --meta-shards values are refused; a shard 2..'s
+  meta node refuses client requests sent to it directly (EXDEV), for now.
 
 Clients still send every request to shard 1 (it holds the root and, for now,
 every folder), so the namespace works as before: the mount's POSIX suite runs
@@ -24,7 +25,7 @@ import time
 
 import pytest
 
-from conftest import STOKER, pick_ports, run
+from conftest import CHECK, STOKER, pick_ports, run
 from pyhelp import stoker as stoker_pkg
 from test_meta_replication import cmdlines
 
@@ -246,8 +247,12 @@ def test_wrong_shard_is_refused_with_a_clear_error(make_sc, tmp_path):
 
 
 def test_one_shard_keeps_todays_numbers(make_sc):
-    """Shard 1 holds the root and hands out today's inode numbers (no shard bits)."""
+    """Shard 1 holds the root and hands out today's inode numbers (no shard bits);
+    shard 2's meta node refuses a client request sent to it directly (EXDEV) and
+    still serves its replication."""
     sc = make_sc(shards=2)
+    p = run([CHECK, "shardgate", "127.0.0.1:%d" % (sc.port + 3)], check=False, env=sc.env())
+    assert p.returncode == 0 and b"shardgate: ok" in p.stdout, p.stdout + p.stderr
     c = stoker_pkg.connect(sc.url)
     try:
         c.makedirs("/d")
