@@ -546,12 +546,11 @@ int cmd_storage(int argc, char **argv)
  * each of M meta processes (--meta M), so S x M meta processes: meta index i
  * ("meta" for 0, "metaI") serves shard i / M + 1 as its replica i % M; shard 1's
  * keep the places above, shard k > 1's listen on BASE+UP_SHARD_PORT+k-2 with
- * their metrics on BASE+UP_SHARD_METRICS_PORT+k-2 (ports the others leave free
- * below BASE+32), on replica j's address as above.
+ * their metrics 10 up, as every daemon's (where `stoker top`, doctor and the
+ * dashboard look), on replica j's address as above.
  */
 #define UP_SHARDS_MAX 4
-#define UP_SHARD_PORT 3
-#define UP_SHARD_METRICS_PORT 20
+#define UP_SHARD_PORT 40
 #define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1 + UP_NODES_MAX * UP_SHARDS_MAX - 1)
 static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
 
@@ -1688,9 +1687,8 @@ int cmd_up(int argc, char **argv)
 				: meta && shard > 1 ? u->port + UP_SHARD_PORT + shard - 2
 				: meta		    ? u->port + 1
 						    : u->port + (unsigned)(r < 2 ? r : 2);
-		unsigned mport = extra		     ? u->port + UP_MGMTD_METRICS_PORT + k
-				 : meta && shard > 1 ? u->port + UP_SHARD_METRICS_PORT + shard - 2
-						     : port + STK_METRICS_PORT_OFFSET;
+		unsigned mport = extra ? u->port + UP_MGMTD_METRICS_PORT + k
+				       : port + STK_METRICS_PORT_OFFSET;
 		char host[64];
 		int e;
 

@@ -122,12 +122,12 @@ def port_free(port):
     # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's, BASE+15 and
     # BASE+19 for the NFS and SMB gateways' (`--nfs`, `--smb`); with --nodes,
     # BASE+16..BASE+18 for the other mgmtd, BASE+26..BASE+28 for their metrics,
-    # BASE+30 and BASE+31 for etcd; with --meta-shards, BASE+3..BASE+5 for shards 2..4's
-    # meta nodes and BASE+20..BASE+22 for their metrics
-    for p in (port, port + 1, port + 2, port + 3, port + 4, port + 5, port + 10, port + 11,
-              port + 12, port + 13, port + 14, port + 15, port + 16, port + 17, port + 18,
-              port + 19, port + 20, port + 21, port + 22, port + 26, port + 27, port + 28,
-              port + 30, port + 31):
+    # BASE+30 and BASE+31 for etcd; with --meta-shards, BASE+40..BASE+42 for shards 2..4's
+    # meta nodes and BASE+50..BASE+52 for their metrics
+    for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 13, port + 14,
+              port + 15, port + 16, port + 17, port + 18, port + 19, port + 26, port + 27,
+              port + 28, port + 30, port + 31, port + 40, port + 41, port + 42, port + 50,
+              port + 51, port + 52):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -166,11 +166,11 @@ def pick_ports():
     if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
         band = (hi - lo) // count
         lo += int(worker[2:]) % count * band
-        hi = lo + band - 40  # room for base+20 (an S3 port), base+31 (etcd) and neighbours
+        hi = lo + band - 60  # room for base+52 (shard 4's metrics) and neighbours
     for _ in range(200):
         base = random.randrange(lo, hi, 3)
         # Not near one handed out already: its daemons may not have bound it yet.
-        if any(abs(base - g) < 34 for g in _given):
+        if any(abs(base - g) < 54 for g in _given):
             continue
         if port_free(base):
             _given.append(base)

@@ -22,6 +22,7 @@ import os
 import re
 import signal
 import time
+import urllib.request
 
 import pytest
 
@@ -150,13 +151,13 @@ def leader_of(sh):
 def test_each_shard_is_its_own_replicated_group(make_sc):
     sc = make_sc(nodes=2, meta=2, shards=2)
     one = "127.0.0.%d:" + str(sc.port + 1)
-    two = "127.0.0.%d:" + str(sc.port + 3)
+    two = "127.0.0.%d:" + str(sc.port + 40)
     m = sc.wait("two shards of two replicas each", lambda: (
         lambda s: s if len(s) == 2 and all(len(v["roles"]) == 2 for v in s.values()) else None)(
             sc.shard_map()))
     assert set(m) == {1, 2}
     assert m[1]["ns"] != m[2]["ns"], m
-    # each shard's replicas are its own meta nodes: shard 1's on BASE+1, shard 2's on BASE+3
+    # each shard's replicas are its own meta nodes: shard 1's on BASE+1, shard 2's on BASE+40
     assert set(m[1]["roles"]) == {one % 2, one % 3}, m
     assert set(m[2]["roles"]) == {two % 2, two % 3}, m
     for sh in m.values():
@@ -251,7 +252,10 @@ def test_one_shard_keeps_todays_numbers(make_sc):
     shard 2's meta node refuses a client request sent to it directly (EXDEV) and
     still serves its replication."""
     sc = make_sc(shards=2)
-    p = run([CHECK, "shardgate", "127.0.0.1:%d" % (sc.port + 3)], check=False, env=sc.env())
+    p = run([CHECK, "shardgate", "127.0.0.1:%d" % (sc.port + 40)], check=False, env=sc.env())
+    # its metrics where every daemon's are, 10 ports up (stoker top, doctor, dashboard)
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (sc.port + 50), timeout=5) as r:
+        assert b"stoker_meta_repl_role" in r.read()
     assert p.returncode == 0 and b"shardgate: ok" in p.stdout, p.stdout + p.stderr
     c = stoker_pkg.connect(sc.url)
     try:
