@@ -2039,6 +2039,15 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	/* A follower (or a leader cut off from mgmtd) serves no client: NOT_LEADER. */
 	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
 		return -EREMCHG;
+	/*
+	 * Shards 2.. serve no client yet (docs/meta-shards.md): clients send every
+	 * request to shard 1, which holds the root. One that reaches another shard's
+	 * meta node directly is refused, rather than served a namespace of that
+	 * shard's own that no other client sees (and that fsck, asking shard 1, would
+	 * take for orphans).
+	 */
+	if (opcode != STK_OP_META_REPL && stk_meta_store_shard(m->store) > 1)
+		return -EXDEV;
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
 	if (rc == 0)
@@ -2270,6 +2279,7 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 	ao.state = stk_meta_repl_routing;
 	ao.meta_pos = stk_meta_repl_pos;
 	ao.ctx = m->repl;
+	ao.shard = opts->shard ? opts->shard : 1;
 	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
 	if (rc) {
 		if (rc != -EINTR)
@@ -2290,10 +2300,12 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 		 * up looks healthy to whoever started it. The node id is kept, so starting
 		 * it again names the same refused node in `stoker status`.
 		 */
-		stk_error("mgmtd refused this meta node (node %u): its store in %s is namespace "
-			  "%s, but shard 1 is namespace %s. It serves nothing; start meta on "
-			  "shard 1's data folder, or this folder with its own cluster",
-			  node_id, dir, stk_ns_id_str(&ao.ns, mine), stk_ns_id_str(&shard_ns, theirs));
+		stk_error("mgmtd refused this meta node (node %u) for shard %u: the cluster has "
+			  "no such shard (mgmtd --meta-shards), or its store in %s is namespace "
+			  "%s, but shard %u is namespace %s. It serves nothing; start meta on "
+			  "shard %u's data folder, or this folder with its own cluster",
+			  node_id, ao.shard, dir, stk_ns_id_str(&ao.ns, mine), ao.shard,
+			  stk_ns_id_str(&shard_ns, theirs), ao.shard);
 		return -EPERM;
 	}
 	stk_info("serving namespace %s on %s as node %u", stk_ns_id_str(&ao.ns, mine), addr,
@@ -2462,6 +2474,7 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	so.size = sizeof(so);
 	so.dir = dir;
 	so.map_size = opts->map_size;
+	so.shard = opts->shard;
 	rc = stk_meta_store_open(&so, &m.store);
 	if (rc)
 		return rc;

@@ -104,6 +104,8 @@
 static const char NEXT_INO_KEY[] = "next_ino";
 static const char REPL_POS_KEY[] = "repl_pos";
 static const char NS_ID_KEY[] = "ns_id";
+/* The metadata shard the store was made for (docs/meta-shards.md); absent: shard 1. */
+static const char SHARD_KEY[] = "shard";
 
 struct stk_meta_store {
 	MDB_env *env;
@@ -115,6 +117,7 @@ struct stk_meta_store {
 	MDB_dbi quotas;
 	MDB_dbi purge; /* chunks to remove: see "purges" below */
 	struct stk_ns_id ns_id; /* the namespace's identity, set once by store_init */
+	unsigned shard;		/* the shard it serves (1..), set once by store_init */
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
 	/*
@@ -1383,6 +1386,48 @@ static int file_parents_fill(struct op *o)
 	return rc;
 }
 
+/*
+ * The shard the store serves: a new store of shard k > 1 records k and hands out
+ * inode numbers from (k - 1) << STK_INO_SHARD_SHIFT; shard 1's stores record
+ * nothing (today's stores). An existing store of another shard: -EXDEV, logged.
+ */
+static int shard_load(struct op *o, int fresh)
+{
+	MDB_val key = {sizeof(SHARD_KEY) - 1, (void *)SHARD_KEY}, val;
+	unsigned want = o->st->shard, have = 1;
+	struct stk_rbuf r;
+	struct stk_wbuf w;
+	uint8_t buf[4];
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->sys, &key, &val);
+	if (rc == 0) {
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		have = stk_get_u32(&r);
+		if (stk_rbuf_finish(&r) || have < 1 || have > STK_MAX_SHARDS) {
+			stk_error("meta store: corrupt shard number");
+			return -EIO;
+		}
+	} else if (rc != MDB_NOTFOUND) {
+		return lmdb_err(rc, "read shard number");
+	}
+	if (fresh && want > 1) {
+		stk_wbuf_init(&w, buf, sizeof(buf));
+		stk_put_u32(&w, want);
+		val.mv_size = w.len;
+		val.mv_data = buf;
+		rc = lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write shard number");
+		return rc ? rc : ino_next_put(o, (uint64_t)(want - 1) << STK_INO_SHARD_SHIFT);
+	}
+	if (have != want) {
+		stk_error("meta store: this store holds metadata shard %u, not shard %u: start "
+			  "meta with --shard %u on it, or give shard %u a folder of its own",
+			  have, want, have, want);
+		return -EXDEV;
+	}
+	return 0;
+}
+
 /* Opens the tables and makes the root directory of a new store, and its identity. */
 static int store_init(struct stk_meta_store *st)
 {
@@ -1420,6 +1465,8 @@ static int store_init(struct stk_meta_store *st)
 		rc = root_create(&o);
 	}
 	if (rc == 0)
+		rc = shard_load(&o, fresh);
+	if (rc == 0)
 		rc = ns_id_load(&o, fresh);
 	if (rc == 0)
 		rc = file_parents_fill(&o);
@@ -1430,6 +1477,11 @@ out:
 void stk_meta_store_ns_id(const struct stk_meta_store *st, struct stk_ns_id *out)
 {
 	*out = st->ns_id;
+}
+
+unsigned stk_meta_store_shard(const struct stk_meta_store *st)
+{
+	return st->shard;
 }
 
 /*
@@ -1525,6 +1577,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	pthread_rwlock_init(&st->map_lock, &ra);
 	pthread_rwlockattr_destroy(&ra);
 	st->map_max = opts->map_size ? opts->map_size : DEFAULT_MAP_SIZE;
+	st->shard = opts->shard ? opts->shard : 1;
 	rc = env_open(st, opts->dir, 1);
 	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EOPNOTSUPP) {
 		stk_warn("meta store: cannot allocate the namespace's file in %s (%s); "

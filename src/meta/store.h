@@ -65,6 +65,12 @@ struct stk_meta_store_opts {
 	size_t size;	   /* sizeof(struct stk_meta_store_opts) */
 	const char *dir;   /* the LMDB environment's folder, created if missing */
 	uint64_t map_size; /* LMDB map size, 0 = 64 GiB */
+	/*
+	 * The metadata shard the store serves (docs/meta-shards.md; 0: 1). A new store
+	 * of shard k hands out inode numbers from (k - 1) << STK_INO_SHARD_SHIFT; an
+	 * existing store made for another shard is refused (-EXDEV).
+	 */
+	unsigned shard;
 };
 
 /*
@@ -75,6 +81,8 @@ struct stk_meta_store_opts {
  * the environment (-EBUSY / -EAGAIN when another process holds it incompatibly).
  */
 int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out);
+/* The metadata shard the store serves (1..STK_MAX_SHARDS); any thread. */
+unsigned stk_meta_store_shard(const struct stk_meta_store *st);
 /*
  * The namespace's identity (never zero, but while a follower applies a copy of
  * its leader's store): what the meta node registers with, so that mgmtd gives it

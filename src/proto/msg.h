@@ -33,6 +33,18 @@
 #define STK_HOST_ID_MAX 64 /* a host id (common/host.h), with its NUL; an addr on the wire */
 #define STK_MAX_GROUPS 32
 #define STK_MAX_REPLICAS 8
+/*
+ * Metadata shards (docs/meta-shards.md): at most STK_MAX_SHARDS, numbered from 1.
+ * An inode number carries its shard in its top bits: shard k hands out numbers
+ * from (k - 1) << STK_INO_SHARD_SHIFT on, so shard 1's are today's and any node
+ * finds an inode's shard from its number alone.
+ */
+#define STK_MAX_SHARDS 16
+#define STK_INO_SHARD_SHIFT 48
+static inline unsigned stk_ino_shard(uint64_t ino)
+{
+	return (unsigned)(ino >> STK_INO_SHARD_SHIFT) + 1;
+}
 
 #define STK_ROOT_INO 1ull
 
@@ -220,12 +232,14 @@ enum stk_target_state {
  * host_id: the node's host id (common/host.h), which decides short-circuit reads.
  * ns_hi/ns_lo: a meta node's store identity (stk_ns_id; zero from storage). The
  * reply's `refused` 1: the node is registered (node_id is its id) but serves no
- * shard, because its store is not the namespace shard 1 holds (shard_ns_hi/lo, the
- * shard's identity); a meta node refused exits (src/meta/service.c).
+ * shard, because its store is not the namespace its shard holds (shard_ns_hi/lo, the
+ * shard's identity) or the cluster has no such shard; a meta node refused exits
+ * (src/meta/service.c). shard: the metadata shard a meta node serves (1 to the
+ * cluster's --meta-shards; 0 means 1; docs/meta-shards.md), 0 from storage.
  */
 #define STK_MSG_MGMT_REGISTER_REQ(F)                                                      \
 	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets) F(addr, host_id)       \
-	F(u64, ns_hi) F(u64, ns_lo) F(addr, zone)
+	F(u64, ns_hi) F(u64, ns_lo) F(addr, zone) F(u8, shard)
 #define STK_MSG_MGMT_REGISTER_RESP(F) \
 	F(u32, node_id) F(u32, ntargets) F(u8, refused) F(u64, shard_ns_hi) F(u64, shard_ns_lo)
 /*
@@ -829,6 +843,7 @@ struct stk_rt_node {
 	/* a meta node's last change held, as it last reported it (meta/store.h) */
 	uint64_t meta_epoch;
 	uint64_t meta_seq;
+	uint8_t shard; /* a meta node's metadata shard (1..); 0 for storage */
 };
 
 struct stk_rt_target {
@@ -880,7 +895,8 @@ struct stk_rt_shard {
 /*
  * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
  * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms,
- * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo, u64 meta_epoch, u64 meta_seq; target: u32
+ * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo, u64 meta_epoch, u64 meta_seq, u8 shard;
+ * target: u32
  * id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, path, u64 avail, u64 dev, u32
  * sync_permille, u64 sync_checked, u64 sync_copied, u64 sync_bytes; chain: u32 id, u32 version, u8
  * ntargets, ntargets x u32; shard: u32 id, u32 node_id, u64 ns hi, u64 ns lo, u64 epoch, u8

@@ -1382,8 +1382,9 @@ static int fence(struct storage *s, uint64_t ns_hi, uint64_t ns_lo, uint64_t ino
 	for (int attempt = 0; attempt < 2; attempt++) {
 		struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
 
+		/* any shard's namespace: each purges the chunks of its own inodes */
 		for (uint32_t i = 0; i < ref->rt.nshards; i++)
-			if (ref->rt.shards[i].id == 1)
+			if (ref->rt.shards[i].id == 1 || stk_ns_id_eq(&ref->rt.shards[i].ns, &got))
 				want = ref->rt.shards[i].ns;
 		stk_agent_routing_put(s->agent, ref);
 		if (!stk_ns_id_is_zero(&want) && stk_ns_id_eq(&want, &got))

@@ -36,6 +36,10 @@
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
+ *   truncloop CLUSTER DIR THREADS SECS [SIZE]  writes and truncates files whose inodes
+ *                                         share a storage lock slot (see the function)
+ *   shardgate HOST:PORT                   a meta node of shard 2.. (docs/meta-shards.md)
+ *                                         refuses client requests (EXDEV) and still answers
  *   chunk HOST:PORT INO read|truncate|prefetch  one chunk request for INO straight to a
  *                                         storage node with $STOKER_KEY_FILE's key;
  *                                         prints the errno's name it answered
@@ -1151,6 +1155,53 @@ static int cmd_watch(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/* ---- shardgate: shards 2.. serve no client request yet ---- */
+
+static int send_meta(struct stk_conn *conn, uint16_t opcode, const uint8_t *req, size_t len)
+{
+	uint8_t resp[4096];
+	struct stk_rpc rpc = {.opcode = opcode,
+			      .req = req,
+			      .req_len = len,
+			      .resp = resp,
+			      .resp_cap = sizeof(resp)};
+
+	return stk_rpc_call(conn, &rpc);
+}
+
+static int cmd_shardgate(int argc, char **argv)
+{
+	struct stk_msg_meta_ino_req g;
+	struct stk_msg_meta_mkdir_req m;
+	struct stk_conn *conn;
+	struct stk_wbuf w;
+	uint8_t req[512];
+
+	if (argc < 2)
+		return 2;
+	CHECK_RC(stk_conn_connect(argv[1], 2000, &conn), 0);
+	if (failures)
+		return 1;
+	memset(&g, 0, sizeof(g));
+	g.ino = STK_ROOT_INO;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &g);
+	CHECK_RC(send_meta(conn, STK_OP_META_GETATTR, req, w.len), -EXDEV);
+	memset(&m, 0, sizeof(m));
+	m.parent = STK_ROOT_INO;
+	m.mode = 0755;
+	snprintf(m.name, sizeof(m.name), "made-on-shard-2");
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_mkdir_req_enc(&w, &m);
+	CHECK_RC(send_meta(conn, STK_OP_META_MKDIR, req, w.len), -EXDEV);
+	stk_conn_close(conn);
+	/* and it still answers */
+	CHECK_RC(server_answers(argv[1]), -ENOSYS);
+	if (!failures)
+		printf("shardgate: ok\n");
+	return failures ? 1 : 0;
+}
+
 /* ---- repl: hostile META_REPL ---- */
 
 /* One META_REPL with `bulk` (len bytes; claimed: what the request says it carries). */
@@ -2052,7 +2103,8 @@ int main(int argc, char **argv)
 		    {"ino", cmd_ino},
 		    {"handshake", cmd_handshake},
 		    {"chunk", cmd_chunk},
-		    {"truncloop", cmd_truncloop}};
+		    {"truncloop", cmd_truncloop},
+		    {"shardgate", cmd_shardgate}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");

@@ -2085,6 +2085,51 @@ static void test_fsck_clean(void)
 		CHECK(S_ISREG(fl[i].attr.mode) && (i == 0 || fl[i].attr.ino > fl[i - 1].attr.ino));
 }
 
+/*
+ * A store made for shard 2 (docs/meta-shards.md): its inode numbers carry the
+ * shard in their top bits, it stays shard 2's across a reopen, and a store is
+ * never opened for another shard than its own (-EXDEV), shard 1's included.
+ */
+static void test_shard_numbers(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL, *keep = st;
+	struct stk_attr a;
+	int created = 0;
+
+	snprintf(dir, sizeof(dir), "%s/shard2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	CHECK(stk_meta_store_shard(s2) == 2);
+	st = s2;
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_create(s2, &ROOT, STK_ROOT_INO, "f", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &a, &created),
+		 0);
+	CHECK(stk_ino_shard(a.ino) == 2 && a.ino == (1ull << STK_INO_SHARD_SHIFT));
+	CHECK(stk_ino_shard(mkdir_as(&ROOT, STK_ROOT_INO, "d", 0755)) == 2);
+	stk_meta_store_close(s2);
+	s2 = NULL;
+	o.shard = 1;
+	CHECK_RC(stk_meta_store_open(&o, &s2), -EXDEV);
+	o.shard = 3;
+	CHECK_RC(stk_meta_store_open(&o, &s2), -EXDEV);
+	o.shard = 2;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (s2) {
+		st = s2;
+		CHECK(ino_of(STK_ROOT_INO, "f") == (1ull << STK_INO_SHARD_SHIFT));
+		CHECK(create_as(&ROOT, STK_ROOT_INO, "g") > (1ull << STK_INO_SHARD_SHIFT) + 1);
+		stk_meta_store_close(s2);
+	}
+	st = keep;
+	/* the other tests' store is shard 1's, as every store made before shards */
+	CHECK(stk_meta_store_shard(st) == 1);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -2105,6 +2150,7 @@ int main(void)
 	CHECK_RUN(test_root);
 	CHECK_RUN(test_names);
 	CHECK_RUN(test_create);
+	CHECK_RUN(test_shard_numbers);
 	CHECK_RUN(test_mkdir_rmdir);
 	CHECK_RUN(test_expect_ino);
 	CHECK_RUN(test_link_unlink);
