@@ -1579,8 +1579,8 @@ out:
 
 /*
  * META_ALLOW (msg.h): an inode allowance for the origin holder's session, which
- * must be the request's (a holder being reset gets none: it is to forget what it
- * holds). Given back (want 0) or taken when the holder goes (holder_dropped).
+ * must be the request's, else AGAIN (a holder being reset gets none: it is to
+ * forget what it holds). Given back (want 0) or taken when the holder goes (holder_dropped).
  */
 static int op_allow(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -1594,17 +1594,17 @@ static int op_allow(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	if (!q.session || q.want > STK_ALLOW_MAX || (!q.want && !q.give))
 		return -EINVAL;
 	if (stk_meta_leases_session_of(m->leases, req->hdr.origin) != q.session)
-		return -ESTALE;
+		return -EAGAIN; /* not a live holder of that session: none to hold it */
 	memset(&r, 0, sizeof(r));
 	if (q.give) {
 		struct stk_meta_quota qu;
 
+		/* NOENT: dir is gone or in no quota (the client then names the quota root) */
 		rc = stk_meta_store_quota_get(m->store, q.dir, &qu);
-		if (rc == 0)
-			stk_meta_store_quota_disallow(m->store, q.session, qu.qid, q.give);
-		r.qid = rc == 0 ? qu.qid : 0;
-		if (rc && rc != -ENOENT)
+		if (rc)
 			return rc;
+		stk_meta_store_quota_disallow(m->store, q.session, qu.qid, q.give);
+		r.qid = qu.qid;
 	}
 	if (q.want) {
 		rc = stk_meta_store_quota_allow(m->store, q.session, q.dir, q.want, &r.granted,

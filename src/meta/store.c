@@ -3699,7 +3699,7 @@ static void resv_rechain_locked(struct op *o)
 
 	/* An allowance whose quota went holds nothing any more (nchain 0). */
 	for (struct allow *a = o->st->allows; a; a = a->next) {
-		if (quota_chain(o, a->qid, q, &nq) || (nq && q[0].qid != a->qid))
+		if (quota_get(o, a->qid, &q[0]) || quota_chain(o, a->qid, q, &nq))
 			nq = 0;
 		a->nchain = nq;
 		for (unsigned i = 0; i < nq; i++)

@@ -507,10 +507,12 @@ enum stk_target_state {
 /*
  * META_ALLOW (docs/quotas.md, "Creates a mount answers itself"): session's inode
  * allowance in the quota folder `dir` counts in. First `give` inodes of it are
- * given back (at most what it holds; UINT32_MAX: all of it). Then, with want > 0,
+ * given back (at most what it holds; UINT32_MAX: all of it; NOENT when dir is
+ * gone or in no quota). Then, with want > 0,
  * up to want more are set aside (granted, at least 1; DQUOT when none is left);
  * with no inode limit on dir, granted is want and nothing is set aside. qid: the
- * quota root dir counts in, 0: none. want and give both 0: INVAL.
+ * quota root dir counts in, 0: none. want and give both 0: INVAL. AGAIN: the
+ * frame's origin is not a live lease holder of `session` (it was reset).
  */
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
