@@ -63,6 +63,7 @@ struct allow {
 	uint32_t step;	    /* what the next refill asks for */
 	uint64_t denied_ns; /* the last DQUOT */
 	uint64_t spent_ns;  /* the last spend or grant */
+	uint64_t dir;	    /* the folder of the last grant: named to give it back */
 };
 
 struct stk_behind {
@@ -139,24 +140,31 @@ static int allow_spend(stk_client *c, struct stk_behind *b, uint64_t qid, uint32
 
 /*
  * The thread, without mu: gives n of quota qid's allowance back to meta, unspent
- * for ALLOW_IDLE_NS, so that other clients of the quota find the room. A holder
- * reset since has nothing to give (meta dropped it): ESTALE, ignored.
+ * for ALLOW_IDLE_NS, so that other clients of the quota find the room. It names
+ * the folder of the last grant (a client key may reach nothing above it), or the
+ * quota root, which counts in itself, when that folder is gone. A holder reset
+ * since has nothing to give (meta dropped it): AGAIN, ignored.
  */
-static void allow_give_back(stk_client *c, uint64_t qid, uint32_t holder, uint64_t n)
+static void allow_give_back(stk_client *c, uint64_t qid, uint64_t dir, uint32_t holder, uint64_t n)
 {
 	struct stk_msg_meta_allow_req q = {.session = stk_session_id(c),
-					   .dir = qid, /* a quota root counts in itself */
+					   .dir = dir ? dir : qid,
 					   .give = (uint32_t)STK_MIN(n, (uint64_t)UINT32_MAX - 1)};
 	uint8_t req[64], resp[64];
 	struct stk_wbuf w;
 	size_t rlen = 0;
 	int rc;
 
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_allow_req_enc(&w, &q);
-	rc = stk_client_meta_call_from(c, holder, STK_OP_META_ALLOW, req, w.len, resp, sizeof(resp),
-				       &rlen);
-	if (rc && rc != -ESTALE)
+	for (int tries = 0; tries < 2; tries++) {
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_allow_req_enc(&w, &q);
+		rc = stk_client_meta_call_from(c, holder, STK_OP_META_ALLOW, req, w.len, resp,
+					       sizeof(resp), &rlen);
+		if (rc != -ENOENT || q.dir == qid)
+			break;
+		q.dir = qid;
+	}
+	if (rc && rc != -EAGAIN)
 		stk_debug("write-behind: giving back %llu inodes of quota %llu: %s",
 			  (unsigned long long)n, (unsigned long long)qid, stk_strerror(rc));
 }
@@ -167,7 +175,7 @@ static void allow_give_back(stk_client *c, uint64_t qid, uint32_t holder, uint64
  * (0: none holds any).
  */
 static int allow_idle(stk_client *c, struct stk_behind *b, uint64_t now, uint64_t *qid,
-		      uint32_t *holder, uint64_t *n, uint64_t *next_ns)
+		      uint64_t *dir, uint32_t *holder, uint64_t *n, uint64_t *next_ns)
 {
 	uint32_t qepoch = atomic_load(&c->quota_epoch);
 
@@ -179,6 +187,7 @@ static int allow_idle(stk_client *c, struct stk_behind *b, uint64_t now, uint64_
 			continue;
 		if (now - a->spent_ns >= ALLOW_IDLE_NS) {
 			*qid = a->qid;
+			*dir = a->dir;
 			*holder = a->holder;
 			*n = a->left;
 			a->left = 0;
@@ -245,6 +254,7 @@ static int allow_refill(stk_client *c, struct stk_behind *b, uint64_t parent, ui
 		a->denied_ns = stk_now_ns();
 	if (a && rc == 0 && r.granted && (r.qid == qid || !r.qid)) {
 		a->left += r.granted;
+		a->dir = parent;
 		a->denied_ns = 0;
 		a->spent_ns = stk_now_ns();
 		pthread_cond_signal(&b->wake); /* the thread gives it back once idle */
@@ -431,12 +441,12 @@ static void *behind_main(void *arg)
 	pthread_mutex_lock(&b->mu);
 	while (!b->stop) {
 		if (!b->n && !b->want_inos) {
-			uint64_t qid, n, next_ns;
+			uint64_t qid, dir, n, next_ns;
 			uint32_t holder;
 
-			if (allow_idle(c, b, stk_now_ns(), &qid, &holder, &n, &next_ns)) {
+			if (allow_idle(c, b, stk_now_ns(), &qid, &dir, &holder, &n, &next_ns)) {
 				pthread_mutex_unlock(&b->mu);
-				allow_give_back(c, qid, holder, n);
+				allow_give_back(c, qid, dir, holder, n);
 				pthread_mutex_lock(&b->mu);
 				continue;
 			}
