@@ -205,3 +205,82 @@ def test_a_bytes_only_quota_sets_no_inodes_aside(cluster, make_mount):
     fsync_dir(d)
     assert reserved_inodes(cluster, "/qb") == 0
     assert quota(cluster, "/qb")["used_inodes"] == 102
+
+
+def test_quota_holds_through_a_meta_failover(tmp_path, monkeypatch):
+    """Three meta replicas; a mount creates files under a quota until EDQUOT while
+    the leader is killed. The allowances die with the leader; the new one sets
+    room aside again. Every create that returned is there, and usage is exactly
+    the files made, at the limit, never past it."""
+    from conftest import Mount, have_fuse
+    from test_meta_replication import MetaCluster
+    if not have_fuse():
+        pytest.skip("needs root, /dev/fuse and fusermount3")
+    mc = MetaCluster(tmp_path)
+    mc.up()
+    monkeypatch.setenv("STOKER_KEY_FILE", os.path.join(mc.data, "cluster.key"))
+    m = Mount(mc, tmp_path / "mnt")
+    limit = 1500
+    made, errors, done = [], [], threading.Event()
+    try:
+        m.start()
+        os.mkdir(os.path.join(m.path, "qf"))
+        mc.cli("quota", "set", "/qf", "--inodes", str(limit))
+        top = os.path.join(m.path, "qf", "loop")
+        os.mkdir(top)
+
+        def loop():
+            i = 0
+            while len(errors) < 20:
+                p = os.path.join(top, "f%05d" % i)
+                try:
+                    with open(p, "wb") as f:
+                        f.write(b"%d" % i)
+                except OSError as e:
+                    errors.append(e)
+                    if e.errno == errno.EDQUOT:
+                        break
+                else:
+                    made.append("f%05d" % i)
+                i += 1
+            done.set()
+
+        t = threading.Thread(target=loop)
+        t.start()
+        try:
+            mc.wait("some files", lambda: len(made) > 30)
+            old, resume = mc.kill_leader()
+            killed_midway = not done.is_set()
+            try:
+                done.wait(180)
+            finally:
+                resume()
+        finally:
+            t.join(timeout=180)
+        assert done.is_set(), "the loop did not reach the limit"
+        assert killed_midway, "the loop reached the limit before the leader was killed"
+        assert [e.errno for e in errors] == [errno.EDQUOT], errors[:5]
+        fsync_dir(top)  # nothing the mount answered was refused
+        assert sorted(os.listdir(top)) == made
+        q = json.loads(mc.cli("quota", "ls", "/qf", "--json").stdout)[0]
+        assert q["used_inodes"] == 2 + len(made) <= limit
+        m.stop()  # its session ends: what it held goes
+        # the room left fills the quota exactly
+        c = stoker.connect(mc.url)
+        try:
+            for i in range(limit - 2 - len(made)):
+                c.write_file("/qf/z%d" % i, b"")
+            with pytest.raises(OSError) as e:
+                c.write_file("/qf/over", b"")
+            assert e.value.errno == errno.EDQUOT
+        finally:
+            c.close()
+        p = mc.cli("quota", "recount", "/qf")
+        assert b"1 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
+    finally:
+        m.stop()
+        try:
+            os.kill(mc.supervisor(), signal.SIGCONT)
+        except (AssertionError, OSError):
+            pass
+        mc.down()
