@@ -161,6 +161,8 @@
 	  "The quota's limit on inodes; 0: none.")                                               \
 	X(QUOTA_USED_INODES, GAUGE, "stoker_quota_used_inodes", "quota",                           \
 	  "Inodes the quota counts, its folder included.")                                       \
+	X(QUOTA_RESERVED_INODES, GAUGE, "stoker_quota_reserved_inodes", "quota",                   \
+	  "Inodes set aside in the quota for mounts' own creates (allowances), not yet used.")   \
 	/* ---- storage: per target ---- */                                                        \
 	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
 	  "Size of the file system under the target folder (targets sharing a file system "        \

@@ -317,6 +317,9 @@ enum stk_target_state {
 #define STK_MSG_META_MKDIR_REQ(F) \
 	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags)
 #define STK_MKDIR_DELEGATE 0x1u
+/* With STK_MKDIR_DELEGATE: a folder under a quota may be delegated too; the origin
+ * asks for an inode allowance (META_ALLOW) before it answers creates in it. */
+#define STK_MKDIR_DELEGATE_QUOTA 0x2u
 /*
  * attr: the new folder. With an origin in the frame, leased 1 as for META_CREATE (the
  * name's entry and the new folder leased to it), and empty 1 when the folder had
@@ -515,6 +518,19 @@ enum stk_target_state {
 	F(u64, epoch)                                                                              \
 	F(u32, leader) F(u8, kind) F(u8, first) F(u64, snap_epoch) F(u64, snap_seq) F(u32, len)
 #define STK_MSG_META_REPL_RESP(F) F(u64, pos_epoch) F(u64, pos_seq) F(u64, ns_hi) F(u64, ns_lo)
+/*
+ * META_ALLOW (docs/quotas.md, "Creates a mount answers itself"): session's inode
+ * allowance in the quota folder `dir` counts in. First `give` inodes of it are
+ * given back (at most what it holds; UINT32_MAX: all of it; NOENT when dir is
+ * gone or in no quota). Then, with want > 0,
+ * up to want more are set aside (granted, at least 1; DQUOT when none is left);
+ * with no inode limit on dir, granted is want and nothing is set aside. qid: the
+ * quota root dir counts in, 0: none. want and give both 0: INVAL. AGAIN: the
+ * frame's origin is not a live lease holder of `session` (it was reset).
+ */
+#define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
+#define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
+#define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
 #define STK_MSG_QUOTA_REC(F)                                                               \
 	F(u64, qid) F(u64, parent) F(u64, limit_bytes) F(u64, limit_inodes)               \
 	F(u64, used_bytes) F(u64, used_inodes) F(u64, reserved_bytes) F(u8, fixed)         \
@@ -740,6 +756,8 @@ enum stk_fsck_kind {
 	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(meta_quota_req, STK_MSG_META_QUOTA_REQ)                 \
+	X(meta_allow_req, STK_MSG_META_ALLOW_REQ)                 \
+	X(meta_allow_resp, STK_MSG_META_ALLOW_RESP)               \
 	X(meta_quota_resp, STK_MSG_META_QUOTA_RESP)               \
 	X(meta_repl_req, STK_MSG_META_REPL_REQ)                                                    \
 	X(meta_repl_resp, STK_MSG_META_REPL_RESP)                                                  \

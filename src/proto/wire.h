@@ -240,6 +240,10 @@
 	 * readdirplus asks, so that the files of a listed folder are then opened with   \
 	 * no lookup at meta each. */                                                     \
 	X(META_LOOKUPS, 89, meta_lookups_req, meta_lookups_resp, "look names up, leased")   \
+	/* An inode allowance (docs/quotas.md): room set aside in the quota a folder     \
+	 * counts in for the session's creates answered by its holder (META_NAMES); want \
+	 * 0 gives back what the session holds there. DQUOT: nothing left (msg.h). */     \
+	X(META_ALLOW, 90, meta_allow_req, meta_allow_resp, "set inodes aside in a quota")    \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \

@@ -19,8 +19,9 @@
  *                                         refused (PERM), nothing truncated
  *   batch   CLUSTER DIR                   batched reads and writes (stk_batch_*): every
  *                                         completion once, right bytes, right errors
- *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE to meta:
- *                                         refused or contained, meta still serves
+ *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE /
+ *                                         META_ALLOW to meta: refused or contained, meta
+ *                                         still serves
  *   special CLUSTER DIR                   stk_mknod (as root) and stk_fallocate: types,
  *                                         rdev, errors, bytes and st_blocks after holes
  *   staleread CLUSTER PATH SECONDS     one client reads PATH whole again and again,
@@ -1117,8 +1118,39 @@ static int send_lookup_cache(struct stk_conn *conn, uint32_t origin, const char 
 	return 0;
 }
 
+/* One META_ALLOW under origin; *granted as replied. */
+static int send_allow(struct stk_conn *conn, uint32_t origin, uint64_t session, uint64_t dir,
+		      uint32_t want, uint32_t give, uint64_t *granted)
+{
+	struct stk_msg_meta_allow_req m = {
+	    .session = session, .dir = dir, .want = want, .give = give};
+	struct stk_msg_meta_allow_resp rm;
+	uint8_t req[64], resp[64];
+	struct stk_rpc rpc = {.opcode = STK_OP_META_ALLOW,
+			      .req = req,
+			      .resp = resp,
+			      .resp_cap = sizeof(resp),
+			      .origin = origin};
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_allow_req_enc(&w, &m);
+	rpc.req_len = w.len;
+	rc = stk_rpc_call(conn, &rpc);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_meta_allow_resp_dec(&r, &rm))
+		return -EBADMSG;
+	*granted = rm.granted;
+	return 0;
+}
+
 static int cmd_watch(int argc, char **argv)
 {
+	uint64_t granted = 0;
 	struct stk_msg_meta_watch_resp a, b, x;
 	struct stk_conn *conn;
 	uint64_t t0;
@@ -1147,6 +1179,18 @@ static int cmd_watch(int argc, char **argv)
 	CHECK(found == 0 && leased == 0);
 	CHECK_RC(send_lookup_cache(conn, a.holder, "nothing-here", &found, &leased), 0);
 	CHECK(found == 0 && leased == 1);
+	/* inode allowances: bad fields, no holder, another session's holder, no folder */
+	CHECK_RC(send_allow(conn, a.holder, 0, STK_ROOT_INO, 4, 0, &granted), -EINVAL);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, STK_ALLOW_MAX + 1, 0, &granted),
+		 -EINVAL);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, 0, 0, &granted), -EINVAL);
+	CHECK_RC(send_allow(conn, 0, 0x1111, STK_ROOT_INO, 4, 0, &granted), -EAGAIN);
+	CHECK_RC(send_allow(conn, a.holder, 0x2222, STK_ROOT_INO, 4, 0, &granted), -EAGAIN);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, 0x7fffffffffffull, 4, 0, &granted), -ENOENT);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, 0, 5, &granted), -ENOENT);
+	/* no quota above the root: what was asked for, with nothing set aside */
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, 4, 0, &granted), 0);
+	CHECK(granted == 4);
 	stk_conn_close(conn);
 	/* and meta still serves */
 	CHECK_RC(server_answers(argv[1]), -ENOSYS);

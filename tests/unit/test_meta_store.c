@@ -1923,6 +1923,93 @@ static void test_quota_bytes(void)
 	CHECK_RC(stk_meta_store_quota_reserve(st, 7, d, 1, 1, &granted), -EISDIR);
 }
 
+/* One create under a quota by session 7 with a number of its own (write-behind). */
+static int create_by(uint64_t session, uint64_t parent, const char *name)
+{
+	struct stk_meta_create_as as = {.session = session};
+	struct stk_attr a;
+	int created = 0;
+
+	CHECK_RC(stk_meta_store_reserve_inos(st, 1, &as.ino), 0);
+	return stk_meta_store_create_as(st, &ROOT, parent, name, 0644, STK_CREATE_EXCL, NULL, &PL4,
+					&as, &a, &created);
+}
+
+/*
+ * Inode allowances: set aside in every quota of the chain, never past a limit, at
+ * most half of what is left; spent by the session's creates unchecked; checked
+ * creates see them as used; given back in part, by session, or all at once.
+ */
+static void test_quota_allowances(void)
+{
+	struct stk_meta_quota q;
+	uint64_t top, sub, d, bytes_only, granted = 0, qid = 0;
+	char name[32];
+
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "qa_top", 0777);
+	sub = mkdir_as(&ROOT, top, "sub", 0777);
+	d = mkdir_as(&ROOT, sub, "d", 0777);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, top, 0, 20, 0, &q), 0);  /* 3 used */
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, sub, 0, 100, 0, &q), 0); /* 2 used */
+	/* bad input */
+	CHECK_RC(stk_meta_store_quota_allow(st, 0, d, 4, &granted, &qid), -EINVAL);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 0, &granted, &qid), -EINVAL);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, 999999, 4, &granted, &qid), -ENOENT);
+	/* the tightest quota (top: 17 left) limits it to half of what is left */
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), 0);
+	CHECK(granted == 8 && qid == sub);
+	CHECK_EQ(quota_of(top).reserved_inodes, 8);
+	CHECK_EQ(quota_of(sub).reserved_inodes, 8);
+	CHECK_RC(stk_meta_store_quota_allow(st, 8, d, 64, &granted, &qid), 0);
+	CHECK(granted == 4); /* 17 - 8 = 9 left: 4 */
+	/* session 7 spends its 8 unchecked; a checked create finds 17 - 12 = 5 left */
+	for (int i = 0; i < 8; i++) {
+		snprintf(name, sizeof(name), "s7_%d", i);
+		CHECK_RC(create_by(7, d, name), 0);
+	}
+	CHECK_EQ(quota_of(top).used_inodes, 3 + 8);
+	CHECK_EQ(quota_of(top).reserved_inodes, 4);
+	for (int i = 0; i < 5; i++) {
+		snprintf(name, sizeof(name), "plain%d", i);
+		create_as(&ROOT, d, name);
+	}
+	/* 16 used, 4 held by session 8: nothing left for anyone else */
+	CHECK_RC(create_by(9, d, "none_left"), -EDQUOT);
+	CHECK_RC(create_by(7, d, "spent"), -EDQUOT);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 1, &granted, &qid), -EDQUOT);
+	/* session 8 gives 3 back: 3 left, and 1 can be had */
+	stk_meta_store_quota_disallow(st, 8, sub, 3);
+	CHECK_EQ(quota_of(top).reserved_inodes, 1);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), 0);
+	CHECK(granted == 1);
+	/* its session ends: the rest of session 8's goes */
+	stk_meta_store_quota_release_session(st, 8);
+	CHECK_EQ(quota_of(top).reserved_inodes, 1);
+	CHECK_RC(create_by(7, d, "last"), 0);
+	CHECK_EQ(quota_of(top).used_inodes, 17);
+	CHECK_EQ(quota_of(top).reserved_inodes, 0);
+	/* never past the limit: 3 left, 1 granted each time at most */
+	CHECK_RC(create_by(9, d, "a"), 0);
+	CHECK_RC(create_by(9, d, "b"), 0);
+	CHECK_RC(create_by(9, d, "c"), 0);
+	CHECK_RC(create_by(9, d, "d"), -EDQUOT);
+	CHECK_EQ(quota_of(top).used_inodes, 20);
+	CHECK_EQ(quota_of(sub).used_inodes, 2 + 8 + 5 + 1 + 3);
+	/* a quota without an inode limit sets nothing aside */
+	bytes_only = mkdir_as(&ROOT, STK_ROOT_INO, "qa_bytes", 0777);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, bytes_only, 1 << 20, 0, 0, &q), 0);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, bytes_only, 64, &granted, &qid), 0);
+	CHECK(granted == 64 && qid == bytes_only);
+	CHECK_EQ(quota_of(bytes_only).reserved_inodes, 0);
+	/* removing the quota leaves an allowance holding nothing */
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), -EDQUOT);
+	CHECK_RC(stk_meta_store_quota_rm(st, &ROOT, top), 0);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), 0);
+	CHECK(granted == 40); /* sub: 100 - 19 = 81 left: 40 */
+	CHECK_RC(stk_meta_store_quota_rm(st, &ROOT, sub), 0);
+	stk_meta_store_quota_release_session(st, 7);
+}
+
 /* Nested quotas all apply; renames and links across quotas follow the rule. */
 static void test_quota_nested_rename(void)
 {
@@ -2172,6 +2259,7 @@ int main(void)
 	CHECK_RUN(test_reopen_keeps_size);
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
+	CHECK_RUN(test_quota_allowances);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
 	CHECK_RUN(test_fsck_clean);
