@@ -1983,7 +1983,12 @@ static struct srv_req *loop_run(struct srv_loop *lp)
 	struct stk_server *s = lp->srv;
 	struct epoll_event ev[128];
 
-	lp->last_tick_ns = stk_now_ns();
+	/*
+	 * last_tick_ns is not reset here: a loop handed over more often than each
+	 * SRV_TICK_MS (a steady trickle of requests) would otherwise never tick, and
+	 * removed client keys' connections, handshake deadlines and stuck replies
+	 * would never be looked at.
+	 */
 	for (;;) {
 		int n = epoll_wait(lp->epfd, ev, 128, SRV_TICK_MS);
 		uint64_t t0 = stk_now_ns(), t1;
@@ -2135,6 +2140,7 @@ static int loop_init(struct stk_server *s, struct srv_loop *lp)
 	struct epoll_event e;
 
 	lp->srv = s;
+	lp->last_tick_ns = stk_now_ns();
 	pthread_mutex_init(&lp->lock, NULL);
 	lp->epfd = epoll_create1(EPOLL_CLOEXEC);
 	lp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
