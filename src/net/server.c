@@ -703,10 +703,18 @@ static int conn_tls(struct srv_conn *c)
 		return 0;
 	}
 	if (rc) {
-		auth_fail(c, AUTH_TLS_HANDSHAKE, stk_tls_why(c->tls));
+		auth_fail(c,
+			  stk_tls_fail_reason(c->tls) == STK_TLS_FAIL_REVOKED ? AUTH_REVOKED
+									      : AUTH_TLS_HANDSHAKE,
+			  stk_tls_why(c->tls));
 		conn_close(c);
 		return -1;
 	}
+	/* a client key's connection is confined as after AUTH_HELLO_CLIENT */
+	c->client = stk_tls_client_take(c->tls);
+	if (c->client)
+		stk_debug("%s: client %s (generation %llu) connected over TLS", c->peer,
+			  c->client->name, (unsigned long long)c->client->gen);
 	c->auth = AUTH_DONE;
 	conn_set_events(c, EPOLLIN);
 	return conn_read(c); /* the first request may be in already */
@@ -2255,8 +2263,13 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	pthread_cond_init(&s->widle, NULL);
 	pthread_cond_init(&s->loops_done, NULL);
 	pthread_mutex_init(&s->plock, NULL);
-	if (opts->tls && (rc = stk_tls_server_create(opts->auth_key, opts->auth_key_len, &s->tls)))
-		goto out;
+	if (opts->tls) {
+		rc = stk_tls_server_create(opts->auth_key, opts->auth_key_len, &s->tls);
+		if (rc)
+			goto out;
+		/* removed client keys are refused in the TLS handshake itself */
+		stk_tls_server_set_revoked(s->tls, stk_net_client_revoked);
+	}
 	s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s->lfd < 0) {
 		rc = -errno;

@@ -40,7 +40,8 @@
  *                                         storage node with $STOKER_KEY_FILE's key;
  *                                         prints the errno's name it answered
  *   handshake HOST:PORT                   connects to one daemon with the key of
- *                                         $STOKER_KEY_FILE; prints OK or the errno's name
+ *                                         $STOKER_KEY_FILE (over TLS with STOKER_TLS=1);
+ *                                         prints OK or the errno's name
  *   ino CLUSTER OP ARG...                 one request by inode number (stoker_ll.h), as
  *                                         a client key's holder may craft it; prints the
  *                                         errno's name (OK for 0) and exits 0. OP: getattr
@@ -1715,6 +1716,8 @@ static int cmd_handshake(int argc, char **argv)
 		fprintf(stderr, "%s\n", err);
 		return 1;
 	}
+	if (getenv("STOKER_TLS") && strcmp(getenv("STOKER_TLS"), "1") == 0)
+		stk_net_tls_set(1);
 	rc = stk_conn_connect(argv[1], 2000, &conn);
 	if (rc == 0) {
 		/* a refused key may only show at the first request */
