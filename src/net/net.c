@@ -827,6 +827,18 @@ static int read_reply(struct stk_conn *c)
 		return rc;
 	if (stk_hdr_decode(hb, &h) || !(h.flags & STK_FRAME_REPLY))
 		return -EBADMSG;
+	if (h.version != STK_WIRE_VERSION) {
+		static int told; /* atomic */
+
+		/* its NOTSUP is passed on as any status; this says why, once */
+		if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+			stk_warn("%s speaks wire protocol version %u, this process %u: it refuses "
+				 "our requests (run one Stoker version across the cluster and its "
+				 "clients)",
+				 c->addr, h.version, STK_WIRE_VERSION);
+		if (h.status == STK_ST_OK)
+			return -EBADMSG; /* nothing of another version is read as ours */
+	}
 	pthread_mutex_lock(&c->lock);
 	rpc = find_locked(c, h.req_id);
 	pthread_mutex_unlock(&c->lock);
