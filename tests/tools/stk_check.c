@@ -45,7 +45,8 @@
  *                                         storage node with $STOKER_KEY_FILE's key;
  *                                         prints the errno's name it answered
  *   handshake HOST:PORT                   connects to one daemon with the key of
- *                                         $STOKER_KEY_FILE; prints OK or the errno's name
+ *                                         $STOKER_KEY_FILE (over TLS with STOKER_TLS=1);
+ *                                         prints OK or the errno's name
  *   ino CLUSTER OP ARG...                 one request by inode number (stoker_ll.h), as
  *                                         a client key's holder may craft it; prints the
  *                                         errno's name (OK for 0) and exits 0. OP: getattr
@@ -887,25 +888,40 @@ static int cmd_frames(int argc, char **argv)
 	h.payload_len = 64;
 	stk_hdr_encode(&h, f);
 	CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN + 10), 0);
-	/* another protocol version, one lower and one higher: answered NOTSUP, not misread */
+	/*
+	 * Another protocol version, one lower and one higher, with flags of its own (a
+	 * version 8 build's QoS class bits, a later version's new bit): answered NOTSUP,
+	 * not misread, and not closed for flags this version does not know.
+	 */
 	{
-		uint8_t two[2 * STK_FRAME_HDR_LEN], reply[STK_FRAME_HDR_LEN];
+		static const uint32_t flags[4] = {0, 0, 2u << STK_FRAME_CLASS_SHIFT, 0x400};
+		uint8_t four[4 * STK_FRAME_HDR_LEN], reply[STK_FRAME_HDR_LEN];
 		struct stk_frame_hdr r;
 
-		memset(&h, 0, sizeof(h));
-		h.magic = STK_WIRE_MAGIC;
-		h.version = STK_WIRE_VERSION - 1;
-		h.opcode = STK_OP_META_STATFS;
-		stk_hdr_encode(&h, two);
-		h.version = STK_WIRE_VERSION + 1;
-		stk_hdr_encode(&h, two + STK_FRAME_HDR_LEN);
-		for (int i = 0; i < 2; i++) {
-			CHECK_RC(raw_exchange(argv[1], two + i * STK_FRAME_HDR_LEN, STK_FRAME_HDR_LEN,
-					      reply, sizeof(reply)),
+		for (int i = 0; i < 4; i++) {
+			memset(&h, 0, sizeof(h));
+			h.magic = STK_WIRE_MAGIC;
+			h.version = i % 2 ? STK_WIRE_VERSION + 1 : STK_WIRE_VERSION - 1;
+			h.opcode = STK_OP_META_STATFS;
+			h.flags = flags[i];
+			stk_hdr_encode(&h, four + i * STK_FRAME_HDR_LEN);
+		}
+		for (int i = 0; i < 4; i++) {
+			CHECK_RC(raw_exchange(argv[1], four + i * STK_FRAME_HDR_LEN,
+					      STK_FRAME_HDR_LEN, reply, sizeof(reply)),
 				 (int)sizeof(reply));
 			CHECK_RC(stk_hdr_decode(reply, &r), 0);
 			CHECK(r.status == STK_ST_NOTSUP && (r.flags & STK_FRAME_REPLY));
+			CHECK(r.version == STK_WIRE_VERSION);
 		}
+		/* this version with a flag it does not know: malformed, closed */
+		memset(&h, 0, sizeof(h));
+		h.magic = STK_WIRE_MAGIC;
+		h.version = STK_WIRE_VERSION;
+		h.opcode = STK_OP_META_STATFS;
+		h.flags = 0x400;
+		stk_hdr_encode(&h, f);
+		CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN), 0);
 	}
 	/*
 	 * Three frames in one write, then the same bytes a few at a time (a header
@@ -1934,6 +1950,8 @@ static int cmd_handshake(int argc, char **argv)
 		fprintf(stderr, "%s\n", err);
 		return 1;
 	}
+	if (getenv("STOKER_TLS") && strcmp(getenv("STOKER_TLS"), "1") == 0)
+		stk_net_tls_set(1);
 	rc = stk_conn_connect(argv[1], 2000, &conn);
 	if (rc == 0) {
 		/* a refused key may only show at the first request */
