@@ -24,7 +24,7 @@ from conftest import (ROOT, STOKER, Cluster, Mount, have_fuse, pick_ports, run, 
 from test_auth import OP_AUTH_HELLO, OP_MGMT_LEADER, closed, connect, frame, read_reply
 
 ST_TLS_REQUIRED = 38
-PYDIR = os.path.join(ROOT, "build", "python")
+PYDIR = os.environ.get("STOKER_PYDIR") or os.path.join(ROOT, "build", "python")
 
 
 class TlsCluster(Cluster):
