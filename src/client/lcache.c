@@ -77,6 +77,7 @@ struct lc_dir {
 	uint32_t nlost;
 	/* Delegated to this client (behind.h): its creates and unlinks may be answered here. */
 	uint8_t delegated;
+	uint64_t qid; /* the quota it counts in (attr.qid): creates spend an allowance */
 	/*
 	 * More than LC_LOST_MAX names lost: no longer complete, but a delegated folder
 	 * keeps its record, so that names still in the table may be unlinked here.
@@ -613,6 +614,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		memset(d->lost, 0, sizeof(d->lost));
 		d->nlost = 0;
 		d->delegated = (uint8_t)(delegated != 0);
+		d->qid = dir->qid;
 		d->partial = 0;
 	}
 	pthread_mutex_unlock(&l->mu);
@@ -645,7 +647,7 @@ static struct lc_dir *behind_lock(struct stk_lcache *l, uint64_t parent, const c
 }
 
 int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uint32_t *dmode,
-			   uint32_t *dgid)
+			   uint32_t *dgid, uint64_t *dqid)
 {
 	struct stk_lcache *l = c->lc;
 	struct lc_dir *d;
@@ -662,6 +664,7 @@ int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uin
 		ok = !e || (!e->found && ent_valid(l, e, now));
 		*dmode = d->mode;
 		*dgid = d->gid;
+		*dqid = d->qid;
 	}
 	pthread_mutex_unlock(&l->mu);
 	return ok;

@@ -109,13 +109,13 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 			 int delegated);
 /*
  * Write-behind (behind.h), under its gate. _free: 1 when parent is complete and
- * delegated here and `name` is not in it (*dmode, *dgid: the folder's mode and
- * group). _made: the new file is parent's `name` from now. _victim: 1 when parent
- * is delegated here and `name` is a regular file with one link (*out). _gone: the
- * name is no longer there (its folder stays complete).
+ * delegated here and `name` is not in it (*dmode, *dgid, *dqid: the folder's mode,
+ * group and quota root, 0: none). _made: the new file is parent's `name` from now. _victim: 1 when
+ * parent is delegated here and `name` is a regular file with one link (*out). _gone: the name is no
+ * longer there (its folder stays complete).
  */
 int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uint32_t *dmode,
-			   uint32_t *dgid);
+			   uint32_t *dgid, uint64_t *dqid);
 void stk_lcache_behind_made(stk_client *c, uint64_t parent, const char *name,
 			    const struct stk_attr *attr);
 int stk_lcache_behind_victim(stk_client *c, uint64_t parent, const char *name,
