@@ -2449,10 +2449,14 @@ static void on_promoted(void *ctx, int failover)
 	int rc;
 
 	if (failover) {
-		stk_meta_leases_grace(m->leases);
+		/* counted from the old leader's last heartbeat, not from now (leases.h) */
+		unsigned ms =
+		    stk_meta_leases_failover_ms(m->agent ? stk_agent_timeout_ms(m->agent) : 0);
+
+		stk_meta_leases_grace_ms(m->leases, ms);
 		stk_info("meta: leads after a failover: changes wait %u ms for what clients of "
 			 "the leader before may still trust (docs/leases.md)",
-			 STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS);
+			 ms);
 	}
 	if (m->agent) {
 		rc = sessions_start(m);
