@@ -63,6 +63,14 @@ struct peer {
 	stk_metric_t lag_series;
 };
 
+/* A reply that waits for the followers (stk_meta_repl_wait_async). */
+struct waiter {
+	struct waiter *next;
+	uint64_t seq;
+	void (*done)(void *arg, int rc);
+	void *arg;
+};
+
 struct repl {
 	struct stk_meta_store *st;
 	struct stk_agent *agent;
@@ -87,6 +95,9 @@ struct repl {
 	uint32_t known_leader; /* the leader the routing table names for known_epoch, 0 unknown */
 	uint8_t replicas;
 	uint64_t sync_want; /* flushes asked for (stk_meta_repl_sync), numbered */
+	/* replies that wait for the followers, and whether more may (0 once closed) */
+	struct waiter *waiters;
+	int async_open;
 	struct peer *peers[STK_MAX_REPLICAS];
 	unsigned npeers;
 	/* what the routing table wants (set by the agent's hook, applied by the manager) */
@@ -266,15 +277,90 @@ static int peer_stopped(struct peer *p)
 	return stop;
 }
 
+/* With r->mu held: the last change every follower holds (all of them without followers). */
+static uint64_t held_by_all(struct repl *r)
+{
+	uint64_t all = UINT64_MAX;
+
+	for (unsigned i = 0; i < r->npeers; i++)
+		all = STK_MIN(all, r->peers[i]->in_step ? r->peers[i]->acked : 0);
+	return all;
+}
+
+/*
+ * With r->mu held: takes the waiters whose change every follower holds (all of
+ * them, with rc -EREMCHG, when this node leads no more or is cut off from mgmtd),
+ * for waiters_done once r->mu is released.
+ */
+static struct waiter *waiters_take(struct repl *r, int *rc)
+{
+	struct waiter *done = NULL, **wp = &r->waiters;
+	uint64_t all;
+
+	*rc = 0;
+	if (!r->waiters)
+		return NULL;
+	if (r->role == STK_META_ROLE_OFF) {
+		all = UINT64_MAX;
+	} else if (r->role != STK_META_ROLE_LEADER || r->stop ||
+		   (r->agent && stk_agent_fenced(r->agent))) {
+		*rc = -EREMCHG;
+		all = UINT64_MAX;
+	} else {
+		all = held_by_all(r);
+	}
+	while (*wp) {
+		struct waiter *w = *wp;
+
+		if (w->seq > all) {
+			wp = &w->next;
+			continue;
+		}
+		*wp = w->next;
+		w->next = done;
+		done = w;
+	}
+	return done;
+}
+
+/* Calls back what waiters_take took (r->mu not held). */
+static void waiters_done(struct waiter *w, int rc)
+{
+	while (w) {
+		struct waiter *next = w->next;
+
+		w->done(w->arg, rc);
+		free(w);
+		w = next;
+	}
+}
+
+/* r->mu not held: calls back the waiters that may be answered now. */
+static void waiters_settle(struct repl *r)
+{
+	struct waiter *w;
+	int rc;
+
+	pthread_mutex_lock(&r->mu);
+	w = waiters_take(r, &rc);
+	pthread_mutex_unlock(&r->mu);
+	waiters_done(w, rc);
+}
+
 static void peer_acked(struct peer *p, uint64_t seq)
 {
 	struct repl *r = p->r;
+	struct waiter *w;
+	int rc;
 
 	pthread_mutex_lock(&r->mu);
 	p->acked = seq;
 	p->in_step = 1;
 	pthread_cond_broadcast(&r->ack_cond);
+	/* the replies whose change every follower holds now go from this thread */
+	w = waiters_take(r, &rc);
 	pthread_mutex_unlock(&r->mu);
+	waiters_done(w, rc);
 }
 
 /* Sends the follower a copy of the store, then where the log goes on. 0 or -errno. */
@@ -688,6 +774,7 @@ static void apply_wanted(struct repl *r)
 	pthread_cond_broadcast(&r->ack_cond);
 	pthread_mutex_unlock(&r->mu);
 	peers_stop(r, gone, ngone);
+	waiters_settle(r); /* a follower less to wait for, or no longer the leader */
 	if (role == STK_META_ROLE_LEADER) {
 		for (uint8_t j = 0; j < nf; j++) {
 			int have = 0;
@@ -752,6 +839,7 @@ static void *manager_main(void *arg)
 		}
 		pthread_mutex_unlock(&r->mu);
 		apply_wanted(r);
+		waiters_settle(r); /* cut off from mgmtd meanwhile: the waiting replies fail */
 	}
 	return NULL;
 }
@@ -767,6 +855,7 @@ int stk_meta_repl_create(struct stk_meta_store *st, void (*promoted)(void *ctx, 
 	r->promoted = promoted;
 	r->promoted_ctx = ctx;
 	r->role = STK_META_ROLE_NONE;
+	r->async_open = 1;
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_mutex_init(&r->apply_mu, NULL);
 	cond_init(&r->data_cond);
@@ -830,6 +919,7 @@ void stk_meta_repl_stop(struct stk_meta_repl *rp)
 	r->metrics = 0;
 	peers_stop(r, r->peers, r->npeers);
 	r->npeers = 0;
+	stk_meta_repl_close_async(rp);
 	/* the store's hook is ours: off before r goes (the daemon writes no more now) */
 	stk_meta_store_repl_set(r->st, STK_META_REPL_OFF, 0, NULL, NULL);
 }
@@ -923,6 +1013,52 @@ int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
 int stk_meta_repl_wait_ms(struct stk_meta_repl *rp, uint64_t seq, unsigned timeout_ms)
 {
 	return repl_wait((struct repl *)rp, seq, timeout_ms ? timeout_ms : 1);
+}
+
+int stk_meta_repl_wait_async(struct stk_meta_repl *rp, uint64_t seq,
+			     void (*done)(void *arg, int rc), void *arg)
+{
+	struct repl *r = (struct repl *)rp;
+	struct waiter *w = malloc(sizeof(*w));
+	int rc = 1;
+
+	if (!w)
+		return -ENOMEM;
+	pthread_mutex_lock(&r->mu);
+	if (r->role == STK_META_ROLE_OFF)
+		rc = 0;
+	else if (r->role != STK_META_ROLE_LEADER || (r->agent && stk_agent_fenced(r->agent)))
+		rc = -EREMCHG;
+	else if (held_by_all(r) >= seq)
+		rc = 0;
+	else if (!r->async_open)
+		rc = -EAGAIN;
+	if (rc == 1) {
+		w->seq = seq;
+		w->done = done;
+		w->arg = arg;
+		w->next = r->waiters;
+		r->waiters = w;
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (rc != 1)
+		free(w);
+	return rc;
+}
+
+void stk_meta_repl_close_async(struct stk_meta_repl *rp)
+{
+	struct repl *r = (struct repl *)rp;
+	struct waiter *w;
+
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->mu);
+	r->async_open = 0;
+	w = r->waiters;
+	r->waiters = NULL;
+	pthread_mutex_unlock(&r->mu);
+	waiters_done(w, -EREMCHG);
 }
 
 int stk_meta_repl_sync(struct stk_meta_repl *rp)
