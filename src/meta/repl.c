@@ -44,6 +44,7 @@
 #define REPL_CONNECT_MS 1000
 #define REPL_RETRY_MS 100
 #define REPL_TICK_MS 200
+#define REPL_CLOSE_MS 2000 /* at a stop, the longest the replies wait for the followers */
 
 struct entry {
 	uint64_t epoch, seq;
@@ -1050,11 +1051,20 @@ void stk_meta_repl_close_async(struct stk_meta_repl *rp)
 {
 	struct repl *r = (struct repl *)rp;
 	struct waiter *w;
+	uint64_t deadline;
 
 	if (!r)
 		return;
 	pthread_mutex_lock(&r->mu);
 	r->async_open = 0;
+	/* a moment for the followers to acknowledge what waits (a stop, not a failover) */
+	deadline = stk_now_ns() + (uint64_t)REPL_CLOSE_MS * 1000000ull;
+	while (r->waiters && r->role == STK_META_ROLE_LEADER && stk_now_ns() < deadline) {
+		struct timespec ts;
+
+		deadline_ms(&ts, REPL_RETRY_MS);
+		pthread_cond_timedwait(&r->ack_cond, &r->mu, &ts);
+	}
 	w = r->waiters;
 	r->waiters = NULL;
 	pthread_mutex_unlock(&r->mu);

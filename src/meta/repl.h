@@ -105,9 +105,10 @@ int stk_meta_repl_wait_ms(struct stk_meta_repl *r, uint64_t seq, unsigned timeou
 int stk_meta_repl_wait_async(struct stk_meta_repl *r, uint64_t seq, void (*done)(void *arg, int rc),
 			     void *arg);
 /*
- * No more stk_meta_repl_wait_async: the replies that wait are called back with
- * -EREMCHG now, and later calls return -EAGAIN. Before the server that sends the
- * replies goes away (stk_meta_repl_stop calls it too).
+ * No more stk_meta_repl_wait_async (later calls return -EAGAIN); the replies that
+ * wait are given up to 2 s for the followers, then called back with -EREMCHG.
+ * Before the server that sends the replies goes away (stk_meta_repl_stop calls it
+ * too). Blocks.
  */
 void stk_meta_repl_close_async(struct stk_meta_repl *r);
 /*

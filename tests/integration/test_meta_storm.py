@@ -26,8 +26,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from conftest import STOKER, have_fuse, needs_root
 from netns import net_cluster
 
