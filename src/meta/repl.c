@@ -44,8 +44,6 @@
 #define REPL_CONNECT_MS 1000
 #define REPL_RETRY_MS 100
 #define REPL_TICK_MS 200
-#define REPL_PIPE 4	     /* LOG requests in flight to one follower at most */
-#define REPL_REORDER_MS 1000 /* a follower waits this long for a log sent before */
 #define REPL_CLOSE_MS 2000 /* at a stop, the longest the replies wait for the followers */
 
 struct entry {
@@ -54,38 +52,15 @@ struct entry {
 	uint8_t data[];
 };
 
-/* A LOG request sent and not yet answered (the sender fills it, the receiver empties it). */
-struct flight {
-	struct stk_rpc rpc;
-	uint8_t req[128], resp[128];
-	uint8_t *buf; /* the log sent as bulk */
-	size_t cap;
-	uint64_t last; /* the last change in it */
-	uint64_t want; /* the flush it asks for (r->sync_want when sent), 0: none */
-};
-
 struct peer {
 	struct repl *r;
 	uint32_t node_id;
 	char addr[STK_ADDR_MAX];
-	pthread_t th, rth;
-	int rth_started;
+	pthread_t th;
 	int stop;	 /* under r->mu */
 	uint64_t acked;	 /* under r->mu: the last change it holds, once in step with us */
 	int in_step;	 /* under r->mu: acked is meaningful */
 	uint64_t synced; /* under r->mu: the last of r->sync_want its store flushed for */
-	uint64_t flush_sent; /* the sender's: the last of r->sync_want a LOG in flight asks */
-	/*
-	 * Under r->mu: the LOG requests in flight on conn, oldest first (fl[(fl_head + i) %
-	 * REPL_PIPE]); the receiver takes each reply in turn. broken: a reply failed or
-	 * did not follow on (rc in broken_rc): the sender waits for none to be in
-	 * flight, then starts over. pipe_cond: a flight added or answered.
-	 */
-	struct flight fl[REPL_PIPE];
-	unsigned fl_head, fl_n;
-	struct stk_conn *conn;
-	int broken, broken_rc;
-	pthread_cond_t pipe_cond;
 	stk_metric_t lag_series;
 };
 
@@ -138,7 +113,6 @@ struct repl {
 	pthread_t manager;
 	int manager_started;
 	pthread_mutex_t apply_mu; /* one META_REPL applied at a time */
-	pthread_cond_t apply_cond; /* with apply_mu: the store took a log or a copy */
 	stk_metric_t role_series, seq_series, snap_series;
 };
 
@@ -485,95 +459,16 @@ static int log_gather(struct repl *r, uint64_t next, uint8_t **buf, size_t *cap,
 	return 0;
 }
 
-/*
- * The receiver: takes the replies of the LOG requests in flight, oldest first, and
- * records what the follower acknowledged (its replies come in the order it applied
- * the logs, which is the order they were sent: see the follower's side).
- */
-static void *peer_recv_main(void *arg)
-{
-	struct peer *p = arg;
-	struct repl *r = p->r;
-	struct stk_msg_meta_repl_resp rp;
-	struct waiter *w;
-	struct stk_rbuf rb;
-	struct flight *f;
-	int rc, wrc;
-
-	pthread_mutex_lock(&r->mu);
-	for (;;) {
-		while (!p->stop && p->fl_n == 0)
-			pthread_cond_wait(&p->pipe_cond, &r->mu);
-		if (p->fl_n == 0)
-			break; /* stopped */
-		f = &p->fl[p->fl_head];
-		pthread_mutex_unlock(&r->mu);
-		rc = stk_rpc_recv(p->conn, &f->rpc);
-		if (rc == 0 && f->rpc.status)
-			rc = stk_status_to_errno(f->rpc.status);
-		if (rc == 0) {
-			stk_rbuf_init(&rb, f->resp, f->rpc.resp_len);
-			if (stk_msg_meta_repl_resp_dec(&rb, &rp) || stk_rbuf_finish(&rb))
-				rc = -EBADMSG;
-		}
-		pthread_mutex_lock(&r->mu);
-		p->fl_head = (p->fl_head + 1) % REPL_PIPE;
-		p->fl_n--;
-		w = NULL;
-		wrc = 0;
-		if (rc == 0 && rp.pos_seq >= f->last && !p->broken) {
-			p->acked = rp.pos_seq;
-			p->in_step = 1;
-			if (f->want > p->synced)
-				p->synced = f->want;
-			pthread_cond_broadcast(&r->ack_cond);
-			w = waiters_take(r, &wrc);
-		} else if (!p->broken) {
-			/* a failure, or it holds something else than we thought: start over */
-			p->broken = 1;
-			p->broken_rc = rc ? rc : -EPROTO;
-		}
-		pthread_cond_broadcast(&p->pipe_cond);
-		pthread_mutex_unlock(&r->mu);
-		waiters_done(w, wrc);
-		pthread_mutex_lock(&r->mu);
-	}
-	pthread_mutex_unlock(&r->mu);
-	return NULL;
-}
-
-/* With r->mu held: waits until no LOG is in flight (aborting the connection on a stop). */
-static void pipe_drain(struct peer *p)
-{
-	struct repl *r = p->r;
-
-	while (p->fl_n) {
-		struct timespec ts;
-
-		if (p->stop && p->conn)
-			stk_conn_abort(p->conn); /* its replies fail at once */
-		deadline_ms(&ts, REPL_TICK_MS);
-		pthread_cond_timedwait(&p->pipe_cond, &r->mu, &ts);
-	}
-}
-
-/*
- * The sender: probes the follower, copies the store to it if it must, then sends
- * what is new as it comes, up to REPL_PIPE requests in flight, so that a change
- * committed while a batch is on its way goes at once instead of after its reply:
- * its own round trip, not one and a half. The receiver takes the replies.
- */
 static void *peer_main(void *arg)
 {
 	struct peer *p = arg;
 	struct repl *r = p->r;
 	struct stk_conn *conn = NULL;
-	uint64_t next = 0, last, epoch, want;
+	uint8_t *buf = NULL;
+	size_t cap = 0, len;
+	uint64_t next = 0, last = 0, epoch, want;
 	int probe = 1, rc;
-	struct flight *f;
-	struct stk_wbuf w;
 	struct call c;
-	size_t len;
 
 	for (;;) {
 		pthread_mutex_lock(&r->mu);
@@ -590,9 +485,6 @@ static void *peer_main(void *arg)
 				usleep(REPL_RETRY_MS * 1000);
 				continue;
 			}
-			pthread_mutex_lock(&r->mu);
-			p->conn = conn;
-			pthread_mutex_unlock(&r->mu);
 			probe = 1;
 		}
 		if (probe) {
@@ -621,26 +513,15 @@ static void *peer_main(void *arg)
 					goto failed;
 			}
 			peer_acked(p, next - 1);
-			pthread_mutex_lock(&r->mu);
-			p->flush_sent = p->synced;
-			pthread_mutex_unlock(&r->mu);
 			probe = 0;
 		}
 		pthread_mutex_lock(&r->mu);
-		while (!p->stop && !p->broken && r->epoch == epoch &&
-		       (p->fl_n == REPL_PIPE ||
-			(ring_last_seq(r) < next && p->flush_sent >= r->sync_want))) {
+		while (!p->stop && ring_last_seq(r) < next && p->synced >= r->sync_want &&
+		       r->epoch == epoch) {
 			struct timespec ts;
 
 			deadline_ms(&ts, REPL_TICK_MS);
-			/* new changes or a flush (data_cond), or a reply that makes room */
-			pthread_cond_timedwait(p->fl_n == REPL_PIPE ? &p->pipe_cond : &r->data_cond,
-					       &r->mu, &ts);
-		}
-		if (p->broken) {
-			rc = p->broken_rc;
-			pthread_mutex_unlock(&r->mu);
-			goto failed;
+			pthread_cond_timedwait(&r->data_cond, &r->mu, &ts);
 		}
 		if (p->stop || r->epoch != epoch) {
 			pthread_mutex_unlock(&r->mu);
@@ -648,13 +529,12 @@ static void *peer_main(void *arg)
 		}
 		if (next <= r->base_seq) {
 			pthread_mutex_unlock(&r->mu); /* what it misses left the ring: a copy */
-			rc = -ERANGE;
-			goto failed;
+			probe = 1;
+			continue;
 		}
-		f = &p->fl[(p->fl_head + p->fl_n) % REPL_PIPE];
 		last = next - 1;
 		want = r->sync_want;
-		rc = log_gather(r, next, &f->buf, &f->cap, &len, &last);
+		rc = log_gather(r, next, &buf, &cap, &len, &last);
 		pthread_mutex_unlock(&r->mu);
 		if (rc)
 			goto failed;
@@ -662,34 +542,26 @@ static void *peer_main(void *arg)
 		c.q.epoch = epoch;
 		c.q.leader = r->self;
 		c.q.kind = STK_REPL_LOG;
-		c.q.first = want > p->flush_sent; /* LOG's flag: flush before answering */
-		c.q.len = (uint32_t)len;
-		f->last = last;
-		f->want = c.q.first ? want : 0;
-		stk_wbuf_init(&w, f->req, sizeof(f->req));
-		rc = stk_msg_meta_repl_req_enc(&w, &c.q);
+		c.q.first = want > p->synced; /* LOG's flag: flush before answering */
+		c.data = buf;
+		c.len = len;
+		rc = repl_call(conn, &c);
 		if (rc)
 			goto failed;
-		stk_rpc_prepare(&f->rpc, STK_OP_META_REPL, &w, f->resp, sizeof(f->resp));
-		f->rpc.bulk_out = f->buf;
-		f->rpc.bulk_out_len = len;
-		rc = stk_rpc_send(conn, &f->rpc);
-		if (rc)
-			goto failed;
-		pthread_mutex_lock(&r->mu);
-		p->fl_n++;
-		if (c.q.first)
-			p->flush_sent = want;
-		pthread_cond_broadcast(&p->pipe_cond);
-		pthread_mutex_unlock(&r->mu);
-		next = last + 1;
+		if (c.p.pos_seq >= last) {
+			peer_acked(p, c.p.pos_seq);
+			next = c.p.pos_seq + 1;
+			if (c.q.first) {
+				pthread_mutex_lock(&r->mu);
+				p->synced = want;
+				pthread_cond_broadcast(&r->ack_cond);
+				pthread_mutex_unlock(&r->mu);
+			}
+		} else {
+			probe = 1; /* it holds something else than we thought */
+		}
 		continue;
 	failed:
-		/* nothing in flight any more before the connection is looked at again */
-		pthread_mutex_lock(&r->mu);
-		pipe_drain(p);
-		p->broken = 0;
-		pthread_mutex_unlock(&r->mu);
 		if (rc == -ESTALE) {
 			/* it knows a newer epoch: we may lead no more; the routing table says */
 			stk_warn("replication: meta node %u (%s) knows a newer epoch than %" PRIu64
@@ -697,28 +569,20 @@ static void *peer_main(void *arg)
 				 p->node_id, p->addr, epoch);
 			if (r->agent)
 				stk_agent_routing_refresh(r->agent);
-		} else if (rc != -ECONNREFUSED && rc != -EAGAIN && rc != -ERANGE && rc != -EPROTO) {
+		} else if (rc != -ECONNREFUSED && rc != -EAGAIN) {
 			stk_debug("replication: meta node %u (%s): %s", p->node_id, p->addr,
 				  strerror(-rc));
 		}
-		if (conn && (stk_conn_broken(conn) ||
-			     (rc != -ESTALE && rc != -EAGAIN && rc != -ERANGE && rc != -EPROTO))) {
-			pthread_mutex_lock(&r->mu);
-			p->conn = NULL;
-			pthread_mutex_unlock(&r->mu);
+		if (conn && (stk_conn_broken(conn) || (rc != -ESTALE && rc != -EAGAIN))) {
 			stk_conn_close(conn);
 			conn = NULL;
 		}
 		probe = 1;
-		if (rc != -ERANGE && rc != -EPROTO)
-			usleep(REPL_RETRY_MS * 1000);
+		usleep(REPL_RETRY_MS * 1000);
 	}
-	pthread_mutex_lock(&r->mu);
-	pipe_drain(p);
-	p->conn = NULL;
-	pthread_mutex_unlock(&r->mu);
 	if (conn)
 		stk_conn_close(conn);
+	free(buf);
 	return NULL;
 }
 
@@ -737,20 +601,7 @@ static struct peer *peer_start(struct repl *r, uint32_t node_id, const char *add
 		snprintf(label, sizeof(label), "%u", node_id);
 		stk_metric_series(STK_M_META_REPL_LAG, values, &p->lag_series);
 	}
-	cond_init(&p->pipe_cond);
-	if (pthread_create(&p->rth, NULL, peer_recv_main, p)) {
-		pthread_cond_destroy(&p->pipe_cond);
-		free(p);
-		return NULL;
-	}
-	p->rth_started = 1;
 	if (pthread_create(&p->th, NULL, peer_main, p)) {
-		pthread_mutex_lock(&r->mu);
-		p->stop = 1;
-		pthread_cond_broadcast(&p->pipe_cond);
-		pthread_mutex_unlock(&r->mu);
-		pthread_join(p->rth, NULL);
-		pthread_cond_destroy(&p->pipe_cond);
 		free(p);
 		return NULL;
 	}
@@ -761,23 +612,13 @@ static struct peer *peer_start(struct repl *r, uint32_t node_id, const char *add
 static void peers_stop(struct repl *r, struct peer **ps, unsigned n)
 {
 	pthread_mutex_lock(&r->mu);
-	for (unsigned i = 0; i < n; i++) {
+	for (unsigned i = 0; i < n; i++)
 		ps[i]->stop = 1;
-		pthread_cond_broadcast(&ps[i]->pipe_cond);
-	}
 	pthread_cond_broadcast(&r->data_cond);
 	pthread_mutex_unlock(&r->mu);
 	for (unsigned i = 0; i < n; i++) {
-		/* the sender first: it drains what is in flight, which the receiver answers */
 		pthread_join(ps[i]->th, NULL);
-		pthread_mutex_lock(&r->mu);
-		pthread_cond_broadcast(&ps[i]->pipe_cond);
-		pthread_mutex_unlock(&r->mu);
-		pthread_join(ps[i]->rth, NULL);
 		stk_metric_hide(ps[i]->lag_series, 1);
-		for (unsigned j = 0; j < REPL_PIPE; j++)
-			free(ps[i]->fl[j].buf);
-		pthread_cond_destroy(&ps[i]->pipe_cond);
 		free(ps[i]);
 	}
 }
@@ -1021,7 +862,6 @@ int stk_meta_repl_create(struct stk_meta_store *st, void (*promoted)(void *ctx, 
 	cond_init(&r->data_cond);
 	cond_init(&r->ack_cond);
 	cond_init(&r->mgr_cond);
-	cond_init(&r->apply_cond);
 	stk_meta_store_repl_pos(st, &r->base_epoch, &r->base_seq);
 	/* Serves nothing until it knows its role: the store takes no write meanwhile. */
 	stk_meta_store_repl_set(st, STK_META_REPL_FOLLOWER, 0, NULL, NULL);
@@ -1099,7 +939,6 @@ void stk_meta_repl_destroy(struct stk_meta_repl *rp)
 	pthread_cond_destroy(&r->data_cond);
 	pthread_cond_destroy(&r->ack_cond);
 	pthread_cond_destroy(&r->mgr_cond);
-	pthread_cond_destroy(&r->apply_cond);
 	free(r);
 }
 
@@ -1333,26 +1172,6 @@ int stk_meta_repl_handle(struct stk_meta_repl *rp, struct stk_rpc_req *req,
 
 	pthread_mutex_lock(&r->apply_mu);
 	stk_meta_store_repl_pos(r->st, &e, &s);
-	if (q.kind == STK_REPL_LOG && req->bulk_len >= 16) {
-		/*
-		 * The leader sends logs one after the other on one connection, several in
-		 * flight, and the server's workers may take them out of order: one that
-		 * does not follow on waits a moment for those before it.
-		 */
-		struct stk_rbuf lb;
-		uint64_t first, until = stk_now_ns() + (uint64_t)REPL_REORDER_MS * 1000000ull;
-
-		stk_rbuf_init(&lb, req->bulk, req->bulk_len);
-		stk_get_u64(&lb);
-		first = stk_get_u64(&lb);
-		while (first > s + 1 && stk_now_ns() < until) {
-			struct timespec ts;
-
-			deadline_ms(&ts, REPL_TICK_MS);
-			pthread_cond_timedwait(&r->apply_cond, &r->apply_mu, &ts);
-			stk_meta_store_repl_pos(r->st, &e, &s);
-		}
-	}
 	switch (q.kind) {
 	case STK_REPL_LOG:
 		rc = stk_meta_store_apply(r->st, req->bulk, req->bulk_len, NULL, NULL);
@@ -1387,7 +1206,6 @@ int stk_meta_repl_handle(struct stk_meta_repl *rp, struct stk_rpc_req *req,
 	default:
 		break;
 	}
-	pthread_cond_broadcast(&r->apply_cond);
 	pthread_mutex_unlock(&r->apply_mu);
 	if (rc) {
 		stk_warn("META_REPL from meta node %u (%s): %s", q.leader, req->peer,
