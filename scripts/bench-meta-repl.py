@@ -13,7 +13,8 @@
    with that build's, in the same run.
 
 Usage: ROUNDS=3 THREADS=4 META_OPS=4000 PORT=10300 [BASE=DIR] [MOUNT_FILES=1000]
-       /usr/bin/python3 scripts/bench-meta-repl.py
+       [PARTS=creates,failover] /usr/bin/python3 scripts/bench-meta-repl.py
+A round whose bench fails is reported and left out.
 """
 import json
 import os
@@ -36,6 +37,7 @@ META_OPS = int(os.environ.get("META_OPS", "4000"))
 PORT = int(os.environ.get("PORT", "10300"))
 MOUNT_FILES = int(os.environ.get("MOUNT_FILES", "1000"))
 BASE = os.environ.get("BASE")
+PARTS = os.environ.get("PARTS", "creates,failover").split(",")
 HB_MS = int(os.environ.get("HB_MS", "2000"))
 
 
@@ -81,8 +83,11 @@ def bench(data):
     before = meta_cpu(data)
     p = subprocess.run([STOKER, "bench", "--threads", str(THREADS), "--size", "%dM" % max(4, THREADS), "--block", "1M",
                         "--files", "10", "--rand-ops", "10", "--meta-ops", str(META_OPS),
-                        "--no-drop-caches", "--json"], check=True, capture_output=True,
+                        "--no-drop-caches", "--json"], capture_output=True,
                        env=env(data), timeout=900)
+    if p.returncode:
+        raise RuntimeError("stoker bench failed (%d): %s" % (p.returncode,
+                                                             p.stderr.decode()[-2000:]))
     out = json.loads(p.stdout)
     after = meta_cpu(data)
     rates = {}
@@ -186,18 +191,29 @@ def main():
     kinds = [(1, STOKER), (3, STOKER)]
     if BASE:
         kinds.append(("base3", os.path.join(BASE, "build", "stoker")))
-    for r in range(ROUNDS):
+    for r in range(ROUNDS if "creates" in PARTS else 0):
         for kind, binary in (kinds if r % 2 == 0 else kinds[::-1]):
             nmeta = 3 if kind == "base3" else kind
             data = tempfile.mkdtemp(prefix="metarepl-bench-")
             try:
                 up(data, nmeta, binary)
-                results[kind].append(bench(data))
-                results[kind][-1].update(mount_w4(data))
-                print("round %d %s: %s" % (r + 1, kind, results[kind][-1]), flush=True)
+                try:
+                    res = bench(data)
+                    res.update(mount_w4(data))
+                except (RuntimeError, subprocess.SubprocessError, OSError) as e:
+                    print("round %d %s: failed, left out: %s" % (r + 1, kind, e), flush=True)
+                    continue
+                results[kind].append(res)
+                print("round %d %s: %s" % (r + 1, kind, res), flush=True)
             finally:
                 down(data, binary)
                 subprocess.run(["rm", "-rf", data])
+    if results[1] and results[3]:
+        table(results)
+    failover(PARTS)
+
+
+def table(results):
     print("\n| W4-like, native client, %d threads | --meta 3 / --meta 1 | --meta 3 (median) "
           "| --meta 1 (median) |" % THREADS)
     print("|---|---:|---:|---:|")
@@ -213,6 +229,15 @@ def main():
         b = statistics.median(x[what] for x in results[1])
         print("| %s, ms per op (all phases) | %s | %.3f | %.3f |"
               % (what, "%.2f" % (a / b) if b else "-", a, b))
+        if results["base3"]:
+            c = statistics.median(x[what] for x in results["base3"])
+            print("|   BASE --meta 3: %s | %s | %.3f | |" % (what, "%.2f" % (c / b) if b else "-",
+                                                              c))
+
+
+def failover(parts):
+    if "failover" not in parts:
+        return
     builds = [("this build", STOKER)]
     if BASE:
         builds.append(("BASE", os.path.join(BASE, "build", "stoker")))
