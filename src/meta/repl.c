@@ -44,6 +44,7 @@
 #define REPL_CONNECT_MS 1000
 #define REPL_RETRY_MS 100
 #define REPL_TICK_MS 200
+#define REPL_OWE_BYTES (64u << 10) /* replies go after a request of this much, before larger */
 #define REPL_CLOSE_MS 2000 /* at a stop, the longest the replies wait for the followers */
 
 struct entry {
@@ -241,8 +242,15 @@ struct call {
 	struct stk_msg_meta_repl_resp p;
 };
 
-/* One META_REPL. 0, a transport error, or the follower's status as -errno. */
-static int repl_call(struct stk_conn *conn, struct call *c)
+struct waiter;
+static void waiters_done(struct waiter *w, int rc);
+
+/*
+ * One META_REPL. 0, a transport error, or the follower's status as -errno. *owed:
+ * replies that may go now (NULL: none), sent once the request is on its way and
+ * before its reply is waited for, so that they do not delay the request.
+ */
+static int repl_call_owing(struct stk_conn *conn, struct call *c, struct waiter **owed, int owed_rc)
 {
 	uint8_t req[128], resp[128];
 	struct stk_wbuf w;
@@ -258,13 +266,30 @@ static int repl_call(struct stk_conn *conn, struct call *c)
 	stk_rpc_prepare(&rpc, STK_OP_META_REPL, &w, resp, sizeof(resp));
 	rpc.bulk_out = c->data;
 	rpc.bulk_out_len = c->len;
-	rc = stk_rpc_call(conn, &rpc);
+	if (owed && c->len > REPL_OWE_BYTES) { /* its sending may wait for the follower */
+		waiters_done(*owed, owed_rc);
+		*owed = NULL;
+	}
+	rc = stk_rpc_send(conn, &rpc);
+	if (owed) {
+		waiters_done(*owed, owed_rc);
+		*owed = NULL;
+	}
+	if (rc == 0)
+		rc = stk_rpc_recv(conn, &rpc);
+	if (rc == 0)
+		rc = stk_status_to_errno(rpc.status);
 	if (rc)
 		return rc;
 	stk_rbuf_init(&rb, resp, rpc.resp_len);
 	if (stk_msg_meta_repl_resp_dec(&rb, &c->p) || stk_rbuf_finish(&rb))
 		return -EBADMSG;
 	return 0;
+}
+
+static int repl_call(struct stk_conn *conn, struct call *c)
+{
+	return repl_call_owing(conn, c, NULL, 0);
 }
 
 static int peer_stopped(struct peer *p)
@@ -348,19 +373,28 @@ static void waiters_settle(struct repl *r)
 	waiters_done(w, rc);
 }
 
-static void peer_acked(struct peer *p, uint64_t seq)
+/*
+ * The follower holds change seq: the replies whose change every follower holds
+ * now are owed, for this sender to send (*owed, *owed_rc: see waiters_take).
+ */
+static void peer_acked_owing(struct peer *p, uint64_t seq, struct waiter **owed, int *owed_rc)
 {
 	struct repl *r = p->r;
-	struct waiter *w;
-	int rc;
 
 	pthread_mutex_lock(&r->mu);
 	p->acked = seq;
 	p->in_step = 1;
 	pthread_cond_broadcast(&r->ack_cond);
-	/* the replies whose change every follower holds now go from this thread */
-	w = waiters_take(r, &rc);
+	*owed = waiters_take(r, owed_rc);
 	pthread_mutex_unlock(&r->mu);
+}
+
+static void peer_acked(struct peer *p, uint64_t seq)
+{
+	struct waiter *w;
+	int rc;
+
+	peer_acked_owing(p, seq, &w, &rc);
 	waiters_done(w, rc);
 }
 
@@ -467,7 +501,8 @@ static void *peer_main(void *arg)
 	uint8_t *buf = NULL;
 	size_t cap = 0, len;
 	uint64_t next = 0, last = 0, epoch, want;
-	int probe = 1, rc;
+	int probe = 1, rc, owed_rc = 0;
+	struct waiter *owed = NULL; /* replies this sender sends with its next request */
 	struct call c;
 
 	for (;;) {
@@ -516,6 +551,13 @@ static void *peer_main(void *arg)
 			probe = 0;
 		}
 		pthread_mutex_lock(&r->mu);
+		if (owed && ring_last_seq(r) < next && p->synced >= r->sync_want) {
+			/* nothing to send: the replies go now */
+			pthread_mutex_unlock(&r->mu);
+			waiters_done(owed, owed_rc);
+			owed = NULL;
+			pthread_mutex_lock(&r->mu);
+		}
 		while (!p->stop && ring_last_seq(r) < next && p->synced >= r->sync_want &&
 		       r->epoch == epoch) {
 			struct timespec ts;
@@ -523,13 +565,12 @@ static void *peer_main(void *arg)
 			deadline_ms(&ts, REPL_TICK_MS);
 			pthread_cond_timedwait(&r->data_cond, &r->mu, &ts);
 		}
-		if (p->stop || r->epoch != epoch) {
+		if (p->stop || r->epoch != epoch || next <= r->base_seq) {
+			if (next <= r->base_seq)
+				probe = 1; /* what it misses left the ring: a copy */
 			pthread_mutex_unlock(&r->mu);
-			continue;
-		}
-		if (next <= r->base_seq) {
-			pthread_mutex_unlock(&r->mu); /* what it misses left the ring: a copy */
-			probe = 1;
+			waiters_done(owed, owed_rc);
+			owed = NULL;
 			continue;
 		}
 		last = next - 1;
@@ -545,11 +586,12 @@ static void *peer_main(void *arg)
 		c.q.first = want > p->synced; /* LOG's flag: flush before answering */
 		c.data = buf;
 		c.len = len;
-		rc = repl_call(conn, &c);
+		rc = repl_call_owing(conn, &c, &owed, owed_rc);
 		if (rc)
 			goto failed;
 		if (c.p.pos_seq >= last) {
-			peer_acked(p, c.p.pos_seq);
+			/* the replies it completes go with the next request (or before a wait) */
+			peer_acked_owing(p, c.p.pos_seq, &owed, &owed_rc);
 			next = c.p.pos_seq + 1;
 			if (c.q.first) {
 				pthread_mutex_lock(&r->mu);
@@ -562,6 +604,8 @@ static void *peer_main(void *arg)
 		}
 		continue;
 	failed:
+		waiters_done(owed, owed_rc);
+		owed = NULL;
 		if (rc == -ESTALE) {
 			/* it knows a newer epoch: we may lead no more; the routing table says */
 			stk_warn("replication: meta node %u (%s) knows a newer epoch than %" PRIu64
@@ -580,6 +624,7 @@ static void *peer_main(void *arg)
 		probe = 1;
 		usleep(REPL_RETRY_MS * 1000);
 	}
+	waiters_done(owed, owed_rc);
 	if (conn)
 		stk_conn_close(conn);
 	free(buf);
