@@ -45,7 +45,7 @@
 #define REPL_RETRY_MS 100
 #define REPL_TICK_MS 200
 #define REPL_OWE_BYTES (64u << 10) /* replies go after a request of this much, before larger */
-#define REPL_CLOSE_MS 2000 /* at a stop, the longest the replies wait for the followers */
+#define REPL_CLOSE_MS 2000	   /* at a stop, the longest the replies wait for the followers */
 
 struct entry {
 	uint64_t epoch, seq;
