@@ -13,8 +13,10 @@ their own (storm_worker.py) while:
 
 Afterwards, with every replica in step, the namespace must be what each client's
 model of its acknowledged operations predicts (an operation whose answer was lost
-in a failover may have happened or not: the model allows both, never anything
-else), hard links must share their inode, and `stoker fsck` must find nothing.
+in a failover may have happened or not: the model allows both, and a create also
+its file made without its bytes, since a retried exclusive create answers EEXIST;
+never anything else), hard links must share their inode, and `stoker fsck` must
+find nothing.
 
 The clients go on until the faults are over (the storm always covers them). The
 short form, one round of faults, takes under a minute; `scripts/meta-storm.sh`
