@@ -640,7 +640,20 @@ static void revoke(struct stk_meta_leases *l, uint32_t origin, const uint64_t *i
 
 void stk_meta_leases_grace(struct stk_meta_leases *l)
 {
-	l->grace_end_ns = stk_now_ns() + STK_LEASE_VALID_MS * MS + MARGIN_NS;
+	stk_meta_leases_grace_ms(l, STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS);
+}
+
+void stk_meta_leases_grace_ms(struct stk_meta_leases *l, unsigned ms)
+{
+	l->grace_end_ns = ms ? stk_now_ns() + (uint64_t)ms * MS : 0;
+}
+
+unsigned stk_meta_leases_failover_ms(unsigned hb_timeout_ms)
+{
+	unsigned full = STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS;
+
+	/* the old leader's last watch was sent at least T/4 before the promotion */
+	return hb_timeout_ms / 4 >= full ? 0 : full - hb_timeout_ms / 4;
 }
 
 void stk_meta_leases_begin(struct stk_meta_leases *l, uint32_t origin, const uint64_t *inos,

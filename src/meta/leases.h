@@ -92,6 +92,22 @@ int stk_meta_leases_grant(struct stk_meta_leases *l, uint32_t holder, uint64_t i
  * Reads and grants do not wait. Call once, before serving.
  */
 void stk_meta_leases_grace(struct stk_meta_leases *l);
+/* stk_meta_leases_grace for ms from now instead of 2.5 s (0: none). */
+void stk_meta_leases_grace_ms(struct stk_meta_leases *l, unsigned ms);
+
+/*
+ * The grace a follower promoted in a failover needs, in ms, counted from when it
+ * learns of its promotion (docs/meta-replication.md, "Failover and fencing").
+ * mgmtd promotes only once the old leader sent no heartbeat for hb_timeout_ms (T),
+ * and the old leader serves nothing, watches included, from 3/4 T after its last
+ * answered heartbeat (stk_agent_fenced): so the last watch it answered was sent at
+ * least T/4 before the promotion, and its clients' trust ends by then plus
+ * STK_LEASE_VALID_MS. The wait is STK_LEASE_VALID_MS plus meta's margin less T/4,
+ * counted from the old leader's last heartbeat rather than from the promotion: 2 s
+ * for T = 2 s, none from T = 10 s (the default). hb_timeout_ms 0 (unknown): the
+ * whole 2.5 s, as after a restart.
+ */
+unsigned stk_meta_leases_failover_ms(unsigned hb_timeout_ms);
 
 /*
  * Before a change to the names or attributes of inos[0..n) is committed: from now

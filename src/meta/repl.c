@@ -44,6 +44,8 @@
 #define REPL_CONNECT_MS 1000
 #define REPL_RETRY_MS 100
 #define REPL_TICK_MS 200
+#define REPL_OWE_BYTES (64u << 10) /* replies go after a request of this much, before larger */
+#define REPL_CLOSE_MS 2000	   /* at a stop, the longest the replies wait for the followers */
 
 struct entry {
 	uint64_t epoch, seq;
@@ -61,6 +63,14 @@ struct peer {
 	int in_step;	 /* under r->mu: acked is meaningful */
 	uint64_t synced; /* under r->mu: the last of r->sync_want its store flushed for */
 	stk_metric_t lag_series;
+};
+
+/* A reply that waits for the followers (stk_meta_repl_wait_async). */
+struct waiter {
+	struct waiter *next;
+	uint64_t seq;
+	void (*done)(void *arg, int rc);
+	void *arg;
 };
 
 struct repl {
@@ -87,6 +97,9 @@ struct repl {
 	uint32_t known_leader; /* the leader the routing table names for known_epoch, 0 unknown */
 	uint8_t replicas;
 	uint64_t sync_want; /* flushes asked for (stk_meta_repl_sync), numbered */
+	/* replies that wait for the followers, and whether more may (0 once closed) */
+	struct waiter *waiters;
+	int async_open;
 	struct peer *peers[STK_MAX_REPLICAS];
 	unsigned npeers;
 	/* what the routing table wants (set by the agent's hook, applied by the manager) */
@@ -229,8 +242,15 @@ struct call {
 	struct stk_msg_meta_repl_resp p;
 };
 
-/* One META_REPL. 0, a transport error, or the follower's status as -errno. */
-static int repl_call(struct stk_conn *conn, struct call *c)
+struct waiter;
+static void waiters_done(struct waiter *w, int rc);
+
+/*
+ * One META_REPL. 0, a transport error, or the follower's status as -errno. *owed:
+ * replies that may go now (NULL: none), sent once the request is on its way and
+ * before its reply is waited for, so that they do not delay the request.
+ */
+static int repl_call_owing(struct stk_conn *conn, struct call *c, struct waiter **owed, int owed_rc)
 {
 	uint8_t req[128], resp[128];
 	struct stk_wbuf w;
@@ -246,13 +266,30 @@ static int repl_call(struct stk_conn *conn, struct call *c)
 	stk_rpc_prepare(&rpc, STK_OP_META_REPL, &w, resp, sizeof(resp));
 	rpc.bulk_out = c->data;
 	rpc.bulk_out_len = c->len;
-	rc = stk_rpc_call(conn, &rpc);
+	if (owed && c->len > REPL_OWE_BYTES) { /* its sending may wait for the follower */
+		waiters_done(*owed, owed_rc);
+		*owed = NULL;
+	}
+	rc = stk_rpc_send(conn, &rpc);
+	if (owed) {
+		waiters_done(*owed, owed_rc);
+		*owed = NULL;
+	}
+	if (rc == 0)
+		rc = stk_rpc_recv(conn, &rpc);
+	if (rc == 0)
+		rc = stk_status_to_errno(rpc.status);
 	if (rc)
 		return rc;
 	stk_rbuf_init(&rb, resp, rpc.resp_len);
 	if (stk_msg_meta_repl_resp_dec(&rb, &c->p) || stk_rbuf_finish(&rb))
 		return -EBADMSG;
 	return 0;
+}
+
+static int repl_call(struct stk_conn *conn, struct call *c)
+{
+	return repl_call_owing(conn, c, NULL, 0);
 }
 
 static int peer_stopped(struct peer *p)
@@ -266,7 +303,81 @@ static int peer_stopped(struct peer *p)
 	return stop;
 }
 
-static void peer_acked(struct peer *p, uint64_t seq)
+/* With r->mu held: the last change every follower holds (all of them without followers). */
+static uint64_t held_by_all(struct repl *r)
+{
+	uint64_t all = UINT64_MAX;
+
+	for (unsigned i = 0; i < r->npeers; i++)
+		all = STK_MIN(all, r->peers[i]->in_step ? r->peers[i]->acked : 0);
+	return all;
+}
+
+/*
+ * With r->mu held: takes the waiters whose change every follower holds (all of
+ * them, with rc -EREMCHG, when this node leads no more or is cut off from mgmtd),
+ * for waiters_done once r->mu is released.
+ */
+static struct waiter *waiters_take(struct repl *r, int *rc)
+{
+	struct waiter *done = NULL, **wp = &r->waiters;
+	uint64_t all;
+
+	*rc = 0;
+	if (!r->waiters)
+		return NULL;
+	if (r->role == STK_META_ROLE_OFF) {
+		all = UINT64_MAX;
+	} else if (r->role != STK_META_ROLE_LEADER || r->stop ||
+		   (r->agent && stk_agent_fenced(r->agent))) {
+		*rc = -EREMCHG;
+		all = UINT64_MAX;
+	} else {
+		all = held_by_all(r);
+	}
+	while (*wp) {
+		struct waiter *w = *wp;
+
+		if (w->seq > all) {
+			wp = &w->next;
+			continue;
+		}
+		*wp = w->next;
+		w->next = done;
+		done = w;
+	}
+	return done;
+}
+
+/* Calls back what waiters_take took (r->mu not held). */
+static void waiters_done(struct waiter *w, int rc)
+{
+	while (w) {
+		struct waiter *next = w->next;
+
+		w->done(w->arg, rc);
+		free(w);
+		w = next;
+	}
+}
+
+/* r->mu not held: calls back the waiters that may be answered now. */
+static void waiters_settle(struct repl *r)
+{
+	struct waiter *w;
+	int rc;
+
+	pthread_mutex_lock(&r->mu);
+	w = waiters_take(r, &rc);
+	pthread_mutex_unlock(&r->mu);
+	waiters_done(w, rc);
+}
+
+/*
+ * The follower holds change seq: the replies whose change every follower holds
+ * now are owed, for this sender to send (*owed, *owed_rc: see waiters_take).
+ */
+static void peer_acked_owing(struct peer *p, uint64_t seq, struct waiter **owed, int *owed_rc)
 {
 	struct repl *r = p->r;
 
@@ -274,7 +385,17 @@ static void peer_acked(struct peer *p, uint64_t seq)
 	p->acked = seq;
 	p->in_step = 1;
 	pthread_cond_broadcast(&r->ack_cond);
+	*owed = waiters_take(r, owed_rc);
 	pthread_mutex_unlock(&r->mu);
+}
+
+static void peer_acked(struct peer *p, uint64_t seq)
+{
+	struct waiter *w;
+	int rc;
+
+	peer_acked_owing(p, seq, &w, &rc);
+	waiters_done(w, rc);
 }
 
 /* Sends the follower a copy of the store, then where the log goes on. 0 or -errno. */
@@ -380,7 +501,8 @@ static void *peer_main(void *arg)
 	uint8_t *buf = NULL;
 	size_t cap = 0, len;
 	uint64_t next = 0, last = 0, epoch, want;
-	int probe = 1, rc;
+	int probe = 1, rc, owed_rc = 0;
+	struct waiter *owed = NULL; /* replies this sender sends with its next request */
 	struct call c;
 
 	for (;;) {
@@ -429,6 +551,13 @@ static void *peer_main(void *arg)
 			probe = 0;
 		}
 		pthread_mutex_lock(&r->mu);
+		if (owed && ring_last_seq(r) < next && p->synced >= r->sync_want) {
+			/* nothing to send: the replies go now */
+			pthread_mutex_unlock(&r->mu);
+			waiters_done(owed, owed_rc);
+			owed = NULL;
+			pthread_mutex_lock(&r->mu);
+		}
 		while (!p->stop && ring_last_seq(r) < next && p->synced >= r->sync_want &&
 		       r->epoch == epoch) {
 			struct timespec ts;
@@ -436,13 +565,12 @@ static void *peer_main(void *arg)
 			deadline_ms(&ts, REPL_TICK_MS);
 			pthread_cond_timedwait(&r->data_cond, &r->mu, &ts);
 		}
-		if (p->stop || r->epoch != epoch) {
+		if (p->stop || r->epoch != epoch || next <= r->base_seq) {
+			if (next <= r->base_seq)
+				probe = 1; /* what it misses left the ring: a copy */
 			pthread_mutex_unlock(&r->mu);
-			continue;
-		}
-		if (next <= r->base_seq) {
-			pthread_mutex_unlock(&r->mu); /* what it misses left the ring: a copy */
-			probe = 1;
+			waiters_done(owed, owed_rc);
+			owed = NULL;
 			continue;
 		}
 		last = next - 1;
@@ -458,11 +586,12 @@ static void *peer_main(void *arg)
 		c.q.first = want > p->synced; /* LOG's flag: flush before answering */
 		c.data = buf;
 		c.len = len;
-		rc = repl_call(conn, &c);
+		rc = repl_call_owing(conn, &c, &owed, owed_rc);
 		if (rc)
 			goto failed;
 		if (c.p.pos_seq >= last) {
-			peer_acked(p, c.p.pos_seq);
+			/* the replies it completes go with the next request (or before a wait) */
+			peer_acked_owing(p, c.p.pos_seq, &owed, &owed_rc);
 			next = c.p.pos_seq + 1;
 			if (c.q.first) {
 				pthread_mutex_lock(&r->mu);
@@ -475,6 +604,8 @@ static void *peer_main(void *arg)
 		}
 		continue;
 	failed:
+		waiters_done(owed, owed_rc);
+		owed = NULL;
 		if (rc == -ESTALE) {
 			/* it knows a newer epoch: we may lead no more; the routing table says */
 			stk_warn("replication: meta node %u (%s) knows a newer epoch than %" PRIu64
@@ -493,6 +624,7 @@ static void *peer_main(void *arg)
 		probe = 1;
 		usleep(REPL_RETRY_MS * 1000);
 	}
+	waiters_done(owed, owed_rc);
 	if (conn)
 		stk_conn_close(conn);
 	free(buf);
@@ -688,6 +820,7 @@ static void apply_wanted(struct repl *r)
 	pthread_cond_broadcast(&r->ack_cond);
 	pthread_mutex_unlock(&r->mu);
 	peers_stop(r, gone, ngone);
+	waiters_settle(r); /* a follower less to wait for, or no longer the leader */
 	if (role == STK_META_ROLE_LEADER) {
 		for (uint8_t j = 0; j < nf; j++) {
 			int have = 0;
@@ -752,6 +885,7 @@ static void *manager_main(void *arg)
 		}
 		pthread_mutex_unlock(&r->mu);
 		apply_wanted(r);
+		waiters_settle(r); /* cut off from mgmtd meanwhile: the waiting replies fail */
 	}
 	return NULL;
 }
@@ -767,6 +901,7 @@ int stk_meta_repl_create(struct stk_meta_store *st, void (*promoted)(void *ctx, 
 	r->promoted = promoted;
 	r->promoted_ctx = ctx;
 	r->role = STK_META_ROLE_NONE;
+	r->async_open = 1;
 	pthread_mutex_init(&r->mu, NULL);
 	pthread_mutex_init(&r->apply_mu, NULL);
 	cond_init(&r->data_cond);
@@ -830,6 +965,7 @@ void stk_meta_repl_stop(struct stk_meta_repl *rp)
 	r->metrics = 0;
 	peers_stop(r, r->peers, r->npeers);
 	r->npeers = 0;
+	stk_meta_repl_close_async(rp);
 	/* the store's hook is ours: off before r goes (the daemon writes no more now) */
 	stk_meta_store_repl_set(r->st, STK_META_REPL_OFF, 0, NULL, NULL);
 }
@@ -923,6 +1059,61 @@ int stk_meta_repl_wait(struct stk_meta_repl *rp, uint64_t seq)
 int stk_meta_repl_wait_ms(struct stk_meta_repl *rp, uint64_t seq, unsigned timeout_ms)
 {
 	return repl_wait((struct repl *)rp, seq, timeout_ms ? timeout_ms : 1);
+}
+
+int stk_meta_repl_wait_async(struct stk_meta_repl *rp, uint64_t seq,
+			     void (*done)(void *arg, int rc), void *arg)
+{
+	struct repl *r = (struct repl *)rp;
+	struct waiter *w = malloc(sizeof(*w));
+	int rc = 1;
+
+	if (!w)
+		return -ENOMEM;
+	pthread_mutex_lock(&r->mu);
+	if (r->role == STK_META_ROLE_OFF)
+		rc = 0;
+	else if (r->role != STK_META_ROLE_LEADER || (r->agent && stk_agent_fenced(r->agent)))
+		rc = -EREMCHG;
+	else if (held_by_all(r) >= seq)
+		rc = 0;
+	else if (!r->async_open)
+		rc = -EAGAIN;
+	if (rc == 1) {
+		w->seq = seq;
+		w->done = done;
+		w->arg = arg;
+		w->next = r->waiters;
+		r->waiters = w;
+	}
+	pthread_mutex_unlock(&r->mu);
+	if (rc != 1)
+		free(w);
+	return rc;
+}
+
+void stk_meta_repl_close_async(struct stk_meta_repl *rp)
+{
+	struct repl *r = (struct repl *)rp;
+	struct waiter *w;
+	uint64_t deadline;
+
+	if (!r)
+		return;
+	pthread_mutex_lock(&r->mu);
+	r->async_open = 0;
+	/* a moment for the followers to acknowledge what waits (a stop, not a failover) */
+	deadline = stk_now_ns() + (uint64_t)REPL_CLOSE_MS * 1000000ull;
+	while (r->waiters && r->role == STK_META_ROLE_LEADER && stk_now_ns() < deadline) {
+		struct timespec ts;
+
+		deadline_ms(&ts, REPL_RETRY_MS);
+		pthread_cond_timedwait(&r->ack_cond, &r->mu, &ts);
+	}
+	w = r->waiters;
+	r->waiters = NULL;
+	pthread_mutex_unlock(&r->mu);
+	waiters_done(w, -EREMCHG);
 }
 
 int stk_meta_repl_sync(struct stk_meta_repl *rp)

@@ -94,6 +94,24 @@ int stk_meta_repl_wait(struct stk_meta_repl *r, uint64_t seq);
  */
 int stk_meta_repl_wait_ms(struct stk_meta_repl *r, uint64_t seq, unsigned timeout_ms);
 /*
+ * stk_meta_repl_wait without blocking the caller, for a reply that can be sent
+ * from another thread: returns 1 when the change is not yet held by every
+ * follower, and then done(arg, rc) runs exactly once, from a replication thread
+ * (or the one that calls stk_meta_repl_close_async), with rc 0 once every
+ * follower holds it or -EREMCHG as stk_meta_repl_wait returns it. Otherwise done
+ * never runs, and it returns what stk_meta_repl_wait would (0 or -EREMCHG), or
+ * -ENOMEM or -EAGAIN (closed: wait with stk_meta_repl_wait).
+ */
+int stk_meta_repl_wait_async(struct stk_meta_repl *r, uint64_t seq, void (*done)(void *arg, int rc),
+			     void *arg);
+/*
+ * No more stk_meta_repl_wait_async (later calls return -EAGAIN); the replies that
+ * wait are given up to 2 s for the followers, then called back with -EREMCHG.
+ * Before the server that sends the replies goes away (stk_meta_repl_stop calls it
+ * too). Blocks.
+ */
+void stk_meta_repl_close_async(struct stk_meta_repl *r);
+/*
  * A leader's META_SYNC: every follower flushes its store to stable storage (what
  * it holds: all the leader acknowledged) before this returns, so that fsync and
  * close are durable on every replica. Concurrent calls share the followers'

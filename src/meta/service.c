@@ -2152,6 +2152,55 @@ out:
 	return rc;
 }
 
+/* A reply that waits for the followers, away from its worker (meta_handle). */
+struct held_reply {
+	struct stk_rpc_pending *p;
+	int rc;
+	size_t len;
+	uint8_t payload[];
+};
+
+/* The followers hold the change (rc 0), or this node leads no more: the reply goes. */
+static void held_reply_send(void *arg, int wrc)
+{
+	struct held_reply *h = arg;
+	int rc = wrc && h->rc == 0 ? wrc : h->rc;
+
+	stk_rpc_pending_answer(h->p, rc, h->payload, rc ? 0 : h->len);
+	free(h);
+}
+
+/*
+ * The reply of a request whose change seq is not yet on every follower leaves the
+ * worker: the replication thread that hears the last follower's acknowledgement
+ * sends it (repl.h, stk_meta_repl_wait_async), so the worker goes on at once and
+ * no thread sleeps per request. 1 when the reply was taken so (the handler returns
+ * STK_RPC_PENDING), 0 when the caller must wait itself.
+ */
+static int reply_when_held(struct meta *m, struct stk_rpc_resp *resp, uint64_t seq, int rc)
+{
+	struct held_reply *h;
+	int qrc;
+
+	/* a reply with bulk data points into the request's buffers: it waits here */
+	if (resp->bulk_len || resp->frame_flags || resp->payload.err)
+		return 0;
+	h = malloc(sizeof(*h) + resp->payload.len);
+	if (!h)
+		return 0;
+	h->rc = rc;
+	h->len = resp->payload.len;
+	memcpy(h->payload, resp->payload.p, h->len);
+	h->p = stk_rpc_pending_take(resp);
+	qrc = stk_meta_repl_wait_async(m->repl, seq, held_reply_send, h);
+	if (qrc == 1)
+		return 1;
+	if (qrc == -EAGAIN || qrc == -ENOMEM) /* closed: wait on this worker */
+		qrc = stk_meta_repl_wait(m->repl, seq);
+	held_reply_send(h, qrc);
+	return 1;
+}
+
 /*
  * A request that changed the store is answered once every follower holds the
  * change (repl.h): the reply waits, the store does not, so concurrent requests
@@ -2167,9 +2216,13 @@ static int meta_handle(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *
 	rc = meta_run(ctx, req, resp);
 	seq = stk_meta_store_thread_seq(1);
 	if (seq) {
+		meta_count(ctx, req, resp, rc);
+		if (reply_when_held(m, resp, seq, rc))
+			return STK_RPC_PENDING;
 		wrc = stk_meta_repl_wait(m->repl, seq);
 		if (wrc && rc == 0)
 			rc = wrc; /* not acknowledged: the client asks the new leader */
+		return rc;
 	}
 	meta_count(ctx, req, resp, rc);
 	return rc;
@@ -2449,10 +2502,14 @@ static void on_promoted(void *ctx, int failover)
 	int rc;
 
 	if (failover) {
-		stk_meta_leases_grace(m->leases);
+		/* counted from the old leader's last heartbeat, not from now (leases.h) */
+		unsigned ms =
+		    stk_meta_leases_failover_ms(m->agent ? stk_agent_timeout_ms(m->agent) : 0);
+
+		stk_meta_leases_grace_ms(m->leases, ms);
 		stk_info("meta: leads after a failover: changes wait %u ms for what clients of "
 			 "the leader before may still trust (docs/leases.md)",
-			 STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS);
+			 ms);
 	}
 	if (m->agent) {
 		rc = sessions_start(m);
@@ -2495,6 +2552,8 @@ static void meta_stop(void *ctx)
 {
 	struct meta *m = ctx;
 
+	/* the replies that wait for the followers go before the server does */
+	stk_meta_repl_close_async(m->repl);
 	if (!m->syncing)
 		return;
 	stk_daemon_request_stop(); /* also when the server failed: the syncer must end */

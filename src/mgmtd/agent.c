@@ -75,6 +75,7 @@ struct stk_agent {
 	 * answered. See stk_agent_fenced.
 	 */
 	uint64_t alive_until_ns;
+	uint32_t timeout_ms; /* atomic: mgmtd's heartbeat timeout, 0 until one is answered */
 };
 
 /*
@@ -413,6 +414,8 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 	if (rp.timeout_ms)
 		__atomic_store_n(&a->alive_until_ns,
 				 sent + (uint64_t)rp.timeout_ms * 1000000ull * 3 / 4, __ATOMIC_RELAXED);
+	if (rp.timeout_ms)
+		__atomic_store_n(&a->timeout_ms, rp.timeout_ms, __ATOMIC_RELAXED);
 	if (a->state && rp.timeout_ms) {
 		struct stk_routing_ref *ref;
 
@@ -427,6 +430,11 @@ static int do_heartbeat(struct stk_agent *a, uint64_t *version, int *answered)
 		ref_drop(a, ref);
 	}
 	return 0;
+}
+
+unsigned stk_agent_timeout_ms(struct stk_agent *a)
+{
+	return __atomic_load_n(&a->timeout_ms, __ATOMIC_RELAXED);
 }
 
 int stk_agent_fenced(struct stk_agent *a)

@@ -119,6 +119,12 @@ int stk_agent_target_wiped(struct stk_agent *a, uint32_t target_id, uint64_t chu
  * has answered one heartbeat. Any thread, no lock.
  */
 int stk_agent_fenced(struct stk_agent *a);
+/*
+ * mgmtd's heartbeat timeout in ms, as its last answered heartbeat gave it: mgmtd
+ * takes this node for OFFLINE, and may replace it, only that long after the last
+ * heartbeat it received. 0 until one is answered. Any thread, no lock.
+ */
+unsigned stk_agent_timeout_ms(struct stk_agent *a);
 
 /*
  * One-shot fetch from the leading mgmtd of the list `mgmtd`, for tools. Fills *rt

@@ -314,6 +314,40 @@ static void test_grace(void)
 	stk_meta_leases_destroy(g);
 }
 
+/*
+ * A follower promoted in a failover waits less the longer mgmtd's heartbeat
+ * timeout: the old leader answered its last watch at least T/4 before the
+ * promotion (leases.h); nothing from T = 10 s, the whole grace if T is unknown.
+ */
+static void test_failover_grace(void)
+{
+	struct stk_meta_leases *g;
+	unsigned full = STK_LEASE_VALID_MS + STK_LEASE_MARGIN_MS;
+	uint64_t t0;
+
+	CHECK(stk_meta_leases_failover_ms(0) == full);
+	CHECK(stk_meta_leases_failover_ms(2000) == full - 500);
+	CHECK(stk_meta_leases_failover_ms(10000) == 0);
+	CHECK(stk_meta_leases_failover_ms(4 * full) == 0);
+	CHECK(stk_meta_leases_failover_ms(4 * full - 4) == 1);
+	CHECK(stk_meta_leases_failover_ms(UINT32_MAX) == 0);
+	if (stk_meta_leases_create(&g)) {
+		CHECK(0);
+		return;
+	}
+	stk_meta_leases_grace_ms(g, 300);
+	t0 = stk_now_ns();
+	stk_meta_leases_begin(g, 0, &(uint64_t){5}, 1);
+	CHECK(since(t0) >= 0.25 && since(t0) < 1.0);
+	stk_meta_leases_end(g, &(uint64_t){5}, 1);
+	stk_meta_leases_grace_ms(g, 0); /* none */
+	t0 = stk_now_ns();
+	stk_meta_leases_begin(g, 0, &(uint64_t){5}, 1);
+	CHECK(since(t0) < 0.1);
+	stk_meta_leases_end(g, &(uint64_t){5}, 1);
+	stk_meta_leases_destroy(g);
+}
+
 int main(void)
 {
 	struct stk_meta_leases *l;
@@ -327,6 +361,7 @@ int main(void)
 		return 1;
 	}
 	test_grace();
+	test_failover_grace();
 	a.l = b.l = l;
 	pthread_mutex_init(&a.mu, NULL);
 	pthread_mutex_init(&b.mu, NULL);
