@@ -141,6 +141,10 @@ struct storage {
 	struct unsettled *unsettled; /* UNSETTLED_MAX entries, nunsettled used */
 	unsigned nunsettled;
 	int unsettled_full_logged;
+	unsigned unsettled_max; /* entries the table may hold: UNSETTLED_MAX */
+	int settle_metrics;	 /* settle_collect is a collector */
+	/* stoker_node_unsettled_* and _settle_* (settle_collect); 0 without --metrics */
+	stk_metric_t m_unsettled, m_oldest, m_capacity, m_resends, m_failures;
 	pthread_t settle_thread;
 	int settle_started;
 	/* write state kept for the next write (wjob_get), under wjob_lock */
@@ -474,9 +478,9 @@ static void pending_end(struct storage *s, uint64_t ino, uint32_t idx)
  *   - the next change of the chunk that reaches our successor settles it (it is
  *     forwarded even when it changes nothing here; a successor whose version is
  *     not the one it applies to is sent the whole chunk anyway);
- *   - else settle_main sends the whole chunk again, every SETTLE_MS, once the
- *     chain is mended (a successor that answers; a new one; none, when we became
- *     the tail).
+ *   - else settle_main sends the whole chunk again, after SETTLE_MS and then
+ *     with backoff up to SETTLE_MAX_MS, once the chain is mended (a successor
+ *     that answers; a new one; none, when we became the tail).
  * So no replica serves as committed a change that the tail may not hold, and
  * copies that parted that way meet again without the writer. Each entry holds one
  * pending mark. Noted, cleared and looked at only with the chunk's lock held, so
@@ -492,6 +496,9 @@ struct unsettled {
 	uint16_t op; /* STK_OP_STOR_TRUNCATE (size, chunk_size, ns) or _PUNCH (first, end) */
 	uint64_t size, ns_hi, ns_lo;
 	uint32_t first, end;
+	/* when it was noted; when settle_main may send it again; resends that failed */
+	uint64_t since_ns, next_ns;
+	uint32_t tries;
 };
 
 /*
@@ -505,7 +512,16 @@ struct unsettled {
  */
 #define UNSETTLED_INODE UINT32_MAX
 
+/*
+ * settle_main looks at the table every SETTLE_MS. A change its successor did not
+ * take again waits SETTLE_MS, then twice as long after each failure, up to
+ * SETTLE_MAX_MS (settle_delay_ns), and so do the other changes of its chain: a
+ * successor whose disk is full, or that refuses for minutes, is asked every 10 s,
+ * not four times a second per change. A write of the chunk that reaches the
+ * successor settles it at once, whatever the wait.
+ */
 #define SETTLE_MS 250
+#define SETTLE_MAX_MS 10000
 #define SETTLE_FAILED_MAX 64u /* chains a settle round gives up on before it stops */
 
 /* The entry of chunk ino/idx of cs, or -1; settle_lock held. */
@@ -547,7 +563,8 @@ static void unsettled_note(struct storage *s, struct stk_chunk_store *cs, uint32
 								 .chain_id = chain_id,
 								 .ino = ino,
 								 .idx = idx,
-								 .chunk_size = chunk_size};
+								 .chunk_size = chunk_size,
+								 .since_ns = stk_now_ns()};
 		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
 		pending_begin(s, ino, idx);
 		/* settle_main looks within SETTLE_MS: its writer may send it again first */
@@ -614,6 +631,9 @@ static void inode_unsettled_note(struct storage *s, struct stk_chunk_store *cs,
 		*e = *u;
 		e->cs = cs;
 		e->idx = UNSETTLED_INODE;
+		e->since_ns = stk_now_ns();
+		e->next_ns = 0;
+		e->tries = 0;
 		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
 		added = 1;
 	} else if (s->nunsettled >= UNSETTLED_MAX && !s->unsettled_full_logged) {
@@ -3055,9 +3075,12 @@ static int settle_one(struct storage *s, const struct unsettled *u)
 		m.base_ver = UINT64_MAX;
 		m.set_ver = ver;
 		msg = write_msg(&m, crcs, &len);
+		stk_metric_add(s->m_resends, 1);
 		n = msg ? forward(s, h.next, STK_OP_STOR_WRITE, msg, len, data, clen,
 				  STK_FRAME_BULK_SELF)
 			: -ENOMEM;
+		if (n)
+			stk_metric_add(s->m_failures, 1);
 	}
 	if (n == 0) {
 		unsettled_clear(s, u->cs, u->ino, u->idx, "sent whole to its successor again");
@@ -3123,8 +3146,12 @@ static int settle_inode(struct storage *s, const struct unsettled *u)
 
 		rc = stk_msg_stor_punch_req_enc(&w, &m);
 	}
-	if (rc == 0)
+	if (rc == 0) {
+		stk_metric_add(s->m_resends, 1);
 		rc = forward(s, h.next, u->op, msg, w.len, NULL, 0, 0);
+		if (rc)
+			stk_metric_add(s->m_failures, 1);
+	}
 	if (rc == 0) {
 		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "sent to its successor again");
 	} else {
@@ -3137,7 +3164,82 @@ out:
 	return ret;
 }
 
-/* Sends unsettled changes again every SETTLE_MS while there are any. */
+/* The wait after an unsettled change's tries-th failed resend (see SETTLE_MS). */
+static uint64_t settle_delay_ns(uint32_t tries)
+{
+	uint64_t ms = SETTLE_MS;
+
+	while (tries-- > 1 && ms < SETTLE_MAX_MS)
+		ms *= 2;
+	return STK_MIN(ms, (uint64_t)SETTLE_MAX_MS) * 1000000ull;
+}
+
+/*
+ * u (a copy taken at now) was not settled: it waits longer before its next
+ * resend, and the other changes of its chain at least as long (they would fail
+ * the same way, and each failed forward asks mgmtd for the routing table).
+ */
+static void settle_failed(struct storage *s, const struct unsettled *u, uint64_t now)
+{
+	uint32_t tries = u->tries + 1;
+	uint64_t next = now + settle_delay_ns(tries);
+	int i, warn = 0;
+
+	pthread_mutex_lock(&s->settle_lock);
+	i = unsettled_find(s, u->cs, u->ino, u->idx);
+	if (i >= 0) {
+		tries = s->unsettled[i].tries + 1;
+		next = now + settle_delay_ns(tries);
+		s->unsettled[i].tries = tries;
+		/* once, when the wait reaches its cap: the successor has refused a while */
+		warn = settle_delay_ns(tries) == SETTLE_MAX_MS * 1000000ull &&
+		       settle_delay_ns(tries - 1) < SETTLE_MAX_MS * 1000000ull;
+	}
+	for (unsigned k = 0; k < s->nunsettled; k++) {
+		struct unsettled *e = &s->unsettled[k];
+
+		if (e->cs == u->cs && e->chain_id == u->chain_id && e->next_ns < next)
+			e->next_ns = next;
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (warn)
+		stk_warn("chain %u: our successor has not taken a change of inode %llx for %llu s "
+			 "(%u resends); it is sent again every %u s until it does",
+			 u->chain_id, (unsigned long long)u->ino,
+			 (unsigned long long)((now - u->since_ns) / 1000000000ull), tries,
+			 SETTLE_MAX_MS / 1000);
+}
+
+/* At each scrape: the changes held, the age of the oldest, and the table's size. */
+static void settle_collect(void *ctx)
+{
+	struct storage *s = ctx;
+	uint64_t now = stk_now_ns(), oldest = now;
+	unsigned n;
+
+	pthread_mutex_lock(&s->settle_lock);
+	n = s->nunsettled;
+	for (unsigned i = 0; i < n; i++)
+		oldest = STK_MIN(oldest, s->unsettled[i].since_ns);
+	pthread_mutex_unlock(&s->settle_lock);
+	stk_metric_set_int(s->m_unsettled, n);
+	stk_metric_set(s->m_oldest, (double)(now - oldest) / 1e9);
+	stk_metric_set_int(s->m_capacity, s->unsettled_max);
+}
+
+/* The stoker_node_unsettled_* and _settle_* series, with --metrics. 0 or -errno. */
+static int settle_metrics_start(struct storage *s)
+{
+	int rc = stk_metric_series(STK_M_NODE_UNSETTLED, NULL, &s->m_unsettled);
+
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_UNSETTLED_OLDEST, NULL, &s->m_oldest);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_UNSETTLED_CAPACITY, NULL, &s->m_capacity);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_SETTLE_RESENDS, NULL, &s->m_resends);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_SETTLE_FAILURES, NULL, &s->m_failures);
+	return rc ? rc : stk_metrics_collector_add(settle_collect, s);
+}
+
+/* Sends unsettled changes again, each when its wait is over (settle_delay_ns). */
 static void *settle_main(void *arg)
 {
 	struct storage *s = arg;
@@ -3152,6 +3254,7 @@ static void *settle_main(void *arg)
 	}
 	for (;;) {
 		struct timespec ts;
+		uint64_t now;
 		unsigned n;
 
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -3170,6 +3273,7 @@ static void *settle_main(void *arg)
 		n = s->nunsettled;
 		memcpy(batch, s->unsettled, n * sizeof(*batch));
 		pthread_mutex_unlock(&s->settle_lock);
+		now = stk_now_ns();
 		/* A chain whose successor refused one change is not sent the others this
 		 * round: each failed forward fetches the routing table from mgmtd. */
 		nfailed = 0;
@@ -3179,11 +3283,12 @@ static void *settle_main(void *arg)
 
 			while (k < nfailed && failed[k] != batch[i].chain_id)
 				k++;
-			if (k < nfailed)
+			if (k < nfailed || batch[i].next_ns > now)
 				continue;
 			if ((batch[i].idx == UNSETTLED_INODE ? settle_inode(s, &batch[i])
 							     : settle_one(s, &batch[i])) == 0)
 				continue;
+			settle_failed(s, &batch[i], now);
 			if (nfailed == SETTLE_FAILED_MAX)
 				break; /* the rest next round */
 			failed[nfailed++] = batch[i].chain_id;
@@ -3670,6 +3775,11 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 	}
 	for (unsigned i = 0; s->metrics && s->maps && i < s->nstores; i++)
 		stk_storage_metrics_serve_map(s->metrics, s->stores[i], s->maps[i]);
+	if (s->metrics && (rc = settle_metrics_start(s))) {
+		stk_error("cannot set up the unsettled changes' metrics: %s", strerror(-rc));
+		return rc;
+	}
+	s->settle_metrics = s->metrics != NULL;
 	for (unsigned i = 0; i < s->nstores; i++) {
 		uint64_t cap = 0, used = 0, chunks = 0;
 		char cb[32];
@@ -3789,6 +3899,7 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	s->scrub_interval_s = opts->scrub_interval_s;
 	s->repairq = calloc(REPAIR_QUEUE, sizeof(*s->repairq));
 	s->unsettled = calloc(UNSETTLED_MAX, sizeof(*s->unsettled));
+	s->unsettled_max = UNSETTLED_MAX;
 	if (!s->repairq || !s->unsettled) {
 		rc = -ENOMEM;
 		goto out;
@@ -3847,6 +3958,8 @@ out:
 	/* stk_daemon_run destroyed the server: no request uses the agent or the stores. */
 	if (s) {
 		storage_threads_stop(s);
+		if (s->settle_metrics)
+			stk_metrics_collector_remove(settle_collect, s);
 		pthread_mutex_destroy(&s->repair_lock);
 		pthread_cond_destroy(&s->repair_cv);
 		pthread_mutex_destroy(&s->settle_lock);
