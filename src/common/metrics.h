@@ -243,6 +243,9 @@
 	X(NODE_SETTLE_FAILURES, COUNTER, "stoker_node_settle_failures_total", "",                  \
 	  "Of stoker_node_settle_resends_total, those the successor did not take (each one "       \
 	  "doubles that chain's wait before the next, up to 10 s).")                               \
+	X(NODE_UNSETTLED_REFUSED, COUNTER, "stoker_node_unsettled_refused_total", "",              \
+	  "Changes refused (EAGAIN, the client retries) because the node held as many "            \
+	  "unsettled changes as it can.")                                                          \
 	/* ---- mgmtd: the cluster ---- */                                                         \
 	X(CLUSTER_NODES, GAUGE, "stoker_cluster_nodes", "role,state",                              \
 	  "Nodes registered with mgmtd, by role and state.")                                       \

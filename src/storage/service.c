@@ -141,10 +141,15 @@ struct storage {
 	struct unsettled *unsettled; /* UNSETTLED_MAX entries, nunsettled used */
 	unsigned nunsettled;
 	int unsettled_full_logged;
-	unsigned unsettled_max; /* entries the table may hold: UNSETTLED_MAX */
+	/* entries the table may hold (at most UNSETTLED_MAX; STOKER_TEST_UNSETTLED_MAX
+	 * lowers it for tests), and those held by changes on their way down
+	 * (unsettled_reserve; atomic) */
+	unsigned unsettled_max;
+	unsigned unsettled_held;
+	uint64_t refused_log_ns; /* atomic: when unsettled_reserve last logged a refusal */
 	int settle_metrics;	 /* settle_collect is a collector */
 	/* stoker_node_unsettled_* and _settle_* (settle_collect); 0 without --metrics */
-	stk_metric_t m_unsettled, m_oldest, m_capacity, m_resends, m_failures;
+	stk_metric_t m_unsettled, m_oldest, m_capacity, m_resends, m_failures, m_refused;
 	pthread_t settle_thread;
 	int settle_started;
 	/* write state kept for the next write (wjob_get), under wjob_lock */
@@ -650,6 +655,46 @@ static void inode_unsettled_note(struct storage *s, struct stk_chunk_store *cs,
 			 strerror(-rc));
 }
 
+/*
+ * The table has room for every change on its way down. A change that goes on to
+ * a successor holds n slots (one per entry it may note: a write or a truncate 1,
+ * a STOR_TRUNCATES its inodes) from before it is applied here until it is over,
+ * so that, should the successor not take it, it can be noted and kept pending:
+ * a change that could not be would be read from our copy as committed while the
+ * tail may never get it. When the slots held and the entries noted would pass
+ * unsettled_max, the change is refused before anything is applied, with -EAGAIN
+ * (STK_ST_AGAIN: the client tries again with backoff), until changes settle.
+ * Slots held and entries noted are counted apart (an entry noted by a change
+ * still on its way counts twice), so an entry always fits when noted. Any thread.
+ */
+static int unsettled_reserve(struct storage *s, unsigned n)
+{
+	unsigned held = __atomic_add_fetch(&s->unsettled_held, n, __ATOMIC_RELAXED);
+	uint64_t now, last;
+
+	if ((uint64_t)held + __atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED) <= s->unsettled_max)
+		return 0;
+	__atomic_sub_fetch(&s->unsettled_held, n, __ATOMIC_RELAXED);
+	stk_metric_add(s->m_refused, 1);
+	now = stk_now_ns();
+	last = __atomic_load_n(&s->refused_log_ns, __ATOMIC_RELAXED);
+	if (now - last > 10000000000ull &&
+	    __atomic_compare_exchange_n(&s->refused_log_ns, &last, now, 0, __ATOMIC_RELAXED,
+					__ATOMIC_RELAXED))
+		stk_error(
+		    "%u changes wait for their successors (the most this node holds): new "
+		    "changes are refused (EAGAIN, retried by their clients) until some settle",
+		    __atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED));
+	return -EAGAIN;
+}
+
+/* The change that held n slots (unsettled_reserve) is over. */
+static void unsettled_release(struct storage *s, unsigned n)
+{
+	if (n)
+		__atomic_sub_fetch(&s->unsettled_held, n, __ATOMIC_RELAXED);
+}
+
 static struct ino_lock *ino_lock(struct storage *s, uint64_t ino)
 {
 	return &s->ino_locks[(ino * 0x9E3779B97F4A7C15ull) >> 56];
@@ -925,6 +970,7 @@ struct wjob {
 	uint32_t *whole_crcs;
 	int sent_whole;
 	int went_on; /* our copy was applied and sent on: write_went_on when it ends */
+	int reserved; /* the slot it holds in the unsettled table (unsettled_reserve) */
 	int pooled;  /* from the pool (wjob_get): WJOB_CRCS checksums and a payload fit */
 	struct wjob *next_free; /* in the pool */
 	uint8_t resp[64];
@@ -1004,6 +1050,7 @@ static void wjob_finish(struct wjob *j, int rc)
 	stk_chunk_unlock(j->h.cs, j->rq.ino, j->rq.chunk_idx);
 	pending_end(s, j->rq.ino, j->rq.chunk_idx);
 	ino_unshare(ino_lock(s, j->rq.ino));
+	unsettled_release(s, (unsigned)j->reserved);
 	stk_wbuf_init(&w, out, sizeof(out));
 	if (rc == 0)
 		rc = stk_msg_stor_write_resp_enc(&w, &rp);
@@ -1183,8 +1230,9 @@ static void wjob_granted(struct stk_chunk_lockwait *w)
 
 /*
  * handle_write's way for a write that goes on down the chain, once checked and
- * routed (crcs: its checksums): STK_RPC_PENDING (answered later), or -ENOMEM or
- * -ESTALE (an unsettled truncate or punch of the inode) before anything was taken.
+ * routed (crcs: its checksums), holding a slot of the unsettled table, which the
+ * job takes: STK_RPC_PENDING (answered later), or -ENOMEM or -ESTALE (an unsettled
+ * truncate or punch of the inode) before anything was taken, the slot let go.
  */
 static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
 			 const struct stk_msg_stor_write_req *rq, const struct hop *h,
@@ -1192,9 +1240,12 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 {
 	struct wjob *j = wjob_get(s, rq->ncrcs);
 
-	if (!j)
+	if (!j) {
+		unsettled_release(s, 1);
 		return -ENOMEM;
+	}
 	j->s = s;
+	j->reserved = 1;
 	j->rq = *rq;
 	j->h = *h;
 	j->data = req->bulk;
@@ -1211,6 +1262,7 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 	if (inode_unsettled(s, h->cs, rq->ino)) {
 		ino_unshare(ino_lock(s, rq->ino));
 		wjob_put(s, j);
+		unsettled_release(s, 1);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
 	}
 	j->p = stk_rpc_pending_take(resp);
@@ -1262,6 +1314,9 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 			 req->client->name, rq.chain_id);
 		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_ADMIN, -EPERM);
 	}
+	/* a change that goes on holds a slot to be kept pending in, should it not */
+	if (!h.tail && (rc = unsettled_reserve(s, 1)))
+		return rc;
 	if (s->loop_writes && !h.tail && stk_rpc_resp_loop(resp))
 		return write_on_loop(s, req, resp, &rq, &h, tls_crcs);
 	cs = h.cs;
@@ -1279,6 +1334,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	ino_share(ino_lock(s, rq.ino));
 	if (!h.tail && inode_unsettled(s, cs, rq.ino)) {
 		ino_unshare(ino_lock(s, rq.ino));
+		unsettled_release(s, 1);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
 	}
 	pending_begin(s, rq.ino, rq.chunk_idx);
@@ -1288,6 +1344,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
 	pending_end(s, rq.ino, rq.chunk_idx);
 	ino_unshare(ino_lock(s, rq.ino));
+	unsettled_release(s, h.tail ? 0 : 1);
 	if (rc)
 		return rc;
 	return stk_msg_stor_write_resp_enc(&resp->payload, &rp);
@@ -1428,6 +1485,7 @@ struct ojob {
 	struct stk_lcall call;
 	uint8_t resp[64];
 	struct stk_chunk_store *cs;
+	unsigned held; /* slots of the unsettled table it holds (unsettled_reserve) */
 	unsigned nnotes;
 	struct unsettled notes[]; /* the changes made here, unsettled if the forward fails */
 };
@@ -1447,6 +1505,7 @@ static void ojob_finish(struct ojob *j, int rc)
 
 	if (rc)
 		notes_note(s, j->cs, j->notes, j->nnotes, rc); /* before the locks go */
+	unsettled_release(s, j->held);
 	if (j->locks == OJOB_INO_LOCK)
 		ino_unlock_alone(ino_lock(s, j->ino));
 	else if (j->locks == OJOB_ALL_LOCKS)
@@ -1497,13 +1556,14 @@ static int change_on_loop(struct storage *s, const struct hop *h, struct stk_rpc
 /*
  * Sends req as it came to our successor from the loop, once applied here (first:
  * STOR_TRUNCATES' first error here; notes, nnotes: the changes it made, as
- * unsettled entries), with locks (OJOB_*, of inode ino) still held:
- * STK_RPC_PENDING, the request answered later; or, when no job can be made, the
- * forward done here on the worker (locks let go) and its answer.
+ * unsettled entries), with locks (OJOB_*, of inode ino) and held slots of the
+ * unsettled table still held: STK_RPC_PENDING, the request answered later; or,
+ * when no job can be made, the forward done here on the worker (locks and slots
+ * let go) and its answer.
  */
 static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rpc_req *req,
 			   struct stk_rpc_resp *resp, int locks, uint64_t ino, int first,
-			   const struct unsettled *notes, unsigned nnotes)
+			   const struct unsettled *notes, unsigned nnotes, unsigned held)
 {
 	struct ojob *j = calloc(1, sizeof(*j) + nnotes * sizeof(*notes));
 	struct storage_loop *sl;
@@ -1513,6 +1573,7 @@ static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rp
 		rc = forward_same(s, h, req);
 		if (rc)
 			notes_note(s, h->cs, notes, nnotes, rc);
+		unsettled_release(s, held);
 		if (locks == OJOB_INO_LOCK)
 			ino_unlock_alone(ino_lock(s, ino));
 		else if (locks == OJOB_ALL_LOCKS)
@@ -1525,6 +1586,7 @@ static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rp
 	j->ino = ino;
 	j->first = first;
 	j->cs = h->cs;
+	j->held = held;
 	j->nnotes = nnotes;
 	if (nnotes)
 		memcpy(j->notes, notes, nnotes * sizeof(*notes));
@@ -1564,11 +1626,14 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 	if (rc)
 		return rc;
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0 && !h.tail)
+		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
 		ino_unlock_alone(ino_lock(s, rq.ino));
+		unsettled_release(s, h.tail ? 0 : 1);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
 	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
@@ -1582,11 +1647,13 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 				      .ns_lo = rq.ns_lo};
 
 		if (change_on_loop(s, &h, resp))
-			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1,
+					       1);
 		rc = forward_same(s, &h, req);
 		if (rc)
 			inode_unsettled_note(s, h.cs, &u, rc);
 	}
+	unsettled_release(s, h.tail ? 0 : 1);
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
@@ -1595,6 +1662,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 {
 	struct stk_msg_stor_truncates_req rq;
 	struct stk_msg_trunc_rec *recs = NULL;
+	unsigned held = 0;
 	struct hop h;
 	int first = 0, rc;
 
@@ -1616,6 +1684,10 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 	rc = fence(s, rq.ns_hi, rq.ns_lo, rq.n ? recs[0].ino : 0, req->peer);
 	if (rc == 0)
 		rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0 && !h.tail)
+		held = rq.n; /* a slot per inode: see unsettled_reserve */
+	if (rc == 0 && held && (rc = unsettled_reserve(s, held)))
+		held = 0;
 	if (rc == 0) /* every inode's lock, always in one order */
 		for (unsigned i = 0; i < INO_LOCKS; i++)
 			ino_lock_alone(&s->ino_locks[i]);
@@ -1623,6 +1695,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		if (inode_unsettled(s, h.cs, recs[i].ino)) {
 			for (unsigned k = INO_LOCKS; k-- > 0;)
 				ino_unlock_alone(&s->ino_locks[k]);
+			unsettled_release(s, held);
 			free(recs);
 			return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 		}
@@ -1649,7 +1722,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		free(recs);
 		if (!h.tail && change_on_loop(s, &h, resp)) {
 			f = forward_on_loop(s, &h, req, resp, OJOB_ALL_LOCKS, 0, first, notes,
-					    nnotes);
+					    nnotes, held);
 			free(notes);
 			return f;
 		}
@@ -1658,6 +1731,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 			first = f;
 			notes_note(s, h.cs, notes, nnotes, f);
 		}
+		unsettled_release(s, held);
 		free(notes);
 		for (unsigned i = INO_LOCKS; i-- > 0;)
 			ino_unlock_alone(&s->ino_locks[i]);
@@ -1676,11 +1750,14 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	if (stk_msg_stor_punch_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0 && !h.tail)
+		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
 		ino_unlock_alone(ino_lock(s, rq.ino));
+		unsettled_release(s, h.tail ? 0 : 1);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
 	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
@@ -1692,11 +1769,13 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 				      .end = rq.end};
 
 		if (change_on_loop(s, &h, resp))
-			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1,
+					       1);
 		rc = forward_same(s, &h, req);
 		if (rc)
 			inode_unsettled_note(s, h.cs, &u, rc);
 	}
+	unsettled_release(s, h.tail ? 0 : 1);
 	ino_unlock_alone(ino_lock(s, rq.ino));
 	return rc;
 }
@@ -1714,7 +1793,7 @@ static int handle_sync(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 		return rc;
 	rc = stk_chunk_store_sync(h.cs);
 	if (rc == 0 && change_on_loop(s, &h, resp))
-		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0, NULL, 0);
+		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0, NULL, 0, 0);
 	return rc ? rc : forward_same(s, &h, req);
 }
 
@@ -3236,6 +3315,7 @@ static int settle_metrics_start(struct storage *s)
 	rc = rc ? rc : stk_metric_series(STK_M_NODE_UNSETTLED_CAPACITY, NULL, &s->m_capacity);
 	rc = rc ? rc : stk_metric_series(STK_M_NODE_SETTLE_RESENDS, NULL, &s->m_resends);
 	rc = rc ? rc : stk_metric_series(STK_M_NODE_SETTLE_FAILURES, NULL, &s->m_failures);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_UNSETTLED_REFUSED, NULL, &s->m_refused);
 	return rc ? rc : stk_metrics_collector_add(settle_collect, s);
 }
 
@@ -3900,6 +3980,20 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	s->repairq = calloc(REPAIR_QUEUE, sizeof(*s->repairq));
 	s->unsettled = calloc(UNSETTLED_MAX, sizeof(*s->unsettled));
 	s->unsettled_max = UNSETTLED_MAX;
+	if (getenv("STOKER_TEST_UNSETTLED_MAX")) {
+		/* tests only: a table that fills with a few refused changes */
+		uint64_t v;
+
+		if (stk_parse_u64(getenv("STOKER_TEST_UNSETTLED_MAX"), &v) || v == 0 ||
+		    v > UNSETTLED_MAX) {
+			stk_error("STOKER_TEST_UNSETTLED_MAX must be 1 to %u", UNSETTLED_MAX);
+			rc = -EINVAL;
+			goto out;
+		}
+		s->unsettled_max = (unsigned)v;
+		stk_warn("STOKER_TEST_UNSETTLED_MAX: at most %u unsettled changes",
+			 s->unsettled_max);
+	}
 	if (!s->repairq || !s->unsettled) {
 		rc = -ENOMEM;
 		goto out;

@@ -9,7 +9,11 @@ tail's tmpfs is filled, an overwrite the head applied is refused by the tail
   is 1 and its age grows; `stoker status` and `stoker doctor` show it;
 - readers get the committed bytes (the old ones, the tail's), never the head's;
 - the head sends the change again with backoff (far fewer resends than one each
-  250 ms), and once the tail has room it settles: the copies are identical.
+  250 ms), and once the tail has room it settles: the copies are identical;
+- with the table full (STOKER_TEST_UNSETTLED_MAX=1 here), the head refuses a new
+  change before applying it (EAGAIN, counted in
+  stoker_node_unsettled_refused_total): its copy is never changed behind the
+  chain's back; once the table has room again the same write goes through.
 """
 import contextlib
 import json
@@ -167,3 +171,36 @@ def test_a_change_the_full_successor_refuses_waits_and_settles(tmp_path):
         assert len(new) == len(old) and new != old
         assert "its successors have not taken" not in net.status()
 
+
+def test_a_full_table_refuses_the_next_change_before_applying_it(tmp_path):
+    with full_tail_cluster(tmp_path, env={"STOKER_TEST_UNSETTLED_MAX": "1"}) as (
+            net, head, tail, tail_dir):
+        f, g = os.urandom(200_000), os.urandom(200_000)
+        net.cli("put", "-", "/f", input=f)
+        net.cli("put", "-", "/g", input=g)
+        filler = fill(tail_dir)
+        assert overwrite(net, "/f", 7).returncode != 0
+        wait_for("the head to hold the change",
+                 lambda: scrape(net, head).get("stoker_node_unsettled_changes") == 1)
+        # the table is full: /g's overwrite is refused by the head before it applies it,
+        # and its client, told to try again (EAGAIN), gives up after its retry time
+        r = overwrite(net, "/g", 8, env={"STOKER_RETRY_MS": "1500"})
+        assert r.returncode != 0, "a change the head could not keep pending was taken"
+        m = scrape(net, head)
+        assert m["stoker_node_unsettled_refused_total"] >= 1, m
+        assert m["stoker_node_unsettled_changes"] == 1, m
+        assert "new changes are refused" in open(head.log).read()
+        t, c = tables(net.status())
+        assert len(chain_files_differing(t, c)) == 1, "the head changed /g's chunk"
+        assert net.cli("cat", "/g").stdout == g
+        assert "FULL: new changes refused" in net.status()
+
+        os.unlink(filler)
+        wait_for("the change to settle",
+                 lambda: scrape(net, head).get("stoker_node_unsettled_changes") == 0,
+                 timeout=30)
+        r = overwrite(net, "/g", 8)
+        assert r.returncode == 0, r.stderr
+        t, c = tables(net.status())
+        assert chain_files_differing(t, c) == []
+        assert net.cli("cat", "/g").stdout != g
