@@ -5,15 +5,28 @@ system (docs/BENCHMARKS.md, issue 27), in one run on this machine.
 For each round, in turn: `stoker gateway nfs` (Ganesha over the gateway's Stoker
 mount of a one-machine cluster), the same Ganesha configuration serving a local
 folder on the same disk, `stoker gateway smb` (smbd over its mount), and the same
-smbd configuration serving the local folder. The local servers' configurations are
-the gateways' own, with the mount's path, ports and state folders replaced, so the
-servers differ only in what lies under them. Each is measured with a user-space
-client, as this kernel has no NFS or SMB client:
+smbd configuration serving the local folder. With STOKER_BEFORE=PATH/stoker (an
+older build, its stoker-nfs-fsid.so beside it) its gateways run too, on the same
+cluster, so that a change is measured against what it replaced in the same run.
+Odd rounds run the servers in the opposite order. The local servers'
+configurations are the gateways' own, with the mount's path, ports and state
+folders replaced, so the servers differ only in what lies under them. Each is
+measured with a user-space client, as this kernel has no NFS or SMB client:
 
   - NFS (NFSv3, libnfs through tests/integration/nfsclient.py, 1 MiB requests):
     write a BIG_MIB MiB file (fsync at the end), read it back, read SMALL files of
     16 KiB one after the other;
-  - SMB (smbclient, SMB3): put the big file, get it, mget the small files.
+  - SMB (smbclient, SMB3): put the big file, get it, mget the small files;
+  - and the same through the Stoker mount itself (default options, 1 MiB reads
+    and writes, the file fsync'ed once), the path every gateway adds its server to.
+
+Reads are cold on both sides: before each, the local files and the cluster's chunk
+files are dropped from the page cache, file by file (posix_fadvise, so nothing else
+on the machine loses its cache). The big file is then read a second time, warm:
+from the page cache on the local side, from the chunk files' pages (and what the
+gateway's mount kept) on Stoker's. For the cold read the script also reports the CPU
+seconds per GB each party spent: the server (ganesha.nfsd, smbd), the gateway's
+mount, the storage daemon, and the client.
 
 Prints every round, then medians and the ratio Stoker / local for each.
 
@@ -33,6 +46,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 S = os.path.join(ROOT, "build", "stoker")
+BEFORE = os.environ.get("STOKER_BEFORE", "")
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from nfsclient import Nfs  # noqa: E402
 
@@ -42,6 +56,7 @@ SMALL = int(os.environ.get("SMALL", "2000"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 PORT = int(os.environ.get("PORT", "10500"))
 NFS_PORT, NFS_LOCAL, SMB_PORT, SMB_LOCAL = PORT + 40, PORT + 42, PORT + 44, PORT + 45
+HZ = os.sysconf("SC_CLK_TCK")
 USER, PASSWORD = "stkbench", "bench-pw-1"
 URL = "stk://127.0.0.1:%d" % PORT
 
@@ -84,8 +99,55 @@ def rpcbind_up():
         s.close()
 
 
-def nfs_gateway():
-    p = subprocess.Popen([S, "gateway", "nfs", "--cluster", URL, "--listen",
+class Mounted:
+    """`stoker mount` of the cluster on WORK/m with its default options, as a
+    training node mounts it: the reference a gateway adds its server to."""
+
+    def __init__(self, exe=S):
+        sh(exe, "mount", URL, WORK + "/m")
+
+    def poll(self):
+        return None
+
+    def send_signal(self, sig):
+        subprocess.run([S, "umount", WORK + "/m"], capture_output=True)
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def mount_round(port, blob, small):
+    """(write MB/s, read MB/s, small files/s) through the mount itself."""
+    path = WORK + "/m/bench/big.bin"
+
+    def write():
+        with open(path, "wb") as f:
+            f.write(blob)
+            os.fsync(f.fileno())
+
+    def read():
+        with open(path, "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
+
+    w = timed(write)
+    r, cpu = timed_read(read)
+    warm = timed(read)
+    got = []
+    drop_cache()
+
+    def smalls():
+        for i in range(small):
+            with open("%s/m/bench/small/%d" % (WORK, i), "rb") as f:
+                got.append(len(f.read()))
+    s = timed(smalls)
+    assert sum(got) == small * 16384, "short small reads"
+    os.unlink(path)
+    return BIG / w / 1e6, BIG / r / 1e6, small / s, cpu, BIG / warm / 1e6
+
+
+def nfs_gateway(exe=S):
+    p = subprocess.Popen([exe, "gateway", "nfs", "--cluster", URL, "--listen",
                           "127.0.0.1:%d" % NFS_PORT, "--state", WORK + "/nfs", "--export",
                           "/bench", "--protocols", "3", "--no-root-squash", "--grace", "0"],
                          stdout=open(WORK + "/nfs-gateway.log", "ab"), stderr=subprocess.STDOUT)
@@ -113,8 +175,8 @@ def nfs_local():
     return p
 
 
-def smb_gateway():
-    p = subprocess.Popen([S, "gateway", "smb", "--cluster", URL, "--listen",
+def smb_gateway(exe=S):
+    p = subprocess.Popen([exe, "gateway", "smb", "--cluster", URL, "--listen",
                           "127.0.0.1:%d" % SMB_PORT, "--state", WORK + "/smb", "--share",
                           "bench=/bench", "--users", WORK + "/users"],
                          stdout=open(WORK + "/smb-gateway.log", "ab"), stderr=subprocess.STDOUT)
@@ -147,16 +209,75 @@ def timed(fn):
     return time.time() - t0
 
 
+def drop_cache():
+    """The local folder's and the cluster's chunk files leave the page cache."""
+    os.sync()
+    for top in (WORK + "/local", WORK + "/c/targets", WORK + "/c/storage"):
+        for dirpath, _, files in os.walk(top):
+            for name in files:
+                try:
+                    fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+
+def party(cmd):
+    if "ganesha" in cmd or "smbd" in cmd:
+        return "server"
+    if " mount " in cmd:
+        return "mount"
+    if " storage " in cmd:
+        return "storage"
+    return None
+
+
+def cpu_seconds():
+    """{party: CPU seconds so far} of this run's processes (children reaped count)."""
+    out = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        who = party(cmd) if WORK in cmd else None
+        if who:
+            out[who] = out.get(who, 0.0) + sum(int(x) for x in fields[11:15]) / HZ
+    t = os.times()
+    out["client"] = t.user + t.system + t.children_user + t.children_system
+    return out
+
+
+def timed_read(fn):
+    """(seconds, {party: CPU seconds per GB}) of a cold read of the big file."""
+    drop_cache()
+    c0 = cpu_seconds()
+    t = timed(fn)
+    time.sleep(0.5)  # smbd reaps the child that served the connection
+    c1 = cpu_seconds()
+    return t, {k: (c1[k] - c0.get(k, 0.0)) / (BIG / 1e9) for k in c1}
+
+
 def nfs_round(port, blob, small):
     """(write MB/s, read MB/s, small files/s) over NFSv3 on port."""
     with Nfs("127.0.0.1", "/bench", port, version=3, mount_port=port + 1, uid=0, gid=0) as n:
         w = timed(lambda: n.write_file("/big.bin", blob))
-        r = timed(lambda: n.read_file("/big.bin"))
+        r, cpu = timed_read(lambda: n.read_file("/big.bin"))
+        warm = timed(lambda: n.read_file("/big.bin"))
         got = []
+        drop_cache()
         s = timed(lambda: [got.append(len(n.read_file("/small/%d" % i))) for i in range(small)])
         assert sum(got) == small * 16384, "short small reads"
         n.unlink("/big.bin")
-    return BIG / w / 1e6, BIG / r / 1e6, small / s
+    return BIG / w / 1e6, BIG / r / 1e6, small / s, cpu, BIG / warm / 1e6
 
 
 def smbclient(port, commands):
@@ -170,16 +291,19 @@ def smb_round(port, big_path, small):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     w = timed(lambda: smbclient(port, "put %s big.bin" % big_path))
-    r = timed(lambda: smbclient(port, "get big.bin /dev/null"))
+    r, cpu = timed_read(lambda: smbclient(port, "get big.bin /dev/null"))
+    warm = timed(lambda: smbclient(port, "get big.bin /dev/null"))
+    drop_cache()
     s = timed(lambda: smbclient(port, "prompt off; cd small; lcd %s; mget *" % out))
     assert len(os.listdir(out)) == small, "mget brought %d of %d" % (len(os.listdir(out)), small)
     smbclient(port, "del big.bin")
-    return BIG / w / 1e6, BIG / r / 1e6, small / s
+    return BIG / w / 1e6, BIG / r / 1e6, small / s, cpu, BIG / warm / 1e6
 
 
 def main():
     if os.geteuid() != 0:
         sys.exit("bench-nfs-smb.py: needs root (mounts, a Unix user for SMB)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # cleans up below
     subprocess.run([S, "down", "--data", WORK + "/c"], capture_output=True)
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
@@ -220,15 +344,17 @@ def main():
             for i in range(SMALL):
                 os.chown("%s/small/%d" % (base, i), uid, uid)
         sh(S, "umount", mnt, env=env)
-        rows = {k: [] for k in ("nfs stoker", "nfs local", "smb stoker", "smb local")}
+        nfs = lambda p: nfs_round(p, blob, SMALL)
+        smb = lambda p: smb_round(p, big_path, SMALL)
+        runs = [("mount", Mounted, lambda p: mount_round(p, blob, SMALL), 0),
+                ("nfs stoker", nfs_gateway, nfs, NFS_PORT), ("nfs local", nfs_local, nfs, NFS_LOCAL),
+                ("smb stoker", smb_gateway, smb, SMB_PORT), ("smb local", smb_local, smb, SMB_LOCAL)]
+        if BEFORE:
+            runs[2:2] = [("nfs before", lambda: nfs_gateway(BEFORE), nfs, NFS_PORT)]
+            runs[5:5] = [("smb before", lambda: smb_gateway(BEFORE), smb, SMB_PORT)]
+        rows = {r[0]: [] for r in runs}
         for r in range(ROUNDS):
-            for name, start, measure, port in (
-                    ("nfs stoker", nfs_gateway, lambda p: nfs_round(p, blob, SMALL), NFS_PORT),
-                    ("nfs local", nfs_local, lambda p: nfs_round(p, blob, SMALL), NFS_LOCAL),
-                    ("smb stoker", smb_gateway, lambda p: smb_round(p, big_path, SMALL),
-                     SMB_PORT),
-                    ("smb local", smb_local, lambda p: smb_round(p, big_path, SMALL),
-                     SMB_LOCAL)):
+            for name, start, measure, port in (runs if r % 2 == 0 else runs[::-1]):
                 sh("sync")
                 proc = start()
                 try:
@@ -236,19 +362,39 @@ def main():
                 finally:
                     stop(proc)
                 rows[name].append(res)
-                print("round %d %-10s write %7.0f MB/s  read %7.0f MB/s  16 KiB files %7.0f/s"
-                      % (r + 1, name, *res), flush=True)
+                print("round %d %-10s write %5.0f MB/s  read %5.0f MB/s (warm %5.0f)  16 KiB "
+                      "files %5.0f/s  read CPU s/GB: %s" % (
+                          r + 1, name, res[0], res[1], res[4], res[2], ", ".join(
+                              "%s %.2f" % kv for kv in sorted(res[3].items()) if kv[1] >= 0.005)),
+                      flush=True)
         print()
-        print("| protocol | measure | Stoker gateway | same server on local | ratio |")
-        print("|---|---|---|---|---|")
+        print("| protocol | measure | Stoker gateway |%s same server on local | ratio |%s" % (
+            " before |" if BEFORE else "", " before ratio |" if BEFORE else ""))
+        print("|---|---|---|---|---|%s" % ("---|---|" if BEFORE else ""))
         for proto in ("nfs", "smb"):
-            for i, what in enumerate(("write %d MiB (MB/s)" % (BIG >> 20),
-                                      "read %d MiB (MB/s)" % (BIG >> 20),
-                                      "read 16 KiB files (files/s)")):
-                st = statistics.median(x[i] for x in rows[proto + " stoker"])
-                lo = statistics.median(x[i] for x in rows[proto + " local"])
-                print("| %s | %s | %.0f | %.0f | %.2f |" % (proto.upper(), what, st, lo,
-                                                          st / lo if lo else 0))
+            for i, what in ((0, "write %d MiB (MB/s)" % (BIG >> 20)),
+                            (1, "read %d MiB, cold (MB/s)" % (BIG >> 20)),
+                            (4, "read it again, warm (MB/s)"),
+                            (2, "read 16 KiB files, cold (files/s)")):
+                med = lambda k: statistics.median(x[i] for x in rows["%s %s" % (proto, k)])
+                st, lo = med("stoker"), med("local")
+                cells = [proto.upper(), what, "%.0f" % st]
+                if BEFORE:
+                    cells.append("%.0f" % med("before"))
+                cells += ["%.0f" % lo, "%.2f" % (st / lo if lo else 0)]
+                if BEFORE:
+                    cells.append("%.2f" % (med("before") / lo if lo else 0))
+                print("| " + " | ".join(cells) + " |")
+        for i, what in ((0, "write"), (1, "read, cold"), (4, "read, warm"), (2, "16 KiB files")):
+            print("the mount itself, %s: %.0f" % (what, statistics.median(
+                x[i] for x in rows["mount"])))
+        print()
+        print("CPU seconds per GB of the big read (medians):")
+        for name in rows:
+            parties = sorted({k for x in rows[name] for k in x[3]})
+            print("  %-10s %s" % (name, ", ".join(
+                "%s %.2f" % (k, statistics.median(x[3].get(k, 0.0) for x in rows[name]))
+                for k in parties)))
     finally:
         subprocess.run([S, "umount", "-l", WORK + "/m"], capture_output=True)
         subprocess.run([S, "down", "--data", WORK + "/c"], capture_output=True)

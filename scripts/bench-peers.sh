@@ -12,6 +12,8 @@
 #   STOKER_BEFORE=/path/to/other/build/stoker TARGETS="local stoker-before stoker" \
 #       bash scripts/bench-peers.sh              # a change against the build before it
 #   STOKER_PORT=10500 ...                        # the cluster's base port (default 9400)
+#   TARGETS="stoker-before stoker stoker-s2" ...  # stoker-sN: `up --meta-shards N`
+#                                                # (docs/meta-shards.md)
 #
 # Needs root (drop_caches, mounts). Everything lives under $PEERDATA (default
 # /var/tmp/peerdata, the same disk for every target); results are appended to
@@ -51,8 +53,10 @@ for t in $TARGETS; do
 	echo "=== $t"
 	case $t in
 	local) run_one "$PEERDATA/local" local ;;
-	stoker | stoker-before)
+	stoker | stoker-before | stoker-s[1-4])
 		bin=$STOKER
+		shards=()
+		case $t in stoker-s*) shards=(--meta-shards "${t#stoker-s}") ;; esac
 		if [ "$t" = stoker-before ]; then
 			bin=${STOKER_BEFORE:-}
 			[ -x "$bin" ] || { echo "stoker-before: set STOKER_BEFORE to a stoker binary"; continue; }
@@ -60,7 +64,7 @@ for t in $TARGETS; do
 		"$bin" down --data "$PEERDATA/stoker" >/dev/null 2>&1
 		rm -rf "$PEERDATA/stoker"; mkdir -p "$PEERDATA/mnt/stoker"
 		"$bin" up --data "$PEERDATA/stoker" --daemon --port "$STOKER_PORT" \
-			--mount "$PEERDATA/mnt/stoker" ||
+			--mount "$PEERDATA/mnt/stoker" "${shards[@]}" ||
 			{ echo "stoker up failed"; continue; }
 		run_one "$PEERDATA/mnt/stoker" "$t"
 		"$bin" down --data "$PEERDATA/stoker" ;;

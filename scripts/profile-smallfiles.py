@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Where a small-file read through the mount spends its time.
 
-Reads every file of a tree of small files (made here unless it exists) in random
+Creates a tree of small files through a fresh mount (each file written and closed,
+so durable, by THREADS threads) and reads every file of it in random
 order with THREADS threads, twice: cold (a fresh mount and the kernel's caches
 dropped) and warm (at once again, same mount), and prints per file: the FUSE
 requests the mount served (from its -o metrics), their mean time in the daemon,
@@ -31,7 +32,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STOKER = os.path.join(ROOT, "build", "stoker")
+STOKER = os.environ.get("STOKER") or os.path.join(ROOT, "build", "stoker")
 
 
 def scrape(port):
@@ -130,6 +131,7 @@ def read_all(paths, threads, seed):
 
 FUSE_RE = re.compile(r'stoker_client_(ops_total|op_duration_seconds_sum)\{frontend="fuse",op="(\w+)"\}')
 RPC_RE = re.compile(r'stoker_rpc_requests_total\{op="(\w+)"\}')
+RPC_T_RE = re.compile(r'stoker_rpc_duration_seconds_sum\{op="(\w+)"\}')
 
 
 def diff(a, b):
@@ -151,8 +153,10 @@ def report(label, n, wall, ut, st, d_mount, d_meta, d_stor, cpus):
                                                   1e6 * v.get("op_duration_seconds_sum", 0) / c))
     for name, d in (("meta", d_meta), ("storage", d_stor)):
         rpcs = {RPC_RE.match(k).group(1): v for k, v in d.items() if RPC_RE.match(k)}
-        print("  %s round trips per file: %s" % (name, ", ".join(
-            "%s %.2f" % (k, v / n) for k, v in sorted(rpcs.items(), key=lambda x: -x[1])) or "none"))
+        secs = {RPC_T_RE.match(k).group(1): v for k, v in d.items() if RPC_T_RE.match(k)}
+        print("  %s round trips per file (mean time served): %s" % (name, ", ".join(
+            "%s %.2f (%.0f us)" % (k, v / n, 1e6 * secs.get(k, 0) / v)
+            for k, v in sorted(rpcs.items(), key=lambda x: -x[1]) if v / n >= 0.005) or "none"))
     print("  CPU us per file: reader user %.1f, reader kernel %.1f, mount %.1f, meta %.1f, "
           "storage %.1f" % (1e6 * ut / n, 1e6 * st / n, 1e6 * cpus[0] / n, 1e6 * cpus[1] / n,
                            1e6 * cpus[2] / n))
@@ -186,12 +190,28 @@ def main():
     try:
         subprocess.run([STOKER, "mount", cluster, mnt, "-o", opts], check=True)
         top = os.path.join(mnt, "tree")
+        pids = [pid_on(mport), pid_on(a.port + 1), pid_on(a.port + 2)]
+        c0 = [cpu(p) for p in pids]
+        m0, e0, s0 = scrape(mport), scrape(a.port + 11), scrape(a.port + 12)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.monotonic()
         make_tree(top, a.files, a.dirs, a.size, a.threads)
+        wall = time.monotonic() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        m1, e1, s1 = scrape(mport), scrape(a.port + 11), scrape(a.port + 12)
+        c1 = [cpu(p) for p in pids]
+        report("mount, create", a.files, wall, r1.ru_utime - r0.ru_utime,
+               r1.ru_stime - r0.ru_stime, diff(m0, m1), diff(e0, e1), diff(s0, s1),
+               [y - x for x, y in zip(c0, c1)])
         paths = [p[len(mnt) + 1:] for p in list_tree(top)]
         if a.local:
             lt = os.path.join(a.local, "tree")
             if not os.path.isdir(lt):
+                t0 = time.monotonic()
                 make_tree(lt, a.files, a.dirs, a.size, a.threads)
+                os.sync()
+                print("== local, create (and one sync): %.0f files/s" %
+                      (a.files / (time.monotonic() - t0)))
             lpaths = list_tree(lt)
         subprocess.run([STOKER, "umount", mnt], check=True)
         for label in ("cold", "warm"):

@@ -633,7 +633,8 @@ struct stk_cluster_node {
 	const char *host_id; /* the machine it runs on (docs/architecture.md); "" until known */
 	/*
 	 * 1: a meta node mgmtd refused because its store is not the namespace of
-	 * shard 1; it is registered but serves nothing. 0 otherwise.
+	 * its shard, or the cluster has no such shard; it is registered but serves
+	 * nothing. 0 otherwise.
 	 */
 	int refused;
 	const char *ns; /* a meta node's store identity, 32 hex digits; "" for storage */
@@ -654,6 +655,11 @@ struct stk_cluster_node {
 	 */
 	uint64_t meta_seq;
 	uint64_t meta_epoch;
+	/*
+	 * A meta node's metadata shard (docs/meta-shards.md), 1 to the cluster's
+	 * count; 0 for storage.
+	 */
+	uint32_t shard;
 };
 
 /* One storage target (a folder of chunk files on a storage node). */

@@ -484,6 +484,16 @@ STK_API int stk_ll_leases_on(stk_client *c);
 STK_API int stk_ll_leased_attr(stk_client *c, uint64_t ino, struct stk_ll_attr *out);
 
 /*
+ * As stk_ll_leased_attr, and on a hit (1) *until_ns is when the attributes stop
+ * being trusted unless a revocation (stk_ll_on_revoked_ino) ends them sooner: a
+ * CLOCK_MONOTONIC time in nanoseconds, at most about 2 s ahead (the cache's trust
+ * in its last watch) and never past the inode's lease. A cache above this one may
+ * keep the attributes until then if it also forgets them at every revocation.
+ */
+STK_API int stk_ll_leased_attr_until(stk_client *c, uint64_t ino, struct stk_ll_attr *out,
+				     uint64_t *until_ns);
+
+/*
  * Names whose lease another client's change revoked. fn(ctx, parent, name, ino)
  * is called for each name the cache held for a revoked inode that is not a
  * folder, so that a cache above this one (the kernel's) can drop it too; at most
@@ -495,6 +505,19 @@ STK_API int stk_ll_leased_attr(stk_client *c, uint64_t ino, struct stk_ll_attr *
  */
 typedef void (*stk_ll_revoked_fn)(void *ctx, uint64_t parent, const char *name, uint64_t ino);
 STK_API void stk_ll_on_revoked(stk_client *c, stk_ll_revoked_fn fn, void *ctx);
+
+/*
+ * Every inode whose lease another client's change revoked, folders included:
+ * fn(ctx, ino) once per inode, on the watch thread, without the cache's lock,
+ * after the cache dropped it and before meta is told (so before the change is
+ * committed and answered). This is what lets a cache above this one keep
+ * attributes it got from stk_ll_leased_attr_until: it forgets them in fn, and the
+ * change is visible to nobody until it has. fn may block briefly but must not call
+ * into this client. fn NULL: no more calls; once this returns no call is in
+ * progress.
+ */
+typedef void (*stk_ll_revoked_ino_fn)(void *ctx, uint64_t ino);
+STK_API void stk_ll_on_revoked_ino(stk_client *c, stk_ll_revoked_ino_fn fn, void *ctx);
 
 /* Counters since stk_ll_leases_start, for a program's metrics. */
 struct stk_ll_lease_stats {

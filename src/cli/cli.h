@@ -26,12 +26,12 @@
 
 /* Each command: int fn(int argc, char **argv), argv[0] is the command name. */
 #define STK_CLI_COMMANDS(X)                                                                     \
-	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--meta M] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--nfs PORT] [--smb PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--prometheus URL] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S] [--tls]", \
+	X(up, cmd_up, "up --data DIR [--daemon] [--port BASE] [--nodes N] [--replicas R] [--mgmtd M] [--meta M] [--meta-shards S] [--targets N] [--chunk-size SIZE] [--stripe N] [--no-metrics] [--mount DIR] [--s3 PORT] [--nfs PORT] [--smb PORT] [--heartbeat-timeout-ms MS] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--prometheus URL] [--resync-rate RATE] [--scrub-rate RATE] [--scrub-interval S] [--tls]", \
 	  "start a one-machine cluster (mgmtd, meta, N storage nodes; with --nodes, etcd and M mgmtd) with its data in DIR")     \
 	X(down, cmd_down, "down --data DIR", "stop the cluster `stoker up --daemon` started")     \
-	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--meta-replicas R] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--prometheus URL] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--key-file F [--tls on] | --auth off] [--config FILE]",  \
+	X(mgmtd, cmd_mgmtd, "mgmtd --listen ADDR --data DIR [--replicas R] [--meta-replicas R] [--meta-shards S] [--replace-after S] [--rebalance-moves N] [--ui-interval-ms MS] [--prometheus URL] [--etcd URL[,URL...]] [--etcd-prefix P] [--metrics ADDR] [--key-file F [--tls on] | --auth off] [--config FILE]",  \
 	  "run the cluster manager")                                                            \
-	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR [--metrics ADDR] [--host-id ID] [--key-file F [--tls on] | --auth off] [--config FILE]", \
+	X(meta, cmd_meta, "meta --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR [--shard K] [--metrics ADDR] [--host-id ID] [--key-file F [--tls on] | --auth off] [--config FILE]", \
 	  "run a metadata server")                                                              \
 	X(storage, cmd_storage,                                                                 \
 	  "storage --listen ADDR --mgmtd ADDR[,ADDR...] --data DIR --target DIR... [--zone Z] [--resync-rate RATE] [--metrics ADDR] [--host-id ID] [--scrub-rate RATE] [--scrub-interval S] [--key-file F [--tls on] | --auth off] [--config FILE]", \
@@ -116,8 +116,9 @@ int cli_split(const char *arg, char *cluster, size_t clen, char *path, size_t pl
 
 /*
  * Connects to the cluster an argument names (or the default). Keeps one client per
- * address for the life of the command. Prints a clear error and returns NULL on
- * failure.
+ * address for the life of the command: never stk_disconnect it (main's
+ * cli_disconnect_all does, and a client disconnected twice hangs). Prints a clear
+ * error and returns NULL on failure.
  */
 stk_client *cli_connect(const char *cmd, const char *cluster);
 void cli_disconnect_all(void);

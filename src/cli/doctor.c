@@ -352,6 +352,15 @@ static void check_nodes(struct doctor *d)
 		total++;
 		meta += n->role == STK_CLUSTER_ROLE_META;
 		storage += n->role == STK_CLUSTER_ROLE_STORAGE;
+		if (n->refused && n->shard > 1) {
+			find(c, DR_WARN,
+			     "start it with the --shard of a shard the cluster has (mgmtd "
+			     "--meta-shards), on that shard's store, or remove it",
+			     "meta node %u (%s) was refused for shard %u: no such shard, or its "
+			     "store is another namespace",
+			     n->id, n->addr, n->shard);
+			continue;
+		}
 		if (n->refused) {
 			find(c, DR_WARN,
 			     "start it on the store of shard 1's namespace, or remove it",

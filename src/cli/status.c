@@ -91,7 +91,7 @@ static void print_replicas(const stk_cluster_status *st, const struct stk_cluste
 		const char *role;
 		char behind[24] = "";
 
-		if (n->role != STK_CLUSTER_ROLE_META)
+		if (n->role != STK_CLUSTER_ROLE_META || (n->shard ? n->shard : 1) != sh->id)
 			continue;
 		role = n->id == sh->node_id	? "leader"
 		       : is_follower(sh, n->id) ? "follower"
@@ -365,6 +365,14 @@ static void print_refused(const stk_cluster_status *st)
 		if (!header)
 			printf("\nRefused meta nodes (they serve nothing)\n");
 		header = 1;
+		if (n->shard > 1) {
+			printf("  node %u (%s, %s): refused for shard %u: the cluster has no "
+			       "such shard, or its store (namespace %s) is not the shard's\n",
+			       n->id, n->addr,
+			       n->state == STK_CLUSTER_NODE_ONLINE ? "online" : "offline", n->shard,
+			       n->ns[0] ? n->ns : ZERO_NS);
+			continue;
+		}
 		printf("  node %u (%s, %s): refused: its store is namespace %s, not shard 1's "
 		       "namespace %s\n",
 		       n->id, n->addr, n->state == STK_CLUSTER_NODE_ONLINE ? "online" : "offline",

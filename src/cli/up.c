@@ -93,6 +93,8 @@ enum {
 	OPT_KEY_FILE,
 	OPT_AUTH,
 	OPT_TLS,
+	OPT_META_SHARDS,
+	OPT_SHARD,
 };
 
 static const struct option role_opts[] = {
@@ -122,6 +124,9 @@ static const struct option role_opts[] = {
 	{"key_file", required_argument, NULL, OPT_KEY_FILE}, /* as a config file spells it */
 	{"auth", required_argument, NULL, OPT_AUTH},
 	{"tls", required_argument, NULL, OPT_TLS},
+	{"meta-shards", required_argument, NULL, OPT_META_SHARDS},
+	{"meta_shards", required_argument, NULL, OPT_META_SHARDS}, /* a config file's */
+	{"shard", required_argument, NULL, OPT_SHARD},
 	{NULL, 0, NULL, 0},
 };
 
@@ -137,6 +142,8 @@ struct role_args {
 	uint64_t chunk_size, stripe, hbto;
 	uint64_t replicas; /* mgmtd --replicas R: targets per new chain */
 	uint64_t meta_replicas; /* mgmtd --meta-replicas R: copies of the metadata shard */
+	uint64_t meta_shards;	/* mgmtd --meta-shards S: metadata shards (meta-shards.md) */
+	uint64_t shard;		/* meta --shard K: the metadata shard it serves (1..S) */
 	/* storage --scrub-rate SIZE (a second; 0: off), --scrub-interval SECONDS */
 	uint64_t scrub_rate, scrub_interval;
 	int scrub_rate_set, scrub_interval_set;
@@ -271,6 +278,19 @@ static int role_opt(const char *cmd, int c, char *val, struct role_args *a)
 		if (stk_parse_u64(val, &a->meta_replicas) || a->meta_replicas < 1 ||
 		    a->meta_replicas > STK_MAX_REPLICAS) {
 			cli_err(cmd, "bad --meta-replicas '%s': 1 to %d", val, STK_MAX_REPLICAS);
+			return 2;
+		}
+		break;
+	case OPT_META_SHARDS:
+		if (stk_parse_u64(val, &a->meta_shards) || a->meta_shards < 1 ||
+		    a->meta_shards > STK_MAX_SHARDS) {
+			cli_err(cmd, "bad --meta-shards '%s': 1 to %d", val, STK_MAX_SHARDS);
+			return 2;
+		}
+		break;
+	case OPT_SHARD:
+		if (stk_parse_u64(val, &a->shard) || a->shard < 1 || a->shard > STK_MAX_SHARDS) {
+			cli_err(cmd, "bad --shard '%s': 1 to %d", val, STK_MAX_SHARDS);
 			return 2;
 		}
 		break;
@@ -429,6 +449,7 @@ int cmd_mgmtd(int argc, char **argv)
 	o.metrics_listen = a.metrics;
 	o.replicas = (unsigned)a.replicas;
 	o.meta_replicas = (unsigned)a.meta_replicas;
+	o.meta_shards = (unsigned)a.meta_shards;
 	o.etcd = a.etcd;
 	o.etcd_prefix = a.etcd_prefix;
 	o.replace_after_s = a.replace_after;
@@ -453,6 +474,7 @@ int cmd_meta(int argc, char **argv)
 	o.default_stripe = (uint32_t)a.stripe;
 	o.metrics_listen = a.metrics;
 	o.host_id = a.host_id;
+	o.shard = (unsigned)a.shard;
 	return stk_meta_run(&o) ? 1 : 0;
 }
 
@@ -519,7 +541,17 @@ int cmd_storage(int argc, char **argv)
  * copies of the metadata (--meta-replicas M). With M = 1, meta stays on the
  * cluster's host, as before.
  */
-#define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1 + UP_NODES_MAX - 1)
+/*
+ * --meta-shards S (1 to UP_SHARDS_MAX; docs/meta-shards.md): S metadata shards,
+ * each of M meta processes (--meta M), so S x M meta processes: meta index i
+ * ("meta" for 0, "metaI") serves shard i / M + 1 as its replica i % M; shard 1's
+ * keep the places above, shard k > 1's listen on BASE+UP_SHARD_PORT+k-2 with
+ * their metrics 10 up, as every daemon's (where `stoker top`, doctor and the
+ * dashboard look), on replica j's address as above.
+ */
+#define UP_SHARDS_MAX 4
+#define UP_SHARD_PORT 40
+#define UP_PROCS (2 + UP_NODES_MAX + UP_MGMTD_MAX - 1 + UP_NODES_MAX * UP_SHARDS_MAX - 1)
 static const char *role_names[NROLES] = {"mgmtd", "meta", "storage"};
 
 /*
@@ -557,10 +589,13 @@ struct up {
 	unsigned nodes; /* storage nodes */
 	unsigned replicas; /* copies of each chunk: --replicas, default 3 from 3 nodes on */
 	char replicas_arg[8];
-	unsigned nprocs; /* 2 + nodes + nmgmtd - 1 + nmeta - 1 */
+	unsigned nprocs; /* 2 + nodes + nmgmtd - 1 + nmeta * nshards - 1 */
 	unsigned nmgmtd; /* mgmtd processes: 1 embedded, M in cluster mode */
-	unsigned nmeta;	 /* meta processes (--meta), the first at index 1 */
+	unsigned nmeta;	 /* meta processes (--meta) per shard, the first at index 1 */
+	unsigned nshards; /* --meta-shards: metadata shards, nmeta meta processes each */
 	char meta_replicas_arg[8];
+	char meta_shards_arg[8];
+	char shard_arg[UP_PROCS][8]; /* a meta process's --shard */
 	int cluster;	 /* cluster mode: etcd and M mgmtd */
 	char mgmtd_list[STK_CLUSTER_ADDR_MAX]; /* every mgmtd's address, comma-separated */
 	char etcd_url[80], etcd_peer[80];
@@ -682,6 +717,17 @@ static pid_t spawn_role(struct up *u, int r)
 		snprintf(u->meta_replicas_arg, sizeof(u->meta_replicas_arg), "%u", u->nmeta);
 		args[n++] = "--meta-replicas";
 		args[n++] = u->meta_replicas_arg;
+	}
+	if (role == 0 && u->nshards > 1) {
+		snprintf(u->meta_shards_arg, sizeof(u->meta_shards_arg), "%u", u->nshards);
+		args[n++] = "--meta-shards";
+		args[n++] = u->meta_shards_arg;
+	}
+	if (role == 1 && u->nshards > 1) {
+		snprintf(u->shard_arg[r], sizeof(u->shard_arg[r]), "%u",
+			 meta_index(u, r) / u->nmeta + 1);
+		args[n++] = "--shard";
+		args[n++] = u->shard_arg[r];
 	}
 	if (role == 1 && u->chunk_size[0]) {
 		args[n++] = "--chunk-size";
@@ -818,8 +864,10 @@ static int cluster_ready(const struct up *u)
 		const struct stk_rt_node *n = stk_routing_node(&rt, rt.shards[i].node_id);
 		/* with --meta M, every meta in the shard: the leader and M - 1 followers */
 		if (n && n->state == STK_NODE_ONLINE && rt.shards[i].nfollowers + 1u >= u->nmeta)
-			meta_ok = 1;
+			meta_ok++;
 	}
+	/* every shard served (--meta-shards S) */
+	meta_ok = meta_ok >= (int)u->nshards;
 	/* every target serving, and in a chain of R (a remainder of fewer than R stays out) */
 	ok = meta_ok && serving >= u->ntargets * u->nodes &&
 	     rt.nchains >= u->ntargets * u->nodes / u->replicas;
@@ -1331,6 +1379,7 @@ static const struct option up_opts[] = {
 	{"nfs", required_argument, NULL, 'N'},     {"smb", required_argument, NULL, 'B'},
 	{"nodes", required_argument, NULL, 'n'},   {"replicas", required_argument, NULL, 'r'},
 	{"mgmtd", required_argument, NULL, 'g'},   {"meta", required_argument, NULL, 'E'},
+	{"meta-shards", required_argument, NULL, 'S'},
 	{"heartbeat-timeout-ms", required_argument, NULL, OPT_HBTO},
 	{"replace-after", required_argument, NULL, OPT_REPLACE_AFTER},
 	{"rebalance-moves", required_argument, NULL, OPT_REBALANCE_MOVES},
@@ -1453,6 +1502,13 @@ int cmd_up(int argc, char **argv)
 			u->nodes = (unsigned)v;
 			u->cluster = 1;
 			break;
+		case 'S':
+			if (stk_parse_u64(optarg, &v) || v < 1 || v > UP_SHARDS_MAX) {
+				cli_err("up", "--meta-shards must be 1..%u", UP_SHARDS_MAX);
+				goto out;
+			}
+			u->nshards = (unsigned)v;
+			break;
 		case 'E':
 			if (stk_parse_u64(optarg, &v) || v < 1 || v > UP_NODES_MAX) {
 				cli_err("up", "--meta must be 1..%u (and at most --nodes)",
@@ -1532,7 +1588,9 @@ int cmd_up(int argc, char **argv)
 			u->nmeta, u->nmeta, u->nodes);
 		goto out;
 	}
-	u->nprocs = 2 + u->nodes + u->nmgmtd - 1 + u->nmeta - 1;
+	if (!u->nshards)
+		u->nshards = 1;
+	u->nprocs = 2 + u->nodes + u->nmgmtd - 1 + u->nmeta * u->nshards - 1;
 	for (unsigned r = 0; r < u->nprocs; r++) {
 		if (role_of(u, (int)r) == 1 && r != 1)
 			snprintf(u->name[r], sizeof(u->name[r]), "meta%u", meta_index(u, (int)r));
@@ -1624,9 +1682,11 @@ int cmd_up(int argc, char **argv)
 	for (int r = 0; r < (int)u->nprocs; r++) {
 		unsigned k = extra_mgmtd(u, r); /* the k-th extra mgmtd, k >= 1 */
 		int extra = k > 0, meta = role_of(u, r) == 1;
-		unsigned port = extra  ? u->port + UP_MGMTD_PORT + k
-				: meta ? u->port + 1
-				       : u->port + (unsigned)(r < 2 ? r : 2);
+		unsigned shard = meta ? meta_index(u, r) / u->nmeta + 1 : 0;
+		unsigned port = extra		    ? u->port + UP_MGMTD_PORT + k
+				: meta && shard > 1 ? u->port + UP_SHARD_PORT + shard - 2
+				: meta		    ? u->port + 1
+						    : u->port + (unsigned)(r < 2 ? r : 2);
 		unsigned mport = extra ? u->port + UP_MGMTD_METRICS_PORT + k
 				       : port + STK_METRICS_PORT_OFFSET;
 		char host[64];
@@ -1639,7 +1699,7 @@ int cmd_up(int argc, char **argv)
 		/* several storage nodes: one loopback address each, the same ports; with
 		 * --meta M > 1, meta k on node k's */
 		if (meta && u->nmeta > 1)
-			snprintf(host, sizeof(host), "127.0.0.%u", 2 + meta_index(u, r));
+			snprintf(host, sizeof(host), "127.0.0.%u", 2 + meta_index(u, r) % u->nmeta);
 		else if (!extra && !meta && r >= 2 && u->nodes > 1)
 			snprintf(host, sizeof(host), "127.0.0.%d", r);
 		else

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/layout.h"
@@ -31,6 +32,7 @@
 #include "../proto/wire.h"
 #include "client.h"
 #include "lcache.h"
+#include "session.h"
 
 #define GATHER_US 1000u	  /* how long the thread lets records gather before it sends */
 #define QUEUE_MAX 2048u	  /* queued records past which answers here wait for the thread:
@@ -40,9 +42,28 @@
 #define RESP_CAP (256u << 10)
 #define PLACEMENT_RETRY_NS (100ull * 1000000ull)
 #define FAILED_KEEP 64u	  /* refused creates remembered for their files' first writes */
+#define ALLOW_SLOTS 16u	  /* quotas this client holds inode allowances in at a time */
+#define ALLOW_FIRST 64u	  /* inodes asked for at first, doubling with each refill */
+#define ALLOW_MOST 4096u  /* ... up to this many */
+#define ALLOW_DENIED_NS (100ull * 1000000ull) /* after a DQUOT, ask again only this late */
+#define ALLOW_IDLE_NS (2000ull * 1000000ull)  /* an allowance unspent this long goes back */
 
 struct inos {
 	uint64_t next, end; /* [next, end) reserved and unused */
+};
+
+/*
+ * An inode allowance (META_ALLOW, docs/quotas.md): creates this client may answer
+ * in folders counted in quota qid. Good only for the holder and the session (its
+ * quota epoch) it was granted to: meta drops it when either goes.
+ */
+struct allow {
+	uint64_t qid, left;
+	uint32_t holder, qepoch;
+	uint32_t step;	    /* what the next refill asks for */
+	uint64_t denied_ns; /* the last DQUOT */
+	uint64_t spent_ns;  /* the last spend or grant */
+	uint64_t dir;	    /* the folder of the last grant: named to give it back */
 };
 
 struct stk_behind {
@@ -64,6 +85,7 @@ struct stk_behind {
 	int err;	/* the first refusal not yet reported */
 	uint64_t failed[FAILED_KEEP]; /* the last creates meta refused (stk_behind_settle) */
 	unsigned nfailed;
+	struct allow allow[ALLOW_SLOTS];
 	int stop;
 	pthread_t thr;
 	int have_thread;
@@ -73,6 +95,177 @@ struct stk_behind {
 	uint8_t *req, *resp;
 	size_t req_cap;
 };
+
+/* ---- inode allowances ---- */
+
+/* With mu: quota qid's allowance slot, valid for holder now, or NULL. */
+static struct allow *allow_slot(stk_client *c, struct stk_behind *b, uint64_t qid, uint32_t holder)
+{
+	uint32_t qepoch = atomic_load(&c->quota_epoch);
+
+	for (unsigned i = 0; i < ALLOW_SLOTS; i++) {
+		struct allow *a = &b->allow[i];
+
+		if (a->qid != qid)
+			continue;
+		if (a->holder != holder || a->qepoch != qepoch) {
+			/* meta dropped it with the holder or the session: start again */
+			a->left = 0;
+			a->holder = holder;
+			a->qepoch = qepoch;
+			a->step = ALLOW_FIRST;
+		}
+		return a;
+	}
+	return NULL;
+}
+
+/*
+ * With mu: spends one of quota qid's allowance granted to holder (qid 0: no quota).
+ * 1, or 0: none left.
+ */
+static int allow_spend(stk_client *c, struct stk_behind *b, uint64_t qid, uint32_t holder)
+{
+	struct allow *a;
+
+	if (!qid)
+		return 1;
+	a = allow_slot(c, b, qid, holder);
+	if (!a || !a->left)
+		return 0;
+	a->left--;
+	a->spent_ns = stk_now_ns();
+	return 1;
+}
+
+/*
+ * The thread, without mu: gives n of quota qid's allowance back to meta, unspent
+ * for ALLOW_IDLE_NS, so that other clients of the quota find the room. It names
+ * the folder of the last grant (a client key may reach nothing above it), or the
+ * quota root, which counts in itself, when that folder is gone. A holder reset
+ * since has nothing to give (meta dropped it): AGAIN, ignored.
+ */
+static void allow_give_back(stk_client *c, uint64_t qid, uint64_t dir, uint32_t holder, uint64_t n)
+{
+	struct stk_msg_meta_allow_req q = {.session = stk_session_id(c),
+					   .dir = dir ? dir : qid,
+					   .give = (uint32_t)STK_MIN(n, (uint64_t)UINT32_MAX - 1)};
+	uint8_t req[64], resp[64];
+	struct stk_wbuf w;
+	size_t rlen = 0;
+	int rc;
+
+	for (int tries = 0; tries < 2; tries++) {
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_allow_req_enc(&w, &q);
+		rc = stk_client_meta_call_from(c, holder, STK_OP_META_ALLOW, req, w.len, resp,
+					       sizeof(resp), &rlen);
+		if (rc != -ENOENT || q.dir == qid)
+			break;
+		q.dir = qid;
+	}
+	if (rc && rc != -EAGAIN)
+		stk_debug("write-behind: giving back %llu inodes of quota %llu: %s",
+			  (unsigned long long)n, (unsigned long long)qid, stk_strerror(rc));
+}
+
+/*
+ * With mu, for the thread: takes an allowance unspent for ALLOW_IDLE_NS out of its
+ * slot into *qid, *holder, *n (1), or 0 and *next_ns: when the next one falls idle
+ * (0: none holds any).
+ */
+static int allow_idle(stk_client *c, struct stk_behind *b, uint64_t now, uint64_t *qid,
+		      uint64_t *dir, uint32_t *holder, uint64_t *n, uint64_t *next_ns)
+{
+	uint32_t qepoch = atomic_load(&c->quota_epoch);
+
+	*next_ns = 0;
+	for (unsigned i = 0; i < ALLOW_SLOTS; i++) {
+		struct allow *a = &b->allow[i];
+
+		if (!a->qid || !a->left || a->qepoch != qepoch)
+			continue;
+		if (now - a->spent_ns >= ALLOW_IDLE_NS) {
+			*qid = a->qid;
+			*dir = a->dir;
+			*holder = a->holder;
+			*n = a->left;
+			a->left = 0;
+			a->step = ALLOW_FIRST;
+			return 1;
+		}
+		if (!*next_ns || a->spent_ns + ALLOW_IDLE_NS < *next_ns)
+			*next_ns = a->spent_ns + ALLOW_IDLE_NS;
+	}
+	return 0;
+}
+
+/*
+ * Asks meta for more of the allowance of the quota folder parent counts in (qid
+ * here). Without the gate: the call sends the queue first. 0 when some was granted
+ * (the caller tries again), else -EAGAIN (the caller asks meta to create).
+ */
+static int allow_refill(stk_client *c, struct stk_behind *b, uint64_t parent, uint64_t qid)
+{
+	struct stk_msg_meta_allow_req q = {.session = stk_session_id(c), .dir = parent};
+	struct stk_msg_meta_allow_resp r;
+	uint32_t holder = stk_lcache_origin(c);
+	uint8_t req[64], resp[64];
+	uint64_t now = stk_now_ns();
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	struct allow *a;
+	size_t rlen = 0;
+	int rc;
+
+	if (!holder || !q.session)
+		return -EAGAIN;
+	pthread_mutex_lock(&b->mu);
+	a = allow_slot(c, b, qid, holder);
+	if (!a) { /* a slot of a quota not used for longest... the first with none left */
+		for (unsigned i = 0; i < ALLOW_SLOTS && !a; i++)
+			if (!b->allow[i].qid || !b->allow[i].left)
+				a = &b->allow[i];
+		if (a) {
+			memset(a, 0, sizeof(*a));
+			a->qid = qid;
+			a->holder = holder;
+			a->qepoch = atomic_load(&c->quota_epoch);
+			a->step = ALLOW_FIRST;
+		}
+	}
+	rc = !a || (a->denied_ns && now - a->denied_ns < ALLOW_DENIED_NS) ? -EAGAIN : 0;
+	q.want = a ? a->step : 0;
+	pthread_mutex_unlock(&b->mu);
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_allow_req_enc(&w, &q);
+	rc = stk_client_meta_call_from(c, holder, STK_OP_META_ALLOW, req, w.len, resp, sizeof(resp),
+				       &rlen);
+	if (rc == 0) {
+		stk_rbuf_init(&rb, resp, rlen);
+		if (stk_msg_meta_allow_resp_dec(&rb, &r) || stk_rbuf_finish(&rb))
+			rc = -EIO;
+	}
+	pthread_mutex_lock(&b->mu);
+	a = allow_slot(c, b, qid, holder);
+	if (a && rc == -EDQUOT)
+		a->denied_ns = stk_now_ns();
+	if (a && rc == 0 && r.granted && (r.qid == qid || !r.qid)) {
+		a->left += r.granted;
+		a->dir = parent;
+		a->denied_ns = 0;
+		a->spent_ns = stk_now_ns();
+		pthread_cond_signal(&b->wake); /* the thread gives it back once idle */
+		a->step = STK_MIN(a->step * 2, ALLOW_MOST);
+		b->st.allowed += r.granted;
+	} else {
+		rc = -EAGAIN; /* refused, or counted in another quota now: meta decides */
+	}
+	pthread_mutex_unlock(&b->mu);
+	return rc;
+}
 
 /* ---- sending ---- */
 
@@ -248,7 +441,23 @@ static void *behind_main(void *arg)
 	pthread_mutex_lock(&b->mu);
 	while (!b->stop) {
 		if (!b->n && !b->want_inos) {
-			pthread_cond_wait(&b->wake, &b->mu);
+			uint64_t qid, dir, n, next_ns;
+			uint32_t holder;
+
+			if (allow_idle(c, b, stk_now_ns(), &qid, &dir, &holder, &n, &next_ns)) {
+				pthread_mutex_unlock(&b->mu);
+				allow_give_back(c, qid, dir, holder, n);
+				pthread_mutex_lock(&b->mu);
+				continue;
+			}
+			if (next_ns) {
+				struct timespec ts = {.tv_sec = (time_t)(next_ns / 1000000000ull),
+						      .tv_nsec = (long)(next_ns % 1000000000ull)};
+
+				pthread_cond_timedwait(&b->wake, &b->mu, &ts);
+			} else {
+				pthread_cond_wait(&b->wake, &b->mu);
+			}
 			continue;
 		}
 		if (b->want_inos) {
@@ -299,6 +508,7 @@ static void behind_free(struct stk_behind *b, int inited)
 int stk_behind_start(stk_client *c)
 {
 	pthread_rwlockattr_t ga;
+	pthread_condattr_t ca;
 	struct stk_behind *b;
 	const char *env = getenv("STOKER_WRITE_BEHIND");
 
@@ -315,7 +525,11 @@ int stk_behind_start(stk_client *c)
 	if (!b->q || !b->batch || !b->req || !b->resp)
 		goto fail;
 	pthread_mutex_init(&b->mu, NULL);
-	pthread_cond_init(&b->wake, NULL);
+	/* stk_now_ns's clock: the thread's wait for an allowance to fall idle */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&b->wake, &ca);
+	pthread_condattr_destroy(&ca);
 	pthread_cond_init(&b->room, NULL);
 	/* Writer first: the watch must not wait behind a stream of creates. */
 	pthread_rwlockattr_init(&ga);
@@ -455,17 +669,28 @@ int stk_behind_create(stk_client *c, const struct stk_cred *cred, uint64_t paren
 	struct stk_behind *b = c->behind;
 	struct stk_msg_name_rec m;
 	uint32_t dmode = 0, dgid = 0;
-	uint64_t entropy;
-	int rc = -EAGAIN;
+	uint64_t entropy, qid = 0;
+	uint32_t holder;
+	int rc = -EAGAIN, refilled = 0;
 
 	if (!b || strlen(name) > STK_NAME_MAX)
 		return -EAGAIN;
+again:
 	pthread_rwlock_rdlock(&b->gate);
-	if (!stk_lcache_behind_free(c, parent, name, &dmode, &dgid))
+	if (!stk_lcache_behind_free(c, parent, name, &dmode, &dgid, &qid))
 		goto out;
+	holder = qid ? stk_lcache_origin(c) : 0; /* not under mu: the cache's lock is apart */
 	memset(&m, 0, sizeof(m));
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&b->mu);
+	if (!allow_spend(c, b, qid, holder)) {
+		/* Under a quota with none of its allowance left: ask for more, once. */
+		pthread_mutex_unlock(&b->mu);
+		pthread_rwlock_unlock(&b->gate);
+		if (refilled++ || allow_refill(c, b, parent, qid))
+			return -EAGAIN;
+		goto again;
+	}
 	if (!b->nchains && !b->want_inos && !b->no_inos &&
 	    stk_now_ns() - b->asked_ns > PLACEMENT_RETRY_NS) {
 		/* No storage when numbers were last reserved: ask again, now and then. */
@@ -474,6 +699,10 @@ int stk_behind_create(stk_client *c, const struct stk_cred *cred, uint64_t paren
 		pthread_cond_signal(&b->wake);
 	}
 	if (make_room(b) || !b->nchains || !(out->ino = take_ino(b))) {
+		struct allow *a = qid ? allow_slot(c, b, qid, holder) : NULL;
+
+		if (a)
+			a->left++; /* not spent after all */
 		pthread_mutex_unlock(&b->mu);
 		goto out;
 	}

@@ -78,6 +78,7 @@ void stk_behind_gate_open(stk_client *c);
 /* Counts for the mount's /metrics and tests. */
 struct stk_behind_stats {
 	uint64_t creates, unlinks, batches, failed;
+	uint64_t allowed; /* inodes granted by META_ALLOW (quota allowances) */
 };
 void stk_behind_stats(stk_client *c, struct stk_behind_stats *out);
 

@@ -412,7 +412,12 @@ int stk_client_meta_addr(struct stk_client *c, char *addr)
 
 	pthread_rwlock_rdlock(&c->rt_lock);
 	for (uint32_t i = 0; i < c->rt.nshards; i++) {
-		const struct stk_rt_node *n = stk_routing_node(&c->rt, c->rt.shards[i].node_id);
+		const struct stk_rt_node *n;
+
+		/* shard 1 holds the root and, for now, every folder (docs/meta-shards.md) */
+		if (c->rt.shards[i].id != 1)
+			continue;
+		n = stk_routing_node(&c->rt, c->rt.shards[i].node_id);
 		if (n) {
 			memcpy(addr, n->addr, STK_ADDR_MAX);
 			rc = 0;

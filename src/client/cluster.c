@@ -176,6 +176,7 @@ static int build(struct stk_cluster_status *s)
 		    .ns = ns_text(&n->ns, o->ns),
 		    .meta_seq = n->meta_seq,
 		    .meta_epoch = n->meta_epoch,
+		    .shard = n->shard,
 		};
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {

@@ -387,7 +387,7 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	tok = stk_lcache_begin_change(c, parent, m.name, 0);
 	/* ... and with write-behind on, its creates and unlinks may be answered here. */
 	if (tok.holder && c->behind)
-		m.flags = STK_MKDIR_DELEGATE;
+		m.flags = STK_MKDIR_DELEGATE | STK_MKDIR_DELEGATE_QUOTA;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_mkdir_req_enc(&w, &m);
 	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_MKDIR, req, w.len, resp,

@@ -77,6 +77,7 @@ struct lc_dir {
 	uint32_t nlost;
 	/* Delegated to this client (behind.h): its creates and unlinks may be answered here. */
 	uint8_t delegated;
+	uint64_t qid; /* the quota it counts in (attr.qid): creates spend an allowance */
 	/*
 	 * More than LC_LOST_MAX names lost: no longer complete, but a delegated folder
 	 * keeps its record, so that names still in the table may be unlinked here.
@@ -117,6 +118,10 @@ struct stk_lcache {
 		uint64_t parent, ino;
 		char name[LC_NAME];
 	} revoked[LC_REVOKED];
+	/* stk_lcache_on_revoked_ino: called without mu, under ino_mu (never the other way) */
+	pthread_mutex_t ino_mu;
+	stk_lcache_ino_fn ino_fn;
+	void *ino_ctx;
 	struct lc_ent e[LC_SLOTS];
 	struct lc_dir d[LC_DIRS];
 };
@@ -371,6 +376,11 @@ out:
 
 int stk_lcache_get_ino(stk_client *c, uint64_t ino, struct stk_attr *out)
 {
+	return stk_lcache_get_ino_until(c, ino, out, NULL);
+}
+
+int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, uint64_t *until_ns)
+{
 	struct stk_lcache *l = c->lc;
 	const struct lc_ent *e;
 	uint64_t now;
@@ -385,6 +395,9 @@ int stk_lcache_get_ino(stk_client *c, uint64_t ino, struct stk_attr *out)
 	if (now < l->trust_until_ns && e->used && e->found && e->attr.ino == ino &&
 	    !pending(l, gen_of(ino)) && ent_valid(l, e, now)) {
 		*out = e->attr;
+		if (until_ns)
+			*until_ns =
+			    e->expires_ns < l->trust_until_ns ? e->expires_ns : l->trust_until_ns;
 		hit = 1;
 	}
 	pthread_mutex_unlock(&l->mu);
@@ -613,6 +626,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		memset(d->lost, 0, sizeof(d->lost));
 		d->nlost = 0;
 		d->delegated = (uint8_t)(delegated != 0);
+		d->qid = dir->qid;
 		d->partial = 0;
 	}
 	pthread_mutex_unlock(&l->mu);
@@ -645,7 +659,7 @@ static struct lc_dir *behind_lock(struct stk_lcache *l, uint64_t parent, const c
 }
 
 int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uint32_t *dmode,
-			   uint32_t *dgid)
+			   uint32_t *dgid, uint64_t *dqid)
 {
 	struct stk_lcache *l = c->lc;
 	struct lc_dir *d;
@@ -662,6 +676,7 @@ int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uin
 		ok = !e || (!e->found && ent_valid(l, e, now));
 		*dmode = d->mode;
 		*dgid = d->gid;
+		*dqid = d->qid;
 	}
 	pthread_mutex_unlock(&l->mu);
 	return ok;
@@ -770,6 +785,32 @@ void stk_lcache_on_revoked(stk_client *c, stk_lcache_revoked_fn fn, void *ctx)
 	pthread_mutex_unlock(&l->mu);
 }
 
+void stk_lcache_on_revoked_ino(stk_client *c, stk_lcache_ino_fn fn, void *ctx)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->ino_mu);
+	l->ino_fn = fn;
+	l->ino_ctx = ctx;
+	pthread_mutex_unlock(&l->ino_mu);
+}
+
+/* Without the mutex: tells stk_lcache_on_revoked_ino's fn of each record of rb. */
+static void report_revoked_inos(struct stk_lcache *l, struct stk_rbuf *rb, uint32_t n)
+{
+	pthread_mutex_lock(&l->ino_mu);
+	for (uint32_t i = 0; l->ino_fn && i < n; i++) {
+		struct stk_msg_watch_rec rec;
+
+		if (stk_msg_watch_rec_dec(rb, &rec))
+			break; /* decoded once already: cannot happen */
+		l->ino_fn(l->ino_ctx, rec.ino);
+	}
+	pthread_mutex_unlock(&l->ino_mu);
+}
+
 /* With the mutex: remembers the name the cache last learnt for revoked inode ino. */
 static void note_revoked(struct stk_lcache *l, uint64_t ino)
 {
@@ -855,7 +896,7 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	struct stk_msg_meta_watch_resp r;
 	uint8_t req[64];
 	struct stk_wbuf w;
-	struct stk_rbuf rb;
+	struct stk_rbuf rb, recs;
 	uint64_t sent;
 	int rc;
 
@@ -878,6 +919,7 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	stk_rbuf_init(&rb, resp, rpc.resp_len);
 	if (stk_msg_meta_watch_resp_dec(&rb, &r) || r.n > STK_WATCH_RECS_MAX)
 		return -EBADMSG;
+	recs = rb; /* the records again, for report_revoked_inos */
 	/* No create or unlink is answered in a folder while its revocation lands. */
 	stk_behind_gate_close(c);
 	pthread_mutex_lock(&l->mu);
@@ -908,6 +950,10 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	l->trust_until_ns = sent + TRUST_NS;
 	pthread_mutex_unlock(&l->mu);
 	stk_behind_gate_open(c);
+	/* Before the next watch acknowledges them: a cache above this one that was
+	 * told these attributes under the lease forgets them first. */
+	if (r.n)
+		report_revoked_inos(l, &recs, r.n);
 	/* Before the next watch acknowledges these: what was answered here in a
 	 * delegated folder goes to meta first (behind.h), and a change meta waits to
 	 * make may remove a file opened here on a lease, so meta must know of that open. */
@@ -985,10 +1031,12 @@ int stk_lcache_start(stk_client *c)
 	if (!l)
 		return -ENOMEM;
 	pthread_mutex_init(&l->mu, NULL);
+	pthread_mutex_init(&l->ino_mu, NULL);
 	c->lc = l;
 	if (pthread_create(&l->thr, NULL, watch_main, c)) {
 		c->lc = NULL;
 		pthread_mutex_destroy(&l->mu);
+		pthread_mutex_destroy(&l->ino_mu);
 		free(l);
 		return -EAGAIN;
 	}
@@ -1018,6 +1066,7 @@ void stk_lcache_destroy(stk_client *c)
 		pthread_join(l->thr, NULL);
 	c->lc = NULL;
 	pthread_mutex_destroy(&l->mu);
+	pthread_mutex_destroy(&l->ino_mu);
 	free(l);
 }
 
@@ -1028,6 +1077,8 @@ void stk_lcache_after_fork(stk_client *c)
 	if (!l)
 		return;
 	pthread_mutex_init(&l->mu, NULL);
+	pthread_mutex_init(&l->ino_mu, NULL);
+	l->ino_fn = NULL;
 	l->have_thread = 0;
 	l->off = 1;
 	drop_all(l);

@@ -67,6 +67,12 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
  * permission is checked (an open by inode: the kernel has checked).
  */
 int stk_lcache_get_ino(stk_client *c, uint64_t ino, struct stk_attr *out);
+/*
+ * As stk_lcache_get_ino, and on a hit *until_ns (CLOCK_MONOTONIC, stk_now_ns) is
+ * when the answer stops being trusted unless a revocation ends it sooner: the end
+ * of the cache's trust in its watch or of the entry's lease, whichever is first.
+ */
+int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, uint64_t *until_ns);
 /* Before a lookup that may be cached: the state its answer must still match. */
 struct stk_lcache_tok stk_lcache_begin(stk_client *c);
 /*
@@ -109,13 +115,13 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 			 int delegated);
 /*
  * Write-behind (behind.h), under its gate. _free: 1 when parent is complete and
- * delegated here and `name` is not in it (*dmode, *dgid: the folder's mode and
- * group). _made: the new file is parent's `name` from now. _victim: 1 when parent
- * is delegated here and `name` is a regular file with one link (*out). _gone: the
- * name is no longer there (its folder stays complete).
+ * delegated here and `name` is not in it (*dmode, *dgid, *dqid: the folder's mode,
+ * group and quota root, 0: none). _made: the new file is parent's `name` from now. _victim: 1 when
+ * parent is delegated here and `name` is a regular file with one link (*out). _gone: the name is no
+ * longer there (its folder stays complete).
  */
 int stk_lcache_behind_free(stk_client *c, uint64_t parent, const char *name, uint32_t *dmode,
-			   uint32_t *dgid);
+			   uint32_t *dgid, uint64_t *dqid);
 void stk_lcache_behind_made(stk_client *c, uint64_t parent, const char *name,
 			    const struct stk_attr *attr);
 int stk_lcache_behind_victim(stk_client *c, uint64_t parent, const char *name,
@@ -143,6 +149,16 @@ void stk_lcache_updated(stk_client *c, struct stk_lcache_tok tok, uint64_t ino,
  */
 typedef void (*stk_lcache_revoked_fn)(void *ctx, uint64_t parent, const char *name, uint64_t ino);
 void stk_lcache_on_revoked(stk_client *c, stk_lcache_revoked_fn fn, void *ctx);
+/*
+ * Every inode a revocation names: fn(ctx, ino) once per record of a watch's reply,
+ * folders included, from the watch thread without the cache's mutex, after the
+ * cache dropped them and before the watch that acknowledges them is sent (so,
+ * before meta commits the change). fn may block briefly (a write to /dev/fuse) but
+ * must not call into this cache. fn NULL: none from now; once this returns, no
+ * call is in progress.
+ */
+typedef void (*stk_lcache_ino_fn)(void *ctx, uint64_t ino);
+void stk_lcache_on_revoked_ino(stk_client *c, stk_lcache_ino_fn fn, void *ctx);
 
 /* The origin for a change this client forgets itself; 0 when the cache is off. */
 uint32_t stk_lcache_origin(stk_client *c);

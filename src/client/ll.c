@@ -466,9 +466,25 @@ int stk_ll_leased_attr(stk_client *c, uint64_t ino, struct stk_ll_attr *out)
 	return rc;
 }
 
+int stk_ll_leased_attr_until(stk_client *c, uint64_t ino, struct stk_ll_attr *out,
+			     uint64_t *until_ns)
+{
+	struct stk_attr a;
+	int rc = stk_lcache_get_ino_until(c, ino, &a, until_ns);
+
+	if (rc == 1)
+		attr_out(&a, out);
+	return rc;
+}
+
 void stk_ll_on_revoked(stk_client *c, stk_ll_revoked_fn fn, void *ctx)
 {
 	stk_lcache_on_revoked(c, fn, ctx);
+}
+
+void stk_ll_on_revoked_ino(stk_client *c, stk_ll_revoked_ino_fn fn, void *ctx)
+{
+	stk_lcache_on_revoked_ino(c, fn, ctx);
 }
 
 void stk_ll_leases_stats(stk_client *c, struct stk_ll_lease_stats *out)

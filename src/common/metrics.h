@@ -80,7 +80,7 @@
 	  "Connections closed for failing the cluster-key handshake, by reason: no_handshake "    \
 	  "(a request before it), bad_proof (wrong key or replay, a forged client policy), "        \
 	  "malformed, timeout, revoked (a removed client key); with TLS: tls_plaintext (a peer "   \
-	  "without TLS), tls_handshake (wrong key, bad records).")                                    \
+	  "without TLS), tls_handshake (wrong key, an edited client key, bad records).")             \
 	X(CLIENT_REFUSED, COUNTER, "stoker_client_refused_total", "reason",                        \
 	  "Requests of client-key connections refused by their policy (docs/security.md), by "    \
 	  "reason: read_only, outside (outside the client's subtree), admin (an operator's "     \
@@ -161,6 +161,8 @@
 	  "The quota's limit on inodes; 0: none.")                                               \
 	X(QUOTA_USED_INODES, GAUGE, "stoker_quota_used_inodes", "quota",                           \
 	  "Inodes the quota counts, its folder included.")                                       \
+	X(QUOTA_RESERVED_INODES, GAUGE, "stoker_quota_reserved_inodes", "quota",                   \
+	  "Inodes set aside in the quota for mounts' own creates (allowances), not yet used.")   \
 	/* ---- storage: per target ---- */                                                        \
 	X(TARGET_CAPACITY, GAUGE, "stoker_target_capacity_bytes", "target",                        \
 	  "Size of the file system under the target folder (targets sharing a file system "        \

@@ -52,6 +52,8 @@ struct stk_fuse_opts {
 	double attr_timeout; /* seconds the kernel may cache attributes */
 	double entry_timeout; /* seconds it may cache a name */
 	double negative_timeout; /* seconds it may cache "no such name" */
+	/* seconds it may cache attributes this mount holds under a lease (0: off) */
+	double leased_attr_timeout;
 	uint64_t readahead; /* bytes of kernel readahead per file */
 	unsigned max_threads; /* request threads at most */
 	uint32_t timeout_ms; /* retry an unreachable cluster this long, then EIO; 0 = default */

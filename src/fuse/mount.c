@@ -90,6 +90,14 @@ static int apply_opt(struct stk_fuse_opts *o, const char *key, const char *val)
 		cli_err("mount", "-o %s needs seconds from 0 to 86400, e.g. %s=1.0", key, key);
 		return -EINVAL;
 	}
+	if (strcmp(key, "leased_attr_timeout") == 0) {
+		if (parse_seconds(val, &o->leased_attr_timeout) == 0 &&
+		    o->leased_attr_timeout <= 60)
+			return 0;
+		cli_err("mount", "-o leased_attr_timeout needs seconds from 0 to 60, e.g. "
+				 "leased_attr_timeout=1");
+		return -EINVAL;
+	}
 	if (strcmp(key, "timeout") == 0) {
 		double t;
 

@@ -109,6 +109,51 @@ static uint64_t ino_swap(const struct stk_fuse *fs, uint64_t ino)
 	return ino;
 }
 
+/*
+ * -o leased_attr_timeout: how long the kernel may keep attributes this mount holds
+ * under a lease whose trust ends at until_ns: the option, cut to the lease and
+ * the trust (50 ms early, for the reply's way to the kernel), never below
+ * attr_timeout. A revocation forgets them in the kernel first (revoked_attr).
+ */
+static double leased_ttl(const struct stk_fuse *fs, uint64_t until_ns)
+{
+	uint64_t now = stk_now_ns() + 50000000ull;
+	double left = until_ns > now ? (double)(until_ns - now) / 1e9 : 0;
+
+	if (left > fs->o.leased_attr_timeout)
+		left = fs->o.leased_attr_timeout;
+	return left > fs->o.attr_timeout ? left : fs->o.attr_timeout;
+}
+
+/*
+ * On the lookup cache's watch thread, for every inode whose lease meta revokes,
+ * before meta is told (so before the change is visible to anyone): the kernel
+ * forgets the attributes it was given under the lease, and a getattr answer in
+ * flight from before is discarded by the kernel (it bumps the inode's attribute
+ * version). Attributes only (offset -1): the kernel takes no folder or page lock
+ * for that, so this cannot wait on a request that waits on this revocation (which
+ * is why notify.c expires names on a thread of its own instead).
+ */
+static void revoked_attr(void *ctx, uint64_t ino)
+{
+	struct stk_fuse *fs = ctx;
+
+	fuse_lowlevel_notify_inval_inode(fs->se, ino_swap(fs, ino), -1, 0);
+}
+
+/* The kernel may keep these attributes for attr_timeout, or longer under a lease. */
+static double attr_ttl(struct stk_fuse *fs, const struct stk_ll_attr *a)
+{
+	struct stk_ll_attr l;
+	uint64_t until;
+
+	if (fs->o.leased_attr_timeout > 0 && stk_ll_leased_attr_until(fs->c, a->ino, &l, &until) &&
+	    l.size == a->size && l.mtime_sec == a->mtime_sec && l.mtime_nsec == a->mtime_nsec &&
+	    l.ctime_sec == a->ctime_sec && l.ctime_nsec == a->ctime_nsec)
+		return leased_ttl(fs, until);
+	return fs->o.attr_timeout;
+}
+
 static void reply_err(fuse_req_t req, int rc)
 {
 	/* libstoker returns -errno; anything else would be a bug, reported as EIO. */
@@ -192,7 +237,7 @@ static void fill_entry(struct stk_fuse *fs, struct stk_ll_attr *a, struct fuse_e
 {
 	memset(e, 0, sizeof(*e));
 	e->ino = ino_swap(fs, a->ino);
-	e->attr_timeout = fs->o.attr_timeout;
+	e->attr_timeout = attr_ttl(fs, a);
 	e->entry_timeout = fs->o.entry_timeout;
 	attr_stat(fs, a, &e->attr);
 }
@@ -336,6 +381,8 @@ static void op_init(void *userdata, struct fuse_conn_info *conn)
 		/* Its leases are what tell us that another client changed a name. */
 		if (stk_ll_leases_on(fs->c) && stk_fuse_notify_start(fs))
 			stk_warn("names others change stay in the kernel up to entry_timeout");
+		if (stk_ll_leases_on(fs->c) && fs->o.leased_attr_timeout > 0)
+			stk_ll_on_revoked_ino(fs->c, revoked_attr, fs);
 		if (fs->o.writebehind && !fs->o.ro && stk_ll_names_start(fs->c))
 			stk_warn("no write-behind: every create and unlink waits for meta");
 	}
@@ -443,6 +490,8 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	struct stk_fuse_acache_tok tok = stk_fuse_acache_begin(&fs->acache, sino);
 	struct stk_ll_cred cr;
 	struct stk_ll_attr a;
+	double ttl = fs->o.attr_timeout;
+	uint64_t until;
 	struct stat st;
 	int rc;
 
@@ -451,8 +500,11 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 	rc = stk_fuse_acache_get(&fs->acache, sino, &a);
 	/* Else the lookup cache's, under a lease on the inode, as a lookup would answer
 	 * (a change anyone makes to them is revoked here before it is visible). */
-	if (rc && stk_ll_leased_attr(fs->c, sino, &a))
+	if (rc && stk_ll_leased_attr_until(fs->c, sino, &a, &until)) {
 		rc = 0;
+		if (fs->o.leased_attr_timeout > 0)
+			ttl = leased_ttl(fs, until);
+	}
 	if (rc) {
 		rc = fresh_attr(fs, &cr, sino, &a);
 		if (rc == 0 && !fi && stale_orphan(fs, &a))
@@ -464,7 +516,7 @@ static void op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 		return;
 	}
 	attr_stat(fs, &a, &st);
-	if (fuse_reply_attr(req, &st, fs->o.attr_timeout) == 0)
+	if (fuse_reply_attr(req, &st, ttl) == 0)
 		stk_fuse_acache_told(&fs->acache, &a, tok);
 }
 
@@ -1763,6 +1815,7 @@ void stk_fuse_fs_fini(struct stk_fuse *fs)
 {
 	unsigned n;
 
+	stk_ll_on_revoked_ino(fs->c, NULL, NULL); /* no call in progress once it returns */
 	stk_fuse_notify_stop(fs);
 	n = stk_fuse_table_drain(&fs->tab, fs->c);
 

@@ -4,7 +4,7 @@
  * takes it from an io_uring, so the caller and the thread that serves it share a
  * CPU. Over /dev/fuse the kernel wakes whichever reader waits, most often on the
  * other, idle CPU, and on a virtual machine waking an idle CPU is the dearest
- * part of a request (docs/BENCHMARKS.md, eighth run).
+ * part of a request (docs/BENCHMARKS.md, "What limits each figure", W3 read).
  *
  * libfuse 3.14 knows nothing of this, so the transport sits under it:
  *   - fuse_session_custom_io() gives us its reads of and writes to /dev/fuse.

@@ -184,10 +184,13 @@ int stk_gw_mount(struct stk_gw_super *s, const char *addr, const char *dir, cons
 	snprintf(url, sizeof(url), "stk://%s%s", addr, strcmp(dir, "/") ? dir : "");
 	/* attr_timeout=0, entry_timeout=0: a server keeps files open and stats them to
 	 * decide what its clients see; the kernel must not answer from a cache that
-	 * another client's change has not reached (the daemon's own cache is kept
-	 * right by meta's leases, so this costs no round trip to meta). */
+	 * another client's change has not reached. Except under a lease
+	 * (leased_attr_timeout): the mount makes the kernel forget those attributes
+	 * before meta lets anyone change them, which spares the round trip through
+	 * FUSE of the several stats Ganesha makes per NFS READ. */
 	snprintf(opt, sizeof(opt),
-		 "allow_other,default_permissions,attr_timeout=0,entry_timeout=0,log=%s/mount.log%s%s",
+		 "allow_other,default_permissions,attr_timeout=0,entry_timeout=0,"
+		 "leased_attr_timeout=1,log=%s/mount.log%s%s",
 		 s->state, extra && extra[0] ? "," : "", extra ? extra : "");
 	if (run_self(s, mnt_args) != 0)
 		return -EIO;

@@ -246,6 +246,11 @@ static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 				rc = refuse(cf, STK_CLIENT_REFUSED_ADMIN, -EPERM, q.ino);
 		});
 		break;
+	case STK_OP_META_ALLOW:
+		CONFINE_MSG(meta_allow_req, {
+			rc = read_only(cf) ? read_only(cf) : inside(cf, &q.dir);
+		});
+		break;
 	case STK_OP_META_OPEN:
 	case STK_OP_META_LOCK:
 		if (cf->req->hdr.opcode == STK_OP_META_OPEN)

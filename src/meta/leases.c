@@ -103,6 +103,8 @@ struct stk_meta_leases {
 	uint64_t grace_end_ns; /* set once before serving: changes wait for it */
 	/* Delegations made, by bucket of their folder (stk_meta_leases_deleg_gen): atomic. */
 	uint64_t deleg_gen[DELEG_GENS + 1]; /* the last one counts them all */
+	stk_meta_leases_drop_fn on_drop;    /* a holder reset or gone (set before serving) */
+	void *on_drop_ctx;
 };
 
 /* Whom a change or recall waits for, and for which record of each. */
@@ -194,6 +196,8 @@ static void delegs_drop(struct stk_meta_leases *l, struct holder *h)
 static void holder_reset(struct stk_meta_leases *l, struct holder *h)
 {
 	delegs_drop(l, h);
+	if (l->on_drop)
+		l->on_drop(l->on_drop_ctx, h->session);
 	h->id = new_id(l, (uint32_t)(h - l->h));
 	h->acked = 0;
 	h->qlen = 0;
@@ -206,6 +210,8 @@ static void holder_reset(struct stk_meta_leases *l, struct holder *h)
 static void holder_free(struct stk_meta_leases *l, struct holder *h)
 {
 	delegs_drop(l, h);
+	if (l->on_drop)
+		l->on_drop(l->on_drop_ctx, h->session);
 	h->id = 0;
 	h->session = 0;
 	h->qlen = 0;
@@ -786,6 +792,29 @@ void stk_meta_leases_alive(struct stk_meta_leases *l, uint32_t holder)
 	if (h && !h->reset)
 		h->last_ns = stk_now_ns();
 	pthread_mutex_unlock(&l->mu);
+}
+
+void stk_meta_leases_on_drop(struct stk_meta_leases *l, stk_meta_leases_drop_fn fn, void *ctx)
+{
+	pthread_mutex_lock(&l->mu);
+	l->on_drop = fn;
+	l->on_drop_ctx = ctx;
+	pthread_mutex_unlock(&l->mu);
+}
+
+uint64_t stk_meta_leases_session_of(struct stk_meta_leases *l, uint32_t holder)
+{
+	struct holder *h;
+	uint64_t session = 0;
+
+	if (!holder)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	h = holder_get(l, holder);
+	if (h && !h->reset)
+		session = h->session;
+	pthread_mutex_unlock(&l->mu);
+	return session;
 }
 
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session)

@@ -170,6 +170,18 @@ void stk_meta_leases_undelegate(struct stk_meta_leases *l, uint64_t ino);
  */
 void stk_meta_leases_alive(struct stk_meta_leases *l, uint32_t holder);
 
+/*
+ * fn(ctx, session) is called, under the table's lock, whenever a holder of session
+ * is reset or goes (forgotten, its session ended): what meta keeps for the holder
+ * outside this table (its inode allowances, meta/store.h) goes with it. fn must not
+ * call into this table. Set once, before serving; NULL: nothing is called.
+ */
+typedef void (*stk_meta_leases_drop_fn)(void *ctx, uint64_t session);
+void stk_meta_leases_on_drop(struct stk_meta_leases *l, stk_meta_leases_drop_fn fn, void *ctx);
+
+/* The session of holder `holder`, or 0: no such holder, or it is being reset. */
+uint64_t stk_meta_leases_session_of(struct stk_meta_leases *l, uint32_t holder);
+
 /* The session ended: its holders go (their waiters stop waiting for them). */
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session);
 

@@ -19,6 +19,11 @@ struct stk_meta_opts {
 	uint64_t map_size; /* LMDB map size, 0 = 64 GiB */
 	const char *metrics_listen; /* "HOST:PORT" for GET /metrics, or NULL for none */
 	const char *host_id; /* --host-id: the host id to report, NULL for this host's */
+	/*
+	 * --shard K: the metadata shard this node serves (docs/meta-shards.md; 0: 1).
+	 * A store remembers the shard it was made for and refuses another.
+	 */
+	unsigned shard;
 };
 
 /* Serves until SIGINT/SIGTERM. 0 or -errno (logged). */

@@ -538,13 +538,13 @@ static void peers_stop(struct repl *r, struct peer **ps, unsigned n)
 
 /* ---- 3. the manager ---- */
 
-static int role_of(const struct stk_routing *rt, uint32_t self, uint64_t *epoch, uint8_t *replicas,
-		   const struct stk_rt_shard **out)
+static int role_of(const struct stk_routing *rt, uint32_t self, unsigned shard, uint64_t *epoch,
+		   uint8_t *replicas, const struct stk_rt_shard **out)
 {
 	for (uint32_t i = 0; i < rt->nshards; i++) {
 		const struct stk_rt_shard *sh = &rt->shards[i];
 
-		if (sh->id != 1)
+		if (sh->id != shard) /* this node's shard alone (docs/meta-shards.md) */
 			continue;
 		*out = sh;
 		*epoch = sh->epoch;
@@ -578,7 +578,7 @@ void stk_meta_repl_routing(void *ctx, const struct stk_routing *rt, uint64_t ali
 		pthread_mutex_unlock(&r->mu);
 		return;
 	}
-	role = role_of(rt, r->self, &epoch, &replicas, &sh);
+	role = role_of(rt, r->self, stk_meta_store_shard(r->st), &epoch, &replicas, &sh);
 	r->want_set = 1;
 	r->want_role = role;
 	r->want_epoch = epoch;
@@ -712,9 +712,10 @@ static void apply_wanted(struct repl *r)
 	}
 	stk_metric_set_int(r->role_series, role);
 	if (role != old_role || role == STK_META_ROLE_LEADER)
-		stk_info("replication: meta node %u is %s of shard 1 (epoch %" PRIu64
+		stk_info("replication: meta node %u is %s of shard %u (epoch %" PRIu64
 			 ", %u follower%s)",
-			 r->self, role_name(role), epoch, nf, nf == 1 ? "" : "s");
+			 r->self, role_name(role), stk_meta_store_shard(r->st), epoch, nf,
+			 nf == 1 ? "" : "s");
 }
 
 static void collect(void *ctx)

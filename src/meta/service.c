@@ -247,15 +247,15 @@ static void forget_if_gone(struct meta *m, uint64_t ino)
 struct quota_series {
 	uint64_t qid;
 	char path[256];
-	stk_metric_t s[5];
+	stk_metric_t s[6];
 	int seen;
 };
 
 static void collect_quotas(void *ctx)
 {
-	static const enum stk_metric_family f[5] = {
-	    STK_M_QUOTA_LIMIT_BYTES, STK_M_QUOTA_USED_BYTES, STK_M_QUOTA_RESERVED_BYTES,
-	    STK_M_QUOTA_LIMIT_INODES, STK_M_QUOTA_USED_INODES};
+	static const enum stk_metric_family f[6] = {
+	    STK_M_QUOTA_LIMIT_BYTES,  STK_M_QUOTA_USED_BYTES,  STK_M_QUOTA_RESERVED_BYTES,
+	    STK_M_QUOTA_LIMIT_INODES, STK_M_QUOTA_USED_INODES, STK_M_QUOTA_RESERVED_INODES};
 	struct meta *m = ctx;
 	struct stk_meta_quota *q = calloc(QUOTA_SERIES_MAX, sizeof(*q));
 	size_t n = 0;
@@ -269,9 +269,9 @@ static void collect_quotas(void *ctx)
 		struct quota_series *qs = NULL;
 		char path[256];
 		const char *label[1] = {path};
-		int64_t v[5] = {(int64_t)q[i].limit_bytes, (int64_t)q[i].used_bytes,
+		int64_t v[6] = {(int64_t)q[i].limit_bytes,    (int64_t)q[i].used_bytes,
 				(int64_t)q[i].reserved_bytes, (int64_t)q[i].limit_inodes,
-				(int64_t)q[i].used_inodes};
+				(int64_t)q[i].used_inodes,    (int64_t)q[i].reserved_inodes};
 
 		if (stk_meta_store_path_of(m->store, q[i].qid, path, sizeof(path)))
 			snprintf(path, sizeof(path), "inode %llu", (unsigned long long)q[i].qid);
@@ -284,7 +284,7 @@ static void collect_quotas(void *ctx)
 			memset(qs, 0, sizeof(*qs));
 			qs->qid = q[i].qid;
 			snprintf(qs->path, sizeof(qs->path), "%s", path);
-			for (int k = 0; k < 5; k++)
+			for (int k = 0; k < 6; k++)
 				if (stk_metric_series(f[k], label, &qs->s[k]))
 					qs->s[k] = 0;
 			m->nquota_series++;
@@ -292,13 +292,13 @@ static void collect_quotas(void *ctx)
 		if (!qs)
 			continue;
 		qs->seen = 1;
-		for (int k = 0; k < 5; k++) {
+		for (int k = 0; k < 6; k++) {
 			stk_metric_set_int(qs->s[k], v[k]);
 			stk_metric_hide(qs->s[k], 0);
 		}
 	}
 	for (size_t i = 0; i < m->nquota_series; i++)
-		for (int k = 0; !m->quota_series[i].seen && k < 5; k++)
+		for (int k = 0; !m->quota_series[i].seen && k < 6; k++)
 			stk_metric_hide(m->quota_series[i].s[k], 1);
 	free(q);
 }
@@ -791,10 +791,13 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	 * its holder has not been told of yet simply goes.
 	 */
 	/*
-	 * A folder under a quota is not delegated: its holder would answer creates
-	 * itself, and a quota must refuse them when they are made (docs/quotas.md).
+	 * A folder under a quota is delegated only to a holder that asks for inode
+	 * allowances (META_ALLOW) before it answers creates itself: the room is set
+	 * aside in the quota first, so none is passed (docs/quotas.md). An older
+	 * client would answer creates nothing was set aside for.
 	 */
-	if ((q.flags & STK_MKDIR_DELEGATE) && origin && r.leased && r.empty && !r.attr.qid &&
+	if ((q.flags & STK_MKDIR_DELEGATE) && origin && r.leased && r.empty &&
+	    (!r.attr.qid || (q.flags & STK_MKDIR_DELEGATE_QUOTA)) &&
 	    stk_meta_leases_delegate(m->leases, origin, r.attr.ino)) {
 		r.delegated = (uint8_t)dir_empty(m, r.attr.ino);
 		if (!r.delegated)
@@ -1444,8 +1447,8 @@ struct name_job {
 	struct stk_msg_name_res res;
 };
 
-static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs,
-			struct name_job *jobs, uint32_t n, const struct stk_meta_placement *pl)
+static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs, struct name_job *jobs,
+			uint32_t n, const struct stk_meta_placement *pl, uint64_t session)
 {
 	int brc = stk_meta_store_batch_begin(m->store);
 
@@ -1454,7 +1457,8 @@ static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs,
 		struct name_job *j = &jobs[i];
 		struct stk_meta_create_as as = {.ino = rec->ino,
 						.time_sec = rec->time_sec,
-						.time_nsec = rec->time_nsec};
+						.time_nsec = rec->time_nsec,
+						.session = session};
 		int created = 0;
 
 		if (j->rc)
@@ -1542,7 +1546,9 @@ static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	}
 	if (unlinks)
 		stk_meta_sessions_hold(m->sessions);
-	names_apply(m, recs, jobs, q.n, &pl);
+	/* Creates spend the holder's session's inode allowance, if it holds one. */
+	names_apply(m, recs, jobs, q.n, &pl,
+		    stk_meta_leases_session_of(m->leases, req->hdr.origin));
 	if (unlinks)
 		stk_meta_sessions_release(m->sessions);
 	stk_meta_leases_alive(m->leases, req->hdr.origin);
@@ -1569,6 +1575,50 @@ out:
 	free(recs);
 	free(jobs);
 	return rc;
+}
+
+/*
+ * META_ALLOW (msg.h): an inode allowance for the origin holder's session, which
+ * must be the request's, else AGAIN (a holder being reset gets none: it is to
+ * forget what it holds). Given back (want 0) or taken when the holder goes (holder_dropped).
+ */
+static int op_allow(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_allow_req q;
+	struct stk_msg_meta_allow_resp r;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_allow_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (!q.session || q.want > STK_ALLOW_MAX || (!q.want && !q.give))
+		return -EINVAL;
+	if (stk_meta_leases_session_of(m->leases, req->hdr.origin) != q.session)
+		return -EAGAIN; /* not a live holder of that session: none to hold it */
+	memset(&r, 0, sizeof(r));
+	if (q.give) {
+		struct stk_meta_quota qu;
+
+		/* NOENT: dir is gone or in no quota (the client then names the quota root) */
+		rc = stk_meta_store_quota_get(m->store, q.dir, &qu);
+		if (rc)
+			return rc;
+		stk_meta_store_quota_disallow(m->store, q.session, qu.qid, q.give);
+		r.qid = qu.qid;
+	}
+	if (q.want) {
+		rc = stk_meta_store_quota_allow(m->store, q.session, q.dir, q.want, &r.granted,
+						&r.qid);
+		if (rc)
+			return rc;
+	}
+	return stk_msg_meta_allow_resp_enc(&resp->payload, &r);
+}
+
+/* A lease holder was reset or went: its session's inode allowances go with it. */
+static void holder_dropped(void *ctx, uint64_t session)
+{
+	stk_meta_store_quota_disallow(ctx, session, 0, UINT32_MAX);
 }
 
 static int op_lock(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -1986,6 +2036,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_INOS] = op_inos,
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
+	[STK_OP_META_ALLOW] = op_allow,
 	[STK_OP_META_REPL] = op_repl,
 	[STK_OP_META_FSCK] = op_fsck,
 };
@@ -2039,6 +2090,15 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	/* A follower (or a leader cut off from mgmtd) serves no client: NOT_LEADER. */
 	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
 		return -EREMCHG;
+	/*
+	 * Shards 2.. serve no client yet (docs/meta-shards.md): clients send every
+	 * request to shard 1, which holds the root. One that reaches another shard's
+	 * meta node directly is refused, rather than served a namespace of that
+	 * shard's own that no other client sees (and that fsck, asking shard 1, would
+	 * take for orphans).
+	 */
+	if (opcode != STK_OP_META_REPL && stk_meta_store_shard(m->store) > 1)
+		return -EXDEV;
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
 	if (rc == 0)
@@ -2270,6 +2330,7 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 	ao.state = stk_meta_repl_routing;
 	ao.meta_pos = stk_meta_repl_pos;
 	ao.ctx = m->repl;
+	ao.shard = opts->shard ? opts->shard : 1;
 	rc = stk_agent_start(&ao, &m->agent, &node_id, NULL, 0);
 	if (rc) {
 		if (rc != -EINTR)
@@ -2290,10 +2351,12 @@ static int agent_open(struct meta *m, const struct stk_meta_opts *opts, const ch
 		 * up looks healthy to whoever started it. The node id is kept, so starting
 		 * it again names the same refused node in `stoker status`.
 		 */
-		stk_error("mgmtd refused this meta node (node %u): its store in %s is namespace "
-			  "%s, but shard 1 is namespace %s. It serves nothing; start meta on "
-			  "shard 1's data folder, or this folder with its own cluster",
-			  node_id, dir, stk_ns_id_str(&ao.ns, mine), stk_ns_id_str(&shard_ns, theirs));
+		stk_error("mgmtd refused this meta node (node %u) for shard %u: the cluster has "
+			  "no such shard (mgmtd --meta-shards), or its store in %s is namespace "
+			  "%s, but shard %u is namespace %s. It serves nothing; start meta on "
+			  "shard %u's data folder, or this folder with its own cluster",
+			  node_id, ao.shard, dir, stk_ns_id_str(&ao.ns, mine), ao.shard,
+			  stk_ns_id_str(&shard_ns, theirs), ao.shard);
 		return -EPERM;
 	}
 	stk_info("serving namespace %s on %s as node %u", stk_ns_id_str(&ao.ns, mine), addr,
@@ -2462,12 +2525,15 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	so.size = sizeof(so);
 	so.dir = dir;
 	so.map_size = opts->map_size;
+	so.shard = opts->shard;
 	rc = stk_meta_store_open(&so, &m.store);
 	if (rc)
 		return rc;
 	rc = stk_meta_sessions_create(m.store, 0, &m.sessions);
 	if (rc == 0)
 		rc = stk_meta_leases_create(&m.leases);
+	if (rc == 0)
+		stk_meta_leases_on_drop(m.leases, holder_dropped, m.store);
 	if (rc == 0)
 		rc = stk_meta_repl_create(m.store, on_promoted, &m, &m.repl);
 	if (rc)

@@ -104,6 +104,8 @@
 static const char NEXT_INO_KEY[] = "next_ino";
 static const char REPL_POS_KEY[] = "repl_pos";
 static const char NS_ID_KEY[] = "ns_id";
+/* The metadata shard the store was made for (docs/meta-shards.md); absent: shard 1. */
+static const char SHARD_KEY[] = "shard";
 
 struct stk_meta_store {
 	MDB_env *env;
@@ -115,6 +117,7 @@ struct stk_meta_store {
 	MDB_dbi quotas;
 	MDB_dbi purge; /* chunks to remove: see "purges" below */
 	struct stk_ns_id ns_id; /* the namespace's identity, set once by store_init */
+	unsigned shard;		/* the shard it serves (1..), set once by store_init */
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
 	void *open_ctx;
 	/*
@@ -146,6 +149,7 @@ struct stk_meta_store {
 	 */
 	pthread_mutex_t qmu;
 	struct resv *resv[256];
+	struct allow *allows; /* inode allowances of sessions (quotas below), under qmu */
 	/*
 	 * Replication (store.h, "Replication"): the mode, the epoch a leader's
 	 * changes carry and the hook that is told of each commit; all set under
@@ -204,6 +208,8 @@ struct op {
 	 * them already.
 	 */
 	int chosen_time;
+	/* A create that may spend this session's inode allowance (create_as). */
+	uint64_t allow_session;
 	int nested;	   /* a child of this thread's batch (stk_meta_store_batch_begin) */
 	size_t redo_mark;  /* nested: where its changes begin in the thread's redo record */
 	size_t unrec_mark; /* unrec_tl.n when it began: what it added lies past it */
@@ -212,6 +218,7 @@ struct op {
 /* Quotas (the end of this file): what the operations above them call. */
 static void resv_resize(struct stk_meta_store *st, uint64_t ino, uint64_t size);
 static void resv_free_all(struct stk_meta_store *st);
+static int allow_take(struct stk_meta_store *st, uint64_t session, uint64_t qid);
 
 /*
  * This thread's batch: every operation of the store in it is a child transaction
@@ -1155,7 +1162,9 @@ static int entry_add(struct op *o, struct inode *dir, const char *name, const st
 			return -EMLINK;
 		dir->a.nlink++;
 	}
-	rc = quota_charge(o, n->a.qid, 1, quota_bytes_of(n), 1);
+	/* A create its session's allowance holds room for is counted unchecked. */
+	rc = quota_charge(o, n->a.qid, 1, quota_bytes_of(n),
+			  !(o->allow_session && allow_take(o->st, o->allow_session, n->a.qid)));
 	if (rc == 0)
 		rc = inode_put(o, n);
 	if (rc == 0)
@@ -1383,6 +1392,48 @@ static int file_parents_fill(struct op *o)
 	return rc;
 }
 
+/*
+ * The shard the store serves: a new store of shard k > 1 records k and hands out
+ * inode numbers from (k - 1) << STK_INO_SHARD_SHIFT; shard 1's stores record
+ * nothing (today's stores). An existing store of another shard: -EXDEV, logged.
+ */
+static int shard_load(struct op *o, int fresh)
+{
+	MDB_val key = {sizeof(SHARD_KEY) - 1, (void *)SHARD_KEY}, val;
+	unsigned want = o->st->shard, have = 1;
+	struct stk_rbuf r;
+	struct stk_wbuf w;
+	uint8_t buf[4];
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->sys, &key, &val);
+	if (rc == 0) {
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		have = stk_get_u32(&r);
+		if (stk_rbuf_finish(&r) || have < 1 || have > STK_MAX_SHARDS) {
+			stk_error("meta store: corrupt shard number");
+			return -EIO;
+		}
+	} else if (rc != MDB_NOTFOUND) {
+		return lmdb_err(rc, "read shard number");
+	}
+	if (fresh && want > 1) {
+		stk_wbuf_init(&w, buf, sizeof(buf));
+		stk_put_u32(&w, want);
+		val.mv_size = w.len;
+		val.mv_data = buf;
+		rc = lmdb_err(mdb_put(o->txn, o->st->sys, &key, &val, 0), "write shard number");
+		return rc ? rc : ino_next_put(o, (uint64_t)(want - 1) << STK_INO_SHARD_SHIFT);
+	}
+	if (have != want) {
+		stk_error("meta store: this store holds metadata shard %u, not shard %u: start "
+			  "meta with --shard %u on it, or give shard %u a folder of its own",
+			  have, want, have, want);
+		return -EXDEV;
+	}
+	return 0;
+}
+
 /* Opens the tables and makes the root directory of a new store, and its identity. */
 static int store_init(struct stk_meta_store *st)
 {
@@ -1420,6 +1471,8 @@ static int store_init(struct stk_meta_store *st)
 		rc = root_create(&o);
 	}
 	if (rc == 0)
+		rc = shard_load(&o, fresh);
+	if (rc == 0)
 		rc = ns_id_load(&o, fresh);
 	if (rc == 0)
 		rc = file_parents_fill(&o);
@@ -1430,6 +1483,11 @@ out:
 void stk_meta_store_ns_id(const struct stk_meta_store *st, struct stk_ns_id *out)
 {
 	*out = st->ns_id;
+}
+
+unsigned stk_meta_store_shard(const struct stk_meta_store *st)
+{
+	return st->shard;
 }
 
 /*
@@ -1525,6 +1583,7 @@ int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_
 	pthread_rwlock_init(&st->map_lock, &ra);
 	pthread_rwlockattr_destroy(&ra);
 	st->map_max = opts->map_size ? opts->map_size : DEFAULT_MAP_SIZE;
+	st->shard = opts->shard ? opts->shard : 1;
 	rc = env_open(st, opts->dir, 1);
 	if (rc == -ENOSPC || rc == -EDQUOT || rc == -EOPNOTSUPP) {
 		stk_warn("meta store: cannot allocate the namespace's file in %s (%s); "
@@ -2125,6 +2184,7 @@ int stk_meta_store_create_as(struct stk_meta_store *st, const struct stk_cred *c
 		o.now_nsec = as->time_nsec;
 		o.chosen_time = 1;
 	}
+	o.allow_session = as ? as->session : 0;
 	rc = dir_get(&o, parent, MAY_X, &dir);
 	if (rc)
 		goto out;
@@ -3422,6 +3482,21 @@ struct resv {
 	struct resv *next;
 };
 
+/*
+ * Inodes a session may create in quota `qid` (its nearest quota root) without a
+ * check at each create (stk_meta_store_quota_allow): the holder of a delegated
+ * folder answers creates itself and sends them later (META_NAMES), so the room
+ * is set aside when granted. `left` counts in each quota of `chain` as if used
+ * until spent (allow_take, one per create) or released. Guarded by st->qmu.
+ */
+struct allow {
+	uint64_t session, qid;
+	uint64_t left;
+	uint64_t chain[QUOTA_DEPTH_MAX];
+	unsigned nchain;
+	struct allow *next;
+};
+
 static struct resv **resv_bucket(struct stk_meta_store *st, uint64_t ino)
 {
 	return &st->resv[(ino * 0x9E3779B97F4A7C15ull) >> 56];
@@ -3532,13 +3607,37 @@ static uint64_t resv_sum_locked(struct stk_meta_store *st, uint64_t qid)
 	return sum;
 }
 
+/* With qmu held: the inodes sessions' allowances hold in quota qid. */
+static uint64_t allow_sum_locked(struct stk_meta_store *st, uint64_t qid)
+{
+	uint64_t sum = 0;
+
+	for (struct allow *a = st->allows; a; a = a->next)
+		for (unsigned i = 0; i < a->nchain; i++)
+			if (a->chain[i] == qid)
+				sum = add_sat(sum, (int64_t)STK_MIN(a->left, (uint64_t)INT64_MAX));
+	return sum;
+}
+
+/* The inodes quota q has left: its limit less its usage and the allowances out. */
+static uint64_t inodes_left(struct stk_meta_store *st, const struct quota *q)
+{
+	uint64_t held;
+
+	pthread_mutex_lock(&st->qmu);
+	held = st->allows ? allow_sum_locked(st, q->qid) : 0;
+	pthread_mutex_unlock(&st->qmu);
+	held = add_sat(held, (int64_t)STK_MIN(q->used_inodes, (uint64_t)INT64_MAX));
+	return held >= q->limit_inodes ? 0 : q->limit_inodes - held;
+}
+
 /* -EDQUOT if q cannot take dinodes more inodes and dbytes more bytes. */
 static int quota_room(struct stk_meta_store *st, const struct quota *q, int64_t dinodes,
 		      int64_t dbytes)
 {
 	uint64_t res;
 
-	if (dinodes > 0 && q->limit_inodes && q->used_inodes + (uint64_t)dinodes > q->limit_inodes)
+	if (dinodes > 0 && q->limit_inodes && inodes_left(st, q) < (uint64_t)dinodes)
 		return -EDQUOT;
 	if (dbytes <= 0 || !q->limit_bytes)
 		return 0;
@@ -3651,6 +3750,15 @@ static void resv_rechain_locked(struct op *o)
 	struct inode n;
 	unsigned nq;
 
+	/* An allowance whose quota went holds nothing any more (nchain 0). */
+	for (struct allow *a = o->st->allows; a; a = a->next) {
+		if (quota_get(o, a->qid, &q[0]) || quota_chain(o, a->qid, q, &nq))
+			nq = 0;
+		a->nchain = nq;
+		for (unsigned i = 0; i < nq; i++)
+			a->chain[i] = q[i].qid;
+	}
+
 	for (size_t b = 0; b < STK_ARRAY_SIZE(o->st->resv); b++) {
 		for (struct resv *r = o->st->resv[b]; r; r = r->next) {
 			if (inode_get(o, r->ino, &n) || quota_chain(o, n.a.qid, q, &nq))
@@ -3664,6 +3772,12 @@ static void resv_rechain_locked(struct op *o)
 
 static void resv_free_all(struct stk_meta_store *st)
 {
+	while (st->allows) {
+		struct allow *a = st->allows;
+
+		st->allows = a->next;
+		free(a);
+	}
 	for (size_t b = 0; b < STK_ARRAY_SIZE(st->resv); b++) {
 		while (st->resv[b]) {
 			struct resv *r = st->resv[b];
@@ -3684,6 +3798,7 @@ static void quota_out(struct stk_meta_store *st, const struct quota *q, struct s
 	out->used_inodes = q->used_inodes;
 	pthread_mutex_lock(&st->qmu);
 	out->reserved_bytes = resv_sum_locked(st, q->qid);
+	out->reserved_inodes = allow_sum_locked(st, q->qid);
 	pthread_mutex_unlock(&st->qmu);
 }
 
@@ -4301,6 +4416,123 @@ void stk_meta_store_quota_release(struct stk_meta_store *st, uint64_t session, u
 void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t session)
 {
 	resv_drop(st, session, 0, 1);
+	stk_meta_store_quota_disallow(st, session, 0, UINT32_MAX);
+}
+
+/* With qmu held: session's allowance in quota qid, or NULL. */
+static struct allow **allow_find_locked(struct stk_meta_store *st, uint64_t session, uint64_t qid)
+{
+	struct allow **p = &st->allows;
+
+	while (*p && ((*p)->session != session || (*p)->qid != qid))
+		p = &(*p)->next;
+	return p;
+}
+
+/* One create spends one of session's allowance in qid: 1, or 0 when it has none. */
+static int allow_take(struct stk_meta_store *st, uint64_t session, uint64_t qid)
+{
+	struct allow *a;
+	int took = 0;
+
+	if (!qid || !st->allows)
+		return 0;
+	pthread_mutex_lock(&st->qmu);
+	a = *allow_find_locked(st, session, qid);
+	if (a && a->left && a->nchain) {
+		a->left--;
+		took = 1;
+	}
+	pthread_mutex_unlock(&st->qmu);
+	return took;
+}
+
+int stk_meta_store_quota_allow(struct stk_meta_store *st, uint64_t session, uint64_t dir,
+			       uint64_t want, uint64_t *granted, uint64_t *qid_out)
+{
+	static const struct stk_cred root_cred;
+	struct quota q[QUOTA_DEPTH_MAX];
+	uint64_t room = UINT64_MAX;
+	struct allow *a;
+	struct inode n;
+	unsigned nq = 0;
+	struct op o;
+	int rc;
+
+	*granted = 0;
+	*qid_out = 0;
+	if (!session || !want)
+		return -EINVAL;
+	/* A write transaction, as a reservation's: the usage read includes every commit. */
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, dir, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0)
+		rc = quota_chain(&o, n.a.qid, q, &nq);
+	if (rc)
+		goto out;
+	*qid_out = n.a.qid;
+	for (unsigned i = 0; i < nq; i++)
+		if (q[i].limit_inodes)
+			room = STK_MIN(room, inodes_left(st, &q[i]));
+	if (room == UINT64_MAX) {
+		*granted = want; /* no inode limit: nothing to set aside */
+		goto out;
+	}
+	/* Half of what is left at most, so that other holders still find room. */
+	*granted = STK_MIN(want, room > 1 ? room / 2 : room);
+	if (!*granted) {
+		rc = -EDQUOT;
+		goto out;
+	}
+	pthread_mutex_lock(&st->qmu);
+	a = *allow_find_locked(st, session, n.a.qid);
+	if (!a && (a = calloc(1, sizeof(*a))) != NULL) {
+		a->session = session;
+		a->qid = n.a.qid;
+		a->next = st->allows;
+		st->allows = a;
+	}
+	if (a) {
+		a->left = add_sat(a->left, (int64_t)*granted);
+		a->nchain = nq;
+		for (unsigned i = 0; i < nq; i++)
+			a->chain[i] = q[i].qid;
+	} else {
+		*granted = 0;
+		rc = -ENOMEM;
+	}
+	pthread_mutex_unlock(&st->qmu);
+out:
+	op_end(&o, rc ? rc : 1); /* nothing to commit */
+	return rc;
+}
+
+void stk_meta_store_quota_disallow(struct stk_meta_store *st, uint64_t session, uint64_t qid,
+				   uint32_t count)
+{
+	struct allow **p;
+
+	pthread_mutex_lock(&st->qmu);
+	p = &st->allows;
+	while (*p) {
+		struct allow *a = *p;
+
+		if (a->session != session || (qid && a->qid != qid)) {
+			p = &a->next;
+			continue;
+		}
+		if (count != UINT32_MAX && a->left > count) {
+			a->left -= count;
+			break;
+		}
+		*p = a->next;
+		free(a);
+	}
+	pthread_mutex_unlock(&st->qmu);
 }
 
 /* The name folder dir has in its parent, into name[STK_NAME_MAX + 1]: a scan. */

@@ -65,6 +65,12 @@ struct stk_meta_store_opts {
 	size_t size;	   /* sizeof(struct stk_meta_store_opts) */
 	const char *dir;   /* the LMDB environment's folder, created if missing */
 	uint64_t map_size; /* LMDB map size, 0 = 64 GiB */
+	/*
+	 * The metadata shard the store serves (docs/meta-shards.md; 0: 1). A new store
+	 * of shard k hands out inode numbers from (k - 1) << STK_INO_SHARD_SHIFT; an
+	 * existing store made for another shard is refused (-EXDEV).
+	 */
+	unsigned shard;
 };
 
 /*
@@ -75,6 +81,8 @@ struct stk_meta_store_opts {
  * the environment (-EBUSY / -EAGAIN when another process holds it incompatibly).
  */
 int stk_meta_store_open(const struct stk_meta_store_opts *opts, struct stk_meta_store **out);
+/* The metadata shard the store serves (1..STK_MAX_SHARDS); any thread. */
+unsigned stk_meta_store_shard(const struct stk_meta_store *st);
 /*
  * The namespace's identity (never zero, but while a follower applies a copy of
  * its leader's store): what the meta node registers with, so that mgmtd gives it
@@ -189,6 +197,12 @@ struct stk_meta_create_as {
 	uint64_t ino;	    /* 0: the next number, as stk_meta_store_create */
 	int64_t time_sec;   /* atime, mtime and ctime of the file; 0 and 0: now */
 	uint32_t time_nsec; /* below 1e9 (-EINVAL) */
+	/*
+	 * The session the create comes from (0: none): when it holds an inode
+	 * allowance in the new file's quota (stk_meta_store_quota_allow), the create
+	 * spends one and is not checked against the quota's inode limit again.
+	 */
+	uint64_t session;
 };
 
 /*
@@ -545,6 +559,7 @@ struct stk_meta_quota {
 	uint64_t used_bytes;
 	uint64_t used_inodes;
 	uint64_t reserved_bytes; /* held by writers now (memory only) */
+	uint64_t reserved_inodes; /* held by sessions' allowances now (memory only) */
 };
 
 /*
@@ -604,8 +619,29 @@ int stk_meta_store_quota_reserve(struct stk_meta_store *st, uint64_t session, ui
 int stk_meta_store_path_of(struct stk_meta_store *st, uint64_t dir, char *buf, size_t len);
 /* Drops session's reservation on ino (its last open reference went). */
 void stk_meta_store_quota_release(struct stk_meta_store *st, uint64_t session, uint64_t ino);
-/* Drops every reservation of session (it ended or expired). */
+/* Drops every reservation and inode allowance of session (it ended or expired). */
 void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t session);
+/*
+ * Inode allowances (docs/quotas.md, "Creates a mount answers itself"): sets aside
+ * up to `want` (> 0) inodes for session in the quota folder dir counts in, so that
+ * its creates there (stk_meta_store_create_as with as->session) need no check:
+ * they spend it. The room is counted in every quota above as if used, so usage
+ * never passes a limit. *granted is what was set aside: want, or less (at most
+ * half of what the tightest quota has left, so that other sessions find room),
+ * or want with nothing set aside when no quota of dir limits inodes. *qid the
+ * quota root dir counts in (0: none). Added to what session holds there already.
+ * Memory only: it goes with stk_meta_store_quota_release_session or
+ * stk_meta_store_quota_disallow. -EDQUOT: nothing left; -EINVAL (session or
+ * want 0), -ENOTDIR, -ENOENT, -ENOMEM.
+ */
+int stk_meta_store_quota_allow(struct stk_meta_store *st, uint64_t session, uint64_t dir,
+			       uint64_t want, uint64_t *granted, uint64_t *qid);
+/*
+ * Takes count (UINT32_MAX: all) of session's inode allowance in quota qid (0: in
+ * every quota) back; what is left of it stays.
+ */
+void stk_meta_store_quota_disallow(struct stk_meta_store *st, uint64_t session, uint64_t qid,
+				   uint32_t count);
 
 /*
  * A batch of changes in one write transaction: between begin and end, every call of

@@ -44,6 +44,7 @@ struct stk_agent {
 	char host_id[STK_HOST_ID_MAX]; /* reported at registration and with each heartbeat */
 	char zone[STK_HOST_ID_MAX]; /* reported at registration; "" for the host id */
 	uint8_t role;
+	uint8_t shard; /* a meta node's shard; 0 for storage */
 	stk_agent_targets_fn targets;
 	stk_agent_state_fn state;
 	void (*meta_pos)(void *ctx, struct stk_ns_id *ns, uint64_t *epoch, uint64_t *seq);
@@ -148,6 +149,7 @@ static int do_register(struct stk_agent *a, int *answered)
 	rq.ns_hi = a->ns.hi;
 	rq.ns_lo = a->ns.lo;
 	stk_strlcpy(rq.zone, a->zone, sizeof(rq.zone));
+	rq.shard = a->shard;
 	stk_wbuf_init(&w, a->buf, STK_MAX_PAYLOAD);
 	stk_msg_mgmt_register_req_enc(&w, &rq);
 	for (uint32_t i = 0; i < n; i++)
@@ -468,9 +470,10 @@ static void heartbeat_once(struct stk_agent *a, int *reachable)
 		stk_warn("mgmtd does not know node %u: registering again", a->node_id);
 		rc = do_register(a, &answered);
 		if (rc == 0 && stk_agent_refused(a, NULL)) {
-			/* mgmtd gave shard 1 to another store meanwhile: this one must stop. */
+			/* mgmtd gave the shard to another store meanwhile: this one must stop. */
 			stk_error("mgmtd refused this node on registering again: its store is "
-				  "not shard 1's namespace; stopping");
+				  "not shard %u's namespace; stopping",
+				  a->shard ? a->shard : 1);
 			stk_daemon_request_stop();
 		}
 		/* mgmtd's state was reset: its versions are not comparable with ours. */
@@ -593,6 +596,8 @@ int stk_agent_start(const struct stk_agent_opts *opts, struct stk_agent **out, u
 		a->meta_pos = opts->meta_pos;
 	if (opts->size >= offsetof(struct stk_agent_opts, qos) + sizeof(opts->qos))
 		a->qos = opts->qos;
+	if (opts->size >= offsetof(struct stk_agent_opts, shard) + sizeof(opts->shard))
+		a->shard = (uint8_t)opts->shard;
 	a->ctx = opts->ctx;
 	a->node_id = opts->node_id;
 	a->ns = opts->ns;

@@ -61,6 +61,8 @@ struct stk_agent_opts {
 	 * table (storage: storage/qos.h); 0 or -errno.
 	 */
 	int (*qos)(const struct stk_msg_qos_rec *list, uint32_t n);
+	/* A meta node's metadata shard (1 to the cluster's count; 0: 1). 0 for storage. */
+	unsigned shard;
 };
 
 /*

@@ -89,6 +89,7 @@ struct mgmtd {
 	char leader_key[256], state_key[256];
 	unsigned replicas_opt;	    /* --replicas, applied whenever it takes over */
 	unsigned meta_replicas_opt; /* --meta-replicas, the same */
+	unsigned meta_shards_opt;   /* --meta-shards, the same */
 	int leading;		    /* under lock: 1 while this mgmtd leads (always in embedded) */
 	int64_t lease;		    /* the leader lease, while leading (election thread's) */
 	int64_t leader_rev;	    /* under lock: the leader key's create revision we won */
@@ -185,8 +186,13 @@ static int handle_register(struct mgmtd *m, struct stk_rpc_req *req, struct stk_
 		/* Read under the lock: the node's entry may move with the next change. */
 		node = stk_mgmt_state_node(&m->st, rp.node_id);
 		rp.refused = node ? node->refused : 0;
-		rp.shard_ns_hi = m->st.shard1_ns.hi;
-		rp.shard_ns_lo = m->st.shard1_ns.lo;
+		if (node && node->shard >= 1 && node->shard <= STK_MGMT_MAX_SHARDS) {
+			rp.shard_ns_hi = m->st.shards[node->shard - 1].ns.hi;
+			rp.shard_ns_lo = m->st.shards[node->shard - 1].ns.lo;
+		} else {
+			rp.shard_ns_hi = m->st.shards[0].ns.hi;
+			rp.shard_ns_lo = m->st.shards[0].ns.lo;
+		}
 		rc = persist(m);
 	}
 	pthread_mutex_unlock(&m->lock);
@@ -215,6 +221,28 @@ static void meta_replicas_apply(struct mgmtd *m)
 	stk_info("meta replicas: %u (was %u)", m->meta_replicas_opt,
 		 m->st.meta_replicas ? m->st.meta_replicas : 1);
 	m->st.meta_replicas = (uint8_t)m->meta_replicas_opt;
+	m->st.dirty = 1;
+}
+
+/*
+ * --meta-shards, when given and larger, raises what the state says; a smaller one
+ * is ignored with a warning (each shard holds part of the namespace).
+ */
+static void meta_shards_apply(struct mgmtd *m)
+{
+	unsigned have = m->st.meta_shards ? m->st.meta_shards : 1;
+
+	if (!m->meta_shards_opt || m->meta_shards_opt == have)
+		return;
+	if (m->meta_shards_opt < have) {
+		stk_warn("--meta-shards %u ignored: the cluster has %u metadata shards, and a "
+			 "shard is never dropped",
+			 m->meta_shards_opt, have);
+		return;
+	}
+	stk_info("metadata shards: %u (was %u)", m->meta_shards_opt, have);
+	m->st.meta_shards = (uint8_t)m->meta_shards_opt;
+	m->st.version++; /* clients and meta nodes see the new shard map */
 	m->st.dirty = 1;
 }
 
@@ -758,6 +786,7 @@ static int take_over(struct mgmtd *m, int64_t rev)
 		if (m->replicas_opt && m->replicas_opt != m->st.replicas)
 			m->st.replicas = (uint8_t)m->replicas_opt;
 		meta_replicas_apply(m);
+		meta_shards_apply(m);
 		m->st.form_settle_ns = FORM_SETTLE_NS;
 		m->st.dirty = 1;
 		m->leading = 1;
@@ -1016,6 +1045,16 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		}
 		m->meta_replicas_opt = opts->meta_replicas;
 	}
+	if (opts->size >=
+	    offsetof(struct stk_mgmtd_opts, meta_shards) + sizeof(opts->meta_shards)) {
+		if (opts->meta_shards > STK_MGMT_MAX_SHARDS) {
+			stk_error("--meta-shards %u: at most %d", opts->meta_shards,
+				  STK_MGMT_MAX_SHARDS);
+			rc = -EINVAL;
+			goto out;
+		}
+		m->meta_shards_opt = opts->meta_shards;
+	}
 	if (opts->size >= offsetof(struct stk_mgmtd_opts, prometheus) + sizeof(opts->prometheus) &&
 	    opts->prometheus && !(m->prometheus = strdup(opts->prometheus))) {
 		rc = -ENOMEM;
@@ -1054,6 +1093,7 @@ int stk_mgmtd_run(const struct stk_mgmtd_opts *opts)
 		m->st.dirty = 1;
 	}
 	meta_replicas_apply(m);
+	meta_shards_apply(m);
 	rc = persist(m);
 	if (rc)
 		goto out;

@@ -66,6 +66,13 @@ struct stk_mgmtd_opts {
 	 * from mgmtd's own samples otherwise. NULL: none. Copied.
 	 */
 	const char *prometheus;
+	/*
+	 * --meta-shards: metadata shards (docs/meta-shards.md; 0: what the state says,
+	 * 1 for a new cluster; at most STK_MGMT_MAX_SHARDS, 16). The count only grows:
+	 * a smaller one than the state's is refused. Taken whenever this mgmtd starts
+	 * to lead.
+	 */
+	unsigned meta_shards;
 };
 
 /*

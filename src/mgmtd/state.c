@@ -25,11 +25,12 @@
 
 #define STATE_MAGIC 0x4D4B5453u /* "STKM" */
 /*
- * 7: QoS limits; 6: client identities and meta replicas both; 5 (two branches'
- * formats, told apart by their lengths): client identities, or meta replicas; 4:
- * draining, moves; 3: replicas, zones; 2: namespace identities; 1 to 6 still read
+ * 8: metadata shards; 7: QoS limits; 6: client identities and meta replicas both; 5
+ * (two branches' formats, told apart by their lengths): client identities, or meta
+ * replicas; 4: draining, moves; 3: replicas, zones; 2: namespace identities; 1 to 7
+ * still read
  */
-#define STATE_FORMAT 7
+#define STATE_FORMAT 8
 #define STATE_MAX_FILE (256u << 20)
 
 #define STATE_HDR_LEN 56 /* magic through nchains */
@@ -513,48 +514,61 @@ static void set_refused(struct stk_mgmt_state *st, struct stk_mgmt_node *node, u
 
 /* ---- replicated metadata (state.h) ---- */
 
-static int is_follower(const struct stk_mgmt_state *st, uint32_t id)
+/* Shard sh's number (1 for shards[0]). */
+static unsigned shard_no(const struct stk_mgmt_state *st, const struct stk_mgmt_shard *sh)
 {
-	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
-		if (st->shard1_followers[i] == id)
+	return (unsigned)(sh - st->shards) + 1;
+}
+
+/* The shard meta node n registered for (shard 1 for a node of an older state). */
+static struct stk_mgmt_shard *node_shard(struct stk_mgmt_state *st, const struct stk_mgmt_node *n)
+{
+	unsigned k = n->shard ? n->shard : 1;
+
+	return k <= STK_MGMT_MAX_SHARDS ? &st->shards[k - 1] : &st->shards[0];
+}
+
+static int is_follower(const struct stk_mgmt_shard *sh, uint32_t id)
+{
+	for (uint8_t i = 0; i < sh->nfollowers; i++)
+		if (sh->followers[i] == id)
 			return 1;
 	return 0;
 }
 
-static void new_epoch(struct stk_mgmt_state *st)
+static void new_epoch(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh)
 {
 	bump(st);
-	st->shard1_epoch = st->version;
+	sh->epoch = st->version;
 }
 
-static void follower_drop(struct stk_mgmt_state *st, uint32_t id)
+static void follower_drop(struct stk_mgmt_shard *sh, uint32_t id)
 {
 	uint8_t j = 0;
 
-	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
-		if (st->shard1_followers[i] != id)
-			st->shard1_followers[j++] = st->shard1_followers[i];
-	st->shard1_nfollowers = j;
+	for (uint8_t i = 0; i < sh->nfollowers; i++)
+		if (sh->followers[i] != id)
+			sh->followers[j++] = sh->followers[i];
+	sh->nfollowers = j;
 }
 
 /* ONLINE meta nodes in no role join as followers while the shard has room. */
-static void followers_fill(struct stk_mgmt_state *st)
+static void followers_fill(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh)
 {
-	if (st->meta_replicas <= 1 || stk_ns_id_is_zero(&st->shard1_ns))
+	if (st->meta_replicas <= 1 || stk_ns_id_is_zero(&sh->ns))
 		return;
 	for (uint32_t i = 0; i < st->nnodes; i++) {
 		struct stk_mgmt_node *n = &st->nodes[i];
 
-		if (st->shard1_nfollowers + 1 >= st->meta_replicas ||
-		    st->shard1_nfollowers >= STK_MAX_REPLICAS)
+		if (sh->nfollowers + 1 >= st->meta_replicas || sh->nfollowers >= STK_MAX_REPLICAS)
 			return;
-		if (n->role != STK_ROLE_META || n->state != STK_NODE_ONLINE ||
-		    n->id == st->shard1_node || is_follower(st, n->id))
+		if (n->role != STK_ROLE_META || n->state != STK_NODE_ONLINE || n->refused ||
+		    node_shard(st, n) != sh || n->id == sh->node || is_follower(sh, n->id))
 			continue;
-		st->shard1_followers[st->shard1_nfollowers++] = n->id;
-		new_epoch(st);
-		stk_info("meta node %u (%s) follows shard 1 (epoch %llu)", n->id, n->addr,
-			 (unsigned long long)st->shard1_epoch);
+		sh->followers[sh->nfollowers++] = n->id;
+		new_epoch(st, sh);
+		stk_info("meta node %u (%s) follows shard %u (epoch %llu)", n->id, n->addr,
+			 shard_no(st, sh), (unsigned long long)sh->epoch);
 	}
 }
 
@@ -562,31 +576,31 @@ static void followers_fill(struct stk_mgmt_state *st)
  * The leader is gone: the ONLINE follower of the shard's identity with the most
  * changes leads. 1 when one was promoted.
  */
-static int promote(struct stk_mgmt_state *st)
+static int promote(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh)
 {
 	struct stk_mgmt_node *best = NULL;
-	uint32_t old = st->shard1_node;
+	uint32_t old = sh->node;
 
-	for (uint8_t i = 0; i < st->shard1_nfollowers; i++) {
-		struct stk_mgmt_node *n = stk_mgmt_state_node(st, st->shard1_followers[i]);
+	for (uint8_t i = 0; i < sh->nfollowers; i++) {
+		struct stk_mgmt_node *n = stk_mgmt_state_node(st, sh->followers[i]);
 
-		if (!n || n->state != STK_NODE_ONLINE || !stk_ns_id_eq(&n->ns, &st->shard1_ns))
+		if (!n || n->state != STK_NODE_ONLINE || !stk_ns_id_eq(&n->ns, &sh->ns))
 			continue;
 		if (!best || n->meta_seq > best->meta_seq)
 			best = n;
 	}
 	if (!best) {
-		stk_warn("shard 1 lost its leader (meta node %u) and has no follower to promote: "
+		stk_warn("shard %u lost its leader (meta node %u) and has no follower to promote: "
 			 "it waits for one",
-			 old);
+			 shard_no(st, sh), old);
 		return 0;
 	}
-	follower_drop(st, best->id);
-	st->shard1_node = best->id;
-	new_epoch(st);
-	stk_warn("meta node %u (%s) leads shard 1 now (epoch %llu, change %llu), in place of "
+	follower_drop(sh, best->id);
+	sh->node = best->id;
+	new_epoch(st, sh);
+	stk_warn("meta node %u (%s) leads shard %u now (epoch %llu, change %llu), in place of "
 		 "meta node %u",
-		 best->id, best->addr, (unsigned long long)st->shard1_epoch,
+		 best->id, best->addr, shard_no(st, sh), (unsigned long long)sh->epoch,
 		 (unsigned long long)best->meta_seq, old);
 	return 1;
 }
@@ -594,22 +608,24 @@ static int promote(struct stk_mgmt_state *st)
 /* A meta node went OFFLINE (R > 1): out of the followers, or replaced as leader. */
 static void meta_offline(struct stk_mgmt_state *st, const struct stk_mgmt_node *node)
 {
+	struct stk_mgmt_shard *sh = node_shard(st, node);
+
 	if (st->meta_replicas <= 1)
 		return;
-	if (is_follower(st, node->id)) {
-		follower_drop(st, node->id);
-		new_epoch(st);
-		stk_warn("meta node %u (%s) no longer follows shard 1 (epoch %llu)", node->id,
-			 node->addr, (unsigned long long)st->shard1_epoch);
-	} else if (node->id == st->shard1_node) {
-		promote(st);
+	if (is_follower(sh, node->id)) {
+		follower_drop(sh, node->id);
+		new_epoch(st, sh);
+		stk_warn("meta node %u (%s) no longer follows shard %u (epoch %llu)", node->id,
+			 node->addr, shard_no(st, sh), (unsigned long long)sh->epoch);
+	} else if (node->id == sh->node) {
+		promote(st, sh);
 	}
-	followers_fill(st);
+	followers_fill(st, sh);
 }
 
 /* A meta node registered (R > 1): the rules of state.h, "Replicated metadata". */
-static void assign_replica(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
-			   const struct stk_ns_id *ns)
+static void assign_replica(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh,
+			   struct stk_mgmt_node *node, const struct stk_ns_id *ns)
 {
 	char have[STK_NS_ID_STR];
 
@@ -619,29 +635,30 @@ static void assign_replica(struct stk_mgmt_state *st, struct stk_mgmt_node *node
 	}
 	set_refused(st, node, 0);
 	stk_ns_id_str(ns, have);
-	if (stk_ns_id_is_zero(&st->shard1_ns) && st->shard1_node == 0) {
-		st->shard1_node = node->id;
-		st->shard1_ns = *ns;
-		new_epoch(st);
-		stk_info("shard 1 is namespace %s, led by meta node %u (%s), epoch %llu", have,
-			 node->id, node->addr, (unsigned long long)st->shard1_epoch);
+	if (stk_ns_id_is_zero(&sh->ns) && sh->node == 0) {
+		sh->node = node->id;
+		sh->ns = *ns;
+		new_epoch(st, sh);
+		stk_info("shard %u is namespace %s, led by meta node %u (%s), epoch %llu",
+			 shard_no(st, sh), have, node->id, node->addr,
+			 (unsigned long long)sh->epoch);
 		return;
 	}
-	if (stk_ns_id_is_zero(&st->shard1_ns) && st->shard1_node == node->id) {
-		st->shard1_ns = *ns; /* a state saved before identities */
+	if (stk_ns_id_is_zero(&sh->ns) && sh->node == node->id) {
+		sh->ns = *ns; /* a state saved before identities */
 		bump(st);
 	}
-	if (node->id == st->shard1_node)
+	if (node->id == sh->node)
 		return; /* the leader restarted: it holds all it acknowledged */
-	if (st->shard1_node == 0 && is_follower(st, node->id) && stk_ns_id_eq(ns, &st->shard1_ns)) {
-		follower_drop(st, node->id);
-		st->shard1_node = node->id;
-		new_epoch(st);
-		stk_warn("meta node %u (%s) leads shard 1 (epoch %llu)", node->id, node->addr,
-			 (unsigned long long)st->shard1_epoch);
+	if (sh->node == 0 && is_follower(sh, node->id) && stk_ns_id_eq(ns, &sh->ns)) {
+		follower_drop(sh, node->id);
+		sh->node = node->id;
+		new_epoch(st, sh);
+		stk_warn("meta node %u (%s) leads shard %u (epoch %llu)", node->id, node->addr,
+			 shard_no(st, sh), (unsigned long long)sh->epoch);
 		return;
 	}
-	followers_fill(st);
+	followers_fill(st, sh);
 }
 
 void stk_mgmt_state_meta_report(struct stk_mgmt_state *st, uint32_t node_id,
@@ -668,13 +685,54 @@ void stk_mgmt_state_meta_report(struct stk_mgmt_state *st, uint32_t node_id,
  * files whose inode numbers it handed out again.
  */
 static void assign_shard(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
-			 const struct stk_ns_id *ns)
+			 const struct stk_ns_id *ns, unsigned shard)
 {
 	char have[STK_NS_ID_STR], want[STK_NS_ID_STR];
+	struct stk_mgmt_shard *sh, *was;
 	struct stk_mgmt_node *owner;
+	unsigned nshards = st->meta_shards ? st->meta_shards : 1;
+	unsigned k;
 
+	unsigned req_shard;
+
+	if (shard == 0)
+		shard = 1; /* a meta of a release before shards */
+	req_shard = shard;
+	was = node->shard ? node_shard(st, node) : NULL;
+	if (shard > nshards) {
+		stk_warn("meta node %u (%s) refused: it registers for shard %u, but the cluster "
+			 "has %u metadata shard%s (mgmtd --meta-shards); it serves nothing",
+			 node->id, node->addr, shard, nshards, nshards == 1 ? "" : "s");
+		set_refused(st, node, 1);
+		shard = 0;
+	}
+	if (was && (shard == 0 || was != &st->shards[shard - 1])) {
+		/* the node's store serves another shard now (or none): out of its old one */
+		if (is_follower(was, node->id)) {
+			follower_drop(was, node->id);
+			new_epoch(st, was);
+		}
+		if (was->node == node->id) {
+			stk_warn("shard %u has no meta node: its meta node %u registers for "
+				 "another shard",
+				 shard_no(st, was), node->id);
+			was->node = 0;
+			bump(st);
+		}
+	}
+	if (shard == 0) {
+		/* kept for `stoker status`, which says which shard it asked for */
+		node->shard = (uint8_t)(req_shard > 255 ? 255 : req_shard);
+		return;
+	}
+	if (node->shard != shard) {
+		node->shard = (uint8_t)shard;
+		bump(st);
+	}
+	sh = &st->shards[shard - 1];
+	k = shard;
 	if (st->meta_replicas > 1) {
-		assign_replica(st, node, ns);
+		assign_replica(st, sh, node, ns);
 		return;
 	}
 	if (!stk_ns_id_eq(&node->ns, ns)) {
@@ -682,66 +740,66 @@ static void assign_shard(struct stk_mgmt_state *st, struct stk_mgmt_node *node,
 		bump(st);
 	}
 	stk_ns_id_str(ns, have);
-	if (stk_ns_id_is_zero(&st->shard1_ns)) {
-		if (st->shard1_node == 0) {
-			stk_info("shard 1 is namespace %s, served by meta node %u (%s)", have,
+	if (stk_ns_id_is_zero(&sh->ns)) {
+		if (sh->node == 0) {
+			stk_info("shard %u is namespace %s, served by meta node %u (%s)", k, have,
 				 node->id, node->addr);
-		} else if (st->shard1_node == node->id) {
-			stk_info("shard 1's meta node %u (%s) reports its namespace: %s", node->id,
-				 node->addr, have);
+		} else if (sh->node == node->id) {
+			stk_info("shard %u's meta node %u (%s) reports its namespace: %s", k,
+				 node->id, node->addr, have);
 		} else {
 			/* A state saved before identities: only the owner knows which store it is. */
-			stk_warn("meta node %u (%s) waits: shard 1 stays with meta node %u until "
+			stk_warn("meta node %u (%s) waits: shard %u stays with meta node %u until "
 				 "that node registers again",
-				 node->id, node->addr, st->shard1_node);
+				 node->id, node->addr, k, sh->node);
 			set_refused(st, node, 0);
 			return;
 		}
-		st->shard1_node = node->id;
-		st->shard1_ns = *ns;
+		sh->node = node->id;
+		sh->ns = *ns;
 		set_refused(st, node, 0);
 		bump(st);
 		return;
 	}
-	stk_ns_id_str(&st->shard1_ns, want);
-	if (stk_ns_id_eq(&st->shard1_ns, ns)) {
+	stk_ns_id_str(&sh->ns, want);
+	if (stk_ns_id_eq(&sh->ns, ns)) {
 		set_refused(st, node, 0);
-		if (st->shard1_node == node->id)
+		if (sh->node == node->id)
 			return;
-		if (st->shard1_epoch && st->shard1_node) {
+		if (sh->epoch && sh->node) {
 			/*
 			 * The shard was replicated (--meta-replicas went back to 1): other
 			 * stores of its identity are copies, maybe behind its owner's, and
 			 * never stand in for it.
 			 */
-			stk_warn("meta node %u (%s) refused: its store is a copy of shard 1 made "
-				 "while it was replicated; shard 1 stays with meta node %u",
-				 node->id, node->addr, st->shard1_node);
+			stk_warn("meta node %u (%s) refused: its store is a copy of shard %u made "
+				 "while it was replicated; shard %u stays with meta node %u",
+				 node->id, node->addr, k, k, sh->node);
 			set_refused(st, node, 1);
 			return;
 		}
-		owner = st->shard1_node ? stk_mgmt_state_node(st, st->shard1_node) : NULL;
+		owner = sh->node ? stk_mgmt_state_node(st, sh->node) : NULL;
 		if (owner && owner->state == STK_NODE_ONLINE)
-			stk_warn("meta node %u (%s) registers with shard 1's store while meta node "
-				 "%u (%s) still counts as ONLINE: taking it as the same store "
+			stk_warn("meta node %u (%s) registers with shard %u's store while meta "
+				 "node %u (%s) still counts as ONLINE: taking it as the same store "
 				 "restarted (never run two copies of one store)",
-				 node->id, node->addr, owner->id, owner->addr);
-		stk_info("shard 1 (namespace %s) is now served by meta node %u (%s)", want,
+				 node->id, node->addr, k, owner->id, owner->addr);
+		stk_info("shard %u (namespace %s) is now served by meta node %u (%s)", k, want,
 			 node->id, node->addr);
-		st->shard1_node = node->id;
+		sh->node = node->id;
 		bump(st);
 		return;
 	}
-	stk_warn("meta node %u (%s) refused: its store is namespace %s, not shard 1's "
-		 "namespace %s; it serves nothing (start it on shard 1's data folder, or "
+	stk_warn("meta node %u (%s) refused: its store is namespace %s, not shard %u's "
+		 "namespace %s; it serves nothing (start it on shard %u's data folder, or "
 		 "give it its own cluster)",
-		 node->id, node->addr, have, want);
+		 node->id, node->addr, have, k, want, k);
 	set_refused(st, node, 1);
-	if (st->shard1_node == node->id) {
-		stk_warn("shard 1 (namespace %s) has no meta node until its store registers "
+	if (sh->node == node->id) {
+		stk_warn("shard %u (namespace %s) has no meta node until its store registers "
 			 "again",
-			 want);
-		st->shard1_node = 0;
+			 k, want);
+		sh->node = 0;
 		bump(st);
 	}
 }
@@ -834,7 +892,8 @@ int stk_mgmt_state_register(struct stk_mgmt_state *st, const struct stk_msg_mgmt
 	}
 
 	if (req->role == STK_ROLE_META)
-		assign_shard(st, node, &(struct stk_ns_id){.hi = req->ns_hi, .lo = req->ns_lo});
+		assign_shard(st, node, &(struct stk_ns_id){.hi = req->ns_hi, .lo = req->ns_lo},
+			     req->shard);
 	if (st->replicas > 1 && settled(st, now_ns))
 		form_chains(st);
 	*node_id = nid;
@@ -857,8 +916,8 @@ int stk_mgmt_state_heartbeat(struct stk_mgmt_state *st, uint32_t node_id,
 			 stk_mgmt_role_name(node->role), node->addr);
 		node->state = STK_NODE_ONLINE;
 		bump(st);
-		if (node->role == STK_ROLE_META)
-			followers_fill(st);
+		if (node->role == STK_ROLE_META && !node->refused)
+			followers_fill(st, node_shard(st, node));
 	}
 	node->last_hb_ns = now_ns;
 	stk_wall_time(&sec, &nsec);
@@ -1488,16 +1547,11 @@ int stk_mgmt_state_target_wiped(struct stk_mgmt_state *st, uint32_t node_id, uin
 int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t known_version,
 				  uint64_t now_ns, struct stk_wbuf *w)
 {
-	struct stk_rt_shard shard = {.id = 1,
-				     .node_id = st->shard1_node,
-				     .ns = st->shard1_ns,
-				     .epoch = st->shard1_epoch,
-				     .replicas = st->meta_replicas,
-				     .nfollowers = st->shard1_nfollowers};
+	struct stk_rt_shard shards[STK_MGMT_MAX_SHARDS];
+	unsigned nshards = st->meta_shards ? st->meta_shards : 1;
 	struct stk_routing rt;
 	int rc;
 
-	memcpy(shard.followers, st->shard1_followers, sizeof(shard.followers));
 	memset(&rt, 0, sizeof(rt));
 	rt.version = st->version;
 	if (known_version == st->version)
@@ -1520,15 +1574,32 @@ int stk_mgmt_state_encode_routing(const struct stk_mgmt_state *st, uint64_t know
 		o->ns = n->ns;
 		o->meta_epoch = n->meta_epoch;
 		o->meta_seq = n->meta_seq;
+		o->shard = n->role == STK_ROLE_META ? (n->shard ? n->shard : 1) : 0;
 	}
 	/* The tables are kept in their wire types, so they are encoded in place. */
 	rt.targets = st->targets;
 	rt.ntargets = st->ntargets;
 	rt.chains = st->chains;
 	rt.nchains = st->nchains;
-	rt.shards = &shard;
-	/* A shard with an identity is listed also when it has no node: it waits for one. */
-	rt.nshards = st->shard1_node || !stk_ns_id_is_zero(&st->shard1_ns) ? 1 : 0;
+	rt.shards = shards;
+	rt.nshards = 0;
+	for (unsigned k = 0; k < nshards; k++) {
+		const struct stk_mgmt_shard *sh = &st->shards[k];
+		struct stk_rt_shard *o = &shards[rt.nshards];
+
+		/* A shard with an identity is listed also when it has no node: it waits for one. */
+		if (!sh->node && stk_ns_id_is_zero(&sh->ns))
+			continue;
+		memset(o, 0, sizeof(*o));
+		o->id = k + 1;
+		o->node_id = sh->node;
+		o->ns = sh->ns;
+		o->epoch = sh->epoch;
+		o->replicas = st->meta_replicas;
+		o->nfollowers = sh->nfollowers;
+		memcpy(o->followers, sh->followers, sizeof(o->followers));
+		rt.nshards++;
+	}
 	rc = stk_routing_encode(w, &rt);
 	free(rt.nodes);
 	return rc;
@@ -1556,6 +1627,8 @@ static size_t state_size(const struct stk_mgmt_state *st)
 		      strlen(st->clients[i].id.subtree);
 	sz += 1 + 8 + 1 + 4u * STK_MAX_REPLICAS; /* format 6: meta replicas */
 	sz += 4 + (size_t)st->nqos * (2 + STK_CLIENT_NAME_MAX + 20); /* format 7: QoS limits */
+	sz += 1 + st->nnodes + /* format 8: the other shards */
+	      (size_t)STK_MGMT_MAX_SHARDS * (4 + 16 + 8 + 1 + 4u * STK_MAX_REPLICAS);
 	return sz;
 }
 
@@ -1575,9 +1648,9 @@ int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t
 	stk_put_u64(&w, st->version);
 	stk_put_u32(&w, st->next_node_id);
 	stk_put_u32(&w, st->next_target_id);
-	stk_put_u32(&w, st->shard1_node);
-	stk_put_u64(&w, st->shard1_ns.hi);
-	stk_put_u64(&w, st->shard1_ns.lo);
+	stk_put_u32(&w, st->shards[0].node);
+	stk_put_u64(&w, st->shards[0].ns.hi);
+	stk_put_u64(&w, st->shards[0].ns.lo);
 	stk_put_u32(&w, st->nnodes);
 	stk_put_u32(&w, st->ntargets);
 	stk_put_u32(&w, st->nchains);
@@ -1638,13 +1711,27 @@ int stk_mgmt_state_encode(const struct stk_mgmt_state *st, uint8_t **out, size_t
 		stk_put_u8(&w, c->removed);
 	}
 	stk_put_u8(&w, st->meta_replicas);
-	stk_put_u64(&w, st->shard1_epoch);
-	stk_put_u8(&w, st->shard1_nfollowers);
-	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
-		stk_put_u32(&w, st->shard1_followers[i]);
+	stk_put_u64(&w, st->shards[0].epoch);
+	stk_put_u8(&w, st->shards[0].nfollowers);
+	for (uint8_t i = 0; i < st->shards[0].nfollowers; i++)
+		stk_put_u32(&w, st->shards[0].followers[i]);
 	stk_put_u32(&w, st->nqos);
 	for (uint32_t i = 0; i < st->nqos; i++)
 		stk_msg_qos_rec_enc(&w, &st->qos[i]);
+	stk_put_u8(&w, st->meta_shards);
+	for (uint32_t i = 0; i < st->nnodes; i++)
+		stk_put_u8(&w, st->nodes[i].shard);
+	for (unsigned k = 1; k < st->meta_shards && k < STK_MGMT_MAX_SHARDS; k++) {
+		const struct stk_mgmt_shard *sh = &st->shards[k];
+
+		stk_put_u32(&w, sh->node);
+		stk_put_u64(&w, sh->ns.hi);
+		stk_put_u64(&w, sh->ns.lo);
+		stk_put_u64(&w, sh->epoch);
+		stk_put_u8(&w, sh->nfollowers);
+		for (uint8_t i = 0; i < sh->nfollowers; i++)
+			stk_put_u32(&w, sh->followers[i]);
+	}
 	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
 	rc = w.err;
 	if (rc) {
@@ -1743,12 +1830,12 @@ static int decode_clients(struct stk_rbuf *r, struct stk_mgmt_state *st)
 static int decode_meta_repl(struct stk_rbuf *r, struct stk_mgmt_state *st)
 {
 	st->meta_replicas = stk_get_u8(r);
-	st->shard1_epoch = stk_get_u64(r);
-	st->shard1_nfollowers = stk_get_u8(r);
-	if (r->err || st->shard1_nfollowers > STK_MAX_REPLICAS)
+	st->shards[0].epoch = stk_get_u64(r);
+	st->shards[0].nfollowers = stk_get_u8(r);
+	if (r->err || st->shards[0].nfollowers > STK_MAX_REPLICAS)
 		return -EBADMSG;
-	for (uint8_t i = 0; i < st->shard1_nfollowers; i++)
-		st->shard1_followers[i] = stk_get_u32(r);
+	for (uint8_t i = 0; i < st->shards[0].nfollowers; i++)
+		st->shards[0].followers[i] = stk_get_u32(r);
 	return r->err;
 }
 
@@ -1765,11 +1852,11 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 	st->version = stk_get_u64(r);
 	st->next_node_id = stk_get_u32(r);
 	st->next_target_id = stk_get_u32(r);
-	st->shard1_node = stk_get_u32(r);
+	st->shards[0].node = stk_get_u32(r);
 	/* Format 1 knew no identities: the owner gives the shard its own when it registers. */
 	if (format >= 2) {
-		st->shard1_ns.hi = stk_get_u64(r);
-		st->shard1_ns.lo = stk_get_u64(r);
+		st->shards[0].ns.hi = stk_get_u64(r);
+		st->shards[0].ns.lo = stk_get_u64(r);
 	}
 	nn = stk_get_u32(r);
 	nt = stk_get_u32(r);
@@ -1886,6 +1973,29 @@ static int decode_state(struct stk_rbuf *r, struct stk_mgmt_state *st, uint64_t 
 			if (stk_msg_qos_rec_dec(r, &st->qos[i]))
 				return -EBADMSG;
 		st->nqos = nq;
+	}
+	if (format >= 8) {
+		st->meta_shards = stk_get_u8(r);
+		if (r->err || st->meta_shards > STK_MGMT_MAX_SHARDS)
+			return -EBADMSG;
+		for (uint32_t i = 0; i < nn; i++) {
+			st->nodes[i].shard = stk_get_u8(r);
+			if (st->nodes[i].shard > STK_MGMT_MAX_SHARDS)
+				return -EBADMSG;
+		}
+		for (unsigned k = 1; k < st->meta_shards; k++) {
+			struct stk_mgmt_shard *sh = &st->shards[k];
+
+			sh->node = stk_get_u32(r);
+			sh->ns.hi = stk_get_u64(r);
+			sh->ns.lo = stk_get_u64(r);
+			sh->epoch = stk_get_u64(r);
+			sh->nfollowers = stk_get_u8(r);
+			if (r->err || sh->nfollowers > STK_MAX_REPLICAS)
+				return -EBADMSG;
+			for (uint8_t i = 0; i < sh->nfollowers; i++)
+				sh->followers[i] = stk_get_u32(r);
+		}
 	}
 	if (r->err || st->version == 0 || st->next_node_id == 0 || st->next_target_id == 0)
 		return -EBADMSG;

@@ -13,7 +13,8 @@
  * change that must survive a restart sets `dirty`; the caller then saves the state
  * with stk_mgmt_state_save(), which replaces the file atomically.
  *
- * Shard 1 and its namespace identity (msg.h, struct stk_ns_id): the first meta
+ * Shard 1 and its namespace identity (msg.h, struct stk_ns_id; every other shard
+ * alike, among the meta nodes registered for it): the first meta
  * node to register gives the shard its identity, that of its store; from then on
  * the shard goes only to a meta whose store has that identity (the same store
  * restarted, at any address or node id). Any other meta is registered but
@@ -23,7 +24,7 @@
  * delete the chunks of files it never knew.
  *
  * Replicated metadata (meta_replicas R > 1; docs/meta-replication.md): shard 1
- * has a leader (shard1_node) and up to R - 1 followers, which hold every change
+ * has a leader (shards[0].node) and up to R - 1 followers, which hold every change
  * the leader acknowledges. A meta node that registers when the shard has no
  * identity leads it; one that registers later, whatever its store, follows while
  * there is room (the leader copies its store to it); others wait as spares. Every
@@ -37,7 +38,7 @@
  * leader: other stores of its identity are copies, and are refused.
  *
  * State file format (little-endian, written with the codec helpers):
- *   u32 magic "STKM", u32 format version (4; 1 to 3 are still read), u64 routing version,
+ *   u32 magic "STKM", u32 format version (8; 1 to 7 are still read), u64 routing version,
  *   u32 next_node_id, u32 next_target_id, u32 shard1_node,
  *   (format 2) u64 shard 1 ns hi, u64 ns lo,
  *   u32 nnodes, u32 ntargets, u32 nchains,
@@ -51,6 +52,10 @@
  *   (format 4) each node's u8 draining, in the nodes' order; u32 nmoves, then each
  *   move: u32 chain_id, u32 out, u32 in, u8 drain
  *   (format 5) u8 meta_replicas, u64 shard 1 epoch, u8 nfollowers, nfollowers x u32
+ *   (format 5/6, main's) u64 next_client_gen, u32 nclients, clients; (format 7) QoS
+ *   (format 8) u8 meta_shards, each node's u8 shard in the nodes' order, then for
+ *   shards 2 to meta_shards: u32 node, u64 ns hi, u64 ns lo, u64 epoch,
+ *   u8 nfollowers, nfollowers x u32
  *   u32 CRC32C of everything before it.
  *
  * Replicated chains (replicas > 1): a chain keeps its members in order, head
@@ -78,6 +83,8 @@
 #define STK_MGMT_MAX_CHAIN_GAP 4096
 /* Most failure domains chains are formed over. */
 #define STK_MGMT_MAX_ZONES 256
+/* Most metadata shards (mgmtd --meta-shards); shard numbers run from 1. */
+#define STK_MGMT_MAX_SHARDS STK_MAX_SHARDS
 
 struct stk_mgmt_node {
 	uint32_t id;
@@ -92,7 +99,12 @@ struct stk_mgmt_node {
 	 * node) until the node's first heartbeat.
 	 */
 	char host_id[STK_HOST_ID_MAX];
-	uint8_t refused;	 /* meta: its store is not shard 1's, it serves nothing */
+	uint8_t refused; /* meta: its store is not its shard's, it serves nothing */
+	/*
+	 * meta: the shard it registered for (1 to meta_shards; docs/meta-shards.md),
+	 * saved with the state (format 8; older states: 1).
+	 */
+	uint8_t shard;
 	struct stk_ns_id ns;	 /* meta: its store's identity at its last register */
 	/* Its failure domain: --zone, or its host id. No chain holds two targets of one. */
 	char zone[STK_HOST_ID_MAX];
@@ -127,27 +139,42 @@ struct stk_mgmt_client {
 	uint8_t removed;
 };
 
+/*
+ * One metadata shard (docs/meta-shards.md): the meta node that serves (leads) it,
+ * its namespace identity, and with meta_replicas R > 1 its followers and epoch.
+ * Every shard follows the rules above on its own, among the meta nodes that
+ * registered for it.
+ */
+struct stk_mgmt_shard {
+	uint32_t node;	     /* the meta node serving the shard, 0 if none (yet, or now) */
+	struct stk_ns_id ns; /* the shard's namespace identity, zero until known */
+	uint8_t nfollowers;
+	uint32_t followers[STK_MAX_REPLICAS];
+	uint64_t epoch; /* a routing version, taken whenever leader or followers change */
+};
+
 struct stk_mgmt_state {
 	uint64_t version; /* routing version, never 0 */
 	uint32_t next_node_id;
 	uint32_t next_target_id;
-	uint32_t shard1_node; /* the meta node serving shard 1, 0 if none (yet, or now) */
 	/*
 	 * Targets per chain, a cluster setting (0 or 1: one copy, each target its own
 	 * chain, as registered). With R > 1 a chain is made of R targets of R failure
 	 * domains once that many have targets in no chain (stk_mgmt_state_register).
 	 */
 	uint8_t replicas;
-	struct stk_ns_id shard1_ns; /* shard 1's namespace identity, zero until known */
 	/*
-	 * Replicated metadata (see below): copies of shard 1 (0 or 1: the leader's
-	 * alone, the rules above), its followers and its epoch (a routing version,
-	 * taken whenever its leader or followers change; 0 until replicated).
+	 * Replicated metadata (see below): copies of each shard (0 or 1: the leader's
+	 * alone, the rules above).
 	 */
 	uint8_t meta_replicas;
-	uint8_t shard1_nfollowers;
-	uint32_t shard1_followers[STK_MAX_REPLICAS];
-	uint64_t shard1_epoch;
+	/*
+	 * Metadata shards (0 or 1: one, today's namespace; at most STK_MGMT_MAX_SHARDS):
+	 * shards[k - 1] is shard k. Only ever grows (a shard holds part of the
+	 * namespace). Saved with the state (format 8).
+	 */
+	uint8_t meta_shards;
+	struct stk_mgmt_shard shards[STK_MGMT_MAX_SHARDS];
 	uint32_t nnodes, ntargets, nchains;
 	uint32_t cap_nodes, cap_targets, cap_chains;
 	struct stk_mgmt_node *nodes;

@@ -485,21 +485,33 @@ out:
 /*
  * TLS on c (tls.h): the handshake with each key held, newest first, on a new
  * socket each time (a process that met several clusters holds several keys, and
- * TLS offers one). 0, or the last handshake's error, logged.
+ * TLS offers one); a process holding a client key offers that key alone, with
+ * its policy in the identity. 0, or the last handshake's error, logged.
  */
 static int conn_tls(struct stk_conn *c, const struct sockaddr_storage *ss, socklen_t sslen,
 		    int timeout_ms)
 {
 	uint8_t key[STK_AUTH_KEY_MAX];
+	struct stk_auth_client client;
 	size_t len = 0;
-	int rc = -EKEYREJECTED;
+	int rc = -EKEYREJECTED, has_client;
 
-	for (unsigned i = 0; stk_net_tls_key(i, key, &len) == 0; i++) {
+	/* a client key is the only key offered: its identity names its policy (tls.h) */
+	pthread_mutex_lock(&auth_lock);
+	has_client = auth_has_client;
+	if (has_client) {
+		client = auth_client;
+		memcpy(key, auth_client_key, STK_AUTH_MAC);
+		len = STK_AUTH_MAC;
+	}
+	pthread_mutex_unlock(&auth_lock);
+	for (unsigned i = 0; has_client ? i == 0 : stk_net_tls_key(i, key, &len) == 0; i++) {
 		int slot;
 
 		if (c->fd < 0 && (rc = open_socket(ss, sslen, timeout_ms, &c->fd)))
 			break;
-		rc = stk_tls_connect_new(c->fd, key, len, &c->tls);
+		rc = has_client ? stk_tls_connect_client_new(c->fd, &client, key, &c->tls)
+				: stk_tls_connect_new(c->fd, key, len, &c->tls);
 		if (rc)
 			break;
 		/* a hung peer takes the handshake's deadline: the thread's watch may end it */
@@ -815,6 +827,18 @@ static int read_reply(struct stk_conn *c)
 		return rc;
 	if (stk_hdr_decode(hb, &h) || !(h.flags & STK_FRAME_REPLY))
 		return -EBADMSG;
+	if (h.version != STK_WIRE_VERSION) {
+		static int told; /* atomic */
+
+		/* its NOTSUP is passed on as any status; this says why, once */
+		if (!__atomic_exchange_n(&told, 1, __ATOMIC_RELAXED))
+			stk_warn("%s speaks wire protocol version %u, this process %u: it refuses "
+				 "our requests (run one Stoker version across the cluster and its "
+				 "clients)",
+				 c->addr, h.version, STK_WIRE_VERSION);
+		if (h.status == STK_ST_OK)
+			return -EBADMSG; /* nothing of another version is read as ours */
+	}
 	pthread_mutex_lock(&c->lock);
 	rpc = find_locked(c, h.req_id);
 	pthread_mutex_unlock(&c->lock);

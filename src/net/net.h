@@ -94,11 +94,11 @@ int stk_net_auth_fd(int fd, const char *addr);
 /*
  * TLS (docs/security.md, net/tls.h) on every connection this process opens from
  * then on (stk_conn_connect and the loop client): on = 1, off = 0. TLS needs a
- * cluster key held (stk_net_auth_set): its handshake proves the key both ways, in
- * place of the key handshake; a daemon that does not speak TLS is refused
- * (-ECONNRESET or -EPROTO, logged). Daemons run with tls = on set it, clients with
- * STOKER_TLS=1 or stk_client_opts.tls. Any thread; connections already open keep
- * what they had.
+ * cluster key or a client key held (stk_net_auth_set, stk_net_auth_client_set):
+ * its handshake proves the key both ways, in place of the key handshake; a daemon
+ * that does not speak TLS is refused (-ECONNRESET or -EPROTO, logged). Daemons run
+ * with tls = on set it, clients with STOKER_TLS=1 or stk_client_opts.tls. Any
+ * thread; connections already open keep what they had.
  */
 void stk_net_tls_set(int on);
 int stk_net_tls(void);

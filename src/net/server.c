@@ -703,10 +703,18 @@ static int conn_tls(struct srv_conn *c)
 		return 0;
 	}
 	if (rc) {
-		auth_fail(c, AUTH_TLS_HANDSHAKE, stk_tls_why(c->tls));
+		auth_fail(c,
+			  stk_tls_fail_reason(c->tls) == STK_TLS_FAIL_REVOKED ? AUTH_REVOKED
+									      : AUTH_TLS_HANDSHAKE,
+			  stk_tls_why(c->tls));
 		conn_close(c);
 		return -1;
 	}
+	/* a client key's connection is confined as after AUTH_HELLO_CLIENT */
+	c->client = stk_tls_client_take(c->tls);
+	if (c->client)
+		stk_debug("%s: client %s (generation %llu) connected over TLS", c->peer,
+			  c->client->name, (unsigned long long)c->client->gen);
 	c->auth = AUTH_DONE;
 	conn_set_events(c, EPOLLIN);
 	return conn_read(c); /* the first request may be in already */
@@ -1983,7 +1991,12 @@ static struct srv_req *loop_run(struct srv_loop *lp)
 	struct stk_server *s = lp->srv;
 	struct epoll_event ev[128];
 
-	lp->last_tick_ns = stk_now_ns();
+	/*
+	 * last_tick_ns is not reset here: a loop handed over more often than each
+	 * SRV_TICK_MS (a steady trickle of requests) would otherwise never tick, and
+	 * removed client keys' connections, handshake deadlines and stuck replies
+	 * would never be looked at.
+	 */
 	for (;;) {
 		int n = epoll_wait(lp->epfd, ev, 128, SRV_TICK_MS);
 		uint64_t t0 = stk_now_ns(), t1;
@@ -2135,6 +2148,7 @@ static int loop_init(struct stk_server *s, struct srv_loop *lp)
 	struct epoll_event e;
 
 	lp->srv = s;
+	lp->last_tick_ns = stk_now_ns();
 	pthread_mutex_init(&lp->lock, NULL);
 	lp->epfd = epoll_create1(EPOLL_CLOEXEC);
 	lp->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -2249,8 +2263,13 @@ int stk_server_create(const struct stk_server_opts *opts, struct stk_server **ou
 	pthread_cond_init(&s->widle, NULL);
 	pthread_cond_init(&s->loops_done, NULL);
 	pthread_mutex_init(&s->plock, NULL);
-	if (opts->tls && (rc = stk_tls_server_create(opts->auth_key, opts->auth_key_len, &s->tls)))
-		goto out;
+	if (opts->tls) {
+		rc = stk_tls_server_create(opts->auth_key, opts->auth_key_len, &s->tls);
+		if (rc)
+			goto out;
+		/* removed client keys are refused in the TLS handshake itself */
+		stk_tls_server_set_revoked(s->tls, stk_net_client_revoked);
+	}
 	s->lfd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s->lfd < 0) {
 		rc = -errno;

@@ -45,16 +45,27 @@ struct stk_tls {
 	int eof;     /* recv returned 0 */
 	int sys_err; /* errno of a failed recv or send, but EAGAIN */
 	int id_miss; /* server: the client offered no identity of ours */
+	int revoked; /* server: it offered a removed client key's identity */
+	char revoked_who[STK_CLIENT_NAME_MAX + 48]; /* "client NAME, generation N" */
+	int bad_policy; /* server: a client identity that is no well-formed policy */
+	int is_client;	/* client side: it offers a client key */
+	int done;	/* the handshake completed on our PSK */
 	enum stk_tls_fail fail;
+	/* Server: the client key's policy the peer offered (proved once complete). */
+	struct stk_auth_client *client;
 	uint8_t psk[STK_TLS_PSK_LEN];
-	char id[STK_TLS_ID_LEN];
-	char why[200];
+	char id[STK_TLS_CLIENT_ID_MAX]; /* the cluster key's, or a client key's */
+	char why[200 + STK_CLIENT_NAME_MAX];
 };
 
 struct stk_tls_server {
 	SSL_CTX *ctx;
 	uint8_t psk[STK_TLS_PSK_LEN];
 	char id[STK_TLS_ID_LEN];
+	/* the cluster key itself: client keys' PSKs are derived from it */
+	uint8_t key[STK_AUTH_KEY_MAX];
+	size_t key_len;
+	int (*revoked)(const char *name, uint64_t gen);
 };
 
 /* ---- the key ---- */
@@ -94,6 +105,84 @@ int stk_tls_derive(const uint8_t *key, size_t len, uint8_t psk[STK_TLS_PSK_LEN],
 	return 0;
 }
 
+#define CLIENT_ID_PREFIX "stoker-tls-c1 "
+
+static int client_id_render(const struct stk_auth_client *c, char *id, size_t cap)
+{
+	int n =
+	    snprintf(id, cap, CLIENT_ID_PREFIX "%s %llu %u %u %u %s", c->name,
+		     (unsigned long long)c->gen, c->flags, c->anon_uid, c->anon_gid, c->subtree);
+
+	return n < 0 || (size_t)n >= cap ? -EINVAL : n;
+}
+
+int stk_tls_client_derive(const struct stk_auth_client *c, const uint8_t ckey[STK_AUTH_MAC],
+			  uint8_t psk[STK_TLS_PSK_LEN], char id[STK_TLS_CLIENT_ID_MAX])
+{
+	char err[256];
+
+	if (stk_auth_client_valid(c, err, sizeof(err)) ||
+	    client_id_render(c, id, STK_TLS_CLIENT_ID_MAX) < 0)
+		return -EINVAL;
+	return hkdf(ckey, STK_AUTH_MAC, "stoker-tls-1 client psk", psk, STK_TLS_PSK_LEN);
+}
+
+/* A decimal number of at most max, up to the next space; advances *p past it. */
+static int id_number(const char **p, const char *end, uint64_t max, uint64_t *out)
+{
+	uint64_t v = 0;
+	const char *q = *p;
+
+	if (q == end || *q < '0' || *q > '9')
+		return -EINVAL;
+	for (; q < end && *q >= '0' && *q <= '9'; q++) {
+		if (v > (max - (uint64_t)(*q - '0')) / 10)
+			return -EINVAL;
+		v = v * 10 + (uint64_t)(*q - '0');
+	}
+	if (q == end || *q != ' ')
+		return -EINVAL;
+	*p = q + 1;
+	*out = v;
+	return 0;
+}
+
+int stk_tls_client_parse(const char *id, size_t len, struct stk_auth_client *c)
+{
+	const char *p = id, *end = id + len, *sp;
+	char again[STK_TLS_CLIENT_ID_MAX], err[256];
+	uint64_t v[4];
+	int n;
+
+	memset(c, 0, sizeof(*c));
+	if (len >= STK_TLS_CLIENT_ID_MAX || memchr(id, 0, len) || len < strlen(CLIENT_ID_PREFIX) ||
+	    memcmp(id, CLIENT_ID_PREFIX, strlen(CLIENT_ID_PREFIX)))
+		return -EINVAL;
+	p += strlen(CLIENT_ID_PREFIX);
+	sp = memchr(p, ' ', (size_t)(end - p));
+	if (!sp || sp == p || (size_t)(sp - p) > STK_CLIENT_NAME_MAX)
+		return -EINVAL;
+	memcpy(c->name, p, (size_t)(sp - p));
+	p = sp + 1;
+	if (id_number(&p, end, UINT64_MAX, &v[0]) || id_number(&p, end, UINT32_MAX, &v[1]) ||
+	    id_number(&p, end, UINT32_MAX, &v[2]) || id_number(&p, end, UINT32_MAX, &v[3]))
+		return -EINVAL;
+	if ((size_t)(end - p) > STK_CLIENT_SUBTREE_MAX)
+		return -EINVAL;
+	memcpy(c->subtree, p, (size_t)(end - p));
+	c->gen = v[0];
+	c->flags = (uint32_t)v[1];
+	c->anon_uid = (uint32_t)v[2];
+	c->anon_gid = (uint32_t)v[3];
+	if (stk_auth_client_valid(c, err, sizeof(err)))
+		return -EINVAL;
+	/* one identity per policy: "007" or "+7" would be another name for 7 */
+	n = client_id_render(c, again, sizeof(again));
+	if (n < 0 || (size_t)n != len || memcmp(again, id, len))
+		return -EINVAL;
+	return 0;
+}
+
 static SSL_SESSION *psk_session(SSL *ssl, const uint8_t *psk)
 {
 	const SSL_CIPHER *cipher = SSL_CIPHER_find(ssl, aes128gcmsha256);
@@ -128,7 +217,54 @@ static int use_session_cb(SSL *ssl, const EVP_MD *md, const unsigned char **id, 
 	return 1;
 }
 
-/* Server: the PSK of its key, if the client named it; else none (and no handshake). */
+/*
+ * Server, a client key's identity: the PSK derived from the policy it names (the
+ * handshake then proves the client holds the key for exactly that policy), unless
+ * the policy is malformed or removed. 1, or 0 when OpenSSL failed.
+ */
+static int find_client_session(SSL *ssl, struct stk_tls *t, struct stk_tls_server *srv,
+			       const unsigned char *identity, size_t identity_len,
+			       SSL_SESSION **sess)
+{
+	struct stk_auth_client *c = calloc(1, sizeof(*c));
+	uint8_t ckey[STK_AUTH_MAC], psk[STK_TLS_PSK_LEN];
+	char id[STK_TLS_CLIENT_ID_MAX];
+	int ok = 0;
+
+	if (!c)
+		return 0;
+	if (stk_tls_client_parse((const char *)identity, identity_len, c)) {
+		t->bad_policy = 1;
+		free(c);
+		return 1;
+	}
+	if (srv->revoked && srv->revoked(c->name, c->gen)) {
+		t->revoked = 1;
+		snprintf(t->revoked_who, sizeof(t->revoked_who), "client %s, generation %llu",
+			 c->name, (unsigned long long)c->gen);
+		free(c);
+		return 1;
+	}
+	if (stk_auth_client_key(srv->key, srv->key_len, c, ckey) == 0 &&
+	    stk_tls_client_derive(c, ckey, psk, id) == 0) {
+		*sess = psk_session(ssl, psk);
+		ok = *sess != NULL;
+	}
+	OPENSSL_cleanse(ckey, sizeof(ckey));
+	OPENSSL_cleanse(psk, sizeof(psk));
+	if (!ok) {
+		free(c);
+		return 0;
+	}
+	free(t->client); /* a second ClientHello (after a retry request) names it again */
+	t->client = c;
+	return 1;
+}
+
+/*
+ * Server: the PSK of its key, or of the client key the identity names; else none
+ * (and no handshake).
+ */
 static int find_session_cb(SSL *ssl, const unsigned char *identity, size_t identity_len,
 			   SSL_SESSION **sess)
 {
@@ -136,6 +272,9 @@ static int find_session_cb(SSL *ssl, const unsigned char *identity, size_t ident
 	struct stk_tls_server *srv = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
 
 	*sess = NULL;
+	if (identity_len >= strlen(CLIENT_ID_PREFIX) &&
+	    memcmp(identity, CLIENT_ID_PREFIX, strlen(CLIENT_ID_PREFIX)) == 0)
+		return find_client_session(ssl, t, srv, identity, identity_len, sess);
 	if (identity_len != strlen(srv->id) || CRYPTO_memcmp(identity, srv->id, identity_len)) {
 		t->id_miss = 1;
 		return 1;
@@ -263,15 +402,24 @@ int stk_tls_server_create(const uint8_t *key, size_t len, struct stk_tls_server 
 	srv = calloc(1, sizeof(*srv));
 	if (!srv)
 		return -ENOMEM;
-	if (stk_tls_derive(key, len, srv->psk, srv->id) || !(srv->ctx = ctx_new(1))) {
+	if (len > sizeof(srv->key) || stk_tls_derive(key, len, srv->psk, srv->id) ||
+	    !(srv->ctx = ctx_new(1))) {
 		stk_error("TLS: OpenSSL could not set up a server context");
 		OPENSSL_cleanse(srv->psk, sizeof(srv->psk));
 		free(srv);
 		return -EIO;
 	}
+	memcpy(srv->key, key, len);
+	srv->key_len = len;
 	SSL_CTX_set_app_data(srv->ctx, srv);
 	*out = srv;
 	return 0;
+}
+
+void stk_tls_server_set_revoked(struct stk_tls_server *srv,
+				int (*revoked)(const char *name, uint64_t gen))
+{
+	srv->revoked = revoked;
 }
 
 void stk_tls_server_destroy(struct stk_tls_server *srv)
@@ -280,6 +428,7 @@ void stk_tls_server_destroy(struct stk_tls_server *srv)
 		return;
 	SSL_CTX_free(srv->ctx);
 	OPENSSL_cleanse(srv->psk, sizeof(srv->psk));
+	OPENSSL_cleanse(srv->key, sizeof(srv->key));
 	free(srv);
 }
 
@@ -336,10 +485,40 @@ int stk_tls_connect_new(int fd, const uint8_t *key, size_t len, struct stk_tls *
 	return 0;
 }
 
+int stk_tls_connect_client_new(int fd, const struct stk_auth_client *c,
+			       const uint8_t ckey[STK_AUTH_MAC], struct stk_tls **out)
+{
+	struct stk_tls *t;
+	int rc;
+
+	pthread_once(&once, tls_init);
+	rc = tls_new(client_ctx, fd, 0, &t);
+	if (rc)
+		return rc;
+	rc = stk_tls_client_derive(c, ckey, t->psk, t->id);
+	if (rc) {
+		stk_tls_free(t);
+		return rc;
+	}
+	t->is_client = 1;
+	*out = t;
+	return 0;
+}
+
+struct stk_auth_client *stk_tls_client_take(struct stk_tls *t)
+{
+	struct stk_auth_client *c = t->done ? t->client : NULL;
+
+	if (c)
+		t->client = NULL;
+	return c;
+}
+
 void stk_tls_free(struct stk_tls *t)
 {
 	if (!t)
 		return;
+	free(t->client);
 	SSL_free(t->ssl);
 	pthread_mutex_destroy(&t->lock);
 	OPENSSL_cleanse(t->psk, sizeof(t->psk));
@@ -394,6 +573,7 @@ int stk_tls_handshake(struct stk_tls *t, int *want_write)
 	if (ret == 1) {
 		/* only a handshake on our PSK proves the key (never a certificate) */
 		r = SSL_session_reused(t->ssl) ? 0 : -EKEYREJECTED;
+		t->done = r == 0;
 		if (r)
 			snprintf(t->why, sizeof(t->why), "the peer did not use the cluster key");
 	} else {
@@ -403,6 +583,20 @@ int stk_tls_handshake(struct stk_tls *t, int *want_write)
 			snprintf(t->why, sizeof(t->why),
 				 "the peer closed the connection during the TLS handshake%s",
 				 t->server ? "" : " (does it run without TLS?)");
+		} else if (r != -EAGAIN && t->server && t->revoked) {
+			/* server.c says "a removed client key" itself */
+			r = -EKEYREJECTED;
+			stk_strlcpy(t->why, t->revoked_who, sizeof(t->why));
+		} else if (r != -EAGAIN && t->server && t->bad_policy) {
+			r = -EKEYREJECTED;
+			snprintf(t->why, sizeof(t->why),
+				 "the client offered a malformed client key identity");
+		} else if (r != -EAGAIN && t->server && t->client) {
+			r = -EKEYREJECTED;
+			snprintf(t->why, sizeof(t->why),
+				 "client %s (generation %llu) did not prove its client key (an "
+				 "edited key file, or another cluster's)",
+				 t->client->name, (unsigned long long)t->client->gen);
 		} else if (r != -EAGAIN && t->server && t->id_miss) {
 			r = -EKEYREJECTED;
 			snprintf(
@@ -412,13 +606,17 @@ int stk_tls_handshake(struct stk_tls *t, int *want_write)
 		/* an alert from the daemon during the handshake: it did not accept our PSK */
 		if (r == -EPROTO && !t->server && strstr(t->why, "alert")) {
 			r = -EKEYREJECTED;
-			snprintf(
-			    t->why + strlen(t->why), sizeof(t->why) - strlen(t->why),
-			    " (the daemon refused our key: does it hold another cluster key?)");
+			snprintf(t->why + strlen(t->why), sizeof(t->why) - strlen(t->why), "%s",
+				 t->is_client ? " (the daemon refused this client key: removed, "
+						"edited, or another cluster's)"
+					      : " (the daemon refused our key: does it hold "
+						"another cluster key?)");
 		}
 	}
 	if (r && r != -EAGAIN)
-		t->fail = r == -EKEYREJECTED ? STK_TLS_FAIL_WRONG_KEY : STK_TLS_FAIL_PROTOCOL;
+		t->fail = t->server && t->revoked ? STK_TLS_FAIL_REVOKED
+			  : r == -EKEYREJECTED	  ? STK_TLS_FAIL_WRONG_KEY
+						  : STK_TLS_FAIL_PROTOCOL;
 	pthread_mutex_unlock(&t->lock);
 	return (int)r;
 }

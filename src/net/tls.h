@@ -13,6 +13,11 @@
  * handshake of auth.h is not run on it. No session tickets, no early data: every
  * connection does a full handshake.
  *
+ * A client key's holder (common/auth.h) offers instead an identity naming its
+ * policy and a PSK derived from its client key (below); the server derives the
+ * same from the identity and its cluster key, and hands the policy it proved to
+ * the transport, which confines the connection as after AUTH_HELLO_CLIENT.
+ *
  * An SSL object may not be used by two threads at once, but our connections are
  * read by one thread while another writes (net.c's reader and senders; server.c's
  * loop and the worker sending a reply). Every call below takes the connection's
@@ -36,6 +41,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "../common/auth.h"
+
 struct stk_tls;
 struct stk_tls_server;
 
@@ -51,11 +58,35 @@ struct stk_tls_server;
 int stk_tls_derive(const uint8_t *key, size_t len, uint8_t psk[STK_TLS_PSK_LEN],
 		   char id[STK_TLS_ID_LEN]);
 
+/*
+ * Client keys (common/auth.h) under TLS. The PSK identity names the client's
+ * policy in the clear, canonically:
+ *
+ *	"stoker-tls-c1 NAME GEN FLAGS ANON_UID ANON_GID SUBTREE"
+ *
+ * (decimal numbers, the subtree last since it may hold spaces) and the PSK is
+ * HKDF(client key, "stoker-tls-1 client psk"), the client key being
+ * HMAC(cluster key, policy). A server holding the cluster key recomputes the PSK
+ * from the identity alone, with no lookup; an edited identity gives another PSK,
+ * and the handshake fails on the binder. stk_tls_client_derive fills psk and id
+ * (STK_TLS_CLIENT_ID_MAX bytes, NUL-terminated); 0, -EINVAL (a policy that is not
+ * well-formed) or -EIO.
+ */
+#define STK_TLS_CLIENT_ID_MAX (14 + STK_CLIENT_NAME_MAX + 4 * 21 + STK_CLIENT_SUBTREE_MAX + 1)
+int stk_tls_client_derive(const struct stk_auth_client *c, const uint8_t ckey[STK_AUTH_MAC],
+			  uint8_t psk[STK_TLS_PSK_LEN], char id[STK_TLS_CLIENT_ID_MAX]);
+/*
+ * Parses a client identity (exactly as stk_tls_client_derive writes it, nothing
+ * else: a non-canonical form is refused) into c. 0 or -EINVAL.
+ */
+int stk_tls_client_parse(const char *id, size_t len, struct stk_auth_client *c);
+
 /* Why a server-side handshake failed, for the log and the counter. */
 enum stk_tls_fail {
 	STK_TLS_FAIL_NONE = 0,
 	STK_TLS_FAIL_WRONG_KEY, /* the client offered another key's identity, or none */
 	STK_TLS_FAIL_PROTOCOL,	/* anything else: malformed records, bad binder, EOF */
+	STK_TLS_FAIL_REVOKED,	/* a removed client key's identity */
 };
 
 /*
@@ -64,6 +95,14 @@ enum stk_tls_fail {
  */
 int stk_tls_server_create(const uint8_t *key, size_t len, struct stk_tls_server **out);
 void stk_tls_server_destroy(struct stk_tls_server *srv);
+/*
+ * How the server learns that a client key was removed: revoked(name, gen) returns
+ * 1 for a removed one (server.c's stk_net_client_revoked), called on the loop
+ * during the handshake. Without it no client key is refused as removed. Set it
+ * before the first stk_tls_accept_new.
+ */
+void stk_tls_server_set_revoked(struct stk_tls_server *srv,
+				int (*revoked)(const char *name, uint64_t gen));
 
 /*
  * A TLS session on a connected, non-blocking socket fd (not owned: the caller
@@ -72,7 +111,16 @@ void stk_tls_server_destroy(struct stk_tls_server *srv);
  */
 int stk_tls_accept_new(struct stk_tls_server *srv, int fd, struct stk_tls **out);
 int stk_tls_connect_new(int fd, const uint8_t *key, size_t len, struct stk_tls **out);
+/* Client side, offering a client key's identity and PSK (above). As connect_new. */
+int stk_tls_connect_client_new(int fd, const struct stk_auth_client *c,
+			       const uint8_t ckey[STK_AUTH_MAC], struct stk_tls **out);
 void stk_tls_free(struct stk_tls *t);
+/*
+ * Server side, once the handshake is complete: the client key's policy the peer
+ * proved, handed to the caller (free() it), or NULL when the peer proved the
+ * cluster key. Only the first call returns it.
+ */
+struct stk_auth_client *stk_tls_client_take(struct stk_tls *t);
 
 /*
  * One step of the handshake: 0 once complete, -EAGAIN with *want_write set to 1

@@ -165,6 +165,7 @@ int stk_routing_encode(struct stk_wbuf *w, const struct stk_routing *rt)
 		stk_put_u64(w, n->ns.lo);
 		stk_put_u64(w, n->meta_epoch);
 		stk_put_u64(w, n->meta_seq);
+		stk_put_u8(w, n->shard);
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		const struct stk_rt_target *t = &rt->targets[i];
@@ -218,7 +219,7 @@ void stk_routing_free(struct stk_routing *rt)
 }
 
 /* Each array element needs at least this many payload bytes: bounds allocation. */
-#define STK_RT_MIN_NODE 51
+#define STK_RT_MIN_NODE 52
 #define STK_RT_MIN_TARGET 79
 #define STK_RT_MIN_CHAIN 9
 #define STK_RT_MIN_SHARD 34
@@ -263,6 +264,7 @@ int stk_routing_decode(struct stk_rbuf *r, struct stk_routing *rt)
 		n->ns.lo = stk_get_u64(r);
 		n->meta_epoch = stk_get_u64(r);
 		n->meta_seq = stk_get_u64(r);
+		n->shard = stk_get_u8(r);
 	}
 	for (uint32_t i = 0; i < rt->ntargets; i++) {
 		struct stk_rt_target *t = &rt->targets[i];

@@ -33,6 +33,18 @@
 #define STK_HOST_ID_MAX 64 /* a host id (common/host.h), with its NUL; an addr on the wire */
 #define STK_MAX_GROUPS 32
 #define STK_MAX_REPLICAS 8
+/*
+ * Metadata shards (docs/meta-shards.md): at most STK_MAX_SHARDS, numbered from 1.
+ * An inode number carries its shard in its top bits: shard k hands out numbers
+ * from (k - 1) << STK_INO_SHARD_SHIFT on, so shard 1's are today's and any node
+ * finds an inode's shard from its number alone.
+ */
+#define STK_MAX_SHARDS 16
+#define STK_INO_SHARD_SHIFT 48
+static inline unsigned stk_ino_shard(uint64_t ino)
+{
+	return (unsigned)(ino >> STK_INO_SHARD_SHIFT) + 1;
+}
 
 #define STK_ROOT_INO 1ull
 
@@ -220,12 +232,14 @@ enum stk_target_state {
  * host_id: the node's host id (common/host.h), which decides short-circuit reads.
  * ns_hi/ns_lo: a meta node's store identity (stk_ns_id; zero from storage). The
  * reply's `refused` 1: the node is registered (node_id is its id) but serves no
- * shard, because its store is not the namespace shard 1 holds (shard_ns_hi/lo, the
- * shard's identity); a meta node refused exits (src/meta/service.c).
+ * shard, because its store is not the namespace its shard holds (shard_ns_hi/lo, the
+ * shard's identity) or the cluster has no such shard; a meta node refused exits
+ * (src/meta/service.c). shard: the metadata shard a meta node serves (1 to the
+ * cluster's --meta-shards; 0 means 1; docs/meta-shards.md), 0 from storage.
  */
 #define STK_MSG_MGMT_REGISTER_REQ(F)                                                      \
 	F(u32, node_id) F(u8, role) F(addr, addr) F(u32, ntargets) F(addr, host_id)       \
-	F(u64, ns_hi) F(u64, ns_lo) F(addr, zone)
+	F(u64, ns_hi) F(u64, ns_lo) F(addr, zone) F(u8, shard)
 #define STK_MSG_MGMT_REGISTER_RESP(F) \
 	F(u32, node_id) F(u32, ntargets) F(u8, refused) F(u64, shard_ns_hi) F(u64, shard_ns_lo)
 /*
@@ -303,6 +317,9 @@ enum stk_target_state {
 #define STK_MSG_META_MKDIR_REQ(F) \
 	F(cred, cred) F(u64, parent) F(name, name) F(u32, mode) F(u32, flags)
 #define STK_MKDIR_DELEGATE 0x1u
+/* With STK_MKDIR_DELEGATE: a folder under a quota may be delegated too; the origin
+ * asks for an inode allowance (META_ALLOW) before it answers creates in it. */
+#define STK_MKDIR_DELEGATE_QUOTA 0x2u
 /*
  * attr: the new folder. With an origin in the frame, leased 1 as for META_CREATE (the
  * name's entry and the new folder leased to it), and empty 1 when the folder had
@@ -501,6 +518,19 @@ enum stk_target_state {
 	F(u64, epoch)                                                                              \
 	F(u32, leader) F(u8, kind) F(u8, first) F(u64, snap_epoch) F(u64, snap_seq) F(u32, len)
 #define STK_MSG_META_REPL_RESP(F) F(u64, pos_epoch) F(u64, pos_seq) F(u64, ns_hi) F(u64, ns_lo)
+/*
+ * META_ALLOW (docs/quotas.md, "Creates a mount answers itself"): session's inode
+ * allowance in the quota folder `dir` counts in. First `give` inodes of it are
+ * given back (at most what it holds; UINT32_MAX: all of it; NOENT when dir is
+ * gone or in no quota). Then, with want > 0,
+ * up to want more are set aside (granted, at least 1; DQUOT when none is left);
+ * with no inode limit on dir, granted is want and nothing is set aside. qid: the
+ * quota root dir counts in, 0: none. want and give both 0: INVAL. AGAIN: the
+ * frame's origin is not a live lease holder of `session` (it was reset).
+ */
+#define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
+#define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
+#define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
 #define STK_MSG_QUOTA_REC(F)                                                               \
 	F(u64, qid) F(u64, parent) F(u64, limit_bytes) F(u64, limit_inodes)               \
 	F(u64, used_bytes) F(u64, used_inodes) F(u64, reserved_bytes) F(u8, fixed)         \
@@ -726,6 +756,8 @@ enum stk_fsck_kind {
 	X(meta_lock_req, STK_MSG_META_LOCK_REQ)                   \
 	X(meta_lock_resp, STK_MSG_META_LOCK_RESP)                 \
 	X(meta_quota_req, STK_MSG_META_QUOTA_REQ)                 \
+	X(meta_allow_req, STK_MSG_META_ALLOW_REQ)                 \
+	X(meta_allow_resp, STK_MSG_META_ALLOW_RESP)               \
 	X(meta_quota_resp, STK_MSG_META_QUOTA_RESP)               \
 	X(meta_repl_req, STK_MSG_META_REPL_REQ)                                                    \
 	X(meta_repl_resp, STK_MSG_META_REPL_RESP)                                                  \
@@ -829,6 +861,7 @@ struct stk_rt_node {
 	/* a meta node's last change held, as it last reported it (meta/store.h) */
 	uint64_t meta_epoch;
 	uint64_t meta_seq;
+	uint8_t shard; /* a meta node's metadata shard (1..); 0 for storage */
 };
 
 struct stk_rt_target {
@@ -880,7 +913,8 @@ struct stk_rt_shard {
 /*
  * Wire form: u64 version, u32 nnodes, u32 ntargets, u32 nchains, u32 nshards, then
  * each array in that order; node: u32 id, u8 role, u8 state, addr, u64 last_seen_ms,
- * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo, u64 meta_epoch, u64 meta_seq; target: u32
+ * host_id (an addr), u8 refused, u64 ns hi, u64 ns lo, u64 meta_epoch, u64 meta_seq, u8 shard;
+ * target: u32
  * id, u32 node_id, u8 state, u64 capacity, u64 used, u64 chunks, path, u64 avail, u64 dev, u32
  * sync_permille, u64 sync_checked, u64 sync_copied, u64 sync_bytes; chain: u32 id, u32 version, u8
  * ntargets, ntargets x u32; shard: u32 id, u32 node_id, u64 ns hi, u64 ns lo, u64 epoch, u8

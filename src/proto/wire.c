@@ -43,7 +43,9 @@ int stk_hdr_decode(const uint8_t *in, struct stk_frame_hdr *h)
 		return -EBADMSG;
 	if (h->payload_len > STK_MAX_PAYLOAD || h->bulk_len > STK_MAX_BULK)
 		return -EBADMSG;
-	if (h->flags & ~(STK_FRAME_REPLY | STK_FRAME_BULK_SELF | STK_FRAME_CLASS_MASK))
+	/* the flags of another version mean what that version says: its version is refused */
+	if (h->version == STK_WIRE_VERSION &&
+	    (h->flags & ~(STK_FRAME_REPLY | STK_FRAME_BULK_SELF | STK_FRAME_CLASS_MASK)))
 		return -EBADMSG;
 	return 0;
 }

@@ -53,11 +53,16 @@
  * (the sync_* fields of a target's record, in reports and the routing table).
  * 7: quotas (attr's qid, META_QUOTA). 8: replicated metadata (the routing table's
  * shard epoch, replica count and followers and each node's replication position,
- * MGMT_HEARTBEAT's meta position and identity, META_REPL).
+ * MGMT_HEARTBEAT's meta position and identity, META_REPL). 9: a storage request's
+ * QoS class in the frame's flags (STK_FRAME_CLASS_MASK; sent by version 8 builds
+ * that had QoS without saying so: a daemon of 8 without it closed their
+ * connections as malformed).
  * Daemons and clients of another version refuse each other's requests (NOTSUP)
- * rather than misread them.
+ * rather than misread them. The flags' meaning depends on the version, so a frame
+ * of another version is never refused for its flags: its version is what is
+ * answered, NOTSUP, and the peer hears why. Any new flag bit bumps the version.
  */
-#define STK_WIRE_VERSION 8
+#define STK_WIRE_VERSION 9
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
@@ -240,6 +245,10 @@
 	 * readdirplus asks, so that the files of a listed folder are then opened with   \
 	 * no lookup at meta each. */                                                     \
 	X(META_LOOKUPS, 89, meta_lookups_req, meta_lookups_resp, "look names up, leased")   \
+	/* An inode allowance (docs/quotas.md): room set aside in the quota a folder     \
+	 * counts in for the session's creates answered by its holder (META_NAMES); want \
+	 * 0 gives back what the session holds there. DQUOT: nothing left (msg.h). */     \
+	X(META_ALLOW, 90, meta_allow_req, meta_allow_resp, "set inodes aside in a quota")    \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \
@@ -317,8 +326,9 @@ struct stk_frame_hdr {
 /* Writes the header into out[STK_FRAME_HDR_LEN]. */
 void stk_hdr_encode(const struct stk_frame_hdr *h, uint8_t *out);
 /*
- * Parses and checks a header: magic, lengths within limits. A version other than
- * STK_WIRE_VERSION is returned as parsed (the caller answers NOTSUP). 0 or -EBADMSG.
+ * Parses and checks a header: magic, lengths within limits, and for a frame of
+ * STK_WIRE_VERSION no flag bits it does not know. A frame of another version is
+ * returned as parsed, whatever its flags (the caller answers NOTSUP). 0 or -EBADMSG.
  */
 int stk_hdr_decode(const uint8_t *in, struct stk_frame_hdr *h);
 /* "META_LOOKUP", or "UNKNOWN" for a code not in the table. */

@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <liburing.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,20 +286,121 @@ static int create_tmp(struct stk_chunk_store *cs, const char *tmp, uint64_t ino,
 	return rc;
 }
 
-/* Makes the rename and any new folders durable. */
-static int sync_dirs(struct stk_chunk_store *cs, uint64_t ino, int made_dirs)
+/* Makes the rename durable (the chunk's folder). */
+static int sync_dir(struct stk_chunk_store *cs, uint64_t ino)
 {
 	char rel[REL_MAX];
-	int rc;
 
 	stk_chunk_rel_dir(rel, sizeof(rel), ino);
-	rc = fsync_at(cs->dirfd, rel);
-	if (rc == 0 && made_dirs) {
-		snprintf(rel, sizeof(rel), "chunks/%02x", (unsigned)(ino & 0xff));
-		rc = fsync_at(cs->dirfd, rel);
+	return fsync_at(cs->dirfd, rel);
+}
+
+/*
+ * Per thread: a ring of a few entries on which the fsyncs of sync_new wait
+ * together. Made at a thread's first sync of a new chunk, freed when it exits;
+ * NULL (and one fsync after another) where io_uring is not to be had.
+ */
+static pthread_key_t g_ring_key;
+static pthread_once_t g_ring_once = PTHREAD_ONCE_INIT;
+static int g_ring_ok;
+
+static void ring_free(void *p)
+{
+	io_uring_queue_exit(p);
+	free(p);
+}
+
+static void ring_init(void)
+{
+	g_ring_ok = pthread_key_create(&g_ring_key, ring_free) == 0;
+}
+
+static struct io_uring *thread_ring(void)
+{
+	struct io_uring *r;
+
+	pthread_once(&g_ring_once, ring_init);
+	if (!g_ring_ok)
+		return NULL;
+	r = pthread_getspecific(g_ring_key);
+	if (r)
+		return r;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return NULL;
+	if (io_uring_queue_init(4, r, 0) < 0) {
+		free(r);
+		return NULL;
 	}
-	if (rc == 0 && made_dirs == 2)
-		rc = fsync_at(cs->dirfd, "chunks");
+	if (pthread_setspecific(g_ring_key, r)) {
+		ring_free(r);
+		return NULL;
+	}
+	return r;
+}
+
+/*
+ * The sync of a chunk written to tfd (not yet renamed into place) whose folders
+ * create_tmp just made (made_dirs 1: the inode's folder, 2: its parent too): the
+ * data, and the new folders' entries in their parents, must all be on the disk
+ * before the rename. One after another that is a wait on the disk each (a journal
+ * commit and a cache flush on ext4 or XFS); sent together on io_uring they share
+ * one (W3 create, docs/BENCHMARKS.md). The order that matters is kept: all of them
+ * before the rename, the rename's own folder synced after it (sync_dir).
+ */
+static int sync_new(struct stk_chunk_store *cs, int tfd, uint64_t ino, int made_dirs)
+{
+	const char *rels[2] = {NULL, "chunks"};
+	char xx[16];
+	int fds[3] = {tfd, -1, -1}, n = 1, rc = 0;
+	struct io_uring *r;
+
+	snprintf(xx, sizeof(xx), "chunks/%02x", (unsigned)(ino & 0xff));
+	rels[0] = xx;
+	for (int i = 0; i < made_dirs && i < 2; i++) {
+		fds[n] = openat(cs->dirfd, rels[i], O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		if (fds[n] < 0) {
+			rc = -errno;
+			goto out;
+		}
+		n++;
+	}
+	r = n > 1 ? thread_ring() : NULL;
+	if (r) {
+		struct io_uring_cqe *cqe;
+		int sent = 0, done = 0, got;
+
+		for (int i = 0; i < n; i++) {
+			struct io_uring_sqe *sqe = io_uring_get_sqe(r);
+
+			if (!sqe)
+				break;
+			io_uring_prep_fsync(sqe, fds[i], i == 0 ? IORING_FSYNC_DATASYNC : 0);
+			sent++;
+		}
+		got = io_uring_submit_and_wait(r, (unsigned)sent);
+		for (int i = 0; i < got && io_uring_wait_cqe(r, &cqe) == 0; i++) {
+			if (cqe->res < 0 && rc == 0)
+				rc = cqe->res;
+			io_uring_cqe_seen(r, cqe);
+			done++;
+		}
+		if (done == n)
+			goto out;
+		/* Not all went (never seen): this thread's ring is given up, as entries
+		 * left in it would name descriptors closed below; the plain way follows. */
+		pthread_setspecific(g_ring_key, NULL);
+		ring_free(r);
+		rc = 0;
+	}
+	if (fdatasync(tfd) < 0)
+		rc = -errno;
+	for (int i = 1; rc == 0 && i < n; i++)
+		if (fsync(fds[i]) < 0)
+			rc = -errno;
+out:
+	for (int i = 1; i < n; i++)
+		close(fds[i]);
 	return rc;
 }
 
@@ -475,7 +577,9 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 		rc = stk_pwrite_all(tfd, t->buf, (size_t)hdr_len + new_len, 0);
 	}
 	if (rc == 0 && (u->flags & STK_WRITE_SYNC)) {
-		if (fdatasync(tfd) < 0)
+		if (made_dirs)
+			rc = sync_new(cs, tfd, ino, made_dirs);
+		else if (fdatasync(tfd) < 0)
 			rc = -errno;
 	} else if (rc == 0 && !uncached && u->len >= LARGE_WRITE_MIN) {
 		/*
@@ -504,7 +608,7 @@ static int chunk_update(struct stk_chunk_store *cs, uint64_t ino, uint32_t idx,
 	if (!exists)
 		__atomic_add_fetch(&cs->nchunks, 1, __ATOMIC_RELAXED);
 	if (u->flags & STK_WRITE_SYNC)
-		rc = sync_dirs(cs, ino, made_dirs);
+		rc = sync_dir(cs, ino); /* the new folders are durable since sync_new */
 	if (u->v)
 		u->v->now = new_ver;
 out:

@@ -22,9 +22,21 @@
  * STK_QOS_BUSY_NS (seen[], a time per class): a checkpoint alone runs as fast as
  * its tenant's limits let it; next to training reads it gets the class's rate.
  *
- * One mutex guards the policy and the buckets, taken only for requests of
- * client-key connections while some tenant has limits (nlimited != 0); another
- * guards the heap.
+ * One mutex guards the policy and the buckets, taken only to charge requests of
+ * limited tenants (by the workers) and to change the policy; another guards the
+ * heap.
+ *
+ * Lookups. Whether a tenant or class has limits is asked on the event loop for
+ * every read of a client-key connection while any limit exists (the loop then
+ * hands a limited one to the workers), so that question takes no lock: the
+ * names with limits sit in one of two open-addressing tables of fixed size,
+ * every field read and written with atomics. A policy change rewrites the table
+ * readers are not using, inside an odd sequence number, then points readers at
+ * it; a reader checks that the sequence of the table it read did not move
+ * (a seqlock, C11 fences as in Boehm's "Can seqlocks get along with programming
+ * language memory models?"), else reads again. Readers write nothing shared and
+ * never wait for a writer: the table in use is never the one being written,
+ * unless two changes pass during one lookup, and then it is read again.
  */
 #include "qos.h"
 
@@ -34,12 +46,16 @@
 #include <string.h>
 #include <time.h>
 
+#include <xxhash.h>
+
 #include "../common/log.h"
 #include "../common/metrics.h"
 #include "../common/util.h"
 #include "../net/net.h"
 
 #define BURST_NS 100000000ull /* a bucket holds 100 ms of its rate */
+/* A class's own record, by class: training-read, the highest, has none. */
+static const char *const class_rec[] = {"@default", NULL, "@checkpoint"};
 #define NDIM 3		      /* read bytes, write bytes, requests */
 
 struct tenant {
@@ -58,13 +74,106 @@ static uint32_t nlimited;		   /* atomic: ntenants, read without the lock */
 static uint32_t nclasses;		   /* atomic: how many of them are a class's ("@...") */
 static uint64_t seen[STK_QOS_CLASS_LOWEST + 1]; /* atomic: a class's last request */
 
+/*
+ * The lock-free lookup tables (above). A name of up to LK_NAME - 1 bytes (every
+ * client name: STK_CLIENT_NAME_MAX is 63; a class record's "@..." name) is kept
+ * as LK_WORDS words, NUL-padded; a longer tenant name can never be a client's,
+ * and is left out. hash 0 marks an empty slot.
+ */
+#define LK_NAME 64
+#define LK_WORDS (LK_NAME / 8)
+#define LK_SLOTS 128 /* a power of two, at least twice STK_QOS_MAX */
+
+struct lk_slot {
+	uint64_t hash;
+	uint64_t w[LK_WORDS];
+};
+
+struct lk_table {
+	uint32_t seq;	  /* odd while a writer rewrites this table */
+	uint32_t classes; /* bit c: class c's own record has limits */
+	struct lk_slot slot[LK_SLOTS];
+};
+
+static struct lk_table lk[2]; /* every field through __atomic_*; written under pol_lock */
+static uint32_t lk_cur;	      /* atomic: the table readers use */
+
+/* name as words and its hash (never 0); -1 for a name no table holds. */
+static int lk_key(const char *name, uint64_t w[LK_WORDS], uint64_t *hash)
+{
+	size_t n = strnlen(name, LK_NAME);
+
+	if (n == LK_NAME)
+		return -1;
+	memset(w, 0, LK_NAME);
+	memcpy(w, name, n);
+	*hash = XXH64(w, LK_NAME, 0) | 1;
+	return 0;
+}
+
+/* 1 when t holds the name w (hash h). Reads only, with atomics. */
+static int lk_find(const struct lk_table *t, const uint64_t w[LK_WORDS], uint64_t h)
+{
+	unsigned i = (unsigned)h & (LK_SLOTS - 1);
+
+	for (unsigned n = 0; n < LK_SLOTS; n++, i = (i + 1) & (LK_SLOTS - 1)) {
+		uint64_t sh = __atomic_load_n(&t->slot[i].hash, __ATOMIC_RELAXED);
+		unsigned k = 0;
+
+		if (!sh)
+			return 0;
+		if (sh != h)
+			continue;
+		while (k < LK_WORDS && __atomic_load_n(&t->slot[i].w[k], __ATOMIC_RELAXED) == w[k])
+			k++;
+		if (k == LK_WORDS)
+			return 1;
+	}
+	return 0;
+}
+
+/* Writes list into the table readers do not use, then hands it to them. Under pol_lock. */
+static void lk_publish(const struct stk_msg_qos_rec *list, uint32_t n)
+{
+	uint32_t cur = __atomic_load_n(&lk_cur, __ATOMIC_RELAXED);
+	struct lk_table *t = &lk[cur ^ 1];
+	uint32_t seq = __atomic_load_n(&t->seq, __ATOMIC_RELAXED), classes = 0;
+
+	__atomic_store_n(&t->seq, seq + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	for (unsigned i = 0; i < LK_SLOTS; i++) {
+		__atomic_store_n(&t->slot[i].hash, 0, __ATOMIC_RELAXED);
+		for (unsigned k = 0; k < LK_WORDS; k++)
+			__atomic_store_n(&t->slot[i].w[k], 0, __ATOMIC_RELAXED);
+	}
+	for (uint32_t j = 0; j < n; j++) {
+		uint64_t w[LK_WORDS], h;
+		unsigned i;
+
+		for (unsigned c = 0; c <= STK_QOS_CLASS_LOWEST; c++)
+			if (class_rec[c] && strcmp(list[j].tenant, class_rec[c]) == 0)
+				classes |= 1u << c;
+		if (lk_key(list[j].tenant, w, &h))
+			continue;
+		/* n <= STK_QOS_MAX < LK_SLOTS: a free slot is always found */
+		for (i = (unsigned)h & (LK_SLOTS - 1);
+		     __atomic_load_n(&t->slot[i].hash, __ATOMIC_RELAXED);
+		     i = (i + 1) & (LK_SLOTS - 1))
+			;
+		for (unsigned k = 0; k < LK_WORDS; k++)
+			__atomic_store_n(&t->slot[i].w[k], w[k], __ATOMIC_RELAXED);
+		__atomic_store_n(&t->slot[i].hash, h, __ATOMIC_RELAXED);
+	}
+	__atomic_store_n(&t->classes, classes, __ATOMIC_RELAXED);
+	__atomic_store_n(&t->seq, seq + 2, __ATOMIC_RELEASE);
+	__atomic_store_n(&lk_cur, cur ^ 1, __ATOMIC_RELEASE);
+}
+
 /* A class's rank: 0 the highest (training-read), then default, then checkpoint. */
 static unsigned rank(unsigned cls)
 {
 	return cls == 1 ? 0 : cls == 0 ? 1 : 2;
 }
-
-static const char *const class_rec[] = {"@default", NULL, "@checkpoint"};
 
 struct parked {
 	uint64_t due_ns;
@@ -120,6 +229,7 @@ int stk_qos_policy_set(const struct stk_msg_qos_rec *list, uint32_t n)
 	}
 	memcpy(tenants, fresh, (size_t)n * sizeof(fresh[0]));
 	ntenants = n;
+	lk_publish(list, n);
 	{
 		uint32_t k = 0;
 
@@ -140,15 +250,26 @@ void stk_qos_seen(unsigned cls)
 
 int stk_qos_limited(const char *tenant, unsigned cls)
 {
-	int r;
+	uint64_t w[LK_WORDS], h;
+	int named;
 
 	if (!tenant || __atomic_load_n(&nlimited, __ATOMIC_ACQUIRE) == 0)
 		return 0;
-	pthread_mutex_lock(&pol_lock);
-	r = find(tenant) != NULL ||
-	    (cls <= STK_QOS_CLASS_LOWEST && class_rec[cls] && find(class_rec[cls]) != NULL);
-	pthread_mutex_unlock(&pol_lock);
-	return r;
+	named = lk_key(tenant, w, &h) == 0;
+	for (;;) {
+		const struct lk_table *t = &lk[__atomic_load_n(&lk_cur, __ATOMIC_ACQUIRE)];
+		uint32_t seq = __atomic_load_n(&t->seq, __ATOMIC_ACQUIRE);
+		int r;
+
+		if (seq & 1)
+			continue; /* being rewritten: lk_cur has moved on since we read it */
+		r = (named && lk_find(t, w, h)) ||
+		    (cls <= STK_QOS_CLASS_LOWEST &&
+		     (__atomic_load_n(&t->classes, __ATOMIC_RELAXED) >> cls & 1));
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(&t->seq, __ATOMIC_RELAXED) == seq)
+			return r;
+	}
 }
 
 /* 1 when a class above cls had a request within STK_QOS_BUSY_NS of now. */

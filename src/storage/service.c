@@ -106,7 +106,9 @@ struct storage {
 	struct stk_pool *fwd; /* connections to successors in chains */
 	struct stk_callwatch *watch; /* forwards to a node gone offline: aborted */
 	int fenced; /* atomic: the last fenced() seen, for its log lines */
-	struct ino_lock ino_locks[INO_LOCKS]; /* see the top: changes of an inode in order */
+	/* see the top: changes of an inode in order; INO_LOCKS a target, in the
+	 * order of stores (ino_locks_of) */
+	struct ino_lock *ino_locks;
 	int loop_writes; /* forwards sent from the event loops (STOKER_LOOP_WRITES) */
 	uint32_t pending[PENDING_SLOTS]; /* atomic: changes on their way down, by chunk hash */
 	struct stk_agent *agent;
@@ -695,9 +697,27 @@ static void unsettled_release(struct storage *s, unsigned n)
 		__atomic_sub_fetch(&s->unsettled_held, n, __ATOMIC_RELAXED);
 }
 
-static struct ino_lock *ino_lock(struct storage *s, uint64_t ino)
+/*
+ * Target cs's INO_LOCKS inode locks. A target's own, never its node's: a target is
+ * in one chain, and a change takes the locks of its chain's members in the
+ * chain's order, so no two changes can each hold a lock the other waits for.
+ * Locks of a node, shared by the chains through it, could: a truncate going from
+ * node P to Q in one chain and a write of another inode of the same lock slot
+ * going from Q to P in another did, until their forwards timed out (EIO after
+ * minutes; test_chain_locks.py).
+ */
+static struct ino_lock *ino_locks_of(struct storage *s, struct stk_chunk_store *cs)
 {
-	return &s->ino_locks[(ino * 0x9E3779B97F4A7C15ull) >> 56];
+	unsigned i = 0;
+
+	while (i + 1 < s->nstores && s->stores[i] != cs)
+		i++;
+	return &s->ino_locks[(size_t)i * INO_LOCKS];
+}
+
+static struct ino_lock *ino_lock(struct storage *s, struct stk_chunk_store *cs, uint64_t ino)
+{
+	return &ino_locks_of(s, cs)[(ino * 0x9E3779B97F4A7C15ull) >> 56];
 }
 
 /* A write's share of l, waiting (on a worker) while a truncate holds it. */
@@ -1049,7 +1069,7 @@ static void wjob_finish(struct wjob *j, int rc)
 		write_went_on(s, &j->h, &j->rq, rc);
 	stk_chunk_unlock(j->h.cs, j->rq.ino, j->rq.chunk_idx);
 	pending_end(s, j->rq.ino, j->rq.chunk_idx);
-	ino_unshare(ino_lock(s, j->rq.ino));
+	ino_unshare(ino_lock(s, j->h.cs, j->rq.ino));
 	unsettled_release(s, (unsigned)j->reserved);
 	stk_wbuf_init(&w, out, sizeof(out));
 	if (rc == 0)
@@ -1258,9 +1278,9 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 	j->v.floor = (uint64_t)rq->chain_ver << 32;
 	j->v.full = (rq->flags & STK_WRITE_FULL) != 0;
 	j->wait.granted = wjob_granted;
-	ino_share(ino_lock(s, rq->ino));
+	ino_share(ino_lock(s, h->cs, rq->ino));
 	if (inode_unsettled(s, h->cs, rq->ino)) {
-		ino_unshare(ino_lock(s, rq->ino));
+		ino_unshare(ino_lock(s, h->cs, rq->ino));
 		wjob_put(s, j);
 		unsettled_release(s, 1);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
@@ -1331,9 +1351,9 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	v.set = h.pos == 0 ? 0 : rq.set_ver;
 	v.floor = (uint64_t)rq.chain_ver << 32;
 	v.full = (rq.flags & STK_WRITE_FULL) != 0;
-	ino_share(ino_lock(s, rq.ino));
+	ino_share(ino_lock(s, cs, rq.ino));
 	if (!h.tail && inode_unsettled(s, cs, rq.ino)) {
-		ino_unshare(ino_lock(s, rq.ino));
+		ino_unshare(ino_lock(s, cs, rq.ino));
 		unsettled_release(s, 1);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
 	}
@@ -1343,7 +1363,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 				 rq.length, tls_crcs, rq.flags & STK_WRITE_SYNC, &v, &rp.chunk_len);
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
 	pending_end(s, rq.ino, rq.chunk_idx);
-	ino_unshare(ino_lock(s, rq.ino));
+	ino_unshare(ino_lock(s, cs, rq.ino));
 	unsettled_release(s, h.tail ? 0 : 1);
 	if (rc)
 		return rc;
@@ -1439,8 +1459,9 @@ static int fence(struct storage *s, uint64_t ns_hi, uint64_t ns_lo, uint64_t ino
 	for (int attempt = 0; attempt < 2; attempt++) {
 		struct stk_routing_ref *ref = stk_agent_routing_get(s->agent);
 
+		/* any shard's namespace: each purges the chunks of its own inodes */
 		for (uint32_t i = 0; i < ref->rt.nshards; i++)
-			if (ref->rt.shards[i].id == 1)
+			if (ref->rt.shards[i].id == 1 || stk_ns_id_eq(&ref->rt.shards[i].ns, &got))
 				want = ref->rt.shards[i].ns;
 		stk_agent_routing_put(s->agent, ref);
 		if (!stk_ns_id_is_zero(&want) && stk_ns_id_eq(&want, &got))
@@ -1507,10 +1528,10 @@ static void ojob_finish(struct ojob *j, int rc)
 		notes_note(s, j->cs, j->notes, j->nnotes, rc); /* before the locks go */
 	unsettled_release(s, j->held);
 	if (j->locks == OJOB_INO_LOCK)
-		ino_unlock_alone(ino_lock(s, j->ino));
+		ino_unlock_alone(ino_lock(s, j->cs, j->ino));
 	else if (j->locks == OJOB_ALL_LOCKS)
 		for (unsigned i = INO_LOCKS; i-- > 0;)
-			ino_unlock_alone(&s->ino_locks[i]);
+			ino_unlock_alone(&ino_locks_of(s, j->cs)[i]);
 	if (rc == 0)
 		rc = j->first;
 	stk_metrics_ops_client(s->rpc_metrics, j->peer, j->req_bytes, STK_FRAME_HDR_LEN);
@@ -1575,10 +1596,10 @@ static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rp
 			notes_note(s, h->cs, notes, nnotes, rc);
 		unsettled_release(s, held);
 		if (locks == OJOB_INO_LOCK)
-			ino_unlock_alone(ino_lock(s, ino));
+			ino_unlock_alone(ino_lock(s, h->cs, ino));
 		else if (locks == OJOB_ALL_LOCKS)
 			for (unsigned i = INO_LOCKS; i-- > 0;)
-				ino_unlock_alone(&s->ino_locks[i]);
+				ino_unlock_alone(&ino_locks_of(s, h->cs)[i]);
 		return rc ? rc : first;
 	}
 	j->s = s;
@@ -1630,9 +1651,9 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
-	ino_lock_alone(ino_lock(s, rq.ino));
+	ino_lock_alone(ino_lock(s, h.cs, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
-		ino_unlock_alone(ino_lock(s, rq.ino));
+		ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 		unsettled_release(s, h.tail ? 0 : 1);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
@@ -1654,7 +1675,7 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 			inode_unsettled_note(s, h.cs, &u, rc);
 	}
 	unsettled_release(s, h.tail ? 0 : 1);
-	ino_unlock_alone(ino_lock(s, rq.ino));
+	ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 	return rc;
 }
 
@@ -1690,11 +1711,11 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		held = 0;
 	if (rc == 0) /* every inode's lock, always in one order */
 		for (unsigned i = 0; i < INO_LOCKS; i++)
-			ino_lock_alone(&s->ino_locks[i]);
+			ino_lock_alone(&ino_locks_of(s, h.cs)[i]);
 	for (uint32_t i = 0; rc == 0 && i < rq.n; i++)
 		if (inode_unsettled(s, h.cs, recs[i].ino)) {
 			for (unsigned k = INO_LOCKS; k-- > 0;)
-				ino_unlock_alone(&s->ino_locks[k]);
+				ino_unlock_alone(&ino_locks_of(s, h.cs)[k]);
 			unsettled_release(s, held);
 			free(recs);
 			return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
@@ -1734,7 +1755,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		unsettled_release(s, held);
 		free(notes);
 		for (unsigned i = INO_LOCKS; i-- > 0;)
-			ino_unlock_alone(&s->ino_locks[i]);
+			ino_unlock_alone(&ino_locks_of(s, h.cs)[i]);
 		return first;
 	}
 	free(recs);
@@ -1754,9 +1775,9 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
-	ino_lock_alone(ino_lock(s, rq.ino));
+	ino_lock_alone(ino_lock(s, h.cs, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
-		ino_unlock_alone(ino_lock(s, rq.ino));
+		ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 		unsettled_release(s, h.tail ? 0 : 1);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
@@ -1776,7 +1797,7 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 			inode_unsettled_note(s, h.cs, &u, rc);
 	}
 	unsettled_release(s, h.tail ? 0 : 1);
-	ino_unlock_alone(ino_lock(s, rq.ino));
+	ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 	return rc;
 }
 
@@ -2205,9 +2226,9 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 
 	/* a removal holds the inode against changes until it is done; a copy, as a write */
 	if (gone)
-		ino_lock_alone(ino_lock(s, ino));
+		ino_lock_alone(ino_lock(s, j->cs, ino));
 	else
-		ino_share(ino_lock(s, ino));
+		ino_share(ino_lock(s, j->cs, ino));
 	rc = sync_fetch(s, j, ino, idx, &version, &got);
 	if (rc)
 		goto out;
@@ -2228,9 +2249,9 @@ static int sync_chunk(struct storage *s, struct sync_job *j, uint64_t ino, uint3
 	}
 out:
 	if (gone)
-		ino_unlock_alone(ino_lock(s, ino));
+		ino_unlock_alone(ino_lock(s, j->cs, ino));
 	else
-		ino_unshare(ino_lock(s, ino));
+		ino_unshare(ino_lock(s, j->cs, ino));
 	/* paid for with the inode's lock released: writers of the inode never wait on it */
 	if (got) {
 		int trc = sync_throttle(s, j, got);
@@ -2427,11 +2448,11 @@ static int wipe_pass(struct storage *s, struct stk_chunk_store *cs, uint64_t *ch
 			uint64_t version;
 			uint32_t len = 0;
 
-			ino_lock_alone(ino_lock(s, e[i].ino));
+			ino_lock_alone(ino_lock(s, cs, e[i].ino));
 			if (stk_chunk_version(cs, e[i].ino, e[i].idx, &version, &len))
 				len = 0;
 			rc = stk_chunk_punch(cs, e[i].ino, e[i].idx, e[i].idx + 1);
-			ino_unlock_alone(ino_lock(s, e[i].ino));
+			ino_unlock_alone(ino_lock(s, cs, e[i].ino));
 			*chunks += rc == 0;
 			*bytes += rc == 0 ? len : 0;
 		}
@@ -2655,7 +2676,7 @@ static void repair_chunk(struct storage *s, struct sync_job *j, const struct rep
 	j->cs = local_target(s, e->target_id);
 	if (!j->cs || !repair_source(s, e->target_id, j, &down))
 		return;
-	ino_lock_alone(ino_lock(s, e->ino));
+	ino_lock_alone(ino_lock(s, j->cs, e->ino));
 	/* damaged still? (a change since may have rewritten it) */
 	rc = stk_chunk_read_whole(j->cs, e->ino, e->idx, j->buf, STK_MAX_CHUNK_SIZE, &len, &wver,
 				  j->crcs);
@@ -2691,7 +2712,7 @@ static void repair_chunk(struct storage *s, struct sync_job *j, const struct rep
 		 e->target_id, (unsigned long long)e->ino, e->idx, j->src,
 		 (unsigned long long)theirs);
 out:
-	ino_unlock_alone(ino_lock(s, e->ino));
+	ino_unlock_alone(ino_lock(s, j->cs, e->ino));
 }
 
 /* Sleeps up to ms, or until the daemon stops or a repair is queued. 1: stopping. */
@@ -3107,7 +3128,7 @@ static int settle_one(struct storage *s, const struct unsettled *u)
 	long n;
 	int rc, ret = 0;
 
-	ino_share(ino_lock(s, u->ino));
+	ino_share(ino_lock(s, u->cs, u->ino));
 	stk_chunk_lock(u->cs, u->ino, u->idx);
 	if (!unsettled_has(s, u->cs, u->ino, u->idx))
 		goto out; /* a write settled it meanwhile */
@@ -3170,7 +3191,7 @@ static int settle_one(struct storage *s, const struct unsettled *u)
 	}
 out:
 	stk_chunk_unlock(u->cs, u->ino, u->idx);
-	ino_unshare(ino_lock(s, u->ino));
+	ino_unshare(ino_lock(s, u->cs, u->ino));
 	free(msg);
 	free(data);
 	free(crcs);
@@ -3189,7 +3210,7 @@ static int settle_inode(struct storage *s, const struct unsettled *u)
 	struct hop h;
 	int rc, ret = 0;
 
-	ino_lock_alone(ino_lock(s, u->ino));
+	ino_lock_alone(ino_lock(s, u->cs, u->ino));
 	if (!inode_unsettled(s, u->cs, u->ino))
 		goto out;
 	if (fenced(s)) {
@@ -3239,7 +3260,7 @@ static int settle_inode(struct storage *s, const struct unsettled *u)
 		ret = -EAGAIN;
 	}
 out:
-	ino_unlock_alone(ino_lock(s, u->ino));
+	ino_unlock_alone(ino_lock(s, u->cs, u->ino));
 	return ret;
 }
 
@@ -3757,8 +3778,14 @@ static int open_targets(struct storage *s, const struct stk_storage_opts *opts)
 	int rc;
 
 	s->stores = calloc(opts->ntargets, sizeof(*s->stores));
-	if (!s->stores)
+	s->ino_locks =
+	    calloc((size_t)STK_MAX(opts->ntargets, 1) * INO_LOCKS, sizeof(*s->ino_locks));
+	if (!s->stores || !s->ino_locks)
 		return -ENOMEM;
+	for (size_t i = 0; i < (size_t)STK_MAX(opts->ntargets, 1) * INO_LOCKS; i++) {
+		pthread_mutex_init(&s->ino_locks[i].m, NULL);
+		pthread_cond_init(&s->ino_locks[i].cv, NULL);
+	}
 	for (unsigned i = 0; i < opts->ntargets; i++) {
 		struct stk_chunk_store *cs;
 
@@ -3966,10 +3993,6 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		stk_error("cannot read %s: %s", b.node_path, strerror(-rc));
 		goto out;
 	}
-	for (unsigned i = 0; i < INO_LOCKS; i++) {
-		pthread_mutex_init(&s->ino_locks[i].m, NULL);
-		pthread_cond_init(&s->ino_locks[i].cv, NULL);
-	}
 	pthread_mutex_init(&s->prog_lock, NULL);
 	pthread_mutex_init(&s->serve_lock, NULL);
 	s->resync_rate = opts->resync_rate < 0	  ? 0
@@ -4074,6 +4097,7 @@ out:
 		for (unsigned i = 0; i < s->nstores; i++)
 			stk_chunk_store_close(s->stores[i]);
 		free(s->stores);
+		free(s->ino_locks);
 		if (s->fwd)
 			stk_pool_destroy(s->fwd);
 		free(s->sub);

@@ -30,6 +30,10 @@ STOKER = os.path.join(BUILD, "stoker")
 CHECK = os.path.join(BUILD, "tests", "stk_check")
 TLS = os.environ.get("STOKER_TEST_TLS") == "1"
 TLS_KEY = "/tmp/stoker-test-tls-%d.key" % os.getuid()
+# STOKER_TEST_META_SHARDS=S: every `stoker up` cluster of the Cluster fixtures runs S
+# metadata shards (docs/meta-shards.md), so that a suite checks nothing changed with
+# several (test_mount_posix.py is run so in test_meta_shards.py).
+META_SHARDS = int(os.environ.get("STOKER_TEST_META_SHARDS", "1") or 1)
 
 
 def tls_setup():
@@ -118,10 +122,12 @@ def port_free(port):
     # BASE+13 for the S3 gateway's (`--s3`), BASE+14 for a mount's, BASE+15 and
     # BASE+19 for the NFS and SMB gateways' (`--nfs`, `--smb`); with --nodes,
     # BASE+16..BASE+18 for the other mgmtd, BASE+26..BASE+28 for their metrics,
-    # BASE+30 and BASE+31 for etcd
+    # BASE+30 and BASE+31 for etcd; with --meta-shards, BASE+40..BASE+42 for shards 2..4's
+    # meta nodes and BASE+50..BASE+52 for their metrics
     for p in (port, port + 1, port + 2, port + 10, port + 11, port + 12, port + 13, port + 14,
               port + 15, port + 16, port + 17, port + 18, port + 19, port + 26, port + 27,
-              port + 28, port + 30, port + 31):
+              port + 28, port + 30, port + 31, port + 40, port + 41, port + 42, port + 50,
+              port + 51, port + 52):
         s = socket.socket()
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -160,11 +166,11 @@ def pick_ports():
     if worker.startswith("gw") and worker[2:].isdigit() and count > 1:
         band = (hi - lo) // count
         lo += int(worker[2:]) % count * band
-        hi = lo + band - 40  # room for base+20 (an S3 port), base+31 (etcd) and neighbours
+        hi = lo + band - 60  # room for base+52 (shard 4's metrics) and neighbours
     for _ in range(200):
         base = random.randrange(lo, hi, 3)
         # Not near one handed out already: its daemons may not have bound it yet.
-        if any(abs(base - g) < 34 for g in _given):
+        if any(abs(base - g) < 54 for g in _given):
             continue
         if port_free(base):
             _given.append(base)
@@ -217,6 +223,8 @@ class Cluster:
                 shutil.copyfile(TLS_KEY, self.key_file)
                 os.chmod(self.key_file, 0o600)
             extra = ["--tls"]
+        if META_SHARDS > 1:
+            extra += ["--meta-shards", str(META_SHARDS)]
         p = run([STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
                  "--targets", str(self.targets)] + extra, check=False, timeout=120)
         if p.returncode != 0:

@@ -4,7 +4,8 @@ gives the environment subprocesses need to import it.
 
 The package always comes from the release build (build/python), also when the
 daemons come from the sanitizer build (STOKER_BUILD=build-asan): an ASan-built
-extension cannot be loaded into an uninstrumented python."""
+extension cannot be loaded into an uninstrumented python. $STOKER_PYDIR names
+another release build's package (a copy of build/ tested while build/ is rebuilt)."""
 import os
 import sys
 
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 
-PYDIR = os.path.join(ROOT, "build", "python")
+PYDIR = os.environ.get("STOKER_PYDIR") or os.path.join(ROOT, "build", "python")
 if PYDIR not in sys.path:
     sys.path.insert(0, PYDIR)
 

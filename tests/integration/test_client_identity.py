@@ -19,7 +19,7 @@ from test_mount import meta_figure
 
 # The package always comes from the release build, as in pyhelp.py: an ASan-built
 # extension cannot be loaded into an uninstrumented python.
-PYPATH = os.path.join(ROOT, "build", "python")
+PYPATH = os.environ.get("STOKER_PYDIR") or os.path.join(ROOT, "build", "python")
 
 
 def add_client(cluster, tmp_path, name, *flags):

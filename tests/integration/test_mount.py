@@ -626,6 +626,61 @@ def test_getattr_answers_from_the_lookup_cache_and_sees_every_change(cluster, ma
         os.close(fd)
 
 
+def test_leased_attributes_stay_in_the_kernel_until_revoked(cluster, make_mount):
+    # The gateways' mount: attr_timeout=0 but leased_attr_timeout, so the kernel keeps
+    # attributes the mount holds under a lease and answers fstat itself (no GETATTR
+    # reaches the mount), until another mount's change revokes the lease: the kernel
+    # must then have forgotten them before that change returns.
+    from test_metrics import free_port, http, parse, total
+    addr = "127.0.0.1:%d" % free_port()
+    m1 = make_mount(cluster, "m1", opts=["entry_timeout=0", "attr_timeout=0",
+                                         "leased_attr_timeout=30", "metrics=" + addr])
+    m2 = make_mount(cluster, "m2", opts=["entry_timeout=0", "attr_timeout=0"])
+    wait_until(lambda: lease_holders(cluster) >= 2, 30, "both mounts' watches")
+    a, b = os.path.join(m1.path, "f"), os.path.join(m2.path, "f")
+    with open(b, "wb") as f:
+        f.write(b"x" * 10)
+    getattrs = lambda: total(parse(http(addr)[2])[0], "stoker_client_ops_total",
+                             frontend="fuse", op="getattr")
+    fds, size = [], [10]
+
+    def kept_by_the_kernel():
+        # The open's lookup takes the lease; on a loaded machine m1's watch may answer
+        # late and the lookup take none: open again then.
+        fds.append(os.open(a, os.O_RDONLY))
+        os.fstat(fds[-1])
+        before = getattrs()
+        for _ in range(50):
+            assert os.fstat(fds[-1]).st_size == size[0]
+        return getattrs() - before < 10
+
+    try:
+        wait_until(kept_by_the_kernel, 30, "fstat answered by m1's kernel")
+        fd = fds[-1]
+        os.chmod(b, 0o600)
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600
+        with open(b, "ab") as f:
+            f.write(b"y" * 5)
+        assert os.fstat(fd).st_size == 15
+        with open(a, "rb") as f:  # close-to-open: a new open reads what m2 closed
+            assert f.read() == b"x" * 10 + b"y" * 5
+        with open(b, "r+b") as f:  # same size, other bytes: only the times move
+            f.write(b"z" * 15)
+        assert os.fstat(fd).st_mtime_ns == os.stat(b).st_mtime_ns
+        with open(a, "rb") as f:
+            assert f.read() == b"z" * 15
+        os.utime(b, (1000000000, 1200000000))
+        assert os.fstat(fd).st_mtime == 1200000000
+        os.truncate(b, 3)
+        assert os.fstat(fd).st_size == 3
+        # and the kernel keeps them again once m1 looked the file up anew
+        size[0] = 3
+        wait_until(kept_by_the_kernel, 30, "fstat answered by m1's kernel again")
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 @pytest.mark.serial
 def test_lookup_cache_survives_a_killed_mount(cluster, make_mount):
     # A mount killed while it holds leases must not hold up others' changes for long.

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ROOT, STOKER, run, wait_until
 
-PYPATH = os.path.join(ROOT, "build", "python")
+PYPATH = os.environ.get("STOKER_PYDIR") or os.path.join(ROOT, "build", "python")
 MiB = 1 << 20
 
 

@@ -22,7 +22,7 @@ import time
 
 from conftest import CHECK, needs_root
 from netns import net_cluster
-from test_replication import assert_replicas_identical, chunk_files, tables, wait_for
+from test_replication import chunk_files, replicas_identical_soon, tables, wait_for
 
 pytestmark = needs_root
 
@@ -121,7 +121,8 @@ def test_a_node_added_later_takes_its_share(tmp_path):
         assert set(v[:2] for v in loads(st).values()) == {(2, 2)}, st
         for cid, (_, members, words) in chains.items():
             assert len(members) == 2 and not any("(" in x for x in words), st
-        assert assert_replicas_identical(net, chains, targets) >= 5
+        # the killed writer's last change may be on a head only: sent on by itself
+        assert replicas_identical_soon(net, chains, targets) >= 5
         for name, data in files.items():
             assert net.cli("cat", name).stdout == data
         for _, path, size, seed in acked:
@@ -205,7 +206,7 @@ def test_drain_cancel_drain_and_remove_an_online_node(tmp_path):
         wait_for("the drained target's stale chunks removed", lambda: not chunk_files(victim_dir))
         p = net.cli("admin", "remove-node", str(victim), "--cluster", net.url)
         assert b"0 target(s) replaced" in p.stdout, p.stdout
-        assert assert_replicas_identical(net, chains, targets) >= 3
+        assert replicas_identical_soon(net, chains, targets) >= 3
         for name, data in files.items():
             assert net.cli("cat", name).stdout == data
         for _, path, size, seed in acked:

@@ -97,12 +97,15 @@ def replicas_identical_soon(net, chains, targets, timeout=20):
     """assert_replicas_identical within timeout seconds: a change a successor did not
     take is sent on by its predecessors themselves (settle_main in
     src/storage/service.c) once the chain is whole, a moment later."""
-    deadline = time.time() + timeout
+    t0 = time.time()
     while True:
         try:
-            return assert_replicas_identical(net, chains, targets)
+            n = assert_replicas_identical(net, chains, targets)
+            if time.time() - t0 > 0.5:
+                print("replicas identical after %.1f s" % (time.time() - t0))
+            return n
         except AssertionError:
-            if time.time() > deadline:
+            if time.time() > t0 + timeout:
                 raise
         time.sleep(0.3)
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import CHECK, needs_root, run, wait_until
+from conftest import CHECK, STOKER, needs_root, run, wait_until
 from test_purge import killed_client
 from test_mount import read_in_mib
 
@@ -244,3 +244,55 @@ def test_a_stream_through_the_mount_checks_every_block_it_reads_past_the_cache(
     assert e.value.errno == 5  # EIO
     log = open(os.path.join(cluster.data, "log", "storage.log")).read()
     assert "checksum mismatch" in log
+
+
+@pytest.mark.plaintext_wire
+def test_a_daemon_of_another_wire_version_is_named(tmp_path):
+    """A client meeting a daemon of another wire version (here a stand-in that
+    answers every frame NOTSUP from version STK_WIRE_VERSION + 1, as a newer daemon
+    does) fails with a line that names both versions, not a hang or a bare error."""
+    import socket
+    import threading
+
+    from test_auth import HDR, MAGIC, REPLY, VERSION, recv_exact
+
+    ST_NOTSUP = 12
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    port = srv.getsockname()[1]
+    seen = []
+
+    def serve_one(s):
+        with s:
+            while True:
+                h = recv_exact(s, HDR.size)
+                if h is None:
+                    return
+                f = HDR.unpack(h)
+                if f[6] + f[7] and recv_exact(s, f[6] + f[7]) is None:
+                    return
+                seen.append((f[1], f[2]))
+                s.sendall(HDR.pack(MAGIC, VERSION + 1, f[2], REPLY, ST_NOTSUP, f[5], 0, 0, 0, 0))
+
+    def serve():
+        while True:
+            try:
+                s, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve_one, args=(s,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        env = dict(os.environ, STOKER_CLUSTER="stk://127.0.0.1:%d" % port,
+                   STOKER_RETRY_MS="500")
+        env.pop("STOKER_KEY_FILE", None)
+        env.pop("STOKER_TLS", None)
+        p = run([STOKER, "ls", "/"], env=env, check=False, timeout=60)
+    finally:
+        srv.close()
+    assert p.returncode != 0
+    assert seen and all(v == VERSION for v, _ in seen), seen
+    msg = "speaks wire protocol version %d, this process %d" % (VERSION + 1, VERSION)
+    assert msg.encode() in p.stderr, p.stderr

@@ -301,8 +301,9 @@ def test_bad_configuration_refused_clearly(cluster, tmp_path, unix_user):
 def test_same_files_over_smb_nfs_mount_and_libstoker(cluster, mount, share_dir, make_gateway,
                                                      tmp_path, unix_user):
     """Close-to-open across protocols: each write, closed through one, is read whole by
-    the next open through every other."""
+    the next open through every other (SMB, NFS, the mount, libstoker and S3)."""
     from nfsclient import Nfs
+    from test_s3 import AK as S3_AK, SK as S3_SK, Gateway as S3Gateway
     nport = free_port()
     nstate = str(tmp_path / "nfs-state")
     nfs = subprocess.Popen([STOKER, "gateway", "nfs", "--cluster", cluster.url, "--listen",
@@ -335,6 +336,33 @@ def test_same_files_over_smb_nfs_mount_and_libstoker(cluster, mount, share_dir, 
             mst = os.stat(os.path.join(share_dir, "x"))
             assert (st.uid, st.gid, st.mode, st.size, st.mtime) == (
                 mst.st_uid, mst.st_gid, mst.st_mode, mst.st_size, int(mst.st_mtime))
+            # and S3: the bucket "share" is the same folder; its user acts as the SMB
+            # user's uid and gid, so each protocol may replace what another wrote
+            s3g = S3Gateway(cluster, tmp_path, keys_text="%s %s user=smbt uid=%d gid=%d "
+                            "buckets=share:rw\n" % (S3_AK, S3_SK, uid, gid))
+            try:
+                s3 = s3g.client()
+                get = lambda: s3.get_object(Bucket="share", Key="x")["Body"].read()
+                for i in range(2):
+                    body = b"s3: %d " % i * 600
+                    s3.put_object(Bucket="share", Key="x", Body=body)
+                    assert n.read_file("/share/x") == body
+                    g.smbclient("data", "get x %s" % local)
+                    assert local.read_bytes() == body
+                    assert open(os.path.join(share_dir, "x"), "rb").read() == body
+                    body = b"smb %d " % i * 600  # the same size: only the bytes tell
+                    local.write_bytes(body)
+                    g.smbclient("data", "put %s x" % local)
+                    assert get() == body
+                    body = b"nfs %d " % i * 600
+                    n.write_file("/share/x", body)
+                    assert get() == body
+                head = s3.head_object(Bucket="share", Key="x")
+                assert head["ContentLength"] == n.stat("/share/x").size == 600 * 6
+                st, mst = n.stat("/share/x"), os.stat(os.path.join(share_dir, "x"))
+                assert (st.uid, st.gid) == (mst.st_uid, mst.st_gid) == (uid, gid)
+            finally:
+                s3g.stop()
     finally:
         nfs.send_signal(signal.SIGTERM)
         nfs.wait(60)

@@ -9,6 +9,7 @@ and a PSK derived here with Python's hmac, not Stoker's code); garbage, truncate
 records and foreign handshakes on every port leave every daemon serving; and a
 cluster of three storage nodes with three copies forwards its writes under TLS.
 """
+import errno
 import hashlib
 import hmac
 import os
@@ -23,7 +24,7 @@ from conftest import (ROOT, STOKER, Cluster, Mount, have_fuse, pick_ports, run, 
 from test_auth import OP_AUTH_HELLO, OP_MGMT_LEADER, closed, connect, frame, read_reply
 
 ST_TLS_REQUIRED = 38
-PYDIR = os.path.join(ROOT, "build", "python")
+PYDIR = os.environ.get("STOKER_PYDIR") or os.path.join(ROOT, "build", "python")
 
 
 class TlsCluster(Cluster):
@@ -305,20 +306,138 @@ def test_tls_needs_a_key_and_says_so(tmp_path):
     assert p.returncode == 2 and "bad --tls 'maybe': on or off" in p.stderr.decode(), p.stderr
 
 
-def test_a_client_key_gets_nothing_from_a_tls_cluster(tls_cluster, tmp_path):
-    """TLS's key comes from the cluster key: a process holding only a client key
-    cannot open a TLS connection, and is never served unconfined (docs/security.md,
-    "Limits")."""
+def client_psk_of(key_file):
+    """A client key's PSK and identity as docs/security.md describes them, derived
+    here from the key file's lines (HKDF-SHA256 of the client key)."""
+    f = dict(l.split(" ", 1) for l in open(key_file).read().splitlines()
+             if l and not l.startswith("#") and " " in l)
+    ckey = bytes.fromhex(f["key"])
+    prk = hmac.new(b"stoker", ckey, hashlib.sha256).digest()
+    psk = hmac.new(prk, b"stoker-tls-1 client psk\x01", hashlib.sha256).digest()
+    anon = f["anon"].split()
+    ident = "stoker-tls-c1 %s %s %s %s %s %s" % (f["name"], f["gen"], f["flags"], anon[0],
+                                                anon[1], f["subtree"])
+    return psk, ident
+
+
+def test_client_keys_work_over_tls(tls_cluster, tmp_path, request):
+    """A client key's holder on a TLS cluster: its PSK identity names its policy, and
+    every daemon confines it as without TLS, through the CLI (libstoker), Python and
+    the mount; an edited identity or key file is refused, a removed key too."""
     c = tls_cluster
     env = client_env(c)
-    run([STOKER, "mkdir", "/team"], env=env, check=True)
-    run([STOKER, "mkdir", "/other"], env=env, check=True)
-    key = str(tmp_path / "team.key")
-    run([STOKER, "admin", "client", "add", "team", "--subtree", "/team", "--key-out", key],
-        env=env, check=True)
-    for tls in ("1", "0"):
-        p = run([STOKER, "ls", "/"], env=client_env(c, STOKER_KEY_FILE=key, STOKER_TLS=tls),
-                check=False)
-        assert p.returncode != 0, (tls, p.stdout, p.stderr)
-        assert b"other" not in p.stdout
+    src = tmp_path / "in.bin"
+    src.write_bytes(os.urandom((3 << 20) + 777))
+    run([STOKER, "mkdir", "/team", "/other"], env=env)
+    run([STOKER, "put", str(src), "/other/secret.bin"], env=env)
+    run([STOKER, "put", str(src), "/team/given.bin"], env=env)
+    team = str(tmp_path / "team.key")
+    ro = str(tmp_path / "ro.key")
+    run([STOKER, "admin", "client", "add", "team", "--subtree", "/team", "--key-out", team],
+        env=env)
+    run([STOKER, "admin", "client", "add", "reader", "--read-only", "--key-out", ro], env=env)
+    tenv = client_env(c, STOKER_KEY_FILE=team)
+    renv = client_env(c, STOKER_KEY_FILE=ro)
+
+    # libstoker (the CLI): inside its subtree it reads and writes; outside, nothing
+    p = run([STOKER, "ls", "/"], env=tenv)
+    assert p.stdout.split() == [b"given.bin"], p.stdout
+    run([STOKER, "put", str(src), "/mine.bin"], env=tenv)
+    run([STOKER, "get", "/given.bin", str(tmp_path / "g.bin")], env=tenv)
+    assert (tmp_path / "g.bin").read_bytes() == src.read_bytes()
+    for path in ("/../other/secret.bin", "/other/secret.bin"):
+        p = run([STOKER, "get", path, str(tmp_path / "x.bin")], env=tenv, check=False)
+        assert p.returncode != 0 and not (tmp_path / "x.bin").exists(), path
+    run([STOKER, "get", "/team/mine.bin", str(tmp_path / "a.bin")], env=env)
+    assert (tmp_path / "a.bin").read_bytes() == src.read_bytes()
+
+    # read-only: reads everything, changes nothing
+    p = run([STOKER, "ls", "/"], env=renv)
+    assert sorted(p.stdout.split()) == [b"other", b"team"], p.stdout
+    run([STOKER, "get", "/other/secret.bin", str(tmp_path / "r.bin")], env=renv)
+    assert (tmp_path / "r.bin").read_bytes() == src.read_bytes()
+    for args in (["put", str(src), "/ro.bin"], ["rm", "/team/given.bin"], ["mkdir", "/d"]):
+        p = run([STOKER] + args, env=renv, check=False)
+        assert p.returncode != 0 and b"read-only" in p.stderr.lower(), (args, p.stderr)
+
+    # Python, with the subtree key
+    code = ("import errno, stoker\n"
+            "c = stoker.connect(%r)\n"
+            "c.write_file('/py.bin', b'py' * 50000)\n"
+            "print(sorted(c.listdir('/')))\n"
+            "try:\n"
+            "    c.read_file('/../other/secret.bin')\n"
+            "    print('read')\n"
+            "except OSError as e:\n"
+            "    print('refused', e.errno)\n" % c.url)
+    p = run(["/usr/bin/python3", "-c", code], env=dict(tenv, PYTHONPATH=PYDIR))
+    out = p.stdout.decode().splitlines()
+    assert out[0] == "['given.bin', 'mine.bin', 'py.bin']", out
+    assert out[1].startswith("refused"), out
+    run([STOKER, "get", "/team/py.bin", str(tmp_path / "py.bin")], env=env)
+    assert (tmp_path / "py.bin").read_bytes() == b"py" * 50000
+
+    # The mount with each key (it finds TLS in what `stoker up --tls` recorded)
+    make_mount = request.getfixturevalue("make_mount") if have_fuse() else None
+    m = make_mount(c, "mt", opts=["key=" + team]) if make_mount else None
+    if m:
+        assert sorted(os.listdir(m.path)) == ["given.bin", "mine.bin", "py.bin"]
+        with open(os.path.join(m.path, "m.bin"), "wb") as f:
+            f.write(b"mount " * 100000)
+        with open(os.path.join(m.path, "given.bin"), "rb") as f:
+            assert f.read() == src.read_bytes()
+        run([STOKER, "get", "/team/m.bin", str(tmp_path / "m.bin")], env=env)
+        assert (tmp_path / "m.bin").read_bytes() == b"mount " * 100000
+        mr = make_mount(c, "mr", opts=["key=" + ro])
+        with open(os.path.join(mr.path, "other", "secret.bin"), "rb") as f:
+            assert f.read() == src.read_bytes()
+        with pytest.raises(OSError) as e:
+            open(os.path.join(mr.path, "new.bin"), "wb").close()
+        assert e.value.errno == errno.EROFS
+
+    # The identity and PSK are what docs/security.md says: openssl's own client gets
+    # in with them; the same PSK under an edited identity (a wider subtree, read-write
+    # for read-only) fails the binder
+    psk, ident = client_psk_of(team)
+    assert "Reused, TLSv1.3" in s_client(c.port + 1, psk, ident)
+    for edited in (ident.replace(" /team", " /"), ident.replace("team 1", "team 2"),
+                   ident.replace(" 0 65534", " 4 65534")):
+        assert edited != ident
+        assert "Reused, TLSv1.3" not in s_client(c.port + 1, psk, edited), edited
+    rpsk, rident = client_psk_of(ro)
+    assert " 1 65534 65534 /" in rident
+    assert "Reused, TLSv1.3" not in s_client(c.port, rpsk, rident.replace(" 1 65534", " 0 65534"))
+    # an edited key file: the client is refused with a clear line
+    forged = tmp_path / "forged.key"
+    forged.write_text(open(team).read().replace("subtree /team", "subtree /"))
+    os.chmod(forged, 0o600)
+    p = run([STOKER, "ls", "/"], env=client_env(c, STOKER_KEY_FILE=str(forged)), check=False)
+    assert p.returncode != 0 and b"other" not in p.stdout
+    assert b"refused this client key" in p.stderr, p.stderr
+    before = {role: failures(port) for role, port in ports(c).items()}
+
+    # Removed: refused at once by mgmtd, within a heartbeat by meta and storage, and
+    # the mount's open connections are cut
+    run([STOKER, "admin", "client", "rm", "team"], env=env)
+    assert "Reused, TLSv1.3" not in s_client(c.port, psk, ident)
+    for port in (c.port + 1, c.port + 2):
+        wait_until(lambda: "Reused, TLSv1.3" not in s_client(port, psk, ident), 10,
+                   "port %d to refuse the removed key" % port)
+    p = run([STOKER, "ls", "/"], env=tenv, check=False)
+    assert p.returncode != 0 and b"given.bin" not in p.stdout
+    for role, port in ports(c).items():
+        assert failures(port).get("revoked", 0) > before[role].get("revoked", 0), role
+
+    def cut():
+        try:
+            os.listxattr(os.path.join(m.path, "given.bin"))
+            return False
+        except OSError as e:
+            return e.errno in (errno.EKEYREJECTED, errno.EIO)
+    if m:
+        wait_until(cut, 30, "the removed key's mount to be cut off")
+    # the others are still served
     assert serves(c)
+    assert run([STOKER, "ls", "/"], env=renv).returncode == 0
+
+

@@ -239,3 +239,58 @@ def test_listing_its_own_folder_keeps_the_delegation_and_the_names(cluster, make
     with pytest.raises(FileNotFoundError):
         open(os.path.join(da, "s002"), "rb")
     assert "s002" not in os.listdir(da)
+
+
+def test_small_files_in_new_folders_are_whole_elsewhere_at_close_and_past_a_killed_storage(
+        cluster, make_mount):
+    """W3 create's shape: 8 threads write small files (each a new folder on storage,
+    whose sync goes with the data's: src/storage/chunk.c, sync_new) and two-chunk
+    ones through one mount. Each file, once closed, reads whole through another
+    mount and the native client (close-to-open); after storage is killed with
+    SIGKILL and restarted, every file still reads whole through a fresh mount, and
+    no temporary chunk file is left."""
+    import hashlib
+    import threading
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    for d in range(4):
+        os.mkdir(os.path.join(a.path, "n%d" % d))
+    written, errs = {}, []
+
+    def work(k):
+        try:
+            for i in range(k, 240, 8):
+                size = 16384 + i if i % 20 else (1 << 20) + 4096 * i  # some span two chunks
+                data = os.urandom(size)
+                rel = os.path.join("n%d" % (i % 4), "f%03d" % i)
+                with open(os.path.join(a.path, rel), "wb") as f:
+                    f.write(data)
+                # closed: the other mount reads it whole at once
+                with open(os.path.join(b.path, rel), "rb") as f:
+                    if f.read() != data:
+                        errs.append(("other mount", rel))
+                written[rel] = hashlib.sha256(data).hexdigest()
+        except OSError as e:
+            errs.append(e)
+
+    th = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert not errs, errs[:5]
+    assert len(written) == 240
+    for rel in ("n0/f000", "n1/f021", "n3/f239"):
+        got = cluster.cli("cat", "/" + rel).stdout
+        assert hashlib.sha256(got).hexdigest() == written[rel], rel
+    old = cluster.pids()["storage"]
+    os.kill(old, signal.SIGKILL)
+    wait_until(lambda: cluster.pids().get("storage", old) != old, 60,
+               "stoker up to restart storage")
+    c = make_mount(cluster, "c")
+    for rel, digest in written.items():
+        with open(os.path.join(c.path, rel), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == digest, rel
+    left = [os.path.join(p, n) for t in cluster.target_dirs()
+            for p, _, files in os.walk(os.path.join(t, "chunks")) for n in files if ".tmp" in n]
+    assert left == []

@@ -19,8 +19,9 @@
  *                                         refused (PERM), nothing truncated
  *   batch   CLUSTER DIR                   batched reads and writes (stk_batch_*): every
  *                                         completion once, right bytes, right errors
- *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE to meta:
- *                                         refused or contained, meta still serves
+ *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE /
+ *                                         META_ALLOW to meta: refused or contained, meta
+ *                                         still serves
  *   special CLUSTER DIR                   stk_mknod (as root) and stk_fallocate: types,
  *                                         rdev, errors, bytes and st_blocks after holes
  *   staleread CLUSTER PATH SECONDS     one client reads PATH whole again and again,
@@ -36,11 +37,16 @@
  *   cluster CLUSTER TARGETS PATH          the cluster status (stk_cluster_*) of a `stoker
  *                                         up` cluster of TARGETS targets; its chunk counts
  *                                         grow once PATH is written; the calls' errors
+ *   truncloop CLUSTER DIR THREADS SECS [SIZE]  writes and truncates files whose inodes
+ *                                         share a storage lock slot (see the function)
+ *   shardgate HOST:PORT                   a meta node of shard 2.. (docs/meta-shards.md)
+ *                                         refuses client requests (EXDEV) and still answers
  *   chunk HOST:PORT INO read|truncate|prefetch  one chunk request for INO straight to a
  *                                         storage node with $STOKER_KEY_FILE's key;
  *                                         prints the errno's name it answered
  *   handshake HOST:PORT                   connects to one daemon with the key of
- *                                         $STOKER_KEY_FILE; prints OK or the errno's name
+ *                                         $STOKER_KEY_FILE (over TLS with STOKER_TLS=1);
+ *                                         prints OK or the errno's name
  *   ino CLUSTER OP ARG...                 one request by inode number (stoker_ll.h), as
  *                                         a client key's holder may craft it; prints the
  *                                         errno's name (OK for 0) and exits 0. OP: getattr
@@ -524,6 +530,130 @@ static int cmd_ackloop(int argc, char **argv)
 }
 
 /*
+ * truncloop CLUSTER DIR THREADS SECONDS [SIZE]: THREADS threads, each on a file of
+ * its own in DIR (files whose inodes share a storage node's inode lock slot),
+ * write SIZE bytes (default 3 MiB: chunks on several chains),
+ * fsync, and truncate the file to 4 KiB, again and again for SECONDS. Prints
+ * "TRUNCLOOP ops N max_ms M" (the slowest write+fsync or truncate); exits 1 on
+ * any error. Truncates and writes of different inodes on chains whose heads sit
+ * on each other's nodes must never wait on each other.
+ */
+struct tl_arg {
+	stk_client *c;
+	char path[4200];
+	uint64_t size, end, ops, max_ns;
+	int rc;
+};
+
+static void *tl_main(void *arg)
+{
+	struct tl_arg *a = arg;
+	char *buf = malloc(256 << 10);
+	stk_file *f = NULL;
+
+	if (!buf) {
+		a->rc = -ENOMEM;
+		return NULL;
+	}
+	a->rc = stk_open(a->c, a->path, O_RDWR | O_CREAT | O_TRUNC, 0644, &f);
+	for (uint64_t i = 0; a->rc == 0 && stk_now_ns() < a->end; i++) {
+		uint64_t t0 = stk_now_ns(), t1;
+
+		for (uint64_t off = 0; a->rc == 0 && off < a->size; off += 256 << 10) {
+			size_t n = (size_t)STK_MIN((uint64_t)(256 << 10), a->size - off);
+			ssize_t w;
+
+			pattern(i + 1, off, buf, n);
+			w = stk_pwrite(f, buf, n, (off_t)off);
+			if (w < 0)
+				a->rc = (int)w;
+		}
+		if (a->rc == 0)
+			a->rc = stk_fsync(f);
+		t1 = stk_now_ns();
+		a->max_ns = STK_MAX(a->max_ns, t1 - t0);
+		if (a->rc == 0)
+			a->rc = stk_ftruncate(f, 4096);
+		a->max_ns = STK_MAX(a->max_ns, stk_now_ns() - t1);
+		a->ops += 2;
+	}
+	if (f) {
+		int rc = stk_close(f);
+
+		if (a->rc == 0)
+			a->rc = rc;
+	}
+	free(buf);
+	return NULL;
+}
+
+static int cmd_truncloop(int argc, char **argv)
+{
+	uint64_t threads, secs, size = 3u << 20, ops = 0, max_ns = 0;
+	struct tl_arg *a;
+	pthread_t t[64];
+	int bad = 0;
+
+	if (argc < 5 || stk_parse_u64(argv[3], &threads) || threads == 0 || threads > 64 ||
+	    stk_parse_u64(argv[4], &secs) || (argc > 5 && stk_parse_size(argv[5], &size)))
+		return 2;
+	stk_client *c = connect_or_die(argv[1]);
+	stk_mkdir(c, argv[2], 0755);
+	a = calloc(threads, sizeof(*a));
+	if (!a)
+		return 1;
+	/* Files whose inodes share one of a storage node's inode lock slots (the hash
+	 * of ino_lock in src/storage/service.c), so that their changes meet there: of
+	 * files created in turn, those of the first one's slot. */
+	uint64_t found = 0, slot = 0;
+
+	for (uint64_t n = 0; found < threads && n < 64 * 1024; n++) {
+		char p[4200];
+		struct stat st;
+		stk_file *f;
+		uint64_t k;
+
+		snprintf(p, sizeof(p), "%s/c%llu", argv[2], (unsigned long long)n);
+		if (stk_open(c, p, O_WRONLY | O_CREAT, 0644, &f) || stk_close(f) ||
+		    stk_stat(c, p, &st)) {
+			fprintf(stderr, "truncloop: cannot create %s\n", p);
+			return 1;
+		}
+		k = ((uint64_t)st.st_ino * 0x9E3779B97F4A7C15ull) >> 56;
+		if (found == 0)
+			slot = k;
+		if (k == slot)
+			stk_strlcpy(a[found++].path, p, sizeof(a[0].path));
+		else
+			stk_unlink(c, p);
+	}
+	if (found < threads) {
+		fprintf(stderr, "truncloop: only %llu files share a lock slot\n",
+			(unsigned long long)found);
+		return 1;
+	}
+	for (uint64_t i = 0; i < threads; i++) {
+		a[i].c = c;
+		a[i].size = size;
+		a[i].end = stk_now_ns() + secs * 1000000000ull;
+		pthread_create(&t[i], NULL, tl_main, &a[i]);
+	}
+	for (uint64_t i = 0; i < threads; i++) {
+		pthread_join(t[i], NULL);
+		if (a[i].rc) {
+			fprintf(stderr, "truncloop: %s: %s\n", a[i].path, stk_strerror(a[i].rc));
+			bad = 1;
+		}
+		ops += a[i].ops;
+		max_ns = STK_MAX(max_ns, a[i].max_ns);
+	}
+	printf("TRUNCLOOP ops %llu max_ms %llu\n", (unsigned long long)ops,
+	       (unsigned long long)(max_ns / 1000000));
+	free(a);
+	return bad;
+}
+
+/*
  * staleread CLUSTER PATH SECONDS: one client reads PATH whole again and again for
  * SECONDS, printing "READ size fnv1a64 T0 T1 SC PEND" for each read, and never
  * asks mgmtd for a table unless a node tells it to: a node its table is out of
@@ -758,25 +888,40 @@ static int cmd_frames(int argc, char **argv)
 	h.payload_len = 64;
 	stk_hdr_encode(&h, f);
 	CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN + 10), 0);
-	/* another protocol version, one lower and one higher: answered NOTSUP, not misread */
+	/*
+	 * Another protocol version, one lower and one higher, with flags of its own (a
+	 * version 8 build's QoS class bits, a later version's new bit): answered NOTSUP,
+	 * not misread, and not closed for flags this version does not know.
+	 */
 	{
-		uint8_t two[2 * STK_FRAME_HDR_LEN], reply[STK_FRAME_HDR_LEN];
+		static const uint32_t flags[4] = {0, 0, 2u << STK_FRAME_CLASS_SHIFT, 0x400};
+		uint8_t four[4 * STK_FRAME_HDR_LEN], reply[STK_FRAME_HDR_LEN];
 		struct stk_frame_hdr r;
 
-		memset(&h, 0, sizeof(h));
-		h.magic = STK_WIRE_MAGIC;
-		h.version = STK_WIRE_VERSION - 1;
-		h.opcode = STK_OP_META_STATFS;
-		stk_hdr_encode(&h, two);
-		h.version = STK_WIRE_VERSION + 1;
-		stk_hdr_encode(&h, two + STK_FRAME_HDR_LEN);
-		for (int i = 0; i < 2; i++) {
-			CHECK_RC(raw_exchange(argv[1], two + i * STK_FRAME_HDR_LEN, STK_FRAME_HDR_LEN,
-					      reply, sizeof(reply)),
+		for (int i = 0; i < 4; i++) {
+			memset(&h, 0, sizeof(h));
+			h.magic = STK_WIRE_MAGIC;
+			h.version = i % 2 ? STK_WIRE_VERSION + 1 : STK_WIRE_VERSION - 1;
+			h.opcode = STK_OP_META_STATFS;
+			h.flags = flags[i];
+			stk_hdr_encode(&h, four + i * STK_FRAME_HDR_LEN);
+		}
+		for (int i = 0; i < 4; i++) {
+			CHECK_RC(raw_exchange(argv[1], four + i * STK_FRAME_HDR_LEN,
+					      STK_FRAME_HDR_LEN, reply, sizeof(reply)),
 				 (int)sizeof(reply));
 			CHECK_RC(stk_hdr_decode(reply, &r), 0);
 			CHECK(r.status == STK_ST_NOTSUP && (r.flags & STK_FRAME_REPLY));
+			CHECK(r.version == STK_WIRE_VERSION);
 		}
+		/* this version with a flag it does not know: malformed, closed */
+		memset(&h, 0, sizeof(h));
+		h.magic = STK_WIRE_MAGIC;
+		h.version = STK_WIRE_VERSION;
+		h.opcode = STK_OP_META_STATFS;
+		h.flags = 0x400;
+		stk_hdr_encode(&h, f);
+		CHECK_RC(raw_send_expect_close(argv[1], f, STK_FRAME_HDR_LEN), 0);
 	}
 	/*
 	 * Three frames in one write, then the same bytes a few at a time (a header
@@ -989,8 +1134,39 @@ static int send_lookup_cache(struct stk_conn *conn, uint32_t origin, const char 
 	return 0;
 }
 
+/* One META_ALLOW under origin; *granted as replied. */
+static int send_allow(struct stk_conn *conn, uint32_t origin, uint64_t session, uint64_t dir,
+		      uint32_t want, uint32_t give, uint64_t *granted)
+{
+	struct stk_msg_meta_allow_req m = {
+	    .session = session, .dir = dir, .want = want, .give = give};
+	struct stk_msg_meta_allow_resp rm;
+	uint8_t req[64], resp[64];
+	struct stk_rpc rpc = {.opcode = STK_OP_META_ALLOW,
+			      .req = req,
+			      .resp = resp,
+			      .resp_cap = sizeof(resp),
+			      .origin = origin};
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_allow_req_enc(&w, &m);
+	rpc.req_len = w.len;
+	rc = stk_rpc_call(conn, &rpc);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&r, resp, rpc.resp_len);
+	if (stk_msg_meta_allow_resp_dec(&r, &rm))
+		return -EBADMSG;
+	*granted = rm.granted;
+	return 0;
+}
+
 static int cmd_watch(int argc, char **argv)
 {
+	uint64_t granted = 0;
 	struct stk_msg_meta_watch_resp a, b, x;
 	struct stk_conn *conn;
 	uint64_t t0;
@@ -1019,11 +1195,70 @@ static int cmd_watch(int argc, char **argv)
 	CHECK(found == 0 && leased == 0);
 	CHECK_RC(send_lookup_cache(conn, a.holder, "nothing-here", &found, &leased), 0);
 	CHECK(found == 0 && leased == 1);
+	/* inode allowances: bad fields, no holder, another session's holder, no folder */
+	CHECK_RC(send_allow(conn, a.holder, 0, STK_ROOT_INO, 4, 0, &granted), -EINVAL);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, STK_ALLOW_MAX + 1, 0, &granted),
+		 -EINVAL);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, 0, 0, &granted), -EINVAL);
+	CHECK_RC(send_allow(conn, 0, 0x1111, STK_ROOT_INO, 4, 0, &granted), -EAGAIN);
+	CHECK_RC(send_allow(conn, a.holder, 0x2222, STK_ROOT_INO, 4, 0, &granted), -EAGAIN);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, 0x7fffffffffffull, 4, 0, &granted), -ENOENT);
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, 0, 5, &granted), -ENOENT);
+	/* no quota above the root: what was asked for, with nothing set aside */
+	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, 4, 0, &granted), 0);
+	CHECK(granted == 4);
 	stk_conn_close(conn);
 	/* and meta still serves */
 	CHECK_RC(server_answers(argv[1]), -ENOSYS);
 	if (!failures)
 		printf("watch: ok\n");
+	return failures ? 1 : 0;
+}
+
+/* ---- shardgate: shards 2.. serve no client request yet ---- */
+
+static int send_meta(struct stk_conn *conn, uint16_t opcode, const uint8_t *req, size_t len)
+{
+	uint8_t resp[4096];
+	struct stk_rpc rpc = {.opcode = opcode,
+			      .req = req,
+			      .req_len = len,
+			      .resp = resp,
+			      .resp_cap = sizeof(resp)};
+
+	return stk_rpc_call(conn, &rpc);
+}
+
+static int cmd_shardgate(int argc, char **argv)
+{
+	struct stk_msg_meta_ino_req g;
+	struct stk_msg_meta_mkdir_req m;
+	struct stk_conn *conn;
+	struct stk_wbuf w;
+	uint8_t req[512];
+
+	if (argc < 2)
+		return 2;
+	CHECK_RC(stk_conn_connect(argv[1], 2000, &conn), 0);
+	if (failures)
+		return 1;
+	memset(&g, 0, sizeof(g));
+	g.ino = STK_ROOT_INO;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &g);
+	CHECK_RC(send_meta(conn, STK_OP_META_GETATTR, req, w.len), -EXDEV);
+	memset(&m, 0, sizeof(m));
+	m.parent = STK_ROOT_INO;
+	m.mode = 0755;
+	snprintf(m.name, sizeof(m.name), "made-on-shard-2");
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_mkdir_req_enc(&w, &m);
+	CHECK_RC(send_meta(conn, STK_OP_META_MKDIR, req, w.len), -EXDEV);
+	stk_conn_close(conn);
+	/* and it still answers */
+	CHECK_RC(server_answers(argv[1]), -ENOSYS);
+	if (!failures)
+		printf("shardgate: ok\n");
 	return failures ? 1 : 0;
 }
 
@@ -1715,6 +1950,8 @@ static int cmd_handshake(int argc, char **argv)
 		fprintf(stderr, "%s\n", err);
 		return 1;
 	}
+	if (getenv("STOKER_TLS") && strcmp(getenv("STOKER_TLS"), "1") == 0)
+		stk_net_tls_set(1);
 	rc = stk_conn_connect(argv[1], 2000, &conn);
 	if (rc == 0) {
 		/* a refused key may only show at the first request */
@@ -1927,7 +2164,9 @@ int main(int argc, char **argv)
 		    {"verifymany", cmd_verifymany},
 		    {"ino", cmd_ino},
 		    {"handshake", cmd_handshake},
-		    {"chunk", cmd_chunk}};
+		    {"chunk", cmd_chunk},
+		    {"truncloop", cmd_truncloop},
+		    {"shardgate", cmd_shardgate}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");

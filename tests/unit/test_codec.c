@@ -46,6 +46,26 @@ static void test_header(void)
 	h.flags = 0x80;
 	stk_hdr_encode(&h, b);
 	CHECK(stk_hdr_decode(b, &g) == -EBADMSG);
+	/* QoS class bits are this version's */
+	h.flags = 2u << STK_FRAME_CLASS_SHIFT;
+	stk_hdr_encode(&h, b);
+	CHECK(stk_hdr_decode(b, &g) == 0 && g.flags == h.flags);
+	/*
+	 * Another version's flags are that version's: parsed, never refused, so that the
+	 * receiver answers the version (NOTSUP) rather than closing on a flag
+	 */
+	h.flags = 0x80 | STK_FRAME_CLASS_MASK;
+	h.version = STK_WIRE_VERSION + 1;
+	stk_hdr_encode(&h, b);
+	CHECK(stk_hdr_decode(b, &g) == 0 && g.flags == h.flags && g.version == h.version);
+	h.version = STK_WIRE_VERSION - 1;
+	stk_hdr_encode(&h, b);
+	CHECK(stk_hdr_decode(b, &g) == 0 && g.flags == h.flags);
+	h.version = 0; /* never a version */
+	stk_hdr_encode(&h, b);
+	CHECK(stk_hdr_decode(b, &g) == -EBADMSG);
+	h.version = STK_WIRE_VERSION;
+	h.flags = 0;
 	CHECK(strcmp(stk_opcode_name(STK_OP_META_RENAME), "META_RENAME") == 0);
 	CHECK(strcmp(stk_opcode_name(9999), "UNKNOWN") == 0);
 }

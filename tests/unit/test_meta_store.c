@@ -1923,6 +1923,93 @@ static void test_quota_bytes(void)
 	CHECK_RC(stk_meta_store_quota_reserve(st, 7, d, 1, 1, &granted), -EISDIR);
 }
 
+/* One create under a quota by session 7 with a number of its own (write-behind). */
+static int create_by(uint64_t session, uint64_t parent, const char *name)
+{
+	struct stk_meta_create_as as = {.session = session};
+	struct stk_attr a;
+	int created = 0;
+
+	CHECK_RC(stk_meta_store_reserve_inos(st, 1, &as.ino), 0);
+	return stk_meta_store_create_as(st, &ROOT, parent, name, 0644, STK_CREATE_EXCL, NULL, &PL4,
+					&as, &a, &created);
+}
+
+/*
+ * Inode allowances: set aside in every quota of the chain, never past a limit, at
+ * most half of what is left; spent by the session's creates unchecked; checked
+ * creates see them as used; given back in part, by session, or all at once.
+ */
+static void test_quota_allowances(void)
+{
+	struct stk_meta_quota q;
+	uint64_t top, sub, d, bytes_only, granted = 0, qid = 0;
+	char name[32];
+
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "qa_top", 0777);
+	sub = mkdir_as(&ROOT, top, "sub", 0777);
+	d = mkdir_as(&ROOT, sub, "d", 0777);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, top, 0, 20, 0, &q), 0);  /* 3 used */
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, sub, 0, 100, 0, &q), 0); /* 2 used */
+	/* bad input */
+	CHECK_RC(stk_meta_store_quota_allow(st, 0, d, 4, &granted, &qid), -EINVAL);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 0, &granted, &qid), -EINVAL);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, 999999, 4, &granted, &qid), -ENOENT);
+	/* the tightest quota (top: 17 left) limits it to half of what is left */
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), 0);
+	CHECK(granted == 8 && qid == sub);
+	CHECK_EQ(quota_of(top).reserved_inodes, 8);
+	CHECK_EQ(quota_of(sub).reserved_inodes, 8);
+	CHECK_RC(stk_meta_store_quota_allow(st, 8, d, 64, &granted, &qid), 0);
+	CHECK(granted == 4); /* 17 - 8 = 9 left: 4 */
+	/* session 7 spends its 8 unchecked; a checked create finds 17 - 12 = 5 left */
+	for (int i = 0; i < 8; i++) {
+		snprintf(name, sizeof(name), "s7_%d", i);
+		CHECK_RC(create_by(7, d, name), 0);
+	}
+	CHECK_EQ(quota_of(top).used_inodes, 3 + 8);
+	CHECK_EQ(quota_of(top).reserved_inodes, 4);
+	for (int i = 0; i < 5; i++) {
+		snprintf(name, sizeof(name), "plain%d", i);
+		create_as(&ROOT, d, name);
+	}
+	/* 16 used, 4 held by session 8: nothing left for anyone else */
+	CHECK_RC(create_by(9, d, "none_left"), -EDQUOT);
+	CHECK_RC(create_by(7, d, "spent"), -EDQUOT);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 1, &granted, &qid), -EDQUOT);
+	/* session 8 gives 3 back: 3 left, and 1 can be had */
+	stk_meta_store_quota_disallow(st, 8, sub, 3);
+	CHECK_EQ(quota_of(top).reserved_inodes, 1);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), 0);
+	CHECK(granted == 1);
+	/* its session ends: the rest of session 8's goes */
+	stk_meta_store_quota_release_session(st, 8);
+	CHECK_EQ(quota_of(top).reserved_inodes, 1);
+	CHECK_RC(create_by(7, d, "last"), 0);
+	CHECK_EQ(quota_of(top).used_inodes, 17);
+	CHECK_EQ(quota_of(top).reserved_inodes, 0);
+	/* never past the limit: 3 left, 1 granted each time at most */
+	CHECK_RC(create_by(9, d, "a"), 0);
+	CHECK_RC(create_by(9, d, "b"), 0);
+	CHECK_RC(create_by(9, d, "c"), 0);
+	CHECK_RC(create_by(9, d, "d"), -EDQUOT);
+	CHECK_EQ(quota_of(top).used_inodes, 20);
+	CHECK_EQ(quota_of(sub).used_inodes, 2 + 8 + 5 + 1 + 3);
+	/* a quota without an inode limit sets nothing aside */
+	bytes_only = mkdir_as(&ROOT, STK_ROOT_INO, "qa_bytes", 0777);
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, bytes_only, 1 << 20, 0, 0, &q), 0);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, bytes_only, 64, &granted, &qid), 0);
+	CHECK(granted == 64 && qid == bytes_only);
+	CHECK_EQ(quota_of(bytes_only).reserved_inodes, 0);
+	/* removing the quota leaves an allowance holding nothing */
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), -EDQUOT);
+	CHECK_RC(stk_meta_store_quota_rm(st, &ROOT, top), 0);
+	CHECK_RC(stk_meta_store_quota_allow(st, 7, d, 64, &granted, &qid), 0);
+	CHECK(granted == 40); /* sub: 100 - 19 = 81 left: 40 */
+	CHECK_RC(stk_meta_store_quota_rm(st, &ROOT, sub), 0);
+	stk_meta_store_quota_release_session(st, 7);
+}
+
 /* Nested quotas all apply; renames and links across quotas follow the rule. */
 static void test_quota_nested_rename(void)
 {
@@ -2085,6 +2172,51 @@ static void test_fsck_clean(void)
 		CHECK(S_ISREG(fl[i].attr.mode) && (i == 0 || fl[i].attr.ino > fl[i - 1].attr.ino));
 }
 
+/*
+ * A store made for shard 2 (docs/meta-shards.md): its inode numbers carry the
+ * shard in their top bits, it stays shard 2's across a reopen, and a store is
+ * never opened for another shard than its own (-EXDEV), shard 1's included.
+ */
+static void test_shard_numbers(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL, *keep = st;
+	struct stk_attr a;
+	int created = 0;
+
+	snprintf(dir, sizeof(dir), "%s/shard2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	CHECK(stk_meta_store_shard(s2) == 2);
+	st = s2;
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_create(s2, &ROOT, STK_ROOT_INO, "f", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &a, &created),
+		 0);
+	CHECK(stk_ino_shard(a.ino) == 2 && a.ino == (1ull << STK_INO_SHARD_SHIFT));
+	CHECK(stk_ino_shard(mkdir_as(&ROOT, STK_ROOT_INO, "d", 0755)) == 2);
+	stk_meta_store_close(s2);
+	s2 = NULL;
+	o.shard = 1;
+	CHECK_RC(stk_meta_store_open(&o, &s2), -EXDEV);
+	o.shard = 3;
+	CHECK_RC(stk_meta_store_open(&o, &s2), -EXDEV);
+	o.shard = 2;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (s2) {
+		st = s2;
+		CHECK(ino_of(STK_ROOT_INO, "f") == (1ull << STK_INO_SHARD_SHIFT));
+		CHECK(create_as(&ROOT, STK_ROOT_INO, "g") > (1ull << STK_INO_SHARD_SHIFT) + 1);
+		stk_meta_store_close(s2);
+	}
+	st = keep;
+	/* the other tests' store is shard 1's, as every store made before shards */
+	CHECK(stk_meta_store_shard(st) == 1);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -2105,6 +2237,7 @@ int main(void)
 	CHECK_RUN(test_root);
 	CHECK_RUN(test_names);
 	CHECK_RUN(test_create);
+	CHECK_RUN(test_shard_numbers);
 	CHECK_RUN(test_mkdir_rmdir);
 	CHECK_RUN(test_expect_ino);
 	CHECK_RUN(test_link_unlink);
@@ -2126,6 +2259,7 @@ int main(void)
 	CHECK_RUN(test_reopen_keeps_size);
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
+	CHECK_RUN(test_quota_allowances);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
 	CHECK_RUN(test_fsck_clean);

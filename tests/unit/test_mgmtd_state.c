@@ -112,11 +112,11 @@ static int test_registration(struct stk_mgmt_state *st)
 	 */
 	rq = meta_req(0, "127.0.0.1:9600", 0xA);
 	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	REQUIRE(node == 2 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
+	REQUIRE(node == 2 && st->shards[0].node == 2 && st->shards[0].ns.lo == 0xA);
 	REQUIRE(!stk_mgmt_state_node(st, 2)->refused);
 	rq = meta_req(0, "127.0.0.1:9601", 0xB);
 	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 2 * SEC, &node, ids) == 0);
-	REQUIRE(node == 3 && st->shard1_node == 2 && st->shard1_ns.lo == 0xA);
+	REQUIRE(node == 3 && st->shards[0].node == 2 && st->shards[0].ns.lo == 0xA);
 	REQUIRE(stk_mgmt_state_node(st, 3)->refused && stk_mgmt_state_node(st, 3)->ns.lo == 0xB);
 
 	/*
@@ -222,10 +222,10 @@ static int test_liveness(struct stk_mgmt_state *st)
 	 */
 	rq = meta_req(3, "127.0.0.1:9601", 0xB);
 	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
-	REQUIRE(node == 3 && st->shard1_node == 2 && stk_mgmt_state_node(st, 3)->refused);
+	REQUIRE(node == 3 && st->shards[0].node == 2 && stk_mgmt_state_node(st, 3)->refused);
 	rq = meta_req(3, "127.0.0.1:9601", 0xA);
 	REQUIRE(stk_mgmt_state_register(st, &rq, NULL, 0, 15 * SEC, &node, ids) == 0);
-	REQUIRE(node == 3 && st->shard1_node == 3 && !stk_mgmt_state_node(st, 3)->refused);
+	REQUIRE(node == 3 && st->shards[0].node == 3 && !stk_mgmt_state_node(st, 3)->refused);
 	return 0;
 }
 
@@ -277,9 +277,9 @@ static int test_persistence(struct stk_mgmt_state *st)
 	if (stk_mgmt_state_load(&ld, path, 100 * SEC))
 		goto out;
 	if (ld.version != st->version || ld.next_node_id != st->next_node_id ||
-	    ld.next_target_id != st->next_target_id || ld.shard1_node != st->shard1_node ||
-	    !stk_ns_id_eq(&ld.shard1_ns, &st->shard1_ns) ||
-	    ld.nnodes != st->nnodes || ld.ntargets != st->ntargets || ld.nchains != st->nchains)
+	    ld.next_target_id != st->next_target_id || ld.shards[0].node != st->shards[0].node ||
+	    !stk_ns_id_eq(&ld.shards[0].ns, &st->shards[0].ns) || ld.nnodes != st->nnodes ||
+	    ld.ntargets != st->ntargets || ld.nchains != st->nchains)
 		goto out;
 	for (uint32_t i = 0; i < st->nnodes; i++) {
 		const struct stk_mgmt_node *a = &st->nodes[i], *c = &ld.nodes[i];
@@ -541,11 +541,11 @@ static int test_identity(void)
 	rq = meta_req(0, "10.0.0.1:9600", 0x11);
 	rq.ns_hi = 0x22;
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 1 ||
-	    st.shard1_node != 1 || st.shard1_ns.hi != 0x22 || st.shard1_ns.lo != 0x11)
+	    st.shards[0].node != 1 || st.shards[0].ns.hi != 0x22 || st.shards[0].ns.lo != 0x11)
 		goto out;
 	rq = meta_req(0, "10.0.0.2:9600", 0x33);
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 2 ||
-	    st.shard1_node != 1 || !stk_mgmt_state_node(&st, 2)->refused)
+	    st.shards[0].node != 1 || !stk_mgmt_state_node(&st, 2)->refused)
 		goto out;
 	/* The first goes away; the second registers again: still refused, the shard waits. */
 	if (stk_mgmt_state_heartbeat(&st, 2, NULL, 0, 20 * SEC) ||
@@ -554,7 +554,7 @@ static int test_identity(void)
 		goto out;
 	rq = meta_req(2, "10.0.0.2:9600", 0x33);
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 21 * SEC, &node, ids) || node != 2 ||
-	    st.shard1_node != 1 || !stk_mgmt_state_node(&st, 2)->refused)
+	    st.shards[0].node != 1 || !stk_mgmt_state_node(&st, 2)->refused)
 		goto out;
 	if (routing(&st, 0, 21 * SEC, &rt))
 		goto out;
@@ -569,12 +569,12 @@ static int test_identity(void)
 	rq = meta_req(0, "10.0.0.9:9700", 0x11);
 	rq.ns_hi = 0x22;
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 22 * SEC, &node, ids) || node != 3 ||
-	    st.shard1_node != 3 || stk_mgmt_state_node(&st, 3)->refused)
+	    st.shards[0].node != 3 || stk_mgmt_state_node(&st, 3)->refused)
 		goto out;
 	/* The owner's id with another store (its folder wiped): refused, the shard has no node. */
 	rq = meta_req(3, "10.0.0.9:9700", 0x44);
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 23 * SEC, &node, ids) || node != 3 ||
-	    st.shard1_node != 0 || !stk_mgmt_state_node(&st, 3)->refused)
+	    st.shards[0].node != 0 || !stk_mgmt_state_node(&st, 3)->refused)
 		goto out;
 	if (routing(&st, 0, 23 * SEC, &rt))
 		goto out;
@@ -587,7 +587,7 @@ static int test_identity(void)
 	rq = meta_req(2, "10.0.0.2:9600", 0x11);
 	rq.ns_hi = 0x22;
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, 24 * SEC, &node, ids) || node != 2 ||
-	    st.shard1_node != 2 || stk_mgmt_state_node(&st, 2)->refused)
+	    st.shards[0].node != 2 || stk_mgmt_state_node(&st, 2)->refused)
 		goto out;
 	rc = 0;
 out:
@@ -633,17 +633,17 @@ static int test_old_format(void)
 	stk_put_u32(&w, stk_crc32c(0, buf, w.len));
 	if (w.err || stk_write_file_atomic(path, buf, w.len))
 		goto out;
-	if (stk_mgmt_state_load(&st, path, SEC) || st.shard1_node != 1 ||
-	    !stk_ns_id_is_zero(&st.shard1_ns) || st.nnodes != 1 || st.version != 1000)
+	if (stk_mgmt_state_load(&st, path, SEC) || st.shards[0].node != 1 ||
+	    !stk_ns_id_is_zero(&st.shards[0].ns) || st.nnodes != 1 || st.version != 1000)
 		goto out;
 	rq = meta_req(0, "10.0.0.2:9600", 0x55);
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 3 ||
-	    st.shard1_node != 1 || stk_mgmt_state_node(&st, 3)->refused ||
-	    !stk_ns_id_is_zero(&st.shard1_ns))
+	    st.shards[0].node != 1 || stk_mgmt_state_node(&st, 3)->refused ||
+	    !stk_ns_id_is_zero(&st.shards[0].ns))
 		goto out;
 	rq = meta_req(1, "10.0.0.1:9600", 0x66);
 	if (stk_mgmt_state_register(&st, &rq, NULL, 0, SEC, &node, ids) || node != 1 ||
-	    st.shard1_node != 1 || st.shard1_ns.lo != 0x66)
+	    st.shards[0].node != 1 || st.shards[0].ns.lo != 0x66)
 		goto out;
 	rc = 0;
 out:
@@ -1181,15 +1181,15 @@ static int test_format_5_both(void)
 	snprintf(c.subtree, sizeof(c.subtree), "/teamA");
 	REQUIRE(stk_mgmt_state_client_add(&st, &c) == 0);
 	st.meta_replicas = 3;
-	st.shard1_epoch = 77;
-	st.shard1_nfollowers = 2;
-	st.shard1_followers[0] = 5;
-	st.shard1_followers[1] = 6;
+	st.shards[0].epoch = 77;
+	st.shards[0].nfollowers = 2;
+	st.shards[0].followers[0] = 5;
+	st.shards[0].followers[1] = 6;
 	REQUIRE(stk_mgmt_state_encode(&st, &full, &lf) == 0);
 	REQUIRE(stk_mgmt_state_decode(&ld, full, lf, SEC) == 0);
 	REQUIRE(ld.nclients == 1 && strcmp(ld.clients[0].id.subtree, "/teamA") == 0 &&
-		ld.meta_replicas == 3 && ld.shard1_epoch == 77 && ld.shard1_nfollowers == 2 &&
-		ld.shard1_followers[1] == 6);
+		ld.meta_replicas == 3 && ld.shards[0].epoch == 77 && ld.shards[0].nfollowers == 2 &&
+		ld.shards[0].followers[1] == 6);
 	/* the same state with no client: the client block's length is the difference */
 	bare = st;
 	bare.nclients = 0;
@@ -1197,7 +1197,7 @@ static int test_format_5_both(void)
 	REQUIRE(stk_mgmt_state_encode(&bare, &nocl, &ln) == 0);
 	meta = 1 + 8 + 1 + 4 * 2;
 	cl = lf - ln + 12;
-	pre = lf - 4 - 4 - meta - cl; /* 4: no QoS limit, then the checksum */
+	pre = lf - 4 - 1 - 4 - meta - cl; /* no QoS limit, no other shard (format 8), the CRC */
 	REQUIRE(lf < sizeof(f5));
 	/* format 6: ... clients, meta replicas */
 	memcpy(f5, full, pre + cl + meta);
@@ -1206,7 +1206,7 @@ static int test_format_5_both(void)
 	stk_wbuf_init(&w, f5 + pre + cl + meta, 4);
 	stk_put_u32(&w, stk_crc32c(0, f5, pre + cl + meta));
 	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + cl + meta + 4, SEC) == 0);
-	REQUIRE(ld.nclients == 1 && ld.meta_replicas == 3 && ld.shard1_nfollowers == 2 &&
+	REQUIRE(ld.nclients == 1 && ld.meta_replicas == 3 && ld.shards[0].nfollowers == 2 &&
 		ld.nqos == 0);
 	/* main's format 5: ... clients */
 	memcpy(f5, full, pre + cl);
@@ -1216,7 +1216,7 @@ static int test_format_5_both(void)
 	stk_put_u32(&w, stk_crc32c(0, f5, pre + cl));
 	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + cl + 4, SEC) == 0);
 	REQUIRE(ld.nclients == 1 && strcmp(ld.clients[0].id.name, "alice") == 0 &&
-		ld.meta_replicas == 0 && ld.shard1_nfollowers == 0);
+		ld.meta_replicas == 0 && ld.shards[0].nfollowers == 0);
 	/* metarepl's format 5: ... meta replicas */
 	memcpy(f5, full, pre);
 	memcpy(f5 + pre, full + pre + cl, meta);
@@ -1225,8 +1225,8 @@ static int test_format_5_both(void)
 	stk_wbuf_init(&w, f5 + pre + meta, 4);
 	stk_put_u32(&w, stk_crc32c(0, f5, pre + meta));
 	REQUIRE(stk_mgmt_state_decode(&ld, f5, pre + meta + 4, SEC) == 0);
-	REQUIRE(ld.nclients == 0 && ld.meta_replicas == 3 && ld.shard1_epoch == 77 &&
-		ld.shard1_nfollowers == 2 && ld.shard1_followers[0] == 5);
+	REQUIRE(ld.nclients == 0 && ld.meta_replicas == 3 && ld.shards[0].epoch == 77 &&
+		ld.shards[0].nfollowers == 2 && ld.shards[0].followers[0] == 5);
 	rc = 0;
 	free(full);
 	free(nocl);
@@ -1251,25 +1251,25 @@ static int test_meta_replicas(void)
 	st.meta_replicas = 3;
 	rq = meta_req(0, "10.0.0.1:9600", 0xA);
 	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m1, ids) == 0);
-	REQUIRE(st.shard1_node == m1 && st.shard1_ns.lo == 0xA && st.shard1_epoch != 0);
-	e0 = st.shard1_epoch;
+	REQUIRE(st.shards[0].node == m1 && st.shards[0].ns.lo == 0xA && st.shards[0].epoch != 0);
+	e0 = st.shards[0].epoch;
 	/* other stores follow (they are copied), not refused */
 	rq = meta_req(0, "10.0.0.2:9600", 0xB);
 	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m2, ids) == 0);
 	rq = meta_req(0, "10.0.0.3:9600", 0xC);
 	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m3, ids) == 0);
-	REQUIRE(st.shard1_nfollowers == 2 && st.shard1_followers[0] == m2 &&
-		st.shard1_followers[1] == m3);
-	REQUIRE(!stk_mgmt_state_node(&st, m2)->refused && st.shard1_epoch > e0);
+	REQUIRE(st.shards[0].nfollowers == 2 && st.shards[0].followers[0] == m2 &&
+		st.shards[0].followers[1] == m3);
+	REQUIRE(!stk_mgmt_state_node(&st, m2)->refused && st.shards[0].epoch > e0);
 	/* a fourth is a spare */
 	rq = meta_req(0, "10.0.0.4:9600", 0xD);
 	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m4, ids) == 0);
-	REQUIRE(st.shard1_nfollowers == 2 && st.shard1_node == m1);
+	REQUIRE(st.shards[0].nfollowers == 2 && st.shards[0].node == m1);
 	/* the leader restarting stays the leader */
-	e1 = st.shard1_epoch;
+	e1 = st.shards[0].epoch;
 	rq = meta_req(m1, "10.0.0.1:9600", 0xA);
 	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 2 * SEC, &m1, ids) == 0);
-	REQUIRE(st.shard1_node == m1 && st.shard1_epoch == e1);
+	REQUIRE(st.shards[0].node == m1 && st.shards[0].epoch == e1);
 
 	/* followers copied: the shard's identity, and how far each is */
 	stk_mgmt_state_meta_report(&st, m2, &ns, e1, 40);
@@ -1288,41 +1288,119 @@ static int test_meta_replicas(void)
 	stk_mgmt_state_init(&back);
 	REQUIRE(stk_mgmt_state_decode(&back, buf, len, 3 * SEC) == 0);
 	free(buf);
-	REQUIRE(back.meta_replicas == 3 && back.shard1_epoch == e1 && back.shard1_nfollowers == 2 &&
-		back.shard1_followers[0] == m2 && back.shard1_node == m1);
+	REQUIRE(back.meta_replicas == 3 && back.shards[0].epoch == e1 &&
+		back.shards[0].nfollowers == 2 && back.shards[0].followers[0] == m2 &&
+		back.shards[0].node == m1);
 	stk_mgmt_state_free(&back);
 
 	/* all heartbeat but the leader, which goes OFFLINE: the follower with the most leads */
 	for (uint32_t id = m2; id <= m4; id++)
 		REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 10 * SEC) == 0);
 	REQUIRE(stk_mgmt_state_expire(&st, 13 * SEC, TIMEOUT) == 1);
-	REQUIRE(st.shard1_node == m3 && st.shard1_epoch > e1);
+	REQUIRE(st.shards[0].node == m3 && st.shards[0].epoch > e1);
 	/* m2 still follows, and the spare m4 fills the place (the leader left none) */
-	REQUIRE(st.shard1_nfollowers == 2 && st.shard1_followers[0] == m2 &&
-		st.shard1_followers[1] == m4);
+	REQUIRE(st.shards[0].nfollowers == 2 && st.shards[0].followers[0] == m2 &&
+		st.shards[0].followers[1] == m4);
 	/* the old leader back is a spare: no room, and never the leader again by itself */
 	REQUIRE(stk_mgmt_state_heartbeat(&st, m1, NULL, 0, 13 * SEC) == 0);
-	REQUIRE(st.shard1_node == m3 && st.shard1_nfollowers == 2);
+	REQUIRE(st.shards[0].node == m3 && st.shards[0].nfollowers == 2);
 	/* a follower goes OFFLINE: it leaves, and the old leader follows in its place */
-	e1 = st.shard1_epoch;
+	e1 = st.shards[0].epoch;
 	for (uint32_t id = m1; id <= m4; id++)
 		if (id != m2)
 			REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 20 * SEC) == 0);
 	REQUIRE(stk_mgmt_state_expire(&st, 24 * SEC, TIMEOUT) == 1);
-	REQUIRE(st.shard1_node == m3 && st.shard1_epoch > e1 && st.shard1_nfollowers == 2 &&
-		st.shard1_followers[0] == m4 && st.shard1_followers[1] == m1);
+	REQUIRE(st.shards[0].node == m3 && st.shards[0].epoch > e1 &&
+		st.shards[0].nfollowers == 2 && st.shards[0].followers[0] == m4 &&
+		st.shards[0].followers[1] == m1);
 	/* only a follower of the shard's identity is promoted: m4 (0xD) and m1 stale are not */
 	stk_mgmt_state_meta_report(&st, m1, &(struct stk_ns_id){.lo = 0xE}, 0, 1000);
 	for (uint32_t id = m1; id <= m4; id++)
 		if (id != m3 && id != m2)
 			REQUIRE(stk_mgmt_state_heartbeat(&st, id, NULL, 0, 30 * SEC) == 0);
 	REQUIRE(stk_mgmt_state_expire(&st, 34 * SEC, TIMEOUT) == 1);
-	REQUIRE(st.shard1_node == m3); /* kept: no follower may stand in for it */
+	REQUIRE(st.shards[0].node == m3); /* kept: no follower may stand in for it */
 	/* back to one copy: a copy of the shard's identity does not take it over */
 	st.meta_replicas = 1;
 	rq = meta_req(m2, "10.0.0.2:9600", 0xA);
 	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 40 * SEC, &m2, ids) == 0);
-	REQUIRE(st.shard1_node == m3 && stk_mgmt_state_node(&st, m2)->refused);
+	REQUIRE(st.shards[0].node == m3 && stk_mgmt_state_node(&st, m2)->refused);
+	rc = 0;
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
+/*
+ * Metadata shards (docs/meta-shards.md): each shard is its own replicated group
+ * among the meta nodes registered for it; a node for a shard the cluster does not
+ * have is refused; the state file (format 8) keeps the map.
+ */
+static int test_meta_shards(void)
+{
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_mgmt_state st, back;
+	struct stk_routing rt;
+	uint32_t a1, a2, b1, b2, x, ids[1];
+	uint64_t e1;
+	uint8_t *buf;
+	size_t len;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	st.meta_replicas = 2;
+	st.meta_shards = 2;
+	rq = meta_req(0, "10.0.1.1:9600", 0xA1);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &a1, ids) == 0);
+	rq = meta_req(0, "10.0.2.1:9600", 0xB1);
+	rq.shard = 2;
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &b1, ids) == 0);
+	rq = meta_req(0, "10.0.2.2:9600", 0xB2);
+	rq.shard = 2;
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &b2, ids) == 0);
+	rq = meta_req(0, "10.0.1.2:9600", 0xA2);
+	rq.shard = 1;
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &a2, ids) == 0);
+	/* each shard leads and follows among its own nodes only */
+	REQUIRE(st.shards[0].node == a1 && st.shards[0].ns.lo == 0xA1 &&
+		st.shards[0].nfollowers == 1 && st.shards[0].followers[0] == a2);
+	REQUIRE(st.shards[1].node == b1 && st.shards[1].ns.lo == 0xB1 &&
+		st.shards[1].nfollowers == 1 && st.shards[1].followers[0] == b2);
+	/* a shard the cluster does not have: refused, in no shard */
+	rq = meta_req(0, "10.0.3.1:9600", 0xC1);
+	rq.shard = 3;
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &x, ids) == 0);
+	REQUIRE(stk_mgmt_state_node(&st, x)->refused && stk_mgmt_state_node(&st, x)->shard == 3);
+	REQUIRE(st.shards[2].node == 0 && stk_ns_id_is_zero(&st.shards[2].ns));
+
+	REQUIRE(routing(&st, 0, 2 * SEC, &rt) == 0);
+	REQUIRE(rt.nshards == 2 && rt.shards[0].id == 1 && rt.shards[0].node_id == a1 &&
+		rt.shards[1].id == 2 && rt.shards[1].node_id == b1 &&
+		rt.shards[1].nfollowers == 1 && rt.shards[1].followers[0] == b2);
+	REQUIRE(stk_routing_node(&rt, b2)->shard == 2 && stk_routing_node(&rt, a2)->shard == 1);
+	stk_routing_free(&rt);
+
+	/* the state file (format 8) keeps the map */
+	REQUIRE(stk_mgmt_state_encode(&st, &buf, &len) == 0);
+	stk_mgmt_state_init(&back);
+	REQUIRE(stk_mgmt_state_decode(&back, buf, len, 3 * SEC) == 0);
+	free(buf);
+	REQUIRE(back.meta_shards == 2 && back.shards[1].node == b1 &&
+		back.shards[1].ns.lo == 0xB1 && back.shards[1].epoch == st.shards[1].epoch &&
+		back.shards[1].nfollowers == 1 && back.shards[1].followers[0] == b2 &&
+		stk_mgmt_state_node(&back, b2)->shard == 2 && back.shards[0].node == a1);
+	stk_mgmt_state_free(&back);
+
+	/* shard 2's leader goes OFFLINE: its follower leads; shard 1 is untouched */
+	e1 = st.shards[0].epoch;
+	REQUIRE(stk_mgmt_state_heartbeat(&st, a1, NULL, 0, 10 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, a2, NULL, 0, 10 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, b2, NULL, 0, 10 * SEC) == 0);
+	REQUIRE(stk_mgmt_state_heartbeat(&st, x, NULL, 0, 10 * SEC) == 0);
+	stk_mgmt_state_meta_report(&st, b2, &(struct stk_ns_id){.lo = 0xB1}, 1, 5);
+	REQUIRE(stk_mgmt_state_expire(&st, 13 * SEC, TIMEOUT) == 1);
+	REQUIRE(st.shards[1].node == b2 && st.shards[1].nfollowers == 0);
+	REQUIRE(st.shards[0].node == a1 && st.shards[0].epoch == e1 &&
+		st.shards[0].nfollowers == 1);
 	rc = 0;
 	stk_mgmt_state_free(&st);
 	return rc;
@@ -1349,7 +1427,7 @@ int main(void)
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
 	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
 	     test_replace() || test_all_lost() || test_accept_loss() || test_rebalance() ||
-	     test_meta_replicas() || test_clients() || test_format_5_both();
+	     test_meta_replicas() || test_clients() || test_format_5_both() || test_meta_shards();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");

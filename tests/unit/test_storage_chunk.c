@@ -7,6 +7,7 @@
  * The full-disk case mounts a 2 MiB tmpfs and so needs root; without it that case
  * is skipped and the rest still runs. Exit 0 pass, 1 fail, 77 skip.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -595,6 +596,80 @@ static int test_concurrent(struct stk_chunk_store *cs)
 	return 0;
 }
 
+/*
+ * Synced writes of new files from several threads at once: each makes its inode's
+ * folder (and for some its parent) and syncs them with the data on the thread's
+ * ring (sync_new); every chunk reads back whole and no temporary file is left.
+ */
+struct sync_arg {
+	struct stk_chunk_store *cs;
+	const uint8_t *w;
+	int id, rc;
+};
+
+static void *sync_writer(void *p)
+{
+	struct sync_arg *a = p;
+	uint32_t len;
+
+	for (uint64_t k = 0; k < 40 && a->rc == 0; k++) {
+		uint64_t ino = 0x5e0000 + (k * 4 + (uint64_t)a->id) * 0x101;
+
+		a->rc = stk_chunk_write(a->cs, ino, 0, CHUNK, 0, a->w, 16384 + a->id, NULL,
+					STK_WRITE_SYNC, &len);
+		if (a->rc == 0 && len != 16384u + (uint32_t)a->id)
+			a->rc = -EBADMSG;
+	}
+	return NULL;
+}
+
+static int count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(d);
+	return n;
+}
+
+static int test_sync_new(struct stk_chunk_store *cs)
+{
+	static uint8_t w[20000], r[20000];
+	struct sync_arg args[4];
+	pthread_t th[4];
+	char p[512], tmp[600];
+	struct stat sb;
+
+	fill(w, sizeof(w), 17);
+	for (int i = 0; i < 4; i++) {
+		args[i] = (struct sync_arg){.cs = cs, .w = w, .id = i};
+		REQUIRE(pthread_create(&th[i], NULL, sync_writer, &args[i]) == 0);
+	}
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		REQUIRE(args[i].rc == 0);
+	}
+	for (uint64_t k = 0; k < 160; k++) {
+		uint64_t ino = 0x5e0000 + k * 0x101;
+		long want = 16384 + (long)(k % 4);
+
+		CHECK_EQ(stk_chunk_read(cs, ino, 0, 0, r, sizeof(r), NULL), want);
+		CHECK(memcmp(r, w, (size_t)want) == 0);
+		file_path(cs, ino, 0, p, sizeof(p));
+		CHECK(stat(p, &sb) == 0 && sb.st_size == 4096 + want);
+		/* the folder holds the chunk alone: no temporary file left */
+		snprintf(tmp, sizeof(tmp), "%s", p);
+		*strrchr(tmp, '/') = 0;
+		CHECK_EQ(count_entries(tmp), 1);
+	}
+	return check_failures() ? 1 : 0;
+}
+
 /* A chunk larger than 1 MiB has a header of more than one 4 KiB block. */
 static int test_big_chunk(struct stk_chunk_store *cs)
 {
@@ -988,7 +1063,7 @@ int main(void)
 	}
 	/* The tests share one store (test_reopen reopens it): the first that fails stops the run. */
 	if ((test_round_trip(cs) || test_versions(cs) || test_whole_chunks(cs) || test_model(cs) || test_truncate(cs) ||
-	     test_punch(cs) || test_corruption(cs) || test_concurrent(cs) || test_chunk_lock(cs) || test_big_chunk(cs) ||
+	     test_punch(cs) || test_corruption(cs) || test_concurrent(cs) || test_sync_new(cs) || test_chunk_lock(cs) || test_big_chunk(cs) ||
 	     test_reopen(dir, &cs) || test_fd_cache(dir, cs) || test_mapped(dir, cs) ||
 	     test_enospc()) &&
 	    !check_failures())

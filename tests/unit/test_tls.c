@@ -5,7 +5,9 @@
  * small writes) arrives whole and in order; another key, a peer that speaks
  * plaintext, garbage and a truncated record fail with the errors tls.h promises,
  * never a crash; the derived identity is the same for one key and differs between
- * two.
+ * two. A client key's handshake proves exactly the policy its identity names: the
+ * server hands that policy over; an edited one, another cluster's or a removed
+ * generation is refused.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/util.h"
 #include "net/tls.h"
 #include "check.h"
 
@@ -247,6 +250,122 @@ static void test_plain_server(void)
 	close(sv[1]);
 }
 
+static int revoked_bob2(const char *name, uint64_t gen)
+{
+	return strcmp(name, "bob") == 0 && gen == 2;
+}
+
+/*
+ * A client key's handshake with a server holding key: the server's result, and
+ * the policy it proved (*out, or NULL); the client's result in *rcli.
+ */
+static enum stk_tls_fail last_fail;
+
+static int client_meets(const uint8_t *key, const struct stk_auth_client *claimed,
+			const struct stk_auth_client *keyed, struct stk_auth_client **out,
+			int *rcli)
+{
+	struct stk_tls_server *ts;
+	struct stk_tls *srv, *cli;
+	uint8_t ckey[STK_AUTH_MAC];
+	int sv[2], rs;
+
+	pair(sv);
+	MUST(stk_tls_server_create(key, 32, &ts) == 0);
+	stk_tls_server_set_revoked(ts, revoked_bob2);
+	MUST(stk_tls_accept_new(ts, sv[0], &srv) == 0);
+	/* the key of one policy, offered under (maybe) another */
+	MUST(stk_auth_client_key(key_a, sizeof(key_a), keyed, ckey) == 0);
+	MUST(stk_tls_connect_client_new(sv[1], claimed, ckey, &cli) == 0);
+	handshake(srv, cli, &rs, rcli);
+	*out = stk_tls_client_take(srv);
+	last_fail = stk_tls_fail_reason(srv);
+	if (rs == -EKEYREJECTED && last_fail == STK_TLS_FAIL_REVOKED)
+		CHECK(strcmp(stk_tls_why(srv), "client bob, generation 2") == 0);
+	if (rs)
+		CHECK(*out == NULL);
+	CHECK(stk_tls_client_take(srv) == NULL); /* handed over once */
+	stk_tls_free(srv);
+	stk_tls_free(cli);
+	close(sv[0]);
+	close(sv[1]);
+	stk_tls_server_destroy(ts);
+	return rs;
+}
+
+static void test_client_keys(void)
+{
+	struct stk_auth_client bob = {.name = "bob",
+				      .gen = 1,
+				      .flags = STK_CLIENT_RO,
+				      .anon_uid = 65534,
+				      .anon_gid = 65534,
+				      .subtree = "/team A"},
+			       c, *got;
+	uint8_t psk[STK_TLS_PSK_LEN], ckey[STK_AUTH_MAC] = {1};
+	char id[STK_TLS_CLIENT_ID_MAX];
+	int rc;
+
+	/* the identity: canonical, parsed back exactly, nothing else accepted */
+	CHECK_RC(stk_tls_client_derive(&bob, ckey, psk, id), 0);
+	CHECK(strcmp(id, "stoker-tls-c1 bob 1 1 65534 65534 /team A") == 0);
+	CHECK_RC(stk_tls_client_parse(id, strlen(id), &c), 0);
+	CHECK(memcmp(&c, &bob, sizeof(c)) == 0);
+	static const char *const bad[] = {
+	    "stoker-tls-c1 bob 01 1 65534 65534 /t",
+	    "stoker-tls-c1 bob +1 1 65534 65534 /t",
+	    "stoker-tls-c1 bob 1 8 65534 65534 /t",
+	    "stoker-tls-c1 bob 1 6 65534 65534 /t",
+	    "stoker-tls-c1 bob 1 1 4294967296 1 /t",
+	    "stoker-tls-c1 b/b 1 1 1 1 /t",
+	    "stoker-tls-c1 bob 1 1 1 1 /t/../x",
+	    "stoker-tls-c1 bob 1 1 1 1 t",
+	    "stoker-tls-c1 bob 1 1 1 1 /t/",
+	    "stoker-tls-c1  1 1 1 1 /t",
+	    "stoker-tls-c1 bob 1 1 1 1",
+	    "stoker-tls-c1 bob 18446744073709551616 0 1 1 /",
+	    "stoker-tls-1 bob 1 1 1 1 /t",
+	    "",
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK_RC(stk_tls_client_parse(bad[i], strlen(bad[i]), &c), -EINVAL);
+	CHECK_RC(stk_tls_client_parse("stoker-tls-c1 bob 1 1 1 1 /\0x", 31, &c), -EINVAL);
+	/* a different key gives a different PSK */
+	{
+		uint8_t psk2[STK_TLS_PSK_LEN], ckey2[STK_AUTH_MAC] = {2};
+
+		CHECK_RC(stk_tls_client_derive(&bob, ckey2, psk2, id), 0);
+		CHECK(memcmp(psk, psk2, sizeof(psk)) != 0);
+	}
+
+	/* the right key for its policy: in, and the server holds that policy */
+	CHECK_RC(client_meets(key_a, &bob, &bob, &got, &rc), 0);
+	CHECK_RC(rc, 0);
+	CHECK(got && memcmp(got, &bob, sizeof(*got)) == 0);
+	free(got);
+	/* an edited policy (wider subtree, read-write, another name): refused */
+	c = bob;
+	stk_strlcpy(c.subtree, "/", sizeof(c.subtree));
+	CHECK_RC(client_meets(key_a, &c, &bob, &got, &rc), -EKEYREJECTED);
+	CHECK_RC(rc, -EKEYREJECTED);
+	CHECK_EQ(last_fail, STK_TLS_FAIL_WRONG_KEY);
+	c = bob;
+	c.flags = 0;
+	CHECK_RC(client_meets(key_a, &c, &bob, &got, &rc), -EKEYREJECTED);
+	c = bob;
+	stk_strlcpy(c.name, "bobby", sizeof(c.name));
+	CHECK_RC(client_meets(key_a, &c, &bob, &got, &rc), -EKEYREJECTED);
+	/* another cluster's server: refused */
+	CHECK_RC(client_meets(key_b, &bob, &bob, &got, &rc), -EKEYREJECTED);
+	CHECK_RC(rc, -EKEYREJECTED);
+	/* a removed generation: refused as removed, before any PSK is derived */
+	c = bob;
+	c.gen = 2;
+	CHECK_RC(client_meets(key_a, &c, &c, &got, &rc), -EKEYREJECTED);
+	CHECK_RC(rc, -EKEYREJECTED);
+	CHECK_EQ(last_fail, STK_TLS_FAIL_REVOKED);
+}
+
 int main(void)
 {
 	for (size_t i = 0; i < sizeof(key_a); i++) {
@@ -258,5 +377,6 @@ int main(void)
 	CHECK_RUN(test_wrong_key);
 	CHECK_RUN(test_hostile);
 	CHECK_RUN(test_plain_server);
+	CHECK_RUN(test_client_keys);
 	return check_done();
 }
