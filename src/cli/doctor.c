@@ -1018,6 +1018,42 @@ static const struct stk_cluster_target *target_by_id(const stk_cluster_status *s
 	return NULL;
 }
 
+/* Unsettled changes held this long are worth a warning; a failover settles sooner. */
+#define UNSETTLED_WARN_S 10.0
+#define UNSETTLED_FAIL_S 300.0
+
+/*
+ * Changes a storage node applied that its successor has not taken (its
+ * stoker_node_unsettled_* series): their copies differ until it does. A warning
+ * once the oldest is UNSETTLED_WARN_S old, a failure after UNSETTLED_FAIL_S or
+ * when the node holds as many as it can (it refuses new changes then).
+ */
+static void check_unsettled(struct doctor *d, struct check *c)
+{
+	for (unsigned i = 0; i < d->nep; i++) {
+		const struct ep *e = &d->ep[i];
+		double n, age, cap;
+		int full;
+
+		if (e->role != STK_CLUSTER_ROLE_STORAGE || e->err ||
+		    !cli_prom_has(&e->b, "stoker_node_unsettled_changes"))
+			continue;
+		n = cli_prom_sum(&e->b, "stoker_node_unsettled_changes", NULL);
+		age = cli_prom_sum(&e->b, "stoker_node_unsettled_oldest_seconds", NULL);
+		cap = cli_prom_sum(&e->b, "stoker_node_unsettled_capacity", NULL);
+		full = cap > 0 && n >= cap;
+		if (n < 1 || (age < UNSETTLED_WARN_S && !full))
+			continue;
+		find(c, full || age >= UNSETTLED_FAIL_S ? DR_FAIL : DR_WARN,
+		     "see the node's log for the chain and why its successor does not take them "
+		     "(a full disk: free space there); they settle by themselves once it does",
+		     "node %u holds %.0f change%s its successors have not taken, the oldest %.0f "
+		     "s%s",
+		     e->node, n, n == 1 ? "" : "s", age,
+		     full ? ": as many as it can, new changes are refused" : "");
+	}
+}
+
 static void check_chains(struct doctor *d)
 {
 	struct check *c = &d->c[C_CHAINS];
@@ -1089,6 +1125,7 @@ static void check_chains(struct doctor *d)
 			     "chain %u: %u of %u members working (%s)", ch->id, w, need, lack);
 		}
 	}
+	check_unsettled(d, c);
 	if (!nchains) {
 		say(c, DR_SKIP, "no chains yet");
 		return;

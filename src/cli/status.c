@@ -3,11 +3,14 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "stoker/stoker.h"
 
+#include "../common/scrape.h"
 #include "../common/util.h"
+#include "prom.h"
 
 /* A zero namespace identity as the refused line writes it (the snapshot gives ""). */
 #define ZERO_NS "00000000000000000000000000000000"
@@ -248,6 +251,58 @@ static void print_health(const stk_cluster_status *st)
 	}
 }
 
+/* How long status waits for a storage node's /metrics (unsettled changes). */
+#define UNSETTLED_SCRAPE_MS 500
+
+/* What print_unsettled reads of one node's /metrics. */
+struct unsettled_seen {
+	double n, oldest_s, cap;
+};
+
+static void unsettled_sample(void *ctx, const char *name, const char *labels, double v)
+{
+	struct unsettled_seen *u = ctx;
+
+	(void)labels;
+	if (strcmp(name, "stoker_node_unsettled_changes") == 0)
+		u->n = v;
+	else if (strcmp(name, "stoker_node_unsettled_oldest_seconds") == 0)
+		u->oldest_s = v;
+	else if (strcmp(name, "stoker_node_unsettled_capacity") == 0)
+		u->cap = v;
+}
+
+/*
+ * Changes storage nodes applied and their successors have not taken (a full disk,
+ * a successor that refuses): read from each online storage node's /metrics (the
+ * `stoker up` convention, cli_metrics_addr), printed only when a node holds some.
+ * Such changes are pending (their reads go to the tail) and sent again by their
+ * node until taken; a node that holds as many as it can refuses new changes.
+ */
+static void print_unsettled(const stk_cluster_status *st)
+{
+	const struct stk_cluster_node *n;
+
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++) {
+		struct unsettled_seen u = {0};
+		char maddr[STK_CLUSTER_ADDR_MAX + 8];
+		char *body = NULL;
+
+		if (n->role != STK_CLUSTER_ROLE_STORAGE || n->state != STK_CLUSTER_NODE_ONLINE ||
+		    cli_metrics_addr(n->addr, maddr, sizeof(maddr)) ||
+		    stk_scrape_get(maddr, "/metrics", UNSETTLED_SCRAPE_MS, CLI_HTTP_MAX, &body))
+			continue;
+		stk_scrape_parse(body, unsettled_sample, &u);
+		free(body);
+		if (u.n < 1)
+			continue;
+		printf("  node %u: %.0f change%s its successors have not taken, the oldest %.0f s "
+		       "(pending: read from the tails, sent again until taken)%s\n",
+		       n->id, u.n, u.n == 1 ? "" : "s", u.oldest_s,
+		       u.cap > 0 && u.n >= u.cap ? "; FULL: new changes refused" : "");
+	}
+}
+
 /*
  * The rebalancer, for a replicated cluster: the moves in flight, each with the
  * copy's progress ("chain 3: target 2 -> 9 (syncing 43.0%)"), then each storage
@@ -361,6 +416,7 @@ int cmd_status(int argc, char **argv)
 	printf("Cluster stk://%s   routing version %llu\n", addr,
 	       (unsigned long long)stk_cluster_status_version(st));
 	print_health(st);
+	print_unsettled(st);
 	printf("\n");
 	{
 		const char *ma;

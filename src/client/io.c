@@ -9,8 +9,10 @@
  * replies land straight in the caller's buffer (the transport's bulk), so data is
  * copied once, from the socket.
  *
- * Failures: a piece that meets a transport error or STALE_ROUTING is retried
- * after a routing refresh, with backoff, until the client's retry window ends;
+ * Failures: a piece that meets a transport error, STALE_ROUTING or AGAIN (a
+ * chain head that holds as many changes its successor has not taken as it can)
+ * is retried after a routing refresh, with backoff, until the client's retry
+ * window ends;
  * then the call returns -EIO. Any other status (ENOSPC, EIO from a checksum) is
  * final and returned as is.
  */
@@ -364,6 +366,7 @@ static int retryable(int rc)
 	case -EBADMSG:
 	case -EINPROGRESS: /* a replica with a change pending: read from the tail */
 	case -EILSEQ: /* a replica's copy is damaged (and being repaired): another one */
+	case -EAGAIN: /* a head holding all the changes it can until they settle: later */
 		return 1;
 	default:
 		return 0;

@@ -230,6 +230,24 @@
 	  "\"@checkpoint\": to that class's limits, while a higher class is served).")             \
 	X(QOS_HELD, GAUGE, "stoker_qos_held_requests", "",                                         \
 	  "Requests held by QoS limits at this node now, waiting without a thread.")               \
+	/* ---- storage: changes a successor has not taken (docs/architecture.md) ---- */          \
+	X(NODE_UNSETTLED, GAUGE, "stoker_node_unsettled_changes", "",                              \
+	  "Changes this node applied that its successor in their chain has not taken yet "         \
+	  "(refused, or the forward failed): held pending, their reads sent to the tail, "         \
+	  "and sent again with backoff until the successor takes them.")                           \
+	X(NODE_UNSETTLED_OLDEST, GAUGE, "stoker_node_unsettled_oldest_seconds", "",                \
+	  "Age of the oldest change in stoker_node_unsettled_changes; 0 when none is held.")       \
+	X(NODE_UNSETTLED_CAPACITY, GAUGE, "stoker_node_unsettled_capacity", "",                    \
+	  "How many unsettled changes the node can hold; at the limit, changes that would go "     \
+	  "down a chain are refused (retryable) until some settle.")                               \
+	X(NODE_SETTLE_RESENDS, COUNTER, "stoker_node_settle_resends_total", "",                    \
+	  "Unsettled changes sent to a successor again by the node itself.")                       \
+	X(NODE_SETTLE_FAILURES, COUNTER, "stoker_node_settle_failures_total", "",                  \
+	  "Of stoker_node_settle_resends_total, those the successor did not take (each one "       \
+	  "doubles that chain's wait before the next, up to 10 s).")                               \
+	X(NODE_UNSETTLED_REFUSED, COUNTER, "stoker_node_unsettled_refused_total", "",              \
+	  "Changes refused (EAGAIN, the client retries) because the node held as many "            \
+	  "unsettled changes as it can.")                                                          \
 	/* ---- mgmtd: the cluster ---- */                                                         \
 	X(CLUSTER_NODES, GAUGE, "stoker_cluster_nodes", "role,state",                              \
 	  "Nodes registered with mgmtd, by role and state.")                                       \

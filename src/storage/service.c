@@ -143,6 +143,15 @@ struct storage {
 	struct unsettled *unsettled; /* UNSETTLED_MAX entries, nunsettled used */
 	unsigned nunsettled;
 	int unsettled_full_logged;
+	/* entries the table may hold (at most UNSETTLED_MAX; STOKER_TEST_UNSETTLED_MAX
+	 * lowers it for tests), and those held by changes on their way down
+	 * (unsettled_reserve; atomic) */
+	unsigned unsettled_max;
+	unsigned unsettled_held;
+	uint64_t refused_log_ns; /* atomic: when unsettled_reserve last logged a refusal */
+	int settle_metrics;	 /* settle_collect is a collector */
+	/* stoker_node_unsettled_* and _settle_* (settle_collect); 0 without --metrics */
+	stk_metric_t m_unsettled, m_oldest, m_capacity, m_resends, m_failures, m_refused;
 	pthread_t settle_thread;
 	int settle_started;
 	/* write state kept for the next write (wjob_get), under wjob_lock */
@@ -476,9 +485,9 @@ static void pending_end(struct storage *s, uint64_t ino, uint32_t idx)
  *   - the next change of the chunk that reaches our successor settles it (it is
  *     forwarded even when it changes nothing here; a successor whose version is
  *     not the one it applies to is sent the whole chunk anyway);
- *   - else settle_main sends the whole chunk again, every SETTLE_MS, once the
- *     chain is mended (a successor that answers; a new one; none, when we became
- *     the tail).
+ *   - else settle_main sends the whole chunk again, after SETTLE_MS and then
+ *     with backoff up to SETTLE_MAX_MS, once the chain is mended (a successor
+ *     that answers; a new one; none, when we became the tail).
  * So no replica serves as committed a change that the tail may not hold, and
  * copies that parted that way meet again without the writer. Each entry holds one
  * pending mark. Noted, cleared and looked at only with the chunk's lock held, so
@@ -494,6 +503,9 @@ struct unsettled {
 	uint16_t op; /* STK_OP_STOR_TRUNCATE (size, chunk_size, ns) or _PUNCH (first, end) */
 	uint64_t size, ns_hi, ns_lo;
 	uint32_t first, end;
+	/* when it was noted; when settle_main may send it again; resends that failed */
+	uint64_t since_ns, next_ns;
+	uint32_t tries;
 };
 
 /*
@@ -507,7 +519,16 @@ struct unsettled {
  */
 #define UNSETTLED_INODE UINT32_MAX
 
+/*
+ * settle_main looks at the table every SETTLE_MS. A change its successor did not
+ * take again waits SETTLE_MS, then twice as long after each failure, up to
+ * SETTLE_MAX_MS (settle_delay_ns), and so do the other changes of its chain: a
+ * successor whose disk is full, or that refuses for minutes, is asked every 10 s,
+ * not four times a second per change. A write of the chunk that reaches the
+ * successor settles it at once, whatever the wait.
+ */
 #define SETTLE_MS 250
+#define SETTLE_MAX_MS 10000
 #define SETTLE_FAILED_MAX 64u /* chains a settle round gives up on before it stops */
 
 /* The entry of chunk ino/idx of cs, or -1; settle_lock held. */
@@ -549,7 +570,8 @@ static void unsettled_note(struct storage *s, struct stk_chunk_store *cs, uint32
 								 .chain_id = chain_id,
 								 .ino = ino,
 								 .idx = idx,
-								 .chunk_size = chunk_size};
+								 .chunk_size = chunk_size,
+								 .since_ns = stk_now_ns()};
 		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
 		pending_begin(s, ino, idx);
 		/* settle_main looks within SETTLE_MS: its writer may send it again first */
@@ -616,6 +638,9 @@ static void inode_unsettled_note(struct storage *s, struct stk_chunk_store *cs,
 		*e = *u;
 		e->cs = cs;
 		e->idx = UNSETTLED_INODE;
+		e->since_ns = stk_now_ns();
+		e->next_ns = 0;
+		e->tries = 0;
 		__atomic_store_n(&s->nunsettled, s->nunsettled + 1, __ATOMIC_RELAXED);
 		added = 1;
 	} else if (s->nunsettled >= UNSETTLED_MAX && !s->unsettled_full_logged) {
@@ -630,6 +655,46 @@ static void inode_unsettled_note(struct storage *s, struct stk_chunk_store *cs,
 			 "takes no other change until it does",
 			 (unsigned long long)u->ino, u->chain_id, stk_opcode_name(u->op),
 			 strerror(-rc));
+}
+
+/*
+ * The table has room for every change on its way down. A change that goes on to
+ * a successor holds n slots (one per entry it may note: a write or a truncate 1,
+ * a STOR_TRUNCATES its inodes) from before it is applied here until it is over,
+ * so that, should the successor not take it, it can be noted and kept pending:
+ * a change that could not be would be read from our copy as committed while the
+ * tail may never get it. When the slots held and the entries noted would pass
+ * unsettled_max, the change is refused before anything is applied, with -EAGAIN
+ * (STK_ST_AGAIN: the client tries again with backoff), until changes settle.
+ * Slots held and entries noted are counted apart (an entry noted by a change
+ * still on its way counts twice), so an entry always fits when noted. Any thread.
+ */
+static int unsettled_reserve(struct storage *s, unsigned n)
+{
+	unsigned held = __atomic_add_fetch(&s->unsettled_held, n, __ATOMIC_RELAXED);
+	uint64_t now, last;
+
+	if ((uint64_t)held + __atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED) <= s->unsettled_max)
+		return 0;
+	__atomic_sub_fetch(&s->unsettled_held, n, __ATOMIC_RELAXED);
+	stk_metric_add(s->m_refused, 1);
+	now = stk_now_ns();
+	last = __atomic_load_n(&s->refused_log_ns, __ATOMIC_RELAXED);
+	if (now - last > 10000000000ull &&
+	    __atomic_compare_exchange_n(&s->refused_log_ns, &last, now, 0, __ATOMIC_RELAXED,
+					__ATOMIC_RELAXED))
+		stk_error(
+		    "%u changes wait for their successors (the most this node holds): new "
+		    "changes are refused (EAGAIN, retried by their clients) until some settle",
+		    __atomic_load_n(&s->nunsettled, __ATOMIC_RELAXED));
+	return -EAGAIN;
+}
+
+/* The change that held n slots (unsettled_reserve) is over. */
+static void unsettled_release(struct storage *s, unsigned n)
+{
+	if (n)
+		__atomic_sub_fetch(&s->unsettled_held, n, __ATOMIC_RELAXED);
 }
 
 /*
@@ -925,6 +990,7 @@ struct wjob {
 	uint32_t *whole_crcs;
 	int sent_whole;
 	int went_on; /* our copy was applied and sent on: write_went_on when it ends */
+	int reserved; /* the slot it holds in the unsettled table (unsettled_reserve) */
 	int pooled;  /* from the pool (wjob_get): WJOB_CRCS checksums and a payload fit */
 	struct wjob *next_free; /* in the pool */
 	uint8_t resp[64];
@@ -1004,6 +1070,7 @@ static void wjob_finish(struct wjob *j, int rc)
 	stk_chunk_unlock(j->h.cs, j->rq.ino, j->rq.chunk_idx);
 	pending_end(s, j->rq.ino, j->rq.chunk_idx);
 	ino_unshare(ino_lock(s, j->h.cs, j->rq.ino));
+	unsettled_release(s, (unsigned)j->reserved);
 	stk_wbuf_init(&w, out, sizeof(out));
 	if (rc == 0)
 		rc = stk_msg_stor_write_resp_enc(&w, &rp);
@@ -1183,8 +1250,9 @@ static void wjob_granted(struct stk_chunk_lockwait *w)
 
 /*
  * handle_write's way for a write that goes on down the chain, once checked and
- * routed (crcs: its checksums): STK_RPC_PENDING (answered later), or -ENOMEM or
- * -ESTALE (an unsettled truncate or punch of the inode) before anything was taken.
+ * routed (crcs: its checksums), holding a slot of the unsettled table, which the
+ * job takes: STK_RPC_PENDING (answered later), or -ENOMEM or -ESTALE (an unsettled
+ * truncate or punch of the inode) before anything was taken, the slot let go.
  */
 static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
 			 const struct stk_msg_stor_write_req *rq, const struct hop *h,
@@ -1192,9 +1260,12 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 {
 	struct wjob *j = wjob_get(s, rq->ncrcs);
 
-	if (!j)
+	if (!j) {
+		unsettled_release(s, 1);
 		return -ENOMEM;
+	}
 	j->s = s;
+	j->reserved = 1;
 	j->rq = *rq;
 	j->h = *h;
 	j->data = req->bulk;
@@ -1211,6 +1282,7 @@ static int write_on_loop(struct storage *s, struct stk_rpc_req *req, struct stk_
 	if (inode_unsettled(s, h->cs, rq->ino)) {
 		ino_unshare(ino_lock(s, h->cs, rq->ino));
 		wjob_put(s, j);
+		unsettled_release(s, 1);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
 	}
 	j->p = stk_rpc_pending_take(resp);
@@ -1262,6 +1334,9 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 			 req->client->name, rq.chain_id);
 		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_ADMIN, -EPERM);
 	}
+	/* a change that goes on holds a slot to be kept pending in, should it not */
+	if (!h.tail && (rc = unsettled_reserve(s, 1)))
+		return rc;
 	if (s->loop_writes && !h.tail && stk_rpc_resp_loop(resp))
 		return write_on_loop(s, req, resp, &rq, &h, tls_crcs);
 	cs = h.cs;
@@ -1279,6 +1354,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	ino_share(ino_lock(s, cs, rq.ino));
 	if (!h.tail && inode_unsettled(s, cs, rq.ino)) {
 		ino_unshare(ino_lock(s, cs, rq.ino));
+		unsettled_release(s, 1);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
 	}
 	pending_begin(s, rq.ino, rq.chunk_idx);
@@ -1288,6 +1364,7 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
 	pending_end(s, rq.ino, rq.chunk_idx);
 	ino_unshare(ino_lock(s, cs, rq.ino));
+	unsettled_release(s, h.tail ? 0 : 1);
 	if (rc)
 		return rc;
 	return stk_msg_stor_write_resp_enc(&resp->payload, &rp);
@@ -1429,6 +1506,7 @@ struct ojob {
 	struct stk_lcall call;
 	uint8_t resp[64];
 	struct stk_chunk_store *cs;
+	unsigned held; /* slots of the unsettled table it holds (unsettled_reserve) */
 	unsigned nnotes;
 	struct unsettled notes[]; /* the changes made here, unsettled if the forward fails */
 };
@@ -1448,6 +1526,7 @@ static void ojob_finish(struct ojob *j, int rc)
 
 	if (rc)
 		notes_note(s, j->cs, j->notes, j->nnotes, rc); /* before the locks go */
+	unsettled_release(s, j->held);
 	if (j->locks == OJOB_INO_LOCK)
 		ino_unlock_alone(ino_lock(s, j->cs, j->ino));
 	else if (j->locks == OJOB_ALL_LOCKS)
@@ -1498,13 +1577,14 @@ static int change_on_loop(struct storage *s, const struct hop *h, struct stk_rpc
 /*
  * Sends req as it came to our successor from the loop, once applied here (first:
  * STOR_TRUNCATES' first error here; notes, nnotes: the changes it made, as
- * unsettled entries), with locks (OJOB_*, of inode ino) still held:
- * STK_RPC_PENDING, the request answered later; or, when no job can be made, the
- * forward done here on the worker (locks let go) and its answer.
+ * unsettled entries), with locks (OJOB_*, of inode ino) and held slots of the
+ * unsettled table still held: STK_RPC_PENDING, the request answered later; or,
+ * when no job can be made, the forward done here on the worker (locks and slots
+ * let go) and its answer.
  */
 static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rpc_req *req,
 			   struct stk_rpc_resp *resp, int locks, uint64_t ino, int first,
-			   const struct unsettled *notes, unsigned nnotes)
+			   const struct unsettled *notes, unsigned nnotes, unsigned held)
 {
 	struct ojob *j = calloc(1, sizeof(*j) + nnotes * sizeof(*notes));
 	struct storage_loop *sl;
@@ -1514,6 +1594,7 @@ static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rp
 		rc = forward_same(s, h, req);
 		if (rc)
 			notes_note(s, h->cs, notes, nnotes, rc);
+		unsettled_release(s, held);
 		if (locks == OJOB_INO_LOCK)
 			ino_unlock_alone(ino_lock(s, h->cs, ino));
 		else if (locks == OJOB_ALL_LOCKS)
@@ -1526,6 +1607,7 @@ static int forward_on_loop(struct storage *s, const struct hop *h, struct stk_rp
 	j->ino = ino;
 	j->first = first;
 	j->cs = h->cs;
+	j->held = held;
 	j->nnotes = nnotes;
 	if (nnotes)
 		memcpy(j->notes, notes, nnotes * sizeof(*notes));
@@ -1565,11 +1647,14 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 	if (rc)
 		return rc;
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0 && !h.tail)
+		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, h.cs, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
 		ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
+		unsettled_release(s, h.tail ? 0 : 1);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
 	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
@@ -1583,11 +1668,13 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 				      .ns_lo = rq.ns_lo};
 
 		if (change_on_loop(s, &h, resp))
-			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1,
+					       1);
 		rc = forward_same(s, &h, req);
 		if (rc)
 			inode_unsettled_note(s, h.cs, &u, rc);
 	}
+	unsettled_release(s, h.tail ? 0 : 1);
 	ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 	return rc;
 }
@@ -1596,6 +1683,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 {
 	struct stk_msg_stor_truncates_req rq;
 	struct stk_msg_trunc_rec *recs = NULL;
+	unsigned held = 0;
 	struct hop h;
 	int first = 0, rc;
 
@@ -1617,6 +1705,10 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 	rc = fence(s, rq.ns_hi, rq.ns_lo, rq.n ? recs[0].ino : 0, req->peer);
 	if (rc == 0)
 		rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0 && !h.tail)
+		held = rq.n; /* a slot per inode: see unsettled_reserve */
+	if (rc == 0 && held && (rc = unsettled_reserve(s, held)))
+		held = 0;
 	if (rc == 0) /* every inode's lock, always in one order */
 		for (unsigned i = 0; i < INO_LOCKS; i++)
 			ino_lock_alone(&ino_locks_of(s, h.cs)[i]);
@@ -1624,6 +1716,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		if (inode_unsettled(s, h.cs, recs[i].ino)) {
 			for (unsigned k = INO_LOCKS; k-- > 0;)
 				ino_unlock_alone(&ino_locks_of(s, h.cs)[k]);
+			unsettled_release(s, held);
 			free(recs);
 			return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 		}
@@ -1650,7 +1743,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		free(recs);
 		if (!h.tail && change_on_loop(s, &h, resp)) {
 			f = forward_on_loop(s, &h, req, resp, OJOB_ALL_LOCKS, 0, first, notes,
-					    nnotes);
+					    nnotes, held);
 			free(notes);
 			return f;
 		}
@@ -1659,6 +1752,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 			first = f;
 			notes_note(s, h.cs, notes, nnotes, f);
 		}
+		unsettled_release(s, held);
 		free(notes);
 		for (unsigned i = INO_LOCKS; i-- > 0;)
 			ino_unlock_alone(&ino_locks_of(s, h.cs)[i]);
@@ -1677,11 +1771,14 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	if (stk_msg_stor_punch_req_dec(&req->payload, &rq) || stk_rbuf_finish(&req->payload))
 		return -EBADMSG;
 	rc = route(s, rq.chain_id, 1, rq.chain_ver, &h);
+	if (rc == 0 && !h.tail)
+		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
 	ino_lock_alone(ino_lock(s, h.cs, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
 		ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
+		unsettled_release(s, h.tail ? 0 : 1);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
 	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
@@ -1693,11 +1790,13 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 				      .end = rq.end};
 
 		if (change_on_loop(s, &h, resp))
-			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1);
+			return forward_on_loop(s, &h, req, resp, OJOB_INO_LOCK, rq.ino, 0, &u, 1,
+					       1);
 		rc = forward_same(s, &h, req);
 		if (rc)
 			inode_unsettled_note(s, h.cs, &u, rc);
 	}
+	unsettled_release(s, h.tail ? 0 : 1);
 	ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 	return rc;
 }
@@ -1715,7 +1814,7 @@ static int handle_sync(struct storage *s, struct stk_rpc_req *req, struct stk_rp
 		return rc;
 	rc = stk_chunk_store_sync(h.cs);
 	if (rc == 0 && change_on_loop(s, &h, resp))
-		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0, NULL, 0);
+		return forward_on_loop(s, &h, req, resp, OJOB_NO_LOCK, 0, 0, NULL, 0, 0);
 	return rc ? rc : forward_same(s, &h, req);
 }
 
@@ -3076,9 +3175,12 @@ static int settle_one(struct storage *s, const struct unsettled *u)
 		m.base_ver = UINT64_MAX;
 		m.set_ver = ver;
 		msg = write_msg(&m, crcs, &len);
+		stk_metric_add(s->m_resends, 1);
 		n = msg ? forward(s, h.next, STK_OP_STOR_WRITE, msg, len, data, clen,
 				  STK_FRAME_BULK_SELF)
 			: -ENOMEM;
+		if (n)
+			stk_metric_add(s->m_failures, 1);
 	}
 	if (n == 0) {
 		unsettled_clear(s, u->cs, u->ino, u->idx, "sent whole to its successor again");
@@ -3144,8 +3246,12 @@ static int settle_inode(struct storage *s, const struct unsettled *u)
 
 		rc = stk_msg_stor_punch_req_enc(&w, &m);
 	}
-	if (rc == 0)
+	if (rc == 0) {
+		stk_metric_add(s->m_resends, 1);
 		rc = forward(s, h.next, u->op, msg, w.len, NULL, 0, 0);
+		if (rc)
+			stk_metric_add(s->m_failures, 1);
+	}
 	if (rc == 0) {
 		unsettled_clear(s, u->cs, u->ino, UNSETTLED_INODE, "sent to its successor again");
 	} else {
@@ -3158,7 +3264,83 @@ out:
 	return ret;
 }
 
-/* Sends unsettled changes again every SETTLE_MS while there are any. */
+/* The wait after an unsettled change's tries-th failed resend (see SETTLE_MS). */
+static uint64_t settle_delay_ns(uint32_t tries)
+{
+	uint64_t ms = SETTLE_MS;
+
+	while (tries-- > 1 && ms < SETTLE_MAX_MS)
+		ms *= 2;
+	return STK_MIN(ms, (uint64_t)SETTLE_MAX_MS) * 1000000ull;
+}
+
+/*
+ * u (a copy taken at now) was not settled: it waits longer before its next
+ * resend, and the other changes of its chain at least as long (they would fail
+ * the same way, and each failed forward asks mgmtd for the routing table).
+ */
+static void settle_failed(struct storage *s, const struct unsettled *u, uint64_t now)
+{
+	uint32_t tries = u->tries + 1;
+	uint64_t next = now + settle_delay_ns(tries);
+	int i, warn = 0;
+
+	pthread_mutex_lock(&s->settle_lock);
+	i = unsettled_find(s, u->cs, u->ino, u->idx);
+	if (i >= 0) {
+		tries = s->unsettled[i].tries + 1;
+		next = now + settle_delay_ns(tries);
+		s->unsettled[i].tries = tries;
+		/* once, when the wait reaches its cap: the successor has refused a while */
+		warn = settle_delay_ns(tries) == SETTLE_MAX_MS * 1000000ull &&
+		       settle_delay_ns(tries - 1) < SETTLE_MAX_MS * 1000000ull;
+	}
+	for (unsigned k = 0; k < s->nunsettled; k++) {
+		struct unsettled *e = &s->unsettled[k];
+
+		if (e->cs == u->cs && e->chain_id == u->chain_id && e->next_ns < next)
+			e->next_ns = next;
+	}
+	pthread_mutex_unlock(&s->settle_lock);
+	if (warn)
+		stk_warn("chain %u: our successor has not taken a change of inode %llx for %llu s "
+			 "(%u resends); it is sent again every %u s until it does",
+			 u->chain_id, (unsigned long long)u->ino,
+			 (unsigned long long)((now - u->since_ns) / 1000000000ull), tries,
+			 SETTLE_MAX_MS / 1000);
+}
+
+/* At each scrape: the changes held, the age of the oldest, and the table's size. */
+static void settle_collect(void *ctx)
+{
+	struct storage *s = ctx;
+	uint64_t now = stk_now_ns(), oldest = now;
+	unsigned n;
+
+	pthread_mutex_lock(&s->settle_lock);
+	n = s->nunsettled;
+	for (unsigned i = 0; i < n; i++)
+		oldest = STK_MIN(oldest, s->unsettled[i].since_ns);
+	pthread_mutex_unlock(&s->settle_lock);
+	stk_metric_set_int(s->m_unsettled, n);
+	stk_metric_set(s->m_oldest, (double)(now - oldest) / 1e9);
+	stk_metric_set_int(s->m_capacity, s->unsettled_max);
+}
+
+/* The stoker_node_unsettled_* and _settle_* series, with --metrics. 0 or -errno. */
+static int settle_metrics_start(struct storage *s)
+{
+	int rc = stk_metric_series(STK_M_NODE_UNSETTLED, NULL, &s->m_unsettled);
+
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_UNSETTLED_OLDEST, NULL, &s->m_oldest);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_UNSETTLED_CAPACITY, NULL, &s->m_capacity);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_SETTLE_RESENDS, NULL, &s->m_resends);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_SETTLE_FAILURES, NULL, &s->m_failures);
+	rc = rc ? rc : stk_metric_series(STK_M_NODE_UNSETTLED_REFUSED, NULL, &s->m_refused);
+	return rc ? rc : stk_metrics_collector_add(settle_collect, s);
+}
+
+/* Sends unsettled changes again, each when its wait is over (settle_delay_ns). */
 static void *settle_main(void *arg)
 {
 	struct storage *s = arg;
@@ -3173,6 +3355,7 @@ static void *settle_main(void *arg)
 	}
 	for (;;) {
 		struct timespec ts;
+		uint64_t now;
 		unsigned n;
 
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -3191,6 +3374,7 @@ static void *settle_main(void *arg)
 		n = s->nunsettled;
 		memcpy(batch, s->unsettled, n * sizeof(*batch));
 		pthread_mutex_unlock(&s->settle_lock);
+		now = stk_now_ns();
 		/* A chain whose successor refused one change is not sent the others this
 		 * round: each failed forward fetches the routing table from mgmtd. */
 		nfailed = 0;
@@ -3200,11 +3384,12 @@ static void *settle_main(void *arg)
 
 			while (k < nfailed && failed[k] != batch[i].chain_id)
 				k++;
-			if (k < nfailed)
+			if (k < nfailed || batch[i].next_ns > now)
 				continue;
 			if ((batch[i].idx == UNSETTLED_INODE ? settle_inode(s, &batch[i])
 							     : settle_one(s, &batch[i])) == 0)
 				continue;
+			settle_failed(s, &batch[i], now);
 			if (nfailed == SETTLE_FAILED_MAX)
 				break; /* the rest next round */
 			failed[nfailed++] = batch[i].chain_id;
@@ -3697,6 +3882,11 @@ static int storage_start(void *ctx, struct stk_daemon *d)
 	}
 	for (unsigned i = 0; s->metrics && s->maps && i < s->nstores; i++)
 		stk_storage_metrics_serve_map(s->metrics, s->stores[i], s->maps[i]);
+	if (s->metrics && (rc = settle_metrics_start(s))) {
+		stk_error("cannot set up the unsettled changes' metrics: %s", strerror(-rc));
+		return rc;
+	}
+	s->settle_metrics = s->metrics != NULL;
 	for (unsigned i = 0; i < s->nstores; i++) {
 		uint64_t cap = 0, used = 0, chunks = 0;
 		char cb[32];
@@ -3812,6 +4002,21 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	s->scrub_interval_s = opts->scrub_interval_s;
 	s->repairq = calloc(REPAIR_QUEUE, sizeof(*s->repairq));
 	s->unsettled = calloc(UNSETTLED_MAX, sizeof(*s->unsettled));
+	s->unsettled_max = UNSETTLED_MAX;
+	if (getenv("STOKER_TEST_UNSETTLED_MAX")) {
+		/* tests only: a table that fills with a few refused changes */
+		uint64_t v;
+
+		if (stk_parse_u64(getenv("STOKER_TEST_UNSETTLED_MAX"), &v) || v == 0 ||
+		    v > UNSETTLED_MAX) {
+			stk_error("STOKER_TEST_UNSETTLED_MAX must be 1 to %u", UNSETTLED_MAX);
+			rc = -EINVAL;
+			goto out;
+		}
+		s->unsettled_max = (unsigned)v;
+		stk_warn("STOKER_TEST_UNSETTLED_MAX: at most %u unsettled changes",
+			 s->unsettled_max);
+	}
 	if (!s->repairq || !s->unsettled) {
 		rc = -ENOMEM;
 		goto out;
@@ -3870,6 +4075,8 @@ out:
 	/* stk_daemon_run destroyed the server: no request uses the agent or the stores. */
 	if (s) {
 		storage_threads_stop(s);
+		if (s->settle_metrics)
+			stk_metrics_collector_remove(settle_collect, s);
 		pthread_mutex_destroy(&s->repair_lock);
 		pthread_cond_destroy(&s->repair_cv);
 		pthread_mutex_destroy(&s->settle_lock);
