@@ -10,6 +10,7 @@ PKGS=(make gcc clang libclang-rt-14-dev pkg-config
       libmicrohttpd-dev prometheus libcurl4-openssl-dev libjansson-dev etcd-server
       nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils libnfs-dev
       samba smbclient python3-smbc
+      python3-impacket  # its SMB3 client sends SMB2 byte-range LOCKs (test_smb.py)
       xxd   # embeds the dashboard's files into the binary (src/mgmtd/ui/)
       chromium chromium-driver python3-selenium  # the dashboard's browser test
       python3-grpcio python3-grpc-tools python3-kubernetes  # the CSI driver and its tests

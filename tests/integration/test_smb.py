@@ -1,10 +1,12 @@
 """The SMB gateway (`stoker gateway smb`): real Samba (smbd) over the gateway's own
-Stoker mount, driven by real clients: `smbclient` and python3-smbc (libsmbclient).
+Stoker mount, driven by real clients: `smbclient`, python3-smbc (libsmbclient) and
+python3-impacket's SMB3 client (byte-range locks).
 
 What a client sees is checked against the same files through a FUSE mount of the
 cluster, and across protocols with the NFS gateway (test_nfs.py's helpers) and
 `stoker cat`/`put` (libstoker).
 """
+import errno
 import hashlib
 import os
 import pwd
@@ -249,6 +251,112 @@ def test_signing_required_and_encryption(cluster, mount, share_dir, make_gateway
     off = make_gateway(cluster, ["--share", "data=/share", "--encrypt", "off"], name="off")
     rc, out = off.smbclient("data", "ls", extra=["--client-protection=encrypt"], check=False)
     assert rc != 0, out
+
+
+class Smb3:
+    """An SMB3 session of impacket's client (python3-impacket) on one share: the one
+    Debian client that sends SMB2 LOCK requests from a script."""
+
+    def __init__(self, g, share, user=USER, password=PASSWORD):
+        from impacket import smb3structs
+        from impacket.smbconnection import SMBConnection
+        # SMB 3.0: impacket 0.10 signs and encrypts it (AES-128-CCM) as Samba asks
+        self.conn = SMBConnection("127.0.0.1", "127.0.0.1", sess_port=g.port,
+                                  preferredDialect=smb3structs.SMB2_DIALECT_30)
+        self.conn.login(user, password)
+        self.tid = self.conn.connectTree(share)
+        self.smb3 = self.conn.getSMBServer()
+
+    def signed_and_encrypted(self):
+        from impacket.smb3structs import SMB2_SESSION_FLAG_ENCRYPT_DATA
+        session = self.smb3._Session
+        return (self.conn.isSigningRequired(),
+                bool(session["SessionFlags"] & SMB2_SESSION_FLAG_ENCRYPT_DATA) or
+                session["TreeConnectTable"][self.tid]["EncryptData"] is True)
+
+    def open(self, name):
+        from impacket.smb3structs import FILE_READ_DATA, FILE_SHARE_READ, FILE_SHARE_WRITE, \
+            FILE_WRITE_DATA
+        return self.conn.openFile(self.tid, name, FILE_READ_DATA | FILE_WRITE_DATA,
+                                  FILE_SHARE_READ | FILE_SHARE_WRITE)
+
+    def lock(self, fid, offset, length, unlock=False):
+        """One SMB2 LOCK of [offset, offset+length): exclusive and failing at once on a
+        conflict (no blocking wait), or an unlock. Raises SessionError on refusal."""
+        from impacket import smb3structs as s
+
+        class Element(s.SMB2_LOCK_ELEMENT):
+            # impacket 0.10's SMB3.lock() joins str() of each element, which is
+            # bytes under Python 3: hand it the bytes as the latin-1 text it encodes
+            def __str__(self):
+                return self.getData().decode("latin-1")
+
+        e = Element()
+        e["Offset"], e["Length"] = offset, length
+        e["Flags"] = s.SMB2_LOCKFLAG_UNLOCK if unlock else (
+            s.SMB2_LOCKFLAG_EXCLUSIVE_LOCK | s.SMB2_LOCKFLAG_FAIL_IMMEDIATELY)
+        return self.smb3.lock(self.tid, fid, [e])
+
+    def close(self, fid):
+        self.conn.closeFile(self.tid, fid)
+
+    def logoff(self):
+        self.conn.logoff()
+
+
+def test_smb_byte_range_locks_and_mount_locks_see_each_other(cluster, mount, share_dir,
+                                                             make_gateway):
+    """smbd mirrors an SMB2 byte-range lock as a POSIX lock on its descriptor of the
+    gateway's mount (`posix locking = yes`), which meta holds: another mount's fcntl
+    locks conflict with it on that range and only there, both ways."""
+    import fcntl
+    from impacket.nt_errors import STATUS_FILE_LOCK_CONFLICT, STATUS_LOCK_NOT_GRANTED
+    from impacket.smb3 import SessionError
+    path = os.path.join(share_dir, "locked")
+    with open(path, "wb") as f:
+        f.write(b"x" * 1000)
+    os.chmod(path, 0o666)
+    g = make_gateway(cluster, ["--share", "data=/share"])  # signing required, encryption desired
+    c = Smb3(g, "data")
+    assert c.signed_and_encrypted() == (True, True)
+    fd = os.open(path, os.O_RDWR)
+
+    def mount_lock(length, start):
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, start)
+        fcntl.lockf(fd, fcntl.LOCK_UN, length, start)
+
+    def refused(length, start):
+        with pytest.raises(OSError) as e:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, length, start)
+        return e.value.errno in (errno.EAGAIN, errno.EACCES)
+
+    try:
+        fid = c.open("locked")
+        # SMB holds [100, 150): the mount is refused on it and on any overlap
+        c.lock(fid, 100, 50)
+        assert refused(50, 100) and refused(10, 145) and refused(200, 0)
+        mount_lock(50, 150)  # the ranges either side are free
+        mount_lock(100, 0)
+        c.lock(fid, 100, 50, unlock=True)
+        mount_lock(50, 100)
+        # The other way: the mount holds [300, 350); SMB's LOCK is not granted
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 50, 300)
+        for off, length in ((300, 50), (340, 20)):
+            with pytest.raises(SessionError) as e:
+                c.lock(fid, off, length)
+            assert e.value.get_error_code() in (STATUS_LOCK_NOT_GRANTED,
+                                              STATUS_FILE_LOCK_CONFLICT), e.value
+        c.lock(fid, 350, 50)  # outside it
+        c.lock(fid, 350, 50, unlock=True)
+        fcntl.lockf(fd, fcntl.LOCK_UN, 50, 300)
+        c.lock(fid, 300, 50)
+        assert refused(50, 300)
+        # Closing the SMB handle drops its locks, as on Windows
+        c.close(fid)
+        mount_lock(50, 300)
+        c.logoff()
+    finally:
+        os.close(fd)
 
 
 def test_smbd_restarted_when_it_dies(cluster, mount, share_dir, make_gateway):
