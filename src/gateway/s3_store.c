@@ -499,9 +499,11 @@ static int rm_rf(struct stk_s3_gw *gw, uint64_t parent, const char *name, int de
 
 /*
  * Moves every entry of folder src into folder dst (by name); used to put a
- * bucket's hidden folders back when its delete fails. An entry whose name dst
- * already has (a folder the gateway made again meanwhile) is merged into it the
- * same way, one level down; what still collides stays in src.
+ * bucket's hidden folders back when its delete fails. Nothing in dst is replaced:
+ * what is there was made meanwhile (a PUT that landed remade .stoker-meta and
+ * wrote its record) and is newer. A folder whose name dst already has is merged
+ * into it the same way, one level down, and removed once emptied; what still
+ * collides stays in src.
  */
 static void move_entries(struct stk_s3_gw *gw, uint64_t src, uint64_t dst, int depth)
 {
@@ -512,10 +514,13 @@ static void move_entries(struct stk_s3_gw *gw, uint64_t src, uint64_t dst, int d
 		return;
 	for (unsigned i = 0; i < n; i++) {
 		struct stk_ll_attr there;
-		int rc = stk_ll_rename(gw->c, as_cred, src, d[i].name, dst, d[i].name, 0);
+		int rc = stk_ll_rename(gw->c, as_cred, src, d[i].name, dst, d[i].name,
+				       STK_LL_RENAME_NOREPLACE);
 		if ((rc == -ENOTEMPTY || rc == -EEXIST) && d[i].dir && depth < 2 &&
-		    lookup(gw, dst, d[i].name, &there) == 0 && S_ISDIR(there.mode))
+		    lookup(gw, dst, d[i].name, &there) == 0 && S_ISDIR(there.mode)) {
 			move_entries(gw, d[i].ino, there.ino, depth + 1);
+			(void)stk_ll_rmdir(gw->c, as_cred, src, d[i].name);
+		}
 	}
 	dents_free(d, n);
 }
