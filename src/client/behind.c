@@ -718,6 +718,8 @@ again:
 		mode &= ~(uint32_t)S_ISGID;
 	out->mode = S_IFREG | mode;
 	out->nlink = 1;
+	/* Its folder's quota, as meta tags it: its writes reserve room there. */
+	out->qid = qid;
 	stk_wall_time(&out->mtime_sec, &out->mtime_nsec);
 	out->atime_sec = out->ctime_sec = out->mtime_sec;
 	out->atime_nsec = out->ctime_nsec = out->mtime_nsec;
