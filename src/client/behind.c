@@ -441,6 +441,29 @@ int stk_behind_bytes_valid(stk_client *c, const struct stk_bytes_tag *tag)
 	return ok;
 }
 
+void stk_behind_bytes_release(stk_client *c, uint64_t qid)
+{
+	struct stk_behind *b = c->behind;
+	uint32_t holder = stk_lcache_origin(c);
+	uint64_t n = 0, dir = 0;
+	struct allow *a;
+
+	if (!b || !qid || !holder)
+		return;
+	pthread_mutex_lock(&b->mu);
+	a = allow_slot(c, b, qid, holder);
+	if (a && a->bleft) {
+		/* None out in handles: all of it, what reports spent less included. */
+		n = a->bout ? a->bleft : UINT64_MAX;
+		dir = a->bdir;
+		a->bleft = 0;
+		a->bstep = BYTES_FIRST;
+	}
+	pthread_mutex_unlock(&b->mu);
+	if (n)
+		allow_give_back(c, qid, dir, holder, n, 1);
+}
+
 void stk_behind_bytes_done(stk_client *c, const struct stk_bytes_tag *tag, uint64_t spent,
 			   uint64_t back)
 {

@@ -105,5 +105,11 @@ int stk_behind_bytes_take(stk_client *c, uint64_t ino, uint64_t qid, uint64_t n,
 int stk_behind_bytes_valid(stk_client *c, const struct stk_bytes_tag *tag);
 void stk_behind_bytes_done(stk_client *c, const struct stk_bytes_tag *tag, uint64_t spent,
 			   uint64_t back);
+/*
+ * Gives what this client holds of quota qid's byte allowance and no handle took
+ * back to meta now (one META_ALLOW_BYTES), so that a reservation of the room
+ * left (META_QUOTA) does not find it set aside for this very client.
+ */
+void stk_behind_bytes_release(stk_client *c, uint64_t qid);
 
 #endif

@@ -280,6 +280,8 @@ static int send_extend(struct stk_file *f, uint64_t size, uint32_t first, uint32
 	return rc;
 }
 
+static int sync_locked(struct stk_file *f);
+
 /* The handle's unreported bytes of the allowance go back to the client's. */
 static void bytes_back(struct stk_file *f)
 {
@@ -323,7 +325,17 @@ static int quota_room(struct stk_file *f, uint64_t end)
 			/* The first was taken under a holder meta reset since: reserve. */
 			stk_behind_bytes_done(f->c, &t, 0, end - base);
 		}
-		/* None left: META_QUOTA decides (EDQUOT, or what room is left). */
+		/*
+		 * None left: META_QUOTA decides (EDQUOT, or what room is left), exactly.
+		 * So what this handle took is reported first (it becomes used, not
+		 * counted twice), and what the client holds unspent goes back to meta.
+		 */
+		if (f->taken) {
+			sync_locked(f); /* a failure is the handle's sticky error */
+			bytes_back(f);
+			f->granted = f->meta_size;
+		}
+		stk_behind_bytes_release(f->c, f->attr.qid);
 		f->reserving = 1;
 	}
 	rc = stk_client_quota_room(f->c, f->attr.ino, end, &g);
