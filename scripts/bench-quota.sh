@@ -30,7 +30,10 @@ mkdir "$MNT/none" "$MNT/quota"
 out=$DATA/results.tsv
 : >"$out"
 for r in $(seq "$ROUNDS"); do
-	for kind in none quota; do
+	# each order in turn: the one run second finds the first's removals in flight
+	order="none quota"
+	[ $((r % 2)) = 0 ] && order="quota none"
+	for kind in $order; do
 		d=$MNT/$kind/r$r
 		mkdir -p "$d"
 		sync; echo 3 >/proc/sys/vm/drop_caches

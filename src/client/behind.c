@@ -47,6 +47,8 @@
 #define ALLOW_MOST 4096u  /* ... up to this many */
 #define ALLOW_DENIED_NS (100ull * 1000000ull) /* after a DQUOT, ask again only this late */
 #define ALLOW_IDLE_NS (2000ull * 1000000ull)  /* an allowance unspent this long goes back */
+#define BYTES_FIRST (1u << 20)		      /* bytes asked for at first, doubling ... */
+#define BYTES_MOST (64u << 20)		      /* ... up to this many */
 
 struct inos {
 	uint64_t next, end; /* [next, end) reserved and unused */
@@ -64,6 +66,16 @@ struct allow {
 	uint64_t denied_ns; /* the last DQUOT */
 	uint64_t spent_ns;  /* the last spend or grant */
 	uint64_t dir;	    /* the folder of the last grant: named to give it back */
+	/*
+	 * The byte allowance (META_ALLOW_BYTES) in the same quota: `bleft` may be
+	 * taken by handles (stk_behind_bytes_take), `bout` was taken by handles and
+	 * not yet reported to meta or given back to bleft. Meta holds bleft + bout
+	 * aside (or more: a report may spend less than was taken).
+	 */
+	uint64_t bleft, bout;
+	uint32_t bstep;
+	uint64_t bdenied_ns, bspent_ns;
+	uint64_t bdir; /* the inode of the last grant */
 };
 
 struct stk_behind {
@@ -81,6 +93,7 @@ struct stk_behind {
 	uint32_t chunk_size, stripe, nchains; /* meta's placement, with the last reserve */
 	int want_inos; /* the thread should reserve */
 	int no_inos;   /* meta cannot (an older one): nothing is answered here */
+	int no_bytes;  /* meta has no byte allowances (an older one): writes reserve */
 	uint64_t asked_ns; /* when numbers were last asked for because of no placement */
 	int err;	/* the first refusal not yet reported */
 	uint64_t failed[FAILED_KEEP]; /* the last creates meta refused (stk_behind_settle) */
@@ -114,6 +127,8 @@ static struct allow *allow_slot(stk_client *c, struct stk_behind *b, uint64_t qi
 			a->holder = holder;
 			a->qepoch = qepoch;
 			a->step = ALLOW_FIRST;
+			a->bleft = a->bout = 0;
+			a->bstep = BYTES_FIRST;
 		}
 		return a;
 	}
@@ -145,11 +160,14 @@ static int allow_spend(stk_client *c, struct stk_behind *b, uint64_t qid, uint32
  * quota root, which counts in itself, when that folder is gone. A holder reset
  * since has nothing to give (meta dropped it): AGAIN, ignored.
  */
-static void allow_give_back(stk_client *c, uint64_t qid, uint64_t dir, uint32_t holder, uint64_t n)
+static void allow_give_back(stk_client *c, uint64_t qid, uint64_t dir, uint32_t holder, uint64_t n,
+			    int bytes)
 {
-	struct stk_msg_meta_allow_req q = {.session = stk_session_id(c),
-					   .dir = dir ? dir : qid,
-					   .give = (uint32_t)STK_MIN(n, (uint64_t)UINT32_MAX - 1)};
+	struct stk_msg_meta_allow_req q = {
+	    .session = stk_session_id(c),
+	    .dir = dir ? dir : qid,
+	    .give = n == UINT64_MAX ? UINT32_MAX : (uint32_t)STK_MIN(n, (uint64_t)UINT32_MAX - 1)};
+	uint16_t op = bytes ? STK_OP_META_ALLOW_BYTES : STK_OP_META_ALLOW;
 	uint8_t req[64], resp[64];
 	struct stk_wbuf w;
 	size_t rlen = 0;
@@ -158,15 +176,16 @@ static void allow_give_back(stk_client *c, uint64_t qid, uint64_t dir, uint32_t 
 	for (int tries = 0; tries < 2; tries++) {
 		stk_wbuf_init(&w, req, sizeof(req));
 		stk_msg_meta_allow_req_enc(&w, &q);
-		rc = stk_client_meta_call_from(c, holder, STK_OP_META_ALLOW, req, w.len, resp,
-					       sizeof(resp), &rlen);
+		rc =
+		    stk_client_meta_call_from(c, holder, op, req, w.len, resp, sizeof(resp), &rlen);
 		if (rc != -ENOENT || q.dir == qid)
 			break;
 		q.dir = qid;
 	}
 	if (rc && rc != -EAGAIN)
-		stk_debug("write-behind: giving back %llu inodes of quota %llu: %s",
-			  (unsigned long long)n, (unsigned long long)qid, stk_strerror(rc));
+		stk_debug("write-behind: giving back %llu %s of quota %llu: %s",
+			  (unsigned long long)n, bytes ? "bytes" : "inodes",
+			  (unsigned long long)qid, stk_strerror(rc));
 }
 
 /*
@@ -175,15 +194,31 @@ static void allow_give_back(stk_client *c, uint64_t qid, uint64_t dir, uint32_t 
  * (0: none holds any).
  */
 static int allow_idle(stk_client *c, struct stk_behind *b, uint64_t now, uint64_t *qid,
-		      uint64_t *dir, uint32_t *holder, uint64_t *n, uint64_t *next_ns)
+		      uint64_t *dir, uint32_t *holder, uint64_t *n, int *bytes, uint64_t *next_ns)
 {
 	uint32_t qepoch = atomic_load(&c->quota_epoch);
 
 	*next_ns = 0;
+	*bytes = 0;
 	for (unsigned i = 0; i < ALLOW_SLOTS; i++) {
 		struct allow *a = &b->allow[i];
 
-		if (!a->qid || !a->left || a->qepoch != qepoch)
+		if (!a->qid || a->qepoch != qepoch)
+			continue;
+		if (a->bleft && now - a->bspent_ns >= ALLOW_IDLE_NS) {
+			/* None out in handles: all of it, what reports spent less included. */
+			*qid = a->qid;
+			*dir = a->bdir;
+			*holder = a->holder;
+			*n = a->bout ? a->bleft : UINT64_MAX;
+			*bytes = 1;
+			a->bleft = 0;
+			a->bstep = BYTES_FIRST;
+			return 1;
+		}
+		if (a->bleft && (!*next_ns || a->bspent_ns + ALLOW_IDLE_NS < *next_ns))
+			*next_ns = a->bspent_ns + ALLOW_IDLE_NS;
+		if (!a->left)
 			continue;
 		if (now - a->spent_ns >= ALLOW_IDLE_NS) {
 			*qid = a->qid;
@@ -198,6 +233,32 @@ static int allow_idle(stk_client *c, struct stk_behind *b, uint64_t now, uint64_
 			*next_ns = a->spent_ns + ALLOW_IDLE_NS;
 	}
 	return 0;
+}
+
+/*
+ * With mu: a slot for quota qid, taken from a quota that holds nothing in it
+ * (neither inodes nor bytes, none out in handles), or NULL: all are busy.
+ */
+static struct allow *allow_new(stk_client *c, struct stk_behind *b, uint64_t qid, uint32_t holder)
+{
+	uint32_t qepoch = atomic_load(&c->quota_epoch);
+	struct allow *a = NULL;
+
+	for (unsigned i = 0; i < ALLOW_SLOTS && !a; i++) {
+		struct allow *s = &b->allow[i];
+
+		if (!s->qid || s->qepoch != qepoch || (!s->left && !s->bleft && !s->bout))
+			a = s;
+	}
+	if (a) {
+		memset(a, 0, sizeof(*a));
+		a->qid = qid;
+		a->holder = holder;
+		a->qepoch = qepoch;
+		a->step = ALLOW_FIRST;
+		a->bstep = BYTES_FIRST;
+	}
+	return a;
 }
 
 /*
@@ -223,16 +284,7 @@ static int allow_refill(stk_client *c, struct stk_behind *b, uint64_t parent, ui
 	pthread_mutex_lock(&b->mu);
 	a = allow_slot(c, b, qid, holder);
 	if (!a) { /* a slot of a quota not used for longest... the first with none left */
-		for (unsigned i = 0; i < ALLOW_SLOTS && !a; i++)
-			if (!b->allow[i].qid || !b->allow[i].left)
-				a = &b->allow[i];
-		if (a) {
-			memset(a, 0, sizeof(*a));
-			a->qid = qid;
-			a->holder = holder;
-			a->qepoch = atomic_load(&c->quota_epoch);
-			a->step = ALLOW_FIRST;
-		}
+		a = allow_new(c, b, qid, holder);
 	}
 	rc = !a || (a->denied_ns && now - a->denied_ns < ALLOW_DENIED_NS) ? -EAGAIN : 0;
 	q.want = a ? a->step : 0;
@@ -265,6 +317,172 @@ static int allow_refill(stk_client *c, struct stk_behind *b, uint64_t parent, ui
 	}
 	pthread_mutex_unlock(&b->mu);
 	return rc;
+}
+
+/* ---- byte allowances ---- */
+
+/*
+ * Asks meta (META_ALLOW_BYTES) for at least n bytes more of quota qid's byte
+ * allowance, naming ino (the file being written). 0 when some was granted, else
+ * -EAGAIN (the caller reserves instead).
+ */
+static int bytes_refill(stk_client *c, struct stk_behind *b, uint64_t ino, uint64_t qid,
+			uint32_t holder, uint64_t n)
+{
+	struct stk_msg_meta_allow_req q = {.session = stk_session_id(c), .dir = ino};
+	struct stk_msg_meta_allow_resp r;
+	uint8_t req[64], resp[64];
+	uint64_t now = stk_now_ns();
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	struct allow *a;
+	size_t rlen = 0;
+	int rc;
+
+	pthread_mutex_lock(&b->mu);
+	a = allow_slot(c, b, qid, holder);
+	if (!a)
+		a = allow_new(c, b, qid, holder);
+	rc = !a || b->no_bytes || (a->bdenied_ns && now - a->bdenied_ns < ALLOW_DENIED_NS) ? -EAGAIN
+											   : 0;
+	q.want =
+	    a ? (uint32_t)STK_MIN(STK_MAX((uint64_t)a->bstep, n), (uint64_t)STK_ALLOW_BYTES_MAX)
+	      : 0;
+	pthread_mutex_unlock(&b->mu);
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_allow_req_enc(&w, &q);
+	rc = stk_client_meta_call_from(c, holder, STK_OP_META_ALLOW_BYTES, req, w.len, resp,
+				       sizeof(resp), &rlen);
+	if (rc == 0) {
+		stk_rbuf_init(&rb, resp, rlen);
+		if (stk_msg_meta_allow_resp_dec(&rb, &r) || stk_rbuf_finish(&rb))
+			rc = -EIO;
+	}
+	pthread_mutex_lock(&b->mu);
+	if (rc == -EOPNOTSUPP || rc == -ENOSYS || rc == -EPROTO)
+		b->no_bytes = 1; /* an older meta: every write past a size reserves */
+	a = allow_slot(c, b, qid, holder);
+	if (a && rc == -EDQUOT)
+		a->bdenied_ns = stk_now_ns();
+	if (a && rc == 0 && r.granted && r.qid == qid) {
+		a->bleft += r.granted;
+		a->bdir = ino;
+		a->bdenied_ns = 0;
+		a->bspent_ns = stk_now_ns();
+		a->bstep = (uint32_t)STK_MIN((uint64_t)a->bstep * 2, (uint64_t)BYTES_MOST);
+		b->st.allowed_bytes += r.granted;
+		pthread_cond_signal(&b->wake); /* the thread gives it back once idle */
+	} else {
+		rc = -EAGAIN; /* refused, or counted in another quota now: reserve */
+	}
+	pthread_mutex_unlock(&b->mu);
+	return rc;
+}
+
+int stk_behind_bytes_take(stk_client *c, uint64_t ino, uint64_t qid, uint64_t n,
+			  struct stk_bytes_tag *tag)
+{
+	struct stk_behind *b = c->behind;
+	uint32_t holder;
+	int refilled = 0;
+
+	if (!b || !qid || !n || n > STK_ALLOW_BYTES_MAX)
+		return -EAGAIN;
+	holder = stk_lcache_origin(c);
+	if (!holder || !stk_session_id(c))
+		return -EAGAIN;
+	for (;;) {
+		struct allow *a;
+
+		pthread_mutex_lock(&b->mu);
+		a = allow_slot(c, b, qid, holder);
+		if (a && a->bleft >= n) {
+			a->bleft -= n;
+			a->bout += n;
+			a->bspent_ns = stk_now_ns();
+			tag->qid = qid;
+			tag->holder = holder;
+			tag->qepoch = a->qepoch;
+			pthread_mutex_unlock(&b->mu);
+			return 0;
+		}
+		pthread_mutex_unlock(&b->mu);
+		if (refilled++ || bytes_refill(c, b, ino, qid, holder, n))
+			return -EAGAIN;
+	}
+}
+
+/* With mu: the slot tag's bytes were taken from, if meta still holds them. */
+static struct allow *bytes_slot(stk_client *c, struct stk_behind *b,
+				const struct stk_bytes_tag *tag)
+{
+	for (unsigned i = 0; i < ALLOW_SLOTS; i++) {
+		struct allow *a = &b->allow[i];
+
+		if (a->qid == tag->qid && a->holder == tag->holder && a->qepoch == tag->qepoch &&
+		    a->qepoch == atomic_load(&c->quota_epoch))
+			return a;
+	}
+	return NULL;
+}
+
+int stk_behind_bytes_valid(stk_client *c, const struct stk_bytes_tag *tag)
+{
+	struct stk_behind *b = c->behind;
+	int ok;
+
+	if (!b || !tag->qid || stk_lcache_origin(c) != tag->holder)
+		return 0;
+	pthread_mutex_lock(&b->mu);
+	ok = bytes_slot(c, b, tag) != NULL;
+	pthread_mutex_unlock(&b->mu);
+	return ok;
+}
+
+void stk_behind_bytes_release(stk_client *c, uint64_t qid)
+{
+	struct stk_behind *b = c->behind;
+	uint32_t holder = stk_lcache_origin(c);
+	uint64_t n = 0, dir = 0;
+	struct allow *a;
+
+	if (!b || !qid || !holder)
+		return;
+	pthread_mutex_lock(&b->mu);
+	a = allow_slot(c, b, qid, holder);
+	if (a && a->bleft) {
+		/* None out in handles: all of it, what reports spent less included. */
+		n = a->bout ? a->bleft : UINT64_MAX;
+		dir = a->bdir;
+		a->bleft = 0;
+		a->bstep = BYTES_FIRST;
+	}
+	pthread_mutex_unlock(&b->mu);
+	if (n)
+		allow_give_back(c, qid, dir, holder, n, 1);
+}
+
+void stk_behind_bytes_done(stk_client *c, const struct stk_bytes_tag *tag, uint64_t spent,
+			   uint64_t back)
+{
+	struct stk_behind *b = c->behind;
+	struct allow *a;
+
+	if (!b || !tag->qid || (!spent && !back))
+		return;
+	pthread_mutex_lock(&b->mu);
+	a = bytes_slot(c, b, tag);
+	if (a) {
+		a->bout -= STK_MIN(a->bout, spent + back);
+		a->bleft += back;
+		if (back) {
+			a->bspent_ns = stk_now_ns();
+			pthread_cond_signal(&b->wake);
+		}
+	}
+	pthread_mutex_unlock(&b->mu);
 }
 
 /* ---- sending ---- */
@@ -443,10 +661,12 @@ static void *behind_main(void *arg)
 		if (!b->n && !b->want_inos) {
 			uint64_t qid, dir, n, next_ns;
 			uint32_t holder;
+			int bytes;
 
-			if (allow_idle(c, b, stk_now_ns(), &qid, &dir, &holder, &n, &next_ns)) {
+			if (allow_idle(c, b, stk_now_ns(), &qid, &dir, &holder, &n, &bytes,
+				       &next_ns)) {
 				pthread_mutex_unlock(&b->mu);
-				allow_give_back(c, qid, dir, holder, n);
+				allow_give_back(c, qid, dir, holder, n, bytes);
 				pthread_mutex_lock(&b->mu);
 				continue;
 			}
@@ -718,6 +938,8 @@ again:
 		mode &= ~(uint32_t)S_ISGID;
 	out->mode = S_IFREG | mode;
 	out->nlink = 1;
+	/* Its folder's quota, as meta tags it: its writes reserve room there. */
+	out->qid = qid;
 	stk_wall_time(&out->mtime_sec, &out->mtime_nsec);
 	out->atime_sec = out->ctime_sec = out->mtime_sec;
 	out->atime_nsec = out->ctime_nsec = out->mtime_nsec;

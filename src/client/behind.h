@@ -79,7 +79,37 @@ void stk_behind_gate_open(stk_client *c);
 struct stk_behind_stats {
 	uint64_t creates, unlinks, batches, failed;
 	uint64_t allowed; /* inodes granted by META_ALLOW (quota allowances) */
+	uint64_t allowed_bytes; /* bytes granted by META_ALLOW_BYTES */
 };
 void stk_behind_stats(stk_client *c, struct stk_behind_stats *out);
+
+/*
+ * Byte allowances (docs/quotas.md, "Bytes a mount writes"): room meta set aside in
+ * a quota for this session's writes past files' sizes, so that such a write asks
+ * meta nothing. A handle takes n bytes of quota qid's allowance for file ino
+ * (stk_behind_bytes_take: 0 and *tag, or -EAGAIN: none here and none granted, or
+ * no write-behind, no holder, an older meta; the caller reserves, META_QUOTA). The
+ * bytes are the handle's until its size report spends them (sent with the tag's
+ * session only while stk_behind_bytes_valid) or it gives them back
+ * (stk_behind_bytes_done). A tag whose holder was reset, or whose session meta
+ * lost, is no longer valid: meta dropped that allowance, and done ignores it.
+ * Thread-safe; take may call meta (at most once) and must not be called with
+ * the write-behind's lock held.
+ */
+struct stk_bytes_tag {
+	uint64_t qid; /* 0: nothing taken */
+	uint32_t holder, qepoch;
+};
+int stk_behind_bytes_take(stk_client *c, uint64_t ino, uint64_t qid, uint64_t n,
+			  struct stk_bytes_tag *tag);
+int stk_behind_bytes_valid(stk_client *c, const struct stk_bytes_tag *tag);
+void stk_behind_bytes_done(stk_client *c, const struct stk_bytes_tag *tag, uint64_t spent,
+			   uint64_t back);
+/*
+ * Gives what this client holds of quota qid's byte allowance and no handle took
+ * back to meta now (one META_ALLOW_BYTES), so that a reservation of the room
+ * left (META_QUOTA) does not find it set aside for this very client.
+ */
+void stk_behind_bytes_release(stk_client *c, uint64_t qid);
 
 #endif

@@ -613,6 +613,21 @@ int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t o
 	return rc;
 }
 
+int stk_client_meta_attr_call_own_ext(struct stk_client *c, uint64_t ino, uint16_t opcode,
+				      const void *req, size_t req_len, size_t plain_len,
+				      uint32_t ext_holder, int *ext_sent)
+{
+	struct stk_lcache_tok tok;
+	struct stk_attr a;
+	int rc;
+
+	tok = stk_lcache_begin_change(c, 0, NULL, ino);
+	*ext_sent = tok.holder == ext_holder && req_len > plain_len;
+	rc = attr_call(c, tok.holder, opcode, req, *ext_sent ? req_len : plain_len, &a);
+	stk_lcache_updated(c, tok, ino, rc == 0 ? &a : NULL);
+	return rc;
+}
+
 int stk_strlcpy_name(char *dst, const char *name)
 {
 	size_t n = strlen(name);

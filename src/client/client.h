@@ -197,6 +197,15 @@ int stk_client_meta_attr_read_call(struct stk_client *c, uint16_t opcode, const 
  */
 int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t opcode,
 				  const void *req, size_t req_len, struct stk_attr *attr);
+/*
+ * The same, for a request whose last req_len - plain_len bytes hold only for a
+ * frame from lease holder ext_holder (a size report spending a byte allowance of
+ * that holder's session): sent whole from that holder (*ext_sent 1), else its
+ * first plain_len bytes only.
+ */
+int stk_client_meta_attr_call_own_ext(struct stk_client *c, uint64_t ino, uint16_t opcode,
+				      const void *req, size_t req_len, size_t plain_len,
+				      uint32_t ext_holder, int *ext_sent);
 
 /*
  * A file's last name went (meta answered nlink 0, not orphaned): its chunks go.

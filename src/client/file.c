@@ -31,6 +31,7 @@
  * set. Reads hold it only to flush and read the size, so many threads can pread
  * one handle in parallel.
  */
+#include "behind.h"
 #include "client.h"
 #include "inode.h"
 #include "session.h"
@@ -89,6 +90,16 @@ struct stk_file {
 	 */
 	uint64_t granted;
 	uint32_t quota_epoch;
+	/*
+	 * Of that room, bytes taken from the client's byte allowance in the quota
+	 * (behind.h), not yet reported: always [meta_size, meta_size + taken), the
+	 * lowest room past meta's size, so a report of size s spends
+	 * min(taken, s - meta_size) of them. `reserving`: the handle asked META_QUOTA
+	 * (none was left) and takes no more.
+	 */
+	uint64_t taken;
+	struct stk_bytes_tag btag;
+	int reserving;
 	_Atomic int locked; /* stk_lock was called with owner 0 */
 };
 
@@ -229,8 +240,11 @@ static int send_extend(struct stk_file *f, uint64_t size, uint32_t first, uint32
 		       int punch)
 {
 	struct stk_msg_meta_extend_req m;
+	struct stk_msg_meta_extend_ext x = {0};
 	uint8_t req[256];
 	struct stk_wbuf w;
+	size_t plain;
+	int sent = 0, rc;
 
 	memset(&m, 0, sizeof(m));
 	m.cred = f->c->cred;
@@ -245,7 +259,35 @@ static int send_extend(struct stk_file *f, uint64_t size, uint32_t first, uint32
 	}
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_extend_req_enc(&w, &m);
-	return stk_client_meta_attr_call_own(f->c, m.ino, STK_OP_META_EXTEND, req, w.len, NULL);
+	/*
+	 * The last report of a sync (punch) spends what it covers of the bytes taken
+	 * from the allowance, while meta still holds them for this holder.
+	 */
+	plain = w.len;
+	if (punch && f->taken && size > f->meta_size && stk_behind_bytes_valid(f->c, &f->btag)) {
+		x.session = stk_session_id(f->c);
+		x.spent = STK_MIN(f->taken, size - f->meta_size);
+		stk_msg_meta_extend_ext_enc(&w, &x);
+	}
+	rc = stk_client_meta_attr_call_own_ext(f->c, m.ino, STK_OP_META_EXTEND, req, w.len, plain,
+					       f->btag.holder, &sent);
+	if (rc == 0 && x.spent) {
+		/* Not sent (another holder now): meta dropped them; they count as any. */
+		if (sent)
+			stk_behind_bytes_done(f->c, &f->btag, x.spent, 0);
+		f->taken -= x.spent;
+	}
+	return rc;
+}
+
+static int sync_locked(struct stk_file *f);
+
+/* The handle's unreported bytes of the allowance go back to the client's. */
+static void bytes_back(struct stk_file *f)
+{
+	if (f->taken)
+		stk_behind_bytes_done(f->c, &f->btag, 0, f->taken);
+	f->taken = 0;
 }
 
 /*
@@ -262,9 +304,40 @@ static int quota_room(struct stk_file *f, uint64_t end)
 	if (f->quota_epoch != epoch && f->granted != UINT64_MAX) {
 		f->granted = f->meta_size; /* meta restarted: what was reserved is gone */
 		f->quota_epoch = epoch;
+		f->taken = 0; /* and so is the allowance taken from */
 	}
 	if (end <= f->granted || end <= f->meta_size)
 		return 0;
+	if (!f->reserving) {
+		/* What was taken is [meta_size, granted); with none, from meta_size on. */
+		uint64_t base = f->taken ? f->granted : f->meta_size;
+		struct stk_bytes_tag t;
+
+		/* Room from the client's byte allowance: no round trip (behind.h). */
+		if (end > base &&
+		    stk_behind_bytes_take(f->c, f->attr.ino, f->attr.qid, end - base, &t) == 0) {
+			if (!f->taken || !memcmp(&t, &f->btag, sizeof(t))) {
+				f->btag = t;
+				f->taken += end - base;
+				f->granted = end;
+				return 0;
+			}
+			/* The first was taken under a holder meta reset since: reserve. */
+			stk_behind_bytes_done(f->c, &t, 0, end - base);
+		}
+		/*
+		 * None left: META_QUOTA decides (EDQUOT, or what room is left), exactly.
+		 * So what this handle took is reported first (it becomes used, not
+		 * counted twice), and what the client holds unspent goes back to meta.
+		 */
+		if (f->taken) {
+			sync_locked(f); /* a failure is the handle's sticky error */
+			bytes_back(f);
+			f->granted = f->meta_size;
+		}
+		stk_behind_bytes_release(f->c, f->attr.qid);
+		f->reserving = 1;
+	}
 	rc = stk_client_quota_room(f->c, f->attr.ino, end, &g);
 	if (rc)
 		return rc;
@@ -626,6 +699,7 @@ int stk_close(stk_file *f)
 		stk_ino_lock(f->c, f->attr.ino, STK_LOCK_FLOCK, &un, (uint64_t)(uintptr_t)f, 0, NULL,
 			     NULL);
 	}
+	bytes_back(f); /* what the size reports above did not spend */
 	/* Last: the data and size above are in place before meta may drop an orphan. */
 	if (f->registered)
 		stk_session_close(f->c, f->attr.ino);
@@ -842,8 +916,13 @@ int stk_ftruncate(stk_file *f, off_t size)
 		struct stk_attr v = {.size = (uint64_t)size};
 		rc = stk_ino_setattr(f->c, NULL, f->attr.ino, STK_SETATTR_SIZE, &v, NULL);
 	}
-	if (rc == 0)
+	if (rc == 0) {
 		f->meta_size = (uint64_t)size;
+		/* meta has the size: room taken past the old one is not needed now */
+		bytes_back(f);
+		if (!f->reserving && f->granted != UINT64_MAX)
+			f->granted = f->meta_size;
+	}
 	/* Chunks this handle wrote past meta's idea of the size are cut here too. */
 	if (rc == 0 && (uint64_t)size < f->size) {
 		rc = stk_client_truncate_data(f->c, &f->attr, (uint64_t)size);

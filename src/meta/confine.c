@@ -247,6 +247,7 @@ static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 		});
 		break;
 	case STK_OP_META_ALLOW:
+	case STK_OP_META_ALLOW_BYTES:
 		CONFINE_MSG(meta_allow_req, {
 			rc = read_only(cf) ? read_only(cf) : inside(cf, &q.dir);
 		});

@@ -1073,16 +1073,27 @@ static int op_extend(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	struct change ch;
 	int rc;
 
-	rc = decoded(req, stk_msg_meta_extend_req_dec(&req->payload, &q));
+	struct stk_msg_meta_extend_ext e = {0};
+
+	rc = stk_msg_meta_extend_req_dec(&req->payload, &q);
+	/* An older client's request ends here: it spent no byte allowance. */
+	if (rc == 0 && req->payload.off < req->payload.len)
+		rc = stk_msg_meta_extend_ext_dec(&req->payload, &e);
+	rc = decoded(req, rc);
 	if (rc)
 		return rc;
+	/* A reset holder's allowance went with it: nothing of it to spend. */
+	if (e.session && stk_meta_leases_session_of(m->leases, req->hdr.origin) != e.session)
+		e.session = 0;
 	x = (struct stk_meta_extend){.size = q.size,
 				     .mtime_sec = q.mtime_sec,
 				     .mtime_nsec = q.mtime_nsec,
 				     .alloc_first = q.alloc_first,
 				     .alloc_end = q.alloc_end,
 				     .punch_first = q.punch_first,
-				     .punch_end = q.punch_end};
+				     .punch_end = q.punch_end,
+				     .allow_session = e.session,
+				     .allow_spent = e.session ? e.spent : 0};
 	change_begin(m, req, &ch, q.ino, 0, 0, 0);
 	rc = stk_meta_store_extend_alloc(m->store, &q.cred, q.ino, &x, &a);
 	change_end(m, &ch);
@@ -1615,10 +1626,49 @@ static int op_allow(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	return stk_msg_meta_allow_resp_enc(&resp->payload, &r);
 }
 
-/* A lease holder was reset or went: its session's inode allowances go with it. */
+/*
+ * META_ALLOW_BYTES (msg.h): a byte allowance, as op_allow's of inodes, for the
+ * origin holder's session in the quota the inode `dir` (any inode) counts in.
+ */
+static int op_allow_bytes(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_allow_req q;
+	struct stk_msg_meta_allow_resp r;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_allow_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (!q.session || q.want > STK_ALLOW_BYTES_MAX || (!q.want && !q.give))
+		return -EINVAL;
+	if (stk_meta_leases_session_of(m->leases, req->hdr.origin) != q.session)
+		return -EAGAIN; /* not a live holder of that session: none to hold it */
+	memset(&r, 0, sizeof(r));
+	if (q.give) {
+		struct stk_meta_quota qu;
+
+		/* NOENT: the inode is gone or in no quota (the client then names the root) */
+		rc = stk_meta_store_quota_get(m->store, q.dir, &qu);
+		if (rc)
+			return rc;
+		stk_meta_store_quota_disallow_bytes(m->store, q.session, qu.qid,
+						    q.give == UINT32_MAX ? UINT64_MAX : q.give);
+		r.qid = qu.qid;
+	}
+	if (q.want) {
+		rc = stk_meta_store_quota_allow_bytes(m->store, q.session, q.dir, q.want,
+						      &r.granted, &r.qid);
+		if (rc)
+			return rc;
+	}
+	return stk_msg_meta_allow_resp_enc(&resp->payload, &r);
+}
+
+/* A lease holder was reset or went: its session's allowances go with it. */
 static void holder_dropped(void *ctx, uint64_t session)
 {
 	stk_meta_store_quota_disallow(ctx, session, 0, UINT32_MAX);
+	stk_meta_store_quota_disallow_bytes(ctx, session, 0, UINT64_MAX);
 }
 
 static int op_lock(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
@@ -2037,6 +2087,7 @@ static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_NAMES] = op_names,
 	[STK_OP_META_QUOTA] = op_quota,
 	[STK_OP_META_ALLOW] = op_allow,
+	[STK_OP_META_ALLOW_BYTES] = op_allow_bytes,
 	[STK_OP_META_REPL] = op_repl,
 	[STK_OP_META_FSCK] = op_fsck,
 };

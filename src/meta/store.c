@@ -150,6 +150,7 @@ struct stk_meta_store {
 	pthread_mutex_t qmu;
 	struct resv *resv[256];
 	struct allow *allows; /* inode allowances of sessions (quotas below), under qmu */
+	struct allow *ballows; /* byte allowances of sessions (`left` in bytes), under qmu */
 	/*
 	 * Replication (store.h, "Replication"): the mode, the epoch a leader's
 	 * changes carry and the hook that is told of each commit; all set under
@@ -219,6 +220,7 @@ struct op {
 static void resv_resize(struct stk_meta_store *st, uint64_t ino, uint64_t size);
 static void resv_free_all(struct stk_meta_store *st);
 static int allow_take(struct stk_meta_store *st, uint64_t session, uint64_t qid);
+static void ballow_spend(struct stk_meta_store *st, uint64_t session, uint64_t qid, uint64_t n);
 
 /*
  * This thread's batch: every operation of the store in it is a child transaction
@@ -2063,6 +2065,12 @@ int stk_meta_store_extend_alloc(struct stk_meta_store *st, const struct stk_cred
 	rc = inode_put(&o, &n);
 out:
 	rc = op_end(&o, rc);
+	/*
+	 * Only once the size is committed: until then the bytes count as set aside,
+	 * and twice for a moment (used too) rather than not at all.
+	 */
+	if (rc == 0 && x->allow_session && x->allow_spent && n.a.qid)
+		ballow_spend(st, x->allow_session, n.a.qid, x->allow_spent);
 	if (rc == 0)
 		*out = n.a;
 	return rc;
@@ -3594,7 +3602,7 @@ static uint64_t add_sat(uint64_t v, int64_t d)
 	return UINT64_MAX - v < (uint64_t)d ? UINT64_MAX : v + (uint64_t)d;
 }
 
-/* With qmu held: the bytes reserved in quota qid. */
+/* With qmu held: the bytes reserved in quota qid, byte allowances included. */
 static uint64_t resv_sum_locked(struct stk_meta_store *st, uint64_t qid)
 {
 	uint64_t sum = 0;
@@ -3604,6 +3612,10 @@ static uint64_t resv_sum_locked(struct stk_meta_store *st, uint64_t qid)
 			for (unsigned i = 0; i < r->nchain; i++)
 				if (r->chain[i] == qid)
 					sum += r->charged;
+	for (struct allow *a = st->ballows; a; a = a->next)
+		for (unsigned i = 0; i < a->nchain; i++)
+			if (a->chain[i] == qid)
+				sum = add_sat(sum, (int64_t)STK_MIN(a->left, (uint64_t)INT64_MAX));
 	return sum;
 }
 
@@ -3751,12 +3763,14 @@ static void resv_rechain_locked(struct op *o)
 	unsigned nq;
 
 	/* An allowance whose quota went holds nothing any more (nchain 0). */
-	for (struct allow *a = o->st->allows; a; a = a->next) {
-		if (quota_get(o, a->qid, &q[0]) || quota_chain(o, a->qid, q, &nq))
-			nq = 0;
-		a->nchain = nq;
-		for (unsigned i = 0; i < nq; i++)
-			a->chain[i] = q[i].qid;
+	for (int bytes = 0; bytes < 2; bytes++) {
+		for (struct allow *a = bytes ? o->st->ballows : o->st->allows; a; a = a->next) {
+			if (quota_get(o, a->qid, &q[0]) || quota_chain(o, a->qid, q, &nq))
+				nq = 0;
+			a->nchain = nq;
+			for (unsigned i = 0; i < nq; i++)
+				a->chain[i] = q[i].qid;
+		}
 	}
 
 	for (size_t b = 0; b < STK_ARRAY_SIZE(o->st->resv); b++) {
@@ -3776,6 +3790,12 @@ static void resv_free_all(struct stk_meta_store *st)
 		struct allow *a = st->allows;
 
 		st->allows = a->next;
+		free(a);
+	}
+	while (st->ballows) {
+		struct allow *a = st->ballows;
+
+		st->ballows = a->next;
 		free(a);
 	}
 	for (size_t b = 0; b < STK_ARRAY_SIZE(st->resv); b++) {
@@ -4417,6 +4437,7 @@ void stk_meta_store_quota_release_session(struct stk_meta_store *st, uint64_t se
 {
 	resv_drop(st, session, 0, 1);
 	stk_meta_store_quota_disallow(st, session, 0, UINT32_MAX);
+	stk_meta_store_quota_disallow_bytes(st, session, 0, UINT64_MAX);
 }
 
 /* With qmu held: session's allowance in quota qid, or NULL. */
@@ -4526,6 +4547,125 @@ void stk_meta_store_quota_disallow(struct stk_meta_store *st, uint64_t session, 
 			continue;
 		}
 		if (count != UINT32_MAX && a->left > count) {
+			a->left -= count;
+			break;
+		}
+		*p = a->next;
+		free(a);
+	}
+	pthread_mutex_unlock(&st->qmu);
+}
+
+/* With qmu held: session's byte allowance in quota qid (a place to link one). */
+static struct allow **ballow_find_locked(struct stk_meta_store *st, uint64_t session, uint64_t qid)
+{
+	struct allow **p = &st->ballows;
+
+	while (*p && ((*p)->session != session || (*p)->qid != qid))
+		p = &(*p)->next;
+	return p;
+}
+
+/*
+ * A size report spent n bytes of session's byte allowance in qid: they are used
+ * now. A writer whose allowance went (its holder was reset, meta restarted) has
+ * none here: its bytes were charged as any report's are.
+ */
+static void ballow_spend(struct stk_meta_store *st, uint64_t session, uint64_t qid, uint64_t n)
+{
+	struct allow *a;
+
+	pthread_mutex_lock(&st->qmu);
+	a = *ballow_find_locked(st, session, qid);
+	if (a)
+		a->left = n >= a->left ? 0 : a->left - n;
+	pthread_mutex_unlock(&st->qmu);
+}
+
+int stk_meta_store_quota_allow_bytes(struct stk_meta_store *st, uint64_t session, uint64_t ino,
+				     uint64_t want, uint64_t *granted, uint64_t *qid_out)
+{
+	static const struct stk_cred root_cred;
+	struct quota q[QUOTA_DEPTH_MAX];
+	uint64_t room = UINT64_MAX;
+	struct allow *a;
+	struct inode n;
+	unsigned nq = 0;
+	struct op o;
+	int rc;
+
+	*granted = 0;
+	*qid_out = 0;
+	if (!session || !want)
+		return -EINVAL;
+	/* A write transaction, as a reservation's: the usage read includes every commit. */
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0)
+		rc = quota_chain(&o, n.a.qid, q, &nq);
+	if (rc)
+		goto out;
+	*qid_out = n.a.qid;
+	pthread_mutex_lock(&st->qmu);
+	for (unsigned i = 0; i < nq; i++) {
+		uint64_t used;
+
+		if (!q[i].limit_bytes)
+			continue;
+		used = add_sat(q[i].used_bytes, (int64_t)STK_MIN(resv_sum_locked(st, q[i].qid),
+								 (uint64_t)INT64_MAX));
+		room = STK_MIN(room, used >= q[i].limit_bytes ? 0 : q[i].limit_bytes - used);
+	}
+	if (room == UINT64_MAX) {
+		*granted = want; /* no byte limit: nothing to set aside */
+		goto unlock;
+	}
+	/* Half of what is left at most, so that other writers still find room. */
+	*granted = STK_MIN(want, room > 1 ? room / 2 : room);
+	if (!*granted) {
+		rc = -EDQUOT;
+		goto unlock;
+	}
+	a = *ballow_find_locked(st, session, n.a.qid);
+	if (!a && (a = calloc(1, sizeof(*a))) != NULL) {
+		a->session = session;
+		a->qid = n.a.qid;
+		a->next = st->ballows;
+		st->ballows = a;
+	}
+	if (a) {
+		a->left = add_sat(a->left, (int64_t)*granted);
+		a->nchain = nq;
+		for (unsigned i = 0; i < nq; i++)
+			a->chain[i] = q[i].qid;
+	} else {
+		*granted = 0;
+		rc = -ENOMEM;
+	}
+unlock:
+	pthread_mutex_unlock(&st->qmu);
+out:
+	op_end(&o, rc ? rc : 1); /* nothing to commit */
+	return rc;
+}
+
+void stk_meta_store_quota_disallow_bytes(struct stk_meta_store *st, uint64_t session, uint64_t qid,
+					 uint64_t count)
+{
+	struct allow **p;
+
+	pthread_mutex_lock(&st->qmu);
+	p = &st->ballows;
+	while (*p) {
+		struct allow *a = *p;
+
+		if (a->session != session || (qid && a->qid != qid)) {
+			p = &a->next;
+			continue;
+		}
+		if (count != UINT64_MAX && a->left > count) {
 			a->left -= count;
 			break;
 		}

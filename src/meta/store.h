@@ -369,6 +369,12 @@ struct stk_meta_extend {
 	uint32_t mtime_nsec;
 	uint32_t alloc_first, alloc_end; /* chunks [first, end) now hold data */
 	uint32_t punch_first, punch_end; /* then: chunks [first, end) were removed */
+	/*
+	 * The writer's session (0: none) and the bytes of its byte allowance in the
+	 * file's quota (stk_meta_store_quota_allow_bytes) this report spends: once
+	 * the size is committed they move from set aside to used.
+	 */
+	uint64_t allow_session, allow_spent;
 };
 /*
  * stk_meta_store_extend with the chunks written and punched (first == end: none);
@@ -642,6 +648,20 @@ int stk_meta_store_quota_allow(struct stk_meta_store *st, uint64_t session, uint
  */
 void stk_meta_store_quota_disallow(struct stk_meta_store *st, uint64_t session, uint64_t qid,
 				   uint32_t count);
+/*
+ * Byte allowances (docs/quotas.md, "Bytes a mount writes"): as inode allowances,
+ * up to `want` (> 0) bytes set aside for session in the quota inode ino (a file
+ * or a folder) counts in, in every quota above it counted as reserved, at most
+ * half of what the tightest byte limit has left; want with nothing set aside
+ * when no quota of ino limits bytes. Spent by size reports
+ * (stk_meta_extend.allow_spent); given back by stk_meta_store_quota_disallow_bytes
+ * (count UINT64_MAX: all); gone with stk_meta_store_quota_release_session.
+ * -EDQUOT: nothing left; -EINVAL, -ENOENT, -ENOMEM.
+ */
+int stk_meta_store_quota_allow_bytes(struct stk_meta_store *st, uint64_t session, uint64_t ino,
+				     uint64_t want, uint64_t *granted, uint64_t *qid);
+void stk_meta_store_quota_disallow_bytes(struct stk_meta_store *st, uint64_t session, uint64_t qid,
+					 uint64_t count);
 
 /*
  * A batch of changes in one write transaction: between begin and end, every call of

@@ -361,6 +361,14 @@ enum stk_target_state {
 	F(cred, cred) F(u64, ino) F(u64, size) F(i64, mtime_sec) F(u32, mtime_nsec)        \
 	F(u32, alloc_first) F(u32, alloc_end) F(u32, punch_first) F(u32, punch_end)
 /*
+ * Then, from a writer that spent a byte allowance (META_ALLOW_BYTES) on this
+ * file, meta_extend_ext, appended (an older client's request ends before it:
+ * nothing spent): `spent` bytes of `session`'s byte allowance in the file's quota
+ * become used with this report. Meta takes them only when the frame's origin is
+ * a live holder of that session (its allowance went with a reset holder).
+ */
+#define STK_MSG_META_EXTEND_EXT(F) F(u64, session) F(u64, spent)
+/*
  * META_MKNOD: a special file (mode's type S_IFIFO, S_IFCHR, S_IFBLK or S_IFSOCK,
  * permission bits mode & 07777); rdev is a device's number, else ignored.
  */
@@ -531,6 +539,14 @@ enum stk_target_state {
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
 #define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
+/*
+ * META_ALLOW_BYTES: the same request and reply for a byte allowance, for the
+ * session's writes to files (not only folders: `dir` may name any inode counted
+ * in the quota) under a byte limit; want and give in bytes (give UINT32_MAX:
+ * all of it). Spent by the writes of files past their size, reported with
+ * META_EXTEND's meta_extend_ext (docs/quotas.md, "Bytes a mount writes").
+ */
+#define STK_ALLOW_BYTES_MAX (1u << 30) /* bytes asked for at a time, at most */
 #define STK_MSG_QUOTA_REC(F)                                                               \
 	F(u64, qid) F(u64, parent) F(u64, limit_bytes) F(u64, limit_inodes)               \
 	F(u64, used_bytes) F(u64, used_inodes) F(u64, reserved_bytes) F(u8, fixed)         \
@@ -724,6 +740,7 @@ enum stk_fsck_kind {
 	X(meta_statfs_resp, STK_MSG_META_STATFS_RESP)             \
 	X(meta_statfs_ext, STK_MSG_META_STATFS_EXT)               \
 	X(meta_extend_req, STK_MSG_META_EXTEND_REQ)               \
+	X(meta_extend_ext, STK_MSG_META_EXTEND_EXT)               \
 	X(meta_mknod_req, STK_MSG_META_MKNOD_REQ)                 \
 	X(meta_setxattr_req, STK_MSG_META_SETXATTR_REQ)           \
 	X(meta_getxattr_req, STK_MSG_META_GETXATTR_REQ)           \

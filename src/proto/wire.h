@@ -249,6 +249,10 @@
 	 * counts in for the session's creates answered by its holder (META_NAMES); want \
 	 * 0 gives back what the session holds there. DQUOT: nothing left (msg.h). */     \
 	X(META_ALLOW, 90, meta_allow_req, meta_allow_resp, "set inodes aside in a quota")    \
+	/* A byte allowance, as META_ALLOW's of inodes: room set aside in the quota an    \
+	 * inode counts in for the session's writes past files' sizes, spent as they are \
+	 * reported (META_EXTEND's meta_extend_ext). DQUOT: nothing left (msg.h). */     \
+	X(META_ALLOW_BYTES, 91, meta_allow_req, meta_allow_resp, "set bytes aside in a quota") \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \

@@ -284,3 +284,127 @@ def test_quota_holds_through_a_meta_failover(tmp_path, monkeypatch):
         except (AssertionError, OSError):
             pass
         mc.down()
+
+
+# ---- byte allowances (docs/quotas.md, "Bytes a mount writes") ----
+
+SMALL = 16384
+
+
+def reserved_bytes(cluster, path):
+    return meta_figure(cluster, "stoker_quota_reserved_bytes", quota=path)
+
+
+def write_small(folder, prefix, made, stop_at=None, payload=b"s" * SMALL):
+    """Writes 16 KiB files in folder until EDQUOT (or stop_at of them); the names
+    of those written whole go to `made`. Returns the error that stopped it."""
+    i = 0
+    while stop_at is None or i < stop_at:
+        name = "%s%05d" % (prefix, i)
+        fd = os.open(os.path.join(folder, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        err = None
+        try:
+            assert os.write(fd, payload) == len(payload)
+        except OSError as e:
+            err = e
+        try:
+            os.close(fd)
+        except OSError as e:
+            err = err or e
+        if err:
+            return err
+        made.append(name)
+        i += 1
+    return None
+
+
+def test_small_files_under_a_byte_quota_ask_meta_nothing_and_stop_at_it(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    os.mkdir(os.path.join(a.path, "qs"))
+    limit = 2 << 20
+    cluster.cli("quota", "set", "/qs", "--bytes", str(limit))
+    d = os.path.join(a.path, "qs", "d")
+    os.mkdir(d)
+    asks = at_meta(cluster, "META_QUOTA")
+    made = []
+    assert write_small(d, "f", made, stop_at=40) is None
+    # 40 files' first writes: room from the allowance, not a META_QUOTA each
+    assert at_meta(cluster, "META_QUOTA") - asks < 5
+    assert at_meta(cluster, "META_ALLOW_BYTES") >= 1
+    err = write_small(d, "g", made)
+    assert err is not None and err.errno == errno.EDQUOT, err
+    fsync_dir(d)
+    os.sync()
+    q = quota(cluster, "/qs")
+    # the last files reserved what was left, exactly: the limit is reached
+    assert q["used_bytes"] == SMALL * len(made) == limit, q
+    for name in made:
+        with open(os.path.join(d, name), "rb") as f:
+            assert f.read() == b"s" * SMALL
+    wait_until(lambda: reserved_bytes(cluster, "/qs") == 0, 30, "the idle allowance to go back")
+    p = cluster.cli("quota", "recount", "/qs")
+    assert b"1 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
+
+
+def test_two_mounts_writing_under_a_byte_quota_never_pass_it(cluster, make_mount):
+    a = make_mount(cluster, "a")
+    b = make_mount(cluster, "b")
+    os.mkdir(os.path.join(a.path, "qr"))
+    limit = 3 << 20
+    cluster.cli("quota", "set", "/qr", "--bytes", str(limit))
+    dirs = [os.path.join(m.path, "qr", "m%d" % i) for i, m in enumerate((a, b))]
+    for x in dirs:
+        os.mkdir(x)
+    made = [[] for _ in dirs]
+    errs = [None] * len(dirs)
+
+    def run(i):
+        errs[i] = write_small(dirs[i], "f", made[i])
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(len(dirs))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for e in errs:
+        assert e is not None and e.errno == errno.EDQUOT, e
+    for x in dirs:
+        fsync_dir(x)
+    os.sync()
+    q = quota(cluster, "/qr")
+    total = SMALL * sum(len(m) for m in made)
+    assert q["used_bytes"] == total <= limit, q
+    assert min(len(m) for m in made) > 0
+    p = cluster.cli("quota", "recount", "/qr")
+    assert b"1 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
+
+
+def test_a_killed_mounts_byte_allowance_comes_back(monkeypatch, make_cluster, make_mount):
+    monkeypatch.setenv("STOKER_SESSION_LEASE_MS", "4000")
+    cluster = make_cluster()
+    a = make_mount(cluster, "a")
+    os.mkdir(os.path.join(a.path, "qkb"))
+    limit = 8 << 20
+    cluster.cli("quota", "set", "/qkb", "--bytes", str(limit))
+    d = os.path.join(a.path, "qkb", "d")
+    os.mkdir(d)
+    made = []
+    assert write_small(d, "f", made, stop_at=10) is None  # each close reported its size
+    # killed while it holds the rest of its allowance (it gives it back only when idle)
+    os.kill(a.pid(), signal.SIGKILL)
+    assert reserved_bytes(cluster, "/qkb") > 0
+    assert quota(cluster, "/qkb")["used_bytes"] == 10 * SMALL
+    wait_until(lambda: reserved_bytes(cluster, "/qkb") == 0, 30,
+               "the killed mount's byte allowance to come back")
+    c = stoker.connect(cluster.url)
+    try:
+        free = limit - 10 * SMALL
+        c.write_file("/qkb/big", b"x" * free)
+        with pytest.raises(OSError) as e:
+            c.write_file("/qkb/over", b"y")
+        assert e.value.errno == errno.EDQUOT
+        assert quota(cluster, "/qkb")["used_bytes"] == limit
+    finally:
+        c.close()
+    p = cluster.cli("quota", "recount", "/qkb")
+    assert b"1 quota(s) recounted, 0 fixed" in p.stdout, p.stdout

@@ -20,8 +20,8 @@
  *   batch   CLUSTER DIR                   batched reads and writes (stk_batch_*): every
  *                                         completion once, right bytes, right errors
  *   watch   HOST:PORT                     hostile META_WATCH / META_LOOKUP_CACHE /
- *                                         META_ALLOW to meta: refused or contained, meta
- *                                         still serves
+ *                                         META_ALLOW (_BYTES) / META_EXTEND's ext to
+ *                                         meta: refused or contained, meta still serves
  *   special CLUSTER DIR                   stk_mknod (as root) and stk_fallocate: types,
  *                                         rdev, errors, bytes and st_blocks after holes
  *   staleread CLUSTER PATH SECONDS     one client reads PATH whole again and again,
@@ -1134,19 +1134,16 @@ static int send_lookup_cache(struct stk_conn *conn, uint32_t origin, const char 
 	return 0;
 }
 
-/* One META_ALLOW under origin; *granted as replied. */
-static int send_allow(struct stk_conn *conn, uint32_t origin, uint64_t session, uint64_t dir,
-		      uint32_t want, uint32_t give, uint64_t *granted)
+/* One META_ALLOW (or META_ALLOW_BYTES: op) under origin; *granted as replied. */
+static int send_allow_op(struct stk_conn *conn, uint16_t op, uint32_t origin, uint64_t session,
+			 uint64_t dir, uint32_t want, uint32_t give, uint64_t *granted)
 {
 	struct stk_msg_meta_allow_req m = {
 	    .session = session, .dir = dir, .want = want, .give = give};
 	struct stk_msg_meta_allow_resp rm;
 	uint8_t req[64], resp[64];
-	struct stk_rpc rpc = {.opcode = STK_OP_META_ALLOW,
-			      .req = req,
-			      .resp = resp,
-			      .resp_cap = sizeof(resp),
-			      .origin = origin};
+	struct stk_rpc rpc = {
+	    .opcode = op, .req = req, .resp = resp, .resp_cap = sizeof(resp), .origin = origin};
 	struct stk_wbuf w;
 	struct stk_rbuf r;
 	int rc;
@@ -1164,11 +1161,34 @@ static int send_allow(struct stk_conn *conn, uint32_t origin, uint64_t session, 
 	return 0;
 }
 
+static int send_allow(struct stk_conn *conn, uint32_t origin, uint64_t session, uint64_t dir,
+		      uint32_t want, uint32_t give, uint64_t *granted)
+{
+	return send_allow_op(conn, STK_OP_META_ALLOW, origin, session, dir, want, give, granted);
+}
+
+/* META_EXTEND of the root (not a file) ending with `tail` bytes of a malformed ext. */
+static int send_extend_tail(struct stk_conn *conn, size_t tail)
+{
+	struct stk_msg_meta_extend_req m = {.ino = STK_ROOT_INO};
+	uint8_t req[256], resp[256];
+	struct stk_rpc rpc = {
+	    .opcode = STK_OP_META_EXTEND, .req = req, .resp = resp, .resp_cap = sizeof(resp)};
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_extend_req_enc(&w, &m);
+	for (size_t i = 0; i < tail; i++)
+		stk_put_u8(&w, 0xee);
+	rpc.req_len = w.len;
+	return stk_rpc_call(conn, &rpc);
+}
+
 static int cmd_watch(int argc, char **argv)
 {
 	uint64_t granted = 0;
 	struct stk_msg_meta_watch_resp a, b, x;
-	struct stk_conn *conn;
+	struct stk_conn *conn, *conn2;
 	uint64_t t0;
 	int found = -1, leased = -1;
 
@@ -1207,6 +1227,28 @@ static int cmd_watch(int argc, char **argv)
 	/* no quota above the root: what was asked for, with nothing set aside */
 	CHECK_RC(send_allow(conn, a.holder, 0x1111, STK_ROOT_INO, 4, 0, &granted), 0);
 	CHECK(granted == 4);
+	/* byte allowances: the same refusals, and bytes over STK_ALLOW_BYTES_MAX */
+	CHECK_RC(send_allow_op(conn, STK_OP_META_ALLOW_BYTES, a.holder, 0, STK_ROOT_INO, 4096, 0,
+			       &granted),
+		 -EINVAL);
+	CHECK_RC(send_allow_op(conn, STK_OP_META_ALLOW_BYTES, a.holder, 0x1111, STK_ROOT_INO,
+			       STK_ALLOW_BYTES_MAX + 1, 0, &granted),
+		 -EINVAL);
+	CHECK_RC(send_allow_op(conn, STK_OP_META_ALLOW_BYTES, 0, 0x1111, STK_ROOT_INO, 4096, 0,
+			       &granted),
+		 -EAGAIN);
+	CHECK_RC(send_allow_op(conn, STK_OP_META_ALLOW_BYTES, a.holder, 0x1111, 0x7fffffffffffull,
+			       4096, 0, &granted),
+		 -ENOENT);
+	CHECK_RC(send_allow_op(conn, STK_OP_META_ALLOW_BYTES, a.holder, 0x1111, STK_ROOT_INO, 4096,
+			       0, &granted),
+		 0);
+	CHECK(granted == 4096);
+	/* a size report with a cut ext is malformed; a whole one is parsed (root: EISDIR) */
+	CHECK_RC(send_extend_tail(conn, 8), -EBADMSG);
+	CHECK_RC(stk_conn_connect(argv[1], 2000, &conn2), 0);
+	CHECK_RC(send_extend_tail(conn2, 16), -EISDIR);
+	stk_conn_close(conn2);
 	stk_conn_close(conn);
 	/* and meta still serves */
 	CHECK_RC(server_answers(argv[1]), -ENOSYS);

@@ -2010,6 +2010,66 @@ static void test_quota_allowances(void)
 	stk_meta_store_quota_release_session(st, 7);
 }
 
+/*
+ * Byte allowances: counted as reserved in every quota of the chain, at most half
+ * of what the tightest limit has left; reservations see them as used; spent by
+ * the size reports that name them, never below 0; given back in part or with
+ * the session.
+ */
+static void test_quota_byte_allowances(void)
+{
+	struct stk_meta_extend x = {.alloc_end = UINT32_MAX};
+	struct stk_meta_quota q;
+	struct stk_attr a;
+	uint64_t top, d, f, g, granted = 0, qid = 0;
+
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "qbytes_top", 0777);
+	d = mkdir_as(&ROOT, top, "d", 0777);
+	f = create_as(&ROOT, d, "f");
+	g = create_as(&ROOT, d, "g");
+	CHECK_RC(stk_meta_store_quota_set(st, &ROOT, top, 1000, 0, 0, &q), 0);
+	/* bad input */
+	CHECK_RC(stk_meta_store_quota_allow_bytes(st, 0, f, 4, &granted, &qid), -EINVAL);
+	CHECK_RC(stk_meta_store_quota_allow_bytes(st, 7, f, 0, &granted, &qid), -EINVAL);
+	CHECK_RC(stk_meta_store_quota_allow_bytes(st, 7, 999999, 4, &granted, &qid), -ENOENT);
+	/* half of the 1000 left, named by a file */
+	CHECK_RC(stk_meta_store_quota_allow_bytes(st, 7, f, 4096, &granted, &qid), 0);
+	CHECK(granted == 500 && qid == top);
+	CHECK_EQ(quota_of(top).reserved_bytes, 500);
+	/* a reservation finds 500 left, not more */
+	CHECK_RC(stk_meta_store_quota_reserve(st, 9, g, 501, 501, &granted), -EDQUOT);
+	/* session 7 reports 300 bytes of f, spending 300 of its 500 */
+	x.size = 300;
+	x.allow_session = 7;
+	x.allow_spent = 300;
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK_EQ(quota_of(top).used_bytes, 300);
+	CHECK_EQ(quota_of(top).reserved_bytes, 200);
+	/* session 8, named by the folder: half of the 500 left */
+	CHECK_RC(stk_meta_store_quota_allow_bytes(st, 8, d, 4096, &granted, &qid), 0);
+	CHECK(granted == 250);
+	stk_meta_store_quota_disallow_bytes(st, 8, top, 50);
+	CHECK_EQ(quota_of(top).reserved_bytes, 400);
+	stk_meta_store_quota_release_session(st, 8);
+	CHECK_EQ(quota_of(top).reserved_bytes, 200);
+	/* a report spending more than is held takes what is held */
+	x.size = 600;
+	x.allow_spent = 1000;
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK_EQ(quota_of(top).used_bytes, 600);
+	CHECK_EQ(quota_of(top).reserved_bytes, 0);
+	/* one without a session spends nothing: session 7's next grant stays */
+	CHECK_RC(stk_meta_store_quota_allow_bytes(st, 7, f, 100, &granted, &qid), 0);
+	CHECK(granted == 100);
+	x.size = 650;
+	x.allow_session = 0;
+	CHECK_RC(stk_meta_store_extend_alloc(st, &ROOT, f, &x, &a), 0);
+	CHECK_EQ(quota_of(top).reserved_bytes, 100);
+	stk_meta_store_quota_release_session(st, 7);
+	CHECK_EQ(quota_of(top).reserved_bytes, 0);
+	CHECK_RC(stk_meta_store_quota_rm(st, &ROOT, top), 0);
+}
+
 /* Nested quotas all apply; renames and links across quotas follow the rule. */
 static void test_quota_nested_rename(void)
 {
@@ -2260,6 +2320,7 @@ int main(void)
 	CHECK_RUN(test_quota_inodes);
 	CHECK_RUN(test_quota_bytes);
 	CHECK_RUN(test_quota_allowances);
+	CHECK_RUN(test_quota_byte_allowances);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
 	CHECK_RUN(test_fsck_clean);
