@@ -973,6 +973,7 @@ static void *watch_main(void *arg)
 	struct stk_conn *conn = NULL;
 	uint64_t acked = 0;
 	uint32_t holder = 0; /* kept across reconnects: meta may still know it */
+	unsigned refused_ms = 0; /* the wait after meta refused our key, doubling */
 
 	while (resp && !stopping(l)) {
 		uint64_t session = stk_session_id(c);
@@ -985,11 +986,20 @@ static void *watch_main(void *arg)
 			rc = stk_client_meta_addr(c, addr);
 			if (rc == 0)
 				rc = stk_conn_connect(addr, 1000, &conn);
+			if (rc == -EKEYREJECTED) {
+				/* a removed key is refused for good: ask less and less often
+				 * (each try is a line in meta's log), up to 30 s */
+				if (!refused_ms)
+					stk_warn("meta refuses this client's key (removed?): lookups "
+						 "are not cached; trying again less and less often");
+				refused_ms = refused_ms ? STK_MIN(refused_ms * 2, 30000u) : 1000;
+			}
 			if (rc) {
 				conn = NULL;
-				nap(l, 200);
+				nap(l, rc == -EKEYREJECTED ? refused_ms : 200);
 				continue;
 			}
+			refused_ms = 0;
 			rc = watch_once(c, conn, session, &holder, &acked, resp, cap);
 		} else {
 			rc = watch_once(c, conn, session, &holder, &acked, resp, cap);
