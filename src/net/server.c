@@ -258,6 +258,9 @@ struct stk_server {
 	uint8_t auth_key[STK_AUTH_KEY_MAX]; /* the cluster key; auth_len 0: none */
 	size_t auth_len;
 	stk_metric_t auth_fail[AUTH_NREASONS]; /* stoker_auth_failures_total{reason} */
+	/* auth_fail's log lines, one per reason per AUTH_LOG_EVERY_NS (atomic) */
+	uint64_t auth_logged_ns[AUTH_NREASONS];
+	unsigned auth_unlogged[AUTH_NREASONS];
 	stk_metric_t client_refused[STK_CLIENT_REFUSED_NREASONS]; /* stoker_client_refused_total */
 	struct stk_tls_server *tls; /* opts->tls: every connection is TLS; else NULL */
 
@@ -619,12 +622,33 @@ static void take_read_ahead(struct srv_conn *c, struct srv_req *r)
 
 static void auth_frame(struct srv_conn *c, struct srv_req *r);
 
+/*
+ * A refused peer that keeps coming back (a mount whose key was removed, a script
+ * with the wrong key) would log a line per try: one line per reason in this
+ * long, the others counted in the next (and all in stoker_auth_failures_total).
+ */
+#define AUTH_LOG_EVERY_NS (10ull * 1000000000ull)
+
 /* Logs and counts a peer that failed the key handshake; the caller closes it. */
 static void auth_fail(struct srv_conn *c, int reason, const char *what)
 {
 	struct stk_server *s = c->lp->srv;
+	uint64_t now = stk_now_ns();
+	uint64_t last = __atomic_load_n(&s->auth_logged_ns[reason], __ATOMIC_RELAXED);
+	unsigned unlogged;
+	char more[96] = "";
 
-	stk_warn("%s refused: %s (%s): closing connection", c->peer,
+	stk_metric_add(s->auth_fail[reason], 1);
+	if (last && now - last < AUTH_LOG_EVERY_NS) {
+		__atomic_add_fetch(&s->auth_unlogged[reason], 1, __ATOMIC_RELAXED);
+		return;
+	}
+	__atomic_store_n(&s->auth_logged_ns[reason], now, __ATOMIC_RELAXED);
+	unlogged = __atomic_exchange_n(&s->auth_unlogged[reason], 0, __ATOMIC_RELAXED);
+	if (unlogged)
+		snprintf(more, sizeof(more), " (%u more refused so since the last line)",
+			 unlogged);
+	stk_warn("%s refused: %s (%s): closing connection%s", c->peer,
 		 reason == AUTH_BAD_PROOF       ? "it did not prove the cluster key"
 		 : reason == AUTH_TIMEOUT       ? "no key handshake within 5 s"
 		 : reason == AUTH_MALFORMED     ? "a malformed key handshake"
@@ -632,8 +656,7 @@ static void auth_fail(struct srv_conn *c, int reason, const char *what)
 		 : reason == AUTH_TLS_PLAINTEXT ? "this daemon requires TLS and the peer spoke plaintext"
 		 : reason == AUTH_TLS_HANDSHAKE ? "the TLS handshake failed"
 						: "a request before the key handshake",
-		 what);
-	stk_metric_add(s->auth_fail[reason], 1);
+		 what, more);
 }
 
 static int conn_read(struct srv_conn *c);

@@ -10,6 +10,7 @@ The administrator's view (the cluster key) checks that nothing outside changed.
 import errno
 import json
 import os
+import time
 import urllib.request
 
 import pytest
@@ -415,3 +416,26 @@ def test_s3_gateway_with_client_keys(cluster, tmp_path):
     finally:
         g.stop()
     assert "/teamA/bucket-a/o3" not in tree(cluster)
+
+
+@pytest.mark.skipif(not have_fuse(), reason="needs /dev/fuse")
+def test_a_removed_keys_mount_does_not_flood_the_logs(cluster, tmp_path, make_mount):
+    """A mount left running after its key was removed keeps trying to reach meta;
+    it once did so five times a second, each try a warning in meta's log, for as
+    long as it ran. Now the mount waits longer after each refusal and says so once,
+    and meta logs a refusal of one kind once in 10 s, counting the rest."""
+    setup_teams(cluster, tmp_path)
+    key = add_client(cluster, tmp_path, "carol", "--subtree", "/teamA")
+    m = make_mount(cluster, "carol", opts=["key=" + key, "timeout=2"])
+    assert "a.txt" in os.listdir(m.path)
+    log = os.path.join(cluster.data, "log", "meta.log")
+    before = open(log).read().count("a removed client key (client carol")
+    cluster.cli("admin", "client", "rm", "carol")
+    wait_until(lambda: metric(cluster, 1, "stoker_auth_failures_total", "revoked") > 0, 30,
+               "meta to refuse the removed key")
+    time.sleep(12)
+    lines = open(log).read().count("a removed client key (client carol") - before
+    assert 1 <= lines <= 3, "meta logged the removed key's refusal %d times in 12 s" % lines
+    # every try is counted all the same
+    assert metric(cluster, 1, "stoker_auth_failures_total", "revoked") >= lines
+    assert "meta refuses this client's key" in open(m.logfile).read()
