@@ -715,6 +715,7 @@ static struct ino_lock *ino_locks_of(struct storage *s, struct stk_chunk_store *
 	return &s->ino_locks[(size_t)i * INO_LOCKS];
 }
 
+/* The slot of inode ino (test_forward_on_loop.py computes it too: change both). */
 static struct ino_lock *ino_lock(struct storage *s, struct stk_chunk_store *cs, uint64_t ino)
 {
 	return &ino_locks_of(s, cs)[(ino * 0x9E3779B97F4A7C15ull) >> 56];

@@ -41,6 +41,13 @@ def threads(pid):
     return n
 
 
+def ino_lock_slot(net, path):
+    """The storage node's inode lock slot of path (ino_lock in src/storage/service.c)."""
+    out = net.cli("stat", path).stdout.decode()
+    ino = int(out.split("Inode:")[1].split()[0])
+    return ((ino * 0x9E3779B97F4A7C15) % (1 << 64)) >> 56
+
+
 def growth_while_the_tail_stops(tmp_path, loop_writes):
     """Threads the head and the middle gained while WRITERS writes waited for the tail."""
     with net_cluster(tmp_path, mgmtd_args=MGMTD) as net:
@@ -61,12 +68,24 @@ def growth_while_the_tail_stops(tmp_path, loop_writes):
         tail = net.nodes[order[2]].proc.pid
         src = os.path.join(net.dir, "src")
         os.makedirs(src)
+        # there before: each put below truncates it first (STOR_TRUNCATE down the
+        # chain), then writes. A truncate holds its inode's lock slot until the tail
+        # has it, and a write of another inode of the same slot waits for it on a
+        # worker, for which the pool stands in: that thread waits for a lock, not a
+        # successor, so the files are ones of distinct slots.
+        slots, tries = set(), 0
         for i in range(WRITERS):
+            while True:
+                tries += 1
+                assert tries < 200, "no %d inodes of distinct lock slots" % WRITERS
+                net.cli("put", "-", "/f%d" % i, input=os.urandom(64 << 10))
+                slot = ino_lock_slot(net, "/f%d" % i)
+                if slot not in slots:
+                    slots.add(slot)
+                    break
+                net.cli("rm", "/f%d" % i)
             with open(os.path.join(src, "f%d" % i), "wb") as f:
                 f.write(os.urandom(256 << 10))
-            # there before: each put below truncates it first (STOR_TRUNCATE down the
-            # chain), then writes
-            net.cli("put", "-", "/f%d" % i, input=os.urandom(64 << 10))
         time.sleep(11)  # threads a start-up or the first requests grew have left
         idle = [threads(p) for p in pids]
         peak = list(idle)
