@@ -138,8 +138,16 @@ def test_an_unlinked_file_leaves_no_chunk_file_open(cluster, monkeypatch):
             time.sleep(0.1)
         removed = before - set(cluster.chunk_files())
         assert removed, "no chunk file of /big.bin was removed within 30 s"
+        # a read that took its entry before the unlink may hold it a moment more
+        # (CI saw one such chunk once); one kept past that would be kept for good
+        t0 = time.time()
         held = chunk_files_held(cluster.data)
+        while held & removed and time.time() < t0 + 10:
+            time.sleep(0.1)
+            held = chunk_files_held(cluster.data)
         assert not held & removed, held & removed
+        if time.time() - t0 > 0.5:
+            print("chunk files of the removed file let go after %.1f s" % (time.time() - t0))
         assert held, "the kept file's chunk files went too"
         check(c, "/kept.bin", b)
     finally:
