@@ -2306,12 +2306,13 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 		return -EXDEV;
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
-	if (rc == 0)
+	if (rc == 0) {
 		rc = meta_serve(m, req, resp);
-	if (rc == 0 && req->client)
-		vouch_append(m, req, resp);
-	else if (rc)
+		if (rc == 0 && req->client)
+			vouch_append(m, req, resp);
+	} else {
 		stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, strerror(-rc));
+	}
 	free(copy);
 	return rc;
 }

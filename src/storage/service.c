@@ -3048,6 +3048,8 @@ static int epoch_refresh(struct storage *s)
 	uint8_t out[32];
 	struct stk_rbuf rb;
 	size_t len = 0;
+	/* fresh from before the ask: a rename while it travels is not missed */
+	uint64_t t0 = stk_now_ns();
 	int rc = meta_ask(s, STK_OP_META_EPOCH, NULL, 0, 0, addr, sizeof(addr), out, sizeof(out),
 			  &len);
 
@@ -3062,8 +3064,10 @@ static int epoch_refresh(struct storage *s)
 		return rc;
 	}
 	pthread_mutex_lock(&s->sub_lock);
-	s->epoch = r.epoch;
-	s->epoch_ns = stk_now_ns();
+	if (t0 > s->epoch_ns) { /* not over a newer answer of another worker's */
+		s->epoch = r.epoch;
+		s->epoch_ns = t0;
+	}
 	pthread_mutex_unlock(&s->sub_lock);
 	return 0;
 }
