@@ -542,8 +542,8 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 			if (rc == 0) {
 				rc = stk_status_to_errno(rpc.status);
 				/* meta's vouchers end the payload: kept, and taken off */
-				if (rc == 0 &&
-				    stk_vouch_take(c->vouches, rpc.resp_flags, resp, &rpc.resp_len)) {
+				if (rc == 0 && stk_vouch_take(c->vouches, rpc.resp_flags, resp,
+							      &rpc.resp_len)) {
 					stk_warn("meta at %s: a malformed voucher in its %s reply",
 						 addr, stk_opcode_name(opcode));
 					rc = -EIO;

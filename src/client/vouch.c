@@ -20,7 +20,7 @@
 #define VOUCH_MARGIN_MS 1000u
 
 struct stk_vouches {
-	pthread_mutex_t mu; /* everything below */
+	pthread_mutex_t mu;			    /* everything below */
 	struct stk_msg_vouch_rec slot[VOUCH_SLOTS]; /* count 0: empty */
 	struct stk_msg_vouch_rec range[VOUCH_RANGES];
 	unsigned next_range;

@@ -3804,7 +3804,8 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 			return STK_RPC_TO_WORKER;
 		/* a voucher, or meta's yes of late; else a worker asks meta (or refuses) */
 		v = vouch_check(sl->s, req, ino, 0, 0);
-		if (v != VOUCH_ACCEPTED && (v == VOUCH_REFUSED || !subtree_known(sl->s, req->client, ino)))
+		if (v != VOUCH_ACCEPTED &&
+		    (v == VOUCH_REFUSED || !subtree_known(sl->s, req->client, ino)))
 			return STK_RPC_TO_WORKER;
 		stk_metric_add(sl->s->vouch_m[v], 1);
 	}

@@ -92,7 +92,8 @@ static int take(void)
 
 	REQUIRE(stk_vouches_create(&t) == 0);
 	memset(recs, 0, sizeof(recs));
-	recs[0] = (struct stk_msg_vouch_rec){.ino = 10, .count = 1, .expires_ms = later, .epoch = 1};
+	recs[0] =
+	    (struct stk_msg_vouch_rec){.ino = 10, .count = 1, .expires_ms = later, .epoch = 1};
 	recs[1] = (struct stk_msg_vouch_rec){.ino = 11, .count = 1, .expires_ms = 5, .epoch = 1};
 	recs[2] = (struct stk_msg_vouch_rec){.ino = 1000, .count = 64, .expires_ms = later};
 	recs[0].mac[0] = 0xab;
