@@ -618,7 +618,7 @@ static void reserve(stk_client *c, struct stk_behind *b)
 {
 	struct stk_msg_meta_inos_req q = {.count = INOS_GRAB};
 	struct stk_msg_meta_inos_resp r;
-	uint8_t req[32], resp[64];
+	uint8_t req[32], resp[64 + STK_VOUCH_REC_LEN + 2]; /* and meta's voucher */
 	struct stk_wbuf w;
 	struct stk_rbuf rb;
 	size_t rlen = 0;

@@ -13,6 +13,7 @@
 #include "behind.h"
 #include "lcache.h"
 #include "session.h"
+#include "vouch.h"
 
 #include <errno.h>
 #include <stddef.h>
@@ -285,8 +286,12 @@ int stk_connect(const char *cluster, const struct stk_client_opts *opts, stk_cli
 	e = getenv("STOKER_SHORT_CIRCUIT");
 	c->short_circuit = !(e && strcmp(e, "0") == 0);
 	/* a client key's reads go through storage, which checks what it may read */
-	if (stk_net_auth_client(NULL))
+	if (stk_net_auth_client(NULL)) {
 		c->short_circuit = 0;
+		rc = stk_vouches_create(&c->vouches);
+		if (rc)
+			goto out_lock;
+	}
 	e = getenv("STOKER_HOST_ID");
 	if (stk_host_id(e, c->host_id, sizeof(c->host_id))) {
 		stk_error("STOKER_HOST_ID='%s' is not a host id: at most %d printable "
@@ -322,6 +327,7 @@ out_pool:
 out_reaper:
 	stk_reaper_destroy(c);
 out_lock:
+	stk_vouches_destroy(c->vouches);
 	pthread_rwlock_destroy(&c->rt_lock);
 out_free:
 	free(c);
@@ -356,6 +362,7 @@ void stk_disconnect(stk_client *c)
 	if (c->mgmt_conn)
 		stk_conn_close(c->mgmt_conn);
 	pthread_mutex_destroy(&c->mgmt_lock);
+	stk_vouches_destroy(c->vouches);
 	free(c);
 }
 
@@ -534,6 +541,13 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 			stk_pool_put(c->pool, conn);
 			if (rc == 0) {
 				rc = stk_status_to_errno(rpc.status);
+				/* meta's vouchers end the payload: kept, and taken off */
+				if (rc == 0 && stk_vouch_take(c->vouches, rpc.resp_flags, resp,
+							      &rpc.resp_len)) {
+					stk_warn("meta at %s: a malformed voucher in its %s reply",
+						 addr, stk_opcode_name(opcode));
+					rc = -EIO;
+				}
 				/* NOT_LEADER: a replica that does not lead the shard (now):
 				 * the routing table names the one that does */
 				if (rc != -EREMCHG) {

@@ -117,6 +117,8 @@ struct stk_client {
 	int meta_purges; /* that meta removes the chunks of files it frees (STK_STATFS_PURGES) */
 	struct stk_lcache *lc; /* the lookup cache (lcache.c), NULL when off */
 	struct stk_behind *behind; /* write-behind of names (behind.c), NULL when off */
+	/* meta's vouchers (vouch.h), NULL unless the client holds a client key */
+	struct stk_vouches *vouches;
 };
 
 /* "stk://HOST:PORT[/...]" or "HOST:PORT" to "HOST:PORT". 0 or -EINVAL. */

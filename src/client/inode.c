@@ -163,7 +163,8 @@ int stk_ino_lookups(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 	struct stk_msg_meta_lookups_req m = {.cred = CRED(c, cred), .parent = parent, .n = n};
 	struct stk_lcache_tok tok = stk_lcache_begin(c);
 	struct stk_msg_meta_lookups_resp rm;
-	size_t req_cap = 512 + (size_t)n * (STK_NAME_MAX + 8), resp_cap = 256 + (size_t)n * 160;
+	size_t req_cap = 512 + (size_t)n * (STK_NAME_MAX + 8);
+	size_t resp_cap = 256 + (size_t)n * (160 + STK_VOUCH_REC_LEN); /* and vouchers */
 	size_t len = 0;
 	uint8_t *req, *resp;
 	struct stk_wbuf w;

@@ -17,6 +17,7 @@
  * final and returned as is.
  */
 #include "client.h"
+#include "vouch.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -31,7 +32,8 @@
 #include "../proto/status.h"
 
 #define STK_IO_WINDOW 32
-#define STK_IO_REQ_MAX 128
+/* a chunk request's fields, and a voucher after them (vouch.h) */
+#define STK_IO_REQ_MAX (128 + STK_VOUCH_REC_LEN)
 
 struct inflight {
 	int local; /* read from a target of this machine, no request sent */
@@ -454,6 +456,15 @@ static void start_piece(struct stk_client *c, struct inflight *f, int op, uint64
 		f->rpc.opcode = STK_OP_STOR_READ;
 		f->rpc.bulk_in = p->buf;
 		f->rpc.bulk_in_cap = p->length;
+	}
+	{
+		struct stk_msg_vouch_rec v;
+
+		/* meta's word that ino is under our subtree: storage need not ask it */
+		if (stk_vouch_find(c->vouches, ino, &v)) {
+			stk_msg_vouch_rec_enc(&w, &v);
+			f->rpc.frame_flags |= STK_FRAME_VOUCH;
+		}
 	}
 	f->rpc.req = f->req;
 	f->rpc.req_len = w.len;

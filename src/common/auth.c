@@ -291,6 +291,58 @@ int stk_auth_client_key(const uint8_t *cluster_key, size_t key_len, const struct
 	return 0;
 }
 
+int stk_auth_vouch_key(const uint8_t *cluster_key, size_t key_len, uint8_t out[STK_AUTH_MAC])
+{
+	static const char label[] = "stoker-vouch-1 key";
+	unsigned int mlen = 0;
+
+	pthread_once(&ssl_once, ssl_init);
+	if (!HMAC(EVP_sha256(), cluster_key, (int)key_len, (const uint8_t *)label,
+		  sizeof(label) - 1, out, &mlen) ||
+	    mlen != STK_AUTH_MAC)
+		return -EIO;
+	return 0;
+}
+
+static int vouch_mac(const uint8_t vkey[STK_AUTH_MAC], const struct stk_auth_client *c,
+		     const struct stk_auth_vouch *v, uint8_t out[STK_AUTH_MAC])
+{
+	char text[STK_CLIENT_NAME_MAX + STK_CLIENT_SUBTREE_MAX + 256];
+	unsigned int mlen = 0;
+	int n;
+
+	pthread_once(&ssl_once, ssl_init);
+	/* the subtree last, as in the client key's text: it may hold any byte but NUL */
+	n = snprintf(text, sizeof(text),
+		     "stoker-vouch-1\nino=%llu\ncount=%llu\nexpires=%llu\nepoch=%llu\nname=%s\n"
+		     "gen=%llu\nflags=%u\nanon=%u:%u\nsubtree=%s",
+		     (unsigned long long)v->ino, (unsigned long long)v->count,
+		     (unsigned long long)v->expires_ms, (unsigned long long)v->epoch, c->name,
+		     (unsigned long long)c->gen, c->flags, c->anon_uid, c->anon_gid, c->subtree);
+	if (n < 0 || (size_t)n >= sizeof(text))
+		return -EINVAL;
+	if (!HMAC(EVP_sha256(), vkey, STK_AUTH_MAC, (const uint8_t *)text, (size_t)n, out, &mlen) ||
+	    mlen != STK_AUTH_MAC)
+		return -EIO;
+	return 0;
+}
+
+int stk_auth_vouch_sign(const uint8_t vkey[STK_AUTH_MAC], const struct stk_auth_client *c,
+			struct stk_auth_vouch *v)
+{
+	return vouch_mac(vkey, c, v, v->mac);
+}
+
+int stk_auth_vouch_check(const uint8_t vkey[STK_AUTH_MAC], const struct stk_auth_client *c,
+			 const struct stk_auth_vouch *v)
+{
+	uint8_t want[STK_AUTH_MAC];
+
+	if (vouch_mac(vkey, c, v, want))
+		return 0;
+	return CRYPTO_memcmp(want, v->mac, STK_AUTH_MAC) == 0;
+}
+
 const char *stk_auth_client_flags_str(uint32_t flags, char *buf, size_t len)
 {
 	snprintf(buf, len, "%s%s%s", flags & STK_CLIENT_RO ? "read-only" : "read-write",

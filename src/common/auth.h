@@ -121,6 +121,33 @@ int stk_auth_client_file(const char *path);
 /* Reads a client key file: the same rules and errors as stk_auth_key_load. */
 int stk_auth_client_load(const char *path, struct stk_auth_client *c, uint8_t key[STK_AUTH_MAC],
 			 char *err, size_t errlen);
+/*
+ * Vouchers (docs/security.md, "Vouchers"): meta's word to storage that inodes
+ * [ino, ino + count) lie under a subtree client's root, so that storage serves
+ * their chunks without asking meta (META_WITHIN). A voucher is good for one client
+ * key (name, generation, policy), until expires_ms (Unix time, ms), and while
+ * meta's epoch is still `epoch` (meta moves it on every rename that could take
+ * something out of a subtree). Its MAC is HMAC-SHA256 under the vouch key, which
+ * meta and storage derive from the cluster key and no client holds:
+ *
+ *	vouch key = HMAC(K, "stoker-vouch-1 key")
+ *	mac       = HMAC(vouch key, "stoker-vouch-1" policy ino count expires epoch)
+ */
+struct stk_auth_vouch {
+	uint64_t ino, count;
+	uint64_t expires_ms;
+	uint64_t epoch;
+	uint8_t mac[STK_AUTH_MAC];
+};
+/* out = the vouch key of cluster key K. 0 or -EIO. */
+int stk_auth_vouch_key(const uint8_t *cluster_key, size_t key_len, uint8_t out[STK_AUTH_MAC]);
+/* v->mac = the MAC of v's other fields for client c. 0, -EINVAL or -EIO. */
+int stk_auth_vouch_sign(const uint8_t vkey[STK_AUTH_MAC], const struct stk_auth_client *c,
+			struct stk_auth_vouch *v);
+/* 1 when v->mac is the MAC of v for client c under vkey (CRYPTO_memcmp), else 0. */
+int stk_auth_vouch_check(const uint8_t vkey[STK_AUTH_MAC], const struct stk_auth_client *c,
+			 const struct stk_auth_vouch *v);
+
 /* "read-only,squash-root" or "rw", into buf. Returns buf. */
 const char *stk_auth_client_flags_str(uint32_t flags, char *buf, size_t len);
 

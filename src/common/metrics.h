@@ -85,6 +85,13 @@
 	  "Requests of client-key connections refused by their policy (docs/security.md), by "    \
 	  "reason: read_only, outside (outside the client's subtree), admin (an operator's "     \
 	  "request).")                                                                              \
+	X(STORAGE_VOUCHERS, COUNTER, "stoker_storage_vouchers_total", "result",                     \
+	  "Chunk requests of subtree client keys by the voucher they carried (docs/security.md, "  \
+	  "\"Vouchers\"): accepted (served without asking meta), none, stale (expired or of "      \
+	  "another epoch: meta is asked), refused (forged, or not for the inode).")                \
+	X(STORAGE_META_ASKS, COUNTER, "stoker_storage_meta_asks_total", "op",                      \
+	  "Calls storage made to meta for subtree client keys, by op: within (META_WITHIN, "      \
+	  "whether an inode is under a subtree), epoch (META_EPOCH, for vouchers).")               \
 	/* ---- meta and storage: per client host (stk_metrics_ops_client) ---- */                 \
 	X(RPC_CLIENT_REQUESTS, COUNTER, "stoker_rpc_client_requests_total", "client",              \
 	  "RPC requests served, by client host (its IP address; the first 64 hosts seen, the "     \

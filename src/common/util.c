@@ -28,6 +28,15 @@ uint64_t stk_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+uint64_t stk_wall_ms(void)
+{
+	int64_t sec;
+	uint32_t nsec;
+
+	stk_wall_time(&sec, &nsec);
+	return sec < 0 ? 0 : (uint64_t)sec * 1000ull + nsec / 1000000u;
+}
+
 void stk_wall_time(int64_t *sec, uint32_t *nsec)
 {
 	struct timespec ts;

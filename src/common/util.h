@@ -17,6 +17,8 @@
 uint64_t stk_now_ns(void);
 /* Wall clock, split into seconds and nanoseconds. */
 void stk_wall_time(int64_t *sec, uint32_t *nsec);
+/* Wall clock in milliseconds since the Unix epoch. */
+uint64_t stk_wall_ms(void);
 
 /* CRC32C (Castagnoli), computed with ISA-L. crc is the running value, 0 to start. */
 uint32_t stk_crc32c(uint32_t crc, const void *buf, size_t len);

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "../daemon/daemon.h"
+#include "../common/auth.h"
 #include "../common/layout.h"
 #include "../common/log.h"
 #include "../common/metrics.h"
@@ -75,6 +76,14 @@ struct meta {
 	const char *dir; /* data_dir/meta */
 	pthread_t syncer;
 	int syncing;
+	/*
+	 * Vouchers (vouch_append, docs/security.md "Vouchers"): the vouch key (set at
+	 * start when the daemon holds the cluster key; vouching 0 otherwise) and the
+	 * epoch, moved by every rename (atomic).
+	 */
+	int vouching;
+	uint8_t vouch_key[STK_AUTH_MAC];
+	_Atomic uint64_t vouch_epoch;
 };
 
 typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
@@ -914,6 +923,11 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		if (rc != -EAGAIN || tries == NAME_RACE_TRIES)
 			break;
 	}
+	/*
+	 * Whatever moved may have left a subtree: vouchers given before are worth
+	 * nothing from here on (a voucher reads the epoch before it checks the inode).
+	 */
+	atomic_fetch_add(&m->vouch_epoch, 1);
 	if (rc)
 		return rc;
 	r.replaced = (uint8_t)replaced;
@@ -2051,8 +2065,18 @@ static int op_within(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	return stk_msg_meta_within_resp_enc(&resp->payload, &r);
 }
 
+/* META_EPOCH, for storage (refused to a client key's connection by confine.c). */
+static int op_epoch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_epoch_resp r = {.epoch = atomic_load(&m->vouch_epoch)};
+	int rc = decoded(req, 0);
+
+	return rc ? rc : stk_msg_meta_epoch_resp_enc(&resp->payload, &r);
+}
+
 static const meta_op_fn meta_ops[] = {
 	[STK_OP_META_WITHIN] = op_within,
+	[STK_OP_META_EPOCH] = op_epoch,
 	[STK_OP_META_LOOKUP] = op_lookup,
 	[STK_OP_META_GETATTR] = op_getattr,
 	[STK_OP_META_SETATTR] = op_setattr,
@@ -2126,6 +2150,136 @@ static int is_read(uint16_t opcode)
 
 static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
 
+/*
+ * Vouchers (wire.h STK_FRAME_VOUCH, docs/security.md "Vouchers"). A reply to a
+ * subtree client key that names a regular file under its subtree (LOOKUP,
+ * LOOKUP_CACHE, GETATTR, OPEN, CREATE), or the inode numbers it reserved for its
+ * creates (INOS), carries meta's voucher for them, so that storage serves their
+ * chunks without asking META_WITHIN. The file is checked as META_WITHIN checks it
+ * (by the folder it was made in or last renamed into), after the epoch is read:
+ * a rename between the two moves the epoch past the voucher's.
+ */
+#define VOUCH_TTL_MS 60000ull
+
+/* One voucher for [ino, ino + count) onto the reply; 0 or -ENOSPC (no room). */
+static int vouch_put(struct meta *m, const struct stk_auth_client *c, uint64_t epoch,
+		     uint64_t ino, uint64_t count, struct stk_wbuf *w)
+{
+	struct stk_auth_vouch v = {
+	    .ino = ino, .count = count, .expires_ms = stk_wall_ms() + VOUCH_TTL_MS, .epoch = epoch};
+	struct stk_msg_vouch_rec rec;
+
+	if (stk_auth_vouch_sign(m->vouch_key, c, &v))
+		return -EIO;
+	rec.ino = v.ino;
+	rec.count = v.count;
+	rec.expires_ms = v.expires_ms;
+	rec.epoch = v.epoch;
+	memcpy(rec.mac, v.mac, sizeof(rec.mac));
+	stk_msg_vouch_rec_enc(w, &rec);
+	return w->err ? -ENOSPC : 0;
+}
+
+/* 1 when a is a regular file under the folder top (as META_WITHIN tells), else 0. */
+static int vouchable(struct meta *m, const struct stk_attr *a, uint64_t top)
+{
+	return S_ISREG(a->mode) && a->ino && stk_meta_store_within(m->store, a->ino, top) == 1;
+}
+
+static void vouch_append(struct meta *m, const struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	const struct stk_auth_client *c = req->client;
+	struct stk_wbuf *w = &resp->payload;
+	size_t at = w->len;
+	struct stk_rbuf r;
+	struct stk_attr a = {0};
+	uint64_t top, epoch;
+	unsigned n = 0;
+
+	if (!m->vouching || !c || strcmp(c->subtree, "/") == 0 || resp->bulk_len ||
+	    resp->frame_flags || w->err)
+		return;
+	/* read first: a rename from here on moves it past the vouchers below */
+	epoch = atomic_load(&m->vouch_epoch);
+	stk_rbuf_init(&r, w->p, w->len);
+	switch (req->hdr.opcode) {
+	case STK_OP_META_LOOKUP:
+	case STK_OP_META_GETATTR:
+	case STK_OP_META_OPEN: {
+		struct stk_msg_meta_attr_resp q;
+
+		if (stk_msg_meta_attr_resp_dec(&r, &q))
+			return;
+		a = q.attr;
+		break;
+	}
+	case STK_OP_META_LOOKUP_CACHE: {
+		struct stk_msg_meta_lookup_cache_resp q;
+
+		if (stk_msg_meta_lookup_cache_resp_dec(&r, &q) || !q.found)
+			return;
+		a = q.attr;
+		break;
+	}
+	case STK_OP_META_CREATE: {
+		struct stk_msg_meta_create_resp q;
+
+		if (stk_msg_meta_create_resp_dec(&r, &q))
+			return;
+		a = q.attr;
+		break;
+	}
+	case STK_OP_META_INOS: {
+		struct stk_msg_meta_inos_resp q;
+
+		/* numbers no other file will get: whatever the client makes with them is
+		 * made where confine.c lets it, under its subtree */
+		if (stk_msg_meta_inos_resp_dec(&r, &q) || !q.count ||
+		    vouch_put(m, c, epoch, q.first, q.count, w))
+			goto undo;
+		n = 1;
+		goto done;
+	}
+	case STK_OP_META_LOOKUPS: {
+		struct stk_msg_meta_lookups_resp q;
+		struct stk_msg_attr_rec rec;
+
+		if (stk_msg_meta_lookups_resp_dec(&r, &q) || q.n > STK_VOUCH_MAX ||
+		    stk_meta_store_resolve(m->store, c->subtree, &top))
+			return;
+		for (uint32_t i = 0; i < q.n; i++) {
+			if (stk_msg_attr_rec_dec(&r, &rec))
+				goto undo;
+			if (rec.status == STK_ST_OK && vouchable(m, &rec.attr, top)) {
+				if (vouch_put(m, c, epoch, rec.attr.ino, 1, w))
+					goto undo;
+				n++;
+			}
+		}
+		goto done;
+	}
+	default:
+		return;
+	}
+	if (stk_meta_store_resolve(m->store, c->subtree, &top) || !vouchable(m, &a, top))
+		return;
+	if (vouch_put(m, c, epoch, a.ino, 1, w))
+		goto undo;
+	n = 1;
+done:
+	if (!n)
+		return;
+	stk_put_u16(w, (uint16_t)n);
+	if (w->err)
+		goto undo;
+	resp->frame_flags |= STK_FRAME_VOUCH;
+	return;
+undo:
+	/* no room (or a reply not as expected): it goes without them, storage asks meta */
+	w->len = at;
+	w->err = 0;
+}
+
 static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct meta *m = ctx;
@@ -2152,10 +2306,13 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 		return -EXDEV;
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
-	if (rc == 0)
+	if (rc == 0) {
 		rc = meta_serve(m, req, resp);
-	else
+		if (rc == 0 && req->client)
+			vouch_append(m, req, resp);
+	} else {
 		stk_debug("%s from %s: %s", stk_opcode_name(opcode), req->peer, strerror(-rc));
+	}
 	free(copy);
 	return rc;
 }
@@ -2552,6 +2709,11 @@ static void on_promoted(void *ctx, int failover)
 	struct meta *m = ctx;
 	int rc;
 
+	/*
+	 * An epoch no leader before used (they count up from their start, at most one
+	 * a rename): the vouchers they gave are worth nothing here (docs/security.md).
+	 */
+	atomic_store(&m->vouch_epoch, stk_wall_ms() << 16);
 	if (failover) {
 		/* counted from the old leader's last heartbeat, not from now (leases.h) */
 		unsigned ms =
@@ -2629,6 +2791,15 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	m.stripe = opts->default_stripe;
 	m.opts = opts;
 	m.dir = dir;
+	{
+		uint8_t key[STK_AUTH_KEY_MAX];
+		size_t klen = stk_daemon_key(key);
+
+		/* another epoch on every start, so that no voucher outlives this process */
+		atomic_store(&m.vouch_epoch, stk_wall_ms() << 16);
+		m.vouching = klen && stk_auth_vouch_key(key, klen, m.vouch_key) == 0;
+		memset(key, 0, sizeof(key));
+	}
 	if (snprintf(dir, sizeof(dir), "%s/meta", opts->data_dir) >= (int)sizeof(dir))
 		return -ENAMETOOLONG;
 	memset(&so, 0, sizeof(so));

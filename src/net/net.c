@@ -752,7 +752,7 @@ int stk_rpc_send(struct stk_conn *c, struct stk_rpc *rpc)
 		return -EMSGSIZE;
 	memset(&h, 0, sizeof(h));
 	h.opcode = rpc->opcode;
-	h.flags = rpc->frame_flags & (STK_FRAME_BULK_SELF | STK_FRAME_CLASS_MASK);
+	h.flags = rpc->frame_flags & (STK_FRAME_BULK_SELF | STK_FRAME_CLASS_MASK | STK_FRAME_VOUCH);
 	h.payload_len = (uint32_t)rpc->req_len;
 	h.bulk_len = (uint32_t)rpc->bulk_out_len;
 	h.origin = rpc->origin;
@@ -868,6 +868,7 @@ static int read_reply(struct stk_conn *c)
 	}
 	pthread_mutex_lock(&c->lock);
 	rpc->resp_len = h.payload_len;
+	rpc->resp_flags = h.flags;
 	rpc->bulk_in_len = h.bulk_len;
 	rpc->status = h.status;
 	unlink_locked(c, rpc);

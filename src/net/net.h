@@ -178,6 +178,7 @@ struct stk_rpc {
 	 */
 	uint32_t frame_flags;
 	uint32_t origin; /* the header's origin (wire.h): a meta request's cache holder id */
+	uint32_t resp_flags; /* the reply header's flags, set with resp_len */
 	/* private: the connection's, between send and recv */
 	struct stk_rpc *next_;
 	int done_;
@@ -337,6 +338,13 @@ struct stk_rpc_req {
 	const struct stk_auth_client *client;
 	/* 1 when the handler took this request before and handed it back (requeue). */
 	int requeued;
+	/*
+	 * With STK_FRAME_VOUCH in hdr.flags: the voucher record (STK_VOUCH_REC_LEN
+	 * bytes, wire.h) that ended the payload, already taken off `payload`; NULL when
+	 * the payload was too short to hold one (the handler refuses the request).
+	 * Valid until the handler returns.
+	 */
+	const uint8_t *vouch;
 };
 
 struct stk_rpc_resp {

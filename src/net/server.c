@@ -1036,6 +1036,11 @@ static void req_view(struct srv_req *r, struct stk_rpc_req *req, struct stk_rpc_
 {
 	req->hdr = r->hdr;
 	stk_rbuf_init(&req->payload, r->in, r->hdr.payload_len);
+	req->vouch = NULL;
+	if ((r->hdr.flags & STK_FRAME_VOUCH) && r->hdr.payload_len >= STK_VOUCH_REC_LEN) {
+		req->payload.len -= STK_VOUCH_REC_LEN;
+		req->vouch = r->in + req->payload.len;
+	}
 	req->bulk = r->bulk;
 	req->bulk_len = r->hdr.bulk_len;
 	req->peer = r->conn->peer;
@@ -1067,7 +1072,7 @@ static void seal(struct stk_server *s, struct srv_req *r, int rc, const struct s
 	} else {
 		r->rh.payload_len = (uint32_t)resp->payload.len;
 		r->rh.bulk_len = resp->bulk_len;
-		r->rh.flags |= resp->frame_flags & STK_FRAME_BULK_SELF;
+		r->rh.flags |= resp->frame_flags & (STK_FRAME_BULK_SELF | STK_FRAME_VOUCH);
 		r->reply_bulk = resp->bulk;
 		if (resp->payload.len)
 			memcpy(r->out, out, resp->payload.len);

@@ -695,6 +695,15 @@ enum stk_fsck_kind {
 /* META_WITHIN: within 1 when ino lies under the folder subtree names, else 0. */
 #define STK_MSG_META_WITHIN_REQ(F) F(u64, ino) F(path, subtree)
 #define STK_MSG_META_WITHIN_RESP(F) F(u8, within)
+/*
+ * A voucher (wire.h, STK_FRAME_VOUCH; common/auth.h): inodes [ino, ino + count) lie
+ * under the client's subtree as of meta's epoch, until expires_ms (Unix time);
+ * mac: HMAC under the vouch key, which no client holds.
+ */
+#define STK_MSG_VOUCH_REC(F) F(u64, ino) F(u64, count) F(u64, expires_ms) F(u64, epoch) F(b32, mac)
+#define STK_VOUCH_REC_LEN 64u
+/* META_EPOCH's reply. */
+#define STK_MSG_META_EPOCH_RESP(F) F(u64, epoch)
 #define STK_MSG_MGMT_CLIENT_NAME(F) F(name, name)
 #define STK_MSG_MGMT_CLIENT_GEN(F) F(u64, gen)
 /*
@@ -820,6 +829,8 @@ enum stk_fsck_kind {
 	X(client_rec, STK_MSG_CLIENT_REC)                         \
 	X(meta_within_req, STK_MSG_META_WITHIN_REQ)               \
 	X(meta_within_resp, STK_MSG_META_WITHIN_RESP)             \
+	X(vouch_rec, STK_MSG_VOUCH_REC)                           \
+	X(meta_epoch_resp, STK_MSG_META_EPOCH_RESP)               \
 	X(mgmt_client_name, STK_MSG_MGMT_CLIENT_NAME)             \
 	X(mgmt_client_gen, STK_MSG_MGMT_CLIENT_GEN)                                                \
 	X(qos_rec, STK_MSG_QOS_REC)

@@ -45,7 +45,8 @@ int stk_hdr_decode(const uint8_t *in, struct stk_frame_hdr *h)
 		return -EBADMSG;
 	/* the flags of another version mean what that version says: its version is refused */
 	if (h->version == STK_WIRE_VERSION &&
-	    (h->flags & ~(STK_FRAME_REPLY | STK_FRAME_BULK_SELF | STK_FRAME_CLASS_MASK)))
+	    (h->flags & ~(STK_FRAME_REPLY | STK_FRAME_BULK_SELF | STK_FRAME_CLASS_MASK |
+			   STK_FRAME_VOUCH)))
 		return -EBADMSG;
 	return 0;
 }

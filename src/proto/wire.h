@@ -21,6 +21,16 @@
  *       36    4 origin       requests to meta: the sender's cache holder id
  *                            (src/meta/leases.h), 0 for none; 0 otherwise
  *
+ * Vouchers (STK_FRAME_VOUCH, docs/security.md "Vouchers"): meta's word that inodes
+ * lie under a subtree client key's root, so that storage need not ask (META_WITHIN).
+ * The flag on a meta reply to such a client: its payload ends with n vouch records
+ * (msg.h, STK_VOUCH_REC_LEN bytes each) then u16 n (1 to STK_VOUCH_MAX), after the
+ * message's own fields; the client takes them off before it decodes the message.
+ * On a storage request (READ, WRITE, TRUNCATE, PUNCH, PREFETCH): its payload ends
+ * with one vouch record for the inode it names; storage takes it off first. A
+ * trailer too short, or a count out of range, makes the frame malformed. Only a
+ * client key's connection sends or gets them; a request to meta never carries one.
+ *
  * A connection carries many requests at once: a sender may send requests without
  * waiting for replies, and a server answers each when it is done, so replies come
  * in any order; the request id matches each to its request (ids are the sender's
@@ -56,13 +66,15 @@
  * MGMT_HEARTBEAT's meta position and identity, META_REPL). 9: a storage request's
  * QoS class in the frame's flags (STK_FRAME_CLASS_MASK; sent by version 8 builds
  * that had QoS without saying so: a daemon of 8 without it closed their
- * connections as malformed).
+ * connections as malformed). 10: vouchers (STK_FRAME_VOUCH, a trailer after the
+ * payload's fields; META_EPOCH): a daemon of 9 would read the trailer as part of the
+ * message, so the flag cannot be sent to it, and the version says so.
  * Daemons and clients of another version refuse each other's requests (NOTSUP)
  * rather than misread them. The flags' meaning depends on the version, so a frame
  * of another version is never refused for its flags: its version is what is
  * answered, NOTSUP, and the peer hears why. Any new flag bit bumps the version.
  */
-#define STK_WIRE_VERSION 9
+#define STK_WIRE_VERSION 10
 #define STK_FRAME_HDR_LEN 40
 #define STK_MAX_PAYLOAD (1u << 20)
 #define STK_MAX_BULK ((64u << 20) + 4096)
@@ -75,6 +87,9 @@
  * stoker.h); 3 is refused (INVAL). Senders of older versions leave them 0.
  */
 #define STK_FRAME_CLASS_SHIFT 8
+/* The payload ends with vouchers (above, "Vouchers"). */
+#define STK_FRAME_VOUCH 0x4u
+#define STK_VOUCH_MAX 256u /* STK_LOOKUPS_MAX: one per name */
 #define STK_FRAME_CLASS_MASK 0x300u
 
 /*
@@ -240,6 +255,10 @@
 	 * chunks. PERM for a client key's connection. */                              \
 	X(META_WITHIN, 88, meta_within_req, meta_within_resp,                           \
 	  "is an inode under a client's subtree")                                       \
+	/* Meta's vouch epoch (docs/security.md, "Vouchers"): a voucher of another epoch  \
+	 * is worth nothing. Storage asks it at most once a second while it is shown      \
+	 * vouchers. PERM for a client key's connection. */                               \
+	X(META_EPOCH, 92, none, meta_epoch_resp, "meta's vouch epoch")                     \
 	/* META_LOOKUP_CACHE for up to STK_LOOKUPS_MAX names of one folder, in one read:  \
 	 * n lookups_rec follow the request, n attr_rec the reply (msg.h); what a mount's \
 	 * readdirplus asks, so that the files of a listed folder are then opened with   \

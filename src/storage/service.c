@@ -136,6 +136,15 @@ struct storage {
 	/* inodes meta said lie under a client key's subtree (subtree_ok), under sub_lock */
 	pthread_mutex_t sub_lock;
 	struct sub_ent *sub;
+	/*
+	 * Vouchers (vouch_check): the vouch key (vouching 0 without the cluster key),
+	 * and meta's epoch as last asked, at epoch_ns (monotonic; 0: never), under
+	 * sub_lock. Counts in vouch_m (enum vouch_result) and asks_m (within, epoch).
+	 */
+	int vouching;
+	uint8_t vouch_key[STK_AUTH_MAC];
+	uint64_t epoch, epoch_ns;
+	stk_metric_t vouch_m[4], asks_m[2];
 	/* changes our successor never took (unsettled_note), and the thread that
 	 * sends them again (settle_main); the table under settle_lock */
 	pthread_mutex_t settle_lock;
@@ -2940,17 +2949,15 @@ static int subtree_ok(struct storage *s, const struct stk_auth_client *c, uint64
 }
 
 /*
- * One META_WITHIN to the meta the routing table names for shard 1 (its address
- * into addr). 0 with *r filled, -ENXIO (none serves), -EBADMSG or the call's error.
+ * One call of op (META_WITHIN, META_EPOCH) with the request in req[0..len) to the
+ * meta the routing table names for shard 1 (its address into addr); the reply's
+ * payload into out (cap bytes), its length into *out_len. 0, -ENXIO (none
+ * serves) or the call's error.
  */
-static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64_t ino, int call,
-		      char *addr, size_t addr_len, struct stk_msg_meta_within_resp *r)
+static int meta_ask(struct storage *s, uint16_t op, const void *req, size_t len, int call,
+		    char *addr, size_t addr_len, void *out, size_t cap, size_t *out_len)
 {
-	struct stk_msg_meta_within_req q;
-	uint8_t req[STK_PATH_MAX + 64], out[64];
 	struct stk_routing_ref *ref;
-	struct stk_wbuf w;
-	struct stk_rbuf rb;
 	struct stk_rpc rpc;
 	struct stk_conn *conn;
 	int rc;
@@ -2974,12 +2981,13 @@ static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64
 	}
 	if (!addr[0])
 		return -ENXIO;
-	memset(&q, 0, sizeof(q));
-	q.ino = ino;
-	stk_strlcpy(q.subtree, c->subtree, sizeof(q.subtree));
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_within_req_enc(&w, &q);
-	stk_rpc_prepare(&rpc, STK_OP_META_WITHIN, &w, out, sizeof(out));
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = op;
+	rpc.req = req;
+	rpc.req_len = len;
+	rpc.resp = out;
+	rpc.resp_cap = cap;
+	stk_metric_add(s->asks_m[op == STK_OP_META_EPOCH], 1);
 	stk_server_wait_begin();
 	rc = stk_pool_get(s->fwd, addr, &conn);
 	if (rc == 0) {
@@ -2987,12 +2995,154 @@ static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64
 		stk_pool_put(s->fwd, conn);
 	}
 	stk_server_wait_end();
+	if (rc == 0)
+		*out_len = rpc.resp_len;
+	return rc;
+}
+
+/* One META_WITHIN (meta_ask). 0 with *r filled, -ENXIO, -EBADMSG or the call's error. */
+static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64_t ino, int call,
+		      char *addr, size_t addr_len, struct stk_msg_meta_within_resp *r)
+{
+	struct stk_msg_meta_within_req q;
+	uint8_t req[STK_PATH_MAX + 64], out[64];
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	size_t len = 0;
+	int rc;
+
+	memset(&q, 0, sizeof(q));
+	q.ino = ino;
+	stk_strlcpy(q.subtree, c->subtree, sizeof(q.subtree));
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_within_req_enc(&w, &q);
+	rc = meta_ask(s, STK_OP_META_WITHIN, req, w.len, call, addr, addr_len, out, sizeof(out),
+		      &len);
 	if (rc == 0) {
-		stk_rbuf_init(&rb, out, rpc.resp_len);
+		stk_rbuf_init(&rb, out, len);
 		if (stk_msg_meta_within_resp_dec(&rb, r) || stk_rbuf_finish(&rb))
 			rc = -EBADMSG;
 	}
 	return rc;
+}
+
+/*
+ * Vouchers (wire.h STK_FRAME_VOUCH, docs/security.md "Vouchers"): meta's word,
+ * MACed under the vouch key, that the inodes [ino, ino + count) lie under the
+ * client's subtree as of its epoch. Storage takes it for META_WITHIN's yes while
+ * it has not expired and meta's epoch is still the voucher's; meta's epoch is
+ * asked at most once every EPOCH_FRESH_NS while vouchers come (a worker asks; the
+ * loop serves only while the epoch it knows is fresh). A rename at meta therefore
+ * ends every voucher given before it within EPOCH_FRESH_NS and a call.
+ */
+#define EPOCH_FRESH_NS (1000ull * 1000000ull)
+/* A voucher that says it lasts longer than meta gives (a clock ahead): not taken. */
+#define VOUCH_LONGEST_MS (60000ull + 5000ull)
+
+enum vouch_result { VOUCH_ACCEPTED = 0, VOUCH_NONE, VOUCH_STALE, VOUCH_REFUSED };
+
+/* META_EPOCH, on a worker: meta's epoch into s->epoch. 0 or -errno. */
+static int epoch_refresh(struct storage *s)
+{
+	struct stk_msg_meta_epoch_resp r;
+	char addr[STK_ADDR_MAX];
+	uint8_t out[32];
+	struct stk_rbuf rb;
+	size_t len = 0;
+	/* fresh from before the ask: a rename while it travels is not missed */
+	uint64_t t0 = stk_now_ns();
+	int rc = meta_ask(s, STK_OP_META_EPOCH, NULL, 0, 0, addr, sizeof(addr), out, sizeof(out),
+			  &len);
+
+	if (rc == 0) {
+		stk_rbuf_init(&rb, out, len);
+		if (stk_msg_meta_epoch_resp_dec(&rb, &r) || stk_rbuf_finish(&rb))
+			rc = -EBADMSG;
+	}
+	if (rc) {
+		stk_warn("cannot ask meta at %s for its vouch epoch: %s (vouchers are not taken)",
+			 addr[0] ? addr : "(none)", strerror(-rc));
+		return rc;
+	}
+	pthread_mutex_lock(&s->sub_lock);
+	if (t0 > s->epoch_ns) { /* not over a newer answer of another worker's */
+		s->epoch = r.epoch;
+		s->epoch_ns = t0;
+	}
+	pthread_mutex_unlock(&s->sub_lock);
+	return 0;
+}
+
+/*
+ * The verdict on req's voucher for ino (a subtree client's request): VOUCH_ACCEPTED
+ * (served without asking meta), VOUCH_NONE or VOUCH_STALE (meta is asked, as
+ * without one), VOUCH_REFUSED (forged or for another inode: the request is
+ * refused). may_ask: this thread may wait for meta (a worker); on a loop a
+ * voucher whose epoch is not known fresh is VOUCH_STALE and the request goes to a
+ * worker. Counted (stoker_storage_vouchers_total) only when count is set.
+ */
+static enum vouch_result vouch_check(struct storage *s, const struct stk_rpc_req *req,
+				     uint64_t ino, int may_ask, int count)
+{
+	const struct stk_auth_client *c = req->client;
+	struct stk_msg_vouch_rec rec;
+	struct stk_auth_vouch v;
+	struct stk_rbuf rb;
+	enum vouch_result res = VOUCH_NONE;
+	uint64_t now_ms, epoch, at;
+
+	if (!(req->hdr.flags & STK_FRAME_VOUCH) || !s->vouching)
+		goto out;
+	res = VOUCH_REFUSED;
+	if (!req->vouch) {
+		if (count)
+			stk_warn("%s: client %s: a voucher too short: refused", req->peer, c->name);
+		goto out;
+	}
+	stk_rbuf_init(&rb, req->vouch, STK_VOUCH_REC_LEN);
+	if (stk_msg_vouch_rec_dec(&rb, &rec) || stk_rbuf_finish(&rb))
+		goto out;
+	v.ino = rec.ino;
+	v.count = rec.count;
+	v.expires_ms = rec.expires_ms;
+	v.epoch = rec.epoch;
+	memcpy(v.mac, rec.mac, sizeof(v.mac));
+	if (ino < v.ino || ino - v.ino >= v.count) {
+		if (count)
+			stk_warn("%s: client %s: a voucher for inodes %llx+%llu shown for inode "
+				 "%llx: refused",
+				 req->peer, c->name, (unsigned long long)v.ino,
+				 (unsigned long long)v.count, (unsigned long long)ino);
+		goto out;
+	}
+	if (!stk_auth_vouch_check(s->vouch_key, c, &v)) {
+		if (count)
+			stk_warn("%s: client %s: a voucher for inode %llx that meta did not make "
+				 "(forged, or another cluster's): refused",
+				 req->peer, c->name, (unsigned long long)ino);
+		goto out;
+	}
+	res = VOUCH_STALE;
+	now_ms = stk_wall_ms();
+	if (v.expires_ms <= now_ms || v.expires_ms > now_ms + VOUCH_LONGEST_MS)
+		goto out;
+	pthread_mutex_lock(&s->sub_lock);
+	epoch = s->epoch;
+	at = s->epoch_ns;
+	pthread_mutex_unlock(&s->sub_lock);
+	if (!at || stk_now_ns() - at > EPOCH_FRESH_NS) {
+		if (!may_ask || epoch_refresh(s))
+			goto out;
+		pthread_mutex_lock(&s->sub_lock);
+		epoch = s->epoch;
+		pthread_mutex_unlock(&s->sub_lock);
+	}
+	if (v.epoch == epoch)
+		res = VOUCH_ACCEPTED;
+out:
+	if (count)
+		stk_metric_add(s->vouch_m[res], 1);
+	return res;
 }
 
 /* The inode of a request that names one (READ, WRITE, TRUNCATE, PUNCH, PREFETCH). */
@@ -3074,7 +3224,16 @@ static int subtree_gate(struct storage *s, const struct stk_rpc_req *req, struct
 	rc = req_ino(req, &ino);
 	if (rc == -ENOENT)
 		return 0; /* names no inode (SYNC) */
-	return rc ? rc : subtree_ok(s, c, ino, resp);
+	if (rc)
+		return rc;
+	switch (vouch_check(s, req, ino, 1, 1)) {
+	case VOUCH_ACCEPTED:
+		return 0;
+	case VOUCH_REFUSED:
+		return stk_rpc_client_refused(resp, STK_CLIENT_REFUSED_OUTSIDE, -EACCES);
+	default:
+		return subtree_ok(s, c, ino, resp);
+	}
 }
 
 /*
@@ -3639,8 +3798,18 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 	if (req->client)
 		stk_qos_seen(cls);
 	/* a subtree client's read of an inode not known to be its own: a worker asks meta */
-	if (req->client && (req_ino(req, &ino) || !subtree_known(sl->s, req->client, ino)))
-		return STK_RPC_TO_WORKER;
+	if (req->client && strcmp(req->client->subtree, "/") != 0) {
+		enum vouch_result v;
+
+		if (req_ino(req, &ino))
+			return STK_RPC_TO_WORKER;
+		/* a voucher, or meta's yes of late; else a worker asks meta (or refuses) */
+		v = vouch_check(sl->s, req, ino, 0, 0);
+		if (v != VOUCH_ACCEPTED &&
+		    (v == VOUCH_REFUSED || !subtree_known(sl->s, req->client, ino)))
+			return STK_RPC_TO_WORKER;
+		stk_metric_add(sl->s->vouch_m[v], 1);
+	}
 	return loop_read(state, req, resp, p);
 }
 
@@ -4027,6 +4196,19 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		goto out;
 	pthread_mutex_init(&s->sub_lock, NULL);
 	s->sub = calloc(SUB_SLOTS, sizeof(*s->sub)); /* NULL: subtree clients get ENOMEM */
+	{
+		static const char *const results[4] = {"accepted", "none", "stale", "refused"};
+		static const char *const ops[2] = {"within", "epoch"};
+		uint8_t key[STK_AUTH_KEY_MAX];
+		size_t klen = stk_daemon_key(key);
+
+		s->vouching = klen && stk_auth_vouch_key(key, klen, s->vouch_key) == 0;
+		memset(key, 0, sizeof(key));
+		for (int i = 0; i < 4; i++)
+			stk_metric_series(STK_M_STORAGE_VOUCHERS, &results[i], &s->vouch_m[i]);
+		for (int i = 0; i < 2; i++)
+			stk_metric_series(STK_M_STORAGE_META_ASKS, &ops[i], &s->asks_m[i]);
+	}
 	/*
 	 * Forwards wait on the event loops (write_on_loop) unless STOKER_LOOP_WRITES=0,
 	 * which sends them from the workers as before (to compare, or to rule the

@@ -2012,10 +2012,93 @@ static int cmd_handshake(int argc, char **argv)
 	return 0;
 }
 
+/* Hex of n bytes into out (2n + 1). */
+static void to_hex(const uint8_t *p, size_t n, char *out)
+{
+	for (size_t i = 0; i < n; i++)
+		snprintf(out + 2 * i, 3, "%02x", p[i]);
+}
+
+/* Up to cap bytes from hex digits; their count, or -1 for a bad digit or an odd length. */
+static long from_hex(const char *s, uint8_t *out, size_t cap)
+{
+	size_t n = strlen(s);
+
+	if (n % 2 || n / 2 > cap)
+		return -1;
+	for (size_t i = 0; i < n / 2; i++) {
+		unsigned v;
+
+		if (sscanf(s + 2 * i, "%2x", &v) != 1)
+			return -1;
+		out[i] = (uint8_t)v;
+	}
+	return (long)(n / 2);
+}
+
 /*
- * chunk HOST:PORT INO read|truncate|prefetch: one chunk request for INO (chunk 0
- * of chain 1) straight to a storage node, with the key of $STOKER_KEY_FILE;
- * prints the errno's name the node answered.
+ * vouch META_HOST:PORT PARENT NAME: one META_LOOKUP of NAME in folder PARENT straight
+ * to meta, with the key of $STOKER_KEY_FILE; prints "INO HEX", HEX the voucher
+ * record meta sent with it (wire.h STK_FRAME_VOUCH), or "INO none", or the errno's
+ * name. The reply's trailer is checked as the client library checks it.
+ */
+static int cmd_vouch(int argc, char **argv)
+{
+	const char *key = getenv("STOKER_KEY_FILE");
+	struct stk_msg_meta_lookup_req q = {.cred = {.uid = getuid(), .gid = getgid()}};
+	struct stk_msg_meta_attr_resp a;
+	uint8_t req[512], resp[1024];
+	char hex[2 * STK_VOUCH_REC_LEN + 1], err[512];
+	struct stk_conn *conn;
+	struct stk_rpc rpc;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t len, at;
+	int rc;
+
+	if (argc != 4 || !key || stk_parse_u64(argv[2], &q.parent) ||
+	    strlen(argv[3]) > STK_NAME_MAX)
+		return 2;
+	rc = stk_net_auth_load(key, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	stk_strlcpy(q.name, argv[3], sizeof(q.name));
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_lookup_req_enc(&w, &q);
+	stk_rpc_prepare(&rpc, STK_OP_META_LOOKUP, &w, resp, sizeof(resp));
+	rc = stk_conn_connect(argv[1], 2000, &conn);
+	if (rc == 0) {
+		rc = stk_rpc_call(conn, &rpc);
+		stk_conn_close(conn);
+	}
+	if (rc) {
+		printf("%s\n", errname(rc));
+		return 0;
+	}
+	len = rpc.resp_len;
+	if (!(rpc.resp_flags & STK_FRAME_VOUCH)) {
+		stk_rbuf_init(&r, resp, len);
+		CHECK(stk_msg_meta_attr_resp_dec(&r, &a) == 0 && stk_rbuf_finish(&r) == 0);
+		printf("%llu none\n", (unsigned long long)a.attr.ino);
+		return 0;
+	}
+	/* one voucher, then its count */
+	CHECK(len > STK_VOUCH_REC_LEN + 2 && resp[len - 2] == 1 && resp[len - 1] == 0);
+	at = len - 2 - STK_VOUCH_REC_LEN;
+	stk_rbuf_init(&r, resp, at);
+	CHECK(stk_msg_meta_attr_resp_dec(&r, &a) == 0 && stk_rbuf_finish(&r) == 0);
+	to_hex(resp + at, STK_VOUCH_REC_LEN, hex);
+	printf("%llu %s\n", (unsigned long long)a.attr.ino, hex);
+	return 0;
+}
+
+/*
+ * chunk HOST:PORT INO read|truncate|prefetch [HEX]: one chunk request for INO
+ * (chunk 0 of chain 1) straight to a storage node, with the key of
+ * $STOKER_KEY_FILE, carrying the voucher HEX (any bytes: a forged or short one
+ * too) when given; prints the errno's name the node answered.
  */
 static int cmd_chunk(int argc, char **argv)
 {
@@ -2029,7 +2112,12 @@ static int cmd_chunk(int argc, char **argv)
 	uint64_t ino;
 	int rc;
 
-	if (argc != 4 || !key || stk_parse_u64(argv[2], &ino))
+	uint8_t vouch[128];
+	long vlen = -1;
+
+	if ((argc != 4 && argc != 5) || !key || stk_parse_u64(argv[2], &ino))
+		return 2;
+	if (argc == 5 && (vlen = from_hex(argv[4], vouch, sizeof(vouch))) < 0)
 		return 2;
 	rc = stk_net_auth_load(key, err, sizeof(err));
 	if (rc) {
@@ -2058,6 +2146,12 @@ static int cmd_chunk(int argc, char **argv)
 		stk_rpc_prepare(&rpc, STK_OP_STOR_PREFETCH, &w, resp, sizeof(resp));
 	} else {
 		return 2;
+	}
+	if (vlen >= 0) {
+		/* the voucher ends the payload (wire.h) */
+		stk_put_bytes(&w, vouch, (size_t)vlen);
+		rpc.req_len = w.len;
+		rpc.frame_flags |= STK_FRAME_VOUCH;
 	}
 	rc = stk_conn_connect(argv[1], 2000, &conn);
 	if (rc == 0) {
@@ -2207,6 +2301,7 @@ int main(int argc, char **argv)
 		    {"ino", cmd_ino},
 		    {"handshake", cmd_handshake},
 		    {"chunk", cmd_chunk},
+		    {"vouch", cmd_vouch},
 		    {"truncloop", cmd_truncloop},
 		    {"shardgate", cmd_shardgate}};
 
