@@ -14,8 +14,11 @@ folders replaced, so the servers differ only in what lies under them. Each is
 measured with a user-space client, as this kernel has no NFS or SMB client:
 
   - NFS (NFSv3, libnfs through tests/integration/nfsclient.py, 1 MiB requests):
-    write a BIG_MIB MiB file (fsync at the end), read it back, read SMALL files of
-    16 KiB one after the other;
+    write a BIG_MIB MiB file (fsync at the end), read it back into a buffer the
+    client touched beforehand (checked against what was written), read it again
+    warm, read it cold once more into memory allocated as it reads (read_file: the
+    old measure, which times the client's page faults as much as the server), read
+    SMALL files of 16 KiB one after the other;
   - SMB (smbclient, SMB3): put the big file, get it, mget the small files;
   - and the same through the Stoker mount itself (default options, 1 MiB reads
     and writes, the file fsync'ed once), the path every gateway adds its server to.
@@ -33,6 +36,8 @@ Prints every round, then medians and the ratio Stoker / local for each.
     python3 scripts/bench-nfs-smb.py [WORK]   (BIG_MIB=2048 SMALL=2000 ROUNDS=3 PORT=10500)
 Needs root, the build (make), nfs-ganesha, rpcbind, samba and smbclient.
 """
+import ctypes
+import mmap
 import os
 import pwd
 import re
@@ -209,20 +214,29 @@ def timed(fn):
     return time.time() - t0
 
 
+def drop_file(path):
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def drop_cache():
-    """The local folder's and the cluster's chunk files leave the page cache."""
+    """The local folder's and the cluster's chunk files leave the page cache, and so
+    does the big file in the running gateway's mount: the pages the gateway kept of
+    what it wrote (the local side's are dropped with the local folder)."""
     os.sync()
     for top in (WORK + "/local", WORK + "/c/targets", WORK + "/c/storage"):
         for dirpath, _, files in os.walk(top):
             for name in files:
-                try:
-                    fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
-                except OSError:
-                    continue
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
+                drop_file(os.path.join(dirpath, name))
+    for mnt, path in ((WORK + "/nfs/mnt", "/big.bin"), (WORK + "/smb/mnt", "/bench/big.bin")):
+        if os.path.ismount(mnt):
+            drop_file(mnt + path)
 
 
 def party(cmd):
@@ -266,18 +280,32 @@ def timed_read(fn):
     return t, {k: (c1[k] - c0.get(k, 0.0)) / (BIG / 1e9) for k in c1}
 
 
-def nfs_round(port, blob, small):
-    """(write MB/s, read MB/s, small files/s) over NFSv3 on port."""
+def same(buf, blob):
+    return all(buf[o:o + (64 << 20)] == blob[o:o + (64 << 20)] for o in range(0, BIG, 64 << 20))
+
+
+def nfs_round(port, blob, small, buf):
+    """(write MB/s, read MB/s, small files/s, read CPU, warm read MB/s, read MB/s of
+    the whole file into new memory) over NFSv3 on port. The big reads land in buf,
+    a buffer of the file's size whose pages the client touched before: a client
+    that keeps the file in memory it allocates as it reads (read_file) spends as
+    much time faulting in 4 GiB of fresh pages as the server spends reading, and
+    that time swings 2-3x on this machine (the last column shows it)."""
+    addr = ctypes.addressof((ctypes.c_char * BIG).from_buffer(buf))
     with Nfs("127.0.0.1", "/bench", port, version=3, mount_port=port + 1, uid=0, gid=0) as n:
         w = timed(lambda: n.write_file("/big.bin", blob))
-        r, cpu = timed_read(lambda: n.read_file("/big.bin"))
-        warm = timed(lambda: n.read_file("/big.bin"))
+        ctypes.memset(addr, 0, BIG)
+        r, cpu = timed_read(lambda: n.read_into("/big.bin", buf))
+        assert same(buf, blob), "the big file read back differs"
+        warm = timed(lambda: n.read_into("/big.bin", buf))
+        drop_cache()
+        grow = timed(lambda: n.read_file("/big.bin"))
         got = []
         drop_cache()
         s = timed(lambda: [got.append(len(n.read_file("/small/%d" % i))) for i in range(small)])
         assert sum(got) == small * 16384, "short small reads"
         n.unlink("/big.bin")
-    return BIG / w / 1e6, BIG / r / 1e6, small / s, cpu, BIG / warm / 1e6
+    return BIG / w / 1e6, BIG / r / 1e6, small / s, cpu, BIG / warm / 1e6, BIG / grow / 1e6
 
 
 def smbclient(port, commands):
@@ -344,7 +372,9 @@ def main():
             for i in range(SMALL):
                 os.chown("%s/small/%d" % (base, i), uid, uid)
         sh(S, "umount", mnt, env=env)
-        nfs = lambda p: nfs_round(p, blob, SMALL)
+        buf = mmap.mmap(-1, BIG)  # the NFS client's read buffer, touched here once
+        buf[:] = blob
+        nfs = lambda p: nfs_round(p, blob, SMALL, buf)
         smb = lambda p: smb_round(p, big_path, SMALL)
         runs = [("mount", Mounted, lambda p: mount_round(p, blob, SMALL), 0),
                 ("nfs stoker", nfs_gateway, nfs, NFS_PORT), ("nfs local", nfs_local, nfs, NFS_LOCAL),
@@ -362,11 +392,12 @@ def main():
                 finally:
                     stop(proc)
                 rows[name].append(res)
-                print("round %d %-10s write %5.0f MB/s  read %5.0f MB/s (warm %5.0f)  16 KiB "
+                print("round %d %-10s write %5.0f MB/s  read %5.0f MB/s (warm %5.0f%s)  16 KiB "
                       "files %5.0f/s  read CPU s/GB: %s" % (
-                          r + 1, name, res[0], res[1], res[4], res[2], ", ".join(
-                              "%s %.2f" % kv for kv in sorted(res[3].items()) if kv[1] >= 0.005)),
-                      flush=True)
+                          r + 1, name, res[0], res[1], res[4],
+                          ", into new memory %.0f" % res[5] if len(res) > 5 else "", res[2],
+                          ", ".join("%s %.2f" % kv for kv in sorted(res[3].items())
+                                    if kv[1] >= 0.005)), flush=True)
         print()
         print("| protocol | measure | Stoker gateway |%s same server on local | ratio |%s" % (
             " before |" if BEFORE else "", " before ratio |" if BEFORE else ""))
@@ -375,7 +406,10 @@ def main():
             for i, what in ((0, "write %d MiB (MB/s)" % (BIG >> 20)),
                             (1, "read %d MiB, cold (MB/s)" % (BIG >> 20)),
                             (4, "read it again, warm (MB/s)"),
+                            (5, "read it cold into new memory (MB/s)"),
                             (2, "read 16 KiB files, cold (files/s)")):
+                if i == 5 and proto != "nfs":
+                    continue
                 med = lambda k: statistics.median(x[i] for x in rows["%s %s" % (proto, k)])
                 st, lo = med("stoker"), med("local")
                 cells = [proto.upper(), what, "%.0f" % st]
@@ -385,6 +419,18 @@ def main():
                 if BEFORE:
                     cells.append("%.2f" % (med("before") / lo if lo else 0))
                 print("| " + " | ".join(cells) + " |")
+        print()
+        print("read cold, Stoker / local by round: " + "; ".join(
+            "%s %s" % (proto.upper(), ", ".join(
+                "%.2f" % (a[1] / b[1]) for a, b in zip(rows["%s stoker" % proto],
+                                                       rows["%s local" % proto])))
+            for proto in ("nfs", "smb")))
+        if BEFORE:
+            print("read cold, before / local by round: " + "; ".join(
+                "%s %s" % (proto.upper(), ", ".join(
+                    "%.2f" % (a[1] / b[1]) for a, b in zip(rows["%s before" % proto],
+                                                           rows["%s local" % proto])))
+                for proto in ("nfs", "smb")))
         for i, what in ((0, "write"), (1, "read, cold"), (4, "read, warm"), (2, "16 KiB files")):
             print("the mount itself, %s: %.0f" % (what, statistics.median(
                 x[i] for x in rows["mount"])))
