@@ -600,6 +600,10 @@ static int op_getattrs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 		recall(m, req, inos, q.n); /* all first, then one read of all */
 		rc = stk_meta_store_getattrs(m->store, &q.cred, inos, q.n, attrs, rcs);
 	}
+	/* another shard's inode is that shard's to answer (wrong_shard checks the first) */
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++)
+		if (stk_ino_shard(inos[i]) != stk_meta_store_shard(m->store))
+			rcs[i] = -EREMCHG;
 	if (rc)
 		goto out;
 	r.n = q.n;
@@ -2126,6 +2130,24 @@ static int is_read(uint16_t opcode)
 
 static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
 
+/*
+ * 0 when this shard serves what the request names, -EREMCHG (NOT_LEADER) when
+ * another shard does, -EXDEV for a rename or hard link whose two inodes lie on
+ * two shards. A request too short to say is left to its handler, which refuses it.
+ */
+static int wrong_shard(struct meta *m, uint16_t opcode, const struct stk_rbuf *payload)
+{
+	unsigned mine = stk_meta_store_shard(m->store);
+	uint64_t ino, other;
+
+	if (stk_msg_meta_route(opcode, payload->p + payload->off, payload->len - payload->off,
+			       &ino, &other) != 1)
+		return 0;
+	if (stk_ino_shard(ino) != mine)
+		return -EREMCHG;
+	return other && stk_ino_shard(other) != mine ? -EXDEV : 0;
+}
+
 static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct meta *m = ctx;
@@ -2142,14 +2164,16 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
 		return -EREMCHG;
 	/*
-	 * Shards 2.. serve no client yet (docs/meta-shards.md): clients send every
-	 * request to shard 1, which holds the root. One that reaches another shard's
-	 * meta node directly is refused, rather than served a namespace of that
-	 * shard's own that no other client sees (and that fsck, asking shard 1, would
-	 * take for orphans).
+	 * Each shard serves the requests on its own inodes (docs/meta-shards.md):
+	 * one about another shard's (a client with an old routing table, or one
+	 * that knows no shards) is answered NOT_LEADER, so that its sender asks
+	 * the routing table again; a rename or link between two shards is EXDEV.
 	 */
-	if (opcode != STK_OP_META_REPL && stk_meta_store_shard(m->store) > 1)
-		return -EXDEV;
+	if (opcode != STK_OP_META_REPL) {
+		rc = wrong_shard(m, opcode, &req->payload);
+		if (rc)
+			return rc;
+	}
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
 	if (rc == 0)

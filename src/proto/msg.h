@@ -48,6 +48,19 @@ static inline unsigned stk_ino_shard(uint64_t ino)
 
 #define STK_ROOT_INO 1ull
 
+/*
+ * The inode whose shard serves a metadata request (docs/meta-shards.md): the
+ * folder for a request on a name in it (lookup, create, mkdir, unlink, rmdir,
+ * readdir, ...), the inode itself otherwise (getattr, setattr, open, lock, ...).
+ * req/len: the encoded request of opcode (wire.h). *other: a second inode the
+ * request names that must live on the same shard (rename's destination folder,
+ * link's file), else 0. Returns 1 with *ino set (never 0), 0 for a request about
+ * no inode in particular (statfs, sessions, watches, sync, fsck: the caller
+ * picks the shard), -EBADMSG for a request too short to say.
+ */
+int stk_msg_meta_route(uint16_t opcode, const void *req, size_t len, uint64_t *ino,
+		       uint64_t *other);
+
 enum stk_role { STK_ROLE_MGMTD = 1, STK_ROLE_META = 2, STK_ROLE_STORAGE = 3, STK_ROLE_CLIENT = 4 };
 
 struct stk_cred {
