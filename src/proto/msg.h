@@ -549,6 +549,22 @@ enum stk_target_state {
  * quota root dir counts in, 0: none. want and give both 0: INVAL. AGAIN: the
  * frame's origin is not a live lease holder of `session` (it was reset).
  */
+/*
+ * META_XSHARD (meta/xshard.c): op is one of STK_XSHARD_*, from the shard asking, intent
+ * its intent's id (both shards name the operation by (from, intent)).
+ * MKDIR (to B): a folder whose parent is `parent` on A, `name` there, mode, uid,
+ *   gid, marked pending; the reply's attr is it. Asked again: the same folder.
+ * DYING (to B): folder ino, empty, marked dying (NOTEMPTY, BUSY, NOENT).
+ * SETTLE (to B): the mark of (from, intent) settled, done 1 (A named the folder,
+ *   or removed its name) or 0 (A gave up); kind: the intent's (STK_XINTENT_*).
+ * QUERY (to A, from B's recovery): state STK_XSTATE_* of intent, else of `name`
+ *   in parent naming ino.
+ */
+#define STK_MSG_META_XSHARD_REQ(F)                                                        \
+	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
+	F(u32, mode) F(u32, uid) F(u32, gid) F(u8, done) F(u8, kind)
+#define STK_MSG_META_XSHARD_RESP(F) F(u8, state) F(attr, attr)
+enum { STK_XSHARD_MKDIR = 1, STK_XSHARD_DYING = 2, STK_XSHARD_SETTLE = 3, STK_XSHARD_QUERY = 4 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
 #define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
@@ -788,6 +804,8 @@ enum stk_fsck_kind {
 	X(meta_quota_req, STK_MSG_META_QUOTA_REQ)                 \
 	X(meta_allow_req, STK_MSG_META_ALLOW_REQ)                 \
 	X(meta_allow_resp, STK_MSG_META_ALLOW_RESP)               \
+	X(meta_xshard_req, STK_MSG_META_XSHARD_REQ)               \
+	X(meta_xshard_resp, STK_MSG_META_XSHARD_RESP)             \
 	X(meta_quota_resp, STK_MSG_META_QUOTA_RESP)               \
 	X(meta_repl_req, STK_MSG_META_REPL_REQ)                                                    \
 	X(meta_repl_resp, STK_MSG_META_REPL_RESP)                                                  \
