@@ -1180,6 +1180,17 @@ static int op_setxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 	rc = decoded(req, rc ? rc : req->payload.err);
 	if (rc)
 		return rc;
+	/* a folder's placement setting (xshard.h): a shard the cluster has, or "spread" */
+	if (strcmp(q.name, STK_XSHARD_PIN_XATTR) == 0) {
+		struct stk_attr a;
+
+		rc = stk_meta_xshard_pin_check(m->xshard, value, q.size);
+		if (rc == 0 && stk_meta_store_getattr(m->store, &q.cred, q.ino, &a) == 0 &&
+		    !S_ISDIR(a.mode))
+			rc = -ENOTDIR;
+		if (rc)
+			return rc;
+	}
 	change_begin(m, req, &ch, q.ino, 0, 0, 0); /* its ctime */
 	rc = stk_meta_store_setxattr(m->store, &q.cred, q.ino, q.name, value, q.size, q.flags);
 	change_end(m, &ch);

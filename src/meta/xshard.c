@@ -41,7 +41,7 @@
 #define RECOVER_MS 1000u   /* recovery looks this often */
 #define RECOVER_BATCH 256u /* records settled per look */
 #define BUSY_MAX 1024u
-#define PIN_XATTR "trusted.stoker.shard"
+#define COUNT_MAX 4096u /* counted at most (STK_XSHARD_COUNT) */
 
 struct stk_meta_xshard {
 	struct stk_meta_store *st;
@@ -276,6 +276,18 @@ int stk_meta_xshard_getattr(struct stk_meta_xshard *x, uint64_t ino, struct stk_
 	return 0;
 }
 
+/* Whether the cluster has shard `shard`, asking mgmtd again before saying no. */
+static int shard_known(struct stk_meta_xshard *x, unsigned shard)
+{
+	char addr[STK_ADDR_MAX];
+
+	if (leader_addr(x, shard, addr, NULL) != -ENOENT)
+		return 1;
+	if (!x->agent || stk_agent_routing_refresh(x->agent))
+		return 0;
+	return leader_addr(x, shard, addr, NULL) != -ENOENT;
+}
+
 unsigned stk_meta_xshard_place(struct stk_meta_xshard *x, uint64_t parent, const char *name)
 {
 	static const struct stk_cred root_cred;
@@ -287,20 +299,36 @@ unsigned stk_meta_xshard_place(struct stk_meta_xshard *x, uint64_t parent, const
 	/* one shard: nothing to choose, and nothing read */
 	if (leader_addr(x, x->shard, addr, &nshards) == -ENOENT || nshards <= 1)
 		return x->shard;
-	if (stk_meta_store_getxattr(x->st, &root_cred, parent, PIN_XATTR, buf, sizeof(buf) - 1,
-				    &len) == 0) {
-		buf[len] = 0;
-		if (stk_parse_u64(buf, &pin) == 0 && pin >= 1 && pin <= STK_MAX_SHARDS &&
-		    leader_addr(x, (unsigned)pin, addr, NULL) != -ENOENT)
-			return (unsigned)pin;
-		stk_warn("meta: folder %llu is pinned to shard '%s', which the cluster does not "
-			 "have: its new folder '%s' stays on shard %u",
-			 (unsigned long long)parent, buf, name, x->shard);
-		return x->shard;
-	}
-	if (parent != STK_ROOT_INO)
-		return x->shard;
-	return (unsigned)(XXH64(name, strlen(name), 0) % nshards) + 1;
+	if (stk_meta_store_getxattr(x->st, &root_cred, parent, STK_XSHARD_PIN_XATTR, buf,
+				    sizeof(buf) - 1, &len))
+		return x->shard; /* no setting: the parent's shard */
+	buf[len] = 0;
+	if (len == 6 && memcmp(buf, "spread", 6) == 0)
+		return (unsigned)(XXH64(name, strlen(name), 0) % nshards) + 1;
+	if (stk_parse_u64(buf, &pin) == 0 && pin >= 1 && pin <= STK_MAX_SHARDS &&
+	    shard_known(x, (unsigned)pin))
+		return (unsigned)pin;
+	stk_warn("meta: folder %llu is pinned to shard '%s', which the cluster does not have: "
+		 "its new folder '%s' stays on shard %u",
+		 (unsigned long long)parent, buf, name, x->shard);
+	return x->shard;
+}
+
+int stk_meta_xshard_pin_check(struct stk_meta_xshard *x, const void *value, size_t len)
+{
+	char buf[16];
+	uint64_t pin;
+
+	if (len == 6 && memcmp(value, "spread", 6) == 0)
+		return 0;
+	if (len == 0 || len >= sizeof(buf))
+		return -EINVAL;
+	memcpy(buf, value, len);
+	buf[len] = 0;
+	if (stk_parse_u64(buf, &pin) || pin < 1 || pin > STK_MAX_SHARDS ||
+	    !shard_known(x, (unsigned)pin))
+		return -EINVAL;
+	return 0;
 }
 
 int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
@@ -430,6 +458,22 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 		if (rc == 0 && q->done && wait_held(x) == 0)
 			hook(x, q->kind == STK_XINTENT_MKDIR ? "mkdir" : "rmdir", 4);
 		return rc;
+	case STK_XSHARD_COUNT: {
+		struct stk_meta_xintent *vi = calloc(COUNT_MAX, sizeof(*vi));
+		struct stk_meta_xmark *vm = calloc(COUNT_MAX, sizeof(*vm));
+		size_t ni = 0, nm = 0;
+
+		rc = vi && vm ? 0 : -ENOMEM;
+		if (rc == 0)
+			rc = stk_meta_store_xintents(x->st, vi, COUNT_MAX, &ni);
+		if (rc == 0)
+			rc = stk_meta_store_xmarks(x->st, vm, COUNT_MAX, &nm);
+		r->intents = (uint32_t)ni;
+		r->marks = (uint32_t)nm;
+		free(vi);
+		free(vm);
+		return rc;
+	}
 	case STK_XSHARD_QUERY:
 		rc = stk_meta_store_xquery(x->st, q->intent, q->parent, q->name, q->ino, &state);
 		r->state = (uint8_t)state;

@@ -47,12 +47,19 @@ int stk_meta_xshard_start(struct stk_meta_xshard *x, struct stk_agent *agent);
 void stk_meta_xshard_destroy(struct stk_meta_xshard *x);
 
 /*
- * The shard a new folder `name` in parent goes to (docs/meta-shards.md,
- * "Placement"): its parent's pin if it has one (trusted.stoker.shard, a shard the
- * cluster has), else, for a folder made in the root of a cluster of S > 1 shards,
- * the shard a hash of its name picks; else this one.
+ * Placement (docs/meta-shards.md): a folder's setting for the folders made in it,
+ * the extended attribute trusted.stoker.shard: "N" (shard N) or "spread" (the
+ * shard a hash of the new folder's name picks among the cluster's S).
+ */
+#define STK_XSHARD_PIN_XATTR "trusted.stoker.shard"
+/*
+ * The shard a new folder `name` in parent goes to: by parent's setting, else (none,
+ * one shard, a shard the cluster does not have) this one. Reads nothing with one
+ * shard.
  */
 unsigned stk_meta_xshard_place(struct stk_meta_xshard *x, uint64_t parent, const char *name);
+/* A setting's value (len bytes) is one: 0, or -EINVAL. */
+int stk_meta_xshard_pin_check(struct stk_meta_xshard *x, const void *value, size_t len);
 /*
  * mkdir of `name` in parent (of this shard) on shard `shard`: the four steps above.
  * *out: the new folder. The errors of a mkdir, or -EIO when the other shard could

@@ -559,12 +559,20 @@ enum stk_target_state {
  *   or removed its name) or 0 (A gave up); kind: the intent's (STK_XINTENT_*).
  * QUERY (to A, from B's recovery): state STK_XSTATE_* of intent, else of `name`
  *   in parent naming ino.
+ * COUNT (to any, for tests and operators): the intents and marks it holds now
+ *   (intents, marks; the other replies leave them 0).
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
 	F(u32, mode) F(u32, uid) F(u32, gid) F(u8, done) F(u8, kind)
-#define STK_MSG_META_XSHARD_RESP(F) F(u8, state) F(attr, attr)
-enum { STK_XSHARD_MKDIR = 1, STK_XSHARD_DYING = 2, STK_XSHARD_SETTLE = 3, STK_XSHARD_QUERY = 4 };
+#define STK_MSG_META_XSHARD_RESP(F) F(u8, state) F(attr, attr) F(u32, intents) F(u32, marks)
+enum {
+	STK_XSHARD_MKDIR = 1,
+	STK_XSHARD_DYING = 2,
+	STK_XSHARD_SETTLE = 3,
+	STK_XSHARD_QUERY = 4,
+	STK_XSHARD_COUNT = 5
+};
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
 #define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
