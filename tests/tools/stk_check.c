@@ -41,6 +41,7 @@
  *                                         share a storage lock slot (see the function)
  *   shardgate HOST:PORT                   a meta node of shard 2 (docs/meta-shards.md)
  *   shardroute CLUSTER                    requests routed by inode over two shards
+ *   xshard ADDR                           a meta node's inodes, intents and marks
  *                                         refuses client requests (EXDEV) and still answers
  *   chunk HOST:PORT INO read|truncate|prefetch  one chunk request for INO straight to a
  *                                         storage node with $STOKER_KEY_FILE's key;
@@ -1376,6 +1377,57 @@ static int cmd_shardroute(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
+/*
+ * xshard ADDR: what the meta node at ADDR holds, as "files N intents I marks M": its
+ * inodes (META_STATFS) and its cross-shard intents and marks (META_XSHARD COUNT).
+ */
+static int cmd_xshard(int argc, char **argv)
+{
+	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_COUNT};
+	struct stk_msg_meta_xshard_resp x;
+	struct stk_msg_meta_statfs_resp f;
+	uint8_t req[512], resp[512];
+	struct stk_rpc rpc;
+	struct stk_conn *conn;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	if (argc < 2)
+		return 2;
+	rc = stk_conn_connect(argv[1], 2000, &conn);
+	if (rc) {
+		fprintf(stderr, "xshard: %s: %s\n", argv[1], stk_strerror(rc));
+		return 1;
+	}
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_META_STATFS;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	rc = stk_rpc_call(conn, &rpc);
+	stk_rbuf_init(&r, resp, rc ? 0 : rpc.resp_len);
+	if (rc == 0 && stk_msg_meta_statfs_resp_dec(&r, &f))
+		rc = -EBADMSG;
+	if (rc == 0) {
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_xshard_req_enc(&w, &q);
+		memset(&rpc, 0, sizeof(rpc));
+		stk_rpc_prepare(&rpc, STK_OP_META_XSHARD, &w, resp, sizeof(resp));
+		rc = stk_rpc_call(conn, &rpc);
+		stk_rbuf_init(&r, resp, rc ? 0 : rpc.resp_len);
+		if (rc == 0 && (stk_msg_meta_xshard_resp_dec(&r, &x) || stk_rbuf_finish(&r)))
+			rc = -EBADMSG;
+	}
+	stk_conn_close(conn);
+	if (rc) {
+		fprintf(stderr, "xshard: %s: %s\n", argv[1], stk_strerror(rc));
+		return 1;
+	}
+	printf("files %llu intents %u marks %u\n", (unsigned long long)f.files, x.intents,
+	       x.marks);
+	return 0;
+}
+
 /* ---- repl: hostile META_REPL ---- */
 
 /* One META_REPL with `bulk` (len bytes; claimed: what the request says it carries). */
@@ -2281,7 +2333,8 @@ int main(int argc, char **argv)
 		    {"chunk", cmd_chunk},
 		    {"truncloop", cmd_truncloop},
 		    {"shardgate", cmd_shardgate},
-		    {"shardroute", cmd_shardroute}};
+		    {"shardroute", cmd_shardroute},
+		    {"xshard", cmd_xshard}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");
