@@ -2124,7 +2124,16 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	rc = decoded(req, stk_msg_meta_xshard_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
-	rc = stk_meta_xshard_serve(m->xshard, &q, &r);
+	if (q.op == STK_XSHARD_DYING) {
+		struct change ch;
+
+		/* whether it is empty is its names' business: a delegation of it is recalled */
+		change_begin(m, req, &ch, q.ino, 0, 0, 0);
+		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
+		change_end(m, &ch);
+	} else {
+		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
+	}
 	return rc ? rc : stk_msg_meta_xshard_resp_enc(&resp->payload, &r);
 }
 

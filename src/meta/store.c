@@ -2774,6 +2774,43 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 					 flags, STK_META_ANY_INO, STK_META_ANY_INO, replaced, out);
 }
 
+/*
+ * A folder of another shard renamed within its parent (rename_prepare said EXDEV):
+ * only its entry here changes, its inode (whose parent stays the same) is left
+ * alone, so it is allowed when it replaces nothing. Anything else about it (a
+ * move to another folder, a replace, a sticky folder whose rule needs the
+ * folder's owner) stays EXDEV: the tool copies.
+ */
+static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t parent)
+{
+	struct inode dst;
+	int rc;
+
+	rc = victim_get(o, parent, r->src_name, &r->sp, &r->src);
+	if (rc != -EREMOTE)
+		return -EXDEV; /* not a folder of another shard: the first answer stands */
+	rc = may(o, &r->sp.a, MAY_W | MAY_X);
+	if (rc)
+		return rc;
+	if ((r->sp.a.mode & S_ISVTX) && !is_root(o) && !is_owner(o, &r->sp.a))
+		return -EXDEV;
+	if (strcmp(r->src_name, r->dst_name) == 0)
+		return 0;
+	rc = child_get(o, &r->sp, r->dst_name, &dst);
+	if (rc == 0 || rc == -EREMOTE)
+		return r->flags & STK_RENAME_NOREPLACE ? -EEXIST : -EXDEV;
+	if (rc != -ENOENT)
+		return rc;
+	rc = dentry_del(o, parent, r->src_name);
+	if (rc == 0)
+		rc = dentry_put(o, parent, r->dst_name, r->src.a.ino, S_IFDIR);
+	if (rc == 0) {
+		touch_dir(o, &r->sp);
+		rc = inode_put(o, &r->sp);
+	}
+	return rc;
+}
+
 static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t src_parent,
 		      const char *src_name, uint64_t dst_parent, const char *dst_name,
 		      uint32_t flags, uint64_t src_ino, uint64_t dst_ino, int *replaced,
@@ -2814,6 +2851,10 @@ static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, ui
 	if (rc)
 		goto out;
 	rc = rename_prepare(&o, &r, src_parent, dst_parent);
+	if (rc == -EXDEV && src_parent == dst_parent && !(flags & STK_RENAME_EXCHANGE)) {
+		rc = rename_remote_here(&o, &r, src_parent);
+		goto out;
+	}
 	if (rc || (r.have_dst && r.dst.a.ino == r.src.a.ino))
 		goto out;
 	if (flags & STK_RENAME_EXCHANGE)
@@ -6180,6 +6221,15 @@ int stk_meta_store_xquery(struct stk_meta_store *st, uint64_t id, uint64_t paren
 		*state = rc == 0 && d.ino == ino ? STK_XSTATE_NAMED : STK_XSTATE_UNNAMED;
 		if (rc == -ENOENT || rc == -EINVAL || rc == -ENAMETOOLONG)
 			rc = 0;
+		if (rc == 0 && *state == STK_XSTATE_UNNAMED) {
+			/* renamed within its folder since (rename_remote_here): any name counts */
+			struct ino_vec kids = {0};
+
+			rc = dir_children(&o, parent, &kids);
+			if (rc == 0 && vec_has(&kids, ino))
+				*state = STK_XSTATE_NAMED;
+			free(kids.v);
+		}
 	}
 	return op_end(&o, rc);
 }

@@ -121,6 +121,14 @@ def test_folders_on_another_shard(make_xc):
                  str(c.stat("/" + b).st_ino), "l"], check=False, env=sc.env())
         assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr
         assert c.read_file("/%s/sub/g" % b) == b.encode()
+        # within its parent, a folder of another shard renames (only its entry moves)
+        c.rename("/" + b, "/%s-renamed" % b)
+        assert c.read_file("/%s-renamed/sub/g" % b) == b.encode()
+        with pytest.raises(OSError) as e:
+            c.rename("/%s-renamed" % b, "/" + a)  # replacing: not built
+        assert e.value.errno == errno.EXDEV
+        c.rename("/%s-renamed" % b, "/" + b)
+        assert sorted(c.listdir("/")) == sorted(names + ["plain"])
         # a folder of another shard: rmdir of it non-empty refused, then removed
         with pytest.raises(OSError) as e:
             c.rmdir("/" + b)
