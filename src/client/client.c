@@ -530,7 +530,7 @@ static int meta_call(struct stk_client *c, unsigned shard, uint32_t origin, uint
 	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
 	unsigned backoff_ms = 20;
 	char addr[STK_ADDR_MAX];
-	int rc;
+	int rc, asked = 0;
 
 	/* Meta sees this client's calls in order: what was answered here goes first. */
 	if (opcode != STK_OP_META_NAMES && opcode != STK_OP_META_INOS &&
@@ -564,6 +564,9 @@ static int meta_call(struct stk_client *c, unsigned shard, uint32_t origin, uint
 				      .origin = origin};
 
 		rc = stk_client_meta_addr_shard(c, shard, addr);
+		/* a table from before that shard's first meta node registered: ask again */
+		if (rc == -ENOENT && !asked++ && stk_client_refresh_routing(c) == 0)
+			rc = stk_client_meta_addr_shard(c, shard, addr);
 		if (rc == 0) {
 			stk_callwatch_set_thread(c->watch); /* a new connection's handshake, too */
 			rc = stk_pool_get(c->pool, addr, &conn);

@@ -186,7 +186,7 @@ static int call(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode, cons
 	uint64_t deadline = stk_now_ns() + CALL_TRY_MS * 1000000ull;
 	unsigned backoff_ms = 20;
 	char addr[STK_ADDR_MAX];
-	int rc;
+	int rc, asked = 0;
 
 	for (;;) {
 		struct stk_conn *c = NULL;
@@ -194,6 +194,9 @@ static int call(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode, cons
 		struct stk_wbuf w = {.p = (void *)req, .len = len, .cap = len};
 
 		rc = leader_addr(x, shard, addr, NULL);
+		/* a table from before that shard's first meta node registered: ask again */
+		if (rc == -ENOENT && !asked++ && x->agent && stk_agent_routing_refresh(x->agent) == 0)
+			rc = leader_addr(x, shard, addr, NULL);
 		if (rc == 0)
 			rc = stk_pool_get(x->pool, addr, &c);
 		if (rc == 0) {

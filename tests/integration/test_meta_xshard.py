@@ -121,6 +121,10 @@ def test_folders_on_another_shard(make_xc):
                  str(c.stat("/" + b).st_ino), "l"], check=False, env=sc.env())
         assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr
         assert c.read_file("/%s/sub/g" % b) == b.encode()
+        # ".." of a folder of another shard is its parent, asked of the parent's shard
+        p = run([CHECK, "ino", sc.url, "parent", str(c.stat("/" + b).st_ino)],
+                check=False, env=sc.env())
+        assert p.stdout.split() == [b"ino", b"1", b"OK"], p.stdout + p.stderr
         # within its parent, a folder of another shard renames (only its entry moves)
         c.rename("/" + b, "/%s-renamed" % b)
         assert c.read_file("/%s-renamed/sub/g" % b) == b.encode()

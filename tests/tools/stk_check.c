@@ -2280,6 +2280,10 @@ static int cmd_ino(int argc, char **argv)
 		rc = stk_ll_setattr(c, &cred, x, STK_LL_SETATTR_MODE, &b, &a);
 	} else if (strcmp(op, "setxattr") == 0) {
 		rc = stk_ll_setxattr(c, &cred, x, "user.stk", "1", 1, 0);
+	} else if (strcmp(op, "parent") == 0) {
+		rc = stk_ll_lookup_parent(c, &cred, x, &a);
+		if (rc == 0)
+			printf("ino %llu\n", (unsigned long long)a.ino);
 	} else if (argc == 5 && strcmp(op, "lookup") == 0) {
 		rc = stk_ll_lookup(c, &cred, x, argv[4], &a);
 		if (rc == 0)
