@@ -50,8 +50,9 @@ static int shard_pin(const char *arg, const char *value)
 		return 1;
 	if (value[0] && strcmp(value, "spread") != 0 &&
 	    (stk_parse_u64(value, &n) || n < 1 || n > 65535)) {
-		cli_err("shard", "%s: bad shard '%s': give a shard number (stoker status lists "
-				 "them) or spread",
+		cli_err("shard",
+			"%s: bad shard '%s': give a shard number (stoker status lists "
+			"them) or spread",
 			arg, value);
 		return 2;
 	}

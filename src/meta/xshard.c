@@ -195,7 +195,8 @@ static int call(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode, cons
 
 		rc = leader_addr(x, shard, addr, NULL);
 		/* a table from before that shard's first meta node registered: ask again */
-		if (rc == -ENOENT && !asked++ && x->agent && stk_agent_routing_refresh(x->agent) == 0)
+		if (rc == -ENOENT && !asked++ && x->agent &&
+		    stk_agent_routing_refresh(x->agent) == 0)
 			rc = leader_addr(x, shard, addr, NULL);
 		if (rc == 0)
 			rc = stk_pool_get(x->pool, addr, &c);
@@ -217,8 +218,7 @@ static int call(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode, cons
 			stk_agent_routing_refresh(x->agent);
 	}
 	if (transient(rc)) {
-		stk_warn("meta: %s to shard %u: %s", stk_opcode_name(opcode), shard,
-			 strerror(-rc));
+		stk_warn("meta: %s to shard %u: %s", stk_opcode_name(opcode), shard, strerror(-rc));
 		rc = -EIO;
 	}
 	return rc;
@@ -249,8 +249,10 @@ static int xcall(struct stk_meta_xshard *x, unsigned shard, const struct stk_msg
 static int settle(struct stk_meta_xshard *x, unsigned shard, uint64_t intent, unsigned kind,
 		  int done)
 {
-	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_SETTLE, .from = x->shard,
-					    .intent = intent, .done = (uint8_t)done,
+	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_SETTLE,
+					    .from = x->shard,
+					    .intent = intent,
+					    .done = (uint8_t)done,
 					    .kind = (uint8_t)kind};
 	struct stk_msg_meta_xshard_resp r;
 
@@ -337,9 +339,12 @@ int stk_meta_xshard_pin_check(struct stk_meta_xshard *x, const void *value, size
 int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, uint32_t mode, unsigned shard, struct stk_attr *out)
 {
-	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_MKDIR, .from = x->shard,
-					    .parent = parent, .mode = mode & 07777,
-					    .uid = cred->uid, .gid = cred->gid};
+	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_MKDIR,
+					    .from = x->shard,
+					    .parent = parent,
+					    .mode = mode & 07777,
+					    .uid = cred->uid,
+					    .gid = cred->gid};
 	struct stk_msg_meta_xshard_resp r;
 	uint64_t id;
 	int rc;
@@ -387,8 +392,8 @@ out:
 int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, uint64_t ino)
 {
-	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_DYING, .from = x->shard, .ino = ino,
-					    .parent = parent};
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_DYING, .from = x->shard, .ino = ino, .parent = parent};
 	unsigned shard = stk_ino_shard(ino);
 	struct stk_msg_meta_xshard_resp r;
 	struct stk_attr victim;
@@ -422,9 +427,10 @@ int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 				goto out;
 			hook(x, "rmdir", 3);
 			if (settle(x, shard, id, STK_XINTENT_RMDIR, 1))
-				stk_info("meta: folder %llu of shard %u unnamed: its removal is left "
-					 "to recovery",
-					 (unsigned long long)ino, shard);
+				stk_info(
+				    "meta: folder %llu of shard %u unnamed: its removal is left "
+				    "to recovery",
+				    (unsigned long long)ino, shard);
 			goto out;
 		}
 	}
@@ -526,8 +532,10 @@ static void recover_marks(struct stk_meta_xshard *x)
 		return;
 	}
 	for (size_t i = 0; i < n; i++) {
-		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_QUERY, .from = x->shard,
-						    .intent = v[i].intent, .ino = v[i].ino,
+		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_QUERY,
+						    .from = x->shard,
+						    .intent = v[i].intent,
+						    .ino = v[i].ino,
 						    .parent = v[i].parent};
 		struct stk_msg_meta_xshard_resp r;
 		int done;
