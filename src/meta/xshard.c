@@ -65,25 +65,37 @@ struct stk_meta_xshard {
 static int hook_parse(struct stk_meta_xshard *x, const char *dir)
 {
 	const char *v = getenv("STOKER_TEST_XSHARD_STOP");
-	const char *colon;
-	uint64_t k;
+	const char *file = NULL;
+	char step[4] = "";
+	uint64_t k = 0;
+	size_t n;
 
 	if (!v || !*v)
 		return 0;
-	colon = strchr(v, ':');
-	if (!colon || colon - v >= (long)sizeof(x->hook_op) || stk_parse_u64(colon + 1, &k) ||
-	    k < 1 || k > 4 || (strncmp(v, "mkdir", 5) != 0 && strncmp(v, "rmdir", 5) != 0) ||
-	    colon - v != 5) {
-		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K or rmdir:K, K from 1 to 4", v);
+	/* OP:K or OP:K:FILE */
+	if (strlen(v) >= 7 && v[5] == ':') {
+		const char *end = strchr(v + 6, ':');
+
+		n = end ? (size_t)(end - (v + 6)) : strlen(v + 6);
+		if (n < sizeof(step)) {
+			memcpy(step, v + 6, n);
+			step[n] = 0;
+		}
+		file = end ? end + 1 : NULL;
+	}
+	if ((strncmp(v, "mkdir:", 6) != 0 && strncmp(v, "rmdir:", 6) != 0) ||
+	    stk_parse_u64(step, &k) || k < 1 || k > 4 || (file && !*file)) {
+		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K or rmdir:K (K from 1 to 4), "
+			  "then :FILE if the stop is once for all nodes",
+			  v);
 		return -EINVAL;
 	}
 	memcpy(x->hook_op, v, 5);
 	x->hook_op[5] = 0;
 	x->hook_step = (unsigned)k;
-	if (snprintf(x->hook_file, sizeof(x->hook_file), "%s/xshard-stopped", dir) >=
-	    (int)sizeof(x->hook_file))
-		return -ENAMETOOLONG;
-	return 0;
+	n = file ? (size_t)snprintf(x->hook_file, sizeof(x->hook_file), "%s", file)
+		 : (size_t)snprintf(x->hook_file, sizeof(x->hook_file), "%s/xshard-stopped", dir);
+	return n >= sizeof(x->hook_file) ? -ENAMETOOLONG : 0;
 }
 
 /* The test hook: this node just completed step `step` of `op`. */

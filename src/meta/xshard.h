@@ -18,10 +18,11 @@
  * contents is lost (only an empty one is ever marked dying, and a dying one
  * takes nothing new).
  *
- * Test hook: STOKER_TEST_XSHARD_STOP=OP:K (OP mkdir or rmdir, K 1 to 4) makes the
- * meta node that completes step K of such an operation kill itself (SIGKILL)
- * right after it, once: it leaves the file xshard-stopped in its data folder and
- * does not stop again while that file is there.
+ * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir or rmdir, K 1 to 4)
+ * makes the meta node that completes step K of such an operation kill itself
+ * (SIGKILL) right after it, once: it makes FILE (default: xshard-stopped in its
+ * data folder) and no node stops while that file is there, so with FILE shared
+ * the follower that takes over does not stop in turn.
  *
  * Threads: every function may be called from any worker thread (they block on
  * the network); none from an event loop.

@@ -19,6 +19,7 @@ import errno
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -26,23 +27,27 @@ import pytest
 
 from conftest import CHECK, STOKER, Mount, have_fuse, run
 from pyhelp import stoker as stoker_pkg
-from test_meta_shards import ShardCluster
+from test_meta_shards import ShardCluster, leader_of
 
 
 class XCluster(ShardCluster):
     """ShardCluster with an environment for its daemons."""
 
-    def __init__(self, tmp_path, env_extra=None):
-        super().__init__(tmp_path, 1, 1, 2)
+    def __init__(self, tmp_path, env_extra=None, replicas=1):
+        super().__init__(tmp_path, replicas, replicas, 2)
         self.env_extra = env_extra or {}
 
     def up(self):
         args = [STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
                 "--targets", "1", "--meta-shards", "2", "--heartbeat-timeout-ms", "2000"]
+        if self.nodes > 1:
+            args += ["--nodes", str(self.nodes), "--meta", str(self.meta), "--mgmtd", "1"]
         p = run(args, check=False, timeout=120, env=dict(os.environ, **self.env_extra))
         assert p.returncode == 0, p.stderr.decode() + self.logs()
 
     def meta_addr(self, shard):
+        if self.nodes > 1:
+            return leader_of(self.shard_map()[shard])
         return "127.0.0.1:%d" % (self.port + 1 if shard == 1 else self.port + 40)
 
     def held(self, shard):
@@ -58,14 +63,18 @@ class XCluster(ShardCluster):
 def make_xc(tmp_path):
     made = []
 
-    def make(env_extra=None):
-        c = XCluster(tmp_path, env_extra)
+    def make(env_extra=None, replicas=1):
+        c = XCluster(tmp_path, env_extra, replicas)
         made.append(c)
         c.up()
         return c
 
     yield make
     for c in made:
+        try:
+            os.kill(c.supervisor(), signal.SIGCONT)
+        except (AssertionError, OSError):
+            pass
         c.down()
         bad = [line for line in c.logs().splitlines()
                if "ERROR: AddressSanitizer" in line or "runtime error:" in line]
@@ -287,3 +296,52 @@ def test_crash_at_each_step_recovers(make_xc, op, step):
         c.close()
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("op,step,dies", [("mkdir", 3, 1), ("rmdir", 2, 2)])
+def test_leader_lost_at_a_step_its_follower_settles(make_xc, tmp_path, op, step, dies):
+    """Two replicas a shard: the leader completing step K dies and stays down (the
+    supervisor held); its follower, which held that step before the next began,
+    takes over, and the namespace settles as after a restart."""
+    once = str(tmp_path / "stopped-once")  # not again on the follower that takes over
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "%s:%d:%s" % (op, step, once)}, replicas=2)
+    m = sc.wait("two shards of two replicas each", lambda: (
+        lambda s: s if len(s) == 2 and all(sorted(v["roles"].values()) == ["follower", "leader"]
+                                           for v in s.values()) else None)(sc.shard_map()))
+    # only a follower holding its leader's copy may be promoted
+    for logs in (("meta", "meta1"), ("meta2", "meta3")):
+        sc.wait("%s: the follower copied" % (logs,), lambda: any(
+            "has the copy" in open(os.path.join(sc.data, "log", n + ".log")).read()
+            for n in logs))
+    sc.cli("shard", "pin", "/", "2")
+    c = stoker_pkg.connect(sc.url)
+    sup = sc.supervisor()
+    try:
+        before = sc.held(2)[0]
+        if op == "rmdir":
+            c.makedirs("/d")
+        lost = leader_of(m[dies])
+        os.kill(sup, signal.SIGSTOP)
+        try:
+            try:
+                if op == "mkdir":
+                    c.makedirs("/d")
+                else:
+                    c.rmdir("/d")
+            except OSError:
+                pass
+            sc.wait("the stop at step %d" % step, lambda: stopped(sc, op, step))
+            sc.wait("shard %d's follower promoted" % dies, lambda: (
+                lambda s: s[dies]["roles"].get(lost) != "leader" and
+                "leader" in s[dies]["roles"].values())(sc.shard_map()), timeout=30)
+            exists = wait_settled(sc, c, "d", before)
+            if exists:
+                c.write_file("/d/f", b"after")
+                assert c.read_file("/d/f") == b"after"
+                c.remove("/d/f")
+                c.rmdir("/d")
+            assert wait_settled(sc, c, "d", before) is False
+        finally:
+            os.kill(sup, signal.SIGCONT)
+    finally:
+        c.close()
