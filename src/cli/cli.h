@@ -79,6 +79,8 @@
 	  "qos set TENANT|@CLASS [--read-bw SIZE/s] [--write-bw SIZE/s] [--iops N] [--class C] | qos ls [--json] | "  \
 	  "qos rm TENANT [--cluster ADDR]",                                                        \
 	  "QoS limits per tenant (client key), enforced by each storage node (docs/qos.md)")       \
+	X(shard, cmd_shard, "shard pin PATH N|spread | shard unpin PATH | shard show PATH...",    \
+	  "where folders made in PATH go among the metadata shards (docs/meta-shards.md)")      \
 	X(fsck, cmd_fsck, "fsck [--repair] [--json] [--grace S] [--cluster ADDR]",               \
 	  "check the namespace and the data against each other; --repair fixes what is safe "  \
 	  "(docs/fsck.md); exit 1 when problems remain")                                          \

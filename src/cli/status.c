@@ -144,6 +144,35 @@ static void print_shards(const stk_cluster_status *st)
 		printf("  ! no meta node has registered yet: the namespace is unavailable\n");
 }
 
+/*
+ * With several shards, where new folders go (docs/meta-shards.md, "Placement"): the
+ * root's setting, which places the top-level folders; `stoker shard show PATH`
+ * tells any other folder's.
+ */
+static void print_placement(const stk_cluster_status *st, const char *addr)
+{
+	char val[32], url[160];
+	stk_client *c;
+	ssize_t n;
+
+	if (!stk_cluster_status_shard(st, 1))
+		return; /* one shard: nothing to place */
+	snprintf(url, sizeof(url), "stk://%s", addr);
+	c = cli_connect("status", url);
+	if (!c)
+		return;
+	n = stk_getxattr(c, "/", "trusted.stoker.shard", val, sizeof(val) - 1);
+	if (n > 0) {
+		val[n] = 0;
+		printf("  placement: folders made in / go %s%s (stoker shard show PATH for others)\n",
+		       strcmp(val, "spread") == 0 ? "spread over the shards" : "to shard ",
+		       strcmp(val, "spread") == 0 ? "" : val);
+	} else if (n == -ENODATA) {
+		printf("  placement: folders stay on their parent's shard unless it is pinned "
+		       "(stoker shard pin PATH N|spread)\n");
+	}
+}
+
 static int working(const struct stk_cluster_target *m)
 {
 	return m && (m->state == STK_CLUSTER_TARGET_SERVING || m->state == STK_CLUSTER_TARGET_FULL);
@@ -475,6 +504,7 @@ int cmd_status(int argc, char **argv)
 		printf("\n");
 	}
 	print_shards(st);
+	print_placement(st, addr);
 	print_refused(st);
 	/* last: scripts that read the tables above stop at the shards */
 	print_rebalance(st);

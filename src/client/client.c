@@ -16,6 +16,7 @@
 #include "vouch.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -412,27 +413,39 @@ int stk_client_refresh_routing(struct stk_client *c)
 	return 0;
 }
 
-/* The address of the meta node serving shard 1. */
-int stk_client_meta_addr(struct stk_client *c, char *addr)
+/*
+ * The address of the meta node leading `shard`: 0, -ENOTCONN (none leads it now,
+ * or no table yet), or -ENOENT when a table with a shard map has no such shard
+ * (an inode number of a shard the cluster never had).
+ */
+int stk_client_meta_addr_shard(struct stk_client *c, unsigned shard, char *addr)
 {
 	int rc = -ENOTCONN;
 
 	pthread_rwlock_rdlock(&c->rt_lock);
+	if (shard > 1 && c->rt.nshards)
+		rc = -ENOENT;
 	for (uint32_t i = 0; i < c->rt.nshards; i++) {
 		const struct stk_rt_node *n;
 
-		/* shard 1 holds the root and, for now, every folder (docs/meta-shards.md) */
-		if (c->rt.shards[i].id != 1)
+		if (c->rt.shards[i].id != shard)
 			continue;
+		rc = -ENOTCONN;
 		n = stk_routing_node(&c->rt, c->rt.shards[i].node_id);
 		if (n) {
 			memcpy(addr, n->addr, STK_ADDR_MAX);
 			rc = 0;
-			break;
 		}
+		break;
 	}
 	pthread_rwlock_unlock(&c->rt_lock);
 	return rc;
+}
+
+/* The address of the meta node serving shard 1, which holds the root. */
+int stk_client_meta_addr(struct stk_client *c, char *addr)
+{
+	return stk_client_meta_addr_shard(c, 1, addr);
 }
 
 int stk_client_meta_ns(struct stk_client *c, struct stk_ns_id *out)
@@ -497,20 +510,56 @@ int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req,
 	return stk_client_meta_call_from(c, 0, opcode, req, req_len, resp, resp_cap, resp_len);
 }
 
-int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t opcode,
-			      const void *req, size_t req_len, void *resp, size_t resp_cap,
-			      size_t *resp_len)
+/*
+ * The shard a request goes to: the one its inode's number names (parent for a
+ * name's requests; stk_msg_meta_route), shard 1 for a request about no inode.
+ * -EXDEV for a rename or hard link between two shards, sent nowhere: no such
+ * operation is built yet (docs/meta-shards.md), and EXDEV makes mv copy.
+ */
+static int route_shard(uint16_t opcode, const void *req, size_t req_len, unsigned *shard)
+{
+	uint64_t ino, other;
+	int rc = stk_msg_meta_route(opcode, req, req_len, &ino, &other);
+
+	*shard = 1;
+	if (rc <= 0)
+		return 0; /* a malformed request goes to shard 1, which answers it */
+	*shard = stk_ino_shard(ino);
+	if (other && stk_ino_shard(other) != *shard)
+		return -EXDEV;
+	return 0;
+}
+
+static int meta_call(struct stk_client *c, unsigned shard, uint32_t origin, uint16_t opcode,
+		     const void *req, size_t req_len, void *resp, size_t resp_cap,
+		     size_t *resp_len)
 {
 	uint64_t deadline = stk_now_ns() + (uint64_t)c->retry_ms * 1000000ull;
 	unsigned backoff_ms = 20;
 	char addr[STK_ADDR_MAX];
-	int rc;
+	int rc, asked = 0;
 
 	/* Meta sees this client's calls in order: what was answered here goes first. */
 	if (opcode != STK_OP_META_NAMES && opcode != STK_OP_META_INOS &&
 	    opcode != STK_OP_META_WATCH && opcode != STK_OP_META_SESSION &&
 	    opcode != STK_OP_META_SESSION_END && stk_behind_queued(c))
 		stk_behind_send(c);
+	if (!shard) {
+		rc = route_shard(opcode, req, req_len, &shard);
+		if (rc)
+			return rc;
+	}
+	if (shard != 1) {
+		/*
+		 * The lookup cache's holder id is shard 1's (its watch is there): another
+		 * shard's meta grants this client no lease and no delegation, so it caches
+		 * nothing of that shard's folders (docs/meta-shards.md). The session's
+		 * renewal goes to every shard it was named to.
+		 */
+		origin = 0;
+		if (shard <= STK_MAX_SHARDS)
+			atomic_fetch_or(&c->shards_used, 1u << (shard - 1));
+	}
 
 	for (;;) {
 		struct stk_conn *conn = NULL;
@@ -521,7 +570,10 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 				      .resp_cap = resp_cap,
 				      .origin = origin};
 
-		rc = stk_client_meta_addr(c, addr);
+		rc = stk_client_meta_addr_shard(c, shard, addr);
+		/* a table from before that shard's first meta node registered: ask again */
+		if (rc == -ENOENT && !asked++ && stk_client_refresh_routing(c) == 0)
+			rc = stk_client_meta_addr_shard(c, shard, addr);
 		if (rc == 0) {
 			stk_callwatch_set_thread(c->watch); /* a new connection's handshake, too */
 			rc = stk_pool_get(c->pool, addr, &conn);
@@ -548,8 +600,8 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 						 addr, stk_opcode_name(opcode));
 					rc = -EIO;
 				}
-				/* NOT_LEADER: a replica that does not lead the shard (now):
-				 * the routing table names the one that does */
+				/* NOT_LEADER: a replica that does not lead the shard (now), or a
+				 * node of another shard: the routing table names the one that does */
 				if (rc != -EREMCHG) {
 					if (resp_len)
 						*resp_len = rpc.resp_len;
@@ -557,6 +609,8 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 				}
 			}
 		}
+		if (rc == -ENOENT)
+			return rc; /* no such shard: no such inode */
 		if ((!is_transport_error(rc) && rc != -EREMCHG) || stk_now_ns() > deadline)
 			break;
 		usleep(backoff_ms * 1000);
@@ -566,10 +620,26 @@ int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t op
 		stk_client_refresh_routing(c);
 	}
 	if (is_transport_error(rc) || rc == -EREMCHG) {
-		stk_debug("meta call %s failed: %s", stk_opcode_name(opcode), stk_strerror(rc));
+		stk_debug("meta call %s to shard %u failed: %s", stk_opcode_name(opcode), shard,
+			  stk_strerror(rc));
 		return -EIO;
 	}
 	return rc;
+}
+
+int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t opcode,
+			      const void *req, size_t req_len, void *resp, size_t resp_cap,
+			      size_t *resp_len)
+{
+	return meta_call(c, 0, origin, opcode, req, req_len, resp, resp_cap, resp_len);
+}
+
+int stk_client_meta_call_shard(struct stk_client *c, unsigned shard, uint32_t origin,
+			       uint16_t opcode, const void *req, size_t req_len, void *resp,
+			       size_t resp_cap, size_t *resp_len)
+{
+	return meta_call(c, shard ? shard : 1, origin, opcode, req, req_len, resp, resp_cap,
+			 resp_len);
 }
 
 static int attr_call(struct stk_client *c, uint32_t origin, uint16_t opcode, const void *req,

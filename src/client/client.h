@@ -107,6 +107,12 @@ struct stk_client {
 	struct stk_gone_map *gone_maps; /* under local_lock */
 	uint64_t sc_stats[STK_SC__COUNT]; /* atomic: enum stk_sc_stat */
 	struct stk_session *sess; /* the session with meta (session.c) */
+	/*
+	 * Atomic: bit k - 1 set once a request went to shard k (client.c, meta_call):
+	 * the shards the session is renewed on and ended at (docs/meta-shards.md).
+	 * Shard 1 is always one of them.
+	 */
+	_Atomic uint32_t shards_used;
 	struct stk_reaper *reaper; /* background removal of gone files' chunks (reaper.c) */
 	/*
 	 * The namespace identity of the meta at meta_ns_addr, which chunk removals carry
@@ -159,8 +165,18 @@ int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req,
 int stk_client_meta_call_from(struct stk_client *c, uint32_t origin, uint16_t opcode,
 			      const void *req, size_t req_len, void *resp, size_t resp_cap,
 			      size_t *resp_len);
-/* The address of meta from the routing table. 0 or -ENOTCONN (none known). */
+/*
+ * stk_client_meta_call_from sent to `shard` (0: 1) whatever the request names:
+ * for what belongs to no inode but to each shard apart (a session's renewal, its
+ * end, its closes of that shard's files).
+ */
+int stk_client_meta_call_shard(struct stk_client *c, unsigned shard, uint32_t origin,
+			       uint16_t opcode, const void *req, size_t req_len, void *resp,
+			       size_t resp_cap, size_t *resp_len);
+/* The address of shard 1's meta from the routing table. 0 or -ENOTCONN (none known). */
 int stk_client_meta_addr(struct stk_client *c, char *addr);
+/* The same for `shard`: 0, -ENOTCONN, or -ENOENT (the cluster has no such shard). */
+int stk_client_meta_addr_shard(struct stk_client *c, unsigned shard, char *addr);
 /*
  * The namespace identity of the meta serving shard 1, as that meta tells it
  * (META_STATFS, asked again whenever shard 1's address changes): what this

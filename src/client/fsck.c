@@ -466,6 +466,12 @@ static int find_garbage(struct fsck *f, const struct pass *p, int first)
 		}
 		if (file_find(p, d.ino) || u64_in(p->purging, p->npurging, d.ino))
 			continue;
+		/*
+		 * The files of another shard are that shard's (docs/meta-shards.md): the
+		 * namespace checked here is shard 1's, so their chunks are not garbage.
+		 */
+		if (stk_ino_shard(d.ino) != 1)
+			continue;
 		if (youngest < f->grace) {
 			if (first)
 				f->young++;

@@ -100,8 +100,9 @@ int stk_ino_getattr(stk_client *c, const struct stk_cred *cred, uint64_t ino, st
 	return stk_client_meta_attr_read_call(c, STK_OP_META_GETATTR, req, w.len, out);
 }
 
-int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
-		     struct stk_attr *out, int *rcs)
+/* META_GETATTRS of inodes of one shard. */
+static int getattrs_one(stk_client *c, const struct stk_cred *cred, const uint64_t *inos,
+			uint32_t n, struct stk_attr *out, int *rcs)
 {
 	struct stk_msg_meta_getattrs_req m = {.cred = CRED(c, cred), .n = n};
 	struct stk_msg_meta_getattrs_resp rm;
@@ -154,6 +155,59 @@ int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t 
 out:
 	free(req);
 	free(resp);
+	return rc;
+}
+
+/*
+ * Each shard answers for its own inodes (docs/meta-shards.md): a batch that
+ * names several shards' goes as one META_GETATTRS per shard.
+ */
+int stk_ino_getattrs(stk_client *c, const struct stk_cred *cred, const uint64_t *inos, uint32_t n,
+		     struct stk_attr *out, int *rcs)
+{
+	uint64_t *sub = NULL;
+	uint32_t *idx = NULL;
+	struct stk_attr *sattr = NULL;
+	int *src = NULL, rc = 0;
+	uint32_t mixed = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		mixed |= stk_ino_shard(inos[i]) != stk_ino_shard(inos[0]);
+	if (!mixed)
+		return getattrs_one(c, cred, inos, n, out, rcs);
+	if (n > STK_GETATTRS_MAX)
+		return -EINVAL;
+	sub = malloc(n * sizeof(*sub));
+	idx = malloc(n * sizeof(*idx));
+	sattr = malloc(n * sizeof(*sattr));
+	src = malloc(n * sizeof(*src));
+	if (!sub || !idx || !sattr || !src) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (unsigned shard = 1; rc == 0 && shard <= STK_MAX_SHARDS + 1; shard++) {
+		uint32_t k = 0;
+
+		for (uint32_t i = 0; i < n; i++)
+			if (stk_ino_shard(inos[i]) == shard ||
+			    (shard == STK_MAX_SHARDS + 1 && stk_ino_shard(inos[i]) > STK_MAX_SHARDS)) {
+				idx[k] = i;
+				sub[k++] = inos[i];
+			}
+		if (!k)
+			continue;
+		rc = getattrs_one(c, cred, sub, k, sattr, src);
+		for (uint32_t j = 0; rc == 0 && j < k; j++) {
+			rcs[idx[j]] = src[j];
+			if (src[j] == 0)
+				out[idx[j]] = sattr[j];
+		}
+	}
+out:
+	free(sub);
+	free(idx);
+	free(sattr);
+	free(src);
 	return rc;
 }
 

@@ -125,7 +125,9 @@ int stk_session_create(stk_client *c)
 	return 0;
 }
 
-static int call_session(stk_client *c, uint16_t op, uint64_t id, uint32_t *lease_ms, int *known)
+/* META_SESSION or META_SESSION_END to the meta leading `shard`. */
+static int call_session(stk_client *c, unsigned shard, uint16_t op, uint64_t id,
+			uint32_t *lease_ms, int *known)
 {
 	struct stk_msg_meta_session_req m = {.session = id, .pid = (uint32_t)getpid()};
 	struct stk_msg_meta_session_resp r;
@@ -137,7 +139,7 @@ static int call_session(stk_client *c, uint16_t op, uint64_t id, uint32_t *lease
 
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_session_req_enc(&w, &m);
-	rc = stk_client_meta_call(c, op, req, w.len, resp, sizeof(resp), &len);
+	rc = stk_client_meta_call_shard(c, shard, 0, op, req, w.len, resp, sizeof(resp), &len);
 	if (rc || op != STK_OP_META_SESSION)
 		return rc;
 	stk_rbuf_init(&rb, resp, len);
@@ -199,7 +201,7 @@ static struct open_ent *copy_list(const struct open_ent *l, size_t n, size_t *ou
  * first renewal), and on a meta that did lose them the close is a no-op. Reads to
  * record stay too.
  */
-static void keep_closes(struct stk_session *s)
+static void keep_closes(struct stk_session *s, unsigned shard)
 {
 	size_t keep = 0;
 
@@ -209,7 +211,8 @@ static void keep_closes(struct stk_session *s)
 
 		for (i = 0; i < s->n && s->opens[i].ino != e.ino; i++)
 			;
-		if (i < s->n)
+		/* only the shard registered again has its counts replaced */
+		if (i < s->n && stk_ino_shard(e.ino) == shard)
 			e.count = 0;
 		if (e.count || e.read)
 			s->closing[keep++] = e;
@@ -217,8 +220,12 @@ static void keep_closes(struct stk_session *s)
 	s->nclosing = keep;
 }
 
-/* After "session unknown": every open inode again, with its exact count. */
-static void reregister(stk_client *c, struct stk_session *s)
+/*
+ * After "session unknown" from the meta leading `shard`: every open inode of
+ * that shard again, with its exact count (each shard keeps the session's
+ * references to its own inodes).
+ */
+static void reregister(stk_client *c, struct stk_session *s, unsigned shard)
 {
 	struct open_ent *l;
 	size_t n;
@@ -229,14 +236,21 @@ static void reregister(stk_client *c, struct stk_session *s)
 	pthread_mutex_lock(&s->mu);
 	l = copy_list(s->opens, s->n, &n);
 	if (l) { /* the exact counts go, those not sent yet with them */
-		for (size_t i = 0; i < s->n; i++)
+		for (size_t i = 0; i < s->n; i++) {
+			if (stk_ino_shard(s->opens[i].ino) != shard || !s->opens[i].unsent)
+				continue;
 			s->opens[i].unsent = 0;
-		s->nunsent = 0;
+			s->nunsent--;
+		}
 	}
-	keep_closes(s);
+	keep_closes(s, shard);
 	pthread_mutex_unlock(&s->mu);
 	for (size_t i = 0; i < n; i++) {
-		int rc = call_open(c, STK_OP_META_OPEN, s->id, l[i].ino, l[i].count, 1, NULL, NULL);
+		int rc;
+
+		if (stk_ino_shard(l[i].ino) != shard)
+			continue;
+		rc = call_open(c, STK_OP_META_OPEN, s->id, l[i].ino, l[i].count, 1, NULL, NULL);
 		if (rc && rc != -ENOENT)
 			stk_warn("session: cannot register open inode %llu again: %s",
 				 (unsigned long long)l[i].ino, stk_strerror(rc));
@@ -245,7 +259,7 @@ static void reregister(stk_client *c, struct stk_session *s)
 	free(l);
 }
 
-/* One META_CLOSES of n (at most STK_CLOSES_MAX) references. */
+/* One META_CLOSES of n (at most STK_CLOSES_MAX) references, all of one shard's inodes. */
 static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, size_t n)
 {
 	struct stk_msg_meta_closes_req m = {.session = id, .n = (uint32_t)n};
@@ -284,8 +298,8 @@ static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, siz
 	 * they are looked up again).
 	 */
 	tok = stk_lcache_begin(c);
-	rc = stk_client_meta_call_from(c, tok.holder, STK_OP_META_CLOSES, req, w.len, resp,
-				       resp_cap, &len);
+	rc = stk_client_meta_call_shard(c, stk_ino_shard(l[0].ino), tok.holder,
+					STK_OP_META_CLOSES, req, w.len, resp, resp_cap, &len);
 	stk_rbuf_init(&rb, resp, rc == 0 ? len : 0);
 	if (rc == 0 && len)
 		stk_msg_meta_closes_resp_dec(&rb, &rm);
@@ -308,7 +322,18 @@ static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, siz
 	return rc;
 }
 
-/* Sends the queued closes: in META_CLOSES, or one by one to a meta without it. */
+static int by_shard(const void *a, const void *b)
+{
+	unsigned x = stk_ino_shard(((const struct open_ent *)a)->ino);
+	unsigned y = stk_ino_shard(((const struct open_ent *)b)->ino);
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * Sends the queued closes: in META_CLOSES, each to the shard of its inodes, or
+ * one by one to a meta without it.
+ */
 static void send_closes(stk_client *c, struct stk_session *s)
 {
 	struct open_ent *l;
@@ -319,9 +344,19 @@ static void send_closes(stk_client *c, struct stk_session *s)
 	if (l)
 		s->nclosing = 0;
 	pthread_mutex_unlock(&s->mu);
-	for (size_t i = 0; i < n; i += STK_CLOSES_MAX) {
-		size_t k = n - i < STK_CLOSES_MAX ? n - i : STK_CLOSES_MAX;
-		int rc = s->no_closes ? -ENOSYS : call_closes(c, s->id, l + i, k);
+	for (size_t i = 1; i < n; i++)
+		if (stk_ino_shard(l[i].ino) != stk_ino_shard(l[0].ino)) {
+			qsort(l, n, sizeof(*l), by_shard); /* one META_CLOSES per shard */
+			break;
+		}
+	for (size_t i = 0, k; i < n; i += k) {
+		unsigned shard = stk_ino_shard(l[i].ino);
+		int rc;
+
+		for (k = 1; i + k < n && k < STK_CLOSES_MAX && stk_ino_shard(l[i + k].ino) == shard;
+		     k++)
+			;
+		rc = s->no_closes ? -ENOSYS : call_closes(c, s->id, l + i, k);
 
 		if (rc == -ENOSYS)
 			s->no_closes = 1;
@@ -466,10 +501,23 @@ static void *renew_main(void *arg)
 		uint64_t due;
 
 		if (stk_now_ns() >= s->next_renew_ns) {
+			uint32_t used = atomic_load(&c->shards_used) | 1u;
+
 			pthread_mutex_unlock(&s->mu);
-			rc = call_session(c, STK_OP_META_SESSION, s->id, &lease, &known);
+			/* every shard it was named to keeps it; shard 1's lease sets the pace */
+			for (unsigned k = STK_MAX_SHARDS; k >= 2; k--) {
+				uint32_t l2 = 0;
+				int kn = 1;
+
+				if (!(used & (1u << (k - 1))))
+					continue;
+				if (call_session(c, k, STK_OP_META_SESSION, s->id, &l2, &kn) == 0 &&
+				    !kn)
+					reregister(c, s, k);
+			}
+			rc = call_session(c, 1, STK_OP_META_SESSION, s->id, &lease, &known);
 			if (rc == 0 && !known)
-				reregister(c, s);
+				reregister(c, s, 1);
 			pthread_mutex_lock(&s->mu);
 			if (rc == 0 && lease)
 				s->renew_ms = lease / 4 > MIN_RENEW_MS ? lease / 4 : MIN_RENEW_MS;
@@ -728,9 +776,12 @@ void stk_session_end(stk_client *c)
 	pthread_cond_signal(&s->wake);
 	pthread_mutex_unlock(&s->mu);
 	if (ending && s->running) {
+		uint32_t used = atomic_load(&c->shards_used) | 1u;
+
 		pthread_join(s->thr, NULL);
-		if (!s->off)
-			call_session(c, STK_OP_META_SESSION_END, s->id, &lease, &known);
+		for (unsigned k = 1; k <= STK_MAX_SHARDS && !s->off; k++)
+			if (used & (1u << (k - 1)))
+				call_session(c, k, STK_OP_META_SESSION_END, s->id, &lease, &known);
 	}
 }
 

@@ -49,6 +49,7 @@
 #include "session.h"
 #include "confine.h"
 #include "store.h"
+#include "xshard.h"
 
 #define SYNC_INTERVAL_MS 1000
 /* A client retrying creates on a cluster without storage must not flood the log. */
@@ -64,6 +65,7 @@ struct meta {
 	struct stk_meta_sessions *sessions; /* open files, locks, orphans (session.c) */
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
 	struct stk_meta_repl *repl;	/* the shard's replication (repl.c) */
+	struct stk_meta_xshard *xshard; /* folders across shards (xshard.c) */
 	uint32_t node_id;		/* as mgmtd knows this node */
 	int sessions_started;		/* atomic: the reaper runs (this node served) */
 	struct stk_meta_purger *purger; /* removes freed files' chunks (purge.c) */
@@ -231,7 +233,27 @@ static uint64_t named(struct meta *m, uint64_t parent, const char *name)
 	const struct stk_cred root = {0};
 	struct stk_attr a;
 
-	return stk_meta_store_lookup(m->store, &root, parent, name, &a) ? 0 : a.ino;
+	int rc = stk_meta_store_lookup(m->store, &root, parent, name, &a);
+
+	return rc == 0 || rc == -EREMOTE ? a.ino : 0; /* -EREMOTE: another shard's folder */
+}
+
+/*
+ * After a lookup: a name of a folder of another shard (-EREMOTE, only its number
+ * in *a) gets its attributes from that shard's leader, off the event loop. Such
+ * an answer is never leased (*remote 1): that shard's changes revoke nothing here.
+ */
+static int remote_attr(struct meta *m, int rc, struct stk_attr *a, int *remote)
+{
+	if (rc != -EREMOTE)
+		return rc;
+	if (remote)
+		*remote = 1;
+	if (on_loop) {
+		on_loop_blocked = 1;
+		return -EAGAIN;
+	}
+	return stk_meta_xshard_getattr(m->xshard, a->ino, a);
 }
 
 /*
@@ -425,10 +447,12 @@ static int op_lookup(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	recall(m, req, &q.parent, 1);
-	rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a);
+	rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a), &a,
+			 NULL);
 	/* The inode found may be a folder delegated elsewhere: its attributes too. */
 	if (rc == 0 && recall(m, req, &a.ino, 1))
-		rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a);
+		rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a),
+				 &a, NULL);
 	return rc ? rc : reply_attr(resp, &a);
 }
 
@@ -444,7 +468,7 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 	struct stk_msg_meta_lookup_req q;
 	struct stk_msg_meta_lookup_cache_resp r;
 	uint32_t holder = req->hdr.origin;
-	int dots, rc;
+	int dots, rc, remote = 0;
 
 	rc = decoded(req, stk_msg_meta_lookup_req_dec(&req->payload, &q));
 	if (rc)
@@ -453,8 +477,11 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 	dots = strcmp(q.name, ".") == 0 || strcmp(q.name, "..") == 0;
 	recall(m, req, &q.parent, 1);
 	r.leased = holder && !dots && stk_meta_leases_grant(m->leases, holder, q.parent);
-	rc = stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr);
-	if (rc == 0) {
+	rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr),
+			 &r.attr, &remote);
+	if (rc == 0 && remote) {
+		r.leased = 0; /* another shard's folder: its changes revoke nothing here */
+	} else if (rc == 0) {
 		uint64_t ino = r.attr.ino;
 		int again = recall(m, req, &ino, 1);
 
@@ -526,7 +553,10 @@ static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 			r.leased = 0;
 		rcs[i] =
 		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
-		if (rcs[i] == 0) {
+		if (rcs[i] == -EREMOTE) {
+			r.leased = 0; /* another shard's folder: asked there below */
+			rcs[i] = 0;
+		} else if (rcs[i] == 0) {
 			recall(m, req, &attrs[i].ino, 1);
 			if (r.leased && !stk_meta_leases_grant(m->leases, holder, attrs[i].ino))
 				r.leased = 0;
@@ -535,8 +565,11 @@ static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	for (uint32_t i = 0; i < q.n; i++) {
 		uint64_t was = rcs[i] == 0 ? attrs[i].ino : 0;
 
-		rcs[i] =
-		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
+		rcs[i] = remote_attr(
+		    m, stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]),
+		    &attrs[i], NULL);
+		if (rcs[i] == -EAGAIN && on_loop_blocked)
+			goto out; /* started afresh on a worker */
 		if ((rcs[i] == 0 ? attrs[i].ino : 0) != was)
 			r.leased = 0; /* renamed over in between: answer, but not for keeps */
 		if (rcs[i] && rcs[i] != -ENOENT) {
@@ -609,6 +642,10 @@ static int op_getattrs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 		recall(m, req, inos, q.n); /* all first, then one read of all */
 		rc = stk_meta_store_getattrs(m->store, &q.cred, inos, q.n, attrs, rcs);
 	}
+	/* another shard's inode is that shard's to answer (wrong_shard checks the first) */
+	for (uint32_t i = 0; rc == 0 && i < q.n; i++)
+		if (stk_ino_shard(inos[i]) != stk_meta_store_shard(m->store))
+			rcs[i] = -EREMCHG;
 	if (rc)
 		goto out;
 	r.n = q.n;
@@ -766,12 +803,25 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	struct stk_msg_meta_mkdir_resp r;
 	uint32_t origin = req->hdr.origin;
 	struct change ch;
+	unsigned to;
 	int rc;
 
 	rc = decoded(req, stk_msg_meta_mkdir_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	to = stk_meta_xshard_place(m->xshard, q.parent, q.name);
+	if (to != stk_meta_store_shard(m->store)) {
+		/* on another shard (docs/meta-shards.md): neither leased nor delegated */
+		change_begin(m, req, &ch, q.parent, 0, 0, 0);
+		rc = stk_meta_xshard_mkdir(m->xshard, &q.cred, q.parent, q.name, q.mode, to,
+					   &r.attr);
+		change_end(m, &ch);
+		if (rc)
+			return rc;
+		dir_after(m, &q.cred, q.parent, &r.dir);
+		return stk_msg_meta_mkdir_resp_enc(&resp->payload, &r);
+	}
 	/* Leased as a create is; the new folder too, then read again under its lease. */
 	r.leased = origin && stk_meta_leases_grant(m->leases, origin, q.parent);
 	change_begin(m, req, &ch, q.parent, 0, 0, 0);
@@ -882,6 +932,8 @@ static int op_rmdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 		victim = named(m, q.parent, q.name);
 		change_begin(m, req, &ch, q.parent, victim, 0, 0);
 		rc = stk_meta_store_rmdir_ino(m->store, &q.cred, q.parent, q.name, victim);
+		if (rc == -EREMOTE) /* a folder of another shard: four steps (xshard.h) */
+			rc = stk_meta_xshard_rmdir(m->xshard, &q.cred, q.parent, q.name, victim);
 		change_end(m, &ch);
 		if (rc != -EAGAIN || tries == NAME_RACE_TRIES)
 			break;
@@ -1142,6 +1194,17 @@ static int op_setxattr(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 	rc = decoded(req, rc ? rc : req->payload.err);
 	if (rc)
 		return rc;
+	/* a folder's placement setting (xshard.h): a shard the cluster has, or "spread" */
+	if (strcmp(q.name, STK_XSHARD_PIN_XATTR) == 0) {
+		struct stk_attr a;
+
+		rc = stk_meta_xshard_pin_check(m->xshard, value, q.size);
+		if (rc == 0 && stk_meta_store_getattr(m->store, &q.cred, q.ino, &a) == 0 &&
+		    !S_ISDIR(a.mode))
+			rc = -ENOTDIR;
+		if (rc)
+			return rc;
+	}
 	change_begin(m, req, &ch, q.ino, 0, 0, 0); /* its ctime */
 	rc = stk_meta_store_setxattr(m->store, &q.cred, q.ino, q.name, value, q.size, q.flags);
 	change_end(m, &ch);
@@ -2074,7 +2137,31 @@ static int op_epoch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	return rc ? rc : stk_msg_meta_epoch_resp_enc(&resp->payload, &r);
 }
 
+/* META_XSHARD: a step of a cross-shard mkdir or rmdir another shard asks (xshard.h). */
+static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_meta_xshard_req q;
+	struct stk_msg_meta_xshard_resp r;
+	int rc;
+
+	rc = decoded(req, stk_msg_meta_xshard_req_dec(&req->payload, &q));
+	if (rc)
+		return rc;
+	if (q.op == STK_XSHARD_DYING) {
+		struct change ch;
+
+		/* whether it is empty is its names' business: a delegation of it is recalled */
+		change_begin(m, req, &ch, q.ino, 0, 0, 0);
+		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
+		change_end(m, &ch);
+	} else {
+		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
+	}
+	return rc ? rc : stk_msg_meta_xshard_resp_enc(&resp->payload, &r);
+}
+
 static const meta_op_fn meta_ops[] = {
+	[STK_OP_META_XSHARD] = op_xshard,
 	[STK_OP_META_WITHIN] = op_within,
 	[STK_OP_META_EPOCH] = op_epoch,
 	[STK_OP_META_LOOKUP] = op_lookup,
@@ -2280,6 +2367,24 @@ undo:
 	w->err = 0;
 }
 
+/*
+ * 0 when this shard serves what the request names, -EREMCHG (NOT_LEADER) when
+ * another shard does, -EXDEV for a rename or hard link whose two inodes lie on
+ * two shards. A request too short to say is left to its handler, which refuses it.
+ */
+static int wrong_shard(struct meta *m, uint16_t opcode, const struct stk_rbuf *payload)
+{
+	unsigned mine = stk_meta_store_shard(m->store);
+	uint64_t ino, other;
+
+	if (stk_msg_meta_route(opcode, payload->p + payload->off, payload->len - payload->off,
+			       &ino, &other) != 1)
+		return 0;
+	if (stk_ino_shard(ino) != mine)
+		return -EREMCHG;
+	return other && stk_ino_shard(other) != mine ? -EXDEV : 0;
+}
+
 static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct meta *m = ctx;
@@ -2296,14 +2401,16 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	if (opcode != STK_OP_META_REPL && !stk_meta_repl_serving(m->repl))
 		return -EREMCHG;
 	/*
-	 * Shards 2.. serve no client yet (docs/meta-shards.md): clients send every
-	 * request to shard 1, which holds the root. One that reaches another shard's
-	 * meta node directly is refused, rather than served a namespace of that
-	 * shard's own that no other client sees (and that fsck, asking shard 1, would
-	 * take for orphans).
+	 * Each shard serves the requests on its own inodes (docs/meta-shards.md):
+	 * one about another shard's (a client with an old routing table, or one
+	 * that knows no shards) is answered NOT_LEADER, so that its sender asks
+	 * the routing table again; a rename or link between two shards is EXDEV.
 	 */
-	if (opcode != STK_OP_META_REPL && stk_meta_store_shard(m->store) > 1)
-		return -EXDEV;
+	if (opcode != STK_OP_META_REPL) {
+		rc = wrong_shard(m, opcode, &req->payload);
+		if (rc)
+			return rc;
+	}
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
 	rc = stk_meta_confine(m->store, req, resp, &copy);
 	if (rc == 0) {
@@ -2745,6 +2852,8 @@ static int meta_start(void *ctx, struct stk_daemon *d)
 		return rc;
 	stk_meta_sessions_set_gate(m->sessions, may_reap, m);
 	rc = stk_meta_repl_start(m->repl, m->agent, m->node_id, m->rpc_metrics != NULL);
+	if (rc == 0)
+		rc = stk_meta_xshard_start(m->xshard, m->agent);
 	if (rc)
 		return rc;
 	if (stk_meta_repl_role(m->repl) == STK_META_ROLE_OFF)
@@ -2817,6 +2926,8 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 		stk_meta_leases_on_drop(m.leases, holder_dropped, m.store);
 	if (rc == 0)
 		rc = stk_meta_repl_create(m.store, on_promoted, &m, &m.repl);
+	if (rc == 0)
+		rc = stk_meta_xshard_create(m.store, m.repl, dir, &m.xshard);
 	if (rc)
 		goto out;
 	/* Served before: clients cut off from the meta before may trust what it said. */
@@ -2853,6 +2964,7 @@ out:
 	 */
 	stk_meta_sessions_destroy(m.sessions);
 	stk_meta_purger_destroy(m.purger);
+	stk_meta_xshard_destroy(m.xshard);
 	stk_meta_leases_destroy(m.leases);
 	/* its threads use the agent, and the agent's hooks use it */
 	stk_meta_repl_stop(m.repl);

@@ -116,6 +116,7 @@ struct stk_meta_store {
 	MDB_dbi xattrs;
 	MDB_dbi quotas;
 	MDB_dbi purge; /* chunks to remove: see "purges" below */
+	MDB_dbi xshard; /* intents and marks of cross-shard folders (see there) */
 	struct stk_ns_id ns_id; /* the namespace's identity, set once by store_init */
 	unsigned shard;		/* the shard it serves (1..), set once by store_init */
 	stk_meta_open_fn open_fn; /* set once before serving (sessions, orphans) */
@@ -1090,22 +1091,48 @@ static int dir_get(struct op *o, uint64_t ino, unsigned mask, struct inode *dir)
 	return may(o, &dir->a, mask);
 }
 
-/* Loads the inode that `name` in dir names. */
+/*
+ * A folder of another shard (docs/meta-shards.md), named by an entry here or by a
+ * folder's parent pointer: -EREMOTE with only n->a.ino and the type in n->a.mode
+ * filled, as this store holds nothing more of it.
+ */
+static int remote_get(struct op *o, uint64_t ino, uint32_t type, struct inode *n)
+{
+	if (stk_ino_shard(ino) == o->st->shard)
+		return 0;
+	memset(n, 0, sizeof(*n));
+	n->a.ino = ino;
+	n->a.mode = type & S_IFMT;
+	return -EREMOTE;
+}
+
+/* Loads the inode that `name` in dir names (-EREMOTE: another shard's, remote_get). */
 static int child_get(struct op *o, const struct inode *dir, const char *name, struct inode *n)
 {
 	struct dentry d;
 	int rc = dentry_get(o, dir->a.ino, name, &d);
 
+	if (rc == 0)
+		rc = remote_get(o, d.ino, d.type, n);
 	if (rc)
 		return rc;
 	return inode_get_named(o, d.ino, n);
 }
 
-/* -EEXIST if dir already has `name`. */
+static int xmark_dying(struct op *o, uint64_t ino);
+
+/*
+ * -EEXIST if dir already has `name`; -ENOENT if dir is being removed by its
+ * parent's shard (a cross-shard rmdir's "dying" mark): nothing new goes in.
+ */
 static int name_free(struct op *o, const struct inode *dir, const char *name)
 {
 	struct dentry d;
-	int rc = dentry_get(o, dir->a.ino, name, &d);
+	int rc = xmark_dying(o, dir->a.ino);
+
+	if (rc)
+		return rc;
+	rc = dentry_get(o, dir->a.ino, name, &d);
 
 	if (rc == 0)
 		return -EEXIST;
@@ -1460,6 +1487,8 @@ static int store_init(struct stk_meta_store *st)
 		rc = mdb_dbi_open(o.txn, "quotas", MDB_CREATE, &st->quotas);
 	if (rc == 0)
 		rc = mdb_dbi_open(o.txn, "purge", MDB_CREATE, &st->purge);
+	if (rc == 0)
+		rc = mdb_dbi_open(o.txn, "xshard", MDB_CREATE, &st->xshard);
 	rc = lmdb_err(rc, "open tables");
 	if (rc == 0)
 		rc = tables_named(&o);
@@ -1508,7 +1537,7 @@ static int env_open(struct stk_meta_store *st, const char *dir, int allocated)
 	rc = lmdb_err(mdb_env_create(&st->env), "create environment");
 	if (rc)
 		return rc;
-	mdb_env_set_maxdbs(st->env, 7);
+	mdb_env_set_maxdbs(st->env, 8);
 	mdb_env_set_maxreaders(st->env, MAX_READERS);
 	if (allocated && snprintf(path, sizeof(path), "%s/data.mdb", dir) < (int)sizeof(path) &&
 	    stat(path, &sb) == 0) {
@@ -1674,10 +1703,10 @@ int stk_meta_store_lookup(struct stk_meta_store *st, const struct stk_cred *cred
 	if (strcmp(name, ".") == 0)
 		n = dir;
 	else if (strcmp(name, "..") == 0)
-		rc = inode_get_named(&o, dir.parent, &n);
+		rc = remote_get(&o, dir.parent, S_IFDIR, &n) ?: inode_get_named(&o, dir.parent, &n);
 	else
 		rc = child_get(&o, &dir, name, &n);
-	if (rc == 0)
+	if (rc == 0 || rc == -EREMOTE)
 		*out = n.a;
 out:
 	return op_end(&o, rc);
@@ -2155,6 +2184,8 @@ static int create_existing(struct op *o, const struct inode *dir, const char *na
 {
 	int rc = child_get(o, dir, name, n);
 
+	if (rc == -EREMOTE) /* another shard's folder */
+		return flags & STK_CREATE_EXCL ? -EEXIST : -EISDIR;
 	if (rc)
 		return rc;
 	if (flags & STK_CREATE_EXCL)
@@ -2445,6 +2476,8 @@ static int unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred, ui
 	if (rc)
 		return rc;
 	rc = victim_get(&o, parent, name, &dir, &n);
+	if (rc == -EREMOTE) /* only folders live on another shard */
+		rc = -EISDIR;
 	if (rc == 0 && ino != STK_META_ANY_INO && n.a.ino != ino)
 		rc = -ENOENT;
 	if (rc == 0 && S_ISDIR(n.a.mode))
@@ -2519,6 +2552,7 @@ int stk_meta_store_rmdir_ino(struct stk_meta_store *st, const struct stk_cred *c
 		if (rc)
 			return op_end(&o, rc);
 	}
+	/* -EREMOTE: another shard's folder, removed with intents (meta/xshard.c) */
 	rc = victim_get(&o, parent, name, &dir, &n);
 	if (rc == 0 && !S_ISDIR(n.a.mode))
 		rc = -ENOTDIR;
@@ -2601,17 +2635,22 @@ static int rename_prepare(struct op *o, struct rename_ctx *r, uint64_t src_paren
 {
 	int moved = src_parent != dst_parent, rc;
 
+	/* a folder of another shard moves with intents, not built yet: mv copies */
 	rc = victim_get(o, src_parent, r->src_name, &r->sp, &r->src);
 	if (rc)
-		return rc;
+		return rc == -EREMOTE ? -EXDEV : rc;
 	r->dp = &r->sp;
 	if (moved) {
 		r->dp = &r->dp_buf;
 		rc = dir_get(o, dst_parent, MAY_W | MAY_X, r->dp);
+		if (rc == 0)
+			rc = xmark_dying(o, dst_parent);
 		if (rc)
 			return rc;
 	}
 	rc = child_get(o, r->dp, r->dst_name, &r->dst);
+	if (rc == -EREMOTE)
+		return -EXDEV;
 	if (rc && rc != -ENOENT)
 		return rc;
 	r->have_dst = rc == 0;
@@ -2735,6 +2774,43 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 					 flags, STK_META_ANY_INO, STK_META_ANY_INO, replaced, out);
 }
 
+/*
+ * A folder of another shard renamed within its parent (rename_prepare said EXDEV):
+ * only its entry here changes, its inode (whose parent stays the same) is left
+ * alone, so it is allowed when it replaces nothing. Anything else about it (a
+ * move to another folder, a replace, a sticky folder whose rule needs the
+ * folder's owner) stays EXDEV: the tool copies.
+ */
+static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t parent)
+{
+	struct inode dst;
+	int rc;
+
+	rc = victim_get(o, parent, r->src_name, &r->sp, &r->src);
+	if (rc != -EREMOTE)
+		return -EXDEV; /* not a folder of another shard: the first answer stands */
+	rc = may(o, &r->sp.a, MAY_W | MAY_X);
+	if (rc)
+		return rc;
+	if ((r->sp.a.mode & S_ISVTX) && !is_root(o) && !is_owner(o, &r->sp.a))
+		return -EXDEV;
+	if (strcmp(r->src_name, r->dst_name) == 0)
+		return 0;
+	rc = child_get(o, &r->sp, r->dst_name, &dst);
+	if (rc == 0 || rc == -EREMOTE)
+		return r->flags & STK_RENAME_NOREPLACE ? -EEXIST : -EXDEV;
+	if (rc != -ENOENT)
+		return rc;
+	rc = dentry_del(o, parent, r->src_name);
+	if (rc == 0)
+		rc = dentry_put(o, parent, r->dst_name, r->src.a.ino, S_IFDIR);
+	if (rc == 0) {
+		touch_dir(o, &r->sp);
+		rc = inode_put(o, &r->sp);
+	}
+	return rc;
+}
+
 static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t src_parent,
 		      const char *src_name, uint64_t dst_parent, const char *dst_name,
 		      uint32_t flags, uint64_t src_ino, uint64_t dst_ino, int *replaced,
@@ -2775,6 +2851,10 @@ static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, ui
 	if (rc)
 		goto out;
 	rc = rename_prepare(&o, &r, src_parent, dst_parent);
+	if (rc == -EXDEV && src_parent == dst_parent && !(flags & STK_RENAME_EXCHANGE)) {
+		rc = rename_remote_here(&o, &r, src_parent);
+		goto out;
+	}
 	if (rc || (r.have_dst && r.dst.a.ino == r.src.a.ino))
 		goto out;
 	if (flags & STK_RENAME_EXCHANGE)
@@ -5286,6 +5366,12 @@ static int fsck_entries(struct fsck *f)
 		stk_get_u32(&r);
 		dir = fsck_ino_find(f, p.parent);
 		n = fsck_ino_find(f, p.ino);
+		if (!stk_rbuf_finish(&r) && dir && S_ISDIR(dir->mode) &&
+		    stk_ino_shard(p.ino) != f->o->st->shard) {
+			/* a folder of another shard (docs/meta-shards.md): that shard checks it */
+			dir->subdirs++;
+			continue;
+		}
 		if (stk_rbuf_finish(&r) || !dir || !S_ISDIR(dir->mode) || !n) {
 			p.kind = !n ? STK_FSCK_KIND_DANGLING : STK_FSCK_KIND_LOST_ENTRY;
 			if (stk_rbuf_finish(&r))
@@ -5398,6 +5484,8 @@ static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 		f->stats->dirs++;
 	else if (S_ISREG(e->mode))
 		f->stats->files++;
+	if (dir && stk_ino_shard(e->parent) != f->o->st->shard)
+		return 0; /* named on its parent's shard, which this one cannot see */
 	if (!root && e->refs == 0 && !(e->orphan && !dir)) {
 		/*
 		 * No name reaches it and no open file keeps it. A file goes as an unlink
@@ -5695,5 +5783,599 @@ int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t
 		rc = -ENOTDIR;
 	if (rc == 0)
 		*ino = dir.a.ino;
+	return op_end(&o, rc);
+}
+
+/* ---- cross-shard folders (docs/meta-shards.md; the protocol is meta/xshard.c's) ---- */
+
+/*
+ * A folder whose entry lives on shard A and whose inode on shard B is made and
+ * removed in four steps, each one transaction on one shard, recorded in the
+ * `xshard` table so that a crash between any two is undone or finished on
+ * restart: A's intents ('I' + intent id: kind, B, parent, name, the folder),
+ * B's marks on the folder's inode ('M' + inode: pending or dying, for A's
+ * intent, with the name at A). "N" holds the next intent id.
+ */
+#define XKEY_LEN 9
+static const char XNEXT_KEY[] = "N";
+
+static void xkey(uint8_t *k, char kind, uint64_t v)
+{
+	k[0] = (uint8_t)kind;
+	be64_put(k + 1, v);
+}
+
+static int xput(struct op *o, char kind, uint64_t v, const struct stk_wbuf *w)
+{
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val = {w->len, w->p};
+
+	if (w->err)
+		return -EIO;
+	xkey(k, kind, v);
+	return lmdb_err(mdb_put(o->txn, o->st->xshard, &key, &val, 0), "write cross-shard record");
+}
+
+static int xdel(struct op *o, char kind, uint64_t v)
+{
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k};
+
+	xkey(k, kind, v);
+	return lmdb_err(mdb_del(o->txn, o->st->xshard, &key, NULL), "delete cross-shard record");
+}
+
+static void xname_put(struct stk_wbuf *w, const char *name)
+{
+	size_t len = strnlen(name, STK_NAME_MAX);
+
+	stk_put_u16(w, (uint16_t)len);
+	stk_put_bytes(w, name, len);
+}
+
+static void xname_get(struct stk_rbuf *r, char *name)
+{
+	uint16_t len = stk_get_u16(r);
+
+	if (len > STK_NAME_MAX) {
+		r->err = -EBADMSG;
+		len = 0;
+	}
+	stk_get_bytes(r, name, len);
+	name[r->err ? 0 : len] = 0;
+}
+
+static int xintent_decode(uint64_t id, const MDB_val *v, struct stk_meta_xintent *x)
+{
+	struct stk_rbuf r;
+
+	memset(x, 0, sizeof(*x));
+	stk_rbuf_init(&r, v->mv_data, v->mv_size);
+	x->id = id;
+	x->kind = stk_get_u8(&r);
+	x->shard = stk_get_u32(&r);
+	x->parent = stk_get_u64(&r);
+	x->ino = stk_get_u64(&r);
+	xname_get(&r, x->name);
+	if (stk_rbuf_finish(&r)) {
+		stk_error("meta store: cross-shard intent %llu: corrupt record",
+			  (unsigned long long)id);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int xintent_get(struct op *o, uint64_t id, struct stk_meta_xintent *x)
+{
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	int rc;
+
+	xkey(k, 'I', id);
+	rc = mdb_get(o->txn, o->st->xshard, &key, &val);
+	if (rc)
+		return lmdb_err(rc, "read cross-shard intent");
+	return xintent_decode(id, &val, x);
+}
+
+static int xintent_put(struct op *o, struct stk_meta_xintent *x)
+{
+	MDB_val key = {sizeof(XNEXT_KEY) - 1, (void *)XNEXT_KEY}, val;
+	uint8_t buf[32 + STK_NAME_MAX], nb[8];
+	uint64_t next = 1;
+	struct stk_wbuf w;
+	int rc;
+
+	rc = mdb_get(o->txn, o->st->xshard, &key, &val);
+	if (rc == 0 && val.mv_size == 8)
+		next = be64_get(val.mv_data);
+	else if (rc != MDB_NOTFOUND && rc != 0)
+		return lmdb_err(rc, "read intent counter");
+	x->id = next;
+	be64_put(nb, next + 1);
+	val.mv_size = sizeof(nb);
+	val.mv_data = nb;
+	rc = lmdb_err(mdb_put(o->txn, o->st->xshard, &key, &val, 0), "write intent counter");
+	if (rc)
+		return rc;
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u8(&w, (uint8_t)x->kind);
+	stk_put_u32(&w, x->shard);
+	stk_put_u64(&w, x->parent);
+	stk_put_u64(&w, x->ino);
+	xname_put(&w, x->name);
+	return xput(o, 'I', x->id, &w);
+}
+
+static int xmark_decode(uint64_t ino, const MDB_val *v, struct stk_meta_xmark *m)
+{
+	struct stk_rbuf r;
+
+	memset(m, 0, sizeof(*m));
+	stk_rbuf_init(&r, v->mv_data, v->mv_size);
+	m->ino = ino;
+	m->kind = stk_get_u8(&r);
+	m->from = stk_get_u32(&r);
+	m->intent = stk_get_u64(&r);
+	m->parent = stk_get_u64(&r);
+	xname_get(&r, m->name);
+	if (stk_rbuf_finish(&r)) {
+		stk_error("meta store: cross-shard mark of inode %llu: corrupt record",
+			  (unsigned long long)ino);
+		return -EIO;
+	}
+	return 0;
+}
+
+static int xmark_get(struct op *o, uint64_t ino, struct stk_meta_xmark *m)
+{
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	int rc;
+
+	xkey(k, 'M', ino);
+	rc = mdb_get(o->txn, o->st->xshard, &key, &val);
+	if (rc)
+		return lmdb_err(rc, "read cross-shard mark");
+	return xmark_decode(ino, &val, m);
+}
+
+static int xmark_put(struct op *o, const struct stk_meta_xmark *m)
+{
+	uint8_t buf[32 + STK_NAME_MAX];
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u8(&w, (uint8_t)m->kind);
+	stk_put_u32(&w, m->from);
+	stk_put_u64(&w, m->intent);
+	stk_put_u64(&w, m->parent);
+	xname_put(&w, m->name);
+	return xput(o, 'M', m->ino, &w);
+}
+
+/* -ENOENT when folder ino is marked dying (its removal is under way), else 0. */
+static int xmark_dying(struct op *o, uint64_t ino)
+{
+	struct stk_meta_xmark m;
+	int rc;
+
+	if (!o->st->xshard)
+		return 0;
+	rc = xmark_get(o, ino, &m);
+	if (rc == -ENOENT)
+		return 0;
+	if (rc)
+		return rc;
+	return m.kind == STK_XMARK_DYING ? -ENOENT : 0;
+}
+
+/* Walks the records of one kind ('I' or 'M'), calling fn on each; stops on its non-zero. */
+typedef int (*xwalk_fn)(uint64_t v, const MDB_val *val, void *ctx);
+
+static int xwalk(struct op *o, char kind, xwalk_fn fn, void *ctx)
+{
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *c;
+	int rc;
+
+	xkey(k, kind, 0);
+	rc = mdb_cursor_open(o->txn, o->st->xshard, &c);
+	if (rc)
+		return lmdb_err(rc, "open cursor");
+	for (rc = mdb_cursor_get(c, &key, &val, MDB_SET_RANGE); rc == 0;
+	     rc = mdb_cursor_get(c, &key, &val, MDB_NEXT)) {
+		if (key.mv_size != XKEY_LEN || ((const uint8_t *)key.mv_data)[0] != (uint8_t)kind)
+			break;
+		rc = fn(be64_get((const uint8_t *)key.mv_data + 1), &val, ctx);
+		if (rc)
+			break;
+	}
+	mdb_cursor_close(c);
+	if (rc == MDB_NOTFOUND || rc == 0)
+		return 0;
+	return rc == 1 ? 0 : rc < 0 ? rc : lmdb_err(rc, "walk cross-shard records");
+}
+
+int stk_meta_store_xintent_mkdir(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t parent, const char *name, uint32_t shard, uint64_t *id)
+{
+	struct stk_meta_xintent x = {.kind = STK_XINTENT_MKDIR, .shard = shard, .parent = parent};
+	struct inode dir;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (shard < 1 || shard > STK_MAX_SHARDS || shard == st->shard)
+		return -EINVAL;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, name);
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0 && dir.a.nlink == UINT32_MAX)
+		rc = -EMLINK;
+	if (rc == 0) {
+		snprintf(x.name, sizeof(x.name), "%s", name);
+		rc = xintent_put(&o, &x);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*id = x.id;
+	return rc;
+}
+
+int stk_meta_store_xintent_rmdir(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t parent, const char *name, const struct stk_attr *victim,
+				 uint64_t *id)
+{
+	struct stk_meta_xintent x = {.kind = STK_XINTENT_RMDIR, .parent = parent};
+	struct inode dir, n;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = child_get(&o, &dir, name, &n);
+	if (rc == -EREMOTE)
+		rc = n.a.ino == victim->ino ? 0 : -EAGAIN; /* renamed over: look again */
+	else if (rc == 0)
+		rc = -EAGAIN; /* a folder of this shard now */
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0) {
+		/* the sticky rule with the owner its shard told */
+		n.a = *victim;
+		rc = sticky_ok(&o, &dir, &n);
+	}
+	if (rc == 0) {
+		x.shard = stk_ino_shard(victim->ino);
+		x.ino = victim->ino;
+		snprintf(x.name, sizeof(x.name), "%s", name);
+		rc = xintent_put(&o, &x);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*id = x.id;
+	return rc;
+}
+
+int stk_meta_store_xintent_drop(struct stk_meta_store *st, uint64_t id)
+{
+	static const struct stk_cred root_cred;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xdel(&o, 'I', id);
+	if (rc == -ENOENT)
+		rc = 0;
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t id,
+			 const struct stk_attr *child)
+{
+	struct stk_meta_xintent x;
+	struct inode dir;
+	struct op o;
+	int rc = op_begin(&o, st, cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0 && (x.kind != STK_XINTENT_MKDIR || !S_ISDIR(child->mode) ||
+			stk_ino_shard(child->ino) != x.shard))
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = dir_get(&o, x.parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, x.name); /* a name made meanwhile wins */
+	if (rc == 0 && dir.a.nlink == UINT32_MAX)
+		rc = -EMLINK;
+	if (rc == 0) {
+		dir.a.nlink++;
+		rc = dentry_put(&o, x.parent, x.name, child->ino, S_IFDIR);
+	}
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	if (rc == 0)
+		rc = xdel(&o, 'I', id);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xunlink(struct stk_meta_store *st, uint64_t id)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	struct inode dir;
+	struct dentry d;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0 && x.kind != STK_XINTENT_RMDIR)
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = dentry_get(&o, x.parent, x.name, &d);
+	if (rc == 0 && d.ino != x.ino)
+		rc = -EAGAIN;
+	if (rc == 0)
+		rc = inode_get(&o, x.parent, &dir);
+	if (rc == 0)
+		rc = dentry_del(&o, x.parent, x.name);
+	if (rc == 0) {
+		if (dir.a.nlink > 2)
+			dir.a.nlink--;
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	if (rc == 0)
+		rc = xdel(&o, 'I', id);
+	return op_end(&o, rc);
+}
+
+struct xlist {
+	void *v;
+	size_t max, n;
+	int marks;
+};
+
+static int xlist_one(uint64_t v, const MDB_val *val, void *ctx)
+{
+	struct xlist *l = ctx;
+	int rc;
+
+	if (l->n == l->max)
+		return 1;
+	if (l->marks)
+		rc = xmark_decode(v, val, (struct stk_meta_xmark *)l->v + l->n);
+	else
+		rc = xintent_decode(v, val, (struct stk_meta_xintent *)l->v + l->n);
+	if (rc == 0)
+		l->n++;
+	return rc;
+}
+
+int stk_meta_store_xintents(struct stk_meta_store *st, struct stk_meta_xintent *out, size_t max,
+			    size_t *n)
+{
+	static const struct stk_cred root_cred;
+	struct xlist l = {.v = out, .max = max};
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = xwalk(&o, 'I', xlist_one, &l);
+	*n = l.n;
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xmarks(struct stk_meta_store *st, struct stk_meta_xmark *out, size_t max,
+			  size_t *n)
+{
+	static const struct stk_cred root_cred;
+	struct xlist l = {.v = out, .max = max, .marks = 1};
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = xwalk(&o, 'M', xlist_one, &l);
+	*n = l.n;
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xquery(struct stk_meta_store *st, uint64_t id, uint64_t parent,
+			  const char *name, uint64_t ino, int *state)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	struct dentry d;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0) {
+		*state = STK_XSTATE_INTENT;
+	} else if (rc == -ENOENT) {
+		rc = check_name(name) ?: dentry_get(&o, parent, name, &d);
+		*state = rc == 0 && d.ino == ino ? STK_XSTATE_NAMED : STK_XSTATE_UNNAMED;
+		if (rc == -ENOENT || rc == -EINVAL || rc == -ENAMETOOLONG)
+			rc = 0;
+		if (rc == 0 && *state == STK_XSTATE_UNNAMED) {
+			/* renamed within its folder since (rename_remote_here): any name counts */
+			struct ino_vec kids = {0};
+
+			rc = dir_children(&o, parent, &kids);
+			if (rc == 0 && vec_has(&kids, ino))
+				*state = STK_XSTATE_NAMED;
+			free(kids.v);
+		}
+	}
+	return op_end(&o, rc);
+}
+
+struct xfind {
+	uint32_t from;
+	uint64_t intent;
+	struct stk_meta_xmark m;
+	int found;
+};
+
+static int xfind_one(uint64_t v, const MDB_val *val, void *ctx)
+{
+	struct xfind *f = ctx;
+	int rc = xmark_decode(v, val, &f->m);
+
+	if (rc)
+		return rc;
+	if (f->m.from == f->from && f->m.intent == f->intent) {
+		f->found = 1;
+		return 1;
+	}
+	return 0;
+}
+
+int stk_meta_store_xmkdir(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			  uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+			  uint32_t gid, struct stk_attr *out)
+{
+	static const struct stk_cred root_cred;
+	struct xfind f = {.from = from, .intent = intent};
+	struct stk_meta_xmark m = {.kind = STK_XMARK_PENDING, .from = from, .intent = intent,
+				   .parent = parent};
+	struct inode n;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (from < 1 || from > STK_MAX_SHARDS || from == st->shard || !intent ||
+	    stk_ino_shard(parent) != from)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xwalk(&o, 'M', xfind_one, &f);
+	if (rc == 0 && f.found) { /* asked again (a retry): the folder made then */
+		rc = inode_get(&o, f.m.ino, &n);
+		goto out;
+	}
+	memset(&n, 0, sizeof(n));
+	if (rc == 0)
+		rc = ino_alloc(&o, &n.a.ino);
+	if (rc == 0) {
+		n.a.mode = S_IFDIR | (mode & 07777);
+		n.a.uid = uid;
+		n.a.gid = gid;
+		n.a.nlink = 2;
+		n.a.size = DIR_SIZE;
+		n.a.blocks = blocks_of(DIR_SIZE);
+		n.parent = parent;
+		times_now(&o, &n.a.atime_sec, &n.a.atime_nsec);
+		times_now(&o, &n.a.mtime_sec, &n.a.mtime_nsec);
+		set_ctime(&o, &n.a);
+		rc = inode_put(&o, &n);
+	}
+	if (rc == 0) {
+		m.ino = n.a.ino;
+		snprintf(m.name, sizeof(m.name), "%s", name);
+		rc = xmark_put(&o, &m);
+	}
+out:
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_xdying(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			  uint64_t ino, const char *name)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xmark m;
+	struct inode n;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (from < 1 || from > STK_MAX_SHARDS || from == st->shard || !intent)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0 && stk_ino_shard(n.parent) != from)
+		rc = -EINVAL;
+	if (rc == 0) {
+		rc = xmark_get(&o, ino, &m);
+		if (rc == 0) /* the same removal asked again: done; anything else: busy */
+			rc = m.kind == STK_XMARK_DYING && m.from == from && m.intent == intent
+				 ? 1
+				 : -EBUSY;
+		else if (rc == -ENOENT)
+			rc = 0;
+	}
+	if (rc == 0) {
+		rc = dir_is_empty(&o, ino);
+		rc = rc == 1 ? 0 : rc == 0 ? -ENOTEMPTY : rc;
+	}
+	if (rc == 0) {
+		m = (struct stk_meta_xmark){.ino = ino, .kind = STK_XMARK_DYING, .from = from,
+					    .intent = intent, .parent = n.parent};
+		snprintf(m.name, sizeof(m.name), "%s", name);
+		rc = xmark_put(&o, &m);
+	}
+	return op_end(&o, rc == 1 ? 0 : rc);
+}
+
+int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t intent, int done)
+{
+	static const struct stk_cred root_cred;
+	struct xfind f = {.from = from, .intent = intent};
+	struct inode n;
+	struct op o;
+	int rc, drop;
+
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xwalk(&o, 'M', xfind_one, &f);
+	if (rc || !f.found)
+		return op_end(&o, rc); /* settled already, or never made: nothing to do */
+	/* made and not named, or named no more: the inode goes */
+	drop = f.m.kind == STK_XMARK_PENDING ? !done : done;
+	rc = xdel(&o, 'M', f.m.ino);
+	if (rc == 0 && drop) {
+		rc = inode_get(&o, f.m.ino, &n);
+		if (rc == 0 && S_ISDIR(n.a.mode)) {
+			rc = dir_is_empty(&o, n.a.ino);
+			rc = rc == 1 ? inode_del(&o, &n) : rc == 0 ? -ENOTEMPTY : rc;
+		}
+		if (rc == -ENOENT)
+			rc = 0;
+	}
 	return op_end(&o, rc);
 }

@@ -763,4 +763,99 @@ int stk_meta_store_snap_done(struct stk_meta_store *st, uint64_t epoch, uint64_t
 int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top);
 int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino);
 
+
+/*
+ * Cross-shard folders (docs/meta-shards.md): a folder whose entry lives on its
+ * parent's shard A and whose inode on another shard B, made and removed in four
+ * steps (meta/xshard.c drives them), each one transaction here, recorded so that
+ * a crash between any two is undone or finished by itself.
+ *
+ * On A, an intent: what A is doing (kind), with which shard, where and to which
+ * folder. On B, a mark on the folder's inode: made for A's intent and not named
+ * yet (pending), or being removed by it (dying: nothing new goes in).
+ */
+enum { STK_XINTENT_MKDIR = 1, STK_XINTENT_RMDIR = 2 };
+enum { STK_XMARK_PENDING = 1, STK_XMARK_DYING = 2 };
+/* What A answers about an intent of its (stk_meta_store_xquery). */
+enum { STK_XSTATE_INTENT = 1, STK_XSTATE_NAMED = 2, STK_XSTATE_UNNAMED = 3 };
+
+struct stk_meta_xintent {
+	uint64_t id;
+	uint32_t kind;	/* STK_XINTENT_* */
+	uint32_t shard; /* B */
+	uint64_t parent;
+	uint64_t ino; /* rmdir: the folder (mkdir: 0) */
+	char name[STK_NAME_MAX + 1];
+};
+
+struct stk_meta_xmark {
+	uint64_t ino;
+	uint32_t kind; /* STK_XMARK_* */
+	uint32_t from; /* A */
+	uint64_t intent;
+	uint64_t parent; /* on A */
+	char name[STK_NAME_MAX + 1];
+};
+
+/*
+ * A, step 1 of a mkdir: the checks of a mkdir of `name` in parent (EEXIST, EACCES,
+ * ENOTDIR, ...) and an intent to make it on `shard`, in one transaction. *id: the
+ * intent's. -EINVAL for this store's own shard or none.
+ */
+int stk_meta_store_xintent_mkdir(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t parent, const char *name, uint32_t shard, uint64_t *id);
+/*
+ * A, step 1 of a rmdir of `name` in parent, which names victim, a folder of
+ * another shard (victim: its attributes as its shard told them, for the sticky
+ * rule): the checks and the intent. -EAGAIN when the name names something else
+ * now.
+ */
+int stk_meta_store_xintent_rmdir(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t parent, const char *name, const struct stk_attr *victim,
+				 uint64_t *id);
+/* A: drops an intent (an abort; none: 0). */
+int stk_meta_store_xintent_drop(struct stk_meta_store *st, uint64_t id);
+/*
+ * A, step 3 of a mkdir: the entry of the intent's name naming child (B's new
+ * folder) and the intent's removal, in one transaction. -EEXIST when the name was
+ * taken meanwhile, -ENOENT when the intent is gone (aborted): nothing changes.
+ */
+int stk_meta_store_xlink(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t id,
+			 const struct stk_attr *child);
+/* A, step 3 of a rmdir: the entry's and the intent's removal, in one transaction. */
+int stk_meta_store_xunlink(struct stk_meta_store *st, uint64_t id);
+/* A: up to max intents held (recovery). */
+int stk_meta_store_xintents(struct stk_meta_store *st, struct stk_meta_xintent *out, size_t max,
+			    size_t *n);
+/*
+ * A, for B's recovery: whether intent id is still held (STK_XSTATE_INTENT: wait),
+ * else whether `name` in parent names ino (NAMED: the folder lives) or not
+ * (UNNAMED: it goes).
+ */
+int stk_meta_store_xquery(struct stk_meta_store *st, uint64_t id, uint64_t parent,
+			  const char *name, uint64_t ino, int *state);
+/*
+ * B, step 2 of a mkdir: a new folder whose parent is A's `parent`, marked pending
+ * for (from, intent). Asked again for the same intent, the folder made then.
+ */
+int stk_meta_store_xmkdir(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			  uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
+			  uint32_t gid, struct stk_attr *out);
+/*
+ * B, step 2 of a rmdir: folder ino, empty, marked dying for (from, intent); from
+ * then on nothing new is made in it. -ENOTEMPTY, -EBUSY (another mark), -ENOENT.
+ */
+int stk_meta_store_xdying(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			  uint64_t ino, const char *name);
+/*
+ * B, step 4 or an abort: the mark of (from, intent) settled. done (A named the
+ * folder, or removed its name): a pending folder is kept, a dying one deleted;
+ * not done (A gave up): a pending folder is deleted, a dying one kept. No mark:
+ * 0 (settled already).
+ */
+int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t intent, int done);
+/* B: up to max marks held (recovery). */
+int stk_meta_store_xmarks(struct stk_meta_store *st, struct stk_meta_xmark *out, size_t max,
+			  size_t *n);
+
 #endif

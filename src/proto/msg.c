@@ -3,7 +3,9 @@
  * types (cred, layout, attr) and the routing table, which has arrays.
  */
 #include "msg.h"
+#include "wire.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -347,4 +349,81 @@ const struct stk_rt_chain *stk_routing_chain(const struct stk_routing *rt, uint3
 		if (rt->chains[i].id == id)
 			return &rt->chains[i];
 	return NULL;
+}
+
+/*
+ * Every request of meta's that names an inode starts with (cred, u64), (session,
+ * u64) or (cred, u8, u64) (msg.h); those are read here, the rest of the request
+ * is left to its handler.
+ */
+int stk_msg_meta_route(uint16_t opcode, const void *req, size_t len, uint64_t *ino,
+		       uint64_t *other)
+{
+	struct stk_msg_meta_rename_req rn;
+	struct stk_msg_meta_link_req lk;
+	struct stk_cred cred;
+	struct stk_rbuf r;
+
+	*ino = 0;
+	*other = 0;
+	stk_rbuf_init(&r, req, len);
+	switch (opcode) {
+	case STK_OP_META_LOOKUP:
+	case STK_OP_META_LOOKUP_CACHE:
+	case STK_OP_META_LOOKUPS:
+	case STK_OP_META_GETATTR:
+	case STK_OP_META_SETATTR:
+	case STK_OP_META_CREATE:
+	case STK_OP_META_MKDIR:
+	case STK_OP_META_UNLINK:
+	case STK_OP_META_RMDIR:
+	case STK_OP_META_SYMLINK:
+	case STK_OP_META_READLINK:
+	case STK_OP_META_READDIR:
+	case STK_OP_META_EXTEND:
+	case STK_OP_META_SETXATTR:
+	case STK_OP_META_GETXATTR:
+	case STK_OP_META_LISTXATTR:
+	case STK_OP_META_REMOVEXATTR:
+	case STK_OP_META_MKNOD:
+		stk_cred_dec(&r, &cred);
+		*ino = stk_get_u64(&r);
+		break;
+	case STK_OP_META_GETATTRS:
+		stk_cred_dec(&r, &cred);
+		if (stk_get_u32(&r) == 0)
+			return r.err ? -EBADMSG : 0;
+		*ino = stk_get_u64(&r); /* the first: a caller asks one shard at a time */
+		break;
+	case STK_OP_META_QUOTA:
+		stk_cred_dec(&r, &cred);
+		(void)stk_get_u8(&r);
+		*ino = stk_get_u64(&r);
+		break;
+	case STK_OP_META_OPEN:
+	case STK_OP_META_CLOSE:
+	case STK_OP_META_LOCK:
+	case STK_OP_META_ALLOW:
+	case STK_OP_META_ALLOW_BYTES:
+		(void)stk_get_u64(&r);
+		*ino = stk_get_u64(&r);
+		break;
+	case STK_OP_META_RENAME:
+		if (stk_msg_meta_rename_req_dec(&r, &rn))
+			return -EBADMSG;
+		*ino = rn.src_parent;
+		*other = rn.dst_parent;
+		break;
+	case STK_OP_META_LINK:
+		if (stk_msg_meta_link_req_dec(&r, &lk))
+			return -EBADMSG;
+		*ino = lk.parent;
+		*other = lk.ino;
+		break;
+	default:
+		return 0;
+	}
+	if (r.err)
+		return -EBADMSG;
+	return *ino ? 1 : 0;
 }

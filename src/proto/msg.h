@@ -48,6 +48,19 @@ static inline unsigned stk_ino_shard(uint64_t ino)
 
 #define STK_ROOT_INO 1ull
 
+/*
+ * The inode whose shard serves a metadata request (docs/meta-shards.md): the
+ * folder for a request on a name in it (lookup, create, mkdir, unlink, rmdir,
+ * readdir, ...), the inode itself otherwise (getattr, setattr, open, lock, ...).
+ * req/len: the encoded request of opcode (wire.h). *other: a second inode the
+ * request names that must live on the same shard (rename's destination folder,
+ * link's file), else 0. Returns 1 with *ino set (never 0), 0 for a request about
+ * no inode in particular (statfs, sessions, watches, sync, fsck: the caller
+ * picks the shard), -EBADMSG for a request too short to say.
+ */
+int stk_msg_meta_route(uint16_t opcode, const void *req, size_t len, uint64_t *ino,
+		       uint64_t *other);
+
 enum stk_role { STK_ROLE_MGMTD = 1, STK_ROLE_META = 2, STK_ROLE_STORAGE = 3, STK_ROLE_CLIENT = 4 };
 
 struct stk_cred {
@@ -536,6 +549,30 @@ enum stk_target_state {
  * quota root dir counts in, 0: none. want and give both 0: INVAL. AGAIN: the
  * frame's origin is not a live lease holder of `session` (it was reset).
  */
+/*
+ * META_XSHARD (meta/xshard.c): op is one of STK_XSHARD_*, from the shard asking, intent
+ * its intent's id (both shards name the operation by (from, intent)).
+ * MKDIR (to B): a folder whose parent is `parent` on A, `name` there, mode, uid,
+ *   gid, marked pending; the reply's attr is it. Asked again: the same folder.
+ * DYING (to B): folder ino, empty, marked dying (NOTEMPTY, BUSY, NOENT).
+ * SETTLE (to B): the mark of (from, intent) settled, done 1 (A named the folder,
+ *   or removed its name) or 0 (A gave up); kind: the intent's (STK_XINTENT_*).
+ * QUERY (to A, from B's recovery): state STK_XSTATE_* of intent, else of `name`
+ *   in parent naming ino.
+ * COUNT (to any, for tests and operators): the intents and marks it holds now
+ *   (intents, marks; the other replies leave them 0).
+ */
+#define STK_MSG_META_XSHARD_REQ(F)                                                        \
+	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
+	F(u32, mode) F(u32, uid) F(u32, gid) F(u8, done) F(u8, kind)
+#define STK_MSG_META_XSHARD_RESP(F) F(u8, state) F(attr, attr) F(u32, intents) F(u32, marks)
+enum {
+	STK_XSHARD_MKDIR = 1,
+	STK_XSHARD_DYING = 2,
+	STK_XSHARD_SETTLE = 3,
+	STK_XSHARD_QUERY = 4,
+	STK_XSHARD_COUNT = 5
+};
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
 #define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
@@ -784,6 +821,8 @@ enum stk_fsck_kind {
 	X(meta_quota_req, STK_MSG_META_QUOTA_REQ)                 \
 	X(meta_allow_req, STK_MSG_META_ALLOW_REQ)                 \
 	X(meta_allow_resp, STK_MSG_META_ALLOW_RESP)               \
+	X(meta_xshard_req, STK_MSG_META_XSHARD_REQ)               \
+	X(meta_xshard_resp, STK_MSG_META_XSHARD_RESP)             \
 	X(meta_quota_resp, STK_MSG_META_QUOTA_RESP)               \
 	X(meta_repl_req, STK_MSG_META_REPL_REQ)                                                    \
 	X(meta_repl_resp, STK_MSG_META_REPL_RESP)                                                  \

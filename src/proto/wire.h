@@ -272,6 +272,9 @@
 	 * inode counts in for the session's writes past files' sizes, spent as they are \
 	 * reported (META_EXTEND's meta_extend_ext). DQUOT: nothing left (msg.h). */     \
 	X(META_ALLOW_BYTES, 91, meta_allow_req, meta_allow_resp, "set bytes aside in a quota") \
+	/* Meta to meta: a step of a cross-shard mkdir or rmdir, or a recovery's question \
+	 * (msg.h, docs/meta-shards.md). A client key's connection gets PERM. */        \
+	X(META_XSHARD, 93, meta_xshard_req, meta_xshard_resp, "cross-shard folder step")    \
 	/* Writes `length` bytes of bulk at `offset` in a chunk; the request carries the     \
 	 * bulk's block checksums (msg.h). STK_WRITE_SYNC: durable before the reply. */         \
 	X(STOR_WRITE, 64, stor_write_req, stor_write_resp, "write into a chunk")                   \

@@ -1,9 +1,11 @@
 /*
  * libFuzzer target for everything that parses bytes from the wire: the frame
- * header, every message decoder generated from msg.h, and the routing table.
+ * header, every message decoder generated from msg.h, the routing table, and the
+ * inode a metadata request is routed by.
  * The first input byte picks the decoder; the rest is the payload. Any crash,
  * overread (ASan) or undefined behaviour (UBSan) is a bug.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,12 +59,26 @@ static void fuzz_header(const uint8_t *p, size_t n)
 	}
 }
 
+/* Which inode (and shard) a metadata request names (stk_msg_meta_route): 2 bytes of opcode. */
+static void fuzz_meta_route(const uint8_t *p, size_t n)
+{
+	uint64_t ino, other;
+	int rc;
+
+	if (n < 2)
+		return;
+	rc = stk_msg_meta_route((uint16_t)(p[0] | p[1] << 8), p + 2, n - 2, &ino, &other);
+	if ((rc == 1 && ino == 0) || (rc != 1 && rc != 0 && rc != -EBADMSG))
+		abort(); /* "names an inode" is never inode 0, and nothing else is answered */
+}
+
 static const decode_fn decoders[] = {
 #define FUZZ_ENTRY(sname, LIST) fuzz_##sname,
 	STK_MSG_LIST(FUZZ_ENTRY)
 #undef FUZZ_ENTRY
 	fuzz_routing,
 	fuzz_header,
+	fuzz_meta_route,
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

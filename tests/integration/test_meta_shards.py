@@ -11,12 +11,15 @@ What must hold:
   shards alone (same leader, same epoch), and clients keep working;
 - a meta node for a shard the cluster does not have is refused and exits with a
   clear error (and `stoker status` says so); a store made for one shard refuses to
-  serve another; bad --shard / --meta-shards values are refused; a shard 2..'s
-  meta node refuses client requests sent to it directly (EXDEV), for now.
+  serve another; bad --shard / --meta-shards values are refused; a shard's meta
+  node serves requests on its own inodes and answers NOT_LEADER to those on
+  another shard's (so that a client asks its routing table again), EXDEV to a
+  rename between two shards.
 
-Clients still send every request to shard 1 (it holds the root and, for now,
-every folder), so the namespace works as before: the mount's POSIX suite runs
-against a two-shard cluster with STOKER_TEST_META_SHARDS=2 (conftest.py).
+Clients send each request to the shard of the inode it names (the folder for a
+name's requests); shard 1 holds the root, so with nothing placed elsewhere the
+namespace works as before: the mount's POSIX suite runs against a two-shard
+cluster with STOKER_TEST_META_SHARDS=2 (conftest.py).
 """
 import os
 import re
@@ -249,14 +252,17 @@ def test_wrong_shard_is_refused_with_a_clear_error(make_sc, tmp_path):
 
 def test_one_shard_keeps_todays_numbers(make_sc):
     """Shard 1 holds the root and hands out today's inode numbers (no shard bits);
-    shard 2's meta node refuses a client request sent to it directly (EXDEV) and
-    still serves its replication."""
+    shard 2's meta node serves its own inode numbers, answers NOT_LEADER for shard
+    1's and EXDEV for a rename between the two (stk_check shardgate)."""
     sc = make_sc(shards=2)
     p = run([CHECK, "shardgate", "127.0.0.1:%d" % (sc.port + 40)], check=False, env=sc.env())
     # its metrics where every daemon's are, 10 ports up (stoker top, doctor, dashboard)
     with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % (sc.port + 50), timeout=5) as r:
         assert b"stoker_meta_repl_role" in r.read()
     assert p.returncode == 0 and b"shardgate: ok" in p.stdout, p.stdout + p.stderr
+    # the native client sends each request to the shard its inode names
+    p = run([CHECK, "shardroute", sc.url], check=False, env=sc.env(), timeout=60)
+    assert p.returncode == 0 and b"shardroute: ok" in p.stdout, p.stdout + p.stderr
     c = stoker_pkg.connect(sc.url)
     try:
         c.makedirs("/d")

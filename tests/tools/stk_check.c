@@ -39,7 +39,9 @@
  *                                         grow once PATH is written; the calls' errors
  *   truncloop CLUSTER DIR THREADS SECS [SIZE]  writes and truncates files whose inodes
  *                                         share a storage lock slot (see the function)
- *   shardgate HOST:PORT                   a meta node of shard 2.. (docs/meta-shards.md)
+ *   shardgate HOST:PORT                   a meta node of shard 2 (docs/meta-shards.md)
+ *   shardroute CLUSTER                    requests routed by inode over two shards
+ *   xshard ADDR                           a meta node's inodes, intents and marks
  *                                         refuses client requests (EXDEV) and still answers
  *   chunk HOST:PORT INO read|truncate|prefetch  one chunk request for INO straight to a
  *                                         storage node with $STOKER_KEY_FILE's key;
@@ -1257,7 +1259,7 @@ static int cmd_watch(int argc, char **argv)
 	return failures ? 1 : 0;
 }
 
-/* ---- shardgate: shards 2.. serve no client request yet ---- */
+/* ---- shardgate: each shard serves its own inodes, and only those ---- */
 
 static int send_meta(struct stk_conn *conn, uint16_t opcode, const uint8_t *req, size_t len)
 {
@@ -1271,13 +1273,21 @@ static int send_meta(struct stk_conn *conn, uint16_t opcode, const uint8_t *req,
 	return stk_rpc_call(conn, &rpc);
 }
 
+/*
+ * shardgate HOST:PORT: a meta node of shard 2. Requests naming shard 1's inodes
+ * (the root) are NOT_LEADER there, a rename from one of its folders into shard
+ * 1's is EXDEV, and one naming its own inode numbers is served (no such inode yet:
+ * NOENT).
+ */
 static int cmd_shardgate(int argc, char **argv)
 {
+	uint64_t own = 1ull << STK_INO_SHARD_SHIFT; /* shard 2's first number */
+	struct stk_msg_meta_rename_req rn;
 	struct stk_msg_meta_ino_req g;
 	struct stk_msg_meta_mkdir_req m;
 	struct stk_conn *conn;
 	struct stk_wbuf w;
-	uint8_t req[512];
+	uint8_t req[1024];
 
 	if (argc < 2)
 		return 2;
@@ -1288,20 +1298,134 @@ static int cmd_shardgate(int argc, char **argv)
 	g.ino = STK_ROOT_INO;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_ino_req_enc(&w, &g);
-	CHECK_RC(send_meta(conn, STK_OP_META_GETATTR, req, w.len), -EXDEV);
+	CHECK_RC(send_meta(conn, STK_OP_META_GETATTR, req, w.len), -EREMCHG);
 	memset(&m, 0, sizeof(m));
 	m.parent = STK_ROOT_INO;
 	m.mode = 0755;
 	snprintf(m.name, sizeof(m.name), "made-on-shard-2");
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_mkdir_req_enc(&w, &m);
-	CHECK_RC(send_meta(conn, STK_OP_META_MKDIR, req, w.len), -EXDEV);
+	CHECK_RC(send_meta(conn, STK_OP_META_MKDIR, req, w.len), -EREMCHG);
+	memset(&rn, 0, sizeof(rn));
+	rn.src_parent = own;
+	rn.dst_parent = STK_ROOT_INO;
+	snprintf(rn.src_name, sizeof(rn.src_name), "a");
+	snprintf(rn.dst_name, sizeof(rn.dst_name), "b");
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_rename_req_enc(&w, &rn);
+	CHECK_RC(send_meta(conn, STK_OP_META_RENAME, req, w.len), -EXDEV);
+	g.ino = own;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &g);
+	CHECK_RC(send_meta(conn, STK_OP_META_GETATTR, req, w.len), -ENOENT);
 	stk_conn_close(conn);
 	/* and it still answers */
 	CHECK_RC(server_answers(argv[1]), -ENOSYS);
 	if (!failures)
 		printf("shardgate: ok\n");
 	return failures ? 1 : 0;
+}
+
+/*
+ * shardroute CLUSTER: a native client on a two-shard cluster sends each request to
+ * the shard its inode names. A batch of attributes naming both shards' inodes is
+ * answered for each by its own shard (shard 1's meta alone would answer NOT_LEADER
+ * for shard 2's, shard 2's for the root); an inode of shard 2 is answered by shard
+ * 2 (NOENT, none made there yet), one of a shard the cluster lacks is NOENT at
+ * once, and a rename between two shards is EXDEV.
+ */
+static int cmd_shardroute(int argc, char **argv)
+{
+	struct stk_ll_cred cred = {.uid = getuid(), .gid = getgid()};
+	uint64_t own = 1ull << STK_INO_SHARD_SHIFT, none = 7ull << STK_INO_SHARD_SHIFT;
+	uint64_t inos[2] = {own, STK_ROOT_INO};
+	struct stk_ll_attr a[2];
+	int rcs[2] = {1, 1};
+	uint64_t t0;
+	stk_client *c;
+
+	if (argc < 2)
+		return 2;
+	c = connect_or_die(argv[1]);
+	CHECK_RC(stk_ll_getattr(c, &cred, STK_ROOT_INO, &a[0]), 0);
+	CHECK_RC(stk_ll_getattrs(c, &cred, inos, 2, a, rcs), 0);
+	CHECK_RC(rcs[0], -ENOENT);
+	CHECK_RC(rcs[1], 0);
+	if (rcs[1] == 0 && a[1].ino != STK_ROOT_INO) {
+		fprintf(stderr, "shardroute: the root's record names inode %llu\n",
+			(unsigned long long)a[1].ino);
+		failures++;
+	}
+	inos[0] = STK_ROOT_INO;
+	inos[1] = own;
+	CHECK_RC(stk_ll_getattrs(c, &cred, inos, 2, a, rcs), 0);
+	CHECK_RC(rcs[0], 0);
+	CHECK_RC(rcs[1], -ENOENT);
+	CHECK_RC(stk_ll_getattr(c, &cred, own, &a[0]), -ENOENT);
+	t0 = stk_now_ns();
+	CHECK_RC(stk_ll_getattr(c, &cred, none, &a[0]), -ENOENT);
+	if (stk_now_ns() - t0 > 5000000000ull) {
+		fprintf(stderr, "shardroute: an inode of no shard took %llu ms\n",
+			(unsigned long long)((stk_now_ns() - t0) / 1000000));
+		failures++;
+	}
+	CHECK_RC(stk_ll_rename(c, &cred, STK_ROOT_INO, "x", own, "y", 0), -EXDEV);
+	CHECK_RC(stk_ll_rename(c, &cred, own, "x", STK_ROOT_INO, "y", 0), -EXDEV);
+	stk_disconnect(c);
+	if (!failures)
+		printf("shardroute: ok\n");
+	return failures ? 1 : 0;
+}
+
+/*
+ * xshard ADDR: what the meta node at ADDR holds, as "files N intents I marks M": its
+ * inodes (META_STATFS) and its cross-shard intents and marks (META_XSHARD COUNT).
+ */
+static int cmd_xshard(int argc, char **argv)
+{
+	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_COUNT};
+	struct stk_msg_meta_xshard_resp x;
+	struct stk_msg_meta_statfs_resp f;
+	uint8_t req[512], resp[512];
+	struct stk_rpc rpc;
+	struct stk_conn *conn;
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	int rc;
+
+	if (argc < 2)
+		return 2;
+	rc = stk_conn_connect(argv[1], 2000, &conn);
+	if (rc) {
+		fprintf(stderr, "xshard: %s: %s\n", argv[1], stk_strerror(rc));
+		return 1;
+	}
+	memset(&rpc, 0, sizeof(rpc));
+	rpc.opcode = STK_OP_META_STATFS;
+	rpc.resp = resp;
+	rpc.resp_cap = sizeof(resp);
+	rc = stk_rpc_call(conn, &rpc);
+	stk_rbuf_init(&r, resp, rc ? 0 : rpc.resp_len);
+	if (rc == 0 && stk_msg_meta_statfs_resp_dec(&r, &f))
+		rc = -EBADMSG;
+	if (rc == 0) {
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_xshard_req_enc(&w, &q);
+		memset(&rpc, 0, sizeof(rpc));
+		stk_rpc_prepare(&rpc, STK_OP_META_XSHARD, &w, resp, sizeof(resp));
+		rc = stk_rpc_call(conn, &rpc);
+		stk_rbuf_init(&r, resp, rc ? 0 : rpc.resp_len);
+		if (rc == 0 && (stk_msg_meta_xshard_resp_dec(&r, &x) || stk_rbuf_finish(&r)))
+			rc = -EBADMSG;
+	}
+	stk_conn_close(conn);
+	if (rc) {
+		fprintf(stderr, "xshard: %s: %s\n", argv[1], stk_strerror(rc));
+		return 1;
+	}
+	printf("files %llu intents %u marks %u\n", (unsigned long long)f.files, x.intents,
+	       x.marks);
+	return 0;
 }
 
 /* ---- repl: hostile META_REPL ---- */
@@ -2250,6 +2374,10 @@ static int cmd_ino(int argc, char **argv)
 		rc = stk_ll_setattr(c, &cred, x, STK_LL_SETATTR_MODE, &b, &a);
 	} else if (strcmp(op, "setxattr") == 0) {
 		rc = stk_ll_setxattr(c, &cred, x, "user.stk", "1", 1, 0);
+	} else if (strcmp(op, "parent") == 0) {
+		rc = stk_ll_lookup_parent(c, &cred, x, &a);
+		if (rc == 0)
+			printf("ino %llu\n", (unsigned long long)a.ino);
 	} else if (argc == 5 && strcmp(op, "lookup") == 0) {
 		rc = stk_ll_lookup(c, &cred, x, argv[4], &a);
 		if (rc == 0)
@@ -2303,7 +2431,9 @@ int main(int argc, char **argv)
 		    {"chunk", cmd_chunk},
 		    {"vouch", cmd_vouch},
 		    {"truncloop", cmd_truncloop},
-		    {"shardgate", cmd_shardgate}};
+		    {"shardgate", cmd_shardgate},
+		    {"shardroute", cmd_shardroute},
+		    {"xshard", cmd_xshard}};
 
 	if (argc < 2) {
 		fprintf(stderr, "usage: stk_check CMD ARGS (see the source)\n");

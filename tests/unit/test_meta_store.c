@@ -2277,6 +2277,110 @@ static void test_shard_numbers(void)
 	CHECK(stk_meta_store_shard(st) == 1);
 }
 
+/*
+ * Cross-shard folders (meta/xshard.h): the records of each step on a parent's
+ * store (shard 1, st) and a folder's (shard 2), in the order the protocol writes
+ * them, and what each answers between steps.
+ */
+static void test_cross_shard_folders(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL;
+	struct stk_meta_xintent xi[4];
+	struct stk_meta_xmark xm[4];
+	struct stk_attr a, b, got;
+	uint64_t top, id, id2, id3;
+	size_t n = 9;
+	int state = 0, created = 0;
+
+	snprintf(dir, sizeof(dir), "%s/xshard2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "xs", 0777);
+	/* mkdir, step 1: the checks of a mkdir, then the intent */
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "x", 1, &id), -EINVAL);
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &BOB, STK_ROOT_INO, "x", 2, &id), -EACCES);
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ALICE, top, "x", 2, &id), 0);
+	CHECK_RC(stk_meta_store_xintents(st, xi, 4, &n), 0);
+	CHECK(n == 1 && xi[0].id == id && xi[0].shard == 2 && strcmp(xi[0].name, "x") == 0);
+	/* step 2: the folder on shard 2, pending; asked again, the same one */
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, top, "x", 0750, ALICE.uid, ALICE.gid, &a), 0);
+	CHECK(stk_ino_shard(a.ino) == 2 && S_ISDIR(a.mode) && a.uid == ALICE.uid);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, top, "x", 0750, ALICE.uid, ALICE.gid, &b), 0);
+	CHECK(b.ino == a.ino);
+	CHECK_RC(stk_meta_store_xmarks(s2, xm, 4, &n), 0);
+	CHECK(n == 1 && xm[0].ino == a.ino && xm[0].kind == STK_XMARK_PENDING && xm[0].intent == id);
+	CHECK_RC(stk_meta_store_xquery(st, id, top, "x", a.ino, &state), 0);
+	CHECK(state == STK_XSTATE_INTENT);
+	/* step 3: the entry, and the intent gone, in one transaction */
+	CHECK_RC(stk_meta_store_xlink(st, &ALICE, id, &a), 0);
+	CHECK_RC(stk_meta_store_xlink(st, &ALICE, id, &a), -ENOENT);
+	CHECK_RC(stk_meta_store_xintents(st, xi, 4, &n), 0);
+	CHECK(n == 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "x", &got), -EREMOTE);
+	CHECK(got.ino == a.ino && S_ISDIR(got.mode));
+	CHECK(attr_of(top).nlink == 3);
+	CHECK_RC(stk_meta_store_xquery(st, id, top, "x", a.ino, &state), 0);
+	CHECK(state == STK_XSTATE_NAMED);
+	/* what cannot be done to it here: an unlink, a move, a replace */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "x", &got), -EISDIR);
+	CHECK_RC(rename_as(&ROOT, top, "x", STK_ROOT_INO, "x-moved", 0), -EXDEV);
+	create_as(&ROOT, top, "file");
+	CHECK_RC(rename_as(&ROOT, top, "file", top, "x", 0), -EXDEV);
+	CHECK_RC(rename_as(&ROOT, top, "x", top, "file", 0), -EXDEV);
+	/* but a rename within its folder: its entry alone, and it is still known there */
+	CHECK_RC(rename_as(&ROOT, top, "x", top, "y", 0), 0);
+	CHECK_RC(stk_meta_store_xquery(st, id, top, "x", a.ino, &state), 0);
+	CHECK(state == STK_XSTATE_NAMED);
+	/* step 4: the mark cleared; the folder is shard 2's for good */
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	CHECK_RC(stk_meta_store_xmarks(s2, xm, 4, &n), 0);
+	CHECK(n == 0);
+	CHECK_RC(stk_meta_store_getattr(s2, &ROOT, a.ino, &got), 0);
+	CHECK_RC(stk_meta_store_create(s2, &ALICE, a.ino, "in", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &b, &created),
+		 0);
+	/* rmdir: not empty, then empty; dying takes nothing new; then gone on both */
+	CHECK_RC(stk_meta_store_xintent_rmdir(st, &ROOT, top, "y", &a, &id2), 0);
+	CHECK_RC(stk_meta_store_xdying(s2, 1, id2, a.ino, "y"), -ENOTEMPTY);
+	CHECK_RC(stk_meta_store_unlink(s2, &ROOT, a.ino, "in", &got), 0);
+	CHECK_RC(stk_meta_store_xdying(s2, 1, id2, a.ino, "y"), 0);
+	CHECK_RC(stk_meta_store_xdying(s2, 1, id2 + 1, a.ino, "y"), -EBUSY);
+	CHECK_RC(stk_meta_store_create(s2, &ALICE, a.ino, "late", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &b, &created),
+		 -ENOENT);
+	CHECK_RC(stk_meta_store_xunlink(st, id2), 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "y", &got), -ENOENT);
+	CHECK(attr_of(top).nlink == 2);
+	CHECK_RC(stk_meta_store_xquery(st, id2, top, "y", a.ino, &state), 0);
+	CHECK(state == STK_XSTATE_UNNAMED);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id2, 1), 0);
+	CHECK_RC(stk_meta_store_getattr(s2, &ROOT, a.ino, &got), -ENOENT);
+	/* given up after step 2: the pending folder goes, the intent with it */
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "z", 2, &id3), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id3, top, "z", 0755, 0, 0, &b), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id3, 0), 0);
+	CHECK_RC(stk_meta_store_getattr(s2, &ROOT, b.ino, &got), -ENOENT);
+	CHECK_RC(stk_meta_store_xintent_drop(st, id3), 0);
+	CHECK_RC(stk_meta_store_xintents(st, xi, 4, &n), 0);
+	CHECK(n == 0);
+	/* hostile steps: a parent of the wrong shard, a bad name */
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, 99, 1ull << STK_INO_SHARD_SHIFT, "w", 0755, 0, 0,
+				       &b),
+		 -EINVAL);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, 99, top, "a/b", 0755, 0, 0, &b), -EINVAL);
+	/* one entry of a folder of shard 2 left in shard 1's store: fsck leaves it alone */
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "kept", 2, &id3), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id3, top, "kept", 0755, 0, 0, &b), 0);
+	CHECK_RC(stk_meta_store_xlink(st, &ROOT, id3, &b), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id3, 1), 0);
+	stk_meta_store_close(s2);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -2323,6 +2427,7 @@ int main(void)
 	CHECK_RUN(test_quota_byte_allowances);
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
+	CHECK_RUN(test_cross_shard_folders);
 	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);

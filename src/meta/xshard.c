@@ -1,0 +1,651 @@
+/*
+ * Cross-shard folders: the four-step mkdir and rmdir of xshard.h, their recovery
+ * and the calls between shards' leaders that carry them.
+ *
+ * The records are the store's (stk_meta_store_x*); this file orders them. A
+ * step's transaction is held by the shard's followers before the next step
+ * begins (wait_held), so a failover of either shard's leader between two steps
+ * finds the same records as a restart would. The other shard's leader is found
+ * in the routing table and asked over a pool of connections; a call that finds
+ * no leader, or one that no longer leads, is retried with a fresh table for a
+ * few seconds, then given up (the request answers EIO; recovery settles it).
+ *
+ * Intents in flight (`busy`) are the ones a request of this process is working
+ * on: recovery leaves them to that request. Everything else it finds is from a
+ * crash, a failover or a call that failed, and it settles it.
+ */
+#include "xshard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../common/log.h"
+#include "../common/util.h"
+#include "../mgmtd/agent.h"
+#include "../net/net.h"
+#include "../proto/wire.h"
+#include "repl.h"
+#include "store.h"
+
+#define CALL_TRY_MS 5000u  /* a call to another shard is retried this long */
+#define RECOVER_MS 1000u   /* recovery looks this often */
+#define RECOVER_BATCH 256u /* records settled per look */
+#define BUSY_MAX 1024u
+#define COUNT_MAX 4096u /* counted at most (STK_XSHARD_COUNT) */
+
+struct stk_meta_xshard {
+	struct stk_meta_store *st;
+	struct stk_meta_repl *repl;
+	struct stk_agent *agent; /* set once by start */
+	struct stk_pool *pool;
+	unsigned shard;
+	pthread_mutex_t mu; /* busy, stop */
+	pthread_cond_t wake;
+	uint64_t busy[BUSY_MAX];
+	unsigned nbusy;
+	int stop;
+	int running;
+	pthread_t thr;
+	/* the test hook (xshard.h) */
+	char hook_op[8];
+	unsigned hook_step;
+	char hook_file[PATH_MAX];
+};
+
+static int hook_parse(struct stk_meta_xshard *x, const char *dir)
+{
+	const char *v = getenv("STOKER_TEST_XSHARD_STOP");
+	const char *file = NULL;
+	char step[4] = "";
+	uint64_t k = 0;
+	size_t n;
+
+	if (!v || !*v)
+		return 0;
+	/* OP:K or OP:K:FILE */
+	if (strlen(v) >= 7 && v[5] == ':') {
+		const char *end = strchr(v + 6, ':');
+
+		n = end ? (size_t)(end - (v + 6)) : strlen(v + 6);
+		if (n < sizeof(step)) {
+			memcpy(step, v + 6, n);
+			step[n] = 0;
+		}
+		file = end ? end + 1 : NULL;
+	}
+	if ((strncmp(v, "mkdir:", 6) != 0 && strncmp(v, "rmdir:", 6) != 0) ||
+	    stk_parse_u64(step, &k) || k < 1 || k > 4 || (file && !*file)) {
+		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K or rmdir:K (K from 1 to 4), "
+			  "then :FILE if the stop is once for all nodes",
+			  v);
+		return -EINVAL;
+	}
+	memcpy(x->hook_op, v, 5);
+	x->hook_op[5] = 0;
+	x->hook_step = (unsigned)k;
+	n = file ? (size_t)snprintf(x->hook_file, sizeof(x->hook_file), "%s", file)
+		 : (size_t)snprintf(x->hook_file, sizeof(x->hook_file), "%s/xshard-stopped", dir);
+	return n >= sizeof(x->hook_file) ? -ENAMETOOLONG : 0;
+}
+
+/* The test hook: this node just completed step `step` of `op`. */
+static void hook(struct stk_meta_xshard *x, const char *op, unsigned step)
+{
+	int fd;
+
+	if (x->hook_step != step || strcmp(x->hook_op, op) != 0)
+		return;
+	fd = open(x->hook_file, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return; /* stopped once already */
+	fsync(fd);
+	close(fd);
+	stk_warn("STOKER_TEST_XSHARD_STOP: stopping after step %u of a cross-shard %s", step, op);
+	stk_meta_store_sync(x->st);
+	raise(SIGKILL);
+}
+
+/* What this thread committed is held by the shard's followers (repl.h). */
+static int wait_held(struct stk_meta_xshard *x)
+{
+	uint64_t seq = stk_meta_store_thread_seq(0);
+
+	return seq ? stk_meta_repl_wait(x->repl, seq) : 0;
+}
+
+static int busy_add(struct stk_meta_xshard *x, uint64_t id)
+{
+	int rc = -EAGAIN;
+
+	pthread_mutex_lock(&x->mu);
+	if (x->nbusy < BUSY_MAX) {
+		x->busy[x->nbusy++] = id;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&x->mu);
+	return rc;
+}
+
+static void busy_del(struct stk_meta_xshard *x, uint64_t id)
+{
+	pthread_mutex_lock(&x->mu);
+	for (unsigned i = 0; i < x->nbusy; i++)
+		if (x->busy[i] == id) {
+			x->busy[i] = x->busy[--x->nbusy];
+			break;
+		}
+	pthread_mutex_unlock(&x->mu);
+}
+
+static int is_busy(struct stk_meta_xshard *x, uint64_t id)
+{
+	int found = 0;
+
+	pthread_mutex_lock(&x->mu);
+	for (unsigned i = 0; i < x->nbusy && !found; i++)
+		found = x->busy[i] == id;
+	pthread_mutex_unlock(&x->mu);
+	return found;
+}
+
+/* The leader of `shard` now: 0 with addr, -ENOTCONN (none now), -ENOENT (no such shard). */
+static int leader_addr(struct stk_meta_xshard *x, unsigned shard, char *addr, unsigned *nshards)
+{
+	struct stk_routing_ref *ref;
+	int rc = -ENOENT;
+
+	if (!x->agent)
+		return -ENOTCONN;
+	ref = stk_agent_routing_get(x->agent);
+	if (nshards)
+		*nshards = ref->rt.nshards;
+	for (uint32_t i = 0; i < ref->rt.nshards; i++) {
+		const struct stk_rt_node *n;
+
+		if (ref->rt.shards[i].id != shard)
+			continue;
+		n = stk_routing_node(&ref->rt, ref->rt.shards[i].node_id);
+		rc = n ? 0 : -ENOTCONN;
+		if (n)
+			memcpy(addr, n->addr, STK_ADDR_MAX);
+		break;
+	}
+	stk_agent_routing_put(x->agent, ref);
+	return rc;
+}
+
+static int transient(int rc)
+{
+	return rc == -EREMCHG || rc == -ENOTCONN || rc == -ECONNREFUSED || rc == -ECONNRESET ||
+	       rc == -EPIPE || rc == -ETIMEDOUT || rc == -EHOSTUNREACH || rc == -ECONNABORTED ||
+	       rc == -EBADMSG || rc == -ESTALE;
+}
+
+/* One request to the leader of `shard`, retried while it is transient (CALL_TRY_MS). */
+static int call(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode, const void *req,
+		size_t len, void *resp, size_t cap, size_t *rlen)
+{
+	uint64_t deadline = stk_now_ns() + CALL_TRY_MS * 1000000ull;
+	unsigned backoff_ms = 20;
+	char addr[STK_ADDR_MAX];
+	int rc, asked = 0;
+
+	for (;;) {
+		struct stk_conn *c = NULL;
+		struct stk_rpc rpc;
+		struct stk_wbuf w = {.p = (void *)req, .len = len, .cap = len};
+
+		rc = leader_addr(x, shard, addr, NULL);
+		/* a table from before that shard's first meta node registered: ask again */
+		if (rc == -ENOENT && !asked++ && x->agent &&
+		    stk_agent_routing_refresh(x->agent) == 0)
+			rc = leader_addr(x, shard, addr, NULL);
+		if (rc == 0)
+			rc = stk_pool_get(x->pool, addr, &c);
+		if (rc == 0) {
+			memset(&rpc, 0, sizeof(rpc));
+			stk_rpc_prepare(&rpc, opcode, &w, resp, cap);
+			rc = stk_rpc_call(c, &rpc);
+			stk_pool_put(x->pool, c);
+			if (rc == 0 && rlen)
+				*rlen = rpc.resp_len;
+		}
+		if (!transient(rc) || stk_now_ns() > deadline)
+			break;
+		usleep(backoff_ms * 1000);
+		if (backoff_ms < 400)
+			backoff_ms *= 2;
+		stk_pool_flush(x->pool);
+		if (x->agent)
+			stk_agent_routing_refresh(x->agent);
+	}
+	if (transient(rc)) {
+		stk_warn("meta: %s to shard %u: %s", stk_opcode_name(opcode), shard, strerror(-rc));
+		rc = -EIO;
+	}
+	return rc;
+}
+
+static int xcall(struct stk_meta_xshard *x, unsigned shard, const struct stk_msg_meta_xshard_req *q,
+		 struct stk_msg_meta_xshard_resp *r)
+{
+	uint8_t req[512], resp[256];
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	size_t len = 0;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	if (stk_msg_meta_xshard_req_enc(&w, q))
+		return -EINVAL;
+	rc = call(x, shard, STK_OP_META_XSHARD, req, w.len, resp, sizeof(resp), &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&rb, resp, len);
+	if (stk_msg_meta_xshard_resp_dec(&rb, r) || stk_rbuf_finish(&rb))
+		return -EIO;
+	return 0;
+}
+
+/* Tells B how (from this shard, intent) ended. */
+static int settle(struct stk_meta_xshard *x, unsigned shard, uint64_t intent, unsigned kind,
+		  int done)
+{
+	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_SETTLE,
+					    .from = x->shard,
+					    .intent = intent,
+					    .done = (uint8_t)done,
+					    .kind = (uint8_t)kind};
+	struct stk_msg_meta_xshard_resp r;
+
+	return xcall(x, shard, &q, &r);
+}
+
+int stk_meta_xshard_getattr(struct stk_meta_xshard *x, uint64_t ino, struct stk_attr *out)
+{
+	struct stk_msg_meta_ino_req q = {.ino = ino}; /* as root: no permission is needed */
+	struct stk_msg_meta_attr_resp a;
+	uint8_t req[128], resp[256];
+	struct stk_wbuf w;
+	struct stk_rbuf r;
+	size_t len = 0;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_ino_req_enc(&w, &q);
+	rc = call(x, stk_ino_shard(ino), STK_OP_META_GETATTR, req, w.len, resp, sizeof(resp), &len);
+	if (rc)
+		return rc == -EIO || rc == -ENOENT ? rc : -EIO;
+	stk_rbuf_init(&r, resp, len);
+	if (stk_msg_meta_attr_resp_dec(&r, &a) || stk_rbuf_finish(&r) || a.attr.ino != ino)
+		return -EIO;
+	*out = a.attr;
+	return 0;
+}
+
+/* Whether the cluster has shard `shard`, asking mgmtd again before saying no. */
+static int shard_known(struct stk_meta_xshard *x, unsigned shard)
+{
+	char addr[STK_ADDR_MAX];
+
+	if (leader_addr(x, shard, addr, NULL) != -ENOENT)
+		return 1;
+	if (!x->agent || stk_agent_routing_refresh(x->agent))
+		return 0;
+	return leader_addr(x, shard, addr, NULL) != -ENOENT;
+}
+
+unsigned stk_meta_xshard_place(struct stk_meta_xshard *x, uint64_t parent, const char *name)
+{
+	static const struct stk_cred root_cred;
+	char buf[16], addr[STK_ADDR_MAX];
+	unsigned nshards = 0;
+	size_t len = 0;
+	uint64_t pin;
+
+	/* one shard: nothing to choose, and nothing read */
+	if (leader_addr(x, x->shard, addr, &nshards) == -ENOENT || nshards <= 1)
+		return x->shard;
+	if (stk_meta_store_getxattr(x->st, &root_cred, parent, STK_XSHARD_PIN_XATTR, buf,
+				    sizeof(buf) - 1, &len))
+		return x->shard; /* no setting: the parent's shard */
+	buf[len] = 0;
+	if (len == 6 && memcmp(buf, "spread", 6) == 0)
+		return (unsigned)(XXH64(name, strlen(name), 0) % nshards) + 1;
+	if (stk_parse_u64(buf, &pin) == 0 && pin >= 1 && pin <= STK_MAX_SHARDS &&
+	    shard_known(x, (unsigned)pin))
+		return (unsigned)pin;
+	stk_warn("meta: folder %llu is pinned to shard '%s', which the cluster does not have: "
+		 "its new folder '%s' stays on shard %u",
+		 (unsigned long long)parent, buf, name, x->shard);
+	return x->shard;
+}
+
+int stk_meta_xshard_pin_check(struct stk_meta_xshard *x, const void *value, size_t len)
+{
+	char buf[16];
+	uint64_t pin;
+
+	if (len == 6 && memcmp(value, "spread", 6) == 0)
+		return 0;
+	if (len == 0 || len >= sizeof(buf))
+		return -EINVAL;
+	memcpy(buf, value, len);
+	buf[len] = 0;
+	if (stk_parse_u64(buf, &pin) || pin < 1 || pin > STK_MAX_SHARDS ||
+	    !shard_known(x, (unsigned)pin))
+		return -EINVAL;
+	return 0;
+}
+
+int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, uint32_t mode, unsigned shard, struct stk_attr *out)
+{
+	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_MKDIR,
+					    .from = x->shard,
+					    .parent = parent,
+					    .mode = mode & 07777,
+					    .uid = cred->uid,
+					    .gid = cred->gid};
+	struct stk_msg_meta_xshard_resp r;
+	uint64_t id;
+	int rc;
+
+	rc = stk_meta_store_xintent_mkdir(x->st, cred, parent, name, shard, &id);
+	if (rc)
+		return rc;
+	if (busy_add(x, id)) {
+		stk_meta_store_xintent_drop(x->st, id);
+		return -EAGAIN;
+	}
+	rc = wait_held(x);
+	if (rc)
+		goto out; /* not leading now: the intent is recovery's */
+	hook(x, "mkdir", 1);
+	q.intent = id;
+	snprintf(q.name, sizeof(q.name), "%s", name);
+	rc = xcall(x, shard, &q, &r);
+	if (rc == 0 && (!S_ISDIR(r.attr.mode) || stk_ino_shard(r.attr.ino) != shard))
+		rc = -EIO;
+	if (rc == 0) {
+		rc = stk_meta_store_xlink(x->st, cred, id, &r.attr);
+		if (rc == 0) {
+			/* named: never undone from here (recovery asks whoever leads) */
+			rc = wait_held(x);
+			if (rc)
+				goto out;
+			hook(x, "mkdir", 3);
+			if (settle(x, shard, id, STK_XINTENT_MKDIR, 1))
+				stk_info("meta: folder %llu made on shard %u: its mark is left to "
+					 "recovery",
+					 (unsigned long long)r.attr.ino, shard);
+			*out = r.attr;
+			goto out;
+		}
+	}
+	/* Given up: B deletes what it made, then the intent goes (else recovery does it). */
+	if (settle(x, shard, id, STK_XINTENT_MKDIR, 0) == 0)
+		stk_meta_store_xintent_drop(x->st, id);
+out:
+	busy_del(x, id);
+	return rc;
+}
+
+int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, uint64_t ino)
+{
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_DYING, .from = x->shard, .ino = ino, .parent = parent};
+	unsigned shard = stk_ino_shard(ino);
+	struct stk_msg_meta_xshard_resp r;
+	struct stk_attr victim;
+	uint64_t id;
+	int rc;
+
+	rc = stk_meta_xshard_getattr(x, ino, &victim);
+	if (rc == -ENOENT)
+		rc = -EIO; /* a name here, no folder there: fsck's to report */
+	if (rc == 0)
+		rc = stk_meta_store_xintent_rmdir(x->st, cred, parent, name, &victim, &id);
+	if (rc)
+		return rc;
+	if (busy_add(x, id)) {
+		stk_meta_store_xintent_drop(x->st, id);
+		return -EAGAIN;
+	}
+	rc = wait_held(x);
+	if (rc)
+		goto out;
+	hook(x, "rmdir", 1);
+	q.intent = id;
+	snprintf(q.name, sizeof(q.name), "%s", name);
+	rc = xcall(x, shard, &q, &r);
+	if (rc == 0) {
+		rc = stk_meta_store_xunlink(x->st, id);
+		if (rc == 0) {
+			/* unnamed: never undone from here (recovery asks whoever leads) */
+			rc = wait_held(x);
+			if (rc)
+				goto out;
+			hook(x, "rmdir", 3);
+			if (settle(x, shard, id, STK_XINTENT_RMDIR, 1))
+				stk_info(
+				    "meta: folder %llu of shard %u unnamed: its removal is left "
+				    "to recovery",
+				    (unsigned long long)ino, shard);
+			goto out;
+		}
+	}
+	/* NOTEMPTY, BUSY, or B out of reach: the folder stays, unmarked. */
+	if (settle(x, shard, id, STK_XINTENT_RMDIR, 0) == 0)
+		stk_meta_store_xintent_drop(x->st, id);
+out:
+	busy_del(x, id);
+	return rc;
+}
+
+int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_xshard_req *q,
+			  struct stk_msg_meta_xshard_resp *r)
+{
+	int rc, state = 0;
+
+	memset(r, 0, sizeof(*r));
+	switch (q->op) {
+	case STK_XSHARD_MKDIR:
+		rc = stk_meta_store_xmkdir(x->st, q->from, q->intent, q->parent, q->name, q->mode,
+					   q->uid, q->gid, &r->attr);
+		if (rc == 0 && wait_held(x) == 0)
+			hook(x, "mkdir", 2);
+		return rc;
+	case STK_XSHARD_DYING:
+		rc = stk_meta_store_xdying(x->st, q->from, q->intent, q->ino, q->name);
+		if (rc == 0 && wait_held(x) == 0)
+			hook(x, "rmdir", 2);
+		return rc;
+	case STK_XSHARD_SETTLE:
+		if (q->kind != STK_XINTENT_MKDIR && q->kind != STK_XINTENT_RMDIR)
+			return -EINVAL;
+		rc = stk_meta_store_xsettle(x->st, q->from, q->intent, q->done != 0);
+		if (rc == 0 && q->done && wait_held(x) == 0)
+			hook(x, q->kind == STK_XINTENT_MKDIR ? "mkdir" : "rmdir", 4);
+		return rc;
+	case STK_XSHARD_COUNT: {
+		struct stk_meta_xintent *vi = calloc(COUNT_MAX, sizeof(*vi));
+		struct stk_meta_xmark *vm = calloc(COUNT_MAX, sizeof(*vm));
+		size_t ni = 0, nm = 0;
+
+		rc = vi && vm ? 0 : -ENOMEM;
+		if (rc == 0)
+			rc = stk_meta_store_xintents(x->st, vi, COUNT_MAX, &ni);
+		if (rc == 0)
+			rc = stk_meta_store_xmarks(x->st, vm, COUNT_MAX, &nm);
+		r->intents = (uint32_t)ni;
+		r->marks = (uint32_t)nm;
+		free(vi);
+		free(vm);
+		return rc;
+	}
+	case STK_XSHARD_QUERY:
+		rc = stk_meta_store_xquery(x->st, q->intent, q->parent, q->name, q->ino, &state);
+		r->state = (uint8_t)state;
+		/* an intent a request here is still working on: wait for it */
+		if (rc == 0 && is_busy(x, q->intent))
+			r->state = STK_XSTATE_INTENT;
+		return rc;
+	}
+	return -EINVAL;
+}
+
+/* ---- recovery ---- */
+
+/* A: every intent no request works on is given up (xshard.h). */
+static void recover_intents(struct stk_meta_xshard *x)
+{
+	struct stk_meta_xintent *v = calloc(RECOVER_BATCH, sizeof(*v));
+	size_t n = 0;
+
+	if (!v || stk_meta_store_xintents(x->st, v, RECOVER_BATCH, &n)) {
+		free(v);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (is_busy(x, v[i].id))
+			continue;
+		if (settle(x, v[i].shard, v[i].id, v[i].kind, 0) == 0) {
+			stk_meta_store_xintent_drop(x->st, v[i].id);
+			stk_info("meta: cross-shard %s of '%s' in folder %llu (intent %llu) given "
+				 "up: shard %u undid its part",
+				 v[i].kind == STK_XINTENT_MKDIR ? "mkdir" : "rmdir", v[i].name,
+				 (unsigned long long)v[i].parent, (unsigned long long)v[i].id,
+				 v[i].shard);
+		}
+	}
+	free(v);
+}
+
+/* B: every mark is settled by what its folder's parent shard says. */
+static void recover_marks(struct stk_meta_xshard *x)
+{
+	struct stk_meta_xmark *v = calloc(RECOVER_BATCH, sizeof(*v));
+	size_t n = 0;
+
+	if (!v || stk_meta_store_xmarks(x->st, v, RECOVER_BATCH, &n)) {
+		free(v);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_QUERY,
+						    .from = x->shard,
+						    .intent = v[i].intent,
+						    .ino = v[i].ino,
+						    .parent = v[i].parent};
+		struct stk_msg_meta_xshard_resp r;
+		int done;
+
+		snprintf(q.name, sizeof(q.name), "%s", v[i].name);
+		if (xcall(x, v[i].from, &q, &r) || r.state == STK_XSTATE_INTENT)
+			continue; /* out of reach, or still under way there */
+		if (r.state != STK_XSTATE_NAMED && r.state != STK_XSTATE_UNNAMED)
+			continue;
+		/* named: a pending folder was made, a dying one was not removed */
+		done = (v[i].kind == STK_XMARK_PENDING) == (r.state == STK_XSTATE_NAMED);
+		if (stk_meta_store_xsettle(x->st, v[i].from, v[i].intent, done) == 0)
+			stk_info("meta: folder %llu, %s for shard %u's intent %llu: %s",
+				 (unsigned long long)v[i].ino,
+				 v[i].kind == STK_XMARK_PENDING ? "pending" : "dying", v[i].from,
+				 (unsigned long long)v[i].intent,
+				 v[i].kind == STK_XMARK_PENDING ? (done ? "kept" : "deleted")
+								: (done ? "deleted" : "kept"));
+	}
+	free(v);
+}
+
+static void *recover_main(void *arg)
+{
+	struct stk_meta_xshard *x = arg;
+
+	pthread_mutex_lock(&x->mu);
+	while (!x->stop) {
+		struct timespec ts;
+		uint64_t due;
+
+		pthread_mutex_unlock(&x->mu);
+		if (stk_meta_repl_serving(x->repl)) {
+			recover_intents(x);
+			recover_marks(x);
+		}
+		pthread_mutex_lock(&x->mu);
+		due = stk_now_ns() + RECOVER_MS * 1000000ull;
+		ts.tv_sec = (time_t)(due / 1000000000ull);
+		ts.tv_nsec = (long)(due % 1000000000ull);
+		if (!x->stop)
+			pthread_cond_timedwait(&x->wake, &x->mu, &ts);
+	}
+	pthread_mutex_unlock(&x->mu);
+	return NULL;
+}
+
+int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl, const char *dir,
+			   struct stk_meta_xshard **out)
+{
+	struct stk_meta_xshard *x = calloc(1, sizeof(*x));
+	pthread_condattr_t ca;
+	int rc;
+
+	if (!x)
+		return -ENOMEM;
+	x->st = st;
+	x->repl = repl;
+	x->shard = stk_meta_store_shard(st);
+	rc = hook_parse(x, dir);
+	if (rc == 0)
+		rc = stk_pool_create(2, &x->pool);
+	if (rc) {
+		free(x);
+		return rc;
+	}
+	pthread_mutex_init(&x->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&x->wake, &ca);
+	pthread_condattr_destroy(&ca);
+	*out = x;
+	return 0;
+}
+
+int stk_meta_xshard_start(struct stk_meta_xshard *x, struct stk_agent *agent)
+{
+	int rc;
+
+	x->agent = agent;
+	rc = -pthread_create(&x->thr, NULL, recover_main, x);
+	if (rc == 0)
+		x->running = 1;
+	return rc;
+}
+
+void stk_meta_xshard_destroy(struct stk_meta_xshard *x)
+{
+	if (!x)
+		return;
+	pthread_mutex_lock(&x->mu);
+	x->stop = 1;
+	pthread_cond_signal(&x->wake);
+	pthread_mutex_unlock(&x->mu);
+	if (x->running)
+		pthread_join(x->thr, NULL);
+	stk_pool_destroy(x->pool);
+	pthread_cond_destroy(&x->wake);
+	pthread_mutex_destroy(&x->mu);
+	free(x);
+}

@@ -1,0 +1,80 @@
+/*
+ * Cross-shard folders (docs/meta-shards.md): a folder whose entry lives on its
+ * parent's shard A and whose inode on another shard B.
+ *
+ * mkdir: (1) A writes an intent (its id X, parent, name, B); (2) B makes the folder
+ * marked "pending for (A, X)"; (3) A writes the entry and drops the intent in one
+ * transaction; (4) B clears the mark. rmdir: (1) A's intent; (2) B marks the empty
+ * folder "dying for (A, X)" and makes nothing more in it; (3) A removes the entry
+ * and the intent in one transaction; (4) B deletes the folder. Each step is one
+ * transaction on one shard, held by that shard's followers before the next.
+ *
+ * Recovery, by each shard's leader, at once and every second: A gives up each
+ * intent no request of its is working on (B deletes a pending folder of it,
+ * unmarks a dying one, then A drops the intent); B asks A about each mark: an
+ * intent still held means wait; otherwise the entry decides (present: the folder
+ * lives; absent: it goes). So no name ever points at nothing (the entry is
+ * written after the folder exists and removed before it goes) and no folder with
+ * contents is lost (only an empty one is ever marked dying, and a dying one
+ * takes nothing new).
+ *
+ * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir or rmdir, K 1 to 4)
+ * makes the meta node that completes step K of such an operation kill itself
+ * (SIGKILL) right after it, once: it makes FILE (default: xshard-stopped in its
+ * data folder) and no node stops while that file is there, so with FILE shared
+ * the follower that takes over does not stop in turn.
+ *
+ * Threads: every function may be called from any worker thread (they block on
+ * the network); none from an event loop.
+ */
+#ifndef STK_META_XSHARD_H
+#define STK_META_XSHARD_H
+
+#include <stdint.h>
+
+#include "../proto/msg.h"
+
+struct stk_meta_store;
+struct stk_meta_repl;
+struct stk_agent;
+struct stk_meta_xshard;
+
+/* dir: the meta's data folder (the hook's file). 0, -ENOMEM, -EINVAL (a bad hook). */
+int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl, const char *dir,
+			   struct stk_meta_xshard **out);
+/* Once the agent runs: starts the recovery thread. 0 or -errno. */
+int stk_meta_xshard_start(struct stk_meta_xshard *x, struct stk_agent *agent);
+/* Stops the thread (before the agent goes) and frees. NULL: nothing. */
+void stk_meta_xshard_destroy(struct stk_meta_xshard *x);
+
+/*
+ * Placement (docs/meta-shards.md): a folder's setting for the folders made in it,
+ * the extended attribute trusted.stoker.shard: "N" (shard N) or "spread" (the
+ * shard a hash of the new folder's name picks among the cluster's S).
+ */
+#define STK_XSHARD_PIN_XATTR "trusted.stoker.shard"
+/*
+ * The shard a new folder `name` in parent goes to: by parent's setting, else (none,
+ * one shard, a shard the cluster does not have) this one. Reads nothing with one
+ * shard.
+ */
+unsigned stk_meta_xshard_place(struct stk_meta_xshard *x, uint64_t parent, const char *name);
+/* A setting's value (len bytes) is one: 0, or -EINVAL. */
+int stk_meta_xshard_pin_check(struct stk_meta_xshard *x, const void *value, size_t len);
+/*
+ * mkdir of `name` in parent (of this shard) on shard `shard`: the four steps above.
+ * *out: the new folder. The errors of a mkdir, or -EIO when the other shard could
+ * not be reached (nothing is left behind: recovery settles what was begun).
+ */
+int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, uint32_t mode, unsigned shard, struct stk_attr *out);
+/* rmdir of `name` in parent, which names folder ino of another shard. Errors as rmdir's. */
+int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
+			  const char *name, uint64_t ino);
+/* The attributes of inode ino of another shard, asked of its leader. 0 or -errno. */
+int stk_meta_xshard_getattr(struct stk_meta_xshard *x, uint64_t ino, struct stk_attr *out);
+/* META_XSHARD: one step asked by another shard (q), answered in r. 0 or -errno. */
+int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_xshard_req *q,
+			  struct stk_msg_meta_xshard_resp *r);
+
+#endif

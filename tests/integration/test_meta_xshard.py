@@ -1,0 +1,357 @@
+"""Folders on other shards (docs/meta-shards.md): placement, routing by inode,
+cross-shard mkdir and rmdir with intents, and their recovery after a crash at
+each step.
+
+Two shards, one meta node each. A folder whose parent is pinned (or set to
+spread) is made on another shard: its entry stays on its parent's shard, its
+inode and everything made in it live on the other one, and clients send each
+request to the shard of the inode it names. A rename or hard link between two
+shards answers EXDEV, so that mv copies.
+
+The crash-point tests start the cluster with STOKER_TEST_XSHARD_STOP=OP:K: the
+meta node that completes step K of a cross-shard mkdir or rmdir kills itself
+right after it, once, and `stoker up` restarts it. Whatever the client was told,
+the namespace must settle by itself: the folder exists on both sides (named,
+usable, unmarked) or on neither (no name, no inode left on the other shard), and
+no intent or mark is left.
+"""
+import errno
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import CHECK, STOKER, Mount, have_fuse, run
+from pyhelp import stoker as stoker_pkg
+from test_meta_shards import ShardCluster, leader_of
+
+
+class XCluster(ShardCluster):
+    """ShardCluster with an environment for its daemons."""
+
+    def __init__(self, tmp_path, env_extra=None, replicas=1):
+        super().__init__(tmp_path, replicas, replicas, 2)
+        self.env_extra = env_extra or {}
+
+    def up(self):
+        args = [STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
+                "--targets", "1", "--meta-shards", "2", "--heartbeat-timeout-ms", "2000"]
+        if self.nodes > 1:
+            args += ["--nodes", str(self.nodes), "--meta", str(self.meta), "--mgmtd", "1"]
+        p = run(args, check=False, timeout=120, env=dict(os.environ, **self.env_extra))
+        assert p.returncode == 0, p.stderr.decode() + self.logs()
+
+    def meta_addr(self, shard):
+        if self.nodes > 1:
+            return leader_of(self.shard_map()[shard])
+        return "127.0.0.1:%d" % (self.port + 1 if shard == 1 else self.port + 40)
+
+    def held(self, shard):
+        """(inodes, intents, marks) the meta node of `shard` holds now."""
+        p = run([CHECK, "xshard", self.meta_addr(shard)], check=False, env=self.env(),
+                timeout=30)
+        m = re.match(rb"files (\d+) intents (\d+) marks (\d+)", p.stdout)
+        assert m, p.stdout + p.stderr
+        return tuple(int(g) for g in m.groups())
+
+
+@pytest.fixture
+def make_xc(tmp_path):
+    made = []
+
+    def make(env_extra=None, replicas=1):
+        c = XCluster(tmp_path, env_extra, replicas)
+        made.append(c)
+        c.up()
+        return c
+
+    yield make
+    for c in made:
+        try:
+            os.kill(c.supervisor(), signal.SIGCONT)
+        except (AssertionError, OSError):
+            pass
+        c.down()
+        bad = [line for line in c.logs().splitlines()
+               if "ERROR: AddressSanitizer" in line or "runtime error:" in line]
+        assert not bad, c.logs()
+
+
+def shard_of(ino):
+    return (ino >> 48) + 1
+
+
+def test_folders_on_another_shard(make_xc):
+    sc = make_xc()
+    # placement is a folder's setting; bad ones are refused with a clear error
+    for bad, what in (("3", b"no such shard"), ("x", b"bad shard"), ("0", b"bad shard")):
+        p = sc.cli("shard", "pin", "/", bad, check=False)
+        assert p.returncode != 0 and what in p.stderr, (bad, p.stderr)
+    out = sc.cli("status").stdout
+    assert b"folders stay on their parent's shard" in out, out
+    c = stoker_pkg.connect(sc.url)
+    try:
+        c.makedirs("/plain")
+        assert shard_of(c.stat("/plain").st_ino) == 1  # no setting: its parent's shard
+        c.write_file("/plain/f", b"x")
+        p = sc.cli("shard", "pin", "/plain/f", "2", check=False)
+        assert p.returncode != 0 and b"not a folder" in p.stderr, p.stderr
+        sc.cli("shard", "pin", "/", "spread")
+        assert b"folders made in / go spread over the shards" in sc.cli("status").stdout
+        names = ["d%d" % i for i in range(12)]
+        for n in names:
+            c.makedirs("/" + n)
+        where = {n: shard_of(c.stat("/" + n).st_ino) for n in names}
+        assert set(where.values()) == {1, 2}, where
+        # everything made in a folder lives on its shard, and reads back
+        for n in names:
+            c.write_file("/%s/f" % n, n.encode())
+            c.makedirs("/%s/sub" % n)
+            assert shard_of(c.stat("/%s/f" % n).st_ino) == where[n]
+            assert shard_of(c.stat("/%s/sub" % n).st_ino) == where[n]
+            assert c.read_file("/%s/f" % n) == n.encode()
+            assert sorted(c.listdir("/" + n)) == ["f", "sub"]
+            c.rename("/%s/f" % n, "/%s/sub/g" % n)  # within a shard: a rename
+            assert c.read_file("/%s/sub/g" % n) == n.encode()
+        assert sorted(c.listdir("/")) == sorted(names + ["plain"])
+        a = [n for n in names if where[n] == 1][0]
+        b = [n for n in names if where[n] == 2][0]
+        # across shards: EXDEV, and nothing changed
+        for src, dst in (("/%s/sub/g" % a, "/%s/sub/h" % b), ("/%s/sub/g" % b, "/%s/h" % a),
+                         ("/" + b, "/%s/moved" % a)):
+            with pytest.raises(OSError) as e:
+                c.rename(src, dst)
+            assert e.value.errno == errno.EXDEV, (src, dst)
+        p = run([CHECK, "ino", sc.url, "link", str(c.stat("/%s/sub/g" % a).st_ino),
+                 str(c.stat("/" + b).st_ino), "l"], check=False, env=sc.env())
+        assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr
+        assert c.read_file("/%s/sub/g" % b) == b.encode()
+        # ".." of a folder of another shard is its parent, asked of the parent's shard
+        p = run([CHECK, "ino", sc.url, "parent", str(c.stat("/" + b).st_ino)],
+                check=False, env=sc.env())
+        assert p.stdout.split() == [b"ino", b"1", b"OK"], p.stdout + p.stderr
+        # within its parent, a folder of another shard renames (only its entry moves)
+        c.rename("/" + b, "/%s-renamed" % b)
+        assert c.read_file("/%s-renamed/sub/g" % b) == b.encode()
+        with pytest.raises(OSError) as e:
+            c.rename("/%s-renamed" % b, "/" + a)  # replacing: not built
+        assert e.value.errno == errno.EXDEV
+        c.rename("/%s-renamed" % b, "/" + b)
+        assert sorted(c.listdir("/")) == sorted(names + ["plain"])
+        # a folder of another shard: rmdir of it non-empty refused, then removed
+        with pytest.raises(OSError) as e:
+            c.rmdir("/" + b)
+        assert e.value.errno == errno.ENOTEMPTY
+        with pytest.raises(OSError) as e:
+            c.remove("/" + b)
+        assert e.value.errno in (errno.EISDIR, errno.EPERM)
+        ino = c.stat("/" + b).st_ino
+        c.remove("/%s/sub/g" % b)
+        c.rmdir("/%s/sub" % b)
+        c.rmdir("/" + b)
+        with pytest.raises(FileNotFoundError):
+            c.stat("/" + b)
+        assert b not in c.listdir("/")
+        # and its inode is gone on its shard too
+        p = run([CHECK, "ino", sc.url, "getattr", str(ino)], check=False, env=sc.env())
+        assert p.stdout.strip() == b"ENOENT", p.stdout + p.stderr
+        # pinned: folders made in a folder go to the shard it names
+        sc.cli("shard", "pin", "/%s" % a, "2")
+        c.makedirs("/%s/pinned/deeper" % a)
+        assert shard_of(c.stat("/%s/pinned" % a).st_ino) == 2
+        assert shard_of(c.stat("/%s/pinned/deeper" % a).st_ino) == 2  # unpinned there
+        show = sc.cli("shard", "show", "/%s" % a, "/%s/pinned" % a).stdout
+        assert b"on shard 1; new folders in it: on shard 2" in show, show
+        assert b"/pinned: on shard 2; new folders in it: on its shard" in show, show
+        sc.cli("shard", "unpin", "/%s" % a)
+        c.makedirs("/%s/after" % a)
+        assert shard_of(c.stat("/%s/after" % a).st_ino) == 1
+    finally:
+        c.close()
+    # nothing left half-done, and fsck (shard 1's namespace) finds nothing wrong
+    for shard in (1, 2):
+        assert sc.held(shard)[1:] == (0, 0), sc.held(shard)
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    # shard 2's files' chunks are not garbage to it, however old (it checks shard 1's)
+    p = sc.cli("fsck", "--grace", "0", "--repair", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    c = stoker_pkg.connect(sc.url)
+    try:
+        for n in names:
+            if n != b:
+                assert c.read_file("/%s/sub/g" % n) == n.encode()
+    finally:
+        c.close()
+
+
+@pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
+def test_mount_mv_copies_across_shards(make_xc, tmp_path):
+    """Through the mount: folders of both shards work, and `mv` between them copies
+    (the kernel's rename gets EXDEV)."""
+    sc = make_xc()
+    sc.cli("shard", "pin", "/", "spread")
+    m = Mount(sc, tmp_path / "mnt")
+    m.start()
+    try:
+        names = ["m%d" % i for i in range(10)]
+        for n in names:
+            os.mkdir(os.path.join(m.path, n))
+        where = {n: shard_of(os.stat(os.path.join(m.path, n)).st_ino) for n in names}
+        a = [n for n in names if where[n] == 1][0]
+        b = [n for n in names if where[n] == 2][0]
+        src = os.path.join(m.path, b, "data")
+        with open(src, "wb") as f:
+            f.write(b"y" * 100000)
+        with pytest.raises(OSError) as e:
+            os.rename(src, os.path.join(m.path, a, "data"))
+        assert e.value.errno == errno.EXDEV
+        subprocess.run(["mv", src, os.path.join(m.path, a, "data")], check=True)
+        assert not os.path.exists(src)
+        with open(os.path.join(m.path, a, "data"), "rb") as f:
+            assert f.read() == b"y" * 100000
+        shutil.rmtree(os.path.join(m.path, b))
+        assert sorted(os.listdir(m.path)) == sorted(n for n in names if n != b)
+    finally:
+        m.stop()
+
+
+def stopped(sc, op, step):
+    return logged(sc, "stopping after step %d of a cross-shard %s" % (step, op))
+
+
+def logged(sc, want):
+    logdir = os.path.join(sc.data, "log")
+    for name in os.listdir(logdir):
+        with open(os.path.join(logdir, name), errors="replace") as f:
+            if want in f.read():
+                return True
+    return False
+
+
+def settled(sc, c, name, before):
+    """The folder /name exists on both sides or on neither, nothing is marked or
+    intended, and shard 2 holds exactly the folders named. Returns whether it
+    exists, or None while recovery has not finished."""
+    if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+        return None
+    try:
+        st = c.stat("/" + name)
+    except FileNotFoundError:
+        st = None
+    files2 = sc.held(2)[0]
+    if st is None:
+        return False if files2 == before else None
+    assert shard_of(st.st_ino) == 2
+    return True if files2 == before + 1 else None
+
+
+def wait_settled(sc, c, name, before):
+    deadline = time.time() + 40
+    while time.time() < deadline:
+        try:
+            v = settled(sc, c, name, before)
+        except (AssertionError, OSError):
+            v = None
+        if v is not None:
+            return v
+        time.sleep(0.5)
+    raise AssertionError("not settled: shard 1 %s, shard 2 %s (2 held %d before)\n%s" % (
+        sc.held(1), sc.held(2), before, sc.logs()))
+
+
+@pytest.mark.parametrize("op,step", [(op, k) for op in ("mkdir", "rmdir") for k in (1, 2, 3, 4)])
+def test_crash_at_each_step_recovers(make_xc, op, step):
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "%s:%d" % (op, step)})
+    sc.cli("shard", "pin", "/", "2")
+    c = stoker_pkg.connect(sc.url)
+    try:
+        before = sc.held(2)[0]
+        if op == "rmdir":
+            c.makedirs("/d")
+            assert shard_of(c.stat("/d").st_ino) == 2
+            before = sc.held(2)[0] - 1
+        try:
+            if op == "mkdir":
+                c.makedirs("/d")
+            else:
+                c.rmdir("/d")
+            told = "ok"
+        except OSError as e:
+            told = e.errno
+        # the participant stopped (its log says so) and was restarted
+        sc.wait("the stop at step %d" % step, lambda: stopped(sc, op, step))
+        exists = wait_settled(sc, c, "d", before)
+        # where the stop left work for recovery, recovery did it (not a retry alone)
+        want = {("mkdir", 1): "(intent 1) given up", ("rmdir", 1): "given up: shard 2 undid",
+                ("mkdir", 3): "pending for shard 1's intent 1: kept",
+                ("rmdir", 3): "dying for shard 1's intent 2: deleted"}.get((op, step))
+        assert want is None or logged(sc, want), sc.logs()
+        if told == "ok":
+            assert exists == (op == "mkdir"), (told, exists)
+        if exists:
+            # usable: not marked dying, and its contents live on its shard
+            c.write_file("/d/f", b"after")
+            assert c.read_file("/d/f") == b"after"
+            assert shard_of(c.stat("/d/f").st_ino) == 2
+            c.remove("/d/f")
+            c.rmdir("/d")
+        assert "d" not in c.listdir("/")
+        assert wait_settled(sc, c, "d", before) is False
+    finally:
+        c.close()
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("op,step,dies", [("mkdir", 3, 1), ("rmdir", 2, 2)])
+def test_leader_lost_at_a_step_its_follower_settles(make_xc, tmp_path, op, step, dies):
+    """Two replicas a shard: the leader completing step K dies and stays down (the
+    supervisor held); its follower, which held that step before the next began,
+    takes over, and the namespace settles as after a restart."""
+    once = str(tmp_path / "stopped-once")  # not again on the follower that takes over
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "%s:%d:%s" % (op, step, once)}, replicas=2)
+    m = sc.wait("two shards of two replicas each", lambda: (
+        lambda s: s if len(s) == 2 and all(sorted(v["roles"].values()) == ["follower", "leader"]
+                                           for v in s.values()) else None)(sc.shard_map()))
+    # only a follower holding its leader's copy may be promoted
+    for logs in (("meta", "meta1"), ("meta2", "meta3")):
+        sc.wait("%s: the follower copied" % (logs,), lambda: any(
+            "has the copy" in open(os.path.join(sc.data, "log", n + ".log")).read()
+            for n in logs))
+    sc.cli("shard", "pin", "/", "2")
+    c = stoker_pkg.connect(sc.url)
+    sup = sc.supervisor()
+    try:
+        before = sc.held(2)[0]
+        if op == "rmdir":
+            c.makedirs("/d")
+        lost = leader_of(m[dies])
+        os.kill(sup, signal.SIGSTOP)
+        try:
+            try:
+                if op == "mkdir":
+                    c.makedirs("/d")
+                else:
+                    c.rmdir("/d")
+            except OSError:
+                pass
+            sc.wait("the stop at step %d" % step, lambda: stopped(sc, op, step))
+            sc.wait("shard %d's follower promoted" % dies, lambda: (
+                lambda s: s[dies]["roles"].get(lost) != "leader" and
+                "leader" in s[dies]["roles"].values())(sc.shard_map()), timeout=30)
+            exists = wait_settled(sc, c, "d", before)
+            if exists:
+                c.write_file("/d/f", b"after")
+                assert c.read_file("/d/f") == b"after"
+                c.remove("/d/f")
+                c.rmdir("/d")
+            assert wait_settled(sc, c, "d", before) is False
+        finally:
+            os.kill(sup, signal.SIGCONT)
+    finally:
+        c.close()
