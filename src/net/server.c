@@ -1155,10 +1155,15 @@ static void wake_loop(struct srv_loop *lp)
 	}
 }
 
+/* How kick treats c's references (see kick). */
+enum { KICK_LAST = 0, KICK_TAKE = 1, KICK_HELD = 2 };
+
 /*
- * Asks c's loop to look at c (write what is queued, read again, close): takes a
- * reference for the kick unless c is on the list already. A c whose last
- * reference a worker dropped goes on the list to be freed by the loop.
+ * Asks c's loop to look at c (write what is queued, read again, close). KICK_TAKE:
+ * takes a reference for the kick unless c is on the list already. KICK_HELD: the
+ * caller took one for it (when nothing else of its own holds c), given back if c
+ * is on the list already, whose reference keeps c. KICK_LAST: a worker dropped
+ * c's last reference; c goes on the list to be freed by the loop.
  */
 static void kick(struct srv_conn *c, int take_ref)
 {
@@ -1168,9 +1173,11 @@ static void kick(struct srv_conn *c, int take_ref)
 	pthread_mutex_lock(&lp->lock);
 	if (c->kicked) {
 		pthread_mutex_unlock(&lp->lock);
+		if (take_ref == KICK_HELD)
+			atomic_fetch_sub(&c->refs, 1); /* never the last: the list holds one */
 		return;
 	}
-	if (take_ref)
+	if (take_ref == KICK_TAKE)
 		atomic_fetch_add(&c->refs, 1);
 	c->kicked = 1;
 	c->kick_next = lp->kicks;
@@ -1211,8 +1218,13 @@ static int send_direct(struct stk_server *s, struct srv_req *r)
 		r->next = NULL;
 		c->out_head = c->out_tail = r;
 		c->out_wait_ns = stk_now_ns();
+		/*
+		 * r's reference is the queue's now: the loop may write r, or close c, and
+		 * let c go as soon as olock does. The kick's is taken while c is sure.
+		 */
+		atomic_fetch_add(&c->refs, 1);
 		pthread_mutex_unlock(&c->olock);
-		kick(c, 1);
+		kick(c, KICK_HELD);
 		return 1;
 	}
 	pthread_mutex_unlock(&c->olock);
@@ -1222,10 +1234,10 @@ static int send_direct(struct stk_server *s, struct srv_req *r)
 	left = atomic_fetch_sub(&c->inflight, 1) - 1;
 	if (left + 1 >= s->window || (left == 0 && atomic_load(&c->eof_))) {
 		/* The loop stopped reading at the window, or closes once all is answered. */
-		kick(c, 1);
+		kick(c, KICK_TAKE);
 	}
 	if (atomic_fetch_sub(&c->refs, 1) == 1)
-		kick(c, 0); /* closed meanwhile and this was the last: the loop frees it */
+		kick(c, KICK_LAST); /* closed meanwhile and this was the last: the loop frees it */
 	return 1;
 }
 
