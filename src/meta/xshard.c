@@ -49,6 +49,7 @@ struct stk_meta_xshard {
 	struct stk_agent *agent; /* set once by start */
 	struct stk_pool *pool;
 	unsigned shard;
+	uint64_t spread_asked_ns; /* atomic: when "spread" last asked mgmtd for the table */
 	pthread_mutex_t mu; /* busy, stop */
 	pthread_cond_t wake;
 	uint64_t busy[BUSY_MAX];
@@ -313,15 +314,27 @@ unsigned stk_meta_xshard_place(struct stk_meta_xshard *x, uint64_t parent, const
 	size_t len = 0;
 	uint64_t pin;
 
-	/* one shard: nothing to choose, and nothing read */
-	if (leader_addr(x, x->shard, addr, &nshards) == -ENOENT || nshards <= 1)
-		return x->shard;
 	if (stk_meta_store_getxattr(x->st, &root_cred, parent, STK_XSHARD_PIN_XATTR, buf,
 				    sizeof(buf) - 1, &len))
 		return x->shard; /* no setting: the parent's shard */
 	buf[len] = 0;
-	if (len == 6 && memcmp(buf, "spread", 6) == 0)
+	if (len == 6 && memcmp(buf, "spread", 6) == 0) {
+		/* A table that shows one shard may predate the others (just started):
+		 * asked again before all goes to this one. */
+		if (leader_addr(x, x->shard, addr, &nshards) == -ENOENT || nshards <= 1) {
+			uint64_t now = stk_now_ns();
+			uint64_t last = __atomic_load_n(&x->spread_asked_ns, __ATOMIC_RELAXED);
+
+			/* at most once a second: "spread" on a one-shard cluster is allowed */
+			if (x->agent && (!last || now - last > 1000000000ull)) {
+				__atomic_store_n(&x->spread_asked_ns, now, __ATOMIC_RELAXED);
+				(void)stk_agent_routing_refresh(x->agent);
+			}
+			if (leader_addr(x, x->shard, addr, &nshards) == -ENOENT || nshards <= 1)
+				return x->shard; /* one shard: nothing to choose */
+		}
 		return (unsigned)(XXH64(name, strlen(name), 0) % nshards) + 1;
+	}
 	if (stk_parse_u64(buf, &pin) == 0 && pin >= 1 && pin <= STK_MAX_SHARDS &&
 	    shard_known(x, (unsigned)pin))
 		return (unsigned)pin;

@@ -55,8 +55,9 @@ void stk_meta_xshard_destroy(struct stk_meta_xshard *x);
 #define STK_XSHARD_PIN_XATTR "trusted.stoker.shard"
 /*
  * The shard a new folder `name` in parent goes to: by parent's setting, else (none,
- * one shard, a shard the cluster does not have) this one. Reads nothing with one
- * shard.
+ * one shard, a shard the cluster does not have) this one. A routing table that
+ * shows one shard is fetched again (at most once a second) before "spread" puts a
+ * folder on this one: a meta node just started may not know the others yet.
  */
 unsigned stk_meta_xshard_place(struct stk_meta_xshard *x, uint64_t parent, const char *name);
 /* A setting's value (len bytes) is one: 0, or -EINVAL. */
