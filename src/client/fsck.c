@@ -6,10 +6,12 @@
  *
  * The namespace half is meta's (META_FSCK's check: one LMDB transaction, so
  * nothing in flight shows as a problem, and with repair one write transaction
- * that repairs what is safe). The data half is done here, in two passes: each
- * pass lists meta's regular files and the files waiting for its purge, then
- * every chunk of every target that serves (STOR_FSCK_LIST), and finds
- *   garbage   chunks of an inode meta does not know and is not purging, all of
+ * that repairs what is safe), asked of each metadata shard's leader in turn:
+ * each checks its own namespace. The data half is done here, in two passes: each
+ * pass lists every shard's regular files and the files waiting for its purge,
+ * then every chunk of every target that serves (STOR_FSCK_LIST), and finds
+ *   garbage   chunks of an inode no shard knows nor purges (the shard its number
+ *             names was listed and has no such inode), all of
  *             them older than the grace period (a file being created now, by a
  *             client that answers creates itself, has young chunks);
  *   missing   a chunk meta counts as written, below the file's size, that no
@@ -87,13 +89,22 @@ struct dprob {
 	int confirmed;
 };
 
+/* One shard's namespace check. */
+struct shard {
+	unsigned id;
+	struct stk_msg_meta_fsck_resp ns; /* its counts */
+	uint32_t nnsp;			  /* its problems listed in fsck's nsp */
+};
+
 struct fsck {
 	stk_client *c;
 	const struct stk_fsck_opts *o;
 	int repair;
 	int64_t grace;
-	struct stk_msg_meta_fsck_resp ns; /* the namespace check's counts */
-	struct stk_msg_fsck_problem *nsp; /* its problems */
+	struct shard sh[STK_MAX_SHARDS]; /* by id, ascending */
+	unsigned nsh;
+	struct stk_msg_meta_fsck_resp ns; /* the namespace checks' counts, summed */
+	struct stk_msg_fsck_problem *nsp; /* their problems, shard by shard */
 	uint32_t nnsp;
 	struct dprob *dp;
 	size_t ndp, capdp;
@@ -142,9 +153,9 @@ static void pass_free(struct pass *p)
 	memset(p, 0, sizeof(*p));
 }
 
-/* One META_FSCK; the reply's head in *r and the reader positioned after it. */
-static int meta_fsck(struct fsck *f, uint32_t op, uint32_t flags, uint64_t from, uint32_t max,
-		     struct stk_msg_meta_fsck_resp *r, struct stk_rbuf *rb)
+/* One META_FSCK to shard's leader; the reply's head in *r, the reader after it. */
+static int meta_fsck(struct fsck *f, unsigned shard, uint32_t op, uint32_t flags, uint64_t from,
+		     uint32_t max, struct stk_msg_meta_fsck_resp *r, struct stk_rbuf *rb)
 {
 	struct stk_msg_meta_fsck_req q = {
 	    .cred = f->c->cred, .op = op, .flags = flags, .from = from, .max = max};
@@ -156,22 +167,22 @@ static int meta_fsck(struct fsck *f, uint32_t op, uint32_t flags, uint64_t from,
 	stk_wbuf_init(&w, req, sizeof(req));
 	if (stk_msg_meta_fsck_req_enc(&w, &q))
 		return -EINVAL;
-	rc = stk_client_meta_call(f->c, STK_OP_META_FSCK, req, w.len, f->resp, STK_MAX_PAYLOAD,
-				  &len);
+	rc = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len, f->resp,
+					STK_MAX_PAYLOAD, &len);
 	if (rc)
 		return rc;
 	stk_rbuf_init(rb, f->resp, len);
 	return stk_msg_meta_fsck_resp_dec(rb, r) ? -EIO : 0;
 }
 
-static int load_files(struct fsck *f, struct pass *p)
+static int load_files(struct fsck *f, unsigned shard, struct pass *p)
 {
 	struct stk_msg_meta_fsck_resp r = {.next = 0};
 	struct stk_rbuf rb;
 	int rc;
 
 	do {
-		rc = meta_fsck(f, STK_FSCK_FILES, 0, r.next, STK_FSCK_FILES_MAX, &r, &rb);
+		rc = meta_fsck(f, shard, STK_FSCK_FILES, 0, r.next, STK_FSCK_FILES_MAX, &r, &rb);
 		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
 			struct stk_msg_fsck_file m;
 			struct file *fl;
@@ -208,14 +219,14 @@ static int load_files(struct fsck *f, struct pass *p)
 	return rc;
 }
 
-static int load_purging(struct fsck *f, struct pass *p)
+static int load_purging(struct fsck *f, unsigned shard, struct pass *p)
 {
 	struct stk_msg_meta_fsck_resp r = {.next = 0};
 	struct stk_rbuf rb;
 	int rc;
 
 	do {
-		rc = meta_fsck(f, STK_FSCK_PURGES, 0, r.next, STK_SYNC_LIST_MAX, &r, &rb);
+		rc = meta_fsck(f, shard, STK_FSCK_PURGES, 0, r.next, STK_SYNC_LIST_MAX, &r, &rb);
 		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
 			rc = grow((void **)&p->purging, &p->cappurging, p->npurging,
 				  sizeof(*p->purging));
@@ -310,15 +321,27 @@ static int serves(const struct stk_rt_target *t)
 	return t && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL);
 }
 
-/* Lists what meta and every serving target hold now. */
+static int file_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct file *)a)->a.ino, y = ((const struct file *)b)->a.ino;
+
+	return (x > y) - (x < y);
+}
+
+/* Lists what every shard and every serving target hold now. */
 static int pass_load(struct fsck *f, struct pass *p)
 {
-	int rc;
+	int rc = 0;
 
 	memset(p, 0, sizeof(*p));
-	rc = load_files(f, p);
-	if (rc == 0)
-		rc = load_purging(f, p);
+	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
+		rc = load_files(f, f->sh[i].id, p);
+		if (rc == 0)
+			rc = load_purging(f, f->sh[i].id, p);
+	}
+	/* Each shard lists in inode order; their numbers' ranges are apart, but sort. */
+	if (rc == 0 && p->nfiles)
+		qsort(p->files, p->nfiles, sizeof(*p->files), file_cmp);
 	if (rc == 0)
 		rc = stk_client_refresh_routing(f->c);
 	if (rc)
@@ -447,7 +470,15 @@ static int add(struct fsck *f, const struct dprob *d, int first)
 	return 0;
 }
 
-/* The chunks of inodes meta does not know (nor purges). */
+static int shard_listed(const struct fsck *f, unsigned id)
+{
+	for (unsigned i = 0; i < f->nsh; i++)
+		if (f->sh[i].id == id)
+			return 1;
+	return 0;
+}
+
+/* The chunks of inodes no shard knows (nor purges). */
 static int find_garbage(struct fsck *f, const struct pass *p, int first)
 {
 	int rc = 0;
@@ -467,10 +498,11 @@ static int find_garbage(struct fsck *f, const struct pass *p, int first)
 		if (file_find(p, d.ino) || u64_in(p->purging, p->npurging, d.ino))
 			continue;
 		/*
-		 * The files of another shard are that shard's (docs/meta-shards.md): the
-		 * namespace checked here is shard 1's, so their chunks are not garbage.
+		 * The shard the inode's number names was listed above and holds no such
+		 * inode. A number of a shard the cluster does not have (yet) is left
+		 * alone: no shard could be asked about it.
 		 */
-		if (stk_ino_shard(d.ino) != 1)
+		if (!shard_listed(f, stk_ino_shard(d.ino)))
 			continue;
 		if (youngest < f->grace) {
 			if (first)
@@ -625,23 +657,63 @@ static int remove_garbage(struct fsck *f, const struct pass *p, uint64_t ino)
 
 /* ---- the check ---- */
 
-static int fsck_namespace(struct fsck *f)
+/* The shards of the routing table's shard map, ascending; shard 1 alone without one. */
+static int shards_find(struct fsck *f)
 {
-	struct stk_rbuf rb;
-	int rc;
+	int rc = stk_client_refresh_routing(f->c);
 
-	progress(f, "fsck: checking the namespace");
-	rc = meta_fsck(f, STK_FSCK_CHECK, f->repair ? STK_FSCK_REPAIR : 0, 0, STK_FSCK_PROBLEMS_MAX,
-		       &f->ns, &rb);
 	if (rc)
 		return rc;
-	f->nsp = calloc(f->ns.n ? f->ns.n : 1, sizeof(*f->nsp));
-	if (!f->nsp)
-		return -ENOMEM;
-	for (f->nnsp = 0; f->nnsp < f->ns.n; f->nnsp++)
-		if (stk_msg_fsck_problem_dec(&rb, &f->nsp[f->nnsp]))
-			return -EIO;
+	f->nsh = 0;
+	pthread_rwlock_rdlock(&f->c->rt_lock);
+	for (uint32_t i = 0; i < f->c->rt.nshards && f->nsh < STK_MAX_SHARDS; i++) {
+		unsigned id = f->c->rt.shards[i].id, k = f->nsh++;
+
+		while (k > 0 && f->sh[k - 1].id > id) {
+			f->sh[k] = f->sh[k - 1];
+			k--;
+		}
+		f->sh[k] = (struct shard){.id = id};
+	}
+	pthread_rwlock_unlock(&f->c->rt_lock);
+	if (f->nsh == 0)
+		f->sh[f->nsh++] = (struct shard){.id = 1};
 	return 0;
+}
+
+/* Each shard's namespace, checked (and repaired) by its leader. */
+static int fsck_namespace(struct fsck *f)
+{
+	int rc = shards_find(f);
+
+	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
+		struct shard *s = &f->sh[i];
+		struct stk_msg_fsck_problem *v;
+		struct stk_rbuf rb;
+
+		if (f->nsh == 1)
+			progress(f, "fsck: checking the namespace");
+		else
+			progress(f, "fsck: checking the namespace of shard %u", s->id);
+		rc = meta_fsck(f, s->id, STK_FSCK_CHECK, f->repair ? STK_FSCK_REPAIR : 0, 0,
+			       STK_FSCK_PROBLEMS_MAX, &s->ns, &rb);
+		if (rc)
+			break;
+		v = realloc(f->nsp, ((size_t)f->nnsp + s->ns.n + 1) * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		f->nsp = v;
+		for (s->nnsp = 0; s->nnsp < s->ns.n; s->nnsp++)
+			if (stk_msg_fsck_problem_dec(&rb, &f->nsp[f->nnsp++]))
+				return -EIO;
+		f->ns.inodes += s->ns.inodes;
+		f->ns.entries += s->ns.entries;
+		f->ns.dirs += s->ns.dirs;
+		f->ns.files += s->ns.files;
+		f->ns.total += s->ns.total;
+		f->ns.repaired += s->ns.repaired;
+	}
+	return rc;
 }
 
 static int fsck_data(struct fsck *f, struct pass *last)
@@ -710,6 +782,10 @@ static int data_kind(int k)
 				: STK_FSCK_REPLICAS_DIFFER;
 }
 
+_Static_assert(sizeof(((struct stk_fsck_report *)0)->shards) / sizeof(struct stk_fsck_shard) >=
+		   STK_MAX_SHARDS,
+	       "a report holds every shard a cluster may have");
+
 static int report_make(const struct fsck *f, const struct pass *p, struct stk_fsck_report **out)
 {
 	struct stk_fsck_report *r = calloc(1, sizeof(*r));
@@ -735,6 +811,18 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 	r->problems = f->ns.total;
 	r->remaining = f->ns.total - f->ns.repaired;
 	r->unlisted = f->ns.total > f->nnsp ? f->ns.total - f->nnsp : 0;
+	for (unsigned i = 0; i < f->nsh; i++) {
+		const struct shard *s = &f->sh[i];
+
+		r->shards[r->nshards++] =
+		    (struct stk_fsck_shard){.id = s->id,
+					    .inodes = s->ns.inodes,
+					    .entries = s->ns.entries,
+					    .dirs = s->ns.dirs,
+					    .files = s->ns.files,
+					    .problems = s->ns.total,
+					    .remaining = s->ns.total - s->ns.repaired};
+	}
 	for (uint32_t i = 0; i < f->nnsp; i++) {
 		const struct stk_msg_fsck_problem *q = &f->nsp[i];
 		struct stk_fsck_problem *e = &r->list[r->nlist++];
@@ -763,6 +851,11 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 		e->bytes = d->bytes;
 		r->problems++;
 		r->remaining += !d->repaired;
+		for (uint32_t k = 0; k < r->nshards; k++)
+			if (r->shards[k].id == stk_ino_shard(d->ino)) {
+				r->shards[k].problems++;
+				r->shards[k].remaining += !d->repaired;
+			}
 	}
 	*out = r;
 	return 0;
