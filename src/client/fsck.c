@@ -25,6 +25,19 @@
  * namespace's identity). Missing data is reported, never invented; disagreeing
  * copies are reported for the storage nodes' repair (their resync and scrubber).
  *
+ * With several shards a folder may be named on its parent's shard A and live on
+ * another shard B. Each shard's check leaves such pairs alone (it sees one half);
+ * here every shard lists its entries naming folders of other shards and its
+ * folders whose parent is on another shard (META_FSCK XENTRIES, XDIRS), and finds
+ *   an entry on A naming a folder B does not have (dangling-entry), and
+ *   a folder on B that no entry on A names (unreached-inode, reported only),
+ * leaving alone what an intent on A (in the entry's folder) or a mark on B's
+ * folder covers: a cross-shard mkdir or rmdir in flight, or one its recovery
+ * will settle. The entries are listed before and after the folders, so that a
+ * finished mkdir or rmdir is seen from the right side; what is found is looked
+ * at again a second later and counts only if alike. Repair drops a dangling
+ * entry on A (XDROP), which refuses while an intent is about that folder.
+ *
  * Memory: one pass holds every regular file's record and every chunk copy's
  * (about 48 bytes each) at once.
  */
@@ -89,6 +102,28 @@ struct dprob {
 	int confirmed;
 };
 
+/* A reference between shards: an entry naming a folder of another, or such a folder. */
+struct xref {
+	uint64_t ino, parent;
+	unsigned shard; /* the shard that listed it */
+	uint8_t covered;
+	char name[STK_NAME_MAX + 1];
+};
+
+struct xset {
+	struct xref *v;
+	size_t n, cap;
+};
+
+/* A cross-shard problem: kind (public), the shard it is counted on, confirmed. */
+struct xprob {
+	int kind;
+	unsigned shard;
+	uint64_t ino, parent;
+	char name[STK_NAME_MAX + 1];
+	int confirmed, repaired;
+};
+
 /* One shard's namespace check. */
 struct shard {
 	unsigned id;
@@ -108,6 +143,8 @@ struct fsck {
 	uint32_t nnsp;
 	struct dprob *dp;
 	size_t ndp, capdp;
+	struct xprob *xp; /* cross-shard problems, found by the first look */
+	size_t nxp, capxp;
 	uint64_t young; /* garbage candidates within the grace period */
 	uint8_t *resp;	/* STK_MAX_PAYLOAD */
 };
@@ -655,6 +692,193 @@ static int remove_garbage(struct fsck *f, const struct pass *p, uint64_t ino)
 	return rc;
 }
 
+/* ---- references between shards ---- */
+
+/* One page of XENTRIES (after the entry `after`) or XDIRS (from inode `from`). */
+static int xrefs_page(struct fsck *f, unsigned shard, uint32_t op, uint64_t from,
+		      const struct stk_msg_fsck_xref *after, struct stk_msg_meta_fsck_resp *r,
+		      struct stk_rbuf *rb)
+{
+	struct stk_msg_meta_fsck_req q = {
+	    .cred = f->c->cred, .op = op, .from = from, .max = 1024};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	size_t len = 0;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_fsck_req_enc(&w, &q);
+	if (op == STK_FSCK_XENTRIES)
+		stk_msg_fsck_xref_enc(&w, after);
+	if (w.err)
+		return -EINVAL;
+	rc = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len, f->resp,
+					STK_MAX_PAYLOAD, &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(rb, f->resp, len);
+	return stk_msg_meta_fsck_resp_dec(rb, r) ? -EIO : 0;
+}
+
+/* Every shard's XENTRIES or XDIRS into s. */
+static int xrefs_load(struct fsck *f, uint32_t op, struct xset *s)
+{
+	int rc = 0;
+
+	s->n = 0;
+	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
+		struct stk_msg_meta_fsck_resp r = {.next = 0};
+		struct stk_msg_fsck_xref m = {0};
+		struct stk_rbuf rb;
+
+		do {
+			rc = xrefs_page(f, f->sh[i].id, op, r.next, &m, &r, &rb);
+			for (uint32_t k = 0; rc == 0 && k < r.n; k++) {
+				struct xref *x;
+
+				rc = grow((void **)&s->v, &s->cap, s->n, sizeof(*s->v));
+				if (rc)
+					break;
+				if (stk_msg_fsck_xref_dec(&rb, &m)) {
+					rc = -EIO;
+					break;
+				}
+				x = &s->v[s->n++];
+				x->ino = m.ino;
+				x->parent = m.parent;
+				x->shard = f->sh[i].id;
+				x->covered = m.covered;
+				memcpy(x->name, m.name, sizeof(x->name));
+			}
+		} while (rc == 0 && !r.done);
+	}
+	return rc;
+}
+
+static int xref_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct xref *)a)->ino, y = ((const struct xref *)b)->ino;
+
+	return (x > y) - (x < y);
+}
+
+/* A reference to ino in s, sorted by xref_cmp. */
+static const struct xref *xref_of(const struct xset *s, uint64_t ino)
+{
+	size_t lo = 0, hi = s->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (s->v[mid].ino == ino)
+			return &s->v[mid];
+		if (s->v[mid].ino < ino)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+static int xadd(struct fsck *f, const struct xprob *p, int first)
+{
+	if (!first) {
+		for (size_t i = 0; i < f->nxp; i++)
+			if (f->xp[i].kind == p->kind && f->xp[i].ino == p->ino &&
+			    f->xp[i].parent == p->parent)
+				f->xp[i].confirmed = 1;
+		return 0;
+	}
+	if (grow((void **)&f->xp, &f->capxp, f->nxp, sizeof(*f->xp)))
+		return -ENOMEM;
+	f->xp[f->nxp++] = *p;
+	return 0;
+}
+
+/* One look: entries, folders, entries again; what does not match, into f->xp. */
+static int xshard_look(struct fsck *f, int first)
+{
+	struct xset e1 = {0}, d = {0}, e2 = {0};
+	int rc;
+
+	rc = xrefs_load(f, STK_FSCK_XENTRIES, &e1);
+	if (rc == 0)
+		rc = xrefs_load(f, STK_FSCK_XDIRS, &d);
+	if (rc == 0)
+		rc = xrefs_load(f, STK_FSCK_XENTRIES, &e2);
+	if (rc == 0 && d.n)
+		qsort(d.v, d.n, sizeof(*d.v), xref_cmp);
+	if (rc == 0 && e2.n)
+		qsort(e2.v, e2.n, sizeof(*e2.v), xref_cmp);
+	/* An entry listed before the folders: its folder was there when they were listed. */
+	for (size_t i = 0; rc == 0 && i < e1.n; i++) {
+		const struct xref *x = &e1.v[i];
+		struct xprob p = {.kind = STK_FSCK_DANGLING_ENTRY,
+				  .shard = x->shard,
+				  .ino = x->ino,
+				  .parent = x->parent};
+
+		if (x->covered || xref_of(&d, x->ino))
+			continue;
+		memcpy(p.name, x->name, sizeof(p.name));
+		rc = xadd(f, &p, first);
+	}
+	/* A folder listed before the entries: its entry was there when they were listed. */
+	for (size_t i = 0; rc == 0 && i < d.n; i++) {
+		const struct xref *x = &d.v[i];
+		struct xprob p = {.kind = STK_FSCK_UNREACHED_INODE,
+				  .shard = x->shard,
+				  .ino = x->ino,
+				  .parent = x->parent};
+
+		if (x->covered || xref_of(&e2, x->ino))
+			continue;
+		rc = xadd(f, &p, first);
+	}
+	free(e1.v);
+	free(d.v);
+	free(e2.v);
+	return rc;
+}
+
+/* The references between shards, looked at twice; repaired when asked and safe. */
+static int fsck_xshard(struct fsck *f)
+{
+	int rc;
+
+	if (f->nsh < 2)
+		return 0;
+	progress(f, "fsck: checking the folders named across shards");
+	rc = xshard_look(f, 1);
+	if (rc || f->nxp == 0)
+		return rc;
+	usleep(PASS_PAUSE_US);
+	rc = xshard_look(f, 0);
+	for (size_t i = 0; rc == 0 && f->repair && i < f->nxp; i++) {
+		struct xprob *p = &f->xp[i];
+		struct stk_msg_meta_fsck_req q = {
+		    .cred = f->c->cred, .op = STK_FSCK_XDROP, .from = p->parent, .max = 1};
+		uint8_t req[256];
+		struct stk_wbuf w;
+		size_t len = 0;
+		int r;
+
+		if (!p->confirmed || p->kind != STK_FSCK_DANGLING_ENTRY)
+			continue;
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_fsck_req_enc(&w, &q);
+		stk_put_u64(&w, p->ino);
+		r = stk_client_meta_call_shard(f->c, p->shard, 0, STK_OP_META_FSCK, req, w.len,
+					       f->resp, STK_MAX_PAYLOAD, &len);
+		if (r)
+			stk_warn("fsck: removing the entry of folder %llu in folder %llu: %s",
+				 (unsigned long long)p->ino, (unsigned long long)p->parent,
+				 stk_strerror(r));
+		p->repaired = r == 0;
+	}
+	return rc;
+}
+
 /* ---- the check ---- */
 
 /* The shards of the routing table's shard map, ascending; shard 1 alone without one. */
@@ -795,6 +1019,8 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 		return -ENOMEM;
 	for (size_t i = 0; i < f->ndp; i++)
 		n += f->dp[i].confirmed;
+	for (size_t i = 0; i < f->nxp; i++)
+		n += f->xp[i].confirmed;
 	r->list = calloc(n ? n : 1, sizeof(*r->list));
 	if (!r->list) {
 		free(r);
@@ -834,6 +1060,26 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 		e->expect = q->expect;
 		e->found = q->found;
 		snprintf(e->name, sizeof(e->name), "%s", q->name);
+	}
+	for (size_t i = 0; i < f->nxp; i++) {
+		const struct xprob *x = &f->xp[i];
+		struct stk_fsck_problem *e;
+
+		if (!x->confirmed)
+			continue;
+		e = &r->list[r->nlist++];
+		e->kind = x->kind;
+		e->repaired = x->repaired;
+		e->ino = x->ino;
+		e->parent = x->parent;
+		snprintf(e->name, sizeof(e->name), "%s", x->name);
+		r->problems++;
+		r->remaining += !x->repaired;
+		for (uint32_t k = 0; k < r->nshards; k++)
+			if (r->shards[k].id == x->shard) {
+				r->shards[k].problems++;
+				r->shards[k].remaining += !x->repaired;
+			}
 	}
 	for (size_t i = 0; i < f->ndp; i++) {
 		const struct dprob *d = &f->dp[i];
@@ -879,12 +1125,15 @@ int stk_fsck(stk_client *c, const struct stk_fsck_opts *opts, struct stk_fsck_re
 		return -ENOMEM;
 	rc = fsck_namespace(&f);
 	if (rc == 0)
+		rc = fsck_xshard(&f);
+	if (rc == 0)
 		rc = fsck_data(&f, &last);
 	if (rc == 0)
 		rc = report_make(&f, &last, out);
 	pass_free(&last);
 	free(f.nsp);
 	free(f.dp);
+	free(f.xp);
 	free(f.resp);
 	return rc;
 }
