@@ -371,6 +371,18 @@ struct stk_fsck_report {
 	/* nlist problems: the namespace's, then the data's. */
 	size_t nlist;
 	struct stk_fsck_problem *list;
+	/*
+	 * Each metadata shard checked, by id (shard 1 first): its namespace's counts
+	 * (the totals above are their sums) and its problems, the namespace's and the
+	 * data's of its inodes (a problem's inode number names its shard). One entry
+	 * for a cluster of one shard. At most 16 (the most shards a cluster has).
+	 */
+	uint32_t nshards;
+	struct stk_fsck_shard {
+		uint32_t id;
+		uint64_t inodes, entries, dirs, files;
+		uint64_t problems, remaining;
+	} shards[16];
 };
 
 /*

@@ -131,9 +131,25 @@ static void print_json(const struct stk_fsck_report *r)
 	       (unsigned long long)r->inodes, (unsigned long long)r->entries,
 	       (unsigned long long)r->dirs, (unsigned long long)r->files);
 	printf("\"data\": {\"targets\": %u, \"targets_skipped\": %u, \"chunks\": %llu, "
-	       "\"young_unknown\": %llu}, \"list\": [",
+	       "\"young_unknown\": %llu}, ",
 	       r->targets, r->targets_skipped, (unsigned long long)r->chunks,
 	       (unsigned long long)r->young_unknown);
+	if (r->nshards > 1) {
+		printf("\"shards\": [");
+		for (uint32_t i = 0; i < r->nshards; i++) {
+			const struct stk_fsck_shard *s = &r->shards[i];
+
+			printf("%s{\"shard\": %u, \"inodes\": %llu, \"entries\": %llu, "
+			       "\"dirs\": %llu, \"files\": %llu, \"problems\": %llu, "
+			       "\"remaining\": %llu}",
+			       i ? ", " : "", s->id, (unsigned long long)s->inodes,
+			       (unsigned long long)s->entries, (unsigned long long)s->dirs,
+			       (unsigned long long)s->files, (unsigned long long)s->problems,
+			       (unsigned long long)s->remaining);
+		}
+		printf("], ");
+	}
+	printf("\"list\": [");
 	for (size_t i = 0; i < r->nlist; i++) {
 		const struct stk_fsck_problem *q = &r->list[i];
 
@@ -163,6 +179,19 @@ static void print_text(const struct stk_fsck_report *r, int repair, int64_t grac
 	printf("namespace: %llu inodes, %llu entries, %llu folders, %llu files\n",
 	       (unsigned long long)r->inodes, (unsigned long long)r->entries,
 	       (unsigned long long)r->dirs, (unsigned long long)r->files);
+	/* Several shards: each one's part (one shard prints as it always has). */
+	for (uint32_t i = 0; r->nshards > 1 && i < r->nshards; i++) {
+		const struct stk_fsck_shard *s = &r->shards[i];
+
+		printf("shard %u: %llu inodes, %llu entries, %llu folders, %llu files; ", s->id,
+		       (unsigned long long)s->inodes, (unsigned long long)s->entries,
+		       (unsigned long long)s->dirs, (unsigned long long)s->files);
+		if (s->problems)
+			printf("%llu problem(s), %llu left\n", (unsigned long long)s->problems,
+			       (unsigned long long)s->remaining);
+		else
+			printf("clean\n");
+	}
 	printf("data: %u targets listed (%u not serving, skipped), %llu chunk copies\n", r->targets,
 	       r->targets_skipped, (unsigned long long)r->chunks);
 	if (r->young_unknown)

@@ -6,10 +6,12 @@
  *
  * The namespace half is meta's (META_FSCK's check: one LMDB transaction, so
  * nothing in flight shows as a problem, and with repair one write transaction
- * that repairs what is safe). The data half is done here, in two passes: each
- * pass lists meta's regular files and the files waiting for its purge, then
- * every chunk of every target that serves (STOR_FSCK_LIST), and finds
- *   garbage   chunks of an inode meta does not know and is not purging, all of
+ * that repairs what is safe), asked of each metadata shard's leader in turn:
+ * each checks its own namespace. The data half is done here, in two passes: each
+ * pass lists every shard's regular files and the files waiting for its purge,
+ * then every chunk of every target that serves (STOR_FSCK_LIST), and finds
+ *   garbage   chunks of an inode no shard knows nor purges (the shard its number
+ *             names was listed and has no such inode), all of
  *             them older than the grace period (a file being created now, by a
  *             client that answers creates itself, has young chunks);
  *   missing   a chunk meta counts as written, below the file's size, that no
@@ -22,6 +24,19 @@
  * STOR_TRUNCATE to 0 through the head of each chain that holds it, fenced by the
  * namespace's identity). Missing data is reported, never invented; disagreeing
  * copies are reported for the storage nodes' repair (their resync and scrubber).
+ *
+ * With several shards a folder may be named on its parent's shard A and live on
+ * another shard B. Each shard's check leaves such pairs alone (it sees one half);
+ * here every shard lists its entries naming folders of other shards and its
+ * folders whose parent is on another shard (META_FSCK XENTRIES, XDIRS), and finds
+ *   an entry on A naming a folder B does not have (dangling-entry), and
+ *   a folder on B that no entry on A names (unreached-inode, reported only),
+ * leaving alone what an intent on A (in the entry's folder) or a mark on B's
+ * folder covers: a cross-shard mkdir or rmdir in flight, or one its recovery
+ * will settle. The entries are listed before and after the folders, so that a
+ * finished mkdir or rmdir is seen from the right side; what is found is looked
+ * at again a second later and counts only if alike. Repair drops a dangling
+ * entry on A (XDROP), which refuses while an intent is about that folder.
  *
  * Memory: one pass holds every regular file's record and every chunk copy's
  * (about 48 bytes each) at once.
@@ -87,16 +102,49 @@ struct dprob {
 	int confirmed;
 };
 
+/* A reference between shards: an entry naming a folder of another, or such a folder. */
+struct xref {
+	uint64_t ino, parent;
+	unsigned shard; /* the shard that listed it */
+	uint8_t covered;
+	char name[STK_NAME_MAX + 1];
+};
+
+struct xset {
+	struct xref *v;
+	size_t n, cap;
+};
+
+/* A cross-shard problem: kind (public), the shard it is counted on, confirmed. */
+struct xprob {
+	int kind;
+	unsigned shard;
+	uint64_t ino, parent;
+	char name[STK_NAME_MAX + 1];
+	int confirmed, repaired;
+};
+
+/* One shard's namespace check. */
+struct shard {
+	unsigned id;
+	struct stk_msg_meta_fsck_resp ns; /* its counts */
+	uint32_t nnsp;			  /* its problems listed in fsck's nsp */
+};
+
 struct fsck {
 	stk_client *c;
 	const struct stk_fsck_opts *o;
 	int repair;
 	int64_t grace;
-	struct stk_msg_meta_fsck_resp ns; /* the namespace check's counts */
-	struct stk_msg_fsck_problem *nsp; /* its problems */
+	struct shard sh[STK_MAX_SHARDS]; /* by id, ascending */
+	unsigned nsh;
+	struct stk_msg_meta_fsck_resp ns; /* the namespace checks' counts, summed */
+	struct stk_msg_fsck_problem *nsp; /* their problems, shard by shard */
 	uint32_t nnsp;
 	struct dprob *dp;
 	size_t ndp, capdp;
+	struct xprob *xp; /* cross-shard problems, found by the first look */
+	size_t nxp, capxp;
 	uint64_t young; /* garbage candidates within the grace period */
 	uint8_t *resp;	/* STK_MAX_PAYLOAD */
 };
@@ -142,9 +190,9 @@ static void pass_free(struct pass *p)
 	memset(p, 0, sizeof(*p));
 }
 
-/* One META_FSCK; the reply's head in *r and the reader positioned after it. */
-static int meta_fsck(struct fsck *f, uint32_t op, uint32_t flags, uint64_t from, uint32_t max,
-		     struct stk_msg_meta_fsck_resp *r, struct stk_rbuf *rb)
+/* One META_FSCK to shard's leader; the reply's head in *r, the reader after it. */
+static int meta_fsck(struct fsck *f, unsigned shard, uint32_t op, uint32_t flags, uint64_t from,
+		     uint32_t max, struct stk_msg_meta_fsck_resp *r, struct stk_rbuf *rb)
 {
 	struct stk_msg_meta_fsck_req q = {
 	    .cred = f->c->cred, .op = op, .flags = flags, .from = from, .max = max};
@@ -156,22 +204,22 @@ static int meta_fsck(struct fsck *f, uint32_t op, uint32_t flags, uint64_t from,
 	stk_wbuf_init(&w, req, sizeof(req));
 	if (stk_msg_meta_fsck_req_enc(&w, &q))
 		return -EINVAL;
-	rc = stk_client_meta_call(f->c, STK_OP_META_FSCK, req, w.len, f->resp, STK_MAX_PAYLOAD,
-				  &len);
+	rc = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len, f->resp,
+					STK_MAX_PAYLOAD, &len);
 	if (rc)
 		return rc;
 	stk_rbuf_init(rb, f->resp, len);
 	return stk_msg_meta_fsck_resp_dec(rb, r) ? -EIO : 0;
 }
 
-static int load_files(struct fsck *f, struct pass *p)
+static int load_files(struct fsck *f, unsigned shard, struct pass *p)
 {
 	struct stk_msg_meta_fsck_resp r = {.next = 0};
 	struct stk_rbuf rb;
 	int rc;
 
 	do {
-		rc = meta_fsck(f, STK_FSCK_FILES, 0, r.next, STK_FSCK_FILES_MAX, &r, &rb);
+		rc = meta_fsck(f, shard, STK_FSCK_FILES, 0, r.next, STK_FSCK_FILES_MAX, &r, &rb);
 		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
 			struct stk_msg_fsck_file m;
 			struct file *fl;
@@ -208,14 +256,14 @@ static int load_files(struct fsck *f, struct pass *p)
 	return rc;
 }
 
-static int load_purging(struct fsck *f, struct pass *p)
+static int load_purging(struct fsck *f, unsigned shard, struct pass *p)
 {
 	struct stk_msg_meta_fsck_resp r = {.next = 0};
 	struct stk_rbuf rb;
 	int rc;
 
 	do {
-		rc = meta_fsck(f, STK_FSCK_PURGES, 0, r.next, STK_SYNC_LIST_MAX, &r, &rb);
+		rc = meta_fsck(f, shard, STK_FSCK_PURGES, 0, r.next, STK_SYNC_LIST_MAX, &r, &rb);
 		for (uint32_t i = 0; rc == 0 && i < r.n; i++) {
 			rc = grow((void **)&p->purging, &p->cappurging, p->npurging,
 				  sizeof(*p->purging));
@@ -310,15 +358,27 @@ static int serves(const struct stk_rt_target *t)
 	return t && (t->state == STK_TARGET_SERVING || t->state == STK_TARGET_FULL);
 }
 
-/* Lists what meta and every serving target hold now. */
+static int file_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct file *)a)->a.ino, y = ((const struct file *)b)->a.ino;
+
+	return (x > y) - (x < y);
+}
+
+/* Lists what every shard and every serving target hold now. */
 static int pass_load(struct fsck *f, struct pass *p)
 {
-	int rc;
+	int rc = 0;
 
 	memset(p, 0, sizeof(*p));
-	rc = load_files(f, p);
-	if (rc == 0)
-		rc = load_purging(f, p);
+	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
+		rc = load_files(f, f->sh[i].id, p);
+		if (rc == 0)
+			rc = load_purging(f, f->sh[i].id, p);
+	}
+	/* Each shard lists in inode order; their numbers' ranges are apart, but sort. */
+	if (rc == 0 && p->nfiles)
+		qsort(p->files, p->nfiles, sizeof(*p->files), file_cmp);
 	if (rc == 0)
 		rc = stk_client_refresh_routing(f->c);
 	if (rc)
@@ -447,7 +507,15 @@ static int add(struct fsck *f, const struct dprob *d, int first)
 	return 0;
 }
 
-/* The chunks of inodes meta does not know (nor purges). */
+static int shard_listed(const struct fsck *f, unsigned id)
+{
+	for (unsigned i = 0; i < f->nsh; i++)
+		if (f->sh[i].id == id)
+			return 1;
+	return 0;
+}
+
+/* The chunks of inodes no shard knows (nor purges). */
 static int find_garbage(struct fsck *f, const struct pass *p, int first)
 {
 	int rc = 0;
@@ -467,10 +535,11 @@ static int find_garbage(struct fsck *f, const struct pass *p, int first)
 		if (file_find(p, d.ino) || u64_in(p->purging, p->npurging, d.ino))
 			continue;
 		/*
-		 * The files of another shard are that shard's (docs/meta-shards.md): the
-		 * namespace checked here is shard 1's, so their chunks are not garbage.
+		 * The shard the inode's number names was listed above and holds no such
+		 * inode. A number of a shard the cluster does not have (yet) is left
+		 * alone: no shard could be asked about it.
 		 */
-		if (stk_ino_shard(d.ino) != 1)
+		if (!shard_listed(f, stk_ino_shard(d.ino)))
 			continue;
 		if (youngest < f->grace) {
 			if (first)
@@ -623,25 +692,252 @@ static int remove_garbage(struct fsck *f, const struct pass *p, uint64_t ino)
 	return rc;
 }
 
-/* ---- the check ---- */
+/* ---- references between shards ---- */
 
-static int fsck_namespace(struct fsck *f)
+/* One page of XENTRIES (after the entry `after`) or XDIRS (from inode `from`). */
+static int xrefs_page(struct fsck *f, unsigned shard, uint32_t op, uint64_t from,
+		      const struct stk_msg_fsck_xref *after, struct stk_msg_meta_fsck_resp *r,
+		      struct stk_rbuf *rb)
 {
-	struct stk_rbuf rb;
+	struct stk_msg_meta_fsck_req q = {
+	    .cred = f->c->cred, .op = op, .from = from, .max = 1024};
+	uint8_t req[512];
+	struct stk_wbuf w;
+	size_t len = 0;
 	int rc;
 
-	progress(f, "fsck: checking the namespace");
-	rc = meta_fsck(f, STK_FSCK_CHECK, f->repair ? STK_FSCK_REPAIR : 0, 0, STK_FSCK_PROBLEMS_MAX,
-		       &f->ns, &rb);
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_fsck_req_enc(&w, &q);
+	if (op == STK_FSCK_XENTRIES)
+		stk_msg_fsck_xref_enc(&w, after);
+	if (w.err)
+		return -EINVAL;
+	rc = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len, f->resp,
+					STK_MAX_PAYLOAD, &len);
 	if (rc)
 		return rc;
-	f->nsp = calloc(f->ns.n ? f->ns.n : 1, sizeof(*f->nsp));
-	if (!f->nsp)
+	stk_rbuf_init(rb, f->resp, len);
+	return stk_msg_meta_fsck_resp_dec(rb, r) ? -EIO : 0;
+}
+
+/* Every shard's XENTRIES or XDIRS into s. */
+static int xrefs_load(struct fsck *f, uint32_t op, struct xset *s)
+{
+	int rc = 0;
+
+	s->n = 0;
+	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
+		struct stk_msg_meta_fsck_resp r = {.next = 0};
+		struct stk_msg_fsck_xref m = {0};
+		struct stk_rbuf rb;
+
+		do {
+			rc = xrefs_page(f, f->sh[i].id, op, r.next, &m, &r, &rb);
+			for (uint32_t k = 0; rc == 0 && k < r.n; k++) {
+				struct xref *x;
+
+				rc = grow((void **)&s->v, &s->cap, s->n, sizeof(*s->v));
+				if (rc)
+					break;
+				if (stk_msg_fsck_xref_dec(&rb, &m)) {
+					rc = -EIO;
+					break;
+				}
+				x = &s->v[s->n++];
+				x->ino = m.ino;
+				x->parent = m.parent;
+				x->shard = f->sh[i].id;
+				x->covered = m.covered;
+				memcpy(x->name, m.name, sizeof(x->name));
+			}
+		} while (rc == 0 && !r.done);
+	}
+	return rc;
+}
+
+static int xref_cmp(const void *a, const void *b)
+{
+	uint64_t x = ((const struct xref *)a)->ino, y = ((const struct xref *)b)->ino;
+
+	return (x > y) - (x < y);
+}
+
+/* A reference to ino in s, sorted by xref_cmp. */
+static const struct xref *xref_of(const struct xset *s, uint64_t ino)
+{
+	size_t lo = 0, hi = s->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (s->v[mid].ino == ino)
+			return &s->v[mid];
+		if (s->v[mid].ino < ino)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+static int xadd(struct fsck *f, const struct xprob *p, int first)
+{
+	if (!first) {
+		for (size_t i = 0; i < f->nxp; i++)
+			if (f->xp[i].kind == p->kind && f->xp[i].ino == p->ino &&
+			    f->xp[i].parent == p->parent)
+				f->xp[i].confirmed = 1;
+		return 0;
+	}
+	if (grow((void **)&f->xp, &f->capxp, f->nxp, sizeof(*f->xp)))
 		return -ENOMEM;
-	for (f->nnsp = 0; f->nnsp < f->ns.n; f->nnsp++)
-		if (stk_msg_fsck_problem_dec(&rb, &f->nsp[f->nnsp]))
-			return -EIO;
+	f->xp[f->nxp++] = *p;
 	return 0;
+}
+
+/* One look: entries, folders, entries again; what does not match, into f->xp. */
+static int xshard_look(struct fsck *f, int first)
+{
+	struct xset e1 = {0}, d = {0}, e2 = {0};
+	int rc;
+
+	rc = xrefs_load(f, STK_FSCK_XENTRIES, &e1);
+	if (rc == 0)
+		rc = xrefs_load(f, STK_FSCK_XDIRS, &d);
+	if (rc == 0)
+		rc = xrefs_load(f, STK_FSCK_XENTRIES, &e2);
+	if (rc == 0 && d.n)
+		qsort(d.v, d.n, sizeof(*d.v), xref_cmp);
+	if (rc == 0 && e2.n)
+		qsort(e2.v, e2.n, sizeof(*e2.v), xref_cmp);
+	/* An entry listed before the folders: its folder was there when they were listed. */
+	for (size_t i = 0; rc == 0 && i < e1.n; i++) {
+		const struct xref *x = &e1.v[i];
+		struct xprob p = {.kind = STK_FSCK_DANGLING_ENTRY,
+				  .shard = x->shard,
+				  .ino = x->ino,
+				  .parent = x->parent};
+
+		if (x->covered || xref_of(&d, x->ino))
+			continue;
+		memcpy(p.name, x->name, sizeof(p.name));
+		rc = xadd(f, &p, first);
+	}
+	/* A folder listed before the entries: its entry was there when they were listed. */
+	for (size_t i = 0; rc == 0 && i < d.n; i++) {
+		const struct xref *x = &d.v[i];
+		struct xprob p = {.kind = STK_FSCK_UNREACHED_INODE,
+				  .shard = x->shard,
+				  .ino = x->ino,
+				  .parent = x->parent};
+
+		if (x->covered || xref_of(&e2, x->ino))
+			continue;
+		rc = xadd(f, &p, first);
+	}
+	free(e1.v);
+	free(d.v);
+	free(e2.v);
+	return rc;
+}
+
+/* The references between shards, looked at twice; repaired when asked and safe. */
+static int fsck_xshard(struct fsck *f)
+{
+	int rc;
+
+	if (f->nsh < 2)
+		return 0;
+	progress(f, "fsck: checking the folders named across shards");
+	rc = xshard_look(f, 1);
+	if (rc || f->nxp == 0)
+		return rc;
+	usleep(PASS_PAUSE_US);
+	rc = xshard_look(f, 0);
+	for (size_t i = 0; rc == 0 && f->repair && i < f->nxp; i++) {
+		struct xprob *p = &f->xp[i];
+		struct stk_msg_meta_fsck_req q = {
+		    .cred = f->c->cred, .op = STK_FSCK_XDROP, .from = p->parent, .max = 1};
+		uint8_t req[256];
+		struct stk_wbuf w;
+		size_t len = 0;
+		int r;
+
+		if (!p->confirmed || p->kind != STK_FSCK_DANGLING_ENTRY)
+			continue;
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_fsck_req_enc(&w, &q);
+		stk_put_u64(&w, p->ino);
+		r = stk_client_meta_call_shard(f->c, p->shard, 0, STK_OP_META_FSCK, req, w.len,
+					       f->resp, STK_MAX_PAYLOAD, &len);
+		if (r)
+			stk_warn("fsck: removing the entry of folder %llu in folder %llu: %s",
+				 (unsigned long long)p->ino, (unsigned long long)p->parent,
+				 stk_strerror(r));
+		p->repaired = r == 0;
+	}
+	return rc;
+}
+
+/* ---- the check ---- */
+
+/* The shards of the routing table's shard map, ascending; shard 1 alone without one. */
+static int shards_find(struct fsck *f)
+{
+	int rc = stk_client_refresh_routing(f->c);
+
+	if (rc)
+		return rc;
+	f->nsh = 0;
+	pthread_rwlock_rdlock(&f->c->rt_lock);
+	for (uint32_t i = 0; i < f->c->rt.nshards && f->nsh < STK_MAX_SHARDS; i++) {
+		unsigned id = f->c->rt.shards[i].id, k = f->nsh++;
+
+		while (k > 0 && f->sh[k - 1].id > id) {
+			f->sh[k] = f->sh[k - 1];
+			k--;
+		}
+		f->sh[k] = (struct shard){.id = id};
+	}
+	pthread_rwlock_unlock(&f->c->rt_lock);
+	if (f->nsh == 0)
+		f->sh[f->nsh++] = (struct shard){.id = 1};
+	return 0;
+}
+
+/* Each shard's namespace, checked (and repaired) by its leader. */
+static int fsck_namespace(struct fsck *f)
+{
+	int rc = shards_find(f);
+
+	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
+		struct shard *s = &f->sh[i];
+		struct stk_msg_fsck_problem *v;
+		struct stk_rbuf rb;
+
+		if (f->nsh == 1)
+			progress(f, "fsck: checking the namespace");
+		else
+			progress(f, "fsck: checking the namespace of shard %u", s->id);
+		rc = meta_fsck(f, s->id, STK_FSCK_CHECK, f->repair ? STK_FSCK_REPAIR : 0, 0,
+			       STK_FSCK_PROBLEMS_MAX, &s->ns, &rb);
+		if (rc)
+			break;
+		v = realloc(f->nsp, ((size_t)f->nnsp + s->ns.n + 1) * sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		f->nsp = v;
+		for (s->nnsp = 0; s->nnsp < s->ns.n; s->nnsp++)
+			if (stk_msg_fsck_problem_dec(&rb, &f->nsp[f->nnsp++]))
+				return -EIO;
+		f->ns.inodes += s->ns.inodes;
+		f->ns.entries += s->ns.entries;
+		f->ns.dirs += s->ns.dirs;
+		f->ns.files += s->ns.files;
+		f->ns.total += s->ns.total;
+		f->ns.repaired += s->ns.repaired;
+	}
+	return rc;
 }
 
 static int fsck_data(struct fsck *f, struct pass *last)
@@ -710,6 +1006,10 @@ static int data_kind(int k)
 				: STK_FSCK_REPLICAS_DIFFER;
 }
 
+_Static_assert(sizeof(((struct stk_fsck_report *)0)->shards) / sizeof(struct stk_fsck_shard) >=
+		   STK_MAX_SHARDS,
+	       "a report holds every shard a cluster may have");
+
 static int report_make(const struct fsck *f, const struct pass *p, struct stk_fsck_report **out)
 {
 	struct stk_fsck_report *r = calloc(1, sizeof(*r));
@@ -719,6 +1019,8 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 		return -ENOMEM;
 	for (size_t i = 0; i < f->ndp; i++)
 		n += f->dp[i].confirmed;
+	for (size_t i = 0; i < f->nxp; i++)
+		n += f->xp[i].confirmed;
 	r->list = calloc(n ? n : 1, sizeof(*r->list));
 	if (!r->list) {
 		free(r);
@@ -735,6 +1037,18 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 	r->problems = f->ns.total;
 	r->remaining = f->ns.total - f->ns.repaired;
 	r->unlisted = f->ns.total > f->nnsp ? f->ns.total - f->nnsp : 0;
+	for (unsigned i = 0; i < f->nsh; i++) {
+		const struct shard *s = &f->sh[i];
+
+		r->shards[r->nshards++] =
+		    (struct stk_fsck_shard){.id = s->id,
+					    .inodes = s->ns.inodes,
+					    .entries = s->ns.entries,
+					    .dirs = s->ns.dirs,
+					    .files = s->ns.files,
+					    .problems = s->ns.total,
+					    .remaining = s->ns.total - s->ns.repaired};
+	}
 	for (uint32_t i = 0; i < f->nnsp; i++) {
 		const struct stk_msg_fsck_problem *q = &f->nsp[i];
 		struct stk_fsck_problem *e = &r->list[r->nlist++];
@@ -746,6 +1060,26 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 		e->expect = q->expect;
 		e->found = q->found;
 		snprintf(e->name, sizeof(e->name), "%s", q->name);
+	}
+	for (size_t i = 0; i < f->nxp; i++) {
+		const struct xprob *x = &f->xp[i];
+		struct stk_fsck_problem *e;
+
+		if (!x->confirmed)
+			continue;
+		e = &r->list[r->nlist++];
+		e->kind = x->kind;
+		e->repaired = x->repaired;
+		e->ino = x->ino;
+		e->parent = x->parent;
+		snprintf(e->name, sizeof(e->name), "%s", x->name);
+		r->problems++;
+		r->remaining += !x->repaired;
+		for (uint32_t k = 0; k < r->nshards; k++)
+			if (r->shards[k].id == x->shard) {
+				r->shards[k].problems++;
+				r->shards[k].remaining += !x->repaired;
+			}
 	}
 	for (size_t i = 0; i < f->ndp; i++) {
 		const struct dprob *d = &f->dp[i];
@@ -763,6 +1097,11 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 		e->bytes = d->bytes;
 		r->problems++;
 		r->remaining += !d->repaired;
+		for (uint32_t k = 0; k < r->nshards; k++)
+			if (r->shards[k].id == stk_ino_shard(d->ino)) {
+				r->shards[k].problems++;
+				r->shards[k].remaining += !d->repaired;
+			}
 	}
 	*out = r;
 	return 0;
@@ -786,12 +1125,15 @@ int stk_fsck(stk_client *c, const struct stk_fsck_opts *opts, struct stk_fsck_re
 		return -ENOMEM;
 	rc = fsck_namespace(&f);
 	if (rc == 0)
+		rc = fsck_xshard(&f);
+	if (rc == 0)
 		rc = fsck_data(&f, &last);
 	if (rc == 0)
 		rc = report_make(&f, &last, out);
 	pass_free(&last);
 	free(f.nsp);
 	free(f.dp);
+	free(f.xp);
 	free(f.resp);
 	return rc;
 }

@@ -2073,6 +2073,73 @@ static int fsck_purges(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 	return rc;
 }
 
+#define FSCK_XREFS_MAX 1024u
+
+static int fsck_xrefs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      const struct stk_msg_fsck_xref *after, struct stk_msg_meta_fsck_resp *r,
+		      struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, FSCK_XREFS_MAX), n = 0;
+	struct stk_meta_xref *v, a = {0};
+	uint64_t next = 0;
+	int rc, done = 0;
+
+	if (max == 0)
+		return -EINVAL;
+	v = calloc(max, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	if (q->op == STK_FSCK_XENTRIES) {
+		a.parent = after->parent;
+		a.hash = after->hash;
+		memcpy(a.name, after->name, sizeof(a.name));
+		rc = stk_meta_store_fsck_xentries(m->store, after->parent ? &a : NULL, v, max, &n,
+						  &done);
+	} else {
+		rc = stk_meta_store_fsck_xdirs(m->store, q->from, v, max, &n, &next, &done);
+	}
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = (uint8_t)done;
+		r->next = next;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++) {
+			struct stk_msg_fsck_xref x = {.ino = v[i].ino,
+						      .parent = v[i].parent,
+						      .hash = v[i].hash,
+						      .covered = v[i].covered};
+
+			memcpy(x.name, v[i].name, sizeof(x.name));
+			stk_msg_fsck_xref_enc(&resp->payload, &x);
+		}
+		rc = resp->payload.err;
+	}
+	free(v);
+	return rc;
+}
+
+static int fsck_xdrop(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t ino,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_fsck_xref x = {.ino = ino, .parent = q->from};
+	uint64_t changed[1] = {q->from};
+	int rc;
+
+	rc = stk_meta_store_fsck_xdrop(m->store, q->from, ino, x.name);
+	if (rc)
+		return rc;
+	/* The folder's name and link count changed: their leases go. */
+	stk_meta_leases_changed(m->leases, 0, changed, 1);
+	stk_warn("fsck: entry '%s' in folder %llu named folder %llu, which its shard does not "
+		 "have: removed",
+		 x.name, (unsigned long long)q->from, (unsigned long long)ino);
+	r->n = 1;
+	r->done = 1;
+	stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+	stk_msg_fsck_xref_enc(&resp->payload, &x);
+	return resp->payload.err;
+}
+
 /* META_FSCK (msg.h): root only; the namespace check or a listing for the data check. */
 static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -2080,13 +2147,28 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	struct stk_msg_meta_fsck_resp r;
 	int rc;
 
-	rc = decoded(req, stk_msg_meta_fsck_req_dec(&req->payload, &q));
+	struct stk_msg_fsck_xref after = {0};
+	uint64_t ino = 0;
+
+	rc = stk_msg_meta_fsck_req_dec(&req->payload, &q);
+	if (rc == 0 && q.op == STK_FSCK_XDROP) {
+		ino = stk_get_u64(&req->payload);
+		rc = req->payload.err ? -EBADMSG : 0;
+	}
+	if (rc == 0 && q.op == STK_FSCK_XENTRIES)
+		rc = stk_msg_fsck_xref_dec(&req->payload, &after);
+	rc = decoded(req, rc);
 	if (rc)
 		return rc;
 	if (q.cred.uid != 0)
 		return -EPERM;
 	memset(&r, 0, sizeof(r));
 	switch (q.op) {
+	case STK_FSCK_XENTRIES:
+	case STK_FSCK_XDIRS:
+		return fsck_xrefs(m, &q, &after, &r, resp);
+	case STK_FSCK_XDROP:
+		return fsck_xdrop(m, &q, ino, &r, resp);
 	case STK_FSCK_CHECK:
 		return fsck_check(m, &q, &r, resp);
 	case STK_FSCK_FILES:

@@ -5479,14 +5479,16 @@ static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 	uint32_t want;
 	struct inode n;
 	int rc = 0, dir = S_ISDIR(e->mode), root = e->ino == STK_ROOT_INO;
+	/* named on its parent's shard, which this one cannot see: fsck asks both */
+	int foreign = dir && stk_ino_shard(e->parent) != f->o->st->shard;
 
 	if (dir)
 		f->stats->dirs++;
 	else if (S_ISREG(e->mode))
 		f->stats->files++;
-	if (dir && stk_ino_shard(e->parent) != f->o->st->shard)
-		return 0; /* named on its parent's shard, which this one cannot see */
-	if (!root && e->refs == 0 && !(e->orphan && !dir)) {
+	if (root && foreign)
+		return 0; /* another shard's root record: shard 1 holds the root */
+	if (!root && !foreign && e->refs == 0 && !(e->orphan && !dir)) {
 		/*
 		 * No name reaches it and no open file keeps it. A file goes as an unlink
 		 * would take it (its chunks to the purge); a folder is only reported:
@@ -5515,7 +5517,7 @@ static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 		}
 		rc = rc ? rc : fsck_report(f, &p, 1);
 	}
-	if (rc == 0 && dir && !root && e->refs == 1 && e->parent != e->named_in) {
+	if (rc == 0 && dir && !root && !foreign && e->refs == 1 && e->parent != e->named_in) {
 		p.kind = STK_FSCK_KIND_PARENT;
 		p.expect = e->named_in;
 		p.found = e->parent;
@@ -6199,6 +6201,229 @@ int stk_meta_store_xmarks(struct stk_meta_store *st, struct stk_meta_xmark *out,
 		return rc;
 	rc = xwalk(&o, 'M', xlist_one, &l);
 	*n = l.n;
+	return op_end(&o, rc);
+}
+
+/* ---- fsck: references between shards ---- */
+
+/* The parents of this shard's intents, sorted (what fsck may not touch). */
+struct xparents {
+	uint64_t *v;
+	size_t n, cap;
+};
+
+static int xparents_one(uint64_t id, const MDB_val *val, void *ctx)
+{
+	struct xparents *p = ctx;
+	struct stk_meta_xintent x;
+
+	if (xintent_decode(id, val, &x))
+		return 0; /* a record that does not decode covers nothing */
+	if (p->n == p->cap) {
+		size_t cap = p->cap ? 2 * p->cap : 16;
+		uint64_t *v = realloc(p->v, cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		p->v = v;
+		p->cap = cap;
+	}
+	p->v[p->n++] = x.parent;
+	return 0;
+}
+
+static int xparents_load(struct op *o, struct xparents *p)
+{
+	memset(p, 0, sizeof(*p));
+	return o->st->xshard ? xwalk(o, 'I', xparents_one, p) : 0;
+}
+
+static int xparents_has(const struct xparents *p, uint64_t parent)
+{
+	for (size_t i = 0; i < p->n; i++)
+		if (p->v[i] == parent)
+			return 1;
+	return 0;
+}
+
+int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_meta_xref *after,
+				 struct stk_meta_xref *out, size_t max, size_t *n, int *done)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[DENTRY_KEY_MAX] = {0};
+	MDB_val key = {16, k}, val;
+	MDB_cursor *cur = NULL;
+	struct xparents xp = {0};
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	*done = 1;
+	if (after) {
+		size_t len = strnlen(after->name, STK_NAME_MAX);
+
+		be64_put(k, after->parent);
+		be64_put(k + 8, after->hash);
+		memcpy(k + 16, after->name, len);
+		key.mv_size = 16 + len;
+	}
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = xparents_load(&o, &xp);
+	if (rc == 0)
+		rc = lmdb_err(mdb_cursor_open(o.txn, st->dentries, &cur), "open cursor");
+	mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
+	/* the page starts after the last entry of the one before */
+	if (mrc == 0 && after && key.mv_size == 16 + strnlen(after->name, STK_NAME_MAX) &&
+	    be64_get(key.mv_data) == after->parent &&
+	    be64_get((const uint8_t *)key.mv_data + 8) == after->hash &&
+	    memcmp((const uint8_t *)key.mv_data + 16, after->name, key.mv_size - 16) == 0)
+		mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT);
+	for (; mrc == 0; mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_meta_xref *x;
+		struct stk_rbuf r;
+		uint64_t ino;
+		size_t len;
+
+		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
+			continue;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		ino = stk_get_u64(&r);
+		if (r.err || stk_ino_shard(ino) == st->shard)
+			continue;
+		if (*n == max) {
+			*done = 0;
+			break;
+		}
+		x = &out[(*n)++];
+		memset(x, 0, sizeof(*x));
+		x->ino = ino;
+		x->parent = be64_get(key.mv_data);
+		x->hash = be64_get((const uint8_t *)key.mv_data + 8);
+		x->covered = (uint8_t)xparents_has(&xp, x->parent);
+		len = key.mv_size - 16;
+		memcpy(x->name, (const uint8_t *)key.mv_data + 16, len);
+		x->name[len] = 0;
+	}
+	if (rc == 0 && mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk entries");
+	if (cur)
+		mdb_cursor_close(cur);
+	free(xp.v);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_xdirs(struct stk_meta_store *st, uint64_t from, struct stk_meta_xref *out,
+			      size_t max, size_t *n, uint64_t *next, int *done)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[8];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	*done = 1;
+	*next = from;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	be64_put(k, from);
+	rc = lmdb_err(mdb_cursor_open(o.txn, st->inodes, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_meta_xref *x;
+		struct stk_meta_xmark m;
+		struct inode in;
+
+		if (key.mv_size != 8 || inode_decode(be64_get(key.mv_data), &val, &in) ||
+		    !S_ISDIR(in.a.mode) || in.a.ino == STK_ROOT_INO ||
+		    stk_ino_shard(in.parent) == st->shard)
+			continue;
+		if (*n == max) {
+			*done = 0;
+			*next = in.a.ino;
+			break;
+		}
+		x = &out[(*n)++];
+		memset(x, 0, sizeof(*x));
+		x->ino = in.a.ino;
+		x->parent = in.parent;
+		if (st->xshard) {
+			rc = xmark_get(&o, in.a.ino, &m);
+			x->covered = rc == 0;
+			if (rc == -ENOENT)
+				rc = 0;
+			if (rc)
+				break;
+		}
+	}
+	if (rc == 0 && mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk inodes");
+	if (cur)
+		mdb_cursor_close(cur);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64_t ino, char *name)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[16];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct xparents xp = {0};
+	struct inode dir;
+	struct op o;
+	int rc, mrc, found = 0;
+
+	name[0] = 0;
+	if (stk_ino_shard(ino) == st->shard)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xparents_load(&o, &xp);
+	if (rc == 0 && xparents_has(&xp, parent))
+		rc = -EBUSY;
+	if (rc == 0)
+		rc = lmdb_err(mdb_cursor_open(o.txn, st->dentries, &cur), "open cursor");
+	be64_put(k, parent);
+	memset(k + 8, 0, 8);
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		size_t len;
+
+		if (key.mv_size < 8 || be64_get(key.mv_data) != parent)
+			break;
+		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
+			continue;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		if (stk_get_u64(&r) != ino || r.err)
+			continue;
+		len = key.mv_size - 16;
+		memcpy(name, (const uint8_t *)key.mv_data + 16, len);
+		name[len] = 0;
+		found = 1;
+		break;
+	}
+	if (cur)
+		mdb_cursor_close(cur);
+	if (rc == 0 && !found)
+		rc = -ENOENT;
+	if (rc == 0)
+		rc = inode_get(&o, parent, &dir);
+	if (rc == 0)
+		rc = dentry_del(&o, parent, name);
+	if (rc == 0) {
+		if (dir.a.nlink > 2)
+			dir.a.nlink--;
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	free(xp.v);
 	return op_end(&o, rc);
 }
 

@@ -858,4 +858,39 @@ int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t in
 int stk_meta_store_xmarks(struct stk_meta_store *st, struct stk_meta_xmark *out, size_t max,
 			  size_t *n);
 
+/*
+ * fsck's cross-shard check (docs/fsck.md): the references between this shard and
+ * the others, a page at a time, each page one read transaction.
+ *
+ * stk_meta_store_fsck_xentries: the entries of this shard that name a folder of
+ * another shard, in the order of their keys, after `after` (NULL: from the
+ * first), up to max: ino, parent, name and hash (the key's, for the next page's
+ * `after`); covered 1 when an intent of this shard is about a name in that
+ * parent (a cross-shard mkdir or rmdir in flight there: the protocol's, not
+ * fsck's). *done 1 at the end.
+ *
+ * stk_meta_store_fsck_xdirs: the folders of this shard whose parent is on
+ * another shard, from inode `from`, up to max: ino, parent (its parent pointer),
+ * covered 1 when a pending or dying mark is on it; *next and *done as above.
+ */
+struct stk_meta_xref {
+	uint64_t ino, parent;
+	uint64_t hash; /* an entry's: its key's name hash */
+	uint8_t covered;
+	char name[STK_NAME_MAX + 1];
+};
+int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_meta_xref *after,
+				 struct stk_meta_xref *out, size_t max, size_t *n, int *done);
+int stk_meta_store_fsck_xdirs(struct stk_meta_store *st, uint64_t from, struct stk_meta_xref *out,
+			      size_t max, size_t *n, uint64_t *next, int *done);
+/*
+ * fsck's repair of an entry in `parent` naming folder `ino` of another shard that
+ * has no such inode: the entry goes and the parent's link count with it, in one
+ * write transaction, unless an intent of this shard is about a name in parent
+ * (-EBUSY: a cross-shard operation is in flight there) or no entry of parent
+ * names ino any more (-ENOENT). -EINVAL for an inode of this shard. The name
+ * dropped is copied to name (STK_NAME_MAX + 1 bytes).
+ */
+int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64_t ino, char *name);
+
 #endif

@@ -689,6 +689,19 @@ enum stk_quota_op {
  *                    `from`, done 1 at the end (n <= max, <= STK_FSCK_FILES_MAX).
  *   STK_FSCK_PURGES  a page of the inodes whose chunks wait for meta's purge
  *                    (meta/purge.h) from `from`: n u64, then next and done as above.
+ *   STK_FSCK_XENTRIES a page of the entries naming a folder of another shard, in
+ *                    key order: n fsck_xref (covered: an intent is about a name in
+ *                    its parent; hash: its key's), done 1 at the end. The request
+ *                    is followed by a fsck_xref, the last entry of the page before
+ *                    (the first page: one of parent 0, name "").
+ *   STK_FSCK_XDIRS   a page of the folders whose parent is on another shard, from
+ *                    inode `from`: n fsck_xref (name "", covered: a pending or
+ *                    dying mark is on it); next and done as above.
+ *   STK_FSCK_XDROP   the request followed by a u64, the inode: the entry in folder
+ *                    `from` naming that folder of another shard goes (the other
+ *                    shard has no such inode); EBUSY while an intent is about a
+ *                    name in the folder, ENOENT when no entry names it. The reply:
+ *                    the head (n 1) and the fsck_xref dropped.
  */
 #define STK_MSG_META_FSCK_REQ(F) F(cred, cred) F(u32, op) F(u32, flags) F(u64, from) F(u32, max)
 #define STK_MSG_META_FSCK_RESP(F)                                                            \
@@ -699,6 +712,8 @@ enum stk_quota_op {
 	F(name, name)
 #define STK_MSG_FSCK_FILE(F) F(attr, attr) F(u8, exact) F(u8, orphan) F(u32, nalloc)
 #define STK_MSG_FSCK_RANGE(F) F(u32, first) F(u32, end)
+#define STK_MSG_FSCK_XREF(F)                                                                 \
+	F(u64, ino) F(u64, parent) F(u64, hash) F(u8, covered) F(name, name)
 /* fsck_problem's kind: what meta/store.h stk_meta_store_fsck checks. */
 enum stk_fsck_kind {
 	STK_FSCK_KIND_DANGLING = 1,
@@ -714,6 +729,9 @@ enum stk_fsck_kind {
 #define STK_FSCK_CHECK 1u
 #define STK_FSCK_FILES 2u
 #define STK_FSCK_PURGES 3u
+#define STK_FSCK_XENTRIES 4u
+#define STK_FSCK_XDIRS 5u
+#define STK_FSCK_XDROP 6u
 #define STK_FSCK_REPAIR 0x1u
 #define STK_FSCK_PROBLEMS_MAX 2000u
 #define STK_FSCK_FILES_MAX 1024u
@@ -849,6 +867,7 @@ enum stk_fsck_kind {
 	X(fsck_problem, STK_MSG_FSCK_PROBLEM)                     \
 	X(fsck_file, STK_MSG_FSCK_FILE)                           \
 	X(fsck_range, STK_MSG_FSCK_RANGE)                         \
+	X(fsck_xref, STK_MSG_FSCK_XREF)                           \
 	X(stor_sync_read_resp, STK_MSG_STOR_SYNC_READ_RESP)       \
 	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ) \
 	X(mgmt_remove_node_req, STK_MSG_MGMT_REMOVE_NODE_REQ)     \

@@ -2381,6 +2381,93 @@ static void test_cross_shard_folders(void)
 	stk_meta_store_close(s2);
 }
 
+/* The refs of xs[0..n) whose parent is `parent`: their count, and ino's one in *x. */
+static size_t xrefs_in(const struct stk_meta_xref *xs, size_t n, uint64_t parent, uint64_t ino,
+		       const struct stk_meta_xref **x)
+{
+	size_t k = 0;
+
+	*x = NULL;
+	for (size_t i = 0; i < n; i++)
+		if (xs[i].parent == parent) {
+			k++;
+			if (xs[i].ino == ino)
+				*x = &xs[i];
+		}
+	return k;
+}
+
+/* fsck's view of folders named across shards: what intents and marks cover, its repair. */
+static void test_fsck_cross_shard(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL;
+	struct stk_meta_xref xs[16];
+	const struct stk_meta_xref *x;
+	struct stk_attr a, b, got;
+	char name[STK_NAME_MAX + 1];
+	uint64_t top, idp, idq, next = 0;
+	size_t n = 0;
+	int done = 0;
+
+	snprintf(dir, sizeof(dir), "%s/xfsck2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "xf", 0777);
+	/* q: made and settled; p: made on shard 2, pending, its intent held on shard 1 */
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "q", 2, &idq), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, idq, top, "q", 0755, 0, 0, &b), 0);
+	CHECK_RC(stk_meta_store_xlink(st, &ROOT, idq, &b), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, idq, 1), 0);
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "p", 2, &idp), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, idp, top, "p", 0755, 0, 0, &a), 0);
+	CHECK_RC(stk_meta_store_fsck_xentries(st, NULL, xs, 16, &n, &done), 0);
+	CHECK(done && xrefs_in(xs, n, top, b.ino, &x) == 1 && x && x->covered &&
+	      strcmp(x->name, "q") == 0);
+	CHECK_RC(stk_meta_store_fsck_xdirs(s2, 0, xs, 16, &n, &next, &done), 0);
+	CHECK(done && xrefs_in(xs, n, top, a.ino, &x) == 2 && x && x->covered);
+	CHECK(xrefs_in(xs, n, top, b.ino, &x) == 2 && x && !x->covered);
+	/* an intent in the folder: fsck's repair keeps off it */
+	CHECK_RC(stk_meta_store_fsck_xdrop(st, top, b.ino, name), -EBUSY);
+	CHECK_RC(stk_meta_store_xlink(st, &ROOT, idp, &a), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, idp, 1), 0);
+	CHECK_RC(stk_meta_store_fsck_xentries(st, NULL, xs, 16, &n, &done), 0);
+	CHECK(xrefs_in(xs, n, top, a.ino, &x) == 2 && x && !x->covered);
+	CHECK_RC(stk_meta_store_fsck_xdirs(s2, 0, xs, 16, &n, &next, &done), 0);
+	CHECK(xrefs_in(xs, n, top, a.ino, &x) == 2 && x && !x->covered);
+	/* a page at a time: max 1, then after the last one */
+	CHECK_RC(stk_meta_store_fsck_xentries(st, NULL, xs, 1, &n, &done), 0);
+	CHECK(n == 1 && !done);
+	{
+		struct stk_meta_xref after = xs[0];
+		size_t total = 1;
+
+		while (!done) {
+			CHECK_RC(stk_meta_store_fsck_xentries(st, &after, xs, 1, &n, &done), 0);
+			if (n == 0)
+				break;
+			CHECK(xs[0].hash != after.hash || strcmp(xs[0].name, after.name) != 0);
+			after = xs[0];
+			total++;
+		}
+		CHECK_RC(stk_meta_store_fsck_xentries(st, NULL, xs, 16, &n, &done), 0);
+		CHECK(done && total == n);
+	}
+	/* the repair: q's entry and its link go; again, nothing is left to drop */
+	CHECK(attr_of(top).nlink == 4);
+	CHECK_RC(stk_meta_store_fsck_xdrop(st, top, b.ino, name), 0);
+	CHECK(strcmp(name, "q") == 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "q", &got), -ENOENT);
+	CHECK(attr_of(top).nlink == 3);
+	CHECK_RC(stk_meta_store_fsck_xdrop(st, top, b.ino, name), -ENOENT);
+	CHECK_RC(stk_meta_store_fsck_xdrop(st, top, top, name), -EINVAL);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "p", &got), -EREMOTE);
+	stk_meta_store_close(s2);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -2428,6 +2515,7 @@ int main(void)
 	CHECK_RUN(test_quota_nested_rename);
 	CHECK_RUN(test_quota_threads);
 	CHECK_RUN(test_cross_shard_folders);
+	CHECK_RUN(test_fsck_cross_shard);
 	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
