@@ -551,14 +551,20 @@ static int meta_call(struct stk_client *c, unsigned shard, uint32_t origin, uint
 	}
 	if (shard != 1) {
 		/*
-		 * The lookup cache's holder id is shard 1's (its watch is there): another
-		 * shard's meta grants this client no lease and no delegation, so it caches
-		 * nothing of that shard's folders (docs/meta-shards.md). The session's
-		 * renewal goes to every shard it was named to.
+		 * The origin a caller passes is shard 1's holder id (stk_lcache_origin, a
+		 * token's): another shard knows this client by the holder of its own watch,
+		 * started at the first request to it. Allowances and delegated folders'
+		 * names are shard 1's alone (docs/meta-shards.md): those go without. The
+		 * session's renewal goes to every shard it was named to.
 		 */
-		origin = 0;
-		if (shard <= STK_MAX_SHARDS)
-			atomic_fetch_or(&c->shards_used, 1u << (shard - 1));
+		if (shard <= STK_MAX_SHARDS &&
+		    !(atomic_fetch_or(&c->shards_used, 1u << (shard - 1)) & (1u << (shard - 1))))
+			stk_lcache_use_shard(c, shard);
+		if (opcode == STK_OP_META_ALLOW || opcode == STK_OP_META_ALLOW_BYTES ||
+		    opcode == STK_OP_META_NAMES || opcode == STK_OP_META_INOS || !origin)
+			origin = 0;
+		else
+			origin = stk_lcache_holder(c, shard);
 	}
 
 	for (;;) {

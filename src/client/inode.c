@@ -440,8 +440,9 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	m.mode = (mode & 07777) | S_IFDIR;
 	/* As in create_call; a new folder is empty, so its names are all known here. */
 	tok = stk_lcache_begin_change(c, parent, m.name, 0);
-	/* ... and with write-behind on, its creates and unlinks may be answered here. */
-	if (tok.holder && c->behind)
+	/* ... and with write-behind on, its creates and unlinks may be answered here
+	 * (in shard 1's folders: write-behind knows shard 1's holder alone). */
+	if (tok.holder && c->behind && stk_ino_shard(parent) == 1)
 		m.flags = STK_MKDIR_DELEGATE | STK_MKDIR_DELEGATE_QUOTA;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_mkdir_req_enc(&w, &m);

@@ -90,10 +90,22 @@ struct stk_lcache {
 	uint64_t epoch; /* bumped when everything goes (reset, broken watch) */
 	uint64_t rev;	/* counts revocations and forgets; log[rev % LC_LOG] says what each hit */
 	uint32_t log[LC_LOG];
-	uint64_t trust_until_ns;
-	uint32_t holder; /* 0: no watch answered */
-	int stop, off, have_thread;
-	pthread_t thr;
+	/*
+	 * Per shard (index 1..STK_MAX_SHARDS), each shard's watch: until when its
+	 * answers are trusted, and the holder id its meta knows this client by (0: no
+	 * watch answered). A holder changes only with the epoch (drop_shard), so a
+	 * token's epoch still current means every shard's holder is as it was then.
+	 */
+	uint64_t trust_until_ns[STK_MAX_SHARDS + 1];
+	uint32_t holder[STK_MAX_SHARDS + 1];
+	int stop, off;
+	/* The watch threads: shard 1's from the start, another's from its first use. */
+	uint8_t have_thread[STK_MAX_SHARDS + 1];
+	pthread_t thr[STK_MAX_SHARDS + 1];
+	struct lc_watch_arg {
+		stk_client *c;
+		unsigned shard;
+	} warg[STK_MAX_SHARDS + 1];
 	struct stk_lcache_stats st;
 	uint32_t gen[LC_GENS];
 	/*
@@ -168,15 +180,35 @@ static int cacheable(const char *name)
 	return n > 0 && n < LC_NAME && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
 }
 
-/* With the mutex: everything cached goes; trust ends until the next answered watch. */
-static void drop_all(struct stk_lcache *l)
+/* The shard whose meta leases what is cached about a name in folder parent. */
+static unsigned shard_of(uint64_t parent)
+{
+	unsigned s = stk_ino_shard(parent);
+
+	return s >= 1 && s <= STK_MAX_SHARDS ? s : 1;
+}
+
+/*
+ * With the mutex: everything cached goes (the entries are not told apart by shard);
+ * shard's trust ends until its next answered watch (0: every shard's). The other
+ * shards' holders stay: what they lease from now on may be kept.
+ */
+static void drop_shard(struct stk_lcache *l, unsigned shard)
 {
 	l->epoch++;
 	l->rev++;
 	l->log[l->rev % LC_LOG] = LOG_ALL;
-	l->trust_until_ns = 0;
-	l->holder = 0;
+	for (unsigned s = 1; s <= STK_MAX_SHARDS; s++)
+		if (!shard || s == shard) {
+			l->trust_until_ns[s] = 0;
+			l->holder[s] = 0;
+		}
 	l->st.resets++;
+}
+
+static void drop_all(struct stk_lcache *l)
+{
+	drop_shard(l, 0);
 }
 
 /* Search (x) permission on a folder of that mode and owner, as meta checks it. */
@@ -342,7 +374,7 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 		return 0;
 	now = stk_now_ns();
 	pthread_mutex_lock(&l->mu);
-	if (now >= l->trust_until_ns)
+	if (now >= l->trust_until_ns[shard_of(parent)])
 		goto out;
 	/* A change of this client's to the name or the inode is in flight: ask meta. */
 	if (pending(l, LOG_NAME | set_of(parent, name)))
@@ -392,12 +424,14 @@ int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, 
 	pthread_mutex_lock(&l->mu);
 	e = &l->e[l->by_ino[ino_slot(ino)]];
 	/* The hint may name a slot given to another entry since: it must be ino's. */
-	if (now < l->trust_until_ns && e->used && e->found && e->attr.ino == ino &&
-	    !pending(l, gen_of(ino)) && ent_valid(l, e, now)) {
+	if (e->used && e->found && e->attr.ino == ino &&
+	    now < l->trust_until_ns[shard_of(e->parent)] && !pending(l, gen_of(ino)) &&
+	    ent_valid(l, e, now)) {
+		uint64_t trust = l->trust_until_ns[shard_of(e->parent)];
+
 		*out = e->attr;
 		if (until_ns)
-			*until_ns =
-			    e->expires_ns < l->trust_until_ns ? e->expires_ns : l->trust_until_ns;
+			*until_ns = e->expires_ns < trust ? e->expires_ns : trust;
 		hit = 1;
 	}
 	pthread_mutex_unlock(&l->mu);
@@ -415,7 +449,7 @@ struct stk_lcache_tok stk_lcache_begin(stk_client *c)
 	pthread_mutex_lock(&l->mu);
 	t.epoch = l->epoch;
 	t.rev = l->rev;
-	t.holder = t.t_ns < l->trust_until_ns ? l->holder : 0;
+	t.holder = t.t_ns < l->trust_until_ns[1] ? l->holder[1] : 0;
 	pthread_mutex_unlock(&l->mu);
 	return t;
 }
@@ -558,8 +592,11 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 	struct lc_dir *d;
 	struct lc_ent *e;
 
+	/* Another shard's requests went with its own holder (stk_lcache_holder), which
+	 * is unchanged since tok as long as the epoch is. */
 	if (!ok || !tok.holder || !cacheable(name) || tok.epoch != l->epoch ||
-	    tok.holder != l->holder || pending(l, LOG_NAME | set_of(parent, name)) ||
+	    tok.holder != l->holder[1] || !l->holder[shard_of(parent)] ||
+	    pending(l, LOG_NAME | set_of(parent, name)) ||
 	    (found && pending(l, gen_of(attr->ino))))
 		return 0;
 	e = ent_slot(l, parent, name, now);
@@ -613,7 +650,9 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 	if (!l)
 		return;
 	pthread_mutex_lock(&l->mu);
-	if (!l->off && tok.holder && tok.holder == l->holder &&
+	/* Its names are leased by its own shard; delegations are shard 1's alone (the
+	 * write-behind queue and the allowances know one holder). */
+	if (!l->off && tok.holder && tok.holder == l->holder[1] && l->holder[shard_of(dir->ino)] &&
 	    !touched(l, tok, dir->ino, "", dir->ino)) {
 		d = &l->d[dir_slot(dir->ino)];
 		d->ino = dir->ino;
@@ -625,7 +664,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		d->gid = dir->gid;
 		memset(d->lost, 0, sizeof(d->lost));
 		d->nlost = 0;
-		d->delegated = (uint8_t)(delegated != 0);
+		d->delegated = (uint8_t)(delegated != 0 && shard_of(dir->ino) == 1);
 		d->qid = dir->qid;
 		d->partial = 0;
 	}
@@ -642,7 +681,7 @@ static struct lc_dir *dir_delegated(struct stk_lcache *l, uint64_t parent, const
 {
 	struct lc_dir *d;
 
-	if (l->off || now + BEHIND_MARGIN_NS >= l->trust_until_ns ||
+	if (l->off || shard_of(parent) != 1 || now + BEHIND_MARGIN_NS >= l->trust_until_ns[1] ||
 	    pending(l, LOG_NAME | set_of(parent, name)))
 		return NULL;
 	d = dir_record(l, parent, now);
@@ -847,7 +886,20 @@ uint32_t stk_lcache_origin(stk_client *c)
 	if (!l || l->off)
 		return 0;
 	pthread_mutex_lock(&l->mu);
-	h = l->holder;
+	h = l->holder[1];
+	pthread_mutex_unlock(&l->mu);
+	return h;
+}
+
+uint32_t stk_lcache_holder(stk_client *c, unsigned shard)
+{
+	struct stk_lcache *l = c->lc;
+	uint32_t h;
+
+	if (!l || l->off || shard < 1 || shard > STK_MAX_SHARDS)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	h = l->holder[shard];
 	pthread_mutex_unlock(&l->mu);
 	return h;
 }
@@ -884,11 +936,11 @@ static void nap(struct stk_lcache *l, unsigned ms)
 }
 
 /*
- * One watch: sends it on conn, applies the reply. 0, -ENOSYS (meta has no leases),
- * or another -errno (the connection is then to be dropped).
+ * One watch of shard's: sends it on conn, applies the reply. 0, -ENOSYS (meta has
+ * no leases), or another -errno (the connection is then to be dropped).
  */
-static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, uint32_t *holder,
-		      uint64_t *acked, uint8_t *resp, size_t cap)
+static int watch_once(stk_client *c, unsigned shard, struct stk_conn *conn, uint64_t session,
+		      uint32_t *holder, uint64_t *acked, uint8_t *resp, size_t cap)
 {
 	struct stk_lcache *l = c->lc;
 	struct stk_msg_meta_watch_req q = {
@@ -924,12 +976,12 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	stk_behind_gate_close(c);
 	pthread_mutex_lock(&l->mu);
 	if (r.reset || r.holder != *holder)
-		drop_all(l);
+		drop_shard(l, shard);
 	for (uint32_t i = 0; i < r.n; i++) {
 		struct stk_msg_watch_rec rec;
 
 		if (stk_msg_watch_rec_dec(&rb, &rec)) {
-			drop_all(l); /* cut short: trust nothing */
+			drop_shard(l, shard); /* cut short: trust nothing of it */
 			pthread_mutex_unlock(&l->mu);
 			stk_behind_gate_open(c);
 			return -EBADMSG;
@@ -939,15 +991,15 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 		l->st.revoked++;
 	}
 	if (stk_rbuf_finish(&rb)) {
-		drop_all(l);
+		drop_shard(l, shard);
 		pthread_mutex_unlock(&l->mu);
 		stk_behind_gate_open(c);
 		return -EBADMSG;
 	}
 	*acked = r.seq;
 	*holder = r.holder;
-	l->holder = r.holder;
-	l->trust_until_ns = sent + TRUST_NS;
+	l->holder[shard] = r.holder;
+	l->trust_until_ns[shard] = sent + TRUST_NS;
 	pthread_mutex_unlock(&l->mu);
 	stk_behind_gate_open(c);
 	/* Before the next watch acknowledges them: a cache above this one that was
@@ -964,9 +1016,16 @@ static int watch_once(stk_client *c, struct stk_conn *conn, uint64_t session, ui
 	return 0;
 }
 
+/*
+ * A shard's watch thread. Shard 1's turns the cache off for good against a meta
+ * without leases or sessions; another shard's just ends then (its folders are not
+ * cached, as before there were watches per shard).
+ */
 static void *watch_main(void *arg)
 {
-	stk_client *c = arg;
+	struct lc_watch_arg *a = arg;
+	stk_client *c = a->c;
+	unsigned shard = a->shard;
 	struct stk_lcache *l = c->lc;
 	size_t cap = 64 + (size_t)STK_WATCH_RECS_MAX * 8;
 	uint8_t *resp = malloc(cap);
@@ -983,13 +1042,13 @@ static void *watch_main(void *arg)
 		if (!session) {
 			rc = -ENOSYS; /* sessions off: no leases either */
 		} else if (!conn) {
-			rc = stk_client_meta_addr(c, addr);
+			rc = stk_client_meta_addr_shard(c, shard, addr);
 			if (rc == 0)
 				rc = stk_conn_connect(addr, 1000, &conn);
 			if (rc == -EKEYREJECTED) {
 				/* a removed key is refused for good: ask less and less often
 				 * (each try is a line in meta's log), up to 30 s */
-				if (!refused_ms)
+				if (!refused_ms && shard == 1)
 					stk_warn("meta refuses this client's key (removed?): lookups "
 						 "are not cached; trying again less and less often");
 				refused_ms = refused_ms ? STK_MIN(refused_ms * 2, 30000u) : 1000;
@@ -1000,21 +1059,23 @@ static void *watch_main(void *arg)
 				continue;
 			}
 			refused_ms = 0;
-			rc = watch_once(c, conn, session, &holder, &acked, resp, cap);
+			rc = watch_once(c, shard, conn, session, &holder, &acked, resp, cap);
 		} else {
-			rc = watch_once(c, conn, session, &holder, &acked, resp, cap);
+			rc = watch_once(c, shard, conn, session, &holder, &acked, resp, cap);
 		}
 		if (rc == -ENOSYS) {
-			stk_debug("meta keeps no leases: lookups are not cached");
+			stk_debug("meta of shard %u keeps no leases: its lookups are not cached",
+				  shard);
 			pthread_mutex_lock(&l->mu);
-			drop_all(l);
-			l->off = 1;
+			drop_shard(l, shard == 1 ? 0 : shard);
+			if (shard == 1)
+				l->off = 1;
 			pthread_mutex_unlock(&l->mu);
 			break;
 		}
 		if (rc) {
 			pthread_mutex_lock(&l->mu);
-			drop_all(l);
+			drop_shard(l, shard);
 			pthread_mutex_unlock(&l->mu);
 			stk_session_sync_opens(c); /* no lease protects them now */
 			if (conn && stk_conn_broken(conn)) {
@@ -1043,15 +1104,32 @@ int stk_lcache_start(stk_client *c)
 	pthread_mutex_init(&l->mu, NULL);
 	pthread_mutex_init(&l->ino_mu, NULL);
 	c->lc = l;
-	if (pthread_create(&l->thr, NULL, watch_main, c)) {
+	l->warg[1] = (struct lc_watch_arg){.c = c, .shard = 1};
+	if (pthread_create(&l->thr[1], NULL, watch_main, &l->warg[1])) {
 		c->lc = NULL;
 		pthread_mutex_destroy(&l->mu);
 		pthread_mutex_destroy(&l->ino_mu);
 		free(l);
 		return -EAGAIN;
 	}
-	l->have_thread = 1;
+	l->have_thread[1] = 1;
 	return 0;
+}
+
+void stk_lcache_use_shard(stk_client *c, unsigned shard)
+{
+	struct stk_lcache *l = c->lc;
+
+	if (!l || shard < 2 || shard > STK_MAX_SHARDS)
+		return;
+	pthread_mutex_lock(&l->mu);
+	if (!l->off && !l->stop && !l->have_thread[shard]) {
+		l->warg[shard] = (struct lc_watch_arg){.c = c, .shard = shard};
+		/* without a thread the shard's folders are just not cached */
+		if (pthread_create(&l->thr[shard], NULL, watch_main, &l->warg[shard]) == 0)
+			l->have_thread[shard] = 1;
+	}
+	pthread_mutex_unlock(&l->mu);
 }
 
 void stk_lcache_stop(stk_client *c)
@@ -1072,8 +1150,9 @@ void stk_lcache_destroy(stk_client *c)
 
 	if (!l)
 		return;
-	if (l->have_thread)
-		pthread_join(l->thr, NULL);
+	for (unsigned s = 1; s <= STK_MAX_SHARDS; s++)
+		if (l->have_thread[s])
+			pthread_join(l->thr[s], NULL);
 	c->lc = NULL;
 	pthread_mutex_destroy(&l->mu);
 	pthread_mutex_destroy(&l->ino_mu);
@@ -1089,7 +1168,7 @@ void stk_lcache_after_fork(stk_client *c)
 	pthread_mutex_init(&l->mu, NULL);
 	pthread_mutex_init(&l->ino_mu, NULL);
 	l->ino_fn = NULL;
-	l->have_thread = 0;
+	memset(l->have_thread, 0, sizeof(l->have_thread));
 	l->off = 1;
 	drop_all(l);
 }

@@ -3,7 +3,8 @@
  * "no such name", without a round trip to meta, for as long as meta's lease on
  * the answer holds (src/meta/leases.h).
  *
- * A background thread keeps a watch open on meta (META_WATCH): every inode it
+ * A background thread per metadata shard the client has used keeps a watch open
+ * on that shard's meta (META_WATCH), with a holder id of that shard's: every inode it
  * names drops whatever the cache holds about it (as a folder: its names; as an
  * inode: its attributes). Meta answers a change only after every other client
  * with a lease on what it touched has acknowledged that, so a cached answer is
@@ -160,8 +161,25 @@ void stk_lcache_on_revoked(stk_client *c, stk_lcache_revoked_fn fn, void *ctx);
 typedef void (*stk_lcache_ino_fn)(void *ctx, uint64_t ino);
 void stk_lcache_on_revoked_ino(stk_client *c, stk_lcache_ino_fn fn, void *ctx);
 
-/* The origin for a change this client forgets itself; 0 when the cache is off. */
+/*
+ * The origin for a change this client forgets itself: shard 1's holder id; 0 when
+ * the cache is off. Tokens (stk_lcache_tok.holder) carry it too; a request to
+ * another shard goes with that shard's own holder instead (stk_lcache_holder).
+ */
 uint32_t stk_lcache_origin(stk_client *c);
+/*
+ * The holder id shard's meta knows this client by (its watch's), or 0: none yet,
+ * the watch broken, or the cache off. Changes only with the cache's epoch, so an
+ * answer leased to it is kept only if it is still the one (stk_lcache_put).
+ */
+uint32_t stk_lcache_holder(stk_client *c, unsigned shard);
+/*
+ * The client sends a request to shard (2..) for the first time: its watch starts,
+ * on a thread of its own, and once it is answered that shard's folders are cached
+ * as shard 1's are (no delegation there: write-behind and allowances are shard
+ * 1's). Any thread; cheap after the first call.
+ */
+void stk_lcache_use_shard(stk_client *c, unsigned shard);
 
 /* Counts for the mount's /metrics and tests. */
 struct stk_lcache_stats {

@@ -38,8 +38,9 @@ META_SHARDS = int(os.environ.get("STOKER_TEST_META_SHARDS", "1") or 1)
 # makes a folder /on-shard-K placed on shard K (`stoker shard pin`), its mounts
 # mount that folder and its cli's absolute paths (but local files') point into it,
 # so that test_mount_posix.py runs on shard K's inodes alone (docs/meta-shards.md).
-# Suites that count meta's requests or rely on leases do not apply: shards 2..
-# grant none yet.
+# Shards 2.. lease as shard 1 does (test_mount.py counts every shard's requests);
+# suites that rely on delegations or allowances (write-behind, quota allowances) do
+# not apply: shards 2.. grant none yet.
 MOUNT_SHARD = int(os.environ.get("STOKER_TEST_MOUNT_SHARD", "0") or 0)
 
 

@@ -21,13 +21,14 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import CHECK, STOKER, Mount, have_fuse, run
+from conftest import CHECK, STOKER, Mount, errno_of, have_fuse, run, wait_until
 from pyhelp import stoker as stoker_pkg
 from test_meta_shards import ShardCluster, leader_of
 
@@ -220,6 +221,97 @@ def test_mount_mv_copies_across_shards(make_xc, tmp_path):
         assert sorted(os.listdir(m.path)) == sorted(n for n in names if n != b)
     finally:
         m.stop()
+
+
+def shard_meta_figure(sc, shard, name, **labels):
+    """The sum of the samples of name with these labels at the meta of `shard`
+    (single node: its metrics 10 ports above it)."""
+    from test_metrics import http, parse, total
+    host, port = sc.meta_addr(shard).rsplit(":", 1)
+    samples, _ = parse(http("%s:%d" % (host, int(port) + 10))[2])
+    return total(samples, name, **labels)
+
+
+def shard_lookups(sc, shard):
+    return sum(shard_meta_figure(sc, shard, "stoker_rpc_requests_total", op=op)
+               for op in ("META_LOOKUP", "META_LOOKUP_CACHE"))
+
+
+@pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
+def test_lookup_cache_leases_on_another_shard(make_xc, tmp_path):
+    """A folder on shard 2 is cached as shard 1's are: its meta leases to each
+    mount's watch of shard 2, so repeated stats through a mount are answered by
+    the mount, and another mount's change recalls the lease before it returns, so
+    no stat after it answers from before it."""
+    sc = make_xc()
+    sc.cli("shard", "pin", "/", "2")
+    nocache = ["entry_timeout=0", "attr_timeout=0"]
+    m1 = Mount(sc, tmp_path / "m1", opts=nocache)
+    m2 = Mount(sc, tmp_path / "m2", opts=nocache)
+    m1.start()
+    m2.start()
+    try:
+        os.mkdir(os.path.join(m1.path, "d"))
+        assert shard_of(os.stat(os.path.join(m2.path, "d")).st_ino) == 2
+        a = lambda n: os.path.join(m1.path, "d", n)
+        b = lambda n: os.path.join(m2.path, "d", n)
+        with open(b("f"), "wb") as f:
+            f.write(b"x" * 10)
+        assert os.stat(a("f")).st_size == 10
+        assert shard_of(os.stat(a("f")).st_ino) == 2
+        # each mount watches shard 2 with a holder of shard 2's, once it used it
+        wait_until(lambda: shard_meta_figure(sc, 2, "stoker_meta_lease_holders") >= 2, 30,
+                   "both mounts' watches of shard 2")
+
+        def served_by_m1():
+            # a lookup sent before m1's watch of shard 2 was answered took no lease
+            before = shard_lookups(sc, 2)
+            for _ in range(50):
+                assert os.stat(a("f")).st_size == 10
+            return shard_lookups(sc, 2) - before < 10
+
+        wait_until(served_by_m1, 30, "m1 answering lookups in shard 2's folder itself")
+        # every change through m2 is seen through m1 at once, no waiting
+        os.chmod(b("f"), 0o600)
+        assert stat.S_IMODE(os.stat(a("f")).st_mode) == 0o600
+        with open(b("f"), "ab") as f:
+            f.write(b"y" * 5)
+        assert os.stat(a("f")).st_size == 15
+        os.utime(b("f"), (1000000000, 1200000000))
+        assert os.stat(a("f")).st_mtime == 1200000000
+        assert errno_of(os.stat, a("g")) == errno.ENOENT  # a cached "no such name"
+        open(b("g"), "wb").close()
+        assert os.stat(a("g")).st_size == 0
+        os.rename(b("g"), b("h"))
+        assert errno_of(os.stat, a("g")) == errno.ENOENT and os.path.exists(a("h"))
+        os.link(b("h"), b("h2"))
+        assert os.stat(a("h")).st_nlink == 2
+        os.unlink(b("h"))
+        assert errno_of(os.stat, a("h")) == errno.ENOENT and os.stat(a("h2")).st_nlink == 1
+        os.mkdir(b("sub"))
+        assert os.path.isdir(a("sub"))
+        os.rmdir(b("sub"))
+        assert errno_of(os.stat, a("sub")) == errno.ENOENT
+        # a folder made through m1 on shard 2 is known whole there: names not in it
+        # are answered without meta, until m2 adds one, which m1 then sees at once
+        os.mkdir(a("new"))
+        open(a("new/mine"), "wb").close()
+        before = shard_lookups(sc, 2)
+        for i in range(50):
+            assert errno_of(os.stat, a("new/none%d" % i)) == errno.ENOENT
+        assert os.path.exists(a("new/mine"))
+        assert shard_lookups(sc, 2) - before < 10
+        open(b("new/theirs"), "wb").close()
+        assert os.path.exists(a("new/theirs")) and os.path.exists(a("new/mine"))
+        # m1's own changes show in both at once too
+        os.unlink(a("new/mine"))
+        assert errno_of(os.stat, a("new/mine")) == errno.ENOENT
+        assert errno_of(os.stat, b("new/mine")) == errno.ENOENT
+        # shard 1 leases to each mount too, by its own holder ids
+        assert shard_meta_figure(sc, 1, "stoker_meta_lease_holders") >= 2
+    finally:
+        m1.stop()
+        m2.stop()
 
 
 def stopped(sc, op, step):

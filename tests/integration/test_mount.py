@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import NOBODY, Mount, STOKER, as_nobody, errno_of, needs_fuse, pick_ports, run, wait_until
+from conftest import META_SHARDS, MOUNT_SHARD, NOBODY, Mount, STOKER, as_nobody, errno_of, needs_fuse, pick_ports, run, wait_until
 
 pytestmark = needs_fuse
 
@@ -502,10 +502,16 @@ def test_two_mounts_close_to_open(cluster, make_mount):
 
 
 def meta_figure(cluster, name, **labels):
-    """The sum of meta's samples of name with these labels, scraped now."""
-    from test_metrics import scrape, total
+    """The sum of meta's samples of name with these labels, scraped now: of every
+    shard's meta (STOKER_TEST_META_SHARDS; shard k > 1's metrics are 50 + k - 2
+    ports up, docs/meta-shards.md)."""
+    from test_metrics import http, parse, scrape, total
     samples, _ = scrape(cluster, "meta")
-    return total(samples, name, **labels)
+    n = total(samples, name, **labels)
+    for k in range(2, META_SHARDS + 1):
+        samples, _ = parse(http("127.0.0.1:%d" % (cluster.port + 50 + k - 2))[2])
+        n += total(samples, name, **labels)
+    return n
 
 
 def lookups_at_meta(cluster):
@@ -514,7 +520,14 @@ def lookups_at_meta(cluster):
 
 
 def lease_holders(cluster):
-    return meta_figure(cluster, "stoker_meta_lease_holders")
+    """Holders of the shard the mounts' folders are on (STOKER_TEST_MOUNT_SHARD): a
+    mount watches a shard once it has used it."""
+    from test_metrics import http, parse, scrape, total
+    if MOUNT_SHARD > 1:
+        samples, _ = parse(http("127.0.0.1:%d" % (cluster.port + 50 + MOUNT_SHARD - 2))[2])
+    else:
+        samples, _ = scrape(cluster, "meta")
+    return total(samples, "stoker_meta_lease_holders")
 
 
 def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
@@ -1015,17 +1028,20 @@ def test_kill9_daemon_then_umount_clears_the_mount(cluster, make_mount):
 
 
 def meta_counts(cluster):
-    """Requests meta served, per op, from its /metrics (BASE+11)."""
+    """Requests meta served, per op, from its /metrics (BASE+11), summed over every
+    shard's meta (shard k > 1's at BASE+50+k-2)."""
     import re
     import urllib.request
 
-    url = "http://127.0.0.1:%d/metrics" % (cluster.port + 11)
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
     out = {}
-    for m in re.finditer(r'^stoker_rpc_requests_total\{[^}]*op="(\w+)"[^}]*\}\s+(\S+)$',
-                         text, re.M):
-        out[m.group(1)] = out.get(m.group(1), 0) + float(m.group(2))
+    for port in [cluster.port + 11] + [cluster.port + 50 + k - 2
+                                       for k in range(2, META_SHARDS + 1)]:
+        url = "http://127.0.0.1:%d/metrics" % port
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+        for m in re.finditer(r'^stoker_rpc_requests_total\{[^}]*op="(\w+)"[^}]*\}\s+(\S+)$',
+                             text, re.M):
+            out[m.group(1)] = out.get(m.group(1), 0) + float(m.group(2))
     return out
 
 
@@ -1150,6 +1166,8 @@ def test_a_big_folder_this_mount_made_stays_known(cluster, make_mount):
         assert stat.S_ISREG(os.stat(os.path.join(d, "file-%06d" % i)).st_mode)
 
 
+@pytest.mark.skipif(MOUNT_SHARD > 1, reason="write-behind: shards 2.. delegate no folder yet "
+                    "(docs/meta-shards.md)")
 def test_metadata_round_trips_with_default_options(cluster, make_mount):
     """With the default options (1 s caches, relatime, write-behind): creates in a
     folder the mount made are answered by the mount and reach meta in batches
