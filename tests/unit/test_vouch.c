@@ -55,9 +55,11 @@ static int mac(void)
 	CHECK(stk_auth_vouch_check(v1, &other, &v) == 0);
 	other = alice, other.flags = STK_CLIENT_RO;
 	CHECK(stk_auth_vouch_check(v1, &other, &v) == 0);
-	other = alice, strcpy(other.subtree, "/teamA/sub");
+	other = alice;
+	stk_strlcpy(other.subtree, "/teamA/sub", sizeof(other.subtree));
 	CHECK(stk_auth_vouch_check(v1, &other, &v) == 0);
-	other = alice, strcpy(other.name, "bob");
+	other = alice;
+	stk_strlcpy(other.name, "bob", sizeof(other.name));
 	CHECK(stk_auth_vouch_check(v1, &other, &v) == 0);
 	return 0;
 }
