@@ -21,16 +21,16 @@ import os
 import re
 import shutil
 import signal
-import stat
 import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import CHECK, STOKER, Mount, errno_of, have_fuse, run, wait_until
+from conftest import CHECK, STOKER, Mount, have_fuse, run, wait_until
 from pyhelp import stoker as stoker_pkg
 from test_meta_shards import ShardCluster, leader_of
+from test_mount import changes_are_seen_at_once
 
 
 class XCluster(ShardCluster):
@@ -272,41 +272,7 @@ def test_lookup_cache_leases_on_another_shard(make_xc, tmp_path):
 
         wait_until(served_by_m1, 30, "m1 answering lookups in shard 2's folder itself")
         # every change through m2 is seen through m1 at once, no waiting
-        os.chmod(b("f"), 0o600)
-        assert stat.S_IMODE(os.stat(a("f")).st_mode) == 0o600
-        with open(b("f"), "ab") as f:
-            f.write(b"y" * 5)
-        assert os.stat(a("f")).st_size == 15
-        os.utime(b("f"), (1000000000, 1200000000))
-        assert os.stat(a("f")).st_mtime == 1200000000
-        assert errno_of(os.stat, a("g")) == errno.ENOENT  # a cached "no such name"
-        open(b("g"), "wb").close()
-        assert os.stat(a("g")).st_size == 0
-        os.rename(b("g"), b("h"))
-        assert errno_of(os.stat, a("g")) == errno.ENOENT and os.path.exists(a("h"))
-        os.link(b("h"), b("h2"))
-        assert os.stat(a("h")).st_nlink == 2
-        os.unlink(b("h"))
-        assert errno_of(os.stat, a("h")) == errno.ENOENT and os.stat(a("h2")).st_nlink == 1
-        os.mkdir(b("sub"))
-        assert os.path.isdir(a("sub"))
-        os.rmdir(b("sub"))
-        assert errno_of(os.stat, a("sub")) == errno.ENOENT
-        # a folder made through m1 on shard 2 is known whole there: names not in it
-        # are answered without meta, until m2 adds one, which m1 then sees at once
-        os.mkdir(a("new"))
-        open(a("new/mine"), "wb").close()
-        before = shard_lookups(sc, 2)
-        for i in range(50):
-            assert errno_of(os.stat, a("new/none%d" % i)) == errno.ENOENT
-        assert os.path.exists(a("new/mine"))
-        assert shard_lookups(sc, 2) - before < 10
-        open(b("new/theirs"), "wb").close()
-        assert os.path.exists(a("new/theirs")) and os.path.exists(a("new/mine"))
-        # m1's own changes show in both at once too
-        os.unlink(a("new/mine"))
-        assert errno_of(os.stat, a("new/mine")) == errno.ENOENT
-        assert errno_of(os.stat, b("new/mine")) == errno.ENOENT
+        changes_are_seen_at_once(a, b, lambda: shard_lookups(sc, 2))
         # shard 1 leases to each mount too, by its own holder ids
         assert shard_meta_figure(sc, 1, "stoker_meta_lease_holders") >= 2
     finally:

@@ -530,6 +530,46 @@ def lease_holders(cluster):
     return total(samples, "stoker_meta_lease_holders")
 
 
+def changes_are_seen_at_once(a, b, lookups):
+    """Two mounts with no kernel caching, a(name) and b(name) one folder through each,
+    holding a 10-byte file f: every change through b is seen through a at once; a
+    folder a made is known whole to a (names not in it answered without meta, by
+    lookups(): meta's lookup count) until b adds one, which a then sees at once."""
+    os.chmod(b("f"), 0o600)
+    assert stat.S_IMODE(os.stat(a("f")).st_mode) == 0o600
+    with open(b("f"), "ab") as f:
+        f.write(b"y" * 5)
+    assert os.stat(a("f")).st_size == 15
+    os.utime(b("f"), (1000000000, 1200000000))
+    assert os.stat(a("f")).st_mtime == 1200000000
+    assert errno_of(os.stat, a("g")) == errno.ENOENT  # a cached "no such name"
+    open(b("g"), "wb").close()
+    assert os.stat(a("g")).st_size == 0
+    os.rename(b("g"), b("h"))
+    assert errno_of(os.stat, a("g")) == errno.ENOENT and os.path.exists(a("h"))
+    os.link(b("h"), b("h2"))
+    assert os.stat(a("h")).st_nlink == 2
+    os.unlink(b("h"))
+    assert errno_of(os.stat, a("h")) == errno.ENOENT and os.stat(a("h2")).st_nlink == 1
+    os.mkdir(b("sub"))
+    assert os.path.isdir(a("sub"))
+    os.rmdir(b("sub"))
+    assert errno_of(os.stat, a("sub")) == errno.ENOENT
+    os.mkdir(a("new"))
+    open(a("new/mine"), "wb").close()
+    before = lookups()
+    for i in range(50):
+        assert errno_of(os.stat, a("new/none%d" % i)) == errno.ENOENT
+    assert os.path.exists(a("new/mine"))
+    assert lookups() - before < 10
+    open(b("new/theirs"), "wb").close()
+    assert os.path.exists(a("new/theirs")) and os.path.exists(a("new/mine"))
+    # a's own changes show in both at once too
+    os.unlink(a("new/mine"))
+    assert errno_of(os.stat, a("new/mine")) == errno.ENOENT
+    assert errno_of(os.stat, b("new/mine")) == errno.ENOENT
+
+
 def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
     # No kernel caching of names or attributes: every stat reaches the mount's own
     # lookup cache, which must never answer from before a change another mount made.
@@ -548,38 +588,7 @@ def test_lookup_cache_is_coherent_across_mounts(cluster, make_mount):
         assert os.stat(a("f")).st_size == 10
     assert lookups_at_meta(cluster) - before < 10
     # every change through m2 is seen through m1 at once, no waiting
-    os.chmod(b("f"), 0o600)
-    assert stat.S_IMODE(os.stat(a("f")).st_mode) == 0o600
-    with open(b("f"), "ab") as f:
-        f.write(b"y" * 5)
-    assert os.stat(a("f")).st_size == 15
-    assert errno_of(os.stat, a("g")) == errno.ENOENT  # a cached "no such name"
-    open(b("g"), "wb").close()
-    assert os.stat(a("g")).st_size == 0
-    os.rename(b("g"), b("h"))
-    assert errno_of(os.stat, a("g")) == errno.ENOENT and os.path.exists(a("h"))
-    os.link(b("h"), b("h2"))
-    assert os.stat(a("h")).st_nlink == 2
-    os.unlink(b("h"))
-    assert errno_of(os.stat, a("h")) == errno.ENOENT and os.stat(a("h2")).st_nlink == 1
-    os.mkdir(b("sub"))
-    assert os.path.isdir(a("sub"))
-    os.rmdir(b("sub"))
-    assert errno_of(os.stat, a("sub")) == errno.ENOENT
-    # a folder made through m1 is known whole there: names not in it are answered
-    # without meta, until m2 adds one, which m1 then sees at once
-    os.mkdir(a("new"))
-    open(a("new/mine"), "wb").close()
-    before = lookups_at_meta(cluster)
-    for i in range(50):
-        assert errno_of(os.stat, a("new/none%d" % i)) == errno.ENOENT
-    assert os.path.exists(a("new/mine"))
-    assert lookups_at_meta(cluster) - before < 10
-    open(b("new/theirs"), "wb").close()
-    assert os.path.exists(a("new/theirs")) and os.path.exists(a("new/mine"))
-    os.unlink(a("new/mine"))
-    assert errno_of(os.stat, a("new/mine")) == errno.ENOENT
-    assert errno_of(os.stat, b("new/mine")) == errno.ENOENT
+    changes_are_seen_at_once(a, b, lambda: lookups_at_meta(cluster))
     # and m1's own changes show in m1 at once too
     os.unlink(a("f"))
     assert errno_of(os.stat, a("f")) == errno.ENOENT
