@@ -103,6 +103,7 @@ struct sub_ent {
 struct storage {
 	struct stk_chunk_store **stores; /* one per target folder, in the order given */
 	unsigned nstores;
+	unsigned *tail_busy; /* per store: changes admitted as the chain's tail, not landed (tail_enter) */
 	struct stk_pool *fwd; /* connections to successors in chains */
 	struct stk_callwatch *watch; /* forwards to a node gone offline: aborted */
 	int fenced; /* atomic: the last fenced() seen, for its log lines */
@@ -156,6 +157,7 @@ struct storage {
 	 * lowers it for tests), and those held by changes on their way down
 	 * (unsettled_reserve; atomic) */
 	unsigned unsettled_max;
+	unsigned test_tail_delay_ms; /* STOKER_TEST_TAIL_DELAY_MS: see handle_write */
 	unsigned unsettled_held;
 	uint64_t refused_log_ns; /* atomic: when unsettled_reserve last logged a refusal */
 	int settle_metrics;	 /* settle_collect is a collector */
@@ -324,6 +326,75 @@ static int route(struct storage *s, uint32_t chain_id, int check_ver, uint32_t c
 	stk_agent_routing_refresh(s->agent);
 	rc = route_look(s, chain_id, check_ver, chain_ver, h);
 	return rc == -EAGAIN ? -ESTALE : rc;
+}
+
+/*
+ * Changes admitted at a chain's tail. A member that joins the chain (SYNCING,
+ * last) copies what its predecessor's chunk list and reads show (STOR_SYNC_LIST,
+ * STOR_SYNC_READ, served once the predecessor knows it is there) and takes, as
+ * changes, those the predecessor admits after that. A change the predecessor
+ * admitted before, as the tail, is sent on to no one; should it land after the
+ * list or read of its chunk (a new chunk is renamed into place at the end), the
+ * new member would hold neither, and the chain would serve it one copy short.
+ * So every change admitted as the tail is counted on its target until it has
+ * landed, and a sync list waits until none admitted before it is left:
+ *   - tail_enter counts it, then looks at our table again: a chain that moved
+ *     since the change was routed refuses it (-ESTALE; its sender sends it again
+ *     by the new table), so that every change counted was admitted under a table
+ *     older than the list's, or is seen by the list's wait;
+ *   - handle_sync_list waits (tail_drain) until the count is zero: the changes
+ *     admitted since go on to the new member as changes.
+ */
+static unsigned *tail_count(struct storage *s, struct stk_chunk_store *cs)
+{
+	for (unsigned i = 0; i < s->nstores; i++)
+		if (s->stores[i] == cs)
+			return &s->tail_busy[i];
+	return NULL;
+}
+
+/* A change routed by h (to chain_id) is about to be made here: 0 or -ESTALE. */
+static int tail_enter(struct storage *s, uint32_t chain_id, const struct hop *h)
+{
+	unsigned *n = h->tail ? tail_count(s, h->cs) : NULL;
+	struct hop now;
+
+	if (!n)
+		return 0;
+	__atomic_add_fetch(n, 1, __ATOMIC_SEQ_CST);
+	if (route_look(s, chain_id, 0, 0, &now) == 0 && now.cs == h->cs && now.tail &&
+	    now.chain_ver == h->chain_ver)
+		return 0;
+	__atomic_sub_fetch(n, 1, __ATOMIC_SEQ_CST);
+	return -ESTALE;
+}
+
+/* The change tail_enter admitted has landed here (or failed). */
+static void tail_leave(struct storage *s, const struct hop *h)
+{
+	unsigned *n = h->tail ? tail_count(s, h->cs) : NULL;
+
+	if (n)
+		__atomic_sub_fetch(n, 1, __ATOMIC_SEQ_CST);
+}
+
+#define TAIL_DRAIN_MS 5000u
+
+/*
+ * Waits until no change admitted as the tail of cs's chain is on its way in
+ * (on a worker; each is one disk write, so this is short): 0, or -EAGAIN after
+ * TAIL_DRAIN_MS (the syncing member asks again).
+ */
+static int tail_drain(struct storage *s, struct stk_chunk_store *cs)
+{
+	unsigned *n = tail_count(s, cs);
+
+	for (unsigned ms = 0; n && __atomic_load_n(n, __ATOMIC_SEQ_CST); ms++) {
+		if (ms == TAIL_DRAIN_MS)
+			return -EAGAIN;
+		usleep(1000);
+	}
+	return 0;
 }
 
 /* ---- forwarding down the chain ---- */
@@ -1347,6 +1418,8 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 	/* a change that goes on holds a slot to be kept pending in, should it not */
 	if (!h.tail && (rc = unsettled_reserve(s, 1)))
 		return rc;
+	if ((rc = tail_enter(s, rq.chain_id, &h)))
+		return rc;
 	if (s->loop_writes && !h.tail && stk_rpc_resp_loop(resp))
 		return write_on_loop(s, req, resp, &rq, &h, tls_crcs);
 	cs = h.cs;
@@ -1367,12 +1440,16 @@ static int handle_write(struct storage *s, struct stk_rpc_req *req, struct stk_r
 		unsettled_release(s, 1);
 		return -ESTALE; /* an earlier truncate or punch goes first: UNSETTLED_INODE */
 	}
+	/* tests only: a change admitted at the tail lands late (tail_enter's case) */
+	if (h.tail && s->test_tail_delay_ms)
+		usleep(s->test_tail_delay_ms * 1000u);
 	pending_begin(s, rq.ino, rq.chunk_idx);
 	t0 = stk_storage_metrics_begin(s->metrics, cs);
 	rc = stk_chunk_write_ver(cs, rq.ino, rq.chunk_idx, rq.chunk_size, rq.offset, req->bulk,
 				 rq.length, tls_crcs, rq.flags & STK_WRITE_SYNC, &v, &rp.chunk_len);
 	stk_storage_metrics_end(s->metrics, cs, STK_TARGET_WRITE, t0, rc, rq.length);
 	pending_end(s, rq.ino, rq.chunk_idx);
+	tail_leave(s, &h);
 	ino_unshare(ino_lock(s, cs, rq.ino));
 	unsettled_release(s, h.tail ? 0 : 1);
 	if (rc)
@@ -1661,13 +1738,17 @@ static int handle_truncate(struct storage *s, struct stk_rpc_req *req, struct st
 		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
+	if ((rc = tail_enter(s, rq.chain_id, &h)))
+		return rc;
 	ino_lock_alone(ino_lock(s, h.cs, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
 		ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 		unsettled_release(s, h.tail ? 0 : 1);
+		tail_leave(s, &h);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
 	rc = stk_chunk_truncate(h.cs, rq.ino, rq.size, rq.chunk_size);
+	tail_leave(s, &h);
 	if (rc == 0 && !h.tail) {
 		struct unsettled u = {.chain_id = rq.chain_id,
 				      .ino = rq.ino,
@@ -1719,6 +1800,8 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		held = rq.n; /* a slot per inode: see unsettled_reserve */
 	if (rc == 0 && held && (rc = unsettled_reserve(s, held)))
 		held = 0;
+	if (rc == 0)
+		rc = tail_enter(s, rq.chain_id, &h);
 	if (rc == 0) /* every inode's lock, always in one order */
 		for (unsigned i = 0; i < INO_LOCKS; i++)
 			ino_lock_alone(&ino_locks_of(s, h.cs)[i]);
@@ -1727,6 +1810,7 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 			for (unsigned k = INO_LOCKS; k-- > 0;)
 				ino_unlock_alone(&ino_locks_of(s, h.cs)[k]);
 			unsettled_release(s, held);
+			tail_leave(s, &h);
 			free(recs);
 			return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 		}
@@ -1736,6 +1820,8 @@ static int handle_truncates(struct storage *s, struct stk_rpc_req *req, struct s
 		if (r && !first)
 			first = r;
 	}
+	if (rc == 0)
+		tail_leave(s, &h);
 	if (rc == 0) {
 		struct unsettled *notes = h.tail || !rq.n ? NULL : calloc(rq.n, sizeof(*notes));
 		unsigned nnotes = notes ? rq.n : 0;
@@ -1785,13 +1871,17 @@ static int handle_punch(struct storage *s, struct stk_rpc_req *req, struct stk_r
 		rc = unsettled_reserve(s, 1); /* as a write: see unsettled_reserve */
 	if (rc)
 		return rc;
+	if ((rc = tail_enter(s, rq.chain_id, &h)))
+		return rc;
 	ino_lock_alone(ino_lock(s, h.cs, rq.ino));
 	if (inode_unsettled(s, h.cs, rq.ino)) {
 		ino_unlock_alone(ino_lock(s, h.cs, rq.ino));
 		unsettled_release(s, h.tail ? 0 : 1);
+		tail_leave(s, &h);
 		return -ESTALE; /* an earlier change goes first: see UNSETTLED_INODE */
 	}
 	rc = stk_chunk_punch(h.cs, rq.ino, rq.first, rq.end);
+	tail_leave(s, &h);
 	if (rc == 0 && !h.tail) {
 		struct unsettled u = {.chain_id = rq.chain_id,
 				      .ino = rq.ino,
@@ -1860,6 +1950,9 @@ static int handle_sync_list(struct storage *s, struct stk_rpc_req *req, struct s
 		return rc;
 	if (!h.readable)
 		return -ESTALE;
+	rc = tail_drain(s, h.cs); /* what we admitted as the tail lands first */
+	if (rc)
+		return rc;
 	max = STK_MIN(rq.max, STK_SYNC_LIST_MAX);
 	recs = malloc(max * sizeof(*recs));
 	if (!recs)
@@ -3948,9 +4041,10 @@ static int open_targets(struct storage *s, const struct stk_storage_opts *opts)
 	int rc;
 
 	s->stores = calloc(opts->ntargets, sizeof(*s->stores));
+	s->tail_busy = calloc(STK_MAX(opts->ntargets, 1), sizeof(*s->tail_busy));
 	s->ino_locks =
 	    calloc((size_t)STK_MAX(opts->ntargets, 1) * INO_LOCKS, sizeof(*s->ino_locks));
-	if (!s->stores || !s->ino_locks)
+	if (!s->stores || !s->tail_busy || !s->ino_locks)
 		return -ENOMEM;
 	for (size_t i = 0; i < (size_t)STK_MAX(opts->ntargets, 1) * INO_LOCKS; i++) {
 		pthread_mutex_init(&s->ino_locks[i].m, NULL);
@@ -4187,6 +4281,19 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		stk_warn("STOKER_TEST_UNSETTLED_MAX: at most %u unsettled changes",
 			 s->unsettled_max);
 	}
+	if (getenv("STOKER_TEST_TAIL_DELAY_MS")) {
+		/* tests only: writes admitted as a chain's tail land late (handle_write) */
+		uint64_t v;
+
+		if (stk_parse_u64(getenv("STOKER_TEST_TAIL_DELAY_MS"), &v) || v > 10000) {
+			stk_error("STOKER_TEST_TAIL_DELAY_MS must be 0 to 10000");
+			rc = -EINVAL;
+			goto out;
+		}
+		s->test_tail_delay_ms = (unsigned)v;
+		stk_warn("STOKER_TEST_TAIL_DELAY_MS: writes wait %u ms at a chain's tail",
+			 s->test_tail_delay_ms);
+	}
 	if (!s->repairq || !s->unsettled) {
 		rc = -ENOMEM;
 		goto out;
@@ -4280,6 +4387,7 @@ out:
 		for (unsigned i = 0; i < s->nstores; i++)
 			stk_chunk_store_close(s->stores[i]);
 		free(s->stores);
+		free(s->tail_busy);
 		free(s->ino_locks);
 		if (s->fwd)
 			stk_pool_destroy(s->fwd);

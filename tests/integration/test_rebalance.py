@@ -134,6 +134,46 @@ def test_a_node_added_later_takes_its_share(tmp_path):
         assert "stale chunks removed" in logs, logs[-3000:]
 
 
+def test_a_change_on_its_way_in_reaches_a_member_that_joins(tmp_path):
+    """Three nodes of one target, chains of two: one chain and a spare. Every write
+    waits a second at the chain's tail before it lands (STOKER_TEST_TAIL_DELAY_MS).
+    The tail's node is drained under a writer: the spare joins last and copies
+    from the tail, while a write the tail admitted as the tail is still on its
+    way in. The copy waits for it (tail_enter in src/storage/service.c), so that
+    once the tail has left, the spare holds every chunk the head holds."""
+    saved = os.environ.get("STOKER_TEST_TAIL_DELAY_MS")
+    os.environ["STOKER_TEST_TAIL_DELAY_MS"] = "1000"
+    try:
+        with net_cluster(tmp_path, mgmtd_args=["--replicas", "2", "--heartbeat-timeout-ms",
+                                               "3000"]) as net:
+            net.add_meta("meta1")
+            for i in range(3):
+                net.add_storage("st%d" % (i + 1), targets=1)
+            net.start_all()
+            net.wait_serving()
+            st = settled(net, lambda s: len(tables(s)[1]) == 1)
+            targets, chains = tables(st)
+            (cid, (_, members, _)), = chains.items()
+            head, tail = members
+            spare = [t for t in targets if t not in members][0]
+            w = writer(net, "/ack")
+            wait_for("the writer's first files", lambda: len(chunk_files(targets[head][1])) >= 2,
+                     timeout=60)
+            net.cli("admin", "drain-node", str(node_of(st)[tail]), "--cluster", net.url)
+            settled(net, lambda s: tail not in tables(s)[1][cid][1])
+            acked = stop_writer(w)
+            targets, chains = tables(net.status())
+            assert chains[cid][1] == [head, spare], chains
+            assert replicas_identical_soon(net, chains, targets) >= 2
+            for _, path, size, seed in acked:
+                net.check("verify", path, size, seed)
+    finally:
+        if saved is None:
+            os.environ.pop("STOKER_TEST_TAIL_DELAY_MS", None)
+        else:
+            os.environ["STOKER_TEST_TAIL_DELAY_MS"] = saved
+
+
 def test_drain_cancel_drain_and_remove_an_online_node(tmp_path):
     """Four nodes of one target, chains of three: one chain and a spare. A drain of a
     member's node starts a move to the spare; cancelled, the move is abandoned and
