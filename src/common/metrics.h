@@ -119,7 +119,8 @@
 	  "frontend", "Connections a gateway accepted.")                                           \
 	X(CLIENT_LOOKUP_CACHE, COUNTER, "stoker_client_lookup_cache_total", "frontend,result",      \
 	  "The lookup cache: lookups it answered (result hit) or sent to meta (miss), the "        \
-	  "folders and inodes meta revoked (revoked), and whole resets (reset).")                  \
+	  "folders and inodes meta revoked (revoked), and resets (reset: a watch broken or "       \
+	  "reset, after which what that metadata shard leased goes).")                             \
 	X(CLIENT_WRITE_BEHIND, COUNTER, "stoker_client_write_behind_total", "frontend,result",      \
 	  "Write-behind of names in delegated folders: creates and unlinks answered by the "      \
 	  "client (create, unlink), batches sent to meta (batch), and records meta refused "      \
