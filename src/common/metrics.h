@@ -158,6 +158,9 @@
 	  "Freed files whose chunks meta removed from every chain.")                               \
 	X(META_PURGED_BYTES, COUNTER, "stoker_meta_purged_bytes_total", "",                        \
 	  "The sizes of the files whose chunks meta removed.")                                     \
+	X(META_INODES, GAUGE, "stoker_meta_inodes", "",                                            \
+	  "Inodes in this meta node's store: its shard's files, folders and symbolic links "      \
+	  "(on a follower, its copy's).")                                                          \
 	/* ---- meta: quotas, per quota root (label: its path) ---- */                            \
 	X(QUOTA_LIMIT_BYTES, GAUGE, "stoker_quota_limit_bytes", "quota",                           \
 	  "The quota's limit on the bytes of its files (their sizes); 0: none.")                 \
