@@ -451,8 +451,9 @@ int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, 
 	e = &l->e[l->by_ino[ino_slot(ino)]];
 	/* The hint may name a slot given to another entry since: it must be ino's. */
 	if (e->used && e->found && e->attr.ino == ino &&
-	    now < l->trust_until_ns[shard_of(e->parent)] && now < l->trust_until_ns[shard_of(ino)] &&
-	    !pending(l, gen_of(ino)) && ent_valid(l, e, now)) {
+	    now < l->trust_until_ns[shard_of(e->parent)] &&
+	    now < l->trust_until_ns[shard_of(ino)] && !pending(l, gen_of(ino)) &&
+	    ent_valid(l, e, now)) {
 		uint64_t trust = STK_MIN(l->trust_until_ns[shard_of(e->parent)],
 					 l->trust_until_ns[shard_of(ino)]);
 
