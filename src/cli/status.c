@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "stoker/stoker.h"
 
@@ -14,6 +15,10 @@
 
 /* A zero namespace identity as the refused line writes it (the snapshot gives ""). */
 #define ZERO_NS "00000000000000000000000000000000"
+/* Each shard's load (collect_load): the pause between two reads, and each read's limit. */
+#define LOAD_WINDOW_MS 1000u
+#define LOAD_SCRAPE_MS 500u
+#define LOAD_SHARDS_MAX 16u /* the most shards a cluster has (docs/meta-shards.md) */
 
 const char *cli_role_name(int r)
 {
@@ -111,14 +116,109 @@ static void print_replicas(const stk_cluster_status *st, const struct stk_cluste
 		       sh->id, sh->nfollowers + 1, sh->replicas);
 }
 
+/* A shard leader's figures, from its /metrics (collect_load). */
+struct shard_load {
+	double requests; /* stoker_rpc_requests_total, every opcode */
+	double inodes;	 /* stoker_meta_inodes; < 0: not reported (an older meta) */
+	int ok;
+};
+
+static void load_sample(void *ctx, const char *name, const char *labels, double v)
+{
+	struct shard_load *ld = ctx;
+
+	(void)labels;
+	if (strcmp(name, "stoker_rpc_requests_total") == 0)
+		ld->requests += v;
+	else if (strcmp(name, "stoker_meta_inodes") == 0)
+		ld->inodes = v;
+}
+
+/* Reads the /metrics of meta node n (online) into *ld; ld->ok 0 if it did not answer. */
+static void scrape_load(const struct stk_cluster_node *n, struct shard_load *ld)
+{
+	char maddr[STK_CLUSTER_ADDR_MAX + 8];
+	char *body = NULL;
+
+	memset(ld, 0, sizeof(*ld));
+	ld->inodes = -1;
+	if (!n || n->state != STK_CLUSTER_NODE_ONLINE ||
+	    cli_metrics_addr(n->addr, maddr, sizeof(maddr)) ||
+	    stk_scrape_get(maddr, "/metrics", LOAD_SCRAPE_MS, CLI_HTTP_MAX, &body))
+		return;
+	stk_scrape_parse(body, load_sample, ld);
+	free(body);
+	ld->ok = 1;
+}
+
+/*
+ * With several shards, each shard's load as its leader serves it: requests a
+ * second, every request counted (mounts' watches and other shards' calls too),
+ * over LOAD_WINDOW_MS between two reads of every leader's /metrics (the `stoker up`
+ * convention, cli_metrics_addr), and the inodes its store holds. One read of each
+ * leader, a pause, one more: the whole costs LOAD_WINDOW_MS once, not per shard.
+ * load[i] for the i-th shard of the snapshot; *secs the time between the reads.
+ */
+static void collect_load(const stk_cluster_status *st, struct shard_load *load, uint32_t max,
+			 double *secs)
+{
+	struct shard_load first[LOAD_SHARDS_MAX];
+	const struct stk_cluster_shard *sh;
+	uint64_t t0, t1;
+	uint32_t n = 0;
+
+	t0 = stk_now_ns();
+	for (; n < max && (sh = stk_cluster_status_shard(st, n)); n++)
+		scrape_load(node_by_id(st, sh->node_id), &first[n]);
+	usleep(LOAD_WINDOW_MS * 1000u);
+	t1 = stk_now_ns();
+	for (uint32_t i = 0; i < n; i++) {
+		sh = stk_cluster_status_shard(st, i);
+		scrape_load(node_by_id(st, sh->node_id), &load[i]);
+		/* a counter that went back: the leader changed or restarted in between */
+		if (!first[i].ok || load[i].requests < first[i].requests)
+			load[i].ok = 0;
+		else
+			load[i].requests -= first[i].requests;
+	}
+	*secs = (double)(t1 - t0) / 1e9;
+}
+
+/* The load line under shard i's row (collect_load). */
+static void print_load(const struct stk_cluster_shard *sh, const struct shard_load *ld,
+		       double secs)
+{
+	char inodes[32] = "inodes not reported";
+
+	if (!sh->node_id) {
+		printf("    load: not known (no meta node serves it)\n");
+		return;
+	}
+	if (!ld->ok) {
+		printf("    load: not known (meta node %u's /metrics did not answer)\n",
+		       sh->node_id);
+		return;
+	}
+	if (ld->inodes >= 0)
+		snprintf(inodes, sizeof(inodes), "%.0f inode%s", ld->inodes,
+			 ld->inodes == 1 ? "" : "s");
+	printf("    load: %.1f requests/s, %s\n", secs > 0 ? ld->requests / secs : 0.0, inodes);
+}
+
 /*
  * Each shard, its meta node and its namespace, and plainly when no one serves it:
- * a shard waits for the one store that holds it (docs/architecture.md).
+ * a shard waits for the one store that holds it (docs/architecture.md). With
+ * several shards, each one's load too.
  */
 static void print_shards(const stk_cluster_status *st)
 {
+	struct shard_load load[LOAD_SHARDS_MAX];
 	const struct stk_cluster_shard *sh;
+	int several = stk_cluster_status_shard(st, 1) != NULL;
+	double secs = 0;
 
+	if (several)
+		collect_load(st, load, LOAD_SHARDS_MAX, &secs);
 	/* The header stays as it was: scripts and tests look for it. */
 	printf("\nMetadata shards\n  %-6s %s\n", "SHARD", "META NODE");
 	for (uint32_t i = 0; (sh = stk_cluster_status_shard(st, i)); i++) {
@@ -129,6 +229,8 @@ static void print_shards(const stk_cluster_status *st)
 		else
 			printf("  %-6u %-10s", sh->id, "none");
 		printf(" namespace %s\n", sh->ns[0] ? sh->ns : "(not known yet)");
+		if (several && i < LOAD_SHARDS_MAX)
+			print_load(sh, &load[i], secs);
 		if (sh->replicas > 1)
 			print_replicas(st, sh);
 		if (!n)

@@ -56,7 +56,7 @@
 
 struct lc_ent {
 	uint64_t parent;
-	uint64_t epoch;
+	uint64_t epoch; /* the cache's epoch when kept: see live() */
 	uint64_t expires_ns;
 	uint32_t pgen, cgen, agen;
 	uint8_t used, found;
@@ -87,14 +87,24 @@ struct lc_dir {
 
 struct stk_lcache {
 	pthread_mutex_t mu;
-	uint64_t epoch; /* bumped when everything goes (reset, broken watch) */
+	/*
+	 * Counts drops (a shard's watch broken or reset, or everything going): an entry,
+	 * folder record and token carry its value when made. dropped[s] is its value at
+	 * shard s's last drop, so what was kept at epoch E about shard s still holds
+	 * while E >= dropped[s] (live()), and shard s was not dropped since a token
+	 * while dropped[s] <= tok.epoch.
+	 */
+	uint64_t epoch;
+	uint64_t dropped[STK_MAX_SHARDS + 1];
 	uint64_t rev;	/* counts revocations and forgets; log[rev % LC_LOG] says what each hit */
 	uint32_t log[LC_LOG];
 	/*
 	 * Per shard (index 1..STK_MAX_SHARDS), each shard's watch: until when its
 	 * answers are trusted, and the holder id its meta knows this client by (0: no
-	 * watch answered). A holder changes only with the epoch (drop_shard), so a
-	 * token's epoch still current means every shard's holder is as it was then.
+	 * watch answered). A holder changes only with a drop of its shard
+	 * (drop_shard), so a shard not dropped since a token has the holder it had
+	 * then, or, re-registered with the same id after a drop, the one requests
+	 * were sent with since.
 	 */
 	uint64_t trust_until_ns[STK_MAX_SHARDS + 1];
 	uint32_t holder[STK_MAX_SHARDS + 1];
@@ -188,18 +198,30 @@ static unsigned shard_of(uint64_t parent)
 	return s >= 1 && s <= STK_MAX_SHARDS ? s : 1;
 }
 
+/* With the mutex: what was kept at epoch e about shard s's names or inodes holds. */
+static int live(const struct stk_lcache *l, uint64_t e, unsigned s)
+{
+	return e >= l->dropped[s];
+}
+
 /*
- * With the mutex: everything cached goes (the entries are not told apart by shard);
- * shard's trust ends until its next answered watch (0: every shard's). The other
- * shards' holders stay: what they lease from now on may be kept.
+ * With the mutex: what shard's leases vouch for goes (0: every shard's), and its
+ * trust ends until its next answered watch; the other shards' entries, folder
+ * records, holders and lookups in flight stay. What rests on shard s: the names of
+ * folders of s (a lookup's answer, found or not; a complete folder's record) and
+ * the attributes of inodes of s (a found entry, whatever its folder's shard).
+ * Lookups in flight whose folder or inode is on s lose their answers (the token's
+ * epoch is below dropped[s] from now). Shard 1 has nothing more on it than its own
+ * folders and inodes: a token carries shard 1's holder only to say that a lease is
+ * asked for (stk_lcache_begin), and the request to another shard goes with that
+ * shard's holder, so its answer is leased, and recalled, by that shard alone.
  */
 static void drop_shard(struct stk_lcache *l, unsigned shard)
 {
 	l->epoch++;
-	l->rev++;
-	l->log[l->rev % LC_LOG] = LOG_ALL;
 	for (unsigned s = 1; s <= STK_MAX_SHARDS; s++)
 		if (!shard || s == shard) {
+			l->dropped[s] = l->epoch;
 			l->trust_until_ns[s] = 0;
 			l->holder[s] = 0;
 		}
@@ -230,9 +252,10 @@ static int may_search(const struct stk_cred *cr, uint32_t mode, uint32_t uid, ui
 /* With the mutex: e may be answered from now. */
 static int ent_valid(const struct stk_lcache *l, const struct lc_ent *e, uint64_t now)
 {
-	return e->used && e->epoch == l->epoch && now < e->expires_ns &&
+	return e->used && live(l, e->epoch, shard_of(e->parent)) && now < e->expires_ns &&
 	       e->pgen == l->gen[gen_of(e->parent)] &&
-	       (!e->found || (e->cgen == l->gen[gen_of(e->attr.ino)] &&
+	       (!e->found || (live(l, e->epoch, shard_of(e->attr.ino)) &&
+			      e->cgen == l->gen[gen_of(e->attr.ino)] &&
 			      e->agen == l->agen[agen_of(e->attr.ino)]));
 }
 
@@ -252,7 +275,7 @@ static struct lc_dir *dir_record(struct stk_lcache *l, uint64_t ino, uint64_t no
 {
 	struct lc_dir *d = &l->d[dir_slot(ino)];
 
-	return d->ino == ino && d->epoch == l->epoch && now < d->expires_ns &&
+	return d->ino == ino && live(l, d->epoch, shard_of(ino)) && now < d->expires_ns &&
 		       d->gen == l->gen[gen_of(ino)]
 		   ? d
 		   : NULL;
@@ -382,7 +405,10 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	e = ent_find(l, parent, name);
 	if (e && e->found && pending(l, gen_of(e->attr.ino)))
 		goto out;
-	if (e && ent_valid(l, e, now)) {
+	/* Its attributes are leased by the inode's shard (the folder's, but for a folder
+	 * placed on another shard, whose lookup is never leased). */
+	if (e && ent_valid(l, e, now) &&
+	    (!e->found || now < l->trust_until_ns[shard_of(e->attr.ino)])) {
 		hit = 1;
 		if (!may_search(cr, e->dmode, e->duid, e->dgid))
 			*rc = -EACCES;
@@ -425,9 +451,11 @@ int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, 
 	e = &l->e[l->by_ino[ino_slot(ino)]];
 	/* The hint may name a slot given to another entry since: it must be ino's. */
 	if (e->used && e->found && e->attr.ino == ino &&
-	    now < l->trust_until_ns[shard_of(e->parent)] && !pending(l, gen_of(ino)) &&
+	    now < l->trust_until_ns[shard_of(e->parent)] &&
+	    now < l->trust_until_ns[shard_of(ino)] && !pending(l, gen_of(ino)) &&
 	    ent_valid(l, e, now)) {
-		uint64_t trust = l->trust_until_ns[shard_of(e->parent)];
+		uint64_t trust = STK_MIN(l->trust_until_ns[shard_of(e->parent)],
+					 l->trust_until_ns[shard_of(ino)]);
 
 		*out = e->attr;
 		if (until_ns)
@@ -493,7 +521,8 @@ static void bump_attrs(struct stk_lcache *l, uint64_t ino)
 
 /*
  * With the mutex: did a forget or revocation since tok touch the folder's names,
- * this name, or the inode (ino 0: not known)? Too long ago to tell counts as yes.
+ * this name, or the inode (ino 0: not known), or a drop their shards (parent 0:
+ * none)? Too long ago to tell counts as yes.
  */
 static int touched(const struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t parent,
 		   const char *name, uint64_t ino)
@@ -501,12 +530,13 @@ static int touched(const struct stk_lcache *l, struct stk_lcache_tok tok, uint64
 	uint32_t p = gen_of(parent), n = LOG_NAME | set_of(parent, name);
 	uint32_t i = ino ? gen_of(ino) : LOG_ALL, a = ino ? LOG_ATTR | agen_of(ino) : LOG_ALL;
 
-	if (tok.epoch != l->epoch || l->rev - tok.rev >= LC_LOG)
+	if ((parent && !live(l, tok.epoch, shard_of(parent))) ||
+	    (ino && !live(l, tok.epoch, shard_of(ino))) || l->rev - tok.rev >= LC_LOG)
 		return 1;
 	for (uint64_t r = tok.rev + 1; r <= l->rev; r++) {
 		uint32_t v = l->log[r % LC_LOG];
 
-		if (v == p || v == n || v == i || v == a || v == LOG_ALL)
+		if (v == p || v == n || v == i || v == a)
 			return 1;
 	}
 	return 0;
@@ -589,13 +619,16 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 		      const struct stk_attr *dir, int ok)
 {
 	uint64_t now = stk_now_ns();
+	unsigned ps = shard_of(parent);
 	struct lc_dir *d;
 	struct lc_ent *e;
 
-	/* Another shard's requests went with its own holder (stk_lcache_holder), which
-	 * is unchanged since tok as long as the epoch is. */
-	if (!ok || !tok.holder || !cacheable(name) || tok.epoch != l->epoch ||
-	    tok.holder != l->holder[1] || !l->holder[shard_of(parent)] ||
+	/* The request went with its folder's shard's holder (stk_lcache_holder: shard
+	 * 1's is the token's), which is the one now as long as that shard was not
+	 * dropped since tok. Other shards' drops do not matter. */
+	if (!ok || !tok.holder || !cacheable(name) || !live(l, tok.epoch, ps) ||
+	    (found && !live(l, tok.epoch, shard_of(attr->ino))) || !l->holder[ps] ||
+	    (ps == 1 && tok.holder != l->holder[1]) ||
 	    pending(l, LOG_NAME | set_of(parent, name)) ||
 	    (found && pending(l, gen_of(attr->ino))))
 		return 0;
@@ -645,6 +678,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 			 int delegated)
 {
 	struct stk_lcache *l = c->lc;
+	unsigned ds = shard_of(dir->ino);
 	struct lc_dir *d;
 
 	if (!l)
@@ -652,7 +686,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 	pthread_mutex_lock(&l->mu);
 	/* Its names are leased by its own shard; delegations are shard 1's alone (the
 	 * write-behind queue and the allowances know one holder). */
-	if (!l->off && tok.holder && tok.holder == l->holder[1] && l->holder[shard_of(dir->ino)] &&
+	if (!l->off && tok.holder && l->holder[ds] && (ds != 1 || tok.holder == l->holder[1]) &&
 	    !touched(l, tok, dir->ino, "", dir->ino)) {
 		d = &l->d[dir_slot(dir->ino)];
 		d->ino = dir->ino;
@@ -803,7 +837,8 @@ void stk_lcache_updated(stk_client *c, struct stk_lcache_tok tok, uint64_t ino,
 	bump(l, ino);
 	pend_done(l, &tok);
 	e = &l->e[l->by_ino[ino_slot(ino)]];
-	if (ok && e->used && e->found && e->attr.ino == ino && e->epoch == l->epoch &&
+	if (ok && e->used && e->found && e->attr.ino == ino &&
+	    live(l, e->epoch, shard_of(e->parent)) && live(l, e->epoch, shard_of(ino)) &&
 	    e->cgen == was && e->pgen == l->gen[gen_of(e->parent)]) {
 		e->attr = *attr;
 		e->cgen = l->gen[gen_of(ino)];

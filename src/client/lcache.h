@@ -10,7 +10,9 @@
  * with a lease on what it touched has acknowledged that, so a cached answer is
  * never older than the last change anyone was answered. The cache is trusted
  * only while the watch is answered within STK_LEASE_VALID_MS of being sent;
- * a broken watch, or a reset from meta, empties it.
+ * a broken watch of a shard, or a reset from its meta, empties what that shard
+ * leased (the names in its folders, the attributes of its inodes); what the other
+ * shards leased stays.
  *
  * Changes this client makes itself are sent with its holder id as the frame's
  * origin; meta then leaves this client out of the revocations and the client
@@ -169,8 +171,9 @@ void stk_lcache_on_revoked_ino(stk_client *c, stk_lcache_ino_fn fn, void *ctx);
 uint32_t stk_lcache_origin(stk_client *c);
 /*
  * The holder id shard's meta knows this client by (its watch's), or 0: none yet,
- * the watch broken, or the cache off. Changes only with the cache's epoch, so an
- * answer leased to it is kept only if it is still the one (stk_lcache_put).
+ * the watch broken, or the cache off. Changes only when that shard's leases are
+ * dropped, so an answer leased to it is kept only if it is still the one
+ * (stk_lcache_put).
  */
 uint32_t stk_lcache_holder(stk_client *c, unsigned shard);
 /*

@@ -119,7 +119,8 @@
 	  "frontend", "Connections a gateway accepted.")                                           \
 	X(CLIENT_LOOKUP_CACHE, COUNTER, "stoker_client_lookup_cache_total", "frontend,result",      \
 	  "The lookup cache: lookups it answered (result hit) or sent to meta (miss), the "        \
-	  "folders and inodes meta revoked (revoked), and whole resets (reset).")                  \
+	  "folders and inodes meta revoked (revoked), and resets (reset: a watch broken or "       \
+	  "reset, after which what that metadata shard leased goes).")                             \
 	X(CLIENT_WRITE_BEHIND, COUNTER, "stoker_client_write_behind_total", "frontend,result",      \
 	  "Write-behind of names in delegated folders: creates and unlinks answered by the "      \
 	  "client (create, unlink), batches sent to meta (batch), and records meta refused "      \
@@ -157,6 +158,9 @@
 	  "Freed files whose chunks meta removed from every chain.")                               \
 	X(META_PURGED_BYTES, COUNTER, "stoker_meta_purged_bytes_total", "",                        \
 	  "The sizes of the files whose chunks meta removed.")                                     \
+	X(META_INODES, GAUGE, "stoker_meta_inodes", "",                                            \
+	  "Inodes in this meta node's store: its shard's files, folders and symbolic links "      \
+	  "(on a follower, its copy's).")                                                          \
 	/* ---- meta: quotas, per quota root (label: its path) ---- */                            \
 	X(QUOTA_LIMIT_BYTES, GAUGE, "stoker_quota_limit_bytes", "quota",                           \
 	  "The quota's limit on the bytes of its files (their sizes); 0: none.")                 \

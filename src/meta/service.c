@@ -69,7 +69,7 @@ struct meta {
 	uint32_t node_id;		/* as mgmtd knows this node */
 	int sessions_started;		/* atomic: the reaper runs (this node served) */
 	struct stk_meta_purger *purger; /* removes freed files' chunks (purge.c) */
-	stk_metric_t purge_series[3]; /* collect_purge's */
+	stk_metric_t purge_series[4]; /* collect_purge's */
 	stk_metric_t lease_series[6]; /* the lease table's counts (collect_leases) */
 	struct quota_series *quota_series; /* collect_quotas' (one scrape at a time) */
 	size_t nquota_series;
@@ -349,12 +349,15 @@ static void collect_leases(void *ctx)
 	stk_metric_set_int(m->lease_series[5], (int64_t)st.recalls);
 }
 
-/* At each scrape: the purge table's length and what the purger removed. */
+/*
+ * At each scrape: the purge table's length and what the purger removed, and the
+ * store's inodes (`stoker status` shows them as each shard's load).
+ */
 static void collect_purge(void *ctx)
 {
 	struct meta *m = ctx;
 	struct stk_meta_purge_stats ps = {0};
-	uint64_t queued = 0;
+	uint64_t queued = 0, inodes = 0;
 
 	if (stk_meta_store_purge_count(m->store, &queued))
 		queued = 0;
@@ -363,12 +366,14 @@ static void collect_purge(void *ctx)
 	stk_metric_set_int(m->purge_series[0], (int64_t)queued);
 	stk_metric_set_int(m->purge_series[1], (int64_t)ps.inodes);
 	stk_metric_set_int(m->purge_series[2], (int64_t)ps.bytes);
+	if (stk_meta_store_statfs(m->store, &inodes) == 0)
+		stk_metric_set_int(m->purge_series[3], (int64_t)inodes);
 }
 
 static int purge_metrics(struct meta *m)
 {
 	static const enum stk_metric_family f[] = {STK_M_META_PURGE_QUEUE, STK_M_META_PURGED_FILES,
-						   STK_M_META_PURGED_BYTES};
+						   STK_M_META_PURGED_BYTES, STK_M_META_INODES};
 	int rc = 0;
 
 	_Static_assert(STK_ARRAY_SIZE(f) == STK_ARRAY_SIZE(((struct meta *)0)->purge_series),

@@ -24,6 +24,7 @@ cluster with STOKER_TEST_META_SHARDS=2 (conftest.py).
 import os
 import re
 import signal
+import threading
 import time
 import urllib.request
 
@@ -270,5 +271,68 @@ def test_one_shard_keeps_todays_numbers(make_sc):
         assert c.stat("/d/f").st_ino >> 48 == 0
         assert c.stat("/d").st_ino >> 48 == 0
         assert c.read_file("/d/f") == b"abc"
+    finally:
+        c.close()
+
+
+def shard_loads(sc):
+    """{shard: (requests a second, inodes)} from the load lines of `stoker status`."""
+    out, cur, section = {}, None, False
+    for line in sc.cli("status").stdout.decode().splitlines():
+        if line.startswith("Metadata shards"):
+            section = True
+        elif section and re.match(r"^  (\d+)\s", line):
+            cur = int(line.split()[0])
+        elif section and cur is not None and line.startswith("    load:"):
+            m = re.match(r"^    load: ([\d.]+) requests/s, (\d+) inodes?$", line)
+            assert m, line
+            out[cur] = (float(m.group(1)), int(m.group(2)))
+        elif section and line and not line.startswith(" "):
+            section = False
+    return out
+
+
+def test_status_shows_each_shards_load(make_sc):
+    """Under "Metadata shards", `stoker status` gives each shard's load, read from its
+    leader's /metrics: requests a second and the inodes its store holds. Files
+    written into a folder of shard 2 move shard 2's figures and leave shard 1's
+    inodes where they were (shard 1 still answers the lookups of the folder's name
+    in the root)."""
+    sc = make_sc(shards=2)
+    sc.wait("two shards", lambda: (lambda s: s if len(s) == 2 else None)(sc.shard_map()))
+    idle = sc.wait("both shards' load", lambda: (
+        lambda s: s if set(s) == {1, 2} else None)(shard_loads(sc)))
+    sc.cli("shard", "pin", "/", "2")
+    c = stoker_pkg.connect(sc.url)
+    written, stop, failed = [0], threading.Event(), []
+
+    def writer():
+        try:
+            while not stop.is_set():
+                c.write_file("/w/f%d" % written[0], b"x")
+                written[0] += 1
+        except Exception as e:  # reported by the test below
+            failed.append(e)
+
+    try:
+        c.makedirs("/w")
+        assert c.stat("/w").st_ino >> 48 == 1  # on shard 2
+        t = threading.Thread(target=writer)
+        t.start()
+        try:
+            sc.wait("files written", lambda: written[0] >= 50)
+            busy = shard_loads(sc)
+        finally:
+            stop.set()
+            t.join(60)
+        assert not failed, failed
+        # shard 2 is busy and growing; shard 1 gained no inode
+        assert busy[2][0] > busy[1][0] and busy[2][0] >= 5, (idle, busy)
+        assert busy[2][1] >= idle[2][1] + 50 and busy[1][1] == idle[1][1], (idle, busy)
+        # once the writer stopped: every file counted, on shard 2 alone
+        after = shard_loads(sc)
+        assert after[2][1] == idle[2][1] + 1 + written[0], (idle, after, written)
+        assert after[1][1] == idle[1][1], (idle, after)
+        assert after[2][0] < busy[2][0], (busy, after)
     finally:
         c.close()

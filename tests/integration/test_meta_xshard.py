@@ -21,13 +21,14 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import CHECK, STOKER, Mount, have_fuse, run, wait_until
+from conftest import CHECK, STOKER, Mount, errno_of, free_port, have_fuse, run, wait_until
 from pyhelp import stoker as stoker_pkg
 from test_meta_shards import ShardCluster, leader_of
 from test_mount import changes_are_seen_at_once
@@ -278,6 +279,116 @@ def test_lookup_cache_leases_on_another_shard(make_xc, tmp_path):
     finally:
         m1.stop()
         m2.stop()
+
+
+def shard_reads(sc, shard):
+    """Lookups and attribute reads the meta of `shard` served."""
+    return shard_lookups(sc, shard) + sum(
+        shard_meta_figure(sc, shard, "stoker_rpc_requests_total", op=op)
+        for op in ("META_GETATTR", "META_GETATTRS", "META_LOOKUPS"))
+
+
+def mount_cache_figure(addr, result):
+    from test_metrics import http, parse, total
+    samples, _ = parse(http(addr)[2])
+    return total(samples, "stoker_client_lookup_cache_total", result=result)
+
+
+@pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
+def test_a_broken_watch_of_one_shard_keeps_the_other_shards_cache(make_xc, tmp_path):
+    """A mount caches names of a folder on each shard. Shard 2's meta is killed, so
+    the mount's watch of shard 2 breaks (and the restarted meta knows none of its
+    leases): shard 1's names are still answered by the mount (shard 1's meta counts
+    no lookups or attribute reads), while shard 2's are asked of meta again and
+    show every change another mount made while the watch was broken."""
+    sc = make_xc()
+    nocache = ["entry_timeout=0", "attr_timeout=0"]
+    maddr = "127.0.0.1:%d" % free_port()
+    m1 = Mount(sc, tmp_path / "m1", opts=nocache + ["metrics=" + maddr])
+    m2 = Mount(sc, tmp_path / "m2", opts=nocache)
+    m1.start()
+    m2.start()
+    try:
+        os.mkdir(os.path.join(m1.path, "d1"))
+        sc.cli("shard", "pin", "/", "2")
+        os.mkdir(os.path.join(m1.path, "d2"))
+        a1 = lambda n: os.path.join(m1.path, "d1", n)
+        a2 = lambda n: os.path.join(m1.path, "d2", n)
+        b2 = lambda n: os.path.join(m2.path, "d2", n)
+        assert shard_of(os.stat(a1(".")).st_ino) == 1
+        assert shard_of(os.stat(a2(".")).st_ino) == 2
+        for f in (a1("f"), b2("f")):
+            with open(f, "wb") as fh:
+                fh.write(b"x" * 10)
+        wait_until(lambda: shard_meta_figure(sc, 2, "stoker_meta_lease_holders") >= 2, 30,
+                   "both mounts' watches of shard 2")
+
+        def cached_2():
+            # d2's own name is an entry of shard 1 naming a folder of shard 2, never
+            # leased: only shard 2's lookups tell
+            before = shard_lookups(sc, 2)
+            for _ in range(30):
+                assert os.stat(a2("f")).st_size == 10
+                assert errno_of(os.stat, a2("g")) == errno.ENOENT
+            return shard_lookups(sc, 2) - before < 10
+
+        def cached_1():
+            before = shard_reads(sc, 1)
+            for _ in range(30):
+                assert os.stat(a1("f")).st_size == 10
+                assert errno_of(os.stat, a1("g")) == errno.ENOENT
+            return shard_reads(sc, 1) - before < 5
+
+        wait_until(cached_2, 30, "m1 answering stats in shard 2's folder itself")
+        # a name m2 adds to d1 recalls m1's leases on d1 (and so on its name in the
+        # root): m1 looks them up again now, so that what it keeps of shard 1 is far
+        # from its 29 s expiry when counted below, however long the waits above took
+        open(os.path.join(m2.path, "d1", "k"), "wb").close()
+        assert os.stat(a1("k")).st_size == 0
+        wait_until(cached_1, 30, "m1 answering stats in shard 1's folder itself")
+
+        # shard 2's meta dies: m1's watch of it breaks at once (its connection ends)
+        addr2 = sc.meta_addr(2)
+        pid2 = sc.meta_pid(addr2)
+        assert pid2
+        resets = mount_cache_figure(maddr, "reset")
+        os.kill(pid2, signal.SIGKILL)
+        wait_until(lambda: mount_cache_figure(maddr, "reset") > resets, 30,
+                   "m1 dropping what shard 2 leased")
+        # shard 1's names are answered by m1 still, not one read at shard 1's meta
+        before = shard_reads(sc, 1)
+        for _ in range(50):
+            assert os.stat(a1("f")).st_size == 10
+            assert errno_of(os.stat, a1("g")) == errno.ENOENT
+        assert shard_reads(sc, 1) - before == 0
+
+        # the restarted shard 2 knows none of m1's leases, and recalls nothing from it:
+        # changes another mount makes now must still be seen through m1
+        sc.wait("shard 2's meta back", lambda: sc.meta_pid(addr2) not in (None, pid2) and
+                shard_lookups(sc, 2) >= 0)
+        os.chmod(b2("f"), 0o600)
+        with open(b2("f"), "ab") as fh:
+            fh.write(b"y" * 5)
+        open(b2("g"), "wb").close()
+        before = shard_lookups(sc, 2)
+        st = os.stat(a2("f"))
+        assert (st.st_size, stat.S_IMODE(st.st_mode)) == (15, 0o600)
+        assert os.stat(a2("g")).st_size == 0
+        assert shard_lookups(sc, 2) - before >= 2  # asked again, not answered from before
+        # shard 1's cache went on unharmed, and shard 2's is kept again
+        assert os.stat(a1("f")).st_size == 10
+        wait_until(lambda: cached_again(sc, a2), 30,
+                   "m1 answering stats in shard 2's folder itself again")
+    finally:
+        m1.stop()
+        m2.stop()
+
+
+def cached_again(sc, a2):
+    before = shard_lookups(sc, 2)
+    for _ in range(30):
+        assert os.stat(a2("f")).st_size == 15
+    return shard_lookups(sc, 2) - before < 10
 
 
 def stopped(sc, op, step):
