@@ -3786,6 +3786,8 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 		       struct stk_rpc_pending *p)
 {
 	struct storage_loop *sl = state;
+	enum vouch_result v = VOUCH_NONE;
+	int counted = 0, rc;
 	uint64_t ino;
 	unsigned cls;
 
@@ -3799,8 +3801,6 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 		stk_qos_seen(cls);
 	/* a subtree client's read of an inode not known to be its own: a worker asks meta */
 	if (req->client && strcmp(req->client->subtree, "/") != 0) {
-		enum vouch_result v;
-
 		if (req_ino(req, &ino))
 			return STK_RPC_TO_WORKER;
 		/* a voucher, or meta's yes of late; else a worker asks meta (or refuses) */
@@ -3808,9 +3808,13 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 		if (v != VOUCH_ACCEPTED &&
 		    (v == VOUCH_REFUSED || !subtree_known(sl->s, req->client, ino)))
 			return STK_RPC_TO_WORKER;
-		stk_metric_add(sl->s->vouch_m[v], 1);
+		counted = 1;
 	}
-	return loop_read(state, req, resp, p);
+	rc = loop_read(state, req, resp, p);
+	/* one handed on to a worker is counted there (client_gate) */
+	if (counted && rc != STK_RPC_TO_WORKER)
+		stk_metric_add(sl->s->vouch_m[v], 1);
+	return rc;
 }
 
 static struct stk_lclient *loop_client(struct storage_loop *sl)
