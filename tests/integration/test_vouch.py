@@ -285,3 +285,42 @@ def test_a_second_name_renamed_ends_its_voucher(cluster, tmp_path, make_mount):
     wait_until(lambda: chunk(cluster, key, a_txt, v) == "EACCES", 10,
                "the voucher of a file now counted outside to be refused")
     assert time.monotonic() - t0 < 5.5
+
+
+def listread(cluster, key, ino):
+    """stk_check's listing by inode (readdir, then META_GETATTRS) and a byte of
+    each file opened from those attributes, as the holder of key; the files read."""
+    env = dict(os.environ, STOKER_CLUSTER=cluster.url, STOKER_KEY_FILE=key)
+    out = run([CHECK, "ino", cluster.url, "listread", str(ino)], env=env).stdout.decode()
+    assert out.splitlines()[-1] == "OK", out
+    return int(out.split()[1])
+
+
+def test_a_listing_by_inode_then_reads_asks_storage_nothing(cluster, tmp_path):
+    """A subtree client that listed a folder with attributes by inode (a
+    readdirplus by inode: META_GETATTRS, whose reply carries no voucher) reads its
+    files with no call from storage to meta: opening each registers it at meta
+    (META_OPEN), and that reply vouches for it."""
+    cluster.cli("mkdir", "/teamA", "/teamA/w", "/teamB")
+    src = tmp_path / "f"
+    src.write_bytes(b"data\n")
+    for i in range(30):
+        cluster.cli("put", str(src), "/teamA/w/f%d" % i)
+    cluster.cli("put", str(src), "/teamB/b.txt")
+    key = add_client(cluster, tmp_path, "alice", "--subtree", "/teamA")
+    w = lookup_ino(cluster, key, 1, "w")
+    before, accepted = asks(cluster), vouchers(cluster, "accepted")
+    listed = meta_figure(cluster, "stoker_rpc_requests_total", op="META_GETATTRS")
+    opened = meta_figure(cluster, "stoker_rpc_requests_total", op="META_OPEN")
+    assert listread(cluster, key, w) == 30
+    assert meta_figure(cluster, "stoker_rpc_requests_total", op="META_GETATTRS") > listed
+    assert meta_figure(cluster, "stoker_rpc_requests_total", op="META_OPEN") >= opened + 30
+    assert asks(cluster) == before
+    assert vouchers(cluster, "accepted") >= accepted + 30
+    # a file outside stays outside: asked by number, it is missing, and unreadable
+    admin = cluster.key_file
+    b_txt = lookup_ino(cluster, admin, lookup_ino(cluster, admin, 1, "teamB"), "b.txt")
+    env = dict(os.environ, STOKER_CLUSTER=cluster.url, STOKER_KEY_FILE=key)
+    out = run([CHECK, "ino", cluster.url, "getattrs", str(b_txt)], env=env).stdout.decode()
+    assert out.split()[-1] == "ENOENT", out
+    assert chunk(cluster, key, b_txt) == "EACCES"
