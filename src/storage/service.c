@@ -143,10 +143,11 @@ struct storage {
 	 * (known), the epoch a voucher must be at least (wide, floor), and per slot
 	 * of inode numbers the epoch of the last move of one (moved_at,
 	 * MOVED_SLOTS; NULL: no voucher is taken). old_ns: when a meta from before
-	 * moves answered (plain META_EPOCH for a minute, every rename wide). Counts
-	 * in vouch_m (enum vouch_result) and asks_m (within, epoch).
+	 * moves answered (plain META_EPOCH for a minute, every rename wide);
+	 * epoch_only: always so (STOKER_TEST_VOUCH_EPOCH_ONLY=1, for tests of that
+	 * path). Counts in vouch_m (enum vouch_result) and asks_m (within, epoch).
 	 */
-	int vouching;
+	int vouching, epoch_only;
 	uint8_t vouch_key[STK_AUTH_MAC];
 	uint64_t epoch_ns, mv_base, mv_known, mv_wide, mv_floor, mv_old_ns;
 	uint64_t *moved_at;
@@ -3131,7 +3132,7 @@ static int epoch_refresh(struct storage *s)
 	q.since = s->mv_base ? s->mv_known : 0;
 	old_ns = s->mv_old_ns;
 	pthread_mutex_unlock(&s->sub_lock);
-	if (!old_ns || t0 - old_ns > MOVES_OLD_NS) {
+	if (!s->epoch_only && (!old_ns || t0 - old_ns > MOVES_OLD_NS)) {
 		stk_wbuf_init(&w, req, sizeof(req));
 		stk_msg_meta_epoch_req_enc(&w, &q);
 		rc = meta_ask(s, STK_OP_META_EPOCH, req, w.len, 0, addr, sizeof(addr), out, cap,
@@ -4308,6 +4309,8 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 	pthread_mutex_init(&s->sub_lock, NULL);
 	s->sub = calloc(SUB_SLOTS, sizeof(*s->sub)); /* NULL: subtree clients get ENOMEM */
 	s->moved_at = calloc(MOVED_SLOTS, sizeof(*s->moved_at)); /* NULL: meta is asked */
+	s->epoch_only = getenv("STOKER_TEST_VOUCH_EPOCH_ONLY") &&
+			strcmp(getenv("STOKER_TEST_VOUCH_EPOCH_ONLY"), "1") == 0;
 	{
 		static const char *const results[4] = {"accepted", "none", "stale", "refused"};
 		static const char *const ops[2] = {"within", "epoch"};

@@ -324,3 +324,35 @@ def test_a_listing_by_inode_then_reads_asks_storage_nothing(cluster, tmp_path):
     out = run([CHECK, "ino", cluster.url, "getattrs", str(b_txt)], env=env).stdout.decode()
     assert out.split()[-1] == "ENOENT", out
     assert chunk(cluster, key, b_txt) == "EACCES"
+
+
+def test_a_meta_that_tells_only_its_epoch(make_cluster, tmp_path, monkeypatch):
+    """Storage asks a meta from before moves its bare epoch (META_EPOCH with no
+    `since`, as STOKER_TEST_VOUCH_EPOCH_ONLY=1 makes it ask any meta): every
+    rename there ends every voucher, as before moves were told; a file moved out
+    is still refused within the bound."""
+    monkeypatch.setenv("STOKER_TEST_VOUCH_EPOCH_ONLY", "1")
+    cluster = make_cluster(start=False)
+    cluster.start()
+    setup_teams(cluster, tmp_path)
+    cluster.cli("put", str(tmp_path / "hello.txt"), "/teamA/c.txt")
+    key = add_client(cluster, tmp_path, "alice", "--subtree", "/teamA")
+    a_txt, v = vouch(cluster, key, 1, "a.txt")
+    c_txt, vc = vouch(cluster, key, 1, "c.txt")
+    before, accepted = asks(cluster), vouchers(cluster, "accepted")
+    assert chunk(cluster, key, c_txt, vc) != "EACCES"
+    assert vouchers(cluster, "accepted") == accepted + 1
+    assert asks(cluster) == before
+    # a rename within a folder outside the subtree: every voucher of before is stale
+    cluster.cli("mv", "/teamB/b.txt", "/teamB/b2.txt")
+    time.sleep(1.2)
+    stale = vouchers(cluster, "stale")
+    assert chunk(cluster, key, c_txt, vc) != "EACCES"
+    assert vouchers(cluster, "stale") == stale + 1
+    assert asks(cluster) == before + 1
+    # and one moved out is refused
+    cluster.cli("mv", "/teamA/a.txt", "/teamB/a.txt")
+    t0 = time.monotonic()
+    wait_until(lambda: chunk(cluster, key, a_txt, v) == "EACCES", 10,
+               "the voucher of a file moved out to be refused")
+    assert time.monotonic() - t0 < 5.5
