@@ -15,8 +15,9 @@
  *     and for a rename that failed (nothing changed, but it is not worth telling).
  *
  * A voucher of epoch e for inode i is then good while e >= the last wide epoch and
- * e >= the epoch of i's last move: a rename that committed before the voucher's
- * check has at <= e, one after it at > e. Storage learns the log at most a second
+ * e >= the epoch of i's last move: a rename of epoch <= e committed before the
+ * voucher's check (and the check saw it), and one that committed after the check
+ * has an epoch > e. Storage learns the log at most a second
  * late (META_EPOCH with `since`); the log keeps the last STK_META_MOVES_LOG moves,
  * and moves it dropped are reported as `lost` (every voucher older ends).
  *

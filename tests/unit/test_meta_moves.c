@@ -58,9 +58,9 @@ static int renames(void)
 	CHECK_EQ(rp.r.lost, 1000);
 	CHECK_EQ(rp.r.n, 0);
 
-	at = stk_meta_moves_rename(mv, 0, &one, 1);    /* a file */
+	at = stk_meta_moves_rename(mv, 0, &one, 1); /* a file */
 	CHECK_EQ(at, 1001);
-	CHECK_EQ(stk_meta_moves_rename(mv, 0, two, 2), 1002); /* an exchange */
+	CHECK_EQ(stk_meta_moves_rename(mv, 0, two, 2), 1002);  /* an exchange */
 	CHECK_EQ(stk_meta_moves_rename(mv, 1, NULL, 0), 1003); /* a folder */
 	CHECK_EQ(stk_meta_moves_epoch(mv), 1003);
 	REQUIRE(ask(mv, 0, &rp) == 0);
