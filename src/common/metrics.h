@@ -91,7 +91,8 @@
 	  "another epoch: meta is asked), refused (forged, or not for the inode).")                \
 	X(STORAGE_META_ASKS, COUNTER, "stoker_storage_meta_asks_total", "op",                      \
 	  "Calls storage made to meta for subtree client keys, by op: within (META_WITHIN, "      \
-	  "whether an inode is under a subtree), epoch (META_EPOCH, for vouchers).")               \
+	  "whether an inode is under a subtree), epoch (META_EPOCH, for vouchers: meta's epoch "   \
+	  "and the files it moved since).")                                                        \
 	/* ---- meta and storage: per client host (stk_metrics_ops_client) ---- */                 \
 	X(RPC_CLIENT_REQUESTS, COUNTER, "stoker_rpc_client_requests_total", "client",              \
 	  "RPC requests served, by client host (its IP address; the first 64 hosts seen, the "     \

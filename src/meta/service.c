@@ -44,6 +44,7 @@
 #include "../proto/msg.h"
 #include "../proto/status.h"
 #include "leases.h"
+#include "moves.h"
 #include "repl.h"
 #include "purge.h"
 #include "session.h"
@@ -81,11 +82,11 @@ struct meta {
 	/*
 	 * Vouchers (vouch_append, docs/security.md "Vouchers"): the vouch key (set at
 	 * start when the daemon holds the cluster key; vouching 0 otherwise) and the
-	 * epoch, moved by every rename (atomic).
+	 * epoch with its log of what renames moved (moves.h).
 	 */
 	int vouching;
 	uint8_t vouch_key[STK_AUTH_MAC];
-	_Atomic uint64_t vouch_epoch;
+	struct stk_meta_moves *moves;
 };
 
 typedef int (*meta_op_fn)(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp);
@@ -221,6 +222,18 @@ static int recall(struct meta *m, const struct stk_rpc_req *req, const uint64_t 
 	return stk_meta_leases_recall(m->leases, req->hdr.origin, inos, n);
 }
 
+/* named, and whether it names a folder (*dir 1) or not (0; also when missing). */
+static uint64_t named_kind(struct meta *m, uint64_t parent, const char *name, int *dir)
+{
+	const struct stk_cred root = {0};
+	struct stk_attr a;
+
+	int rc = stk_meta_store_lookup(m->store, &root, parent, name, &a);
+
+	*dir = rc == -EREMOTE || (rc == 0 && S_ISDIR(a.mode)); /* another shard's: a folder */
+	return rc == 0 || rc == -EREMOTE ? a.ino : 0;
+}
+
 /*
  * How often rmdir and rename look a name up again when it changed between the
  * look and the commit; past that (names changing without pause) they fail EAGAIN.
@@ -230,12 +243,9 @@ static int recall(struct meta *m, const struct stk_rpc_req *req, const uint64_t 
 /* The inode parent's name names now (0: none), read as root. */
 static uint64_t named(struct meta *m, uint64_t parent, const char *name)
 {
-	const struct stk_cred root = {0};
-	struct stk_attr a;
+	int dir;
 
-	int rc = stk_meta_store_lookup(m->store, &root, parent, name, &a);
-
-	return rc == 0 || rc == -EREMOTE ? a.ino : 0; /* -EREMOTE: another shard's folder */
+	return named_kind(m, parent, name, &dir);
 }
 
 /*
@@ -952,9 +962,10 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 {
 	struct stk_msg_meta_rename_req q;
 	struct stk_msg_meta_rename_resp r;
-	uint64_t moved, over;
+	uint64_t moved, over, files[2];
 	struct change ch;
-	int replaced, rc;
+	int replaced, rc, moved_dir = 0, over_dir = 0, wide;
+	unsigned nfiles = 0;
 
 	rc = decoded(req, stk_msg_meta_rename_req_dec(&req->payload, &q));
 	if (rc)
@@ -966,8 +977,8 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	 * folder replaced may be delegated, with names in it meta has not seen yet.
 	 */
 	for (unsigned tries = 0;; tries++) {
-		moved = named(m, q.src_parent, q.src_name);
-		over = named(m, q.dst_parent, q.dst_name);
+		moved = named_kind(m, q.src_parent, q.src_name, &moved_dir);
+		over = named_kind(m, q.dst_parent, q.dst_name, &over_dir);
 		change_begin(m, req, &ch, q.src_parent, q.dst_parent, moved, over);
 		stk_meta_sessions_hold(m->sessions);
 		rc = stk_meta_store_rename_ino(m->store, &q.cred, q.src_parent, q.src_name,
@@ -981,10 +992,20 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 			break;
 	}
 	/*
-	 * Whatever moved may have left a subtree: vouchers given before are worth
-	 * nothing from here on (a voucher reads the epoch before it checks the inode).
+	 * What moved may have left a subtree (moves.h): a folder, every voucher given
+	 * before; a file, its own (both of an exchange), even within one folder: it
+	 * now counts in the folder it was renamed into, which for a file with another
+	 * name elsewhere may not be the one it counted in. The commit held both names
+	 * to what was looked up, so the kinds are the committed ones; a failure ends
+	 * all, to be safe. A voucher reads the epoch before it checks the inode.
 	 */
-	atomic_fetch_add(&m->vouch_epoch, 1);
+	wide = rc || !moved || moved_dir || ((q.flags & STK_RENAME_EXCHANGE) && over_dir);
+	if (!wide) {
+		files[nfiles++] = moved;
+		if ((q.flags & STK_RENAME_EXCHANGE) && over)
+			files[nfiles++] = over;
+	}
+	stk_meta_moves_rename(m->moves, wide, files, nfiles);
 	if (rc)
 		return rc;
 	r.replaced = (uint8_t)replaced;
@@ -2218,10 +2239,14 @@ static int op_within(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 /* META_EPOCH, for storage (refused to a client key's connection by confine.c). */
 static int op_epoch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
-	struct stk_msg_meta_epoch_resp r = {.epoch = atomic_load(&m->vouch_epoch)};
-	int rc = decoded(req, 0);
+	struct stk_msg_meta_epoch_resp r = {.epoch = stk_meta_moves_epoch(m->moves)};
+	struct stk_msg_meta_epoch_req q;
+	int rc;
 
-	return rc ? rc : stk_msg_meta_epoch_resp_enc(&resp->payload, &r);
+	if (req->payload.len == req->payload.off) /* a storage node from before moves */
+		return stk_msg_meta_epoch_resp_enc(&resp->payload, &r);
+	rc = decoded(req, stk_msg_meta_epoch_req_dec(&req->payload, &q));
+	return rc ? rc : stk_meta_moves_enc(m->moves, q.since, &resp->payload);
 }
 
 /* META_XSHARD: a step of a cross-shard mkdir or rmdir another shard asks (xshard.h). */
@@ -2327,11 +2352,12 @@ static int meta_serve(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 /*
  * Vouchers (wire.h STK_FRAME_VOUCH, docs/security.md "Vouchers"). A reply to a
  * subtree client key that names a regular file under its subtree (LOOKUP,
- * LOOKUP_CACHE, GETATTR, OPEN, CREATE), or the inode numbers it reserved for its
- * creates (INOS), carries meta's voucher for them, so that storage serves their
- * chunks without asking META_WITHIN. The file is checked as META_WITHIN checks it
- * (by the folder it was made in or last renamed into), after the epoch is read:
- * a rename between the two moves the epoch past the voucher's.
+ * LOOKUP_CACHE, LOOKUPS, GETATTR, OPEN, CREATE), or the inode numbers
+ * it reserved for its creates (INOS), carries meta's voucher for them, so that
+ * storage serves their chunks without asking META_WITHIN. The file is checked as
+ * META_WITHIN checks it (by the folder it was made in or last renamed into),
+ * after the epoch is read: a rename between the two moves the epoch past the
+ * voucher's (moves.h says which renames end which vouchers).
  */
 #define VOUCH_TTL_MS 60000ull
 
@@ -2370,11 +2396,15 @@ static void vouch_append(struct meta *m, const struct stk_rpc_req *req, struct s
 	uint64_t top, epoch;
 	unsigned n = 0;
 
+	/*
+	 * Storage learns the epoch and moves of shard 1's meta alone: another shard's
+	 * vouchers would be judged by a log that is not theirs (docs/security.md).
+	 */
 	if (!m->vouching || !c || strcmp(c->subtree, "/") == 0 || resp->bulk_len ||
-	    resp->frame_flags || w->err)
+	    resp->frame_flags || w->err || stk_meta_store_shard(m->store) != 1)
 		return;
 	/* read first: a rename from here on moves it past the vouchers below */
-	epoch = atomic_load(&m->vouch_epoch);
+	epoch = stk_meta_moves_epoch(m->moves);
 	stk_rbuf_init(&r, w->p, w->len);
 	switch (req->hdr.opcode) {
 	case STK_OP_META_LOOKUP:
@@ -2907,7 +2937,7 @@ static void on_promoted(void *ctx, int failover)
 	 * An epoch no leader before used (they count up from their start, at most one
 	 * a rename): the vouchers they gave are worth nothing here (docs/security.md).
 	 */
-	atomic_store(&m->vouch_epoch, stk_wall_ms() << 16);
+	stk_meta_moves_restart(m->moves, stk_wall_ms() << 16);
 	if (failover) {
 		/* counted from the old leader's last heartbeat, not from now (leases.h) */
 		unsigned ms =
@@ -2991,8 +3021,6 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 		uint8_t key[STK_AUTH_KEY_MAX];
 		size_t klen = stk_daemon_key(key);
 
-		/* another epoch on every start, so that no voucher outlives this process */
-		atomic_store(&m.vouch_epoch, stk_wall_ms() << 16);
 		m.vouching = klen && stk_auth_vouch_key(key, klen, m.vouch_key) == 0;
 		memset(key, 0, sizeof(key));
 	}
@@ -3007,6 +3035,9 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	if (rc)
 		return rc;
 	rc = stk_meta_sessions_create(m.store, 0, &m.sessions);
+	/* another epoch on every start, so that no voucher outlives this process */
+	if (rc == 0)
+		rc = stk_meta_moves_create(stk_wall_ms() << 16, &m.moves);
 	if (rc == 0)
 		rc = stk_meta_leases_create(&m.leases);
 	if (rc == 0)
@@ -3060,6 +3091,7 @@ out:
 	stk_meta_repl_destroy(m.repl);
 	stk_meta_store_sync(m.store);
 	stk_meta_store_close(m.store);
+	stk_meta_moves_destroy(m.moves);
 	stk_info("stopped");
 	return rc;
 }

@@ -757,8 +757,20 @@ enum stk_fsck_kind {
  */
 #define STK_MSG_VOUCH_REC(F) F(u64, ino) F(u64, count) F(u64, expires_ms) F(u64, epoch) F(b32, mac)
 #define STK_VOUCH_REC_LEN 64u
-/* META_EPOCH's reply. */
+/*
+ * META_EPOCH's reply. A request with `since` (version 10 storage nodes that know
+ * moves; an empty request is as before) gets the epoch then a meta_moves_resp: the
+ * epoch meta started counting from (base), the last epoch that ended every
+ * voucher (wide: a folder renamed, a rename that failed), the last epoch of a file
+ * move not listed (lost: dropped from meta's log, or past STK_MOVED_MAX), then n
+ * moved_rec: each file moved to another folder after `since`, with the epoch of
+ * its move (docs/security.md, "How long one is good for").
+ */
 #define STK_MSG_META_EPOCH_RESP(F) F(u64, epoch)
+#define STK_MSG_META_EPOCH_REQ(F) F(u64, since)
+#define STK_MSG_META_MOVES_RESP(F) F(u64, base) F(u64, wide) F(u64, lost) F(u32, n)
+#define STK_MSG_MOVED_REC(F) F(u64, ino) F(u64, at)
+#define STK_MOVED_MAX 1024u
 #define STK_MSG_MGMT_CLIENT_NAME(F) F(name, name)
 #define STK_MSG_MGMT_CLIENT_GEN(F) F(u64, gen)
 /*
@@ -889,6 +901,9 @@ enum stk_fsck_kind {
 	X(meta_within_resp, STK_MSG_META_WITHIN_RESP)             \
 	X(vouch_rec, STK_MSG_VOUCH_REC)                           \
 	X(meta_epoch_resp, STK_MSG_META_EPOCH_RESP)               \
+	X(meta_epoch_req, STK_MSG_META_EPOCH_REQ)                 \
+	X(meta_moves_resp, STK_MSG_META_MOVES_RESP)               \
+	X(moved_rec, STK_MSG_MOVED_REC)                           \
 	X(mgmt_client_name, STK_MSG_MGMT_CLIENT_NAME)             \
 	X(mgmt_client_gen, STK_MSG_MGMT_CLIENT_GEN)                                                \
 	X(qos_rec, STK_MSG_QOS_REC)

@@ -255,10 +255,13 @@
 	 * chunks. PERM for a client key's connection. */                              \
 	X(META_WITHIN, 88, meta_within_req, meta_within_resp,                           \
 	  "is an inode under a client's subtree")                                       \
-	/* Meta's vouch epoch (docs/security.md, "Vouchers"): a voucher of another epoch  \
-	 * is worth nothing. Storage asks it at most once a second while it is shown      \
-	 * vouchers. PERM for a client key's connection. */                               \
-	X(META_EPOCH, 92, none, meta_epoch_resp, "meta's vouch epoch")                     \
+	/* Meta's vouch epoch (docs/security.md, "Vouchers"): a voucher older than a     \
+	 * rename that may have moved its file out of a subtree is worth nothing. Storage \
+	 * asks it at most once a second while it is shown vouchers. The request is empty \
+	 * (the reply: the epoch) or meta_epoch_req (the reply goes on with the renames   \
+	 * since: meta_moves_resp, msg.h); a meta from before moves refuses the second    \
+	 * (BADMSG), and storage asks the first. PERM for a client key's connection. */   \
+	X(META_EPOCH, 92, meta_epoch_req, meta_epoch_resp, "meta's vouch epoch")           \
 	/* META_LOOKUP_CACHE for up to STK_LOOKUPS_MAX names of one folder, in one read:  \
 	 * n lookups_rec follow the request, n attr_rec the reply (msg.h); what a mount's \
 	 * readdirplus asks, so that the files of a listed folder are then opened with   \

@@ -139,12 +139,19 @@ struct storage {
 	struct sub_ent *sub;
 	/*
 	 * Vouchers (vouch_check): the vouch key (vouching 0 without the cluster key),
-	 * and meta's epoch as last asked, at epoch_ns (monotonic; 0: never), under
-	 * sub_lock. Counts in vouch_m (enum vouch_result) and asks_m (within, epoch).
+	 * and what meta's epoch and moves said when last asked, at epoch_ns
+	 * (monotonic; 0: never), under sub_lock: its base, the epoch it was then
+	 * (known), the epoch a voucher must be at least (wide, floor), and per slot
+	 * of inode numbers the epoch of the last move of one (moved_at,
+	 * MOVED_SLOTS; NULL: no voucher is taken). old_ns: when a meta from before
+	 * moves answered (plain META_EPOCH for a minute, every rename wide);
+	 * epoch_only: always so (STOKER_TEST_VOUCH_EPOCH_ONLY=1, for tests of that
+	 * path). Counts in vouch_m (enum vouch_result) and asks_m (within, epoch).
 	 */
-	int vouching;
+	int vouching, epoch_only;
 	uint8_t vouch_key[STK_AUTH_MAC];
-	uint64_t epoch, epoch_ns;
+	uint64_t epoch_ns, mv_base, mv_known, mv_wide, mv_floor, mv_old_ns;
+	uint64_t *moved_at;
 	stk_metric_t vouch_m[4], asks_m[2];
 	/* changes our successor never took (unsettled_note), and the thread that
 	 * sends them again (settle_main); the table under settle_lock */
@@ -3080,7 +3087,7 @@ static int meta_ask(struct storage *s, uint16_t op, const void *req, size_t len,
 	rpc.req_len = len;
 	rpc.resp = out;
 	rpc.resp_cap = cap;
-	stk_metric_add(s->asks_m[op == STK_OP_META_EPOCH], 1);
+	stk_metric_add(s->asks_m[op != STK_OP_META_WITHIN], 1);
 	stk_server_wait_begin();
 	rc = stk_pool_get(s->fwd, addr, &conn);
 	if (rc == 0) {
@@ -3123,47 +3130,147 @@ static int within_ask(struct storage *s, const struct stk_auth_client *c, uint64
  * Vouchers (wire.h STK_FRAME_VOUCH, docs/security.md "Vouchers"): meta's word,
  * MACed under the vouch key, that the inodes [ino, ino + count) lie under the
  * client's subtree as of its epoch. Storage takes it for META_WITHIN's yes while
- * it has not expired and meta's epoch is still the voucher's; meta's epoch is
- * asked at most once every EPOCH_FRESH_NS while vouchers come (a worker asks; the
- * loop serves only while the epoch it knows is fresh). A rename at meta therefore
- * ends every voucher given before it within EPOCH_FRESH_NS and a call.
+ * it has not expired and no rename meta made after it can have moved its inode
+ * out (meta/moves.h): its epoch is at least the last folder rename's, the last
+ * move of a file in its inode's slot and what meta's log lost. Meta is asked at
+ * most once every EPOCH_FRESH_NS while vouchers come (a worker asks; the loop
+ * serves only while what it knows is fresh), so a rename at meta ends the
+ * vouchers it concerns within EPOCH_FRESH_NS and a call. Only shard 1's meta is
+ * asked, and only its vouchers are taken.
  */
 #define EPOCH_FRESH_NS (1000ull * 1000000ull)
 /* A voucher that says it lasts longer than meta gives (a clock ahead): not taken. */
 #define VOUCH_LONGEST_MS (60000ull + 5000ull)
+/* Slots of moved_at: inodes that share one are ended by each other's moves. */
+#define MOVED_SLOTS 8192u
+/* How long a meta that does not know moves is asked the plain META_EPOCH. */
+#define MOVES_OLD_NS (60000ull * 1000000ull)
+
+static unsigned moved_slot(uint64_t ino)
+{
+	return (unsigned)((ino * 0x9E3779B97F4A7C15ull) >> 32) % MOVED_SLOTS;
+}
 
 enum vouch_result { VOUCH_ACCEPTED = 0, VOUCH_NONE, VOUCH_STALE, VOUCH_REFUSED };
 
-/* META_EPOCH, on a worker: meta's epoch into s->epoch. 0 or -errno. */
+/*
+ * A META_EPOCH reply with moves (meta/moves.h) into s, asked with since at t0.
+ * Everything only ever rises (max), so answers that cross do no harm. 0 or
+ * -EBADMSG.
+ */
+static int moves_apply(struct storage *s, const uint8_t *p, size_t len, uint64_t since,
+		       uint64_t t0)
+{
+	struct stk_msg_meta_epoch_resp e;
+	struct stk_msg_meta_moves_resp r;
+	struct stk_msg_moved_rec rec;
+	struct stk_rbuf rb;
+
+	stk_rbuf_init(&rb, p, len);
+	if (stk_msg_meta_epoch_resp_dec(&rb, &e) || stk_msg_meta_moves_resp_dec(&rb, &r) ||
+	    r.n > STK_MOVED_MAX)
+		return -EBADMSG;
+	pthread_mutex_lock(&s->sub_lock);
+	if (r.base != s->mv_base) {
+		/* a restarted meta (or another leader): its moves up to since are unknown */
+		if (since && e.epoch > s->mv_floor)
+			s->mv_floor = e.epoch;
+		s->mv_base = r.base;
+	}
+	s->mv_wide = r.wide > s->mv_wide ? r.wide : s->mv_wide;
+	s->mv_floor = r.lost > s->mv_floor ? r.lost : s->mv_floor;
+	for (uint32_t i = 0; i < r.n; i++) {
+		uint64_t *at;
+
+		if (stk_msg_moved_rec_dec(&rb, &rec))
+			break;
+		at = &s->moved_at[moved_slot(rec.ino)];
+		*at = rec.at > *at ? rec.at : *at;
+	}
+	if (rb.err || stk_rbuf_finish(&rb)) {
+		/* half read: trust nothing before now */
+		s->mv_floor = e.epoch > s->mv_floor ? e.epoch : s->mv_floor;
+		pthread_mutex_unlock(&s->sub_lock);
+		return -EBADMSG;
+	}
+	if (t0 > s->epoch_ns) { /* not over a newer answer of another worker's */
+		s->mv_known = e.epoch;
+		s->epoch_ns = t0;
+	}
+	pthread_mutex_unlock(&s->sub_lock);
+	return 0;
+}
+
+/*
+ * META_EPOCH, on a worker: what meta moved since last asked, into s. A meta from
+ * before moves (it refuses the request with since) is asked its bare epoch, each
+ * rename of which ends every voucher. 0 or -errno.
+ */
 static int epoch_refresh(struct storage *s)
 {
+	struct stk_msg_meta_epoch_req q;
 	struct stk_msg_meta_epoch_resp r;
 	char addr[STK_ADDR_MAX];
-	uint8_t out[32];
+	size_t cap = 64 + (size_t)STK_MOVED_MAX * 16, len = 0;
+	uint8_t req[16], *out = malloc(cap);
+	struct stk_wbuf w;
 	struct stk_rbuf rb;
-	size_t len = 0;
 	/* fresh from before the ask: a rename while it travels is not missed */
-	uint64_t t0 = stk_now_ns();
-	int rc = meta_ask(s, STK_OP_META_EPOCH, NULL, 0, 0, addr, sizeof(addr), out, sizeof(out),
-			  &len);
+	uint64_t t0 = stk_now_ns(), old_ns;
+	int rc;
 
+	if (!out)
+		return -ENOMEM;
+	pthread_mutex_lock(&s->sub_lock);
+	q.since = s->mv_base ? s->mv_known : 0;
+	old_ns = s->mv_old_ns;
+	pthread_mutex_unlock(&s->sub_lock);
+	if (!s->epoch_only && (!old_ns || t0 - old_ns > MOVES_OLD_NS)) {
+		stk_wbuf_init(&w, req, sizeof(req));
+		stk_msg_meta_epoch_req_enc(&w, &q);
+		rc = meta_ask(s, STK_OP_META_EPOCH, req, w.len, 0, addr, sizeof(addr), out, cap,
+			      &len);
+		if (rc == 0)
+			rc = moves_apply(s, out, len, q.since, t0);
+		if (rc != -EBADMSG)
+			goto out;
+		/* a meta from before moves: every rename is wide (at most 1 s late) */
+		pthread_mutex_lock(&s->sub_lock);
+		if (!s->mv_old_ns)
+			stk_info("meta at %s does not tell moves: any rename there ends every "
+				 "voucher",
+				 addr);
+		s->mv_old_ns = t0;
+		pthread_mutex_unlock(&s->sub_lock);
+	}
+	rc = meta_ask(s, STK_OP_META_EPOCH, NULL, 0, 0, addr, sizeof(addr), out, cap, &len);
 	if (rc == 0) {
 		stk_rbuf_init(&rb, out, len);
 		if (stk_msg_meta_epoch_resp_dec(&rb, &r) || stk_rbuf_finish(&rb))
 			rc = -EBADMSG;
 	}
-	if (rc) {
+	if (rc == 0) {
+		pthread_mutex_lock(&s->sub_lock);
+		s->mv_wide = r.epoch > s->mv_wide ? r.epoch : s->mv_wide;
+		if (t0 > s->epoch_ns) {
+			s->mv_known = r.epoch;
+			s->epoch_ns = t0;
+		}
+		pthread_mutex_unlock(&s->sub_lock);
+	}
+out:
+	if (rc)
 		stk_warn("cannot ask meta at %s for its vouch epoch: %s (vouchers are not taken)",
 			 addr[0] ? addr : "(none)", strerror(-rc));
-		return rc;
-	}
-	pthread_mutex_lock(&s->sub_lock);
-	if (t0 > s->epoch_ns) { /* not over a newer answer of another worker's */
-		s->epoch = r.epoch;
-		s->epoch_ns = t0;
-	}
-	pthread_mutex_unlock(&s->sub_lock);
-	return 0;
+	free(out);
+	return rc;
+}
+
+/* Whether a voucher of epoch e for ino outlived no rename that concerns it; under sub_lock. */
+static int vouch_current(const struct storage *s, uint64_t e, uint64_t ino)
+{
+	return s->moved_at && stk_ino_shard(ino) == 1 && e >= s->mv_wide && e >= s->mv_floor &&
+	       e >= s->moved_at[moved_slot(ino)];
 }
 
 /*
@@ -3182,7 +3289,8 @@ static enum vouch_result vouch_check(struct storage *s, const struct stk_rpc_req
 	struct stk_auth_vouch v;
 	struct stk_rbuf rb;
 	enum vouch_result res = VOUCH_NONE;
-	uint64_t now_ms, epoch, at;
+	uint64_t now_ms, at;
+	int current;
 
 	if (!(req->hdr.flags & STK_FRAME_VOUCH) || !s->vouching)
 		goto out;
@@ -3220,17 +3328,17 @@ static enum vouch_result vouch_check(struct storage *s, const struct stk_rpc_req
 	if (v.expires_ms <= now_ms || v.expires_ms > now_ms + VOUCH_LONGEST_MS)
 		goto out;
 	pthread_mutex_lock(&s->sub_lock);
-	epoch = s->epoch;
 	at = s->epoch_ns;
+	current = vouch_current(s, v.epoch, ino);
 	pthread_mutex_unlock(&s->sub_lock);
 	if (!at || stk_now_ns() - at > EPOCH_FRESH_NS) {
 		if (!may_ask || epoch_refresh(s))
 			goto out;
 		pthread_mutex_lock(&s->sub_lock);
-		epoch = s->epoch;
+		current = vouch_current(s, v.epoch, ino);
 		pthread_mutex_unlock(&s->sub_lock);
 	}
-	if (v.epoch == epoch)
+	if (current)
 		res = VOUCH_ACCEPTED;
 out:
 	if (count)
@@ -3879,6 +3987,8 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 		       struct stk_rpc_pending *p)
 {
 	struct storage_loop *sl = state;
+	enum vouch_result v = VOUCH_NONE;
+	int counted = 0, rc;
 	uint64_t ino;
 	unsigned cls;
 
@@ -3892,8 +4002,6 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 		stk_qos_seen(cls);
 	/* a subtree client's read of an inode not known to be its own: a worker asks meta */
 	if (req->client && strcmp(req->client->subtree, "/") != 0) {
-		enum vouch_result v;
-
 		if (req_ino(req, &ino))
 			return STK_RPC_TO_WORKER;
 		/* a voucher, or meta's yes of late; else a worker asks meta (or refuses) */
@@ -3901,9 +4009,13 @@ static int loop_handle(void *ctx, void *state, struct stk_rpc_req *req, struct s
 		if (v != VOUCH_ACCEPTED &&
 		    (v == VOUCH_REFUSED || !subtree_known(sl->s, req->client, ino)))
 			return STK_RPC_TO_WORKER;
-		stk_metric_add(sl->s->vouch_m[v], 1);
+		counted = 1;
 	}
-	return loop_read(state, req, resp, p);
+	rc = loop_read(state, req, resp, p);
+	/* one handed on to a worker is counted there (client_gate) */
+	if (counted && rc != STK_RPC_TO_WORKER)
+		stk_metric_add(sl->s->vouch_m[v], 1);
+	return rc;
 }
 
 static struct stk_lclient *loop_client(struct storage_loop *sl)
@@ -4303,6 +4415,9 @@ int stk_storage_run(const struct stk_storage_opts *opts)
 		goto out;
 	pthread_mutex_init(&s->sub_lock, NULL);
 	s->sub = calloc(SUB_SLOTS, sizeof(*s->sub)); /* NULL: subtree clients get ENOMEM */
+	s->moved_at = calloc(MOVED_SLOTS, sizeof(*s->moved_at)); /* NULL: meta is asked */
+	s->epoch_only = getenv("STOKER_TEST_VOUCH_EPOCH_ONLY") &&
+			strcmp(getenv("STOKER_TEST_VOUCH_EPOCH_ONLY"), "1") == 0;
 	{
 		static const char *const results[4] = {"accepted", "none", "stale", "refused"};
 		static const char *const ops[2] = {"within", "epoch"};
@@ -4392,6 +4507,7 @@ out:
 		if (s->fwd)
 			stk_pool_destroy(s->fwd);
 		free(s->sub);
+		free(s->moved_at);
 	}
 	free(s);
 	free(b.ids);

@@ -177,15 +177,27 @@ def test_vouchers_end_with_a_rename_or_the_key(cluster, tmp_path):
                "the voucher of a file moved out to be refused")
     assert time.monotonic() - t0 < 5.5
     assert vouchers(cluster, "stale") >= 1
-    # a voucher of before the rename, for a file still inside: stale, so meta is asked
     _, v2 = vouch(cluster, key, 1, "sub")
     assert v2 is None  # folders get none: storage holds no chunks of theirs
-    cluster.cli("put", str(tmp_path / "hello.txt"), "/teamA/c.txt")
+    for name in ("c.txt", "d.txt"):
+        cluster.cli("put", str(tmp_path / "hello.txt"), "/teamA/" + name)
     c_txt, vc = vouch(cluster, key, 1, "c.txt")
+    d_txt, vd = vouch(cluster, key, 1, "d.txt")
+    # files renamed within their folders, inside the subtree and outside it, change
+    # no other file's subtree: c.txt's voucher of before them is still taken, and
+    # meta is not asked (d.txt's own ends: a renamed file counts where it was
+    # renamed, which for a file with a name in another folder may differ)
     cluster.cli("mv", "/teamB/b.txt", "/teamB/b2.txt")
+    cluster.cli("mv", "/teamA/d.txt", "/teamA/d2.txt")
     time.sleep(1.2)
-    before = asks(cluster)
+    assert chunk(cluster, key, c_txt, vc) != "EACCES"  # storage learns the renames
+    before, accepted = asks(cluster), vouchers(cluster, "accepted")
+    stale = vouchers(cluster, "stale")
     assert chunk(cluster, key, c_txt, vc) != "EACCES"
+    assert asks(cluster) == before
+    assert vouchers(cluster, "accepted") == accepted + 1
+    assert chunk(cluster, key, d_txt, vd) != "EACCES"
+    assert vouchers(cluster, "stale") == stale + 1
     assert asks(cluster) == before + 1
 
     # The key removed: its connections are refused, vouchers or not; the name added
@@ -199,3 +211,148 @@ def test_vouchers_end_with_a_rename_or_the_key(cluster, tmp_path):
     assert chunk(cluster, key2, c_txt, vc) == "EACCES"
     _, vc2 = vouch(cluster, key2, 1, "c.txt")
     assert chunk(cluster, key2, c_txt, vc2) != "EACCES"
+
+
+def test_a_move_ends_the_vouchers_it_concerns(cluster, tmp_path):
+    """A file moved to another folder ends its own vouchers, not others'; a folder
+    renamed ends them all (what lies beneath it, or a subtree's path, may change)."""
+    setup_teams(cluster, tmp_path)
+    hello = str(tmp_path / "hello.txt")
+    cluster.cli("mkdir", "/teamA/d")
+    for name in ("/teamA/d/f.txt", "/teamA/x.txt", "/teamA/y.txt"):
+        cluster.cli("put", hello, name)
+    key = add_client(cluster, tmp_path, "alice", "--subtree", "/teamA")
+    d = lookup_ino(cluster, key, 1, "d")
+    f_txt, vf = vouch(cluster, key, d, "f.txt")
+    x_txt, vx = vouch(cluster, key, 1, "x.txt")
+    y_txt, vy = vouch(cluster, key, 1, "y.txt")
+    for ino, v in ((f_txt, vf), (x_txt, vx), (y_txt, vy)):
+        assert chunk(cluster, key, ino, v) != "EACCES"
+
+    # x.txt moved between two folders inside the subtree: its voucher is stale
+    # (meta is asked, and says yes); y.txt's and f.txt's are still taken
+    cluster.cli("mv", "/teamA/x.txt", "/teamA/sub/x.txt")
+    time.sleep(1.2)
+    assert chunk(cluster, key, y_txt, vy) != "EACCES"  # storage learns the move
+    before, stale = asks(cluster), vouchers(cluster, "stale")
+    accepted = vouchers(cluster, "accepted")
+    assert chunk(cluster, key, y_txt, vy) != "EACCES"
+    assert chunk(cluster, key, f_txt, vf) != "EACCES"
+    assert asks(cluster) == before
+    assert vouchers(cluster, "accepted") == accepted + 2
+    assert chunk(cluster, key, x_txt, vx) != "EACCES"
+    assert asks(cluster) == before + 1
+    assert vouchers(cluster, "stale") == stale + 1
+    # a new voucher for it is taken again
+    sub = lookup_ino(cluster, key, 1, "sub")
+    _, vx2 = vouch(cluster, key, sub, "x.txt")
+    assert chunk(cluster, key, x_txt, vx2) != "EACCES"
+    assert asks(cluster) == before + 1
+
+    # the folder d moved out of the subtree, with f.txt in it: f.txt's voucher is
+    # refused within the bound docs/security.md gives (5 s), y.txt's goes to meta
+    cluster.cli("mv", "/teamA/d", "/teamB/d")
+    t0 = time.monotonic()
+    wait_until(lambda: chunk(cluster, key, f_txt, vf) == "EACCES", 10,
+               "the voucher of a file in a folder moved out to be refused")
+    assert time.monotonic() - t0 < 5.5
+    before = asks(cluster)
+    assert chunk(cluster, key, y_txt, vy) != "EACCES"
+    assert asks(cluster) == before + 1
+
+    # a folder renamed within its parent ends them all too: it may be the subtree's
+    _, vy = vouch(cluster, key, 1, "y.txt")
+    cluster.cli("mv", "/teamB/d", "/teamB/e")
+    time.sleep(1.2)
+    assert chunk(cluster, key, y_txt, vy) != "EACCES"
+    stale = vouchers(cluster, "stale")
+    assert chunk(cluster, key, y_txt, vy) != "EACCES"
+    assert vouchers(cluster, "stale") == stale + 1
+
+
+def test_a_second_name_renamed_ends_its_voucher(cluster, tmp_path, make_mount):
+    """A file counts in the folder it was made in or last renamed into: its second
+    name, outside the subtree, renamed within its own folder takes the file out
+    of the subtree, and the voucher the subtree's client holds for it ends."""
+    setup_teams(cluster, tmp_path)
+    key = add_client(cluster, tmp_path, "alice", "--subtree", "/teamA")
+    m = make_mount(cluster, "admin")
+    os.link(os.path.join(m.path, "teamA", "a.txt"), os.path.join(m.path, "teamB", "h"))
+    a_txt, v = vouch(cluster, key, 1, "a.txt")
+    assert chunk(cluster, key, a_txt, v) != "EACCES"
+    os.rename(os.path.join(m.path, "teamB", "h"), os.path.join(m.path, "teamB", "h2"))
+    t0 = time.monotonic()
+    wait_until(lambda: chunk(cluster, key, a_txt, v) == "EACCES", 10,
+               "the voucher of a file now counted outside to be refused")
+    assert time.monotonic() - t0 < 5.5
+
+
+def listread(cluster, key, ino):
+    """stk_check's listing by inode (readdir, then META_GETATTRS) and a byte of
+    each file opened from those attributes, as the holder of key; the files read."""
+    env = dict(os.environ, STOKER_CLUSTER=cluster.url, STOKER_KEY_FILE=key)
+    out = run([CHECK, "ino", cluster.url, "listread", str(ino)], env=env).stdout.decode()
+    assert out.splitlines()[-1] == "OK", out
+    return int(out.split()[1])
+
+
+def test_a_listing_by_inode_then_reads_asks_storage_nothing(cluster, tmp_path):
+    """A subtree client that listed a folder with attributes by inode (a
+    readdirplus by inode: META_GETATTRS, whose reply carries no voucher) reads its
+    files with no call from storage to meta: opening each registers it at meta
+    (META_OPEN), and that reply vouches for it."""
+    cluster.cli("mkdir", "/teamA", "/teamA/w", "/teamB")
+    src = tmp_path / "f"
+    src.write_bytes(b"data\n")
+    for i in range(30):
+        cluster.cli("put", str(src), "/teamA/w/f%d" % i)
+    cluster.cli("put", str(src), "/teamB/b.txt")
+    key = add_client(cluster, tmp_path, "alice", "--subtree", "/teamA")
+    w = lookup_ino(cluster, key, 1, "w")
+    before, accepted = asks(cluster), vouchers(cluster, "accepted")
+    listed = meta_figure(cluster, "stoker_rpc_requests_total", op="META_GETATTRS")
+    opened = meta_figure(cluster, "stoker_rpc_requests_total", op="META_OPEN")
+    assert listread(cluster, key, w) == 30
+    assert meta_figure(cluster, "stoker_rpc_requests_total", op="META_GETATTRS") > listed
+    assert meta_figure(cluster, "stoker_rpc_requests_total", op="META_OPEN") >= opened + 30
+    assert asks(cluster) == before
+    assert vouchers(cluster, "accepted") >= accepted + 30
+    # a file outside stays outside: asked by number, it is missing, and unreadable
+    admin = cluster.key_file
+    b_txt = lookup_ino(cluster, admin, lookup_ino(cluster, admin, 1, "teamB"), "b.txt")
+    env = dict(os.environ, STOKER_CLUSTER=cluster.url, STOKER_KEY_FILE=key)
+    out = run([CHECK, "ino", cluster.url, "getattrs", str(b_txt)], env=env).stdout.decode()
+    assert out.split()[-1] == "ENOENT", out
+    assert chunk(cluster, key, b_txt) == "EACCES"
+
+
+def test_a_meta_that_tells_only_its_epoch(make_cluster, tmp_path, monkeypatch):
+    """Storage asks a meta from before moves its bare epoch (META_EPOCH with no
+    `since`, as STOKER_TEST_VOUCH_EPOCH_ONLY=1 makes it ask any meta): every
+    rename there ends every voucher, as before moves were told; a file moved out
+    is still refused within the bound."""
+    monkeypatch.setenv("STOKER_TEST_VOUCH_EPOCH_ONLY", "1")
+    cluster = make_cluster(start=False)
+    cluster.start()
+    setup_teams(cluster, tmp_path)
+    cluster.cli("put", str(tmp_path / "hello.txt"), "/teamA/c.txt")
+    key = add_client(cluster, tmp_path, "alice", "--subtree", "/teamA")
+    a_txt, v = vouch(cluster, key, 1, "a.txt")
+    c_txt, vc = vouch(cluster, key, 1, "c.txt")
+    before, accepted = asks(cluster), vouchers(cluster, "accepted")
+    assert chunk(cluster, key, c_txt, vc) != "EACCES"
+    assert vouchers(cluster, "accepted") == accepted + 1
+    assert asks(cluster) == before
+    # a rename within a folder outside the subtree: every voucher of before is stale
+    cluster.cli("mv", "/teamB/b.txt", "/teamB/b2.txt")
+    time.sleep(1.2)
+    stale = vouchers(cluster, "stale")
+    assert chunk(cluster, key, c_txt, vc) != "EACCES"
+    assert vouchers(cluster, "stale") == stale + 1
+    assert asks(cluster) == before + 1
+    # and one moved out is refused
+    cluster.cli("mv", "/teamA/a.txt", "/teamB/a.txt")
+    t0 = time.monotonic()
+    wait_until(lambda: chunk(cluster, key, a_txt, v) == "EACCES", 10,
+               "the voucher of a file moved out to be refused")
+    assert time.monotonic() - t0 < 5.5

@@ -53,7 +53,10 @@
  *                                         a client key's holder may craft it; prints the
  *                                         errno's name (OK for 0) and exits 0. OP: getattr
  *                                         INO, getattrs INO, readdir INO, read INO (open by
- *                                         inode, read 1 byte), chmod INO, setxattr INO,
+ *                                         inode, read 1 byte), listread INO (readdir, one
+ *                                         getattrs of what it lists, a byte of each file
+ *                                         opened from those; prints "files N"), chmod INO,
+ *                                         setxattr INO,
  *                                         lookup DIR NAME, create DIR NAME, mkdir DIR NAME,
  *                                         unlink DIR NAME, link INO DIR NAME, rename DIR
  *                                         NAME DIR NAME; raw INO read|write: chunks
@@ -2348,6 +2351,39 @@ static int cmd_ino(int argc, char **argv)
 		rc = stk_ll_getattrs(c, &cred, &x, 1, &a, rcs);
 		if (rc == 0)
 			rc = rcs[0];
+	} else if (strcmp(op, "listread") == 0) {
+		/* a listing with attributes by inode (readdir, then getattrs), then a
+		 * byte of each regular file it found, opened from those attributes (the
+		 * open registers it at meta, META_OPEN) */
+		struct stk_ll_dirent ents[64];
+		struct stk_ll_attr at[64];
+		uint64_t inos[64];
+		int rcs[64], eof = 0, files = 0;
+		uint32_t n = 0;
+
+		rc = stk_ll_readdir(c, &cred, x, 0, 64, ents, &n, &eof);
+		rc = rc < 0 ? rc : 0;
+		for (uint32_t i = 0; i < n; i++)
+			inos[i] = ents[i].ino;
+		if (rc == 0 && n)
+			rc = stk_ll_getattrs(c, &cred, inos, n, at, rcs);
+		for (uint32_t i = 0; rc == 0 && i < n; i++) {
+			stk_file *f;
+			char ch;
+			long got;
+
+			if (rcs[i] || !S_ISREG(at[i].mode))
+				continue;
+			rc = stk_ll_open(c, &cred, &at[i], O_RDONLY, &f);
+			if (rc)
+				break;
+			got = stk_pread(f, &ch, 1, 0);
+			rc = got < 0 ? (int)got : 0;
+			stk_close(f);
+			files++;
+		}
+		if (rc == 0)
+			printf("files %d\n", files);
 	} else if (strcmp(op, "readdir") == 0) {
 		struct stk_ll_dirent ents[4];
 		uint32_t n = 0;
