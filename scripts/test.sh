@@ -66,6 +66,15 @@ integration() {
 step "integration tests"
 integration build || fail=1
 
+step "integration tests on a folder of metadata shard 2 (docs/meta-shards.md)"
+# The mount's POSIX suite, locks and orphans again, on a cluster of two shards
+# with the tests' folder placed on shard 2: sessions, open files, locks and
+# orphans on another shard than the root's (under a minute).
+STOKER_TEST_META_SHARDS=2 STOKER_TEST_MOUNT_SHARD=2 \
+	/usr/bin/python3 -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" \
+	tests/integration/test_mount_posix.py tests/integration/test_locks.py \
+	tests/integration/test_orphans.py --junitxml=build/integration-shard2.xml || fail=1
+
 step "integration tests against the ASan/UBSan build"
 # The 100,000-entry listing runs in the first pass only (a minute of creates, meta-bound).
 # This pass also turns short-circuit reads off, so that reads cross the network as
