@@ -133,21 +133,26 @@ def test_a_meta_node_added_takes_the_leaders_place(mc, tmp_path):
         mc.wait("the follower drained", lambda: (lambda r: r[fol][0] == "spare" and
                 r[lead][0] == "follower")(mc.roles()), timeout=90)
         want = tree(c)
+        c.close()
+        # what the shard's replicas hold now is the whole namespace: the leader
+        # killed, a follower that took part in the moves serves it all
+        old = mc.leader()
+        if old == extra:
+            proc.kill()
+            resume = None
+        else:
+            old, resume = mc.kill_leader()
+        mc.wait("a new leader", lambda: mc.leader() != old)
+        c = stoker_pkg.connect(mc.url)
+        assert tree(c) == want
+        if resume:
+            resume()
     finally:
         c.close()
-        proc.send_signal(signal.SIGTERM)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-    # what the shard's replicas hold now is the whole namespace: the leader killed,
-    # a follower that took part in the moves serves it all
-    old, resume = mc.kill_leader()
-    mc.wait("a new leader", lambda: mc.leader() != old)
-    c = stoker_pkg.connect(mc.url)
-    try:
-        assert tree(c) == want
-    finally:
-        c.close()
-    resume()
