@@ -94,26 +94,65 @@ static int remove_node(int argc, char **argv)
 	return kept ? 1 : 0;
 }
 
+/* Whether node id of the cluster is a meta node (by its status; 0 if not known). */
+static int node_is_meta(const char *cluster, uint32_t id)
+{
+	const struct stk_cluster_node *n;
+	stk_cluster_status *st;
+	int meta = 0;
+
+	if (stk_cluster_status_fetch(cluster, &st))
+		return 0;
+	for (uint32_t i = 0; (n = stk_cluster_status_node(st, i)); i++)
+		if (n->id == id)
+			meta = n->role == STK_CLUSTER_ROLE_META;
+	stk_cluster_status_free(st);
+	return meta;
+}
+
 /* `admin drain-node ID` (drain 1) and `admin undrain-node ID` (drain 0). */
 static int drain_node(int argc, char **argv, int drain)
 {
 	const char *cluster = NULL, *what = drain ? "drain-node" : "undrain-node";
 	uint64_t id = 0;
 	uint32_t members = 0;
-	int rc = id_args(argc, argv, what, "a storage node's id (`stoker status`, Nodes)",
+	int rc = id_args(argc, argv, what, "a storage or meta node's id (`stoker status`, Nodes)",
 			 &cluster, &id, NULL, NULL);
 
 	if (rc)
 		return rc;
 	rc = stk_cluster_drain_node(cluster, (uint32_t)id, drain, &members);
 	if (rc == -ENOENT) {
-		cli_err("admin", "%s: the cluster has no storage node %llu", what,
+		cli_err("admin", "%s: the cluster has no storage or meta node %llu", what,
 			(unsigned long long)id);
+		return 1;
+	}
+	if (rc == -EOPNOTSUPP) {
+		cli_err("admin",
+			"%s: meta node %llu is its shard's only copy (mgmtd --meta-replicas 1): "
+			"nothing can take its place; run the cluster with --meta-replicas 2 or more "
+			"and another meta node first",
+			what, (unsigned long long)id);
 		return 1;
 	}
 	if (rc) {
 		cli_err("admin", "%s: %s", what, stk_strerror(rc));
 		return 1;
+	}
+	if (node_is_meta(cluster, (uint32_t)id)) {
+		if (!drain)
+			printf("node %llu: no longer draining (meta node, %s)\n",
+			       (unsigned long long)id,
+			       members ? "it keeps its place in its shard" : "a spare");
+		else if (members)
+			printf("node %llu: draining: a spare meta node of its shard takes its place "
+			       "(the leader copies the shard to it; `stoker status` shows it under "
+			       "\"Metadata shards\"), then it leaves; then stop it\n",
+			       (unsigned long long)id);
+		else
+			printf("node %llu: drained, holds no copy of its shard: stop it\n",
+			       (unsigned long long)id);
+		return 0;
 	}
 	if (!drain)
 		printf("node %llu: no longer draining (%u chain membership(s); moves in flight "

@@ -106,9 +106,12 @@ static void print_replicas(const stk_cluster_status *st, const struct stk_cluste
 				 (unsigned long long)(lead->meta_seq > n->meta_seq
 							  ? lead->meta_seq - n->meta_seq
 							  : 0));
-		printf("    %-6u %-9s %-8s %-22s %-10llu %s\n", n->id, role,
+		printf("    %-6u %-9s %-8s %-22s %-10llu %s%s\n", n->id, role,
 		       n->state == STK_CLUSTER_NODE_ONLINE ? "online" : "offline", n->addr,
-		       (unsigned long long)n->meta_seq, behind);
+		       (unsigned long long)n->meta_seq, behind,
+		       !n->draining		  ? ""
+		       : strcmp(role, "spare") == 0 ? "  drained: holds no copy, may be stopped"
+						    : "  draining: leaves once others hold the shard");
 	}
 	if (sh->nfollowers + 1 < sh->replicas)
 		printf("  ! shard %u has %u of its %u copies: losing its leader now may stop the "

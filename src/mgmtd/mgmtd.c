@@ -355,7 +355,20 @@ static int handle_target_wiped(struct mgmtd *m, struct stk_rpc_req *req)
 	return rc;
 }
 
-/* MGMT_DRAIN_NODE: drains a storage node, or cancels its drain. */
+/*
+ * What a node holds that a drain must move: a storage node's chain memberships;
+ * a meta node's place in its shard (1 while it leads or follows, else 0).
+ */
+static uint32_t node_holds(const struct stk_mgmt_state *st, uint32_t node_id)
+{
+	const struct stk_mgmt_node *n = stk_mgmt_state_node((struct stk_mgmt_state *)st, node_id);
+
+	if (n && n->role == STK_ROLE_META)
+		return stk_mgmt_state_meta_role(st, node_id) != 0;
+	return stk_mgmt_state_node_members(st, node_id);
+}
+
+/* MGMT_DRAIN_NODE: drains a storage or meta node, or cancels its drain. */
 static int handle_drain_node(struct mgmtd *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_mgmt_drain_node_req rq;
@@ -370,7 +383,7 @@ static int handle_drain_node(struct mgmtd *m, struct stk_rpc_req *req, struct st
 	if (rc == 0) {
 		/* the first moves start now, not at the next round */
 		stk_mgmt_state_rebalance(&m->st, stk_now_ns(), m->rebalance_moves);
-		rp.members = stk_mgmt_state_node_members(&m->st, rq.node_id);
+		rp.members = node_holds(&m->st, rq.node_id);
 		rc = persist(m);
 	}
 	pthread_mutex_unlock(&m->lock);
@@ -421,7 +434,8 @@ static int handle_rebalance(struct mgmtd *m, struct stk_rpc_req *req, struct stk
 	rp.abandoned = st->moves_abandoned;
 	rp.nmoves = st->nmoves;
 	for (uint32_t i = 0; i < st->nnodes; i++)
-		rp.nnodes += st->nodes[i].role == STK_ROLE_STORAGE;
+		rp.nnodes += st->nodes[i].role == STK_ROLE_STORAGE ||
+			     st->nodes[i].role == STK_ROLE_META;
 	stk_msg_mgmt_rebalance_resp_enc(&resp->payload, &rp);
 	for (uint32_t i = 0; i < st->nmoves; i++) {
 		struct stk_msg_move_rec mr = {.chain_id = st->moves[i].chain_id,
@@ -435,9 +449,9 @@ static int handle_rebalance(struct mgmtd *m, struct stk_rpc_req *req, struct stk
 		const struct stk_mgmt_node *n = &st->nodes[i];
 		struct stk_msg_node_load nl = {.node_id = n->id, .draining = n->draining};
 
-		if (n->role != STK_ROLE_STORAGE)
+		if (n->role != STK_ROLE_STORAGE && n->role != STK_ROLE_META)
 			continue;
-		nl.members = stk_mgmt_state_node_members(st, n->id);
+		nl.members = node_holds(st, n->id); /* a meta node: its place in its shard */
 		for (uint32_t k = 0; k < st->ntargets; k++)
 			nl.targets += st->targets[k].node_id == n->id &&
 				      st->targets[k].state != STK_TARGET_OFFLINE;

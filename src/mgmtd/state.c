@@ -552,7 +552,29 @@ static void follower_drop(struct stk_mgmt_shard *sh, uint32_t id)
 	sh->nfollowers = j;
 }
 
-/* ONLINE meta nodes in no role join as followers while the shard has room. */
+/*
+ * The copies of shard sh that stay once its draining meta nodes are gone: its
+ * leader unless it drains, and its followers that do not drain.
+ */
+static unsigned copies_kept(struct stk_mgmt_state *st, const struct stk_mgmt_shard *sh)
+{
+	const struct stk_mgmt_node *lead = stk_mgmt_state_node(st, sh->node);
+	unsigned n = !(lead && lead->draining);
+
+	for (uint8_t i = 0; i < sh->nfollowers; i++) {
+		const struct stk_mgmt_node *f = stk_mgmt_state_node(st, sh->followers[i]);
+
+		n += !(f && f->draining);
+	}
+	return n;
+}
+
+/*
+ * ONLINE meta nodes in no role join as followers while the shard has room: fewer
+ * than R copies that stay (a draining node's place is taken before it goes, so a
+ * shard being drained has a follower more for a while). A draining node never
+ * joins.
+ */
 static void followers_fill(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh)
 {
 	if (st->meta_replicas <= 1 || stk_ns_id_is_zero(&sh->ns))
@@ -560,12 +582,15 @@ static void followers_fill(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh)
 	for (uint32_t i = 0; i < st->nnodes; i++) {
 		struct stk_mgmt_node *n = &st->nodes[i];
 
-		if (sh->nfollowers + 1 >= st->meta_replicas || sh->nfollowers >= STK_MAX_REPLICAS)
+		if (copies_kept(st, sh) >= st->meta_replicas || sh->nfollowers >= STK_MAX_REPLICAS)
 			return;
 		if (n->role != STK_ROLE_META || n->state != STK_NODE_ONLINE || n->refused ||
-		    node_shard(st, n) != sh || n->id == sh->node || is_follower(sh, n->id))
+		    n->draining || node_shard(st, n) != sh || n->id == sh->node ||
+		    is_follower(sh, n->id))
 			continue;
 		sh->followers[sh->nfollowers++] = n->id;
+		n->catch_reports = 0;
+		n->catch_floor = 0;
 		new_epoch(st, sh);
 		stk_info("meta node %u (%s) follows shard %u (epoch %llu)", n->id, n->addr,
 			 shard_no(st, sh), (unsigned long long)sh->epoch);
@@ -670,6 +695,18 @@ void stk_mgmt_state_meta_report(struct stk_mgmt_state *st, uint32_t node_id,
 		return;
 	node->meta_epoch = epoch;
 	node->meta_seq = seq;
+	if (node->shard <= STK_MGMT_MAX_SHARDS && node_shard(st, node)->node == node->id) {
+		struct stk_mgmt_shard *sh = node_shard(st, node);
+
+		for (uint8_t i = 0; i < sh->nfollowers; i++) {
+			struct stk_mgmt_node *f = stk_mgmt_state_node(st, sh->followers[i]);
+
+			if (f && f->catch_reports < 2) {
+				f->catch_reports++;
+				f->catch_floor = seq;
+			}
+		}
+	}
 	/* a follower copied from its leader; zero while it is copied: no promotion then */
 	if (!stk_ns_id_eq(&node->ns, ns)) {
 		node->ns = *ns;
@@ -1465,9 +1502,92 @@ int stk_mgmt_state_accept_loss(struct stk_mgmt_state *st, uint32_t chain_id,
 	return 0;
 }
 
+/*
+ * Whether follower f of shard sh holds the shard: ONLINE, of the shard's identity
+ * (zero while it is copied), and caught up with what was acknowledged before it
+ * followed (catch_floor, state.h); what was acknowledged since, it acknowledged.
+ */
+static int follower_ready(const struct stk_mgmt_shard *sh, const struct stk_mgmt_node *f)
+{
+	return f && f->state == STK_NODE_ONLINE && stk_ns_id_eq(&f->ns, &sh->ns) &&
+	       f->catch_reports >= 2 && f->meta_seq >= f->catch_floor;
+}
+
+/*
+ * One round of meta drains (`stoker admin drain-node` of a meta node): for each
+ * replicated shard, spares join in place of its draining nodes (followers_fill);
+ * a draining follower leaves once R - 1 followers that stay hold the shard (with
+ * the leader, R copies); a draining leader hands the shard to the follower that
+ * stays with the most changes once R followers that stay hold it (so R copies
+ * remain after it goes). So a drain never lowers a shard's copies, and waits for
+ * a meta node to take its place where none is free. Returns the changes made.
+ */
+static unsigned meta_drains(struct stk_mgmt_state *st)
+{
+	unsigned changes = 0;
+
+	if (st->meta_replicas <= 1)
+		return 0;
+	for (unsigned k = 0; k < STK_MGMT_MAX_SHARDS; k++) {
+		struct stk_mgmt_shard *sh = &st->shards[k];
+		struct stk_mgmt_node *lead = stk_mgmt_state_node(st, sh->node), *best = NULL;
+		unsigned ready = 0;
+
+		if (stk_ns_id_is_zero(&sh->ns))
+			continue;
+		followers_fill(st, sh);
+		for (uint8_t i = 0; i < sh->nfollowers; i++) {
+			struct stk_mgmt_node *f = stk_mgmt_state_node(st, sh->followers[i]);
+
+			if (f && !f->draining && follower_ready(sh, f)) {
+				ready++;
+				if (!best || f->meta_seq > best->meta_seq)
+					best = f;
+			}
+		}
+		for (uint8_t i = 0; i < sh->nfollowers;) {
+			struct stk_mgmt_node *f = stk_mgmt_state_node(st, sh->followers[i]);
+
+			if (!f || !f->draining || ready + 1 < st->meta_replicas) {
+				i++;
+				continue;
+			}
+			follower_drop(sh, f->id);
+			new_epoch(st, sh);
+			changes++;
+			stk_warn("meta node %u (%s) drained: it no longer follows shard %u (epoch "
+				 "%llu); %u other copies hold it",
+				 f->id, f->addr, k + 1, (unsigned long long)sh->epoch, ready + 1);
+		}
+		if (lead && lead->draining && best && ready >= st->meta_replicas &&
+		    lead->state == STK_NODE_ONLINE) {
+			follower_drop(sh, best->id);
+			sh->node = best->id;
+			new_epoch(st, sh);
+			changes++;
+			stk_warn("meta node %u (%s) drained: meta node %u (%s) leads shard %u now "
+				 "(epoch %llu, change %llu)",
+				 lead->id, lead->addr, best->id, best->addr, k + 1,
+				 (unsigned long long)sh->epoch, (unsigned long long)best->meta_seq);
+		}
+	}
+	return changes;
+}
+
+int stk_mgmt_state_meta_role(const struct stk_mgmt_state *st, uint32_t node_id)
+{
+	const struct stk_mgmt_node *n = stk_mgmt_state_node((struct stk_mgmt_state *)st, node_id);
+	const struct stk_mgmt_shard *sh;
+
+	if (!n || n->role != STK_ROLE_META)
+		return 0;
+	sh = node_shard((struct stk_mgmt_state *)st, n);
+	return sh->node == node_id ? 2 : is_follower(sh, node_id) ? 1 : 0;
+}
+
 unsigned stk_mgmt_state_rebalance(struct stk_mgmt_state *st, uint64_t now_ns, unsigned max_moves)
 {
-	unsigned n = moves_check(st);
+	unsigned n = moves_check(st) + meta_drains(st);
 	struct load *l;
 	uint32_t nl;
 
@@ -1504,12 +1624,23 @@ int stk_mgmt_state_drain(struct stk_mgmt_state *st, uint32_t node_id, int drain)
 {
 	struct stk_mgmt_node *n = stk_mgmt_state_node(st, node_id);
 
-	if (!n || n->role != STK_ROLE_STORAGE)
+	if (!n || (n->role != STK_ROLE_STORAGE && n->role != STK_ROLE_META))
 		return -ENOENT;
+	if (n->role == STK_ROLE_META && drain && st->meta_replicas <= 1)
+		return -EOPNOTSUPP; /* one copy: nothing can take its place */
 	if (n->draining == !!drain)
 		return 0;
 	n->draining = (uint8_t)!!drain;
-	st->dirty = 1;
+	bump(st);
+	if (n->role == STK_ROLE_META) {
+		if (drain)
+			stk_warn("meta node %u (%s) is draining: another meta node takes its place "
+				 "in shard %u",
+				 n->id, n->addr, n->shard ? n->shard : 1);
+		else
+			stk_info("meta node %u (%s) is no longer draining", n->id, n->addr);
+		return 0;
+	}
 	if (drain) {
 		stk_warn("node %u (%s) is draining: its chain memberships move to other nodes",
 			 n->id, n->addr);

@@ -33,7 +33,10 @@
  * place; back, it follows again when there is room. A leader that goes OFFLINE is
  * replaced by the ONLINE follower of the shard's identity that reported the
  * highest change number; with none, it keeps the shard, as with R = 1. Only a
- * follower in the list is promoted: it holds whatever was acknowledged. Once
+ * follower in the list is promoted: it holds whatever was acknowledged. A
+ * draining meta node (`stoker admin drain-node`) joins no shard, counts as no
+ * copy that stays, and leaves its role once others hold the shard (meta_drains
+ * in state.c). Once
  * replicated (an epoch was taken), a shard whose R goes back to 1 stays with its
  * leader: other stores of its identity are copies, and are refused.
  *
@@ -119,6 +122,16 @@ struct stk_mgmt_node {
 	 */
 	uint64_t meta_epoch;
 	uint64_t meta_seq;
+	/*
+	 * A follower's catching up (memory only): the leader's change numbers in its
+	 * first two reports since this node began to follow (catch_reports of them
+	 * heard; catch_floor the last). Changes acknowledged before it followed are at
+	 * most the second's, which the leader sent after mgmtd heard the first; those
+	 * after, it acknowledged itself. So once its own report reaches catch_floor it
+	 * holds everything acknowledged (meta_drains).
+	 */
+	uint8_t catch_reports;
+	uint64_t catch_floor;
 };
 
 /*
@@ -329,6 +342,7 @@ static inline int stk_mgmt_target_active(uint8_t state)
  *   WIPING); one whose `in` is gone (offline, or out of the chain) or whose `out`
  *   left the chain otherwise is abandoned (`in` leaves the chain, WIPING);
  * - chains of R form from free targets (see form_settle_ns);
+ * - draining meta nodes give their place in their shards to others (meta_drains);
  * - a draining node's memberships are moved to other nodes, while fewer than
  *   max(max_moves, 1) moves are in flight: a drain asked for by hand goes on
  *   when the balancing is off;
@@ -345,11 +359,17 @@ static inline int stk_mgmt_target_active(uint8_t state)
  */
 unsigned stk_mgmt_state_rebalance(struct stk_mgmt_state *st, uint64_t now_ns, unsigned max_moves);
 
+/* A meta node's role in its shard: 2 leader, 1 follower, 0 none (or not a meta node). */
+int stk_mgmt_state_meta_role(const struct stk_mgmt_state *st, uint32_t node_id);
+
 /*
  * `stoker admin drain-node` (drain 1) and `undrain-node` (drain 0): marks a
- * storage node draining or not. Undraining abandons the drain's moves in flight
- * (their `in` leaves the chain), leaving the node's memberships as they are.
- * 0 or -ENOENT (no such storage node).
+ * storage or meta node draining or not. Undraining a storage node abandons the
+ * drain's moves in flight (their `in` leaves the chain), leaving the node's
+ * memberships as they are. A draining meta node's place in its shard is taken by
+ * a spare before it leaves (meta_drains, each stk_mgmt_state_rebalance round);
+ * undrained, it keeps the role it still has. 0, -ENOENT (no such storage or meta
+ * node) or -EOPNOTSUPP (a meta node of a cluster whose shards keep one copy).
  */
 int stk_mgmt_state_drain(struct stk_mgmt_state *st, uint32_t node_id, int drain);
 

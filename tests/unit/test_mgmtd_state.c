@@ -1331,6 +1331,94 @@ static int test_meta_replicas(void)
 }
 
 /*
+ * `stoker admin drain-node` of a meta node (meta_drains in state.c): a spare takes
+ * its place before it leaves; a drain never lowers the shard's copies, and waits
+ * where no spare is free; a shard of one copy cannot be drained.
+ */
+static int test_meta_drain(void)
+{
+	struct stk_msg_mgmt_register_req rq;
+	struct stk_mgmt_state st;
+	struct stk_ns_id ns = {.lo = 0xA};
+	uint32_t m1, m2, m3, m4, ids[1];
+	uint64_t e;
+	int rc = 1;
+
+	stk_mgmt_state_init(&st);
+	st.meta_replicas = 2;
+	rq = meta_req(0, "10.0.0.1:9600", 0xA);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m1, ids) == 0);
+	rq = meta_req(0, "10.0.0.2:9600", 0xB);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m2, ids) == 0);
+	rq = meta_req(0, "10.0.0.3:9600", 0xC);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 1 * SEC, &m3, ids) == 0);
+	REQUIRE(st.shards[0].node == m1 && st.shards[0].nfollowers == 1 &&
+		st.shards[0].followers[0] == m2); /* m3 a spare */
+	stk_mgmt_state_meta_report(&st, m2, &ns, st.shards[0].epoch, 10);
+	REQUIRE(stk_mgmt_state_drain(&st, 999, 1) == -ENOENT);
+
+	/* the leader drains: the spare follows first (a follower more for a while) */
+	REQUIRE(stk_mgmt_state_drain(&st, m1, 1) == 0);
+	REQUIRE(stk_mgmt_state_meta_role(&st, m1) == 2);
+	stk_mgmt_state_rebalance(&st, 2 * SEC, 0);
+	REQUIRE(st.shards[0].node == m1 && st.shards[0].nfollowers == 2 &&
+		st.shards[0].followers[1] == m3);
+	/* m3 still copying (another identity): the leader stays */
+	stk_mgmt_state_rebalance(&st, 3 * SEC, 0);
+	REQUIRE(st.shards[0].node == m1);
+	/* m3 copied, but how far the leader was when it joined is not known yet */
+	e = st.shards[0].epoch;
+	stk_mgmt_state_meta_report(&st, m3, &ns, e, 12);
+	stk_mgmt_state_meta_report(&st, m2, &ns, e, 12);
+	stk_mgmt_state_rebalance(&st, 3 * SEC, 0);
+	REQUIRE(st.shards[0].node == m1);
+	/* the leader's next two reports: at change 12 then 14; m3 behind (12) is not ready */
+	stk_mgmt_state_meta_report(&st, m1, &ns, e, 12);
+	stk_mgmt_state_meta_report(&st, m1, &ns, e, 14);
+	stk_mgmt_state_rebalance(&st, 3 * SEC, 0);
+	REQUIRE(st.shards[0].node == m1);
+	/* both at 14: the follower with the most changes leads, m1 holds no role */
+	stk_mgmt_state_meta_report(&st, m2, &ns, e, 14);
+	stk_mgmt_state_meta_report(&st, m3, &ns, e, 15);
+	stk_mgmt_state_rebalance(&st, 4 * SEC, 0);
+	REQUIRE(st.shards[0].node == m3 && st.shards[0].nfollowers == 1 &&
+		st.shards[0].followers[0] == m2 && st.shards[0].epoch > e);
+	REQUIRE(stk_mgmt_state_meta_role(&st, m1) == 0 && stk_mgmt_state_meta_role(&st, m3) == 2);
+	/* a drained node back (restarted) takes no role */
+	rq = meta_req(m1, "10.0.0.1:9600", 0xA);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 5 * SEC, &m1, ids) == 0);
+	stk_mgmt_state_rebalance(&st, 5 * SEC, 0);
+	REQUIRE(stk_mgmt_state_meta_role(&st, m1) == 0);
+
+	/* a follower drains with no spare free: it stays, two copies kept */
+	REQUIRE(stk_mgmt_state_drain(&st, m2, 1) == 0);
+	stk_mgmt_state_rebalance(&st, 6 * SEC, 0);
+	REQUIRE(st.shards[0].nfollowers == 1 && st.shards[0].followers[0] == m2);
+	/* a new meta node registers: it follows, and once copied m2 leaves */
+	rq = meta_req(0, "10.0.0.4:9600", 0xD);
+	REQUIRE(stk_mgmt_state_register(&st, &rq, NULL, 0, 7 * SEC, &m4, ids) == 0);
+	REQUIRE(st.shards[0].nfollowers == 2 && st.shards[0].followers[1] == m4);
+	stk_mgmt_state_rebalance(&st, 7 * SEC, 0);
+	REQUIRE(st.shards[0].nfollowers == 2); /* m4 not copied yet */
+	stk_mgmt_state_meta_report(&st, m3, &ns, st.shards[0].epoch, 20);
+	stk_mgmt_state_meta_report(&st, m3, &ns, st.shards[0].epoch, 20);
+	stk_mgmt_state_meta_report(&st, m4, &ns, st.shards[0].epoch, 20);
+	stk_mgmt_state_rebalance(&st, 8 * SEC, 0);
+	REQUIRE(st.shards[0].nfollowers == 1 && st.shards[0].followers[0] == m4 &&
+		st.shards[0].node == m3 && stk_mgmt_state_meta_role(&st, m2) == 0);
+	/* undrained, a node is a spare again, and follows where there is room */
+	REQUIRE(stk_mgmt_state_drain(&st, m1, 0) == 0);
+	stk_mgmt_state_rebalance(&st, 9 * SEC, 0);
+	REQUIRE(stk_mgmt_state_meta_role(&st, m1) == 0); /* no room: R = 2 held */
+	/* one copy: nothing can take a meta node's place */
+	st.meta_replicas = 1;
+	REQUIRE(stk_mgmt_state_drain(&st, m3, 1) == -EOPNOTSUPP);
+	rc = 0;
+	stk_mgmt_state_free(&st);
+	return rc;
+}
+
+/*
  * Metadata shards (docs/meta-shards.md): each shard is its own replicated group
  * among the meta nodes registered for it; a node for a shard the cluster does not
  * have is refused; the state file (format 8) keeps the map.
@@ -1427,7 +1515,8 @@ int main(void)
 	     test_encode_round_trip(&st) || test_persistence(&st) || test_lost_state() ||
 	     test_host_identity() || test_identity() || test_old_format() || test_replicas() ||
 	     test_replace() || test_all_lost() || test_accept_loss() || test_rebalance() ||
-	     test_meta_replicas() || test_clients() || test_format_5_both() || test_meta_shards();
+	     test_meta_replicas() || test_clients() || test_format_5_both() || test_meta_shards() ||
+	     test_meta_drain();
 	stk_mgmt_state_free(&st);
 	if (rc && !check_failures())
 		CHECK_FAIL("a test failed without a failed check");
