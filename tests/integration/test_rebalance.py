@@ -203,7 +203,7 @@ def test_drain_cancel_drain_and_remove_an_online_node(tmp_path):
         assert chunk_files(victim_dir) and not chunk_files(spare_dir)
 
         p = net.cli("admin", "drain-node", "999", "--cluster", net.url, check=False)
-        assert p.returncode == 1 and b"has no storage node 999" in p.stderr, p.stderr
+        assert p.returncode == 1 and b"has no storage or meta node 999" in p.stderr, p.stderr
         p = net.cli("admin", "remove-node", str(victim), "--cluster", net.url, check=False)
         assert p.returncode == 1 and b"drain it first" in p.stderr, p.stderr
 
