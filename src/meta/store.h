@@ -500,12 +500,17 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
  *   CORRUPT       a record that does not decode (inode ino, or an entry)
  * With repair (one write transaction; other writers wait meanwhile) what is safe
  * is repaired: entries that lead nowhere or from nowhere are dropped, link counts
- * and parent pointers set from the entries, an unreached non-folder freed as an
- * unlink would (its chunks to the purge), stale orphan records dropped, quota
- * usage set to the count. An unreached folder and a corrupt record are only
- * reported. fn (may be NULL) is called for each problem inside the transaction;
+ * and parent pointers set from the entries, an unreached inode reattached in
+ * lost+found as "#INO" (made on demand; the problem's name and parent say where;
+ * on shard 1 only, and reported only when the name is taken), stale orphan
+ * records dropped, quota usage set to the count. A corrupt record is only
+ * reported; an unreached inode of shard 2.. too (expect: a folder's parent
+ * pointer, for stk_fsck, which reattaches such a folder through shard 1). fn (may be NULL) is called for each problem inside the transaction;
  * a non-zero return stops the check with that error (and undoes the repairs).
  */
+/* Where fsck reattaches what no name reaches: a folder of the root, on shard 1. */
+#define STK_LOSTFOUND_NAME "lost+found"
+
 struct stk_meta_fsck_problem {
 	uint32_t kind; /* enum stk_fsck_kind (proto/msg.h) */
 	uint8_t repaired;
@@ -892,5 +897,32 @@ int stk_meta_store_fsck_xdirs(struct stk_meta_store *st, uint64_t from, struct s
  * dropped is copied to name (STK_NAME_MAX + 1 bytes).
  */
 int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64_t ino, char *name);
+
+/*
+ * fsck's repair of a folder's parent pointer (a folder of this shard whose entry
+ * is on another, docs/fsck.md): folder ino's pointer becomes parent, if it is
+ * still `seen` (what fsck found; else -ESTALE) and no mark of a cross-shard mkdir
+ * or rmdir is on it (-EBUSY). -EINVAL for an inode of another shard or the root,
+ * -ENOTDIR for no folder, -ENOENT. One write transaction.
+ */
+int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_t seen,
+				uint64_t parent);
+/*
+ * fsck's lost+found, shard 1 only (-EXDEV elsewhere): the folder STK_LOSTFOUND_NAME
+ * in the root, made on demand (root's, mode 0700; -ENOTDIR when the name is no
+ * folder, -EXDEV when it is another shard's), and ino reattached in it as "#INO",
+ * in one write transaction; *lf_ino is lost+found's number and name (STK_NAME_MAX
+ * + 1 bytes) the entry's. ino 0: lost+found only. ino a folder of this shard (no
+ * other kind: a file of this shard is reattached by stk_meta_store_fsck's
+ * repair): its parent pointer must still be `seen` (-ESTALE) and no mark on it
+ * (-EBUSY); the entry, the pointer and lost+found's link count change together.
+ * ino of another shard: a folder, whose parent pointer its shard has set to
+ * lost+found first (stk_meta_store_fsck_xparent), so that a crash between leaves
+ * a folder no name reaches, never a name pointing at nothing; only the entry and
+ * the link count change here. The entry there already, naming ino: 0, nothing
+ * changes; naming another: -EEXIST.
+ */
+int stk_meta_store_fsck_adopt(struct stk_meta_store *st, uint64_t ino, uint64_t seen,
+			      uint64_t *lf_ino, char *name);
 
 #endif
