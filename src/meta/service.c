@@ -2140,6 +2140,45 @@ static int fsck_xdrop(struct meta *m, const struct stk_msg_meta_fsck_req *q, uin
 	return resp->payload.err;
 }
 
+static int fsck_xparent(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t seen,
+			uint64_t parent, struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	uint64_t changed[1] = {q->from};
+	int rc = stk_meta_store_fsck_xparent(m->store, q->from, seen, parent);
+
+	if (rc)
+		return rc;
+	/* its ".." changed */
+	stk_meta_leases_changed(m->leases, 0, changed, 1);
+	if (seen != parent)
+		stk_warn("fsck: folder %llu pointed at folder %llu as its parent, not at %llu, "
+			 "whose entry names it: set",
+			 (unsigned long long)q->from, (unsigned long long)seen,
+			 (unsigned long long)parent);
+	return stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+}
+
+static int fsck_adopt(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t seen,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_fsck_xref x = {.ino = q->from};
+	uint64_t changed[3] = {STK_ROOT_INO, 0, q->from};
+	int rc = stk_meta_store_fsck_adopt(m->store, q->from, seen, &x.parent, x.name);
+
+	if (rc)
+		return rc;
+	changed[1] = x.parent;
+	stk_meta_leases_changed(m->leases, 0, changed, q->from ? 3 : 2);
+	if (q->from)
+		stk_warn("fsck: folder %llu, reached by no name, reattached as lost+found/%s",
+			 (unsigned long long)q->from, x.name);
+	r->n = 1;
+	r->done = 1;
+	stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+	stk_msg_fsck_xref_enc(&resp->payload, &x);
+	return resp->payload.err;
+}
+
 /* META_FSCK (msg.h): root only; the namespace check or a listing for the data check. */
 static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -2148,11 +2187,16 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	int rc;
 
 	struct stk_msg_fsck_xref after = {0};
-	uint64_t ino = 0;
+	uint64_t ino = 0, seen = 0;
 
 	rc = stk_msg_meta_fsck_req_dec(&req->payload, &q);
-	if (rc == 0 && q.op == STK_FSCK_XDROP) {
-		ino = stk_get_u64(&req->payload);
+	if (rc == 0 && (q.op == STK_FSCK_XDROP || q.op == STK_FSCK_XPARENT ||
+			q.op == STK_FSCK_ADOPT)) {
+		/* XDROP: the inode; XPARENT: seen and the parent; ADOPT: seen */
+		if (q.op == STK_FSCK_XPARENT || q.op == STK_FSCK_ADOPT)
+			seen = stk_get_u64(&req->payload);
+		if (q.op != STK_FSCK_ADOPT)
+			ino = stk_get_u64(&req->payload);
 		rc = req->payload.err ? -EBADMSG : 0;
 	}
 	if (rc == 0 && q.op == STK_FSCK_XENTRIES)
@@ -2169,6 +2213,10 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return fsck_xrefs(m, &q, &after, &r, resp);
 	case STK_FSCK_XDROP:
 		return fsck_xdrop(m, &q, ino, &r, resp);
+	case STK_FSCK_XPARENT:
+		return fsck_xparent(m, &q, seen, ino, &r, resp);
+	case STK_FSCK_ADOPT:
+		return fsck_adopt(m, &q, seen, &r, resp);
 	case STK_FSCK_CHECK:
 		return fsck_check(m, &q, &r, resp);
 	case STK_FSCK_FILES:

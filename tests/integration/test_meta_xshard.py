@@ -551,8 +551,9 @@ def test_fsck_of_two_shards_under_a_writer_is_clean(make_xc):
 def test_fsck_finds_folders_named_across_shards_that_do_not_match(make_xc):
     """An entry on shard 1 naming a folder shard 2 does not have is a dangling entry
     of shard 1 (--repair drops it and its parent's link); a folder on shard 2 that
-    no entry on shard 1 names is an unreached folder of shard 2 (reported only,
-    never removed); the folder beside them and its files stay whole."""
+    no entry on shard 1 names is an unreached folder of shard 2 (reattached under
+    shard 1's lost+found, never removed); the folder beside them and its files
+    stay whole."""
     from test_fsck import PLANT
     sc = make_xc()
     sc.cli("shard", "pin", "/", "2")
@@ -584,19 +585,115 @@ def test_fsck_finds_folders_named_across_shards_that_do_not_match(make_xc):
     assert re.search(rb"^shard 2: .*; 1 problem\(s\), 1 left$", text, re.M), text
     out = xfsck(sc, "--repair")
     fixed = {p["kind"]: p["repaired"] for p in out["list"]}
-    assert fixed == {"dangling-entry": True, "unreached-inode": False, "link-count": True}, out
-    assert out["remaining"] == 1
+    assert fixed == {"dangling-entry": True, "unreached-inode": True, "link-count": True}, out
+    assert out["remaining"] == 0
     out = xfsck(sc)
-    assert [(p["kind"], p["ino"]) for p in out["list"]] == [("unreached-inode", ino["/y"])], out
+    assert out["clean"] and out["list"] == [], out
     assert sc.held(2)[0] >= 4  # /y and /keep's folders are still there
     c = stoker_pkg.connect(sc.url)
     try:
-        assert sorted(c.listdir("/")) == ["keep"]
-        assert c.stat("/").st_nlink == 3
+        # /y reattached under shard 1's lost+found, never removed
+        assert sorted(c.listdir("/")) == ["keep", "lost+found"]
+        assert c.listdir("/lost+found") == ["#%d" % ino["/y"]]
+        assert c.stat("/").st_nlink == 4
         assert c.read_file("/keep/f") == b"kept"
         assert sorted(c.listdir("/keep")) == ["f", "sub"]
     finally:
         c.close()
+
+
+def test_fsck_reattaches_folders_and_sets_parent_pointers_across_shards(make_xc):
+    """Folders of shard 2 that no name reaches, one whose parent is on shard 1 and one
+    whose parent is on shard 2, are reported, then reattached with their contents
+    under shard 1's /lost+found; a file of shard 2 that no name reaches is reported
+    and kept; folders of shard 2 whose parent pointer is not the folder on shard 1
+    whose entry names them (pointing at shard 1 or at shard 2) are reported and
+    set; nothing changes without --repair, and a second run finds nothing more."""
+    from test_fsck import PLANT
+    sc = make_xc()
+    sc.cli("shard", "pin", "/", "2")
+    deep = os.urandom((1 << 20) + 3)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        for d in ("/y", "/y/in", "/d", "/d/sub", "/p", "/q"):
+            c.mkdir(d)
+        c.write_file("/y/in/f", deep)
+        c.write_file("/y/g", b"g")
+        c.write_file("/d/sub/f", b"sub's")
+        c.write_file("/d/loose", b"loose")
+        c.write_file("/p/f", b"p's")
+        sc.cli("shard", "unpin", "/")
+        c.mkdir("/one")
+        ino = {p: c.stat(p).st_ino for p in ("/y", "/d", "/d/sub", "/d/loose", "/p", "/q",
+                                             "/one")}
+    finally:
+        c.close()
+    assert shard_of(ino["/one"]) == 1
+    assert all(shard_of(ino[p]) == 2 for p in ino if p != "/one"), ino
+    sc.down()
+    one, two = (os.path.join(sc.data, m, "meta") for m in ("meta", "meta1"))
+    run([PLANT, one, "drop-entry", "1", "y"])
+    run([PLANT, two, "drop-entry", str(ino["/d"]), "sub"])
+    run([PLANT, two, "drop-entry", str(ino["/d"]), "loose"])
+    run([PLANT, two, "set-parent", str(ino["/q"]), str(ino["/one"])])  # at shard 1
+    run([PLANT, two, "set-parent", str(ino["/p"]), str(ino["/d"])])    # at shard 2
+    sc.up()
+    sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
+    want = {("link-count", 1), ("link-count", ino["/d"]),  # each lost a subfolder's entry
+            ("unreached-inode", ino["/y"]), ("unreached-inode", ino["/d/sub"]),
+            ("unreached-inode", ino["/d/loose"]),
+            ("unreached-inode", ino["/p"]),  # to shard 2's own check: its pointer is there
+            ("parent-pointer", ino["/q"]), ("parent-pointer", ino["/p"])}
+    out = xfsck(sc)
+    assert {(p["kind"], p["ino"]) for p in out["list"]} == want, out
+    assert not any(p["repaired"] for p in out["list"]), out
+    pp = {p["ino"]: (p["expect"], p["found"]) for p in out["list"]
+          if p["kind"] == "parent-pointer"}
+    assert pp == {ino["/q"]: (1, ino["/one"]), ino["/p"]: (1, ino["/d"])}, out
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert not c.exists("/lost+found")
+    finally:
+        c.close()
+    text = sc.cli("fsck", check=False).stdout
+    assert re.search(rb"parent pointer: folder %d points at %d, its entry is in 1$" % (
+        ino["/q"], ino["/one"]), text, re.M), text
+    out = xfsck(sc, "--repair")
+    left = {(p["kind"], p["ino"]) for p in out["list"] if not p["repaired"]}
+    assert left == {("unreached-inode", ino["/d/loose"])}, out
+    assert {(p["kind"], p["ino"]) for p in out["list"]} == want, out
+    names = {p["ino"]: p["name"] for p in out["list"] if p["kind"] == "unreached-inode"
+             and p["repaired"] and p["ino"] != ino["/p"]}
+    assert names == {ino["/y"]: "#%d" % ino["/y"], ino["/d/sub"]: "#%d" % ino["/d/sub"]}, out
+    out = xfsck(sc)
+    assert [(p["kind"], p["ino"]) for p in out["list"]] == [
+        ("unreached-inode", ino["/d/loose"])], out
+    c = stoker_pkg.connect(sc.url)
+    try:
+        st = c.stat("/lost+found")
+        assert shard_of(st.st_ino) == 1 and (st.st_mode & 0o7777) == 0o700 and st.st_uid == 0
+        y, sub = "/lost+found/#%d" % ino["/y"], "/lost+found/#%d" % ino["/d/sub"]
+        assert sorted(c.listdir("/lost+found")) == sorted([y[12:], sub[12:]])
+        assert st.st_nlink == 4
+        assert c.read_file(y + "/in/f") == deep and c.read_file(y + "/g") == b"g"
+        assert c.read_file(sub + "/f") == b"sub's"
+        assert c.read_file("/p/f") == b"p's"
+        assert sorted(c.listdir("/")) == ["d", "lost+found", "one", "p", "q"]
+        assert sorted(c.listdir("/d")) == []
+        # a folder made in a reattached one lands on its shard, as before
+        c.mkdir(y + "/new")
+        assert shard_of(c.stat(y + "/new").st_ino) == 2
+    finally:
+        c.close()
+    # "..", as meta answers it from the parent pointers
+    c = stoker_pkg.connect(sc.url)
+    try:
+        lf = c.stat("/lost+found").st_ino
+    finally:
+        c.close()
+    for d, up in ((ino["/q"], 1), (ino["/p"], 1), (ino["/y"], lf), (ino["/d/sub"], lf)):
+        p = run([CHECK, "ino", sc.url, "parent", str(d)], env=sc.env(), check=False)
+        assert p.stdout.split(b"\n")[0] == b"ino %d" % up, (d, p.stdout, p.stderr)
 
 
 def test_fsck_under_cross_shard_mkdir_and_rmdir_is_clean(make_xc):
