@@ -1005,9 +1005,87 @@ static void xrepair_link(struct fsck *f, struct xprob *p)
  * reattach them: shard 1 holds lost+found): a folder is reattached through
  * shard 1 as one found across shards is; a file is left reported.
  */
+/* Namespace problem q (of shard's check) repaired by stk_fsck itself. */
+static void ns_repaired(struct fsck *f, struct stk_msg_fsck_problem *q, uint64_t parent)
+{
+	unsigned shard = stk_ino_shard(q->ino);
+
+	q->repaired = 1;
+	q->parent = parent;
+	f->ns.repaired++;
+	for (unsigned k = 0; k < f->nsh; k++)
+		if (f->sh[k].id == shard)
+			f->sh[k].ns.repaired++;
+}
+
+/*
+ * The unreached files of shard (n of them, indexes into f->nsp): gathered on
+ * their shard into a new folder whose pointer is at lost+found (GATHER), which
+ * shard 1 then names "#FOLDER" in lost+found (ADOPT). Each file's problem then
+ * names it "#FOLDER/#INO", under lost+found.
+ */
+static void gather_files(struct fsck *f, unsigned shard, const uint32_t *idx, size_t n)
+{
+	struct stk_msg_meta_fsck_req q = {.cred = f->c->cred, .op = STK_FSCK_GATHER};
+	struct stk_msg_fsck_xref x = {0};
+	struct stk_msg_meta_fsck_resp r;
+	size_t cap = 64 + 8 * (size_t)n, len = 0;
+	uint8_t *req = malloc(cap);
+	uint64_t *got = NULL, lf, holder;
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	int rc;
+
+	if (!req)
+		return;
+	rc = meta_fsck_fix(f, 1, STK_FSCK_ADOPT, 0, &(uint64_t){0}, 1, &x);
+	lf = x.parent;
+	q.from = lf;
+	q.max = (uint32_t)n;
+	stk_wbuf_init(&w, req, cap);
+	stk_msg_meta_fsck_req_enc(&w, &q);
+	for (size_t i = 0; i < n; i++)
+		stk_put_u64(&w, f->nsp[idx[i]].ino);
+	if (rc == 0 && w.err)
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len,
+						f->resp, STK_MAX_PAYLOAD, &len);
+	stk_rbuf_init(&rb, f->resp, len);
+	if (rc == 0 && (stk_msg_meta_fsck_resp_dec(&rb, &r) || r.n > n))
+		rc = -EIO;
+	holder = rc == 0 ? r.next : 0;
+	if (rc == 0 && r.n && (got = calloc(r.n, sizeof(*got))) == NULL)
+		rc = -ENOMEM;
+	for (uint32_t i = 0; rc == 0 && i < r.n; i++)
+		got[i] = stk_get_u64(&rb);
+	if (rc == 0 && rb.err)
+		rc = -EIO;
+	/* the folder unnamed till now: the next fsck reattaches it, should this fail */
+	if (rc == 0 && holder)
+		rc = meta_fsck_fix(f, 1, STK_FSCK_ADOPT, holder, &lf, 1, &x);
+	if (rc)
+		stk_warn("fsck: gathering the unreached files of shard %u for lost+found: %s",
+			 shard, stk_strerror(rc));
+	for (uint32_t i = 0; rc == 0 && i < r.n; i++)
+		for (size_t k = 0; k < n; k++) {
+			struct stk_msg_fsck_problem *p = &f->nsp[idx[k]];
+
+			if (p->ino != got[i] || p->repaired)
+				continue;
+			ns_repaired(f, p, holder);
+			snprintf(p->name, sizeof(p->name), "%s/#%llu", x.name,
+				 (unsigned long long)p->ino);
+		}
+	free(got);
+	free(req);
+}
+
 static int fsck_reattach_shards(struct fsck *f)
 {
 	struct xset e = {0};
+	uint32_t *files = NULL;
+	size_t nfiles = 0, capfiles = 0;
 	int rc = 0, loaded = 0;
 
 	for (uint32_t i = 0; rc == 0 && f->repair && i < f->nnsp; i++) {
@@ -1029,21 +1107,31 @@ static int fsck_reattach_shards(struct fsck *f)
 		if (xref_of(&e, q->ino))
 			continue;
 		r = xreattach(f, shard, q->ino, q->expect, &lf, q->name);
-		if (r == -ENOTDIR)
+		if (r == -ENOTDIR) {
+			/* a file: gathered below, all of its shard's at once */
+			q->name[0] = 0;
+			rc = grow((void **)&files, &capfiles, nfiles, sizeof(*files));
+			if (rc == 0)
+				files[nfiles++] = i;
 			continue;
+		}
 		if (r) {
 			stk_warn("fsck: reattaching folder %llu under lost+found: %s",
 				 (unsigned long long)q->ino, stk_strerror(r));
 			q->name[0] = 0;
 			continue;
 		}
-		q->repaired = 1;
-		q->parent = lf;
-		f->ns.repaired++;
-		for (unsigned k = 0; k < f->nsh; k++)
-			if (f->sh[k].id == shard)
-				f->sh[k].ns.repaired++;
+		ns_repaired(f, q, lf);
 	}
+	/* f->nsp lists shard by shard: each shard's files are one run of files */
+	for (size_t i = 0, j; rc == 0 && i < nfiles; i = j) {
+		unsigned shard = stk_ino_shard(f->nsp[files[i]].ino);
+
+		for (j = i; j < nfiles && stk_ino_shard(f->nsp[files[j]].ino) == shard; j++)
+			;
+		gather_files(f, shard, files + i, j - i);
+	}
+	free(files);
 	free(e.v);
 	return rc;
 }

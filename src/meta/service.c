@@ -2179,6 +2179,49 @@ static int fsck_adopt(struct meta *m, const struct stk_msg_meta_fsck_req *q, uin
 	return resp->payload.err;
 }
 
+static int fsck_gather(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		       struct stk_rpc_req *req, struct stk_msg_meta_fsck_resp *r,
+		       struct stk_rpc_resp *resp)
+{
+	uint64_t *inos = NULL;
+	uint8_t *done = NULL;
+	int rc = 0;
+
+	if (q->max == 0 || q->max > STK_FSCK_PROBLEMS_MAX)
+		return decoded(req, -EINVAL);
+	inos = calloc(q->max, sizeof(*inos));
+	done = calloc(q->max, 1);
+	if (!inos || !done) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < q->max; i++)
+		inos[i] = stk_get_u64(&req->payload);
+	rc = decoded(req, req->payload.err ? -EBADMSG : 0);
+	if (rc == 0 && q->cred.uid != 0)
+		rc = -EPERM;
+	if (rc == 0)
+		rc = stk_meta_store_fsck_gather(m->store, q->from, inos, q->max, done, &r->next);
+	if (rc)
+		goto out;
+	for (uint32_t i = 0; i < q->max; i++)
+		r->n += done[i];
+	r->done = 1;
+	stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+	for (uint32_t i = 0; i < q->max; i++)
+		if (done[i])
+			stk_put_u64(&resp->payload, inos[i]);
+	rc = resp->payload.err;
+	if (r->n)
+		stk_warn("fsck: %u file(s) reached by no name gathered in folder %llu, for "
+			 "lost+found",
+			 r->n, (unsigned long long)r->next);
+out:
+	free(inos);
+	free(done);
+	return rc;
+}
+
 /* META_FSCK (msg.h): root only; the namespace check or a listing for the data check. */
 static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -2190,6 +2233,10 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	uint64_t ino = 0, seen = 0;
 
 	rc = stk_msg_meta_fsck_req_dec(&req->payload, &q);
+	if (rc == 0 && q.op == STK_FSCK_GATHER) {
+		memset(&r, 0, sizeof(r));
+		return fsck_gather(m, &q, req, &r, resp);
+	}
 	if (rc == 0 && (q.op == STK_FSCK_XDROP || q.op == STK_FSCK_XPARENT ||
 			q.op == STK_FSCK_ADOPT)) {
 		/* XDROP: the inode; XPARENT: seen and the parent; ADOPT: seen */

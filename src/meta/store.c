@@ -6633,6 +6633,119 @@ out:
 	return op_end(&o, rc);
 }
 
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Sets named[i] for each of inos (sorted, n) that an entry of this shard names. */
+static int fsck_named(struct op *o, const uint64_t *inos, size_t n, uint8_t *named)
+{
+	MDB_cursor *cur = NULL;
+	MDB_val key, val;
+	int rc, mrc;
+
+	rc = lmdb_err(mdb_cursor_open(o->txn, o->st->dentries, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_FIRST); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		uint64_t ino;
+		const uint64_t *hit;
+
+		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
+			continue;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		ino = stk_get_u64(&r);
+		hit = r.err ? NULL : bsearch(&ino, inos, n, sizeof(*inos), u64_cmp);
+		if (hit)
+			named[hit - inos] = 1;
+	}
+	if (rc == 0 && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk entries");
+	if (cur)
+		mdb_cursor_close(cur);
+	return rc;
+}
+
+int stk_meta_store_fsck_gather(struct stk_meta_store *st, uint64_t lf, uint64_t *inos, size_t n,
+			       uint8_t *done, uint64_t *holder)
+{
+	static const struct stk_cred root_cred;
+	struct inode h = {0}, n0 = {0}, f;
+	uint8_t *named = NULL;
+	struct op o;
+	int rc;
+
+	*holder = 0;
+	if (st->shard == 1 || stk_ino_shard(lf) == st->shard || !lf)
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	qsort(inos, n, sizeof(*inos), u64_cmp);
+	memset(done, 0, n);
+	named = calloc(n, 1);
+	if (!named)
+		return -ENOMEM;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc) {
+		free(named);
+		return rc;
+	}
+	/* only what is still unreached now, in this transaction */
+	rc = fsck_named(&o, inos, n, named);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		uint8_t k[ORPHAN_KEY_LEN];
+		MDB_val key = {sizeof(k), k}, val;
+		char name[STK_NAME_MAX + 1];
+		int open;
+
+		if (named[i] || (i && inos[i] == inos[i - 1]) ||
+		    stk_ino_shard(inos[i]) != st->shard)
+			continue;
+		rc = inode_get(&o, inos[i], &f);
+		if (rc == -ENOENT) {
+			rc = 0;
+			continue;
+		}
+		if (rc)
+			break;
+		orphan_key(k, inos[i]);
+		open = mdb_get(o.txn, st->sys, &key, &val) == 0;
+		if (S_ISDIR(f.a.mode) || open)
+			continue; /* a folder goes alone (its parent pointer); an open file waits */
+		if (!h.a.ino) {
+			n0.a.ino = lf;
+			rc = inode_new(&o, &n0, S_IFDIR | 0700, 0, &h);
+			if (rc)
+				break;
+			h.a.nlink = 2;
+			h.a.size = DIR_SIZE;
+			h.a.blocks = blocks_of(DIR_SIZE);
+			h.parent = lf;
+		}
+		lostfound_name(f.a.ino, name, sizeof(name));
+		f.a.nlink = 1;
+		f.parent = h.a.ino;
+		rc = inode_put(&o, &f);
+		if (rc == 0)
+			rc = dentry_put(&o, h.a.ino, name, f.a.ino, f.a.mode);
+		done[i] = rc == 0;
+	}
+	if (rc == 0 && h.a.ino) {
+		touch_dir(&o, &h);
+		rc = inode_put(&o, &h);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*holder = h.a.ino;
+	else
+		memset(done, 0, n);
+	free(named);
+	return rc;
+}
+
 int stk_meta_store_xquery(struct stk_meta_store *st, uint64_t id, uint64_t parent,
 			  const char *name, uint64_t ino, int *state)
 {

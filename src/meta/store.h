@@ -924,5 +924,19 @@ int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_
  */
 int stk_meta_store_fsck_adopt(struct stk_meta_store *st, uint64_t ino, uint64_t seen,
 			      uint64_t *lf_ino, char *name);
+/*
+ * fsck's repair of the files of a shard k > 1 that no name reaches (shard 1's
+ * lost+found names no file of another shard): in one write transaction, those of
+ * inos[0..n) (sorted here) that are still files of this shard that no entry here
+ * names and no client holds open go into a new folder of this shard, root's,
+ * mode 0700, as "#INO" (link count 1), and done[i] is set for each (as inos is
+ * now ordered). The folder is named by no entry; its parent pointer is lf,
+ * shard 1's lost+found, whose entry for it stk_meta_store_fsck_adopt writes
+ * next (a crash between leaves an unreached folder of this shard, which the next
+ * fsck reattaches). *holder is its number, 0 when nothing went in. -EINVAL on
+ * shard 1 or for an lf of this shard.
+ */
+int stk_meta_store_fsck_gather(struct stk_meta_store *st, uint64_t lf, uint64_t *inos, size_t n,
+			       uint8_t *done, uint64_t *holder);
 
 #endif

@@ -713,6 +713,12 @@ enum stk_quota_op {
  *                    whose pointer that shard has set to lost+found already
  *                    (XPARENT first). The reply: the head (n 1) and a fsck_xref
  *                    (parent: lost+found, name: the entry's).
+ *   STK_FSCK_GATHER  shard 2.. only (EINVAL on 1): the request followed by max u64
+ *                    (at most STK_FSCK_PROBLEMS_MAX), inodes its check found
+ *                    unreached: those still files no name reaches go, as "#INO",
+ *                    into a new folder whose parent pointer is `from` (shard 1's
+ *                    lost+found) and that ADOPT names next. The reply: the head (n
+ *                    those gone, next the folder, 0 for none) and their n u64.
  */
 #define STK_MSG_META_FSCK_REQ(F) F(cred, cred) F(u32, op) F(u32, flags) F(u64, from) F(u32, max)
 #define STK_MSG_META_FSCK_RESP(F)                                                            \
@@ -745,6 +751,7 @@ enum stk_fsck_kind {
 #define STK_FSCK_XDROP 6u
 #define STK_FSCK_XPARENT 7u
 #define STK_FSCK_ADOPT 8u
+#define STK_FSCK_GATHER 9u
 #define STK_FSCK_REPAIR 0x1u
 #define STK_FSCK_PROBLEMS_MAX 2000u
 #define STK_FSCK_FILES_MAX 1024u

@@ -479,15 +479,15 @@ def test_fsck_checks_and_repairs_shard_2(make_xc):
     assert b"shard 1: " in text.stdout and b"shard 2: " in text.stdout, text.stdout
     assert re.search(rb"^shard 2: .*; 5 problem\(s\), 5 left$", text.stdout, re.M), text.stdout
     out = xfsck(sc, "--repair", "--grace", "0")
-    # All but the unreached file: shard 1's lost+found cannot name a file of shard 2,
-    # and fsck never frees what no name reaches.
-    assert {(p["kind"], p["ino"]) for p in out["list"] if not p["repaired"]} == {
-        ("unreached-inode", ino["/d/unreached"])}, out
+    assert out["clean"] and all(p["repaired"] for p in out["list"]), out
+    # The unreached file is never freed: it went into a folder of shard 2 that
+    # shard 1's lost+found names (an entry of shard 1 names no file of shard 2).
+    lost = [p for p in out["list"] if p["kind"] == "unreached-inode"]
+    assert len(lost) == 1 and lost[0]["name"].endswith("/#%d" % ino["/d/unreached"]), out
     assert not os.path.exists(planted2)
     assert os.path.exists(planted9)  # no shard to ask about it: left alone
     out = xfsck(sc, "--grace", "0")
-    assert [(p["kind"], p["ino"]) for p in out["list"]] == [
-        ("unreached-inode", ino["/d/unreached"])], out
+    assert out["clean"] and out["list"] == [], out
     c = stoker_pkg.connect(sc.url)
     try:
         assert sorted(c.listdir("/d")) == ["keep", "small"]
@@ -495,6 +495,9 @@ def test_fsck_checks_and_repairs_shard_2(make_xc):
         assert c.read_file("/d/small") == b"small"
         assert c.stat("/d/small").st_nlink == 1
         assert c.read_file("/top") == b"shard one"
+        assert c.stat("/lost+found/" + lost[0]["name"]).st_size == (1 << 20) + 1
+        holder = c.stat("/lost+found/" + lost[0]["name"].split("/")[0])
+        assert shard_of(holder.st_ino) == 2 and (holder.st_mode & 0o7777) == 0o700
     finally:
         c.close()
 
@@ -605,8 +608,8 @@ def test_fsck_finds_folders_named_across_shards_that_do_not_match(make_xc):
 def test_fsck_reattaches_folders_and_sets_parent_pointers_across_shards(make_xc):
     """Folders of shard 2 that no name reaches, one whose parent is on shard 1 and one
     whose parent is on shard 2, are reported, then reattached with their contents
-    under shard 1's /lost+found; a file of shard 2 that no name reaches is reported
-    and kept; folders of shard 2 whose parent pointer is not the folder on shard 1
+    under shard 1's /lost+found; a file of shard 2 that no name reaches goes into a
+    folder of shard 2 that lost+found names; folders of shard 2 whose parent pointer is not the folder on shard 1
     whose entry names them (pointing at shard 1 or at shard 2) are reported and
     set; nothing changes without --repair, and a second run finds nothing more."""
     from test_fsck import PLANT
@@ -659,24 +662,26 @@ def test_fsck_reattaches_folders_and_sets_parent_pointers_across_shards(make_xc)
     assert re.search(rb"parent pointer: folder %d points at %d, its entry is in 1$" % (
         ino["/q"], ino["/one"]), text, re.M), text
     out = xfsck(sc, "--repair")
-    left = {(p["kind"], p["ino"]) for p in out["list"] if not p["repaired"]}
-    assert left == {("unreached-inode", ino["/d/loose"])}, out
+    assert out["clean"] and all(p["repaired"] for p in out["list"]), out
     assert {(p["kind"], p["ino"]) for p in out["list"]} == want, out
     names = {p["ino"]: p["name"] for p in out["list"] if p["kind"] == "unreached-inode"
-             and p["repaired"] and p["ino"] != ino["/p"]}
+             and p["ino"] != ino["/p"]}
+    loose = names.pop(ino["/d/loose"])
     assert names == {ino["/y"]: "#%d" % ino["/y"], ino["/d/sub"]: "#%d" % ino["/d/sub"]}, out
+    assert re.fullmatch(r"#\d+/#%d" % ino["/d/loose"], loose), loose
     out = xfsck(sc)
-    assert [(p["kind"], p["ino"]) for p in out["list"]] == [
-        ("unreached-inode", ino["/d/loose"])], out
+    assert out["clean"] and out["list"] == [], out
     c = stoker_pkg.connect(sc.url)
     try:
         st = c.stat("/lost+found")
         assert shard_of(st.st_ino) == 1 and (st.st_mode & 0o7777) == 0o700 and st.st_uid == 0
         y, sub = "/lost+found/#%d" % ino["/y"], "/lost+found/#%d" % ino["/d/sub"]
-        assert sorted(c.listdir("/lost+found")) == sorted([y[12:], sub[12:]])
-        assert st.st_nlink == 4
+        assert sorted(c.listdir("/lost+found")) == sorted([y[12:], sub[12:],
+                                                           loose.split("/")[0]])
+        assert st.st_nlink == 5
         assert c.read_file(y + "/in/f") == deep and c.read_file(y + "/g") == b"g"
         assert c.read_file(sub + "/f") == b"sub's"
+        assert c.read_file("/lost+found/" + loose) == b"loose"
         assert c.read_file("/p/f") == b"p's"
         assert sorted(c.listdir("/")) == ["d", "lost+found", "one", "p", "q"]
         assert sorted(c.listdir("/d")) == []
@@ -694,6 +699,8 @@ def test_fsck_reattaches_folders_and_sets_parent_pointers_across_shards(make_xc)
     for d, up in ((ino["/q"], 1), (ino["/p"], 1), (ino["/y"], lf), (ino["/d/sub"], lf)):
         p = run([CHECK, "ino", sc.url, "parent", str(d)], env=sc.env(), check=False)
         assert p.stdout.split(b"\n")[0] == b"ino %d" % up, (d, p.stdout, p.stderr)
+    text = sc.cli("fsck").stdout
+    assert b"clean: no problem found" in text, text
 
 
 def test_fsck_under_cross_shard_mkdir_and_rmdir_is_clean(make_xc):

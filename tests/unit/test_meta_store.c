@@ -2531,6 +2531,62 @@ static int lf_keep(void *ctx, const struct stk_meta_fsck_problem *p)
 }
 
 /*
+ * Shard 2's files that no name reaches, gathered into a new folder of shard 2
+ * pointing at shard 1's lost+found (lf): only those still unreached, unopened
+ * files; nothing eligible, no folder.
+ */
+static void test_fsck_gather(const struct stk_meta_store_opts *o2, struct stk_meta_store **s2,
+			     uint64_t dir, uint64_t lf)
+{
+	struct stk_meta_store *main_st = st;
+	struct stk_meta_xref xs[16];
+	const struct stk_meta_xref *x;
+	struct stk_attr got;
+	uint64_t loose, kept, inos[5], h = 9, next = 0;
+	uint8_t done[5];
+	char name[STK_NAME_MAX + 1];
+	size_t n = 0;
+	int ndone = 0, dn = 0;
+
+	st = *s2;
+	loose = create_as(&ROOT, dir, "loose");
+	kept = create_as(&ROOT, dir, "kept");
+	st = main_st;
+	CHECK_RC(stk_meta_store_sync(*s2), 0);
+	stk_meta_store_close(*s2);
+	*s2 = NULL;
+	drop_entry(o2->dir, dir, "loose");
+	CHECK_RC(stk_meta_store_open(o2, s2), 0);
+	if (!*s2)
+		return;
+	inos[0] = kept;
+	inos[1] = loose;
+	inos[2] = dir;		      /* a folder: not this one's */
+	inos[3] = (1ull << 48) + 99999; /* none */
+	inos[4] = loose;
+	CHECK_RC(stk_meta_store_fsck_gather(st, lf, inos, 5, done, &h), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_gather(*s2, dir, inos, 5, done, &h), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_gather(*s2, lf, inos, 5, done, &h), 0);
+	for (int i = 0; i < 5; i++)
+		if (done[i]) {
+			ndone++;
+			CHECK(inos[i] == loose);
+		}
+	CHECK(ndone == 1 && h && stk_ino_shard(h) == 2);
+	snprintf(name, sizeof(name), "#%llu", (unsigned long long)loose);
+	CHECK_RC(stk_meta_store_lookup(*s2, &ROOT, h, name, &got), 0);
+	CHECK(got.ino == loose && got.nlink == 1);
+	CHECK_RC(stk_meta_store_lookup(*s2, &ROOT, dir, "kept", &got), 0);
+	/* the folder points at lost+found and waits for its entry there */
+	CHECK_RC(stk_meta_store_fsck_xdirs(*s2, 0, xs, 16, &n, &next, &dn), 0);
+	CHECK(xrefs_in(xs, n, lf, h, &x) >= 1 && x && !x->covered);
+	/* asked again: nothing is unreached any more, no folder */
+	inos[0] = loose;
+	CHECK_RC(stk_meta_store_fsck_gather(*s2, lf, inos, 1, done, &h), 0);
+	CHECK(h == 0 && !done[0]);
+}
+
+/*
  * fsck's lost+found: an unreached file and an unreached folder with contents are
  * reported, then reattached as "#INO" under a lost+found made for them, and the
  * namespace is clean after; folders across shards reattached and their parent
@@ -2632,6 +2688,7 @@ static void test_fsck_lostfound(void)
 	CHECK_EQ(fs.problems, 0);
 	/* a file of shard 1 is fsck's own repair's, not this one's */
 	CHECK_RC(stk_meta_store_fsck_adopt(st, f, 0, &lf2, name), -EINVAL);
+	test_fsck_gather(&o2, &s2, x.ino, lf);
 out:
 	if (s2)
 		stk_meta_store_close(s2);
