@@ -1000,11 +1000,6 @@ static void xrepair_link(struct fsck *f, struct xprob *p)
 	p->repaired = r == 0;
 }
 
-/*
- * The unreached inodes of shards 2.. that their own check found (it cannot
- * reattach them: shard 1 holds lost+found): a folder is reattached through
- * shard 1 as one found across shards is; a file is left reported.
- */
 /* Namespace problem q (of shard's check) repaired by stk_fsck itself. */
 static void ns_repaired(struct fsck *f, struct stk_msg_fsck_problem *q, uint64_t parent)
 {
@@ -1081,6 +1076,13 @@ static void gather_files(struct fsck *f, unsigned shard, const uint32_t *idx, si
 	free(req);
 }
 
+/*
+ * The unreached inodes each shard's own check found and left: every one of
+ * shards 2.. (shard 1 holds lost+found) and the folders of shard 1 (an entry of
+ * another shard may name one whose pointer is wrong). Those no entry of another
+ * shard names are reattached: a folder as one found across shards is, the files
+ * of a shard 2.. gathered (gather_files).
+ */
 static int fsck_reattach_shards(struct fsck *f)
 {
 	struct xset e = {0};
@@ -1094,7 +1096,8 @@ static int fsck_reattach_shards(struct fsck *f)
 		uint64_t lf = 0;
 		int r;
 
-		if (q->kind != STK_FSCK_KIND_UNREACHED || q->repaired || shard == 1)
+		/* shard 1 reattached its own but folders (named on another shard?) */
+		if (q->kind != STK_FSCK_KIND_UNREACHED || q->repaired)
 			continue;
 		/* named on another shard after all (its pointer was wrong): not lost */
 		if (!loaded++) {
@@ -1107,7 +1110,7 @@ static int fsck_reattach_shards(struct fsck *f)
 		if (xref_of(&e, q->ino))
 			continue;
 		r = xreattach(f, shard, q->ino, q->expect, &lf, q->name);
-		if (r == -ENOTDIR) {
+		if (r == -ENOTDIR && shard != 1) {
 			/* a file: gathered below, all of its shard's at once */
 			q->name[0] = 0;
 			rc = grow((void **)&files, &capfiles, nfiles, sizeof(*files));

@@ -5555,7 +5555,7 @@ static int lostfound_adopt(struct op *o, struct inode *n, uint64_t *lf_ino, char
 /*
  * fsck's repair of an unreached inode: reattached under lost+found, never freed.
  * lost+found's record in the walk's table (when it was there before) learns of
- * the new subfolder, so that its own link count is checked against it.
+ * a new subfolder, so that its own link count is checked against it.
  */
 static int fsck_reattach(struct fsck *f, const struct fsck_ino *e, struct stk_meta_fsck_problem *p)
 {
@@ -5596,15 +5596,16 @@ static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 	if (!root && !foreign && e->refs == 0 && !(e->orphan && !dir)) {
 		/*
 		 * No name reaches it and no open file keeps it: reattached under
-		 * lost+found, whatever it is (what it holds may matter). Only shard 1
-		 * has the root, so another shard's is reported here and reattached
-		 * by stk_fsck through shard 1 (a folder), or only reported (a file:
-		 * an entry names no file of another shard).
+		 * lost+found, never freed (what it holds may matter). Only shard 1
+		 * has the root: another shard's is reported here and stk_fsck
+		 * reattaches it through shard 1. So is a folder of shard 1, which an
+		 * entry of another shard may name (its pointer wrong): stk_fsck
+		 * looks at those entries first.
 		 */
 		p.kind = STK_FSCK_KIND_UNREACHED;
 		p.found = e->nlink;
-		p.expect = e->parent; /* a folder's parent pointer, for stk_fsck */
-		if (!f->repair || f->o->st->shard != 1)
+		p.expect = e->parent; /* the parent pointer, for stk_fsck */
+		if (!f->repair || f->o->st->shard != 1 || dir)
 			return fsck_report(f, &p, 0);
 		rc = fsck_reattach(f, e, &p);
 		if (rc == -EEXIST || rc == -ENOTDIR || rc == -EXDEV || rc == -EMLINK) {
@@ -6598,7 +6599,7 @@ int stk_meta_store_fsck_adopt(struct stk_meta_store *st, uint64_t ino, uint64_t 
 	if (dentry_get(&o, lf.a.ino, name, &d) == 0 && d.ino == ino)
 		goto out;
 	if (stk_ino_shard(ino) == st->shard) {
-		/* a folder here whose parent is on another shard, named by none */
+		/* a folder here that no name reaches */
 		rc = inode_get(&o, ino, &n);
 		if (rc == 0 && (!S_ISDIR(n.a.mode) || ino == STK_ROOT_INO))
 			rc = -EINVAL;

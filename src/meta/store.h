@@ -500,12 +500,14 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
  *   CORRUPT       a record that does not decode (inode ino, or an entry)
  * With repair (one write transaction; other writers wait meanwhile) what is safe
  * is repaired: entries that lead nowhere or from nowhere are dropped, link counts
- * and parent pointers set from the entries, an unreached inode reattached in
- * lost+found as "#INO" (made on demand; the problem's name and parent say where;
- * on shard 1 only, and reported only when the name is taken), stale orphan
- * records dropped, quota usage set to the count. A corrupt record is only
- * reported; an unreached inode of shard 2.. too (expect: a folder's parent
- * pointer, for stk_fsck, which reattaches such a folder through shard 1). fn (may be NULL) is called for each problem inside the transaction;
+ * and parent pointers set from the entries, an unreached file, symlink or
+ * special file reattached in lost+found as "#INO" (made on demand; the
+ * problem's name and parent say where; on shard 1 only, and reported only when
+ * the name is taken), stale orphan records dropped, quota usage set to the
+ * count. A corrupt record is only reported, and so are an unreached folder and
+ * any unreached inode of shard 2.. (expect: its parent pointer): stk_fsck
+ * reattaches those (stk_meta_store_fsck_adopt, _gather), once it has seen that
+ * no entry of another shard names them. fn (may be NULL) is called for each problem inside the transaction;
  * a non-zero return stops the check with that error (and undoes the repairs).
  */
 /* Where fsck reattaches what no name reaches: a folder of the root, on shard 1. */
@@ -913,9 +915,10 @@ int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_
  * folder, -EXDEV when it is another shard's), and ino reattached in it as "#INO",
  * in one write transaction; *lf_ino is lost+found's number and name (STK_NAME_MAX
  * + 1 bytes) the entry's. ino 0: lost+found only. ino a folder of this shard (no
- * other kind: a file of this shard is reattached by stk_meta_store_fsck's
+ * other kind, -EINVAL: a file of this shard is reattached by stk_meta_store_fsck's
  * repair): its parent pointer must still be `seen` (-ESTALE) and no mark on it
  * (-EBUSY); the entry, the pointer and lost+found's link count change together.
+ * The caller has seen that no entry names it.
  * ino of another shard: a folder, whose parent pointer its shard has set to
  * lost+found first (stk_meta_store_fsck_xparent), so that a crash between leaves
  * a folder no name reaches, never a name pointing at nothing; only the entry and

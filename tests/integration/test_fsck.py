@@ -23,7 +23,7 @@ OLD = time.time() - 7200  # older than the default grace period (600 s)
 
 def fsck(cluster, *args):
     p = cluster.cli("fsck", "--json", *args, check=False, timeout=300)
-    assert p.returncode in (0, 1), p.stderr.decode(errors="replace")
+    assert p.returncode in (0, 1) and p.stdout, p.stderr.decode(errors="replace")
     out = json.loads(p.stdout)
     assert out["clean"] == (p.returncode == 0)
     return out

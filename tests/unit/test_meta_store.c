@@ -2510,6 +2510,7 @@ static void drop_entry(const char *dir, uint64_t parent, const char *name)
 struct lf_seen {
 	uint64_t ino[8];
 	uint64_t parent[8];
+	uint64_t expect[8];
 	char name[8][STK_NAME_MAX + 1];
 	int n, kind_ok;
 };
@@ -2524,6 +2525,7 @@ static int lf_keep(void *ctx, const struct stk_meta_fsck_problem *p)
 	else if (s->n < 8) {
 		s->ino[s->n] = p->ino;
 		s->parent[s->n] = p->parent;
+		s->expect[s->n] = p->expect;
 		snprintf(s->name[s->n], sizeof(s->name[0]), "%s", p->name);
 		s->n++;
 	}
@@ -2627,24 +2629,31 @@ static void test_fsck_lostfound(void)
 	CHECK_RC(stk_meta_store_fsck(st, 0, lf_keep, &seen, &fs), 0);
 	CHECK(seen.kind_ok && seen.n == 2 && seen.parent[0] == 0 && seen.parent[1] == 0);
 	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, "lost+found", &got), -ENOENT);
-	/* reattached: "#INO" in lost+found, root's, 0700; the folder with its file */
+	/*
+	 * The file reattached: "#INO" in lost+found, root's, 0700. The folder only
+	 * reported (stk_fsck first sees that no entry of another shard names it),
+	 * then reattached with what it holds, from the pointer the check saw.
+	 */
 	memset(&seen, 0, sizeof(seen));
 	seen.kind_ok = 1;
 	CHECK_RC(stk_meta_store_fsck(st, 1, lf_keep, &seen, &fs), 0);
-	CHECK(seen.kind_ok && seen.n == 2 && fs.repaired == 3);
+	CHECK(seen.kind_ok && seen.n == 2 && fs.repaired == 2);
 	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, "lost+found", &got), 0);
 	lf = got.ino;
 	CHECK(S_ISDIR(got.mode) && (got.mode & 07777) == 0700 && got.uid == 0 && got.gid == 0);
-	CHECK(attr_of(lf).nlink == 3);
-	snprintf(name, sizeof(name), "#%llu", (unsigned long long)sub);
-	CHECK_RC(stk_meta_store_lookup(st, &ROOT, lf, name, &got), 0);
-	CHECK(got.ino == sub);
+	CHECK(attr_of(lf).nlink == 2);
 	for (int i = 0; i < seen.n; i++)
-		CHECK(seen.parent[i] == lf && seen.name[i][0] == '#');
-	CHECK(ino_of(sub, "in-sub") == f);
+		CHECK(seen.ino[i] == sub ? seen.parent[i] == 0 && seen.expect[i] == d
+					 : seen.parent[i] == lf && seen.name[i][0] == '#');
 	snprintf(name, sizeof(name), "#%llu", (unsigned long long)f2);
 	CHECK_RC(stk_meta_store_lookup(st, &ROOT, lf, name, &got), 0);
 	CHECK(got.ino == f2 && got.nlink == 1);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, sub, lf, &lf2, name), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, sub, d, &lf2, name), 0);
+	CHECK(lf2 == lf && attr_of(lf).nlink == 3);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, lf, name, &got), 0);
+	CHECK(got.ino == sub);
+	CHECK(ino_of(sub, "in-sub") == f);
 	/* a second look: clean (link counts and parent pointers agree) */
 	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
 	CHECK_EQ(fs.problems, 0);
