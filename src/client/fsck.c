@@ -1110,7 +1110,9 @@ static int fsck_reattach_shards(struct fsck *f)
 		if (xref_of(&e, q->ino))
 			continue;
 		r = xreattach(f, shard, q->ino, q->expect, &lf, q->name);
-		if (r == -ENOTDIR && shard != 1) {
+		if (r == -ENOTDIR && shard == 1)
+			continue; /* a file its check could not reattach: it said why */
+		if (r == -ENOTDIR) {
 			/* a file: gathered below, all of its shard's at once */
 			q->name[0] = 0;
 			rc = grow((void **)&files, &capfiles, nfiles, sizeof(*files));

@@ -6601,8 +6601,10 @@ int stk_meta_store_fsck_adopt(struct stk_meta_store *st, uint64_t ino, uint64_t 
 	if (stk_ino_shard(ino) == st->shard) {
 		/* a folder here that no name reaches */
 		rc = inode_get(&o, ino, &n);
-		if (rc == 0 && (!S_ISDIR(n.a.mode) || ino == STK_ROOT_INO))
+		if (rc == 0 && ino == STK_ROOT_INO)
 			rc = -EINVAL;
+		if (rc == 0 && !S_ISDIR(n.a.mode))
+			rc = -ENOTDIR;
 		if (rc == 0 && st->xshard) {
 			rc = xmark_get(&o, ino, &m);
 			rc = rc == 0 ? -EBUSY : rc == -ENOENT ? 0 : rc;

@@ -915,8 +915,8 @@ int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_
  * folder, -EXDEV when it is another shard's), and ino reattached in it as "#INO",
  * in one write transaction; *lf_ino is lost+found's number and name (STK_NAME_MAX
  * + 1 bytes) the entry's. ino 0: lost+found only. ino a folder of this shard (no
- * other kind, -EINVAL: a file of this shard is reattached by stk_meta_store_fsck's
- * repair): its parent pointer must still be `seen` (-ESTALE) and no mark on it
+ * other kind, -ENOTDIR: a file of this shard is reattached by stk_meta_store_fsck's
+ * repair; not the root, -EINVAL): its parent pointer must still be `seen` (-ESTALE) and no mark on it
  * (-EBUSY); the entry, the pointer and lost+found's link count change together.
  * The caller has seen that no entry names it.
  * ino of another shard: a folder, whose parent pointer its shard has set to

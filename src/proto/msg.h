@@ -711,8 +711,10 @@ enum stk_quota_op {
  *                    made if needed (from 0: only that). A folder of shard 1 whose
  *                    parent pointer is still seen, or a folder of another shard
  *                    whose pointer that shard has set to lost+found already
- *                    (XPARENT first). The reply: the head (n 1) and a fsck_xref
- *                    (parent: lost+found, name: the entry's).
+ *                    (XPARENT first); ESTALE, EBUSY as XPARENT's, ENOTDIR for a
+ *                    file of shard 1 (its check reattaches those). The reply: the
+ *                    head (n 1) and a fsck_xref (parent: lost+found, name: the
+ *                    entry's).
  *   STK_FSCK_GATHER  shard 2.. only (EINVAL on 1): the request followed by max u64
  *                    (at most STK_FSCK_PROBLEMS_MAX), inodes its check found
  *                    unreached: those still files no name reaches go, as "#INO",

@@ -701,6 +701,27 @@ def test_fsck_reattaches_folders_and_sets_parent_pointers_across_shards(make_xc)
         assert p.stdout.split(b"\n")[0] == b"ino %d" % up, (d, p.stdout, p.stderr)
     text = sc.cli("fsck").stdout
     assert b"clean: no problem found" in text, text
+    # A crash between B's pointer and A's entry (of a folder, of the folder that
+    # gathered B's files) leaves folders of shard 2 pointing at lost+found that no
+    # name reaches: the next repair reattaches them, their files whole.
+    holder = loose.split("/")[0]
+    sc.down()
+    run([PLANT, one, "drop-entry", str(lf), "#%d" % ino["/y"]])
+    run([PLANT, one, "drop-entry", str(lf), holder])
+    sc.up()
+    sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
+    out = xfsck(sc, "--repair")
+    assert {(p["kind"], p["ino"], p["repaired"]) for p in out["list"]} == {
+        ("unreached-inode", ino["/y"], True), ("unreached-inode", int(holder[1:]), True),
+        ("link-count", lf, True)}, out
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert c.read_file(y + "/in/f") == deep
+        assert c.read_file("/lost+found/" + loose) == b"loose"
+    finally:
+        c.close()
 
 
 def test_fsck_under_cross_shard_mkdir_and_rmdir_is_clean(make_xc):

@@ -2696,7 +2696,8 @@ static void test_fsck_lostfound(void)
 	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
 	CHECK_EQ(fs.problems, 0);
 	/* a file of shard 1 is fsck's own repair's, not this one's */
-	CHECK_RC(stk_meta_store_fsck_adopt(st, f, 0, &lf2, name), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, f, 0, &lf2, name), -ENOTDIR);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, STK_ROOT_INO, STK_ROOT_INO, &lf2, name), -EINVAL);
 	test_fsck_gather(&o2, &s2, x.ino, lf);
 out:
 	if (s2)
