@@ -821,7 +821,8 @@ static int xparents_look(struct fsck *f, const struct xset *d, const struct xset
 
 	for (size_t i = 0; rc == 0 && i < d->n; i++) {
 		const struct xref *x = &d->v[i], *y = xref_of(e, x->ino);
-		struct xprob p = {.kind = STK_FSCK_PARENT_POINTER, .shard = x->shard, .ino = x->ino};
+		struct xprob p = {
+		    .kind = STK_FSCK_PARENT_POINTER, .shard = x->shard, .ino = x->ino};
 
 		if (x->covered || !y || y->covered || y->parent == x->parent)
 			continue;
@@ -930,8 +931,8 @@ static int meta_fsck_fix(struct fsck *f, unsigned shard, uint32_t op, uint64_t f
  * nothing. -ENOTDIR: not a folder (shard 1's lost+found names no file of
  * another shard).
  */
-static int xreattach(struct fsck *f, unsigned shard, uint64_t ino, uint64_t seen,
-		     uint64_t *lf, char *name)
+static int xreattach(struct fsck *f, unsigned shard, uint64_t ino, uint64_t seen, uint64_t *lf,
+		     char *name)
 {
 	struct stk_msg_fsck_xref x = {0};
 	uint64_t args[2];
@@ -1163,8 +1164,8 @@ static int fsck_xshard(struct fsck *f)
 		size_t len = 0;
 		int r;
 
-		if (p->confirmed && (p->kind == STK_FSCK_PARENT_POINTER ||
-				     p->kind == STK_FSCK_UNREACHED_INODE)) {
+		if (p->confirmed &&
+		    (p->kind == STK_FSCK_PARENT_POINTER || p->kind == STK_FSCK_UNREACHED_INODE)) {
 			xrepair_link(f, p);
 			continue;
 		}

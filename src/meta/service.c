@@ -2141,7 +2141,8 @@ static int fsck_xdrop(struct meta *m, const struct stk_msg_meta_fsck_req *q, uin
 }
 
 static int fsck_xparent(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t seen,
-			uint64_t parent, struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+			uint64_t parent, struct stk_msg_meta_fsck_resp *r,
+			struct stk_rpc_resp *resp)
 {
 	uint64_t changed[1] = {q->from};
 	int rc = stk_meta_store_fsck_xparent(m->store, q->from, seen, parent);

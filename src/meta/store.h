@@ -485,6 +485,9 @@ size_t stk_meta_store_purges_unrecorded(struct stk_meta_store *st, struct stk_me
 					size_t max);
 void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, const uint8_t *failed);
 
+/* Where fsck reattaches what no name reaches: a folder of the root, on shard 1. */
+#define STK_LOSTFOUND_NAME "lost+found"
+
 /*
  * fsck (docs/fsck.md): the namespace checked against itself, in one transaction,
  * so that operations in flight never show as problems. What is checked, by kind:
@@ -507,12 +510,10 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
  * count. A corrupt record is only reported, and so are an unreached folder and
  * any unreached inode of shard 2.. (expect: its parent pointer): stk_fsck
  * reattaches those (stk_meta_store_fsck_adopt, _gather), once it has seen that
- * no entry of another shard names them. fn (may be NULL) is called for each problem inside the transaction;
- * a non-zero return stops the check with that error (and undoes the repairs).
+ * no entry of another shard names them. fn (may be NULL) is called for each
+ * problem inside the transaction; a non-zero return stops the check with that
+ * error (and undoes the repairs).
  */
-/* Where fsck reattaches what no name reaches: a folder of the root, on shard 1. */
-#define STK_LOSTFOUND_NAME "lost+found"
-
 struct stk_meta_fsck_problem {
 	uint32_t kind; /* enum stk_fsck_kind (proto/msg.h) */
 	uint8_t repaired;
@@ -914,12 +915,12 @@ int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_
  * in the root, made on demand (root's, mode 0700; -ENOTDIR when the name is no
  * folder, -EXDEV when it is another shard's), and ino reattached in it as "#INO",
  * in one write transaction; *lf_ino is lost+found's number and name (STK_NAME_MAX
- * + 1 bytes) the entry's. ino 0: lost+found only. ino a folder of this shard (no
- * other kind, -ENOTDIR: a file of this shard is reattached by stk_meta_store_fsck's
- * repair; not the root, -EINVAL): its parent pointer must still be `seen` (-ESTALE) and no mark on it
- * (-EBUSY); the entry, the pointer and lost+found's link count change together.
- * The caller has seen that no entry names it.
- * ino of another shard: a folder, whose parent pointer its shard has set to
+ * + 1 bytes) the entry's. ino 0: lost+found only. ino a folder of this shard
+ * (no other kind, -ENOTDIR: a file of this shard is reattached by
+ * stk_meta_store_fsck's repair; not the root, -EINVAL): its parent pointer must
+ * still be `seen` (-ESTALE) and no mark on it (-EBUSY); the entry, the pointer
+ * and lost+found's link count change together. The caller has seen that no
+ * entry names it. ino of another shard: a folder, whose parent pointer its shard has set to
  * lost+found first (stk_meta_store_fsck_xparent), so that a crash between leaves
  * a folder no name reaches, never a name pointing at nothing; only the entry and
  * the link count change here. The entry there already, naming ino: 0, nothing

@@ -2563,7 +2563,7 @@ static void test_fsck_gather(const struct stk_meta_store_opts *o2, struct stk_me
 		return;
 	inos[0] = kept;
 	inos[1] = loose;
-	inos[2] = dir;		      /* a folder: not this one's */
+	inos[2] = dir;			/* a folder: not this one's */
 	inos[3] = (1ull << 48) + 99999; /* none */
 	inos[4] = loose;
 	CHECK_RC(stk_meta_store_fsck_gather(st, lf, inos, 5, done, &h), -EINVAL);
