@@ -1958,6 +1958,9 @@ static int fsck_keep(void *ctx, const struct stk_meta_fsck_problem *p)
 	if (p->repaired) {
 		fsck_changed(o, p->ino);
 		fsck_changed(o, p->parent);
+		/* reattached: lost+found may be new in the root */
+		if (p->kind == STK_FSCK_KIND_UNREACHED)
+			fsck_changed(o, STK_ROOT_INO);
 	}
 	if (o->n < o->max) {
 		struct stk_msg_fsck_problem *q = &o->p[o->n++];

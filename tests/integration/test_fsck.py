@@ -13,7 +13,8 @@ import tempfile
 import threading
 import time
 
-from conftest import BUILD, NOBODY, STOKER, as_nobody, pick_ports, run, wait_until
+from conftest import (BUILD, NOBODY, STOKER, Mount, as_nobody, have_fuse, pick_ports, run,
+                      wait_until)
 from pyhelp import stoker
 
 MiB = 1 << 20
@@ -257,7 +258,7 @@ def test_planted_namespace_problems_are_reported_and_repaired(cluster):
         c.close()
 
 
-def test_unreached_file_and_folder_are_reattached_under_lost_and_found(cluster, make_mount):
+def test_unreached_file_and_folder_are_reattached_under_lost_and_found(cluster, tmp_path):
     deep, loose = os.urandom(MiB + 7), os.urandom(1000)
     c = stoker.connect(cluster.url)
     try:
@@ -304,9 +305,17 @@ def test_unreached_file_and_folder_are_reattached_under_lost_and_found(cluster, 
     out = fsck(cluster)
     assert out["clean"] and out["list"] == [], out
     # Through the mount as well: the reattached folder is a folder like any other.
-    m = make_mount(cluster)
-    with open(os.path.join(m.path, "lost+found", keep, "sub", "deep"), "rb") as f:
-        assert f.read() == deep
+    if not have_fuse():
+        return
+    m = Mount(cluster, tmp_path / "mnt")
+    m.start()
+    try:
+        with open(os.path.join(m.path, "lost+found", keep, "sub", "deep"), "rb") as f:
+            assert f.read() == deep
+        assert sorted(os.listdir(os.path.join(m.path, "lost+found", keep))) == ["sub", "top"]
+    finally:
+        m.stop()
+    assert not m.sanitizer_reports(), m.log()
 
 
 def test_no_false_alarm_under_a_writer_and_an_unlinker(cluster):
