@@ -2209,12 +2209,15 @@ static int fsck_gather(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 	if (rc)
 		goto out;
 	for (uint32_t i = 0; i < q->max; i++)
-		r->n += done[i];
+		if (done[i])
+			inos[r->n++] = inos[i];
+	/* their link counts and parents changed */
+	if (r->n)
+		stk_meta_leases_changed(m->leases, 0, inos, r->n);
 	r->done = 1;
 	stk_msg_meta_fsck_resp_enc(&resp->payload, r);
-	for (uint32_t i = 0; i < q->max; i++)
-		if (done[i])
-			stk_put_u64(&resp->payload, inos[i]);
+	for (uint32_t i = 0; i < r->n; i++)
+		stk_put_u64(&resp->payload, inos[i]);
 	rc = resp->payload.err;
 	if (r->n)
 		stk_warn("fsck: %u file(s) reached by no name gathered in folder %llu, for "
