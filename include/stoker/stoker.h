@@ -288,7 +288,9 @@ STK_API int stk_quota_recount(stk_client *c, const char *path, struct stk_quota 
  *   STK_FSCK_DANGLING_ENTRY  entry (parent, name) names inode ino, which does not exist
  *   STK_FSCK_LOST_ENTRY      entry (parent, name) is in parent, which is no folder
  *   STK_FSCK_LINK_COUNT      inode ino's link count is found, its names say expect
- *   STK_FSCK_UNREACHED_INODE inode ino has no name and is not open (found: nlink)
+ *   STK_FSCK_UNREACHED_INODE inode ino has no name and is not open (found: nlink,
+ *                            expect: its parent pointer); repaired, it is entry
+ *                            `name` ("#INO") in folder parent, /lost+found
  *   STK_FSCK_STALE_ORPHAN    an orphan record names inode ino, which does not exist
  *   STK_FSCK_PARENT_POINTER  folder ino points at found, its entry is in folder expect
  *   STK_FSCK_QUOTA_BYTES,    quota root ino counts found bytes (inodes), its

@@ -116,7 +116,9 @@ static void line(const struct stk_fsck_problem *q)
 	default:
 		printf("  corrupt record: inode %llu", ino);
 	}
-	if (q->repaired)
+	if (q->repaired && q->kind == STK_FSCK_UNREACHED_INODE && q->name[0])
+		printf(" (reattached as %s/%s)", "/lost+found", q->name);
+	else if (q->repaired)
 		printf(" (%s)", q->kind == STK_FSCK_GARBAGE ? "removed" : "repaired");
 	putchar('\n');
 }

@@ -120,6 +120,7 @@ struct xprob {
 	int kind;
 	unsigned shard;
 	uint64_t ino, parent;
+	uint64_t expect, found; /* parent-pointer: the entry's folder, the pointer */
 	char name[STK_NAME_MAX + 1];
 	int confirmed, repaired;
 };
@@ -785,7 +786,7 @@ static int xadd(struct fsck *f, const struct xprob *p, int first)
 	if (!first) {
 		for (size_t i = 0; i < f->nxp; i++)
 			if (f->xp[i].kind == p->kind && f->xp[i].ino == p->ino &&
-			    f->xp[i].parent == p->parent)
+			    f->xp[i].parent == p->parent && f->xp[i].found == p->found)
 				f->xp[i].confirmed = 1;
 		return 0;
 	}
@@ -793,6 +794,43 @@ static int xadd(struct fsck *f, const struct xprob *p, int first)
 		return -ENOMEM;
 	f->xp[f->nxp++] = *p;
 	return 0;
+}
+
+/*
+ * Whether ino's shard found it unreached in its own check (it exists, no name on
+ * its shard reaches it), and its parent pointer then.
+ */
+static int unreached_pointer(const struct fsck *f, uint64_t ino, uint64_t *pointer)
+{
+	for (uint32_t i = 0; i < f->nnsp; i++)
+		if (f->nsp[i].kind == STK_FSCK_KIND_UNREACHED && f->nsp[i].ino == ino) {
+			*pointer = f->nsp[i].expect;
+			return 1;
+		}
+	return 0;
+}
+
+/*
+ * Parent pointers across shards: a folder (of d, sorted) whose entry on another
+ * shard (in e, sorted) is in another folder than its pointer says. Neither side
+ * covered by an intent or a mark; what a second look finds alike counts.
+ */
+static int xparents_look(struct fsck *f, const struct xset *d, const struct xset *e, int first)
+{
+	int rc = 0;
+
+	for (size_t i = 0; rc == 0 && i < d->n; i++) {
+		const struct xref *x = &d->v[i], *y = xref_of(e, x->ino);
+		struct xprob p = {
+		    .kind = STK_FSCK_PARENT_POINTER, .shard = x->shard, .ino = x->ino};
+
+		if (x->covered || !y || y->covered || y->parent == x->parent)
+			continue;
+		p.parent = p.expect = y->parent;
+		p.found = x->parent;
+		rc = xadd(f, &p, first);
+	}
+	return rc;
 }
 
 /* One look: entries, folders, entries again; what does not match, into f->xp. */
@@ -820,6 +858,14 @@ static int xshard_look(struct fsck *f, int first)
 
 		if (x->covered || xref_of(&d, x->ino))
 			continue;
+		if (unreached_pointer(f, x->ino, &p.found)) {
+			/* the folder is there, its pointer at a folder of its own shard */
+			p.kind = STK_FSCK_PARENT_POINTER;
+			p.shard = stk_ino_shard(x->ino);
+			p.expect = x->parent;
+			rc = xadd(f, &p, first);
+			continue;
+		}
 		memcpy(p.name, x->name, sizeof(p.name));
 		rc = xadd(f, &p, first);
 	}
@@ -835,9 +881,264 @@ static int xshard_look(struct fsck *f, int first)
 			continue;
 		rc = xadd(f, &p, first);
 	}
+	if (rc == 0)
+		rc = xparents_look(f, &d, &e2, first);
 	free(e1.v);
 	free(d.v);
 	free(e2.v);
+	return rc;
+}
+
+/*
+ * A META_FSCK XPARENT or ADOPT (msg.h) to shard's leader: `from`, then the n
+ * u64 of args; ADOPT's fsck_xref into *x.
+ */
+static int meta_fsck_fix(struct fsck *f, unsigned shard, uint32_t op, uint64_t from,
+			 const uint64_t *args, unsigned n, struct stk_msg_fsck_xref *x)
+{
+	struct stk_msg_meta_fsck_req q = {.cred = f->c->cred, .op = op, .from = from, .max = 1};
+	struct stk_msg_meta_fsck_resp r;
+	uint8_t req[256];
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	size_t len = 0;
+	int rc;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_fsck_req_enc(&w, &q);
+	for (unsigned i = 0; i < n; i++)
+		stk_put_u64(&w, args[i]);
+	if (w.err)
+		return -EINVAL;
+	rc = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len, f->resp,
+					STK_MAX_PAYLOAD, &len);
+	if (rc)
+		return rc;
+	stk_rbuf_init(&rb, f->resp, len);
+	if (stk_msg_meta_fsck_resp_dec(&rb, &r))
+		return -EIO;
+	if (x && (r.n != 1 || stk_msg_fsck_xref_dec(&rb, x)))
+		return -EIO;
+	return 0;
+}
+
+/*
+ * Reattaches folder ino of `shard`, whose parent pointer is seen and that no name
+ * reaches, under shard 1's lost+found (docs/fsck.md). A folder of shard 1: one
+ * step there. Another shard's: its pointer is set to lost+found first (fenced by
+ * seen and its marks), then shard 1 writes the entry, so that a crash between
+ * leaves a folder still unreached (the next fsck's), never a name pointing at
+ * nothing. -ENOTDIR: not a folder (shard 1's lost+found names no file of
+ * another shard).
+ */
+static int xreattach(struct fsck *f, unsigned shard, uint64_t ino, uint64_t seen, uint64_t *lf,
+		     char *name)
+{
+	struct stk_msg_fsck_xref x = {0};
+	uint64_t args[2];
+	int rc;
+
+	if (shard != 1) {
+		rc = meta_fsck_fix(f, 1, STK_FSCK_ADOPT, 0, &seen, 1, &x);
+		args[0] = seen;
+		args[1] = x.parent;
+		if (rc == 0)
+			rc = meta_fsck_fix(f, shard, STK_FSCK_XPARENT, ino, args, 2, NULL);
+		seen = x.parent;
+		if (rc)
+			return rc;
+	}
+	rc = meta_fsck_fix(f, 1, STK_FSCK_ADOPT, ino, &seen, 1, &x);
+	if (rc == 0) {
+		*lf = x.parent;
+		snprintf(name, STK_NAME_MAX + 1, "%s", x.name);
+	}
+	return rc;
+}
+
+/*
+ * A folder its own shard found unreached, since its pointer was at a folder of
+ * that shard, is reached now that its pointer is at the folder of another shard
+ * whose entry names it: that problem is repaired too.
+ */
+static void reached_after_all(struct fsck *f, uint64_t ino)
+{
+	for (uint32_t i = 0; i < f->nnsp; i++) {
+		struct stk_msg_fsck_problem *q = &f->nsp[i];
+
+		if (q->kind != STK_FSCK_KIND_UNREACHED || q->ino != ino || q->repaired)
+			continue;
+		q->repaired = 1;
+		f->ns.repaired++;
+		for (unsigned k = 0; k < f->nsh; k++)
+			if (f->sh[k].id == stk_ino_shard(ino))
+				f->sh[k].ns.repaired++;
+	}
+}
+
+/* The repair of a parent pointer or an unreached folder found across shards. */
+static void xrepair_link(struct fsck *f, struct xprob *p)
+{
+	uint64_t args[2] = {p->found, p->expect}, lf = 0;
+	int r;
+
+	if (p->kind == STK_FSCK_PARENT_POINTER) {
+		r = meta_fsck_fix(f, p->shard, STK_FSCK_XPARENT, p->ino, args, 2, NULL);
+		if (r)
+			stk_warn("fsck: setting the parent pointer of folder %llu: %s",
+				 (unsigned long long)p->ino, stk_strerror(r));
+		p->repaired = r == 0;
+		if (r == 0)
+			reached_after_all(f, p->ino);
+		return;
+	}
+	r = xreattach(f, p->shard, p->ino, p->parent, &lf, p->name);
+	if (r)
+		stk_warn("fsck: reattaching folder %llu under lost+found: %s",
+			 (unsigned long long)p->ino, stk_strerror(r));
+	else
+		p->parent = lf;
+	p->repaired = r == 0;
+}
+
+/* Namespace problem q (of shard's check) repaired by stk_fsck itself. */
+static void ns_repaired(struct fsck *f, struct stk_msg_fsck_problem *q, uint64_t parent)
+{
+	unsigned shard = stk_ino_shard(q->ino);
+
+	q->repaired = 1;
+	q->parent = parent;
+	f->ns.repaired++;
+	for (unsigned k = 0; k < f->nsh; k++)
+		if (f->sh[k].id == shard)
+			f->sh[k].ns.repaired++;
+}
+
+/*
+ * The unreached files of shard (n of them, indexes into f->nsp): gathered on
+ * their shard into a new folder whose pointer is at lost+found (GATHER), which
+ * shard 1 then names "#FOLDER" in lost+found (ADOPT). Each file's problem then
+ * names it "#FOLDER/#INO", under lost+found.
+ */
+static void gather_files(struct fsck *f, unsigned shard, const uint32_t *idx, size_t n)
+{
+	struct stk_msg_meta_fsck_req q = {.cred = f->c->cred, .op = STK_FSCK_GATHER};
+	struct stk_msg_fsck_xref x = {0};
+	struct stk_msg_meta_fsck_resp r;
+	size_t cap = 64 + 8 * (size_t)n, len = 0;
+	uint8_t *req = malloc(cap);
+	uint64_t *got = NULL, lf, holder;
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	int rc;
+
+	if (!req)
+		return;
+	rc = meta_fsck_fix(f, 1, STK_FSCK_ADOPT, 0, &(uint64_t){0}, 1, &x);
+	lf = x.parent;
+	q.from = lf;
+	q.max = (uint32_t)n;
+	stk_wbuf_init(&w, req, cap);
+	stk_msg_meta_fsck_req_enc(&w, &q);
+	for (size_t i = 0; i < n; i++)
+		stk_put_u64(&w, f->nsp[idx[i]].ino);
+	if (rc == 0 && w.err)
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len,
+						f->resp, STK_MAX_PAYLOAD, &len);
+	stk_rbuf_init(&rb, f->resp, len);
+	if (rc == 0 && (stk_msg_meta_fsck_resp_dec(&rb, &r) || r.n > n))
+		rc = -EIO;
+	holder = rc == 0 ? r.next : 0;
+	if (rc == 0 && r.n && (got = calloc(r.n, sizeof(*got))) == NULL)
+		rc = -ENOMEM;
+	for (uint32_t i = 0; rc == 0 && i < r.n; i++)
+		got[i] = stk_get_u64(&rb);
+	if (rc == 0 && rb.err)
+		rc = -EIO;
+	/* the folder unnamed till now: the next fsck reattaches it, should this fail */
+	if (rc == 0 && holder)
+		rc = meta_fsck_fix(f, 1, STK_FSCK_ADOPT, holder, &lf, 1, &x);
+	if (rc)
+		stk_warn("fsck: gathering the unreached files of shard %u for lost+found: %s",
+			 shard, stk_strerror(rc));
+	for (uint32_t i = 0; rc == 0 && i < r.n; i++)
+		for (size_t k = 0; k < n; k++) {
+			struct stk_msg_fsck_problem *p = &f->nsp[idx[k]];
+
+			if (p->ino != got[i] || p->repaired)
+				continue;
+			ns_repaired(f, p, holder);
+			snprintf(p->name, sizeof(p->name), "%s/#%llu", x.name,
+				 (unsigned long long)p->ino);
+		}
+	free(got);
+	free(req);
+}
+
+/*
+ * The unreached inodes each shard's own check found and left: every one of
+ * shards 2.. (shard 1 holds lost+found) and the folders of shard 1 (an entry of
+ * another shard may name one whose pointer is wrong). Those no entry of another
+ * shard names are reattached: a folder as one found across shards is, the files
+ * of a shard 2.. gathered (gather_files).
+ */
+static int fsck_reattach_shards(struct fsck *f)
+{
+	struct xset e = {0};
+	uint32_t *files = NULL;
+	size_t nfiles = 0, capfiles = 0;
+	int rc = 0, loaded = 0;
+
+	for (uint32_t i = 0; rc == 0 && f->repair && i < f->nnsp; i++) {
+		struct stk_msg_fsck_problem *q = &f->nsp[i];
+		unsigned shard = stk_ino_shard(q->ino);
+		uint64_t lf = 0;
+		int r;
+
+		/* shard 1 reattached its own but folders (named on another shard?) */
+		if (q->kind != STK_FSCK_KIND_UNREACHED || q->repaired)
+			continue;
+		/* named on another shard after all (its pointer was wrong): not lost */
+		if (!loaded++) {
+			rc = xrefs_load(f, STK_FSCK_XENTRIES, &e);
+			if (rc)
+				break;
+			if (e.n)
+				qsort(e.v, e.n, sizeof(*e.v), xref_cmp);
+		}
+		if (xref_of(&e, q->ino))
+			continue;
+		r = xreattach(f, shard, q->ino, q->expect, &lf, q->name);
+		if (r == -ENOTDIR && shard == 1)
+			continue; /* a file its check could not reattach: it said why */
+		if (r == -ENOTDIR) {
+			/* a file: gathered below, all of its shard's at once */
+			q->name[0] = 0;
+			rc = grow((void **)&files, &capfiles, nfiles, sizeof(*files));
+			if (rc == 0)
+				files[nfiles++] = i;
+			continue;
+		}
+		if (r) {
+			stk_warn("fsck: reattaching folder %llu under lost+found: %s",
+				 (unsigned long long)q->ino, stk_strerror(r));
+			q->name[0] = 0;
+			continue;
+		}
+		ns_repaired(f, q, lf);
+	}
+	/* f->nsp lists shard by shard: each shard's files are one run of files */
+	for (size_t i = 0, j; rc == 0 && i < nfiles; i = j) {
+		unsigned shard = stk_ino_shard(f->nsp[files[i]].ino);
+
+		for (j = i; j < nfiles && stk_ino_shard(f->nsp[files[j]].ino) == shard; j++)
+			;
+		gather_files(f, shard, files + i, j - i);
+	}
+	free(files);
+	free(e.v);
 	return rc;
 }
 
@@ -863,6 +1164,11 @@ static int fsck_xshard(struct fsck *f)
 		size_t len = 0;
 		int r;
 
+		if (p->confirmed &&
+		    (p->kind == STK_FSCK_PARENT_POINTER || p->kind == STK_FSCK_UNREACHED_INODE)) {
+			xrepair_link(f, p);
+			continue;
+		}
 		if (!p->confirmed || p->kind != STK_FSCK_DANGLING_ENTRY)
 			continue;
 		stk_wbuf_init(&w, req, sizeof(req));
@@ -1072,6 +1378,8 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 		e->repaired = x->repaired;
 		e->ino = x->ino;
 		e->parent = x->parent;
+		e->expect = x->expect;
+		e->found = x->found;
 		snprintf(e->name, sizeof(e->name), "%s", x->name);
 		r->problems++;
 		r->remaining += !x->repaired;
@@ -1126,6 +1434,8 @@ int stk_fsck(stk_client *c, const struct stk_fsck_opts *opts, struct stk_fsck_re
 	rc = fsck_namespace(&f);
 	if (rc == 0)
 		rc = fsck_xshard(&f);
+	if (rc == 0)
+		rc = fsck_reattach_shards(&f);
 	if (rc == 0)
 		rc = fsck_data(&f, &last);
 	if (rc == 0)

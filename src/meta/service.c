@@ -1984,6 +1984,9 @@ static int fsck_keep(void *ctx, const struct stk_meta_fsck_problem *p)
 	if (p->repaired) {
 		fsck_changed(o, p->ino);
 		fsck_changed(o, p->parent);
+		/* reattached: lost+found may be new in the root */
+		if (p->kind == STK_FSCK_KIND_UNREACHED)
+			fsck_changed(o, STK_ROOT_INO);
 	}
 	if (o->n < o->max) {
 		struct stk_msg_fsck_problem *q = &o->p[o->n++];
@@ -2166,6 +2169,92 @@ static int fsck_xdrop(struct meta *m, const struct stk_msg_meta_fsck_req *q, uin
 	return resp->payload.err;
 }
 
+static int fsck_xparent(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t seen,
+			uint64_t parent, struct stk_msg_meta_fsck_resp *r,
+			struct stk_rpc_resp *resp)
+{
+	uint64_t changed[1] = {q->from};
+	int rc = stk_meta_store_fsck_xparent(m->store, q->from, seen, parent);
+
+	if (rc)
+		return rc;
+	/* its ".." changed */
+	stk_meta_leases_changed(m->leases, 0, changed, 1);
+	if (seen != parent)
+		stk_warn("fsck: folder %llu pointed at folder %llu as its parent, not at %llu, "
+			 "whose entry names it: set",
+			 (unsigned long long)q->from, (unsigned long long)seen,
+			 (unsigned long long)parent);
+	return stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+}
+
+static int fsck_adopt(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t seen,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	struct stk_msg_fsck_xref x = {.ino = q->from};
+	uint64_t changed[3] = {STK_ROOT_INO, 0, q->from};
+	int rc = stk_meta_store_fsck_adopt(m->store, q->from, seen, &x.parent, x.name);
+
+	if (rc)
+		return rc;
+	changed[1] = x.parent;
+	stk_meta_leases_changed(m->leases, 0, changed, q->from ? 3 : 2);
+	if (q->from)
+		stk_warn("fsck: folder %llu, reached by no name, reattached as lost+found/%s",
+			 (unsigned long long)q->from, x.name);
+	r->n = 1;
+	r->done = 1;
+	stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+	stk_msg_fsck_xref_enc(&resp->payload, &x);
+	return resp->payload.err;
+}
+
+static int fsck_gather(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		       struct stk_rpc_req *req, struct stk_msg_meta_fsck_resp *r,
+		       struct stk_rpc_resp *resp)
+{
+	uint64_t *inos = NULL;
+	uint8_t *done = NULL;
+	int rc = 0;
+
+	if (q->max == 0 || q->max > STK_FSCK_PROBLEMS_MAX)
+		return decoded(req, -EINVAL);
+	inos = calloc(q->max, sizeof(*inos));
+	done = calloc(q->max, 1);
+	if (!inos || !done) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < q->max; i++)
+		inos[i] = stk_get_u64(&req->payload);
+	rc = decoded(req, req->payload.err ? -EBADMSG : 0);
+	if (rc == 0 && q->cred.uid != 0)
+		rc = -EPERM;
+	if (rc == 0)
+		rc = stk_meta_store_fsck_gather(m->store, q->from, inos, q->max, done, &r->next);
+	if (rc)
+		goto out;
+	for (uint32_t i = 0; i < q->max; i++)
+		if (done[i])
+			inos[r->n++] = inos[i];
+	/* their link counts and parents changed */
+	if (r->n)
+		stk_meta_leases_changed(m->leases, 0, inos, r->n);
+	r->done = 1;
+	stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+	for (uint32_t i = 0; i < r->n; i++)
+		stk_put_u64(&resp->payload, inos[i]);
+	rc = resp->payload.err;
+	if (r->n)
+		stk_warn("fsck: %u file(s) reached by no name gathered in folder %llu, for "
+			 "lost+found",
+			 r->n, (unsigned long long)r->next);
+out:
+	free(inos);
+	free(done);
+	return rc;
+}
+
 /* META_FSCK (msg.h): root only; the namespace check or a listing for the data check. */
 static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
@@ -2174,11 +2263,20 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	int rc;
 
 	struct stk_msg_fsck_xref after = {0};
-	uint64_t ino = 0;
+	uint64_t ino = 0, seen = 0;
 
 	rc = stk_msg_meta_fsck_req_dec(&req->payload, &q);
-	if (rc == 0 && q.op == STK_FSCK_XDROP) {
-		ino = stk_get_u64(&req->payload);
+	if (rc == 0 && q.op == STK_FSCK_GATHER) {
+		memset(&r, 0, sizeof(r));
+		return fsck_gather(m, &q, req, &r, resp);
+	}
+	if (rc == 0 && (q.op == STK_FSCK_XDROP || q.op == STK_FSCK_XPARENT ||
+			q.op == STK_FSCK_ADOPT)) {
+		/* XDROP: the inode; XPARENT: seen and the parent; ADOPT: seen */
+		if (q.op == STK_FSCK_XPARENT || q.op == STK_FSCK_ADOPT)
+			seen = stk_get_u64(&req->payload);
+		if (q.op != STK_FSCK_ADOPT)
+			ino = stk_get_u64(&req->payload);
 		rc = req->payload.err ? -EBADMSG : 0;
 	}
 	if (rc == 0 && q.op == STK_FSCK_XENTRIES)
@@ -2195,6 +2293,10 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 		return fsck_xrefs(m, &q, &after, &r, resp);
 	case STK_FSCK_XDROP:
 		return fsck_xdrop(m, &q, ino, &r, resp);
+	case STK_FSCK_XPARENT:
+		return fsck_xparent(m, &q, seen, ino, &r, resp);
+	case STK_FSCK_ADOPT:
+		return fsck_adopt(m, &q, seen, &r, resp);
 	case STK_FSCK_CHECK:
 		return fsck_check(m, &q, &r, resp);
 	case STK_FSCK_FILES:

@@ -5472,6 +5472,111 @@ static int fsck_orphans(struct fsck *f)
 	return rc;
 }
 
+/*
+ * fsck's lost+found (docs/fsck.md): the folder "lost+found" in the root, made on
+ * demand (root's, mode 0700) when make is set. Only shard 1 holds the root's
+ * entries, so only it has one: -EXDEV elsewhere, and when the name is a folder
+ * of another shard; -ENOTDIR when it names no folder; -ENOENT when absent and
+ * not to be made.
+ */
+static int lostfound_get(struct op *o, int make, struct inode *lf)
+{
+	struct inode root;
+	struct dentry d;
+	int rc;
+
+	if (o->st->shard != 1)
+		return -EXDEV;
+	rc = inode_get(o, STK_ROOT_INO, &root);
+	if (rc == 0)
+		rc = dentry_get(o, STK_ROOT_INO, STK_LOSTFOUND_NAME, &d);
+	if (rc == 0) {
+		if (stk_ino_shard(d.ino) != o->st->shard)
+			return -EXDEV;
+		rc = inode_get(o, d.ino, lf);
+		return rc ? rc : S_ISDIR(lf->a.mode) ? 0 : -ENOTDIR;
+	}
+	if (rc != -ENOENT || !make)
+		return rc;
+	rc = inode_new(o, &root, S_IFDIR | 0700, 0, lf);
+	if (rc)
+		return rc;
+	lf->a.uid = 0;
+	lf->a.gid = 0;
+	lf->a.mode = S_IFDIR | 0700;
+	lf->a.nlink = 2;
+	lf->a.size = DIR_SIZE;
+	lf->a.blocks = blocks_of(DIR_SIZE);
+	lf->parent = STK_ROOT_INO;
+	return entry_add(o, &root, STK_LOSTFOUND_NAME, lf);
+}
+
+/* The name an inode is reattached under in lost+found: "#INO", as e2fsck's. */
+static void lostfound_name(uint64_t ino, char *name, size_t size)
+{
+	snprintf(name, size, "#%llu", (unsigned long long)ino);
+}
+
+/*
+ * Reattaches inode n of this shard under lost+found (made if needed), as
+ * "#INO": the entry, a folder's parent pointer and lost+found's link count, or a
+ * file's link count (1: its one name now), all in the caller's transaction.
+ * -EEXIST when that name is taken. *lf_ino says where it went.
+ */
+static int lostfound_adopt(struct op *o, struct inode *n, uint64_t *lf_ino, char *name)
+{
+	struct inode lf;
+	int rc = lostfound_get(o, 1, &lf);
+
+	if (rc)
+		return rc;
+	lostfound_name(n->a.ino, name, STK_NAME_MAX + 1);
+	rc = name_free(o, &lf, name);
+	if (rc == 0 && S_ISDIR(n->a.mode)) {
+		if (lf.a.nlink == UINT32_MAX)
+			return -EMLINK;
+		lf.a.nlink++;
+	} else if (rc == 0) {
+		n->a.nlink = 1;
+	}
+	n->parent = lf.a.ino;
+	if (rc == 0)
+		rc = inode_put(o, n);
+	if (rc == 0)
+		rc = dentry_put(o, lf.a.ino, name, n->a.ino, n->a.mode);
+	if (rc == 0) {
+		touch_dir(o, &lf);
+		rc = inode_put(o, &lf);
+	}
+	*lf_ino = lf.a.ino;
+	return rc;
+}
+
+/*
+ * fsck's repair of an unreached inode: reattached under lost+found, never freed.
+ * lost+found's record in the walk's table (when it was there before) learns of
+ * a new subfolder, so that its own link count is checked against it.
+ */
+static int fsck_reattach(struct fsck *f, const struct fsck_ino *e, struct stk_meta_fsck_problem *p)
+{
+	struct fsck_ino *lf;
+	struct inode n;
+	uint64_t lf_ino = 0;
+	int rc = inode_get(f->o, e->ino, &n);
+
+	if (rc == 0)
+		rc = lostfound_adopt(f->o, &n, &lf_ino, p->name);
+	if (rc)
+		return rc;
+	p->parent = lf_ino;
+	lf = fsck_ino_find(f, lf_ino);
+	if (lf && S_ISDIR(e->mode)) {
+		lf->subdirs++;
+		lf->nlink++;
+	}
+	return 0;
+}
+
 /* One inode against what the entries say of it. */
 static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 {
@@ -5490,17 +5595,27 @@ static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 		return 0; /* another shard's root record: shard 1 holds the root */
 	if (!root && !foreign && e->refs == 0 && !(e->orphan && !dir)) {
 		/*
-		 * No name reaches it and no open file keeps it. A file goes as an unlink
-		 * would take it (its chunks to the purge); a folder is only reported:
-		 * what it holds may matter, and nothing can name it back here.
+		 * No name reaches it and no open file keeps it: reattached under
+		 * lost+found, never freed (what it holds may matter). Only shard 1
+		 * has the root: another shard's is reported here and stk_fsck
+		 * reattaches it through shard 1. So is a folder of shard 1, which an
+		 * entry of another shard may name (its pointer wrong): stk_fsck
+		 * looks at those entries first.
 		 */
 		p.kind = STK_FSCK_KIND_UNREACHED;
 		p.found = e->nlink;
-		if (!f->repair || dir)
+		p.expect = e->parent; /* the parent pointer, for stk_fsck */
+		if (!f->repair || f->o->st->shard != 1 || dir)
 			return fsck_report(f, &p, 0);
-		rc = inode_get(f->o, e->ino, &n);
-		if (rc == 0)
-			rc = inode_del(f->o, &n);
+		rc = fsck_reattach(f, e, &p);
+		if (rc == -EEXIST || rc == -ENOTDIR || rc == -EXDEV || rc == -EMLINK) {
+			stk_warn("fsck: inode %llu is reached by no name and cannot go in "
+				 "lost+found: %s",
+				 (unsigned long long)e->ino, strerror(-rc));
+			p.name[0] = 0;
+			p.parent = 0;
+			return fsck_report(f, &p, 0);
+		}
 		return rc ? rc : fsck_report(f, &p, 1);
 	}
 	want = dir ? 2 + e->subdirs : e->refs;
@@ -6425,6 +6540,213 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 	}
 	free(xp.v);
 	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_t seen,
+				uint64_t parent)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xmark m;
+	struct inode n;
+	struct op o;
+	int rc;
+
+	if (stk_ino_shard(ino) != st->shard || ino == STK_ROOT_INO || !parent)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0 && st->xshard) {
+		/* a mkdir or rmdir of it in flight: the protocol's, not fsck's */
+		rc = xmark_get(&o, ino, &m);
+		rc = rc == 0 ? -EBUSY : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0 && n.parent != seen)
+		rc = -ESTALE;
+	if (rc == 0 && n.parent != parent) {
+		n.parent = parent;
+		rc = inode_put(&o, &n);
+	}
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_adopt(struct stk_meta_store *st, uint64_t ino, uint64_t seen,
+			      uint64_t *lf_ino, char *name)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xmark m;
+	struct inode lf, n;
+	struct dentry d;
+	struct op o;
+	int rc;
+
+	name[0] = 0;
+	*lf_ino = 0;
+	if (st->shard != 1)
+		return -EXDEV;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = lostfound_get(&o, 1, &lf);
+	if (rc || ino == 0)
+		goto out;
+	*lf_ino = lf.a.ino;
+	lostfound_name(ino, name, STK_NAME_MAX + 1);
+	/* asked again after a reply was lost: done already */
+	if (dentry_get(&o, lf.a.ino, name, &d) == 0 && d.ino == ino)
+		goto out;
+	if (stk_ino_shard(ino) == st->shard) {
+		/* a folder here that no name reaches */
+		rc = inode_get(&o, ino, &n);
+		if (rc == 0 && ino == STK_ROOT_INO)
+			rc = -EINVAL;
+		if (rc == 0 && !S_ISDIR(n.a.mode))
+			rc = -ENOTDIR;
+		if (rc == 0 && st->xshard) {
+			rc = xmark_get(&o, ino, &m);
+			rc = rc == 0 ? -EBUSY : rc == -ENOENT ? 0 : rc;
+		}
+		if (rc == 0 && n.parent != seen)
+			rc = -ESTALE;
+		if (rc == 0)
+			rc = lostfound_adopt(&o, &n, lf_ino, name);
+		goto out;
+	}
+	/*
+	 * A folder of another shard, whose parent pointer that shard has set to
+	 * lost+found already (stk_meta_store_fsck_xparent): only the entry is here.
+	 */
+	rc = name_free(&o, &lf, name);
+	if (rc == 0 && lf.a.nlink == UINT32_MAX)
+		rc = -EMLINK;
+	if (rc == 0) {
+		lf.a.nlink++;
+		rc = dentry_put(&o, lf.a.ino, name, ino, S_IFDIR);
+	}
+	if (rc == 0) {
+		touch_dir(&o, &lf);
+		rc = inode_put(&o, &lf);
+	}
+out:
+	if (rc == 0 && !*lf_ino)
+		*lf_ino = lf.a.ino;
+	return op_end(&o, rc);
+}
+
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Sets named[i] for each of inos (sorted, n) that an entry of this shard names. */
+static int fsck_named(struct op *o, const uint64_t *inos, size_t n, uint8_t *named)
+{
+	MDB_cursor *cur = NULL;
+	MDB_val key, val;
+	int rc, mrc;
+
+	rc = lmdb_err(mdb_cursor_open(o->txn, o->st->dentries, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_FIRST); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		uint64_t ino;
+		const uint64_t *hit;
+
+		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
+			continue;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		ino = stk_get_u64(&r);
+		hit = r.err ? NULL : bsearch(&ino, inos, n, sizeof(*inos), u64_cmp);
+		if (hit)
+			named[hit - inos] = 1;
+	}
+	if (rc == 0 && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk entries");
+	if (cur)
+		mdb_cursor_close(cur);
+	return rc;
+}
+
+int stk_meta_store_fsck_gather(struct stk_meta_store *st, uint64_t lf, uint64_t *inos, size_t n,
+			       uint8_t *done, uint64_t *holder)
+{
+	static const struct stk_cred root_cred;
+	struct inode h = {0}, n0 = {0}, f;
+	uint8_t *named = NULL;
+	struct op o;
+	int rc;
+
+	*holder = 0;
+	if (st->shard == 1 || stk_ino_shard(lf) == st->shard || !lf)
+		return -EINVAL;
+	if (n == 0)
+		return 0;
+	qsort(inos, n, sizeof(*inos), u64_cmp);
+	memset(done, 0, n);
+	named = calloc(n, 1);
+	if (!named)
+		return -ENOMEM;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc) {
+		free(named);
+		return rc;
+	}
+	/* only what is still unreached now, in this transaction */
+	rc = fsck_named(&o, inos, n, named);
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		uint8_t k[ORPHAN_KEY_LEN];
+		MDB_val key = {sizeof(k), k}, val;
+		char name[STK_NAME_MAX + 1];
+		int open;
+
+		if (named[i] || (i && inos[i] == inos[i - 1]) ||
+		    stk_ino_shard(inos[i]) != st->shard)
+			continue;
+		rc = inode_get(&o, inos[i], &f);
+		if (rc == -ENOENT) {
+			rc = 0;
+			continue;
+		}
+		if (rc)
+			break;
+		orphan_key(k, inos[i]);
+		open = mdb_get(o.txn, st->sys, &key, &val) == 0;
+		if (S_ISDIR(f.a.mode) || open)
+			continue; /* a folder goes alone (its parent pointer); an open file waits */
+		if (!h.a.ino) {
+			n0.a.ino = lf;
+			rc = inode_new(&o, &n0, S_IFDIR | 0700, 0, &h);
+			if (rc)
+				break;
+			h.a.nlink = 2;
+			h.a.size = DIR_SIZE;
+			h.a.blocks = blocks_of(DIR_SIZE);
+			h.parent = lf;
+		}
+		lostfound_name(f.a.ino, name, sizeof(name));
+		f.a.nlink = 1;
+		f.parent = h.a.ino;
+		rc = inode_put(&o, &f);
+		if (rc == 0)
+			rc = dentry_put(&o, h.a.ino, name, f.a.ino, f.a.mode);
+		done[i] = rc == 0;
+	}
+	if (rc == 0 && h.a.ino) {
+		touch_dir(&o, &h);
+		rc = inode_put(&o, &h);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*holder = h.a.ino;
+	else
+		memset(done, 0, n);
+	free(named);
+	return rc;
 }
 
 int stk_meta_store_xquery(struct stk_meta_store *st, uint64_t id, uint64_t parent,

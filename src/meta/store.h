@@ -485,6 +485,9 @@ size_t stk_meta_store_purges_unrecorded(struct stk_meta_store *st, struct stk_me
 					size_t max);
 void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, const uint8_t *failed);
 
+/* Where fsck reattaches what no name reaches: a folder of the root, on shard 1. */
+#define STK_LOSTFOUND_NAME "lost+found"
+
 /*
  * fsck (docs/fsck.md): the namespace checked against itself, in one transaction,
  * so that operations in flight never show as problems. What is checked, by kind:
@@ -500,11 +503,16 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
  *   CORRUPT       a record that does not decode (inode ino, or an entry)
  * With repair (one write transaction; other writers wait meanwhile) what is safe
  * is repaired: entries that lead nowhere or from nowhere are dropped, link counts
- * and parent pointers set from the entries, an unreached non-folder freed as an
- * unlink would (its chunks to the purge), stale orphan records dropped, quota
- * usage set to the count. An unreached folder and a corrupt record are only
- * reported. fn (may be NULL) is called for each problem inside the transaction;
- * a non-zero return stops the check with that error (and undoes the repairs).
+ * and parent pointers set from the entries, an unreached file, symlink or
+ * special file reattached in lost+found as "#INO" (made on demand; the
+ * problem's name and parent say where; on shard 1 only, and reported only when
+ * the name is taken), stale orphan records dropped, quota usage set to the
+ * count. A corrupt record is only reported, and so are an unreached folder and
+ * any unreached inode of shard 2.. (expect: its parent pointer): stk_fsck
+ * reattaches those (stk_meta_store_fsck_adopt, _gather), once it has seen that
+ * no entry of another shard names them. fn (may be NULL) is called for each
+ * problem inside the transaction; a non-zero return stops the check with that
+ * error (and undoes the repairs).
  */
 struct stk_meta_fsck_problem {
 	uint32_t kind; /* enum stk_fsck_kind (proto/msg.h) */
@@ -892,5 +900,47 @@ int stk_meta_store_fsck_xdirs(struct stk_meta_store *st, uint64_t from, struct s
  * dropped is copied to name (STK_NAME_MAX + 1 bytes).
  */
 int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64_t ino, char *name);
+
+/*
+ * fsck's repair of a folder's parent pointer (a folder of this shard whose entry
+ * is on another, docs/fsck.md): folder ino's pointer becomes parent, if it is
+ * still `seen` (what fsck found; else -ESTALE) and no mark of a cross-shard mkdir
+ * or rmdir is on it (-EBUSY). -EINVAL for an inode of another shard or the root,
+ * -ENOTDIR for no folder, -ENOENT. One write transaction.
+ */
+int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_t seen,
+				uint64_t parent);
+/*
+ * fsck's lost+found, shard 1 only (-EXDEV elsewhere): the folder STK_LOSTFOUND_NAME
+ * in the root, made on demand (root's, mode 0700; -ENOTDIR when the name is no
+ * folder, -EXDEV when it is another shard's), and ino reattached in it as "#INO",
+ * in one write transaction; *lf_ino is lost+found's number and name (STK_NAME_MAX
+ * + 1 bytes) the entry's. ino 0: lost+found only. ino a folder of this shard
+ * (no other kind, -ENOTDIR: a file of this shard is reattached by
+ * stk_meta_store_fsck's repair; not the root, -EINVAL): its parent pointer must
+ * still be `seen` (-ESTALE) and no mark on it (-EBUSY); the entry, the pointer
+ * and lost+found's link count change together. The caller has seen that no
+ * entry names it. ino of another shard: a folder, whose parent pointer its shard has set to
+ * lost+found first (stk_meta_store_fsck_xparent), so that a crash between leaves
+ * a folder no name reaches, never a name pointing at nothing; only the entry and
+ * the link count change here. The entry there already, naming ino: 0, nothing
+ * changes; naming another: -EEXIST.
+ */
+int stk_meta_store_fsck_adopt(struct stk_meta_store *st, uint64_t ino, uint64_t seen,
+			      uint64_t *lf_ino, char *name);
+/*
+ * fsck's repair of the files of a shard k > 1 that no name reaches (shard 1's
+ * lost+found names no file of another shard): in one write transaction, those of
+ * inos[0..n) (sorted here) that are still files of this shard that no entry here
+ * names and no client holds open go into a new folder of this shard, root's,
+ * mode 0700, as "#INO" (link count 1), and done[i] is set for each (as inos is
+ * now ordered). The folder is named by no entry; its parent pointer is lf,
+ * shard 1's lost+found, whose entry for it stk_meta_store_fsck_adopt writes
+ * next (a crash between leaves an unreached folder of this shard, which the next
+ * fsck reattaches). *holder is its number, 0 when nothing went in. -EINVAL on
+ * shard 1 or for an lf of this shard.
+ */
+int stk_meta_store_fsck_gather(struct stk_meta_store *st, uint64_t lf, uint64_t *inos, size_t n,
+			       uint8_t *done, uint64_t *holder);
 
 #endif

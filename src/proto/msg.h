@@ -702,6 +702,25 @@ enum stk_quota_op {
  *                    shard has no such inode); EBUSY while an intent is about a
  *                    name in the folder, ENOENT when no entry names it. The reply:
  *                    the head (n 1) and the fsck_xref dropped.
+ *   STK_FSCK_XPARENT the request followed by two u64, seen and parent: folder
+ *                    `from`'s parent pointer becomes parent if it is still seen
+ *                    (ESTALE) and no cross-shard mark is on it (EBUSY); ENOTDIR,
+ *                    EINVAL (the root, or another shard's). The reply: the head.
+ *   STK_FSCK_ADOPT   shard 1 only (EXDEV): the request followed by a u64, seen:
+ *                    inode `from` reattached in lost+found as "#INO", lost+found
+ *                    made if needed (from 0: only that). A folder of shard 1 whose
+ *                    parent pointer is still seen, or a folder of another shard
+ *                    whose pointer that shard has set to lost+found already
+ *                    (XPARENT first); ESTALE, EBUSY as XPARENT's, ENOTDIR for a
+ *                    file of shard 1 (its check reattaches those). The reply: the
+ *                    head (n 1) and a fsck_xref (parent: lost+found, name: the
+ *                    entry's).
+ *   STK_FSCK_GATHER  shard 2.. only (EINVAL on 1): the request followed by max u64
+ *                    (at most STK_FSCK_PROBLEMS_MAX), inodes its check found
+ *                    unreached: those still files no name reaches go, as "#INO",
+ *                    into a new folder whose parent pointer is `from` (shard 1's
+ *                    lost+found) and that ADOPT names next. The reply: the head (n
+ *                    those gone, next the folder, 0 for none) and their n u64.
  */
 #define STK_MSG_META_FSCK_REQ(F) F(cred, cred) F(u32, op) F(u32, flags) F(u64, from) F(u32, max)
 #define STK_MSG_META_FSCK_RESP(F)                                                            \
@@ -732,6 +751,9 @@ enum stk_fsck_kind {
 #define STK_FSCK_XENTRIES 4u
 #define STK_FSCK_XDIRS 5u
 #define STK_FSCK_XDROP 6u
+#define STK_FSCK_XPARENT 7u
+#define STK_FSCK_ADOPT 8u
+#define STK_FSCK_GATHER 9u
 #define STK_FSCK_REPAIR 0x1u
 #define STK_FSCK_PROBLEMS_MAX 2000u
 #define STK_FSCK_FILES_MAX 1024u

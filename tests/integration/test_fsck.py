@@ -13,7 +13,8 @@ import tempfile
 import threading
 import time
 
-from conftest import BUILD, NOBODY, STOKER, as_nobody, pick_ports, run, wait_until
+from conftest import (BUILD, NOBODY, STOKER, Mount, as_nobody, have_fuse, pick_ports, run,
+                      wait_until)
 from pyhelp import stoker
 
 MiB = 1 << 20
@@ -23,7 +24,7 @@ OLD = time.time() - 7200  # older than the default grace period (600 s)
 
 def fsck(cluster, *args):
     p = cluster.cli("fsck", "--json", *args, check=False, timeout=300)
-    assert p.returncode in (0, 1), p.stderr.decode(errors="replace")
+    assert p.returncode in (0, 1) and p.stdout, p.stderr.decode(errors="replace")
     out = json.loads(p.stdout)
     assert out["clean"] == (p.returncode == 0)
     return out
@@ -242,18 +243,79 @@ def test_planted_namespace_problems_are_reported_and_repaired(cluster):
     assert not any(p["repaired"] for p in out["list"])
     out = fsck(cluster, "--repair", "--grace", "0")
     assert out["clean"] and all(p["repaired"] for p in out["list"]), out
-    # The unreached file was freed as an unlink frees one: meta purges its chunks.
-    wait_until(lambda: len(cluster.chunk_files()) == chunks - 2 - 2 - 1, timeout=30,
-               what="the unreached file's chunks to be purged")
+    # The garbage went; the unreached file was reattached under /lost+found, whole.
+    wait_until(lambda: len(cluster.chunk_files()) == chunks - 2 - 1, timeout=30,
+               what="the garbage to be removed")
     out = fsck(cluster)
     assert out["clean"] and out["list"] == [], out
     c = stoker.connect(cluster.url)
     try:
         assert c.stat("/d/e/small").st_nlink == 1
         assert sorted(c.listdir("/d")) == ["big", "e", "link", "sparse"]
+        assert c.stat("/lost+found/#%d" % ino["/d/unreached"]).st_size == MiB + 1
         assert json.loads(cluster.cli("quota", "ls", "/q", "--json").stdout)[0]["used_inodes"] == 1
     finally:
         c.close()
+
+
+def test_unreached_file_and_folder_are_reattached_under_lost_and_found(cluster, tmp_path):
+    deep, loose = os.urandom(MiB + 7), os.urandom(1000)
+    c = stoker.connect(cluster.url)
+    try:
+        c.makedirs("/a/keep/sub")
+        c.write_file("/a/keep/sub/deep", deep)
+        c.write_file("/a/keep/top", b"top")
+        c.write_file("/a/loose", loose)
+        ino = {p: c.stat(p).st_ino for p in ("/a", "/a/keep", "/a/loose")}
+    finally:
+        c.close()
+    cluster.stop()
+    store = os.path.join(cluster.data, "meta", "meta")
+    subprocess.run([PLANT, store, "drop-entry", str(ino["/a"]), "keep"], check=True)
+    subprocess.run([PLANT, store, "drop-entry", str(ino["/a"]), "loose"], check=True)
+    cluster.start()
+    keep, loose_name = "#%d" % ino["/a/keep"], "#%d" % ino["/a/loose"]
+    out = fsck(cluster)
+    got = {(p["kind"], p["ino"]) for p in out["list"]}
+    assert ("unreached-inode", ino["/a/keep"]) in got
+    assert ("unreached-inode", ino["/a/loose"]) in got
+    assert ("link-count", ino["/a"]) in got  # it lost a subfolder's entry
+    assert not out["clean"] and not any(p["repaired"] for p in out["list"])
+    c = stoker.connect(cluster.url)
+    try:
+        assert not c.exists("/lost+found")  # a report changes nothing
+    finally:
+        c.close()
+    p = cluster.cli("fsck", "--repair", check=False, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert ("reattached as /lost+found/%s" % keep).encode() in p.stdout, p.stdout
+    assert ("reattached as /lost+found/%s" % loose_name).encode() in p.stdout, p.stdout
+    c = stoker.connect(cluster.url)
+    try:
+        st = c.stat("/lost+found")
+        assert (st.st_mode & 0o7777) == 0o700 and st.st_uid == 0 and st.st_gid == 0
+        assert sorted(c.listdir("/lost+found")) == sorted([keep, loose_name])
+        assert c.read_file("/lost+found/%s/sub/deep" % keep) == deep
+        assert c.read_file("/lost+found/%s/top" % keep) == b"top"
+        assert c.read_file("/lost+found/%s" % loose_name) == loose
+        assert c.stat("/lost+found").st_nlink == 3
+        assert sorted(c.listdir("/a")) == []
+    finally:
+        c.close()
+    out = fsck(cluster)
+    assert out["clean"] and out["list"] == [], out
+    # Through the mount as well: the reattached folder is a folder like any other.
+    if not have_fuse():
+        return
+    m = Mount(cluster, tmp_path / "mnt")
+    m.start()
+    try:
+        with open(os.path.join(m.path, "lost+found", keep, "sub", "deep"), "rb") as f:
+            assert f.read() == deep
+        assert sorted(os.listdir(os.path.join(m.path, "lost+found", keep))) == ["sub", "top"]
+    finally:
+        m.stop()
+    assert not m.sanitizer_reports(), m.log()
 
 
 def test_no_false_alarm_under_a_writer_and_an_unlinker(cluster):

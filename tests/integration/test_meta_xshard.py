@@ -591,6 +591,10 @@ def test_fsck_checks_and_repairs_shard_2(make_xc):
     assert re.search(rb"^shard 2: .*; 5 problem\(s\), 5 left$", text.stdout, re.M), text.stdout
     out = xfsck(sc, "--repair", "--grace", "0")
     assert out["clean"] and all(p["repaired"] for p in out["list"]), out
+    # The unreached file is never freed: it went into a folder of shard 2 that
+    # shard 1's lost+found names (an entry of shard 1 names no file of shard 2).
+    lost = [p for p in out["list"] if p["kind"] == "unreached-inode"]
+    assert len(lost) == 1 and lost[0]["name"].endswith("/#%d" % ino["/d/unreached"]), out
     assert not os.path.exists(planted2)
     assert os.path.exists(planted9)  # no shard to ask about it: left alone
     out = xfsck(sc, "--grace", "0")
@@ -602,6 +606,9 @@ def test_fsck_checks_and_repairs_shard_2(make_xc):
         assert c.read_file("/d/small") == b"small"
         assert c.stat("/d/small").st_nlink == 1
         assert c.read_file("/top") == b"shard one"
+        assert c.stat("/lost+found/" + lost[0]["name"]).st_size == (1 << 20) + 1
+        holder = c.stat("/lost+found/" + lost[0]["name"].split("/")[0])
+        assert shard_of(holder.st_ino) == 2 and (holder.st_mode & 0o7777) == 0o700
     finally:
         c.close()
 
@@ -658,8 +665,9 @@ def test_fsck_of_two_shards_under_a_writer_is_clean(make_xc):
 def test_fsck_finds_folders_named_across_shards_that_do_not_match(make_xc):
     """An entry on shard 1 naming a folder shard 2 does not have is a dangling entry
     of shard 1 (--repair drops it and its parent's link); a folder on shard 2 that
-    no entry on shard 1 names is an unreached folder of shard 2 (reported only,
-    never removed); the folder beside them and its files stay whole."""
+    no entry on shard 1 names is an unreached folder of shard 2 (reattached under
+    shard 1's lost+found, never removed); the folder beside them and its files
+    stay whole."""
     from test_fsck import PLANT
     sc = make_xc()
     sc.cli("shard", "pin", "/", "2")
@@ -691,17 +699,138 @@ def test_fsck_finds_folders_named_across_shards_that_do_not_match(make_xc):
     assert re.search(rb"^shard 2: .*; 1 problem\(s\), 1 left$", text, re.M), text
     out = xfsck(sc, "--repair")
     fixed = {p["kind"]: p["repaired"] for p in out["list"]}
-    assert fixed == {"dangling-entry": True, "unreached-inode": False, "link-count": True}, out
-    assert out["remaining"] == 1
+    assert fixed == {"dangling-entry": True, "unreached-inode": True, "link-count": True}, out
+    assert out["remaining"] == 0
     out = xfsck(sc)
-    assert [(p["kind"], p["ino"]) for p in out["list"]] == [("unreached-inode", ino["/y"])], out
+    assert out["clean"] and out["list"] == [], out
     assert sc.held(2)[0] >= 4  # /y and /keep's folders are still there
     c = stoker_pkg.connect(sc.url)
     try:
-        assert sorted(c.listdir("/")) == ["keep"]
-        assert c.stat("/").st_nlink == 3
+        # /y reattached under shard 1's lost+found, never removed
+        assert sorted(c.listdir("/")) == ["keep", "lost+found"]
+        assert c.listdir("/lost+found") == ["#%d" % ino["/y"]]
+        assert c.stat("/").st_nlink == 4
         assert c.read_file("/keep/f") == b"kept"
         assert sorted(c.listdir("/keep")) == ["f", "sub"]
+    finally:
+        c.close()
+
+
+def test_fsck_reattaches_folders_and_sets_parent_pointers_across_shards(make_xc):
+    """Folders of shard 2 that no name reaches, one whose parent is on shard 1 and one
+    whose parent is on shard 2, are reported, then reattached with their contents
+    under shard 1's /lost+found; a file of shard 2 that no name reaches goes into a
+    folder of shard 2 that lost+found names; folders of shard 2 whose parent pointer is not the folder on shard 1
+    whose entry names them (pointing at shard 1 or at shard 2) are reported and
+    set; nothing changes without --repair, and a second run finds nothing more."""
+    from test_fsck import PLANT
+    sc = make_xc()
+    sc.cli("shard", "pin", "/", "2")
+    deep = os.urandom((1 << 20) + 3)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        for d in ("/y", "/y/in", "/d", "/d/sub", "/p", "/q"):
+            c.mkdir(d)
+        c.write_file("/y/in/f", deep)
+        c.write_file("/y/g", b"g")
+        c.write_file("/d/sub/f", b"sub's")
+        c.write_file("/d/loose", b"loose")
+        c.write_file("/p/f", b"p's")
+        sc.cli("shard", "unpin", "/")
+        c.mkdir("/one")
+        ino = {p: c.stat(p).st_ino for p in ("/y", "/d", "/d/sub", "/d/loose", "/p", "/q",
+                                             "/one")}
+    finally:
+        c.close()
+    assert shard_of(ino["/one"]) == 1
+    assert all(shard_of(ino[p]) == 2 for p in ino if p != "/one"), ino
+    sc.down()
+    one, two = (os.path.join(sc.data, m, "meta") for m in ("meta", "meta1"))
+    run([PLANT, one, "drop-entry", "1", "y"])
+    run([PLANT, two, "drop-entry", str(ino["/d"]), "sub"])
+    run([PLANT, two, "drop-entry", str(ino["/d"]), "loose"])
+    run([PLANT, two, "set-parent", str(ino["/q"]), str(ino["/one"])])  # at shard 1
+    run([PLANT, two, "set-parent", str(ino["/p"]), str(ino["/d"])])    # at shard 2
+    sc.up()
+    sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
+    want = {("link-count", 1), ("link-count", ino["/d"]),  # each lost a subfolder's entry
+            ("unreached-inode", ino["/y"]), ("unreached-inode", ino["/d/sub"]),
+            ("unreached-inode", ino["/d/loose"]),
+            ("unreached-inode", ino["/p"]),  # to shard 2's own check: its pointer is there
+            ("parent-pointer", ino["/q"]), ("parent-pointer", ino["/p"])}
+    out = xfsck(sc)
+    assert {(p["kind"], p["ino"]) for p in out["list"]} == want, out
+    assert not any(p["repaired"] for p in out["list"]), out
+    pp = {p["ino"]: (p["expect"], p["found"]) for p in out["list"]
+          if p["kind"] == "parent-pointer"}
+    assert pp == {ino["/q"]: (1, ino["/one"]), ino["/p"]: (1, ino["/d"])}, out
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert not c.exists("/lost+found")
+    finally:
+        c.close()
+    text = sc.cli("fsck", check=False).stdout
+    assert re.search(rb"parent pointer: folder %d points at %d, its entry is in 1$" % (
+        ino["/q"], ino["/one"]), text, re.M), text
+    out = xfsck(sc, "--repair")
+    assert out["clean"] and all(p["repaired"] for p in out["list"]), out
+    assert {(p["kind"], p["ino"]) for p in out["list"]} == want, out
+    names = {p["ino"]: p["name"] for p in out["list"] if p["kind"] == "unreached-inode"
+             and p["ino"] != ino["/p"]}
+    loose = names.pop(ino["/d/loose"])
+    assert names == {ino["/y"]: "#%d" % ino["/y"], ino["/d/sub"]: "#%d" % ino["/d/sub"]}, out
+    assert re.fullmatch(r"#\d+/#%d" % ino["/d/loose"], loose), loose
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+    c = stoker_pkg.connect(sc.url)
+    try:
+        st = c.stat("/lost+found")
+        assert shard_of(st.st_ino) == 1 and (st.st_mode & 0o7777) == 0o700 and st.st_uid == 0
+        y, sub = "/lost+found/#%d" % ino["/y"], "/lost+found/#%d" % ino["/d/sub"]
+        assert sorted(c.listdir("/lost+found")) == sorted([y[12:], sub[12:],
+                                                           loose.split("/")[0]])
+        assert st.st_nlink == 5
+        assert c.read_file(y + "/in/f") == deep and c.read_file(y + "/g") == b"g"
+        assert c.read_file(sub + "/f") == b"sub's"
+        assert c.read_file("/lost+found/" + loose) == b"loose"
+        assert c.read_file("/p/f") == b"p's"
+        assert sorted(c.listdir("/")) == ["d", "lost+found", "one", "p", "q"]
+        assert sorted(c.listdir("/d")) == []
+        # a folder made in a reattached one lands on its shard, as before
+        c.mkdir(y + "/new")
+        assert shard_of(c.stat(y + "/new").st_ino) == 2
+    finally:
+        c.close()
+    # "..", as meta answers it from the parent pointers
+    c = stoker_pkg.connect(sc.url)
+    try:
+        lf = c.stat("/lost+found").st_ino
+    finally:
+        c.close()
+    for d, up in ((ino["/q"], 1), (ino["/p"], 1), (ino["/y"], lf), (ino["/d/sub"], lf)):
+        p = run([CHECK, "ino", sc.url, "parent", str(d)], env=sc.env(), check=False)
+        assert p.stdout.split(b"\n")[0] == b"ino %d" % up, (d, p.stdout, p.stderr)
+    text = sc.cli("fsck").stdout
+    assert b"clean: no problem found" in text, text
+    # A crash between B's pointer and A's entry (of a folder, of the folder that
+    # gathered B's files) leaves folders of shard 2 pointing at lost+found that no
+    # name reaches: the next repair reattaches them, their files whole.
+    holder = loose.split("/")[0]
+    sc.down()
+    run([PLANT, one, "drop-entry", str(lf), "#%d" % ino["/y"]])
+    run([PLANT, one, "drop-entry", str(lf), holder])
+    sc.up()
+    sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
+    out = xfsck(sc, "--repair")
+    assert {(p["kind"], p["ino"], p["repaired"]) for p in out["list"]} == {
+        ("unreached-inode", ino["/y"], True), ("unreached-inode", int(holder[1:]), True),
+        ("link-count", lf, True)}, out
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert c.read_file(y + "/in/f") == deep
+        assert c.read_file("/lost+found/" + loose) == b"loose"
     finally:
         c.close()
 

@@ -9,11 +9,14 @@
  *   stk_meta_plant DIR drop-entry PARENT NAME  the entry goes, its inode stays
  *                                              (unreached)
  *   stk_meta_plant DIR set-nlink INO N         the inode's link count becomes N
+ *   stk_meta_plant DIR set-parent INO P        the inode's parent pointer becomes P
+ *                                              (a record of format 3, today's)
  *
  * DIR is the store's folder (DATA/meta/meta). The record layouts are
  * src/meta/store.h's: keys big-endian, an inode record's nlink the little-endian
- * u32 at byte 13 (after the format byte, ino and mode). Exit 0, or 1 with a
- * message.
+ * u32 at byte 13 (after the format byte, ino and mode), its parent the
+ * little-endian u64 at byte 109 (after the format byte and the 108 bytes of
+ * attributes). Exit 0, or 1 with a message.
  */
 #include <errno.h>
 #include <lmdb.h>
@@ -24,6 +27,8 @@
 #include <xxhash.h>
 
 #define NLINK_AT 13
+#define PARENT_AT 109
+#define INODE_FORMAT 3
 
 static void be64_put(uint8_t *p, uint64_t v)
 {
@@ -58,9 +63,10 @@ int main(int argc, char **argv)
 
 	if (argc < 4 || parse(argv[3], &a) ||
 	    (strcmp(argv[2], "set-nlink") == 0 && (argc != 5 || parse(argv[4], &b))) ||
+	    (strcmp(argv[2], "set-parent") == 0 && (argc != 5 || parse(argv[4], &b))) ||
 	    (strcmp(argv[2], "drop-entry") == 0 && (argc != 5 || strlen(argv[4]) > 255))) {
 		fprintf(stderr, "usage: stk_meta_plant DIR drop-inode INO | drop-entry PARENT NAME "
-				"| set-nlink INO N\n");
+				"| set-nlink INO N | set-parent INO P\n");
 		return 2;
 	}
 	rc = mdb_env_create(&env);
@@ -98,6 +104,20 @@ int main(int argc, char **argv)
 			memcpy(rec, val.mv_data, val.mv_size);
 			for (int i = 0; i < 4; i++)
 				rec[NLINK_AT + i] = (uint8_t)(b >> (8 * i));
+			val.mv_data = rec;
+			rc = mdb_put(txn, dbi, &key, &val, 0);
+		}
+	} else if (strcmp(argv[2], "set-parent") == 0) {
+		rc = mdb_dbi_open(txn, "inodes", 0, &dbi);
+		if (rc == 0)
+			rc = mdb_get(txn, dbi, &key, &val);
+		if (rc == 0 && (val.mv_size > sizeof(rec) || val.mv_size < PARENT_AT + 8 ||
+				((const uint8_t *)val.mv_data)[0] != INODE_FORMAT))
+			rc = MDB_CORRUPTED;
+		if (rc == 0) {
+			memcpy(rec, val.mv_data, val.mv_size);
+			for (int i = 0; i < 8; i++)
+				rec[PARENT_AT + i] = (uint8_t)(b >> (8 * i));
 			val.mv_data = rec;
 			rc = mdb_put(txn, dbi, &key, &val, 0);
 		}

@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "common/layout.h"
 #include "meta/store.h"
 #include "check.h"
@@ -2468,6 +2470,243 @@ static void test_fsck_cross_shard(void)
 	stk_meta_store_close(s2);
 }
 
+/* Drops entry `name` of folder parent from the closed store in dir, as a bug might. */
+static void drop_entry(const char *dir, uint64_t parent, const char *name)
+{
+	MDB_env *env = NULL;
+	MDB_txn *txn = NULL;
+	MDB_dbi dbi;
+	uint8_t k[16 + STK_NAME_MAX];
+	size_t len = strlen(name);
+	uint64_t h = XXH64(name, len, 0);
+	MDB_val key = {16 + len, k};
+	int rc;
+
+	h = h == UINT64_MAX ? h - 1 : h;
+	for (int i = 0; i < 8; i++) {
+		k[i] = (uint8_t)(parent >> (56 - 8 * i));
+		k[8 + i] = (uint8_t)(h >> (56 - 8 * i));
+	}
+	memcpy(k + 16, name, len);
+	rc = mdb_env_create(&env);
+	if (rc == 0) {
+		mdb_env_set_maxdbs(env, 16);
+		mdb_env_set_mapsize(env, 1ull << 30);
+		rc = mdb_env_open(env, dir, 0, 0600);
+	}
+	if (rc == 0)
+		rc = mdb_txn_begin(env, NULL, 0, &txn);
+	if (rc == 0)
+		rc = mdb_dbi_open(txn, "dentries", 0, &dbi);
+	if (rc == 0)
+		rc = mdb_del(txn, dbi, &key, NULL);
+	if (txn)
+		rc = rc ? (mdb_txn_abort(txn), rc) : mdb_txn_commit(txn);
+	CHECK(rc == 0);
+	if (env)
+		mdb_env_close(env);
+}
+
+struct lf_seen {
+	uint64_t ino[8];
+	uint64_t parent[8];
+	uint64_t expect[8];
+	char name[8][STK_NAME_MAX + 1];
+	int n, kind_ok;
+};
+
+static int lf_keep(void *ctx, const struct stk_meta_fsck_problem *p)
+{
+	struct lf_seen *s = ctx;
+
+	/* the folder that lost a subfolder's entry has a link count too many */
+	if (p->kind != STK_FSCK_KIND_UNREACHED)
+		s->kind_ok &= p->kind == STK_FSCK_KIND_NLINK;
+	else if (s->n < 8) {
+		s->ino[s->n] = p->ino;
+		s->parent[s->n] = p->parent;
+		s->expect[s->n] = p->expect;
+		snprintf(s->name[s->n], sizeof(s->name[0]), "%s", p->name);
+		s->n++;
+	}
+	return 0;
+}
+
+/*
+ * Shard 2's files that no name reaches, gathered into a new folder of shard 2
+ * pointing at shard 1's lost+found (lf): only those still unreached, unopened
+ * files; nothing eligible, no folder.
+ */
+static void test_fsck_gather(const struct stk_meta_store_opts *o2, struct stk_meta_store **s2,
+			     uint64_t dir, uint64_t lf)
+{
+	struct stk_meta_store *main_st = st;
+	struct stk_meta_xref xs[16];
+	const struct stk_meta_xref *x;
+	struct stk_attr got;
+	uint64_t loose, kept, inos[5], h = 9, next = 0;
+	uint8_t done[5];
+	char name[STK_NAME_MAX + 1];
+	size_t n = 0;
+	int ndone = 0, dn = 0;
+
+	st = *s2;
+	loose = create_as(&ROOT, dir, "loose");
+	kept = create_as(&ROOT, dir, "kept");
+	st = main_st;
+	CHECK_RC(stk_meta_store_sync(*s2), 0);
+	stk_meta_store_close(*s2);
+	*s2 = NULL;
+	drop_entry(o2->dir, dir, "loose");
+	CHECK_RC(stk_meta_store_open(o2, s2), 0);
+	if (!*s2)
+		return;
+	inos[0] = kept;
+	inos[1] = loose;
+	inos[2] = dir;			/* a folder: not this one's */
+	inos[3] = (1ull << 48) + 99999; /* none */
+	inos[4] = loose;
+	CHECK_RC(stk_meta_store_fsck_gather(st, lf, inos, 5, done, &h), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_gather(*s2, dir, inos, 5, done, &h), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_gather(*s2, lf, inos, 5, done, &h), 0);
+	for (int i = 0; i < 5; i++)
+		if (done[i]) {
+			ndone++;
+			CHECK(inos[i] == loose);
+		}
+	CHECK(ndone == 1 && h && stk_ino_shard(h) == 2);
+	snprintf(name, sizeof(name), "#%llu", (unsigned long long)loose);
+	CHECK_RC(stk_meta_store_lookup(*s2, &ROOT, h, name, &got), 0);
+	CHECK(got.ino == loose && got.nlink == 1);
+	CHECK_RC(stk_meta_store_lookup(*s2, &ROOT, dir, "kept", &got), 0);
+	/* the folder points at lost+found and waits for its entry there */
+	CHECK_RC(stk_meta_store_fsck_xdirs(*s2, 0, xs, 16, &n, &next, &dn), 0);
+	CHECK(xrefs_in(xs, n, lf, h, &x) >= 1 && x && !x->covered);
+	/* asked again: nothing is unreached any more, no folder */
+	inos[0] = loose;
+	CHECK_RC(stk_meta_store_fsck_gather(*s2, lf, inos, 1, done, &h), 0);
+	CHECK(h == 0 && !done[0]);
+}
+
+/*
+ * fsck's lost+found: an unreached file and an unreached folder with contents are
+ * reported, then reattached as "#INO" under a lost+found made for them, and the
+ * namespace is clean after; folders across shards reattached and their parent
+ * pointers set, never under a mark, never from a pointer that moved.
+ */
+static void test_fsck_lostfound(void)
+{
+	char dir1[sizeof(tmpdir) + 16], dir2[sizeof(tmpdir) + 16], name[STK_NAME_MAX + 1];
+	struct stk_meta_store_opts o1 = {.size = sizeof(o1), .map_size = 1ull << 30};
+	struct stk_meta_store_opts o2 = {.size = sizeof(o2), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *main_st = st, *s2 = NULL;
+	struct stk_meta_fsck_stats fs;
+	struct lf_seen seen = {.kind_ok = 1};
+	struct stk_attr got, x, y, z;
+	uint64_t d, sub, f, f2, lf = 0, lf2 = 0, id;
+
+	snprintf(dir1, sizeof(dir1), "%s/lf1", tmpdir);
+	snprintf(dir2, sizeof(dir2), "%s/lf2", tmpdir);
+	o1.dir = dir1;
+	o2.dir = dir2;
+	st = NULL;
+	CHECK_RC(stk_meta_store_open(&o1, &st), 0);
+	if (!st)
+		goto out;
+	d = mkdir_as(&ROOT, STK_ROOT_INO, "d", 0755);
+	sub = mkdir_as(&ROOT, d, "sub", 0750);
+	f = create_as(&ROOT, sub, "in-sub");
+	f2 = create_as(&ROOT, d, "f2");
+	CHECK_RC(stk_meta_store_sync(st), 0);
+	stk_meta_store_close(st);
+	st = NULL;
+	drop_entry(dir1, d, "sub");
+	drop_entry(dir1, d, "f2");
+	CHECK_RC(stk_meta_store_open(&o1, &st), 0);
+	if (!st)
+		goto out;
+	/* reported, nothing changed */
+	CHECK_RC(stk_meta_store_fsck(st, 0, lf_keep, &seen, &fs), 0);
+	CHECK(seen.kind_ok && seen.n == 2 && seen.parent[0] == 0 && seen.parent[1] == 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, "lost+found", &got), -ENOENT);
+	/*
+	 * The file reattached: "#INO" in lost+found, root's, 0700. The folder only
+	 * reported (stk_fsck first sees that no entry of another shard names it),
+	 * then reattached with what it holds, from the pointer the check saw.
+	 */
+	memset(&seen, 0, sizeof(seen));
+	seen.kind_ok = 1;
+	CHECK_RC(stk_meta_store_fsck(st, 1, lf_keep, &seen, &fs), 0);
+	CHECK(seen.kind_ok && seen.n == 2 && fs.repaired == 2);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, STK_ROOT_INO, "lost+found", &got), 0);
+	lf = got.ino;
+	CHECK(S_ISDIR(got.mode) && (got.mode & 07777) == 0700 && got.uid == 0 && got.gid == 0);
+	CHECK(attr_of(lf).nlink == 2);
+	for (int i = 0; i < seen.n; i++)
+		CHECK(seen.ino[i] == sub ? seen.parent[i] == 0 && seen.expect[i] == d
+					 : seen.parent[i] == lf && seen.name[i][0] == '#');
+	snprintf(name, sizeof(name), "#%llu", (unsigned long long)f2);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, lf, name, &got), 0);
+	CHECK(got.ino == f2 && got.nlink == 1);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, sub, lf, &lf2, name), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, sub, d, &lf2, name), 0);
+	CHECK(lf2 == lf && attr_of(lf).nlink == 3);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, lf, name, &got), 0);
+	CHECK(got.ino == sub);
+	CHECK(ino_of(sub, "in-sub") == f);
+	/* a second look: clean (link counts and parent pointers agree) */
+	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
+	CHECK_EQ(fs.problems, 0);
+
+	/* across shards: x on shard 2, its parent d on shard 1, named by none */
+	CHECK_RC(stk_meta_store_open(&o2, &s2), 0);
+	if (!s2)
+		goto out;
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, d, "x", 2, &id), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, d, "x", 0755, 0, 0, &x), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, d, "y", 2, &id), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, d, "y", 0755, 0, 0, &y), 0);
+	/* y is pending (a mkdir in flight): left alone */
+	CHECK_RC(stk_meta_store_fsck_xparent(s2, y.ino, d, lf), -EBUSY);
+	CHECK_RC(stk_meta_store_fsck_adopt(s2, 0, 0, &lf2, name), -EXDEV);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, 0, 0, &lf2, name), 0);
+	CHECK(lf2 == lf && name[0] == 0);
+	/* B first: the pointer (only from what fsck saw), then A's entry */
+	CHECK_RC(stk_meta_store_fsck_xparent(s2, x.ino, STK_ROOT_INO, lf), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_xparent(s2, x.ino, d, lf), 0);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, x.ino, d, &lf2, name), 0);
+	CHECK(lf2 == lf && strncmp(name, "#", 1) == 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, lf, name, &got), -EREMOTE);
+	CHECK(attr_of(lf).nlink == 4);
+	/* asked again (a reply lost): nothing more */
+	CHECK_RC(stk_meta_store_fsck_adopt(st, x.ino, d, &lf2, name), 0);
+	CHECK(attr_of(lf).nlink == 4);
+	CHECK_RC(stk_meta_store_fsck_xparent(s2, f, 0, lf), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_xparent(s2, STK_ROOT_INO, 0, lf), -EINVAL);
+	/* z on shard 1, its parent x on shard 2, named by none: reattached in one step */
+	CHECK_RC(stk_meta_store_xintent_mkdir(s2, &ROOT, x.ino, "z", 1, &id), 0);
+	CHECK_RC(stk_meta_store_xmkdir(st, 2, id, x.ino, "z", 0755, 0, 0, &z), 0);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, z.ino, x.ino, &lf2, name), -EBUSY);
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id, 1), 0);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, z.ino, lf, &lf2, name), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, z.ino, x.ino, &lf2, name), 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, lf, name, &got), 0);
+	CHECK(got.ino == z.ino && attr_of(lf).nlink == 5);
+	CHECK_RC(stk_meta_store_fsck(st, 0, NULL, NULL, &fs), 0);
+	CHECK_EQ(fs.problems, 0);
+	/* a file of shard 1 is fsck's own repair's, not this one's */
+	CHECK_RC(stk_meta_store_fsck_adopt(st, f, 0, &lf2, name), -ENOTDIR);
+	CHECK_RC(stk_meta_store_fsck_adopt(st, STK_ROOT_INO, STK_ROOT_INO, &lf2, name), -EINVAL);
+	test_fsck_gather(&o2, &s2, x.ino, lf);
+out:
+	if (s2)
+		stk_meta_store_close(s2);
+	if (st)
+		stk_meta_store_close(st);
+	st = main_st;
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -2516,6 +2755,7 @@ int main(void)
 	CHECK_RUN(test_quota_threads);
 	CHECK_RUN(test_cross_shard_folders);
 	CHECK_RUN(test_fsck_cross_shard);
+	CHECK_RUN(test_fsck_lostfound);
 	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
