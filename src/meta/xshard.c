@@ -371,12 +371,19 @@ int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 					    .uid = cred->uid,
 					    .gid = cred->gid};
 	struct stk_msg_meta_xshard_resp r;
+	struct stk_attr pa;
 	uint64_t id;
 	int rc;
 
 	rc = stk_meta_store_xintent_mkdir(x->st, cred, parent, name, shard, &id);
 	if (rc)
 		return rc;
+	/* A setgid folder passes on its group and the bit, as a mkdir here does
+	 * (inode_new in store.c): B knows nothing of the parent. */
+	if (stk_meta_store_getattr(x->st, cred, parent, &pa) == 0 && (pa.mode & S_ISGID)) {
+		q.gid = pa.gid;
+		q.mode |= S_ISGID;
+	}
 	if (busy_add(x, id)) {
 		stk_meta_store_xintent_drop(x->st, id);
 		return -EAGAIN;

@@ -239,6 +239,35 @@ def shard_lookups(sc, shard):
 
 
 @pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
+def test_a_setgid_folder_passes_its_group_to_a_folder_on_another_shard(make_xc, tmp_path):
+    """A folder made in a setgid folder takes the folder's group and the setgid bit,
+    as POSIX has it, when it is made on another shard (which knows nothing of its
+    parent) as when it is made on its parent's."""
+    sc = make_xc()
+    m = Mount(sc, tmp_path / "m")
+    m.start()
+    try:
+        top = os.path.join(m.path, "team")
+        os.mkdir(top)
+        os.chown(top, 0, 4242)
+        os.chmod(top, 0o2775)
+        sc.cli("shard", "pin", "/team", "2")
+        for name in ("there", "there/deeper"):
+            p = os.path.join(top, name)
+            os.mkdir(p, 0o755)
+            st = os.stat(p)
+            assert shard_of(st.st_ino) == 2, name
+            assert st.st_gid == 4242 and st.st_mode & 0o2000, (name, oct(st.st_mode))
+        sc.cli("shard", "unpin", "/team")
+        here = os.path.join(top, "here")
+        os.mkdir(here)
+        st = os.stat(here)
+        assert shard_of(st.st_ino) == 1
+        assert st.st_gid == 4242 and st.st_mode & 0o2000, oct(st.st_mode)
+    finally:
+        m.stop()
+
+
 def test_lookup_cache_leases_on_another_shard(make_xc, tmp_path):
     """A folder on shard 2 is cached as shard 1's are: its meta leases to each
     mount's watch of shard 2, so repeated stats through a mount are answered by
