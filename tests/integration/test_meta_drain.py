@@ -22,7 +22,7 @@ import threading
 
 from conftest import STOKER
 from pyhelp import stoker as stoker_pkg
-from test_meta_replication import MetaCluster, cmdlines, mc, tree  # noqa: F401
+from test_meta_replication import cmdlines, creator, mc, tree  # noqa: F401 (mc: a fixture)
 
 
 def node_ids(mc):
@@ -81,19 +81,8 @@ def test_a_meta_node_added_takes_the_leaders_place(mc, tmp_path):
         assert p.returncode == 1 and b"no storage or meta node 999" in p.stderr, p.stderr
 
         acked, errors, stop = [], [], threading.Event()
-
-        def creator():
-            i = 0
-            while not stop.is_set():
-                path = "/stream/f%05d" % i
-                try:
-                    c.write_file(path, b"%d" % i)
-                    acked.append(path)
-                except OSError as e:
-                    errors.append((path, e))
-                i += 1
         c.makedirs("/stream")
-        t = threading.Thread(target=creator)
+        t = creator(c, "/stream", acked, errors, stop)
         t.start()
         try:
             mc.wait("some creates", lambda: len(acked) > 30)

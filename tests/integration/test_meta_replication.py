@@ -226,23 +226,27 @@ def test_every_replica_serves_the_same_namespace(mc):
     assert len(seen) == 3  # each replica led once, and served everything
 
 
-def test_leader_killed_during_creates(mc):
-    c = stoker_pkg.connect(mc.url)
-    c.makedirs("/stream")
-    acked, errors, stop = [], [], threading.Event()
-
-    def creator():
+def creator(c, top, acked, errors, stop):
+    """A thread (not started) writing top/f00000, f00001, ... through client c until
+    stop is set: each acknowledged path appended to acked, each error to errors."""
+    def run():
         i = 0
         while not stop.is_set():
-            p = "/stream/f%05d" % i
+            p = "%s/f%05d" % (top, i)
             try:
                 c.write_file(p, b"%d" % i)
                 acked.append(p)
             except OSError as e:
                 errors.append((p, e))
             i += 1
+    return threading.Thread(target=run)
 
-    t = threading.Thread(target=creator)
+
+def test_leader_killed_during_creates(mc):
+    c = stoker_pkg.connect(mc.url)
+    c.makedirs("/stream")
+    acked, errors, stop = [], [], threading.Event()
+    t = creator(c, "/stream", acked, errors, stop)
     held = c.open("/held", "wb")  # open across the failover: its session moves with it
     held.write(b"before ")
     t.start()
