@@ -5,11 +5,13 @@ each step.
 Two shards, one meta node each. A folder whose parent is pinned (or set to
 spread) is made on another shard: its entry stays on its parent's shard, its
 inode and everything made in it live on the other one, and clients send each
-request to the shard of the inode it names. A rename or hard link between two
-shards answers EXDEV, so that mv copies.
+request to the shard of the inode it names. A file renamed between folders of
+two shards keeps its inode (and number) on its shard, named by an entry on the
+other; a folder moved between shards, or a hard link between them, answers
+EXDEV, so that mv copies.
 
 The crash-point tests start the cluster with STOKER_TEST_XSHARD_STOP=OP:K: the
-meta node that completes step K of a cross-shard mkdir or rmdir kills itself
+meta node that completes step K of a cross-shard mkdir, rmdir or rename kills itself
 right after it, once, and `stoker up` restarts it. Whatever the client was told,
 the namespace must settle by itself: the folder exists on both sides (named,
 usable, unmarked) or on neither (no name, no inode left on the other shard), and
@@ -123,9 +125,9 @@ def test_folders_on_another_shard(make_xc):
         assert sorted(c.listdir("/")) == sorted(names + ["plain"])
         a = [n for n in names if where[n] == 1][0]
         b = [n for n in names if where[n] == 2][0]
-        # across shards: EXDEV, and nothing changed
-        for src, dst in (("/%s/sub/g" % a, "/%s/sub/h" % b), ("/%s/sub/g" % b, "/%s/h" % a),
-                         ("/" + b, "/%s/moved" % a)):
+        # a folder moved across shards, and a hard link across: EXDEV, nothing changed
+        # (a file renamed across: test_file_renamed_across_shards_and_back)
+        for src, dst in (("/" + b, "/%s/moved" % a), ("/%s/sub" % a, "/%s/moved" % b)):
             with pytest.raises(OSError) as e:
                 c.rename(src, dst)
             assert e.value.errno == errno.EXDEV, (src, dst)
@@ -192,35 +194,123 @@ def test_folders_on_another_shard(make_xc):
         c.close()
 
 
-@pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
-def test_mount_mv_copies_across_shards(make_xc, tmp_path):
-    """Through the mount: folders of both shards work, and `mv` between them copies
-    (the kernel's rename gets EXDEV)."""
+def two_folders(sc, c):
+    """/a on shard 1 and /b on shard 2."""
+    c.makedirs("/a")
+    sc.cli("shard", "pin", "/", "2")
+    c.makedirs("/b")
+    sc.cli("shard", "unpin", "/")
+    assert shard_of(c.stat("/a").st_ino) == 1 and shard_of(c.stat("/b").st_ino) == 2
+
+
+def gone(sc, ino):
+    p = run([CHECK, "ino", sc.url, "getattr", str(ino)], check=False, env=sc.env())
+    return p.stdout.strip() == b"ENOENT"
+
+
+def test_file_renamed_across_shards_and_back(make_xc):
+    """A file renamed from a folder of shard 1 to one of shard 2, replacing a name
+    there, and back over a name of shard 1: the same inode all along, what it
+    replaced gone, nothing left half-done, fsck clean."""
     sc = make_xc()
-    sc.cli("shard", "pin", "/", "spread")
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"new" * 1000)
+        c.write_file("/b/f", b"old")
+        c.write_file("/a/back", b"replaced on shard 1")
+        ino, old = c.stat("/a/f").st_ino, c.stat("/b/f").st_ino
+        assert shard_of(ino) == 1 and shard_of(old) == 2
+        c.rename("/a/f", "/b/f")
+        assert "f" not in c.listdir("/a") and "f" in c.listdir("/b")
+        st = c.stat("/b/f")
+        assert st.st_ino == ino and st.st_size == 3000 and st.st_nlink == 1
+        assert c.read_file("/b/f") == b"new" * 1000
+        wait_until(lambda: gone(sc, old), timeout=30)  # the old file and its data
+        # written through its new name, renamed within shard 2, then home again
+        c.write_file("/b/f", b"changed")
+        c.makedirs("/b/sub")
+        c.rename("/b/f", "/b/sub/g")
+        assert c.stat("/b/sub/g").st_ino == ino
+        with pytest.raises(OSError) as e:
+            c.rename("/b/sub/g", "/b/sub")  # onto a folder
+        assert e.value.errno in (errno.EISDIR, errno.EXDEV)
+        back = c.stat("/a/back").st_ino
+        c.rename("/b/sub/g", "/a/back")
+        assert c.stat("/a/back").st_ino == ino and c.read_file("/a/back") == b"changed"
+        assert "g" not in c.listdir("/b/sub")
+        wait_until(lambda: gone(sc, back), timeout=30)
+        # to shard 2 again, then replaced there by a file of shard 2 (write, rename)
+        c.rename("/a/back", "/b/ckpt")
+        c.write_file("/b/tmp", b"checkpoint 2")
+        c.rename("/b/tmp", "/b/ckpt")
+        assert c.read_file("/b/ckpt") == b"checkpoint 2"
+        wait_until(lambda: gone(sc, ino), timeout=30)
+        # a name of a file of shard 1 on shard 2, unlinked there
+        c.write_file("/a/u", b"u")
+        u = c.stat("/a/u").st_ino
+        c.rename("/a/u", "/b/u")
+        with pytest.raises(OSError) as e:
+            c.rename("/a", "/b/a")  # a folder across shards: not built
+        assert e.value.errno == errno.EXDEV
+        p = run([CHECK, "ino", sc.url, "link", str(u), str(c.stat("/b").st_ino), "l"],
+                check=False, env=sc.env())
+        assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr  # a link across: not built
+        c.remove("/b/u")
+        assert "u" not in c.listdir("/b")
+        wait_until(lambda: gone(sc, u), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = sc.cli("fsck", "--grace", "0", "--repair", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
+def test_mount_mv_moves_across_shards(make_xc, tmp_path):
+    """Through the mount: `mv` between folders of two shards is a rename (the same
+    inode after, no copy), a file open across it keeps working, and the replaced
+    file's data is gone."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+    finally:
+        c.close()
     m = Mount(sc, tmp_path / "mnt")
     m.start()
     try:
-        names = ["m%d" % i for i in range(10)]
-        for n in names:
-            os.mkdir(os.path.join(m.path, n))
-        where = {n: shard_of(os.stat(os.path.join(m.path, n)).st_ino) for n in names}
-        a = [n for n in names if where[n] == 1][0]
-        b = [n for n in names if where[n] == 2][0]
-        src = os.path.join(m.path, b, "data")
+        a, b = os.path.join(m.path, "a"), os.path.join(m.path, "b")
+        src = os.path.join(b, "data")
         with open(src, "wb") as f:
             f.write(b"y" * 100000)
-        with pytest.raises(OSError) as e:
-            os.rename(src, os.path.join(m.path, a, "data"))
-        assert e.value.errno == errno.EXDEV
-        subprocess.run(["mv", src, os.path.join(m.path, a, "data")], check=True)
-        assert not os.path.exists(src)
-        with open(os.path.join(m.path, a, "data"), "rb") as f:
-            assert f.read() == b"y" * 100000
-        shutil.rmtree(os.path.join(m.path, b))
-        assert sorted(os.listdir(m.path)) == sorted(n for n in names if n != b)
+        with open(os.path.join(a, "data"), "wb") as f:
+            f.write(b"old")
+        ino = os.stat(src).st_ino
+        fd = os.open(src, os.O_RDWR)
+        try:
+            os.rename(src, os.path.join(a, "data"))
+            assert os.stat(os.path.join(a, "data")).st_ino == ino
+            assert not os.path.exists(src)
+            os.pwrite(fd, b"z" * 10, 0)
+            os.fsync(fd)
+            assert os.pread(fd, 12, 0) == b"z" * 10 + b"yy"
+        finally:
+            os.close(fd)
+        with open(os.path.join(a, "data"), "rb") as f:
+            assert f.read() == b"z" * 10 + b"y" * 99990
+        subprocess.run(["mv", os.path.join(a, "data"), os.path.join(b, "back")], check=True)
+        assert os.stat(os.path.join(b, "back")).st_ino == ino
+        assert os.listdir(a) == [] and os.listdir(b) == ["back"]
+        shutil.rmtree(b)
+        assert sorted(os.listdir(m.path)) == ["a"]
     finally:
         m.stop()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
 
 
 def shard_meta_figure(sc, shard, name, **labels):
