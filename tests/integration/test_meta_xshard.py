@@ -458,6 +458,75 @@ def test_crash_at_each_step_recovers(make_xc, op, step):
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def renamed_where(sc, c, ino, old):
+    """After a rename of /a/f (inode ino) over /b/f (inode old): True when the file is
+    /b/f alone, False when it is /a/f alone with /b/f still old, None while recovery
+    has not finished (an intent, a mark or a release held, or both names)."""
+    if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+        return None
+    names = {}
+    for path in ("/a/f", "/b/f"):
+        try:
+            names[path] = c.stat(path).st_ino
+        except FileNotFoundError:
+            names[path] = None
+    if names["/b/f"] == ino and names["/a/f"] is None:
+        return True
+    if names["/a/f"] == ino and names["/b/f"] == old:
+        return False
+    return None
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4])
+def test_rename_crash_at_each_step_recovers(make_xc, tmp_path, step):
+    """The node completing step K of a file's rename across shards dies (1 and 3:
+    the source folder's shard, 2 and 4: the destination's) and is restarted: the
+    file ends under exactly one of its two names, the name it replaced either kept
+    or gone with its data, nothing left half-done, fsck clean."""
+    once = str(tmp_path / "stopped-once")
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "rename:%d:%s" % (step, once)})
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"moving")
+        c.write_file("/b/f", b"replaced")
+        ino, old = c.stat("/a/f").st_ino, c.stat("/b/f").st_ino
+        try:
+            c.rename("/a/f", "/b/f")
+            told = "ok"
+        except OSError as e:
+            told = e.errno
+        sc.wait("the stop at step %d" % step, lambda: stopped(sc, "rename", step))
+        deadline = time.time() + 60
+        moved = None
+        while moved is None and time.time() < deadline:
+            try:
+                moved = renamed_where(sc, c, ino, old)
+            except (AssertionError, OSError):
+                moved = None
+            if moved is None:
+                time.sleep(0.5)
+        assert moved is not None, (told, sc.held(1), sc.held(2), sc.logs())
+        if told == "ok":
+            assert moved, told
+        want = {1: "(intent 2) given up", 3: "renamed here for shard 1's intent 2: kept"}.get(step)
+        assert want is None or logged(sc, want), sc.logs()
+        if moved:
+            assert c.read_file("/b/f") == b"moving"
+            wait_until(lambda: gone(sc, old), timeout=30)
+            c.rename("/b/f", "/a/f")  # and back: no node stops again (the FILE made)
+        else:
+            assert c.read_file("/b/f") == b"replaced"
+            c.remove("/b/f")
+        assert c.read_file("/a/f") == b"moving" and c.stat("/a/f").st_ino == ino
+        assert c.listdir("/b") == []
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
 @pytest.mark.parametrize("op,step,dies", [("mkdir", 3, 1), ("rmdir", 2, 2)])
 def test_leader_lost_at_a_step_its_follower_settles(make_xc, tmp_path, op, step, dies):
     """Two replicas a shard: the leader completing step K dies and stays down (the
