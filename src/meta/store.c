@@ -6097,14 +6097,24 @@ static int xmark_dying(struct op *o, uint64_t ino)
 	return m.kind == STK_XMARK_DYING ? -ENOENT : 0;
 }
 
-/* -EBUSY when file ino is in a rename across shards (a mark of one on it), else 0. */
+/*
+ * -EBUSY when file ino is in a rename across shards: the source's shard holds an
+ * intent about it ('B' + inode, from step 1 to the commit or the give-up) or the
+ * destination's a mark on it (steps 2 to 4). Else 0.
+ */
 static int xmark_busy(struct op *o, uint64_t ino)
 {
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
 	struct stk_meta_xmark m;
 	int rc;
 
 	if (!o->st->xshard)
 		return 0;
+	xkey(k, 'B', ino);
+	rc = mdb_get(o->txn, o->st->xshard, &key, &val);
+	if (rc != MDB_NOTFOUND)
+		return rc ? lmdb_err(rc, "read cross-shard record") : -EBUSY;
 	rc = xmark_get(o, ino, &m);
 	if (rc == -ENOENT)
 		return 0;
@@ -6284,15 +6294,31 @@ int stk_meta_store_xintent_rmdir(struct stk_meta_store *st, const struct stk_cre
 	return rc;
 }
 
+/* An intent goes, and with a rename's the hold on its file (xmark_busy). */
+static int xintent_del(struct op *o, const struct stk_meta_xintent *x)
+{
+	int rc = xdel(o, 'I', x->id);
+
+	if (rc == 0 && x->kind == STK_XINTENT_RENAME) {
+		rc = xdel(o, 'B', x->ino);
+		if (rc == -ENOENT)
+			rc = 0;
+	}
+	return rc;
+}
+
 int stk_meta_store_xintent_drop(struct stk_meta_store *st, uint64_t id)
 {
 	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
 	struct op o;
 	int rc = op_begin(&o, st, &root_cred, 0);
 
 	if (rc)
 		return rc;
-	rc = xdel(&o, 'I', id);
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0)
+		rc = xintent_del(&o, &x);
 	if (rc == -ENOENT)
 		rc = 0;
 	return op_end(&o, rc);
@@ -6869,6 +6895,8 @@ int stk_meta_store_xintent_rename(struct stk_meta_store *st, const struct stk_cr
 		snprintf(x.name, sizeof(x.name), "%s", src_name);
 		rc = xintent_put(&o, &x);
 	}
+	if (rc == 0) /* nothing else moves, unlinks or replaces it until the intent goes */
+		rc = xrec_put(&o, 'B', x.ino, shard, x.id);
 	rc = op_end(&o, rc);
 	if (rc == 0) {
 		*moved = n.a;
@@ -7022,7 +7050,7 @@ int stk_meta_store_xrename_commit(struct stk_meta_store *st, uint64_t id, uint64
 		rc = inode_put(&o, &dir);
 	}
 	if (rc == 0)
-		rc = xdel(&o, 'I', id);
+		rc = xintent_del(&o, &x);
 	return op_end(&o, rc);
 }
 

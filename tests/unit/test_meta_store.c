@@ -2434,6 +2434,10 @@ static void test_cross_shard_rename(void)
 	CHECK(moved.ino == f && S_ISREG(moved.mode));
 	CHECK_RC(stk_meta_store_xquery_rename(st, id, f, &state), 0);
 	CHECK(state == STK_XSTATE_INTENT);
+	/* held until the commit: no other move, unlink or replace of it */
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ALICE, top, "f", 2, 0, &moved, &id2), -EBUSY);
+	CHECK_RC(stk_meta_store_unlink(st, &ALICE, top, "f", &got), -EBUSY);
+	CHECK_RC(rename_as(&ALICE, top, "f", top, "f3", 0), -EBUSY);
 	/* step 2: the entry on shard 2 names f, the old file kept by the mark */
 	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id, f, S_IFREG, d.ino, "f", ALICE.uid, ALICE.gid, 1,
 					   &old),
@@ -2460,6 +2464,8 @@ static void test_cross_shard_rename(void)
 	/* step 3: the commit; the name off home counts in f's link count */
 	CHECK_RC(stk_meta_store_xrename_commit(st, id, d.ino), 0);
 	CHECK_RC(stk_meta_store_xrename_commit(st, id, d.ino), -ENOENT);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, top, "f4", &got), 0); /* not held now */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "f4", &got), 0);
 	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "f", &got), -ENOENT);
 	CHECK(attr_of(f).nlink == 1);
 	CHECK_RC(stk_meta_store_xquery_rename(st, id, f, &state), 0);
@@ -2515,6 +2521,7 @@ static void test_cross_shard_rename(void)
 	CHECK_RC(stk_meta_store_xintent_drop(st, id2), 0);
 	CHECK_RC(stk_meta_store_xquery_rename(st, id2, g, &state), 0);
 	CHECK(state == STK_XSTATE_STAYED);
+	CHECK_RC(rename_as(&ROOT, top, "g", top, "g", 0), 0); /* the hold went with the intent */
 	CHECK(ino_of(top, "g") == g && attr_of(g).nlink == 1);
 	/* to shard 2 (replacing nothing) and back home over a file of shard 1 */
 	CHECK_RC(stk_meta_store_xintent_rename(st, &ROOT, top, "g", 2, 0, &moved, &id2), 0);
