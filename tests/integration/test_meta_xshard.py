@@ -803,3 +803,74 @@ def test_fsck_under_cross_shard_mkdir_and_rmdir_is_clean(make_xc):
         assert out["clean"] and out["list"] == [], out
     finally:
         c.close()
+
+
+def test_fsck_under_renames_across_shards_is_clean(make_xc):
+    """Two clients rename files back and forth between folders of two shards, over
+    each other's names, write them and unlink and remake them, while fsck runs:
+    fsck finds nothing at any time (each shard's counts hold between any two
+    steps), every file ends under one name with its own data, and nothing is left
+    held once the clients stop."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+    finally:
+        c.close()
+    stop = threading.Event()
+    errors, moved = [], []
+
+    def churn(tag):
+        cl = stoker_pkg.connect(sc.url)
+        try:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                name = "%s%d" % (tag, i % 4)
+                a, b = "/a/" + name, "/b/" + name
+                try:
+                    cl.write_file(a, b"%s %d" % (tag.encode(), i))
+                    cl.rename(a, "/b/shared" if i % 3 == 0 else b)
+                    if i % 3 != 0:
+                        assert cl.read_file(b) == b"%s %d" % (tag.encode(), i)
+                        cl.rename(b, a if i % 2 else "/a/shared")
+                    moved.append(tag)
+                    if i % 5 == 0:
+                        cl.remove("/b/shared")
+                except (FileNotFoundError, FileExistsError):
+                    pass  # the other client's name, taken or gone meanwhile
+                except OSError as e:
+                    if e.errno != errno.EBUSY:  # a file in the other's rename
+                        errors.append(repr(e))
+                except AssertionError as e:
+                    errors.append(repr(e))
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in ("p", "q")]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):
+            out = xfsck(sc)
+            assert out["clean"], out
+            time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors[:5]
+    assert moved.count("p") > 5 and moved.count("q") > 5, len(moved)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        for folder in ("/a", "/b"):
+            for n in c.listdir(folder):
+                data = c.read_file("%s/%s" % (folder, n))
+                assert re.match(rb"^[pq] \d+$", data), (folder, n, data)
+    finally:
+        c.close()
+    out = xfsck(sc)
+    assert out["clean"], out
+    out = xfsck(sc, "--repair", "--grace", "0")
+    assert out["clean"], out
