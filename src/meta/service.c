@@ -1032,7 +1032,11 @@ static int op_link(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	if (rc)
 		return rc;
 	change_begin(m, req, &ch, q.parent, q.ino, 0, 0);
-	rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
+	if (stk_ino_shard(q.ino) != stk_meta_store_shard(m->store))
+		/* a file of another shard: four steps (xshard.h) */
+		rc = stk_meta_xshard_link(m->xshard, &q.cred, q.ino, q.parent, q.name, &a);
+	else
+		rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
 	change_end(m, &ch);
 	return rc ? rc : reply_attr(resp, &a);
 }
@@ -2485,8 +2489,8 @@ undo:
 
 /*
  * 0 when this shard serves what the request names, -EREMCHG (NOT_LEADER) when
- * another shard does, -EXDEV for a hard link whose two inodes lie on two shards
- * (a rename between two shards' folders is op_rename's). A request too short to say is left to its handler, which refuses it.
+ * another shard does (a rename or hard link between two shards is op_rename's and
+ * op_link's). A request too short to say is left to its handler, which refuses it.
  */
 static int wrong_shard(struct meta *m, uint16_t opcode, const struct stk_rbuf *payload)
 {
@@ -2498,8 +2502,8 @@ static int wrong_shard(struct meta *m, uint16_t opcode, const struct stk_rbuf *p
 		return 0;
 	if (stk_ino_shard(ino) != mine)
 		return -EREMCHG;
-	if (opcode == STK_OP_META_RENAME)
-		return 0; /* across shards: op_rename's (a file's, xshard.h) */
+	if (opcode == STK_OP_META_RENAME || opcode == STK_OP_META_LINK)
+		return 0; /* across shards: op_rename's and op_link's (a file's, xshard.h) */
 	return other && stk_ino_shard(other) != mine ? -EXDEV : 0;
 }
 
@@ -2522,7 +2526,7 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	 * Each shard serves the requests on its own inodes (docs/meta-shards.md):
 	 * one about another shard's (a client with an old routing table, or one
 	 * that knows no shards) is answered NOT_LEADER, so that its sender asks
-	 * the routing table again; a link between two shards is EXDEV.
+	 * the routing table again.
 	 */
 	if (opcode != STK_OP_META_REPL) {
 		rc = wrong_shard(m, opcode, &req->payload);

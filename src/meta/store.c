@@ -6816,6 +6816,7 @@ int stk_meta_store_xdying(struct stk_meta_store *st, uint32_t from, uint64_t int
 }
 
 static int xsettle_rename(struct op *o, const struct stk_meta_xmark *m, int done);
+static int xsettle_link(struct op *o, const struct stk_meta_xmark *m, int done);
 
 int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t intent, int done)
 {
@@ -6833,6 +6834,8 @@ int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t in
 		return op_end(&o, rc); /* settled already, or never made: nothing to do */
 	if (f.m.kind == STK_XMARK_RENAME)
 		return op_end(&o, xsettle_rename(&o, &f.m, done));
+	if (f.m.kind == STK_XMARK_LINK)
+		return op_end(&o, xsettle_link(&o, &f.m, done));
 	/* made and not named, or named no more: the inode goes */
 	drop = f.m.kind == STK_XMARK_PENDING ? !done : done;
 	rc = xdel(&o, 'M', f.m.ino);
@@ -7226,4 +7229,184 @@ int stk_meta_store_xrelease(struct stk_meta_store *st, uint32_t from, uint64_t i
 	}
 out:
 	return op_end(&o, rc == 1 ? 0 : rc);
+}
+
+/* ---- hard links across shards (store.h) ---- */
+
+int stk_meta_store_xintent_link(struct stk_meta_store *st, const struct stk_cred *cred,
+				uint64_t ino, uint64_t parent, const char *name, uint64_t *id)
+{
+	struct stk_meta_xintent x = {.kind = STK_XINTENT_LINK, .shard = stk_ino_shard(ino),
+				     .parent = parent, .ino = ino};
+	struct inode dir;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (x.shard == st->shard || x.shard < 1 || x.shard > STK_MAX_SHARDS)
+		return -EINVAL;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, name);
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0) {
+		/* one name off home at most: none here already, nor one going */
+		rc = xrec_get(&o, 'R', ino, &other, &rid);
+		if (rc == -ENOENT)
+			rc = xrec_get(&o, 'L', ino, &other, &rid);
+		rc = rc == 0 ? -EXDEV : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0) {
+		snprintf(x.name, sizeof(x.name), "%s", name);
+		rc = xintent_put(&o, &x);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*id = x.id;
+	return rc;
+}
+
+int stk_meta_store_xlink_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			    uint64_t ino, uint64_t parent, const char *name, struct stk_attr *out)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xmark m;
+	struct inode n;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (from < 1 || from > STK_MAX_SHARDS || from == st->shard || !intent ||
+	    stk_ino_shard(ino) != st->shard || stk_ino_shard(parent) != from)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xmark_get(&o, ino, &m);
+	if (rc == 0) /* asked again (a retry): done then; another's: busy */
+		rc = m.kind == STK_XMARK_LINK && m.from == from && m.intent == intent ? 1 : -EBUSY;
+	else if (rc == -ENOENT)
+		rc = 0;
+	if (rc == 0 || rc == 1) {
+		int again = rc == 1;
+
+		rc = inode_get(&o, ino, &n);
+		if (rc == 0 && again)
+			rc = 1;
+	}
+	if (rc == 0 && S_ISDIR(n.a.mode))
+		rc = -EPERM;
+	if (rc == 0) {
+		rc = xrec_get(&o, 'X', ino, &other, &rid);
+		rc = rc == 0 ? -EXDEV : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0)
+		rc = xmark_busy(&o, ino);
+	if (rc == 0 && n.a.nlink == UINT32_MAX)
+		rc = -EMLINK;
+	if (rc == 0) {
+		n.a.nlink++;
+		set_ctime(&o, &n.a);
+		rc = inode_put(&o, &n);
+	}
+	if (rc == 0)
+		rc = xrec_put(&o, 'X', ino, from, intent);
+	if (rc == 0) {
+		m = (struct stk_meta_xmark){.ino = ino, .kind = STK_XMARK_LINK, .from = from,
+					    .intent = intent, .parent = parent};
+		snprintf(m.name, sizeof(m.name), "%s", name);
+		rc = xmark_put(&o, &m);
+	}
+	rc = op_end(&o, rc == 1 ? 0 : rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_xlink_commit(struct stk_meta_store *st, uint64_t id, uint32_t type)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	struct inode dir;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0 && (x.kind != STK_XINTENT_LINK || S_ISDIR(type) || !(type & S_IFMT)))
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = inode_get(&o, x.parent, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, x.name); /* a name made meanwhile wins */
+	if (rc == 0)
+		rc = dentry_put(&o, x.parent, x.name, x.ino, type);
+	if (rc == 0)
+		rc = xrec_put(&o, 'R', x.ino, x.shard, id);
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	if (rc == 0)
+		rc = xintent_del(&o, &x);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xquery_link(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0) {
+		*state = STK_XSTATE_INTENT;
+	} else if (rc == -ENOENT) {
+		/* committed: this shard's record of the name is the intent's (or a release
+		 * of it, the name unlinked since) */
+		rc = xrec_get(&o, 'R', ino, &other, &rid);
+		if (rc == -ENOENT)
+			rc = xrec_get(&o, 'L', ino, &other, &rid);
+		*state = rc == 0 && rid == id ? STK_XSTATE_MOVED : STK_XSTATE_STAYED;
+		rc = rc == -ENOENT ? 0 : rc;
+	}
+	return op_end(&o, rc);
+}
+
+/* H, step 4 or an undo of a link's mark: not done, the link and its record go. */
+static int xsettle_link(struct op *o, const struct stk_meta_xmark *m, int done)
+{
+	struct inode n;
+	uint32_t holder;
+	uint64_t rid;
+	int rc = xdel(o, 'M', m->ino);
+
+	if (rc || done)
+		return rc;
+	rc = xrec_get(o, 'X', m->ino, &holder, &rid);
+	if (rc == -ENOENT || (rc == 0 && (holder != m->from || rid != m->intent)))
+		return 0; /* released already */
+	if (rc == 0)
+		rc = xdel(o, 'X', m->ino);
+	if (rc == 0)
+		rc = inode_get(o, m->ino, &n);
+	if (rc == 0)
+		rc = inode_unref(o, &n);
+	return rc == -ENOENT ? 0 : rc;
 }

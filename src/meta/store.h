@@ -776,8 +776,8 @@ int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t
  * folder. On B, a mark on the folder's inode: made for A's intent and not named
  * yet (pending), or being removed by it (dying: nothing new goes in).
  */
-enum { STK_XINTENT_MKDIR = 1, STK_XINTENT_RMDIR = 2, STK_XINTENT_RENAME = 3 };
-enum { STK_XMARK_PENDING = 1, STK_XMARK_DYING = 2, STK_XMARK_RENAME = 3 };
+enum { STK_XINTENT_MKDIR = 1, STK_XINTENT_RMDIR = 2, STK_XINTENT_RENAME = 3, STK_XINTENT_LINK = 4 };
+enum { STK_XMARK_PENDING = 1, STK_XMARK_DYING = 2, STK_XMARK_RENAME = 3, STK_XMARK_LINK = 4 };
 /*
  * What A answers about an intent of its (stk_meta_store_xquery): held, or the
  * name's state (mkdir, rmdir); for a rename (stk_meta_store_xquery_rename),
@@ -918,6 +918,33 @@ int stk_meta_store_xrename_in(struct stk_meta_store *st, uint32_t from, uint64_t
 int stk_meta_store_xrename_commit(struct stk_meta_store *st, uint64_t id, uint64_t dst_parent);
 /* S, for D's recovery: a rename intent's state (INTENT, MOVED or STAYED). */
 int stk_meta_store_xquery_rename(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state);
+
+/*
+ * A hard link across shards: file ino of home H linked into parent on D. (1) D:
+ * the intent; (2) H: the link counted and its record, marked for (D, X); (3) D:
+ * the entry, its record, the intent gone (the commit); (4) H: the mark goes.
+ *
+ * D, step 1: the checks of a link of ino (of another shard) as `name` in parent,
+ * and the intent. -EXDEV: a name of it here already (one name off home at most).
+ */
+int stk_meta_store_xintent_link(struct stk_meta_store *st, const struct stk_cred *cred,
+				uint64_t ino, uint64_t parent, const char *name, uint64_t *id);
+/*
+ * H, step 2: file ino's link count up by one and its record of a name on shard
+ * `from`, marked for (from, intent). -EPERM for a folder, -EXDEV when it has a
+ * name off home already, -EBUSY in a rename across shards, -EMLINK. Asked again:
+ * 0. *out: the file after.
+ */
+int stk_meta_store_xlink_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			    uint64_t ino, uint64_t parent, const char *name, struct stk_attr *out);
+/*
+ * D, step 3: the entry naming the file (type: its S_IFMT), D's record of it, and
+ * the intent's removal, in one transaction. -EEXIST: the name was taken meanwhile;
+ * -ENOENT: the intent is gone.
+ */
+int stk_meta_store_xlink_commit(struct stk_meta_store *st, uint64_t id, uint32_t type);
+/* D, for H's recovery: a link intent's state (INTENT, MOVED: committed, STAYED). */
+int stk_meta_store_xquery_link(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state);
 
 /* D: a name of a file of another shard that went, to tell its home. */
 struct stk_meta_xrelease {

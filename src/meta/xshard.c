@@ -89,10 +89,11 @@ static int hook_parse(struct stk_meta_xshard *x, const char *dir)
 		file = end ? end + 1 : NULL;
 	}
 	if (!((oplen == 5 && (strncmp(v, "mkdir", 5) == 0 || strncmp(v, "rmdir", 5) == 0)) ||
-	      (oplen == 6 && strncmp(v, "rename", 6) == 0)) ||
+	      (oplen == 6 && strncmp(v, "rename", 6) == 0) ||
+	      (oplen == 4 && strncmp(v, "link", 4) == 0)) ||
 	    stk_parse_u64(step, &k) || k < 1 || k > 4 || (file && !*file)) {
-		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K, rmdir:K or rename:K (K from 1 "
-			  "to 4), then :FILE if the stop is once for all nodes",
+		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K, rmdir:K, rename:K or link:K (K "
+			  "from 1 to 4), then :FILE if the stop is once for all nodes",
 			  v);
 		return -EINVAL;
 	}
@@ -265,7 +266,10 @@ static int xcall(struct stk_meta_xshard *x, unsigned shard, const struct stk_msg
 
 static const char *kind_name(unsigned kind)
 {
-	return kind == STK_XINTENT_MKDIR ? "mkdir" : kind == STK_XINTENT_RMDIR ? "rmdir" : "rename";
+	return kind == STK_XINTENT_MKDIR   ? "mkdir"
+	       : kind == STK_XINTENT_RMDIR ? "rmdir"
+	       : kind == STK_XINTENT_LINK  ? "link"
+					   : "rename";
 }
 
 /* Tells B how (from this shard, intent) ended. */
@@ -537,6 +541,57 @@ out:
 	return rc;
 }
 
+int stk_meta_xshard_link(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t ino,
+			 uint64_t parent, const char *name, struct stk_attr *out)
+{
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_LINK, .from = x->shard, .ino = ino, .parent = parent};
+	unsigned shard = stk_ino_shard(ino);
+	struct stk_msg_meta_xshard_resp r;
+	uint64_t id;
+	int rc;
+
+	if (!shard_known(x, shard))
+		return -ENOENT; /* a number of a shard the cluster does not have */
+	rc = stk_meta_store_xintent_link(x->st, cred, ino, parent, name, &id);
+	if (rc)
+		return rc;
+	if (busy_add(x, id)) {
+		stk_meta_store_xintent_drop(x->st, id);
+		return -EAGAIN;
+	}
+	rc = wait_held(x);
+	if (rc)
+		goto out;
+	hook(x, "link", 1);
+	q.intent = id;
+	snprintf(q.name, sizeof(q.name), "%s", name);
+	rc = xcall(x, shard, &q, &r);
+	if (rc == 0 && (S_ISDIR(r.attr.mode) || r.attr.ino != ino))
+		rc = -EIO;
+	if (rc == 0) {
+		rc = stk_meta_store_xlink_commit(x->st, id, r.attr.mode & S_IFMT);
+		if (rc == 0) {
+			rc = wait_held(x);
+			if (rc)
+				goto out;
+			hook(x, "link", 3);
+			if (settle(x, shard, id, STK_XINTENT_LINK, 1))
+				stk_info("meta: file %llu of shard %u linked here: its mark is left "
+					 "to recovery",
+					 (unsigned long long)ino, shard);
+			*out = r.attr;
+			goto out;
+		}
+	}
+	/* Given up: H drops the link it counted, then the intent goes. */
+	if (settle(x, shard, id, STK_XINTENT_LINK, 0) == 0)
+		stk_meta_store_xintent_drop(x->st, id);
+out:
+	busy_del(x, id);
+	return rc;
+}
+
 void stk_meta_xshard_kick(struct stk_meta_xshard *x)
 {
 	pthread_mutex_lock(&x->mu);
@@ -564,8 +619,7 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 			hook(x, "rmdir", 2);
 		return rc;
 	case STK_XSHARD_SETTLE:
-		if (q->kind != STK_XINTENT_MKDIR && q->kind != STK_XINTENT_RMDIR &&
-		    q->kind != STK_XINTENT_RENAME)
+		if (q->kind < STK_XINTENT_MKDIR || q->kind > STK_XINTENT_LINK)
 			return -EINVAL;
 		rc = stk_meta_store_xsettle(x->st, q->from, q->intent, q->done != 0);
 		if (rc == 0 && q->done && wait_held(x) == 0)
@@ -579,6 +633,12 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 					       &r->attr);
 		if (rc == 0 && wait_held(x) == 0)
 			hook(x, "rename", 2);
+		return rc;
+	case STK_XSHARD_LINK:
+		rc = stk_meta_store_xlink_in(x->st, q->from, q->intent, q->ino, q->parent, q->name,
+					     &r->attr);
+		if (rc == 0 && wait_held(x) == 0)
+			hook(x, "link", 2);
 		return rc;
 	case STK_XSHARD_RELEASE:
 		rc = stk_meta_store_xrelease(x->st, q->from, q->ino, q->intent, &r->attr);
@@ -604,6 +664,8 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 	case STK_XSHARD_QUERY:
 		if (q->kind == STK_XINTENT_RENAME)
 			rc = stk_meta_store_xquery_rename(x->st, q->intent, q->ino, &state);
+		else if (q->kind == STK_XINTENT_LINK)
+			rc = stk_meta_store_xquery_link(x->st, q->intent, q->ino, &state);
 		else
 			rc = stk_meta_store_xquery(x->st, q->intent, q->parent, q->name, q->ino,
 						   &state);
@@ -663,16 +725,18 @@ static void recover_marks(struct stk_meta_xshard *x)
 		int done;
 
 		snprintf(q.name, sizeof(q.name), "%s", v[i].name);
-		if (v[i].kind == STK_XMARK_RENAME) {
-			q.kind = STK_XINTENT_RENAME;
+		if (v[i].kind == STK_XMARK_RENAME || v[i].kind == STK_XMARK_LINK) {
+			int link = v[i].kind == STK_XMARK_LINK;
+
+			q.kind = link ? STK_XINTENT_LINK : STK_XINTENT_RENAME;
 			if (xcall(x, v[i].from, &q, &r) ||
 			    (r.state != STK_XSTATE_MOVED && r.state != STK_XSTATE_STAYED))
 				continue; /* out of reach, or still under way there */
 			done = r.state == STK_XSTATE_MOVED;
 			if (stk_meta_store_xsettle(x->st, v[i].from, v[i].intent, done) == 0)
-				stk_info("meta: file %llu, renamed here for shard %u's intent %llu: "
-					 "%s",
-					 (unsigned long long)v[i].ino, v[i].from,
+				stk_info("meta: file %llu, %s for shard %u's intent %llu: %s",
+					 (unsigned long long)v[i].ino,
+					 link ? "linked there" : "renamed here", v[i].from,
 					 (unsigned long long)v[i].intent,
 					 done ? "kept" : "undone");
 			continue;

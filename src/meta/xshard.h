@@ -26,7 +26,12 @@
  * 4; not: undone). A name of a file off its home that goes is a release, told to
  * the home by the recovery thread until it answers.
  *
- * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir, rmdir or rename, K 1 to 4)
+ * Hard links across shards, D the new name's shard: (1) D's intent; (2) H counts
+ * the link and its record, marked; (3) D writes the entry and its record, drops
+ * the intent (the commit); (4) H drops the mark. Recovery as for a rename.
+ *
+ * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir, rmdir, rename or link,
+ * K 1 to 4)
  * makes the meta node that completes step K of such an operation kill itself
  * (SIGKILL) right after it, once: it makes FILE (default: xshard-stopped in its
  * data folder) and no node stops while that file is there, so with FILE shared
@@ -91,6 +96,13 @@ int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cred,
 			   uint64_t src_parent, const char *src_name, uint64_t dst_parent,
 			   const char *dst_name, uint32_t flags);
+/*
+ * hard link of file ino of another shard as `name` in parent (of this shard): the
+ * four steps of xshard.c. *out: the file after. The errors of a link; -EXDEV when
+ * the file has a name off its home already; -EIO as for rename.
+ */
+int stk_meta_xshard_link(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t ino,
+			 uint64_t parent, const char *name, struct stk_attr *out);
 /*
  * A name here of a file of another shard went (unlink, rename over it): the
  * recovery thread tells its home now rather than within a second.

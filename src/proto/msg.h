@@ -570,6 +570,10 @@ enum stk_target_state {
  *   intent, moving file ino.
  * RELEASE (to the file's home H): shard `from` no longer names file ino (intent:
  *   the id of that name); the reply's attr: the file after.
+ * A hard link of a file of H into a folder of D:
+ * LINK (to H, step 2): file ino's link counted for `name` in parent (D's), marked
+ *   for (from, intent); the reply's attr: the file after.
+ * SETTLE and QUERY (to D) with kind STK_XINTENT_LINK: as for a rename.
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
@@ -582,7 +586,8 @@ enum {
 	STK_XSHARD_QUERY = 4,
 	STK_XSHARD_COUNT = 5,
 	STK_XSHARD_RENAME = 6,
-	STK_XSHARD_RELEASE = 7
+	STK_XSHARD_RELEASE = 7,
+	STK_XSHARD_LINK = 8
 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)

@@ -2552,6 +2552,84 @@ static void test_cross_shard_rename(void)
 	stk_meta_store_close(s2);
 }
 
+/*
+ * Hard links across shards (store.h): a file of shard 1 linked into a folder of
+ * shard 2, step by step, fsck clean on both between any two; an undo after step
+ * 2; a second name off home refused.
+ */
+static void test_cross_shard_link(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL;
+	struct stk_meta_xrelease rel[4];
+	struct stk_attr d, got;
+	uint64_t top, f, id, id2;
+	size_t n = 9;
+	int state = 0;
+
+	snprintf(dir, sizeof(dir), "%s/xlink2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "xl", 0777);
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "d", 2, &id), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, top, "d", 0777, 0, 0, &d), 0);
+	CHECK_RC(stk_meta_store_xlink(st, &ROOT, id, &d), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	f = create_as(&ROOT, top, "f");
+	/* step 1 on shard 2: the checks of a link, the intent */
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, d.ino, d.ino, "l", &id), -EINVAL);
+	CHECK_RC(stk_meta_store_xintent_link(s2, &BOB, f, d.ino, "a/b", &id), -EINVAL);
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, f, d.ino, "l", &id), 0);
+	/* step 2 on shard 1: counted, and its record */
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id, top, d.ino, "l", &got), -EPERM);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id, f, d.ino, "l", &got), 0);
+	CHECK(got.ino == f && got.nlink == 2);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id, f, d.ino, "l", &got), 0); /* asked again */
+	CHECK(attr_of(f).nlink == 2);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id + 9, f, d.ino, "m", &got), -EBUSY);
+	CHECK_RC(stk_meta_store_xquery_link(s2, id, f, &state), 0);
+	CHECK(state == STK_XSTATE_INTENT);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* step 3 on shard 2: the entry, the intent gone */
+	CHECK_RC(stk_meta_store_xlink_commit(s2, id, S_IFREG), 0);
+	CHECK_RC(stk_meta_store_xlink_commit(s2, id, S_IFREG), -ENOENT);
+	CHECK_RC(stk_meta_store_lookup(s2, &ROOT, d.ino, "l", &got), -EREMOTE);
+	CHECK(got.ino == f);
+	CHECK_RC(stk_meta_store_xquery_link(s2, id, f, &state), 0);
+	CHECK(state == STK_XSTATE_MOVED);
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id, 1), 0);
+	CHECK(attr_of(f).nlink == 2);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* one name off home at most */
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, f, d.ino, "l2", &id2), -EXDEV);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ROOT, top, "f", 2, 0, &got, &id2), -EXDEV);
+	/* the name off home unlinked: released, one link left */
+	CHECK_RC(stk_meta_store_unlink(s2, &ROOT, d.ino, "l", &got), 0);
+	CHECK_RC(stk_meta_store_xreleases(s2, rel, 4, &n), 0);
+	CHECK(n == 1 && rel[0].ino == f && rel[0].id == id);
+	CHECK_RC(stk_meta_store_xrelease(st, 2, f, id, &got), 0);
+	CHECK(got.nlink == 1 && attr_of(f).nlink == 1);
+	CHECK_RC(stk_meta_store_xrelease_done(s2, f), 0);
+	/* given up after step 2: the link and its record go */
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, f, d.ino, "l3", &id2), 0);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id2, f, d.ino, "l3", &got), 0);
+	CHECK(attr_of(f).nlink == 2);
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id2, 0), 0);
+	CHECK(attr_of(f).nlink == 1);
+	CHECK_RC(stk_meta_store_xintent_drop(s2, id2), 0);
+	CHECK_RC(stk_meta_store_xquery_link(s2, id2, f, &state), 0);
+	CHECK(state == STK_XSTATE_STAYED);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "f", &got), 0);
+	stk_meta_store_close(s2);
+}
+
 /* The refs of xs[0..n) whose parent is `parent`: their count, and ino's one in *x. */
 static size_t xrefs_in(const struct stk_meta_xref *xs, size_t n, uint64_t parent, uint64_t ino,
 		       const struct stk_meta_xref **x)
@@ -2688,6 +2766,7 @@ int main(void)
 	CHECK_RUN(test_cross_shard_folders);
 	CHECK_RUN(test_fsck_cross_shard);
 	CHECK_RUN(test_cross_shard_rename);
+	CHECK_RUN(test_cross_shard_link);
 	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
