@@ -125,15 +125,12 @@ def test_folders_on_another_shard(make_xc):
         assert sorted(c.listdir("/")) == sorted(names + ["plain"])
         a = [n for n in names if where[n] == 1][0]
         b = [n for n in names if where[n] == 2][0]
-        # a folder moved across shards, and a hard link across: EXDEV, nothing changed
-        # (a file renamed across: test_file_renamed_across_shards_and_back)
+        # a folder moved across shards: EXDEV, nothing changed (a file renamed or
+        # linked across: test_file_renamed_across_shards_and_back, test_hard_link_...)
         for src, dst in (("/" + b, "/%s/moved" % a), ("/%s/sub" % a, "/%s/moved" % b)):
             with pytest.raises(OSError) as e:
                 c.rename(src, dst)
             assert e.value.errno == errno.EXDEV, (src, dst)
-        p = run([CHECK, "ino", sc.url, "link", str(c.stat("/%s/sub/g" % a).st_ino),
-                 str(c.stat("/" + b).st_ino), "l"], check=False, env=sc.env())
-        assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr
         assert c.read_file("/%s/sub/g" % b) == b.encode()
         # ".." of a folder of another shard is its parent, asked of the parent's shard
         p = run([CHECK, "ino", sc.url, "parent", str(c.stat("/" + b).st_ino)],
@@ -255,7 +252,7 @@ def test_file_renamed_across_shards_and_back(make_xc):
         assert e.value.errno == errno.EXDEV
         p = run([CHECK, "ino", sc.url, "link", str(u), str(c.stat("/b").st_ino), "l"],
                 check=False, env=sc.env())
-        assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr  # a link across: not built
+        assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr  # a second name off home
         c.remove("/b/u")
         assert "u" not in c.listdir("/b")
         wait_until(lambda: gone(sc, u), timeout=30)
@@ -873,4 +870,109 @@ def test_fsck_under_renames_across_shards_is_clean(make_xc):
     out = xfsck(sc)
     assert out["clean"], out
     out = xfsck(sc, "--repair", "--grace", "0")
+    assert out["clean"], out
+
+
+def ino_link(sc, ino, parent, name):
+    p = run([CHECK, "ino", sc.url, "link", str(ino), str(parent), name], check=False,
+            env=sc.env())
+    return p.stdout.strip().decode()
+
+
+def test_hard_link_across_shards(make_xc):
+    """A hard link of a file of shard 1 into a folder of shard 2 (and one of shard
+    2 into shard 1): both names one inode, its link count 2, a second name off its
+    home EXDEV, either name unlinked first, the file gone with the last; fsck
+    clean all along."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        b = c.stat("/b").st_ino
+        a = c.stat("/a").st_ino
+        for home, there, parent in (("/a/f", "/b/l", b), ("/b/g", "/a/m", a)):
+            c.write_file(home, b"linked " + home.encode())
+            ino = c.stat(home).st_ino
+            assert ino_link(sc, ino, parent, there.split("/")[2]) == "OK"
+            st = c.stat(there)
+            assert st.st_ino == ino and st.st_nlink == 2 and c.stat(home).st_nlink == 2
+            assert c.read_file(there) == b"linked " + home.encode()
+            assert ino_link(sc, ino, parent, "again") == "EXDEV"  # one name off home
+            assert ino_link(sc, ino, parent, there.split("/")[2]) == "EEXIST"
+            assert xfsck(sc)["clean"]
+        # the home name first, then the last: the file goes
+        c.remove("/a/f")
+        assert c.stat("/b/l").st_nlink == 1 and c.read_file("/b/l") == b"linked /a/f"
+        ino = c.stat("/b/l").st_ino
+        c.remove("/b/l")
+        wait_until(lambda: gone(sc, ino), timeout=30)
+        # the name off home first: the file stays, one link
+        ino = c.stat("/b/g").st_ino
+        c.remove("/a/m")
+        wait_until(lambda: c.stat("/b/g").st_nlink == 1, timeout=30)
+        assert c.read_file("/b/g") == b"linked /b/g"
+        # its home keeps no record of it now: linked across again
+        assert ino_link(sc, ino, a, "m2") == "OK"
+        c.remove("/b/g")
+        assert c.read_file("/a/m2") == b"linked /b/g"
+        c.remove("/a/m2")
+        wait_until(lambda: gone(sc, ino), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"], out
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4])
+def test_link_crash_at_each_step_recovers(make_xc, tmp_path, step):
+    """The node completing step K of a hard link across shards dies (1 and 3: the
+    new name's shard, 2 and 4: the file's) and is restarted: the file ends with
+    both names and 2 links, or its one name and 1 link; nothing held, fsck clean."""
+    once = str(tmp_path / "stopped-once")
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "link:%d:%s" % (step, once)})
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"linked")
+        ino, b = c.stat("/a/f").st_ino, c.stat("/b").st_ino
+        told = ino_link(sc, ino, b, "l")
+        sc.wait("the stop at step %d" % step, lambda: stopped(sc, "link", step))
+
+        def where():
+            if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+                return None
+            try:
+                st = c.stat("/b/l")
+            except FileNotFoundError:
+                st = None
+            n = c.stat("/a/f").st_nlink
+            if st is None and n == 1:
+                return False
+            if st is not None and st.st_ino == ino and n == 2:
+                return True
+            return None
+
+        deadline = time.time() + 60
+        linked = None
+        while linked is None and time.time() < deadline:
+            try:
+                linked = where()
+            except (AssertionError, OSError):
+                linked = None
+            if linked is None:
+                time.sleep(0.5)
+        assert linked is not None, (told, sc.held(1), sc.held(2), sc.logs())
+        if told == "OK":
+            assert linked, told
+        assert xfsck(sc)["clean"]
+        if linked:
+            assert c.read_file("/b/l") == b"linked"
+            c.remove("/b/l")
+            wait_until(lambda: c.stat("/a/f").st_nlink == 1, timeout=30)
+        c.remove("/a/f")
+        wait_until(lambda: gone(sc, ino), timeout=30)
+    finally:
+        c.close()
+    out = xfsck(sc)
     assert out["clean"], out
