@@ -268,8 +268,8 @@ def test_file_renamed_across_shards_and_back(make_xc):
 @pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
 def test_mount_mv_moves_across_shards(make_xc, tmp_path):
     """Through the mount: `mv` between folders of two shards is a rename (the same
-    inode after, no copy), a file open across it keeps working, and the replaced
-    file's data is gone."""
+    inode after, no copy), a file open across it keeps working, and a hard link
+    across shards is one inode with two links."""
     sc = make_xc()
     c = stoker_pkg.connect(sc.url)
     try:
@@ -301,8 +301,17 @@ def test_mount_mv_moves_across_shards(make_xc, tmp_path):
         subprocess.run(["mv", os.path.join(a, "data"), os.path.join(b, "back")], check=True)
         assert os.stat(os.path.join(b, "back")).st_ino == ino
         assert os.listdir(a) == [] and os.listdir(b) == ["back"]
+        # a hard link across shards through the mount: one inode, two links
+        with open(os.path.join(a, "home"), "wb") as f:
+            f.write(b"home")
+        os.link(os.path.join(a, "home"), os.path.join(b, "linked"))
+        st = os.stat(os.path.join(b, "linked"))
+        assert st.st_ino == os.stat(os.path.join(a, "home")).st_ino and st.st_nlink == 2
+        os.unlink(os.path.join(a, "home"))
+        with open(os.path.join(b, "linked"), "rb") as f:
+            assert f.read() == b"home"
         shutil.rmtree(b)
-        assert sorted(os.listdir(m.path)) == ["a"]
+        assert sorted(os.listdir(m.path)) == ["a"] and os.listdir(a) == []
     finally:
         m.stop()
     wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
