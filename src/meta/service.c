@@ -2264,7 +2264,8 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		change_begin(m, req, &ch, q.ino, 0, 0, 0);
 		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
 		change_end(m, &ch);
-	} else if (q.op == STK_XSHARD_RENAME || q.op == STK_XSHARD_RELEASE) {
+	} else if (q.op == STK_XSHARD_RENAME || q.op == STK_XSHARD_RELEASE ||
+		   q.op == STK_XSHARD_LINK) {
 		struct change ch;
 
 		/* a name here changes (the folder, what it named), or a file's links */
