@@ -985,3 +985,57 @@ def test_link_crash_at_each_step_recovers(make_xc, tmp_path, step):
         c.close()
     out = xfsck(sc)
     assert out["clean"], out
+
+
+@pytest.mark.parametrize("step,dies", [(3, 1), (2, 2)])
+def test_rename_leader_lost_its_follower_settles(make_xc, tmp_path, step, dies):
+    """Two replicas a shard: the leader completing step K of a rename across shards
+    dies and stays down (the supervisor held); its follower, which held that step
+    before the next began, takes over, and the file ends under one name."""
+    once = str(tmp_path / "stopped-once")
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "rename:%d:%s" % (step, once)}, replicas=2)
+    m = sc.wait("two shards of two replicas each", lambda: (
+        lambda s: s if len(s) == 2 and all(sorted(v["roles"].values()) == ["follower", "leader"]
+                                           for v in s.values()) else None)(sc.shard_map()))
+    for logs in (("meta", "meta1"), ("meta2", "meta3")):
+        sc.wait("%s: the follower copied" % (logs,), lambda: any(
+            "has the copy" in open(os.path.join(sc.data, "log", n + ".log")).read()
+            for n in logs))
+    c = stoker_pkg.connect(sc.url)
+    sup = sc.supervisor()
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"moving")
+        c.write_file("/b/f", b"replaced")
+        ino, old = c.stat("/a/f").st_ino, c.stat("/b/f").st_ino
+        lost = leader_of(m[dies])
+        os.kill(sup, signal.SIGSTOP)
+        try:
+            try:
+                c.rename("/a/f", "/b/f")
+            except OSError:
+                pass
+            sc.wait("the stop at step %d" % step, lambda: stopped(sc, "rename", step))
+            sc.wait("shard %d's follower promoted" % dies, lambda: (
+                lambda s: s[dies]["roles"].get(lost) != "leader" and
+                "leader" in s[dies]["roles"].values())(sc.shard_map()), timeout=30)
+            deadline = time.time() + 60
+            moved = None
+            while moved is None and time.time() < deadline:
+                try:
+                    moved = renamed_where(sc, c, ino, old)
+                except (AssertionError, OSError):
+                    moved = None
+                if moved is None:
+                    time.sleep(0.5)
+            assert moved is not None, (sc.held(1), sc.held(2), sc.logs())
+            if step == 3:
+                assert moved  # committed before the leader died
+            want = b"moving" if moved else b"replaced"
+            assert c.read_file("/b/f") == want
+            if moved:
+                wait_until(lambda: gone(sc, old), timeout=30)
+        finally:
+            os.kill(sup, signal.SIGCONT)
+    finally:
+        c.close()
