@@ -6976,7 +6976,7 @@ int stk_meta_store_xrename_in(struct stk_meta_store *st, uint32_t from, uint64_t
 		else if (S_ISDIR(victim.a.mode))
 			rc = -EISDIR;
 		else if (victim.a.ino == ino)
-			rc = -EBUSY; /* cannot be: the file's one name elsewhere is S's */
+			rc = -EALREADY; /* two names of one file: rename does nothing */
 		else if (remote)
 			rc = (dir.a.mode & S_ISVTX) && uid && uid != dir.a.uid ? -EPERM : 0;
 		else

@@ -903,7 +903,8 @@ int stk_meta_store_xintent_rename(struct stk_meta_store *st, const struct stk_cr
  * D, step 2: `name` in parent (of this shard) names ino (type: its S_IFMT), of
  * shard `from`'s intent: the old entry replaced (a folder: -EISDIR; noreplace:
  * -EEXIST), both kept in a mark. uid and gid: the caller's, for the permission
- * on parent (its other groups are not known here). Asked again: 0. *old: what
+ * on parent (its other groups are not known here). Asked again: 0. -EALREADY:
+ * the name names the file already (POSIX: the rename does nothing). *old: what
  * was replaced (ino 0: nothing).
  */
 int stk_meta_store_xrename_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,

@@ -518,6 +518,12 @@ int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cre
 	q.mode = moved.mode & S_IFMT;
 	snprintf(q.name, sizeof(q.name), "%s", dst_name);
 	rc = xcall(x, shard, &q, &r);
+	if (rc == 0 && r.state == STK_XSTATE_NAMED) {
+		/* both names are the file's already: nothing to do, nothing was made */
+		stk_meta_store_xintent_drop(x->st, id);
+		rc = 0;
+		goto out;
+	}
 	if (rc == 0) {
 		rc = stk_meta_store_xrename_commit(x->st, id, dst_parent);
 		if (rc == 0) {
@@ -631,6 +637,10 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 		rc = stk_meta_store_xrename_in(x->st, q->from, q->intent, q->ino, q->mode,
 					       q->parent, q->name, q->uid, q->gid, q->done != 0,
 					       &r->attr);
+		if (rc == -EALREADY) {
+			r->state = STK_XSTATE_NAMED; /* named so already: nothing done */
+			return 0;
+		}
 		if (rc == 0 && wait_held(x) == 0)
 			hook(x, "rename", 2);
 		return rc;

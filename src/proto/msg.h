@@ -564,7 +564,8 @@ enum stk_target_state {
  * A file renamed from a folder of S to one of D (docs/meta-shards.md):
  * RENAME (to D, step 2): `name` in parent (D's) names file ino (mode: its type),
  *   replacing what it named, marked for (from, intent); uid, gid: the caller's;
- *   done 1: RENAME_NOREPLACE. The reply's attr: what it replaced (ino 0: none).
+ *   done 1: RENAME_NOREPLACE. The reply's attr: what it replaced (ino 0: none);
+ *   its state NAMED: the name names that file already, nothing was done.
  * SETTLE with kind STK_XINTENT_RENAME: step 4 (done 1) or the undo (0).
  * QUERY with kind STK_XINTENT_RENAME (to S): state INTENT, MOVED or STAYED of
  *   intent, moving file ino.

@@ -253,6 +253,11 @@ def test_file_renamed_across_shards_and_back(make_xc):
         p = run([CHECK, "ino", sc.url, "link", str(u), str(c.stat("/b").st_ino), "l"],
                 check=False, env=sc.env())
         assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr  # a second name off home
+        # renamed onto another name of the same file: nothing happens (POSIX)
+        assert ino_link(sc, u, c.stat("/a").st_ino, "u-home") == "OK"
+        c.rename("/b/u", "/a/u-home")
+        assert c.stat("/b/u").st_ino == u and c.stat("/a/u-home").st_nlink == 2
+        c.remove("/a/u-home")
         c.remove("/b/u")
         assert "u" not in c.listdir("/b")
         wait_until(lambda: gone(sc, u), timeout=30)

@@ -2532,6 +2532,10 @@ static void test_cross_shard_rename(void)
 	h = create_as(&ROOT, sub, "h");
 	CHECK_RC(stk_meta_store_xintent_rename(s2, &ROOT, d.ino, "g2", 1, 0, &moved, &id3), 0);
 	CHECK(moved.ino == g);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, g, top, "g-too", &got), 0);
+	CHECK_RC(stk_meta_store_xrename_in(st, 2, id3, g, S_IFREG, top, "g-too", 0, 0, 0, &old),
+		 -EALREADY); /* two names of one file: nothing to do */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "g-too", &got), 0);
 	CHECK_RC(stk_meta_store_xrename_in(st, 2, id3, g, S_IFREG, sub, "h", 0, 0, 0, &old), 0);
 	CHECK(old.ino == h);
 	CHECK_EQ(fsck_problems(st), 0);
