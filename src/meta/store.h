@@ -936,8 +936,8 @@ int stk_meta_store_xintent_link(struct stk_meta_store *st, const struct stk_cred
  * name off home already, -EBUSY in a rename across shards, -EMLINK. Asked again:
  * 0. *out: the file after.
  */
-int stk_meta_store_xlink_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
-			    uint64_t ino, uint64_t parent, const char *name, struct stk_attr *out);
+int stk_meta_store_xlink_in(struct stk_meta_store *st, uint32_t from, uint64_t intent, uint64_t ino,
+			    uint64_t parent, const char *name, struct stk_attr *out);
 /*
  * D, step 3: the entry naming the file (type: its S_IFMT), D's record of it, and
  * the intent's removal, in one transaction. -EEXIST: the name was taken meanwhile;
