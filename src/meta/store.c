@@ -2816,14 +2816,15 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 
 /*
  * A name of another shard's inode renamed within this shard (rename_prepare said
- * EXDEV): only the entry here changes, the inode is left alone, so it is allowed
- * when it replaces nothing: a folder's within its parent (its parent pointer
- * stays right), a file's to any folder here (its home keeps only which shard
- * names it). Anything else (a folder moved, a replace, a sticky folder whose rule
- * needs the inode's owner) stays EXDEV: the tool copies.
+ * EXDEV): only the entry here changes, the inode is left alone. A folder's, within
+ * its parent when it replaces nothing (its parent pointer stays right); a file's,
+ * to any folder here (its home keeps only which shard names it), replacing a file
+ * as a rename does (*replaced: a file of this shard lost that name; one of
+ * another shard's is released). Anything else (a folder moved or replacing, a
+ * sticky folder whose rule needs the inode's owner) stays EXDEV: the tool copies.
  */
 static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t src_parent,
-			      uint64_t dst_parent)
+			      uint64_t dst_parent, int *replaced)
 {
 	struct inode dst;
 	int rc, moved = src_parent != dst_parent;
@@ -2855,13 +2856,42 @@ static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t src_p
 			return rc;
 	}
 	rc = child_get(o, r->dp, r->dst_name, &dst);
-	if (rc == 0 || rc == -EREMOTE)
-		return r->flags & STK_RENAME_NOREPLACE ? -EEXIST : -EXDEV;
-	if (rc != -ENOENT)
+	if (rc == 0 || rc == -EREMOTE) {
+		int remote = rc == -EREMOTE;
+
+		if (r->flags & STK_RENAME_NOREPLACE)
+			return -EEXIST;
+		if (S_ISDIR(r->src.a.mode))
+			return -EXDEV;
+		if (dst.a.ino == r->src.a.ino)
+			return 0; /* two names of one file: rename does nothing */
+		if (S_ISDIR(dst.a.mode))
+			return -EISDIR;
+		if (remote)
+			rc = (r->dp->a.mode & S_ISVTX) && !is_root(o) && !is_owner(o, &r->dp->a)
+				 ? -EXDEV
+				 : 0;
+		else
+			rc = sticky_ok(o, r->dp, &dst);
+		if (rc == 0)
+			rc = xmark_busy(o, dst.a.ino);
+		if (rc)
+			return rc;
+		r->have_dst = 1;
+		r->dst_remote = remote;
+		r->dst = dst;
+	} else if (rc != -ENOENT) {
 		return rc;
+	}
 	rc = dentry_del(o, src_parent, r->src_name);
 	if (rc == 0)
 		rc = dentry_put(o, dst_parent, r->dst_name, r->src.a.ino, r->src.a.mode);
+	if (rc == 0 && r->have_dst && r->dst_remote) {
+		rc = xrelease_start(o, r->dst.a.ino);
+	} else if (rc == 0 && r->have_dst) {
+		rc = inode_unref(o, &r->dst);
+		*replaced = 1;
+	}
 	return rc ? rc : rename_write_parents(o, r);
 }
 
@@ -2906,7 +2936,7 @@ static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, ui
 		goto out;
 	rc = rename_prepare(&o, &r, src_parent, dst_parent);
 	if (rc == -EXDEV && r.src_remote && !(flags & STK_RENAME_EXCHANGE)) {
-		rc = rename_remote_here(&o, &r, src_parent, dst_parent);
+		rc = rename_remote_here(&o, &r, src_parent, dst_parent, &rep);
 		goto out;
 	}
 	if (rc || (r.have_dst && r.dst.a.ino == r.src.a.ino))

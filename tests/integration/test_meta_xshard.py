@@ -232,6 +232,13 @@ def test_file_renamed_across_shards_and_back(make_xc):
         with pytest.raises(OSError) as e:
             c.rename("/b/sub/g", "/b/sub")  # onto a folder
         assert e.value.errno in (errno.EISDIR, errno.EXDEV)
+        # over a file of shard 2 there: that file goes
+        c.write_file("/b/sub/x", b"x")
+        x = c.stat("/b/sub/x").st_ino
+        c.rename("/b/sub/g", "/b/sub/x")
+        assert c.stat("/b/sub/x").st_ino == ino and c.read_file("/b/sub/x") == b"changed"
+        wait_until(lambda: gone(sc, x), timeout=30)
+        c.rename("/b/sub/x", "/b/sub/g")
         back = c.stat("/a/back").st_ino
         c.rename("/b/sub/g", "/a/back")
         assert c.stat("/a/back").st_ino == ino and c.read_file("/a/back") == b"changed"

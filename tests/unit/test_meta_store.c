@@ -2488,6 +2488,18 @@ static void test_cross_shard_rename(void)
 	CHECK_RC(stk_meta_store_mkdir(s2, &ROOT, d.ino, "in", 0777, &got), 0);
 	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "f", got.ino, "f", 0, &created, &old), 0);
 	CHECK_RC(stk_meta_store_rename(s2, &ROOT, got.ino, "f", d.ino, "f", 0, &created, &old), 0);
+	/* and over a file of shard 2 there, which loses that name */
+	CHECK_RC(stk_meta_store_create(s2, &ROOT, d.ino, "over", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &victim, &created),
+		 0);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "f", d.ino, "over", STK_RENAME_NOREPLACE,
+				       &created, &old),
+		 -EEXIST);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "f", d.ino, "over", 0, &created, &old), 0);
+	CHECK(created == 1 && old.ino == victim.ino);
+	CHECK_RC(stk_meta_store_getattr(s2, &ROOT, victim.ino, &got), -ENOENT);
+	CHECK_EQ(fsck_problems(s2), 0);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "over", d.ino, "f", 0, &created, &old), 0);
 	CHECK_RC(stk_meta_store_create(s2, &ROOT, d.ino, "f", 0644, 0, &ZERO_LAYOUT, &PL4, &old,
 				       &created),
 		 -EREMOTE);
