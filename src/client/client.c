@@ -512,9 +512,10 @@ int stk_client_meta_call(struct stk_client *c, uint16_t opcode, const void *req,
 
 /*
  * The shard a request goes to: the one its inode's number names (parent for a
- * name's requests; stk_msg_meta_route), shard 1 for a request about no inode.
- * -EXDEV for a rename or hard link between two shards, sent nowhere: no such
- * operation is built yet (docs/meta-shards.md), and EXDEV makes mv copy.
+ * name's requests; stk_msg_meta_route), shard 1 for a request about no inode. A
+ * rename or hard link between two shards goes to the shard of the folder named
+ * first (the source's; the new name's), which does it with the other
+ * (docs/meta-shards.md). Any other request naming two shards: -EXDEV.
  */
 static int route_shard(uint16_t opcode, const void *req, size_t req_len, unsigned *shard)
 {
@@ -525,7 +526,8 @@ static int route_shard(uint16_t opcode, const void *req, size_t req_len, unsigne
 	if (rc <= 0)
 		return 0; /* a malformed request goes to shard 1, which answers it */
 	*shard = stk_ino_shard(ino);
-	if (other && stk_ino_shard(other) != *shard)
+	if (opcode != STK_OP_META_RENAME && opcode != STK_OP_META_LINK && other &&
+	    stk_ino_shard(other) != *shard)
 		return -EXDEV;
 	return 0;
 }

@@ -779,6 +779,16 @@ static int op_create(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	/* Leased to the origin as a lookup would be: the folder before the change. */
 	r.leased = req->hdr.origin && stk_meta_leases_grant(m->leases, req->hdr.origin, q.parent);
 	rc = create_file(m, req, &q, &r);
+	if (rc == -EREMOTE) {
+		/* the name of a file of another shard (renamed here): the client opens it there */
+		r.leased = 0;
+		r.opened = 0;
+		rc = stk_meta_xshard_getattr(m->xshard, r.attr.ino, &r.attr);
+		if (rc)
+			return rc;
+		dir_after(m, &q.cred, q.parent, &r.dir);
+		return stk_msg_meta_create_resp_enc(&resp->payload, &r);
+	}
 	if (rc)
 		return rc;
 	if (r.leased) {
@@ -906,6 +916,8 @@ static int unlink_name(struct meta *m, const struct stk_rpc_req *req, const stru
 		*orph = orphaned(m, attr);
 	stk_meta_sessions_release(m->sessions);
 	change_end(m, &ch);
+	if (rc == 0 && stk_ino_shard(attr->ino) != stk_meta_store_shard(m->store))
+		stk_meta_xshard_kick(m->xshard); /* a file of another shard: its home is told */
 	if (rc == 0 && attr->ino != victim)
 		changed_late(m, req, attr->ino);
 	return rc;
@@ -971,6 +983,16 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	memset(&r, 0, sizeof(r));
+	if (stk_ino_shard(q.dst_parent) != stk_meta_store_shard(m->store)) {
+		/* to a folder of another shard: a file moves in four steps (xshard.h) */
+		moved = named(m, q.src_parent, q.src_name);
+		change_begin(m, req, &ch, q.src_parent, moved, 0, 0);
+		rc = stk_meta_xshard_rename(m->xshard, &q.cred, q.src_parent, q.src_name,
+					    q.dst_parent, q.dst_name, q.flags);
+		change_end(m, &ch);
+		atomic_fetch_add(&m->vouch_epoch, 1);
+		return rc ? rc : stk_msg_meta_rename_resp_enc(&resp->payload, &r);
+	}
 	/*
 	 * Both folders, the inode moved (its ctime, a folder's ".."), the one replaced.
 	 * Both names must still hold what was recalled when the rename commits: a
@@ -1008,6 +1030,8 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	stk_meta_moves_rename(m->moves, wide, files, nfiles);
 	if (rc)
 		return rc;
+	if (over && stk_ino_shard(over) != stk_meta_store_shard(m->store))
+		stk_meta_xshard_kick(m->xshard); /* a file of another shard replaced */
 	r.replaced = (uint8_t)replaced;
 	if (over != moved && !(q.flags & STK_RENAME_EXCHANGE))
 		forget_if_gone(m, over); /* an empty folder renamed over */
@@ -1034,7 +1058,11 @@ static int op_link(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	if (rc)
 		return rc;
 	change_begin(m, req, &ch, q.parent, q.ino, 0, 0);
-	rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
+	if (stk_ino_shard(q.ino) != stk_meta_store_shard(m->store))
+		/* a file of another shard: four steps (xshard.h) */
+		rc = stk_meta_xshard_link(m->xshard, &q.cred, q.ino, q.parent, q.name, &a);
+	else
+		rc = stk_meta_store_link(m->store, &q.cred, q.ino, q.parent, q.name, &a);
 	change_end(m, &ch);
 	return rc ? rc : reply_attr(resp, &a);
 }
@@ -2368,6 +2396,17 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		change_begin(m, req, &ch, q.ino, 0, 0, 0);
 		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
 		change_end(m, &ch);
+	} else if (q.op == STK_XSHARD_RENAME || q.op == STK_XSHARD_RELEASE ||
+		   q.op == STK_XSHARD_LINK) {
+		struct change ch;
+
+		/* a name here changes (the folder, what it named), or a file's links */
+		if (q.op == STK_XSHARD_RENAME)
+			change_begin(m, req, &ch, q.parent, named(m, q.parent, q.name), q.ino, 0);
+		else
+			change_begin(m, req, &ch, q.ino, 0, 0, 0);
+		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
+		change_end(m, &ch);
 	} else {
 		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
 	}
@@ -2588,8 +2627,8 @@ undo:
 
 /*
  * 0 when this shard serves what the request names, -EREMCHG (NOT_LEADER) when
- * another shard does, -EXDEV for a rename or hard link whose two inodes lie on
- * two shards. A request too short to say is left to its handler, which refuses it.
+ * another shard does (a rename or hard link between two shards is op_rename's and
+ * op_link's). A request too short to say is left to its handler, which refuses it.
  */
 static int wrong_shard(struct meta *m, uint16_t opcode, const struct stk_rbuf *payload)
 {
@@ -2601,6 +2640,8 @@ static int wrong_shard(struct meta *m, uint16_t opcode, const struct stk_rbuf *p
 		return 0;
 	if (stk_ino_shard(ino) != mine)
 		return -EREMCHG;
+	if (opcode == STK_OP_META_RENAME || opcode == STK_OP_META_LINK)
+		return 0; /* across shards: op_rename's and op_link's (a file's, xshard.h) */
 	return other && stk_ino_shard(other) != mine ? -EXDEV : 0;
 }
 
@@ -2623,7 +2664,7 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 	 * Each shard serves the requests on its own inodes (docs/meta-shards.md):
 	 * one about another shard's (a client with an old routing table, or one
 	 * that knows no shards) is answered NOT_LEADER, so that its sender asks
-	 * the routing table again; a rename or link between two shards is EXDEV.
+	 * the routing table again.
 	 */
 	if (opcode != STK_OP_META_REPL) {
 		rc = wrong_shard(m, opcode, &req->payload);

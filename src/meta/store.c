@@ -1120,6 +1120,8 @@ static int child_get(struct op *o, const struct inode *dir, const char *name, st
 }
 
 static int xmark_dying(struct op *o, uint64_t ino);
+static int xmark_busy(struct op *o, uint64_t ino);
+static int xrelease_start(struct op *o, uint64_t ino);
 
 /*
  * -EEXIST if dir already has `name`; -ENOENT if dir is being removed by its
@@ -2184,8 +2186,9 @@ static int create_existing(struct op *o, const struct inode *dir, const char *na
 {
 	int rc = child_get(o, dir, name, n);
 
-	if (rc == -EREMOTE) /* another shard's folder */
-		return flags & STK_CREATE_EXCL ? -EEXIST : -EISDIR;
+	/* another shard's folder, or file (renamed here: -EREMOTE, opened at its home) */
+	if (rc == -EREMOTE)
+		return flags & STK_CREATE_EXCL ? -EEXIST : S_ISDIR(n->a.mode) ? -EISDIR : -EREMOTE;
 	if (rc)
 		return rc;
 	if (flags & STK_CREATE_EXCL)
@@ -2244,7 +2247,7 @@ int stk_meta_store_create_as(struct stk_meta_store *st, const struct stk_cred *c
 	}
 out:
 	rc = op_end(&o, rc);
-	if (rc == 0) {
+	if (rc == 0 || rc == -EREMOTE) {
 		*out = n.a;
 		*created = made;
 	}
@@ -2462,6 +2465,21 @@ static int victim_get(struct op *o, uint64_t parent, const char *name, struct in
 	return rc;
 }
 
+/*
+ * A name of a file of another shard (renamed here across shards), for its removal:
+ * victim_get stopped at it. Write on the folder; a sticky folder's rule needs the
+ * file's owner, which its shard knows: only root and the folder's owner pass here.
+ */
+static int unlink_remote_check(struct op *o, const struct inode *dir, const struct inode *n)
+{
+	int rc = may(o, &dir->a, MAY_W | MAY_X);
+
+	if (rc == 0 && (dir->a.mode & S_ISVTX) && !is_root(o) && !is_owner(o, &dir->a))
+		rc = -EPERM;
+	(void)n;
+	return rc;
+}
+
 static int unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 		      const char *name, uint64_t ino, struct stk_attr *out)
 {
@@ -2476,15 +2494,21 @@ static int unlink_ino(struct stk_meta_store *st, const struct stk_cred *cred, ui
 	if (rc)
 		return rc;
 	rc = victim_get(&o, parent, name, &dir, &n);
-	if (rc == -EREMOTE) /* only folders live on another shard */
+	if (rc == -EREMOTE && !S_ISDIR(n.a.mode))
+		rc = unlink_remote_check(&o, &dir, &n);
+	else if (rc == -EREMOTE)
 		rc = -EISDIR;
+	else if (rc == 0)
+		rc = xmark_busy(&o, n.a.ino);
 	if (rc == 0 && ino != STK_META_ANY_INO && n.a.ino != ino)
 		rc = -ENOENT;
 	if (rc == 0 && S_ISDIR(n.a.mode))
 		rc = -EISDIR;
 	if (rc == 0)
 		rc = dentry_del(&o, parent, name);
-	if (rc == 0)
+	if (rc == 0 && stk_ino_shard(n.a.ino) != st->shard)
+		rc = xrelease_start(&o, n.a.ino); /* its home drops the link (xshard.c) */
+	else if (rc == 0)
 		rc = inode_unref(&o, &n);
 	if (rc == 0) {
 		touch_dir(&o, &dir);
@@ -2579,6 +2603,7 @@ struct rename_ctx {
 	struct inode sp, dp_buf, *dp;
 	struct inode src, dst;
 	int have_dst;
+	int src_remote, dst_remote; /* a name of a file (or folder) of another shard */
 	const char *src_name, *dst_name;
 	uint32_t flags;
 };
@@ -2635,10 +2660,16 @@ static int rename_prepare(struct op *o, struct rename_ctx *r, uint64_t src_paren
 {
 	int moved = src_parent != dst_parent, rc;
 
-	/* a folder of another shard moves with intents, not built yet: mv copies */
+	/* a name of another shard's inode: rename_remote_here's, or EXDEV */
 	rc = victim_get(o, src_parent, r->src_name, &r->sp, &r->src);
+	r->src_remote = rc == -EREMOTE;
 	if (rc)
 		return rc == -EREMOTE ? -EXDEV : rc;
+	if (!S_ISDIR(r->src.a.mode)) {
+		rc = xmark_busy(o, r->src.a.ino);
+		if (rc)
+			return rc;
+	}
 	r->dp = &r->sp;
 	if (moved) {
 		r->dp = &r->dp_buf;
@@ -2649,8 +2680,15 @@ static int rename_prepare(struct op *o, struct rename_ctx *r, uint64_t src_paren
 			return rc;
 	}
 	rc = child_get(o, r->dp, r->dst_name, &r->dst);
-	if (rc == -EREMOTE)
-		return -EXDEV;
+	if (rc == -EREMOTE) {
+		/* a file of another shard named here is replaced by a release (xshard.c) */
+		if (S_ISDIR(r->dst.a.mode) || (r->flags & STK_RENAME_EXCHANGE))
+			return -EXDEV;
+		r->dst_remote = 1;
+		rc = 0;
+	}
+	if (rc == 0 && !S_ISDIR(r->dst.a.mode))
+		rc = xmark_busy(o, r->dst.a.ino);
 	if (rc && rc != -ENOENT)
 		return rc;
 	r->have_dst = rc == 0;
@@ -2727,7 +2765,9 @@ static int rename_move(struct op *o, struct rename_ctx *r, int *replaced)
 		rc = dentry_put(o, r->dp->a.ino, r->dst_name, r->src.a.ino, r->src.a.mode);
 	if (rc == 0 && r->have_dst && S_ISDIR(r->dst.a.mode))
 		rc = inode_del(o, &r->dst);
-	if (rc == 0 && r->have_dst && !S_ISDIR(r->dst.a.mode)) {
+	if (rc == 0 && r->have_dst && r->dst_remote) {
+		rc = xrelease_start(o, r->dst.a.ino); /* its home drops the link */
+	} else if (rc == 0 && r->have_dst && !S_ISDIR(r->dst.a.mode)) {
 		rc = inode_unref(o, &r->dst);
 		*replaced = 1;
 	}
@@ -2775,40 +2815,84 @@ int stk_meta_store_rename(struct stk_meta_store *st, const struct stk_cred *cred
 }
 
 /*
- * A folder of another shard renamed within its parent (rename_prepare said EXDEV):
- * only its entry here changes, its inode (whose parent stays the same) is left
- * alone, so it is allowed when it replaces nothing. Anything else about it (a
- * move to another folder, a replace, a sticky folder whose rule needs the
- * folder's owner) stays EXDEV: the tool copies.
+ * A name of another shard's inode renamed within this shard (rename_prepare said
+ * EXDEV): only the entry here changes, the inode is left alone. A folder's, within
+ * its parent when it replaces nothing (its parent pointer stays right); a file's,
+ * to any folder here (its home keeps only which shard names it), replacing a file
+ * as a rename does (*replaced: a file of this shard lost that name; one of
+ * another shard's is released). Anything else (a folder moved or replacing, a
+ * sticky folder whose rule needs the inode's owner) stays EXDEV: the tool copies.
  */
-static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t parent)
+static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t src_parent,
+			      uint64_t dst_parent, int *replaced)
 {
 	struct inode dst;
-	int rc;
+	int rc, moved = src_parent != dst_parent;
 
-	rc = victim_get(o, parent, r->src_name, &r->sp, &r->src);
+	rc = victim_get(o, src_parent, r->src_name, &r->sp, &r->src);
 	if (rc != -EREMOTE)
-		return -EXDEV; /* not a folder of another shard: the first answer stands */
+		return -EXDEV; /* not another shard's: the first answer stands */
+	if (moved && S_ISDIR(r->src.a.mode))
+		return -EXDEV;
 	rc = may(o, &r->sp.a, MAY_W | MAY_X);
 	if (rc)
 		return rc;
 	if ((r->sp.a.mode & S_ISVTX) && !is_root(o) && !is_owner(o, &r->sp.a))
 		return -EXDEV;
-	if (strcmp(r->src_name, r->dst_name) == 0)
+	r->dp = &r->sp;
+	if (moved) {
+		r->dp = &r->dp_buf;
+		rc = dir_get(o, dst_parent, MAY_W | MAY_X, r->dp);
+		if (rc == 0)
+			rc = xmark_dying(o, dst_parent);
+		if (rc)
+			return rc;
+	} else if (strcmp(r->src_name, r->dst_name) == 0) {
 		return 0;
-	rc = child_get(o, &r->sp, r->dst_name, &dst);
-	if (rc == 0 || rc == -EREMOTE)
-		return r->flags & STK_RENAME_NOREPLACE ? -EEXIST : -EXDEV;
-	if (rc != -ENOENT)
-		return rc;
-	rc = dentry_del(o, parent, r->src_name);
-	if (rc == 0)
-		rc = dentry_put(o, parent, r->dst_name, r->src.a.ino, S_IFDIR);
-	if (rc == 0) {
-		touch_dir(o, &r->sp);
-		rc = inode_put(o, &r->sp);
 	}
-	return rc;
+	if (!S_ISDIR(r->src.a.mode)) {
+		rc = xmark_busy(o, r->src.a.ino);
+		if (rc)
+			return rc;
+	}
+	rc = child_get(o, r->dp, r->dst_name, &dst);
+	if (rc == 0 || rc == -EREMOTE) {
+		int remote = rc == -EREMOTE;
+
+		if (r->flags & STK_RENAME_NOREPLACE)
+			return -EEXIST;
+		if (S_ISDIR(r->src.a.mode))
+			return -EXDEV;
+		if (dst.a.ino == r->src.a.ino)
+			return 0; /* two names of one file: rename does nothing */
+		if (S_ISDIR(dst.a.mode))
+			return -EISDIR;
+		if (remote)
+			rc = (r->dp->a.mode & S_ISVTX) && !is_root(o) && !is_owner(o, &r->dp->a)
+				 ? -EXDEV
+				 : 0;
+		else
+			rc = sticky_ok(o, r->dp, &dst);
+		if (rc == 0)
+			rc = xmark_busy(o, dst.a.ino);
+		if (rc)
+			return rc;
+		r->have_dst = 1;
+		r->dst_remote = remote;
+		r->dst = dst;
+	} else if (rc != -ENOENT) {
+		return rc;
+	}
+	rc = dentry_del(o, src_parent, r->src_name);
+	if (rc == 0)
+		rc = dentry_put(o, dst_parent, r->dst_name, r->src.a.ino, r->src.a.mode);
+	if (rc == 0 && r->have_dst && r->dst_remote) {
+		rc = xrelease_start(o, r->dst.a.ino);
+	} else if (rc == 0 && r->have_dst) {
+		rc = inode_unref(o, &r->dst);
+		*replaced = 1;
+	}
+	return rc ? rc : rename_write_parents(o, r);
 }
 
 static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t src_parent,
@@ -2851,8 +2935,8 @@ static int rename_ino(struct stk_meta_store *st, const struct stk_cred *cred, ui
 	if (rc)
 		goto out;
 	rc = rename_prepare(&o, &r, src_parent, dst_parent);
-	if (rc == -EXDEV && src_parent == dst_parent && !(flags & STK_RENAME_EXCHANGE)) {
-		rc = rename_remote_here(&o, &r, src_parent);
+	if (rc == -EXDEV && r.src_remote && !(flags & STK_RENAME_EXCHANGE)) {
+		rc = rename_remote_here(&o, &r, src_parent, dst_parent, &rep);
 		goto out;
 	}
 	if (rc || (r.have_dst && r.dst.a.ino == r.src.a.ino))
@@ -5352,6 +5436,7 @@ static int fsck_entries(struct fsck *f)
 		struct stk_meta_fsck_problem p = {0};
 		struct fsck_ino *dir, *n;
 		struct stk_rbuf r;
+		uint32_t type;
 		size_t len;
 
 		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
@@ -5363,13 +5448,18 @@ static int fsck_entries(struct fsck *f)
 		p.name[len] = 0;
 		stk_rbuf_init(&r, val.mv_data, val.mv_size);
 		p.ino = stk_get_u64(&r);
-		stk_get_u32(&r);
+		type = stk_get_u32(&r);
 		dir = fsck_ino_find(f, p.parent);
 		n = fsck_ino_find(f, p.ino);
 		if (!stk_rbuf_finish(&r) && dir && S_ISDIR(dir->mode) &&
 		    stk_ino_shard(p.ino) != f->o->st->shard) {
-			/* a folder of another shard (docs/meta-shards.md): that shard checks it */
-			dir->subdirs++;
+			/*
+			 * A folder of another shard (docs/meta-shards.md): that shard checks
+			 * it. A file of another shard: its home counts this name
+			 * (fsck_xfiles there).
+			 */
+			if (S_ISDIR(type))
+				dir->subdirs++;
 			continue;
 		}
 		if (stk_rbuf_finish(&r) || !dir || !S_ISDIR(dir->mode) || !n) {
@@ -5577,6 +5667,61 @@ static int fsck_reattach(struct fsck *f, const struct fsck_ino *e, struct stk_me
 	return 0;
 }
 
+static int xwalk(struct op *o, char kind, int (*fn)(uint64_t, const MDB_val *, void *),
+		 void *ctx);
+static int xrec_decode(const MDB_val *v, uint32_t *shard, uint64_t *id);
+static int xmark_decode(uint64_t ino, const MDB_val *v, struct stk_meta_xmark *m);
+
+/* A file's name on another shard, recorded at its home ('X'): one of its links. */
+static int fsck_xname_one(uint64_t ino, const MDB_val *val, void *ctx)
+{
+	struct fsck *f = ctx;
+	struct fsck_ino *n = fsck_ino_find(f, ino);
+	uint64_t id;
+	uint32_t holder;
+
+	if (n && xrec_decode(val, &holder, &id) == 0)
+		n->refs++;
+	return 0;
+}
+
+/*
+ * A rename across shards between its steps 2 and 4 (a mark here): the entry it
+ * wrote names the file before the file's books say so (not counted yet), and
+ * what that entry replaced keeps its link until step 4 (counted still).
+ */
+static int fsck_xmark_one(uint64_t ino, const MDB_val *val, void *ctx)
+{
+	struct fsck *f = ctx;
+	struct stk_meta_xmark m;
+	struct fsck_ino *n;
+
+	if (xmark_decode(ino, val, &m) || m.kind != STK_XMARK_RENAME)
+		return 0;
+	n = fsck_ino_find(f, m.ino);
+	if (n && n->refs)
+		n->refs--;
+	n = m.old_ino ? fsck_ino_find(f, m.old_ino) : NULL;
+	if (n)
+		n->refs++;
+	return 0;
+}
+
+/*
+ * The link counts of files renamed across shards (docs/meta-shards.md): a name
+ * on another shard counts at the file's home, through the home's record of it;
+ * a rename in flight counts as before it (fsck_xmark_one).
+ */
+static int fsck_xfiles(struct fsck *f)
+{
+	int rc;
+
+	if (!f->o->st->xshard)
+		return 0;
+	rc = xwalk(f->o, 'X', fsck_xname_one, f);
+	return rc ? rc : xwalk(f->o, 'M', fsck_xmark_one, f);
+}
+
 /* One inode against what the entries say of it. */
 static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 {
@@ -5760,6 +5905,8 @@ int stk_meta_store_fsck(struct stk_meta_store *st, int repair, stk_meta_fsck_fn 
 		rc = fsck_entries(&f);
 	if (rc == 0)
 		rc = fsck_orphans(&f);
+	if (rc == 0)
+		rc = fsck_xfiles(&f);
 	for (size_t i = 0; rc == 0 && i < f.n; i++)
 		rc = fsck_one(&f, &f.v[i]);
 	if (rc == 0)
@@ -6036,6 +6183,10 @@ static int xmark_decode(uint64_t ino, const MDB_val *v, struct stk_meta_xmark *m
 	m->intent = stk_get_u64(&r);
 	m->parent = stk_get_u64(&r);
 	xname_get(&r, m->name);
+	if (m->kind == STK_XMARK_RENAME) {
+		m->old_ino = stk_get_u64(&r);
+		m->old_type = stk_get_u32(&r);
+	}
 	if (stk_rbuf_finish(&r)) {
 		stk_error("meta store: cross-shard mark of inode %llu: corrupt record",
 			  (unsigned long long)ino);
@@ -6059,7 +6210,7 @@ static int xmark_get(struct op *o, uint64_t ino, struct stk_meta_xmark *m)
 
 static int xmark_put(struct op *o, const struct stk_meta_xmark *m)
 {
-	uint8_t buf[32 + STK_NAME_MAX];
+	uint8_t buf[48 + STK_NAME_MAX];
 	struct stk_wbuf w;
 
 	stk_wbuf_init(&w, buf, sizeof(buf));
@@ -6068,6 +6219,10 @@ static int xmark_put(struct op *o, const struct stk_meta_xmark *m)
 	stk_put_u64(&w, m->intent);
 	stk_put_u64(&w, m->parent);
 	xname_put(&w, m->name);
+	if (m->kind == STK_XMARK_RENAME) {
+		stk_put_u64(&w, m->old_ino);
+		stk_put_u32(&w, m->old_type & S_IFMT);
+	}
 	return xput(o, 'M', m->ino, &w);
 }
 
@@ -6085,6 +6240,103 @@ static int xmark_dying(struct op *o, uint64_t ino)
 	if (rc)
 		return rc;
 	return m.kind == STK_XMARK_DYING ? -ENOENT : 0;
+}
+
+/*
+ * -EBUSY when file ino is in a rename across shards: the source's shard holds an
+ * intent about it ('B' + inode, from step 1 to the commit or the give-up) or the
+ * destination's a mark on it (steps 2 to 4). Else 0.
+ */
+static int xmark_busy(struct op *o, uint64_t ino)
+{
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	struct stk_meta_xmark m;
+	int rc;
+
+	if (!o->st->xshard)
+		return 0;
+	xkey(k, 'B', ino);
+	rc = mdb_get(o->txn, o->st->xshard, &key, &val);
+	if (rc != MDB_NOTFOUND)
+		return rc ? lmdb_err(rc, "read cross-shard record") : -EBUSY;
+	rc = xmark_get(o, ino, &m);
+	if (rc == -ENOENT)
+		return 0;
+	if (rc)
+		return rc;
+	return m.kind == STK_XMARK_RENAME ? -EBUSY : 0;
+}
+
+/*
+ * The records of a file's name off its home shard ("Files renamed across shards"
+ * in store.h): 'X' + inode on its home (the holder shard and the id), 'R' + inode
+ * on the holder (the home and the id), 'L' + inode on the holder once that name
+ * went (a release to tell the home).
+ */
+static int xrec_put(struct op *o, char kind, uint64_t ino, uint32_t shard, uint64_t id)
+{
+	uint8_t buf[12];
+	struct stk_wbuf w;
+
+	stk_wbuf_init(&w, buf, sizeof(buf));
+	stk_put_u32(&w, shard);
+	stk_put_u64(&w, id);
+	return xput(o, kind, ino, &w);
+}
+
+static int xrec_decode(const MDB_val *v, uint32_t *shard, uint64_t *id)
+{
+	struct stk_rbuf r;
+
+	stk_rbuf_init(&r, v->mv_data, v->mv_size);
+	*shard = stk_get_u32(&r);
+	*id = stk_get_u64(&r);
+	if (stk_rbuf_finish(&r)) {
+		stk_error("meta store: record of a file's name on another shard: corrupt");
+		return -EIO;
+	}
+	return 0;
+}
+
+/* -ENOENT when there is none. */
+static int xrec_get(struct op *o, char kind, uint64_t ino, uint32_t *shard, uint64_t *id)
+{
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	int rc;
+
+	if (!o->st->xshard)
+		return -ENOENT;
+	xkey(k, kind, ino);
+	rc = mdb_get(o->txn, o->st->xshard, &key, &val);
+	if (rc)
+		return lmdb_err(rc, "read cross-shard record");
+	return xrec_decode(&val, shard, id);
+}
+
+/*
+ * Holder: the name of remote file ino here went (unlinked or replaced): its
+ * record becomes a release, for xshard.c to tell the home. -EBUSY while a rename
+ * across shards is at work on it; -EIO when no record says where it lives.
+ */
+static int xrelease_start(struct op *o, uint64_t ino)
+{
+	uint32_t home;
+	uint64_t id;
+	int rc = xmark_busy(o, ino);
+
+	if (rc == 0)
+		rc = xrec_get(o, 'R', ino, &home, &id);
+	if (rc == -ENOENT) {
+		stk_error("meta store: a name of file %llu of shard %u, which no record here "
+			  "knows",
+			  (unsigned long long)ino, stk_ino_shard(ino));
+		rc = -EIO;
+	}
+	if (rc == 0)
+		rc = xdel(o, 'R', ino);
+	return rc ? rc : xrec_put(o, 'L', ino, home, id);
 }
 
 /* Walks the records of one kind ('I' or 'M'), calling fn on each; stops on its non-zero. */
@@ -6187,15 +6439,31 @@ int stk_meta_store_xintent_rmdir(struct stk_meta_store *st, const struct stk_cre
 	return rc;
 }
 
+/* An intent goes, and with a rename's the hold on its file (xmark_busy). */
+static int xintent_del(struct op *o, const struct stk_meta_xintent *x)
+{
+	int rc = xdel(o, 'I', x->id);
+
+	if (rc == 0 && x->kind == STK_XINTENT_RENAME) {
+		rc = xdel(o, 'B', x->ino);
+		if (rc == -ENOENT)
+			rc = 0;
+	}
+	return rc;
+}
+
 int stk_meta_store_xintent_drop(struct stk_meta_store *st, uint64_t id)
 {
 	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
 	struct op o;
 	int rc = op_begin(&o, st, &root_cred, 0);
 
 	if (rc)
 		return rc;
-	rc = xdel(&o, 'I', id);
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0)
+		rc = xintent_del(&o, &x);
 	if (rc == -ENOENT)
 		rc = 0;
 	return op_end(&o, rc);
@@ -6405,7 +6673,8 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 			continue;
 		stk_rbuf_init(&r, val.mv_data, val.mv_size);
 		ino = stk_get_u64(&r);
-		if (r.err || stk_ino_shard(ino) == st->shard)
+		/* folders only: a file of another shard is counted at its home */
+		if (!S_ISDIR(stk_get_u32(&r)) || r.err || stk_ino_shard(ino) == st->shard)
 			continue;
 		if (*n == max) {
 			*done = 0;
@@ -6898,6 +7167,9 @@ int stk_meta_store_xdying(struct stk_meta_store *st, uint32_t from, uint64_t int
 	return op_end(&o, rc == 1 ? 0 : rc);
 }
 
+static int xsettle_rename(struct op *o, const struct stk_meta_xmark *m, int done);
+static int xsettle_link(struct op *o, const struct stk_meta_xmark *m, int done);
+
 int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t intent, int done)
 {
 	static const struct stk_cred root_cred;
@@ -6912,6 +7184,10 @@ int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t in
 	rc = xwalk(&o, 'M', xfind_one, &f);
 	if (rc || !f.found)
 		return op_end(&o, rc); /* settled already, or never made: nothing to do */
+	if (f.m.kind == STK_XMARK_RENAME)
+		return op_end(&o, xsettle_rename(&o, &f.m, done));
+	if (f.m.kind == STK_XMARK_LINK)
+		return op_end(&o, xsettle_link(&o, &f.m, done));
 	/* made and not named, or named no more: the inode goes */
 	drop = f.m.kind == STK_XMARK_PENDING ? !done : done;
 	rc = xdel(&o, 'M', f.m.ino);
@@ -6925,4 +7201,564 @@ int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t in
 			rc = 0;
 	}
 	return op_end(&o, rc);
+}
+
+/* ---- files renamed across shards (store.h; the protocol is meta/xshard.c's) ---- */
+
+int stk_meta_store_xintent_rename(struct stk_meta_store *st, const struct stk_cred *cred,
+				  uint64_t src_parent, const char *src_name, uint32_t shard,
+				  uint32_t flags, struct stk_attr *moved, uint64_t *id)
+{
+	struct stk_meta_xintent x = {.kind = STK_XINTENT_RENAME, .shard = shard,
+				     .parent = src_parent};
+	struct inode dir, n;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = check_name(src_name);
+
+	if (rc)
+		return rc;
+	if (shard < 1 || shard > STK_MAX_SHARDS || shard == st->shard)
+		return -EINVAL;
+	if (flags & STK_RENAME_EXCHANGE)
+		return -EXDEV;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = victim_get(&o, src_parent, src_name, &dir, &n);
+	if (rc == -EREMOTE && !S_ISDIR(n.a.mode)) {
+		/* a name here of a file of another shard: it may go back home only */
+		rc = unlink_remote_check(&o, &dir, &n);
+		if (rc == 0 && stk_ino_shard(n.a.ino) != shard)
+			rc = -EXDEV;
+		if (rc == 0)
+			rc = xrec_get(&o, 'R', n.a.ino, &other, &rid);
+		if (rc == -ENOENT)
+			rc = -EIO; /* a name without its record: fsck's to report */
+	} else if (rc == -EREMOTE || (rc == 0 && S_ISDIR(n.a.mode))) {
+		rc = -EXDEV; /* folders across shards: not built */
+	} else if (rc == 0) {
+		rc = xrec_get(&o, 'X', n.a.ino, &other, &rid);
+		/* one name off its home at most */
+		rc = rc == 0 ? -EXDEV : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0)
+		rc = xmark_busy(&o, n.a.ino);
+	if (rc == 0) {
+		x.ino = n.a.ino;
+		snprintf(x.name, sizeof(x.name), "%s", src_name);
+		rc = xintent_put(&o, &x);
+	}
+	if (rc == 0) /* nothing else moves, unlinks or replaces it until the intent goes */
+		rc = xrec_put(&o, 'B', x.ino, shard, x.id);
+	rc = op_end(&o, rc);
+	if (rc == 0) {
+		*moved = n.a;
+		*id = x.id;
+	}
+	return rc;
+}
+
+int stk_meta_store_xrename_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			      uint64_t ino, uint32_t type, uint64_t parent, const char *name,
+			      uint32_t uid, uint32_t gid, int noreplace, struct stk_attr *old)
+{
+	const struct stk_cred cred = {.uid = uid, .gid = gid};
+	struct stk_meta_xmark m = {.ino = ino, .kind = STK_XMARK_RENAME, .from = from,
+				   .intent = intent, .parent = parent};
+	unsigned home = stk_ino_shard(ino);
+	struct inode dir, n, victim;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = check_name(name);
+
+	memset(old, 0, sizeof(*old));
+	if (rc)
+		return rc;
+	if (from < 1 || from > STK_MAX_SHARDS || from == st->shard || !intent || S_ISDIR(type) ||
+	    !(type & S_IFMT) || (home != st->shard && home != from))
+		return -EINVAL;
+	rc = op_begin(&o, st, &cred, 0);
+	if (rc)
+		return rc;
+	rc = xmark_get(&o, ino, &m);
+	if (rc == 0) { /* asked again (a retry): done then; another's: busy */
+		rc = m.kind == STK_XMARK_RENAME && m.from == from && m.intent == intent ? 1
+											: -EBUSY;
+		if (rc == 1) {
+			old->ino = m.old_ino;
+			old->mode = m.old_type;
+		}
+		goto out;
+	}
+	if (rc != -ENOENT)
+		goto out;
+	m = (struct stk_meta_xmark){.ino = ino, .kind = STK_XMARK_RENAME, .from = from,
+				    .intent = intent, .parent = parent};
+	if (home == st->shard) {
+		/* back home: the file is here and no name of it is anywhere else but S's */
+		rc = inode_get_named(&o, ino, &n);
+		if (rc == 0 && S_ISDIR(n.a.mode))
+			rc = -EINVAL;
+		if (rc == 0) {
+			rc = xrec_get(&o, 'X', ino, &other, &rid);
+			rc = rc == 0 && other == from ? 0 : rc == 0 || rc == -ENOENT ? -EIO : rc;
+		}
+	} else {
+		/* its one name off home is S's: none here (a record, a release) */
+		rc = xrec_get(&o, 'R', ino, &other, &rid);
+		if (rc == -ENOENT)
+			rc = xrec_get(&o, 'L', ino, &other, &rid);
+		rc = rc == 0 ? -EBUSY : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0)
+		rc = dir_get(&o, parent, MAY_W | MAY_X, &dir);
+	if (rc == 0)
+		rc = xmark_dying(&o, parent);
+	if (rc)
+		goto out;
+	rc = child_get(&o, &dir, name, &victim);
+	if (rc == 0 || rc == -EREMOTE) {
+		int remote = rc == -EREMOTE;
+
+		if (noreplace)
+			rc = -EEXIST;
+		else if (S_ISDIR(victim.a.mode))
+			rc = -EISDIR;
+		else if (victim.a.ino == ino)
+			rc = -EALREADY; /* two names of one file: rename does nothing */
+		else if (remote)
+			rc = (dir.a.mode & S_ISVTX) && uid && uid != dir.a.uid ? -EPERM : 0;
+		else
+			rc = sticky_ok(&o, &dir, &victim);
+		if (rc == 0)
+			rc = xmark_busy(&o, victim.a.ino);
+		if (rc == 0 && remote) {
+			rc = xrec_get(&o, 'R', victim.a.ino, &other, &rid);
+			if (rc == -ENOENT)
+				rc = -EIO;
+		}
+		if (rc == 0) {
+			m.old_ino = victim.a.ino;
+			m.old_type = victim.a.mode & S_IFMT;
+		}
+	} else if (rc == -ENOENT) {
+		rc = 0;
+	}
+	if (rc == 0)
+		rc = dentry_put(&o, parent, name, ino, type);
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	if (rc == 0) {
+		snprintf(m.name, sizeof(m.name), "%s", name);
+		rc = xmark_put(&o, &m);
+	}
+	if (rc == 0) {
+		old->ino = m.old_ino;
+		old->mode = m.old_type;
+	}
+out:
+	return op_end(&o, rc == 1 ? 0 : rc);
+}
+
+int stk_meta_store_xrename_commit(struct stk_meta_store *st, uint64_t id, uint64_t dst_parent)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	struct inode dir, n;
+	struct dentry d;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0 && x.kind != STK_XINTENT_RENAME)
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = dentry_get(&o, x.parent, x.name, &d);
+	if (rc == 0 && d.ino != x.ino)
+		rc = -EAGAIN;
+	if (rc == 0)
+		rc = inode_get(&o, x.parent, &dir);
+	if (rc == 0)
+		rc = dentry_del(&o, x.parent, x.name);
+	if (rc == 0 && stk_ino_shard(x.ino) == st->shard) {
+		/* leaving home: shard x.shard holds its name now */
+		rc = xrec_put(&o, 'X', x.ino, x.shard, id);
+		if (rc == 0)
+			rc = inode_get(&o, x.ino, &n);
+		if (rc == 0) {
+			n.parent = dst_parent;
+			set_ctime(&o, &n.a);
+			rc = inode_put(&o, &n);
+		}
+	} else if (rc == 0) {
+		rc = xdel(&o, 'R', x.ino); /* going home: no name of it here now */
+	}
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	if (rc == 0)
+		rc = xintent_del(&o, &x);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xquery_rename(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0) {
+		*state = STK_XSTATE_INTENT;
+	} else if (rc == -ENOENT && stk_ino_shard(ino) == st->shard) {
+		/* left home: committed when this shard's record of its name is the intent's */
+		rc = xrec_get(&o, 'X', ino, &other, &rid);
+		*state = rc == 0 && rid == id ? STK_XSTATE_MOVED : STK_XSTATE_STAYED;
+		rc = rc == -ENOENT ? 0 : rc;
+	} else if (rc == -ENOENT) {
+		/* went home: committed when this shard's record of it went (step 3) */
+		rc = xrec_get(&o, 'R', ino, &other, &rid);
+		*state = rc == -ENOENT ? STK_XSTATE_MOVED : STK_XSTATE_STAYED;
+		rc = rc == -ENOENT ? 0 : rc;
+	}
+	return op_end(&o, rc);
+}
+
+/*
+ * D, step 4 or an abort of a rename's mark m: done, the mark goes, the records
+ * take the name's new place and what the entry replaced loses that name; not
+ * done, the entry names what it named before, if it still names the file.
+ */
+static int xsettle_rename(struct op *o, const struct stk_meta_xmark *m, int done)
+{
+	struct inode dir, n;
+	struct dentry d;
+	uint32_t other;
+	uint64_t rid;
+	int rc = xdel(o, 'M', m->ino);
+
+	if (rc == 0 && !done) {
+		rc = dentry_get(o, m->parent, m->name, &d);
+		if (rc == 0 && d.ino == m->ino) {
+			rc = inode_get(o, m->parent, &dir);
+			if (rc == 0)
+				rc = m->old_ino ? dentry_put(o, m->parent, m->name, m->old_ino,
+							     m->old_type)
+						: dentry_del(o, m->parent, m->name);
+			if (rc == 0) {
+				touch_dir(o, &dir);
+				rc = inode_put(o, &dir);
+			}
+			return rc;
+		}
+		/* renamed since (not possible while marked) or gone: what it replaced goes */
+		if (rc && rc != -ENOENT)
+			return rc;
+		done = 1;
+		stk_warn("meta store: file %llu in a rename across shards not named as "
+			 "recorded any more",
+			 (unsigned long long)m->ino);
+	}
+	if (rc)
+		return rc;
+	if (stk_ino_shard(m->ino) == o->st->shard) {
+		/* home again: no name of it elsewhere */
+		rc = xdel(o, 'X', m->ino);
+		if (rc == -ENOENT)
+			rc = 0;
+		if (rc == 0)
+			rc = inode_get(o, m->ino, &n);
+		if (rc == 0) {
+			n.parent = m->parent;
+			set_ctime(o, &n.a);
+			rc = inode_put(o, &n);
+		}
+		if (rc == -ENOENT)
+			rc = 0;
+	} else if (xrec_get(o, 'R', m->ino, &other, &rid) == -ENOENT) {
+		rc = xrec_put(o, 'R', m->ino, m->from, m->intent);
+	}
+	if (rc || !m->old_ino)
+		return rc;
+	if (stk_ino_shard(m->old_ino) != o->st->shard)
+		return xrelease_start(o, m->old_ino);
+	rc = inode_get(o, m->old_ino, &n);
+	if (rc == 0)
+		rc = inode_unref(o, &n);
+	return rc == -ENOENT ? 0 : rc;
+}
+
+struct xrel_list {
+	struct stk_meta_xrelease *v;
+	size_t max, n;
+};
+
+static int xrel_one(uint64_t v, const MDB_val *val, void *ctx)
+{
+	struct xrel_list *l = ctx;
+	struct stk_meta_xrelease *r;
+
+	if (l->n == l->max)
+		return 1;
+	r = &l->v[l->n];
+	r->ino = v;
+	if (xrec_decode(val, &r->home, &r->id))
+		return 0; /* reported; skipped */
+	l->n++;
+	return 0;
+}
+
+int stk_meta_store_xreleases(struct stk_meta_store *st, struct stk_meta_xrelease *out, size_t max,
+			     size_t *n)
+{
+	static const struct stk_cred root_cred;
+	struct xrel_list l = {.v = out, .max = max};
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = st->xshard ? xwalk(&o, 'L', xrel_one, &l) : 0;
+	*n = l.n;
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xrelease_done(struct stk_meta_store *st, uint64_t ino)
+{
+	static const struct stk_cred root_cred;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xdel(&o, 'L', ino);
+	return op_end(&o, rc == -ENOENT ? 0 : rc);
+}
+
+int stk_meta_store_xrelease(struct stk_meta_store *st, uint32_t from, uint64_t ino, uint64_t id,
+			    struct stk_attr *out)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	uint32_t holder;
+	uint64_t rid;
+	struct op o;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (stk_ino_shard(ino) != st->shard || from == st->shard)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xrec_get(&o, 'X', ino, &holder, &rid);
+	if (rc == -ENOENT || (rc == 0 && (holder != from || rid != id))) {
+		rc = 1; /* told already */
+		goto out;
+	}
+	if (rc == 0)
+		rc = xdel(&o, 'X', ino);
+	if (rc == 0)
+		rc = inode_get(&o, ino, &n);
+	if (rc == 0) {
+		rc = inode_unref(&o, &n);
+		*out = n.a;
+	} else if (rc == -ENOENT) {
+		rc = 0;
+	}
+out:
+	return op_end(&o, rc == 1 ? 0 : rc);
+}
+
+/* ---- hard links across shards (store.h) ---- */
+
+int stk_meta_store_xintent_link(struct stk_meta_store *st, const struct stk_cred *cred,
+				uint64_t ino, uint64_t parent, const char *name, uint64_t *id)
+{
+	struct stk_meta_xintent x = {.kind = STK_XINTENT_LINK, .shard = stk_ino_shard(ino),
+				     .parent = parent, .ino = ino};
+	struct inode dir;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (x.shard == st->shard || x.shard < 1 || x.shard > STK_MAX_SHARDS)
+		return -EINVAL;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = dir_get(&o, parent, MAY_X, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, name);
+	if (rc == 0)
+		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0) {
+		/* one name off home at most: none here already, nor one going */
+		rc = xrec_get(&o, 'R', ino, &other, &rid);
+		if (rc == -ENOENT)
+			rc = xrec_get(&o, 'L', ino, &other, &rid);
+		rc = rc == 0 ? -EXDEV : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0) {
+		snprintf(x.name, sizeof(x.name), "%s", name);
+		rc = xintent_put(&o, &x);
+	}
+	rc = op_end(&o, rc);
+	if (rc == 0)
+		*id = x.id;
+	return rc;
+}
+
+int stk_meta_store_xlink_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			    uint64_t ino, uint64_t parent, const char *name, struct stk_attr *out)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xmark m;
+	struct inode n;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (from < 1 || from > STK_MAX_SHARDS || from == st->shard || !intent ||
+	    stk_ino_shard(ino) != st->shard || stk_ino_shard(parent) != from)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xmark_get(&o, ino, &m);
+	if (rc == 0) /* asked again (a retry): done then; another's: busy */
+		rc = m.kind == STK_XMARK_LINK && m.from == from && m.intent == intent ? 1 : -EBUSY;
+	else if (rc == -ENOENT)
+		rc = 0;
+	if (rc == 0 || rc == 1) {
+		int again = rc == 1;
+
+		rc = inode_get(&o, ino, &n);
+		if (rc == 0 && again)
+			rc = 1;
+	}
+	if (rc == 0 && S_ISDIR(n.a.mode))
+		rc = -EPERM;
+	if (rc == 0) {
+		rc = xrec_get(&o, 'X', ino, &other, &rid);
+		rc = rc == 0 ? -EXDEV : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0)
+		rc = xmark_busy(&o, ino);
+	if (rc == 0 && n.a.nlink == UINT32_MAX)
+		rc = -EMLINK;
+	if (rc == 0) {
+		n.a.nlink++;
+		set_ctime(&o, &n.a);
+		rc = inode_put(&o, &n);
+	}
+	if (rc == 0)
+		rc = xrec_put(&o, 'X', ino, from, intent);
+	if (rc == 0) {
+		m = (struct stk_meta_xmark){.ino = ino, .kind = STK_XMARK_LINK, .from = from,
+					    .intent = intent, .parent = parent};
+		snprintf(m.name, sizeof(m.name), "%s", name);
+		rc = xmark_put(&o, &m);
+	}
+	rc = op_end(&o, rc == 1 ? 0 : rc);
+	if (rc == 0)
+		*out = n.a;
+	return rc;
+}
+
+int stk_meta_store_xlink_commit(struct stk_meta_store *st, uint64_t id, uint32_t type)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	struct inode dir;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0 && (x.kind != STK_XINTENT_LINK || S_ISDIR(type) || !(type & S_IFMT)))
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = inode_get(&o, x.parent, &dir);
+	if (rc == 0)
+		rc = name_free(&o, &dir, x.name); /* a name made meanwhile wins */
+	if (rc == 0)
+		rc = dentry_put(&o, x.parent, x.name, x.ino, type);
+	if (rc == 0)
+		rc = xrec_put(&o, 'R', x.ino, x.shard, id);
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	if (rc == 0)
+		rc = xintent_del(&o, &x);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xquery_link(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	uint32_t other;
+	uint64_t rid;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0) {
+		*state = STK_XSTATE_INTENT;
+	} else if (rc == -ENOENT) {
+		/* committed: this shard's record of the name is the intent's (or a release
+		 * of it, the name unlinked since) */
+		rc = xrec_get(&o, 'R', ino, &other, &rid);
+		if (rc == -ENOENT)
+			rc = xrec_get(&o, 'L', ino, &other, &rid);
+		*state = rc == 0 && rid == id ? STK_XSTATE_MOVED : STK_XSTATE_STAYED;
+		rc = rc == -ENOENT ? 0 : rc;
+	}
+	return op_end(&o, rc);
+}
+
+/* H, step 4 or an undo of a link's mark: not done, the link and its record go. */
+static int xsettle_link(struct op *o, const struct stk_meta_xmark *m, int done)
+{
+	struct inode n;
+	uint32_t holder;
+	uint64_t rid;
+	int rc = xdel(o, 'M', m->ino);
+
+	if (rc || done)
+		return rc;
+	rc = xrec_get(o, 'X', m->ino, &holder, &rid);
+	if (rc == -ENOENT || (rc == 0 && (holder != m->from || rid != m->intent)))
+		return 0; /* released already */
+	if (rc == 0)
+		rc = xdel(o, 'X', m->ino);
+	if (rc == 0)
+		rc = inode_get(o, m->ino, &n);
+	if (rc == 0)
+		rc = inode_unref(o, &n);
+	return rc == -ENOENT ? 0 : rc;
 }

@@ -181,8 +181,10 @@ struct stk_meta_placement {
  * stk_layout_check() and name no more than pl->nchains chains (-EINVAL). A zero
  * layout with pl->nchains == 0 is -ENOSPC.
  * If the name exists: with STK_CREATE_EXCL, -EEXIST; without it, *out is the
- * existing inode and *created 0, or -EISDIR if it is a directory. Only search
- * permission on parent is needed to find an existing file; write too to create.
+ * existing inode and *created 0, or -EISDIR if it is a directory, or -EREMOTE
+ * with only out->ino and the type filled if it is a file of another shard (renamed
+ * here across shards). Only search permission on parent is needed to find an
+ * existing file; write too to create.
  */
 int stk_meta_store_create(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, uint32_t mode, uint32_t flags,
@@ -782,10 +784,20 @@ int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t
  * folder. On B, a mark on the folder's inode: made for A's intent and not named
  * yet (pending), or being removed by it (dying: nothing new goes in).
  */
-enum { STK_XINTENT_MKDIR = 1, STK_XINTENT_RMDIR = 2 };
-enum { STK_XMARK_PENDING = 1, STK_XMARK_DYING = 2 };
-/* What A answers about an intent of its (stk_meta_store_xquery). */
-enum { STK_XSTATE_INTENT = 1, STK_XSTATE_NAMED = 2, STK_XSTATE_UNNAMED = 3 };
+enum { STK_XINTENT_MKDIR = 1, STK_XINTENT_RMDIR = 2, STK_XINTENT_RENAME = 3, STK_XINTENT_LINK = 4 };
+enum { STK_XMARK_PENDING = 1, STK_XMARK_DYING = 2, STK_XMARK_RENAME = 3, STK_XMARK_LINK = 4 };
+/*
+ * What A answers about an intent of its (stk_meta_store_xquery): held, or the
+ * name's state (mkdir, rmdir); for a rename (stk_meta_store_xquery_rename),
+ * whether its step 3 committed (MOVED) or not (STAYED).
+ */
+enum {
+	STK_XSTATE_INTENT = 1,
+	STK_XSTATE_NAMED = 2,
+	STK_XSTATE_UNNAMED = 3,
+	STK_XSTATE_MOVED = 4,
+	STK_XSTATE_STAYED = 5
+};
 
 struct stk_meta_xintent {
 	uint64_t id;
@@ -801,8 +813,11 @@ struct stk_meta_xmark {
 	uint32_t kind; /* STK_XMARK_* */
 	uint32_t from; /* A */
 	uint64_t intent;
-	uint64_t parent; /* on A */
+	uint64_t parent; /* on A; a rename's: the folder here that its new entry is in */
 	char name[STK_NAME_MAX + 1];
+	/* a rename's: what the new entry replaced (0: nothing), kept until step 4 */
+	uint64_t old_ino;
+	uint32_t old_type;
 };
 
 /*
@@ -865,6 +880,99 @@ int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t in
 /* B: up to max marks held (recovery). */
 int stk_meta_store_xmarks(struct stk_meta_store *st, struct stk_meta_xmark *out, size_t max,
 			  size_t *n);
+
+/*
+ * Files renamed across shards (docs/meta-shards.md, "Files renamed across
+ * shards"): a file keeps its inode on its home shard H; an entry on another
+ * shard D names it. H keeps, per such inode, one record of that name (holder D
+ * and an id), counted in the link count; D keeps one record of the inode it
+ * names (home H and the same id), turned into a release when the name goes,
+ * until H has dropped its record and the link with it. A file has at most one
+ * name off its home shard.
+ *
+ * The rename from a folder on shard S to one on shard D (S or D the file's home):
+ * (1) S: the intent; (2) D: the new entry, replacing the old one, marked for
+ * (S, X) with what it replaced; (3) S: the old entry goes, H's or S's record
+ * changes, the intent goes, in one transaction (the commit); (4) D: the mark
+ * goes, D's records change, what was replaced loses its name.
+ */
+
+/*
+ * S, step 1: the checks of a rename of src_name in src_parent to a folder of
+ * shard `shard` (this one's: -EINVAL) and the intent. Not built (-EXDEV): a
+ * folder, a file of a third shard, a file with a name off its home already,
+ * RENAME_EXCHANGE. -EBUSY: the file is in another rename across shards. *moved:
+ * the inode (a remote one's: only its number and type). *id: the intent's.
+ */
+int stk_meta_store_xintent_rename(struct stk_meta_store *st, const struct stk_cred *cred,
+				  uint64_t src_parent, const char *src_name, uint32_t shard,
+				  uint32_t flags, struct stk_attr *moved, uint64_t *id);
+/*
+ * D, step 2: `name` in parent (of this shard) names ino (type: its S_IFMT), of
+ * shard `from`'s intent: the old entry replaced (a folder: -EISDIR; noreplace:
+ * -EEXIST), both kept in a mark. uid and gid: the caller's, for the permission
+ * on parent (its other groups are not known here). Asked again: 0. -EALREADY:
+ * the name names the file already (POSIX: the rename does nothing). *old: what
+ * was replaced (ino 0: nothing).
+ */
+int stk_meta_store_xrename_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			      uint64_t ino, uint32_t type, uint64_t parent, const char *name,
+			      uint32_t uid, uint32_t gid, int noreplace, struct stk_attr *old);
+/*
+ * S, step 3: the intent's entry goes, the name's records change (H's: D now holds
+ * the name; S's own record of a remote inode goes) and the intent goes, in one
+ * transaction; dst_parent: the folder on D (the file's parent pointer, at home).
+ * -ENOENT: the intent is gone; -EAGAIN: the name names something else now.
+ */
+int stk_meta_store_xrename_commit(struct stk_meta_store *st, uint64_t id, uint64_t dst_parent);
+/* S, for D's recovery: a rename intent's state (INTENT, MOVED or STAYED). */
+int stk_meta_store_xquery_rename(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state);
+
+/*
+ * A hard link across shards: file ino of home H linked into parent on D. (1) D:
+ * the intent; (2) H: the link counted and its record, marked for (D, X); (3) D:
+ * the entry, its record, the intent gone (the commit); (4) H: the mark goes.
+ *
+ * D, step 1: the checks of a link of ino (of another shard) as `name` in parent,
+ * and the intent. -EXDEV: a name of it here already (one name off home at most).
+ */
+int stk_meta_store_xintent_link(struct stk_meta_store *st, const struct stk_cred *cred,
+				uint64_t ino, uint64_t parent, const char *name, uint64_t *id);
+/*
+ * H, step 2: file ino's link count up by one and its record of a name on shard
+ * `from`, marked for (from, intent). -EPERM for a folder, -EXDEV when it has a
+ * name off home already, -EBUSY in a rename across shards, -EMLINK. Asked again:
+ * 0. *out: the file after.
+ */
+int stk_meta_store_xlink_in(struct stk_meta_store *st, uint32_t from, uint64_t intent, uint64_t ino,
+			    uint64_t parent, const char *name, struct stk_attr *out);
+/*
+ * D, step 3: the entry naming the file (type: its S_IFMT), D's record of it, and
+ * the intent's removal, in one transaction. -EEXIST: the name was taken meanwhile;
+ * -ENOENT: the intent is gone.
+ */
+int stk_meta_store_xlink_commit(struct stk_meta_store *st, uint64_t id, uint32_t type);
+/* D, for H's recovery: a link intent's state (INTENT, MOVED: committed, STAYED). */
+int stk_meta_store_xquery_link(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state);
+
+/* D: a name of a file of another shard that went, to tell its home. */
+struct stk_meta_xrelease {
+	uint64_t ino;
+	uint64_t id;
+	uint32_t home;
+};
+/* D: up to max releases waiting. */
+int stk_meta_store_xreleases(struct stk_meta_store *st, struct stk_meta_xrelease *out, size_t max,
+			     size_t *n);
+/* D: a release told (H answered): it goes. */
+int stk_meta_store_xrelease_done(struct stk_meta_store *st, uint64_t ino);
+/*
+ * H: shard `from` dropped its name (id) of ino: the record goes and the link with
+ * it (the file freed or orphaned as an unlink would). Told already: 0. *out: the
+ * inode after (nlink 0 when it went).
+ */
+int stk_meta_store_xrelease(struct stk_meta_store *st, uint32_t from, uint64_t ino, uint64_t id,
+			    struct stk_attr *out);
 
 /*
  * fsck's cross-shard check (docs/fsck.md): the references between this shard and

@@ -55,6 +55,7 @@ struct stk_meta_xshard {
 	uint64_t busy[BUSY_MAX];
 	unsigned nbusy;
 	int stop;
+	int kicked; /* a release to tell: look now */
 	int running;
 	pthread_t thr;
 	/* the test hook (xshard.h) */
@@ -74,25 +75,30 @@ static int hook_parse(struct stk_meta_xshard *x, const char *dir)
 	if (!v || !*v)
 		return 0;
 	/* OP:K or OP:K:FILE */
-	if (strlen(v) >= 7 && v[5] == ':') {
-		const char *end = strchr(v + 6, ':');
+	const char *colon = strchr(v, ':');
+	size_t oplen = colon ? (size_t)(colon - v) : 0;
 
-		n = end ? (size_t)(end - (v + 6)) : strlen(v + 6);
+	if (colon && colon[1]) {
+		const char *end = strchr(colon + 1, ':');
+
+		n = end ? (size_t)(end - (colon + 1)) : strlen(colon + 1);
 		if (n < sizeof(step)) {
-			memcpy(step, v + 6, n);
+			memcpy(step, colon + 1, n);
 			step[n] = 0;
 		}
 		file = end ? end + 1 : NULL;
 	}
-	if ((strncmp(v, "mkdir:", 6) != 0 && strncmp(v, "rmdir:", 6) != 0) ||
+	if (!((oplen == 5 && (strncmp(v, "mkdir", 5) == 0 || strncmp(v, "rmdir", 5) == 0)) ||
+	      (oplen == 6 && strncmp(v, "rename", 6) == 0) ||
+	      (oplen == 4 && strncmp(v, "link", 4) == 0)) ||
 	    stk_parse_u64(step, &k) || k < 1 || k > 4 || (file && !*file)) {
-		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K or rmdir:K (K from 1 to 4), "
-			  "then :FILE if the stop is once for all nodes",
+		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K, rmdir:K, rename:K or link:K (K "
+			  "from 1 to 4), then :FILE if the stop is once for all nodes",
 			  v);
 		return -EINVAL;
 	}
-	memcpy(x->hook_op, v, 5);
-	x->hook_op[5] = 0;
+	memcpy(x->hook_op, v, oplen);
+	x->hook_op[oplen] = 0;
 	x->hook_step = (unsigned)k;
 	n = file ? (size_t)snprintf(x->hook_file, sizeof(x->hook_file), "%s", file)
 		 : (size_t)snprintf(x->hook_file, sizeof(x->hook_file), "%s/xshard-stopped", dir);
@@ -256,6 +262,14 @@ static int xcall(struct stk_meta_xshard *x, unsigned shard, const struct stk_msg
 	if (stk_msg_meta_xshard_resp_dec(&rb, r) || stk_rbuf_finish(&rb))
 		return -EIO;
 	return 0;
+}
+
+static const char *kind_name(unsigned kind)
+{
+	return kind == STK_XINTENT_MKDIR   ? "mkdir"
+	       : kind == STK_XINTENT_RMDIR ? "rmdir"
+	       : kind == STK_XINTENT_LINK  ? "link"
+					   : "rename";
 }
 
 /* Tells B how (from this shard, intent) ended. */
@@ -474,6 +488,131 @@ out:
 	return rc;
 }
 
+int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cred,
+			   uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			   const char *dst_name, uint32_t flags)
+{
+	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_RENAME,
+					    .from = x->shard,
+					    .parent = dst_parent,
+					    .uid = cred->uid,
+					    .gid = cred->gid,
+					    .done = (uint8_t)((flags & STK_RENAME_NOREPLACE) != 0)};
+	unsigned shard = stk_ino_shard(dst_parent);
+	struct stk_msg_meta_xshard_resp r;
+	struct stk_attr moved;
+	uint64_t id;
+	int rc;
+
+	if (strnlen(dst_name, STK_NAME_MAX + 1) > STK_NAME_MAX)
+		return -ENAMETOOLONG;
+	if (!shard_known(x, shard))
+		return -ENOENT; /* a folder of a shard the cluster does not have */
+	rc = stk_meta_store_xintent_rename(x->st, cred, src_parent, src_name, shard, flags,
+					   &moved, &id);
+	if (rc)
+		return rc;
+	if (busy_add(x, id)) {
+		stk_meta_store_xintent_drop(x->st, id);
+		return -EAGAIN;
+	}
+	rc = wait_held(x);
+	if (rc)
+		goto out; /* not leading now: the intent is recovery's */
+	hook(x, "rename", 1);
+	q.intent = id;
+	q.ino = moved.ino;
+	q.mode = moved.mode & S_IFMT;
+	snprintf(q.name, sizeof(q.name), "%s", dst_name);
+	rc = xcall(x, shard, &q, &r);
+	if (rc == 0 && r.state == STK_XSTATE_NAMED) {
+		/* both names are the file's already: nothing to do, nothing was made */
+		stk_meta_store_xintent_drop(x->st, id);
+		rc = 0;
+		goto out;
+	}
+	if (rc == 0) {
+		rc = stk_meta_store_xrename_commit(x->st, id, dst_parent);
+		if (rc == 0) {
+			/* committed: never undone from here (recovery asks whoever leads) */
+			rc = wait_held(x);
+			if (rc)
+				goto out;
+			hook(x, "rename", 3);
+			if (settle(x, shard, id, STK_XINTENT_RENAME, 1))
+				stk_info("meta: file %llu renamed to shard %u: its mark is left to "
+					 "recovery",
+					 (unsigned long long)moved.ino, shard);
+			goto out;
+		}
+	}
+	/* Given up: D puts back what its entry named, then the intent goes. */
+	if (settle(x, shard, id, STK_XINTENT_RENAME, 0) == 0)
+		stk_meta_store_xintent_drop(x->st, id);
+out:
+	busy_del(x, id);
+	return rc;
+}
+
+int stk_meta_xshard_link(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t ino,
+			 uint64_t parent, const char *name, struct stk_attr *out)
+{
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_LINK, .from = x->shard, .ino = ino, .parent = parent};
+	unsigned shard = stk_ino_shard(ino);
+	struct stk_msg_meta_xshard_resp r;
+	uint64_t id;
+	int rc;
+
+	if (!shard_known(x, shard))
+		return -ENOENT; /* a number of a shard the cluster does not have */
+	rc = stk_meta_store_xintent_link(x->st, cred, ino, parent, name, &id);
+	if (rc)
+		return rc;
+	if (busy_add(x, id)) {
+		stk_meta_store_xintent_drop(x->st, id);
+		return -EAGAIN;
+	}
+	rc = wait_held(x);
+	if (rc)
+		goto out;
+	hook(x, "link", 1);
+	q.intent = id;
+	snprintf(q.name, sizeof(q.name), "%s", name);
+	rc = xcall(x, shard, &q, &r);
+	if (rc == 0 && (S_ISDIR(r.attr.mode) || r.attr.ino != ino))
+		rc = -EIO;
+	if (rc == 0) {
+		rc = stk_meta_store_xlink_commit(x->st, id, r.attr.mode & S_IFMT);
+		if (rc == 0) {
+			rc = wait_held(x);
+			if (rc)
+				goto out;
+			hook(x, "link", 3);
+			if (settle(x, shard, id, STK_XINTENT_LINK, 1))
+				stk_info("meta: file %llu of shard %u linked here: its mark is left "
+					 "to recovery",
+					 (unsigned long long)ino, shard);
+			*out = r.attr;
+			goto out;
+		}
+	}
+	/* Given up: H drops the link it counted, then the intent goes. */
+	if (settle(x, shard, id, STK_XINTENT_LINK, 0) == 0)
+		stk_meta_store_xintent_drop(x->st, id);
+out:
+	busy_del(x, id);
+	return rc;
+}
+
+void stk_meta_xshard_kick(struct stk_meta_xshard *x)
+{
+	pthread_mutex_lock(&x->mu);
+	x->kicked = 1;
+	pthread_cond_signal(&x->wake);
+	pthread_mutex_unlock(&x->mu);
+}
+
 int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_xshard_req *q,
 			  struct stk_msg_meta_xshard_resp *r)
 {
@@ -493,11 +632,35 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 			hook(x, "rmdir", 2);
 		return rc;
 	case STK_XSHARD_SETTLE:
-		if (q->kind != STK_XINTENT_MKDIR && q->kind != STK_XINTENT_RMDIR)
+		if (q->kind < STK_XINTENT_MKDIR || q->kind > STK_XINTENT_LINK)
 			return -EINVAL;
 		rc = stk_meta_store_xsettle(x->st, q->from, q->intent, q->done != 0);
 		if (rc == 0 && q->done && wait_held(x) == 0)
-			hook(x, q->kind == STK_XINTENT_MKDIR ? "mkdir" : "rmdir", 4);
+			hook(x, kind_name(q->kind), 4);
+		if (rc == 0 && q->kind == STK_XINTENT_RENAME)
+			stk_meta_xshard_kick(x); /* what it replaced may be another shard's */
+		return rc;
+	case STK_XSHARD_RENAME:
+		rc = stk_meta_store_xrename_in(x->st, q->from, q->intent, q->ino, q->mode,
+					       q->parent, q->name, q->uid, q->gid, q->done != 0,
+					       &r->attr);
+		if (rc == -EALREADY) {
+			r->state = STK_XSTATE_NAMED; /* named so already: nothing done */
+			return 0;
+		}
+		if (rc == 0 && wait_held(x) == 0)
+			hook(x, "rename", 2);
+		return rc;
+	case STK_XSHARD_LINK:
+		rc = stk_meta_store_xlink_in(x->st, q->from, q->intent, q->ino, q->parent, q->name,
+					     &r->attr);
+		if (rc == 0 && wait_held(x) == 0)
+			hook(x, "link", 2);
+		return rc;
+	case STK_XSHARD_RELEASE:
+		rc = stk_meta_store_xrelease(x->st, q->from, q->ino, q->intent, &r->attr);
+		if (rc == 0)
+			rc = wait_held(x);
 		return rc;
 	case STK_XSHARD_COUNT: {
 		struct stk_meta_xintent *vi = calloc(COUNT_MAX, sizeof(*vi));
@@ -516,7 +679,13 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 		return rc;
 	}
 	case STK_XSHARD_QUERY:
-		rc = stk_meta_store_xquery(x->st, q->intent, q->parent, q->name, q->ino, &state);
+		if (q->kind == STK_XINTENT_RENAME)
+			rc = stk_meta_store_xquery_rename(x->st, q->intent, q->ino, &state);
+		else if (q->kind == STK_XINTENT_LINK)
+			rc = stk_meta_store_xquery_link(x->st, q->intent, q->ino, &state);
+		else
+			rc = stk_meta_store_xquery(x->st, q->intent, q->parent, q->name, q->ino,
+						   &state);
 		r->state = (uint8_t)state;
 		/* an intent a request here is still working on: wait for it */
 		if (rc == 0 && is_busy(x, q->intent))
@@ -545,7 +714,7 @@ static void recover_intents(struct stk_meta_xshard *x)
 			stk_meta_store_xintent_drop(x->st, v[i].id);
 			stk_info("meta: cross-shard %s of '%s' in folder %llu (intent %llu) given "
 				 "up: shard %u undid its part",
-				 v[i].kind == STK_XINTENT_MKDIR ? "mkdir" : "rmdir", v[i].name,
+				 kind_name(v[i].kind), v[i].name,
 				 (unsigned long long)v[i].parent, (unsigned long long)v[i].id,
 				 v[i].shard);
 		}
@@ -573,6 +742,22 @@ static void recover_marks(struct stk_meta_xshard *x)
 		int done;
 
 		snprintf(q.name, sizeof(q.name), "%s", v[i].name);
+		if (v[i].kind == STK_XMARK_RENAME || v[i].kind == STK_XMARK_LINK) {
+			int link = v[i].kind == STK_XMARK_LINK;
+
+			q.kind = link ? STK_XINTENT_LINK : STK_XINTENT_RENAME;
+			if (xcall(x, v[i].from, &q, &r) ||
+			    (r.state != STK_XSTATE_MOVED && r.state != STK_XSTATE_STAYED))
+				continue; /* out of reach, or still under way there */
+			done = r.state == STK_XSTATE_MOVED;
+			if (stk_meta_store_xsettle(x->st, v[i].from, v[i].intent, done) == 0)
+				stk_info("meta: file %llu, %s for shard %u's intent %llu: %s",
+					 (unsigned long long)v[i].ino,
+					 link ? "linked there" : "renamed here", v[i].from,
+					 (unsigned long long)v[i].intent,
+					 done ? "kept" : "undone");
+			continue;
+		}
 		if (xcall(x, v[i].from, &q, &r) || r.state == STK_XSTATE_INTENT)
 			continue; /* out of reach, or still under way there */
 		if (r.state != STK_XSTATE_NAMED && r.state != STK_XSTATE_UNNAMED)
@@ -590,6 +775,29 @@ static void recover_marks(struct stk_meta_xshard *x)
 	free(v);
 }
 
+/* D: each name of a file of another shard that went is told to the file's home. */
+static void recover_releases(struct stk_meta_xshard *x)
+{
+	struct stk_meta_xrelease *v = calloc(RECOVER_BATCH, sizeof(*v));
+	size_t n = 0;
+
+	if (!v || stk_meta_store_xreleases(x->st, v, RECOVER_BATCH, &n)) {
+		free(v);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_RELEASE,
+						    .from = x->shard,
+						    .intent = v[i].id,
+						    .ino = v[i].ino};
+		struct stk_msg_meta_xshard_resp r;
+
+		if (xcall(x, v[i].home, &q, &r) == 0)
+			stk_meta_store_xrelease_done(x->st, v[i].ino);
+	}
+	free(v);
+}
+
 static void *recover_main(void *arg)
 {
 	struct stk_meta_xshard *x = arg;
@@ -603,13 +811,15 @@ static void *recover_main(void *arg)
 		if (stk_meta_repl_serving(x->repl)) {
 			recover_intents(x);
 			recover_marks(x);
+			recover_releases(x);
 		}
 		pthread_mutex_lock(&x->mu);
 		due = stk_now_ns() + RECOVER_MS * 1000000ull;
 		ts.tv_sec = (time_t)(due / 1000000000ull);
 		ts.tv_nsec = (long)(due % 1000000000ull);
-		if (!x->stop)
+		if (!x->stop && !x->kicked)
 			pthread_cond_timedwait(&x->wake, &x->mu, &ts);
+		x->kicked = 0;
 	}
 	pthread_mutex_unlock(&x->mu);
 	return NULL;

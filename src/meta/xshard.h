@@ -18,7 +18,20 @@
  * contents is lost (only an empty one is ever marked dying, and a dying one
  * takes nothing new).
  *
- * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir or rmdir, K 1 to 4)
+ * Files renamed across shards: (1) S's intent; (2) D's entry, replacing the old
+ * one, and a mark with what it replaced; (3) S removes its entry, moves the
+ * name's records and drops the intent, in one transaction (the commit); (4) D
+ * drops the mark and what was replaced loses its name. Recovery: S gives up its
+ * intents (D puts the old entry back); D asks S about each mark (committed: step
+ * 4; not: undone). A name of a file off its home that goes is a release, told to
+ * the home by the recovery thread until it answers.
+ *
+ * Hard links across shards, D the new name's shard: (1) D's intent; (2) H counts
+ * the link and its record, marked; (3) D writes the entry and its record, drops
+ * the intent (the commit); (4) H drops the mark. Recovery as for a rename.
+ *
+ * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir, rmdir, rename or link,
+ * K 1 to 4)
  * makes the meta node that completes step K of such an operation kill itself
  * (SIGKILL) right after it, once: it makes FILE (default: xshard-stopped in its
  * data folder) and no node stops while that file is there, so with FILE shared
@@ -72,6 +85,29 @@ int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 /* rmdir of `name` in parent, which names folder ino of another shard. Errors as rmdir's. */
 int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, uint64_t ino);
+/*
+ * rename of src_name in src_parent (of this shard) to dst_name in dst_parent, a
+ * folder of another shard (docs/meta-shards.md, "Files renamed across shards"):
+ * the four steps of xshard.c. The errors of a rename; -EXDEV for what is not
+ * built (a folder, a file of a third shard, one with a name off its home
+ * already, RENAME_EXCHANGE); -EIO when the other shard could not be reached
+ * (recovery settles what was begun: the file under one of the two names).
+ */
+int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cred,
+			   uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			   const char *dst_name, uint32_t flags);
+/*
+ * hard link of file ino of another shard as `name` in parent (of this shard): the
+ * four steps of xshard.c. *out: the file after. The errors of a link; -EXDEV when
+ * the file has a name off its home already; -EIO as for rename.
+ */
+int stk_meta_xshard_link(struct stk_meta_xshard *x, const struct stk_cred *cred, uint64_t ino,
+			 uint64_t parent, const char *name, struct stk_attr *out);
+/*
+ * A name here of a file of another shard went (unlink, rename over it): the
+ * recovery thread tells its home now rather than within a second.
+ */
+void stk_meta_xshard_kick(struct stk_meta_xshard *x);
 /* The attributes of inode ino of another shard, asked of its leader. 0 or -errno. */
 int stk_meta_xshard_getattr(struct stk_meta_xshard *x, uint64_t ino, struct stk_attr *out);
 /* META_XSHARD: one step asked by another shard (q), answered in r. 0 or -errno. */

@@ -561,6 +561,20 @@ enum stk_target_state {
  *   in parent naming ino.
  * COUNT (to any, for tests and operators): the intents and marks it holds now
  *   (intents, marks; the other replies leave them 0).
+ * A file renamed from a folder of S to one of D (docs/meta-shards.md):
+ * RENAME (to D, step 2): `name` in parent (D's) names file ino (mode: its type),
+ *   replacing what it named, marked for (from, intent); uid, gid: the caller's;
+ *   done 1: RENAME_NOREPLACE. The reply's attr: what it replaced (ino 0: none);
+ *   its state NAMED: the name names that file already, nothing was done.
+ * SETTLE with kind STK_XINTENT_RENAME: step 4 (done 1) or the undo (0).
+ * QUERY with kind STK_XINTENT_RENAME (to S): state INTENT, MOVED or STAYED of
+ *   intent, moving file ino.
+ * RELEASE (to the file's home H): shard `from` no longer names file ino (intent:
+ *   the id of that name); the reply's attr: the file after.
+ * A hard link of a file of H into a folder of D:
+ * LINK (to H, step 2): file ino's link counted for `name` in parent (D's), marked
+ *   for (from, intent); the reply's attr: the file after.
+ * SETTLE and QUERY (to D) with kind STK_XINTENT_LINK: as for a rename.
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
@@ -571,7 +585,10 @@ enum {
 	STK_XSHARD_DYING = 2,
 	STK_XSHARD_SETTLE = 3,
 	STK_XSHARD_QUERY = 4,
-	STK_XSHARD_COUNT = 5
+	STK_XSHARD_COUNT = 5,
+	STK_XSHARD_RENAME = 6,
+	STK_XSHARD_RELEASE = 7,
+	STK_XSHARD_LINK = 8
 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)

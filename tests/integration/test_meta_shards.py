@@ -13,8 +13,9 @@ What must hold:
   clear error (and `stoker status` says so); a store made for one shard refuses to
   serve another; bad --shard / --meta-shards values are refused; a shard's meta
   node serves requests on its own inodes and answers NOT_LEADER to those on
-  another shard's (so that a client asks its routing table again), EXDEV to a
-  rename between two shards.
+  another shard's (so that a client asks its routing table again); a rename or
+  hard link between two shards is the shard's of the folder it names first
+  (test_meta_xshard.py).
 
 Clients send each request to the shard of the inode it names (the folder for a
 name's requests); shard 1 holds the root, so with nothing placed elsewhere the
@@ -254,7 +255,8 @@ def test_wrong_shard_is_refused_with_a_clear_error(make_sc, tmp_path):
 def test_one_shard_keeps_todays_numbers(make_sc):
     """Shard 1 holds the root and hands out today's inode numbers (no shard bits);
     shard 2's meta node serves its own inode numbers, answers NOT_LEADER for shard
-    1's and EXDEV for a rename between the two (stk_check shardgate)."""
+    1's, and takes a rename from its folder into shard 1's and a hard link into its
+    folder as its own (stk_check shardgate)."""
     sc = make_sc(shards=2)
     p = run([CHECK, "shardgate", "127.0.0.1:%d" % (sc.port + 40)], check=False, env=sc.env())
     # its metrics where every daemon's are, 10 ports up (stoker top, doctor, dashboard)

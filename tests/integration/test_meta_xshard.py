@@ -5,11 +5,13 @@ each step.
 Two shards, one meta node each. A folder whose parent is pinned (or set to
 spread) is made on another shard: its entry stays on its parent's shard, its
 inode and everything made in it live on the other one, and clients send each
-request to the shard of the inode it names. A rename or hard link between two
-shards answers EXDEV, so that mv copies.
+request to the shard of the inode it names. A file renamed between folders of
+two shards keeps its inode (and number) on its shard, named by an entry on the
+other; a folder moved between shards, or a hard link between them, answers
+EXDEV, so that mv copies.
 
 The crash-point tests start the cluster with STOKER_TEST_XSHARD_STOP=OP:K: the
-meta node that completes step K of a cross-shard mkdir or rmdir kills itself
+meta node that completes step K of a cross-shard mkdir, rmdir or rename kills itself
 right after it, once, and `stoker up` restarts it. Whatever the client was told,
 the namespace must settle by itself: the folder exists on both sides (named,
 usable, unmarked) or on neither (no name, no inode left on the other shard), and
@@ -124,15 +126,12 @@ def test_folders_on_another_shard(make_xc):
         assert sorted(c.listdir("/")) == sorted(names + ["plain"])
         a = [n for n in names if where[n] == 1][0]
         b = [n for n in names if where[n] == 2][0]
-        # across shards: EXDEV, and nothing changed
-        for src, dst in (("/%s/sub/g" % a, "/%s/sub/h" % b), ("/%s/sub/g" % b, "/%s/h" % a),
-                         ("/" + b, "/%s/moved" % a)):
+        # a folder moved across shards: EXDEV, nothing changed (a file renamed or
+        # linked across: test_file_renamed_across_shards_and_back, test_hard_link_...)
+        for src, dst in (("/" + b, "/%s/moved" % a), ("/%s/sub" % a, "/%s/moved" % b)):
             with pytest.raises(OSError) as e:
                 c.rename(src, dst)
             assert e.value.errno == errno.EXDEV, (src, dst)
-        p = run([CHECK, "ino", sc.url, "link", str(c.stat("/%s/sub/g" % a).st_ino),
-                 str(c.stat("/" + b).st_ino), "l"], check=False, env=sc.env())
-        assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr
         assert c.read_file("/%s/sub/g" % b) == b.encode()
         # ".." of a folder of another shard is its parent, asked of the parent's shard
         p = run([CHECK, "ino", sc.url, "parent", str(c.stat("/" + b).st_ino)],
@@ -193,35 +192,144 @@ def test_folders_on_another_shard(make_xc):
         c.close()
 
 
-@pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
-def test_mount_mv_copies_across_shards(make_xc, tmp_path):
-    """Through the mount: folders of both shards work, and `mv` between them copies
-    (the kernel's rename gets EXDEV)."""
+def two_folders(sc, c):
+    """/a on shard 1 and /b on shard 2."""
+    c.makedirs("/a")
+    sc.cli("shard", "pin", "/", "2")
+    c.makedirs("/b")
+    sc.cli("shard", "unpin", "/")
+    assert shard_of(c.stat("/a").st_ino) == 1 and shard_of(c.stat("/b").st_ino) == 2
+
+
+def gone(sc, ino):
+    p = run([CHECK, "ino", sc.url, "getattr", str(ino)], check=False, env=sc.env())
+    return p.stdout.strip() == b"ENOENT"
+
+
+def test_file_renamed_across_shards_and_back(make_xc):
+    """A file renamed from a folder of shard 1 to one of shard 2, replacing a name
+    there, and back over a name of shard 1: the same inode all along, what it
+    replaced gone, nothing left half-done, fsck clean."""
     sc = make_xc()
-    sc.cli("shard", "pin", "/", "spread")
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"new" * 1000)
+        c.write_file("/b/f", b"old")
+        c.write_file("/a/back", b"replaced on shard 1")
+        ino, old = c.stat("/a/f").st_ino, c.stat("/b/f").st_ino
+        assert shard_of(ino) == 1 and shard_of(old) == 2
+        c.rename("/a/f", "/b/f")
+        assert "f" not in c.listdir("/a") and "f" in c.listdir("/b")
+        st = c.stat("/b/f")
+        assert st.st_ino == ino and st.st_size == 3000 and st.st_nlink == 1
+        assert c.read_file("/b/f") == b"new" * 1000
+        wait_until(lambda: gone(sc, old), timeout=30)  # the old file and its data
+        # written through its new name, renamed within shard 2, then home again
+        c.write_file("/b/f", b"changed")
+        c.makedirs("/b/sub")
+        c.rename("/b/f", "/b/sub/g")
+        assert c.stat("/b/sub/g").st_ino == ino
+        with pytest.raises(OSError) as e:
+            c.rename("/b/sub/g", "/b/sub")  # onto a folder
+        assert e.value.errno in (errno.EISDIR, errno.EXDEV)
+        # over a file of shard 2 there: that file goes
+        c.write_file("/b/sub/x", b"x")
+        x = c.stat("/b/sub/x").st_ino
+        c.rename("/b/sub/g", "/b/sub/x")
+        assert c.stat("/b/sub/x").st_ino == ino and c.read_file("/b/sub/x") == b"changed"
+        wait_until(lambda: gone(sc, x), timeout=30)
+        c.rename("/b/sub/x", "/b/sub/g")
+        back = c.stat("/a/back").st_ino
+        c.rename("/b/sub/g", "/a/back")
+        assert c.stat("/a/back").st_ino == ino and c.read_file("/a/back") == b"changed"
+        assert "g" not in c.listdir("/b/sub")
+        wait_until(lambda: gone(sc, back), timeout=30)
+        # to shard 2 again, then replaced there by a file of shard 2 (write, rename)
+        c.rename("/a/back", "/b/ckpt")
+        c.write_file("/b/tmp", b"checkpoint 2")
+        c.rename("/b/tmp", "/b/ckpt")
+        assert c.read_file("/b/ckpt") == b"checkpoint 2"
+        wait_until(lambda: gone(sc, ino), timeout=30)
+        # a name of a file of shard 1 on shard 2, unlinked there
+        c.write_file("/a/u", b"u")
+        u = c.stat("/a/u").st_ino
+        c.rename("/a/u", "/b/u")
+        with pytest.raises(OSError) as e:
+            c.rename("/a", "/b/a")  # a folder across shards: not built
+        assert e.value.errno == errno.EXDEV
+        p = run([CHECK, "ino", sc.url, "link", str(u), str(c.stat("/b").st_ino), "l"],
+                check=False, env=sc.env())
+        assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr  # a second name off home
+        # renamed onto another name of the same file: nothing happens (POSIX)
+        assert ino_link(sc, u, c.stat("/a").st_ino, "u-home") == "OK"
+        c.rename("/b/u", "/a/u-home")
+        assert c.stat("/b/u").st_ino == u and c.stat("/a/u-home").st_nlink == 2
+        c.remove("/a/u-home")
+        c.remove("/b/u")
+        assert "u" not in c.listdir("/b")
+        wait_until(lambda: gone(sc, u), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = sc.cli("fsck", "--grace", "0", "--repair", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
+def test_mount_mv_moves_across_shards(make_xc, tmp_path):
+    """Through the mount: `mv` between folders of two shards is a rename (the same
+    inode after, no copy), a file open across it keeps working, and a hard link
+    across shards is one inode with two links."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+    finally:
+        c.close()
     m = Mount(sc, tmp_path / "mnt")
     m.start()
     try:
-        names = ["m%d" % i for i in range(10)]
-        for n in names:
-            os.mkdir(os.path.join(m.path, n))
-        where = {n: shard_of(os.stat(os.path.join(m.path, n)).st_ino) for n in names}
-        a = [n for n in names if where[n] == 1][0]
-        b = [n for n in names if where[n] == 2][0]
-        src = os.path.join(m.path, b, "data")
+        a, b = os.path.join(m.path, "a"), os.path.join(m.path, "b")
+        src = os.path.join(b, "data")
         with open(src, "wb") as f:
             f.write(b"y" * 100000)
-        with pytest.raises(OSError) as e:
-            os.rename(src, os.path.join(m.path, a, "data"))
-        assert e.value.errno == errno.EXDEV
-        subprocess.run(["mv", src, os.path.join(m.path, a, "data")], check=True)
-        assert not os.path.exists(src)
-        with open(os.path.join(m.path, a, "data"), "rb") as f:
-            assert f.read() == b"y" * 100000
-        shutil.rmtree(os.path.join(m.path, b))
-        assert sorted(os.listdir(m.path)) == sorted(n for n in names if n != b)
+        with open(os.path.join(a, "data"), "wb") as f:
+            f.write(b"old")
+        ino = os.stat(src).st_ino
+        fd = os.open(src, os.O_RDWR)
+        try:
+            os.rename(src, os.path.join(a, "data"))
+            assert os.stat(os.path.join(a, "data")).st_ino == ino
+            assert not os.path.exists(src)
+            os.pwrite(fd, b"z" * 10, 0)
+            os.fsync(fd)
+            assert os.pread(fd, 12, 0) == b"z" * 10 + b"yy"
+        finally:
+            os.close(fd)
+        with open(os.path.join(a, "data"), "rb") as f:
+            assert f.read() == b"z" * 10 + b"y" * 99990
+        subprocess.run(["mv", os.path.join(a, "data"), os.path.join(b, "back")], check=True)
+        assert os.stat(os.path.join(b, "back")).st_ino == ino
+        assert os.listdir(a) == [] and os.listdir(b) == ["back"]
+        # a hard link across shards through the mount: one inode, two links
+        with open(os.path.join(a, "home"), "wb") as f:
+            f.write(b"home")
+        os.link(os.path.join(a, "home"), os.path.join(b, "linked"))
+        st = os.stat(os.path.join(b, "linked"))
+        assert st.st_ino == os.stat(os.path.join(a, "home")).st_ino and st.st_nlink == 2
+        os.unlink(os.path.join(a, "home"))
+        with open(os.path.join(b, "linked"), "rb") as f:
+            assert f.read() == b"home"
+        shutil.rmtree(b)
+        assert sorted(os.listdir(m.path)) == ["a"] and os.listdir(a) == []
     finally:
         m.stop()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
 
 
 def shard_meta_figure(sc, shard, name, **labels):
@@ -504,6 +612,75 @@ def test_crash_at_each_step_recovers(make_xc, op, step):
         assert wait_settled(sc, c, "d", before) is False
     finally:
         c.close()
+    p = sc.cli("fsck", check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def renamed_where(sc, c, ino, old):
+    """After a rename of /a/f (inode ino) over /b/f (inode old): True when the file is
+    /b/f alone, False when it is /a/f alone with /b/f still old, None while recovery
+    has not finished (an intent, a mark or a release held, or both names)."""
+    if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+        return None
+    names = {}
+    for path in ("/a/f", "/b/f"):
+        try:
+            names[path] = c.stat(path).st_ino
+        except FileNotFoundError:
+            names[path] = None
+    if names["/b/f"] == ino and names["/a/f"] is None:
+        return True
+    if names["/a/f"] == ino and names["/b/f"] == old:
+        return False
+    return None
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4])
+def test_rename_crash_at_each_step_recovers(make_xc, tmp_path, step):
+    """The node completing step K of a file's rename across shards dies (1 and 3:
+    the source folder's shard, 2 and 4: the destination's) and is restarted: the
+    file ends under exactly one of its two names, the name it replaced either kept
+    or gone with its data, nothing left half-done, fsck clean."""
+    once = str(tmp_path / "stopped-once")
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "rename:%d:%s" % (step, once)})
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"moving")
+        c.write_file("/b/f", b"replaced")
+        ino, old = c.stat("/a/f").st_ino, c.stat("/b/f").st_ino
+        try:
+            c.rename("/a/f", "/b/f")
+            told = "ok"
+        except OSError as e:
+            told = e.errno
+        sc.wait("the stop at step %d" % step, lambda: stopped(sc, "rename", step))
+        deadline = time.time() + 60
+        moved = None
+        while moved is None and time.time() < deadline:
+            try:
+                moved = renamed_where(sc, c, ino, old)
+            except (AssertionError, OSError):
+                moved = None
+            if moved is None:
+                time.sleep(0.5)
+        assert moved is not None, (told, sc.held(1), sc.held(2), sc.logs())
+        if told == "ok":
+            assert moved, told
+        want = {1: "(intent 2) given up", 3: "renamed here for shard 1's intent 2: kept"}.get(step)
+        assert want is None or logged(sc, want), sc.logs()
+        if moved:
+            assert c.read_file("/b/f") == b"moving"
+            wait_until(lambda: gone(sc, old), timeout=30)
+            c.rename("/b/f", "/a/f")  # and back: no node stops again (the FILE made)
+        else:
+            assert c.read_file("/b/f") == b"replaced"
+            c.remove("/b/f")
+        assert c.read_file("/a/f") == b"moving" and c.stat("/a/f").st_ino == ino
+        assert c.listdir("/b") == []
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -911,5 +1088,235 @@ def test_fsck_under_cross_shard_mkdir_and_rmdir_is_clean(make_xc):
         assert len(done) > 20
         out = xfsck(sc)
         assert out["clean"] and out["list"] == [], out
+    finally:
+        c.close()
+
+
+def test_fsck_under_renames_across_shards_is_clean(make_xc):
+    """Two clients rename files back and forth between folders of two shards, over
+    each other's names, write them and unlink and remake them, while fsck runs:
+    fsck finds nothing at any time (each shard's counts hold between any two
+    steps), every file ends under one name with its own data, and nothing is left
+    held once the clients stop."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+    finally:
+        c.close()
+    stop = threading.Event()
+    errors, moved = [], []
+
+    def churn(tag):
+        cl = stoker_pkg.connect(sc.url)
+        try:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                name = "%s%d" % (tag, i % 4)
+                a, b = "/a/" + name, "/b/" + name
+                try:
+                    cl.write_file(a, b"%s %d" % (tag.encode(), i))
+                    cl.rename(a, "/b/shared" if i % 3 == 0 else b)
+                    if i % 3 != 0:
+                        assert cl.read_file(b) == b"%s %d" % (tag.encode(), i)
+                        cl.rename(b, a if i % 2 else "/a/shared")
+                    moved.append(tag)
+                    if i % 5 == 0:
+                        cl.remove("/b/shared")
+                except (FileNotFoundError, FileExistsError):
+                    pass  # the other client's name, taken or gone meanwhile
+                except OSError as e:
+                    if e.errno != errno.EBUSY:  # a file in the other's rename
+                        errors.append(repr(e))
+                except AssertionError as e:
+                    errors.append(repr(e))
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in ("p", "q")]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):
+            out = xfsck(sc)
+            assert out["clean"], out
+            time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors[:5]
+    assert moved.count("p") > 5 and moved.count("q") > 5, len(moved)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        for folder in ("/a", "/b"):
+            for n in c.listdir(folder):
+                data = c.read_file("%s/%s" % (folder, n))
+                assert re.match(rb"^[pq] \d+$", data), (folder, n, data)
+    finally:
+        c.close()
+    out = xfsck(sc)
+    assert out["clean"], out
+    out = xfsck(sc, "--repair", "--grace", "0")
+    assert out["clean"], out
+
+
+def ino_link(sc, ino, parent, name):
+    p = run([CHECK, "ino", sc.url, "link", str(ino), str(parent), name], check=False,
+            env=sc.env())
+    return p.stdout.strip().decode()
+
+
+def test_hard_link_across_shards(make_xc):
+    """A hard link of a file of shard 1 into a folder of shard 2 (and one of shard
+    2 into shard 1): both names one inode, its link count 2, a second name off its
+    home EXDEV, either name unlinked first, the file gone with the last; fsck
+    clean all along."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        b = c.stat("/b").st_ino
+        a = c.stat("/a").st_ino
+        for home, there, parent in (("/a/f", "/b/l", b), ("/b/g", "/a/m", a)):
+            c.write_file(home, b"linked " + home.encode())
+            ino = c.stat(home).st_ino
+            assert ino_link(sc, ino, parent, there.split("/")[2]) == "OK"
+            st = c.stat(there)
+            assert st.st_ino == ino and st.st_nlink == 2 and c.stat(home).st_nlink == 2
+            assert c.read_file(there) == b"linked " + home.encode()
+            assert ino_link(sc, ino, parent, "again") == "EXDEV"  # one name off home
+            assert ino_link(sc, ino, parent, there.split("/")[2]) == "EEXIST"
+            assert xfsck(sc)["clean"]
+        # the home name first, then the last: the file goes
+        c.remove("/a/f")
+        assert c.stat("/b/l").st_nlink == 1 and c.read_file("/b/l") == b"linked /a/f"
+        ino = c.stat("/b/l").st_ino
+        c.remove("/b/l")
+        wait_until(lambda: gone(sc, ino), timeout=30)
+        # the name off home first: the file stays, one link
+        ino = c.stat("/b/g").st_ino
+        c.remove("/a/m")
+        wait_until(lambda: c.stat("/b/g").st_nlink == 1, timeout=30)
+        assert c.read_file("/b/g") == b"linked /b/g"
+        # its home keeps no record of it now: linked across again
+        assert ino_link(sc, ino, a, "m2") == "OK"
+        c.remove("/b/g")
+        assert c.read_file("/a/m2") == b"linked /b/g"
+        c.remove("/a/m2")
+        wait_until(lambda: gone(sc, ino), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"], out
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 4])
+def test_link_crash_at_each_step_recovers(make_xc, tmp_path, step):
+    """The node completing step K of a hard link across shards dies (1 and 3: the
+    new name's shard, 2 and 4: the file's) and is restarted: the file ends with
+    both names and 2 links, or its one name and 1 link; nothing held, fsck clean."""
+    once = str(tmp_path / "stopped-once")
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "link:%d:%s" % (step, once)})
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"linked")
+        ino, b = c.stat("/a/f").st_ino, c.stat("/b").st_ino
+        told = ino_link(sc, ino, b, "l")
+        sc.wait("the stop at step %d" % step, lambda: stopped(sc, "link", step))
+
+        def where():
+            if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+                return None
+            try:
+                st = c.stat("/b/l")
+            except FileNotFoundError:
+                st = None
+            n = c.stat("/a/f").st_nlink
+            if st is None and n == 1:
+                return False
+            if st is not None and st.st_ino == ino and n == 2:
+                return True
+            return None
+
+        deadline = time.time() + 60
+        linked = None
+        while linked is None and time.time() < deadline:
+            try:
+                linked = where()
+            except (AssertionError, OSError):
+                linked = None
+            if linked is None:
+                time.sleep(0.5)
+        assert linked is not None, (told, sc.held(1), sc.held(2), sc.logs())
+        if told == "OK":
+            assert linked, told
+        assert xfsck(sc)["clean"]
+        if linked:
+            assert c.read_file("/b/l") == b"linked"
+            c.remove("/b/l")
+            wait_until(lambda: c.stat("/a/f").st_nlink == 1, timeout=30)
+        c.remove("/a/f")
+        wait_until(lambda: gone(sc, ino), timeout=30)
+    finally:
+        c.close()
+    out = xfsck(sc)
+    assert out["clean"], out
+
+
+@pytest.mark.parametrize("step,dies", [(3, 1), (2, 2)])
+def test_rename_leader_lost_its_follower_settles(make_xc, tmp_path, step, dies):
+    """Two replicas a shard: the leader completing step K of a rename across shards
+    dies and stays down (the supervisor held); its follower, which held that step
+    before the next began, takes over, and the file ends under one name."""
+    once = str(tmp_path / "stopped-once")
+    sc = make_xc({"STOKER_TEST_XSHARD_STOP": "rename:%d:%s" % (step, once)}, replicas=2)
+    m = sc.wait("two shards of two replicas each", lambda: (
+        lambda s: s if len(s) == 2 and all(sorted(v["roles"].values()) == ["follower", "leader"]
+                                           for v in s.values()) else None)(sc.shard_map()))
+    for logs in (("meta", "meta1"), ("meta2", "meta3")):
+        sc.wait("%s: the follower copied" % (logs,), lambda: any(
+            "has the copy" in open(os.path.join(sc.data, "log", n + ".log")).read()
+            for n in logs))
+    c = stoker_pkg.connect(sc.url)
+    sup = sc.supervisor()
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"moving")
+        c.write_file("/b/f", b"replaced")
+        ino, old = c.stat("/a/f").st_ino, c.stat("/b/f").st_ino
+        lost = leader_of(m[dies])
+        os.kill(sup, signal.SIGSTOP)
+        try:
+            try:
+                c.rename("/a/f", "/b/f")
+            except OSError:
+                pass
+            sc.wait("the stop at step %d" % step, lambda: stopped(sc, "rename", step))
+            sc.wait("shard %d's follower promoted" % dies, lambda: (
+                lambda s: s[dies]["roles"].get(lost) != "leader" and
+                "leader" in s[dies]["roles"].values())(sc.shard_map()), timeout=30)
+            deadline = time.time() + 60
+            moved = None
+            while moved is None and time.time() < deadline:
+                try:
+                    moved = renamed_where(sc, c, ino, old)
+                except (AssertionError, OSError):
+                    moved = None
+                if moved is None:
+                    time.sleep(0.5)
+            assert moved is not None, (sc.held(1), sc.held(2), sc.logs())
+            if step == 3:
+                assert moved  # committed before the leader died
+            want = b"moving" if moved else b"replaced"
+            assert c.read_file("/b/f") == want
+            if moved:
+                wait_until(lambda: gone(sc, old), timeout=30)
+        finally:
+            os.kill(sup, signal.SIGCONT)
     finally:
         c.close()

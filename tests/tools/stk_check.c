@@ -1279,13 +1279,15 @@ static int send_meta(struct stk_conn *conn, uint16_t opcode, const uint8_t *req,
 /*
  * shardgate HOST:PORT: a meta node of shard 2. Requests naming shard 1's inodes
  * (the root) are NOT_LEADER there, a rename from one of its folders into shard
- * 1's is EXDEV, and one naming its own inode numbers is served (no such inode yet:
- * NOENT).
+ * 1's and a hard link of one of shard 1's inodes into one of its folders are its
+ * own to do (no such folder yet: NOENT), and one naming its own inode numbers is
+ * served (NOENT).
  */
 static int cmd_shardgate(int argc, char **argv)
 {
 	uint64_t own = 1ull << STK_INO_SHARD_SHIFT; /* shard 2's first number */
 	struct stk_msg_meta_rename_req rn;
+	struct stk_msg_meta_link_req ln;
 	struct stk_msg_meta_ino_req g;
 	struct stk_msg_meta_mkdir_req m;
 	struct stk_conn *conn;
@@ -1316,7 +1318,14 @@ static int cmd_shardgate(int argc, char **argv)
 	snprintf(rn.dst_name, sizeof(rn.dst_name), "b");
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_rename_req_enc(&w, &rn);
-	CHECK_RC(send_meta(conn, STK_OP_META_RENAME, req, w.len), -EXDEV);
+	CHECK_RC(send_meta(conn, STK_OP_META_RENAME, req, w.len), -ENOENT);
+	memset(&ln, 0, sizeof(ln));
+	ln.ino = 2; /* a number of shard 1's, linked into a folder of shard 2's */
+	ln.parent = own;
+	snprintf(ln.name, sizeof(ln.name), "l");
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_link_req_enc(&w, &ln);
+	CHECK_RC(send_meta(conn, STK_OP_META_LINK, req, w.len), -ENOENT);
 	g.ino = own;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_ino_req_enc(&w, &g);
@@ -1335,7 +1344,8 @@ static int cmd_shardgate(int argc, char **argv)
  * answered for each by its own shard (shard 1's meta alone would answer NOT_LEADER
  * for shard 2's, shard 2's for the root); an inode of shard 2 is answered by shard
  * 2 (NOENT, none made there yet), one of a shard the cluster lacks is NOENT at
- * once, and a rename between two shards is EXDEV.
+ * once, and a rename or hard link between two shards goes to the shard of the
+ * folder named first, which asks the other (no such name or inode: NOENT).
  */
 static int cmd_shardroute(int argc, char **argv)
 {
@@ -1372,8 +1382,9 @@ static int cmd_shardroute(int argc, char **argv)
 			(unsigned long long)((stk_now_ns() - t0) / 1000000));
 		failures++;
 	}
-	CHECK_RC(stk_ll_rename(c, &cred, STK_ROOT_INO, "x", own, "y", 0), -EXDEV);
-	CHECK_RC(stk_ll_rename(c, &cred, own, "x", STK_ROOT_INO, "y", 0), -EXDEV);
+	CHECK_RC(stk_ll_rename(c, &cred, STK_ROOT_INO, "x", own, "y", 0), -ENOENT);
+	CHECK_RC(stk_ll_rename(c, &cred, own, "x", STK_ROOT_INO, "y", 0), -ENOENT);
+	CHECK_RC(stk_ll_link(c, &cred, own, STK_ROOT_INO, "y", &a[0]), -ENOENT);
 	stk_disconnect(c);
 	if (!failures)
 		printf("shardroute: ok\n");

@@ -2383,6 +2383,271 @@ static void test_cross_shard_folders(void)
 	stk_meta_store_close(s2);
 }
 
+/* fsck of one store: its problem count (-1: it failed). */
+static long fsck_problems(struct stk_meta_store *s)
+{
+	struct stk_meta_fsck_stats fs;
+
+	return stk_meta_store_fsck(s, 0, NULL, NULL, &fs) ? -1 : (long)fs.problems;
+}
+
+/*
+ * Files renamed across shards (store.h): a file of shard 1 renamed into a folder
+ * of shard 2 over a file there, step by step, with fsck clean on both stores
+ * between any two steps; its name there unlinked and released at home; a rename
+ * given up after step 2 undone; and back home again.
+ */
+static void test_cross_shard_rename(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL;
+	struct stk_meta_xrelease rel[4];
+	struct stk_meta_xmark xm[4];
+	struct stk_attr d, moved, old, got, victim;
+	uint64_t top, f, g, h, id, id2, id3, sub;
+	size_t n = 9;
+	int state = 0, created = 0;
+
+	snprintf(dir, sizeof(dir), "%s/xrename2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "xr", 0777);
+	sub = mkdir_as(&ROOT, top, "sub", 0777);
+	/* d: a folder of shard 2 named in top */
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "d", 2, &id), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, top, "d", 0777, 0, 0, &d), 0);
+	CHECK_RC(stk_meta_store_xlink(st, &ROOT, id, &d), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	f = create_as(&ALICE, top, "f");
+	CHECK_RC(stk_meta_store_create(s2, &ALICE, d.ino, "f", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT,
+				       &PL4, &victim, &created),
+		 0);
+	/* step 1: what is not built is EXDEV; a file's intent */
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ALICE, top, "f", 1, 0, &moved, &id), -EINVAL);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ALICE, top, "f", 2, STK_RENAME_EXCHANGE, &moved,
+					       &id),
+		 -EXDEV);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ALICE, top, "sub", 2, 0, &moved, &id), -EXDEV);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &BOB, top, "nope", 2, 0, &moved, &id), -ENOENT);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ALICE, top, "f", 2, 0, &moved, &id), 0);
+	CHECK(moved.ino == f && S_ISREG(moved.mode));
+	CHECK_RC(stk_meta_store_xquery_rename(st, id, f, &state), 0);
+	CHECK(state == STK_XSTATE_INTENT);
+	/* held until the commit: no other move, unlink or replace of it */
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ALICE, top, "f", 2, 0, &moved, &id2), -EBUSY);
+	CHECK_RC(stk_meta_store_unlink(st, &ALICE, top, "f", &got), -EBUSY);
+	CHECK_RC(rename_as(&ALICE, top, "f", top, "f3", 0), -EBUSY);
+	/* step 2: the entry on shard 2 names f, the old file kept by the mark */
+	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id, f, S_IFREG, d.ino, "f", ALICE.uid, ALICE.gid, 1,
+					   &old),
+		 -EEXIST);
+	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id, f, S_IFDIR, d.ino, "f", 0, 0, 0, &old),
+		 -EINVAL);
+	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id, f, S_IFREG, d.ino, "f", ALICE.uid, ALICE.gid, 0,
+					   &old),
+		 0);
+	CHECK(old.ino == victim.ino);
+	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id, f, S_IFREG, d.ino, "f", ALICE.uid, ALICE.gid, 0,
+					   &old),
+		 0); /* asked again */
+	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id + 50, f, S_IFREG, d.ino, "g", 0, 0, 0, &old),
+		 -EBUSY);
+	CHECK_RC(stk_meta_store_lookup(s2, &ROOT, d.ino, "f", &got), -EREMOTE);
+	CHECK(got.ino == f && S_ISREG(got.mode));
+	CHECK_RC(stk_meta_store_unlink(s2, &ROOT, d.ino, "f", &got), -EBUSY);
+	CHECK_RC(stk_meta_store_xmarks(s2, xm, 4, &n), 0);
+	CHECK(n == 1 && xm[0].kind == STK_XMARK_RENAME && xm[0].ino == f &&
+	      xm[0].old_ino == victim.ino && xm[0].parent == d.ino);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* step 3: the commit; the name off home counts in f's link count */
+	CHECK_RC(stk_meta_store_xrename_commit(st, id, d.ino), 0);
+	CHECK_RC(stk_meta_store_xrename_commit(st, id, d.ino), -ENOENT);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, top, "f4", &got), 0); /* not held now */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "f4", &got), 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "f", &got), -ENOENT);
+	CHECK(attr_of(f).nlink == 1);
+	CHECK_RC(stk_meta_store_xquery_rename(st, id, f, &state), 0);
+	CHECK(state == STK_XSTATE_MOVED);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* step 4: the old file goes; f is shard 2's to name */
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	CHECK_RC(stk_meta_store_getattr(s2, &ROOT, victim.ino, &got), -ENOENT);
+	CHECK_RC(stk_meta_store_xmarks(s2, xm, 4, &n), 0);
+	CHECK(n == 0);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* a second name off home is refused (one at most) */
+	CHECK_RC(stk_meta_store_link(st, &ROOT, f, top, "f2", &got), 0);
+	CHECK(got.nlink == 2);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ROOT, top, "f2", 2, 0, &moved, &id2), -EXDEV);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "f2", &got), 0);
+	/* renamed within shard 2 (to another folder there), then opened by name there */
+	CHECK_RC(stk_meta_store_mkdir(s2, &ROOT, d.ino, "in", 0777, &got), 0);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "f", got.ino, "f", 0, &created, &old), 0);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, got.ino, "f", d.ino, "f", 0, &created, &old), 0);
+	/* and over a file of shard 2 there, which loses that name */
+	CHECK_RC(stk_meta_store_create(s2, &ROOT, d.ino, "over", 0644, STK_CREATE_EXCL,
+				       &ZERO_LAYOUT, &PL4, &victim, &created),
+		 0);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "f", d.ino, "over", STK_RENAME_NOREPLACE,
+				       &created, &old),
+		 -EEXIST);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "f", d.ino, "over", 0, &created, &old), 0);
+	CHECK(created == 1 && old.ino == victim.ino);
+	CHECK_RC(stk_meta_store_getattr(s2, &ROOT, victim.ino, &got), -ENOENT);
+	CHECK_EQ(fsck_problems(s2), 0);
+	CHECK_RC(stk_meta_store_rename(s2, &ROOT, d.ino, "over", d.ino, "f", 0, &created, &old), 0);
+	CHECK_RC(stk_meta_store_create(s2, &ROOT, d.ino, "f", 0644, 0, &ZERO_LAYOUT, &PL4, &old,
+				       &created),
+		 -EREMOTE);
+	CHECK(old.ino == f && !created);
+	/* unlinked there: a release, told to shard 1, which frees f */
+	CHECK_RC(stk_meta_store_unlink(s2, &ROOT, d.ino, "f", &got), 0);
+	CHECK(got.ino == f);
+	CHECK_RC(stk_meta_store_xreleases(s2, rel, 4, &n), 0);
+	CHECK(n == 1 && rel[0].ino == f && rel[0].home == 1 && rel[0].id == id);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	CHECK_RC(stk_meta_store_xrelease(st, 2, f, id + 1, &got), 0); /* not its id: nothing */
+	CHECK(attr_of(f).nlink == 1);
+	CHECK_RC(stk_meta_store_xrelease(st, 2, f, id, &got), 0);
+	CHECK(got.nlink == 0);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, f, &got), -ENOENT);
+	CHECK_RC(stk_meta_store_xrelease(st, 2, f, id, &got), 0); /* told again */
+	CHECK_RC(stk_meta_store_xrelease_done(s2, f), 0);
+	CHECK_RC(stk_meta_store_xreleases(s2, rel, 4, &n), 0);
+	CHECK(n == 0);
+	/* given up after step 2: the old entry is back, the intent goes */
+	g = create_as(&ROOT, top, "g");
+	CHECK_RC(stk_meta_store_create(s2, &ROOT, d.ino, "g", 0644, STK_CREATE_EXCL, &ZERO_LAYOUT,
+				       &PL4, &victim, &created),
+		 0);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ROOT, top, "g", 2, 0, &moved, &id2), 0);
+	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id2, g, S_IFREG, d.ino, "g", 0, 0, 0, &old), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id2, 0), 0);
+	CHECK_RC(stk_meta_store_lookup(s2, &ROOT, d.ino, "g", &got), 0);
+	CHECK(got.ino == victim.ino);
+	CHECK_RC(stk_meta_store_xintent_drop(st, id2), 0);
+	CHECK_RC(stk_meta_store_xquery_rename(st, id2, g, &state), 0);
+	CHECK(state == STK_XSTATE_STAYED);
+	CHECK_RC(rename_as(&ROOT, top, "g", top, "g", 0), 0); /* the hold went with the intent */
+	CHECK(ino_of(top, "g") == g && attr_of(g).nlink == 1);
+	/* to shard 2 (replacing nothing) and back home over a file of shard 1 */
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ROOT, top, "g", 2, 0, &moved, &id2), 0);
+	CHECK_RC(stk_meta_store_xrename_in(s2, 1, id2, g, S_IFREG, d.ino, "g2", 0, 0, 0, &old), 0);
+	CHECK(old.ino == 0);
+	CHECK_RC(stk_meta_store_xrename_commit(st, id2, d.ino), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id2, 1), 0);
+	h = create_as(&ROOT, sub, "h");
+	CHECK_RC(stk_meta_store_xintent_rename(s2, &ROOT, d.ino, "g2", 1, 0, &moved, &id3), 0);
+	CHECK(moved.ino == g);
+	CHECK_RC(stk_meta_store_link(st, &ROOT, g, top, "g-too", &got), 0);
+	CHECK_RC(stk_meta_store_xrename_in(st, 2, id3, g, S_IFREG, top, "g-too", 0, 0, 0, &old),
+		 -EALREADY); /* two names of one file: nothing to do */
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "g-too", &got), 0);
+	CHECK_RC(stk_meta_store_xrename_in(st, 2, id3, g, S_IFREG, sub, "h", 0, 0, 0, &old), 0);
+	CHECK(old.ino == h);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	CHECK_RC(stk_meta_store_xquery_rename(s2, id3, g, &state), 0);
+	CHECK(state == STK_XSTATE_INTENT);
+	CHECK_RC(stk_meta_store_xrename_commit(s2, id3, sub), 0);
+	CHECK_RC(stk_meta_store_xquery_rename(s2, id3, g, &state), 0);
+	CHECK(state == STK_XSTATE_MOVED);
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id3, 1), 0);
+	CHECK(ino_of(sub, "h") == g && attr_of(g).nlink == 1);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, h, &got), -ENOENT);
+	CHECK_RC(stk_meta_store_lookup(s2, &ROOT, d.ino, "g2", &got), -ENOENT);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, sub, "h", &got), 0);
+	CHECK_RC(stk_meta_store_unlink(s2, &ROOT, d.ino, "g", &got), 0);
+	stk_meta_store_close(s2);
+}
+
+/*
+ * Hard links across shards (store.h): a file of shard 1 linked into a folder of
+ * shard 2, step by step, fsck clean on both between any two; an undo after step
+ * 2; a second name off home refused.
+ */
+static void test_cross_shard_link(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL;
+	struct stk_meta_xrelease rel[4];
+	struct stk_attr d, got;
+	uint64_t top, f, id, id2;
+	size_t n = 9;
+	int state = 0;
+
+	snprintf(dir, sizeof(dir), "%s/xlink2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "xl", 0777);
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "d", 2, &id), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, top, "d", 0777, 0, 0, &d), 0);
+	CHECK_RC(stk_meta_store_xlink(st, &ROOT, id, &d), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	f = create_as(&ROOT, top, "f");
+	/* step 1 on shard 2: the checks of a link, the intent */
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, d.ino, d.ino, "l", &id), -EINVAL);
+	CHECK_RC(stk_meta_store_xintent_link(s2, &BOB, f, d.ino, "a/b", &id), -EINVAL);
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, f, d.ino, "l", &id), 0);
+	/* step 2 on shard 1: counted, and its record */
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id, top, d.ino, "l", &got), -EPERM);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id, f, d.ino, "l", &got), 0);
+	CHECK(got.ino == f && got.nlink == 2);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id, f, d.ino, "l", &got), 0); /* asked again */
+	CHECK(attr_of(f).nlink == 2);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id + 9, f, d.ino, "m", &got), -EBUSY);
+	CHECK_RC(stk_meta_store_xquery_link(s2, id, f, &state), 0);
+	CHECK(state == STK_XSTATE_INTENT);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* step 3 on shard 2: the entry, the intent gone */
+	CHECK_RC(stk_meta_store_xlink_commit(s2, id, S_IFREG), 0);
+	CHECK_RC(stk_meta_store_xlink_commit(s2, id, S_IFREG), -ENOENT);
+	CHECK_RC(stk_meta_store_lookup(s2, &ROOT, d.ino, "l", &got), -EREMOTE);
+	CHECK(got.ino == f);
+	CHECK_RC(stk_meta_store_xquery_link(s2, id, f, &state), 0);
+	CHECK(state == STK_XSTATE_MOVED);
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id, 1), 0);
+	CHECK(attr_of(f).nlink == 2);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* one name off home at most */
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, f, d.ino, "l2", &id2), -EXDEV);
+	CHECK_RC(stk_meta_store_xintent_rename(st, &ROOT, top, "f", 2, 0, &got, &id2), -EXDEV);
+	/* the name off home unlinked: released, one link left */
+	CHECK_RC(stk_meta_store_unlink(s2, &ROOT, d.ino, "l", &got), 0);
+	CHECK_RC(stk_meta_store_xreleases(s2, rel, 4, &n), 0);
+	CHECK(n == 1 && rel[0].ino == f && rel[0].id == id);
+	CHECK_RC(stk_meta_store_xrelease(st, 2, f, id, &got), 0);
+	CHECK(got.nlink == 1 && attr_of(f).nlink == 1);
+	CHECK_RC(stk_meta_store_xrelease_done(s2, f), 0);
+	/* given up after step 2: the link and its record go */
+	CHECK_RC(stk_meta_store_xintent_link(s2, &ROOT, f, d.ino, "l3", &id2), 0);
+	CHECK_RC(stk_meta_store_xlink_in(st, 2, id2, f, d.ino, "l3", &got), 0);
+	CHECK(attr_of(f).nlink == 2);
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id2, 0), 0);
+	CHECK(attr_of(f).nlink == 1);
+	CHECK_RC(stk_meta_store_xintent_drop(s2, id2), 0);
+	CHECK_RC(stk_meta_store_xquery_link(s2, id2, f, &state), 0);
+	CHECK(state == STK_XSTATE_STAYED);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	CHECK_RC(stk_meta_store_unlink(st, &ROOT, top, "f", &got), 0);
+	stk_meta_store_close(s2);
+}
+
 /* The refs of xs[0..n) whose parent is `parent`: their count, and ino's one in *x. */
 static size_t xrefs_in(const struct stk_meta_xref *xs, size_t n, uint64_t parent, uint64_t ino,
 		       const struct stk_meta_xref **x)
@@ -2756,6 +3021,8 @@ int main(void)
 	CHECK_RUN(test_cross_shard_folders);
 	CHECK_RUN(test_fsck_cross_shard);
 	CHECK_RUN(test_fsck_lostfound);
+	CHECK_RUN(test_cross_shard_rename);
+	CHECK_RUN(test_cross_shard_link);
 	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
