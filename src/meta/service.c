@@ -990,7 +990,10 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		rc = stk_meta_xshard_rename(m->xshard, &q.cred, q.src_parent, q.src_name,
 					    q.dst_parent, q.dst_name, q.flags);
 		change_end(m, &ch);
-		atomic_fetch_add(&m->vouch_epoch, 1);
+		/* the file left this shard's folder: its vouchers end (moves.h); a
+		 * failure, or a name that named nothing, ends all, to be safe */
+		files[0] = moved;
+		stk_meta_moves_rename(m->moves, rc || !moved, files, 1);
 		return rc ? rc : stk_msg_meta_rename_resp_enc(&resp->payload, &r);
 	}
 	/*
