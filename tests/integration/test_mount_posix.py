@@ -613,8 +613,10 @@ def test_path_length_limits(mount):
     base = os.path.join(mount.path, "deep")
     os.mkdir(base)
     path = base
-    while len(path) + 1 + 200 + 1 + 200 < 4095:
-        path = os.path.join(path, "d" * 200)
+    # folders of 200 bytes (less for the last) until a leaf of at most NAME_MAX
+    # reaches 4095: how many depends on the length of the test's own folder
+    while 4095 - len(path) - 1 > 255:
+        path = os.path.join(path, "d" * min(200, 4095 - len(path) - 3))
         os.mkdir(path)
     leaf = os.path.join(path, "f" * (4095 - len(path) - 1))
     assert len(leaf) == 4095 and len(os.path.basename(leaf)) <= 255
