@@ -5970,7 +5970,7 @@ int stk_meta_store_files(struct stk_meta_store *st, uint64_t from, struct stk_me
 
 /* ---- client confinement (docs/security.md, "Client keys") ---- */
 
-int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
+int stk_meta_store_climb(struct stk_meta_store *st, uint64_t ino, uint64_t top, uint64_t *left)
 {
 	static const struct stk_cred root_cred;
 	struct inode n;
@@ -5978,8 +5978,13 @@ int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
 	uint64_t cur = ino;
 	int rc;
 
+	*left = 0;
 	if (ino == top || top == STK_ROOT_INO)
 		return 1;
+	if (stk_ino_shard(ino) != st->shard) {
+		*left = ino;
+		return 2;
+	}
 	rc = op_begin(&o, st, &root_cred, 1);
 	if (rc)
 		return rc;
@@ -5993,6 +5998,12 @@ int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
 		}
 		if (cur == 0 || cur == STK_ROOT_INO)
 			break;
+		if (stk_ino_shard(cur) != st->shard) {
+			/* a parent on another shard: the walk goes on there (meta/span.c) */
+			*left = cur;
+			rc = 2;
+			break;
+		}
 		if (depth == MAX_DEPTH) {
 			rc = -EIO;
 			break;
@@ -6003,6 +6014,14 @@ int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
 	}
 	op_end(&o, rc < 0 ? rc : 0);
 	return rc == -ENOENT ? 0 : rc;
+}
+
+int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top)
+{
+	uint64_t left;
+	int rc = stk_meta_store_climb(st, ino, top, &left);
+
+	return rc == 2 ? 0 : rc;
 }
 
 int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino)

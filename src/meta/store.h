@@ -771,6 +771,13 @@ int stk_meta_store_snap_done(struct stk_meta_store *st, uint64_t epoch, uint64_t
  * -ENOENT, -ENOTDIR, -EINVAL (not absolute).
  */
 int stk_meta_store_within(struct stk_meta_store *st, uint64_t ino, uint64_t top);
+/*
+ * stk_meta_store_climb: the walk of stk_meta_store_within on this shard's inodes,
+ * which stops where a parent pointer (or ino itself) names another shard's inode:
+ * 2 with that inode in *left; else 1 or 0 as stk_meta_store_within, or -errno
+ * (meta/span.c goes on with *left on its shard).
+ */
+int stk_meta_store_climb(struct stk_meta_store *st, uint64_t ino, uint64_t top, uint64_t *left);
 int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t *ino);
 
 
