@@ -879,3 +879,10 @@ void stk_meta_xshard_destroy(struct stk_meta_xshard *x)
 	pthread_mutex_destroy(&x->mu);
 	free(x);
 }
+
+
+int stk_meta_xshard_ask(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode,
+			const void *req, size_t len, void *resp, size_t cap, size_t *rlen)
+{
+	return call(x, shard, opcode, req, len, resp, cap, rlen);
+}

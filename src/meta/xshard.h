@@ -114,4 +114,13 @@ int stk_meta_xshard_getattr(struct stk_meta_xshard *x, uint64_t ino, struct stk_
 int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_xshard_req *q,
 			  struct stk_msg_meta_xshard_resp *r);
 
+/*
+ * One request (opcode, req[0..len)) to the leader of `shard`, as this meta node
+ * (unconfined), retried as the steps above are (5 s); the reply's payload into
+ * resp (cap bytes), its length into *rlen. 0, the reply's -errno, or -EIO (no
+ * answer). For meta/span.c. Worker threads only.
+ */
+int stk_meta_xshard_ask(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode,
+			const void *req, size_t len, void *resp, size_t cap, size_t *rlen);
+
 #endif

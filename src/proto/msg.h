@@ -590,6 +590,15 @@ enum {
 	STK_XSHARD_RELEASE = 7,
 	STK_XSHARD_LINK = 8
 };
+/*
+ * UP (to any shard; a client key's subtree, meta/span.c): the walk up the parent
+ * pointers from ino towards folder `parent` (the subtree's) on the shard asked,
+ * with nothing asked of others: state STK_XUP_*; with STK_XUP_LEFT, attr.ino is the
+ * inode of another shard where the walk goes on. Numbered apart from the steps
+ * above, which other sub-ops may follow.
+ */
+enum { STK_XSHARD_UP = 20 };
+enum { STK_XUP_OUTSIDE = 0, STK_XUP_INSIDE = 1, STK_XUP_LEFT = 2 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
 #define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
