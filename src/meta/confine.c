@@ -24,6 +24,8 @@
 
 struct confine {
 	struct stk_meta_store *st;
+	struct stk_meta_span *sp;
+	int may_wait; /* 0 on an event loop: -EWOULDBLOCK where another shard is asked */
 	const struct stk_auth_client *id;
 	const struct stk_rpc_req *req;
 	const struct stk_rpc_resp *resp;
@@ -59,16 +61,29 @@ static int refuse(const struct confine *cf, unsigned reason, int rc, uint64_t in
 	return stk_rpc_client_refused(cf->resp, reason, rc);
 }
 
-/* The client's root to its subtree's folder, then: under it, or EACCES. */
+/*
+ * The client's root to its subtree's folder, then: under it (on whatever shards
+ * its parents are, span.h), or EACCES. The root of a client whose subtree's
+ * folder lives on another shard than this one (which every request about inode 1
+ * comes to) is refused: the client would have to send those to that shard.
+ */
 static int inside(const struct confine *cf, uint64_t *ino)
 {
 	int rc;
 
-	if (*ino == STK_ROOT_INO)
+	if (*ino == STK_ROOT_INO) {
 		*ino = cf->top;
+		if (stk_ino_shard(cf->top) != stk_meta_store_shard(cf->st)) {
+			stk_warn("%s: client %s: its subtree %s is a folder of metadata shard %u: "
+				 "a subtree key's folder must be on shard 1 (docs/security.md)",
+				 cf->req->peer, cf->id->name, cf->id->subtree,
+				 stk_ino_shard(cf->top));
+			return -EOPNOTSUPP;
+		}
+	}
 	if (cf->top == STK_ROOT_INO)
 		return 0;
-	rc = stk_meta_store_within(cf->st, *ino, cf->top);
+	rc = stk_meta_span_within(cf->sp, *ino, cf->top, cf->may_wait);
 	if (rc < 0)
 		return rc;
 	return rc ? 0 : refuse(cf, STK_CLIENT_REFUSED_OUTSIDE, -EACCES, *ino);
@@ -279,7 +294,7 @@ static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 				return -EBADMSG;
 			if (g.ino == STK_ROOT_INO)
 				g.ino = cf->top;
-			rc = stk_meta_store_within(cf->st, g.ino, cf->top);
+			rc = stk_meta_span_within(cf->sp, g.ino, cf->top, cf->may_wait);
 			if (rc == 0) {
 				/* inode 0 never exists: that record alone answers ENOENT */
 				refuse(cf, STK_CLIENT_REFUSED_OUTSIDE, 0, g.ino);
@@ -343,10 +358,11 @@ static int rewrite(struct confine *cf, struct stk_rbuf r, struct stk_wbuf *wp)
 	return w.err ? -EBADMSG : 0;
 }
 
-int stk_meta_confine(struct stk_meta_store *st, struct stk_rpc_req *req, struct stk_rpc_resp *resp,
-		     void **copy)
+int stk_meta_confine(struct stk_meta_store *st, struct stk_meta_span *sp, int may_wait,
+		     struct stk_rpc_req *req, struct stk_rpc_resp *resp, void **copy)
 {
-	struct confine cf = {.st = st, .id = req->client, .req = req, .resp = resp};
+	struct confine cf = {
+	    .st = st, .sp = sp, .may_wait = may_wait, .id = req->client, .req = req, .resp = resp};
 	struct stk_wbuf w;
 	uint8_t *buf;
 	int rc;
@@ -358,7 +374,9 @@ int stk_meta_confine(struct stk_meta_store *st, struct stk_rpc_req *req, struct 
 		return rc;
 	cf.top = STK_ROOT_INO;
 	if (strcmp(req->client->subtree, "/") != 0) {
-		rc = stk_meta_store_resolve(st, req->client->subtree, &cf.top);
+		rc = stk_meta_span_resolve(sp, req->client->subtree, &cf.top, may_wait);
+		if (rc == -EWOULDBLOCK)
+			return rc;
 		if (rc) {
 			stk_warn("%s: client %s: its subtree %s: %s: refused", req->peer,
 				 req->client->name, req->client->subtree, strerror(-rc));

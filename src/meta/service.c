@@ -50,6 +50,7 @@
 #include "session.h"
 #include "confine.h"
 #include "store.h"
+#include "span.h"
 #include "xshard.h"
 
 #define SYNC_INTERVAL_MS 1000
@@ -67,6 +68,7 @@ struct meta {
 	struct stk_meta_leases *leases; /* clients' cached lookups (leases.c) */
 	struct stk_meta_repl *repl;	/* the shard's replication (repl.c) */
 	struct stk_meta_xshard *xshard; /* folders across shards (xshard.c) */
+	struct stk_meta_span *span;	/* client keys' subtrees across shards (span.c) */
 	uint32_t node_id;		/* as mgmtd knows this node */
 	int sessions_started;		/* atomic: the reaper runs (this node served) */
 	struct stk_meta_purger *purger; /* removes freed files' chunks (purge.c) */
@@ -657,9 +659,13 @@ static int op_getattrs(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_r
 		recall(m, req, inos, q.n); /* all first, then one read of all */
 		rc = stk_meta_store_getattrs(m->store, &q.cred, inos, q.n, attrs, rcs);
 	}
-	/* another shard's inode is that shard's to answer (wrong_shard checks the first) */
+	/*
+	 * another shard's inode is that shard's to answer (wrong_shard checks the first);
+	 * inode 0, which no shard has, is missing (confine.c's answer to a client key
+	 * for an inode outside its subtree)
+	 */
 	for (uint32_t i = 0; rc == 0 && i < q.n; i++)
-		if (stk_ino_shard(inos[i]) != stk_meta_store_shard(m->store))
+		if (inos[i] && stk_ino_shard(inos[i]) != stk_meta_store_shard(m->store))
 			rcs[i] = -EREMCHG;
 	if (rc)
 		goto out;
@@ -2358,9 +2364,10 @@ static int op_within(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	rc = decoded(req, stk_msg_meta_within_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
-	rc = stk_meta_store_resolve(m->store, q.subtree, &top);
+	/* on whatever shards the path and ino's parents lie (span.h) */
+	rc = stk_meta_span_resolve(m->span, q.subtree, &top, 1);
 	if (rc == 0)
-		rc = stk_meta_store_within(m->store, q.ino, top);
+		rc = stk_meta_span_within(m->span, q.ino, top, 1);
 	else if (rc == -ENOENT || rc == -ENOTDIR)
 		rc = 0;
 	if (rc < 0)
@@ -2392,7 +2399,9 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	rc = decoded(req, stk_msg_meta_xshard_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
-	if (q.op == STK_XSHARD_DYING) {
+	if (q.op == STK_XSHARD_UP) { /* a walk up for a client key's subtree (span.h) */
+		rc = stk_meta_span_up(m->span, q.ino, q.parent, &r);
+	} else if (q.op == STK_XSHARD_DYING) {
 		struct change ch;
 
 		/* whether it is empty is its names' business: a delegation of it is recalled */
@@ -2675,7 +2684,11 @@ static int meta_run(void *ctx, struct stk_rpc_req *req, struct stk_rpc_resp *res
 			return rc;
 	}
 	/* a client key's request, checked and rewritten by its policy (confine.h) */
-	rc = stk_meta_confine(m->store, req, resp, &copy);
+	rc = stk_meta_confine(m->store, m->span, !on_loop, req, resp, &copy);
+	if (rc == -EWOULDBLOCK) {
+		on_loop_blocked = 1; /* another shard must be asked: on a worker */
+		return -EAGAIN;
+	}
 	if (rc == 0) {
 		rc = meta_serve(m, req, resp);
 		if (rc == 0 && req->client)
@@ -3192,6 +3205,8 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 		rc = stk_meta_repl_create(m.store, on_promoted, &m, &m.repl);
 	if (rc == 0)
 		rc = stk_meta_xshard_create(m.store, m.repl, dir, &m.xshard);
+	if (rc == 0)
+		rc = stk_meta_span_create(m.store, m.xshard, &m.span);
 	if (rc)
 		goto out;
 	/* Served before: clients cut off from the meta before may trust what it said. */
@@ -3228,6 +3243,7 @@ out:
 	 */
 	stk_meta_sessions_destroy(m.sessions);
 	stk_meta_purger_destroy(m.purger);
+	stk_meta_span_destroy(m.span);
 	stk_meta_xshard_destroy(m.xshard);
 	stk_meta_leases_destroy(m.leases);
 	/* its threads use the agent, and the agent's hooks use it */
