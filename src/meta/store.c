@@ -4048,15 +4048,20 @@ static int dir_children(struct op *o, uint64_t dir, struct ino_vec *out)
 /*
  * Calls fn for every inode below folder top (not top itself), once per name, in
  * no particular order. fn returns 1 to walk into a folder, 0 not to, or -errno
- * to stop the walk with that error. Logs its progress on big trees.
+ * to stop the walk with that error. Logs its progress on big trees. A name of
+ * another shard's inode (a folder placed there, a file renamed there) is not
+ * this store's to walk: it is passed over, and the first such inode kept in
+ * *remote (0: none). Quotas do not span shards (docs/quotas.md).
  */
 typedef int (*walk_fn)(struct op *o, struct inode *n, void *ctx);
 
-static int tree_walk(struct op *o, uint64_t top, walk_fn fn, void *ctx)
+static int tree_walk_here(struct op *o, uint64_t top, walk_fn fn, void *ctx, uint64_t *remote)
 {
 	struct ino_vec stack = {0}, kids = {0};
 	uint64_t seen = 0;
 	int rc;
+
+	*remote = 0;
 
 	rc = vec_push(&stack, top);
 	while (rc == 0 && stack.n) {
@@ -4067,6 +4072,11 @@ static int tree_walk(struct op *o, uint64_t top, walk_fn fn, void *ctx)
 		for (size_t i = 0; rc == 0 && i < kids.n; i++) {
 			struct inode n;
 
+			if (stk_ino_shard(kids.v[i]) != o->st->shard) {
+				if (!*remote)
+					*remote = kids.v[i];
+				continue;
+			}
 			rc = inode_get_named(o, kids.v[i], &n);
 			if (rc == 0)
 				rc = fn(o, &n, ctx);
@@ -4079,6 +4089,20 @@ static int tree_walk(struct op *o, uint64_t top, walk_fn fn, void *ctx)
 	}
 	free(stack.v);
 	free(kids.v);
+	return rc;
+}
+
+/* tree_walk_here, with a line in the log for what it passed over. */
+static int tree_walk(struct op *o, uint64_t top, walk_fn fn, void *ctx)
+{
+	uint64_t remote;
+	int rc = tree_walk_here(o, top, fn, ctx, &remote);
+
+	if (rc == 0 && remote)
+		stk_warn("quota on folder %llu: inode %llu below it lives on metadata shard %u "
+			 "and counts in no quota of this one's (docs/quotas.md)",
+			 (unsigned long long)top, (unsigned long long)remote,
+			 stk_ino_shard(remote));
 	return rc;
 }
 
@@ -4185,6 +4209,7 @@ int stk_meta_store_quota_set(struct stk_meta_store *st, const struct stk_cred *c
 	struct inode dir;
 	struct quota q;
 	struct op o;
+	uint64_t remote = 0;
 	int rc;
 
 	if (flags & ~(STK_QUOTA_KEEP_BYTES | STK_QUOTA_KEEP_INODES))
@@ -4211,7 +4236,15 @@ int stk_meta_store_quota_set(struct stk_meta_store *st, const struct stk_cred *c
 		dir.a.qid = ino;
 		rc = inode_put(&o, &dir);
 		if (rc == 0)
-			rc = tree_walk(&o, ino, tag_one, &t);
+			rc = tree_walk_here(&o, ino, tag_one, &t, &remote);
+		if (rc == 0 && remote) {
+			/* it would not count there: refused, and nothing changed */
+			stk_warn("quota on folder %llu: refused: inode %llu below it lives on "
+				 "metadata shard %u, and quotas do not span shards",
+				 (unsigned long long)ino, (unsigned long long)remote,
+				 stk_ino_shard(remote));
+			rc = -EXDEV;
+		}
 		if (rc)
 			goto out;
 		q.used_inodes = t.inodes + 1;
