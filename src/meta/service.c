@@ -828,6 +828,43 @@ static int dir_empty(struct meta *m, uint64_t ino)
 	       n == 0 && eof;
 }
 
+/*
+ * Quotas do not span shards (docs/quotas.md, "Several shards"): an inode counts
+ * in the quota of the shard it lives on, so a folder made in a folder that
+ * counts in a quota stays on its parent's shard whatever its setting, and a file
+ * renamed or linked across shards must count in the same quota on both sides
+ * (none included): else EXDEV, nothing changes, and mv copies, counting each
+ * byte where it lands.
+ */
+static uint64_t qid_of(struct meta *m, uint64_t ino, int *rc)
+{
+	const struct stk_cred root = {0};
+	struct stk_attr a;
+
+	if (stk_ino_shard(ino) == stk_meta_store_shard(m->store))
+		*rc = stk_meta_store_getattr(m->store, &root, ino, &a);
+	else
+		*rc = stk_meta_xshard_getattr(m->xshard, ino, &a);
+	return *rc ? 0 : a.qid;
+}
+
+static int same_quota(struct meta *m, uint64_t file, uint64_t dir)
+{
+	int rc = 0, drc = 0;
+	uint64_t fq = file ? qid_of(m, file, &rc) : 0, dq = qid_of(m, dir, &drc);
+
+	if (rc == -ENOENT || drc == -ENOENT)
+		return 0; /* gone: the operation answers for it */
+	if (rc || drc)
+		return rc ? rc : drc;
+	if (fq == dq)
+		return 0;
+	stk_debug("inode %llu (quota %llu) to folder %llu (quota %llu) across shards: EXDEV",
+		  (unsigned long long)file, (unsigned long long)fq, (unsigned long long)dir,
+		  (unsigned long long)dq);
+	return -EXDEV;
+}
+
 static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_mkdir_req q;
@@ -842,6 +879,8 @@ static int op_mkdir(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 		return rc;
 	memset(&r, 0, sizeof(r));
 	to = stk_meta_xshard_place(m->xshard, q.parent, q.name);
+	if (to != stk_meta_store_shard(m->store) && qid_of(m, q.parent, &rc) != 0)
+		to = stk_meta_store_shard(m->store); /* under a quota: stays (same_quota) */
 	if (to != stk_meta_store_shard(m->store)) {
 		/* on another shard (docs/meta-shards.md): neither leased nor delegated */
 		change_begin(m, req, &ch, q.parent, 0, 0, 0);
@@ -992,6 +1031,9 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (stk_ino_shard(q.dst_parent) != stk_meta_store_shard(m->store)) {
 		/* to a folder of another shard: a file moves in four steps (xshard.h) */
 		moved = named(m, q.src_parent, q.src_name);
+		rc = moved ? same_quota(m, moved, q.dst_parent) : 0;
+		if (rc)
+			return rc;
 		change_begin(m, req, &ch, q.src_parent, moved, 0, 0);
 		rc = stk_meta_xshard_rename(m->xshard, &q.cred, q.src_parent, q.src_name,
 					    q.dst_parent, q.dst_name, q.flags);
@@ -1066,6 +1108,11 @@ static int op_link(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	rc = decoded(req, stk_msg_meta_link_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
+	if (stk_ino_shard(q.ino) != stk_meta_store_shard(m->store)) {
+		rc = same_quota(m, q.ino, q.parent);
+		if (rc)
+			return rc;
+	}
 	change_begin(m, req, &ch, q.parent, q.ino, 0, 0);
 	if (stk_ino_shard(q.ino) != stk_meta_store_shard(m->store))
 		/* a file of another shard: four steps (xshard.h) */
