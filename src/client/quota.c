@@ -17,6 +17,7 @@
 #include "client.h"
 #include "inode.h"
 #include "session.h"
+#include "stoker/stoker_ll.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -131,6 +132,8 @@ static int quota_call_one(stk_client *c, const struct stk_msg_meta_quota_req *m,
 	return rc;
 }
 
+static void paths_up(stk_client *c, struct stk_quota *q, size_t n);
+
 int stk_quota_set(stk_client *c, const char *path, uint64_t limit_bytes, uint64_t limit_inodes,
 		  unsigned which, struct stk_quota *out)
 {
@@ -148,7 +151,10 @@ int stk_quota_set(stk_client *c, const char *path, uint64_t limit_bytes, uint64_
 		m.flags |= STK_QUOTA_KEEP_BYTES;
 	if (!(which & STK_QUOTA_INODES))
 		m.flags |= STK_QUOTA_KEEP_INODES;
-	return quota_call_one(c, &m, out);
+	rc = quota_call_one(c, &m, out);
+	if (rc == 0 && out)
+		paths_up(c, out, 1);
+	return rc;
 }
 
 int stk_quota_rm(stk_client *c, const char *path)
@@ -171,7 +177,11 @@ int stk_quota_get(stk_client *c, const char *path, struct stk_quota *out)
 	if (!c || !path || !out)
 		return -EINVAL;
 	rc = quota_req_path(c, path, STK_QUOTA_GET, &m);
-	return rc ? rc : quota_call_one(c, &m, out);
+	if (rc == 0)
+		rc = quota_call_one(c, &m, out);
+	if (rc == 0)
+		paths_up(c, out, 1);
+	return rc;
 }
 
 int stk_ll_quota_get(stk_client *c, uint64_t ino, struct stk_quota *out)
@@ -187,11 +197,96 @@ int stk_ll_quota_get(stk_client *c, uint64_t ino, struct stk_quota *out)
 	return quota_call_one(c, &m, out);
 }
 
+/*
+ * Each shard keeps the quotas of its own folders (docs/quotas.md, "Several
+ * shards"): a list goes through shard 1's, then shard 2's from its first inode
+ * number on, and so on until a shard the cluster does not have (ENOENT).
+ */
+static uint64_t shard_first_ino(unsigned shard)
+{
+	return (uint64_t)(shard - 1) << STK_INO_SHARD_SHIFT;
+}
+
+#define PATH_UP_DEPTH 256 /* folders above a quota root named from here, at most */
+#define PATH_UP_PAGE 64
+
+/*
+ * The path of folder ino, found from here: the meta of a quota root on shard
+ * k > 1 cannot name the folders above it that other shards hold, so its record
+ * comes without one. Each folder's parent by "..", its name by the parent's
+ * listing, up to the root, as the caller (cred) sees them. 0, or -errno (the
+ * record keeps no path).
+ */
+static int path_up(stk_client *c, uint64_t ino, char *buf, size_t len)
+{
+	struct stk_ll_cred cred = {.uid = c->cred.uid, .gid = c->cred.gid};
+	struct stk_ll_dirent *ents = calloc(PATH_UP_PAGE, sizeof(*ents));
+	char *end = buf + len, *p = end;
+	int rc = ents ? 0 : -ENOMEM;
+
+	if (len < 2)
+		rc = -ERANGE;
+	if (rc == 0)
+		*--p = 0;
+	for (unsigned depth = 0; rc == 0 && ino != STK_ROOT_INO; depth++) {
+		struct stk_ll_attr up;
+		uint64_t cookie = 0;
+		uint32_t got = 0;
+		const char *name = NULL;
+		size_t nl;
+		int eof = 0;
+
+		if (depth == PATH_UP_DEPTH) {
+			rc = -ELOOP;
+			break;
+		}
+		rc = stk_ll_lookup_parent(c, &cred, ino, &up);
+		while (rc == 0 && !name && !eof) {
+			rc = stk_ll_readdir(c, &cred, up.ino, cookie, PATH_UP_PAGE, ents, &got, &eof);
+			for (uint32_t i = 0; rc == 0 && i < got && !name; i++)
+				if (ents[i].ino == ino)
+					name = ents[i].name;
+			if (got)
+				cookie = ents[got - 1].next_cookie;
+		}
+		if (rc == 0 && !name)
+			rc = -ENOENT; /* moved meanwhile */
+		if (rc)
+			break;
+		nl = strlen(name);
+		if ((size_t)(p - buf) < nl + 2) {
+			rc = -ERANGE;
+			break;
+		}
+		p -= nl;
+		memcpy(p, name, nl);
+		*--p = '/';
+		ino = up.ino;
+	}
+	free(ents);
+	if (rc)
+		return rc;
+	if (!*p)
+		*--p = '/';
+	memmove(buf, p, (size_t)(end - p));
+	return 0;
+}
+
+/* Records of other shards' quota roots get their paths from here (path_up). */
+static void paths_up(stk_client *c, struct stk_quota *q, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!q[i].path[0] && stk_ino_shard(q[i].ino) > 1 &&
+		    path_up(c, q[i].ino, q[i].path, sizeof(q[i].path)))
+			q[i].path[0] = 0;
+}
+
 int stk_quota_list(stk_client *c, struct stk_quota **out, size_t *n)
 {
 	struct stk_msg_meta_quota_resp head;
 	struct stk_msg_meta_quota_req m;
 	struct stk_quota *all = NULL, *page;
+	unsigned shard = 1;
 	size_t k = 0;
 	int rc;
 
@@ -200,10 +295,14 @@ int stk_quota_list(stk_client *c, struct stk_quota **out, size_t *n)
 	memset(&m, 0, sizeof(m));
 	m.cred = c->cred;
 	m.op = STK_QUOTA_LIST;
-	do {
+	for (;;) {
 		struct stk_quota *grown;
 
 		rc = quota_call(c, &m, &head, &page);
+		if (rc == -ENOENT && shard > 1) { /* no such shard: all were listed */
+			rc = 0;
+			break;
+		}
 		if (rc)
 			break;
 		grown = head.n ? realloc(all, (k + head.n) * sizeof(*all)) : all;
@@ -218,12 +317,19 @@ int stk_quota_list(stk_client *c, struct stk_quota **out, size_t *n)
 		k += head.n;
 		free(page);
 		/* The next page starts after the last quota root of this one. */
-		m.ino = k ? all[k - 1].ino + 1 : 0;
-	} while (head.more && head.n);
+		if (head.more && head.n) {
+			m.ino = all[k - 1].ino + 1;
+			continue;
+		}
+		if (++shard > STK_MAX_SHARDS)
+			break;
+		m.ino = shard_first_ino(shard);
+	}
 	if (rc) {
 		free(all);
 		return rc;
 	}
+	paths_up(c, all, k);
 	*out = all;
 	*n = k;
 	return 0;
@@ -233,16 +339,54 @@ int stk_quota_recount(stk_client *c, const char *path, struct stk_quota **out, s
 {
 	struct stk_msg_meta_quota_resp head;
 	struct stk_msg_meta_quota_req m;
+	struct stk_quota *all = NULL, *list = NULL;
+	size_t k = 0, nlist = 0;
 	int rc;
 
 	if (!c || !out || !n)
 		return -EINVAL;
 	rc = quota_req_path(c, path, STK_QUOTA_RECOUNT, &m);
 	if (rc == 0)
-		rc = quota_call(c, &m, &head, out);
-	if (rc == 0)
-		*n = head.n;
-	return rc;
+		rc = quota_call(c, &m, &head, &all);
+	if (rc)
+		return rc;
+	k = head.n;
+	/*
+	 * All of them: shard 1 recounts its own at once (inode 0); the outermost
+	 * quotas of the other shards are recounted one by one at their shards.
+	 */
+	if (!path)
+		rc = stk_quota_list(c, &list, &nlist);
+	for (size_t i = 0; rc == 0 && i < nlist; i++) {
+		struct stk_quota *page = NULL, *grown;
+
+		if (stk_ino_shard(list[i].ino) == 1 || list[i].parent)
+			continue;
+		m.ino = list[i].ino;
+		rc = quota_call(c, &m, &head, &page);
+		if (rc == -ENOENT) { /* removed since the list */
+			rc = 0;
+			continue;
+		}
+		grown = rc == 0 && head.n ? realloc(all, (k + head.n) * sizeof(*all)) : all;
+		if (rc == 0 && head.n && !grown)
+			rc = -ENOMEM;
+		if (rc == 0 && head.n) {
+			all = grown;
+			memcpy(all + k, page, head.n * sizeof(*all));
+			k += head.n;
+		}
+		free(page);
+	}
+	free(list);
+	if (rc) {
+		free(all);
+		return rc;
+	}
+	paths_up(c, all, k);
+	*out = all;
+	*n = k;
+	return 0;
 }
 
 int stk_client_quota_room(stk_client *c, uint64_t ino, uint64_t need, uint64_t *granted)
