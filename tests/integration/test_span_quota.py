@@ -12,9 +12,13 @@ A real two-shard `stoker up` cluster, the CLI and the Python package.
 import errno
 import json
 import os
+import signal
+import threading
+import time
 
 import pytest
 
+from conftest import wait_until
 from pyhelp import stoker as stoker_pkg
 from test_client_identity import ino_op
 from test_meta_xshard import make_xc, shard_of  # noqa: F401 (a fixture)
@@ -94,3 +98,44 @@ def test_quotas_stay_exact_with_two_shards(make_xc):
     p = sc.cli("quota", "recount")
     assert b"2 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
     assert b"/b: correct" in p.stdout, p.stdout
+
+    # kill -9 of shard 2's meta while a writer makes files in /b: the usage of
+    # shard 2's quota is exact after its restart (what is there, not more or less)
+    addr2 = sc.meta_addr(2)
+    pid2 = sc.meta_pid(addr2)
+    stop = threading.Event()
+
+    def writer():
+        w = stoker_pkg.connect(sc.url)
+        try:
+            for i in range(100000):
+                if stop.is_set():
+                    break
+                try:
+                    w.write_file("/b/k%d" % i, b"k" * 100)
+                except OSError:
+                    time.sleep(0.05)
+        finally:
+            w.close()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        wait_until(lambda: quotas(sc)["/b"]["used_inodes"] > 20, 60, "the writer to write")
+        os.kill(pid2, signal.SIGKILL)
+        sc.wait("shard 2's meta back", lambda: sc.meta_pid(addr2) not in (None, pid2) and
+                quotas(sc)["/b"]["used_inodes"] > 0)
+        time.sleep(1)
+    finally:
+        stop.set()
+        t.join(120)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        names = c.listdir("/b")
+        sizes = sum(c.stat("/b/" + n).st_size for n in names)
+    finally:
+        c.close()
+    q = quotas(sc)["/b"]
+    assert (q["used_inodes"], q["used_bytes"]) == (1 + len(names), sizes), (q, len(names))
+    p = sc.cli("quota", "recount")
+    assert b"2 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
