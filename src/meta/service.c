@@ -2892,6 +2892,15 @@ static int meta_loop_handle(void *ctx, void *state, struct stk_rpc_req *req,
 	case STK_OP_META_GETXATTR:
 	case STK_OP_META_LISTXATTR:
 		break;
+	case STK_OP_META_XSHARD:
+		/*
+		 * A walk up for another shard (span.h) reads this store alone: on the
+		 * loop, so that shards' workers asking each other never wait on a worker
+		 */
+		if (req->payload.len > req->payload.off &&
+		    req->payload.p[req->payload.off] == STK_XSHARD_UP)
+			break;
+		return STK_RPC_TO_WORKER;
 	default:
 		return STK_RPC_TO_WORKER;
 	}

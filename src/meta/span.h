@@ -13,7 +13,9 @@
  * - within: the parent pointers are followed in this store, then on the shard
  *   the walk left to, by META_XSHARD op UP, which walks that shard's store only
  *   and answers inside, outside, or the inode of yet another shard where it left
- *   (so no shard's answer waits on a third: the asker makes every hop).
+ *   (so no shard's answer waits on a third: the asker makes every hop). UP is
+ *   served on the event loop (service.c), so two shards' workers asking each
+ *   other never wait on each other's workers.
  *
  * What is cached: the answers of other shards only (what this store says is
  * read afresh each time), for SPAN_TTL_MS (1 s): a path resolved with another
