@@ -2280,6 +2280,52 @@ static void test_shard_numbers(void)
 }
 
 /*
+ * Client confinement across shards (meta/span.h): the walk up a shard's store
+ * stops where a parent pointer (or the inode itself) names another shard's
+ * inode, and says which; stk_meta_store_within answers no there, as before.
+ */
+static void test_climb_stops_at_another_shard(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL, *keep = st;
+	const uint64_t p1 = 5, other1 = 9; /* folders of shard 1 */
+	struct stk_attr d;
+	uint64_t f, g, left = 77;
+
+	snprintf(dir, sizeof(dir), "%s/climb2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	st = s2;
+	/* folder d of shard 2 whose parent is p1 of shard 1, a file in it */
+	memset(&d, 0, sizeof(d));
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, 7, p1, "d", 0755, 0, 0, &d), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, 7, 1), 0);
+	f = create_as(&ROOT, d.ino, "f");
+	g = create_as(&ROOT, mkdir_as(&ROOT, STK_ROOT_INO, "local", 0755), "g");
+	CHECK_RC(stk_meta_store_climb(s2, f, p1, &left), 1);
+	CHECK(left == 0);
+	CHECK_RC(stk_meta_store_climb(s2, f, d.ino, &left), 1);
+	CHECK_RC(stk_meta_store_climb(s2, f, other1, &left), 2);
+	CHECK(left == p1);
+	CHECK_RC(stk_meta_store_climb(s2, d.ino, other1, &left), 2);
+	CHECK(left == p1);
+	CHECK_RC(stk_meta_store_climb(s2, p1, other1, &left), 2); /* itself another's */
+	CHECK(left == p1);
+	CHECK_RC(stk_meta_store_within(s2, f, other1), 0);
+	CHECK_RC(stk_meta_store_within(s2, f, p1), 1);
+	/* up to the root (shard 1's inode 1): outside, not another shard's walk */
+	CHECK_RC(stk_meta_store_climb(s2, g, other1, &left), 0);
+	CHECK(left == 0);
+	CHECK_RC(stk_meta_store_climb(s2, (1ull << STK_INO_SHARD_SHIFT) + 999, other1, &left), 0);
+	CHECK_RC(stk_meta_store_climb(s2, f, STK_ROOT_INO, &left), 1);
+	stk_meta_store_close(s2);
+	st = keep;
+}
+
+/*
  * Cross-shard folders (meta/xshard.h): the records of each step on a parent's
  * store (shard 1, st) and a folder's (shard 2), in the order the protocol writes
  * them, and what each answers between steps.
@@ -2993,6 +3039,7 @@ int main(void)
 	CHECK_RUN(test_names);
 	CHECK_RUN(test_create);
 	CHECK_RUN(test_shard_numbers);
+	CHECK_RUN(test_climb_stops_at_another_shard);
 	CHECK_RUN(test_mkdir_rmdir);
 	CHECK_RUN(test_expect_ino);
 	CHECK_RUN(test_link_unlink);
