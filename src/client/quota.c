@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../common/util.h"
 
@@ -211,59 +212,115 @@ static uint64_t shard_first_ino(unsigned shard)
 #define PATH_UP_PAGE 64
 
 /*
+ * The last folder listed by path_up, by inode number: the quota roots of a list
+ * mostly share their parents (top-level folders spread over the shards), so each
+ * parent is listed once per list, not once per quota.
+ */
+struct listed {
+	uint64_t dir; /* 0: none */
+	size_t n, cap;
+	uint64_t *ino;
+	char **name;
+};
+
+static void listed_clear(struct listed *l)
+{
+	for (size_t i = 0; i < l->n; i++)
+		free(l->name[i]);
+	free(l->ino);
+	free(l->name);
+	memset(l, 0, sizeof(*l));
+}
+
+static int listed_fill(stk_client *c, const struct stk_ll_cred *cred, uint64_t dir,
+		       struct listed *l)
+{
+	struct stk_ll_dirent *ents = calloc(PATH_UP_PAGE, sizeof(*ents));
+	uint64_t cookie = 0;
+	int eof = 0, rc = ents ? 0 : -ENOMEM;
+
+	listed_clear(l);
+	while (rc == 0 && !eof) {
+		uint32_t got = 0;
+
+		rc = stk_ll_readdir(c, cred, dir, cookie, PATH_UP_PAGE, ents, &got, &eof);
+		for (uint32_t i = 0; rc == 0 && i < got; i++) {
+			if (!S_ISDIR(ents[i].mode))
+				continue;
+			if (l->n == l->cap) {
+				size_t cap = l->cap ? 2 * l->cap : 64;
+				uint64_t *ino = realloc(l->ino, cap * sizeof(*ino));
+				char **name = ino ? realloc(l->name, cap * sizeof(*name)) : NULL;
+
+				if (ino)
+					l->ino = ino;
+				if (name)
+					l->name = name;
+				if (!ino || !name) {
+					rc = -ENOMEM;
+					break;
+				}
+				l->cap = cap;
+			}
+			l->name[l->n] = strdup(ents[i].name);
+			if (!l->name[l->n]) {
+				rc = -ENOMEM;
+				break;
+			}
+			l->ino[l->n++] = ents[i].ino;
+		}
+		if (got)
+			cookie = ents[got - 1].next_cookie;
+	}
+	free(ents);
+	if (rc)
+		listed_clear(l);
+	else
+		l->dir = dir;
+	return rc;
+}
+
+/*
  * The path of folder ino, found from here: the meta of a quota root on shard
  * k > 1 cannot name the folders above it that other shards hold, so its record
  * comes without one. Each folder's parent by "..", its name by the parent's
- * listing, up to the root, as the caller (cred) sees them. 0, or -errno (the
- * record keeps no path).
+ * listing, up to the root, as the caller sees them. 0, or -errno (the record
+ * keeps no path).
  */
-static int path_up(stk_client *c, uint64_t ino, char *buf, size_t len)
+static int path_up(stk_client *c, struct listed *l, uint64_t ino, char *buf, size_t len)
 {
 	struct stk_ll_cred cred = {.uid = c->cred.uid, .gid = c->cred.gid};
-	struct stk_ll_dirent *ents = calloc(PATH_UP_PAGE, sizeof(*ents));
 	char *end = buf + len, *p = end;
-	int rc = ents ? 0 : -ENOMEM;
+	int rc = 0;
 
 	if (len < 2)
-		rc = -ERANGE;
-	if (rc == 0)
-		*--p = 0;
+		return -ERANGE;
+	*--p = 0;
 	for (unsigned depth = 0; rc == 0 && ino != STK_ROOT_INO; depth++) {
 		struct stk_ll_attr up;
-		uint64_t cookie = 0;
-		uint32_t got = 0;
 		const char *name = NULL;
 		size_t nl;
-		int eof = 0;
 
-		if (depth == PATH_UP_DEPTH) {
-			rc = -ELOOP;
-			break;
-		}
+		if (depth == PATH_UP_DEPTH)
+			return -ELOOP;
 		rc = stk_ll_lookup_parent(c, &cred, ino, &up);
-		while (rc == 0 && !name && !eof) {
-			rc = stk_ll_readdir(c, &cred, up.ino, cookie, PATH_UP_PAGE, ents, &got, &eof);
-			for (uint32_t i = 0; rc == 0 && i < got && !name; i++)
-				if (ents[i].ino == ino)
-					name = ents[i].name;
-			if (got)
-				cookie = ents[got - 1].next_cookie;
-		}
+		if (rc == 0 && l->dir != up.ino)
+			rc = listed_fill(c, &cred, up.ino, l);
+		for (size_t i = 0; rc == 0 && i < l->n && !name; i++)
+			if (l->ino[i] == ino)
+				name = l->name[i];
 		if (rc == 0 && !name)
 			rc = -ENOENT; /* moved meanwhile */
 		if (rc)
 			break;
 		nl = strlen(name);
-		if ((size_t)(p - buf) < nl + 2) {
-			rc = -ERANGE;
-			break;
-		}
+		if ((size_t)(p - buf) < nl + 2)
+			return -ERANGE;
 		p -= nl;
 		memcpy(p, name, nl);
 		*--p = '/';
 		ino = up.ino;
 	}
-	free(ents);
 	if (rc)
 		return rc;
 	if (!*p)
@@ -275,10 +332,13 @@ static int path_up(stk_client *c, uint64_t ino, char *buf, size_t len)
 /* Records of other shards' quota roots get their paths from here (path_up). */
 static void paths_up(stk_client *c, struct stk_quota *q, size_t n)
 {
+	struct listed l = {0};
+
 	for (size_t i = 0; i < n; i++)
 		if (!q[i].path[0] && stk_ino_shard(q[i].ino) > 1 &&
-		    path_up(c, q[i].ino, q[i].path, sizeof(q[i].path)))
+		    path_up(c, &l, q[i].ino, q[i].path, sizeof(q[i].path)))
 			q[i].path[0] = 0;
+	listed_clear(&l);
 }
 
 int stk_quota_list(stk_client *c, struct stk_quota **out, size_t *n)
