@@ -57,9 +57,16 @@ def test_quotas_stay_exact_with_two_shards(make_xc):
         for i in range(made):
             assert c.read_file("/q/d/f%d" % i) == b"x" * 1000
 
-        # every shard's quotas are listed, with their paths
+        # every shard's quotas are listed, with their paths (volumes: folders of
+        # shard 2 in a folder of shard 1, as CSI makes them under a pinned folder)
+        c.makedirs("/vols")
+        sc.cli("shard", "pin", "/vols", "2")
+        for v in ("v1", "v2"):
+            c.makedirs("/vols/" + v)
+            assert shard_of(c.stat("/vols/" + v).st_ino) == 2
+            sc.cli("quota", "set", "/vols/" + v, "--bytes", "1G")
         q = quotas(sc)
-        assert set(q) == {"/q", "/b"}, q
+        assert set(q) == {"/q", "/b", "/vols/v1", "/vols/v2"}, q
         assert (q["/q"]["used_inodes"], q["/q"]["used_bytes"]) == (10, 8000)
         assert q["/b"]["used_inodes"] == 1 and shard_of(q["/b"]["ino"]) == 2
         assert json.loads(sc.cli("quota", "ls", "/b", "--json").stdout)[0]["path"] == "/b"
@@ -90,14 +97,14 @@ def test_quotas_stay_exact_with_two_shards(make_xc):
         assert shard_of(c.stat("/p/x").st_ino) == 2
         p = sc.cli("quota", "set", "/p", "--inodes", "5", check=False)
         assert p.returncode != 0 and b"cross-device" in p.stderr, p.stderr
-        assert set(quotas(sc)) == {"/q", "/b"}
+        assert set(quotas(sc)) == {"/q", "/b", "/vols/v1", "/vols/v2"}
     finally:
         c.close()
 
     # recount sees both shards' quotas and finds nothing to fix
     p = sc.cli("quota", "recount")
-    assert b"2 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
-    assert b"/b: correct" in p.stdout, p.stdout
+    assert b"4 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
+    assert b"/b: correct" in p.stdout and b"/vols/v2: correct" in p.stdout, p.stdout
 
     # kill -9 of shard 2's meta while a writer makes files in /b: the usage of
     # shard 2's quota is exact after its restart (what is there, not more or less)
@@ -138,4 +145,4 @@ def test_quotas_stay_exact_with_two_shards(make_xc):
     q = quotas(sc)["/b"]
     assert (q["used_inodes"], q["used_bytes"]) == (1 + len(names), sizes), (q, len(names))
     p = sc.cli("quota", "recount")
-    assert b"2 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
+    assert b"4 quota(s) recounted, 0 fixed" in p.stdout, p.stdout
