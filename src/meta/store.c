@@ -2845,6 +2845,9 @@ static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t src_p
 		rc = dir_get(o, dst_parent, MAY_W | MAY_X, r->dp);
 		if (rc == 0)
 			rc = xmark_dying(o, dst_parent);
+		/* it counts at its home: not into another quota (docs/quotas.md) */
+		if (rc == 0 && r->dp->a.qid != r->sp.a.qid)
+			rc = -EXDEV;
 		if (rc)
 			return rc;
 	} else if (strcmp(r->src_name, r->dst_name) == 0) {
