@@ -86,6 +86,12 @@ def test_quotas_stay_exact_with_two_shards(make_xc):
         # no quota on either side: a rename across shards, as before
         c.rename("/n2/f", "/plain/g")
         assert c.read_file("/plain/g") == b"n2" and shard_of(c.stat("/plain/g").st_ino) == 2
+        # that name of a file of shard 2, moved on within shard 1 into a quota: EXDEV
+        with pytest.raises(OSError) as e:
+            c.rename("/plain/g", "/q/d/g")
+        assert e.value.errno == errno.EXDEV
+        c.rename("/plain/g", "/plain/h")  # within the folder, or to one of no quota: as before
+        assert c.read_file("/plain/h") == b"n2"
         assert c.read_file("/b/f") == b"in b" and c.read_file("/plain/f") == b"plain"
         q = quotas(sc)
         assert (q["/q"]["used_inodes"], q["/q"]["used_bytes"]) == (10, 8000)
