@@ -29,7 +29,7 @@
 #define UP_SLOTS 1024u
 #define TOP_SLOTS 64u
 #define TOP_PATH_MAX 256u /* longer subtree paths are resolved every time */
-#define HOPS_MAX 64u      /* crossings of a walk, at most */
+#define HOPS_MAX 64u	  /* crossings of a walk, at most */
 
 struct up_ent {
 	uint64_t ino, top, left, until_ns;
@@ -103,8 +103,11 @@ static void up_keep(struct stk_meta_span *sp, uint64_t ino, uint64_t top, uint8_
 		    uint64_t left)
 {
 	pthread_mutex_lock(&sp->lock);
-	*up_slot(sp, ino, top) = (struct up_ent){
-	    .ino = ino, .top = top, .left = left, .state = state, .until_ns = stk_now_ns() + SPAN_TTL_NS};
+	*up_slot(sp, ino, top) = (struct up_ent){.ino = ino,
+						 .top = top,
+						 .left = left,
+						 .state = state,
+						 .until_ns = stk_now_ns() + SPAN_TTL_NS};
 	pthread_mutex_unlock(&sp->lock);
 }
 
@@ -172,8 +175,7 @@ static int lookup_remote(struct stk_meta_span *sp, uint64_t dir, const char *nam
 	return 0;
 }
 
-int stk_meta_span_resolve(struct stk_meta_span *sp, const char *path, uint64_t *ino,
-			  int may_wait)
+int stk_meta_span_resolve(struct stk_meta_span *sp, const char *path, uint64_t *ino, int may_wait)
 {
 	static const struct stk_cred root_cred;
 	char name[STK_NAME_MAX + 1];

@@ -52,8 +52,7 @@ void stk_meta_span_destroy(struct stk_meta_span *sp);
  * -EINVAL (not absolute), -ENAMETOOLONG, -EIO (another shard did not answer),
  * -EWOULDBLOCK (may_wait 0), or the store's -errno.
  */
-int stk_meta_span_resolve(struct stk_meta_span *sp, const char *path, uint64_t *ino,
-			  int may_wait);
+int stk_meta_span_resolve(struct stk_meta_span *sp, const char *path, uint64_t *ino, int may_wait);
 /*
  * 1 when ino is top or lies under it, whatever shards the walk crosses; 0 when
  * not (or ino does not exist); -EIO (another shard did not answer, or more than
