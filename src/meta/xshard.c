@@ -880,9 +880,8 @@ void stk_meta_xshard_destroy(struct stk_meta_xshard *x)
 	free(x);
 }
 
-
-int stk_meta_xshard_ask(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode,
-			const void *req, size_t len, void *resp, size_t cap, size_t *rlen)
+int stk_meta_xshard_ask(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode, const void *req,
+			size_t len, void *resp, size_t cap, size_t *rlen)
 {
 	return call(x, shard, opcode, req, len, resp, cap, rlen);
 }

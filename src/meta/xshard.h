@@ -120,7 +120,7 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
  * resp (cap bytes), its length into *rlen. 0, the reply's -errno, or -EIO (no
  * answer). For meta/span.c. Worker threads only.
  */
-int stk_meta_xshard_ask(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode,
-			const void *req, size_t len, void *resp, size_t cap, size_t *rlen);
+int stk_meta_xshard_ask(struct stk_meta_xshard *x, unsigned shard, uint16_t opcode, const void *req,
+			size_t len, void *resp, size_t cap, size_t *rlen);
 
 #endif
