@@ -285,6 +285,7 @@ static void forget_if_gone(struct meta *m, uint64_t ino)
  * folder moved) is hidden.
  */
 #define QUOTA_SERIES_MAX 256
+#define XSHARD_COUNT_MAX 4096u /* releases counted at most (META_XSHARD COUNT) */
 struct quota_series {
 	uint64_t qid;
 	char path[256];
@@ -2413,7 +2414,21 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	} else {
 		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
 	}
-	return rc ? rc : stk_msg_meta_xshard_resp_enc(&resp->payload, &r);
+	if (rc == 0)
+		rc = stk_msg_meta_xshard_resp_enc(&resp->payload, &r);
+	if (rc == 0 && q.op == STK_XSHARD_COUNT) {
+		/* COUNT's reply ends with the releases waiting (msg.h); older readers stop before */
+		struct stk_meta_xrelease *v = calloc(XSHARD_COUNT_MAX, sizeof(*v));
+		size_t n = 0;
+
+		rc = v ? stk_meta_store_xreleases(m->store, v, XSHARD_COUNT_MAX, &n) : -ENOMEM;
+		if (rc == 0) {
+			stk_put_u32(&resp->payload, (uint32_t)n);
+			rc = resp->payload.err;
+		}
+		free(v);
+	}
+	return rc;
 }
 
 static const meta_op_fn meta_ops[] = {

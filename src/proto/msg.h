@@ -560,7 +560,8 @@ enum stk_target_state {
  * QUERY (to A, from B's recovery): state STK_XSTATE_* of intent, else of `name`
  *   in parent naming ino.
  * COUNT (to any, for tests and operators): the intents and marks it holds now
- *   (intents, marks; the other replies leave them 0).
+ *   (intents, marks; the other replies leave them 0), the reply followed by a u32:
+ *   the releases waiting (a reply without it is from a node before them).
  * A file renamed from a folder of S to one of D (docs/meta-shards.md):
  * RENAME (to D, step 2): `name` in parent (D's) names file ino (mode: its type),
  *   replacing what it named, marked for (from, intent); uid, gid: the caller's;

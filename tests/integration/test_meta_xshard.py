@@ -57,10 +57,10 @@ class XCluster(ShardCluster):
         return "127.0.0.1:%d" % (self.port + 1 if shard == 1 else self.port + 40)
 
     def held(self, shard):
-        """(inodes, intents, marks) the meta node of `shard` holds now."""
+        """(inodes, intents, marks, releases waiting) the meta node of `shard` holds now."""
         p = run([CHECK, "xshard", self.meta_addr(shard)], check=False, env=self.env(),
                 timeout=30)
-        m = re.match(rb"files (\d+) intents (\d+) marks (\d+)", p.stdout)
+        m = re.match(rb"files (\d+) intents (\d+) marks (\d+) releases (\d+)", p.stdout)
         assert m, p.stdout + p.stderr
         return tuple(int(g) for g in m.groups())
 
@@ -177,7 +177,7 @@ def test_folders_on_another_shard(make_xc):
         c.close()
     # nothing left half-done, and fsck (shard 1's namespace) finds nothing wrong
     for shard in (1, 2):
-        assert sc.held(shard)[1:] == (0, 0), sc.held(shard)
+        assert sc.held(shard)[1:] == (0, 0, 0), sc.held(shard)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     # shard 2's files' chunks are not garbage to it, however old (it checks shard 1's)
@@ -271,7 +271,7 @@ def test_file_renamed_across_shards_and_back(make_xc):
         wait_until(lambda: gone(sc, u), timeout=30)
     finally:
         c.close()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     p = sc.cli("fsck", "--grace", "0", "--repair", check=False)
@@ -327,7 +327,7 @@ def test_mount_mv_moves_across_shards(make_xc, tmp_path):
         assert sorted(os.listdir(m.path)) == ["a"] and os.listdir(a) == []
     finally:
         m.stop()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -545,7 +545,7 @@ def settled(sc, c, name, before):
     """The folder /name exists on both sides or on neither, nothing is marked or
     intended, and shard 2 holds exactly the folders named. Returns whether it
     exists, or None while recovery has not finished."""
-    if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+    if sc.held(1)[1:] != (0, 0, 0) or sc.held(2)[1:] != (0, 0, 0):
         return None
     try:
         st = c.stat("/" + name)
@@ -620,7 +620,7 @@ def renamed_where(sc, c, ino, old):
     """After a rename of /a/f (inode ino) over /b/f (inode old): True when the file is
     /b/f alone, False when it is /a/f alone with /b/f still old, None while recovery
     has not finished (an intent, a mark or a release held, or both names)."""
-    if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+    if sc.held(1)[1:] != (0, 0, 0) or sc.held(2)[1:] != (0, 0, 0):
         return None
     names = {}
     for path in ("/a/f", "/b/f"):
@@ -680,7 +680,7 @@ def test_rename_crash_at_each_step_recovers(make_xc, tmp_path, step):
         assert c.listdir("/b") == []
     finally:
         c.close()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -1148,7 +1148,7 @@ def test_fsck_under_renames_across_shards_is_clean(make_xc):
             t.join(120)
     assert not errors, errors[:5]
     assert moved.count("p") > 5 and moved.count("q") > 5, len(moved)
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     c = stoker_pkg.connect(sc.url)
     try:
         for folder in ("/a", "/b"):
@@ -1209,7 +1209,7 @@ def test_hard_link_across_shards(make_xc):
         wait_until(lambda: gone(sc, ino), timeout=30)
     finally:
         c.close()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     out = xfsck(sc)
     assert out["clean"], out
 
@@ -1230,7 +1230,7 @@ def test_link_crash_at_each_step_recovers(make_xc, tmp_path, step):
         sc.wait("the stop at step %d" % step, lambda: stopped(sc, "link", step))
 
         def where():
-            if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+            if sc.held(1)[1:] != (0, 0, 0) or sc.held(2)[1:] != (0, 0, 0):
                 return None
             try:
                 st = c.stat("/b/l")
