@@ -296,6 +296,10 @@ STK_API int stk_quota_recount(stk_client *c, const char *path, struct stk_quota 
  *   STK_FSCK_QUOTA_BYTES,    quota root ino counts found bytes (inodes), its
  *   STK_FSCK_QUOTA_INODES    tree holds expect
  *   STK_FSCK_CORRUPT_RECORD  a record of inode ino (or an entry) that does not decode
+ *   STK_FSCK_FOLDER_CYCLE    folder ino, entry `name` in folder parent, is in a loop
+ *                            of `found` folders, each named in the next, that the
+ *                            root does not reach; repaired, that entry is dropped and
+ *                            the folder reattached (an STK_FSCK_UNREACHED_INODE of it)
  * and data:
  *   STK_FSCK_GARBAGE         copies chunk copies (bytes bytes) of inode ino, which
  *                            meta neither knows nor purges, all older than the grace
@@ -320,6 +324,7 @@ enum stk_fsck_problem_kind {
 	STK_FSCK_QUOTA_BYTES,
 	STK_FSCK_QUOTA_INODES,
 	STK_FSCK_CORRUPT_RECORD,
+	STK_FSCK_FOLDER_CYCLE,
 	STK_FSCK_GARBAGE = 32,
 	STK_FSCK_MISSING_CHUNK,
 	STK_FSCK_REPLICAS_DIFFER,

@@ -50,6 +50,8 @@ static const char *kind_name(int k)
 		return "quota-inodes";
 	case STK_FSCK_CORRUPT_RECORD:
 		return "corrupt-record";
+	case STK_FSCK_FOLDER_CYCLE:
+		return "folder-cycle";
 	case STK_FSCK_GARBAGE:
 		return "garbage";
 	case STK_FSCK_MISSING_CHUNK:
@@ -98,6 +100,11 @@ static void line(const struct stk_fsck_problem *q)
 		printf("  quota usage: folder %llu counts %llu %s, its tree holds %llu", ino, found,
 		       q->kind == STK_FSCK_QUOTA_BYTES ? "bytes" : "inodes", expect);
 		break;
+	case STK_FSCK_FOLDER_CYCLE:
+		printf("  folder cycle: folder %llu ('%s' in %llu) is in a loop of %llu folders "
+		       "that the root does not reach",
+		       ino, q->name, parent, found);
+		break;
 	case STK_FSCK_GARBAGE:
 		printf("  garbage: %llu chunk copies (%llu bytes) of inode %llu, which meta does "
 		       "not know",
@@ -119,7 +126,9 @@ static void line(const struct stk_fsck_problem *q)
 	if (q->repaired && q->kind == STK_FSCK_UNREACHED_INODE && q->name[0])
 		printf(" (reattached as %s/%s)", "/lost+found", q->name);
 	else if (q->repaired)
-		printf(" (%s)", q->kind == STK_FSCK_GARBAGE ? "removed" : "repaired");
+		printf(" (%s)", q->kind == STK_FSCK_GARBAGE	   ? "removed"
+				: q->kind == STK_FSCK_FOLDER_CYCLE ? "cut: it goes to /lost+found"
+								   : "repaired");
 	putchar('\n');
 }
 

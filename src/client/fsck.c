@@ -1301,6 +1301,8 @@ static int ns_kind(uint32_t k)
 		return STK_FSCK_QUOTA_BYTES;
 	case STK_FSCK_KIND_QUOTA_INODES:
 		return STK_FSCK_QUOTA_INODES;
+	case STK_FSCK_KIND_CYCLE:
+		return STK_FSCK_FOLDER_CYCLE;
 	}
 	return STK_FSCK_CORRUPT_RECORD;
 }

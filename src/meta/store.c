@@ -5335,7 +5335,9 @@ struct fsck_ino {
 	uint32_t nlink;
 	uint32_t refs;	  /* entries naming it */
 	uint32_t subdirs; /* entries of directories in it */
+	uint32_t walk;	  /* fsck_cycles: the walk that last went through it */
 	uint8_t orphan;
+	uint8_t rooted; /* fsck_cycles: its names lead to the root (or off this shard) */
 };
 
 struct fsck {
@@ -5722,6 +5724,129 @@ static int fsck_xfiles(struct fsck *f)
 	return rc ? rc : xwalk(f->o, 'M', fsck_xmark_one, f);
 }
 
+/* The name in folder parent of inode ino, into name; -ENOENT when none names it. */
+static int fsck_name_of(struct op *o, uint64_t parent, uint64_t ino, char *name)
+{
+	uint8_t k[16];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	int rc, mrc;
+
+	be64_put(k, parent);
+	memset(k + 8, 0, 8);
+	rc = lmdb_err(mdb_cursor_open(o->txn, o->st->dentries, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		size_t len;
+
+		if (key.mv_size < 8 || be64_get(key.mv_data) != parent)
+			break;
+		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
+			continue;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		if (stk_get_u64(&r) != ino || r.err)
+			continue;
+		len = key.mv_size - 16;
+		memcpy(name, (const uint8_t *)key.mv_data + 16, len);
+		name[len] = 0;
+		break;
+	}
+	if (rc == 0 && mrc == MDB_NOTFOUND)
+		rc = -ENOENT;
+	else if (rc == 0 && mrc)
+		rc = lmdb_err(mrc, "walk entries");
+	if (cur)
+		mdb_cursor_close(cur);
+	return rc;
+}
+
+/*
+ * A loop of folders found by fsck_cycles, cut with repair: the entry naming its
+ * folder of the smallest number goes (and its parent's link), so that it is a
+ * folder no name reaches, which fsck_one reports and stk_fsck reattaches under
+ * lost+found as any other (the rest of the loop is then reached through it).
+ */
+static int fsck_cut(struct fsck *f, struct fsck_ino *e, uint64_t nloop)
+{
+	struct stk_meta_fsck_problem p = {.kind = STK_FSCK_KIND_CYCLE, .ino = e->ino,
+					  .parent = e->named_in, .expect = e->parent,
+					  .found = nloop};
+	struct fsck_ino *dir = fsck_ino_find(f, e->named_in);
+	struct inode d;
+	int rc = fsck_name_of(f->o, e->named_in, e->ino, p.name);
+
+	if (rc || !f->repair || !dir)
+		return rc ? rc : fsck_report(f, &p, 0);
+	rc = dentry_del(f->o, e->named_in, p.name);
+	if (rc == 0)
+		rc = inode_get(f->o, e->named_in, &d);
+	if (rc == 0) {
+		if (d.a.nlink > 2)
+			d.a.nlink--;
+		touch_dir(f->o, &d);
+		rc = inode_put(f->o, &d);
+	}
+	if (rc)
+		return rc;
+	if (dir->subdirs)
+		dir->subdirs--;
+	if (dir->nlink > 2)
+		dir->nlink--;
+	e->refs = 0;
+	e->named_in = 0;
+	return fsck_report(f, &p, 1);
+}
+
+/*
+ * Folders whose names lead in a loop (each named in the next, the last in the
+ * first) that never reaches the root: each has a name, so fsck_one would not
+ * find them unreached. Each folder named once is followed up its names (the
+ * folder whose entry names it) until the root, a folder of another shard's
+ * parent (the cross-shard check's), a folder not named once (fsck_one's) or a
+ * folder known to lead to the root; coming back to a folder of the same walk is
+ * a loop. A loop across shards is not seen here (docs/fsck.md, "Not yet").
+ */
+static int fsck_cycles(struct fsck *f)
+{
+	uint32_t walk = 0;
+	int rc = 0;
+
+	for (size_t i = 0; rc == 0 && i < f->n; i++) {
+		struct fsck_ino *e = &f->v[i], *c, *min;
+		uint64_t nloop = 0;
+
+		if (!S_ISDIR(e->mode) || e->rooted)
+			continue;
+		walk++;
+		for (c = e; c; c = fsck_ino_find(f, c->named_in)) {
+			if (!S_ISDIR(c->mode) || c->rooted || c->ino == STK_ROOT_INO ||
+			    c->refs != 1 || stk_ino_shard(c->parent) != f->o->st->shard ||
+			    c->walk == walk)
+				break;
+			c->walk = walk;
+		}
+		if (c && S_ISDIR(c->mode) && !c->rooted && c->walk == walk && c->refs == 1 &&
+		    c->ino != STK_ROOT_INO && stk_ino_shard(c->parent) == f->o->st->shard) {
+			/* back at c: the loop is c and the folders up its names to c again */
+			min = c;
+			for (struct fsck_ino *x = c;;) {
+				nloop++;
+				if (x->ino < min->ino)
+					min = x;
+				x = fsck_ino_find(f, x->named_in);
+				if (!x || x == c)
+					break;
+			}
+			rc = fsck_cut(f, min, nloop);
+		}
+		/* every folder of this walk is settled: reached, or in a loop now reported */
+		for (c = e; c && c->walk == walk && !c->rooted; c = fsck_ino_find(f, c->named_in))
+			c->rooted = 1;
+	}
+	return rc;
+}
+
 /* One inode against what the entries say of it. */
 static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 {
@@ -5907,6 +6032,8 @@ int stk_meta_store_fsck(struct stk_meta_store *st, int repair, stk_meta_fsck_fn 
 		rc = fsck_orphans(&f);
 	if (rc == 0)
 		rc = fsck_xfiles(&f);
+	if (rc == 0)
+		rc = fsck_cycles(&f);
 	for (size_t i = 0; rc == 0 && i < f.n; i++)
 		rc = fsck_one(&f, &f.v[i]);
 	if (rc == 0)

@@ -503,13 +503,17 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
  *   QUOTA_BYTES,  quota ino's stored usage is found, the inodes tagged into it
  *   QUOTA_INODES  (orphans too) add up to expect
  *   CORRUPT       a record that does not decode (inode ino, or an entry)
+ *   CYCLE         folder ino, named `name` in parent, is in a loop of found folders
+ *                 (each named in the next) that the root does not reach (expect:
+ *                 its parent pointer); the folder of the loop's smallest number
  * With repair (one write transaction; other writers wait meanwhile) what is safe
  * is repaired: entries that lead nowhere or from nowhere are dropped, link counts
  * and parent pointers set from the entries, an unreached file, symlink or
  * special file reattached in lost+found as "#INO" (made on demand; the
  * problem's name and parent say where; on shard 1 only, and reported only when
  * the name is taken), stale orphan records dropped, quota usage set to the
- * count. A corrupt record is only reported, and so are an unreached folder and
+ * count, a loop of folders cut (the entry of CYCLE's folder dropped, and its
+ * parent's link: that folder is then reported UNREACHED). A corrupt record is only reported, and so are an unreached folder and
  * any unreached inode of shard 2.. (expect: its parent pointer): stk_fsck
  * reattaches those (stk_meta_store_fsck_adopt, _gather), once it has seen that
  * no entry of another shard names them. fn (may be NULL) is called for each
