@@ -6756,8 +6756,72 @@ static int xparents_has(const struct xparents *p, uint64_t parent)
 	return 0;
 }
 
-int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_meta_xref *after,
-				 struct stk_meta_xref *out, size_t max, size_t *n, int *done)
+/* The files this shard's intents and marks are about (fsck may not touch their names). */
+static int xcovers_one(uint64_t v, const MDB_val *val, void *ctx, int mark)
+{
+	struct xparents *p = ctx;
+	uint64_t add[2] = {0, 0};
+
+	if (mark) {
+		struct stk_meta_xmark m;
+
+		if (xmark_decode(v, val, &m))
+			return 0;
+		add[0] = m.ino;
+		add[1] = m.kind == STK_XMARK_RENAME ? m.old_ino : 0;
+	} else {
+		struct stk_meta_xintent x;
+
+		if (xintent_decode(v, val, &x))
+			return 0;
+		add[0] = x.ino;
+	}
+	for (int i = 0; i < 2; i++) {
+		if (!add[i])
+			continue;
+		if (p->n == p->cap) {
+			size_t cap = p->cap ? 2 * p->cap : 16;
+			uint64_t *nv = realloc(p->v, cap * sizeof(*nv));
+
+			if (!nv)
+				return -ENOMEM;
+			p->v = nv;
+			p->cap = cap;
+		}
+		p->v[p->n++] = add[i];
+	}
+	return 0;
+}
+
+static int xcovers_intent(uint64_t v, const MDB_val *val, void *ctx)
+{
+	return xcovers_one(v, val, ctx, 0);
+}
+
+static int xcovers_mark(uint64_t v, const MDB_val *val, void *ctx)
+{
+	return xcovers_one(v, val, ctx, 1);
+}
+
+static int xcovers_load(struct op *o, struct xparents *p)
+{
+	int rc;
+
+	memset(p, 0, sizeof(*p));
+	if (!o->st->xshard)
+		return 0;
+	rc = xwalk(o, 'I', xcovers_intent, p);
+	return rc ? rc : xwalk(o, 'M', xcovers_mark, p);
+}
+
+/*
+ * The entries of this shard naming a folder of another shard (files 0), or a
+ * file of another shard (files 1: covered STK_FSCK_XCOVERED when an intent or a
+ * mark of this shard is about the file, STK_FSCK_XHAS_R when this shard's 'R'
+ * record of it names its home).
+ */
+static int fsck_xlist(struct stk_meta_store *st, const struct stk_meta_xref *after,
+		      struct stk_meta_xref *out, size_t max, size_t *n, int *done, int files)
 {
 	static const struct stk_cred root_cred;
 	uint8_t k[DENTRY_KEY_MAX] = {0};
@@ -6780,7 +6844,7 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 	rc = op_begin(&o, st, &root_cred, 1);
 	if (rc)
 		return rc;
-	rc = xparents_load(&o, &xp);
+	rc = files ? xcovers_load(&o, &xp) : xparents_load(&o, &xp);
 	if (rc == 0)
 		rc = lmdb_err(mdb_cursor_open(o.txn, st->dentries, &cur), "open cursor");
 	mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
@@ -6800,8 +6864,9 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 			continue;
 		stk_rbuf_init(&r, val.mv_data, val.mv_size);
 		ino = stk_get_u64(&r);
-		/* folders only: a file of another shard is counted at its home */
-		if (!S_ISDIR(stk_get_u32(&r)) || r.err || stk_ino_shard(ino) == st->shard)
+		/* folders, or files (whose names here their home counts: fsck_xnames) */
+		if (!S_ISDIR(stk_get_u32(&r)) != !!files || r.err ||
+		    stk_ino_shard(ino) == st->shard)
 			continue;
 		if (*n == max) {
 			*done = 0;
@@ -6812,7 +6877,19 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 		x->ino = ino;
 		x->parent = be64_get(key.mv_data);
 		x->hash = be64_get((const uint8_t *)key.mv_data + 8);
-		x->covered = (uint8_t)xparents_has(&xp, x->parent);
+		x->covered = (uint8_t)xparents_has(&xp, files ? ino : x->parent);
+		if (files) {
+			uint32_t home;
+			uint64_t id;
+
+			rc = xrec_get(&o, 'R', ino, &home, &id);
+			if (rc == 0 && home == stk_ino_shard(ino))
+				x->covered |= STK_FSCK_XHAS_R;
+			if (rc == -ENOENT || rc == -EIO)
+				rc = 0; /* none, or one that does not decode: no record */
+			if (rc)
+				break;
+		}
 		len = key.mv_size - 16;
 		memcpy(x->name, (const uint8_t *)key.mv_data + 16, len);
 		x->name[len] = 0;
@@ -6822,6 +6899,168 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 	if (cur)
 		mdb_cursor_close(cur);
 	free(xp.v);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_meta_xref *after,
+				 struct stk_meta_xref *out, size_t max, size_t *n, int *done)
+{
+	return fsck_xlist(st, after, out, max, n, done, 0);
+}
+
+int stk_meta_store_fsck_xnames(struct stk_meta_store *st, const struct stk_meta_xref *after,
+			       struct stk_meta_xref *out, size_t max, size_t *n, int *done)
+{
+	return fsck_xlist(st, after, out, max, n, done, 1);
+}
+
+int stk_meta_store_fsck_xrecs(struct stk_meta_store *st, uint64_t from, struct stk_meta_xrec *out,
+			      size_t max, size_t *n, uint64_t *next, int *done)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct xparents xc = {0};
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	*done = 1;
+	*next = from;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	if (!st->xshard)
+		return op_end(&o, 0);
+	rc = xcovers_load(&o, &xc);
+	/* the cursor: the record's kind in the top byte, its inode below */
+	xkey(k, (char)(from >> 56), from & ((1ull << 56) - 1));
+	if (rc == 0)
+		rc = lmdb_err(mdb_cursor_open(o.txn, st->xshard, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		const uint8_t *kp = key.mv_data;
+		struct stk_meta_xrec *x;
+		uint64_t ino;
+
+		if (key.mv_size != XKEY_LEN || (kp[0] != 'L' && kp[0] != 'R' && kp[0] != 'X'))
+			continue;
+		ino = be64_get(kp + 1);
+		if (*n == max) {
+			*done = 0;
+			*next = (uint64_t)kp[0] << 56 | (ino & ((1ull << 56) - 1));
+			break;
+		}
+		x = &out[*n];
+		memset(x, 0, sizeof(*x));
+		x->kind = (char)kp[0];
+		x->ino = ino;
+		if (xrec_decode(&val, &x->shard, &x->id))
+			continue; /* logged; a record that does not decode says nothing */
+		x->covered = (uint8_t)xparents_has(&xc, ino);
+		(*n)++;
+	}
+	if (rc == 0 && mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk cross-shard records");
+	if (cur)
+		mdb_cursor_close(cur);
+	free(xc.v);
+	return op_end(&o, rc);
+}
+
+/* Whether an intent or a mark of this shard is about file ino: -EBUSY if so. */
+static int fsck_xbusy(struct op *o, uint64_t ino)
+{
+	struct xparents xc;
+	int rc = xcovers_load(o, &xc);
+
+	if (rc == 0 && xparents_has(&xc, ino))
+		rc = -EBUSY;
+	free(xc.v);
+	return rc;
+}
+
+int stk_meta_store_fsck_xunname(struct stk_meta_store *st, uint64_t ino, uint32_t holder,
+				uint64_t id, struct stk_attr *out)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	uint32_t h;
+	uint64_t rid;
+	struct op o;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	if (stk_ino_shard(ino) != st->shard || holder == st->shard)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = fsck_xbusy(&o, ino);
+	if (rc == 0)
+		rc = xrec_get(&o, 'X', ino, &h, &rid);
+	if (rc == 0 && (h != holder || rid != id))
+		rc = -ESTALE;
+	else if (rc == -ENOENT)
+		rc = -ESTALE;
+	if (rc == 0)
+		rc = xdel(&o, 'X', ino);
+	if (rc == 0)
+		rc = inode_get(&o, ino, &n);
+	if (rc == 0) {
+		/* the link that name counted goes: freed or orphaned as an unlink would */
+		rc = inode_unref(&o, &n);
+		*out = n.a;
+	} else if (rc == -ENOENT) {
+		rc = 0; /* a record of a file that is gone: only the record goes */
+	}
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_xrestore(struct stk_meta_store *st, uint64_t ino, uint32_t other,
+				 uint64_t id)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	uint32_t s;
+	uint64_t rid;
+	struct op o;
+	int rc, home = stk_ino_shard(ino) == st->shard;
+
+	if (other == st->shard || other < 1 || other > STK_MAX_SHARDS ||
+	    (!home && other != stk_ino_shard(ino)))
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	if (!st->xshard)
+		rc = -EOPNOTSUPP;
+	if (rc == 0)
+		rc = fsck_xbusy(&o, ino);
+	if (rc == 0 && home) {
+		/*
+		 * The home: the name on `other` recorded again. Its link count is the
+		 * namespace check's, which counts the record as one link (stk_fsck
+		 * restores before it checks).
+		 */
+		rc = xrec_get(&o, 'X', ino, &s, &rid);
+		rc = rc == 0 ? -EEXIST : rc == -ENOENT ? 0 : rc;
+		if (rc == 0)
+			rc = inode_get(&o, ino, &n);
+		if (rc == 0 && S_ISDIR(n.a.mode))
+			rc = -EISDIR;
+		if (rc == 0)
+			rc = xrec_put(&o, 'X', ino, other, id);
+	} else if (rc == 0) {
+		/* the holder: its record of where the file lives */
+		rc = xrec_get(&o, 'R', ino, &s, &rid);
+		if (rc == -ENOENT)
+			rc = xrec_get(&o, 'L', ino, &s, &rid);
+		rc = rc == 0 ? -EEXIST : rc == -ENOENT ? 0 : rc;
+		if (rc == 0)
+			rc = xrec_put(&o, 'R', ino, other, id);
+	}
 	return op_end(&o, rc);
 }
 

@@ -819,6 +819,87 @@ def test_fsck_checks_and_repairs_shard_2(make_xc):
         c.close()
 
 
+def test_fsck_checks_names_of_files_off_their_home(make_xc):
+    """Names of files off their home shard against their records, damaged in the
+    stores: a name whose home lost its 'X' record, a name whose shard lost its 'R'
+    record, and 'X' records whose name (and 'R') its shard lost, one of them a
+    file's last link. Each is reported with nothing changed (the file whose home
+    lost its record is not called unreached there); --repair writes the records
+    again and drops the stale ones with their link (the last link's file freed as
+    an unlink would); a second run is clean, and unlinking the restored names
+    releases them at home as it should."""
+    from test_fsck import PLANT
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        b = c.stat("/b").st_ino
+        for n in ("moved", "linked", "stale", "last"):
+            c.write_file("/a/" + n, n.encode() * 100)
+        c.rename("/a/moved", "/b/moved")
+        ino = {n: c.stat(("/b/" if n == "moved" else "/a/") + n).st_ino
+               for n in ("moved", "linked", "stale", "last")}
+        assert ino_link(sc, ino["linked"], b, "l") == "OK"
+        assert ino_link(sc, ino["stale"], b, "s") == "OK"
+        assert ino_link(sc, ino["last"], b, "t") == "OK"
+        c.remove("/a/last")  # its one name is off its home now
+        assert all(shard_of(i) == 1 for i in ino.values()), ino
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
+    assert xfsck(sc)["clean"]
+    sc.down()
+    one, two = (os.path.join(sc.data, d, "meta") for d in ("meta", "meta1"))
+    run([PLANT, one, "drop-xrec", "X", str(ino["moved"])])
+    run([PLANT, two, "drop-xrec", "R", str(ino["linked"])])
+    for n, name in (("stale", "s"), ("last", "t")):
+        run([PLANT, two, "drop-entry", str(b), name])
+        run([PLANT, two, "drop-xrec", "R", str(ino[n])])
+    sc.up()
+    sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
+    out = xfsck(sc)
+    got = {(p["kind"], p["ino"], p["parent"], p["name"], p["expect"], p["found"])
+           for p in out["list"]}
+    assert got == {("name-off-home", ino["moved"], b, "moved", 1, 1),
+                   ("name-off-home", ino["linked"], b, "l", 2, 1),
+                   ("stale-name-record", ino["stale"], 0, "", 0, 2),
+                   ("stale-name-record", ino["last"], 0, "", 0, 2)}, out
+    assert not any(p["repaired"] for p in out["list"])
+    sh = {s["shard"]: s for s in out["shards"]}
+    assert (sh[1]["problems"], sh[2]["problems"]) == (2, 2), out
+    text = sc.cli("fsck", check=False).stdout
+    assert b"name off home: 'moved' in folder %d names file %d of shard 1, which does not " \
+        b"count it" % (b, ino["moved"]) in text, text
+    assert b"stale name record: file %d counts a name on shard 2, which that shard does not " \
+        b"have" % ino["stale"] in text, text
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert c.stat("/a/stale").st_nlink == 2 and not c.exists("/lost+found")
+    finally:
+        c.close()
+    out = xfsck(sc, "--repair")
+    assert out["clean"] and len(out["list"]) == 4 and all(p["repaired"] for p in out["list"]), out
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+    wait_until(lambda: gone(sc, ino["last"]), timeout=30)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert c.read_file("/b/moved") == b"moved" * 100 and c.stat("/b/moved").st_nlink == 1
+        assert c.stat("/a/linked").st_nlink == 2 and c.read_file("/b/l") == b"linked" * 100
+        assert c.stat("/a/stale").st_nlink == 1 and c.read_file("/a/stale") == b"stale" * 100
+        assert sorted(c.listdir("/b")) == ["l", "moved"] and not c.exists("/lost+found")
+        # the records written again are the protocol's own: the names release at home
+        c.remove("/b/l")
+        wait_until(lambda: c.stat("/a/linked").st_nlink == 1, timeout=30)
+        c.remove("/b/moved")
+        wait_until(lambda: gone(sc, ino["moved"]), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+
+
 def test_fsck_of_two_shards_under_a_writer_is_clean(make_xc):
     """A writer, renamer and unlinker on both shards: fsck, with and without a grace
     period, finds nothing, and --repair removes nothing of shard 2's files."""
