@@ -900,6 +900,62 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     assert out["clean"] and out["list"] == [], out
 
 
+def test_fsck_leaves_a_rename_held_mid_protocol_alone(make_xc, tmp_path):
+    """A rename across shards held between its steps 2 and 3 (STOKER_TEST_XSHARD_HOLD:
+    shard 1's intent, shard 2's entry naming the file and its mark keeping what the
+    entry replaced): fsck reports it in progress and nothing else, and --repair
+    changes nothing there; once let go the rename completes and fsck is clean."""
+    hold = tmp_path / "hold"
+    sc = make_xc({"STOKER_TEST_XSHARD_HOLD": "rename:%s" % hold})
+    c = stoker_pkg.connect(sc.url)
+    told = []
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"moving")
+        c.write_file("/b/g", b"replaced")
+        f, g = c.stat("/a/f").st_ino, c.stat("/b/g").st_ino
+        hold.write_bytes(b"")
+
+        def rename():
+            c2 = stoker_pkg.connect(sc.url)
+            try:
+                c2.rename("/a/f", "/b/g")
+                told.append("OK")
+            except OSError as e:
+                told.append(e.errno)
+            finally:
+                c2.close()
+
+        t = threading.Thread(target=rename)
+        t.start()
+        try:
+            wait_until(lambda: sc.held(1)[1:] == (1, 0, 0) and sc.held(2)[1:] == (0, 1, 0),
+                       timeout=30, what="the rename to be held after its step 2")
+            for args in ((), ("--repair",)):
+                out = xfsck(sc, *args)
+                assert out["clean"] and out["list"] == [], out
+                assert out["in_progress"] >= 1, out
+                assert sc.held(1)[1:] == (1, 0, 0) and sc.held(2)[1:] == (0, 1, 0)
+            text = sc.cli("fsck").stdout
+            assert b"in progress: " in text and b"left to its protocol" in text, text
+            assert b"clean: no problem found" in text, text
+            # both names the file's meanwhile; what the new one replaced kept till step 4
+            assert c.stat("/a/f").st_ino == f and c.stat("/b/g").st_ino == f
+            assert not c.exists("/lost+found")
+        finally:
+            hold.unlink()
+            t.join(timeout=60)
+        assert told == ["OK"], told
+        assert c.stat("/b/g").st_ino == f and not c.exists("/a/f")
+        assert c.read_file("/b/g") == b"moving"
+        wait_until(lambda: gone(sc, g), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [] and out["in_progress"] == 0, out
+
+
 def test_fsck_of_two_shards_under_a_writer_is_clean(make_xc):
     """A writer, renamer and unlinker on both shards: fsck, with and without a grace
     period, finds nothing, and --repair removes nothing of shard 2's files."""
