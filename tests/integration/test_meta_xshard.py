@@ -956,6 +956,43 @@ def test_fsck_leaves_a_rename_held_mid_protocol_alone(make_xc, tmp_path):
     assert out["clean"] and out["list"] == [] and out["in_progress"] == 0, out
 
 
+def test_a_release_waiting_for_its_home_is_counted(make_xc):
+    """A name off home unlinked while its home's meta is down: the shard that had
+    the name keeps a release to tell the home, which `stk_check xshard` counts;
+    once the home is back the release goes and the file's link with it."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        b = c.stat("/b").st_ino
+        c.write_file("/a/f", b"f")
+        ino = c.stat("/a/f").st_ino
+        assert ino_link(sc, ino, b, "l") == "OK" and c.stat("/a/f").st_nlink == 2
+    finally:
+        c.close()
+    assert sc.held(2)[1:] == (0, 0, 0)
+    sup = sc.supervisor()
+    os.kill(sup, signal.SIGSTOP)  # shard 1's meta stays down once killed
+    try:
+        pid1 = sc.meta_pid(sc.meta_addr(1))
+        assert pid1
+        os.kill(pid1, signal.SIGKILL)
+        wait_until(lambda: sc.meta_pid(sc.meta_addr(1)) is None, timeout=30)
+        p = run([CHECK, "ino", sc.url, "unlink", str(b), "l"], check=False, env=sc.env(),
+                timeout=60)
+        assert p.stdout.strip() == b"OK", p.stdout + p.stderr
+        assert sc.held(2)[1:] == (0, 0, 1), sc.held(2)
+    finally:
+        os.kill(sup, signal.SIGCONT)
+    wait_until(lambda: sc.held(2)[1:] == (0, 0, 0), timeout=60, what="the release told")
+    c = stoker_pkg.connect(sc.url)
+    try:
+        wait_until(lambda: c.stat("/a/f").st_nlink == 1, timeout=30)
+    finally:
+        c.close()
+    assert xfsck(sc)["clean"]
+
+
 def test_fsck_of_two_shards_under_a_writer_is_clean(make_xc):
     """A writer, renamer and unlinker on both shards: fsck, with and without a grace
     period, finds nothing, and --repair removes nothing of shard 2's files."""
