@@ -38,6 +38,15 @@
  * at again a second later and counts only if alike. Repair drops a dangling
  * entry on A (XDROP), which refuses while an intent is about that folder.
  *
+ * Files renamed or linked across shards keep their inode at home (H) and are
+ * named on another shard (D), with a record on each ('X' on H, counted as a
+ * link; 'R' on D). Before the namespace checks (so that H's check sees the
+ * records it counts), every shard lists its records and its entries naming
+ * other shards' files (XRECS, XNAMES) and finds a name missing a record
+ * (name-off-home; repair writes them again, D's first) and an 'X' whose name D
+ * no longer has nor releases (stale-name-record; repair drops it and its link
+ * on H), again leaving what an intent or a mark covers to the protocol.
+ *
  * Memory: one pass holds every regular file's record and every chunk copy's
  * (about 48 bytes each) at once.
  */
