@@ -1423,7 +1423,7 @@ static void reached_off_home(struct fsck *f)
 			for (unsigned s = 0; s < f->nsh; s++)
 				if (f->sh[s].id == stk_ino_shard(p->ino) && f->sh[s].ns.total) {
 					f->sh[s].ns.total--;
-					f->sh[s].nnsp--;
+					f->sh[s].nnsp -= f->sh[s].nnsp > 0;
 				}
 			break;
 		}
