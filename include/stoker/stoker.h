@@ -304,7 +304,8 @@ STK_API int stk_quota_recount(stk_client *c, const char *path, struct stk_quota 
  *                            written again, before the namespace is checked (whose
  *                            link counts then count the name)
  *   STK_FSCK_STALE_NAME_RECORD file ino counts a name on shard `found` that shard
- *                            does not have (nor is releasing); repaired, the record
+ *                            does not have (nor is releasing; expect 1: that shard
+ *                            keeps a leftover record of it); repaired, the records
  *                            and that link go (the file freed or orphaned as an
  *                            unlink would)
  *   STK_FSCK_FOLDER_CYCLE    folder ino, entry `name` in folder parent, is in a loop

@@ -118,8 +118,8 @@ static void line(const struct stk_fsck_problem *q)
 		break;
 	case STK_FSCK_STALE_NAME_RECORD:
 		printf("  stale name record: file %llu counts a name on shard %llu, which that "
-		       "shard does not have",
-		       ino, found);
+		       "shard does not have%s",
+		       ino, found, expect & 1 ? " (it keeps a leftover record of it)" : "");
 		break;
 	case STK_FSCK_GARBAGE:
 		printf("  garbage: %llu chunk copies (%llu bytes) of inode %llu, which meta does "

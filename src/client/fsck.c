@@ -131,6 +131,7 @@ struct xprob {
 	uint64_t ino, parent;
 	uint64_t expect, found; /* parent-pointer: the entry's folder, the pointer */
 	uint64_t id;		/* a name off home's: the id its records carry */
+	uint64_t rid;		/* a stale name record's: the leftover 'R''s id */
 	char name[STK_NAME_MAX + 1];
 	int confirmed, repaired;
 };
@@ -1310,6 +1311,7 @@ static int xnames_look(struct fsck *f, int first)
 				  .ino = x->ino,
 				  .found = x->shard,
 				  .id = x->id};
+		const struct xrec *ra, *rb;
 		int listed = 0;
 
 		if (x->kind != 'X')
@@ -1321,9 +1323,22 @@ static int xnames_look(struct fsck *f, int first)
 		for (unsigned k = 0; k < f->nsh; k++)
 			listed |= f->sh[k].id == x->shard;
 		if (!listed || xnamed_on(&names, x->shard, x->ino) ||
-		    xrec_of(&r1, x->shard, 'L', x->ino) || xrec_of(&r2, x->shard, 'L', x->ino) ||
-		    xrec_of(&r1, x->shard, 'R', x->ino) || xrec_of(&r2, x->shard, 'R', x->ino))
+		    xrec_of(&r1, x->shard, 'L', x->ino) || xrec_of(&r2, x->shard, 'L', x->ino))
 			continue;
+		/*
+		 * An 'R' without its name: what a rename over the name (a mark there)
+		 * keeps till its step 4, else left over, to go with the 'X'.
+		 */
+		ra = xrec_of(&r1, x->shard, 'R', x->ino);
+		rb = xrec_of(&r2, x->shard, 'R', x->ino);
+		if ((ra && ra->covered) || (rb && rb->covered)) {
+			f->busy++;
+			continue;
+		}
+		if (rb || ra) {
+			p.expect = 1; /* a leftover 'R' there too */
+			p.rid = (rb ? rb : ra)->id;
+		}
 		rc = xadd(f, &p, first);
 	}
 out:
@@ -1354,7 +1369,13 @@ static void xrepair_name(struct fsck *f, struct xprob *p)
 	int r = 0;
 
 	if (p->kind == STK_FSCK_STALE_NAME_RECORD) {
-		r = xname_fix(f, p->shard, STK_FSCK_XUNNAME, p->ino, (unsigned)p->found, p->id);
+		/* the leftover 'R' first: a crash between leaves an 'X' the next fsck finds */
+		if (p->expect & 1)
+			r = xname_fix(f, (unsigned)p->found, STK_FSCK_XUNNAME, p->ino, p->shard,
+				      p->rid);
+		if (r == 0)
+			r = xname_fix(f, p->shard, STK_FSCK_XUNNAME, p->ino, (unsigned)p->found,
+				      p->id);
 		if (r)
 			stk_warn("fsck: dropping file %llu's record of a name on shard %llu: %s",
 				 (unsigned long long)p->ino, (unsigned long long)p->found,

@@ -6981,29 +6981,42 @@ static int fsck_xbusy(struct op *o, uint64_t ino)
 	return rc;
 }
 
-int stk_meta_store_fsck_xunname(struct stk_meta_store *st, uint64_t ino, uint32_t holder,
+static int fsck_named(struct op *o, const uint64_t *inos, size_t n, uint8_t *named);
+
+int stk_meta_store_fsck_xunname(struct stk_meta_store *st, uint64_t ino, uint32_t other,
 				uint64_t id, struct stk_attr *out)
 {
 	static const struct stk_cred root_cred;
+	int rc, home = stk_ino_shard(ino) == st->shard;
+	uint8_t named = 0;
 	struct inode n;
 	uint32_t h;
 	uint64_t rid;
 	struct op o;
-	int rc;
 
 	memset(out, 0, sizeof(*out));
-	if (stk_ino_shard(ino) != st->shard || holder == st->shard)
+	if (other == st->shard || other < 1 || other > STK_MAX_SHARDS ||
+	    (!home && other != stk_ino_shard(ino)))
 		return -EINVAL;
 	rc = op_begin(&o, st, &root_cred, 0);
 	if (rc)
 		return rc;
 	rc = fsck_xbusy(&o, ino);
 	if (rc == 0)
-		rc = xrec_get(&o, 'X', ino, &h, &rid);
-	if (rc == 0 && (h != holder || rid != id))
+		rc = xrec_get(&o, home ? 'X' : 'R', ino, &h, &rid);
+	if (rc == 0 && (h != other || rid != id))
 		rc = -ESTALE;
 	else if (rc == -ENOENT)
 		rc = -ESTALE;
+	if (rc == 0 && !home) {
+		/* the holder: a leftover 'R', which goes only while no entry here names it */
+		rc = fsck_named(&o, &ino, 1, &named);
+		if (rc == 0 && named)
+			rc = -EEXIST;
+		if (rc == 0)
+			rc = xdel(&o, 'R', ino);
+		return op_end(&o, rc);
+	}
 	if (rc == 0)
 		rc = xdel(&o, 'X', ino);
 	if (rc == 0)

@@ -1042,6 +1042,11 @@ int stk_meta_store_fsck_xrecs(struct stk_meta_store *st, uint64_t from, struct s
 int stk_meta_store_fsck_xunname(struct stk_meta_store *st, uint64_t ino, uint32_t holder,
 				uint64_t id, struct stk_attr *out);
 /*
+ * On the holder (ino of shard `holder` here is its home): its leftover 'R'
+ * record of ino (home `holder`, id) goes, when no entry of this shard names the
+ * file (-EEXIST), nothing else; -ESTALE, -EBUSY as above.
+ */
+/*
  * fsck's repair of a name off home whose records are missing. At the file's home
  * (ino of this shard): its 'X' record for the name on shard `other` (id), which
  * the namespace check counts as one link (-EEXIST when it has one, -EISDIR,

@@ -744,9 +744,10 @@ enum stk_quota_op {
  *   STK_FSCK_XRECS   a page of the records of names off home ('X', 'R', 'L'; meta/
  *                    store.h stk_meta_store_fsck_xrecs) from cursor `from`: n
  *                    fsck_xrec; next and done as XDIRS.
- *   STK_FSCK_XUNNAME the request followed by two u64, holder and id: file `from`'s
- *                    'X' record of that name goes, and its link (ESTALE, EBUSY).
- *                    The reply: the head.
+ *   STK_FSCK_XUNNAME the request followed by two u64, the other shard and id: at
+ *                    file `from`'s home its 'X' record of that name goes, and its
+ *                    link; at the name's shard a leftover 'R' (no entry names the
+ *                    file: else EEXIST) (ESTALE, EBUSY). The reply: the head.
  *   STK_FSCK_XRESTORE the request followed by two u64, the other shard and id: the
  *                    record of the name off home of file `from` written again (its
  *                    home's 'X', or the name's shard's 'R'; EEXIST, EBUSY).

@@ -852,9 +852,9 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     one, two = (os.path.join(sc.data, d, "meta") for d in ("meta", "meta1"))
     run([PLANT, one, "drop-xrec", "X", str(ino["moved"])])
     run([PLANT, two, "drop-xrec", "R", str(ino["linked"])])
-    for n, name in (("stale", "s"), ("last", "t")):
-        run([PLANT, two, "drop-entry", str(b), name])
-        run([PLANT, two, "drop-xrec", "R", str(ino[n])])
+    run([PLANT, two, "drop-entry", str(b), "s"])  # its 'R' left over
+    run([PLANT, two, "drop-entry", str(b), "t"])
+    run([PLANT, two, "drop-xrec", "R", str(ino["last"])])
     sc.up()
     sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
     out = xfsck(sc)
@@ -862,7 +862,7 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
            for p in out["list"]}
     assert got == {("name-off-home", ino["moved"], b, "moved", 1, 1),
                    ("name-off-home", ino["linked"], b, "l", 2, 1),
-                   ("stale-name-record", ino["stale"], 0, "", 0, 2),
+                   ("stale-name-record", ino["stale"], 0, "", 1, 2),
                    ("stale-name-record", ino["last"], 0, "", 0, 2)}, out
     assert not any(p["repaired"] for p in out["list"])
     sh = {s["shard"]: s for s in out["shards"]}
@@ -871,7 +871,7 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     assert b"name off home: 'moved' in folder %d names file %d of shard 1, which does not " \
         b"count it" % (b, ino["moved"]) in text, text
     assert b"stale name record: file %d counts a name on shard 2, which that shard does not " \
-        b"have" % ino["stale"] in text, text
+        b"have (it keeps a leftover record of it)" % ino["stale"] in text, text
     c = stoker_pkg.connect(sc.url)
     try:
         assert c.stat("/a/stale").st_nlink == 2 and not c.exists("/lost+found")
@@ -888,6 +888,10 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
         assert c.stat("/a/linked").st_nlink == 2 and c.read_file("/b/l") == b"linked" * 100
         assert c.stat("/a/stale").st_nlink == 1 and c.read_file("/a/stale") == b"stale" * 100
         assert sorted(c.listdir("/b")) == ["l", "moved"] and not c.exists("/lost+found")
+        # the leftover 'R' went too: the file takes a name off home again
+        assert ino_link(sc, ino["stale"], b, "s2") == "OK" and c.stat("/a/stale").st_nlink == 2
+        c.remove("/b/s2")
+        wait_until(lambda: c.stat("/a/stale").st_nlink == 1, timeout=30)
         # the records written again are the protocol's own: the names release at home
         c.remove("/b/l")
         wait_until(lambda: c.stat("/a/linked").st_nlink == 1, timeout=30)

@@ -2509,7 +2509,9 @@ static void test_cross_shard_rename(void)
 	CHECK_RC(stk_meta_store_fsck_xunname(st, f, 2, id + 1, &got), -ESTALE);
 	CHECK_RC(stk_meta_store_fsck_xunname(st, f, 3, id, &got), -ESTALE);
 	CHECK_RC(stk_meta_store_fsck_xunname(st, f, 1, id, &got), -EINVAL);
-	CHECK_RC(stk_meta_store_fsck_xunname(s2, f, 1, id, &got), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_xunname(s2, f, 2, id, &got), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_xunname(s2, f, 1, id + 1, &got), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_xunname(s2, f, 1, id, &got), -EEXIST); /* named here */
 	CHECK(attr_of(f).nlink == 1);
 	/* a second name off home is refused (one at most) */
 	CHECK_RC(stk_meta_store_link(st, &ROOT, f, top, "f2", &got), 0);
