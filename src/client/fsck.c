@@ -60,6 +60,7 @@
 #include <unistd.h>
 
 #include "../common/layout.h"
+#include "inode.h"
 #include "../common/log.h"
 #include "../common/util.h"
 
@@ -1295,6 +1296,15 @@ static int xnames_look(struct fsck *f, int first)
 			p.expect |= 2; /* this shard does not know where it lives */
 		if (!p.expect)
 			continue;
+		if ((p.expect & 1) && !x) {
+			struct stk_attr a;
+
+			/* no such file at home at all: the name dangles */
+			if (stk_ino_getattr(f->c, &f->c->cred, e->ino, &a) == -ENOENT) {
+				p.kind = STK_FSCK_DANGLING_ENTRY;
+				p.expect = p.found = 0;
+			}
+		}
 		/* the records' id: the one either has, else one of fsck's own */
 		p.id = r && r->shard == home ? r->id
 		       : x && x->shard == e->shard ? x->id
@@ -1348,6 +1358,29 @@ out:
 	return rc;
 }
 
+/* A META_FSCK XDROP (msg.h): the entry in folder parent of shard naming ino goes. */
+static int xdrop(struct fsck *f, unsigned shard, uint64_t parent, uint64_t ino)
+{
+	struct stk_msg_meta_fsck_req q = {
+	    .cred = f->c->cred, .op = STK_FSCK_XDROP, .from = parent, .max = 1};
+	uint8_t req[256];
+	struct stk_wbuf w;
+	size_t len = 0;
+	int r;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_fsck_req_enc(&w, &q);
+	stk_put_u64(&w, ino);
+	if (w.err)
+		return -EINVAL;
+	r = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len, f->resp,
+				       STK_MAX_PAYLOAD, &len);
+	if (r)
+		stk_warn("fsck: removing the entry of inode %llu in folder %llu: %s",
+			 (unsigned long long)ino, (unsigned long long)parent, stk_strerror(r));
+	return r;
+}
+
 /* A META_FSCK XUNNAME or XRESTORE (msg.h) of file ino to shard's leader. */
 static int xname_fix(struct fsck *f, unsigned shard, uint32_t op, uint64_t ino, unsigned other,
 		     uint64_t id)
@@ -1368,6 +1401,11 @@ static void xrepair_name(struct fsck *f, struct xprob *p)
 	unsigned home = stk_ino_shard(p->ino);
 	int r = 0;
 
+	if (p->kind == STK_FSCK_DANGLING_ENTRY) {
+		/* a name of a file its home does not have: it goes, with its record */
+		p->repaired = xdrop(f, p->shard, p->parent, p->ino) == 0;
+		return;
+	}
 	if (p->kind == STK_FSCK_STALE_NAME_RECORD) {
 		/* the leftover 'R' first: a crash between leaves an 'X' the next fsck finds */
 		if (p->expect & 1)
@@ -1470,12 +1508,6 @@ static int fsck_xshard(struct fsck *f)
 	rc = xshard_look(f, 0);
 	for (size_t i = before; rc == 0 && f->repair && i < f->nxp; i++) {
 		struct xprob *p = &f->xp[i];
-		struct stk_msg_meta_fsck_req q = {
-		    .cred = f->c->cred, .op = STK_FSCK_XDROP, .from = p->parent, .max = 1};
-		uint8_t req[256];
-		struct stk_wbuf w;
-		size_t len = 0;
-		int r;
 
 		if (p->confirmed &&
 		    (p->kind == STK_FSCK_PARENT_POINTER || p->kind == STK_FSCK_UNREACHED_INODE)) {
@@ -1484,16 +1516,7 @@ static int fsck_xshard(struct fsck *f)
 		}
 		if (!p->confirmed || p->kind != STK_FSCK_DANGLING_ENTRY)
 			continue;
-		stk_wbuf_init(&w, req, sizeof(req));
-		stk_msg_meta_fsck_req_enc(&w, &q);
-		stk_put_u64(&w, p->ino);
-		r = stk_client_meta_call_shard(f->c, p->shard, 0, STK_OP_META_FSCK, req, w.len,
-					       f->resp, STK_MAX_PAYLOAD, &len);
-		if (r)
-			stk_warn("fsck: removing the entry of folder %llu in folder %llu: %s",
-				 (unsigned long long)p->ino, (unsigned long long)p->parent,
-				 stk_strerror(r));
-		p->repaired = r == 0;
+		p->repaired = xdrop(f, p->shard, p->parent, p->ino) == 0;
 	}
 	return rc;
 }

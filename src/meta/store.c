@@ -7139,7 +7139,9 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 	struct xparents xp = {0};
 	struct inode dir;
 	struct op o;
-	int rc, mrc, found = 0;
+	int rc, mrc, found = 0, isdir = 1;
+	uint32_t home;
+	uint64_t rid;
 
 	name[0] = 0;
 	if (stk_ino_shard(ino) == st->shard)
@@ -7150,6 +7152,8 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 	rc = xparents_load(&o, &xp);
 	if (rc == 0 && xparents_has(&xp, parent))
 		rc = -EBUSY;
+	if (rc == 0)
+		rc = fsck_xbusy(&o, ino); /* a file renamed or linked here just now */
 	if (rc == 0)
 		rc = lmdb_err(mdb_cursor_open(o.txn, st->dentries, &cur), "open cursor");
 	be64_put(k, parent);
@@ -7166,6 +7170,7 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 		stk_rbuf_init(&r, val.mv_data, val.mv_size);
 		if (stk_get_u64(&r) != ino || r.err)
 			continue;
+		isdir = S_ISDIR(stk_get_u32(&r));
 		len = key.mv_size - 16;
 		memcpy(name, (const uint8_t *)key.mv_data + 16, len);
 		name[len] = 0;
@@ -7180,8 +7185,13 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 		rc = inode_get(&o, parent, &dir);
 	if (rc == 0)
 		rc = dentry_del(&o, parent, name);
+	if (rc == 0 && !isdir) {
+		/* a file of another shard: its record here goes with its name */
+		rc = xrec_get(&o, 'R', ino, &home, &rid);
+		rc = rc == 0 ? xdel(&o, 'R', ino) : rc == -ENOENT ? 0 : rc;
+	}
 	if (rc == 0) {
-		if (dir.a.nlink > 2)
+		if (dir.a.nlink > 2 && isdir)
 			dir.a.nlink--;
 		touch_dir(&o, &dir);
 		rc = inode_put(&o, &dir);

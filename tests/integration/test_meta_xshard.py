@@ -822,11 +822,12 @@ def test_fsck_checks_and_repairs_shard_2(make_xc):
 def test_fsck_checks_names_of_files_off_their_home(make_xc):
     """Names of files off their home shard against their records, damaged in the
     stores: a name whose home lost its 'X' record, a name whose shard lost its 'R'
-    record, and 'X' records whose name (and 'R') its shard lost, one of them a
-    file's last link. Each is reported with nothing changed (the file whose home
+    record, 'X' records whose name (and 'R') its shard lost, one of them a
+    file's last link, and a name of a file gone from its home. Each is reported
+    with nothing changed (the file whose home
     lost its record is not called unreached there); --repair writes the records
-    again and drops the stale ones with their link (the last link's file freed as
-    an unlink would); a second run is clean, and unlinking the restored names
+    again, drops the stale ones with their link (the last link's file freed as
+    an unlink would) and the dangling names; a second run is clean, and unlinking the restored names
     releases them at home as it should."""
     from test_fsck import PLANT
     sc = make_xc()
@@ -834,14 +835,16 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     try:
         two_folders(sc, c)
         b = c.stat("/b").st_ino
-        for n in ("moved", "linked", "stale", "last"):
+        for n in ("moved", "linked", "stale", "last", "ghost"):
             c.write_file("/a/" + n, n.encode() * 100)
         c.rename("/a/moved", "/b/moved")
         ino = {n: c.stat(("/b/" if n == "moved" else "/a/") + n).st_ino
-               for n in ("moved", "linked", "stale", "last")}
+               for n in ("moved", "linked", "stale", "last", "ghost")}
+        a = c.stat("/a").st_ino
         assert ino_link(sc, ino["linked"], b, "l") == "OK"
         assert ino_link(sc, ino["stale"], b, "s") == "OK"
         assert ino_link(sc, ino["last"], b, "t") == "OK"
+        assert ino_link(sc, ino["ghost"], b, "gh") == "OK"
         c.remove("/a/last")  # its one name is off its home now
         assert all(shard_of(i) == 1 for i in ino.values()), ino
     finally:
@@ -851,6 +854,9 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     sc.down()
     one, two = (os.path.join(sc.data, d, "meta") for d in ("meta", "meta1"))
     run([PLANT, one, "drop-xrec", "X", str(ino["moved"])])
+    # a file gone from its home with its record: both its names dangle
+    run([PLANT, one, "drop-inode", str(ino["ghost"])])
+    run([PLANT, one, "drop-xrec", "X", str(ino["ghost"])])
     run([PLANT, two, "drop-xrec", "R", str(ino["linked"])])
     run([PLANT, two, "drop-entry", str(b), "s"])  # its 'R' left over
     run([PLANT, two, "drop-entry", str(b), "t"])
@@ -863,10 +869,12 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     assert got == {("name-off-home", ino["moved"], b, "moved", 1, 1),
                    ("name-off-home", ino["linked"], b, "l", 2, 1),
                    ("stale-name-record", ino["stale"], 0, "", 1, 2),
-                   ("stale-name-record", ino["last"], 0, "", 0, 2)}, out
+                   ("stale-name-record", ino["last"], 0, "", 0, 2),
+                   ("dangling-entry", ino["ghost"], b, "gh", 0, 0),
+                   ("dangling-entry", ino["ghost"], a, "ghost", 0, 0)}, out
     assert not any(p["repaired"] for p in out["list"])
     sh = {s["shard"]: s for s in out["shards"]}
-    assert (sh[1]["problems"], sh[2]["problems"]) == (2, 2), out
+    assert (sh[1]["problems"], sh[2]["problems"]) == (3, 3), out
     text = sc.cli("fsck", check=False).stdout
     assert b"name off home: 'moved' in folder %d names file %d of shard 1, which does not " \
         b"count it" % (b, ino["moved"]) in text, text
@@ -878,7 +886,7 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     finally:
         c.close()
     out = xfsck(sc, "--repair")
-    assert out["clean"] and len(out["list"]) == 4 and all(p["repaired"] for p in out["list"]), out
+    assert out["clean"] and len(out["list"]) == 6 and all(p["repaired"] for p in out["list"]), out
     out = xfsck(sc)
     assert out["clean"] and out["list"] == [], out
     wait_until(lambda: gone(sc, ino["last"]), timeout=30)
@@ -888,6 +896,7 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
         assert c.stat("/a/linked").st_nlink == 2 and c.read_file("/b/l") == b"linked" * 100
         assert c.stat("/a/stale").st_nlink == 1 and c.read_file("/a/stale") == b"stale" * 100
         assert sorted(c.listdir("/b")) == ["l", "moved"] and not c.exists("/lost+found")
+        assert sorted(c.listdir("/a")) == ["linked", "stale"]
         # the leftover 'R' went too: the file takes a name off home again
         assert ino_link(sc, ino["stale"], b, "s2") == "OK" and c.stat("/a/stale").st_nlink == 2
         c.remove("/b/s2")
