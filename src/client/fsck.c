@@ -1306,7 +1306,7 @@ static int xnames_look(struct fsck *f, int first)
 			}
 		}
 		/* the records' id: the one either has, else one of fsck's own */
-		p.id = r && r->shard == home ? r->id
+		p.id = r && r->shard == home	   ? r->id
 		       : x && x->shard == e->shard ? x->id
 						   : (1ull << 63) | e->ino;
 		memcpy(p.name, e->name, sizeof(p.name));

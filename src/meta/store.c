@@ -5769,8 +5769,10 @@ static int fsck_name_of(struct op *o, uint64_t parent, uint64_t ino, char *name)
  */
 static int fsck_cut(struct fsck *f, struct fsck_ino *e, uint64_t nloop)
 {
-	struct stk_meta_fsck_problem p = {.kind = STK_FSCK_KIND_CYCLE, .ino = e->ino,
-					  .parent = e->named_in, .expect = e->parent,
+	struct stk_meta_fsck_problem p = {.kind = STK_FSCK_KIND_CYCLE,
+					  .ino = e->ino,
+					  .parent = e->named_in,
+					  .expect = e->parent,
 					  .found = nloop};
 	struct fsck_ino *dir = fsck_ino_find(f, e->named_in);
 	struct inode d;

@@ -513,10 +513,11 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
  * problem's name and parent say where; on shard 1 only, and reported only when
  * the name is taken), stale orphan records dropped, quota usage set to the
  * count, a loop of folders cut (the entry of CYCLE's folder dropped, and its
- * parent's link: that folder is then reported UNREACHED). A corrupt record is only reported, and so are an unreached folder and
- * any unreached inode of shard 2.. (expect: its parent pointer): stk_fsck
- * reattaches those (stk_meta_store_fsck_adopt, _gather), once it has seen that
- * no entry of another shard names them. fn (may be NULL) is called for each
+ * parent's link: that folder is then reported UNREACHED). A corrupt record is
+ * only reported, and so are an unreached folder and any unreached inode of
+ * shard 2.. (expect: its parent pointer): stk_fsck reattaches those
+ * (stk_meta_store_fsck_adopt, _gather), once it has seen that no entry of
+ * another shard names them. fn (may be NULL) is called for each
  * problem inside the transaction; a non-zero return stops the check with that
  * error (and undoes the repairs).
  */

@@ -793,7 +793,7 @@ enum stk_fsck_kind {
 #define STK_FSCK_XUNNAME 12u
 #define STK_FSCK_XRESTORE 13u
 #define STK_FSCK_XCOVERED 0x1u /* XNAMES, XRECS: an intent or a mark is about the file */
-#define STK_FSCK_XHAS_R 0x2u	 /* XNAMES: the shard's 'R' record names the file's home */
+#define STK_FSCK_XHAS_R 0x2u   /* XNAMES: the shard's 'R' record names the file's home */
 #define STK_FSCK_REPAIR 0x1u
 #define STK_FSCK_PROBLEMS_MAX 2000u
 #define STK_FSCK_FILES_MAX 1024u
