@@ -307,7 +307,9 @@ STK_API int stk_quota_recount(stk_client *c, const char *path, struct stk_quota 
  *                            does not have (nor is releasing; expect 1: that shard
  *                            keeps a leftover record of it); repaired, the records
  *                            and that link go (the file freed or orphaned as an
- *                            unlink would)
+ *                            unlink would). expect 2: a shard keeps a record of a
+ *                            name of file ino (of shard `found`) that it does not
+ *                            have and the home does not count; repaired, it goes
  *   STK_FSCK_FOLDER_CYCLE    folder ino, entry `name` in folder parent, is in a loop
  *                            of `found` folders, each named in the next, that the
  *                            root does not reach; repaired, that entry is dropped and

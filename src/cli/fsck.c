@@ -117,9 +117,14 @@ static void line(const struct stk_fsck_problem *q)
 				     : "and neither shard has a record of that name");
 		break;
 	case STK_FSCK_STALE_NAME_RECORD:
-		printf("  stale name record: file %llu counts a name on shard %llu, which that "
-		       "shard does not have%s",
-		       ino, found, expect & 1 ? " (it keeps a leftover record of it)" : "");
+		if (expect & 2)
+			printf("  stale name record: a record of a name of file %llu (of shard %llu) "
+			       "that no entry here has and its home does not count",
+			       ino, found);
+		else
+			printf("  stale name record: file %llu counts a name on shard %llu, which "
+			       "that shard does not have%s",
+			       ino, found, expect & 1 ? " (it keeps a leftover record of it)" : "");
 		break;
 	case STK_FSCK_GARBAGE:
 		printf("  garbage: %llu chunk copies (%llu bytes) of inode %llu, which meta does "

@@ -1351,6 +1351,29 @@ static int xnames_look(struct fsck *f, int first)
 		}
 		rc = xadd(f, &p, first);
 	}
+	/*
+	 * An 'R' on D (listed before the names and after) whose name D no longer
+	 * has, nor releases, that no rename over the name covers, and of which H has
+	 * no 'X' (an 'X' is the loop above's): a leftover record, counted nowhere.
+	 */
+	for (size_t i = 0; rc == 0 && i < r1.n; i++) {
+		const struct xrec *x = &r1.v[i], *rb;
+		struct xprob p = {.kind = STK_FSCK_STALE_NAME_RECORD,
+				  .shard = x->lister,
+				  .ino = x->ino,
+				  .expect = 2,
+				  .found = x->shard,
+				  .id = x->id};
+
+		if (x->kind != 'R' || x->covered)
+			continue;
+		rb = xrec_of(&r2, x->lister, 'R', x->ino);
+		if (!rb || rb->covered || rb->id != x->id || xnamed_on(&names, x->lister, x->ino) ||
+		    xrec_of(&r2, x->lister, 'L', x->ino) || xrec_of(&r1, x->shard, 'X', x->ino) ||
+		    xrec_of(&r2, x->shard, 'X', x->ino))
+			continue;
+		rc = xadd(f, &p, first);
+	}
 out:
 	free(r1.v);
 	free(r2.v);
@@ -1404,6 +1427,15 @@ static void xrepair_name(struct fsck *f, struct xprob *p)
 	if (p->kind == STK_FSCK_DANGLING_ENTRY) {
 		/* a name of a file its home does not have: it goes, with its record */
 		p->repaired = xdrop(f, p->shard, p->parent, p->ino) == 0;
+		return;
+	}
+	if (p->kind == STK_FSCK_STALE_NAME_RECORD && (p->expect & 2)) {
+		/* a leftover 'R' alone, on the name's shard */
+		r = xname_fix(f, p->shard, STK_FSCK_XUNNAME, p->ino, (unsigned)p->found, p->id);
+		if (r)
+			stk_warn("fsck: dropping shard %u's record of a name of file %llu: %s",
+				 p->shard, (unsigned long long)p->ino, stk_strerror(r));
+		p->repaired = r == 0;
 		return;
 	}
 	if (p->kind == STK_FSCK_STALE_NAME_RECORD) {

@@ -835,16 +835,17 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     try:
         two_folders(sc, c)
         b = c.stat("/b").st_ino
-        for n in ("moved", "linked", "stale", "last", "ghost"):
+        for n in ("moved", "linked", "stale", "last", "ghost", "lo"):
             c.write_file("/a/" + n, n.encode() * 100)
         c.rename("/a/moved", "/b/moved")
         ino = {n: c.stat(("/b/" if n == "moved" else "/a/") + n).st_ino
-               for n in ("moved", "linked", "stale", "last", "ghost")}
+               for n in ("moved", "linked", "stale", "last", "ghost", "lo")}
         a = c.stat("/a").st_ino
         assert ino_link(sc, ino["linked"], b, "l") == "OK"
         assert ino_link(sc, ino["stale"], b, "s") == "OK"
         assert ino_link(sc, ino["last"], b, "t") == "OK"
         assert ino_link(sc, ino["ghost"], b, "gh") == "OK"
+        assert ino_link(sc, ino["lo"], b, "lo") == "OK"
         c.remove("/a/last")  # its one name is off its home now
         assert all(shard_of(i) == 1 for i in ino.values()), ino
     finally:
@@ -861,6 +862,9 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     run([PLANT, two, "drop-entry", str(b), "s"])  # its 'R' left over
     run([PLANT, two, "drop-entry", str(b), "t"])
     run([PLANT, two, "drop-xrec", "R", str(ino["last"])])
+    # a name gone on both sides but for shard 2's 'R' (the home's link count, 2, its own check's)
+    run([PLANT, two, "drop-entry", str(b), "lo"])
+    run([PLANT, one, "drop-xrec", "X", str(ino["lo"])])
     sc.up()
     sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
     out = xfsck(sc)
@@ -871,10 +875,12 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
                    ("stale-name-record", ino["stale"], 0, "", 1, 2),
                    ("stale-name-record", ino["last"], 0, "", 0, 2),
                    ("dangling-entry", ino["ghost"], b, "gh", 0, 0),
-                   ("dangling-entry", ino["ghost"], a, "ghost", 0, 0)}, out
+                   ("dangling-entry", ino["ghost"], a, "ghost", 0, 0),
+                   ("stale-name-record", ino["lo"], 0, "", 2, 1),
+                   ("link-count", ino["lo"], 0, "", 1, 2)}, out
     assert not any(p["repaired"] for p in out["list"])
     sh = {s["shard"]: s for s in out["shards"]}
-    assert (sh[1]["problems"], sh[2]["problems"]) == (3, 3), out
+    assert (sh[1]["problems"], sh[2]["problems"]) == (4, 4), out
     text = sc.cli("fsck", check=False).stdout
     assert b"name off home: 'moved' in folder %d names file %d of shard 1, which does not " \
         b"count it" % (b, ino["moved"]) in text, text
@@ -886,7 +892,7 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     finally:
         c.close()
     out = xfsck(sc, "--repair")
-    assert out["clean"] and len(out["list"]) == 6 and all(p["repaired"] for p in out["list"]), out
+    assert out["clean"] and len(out["list"]) == 8 and all(p["repaired"] for p in out["list"]), out
     out = xfsck(sc)
     assert out["clean"] and out["list"] == [], out
     wait_until(lambda: gone(sc, ino["last"]), timeout=30)
@@ -896,7 +902,10 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
         assert c.stat("/a/linked").st_nlink == 2 and c.read_file("/b/l") == b"linked" * 100
         assert c.stat("/a/stale").st_nlink == 1 and c.read_file("/a/stale") == b"stale" * 100
         assert sorted(c.listdir("/b")) == ["l", "moved"] and not c.exists("/lost+found")
-        assert sorted(c.listdir("/a")) == ["linked", "stale"]
+        assert sorted(c.listdir("/a")) == ["linked", "lo", "stale"]
+        assert c.stat("/a/lo").st_nlink == 1
+        assert ino_link(sc, ino["lo"], b, "lo") == "OK"  # no record left on shard 2
+        c.remove("/b/lo")
         # the leftover 'R' went too: the file takes a name off home again
         assert ino_link(sc, ino["stale"], b, "s2") == "OK" and c.stat("/a/stale").st_nlink == 2
         c.remove("/b/s2")
