@@ -118,9 +118,10 @@ static void line(const struct stk_fsck_problem *q)
 		break;
 	case STK_FSCK_STALE_NAME_RECORD:
 		if (expect & 2)
-			printf("  stale name record: a record of a name of file %llu (of shard %llu) "
-			       "that no entry here has and its home does not count",
-			       ino, found);
+			printf(
+			    "  stale name record: a record of a name of file %llu (of shard %llu) "
+			    "that no entry here has and its home does not count",
+			    ino, found);
 		else
 			printf("  stale name record: file %llu counts a name on shard %llu, which "
 			       "that shard does not have%s",
