@@ -296,6 +296,24 @@ STK_API int stk_quota_recount(stk_client *c, const char *path, struct stk_quota 
  *   STK_FSCK_QUOTA_BYTES,    quota root ino counts found bytes (inodes), its
  *   STK_FSCK_QUOTA_INODES    tree holds expect
  *   STK_FSCK_CORRUPT_RECORD  a record of inode ino (or an entry) that does not decode
+ *   STK_FSCK_NAME_OFF_HOME   entry `name` in folder parent names file ino of shard
+ *                            `found`, another shard (docs/meta-shards.md), whose
+ *                            records of that name are missing (expect: 1 the file's
+ *                            home does not count it, 2 the entry's shard has no
+ *                            record of where it lives, 3 both); repaired, they are
+ *                            written again, before the namespace is checked (whose
+ *                            link counts then count the name)
+ *   STK_FSCK_STALE_NAME_RECORD file ino counts a name on shard `found` that shard
+ *                            does not have (nor is releasing; expect 1: that shard
+ *                            keeps a leftover record of it); repaired, the records
+ *                            and that link go (the file freed or orphaned as an
+ *                            unlink would). expect 2: a shard keeps a record of a
+ *                            name of file ino (of shard `found`) that it does not
+ *                            have and the home does not count; repaired, it goes
+ *   STK_FSCK_FOLDER_CYCLE    folder ino, entry `name` in folder parent, is in a loop
+ *                            of `found` folders, each named in the next, that the
+ *                            root does not reach; repaired, that entry is dropped and
+ *                            the folder reattached (an STK_FSCK_UNREACHED_INODE of it)
  * and data:
  *   STK_FSCK_GARBAGE         copies chunk copies (bytes bytes) of inode ino, which
  *                            meta neither knows nor purges, all older than the grace
@@ -320,6 +338,9 @@ enum stk_fsck_problem_kind {
 	STK_FSCK_QUOTA_BYTES,
 	STK_FSCK_QUOTA_INODES,
 	STK_FSCK_CORRUPT_RECORD,
+	STK_FSCK_FOLDER_CYCLE,
+	STK_FSCK_NAME_OFF_HOME,
+	STK_FSCK_STALE_NAME_RECORD,
 	STK_FSCK_GARBAGE = 32,
 	STK_FSCK_MISSING_CHUNK,
 	STK_FSCK_REPLICAS_DIFFER,
@@ -385,6 +406,12 @@ struct stk_fsck_report {
 		uint64_t inodes, entries, dirs, files;
 		uint64_t problems, remaining;
 	} shards[16];
+	/*
+	 * With several shards: names and folders across shards that a cross-shard
+	 * mkdir, rmdir, rename or link is at work on (an intent or a mark covers them),
+	 * left alone, in fsck's last look: their protocol settles them.
+	 */
+	uint64_t in_progress;
 };
 
 /*

@@ -50,6 +50,12 @@ static const char *kind_name(int k)
 		return "quota-inodes";
 	case STK_FSCK_CORRUPT_RECORD:
 		return "corrupt-record";
+	case STK_FSCK_FOLDER_CYCLE:
+		return "folder-cycle";
+	case STK_FSCK_NAME_OFF_HOME:
+		return "name-off-home";
+	case STK_FSCK_STALE_NAME_RECORD:
+		return "stale-name-record";
 	case STK_FSCK_GARBAGE:
 		return "garbage";
 	case STK_FSCK_MISSING_CHUNK:
@@ -98,6 +104,29 @@ static void line(const struct stk_fsck_problem *q)
 		printf("  quota usage: folder %llu counts %llu %s, its tree holds %llu", ino, found,
 		       q->kind == STK_FSCK_QUOTA_BYTES ? "bytes" : "inodes", expect);
 		break;
+	case STK_FSCK_FOLDER_CYCLE:
+		printf("  folder cycle: folder %llu ('%s' in %llu) is in a loop of %llu folders "
+		       "that the root does not reach",
+		       ino, q->name, parent, found);
+		break;
+	case STK_FSCK_NAME_OFF_HOME:
+		printf("  name off home: '%s' in folder %llu names file %llu of shard %llu, %s",
+		       q->name, parent, ino, found,
+		       expect == 1   ? "which does not count it (no record there)"
+		       : expect == 2 ? "and this folder's shard has no record of where it lives"
+				     : "and neither shard has a record of that name");
+		break;
+	case STK_FSCK_STALE_NAME_RECORD:
+		if (expect & 2)
+			printf(
+			    "  stale name record: a record of a name of file %llu (of shard %llu) "
+			    "that no entry here has and its home does not count",
+			    ino, found);
+		else
+			printf("  stale name record: file %llu counts a name on shard %llu, which "
+			       "that shard does not have%s",
+			       ino, found, expect & 1 ? " (it keeps a leftover record of it)" : "");
+		break;
 	case STK_FSCK_GARBAGE:
 		printf("  garbage: %llu chunk copies (%llu bytes) of inode %llu, which meta does "
 		       "not know",
@@ -119,7 +148,9 @@ static void line(const struct stk_fsck_problem *q)
 	if (q->repaired && q->kind == STK_FSCK_UNREACHED_INODE && q->name[0])
 		printf(" (reattached as %s/%s)", "/lost+found", q->name);
 	else if (q->repaired)
-		printf(" (%s)", q->kind == STK_FSCK_GARBAGE ? "removed" : "repaired");
+		printf(" (%s)", q->kind == STK_FSCK_GARBAGE	   ? "removed"
+				: q->kind == STK_FSCK_FOLDER_CYCLE ? "cut: it goes to /lost+found"
+								   : "repaired");
 	putchar('\n');
 }
 
@@ -132,6 +163,7 @@ static void print_json(const struct stk_fsck_report *r)
 	       "\"files\": %llu}, ",
 	       (unsigned long long)r->inodes, (unsigned long long)r->entries,
 	       (unsigned long long)r->dirs, (unsigned long long)r->files);
+	printf("\"in_progress\": %llu, ", (unsigned long long)r->in_progress);
 	printf("\"data\": {\"targets\": %u, \"targets_skipped\": %u, \"chunks\": %llu, "
 	       "\"young_unknown\": %llu}, ",
 	       r->targets, r->targets_skipped, (unsigned long long)r->chunks,
@@ -212,6 +244,10 @@ static void print_text(const struct stk_fsck_report *r, int repair, int64_t grac
 	}
 	if (!data_seen && r->unlisted)
 		printf("  ... and %llu more namespace problems\n", (unsigned long long)r->unlisted);
+	if (r->in_progress)
+		printf("in progress: %llu name(s) or folder(s) across shards under a rename, link, "
+		       "mkdir or rmdir: left to its protocol\n",
+		       (unsigned long long)r->in_progress);
 	if (!r->problems)
 		printf("clean: no problem found\n");
 	else

@@ -38,6 +38,15 @@
  * at again a second later and counts only if alike. Repair drops a dangling
  * entry on A (XDROP), which refuses while an intent is about that folder.
  *
+ * Files renamed or linked across shards keep their inode at home (H) and are
+ * named on another shard (D), with a record on each ('X' on H, counted as a
+ * link; 'R' on D). Before the namespace checks (so that H's check sees the
+ * records it counts), every shard lists its records and its entries naming
+ * other shards' files (XRECS, XNAMES) and finds a name missing a record
+ * (name-off-home; repair writes them again, D's first) and an 'X' whose name D
+ * no longer has nor releases (stale-name-record; repair drops it and its link
+ * on H), again leaving what an intent or a mark covers to the protocol.
+ *
  * Memory: one pass holds every regular file's record and every chunk copy's
  * (about 48 bytes each) at once.
  */
@@ -51,6 +60,7 @@
 #include <unistd.h>
 
 #include "../common/layout.h"
+#include "inode.h"
 #include "../common/log.h"
 #include "../common/util.h"
 
@@ -121,8 +131,23 @@ struct xprob {
 	unsigned shard;
 	uint64_t ino, parent;
 	uint64_t expect, found; /* parent-pointer: the entry's folder, the pointer */
+	uint64_t id;		/* a name off home's: the id its records carry */
+	uint64_t rid;		/* a stale name record's: the leftover 'R''s id */
 	char name[STK_NAME_MAX + 1];
 	int confirmed, repaired;
+};
+
+/* A record of a name off home (XRECS), and the shard that listed it. */
+struct xrec {
+	uint64_t ino, id;
+	unsigned lister, shard;
+	char kind;
+	uint8_t covered;
+};
+
+struct rset {
+	struct xrec *v;
+	size_t n, cap;
 };
 
 /* One shard's namespace check. */
@@ -147,6 +172,8 @@ struct fsck {
 	struct xprob *xp; /* cross-shard problems, found by the first look */
 	size_t nxp, capxp;
 	uint64_t young; /* garbage candidates within the grace period */
+	uint64_t busy;	/* cross-shard names and folders left to their protocol (last look) */
+	int xnames_old; /* a shard's meta does not list names off home */
 	uint8_t *resp;	/* STK_MAX_PAYLOAD */
 };
 
@@ -709,7 +736,7 @@ static int xrefs_page(struct fsck *f, unsigned shard, uint32_t op, uint64_t from
 
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_fsck_req_enc(&w, &q);
-	if (op == STK_FSCK_XENTRIES)
+	if (op == STK_FSCK_XENTRIES || op == STK_FSCK_XNAMES)
 		stk_msg_fsck_xref_enc(&w, after);
 	if (w.err)
 		return -EINVAL;
@@ -856,6 +883,7 @@ static int xshard_look(struct fsck *f, int first)
 				  .ino = x->ino,
 				  .parent = x->parent};
 
+		f->busy += x->covered != 0;
 		if (x->covered || xref_of(&d, x->ino))
 			continue;
 		if (unreached_pointer(f, x->ino, &p.found)) {
@@ -877,6 +905,7 @@ static int xshard_look(struct fsck *f, int first)
 				  .ino = x->ino,
 				  .parent = x->parent};
 
+		f->busy += x->covered != 0;
 		if (x->covered || xref_of(&e2, x->ino))
 			continue;
 		rc = xadd(f, &p, first);
@@ -1142,27 +1171,375 @@ static int fsck_reattach_shards(struct fsck *f)
 	return rc;
 }
 
-/* The references between shards, looked at twice; repaired when asked and safe. */
-static int fsck_xshard(struct fsck *f)
+/* Every shard's XRECS into s. */
+static int xrecs_load(struct fsck *f, struct rset *s)
 {
+	int rc = 0;
+
+	s->n = 0;
+	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
+		struct stk_msg_meta_fsck_resp r = {.next = 0};
+		struct stk_rbuf rb;
+
+		do {
+			rc = meta_fsck(f, f->sh[i].id, STK_FSCK_XRECS, 0, r.next, 1024, &r, &rb);
+			for (uint32_t k = 0; rc == 0 && k < r.n; k++) {
+				struct stk_msg_fsck_xrec m;
+
+				rc = grow((void **)&s->v, &s->cap, s->n, sizeof(*s->v));
+				if (rc == 0 && stk_msg_fsck_xrec_dec(&rb, &m))
+					rc = -EIO;
+				if (rc)
+					break;
+				s->v[s->n++] = (struct xrec){.ino = m.ino,
+							     .id = m.id,
+							     .lister = f->sh[i].id,
+							     .shard = m.shard,
+							     .kind = (char)m.kind,
+							     .covered = m.covered};
+			}
+		} while (rc == 0 && !r.done);
+	}
+	return rc;
+}
+
+static int xrec_cmp(const void *a, const void *b)
+{
+	const struct xrec *x = a, *y = b;
+
+	if (x->ino != y->ino)
+		return (x->ino > y->ino) - (x->ino < y->ino);
+	if (x->lister != y->lister)
+		return (x->lister > y->lister) - (x->lister < y->lister);
+	return (x->kind > y->kind) - (x->kind < y->kind);
+}
+
+/* The record `kind` of file ino that shard `lister` holds, in s (sorted by xrec_cmp). */
+static const struct xrec *xrec_of(const struct rset *s, unsigned lister, char kind, uint64_t ino)
+{
+	struct xrec key = {.ino = ino, .lister = lister, .kind = kind};
+	const struct xrec *x = s->n ? bsearch(&key, s->v, s->n, sizeof(*s->v), xrec_cmp) : NULL;
+
+	return x;
+}
+
+/* Whether shard `lister` names file ino (n sorted by xref_cmp). */
+static int xnamed_on(const struct xset *n, unsigned lister, uint64_t ino)
+{
+	const struct xref *x = xref_of(n, ino);
+
+	if (!x)
+		return 0;
+	while (x > n->v && x[-1].ino == ino)
+		x--;
+	for (; x < n->v + n->n && x->ino == ino; x++)
+		if (x->shard == lister)
+			return 1;
+	return 0;
+}
+
+/*
+ * One look at the names of files off their home (docs/meta-shards.md): every
+ * shard's records, its entries naming other shards' files, its records again.
+ * An entry on D naming file F of H needs H's 'X' record of it (holder D: F's
+ * link count counts it) and D's 'R' record; it is listed before the records it
+ * is looked up in, so that a name that existed then has its records now unless
+ * it went meanwhile (a second look tells). An 'X' record on H needs D's name of
+ * the file, or D's release of it ('L') or its 'R' (what a rename over the name
+ * replaces keeps its 'R' until its step 4); it is listed before the names.
+ * Anything an intent or a mark is about is the protocol's and left alone.
+ */
+static int xnames_look(struct fsck *f, int first)
+{
+	struct rset r1 = {0}, r2 = {0};
+	struct xset names = {0};
+	int rc;
+
+	f->busy = 0;
+	rc = xrecs_load(f, &r1);
+	if (rc == 0)
+		rc = xrefs_load(f, STK_FSCK_XNAMES, &names);
+	if (rc == 0)
+		rc = xrecs_load(f, &r2);
+	if (rc == -EINVAL) {
+		/* a meta from before XNAMES: the check cannot be made */
+		if (!f->xnames_old++)
+			stk_warn("fsck: a shard's meta node does not list the names of files off "
+				 "their home (an older version): they are not checked");
+		rc = 0;
+		goto out;
+	}
+	if (rc)
+		goto out;
+	if (r1.n)
+		qsort(r1.v, r1.n, sizeof(*r1.v), xrec_cmp);
+	if (r2.n)
+		qsort(r2.v, r2.n, sizeof(*r2.v), xrec_cmp);
+	for (size_t i = 0; rc == 0 && i < names.n; i++) {
+		const struct xref *e = &names.v[i];
+		unsigned home = stk_ino_shard(e->ino);
+		const struct xrec *x = xrec_of(&r2, home, 'X', e->ino);
+		const struct xrec *r = xrec_of(&r2, e->shard, 'R', e->ino);
+		struct xprob p = {.kind = STK_FSCK_NAME_OFF_HOME,
+				  .shard = e->shard,
+				  .ino = e->ino,
+				  .parent = e->parent,
+				  .found = home};
+
+		if ((e->covered & STK_FSCK_XCOVERED) || (x && x->covered)) {
+			f->busy++;
+			continue;
+		}
+		if (!x || x->shard != e->shard)
+			p.expect |= 1; /* its home does not count it */
+		if (!(e->covered & STK_FSCK_XHAS_R))
+			p.expect |= 2; /* this shard does not know where it lives */
+		if (!p.expect)
+			continue;
+		if ((p.expect & 1) && !x) {
+			struct stk_attr a;
+
+			/* no such file at home at all: the name dangles */
+			if (stk_ino_getattr(f->c, &f->c->cred, e->ino, &a) == -ENOENT) {
+				p.kind = STK_FSCK_DANGLING_ENTRY;
+				p.expect = p.found = 0;
+			}
+		}
+		/* the records' id: the one either has, else one of fsck's own */
+		p.id = r && r->shard == home	   ? r->id
+		       : x && x->shard == e->shard ? x->id
+						   : (1ull << 63) | e->ino;
+		memcpy(p.name, e->name, sizeof(p.name));
+		rc = xadd(f, &p, first);
+	}
+	if (names.n)
+		qsort(names.v, names.n, sizeof(*names.v), xref_cmp);
+	for (size_t i = 0; rc == 0 && i < r1.n; i++) {
+		const struct xrec *x = &r1.v[i];
+		struct xprob p = {.kind = STK_FSCK_STALE_NAME_RECORD,
+				  .shard = x->lister,
+				  .ino = x->ino,
+				  .found = x->shard,
+				  .id = x->id};
+		const struct xrec *ra, *rb;
+		int listed = 0;
+
+		if (x->kind != 'X')
+			continue;
+		if (x->covered) {
+			f->busy++;
+			continue;
+		}
+		for (unsigned k = 0; k < f->nsh; k++)
+			listed |= f->sh[k].id == x->shard;
+		if (!listed || xnamed_on(&names, x->shard, x->ino) ||
+		    xrec_of(&r1, x->shard, 'L', x->ino) || xrec_of(&r2, x->shard, 'L', x->ino))
+			continue;
+		/*
+		 * An 'R' without its name: what a rename over the name (a mark there)
+		 * keeps till its step 4, else left over, to go with the 'X'.
+		 */
+		ra = xrec_of(&r1, x->shard, 'R', x->ino);
+		rb = xrec_of(&r2, x->shard, 'R', x->ino);
+		if ((ra && ra->covered) || (rb && rb->covered)) {
+			f->busy++;
+			continue;
+		}
+		if (rb || ra) {
+			p.expect = 1; /* a leftover 'R' there too */
+			p.rid = (rb ? rb : ra)->id;
+		}
+		rc = xadd(f, &p, first);
+	}
+	/*
+	 * An 'R' on D (listed before the names and after) whose name D no longer
+	 * has, nor releases, that no rename over the name covers, and of which H has
+	 * no 'X' (an 'X' is the loop above's): a leftover record, counted nowhere.
+	 */
+	for (size_t i = 0; rc == 0 && i < r1.n; i++) {
+		const struct xrec *x = &r1.v[i], *rb;
+		struct xprob p = {.kind = STK_FSCK_STALE_NAME_RECORD,
+				  .shard = x->lister,
+				  .ino = x->ino,
+				  .expect = 2,
+				  .found = x->shard,
+				  .id = x->id};
+
+		if (x->kind != 'R' || x->covered)
+			continue;
+		rb = xrec_of(&r2, x->lister, 'R', x->ino);
+		if (!rb || rb->covered || rb->id != x->id || xnamed_on(&names, x->lister, x->ino) ||
+		    xrec_of(&r2, x->lister, 'L', x->ino) || xrec_of(&r1, x->shard, 'X', x->ino) ||
+		    xrec_of(&r2, x->shard, 'X', x->ino))
+			continue;
+		rc = xadd(f, &p, first);
+	}
+out:
+	free(r1.v);
+	free(r2.v);
+	free(names.v);
+	return rc;
+}
+
+/* A META_FSCK XDROP (msg.h): the entry in folder parent of shard naming ino goes. */
+static int xdrop(struct fsck *f, unsigned shard, uint64_t parent, uint64_t ino)
+{
+	struct stk_msg_meta_fsck_req q = {
+	    .cred = f->c->cred, .op = STK_FSCK_XDROP, .from = parent, .max = 1};
+	uint8_t req[256];
+	struct stk_wbuf w;
+	size_t len = 0;
+	int r;
+
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_fsck_req_enc(&w, &q);
+	stk_put_u64(&w, ino);
+	if (w.err)
+		return -EINVAL;
+	r = stk_client_meta_call_shard(f->c, shard, 0, STK_OP_META_FSCK, req, w.len, f->resp,
+				       STK_MAX_PAYLOAD, &len);
+	if (r)
+		stk_warn("fsck: removing the entry of inode %llu in folder %llu: %s",
+			 (unsigned long long)ino, (unsigned long long)parent, stk_strerror(r));
+	return r;
+}
+
+/* A META_FSCK XUNNAME or XRESTORE (msg.h) of file ino to shard's leader. */
+static int xname_fix(struct fsck *f, unsigned shard, uint32_t op, uint64_t ino, unsigned other,
+		     uint64_t id)
+{
+	uint64_t args[2] = {other, id};
+
+	return meta_fsck_fix(f, shard, op, ino, args, 2, NULL);
+}
+
+/*
+ * The repair of a name off home found without its records: D's 'R' written
+ * first, then H's 'X' and link (a crash between leaves the name still without
+ * H's record: the next fsck's); or of an 'X' record whose name is gone: dropped
+ * with its link at H, the file freed or orphaned as an unlink would.
+ */
+static void xrepair_name(struct fsck *f, struct xprob *p)
+{
+	unsigned home = stk_ino_shard(p->ino);
+	int r = 0;
+
+	if (p->kind == STK_FSCK_DANGLING_ENTRY) {
+		/* a name of a file its home does not have: it goes, with its record */
+		p->repaired = xdrop(f, p->shard, p->parent, p->ino) == 0;
+		return;
+	}
+	if (p->kind == STK_FSCK_STALE_NAME_RECORD && (p->expect & 2)) {
+		/* a leftover 'R' alone, on the name's shard */
+		r = xname_fix(f, p->shard, STK_FSCK_XUNNAME, p->ino, (unsigned)p->found, p->id);
+		if (r)
+			stk_warn("fsck: dropping shard %u's record of a name of file %llu: %s",
+				 p->shard, (unsigned long long)p->ino, stk_strerror(r));
+		p->repaired = r == 0;
+		return;
+	}
+	if (p->kind == STK_FSCK_STALE_NAME_RECORD) {
+		/* the leftover 'R' first: a crash between leaves an 'X' the next fsck finds */
+		if (p->expect & 1)
+			r = xname_fix(f, (unsigned)p->found, STK_FSCK_XUNNAME, p->ino, p->shard,
+				      p->rid);
+		if (r == 0)
+			r = xname_fix(f, p->shard, STK_FSCK_XUNNAME, p->ino, (unsigned)p->found,
+				      p->id);
+		if (r)
+			stk_warn("fsck: dropping file %llu's record of a name on shard %llu: %s",
+				 (unsigned long long)p->ino, (unsigned long long)p->found,
+				 stk_strerror(r));
+		p->repaired = r == 0;
+		return;
+	}
+	if (p->expect & 2)
+		r = xname_fix(f, p->shard, STK_FSCK_XRESTORE, p->ino, home, p->id);
+	if (r == 0 && (p->expect & 1))
+		r = xname_fix(f, home, STK_FSCK_XRESTORE, p->ino, p->shard, p->id);
+	if (r)
+		stk_warn("fsck: restoring the records of '%s' in folder %llu, a name of file %llu "
+			 "of shard %u: %s",
+			 p->name, (unsigned long long)p->parent, (unsigned long long)p->ino, home,
+			 r == -ENOENT ? "the file does not exist there" : stk_strerror(r));
+	p->repaired = r == 0;
+}
+
+/*
+ * The names of files off their home, looked at twice and repaired when asked,
+ * before the namespace checks: a file whose home lost its record of a name off
+ * home would look unreached there (and be reattached), and the link a stale
+ * record counted goes with it, so that each home's check then finds its link
+ * counts right.
+ */
+static int fsck_xnames(struct fsck *f)
+{
+	size_t before = f->nxp;
 	int rc;
 
 	if (f->nsh < 2)
 		return 0;
-	progress(f, "fsck: checking the folders named across shards");
-	rc = xshard_look(f, 1);
-	if (rc || f->nxp == 0)
+	progress(f, "fsck: checking the names of files off their home shard");
+	rc = xnames_look(f, 1);
+	if (rc || f->nxp == before)
 		return rc;
 	usleep(PASS_PAUSE_US);
+	rc = xnames_look(f, 0);
+	for (size_t i = before; rc == 0 && f->repair && i < f->nxp; i++)
+		if (f->xp[i].confirmed)
+			xrepair_name(f, &f->xp[i]);
+	return rc;
+}
+
+/*
+ * A file its home's check found unreached that a name off home reaches after all
+ * (its home lost its record of that name, found as a name-off-home problem and
+ * not repaired): not unreached, and not to be reattached.
+ */
+static void reached_off_home(struct fsck *f)
+{
+	for (size_t i = 0; i < f->nxp; i++) {
+		const struct xprob *p = &f->xp[i];
+
+		if (p->kind != STK_FSCK_NAME_OFF_HOME || !p->confirmed || p->repaired)
+			continue;
+		for (uint32_t k = 0; k < f->nnsp; k++) {
+			struct stk_msg_fsck_problem *q = &f->nsp[k];
+
+			if (q->kind != STK_FSCK_KIND_UNREACHED || q->ino != p->ino || q->repaired)
+				continue;
+			memmove(q, q + 1, (f->nnsp - k - 1) * sizeof(*q));
+			f->nnsp--;
+			f->ns.total--;
+			for (unsigned s = 0; s < f->nsh; s++)
+				if (f->sh[s].id == stk_ino_shard(p->ino) && f->sh[s].ns.total) {
+					f->sh[s].ns.total--;
+					f->sh[s].nnsp -= f->sh[s].nnsp > 0;
+				}
+			break;
+		}
+	}
+}
+
+/* The references between shards, looked at twice; repaired when asked and safe. */
+static int fsck_xshard(struct fsck *f)
+{
+	size_t before = f->nxp;
+	uint64_t busy = f->busy;
+	int rc;
+
+	if (f->nsh < 2)
+		return 0;
+	reached_off_home(f);
+	progress(f, "fsck: checking the folders named across shards");
+	rc = xshard_look(f, 1);
+	if (rc || f->nxp == before)
+		return rc;
+	usleep(PASS_PAUSE_US);
+	f->busy = busy;
 	rc = xshard_look(f, 0);
-	for (size_t i = 0; rc == 0 && f->repair && i < f->nxp; i++) {
+	for (size_t i = before; rc == 0 && f->repair && i < f->nxp; i++) {
 		struct xprob *p = &f->xp[i];
-		struct stk_msg_meta_fsck_req q = {
-		    .cred = f->c->cred, .op = STK_FSCK_XDROP, .from = p->parent, .max = 1};
-		uint8_t req[256];
-		struct stk_wbuf w;
-		size_t len = 0;
-		int r;
 
 		if (p->confirmed &&
 		    (p->kind == STK_FSCK_PARENT_POINTER || p->kind == STK_FSCK_UNREACHED_INODE)) {
@@ -1171,16 +1548,7 @@ static int fsck_xshard(struct fsck *f)
 		}
 		if (!p->confirmed || p->kind != STK_FSCK_DANGLING_ENTRY)
 			continue;
-		stk_wbuf_init(&w, req, sizeof(req));
-		stk_msg_meta_fsck_req_enc(&w, &q);
-		stk_put_u64(&w, p->ino);
-		r = stk_client_meta_call_shard(f->c, p->shard, 0, STK_OP_META_FSCK, req, w.len,
-					       f->resp, STK_MAX_PAYLOAD, &len);
-		if (r)
-			stk_warn("fsck: removing the entry of folder %llu in folder %llu: %s",
-				 (unsigned long long)p->ino, (unsigned long long)p->parent,
-				 stk_strerror(r));
-		p->repaired = r == 0;
+		p->repaired = xdrop(f, p->shard, p->parent, p->ino) == 0;
 	}
 	return rc;
 }
@@ -1214,7 +1582,7 @@ static int shards_find(struct fsck *f)
 /* Each shard's namespace, checked (and repaired) by its leader. */
 static int fsck_namespace(struct fsck *f)
 {
-	int rc = shards_find(f);
+	int rc = 0;
 
 	for (unsigned i = 0; rc == 0 && i < f->nsh; i++) {
 		struct shard *s = &f->sh[i];
@@ -1301,6 +1669,8 @@ static int ns_kind(uint32_t k)
 		return STK_FSCK_QUOTA_BYTES;
 	case STK_FSCK_KIND_QUOTA_INODES:
 		return STK_FSCK_QUOTA_INODES;
+	case STK_FSCK_KIND_CYCLE:
+		return STK_FSCK_FOLDER_CYCLE;
 	}
 	return STK_FSCK_CORRUPT_RECORD;
 }
@@ -1340,6 +1710,7 @@ static int report_make(const struct fsck *f, const struct pass *p, struct stk_fs
 	r->targets_skipped = p->targets_skipped;
 	r->chunks = p->ncopies;
 	r->young_unknown = f->young;
+	r->in_progress = f->busy;
 	r->problems = f->ns.total;
 	r->remaining = f->ns.total - f->ns.repaired;
 	r->unlisted = f->ns.total > f->nnsp ? f->ns.total - f->nnsp : 0;
@@ -1431,7 +1802,11 @@ int stk_fsck(stk_client *c, const struct stk_fsck_opts *opts, struct stk_fsck_re
 	f.resp = malloc(STK_MAX_PAYLOAD);
 	if (!f.resp)
 		return -ENOMEM;
-	rc = fsck_namespace(&f);
+	rc = shards_find(&f);
+	if (rc == 0)
+		rc = fsck_xnames(&f);
+	if (rc == 0)
+		rc = fsck_namespace(&f);
 	if (rc == 0)
 		rc = fsck_xshard(&f);
 	if (rc == 0)

@@ -287,6 +287,7 @@ static void forget_if_gone(struct meta *m, uint64_t ino)
  * folder moved) is hidden.
  */
 #define QUOTA_SERIES_MAX 256
+#define XSHARD_COUNT_MAX 4096u /* releases counted at most (META_XSHARD COUNT) */
 struct quota_series {
 	uint64_t qid;
 	char path[256];
@@ -2202,12 +2203,16 @@ static int fsck_xrefs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 	v = calloc(max, sizeof(*v));
 	if (!v)
 		return -ENOMEM;
-	if (q->op == STK_FSCK_XENTRIES) {
+	if (q->op == STK_FSCK_XENTRIES || q->op == STK_FSCK_XNAMES) {
 		a.parent = after->parent;
 		a.hash = after->hash;
 		memcpy(a.name, after->name, sizeof(a.name));
-		rc = stk_meta_store_fsck_xentries(m->store, after->parent ? &a : NULL, v, max, &n,
-						  &done);
+		if (q->op == STK_FSCK_XNAMES)
+			rc = stk_meta_store_fsck_xnames(m->store, after->parent ? &a : NULL, v, max,
+							&n, &done);
+		else
+			rc = stk_meta_store_fsck_xentries(m->store, after->parent ? &a : NULL, v,
+							  max, &n, &done);
 	} else {
 		rc = stk_meta_store_fsck_xdirs(m->store, q->from, v, max, &n, &next, &done);
 	}
@@ -2229,6 +2234,69 @@ static int fsck_xrefs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 	}
 	free(v);
 	return rc;
+}
+
+static int fsck_xrecs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
+		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	size_t max = STK_MIN(q->max, FSCK_XREFS_MAX), n = 0;
+	struct stk_meta_xrec *v;
+	uint64_t next = 0;
+	int rc, done = 0;
+
+	if (max == 0)
+		return -EINVAL;
+	v = calloc(max, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	rc = stk_meta_store_fsck_xrecs(m->store, q->from, v, max, &n, &next, &done);
+	if (rc == 0) {
+		r->n = (uint32_t)n;
+		r->done = (uint8_t)done;
+		r->next = next;
+		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		for (size_t i = 0; i < n; i++) {
+			struct stk_msg_fsck_xrec x = {.kind = (uint8_t)v[i].kind,
+						      .covered = v[i].covered,
+						      .ino = v[i].ino,
+						      .shard = v[i].shard,
+						      .id = v[i].id};
+
+			stk_msg_fsck_xrec_enc(&resp->payload, &x);
+		}
+		rc = resp->payload.err;
+	}
+	free(v);
+	return rc;
+}
+
+/* XUNNAME and XRESTORE (msg.h): a record of a name off home dropped or written again. */
+static int fsck_xname_fix(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t other,
+			  uint64_t id, struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
+{
+	uint64_t changed[1] = {q->from};
+	struct stk_attr a;
+	int rc;
+
+	if (other == 0 || other > STK_MAX_SHARDS)
+		return -EINVAL;
+	if (q->op == STK_FSCK_XUNNAME)
+		rc = stk_meta_store_fsck_xunname(m->store, q->from, (uint32_t)other, id, &a);
+	else
+		rc = stk_meta_store_fsck_xrestore(m->store, q->from, (uint32_t)other, id);
+	if (rc)
+		return rc;
+	/* its link count changed */
+	stk_meta_leases_changed(m->leases, 0, changed, 1);
+	if (q->op == STK_FSCK_XUNNAME)
+		stk_warn("fsck: file %llu counted a name on shard %llu, which that shard does not "
+			 "have: its record and link dropped (%u link(s) left)",
+			 (unsigned long long)q->from, (unsigned long long)other, a.nlink);
+	else
+		stk_warn("fsck: file %llu's name off its home: the record here of it written "
+			 "again (the other shard: %llu)",
+			 (unsigned long long)q->from, (unsigned long long)other);
+	return stk_msg_meta_fsck_resp_enc(&resp->payload, r);
 }
 
 static int fsck_xdrop(struct meta *m, const struct stk_msg_meta_fsck_req *q, uint64_t ino,
@@ -2363,7 +2431,13 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 			ino = stk_get_u64(&req->payload);
 		rc = req->payload.err ? -EBADMSG : 0;
 	}
-	if (rc == 0 && q.op == STK_FSCK_XENTRIES)
+	if (rc == 0 && (q.op == STK_FSCK_XUNNAME || q.op == STK_FSCK_XRESTORE)) {
+		/* the other shard, then the id */
+		seen = stk_get_u64(&req->payload);
+		ino = stk_get_u64(&req->payload);
+		rc = req->payload.err ? -EBADMSG : 0;
+	}
+	if (rc == 0 && (q.op == STK_FSCK_XENTRIES || q.op == STK_FSCK_XNAMES))
 		rc = stk_msg_fsck_xref_dec(&req->payload, &after);
 	rc = decoded(req, rc);
 	if (rc)
@@ -2374,7 +2448,13 @@ static int op_fsck(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp 
 	switch (q.op) {
 	case STK_FSCK_XENTRIES:
 	case STK_FSCK_XDIRS:
+	case STK_FSCK_XNAMES:
 		return fsck_xrefs(m, &q, &after, &r, resp);
+	case STK_FSCK_XRECS:
+		return fsck_xrecs(m, &q, &r, resp);
+	case STK_FSCK_XUNNAME:
+	case STK_FSCK_XRESTORE:
+		return fsck_xname_fix(m, &q, seen, ino, &r, resp);
 	case STK_FSCK_XDROP:
 		return fsck_xdrop(m, &q, ino, &r, resp);
 	case STK_FSCK_XPARENT:
@@ -2469,7 +2549,21 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	} else {
 		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
 	}
-	return rc ? rc : stk_msg_meta_xshard_resp_enc(&resp->payload, &r);
+	if (rc == 0)
+		rc = stk_msg_meta_xshard_resp_enc(&resp->payload, &r);
+	if (rc == 0 && q.op == STK_XSHARD_COUNT) {
+		/* COUNT's reply ends with the releases waiting (msg.h); older readers stop before */
+		struct stk_meta_xrelease *v = calloc(XSHARD_COUNT_MAX, sizeof(*v));
+		size_t n = 0;
+
+		rc = v ? stk_meta_store_xreleases(m->store, v, XSHARD_COUNT_MAX, &n) : -ENOMEM;
+		if (rc == 0) {
+			stk_put_u32(&resp->payload, (uint32_t)n);
+			rc = resp->payload.err;
+		}
+		free(v);
+	}
+	return rc;
 }
 
 static const meta_op_fn meta_ops[] = {

@@ -5371,7 +5371,9 @@ struct fsck_ino {
 	uint32_t nlink;
 	uint32_t refs;	  /* entries naming it */
 	uint32_t subdirs; /* entries of directories in it */
+	uint32_t walk;	  /* fsck_cycles: the walk that last went through it */
 	uint8_t orphan;
+	uint8_t rooted; /* fsck_cycles: its names lead to the root (or off this shard) */
 };
 
 struct fsck {
@@ -5758,6 +5760,131 @@ static int fsck_xfiles(struct fsck *f)
 	return rc ? rc : xwalk(f->o, 'M', fsck_xmark_one, f);
 }
 
+/* The name in folder parent of inode ino, into name; -ENOENT when none names it. */
+static int fsck_name_of(struct op *o, uint64_t parent, uint64_t ino, char *name)
+{
+	uint8_t k[16];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	int rc, mrc;
+
+	be64_put(k, parent);
+	memset(k + 8, 0, 8);
+	rc = lmdb_err(mdb_cursor_open(o->txn, o->st->dentries, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		struct stk_rbuf r;
+		size_t len;
+
+		if (key.mv_size < 8 || be64_get(key.mv_data) != parent)
+			break;
+		if (key.mv_size <= 16 || key.mv_size > DENTRY_KEY_MAX)
+			continue;
+		stk_rbuf_init(&r, val.mv_data, val.mv_size);
+		if (stk_get_u64(&r) != ino || r.err)
+			continue;
+		len = key.mv_size - 16;
+		memcpy(name, (const uint8_t *)key.mv_data + 16, len);
+		name[len] = 0;
+		break;
+	}
+	if (rc == 0 && mrc == MDB_NOTFOUND)
+		rc = -ENOENT;
+	else if (rc == 0 && mrc)
+		rc = lmdb_err(mrc, "walk entries");
+	if (cur)
+		mdb_cursor_close(cur);
+	return rc;
+}
+
+/*
+ * A loop of folders found by fsck_cycles, cut with repair: the entry naming its
+ * folder of the smallest number goes (and its parent's link), so that it is a
+ * folder no name reaches, which fsck_one reports and stk_fsck reattaches under
+ * lost+found as any other (the rest of the loop is then reached through it).
+ */
+static int fsck_cut(struct fsck *f, struct fsck_ino *e, uint64_t nloop)
+{
+	struct stk_meta_fsck_problem p = {.kind = STK_FSCK_KIND_CYCLE,
+					  .ino = e->ino,
+					  .parent = e->named_in,
+					  .expect = e->parent,
+					  .found = nloop};
+	struct fsck_ino *dir = fsck_ino_find(f, e->named_in);
+	struct inode d;
+	int rc = fsck_name_of(f->o, e->named_in, e->ino, p.name);
+
+	if (rc || !f->repair || !dir)
+		return rc ? rc : fsck_report(f, &p, 0);
+	rc = dentry_del(f->o, e->named_in, p.name);
+	if (rc == 0)
+		rc = inode_get(f->o, e->named_in, &d);
+	if (rc == 0) {
+		if (d.a.nlink > 2)
+			d.a.nlink--;
+		touch_dir(f->o, &d);
+		rc = inode_put(f->o, &d);
+	}
+	if (rc)
+		return rc;
+	if (dir->subdirs)
+		dir->subdirs--;
+	if (dir->nlink > 2)
+		dir->nlink--;
+	e->refs = 0;
+	e->named_in = 0;
+	return fsck_report(f, &p, 1);
+}
+
+/*
+ * Folders whose names lead in a loop (each named in the next, the last in the
+ * first) that never reaches the root: each has a name, so fsck_one would not
+ * find them unreached. Each folder named once is followed up its names (the
+ * folder whose entry names it) until the root, a folder of another shard's
+ * parent (the cross-shard check's), a folder not named once (fsck_one's) or a
+ * folder known to lead to the root; coming back to a folder of the same walk is
+ * a loop. A loop across shards is not seen here (docs/fsck.md, "Not yet").
+ */
+static int fsck_cycles(struct fsck *f)
+{
+	uint32_t walk = 0;
+	int rc = 0;
+
+	for (size_t i = 0; rc == 0 && i < f->n; i++) {
+		struct fsck_ino *e = &f->v[i], *c, *min;
+		uint64_t nloop = 0;
+
+		if (!S_ISDIR(e->mode) || e->rooted)
+			continue;
+		walk++;
+		for (c = e; c; c = fsck_ino_find(f, c->named_in)) {
+			if (!S_ISDIR(c->mode) || c->rooted || c->ino == STK_ROOT_INO ||
+			    c->refs != 1 || stk_ino_shard(c->parent) != f->o->st->shard ||
+			    c->walk == walk)
+				break;
+			c->walk = walk;
+		}
+		if (c && S_ISDIR(c->mode) && !c->rooted && c->walk == walk && c->refs == 1 &&
+		    c->ino != STK_ROOT_INO && stk_ino_shard(c->parent) == f->o->st->shard) {
+			/* back at c: the loop is c and the folders up its names to c again */
+			min = c;
+			for (struct fsck_ino *x = c;;) {
+				nloop++;
+				if (x->ino < min->ino)
+					min = x;
+				x = fsck_ino_find(f, x->named_in);
+				if (!x || x == c)
+					break;
+			}
+			rc = fsck_cut(f, min, nloop);
+		}
+		/* every folder of this walk is settled: reached, or in a loop now reported */
+		for (c = e; c && c->walk == walk && !c->rooted; c = fsck_ino_find(f, c->named_in))
+			c->rooted = 1;
+	}
+	return rc;
+}
+
 /* One inode against what the entries say of it. */
 static int fsck_one(struct fsck *f, const struct fsck_ino *e)
 {
@@ -5943,6 +6070,8 @@ int stk_meta_store_fsck(struct stk_meta_store *st, int repair, stk_meta_fsck_fn 
 		rc = fsck_orphans(&f);
 	if (rc == 0)
 		rc = fsck_xfiles(&f);
+	if (rc == 0)
+		rc = fsck_cycles(&f);
 	for (size_t i = 0; rc == 0 && i < f.n; i++)
 		rc = fsck_one(&f, &f.v[i]);
 	if (rc == 0)
@@ -6684,8 +6813,72 @@ static int xparents_has(const struct xparents *p, uint64_t parent)
 	return 0;
 }
 
-int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_meta_xref *after,
-				 struct stk_meta_xref *out, size_t max, size_t *n, int *done)
+/* The files this shard's intents and marks are about (fsck may not touch their names). */
+static int xcovers_one(uint64_t v, const MDB_val *val, void *ctx, int mark)
+{
+	struct xparents *p = ctx;
+	uint64_t add[2] = {0, 0};
+
+	if (mark) {
+		struct stk_meta_xmark m;
+
+		if (xmark_decode(v, val, &m))
+			return 0;
+		add[0] = m.ino;
+		add[1] = m.kind == STK_XMARK_RENAME ? m.old_ino : 0;
+	} else {
+		struct stk_meta_xintent x;
+
+		if (xintent_decode(v, val, &x))
+			return 0;
+		add[0] = x.ino;
+	}
+	for (int i = 0; i < 2; i++) {
+		if (!add[i])
+			continue;
+		if (p->n == p->cap) {
+			size_t cap = p->cap ? 2 * p->cap : 16;
+			uint64_t *nv = realloc(p->v, cap * sizeof(*nv));
+
+			if (!nv)
+				return -ENOMEM;
+			p->v = nv;
+			p->cap = cap;
+		}
+		p->v[p->n++] = add[i];
+	}
+	return 0;
+}
+
+static int xcovers_intent(uint64_t v, const MDB_val *val, void *ctx)
+{
+	return xcovers_one(v, val, ctx, 0);
+}
+
+static int xcovers_mark(uint64_t v, const MDB_val *val, void *ctx)
+{
+	return xcovers_one(v, val, ctx, 1);
+}
+
+static int xcovers_load(struct op *o, struct xparents *p)
+{
+	int rc;
+
+	memset(p, 0, sizeof(*p));
+	if (!o->st->xshard)
+		return 0;
+	rc = xwalk(o, 'I', xcovers_intent, p);
+	return rc ? rc : xwalk(o, 'M', xcovers_mark, p);
+}
+
+/*
+ * The entries of this shard naming a folder of another shard (files 0), or a
+ * file of another shard (files 1: covered STK_FSCK_XCOVERED when an intent or a
+ * mark of this shard is about the file, STK_FSCK_XHAS_R when this shard's 'R'
+ * record of it names its home).
+ */
+static int fsck_xlist(struct stk_meta_store *st, const struct stk_meta_xref *after,
+		      struct stk_meta_xref *out, size_t max, size_t *n, int *done, int files)
 {
 	static const struct stk_cred root_cred;
 	uint8_t k[DENTRY_KEY_MAX] = {0};
@@ -6708,7 +6901,7 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 	rc = op_begin(&o, st, &root_cred, 1);
 	if (rc)
 		return rc;
-	rc = xparents_load(&o, &xp);
+	rc = files ? xcovers_load(&o, &xp) : xparents_load(&o, &xp);
 	if (rc == 0)
 		rc = lmdb_err(mdb_cursor_open(o.txn, st->dentries, &cur), "open cursor");
 	mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE);
@@ -6728,8 +6921,9 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 			continue;
 		stk_rbuf_init(&r, val.mv_data, val.mv_size);
 		ino = stk_get_u64(&r);
-		/* folders only: a file of another shard is counted at its home */
-		if (!S_ISDIR(stk_get_u32(&r)) || r.err || stk_ino_shard(ino) == st->shard)
+		/* folders, or files (whose names here their home counts: fsck_xnames) */
+		if (!S_ISDIR(stk_get_u32(&r)) != !!files || r.err ||
+		    stk_ino_shard(ino) == st->shard)
 			continue;
 		if (*n == max) {
 			*done = 0;
@@ -6740,7 +6934,19 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 		x->ino = ino;
 		x->parent = be64_get(key.mv_data);
 		x->hash = be64_get((const uint8_t *)key.mv_data + 8);
-		x->covered = (uint8_t)xparents_has(&xp, x->parent);
+		x->covered = (uint8_t)xparents_has(&xp, files ? ino : x->parent);
+		if (files) {
+			uint32_t home;
+			uint64_t id;
+
+			rc = xrec_get(&o, 'R', ino, &home, &id);
+			if (rc == 0 && home == stk_ino_shard(ino))
+				x->covered |= STK_FSCK_XHAS_R;
+			if (rc == -ENOENT || rc == -EIO)
+				rc = 0; /* none, or one that does not decode: no record */
+			if (rc)
+				break;
+		}
 		len = key.mv_size - 16;
 		memcpy(x->name, (const uint8_t *)key.mv_data + 16, len);
 		x->name[len] = 0;
@@ -6750,6 +6956,181 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 	if (cur)
 		mdb_cursor_close(cur);
 	free(xp.v);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_meta_xref *after,
+				 struct stk_meta_xref *out, size_t max, size_t *n, int *done)
+{
+	return fsck_xlist(st, after, out, max, n, done, 0);
+}
+
+int stk_meta_store_fsck_xnames(struct stk_meta_store *st, const struct stk_meta_xref *after,
+			       struct stk_meta_xref *out, size_t max, size_t *n, int *done)
+{
+	return fsck_xlist(st, after, out, max, n, done, 1);
+}
+
+int stk_meta_store_fsck_xrecs(struct stk_meta_store *st, uint64_t from, struct stk_meta_xrec *out,
+			      size_t max, size_t *n, uint64_t *next, int *done)
+{
+	static const struct stk_cred root_cred;
+	uint8_t k[XKEY_LEN];
+	MDB_val key = {sizeof(k), k}, val;
+	MDB_cursor *cur = NULL;
+	struct xparents xc = {0};
+	struct op o;
+	int rc, mrc;
+
+	*n = 0;
+	*done = 1;
+	*next = from;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	if (!st->xshard)
+		return op_end(&o, 0);
+	rc = xcovers_load(&o, &xc);
+	/* the cursor: the record's kind in the top byte, its inode below */
+	xkey(k, (char)(from >> 56), from & ((1ull << 56) - 1));
+	if (rc == 0)
+		rc = lmdb_err(mdb_cursor_open(o.txn, st->xshard, &cur), "open cursor");
+	for (mrc = rc ? MDB_NOTFOUND : mdb_cursor_get(cur, &key, &val, MDB_SET_RANGE); mrc == 0;
+	     mrc = mdb_cursor_get(cur, &key, &val, MDB_NEXT)) {
+		const uint8_t *kp = key.mv_data;
+		struct stk_meta_xrec *x;
+		uint64_t ino;
+
+		if (key.mv_size != XKEY_LEN || (kp[0] != 'L' && kp[0] != 'R' && kp[0] != 'X'))
+			continue;
+		ino = be64_get(kp + 1);
+		if (*n == max) {
+			*done = 0;
+			*next = (uint64_t)kp[0] << 56 | (ino & ((1ull << 56) - 1));
+			break;
+		}
+		x = &out[*n];
+		memset(x, 0, sizeof(*x));
+		x->kind = (char)kp[0];
+		x->ino = ino;
+		if (xrec_decode(&val, &x->shard, &x->id))
+			continue; /* logged; a record that does not decode says nothing */
+		x->covered = (uint8_t)xparents_has(&xc, ino);
+		(*n)++;
+	}
+	if (rc == 0 && mrc && mrc != MDB_NOTFOUND)
+		rc = lmdb_err(mrc, "walk cross-shard records");
+	if (cur)
+		mdb_cursor_close(cur);
+	free(xc.v);
+	return op_end(&o, rc);
+}
+
+/* Whether an intent or a mark of this shard is about file ino: -EBUSY if so. */
+static int fsck_xbusy(struct op *o, uint64_t ino)
+{
+	struct xparents xc;
+	int rc = xcovers_load(o, &xc);
+
+	if (rc == 0 && xparents_has(&xc, ino))
+		rc = -EBUSY;
+	free(xc.v);
+	return rc;
+}
+
+static int fsck_named(struct op *o, const uint64_t *inos, size_t n, uint8_t *named);
+
+int stk_meta_store_fsck_xunname(struct stk_meta_store *st, uint64_t ino, uint32_t other,
+				uint64_t id, struct stk_attr *out)
+{
+	static const struct stk_cred root_cred;
+	int rc, home = stk_ino_shard(ino) == st->shard;
+	uint8_t named = 0;
+	struct inode n;
+	uint32_t h;
+	uint64_t rid;
+	struct op o;
+
+	memset(out, 0, sizeof(*out));
+	if (other == st->shard || other < 1 || other > STK_MAX_SHARDS ||
+	    (!home && other != stk_ino_shard(ino)))
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = fsck_xbusy(&o, ino);
+	if (rc == 0)
+		rc = xrec_get(&o, home ? 'X' : 'R', ino, &h, &rid);
+	if (rc == 0 && (h != other || rid != id))
+		rc = -ESTALE;
+	else if (rc == -ENOENT)
+		rc = -ESTALE;
+	if (rc == 0 && !home) {
+		/* the holder: a leftover 'R', which goes only while no entry here names it */
+		rc = fsck_named(&o, &ino, 1, &named);
+		if (rc == 0 && named)
+			rc = -EEXIST;
+		if (rc == 0)
+			rc = xdel(&o, 'R', ino);
+		return op_end(&o, rc);
+	}
+	if (rc == 0)
+		rc = xdel(&o, 'X', ino);
+	if (rc == 0)
+		rc = inode_get(&o, ino, &n);
+	if (rc == 0) {
+		/* the link that name counted goes: freed or orphaned as an unlink would */
+		rc = inode_unref(&o, &n);
+		*out = n.a;
+	} else if (rc == -ENOENT) {
+		rc = 0; /* a record of a file that is gone: only the record goes */
+	}
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_fsck_xrestore(struct stk_meta_store *st, uint64_t ino, uint32_t other,
+				 uint64_t id)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	uint32_t s;
+	uint64_t rid;
+	struct op o;
+	int rc, home = stk_ino_shard(ino) == st->shard;
+
+	if (other == st->shard || other < 1 || other > STK_MAX_SHARDS ||
+	    (!home && other != stk_ino_shard(ino)))
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	if (!st->xshard)
+		rc = -EOPNOTSUPP;
+	if (rc == 0)
+		rc = fsck_xbusy(&o, ino);
+	if (rc == 0 && home) {
+		/*
+		 * The home: the name on `other` recorded again. Its link count is the
+		 * namespace check's, which counts the record as one link (stk_fsck
+		 * restores before it checks).
+		 */
+		rc = xrec_get(&o, 'X', ino, &s, &rid);
+		rc = rc == 0 ? -EEXIST : rc == -ENOENT ? 0 : rc;
+		if (rc == 0)
+			rc = inode_get(&o, ino, &n);
+		if (rc == 0 && S_ISDIR(n.a.mode))
+			rc = -EISDIR;
+		if (rc == 0)
+			rc = xrec_put(&o, 'X', ino, other, id);
+	} else if (rc == 0) {
+		/* the holder: its record of where the file lives */
+		rc = xrec_get(&o, 'R', ino, &s, &rid);
+		if (rc == -ENOENT)
+			rc = xrec_get(&o, 'L', ino, &s, &rid);
+		rc = rc == 0 ? -EEXIST : rc == -ENOENT ? 0 : rc;
+		if (rc == 0)
+			rc = xrec_put(&o, 'R', ino, other, id);
+	}
 	return op_end(&o, rc);
 }
 
@@ -6815,7 +7196,9 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 	struct xparents xp = {0};
 	struct inode dir;
 	struct op o;
-	int rc, mrc, found = 0;
+	int rc, mrc, found = 0, isdir = 1;
+	uint32_t home;
+	uint64_t rid;
 
 	name[0] = 0;
 	if (stk_ino_shard(ino) == st->shard)
@@ -6826,6 +7209,8 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 	rc = xparents_load(&o, &xp);
 	if (rc == 0 && xparents_has(&xp, parent))
 		rc = -EBUSY;
+	if (rc == 0)
+		rc = fsck_xbusy(&o, ino); /* a file renamed or linked here just now */
 	if (rc == 0)
 		rc = lmdb_err(mdb_cursor_open(o.txn, st->dentries, &cur), "open cursor");
 	be64_put(k, parent);
@@ -6842,6 +7227,7 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 		stk_rbuf_init(&r, val.mv_data, val.mv_size);
 		if (stk_get_u64(&r) != ino || r.err)
 			continue;
+		isdir = S_ISDIR(stk_get_u32(&r));
 		len = key.mv_size - 16;
 		memcpy(name, (const uint8_t *)key.mv_data + 16, len);
 		name[len] = 0;
@@ -6856,8 +7242,13 @@ int stk_meta_store_fsck_xdrop(struct stk_meta_store *st, uint64_t parent, uint64
 		rc = inode_get(&o, parent, &dir);
 	if (rc == 0)
 		rc = dentry_del(&o, parent, name);
+	if (rc == 0 && !isdir) {
+		/* a file of another shard: its record here goes with its name */
+		rc = xrec_get(&o, 'R', ino, &home, &rid);
+		rc = rc == 0 ? xdel(&o, 'R', ino) : rc == -ENOENT ? 0 : rc;
+	}
 	if (rc == 0) {
-		if (dir.a.nlink > 2)
+		if (dir.a.nlink > 2 && isdir)
 			dir.a.nlink--;
 		touch_dir(&o, &dir);
 		rc = inode_put(&o, &dir);

@@ -503,16 +503,21 @@ void stk_meta_store_unrecorded_done(struct stk_meta_store *st, size_t taken, con
  *   QUOTA_BYTES,  quota ino's stored usage is found, the inodes tagged into it
  *   QUOTA_INODES  (orphans too) add up to expect
  *   CORRUPT       a record that does not decode (inode ino, or an entry)
+ *   CYCLE         folder ino, named `name` in parent, is in a loop of found folders
+ *                 (each named in the next) that the root does not reach (expect:
+ *                 its parent pointer); the folder of the loop's smallest number
  * With repair (one write transaction; other writers wait meanwhile) what is safe
  * is repaired: entries that lead nowhere or from nowhere are dropped, link counts
  * and parent pointers set from the entries, an unreached file, symlink or
  * special file reattached in lost+found as "#INO" (made on demand; the
  * problem's name and parent say where; on shard 1 only, and reported only when
  * the name is taken), stale orphan records dropped, quota usage set to the
- * count. A corrupt record is only reported, and so are an unreached folder and
- * any unreached inode of shard 2.. (expect: its parent pointer): stk_fsck
- * reattaches those (stk_meta_store_fsck_adopt, _gather), once it has seen that
- * no entry of another shard names them. fn (may be NULL) is called for each
+ * count, a loop of folders cut (the entry of CYCLE's folder dropped, and its
+ * parent's link: that folder is then reported UNREACHED). A corrupt record is
+ * only reported, and so are an unreached folder and any unreached inode of
+ * shard 2.. (expect: its parent pointer): stk_fsck reattaches those
+ * (stk_meta_store_fsck_adopt, _gather), once it has seen that no entry of
+ * another shard names them. fn (may be NULL) is called for each
  * problem inside the transaction; a non-zero return stops the check with that
  * error (and undoes the repairs).
  */
@@ -1006,6 +1011,59 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 				 struct stk_meta_xref *out, size_t max, size_t *n, int *done);
 int stk_meta_store_fsck_xdirs(struct stk_meta_store *st, uint64_t from, struct stk_meta_xref *out,
 			      size_t max, size_t *n, uint64_t *next, int *done);
+
+/*
+ * Names of files off their home (docs/meta-shards.md, "Files renamed and linked
+ * across shards"), for fsck's check of each name against its home's record.
+ *
+ * stk_meta_store_fsck_xnames: as _xentries, the entries of this shard naming a
+ * file (anything but a folder) of another shard; covered has STK_FSCK_XCOVERED
+ * when an intent or a mark of this shard is about that file (a rename or link
+ * in flight: the protocol's) and STK_FSCK_XHAS_R when this shard's 'R' record of
+ * it names its home.
+ *
+ * stk_meta_store_fsck_xrecs: this shard's records of such names, from cursor
+ * `from` (the kind in the top byte, the inode below; 0: the first), up to max:
+ * 'X' (a file of this shard named on shard `shard`), 'R' (a file of `shard`
+ * named here) and 'L' (a name here that went, its release still to tell
+ * `shard`), each with its id and covered as above. *next and *done as _xdirs'.
+ */
+struct stk_meta_xrec {
+	char kind;
+	uint8_t covered;
+	uint64_t ino;
+	uint32_t shard;
+	uint64_t id;
+};
+int stk_meta_store_fsck_xnames(struct stk_meta_store *st, const struct stk_meta_xref *after,
+			       struct stk_meta_xref *out, size_t max, size_t *n, int *done);
+int stk_meta_store_fsck_xrecs(struct stk_meta_store *st, uint64_t from, struct stk_meta_xrec *out,
+			      size_t max, size_t *n, uint64_t *next, int *done);
+/*
+ * fsck's repair of an 'X' record of file ino (this shard's) for a name on shard
+ * holder (id) that holder no longer has, nor releases: the record goes and the
+ * link it counted, the file freed or orphaned as an unlink would (*out: the file
+ * after; ino 0 when it was gone already). -ESTALE when the record is not that one
+ * (any more), -EBUSY while an intent or a mark here is about the file, -EINVAL
+ * for a file of another shard.
+ */
+int stk_meta_store_fsck_xunname(struct stk_meta_store *st, uint64_t ino, uint32_t holder,
+				uint64_t id, struct stk_attr *out);
+/*
+ * On the holder (ino of shard `holder` here is its home): its leftover 'R'
+ * record of ino (home `holder`, id) goes, when no entry of this shard names the
+ * file (-EEXIST), nothing else; -ESTALE, -EBUSY as above.
+ */
+/*
+ * fsck's repair of a name off home whose records are missing. At the file's home
+ * (ino of this shard): its 'X' record for the name on shard `other` (id), which
+ * the namespace check counts as one link (-EEXIST when it has one, -EISDIR,
+ * -ENOENT). At the
+ * name's shard: its 'R' record, the file's home `other` (-EEXIST when it has one
+ * or a release waiting). -EBUSY while an intent or a mark here is about the file.
+ */
+int stk_meta_store_fsck_xrestore(struct stk_meta_store *st, uint64_t ino, uint32_t other,
+				 uint64_t id);
 /*
  * fsck's repair of an entry in `parent` naming folder `ino` of another shard that
  * has no such inode: the entry goes and the parent's link count with it, in one

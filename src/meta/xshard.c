@@ -62,7 +62,41 @@ struct stk_meta_xshard {
 	char hook_op[8];
 	unsigned hook_step;
 	char hook_file[PATH_MAX];
+	char hold_file[PATH_MAX]; /* STOKER_TEST_XSHARD_HOLD's: "" when not set */
 };
+
+#define HOLD_MAX_MS 120000u /* a held rename goes on after this, file or not */
+
+/* STOKER_TEST_XSHARD_HOLD=rename:FILE (xshard.h). */
+static int hold_parse(struct stk_meta_xshard *x)
+{
+	const char *v = getenv("STOKER_TEST_XSHARD_HOLD");
+
+	if (!v || !*v)
+		return 0;
+	if (strncmp(v, "rename:", 7) != 0 || !v[7] ||
+	    (size_t)snprintf(x->hold_file, sizeof(x->hold_file), "%s", v + 7) >=
+		sizeof(x->hold_file)) {
+		x->hold_file[0] = 0;
+		stk_error("STOKER_TEST_XSHARD_HOLD=%s: want rename:FILE", v);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* The hold hook: a rename whose step 2 is done waits while the hold file is there. */
+static void hold(struct stk_meta_xshard *x)
+{
+	struct timespec ts = {0, 20 * 1000000L};
+
+	if (!x->hold_file[0] || access(x->hold_file, F_OK) != 0)
+		return;
+	stk_warn("STOKER_TEST_XSHARD_HOLD: a rename across shards held after its step 2 while "
+		 "%s is there",
+		 x->hold_file);
+	for (unsigned ms = 0; ms < HOLD_MAX_MS && access(x->hold_file, F_OK) == 0; ms += 20)
+		nanosleep(&ts, NULL);
+}
 
 static int hook_parse(struct stk_meta_xshard *x, const char *dir)
 {
@@ -532,6 +566,7 @@ int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cre
 		goto out;
 	}
 	if (rc == 0) {
+		hold(x);
 		rc = stk_meta_store_xrename_commit(x->st, id, dst_parent);
 		if (rc == 0) {
 			/* committed: never undone from here (recovery asks whoever leads) */
@@ -838,6 +873,8 @@ int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl
 	x->repl = repl;
 	x->shard = stk_meta_store_shard(st);
 	rc = hook_parse(x, dir);
+	if (rc == 0)
+		rc = hold_parse(x);
 	if (rc == 0)
 		rc = stk_pool_create(2, &x->pool);
 	if (rc) {

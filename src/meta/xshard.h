@@ -36,6 +36,10 @@
  * (SIGKILL) right after it, once: it makes FILE (default: xshard-stopped in its
  * data folder) and no node stops while that file is there, so with FILE shared
  * the follower that takes over does not stop in turn.
+ * STOKER_TEST_XSHARD_HOLD=rename:FILE makes the source's meta node, once step 2 of
+ * a rename across shards is done (D's entry and mark), wait before step 3 while
+ * FILE is there (at most 120 s): the rename is held mid-protocol, its intent and
+ * mark in place, for as long as a test wants (the request waits meanwhile).
  *
  * Threads: every function may be called from any worker thread (they block on
  * the network); none from an event loop.

@@ -560,7 +560,8 @@ enum stk_target_state {
  * QUERY (to A, from B's recovery): state STK_XSTATE_* of intent, else of `name`
  *   in parent naming ino.
  * COUNT (to any, for tests and operators): the intents and marks it holds now
- *   (intents, marks; the other replies leave them 0).
+ *   (intents, marks; the other replies leave them 0), the reply followed by a u32:
+ *   the releases waiting (a reply without it is from a node before them).
  * A file renamed from a folder of S to one of D (docs/meta-shards.md):
  * RENAME (to D, step 2): `name` in parent (D's) names file ino (mode: its type),
  *   replacing what it named, marked for (from, intent); uid, gid: the caller's;
@@ -747,6 +748,20 @@ enum stk_quota_op {
  *                    into a new folder whose parent pointer is `from` (shard 1's
  *                    lost+found) and that ADOPT names next. The reply: the head (n
  *                    those gone, next the folder, 0 for none) and their n u64.
+ *   STK_FSCK_XNAMES  as XENTRIES, the entries naming a file (no folder) of another
+ *                    shard; covered: STK_FSCK_XCOVERED, STK_FSCK_XHAS_R.
+ *   STK_FSCK_XRECS   a page of the records of names off home ('X', 'R', 'L'; meta/
+ *                    store.h stk_meta_store_fsck_xrecs) from cursor `from`: n
+ *                    fsck_xrec; next and done as XDIRS.
+ *   STK_FSCK_XUNNAME the request followed by two u64, the other shard and id: at
+ *                    file `from`'s home its 'X' record of that name goes, and its
+ *                    link; at the name's shard a leftover 'R' (no entry names the
+ *                    file: else EEXIST) (ESTALE, EBUSY). The reply: the head.
+ *   STK_FSCK_XRESTORE the request followed by two u64, the other shard and id: the
+ *                    record of the name off home of file `from` written again (its
+ *                    home's 'X', or the name's shard's 'R'; EEXIST, EBUSY).
+ *                    The reply: the head.
+ * A node from before XNAMES answers those four INVAL.
  */
 #define STK_MSG_META_FSCK_REQ(F) F(cred, cred) F(u32, op) F(u32, flags) F(u64, from) F(u32, max)
 #define STK_MSG_META_FSCK_RESP(F)                                                            \
@@ -759,6 +774,7 @@ enum stk_quota_op {
 #define STK_MSG_FSCK_RANGE(F) F(u32, first) F(u32, end)
 #define STK_MSG_FSCK_XREF(F)                                                                 \
 	F(u64, ino) F(u64, parent) F(u64, hash) F(u8, covered) F(name, name)
+#define STK_MSG_FSCK_XREC(F) F(u8, kind) F(u8, covered) F(u64, ino) F(u32, shard) F(u64, id)
 /* fsck_problem's kind: what meta/store.h stk_meta_store_fsck checks. */
 enum stk_fsck_kind {
 	STK_FSCK_KIND_DANGLING = 1,
@@ -770,6 +786,7 @@ enum stk_fsck_kind {
 	STK_FSCK_KIND_QUOTA_BYTES = 7,
 	STK_FSCK_KIND_QUOTA_INODES = 8,
 	STK_FSCK_KIND_CORRUPT = 9,
+	STK_FSCK_KIND_CYCLE = 10,
 };
 #define STK_FSCK_CHECK 1u
 #define STK_FSCK_FILES 2u
@@ -780,6 +797,12 @@ enum stk_fsck_kind {
 #define STK_FSCK_XPARENT 7u
 #define STK_FSCK_ADOPT 8u
 #define STK_FSCK_GATHER 9u
+#define STK_FSCK_XNAMES 10u
+#define STK_FSCK_XRECS 11u
+#define STK_FSCK_XUNNAME 12u
+#define STK_FSCK_XRESTORE 13u
+#define STK_FSCK_XCOVERED 0x1u /* XNAMES, XRECS: an intent or a mark is about the file */
+#define STK_FSCK_XHAS_R 0x2u   /* XNAMES: the shard's 'R' record names the file's home */
 #define STK_FSCK_REPAIR 0x1u
 #define STK_FSCK_PROBLEMS_MAX 2000u
 #define STK_FSCK_FILES_MAX 1024u
@@ -928,6 +951,7 @@ enum stk_fsck_kind {
 	X(fsck_file, STK_MSG_FSCK_FILE)                           \
 	X(fsck_range, STK_MSG_FSCK_RANGE)                         \
 	X(fsck_xref, STK_MSG_FSCK_XREF)                           \
+	X(fsck_xrec, STK_MSG_FSCK_XREC)                           \
 	X(stor_sync_read_resp, STK_MSG_STOR_SYNC_READ_RESP)       \
 	X(mgmt_target_synced_req, STK_MSG_MGMT_TARGET_SYNCED_REQ) \
 	X(mgmt_remove_node_req, STK_MSG_MGMT_REMOVE_NODE_REQ)     \

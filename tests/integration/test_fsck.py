@@ -318,6 +318,56 @@ def test_unreached_file_and_folder_are_reattached_under_lost_and_found(cluster, 
     assert not m.sanitizer_reports(), m.log()
 
 
+def test_a_loop_of_folders_cut_off_from_the_root_is_reattached(cluster):
+    """Folders named in each other in a loop that the root does not reach (each has
+    a name, so none is unreached by itself) are found and reported with nothing
+    changed; --repair cuts the loop at its smallest folder and reattaches that one
+    under /lost+found, with everything in the loop reached through it."""
+    data = os.urandom(MiB + 3)
+    c = stoker.connect(cluster.url)
+    try:
+        c.makedirs("/a/b/c")
+        c.write_file("/a/b/c/f", data)
+        c.mkdir("/stays")
+        ino = {p: c.stat(p).st_ino for p in ("/", "/a", "/a/b")}
+        root_links = c.stat("/").st_nlink
+    finally:
+        c.close()
+    cluster.stop()
+    store = os.path.join(cluster.data, "meta", "meta")
+    # /a's entry moves into /a/b: a names b, b names a, the root names neither
+    subprocess.run([PLANT, store, "move-entry", str(ino["/"]), "a", str(ino["/a/b"])],
+                   check=True)
+    subprocess.run([PLANT, store, "set-parent", str(ino["/a"]), str(ino["/a/b"])], check=True)
+    subprocess.run([PLANT, store, "set-nlink", str(ino["/"]), str(root_links - 1)], check=True)
+    subprocess.run([PLANT, store, "set-nlink", str(ino["/a/b"]), "4"], check=True)
+    cluster.start()
+    out = fsck(cluster)
+    got = [(p["kind"], p["ino"], p["parent"], p["name"], p["found"]) for p in out["list"]]
+    assert got == [("folder-cycle", ino["/a"], ino["/a/b"], "a", 2)], out
+    assert not out["clean"] and not out["list"][0]["repaired"]
+    c = stoker.connect(cluster.url)
+    try:
+        assert sorted(c.listdir("/")) == ["stays"]  # a report changes nothing
+    finally:
+        c.close()
+    p = cluster.cli("fsck", "--repair", check=False, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert b"folder cycle: folder %d ('a' in %d) is in a loop of 2 folders" % (
+        ino["/a"], ino["/a/b"]) in p.stdout, p.stdout
+    assert b"reattached as /lost+found/#%d" % ino["/a"] in p.stdout, p.stdout
+    c = stoker.connect(cluster.url)
+    try:
+        assert c.listdir("/lost+found") == ["#%d" % ino["/a"]]
+        assert c.stat("/lost+found/#%d/b" % ino["/a"]).st_ino == ino["/a/b"]
+        assert c.read_file("/lost+found/#%d/b/c/f" % ino["/a"]) == data
+        assert c.listdir("/lost+found/#%d/b" % ino["/a"]) == ["c"]
+    finally:
+        c.close()
+    out = fsck(cluster)
+    assert out["clean"] and out["list"] == [], out
+
+
 def test_no_false_alarm_under_a_writer_and_an_unlinker(cluster):
     c = stoker.connect(cluster.url)
     stop = threading.Event()

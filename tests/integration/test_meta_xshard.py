@@ -57,10 +57,10 @@ class XCluster(ShardCluster):
         return "127.0.0.1:%d" % (self.port + 1 if shard == 1 else self.port + 40)
 
     def held(self, shard):
-        """(inodes, intents, marks) the meta node of `shard` holds now."""
+        """(inodes, intents, marks, releases waiting) the meta node of `shard` holds now."""
         p = run([CHECK, "xshard", self.meta_addr(shard)], check=False, env=self.env(),
                 timeout=30)
-        m = re.match(rb"files (\d+) intents (\d+) marks (\d+)", p.stdout)
+        m = re.match(rb"files (\d+) intents (\d+) marks (\d+) releases (\d+)", p.stdout)
         assert m, p.stdout + p.stderr
         return tuple(int(g) for g in m.groups())
 
@@ -177,7 +177,7 @@ def test_folders_on_another_shard(make_xc):
         c.close()
     # nothing left half-done, and fsck (shard 1's namespace) finds nothing wrong
     for shard in (1, 2):
-        assert sc.held(shard)[1:] == (0, 0), sc.held(shard)
+        assert sc.held(shard)[1:] == (0, 0, 0), sc.held(shard)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     # shard 2's files' chunks are not garbage to it, however old (it checks shard 1's)
@@ -271,7 +271,7 @@ def test_file_renamed_across_shards_and_back(make_xc):
         wait_until(lambda: gone(sc, u), timeout=30)
     finally:
         c.close()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     p = sc.cli("fsck", "--grace", "0", "--repair", check=False)
@@ -327,7 +327,7 @@ def test_mount_mv_moves_across_shards(make_xc, tmp_path):
         assert sorted(os.listdir(m.path)) == ["a"] and os.listdir(a) == []
     finally:
         m.stop()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -545,7 +545,7 @@ def settled(sc, c, name, before):
     """The folder /name exists on both sides or on neither, nothing is marked or
     intended, and shard 2 holds exactly the folders named. Returns whether it
     exists, or None while recovery has not finished."""
-    if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+    if sc.held(1)[1:] != (0, 0, 0) or sc.held(2)[1:] != (0, 0, 0):
         return None
     try:
         st = c.stat("/" + name)
@@ -620,7 +620,7 @@ def renamed_where(sc, c, ino, old):
     """After a rename of /a/f (inode ino) over /b/f (inode old): True when the file is
     /b/f alone, False when it is /a/f alone with /b/f still old, None while recovery
     has not finished (an intent, a mark or a release held, or both names)."""
-    if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+    if sc.held(1)[1:] != (0, 0, 0) or sc.held(2)[1:] != (0, 0, 0):
         return None
     names = {}
     for path in ("/a/f", "/b/f"):
@@ -680,7 +680,7 @@ def test_rename_crash_at_each_step_recovers(make_xc, tmp_path, step):
         assert c.listdir("/b") == []
     finally:
         c.close()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     p = sc.cli("fsck", check=False)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -817,6 +817,202 @@ def test_fsck_checks_and_repairs_shard_2(make_xc):
         assert shard_of(holder.st_ino) == 2 and (holder.st_mode & 0o7777) == 0o700
     finally:
         c.close()
+
+
+def test_fsck_checks_names_of_files_off_their_home(make_xc):
+    """Names of files off their home shard against their records, damaged in the
+    stores: a name whose home lost its 'X' record, a name whose shard lost its 'R'
+    record, 'X' records whose name (and 'R') its shard lost, one of them a
+    file's last link, and a name of a file gone from its home. Each is reported
+    with nothing changed (the file whose home
+    lost its record is not called unreached there); --repair writes the records
+    again, drops the stale ones with their link (the last link's file freed as
+    an unlink would) and the dangling names; a second run is clean, and unlinking the restored names
+    releases them at home as it should."""
+    from test_fsck import PLANT
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        b = c.stat("/b").st_ino
+        for n in ("moved", "linked", "stale", "last", "ghost", "lo"):
+            c.write_file("/a/" + n, n.encode() * 100)
+        c.rename("/a/moved", "/b/moved")
+        ino = {n: c.stat(("/b/" if n == "moved" else "/a/") + n).st_ino
+               for n in ("moved", "linked", "stale", "last", "ghost", "lo")}
+        a = c.stat("/a").st_ino
+        assert ino_link(sc, ino["linked"], b, "l") == "OK"
+        assert ino_link(sc, ino["stale"], b, "s") == "OK"
+        assert ino_link(sc, ino["last"], b, "t") == "OK"
+        assert ino_link(sc, ino["ghost"], b, "gh") == "OK"
+        assert ino_link(sc, ino["lo"], b, "lo") == "OK"
+        c.remove("/a/last")  # its one name is off its home now
+        assert all(shard_of(i) == 1 for i in ino.values()), ino
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
+    assert xfsck(sc)["clean"]
+    sc.down()
+    one, two = (os.path.join(sc.data, d, "meta") for d in ("meta", "meta1"))
+    run([PLANT, one, "drop-xrec", "X", str(ino["moved"])])
+    # a file gone from its home with its record: both its names dangle
+    run([PLANT, one, "drop-inode", str(ino["ghost"])])
+    run([PLANT, one, "drop-xrec", "X", str(ino["ghost"])])
+    run([PLANT, two, "drop-xrec", "R", str(ino["linked"])])
+    run([PLANT, two, "drop-entry", str(b), "s"])  # its 'R' left over
+    run([PLANT, two, "drop-entry", str(b), "t"])
+    run([PLANT, two, "drop-xrec", "R", str(ino["last"])])
+    # a name gone on both sides but for shard 2's 'R' (the home's link count, 2, its own check's)
+    run([PLANT, two, "drop-entry", str(b), "lo"])
+    run([PLANT, one, "drop-xrec", "X", str(ino["lo"])])
+    sc.up()
+    sc.wait("both shards to serve", lambda: len(xfsck(sc)["shards"]) == 2, timeout=60)
+    out = xfsck(sc)
+    got = {(p["kind"], p["ino"], p["parent"], p["name"], p["expect"], p["found"])
+           for p in out["list"]}
+    assert got == {("name-off-home", ino["moved"], b, "moved", 1, 1),
+                   ("name-off-home", ino["linked"], b, "l", 2, 1),
+                   ("stale-name-record", ino["stale"], 0, "", 1, 2),
+                   ("stale-name-record", ino["last"], 0, "", 0, 2),
+                   ("dangling-entry", ino["ghost"], b, "gh", 0, 0),
+                   ("dangling-entry", ino["ghost"], a, "ghost", 0, 0),
+                   ("stale-name-record", ino["lo"], 0, "", 2, 1),
+                   ("link-count", ino["lo"], 0, "", 1, 2)}, out
+    assert not any(p["repaired"] for p in out["list"])
+    sh = {s["shard"]: s for s in out["shards"]}
+    assert (sh[1]["problems"], sh[2]["problems"]) == (4, 4), out
+    text = sc.cli("fsck", check=False).stdout
+    assert b"name off home: 'moved' in folder %d names file %d of shard 1, which does not " \
+        b"count it" % (b, ino["moved"]) in text, text
+    assert b"stale name record: file %d counts a name on shard 2, which that shard does not " \
+        b"have (it keeps a leftover record of it)" % ino["stale"] in text, text
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert c.stat("/a/stale").st_nlink == 2 and not c.exists("/lost+found")
+    finally:
+        c.close()
+    out = xfsck(sc, "--repair")
+    assert out["clean"] and len(out["list"]) == 8 and all(p["repaired"] for p in out["list"]), out
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+    wait_until(lambda: gone(sc, ino["last"]), timeout=30)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        assert c.read_file("/b/moved") == b"moved" * 100 and c.stat("/b/moved").st_nlink == 1
+        assert c.stat("/a/linked").st_nlink == 2 and c.read_file("/b/l") == b"linked" * 100
+        assert c.stat("/a/stale").st_nlink == 1 and c.read_file("/a/stale") == b"stale" * 100
+        assert sorted(c.listdir("/b")) == ["l", "moved"] and not c.exists("/lost+found")
+        assert sorted(c.listdir("/a")) == ["linked", "lo", "stale"]
+        assert c.stat("/a/lo").st_nlink == 1
+        assert ino_link(sc, ino["lo"], b, "lo") == "OK"  # no record left on shard 2
+        c.remove("/b/lo")
+        # the leftover 'R' went too: the file takes a name off home again
+        assert ino_link(sc, ino["stale"], b, "s2") == "OK" and c.stat("/a/stale").st_nlink == 2
+        c.remove("/b/s2")
+        wait_until(lambda: c.stat("/a/stale").st_nlink == 1, timeout=30)
+        # the records written again are the protocol's own: the names release at home
+        c.remove("/b/l")
+        wait_until(lambda: c.stat("/a/linked").st_nlink == 1, timeout=30)
+        c.remove("/b/moved")
+        wait_until(lambda: gone(sc, ino["moved"]), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+
+
+def test_fsck_leaves_a_rename_held_mid_protocol_alone(make_xc, tmp_path):
+    """A rename across shards held between its steps 2 and 3 (STOKER_TEST_XSHARD_HOLD:
+    shard 1's intent, shard 2's entry naming the file and its mark keeping what the
+    entry replaced): fsck reports it in progress and nothing else, and --repair
+    changes nothing there; once let go the rename completes and fsck is clean."""
+    hold = tmp_path / "hold"
+    sc = make_xc({"STOKER_TEST_XSHARD_HOLD": "rename:%s" % hold})
+    c = stoker_pkg.connect(sc.url)
+    told = []
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"moving")
+        c.write_file("/b/g", b"replaced")
+        f, g = c.stat("/a/f").st_ino, c.stat("/b/g").st_ino
+        hold.write_bytes(b"")
+
+        def rename():
+            c2 = stoker_pkg.connect(sc.url)
+            try:
+                c2.rename("/a/f", "/b/g")
+                told.append("OK")
+            except OSError as e:
+                told.append(e.errno)
+            finally:
+                c2.close()
+
+        t = threading.Thread(target=rename)
+        t.start()
+        try:
+            wait_until(lambda: sc.held(1)[1:] == (1, 0, 0) and sc.held(2)[1:] == (0, 1, 0),
+                       timeout=30, what="the rename to be held after its step 2")
+            for args in ((), ("--repair",)):
+                out = xfsck(sc, *args)
+                assert out["clean"] and out["list"] == [], out
+                assert out["in_progress"] >= 1, out
+                assert sc.held(1)[1:] == (1, 0, 0) and sc.held(2)[1:] == (0, 1, 0)
+            text = sc.cli("fsck").stdout
+            assert b"in progress: " in text and b"left to its protocol" in text, text
+            assert b"clean: no problem found" in text, text
+            # both names the file's meanwhile; what the new one replaced kept till step 4
+            assert c.stat("/a/f").st_ino == f and c.stat("/b/g").st_ino == f
+            assert not c.exists("/lost+found")
+        finally:
+            hold.unlink()
+            t.join(timeout=60)
+        assert told == ["OK"], told
+        assert c.stat("/b/g").st_ino == f and not c.exists("/a/f")
+        assert c.read_file("/b/g") == b"moving"
+        wait_until(lambda: gone(sc, g), timeout=30)
+    finally:
+        c.close()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [] and out["in_progress"] == 0, out
+
+
+def test_a_release_waiting_for_its_home_is_counted(make_xc):
+    """A name off home unlinked while its home's meta is down: the shard that had
+    the name keeps a release to tell the home, which `stk_check xshard` counts;
+    once the home is back the release goes and the file's link with it."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        b = c.stat("/b").st_ino
+        c.write_file("/a/f", b"f")
+        ino = c.stat("/a/f").st_ino
+        assert ino_link(sc, ino, b, "l") == "OK" and c.stat("/a/f").st_nlink == 2
+    finally:
+        c.close()
+    assert sc.held(2)[1:] == (0, 0, 0)
+    sup = sc.supervisor()
+    os.kill(sup, signal.SIGSTOP)  # shard 1's meta stays down once killed
+    try:
+        pid1 = sc.meta_pid(sc.meta_addr(1))
+        assert pid1
+        os.kill(pid1, signal.SIGKILL)
+        wait_until(lambda: sc.meta_pid(sc.meta_addr(1)) is None, timeout=30)
+        p = run([CHECK, "ino", sc.url, "unlink", str(b), "l"], check=False, env=sc.env(),
+                timeout=60)
+        assert p.stdout.strip() == b"OK", p.stdout + p.stderr
+        assert sc.held(2)[1:] == (0, 0, 1), sc.held(2)
+    finally:
+        os.kill(sup, signal.SIGCONT)
+    wait_until(lambda: sc.held(2)[1:] == (0, 0, 0), timeout=60, what="the release told")
+    c = stoker_pkg.connect(sc.url)
+    try:
+        wait_until(lambda: c.stat("/a/f").st_nlink == 1, timeout=30)
+    finally:
+        c.close()
+    assert xfsck(sc)["clean"]
 
 
 def test_fsck_of_two_shards_under_a_writer_is_clean(make_xc):
@@ -1148,7 +1344,7 @@ def test_fsck_under_renames_across_shards_is_clean(make_xc):
             t.join(120)
     assert not errors, errors[:5]
     assert moved.count("p") > 5 and moved.count("q") > 5, len(moved)
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     c = stoker_pkg.connect(sc.url)
     try:
         for folder in ("/a", "/b"):
@@ -1209,7 +1405,7 @@ def test_hard_link_across_shards(make_xc):
         wait_until(lambda: gone(sc, ino), timeout=30)
     finally:
         c.close()
-    wait_until(lambda: sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0), timeout=30)
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
     out = xfsck(sc)
     assert out["clean"], out
 
@@ -1230,7 +1426,7 @@ def test_link_crash_at_each_step_recovers(make_xc, tmp_path, step):
         sc.wait("the stop at step %d" % step, lambda: stopped(sc, "link", step))
 
         def where():
-            if sc.held(1)[1:] != (0, 0) or sc.held(2)[1:] != (0, 0):
+            if sc.held(1)[1:] != (0, 0, 0) or sc.held(2)[1:] != (0, 0, 0):
                 return None
             try:
                 st = c.stat("/b/l")

@@ -41,7 +41,7 @@
  *                                         share a storage lock slot (see the function)
  *   shardgate HOST:PORT                   a meta node of shard 2 (docs/meta-shards.md)
  *   shardroute CLUSTER                    requests routed by inode over two shards
- *   xshard ADDR                           a meta node's inodes, intents and marks
+ *   xshard ADDR                           a meta node's inodes, intents, marks, releases
  *                                         refuses client requests (EXDEV) and still answers
  *   chunk HOST:PORT INO read|truncate|prefetch  one chunk request for INO straight to a
  *                                         storage node with $STOKER_KEY_FILE's key;
@@ -1392,14 +1392,16 @@ static int cmd_shardroute(int argc, char **argv)
 }
 
 /*
- * xshard ADDR: what the meta node at ADDR holds, as "files N intents I marks M": its
- * inodes (META_STATFS) and its cross-shard intents and marks (META_XSHARD COUNT).
+ * xshard ADDR: what the meta node at ADDR holds, as "files N intents I marks M releases
+ * L": its inodes (META_STATFS), its cross-shard intents and marks and the releases of
+ * names of other shards' files it has still to tell (META_XSHARD COUNT).
  */
 static int cmd_xshard(int argc, char **argv)
 {
 	struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_COUNT};
 	struct stk_msg_meta_xshard_resp x;
 	struct stk_msg_meta_statfs_resp f;
+	uint32_t releases = 0;
 	uint8_t req[512], resp[512];
 	struct stk_rpc rpc;
 	struct stk_conn *conn;
@@ -1429,7 +1431,11 @@ static int cmd_xshard(int argc, char **argv)
 		stk_rpc_prepare(&rpc, STK_OP_META_XSHARD, &w, resp, sizeof(resp));
 		rc = stk_rpc_call(conn, &rpc);
 		stk_rbuf_init(&r, resp, rc ? 0 : rpc.resp_len);
-		if (rc == 0 && (stk_msg_meta_xshard_resp_dec(&r, &x) || stk_rbuf_finish(&r)))
+		if (rc == 0 && stk_msg_meta_xshard_resp_dec(&r, &x))
+			rc = -EBADMSG;
+		if (rc == 0)
+			releases = stk_get_u32(&r);
+		if (rc == 0 && stk_rbuf_finish(&r))
 			rc = -EBADMSG;
 	}
 	stk_conn_close(conn);
@@ -1437,8 +1443,8 @@ static int cmd_xshard(int argc, char **argv)
 		fprintf(stderr, "xshard: %s: %s\n", argv[1], stk_strerror(rc));
 		return 1;
 	}
-	printf("files %llu intents %u marks %u\n", (unsigned long long)f.files, x.intents,
-	       x.marks);
+	printf("files %llu intents %u marks %u releases %u\n", (unsigned long long)f.files,
+	       x.intents, x.marks, releases);
 	return 0;
 }
 

@@ -11,6 +11,10 @@
  *   stk_meta_plant DIR set-nlink INO N         the inode's link count becomes N
  *   stk_meta_plant DIR set-parent INO P        the inode's parent pointer becomes P
  *                                              (a record of format 3, today's)
+ *   stk_meta_plant DIR move-entry PARENT NAME TO  the entry moves to folder TO, same
+ *                                              name and inode (nothing else changes)
+ *   stk_meta_plant DIR drop-xrec KIND INO      the cross-shard record KIND ('X', 'R'
+ *                                              or 'L') of inode INO goes
  *
  * DIR is the store's folder (DATA/meta/meta). The record layouts are
  * src/meta/store.h's: keys big-endian, an inode record's nlink the little-endian
@@ -61,12 +65,18 @@ int main(int argc, char **argv)
 	uint64_t a = 0, b = 0;
 	int rc;
 
-	if (argc < 4 || parse(argv[3], &a) ||
+	if (argc < 4 || (strcmp(argv[2], "drop-xrec") != 0 && parse(argv[3], &a)) ||
 	    (strcmp(argv[2], "set-nlink") == 0 && (argc != 5 || parse(argv[4], &b))) ||
 	    (strcmp(argv[2], "set-parent") == 0 && (argc != 5 || parse(argv[4], &b))) ||
-	    (strcmp(argv[2], "drop-entry") == 0 && (argc != 5 || strlen(argv[4]) > 255))) {
+	    (strcmp(argv[2], "drop-entry") == 0 && (argc != 5 || strlen(argv[4]) > 255)) ||
+	    (strcmp(argv[2], "move-entry") == 0 &&
+	     (argc != 6 || strlen(argv[4]) > 255 || parse(argv[5], &b))) ||
+	    (strcmp(argv[2], "drop-xrec") == 0 &&
+	     (argc != 5 || strlen(argv[3]) != 1 || !strchr("XRL", argv[3][0]) ||
+	      parse(argv[4], &b)))) {
 		fprintf(stderr, "usage: stk_meta_plant DIR drop-inode INO | drop-entry PARENT NAME "
-				"| set-nlink INO N | set-parent INO P\n");
+				"| set-nlink INO N | set-parent INO P | move-entry PARENT NAME TO "
+				"| drop-xrec X|R|L INO\n");
 		return 2;
 	}
 	rc = mdb_env_create(&env);
@@ -92,6 +102,36 @@ int main(int argc, char **argv)
 		memcpy(k + 16, argv[4], len);
 		key.mv_size = 16 + len;
 		rc = mdb_dbi_open(txn, "dentries", 0, &dbi);
+		if (rc == 0)
+			rc = mdb_del(txn, dbi, &key, NULL);
+	} else if (strcmp(argv[2], "move-entry") == 0) {
+		size_t len = strlen(argv[4]);
+		uint64_t h = XXH64(argv[4], len, 0);
+		uint8_t k2[16 + 256];
+		MDB_val key2 = {16 + len, k2};
+
+		be64_put(k + 8, h == UINT64_MAX ? h - 1 : h);
+		memcpy(k + 16, argv[4], len);
+		key.mv_size = 16 + len;
+		memcpy(k2, k, key.mv_size);
+		be64_put(k2, b);
+		rc = mdb_dbi_open(txn, "dentries", 0, &dbi);
+		if (rc == 0)
+			rc = mdb_get(txn, dbi, &key, &val);
+		if (rc == 0 && val.mv_size > sizeof(rec))
+			rc = MDB_CORRUPTED;
+		if (rc == 0) {
+			memcpy(rec, val.mv_data, val.mv_size);
+			val.mv_data = rec;
+			rc = mdb_put(txn, dbi, &key2, &val, MDB_NOOVERWRITE);
+		}
+		if (rc == 0)
+			rc = mdb_del(txn, dbi, &key, NULL);
+	} else if (strcmp(argv[2], "drop-xrec") == 0) {
+		k[0] = (uint8_t)argv[3][0];
+		be64_put(k + 1, b);
+		key.mv_size = 9;
+		rc = mdb_dbi_open(txn, "xshard", 0, &dbi);
 		if (rc == 0)
 			rc = mdb_del(txn, dbi, &key, NULL);
 	} else if (strcmp(argv[2], "set-nlink") == 0) {

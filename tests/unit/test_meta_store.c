@@ -2450,10 +2450,12 @@ static void test_cross_shard_rename(void)
 	struct stk_meta_store *s2 = NULL;
 	struct stk_meta_xrelease rel[4];
 	struct stk_meta_xmark xm[4];
+	struct stk_meta_xref xr[4];
+	struct stk_meta_xrec rr[4];
 	struct stk_attr d, moved, old, got, victim;
-	uint64_t top, f, g, h, id, id2, id3, sub;
+	uint64_t top, f, g, h, id, id2, id3, sub, next;
 	size_t n = 9;
-	int state = 0, created = 0;
+	int state = 0, created = 0, done = 0;
 
 	snprintf(dir, sizeof(dir), "%s/xrename2", tmpdir);
 	o.dir = dir;
@@ -2509,6 +2511,15 @@ static void test_cross_shard_rename(void)
 	      xm[0].old_ino == victim.ino && xm[0].parent == d.ino);
 	CHECK_EQ(fsck_problems(st), 0);
 	CHECK_EQ(fsck_problems(s2), 0);
+	/* fsck's lists: the new name, covered by the mark, no record of it yet */
+	CHECK_RC(stk_meta_store_fsck_xnames(s2, NULL, xr, 4, &n, &done), 0);
+	CHECK(n == 1 && done && xr[0].ino == f && xr[0].parent == d.ino &&
+	      strcmp(xr[0].name, "f") == 0 && xr[0].covered == STK_FSCK_XCOVERED);
+	CHECK_RC(stk_meta_store_fsck_xentries(s2, NULL, xr, 4, &n, &done), 0);
+	CHECK(n == 0); /* folders only */
+	CHECK_RC(stk_meta_store_fsck_xrecs(st, 0, rr, 4, &n, &next, &done), 0);
+	CHECK(n == 0 && done);
+	CHECK_RC(stk_meta_store_fsck_xrestore(s2, f, 1, id), -EBUSY); /* the protocol's */
 	/* step 3: the commit; the name off home counts in f's link count */
 	CHECK_RC(stk_meta_store_xrename_commit(st, id, d.ino), 0);
 	CHECK_RC(stk_meta_store_xrename_commit(st, id, d.ino), -ENOENT);
@@ -2527,6 +2538,27 @@ static void test_cross_shard_rename(void)
 	CHECK(n == 0);
 	CHECK_EQ(fsck_problems(st), 0);
 	CHECK_EQ(fsck_problems(s2), 0);
+	/* fsck's lists: the name with its 'R', the home's 'X', both the rename's id */
+	CHECK_RC(stk_meta_store_fsck_xnames(s2, NULL, xr, 4, &n, &done), 0);
+	CHECK(n == 1 && xr[0].ino == f && xr[0].covered == STK_FSCK_XHAS_R);
+	CHECK_RC(stk_meta_store_fsck_xrecs(st, 0, rr, 4, &n, &next, &done), 0);
+	CHECK(n == 1 && done && rr[0].kind == 'X' && rr[0].ino == f && rr[0].shard == 2 &&
+	      rr[0].id == id && !rr[0].covered);
+	CHECK_RC(stk_meta_store_fsck_xrecs(s2, 0, rr, 4, &n, &next, &done), 0);
+	CHECK(n == 1 && rr[0].kind == 'R' && rr[0].ino == f && rr[0].shard == 1 && rr[0].id == id);
+	CHECK_RC(stk_meta_store_fsck_xrecs(s2, 0, rr, 0, &n, &next, &done), 0);
+	CHECK(n == 0 && !done && next == ((uint64_t)'R' << 56 | f)); /* a page of none */
+	/* their repairs refuse what is there, or not theirs */
+	CHECK_RC(stk_meta_store_fsck_xrestore(st, f, 2, id), -EEXIST);
+	CHECK_RC(stk_meta_store_fsck_xrestore(s2, f, 1, id), -EEXIST);
+	CHECK_RC(stk_meta_store_fsck_xrestore(s2, f, 2, id), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_xunname(st, f, 2, id + 1, &got), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_xunname(st, f, 3, id, &got), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_xunname(st, f, 1, id, &got), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_xunname(s2, f, 2, id, &got), -EINVAL);
+	CHECK_RC(stk_meta_store_fsck_xunname(s2, f, 1, id + 1, &got), -ESTALE);
+	CHECK_RC(stk_meta_store_fsck_xunname(s2, f, 1, id, &got), -EEXIST); /* named here */
+	CHECK(attr_of(f).nlink == 1);
 	/* a second name off home is refused (one at most) */
 	CHECK_RC(stk_meta_store_link(st, &ROOT, f, top, "f2", &got), 0);
 	CHECK(got.nlink == 2);
