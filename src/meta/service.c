@@ -1589,8 +1589,42 @@ struct name_job {
 	struct change ch;
 	uint64_t victim;
 	int began, rc;
+	int done; /* applied already (replayed): res holds what it left */
 	struct stk_msg_name_res res;
 };
+
+/*
+ * Whether record rec was applied already: a batch applied here whose reply was
+ * lost (the leader died, the connection broke) is sent again, perhaps to the
+ * promoted follower, which has it. A create of a number the holder reserved
+ * that its name already names was applied (numbers are never given twice); an
+ * unlink whose name names nothing of that number any more and whose file has no
+ * name left was too. Either answers what it left, not EEXIST or ENOENT: the
+ * holder's application was told it happened, and it did.
+ */
+static int names_replayed(struct meta *m, const struct stk_msg_name_rec *rec,
+			  struct stk_msg_name_res *res)
+{
+	const struct stk_cred root = {0};
+	struct stk_attr a;
+	uint64_t now = named(m, rec->parent, rec->name);
+	int rc;
+
+	if (rec->op == STK_NAME_CREATE) {
+		if (now != rec->ino || stk_meta_store_getattr(m->store, &root, rec->ino, &a))
+			return 0;
+		res->attr = a;
+		return 1;
+	}
+	if (now == rec->ino)
+		return 0;
+	rc = stk_meta_store_getattr(m->store, &root, rec->ino, &a);
+	if (rc == -ENOENT || (rc == 0 && a.nlink == 0 && S_ISREG(a.mode))) {
+		memset(&res->attr, 0, sizeof(res->attr)); /* its data went, or goes, as it did */
+		return 1;
+	}
+	return 0;
+}
 
 static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs, struct name_job *jobs,
 			uint32_t n, const struct stk_meta_placement *pl, uint64_t session)
@@ -1606,7 +1640,7 @@ static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs, str
 						.session = session};
 		int created = 0;
 
-		if (j->rc)
+		if (j->rc || j->done)
 			continue;
 		if (brc)
 			j->rc = brc;
@@ -1672,6 +1706,12 @@ static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	for (uint32_t i = 0; i < q.n; i++) {
 		struct name_job *j = &jobs[i];
 
+		if ((recs[i].op == STK_NAME_CREATE || recs[i].op == STK_NAME_UNLINK) &&
+		    !made_before(recs, i, recs[i].parent, recs[i].name, recs[i].ino) &&
+		    names_replayed(m, &recs[i], &j->res)) {
+			j->done = 1;
+			continue;
+		}
 		if (recs[i].op == STK_NAME_UNLINK) {
 			j->victim = named(m, recs[i].parent, recs[i].name); /* its links change */
 			if (j->victim != recs[i].ino &&
