@@ -31,7 +31,7 @@ static int name_ok(const char *name, char *dst)
 static int lookup_cached(stk_client *c, uint64_t parent, const char *name, const void *req,
 			 size_t req_len, struct stk_attr *out)
 {
-	struct stk_lcache_tok tok = stk_lcache_begin(c);
+	struct stk_lcache_tok tok = stk_lcache_begin_at(c, stk_ino_shard(parent));
 	struct stk_msg_meta_lookup_cache_resp rm;
 	uint8_t resp[1024];
 	struct stk_rbuf r;
@@ -215,7 +215,7 @@ int stk_ino_lookups(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 		    const char *const *names, uint32_t n, struct stk_attr *out, int *rcs)
 {
 	struct stk_msg_meta_lookups_req m = {.cred = CRED(c, cred), .parent = parent, .n = n};
-	struct stk_lcache_tok tok = stk_lcache_begin(c);
+	struct stk_lcache_tok tok = stk_lcache_begin_at(c, stk_ino_shard(parent));
 	struct stk_msg_meta_lookups_resp rm;
 	size_t req_cap = 512 + (size_t)n * (STK_NAME_MAX + 8);
 	size_t resp_cap = 256 + (size_t)n * (160 + STK_VOUCH_REC_LEN); /* and vouchers */

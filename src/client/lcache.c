@@ -466,27 +466,37 @@ int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, 
 	return hit;
 }
 
-struct stk_lcache_tok stk_lcache_begin(stk_client *c)
+struct stk_lcache_tok stk_lcache_begin_at(stk_client *c, unsigned shard)
 {
 	struct stk_lcache *l = c->lc;
 	struct stk_lcache_tok t = {.pend = {LOG_ALL, LOG_ALL}};
 
 	if (!l || l->off)
 		return t;
+	if (shard < 1 || shard > STK_MAX_SHARDS)
+		shard = 1; /* an inode of no shard: its request is ENOENT anyway */
 	t.t_ns = stk_now_ns();
 	pthread_mutex_lock(&l->mu);
 	t.epoch = l->epoch;
 	t.rev = l->rev;
-	t.holder = t.t_ns < l->trust_until_ns[1] ? l->holder[1] : 0;
+	/* The shard the request goes to leases its answer: its holder, while its watch is
+	 * trusted, whatever the other shards' watches do. */
+	t.holder = t.t_ns < l->trust_until_ns[shard] ? l->holder[shard] : 0;
 	pthread_mutex_unlock(&l->mu);
 	return t;
+}
+
+struct stk_lcache_tok stk_lcache_begin(stk_client *c)
+{
+	return stk_lcache_begin_at(c, 1);
 }
 
 struct stk_lcache_tok stk_lcache_begin_change(stk_client *c, uint64_t parent, const char *name,
 					      uint64_t ino)
 {
 	struct stk_lcache *l = c->lc;
-	struct stk_lcache_tok t = stk_lcache_begin(c);
+	struct stk_lcache_tok t = stk_lcache_begin_at(c, parent ? shard_of(parent)
+								: ino ? shard_of(ino) : 1);
 
 	if (!l)
 		return t;
@@ -623,12 +633,12 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 	struct lc_dir *d;
 	struct lc_ent *e;
 
-	/* The request went with its folder's shard's holder (stk_lcache_holder: shard
-	 * 1's is the token's), which is the one now as long as that shard was not
-	 * dropped since tok. Other shards' drops do not matter. */
+	/* The request went with its folder's shard's holder (the token's: it was taken
+	 * for that shard, stk_lcache_begin_at), which is the one now as long as that
+	 * shard was not dropped since tok. Other shards' drops do not matter. */
 	if (!ok || !tok.holder || !cacheable(name) || !live(l, tok.epoch, ps) ||
 	    (found && !live(l, tok.epoch, shard_of(attr->ino))) || !l->holder[ps] ||
-	    (ps == 1 && tok.holder != l->holder[1]) ||
+	    tok.holder != l->holder[ps] ||
 	    pending(l, LOG_NAME | set_of(parent, name)) ||
 	    (found && pending(l, gen_of(attr->ino))))
 		return 0;
@@ -684,9 +694,10 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 	if (!l)
 		return;
 	pthread_mutex_lock(&l->mu);
-	/* Its names are leased by its own shard; delegations are shard 1's alone (the
+	/* Its names are leased by its own shard, to the holder the token was taken
+	 * with (stk_lcache_begin_at that shard); delegations are shard 1's alone (the
 	 * write-behind queue and the allowances know one holder). */
-	if (!l->off && tok.holder && l->holder[ds] && (ds != 1 || tok.holder == l->holder[1]) &&
+	if (!l->off && tok.holder && l->holder[ds] && tok.holder == l->holder[ds] &&
 	    !touched(l, tok, dir->ino, "", dir->ino)) {
 		d = &l->d[dir_slot(dir->ino)];
 		d->ino = dir->ino;
