@@ -555,18 +555,15 @@ static int meta_call(struct stk_client *c, unsigned shard, uint32_t origin, uint
 		/*
 		 * The origin a caller passes may be shard 1's holder id (stk_lcache_origin):
 		 * another shard knows this client by the holder of its own watch, started
-		 * at the first request to it (the same value when the caller took it from
-		 * that shard: a token of the shard). Allowances and delegated folders'
-		 * names are shard 1's alone (docs/meta-shards.md): those go without. The
-		 * session's renewal goes to every shard it was named to.
+		 * at the first request to it, so a request with an origin goes with that
+		 * one (the same value when the caller took it from that shard: a token of
+		 * the shard, write-behind, allowances). The session's renewal goes to
+		 * every shard it was named to.
 		 */
 		if (shard <= STK_MAX_SHARDS &&
 		    !(atomic_fetch_or(&c->shards_used, 1u << (shard - 1)) & (1u << (shard - 1))))
 			stk_lcache_use_shard(c, shard);
-		if (opcode == STK_OP_META_ALLOW || opcode == STK_OP_META_ALLOW_BYTES ||
-		    opcode == STK_OP_META_NAMES || opcode == STK_OP_META_INOS || !origin)
-			origin = 0;
-		else
+		if (origin)
 			origin = stk_lcache_holder(c, shard);
 	}
 

@@ -12,6 +12,7 @@
 
 #include "../common/util.h"
 #include "../proto/status.h"
+#include "behind.h"
 #include "client.h"
 #include "lcache.h"
 #include "session.h"
@@ -441,8 +442,9 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	/* As in create_call; a new folder is empty, so its names are all known here. */
 	tok = stk_lcache_begin_change(c, parent, m.name, 0);
 	/* ... and with write-behind on, its creates and unlinks may be answered here
-	 * (in shard 1's folders: write-behind knows shard 1's holder alone). */
-	if (tok.holder && c->behind && stk_ino_shard(parent) == 1)
+	 * (delegated by the shard that makes it, to this client's holder there: the
+	 * token's, of parent's shard; a folder placed on another shard is not). */
+	if (tok.holder && c->behind)
 		m.flags = STK_MKDIR_DELEGATE | STK_MKDIR_DELEGATE_QUOTA;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_mkdir_req_enc(&w, &m);
@@ -458,6 +460,8 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 		return rc;
 	if (rm.leased && rm.empty)
 		stk_lcache_complete(c, tok, &rm.attr, rm.delegated);
+	if (rm.leased && rm.empty && rm.delegated)
+		stk_behind_prepare(c, stk_ino_shard(rm.attr.ino));
 	if (out)
 		*out = rm.attr;
 	return 0;

@@ -694,9 +694,8 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 	if (!l)
 		return;
 	pthread_mutex_lock(&l->mu);
-	/* Its names are leased by its own shard, to the holder the token was taken
-	 * with (stk_lcache_begin_at that shard); delegations are shard 1's alone (the
-	 * write-behind queue and the allowances know one holder). */
+	/* Its names are leased, and it is delegated, by its own shard, to the holder
+	 * the token was taken with (stk_lcache_begin_at that shard). */
 	if (!l->off && tok.holder && l->holder[ds] && tok.holder == l->holder[ds] &&
 	    !touched(l, tok, dir->ino, "", dir->ino)) {
 		d = &l->d[dir_slot(dir->ino)];
@@ -709,7 +708,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		d->gid = dir->gid;
 		memset(d->lost, 0, sizeof(d->lost));
 		d->nlost = 0;
-		d->delegated = (uint8_t)(delegated != 0 && shard_of(dir->ino) == 1);
+		d->delegated = (uint8_t)(delegated != 0);
 		d->qid = dir->qid;
 		d->partial = 0;
 	}
@@ -726,7 +725,7 @@ static struct lc_dir *dir_delegated(struct stk_lcache *l, uint64_t parent, const
 {
 	struct lc_dir *d;
 
-	if (l->off || shard_of(parent) != 1 || now + BEHIND_MARGIN_NS >= l->trust_until_ns[1] ||
+	if (l->off || now + BEHIND_MARGIN_NS >= l->trust_until_ns[shard_of(parent)] ||
 	    pending(l, LOG_NAME | set_of(parent, name)))
 		return NULL;
 	d = dir_record(l, parent, now);
@@ -1056,7 +1055,7 @@ static int watch_once(stk_client *c, unsigned shard, struct stk_conn *conn, uint
 	 * delegated folder goes to meta first (behind.h), and a change meta waits to
 	 * make may remove a file opened here on a lease, so meta must know of that open. */
 	if (r.n || r.reset) {
-		(void)stk_behind_flush(c);
+		(void)stk_behind_flush_shard(c, shard);
 		stk_session_sync_opens(c);
 	}
 	return 0;

@@ -186,9 +186,9 @@ uint32_t stk_lcache_origin(stk_client *c);
 uint32_t stk_lcache_holder(stk_client *c, unsigned shard);
 /*
  * The client sends a request to shard (2..) for the first time: its watch starts,
- * on a thread of its own, and once it is answered that shard's folders are cached
- * as shard 1's are (no delegation there: write-behind and allowances are shard
- * 1's). Any thread; cheap after the first call.
+ * on a thread of its own, and once it is answered that shard's folders are cached,
+ * delegated and written behind as shard 1's are. Any thread; cheap after the first
+ * call.
  */
 void stk_lcache_use_shard(stk_client *c, unsigned shard);
 
