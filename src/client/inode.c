@@ -424,6 +424,46 @@ int stk_ino_create_open(stk_client *c, const struct stk_cred *cred, uint64_t par
 	return rc < 0 ? rc : 0;
 }
 
+/*
+ * A folder the mkdir made on another shard than its parent's (placed there,
+ * docs/meta-shards.md): the parent's shard delegates nothing of it, so its own
+ * shard is asked to (META_XSHARD DELEGATE, with this client's holder there), as
+ * the mkdir of a folder on its parent's shard asks with STK_MKDIR_DELEGATE. The
+ * first such folder of a shard waits a moment for the client's watch of that
+ * shard to be answered (once per shard). Nothing comes of it when meta refuses
+ * (an older one: INVAL) or the folder is no longer empty and this client's alone.
+ */
+static void delegate_placed(stk_client *c, const struct stk_cred *cred, uint64_t ino)
+{
+	unsigned shard = stk_ino_shard(ino);
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_DELEGATE, .ino = ino, .uid = cred->uid, .gid = cred->gid};
+	struct stk_msg_meta_xshard_resp r;
+	struct stk_lcache_tok tok;
+	uint8_t req[512], resp[512];
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	size_t rlen = 0;
+
+	if (shard < 2 || shard > STK_MAX_SHARDS || !stk_lcache_wait_holder(c, shard, 1000))
+		return;
+	tok = stk_lcache_begin_at(c, shard);
+	if (!tok.holder)
+		return;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_xshard_req_enc(&w, &q);
+	if (w.err || stk_client_meta_call_shard(c, shard, tok.holder, STK_OP_META_XSHARD, req,
+						w.len, resp, sizeof(resp), &rlen))
+		return;
+	stk_rbuf_init(&rb, resp, rlen);
+	if (stk_msg_meta_xshard_resp_dec(&rb, &r) || stk_rbuf_finish(&rb) || r.attr.ino != ino)
+		return;
+	if ((r.state & STK_XDELEG_LEASED) && (r.state & STK_XDELEG_EMPTY))
+		stk_lcache_complete(c, tok, &r.attr, (r.state & STK_XDELEG_DELEGATED) != 0);
+	if (r.state & STK_XDELEG_DELEGATED)
+		stk_behind_prepare(c, shard);
+}
+
 int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		  uint32_t mode, struct stk_attr *out)
 {
@@ -462,6 +502,8 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 		stk_lcache_complete(c, tok, &rm.attr, rm.delegated);
 	if (rm.leased && rm.empty && rm.delegated)
 		stk_behind_prepare(c, stk_ino_shard(rm.attr.ino));
+	else if (tok.holder && c->behind && stk_ino_shard(rm.attr.ino) != stk_ino_shard(parent))
+		delegate_placed(c, &m.cred, rm.attr.ino);
 	if (out)
 		*out = rm.attr;
 	return 0;

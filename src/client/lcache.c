@@ -949,6 +949,28 @@ uint32_t stk_lcache_holder(stk_client *c, unsigned shard)
 	return h;
 }
 
+uint32_t stk_lcache_wait_holder(stk_client *c, unsigned shard, unsigned ms)
+{
+	struct stk_lcache *l = c->lc;
+	uint32_t h = 0;
+
+	if (!l || shard < 1 || shard > STK_MAX_SHARDS)
+		return 0;
+	stk_lcache_use_shard(c, shard);
+	for (unsigned t = 0;; t += 5) {
+		int off;
+
+		pthread_mutex_lock(&l->mu);
+		off = l->off || l->stop;
+		if (!off && stk_now_ns() < l->trust_until_ns[shard])
+			h = l->holder[shard];
+		pthread_mutex_unlock(&l->mu);
+		if (h || off || t >= ms)
+			return h;
+		usleep(5000);
+	}
+}
+
 void stk_lcache_stats(stk_client *c, struct stk_lcache_stats *out)
 {
 	struct stk_lcache *l = c->lc;

@@ -192,6 +192,13 @@ uint32_t stk_lcache_holder(stk_client *c, unsigned shard);
  */
 void stk_lcache_use_shard(stk_client *c, unsigned shard);
 
+/*
+ * shard's holder id once its watch is answered and trusted, waiting up to ms for
+ * it (its watch is started if it was not): 0 when none came, or the cache is off.
+ * Any thread; blocks.
+ */
+uint32_t stk_lcache_wait_holder(stk_client *c, unsigned shard, unsigned ms);
+
 /* Counts for the mount's /metrics and tests. */
 struct stk_lcache_stats {
 	uint64_t hits, misses, revoked, resets;

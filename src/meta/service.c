@@ -2423,6 +2423,64 @@ static int op_epoch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 }
 
 /* META_XSHARD: a step of a cross-shard mkdir or rmdir another shard asks (xshard.h). */
+/* Whether a cross-shard mark (pending, dying, renamed here) is on folder ino; 1 when not known. */
+static int xmarked(struct meta *m, uint64_t ino)
+{
+	enum { MARKS = 256 };
+	struct stk_meta_xmark *v = calloc(MARKS, sizeof(*v));
+	size_t n = 0;
+	int rc = 1;
+
+	if (v && stk_meta_store_xmarks(m->store, v, MARKS, &n) == 0 && n < MARKS) {
+		rc = 0;
+		for (size_t i = 0; i < n && !rc; i++)
+			rc = v[i].ino == ino;
+	}
+	free(v);
+	return rc;
+}
+
+/*
+ * META_XSHARD DELEGATE (msg.h): a folder made here by a mkdir on another shard,
+ * delegated as op_mkdir delegates the folders it makes: leased to the origin, read
+ * empty under that lease, delegated if nobody else holds it, then read empty (and
+ * unmarked: a rmdir's dying mark takes nothing new) once more.
+ */
+static int xshard_delegate(struct meta *m, struct stk_rpc_req *req,
+			   const struct stk_msg_meta_xshard_req *q, struct stk_msg_meta_xshard_resp *r)
+{
+	struct stk_cred root = {0};
+	uint32_t origin = req->hdr.origin;
+	struct stk_attr a;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	if (!origin || !stk_meta_leases_grant(m->leases, origin, q->ino))
+		return 0;
+	rc = stk_meta_store_getattr(m->store, &root, q->ino, &a);
+	if (rc)
+		return rc;
+	if (!S_ISDIR(a.mode))
+		return -ENOTDIR;
+	r->attr = a;
+	r->state = STK_XDELEG_LEASED;
+	if (!dir_empty(m, a.ino))
+		return 0;
+	r->state |= STK_XDELEG_EMPTY;
+	/* Its creates are answered by the client before meta checks them: only for one
+	 * who may make names in it. */
+	if (q->uid != 0 && (q->uid != a.uid || (a.mode & (S_IWUSR | S_IXUSR)) !=
+						       (S_IWUSR | S_IXUSR)))
+		return 0;
+	if (xmarked(m, a.ino) || !stk_meta_leases_delegate(m->leases, origin, a.ino))
+		return 0;
+	if (dir_empty(m, a.ino) && !xmarked(m, a.ino))
+		r->state |= STK_XDELEG_DELEGATED;
+	else
+		stk_meta_leases_undelegate(m->leases, a.ino);
+	return 0;
+}
+
 static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_xshard_req q;
@@ -2432,7 +2490,9 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	rc = decoded(req, stk_msg_meta_xshard_req_dec(&req->payload, &q));
 	if (rc)
 		return rc;
-	if (q.op == STK_XSHARD_DYING) {
+	if (q.op == STK_XSHARD_DELEGATE) {
+		rc = xshard_delegate(m, req, &q, &r);
+	} else if (q.op == STK_XSHARD_DYING) {
 		struct change ch;
 
 		/* whether it is empty is its names' business: a delegation of it is recalled */

@@ -575,6 +575,14 @@ enum stk_target_state {
  * LINK (to H, step 2): file ino's link counted for `name` in parent (D's), marked
  *   for (from, intent); the reply's attr: the file after.
  * SETTLE and QUERY (to D) with kind STK_XINTENT_LINK: as for a rename.
+ * DELEGATE (from a client, to the folder's shard, with its holder there as the
+ *   frame's origin): folder ino, made a moment ago on this shard by a mkdir in a
+ *   folder of another (which delegates nothing), leased to the origin and, when
+ *   uid owns it with write and search permission (or is root), empty, unmarked
+ *   and nobody else's, delegated to it as META_MKDIR with STK_MKDIR_DELEGATE and
+ *   STK_MKDIR_DELEGATE_QUOTA would have (docs/leases.md). The reply's attr: the
+ *   folder as read under the lease; state: STK_XDELEG_* bits. A meta from before
+ *   it answers INVAL: nothing is delegated.
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
@@ -588,8 +596,10 @@ enum {
 	STK_XSHARD_COUNT = 5,
 	STK_XSHARD_RENAME = 6,
 	STK_XSHARD_RELEASE = 7,
-	STK_XSHARD_LINK = 8
+	STK_XSHARD_LINK = 8,
+	STK_XSHARD_DELEGATE = 9
 };
+enum { STK_XDELEG_LEASED = 1, STK_XDELEG_EMPTY = 2, STK_XDELEG_DELEGATED = 4 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
 #define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */
