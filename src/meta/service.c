@@ -253,7 +253,8 @@ static uint64_t named(struct meta *m, uint64_t parent, const char *name)
  * in *a) gets its attributes from that shard's leader, off the event loop. Such
  * an answer is never leased (*remote 1): that shard's changes revoke nothing here.
  */
-static int remote_attr(struct meta *m, int rc, struct stk_attr *a, int *remote)
+static int remote_attr(struct meta *m, const struct stk_rpc_req *req, int rc, struct stk_attr *a,
+		       int *remote)
 {
 	if (rc != -EREMOTE)
 		return rc;
@@ -263,7 +264,9 @@ static int remote_attr(struct meta *m, int rc, struct stk_attr *a, int *remote)
 		on_loop_blocked = 1;
 		return -EAGAIN;
 	}
-	return stk_meta_xshard_getattr(m->xshard, a->ino, a);
+	/* For the asking client's session: its own delegation of the folder there stays. */
+	return stk_meta_xshard_getattr_for(
+	    m->xshard, a->ino, stk_meta_leases_session_of(m->leases, req->hdr.origin), a);
 }
 
 /*
@@ -462,12 +465,13 @@ static int op_lookup(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	recall(m, req, &q.parent, 1);
-	rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a), &a,
-			 NULL);
+	rc = remote_attr(m, req, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a),
+			 &a, NULL);
 	/* The inode found may be a folder delegated elsewhere: its attributes too. */
 	if (rc == 0 && recall(m, req, &a.ino, 1))
-		rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a),
-				 &a, NULL);
+		rc = remote_attr(m, req,
+				 stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a), &a,
+				 NULL);
 	return rc ? rc : reply_attr(resp, &a);
 }
 
@@ -492,7 +496,8 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 	dots = strcmp(q.name, ".") == 0 || strcmp(q.name, "..") == 0;
 	recall(m, req, &q.parent, 1);
 	r.leased = holder && !dots && stk_meta_leases_grant(m->leases, holder, q.parent);
-	rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr),
+	rc = remote_attr(m, req,
+			 stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr),
 			 &r.attr, &remote);
 	if (rc == 0 && remote) {
 		r.leased = 0; /* another shard's folder: its changes revoke nothing here */
@@ -581,7 +586,8 @@ static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 		uint64_t was = rcs[i] == 0 ? attrs[i].ino : 0;
 
 		rcs[i] = remote_attr(
-		    m, stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]),
+		    m, req,
+		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]),
 		    &attrs[i], NULL);
 		if (rcs[i] == -EAGAIN && on_loop_blocked)
 			goto out; /* started afresh on a worker */
@@ -2423,6 +2429,32 @@ static int op_epoch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 }
 
 /* META_XSHARD: a step of a cross-shard mkdir or rmdir another shard asks (xshard.h). */
+/*
+ * META_XSHARD ATTR (msg.h): folder ino's attributes for a lookup of its name on
+ * another shard, recalling its delegation unless it is to the asking client
+ * (session q->intent), whose lookup at that shard came after it sent here what
+ * it answered in the folder.
+ */
+static int xshard_attr(struct meta *m, const struct stk_msg_meta_xshard_req *q,
+		       struct stk_msg_meta_xshard_resp *r)
+{
+	const struct stk_cred root = {0};
+	uint32_t holder = stk_meta_leases_holder_of(m->leases, q->intent);
+
+	memset(r, 0, sizeof(*r));
+	if (tracked.on)
+		track(m, &q->ino, 1); /* a delegation made meanwhile: read again (meta_run) */
+	if (on_loop) {
+		if (stk_meta_leases_delegated_elsewhere(m->leases, holder, &q->ino, 1)) {
+			on_loop_blocked = 1;
+			return -EAGAIN;
+		}
+	} else {
+		stk_meta_leases_recall(m->leases, holder, &q->ino, 1);
+	}
+	return stk_meta_store_getattr(m->store, &root, q->ino, &r->attr);
+}
+
 /* Whether a cross-shard mark (pending, dying, renamed here) is on folder ino; 1 when not known. */
 static int xmarked(struct meta *m, uint64_t ino)
 {
@@ -2492,6 +2524,10 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		return rc;
 	if (q.op == STK_XSHARD_DELEGATE) {
 		rc = xshard_delegate(m, req, &q, &r);
+	} else if (q.op == STK_XSHARD_ATTR) {
+		rc = xshard_attr(m, &q, &r);
+		if (rc == -EAGAIN && on_loop_blocked)
+			return rc; /* started afresh on a worker */
 	} else if (q.op == STK_XSHARD_DYING) {
 		struct change ch;
 

@@ -583,6 +583,12 @@ enum stk_target_state {
  *   STK_MKDIR_DELEGATE_QUOTA would have (docs/leases.md). The reply's attr: the
  *   folder as read under the lease; state: STK_XDELEG_* bits. A meta from before
  *   it answers INVAL: nothing is delegated.
+ * ATTR (from a shard A, to the shard of folder ino, for a lookup of its name on A):
+ *   its attributes, as META_GETATTR, read on behalf of the client of session
+ *   `intent` (0: none): a delegation of the folder to that client's holder here
+ *   is not recalled (the client sent what it answered in it before its lookup
+ *   reached A), another's is. A meta from before it answers INVAL: A asks
+ *   META_GETATTR, which recalls any.
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
@@ -597,7 +603,8 @@ enum {
 	STK_XSHARD_RENAME = 6,
 	STK_XSHARD_RELEASE = 7,
 	STK_XSHARD_LINK = 8,
-	STK_XSHARD_DELEGATE = 9
+	STK_XSHARD_DELEGATE = 9,
+	STK_XSHARD_ATTR = 10
 };
 enum { STK_XDELEG_LEASED = 1, STK_XDELEG_EMPTY = 2, STK_XDELEG_DELEGATED = 4 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
