@@ -247,3 +247,43 @@ def test_a_broken_watch_of_shard_1_keeps_shard_2_cached_and_delegated(make_xc, t
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_placed_folder_stays_delegated_when_its_holder_looks_its_name_up(make_xc, tmp_path):
+    """A folder placed on shard 2 is named on shard 1: a lookup of its name makes
+    shard 1 ask shard 2 for its attributes. Asked for the mount that holds it
+    (its own kernel looking the name up again past entry_timeout), that read
+    leaves the delegation in place: creates by path after it are still answered
+    by the mount. Asked for another mount, it recalls it: a's next create goes to
+    meta, and b sees every name."""
+    sc = make_xc()
+    sc.cli("shard", "pin", "/", "2")
+    a = Mount(sc, tmp_path / "a")
+    b = Mount(sc, tmp_path / "b")
+    a.start()
+    b.start()
+    try:
+        d = os.path.join(a.path, "d")
+        os.mkdir(d)
+        assert shard_of(os.stat(d).st_ino) == 2
+        for round_ in range(2):
+            time.sleep(1.5)  # the kernel's entry for d (1 s) is gone: looked up again
+            looked = at(sc, 1, "META_LOOKUP") + at(sc, 1, "META_LOOKUP_CACHE")
+            assert os.stat(d).st_ino
+            assert at(sc, 1, "META_LOOKUP") + at(sc, 1, "META_LOOKUP_CACHE") > looked
+            creates = at(sc, 2, "META_CREATE")
+            batches = at(sc, 2, "META_NAMES")
+            names = ["r%d_%03d" % (round_, i) for i in range(100)]
+            for n in names:
+                touch(os.path.join(d, n))  # by path: d's name resolved each time
+            wait_until(lambda: at(sc, 2, "META_NAMES") > batches, 10, "a batch at shard 2")
+            assert at(sc, 2, "META_CREATE") == creates, round_
+        # another mount's lookup of d recalls it
+        assert len(os.listdir(os.path.join(b.path, "d"))) == 200
+        creates = at(sc, 2, "META_CREATE")
+        touch(os.path.join(d, "after"))
+        assert at(sc, 2, "META_CREATE") == creates + 1
+        assert os.path.exists(os.path.join(b.path, "d", "after"))
+    finally:
+        a.stop()
+        b.stop()
