@@ -405,8 +405,9 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	e = ent_find(l, parent, name);
 	if (e && e->found && pending(l, gen_of(e->attr.ino)))
 		goto out;
-	/* Its attributes are leased by the inode's shard (the folder's, but for a folder
-	 * placed on another shard, whose lookup is never leased). */
+	/* Its attributes are leased by the inode's shard: the folder's, or for a folder
+	 * placed on another shard (or a file named off home), that shard's, asked by the
+	 * folder's shard on this client's behalf (META_XSHARD ATTR). */
 	if (e && ent_valid(l, e, now) &&
 	    (!e->found || now < l->trust_until_ns[shard_of(e->attr.ino)])) {
 		hit = 1;

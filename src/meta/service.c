@@ -250,12 +250,17 @@ static uint64_t named(struct meta *m, uint64_t parent, const char *name)
 
 /*
  * After a lookup: a name of a folder of another shard (-EREMOTE, only its number
- * in *a) gets its attributes from that shard's leader, off the event loop. Such
- * an answer is never leased (*remote 1): that shard's changes revoke nothing here.
+ * in *a) gets its attributes from that shard's leader, off the event loop, for the
+ * asking client's session. *remote: 0 a local answer, 1 a remote one that shard
+ * did not lease to the client (unleased here too: that shard's changes revoke
+ * nothing here), 2 one it leased to the client's holder there before reading it
+ * (its changes revoke it there; the name may be leased here).
  */
 static int remote_attr(struct meta *m, const struct stk_rpc_req *req, int rc, struct stk_attr *a,
 		       int *remote)
 {
+	int leased = 0;
+
 	if (rc != -EREMOTE)
 		return rc;
 	if (remote)
@@ -265,8 +270,11 @@ static int remote_attr(struct meta *m, const struct stk_rpc_req *req, int rc, st
 		return -EAGAIN;
 	}
 	/* For the asking client's session: its own delegation of the folder there stays. */
-	return stk_meta_xshard_getattr_for(
-	    m->xshard, a->ino, stk_meta_leases_session_of(m->leases, req->hdr.origin), a);
+	rc = stk_meta_xshard_getattr_for(
+	    m->xshard, a->ino, stk_meta_leases_session_of(m->leases, req->hdr.origin), a, &leased);
+	if (rc == 0 && leased && remote)
+		*remote = 2;
+	return rc;
 }
 
 /*
@@ -499,8 +507,11 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 	rc = remote_attr(m, req,
 			 stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr),
 			 &r.attr, &remote);
-	if (rc == 0 && remote) {
-		r.leased = 0; /* another shard's folder: its changes revoke nothing here */
+	if (rc == 0 && remote == 1) {
+		r.leased = 0; /* another shard's, not leased there: its changes revoke nothing */
+	} else if (rc == 0 && remote == 2) {
+		/* Leased there; the name here, under the folder's lease granted above
+		 * (a rename or removal of it revokes that). */
 	} else if (rc == 0) {
 		uint64_t ino = r.attr.ino;
 		int again = recall(m, req, &ino, 1);
@@ -574,8 +585,7 @@ static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 		rcs[i] =
 		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
 		if (rcs[i] == -EREMOTE) {
-			r.leased = 0; /* another shard's folder: asked there below */
-			rcs[i] = 0;
+			rcs[i] = 0; /* another shard's: asked there below, leased there or not */
 		} else if (rcs[i] == 0) {
 			recall(m, req, &attrs[i].ino, 1);
 			if (r.leased && !stk_meta_leases_grant(m->leases, holder, attrs[i].ino))
@@ -584,13 +594,16 @@ static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	}
 	for (uint32_t i = 0; i < q.n; i++) {
 		uint64_t was = rcs[i] == 0 ? attrs[i].ino : 0;
+		int remote = 0;
 
 		rcs[i] = remote_attr(
 		    m, req,
 		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]),
-		    &attrs[i], NULL);
+		    &attrs[i], &remote);
 		if (rcs[i] == -EAGAIN && on_loop_blocked)
 			goto out; /* started afresh on a worker */
+		if (remote == 1)
+			r.leased = 0; /* another shard's, not leased there */
 		if ((rcs[i] == 0 ? attrs[i].ino : 0) != was)
 			r.leased = 0; /* renamed over in between: answer, but not for keeps */
 		if (rcs[i] && rcs[i] != -ENOENT) {
@@ -2440,6 +2453,7 @@ static int xshard_attr(struct meta *m, const struct stk_msg_meta_xshard_req *q,
 {
 	const struct stk_cred root = {0};
 	uint32_t holder = stk_meta_leases_holder_of(m->leases, q->intent);
+	int rc;
 
 	memset(r, 0, sizeof(*r));
 	if (tracked.on)
@@ -2452,7 +2466,13 @@ static int xshard_attr(struct meta *m, const struct stk_msg_meta_xshard_req *q,
 	} else {
 		stk_meta_leases_recall(m->leases, holder, &q->ino, 1);
 	}
-	return stk_meta_store_getattr(m->store, &root, q->ino, &r->attr);
+	/* Leased before it is read: a change committed after the read finds the lease. */
+	if (holder && stk_meta_leases_grant(m->leases, holder, q->ino))
+		r->state = STK_XATTR_LEASED;
+	rc = stk_meta_store_getattr(m->store, &root, q->ino, &r->attr);
+	if (rc)
+		r->state = 0;
+	return rc;
 }
 
 /* Whether a cross-shard mark (pending, dying, renamed here) is on folder ino; 1 when not known. */

@@ -614,13 +614,14 @@ void stk_meta_xshard_kick(struct stk_meta_xshard *x)
 }
 
 int stk_meta_xshard_getattr_for(struct stk_meta_xshard *x, uint64_t ino, uint64_t session,
-				struct stk_attr *out)
+				struct stk_attr *out, int *leased)
 {
 	struct stk_msg_meta_xshard_req q = {
 	    .op = STK_XSHARD_ATTR, .from = x->shard, .intent = session, .ino = ino};
 	struct stk_msg_meta_xshard_resp r;
 	int rc;
 
+	*leased = 0;
 	if (!session)
 		return stk_meta_xshard_getattr(x, ino, out);
 	rc = xcall(x, stk_ino_shard(ino), &q, &r);
@@ -631,6 +632,7 @@ int stk_meta_xshard_getattr_for(struct stk_meta_xshard *x, uint64_t ino, uint64_
 	if (r.attr.ino != ino)
 		return -EIO;
 	*out = r.attr;
+	*leased = (r.state & STK_XATTR_LEASED) != 0;
 	return 0;
 }
 
