@@ -9,6 +9,7 @@ cache and delegations alone. Runs as root (FUSE mounts).
 import errno
 import os
 import signal
+import stat
 import time
 
 import pytest
@@ -284,6 +285,59 @@ def test_a_placed_folder_stays_delegated_when_its_holder_looks_its_name_up(make_
         touch(os.path.join(d, "after"))
         assert at(sc, 2, "META_CREATE") == creates + 1
         assert os.path.exists(os.path.join(b.path, "d", "after"))
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_names_of_folders_on_another_shard_are_leased_and_seen_changed(make_xc, tmp_path):
+    """The name of a folder placed on shard 2 is on shard 1, its attributes on
+    shard 2: a lookup of it is leased by both (shard 1 the name, shard 2 the
+    attributes, ATTR), so repeated stats of it through a mount with no kernel
+    cache ask neither shard once the mount's watches are answered. Every change
+    through another mount is seen at once: the folder's mode and times (shard 2
+    recalls), a rename of its name, a new folder by that name, its removal
+    (shard 1 recalls)."""
+    sc = make_xc()
+    nocache = ["entry_timeout=0", "attr_timeout=0"]
+    sc.cli("shard", "pin", "/", "2")
+    a = Mount(sc, tmp_path / "a", opts=nocache)
+    b = Mount(sc, tmp_path / "b", opts=nocache)
+    a.start()
+    b.start()
+    try:
+        os.mkdir(os.path.join(b.path, "d"))
+        with open(os.path.join(b.path, "d", "f"), "wb") as fh:
+            fh.write(b"x" * 10)
+        A = lambda n: os.path.join(a.path, n)
+        B = lambda n: os.path.join(b.path, n)
+        assert shard_of(os.stat(A("d")).st_ino) == 2
+        assert os.stat(A("d/f")).st_size == 10  # a's watch of shard 2 starts
+
+        def asked():
+            return shard_lookups(sc, 1) + at(sc, 2, "META_XSHARD") + \
+                at(sc, 2, "META_GETATTR")
+
+        def cached():
+            before = asked()
+            for _ in range(40):
+                assert stat.S_ISDIR(os.stat(A("d")).st_mode)
+                assert os.stat(A("d/f")).st_size == 10
+            return asked() - before < 5
+
+        wait_until(cached, 30, "a answering stats of d and d/f itself")
+        os.chmod(B("d"), 0o700)
+        assert stat.S_IMODE(os.stat(A("d")).st_mode) == 0o700
+        os.utime(B("d"), (1000000000, 1200000000))
+        assert os.stat(A("d")).st_mtime == 1200000000
+        wait_until(cached, 30, "a caching d again")
+        os.rename(B("d"), B("e"))
+        assert errno_of(os.stat, A("d")) == errno.ENOENT
+        assert os.stat(A("e/f")).st_size == 10
+        os.mkdir(B("d"))
+        assert os.stat(A("d")).st_nlink == 2 and os.listdir(A("d")) == []
+        os.rmdir(B("d"))
+        assert errno_of(os.stat, A("d")) == errno.ENOENT
     finally:
         a.stop()
         b.stop()
