@@ -496,8 +496,8 @@ struct stk_lcache_tok stk_lcache_begin_change(stk_client *c, uint64_t parent, co
 					      uint64_t ino)
 {
 	struct stk_lcache *l = c->lc;
-	struct stk_lcache_tok t = stk_lcache_begin_at(c, parent ? shard_of(parent)
-								: ino ? shard_of(ino) : 1);
+	unsigned shard = parent ? shard_of(parent) : ino ? shard_of(ino) : 1;
+	struct stk_lcache_tok t = stk_lcache_begin_at(c, shard);
 
 	if (!l)
 		return t;
