@@ -341,3 +341,46 @@ def test_names_of_folders_on_another_shard_are_leased_and_seen_changed(make_xc, 
     finally:
         a.stop()
         b.stop()
+
+
+def test_creates_under_a_quota_of_shard_2_spend_an_allowance_of_shard_2(make_xc, tmp_path):
+    """A quota on a folder placed on shard 2: creates in a folder made in it are
+    answered by the mount on an inode allowance shard 2 set aside for the mount's
+    holder there (META_ALLOW at shard 2), not one META_CREATE, and stop with
+    EDQUOT at exactly the limit."""
+    from test_quota_allowance import quota
+    sc = make_xc()
+    sc.cli("shard", "pin", "/", "2")
+    a = Mount(sc, tmp_path / "a")
+    a.start()
+    try:
+        os.mkdir(os.path.join(a.path, "q"))
+        sc.cli("quota", "set", "/q", "--inodes", "300")
+        d = os.path.join(a.path, "q", "d")
+        os.mkdir(d)  # made by shard 2, delegated with its quota: 2 inodes used
+        assert shard_of(os.stat(d).st_ino) == 2
+        allows = at(sc, 2, "META_ALLOW")
+        assert delegated_creates(sc, d, ["f%03d" % i for i in range(100)])
+        assert at(sc, 2, "META_ALLOW") > allows
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+            assert quota(sc, "/q")["used_inodes"] == 102
+            made = 100
+            while True:
+                try:
+                    os.close(os.open("g%04d" % made, os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                                     0o644, dir_fd=fd))
+                except OSError as e:
+                    assert e.errno == errno.EDQUOT, e
+                    break
+                made += 1
+                assert made <= 298
+            assert made == 298
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        assert quota(sc, "/q")["used_inodes"] == 300
+        assert "refused" not in mount_log(a), mount_log(a)
+    finally:
+        a.stop()
