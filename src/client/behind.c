@@ -1,12 +1,17 @@
 /*
  * Write-behind of names in delegated folders (behind.h says what it promises).
  *
- * The queue: records in the order they were answered, appended under `mu`. One
- * sender at a time (`send_mu`) takes everything queued and sends it in batches of
- * STK_NAMES_MAX, so records reach meta in order; whoever must see the queue at
- * meta (a flush) takes `send_mu` after its records were queued, which it gets
- * only once a sender that took them is done. The thread sends what gathered for
- * GATHER_US after the first record, and keeps the reserve of inode numbers full.
+ * The queues: one per metadata shard (docs/meta-shards.md), each with the records
+ * answered in that shard's folders in the order they were answered, appended under
+ * `mu`. A folder of shard K is delegated by K's meta to K's holder, its records go
+ * to K's meta (META_NAMES with K's holder as origin) and its new files get numbers
+ * K reserved (META_INOS to K), so each shard's queue, numbers and placement are its
+ * own. One sender at a time (`send_mu`) takes what is queued and sends it in
+ * batches of STK_NAMES_MAX, so each shard's records reach it in order; whoever must
+ * see a queue at meta (a flush) takes `send_mu` after its records were queued,
+ * which it gets only once a sender that took them is done. The thread sends what
+ * gathered for GATHER_US after the first record, and keeps each shard's reserve of
+ * inode numbers full once that shard was used.
  *
  * The gate: a create or unlink answered here holds it shared from its check of the
  * folder to its record; the watch holds it exclusive while it applies revocations.
@@ -35,8 +40,8 @@
 #include "session.h"
 
 #define GATHER_US 1000u	  /* how long the thread lets records gather before it sends */
-#define QUEUE_MAX 2048u	  /* queued records past which answers here wait for the thread:
-			     a watch's flush of them all stays well within meta's wait */
+#define QUEUE_MAX 2048u	  /* records queued for a shard past which answers here wait for
+			     the thread: a watch's flush of them stays well within meta's wait */
 #define INOS_GRAB 4096u	  /* inode numbers reserved at a time */
 #define INOS_LOW 1024u	  /* the thread reserves more below this many */
 #define RESP_CAP (256u << 10)
@@ -53,6 +58,28 @@
 struct inos {
 	uint64_t next, end; /* [next, end) reserved and unused */
 };
+
+/* A shard's queue: its records not yet taken by a sender, in order. */
+struct bq {
+	struct stk_msg_name_rec *q; /* QUEUE_MAX, allocated at the shard's first record */
+	unsigned n;
+	uint64_t nqueued, nsent; /* records ever queued, and ever taken off the queue */
+};
+
+/* A shard's inode numbers, and its meta's placement with the last reserve. */
+struct bshard {
+	struct inos cur, spare; /* numbers used now, and the next reserve */
+	uint32_t chunk_size, stripe, nchains;
+	uint64_t asked_ns; /* when numbers were last asked for because of no placement */
+	uint8_t want_inos; /* the thread should reserve */
+	uint8_t no_inos;   /* this shard's meta cannot (an older one): nothing answered there */
+};
+
+/* The holder id the meta of inode ino's shard knows this client by (lcache.h). */
+static uint32_t holder_of(stk_client *c, uint64_t ino)
+{
+	return stk_lcache_holder(c, stk_ino_shard(ino));
+}
 
 /*
  * An inode allowance (META_ALLOW, docs/quotas.md): creates this client may answer
@@ -84,17 +111,13 @@ struct stk_behind {
 	pthread_cond_t room; /* answers waiting for the queue to shrink */
 	pthread_rwlock_t gate;
 	pthread_mutex_t send_mu; /* one sender at a time, in order */
-	struct stk_msg_name_rec *q;
-	unsigned n;
-	uint64_t nqueued, nsent; /* records ever queued, and ever taken off the queue */
+	struct bq bq[STK_MAX_SHARDS + 1]; /* by shard, 1..STK_MAX_SHARDS */
+	struct bshard sh[STK_MAX_SHARDS + 1];
+	unsigned n;		 /* records queued, all shards */
+	unsigned want_inos;	 /* shards (bit K-1) whose numbers the thread should reserve */
 	_Atomic unsigned urgent; /* callers waiting for send_mu, whom the thread lets go first */
 	_Atomic unsigned queued; /* n, read without mu */
-	struct inos cur, spare;	 /* numbers used now, and the next reserve */
-	uint32_t chunk_size, stripe, nchains; /* meta's placement, with the last reserve */
-	int want_inos; /* the thread should reserve */
-	int no_inos;   /* meta cannot (an older one): nothing is answered here */
 	int no_bytes;  /* meta has no byte allowances (an older one): writes reserve */
-	uint64_t asked_ns; /* when numbers were last asked for because of no placement */
 	int err;	/* the first refusal not yet reported */
 	uint64_t failed[FAILED_KEEP]; /* the last creates meta refused (stk_behind_settle) */
 	unsigned nfailed;
@@ -270,7 +293,7 @@ static int allow_refill(stk_client *c, struct stk_behind *b, uint64_t parent, ui
 {
 	struct stk_msg_meta_allow_req q = {.session = stk_session_id(c), .dir = parent};
 	struct stk_msg_meta_allow_resp r;
-	uint32_t holder = stk_lcache_origin(c);
+	uint32_t holder;
 	uint8_t req[64], resp[64];
 	uint64_t now = stk_now_ns();
 	struct stk_wbuf w;
@@ -279,6 +302,7 @@ static int allow_refill(stk_client *c, struct stk_behind *b, uint64_t parent, ui
 	size_t rlen = 0;
 	int rc;
 
+	holder = holder_of(c, qid);
 	if (!holder || !q.session)
 		return -EAGAIN;
 	pthread_mutex_lock(&b->mu);
@@ -390,7 +414,7 @@ int stk_behind_bytes_take(stk_client *c, uint64_t ino, uint64_t qid, uint64_t n,
 
 	if (!b || !qid || !n || n > STK_ALLOW_BYTES_MAX)
 		return -EAGAIN;
-	holder = stk_lcache_origin(c);
+	holder = holder_of(c, qid); /* the quota's shard's: its meta sets the bytes aside */
 	if (!holder || !stk_session_id(c))
 		return -EAGAIN;
 	for (;;) {
@@ -433,7 +457,7 @@ int stk_behind_bytes_valid(stk_client *c, const struct stk_bytes_tag *tag)
 	struct stk_behind *b = c->behind;
 	int ok;
 
-	if (!b || !tag->qid || stk_lcache_origin(c) != tag->holder)
+	if (!b || !tag->qid || holder_of(c, tag->qid) != tag->holder)
 		return 0;
 	pthread_mutex_lock(&b->mu);
 	ok = bytes_slot(c, b, tag) != NULL;
@@ -444,7 +468,7 @@ int stk_behind_bytes_valid(stk_client *c, const struct stk_bytes_tag *tag)
 void stk_behind_bytes_release(stk_client *c, uint64_t qid)
 {
 	struct stk_behind *b = c->behind;
-	uint32_t holder = stk_lcache_origin(c);
+	uint32_t holder = qid ? holder_of(c, qid) : 0;
 	uint64_t n = 0, dir = 0;
 	struct allow *a;
 
@@ -516,8 +540,11 @@ static void settle(stk_client *c, struct stk_behind *b, const struct stk_msg_nam
 		stk_client_remove_data_nowait(c, &r->attr);
 }
 
-/* Sends batch[0..n) as one META_NAMES, with send_mu. 0 or -errno (all unsent). */
-static int send_batch(stk_client *c, struct stk_behind *b, unsigned n)
+/*
+ * Sends batch[0..n), records of shard's folders, as one META_NAMES to that shard's
+ * meta with its holder as origin, with send_mu. 0 or -errno (all unsent).
+ */
+static int send_batch(stk_client *c, struct stk_behind *b, unsigned shard, unsigned n)
 {
 	struct stk_msg_meta_names_req q = {.n = n};
 	struct stk_msg_meta_names_resp rr;
@@ -532,8 +559,8 @@ static int send_batch(stk_client *c, struct stk_behind *b, unsigned n)
 		stk_msg_name_rec_enc(&w, &b->batch[i]);
 	if (w.err)
 		return -EMSGSIZE;
-	rc = stk_client_meta_call_from(c, stk_lcache_origin(c), STK_OP_META_NAMES, b->req, w.len,
-				       b->resp, RESP_CAP, &rlen);
+	rc = stk_client_meta_call_shard(c, shard, stk_lcache_holder(c, shard), STK_OP_META_NAMES,
+					b->req, w.len, b->resp, RESP_CAP, &rlen);
 	if (rc)
 		return rc;
 	stk_rbuf_init(&r, b->resp, rlen);
@@ -553,30 +580,34 @@ static int send_batch(stk_client *c, struct stk_behind *b, unsigned n)
 }
 
 /*
- * Sends what is queued, in order, with send_mu, until every record queued before
- * the `upto`th has gone (so that a flush ends even while others keep queueing). A
- * batch meta did not take (it is down) is tried again until the client's retries
- * give up; then its records are lost, and said so.
+ * Sends what is queued for shard, in order, with send_mu, until every record
+ * queued there before its `upto`th has gone (so that a flush ends even while
+ * others keep queueing). A batch meta did not take (it is down) is tried again
+ * until the client's retries give up (a shard's leader lost: its promoted follower
+ * takes it); then its records are lost, and said so.
  */
-static void send_upto(stk_client *c, struct stk_behind *b, uint64_t upto)
+static void send_upto(stk_client *c, struct stk_behind *b, unsigned shard, uint64_t upto)
 {
+	struct bq *bq = &b->bq[shard];
+
 	for (;;) {
 		unsigned n;
 		int rc;
 
 		pthread_mutex_lock(&b->mu);
-		n = b->nsent < upto ? STK_MIN(b->n, STK_NAMES_MAX) : 0;
-		memcpy(b->batch, b->q, n * sizeof(*b->q));
+		n = bq->nsent < upto ? STK_MIN(bq->n, STK_NAMES_MAX) : 0;
+		if (n)
+			memcpy(b->batch, bq->q, n * sizeof(*bq->q));
 		pthread_mutex_unlock(&b->mu);
 		if (!n)
 			return;
-		rc = send_batch(c, b, n);
+		rc = send_batch(c, b, shard, n);
 		if (rc == -EIO || rc == -ENOTCONN) /* meta away past the retries: once more */
-			rc = send_batch(c, b, n);
+			rc = send_batch(c, b, shard, n);
 		if (rc) {
-			stk_error("write-behind: %u creates and unlinks could not reach meta: %s; "
-				  "they are lost",
-				  n, stk_strerror(rc));
+			stk_error("write-behind: %u creates and unlinks could not reach meta of "
+				  "shard %u: %s; they are lost",
+				  n, shard, stk_strerror(rc));
 		}
 		pthread_mutex_lock(&b->mu);
 		if (rc) {
@@ -587,38 +618,47 @@ static void send_upto(stk_client *c, struct stk_behind *b, uint64_t upto)
 				if (b->batch[i].op == STK_NAME_CREATE)
 					b->failed[b->nfailed++ % FAILED_KEEP] = b->batch[i].ino;
 		}
-		memmove(b->q, b->q + n, (b->n - n) * sizeof(*b->q));
+		memmove(bq->q, bq->q + n, (bq->n - n) * sizeof(*bq->q));
+		bq->n -= n;
+		bq->nsent += n;
 		b->n -= n;
-		b->nsent += n;
 		atomic_store(&b->queued, b->n);
 		pthread_cond_broadcast(&b->room);
 		pthread_mutex_unlock(&b->mu);
 	}
 }
 
-/* Sends what is queued now; `urgent`: a caller that waits for it (not the thread). */
-static void send_now(stk_client *c, struct stk_behind *b, int urgent)
+/*
+ * Sends what is queued now for shard (0: for every shard); `urgent`: a caller that
+ * waits for it (not the thread).
+ */
+static void send_now(stk_client *c, struct stk_behind *b, int urgent, unsigned shard)
 {
-	uint64_t upto;
+	uint64_t upto[STK_MAX_SHARDS + 1] = {0};
 
 	pthread_mutex_lock(&b->mu);
-	upto = b->nqueued;
+	for (unsigned s = 1; s <= STK_MAX_SHARDS; s++)
+		if (!shard || s == shard)
+			upto[s] = b->bq[s].nqueued;
 	pthread_mutex_unlock(&b->mu);
 	if (urgent)
 		atomic_fetch_add(&b->urgent, 1);
 	pthread_mutex_lock(&b->send_mu);
-	send_upto(c, b, upto);
+	for (unsigned s = 1; s <= STK_MAX_SHARDS; s++)
+		if (upto[s])
+			send_upto(c, b, s, upto[s]);
 	pthread_mutex_unlock(&b->send_mu);
 	if (urgent)
 		atomic_fetch_sub(&b->urgent, 1);
 }
 
-/* Reserves inode numbers into b->spare (the thread, without mu). */
-static void reserve(stk_client *c, struct stk_behind *b)
+/* Reserves inode numbers of shard's into its spare (the thread, without mu). */
+static void reserve(stk_client *c, struct stk_behind *b, unsigned shard)
 {
 	struct stk_msg_meta_inos_req q = {.count = INOS_GRAB};
 	struct stk_msg_meta_inos_resp r;
 	uint8_t req[32], resp[64 + STK_VOUCH_REC_LEN + 2]; /* and meta's voucher */
+	struct bshard *sh = &b->sh[shard];
 	struct stk_wbuf w;
 	struct stk_rbuf rb;
 	size_t rlen = 0;
@@ -626,27 +666,32 @@ static void reserve(stk_client *c, struct stk_behind *b)
 
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_inos_req_enc(&w, &q);
-	rc = stk_client_meta_call(c, STK_OP_META_INOS, req, w.len, resp, sizeof(resp), &rlen);
+	/* Shard K hands out numbers that name K (msg.h, stk_ino_shard). */
+	rc = stk_client_meta_call_shard(c, shard, 0, STK_OP_META_INOS, req, w.len, resp,
+					sizeof(resp), &rlen);
 	if (rc == 0) {
 		stk_rbuf_init(&rb, resp, rlen);
 		if (stk_msg_meta_inos_resp_dec(&rb, &r) || stk_rbuf_finish(&rb) || !r.count ||
-		    r.first + r.count < r.first)
+		    r.first + r.count < r.first || stk_ino_shard(r.first) != shard ||
+		    stk_ino_shard(r.first + r.count - 1) != shard)
 			rc = -EPROTO;
 	}
 	pthread_mutex_lock(&b->mu);
-	b->want_inos = 0;
+	b->want_inos &= ~(1u << (shard - 1));
 	if (rc == 0) {
-		b->spare.next = r.first;
-		b->spare.end = r.first + r.count;
-		b->chunk_size = r.chunk_size;
-		b->stripe = r.stripe;
-		b->nchains = r.nchains;
+		sh->spare.next = r.first;
+		sh->spare.end = r.first + r.count;
+		sh->chunk_size = r.chunk_size;
+		sh->stripe = r.stripe;
+		sh->nchains = r.nchains;
 	} else if (rc == -EOPNOTSUPP || rc == -ENOSYS || rc == -EPROTO) {
-		b->no_inos = 1;
-		stk_warn("write-behind: meta cannot reserve inode numbers (%s): off",
-			 stk_strerror(rc));
+		sh->no_inos = 1;
+		stk_warn("write-behind: meta of shard %u cannot reserve inode numbers (%s): off "
+			 "there",
+			 shard, stk_strerror(rc));
 	} else {
-		stk_debug("write-behind: no inode numbers from meta: %s", stk_strerror(rc));
+		stk_debug("write-behind: no inode numbers from meta of shard %u: %s", shard,
+			  stk_strerror(rc));
 	}
 	pthread_mutex_unlock(&b->mu);
 }
@@ -681,12 +726,12 @@ static void *behind_main(void *arg)
 			continue;
 		}
 		if (b->want_inos) {
+			unsigned shard = (unsigned)__builtin_ctz(b->want_inos) + 1;
+
 			pthread_mutex_unlock(&b->mu);
-			reserve(c, b);
+			reserve(c, b, shard);
 			pthread_mutex_lock(&b->mu);
-			if (!b->spare.next)
-				b->want_inos = 0; /* failed: the next use asks again */
-			continue;
+			continue; /* failed: the next use asks again */
 		}
 		/* Let the others of a burst join the first record. */
 		if (b->n < STK_NAMES_MAX) {
@@ -699,7 +744,7 @@ static void *behind_main(void *arg)
 		 * would take send_mu back before it, batch after batch. */
 		while (atomic_load(&b->urgent))
 			usleep(GATHER_US);
-		send_now(c, b, 0);
+		send_now(c, b, 0, 0);
 		pthread_mutex_lock(&b->mu);
 	}
 	pthread_mutex_unlock(&b->mu);
@@ -718,7 +763,8 @@ static void behind_free(struct stk_behind *b, int inited)
 		pthread_rwlock_destroy(&b->gate);
 		pthread_mutex_destroy(&b->send_mu);
 	}
-	free(b->q);
+	for (unsigned s = 0; s <= STK_MAX_SHARDS; s++)
+		free(b->bq[s].q);
 	free(b->batch);
 	free(b->req);
 	free(b->resp);
@@ -737,12 +783,13 @@ int stk_behind_start(stk_client *c)
 	b = calloc(1, sizeof(*b));
 	if (!b)
 		return -ENOMEM;
-	b->q = calloc(QUEUE_MAX, sizeof(*b->q));
+	/* Shard 1's queue now; another shard's at its first record (queue_room). */
+	b->bq[1].q = calloc(QUEUE_MAX, sizeof(*b->bq[1].q));
 	b->batch = calloc(STK_NAMES_MAX, sizeof(*b->batch));
 	b->req_cap = (size_t)STK_NAMES_MAX * sizeof(struct stk_msg_name_rec) + 64;
 	b->req = malloc(b->req_cap);
 	b->resp = malloc(RESP_CAP);
-	if (!b->q || !b->batch || !b->req || !b->resp)
+	if (!b->bq[1].q || !b->batch || !b->req || !b->resp)
 		goto fail;
 	pthread_mutex_init(&b->mu, NULL);
 	/* stk_now_ns's clock: the thread's wait for an allowance to fall idle */
@@ -757,7 +804,7 @@ int stk_behind_start(stk_client *c)
 	pthread_rwlock_init(&b->gate, &ga);
 	pthread_rwlockattr_destroy(&ga);
 	pthread_mutex_init(&b->send_mu, NULL);
-	b->want_inos = 1;
+	b->want_inos = 1u; /* shard 1's; another's at its first create */
 	c->behind = b;
 	if (pthread_create(&b->thr, NULL, behind_main, c)) {
 		c->behind = NULL;
@@ -803,7 +850,7 @@ int stk_behind_queued(stk_client *c)
 void stk_behind_send(stk_client *c)
 {
 	if (c->behind)
-		send_now(c, c->behind, 1);
+		send_now(c, c->behind, 1, 0);
 }
 
 int stk_behind_settle(stk_client *c, uint64_t ino)
@@ -822,19 +869,32 @@ int stk_behind_settle(stk_client *c, uint64_t ino)
 	return rc;
 }
 
-int stk_behind_flush(stk_client *c)
+/* As stk_behind_flush, for shard's records alone (0: every shard's). */
+static int flush_shard(stk_client *c, unsigned shard)
 {
 	struct stk_behind *b = c->behind;
 	int err;
 
 	if (!b)
 		return 0;
-	stk_behind_send(c);
+	send_now(c, b, 1, shard);
 	pthread_mutex_lock(&b->mu);
 	err = b->err;
 	b->err = 0;
 	pthread_mutex_unlock(&b->mu);
 	return err;
+}
+
+int stk_behind_flush(stk_client *c)
+{
+	return flush_shard(c, 0);
+}
+
+int stk_behind_flush_shard(stk_client *c, unsigned shard)
+{
+	if (shard < 1 || shard > STK_MAX_SHARDS)
+		return 0;
+	return flush_shard(c, shard);
 }
 
 void stk_behind_gate_close(stk_client *c)
@@ -849,57 +909,93 @@ void stk_behind_gate_open(stk_client *c)
 		pthread_rwlock_unlock(&c->behind->gate);
 }
 
-/* With mu: room for one more record (waits for the thread when the queue is full). */
-static int make_room(struct stk_behind *b)
+/*
+ * With mu: room for one more record of shard's (waits for the thread when its
+ * queue is full); its queue is made at its first record. 0 or -EAGAIN.
+ */
+static int make_room(struct stk_behind *b, unsigned shard)
 {
-	while (b->n >= QUEUE_MAX && !b->stop) {
+	struct bq *bq = &b->bq[shard];
+
+	if (!bq->q && !(bq->q = calloc(QUEUE_MAX, sizeof(*bq->q))))
+		return -EAGAIN; /* no memory: meta answers instead */
+	while (bq->n >= QUEUE_MAX && !b->stop) {
 		pthread_cond_signal(&b->wake);
 		pthread_cond_wait(&b->room, &b->mu);
 	}
 	return b->stop ? -EAGAIN : 0;
 }
 
-/* With mu: the next inode number, or 0 when none is reserved (the thread is asked). */
-static uint64_t take_ino(struct stk_behind *b)
+/*
+ * With mu: the next inode number of shard's, or 0 when none is reserved (the
+ * thread is asked).
+ */
+static uint64_t take_ino(struct stk_behind *b, unsigned shard)
 {
-	if (b->cur.next == b->cur.end) {
-		b->cur = b->spare;
-		memset(&b->spare, 0, sizeof(b->spare));
+	struct bshard *sh = &b->sh[shard];
+	unsigned bit = 1u << (shard - 1);
+
+	if (sh->cur.next == sh->cur.end) {
+		sh->cur = sh->spare;
+		memset(&sh->spare, 0, sizeof(sh->spare));
 	}
-	if (!b->spare.next && !b->want_inos && !b->no_inos &&
-	    (b->cur.next == b->cur.end || b->cur.end - b->cur.next < INOS_LOW)) {
-		b->want_inos = 1;
+	if (!sh->spare.next && !(b->want_inos & bit) && !sh->no_inos &&
+	    (sh->cur.next == sh->cur.end || sh->cur.end - sh->cur.next < INOS_LOW)) {
+		b->want_inos |= bit;
 		pthread_cond_signal(&b->wake);
 	}
-	return b->cur.next < b->cur.end ? b->cur.next++ : 0;
+	return sh->cur.next < sh->cur.end ? sh->cur.next++ : 0;
 }
 
-static void queue(struct stk_behind *b, const struct stk_msg_name_rec *m)
+/* With mu and make_room's 0: queues m, a record of shard's folder. */
+static void queue(struct stk_behind *b, unsigned shard, const struct stk_msg_name_rec *m)
 {
-	b->q[b->n++] = *m;
-	b->nqueued++;
+	struct bq *bq = &b->bq[shard];
+
+	bq->q[bq->n++] = *m;
+	bq->nqueued++;
+	b->n++;
 	atomic_store(&b->queued, b->n);
-	if (b->n == 1 || b->n == STK_NAMES_MAX)
+	if (b->n == 1 || bq->n == STK_NAMES_MAX)
 		pthread_cond_signal(&b->wake);
+}
+
+void stk_behind_prepare(stk_client *c, unsigned shard)
+{
+	struct stk_behind *b = c->behind;
+	int want;
+
+	if (!b || shard < 1 || shard > STK_MAX_SHARDS)
+		return;
+	pthread_mutex_lock(&b->mu);
+	want = !b->sh[shard].nchains && !b->sh[shard].no_inos && !b->sh[shard].spare.next &&
+	       b->sh[shard].cur.next == b->sh[shard].cur.end;
+	pthread_mutex_unlock(&b->mu);
+	if (want)
+		reserve(c, b, shard);
 }
 
 int stk_behind_create(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 		      const char *name, uint32_t mode, struct stk_attr *out)
 {
 	struct stk_behind *b = c->behind;
+	unsigned shard = stk_ino_shard(parent);
 	struct stk_msg_name_rec m;
 	uint32_t dmode = 0, dgid = 0;
 	uint64_t entropy, qid = 0;
+	struct bshard *sh;
 	uint32_t holder;
 	int rc = -EAGAIN, refilled = 0;
 
-	if (!b || strlen(name) > STK_NAME_MAX)
+	if (!b || strlen(name) > STK_NAME_MAX || shard < 1 || shard > STK_MAX_SHARDS)
 		return -EAGAIN;
+	sh = &b->sh[shard];
 again:
 	pthread_rwlock_rdlock(&b->gate);
 	if (!stk_lcache_behind_free(c, parent, name, &dmode, &dgid, &qid))
 		goto out;
-	holder = qid ? stk_lcache_origin(c) : 0; /* not under mu: the cache's lock is apart */
+	/* not under mu: the cache's lock is apart */
+	holder = qid ? holder_of(c, qid) : 0;
 	memset(&m, 0, sizeof(m));
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&b->mu);
@@ -911,14 +1007,15 @@ again:
 			return -EAGAIN;
 		goto again;
 	}
-	if (!b->nchains && !b->want_inos && !b->no_inos &&
-	    stk_now_ns() - b->asked_ns > PLACEMENT_RETRY_NS) {
-		/* No storage when numbers were last reserved: ask again, now and then. */
-		b->want_inos = 1;
-		b->asked_ns = stk_now_ns();
+	if (!sh->nchains && !(b->want_inos & (1u << (shard - 1))) && !sh->no_inos &&
+	    stk_now_ns() - sh->asked_ns > PLACEMENT_RETRY_NS) {
+		/* No storage when numbers were last reserved (or none yet from this
+		 * shard): ask again, now and then. */
+		b->want_inos |= 1u << (shard - 1);
+		sh->asked_ns = stk_now_ns();
 		pthread_cond_signal(&b->wake);
 	}
-	if (make_room(b) || !b->nchains || !(out->ino = take_ino(b))) {
+	if (make_room(b, shard) || !sh->nchains || !(out->ino = take_ino(b, shard))) {
 		struct allow *a = qid ? allow_slot(c, b, qid, holder) : NULL;
 
 		if (a)
@@ -928,8 +1025,8 @@ again:
 	}
 	if (getrandom(&entropy, sizeof(entropy), GRND_NONBLOCK) != (ssize_t)sizeof(entropy))
 		entropy = out->ino * 0x9E3779B97F4A7C15ull ^ stk_now_ns();
-	stk_layout_make(&out->layout, b->chunk_size ? b->chunk_size : STK_DEFAULT_CHUNK_SIZE,
-			b->stripe, b->nchains, entropy);
+	stk_layout_make(&out->layout, sh->chunk_size ? sh->chunk_size : STK_DEFAULT_CHUNK_SIZE,
+			sh->stripe, sh->nchains, entropy);
 	/* As meta makes it (store.c inode_new): the owner, a setgid folder's group. */
 	out->uid = cred->uid;
 	out->gid = (dmode & S_ISGID) ? dgid : cred->gid;
@@ -952,7 +1049,7 @@ again:
 	m.time_sec = out->mtime_sec;
 	m.time_nsec = out->mtime_nsec;
 	m.layout = out->layout;
-	queue(b, &m);
+	queue(b, shard, &m);
 	b->st.creates++;
 	pthread_mutex_unlock(&b->mu);
 	stk_lcache_behind_made(c, parent, name, out);
@@ -967,11 +1064,12 @@ int stk_behind_unlink(stk_client *c, const struct stk_cred *cred, uint64_t paren
 		      uint64_t *ino_out)
 {
 	struct stk_behind *b = c->behind;
+	unsigned shard = stk_ino_shard(parent);
 	struct stk_msg_name_rec m;
 	struct stk_attr a;
 	int rc = -EAGAIN;
 
-	if (!b || strlen(name) > STK_NAME_MAX)
+	if (!b || strlen(name) > STK_NAME_MAX || shard < 1 || shard > STK_MAX_SHARDS)
 		return -EAGAIN;
 	pthread_rwlock_rdlock(&b->gate);
 	if (!stk_lcache_behind_victim(c, parent, name, &a) || (busy && busy(ctx, a.ino)))
@@ -983,11 +1081,11 @@ int stk_behind_unlink(stk_client *c, const struct stk_cred *cred, uint64_t paren
 	memcpy(m.name, name, strlen(name) + 1);
 	m.ino = a.ino;
 	pthread_mutex_lock(&b->mu);
-	if (make_room(b)) {
+	if (make_room(b, shard)) {
 		pthread_mutex_unlock(&b->mu);
 		goto out;
 	}
-	queue(b, &m);
+	queue(b, shard, &m);
 	b->st.unlinks++;
 	pthread_mutex_unlock(&b->mu);
 	stk_lcache_behind_gone(c, parent, name, a.ino);

@@ -21,6 +21,13 @@
  *   - A record meta refuses (it should not: the folder was this client's) is
  *     logged as an error and fails the next fsync, syncfs or flush of the mount.
  *
+ * With several metadata shards (docs/meta-shards.md) each shard delegates its own
+ * folders to the holder this client has there (lcache.h, stk_lcache_holder): the
+ * records of a folder of shard K go to K's meta with K's holder as origin, its new
+ * files take numbers K reserved, and K's watch sends K's records before it
+ * acknowledges. Allowances are asked of, and counted for, the holder of the
+ * quota's shard.
+ *
  * What it costs: the numbers of a client that dies with records queued are lost
  * with them, like the data of a write-back cache (fsync makes them durable, as it
  * does data). Off unless stk_behind_start is called (the mount does, unless
@@ -59,11 +66,22 @@ int stk_behind_create(stk_client *c, const struct stk_cred *cred, uint64_t paren
 int stk_behind_unlink(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 		      const char *name, int (*busy)(void *ctx, uint64_t ino), void *ctx,
 		      uint64_t *ino_out);
+/*
+ * A folder of shard was delegated here: reserves that shard's first inode numbers
+ * now if it has none (one call to its meta, once), so that the first creates in
+ * it are answered here too. Blocks; any thread but the watch's.
+ */
+void stk_behind_prepare(stk_client *c, unsigned shard);
 /* Sends everything queued so far and waits for meta's answers. */
 void stk_behind_send(stk_client *c);
 /* As stk_behind_send; 0, or -EIO when a record was refused or lost since the last
  * call (each is logged when it happens). */
 int stk_behind_flush(stk_client *c);
+/*
+ * As stk_behind_flush, for the records of shard's folders alone (a shard's watch
+ * before it acknowledges: another shard's meta, down, does not hold it up).
+ */
+int stk_behind_flush_shard(stk_client *c, unsigned shard);
 /*
  * Before the first write to inode ino, created here: sends the queue. 0, or -EIO
  * when meta refused ino's create (its bytes would belong to no file).
@@ -98,7 +116,7 @@ void stk_behind_stats(stk_client *c, struct stk_behind_stats *out);
  */
 struct stk_bytes_tag {
 	uint64_t qid; /* 0: nothing taken */
-	uint32_t holder, qepoch;
+	uint32_t holder, qepoch; /* holder: of qid's shard's meta */
 };
 int stk_behind_bytes_take(stk_client *c, uint64_t ino, uint64_t qid, uint64_t n,
 			  struct stk_bytes_tag *tag);

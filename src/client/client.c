@@ -553,19 +553,17 @@ static int meta_call(struct stk_client *c, unsigned shard, uint32_t origin, uint
 	}
 	if (shard != 1) {
 		/*
-		 * The origin a caller passes is shard 1's holder id (stk_lcache_origin, a
-		 * token's): another shard knows this client by the holder of its own watch,
-		 * started at the first request to it. Allowances and delegated folders'
-		 * names are shard 1's alone (docs/meta-shards.md): those go without. The
-		 * session's renewal goes to every shard it was named to.
+		 * The origin a caller passes may be shard 1's holder id (stk_lcache_origin):
+		 * another shard knows this client by the holder of its own watch, started
+		 * at the first request to it, so a request with an origin goes with that
+		 * one (the same value when the caller took it from that shard: a token of
+		 * the shard, write-behind, allowances). The session's renewal goes to
+		 * every shard it was named to.
 		 */
 		if (shard <= STK_MAX_SHARDS &&
 		    !(atomic_fetch_or(&c->shards_used, 1u << (shard - 1)) & (1u << (shard - 1))))
 			stk_lcache_use_shard(c, shard);
-		if (opcode == STK_OP_META_ALLOW || opcode == STK_OP_META_ALLOW_BYTES ||
-		    opcode == STK_OP_META_NAMES || opcode == STK_OP_META_INOS || !origin)
-			origin = 0;
-		else
+		if (origin)
 			origin = stk_lcache_holder(c, shard);
 	}
 
@@ -676,17 +674,32 @@ int stk_client_meta_attr_call(struct stk_client *c, uint16_t opcode, const void 
 	return attr_call(c, 0, opcode, req, req_len, attr);
 }
 
+/*
+ * The origin of a read of this client's own: its holder at the shard the request
+ * goes to, so that a read of a folder that shard delegated here keeps the
+ * delegation whatever another shard's watch does.
+ */
+static uint32_t read_origin(struct stk_client *c, uint16_t opcode, const void *req,
+			    size_t req_len)
+{
+	unsigned shard = 1;
+
+	if (route_shard(opcode, req, req_len, &shard))
+		shard = 1; /* EXDEV: meta_call answers it */
+	return stk_lcache_holder(c, shard);
+}
+
 int stk_client_meta_read_call(struct stk_client *c, uint16_t opcode, const void *req,
 			      size_t req_len, void *resp, size_t resp_cap, size_t *resp_len)
 {
-	return stk_client_meta_call_from(c, stk_lcache_origin(c), opcode, req, req_len, resp,
-					 resp_cap, resp_len);
+	return stk_client_meta_call_from(c, read_origin(c, opcode, req, req_len), opcode, req,
+					 req_len, resp, resp_cap, resp_len);
 }
 
 int stk_client_meta_attr_read_call(struct stk_client *c, uint16_t opcode, const void *req,
 				   size_t req_len, struct stk_attr *attr)
 {
-	return attr_call(c, stk_lcache_origin(c), opcode, req, req_len, attr);
+	return attr_call(c, read_origin(c, opcode, req, req_len), opcode, req, req_len, attr);
 }
 
 int stk_client_meta_attr_call_own(struct stk_client *c, uint64_t ino, uint16_t opcode,

@@ -12,6 +12,7 @@
 
 #include "../common/util.h"
 #include "../proto/status.h"
+#include "behind.h"
 #include "client.h"
 #include "lcache.h"
 #include "session.h"
@@ -31,7 +32,7 @@ static int name_ok(const char *name, char *dst)
 static int lookup_cached(stk_client *c, uint64_t parent, const char *name, const void *req,
 			 size_t req_len, struct stk_attr *out)
 {
-	struct stk_lcache_tok tok = stk_lcache_begin(c);
+	struct stk_lcache_tok tok = stk_lcache_begin_at(c, stk_ino_shard(parent));
 	struct stk_msg_meta_lookup_cache_resp rm;
 	uint8_t resp[1024];
 	struct stk_rbuf r;
@@ -215,7 +216,7 @@ int stk_ino_lookups(stk_client *c, const struct stk_cred *cred, uint64_t parent,
 		    const char *const *names, uint32_t n, struct stk_attr *out, int *rcs)
 {
 	struct stk_msg_meta_lookups_req m = {.cred = CRED(c, cred), .parent = parent, .n = n};
-	struct stk_lcache_tok tok = stk_lcache_begin(c);
+	struct stk_lcache_tok tok = stk_lcache_begin_at(c, stk_ino_shard(parent));
 	struct stk_msg_meta_lookups_resp rm;
 	size_t req_cap = 512 + (size_t)n * (STK_NAME_MAX + 8);
 	size_t resp_cap = 256 + (size_t)n * (160 + STK_VOUCH_REC_LEN); /* and vouchers */
@@ -423,6 +424,46 @@ int stk_ino_create_open(stk_client *c, const struct stk_cred *cred, uint64_t par
 	return rc < 0 ? rc : 0;
 }
 
+/*
+ * A folder the mkdir made on another shard than its parent's (placed there,
+ * docs/meta-shards.md): the parent's shard delegates nothing of it, so its own
+ * shard is asked to (META_XSHARD DELEGATE, with this client's holder there), as
+ * the mkdir of a folder on its parent's shard asks with STK_MKDIR_DELEGATE. The
+ * first such folder of a shard waits a moment for the client's watch of that
+ * shard to be answered (once per shard). Nothing comes of it when meta refuses
+ * (an older one: INVAL) or the folder is no longer empty and this client's alone.
+ */
+static void delegate_placed(stk_client *c, const struct stk_cred *cred, uint64_t ino)
+{
+	unsigned shard = stk_ino_shard(ino);
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_DELEGATE, .ino = ino, .uid = cred->uid, .gid = cred->gid};
+	struct stk_msg_meta_xshard_resp r;
+	struct stk_lcache_tok tok;
+	uint8_t req[512], resp[512];
+	struct stk_wbuf w;
+	struct stk_rbuf rb;
+	size_t rlen = 0;
+
+	if (shard < 2 || shard > STK_MAX_SHARDS || !stk_lcache_wait_holder(c, shard, 1000))
+		return;
+	tok = stk_lcache_begin_at(c, shard);
+	if (!tok.holder)
+		return;
+	stk_wbuf_init(&w, req, sizeof(req));
+	stk_msg_meta_xshard_req_enc(&w, &q);
+	if (w.err || stk_client_meta_call_shard(c, shard, tok.holder, STK_OP_META_XSHARD, req,
+						w.len, resp, sizeof(resp), &rlen))
+		return;
+	stk_rbuf_init(&rb, resp, rlen);
+	if (stk_msg_meta_xshard_resp_dec(&rb, &r) || stk_rbuf_finish(&rb) || r.attr.ino != ino)
+		return;
+	if ((r.state & STK_XDELEG_LEASED) && (r.state & STK_XDELEG_EMPTY))
+		stk_lcache_complete(c, tok, &r.attr, (r.state & STK_XDELEG_DELEGATED) != 0);
+	if (r.state & STK_XDELEG_DELEGATED)
+		stk_behind_prepare(c, shard);
+}
+
 int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, const char *name,
 		  uint32_t mode, struct stk_attr *out)
 {
@@ -441,8 +482,9 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 	/* As in create_call; a new folder is empty, so its names are all known here. */
 	tok = stk_lcache_begin_change(c, parent, m.name, 0);
 	/* ... and with write-behind on, its creates and unlinks may be answered here
-	 * (in shard 1's folders: write-behind knows shard 1's holder alone). */
-	if (tok.holder && c->behind && stk_ino_shard(parent) == 1)
+	 * (delegated by the shard that makes it, to this client's holder there: the
+	 * token's, of parent's shard; a folder placed on another shard is not). */
+	if (tok.holder && c->behind)
 		m.flags = STK_MKDIR_DELEGATE | STK_MKDIR_DELEGATE_QUOTA;
 	stk_wbuf_init(&w, req, sizeof(req));
 	stk_msg_meta_mkdir_req_enc(&w, &m);
@@ -458,6 +500,10 @@ int stk_ino_mkdir(stk_client *c, const struct stk_cred *cred, uint64_t parent, c
 		return rc;
 	if (rm.leased && rm.empty)
 		stk_lcache_complete(c, tok, &rm.attr, rm.delegated);
+	if (rm.leased && rm.empty && rm.delegated)
+		stk_behind_prepare(c, stk_ino_shard(rm.attr.ino));
+	else if (tok.holder && c->behind && stk_ino_shard(rm.attr.ino) != stk_ino_shard(parent))
+		delegate_placed(c, &m.cred, rm.attr.ino);
 	if (out)
 		*out = rm.attr;
 	return 0;

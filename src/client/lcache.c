@@ -405,8 +405,9 @@ int stk_lcache_get(stk_client *c, const struct stk_cred *cred, uint64_t parent, 
 	e = ent_find(l, parent, name);
 	if (e && e->found && pending(l, gen_of(e->attr.ino)))
 		goto out;
-	/* Its attributes are leased by the inode's shard (the folder's, but for a folder
-	 * placed on another shard, whose lookup is never leased). */
+	/* Its attributes are leased by the inode's shard: the folder's, or for a folder
+	 * placed on another shard (or a file named off home), that shard's, asked by the
+	 * folder's shard on this client's behalf (META_XSHARD ATTR). */
 	if (e && ent_valid(l, e, now) &&
 	    (!e->found || now < l->trust_until_ns[shard_of(e->attr.ino)])) {
 		hit = 1;
@@ -466,27 +467,37 @@ int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, 
 	return hit;
 }
 
-struct stk_lcache_tok stk_lcache_begin(stk_client *c)
+struct stk_lcache_tok stk_lcache_begin_at(stk_client *c, unsigned shard)
 {
 	struct stk_lcache *l = c->lc;
 	struct stk_lcache_tok t = {.pend = {LOG_ALL, LOG_ALL}};
 
 	if (!l || l->off)
 		return t;
+	if (shard < 1 || shard > STK_MAX_SHARDS)
+		shard = 1; /* an inode of no shard: its request is ENOENT anyway */
 	t.t_ns = stk_now_ns();
 	pthread_mutex_lock(&l->mu);
 	t.epoch = l->epoch;
 	t.rev = l->rev;
-	t.holder = t.t_ns < l->trust_until_ns[1] ? l->holder[1] : 0;
+	/* The shard the request goes to leases its answer: its holder, while its watch is
+	 * trusted, whatever the other shards' watches do. */
+	t.holder = t.t_ns < l->trust_until_ns[shard] ? l->holder[shard] : 0;
 	pthread_mutex_unlock(&l->mu);
 	return t;
+}
+
+struct stk_lcache_tok stk_lcache_begin(stk_client *c)
+{
+	return stk_lcache_begin_at(c, 1);
 }
 
 struct stk_lcache_tok stk_lcache_begin_change(stk_client *c, uint64_t parent, const char *name,
 					      uint64_t ino)
 {
 	struct stk_lcache *l = c->lc;
-	struct stk_lcache_tok t = stk_lcache_begin(c);
+	unsigned shard = parent ? shard_of(parent) : ino ? shard_of(ino) : 1;
+	struct stk_lcache_tok t = stk_lcache_begin_at(c, shard);
 
 	if (!l)
 		return t;
@@ -623,12 +634,12 @@ static int put_locked(struct stk_lcache *l, struct stk_lcache_tok tok, uint64_t 
 	struct lc_dir *d;
 	struct lc_ent *e;
 
-	/* The request went with its folder's shard's holder (stk_lcache_holder: shard
-	 * 1's is the token's), which is the one now as long as that shard was not
-	 * dropped since tok. Other shards' drops do not matter. */
+	/* The request went with its folder's shard's holder (the token's: it was taken
+	 * for that shard, stk_lcache_begin_at), which is the one now as long as that
+	 * shard was not dropped since tok. Other shards' drops do not matter. */
 	if (!ok || !tok.holder || !cacheable(name) || !live(l, tok.epoch, ps) ||
 	    (found && !live(l, tok.epoch, shard_of(attr->ino))) || !l->holder[ps] ||
-	    (ps == 1 && tok.holder != l->holder[1]) ||
+	    tok.holder != l->holder[ps] ||
 	    pending(l, LOG_NAME | set_of(parent, name)) ||
 	    (found && pending(l, gen_of(attr->ino))))
 		return 0;
@@ -684,9 +695,9 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 	if (!l)
 		return;
 	pthread_mutex_lock(&l->mu);
-	/* Its names are leased by its own shard; delegations are shard 1's alone (the
-	 * write-behind queue and the allowances know one holder). */
-	if (!l->off && tok.holder && l->holder[ds] && (ds != 1 || tok.holder == l->holder[1]) &&
+	/* Its names are leased, and it is delegated, by its own shard, to the holder
+	 * the token was taken with (stk_lcache_begin_at that shard). */
+	if (!l->off && tok.holder && l->holder[ds] && tok.holder == l->holder[ds] &&
 	    !touched(l, tok, dir->ino, "", dir->ino)) {
 		d = &l->d[dir_slot(dir->ino)];
 		d->ino = dir->ino;
@@ -698,7 +709,7 @@ void stk_lcache_complete(stk_client *c, struct stk_lcache_tok tok, const struct 
 		d->gid = dir->gid;
 		memset(d->lost, 0, sizeof(d->lost));
 		d->nlost = 0;
-		d->delegated = (uint8_t)(delegated != 0 && shard_of(dir->ino) == 1);
+		d->delegated = (uint8_t)(delegated != 0);
 		d->qid = dir->qid;
 		d->partial = 0;
 	}
@@ -715,7 +726,7 @@ static struct lc_dir *dir_delegated(struct stk_lcache *l, uint64_t parent, const
 {
 	struct lc_dir *d;
 
-	if (l->off || shard_of(parent) != 1 || now + BEHIND_MARGIN_NS >= l->trust_until_ns[1] ||
+	if (l->off || now + BEHIND_MARGIN_NS >= l->trust_until_ns[shard_of(parent)] ||
 	    pending(l, LOG_NAME | set_of(parent, name)))
 		return NULL;
 	d = dir_record(l, parent, now);
@@ -939,6 +950,28 @@ uint32_t stk_lcache_holder(stk_client *c, unsigned shard)
 	return h;
 }
 
+uint32_t stk_lcache_wait_holder(stk_client *c, unsigned shard, unsigned ms)
+{
+	struct stk_lcache *l = c->lc;
+	uint32_t h = 0;
+
+	if (!l || shard < 1 || shard > STK_MAX_SHARDS)
+		return 0;
+	stk_lcache_use_shard(c, shard);
+	for (unsigned t = 0;; t += 5) {
+		int off;
+
+		pthread_mutex_lock(&l->mu);
+		off = l->off || l->stop;
+		if (!off && stk_now_ns() < l->trust_until_ns[shard])
+			h = l->holder[shard];
+		pthread_mutex_unlock(&l->mu);
+		if (h || off || t >= ms)
+			return h;
+		usleep(5000);
+	}
+}
+
 void stk_lcache_stats(stk_client *c, struct stk_lcache_stats *out)
 {
 	struct stk_lcache *l = c->lc;
@@ -1045,7 +1078,7 @@ static int watch_once(stk_client *c, unsigned shard, struct stk_conn *conn, uint
 	 * delegated folder goes to meta first (behind.h), and a change meta waits to
 	 * make may remove a file opened here on a lease, so meta must know of that open. */
 	if (r.n || r.reset) {
-		(void)stk_behind_flush(c);
+		(void)stk_behind_flush_shard(c, shard);
 		stk_session_sync_opens(c);
 	}
 	return 0;

@@ -76,11 +76,19 @@ int stk_lcache_get_ino(stk_client *c, uint64_t ino, struct stk_attr *out);
  * of the cache's trust in its watch or of the entry's lease, whichever is first.
  */
 int stk_lcache_get_ino_until(stk_client *c, uint64_t ino, struct stk_attr *out, uint64_t *until_ns);
-/* Before a lookup that may be cached: the state its answer must still match. */
+/*
+ * Before a lookup that may be cached, sent to shard (the shard of the folder it
+ * names): the state its answer must still match, and in .holder that shard's
+ * holder while its watch is trusted (0: do not ask for a lease). Another shard's
+ * watch, broken or not, does not matter.
+ */
+struct stk_lcache_tok stk_lcache_begin_at(stk_client *c, unsigned shard);
+/* stk_lcache_begin_at shard 1. */
 struct stk_lcache_tok stk_lcache_begin(stk_client *c);
 /*
  * Before a change of this client's to parent's `name` (NULL: none) or to inode ino's
- * attributes (0: none): as stk_lcache_begin, and until the call that ends it
+ * attributes (0: none): as stk_lcache_begin_at the shard of parent (else of ino),
+ * and until the call that ends it
  * (stk_lcache_changed, _updated or _forget_name with this tok, exactly one) the
  * cache answers nothing about them and keeps no answer about them, so that no
  * thread of this client sees the change from meta and then the old state from
@@ -165,8 +173,8 @@ void stk_lcache_on_revoked_ino(stk_client *c, stk_lcache_ino_fn fn, void *ctx);
 
 /*
  * The origin for a change this client forgets itself: shard 1's holder id; 0 when
- * the cache is off. Tokens (stk_lcache_tok.holder) carry it too; a request to
- * another shard goes with that shard's own holder instead (stk_lcache_holder).
+ * the cache is off. A request to another shard with an origin goes with that
+ * shard's own holder instead (stk_lcache_holder), as tokens taken for it carry.
  */
 uint32_t stk_lcache_origin(stk_client *c);
 /*
@@ -178,11 +186,18 @@ uint32_t stk_lcache_origin(stk_client *c);
 uint32_t stk_lcache_holder(stk_client *c, unsigned shard);
 /*
  * The client sends a request to shard (2..) for the first time: its watch starts,
- * on a thread of its own, and once it is answered that shard's folders are cached
- * as shard 1's are (no delegation there: write-behind and allowances are shard
- * 1's). Any thread; cheap after the first call.
+ * on a thread of its own, and once it is answered that shard's folders are cached,
+ * delegated and written behind as shard 1's are. Any thread; cheap after the first
+ * call.
  */
 void stk_lcache_use_shard(stk_client *c, unsigned shard);
+
+/*
+ * shard's holder id once its watch is answered and trusted, waiting up to ms for
+ * it (its watch is started if it was not): 0 when none came, or the cache is off.
+ * Any thread; blocks.
+ */
+uint32_t stk_lcache_wait_holder(stk_client *c, unsigned shard, unsigned ms);
 
 /* Counts for the mount's /metrics and tests. */
 struct stk_lcache_stats {

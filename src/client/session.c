@@ -297,7 +297,7 @@ static int call_closes(stk_client *c, uint64_t id, const struct open_ent *l, siz
 	 * keeps what meta says each read left (a reply from an older meta says nothing:
 	 * they are looked up again).
 	 */
-	tok = stk_lcache_begin(c);
+	tok = stk_lcache_begin_at(c, stk_ino_shard(l[0].ino));
 	rc = stk_client_meta_call_shard(c, stk_ino_shard(l[0].ino), tok.holder,
 					STK_OP_META_CLOSES, req, w.len, resp, resp_cap, &len);
 	stk_rbuf_init(&rb, resp, rc == 0 ? len : 0);

@@ -830,6 +830,20 @@ uint64_t stk_meta_leases_session_of(struct stk_meta_leases *l, uint32_t holder)
 	return session;
 }
 
+uint32_t stk_meta_leases_holder_of(struct stk_meta_leases *l, uint64_t session)
+{
+	uint32_t id = 0;
+
+	if (!session)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	for (uint32_t i = 0; !id && i < STK_LEASE_HOLDERS_MAX; i++)
+		if (l->h[i].id && !l->h[i].reset && l->h[i].session == session)
+			id = l->h[i].id;
+	pthread_mutex_unlock(&l->mu);
+	return id;
+}
+
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session)
 {
 	pthread_mutex_lock(&l->mu);

@@ -197,6 +197,8 @@ void stk_meta_leases_on_drop(struct stk_meta_leases *l, stk_meta_leases_drop_fn 
 
 /* The session of holder `holder`, or 0: no such holder, or it is being reset. */
 uint64_t stk_meta_leases_session_of(struct stk_meta_leases *l, uint32_t holder);
+/* The live holder of session here (one per session and shard), or 0: none. */
+uint32_t stk_meta_leases_holder_of(struct stk_meta_leases *l, uint64_t session);
 
 /* The session ended: its holders go (their waiters stop waiting for them). */
 void stk_meta_leases_end_session(struct stk_meta_leases *l, uint64_t session);

@@ -252,11 +252,17 @@ static uint64_t named(struct meta *m, uint64_t parent, const char *name)
 
 /*
  * After a lookup: a name of a folder of another shard (-EREMOTE, only its number
- * in *a) gets its attributes from that shard's leader, off the event loop. Such
- * an answer is never leased (*remote 1): that shard's changes revoke nothing here.
+ * in *a) gets its attributes from that shard's leader, off the event loop, for the
+ * asking client's session. *remote: 0 a local answer, 1 a remote one that shard
+ * did not lease to the client (unleased here too: that shard's changes revoke
+ * nothing here), 2 one it leased to the client's holder there before reading it
+ * (its changes revoke it there; the name may be leased here).
  */
-static int remote_attr(struct meta *m, int rc, struct stk_attr *a, int *remote)
+static int remote_attr(struct meta *m, const struct stk_rpc_req *req, int rc, struct stk_attr *a,
+		       int *remote)
 {
+	int leased = 0;
+
 	if (rc != -EREMOTE)
 		return rc;
 	if (remote)
@@ -265,7 +271,12 @@ static int remote_attr(struct meta *m, int rc, struct stk_attr *a, int *remote)
 		on_loop_blocked = 1;
 		return -EAGAIN;
 	}
-	return stk_meta_xshard_getattr(m->xshard, a->ino, a);
+	/* For the asking client's session: its own delegation of the folder there stays. */
+	rc = stk_meta_xshard_getattr_for(
+	    m->xshard, a->ino, stk_meta_leases_session_of(m->leases, req->hdr.origin), a, &leased);
+	if (rc == 0 && leased && remote)
+		*remote = 2;
+	return rc;
 }
 
 /*
@@ -465,12 +476,13 @@ static int op_lookup(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	if (rc)
 		return rc;
 	recall(m, req, &q.parent, 1);
-	rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a), &a,
-			 NULL);
+	rc = remote_attr(m, req, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a),
+			 &a, NULL);
 	/* The inode found may be a folder delegated elsewhere: its attributes too. */
 	if (rc == 0 && recall(m, req, &a.ino, 1))
-		rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a),
-				 &a, NULL);
+		rc = remote_attr(m, req,
+				 stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &a), &a,
+				 NULL);
 	return rc ? rc : reply_attr(resp, &a);
 }
 
@@ -495,10 +507,14 @@ static int op_lookup_cache(struct meta *m, struct stk_rpc_req *req, struct stk_r
 	dots = strcmp(q.name, ".") == 0 || strcmp(q.name, "..") == 0;
 	recall(m, req, &q.parent, 1);
 	r.leased = holder && !dots && stk_meta_leases_grant(m->leases, holder, q.parent);
-	rc = remote_attr(m, stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr),
+	rc = remote_attr(m, req,
+			 stk_meta_store_lookup(m->store, &q.cred, q.parent, q.name, &r.attr),
 			 &r.attr, &remote);
-	if (rc == 0 && remote) {
-		r.leased = 0; /* another shard's folder: its changes revoke nothing here */
+	if (rc == 0 && remote == 1) {
+		r.leased = 0; /* another shard's, not leased there: its changes revoke nothing */
+	} else if (rc == 0 && remote == 2) {
+		/* Leased there; the name here, under the folder's lease granted above
+		 * (a rename or removal of it revokes that). */
 	} else if (rc == 0) {
 		uint64_t ino = r.attr.ino;
 		int again = recall(m, req, &ino, 1);
@@ -572,8 +588,7 @@ static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 		rcs[i] =
 		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]);
 		if (rcs[i] == -EREMOTE) {
-			r.leased = 0; /* another shard's folder: asked there below */
-			rcs[i] = 0;
+			rcs[i] = 0; /* another shard's: asked there below, leased there or not */
 		} else if (rcs[i] == 0) {
 			recall(m, req, &attrs[i].ino, 1);
 			if (r.leased && !stk_meta_leases_grant(m->leases, holder, attrs[i].ino))
@@ -582,12 +597,16 @@ static int op_lookups(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_re
 	}
 	for (uint32_t i = 0; i < q.n; i++) {
 		uint64_t was = rcs[i] == 0 ? attrs[i].ino : 0;
+		int remote = 0;
 
 		rcs[i] = remote_attr(
-		    m, stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]),
-		    &attrs[i], NULL);
+		    m, req,
+		    stk_meta_store_lookup(m->store, &q.cred, q.parent, names[i].name, &attrs[i]),
+		    &attrs[i], &remote);
 		if (rcs[i] == -EAGAIN && on_loop_blocked)
 			goto out; /* started afresh on a worker */
+		if (remote == 1)
+			r.leased = 0; /* another shard's, not leased there */
 		if ((rcs[i] == 0 ? attrs[i].ino : 0) != was)
 			r.leased = 0; /* renamed over in between: answer, but not for keeps */
 		if (rcs[i] && rcs[i] != -ENOENT) {
@@ -1643,8 +1662,42 @@ struct name_job {
 	struct change ch;
 	uint64_t victim;
 	int began, rc;
+	int done; /* applied already (replayed): res holds what it left */
 	struct stk_msg_name_res res;
 };
+
+/*
+ * Whether record rec was applied already: a batch applied here whose reply was
+ * lost (the leader died, the connection broke) is sent again, perhaps to the
+ * promoted follower, which has it. A create of a number the holder reserved
+ * that its name already names was applied (numbers are never given twice); an
+ * unlink whose name names nothing of that number any more and whose file has no
+ * name left was too. Either answers what it left, not EEXIST or ENOENT: the
+ * holder's application was told it happened, and it did.
+ */
+static int names_replayed(struct meta *m, const struct stk_msg_name_rec *rec,
+			  struct stk_msg_name_res *res)
+{
+	const struct stk_cred root = {0};
+	struct stk_attr a;
+	uint64_t now = named(m, rec->parent, rec->name);
+	int rc;
+
+	if (rec->op == STK_NAME_CREATE) {
+		if (now != rec->ino || stk_meta_store_getattr(m->store, &root, rec->ino, &a))
+			return 0;
+		res->attr = a;
+		return 1;
+	}
+	if (now == rec->ino)
+		return 0;
+	rc = stk_meta_store_getattr(m->store, &root, rec->ino, &a);
+	if (rc == -ENOENT || (rc == 0 && a.nlink == 0 && S_ISREG(a.mode))) {
+		memset(&res->attr, 0, sizeof(res->attr)); /* its data went, or goes, as it did */
+		return 1;
+	}
+	return 0;
+}
 
 static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs, struct name_job *jobs,
 			uint32_t n, const struct stk_meta_placement *pl, uint64_t session)
@@ -1660,7 +1713,7 @@ static void names_apply(struct meta *m, const struct stk_msg_name_rec *recs, str
 						.session = session};
 		int created = 0;
 
-		if (j->rc)
+		if (j->rc || j->done)
 			continue;
 		if (brc)
 			j->rc = brc;
@@ -1726,6 +1779,12 @@ static int op_names(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 	for (uint32_t i = 0; i < q.n; i++) {
 		struct name_job *j = &jobs[i];
 
+		if ((recs[i].op == STK_NAME_CREATE || recs[i].op == STK_NAME_UNLINK) &&
+		    !made_before(recs, i, recs[i].parent, recs[i].name, recs[i].ino) &&
+		    names_replayed(m, &recs[i], &j->res)) {
+			j->done = 1;
+			continue;
+		}
 		if (recs[i].op == STK_NAME_UNLINK) {
 			j->victim = named(m, recs[i].parent, recs[i].name); /* its links change */
 			if (j->victim != recs[i].ino &&
@@ -2517,6 +2576,97 @@ static int op_epoch(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp
 }
 
 /* META_XSHARD: a step of a cross-shard mkdir or rmdir another shard asks (xshard.h). */
+/*
+ * META_XSHARD ATTR (msg.h): folder ino's attributes for a lookup of its name on
+ * another shard, recalling its delegation unless it is to the asking client
+ * (session q->intent), whose lookup at that shard came after it sent here what
+ * it answered in the folder.
+ */
+static int xshard_attr(struct meta *m, const struct stk_msg_meta_xshard_req *q,
+		       struct stk_msg_meta_xshard_resp *r)
+{
+	const struct stk_cred root = {0};
+	uint32_t holder = stk_meta_leases_holder_of(m->leases, q->intent);
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	if (tracked.on)
+		track(m, &q->ino, 1); /* a delegation made meanwhile: read again (meta_run) */
+	if (on_loop) {
+		if (stk_meta_leases_delegated_elsewhere(m->leases, holder, &q->ino, 1)) {
+			on_loop_blocked = 1;
+			return -EAGAIN;
+		}
+	} else {
+		stk_meta_leases_recall(m->leases, holder, &q->ino, 1);
+	}
+	/* Leased before it is read: a change committed after the read finds the lease. */
+	if (holder && stk_meta_leases_grant(m->leases, holder, q->ino))
+		r->state = STK_XATTR_LEASED;
+	rc = stk_meta_store_getattr(m->store, &root, q->ino, &r->attr);
+	if (rc)
+		r->state = 0;
+	return rc;
+}
+
+/* Whether a cross-shard mark (pending, dying, renamed here) is on folder ino; 1 when not known. */
+static int xmarked(struct meta *m, uint64_t ino)
+{
+	enum { MARKS = 256 };
+	struct stk_meta_xmark *v = calloc(MARKS, sizeof(*v));
+	size_t n = 0;
+	int rc = 1;
+
+	if (v && stk_meta_store_xmarks(m->store, v, MARKS, &n) == 0 && n < MARKS) {
+		rc = 0;
+		for (size_t i = 0; i < n && !rc; i++)
+			rc = v[i].ino == ino;
+	}
+	free(v);
+	return rc;
+}
+
+/*
+ * META_XSHARD DELEGATE (msg.h): a folder made here by a mkdir on another shard,
+ * delegated as op_mkdir delegates the folders it makes: leased to the origin, read
+ * empty under that lease, delegated if nobody else holds it, then read empty (and
+ * unmarked: a rmdir's dying mark takes nothing new) once more.
+ */
+static int xshard_delegate(struct meta *m, struct stk_rpc_req *req,
+			   const struct stk_msg_meta_xshard_req *q, struct stk_msg_meta_xshard_resp *r)
+{
+	struct stk_cred root = {0};
+	uint32_t origin = req->hdr.origin;
+	struct stk_attr a;
+	int rc;
+
+	memset(r, 0, sizeof(*r));
+	if (!origin || !stk_meta_leases_grant(m->leases, origin, q->ino))
+		return 0;
+	rc = stk_meta_store_getattr(m->store, &root, q->ino, &a);
+	if (rc)
+		return rc;
+	if (!S_ISDIR(a.mode))
+		return -ENOTDIR;
+	r->attr = a;
+	r->state = STK_XDELEG_LEASED;
+	if (!dir_empty(m, a.ino))
+		return 0;
+	r->state |= STK_XDELEG_EMPTY;
+	/* Its creates are answered by the client before meta checks them: only for one
+	 * who may make names in it. */
+	if (q->uid != 0 && (q->uid != a.uid || (a.mode & (S_IWUSR | S_IXUSR)) !=
+						       (S_IWUSR | S_IXUSR)))
+		return 0;
+	if (xmarked(m, a.ino) || !stk_meta_leases_delegate(m->leases, origin, a.ino))
+		return 0;
+	if (dir_empty(m, a.ino) && !xmarked(m, a.ino))
+		r->state |= STK_XDELEG_DELEGATED;
+	else
+		stk_meta_leases_undelegate(m->leases, a.ino);
+	return 0;
+}
+
 static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_resp *resp)
 {
 	struct stk_msg_meta_xshard_req q;
@@ -2528,6 +2678,12 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		return rc;
 	if (q.op == STK_XSHARD_UP) { /* a walk up for a client key's subtree (span.h) */
 		rc = stk_meta_span_up(m->span, q.ino, q.parent, &r);
+	} else if (q.op == STK_XSHARD_DELEGATE) {
+		rc = xshard_delegate(m, req, &q, &r);
+	} else if (q.op == STK_XSHARD_ATTR) {
+		rc = xshard_attr(m, &q, &r);
+		if (rc == -EAGAIN && on_loop_blocked)
+			return rc; /* started afresh on a worker */
 	} else if (q.op == STK_XSHARD_DYING) {
 		struct change ch;
 

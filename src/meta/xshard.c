@@ -648,6 +648,29 @@ void stk_meta_xshard_kick(struct stk_meta_xshard *x)
 	pthread_mutex_unlock(&x->mu);
 }
 
+int stk_meta_xshard_getattr_for(struct stk_meta_xshard *x, uint64_t ino, uint64_t session,
+				struct stk_attr *out, int *leased)
+{
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_ATTR, .from = x->shard, .intent = session, .ino = ino};
+	struct stk_msg_meta_xshard_resp r;
+	int rc;
+
+	*leased = 0;
+	if (!session)
+		return stk_meta_xshard_getattr(x, ino, out);
+	rc = xcall(x, stk_ino_shard(ino), &q, &r);
+	if (rc == -EINVAL || rc == -EPROTO || rc == -ENOSYS)
+		return stk_meta_xshard_getattr(x, ino, out); /* a leader from before ATTR */
+	if (rc)
+		return rc == -EIO || rc == -ENOENT ? rc : -EIO;
+	if (r.attr.ino != ino)
+		return -EIO;
+	*out = r.attr;
+	*leased = (r.state & STK_XATTR_LEASED) != 0;
+	return 0;
+}
+
 int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_xshard_req *q,
 			  struct stk_msg_meta_xshard_resp *r)
 {

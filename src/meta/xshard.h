@@ -114,6 +114,14 @@ int stk_meta_xshard_link(struct stk_meta_xshard *x, const struct stk_cred *cred,
 void stk_meta_xshard_kick(struct stk_meta_xshard *x);
 /* The attributes of inode ino of another shard, asked of its leader. 0 or -errno. */
 int stk_meta_xshard_getattr(struct stk_meta_xshard *x, uint64_t ino, struct stk_attr *out);
+/*
+ * As stk_meta_xshard_getattr, on behalf of the client of `session` (META_XSHARD
+ * ATTR, msg.h): its own delegation of ino there is not recalled, and *leased
+ * says whether that shard leased ino to its holder there before reading it.
+ * session 0, or an older leader: stk_meta_xshard_getattr, *leased 0.
+ */
+int stk_meta_xshard_getattr_for(struct stk_meta_xshard *x, uint64_t ino, uint64_t session,
+				struct stk_attr *out, int *leased);
 /* META_XSHARD: one step asked by another shard (q), answered in r. 0 or -errno. */
 int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_xshard_req *q,
 			  struct stk_msg_meta_xshard_resp *r);

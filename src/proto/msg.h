@@ -576,6 +576,24 @@ enum stk_target_state {
  * LINK (to H, step 2): file ino's link counted for `name` in parent (D's), marked
  *   for (from, intent); the reply's attr: the file after.
  * SETTLE and QUERY (to D) with kind STK_XINTENT_LINK: as for a rename.
+ * DELEGATE (from a client, to the folder's shard, with its holder there as the
+ *   frame's origin): folder ino, made a moment ago on this shard by a mkdir in a
+ *   folder of another (which delegates nothing), leased to the origin and, when
+ *   uid owns it with write and search permission (or is root), empty, unmarked
+ *   and nobody else's, delegated to it as META_MKDIR with STK_MKDIR_DELEGATE and
+ *   STK_MKDIR_DELEGATE_QUOTA would have (docs/leases.md). The reply's attr: the
+ *   folder as read under the lease; state: STK_XDELEG_* bits. A meta from before
+ *   it answers INVAL: nothing is delegated.
+ * ATTR (from a shard A, to the shard of inode ino, for a lookup of a name on A
+ *   that names it: a folder placed here, a file renamed off home): its
+ *   attributes, as META_GETATTR, read on behalf of the client of session
+ *   `intent` (0: none): a delegation of it to that client's holder here is not
+ *   recalled (the client sent what it answered in it before its lookup reached
+ *   A), another's is; and it is leased to that holder first (state
+ *   STK_XATTR_LEASED), so that A may lease the name: the client's entry then
+ *   rests on A's lease of the name and this shard's of the attributes. A meta
+ *   from before it answers INVAL: A asks META_GETATTR, which recalls any, and
+ *   leases nothing.
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
@@ -589,7 +607,9 @@ enum {
 	STK_XSHARD_COUNT = 5,
 	STK_XSHARD_RENAME = 6,
 	STK_XSHARD_RELEASE = 7,
-	STK_XSHARD_LINK = 8
+	STK_XSHARD_LINK = 8,
+	STK_XSHARD_DELEGATE = 9,
+	STK_XSHARD_ATTR = 10
 };
 /*
  * UP (to any shard; a client key's subtree, meta/span.c): the walk up the parent
@@ -600,6 +620,8 @@ enum {
  */
 enum { STK_XSHARD_UP = 20 };
 enum { STK_XUP_OUTSIDE = 0, STK_XUP_INSIDE = 1, STK_XUP_LEFT = 2 };
+enum { STK_XDELEG_LEASED = 1, STK_XDELEG_EMPTY = 2, STK_XDELEG_DELEGATED = 4 };
+enum { STK_XATTR_LEASED = 1 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
 #define STK_ALLOW_MAX 65536u /* inodes asked for at a time, at most */

@@ -1175,8 +1175,6 @@ def test_a_big_folder_this_mount_made_stays_known(cluster, make_mount):
         assert stat.S_ISREG(os.stat(os.path.join(d, "file-%06d" % i)).st_mode)
 
 
-@pytest.mark.skipif(MOUNT_SHARD > 1, reason="write-behind: shards 2.. delegate no folder yet "
-                    "(docs/meta-shards.md)")
 def test_metadata_round_trips_with_default_options(cluster, make_mount):
     """With the default options (1 s caches, relatime, write-behind): creates in a
     folder the mount made are answered by the mount and reach meta in batches
