@@ -559,7 +559,8 @@ enum stk_target_state {
  *   or removed its name) or 0 (A gave up); kind: the intent's (STK_XINTENT_*).
  * QUERY (to A, from B's recovery): state STK_XSTATE_* of intent, else of `name`
  *   in parent naming ino.
- * COUNT (to any, for tests and operators): the intents and marks it holds now
+ * COUNT (to any, for tests and operators): the intents (with folder moves not
+ *   settled yet and, on shard 1, a held folder-move lock) and marks it holds now
  *   (intents, marks; the other replies leave them 0).
  * A file renamed from a folder of S to one of D (docs/meta-shards.md):
  * RENAME (to D, step 2): `name` in parent (D's) names file ino (mode: its type),
@@ -575,6 +576,23 @@ enum stk_target_state {
  * LINK (to H, step 2): file ino's link counted for `name` in parent (D's), marked
  *   for (from, intent); the reply's attr: the file after.
  * SETTLE and QUERY (to D) with kind STK_XINTENT_LINK: as for a rename.
+ * A folder ino moved from a folder of A (from) to `parent` (docs/meta-shards.md,
+ * "Folders moved across shards"):
+ * FMOVE (to B, step 2): `name` in parent names folder ino, replacing an empty
+ *   folder of B, marked for (from, intent); uid, gid: the caller's; done 1:
+ *   RENAME_NOREPLACE.
+ * FPTR (to C, the folder's shard, step 2): folder ino marked, its parent pointer
+ *   to become `parent` at step 4.
+ * SETTLE with kind STK_XINTENT_FMOVE: step 4 (done 1) or the undo (0).
+ * QUERY with kind STK_XINTENT_FMOVE (to A): INTENT, MOVED or STAYED of intent.
+ * LOCK (to shard 1): the cluster's folder-move lock for (from, intent), done 1
+ *   taken (BUSY: another holds it), done 0 released.
+ * QUERY with kind STK_XQUERY_LOCK (to the lock's holder, from shard 1's
+ *   recovery): state INTENT while the holder still works under lock id intent,
+ *   STAYED once it does not.
+ * PARENT (to the shard of folder ino): its parent pointer, in the reply's
+ *   attr.ino (NOENT, NOTDIR).
+ * An older meta answers these INVAL: the move fails with nothing changed.
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
@@ -588,7 +606,11 @@ enum {
 	STK_XSHARD_COUNT = 5,
 	STK_XSHARD_RENAME = 6,
 	STK_XSHARD_RELEASE = 7,
-	STK_XSHARD_LINK = 8
+	STK_XSHARD_LINK = 8,
+	STK_XSHARD_FMOVE = 9,
+	STK_XSHARD_FPTR = 10,
+	STK_XSHARD_LOCK = 11,
+	STK_XSHARD_PARENT = 12
 };
 #define STK_MSG_META_ALLOW_REQ(F) F(u64, session) F(u64, dir) F(u32, want) F(u32, give)
 #define STK_MSG_META_ALLOW_RESP(F) F(u64, granted) F(u64, qid)
