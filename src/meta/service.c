@@ -2434,11 +2434,12 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
 		change_end(m, &ch);
 	} else if (q.op == STK_XSHARD_RENAME || q.op == STK_XSHARD_RELEASE ||
-		   q.op == STK_XSHARD_LINK) {
+		   q.op == STK_XSHARD_LINK || q.op == STK_XSHARD_FMOVE || q.op == STK_XSHARD_FPTR) {
 		struct change ch;
 
-		/* a name here changes (the folder, what it named), or a file's links */
-		if (q.op == STK_XSHARD_RENAME)
+		/* a name here changes (the folder, what it named), or a file's links, or
+		 * a folder's ".." (a folder moved across shards) */
+		if (q.op == STK_XSHARD_RENAME || q.op == STK_XSHARD_FMOVE)
 			change_begin(m, req, &ch, q.parent, named(m, q.parent, q.name), q.ino, 0);
 		else
 			change_begin(m, req, &ch, q.ino, 0, 0, 0);
