@@ -7855,8 +7855,14 @@ int stk_meta_store_xintent_fmove(struct stk_meta_store *st, const struct stk_cre
 		rc = xmark_busy(&o, n.a.ino);
 	if (rc == 0 && n.a.ino == dst_parent)
 		rc = -EINVAL;
+	/* quotas do not follow a folder across shards: out of one, EXDEV (mv copies,
+	 * and the copy counts) */
+	if (rc == 0 && dir.a.qid && src_parent != dst_parent)
+		rc = -EXDEV;
 	if (rc == 0 && x.shard == st->shard) {
 		rc = dir_get(&o, dst_parent, MAY_W | MAY_X, &qd);
+		if (rc == 0 && qd.a.qid && src_parent != dst_parent)
+			rc = -EXDEV; /* nor into one */
 		if (rc == 0)
 			rc = xmark_dying(&o, dst_parent);
 		if (rc == 0)
@@ -7914,6 +7920,8 @@ int stk_meta_store_xfmove_in(struct stk_meta_store *st, uint32_t from, uint64_t 
 	}
 	if (rc == 0)
 		rc = dir_get(&o, parent, MAY_W | MAY_X, &qd);
+	if (rc == 0 && qd.a.qid)
+		rc = -EXDEV; /* quotas do not follow a folder across shards */
 	if (rc == 0)
 		rc = xmark_dying(&o, parent);
 	if (rc == 0)

@@ -991,7 +991,8 @@ int stk_meta_store_xquery_link(struct stk_meta_store *st, uint64_t id, uint64_t 
  * A, step 1: the checks of a rename of the folder src_name in src_parent to
  * dst_name in dst_parent (when dst_parent is A's, its checks too), the intent
  * and F's hold. -EXDEV: RENAME_EXCHANGE, a file (not this path), a folder of
- * another shard replaced; -EALREADY: both names name F already (nothing to do);
+ * another shard replaced, src_parent (or dst_parent, when A's) in a quota and
+ * the parent changing; -EALREADY: both names name F already (nothing to do);
  * -EBUSY: F held. *moved: F (another shard's: only its number and type).
  */
 int stk_meta_store_xintent_fmove(struct stk_meta_store *st, const struct stk_cred *cred,
@@ -1001,7 +1002,7 @@ int stk_meta_store_xintent_fmove(struct stk_meta_store *st, const struct stk_cre
 /*
  * B, step 2: `name` in parent (B's) names folder ino for (from, intent), replacing
  * an empty folder of B (-ENOTEMPTY; a file: -ENOTDIR; another shard's folder:
- * -EXDEV; noreplace: -EEXIST), marked. uid, gid: the caller's. Asked again: 0.
+ * -EXDEV; noreplace: -EEXIST), marked. parent in a quota: -EXDEV. uid, gid: the caller's. Asked again: 0.
  */
 int stk_meta_store_xfmove_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
 			     uint64_t ino, uint64_t parent, const char *name, uint32_t uid,
