@@ -20,10 +20,11 @@ import time
 
 import pytest
 
-from conftest import CHECK, Mount, have_fuse, run, wait_until
+from conftest import CHECK, STOKER, Mount, have_fuse, run, wait_until
 from pyhelp import stoker as stoker_pkg
 from test_meta_shards import leader_of
-from test_meta_xshard import gone, logged, make_xc, shard_of, stopped, two_folders, xfsck  # noqa: F401
+from test_meta_xshard import (XCluster, gone, logged, make_xc, shard_of, stopped,  # noqa: F401
+                              two_folders, xfsck)
 
 
 def parent_of(sc, ino):
@@ -461,3 +462,123 @@ def test_lock_holder_lost_for_good_is_released(make_xc, tmp_path, case, dies):
     finally:
         c.close()
     fsck_clean(sc)
+
+
+def test_quota_folders_do_not_move_across_shards(make_xc):
+    """Quotas do not follow a folder across shards (docs/meta-shards.md): a
+    folder moved out of, or into, a folder counted in a quota across shards is
+    EXDEV (mv copies, and the copy counts), with nothing changed."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        fill(c, "/a/q/f", b"f")
+        fill(c, "/b/g", b"g")
+        sc.cli("quota", "set", "/a/q", "--inodes", "100")
+        f, g = c.stat("/a/q/f").st_ino, c.stat("/b/g").st_ino
+        for src, dst in (("/a/q/f", "/b/f"), ("/b/g", "/a/q/g")):
+            with pytest.raises(OSError) as e:
+                c.rename(src, dst)
+            assert e.value.errno == errno.EXDEV, (src, dst)
+        intact(c, sc, "/a/q/f", f, b"f", "/a/q")
+        intact(c, sc, "/b/g", g, b"g", "/b")
+        assert c.listdir("/b") == ["g"] and c.listdir("/a/q") == ["f"]
+        c.rename("/a/q/f", "/a/q/f2")  # within its folder: a rename as before
+        intact(c, sc, "/a/q/f2", f, b"f", "/a/q")
+    finally:
+        c.close()
+    fsck_clean(sc)
+
+
+class X3Cluster(XCluster):
+    """Three shards, one meta node each (shard k > 1's at port + 40 + k - 2)."""
+
+    def __init__(self, tmp_path, env_extra=None):
+        super().__init__(tmp_path, env_extra)
+        self.shards = 3
+
+    def up(self):
+        args = [STOKER, "up", "--data", self.data, "--daemon", "--port", str(self.port),
+                "--targets", "1", "--meta-shards", "3", "--heartbeat-timeout-ms", "2000"]
+        p = run(args, check=False, timeout=120, env=dict(os.environ, **self.env_extra))
+        assert p.returncode == 0, p.stderr.decode() + self.logs()
+
+    def meta_addr(self, shard):
+        return "127.0.0.1:%d" % (self.port + 1 if shard == 1 else self.port + 40 + shard - 2)
+
+
+@pytest.fixture
+def make_x3(tmp_path):
+    made = []
+
+    def make(env_extra=None):
+        c = X3Cluster(tmp_path, env_extra)
+        made.append(c)
+        c.up()
+        return c
+
+    yield make
+    for c in made:
+        c.down()
+        bad = [line for line in c.logs().splitlines()
+               if "ERROR: AddressSanitizer" in line or "runtime error:" in line]
+        assert not bad, c.logs()
+
+
+def quiet3(sc):
+    return all(sc.held(k)[1:] == (0, 0) for k in (1, 2, 3))
+
+
+@pytest.mark.parametrize("step", [0, 2, 4])
+def test_folder_of_a_third_shard_moved(make_x3, step):
+    """Three shards: a folder of shard 3 named in /a (shard 1) moved into /b
+    (shard 2) and back: its entry moves between 1 and 2, its parent pointer on 3
+    follows (step 2 marks it there). With step K, every node completing step K
+    of a move (2: shard 2's entry and shard 3's mark; 4: both settlings) dies
+    once and is restarted: the folder ends under one name, whole, nothing held,
+    fsck clean."""
+    env = {"STOKER_TEST_XSHARD_STOP": "rmove:%d" % step} if step else None
+    sc = make_x3(env)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        sc.cli("shard", "pin", "/a", "3")
+        c.makedirs("/a/f")
+        sc.cli("shard", "unpin", "/a")
+        fill(c, "/a/f", b"f")
+        ino = c.stat("/a/f").st_ino
+        assert shard_of(ino) == 3 and shard_of(c.stat("/a/f/s").st_ino) == 3
+        for src, dst in (("/a/f", "/b/m"), ("/b/m", "/a/f")):
+            try:
+                c.rename(src, dst)
+                told = "ok"
+            except OSError as e:
+                told = e.errno
+            deadline = time.time() + 60
+            where = []
+            while time.time() < deadline:
+                try:
+                    if quiet3(sc):
+                        where = names_of(c, ino, (src, dst))
+                        if len(where) == 1:
+                            break
+                except (AssertionError, OSError):
+                    pass
+                time.sleep(0.5)
+            assert len(where) == 1, (told, where, sc.logs())
+            if told == "ok":
+                assert where == [dst], told
+            intact(c, sc, where[0], ino, b"f", os.path.dirname(where[0]))
+            if where[0] == src:
+                c.rename(src, dst)  # not moved (the stop): once more, no stop now
+                intact(c, sc, dst, ino, b"f", os.path.dirname(dst))
+            other = os.path.dirname(src)
+            assert c.stat(os.path.dirname(dst)).st_nlink == 3
+            assert c.stat(other).st_nlink == 2
+        if step:
+            assert stopped(sc, "rmove", step)
+    finally:
+        c.close()
+    wait_until(lambda: quiet3(sc), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"], out
