@@ -1004,13 +1004,23 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		return rc ? rc : stk_msg_meta_rename_resp_enc(&resp->payload, &r);
 	}
 	/*
-	 * A folder of this shard to another parent, on a cluster of shards: under the
-	 * folder-move lock, after the walk up to the root (no cycle across shards).
+	 * A folder of this shard to another parent (either of an exchange), on a
+	 * cluster of shards: under the folder-move lock, after the walk up to the root
+	 * (no cycle across shards).
 	 */
-	if (q.src_parent != q.dst_parent && !(q.flags & STK_RENAME_EXCHANGE)) {
+	if (q.src_parent != q.dst_parent && stk_meta_xshard_sharded(m->xshard)) {
+		uint64_t a, b;
+
 		moved = named_kind(m, q.src_parent, q.src_name, &moved_dir);
-		if (moved && moved_dir && stk_ino_shard(moved) == mine) {
-			rc = stk_meta_xshard_dirmove_begin(m->xshard, moved, q.dst_parent, &token);
+		over = named_kind(m, q.dst_parent, q.dst_name, &over_dir);
+		a = moved && moved_dir && stk_ino_shard(moved) == mine ? moved : 0;
+		b = (q.flags & STK_RENAME_EXCHANGE) && over && over_dir &&
+			    stk_ino_shard(over) == mine
+			? over
+			: 0;
+		if (a || b) {
+			rc = stk_meta_xshard_dirmove_begin(m->xshard, a, q.dst_parent, b,
+							   q.src_parent, &token);
 			if (rc)
 				return rc;
 		}
@@ -1023,8 +1033,10 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	for (unsigned tries = 0;; tries++) {
 		moved = named_kind(m, q.src_parent, q.src_name, &moved_dir);
 		over = named_kind(m, q.dst_parent, q.dst_name, &over_dir);
-		if (!token && moved_dir && q.src_parent != q.dst_parent &&
-		    stk_ino_shard(moved) == mine && stk_meta_xshard_sharded(m->xshard)) {
+		if (!token && q.src_parent != q.dst_parent &&
+		    ((moved_dir && stk_ino_shard(moved) == mine) ||
+		     ((q.flags & STK_RENAME_EXCHANGE) && over_dir && stk_ino_shard(over) == mine)) &&
+		    stk_meta_xshard_sharded(m->xshard)) {
 			rc = -EAGAIN; /* a folder now, not walked under the lock: ask again */
 			break;
 		}

@@ -54,6 +54,7 @@ struct stk_meta_xshard {
 	unsigned shard;
 	uint64_t spread_asked_ns; /* atomic: when "spread" last asked mgmtd for the table */
 	uint64_t local_lock_next; /* atomic: the next lock id of a move within this shard */
+	int sharded;		  /* atomic: a table with more than one shard was seen */
 	pthread_mutex_t mu; /* busy, stop */
 	pthread_cond_t wake;
 	uint64_t busy[BUSY_MAX];
@@ -97,8 +98,8 @@ static int hook_parse(struct stk_meta_xshard *x, const char *dir)
 	      (oplen == 5 && strncmp(v, "rmove", 5) == 0) ||
 	      (oplen == 4 && strncmp(v, "link", 4) == 0)) ||
 	    stk_parse_u64(step, &k) || k < 1 || k > 4 || (file && !*file)) {
-		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K, rmdir:K, rename:K, rmove:K or link:K (K "
-			  "from 1 to 4), then :FILE if the stop is once for all nodes",
+		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K, rmdir:K, rename:K, rmove:K or "
+			  "link:K (K from 1 to 4), then :FILE if the stop is once for all nodes",
 			  v);
 		return -EINVAL;
 	}
@@ -613,17 +614,26 @@ out:
 
 /* ---- folders moved across shards, and the folder-move lock ---- */
 
-/* How many shards the cluster has, as the routing table says (1 before it is known). */
+/*
+ * How many shards the cluster has, as the routing table says: every shard that
+ * ever had a meta node is listed (mgmtd keeps its identity). A node of shard k >
+ * 1 knows there are two at least, and once seen, more than one stays so (a shard
+ * is never dropped), whatever an older table says.
+ */
 static unsigned nshards(struct stk_meta_xshard *x)
 {
 	struct stk_routing_ref *ref;
 	unsigned n;
 
+	if (x->shard > 1 || __atomic_load_n(&x->sharded, __ATOMIC_RELAXED))
+		return 2;
 	if (!x->agent)
 		return 1;
 	ref = stk_agent_routing_get(x->agent);
 	n = ref->rt.nshards;
 	stk_agent_routing_put(x->agent, ref);
+	if (n > 1)
+		__atomic_store_n(&x->sharded, 1, __ATOMIC_RELAXED);
 	return n ? n : 1;
 }
 
@@ -706,7 +716,7 @@ int stk_meta_xshard_sharded(struct stk_meta_xshard *x)
 }
 
 int stk_meta_xshard_dirmove_begin(struct stk_meta_xshard *x, uint64_t moved, uint64_t dst,
-				  uint64_t *token)
+				  uint64_t moved2, uint64_t dst2, uint64_t *token)
 {
 	uint64_t id;
 	int rc;
@@ -719,11 +729,12 @@ int stk_meta_xshard_dirmove_begin(struct stk_meta_xshard *x, uint64_t moved, uin
 	if (rc)
 		return rc;
 	rc = lock_take(x, id);
-	if (rc == 0) {
+	if (rc == 0 && moved)
 		rc = walk_up(x, moved, dst);
-		if (rc)
-			lock_release(x, id);
-	}
+	if (rc == 0 && moved2)
+		rc = walk_up(x, moved2, dst2);
+	if (rc && rc != -EBUSY)
+		lock_release(x, id);
 	if (rc) {
 		busy_del(x, id);
 		return rc;

@@ -116,13 +116,14 @@ int stk_meta_xshard_fmove(struct stk_meta_xshard *x, const struct stk_cred *cred
 			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
 			  const char *dst_name, uint32_t flags);
 /*
- * A folder `moved` of this shard moved to another parent `dst` of this shard: on a
- * cluster of shards, the folder-move lock and the walk from dst up to the root
- * (-EINVAL: moved is dst or above it); *token for _end. One shard: nothing (token
- * 0). -EBUSY, -EIO as for fmove.
+ * A folder `moved` of this shard moved to another parent `dst` of this shard (and,
+ * for RENAME_EXCHANGE, folder moved2 to dst2; 0: none): on a cluster of shards,
+ * the folder-move lock and the walk from each destination up to the root
+ * (-EINVAL: a folder moved is its destination or above it); *token for _end. One
+ * shard: nothing (token 0). -EBUSY, -EIO as for fmove.
  */
 int stk_meta_xshard_dirmove_begin(struct stk_meta_xshard *x, uint64_t moved, uint64_t dst,
-				  uint64_t *token);
+				  uint64_t moved2, uint64_t dst2, uint64_t *token);
 void stk_meta_xshard_dirmove_end(struct stk_meta_xshard *x, uint64_t token);
 /* Whether the cluster has more than one shard (as the routing table says). */
 int stk_meta_xshard_sharded(struct stk_meta_xshard *x);
