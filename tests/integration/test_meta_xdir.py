@@ -104,6 +104,17 @@ def test_folder_moved_across_shards_and_back(make_xc):
         c.remove("/b/back/new")
         c.rename("/b/back", "/a/back")
         assert c.stat("/a").st_nlink == 3 and c.stat("/b").st_nlink == 3
+        # emptied and removed through the name it was moved to, both ways
+        for folder, moved in (("/a/back", "/b/gone"), ("/b/g", "/a/gone")):
+            ino = c.stat(folder).st_ino
+            c.rename(folder, moved)
+            c.remove(moved + "/x")
+            c.remove(moved + "/s/y")
+            c.rmdir(moved + "/s")
+            c.rmdir(moved)
+            assert gone(sc, ino)
+        assert c.listdir("/a") == [] and c.listdir("/b") == []
+        assert c.stat("/a").st_nlink == 2 and c.stat("/b").st_nlink == 2
     finally:
         c.close()
     fsck_clean(sc)
