@@ -1033,9 +1033,11 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	for (unsigned tries = 0;; tries++) {
 		moved = named_kind(m, q.src_parent, q.src_name, &moved_dir);
 		over = named_kind(m, q.dst_parent, q.dst_name, &over_dir);
-		if (!token && q.src_parent != q.dst_parent &&
-		    ((moved_dir && stk_ino_shard(moved) == mine) ||
-		     ((q.flags & STK_RENAME_EXCHANGE) && over_dir && stk_ino_shard(over) == mine)) &&
+		int lockable = (moved_dir && stk_ino_shard(moved) == mine) ||
+			       ((q.flags & STK_RENAME_EXCHANGE) && over_dir &&
+				stk_ino_shard(over) == mine);
+
+		if (!token && lockable && q.src_parent != q.dst_parent &&
 		    stk_meta_xshard_sharded(m->xshard)) {
 			rc = -EAGAIN; /* a folder now, not walked under the lock: ask again */
 			break;

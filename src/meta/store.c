@@ -6273,8 +6273,8 @@ static int xmark_busy(struct op *o, uint64_t ino)
 	if (rc)
 		return rc;
 	/* a folder moved across shards is held from step 1 to its mark's settling */
-	return m.kind == STK_XMARK_RENAME || m.kind == STK_XMARK_FMOVE || m.kind == STK_XMARK_FPTR ||
-		       m.kind == STK_XMARK_FVICTIM
+	return m.kind == STK_XMARK_RENAME || m.kind == STK_XMARK_FMOVE ||
+		       m.kind == STK_XMARK_FPTR || m.kind == STK_XMARK_FVICTIM
 		   ? -EBUSY
 		   : 0;
 }
@@ -7978,9 +7978,10 @@ int stk_meta_store_xfptr(struct stk_meta_store *st, uint32_t from, uint64_t inte
 		rc = -ENOTDIR;
 	if (rc == 0) {
 		rc = xmark_get(&o, ino, &m);
-		if (rc == 0)
-			rc = m.kind == STK_XMARK_FPTR && m.from == from && m.intent == intent ? 1
-												: -EBUSY;
+		if (rc == 0) /* asked again (a retry): done then; another's: busy */
+			rc = m.kind == STK_XMARK_FPTR && m.from == from && m.intent == intent
+				 ? 1
+				 : -EBUSY;
 		else if (rc == -ENOENT)
 			rc = xmark_busy(&o, ino);
 	}

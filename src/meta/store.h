@@ -1002,7 +1002,8 @@ int stk_meta_store_xintent_fmove(struct stk_meta_store *st, const struct stk_cre
 /*
  * B, step 2: `name` in parent (B's) names folder ino for (from, intent), replacing
  * an empty folder of B (-ENOTEMPTY; a file: -ENOTDIR; another shard's folder:
- * -EXDEV; noreplace: -EEXIST), marked. parent in a quota: -EXDEV. uid, gid: the caller's. Asked again: 0.
+ * -EXDEV; noreplace: -EEXIST), marked. parent in a quota: -EXDEV. uid, gid: the
+ * caller's. Asked again: 0.
  */
 int stk_meta_store_xfmove_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
 			     uint64_t ino, uint64_t parent, const char *name, uint32_t uid,

@@ -1160,8 +1160,10 @@ static void recover_lock(struct stk_meta_xshard *x)
 	if (holder == x->shard) {
 		held = is_busy(x, id) || stk_meta_store_xheld(x->st, id);
 	} else {
-		struct stk_msg_meta_xshard_req q = {
-		    .op = STK_XSHARD_QUERY, .from = x->shard, .intent = id, .kind = STK_XQUERY_LOCK};
+		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_QUERY,
+						    .from = x->shard,
+						    .intent = id,
+						    .kind = STK_XQUERY_LOCK};
 		struct stk_msg_meta_xshard_resp r;
 
 		if (xcall(x, holder, &q, &r))
