@@ -6,10 +6,11 @@ its parent pointer on C follows, and the link counts of both parents change.
 Two shards, one meta node each: /a on shard 1 and /b on shard 2 (test_meta_xshard's
 two_folders). Every case of two shards is covered: A != B with C == A or C == B,
 and A == B != C (a folder of another shard moved to another parent of the shard
-that names it). Crash-point tests stop the node completing step K of a move
-(STOKER_TEST_XSHARD_STOP=rmove:K); the concurrent test has two clients moving /a
-into /b and /b into /a at once, which the folder-move lock on shard 1 orders so
-that no cycle is ever made.
+that names it); X3Cluster adds a third shard for A != B != C. Crash-point tests
+stop the node completing step K of a move (STOKER_TEST_XSHARD_STOP=rmove:K); the
+concurrent test has two clients moving /a into /b and /b into /a at once, which
+the folder-move lock on shard 1 orders so that no cycle is ever made; with two
+replicas a shard, shard 1's leader is lost for good while the lock is held.
 """
 import errno
 import os
