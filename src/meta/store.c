@@ -6699,6 +6699,13 @@ int stk_meta_store_fsck_xentries(struct stk_meta_store *st, const struct stk_met
 		x->parent = be64_get(key.mv_data);
 		x->hash = be64_get((const uint8_t *)key.mv_data + 8);
 		x->covered = (uint8_t)xparents_has(&xp, x->parent);
+		if (!x->covered && st->xshard) {
+			/* a folder moved here across shards, its move not settled yet */
+			struct stk_meta_xmark m;
+			int mrc2 = xmark_get(&o, x->ino, &m);
+
+			x->covered = mrc2 == 0 && m.kind == STK_XMARK_FMOVE;
+		}
 		len = key.mv_size - 16;
 		memcpy(x->name, (const uint8_t *)key.mv_data + 16, len);
 		x->name[len] = 0;
@@ -6842,9 +6849,9 @@ int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_
 	if (rc == 0 && !S_ISDIR(n.a.mode))
 		rc = -ENOTDIR;
 	if (rc == 0 && st->xshard) {
-		/* a mkdir or rmdir of it in flight: the protocol's, not fsck's */
+		/* a mkdir, rmdir or move of it in flight: the protocol's, not fsck's */
 		rc = xmark_get(&o, ino, &m);
-		rc = rc == 0 ? -EBUSY : rc == -ENOENT ? 0 : rc;
+		rc = rc == 0 ? -EBUSY : rc == -ENOENT ? xmark_busy(&o, ino) : rc;
 	}
 	if (rc == 0 && n.parent != seen)
 		rc = -ESTALE;

@@ -2995,6 +2995,8 @@ static void test_cross_shard_fmove(void)
 	struct stk_meta_store *s2 = NULL;
 	struct stk_meta_xdone dn[4];
 	struct stk_meta_xmark xm[4];
+	struct stk_meta_xref xs[4];
+	int done = 0;
 	struct stk_attr d, moved, got;
 	uint64_t top, f, e, id, id2, lid, parent;
 	uint32_t holder;
@@ -3040,6 +3042,10 @@ static void test_cross_shard_fmove(void)
 	CHECK(attr_of_in(s2, d.ino).nlink == 3);
 	CHECK_RC(stk_meta_store_xmarks(s2, xm, 4, &n), 0);
 	CHECK(n == 1 && xm[0].kind == STK_XMARK_FMOVE && xm[0].ino == f && xm[0].old_ino == 0);
+	/* fsck leaves it to the protocol: the new entry covered, the pointer not set */
+	CHECK_RC(stk_meta_store_fsck_xentries(s2, NULL, xs, 4, &n, &done), 0);
+	CHECK(n == 1 && xs[0].ino == f && xs[0].covered == 1);
+	CHECK_RC(stk_meta_store_fsck_xparent(st, f, top, d.ino), -EBUSY);
 	/* step 3: the old entry goes, the pointer (its shard's) changes, a done record */
 	CHECK_RC(stk_meta_store_xfmove_commit(st, id, d.ino, "m", 0), 0);
 	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "f", &got), -ENOENT);
