@@ -5690,7 +5690,8 @@ static int fsck_xname_one(uint64_t ino, const MDB_val *val, void *ctx)
 /*
  * A rename across shards between its steps 2 and 4 (a mark here): the entry it
  * wrote names the file before the file's books say so (not counted yet), and
- * what that entry replaced keeps its link until step 4 (counted still).
+ * what that entry replaced keeps its link until step 4 (counted still). So does
+ * the empty folder a folder's move across shards replaced (FVICTIM).
  */
 static int fsck_xmark_one(uint64_t ino, const MDB_val *val, void *ctx)
 {
@@ -5698,7 +5699,18 @@ static int fsck_xmark_one(uint64_t ino, const MDB_val *val, void *ctx)
 	struct stk_meta_xmark m;
 	struct fsck_ino *n;
 
-	if (xmark_decode(ino, val, &m) || m.kind != STK_XMARK_RENAME)
+	if (xmark_decode(ino, val, &m))
+		return 0;
+	if (m.kind == STK_XMARK_FVICTIM) {
+		/* the empty folder a folder's move replaced: named until step 4 */
+		n = fsck_ino_find(f, m.ino);
+		if (n && !n->refs) {
+			n->refs = 1;
+			n->named_in = m.parent;
+		}
+		return 0;
+	}
+	if (m.kind != STK_XMARK_RENAME)
 		return 0;
 	n = fsck_ino_find(f, m.ino);
 	if (n && n->refs)
