@@ -502,6 +502,73 @@ def test_quota_folders_do_not_move_across_shards(make_xc):
     fsck_clean(sc)
 
 
+def test_fsck_under_folder_moves_across_shards_is_clean(make_xc):
+    """Two clients move folders with contents back and forth between /a (shard 1)
+    and /b (shard 2), over empty folders too, while fsck runs: fsck finds nothing
+    at any time, every folder ends under one name with its contents, nothing is
+    left held once the clients stop, and fsck --repair changes nothing."""
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        for tag in ("p", "q"):
+            fill(c, "/a/" + tag, tag.encode())
+    finally:
+        c.close()
+    stop = threading.Event()
+    errors, moved = [], []
+
+    def churn(tag):
+        cl = stoker_pkg.connect(sc.url)
+        try:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    src = [p for p in ("/a/" + tag, "/b/" + tag) if cl.exists(p)][0]
+                    dst = ("/b/" if src.startswith("/a") else "/a/") + tag
+                    if i % 3 == 0:  # over an empty folder there
+                        cl.makedirs(dst)
+                    cl.rename(src, dst)
+                    assert cl.read_file(dst + "/s/y") == tag.encode() + b" y"
+                    moved.append(tag)
+                except OSError as e:
+                    if e.errno != errno.EBUSY:
+                        errors.append(repr(e))
+                except (AssertionError, IndexError) as e:
+                    errors.append(repr(e))
+        finally:
+            cl.close()
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in ("p", "q")]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(3):
+            out = xfsck(sc)
+            assert out["clean"], out
+            time.sleep(1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    assert not errors, errors[:5]
+    assert moved.count("p") > 5 and moved.count("q") > 5, len(moved)
+    wait_until(lambda: quiet(sc), timeout=30)
+    c = stoker_pkg.connect(sc.url)
+    try:
+        for tag in ("p", "q"):
+            where = [p for p in ("/a/" + tag, "/b/" + tag) if c.exists(p)]
+            assert len(where) == 1, where
+            intact(c, sc, where[0], c.stat(where[0]).st_ino, tag.encode(),
+                   os.path.dirname(where[0]))
+    finally:
+        c.close()
+    out = xfsck(sc, "--repair", "--grace", "0")
+    assert out["clean"], out
+    fsck_clean(sc)
+
+
 class X3Cluster(XCluster):
     """Three shards, one meta node each (shard k > 1's at port + 40 + k - 2)."""
 
