@@ -896,6 +896,10 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 		if (q->kind < STK_XINTENT_MKDIR || q->kind > STK_XINTENT_FMOVE)
 			return -EINVAL;
 		rc = stk_meta_store_xsettle(x->st, q->from, q->intent, q->done != 0);
+		/* a folder's move: A drops its done record on this answer, after which a
+		 * mark found again here would be undone, so it must hold past a failover */
+		if (rc == 0 && q->kind == STK_XINTENT_FMOVE)
+			rc = wait_held(x);
 		if (rc == 0 && q->done && wait_held(x) == 0)
 			hook(x, kind_name(q->kind), 4);
 		if (rc == 0 && q->kind == STK_XINTENT_RENAME)
@@ -954,12 +958,17 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 	case STK_XSHARD_FMOVE:
 		rc = stk_meta_store_xfmove_in(x->st, q->from, q->intent, q->ino, q->parent, q->name,
 					      q->uid, q->gid, q->done != 0);
-		if (rc == 0 && wait_held(x) == 0)
+		/* A commits on this answer: it must hold here past a failover */
+		if (rc == 0)
+			rc = wait_held(x);
+		if (rc == 0)
 			hook(x, "rmove", 2);
 		return rc;
 	case STK_XSHARD_FPTR:
 		rc = stk_meta_store_xfptr(x->st, q->from, q->intent, q->ino, q->parent);
-		if (rc == 0 && wait_held(x) == 0)
+		if (rc == 0)
+			rc = wait_held(x);
+		if (rc == 0)
 			hook(x, "rmove", 2);
 		return rc;
 	case STK_XSHARD_LOCK:
