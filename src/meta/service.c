@@ -1039,9 +1039,10 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 {
 	struct stk_msg_meta_rename_req q;
 	struct stk_msg_meta_rename_resp r;
-	uint64_t moved, over, files[2];
+	uint64_t moved, over, files[2], token = 0;
 	struct change ch;
 	int replaced, rc, moved_dir = 0, over_dir = 0, wide;
+	unsigned mine = stk_meta_store_shard(m->store);
 	unsigned nfiles = 0;
 
 	rc = decoded(req, stk_msg_meta_rename_req_dec(&req->payload, &q));
@@ -1049,20 +1050,48 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		return rc;
 	memset(&r, 0, sizeof(r));
 	if (stk_ino_shard(q.dst_parent) != stk_meta_store_shard(m->store)) {
-		/* to a folder of another shard: a file moves in four steps (xshard.h) */
-		moved = named(m, q.src_parent, q.src_name);
+		/* to a folder of another shard: a file or a folder moves in four steps
+		 * (xshard.h), within one quota (or none) on both sides */
+		moved = named_kind(m, q.src_parent, q.src_name, &moved_dir);
 		rc = moved ? same_quota(m, moved, q.dst_parent) : 0;
 		if (rc)
 			return rc;
 		change_begin(m, req, &ch, q.src_parent, moved, 0, 0);
-		rc = stk_meta_xshard_rename(m->xshard, &q.cred, q.src_parent, q.src_name,
-					    q.dst_parent, q.dst_name, q.flags);
+		rc = -EXDEV;
+		if (moved_dir)
+			rc = stk_meta_xshard_fmove(m->xshard, &q.cred, q.src_parent, q.src_name,
+						   q.dst_parent, q.dst_name, q.flags);
+		if (rc == -EXDEV) /* a file (or an exchange): the file's four steps */
+			rc = stk_meta_xshard_rename(m->xshard, &q.cred, q.src_parent, q.src_name,
+						    q.dst_parent, q.dst_name, q.flags);
 		change_end(m, &ch);
 		/* the file left this shard's folder: its vouchers end (moves.h); a
-		 * failure, or a name that named nothing, ends all, to be safe */
+		 * failure, a folder, or a name that named nothing, ends all, to be safe */
 		files[0] = moved;
-		stk_meta_moves_rename(m->moves, rc || !moved, files, 1);
+		stk_meta_moves_rename(m->moves, rc || !moved || moved_dir, files, 1);
 		return rc ? rc : stk_msg_meta_rename_resp_enc(&resp->payload, &r);
+	}
+	/*
+	 * A folder of this shard to another parent (either of an exchange), on a
+	 * cluster of shards: under the folder-move lock, after the walk up to the root
+	 * (no cycle across shards).
+	 */
+	if (q.src_parent != q.dst_parent && stk_meta_xshard_sharded(m->xshard)) {
+		uint64_t a, b;
+
+		moved = named_kind(m, q.src_parent, q.src_name, &moved_dir);
+		over = named_kind(m, q.dst_parent, q.dst_name, &over_dir);
+		a = moved && moved_dir && stk_ino_shard(moved) == mine ? moved : 0;
+		b = (q.flags & STK_RENAME_EXCHANGE) && over && over_dir &&
+			    stk_ino_shard(over) == mine
+			? over
+			: 0;
+		if (a || b) {
+			rc = stk_meta_xshard_dirmove_begin(m->xshard, a, q.dst_parent, b,
+							   q.src_parent, &token);
+			if (rc)
+				return rc;
+		}
 	}
 	/*
 	 * Both folders, the inode moved (its ctime, a folder's ".."), the one replaced.
@@ -1072,6 +1101,15 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 	for (unsigned tries = 0;; tries++) {
 		moved = named_kind(m, q.src_parent, q.src_name, &moved_dir);
 		over = named_kind(m, q.dst_parent, q.dst_name, &over_dir);
+		int lockable = (moved_dir && stk_ino_shard(moved) == mine) ||
+			       ((q.flags & STK_RENAME_EXCHANGE) && over_dir &&
+				stk_ino_shard(over) == mine);
+
+		if (!token && lockable && q.src_parent != q.dst_parent &&
+		    stk_meta_xshard_sharded(m->xshard)) {
+			rc = -EAGAIN; /* a folder now, not walked under the lock: ask again */
+			break;
+		}
 		change_begin(m, req, &ch, q.src_parent, q.dst_parent, moved, over);
 		stk_meta_sessions_hold(m->sessions);
 		rc = stk_meta_store_rename_ino(m->store, &q.cred, q.src_parent, q.src_name,
@@ -1083,6 +1121,16 @@ static int op_rename(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		change_end(m, &ch);
 		if (rc != -EAGAIN || tries == NAME_RACE_TRIES)
 			break;
+	}
+	stk_meta_xshard_dirmove_end(m->xshard, token);
+	if (rc == -EXDEV && moved && moved_dir && stk_ino_shard(moved) != mine &&
+	    !(q.flags & STK_RENAME_EXCHANGE)) {
+		/* a folder of another shard named here, moved or replacing: its shard's
+		 * parent pointer changes with the entry (xshard.h) */
+		change_begin(m, req, &ch, q.src_parent, q.dst_parent, moved, over);
+		rc = stk_meta_xshard_fmove(m->xshard, &q.cred, q.src_parent, q.src_name,
+					   q.dst_parent, q.dst_name, q.flags);
+		change_end(m, &ch);
 	}
 	/*
 	 * What moved may have left a subtree (moves.h): a folder, every voucher given
@@ -2692,11 +2740,12 @@ static int op_xshard(struct meta *m, struct stk_rpc_req *req, struct stk_rpc_res
 		rc = stk_meta_xshard_serve(m->xshard, &q, &r);
 		change_end(m, &ch);
 	} else if (q.op == STK_XSHARD_RENAME || q.op == STK_XSHARD_RELEASE ||
-		   q.op == STK_XSHARD_LINK) {
+		   q.op == STK_XSHARD_LINK || q.op == STK_XSHARD_FMOVE || q.op == STK_XSHARD_FPTR) {
 		struct change ch;
 
-		/* a name here changes (the folder, what it named), or a file's links */
-		if (q.op == STK_XSHARD_RENAME)
+		/* a name here changes (the folder, what it named), or a file's links, or
+		 * a folder's ".." (a folder moved across shards) */
+		if (q.op == STK_XSHARD_RENAME || q.op == STK_XSHARD_FMOVE)
 			change_begin(m, req, &ch, q.parent, named(m, q.parent, q.name), q.ino, 0);
 		else
 			change_begin(m, req, &ch, q.ino, 0, 0, 0);

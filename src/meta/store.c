@@ -2580,6 +2580,8 @@ int stk_meta_store_rmdir_ino(struct stk_meta_store *st, const struct stk_cred *c
 	rc = victim_get(&o, parent, name, &dir, &n);
 	if (rc == 0 && !S_ISDIR(n.a.mode))
 		rc = -ENOTDIR;
+	if (rc == 0)
+		rc = xmark_busy(&o, n.a.ino); /* in a move across shards */
 	if (rc == 0) {
 		rc = dir_is_empty(&o, n.a.ino);
 		rc = rc == 1 ? 0 : rc == 0 ? -ENOTEMPTY : rc;
@@ -2619,6 +2621,10 @@ static int check_not_ancestor(struct op *o, uint64_t anc, uint64_t dir)
 		if (cur == anc)
 			return -EINVAL;
 		if (cur == STK_ROOT_INO)
+			return 0;
+		/* above, another shard's: meta/xshard.c walked the whole chain (the
+		 * folder-move lock) before a folder moves on a cluster of shards */
+		if (stk_ino_shard(cur) != o->st->shard)
 			return 0;
 		rc = inode_get_named(o, cur, &n);
 		if (rc)
@@ -2665,11 +2671,9 @@ static int rename_prepare(struct op *o, struct rename_ctx *r, uint64_t src_paren
 	r->src_remote = rc == -EREMOTE;
 	if (rc)
 		return rc == -EREMOTE ? -EXDEV : rc;
-	if (!S_ISDIR(r->src.a.mode)) {
-		rc = xmark_busy(o, r->src.a.ino);
-		if (rc)
-			return rc;
-	}
+	rc = xmark_busy(o, r->src.a.ino); /* a folder too: in a move across shards */
+	if (rc)
+		return rc;
 	r->dp = &r->sp;
 	if (moved) {
 		r->dp = &r->dp_buf;
@@ -2687,7 +2691,7 @@ static int rename_prepare(struct op *o, struct rename_ctx *r, uint64_t src_paren
 		r->dst_remote = 1;
 		rc = 0;
 	}
-	if (rc == 0 && !S_ISDIR(r->dst.a.mode))
+	if (rc == 0)
 		rc = xmark_busy(o, r->dst.a.ino);
 	if (rc && rc != -ENOENT)
 		return rc;
@@ -2853,11 +2857,9 @@ static int rename_remote_here(struct op *o, struct rename_ctx *r, uint64_t src_p
 	} else if (strcmp(r->src_name, r->dst_name) == 0) {
 		return 0;
 	}
-	if (!S_ISDIR(r->src.a.mode)) {
-		rc = xmark_busy(o, r->src.a.ino);
-		if (rc)
-			return rc;
-	}
+	rc = xmark_busy(o, r->src.a.ino); /* a folder too: in a move across shards */
+	if (rc)
+		return rc;
 	rc = child_get(o, r->dp, r->dst_name, &dst);
 	if (rc == 0 || rc == -EREMOTE) {
 		int remote = rc == -EREMOTE;
@@ -5726,7 +5728,8 @@ static int fsck_xname_one(uint64_t ino, const MDB_val *val, void *ctx)
 /*
  * A rename across shards between its steps 2 and 4 (a mark here): the entry it
  * wrote names the file before the file's books say so (not counted yet), and
- * what that entry replaced keeps its link until step 4 (counted still).
+ * what that entry replaced keeps its link until step 4 (counted still). So does
+ * the empty folder a folder's move across shards replaced (FVICTIM).
  */
 static int fsck_xmark_one(uint64_t ino, const MDB_val *val, void *ctx)
 {
@@ -5734,7 +5737,18 @@ static int fsck_xmark_one(uint64_t ino, const MDB_val *val, void *ctx)
 	struct stk_meta_xmark m;
 	struct fsck_ino *n;
 
-	if (xmark_decode(ino, val, &m) || m.kind != STK_XMARK_RENAME)
+	if (xmark_decode(ino, val, &m))
+		return 0;
+	if (m.kind == STK_XMARK_FVICTIM) {
+		/* the empty folder a folder's move replaced: named until step 4 */
+		n = fsck_ino_find(f, m.ino);
+		if (n && !n->refs) {
+			n->refs = 1;
+			n->named_in = m.parent;
+		}
+		return 0;
+	}
+	if (m.kind != STK_XMARK_RENAME)
 		return 0;
 	n = fsck_ino_find(f, m.ino);
 	if (n && n->refs)
@@ -6245,6 +6259,10 @@ int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t
  * intent, with the name at A). "N" holds the next intent id.
  */
 #define XKEY_LEN 9
+/* the marks that carry what their entry replaced (a file's rename, a folder's move) */
+#define XMARK_HAS_OLD(k)                                                                   \
+	((k) == STK_XMARK_RENAME || (k) == STK_XMARK_FMOVE || (k) == STK_XMARK_FPTR ||      \
+	 (k) == STK_XMARK_FVICTIM)
 static const char XNEXT_KEY[] = "N";
 
 static void xkey(uint8_t *k, char kind, uint64_t v)
@@ -6367,7 +6385,7 @@ static int xmark_decode(uint64_t ino, const MDB_val *v, struct stk_meta_xmark *m
 	m->intent = stk_get_u64(&r);
 	m->parent = stk_get_u64(&r);
 	xname_get(&r, m->name);
-	if (m->kind == STK_XMARK_RENAME) {
+	if (XMARK_HAS_OLD(m->kind)) {
 		m->old_ino = stk_get_u64(&r);
 		m->old_type = stk_get_u32(&r);
 	}
@@ -6403,7 +6421,7 @@ static int xmark_put(struct op *o, const struct stk_meta_xmark *m)
 	stk_put_u64(&w, m->intent);
 	stk_put_u64(&w, m->parent);
 	xname_put(&w, m->name);
-	if (m->kind == STK_XMARK_RENAME) {
+	if (XMARK_HAS_OLD(m->kind)) {
 		stk_put_u64(&w, m->old_ino);
 		stk_put_u32(&w, m->old_type & S_IFMT);
 	}
@@ -6423,7 +6441,8 @@ static int xmark_dying(struct op *o, uint64_t ino)
 		return 0;
 	if (rc)
 		return rc;
-	return m.kind == STK_XMARK_DYING ? -ENOENT : 0;
+	/* a folder replaced by a folder moved across shards takes nothing new either */
+	return m.kind == STK_XMARK_DYING || m.kind == STK_XMARK_FVICTIM ? -ENOENT : 0;
 }
 
 /*
@@ -6449,7 +6468,11 @@ static int xmark_busy(struct op *o, uint64_t ino)
 		return 0;
 	if (rc)
 		return rc;
-	return m.kind == STK_XMARK_RENAME ? -EBUSY : 0;
+	/* a folder moved across shards is held from step 1 to its mark's settling */
+	return m.kind == STK_XMARK_RENAME || m.kind == STK_XMARK_FMOVE ||
+		       m.kind == STK_XMARK_FPTR || m.kind == STK_XMARK_FVICTIM
+		   ? -EBUSY
+		   : 0;
 }
 
 /*
@@ -6606,6 +6629,8 @@ int stk_meta_store_xintent_rmdir(struct stk_meta_store *st, const struct stk_cre
 		rc = -EAGAIN; /* a folder of this shard now */
 	if (rc == 0)
 		rc = may(&o, &dir.a, MAY_W | MAY_X);
+	if (rc == 0)
+		rc = xmark_busy(&o, victim->ino); /* in a move across shards */
 	if (rc == 0) {
 		/* the sticky rule with the owner its shard told */
 		n.a = *victim;
@@ -6628,7 +6653,7 @@ static int xintent_del(struct op *o, const struct stk_meta_xintent *x)
 {
 	int rc = xdel(o, 'I', x->id);
 
-	if (rc == 0 && x->kind == STK_XINTENT_RENAME) {
+	if (rc == 0 && (x->kind == STK_XINTENT_RENAME || x->kind == STK_XINTENT_FMOVE)) {
 		rc = xdel(o, 'B', x->ino);
 		if (rc == -ENOENT)
 			rc = 0;
@@ -6946,6 +6971,12 @@ static int fsck_xlist(struct stk_meta_store *st, const struct stk_meta_xref *aft
 				rc = 0; /* none, or one that does not decode: no record */
 			if (rc)
 				break;
+		} else if (!x->covered && st->xshard) {
+			/* a folder moved here across shards, its move not settled yet */
+			struct stk_meta_xmark m;
+			int mrc2 = xmark_get(&o, x->ino, &m);
+
+			x->covered = mrc2 == 0 && m.kind == STK_XMARK_FMOVE;
 		}
 		len = key.mv_size - 16;
 		memcpy(x->name, (const uint8_t *)key.mv_data + 16, len);
@@ -7275,9 +7306,9 @@ int stk_meta_store_fsck_xparent(struct stk_meta_store *st, uint64_t ino, uint64_
 	if (rc == 0 && !S_ISDIR(n.a.mode))
 		rc = -ENOTDIR;
 	if (rc == 0 && st->xshard) {
-		/* a mkdir or rmdir of it in flight: the protocol's, not fsck's */
+		/* a mkdir, rmdir or move of it in flight: the protocol's, not fsck's */
 		rc = xmark_get(&o, ino, &m);
-		rc = rc == 0 ? -EBUSY : rc == -ENOENT ? 0 : rc;
+		rc = rc == 0 ? -EBUSY : rc == -ENOENT ? xmark_busy(&o, ino) : rc;
 	}
 	if (rc == 0 && n.parent != seen)
 		rc = -ESTALE;
@@ -7615,6 +7646,7 @@ int stk_meta_store_xdying(struct stk_meta_store *st, uint32_t from, uint64_t int
 
 static int xsettle_rename(struct op *o, const struct stk_meta_xmark *m, int done);
 static int xsettle_link(struct op *o, const struct stk_meta_xmark *m, int done);
+static int xsettle_fmove(struct op *o, const struct stk_meta_xmark *m, int done);
 
 int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t intent, int done)
 {
@@ -7634,6 +7666,8 @@ int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t in
 		return op_end(&o, xsettle_rename(&o, &f.m, done));
 	if (f.m.kind == STK_XMARK_LINK)
 		return op_end(&o, xsettle_link(&o, &f.m, done));
+	if (f.m.kind == STK_XMARK_FMOVE || f.m.kind == STK_XMARK_FPTR)
+		return op_end(&o, xsettle_fmove(&o, &f.m, done));
 	/* made and not named, or named no more: the inode goes */
 	drop = f.m.kind == STK_XMARK_PENDING ? !done : done;
 	rc = xdel(&o, 'M', f.m.ino);
@@ -8207,4 +8241,511 @@ static int xsettle_link(struct op *o, const struct stk_meta_xmark *m, int done)
 	if (rc == 0)
 		rc = inode_unref(o, &n);
 	return rc == -ENOENT ? 0 : rc;
+}
+
+/* ---- folders moved across shards (store.h; the protocol is meta/xshard.c's) ---- */
+
+/*
+ * What dst_name in qd names, for folder F moved there: *victim 0 (nothing), or an
+ * empty folder of this shard that F replaces. -EALREADY: it names F already.
+ */
+static int fmove_victim(struct op *o, const struct inode *qd, const char *name, uint64_t ino,
+			int noreplace, uint64_t *victim)
+{
+	struct stk_meta_xmark m;
+	struct inode v;
+	int rc = child_get(o, qd, name, &v);
+
+	*victim = 0;
+	if (rc == -ENOENT)
+		return 0;
+	if (rc == 0 || rc == -EREMOTE) {
+		if (v.a.ino == ino)
+			return -EALREADY;
+		if (noreplace)
+			return -EEXIST;
+		if (!S_ISDIR(v.a.mode))
+			return -ENOTDIR;
+		if (rc == -EREMOTE)
+			return -EXDEV; /* a folder of another shard replaced: not built */
+	}
+	if (rc)
+		return rc;
+	rc = dir_is_empty(o, v.a.ino);
+	rc = rc == 1 ? 0 : rc == 0 ? -ENOTEMPTY : rc;
+	if (rc == 0)
+		rc = sticky_ok(o, qd, &v);
+	if (rc == 0)
+		rc = xmark_busy(o, v.a.ino);
+	if (rc == 0 && o->st->xshard) {
+		rc = xmark_get(o, v.a.ino, &m);
+		rc = rc == 0 ? -EBUSY : rc == -ENOENT ? 0 : rc;
+	}
+	if (rc == 0)
+		*victim = v.a.ino;
+	return rc;
+}
+
+int stk_meta_store_xintent_fmove(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+				 const char *dst_name, uint32_t flags, struct stk_attr *moved,
+				 uint64_t *id)
+{
+	struct stk_meta_xintent x = {.kind = STK_XINTENT_FMOVE,
+				     .shard = stk_ino_shard(dst_parent),
+				     .parent = src_parent};
+	struct inode dir, n, qd;
+	uint64_t victim;
+	struct op o;
+	int rc = check_name(src_name) ?: check_name(dst_name);
+
+	if (rc)
+		return rc;
+	if (flags & STK_RENAME_EXCHANGE)
+		return -EXDEV;
+	if (x.shard < 1 || x.shard > STK_MAX_SHARDS || !st->xshard)
+		return -EINVAL;
+	rc = op_begin(&o, st, cred, 0);
+	if (rc)
+		return rc;
+	rc = victim_get(&o, src_parent, src_name, &dir, &n);
+	if (rc == -EREMOTE)
+		rc = S_ISDIR(n.a.mode) ? unlink_remote_check(&o, &dir, &n) : -EXDEV;
+	else if (rc == 0 && !S_ISDIR(n.a.mode))
+		rc = -EXDEV; /* a file: its own path */
+	else if (rc == 0 && src_parent != dst_parent)
+		rc = may(&o, &n.a, MAY_W); /* its ".." changes */
+	if (rc == 0)
+		rc = xmark_busy(&o, n.a.ino);
+	if (rc == 0 && n.a.ino == dst_parent)
+		rc = -EINVAL;
+	/* quotas do not follow a folder across shards: out of one, EXDEV (mv copies,
+	 * and the copy counts) */
+	if (rc == 0 && dir.a.qid && src_parent != dst_parent)
+		rc = -EXDEV;
+	if (rc == 0 && x.shard == st->shard) {
+		rc = dir_get(&o, dst_parent, MAY_W | MAY_X, &qd);
+		if (rc == 0 && qd.a.qid && src_parent != dst_parent)
+			rc = -EXDEV; /* nor into one */
+		if (rc == 0)
+			rc = xmark_dying(&o, dst_parent);
+		if (rc == 0)
+			rc = fmove_victim(&o, &qd, dst_name, n.a.ino, flags & STK_RENAME_NOREPLACE,
+					  &victim);
+	}
+	if (rc == 0) {
+		x.ino = n.a.ino;
+		snprintf(x.name, sizeof(x.name), "%s", src_name);
+		rc = xintent_put(&o, &x);
+	}
+	if (rc == 0) /* nothing else moves or removes it until the intent goes */
+		rc = xrec_put(&o, 'B', x.ino, x.shard, x.id);
+	rc = op_end(&o, rc);
+	if (rc == 0) {
+		*moved = n.a;
+		*id = x.id;
+	}
+	return rc;
+}
+
+int stk_meta_store_xfmove_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			     uint64_t ino, uint64_t parent, const char *name, uint32_t uid,
+			     uint32_t gid, int noreplace)
+{
+	const struct stk_cred cred = {.uid = uid, .gid = gid};
+	struct stk_meta_xmark m;
+	struct inode qd, n;
+	uint64_t victim = 0;
+	struct op o;
+	int rc = check_name(name);
+
+	if (rc)
+		return rc;
+	if (from < 1 || from > STK_MAX_SHARDS || from == st->shard || !intent ||
+	    (intent & STK_XMARK_VICTIM_BIT) || !st->xshard)
+		return -EINVAL;
+	rc = op_begin(&o, st, &cred, 0);
+	if (rc)
+		return rc;
+	rc = xmark_get(&o, ino, &m);
+	if (rc == 0) { /* asked again (a retry): done then; another's: busy */
+		rc = m.kind == STK_XMARK_FMOVE && m.from == from && m.intent == intent ? 1 : -EBUSY;
+		goto out;
+	}
+	if (rc != -ENOENT)
+		goto out;
+	rc = 0;
+	if (stk_ino_shard(ino) == st->shard) {
+		rc = inode_get_named(&o, ino, &n);
+		if (rc == 0 && !S_ISDIR(n.a.mode))
+			rc = -EINVAL;
+		if (rc == 0)
+			rc = xmark_busy(&o, ino);
+	}
+	if (rc == 0)
+		rc = dir_get(&o, parent, MAY_W | MAY_X, &qd);
+	if (rc == 0 && qd.a.qid)
+		rc = -EXDEV; /* quotas do not follow a folder across shards */
+	if (rc == 0)
+		rc = xmark_dying(&o, parent);
+	if (rc == 0)
+		rc = fmove_victim(&o, &qd, name, ino, noreplace, &victim);
+	if (rc == -EALREADY)
+		rc = -EIO; /* F named here and at A: fsck's to report */
+	if (rc)
+		goto out;
+	rc = dentry_put(&o, parent, name, ino, S_IFDIR);
+	if (rc == 0 && victim) {
+		/* replaced: its link in Q becomes F's; it takes nothing new until settled */
+		m = (struct stk_meta_xmark){.ino = victim, .kind = STK_XMARK_FVICTIM, .from = from,
+					    .intent = intent | STK_XMARK_VICTIM_BIT,
+					    .parent = parent};
+		snprintf(m.name, sizeof(m.name), "%s", name);
+		rc = xmark_put(&o, &m);
+	} else if (rc == 0) {
+		if (qd.a.nlink == UINT32_MAX)
+			rc = -EMLINK;
+		qd.a.nlink++;
+	}
+	if (rc == 0) {
+		touch_dir(&o, &qd);
+		rc = inode_put(&o, &qd);
+	}
+	if (rc == 0) {
+		m = (struct stk_meta_xmark){.ino = ino, .kind = STK_XMARK_FMOVE, .from = from,
+					    .intent = intent, .parent = parent, .old_ino = victim,
+					    .old_type = victim ? S_IFDIR : 0};
+		snprintf(m.name, sizeof(m.name), "%s", name);
+		rc = xmark_put(&o, &m);
+	}
+out:
+	return op_end(&o, rc == 1 ? 0 : rc);
+}
+
+int stk_meta_store_xfptr(struct stk_meta_store *st, uint32_t from, uint64_t intent, uint64_t ino,
+			 uint64_t parent)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xmark m;
+	struct inode n;
+	struct op o;
+	int rc;
+
+	if (from < 1 || from > STK_MAX_SHARDS || from == st->shard || !intent ||
+	    (intent & STK_XMARK_VICTIM_BIT) || stk_ino_shard(ino) != st->shard || !st->xshard)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0) {
+		rc = xmark_get(&o, ino, &m);
+		if (rc == 0) /* asked again (a retry): done then; another's: busy */
+			rc = m.kind == STK_XMARK_FPTR && m.from == from && m.intent == intent
+				 ? 1
+				 : -EBUSY;
+		else if (rc == -ENOENT)
+			rc = xmark_busy(&o, ino);
+	}
+	if (rc == 0) {
+		m = (struct stk_meta_xmark){.ino = ino, .kind = STK_XMARK_FPTR, .from = from,
+					    .intent = intent, .parent = parent};
+		rc = xmark_put(&o, &m);
+	}
+	return op_end(&o, rc == 1 ? 0 : rc);
+}
+
+static int xdone_put(struct op *o, uint64_t id, uint32_t shard, uint64_t ino)
+{
+	return xrec_put(o, 'D', id, shard, ino);
+}
+
+int stk_meta_store_xfmove_commit(struct stk_meta_store *st, uint64_t id, uint64_t dst_parent,
+				 const char *dst_name, int noreplace)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	struct inode dir, qbuf, *qd = &dir, n, v;
+	uint64_t victim = 0;
+	struct dentry d;
+	struct op o;
+	int rc = check_name(dst_name);
+
+	if (rc)
+		return rc;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0 && x.kind != STK_XINTENT_FMOVE)
+		rc = -EINVAL;
+	if (rc == 0)
+		rc = dentry_get(&o, x.parent, x.name, &d);
+	if (rc == 0 && d.ino != x.ino)
+		rc = -EAGAIN;
+	if (rc == 0)
+		rc = inode_get(&o, x.parent, &dir);
+	if (rc == 0 && x.shard == st->shard) {
+		/* both names here: the new one written now, replacing as at step 1 */
+		if (dst_parent != x.parent) {
+			qd = &qbuf;
+			rc = inode_get(&o, dst_parent, qd);
+		}
+		if (rc == 0)
+			rc = fmove_victim(&o, qd, dst_name, x.ino, noreplace, &victim);
+		if (rc == 0 && victim) {
+			rc = inode_get(&o, victim, &v);
+			if (rc == 0)
+				rc = inode_del(&o, &v);
+			if (rc == 0 && qd->a.nlink > 2)
+				qd->a.nlink--; /* its ".." */
+		}
+		if (rc == 0)
+			rc = dentry_del(&o, x.parent, x.name);
+		if (rc == 0)
+			rc = dentry_put(&o, dst_parent, dst_name, x.ino, S_IFDIR);
+		if (rc == 0) {
+			if (dir.a.nlink > 2)
+				dir.a.nlink--;
+			if (qd->a.nlink == UINT32_MAX)
+				rc = -EMLINK;
+			qd->a.nlink++;
+		}
+	} else if (rc == 0) {
+		rc = dentry_del(&o, x.parent, x.name);
+		if (rc == 0 && dir.a.nlink > 2)
+			dir.a.nlink--;
+	}
+	if (rc == 0 && stk_ino_shard(x.ino) == st->shard) {
+		rc = inode_get(&o, x.ino, &n);
+		if (rc == 0) {
+			n.parent = dst_parent;
+			set_ctime(&o, &n.a);
+			rc = inode_put(&o, &n);
+		}
+	}
+	if (rc == 0) {
+		touch_dir(&o, &dir);
+		rc = inode_put(&o, &dir);
+	}
+	if (rc == 0 && qd != &dir) {
+		touch_dir(&o, qd);
+		rc = inode_put(&o, qd);
+	}
+	if (rc == 0) /* the marks elsewhere are settled from it (xshard.c) */
+		rc = xdone_put(&o, id, x.shard, x.ino);
+	if (rc == 0)
+		rc = xintent_del(&o, &x);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xquery_fmove(struct stk_meta_store *st, uint64_t id, int *state)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	uint32_t shard;
+	uint64_t ino;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = xintent_get(&o, id, &x);
+	if (rc == 0) {
+		*state = STK_XSTATE_INTENT;
+	} else if (rc == -ENOENT) {
+		/* committed while the done record is there; given up (or settled) else */
+		rc = xrec_get(&o, 'D', id, &shard, &ino);
+		*state = rc == 0 ? STK_XSTATE_MOVED : STK_XSTATE_STAYED;
+		rc = rc == -ENOENT ? 0 : rc;
+	}
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xheld(struct stk_meta_store *st, uint64_t id)
+{
+	static const struct stk_cred root_cred;
+	struct stk_meta_xintent x;
+	uint32_t shard;
+	uint64_t ino;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1), held;
+
+	if (rc)
+		return 1; /* not known: held, to be safe */
+	rc = xintent_get(&o, id, &x);
+	if (rc == -ENOENT)
+		rc = xrec_get(&o, 'D', id, &shard, &ino);
+	held = rc != -ENOENT;
+	op_end(&o, 0);
+	return held;
+}
+
+struct xdone_list {
+	struct stk_meta_xdone *v;
+	size_t max, n;
+};
+
+static int xdone_one(uint64_t v, const MDB_val *val, void *ctx)
+{
+	struct xdone_list *l = ctx;
+	struct stk_meta_xdone *d;
+
+	if (l->n == l->max)
+		return 1;
+	d = &l->v[l->n];
+	d->id = v;
+	if (xrec_decode(val, &d->shard, &d->ino))
+		return 0; /* reported; skipped */
+	l->n++;
+	return 0;
+}
+
+int stk_meta_store_xdones(struct stk_meta_store *st, struct stk_meta_xdone *out, size_t max,
+			  size_t *n)
+{
+	static const struct stk_cred root_cred;
+	struct xdone_list l = {.v = out, .max = max};
+	struct op o;
+	int rc;
+
+	*n = 0;
+	if (!st->xshard)
+		return 0;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = xwalk(&o, 'D', xdone_one, &l);
+	*n = l.n;
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xdone_drop(struct stk_meta_store *st, uint64_t id)
+{
+	static const struct stk_cred root_cred;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 0);
+
+	if (rc)
+		return rc;
+	rc = xdel(&o, 'D', id);
+	return op_end(&o, rc == -ENOENT ? 0 : rc);
+}
+
+int stk_meta_store_xlock(struct stk_meta_store *st, uint32_t holder, uint64_t id, int take)
+{
+	static const struct stk_cred root_cred;
+	uint32_t h;
+	uint64_t hid;
+	struct op o;
+	int rc;
+
+	if (st->shard != 1 || !st->xshard || holder < 1 || holder > STK_MAX_SHARDS)
+		return -EINVAL;
+	rc = op_begin(&o, st, &root_cred, 0);
+	if (rc)
+		return rc;
+	rc = xrec_get(&o, 'K', 0, &h, &hid);
+	if (rc == 0 && (h != holder || hid != id))
+		rc = take ? -EBUSY : 0; /* another's: busy, or not ours to release */
+	else if (rc == 0)
+		rc = take ? 0 : xdel(&o, 'K', 0);
+	else if (rc == -ENOENT)
+		rc = take ? xrec_put(&o, 'K', 0, holder, id) : 0;
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xlock_get(struct stk_meta_store *st, uint32_t *holder, uint64_t *id)
+{
+	static const struct stk_cred root_cred;
+	struct op o;
+	int rc;
+
+	if (!st->xshard)
+		return -ENOENT;
+	rc = op_begin(&o, st, &root_cred, 1);
+	if (rc)
+		return rc;
+	rc = xrec_get(&o, 'K', 0, holder, id);
+	return op_end(&o, rc);
+}
+
+int stk_meta_store_xparent(struct stk_meta_store *st, uint64_t ino, uint64_t *parent)
+{
+	static const struct stk_cred root_cred;
+	struct inode n;
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = inode_get(&o, ino, &n);
+	if (rc == 0 && !S_ISDIR(n.a.mode))
+		rc = -ENOTDIR;
+	if (rc == 0)
+		*parent = n.parent;
+	return op_end(&o, rc);
+}
+
+/*
+ * B's FMOVE or C's FPTR mark settled. Done: F's pointer becomes the mark's parent
+ * where F is this shard's, the folder replaced goes. Not done: the new entry goes
+ * (what it replaced named again), the link count it took with it.
+ */
+static int xsettle_fmove(struct op *o, const struct stk_meta_xmark *m, int done)
+{
+	struct inode dir, n;
+	struct dentry d;
+	int rc = xdel(o, 'M', m->ino);
+
+	if (rc == 0 && m->old_ino) {
+		rc = xdel(o, 'M', m->old_ino);
+		if (rc == -ENOENT)
+			rc = 0;
+	}
+	if (rc)
+		return rc;
+	if (done) {
+		if (m->old_ino) {
+			rc = inode_get(o, m->old_ino, &n);
+			if (rc == 0)
+				rc = inode_del(o, &n);
+			if (rc == -ENOENT)
+				rc = 0;
+		}
+		if (rc == 0 && stk_ino_shard(m->ino) == o->st->shard) {
+			rc = inode_get(o, m->ino, &n);
+			if (rc == 0) {
+				n.parent = m->parent;
+				set_ctime(o, &n.a);
+				rc = inode_put(o, &n);
+			}
+			if (rc == -ENOENT)
+				rc = 0;
+		}
+		return rc;
+	}
+	if (m->kind != STK_XMARK_FMOVE)
+		return 0; /* C's pointer never changed */
+	rc = dentry_get(o, m->parent, m->name, &d);
+	if (rc == -ENOENT || (rc == 0 && d.ino != m->ino))
+		return 0; /* not possible while marked */
+	if (rc == 0)
+		rc = inode_get(o, m->parent, &dir);
+	if (rc)
+		return rc;
+	if (m->old_ino) {
+		rc = dentry_put(o, m->parent, m->name, m->old_ino, S_IFDIR);
+	} else {
+		rc = dentry_del(o, m->parent, m->name);
+		if (dir.a.nlink > 2)
+			dir.a.nlink--;
+	}
+	if (rc == 0) {
+		touch_dir(o, &dir);
+		rc = inode_put(o, &dir);
+	}
+	return rc;
 }

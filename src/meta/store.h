@@ -796,8 +796,31 @@ int stk_meta_store_resolve(struct stk_meta_store *st, const char *path, uint64_t
  * folder. On B, a mark on the folder's inode: made for A's intent and not named
  * yet (pending), or being removed by it (dying: nothing new goes in).
  */
-enum { STK_XINTENT_MKDIR = 1, STK_XINTENT_RMDIR = 2, STK_XINTENT_RENAME = 3, STK_XINTENT_LINK = 4 };
-enum { STK_XMARK_PENDING = 1, STK_XMARK_DYING = 2, STK_XMARK_RENAME = 3, STK_XMARK_LINK = 4 };
+enum {
+	STK_XINTENT_MKDIR = 1,
+	STK_XINTENT_RMDIR = 2,
+	STK_XINTENT_RENAME = 3,
+	STK_XINTENT_LINK = 4,
+	STK_XINTENT_FMOVE = 5, /* a folder moved across shards */
+	STK_XQUERY_LOCK = 6    /* QUERY only: is the folder-move lock's id still held */
+};
+/*
+ * FMOVE: B's, on the moved folder: its new entry (parent, name), what it replaced
+ * (old_ino), and, when the folder is B's own, its parent pointer to change at
+ * step 4. FPTR: C's (the folder's shard, neither A nor B), its parent pointer to
+ * change to parent at step 4. FVICTIM: B's, on the empty folder the new entry
+ * replaced (nothing new goes in; settled with the FMOVE mark, intent | 1 << 63).
+ */
+enum {
+	STK_XMARK_PENDING = 1,
+	STK_XMARK_DYING = 2,
+	STK_XMARK_RENAME = 3,
+	STK_XMARK_LINK = 4,
+	STK_XMARK_FMOVE = 5,
+	STK_XMARK_FPTR = 6,
+	STK_XMARK_FVICTIM = 7
+};
+#define STK_XMARK_VICTIM_BIT (1ull << 63)
 /*
  * What A answers about an intent of its (stk_meta_store_xquery): held, or the
  * name's state (mkdir, rmdir); for a rename (stk_meta_store_xquery_rename),
@@ -966,6 +989,71 @@ int stk_meta_store_xlink_in(struct stk_meta_store *st, uint32_t from, uint64_t i
 int stk_meta_store_xlink_commit(struct stk_meta_store *st, uint64_t id, uint32_t type);
 /* D, for H's recovery: a link intent's state (INTENT, MOVED: committed, STAYED). */
 int stk_meta_store_xquery_link(struct stk_meta_store *st, uint64_t id, uint64_t ino, int *state);
+
+/*
+ * Folders moved across shards (docs/meta-shards.md, "Folders moved across
+ * shards"): folder F (inode on shard C) moved from parent P on A to parent Q on B.
+ * (1) A: the intent, F held; (2) B (B != A): Q's new entry naming F, replacing an
+ * empty folder of B, marked FMOVE; C (C not A nor B): F marked FPTR; (3) A: the
+ * commit: P's entry goes (A == B: Q's is written, replacing), P's link count,
+ * F's parent pointer when C == A, and a done record ('D') in place of the intent;
+ * (4) B and C settle their marks (F's pointer to Q where F is theirs, the folder
+ * replaced deleted), then A drops the done record.
+ *
+ * A, step 1: the checks of a rename of the folder src_name in src_parent to
+ * dst_name in dst_parent (when dst_parent is A's, its checks too), the intent
+ * and F's hold. -EXDEV: RENAME_EXCHANGE, a file (not this path), a folder of
+ * another shard replaced, src_parent (or dst_parent, when A's) in a quota and
+ * the parent changing; -EALREADY: both names name F already (nothing to do);
+ * -EBUSY: F held. *moved: F (another shard's: only its number and type).
+ */
+int stk_meta_store_xintent_fmove(struct stk_meta_store *st, const struct stk_cred *cred,
+				 uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+				 const char *dst_name, uint32_t flags, struct stk_attr *moved,
+				 uint64_t *id);
+/*
+ * B, step 2: `name` in parent (B's) names folder ino for (from, intent), replacing
+ * an empty folder of B (-ENOTEMPTY; a file: -ENOTDIR; another shard's folder:
+ * -EXDEV; noreplace: -EEXIST), marked. parent in a quota: -EXDEV. uid, gid: the
+ * caller's. Asked again: 0.
+ */
+int stk_meta_store_xfmove_in(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			     uint64_t ino, uint64_t parent, const char *name, uint32_t uid,
+			     uint32_t gid, int noreplace);
+/* C, step 2: folder ino marked FPTR for (from, intent), its pointer to be parent. */
+int stk_meta_store_xfptr(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			 uint64_t ino, uint64_t parent);
+/*
+ * A, step 3: the commit (above), dst_parent and dst_name the new name (written
+ * here when dst_parent is A's; noreplace as at step 1). -ENOENT: the intent is
+ * gone; -EAGAIN: the old name names something else now.
+ */
+int stk_meta_store_xfmove_commit(struct stk_meta_store *st, uint64_t id, uint64_t dst_parent,
+				 const char *dst_name, int noreplace);
+/* A, for B's and C's recovery: INTENT (wait), MOVED (committed) or STAYED. */
+int stk_meta_store_xquery_fmove(struct stk_meta_store *st, uint64_t id, int *state);
+/* A: a committed move whose marks are not all settled yet. */
+struct stk_meta_xdone {
+	uint64_t id;
+	uint64_t ino;	/* F */
+	uint32_t shard; /* B */
+};
+int stk_meta_store_xdones(struct stk_meta_store *st, struct stk_meta_xdone *out, size_t max,
+			  size_t *n);
+/* A: every mark of done move id settled: its record goes. */
+int stk_meta_store_xdone_drop(struct stk_meta_store *st, uint64_t id);
+/* Whether id is an intent or a done move of this shard's (1) or not (0). */
+int stk_meta_store_xheld(struct stk_meta_store *st, uint64_t id);
+/*
+ * Shard 1: the cluster's folder-move lock, held by (holder shard, id). take 1:
+ * 0 when taken (or held by the same already), -EBUSY when another holds it;
+ * take 0: released when (holder, id) holds it, else nothing (0).
+ */
+int stk_meta_store_xlock(struct stk_meta_store *st, uint32_t holder, uint64_t id, int take);
+/* Shard 1: who holds the lock (-ENOENT: nobody). */
+int stk_meta_store_xlock_get(struct stk_meta_store *st, uint32_t *holder, uint64_t *id);
+/* Folder ino's parent pointer (-ENOENT, -ENOTDIR), for the walk up to the root. */
+int stk_meta_store_xparent(struct stk_meta_store *st, uint64_t ino, uint64_t *parent);
 
 /* D: a name of a file of another shard that went, to tell its home. */
 struct stk_meta_xrelease {

@@ -42,6 +42,9 @@
 #define RECOVER_BATCH 256u /* records settled per look */
 #define BUSY_MAX 1024u
 #define COUNT_MAX 4096u /* counted at most (STK_XSHARD_COUNT) */
+#define LOCK_TRY_MS 30000u /* the folder-move lock is waited for this long, then EBUSY */
+#define WALK_MAX 4096u	   /* folders walked up to the root, at most */
+#define LOCAL_LOCK_BIT (1ull << 62) /* a lock id of a move within one shard (no intent) */
 
 struct stk_meta_xshard {
 	struct stk_meta_store *st;
@@ -50,6 +53,8 @@ struct stk_meta_xshard {
 	struct stk_pool *pool;
 	unsigned shard;
 	uint64_t spread_asked_ns; /* atomic: when "spread" last asked mgmtd for the table */
+	uint64_t local_lock_next; /* atomic: the next lock id of a move within this shard */
+	int sharded;		  /* atomic: a table with more than one shard was seen */
 	pthread_mutex_t mu; /* busy, stop */
 	pthread_cond_t wake;
 	uint64_t busy[BUSY_MAX];
@@ -124,10 +129,11 @@ static int hook_parse(struct stk_meta_xshard *x, const char *dir)
 	}
 	if (!((oplen == 5 && (strncmp(v, "mkdir", 5) == 0 || strncmp(v, "rmdir", 5) == 0)) ||
 	      (oplen == 6 && strncmp(v, "rename", 6) == 0) ||
+	      (oplen == 5 && strncmp(v, "rmove", 5) == 0) ||
 	      (oplen == 4 && strncmp(v, "link", 4) == 0)) ||
 	    stk_parse_u64(step, &k) || k < 1 || k > 4 || (file && !*file)) {
-		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K, rmdir:K, rename:K or link:K (K "
-			  "from 1 to 4), then :FILE if the stop is once for all nodes",
+		stk_error("STOKER_TEST_XSHARD_STOP=%s: want mkdir:K, rmdir:K, rename:K, rmove:K or "
+			  "link:K (K from 1 to 4), then :FILE if the stop is once for all nodes",
 			  v);
 		return -EINVAL;
 	}
@@ -303,6 +309,7 @@ static const char *kind_name(unsigned kind)
 	return kind == STK_XINTENT_MKDIR   ? "mkdir"
 	       : kind == STK_XINTENT_RMDIR ? "rmdir"
 	       : kind == STK_XINTENT_LINK  ? "link"
+	       : kind == STK_XINTENT_FMOVE ? "rmove"
 					   : "rename";
 }
 
@@ -640,6 +647,260 @@ out:
 	return rc;
 }
 
+/* ---- folders moved across shards, and the folder-move lock ---- */
+
+/*
+ * How many shards the cluster has, as the routing table says: every shard that
+ * ever had a meta node is listed (mgmtd keeps its identity). A node of shard k >
+ * 1 knows there are two at least, and once seen, more than one stays so (a shard
+ * is never dropped), whatever an older table says.
+ */
+static unsigned nshards(struct stk_meta_xshard *x)
+{
+	struct stk_routing_ref *ref;
+	unsigned n;
+
+	if (x->shard > 1 || __atomic_load_n(&x->sharded, __ATOMIC_RELAXED))
+		return 2;
+	if (!x->agent)
+		return 1;
+	ref = stk_agent_routing_get(x->agent);
+	n = ref->rt.nshards;
+	stk_agent_routing_put(x->agent, ref);
+	if (n > 1)
+		__atomic_store_n(&x->sharded, 1, __ATOMIC_RELAXED);
+	return n ? n : 1;
+}
+
+/* One try at shard 1's lock for (this shard, id): take 1 or release 0. */
+static int lock_call(struct stk_meta_xshard *x, uint64_t id, int take)
+{
+	struct stk_msg_meta_xshard_req q = {
+	    .op = STK_XSHARD_LOCK, .from = x->shard, .intent = id, .done = (uint8_t)take};
+	struct stk_msg_meta_xshard_resp r;
+	int rc;
+
+	if (x->shard != 1)
+		return xcall(x, 1, &q, &r);
+	rc = stk_meta_store_xlock(x->st, x->shard, id, take);
+	if (rc == 0 && take)
+		rc = wait_held(x); /* held by shard 1's followers: it survives a failover */
+	return rc;
+}
+
+/* The lock, waited for while another move holds it (LOCK_TRY_MS, then -EBUSY). */
+static int lock_take(struct stk_meta_xshard *x, uint64_t id)
+{
+	uint64_t deadline = stk_now_ns() + LOCK_TRY_MS * 1000000ull;
+	unsigned wait_ms = 5;
+	int rc;
+
+	for (;;) {
+		rc = lock_call(x, id, 1);
+		if (rc != -EBUSY || stk_now_ns() > deadline)
+			return rc;
+		usleep(wait_ms * 1000);
+		if (wait_ms < 100)
+			wait_ms *= 2;
+	}
+}
+
+/* Released; one that fails is left to shard 1's recovery (it asks this shard). */
+static void lock_release(struct stk_meta_xshard *x, uint64_t id)
+{
+	if (lock_call(x, id, 0))
+		stk_info("meta: the folder-move lock (id %llu) is left to shard 1's recovery",
+			 (unsigned long long)id);
+}
+
+/*
+ * Under the lock: -EINVAL when folder `moved` is dst or one of its ancestors,
+ * found by following parent pointers up to the root, each asked of its shard.
+ */
+static int walk_up(struct stk_meta_xshard *x, uint64_t moved, uint64_t dst)
+{
+	uint64_t cur = dst, parent;
+	int rc;
+
+	for (unsigned depth = 0; depth < WALK_MAX; depth++) {
+		if (cur == moved)
+			return -EINVAL;
+		if (cur == STK_ROOT_INO)
+			return 0;
+		if (stk_ino_shard(cur) == x->shard) {
+			rc = stk_meta_store_xparent(x->st, cur, &parent);
+		} else {
+			struct stk_msg_meta_xshard_req q = {
+			    .op = STK_XSHARD_PARENT, .from = x->shard, .ino = cur};
+			struct stk_msg_meta_xshard_resp r;
+
+			rc = xcall(x, stk_ino_shard(cur), &q, &r);
+			parent = r.attr.ino;
+		}
+		if (rc)
+			return rc;
+		cur = parent;
+	}
+	stk_error("meta: folder %llu: parent chain too deep or cyclic", (unsigned long long)dst);
+	return -EIO;
+}
+
+int stk_meta_xshard_sharded(struct stk_meta_xshard *x)
+{
+	return nshards(x) > 1;
+}
+
+int stk_meta_xshard_dirmove_begin(struct stk_meta_xshard *x, uint64_t moved, uint64_t dst,
+				  uint64_t moved2, uint64_t dst2, uint64_t *token)
+{
+	uint64_t id;
+	int rc;
+
+	*token = 0;
+	if (nshards(x) < 2)
+		return 0; /* one shard: the store's own check, as always */
+	id = __atomic_fetch_add(&x->local_lock_next, 1, __ATOMIC_RELAXED) | LOCAL_LOCK_BIT;
+	rc = busy_add(x, id);
+	if (rc)
+		return rc;
+	rc = lock_take(x, id);
+	if (rc == 0 && moved)
+		rc = walk_up(x, moved, dst);
+	if (rc == 0 && moved2)
+		rc = walk_up(x, moved2, dst2);
+	if (rc && rc != -EBUSY)
+		lock_release(x, id);
+	if (rc) {
+		busy_del(x, id);
+		return rc;
+	}
+	*token = id;
+	return 0;
+}
+
+void stk_meta_xshard_dirmove_end(struct stk_meta_xshard *x, uint64_t token)
+{
+	if (!token)
+		return;
+	lock_release(x, token);
+	busy_del(x, token);
+}
+
+/* The shards holding marks of a move of folder ino to a folder of shard b. */
+static unsigned fmove_shards(struct stk_meta_xshard *x, unsigned b, uint64_t ino, unsigned out[2])
+{
+	unsigned c = stk_ino_shard(ino), n = 0;
+
+	if (b != x->shard)
+		out[n++] = b;
+	if (c != x->shard && c != b)
+		out[n++] = c;
+	return n;
+}
+
+/* Every mark of (this shard, id) settled as `done`: 0 when all were. */
+static int fmove_settle(struct stk_meta_xshard *x, unsigned b, uint64_t ino, uint64_t id,
+			int done)
+{
+	unsigned sh[2], n = fmove_shards(x, b, ino, sh);
+	int rc = 0;
+
+	for (unsigned i = 0; i < n; i++)
+		if (settle(x, sh[i], id, STK_XINTENT_FMOVE, done))
+			rc = -EIO;
+	return rc;
+}
+
+int stk_meta_xshard_fmove(struct stk_meta_xshard *x, const struct stk_cred *cred,
+			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			  const char *dst_name, uint32_t flags)
+{
+	unsigned b = stk_ino_shard(dst_parent), c;
+	int noreplace = (flags & STK_RENAME_NOREPLACE) != 0, rc, locked = 0, begun = 0;
+	struct stk_msg_meta_xshard_resp r;
+	struct stk_attr moved;
+	uint64_t id;
+
+	if (strnlen(dst_name, STK_NAME_MAX + 1) > STK_NAME_MAX)
+		return -ENAMETOOLONG;
+	if (!shard_known(x, b))
+		return -ENOENT; /* a folder of a shard the cluster does not have */
+	rc = stk_meta_store_xintent_fmove(x->st, cred, src_parent, src_name, dst_parent, dst_name,
+					  flags, &moved, &id);
+	if (rc == -EALREADY)
+		return 0; /* both names are the folder's: nothing to do */
+	if (rc)
+		return rc;
+	c = stk_ino_shard(moved.ino);
+	if (busy_add(x, id)) {
+		stk_meta_store_xintent_drop(x->st, id);
+		return -EAGAIN;
+	}
+	rc = wait_held(x);
+	if (rc)
+		goto out; /* not leading now: the intent is recovery's */
+	hook(x, "rmove", 1);
+	if (src_parent != dst_parent) {
+		/* no cycle: the lock orders every folder's move to another parent */
+		rc = lock_take(x, id);
+		locked = rc == 0;
+		if (rc == 0)
+			rc = walk_up(x, moved.ino, dst_parent);
+		if (rc)
+			goto undo;
+	}
+	begun = 1;
+	if (b != x->shard) {
+		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_FMOVE,
+						    .from = x->shard,
+						    .intent = id,
+						    .ino = moved.ino,
+						    .parent = dst_parent,
+						    .uid = cred->uid,
+						    .gid = cred->gid,
+						    .done = (uint8_t)noreplace};
+
+		snprintf(q.name, sizeof(q.name), "%s", dst_name);
+		rc = xcall(x, b, &q, &r);
+	}
+	if (rc == 0 && c != x->shard && c != b) {
+		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_FPTR,
+						    .from = x->shard,
+						    .intent = id,
+						    .ino = moved.ino,
+						    .parent = dst_parent};
+
+		rc = xcall(x, c, &q, &r);
+	}
+	if (rc == 0)
+		rc = stk_meta_store_xfmove_commit(x->st, id, dst_parent, dst_name, noreplace);
+	if (rc == 0) {
+		/* committed: never undone from here (recovery asks whoever leads) */
+		rc = wait_held(x);
+		if (rc)
+			goto out;
+		hook(x, "rmove", 3);
+		if (fmove_settle(x, b, moved.ino, id, 1) == 0 &&
+		    stk_meta_store_xdone_drop(x->st, id) == 0) {
+			if (locked)
+				lock_release(x, id);
+		} else {
+			stk_info("meta: folder %llu moved to shard %u's folder %llu: its marks "
+				 "are left to recovery",
+				 (unsigned long long)moved.ino, b, (unsigned long long)dst_parent);
+		}
+		goto out;
+	}
+undo:
+	/* Given up: B and C undo their part, then the intent goes, then the lock. */
+	if ((!begun || fmove_settle(x, b, moved.ino, id, 0) == 0) &&
+	    stk_meta_store_xintent_drop(x->st, id) == 0 && locked)
+		lock_release(x, id);
+out:
+	busy_del(x, id);
+	return rc;
+}
+
 void stk_meta_xshard_kick(struct stk_meta_xshard *x)
 {
 	pthread_mutex_lock(&x->mu);
@@ -690,9 +951,13 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 			hook(x, "rmdir", 2);
 		return rc;
 	case STK_XSHARD_SETTLE:
-		if (q->kind < STK_XINTENT_MKDIR || q->kind > STK_XINTENT_LINK)
+		if (q->kind < STK_XINTENT_MKDIR || q->kind > STK_XINTENT_FMOVE)
 			return -EINVAL;
 		rc = stk_meta_store_xsettle(x->st, q->from, q->intent, q->done != 0);
+		/* a folder's move: A drops its done record on this answer, after which a
+		 * mark found again here would be undone, so it must hold past a failover */
+		if (rc == 0 && q->kind == STK_XINTENT_FMOVE)
+			rc = wait_held(x);
 		if (rc == 0 && q->done && wait_held(x) == 0)
 			hook(x, kind_name(q->kind), 4);
 		if (rc == 0 && q->kind == STK_XINTENT_RENAME)
@@ -730,14 +995,59 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 			rc = stk_meta_store_xintents(x->st, vi, COUNT_MAX, &ni);
 		if (rc == 0)
 			rc = stk_meta_store_xmarks(x->st, vm, COUNT_MAX, &nm);
+		if (rc == 0) { /* folder moves not settled yet, and the folder-move lock */
+			struct stk_meta_xdone *vd = calloc(COUNT_MAX, sizeof(*vd));
+			size_t nd = 0;
+			uint32_t holder;
+			uint64_t lid;
+
+			rc = vd ? stk_meta_store_xdones(x->st, vd, COUNT_MAX, &nd) : -ENOMEM;
+			ni += nd;
+			if (stk_meta_store_xlock_get(x->st, &holder, &lid) == 0)
+				ni++;
+			free(vd);
+		}
 		r->intents = (uint32_t)ni;
 		r->marks = (uint32_t)nm;
 		free(vi);
 		free(vm);
 		return rc;
 	}
+	case STK_XSHARD_FMOVE:
+		rc = stk_meta_store_xfmove_in(x->st, q->from, q->intent, q->ino, q->parent, q->name,
+					      q->uid, q->gid, q->done != 0);
+		/* A commits on this answer: it must hold here past a failover */
+		if (rc == 0)
+			rc = wait_held(x);
+		if (rc == 0)
+			hook(x, "rmove", 2);
+		return rc;
+	case STK_XSHARD_FPTR:
+		rc = stk_meta_store_xfptr(x->st, q->from, q->intent, q->ino, q->parent);
+		if (rc == 0)
+			rc = wait_held(x);
+		if (rc == 0)
+			hook(x, "rmove", 2);
+		return rc;
+	case STK_XSHARD_LOCK:
+		rc = stk_meta_store_xlock(x->st, q->from, q->intent, q->done != 0);
+		if (rc == 0 && q->done)
+			rc = wait_held(x);
+		return rc;
+	case STK_XSHARD_PARENT:
+		rc = stk_meta_store_xparent(x->st, q->ino, &r->attr.ino);
+		r->attr.mode = S_IFDIR;
+		return rc;
 	case STK_XSHARD_QUERY:
-		if (q->kind == STK_XINTENT_RENAME)
+		if (q->kind == STK_XQUERY_LOCK) {
+			r->state = is_busy(x, q->intent) || stk_meta_store_xheld(x->st, q->intent)
+				       ? STK_XSTATE_INTENT
+				       : STK_XSTATE_STAYED;
+			return 0;
+		}
+		if (q->kind == STK_XINTENT_FMOVE)
+			rc = stk_meta_store_xquery_fmove(x->st, q->intent, &state);
+		else if (q->kind == STK_XINTENT_RENAME)
 			rc = stk_meta_store_xquery_rename(x->st, q->intent, q->ino, &state);
 		else if (q->kind == STK_XINTENT_LINK)
 			rc = stk_meta_store_xquery_link(x->st, q->intent, q->ino, &state);
@@ -768,6 +1078,18 @@ static void recover_intents(struct stk_meta_xshard *x)
 	for (size_t i = 0; i < n; i++) {
 		if (is_busy(x, v[i].id))
 			continue;
+		if (v[i].kind == STK_XINTENT_FMOVE) {
+			if (fmove_settle(x, v[i].shard, v[i].ino, v[i].id, 0) == 0 &&
+			    stk_meta_store_xintent_drop(x->st, v[i].id) == 0) {
+				lock_release(x, v[i].id);
+				stk_info("meta: move of folder %llu from folder %llu (intent %llu) "
+					 "given up",
+					 (unsigned long long)v[i].ino,
+					 (unsigned long long)v[i].parent,
+					 (unsigned long long)v[i].id);
+			}
+			continue;
+		}
 		if (settle(x, v[i].shard, v[i].id, v[i].kind, 0) == 0) {
 			stk_meta_store_xintent_drop(x->st, v[i].id);
 			stk_info("meta: cross-shard %s of '%s' in folder %llu (intent %llu) given "
@@ -800,6 +1122,20 @@ static void recover_marks(struct stk_meta_xshard *x)
 		int done;
 
 		snprintf(q.name, sizeof(q.name), "%s", v[i].name);
+		if (v[i].kind == STK_XMARK_FVICTIM)
+			continue; /* settled with its move's FMOVE mark */
+		if (v[i].kind == STK_XMARK_FMOVE || v[i].kind == STK_XMARK_FPTR) {
+			q.kind = STK_XINTENT_FMOVE;
+			if (xcall(x, v[i].from, &q, &r) ||
+			    (r.state != STK_XSTATE_MOVED && r.state != STK_XSTATE_STAYED))
+				continue; /* out of reach, or still under way there */
+			done = r.state == STK_XSTATE_MOVED;
+			if (stk_meta_store_xsettle(x->st, v[i].from, v[i].intent, done) == 0)
+				stk_info("meta: folder %llu, moved for shard %u's intent %llu: %s",
+					 (unsigned long long)v[i].ino, v[i].from,
+					 (unsigned long long)v[i].intent, done ? "kept" : "undone");
+			continue;
+		}
 		if (v[i].kind == STK_XMARK_RENAME || v[i].kind == STK_XMARK_LINK) {
 			int link = v[i].kind == STK_XMARK_LINK;
 
@@ -856,6 +1192,57 @@ static void recover_releases(struct stk_meta_xshard *x)
 	free(v);
 }
 
+/* A: each committed folder move's marks settled, then its record and its lock go. */
+static void recover_dones(struct stk_meta_xshard *x)
+{
+	struct stk_meta_xdone *v = calloc(RECOVER_BATCH, sizeof(*v));
+	size_t n = 0;
+
+	if (!v || stk_meta_store_xdones(x->st, v, RECOVER_BATCH, &n)) {
+		free(v);
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		if (is_busy(x, v[i].id))
+			continue;
+		if (fmove_settle(x, v[i].shard, v[i].ino, v[i].id, 1) == 0 &&
+		    stk_meta_store_xdone_drop(x->st, v[i].id) == 0) {
+			lock_release(x, v[i].id);
+			stk_info("meta: move of folder %llu (intent %llu) finished by recovery",
+				 (unsigned long long)v[i].ino, (unsigned long long)v[i].id);
+		}
+	}
+	free(v);
+}
+
+/* Shard 1: the folder-move lock goes once its holder no longer works under it. */
+static void recover_lock(struct stk_meta_xshard *x)
+{
+	uint32_t holder;
+	uint64_t id;
+	int held;
+
+	if (x->shard != 1 || stk_meta_store_xlock_get(x->st, &holder, &id))
+		return;
+	if (holder == x->shard) {
+		held = is_busy(x, id) || stk_meta_store_xheld(x->st, id);
+	} else {
+		struct stk_msg_meta_xshard_req q = {.op = STK_XSHARD_QUERY,
+						    .from = x->shard,
+						    .intent = id,
+						    .kind = STK_XQUERY_LOCK};
+		struct stk_msg_meta_xshard_resp r;
+
+		if (xcall(x, holder, &q, &r))
+			return; /* out of reach: asked again next time */
+		held = r.state != STK_XSTATE_STAYED;
+	}
+	if (!held && stk_meta_store_xlock(x->st, holder, id, 0) == 0)
+		stk_info("meta: the folder-move lock of shard %u (id %llu) released: its move "
+			 "is over",
+			 holder, (unsigned long long)id);
+}
+
 static void *recover_main(void *arg)
 {
 	struct stk_meta_xshard *x = arg;
@@ -868,8 +1255,10 @@ static void *recover_main(void *arg)
 		pthread_mutex_unlock(&x->mu);
 		if (stk_meta_repl_serving(x->repl)) {
 			recover_intents(x);
+			recover_dones(x);
 			recover_marks(x);
 			recover_releases(x);
+			recover_lock(x);
 		}
 		pthread_mutex_lock(&x->mu);
 		due = stk_now_ns() + RECOVER_MS * 1000000ull;
@@ -895,6 +1284,7 @@ int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl
 	x->st = st;
 	x->repl = repl;
 	x->shard = stk_meta_store_shard(st);
+	x->local_lock_next = LOCAL_LOCK_BIT | (stk_now_ns() & (LOCAL_LOCK_BIT - 1));
 	rc = hook_parse(x, dir);
 	if (rc == 0)
 		rc = hold_parse(x);

@@ -30,7 +30,15 @@
  * the link and its record, marked; (3) D writes the entry and its record, drops
  * the intent (the commit); (4) H drops the mark. Recovery as for a rename.
  *
- * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir, rmdir, rename or link,
+ * Folders moved across shards (folder F of shard C from P on A to Q on B): (1) A's
+ * intent, F held; then, on a cluster of shards and to another parent, shard 1's
+ * folder-move lock for (A, X) and the walk from Q up to the root (F met: EINVAL);
+ * (2) B's entry and mark, C's mark; (3) A's commit, a done record for the intent;
+ * (4) B and C settle, A drops the done record and the lock. Recovery: A gives up
+ * intents and finishes done records; B and C ask A about their marks; shard 1
+ * asks the lock's holder whether it still works under it.
+ *
+ * Test hook: STOKER_TEST_XSHARD_STOP=OP:K[:FILE] (OP mkdir, rmdir, rename, rmove or link,
  * K 1 to 4)
  * makes the meta node that completes step K of such an operation kill itself
  * (SIGKILL) right after it, once: it makes FILE (default: xshard-stopped in its
@@ -100,6 +108,29 @@ int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cred,
 			   uint64_t src_parent, const char *src_name, uint64_t dst_parent,
 			   const char *dst_name, uint32_t flags);
+/*
+ * rename of the folder src_name in src_parent (of this shard) to dst_name in
+ * dst_parent, when the folder or dst_parent is another shard's (above): the
+ * errors of a rename; -EXDEV for RENAME_EXCHANGE or a folder of another shard
+ * replaced; -EBUSY when the folder is in another move, or the lock could not be
+ * had in 30 s; -EIO when a shard could not be reached (recovery settles what was
+ * begun: the folder under one of its two names).
+ */
+int stk_meta_xshard_fmove(struct stk_meta_xshard *x, const struct stk_cred *cred,
+			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
+			  const char *dst_name, uint32_t flags);
+/*
+ * A folder `moved` of this shard moved to another parent `dst` of this shard (and,
+ * for RENAME_EXCHANGE, folder moved2 to dst2; 0: none): on a cluster of shards,
+ * the folder-move lock and the walk from each destination up to the root
+ * (-EINVAL: a folder moved is its destination or above it); *token for _end. One
+ * shard: nothing (token 0). -EBUSY, -EIO as for fmove.
+ */
+int stk_meta_xshard_dirmove_begin(struct stk_meta_xshard *x, uint64_t moved, uint64_t dst,
+				  uint64_t moved2, uint64_t dst2, uint64_t *token);
+void stk_meta_xshard_dirmove_end(struct stk_meta_xshard *x, uint64_t token);
+/* Whether the cluster has more than one shard (as the routing table says). */
+int stk_meta_xshard_sharded(struct stk_meta_xshard *x);
 /*
  * hard link of file ino of another shard as `name` in parent (of this shard): the
  * four steps of xshard.c. *out: the file after. The errors of a link; -EXDEV when

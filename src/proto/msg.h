@@ -559,7 +559,8 @@ enum stk_target_state {
  *   or removed its name) or 0 (A gave up); kind: the intent's (STK_XINTENT_*).
  * QUERY (to A, from B's recovery): state STK_XSTATE_* of intent, else of `name`
  *   in parent naming ino.
- * COUNT (to any, for tests and operators): the intents and marks it holds now
+ * COUNT (to any, for tests and operators): the intents (with folder moves not
+ *   settled yet and, on shard 1, a held folder-move lock) and marks it holds now
  *   (intents, marks; the other replies leave them 0), the reply followed by a u32:
  *   the releases waiting (a reply without it is from a node before them).
  * A file renamed from a folder of S to one of D (docs/meta-shards.md):
@@ -594,6 +595,23 @@ enum stk_target_state {
  *   rests on A's lease of the name and this shard's of the attributes. A meta
  *   from before it answers INVAL: A asks META_GETATTR, which recalls any, and
  *   leases nothing.
+ * A folder ino moved from a folder of A (from) to `parent` (docs/meta-shards.md,
+ * "Folders moved across shards"):
+ * FMOVE (to B, step 2): `name` in parent names folder ino, replacing an empty
+ *   folder of B, marked for (from, intent); uid, gid: the caller's; done 1:
+ *   RENAME_NOREPLACE.
+ * FPTR (to C, the folder's shard, step 2): folder ino marked, its parent pointer
+ *   to become `parent` at step 4.
+ * SETTLE with kind STK_XINTENT_FMOVE: step 4 (done 1) or the undo (0).
+ * QUERY with kind STK_XINTENT_FMOVE (to A): INTENT, MOVED or STAYED of intent.
+ * LOCK (to shard 1): the cluster's folder-move lock for (from, intent), done 1
+ *   taken (BUSY: another holds it), done 0 released.
+ * QUERY with kind STK_XQUERY_LOCK (to the lock's holder, from shard 1's
+ *   recovery): state INTENT while the holder still works under lock id intent,
+ *   STAYED once it does not.
+ * PARENT (to the shard of folder ino): its parent pointer, in the reply's
+ *   attr.ino (NOENT, NOTDIR).
+ * An older meta answers these INVAL: the move fails with nothing changed.
  */
 #define STK_MSG_META_XSHARD_REQ(F)                                                        \
 	F(u8, op) F(u32, from) F(u64, intent) F(u64, ino) F(u64, parent) F(name, name)     \
@@ -609,7 +627,11 @@ enum {
 	STK_XSHARD_RELEASE = 7,
 	STK_XSHARD_LINK = 8,
 	STK_XSHARD_DELEGATE = 9,
-	STK_XSHARD_ATTR = 10
+	STK_XSHARD_ATTR = 10,
+	STK_XSHARD_FMOVE = 11,
+	STK_XSHARD_FPTR = 12,
+	STK_XSHARD_LOCK = 13,
+	STK_XSHARD_PARENT = 14
 };
 /*
  * UP (to any shard; a client key's subtree, meta/span.c): the walk up the parent

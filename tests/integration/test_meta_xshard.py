@@ -7,8 +7,8 @@ spread) is made on another shard: its entry stays on its parent's shard, its
 inode and everything made in it live on the other one, and clients send each
 request to the shard of the inode it names. A file renamed between folders of
 two shards keeps its inode (and number) on its shard, named by an entry on the
-other; a folder moved between shards, or a hard link between them, answers
-EXDEV, so that mv copies.
+other, and so does a hard link between them; a folder moved between shards is
+test_meta_xdir.py's.
 
 The crash-point tests start the cluster with STOKER_TEST_XSHARD_STOP=OP:K: the
 meta node that completes step K of a cross-shard mkdir, rmdir or rename kills itself
@@ -126,12 +126,13 @@ def test_folders_on_another_shard(make_xc):
         assert sorted(c.listdir("/")) == sorted(names + ["plain"])
         a = [n for n in names if where[n] == 1][0]
         b = [n for n in names if where[n] == 2][0]
-        # a folder moved across shards: EXDEV, nothing changed (a file renamed or
-        # linked across: test_file_renamed_across_shards_and_back, test_hard_link_...)
+        # a folder moved across shards and back (test_meta_xdir.py; a file renamed
+        # or linked across: test_file_renamed_across_shards_and_back, test_hard_link_...)
         for src, dst in (("/" + b, "/%s/moved" % a), ("/%s/sub" % a, "/%s/moved" % b)):
-            with pytest.raises(OSError) as e:
-                c.rename(src, dst)
-            assert e.value.errno == errno.EXDEV, (src, dst)
+            ino = c.stat(src).st_ino
+            c.rename(src, dst)
+            assert c.stat(dst).st_ino == ino
+            c.rename(dst, src)
         assert c.read_file("/%s/sub/g" % b) == b.encode()
         # ".." of a folder of another shard is its parent, asked of the parent's shard
         p = run([CHECK, "ino", sc.url, "parent", str(c.stat("/" + b).st_ino)],
@@ -141,8 +142,8 @@ def test_folders_on_another_shard(make_xc):
         c.rename("/" + b, "/%s-renamed" % b)
         assert c.read_file("/%s-renamed/sub/g" % b) == b.encode()
         with pytest.raises(OSError) as e:
-            c.rename("/%s-renamed" % b, "/" + a)  # replacing: not built
-        assert e.value.errno == errno.EXDEV
+            c.rename("/%s-renamed" % b, "/" + a)  # replacing a folder with contents
+        assert e.value.errno == errno.ENOTEMPTY
         c.rename("/%s-renamed" % b, "/" + b)
         assert sorted(c.listdir("/")) == sorted(names + ["plain"])
         # a folder of another shard: rmdir of it non-empty refused, then removed
@@ -256,8 +257,8 @@ def test_file_renamed_across_shards_and_back(make_xc):
         u = c.stat("/a/u").st_ino
         c.rename("/a/u", "/b/u")
         with pytest.raises(OSError) as e:
-            c.rename("/a", "/b/a")  # a folder across shards: not built
-        assert e.value.errno == errno.EXDEV
+            c.rename("/b", "/b/sub/b")  # a folder of shard 2 into its own subtree
+        assert e.value.errno == errno.EINVAL
         p = run([CHECK, "ino", sc.url, "link", str(u), str(c.stat("/b").st_ino), "l"],
                 check=False, env=sc.env())
         assert p.stdout.strip() == b"EXDEV", p.stdout + p.stderr  # a second name off home

@@ -45,6 +45,15 @@ static struct stk_attr attr_of(uint64_t ino)
 	return a;
 }
 
+static struct stk_attr attr_of_in(struct stk_meta_store *s, uint64_t ino)
+{
+	struct stk_attr a;
+
+	memset(&a, 0, sizeof(a));
+	CHECK_RC(stk_meta_store_getattr(s, &ROOT, ino, &a), 0);
+	return a;
+}
+
 static uint64_t mkdir_as(const struct stk_cred *c, uint64_t parent, const char *name, uint32_t mode)
 {
 	struct stk_attr a;
@@ -3050,6 +3059,143 @@ out:
 	st = main_st;
 }
 
+/*
+ * Folders moved across shards (store.h): a folder of shard 1 moved into a folder
+ * of shard 2 step by step (held from step 1, its parent pointer at the commit,
+ * the done record until step 4), then back over an empty folder of shard 1: once
+ * undone after step 2 (the folder replaced named again and usable), once done
+ * (it goes). The folder-move lock, and the parent pointers the walk reads.
+ */
+static void test_cross_shard_fmove(void)
+{
+	char dir[sizeof(tmpdir) + 16];
+	struct stk_meta_store_opts o = {.size = sizeof(o), .map_size = 1ull << 30, .shard = 2};
+	struct stk_meta_store *s2 = NULL;
+	struct stk_meta_xdone dn[4];
+	struct stk_meta_xmark xm[4];
+	struct stk_meta_xref xs[4];
+	int done = 0;
+	struct stk_attr d, moved, got;
+	uint64_t top, f, e, id, id2, lid, parent;
+	uint32_t holder;
+	size_t n = 9;
+	int state = 0;
+
+	snprintf(dir, sizeof(dir), "%s/xfmove2", tmpdir);
+	o.dir = dir;
+	CHECK_RC(stk_meta_store_open(&o, &s2), 0);
+	if (!s2)
+		return;
+	top = mkdir_as(&ROOT, STK_ROOT_INO, "xfmove", 0777);
+	f = mkdir_as(&ROOT, top, "f", 0777);
+	mkdir_as(&ROOT, f, "s", 0777);
+	create_as(&ROOT, top, "file");
+	/* d: a folder of shard 2 named in top */
+	CHECK_RC(stk_meta_store_xintent_mkdir(st, &ROOT, top, "d", 2, &id), 0);
+	CHECK_RC(stk_meta_store_xmkdir(s2, 1, id, top, "d", 0777, 0, 0, &d), 0);
+	CHECK_RC(stk_meta_store_xlink(st, &ROOT, id, &d), 0);
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	CHECK(attr_of(top).nlink == 4);
+	/* step 1: what is not this path, then the intent; the folder held */
+	CHECK_RC(stk_meta_store_xintent_fmove(st, &ROOT, top, "f", d.ino, "m", STK_RENAME_EXCHANGE,
+					      &moved, &id),
+		 -EXDEV);
+	CHECK_RC(stk_meta_store_xintent_fmove(st, &ROOT, top, "file", d.ino, "m", 0, &moved, &id),
+		 -EXDEV);
+	CHECK_RC(stk_meta_store_xintent_fmove(st, &ROOT, top, "f", top, "file", 0, &moved, &id),
+		 -ENOTDIR);
+	CHECK_RC(stk_meta_store_xintent_fmove(st, &ROOT, top, "f", d.ino, "m", 0, &moved, &id), 0);
+	CHECK(moved.ino == f && S_ISDIR(moved.mode));
+	CHECK_RC(stk_meta_store_xintent_fmove(st, &ROOT, top, "f", d.ino, "m", 0, &moved, &id2),
+		 -EBUSY);
+	CHECK_RC(rename_as(&ROOT, top, "f", top, "f2", 0), -EBUSY);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, f, "s"), 0); /* inside: as before */
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, top, "f"), -EBUSY);
+	CHECK_RC(stk_meta_store_xquery_fmove(st, id, &state), 0);
+	CHECK(state == STK_XSTATE_INTENT);
+	/* step 2: the entry on shard 2, its link count, the mark; asked again: 0 */
+	CHECK_RC(stk_meta_store_xfmove_in(s2, 1, id, f, d.ino, "m", 0, 0, 0), 0);
+	CHECK_RC(stk_meta_store_xfmove_in(s2, 1, id, f, d.ino, "m", 0, 0, 0), 0);
+	CHECK_RC(stk_meta_store_xfmove_in(s2, 1, id + 7, f, d.ino, "m2", 0, 0, 0), -EBUSY);
+	CHECK(attr_of_in(s2, d.ino).nlink == 3);
+	CHECK_RC(stk_meta_store_xmarks(s2, xm, 4, &n), 0);
+	CHECK(n == 1 && xm[0].kind == STK_XMARK_FMOVE && xm[0].ino == f && xm[0].old_ino == 0);
+	/* fsck leaves it to the protocol: the new entry covered, the pointer not set */
+	CHECK_RC(stk_meta_store_fsck_xentries(s2, NULL, xs, 4, &n, &done), 0);
+	CHECK(n == 1 && xs[0].ino == f && xs[0].covered == 1);
+	CHECK_RC(stk_meta_store_fsck_xparent(st, f, top, d.ino), -EBUSY);
+	/* step 3: the old entry goes, the pointer (its shard's) changes, a done record */
+	CHECK_RC(stk_meta_store_xfmove_commit(st, id, d.ino, "m", 0), 0);
+	CHECK_RC(stk_meta_store_lookup(st, &ROOT, top, "f", &got), -ENOENT);
+	CHECK(attr_of(top).nlink == 3);
+	CHECK_RC(stk_meta_store_xparent(st, f, &parent), 0);
+	CHECK(parent == d.ino);
+	CHECK_RC(stk_meta_store_xquery_fmove(st, id, &state), 0);
+	CHECK(state == STK_XSTATE_MOVED);
+	CHECK(stk_meta_store_xheld(st, id) == 1);
+	CHECK_RC(stk_meta_store_xdones(st, dn, 4, &n), 0);
+	CHECK(n == 1 && dn[0].id == id && dn[0].ino == f && dn[0].shard == 2);
+	/* step 4: the mark goes; then the done record */
+	CHECK_RC(stk_meta_store_xsettle(s2, 1, id, 1), 0);
+	CHECK_RC(stk_meta_store_xmarks(s2, xm, 4, &n), 0);
+	CHECK(n == 0);
+	CHECK_RC(stk_meta_store_xdone_drop(st, id), 0);
+	CHECK_RC(stk_meta_store_xquery_fmove(st, id, &state), 0);
+	CHECK(state == STK_XSTATE_STAYED);
+	CHECK(stk_meta_store_xheld(st, id) == 0);
+	CHECK_RC(stk_meta_store_lookup(s2, &ROOT, d.ino, "m", &got), -EREMOTE);
+	CHECK(got.ino == f);
+	/* back over an empty folder of shard 1 (A = 2, B = C = 1), undone after step 2 */
+	e = mkdir_as(&ROOT, top, "e", 0777);
+	CHECK_RC(stk_meta_store_xintent_fmove(s2, &ROOT, d.ino, "m", top, "e", 0, &moved, &id2), 0);
+	CHECK_RC(stk_meta_store_xfmove_in(st, 2, id2, f, top, "e", 0, 0, 1), -EEXIST);
+	CHECK_RC(stk_meta_store_xfmove_in(st, 2, id2, f, top, "file", 0, 0, 0), -ENOTDIR);
+	CHECK_RC(stk_meta_store_xfmove_in(st, 2, id2, f, top, "e", 0, 0, 0), 0);
+	CHECK(ino_of(top, "e") == f && attr_of(top).nlink == 4);
+	CHECK_RC(stk_meta_store_mkdir(st, &ROOT, e, "no", 0777, &got), -ENOENT); /* replaced */
+	CHECK_RC(stk_meta_store_xmarks(st, xm, 4, &n), 0);
+	CHECK(n == 2); /* the move's, and the folder replaced's */
+	CHECK_EQ(fsck_problems(st), 0); /* the folder replaced counts as named until settled */
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id2, 0), 0);
+	CHECK_RC(stk_meta_store_xmarks(st, xm, 4, &n), 0);
+	CHECK(n == 0);
+	CHECK_RC(stk_meta_store_xintent_drop(s2, id2), 0);
+	CHECK(ino_of(top, "e") == e && attr_of(top).nlink == 4);
+	CHECK_RC(stk_meta_store_xparent(st, f, &parent), 0);
+	CHECK(parent == d.ino);
+	mkdir_as(&ROOT, e, "yes", 0777);
+	CHECK_RC(stk_meta_store_xintent_fmove(s2, &ROOT, d.ino, "m", top, "e", 0, &moved, &id2), 0);
+	CHECK_RC(stk_meta_store_xfmove_in(st, 2, id2, f, top, "e", 0, 0, 0), -ENOTEMPTY);
+	CHECK_RC(stk_meta_store_xintent_drop(s2, id2), 0);
+	CHECK_RC(stk_meta_store_rmdir(st, &ROOT, e, "yes"), 0);
+	/* and done: the folder replaced goes, the pointer changes at step 4 (its shard B) */
+	CHECK_RC(stk_meta_store_xintent_fmove(s2, &ROOT, d.ino, "m", top, "e", 0, &moved, &id2), 0);
+	CHECK_RC(stk_meta_store_xfmove_in(st, 2, id2, f, top, "e", 0, 0, 0), 0);
+	CHECK_RC(stk_meta_store_xfmove_commit(s2, id2, top, "e", 0), 0);
+	CHECK(attr_of_in(s2, d.ino).nlink == 2);
+	CHECK_RC(stk_meta_store_xsettle(st, 2, id2, 1), 0);
+	CHECK_RC(stk_meta_store_xdone_drop(s2, id2), 0);
+	CHECK_RC(stk_meta_store_getattr(st, &ROOT, e, &got), -ENOENT);
+	CHECK(ino_of(top, "e") == f && attr_of(top).nlink == 4);
+	CHECK_RC(stk_meta_store_xparent(st, f, &parent), 0);
+	CHECK(parent == top);
+	CHECK_EQ(fsck_problems(st), 0);
+	CHECK_EQ(fsck_problems(s2), 0);
+	/* the folder-move lock: shard 1's, one holder at a time */
+	CHECK_RC(stk_meta_store_xlock(s2, 1, 5, 1), -EINVAL);
+	CHECK_RC(stk_meta_store_xlock_get(st, &holder, &lid), -ENOENT);
+	CHECK_RC(stk_meta_store_xlock(st, 2, 5, 1), 0);
+	CHECK_RC(stk_meta_store_xlock(st, 2, 5, 1), 0);
+	CHECK_RC(stk_meta_store_xlock(st, 1, 6, 1), -EBUSY);
+	CHECK_RC(stk_meta_store_xlock(st, 1, 6, 0), 0); /* not its: still held */
+	CHECK_RC(stk_meta_store_xlock_get(st, &holder, &lid), 0);
+	CHECK(holder == 2 && lid == 5);
+	CHECK_RC(stk_meta_store_xlock(st, 2, 5, 0), 0);
+	CHECK_RC(stk_meta_store_xlock_get(st, &holder, &lid), -ENOENT);
+	CHECK_RC(stk_meta_store_xparent(st, ino_of(top, "file"), &parent), -ENOTDIR);
+	stk_meta_store_close(s2);
+}
+
 int main(void)
 {
 	static struct listing listing;
@@ -3102,6 +3248,7 @@ int main(void)
 	CHECK_RUN(test_fsck_lostfound);
 	CHECK_RUN(test_cross_shard_rename);
 	CHECK_RUN(test_cross_shard_link);
+	CHECK_RUN(test_cross_shard_fmove);
 	CHECK_RUN(test_fsck_clean);
 	reserved = test_reserved_inos();
 	CHECK_RUN(test_batch);
