@@ -37,7 +37,7 @@ def parent_of(sc, ino):
 
 
 def quiet(sc):
-    return sc.held(1)[1:] == (0, 0) and sc.held(2)[1:] == (0, 0)
+    return sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0)
 
 
 def fsck_clean(sc):
@@ -605,7 +605,7 @@ def make_x3(tmp_path):
 
 
 def quiet3(sc):
-    return all(sc.held(k)[1:] == (0, 0) for k in (1, 2, 3))
+    return all(sc.held(k)[1:] == (0, 0, 0) for k in (1, 2, 3))
 
 
 @pytest.mark.parametrize("step", [0, 2, 4])
