@@ -24,8 +24,8 @@ import pytest
 from conftest import CHECK, STOKER, Mount, have_fuse, run, wait_until
 from pyhelp import stoker as stoker_pkg
 from test_meta_shards import leader_of
-from test_meta_xshard import (XCluster, gone, logged, make_xc, shard_of, stopped,  # noqa: F401
-                              two_folders, xfsck)
+from test_meta_xshard import (XCluster, fsck_clean_under, gone, logged, make_xc,  # noqa: F401
+                              shard_of, stopped, two_folders, xfsck)
 
 
 def parent_of(sc, ino):
@@ -540,18 +540,7 @@ def test_fsck_under_folder_moves_across_shards_is_clean(make_xc):
         finally:
             cl.close()
 
-    threads = [threading.Thread(target=churn, args=(t,)) for t in ("p", "q")]
-    for t in threads:
-        t.start()
-    try:
-        for _ in range(3):
-            out = xfsck(sc)
-            assert out["clean"], out
-            time.sleep(1)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(120)
+    fsck_clean_under(sc, churn, ("p", "q"), stop, pause=1)
     assert not errors, errors[:5]
     assert moved.count("p") > 5 and moved.count("q") > 5, len(moved)
     wait_until(lambda: quiet(sc), timeout=30)

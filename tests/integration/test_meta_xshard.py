@@ -743,6 +743,28 @@ def xfsck(sc, *args):
     return out
 
 
+def fsck_clean_under(sc, churn, tags, stop, runs=((), (), ()), ready=None, pause=0):
+    """`stoker fsck` once per args of runs while churn(tag) runs in a thread per tag
+    (after ready() holds, when given): each run clean. stop is set and the threads
+    joined afterwards whatever happened; the runs' outputs are returned."""
+    threads = [threading.Thread(target=churn, args=(t,)) for t in tags]
+    for t in threads:
+        t.start()
+    outs = []
+    try:
+        if ready:
+            sc.wait("the workload to run", ready)
+        for args in runs:
+            outs.append(xfsck(sc, *args))
+            assert outs[-1]["clean"], outs[-1]
+            time.sleep(pause)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
+    return outs
+
+
 def test_fsck_checks_and_repairs_shard_2(make_xc):
     """fsck checks every shard: problems planted in shard 2's store and a chunk of an
     inode shard 2 never had are found and reported under shard 2, --repair fixes
@@ -1046,19 +1068,11 @@ def test_fsck_of_two_shards_under_a_writer_is_clean(make_xc):
         sc.cli("shard", "unpin", "/")
         c.mkdir("/one")     # on shard 1
         assert shard_of(c.stat("/two").st_ino) == 2 and shard_of(c.stat("/one").st_ino) == 1
-        threads = [threading.Thread(target=churn, args=(d,)) for d in ("/one", "/two")]
-        for t in threads:
-            t.start()
-        try:
-            sc.wait("the workload to run", lambda: len(done) > 10)
-            for args in ((), ("--grace", "0"), ("--grace", "0", "--repair")):
-                out = xfsck(sc, *args)
-                assert out["clean"] and out["list"] == [], out
-                assert [s["shard"] for s in out["shards"]] == [1, 2], out
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
+        outs = fsck_clean_under(sc, churn, ("/one", "/two"), stop,
+                                ((), ("--grace", "0"), ("--grace", "0", "--repair")),
+                                ready=lambda: len(done) > 10)
+        for out in outs:
+            assert out["list"] == [] and [s["shard"] for s in out["shards"]] == [1, 2], out
         assert not errors, errors
         assert c.read_file("/two/stays") == b"stays on shard 2"
     finally:
@@ -1269,18 +1283,9 @@ def test_fsck_under_cross_shard_mkdir_and_rmdir_is_clean(make_xc):
         out = xfsck(sc)
         assert out["clean"] and out["list"] == [], out
         assert out["shards"][1]["dirs"] >= 1100, out
-        threads = [threading.Thread(target=churn, args=(t,)) for t in ("a", "b")]
-        for t in threads:
-            t.start()
-        try:
-            sc.wait("the workload to run", lambda: len(done) > 10)
-            for args in ((), ("--repair",), ()):
-                out = xfsck(sc, *args)
-                assert out["clean"] and out["list"] == [], out
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
+        outs = fsck_clean_under(sc, churn, ("a", "b"), stop, ((), ("--repair",), ()),
+                                ready=lambda: len(done) > 10)
+        assert all(out["list"] == [] for out in outs), outs
         assert not errors, errors
         assert len(done) > 20
         out = xfsck(sc)
@@ -1331,18 +1336,7 @@ def test_fsck_under_renames_across_shards_is_clean(make_xc):
         finally:
             cl.close()
 
-    threads = [threading.Thread(target=churn, args=(t,)) for t in ("p", "q")]
-    for t in threads:
-        t.start()
-    try:
-        for _ in range(3):
-            out = xfsck(sc)
-            assert out["clean"], out
-            time.sleep(1)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(120)
+    fsck_clean_under(sc, churn, ("p", "q"), stop, pause=1)
     assert not errors, errors[:5]
     assert moved.count("p") > 5 and moved.count("q") > 5, len(moved)
     wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)

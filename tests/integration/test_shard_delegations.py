@@ -16,31 +16,10 @@ import pytest
 
 from conftest import Mount, errno_of, have_fuse, wait_until
 from test_meta_shards import leader_of
-from test_meta_xshard import XCluster, shard_lookups, shard_meta_figure, shard_of
+from test_meta_xshard import (make_xc, shard_lookups, shard_meta_figure,  # noqa: F401
+                              shard_of)
 
 pytestmark = pytest.mark.skipif(not have_fuse(), reason="needs root, /dev/fuse and fusermount3")
-
-
-@pytest.fixture
-def make_xc(tmp_path):
-    made = []
-
-    def make(env_extra=None, replicas=1):
-        c = XCluster(tmp_path, env_extra, replicas)
-        made.append(c)
-        c.up()
-        return c
-
-    yield make
-    for c in made:
-        try:
-            os.kill(c.supervisor(), signal.SIGCONT)
-        except (AssertionError, OSError):
-            pass
-        c.down()
-        bad = [line for line in c.logs().splitlines()
-               if "ERROR: AddressSanitizer" in line or "runtime error:" in line]
-        assert not bad, c.logs()
 
 
 def at(sc, shard, op):
