@@ -813,7 +813,8 @@ static int xadd(struct fsck *f, const struct xprob *p, int first)
 	if (!first) {
 		for (size_t i = 0; i < f->nxp; i++)
 			if (f->xp[i].kind == p->kind && f->xp[i].ino == p->ino &&
-			    f->xp[i].parent == p->parent && f->xp[i].found == p->found)
+			    f->xp[i].parent == p->parent && f->xp[i].found == p->found &&
+			    f->xp[i].id == p->id)
 				f->xp[i].confirmed = 1;
 		return 0;
 	}
@@ -1279,6 +1280,7 @@ static int xnames_look(struct fsck *f, int first)
 		const struct xref *e = &names.v[i];
 		unsigned home = stk_ino_shard(e->ino);
 		const struct xrec *x = xrec_of(&r2, home, 'X', e->ino);
+		const struct xrec *x1 = xrec_of(&r1, home, 'X', e->ino);
 		const struct xrec *r = xrec_of(&r2, e->shard, 'R', e->ino);
 		struct xprob p = {.kind = STK_FSCK_NAME_OFF_HOME,
 				  .shard = e->shard,
@@ -1286,12 +1288,21 @@ static int xnames_look(struct fsck *f, int first)
 				  .parent = e->parent,
 				  .found = home};
 
-		if ((e->covered & STK_FSCK_XCOVERED) || (x && x->covered)) {
+		if ((e->covered & STK_FSCK_XCOVERED) || (x && x->covered) || (x1 && x1->covered)) {
 			f->busy++;
 			continue;
 		}
-		if (!x || x->shard != e->shard)
+		if (!x || x->shard != e->shard) {
+			/*
+			 * Counted before the names were listed, not after: the name went
+			 * meanwhile (renamed home, released), its 'X' with it.
+			 */
+			if (x1 && x1->shard == e->shard) {
+				f->busy++;
+				continue;
+			}
 			p.expect |= 1; /* its home does not count it */
+		}
 		if (!(e->covered & STK_FSCK_XHAS_R))
 			p.expect |= 2; /* this shard does not know where it lives */
 		if (!p.expect)
@@ -1321,12 +1332,19 @@ static int xnames_look(struct fsck *f, int first)
 				  .ino = x->ino,
 				  .found = x->shard,
 				  .id = x->id};
-		const struct xrec *ra, *rb;
+		const struct xrec *ra, *rb, *x2;
 		int listed = 0;
 
 		if (x->kind != 'X')
 			continue;
-		if (x->covered) {
+		/*
+		 * The same record listed after the names too, else the name it counted
+		 * went meanwhile with it (renamed home, released) and nothing is stale.
+		 */
+		x2 = xrec_of(&r2, x->lister, 'X', x->ino);
+		if (!x2 || x2->id != x->id || x2->shard != x->shard)
+			continue;
+		if (x->covered || x2->covered) {
 			f->busy++;
 			continue;
 		}
