@@ -55,7 +55,8 @@ struct stk_meta_xshard {
 	uint64_t spread_asked_ns; /* atomic: when "spread" last asked mgmtd for the table */
 	uint64_t local_lock_next; /* atomic: the next lock id of a move within this shard */
 	int sharded;		  /* atomic: a table with more than one shard was seen */
-	pthread_mutex_t mu; /* busy, stop */
+	pthread_mutex_t make_mu; /* an intent written and claimed, against its listing */
+	pthread_mutex_t mu;	 /* busy, stop */
 	pthread_cond_t wake;
 	uint64_t busy[BUSY_MAX];
 	unsigned nbusy;
@@ -203,6 +204,29 @@ static int is_busy(struct stk_meta_xshard *x, uint64_t id)
 		found = x->busy[i] == id;
 	pthread_mutex_unlock(&x->mu);
 	return found;
+}
+
+/*
+ * Recovery gives up each intent no request works on (recover_intents). A request
+ * writes its intent and claims it (busy) as one step under make_mu, and recovery
+ * lists the intents and sees which are claimed under it too: else it could list an
+ * intent its request has not claimed yet and undo D's part while the request goes
+ * on to commit, leaving the file with no name at all.
+ */
+static void intent_making(struct stk_meta_xshard *x)
+{
+	pthread_mutex_lock(&x->make_mu);
+}
+
+/* After intent_making: a written intent (rc 0) claimed, or dropped (-EAGAIN: too many). */
+static int intent_made(struct stk_meta_xshard *x, int rc, uint64_t id)
+{
+	if (rc == 0 && busy_add(x, id)) {
+		stk_meta_store_xintent_drop(x->st, id);
+		rc = -EAGAIN;
+	}
+	pthread_mutex_unlock(&x->make_mu);
+	return rc;
 }
 
 /* The leader of `shard` now: 0 with addr, -ENOTCONN (none now), -ENOENT (no such shard). */
@@ -427,10 +451,12 @@ int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 					    .gid = cred->gid};
 	struct stk_msg_meta_xshard_resp r;
 	struct stk_attr pa;
-	uint64_t id;
+	uint64_t id = 0;
 	int rc;
 
+	intent_making(x);
 	rc = stk_meta_store_xintent_mkdir(x->st, cred, parent, name, shard, &id);
+	rc = intent_made(x, rc, id);
 	if (rc)
 		return rc;
 	/* A setgid folder passes on its group and the bit, as a mkdir here does
@@ -438,10 +464,6 @@ int stk_meta_xshard_mkdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 	if (stk_meta_store_getattr(x->st, cred, parent, &pa) == 0 && (pa.mode & S_ISGID)) {
 		q.gid = pa.gid;
 		q.mode |= S_ISGID;
-	}
-	if (busy_add(x, id)) {
-		stk_meta_store_xintent_drop(x->st, id);
-		return -EAGAIN;
 	}
 	rc = wait_held(x);
 	if (rc)
@@ -484,20 +506,19 @@ int stk_meta_xshard_rmdir(struct stk_meta_xshard *x, const struct stk_cred *cred
 	unsigned shard = stk_ino_shard(ino);
 	struct stk_msg_meta_xshard_resp r;
 	struct stk_attr victim;
-	uint64_t id;
+	uint64_t id = 0;
 	int rc;
 
 	rc = stk_meta_xshard_getattr(x, ino, &victim);
 	if (rc == -ENOENT)
 		rc = -EIO; /* a name here, no folder there: fsck's to report */
-	if (rc == 0)
+	if (rc == 0) {
+		intent_making(x);
 		rc = stk_meta_store_xintent_rmdir(x->st, cred, parent, name, &victim, &id);
+		rc = intent_made(x, rc, id);
+	}
 	if (rc)
 		return rc;
-	if (busy_add(x, id)) {
-		stk_meta_store_xintent_drop(x->st, id);
-		return -EAGAIN;
-	}
 	rc = wait_held(x);
 	if (rc)
 		goto out;
@@ -542,21 +563,19 @@ int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cre
 	unsigned shard = stk_ino_shard(dst_parent);
 	struct stk_msg_meta_xshard_resp r;
 	struct stk_attr moved;
-	uint64_t id;
+	uint64_t id = 0;
 	int rc;
 
 	if (strnlen(dst_name, STK_NAME_MAX + 1) > STK_NAME_MAX)
 		return -ENAMETOOLONG;
 	if (!shard_known(x, shard))
 		return -ENOENT; /* a folder of a shard the cluster does not have */
+	intent_making(x);
 	rc = stk_meta_store_xintent_rename(x->st, cred, src_parent, src_name, shard, flags,
 					   &moved, &id);
+	rc = intent_made(x, rc, id);
 	if (rc)
 		return rc;
-	if (busy_add(x, id)) {
-		stk_meta_store_xintent_drop(x->st, id);
-		return -EAGAIN;
-	}
 	rc = wait_held(x);
 	if (rc)
 		goto out; /* not leading now: the intent is recovery's */
@@ -603,18 +622,16 @@ int stk_meta_xshard_link(struct stk_meta_xshard *x, const struct stk_cred *cred,
 	    .op = STK_XSHARD_LINK, .from = x->shard, .ino = ino, .parent = parent};
 	unsigned shard = stk_ino_shard(ino);
 	struct stk_msg_meta_xshard_resp r;
-	uint64_t id;
+	uint64_t id = 0;
 	int rc;
 
 	if (!shard_known(x, shard))
 		return -ENOENT; /* a number of a shard the cluster does not have */
+	intent_making(x);
 	rc = stk_meta_store_xintent_link(x->st, cred, ino, parent, name, &id);
+	rc = intent_made(x, rc, id);
 	if (rc)
 		return rc;
-	if (busy_add(x, id)) {
-		stk_meta_store_xintent_drop(x->st, id);
-		return -EAGAIN;
-	}
 	rc = wait_held(x);
 	if (rc)
 		goto out;
@@ -819,23 +836,23 @@ int stk_meta_xshard_fmove(struct stk_meta_xshard *x, const struct stk_cred *cred
 	int noreplace = (flags & STK_RENAME_NOREPLACE) != 0, rc, locked = 0, begun = 0;
 	struct stk_msg_meta_xshard_resp r;
 	struct stk_attr moved;
-	uint64_t id;
+	uint64_t id = 0;
 
 	if (strnlen(dst_name, STK_NAME_MAX + 1) > STK_NAME_MAX)
 		return -ENAMETOOLONG;
 	if (!shard_known(x, b))
 		return -ENOENT; /* a folder of a shard the cluster does not have */
+	intent_making(x);
 	rc = stk_meta_store_xintent_fmove(x->st, cred, src_parent, src_name, dst_parent, dst_name,
 					  flags, &moved, &id);
-	if (rc == -EALREADY)
+	if (rc == -EALREADY) {
+		intent_made(x, rc, id);
 		return 0; /* both names are the folder's: nothing to do */
+	}
+	rc = intent_made(x, rc, id);
 	if (rc)
 		return rc;
 	c = stk_ino_shard(moved.ino);
-	if (busy_add(x, id)) {
-		stk_meta_store_xintent_drop(x->st, id);
-		return -EAGAIN;
-	}
 	rc = wait_held(x);
 	if (rc)
 		goto out; /* not leading now: the intent is recovery's */
@@ -1069,15 +1086,23 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 static void recover_intents(struct stk_meta_xshard *x)
 {
 	struct stk_meta_xintent *v = calloc(RECOVER_BATCH, sizeof(*v));
-	size_t n = 0;
+	size_t n = 0, left = 0;
+	int rc = -ENOMEM;
 
-	if (!v || stk_meta_store_xintents(x->st, v, RECOVER_BATCH, &n)) {
+	/* those claimed now are their requests'; no request claims one later */
+	if (v) {
+		intent_making(x);
+		rc = stk_meta_store_xintents(x->st, v, RECOVER_BATCH, &n);
+		for (size_t i = 0; rc == 0 && i < n; i++)
+			if (!is_busy(x, v[i].id))
+				v[left++] = v[i];
+		pthread_mutex_unlock(&x->make_mu);
+	}
+	if (rc) {
 		free(v);
 		return;
 	}
-	for (size_t i = 0; i < n; i++) {
-		if (is_busy(x, v[i].id))
-			continue;
+	for (size_t i = 0; i < left; i++) {
 		if (v[i].kind == STK_XINTENT_FMOVE) {
 			if (fmove_settle(x, v[i].shard, v[i].ino, v[i].id, 0) == 0 &&
 			    stk_meta_store_xintent_drop(x->st, v[i].id) == 0) {
@@ -1294,6 +1319,7 @@ int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl
 		free(x);
 		return rc;
 	}
+	pthread_mutex_init(&x->make_mu, NULL);
 	pthread_mutex_init(&x->mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1327,6 +1353,7 @@ void stk_meta_xshard_destroy(struct stk_meta_xshard *x)
 	stk_pool_destroy(x->pool);
 	pthread_cond_destroy(&x->wake);
 	pthread_mutex_destroy(&x->mu);
+	pthread_mutex_destroy(&x->make_mu);
 	free(x);
 }
 
