@@ -1271,27 +1271,37 @@ static void recover_lock(struct stk_meta_xshard *x)
 static void *recover_main(void *arg)
 {
 	struct stk_meta_xshard *x = arg;
+	uint64_t due = 0;
 
+	/*
+	 * Every RECOVER_MS, all of it; woken by a kick (a release to tell) in between,
+	 * the releases only: a kick comes with every rename over another shard's file,
+	 * and asking about every mark in flight each time would only add round trips.
+	 */
 	pthread_mutex_lock(&x->mu);
 	while (!x->stop) {
+		int all = stk_now_ns() >= due;
 		struct timespec ts;
-		uint64_t due;
 
+		x->kicked = 0;
 		pthread_mutex_unlock(&x->mu);
 		if (stk_meta_repl_serving(x->repl)) {
-			recover_intents(x);
-			recover_dones(x);
-			recover_marks(x);
+			if (all) {
+				recover_intents(x);
+				recover_dones(x);
+				recover_marks(x);
+			}
 			recover_releases(x);
-			recover_lock(x);
+			if (all)
+				recover_lock(x);
 		}
 		pthread_mutex_lock(&x->mu);
-		due = stk_now_ns() + RECOVER_MS * 1000000ull;
+		if (all)
+			due = stk_now_ns() + RECOVER_MS * 1000000ull;
 		ts.tv_sec = (time_t)(due / 1000000000ull);
 		ts.tv_nsec = (long)(due % 1000000000ull);
 		if (!x->stop && !x->kicked)
 			pthread_cond_timedwait(&x->wake, &x->mu, &ts);
-		x->kicked = 0;
 	}
 	pthread_mutex_unlock(&x->mu);
 	return NULL;
