@@ -1066,6 +1066,13 @@ static int may(const struct op *o, const struct stk_attr *a, unsigned mask)
 	return (bits & mask) == mask ? 0 : -EACCES;
 }
 
+int stk_meta_store_may(const struct stk_cred *cred, const struct stk_attr *a, unsigned mask)
+{
+	const struct op o = {.cred = cred};
+
+	return may(&o, a, mask & (MAY_R | MAY_W | MAY_X));
+}
+
 static int is_owner(const struct op *o, const struct stk_attr *a)
 {
 	return is_root(o) || o->cred->uid == a->uid;

@@ -107,6 +107,11 @@ int stk_meta_store_sync(struct stk_meta_store *st);
  */
 int stk_meta_store_lookup(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, struct stk_attr *out);
+/*
+ * The rwx check of cred against attributes a (of an inode of another shard, say):
+ * 0 or -EACCES; mask is R_OK, W_OK and X_OK (unistd.h) or'ed; root passes.
+ */
+int stk_meta_store_may(const struct stk_cred *cred, const struct stk_attr *a, unsigned mask);
 /* Attributes of an inode. No permission is needed (the caller found it by lookup). */
 int stk_meta_store_getattr(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t ino,
 			   struct stk_attr *out);

@@ -828,6 +828,29 @@ static int fmove_settle(struct stk_meta_xshard *x, unsigned b, uint64_t ino, uin
 	return rc;
 }
 
+/*
+ * A folder moved to another parent has its ".." changed: the caller needs write
+ * permission on it, as within a shard (the store checks it there). A folder of
+ * another shard named here has its attributes on its own shard: they are asked of
+ * it. 0 as well when the name is no such folder (the intent's checks answer).
+ */
+static int moved_writable(struct stk_meta_xshard *x, const struct stk_cred *cred,
+			  uint64_t src_parent, const char *src_name, uint64_t dst_parent)
+{
+	struct stk_attr e, f;
+	int rc;
+
+	if (src_parent == dst_parent || cred->uid == 0)
+		return 0;
+	rc = stk_meta_store_lookup(x->st, cred, src_parent, src_name, &e);
+	if (rc != -EREMOTE || !S_ISDIR(e.mode))
+		return 0;
+	rc = stk_meta_xshard_getattr(x, e.ino, &f);
+	if (rc == -ENOENT)
+		return -EIO; /* a name here, no folder there: fsck's to report */
+	return rc ? rc : stk_meta_store_may(cred, &f, W_OK);
+}
+
 int stk_meta_xshard_fmove(struct stk_meta_xshard *x, const struct stk_cred *cred,
 			  uint64_t src_parent, const char *src_name, uint64_t dst_parent,
 			  const char *dst_name, uint32_t flags)
@@ -842,6 +865,9 @@ int stk_meta_xshard_fmove(struct stk_meta_xshard *x, const struct stk_cred *cred
 		return -ENAMETOOLONG;
 	if (!shard_known(x, b))
 		return -ENOENT; /* a folder of a shard the cluster does not have */
+	rc = moved_writable(x, cred, src_parent, src_name, dst_parent);
+	if (rc)
+		return rc;
 	intent_making(x);
 	rc = stk_meta_store_xintent_fmove(x->st, cred, src_parent, src_name, dst_parent, dst_name,
 					  flags, &moved, &id);

@@ -14,8 +14,10 @@ replicas a shard, shard 1's leader is lost for good while the lock is held.
 """
 import errno
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -410,6 +412,86 @@ def test_mount_mv_moves_folders_across_shards(make_xc, tmp_path):
         assert os.listdir(a) == [] and os.listdir(b) == ["there"]
     finally:
         m.stop()
+    fsck_clean(sc)
+
+
+MOVE_AS_ALICE = r"""
+import errno, sys
+sys.path.insert(0, sys.argv[1])
+import stoker
+c = stoker.connect(sys.argv[2])
+def t(src, dst):
+    try:
+        c.rename(src, dst)
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(t("/a/f", "/a/sub/f"), t("/a/f", "/b/f"), t("/a/f", "/a/g"))
+"""
+
+
+def test_moving_a_folder_of_another_shard_needs_write_on_it(make_xc, tmp_path):
+    """A folder moved to another parent has its `..` changed, so its mover needs
+    write permission on it, as on a local file system (the mount's kernel checks
+    it too; a libstoker client's calls have only meta to check them); a folder of
+    shard 2 named in a folder of shard 1 has its mode on shard 2, which shard 1
+    asks. Without it: EACCES, to a folder of shard 1 or 2, nothing changed;
+    renamed within its folder, no `..` changes and it needs none; once writable,
+    it moves."""
+    from pyhelp import PYDIR
+    from test_mount_posix import ALICE, as_user
+
+    sc = make_xc()
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.makedirs("/a/sub")
+        c.makedirs("/b/f/s")
+        c.rename("/b/f", "/a/f")  # named on shard 1, its inode on shard 2
+        ino = c.stat("/a/f").st_ino
+        assert shard_of(ino) == 2
+    finally:
+        c.close()
+    m = Mount(sc, tmp_path / "mnt")  # root's, to change the modes
+    m.start()
+    keys = None
+    try:
+        for d in ("a", "a/sub", "b"):
+            os.chmod(os.path.join(m.path, d), 0o777)
+        os.chmod(os.path.join(m.path, "a/f"), 0o755)  # root's, not alice's to write
+        keys = tempfile.mkdtemp(prefix="stoker-test-key-")  # /tmp/pytest-of-root is 0700
+        os.chmod(keys, 0o755)
+        key = os.path.join(keys, "alice.key")  # she holds the cluster key, as a client
+        shutil.copy(os.path.join(sc.data, "cluster.key"), key)
+        os.chown(key, ALICE, ALICE)
+
+        def alice():
+            r = subprocess.run(["/usr/bin/python3", "-c", MOVE_AS_ALICE, PYDIR, sc.url],
+                               capture_output=True, preexec_fn=as_user(ALICE, ALICE),
+                               env=dict(sc.env(), STOKER_KEY_FILE=key), timeout=120)
+            assert r.returncode == 0, r.stderr.decode()
+            return r.stdout.decode().split()
+
+        assert alice() == ["EACCES", "EACCES", "ok"]
+        c = stoker_pkg.connect(sc.url)
+        try:
+            assert c.stat("/a/g").st_ino == ino and parent_of(sc, ino) == c.stat("/a").st_ino
+            assert c.listdir("/a/sub") == [] and c.listdir("/b") == []
+            c.rename("/a/g", "/a/f")
+        finally:
+            c.close()
+        os.chmod(os.path.join(m.path, "a/f"), 0o777)
+        assert alice() == ["ok", "ENOENT", "ENOENT"]
+        c = stoker_pkg.connect(sc.url)
+        try:
+            assert c.stat("/a/sub/f").st_ino == ino and c.listdir("/a/sub/f") == ["s"]
+            assert parent_of(sc, ino) == c.stat("/a/sub").st_ino
+        finally:
+            c.close()
+    finally:
+        m.stop()
+        if keys:
+            shutil.rmtree(keys, ignore_errors=True)
     fsck_clean(sc)
 
 
