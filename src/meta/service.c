@@ -3561,6 +3561,8 @@ int stk_meta_run(const struct stk_meta_opts *opts)
 	if (rc == 0)
 		rc = stk_meta_xshard_create(m.store, m.repl, dir, &m.xshard);
 	if (rc == 0)
+		stk_meta_xshard_leases(m.xshard, m.leases);
+	if (rc == 0)
 		rc = stk_meta_span_create(m.store, m.xshard, &m.span);
 	if (rc)
 		goto out;

@@ -7555,6 +7555,24 @@ static int xfind_one(uint64_t v, const MDB_val *val, void *ctx)
 	return 0;
 }
 
+int stk_meta_store_xmark_find(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			      struct stk_meta_xmark *out)
+{
+	static const struct stk_cred root_cred;
+	struct xfind f = {.from = from, .intent = intent};
+	struct op o;
+	int rc = op_begin(&o, st, &root_cred, 1);
+
+	if (rc)
+		return rc;
+	rc = st->xshard ? xwalk(&o, 'M', xfind_one, &f) : 0;
+	if (rc == 0 && !f.found)
+		rc = -ENOENT;
+	if (rc == 0)
+		*out = f.m;
+	return op_end(&o, rc);
+}
+
 int stk_meta_store_xmkdir(struct stk_meta_store *st, uint32_t from, uint64_t intent,
 			  uint64_t parent, const char *name, uint32_t mode, uint32_t uid,
 			  uint32_t gid, struct stk_attr *out)

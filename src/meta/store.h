@@ -917,6 +917,9 @@ int stk_meta_store_xdying(struct stk_meta_store *st, uint32_t from, uint64_t int
  * 0 (settled already).
  */
 int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t intent, int done);
+/* The mark of (from, intent) into out: 0, or -ENOENT (none: settled, never made). */
+int stk_meta_store_xmark_find(struct stk_meta_store *st, uint32_t from, uint64_t intent,
+			      struct stk_meta_xmark *out);
 /* B: up to max marks held (recovery). */
 int stk_meta_store_xmarks(struct stk_meta_store *st, struct stk_meta_xmark *out, size_t max,
 			  size_t *n);

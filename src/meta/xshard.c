@@ -34,6 +34,7 @@
 #include "../mgmtd/agent.h"
 #include "../net/net.h"
 #include "../proto/wire.h"
+#include "leases.h"
 #include "repl.h"
 #include "store.h"
 
@@ -51,6 +52,7 @@ struct stk_meta_xshard {
 	struct stk_meta_repl *repl;
 	struct stk_agent *agent; /* set once by start */
 	struct stk_pool *pool;
+	struct stk_meta_leases *leases; /* set once before start; NULL: none */
 	unsigned shard;
 	uint64_t spread_asked_ns; /* atomic: when "spread" last asked mgmtd for the table */
 	uint64_t local_lock_next; /* atomic: the next lock id of a move within this shard */
@@ -69,39 +71,50 @@ struct stk_meta_xshard {
 	unsigned hook_step;
 	char hook_file[PATH_MAX];
 	char hold_file[PATH_MAX]; /* STOKER_TEST_XSHARD_HOLD's: "" when not set */
+	int hold_undo;		  /* rename-undo: a held rename is given up */
 };
 
 #define HOLD_MAX_MS 120000u /* a held rename goes on after this, file or not */
 
-/* STOKER_TEST_XSHARD_HOLD=rename:FILE (xshard.h). */
+/* STOKER_TEST_XSHARD_HOLD=rename:FILE or rename-undo:FILE (xshard.h). */
 static int hold_parse(struct stk_meta_xshard *x)
 {
 	const char *v = getenv("STOKER_TEST_XSHARD_HOLD");
+	size_t skip = 0;
 
 	if (!v || !*v)
 		return 0;
-	if (strncmp(v, "rename:", 7) != 0 || !v[7] ||
-	    (size_t)snprintf(x->hold_file, sizeof(x->hold_file), "%s", v + 7) >=
+	if (strncmp(v, "rename:", 7) == 0)
+		skip = 7;
+	else if (strncmp(v, "rename-undo:", 12) == 0)
+		skip = 12;
+	x->hold_undo = skip == 12;
+	if (!skip || !v[skip] ||
+	    (size_t)snprintf(x->hold_file, sizeof(x->hold_file), "%s", v + skip) >=
 		sizeof(x->hold_file)) {
 		x->hold_file[0] = 0;
-		stk_error("STOKER_TEST_XSHARD_HOLD=%s: want rename:FILE", v);
+		stk_error("STOKER_TEST_XSHARD_HOLD=%s: want rename:FILE or rename-undo:FILE", v);
 		return -EINVAL;
 	}
 	return 0;
 }
 
-/* The hold hook: a rename whose step 2 is done waits while the hold file is there. */
-static void hold(struct stk_meta_xshard *x)
+/*
+ * The hold hook: a rename whose step 2 is done waits while the hold file is there.
+ * 1: the rename is to be given up then (rename-undo), as if its step 3 failed.
+ */
+static int hold(struct stk_meta_xshard *x)
 {
 	struct timespec ts = {0, 20 * 1000000L};
 
 	if (!x->hold_file[0] || access(x->hold_file, F_OK) != 0)
-		return;
+		return 0;
 	stk_warn("STOKER_TEST_XSHARD_HOLD: a rename across shards held after its step 2 while "
-		 "%s is there",
-		 x->hold_file);
+		 "%s is there%s",
+		 x->hold_file, x->hold_undo ? ", then given up" : "");
 	for (unsigned ms = 0; ms < HOLD_MAX_MS && access(x->hold_file, F_OK) == 0; ms += 20)
 		nanosleep(&ts, NULL);
+	return x->hold_undo;
 }
 
 static int hook_parse(struct stk_meta_xshard *x, const char *dir)
@@ -169,6 +182,34 @@ static int wait_held(struct stk_meta_xshard *x)
 	uint64_t seq = stk_meta_store_thread_seq(0);
 
 	return seq ? stk_meta_repl_wait(x->repl, seq) : 0;
+}
+
+/*
+ * The mark of (from, intent) settled (stk_meta_store_xsettle), as every change here
+ * is, between stk_meta_leases_begin and _end on what it changes: the folder of its
+ * entry, the inode it names and the one it replaced. An undo puts back the entry's
+ * old name, step 4 unlinks what it replaced: a client's cached answer from before
+ * is recalled before either is seen, by a live request's settle and by recovery's.
+ */
+static int settle_here(struct stk_meta_xshard *x, uint32_t from, uint64_t intent, int done)
+{
+	struct stk_meta_xmark m;
+	uint64_t inos[3];
+	size_t n = 0;
+	int rc;
+
+	if (x->leases && stk_meta_store_xmark_find(x->st, from, intent, &m) == 0) {
+		inos[n++] = m.parent;
+		if (m.ino != m.parent)
+			inos[n++] = m.ino;
+		if (m.old_ino && m.old_ino != m.ino && m.old_ino != m.parent)
+			inos[n++] = m.old_ino;
+		stk_meta_leases_begin(x->leases, 0, inos, n);
+	}
+	rc = stk_meta_store_xsettle(x->st, from, intent, done);
+	if (n)
+		stk_meta_leases_end(x->leases, inos, n);
+	return rc;
 }
 
 static int busy_add(struct stk_meta_xshard *x, uint64_t id)
@@ -592,8 +633,7 @@ int stk_meta_xshard_rename(struct stk_meta_xshard *x, const struct stk_cred *cre
 		goto out;
 	}
 	if (rc == 0) {
-		hold(x);
-		rc = stk_meta_store_xrename_commit(x->st, id, dst_parent);
+		rc = hold(x) ? -EIO : stk_meta_store_xrename_commit(x->st, id, dst_parent);
 		if (rc == 0) {
 			/* committed: never undone from here (recovery asks whoever leads) */
 			rc = wait_held(x);
@@ -996,7 +1036,7 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 	case STK_XSHARD_SETTLE:
 		if (q->kind < STK_XINTENT_MKDIR || q->kind > STK_XINTENT_FMOVE)
 			return -EINVAL;
-		rc = stk_meta_store_xsettle(x->st, q->from, q->intent, q->done != 0);
+		rc = settle_here(x, q->from, q->intent, q->done != 0);
 		/* a folder's move: A drops its done record on this answer, after which a
 		 * mark found again here would be undone, so it must hold past a failover */
 		if (rc == 0 && q->kind == STK_XINTENT_FMOVE)
@@ -1181,7 +1221,7 @@ static void recover_marks(struct stk_meta_xshard *x)
 			    (r.state != STK_XSTATE_MOVED && r.state != STK_XSTATE_STAYED))
 				continue; /* out of reach, or still under way there */
 			done = r.state == STK_XSTATE_MOVED;
-			if (stk_meta_store_xsettle(x->st, v[i].from, v[i].intent, done) == 0)
+			if (settle_here(x, v[i].from, v[i].intent, done) == 0)
 				stk_info("meta: folder %llu, moved for shard %u's intent %llu: %s",
 					 (unsigned long long)v[i].ino, v[i].from,
 					 (unsigned long long)v[i].intent, done ? "kept" : "undone");
@@ -1195,7 +1235,7 @@ static void recover_marks(struct stk_meta_xshard *x)
 			    (r.state != STK_XSTATE_MOVED && r.state != STK_XSTATE_STAYED))
 				continue; /* out of reach, or still under way there */
 			done = r.state == STK_XSTATE_MOVED;
-			if (stk_meta_store_xsettle(x->st, v[i].from, v[i].intent, done) == 0)
+			if (settle_here(x, v[i].from, v[i].intent, done) == 0)
 				stk_info("meta: file %llu, %s for shard %u's intent %llu: %s",
 					 (unsigned long long)v[i].ino,
 					 link ? "linked there" : "renamed here", v[i].from,
@@ -1209,7 +1249,7 @@ static void recover_marks(struct stk_meta_xshard *x)
 			continue;
 		/* named: a pending folder was made, a dying one was not removed */
 		done = (v[i].kind == STK_XMARK_PENDING) == (r.state == STK_XSTATE_NAMED);
-		if (stk_meta_store_xsettle(x->st, v[i].from, v[i].intent, done) == 0)
+		if (settle_here(x, v[i].from, v[i].intent, done) == 0)
 			stk_info("meta: folder %llu, %s for shard %u's intent %llu: %s",
 				 (unsigned long long)v[i].ino,
 				 v[i].kind == STK_XMARK_PENDING ? "pending" : "dying", v[i].from,
@@ -1363,6 +1403,11 @@ int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl
 	pthread_condattr_destroy(&ca);
 	*out = x;
 	return 0;
+}
+
+void stk_meta_xshard_leases(struct stk_meta_xshard *x, struct stk_meta_leases *leases)
+{
+	x->leases = leases;
 }
 
 int stk_meta_xshard_start(struct stk_meta_xshard *x, struct stk_agent *agent)

@@ -48,6 +48,8 @@
  * a rename across shards is done (D's entry and mark), wait before step 3 while
  * FILE is there (at most 120 s): the rename is held mid-protocol, its intent and
  * mark in place, for as long as a test wants (the request waits meanwhile).
+ * rename-undo:FILE holds it so too, then gives it up as if step 3 had failed: D
+ * undoes its step 2 and the rename answers -EIO.
  *
  * Threads: every function may be called from any worker thread (they block on
  * the network); none from an event loop.
@@ -67,6 +69,12 @@ struct stk_meta_xshard;
 /* dir: the meta's data folder (the hook's file). 0, -ENOMEM, -EINVAL (a bad hook). */
 int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl, const char *dir,
 			   struct stk_meta_xshard **out);
+/*
+ * The meta node's leases (leases.h), before start: the marks settled here (a step
+ * 4, an undo, by a request or by recovery) recall what clients cached of them.
+ */
+struct stk_meta_leases;
+void stk_meta_xshard_leases(struct stk_meta_xshard *x, struct stk_meta_leases *leases);
 /* Once the agent runs: starts the recovery thread. 0 or -errno. */
 int stk_meta_xshard_start(struct stk_meta_xshard *x, struct stk_agent *agent);
 /* Stops the thread (before the agent goes) and frees. NULL: nothing. */

@@ -1001,6 +1001,68 @@ def test_fsck_leaves_a_rename_held_mid_protocol_alone(make_xc, tmp_path):
     assert out["clean"] and out["list"] == [] and out["in_progress"] == 0, out
 
 
+@pytest.mark.skipif(not have_fuse(), reason="no FUSE")
+def test_an_undone_rename_is_seen_at_once_through_a_mount(make_xc, tmp_path):
+    """A file going home from shard 2 over a name of shard 1, its rename given up
+    after its step 2 (STOKER_TEST_XSHARD_HOLD rename-undo: shard 1 undoes its new
+    entry): a mount that looked the name up meanwhile, its answer cached under
+    shard 1's lease, sees the name's old file as soon as the undo is done, not the
+    moved one until the lease runs out (30 s)."""
+    hold = tmp_path / "hold"
+    sc = make_xc({"STOKER_TEST_XSHARD_HOLD": "rename-undo:%s" % hold})
+    c = stoker_pkg.connect(sc.url)
+    try:
+        two_folders(sc, c)
+        c.write_file("/a/f", b"moving")
+        c.rename("/a/f", "/b/f")  # off its home: back home below
+        c.write_file("/a/g", b"replaced")
+        f, g = c.stat("/b/f").st_ino, c.stat("/a/g").st_ino
+    finally:
+        c.close()
+    # no kernel caching: what the mount answers is what its lookup cache holds
+    m = Mount(sc, tmp_path / "mnt", opts=["entry_timeout=0", "attr_timeout=0"])
+    m.start()
+    told = []
+    t = None
+    try:
+        mg = os.path.join(m.path, "a", "g")
+        assert os.stat(mg).st_ino == g
+        hold.write_bytes(b"")
+
+        def rename():
+            c2 = stoker_pkg.connect(sc.url)
+            try:
+                c2.rename("/b/f", "/a/g")
+                told.append("OK")
+            except OSError as e:
+                told.append(e.errno)
+            finally:
+                c2.close()
+
+        t = threading.Thread(target=rename)
+        t.start()
+        wait_until(lambda: sc.held(2)[1:] == (1, 0, 0) and sc.held(1)[1:] == (0, 1, 0),
+                   timeout=30, what="the rename to be held after its step 2")
+        for _ in range(3):  # both names the file's meanwhile, and the mount knows it
+            assert os.stat(mg).st_ino == f
+        hold.unlink()
+        t.join(timeout=60)
+        assert told == [errno.EIO], told
+        assert os.stat(mg).st_ino == g
+        with open(mg, "rb") as fh:
+            assert fh.read() == b"replaced"
+        assert os.stat(os.path.join(m.path, "b", "f")).st_ino == f
+    finally:
+        if hold.exists():
+            hold.unlink()
+        if t:
+            t.join(timeout=60)
+        m.stop()
+    wait_until(lambda: sc.held(1)[1:] == (0, 0, 0) and sc.held(2)[1:] == (0, 0, 0), timeout=30)
+    out = xfsck(sc)
+    assert out["clean"] and out["list"] == [], out
+
+
 def test_a_release_waiting_for_its_home_is_counted(make_xc):
     """A name off home unlinked while its home's meta is down: the shard that had
     the name keeps a release to tell the home, which `stk_check xshard` counts;
