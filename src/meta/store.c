@@ -8006,42 +8006,54 @@ static int xsettle_rename(struct op *o, const struct stk_meta_xmark *m, int done
 	return rc == -ENOENT ? 0 : rc;
 }
 
-struct xrel_list {
-	struct stk_meta_xrelease *v;
+/*
+ * Records of one kind whose value is a shard and an id ('L', 'D'), listed into the
+ * caller's array by put: the record's key v, its shard and id, as element i.
+ */
+typedef void (*xrec_put_fn)(void *out, size_t i, uint64_t v, uint32_t shard, uint64_t id);
+
+struct xrec_list {
+	void *out;
+	xrec_put_fn put;
 	size_t max, n;
 };
 
-static int xrel_one(uint64_t v, const MDB_val *val, void *ctx)
+static int xrec_list_one(uint64_t v, const MDB_val *val, void *ctx)
 {
-	struct xrel_list *l = ctx;
-	struct stk_meta_xrelease *r;
+	struct xrec_list *l = ctx;
+	uint32_t shard;
+	uint64_t id;
 
 	if (l->n == l->max)
 		return 1;
-	r = &l->v[l->n];
-	r->ino = v;
-	if (xrec_decode(val, &r->home, &r->id))
+	if (xrec_decode(val, &shard, &id))
 		return 0; /* reported; skipped */
-	l->n++;
+	l->put(l->out, l->n++, v, shard, id);
 	return 0;
 }
 
-int stk_meta_store_xreleases(struct stk_meta_store *st, struct stk_meta_xrelease *out, size_t max,
-			     size_t *n)
+/* Up to max records of kind into out (put), how many into *n. */
+static int xrec_list(struct stk_meta_store *st, char kind, void *out, xrec_put_fn put,
+		     size_t max, size_t *n)
 {
 	static const struct stk_cred root_cred;
-	struct xrel_list l = {.v = out, .max = max};
+	struct xrec_list l = {.out = out, .put = put, .max = max};
 	struct op o;
-	int rc = op_begin(&o, st, &root_cred, 1);
+	int rc;
 
+	*n = 0;
+	if (!st->xshard)
+		return 0;
+	rc = op_begin(&o, st, &root_cred, 1);
 	if (rc)
 		return rc;
-	rc = st->xshard ? xwalk(&o, 'L', xrel_one, &l) : 0;
+	rc = xwalk(&o, kind, xrec_list_one, &l);
 	*n = l.n;
 	return op_end(&o, rc);
 }
 
-int stk_meta_store_xrelease_done(struct stk_meta_store *st, uint64_t ino)
+/* The record of kind for v goes, if it is there. */
+static int xrec_drop(struct stk_meta_store *st, char kind, uint64_t v)
 {
 	static const struct stk_cred root_cred;
 	struct op o;
@@ -8049,8 +8061,25 @@ int stk_meta_store_xrelease_done(struct stk_meta_store *st, uint64_t ino)
 
 	if (rc)
 		return rc;
-	rc = xdel(&o, 'L', ino);
+	rc = xdel(&o, kind, v);
 	return op_end(&o, rc == -ENOENT ? 0 : rc);
+}
+
+static void xrelease_into(void *out, size_t i, uint64_t v, uint32_t shard, uint64_t id)
+{
+	((struct stk_meta_xrelease *)out)[i] = (struct stk_meta_xrelease){
+	    .ino = v, .id = id, .home = shard};
+}
+
+int stk_meta_store_xreleases(struct stk_meta_store *st, struct stk_meta_xrelease *out, size_t max,
+			     size_t *n)
+{
+	return xrec_list(st, 'L', out, xrelease_into, max, n);
+}
+
+int stk_meta_store_xrelease_done(struct stk_meta_store *st, uint64_t ino)
+{
+	return xrec_drop(st, 'L', ino);
 }
 
 int stk_meta_store_xrelease(struct stk_meta_store *st, uint32_t from, uint64_t ino, uint64_t id,
@@ -8608,55 +8637,21 @@ int stk_meta_store_xheld(struct stk_meta_store *st, uint64_t id)
 	return held;
 }
 
-struct xdone_list {
-	struct stk_meta_xdone *v;
-	size_t max, n;
-};
-
-static int xdone_one(uint64_t v, const MDB_val *val, void *ctx)
+static void xdone_into(void *out, size_t i, uint64_t v, uint32_t shard, uint64_t id)
 {
-	struct xdone_list *l = ctx;
-	struct stk_meta_xdone *d;
-
-	if (l->n == l->max)
-		return 1;
-	d = &l->v[l->n];
-	d->id = v;
-	if (xrec_decode(val, &d->shard, &d->ino))
-		return 0; /* reported; skipped */
-	l->n++;
-	return 0;
+	((struct stk_meta_xdone *)out)[i] = (struct stk_meta_xdone){
+	    .id = v, .ino = id, .shard = shard};
 }
 
 int stk_meta_store_xdones(struct stk_meta_store *st, struct stk_meta_xdone *out, size_t max,
 			  size_t *n)
 {
-	static const struct stk_cred root_cred;
-	struct xdone_list l = {.v = out, .max = max};
-	struct op o;
-	int rc;
-
-	*n = 0;
-	if (!st->xshard)
-		return 0;
-	rc = op_begin(&o, st, &root_cred, 1);
-	if (rc)
-		return rc;
-	rc = xwalk(&o, 'D', xdone_one, &l);
-	*n = l.n;
-	return op_end(&o, rc);
+	return xrec_list(st, 'D', out, xdone_into, max, n);
 }
 
 int stk_meta_store_xdone_drop(struct stk_meta_store *st, uint64_t id)
 {
-	static const struct stk_cred root_cred;
-	struct op o;
-	int rc = op_begin(&o, st, &root_cred, 0);
-
-	if (rc)
-		return rc;
-	rc = xdel(&o, 'D', id);
-	return op_end(&o, rc == -ENOENT ? 0 : rc);
+	return xrec_drop(st, 'D', id);
 }
 
 int stk_meta_store_xlock(struct stk_meta_store *st, uint32_t holder, uint64_t id, int take)
