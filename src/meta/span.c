@@ -236,22 +236,11 @@ static int ask_up(struct stk_meta_span *sp, uint64_t ino, uint64_t top, uint8_t 
 	struct stk_msg_meta_xshard_req q = {
 	    .op = STK_XSHARD_UP, .from = sp->shard, .ino = ino, .parent = top};
 	struct stk_msg_meta_xshard_resp r;
-	uint8_t req[512], resp[256];
-	struct stk_wbuf w;
-	struct stk_rbuf rb;
-	size_t len = 0;
-	int rc;
+	int rc = stk_meta_xshard_call(sp->x, stk_ino_shard(ino), &q, &r);
 
-	stk_wbuf_init(&w, req, sizeof(req));
-	stk_msg_meta_xshard_req_enc(&w, &q);
-	if (w.err)
-		return -EINVAL;
-	rc = stk_meta_xshard_ask(sp->x, stk_ino_shard(ino), STK_OP_META_XSHARD, req, w.len, resp,
-				 sizeof(resp), &len);
 	if (rc)
 		return rc;
-	stk_rbuf_init(&rb, resp, len);
-	if (stk_msg_meta_xshard_resp_dec(&rb, &r) || rb.err || r.state > STK_XUP_LEFT)
+	if (r.state > STK_XUP_LEFT)
 		return -EIO;
 	/* where it left must be another shard's, or the walk would go round */
 	if (r.state == STK_XUP_LEFT &&

@@ -1443,3 +1443,9 @@ int stk_meta_xshard_ask(struct stk_meta_xshard *x, unsigned shard, uint16_t opco
 {
 	return call(x, shard, opcode, req, len, resp, cap, rlen);
 }
+
+int stk_meta_xshard_call(struct stk_meta_xshard *x, unsigned shard,
+			 const struct stk_msg_meta_xshard_req *q, struct stk_msg_meta_xshard_resp *r)
+{
+	return xcall(x, shard, q, r);
+}

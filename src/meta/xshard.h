@@ -166,6 +166,13 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 			  struct stk_msg_meta_xshard_resp *r);
 
 /*
+ * One META_XSHARD request q to the leader of `shard`, retried as
+ * stk_meta_xshard_ask is; its reply into *r. 0, the reply's -errno, or -EIO.
+ */
+int stk_meta_xshard_call(struct stk_meta_xshard *x, unsigned shard,
+			 const struct stk_msg_meta_xshard_req *q, struct stk_msg_meta_xshard_resp *r);
+
+/*
  * One request (opcode, req[0..len)) to the leader of `shard`, as this meta node
  * (unconfined), retried as the steps above are (5 s); the reply's payload into
  * resp (cap bytes), its length into *rlen. 0, the reply's -errno, or -EIO (no
