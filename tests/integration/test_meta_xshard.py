@@ -945,6 +945,24 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     assert out["clean"] and out["list"] == [], out
 
 
+def rename_in_thread(sc, src, dst, told):
+    """A thread, started, that renames src to dst with a client of its own and
+    appends "OK" or the errno to told."""
+    def rename():
+        c = stoker_pkg.connect(sc.url)
+        try:
+            c.rename(src, dst)
+            told.append("OK")
+        except OSError as e:
+            told.append(e.errno)
+        finally:
+            c.close()
+
+    t = threading.Thread(target=rename)
+    t.start()
+    return t
+
+
 def test_fsck_leaves_a_rename_held_mid_protocol_alone(make_xc, tmp_path):
     """A rename across shards held between its steps 2 and 3 (STOKER_TEST_XSHARD_HOLD:
     shard 1's intent, shard 2's entry naming the file and its mark keeping what the
@@ -960,19 +978,7 @@ def test_fsck_leaves_a_rename_held_mid_protocol_alone(make_xc, tmp_path):
         c.write_file("/b/g", b"replaced")
         f, g = c.stat("/a/f").st_ino, c.stat("/b/g").st_ino
         hold.write_bytes(b"")
-
-        def rename():
-            c2 = stoker_pkg.connect(sc.url)
-            try:
-                c2.rename("/a/f", "/b/g")
-                told.append("OK")
-            except OSError as e:
-                told.append(e.errno)
-            finally:
-                c2.close()
-
-        t = threading.Thread(target=rename)
-        t.start()
+        t = rename_in_thread(sc, "/a/f", "/b/g", told)
         try:
             wait_until(lambda: sc.held(1)[1:] == (1, 0, 0) and sc.held(2)[1:] == (0, 1, 0),
                        timeout=30, what="the rename to be held after its step 2")
@@ -1028,19 +1034,7 @@ def test_an_undone_rename_is_seen_at_once_through_a_mount(make_xc, tmp_path):
         mg = os.path.join(m.path, "a", "g")
         assert os.stat(mg).st_ino == g
         hold.write_bytes(b"")
-
-        def rename():
-            c2 = stoker_pkg.connect(sc.url)
-            try:
-                c2.rename("/b/f", "/a/g")
-                told.append("OK")
-            except OSError as e:
-                told.append(e.errno)
-            finally:
-                c2.close()
-
-        t = threading.Thread(target=rename)
-        t.start()
+        t = rename_in_thread(sc, "/b/f", "/a/g", told)
         wait_until(lambda: sc.held(2)[1:] == (1, 0, 0) and sc.held(1)[1:] == (0, 1, 0),
                    timeout=30, what="the rename to be held after its step 2")
         for _ in range(3):  # both names the file's meanwhile, and the mount knows it
