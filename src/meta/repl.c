@@ -46,6 +46,8 @@
 #define REPL_TICK_MS 200
 #define REPL_OWE_BYTES (64u << 10) /* replies go after a request of this much, before larger */
 #define REPL_CLOSE_MS 2000	   /* at a stop, the longest the replies wait for the followers */
+#define REPL_LEARNERS 2		   /* spares a leader keeps copies on at once */
+#define REPL_LEARN_BPS (64ull << 20) /* a learner's copy, bytes a second at most */
 
 struct entry {
 	uint64_t epoch, seq;
@@ -62,6 +64,7 @@ struct peer {
 	uint64_t acked;	 /* under r->mu: the last change it holds, once in step with us */
 	int in_step;	 /* under r->mu: acked is meaningful */
 	uint64_t synced; /* under r->mu: the last of r->sync_want its store flushed for */
+	int learner;	 /* under r->mu: a spare kept in step, which no reply waits for */
 	stk_metric_t lag_series;
 };
 
@@ -100,7 +103,7 @@ struct repl {
 	/* replies that wait for the followers, and whether more may (0 once closed) */
 	struct waiter *waiters;
 	int async_open;
-	struct peer *peers[STK_MAX_REPLICAS];
+	struct peer *peers[STK_MAX_REPLICAS + REPL_LEARNERS]; /* a sender per follower and learner */
 	unsigned npeers;
 	/* what the routing table wants (set by the agent's hook, applied by the manager) */
 	int want_set;
@@ -110,6 +113,9 @@ struct repl {
 	uint32_t want_followers[STK_MAX_REPLICAS];
 	char want_addrs[STK_MAX_REPLICAS][STK_ADDR_MAX];
 	uint8_t want_nfollowers;
+	uint32_t want_learners[REPL_LEARNERS];
+	char want_laddrs[REPL_LEARNERS][STK_ADDR_MAX];
+	uint8_t want_nlearners;
 	int stop;
 	pthread_t manager;
 	int manager_started;
@@ -309,7 +315,8 @@ static uint64_t held_by_all(struct repl *r)
 	uint64_t all = UINT64_MAX;
 
 	for (unsigned i = 0; i < r->npeers; i++)
-		all = STK_MIN(all, r->peers[i]->in_step ? r->peers[i]->acked : 0);
+		if (!r->peers[i]->learner)
+			all = STK_MIN(all, r->peers[i]->in_step ? r->peers[i]->acked : 0);
 	return all;
 }
 
@@ -398,6 +405,32 @@ static void peer_acked(struct peer *p, uint64_t seq)
 	waiters_done(w, rc);
 }
 
+/* A copy's pace: bytes sent since it began. */
+struct pace {
+	uint64_t start_ns, sent;
+};
+
+/*
+ * Before a part of len bytes of a copy to a learner: waits so that the copy goes at
+ * REPL_LEARN_BPS at most (a spare's copy takes the leader's disk and network, and
+ * nothing waits for it). A follower's copy goes at once: the replies wait for it.
+ */
+static void learn_pace(struct peer *p, struct pace *pc, size_t len)
+{
+	uint64_t now = stk_now_ns(), due;
+	int learner;
+
+	pthread_mutex_lock(&p->r->mu);
+	learner = p->learner;
+	pthread_mutex_unlock(&p->r->mu);
+	if (!pc->start_ns)
+		pc->start_ns = now;
+	due = pc->start_ns + pc->sent * 1000000000ull / REPL_LEARN_BPS;
+	pc->sent += len;
+	if (learner && due > now)
+		usleep((useconds_t)STK_MIN((due - now) / 1000, 1000000ull));
+}
+
 /* Sends the follower a copy of the store, then where the log goes on. 0 or -errno. */
 static int send_copy(struct peer *p, struct stk_conn *conn, uint64_t epoch, uint64_t *next)
 {
@@ -405,9 +438,10 @@ static int send_copy(struct peer *p, struct stk_conn *conn, uint64_t epoch, uint
 	struct stk_meta_snap *snap = NULL;
 	uint64_t pe, ps;
 	struct call c;
+	struct pace pace = {0};
 	uint8_t *buf;
 	size_t len;
-	int done = 0, first = 1, rc;
+	int done = 0, first = 1, learner, rc;
 
 	buf = malloc(REPL_SNAP_PART);
 	if (!buf)
@@ -415,13 +449,19 @@ static int send_copy(struct peer *p, struct stk_conn *conn, uint64_t epoch, uint
 	/* The position first: the copy is at least as new, and the log from there makes it exact.
 	 */
 	stk_meta_store_repl_pos(r->st, &pe, &ps);
-	stk_info("replication: copying the store to meta node %u (%s) as of change %" PRIu64,
-		 p->node_id, p->addr, ps);
+	pthread_mutex_lock(&r->mu);
+	learner = p->learner;
+	pthread_mutex_unlock(&r->mu);
+	stk_info("replication: copying the store to meta node %u (%s) as of change %" PRIu64 "%s",
+		 p->node_id, p->addr, ps,
+		 learner ? ", a spare that learns the shard (at most 64 MiB/s; no reply waits)"
+			 : "");
 	rc = stk_meta_store_snap_begin(r->st, &snap);
 	while (rc == 0 && !done && !peer_stopped(p)) {
 		rc = stk_meta_store_snap_next(snap, buf, REPL_SNAP_PART, &len, &done);
 		if (rc)
 			break;
+		learn_pace(p, &pace, len);
 		memset(&c, 0, sizeof(c));
 		c.q.epoch = epoch;
 		c.q.leader = r->self;
@@ -631,7 +671,7 @@ static void *peer_main(void *arg)
 	return NULL;
 }
 
-static struct peer *peer_start(struct repl *r, uint32_t node_id, const char *addr)
+static struct peer *peer_start(struct repl *r, uint32_t node_id, const char *addr, int learner)
 {
 	struct peer *p = calloc(1, sizeof(*p));
 	char label[16];
@@ -641,6 +681,7 @@ static struct peer *peer_start(struct repl *r, uint32_t node_id, const char *add
 		return NULL;
 	p->r = r;
 	p->node_id = node_id;
+	p->learner = learner;
 	stk_strlcpy(p->addr, addr, sizeof(p->addr));
 	if (r->metrics) {
 		snprintf(label, sizeof(label), "%u", node_id);
@@ -696,6 +737,32 @@ static int role_of(const struct stk_routing *rt, uint32_t self, unsigned shard, 
 	return STK_META_ROLE_OFF; /* no shard yet (a new cluster): as before replication */
 }
 
+/*
+ * With r->mu held, leading shard sh: the spares to keep in step (learners), at most
+ * REPL_LEARNERS: the online meta nodes of the shard that neither lead nor follow it
+ * and that mgmtd did not refuse: those mgmtd would make followers (and copy to).
+ * When mgmtd later makes one a follower (a drain, a lost follower replaced), it
+ * holds the shard already and joins with the log alone: no reply waits for a copy.
+ */
+static void learners_of(struct repl *r, const struct stk_routing *rt,
+			const struct stk_rt_shard *sh)
+{
+	for (uint32_t i = 0; i < rt->nnodes && r->want_nlearners < REPL_LEARNERS; i++) {
+		const struct stk_rt_node *n = &rt->nodes[i];
+		int follows = 0;
+
+		for (uint8_t j = 0; j < sh->nfollowers; j++)
+			follows |= sh->followers[j] == n->id;
+		if (n->role != STK_ROLE_META || n->state != STK_NODE_ONLINE || n->refused ||
+		    n->id == r->self || follows || !n->addr[0] ||
+		    (n->shard ? n->shard : 1) != stk_meta_store_shard(r->st))
+			continue;
+		r->want_learners[r->want_nlearners] = n->id;
+		stk_strlcpy(r->want_laddrs[r->want_nlearners], n->addr, STK_ADDR_MAX);
+		r->want_nlearners++;
+	}
+}
+
 void stk_meta_repl_routing(void *ctx, const struct stk_routing *rt, uint64_t alive_until_ns)
 {
 	struct repl *r = ctx;
@@ -716,6 +783,7 @@ void stk_meta_repl_routing(void *ctx, const struct stk_routing *rt, uint64_t ali
 	r->want_epoch = epoch;
 	r->want_replicas = replicas;
 	r->want_nfollowers = 0;
+	r->want_nlearners = 0;
 	if (epoch > r->known_epoch || (epoch == r->known_epoch && !r->known_leader)) {
 		r->known_epoch = epoch;
 		r->known_leader = sh ? sh->node_id : 0;
@@ -729,6 +797,7 @@ void stk_meta_repl_routing(void *ctx, const struct stk_routing *rt, uint64_t ali
 				    STK_ADDR_MAX);
 			r->want_nfollowers++;
 		}
+		learners_of(r, rt, sh);
 	}
 	pthread_cond_broadcast(&r->mgr_cond);
 	pthread_mutex_unlock(&r->mu);
@@ -745,15 +814,83 @@ static const char *role_name(int role)
  * Applies what the routing table wants. Called by the manager only (and by
  * start, before the manager runs): the only writer of role, epoch and peers.
  */
+/* Whether node id at addr is among the n of ids/addrs. */
+static int listed(uint32_t id, const char *addr, const uint32_t *ids,
+		  const char (*addrs)[STK_ADDR_MAX], unsigned n)
+{
+	for (unsigned j = 0; j < n; j++)
+		if (ids[j] == id && strcmp(addrs[j], addr) == 0)
+			return 1;
+	return 0;
+}
+
+/*
+ * The senders the role wants (none unless leading): one per follower and per
+ * learner. A learner that becomes a follower keeps its sender, in step already:
+ * from then on the replies wait for it. Others no longer wanted stop.
+ */
+static void peers_apply(struct repl *r, int role, const uint32_t *fol,
+			const char (*addrs)[STK_ADDR_MAX], unsigned nf, const uint32_t *lrn,
+			const char (*laddrs)[STK_ADDR_MAX], unsigned nl)
+{
+	struct peer *gone[STK_MAX_REPLICAS + REPL_LEARNERS];
+	unsigned ngone = 0;
+
+	if (role != STK_META_ROLE_LEADER)
+		nf = nl = 0;
+	pthread_mutex_lock(&r->mu);
+	for (unsigned i = 0; i < r->npeers;) {
+		struct peer *p = r->peers[i];
+
+		if (listed(p->node_id, p->addr, fol, addrs, nf)) {
+			if (p->learner)
+				stk_info("replication: meta node %u (%s) follows now, its store "
+					 "learned",
+					 p->node_id, p->addr);
+			p->learner = 0;
+			i++;
+			continue;
+		}
+		if (p->learner && listed(p->node_id, p->addr, lrn, laddrs, nl)) {
+			i++;
+			continue;
+		}
+		gone[ngone++] = p;
+		r->peers[i] = r->peers[--r->npeers];
+	}
+	pthread_mutex_unlock(&r->mu);
+	peers_stop(r, gone, ngone);
+	waiters_settle(r); /* a follower less to wait for, or no longer the leader */
+	for (unsigned j = 0; j < nf + nl; j++) {
+		uint32_t id = j < nf ? fol[j] : lrn[j - nf];
+		const char *addr = j < nf ? addrs[j] : laddrs[j - nf];
+		int have = 0;
+		struct peer *p;
+
+		pthread_mutex_lock(&r->mu);
+		for (unsigned i = 0; i < r->npeers; i++)
+			have |= r->peers[i]->node_id == id;
+		pthread_mutex_unlock(&r->mu);
+		if (have || !addr[0])
+			continue;
+		p = peer_start(r, id, addr, j >= nf);
+		if (!p) {
+			stk_error("replication: cannot start a sender to meta node %u", id);
+			continue;
+		}
+		pthread_mutex_lock(&r->mu);
+		r->peers[r->npeers++] = p;
+		pthread_mutex_unlock(&r->mu);
+	}
+}
+
 static void apply_wanted(struct repl *r)
 {
-	struct peer *gone[STK_MAX_REPLICAS];
-	unsigned ngone = 0;
 	int role, old_role, rc;
 	uint64_t epoch, old_epoch;
-	uint8_t nf;
-	uint32_t fol[STK_MAX_REPLICAS];
-	char addrs[STK_MAX_REPLICAS][STK_ADDR_MAX];
+	uint8_t nf, nl;
+	uint32_t fol[STK_MAX_REPLICAS], lrn[REPL_LEARNERS];
+	char addrs[STK_MAX_REPLICAS][STK_ADDR_MAX], laddrs[REPL_LEARNERS][STK_ADDR_MAX];
 
 	pthread_mutex_lock(&r->mu);
 	if (!r->want_set) {
@@ -766,13 +903,19 @@ static void apply_wanted(struct repl *r)
 	nf = r->want_nfollowers;
 	memcpy(fol, r->want_followers, sizeof(fol));
 	memcpy(addrs, r->want_addrs, sizeof(addrs));
+	nl = r->want_nlearners;
+	memcpy(lrn, r->want_learners, sizeof(lrn));
+	memcpy(laddrs, r->want_laddrs, sizeof(laddrs));
 	old_role = r->role;
 	old_epoch = r->epoch;
 	r->replicas = r->want_replicas;
 	pthread_mutex_unlock(&r->mu);
 
-	if (role == old_role && epoch == old_epoch)
+	if (role == old_role && epoch == old_epoch) {
+		/* the same followers: spares may have come or gone */
+		peers_apply(r, role, fol, addrs, nf, lrn, laddrs, nl);
 		return;
+	}
 	/* A leader's store first stops taking writes, then the senders and waiters learn. */
 	if (role != STK_META_ROLE_LEADER && old_role == STK_META_ROLE_LEADER)
 		stk_warn("replication: meta node %u leads no more (epoch %" PRIu64 "): %s", r->self,
@@ -799,50 +942,14 @@ static void apply_wanted(struct repl *r)
 	if (role == STK_META_ROLE_LEADER && old_role != STK_META_ROLE_LEADER && r->promoted)
 		r->promoted(r->promoted_ctx, old_role == STK_META_ROLE_FOLLOWER);
 
+	/* The senders of the epoch before go (followers of another epoch refuse them). */
 	pthread_mutex_lock(&r->mu);
-	/* Peers no longer wanted (all of them unless leading) stop; new ones start. */
-	for (unsigned i = 0; i < r->npeers;) {
-		int keep = 0;
-
-		for (uint8_t j = 0; j < nf && role == STK_META_ROLE_LEADER; j++)
-			keep |= fol[j] == r->peers[i]->node_id &&
-				strcmp(addrs[j], r->peers[i]->addr) == 0;
-		if (keep) {
-			i++;
-			continue;
-		}
-		gone[ngone++] = r->peers[i];
-		r->peers[i] = r->peers[--r->npeers];
-	}
 	r->role = role;
 	r->epoch = epoch;
 	pthread_cond_broadcast(&r->data_cond);
 	pthread_cond_broadcast(&r->ack_cond);
 	pthread_mutex_unlock(&r->mu);
-	peers_stop(r, gone, ngone);
-	waiters_settle(r); /* a follower less to wait for, or no longer the leader */
-	if (role == STK_META_ROLE_LEADER) {
-		for (uint8_t j = 0; j < nf; j++) {
-			int have = 0;
-			struct peer *p;
-
-			pthread_mutex_lock(&r->mu);
-			for (unsigned i = 0; i < r->npeers; i++)
-				have |= r->peers[i]->node_id == fol[j];
-			pthread_mutex_unlock(&r->mu);
-			if (have || !addrs[j][0])
-				continue;
-			p = peer_start(r, fol[j], addrs[j]);
-			if (!p) {
-				stk_error("replication: cannot start a sender to meta node %u",
-					  fol[j]);
-				continue;
-			}
-			pthread_mutex_lock(&r->mu);
-			r->peers[r->npeers++] = p;
-			pthread_mutex_unlock(&r->mu);
-		}
-	}
+	peers_apply(r, role, fol, addrs, nf, lrn, laddrs, nl);
 	stk_metric_set_int(r->role_series, role);
 	if (role != old_role || role == STK_META_ROLE_LEADER)
 		stk_info("replication: meta node %u is %s of shard %u (epoch %" PRIu64
@@ -1035,7 +1142,8 @@ static int repl_wait(struct repl *r, uint64_t seq, unsigned timeout_ms)
 			break;
 		}
 		for (unsigned i = 0; i < r->npeers && all; i++)
-			all = r->peers[i]->in_step && r->peers[i]->acked >= seq;
+			all = r->peers[i]->learner ||
+			      (r->peers[i]->in_step && r->peers[i]->acked >= seq);
 		if (all)
 			break;
 		if (until && stk_now_ns() >= until) {
@@ -1138,7 +1246,7 @@ int stk_meta_repl_sync(struct stk_meta_repl *rp)
 			break;
 		}
 		for (unsigned i = 0; i < r->npeers && all; i++)
-			all = r->peers[i]->synced >= my;
+			all = r->peers[i]->learner || r->peers[i]->synced >= my;
 		if (all)
 			break;
 		struct timespec ts;

@@ -575,25 +575,100 @@ static unsigned copies_kept(struct stk_mgmt_state *st, const struct stk_mgmt_sha
  * shard being drained has a follower more for a while). A draining node never
  * joins.
  */
-static void followers_fill(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh)
+/* Whether n may join shard sh as a follower: an online meta node of it in no role. */
+static int is_spare(struct stk_mgmt_state *st, const struct stk_mgmt_shard *sh,
+		    const struct stk_mgmt_node *n)
+{
+	return n->role == STK_ROLE_META && n->state == STK_NODE_ONLINE && !n->refused &&
+	       !n->draining && node_shard(st, n) == sh && n->id != sh->node &&
+	       !is_follower(sh, n->id);
+}
+
+static void follower_add(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh,
+			 struct stk_mgmt_node *n)
+{
+	sh->followers[sh->nfollowers++] = n->id;
+	n->catch_reports = 0;
+	n->catch_floor = 0;
+	new_epoch(st, sh);
+	stk_info("meta node %u (%s) follows shard %u (epoch %llu)%s", n->id, n->addr,
+		 shard_no(st, sh), (unsigned long long)sh->epoch,
+		 stk_ns_id_eq(&n->ns, &sh->ns) ? ", its store learned" : "");
+}
+
+/*
+ * Spares join while the shard has fewer than R copies (drain: fewer than R that
+ * stay, so a draining node's place is taken before it goes).
+ */
+static void fill(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh, int drain)
 {
 	if (st->meta_replicas <= 1 || stk_ns_id_is_zero(&sh->ns))
 		return;
 	for (uint32_t i = 0; i < st->nnodes; i++) {
 		struct stk_mgmt_node *n = &st->nodes[i];
+		unsigned copies = drain ? copies_kept(st, sh) : 1u + sh->nfollowers;
 
-		if (copies_kept(st, sh) >= st->meta_replicas || sh->nfollowers >= STK_MAX_REPLICAS)
+		if (copies >= st->meta_replicas || sh->nfollowers >= STK_MAX_REPLICAS)
 			return;
-		if (n->role != STK_ROLE_META || n->state != STK_NODE_ONLINE || n->refused ||
-		    n->draining || node_shard(st, n) != sh || n->id == sh->node ||
-		    is_follower(sh, n->id))
+		if (is_spare(st, sh, n))
+			follower_add(st, sh, n);
+	}
+}
+
+static void followers_fill(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh)
+{
+	fill(st, sh, 0);
+}
+
+/*
+ * How long a drain waits for a spare that learned the shard before it takes one
+ * that did not (its leader keeps no learners: a release before them).
+ */
+#define LEARN_WAIT_NS (60ull * 1000000000ull)
+
+/*
+ * A drain's followers_fill: the shard keeps R copies still (a draining one among
+ * them), so the spare that takes a draining node's place need not join at once.
+ * The leader keeps spares in step as learners (meta/repl.c) without any reply
+ * waiting for them: one whose store is the shard's (learned) joins, with the
+ * most changes, and the replies wait only for the log it has yet to take, not
+ * for a copy of the store. One that has not learned joins after LEARN_WAIT_NS.
+ */
+static void drain_fill(struct stk_mgmt_state *st, struct stk_mgmt_shard *sh, uint64_t now_ns)
+{
+	struct stk_mgmt_node *best = NULL;
+	int spares = 0;
+
+	if (copies_kept(st, sh) >= st->meta_replicas || 1u + sh->nfollowers < st->meta_replicas) {
+		sh->learn_wait_ns = 0;
+		followers_fill(st, sh); /* nothing to wait for, or a copy short: at once */
+		return;
+	}
+	if (sh->nfollowers >= STK_MAX_REPLICAS)
+		return;
+	for (uint32_t i = 0; i < st->nnodes; i++) {
+		struct stk_mgmt_node *n = &st->nodes[i];
+
+		if (!is_spare(st, sh, n))
 			continue;
-		sh->followers[sh->nfollowers++] = n->id;
-		n->catch_reports = 0;
-		n->catch_floor = 0;
-		new_epoch(st, sh);
-		stk_info("meta node %u (%s) follows shard %u (epoch %llu)", n->id, n->addr,
-			 shard_no(st, sh), (unsigned long long)sh->epoch);
+		spares++;
+		if (stk_ns_id_eq(&n->ns, &sh->ns) && (!best || n->meta_seq > best->meta_seq))
+			best = n;
+	}
+	if (!spares) {
+		sh->learn_wait_ns = 0;
+		return;
+	}
+	if (best) {
+		sh->learn_wait_ns = 0;
+		follower_add(st, sh, best);
+		return;
+	}
+	if (!sh->learn_wait_ns)
+		sh->learn_wait_ns = now_ns ? now_ns : 1;
+	else if (now_ns >= sh->learn_wait_ns + LEARN_WAIT_NS) {
+		sh->learn_wait_ns = 0;
+		fill(st, sh, 1);
 	}
 }
 
@@ -1522,7 +1597,7 @@ static int follower_ready(const struct stk_mgmt_shard *sh, const struct stk_mgmt
  * remain after it goes). So a drain never lowers a shard's copies, and waits for
  * a meta node to take its place where none is free. Returns the changes made.
  */
-static unsigned meta_drains(struct stk_mgmt_state *st)
+static unsigned meta_drains(struct stk_mgmt_state *st, uint64_t now_ns)
 {
 	unsigned changes = 0;
 
@@ -1535,7 +1610,7 @@ static unsigned meta_drains(struct stk_mgmt_state *st)
 
 		if (stk_ns_id_is_zero(&sh->ns))
 			continue;
-		followers_fill(st, sh);
+		drain_fill(st, sh, now_ns);
 		for (uint8_t i = 0; i < sh->nfollowers; i++) {
 			struct stk_mgmt_node *f = stk_mgmt_state_node(st, sh->followers[i]);
 
@@ -1587,7 +1662,7 @@ int stk_mgmt_state_meta_role(const struct stk_mgmt_state *st, uint32_t node_id)
 
 unsigned stk_mgmt_state_rebalance(struct stk_mgmt_state *st, uint64_t now_ns, unsigned max_moves)
 {
-	unsigned n = moves_check(st) + meta_drains(st);
+	unsigned n = moves_check(st) + meta_drains(st, now_ns);
 	struct load *l;
 	uint32_t nl;
 

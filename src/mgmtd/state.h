@@ -164,6 +164,8 @@ struct stk_mgmt_shard {
 	uint8_t nfollowers;
 	uint32_t followers[STK_MAX_REPLICAS];
 	uint64_t epoch; /* a routing version, taken whenever leader or followers change */
+	/* memory only: since when a drain waits for a spare that learned the shard */
+	uint64_t learn_wait_ns;
 };
 
 struct stk_mgmt_state {

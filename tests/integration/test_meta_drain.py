@@ -5,8 +5,10 @@ online (docs/meta-replication.md, "Moving a shard to another meta node").
 followers); a fourth meta node started by hand on the same cluster waits as a
 spare. What must hold:
 
+- the leader keeps the spare in step as a learner (its store copied, at most
+  64 MiB/s, the log sent after, no reply waiting for it);
 - `stoker admin drain-node LEADER`, under a stream of creates: the spare follows
-  first (the leader copies the store to it), then the
+  first, its store learned (no copy while the replies wait), then the
   leadership passes to a follower that stays and the old leader holds no copy;
   the client sees no error and every acknowledged create is there;
 - a follower drained with no spare free keeps its place (the shard never has
@@ -16,6 +18,7 @@ spare. What must hold:
   not have is refused with a clear error.
 """
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -66,6 +69,17 @@ def start_extra_meta(mc, addr, tmp_path):
     return subprocess.Popen([STOKER] + args[1:], stdout=log, stderr=subprocess.STDOUT), log
 
 
+def full_logs(mc, tmp_path):
+    """Every line the cluster's daemons and the extra meta node logged."""
+    out = []
+    for d in (os.path.join(mc.data, "log"), str(tmp_path)):
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".log"):
+                with open(os.path.join(d, name), errors="replace") as f:
+                    out.append(f.read())
+    return "\n".join(out)
+
+
 def test_a_meta_node_added_takes_the_leaders_place(mc, tmp_path):
     extra = "127.0.0.5:%d" % (mc.port + 1)
     proc, log = start_extra_meta(mc, extra, tmp_path)
@@ -79,6 +93,11 @@ def test_a_meta_node_added_takes_the_leaders_place(mc, tmp_path):
         lead = mc.leader()
         p = mc.cli("admin", "drain-node", "999", check=False)
         assert p.returncode == 1 and b"no storage or meta node 999" in p.stderr, p.stderr
+        learns = "copying the store to meta node %d (%s) as of change" % (ids[extra], extra)
+        mc.wait("the spare to learn the shard",
+                lambda: [l for l in full_logs(mc, tmp_path).splitlines() if learns in l])
+        copies = [l for l in full_logs(mc, tmp_path).splitlines() if learns in l]
+        assert all("a spare that learns the shard" in l for l in copies), copies
 
         acked, errors, stop = [], [], threading.Event()
         c.makedirs("/stream")
@@ -107,6 +126,13 @@ def test_a_meta_node_added_takes_the_leaders_place(mc, tmp_path):
         assert "drained: holds no copy, may be stopped" in st, st
         logs = mc.logs()
         assert "drained: meta node" in logs and "leads shard 1 now" in logs, logs[-3000:]
+        # it joined with its store learned: no copy of the store for it since
+        logs = full_logs(mc, tmp_path)
+        assert "meta node %d (%s) follows shard 1" % (ids[extra], extra) in logs
+        assert re.search(r"meta node %d \(%s\) follows shard 1 \(epoch \d+\), its store "
+                         r"learned" % (ids[extra], re.escape(extra)), logs), logs[-3000:]
+        copies = [l for l in logs.splitlines() if learns in l]
+        assert all("a spare that learns the shard" in l for l in copies), copies
 
         # a follower drains with no spare free: it keeps its place
         fol = [a for a, (r, _) in mc.roles().items() if r == "follower" and a != extra][0]
