@@ -1254,6 +1254,8 @@ static int xnames_look(struct fsck *f, int first)
 {
 	struct rset r1 = {0}, r2 = {0};
 	struct xset names = {0};
+	uint64_t *gone = NULL; /* files named off home, 'X' and all, their home lacks */
+	size_t ngone = 0, capgone = 0;
 	int rc;
 
 	f->busy = 0;
@@ -1305,15 +1307,19 @@ static int xnames_look(struct fsck *f, int first)
 		}
 		if (!(e->covered & STK_FSCK_XHAS_R))
 			p.expect |= 2; /* this shard does not know where it lives */
-		if (!p.expect)
-			continue;
-		if ((p.expect & 1) && !x) {
+		if (!p.expect || ((p.expect & 1) && !x)) {
 			struct stk_attr a;
+			int ar = stk_ino_getattr(f->c, &f->c->cred, e->ino, &a);
 
-			/* no such file at home at all: the name dangles */
-			if (stk_ino_getattr(f->c, &f->c->cred, e->ino, &a) == -ENOENT) {
+			/* no such file at home at all, records or not: the name dangles */
+			if (ar == -ENOENT) {
 				p.kind = STK_FSCK_DANGLING_ENTRY;
 				p.expect = p.found = 0;
+				if (x && x->shard == e->shard &&
+				    grow((void **)&gone, &capgone, ngone, sizeof(*gone)) == 0)
+					gone[ngone++] = e->ino;
+			} else if (!p.expect) {
+				continue;
 			}
 		}
 		/* the records' id: the one either has, else one of fsck's own */
@@ -1350,8 +1356,16 @@ static int xnames_look(struct fsck *f, int first)
 		}
 		for (unsigned k = 0; k < f->nsh; k++)
 			listed |= f->sh[k].id == x->shard;
-		if (!listed || xnamed_on(&names, x->shard, x->ino) ||
-		    xrec_of(&r1, x->shard, 'L', x->ino) || xrec_of(&r2, x->shard, 'L', x->ino))
+		if (xnamed_on(&names, x->shard, x->ino)) {
+			/* named, of a file its home lacks: the name dangles (above), and this
+			 * record of it goes too, alone (the name's 'R' goes with the name) */
+			for (size_t k = 0; k < ngone && rc == 0; k++)
+				if (gone[k] == x->ino)
+					rc = xadd(f, &p, first);
+			continue;
+		}
+		if (!listed || xrec_of(&r1, x->shard, 'L', x->ino) ||
+		    xrec_of(&r2, x->shard, 'L', x->ino))
 			continue;
 		/*
 		 * An 'R' without its name: what a rename over the name (a mark there)
@@ -1396,6 +1410,7 @@ out:
 	free(r1.v);
 	free(r2.v);
 	free(names.v);
+	free(gone);
 	return rc;
 }
 

@@ -846,7 +846,8 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     """Names of files off their home shard against their records, damaged in the
     stores: a name whose home lost its 'X' record, a name whose shard lost its 'R'
     record, 'X' records whose name (and 'R') its shard lost, one of them a
-    file's last link, and a name of a file gone from its home. Each is reported
+    file's last link, and a name of a file gone from its home (with its 'X', and
+    without it: the 'X' of a file the home lacks goes too). Each is reported
     with nothing changed (the file whose home
     lost its record is not called unreached there); --repair writes the records
     again, drops the stale ones with their link (the last link's file freed as
@@ -858,16 +859,17 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     try:
         two_folders(sc, c)
         b = c.stat("/b").st_ino
-        for n in ("moved", "linked", "stale", "last", "ghost", "lo"):
+        names = ("moved", "linked", "stale", "last", "ghost", "ghost2", "lo")
+        for n in names:
             c.write_file("/a/" + n, n.encode() * 100)
         c.rename("/a/moved", "/b/moved")
-        ino = {n: c.stat(("/b/" if n == "moved" else "/a/") + n).st_ino
-               for n in ("moved", "linked", "stale", "last", "ghost", "lo")}
+        ino = {n: c.stat(("/b/" if n == "moved" else "/a/") + n).st_ino for n in names}
         a = c.stat("/a").st_ino
         assert ino_link(sc, ino["linked"], b, "l") == "OK"
         assert ino_link(sc, ino["stale"], b, "s") == "OK"
         assert ino_link(sc, ino["last"], b, "t") == "OK"
         assert ino_link(sc, ino["ghost"], b, "gh") == "OK"
+        assert ino_link(sc, ino["ghost2"], b, "gh2") == "OK"
         assert ino_link(sc, ino["lo"], b, "lo") == "OK"
         c.remove("/a/last")  # its one name is off its home now
         assert all(shard_of(i) == 1 for i in ino.values()), ino
@@ -881,6 +883,7 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     # a file gone from its home with its record: both its names dangle
     run([PLANT, one, "drop-inode", str(ino["ghost"])])
     run([PLANT, one, "drop-xrec", "X", str(ino["ghost"])])
+    run([PLANT, one, "drop-inode", str(ino["ghost2"])])  # its 'X' left
     run([PLANT, two, "drop-xrec", "R", str(ino["linked"])])
     run([PLANT, two, "drop-entry", str(b), "s"])  # its 'R' left over
     run([PLANT, two, "drop-entry", str(b), "t"])
@@ -899,11 +902,14 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
                    ("stale-name-record", ino["last"], 0, "", 0, 2),
                    ("dangling-entry", ino["ghost"], b, "gh", 0, 0),
                    ("dangling-entry", ino["ghost"], a, "ghost", 0, 0),
+                   ("dangling-entry", ino["ghost2"], b, "gh2", 0, 0),
+                   ("dangling-entry", ino["ghost2"], a, "ghost2", 0, 0),
+                   ("stale-name-record", ino["ghost2"], 0, "", 0, 2),
                    ("stale-name-record", ino["lo"], 0, "", 2, 1),
                    ("link-count", ino["lo"], 0, "", 1, 2)}, out
     assert not any(p["repaired"] for p in out["list"])
     sh = {s["shard"]: s for s in out["shards"]}
-    assert (sh[1]["problems"], sh[2]["problems"]) == (4, 4), out
+    assert (sh[1]["problems"], sh[2]["problems"]) == (6, 5), out
     text = sc.cli("fsck", check=False).stdout
     assert b"name off home: 'moved' in folder %d names file %d of shard 1, which does not " \
         b"count it" % (b, ino["moved"]) in text, text
@@ -915,7 +921,7 @@ def test_fsck_checks_names_of_files_off_their_home(make_xc):
     finally:
         c.close()
     out = xfsck(sc, "--repair")
-    assert out["clean"] and len(out["list"]) == 8 and all(p["repaired"] for p in out["list"]), out
+    assert out["clean"] and len(out["list"]) == 11 and all(p["repaired"] for p in out["list"]), out
     out = xfsck(sc)
     assert out["clean"] and out["list"] == [], out
     wait_until(lambda: gone(sc, ino["last"]), timeout=30)
