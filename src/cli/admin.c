@@ -146,8 +146,9 @@ static int drain_node(int argc, char **argv, int drain)
 			       members ? "it keeps its place in its shard" : "a spare");
 		else if (members)
 			printf("node %llu: draining: a spare meta node of its shard takes its place "
-			       "(the leader copies the shard to it; `stoker status` shows it under "
-			       "\"Metadata shards\"), then it leaves; then stop it\n",
+			       "once it has learned the shard (the leader copies the shard to it "
+			       "beforehand, no write waiting; `stoker status` shows how far behind "
+			       "it is under \"Metadata shards\"), then it leaves; then stop it\n",
 			       (unsigned long long)id);
 		else
 			printf("node %llu: drained, holds no copy of its shard: stop it\n",
