@@ -133,6 +133,7 @@ struct xprob {
 	uint64_t expect, found; /* parent-pointer: the entry's folder, the pointer */
 	uint64_t id;		/* a name off home's: the id its records carry */
 	uint64_t rid;		/* a stale name record's: the leftover 'R''s id */
+	uint64_t seen;		/* a folder's: its ctime when found (0: none such) */
 	char name[STK_NAME_MAX + 1];
 	int confirmed, repaired;
 };
@@ -814,7 +815,7 @@ static int xadd(struct fsck *f, const struct xprob *p, int first)
 		for (size_t i = 0; i < f->nxp; i++)
 			if (f->xp[i].kind == p->kind && f->xp[i].ino == p->ino &&
 			    f->xp[i].parent == p->parent && f->xp[i].found == p->found &&
-			    f->xp[i].id == p->id)
+			    f->xp[i].id == p->id && f->xp[i].seen == p->seen)
 				f->xp[i].confirmed = 1;
 		return 0;
 	}
@@ -843,6 +844,8 @@ static int unreached_pointer(const struct fsck *f, uint64_t ino, uint64_t *point
  * shard (in e, sorted) is in another folder than its pointer says. Neither side
  * covered by an intent or a mark; what a second look finds alike counts.
  */
+static uint64_t folder_seen(struct fsck *f, uint64_t ino);
+
 static int xparents_look(struct fsck *f, const struct xset *d, const struct xset *e, int first)
 {
 	int rc = 0;
@@ -856,9 +859,26 @@ static int xparents_look(struct fsck *f, const struct xset *d, const struct xset
 			continue;
 		p.parent = p.expect = y->parent;
 		p.found = x->parent;
+		p.seen = folder_seen(f, x->ino);
 		rc = xadd(f, &p, first);
 	}
 	return rc;
+}
+
+/*
+ * Folder ino's ctime now (0 when it does not exist), which every move of it
+ * changes (its parent pointer set): a problem of a folder counts only if both
+ * looks found it so with the same ctime. A folder moved twice between one look's
+ * listings (to the other shard and back, say) can look unreached or its entry
+ * dangling in that look; moved again before the next, it is not the same.
+ */
+static uint64_t folder_seen(struct fsck *f, uint64_t ino)
+{
+	struct stk_attr a;
+
+	if (stk_ino_getattr(f->c, &f->c->cred, ino, &a))
+		return 0;
+	return (uint64_t)a.ctime_sec * 1000000000ull + a.ctime_nsec;
 }
 
 /* One look: entries, folders, entries again; what does not match, into f->xp. */
@@ -887,6 +907,7 @@ static int xshard_look(struct fsck *f, int first)
 		f->busy += x->covered != 0;
 		if (x->covered || xref_of(&d, x->ino))
 			continue;
+		p.seen = folder_seen(f, x->ino);
 		if (unreached_pointer(f, x->ino, &p.found)) {
 			/* the folder is there, its pointer at a folder of its own shard */
 			p.kind = STK_FSCK_PARENT_POINTER;
@@ -909,6 +930,7 @@ static int xshard_look(struct fsck *f, int first)
 		f->busy += x->covered != 0;
 		if (x->covered || xref_of(&e2, x->ino))
 			continue;
+		p.seen = folder_seen(f, x->ino);
 		rc = xadd(f, &p, first);
 	}
 	if (rc == 0)
