@@ -2296,20 +2296,34 @@ static int fsck_purges(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 
 #define FSCK_XREFS_MAX 1024u
 
+/* A page of a cross-shard listing: room for the records q asks (*max of size each). */
+static void *fsck_page_alloc(const struct stk_msg_meta_fsck_req *q, size_t size, size_t *max)
+{
+	*max = STK_MIN(q->max, FSCK_XREFS_MAX);
+	return *max ? calloc(*max, size) : NULL;
+}
+
+/* The reply's head before a page's n records: done, and where the next page starts. */
+static void fsck_page_head(struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp,
+			   size_t n, int done, uint64_t next)
+{
+	r->n = (uint32_t)n;
+	r->done = (uint8_t)done;
+	r->next = next;
+	stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+}
+
 static int fsck_xrefs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 		      const struct stk_msg_fsck_xref *after, struct stk_msg_meta_fsck_resp *r,
 		      struct stk_rpc_resp *resp)
 {
-	size_t max = STK_MIN(q->max, FSCK_XREFS_MAX), n = 0;
-	struct stk_meta_xref *v, a = {0};
+	size_t max, n = 0;
+	struct stk_meta_xref *v = fsck_page_alloc(q, sizeof(*v), &max), a = {0};
 	uint64_t next = 0;
 	int rc, done = 0;
 
-	if (max == 0)
-		return -EINVAL;
-	v = calloc(max, sizeof(*v));
 	if (!v)
-		return -ENOMEM;
+		return max ? -ENOMEM : -EINVAL;
 	if (q->op == STK_FSCK_XENTRIES || q->op == STK_FSCK_XNAMES) {
 		a.parent = after->parent;
 		a.hash = after->hash;
@@ -2324,10 +2338,7 @@ static int fsck_xrefs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 		rc = stk_meta_store_fsck_xdirs(m->store, q->from, v, max, &n, &next, &done);
 	}
 	if (rc == 0) {
-		r->n = (uint32_t)n;
-		r->done = (uint8_t)done;
-		r->next = next;
-		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		fsck_page_head(r, resp, n, done, next);
 		for (size_t i = 0; i < n; i++) {
 			struct stk_msg_fsck_xref x = {.ino = v[i].ino,
 						      .parent = v[i].parent,
@@ -2346,22 +2357,16 @@ static int fsck_xrefs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 static int fsck_xrecs(struct meta *m, const struct stk_msg_meta_fsck_req *q,
 		      struct stk_msg_meta_fsck_resp *r, struct stk_rpc_resp *resp)
 {
-	size_t max = STK_MIN(q->max, FSCK_XREFS_MAX), n = 0;
-	struct stk_meta_xrec *v;
+	size_t max, n = 0;
+	struct stk_meta_xrec *v = fsck_page_alloc(q, sizeof(*v), &max);
 	uint64_t next = 0;
 	int rc, done = 0;
 
-	if (max == 0)
-		return -EINVAL;
-	v = calloc(max, sizeof(*v));
 	if (!v)
-		return -ENOMEM;
+		return max ? -ENOMEM : -EINVAL;
 	rc = stk_meta_store_fsck_xrecs(m->store, q->from, v, max, &n, &next, &done);
 	if (rc == 0) {
-		r->n = (uint32_t)n;
-		r->done = (uint8_t)done;
-		r->next = next;
-		stk_msg_meta_fsck_resp_enc(&resp->payload, r);
+		fsck_page_head(r, resp, n, done, next);
 		for (size_t i = 0; i < n; i++) {
 			struct stk_msg_fsck_xrec x = {.kind = (uint8_t)v[i].kind,
 						      .covered = v[i].covered,
