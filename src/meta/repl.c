@@ -427,8 +427,9 @@ static void learn_pace(struct peer *p, struct pace *pc, size_t len)
 		pc->start_ns = now;
 	due = pc->start_ns + pc->sent * 1000000000ull / REPL_LEARN_BPS;
 	pc->sent += len;
-	if (learner && due > now)
-		usleep((useconds_t)STK_MIN((due - now) / 1000, 1000000ull));
+	/* in slices, so that a sender told to stop (a role change) is not held up */
+	for (; learner && due > now && !peer_stopped(p); now = stk_now_ns())
+		usleep((useconds_t)STK_MIN((due - now) / 1000, 50000ull));
 }
 
 /* Sends the follower a copy of the store, then where the log goes on. 0 or -errno. */
