@@ -8,7 +8,8 @@ so a slow successor costs the node no threads. Here the chain's tail is stopped
 (SIGSTOP) for two seconds, well within mgmtd's heartbeat timeout, while 16 clients
 write over files that were there: every truncate and write forward waits for it.
 The nodes run 4 workers, and the head's and the middle's thread counts must not
-grow (io_uring's kernel workers, "iou-*", are not ours and are not counted). The
+grow by more than one (a write's own file steps run on workers; io_uring's kernel
+workers, "iou-*", are not ours and are not counted). The
 same run with STOKER_LOOP_WRITES=0 (each forward waits on its worker, and the pool
 grows to stand in for waiting workers) shows the count the test tells apart. Every
 file reads back and the three copies are byte-identical either way.
@@ -127,7 +128,11 @@ def growth_while_the_tail_stops(tmp_path, loop_writes):
 
 def test_a_write_waiting_for_its_successor_holds_no_thread(tmp_path):
     grown, idle = growth_while_the_tail_stops(tmp_path / "loop", None)  # the default
-    assert max(grown) == 0, "threads grew by %s (idle %s) with forwards on the loop" % (
+    # At most one: a write's own file steps run on workers (not its wait for the
+    # successor), and one may find every idle worker busy and start another, as
+    # CI saw once; writes that held a thread while they wait grow the pool by
+    # several (the run on workers below: 4 or more).
+    assert max(grown) <= 1, "threads grew by %s (idle %s) with forwards on the loop" % (
         grown, idle)
     grown0, idle0 = growth_while_the_tail_stops(tmp_path / "workers", "0")
     print("threads (head, middle) idle %s grew %s on the loop; idle %s grew %s on workers"
