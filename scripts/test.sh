@@ -76,12 +76,14 @@ STOKER_TEST_META_SHARDS=2 STOKER_TEST_MOUNT_SHARD=2 \
 	tests/integration/test_orphans.py --junitxml=build/integration-shard2.xml || fail=1
 
 step "integration tests against the ASan/UBSan build"
-# The 100,000-entry listing runs in the first pass only (a minute of creates, meta-bound).
+# The 100,000-entry listing runs in the first pass only (a minute of creates, meta-bound),
+# as do the counts of delegated creates (under the sanitizers' slowness a watch may
+# lapse, which rightly ends a delegation, and the count then tells nothing).
 # This pass also turns short-circuit reads off, so that reads cross the network as
 # they do between machines (on one machine the client reads chunk files itself).
 STOKER_BUILD=build-asan STOKER_SHORT_CIRCUIT=0 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
 	integration build-asan \
-	-k "(api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch or locks or orphans or full_metadata) and not 100000" \
+	-k "(api or frames or round_trip or restart or concurrent or corrupted or mount or metrics or s3 or batch or locks or orphans or full_metadata) and not 100000 and not delegated" \
 	|| fail=1
 
 echo
