@@ -1262,6 +1262,38 @@ static int xnamed_on(const struct xset *n, unsigned lister, uint64_t ino)
 }
 
 /*
+ * Which of the n files named off their home their home lacks (lack[i] 1: it
+ * answered -ENOENT), asked STK_GETATTRS_MAX at a time, one by one of a meta
+ * without META_GETATTRS. Any other answer counts as there: nothing is reported.
+ */
+static int homes_lack(struct fsck *f, const struct xset *names, uint8_t *lack)
+{
+	enum { B = STK_GETATTRS_MAX };
+	struct stk_attr *a = malloc(B * sizeof(*a));
+	uint64_t *inos = malloc(B * sizeof(*inos));
+	int *rcs = malloc(B * sizeof(*rcs));
+	int rc = a && inos && rcs ? 0 : -ENOMEM;
+
+	for (size_t i = 0; rc == 0 && i < names->n; i += B) {
+		uint32_t k = (uint32_t)STK_MIN((size_t)B, names->n - i);
+		int r;
+
+		for (uint32_t j = 0; j < k; j++)
+			inos[j] = names->v[i + j].ino;
+		r = stk_ino_getattrs(f->c, &f->c->cred, inos, k, a, rcs);
+		for (uint32_t j = 0; r && j < k; j++)
+			rcs[j] = r == -ENOSYS ? stk_ino_getattr(f->c, &f->c->cred, inos[j], &a[j])
+					      : 0; /* not known: none is reported gone */
+		for (uint32_t j = 0; j < k; j++)
+			lack[i + j] = rcs[j] == -ENOENT;
+	}
+	free(a);
+	free(inos);
+	free(rcs);
+	return rc;
+}
+
+/*
  * One look at the names of files off their home (docs/meta-shards.md): every
  * shard's records, its entries naming other shards' files, its records again.
  * An entry on D naming file F of H needs H's 'X' record of it (holder D: F's
@@ -1277,6 +1309,7 @@ static int xnames_look(struct fsck *f, int first)
 	struct rset r1 = {0}, r2 = {0};
 	struct xset names = {0};
 	uint64_t *gone = NULL; /* files named off home, 'X' and all, their home lacks */
+	uint8_t *lack = NULL;  /* names[i]'s file: its home lacks it */
 	size_t ngone = 0, capgone = 0;
 	int rc;
 
@@ -1300,6 +1333,8 @@ static int xnames_look(struct fsck *f, int first)
 		qsort(r1.v, r1.n, sizeof(*r1.v), xrec_cmp);
 	if (r2.n)
 		qsort(r2.v, r2.n, sizeof(*r2.v), xrec_cmp);
+	lack = calloc(names.n ? names.n : 1, 1);
+	rc = lack ? homes_lack(f, &names, lack) : -ENOMEM;
 	for (size_t i = 0; rc == 0 && i < names.n; i++) {
 		const struct xref *e = &names.v[i];
 		unsigned home = stk_ino_shard(e->ino);
@@ -1330,11 +1365,8 @@ static int xnames_look(struct fsck *f, int first)
 		if (!(e->covered & STK_FSCK_XHAS_R))
 			p.expect |= 2; /* this shard does not know where it lives */
 		if (!p.expect || ((p.expect & 1) && !x)) {
-			struct stk_attr a;
-			int ar = stk_ino_getattr(f->c, &f->c->cred, e->ino, &a);
-
 			/* no such file at home at all, records or not: the name dangles */
-			if (ar == -ENOENT) {
+			if (lack[i]) {
 				p.kind = STK_FSCK_DANGLING_ENTRY;
 				p.expect = p.found = 0;
 				if (x && x->shard == e->shard &&
@@ -1433,6 +1465,7 @@ out:
 	free(r2.v);
 	free(names.v);
 	free(gone);
+	free(lack);
 	return rc;
 }
 
