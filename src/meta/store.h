@@ -108,8 +108,9 @@ int stk_meta_store_sync(struct stk_meta_store *st);
 int stk_meta_store_lookup(struct stk_meta_store *st, const struct stk_cred *cred, uint64_t parent,
 			  const char *name, struct stk_attr *out);
 /*
- * The rwx check of cred against attributes a (of an inode of another shard, say):
- * 0 or -EACCES; mask is R_OK, W_OK and X_OK (unistd.h) or'ed; root passes.
+ * The rwx check of cred against attributes a (of an inode of another shard, say),
+ * neither kept: 0 or -EACCES; mask is R_OK, W_OK and X_OK (unistd.h) or'ed; root
+ * passes. Reads no store.
  */
 int stk_meta_store_may(const struct stk_cred *cred, const struct stk_attr *a, unsigned mask);
 /* Attributes of an inode. No permission is needed (the caller found it by lookup). */
@@ -917,7 +918,10 @@ int stk_meta_store_xdying(struct stk_meta_store *st, uint32_t from, uint64_t int
  * 0 (settled already).
  */
 int stk_meta_store_xsettle(struct stk_meta_store *st, uint32_t from, uint64_t intent, int done);
-/* The mark of (from, intent) into out: 0, or -ENOENT (none: settled, never made). */
+/*
+ * The mark of (from, intent) copied into the caller's out: 0, -ENOENT (none:
+ * settled, or never made), or -EIO (the store).
+ */
 int stk_meta_store_xmark_find(struct stk_meta_store *st, uint32_t from, uint64_t intent,
 			      struct stk_meta_xmark *out);
 /* B: up to max marks held (recovery). */

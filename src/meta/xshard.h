@@ -70,8 +70,9 @@ struct stk_meta_xshard;
 int stk_meta_xshard_create(struct stk_meta_store *st, struct stk_meta_repl *repl, const char *dir,
 			   struct stk_meta_xshard **out);
 /*
- * The meta node's leases (leases.h), before start: the marks settled here (a step
- * 4, an undo, by a request or by recovery) recall what clients cached of them.
+ * The meta node's leases (leases.h), set before start and not owned: they must
+ * outlive x. The marks settled here (a step 4, an undo, by a request or by
+ * recovery) recall what clients cached of them; NULL (the default): none.
  */
 struct stk_meta_leases;
 void stk_meta_xshard_leases(struct stk_meta_xshard *x, struct stk_meta_leases *leases);
@@ -167,7 +168,9 @@ int stk_meta_xshard_serve(struct stk_meta_xshard *x, const struct stk_msg_meta_x
 
 /*
  * One META_XSHARD request q to the leader of `shard`, retried as
- * stk_meta_xshard_ask is; its reply into *r. 0, the reply's -errno, or -EIO.
+ * stk_meta_xshard_ask is; its reply decoded into the caller's *r (nothing kept).
+ * 0, the reply's -errno, -EINVAL (q does not encode), or -EIO (no answer, or a
+ * malformed one). Worker threads only.
  */
 int stk_meta_xshard_call(struct stk_meta_xshard *x, unsigned shard,
 			 const struct stk_msg_meta_xshard_req *q, struct stk_msg_meta_xshard_resp *r);
